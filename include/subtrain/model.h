@@ -1,0 +1,91 @@
+/*
+ * subtrain/model.h — model instances: builders, forward/backward, evaluation.
+ *
+ * A model instance is built for one batch size and owns everything one
+ * worker needs to run it: its oneDNN engine, stream and primitives (created
+ * once, here), its flat parameter and gradient vectors, its activations and
+ * a shared oneDNN workspace, all taken from the caller's arena.  After
+ * st_model_create(), a training step (fill the input, forward_backward)
+ * allocates nothing and creates nothing.
+ *
+ * Models:
+ *   mlp:    in -> [linear(.., width) -> act] x depth -> linear(width, classes)
+ *   resmlp: linear(in, width)
+ *           -> depth x { h += linear(hidden, width)(act(linear(width, hidden)(LN(h)))) }
+ *           -> LN -> linear(width, classes)
+ */
+#ifndef SUBTRAIN_MODEL_H
+#define SUBTRAIN_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <subtrain/arena.h>
+#include <subtrain/params.h>
+#include <subtrain/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum st_model_kind { ST_MODEL_MLP, ST_MODEL_RESMLP } st_model_kind;
+typedef enum st_activation { ST_ACT_RELU, ST_ACT_GELU } st_activation;
+
+typedef struct st_model_config {
+    st_model_kind kind;
+    int depth;              /* hidden layers (mlp) or residual blocks (resmlp) */
+    int width;              /* hidden width (mlp), residual stream width (resmlp) */
+    int hidden;             /* inner width of a residual block; 0 means width */
+    st_activation activation;
+    int in_dim;             /* features per sample */
+    int n_classes;
+} st_model_config;
+
+/* resmlp, depth 4, width 256, hidden = width, GELU, 784 inputs, 10 classes. */
+st_model_config st_model_config_default(void);
+/* Range checks with a message naming the field and what is allowed. */
+st_status st_model_config_check(const st_model_config *cfg);
+
+const char *st_model_kind_name(st_model_kind kind);
+const char *st_activation_name(st_activation act);
+/* 0 on success, -1 if `name` is not a known kind / activation. */
+int st_model_kind_parse(const char *name, st_model_kind *out);
+int st_activation_parse(const char *name, st_activation *out);
+
+typedef struct st_model st_model;
+
+st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena,
+                          st_model **out);
+void st_model_destroy(st_model *m);
+
+/* Linear layers: weights and biases ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in));
+ * layer norms: gamma 1, beta 0.  Each tensor draws from its own RNG stream,
+ * so the result depends on the seed only. */
+void st_model_init_params(st_model *m, uint64_t seed);
+
+const st_model_config *st_model_get_config(const st_model *m);
+int st_model_batch(const st_model *m);
+float *st_model_input(st_model *m);       /* (batch, in_dim): fill before a pass */
+int32_t *st_model_labels(st_model *m);    /* (batch) */
+const float *st_model_logits(const st_model *m); /* (batch, n_classes) */
+
+float *st_model_params(st_model *m);
+float *st_model_grads(st_model *m);
+size_t st_model_param_count(const st_model *m);
+const st_param_segment *st_model_segments(const st_model *m, int *count);
+
+/* One forward and backward pass over the whole batch: *loss is the mean
+ * cross-entropy, the gradient vector is overwritten with dloss/dparams. */
+st_status st_model_forward_backward(st_model *m, float *loss);
+
+/* Forward only, for evaluation: the first `rows` rows of the input are real
+ * samples (the rest is padding).  Adds their summed loss and their number of
+ * correct predictions to *loss_sum and *correct. */
+st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *correct);
+
+/* Matrix-multiply FLOPs of one forward_backward (2 per multiply-add). */
+double st_model_step_flops(const st_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SUBTRAIN_MODEL_H */

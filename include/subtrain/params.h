@@ -1,0 +1,29 @@
+/*
+ * subtrain/params.h — how a model's parameters are laid out.
+ *
+ * All parameters of a model instance live in one flat float vector, and
+ * their gradients in another of the same length and layout.  Flat vectors
+ * are what the optimizer updates (range by range, so a shard owner can
+ * update just its shard) and what a reduction engine moves.  A segment names
+ * one tensor inside the vector.
+ */
+#ifndef SUBTRAIN_PARAMS_H
+#define SUBTRAIN_PARAMS_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct st_param_segment {
+    char name[40];      /* "block2.fc1.weight" */
+    size_t offset;      /* first element in the flat vector */
+    size_t count;       /* elements */
+    int decay;          /* weight decay applies (matrices) or not (biases, norms) */
+} st_param_segment;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SUBTRAIN_PARAMS_H */

@@ -1,0 +1,272 @@
+/*
+ * data/idx.c — reading IDX files (the MNIST container), plain or gzip.
+ *
+ * Layout, all big-endian:
+ *   byte 0, 1   zero (the magic)
+ *   byte 2      element type (0x08 = unsigned byte, the only one accepted)
+ *   byte 3      rank
+ *   rank x u32  dimensions, dims[0] being the item count
+ *   payload     product of dims elements, row-major
+ *
+ * zlib's gzread reads plain files transparently, so one code path serves
+ * both.  Files come from outside, so nothing in the header is trusted: the
+ * payload buffer grows as bytes really arrive instead of being allocated at
+ * the declared size, which keeps a 20-byte file that declares 1 GiB from
+ * costing 1 GiB.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zlib.h>
+
+#include <subtrain/data.h>
+
+#include "core/error.h"
+
+#define IDX_TYPE_UBYTE 0x08
+#define IDX_FIRST_ALLOC ((size_t)1 << 20)   /* payload buffer starts at 1 MiB */
+#define IDX_GZ_BUFFER (128u << 10)          /* zlib's input buffer */
+
+static const char *type_name(int code)
+{
+    switch (code) {
+    case 0x08: return "unsigned byte";
+    case 0x09: return "signed byte";
+    case 0x0B: return "short";
+    case 0x0C: return "int";
+    case 0x0D: return "float";
+    case 0x0E: return "double";
+    }
+    return "unknown";
+}
+
+/* gzerror's message starts with "path: "; our messages already name the
+ * file, so drop that prefix. */
+static const char *gz_message(gzFile gz, const char *path, int *errnum)
+{
+    const char *msg = gzerror(gz, errnum);
+    size_t n = strlen(path);
+    if (msg && strncmp(msg, path, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ')
+        msg += n + 2;
+    return msg ? msg : "";
+}
+
+/* Turns zlib's sticky error state into a status: ST_OK when the stream is
+ * healthy.  A gzip stream that ends early reads as Z_BUF_ERROR, a damaged
+ * one as Z_DATA_ERROR (bad code or CRC mismatch). */
+static st_status check_stream(gzFile gz, const char *path, int saved_errno)
+{
+    int err = Z_OK;
+    const char *msg = gz_message(gz, path, &err);
+    switch (err) {
+    case Z_OK:
+    case Z_STREAM_END:
+        return ST_OK;
+    case Z_ERRNO:
+        return st_fail(ST_ERR_IO, "%s: read failed: %s", path, strerror(saved_errno));
+    case Z_BUF_ERROR:
+        return st_fail(ST_ERR_FORMAT, "%s: gzip stream is truncated (%s)", path, msg);
+    case Z_DATA_ERROR:
+        return st_fail(ST_ERR_FORMAT, "%s: gzip stream is corrupt (%s)", path, msg);
+    case Z_MEM_ERROR:
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory while decompressing", path);
+    }
+    return st_fail(ST_ERR_IO, "%s: zlib error %d (%s)", path, err, msg);
+}
+
+/* Reads up to `len` bytes into buf; *got is how many arrived.  A short count
+ * with ST_OK means end of file; stream errors are reported here so callers
+ * only have to compare counts. */
+static st_status read_upto(gzFile gz, const char *path, void *buf, size_t len, size_t *got)
+{
+    unsigned char *p = buf;
+    *got = 0;
+    while (*got < len) {
+        size_t want = len - *got;
+        if (want > (size_t)INT_MAX)   // gzread takes an unsigned, returns an int
+            want = (size_t)INT_MAX;
+        errno = 0;
+        int n = gzread(gz, p + *got, (unsigned)want);
+        if (n <= 0) {
+            int saved_errno = errno;
+            ST_TRY(check_stream(gz, path, saved_errno));
+            if (n < 0)   // an error zlib did not describe; should not happen
+                return st_fail(ST_ERR_IO, "%s: read failed", path);
+            break;
+        }
+        *got += (size_t)n;
+    }
+    return ST_OK;
+}
+
+static uint32_t be32(const unsigned char *b)
+{
+    return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+}
+
+/* "60000 x 28 x 28" for messages. */
+static void format_dims(const st_idx_array *a, char *buf, size_t size)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < a->rank && used < size; i++) {
+        int n = snprintf(buf + used, size - used, "%s%lu", i ? " x " : "",
+                         (unsigned long)a->dims[i]);
+        if (n < 0)
+            break;
+        used += (size_t)n;
+    }
+}
+
+/* Magic, type, rank and dimensions; fills a->rank, a->dims, a->count. */
+static st_status read_header(gzFile gz, const char *path, st_idx_array *a)
+{
+    unsigned char head[4];
+    size_t got;
+    ST_TRY(read_upto(gz, path, head, sizeof head, &got));
+    if (got == 0)
+        return st_fail(ST_ERR_FORMAT, "%s: file is empty", path);
+    if (got < sizeof head)
+        return st_fail(ST_ERR_FORMAT, "%s: header is truncated (%zu of 4 bytes)", path, got);
+    if (head[0] != 0 || head[1] != 0)
+        return st_fail(ST_ERR_FORMAT, "%s: bad magic 0x%02X%02X (an IDX file starts with "
+                       "two zero bytes); not an IDX file", path, head[0], head[1]);
+    if (head[2] != IDX_TYPE_UBYTE)
+        return st_fail(ST_ERR_FORMAT, "%s: type 0x%02X (%s) is not supported; subtrain "
+                       "reads unsigned-byte IDX files", path, head[2], type_name(head[2]));
+    int rank = head[3];
+    if (rank < 1 || rank > ST_IDX_MAX_RANK)
+        return st_fail(ST_ERR_FORMAT, "%s: rank %d is out of range (1..%d)",
+                       path, rank, ST_IDX_MAX_RANK);
+
+    unsigned char raw[4 * ST_IDX_MAX_RANK];
+    size_t need = 4 * (size_t)rank;
+    ST_TRY(read_upto(gz, path, raw, need, &got));
+    if (got < need)
+        return st_fail(ST_ERR_FORMAT, "%s: header is truncated (rank %d needs %zu "
+                       "dimension bytes, the file holds %zu)", path, rank, need, got);
+
+    a->rank = rank;
+    for (int i = 0; i < rank; i++) {
+        a->dims[i] = be32(raw + 4 * i);
+        if (a->dims[i] == 0)
+            return st_fail(ST_ERR_FORMAT, "%s: dimension %d of %d is 0", path, i, rank);
+    }
+
+    /* Each factor is < 2^32 and the running product stays <= 2^30, so the
+     * 64-bit product cannot overflow before the limit check catches it. */
+    uint64_t count = 1;
+    for (int i = 0; i < rank; i++) {
+        count *= a->dims[i];
+        if (count > (uint64_t)ST_IDX_MAX_BYTES) {
+            char dims[128];
+            format_dims(a, dims, sizeof dims);
+            return st_fail(ST_ERR_FORMAT, "%s: declares %s bytes, more than the %zu-byte "
+                           "limit for one IDX file", path, dims, ST_IDX_MAX_BYTES);
+        }
+    }
+    a->count = (size_t)count;
+    return ST_OK;
+}
+
+/* The payload, a->count bytes, into a fresh a->data.  The buffer starts at
+ * min(count, 1 MiB) and doubles only when it is full, so memory follows
+ * what the file really holds. */
+static st_status read_payload(gzFile gz, const char *path, st_idx_array *a)
+{
+    size_t cap = a->count < IDX_FIRST_ALLOC ? a->count : IDX_FIRST_ALLOC;
+    size_t have = 0;
+    uint8_t *buf = malloc(cap);
+    if (!buf)
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory allocating %zu bytes", path, cap);
+
+    for (;;) {
+        size_t got;
+        st_status s = read_upto(gz, path, buf + have, cap - have, &got);
+        if (s != ST_OK) {
+            free(buf);
+            return s;
+        }
+        have += got;
+        if (have < cap || cap == a->count)
+            break;   // end of file, or all declared bytes are in
+        size_t grown = cap > a->count / 2 ? a->count : 2 * cap;
+        uint8_t *p = realloc(buf, grown);
+        if (!p) {
+            free(buf);
+            return st_fail(ST_ERR_NOMEM, "%s: out of memory growing the payload buffer "
+                           "to %zu bytes", path, grown);
+        }
+        buf = p;
+        cap = grown;
+    }
+
+    if (have < a->count) {
+        char dims[128];
+        format_dims(a, dims, sizeof dims);
+        free(buf);
+        return st_fail(ST_ERR_FORMAT, "%s: declares %s = %zu bytes but holds only %zu",
+                       path, dims, a->count, have);
+    }
+    a->data = buf;
+    return ST_OK;
+}
+
+/* After the payload the file must end.  Reading on also makes zlib check
+ * the gzip trailer (CRC and length), which it only does at the very end. */
+static st_status expect_end(gzFile gz, const char *path, size_t payload)
+{
+    unsigned char extra[64];
+    size_t got;
+    ST_TRY(read_upto(gz, path, extra, sizeof extra, &got));
+    if (got > 0)
+        return st_fail(ST_ERR_FORMAT, "%s: trailing bytes after the %zu-byte payload "
+                       "(%s%zu more)", path, payload, got == sizeof extra ? "at least " : "",
+                       got);
+    return ST_OK;
+}
+
+st_status st_idx_read(const char *path, st_idx_array *out)
+{
+    if (!out)
+        return st_fail(ST_ERR_INVALID, "st_idx_read: no output array");
+    memset(out, 0, sizeof *out);
+    if (!path)
+        return st_fail(ST_ERR_INVALID, "st_idx_read: no path");
+
+    errno = 0;
+    gzFile gz = gzopen(path, "rb");
+    if (!gz) {
+        if (errno)
+            return st_fail(ST_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory opening the file", path);
+    }
+    gzbuffer(gz, IDX_GZ_BUFFER);
+
+    st_idx_array a;
+    memset(&a, 0, sizeof a);
+    st_status s = read_header(gz, path, &a);
+    if (s == ST_OK)
+        s = read_payload(gz, path, &a);
+    if (s == ST_OK)
+        s = expect_end(gz, path, a.count);
+    gzclose(gz);   // read-only: every stream problem was reported above
+
+    if (s != ST_OK) {
+        free(a.data);
+        return s;
+    }
+    *out = a;
+    return ST_OK;
+}
+
+void st_idx_free(st_idx_array *a)
+{
+    if (!a)
+        return;
+    free(a->data);
+    memset(a, 0, sizeof *a);
+}

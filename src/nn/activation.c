@@ -1,0 +1,51 @@
+/* nn/activation.c — ReLU and GELU (erf form, as in the common frameworks)
+ * on oneDNN eltwise primitives.  Backward reads the saved input x. */
+#include "nn/layers.h"
+
+static dnnl_alg_kind_t eltwise_alg(st_activation kind)
+{
+    return kind == ST_ACT_GELU ? dnnl_eltwise_gelu_erf : dnnl_eltwise_relu;
+}
+
+/* y (rows, cols) = act(x); dx = act'(x) * dy */
+st_status st_act_build(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t rows,
+                       int64_t cols, const float *x, float *y, float *dx, const float *dy)
+{
+    dnnl_memory_desc_t md;
+    st_md_matrix(&md, rows, cols);
+    dnnl_eltwise_desc_t fd, bd;
+    ST_DNNL(dnnl_eltwise_forward_desc_init(&fd, dnnl_forward_training, eltwise_alg(kind),
+                                           &md, 0.f, 0.f), "activation forward descriptor");
+    dnnl_primitive_desc_t fwd_pd;
+    ST_TRY(st_prim_create(ctx, &a->fwd, &fd, NULL, "activation forward", &fwd_pd));
+    dnnl_status_t s = dnnl_eltwise_backward_desc_init(&bd, eltwise_alg(kind), &md, &md, 0.f, 0.f);
+    st_status st = s == dnnl_success ? ST_OK : st_dnnl_fail(s, "activation backward descriptor", __FILE__, __LINE__);
+    if (st == ST_OK)
+        st = st_prim_create(ctx, &a->bwd, &bd, fwd_pd, "activation backward", NULL);
+    dnnl_primitive_desc_destroy(fwd_pd);
+    ST_TRY(st);
+
+    dnnl_memory_t mx, my, mdx, mdy;
+    ST_TRY(st_mem_matrix(ctx, &mx, rows, cols, x));
+    ST_TRY(st_mem_matrix(ctx, &my, rows, cols, y));
+    st_prim_arg(&a->fwd, DNNL_ARG_SRC, mx);
+    st_prim_arg(&a->fwd, DNNL_ARG_DST, my);
+    if (dx) {
+        ST_TRY(st_mem_matrix(ctx, &mdx, rows, cols, dx));
+        ST_TRY(st_mem_matrix(ctx, &mdy, rows, cols, dy));
+        st_prim_arg(&a->bwd, DNNL_ARG_SRC, mx);
+        st_prim_arg(&a->bwd, DNNL_ARG_DIFF_DST, mdy);
+        st_prim_arg(&a->bwd, DNNL_ARG_DIFF_SRC, mdx);
+    }
+    return ST_OK;
+}
+
+st_status st_act_forward(const st_nn_ctx *ctx, const st_act *a)
+{
+    return st_prim_run(ctx, &a->fwd);
+}
+
+st_status st_act_backward(const st_nn_ctx *ctx, const st_act *a)
+{
+    return st_prim_run(ctx, &a->bwd);
+}

@@ -1,0 +1,195 @@
+/* nn/dnnl_util.c — engine, stream, primitive and memory bookkeeping. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/dnnl_util.h"
+
+static const char *dnnl_status_text(dnnl_status_t s)
+{
+    switch (s) {
+    case dnnl_success: return "success";
+    case dnnl_out_of_memory: return "out of memory";
+    case dnnl_invalid_arguments: return "invalid arguments";
+    case dnnl_unimplemented: return "unimplemented (no implementation for these shapes/formats on this CPU)";
+    case dnnl_iterator_ends: return "iterator ends";
+    case dnnl_runtime_error: return "runtime error";
+    case dnnl_not_required: return "not required";
+    }
+    return "unknown oneDNN status";
+}
+
+st_status st_dnnl_fail(dnnl_status_t s, const char *what, const char *file, int line)
+{
+    return st_fail(ST_ERR_DNNL, "oneDNN: %s failed: %s (%s:%d); run with DNNL_VERBOSE=1 "
+                   "to see the primitive oneDNN was asked for", what,
+                   dnnl_status_text(s), file, line);
+}
+
+/* Grows a pointer array at build time (never on the step path). */
+static st_status grow(void **array, int *cap, int need, size_t elem)
+{
+    if (need <= *cap)
+        return ST_OK;
+    int ncap = *cap ? *cap * 2 : 32;
+    while (ncap < need)
+        ncap *= 2;
+    void *p = realloc(*array, (size_t)ncap * elem);
+    if (!p)
+        return st_fail(ST_ERR_NOMEM, "out of memory tracking oneDNN objects");
+    *array = p;
+    *cap = ncap;
+    return ST_OK;
+}
+
+st_status st_nn_ctx_init(st_nn_ctx *ctx, st_arena *arena)
+{
+    memset(ctx, 0, sizeof *ctx);
+    ctx->arena = arena;
+    ST_DNNL(dnnl_engine_create(&ctx->engine, dnnl_cpu, 0), "creating the CPU engine");
+    ST_DNNL(dnnl_stream_create(&ctx->stream, ctx->engine, dnnl_stream_default_flags),
+            "creating a stream");
+    ST_DNNL(dnnl_primitive_attr_create(&ctx->attr), "creating primitive attributes");
+    /* A user scratchpad: oneDNN would otherwise allocate (and free) its own
+     * per execution or per primitive, outside our arena and our NUMA node. */
+    ST_DNNL(dnnl_primitive_attr_set_scratchpad_mode(ctx->attr, dnnl_scratchpad_mode_user),
+            "setting the user scratchpad mode");
+    return ST_OK;
+}
+
+st_status st_nn_ctx_finalize(st_nn_ctx *ctx)
+{
+    if (ctx->scratchpad_bytes > 0 && !ctx->scratchpad)
+        ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WORKSPACE, ctx->scratchpad_bytes,
+                              &ctx->scratchpad));
+    for (int i = 0; i < ctx->n_prims; i++)
+        if (ctx->prims[i]->scratchpad)
+            ST_DNNL(dnnl_memory_set_data_handle(ctx->prims[i]->scratchpad, ctx->scratchpad),
+                    "attaching the scratchpad");
+    return ST_OK;
+}
+
+st_status st_nn_ctx_ones(st_nn_ctx *ctx, int64_t n, const float **out)
+{
+    if (n > ctx->n_ones) {
+        ST_TRY(st_arena_alloc_floats(ctx->arena, ST_MEM_WORKSPACE, (size_t)n, &ctx->ones));
+        for (int64_t i = 0; i < n; i++)
+            ctx->ones[i] = 1.0f;
+        ctx->n_ones = n;
+    }
+    *out = ctx->ones;
+    return ST_OK;
+}
+
+void st_nn_ctx_destroy(st_nn_ctx *ctx)
+{
+    for (int i = 0; i < ctx->n_prims; i++) {
+        dnnl_primitive_destroy(ctx->prims[i]->prim);
+        if (ctx->prims[i]->scratchpad)
+            dnnl_memory_destroy(ctx->prims[i]->scratchpad);
+    }
+    for (int i = 0; i < ctx->n_mems; i++)
+        dnnl_memory_destroy(ctx->mems[i]);
+    free(ctx->prims);
+    free(ctx->mems);
+    if (ctx->attr)
+        dnnl_primitive_attr_destroy(ctx->attr);
+    if (ctx->stream)
+        dnnl_stream_destroy(ctx->stream);
+    if (ctx->engine)
+        dnnl_engine_destroy(ctx->engine);
+    memset(ctx, 0, sizeof *ctx);
+}
+
+st_status st_prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
+                         const_dnnl_primitive_desc_t hint, const char *what,
+                         dnnl_primitive_desc_t *pd_out)
+{
+    memset(p, 0, sizeof *p);
+    p->what = what;
+    ST_TRY(grow((void **)&ctx->prims, &ctx->cap_prims, ctx->n_prims + 1, sizeof *ctx->prims));
+
+    dnnl_primitive_desc_t pd;
+    ST_DNNL(dnnl_primitive_desc_create(&pd, op_desc, ctx->attr, ctx->engine, hint), what);
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t sbytes = smd ? dnnl_memory_desc_get_size(smd) : 0;
+    dnnl_status_t s = dnnl_primitive_create(&p->prim, pd);
+    if (s == dnnl_success && sbytes > 0)
+        s = dnnl_memory_create(&p->scratchpad, smd, ctx->engine, DNNL_MEMORY_NONE);
+    if (s != dnnl_success || !pd_out)
+        dnnl_primitive_desc_destroy(pd);
+    else
+        *pd_out = pd;
+    if (s != dnnl_success)
+        return st_dnnl_fail(s, what, __FILE__, __LINE__);
+
+    if (sbytes > ctx->scratchpad_bytes)
+        ctx->scratchpad_bytes = sbytes;
+    if (p->scratchpad)
+        st_prim_arg(p, DNNL_ARG_SCRATCHPAD, p->scratchpad);
+    ctx->prims[ctx->n_prims++] = p;
+    return ST_OK;
+}
+
+void st_prim_arg(st_prim *p, int arg, dnnl_memory_t mem)
+{
+    /* Arguments are bound at build time from a fixed list per layer, so
+     * overflowing is a programming error, caught by the tests. */
+    if (p->nargs < ST_PRIM_MAX_ARGS)
+        p->args[p->nargs++] = (dnnl_exec_arg_t){ arg, mem };
+}
+
+st_status st_prim_run(const st_nn_ctx *ctx, const st_prim *p)
+{
+    ST_DNNL(dnnl_primitive_execute(p->prim, ctx->stream, p->nargs, p->args), p->what);
+    return ST_OK;
+}
+
+void st_md_strided(dnnl_memory_desc_t *md, int64_t rows, int64_t cols,
+                   int64_t row_stride, int64_t col_stride)
+{
+    dnnl_dims_t dims = { rows, cols };
+    dnnl_dims_t strides = { row_stride, col_stride };
+    dnnl_memory_desc_init_by_strides(md, 2, dims, dnnl_f32, strides);
+}
+
+void st_md_matrix(dnnl_memory_desc_t *md, int64_t rows, int64_t cols)
+{
+    st_md_strided(md, rows, cols, cols, 1);
+}
+
+void st_md_vector(dnnl_memory_desc_t *md, int64_t n)
+{
+    dnnl_dims_t dims = { n };
+    dnnl_memory_desc_init_by_tag(md, 1, dims, dnnl_f32, dnnl_a);
+}
+
+static st_status track_memory(st_nn_ctx *ctx, dnnl_memory_t *out,
+                              const dnnl_memory_desc_t *md, const float *data)
+{
+    ST_TRY(grow((void **)&ctx->mems, &ctx->cap_mems, ctx->n_mems + 1, sizeof *ctx->mems));
+    /* oneDNN takes a non-const handle; read-only operands are never written. */
+    ST_DNNL(dnnl_memory_create(out, md, ctx->engine, (void *)data), "creating a memory object");
+    ctx->mems[ctx->n_mems++] = *out;
+    return ST_OK;
+}
+
+st_status st_mem_strided(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows, int64_t cols,
+                         int64_t row_stride, int64_t col_stride, const float *data)
+{
+    dnnl_memory_desc_t md;
+    st_md_strided(&md, rows, cols, row_stride, col_stride);
+    return track_memory(ctx, out, &md, data);
+}
+
+st_status st_mem_matrix(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows, int64_t cols,
+                        const float *data)
+{
+    return st_mem_strided(ctx, out, rows, cols, cols, 1, data);
+}
+
+st_status st_mem_vector(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t n, const float *data)
+{
+    dnnl_memory_desc_t md;
+    st_md_vector(&md, n);
+    return track_memory(ctx, out, &md, data);
+}

@@ -1,0 +1,95 @@
+/*
+ * nn/dnnl_util.h — private: the thin layer between subtrain and oneDNN.
+ *
+ * A model instance owns one st_nn_ctx: a CPU engine, an in-order stream, and
+ * every primitive and memory object the instance created.  All primitives
+ * are created once, when the model is built, with a user-managed scratchpad;
+ * after st_nn_ctx_finalize() one workspace buffer (the largest scratchpad any
+ * primitive asked for) is shared by all of them, which is safe because a
+ * worker executes its primitives one at a time on its own stream.
+ *
+ * A training step only calls st_prim_run(): no allocation, no primitive
+ * creation, no lock.
+ */
+#ifndef SUBTRAIN_NN_DNNL_UTIL_H
+#define SUBTRAIN_NN_DNNL_UTIL_H
+
+#include <stdint.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include <subtrain/arena.h>
+#include "core/error.h"
+
+/* Calls a oneDNN function; on failure records which call failed, oneDNN's
+ * status and a hint, and returns ST_ERR_DNNL from the enclosing function. */
+#define ST_DNNL(call, what)                                                  \
+    do {                                                                     \
+        dnnl_status_t st_dnnl_status_ = (call);                              \
+        if (st_dnnl_status_ != dnnl_success)                                 \
+            return st_dnnl_fail(st_dnnl_status_, (what), __FILE__, __LINE__); \
+    } while (0)
+
+st_status st_dnnl_fail(dnnl_status_t s, const char *what, const char *file, int line);
+
+#define ST_PRIM_MAX_ARGS 12
+
+/* A primitive with its execution arguments, bound once at build time. */
+typedef struct st_prim {
+    dnnl_primitive_t prim;
+    dnnl_memory_t scratchpad;  /* handle set by st_nn_ctx_finalize */
+    int nargs;
+    dnnl_exec_arg_t args[ST_PRIM_MAX_ARGS];
+    const char *what;          /* for error messages: "linear forward", ... */
+} st_prim;
+
+typedef struct st_nn_ctx {
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    dnnl_primitive_attr_t attr;  /* scratchpad_mode_user */
+    st_arena *arena;             /* the owner's arena: workspace comes from it */
+    size_t scratchpad_bytes;     /* largest scratchpad requested so far */
+    void *scratchpad;            /* shared workspace, after finalize */
+    float *ones;                 /* n_ones ones, for batch sums */
+    int64_t n_ones;
+    /* Everything created, for st_nn_ctx_destroy.  Grown at build time only. */
+    st_prim **prims;
+    int n_prims, cap_prims;
+    dnnl_memory_t *mems;
+    int n_mems, cap_mems;
+} st_nn_ctx;
+
+st_status st_nn_ctx_init(st_nn_ctx *ctx, st_arena *arena);
+/* Allocates the shared workspace and hands it to every primitive. */
+st_status st_nn_ctx_finalize(st_nn_ctx *ctx);
+void st_nn_ctx_destroy(st_nn_ctx *ctx);
+/* A read-only vector of at least n ones (from the arena, shared). */
+st_status st_nn_ctx_ones(st_nn_ctx *ctx, int64_t n, const float **out);
+
+/* Creates the primitive for `op_desc` (any oneDNN *_desc_t); `hint` is the
+ * forward primitive descriptor for backward ones, else NULL.  If pd_out is
+ * not NULL the primitive descriptor is returned (caller destroys it). */
+st_status st_prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
+                         const_dnnl_primitive_desc_t hint, const char *what,
+                         dnnl_primitive_desc_t *pd_out);
+void st_prim_arg(st_prim *p, int arg, dnnl_memory_t mem);
+/* The per-step call. */
+st_status st_prim_run(const st_nn_ctx *ctx, const st_prim *p);
+
+/* Memory objects over caller-owned buffers (never copied).  A row-major
+ * (rows, cols) matrix, the same viewed through arbitrary strides (used to
+ * read a matrix as its transpose), and a vector. */
+st_status st_mem_matrix(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows,
+                        int64_t cols, const float *data);
+st_status st_mem_strided(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows,
+                         int64_t cols, int64_t row_stride, int64_t col_stride,
+                         const float *data);
+st_status st_mem_vector(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t n,
+                        const float *data);
+
+/* Matching memory descriptors, for building op descriptors. */
+void st_md_matrix(dnnl_memory_desc_t *md, int64_t rows, int64_t cols);
+void st_md_strided(dnnl_memory_desc_t *md, int64_t rows, int64_t cols,
+                   int64_t row_stride, int64_t col_stride);
+void st_md_vector(dnnl_memory_desc_t *md, int64_t n);
+
+#endif /* SUBTRAIN_NN_DNNL_UTIL_H */

@@ -1,0 +1,31 @@
+/* nn/residual.c — elementwise add on a oneDNN binary primitive: the skip
+ * connection forward (h' = h + branch) and the meeting of the two gradient
+ * paths backward (dh += d_branch, in place). */
+#include "nn/layers.h"
+
+/* out (rows, cols) = a + b */
+st_status st_add_build(st_nn_ctx *ctx, st_add *r, int64_t rows, int64_t cols,
+                       const float *a, const float *b, float *out)
+{
+    dnnl_memory_desc_t md;
+    st_md_matrix(&md, rows, cols);
+    dnnl_binary_desc_t d;
+    ST_DNNL(dnnl_binary_desc_init(&d, dnnl_binary_add, &md, &md, &md), "add descriptor");
+    ST_TRY(st_prim_create(ctx, &r->prim, &d, NULL, "residual add", NULL));
+    dnnl_memory_t ma, mb, mo;
+    ST_TRY(st_mem_matrix(ctx, &ma, rows, cols, a));
+    ST_TRY(st_mem_matrix(ctx, &mb, rows, cols, b));
+    if (out == a)
+        mo = ma; /* in place: oneDNN wants the very same memory object */
+    else
+        ST_TRY(st_mem_matrix(ctx, &mo, rows, cols, out));
+    st_prim_arg(&r->prim, DNNL_ARG_SRC_0, ma);
+    st_prim_arg(&r->prim, DNNL_ARG_SRC_1, mb);
+    st_prim_arg(&r->prim, DNNL_ARG_DST, mo);
+    return ST_OK;
+}
+
+st_status st_add_run(const st_nn_ctx *ctx, const st_add *r)
+{
+    return st_prim_run(ctx, &r->prim);
+}
