@@ -1,1 +1,85 @@
-/* placeholder */
+/*
+ * subtrain/optim.h — optimizers and learning-rate schedules.
+ *
+ * Optimizers update a flat parameter vector from a flat gradient vector,
+ * over any sub-range [begin, end): a shard owner updates just its shard of
+ * the master weights and of the optimizer state.  Weight decay applies to
+ * the segments marked `decay` (matrices), not to biases and norms.
+ *
+ *   SGD:   g' = g + wd p;  buf = momentum buf + g';  p -= lr buf
+ *          (PyTorch's formulation; momentum 0 is plain SGD, no state used)
+ *   AdamW: p -= lr wd p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *          p -= lr (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+ */
+#ifndef SUBTRAIN_OPTIM_H
+#define SUBTRAIN_OPTIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <subtrain/arena.h>
+#include <subtrain/params.h>
+#include <subtrain/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum st_optimizer_kind { ST_OPT_SGD, ST_OPT_ADAMW } st_optimizer_kind;
+
+typedef struct st_optim_config {
+    st_optimizer_kind kind;
+    float lr;             /* peak learning rate */
+    float momentum;       /* SGD */
+    float weight_decay;
+    float beta1, beta2, eps;  /* AdamW */
+} st_optim_config;
+
+/* AdamW, lr 1e-3, weight decay 0.01, betas (0.9, 0.999), eps 1e-8;
+ * momentum 0.9 for when the kind is switched to SGD. */
+st_optim_config st_optim_config_default(void);
+st_status st_optim_config_check(const st_optim_config *cfg);
+const char *st_optimizer_name(st_optimizer_kind kind);
+int st_optimizer_parse(const char *name, st_optimizer_kind *out);
+
+typedef struct st_optim {
+    st_optim_config cfg;
+    size_t n;         /* parameters covered by the state */
+    float *m;         /* SGD momentum buffer or Adam first moment (n), or NULL */
+    float *v;         /* Adam second moment (n), or NULL */
+} st_optim;
+
+/* State for n parameters from the arena (counted as optimizer memory). */
+st_status st_optim_init(st_optim *opt, const st_optim_config *cfg, size_t n,
+                        st_arena *arena);
+
+/* Zeroes the state (moments, momentum). */
+void st_optim_reset(st_optim *opt);
+
+/* One update of params[begin, end) from grads[begin, end); `t` is the
+ * 1-based step number (Adam's bias correction), `lr` the rate for this step
+ * (from a schedule).  segs covers the whole vector in order. */
+void st_optim_update(st_optim *opt, float *params, const float *grads,
+                     const st_param_segment *segs, int n_segs,
+                     size_t begin, size_t end, uint64_t t, float lr);
+
+/* ------------------------------------------------------------ schedules */
+
+typedef enum st_schedule_kind { ST_SCHED_CONSTANT, ST_SCHED_WARMUP_COSINE } st_schedule_kind;
+
+typedef struct st_schedule {
+    st_schedule_kind kind;
+    float peak_lr;
+    uint64_t warmup_steps;   /* linear ramp from peak/warmup to peak */
+    uint64_t total_steps;    /* cosine decays to 0 at total_steps */
+} st_schedule;
+
+const char *st_schedule_name(st_schedule_kind kind);
+int st_schedule_parse(const char *name, st_schedule_kind *out);
+
+/* Learning rate of step t (1-based). */
+float st_schedule_lr(const st_schedule *s, uint64_t t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SUBTRAIN_OPTIM_H */

@@ -1,1 +1,28 @@
-/* placeholder */
+/*
+ * subtrain/subtrain.h — the umbrella header of libsubtrain.
+ *
+ * Topic headers:
+ *   status.h  status codes, last error message
+ *   arena.h   per-owner memory arena with byte accounting
+ *   rng.h     deterministic, splittable random numbers
+ *   data.h    IDX files, synthetic data, shuffles, batches
+ *   params.h  flat parameter layout
+ *   model.h   model instances (mlp, resmlp) on oneDNN
+ *   optim.h   SGD, AdamW, learning-rate schedules
+ *   train.h   the training loop and metrics records
+ * Every public symbol starts with st_ (types, functions) or ST_ (macros,
+ * enumerators).
+ */
+#ifndef SUBTRAIN_H
+#define SUBTRAIN_H
+
+#include <subtrain/status.h>
+#include <subtrain/arena.h>
+#include <subtrain/rng.h>
+#include <subtrain/data.h>
+#include <subtrain/params.h>
+#include <subtrain/model.h>
+#include <subtrain/optim.h>
+#include <subtrain/train.h>
+
+#endif /* SUBTRAIN_H */

@@ -1,1 +1,155 @@
-int main(void){return 0;}
+/*
+ * cli/main.c — the `subtrain` command.
+ *
+ * Exit status: 0 on success, 1 when something failed at run time (data,
+ * memory, oneDNN, numerics), 2 for bad usage.  Every failure is one line on
+ * stderr that says what went wrong.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <hwloc.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include <subtrain/subtrain.h>
+
+#include "cli/options.h"
+#include "cli/progress.h"
+#include "config.h"
+
+#define EXIT_USAGE 2
+
+static int runtime_error(const char *what)
+{
+    fprintf(stderr, "subtrain: %s: %s\n", what, st_last_error());
+    return EXIT_FAILURE;
+}
+
+static void print_version(void)
+{
+    const dnnl_version_t *v = dnnl_version();
+    unsigned h = hwloc_get_api_version();
+    printf("subtrain %s\n", PACKAGE_VERSION);
+    printf("oneDNN %d.%d.%d (CPU runtime: OpenMP), hwloc API %u.%u.%u\n", v->major, v->minor,
+           v->patch, h >> 16, (h >> 8) & 0xff, h & 0xff);
+}
+
+static st_status load_data(const st_cli_options *o, st_dataset *train, st_dataset *test)
+{
+    if (strcmp(o->data, "synthetic") == 0) {
+        st_synthetic_config sc = st_synthetic_defaults(o->train.seed);
+        return st_synthetic_make(&sc, train, test);
+    }
+    return st_fashion_mnist_load(o->data, train, test);
+}
+
+static void print_plan(const st_cli_options *o, const st_dataset *train, const st_dataset *test)
+{
+    const st_train_config *t = &o->train;
+    const st_model_config *m = &t->model;
+    printf("subtrain %s: %s depth %d width %d", PACKAGE_VERSION, st_model_kind_name(m->kind),
+           m->depth, m->width);
+    if (m->kind == ST_MODEL_RESMLP)
+        printf(" hidden %d", m->hidden ? m->hidden : m->width);
+    printf(" %s | %s lr %g wd %g %s | batch %d, ", st_activation_name(m->activation),
+           st_optimizer_name(t->optim.kind), t->optim.lr, t->optim.weight_decay,
+           st_schedule_name(t->schedule), t->batch);
+    if (t->steps)
+        printf("%llu steps", (unsigned long long)t->steps);
+    else
+        printf("%d epochs", t->epochs);
+    printf(", seed %llu | data %s (%u train, %u test) | 1 worker\n",
+           (unsigned long long)t->seed, o->data, train->count, test->count);
+}
+
+static void print_summary(const st_epoch_record *r)
+{
+    const st_mem_stats *m = &r->memory;
+    printf("final: test_acc %.4f  test_loss %.4f  train_loss %.4f  %.0f samples/s  wall %.1fs\n",
+           r->test_acc, r->test_loss, r->train_loss, r->samples_per_s, r->wall_s);
+    printf("peak memory per worker: %.1f MiB (", (double)m->peak_total / 1048576.0);
+    for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
+        printf("%s%s %.1f", k ? ", " : "", st_mem_kind_name((st_mem_kind)k),
+               (double)m->peak[k] / 1048576.0);
+    printf(")\n");
+}
+
+static int run_train(st_cli_options *o)
+{
+    st_dataset train, test;
+    if (load_data(o, &train, &test) != ST_OK)
+        return runtime_error("loading data");
+    float mean, std;
+    st_dataset_normalize(&train, &test, &mean, &std);
+    o->train.model.in_dim = (int)train.dim;
+    o->train.model.n_classes = (int)train.n_classes;
+
+    int status = EXIT_FAILURE;
+    st_progress prog;
+    memset(&prog, 0, sizeof prog);
+    if (o->metrics_path && !(prog.metrics = fopen(o->metrics_path, "w"))) {
+        fprintf(stderr, "subtrain: cannot write the metrics file '%s': %s\n", o->metrics_path,
+                strerror(errno));
+        goto out;
+    }
+    int tty = isatty(STDERR_FILENO);
+    st_progress_mode mode = o->quiet ? ST_PROGRESS_NONE : o->progress;
+    prog.bar = mode == ST_PROGRESS_BAR || (mode == ST_PROGRESS_AUTO && tty);
+    prog.epoch_lines = mode != ST_PROGRESS_NONE;
+    uint64_t spe = train.count / (uint32_t)o->train.batch;
+    prog.epochs = o->train.steps && spe ? (int)((o->train.steps + spe - 1) / spe) : o->train.epochs;
+
+    if (!o->quiet)
+        print_plan(o, &train, &test);
+    st_train_callbacks cb = { st_progress_on_step, st_progress_on_epoch, &prog };
+    st_epoch_record final;
+    if (st_train_run(&o->train, &train, &test, &cb, &final) != ST_OK) {
+        fprintf(stderr, "%s", prog.bar_visible ? "\n" : "");
+        runtime_error("training");
+        goto out;
+    }
+    if (!o->quiet)
+        print_summary(&final);
+    if (prog.metrics_failed) {
+        fprintf(stderr, "subtrain: writing the metrics file '%s' failed\n", o->metrics_path);
+        goto out;
+    }
+    status = EXIT_SUCCESS;
+out:
+    if (prog.metrics && fclose(prog.metrics) != 0 && status == EXIT_SUCCESS) {
+        fprintf(stderr, "subtrain: closing the metrics file '%s' failed: %s\n",
+                o->metrics_path, strerror(errno));
+        status = EXIT_FAILURE;
+    }
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    st_cli_options o;
+    char err[512];
+    if (st_cli_parse(argc, argv, &o, err, sizeof err) != 0) {
+        fprintf(stderr, "subtrain: %s\n", err);
+        return EXIT_USAGE;
+    }
+    if (o.action == ST_CLI_HELP) {
+        st_cli_print_help(stdout);
+        return EXIT_SUCCESS;
+    }
+    if (o.action == ST_CLI_VERSION) {
+        print_version();
+        return EXIT_SUCCESS;
+    }
+    /* Configuration errors found by the library (e.g. warmup longer than
+     * the run) are usage errors too. */
+    if (st_train_config_check(&o.train) != ST_OK) {
+        fprintf(stderr, "subtrain: %s\n", st_last_error());
+        return EXIT_USAGE;
+    }
+    return run_train(&o);
+}

@@ -1,1 +1,251 @@
-/* placeholder */
+/* cli/options.c — getopt_long parsing with strict value checks. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/options.h"
+
+enum {
+    OPT_DATA = 256, OPT_MODEL, OPT_DEPTH, OPT_WIDTH, OPT_HIDDEN, OPT_ACTIVATION,
+    OPT_EPOCHS, OPT_STEPS, OPT_BATCH, OPT_OPTIMIZER, OPT_LR, OPT_MOMENTUM,
+    OPT_WEIGHT_DECAY, OPT_SCHEDULE, OPT_WARMUP, OPT_SEED, OPT_METRICS, OPT_PROGRESS,
+};
+
+static const struct option long_options[] = {
+    { "data", required_argument, NULL, OPT_DATA },
+    { "model", required_argument, NULL, OPT_MODEL },
+    { "depth", required_argument, NULL, OPT_DEPTH },
+    { "width", required_argument, NULL, OPT_WIDTH },
+    { "hidden", required_argument, NULL, OPT_HIDDEN },
+    { "activation", required_argument, NULL, OPT_ACTIVATION },
+    { "epochs", required_argument, NULL, OPT_EPOCHS },
+    { "steps", required_argument, NULL, OPT_STEPS },
+    { "batch", required_argument, NULL, OPT_BATCH },
+    { "optimizer", required_argument, NULL, OPT_OPTIMIZER },
+    { "lr", required_argument, NULL, OPT_LR },
+    { "momentum", required_argument, NULL, OPT_MOMENTUM },
+    { "weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY },
+    { "schedule", required_argument, NULL, OPT_SCHEDULE },
+    { "warmup", required_argument, NULL, OPT_WARMUP },
+    { "seed", required_argument, NULL, OPT_SEED },
+    { "metrics", required_argument, NULL, OPT_METRICS },
+    { "progress", required_argument, NULL, OPT_PROGRESS },
+    { "quiet", no_argument, NULL, 'q' },
+    { "help", no_argument, NULL, 'h' },
+    { "version", no_argument, NULL, 'V' },
+    { NULL, 0, NULL, 0 },
+};
+
+void st_cli_print_help(FILE *f)
+{
+    fputs(
+"Usage: subtrain [train] [OPTION]...\n"
+"Train a neural network on one CPU server with oneDNN.\n"
+"\n"
+"Data:\n"
+"  --data DIR|synthetic   Fashion-MNIST IDX files in DIR (default: $SUBTRAIN_DATA,\n"
+"                         else " ST_FASHION_MNIST_DIR "), or a seeded\n"
+"                         synthetic task generated in memory\n"
+"Model:\n"
+"  --model mlp|resmlp     architecture (default resmlp)\n"
+"  --depth N              hidden layers (mlp) or residual blocks (resmlp) (default 4)\n"
+"  --width N              hidden / residual width (default 256)\n"
+"  --hidden N             inner width of a residual block (default: the width)\n"
+"  --activation relu|gelu (default gelu)\n"
+"Training:\n"
+"  --epochs N             passes over the training set (default 5)\n"
+"  --steps N              train for exactly N steps instead of whole epochs\n"
+"  --batch N              samples per step (default 128)\n"
+"  --optimizer sgd|adamw  (default adamw)\n"
+"  --lr X                 peak learning rate (default 0.001)\n"
+"  --momentum X           SGD momentum (default 0.9)\n"
+"  --weight-decay X       decoupled for AdamW, L2 for SGD; matrices only (default 0.01)\n"
+"  --schedule constant|cosine   learning-rate schedule (default cosine: linear\n"
+"                         warmup, then cosine decay to 0 at the last step)\n"
+"  --warmup N             warmup steps of the cosine schedule (default: 5% of the run)\n"
+"  --seed N               seed of initialisation, shuffles and synthetic data (default 1)\n"
+"Output:\n"
+"  --metrics FILE         JSON Lines: one record per epoch and a final one\n"
+"  --progress auto|bar|plain|none   live bar on a terminal, one line per epoch\n"
+"                         otherwise (default auto)\n"
+"  -q, --quiet            print nothing but errors\n"
+"  -h, --help             this text\n"
+"  -V, --version          version and library versions\n"
+"\n"
+"Exit status: 0 success, 1 runtime failure (data, memory, numerics), 2 bad usage.\n"
+"Documentation: doc/cli.md in the source tree.\n", f);
+}
+
+static int fail(char *err, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Whole-string integer in [lo, hi]. */
+static int parse_long(const char *opt, const char *s, long lo, long hi, long *out,
+                      char *err, size_t n)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || errno == ERANGE || v < lo || v > hi)
+        return fail(err, n, "--%s: expected an integer in [%ld, %ld], got '%s'", opt, lo, hi, s);
+    *out = v;
+    return 0;
+}
+
+static int parse_int(const char *opt, const char *s, long lo, long hi, int *out,
+                     char *err, size_t n)
+{
+    long v = 0;
+    if (parse_long(opt, s, lo, hi, &v, err, n))
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_u64(const char *opt, const char *s, unsigned long long hi,
+                     uint64_t *out, char *err, size_t n)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*s == '\0' || *s == '-' || *end != '\0' || errno == ERANGE || v > hi)
+        return fail(err, n, "--%s: expected an integer in [0, %llu], got '%s'", opt, hi, s);
+    *out = v;
+    return 0;
+}
+
+/* Whole-string finite float in [lo, hi] (or (lo, hi] when open_lo). */
+static int parse_float(const char *opt, const char *s, double lo, double hi, int open_lo,
+                       float *out, char *err, size_t n)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    int bad_lo = open_lo ? !(v > lo) : !(v >= lo);
+    if (*s == '\0' || *end != '\0' || errno == ERANGE || !isfinite(v) || bad_lo || v > hi)
+        return fail(err, n, "--%s: expected a number in %c%g, %g], got '%s'", opt,
+                    open_lo ? '(' : '[', lo, hi, s);
+    *out = (float)v;
+    return 0;
+}
+
+static int parse_choice(const char *opt, const char *s, int (*parse)(const char *, void *),
+                        void *out, const char *allowed, char *err, size_t n)
+{
+    if (parse(s, out) != 0)
+        return fail(err, n, "--%s: unknown value '%s' (allowed: %s)", opt, s, allowed);
+    return 0;
+}
+
+static int parse_progress(const char *s, void *out)
+{
+    static const char *const names[] = { "auto", "bar", "plain", "none" };
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *(st_progress_mode *)out = (st_progress_mode)i;
+            return 0;
+        }
+    return -1;
+}
+
+/* Adapters: the library's parsers take typed pointers. */
+static int parse_model(const char *s, void *o) { return st_model_kind_parse(s, o); }
+static int parse_act(const char *s, void *o) { return st_activation_parse(s, o); }
+static int parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
+static int parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
+
+static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epochs,
+                        int *saw_steps, char *err, size_t n)
+{
+    st_train_config *t = &o->train;
+    switch (c) {
+    case OPT_DATA:
+        if (*arg == '\0')
+            return fail(err, n, "--data: expected a directory or 'synthetic', got ''");
+        o->data = arg;
+        return 0;
+    case OPT_MODEL: return parse_choice("model", arg, parse_model, &t->model.kind, "mlp, resmlp", err, n);
+    case OPT_DEPTH: return parse_int("depth", arg, 1, 1024, &t->model.depth, err, n);
+    case OPT_WIDTH: return parse_int("width", arg, 1, 65536, &t->model.width, err, n);
+    case OPT_HIDDEN: return parse_int("hidden", arg, 1, 65536, &t->model.hidden, err, n);
+    case OPT_ACTIVATION: return parse_choice("activation", arg, parse_act, &t->model.activation, "relu, gelu", err, n);
+    case OPT_EPOCHS: *saw_epochs = 1; return parse_int("epochs", arg, 1, 100000, &t->epochs, err, n);
+    case OPT_STEPS:
+        *saw_steps = 1;
+        if (parse_u64("steps", arg, 1000000000ull, &t->steps, err, n))
+            return -1;
+        return t->steps ? 0 : fail(err, n, "--steps: expected an integer in [1, 1000000000], got '%s'", arg);
+    case OPT_BATCH: return parse_int("batch", arg, 1, 65536, &t->batch, err, n);
+    case OPT_OPTIMIZER: return parse_choice("optimizer", arg, parse_opt, &t->optim.kind, "sgd, adamw", err, n);
+    case OPT_LR: return parse_float("lr", arg, 0.0, 100.0, 1, &t->optim.lr, err, n);
+    case OPT_MOMENTUM: return parse_float("momentum", arg, 0.0, 0.999999, 0, &t->optim.momentum, err, n);
+    case OPT_WEIGHT_DECAY: return parse_float("weight-decay", arg, 0.0, 10.0, 0, &t->optim.weight_decay, err, n);
+    case OPT_SCHEDULE: return parse_choice("schedule", arg, parse_sched, &t->schedule, "constant, cosine", err, n);
+    case OPT_WARMUP: return parse_u64("warmup", arg, 1000000000ull, &t->warmup_steps, err, n);
+    case OPT_SEED: return parse_u64("seed", arg, ULLONG_MAX, &t->seed, err, n);
+    case OPT_METRICS:
+        if (*arg == '\0')
+            return fail(err, n, "--metrics: expected a file name, got ''");
+        o->metrics_path = arg;
+        return 0;
+    case OPT_PROGRESS: return parse_choice("progress", arg, parse_progress, &o->progress, "auto, bar, plain, none", err, n);
+    case 'q': o->quiet = 1; return 0;
+    case 'h': o->action = ST_CLI_HELP; return 0;
+    case 'V': o->action = ST_CLI_VERSION; return 0;
+    }
+    return fail(err, n, "internal: unhandled option %d", c);
+}
+
+int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
+{
+    memset(o, 0, sizeof *o);
+    o->action = ST_CLI_RUN;
+    o->train = st_train_config_default();
+    o->progress = ST_PROGRESS_AUTO;
+    const char *env = getenv("SUBTRAIN_DATA");
+    o->data = env && *env ? env : ST_FASHION_MNIST_DIR;
+
+    int first = 1;
+    if (argc > 1 && strcmp(argv[1], "train") == 0)
+        first = 2;
+    int saw_epochs = 0, saw_steps = 0;
+    optind = first;
+    opterr = 0; /* our own one-line messages */
+    for (;;) {
+        int prev = optind;
+        int c = getopt_long(argc, argv, ":qhV", long_options, NULL);
+        if (c == -1)
+            break;
+        const char *word = prev < argc ? argv[prev] : "";
+        if (c == '?') {
+            if (optopt)
+                return fail(err, n, "unknown option '-%c' (see subtrain --help)", optopt);
+            return fail(err, n, "unknown option '%s' (see subtrain --help)", word);
+        }
+        if (c == ':')
+            return fail(err, n, "option '%s' needs a value (see subtrain --help)", word);
+        if (apply_option(c, optarg, o, &saw_epochs, &saw_steps, err, n))
+            return -1;
+    }
+    if (optind < argc)
+        return fail(err, n, "unexpected argument '%s' (usage: subtrain [train] [OPTION]...)",
+                    argv[optind]);
+    if (saw_epochs && saw_steps)
+        return fail(err, n, "--epochs and --steps cannot be used together: give one");
+    if (saw_steps)
+        o->train.epochs = 0;
+    if (o->train.model.kind == ST_MODEL_MLP && o->train.model.hidden)
+        return fail(err, n, "--hidden applies to resmlp only (mlp layers are --width wide)");
+    return 0;
+}

@@ -1,1 +1,69 @@
-/* placeholder */
+/* cli/progress.c — progress bar, per-epoch lines, metrics records. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/progress.h"
+
+#define BAR_WIDTH 24
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void format_duration(char *buf, size_t n, double s)
+{
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+static void clear_bar(st_progress *p)
+{
+    if (p->bar_visible) {
+        fputs("\r\033[K", stderr);
+        p->bar_visible = 0;
+    }
+}
+
+void st_progress_on_step(const st_step_info *info, void *user)
+{
+    st_progress *p = user;
+    if (!p->bar)
+        return;
+    double t = now_s();
+    if (t - p->last_draw < 0.1 && info->step != info->total_steps)
+        return;
+    p->last_draw = t;
+    char bar[BAR_WIDTH + 1], eta[32];
+    int filled = (int)((double)BAR_WIDTH * (double)info->step / (double)info->total_steps);
+    for (int i = 0; i < BAR_WIDTH; i++)
+        bar[i] = i < filled ? '=' : (i == filled ? '>' : ' ');
+    bar[BAR_WIDTH] = '\0';
+    format_duration(eta, sizeof eta, info->eta_s);
+    fprintf(stderr, "\r\033[Kepoch %d/%d [%s] step %llu/%llu  loss %.4f  %.0f samples/s  ETA %s",
+            info->epoch, p->epochs, bar, (unsigned long long)info->step,
+            (unsigned long long)info->total_steps, info->loss, info->samples_per_s, eta);
+    fflush(stderr);
+    p->bar_visible = 1;
+}
+
+void st_progress_on_epoch(const st_epoch_record *rec, void *user)
+{
+    st_progress *p = user;
+    clear_bar(p);
+    if (p->metrics && !p->metrics_failed && st_metrics_write(p->metrics, rec) != 0)
+        p->metrics_failed = 1;
+    if (!p->epoch_lines || rec->final)
+        return;
+    printf("epoch %d/%d  step %llu  train_loss %.4f  test_loss %.4f  test_acc %.4f  "
+           "%.0f samples/s  wall %.1fs\n",
+           rec->epoch, p->epochs, (unsigned long long)rec->step, rec->train_loss,
+           rec->test_loss, rec->test_acc, rec->samples_per_s, rec->wall_s);
+    fflush(stdout);
+}

@@ -1,1 +1,25 @@
-/* placeholder */
+/*
+ * cli/progress.h — what the user sees while training: a live bar on a
+ * terminal (step, loss, samples/s, ETA, redrawn at most 10 times a second,
+ * on stderr) and one plain line per epoch (on stdout), and the metrics file.
+ */
+#ifndef SUBTRAIN_CLI_PROGRESS_H
+#define SUBTRAIN_CLI_PROGRESS_H
+
+#include <stdio.h>
+#include <subtrain/train.h>
+
+typedef struct st_progress {
+    int bar;             /* draw the live bar */
+    int epoch_lines;     /* print one line per epoch */
+    int epochs;          /* for "epoch 2/5" */
+    double last_draw;    /* wall time of the last redraw */
+    int bar_visible;
+    FILE *metrics;       /* or NULL */
+    int metrics_failed;  /* a write failed: reported once at the end */
+} st_progress;
+
+void st_progress_on_step(const st_step_info *info, void *user);
+void st_progress_on_epoch(const st_epoch_record *rec, void *user);
+
+#endif /* SUBTRAIN_CLI_PROGRESS_H */

@@ -29,6 +29,7 @@
 #define IDX_TYPE_UBYTE 0x08
 #define IDX_FIRST_ALLOC ((size_t)1 << 20)   /* payload buffer starts at 1 MiB */
 #define IDX_GZ_BUFFER (128u << 10)          /* zlib's input buffer */
+#define IDX_TRAILING_SCAN ((size_t)1 << 20) /* extra bytes read before giving up */
 
 static const char *type_name(int code)
 {
@@ -153,7 +154,8 @@ static st_status read_header(gzFile gz, const char *path, st_idx_array *a)
     for (int i = 0; i < rank; i++) {
         a->dims[i] = be32(raw + 4 * i);
         if (a->dims[i] == 0)
-            return st_fail(ST_ERR_FORMAT, "%s: dimension %d of %d is 0", path, i, rank);
+            return st_fail(ST_ERR_FORMAT, "%s: dimension %d of %d is 0 (an IDX array "
+                           "cannot be empty)", path, i, rank);
     }
 
     /* Each factor is < 2^32 and the running product stays <= 2^30, so the
@@ -216,16 +218,21 @@ static st_status read_payload(gzFile gz, const char *path, st_idx_array *a)
 }
 
 /* After the payload the file must end.  Reading on also makes zlib check
- * the gzip trailer (CRC and length), which it only does at the very end. */
+ * the gzip trailer (CRC and length), which it only does at the very end.
+ * Extra bytes are read on (up to a bound) before they are reported: in a
+ * damaged gzip stream they are a symptom, and the CRC error that follows
+ * is the better message. */
 static st_status expect_end(gzFile gz, const char *path, size_t payload)
 {
-    unsigned char extra[64];
-    size_t got;
-    ST_TRY(read_upto(gz, path, extra, sizeof extra, &got));
-    if (got > 0)
-        return st_fail(ST_ERR_FORMAT, "%s: trailing bytes after the %zu-byte payload "
-                       "(%s%zu more)", path, payload, got == sizeof extra ? "at least " : "",
-                       got);
+    unsigned char extra[4096];
+    size_t total = 0, got;
+    do {
+        ST_TRY(read_upto(gz, path, extra, sizeof extra, &got));
+        total += got;
+    } while (got == sizeof extra && total < IDX_TRAILING_SCAN);
+    if (total > 0)
+        return st_fail(ST_ERR_FORMAT, "%s: %s%zu trailing bytes after the %zu-byte payload",
+                       path, got == sizeof extra ? "at least " : "", total, payload);
     return ST_OK;
 }
 

@@ -1,1 +1,135 @@
-/* placeholder */
+/*
+ * optim/optim.c — SGD with momentum and AdamW over flat parameter ranges.
+ *
+ * The update loops are single passes over p, g and the state, written so
+ * that the compiler vectorises them (restrict, no branches in the loop):
+ * for a large model the optimizer streams 4-5 arrays of P floats per step
+ * and is bound by memory bandwidth, not arithmetic.
+ */
+#include <math.h>
+#include <string.h>
+
+#include <subtrain/optim.h>
+
+#include "core/error.h"
+
+st_optim_config st_optim_config_default(void)
+{
+    st_optim_config c = {
+        .kind = ST_OPT_ADAMW, .lr = 1e-3f, .momentum = 0.9f, .weight_decay = 0.01f,
+        .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+    };
+    return c;
+}
+
+st_status st_optim_config_check(const st_optim_config *c)
+{
+    if (c->kind != ST_OPT_SGD && c->kind != ST_OPT_ADAMW)
+        return st_fail(ST_ERR_INVALID, "unknown optimizer %d (allowed: sgd, adamw)", (int)c->kind);
+    if (!(c->lr > 0.0f) || !isfinite(c->lr))
+        return st_fail(ST_ERR_INVALID, "learning rate must be a positive number, got %g", c->lr);
+    if (!(c->momentum >= 0.0f && c->momentum < 1.0f))
+        return st_fail(ST_ERR_INVALID, "momentum must be in [0, 1), got %g", c->momentum);
+    if (!(c->weight_decay >= 0.0f) || !isfinite(c->weight_decay))
+        return st_fail(ST_ERR_INVALID, "weight decay must be >= 0, got %g", c->weight_decay);
+    if (!(c->beta1 >= 0.0f && c->beta1 < 1.0f) || !(c->beta2 >= 0.0f && c->beta2 < 1.0f))
+        return st_fail(ST_ERR_INVALID, "Adam betas must be in [0, 1), got %g and %g",
+                       c->beta1, c->beta2);
+    if (!(c->eps > 0.0f))
+        return st_fail(ST_ERR_INVALID, "Adam epsilon must be > 0, got %g", c->eps);
+    return ST_OK;
+}
+
+const char *st_optimizer_name(st_optimizer_kind kind)
+{
+    return kind == ST_OPT_SGD ? "sgd" : kind == ST_OPT_ADAMW ? "adamw" : "unknown";
+}
+
+int st_optimizer_parse(const char *name, st_optimizer_kind *out)
+{
+    if (strcmp(name, "sgd") == 0) { *out = ST_OPT_SGD; return 0; }
+    if (strcmp(name, "adamw") == 0) { *out = ST_OPT_ADAMW; return 0; }
+    return -1;
+}
+
+st_status st_optim_init(st_optim *opt, const st_optim_config *cfg, size_t n, st_arena *arena)
+{
+    memset(opt, 0, sizeof *opt);
+    ST_TRY(st_optim_config_check(cfg));
+    opt->cfg = *cfg;
+    opt->n = n;
+    int need_m = cfg->kind == ST_OPT_ADAMW || cfg->momentum > 0.0f;
+    if (need_m)
+        ST_TRY(st_arena_alloc_floats(arena, ST_MEM_OPTIMIZER, n, &opt->m));
+    if (cfg->kind == ST_OPT_ADAMW)
+        ST_TRY(st_arena_alloc_floats(arena, ST_MEM_OPTIMIZER, n, &opt->v));
+    return ST_OK;
+}
+
+void st_optim_reset(st_optim *opt)
+{
+    if (opt->m)
+        memset(opt->m, 0, opt->n * sizeof *opt->m);
+    if (opt->v)
+        memset(opt->v, 0, opt->n * sizeof *opt->v);
+}
+
+/* p, g, buf are (n) */
+static void sgd_range(float *restrict p, const float *restrict g, float *restrict buf,
+                      size_t n, float lr, float momentum, float wd)
+{
+    if (!buf) {
+        for (size_t i = 0; i < n; i++)
+            p[i] -= lr * (g[i] + wd * p[i]);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float b = momentum * buf[i] + g[i] + wd * p[i];
+        buf[i] = b;
+        p[i] -= lr * b;
+    }
+}
+
+typedef struct adam_step {
+    float lr, wd, b1, b2, eps;
+    float c1, c2;   /* bias corrections 1/(1-b1^t), 1/(1-b2^t) */
+} adam_step;
+
+/* p, g, m, v are (n) */
+static void adamw_range(float *restrict p, const float *restrict g, float *restrict m,
+                        float *restrict v, size_t n, const adam_step *a, int decay)
+{
+    const float shrink = decay ? 1.0f - a->lr * a->wd : 1.0f;
+    for (size_t i = 0; i < n; i++) {
+        float mi = a->b1 * m[i] + (1.0f - a->b1) * g[i];
+        float vi = a->b2 * v[i] + (1.0f - a->b2) * g[i] * g[i];
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * shrink - a->lr * (mi * a->c1) / (sqrtf(vi * a->c2) + a->eps);
+    }
+}
+
+void st_optim_update(st_optim *opt, float *params, const float *grads,
+                     const st_param_segment *segs, int n_segs,
+                     size_t begin, size_t end, uint64_t t, float lr)
+{
+    const st_optim_config *c = &opt->cfg;
+    adam_step a = { lr, c->weight_decay, c->beta1, c->beta2, c->eps,
+                    (float)(1.0 / (1.0 - pow(c->beta1, (double)t))),
+                    (float)(1.0 / (1.0 - pow(c->beta2, (double)t))) };
+    for (int s = 0; s < n_segs; s++) {
+        size_t lo = segs[s].offset, hi = segs[s].offset + segs[s].count;
+        if (lo < begin) lo = begin;
+        if (hi > end) hi = end;
+        if (lo >= hi)
+            continue;
+        size_t n = hi - lo;
+        float wd = segs[s].decay ? c->weight_decay : 0.0f;
+        if (c->kind == ST_OPT_SGD)
+            sgd_range(params + lo, grads + lo, opt->m ? opt->m + lo : NULL, n, lr,
+                      c->momentum, wd);
+        else
+            adamw_range(params + lo, grads + lo, opt->m + lo, opt->v + lo, n, &a,
+                        segs[s].decay);
+    }
+}

@@ -1,1 +1,66 @@
-/* placeholder */
+/* train/worker.c — a worker's state, batch loading and evaluation. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "train/worker.h"
+
+st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg, uint32_t n_train)
+{
+    char owner[32];
+    memset(w, 0, sizeof *w);
+    w->id = id;
+    snprintf(owner, sizeof owner, "worker %d", id);
+    st_arena_init(&w->arena, owner, NULL, 0);
+    ST_TRY(st_model_create(&cfg->model, cfg->batch, &w->arena, &w->model));
+    st_model_init_params(w->model, cfg->seed);
+    ST_TRY(st_optim_init(&w->optim, &cfg->optim, st_model_param_count(w->model), &w->arena));
+    void *order;
+    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)n_train * sizeof(uint32_t), &order));
+    w->order = order;
+    return ST_OK;
+}
+
+void st_worker_destroy(st_worker *w)
+{
+    st_model_destroy(w->model);
+    w->model = NULL;
+    st_arena_release(&w->arena);
+}
+
+void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *order,
+                          uint32_t first, int rows)
+{
+    const int B = st_model_batch(w->model);
+    float *x = st_model_input(w->model);
+    int32_t *y = st_model_labels(w->model);
+    if (order) {
+        st_dataset_gather(d, order + first, (size_t)rows, x, y);
+    } else {
+        memcpy(x, d->x + (size_t)first * d->dim, (size_t)rows * d->dim * sizeof *x);
+        for (int i = 0; i < rows; i++)
+            y[i] = d->y[first + (uint32_t)i];
+    }
+    if (rows < B) {
+        memset(x + (size_t)rows * d->dim, 0, (size_t)(B - rows) * d->dim * sizeof *x);
+        memset(y + rows, 0, (size_t)(B - rows) * sizeof *y);
+    }
+}
+
+st_status st_worker_evaluate(st_worker *w, const st_dataset *d, double *loss, double *acc)
+{
+    const int B = st_model_batch(w->model);
+    double loss_sum = 0.0;
+    int64_t correct = 0;
+    /* The test set in its stored order, in batches of B, the last one
+     * padded: the model was built for B rows and padding rows are ignored. */
+    for (uint32_t first = 0; first < d->count; first += (uint32_t)B) {
+        int rows = d->count - first < (uint32_t)B ? (int)(d->count - first) : B;
+        st_worker_load_batch(w, d, NULL, first, rows);
+        ST_TRY(st_model_evaluate(w->model, rows, &loss_sum, &correct));
+    }
+    *loss = loss_sum / d->count;
+    *acc = (double)correct / d->count;
+    return ST_OK;
+}

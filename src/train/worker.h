@@ -1,1 +1,36 @@
-/* placeholder */
+/*
+ * train/worker.h — private: everything one worker owns.
+ *
+ * A worker is one thread.  Its arena, model instance (oneDNN engine,
+ * stream, primitives, workspace), parameters, gradients and optimizer state
+ * are created by that thread and used only by it, so that a later worker can
+ * be pinned to a core and have all of this on its own NUMA node.
+ */
+#ifndef SUBTRAIN_TRAIN_WORKER_H
+#define SUBTRAIN_TRAIN_WORKER_H
+
+#include <subtrain/train.h>
+
+typedef struct st_worker {
+    int id;
+    st_arena arena;
+    st_model *model;
+    st_optim optim;
+    uint32_t *order;      /* this epoch's sample order (shared data, own copy) */
+} st_worker;
+
+/* Must be called on the worker's own thread. */
+st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg,
+                         uint32_t n_train);
+void st_worker_destroy(st_worker *w);
+
+/* Copies samples order[first .. first + rows) (samples first .. first + rows
+ * when order is NULL) into the model's input, and pads the rest of the batch with zeros (label 0) when rows < batch. */
+void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *order,
+                          uint32_t first, int rows);
+
+/* Mean loss and accuracy of the worker's current parameters on `d`. */
+st_status st_worker_evaluate(st_worker *w, const st_dataset *d, double *loss,
+                             double *acc);
+
+#endif /* SUBTRAIN_TRAIN_WORKER_H */
