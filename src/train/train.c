@@ -76,21 +76,6 @@ static st_status make_plan(const st_train_config *cfg, const st_dataset *train, 
     return ST_OK;
 }
 
-/* The per-step path: load, forward/backward, update.  No allocation. */
-static st_status train_step(st_worker *w, const st_dataset *train, const run_plan *p,
-                            uint64_t step, uint32_t first, float *loss, float *lr)
-{
-    st_model *m = w->model;
-    int n_segs;
-    const st_param_segment *segs = st_model_segments(m, &n_segs);
-    st_worker_load_batch(w, train, w->order, first, st_model_batch(m));
-    ST_TRY(st_model_forward_backward(m, loss));
-    *lr = st_schedule_lr(&p->schedule, step);
-    st_optim_update(&w->optim, st_model_params(m), st_model_grads(m), segs, n_segs, 0,
-                    st_model_param_count(m), step, *lr);
-    return ST_OK;
-}
-
 static st_status run_worker(st_worker *w, const st_train_config *cfg, const st_dataset *train,
                             const st_dataset *test, const st_train_callbacks *cb,
                             const run_plan *p, st_epoch_record *final_out)
@@ -110,7 +95,8 @@ static st_status run_worker(st_worker *w, const st_train_config *cfg, const st_d
         for (uint64_t i = 0; i < p->steps_per_epoch && step < p->total_steps; i++, n++) {
             float loss;
             step++;
-            ST_TRY(train_step(w, train, p, step, (uint32_t)(i * (uint64_t)B), &loss, &lr));
+            ST_TRY(st_worker_train_step(w, train, w->order, (uint32_t)(i * (uint64_t)B),
+                                         &p->schedule, step, &loss, &lr));
             loss_sum += loss;
             if (cb && cb->on_step) {
                 double now = now_s(), trained = train_time + (now - te);

@@ -48,6 +48,21 @@ void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *ord
     }
 }
 
+st_status st_worker_train_step(st_worker *w, const st_dataset *d, const uint32_t *order,
+                               uint32_t first, const st_schedule *schedule, uint64_t step,
+                               float *loss, float *lr)
+{
+    st_model *m = w->model;
+    int n_segs;
+    const st_param_segment *segs = st_model_segments(m, &n_segs);
+    st_worker_load_batch(w, d, order, first, st_model_batch(m));
+    ST_TRY(st_model_forward_backward(m, loss));
+    *lr = st_schedule_lr(schedule, step);
+    st_optim_update(&w->optim, st_model_params(m), st_model_grads(m), segs, n_segs, 0,
+                    st_model_param_count(m), step, *lr);
+    return ST_OK;
+}
+
 st_status st_worker_evaluate(st_worker *w, const st_dataset *d, double *loss, double *acc)
 {
     const int B = st_model_batch(w->model);

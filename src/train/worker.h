@@ -29,6 +29,13 @@ void st_worker_destroy(st_worker *w);
 void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *order,
                           uint32_t first, int rows);
 
+/* One training step, the hot path: load samples order[first .. first + B),
+ * forward, backward, optimizer update with the schedule's rate for `step`
+ * (1-based).  Allocates nothing, creates nothing, takes no lock. */
+st_status st_worker_train_step(st_worker *w, const st_dataset *d, const uint32_t *order,
+                               uint32_t first, const st_schedule *schedule, uint64_t step,
+                               float *loss, float *lr);
+
 /* Mean loss and accuracy of the worker's current parameters on `d`. */
 st_status st_worker_evaluate(st_worker *w, const st_dataset *d, double *loss,
                              double *acc);
