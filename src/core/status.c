@@ -45,12 +45,20 @@ st_status st_fail(st_status status, const char *fmt, ...)
 
 st_status st_fail_context(st_status status, const char *fmt, ...)
 {
-    char prefix[256], old[sizeof last_error];
+    char old[sizeof last_error];
+    memcpy(old, last_error, sizeof old);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    int n = vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
-    memcpy(old, last_error, sizeof old);
-    snprintf(last_error, sizeof last_error, "%s: %s", prefix, old);
+    /* Append ": old message" after the prefix, clipped to the buffer. */
+    size_t used = n < 0 ? 0 : (size_t)n < sizeof last_error ? (size_t)n : sizeof last_error - 1;
+    size_t room = sizeof last_error - used;
+    if (room > 3) {
+        memcpy(last_error + used, ": ", 2);
+        size_t keep = strlen(old) < room - 3 ? strlen(old) : room - 3;
+        memcpy(last_error + used + 2, old, keep);
+        last_error[used + 2 + keep] = '\0';
+    }
     return status;
 }
