@@ -1,1 +1,648 @@
-int main(void){return 0;}
+/*
+ * bench/bench_step.c — speed of one training step against dnnl_sgemm.
+ *
+ * What is measured.  For each configuration, the time of
+ * st_worker_train_step(): exactly the trainer's hot path (gather a shuffled
+ * batch into the model's input, forward, backward, AdamW update), on one
+ * thread, on a worker created by st_worker_init() the way the trainer
+ * creates it.  From that: samples/s and step GFLOP/s, where the FLOPs are
+ * those of st_model_step_flops() (the matrix products of forward and
+ * backward, 2 per multiply-add).  Layer norms, activations, the loss and
+ * the optimizer do no counted FLOPs, so everything they cost shows up as
+ * a lower step GFLOP/s: that is on purpose, the number answers "how close
+ * is a whole step to doing nothing but GEMMs".
+ *
+ * Why a reference in the same run.  Absolute GFLOP/s depend on the machine,
+ * its clock and, on a shared box, on the neighbours.  So the step is
+ * compared with dnnl_sgemm on the model's dominant GEMM shape (M = batch,
+ * N = K = width: the products of the residual blocks), measured in the
+ * same process, on the same thread count, with windows interleaved with
+ * the step's windows so that a noisy period slows both.  The ratio
+ * step GFLOP/s / sgemm GFLOP/s is the figure of merit (the aim is >= 0.85
+ * for the large model); speed is reported, never asserted, which is why
+ * this is not part of `make check`.
+ *
+ * How it is timed.  After a warm-up (primitives' first runs, page faults,
+ * sgemm's JIT), K windows of each kind are run alternately; a window runs
+ * whole steps (or sgemm calls) until it has lasted a minimum time, and its
+ * mean per-call time is one sample.  The table shows the median window,
+ * which resists both a slow outlier (a neighbour's burst) and a lucky one;
+ * the best window is printed below it and written to the JSON record.
+ *
+ * Breakdown.  A further window runs the same step by its parts, each timed:
+ * batch gather, st_model_forward_backward, st_optim_update.  It says where
+ * the gap to sgemm is: in the forward/backward (non-GEMM layers, GEMM
+ * shapes slower than the reference) or in the optimizer, which streams
+ * about 28 bytes per parameter (reads p, g, m, v; writes p, m, v) and is
+ * bound by memory bandwidth.
+ *
+ * Threads.  oneDNN's CPU runtime is OpenMP and runs a primitive with the
+ * calling thread's nthreads-var.  As in st_train_run(), everything runs in
+ * a one-thread parallel region that sets its own thread count to 1, and the
+ * worker is created on that thread; dnnl_sgemm runs there too.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include <subtrain/subtrain.h>
+
+#include "core/error.h"
+#include "train/worker.h"
+
+#define EXIT_USAGE 2
+#define MAX_WINDOWS 32
+
+typedef struct bench_config {
+    const char *name;   /* as given to --config */
+    int depth, width, batch;
+} bench_config;
+
+/* (a) the issue's large model: big enough that GEMMs dominate;
+ * (b) the README's default recipe. */
+static const bench_config CONFIGS[] = {
+    { "large", 8, 1024, 256 },
+    { "small", 4, 256, 128 },
+};
+#define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
+
+typedef struct bench_options {
+    int which;              /* index into CONFIGS, or -1 for all */
+    int quick;
+    int windows;            /* K windows of each kind */
+    double step_window_s;   /* minimum length of one step window */
+    double gemm_window_s;   /* minimum length of one sgemm window */
+    int warmup_steps;
+    const char *json_path;
+} bench_options;
+
+typedef struct bench_result {
+    const bench_config *cfg;
+    size_t params;
+    double flops;                   /* per step */
+    int windows;
+    uint64_t steps_timed;
+    double step_s_med, step_s_best, step_s_worst;
+    double gemm_flops;              /* per sgemm call */
+    double gemm_s_med, gemm_s_best;
+    /* breakdown, per step, mean over one window */
+    double gather_s, fb_s, optim_s, parts_s;
+    float last_loss;
+} bench_result;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of v[0..n), n >= 1 (sorts v). */
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static const char *isa_name(dnnl_cpu_isa_t isa)
+{
+    switch (isa) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "unknown";
+    }
+}
+
+/* "model name" of /proc/cpuinfo, for the record; "unknown" elsewhere. */
+static void cpu_name(char *out, size_t size)
+{
+    snprintf(out, size, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) != 0)
+            continue;
+        const char *p = strchr(line, ':');
+        if (!p)
+            break;
+        p++;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        snprintf(out, size, "%s", p);
+        out[strcspn(out, "\n")] = '\0';
+        break;
+    }
+    fclose(f);
+}
+
+/* The 1-minute load average: on a shared machine, the first thing to look
+ * at when two runs disagree.  -1 where /proc/loadavg is missing. */
+static double load_average(void)
+{
+    double l = -1.0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1)
+            l = -1.0;
+        fclose(f);
+    }
+    return l;
+}
+
+/* ------------------------------------------------------------ sgemm */
+
+typedef struct gemm_ctx {
+    int64_t m, n, k;
+    float *a, *b, *c;
+} gemm_ctx;
+
+static float *alloc_floats(size_t count)
+{
+    size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+    return aligned_alloc(64, bytes);
+}
+
+static int gemm_init(gemm_ctx *g, int64_t m, int64_t n, int64_t k)
+{
+    g->m = m, g->n = n, g->k = k;
+    g->a = alloc_floats((size_t)(m * k));
+    g->b = alloc_floats((size_t)(k * n));
+    g->c = alloc_floats((size_t)(m * n));
+    if (!g->a || !g->b || !g->c)
+        return -1;
+    /* Ordinary values (no zeros, no denormals) so that nothing is special-cased. */
+    st_rng rng = st_rng_seed(7);
+    for (int64_t i = 0; i < m * k; i++)
+        g->a[i] = st_rng_uniform(&rng) - 0.5f;
+    for (int64_t i = 0; i < k * n; i++)
+        g->b[i] = st_rng_uniform(&rng) - 0.5f;
+    memset(g->c, 0, (size_t)(m * n) * sizeof(float));
+    return 0;
+}
+
+static void gemm_free(gemm_ctx *g)
+{
+    free(g->a);
+    free(g->b);
+    free(g->c);
+}
+
+/* C (m, n) = A (m, k) . B (k, n), row-major, as a forward linear layer. */
+static int gemm_call(const gemm_ctx *g)
+{
+    return dnnl_sgemm('N', 'N', g->m, g->n, g->k, 1.0f, g->a, g->k, g->b, g->n, 0.0f, g->c,
+                      g->n) == dnnl_success ? 0 : -1;
+}
+
+/* Mean seconds per call over a window of at least min_s; -1 on failure.
+ * One untimed call first: the step windows in between evict A, B and C. */
+static double gemm_window(const gemm_ctx *g, double min_s)
+{
+    if (gemm_call(g))
+        return -1.0;
+    uint64_t n = 0;
+    double t0 = now_s(), t;
+    do {
+        if (gemm_call(g))
+            return -1.0;
+        n++;
+        t = now_s();
+    } while (t - t0 < min_s);
+    return (t - t0) / (double)n;
+}
+
+/* ------------------------------------------------------------ the step */
+
+typedef struct step_ctx {
+    st_worker *w;
+    const st_dataset *train;
+    const uint32_t *order;
+    uint32_t steps_per_epoch;
+    st_schedule schedule;
+    uint64_t step;          /* last step run, 1-based as in the trainer */
+    float loss;
+} step_ctx;
+
+static st_status step_once(step_ctx *s)
+{
+    const int B = st_model_batch(s->w->model);
+    uint32_t first = (uint32_t)(s->step % s->steps_per_epoch) * (uint32_t)B;
+    float lr;
+    s->step++;
+    return st_worker_train_step(s->w, s->train, s->order, first, &s->schedule, s->step,
+                                &s->loss, &lr);
+}
+
+/* Mean seconds per step over a window of at least min_s (at least one step). */
+static st_status step_window(step_ctx *s, double min_s, double *per_step, uint64_t *steps)
+{
+    uint64_t n = 0;
+    double t0 = now_s(), t;
+    do {
+        ST_TRY(step_once(s));
+        n++;
+        t = now_s();
+    } while (t - t0 < min_s);
+    *per_step = (t - t0) / (double)n;
+    *steps += n;
+    return ST_OK;
+}
+
+/* The same step as st_worker_train_step, by its parts, each timed; means
+ * per step over a window of at least min_s. */
+static st_status breakdown_window(step_ctx *s, double min_s, bench_result *r)
+{
+    st_worker *w = s->w;
+    st_model *m = w->model;
+    const int B = st_model_batch(m);
+    int n_segs;
+    const st_param_segment *segs = st_model_segments(m, &n_segs);
+    double gather = 0.0, fb = 0.0, opt = 0.0;
+    uint64_t n = 0;
+    double t0 = now_s(), t;
+    do {
+        uint32_t first = (uint32_t)(s->step % s->steps_per_epoch) * (uint32_t)B;
+        s->step++;
+        double ta = now_s();
+        st_worker_load_batch(w, s->train, s->order, first, B);
+        double tb = now_s();
+        ST_TRY(st_model_forward_backward(m, &s->loss));
+        double tc = now_s();
+        float lr = st_schedule_lr(&s->schedule, s->step);
+        st_optim_update(&w->optim, st_model_params(m), st_model_grads(m), segs, n_segs, 0,
+                        st_model_param_count(m), s->step, lr);
+        t = now_s();
+        gather += tb - ta;
+        fb += tc - tb;
+        opt += t - tc;
+        n++;
+    } while (t - t0 < min_s);
+    r->gather_s = gather / (double)n;
+    r->fb_s = fb / (double)n;
+    r->optim_s = opt / (double)n;
+    r->parts_s = (t - t0) / (double)n;
+    return ST_OK;
+}
+
+/* ------------------------------------------------------------ one config */
+
+static int fail(const char *what)
+{
+    fprintf(stderr, "bench_step: %s: %s\n", what, st_last_error());
+    return EXIT_FAILURE;
+}
+
+static int run_config(const bench_config *bc, const bench_options *o, bench_result *r)
+{
+    memset(r, 0, sizeof *r);
+    r->cfg = bc;
+    r->windows = o->windows;
+
+    st_train_config tc = st_train_config_default();
+    tc.model.kind = ST_MODEL_RESMLP;
+    tc.model.depth = bc->depth;
+    tc.model.width = bc->width;
+    tc.model.hidden = 0; /* = width */
+    tc.model.in_dim = 784;
+    tc.model.n_classes = 10;
+    tc.batch = bc->batch;
+    if (st_train_config_check(&tc) != ST_OK)
+        return fail(bc->name);
+
+    /* A few batches of data are enough: the step's cost does not depend on
+     * which samples it sees, and a small set keeps start-up short.  Eight
+     * batches rather than one so that successive steps gather different
+     * rows in a shuffled order, as the trainer's do. */
+    st_synthetic_config sc = st_synthetic_defaults(tc.seed);
+    sc.train_count = 8u * (uint32_t)bc->batch;
+    sc.test_count = 1;
+    st_dataset train, test;
+    if (st_synthetic_make(&sc, &train, &test) != ST_OK)
+        return fail("synthetic data");
+    st_dataset_normalize(&train, &test, NULL, NULL);
+
+    int rc = EXIT_SUCCESS;
+    st_worker w;
+    gemm_ctx g = { 0 };
+    if (st_worker_init(&w, 0, &tc, train.count) != ST_OK) {
+        rc = fail("worker");
+        goto out;
+    }
+    st_epoch_order(tc.seed, 0, w.order, train.count);
+    r->params = st_model_param_count(w.model);
+    r->flops = st_model_step_flops(w.model);
+
+    if (gemm_init(&g, bc->batch, bc->width, bc->width)) {
+        fprintf(stderr, "bench_step: out of memory for the sgemm buffers\n");
+        rc = EXIT_FAILURE;
+        goto out;
+    }
+    r->gemm_flops = 2.0 * (double)g.m * (double)g.n * (double)g.k;
+
+    step_ctx s = {
+        .w = &w, .train = &train, .order = w.order,
+        .steps_per_epoch = train.count / (uint32_t)bc->batch,
+        .schedule = { ST_SCHED_CONSTANT, tc.optim.lr, 0, UINT64_MAX },
+    };
+
+    /* Warm-up: first runs of every primitive, first touch of the
+     * activations and optimizer state, sgemm's kernel generation. */
+    for (int i = 0; i < o->warmup_steps; i++) {
+        if (step_once(&s) != ST_OK) {
+            rc = fail(bc->name);
+            goto out;
+        }
+    }
+    if (gemm_window(&g, o->gemm_window_s) < 0.0) {
+        fprintf(stderr, "bench_step: dnnl_sgemm failed\n");
+        rc = EXIT_FAILURE;
+        goto out;
+    }
+
+    double step_t[MAX_WINDOWS], gemm_t[MAX_WINDOWS];
+    for (int k = 0; k < o->windows; k++) {
+        gemm_t[k] = gemm_window(&g, o->gemm_window_s);
+        if (gemm_t[k] < 0.0) {
+            fprintf(stderr, "bench_step: dnnl_sgemm failed\n");
+            rc = EXIT_FAILURE;
+            goto out;
+        }
+        if (step_window(&s, o->step_window_s, &step_t[k], &r->steps_timed) != ST_OK) {
+            rc = fail(bc->name);
+            goto out;
+        }
+    }
+    r->step_s_med = median(step_t, o->windows); /* sorted from here on */
+    r->step_s_best = step_t[0];
+    r->step_s_worst = step_t[o->windows - 1];
+    r->gemm_s_med = median(gemm_t, o->windows);
+    r->gemm_s_best = gemm_t[0];
+
+    if (breakdown_window(&s, o->step_window_s, r) != ST_OK) {
+        rc = fail(bc->name);
+        goto out;
+    }
+    r->last_loss = s.loss;
+
+out:
+    gemm_free(&g);
+    st_worker_destroy(&w); /* also after a failed init, as st_train_run does */
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    return rc;
+}
+
+/* ------------------------------------------------------------ output */
+
+static double gflops(double flops, double s)
+{
+    return flops / s * 1e-9;
+}
+
+static void config_label(const bench_config *c, char *out, size_t size)
+{
+    snprintf(out, size, "%s d%d w%d", c->name, c->depth, c->width);
+}
+
+static void print_header(const bench_options *o)
+{
+    const dnnl_version_t *v = dnnl_version();
+    char cpu[128];
+    cpu_name(cpu, sizeof cpu);
+    printf("bench_step: one training step (gather, forward, backward, AdamW) vs dnnl_sgemm\n");
+    printf("oneDNN %d.%d.%d, ISA %s, OpenMP threads %d, CPU %s (%d online), load average %.2f\n",
+           v->major, v->minor, v->patch, isa_name(dnnl_get_effective_cpu_isa()),
+           omp_get_max_threads(), cpu, omp_get_num_procs(), load_average());
+    printf("timing: %d interleaved windows of each kind (step >= %.2f s, sgemm >= %.2f s), "
+           "median window shown%s\n\n", o->windows, o->step_window_s, o->gemm_window_s,
+           o->quick ? " [--quick: numbers are rough]" : "");
+    printf("%-17s %5s %8s %9s %10s %12s %13s %6s\n", "config (resmlp)", "batch", "params",
+           "step ms", "samples/s", "step GFLOP/s", "sgemm GFLOP/s", "ratio");
+}
+
+static void print_row(const bench_result *r)
+{
+    char label[64];
+    config_label(r->cfg, label, sizeof label);
+    double step_g = gflops(r->flops, r->step_s_med);
+    double gemm_g = gflops(r->gemm_flops, r->gemm_s_med);
+    printf("%-17s %5d %7.2fM %9.2f %10.0f %12.1f %13.1f %6.3f\n", label, r->cfg->batch,
+           (double)r->params * 1e-6, r->step_s_med * 1e3, r->cfg->batch / r->step_s_med,
+           step_g, gemm_g, step_g / gemm_g);
+    fflush(stdout);
+}
+
+static void print_details(const bench_result *r)
+{
+    char label[64];
+    config_label(r->cfg, label, sizeof label);
+    double best_g = gflops(r->flops, r->step_s_best);
+    double gemm_best_g = gflops(r->gemm_flops, r->gemm_s_best);
+    printf("%s: sgemm %dx%dx%d; %llu steps in %d windows, step %.2f..%.2f ms; "
+           "best windows: step %.1f, sgemm %.1f GFLOP/s, ratio %.3f\n", label, r->cfg->batch,
+           r->cfg->width, r->cfg->width, (unsigned long long)r->steps_timed, r->windows,
+           r->step_s_best * 1e3, r->step_s_worst * 1e3, best_g, gemm_best_g,
+           best_g / gemm_best_g);
+    double p = r->parts_s;
+    printf("%s: breakdown per step (one window, %.2f ms): gather %.2f ms (%.1f%%) | "
+           "forward+backward %.2f ms (%.1f%%), %.1f GFLOP/s = %.3f of sgemm | "
+           "AdamW %.2f ms (%.1f%%), %.1f GB/s at 28 B/param\n", label, p * 1e3,
+           r->gather_s * 1e3, 100.0 * r->gather_s / p, r->fb_s * 1e3, 100.0 * r->fb_s / p,
+           gflops(r->flops, r->fb_s), gflops(r->flops, r->fb_s) / gflops(r->gemm_flops,
+           r->gemm_s_med), r->optim_s * 1e3, 100.0 * r->optim_s / p,
+           28.0 * (double)r->params / r->optim_s * 1e-9);
+}
+
+static void write_json(FILE *f, const bench_result *r, const bench_options *o)
+{
+    const dnnl_version_t *v = dnnl_version();
+    const bench_config *c = r->cfg;
+    double step_g = gflops(r->flops, r->step_s_med), gemm_g = gflops(r->gemm_flops, r->gemm_s_med);
+    double best_g = gflops(r->flops, r->step_s_best), gemm_best_g = gflops(r->gemm_flops,
+                                                                           r->gemm_s_best);
+    fprintf(f, "{\"config\":\"%s\",\"model\":\"resmlp\",\"depth\":%d,\"width\":%d,\"hidden\":%d,"
+            "\"batch\":%d,\"params\":%zu,\"threads\":1,\"quick\":%s,"
+            "\"oneDNN\":\"%d.%d.%d\",\"isa\":\"%s\","
+            "\"flops_per_step\":%.0f,\"windows\":%d,\"steps_timed\":%llu,"
+            "\"step_ms_median\":%.4f,\"step_ms_best\":%.4f,\"step_ms_worst\":%.4f,"
+            "\"samples_per_s\":%.2f,\"step_gflops\":%.3f,\"step_gflops_best\":%.3f,"
+            "\"sgemm_m\":%d,\"sgemm_n\":%d,\"sgemm_k\":%d,"
+            "\"sgemm_gflops\":%.3f,\"sgemm_gflops_best\":%.3f,"
+            "\"ratio\":%.4f,\"ratio_best\":%.4f,"
+            "\"gather_ms\":%.4f,\"forward_backward_ms\":%.4f,\"forward_backward_gflops\":%.3f,"
+            "\"optimizer_ms\":%.4f,\"loss\":%.6g}\n",
+            c->name, c->depth, c->width, c->width, c->batch, r->params, o->quick ? "true" : "false",
+            v->major, v->minor, v->patch, isa_name(dnnl_get_effective_cpu_isa()), r->flops,
+            r->windows, (unsigned long long)r->steps_timed, r->step_s_med * 1e3,
+            r->step_s_best * 1e3, r->step_s_worst * 1e3, c->batch / r->step_s_med, step_g,
+            best_g, c->batch, c->width, c->width, gemm_g, gemm_best_g, step_g / gemm_g,
+            best_g / gemm_best_g, r->gather_s * 1e3, r->fb_s * 1e3, gflops(r->flops, r->fb_s),
+            r->optim_s * 1e3, (double)r->last_loss);
+}
+
+static int run_all(const bench_options *o, FILE *json)
+{
+    bench_result res[N_CONFIGS];
+    int n = 0;
+    print_header(o);
+    for (int i = 0; i < N_CONFIGS; i++) {
+        if (o->which >= 0 && o->which != i)
+            continue;
+        int rc = run_config(&CONFIGS[i], o, &res[n]);
+        if (rc != EXIT_SUCCESS)
+            return rc;
+        print_row(&res[n]);
+        if (json)
+            write_json(json, &res[n], o);
+        n++;
+    }
+    printf("\n");
+    for (int i = 0; i < n; i++)
+        print_details(&res[i]);
+    printf("\nratio = step GFLOP/s / sgemm GFLOP/s (matmul FLOPs of forward+backward, "
+           "2 per multiply-add, over the whole step's time); aim: >= 0.85 for large\n");
+    return EXIT_SUCCESS;
+}
+
+/* ------------------------------------------------------------ options */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: bench_step [--config large|small|all] [--quick] [--seconds S] [--json FILE]\n"
+            "\n"
+            "Times one training step of subtrain (st_worker_train_step: gather, forward,\n"
+            "backward, AdamW) on one thread and compares its GFLOP/s with dnnl_sgemm on\n"
+            "the model's main GEMM shape, measured in the same run.\n"
+            "  large: resmlp depth 8 width 1024, batch 256\n"
+            "  small: resmlp depth 4 width 256, batch 128\n"
+            "\n"
+            "  --config C    which configuration to run (default: all)\n"
+            "  --quick       short windows, for smoke tests (numbers are rough)\n"
+            "  --seconds S   timed step seconds per configuration, split into windows\n"
+            "                (default 2; --quick: 0.3)\n"
+            "  --json FILE   also write one JSON object per configuration (JSON Lines)\n"
+            "  --help        this text\n");
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "bench_step: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (try --help)\n");
+    return EXIT_USAGE;
+}
+
+/* "--name VALUE" or "--name=VALUE": the value, or NULL if `arg` is not --name. */
+static const char *option_value(int argc, char **argv, int *i, const char *name, int *missing)
+{
+    const char *arg = argv[*i];
+    size_t len = strlen(name);
+    if (strncmp(arg, name, len) != 0)
+        return NULL;
+    if (arg[len] == '=')
+        return arg + len + 1;
+    if (arg[len] != '\0')
+        return NULL;
+    if (*i + 1 >= argc) {
+        *missing = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int main(int argc, char **argv)
+{
+    bench_options o = { .which = -1, .windows = 5, .warmup_steps = 3 };
+    double seconds = -1.0;
+    for (int i = 1; i < argc; i++) {
+        int missing = 0;
+        const char *v;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return EXIT_SUCCESS;
+        } else if (strcmp(argv[i], "--quick") == 0) {
+            o.quick = 1;
+        } else if ((v = option_value(argc, argv, &i, "--config", &missing))) {
+            if (strcmp(v, "all") == 0)
+                o.which = -1;
+            else if (strcmp(v, "large") == 0)
+                o.which = 0;
+            else if (strcmp(v, "small") == 0)
+                o.which = 1;
+            else
+                return usage_error("--config must be large, small or all, got '%s'", v);
+        } else if ((v = option_value(argc, argv, &i, "--seconds", &missing))) {
+            char *end;
+            seconds = strtod(v, &end);
+            if (end == v || *end != '\0' || !(seconds > 0.0 && seconds <= 3600.0))
+                return usage_error("--seconds must be a number in (0, 3600], got '%s'", v);
+        } else if ((v = option_value(argc, argv, &i, "--json", &missing))) {
+            if (*v == '\0')
+                return usage_error("--json needs a file name%s", "");
+            o.json_path = v;
+        } else if (missing) {
+            return usage_error("%s needs a value", argv[i]);
+        } else {
+            return usage_error("unknown option '%s'", argv[i]);
+        }
+    }
+
+    if (o.quick) {
+        o.windows = 3;
+        o.warmup_steps = 1;
+    }
+    if (seconds < 0.0)
+        seconds = o.quick ? 0.3 : 2.0;
+    o.step_window_s = seconds / o.windows;
+    /* sgemm gets 30% of the step's time, at least 0.5 s in all
+     * unless --quick: enough for a stable reference. */
+    o.gemm_window_s = 0.3 * seconds / o.windows;
+    if (!o.quick && o.gemm_window_s * o.windows < 0.5)
+        o.gemm_window_s = 0.5 / o.windows;
+
+    FILE *json = NULL;
+    if (o.json_path && !(json = fopen(o.json_path, "w"))) {
+        fprintf(stderr, "bench_step: cannot open %s: %s\n", o.json_path, strerror(errno));
+        return EXIT_FAILURE;
+    }
+
+    int rc = EXIT_SUCCESS;
+    /* As st_train_run() runs a worker: one thread, which sets its own
+     * thread count so that oneDNN's primitives and sgemm use one thread. */
+#pragma omp parallel num_threads(1)
+    {
+        omp_set_num_threads(1);
+        rc = run_all(&o, json);
+    }
+
+    if (json && fclose(json) != 0) {
+        fprintf(stderr, "bench_step: cannot write %s: %s\n", o.json_path, strerror(errno));
+        return EXIT_FAILURE;
+    }
+    return rc;
+}
