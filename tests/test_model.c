@@ -1,2 +1,793 @@
+/*
+ * tests/test_model.c — whole models through the public API (subtrain/model.h):
+ * finite-difference gradient checks of every parameter segment, padded
+ * evaluation, the parameter layout and count, initialisation, configuration
+ * checks and the FLOP count.
+ *
+ * Gradient check: L = mean cross-entropy over the batch; the analytic
+ * gradient is what st_model_forward_backward writes to st_model_grads; the
+ * finite differences perturb st_model_params in place, re-run the forward
+ * (st_model_evaluate over all rows) and compute L in double from the float
+ * logits (st_model_logits).  Why not the loss the library returns: it comes
+ * from oneDNN's float log-softmax, good to ~ 1e-6 per row, and that noise
+ * divided by 2h would be ~ 5e-5, as large as the smaller gradients; from the
+ * logits it is ~ 2e-8 (measured).  The test asserts that the library's loss
+ * agrees with the one computed here.
+ *
+ * Each comparison prints one line to stderr: the largest |fd - analytic| and
+ * the worst ratio |fd - analytic| / (atol + rtol |analytic|) (must be <= 1).
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include <criterion/criterion.h>
-Test(placeholder, nothing) { cr_assert(1); }
+
+#include <subtrain/arena.h>
+#include <subtrain/model.h>
+#include <subtrain/rng.h>
+#include <subtrain/status.h>
+
+/* ------------------------------------------------------------ tolerances */
+
+/* A finite-difference step and the bound |fd - an| <= atol + rtol |an|. */
+typedef struct tol {
+    double h, atol, rtol;
+} tol;
+
+/* GELU networks are smooth.  Noise: L from the float logits moves by ~ 2e-8
+ * of rounding between two forwards (every logit is recomputed), so
+ * ~ 2e-8 / 2h = 1e-6 at h = 1e-2.  Truncation: h^2 / 6 times the third
+ * derivative of L along one parameter, O(0.1) at this init scale: ~ 2e-6.
+ * Measured max |fd - an|: ~ 1e-5.  Gradients are O(1e-3 .. 0.3) (a mean over
+ * 8 rows): a 10% error of a 1e-3 gradient is 1e-4, twice the bound, and
+ * every segment has entries larger than that (the teeth check asserts it
+ * for each segment). */
+static const tol TOL_GELU = { 1e-2, 5e-5, 1e-2 };
+
+/* ReLU networks are piecewise smooth: a perturbation of +-h can move a
+ * pre-activation across 0 (the expected number of crossings per coordinate
+ * is ~ 300 h for the resmlp here: ~ 3 at h = 1e-2, ~ 0.3 at h = 1e-3), and
+ * the central difference then averages two slopes.  Hence h = 1e-3, where
+ * rounding noise is ~ 2e-8 / 2e-3 = 1e-5 (measured up to 6e-5 with layer
+ * norms), plus a kink guard (KINK_JUMP) for the crossings left.  atol covers
+ * that noise plus the kink error the guard lets through (KINK_JUMP / 2). */
+static const tol TOL_RELU = { 1e-3, 2e-4, 1e-2 };
+
+/* The public API does not expose pre-activations, so the guard looks at L:
+ * the one-sided slopes s+ = (L(p+h) - L(p)) / h and s- = (L(p) - L(p-h)) / h
+ * differ by h L'' + noise on a smooth stretch (measured at h = 1e-3: 99th
+ * percentile 1.4e-4, max 2e-4 for resmlp; mlp 10x less).  A single kink at
+ * distance t < h on one side of p adds (h - t) / h * D to |s+ - s-| (D: the
+ * change of slope) and (h - t) / 2h * D to the central difference's error:
+ * exactly half.  A coordinate with |s+ - s-| > KINK_JUMP is skipped, so an
+ * accepted one carries at most KINK_JUMP / 2 of kink error.  Skips must stay
+ * rare (<= MAX_KINK_SKIP of the coordinates) so that the guard cannot hollow
+ * the check out.  GELU networks get no guard: every coordinate is checked. */
+#define KINK_JUMP 2e-4
+#define MAX_KINK_SKIP 0.2
+
+/* Coordinates checked per parameter segment (all of them if fewer). */
+#define COORDS_PER_SEGMENT 30
+
+/* ------------------------------------------------------------ helpers */
+
+#define OK(call)                                                              \
+    do {                                                                      \
+        st_status ok_status_ = (call);                                        \
+        cr_assert_eq(ok_status_, ST_OK, "%s failed: %s", #call, st_last_error()); \
+    } while (0)
+
+/* The small models of these tests: 12 features, 5 classes.  resmlp's hidden
+ * width differs from its width, so a (W, H) / (H, W) mix-up shows. */
+static st_model_config mlp_config(int depth, int width, st_activation act)
+{
+    st_model_config c = { .kind = ST_MODEL_MLP, .depth = depth, .width = width, .hidden = 0,
+                          .activation = act, .in_dim = 12, .n_classes = 5 };
+    return c;
+}
+
+static st_model_config resmlp_config(int depth, int width, int hidden, st_activation act)
+{
+    st_model_config c = { .kind = ST_MODEL_RESMLP, .depth = depth, .width = width,
+                          .hidden = hidden, .activation = act, .in_dim = 12, .n_classes = 5 };
+    return c;
+}
+
+static st_model *make_model(const st_model_config *cfg, int batch, st_arena *arena)
+{
+    st_model *m = NULL;
+    OK(st_model_create(cfg, batch, arena, &m));
+    cr_assert_not_null(m);
+    return m;
+}
+
+/* Rows [first, last) of the input ~ U(-1.5, 1.5), labels uniform in [0, K). */
+static void fill_rows(st_model *m, int first, int last, st_rng *r)
+{
+    const st_model_config *c = st_model_get_config(m);
+    float *x = st_model_input(m); // x is (B, in_dim)
+    int32_t *y = st_model_labels(m); // y is (B)
+    for (int b = first; b < last; b++) {
+        for (int i = 0; i < c->in_dim; i++)
+            x[(size_t)b * (size_t)c->in_dim + (size_t)i] = 3.0f * st_rng_uniform(r) - 1.5f;
+        y[b] = (int32_t)st_rng_below(r, (uint32_t)c->n_classes);
+    }
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* Layer norm parameters away from their init (1, 0): a gradient check at
+ * gamma = 1, beta = 0 would not see gamma and beta swapped in the backward. */
+static void jitter_norms(st_model *m, st_rng *r)
+{
+    int ns;
+    const st_param_segment *s = st_model_segments(m, &ns);
+    float *p = st_model_params(m);
+    for (int i = 0; i < ns; i++) {
+        int gamma = ends_with(s[i].name, ".gamma"), beta = ends_with(s[i].name, ".beta");
+        for (size_t j = 0; (gamma || beta) && j < s[i].count; j++)
+            p[s[i].offset + j] = (gamma ? 1.0f : 0.0f) + 0.6f * st_rng_uniform(r) - 0.3f;
+    }
+}
+
+/* The forward over all rows; returns the library's loss sum (its float
+ * log-probabilities summed in double). */
+static double forward_loss_sum(st_model *m)
+{
+    double sum = 0.0;
+    int64_t correct = 0;
+    OK(st_model_evaluate(m, st_model_batch(m), &sum, &correct));
+    return sum;
+}
+
+/* Mean cross-entropy of the current logits, in double:
+ * mean over b of (log sum_k exp(l[b,k]) - l[b,y_b]). */
+static double logits_mean_ce(st_model *m)
+{
+    const int B = st_model_batch(m), K = st_model_get_config(m)->n_classes;
+    const float *l = st_model_logits(m); // l is (B, K)
+    const int32_t *y = st_model_labels(m);
+    double sum = 0.0;
+    for (int b = 0; b < B; b++) {
+        const float *row = l + (size_t)b * (size_t)K;
+        double mx = row[0], se = 0.0;
+        for (int k = 1; k < K; k++)
+            mx = fmax(mx, row[k]);
+        for (int k = 0; k < K; k++)
+            se += exp((double)row[k] - mx);
+        sum += log(se) + mx - row[y[b]];
+    }
+    return sum / B;
+}
+
+/* The finite differences' objective: a forward, then L from the logits. */
+static double model_objective(st_model *m)
+{
+    forward_loss_sum(m);
+    return logits_mean_ce(m);
+}
+
+/* max over k of |fd - an| / (atol + rtol |an|); *max_abs gets max |fd - an|. */
+static double worst_ratio(const double *fd, const double *an, size_t n, tol t, double *max_abs)
+{
+    double worst = 0.0, big = 0.0;
+    for (size_t k = 0; k < n; k++) {
+        double err = fabs(fd[k] - an[k]);
+        double ratio = err / (t.atol + t.rtol * fabs(an[k]));
+        if (!(ratio <= worst)) /* NaN-safe: a NaN becomes the worst */
+            worst = ratio;
+        if (!(err <= big))
+            big = err;
+    }
+    if (max_abs)
+        *max_abs = big;
+    return worst;
+}
+
+/* fd against an, and the same comparison on a gradient 10% too large and on
+ * one with its largest entry's sign flipped, which must both fail. */
+static void compare_grads(const char *what, const double *fd, const double *an, size_t n,
+                          size_t skipped, tol t)
+{
+    double max_abs, max_an = 0.0;
+    size_t big = 0;
+    double worst = worst_ratio(fd, an, n, t, &max_abs);
+    for (size_t k = 0; k < n; k++)
+        if (fabs(an[k]) > max_an) {
+            max_an = fabs(an[k]);
+            big = k;
+        }
+    fprintf(stderr, "[fd] %-40s n=%2zu skipped=%2zu max|an|=%8.2e max|fd-an|=%8.2e "
+            "worst ratio %.3f\n", what, n, skipped, max_an, max_abs, worst);
+    cr_expect(worst <= 1.0, "%s: finite differences disagree with the analytic gradient: "
+              "max |fd - an| = %.3e, worst ratio %.3f > 1", what, max_abs, worst);
+    cr_expect(n > 0, "%s: no coordinate left to check", what);
+    if (n == 0)
+        return;
+    double *wrong = malloc(n * sizeof *wrong);
+    cr_assert(wrong);
+    for (size_t k = 0; k < n; k++)
+        wrong[k] = 1.1 * an[k];
+    cr_expect(worst_ratio(fd, wrong, n, t, NULL) > 1.0,
+              "%s: a gradient scaled by 1.1 passes the check: the tolerance has no teeth "
+              "(largest |gradient| %.3e)", what, max_an);
+    memcpy(wrong, an, n * sizeof *wrong);
+    wrong[big] = -wrong[big];
+    cr_expect(worst_ratio(fd, wrong, n, t, NULL) > 1.0,
+              "%s: a gradient with one sign flipped passes the check", what);
+    free(wrong);
+}
+
+/* Finite-difference check of every segment of a model on up to
+ * COORDS_PER_SEGMENT coordinates each.  The input and labels must be set. */
+static void check_model_grads(st_model *m, const char *tag, uint64_t seed)
+{
+    const st_model_config *cfg = st_model_get_config(m);
+    const int guard = cfg->activation == ST_ACT_RELU;
+    const tol t = guard ? TOL_RELU : TOL_GELU;
+    const int B = st_model_batch(m);
+    size_t np = st_model_param_count(m);
+    float *p = st_model_params(m);
+
+    float loss;
+    OK(st_model_forward_backward(m, &loss));
+    float *grad = malloc(np * sizeof *grad); // the analytic gradient, saved
+    cr_assert(grad);
+    memcpy(grad, st_model_grads(m), np * sizeof *grad);
+
+    /* The library's loss: forward_backward's float mean is evaluate's double
+     * sum over B, rounded; both agree with the double CE of the logits to
+     * oneDNN's log-softmax accuracy (~ 1e-6 per row, see test_layers). */
+    double lib_sum = forward_loss_sum(m), L0 = logits_mean_ce(m);
+    cr_expect_eq(loss, (float)(lib_sum / B), "%s: forward_backward's loss %.9g, evaluate's %.9g",
+                 tag, (double)loss, lib_sum / B);
+    cr_expect(fabs(lib_sum / B - L0) <= 2e-6 * (1 + L0), "%s: library loss %.9f, from logits %.9f",
+              tag, lib_sum / B, L0);
+
+    st_rng r = st_rng_seed(seed);
+    int ns;
+    const st_param_segment *segs = st_model_segments(m, &ns);
+    size_t checked = 0, skipped = 0;
+    for (int s = 0; s < ns; s++) {
+        size_t count = segs[s].count, k = count < COORDS_PER_SEGMENT ? count : COORDS_PER_SEGMENT;
+        uint32_t *perm = malloc(count * sizeof *perm);
+        double *fd = malloc(k * sizeof *fd), *an = malloc(k * sizeof *an);
+        cr_assert(perm && fd && an);
+        for (size_t j = 0; j < count; j++)
+            perm[j] = (uint32_t)j;
+        st_rng_shuffle_u32(&r, perm, count);
+        size_t n = 0, seg_skipped = 0;
+        for (size_t j = 0; j < k; j++) {
+            size_t i = segs[s].offset + perm[j];
+            /* The step actually taken is the float-rounded one. */
+            float v = p[i];
+            float vp = (float)((double)v + t.h), vm = (float)((double)v - t.h);
+            p[i] = vp;
+            double lp = model_objective(m);
+            p[i] = vm;
+            double lm = model_objective(m);
+            p[i] = v;
+            if (guard) {
+                double right = (lp - L0) / ((double)vp - v), left = (L0 - lm) / ((double)v - vm);
+                if (fabs(right - left) > KINK_JUMP) {
+                    seg_skipped++;
+                    continue;
+                }
+            }
+            fd[n] = (lp - lm) / ((double)vp - (double)vm);
+            an[n] = grad[i];
+            n++;
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%s %s", tag, segs[s].name);
+        compare_grads(what, fd, an, n, seg_skipped, t);
+        checked += n;
+        skipped += seg_skipped;
+        free(perm);
+        free(fd);
+        free(an);
+    }
+    /* The perturbations were undone exactly: the loss is bitwise the same. */
+    cr_expect_eq(model_objective(m), L0, "%s: parameters not restored", tag);
+    fprintf(stderr, "[fd] %s: %zu coordinates checked, %zu skipped by the kink guard "
+            "(h %.0e, atol %.0e, rtol %.0e)\n", tag, checked, skipped, t.h, t.atol, t.rtol);
+    cr_expect((double)skipped <= MAX_KINK_SKIP * (double)(checked + skipped),
+              "%s: the kink guard skipped %zu of %zu coordinates", tag, skipped, checked + skipped);
+    free(grad);
+}
+
+/* A model of `cfg`, initialised, norms jittered, a random batch, checked. */
+static void gradcheck(const st_model_config *cfg, const char *tag, uint64_t seed)
+{
+    st_arena arena;
+    st_arena_init(&arena, "test_model", NULL, 0);
+    st_model *m = make_model(cfg, 8, &arena);
+    st_rng r = st_rng_seed(seed);
+    st_model_init_params(m, seed);
+    jitter_norms(m, &r);
+    fill_rows(m, 0, 8, &r);
+    check_model_grads(m, tag, seed + 1);
+    st_model_destroy(m);
+    st_arena_release(&arena);
+}
+
+/* ------------------------------------------------------------ gradient checks */
+
+Test(gradcheck, mlp_gelu)
+{
+    omp_set_num_threads(1);
+    st_model_config c = mlp_config(3, 20, ST_ACT_GELU);
+    gradcheck(&c, "mlp d3 w20 gelu", 101);
+}
+
+Test(gradcheck, mlp_relu)
+{
+    omp_set_num_threads(1);
+    st_model_config c = mlp_config(3, 20, ST_ACT_RELU);
+    gradcheck(&c, "mlp d3 w20 relu", 102);
+}
+
+Test(gradcheck, mlp_depth2_gelu)
+{
+    omp_set_num_threads(1);
+    st_model_config c = mlp_config(2, 13, ST_ACT_GELU);
+    gradcheck(&c, "mlp d2 w13 gelu", 103);
+}
+
+Test(gradcheck, resmlp_gelu)
+{
+    omp_set_num_threads(1);
+    st_model_config c = resmlp_config(2, 16, 24, ST_ACT_GELU);
+    gradcheck(&c, "resmlp d2 w16 h24 gelu", 104);
+}
+
+Test(gradcheck, resmlp_relu)
+{
+    omp_set_num_threads(1);
+    st_model_config c = resmlp_config(2, 16, 24, ST_ACT_RELU);
+    gradcheck(&c, "resmlp d2 w16 h24 relu", 105);
+}
+
+/* forward_backward overwrites the gradient (it does not accumulate, and
+ * reads nothing that was in the gradient vector) and is deterministic. */
+Test(model, gradients_overwritten_and_deterministic)
+{
+    omp_set_num_threads(1);
+    st_model_config cfgs[2] = { mlp_config(2, 20, ST_ACT_GELU),
+                                resmlp_config(2, 16, 24, ST_ACT_GELU) };
+    for (int t = 0; t < 2; t++) {
+        st_arena arena;
+        st_arena_init(&arena, "test_model", NULL, 0);
+        st_model *m = make_model(&cfgs[t], 8, &arena);
+        st_rng r = st_rng_seed(7);
+        st_model_init_params(m, 7);
+        fill_rows(m, 0, 8, &r);
+        size_t np = st_model_param_count(m);
+        float *g = st_model_grads(m), *first = malloc(np * sizeof *first);
+        cr_assert(first);
+        float l1, l2;
+        OK(st_model_forward_backward(m, &l1));
+        memcpy(first, g, np * sizeof *first);
+        for (size_t i = 0; i < np; i++)
+            g[i] = NAN; /* garbage that any accumulation would propagate */
+        OK(st_model_forward_backward(m, &l2));
+        cr_expect_eq(l1, l2);
+        cr_expect_eq(memcmp(first, g, np * sizeof *g), 0,
+                     "%s: a second forward_backward gave other gradients",
+                     st_model_kind_name(cfgs[t].kind));
+        free(first);
+        st_model_destroy(m);
+        st_arena_release(&arena);
+    }
+}
+
+/* ------------------------------------------------------------ padded evaluation */
+
+/* Evaluating the first `rows` rows of a padded batch gives what a model
+ * built for exactly `rows` rows gives, with the same parameters: padding
+ * rows (garbage input and labels) count in neither the loss nor the hits. */
+static void check_padded_evaluate(const st_model_config *cfg, int batch, int rows, uint64_t seed)
+{
+    st_arena arena;
+    st_arena_init(&arena, "test_model", NULL, 0);
+    st_model *big = make_model(cfg, batch, &arena);
+    st_model *small = make_model(cfg, rows, &arena);
+    cr_assert_eq(st_model_param_count(big), st_model_param_count(small));
+    st_model_init_params(big, seed);
+    /* The layout does not depend on the batch: copy the vector as is. */
+    memcpy(st_model_params(small), st_model_params(big),
+           st_model_param_count(big) * sizeof(float));
+
+    st_rng r = st_rng_seed(seed + 1);
+    fill_rows(small, 0, rows, &r);
+    /* An untrained model gets ~ 1 in K right: relabel even rows with the
+     * model's own prediction so that the hit count is not trivially 0. */
+    double unused = 0.0;
+    int64_t unused_hits = 0;
+    OK(st_model_evaluate(small, rows, &unused, &unused_hits));
+    const int K = cfg->n_classes;
+    for (int b = 0; b < rows; b += 2) {
+        const float *l = st_model_logits(small) + (size_t)b * (size_t)K;
+        int best = 0;
+        for (int k = 1; k < K; k++)
+            if (l[k] > l[best])
+                best = k;
+        st_model_labels(small)[b] = best;
+    }
+    memcpy(st_model_input(big), st_model_input(small),
+           (size_t)rows * (size_t)cfg->in_dim * sizeof(float));
+    memcpy(st_model_labels(big), st_model_labels(small), (size_t)rows * sizeof(int32_t));
+    /* Garbage padding: large inputs, labels from a different stream. */
+    float *x = st_model_input(big);
+    for (size_t i = (size_t)rows * (size_t)cfg->in_dim; i < (size_t)batch * (size_t)cfg->in_dim; i++)
+        x[i] = 50.0f * (2.0f * st_rng_uniform(&r) - 1.0f);
+    for (int b = rows; b < batch; b++)
+        st_model_labels(big)[b] = (int32_t)st_rng_below(&r, (uint32_t)cfg->n_classes);
+
+    /* evaluate adds to what is there. */
+    double sum_big = 1.5, sum_small = 0.0;
+    int64_t hits_big = 2, hits_small = 0;
+    OK(st_model_evaluate(big, rows, &sum_big, &hits_big));
+    OK(st_model_evaluate(small, rows, &sum_small, &hits_small));
+    sum_big -= 1.5;
+    hits_big -= 2;
+    /* Different batch sizes may take different GEMM kernels: the loss may
+     * differ by float rounding of the logits (~ 1e-6 per row), not more. */
+    fprintf(stderr, "[eval] %s batch %d rows %d: loss sum %.9f, alone %.9f; hits %lld, alone %lld\n",
+            st_model_kind_name(cfg->kind), batch, rows, sum_big, sum_small,
+            (long long)hits_big, (long long)hits_small);
+    cr_expect(fabs(sum_big - sum_small) <= 1e-5 * rows, "padded loss sum %.9f, alone %.9f",
+              sum_big, sum_small);
+    cr_expect_eq(hits_big, hits_small);
+    cr_expect(hits_small >= (rows + 1) / 2 && hits_small <= rows, "%lld hits of %d rows",
+              (long long)hits_small, rows);
+
+    /* Other garbage in the padding: bitwise the same loss. */
+    for (size_t i = (size_t)rows * (size_t)cfg->in_dim; i < (size_t)batch * (size_t)cfg->in_dim; i++)
+        x[i] = -x[i] * 0.5f;
+    double sum2 = 0.0;
+    int64_t hits2 = 0;
+    OK(st_model_evaluate(big, rows, &sum2, &hits2));
+    cr_expect_eq(sum2, sum_big, "padding changed the loss: %.17g vs %.17g", sum2, sum_big);
+    cr_expect_eq(hits2, hits_big);
+
+    /* rows outside [1, batch] are refused. */
+    st_clear_error();
+    cr_expect_eq(st_model_evaluate(big, 0, &sum2, &hits2), ST_ERR_INVALID);
+    cr_expect_eq(st_model_evaluate(big, batch + 1, &sum2, &hits2), ST_ERR_INVALID);
+    cr_expect_neq(st_last_error()[0], '\0');
+
+    st_model_destroy(small);
+    st_model_destroy(big);
+    st_arena_release(&arena);
+}
+
+Test(evaluate, padded_batch_mlp)
+{
+    omp_set_num_threads(1);
+    st_model_config c = mlp_config(3, 20, ST_ACT_RELU);
+    check_padded_evaluate(&c, 8, 5, 201);
+    check_padded_evaluate(&c, 8, 1, 202);
+}
+
+Test(evaluate, padded_batch_resmlp)
+{
+    omp_set_num_threads(1);
+    st_model_config c = resmlp_config(2, 16, 24, ST_ACT_GELU);
+    check_padded_evaluate(&c, 8, 5, 203);
+    check_padded_evaluate(&c, 8, 3, 204);
+}
+
+/* ------------------------------------------------------------ layout and count */
+
+/* One expected segment: name, element count, fan-in of its linear layer
+ * (0 for norm parameters). */
+typedef struct seg_spec {
+    char name[40];
+    size_t count, fan_in;
+} seg_spec;
+
+static void spec(seg_spec *s, int *n, const char *name, size_t count, size_t fan_in)
+{
+    snprintf(s[*n].name, sizeof s[*n].name, "%s", name);
+    s[*n].count = count;
+    s[*n].fan_in = fan_in;
+    (*n)++;
+}
+
+static void spec_linear(seg_spec *s, int *n, const char *prefix, size_t in, size_t out)
+{
+    char name[40];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    spec(s, n, name, in * out, in);
+    snprintf(name, sizeof name, "%s.bias", prefix);
+    spec(s, n, name, out, in);
+}
+
+static void spec_norm(seg_spec *s, int *n, const char *prefix, size_t c)
+{
+    char name[40];
+    snprintf(name, sizeof name, "%s.gamma", prefix);
+    spec(s, n, name, c, 0);
+    snprintf(name, sizeof name, "%s.beta", prefix);
+    spec(s, n, name, c, 0);
+}
+
+/* The segments a config should have, in order, written out by hand from the
+ * model descriptions in model.h. */
+static int expected_segments(const st_model_config *c, seg_spec *s)
+{
+    int n = 0;
+    char name[40];
+    size_t W = (size_t)c->width, H = (size_t)(c->hidden ? c->hidden : c->width);
+    size_t I = (size_t)c->in_dim, K = (size_t)c->n_classes;
+    if (c->kind == ST_MODEL_MLP) {
+        for (int i = 0; i < c->depth; i++) {
+            snprintf(name, sizeof name, "fc%d", i);
+            spec_linear(s, &n, name, i == 0 ? I : W, W);
+        }
+    } else {
+        spec_linear(s, &n, "stem", I, W);
+        for (int l = 0; l < c->depth; l++) {
+            snprintf(name, sizeof name, "block%d.ln", l);
+            spec_norm(s, &n, name, W);
+            snprintf(name, sizeof name, "block%d.fc1", l);
+            spec_linear(s, &n, name, W, H);
+            snprintf(name, sizeof name, "block%d.fc2", l);
+            spec_linear(s, &n, name, H, W);
+        }
+        spec_norm(s, &n, "final_ln", W);
+    }
+    spec_linear(s, &n, "head", W, K);
+    return n;
+}
+
+/* Parameter count, by the closed-form formulas:
+ *   mlp:    I W + W + (L - 1)(W^2 + W) + W K + K
+ *   resmlp: I W + W + L (2W + W H + H + H W + W) + 2W + W K + K */
+static size_t param_formula(const st_model_config *c)
+{
+    size_t W = (size_t)c->width, H = (size_t)(c->hidden ? c->hidden : c->width);
+    size_t I = (size_t)c->in_dim, K = (size_t)c->n_classes, L = (size_t)c->depth;
+    if (c->kind == ST_MODEL_MLP)
+        return I * W + W + (L - 1) * (W * W + W) + W * K + K;
+    return I * W + W + L * (2 * W + W * H + H + H * W + W) + 2 * W + W * K + K;
+}
+
+static void check_layout(const st_model_config *c, size_t want_count)
+{
+    st_arena arena;
+    st_arena_init(&arena, "test_model", NULL, 0);
+    st_model *m = make_model(c, 8, &arena);
+    st_model *m3 = make_model(c, 3, &arena);
+    cr_expect_eq(st_model_param_count(m), param_formula(c), "%s: %zu parameters, formula %zu",
+                 st_model_kind_name(c->kind), st_model_param_count(m), param_formula(c));
+    cr_expect_eq(st_model_param_count(m), want_count, "%s: %zu parameters, by hand %zu",
+                 st_model_kind_name(c->kind), st_model_param_count(m), want_count);
+
+    seg_spec want[64];
+    int nw = expected_segments(c, want), ns, ns3;
+    const st_param_segment *s = st_model_segments(m, &ns);
+    const st_param_segment *s3 = st_model_segments(m3, &ns3);
+    cr_assert_eq(ns, nw, "%d segments, expected %d", ns, nw);
+    cr_assert_eq(ns3, ns, "the layout depends on the batch");
+    size_t offset = 0;
+    for (int i = 0; i < ns; i++) {
+        cr_expect_str_eq(s[i].name, want[i].name);
+        cr_expect_eq(s[i].count, want[i].count, "%s: %zu elements, expected %zu", s[i].name,
+                     s[i].count, want[i].count);
+        cr_expect_eq(s[i].offset, offset, "%s at %zu, expected %zu (contiguous)", s[i].name,
+                     s[i].offset, offset);
+        cr_expect_eq(s[i].decay, ends_with(want[i].name, ".weight"),
+                     "%s: decay %d (only weight matrices decay)", s[i].name, s[i].decay);
+        cr_expect_str_eq(s3[i].name, s[i].name);
+        cr_expect_eq(s3[i].offset, s[i].offset);
+        cr_expect_eq(s3[i].count, s[i].count);
+        offset += want[i].count;
+    }
+    cr_expect_eq(offset, st_model_param_count(m));
+    st_model_destroy(m3);
+    st_model_destroy(m);
+    st_arena_release(&arena);
+}
+
+Test(layout, mlp_parameter_count_and_segments)
+{
+    omp_set_num_threads(1);
+    st_model_config c = mlp_config(3, 20, ST_ACT_RELU);
+    /* 12*20+20 + 2*(20*20+20) + 20*5+5 = 260 + 840 + 105 */
+    check_layout(&c, 1205);
+    st_model_config c1 = mlp_config(1, 7, ST_ACT_GELU);
+    /* 12*7+7 + 7*5+5 = 91 + 40 */
+    check_layout(&c1, 131);
+}
+
+Test(layout, resmlp_parameter_count_and_segments)
+{
+    omp_set_num_threads(1);
+    st_model_config c = resmlp_config(2, 16, 24, ST_ACT_GELU);
+    /* stem 12*16+16 = 208; block: ln 32 + fc1 16*24+24 = 408 + fc2 24*16+16
+     * = 400, = 840, twice 1680; final_ln 32; head 16*5+5 = 85 */
+    check_layout(&c, 208 + 1680 + 32 + 85);
+    st_model_config c0 = resmlp_config(1, 9, 0, ST_ACT_RELU); /* hidden 0 = width */
+    /* stem 12*9+9 = 117; block 18 + 90 + 90 = 198; final_ln 18; head 50 */
+    check_layout(&c0, 117 + 198 + 18 + 50);
+}
+
+/* ------------------------------------------------------------ initialisation */
+
+/* Same seed: bitwise the same vector, whatever the batch; another seed:
+ * different in every linear segment; linear weights and biases within
+ * +-1/sqrt(fan_in) and spread over that range; gamma 1, beta 0. */
+static void check_init(const st_model_config *c)
+{
+    st_arena arena;
+    st_arena_init(&arena, "test_model", NULL, 0);
+    st_model *a = make_model(c, 8, &arena), *b = make_model(c, 3, &arena);
+    size_t np = st_model_param_count(a);
+    float *pa = st_model_params(a), *pb = st_model_params(b);
+    st_model_init_params(a, 42);
+    st_model_init_params(b, 42);
+    cr_expect_eq(memcmp(pa, pb, np * sizeof *pa), 0, "%s: same seed, different parameters",
+                 st_model_kind_name(c->kind));
+    st_model_init_params(b, 43);
+
+    seg_spec want[64];
+    expected_segments(c, want);
+    int ns;
+    const st_param_segment *s = st_model_segments(a, &ns);
+    for (int i = 0; i < ns; i++) {
+        const float *p = pa + s[i].offset, *q = pb + s[i].offset;
+        size_t n = s[i].count;
+        if (want[i].fan_in == 0) {
+            float v = ends_with(s[i].name, ".gamma") ? 1.0f : 0.0f;
+            for (size_t j = 0; j < n; j++) {
+                cr_expect_eq(p[j], v, "%s[%zu] = %g, want %g", s[i].name, j, p[j], v);
+                cr_expect_eq(q[j], v);
+            }
+            continue;
+        }
+        double bound = 1.0 / sqrt((double)want[i].fan_in), maxabs = 0.0, mean = 0.0;
+        size_t same = 0;
+        for (size_t j = 0; j < n; j++) {
+            /* float bound: 1/sqrtf(fan_in) may round up by an ulp */
+            cr_expect(fabs(p[j]) <= bound * (1 + 1e-6), "%s[%zu] = %g outside +-%g", s[i].name,
+                      j, p[j], bound);
+            maxabs = fmax(maxabs, fabs(p[j]));
+            mean += p[j];
+            same += p[j] == q[j];
+        }
+        mean /= (double)n;
+        /* Spread: with n >= 60 draws from U(-b, b), max |p| < 0.8 b has
+         * probability 0.8^60 ~ 1e-6; the mean is within 4 standard errors
+         * (b / sqrt(3n)) of 0. */
+        if (n >= 60)
+            cr_expect(maxabs >= 0.8 * bound, "%s: max |p| = %g, bound %g: not U(-b, b)",
+                      s[i].name, maxabs, bound);
+        cr_expect(fabs(mean) <= 4.0 * bound / sqrt(3.0 * (double)n), "%s: mean %g, bound %g",
+                  s[i].name, mean, bound);
+        cr_expect(same < n, "%s: seeds 42 and 43 gave the same values", s[i].name);
+    }
+    st_model_destroy(b);
+    st_model_destroy(a);
+    st_arena_release(&arena);
+}
+
+Test(init, mlp)
+{
+    omp_set_num_threads(1);
+    st_model_config c = mlp_config(3, 20, ST_ACT_RELU);
+    check_init(&c);
+}
+
+Test(init, resmlp)
+{
+    omp_set_num_threads(1);
+    st_model_config c = resmlp_config(2, 16, 24, ST_ACT_GELU);
+    check_init(&c);
+}
+
+/* ------------------------------------------------------------ config checks */
+
+/* A bad config is refused with ST_ERR_INVALID and a message that names the
+ * field; st_model_create refuses it too and returns no model. */
+static void expect_rejected(st_model_config c, const char *field)
+{
+    st_clear_error();
+    cr_expect_eq(st_model_config_check(&c), ST_ERR_INVALID, "config with bad %s accepted", field);
+    const char *msg = st_last_error();
+    cr_expect_neq(msg[0], '\0', "no message for a bad %s", field);
+    cr_expect_not_null(strstr(msg, field), "message \"%s\" does not name %s", msg, field);
+
+    st_arena arena;
+    st_arena_init(&arena, "test_model", NULL, 0);
+    /* Any non-NULL value: create must reset it to NULL on failure (it is
+     * never dereferenced). */
+    static char sentinel;
+    st_model *m = (st_model *)(void *)&sentinel;
+    st_clear_error();
+    cr_expect_eq(st_model_create(&c, 8, &arena, &m), ST_ERR_INVALID);
+    cr_expect_null(m);
+    cr_expect_neq(st_last_error()[0], '\0');
+    st_arena_release(&arena);
+}
+
+Test(config, rejects_bad_configs)
+{
+    omp_set_num_threads(1);
+    st_model_config good = resmlp_config(2, 16, 24, ST_ACT_GELU);
+    OK(st_model_config_check(&good));
+    st_model_config d = st_model_config_default();
+    OK(st_model_config_check(&d));
+
+    st_model_config c = good;
+    c.depth = 0;
+    expect_rejected(c, "depth");
+    c = good;
+    c.width = 0;
+    expect_rejected(c, "width");
+    c = good;
+    c.n_classes = 1;
+    expect_rejected(c, "classes");
+    c = mlp_config(2, 8, ST_ACT_RELU);
+    c.depth = 0;
+    expect_rejected(c, "depth");
+    c = good;
+    c.hidden = -1;
+    expect_rejected(c, "hidden");
+    c = good;
+    c.in_dim = 0;
+    expect_rejected(c, "input");
+
+    /* batch outside [1, 2^20] */
+    st_arena arena;
+    st_arena_init(&arena, "test_model", NULL, 0);
+    st_model *m = NULL;
+    st_clear_error();
+    cr_expect_eq(st_model_create(&good, 0, &arena, &m), ST_ERR_INVALID);
+    cr_expect_null(m);
+    cr_expect_neq(st_last_error()[0], '\0');
+    st_arena_release(&arena);
+}
+
+/* ------------------------------------------------------------ FLOPs */
+
+/* Matrix-multiply FLOPs of one step, 2 per multiply-add: a linear layer
+ * (B, in) -> (B, out) costs 2 B in out forward, the same for dw, and the
+ * same again for dx except for the first layer, whose dx nobody needs. */
+static double flops_formula(const st_model_config *c, int batch)
+{
+    double B = batch, W = c->width, H = c->hidden ? c->hidden : c->width;
+    double I = c->in_dim, K = c->n_classes, L = c->depth;
+    if (c->kind == ST_MODEL_MLP)
+        return 2 * B * (2 * I * W + 3 * (L - 1) * W * W + 3 * W * K);
+    return 2 * B * (2 * I * W + L * (3 * W * H + 3 * H * W) + 3 * W * K);
+}
+
+Test(flops, match_formula)
+{
+    omp_set_num_threads(1);
+    st_model_config cfgs[4] = { mlp_config(3, 20, ST_ACT_RELU), mlp_config(1, 7, ST_ACT_GELU),
+                                resmlp_config(2, 16, 24, ST_ACT_GELU),
+                                resmlp_config(1, 9, 0, ST_ACT_RELU) };
+    for (int t = 0; t < 4; t++) {
+        st_arena arena;
+        st_arena_init(&arena, "test_model", NULL, 0);
+        st_model *m = make_model(&cfgs[t], 8, &arena);
+        double got = st_model_step_flops(m), want = flops_formula(&cfgs[t], 8);
+        cr_expect_eq(got, want, "%s: %.0f FLOPs, formula %.0f", st_model_kind_name(cfgs[t].kind),
+                     got, want);
+        st_model_destroy(m);
+        st_arena_release(&arena);
+    }
+    /* By hand, mlp d3 w20, B 8: 2*8*(2*12*20 + 3*2*400 + 3*100) = 16*3180 */
+    cr_expect_eq(flops_formula(&cfgs[0], 8), 16.0 * 3180.0);
+}

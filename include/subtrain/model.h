@@ -82,7 +82,10 @@ st_status st_model_forward_backward(st_model *m, float *loss);
  * correct predictions to *loss_sum and *correct. */
 st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *correct);
 
-/* Matrix-multiply FLOPs of one forward_backward (2 per multiply-add). */
+/* Matrix-multiply FLOPs of one forward_backward (2 per multiply-add): the
+ * three products of each linear layer (two for the first, which needs no
+ * input gradient).  The bias gradient, a B x out matrix-vector product, is
+ * not counted: it is O(1/in) of the layer's work. */
 double st_model_step_flops(const st_model *m);
 
 #ifdef __cplusplus

@@ -98,8 +98,9 @@ typedef struct st_xent {
 
 st_status st_xent_build(st_nn_ctx *ctx, st_xent *e, int64_t batch, int64_t classes,
                         const float *logits, float *logp, float *dlogits);
-/* Mean loss over the first `rows` rows; also writes dlogits for them (zero
- * for the rest) when want_grad.  *correct counts argmax hits when non-NULL. */
+/* Summed loss over the first `rows` rows into *loss_sum; when want_grad,
+ * also dlogits of the mean loss for them ((softmax - onehot) / rows) and zero
+ * for the padding rows.  *correct counts argmax hits when non-NULL. */
 st_status st_xent_forward(const st_nn_ctx *ctx, const st_xent *e, const int32_t *labels,
                           int64_t rows, int want_grad, double *loss_sum, int64_t *correct);
 
