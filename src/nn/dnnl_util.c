@@ -100,16 +100,16 @@ void st_nn_ctx_destroy(st_nn_ctx *ctx)
     memset(ctx, 0, sizeof *ctx);
 }
 
-st_status st_prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
-                         const_dnnl_primitive_desc_t hint, const char *what,
-                         dnnl_primitive_desc_t *pd_out)
+static st_status prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
+                             const_dnnl_primitive_desc_t hint, const_dnnl_primitive_attr_t attr,
+                             const char *what, dnnl_primitive_desc_t *pd_out)
 {
     memset(p, 0, sizeof *p);
     p->what = what;
     ST_TRY(grow((void **)&ctx->prims, &ctx->cap_prims, ctx->n_prims + 1, sizeof *ctx->prims));
 
     dnnl_primitive_desc_t pd;
-    ST_DNNL(dnnl_primitive_desc_create(&pd, op_desc, ctx->attr, ctx->engine, hint), what);
+    ST_DNNL(dnnl_primitive_desc_create(&pd, op_desc, attr, ctx->engine, hint), what);
     const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     size_t sbytes = smd ? dnnl_memory_desc_get_size(smd) : 0;
     dnnl_status_t s = dnnl_primitive_create(&p->prim, pd);
@@ -128,6 +128,34 @@ st_status st_prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
         st_prim_arg(p, DNNL_ARG_SCRATCHPAD, p->scratchpad);
     ctx->prims[ctx->n_prims++] = p;
     return ST_OK;
+}
+
+st_status st_prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
+                         const_dnnl_primitive_desc_t hint, const char *what,
+                         dnnl_primitive_desc_t *pd_out)
+{
+    return prim_create(ctx, p, op_desc, hint, ctx->attr, what, pd_out);
+}
+
+st_status st_prim_create_with_add(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
+                                  const dnnl_memory_desc_t *src1_md, const char *what)
+{
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t ops = NULL;
+    dnnl_status_t s = dnnl_primitive_attr_clone(&attr, ctx->attr);
+    if (s == dnnl_success)
+        s = dnnl_post_ops_create(&ops);
+    if (s == dnnl_success)
+        s = dnnl_post_ops_append_binary(ops, dnnl_binary_add, src1_md);
+    if (s == dnnl_success)
+        s = dnnl_primitive_attr_set_post_ops(attr, ops);
+    st_status st = s == dnnl_success ? prim_create(ctx, p, op_desc, NULL, attr, what, NULL)
+                                     : st_dnnl_fail(s, what, __FILE__, __LINE__);
+    if (ops)
+        dnnl_post_ops_destroy(ops);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    return st;
 }
 
 void st_prim_arg(st_prim *p, int arg, dnnl_memory_t mem)

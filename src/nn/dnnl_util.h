@@ -71,6 +71,11 @@ st_status st_nn_ctx_ones(st_nn_ctx *ctx, int64_t n, const float **out);
 st_status st_prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
                          const_dnnl_primitive_desc_t hint, const char *what,
                          dnnl_primitive_desc_t *pd_out);
+/* The same with a residual fused into the primitive: dst += src1 (a binary
+ * add post-op); the caller binds src1 with
+ * st_prim_arg(p, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, mem). */
+st_status st_prim_create_with_add(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
+                                  const dnnl_memory_desc_t *src1_md, const char *what);
 void st_prim_arg(st_prim *p, int arg, dnnl_memory_t mem);
 /* The per-step call. */
 st_status st_prim_run(const st_nn_ctx *ctx, const st_prim *p);

@@ -28,6 +28,7 @@ typedef struct st_linear {
 
 typedef struct st_linear_io {
     const float *x; float *y;          /* (B, in), (B, out) */
+    const float *residual;             /* NULL, or (B, out) added to y in the same pass */
     float *dx; const float *dy;        /* dx may be NULL */
     const float *w, *b;                /* (out, in), (out) */
     float *dw, *db;

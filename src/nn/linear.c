@@ -12,7 +12,10 @@
  */
 #include "nn/layers.h"
 
-/* y (B, out) = x (B, in) . w^T (in, out) + b (1, out) */
+/* y (B, out) = x (B, in) . w^T (in, out) + b (1, out) [+ residual (B, out)]
+ * The residual of a skip connection is added by the matmul itself (a binary
+ * post-op) while y is still in registers: one pass over y fewer than a
+ * separate add, and no buffer for the branch output. */
 static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io *io)
 {
     dnnl_memory_desc_t x_md, wt_md, b_md, y_md;
@@ -22,7 +25,14 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
     st_md_matrix(&y_md, l->batch, l->out);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &x_md, &wt_md, &b_md, &y_md), "linear forward descriptor");
-    ST_TRY(st_prim_create(ctx, &l->fwd, &d, NULL, "linear forward", NULL));
+    if (io->residual) {
+        ST_TRY(st_prim_create_with_add(ctx, &l->fwd, &d, &y_md, "linear forward with residual"));
+        dnnl_memory_t res;
+        ST_TRY(st_mem_matrix(ctx, &res, l->batch, l->out, io->residual));
+        st_prim_arg(&l->fwd, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res);
+    } else {
+        ST_TRY(st_prim_create(ctx, &l->fwd, &d, NULL, "linear forward", NULL));
+    }
 
     dnnl_memory_t x, wt, b, y;
     ST_TRY(st_mem_matrix(ctx, &x, l->batch, l->in, io->x));

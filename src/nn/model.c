@@ -9,7 +9,7 @@
  *
  * Memory, resmlp with width W, hidden H, batch B, depth L (floats):
  *   saved per block for the backward: n, a, z, h_out = B(2W + 2H), + 2B stats
- *   shared: r, dh, dn, dtmp (B x W each), dz, da (B x H each)
+ *   shared: dh, dn, dtmp (B x W each), dz, da (B x H each)
  */
 #include <math.h>
 #include <stdio.h>
@@ -257,7 +257,6 @@ static st_status alloc_resmlp_buffers(st_model *m)
     ST_TRY(alloc_act(m, B, &m->mean_f));
     ST_TRY(alloc_act(m, B, &m->var_f));
     /* Shared: nothing in them is needed once the next block has run. */
-    ST_TRY(alloc_act(m, B * W, &m->r));
     ST_TRY(alloc_act(m, B * W, &m->dh));
     ST_TRY(alloc_act(m, B * W, &m->dn));
     ST_TRY(alloc_act(m, B * W, &m->dtmp));
@@ -285,9 +284,9 @@ static st_status build_block(st_model *m, st_resblock *k, const float *h_in, blo
     st_linear_io io1 = linear_io(m, o.fc1, k->n, k->a, m->dn, m->da);
     ST_TRY(st_linear_build(&m->ctx, &k->fc1, B, W, H, &io1));
     ST_TRY(st_act_build(&m->ctx, &k->act, m->cfg.activation, B, H, k->a, k->z, m->da, m->dz));
-    st_linear_io io2 = linear_io(m, o.fc2, k->z, m->r, m->dz, m->dh);
+    st_linear_io io2 = linear_io(m, o.fc2, k->z, k->h_out, m->dz, m->dh);
+    io2.residual = h_in;
     ST_TRY(st_linear_build(&m->ctx, &k->fc2, B, H, W, &io2));
-    ST_TRY(st_add_build(&m->ctx, &k->skip, B, W, h_in, m->r, k->h_out));
     return st_add_build(&m->ctx, &k->join, B, W, m->dh, m->dtmp, m->dh);
 }
 
@@ -335,8 +334,7 @@ static st_status resmlp_forward(const st_model *m)
         ST_TRY(st_layernorm_forward(&m->ctx, &k->ln));
         ST_TRY(st_linear_forward(&m->ctx, &k->fc1));
         ST_TRY(st_act_forward(&m->ctx, &k->act));
-        ST_TRY(st_linear_forward(&m->ctx, &k->fc2));
-        ST_TRY(st_add_run(&m->ctx, &k->skip));
+        ST_TRY(st_linear_forward(&m->ctx, &k->fc2));    /* h_out = h_in + branch */
     }
     ST_TRY(st_layernorm_forward(&m->ctx, &m->ln_final));
     return st_linear_forward(&m->ctx, &m->head);

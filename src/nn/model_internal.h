@@ -14,8 +14,8 @@ typedef struct st_resblock {
     st_layernorm ln;      /* n = LN(h_in) */
     st_linear fc1;        /* a = n w1^T + b1       (B, hidden) */
     st_act act;           /* z = act(a)            (B, hidden) */
-    st_linear fc2;        /* r = z w2^T + b2       (B, width) */
-    st_add skip;          /* h_out = h_in + r */
+    st_linear fc2;        /* h_out = h_in + z w2^T + b2  (B, width): the skip
+                           * is fused into the matmul */
     st_add join;          /* dh += d(h_in) through the branch */
     float *h_out, *n, *mean, *var, *a, *z;
 } st_resblock;
@@ -55,8 +55,8 @@ struct st_model {
     st_linear head;        /* logits = (z_last | nf) wh^T + bh */
     st_xent xent;
 
-    /* Shared scratch: the branch output and the backward's data gradients. */
-    float *r, *dh, *dn, *dtmp, *dz, *da;
+    /* Shared scratch: the backward's data gradients. */
+    float *dh, *dn, *dtmp, *dz, *da;
 };
 
 #endif /* SUBTRAIN_NN_MODEL_INTERNAL_H */

@@ -5,8 +5,12 @@
  * that the compiler vectorises them (restrict, `omp simd`, no branches in
  * the loop, -fno-math-errno from configure so that sqrtf is an instruction):
  * for a large model the optimizer streams 4-5 arrays of P floats per step
- * and is bound by memory bandwidth, not arithmetic.  Vectorising AdamW took
- * it from 40 ms to 18 ms a step on resmlp d8 w1024 (bench_step).
+ * and is bound by memory bandwidth and by the divide and square root of
+ * AdamW.  Vectorising AdamW took it from 40 ms to 18 ms a step on resmlp d8
+ * w1024 (bench_step); compiling it also for AVX2 and AVX-512 (chosen at
+ * load time, below) took it to 10 ms: at SSE2 width the divide and square
+ * root, not memory, were the limit.  (Streaming stores, tried, gained
+ * nothing.)
  */
 #include <math.h>
 #include <string.h>
@@ -76,7 +80,16 @@ void st_optim_reset(st_optim *opt)
         memset(opt->v, 0, opt->n * sizeof *opt->v);
 }
 
+/* Clones of the hot loops for wider vector units, picked at load time by
+ * the CPU (GCC's target_clones: the build stays generic x86-64). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define ST_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ST_VECTOR_CLONES
+#endif
+
 /* p, g, buf are (n) */
+ST_VECTOR_CLONES
 static void sgd_range(float *restrict p, const float *restrict g, float *restrict buf,
                       size_t n, float lr, float momentum, float wd)
 {
@@ -100,6 +113,7 @@ typedef struct adam_step {
 } adam_step;
 
 /* p, g, m, v are (n) */
+ST_VECTOR_CLONES
 static void adamw_range(float *restrict p, const float *restrict g, float *restrict m,
                         float *restrict v, size_t n, const adam_step *a, int decay)
 {
