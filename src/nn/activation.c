@@ -16,14 +16,10 @@ st_status st_act_build(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t ro
     dnnl_eltwise_desc_t fd, bd;
     ST_DNNL(dnnl_eltwise_forward_desc_init(&fd, dnnl_forward_training, eltwise_alg(kind),
                                            &md, 0.f, 0.f), "activation forward descriptor");
-    dnnl_primitive_desc_t fwd_pd;
-    ST_TRY(st_prim_create(ctx, &a->fwd, &fd, NULL, "activation forward", &fwd_pd));
-    dnnl_status_t s = dnnl_eltwise_backward_desc_init(&bd, eltwise_alg(kind), &md, &md, 0.f, 0.f);
-    st_status st = s == dnnl_success ? ST_OK : st_dnnl_fail(s, "activation backward descriptor", __FILE__, __LINE__);
-    if (st == ST_OK)
-        st = st_prim_create(ctx, &a->bwd, &bd, fwd_pd, "activation backward", NULL);
-    dnnl_primitive_desc_destroy(fwd_pd);
-    ST_TRY(st);
+    ST_DNNL(dnnl_eltwise_backward_desc_init(&bd, eltwise_alg(kind), &md, &md, 0.f, 0.f),
+            "activation backward descriptor");
+    ST_TRY(st_prim_create_pair(ctx, &a->fwd, &fd, &a->bwd, &bd, "activation forward",
+                               "activation backward"));
 
     dnnl_memory_t mx, my, mdx, mdy;
     ST_TRY(st_mem_matrix(ctx, &mx, rows, cols, x));

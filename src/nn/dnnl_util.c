@@ -137,6 +137,17 @@ st_status st_prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
     return prim_create(ctx, p, op_desc, hint, ctx->attr, what, pd_out);
 }
 
+st_status st_prim_create_pair(st_nn_ctx *ctx, st_prim *fwd, const void *fwd_desc,
+                              st_prim *bwd, const void *bwd_desc, const char *fwd_what,
+                              const char *bwd_what)
+{
+    dnnl_primitive_desc_t fwd_pd;
+    ST_TRY(st_prim_create(ctx, fwd, fwd_desc, NULL, fwd_what, &fwd_pd));
+    st_status s = st_prim_create(ctx, bwd, bwd_desc, fwd_pd, bwd_what, NULL);
+    dnnl_primitive_desc_destroy(fwd_pd);
+    return s;
+}
+
 st_status st_prim_create_with_add(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
                                   const dnnl_memory_desc_t *src1_md, const char *what)
 {

@@ -71,6 +71,12 @@ st_status st_nn_ctx_ones(st_nn_ctx *ctx, int64_t n, const float **out);
 st_status st_prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
                          const_dnnl_primitive_desc_t hint, const char *what,
                          dnnl_primitive_desc_t *pd_out);
+/* A forward primitive and its backward, which oneDNN builds from the
+ * forward's primitive descriptor (the hint). */
+st_status st_prim_create_pair(st_nn_ctx *ctx, st_prim *fwd, const void *fwd_desc,
+                              st_prim *bwd, const void *bwd_desc, const char *fwd_what,
+                              const char *bwd_what);
+
 /* The same with a residual fused into the primitive: dst += src1 (a binary
  * add post-op); the caller binds src1 with
  * st_prim_arg(p, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, mem). */

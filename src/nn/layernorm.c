@@ -16,16 +16,11 @@ st_status st_layernorm_build(st_nn_ctx *ctx, st_layernorm *n, int64_t rows, int6
     ST_DNNL(dnnl_layer_normalization_forward_desc_init(&fd, dnnl_forward_training, &data_md,
                                                        &stat_md, ST_LAYERNORM_EPS, flags),
             "layer norm forward descriptor");
-    dnnl_primitive_desc_t fwd_pd;
-    ST_TRY(st_prim_create(ctx, &n->fwd, &fd, NULL, "layer norm forward", &fwd_pd));
-    dnnl_status_t s = dnnl_layer_normalization_backward_desc_init(
-        &bd, dnnl_backward, &data_md, &data_md, &stat_md, ST_LAYERNORM_EPS, flags);
-    st_status st = s == dnnl_success ? ST_OK
-                 : st_dnnl_fail(s, "layer norm backward descriptor", __FILE__, __LINE__);
-    if (st == ST_OK)
-        st = st_prim_create(ctx, &n->bwd, &bd, fwd_pd, "layer norm backward", NULL);
-    dnnl_primitive_desc_destroy(fwd_pd);
-    ST_TRY(st);
+    ST_DNNL(dnnl_layer_normalization_backward_desc_init(&bd, dnnl_backward, &data_md, &data_md,
+                                                        &stat_md, ST_LAYERNORM_EPS, flags),
+            "layer norm backward descriptor");
+    ST_TRY(st_prim_create_pair(ctx, &n->fwd, &fd, &n->bwd, &bd, "layer norm forward",
+                               "layer norm backward"));
 
     dnnl_memory_t x, y, mean, var, gamma, beta, dx, dy, dgamma, dbeta;
     ST_TRY(st_mem_matrix(ctx, &x, rows, cols, io->x));
