@@ -1,0 +1,117 @@
+/*
+ * subtrain/comm.h — the reduction engine: workers' gradients meet in
+ * NUMA-aware shared buffers laid out like a distributed all-reduce.
+ *
+ * One step, for N workers and a flat parameter vector of P floats split
+ * into N contiguous shards (shard w owned by worker w, its buffers on w's
+ * NUMA node):
+ *
+ *   reduce-scatter  the owner of each shard sums the gradients of the
+ *                   workers that hold each element, in a fixed order
+ *                   (worker 0, 1, ...), and divides by the holder count;
+ *   update          the owner applies the optimizer to its shard of the
+ *                   master weights and of the optimizer state (ZeRO-1);
+ *   all-gather      every worker copies the updated values of the elements
+ *                   it holds into its own replica.
+ *
+ * With more than one NUMA domain both collectives are two-level: the
+ * workers of a domain first sum their part of every remote shard into one
+ * partial on their own node, so that the owner reads one buffer per remote
+ * domain, not one per remote worker; and the all-gather brings each remote
+ * shard into a domain once, then copies it locally.
+ *
+ * Synchronisation: C11 atomics only — a sense-reversing barrier on padded
+ * counters, spin-waiting (workers are pinned, one per core).  No lock and
+ * no allocation after st_comm_attach().  Summation order is fixed, so the
+ * result is bitwise the same from run to run whatever the thread timing.
+ */
+#ifndef SUBTRAIN_COMM_H
+#define SUBTRAIN_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <subtrain/arena.h>
+#include <subtrain/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* [begin, end) of the flat parameter vector. */
+typedef struct st_range {
+    size_t begin, end;
+} st_range;
+
+typedef struct st_comm_config {
+    int n_workers;
+    size_t n_params;
+    /* NUMA domain of each worker (n_workers entries, non-decreasing: the
+     * workers of a domain are consecutive, as st_plan orders them).  NULL:
+     * everyone in domain 0 (single level). */
+    const int *domain_of;
+} st_comm_config;
+
+typedef struct st_comm st_comm;
+
+/* Creates the shared control block (by one thread, before the workers
+ * start).  The per-worker buffers are created by st_comm_attach. */
+st_status st_comm_create(const st_comm_config *cfg, st_comm **out);
+void st_comm_destroy(st_comm *c);
+
+/* Called by every worker w on its own thread, once, before the first step:
+ * registers w's gradient and parameter vectors (full layout, P floats each;
+ * only the held elements are read or written) and the ranges of the vector
+ * that w holds (sorted, disjoint; {0, P} for data parallelism), and takes
+ * w's shard buffers (master weights of the shard, the averaged gradient,
+ * holder counts, and partials for the two-level path) from w's arena, so
+ * they live on w's node.  The master shard is initialised from `params`
+ * of the first holder.  Returns after every worker has attached (it
+ * contains a barrier).  Every element must be held by at least one worker. */
+st_status st_comm_attach(st_comm *c, int w, st_arena *arena, float *grads, float *params,
+                         const st_range *held, int n_held);
+
+/* w's shard: its range of the vector, the averaged gradient and master
+ * weights of that range (float arrays indexed from the range's begin). */
+st_range st_comm_shard(const st_comm *c, int w);
+float *st_comm_shard_grads(st_comm *c, int w);
+float *st_comm_shard_params(st_comm *c, int w);
+
+/* Reduce-scatter.  Every worker calls it once its gradient vector is
+ * complete; on return w's shard gradient holds, for every element, the
+ * mean over its holders.  Internally waits for all workers. */
+st_status st_comm_reduce_scatter(st_comm *c, int w);
+
+/* All-gather.  Every worker calls it once it has updated its shard's master
+ * weights; on return w's parameter vector holds the master values of every
+ * element w holds.  Internally waits for all workers. */
+st_status st_comm_all_gather(st_comm *c, int w);
+
+/* A barrier over all workers (spin on C11 atomics). */
+st_status st_comm_barrier(st_comm *c, int w);
+
+/* Called by a worker that failed: every worker waiting in (or later
+ * entering) a collective or barrier returns ST_ERR_INVALID with a message
+ * saying that another worker failed, instead of waiting forever. */
+void st_comm_abort(st_comm *c);
+
+/* Bytes worker w reads and writes in one reduce-scatter + all-gather
+ * (its own buffers included), from the plan, not measured. */
+typedef struct st_comm_bytes {
+    size_t read, written;
+    size_t cross_domain_read;   /* of `read`, bytes read from another node */
+} st_comm_bytes;
+
+st_comm_bytes st_comm_bytes_per_step(const st_comm *c, int w);
+
+/* What a ring all-reduce among N distributed workers sends per worker:
+ * 2 (N - 1) / N x P x 4 bytes. */
+double st_comm_ring_bytes(int n_workers, size_t n_params);
+
+/* Human-readable description of the reduction tree, one line per domain
+ * and level, for `subtrain topo` and --verbose runs. */
+void st_comm_describe(FILE *f, int n_workers, const int *domain_of, size_t n_params);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SUBTRAIN_COMM_H */

@@ -1,0 +1,124 @@
+/*
+ * subtrain/topo.h — machine topology, the placement plan, binding and NUMA
+ * allocation (hwloc).
+ *
+ * Planning and applying are kept apart on purpose: st_plan_make() is a pure
+ * function of a topology and a request, so plans for machines we do not have
+ * (hwloc synthetic descriptions, lstopo XML exports) can be printed and
+ * tested anywhere; only st_plan_bind_self() and the NUMA chunk backend touch
+ * the real machine, and they refuse to run on a described one.
+ *
+ * Binding authority: subtrain binds its worker threads itself, with hwloc,
+ * one thread per worker to one PU.  OMP_PROC_BIND, OMP_PLACES and
+ * GOMP_CPU_AFFINITY are not obeyed for worker threads; st_topology_
+ * binding_env_warning() says when they are set so the user knows.
+ */
+#ifndef SUBTRAIN_TOPO_H
+#define SUBTRAIN_TOPO_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <subtrain/arena.h>
+#include <subtrain/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct st_topology st_topology;
+
+/* spec: NULL or "" for this machine; "synthetic:DESCRIPTION" (hwloc's
+ * synthetic syntax, e.g. "synthetic:pack:2 numa:4 core:16 pu:2"); or
+ * "xml:FILE" (an lstopo XML export).  Errors name the spec and the problem. */
+st_status st_topology_load(const char *spec, st_topology **out);
+void st_topology_destroy(st_topology *t);
+
+/* 1 when the topology is this machine's (binding and NUMA allocation work). */
+int st_topology_is_this_machine(const st_topology *t);
+/* "this machine", "synthetic:...", "xml:...". */
+const char *st_topology_name(const st_topology *t);
+
+/* Counts over the whole topology (not restricted to a cpuset). */
+int st_topology_numa_count(const st_topology *t);
+int st_topology_core_count(const st_topology *t);
+int st_topology_pu_count(const st_topology *t);
+
+/* NULL, or a one-line warning when OMP_PROC_BIND, OMP_PLACES or
+ * GOMP_CPU_AFFINITY are set (subtrain binds its workers itself). */
+const char *st_topology_binding_env_warning(void);
+
+/* ------------------------------------------------------------ the plan */
+
+/* Where one worker runs.  Indices are hwloc logical indices; pu_os is the
+ * OS index (what taskset and /proc call the CPU). */
+typedef struct st_placement {
+    int worker;
+    int domain;        /* index of the NUMA domain among the plan's domains */
+    int numa_os;       /* OS index of that NUMA node */
+    int core;          /* logical index of the core */
+    int pu;            /* logical index of the PU */
+    int pu_os;         /* OS index of the PU */
+    int sibling;       /* 1 if another worker shares this core (SMT) */
+    int shared_pu;     /* 1 if another worker shares this PU (oversubscribed) */
+} st_placement;
+
+typedef struct st_plan {
+    int n_workers;
+    st_placement *workers;     /* n_workers, ordered by domain: the workers of
+                                * a domain have consecutive numbers */
+    int n_domains;             /* NUMA domains that hold at least one worker */
+    int *domain_first;         /* n_domains + 1: workers of domain d are
+                                * domain_first[d] .. domain_first[d+1]-1 */
+    int cores_available;       /* physical cores in the allowed cpuset */
+    int pus_available;         /* PUs in the allowed cpuset */
+    int oversubscribed;        /* more workers than PUs */
+    char warning[256];         /* "" or a line to show the user */
+} st_plan;
+
+typedef struct st_plan_request {
+    int workers;           /* 0: one per physical core of the allowed cpuset */
+    int oversubscribe;     /* allow more workers than allowed PUs */
+    const char *cpuset;    /* NULL: the process's allowed cpuset on this
+                            * machine, everything on a described one; else
+                            * a list of OS PU indices, e.g. "0-3,8,10" */
+} st_plan_request;
+
+/* The placement rules:
+ *  - workers are spread evenly over the NUMA domains that have allowed
+ *    cores (no domain gets more than its share while another has room);
+ *  - one worker per core; a second PU of a core (SMT sibling) is used only
+ *    when workers outnumber allowed cores;
+ *  - more workers than allowed PUs only with oversubscribe (then PUs are
+ *    shared round-robin and the plan carries a warning); otherwise an error
+ *    that says to pass --oversubscribe or fewer --workers.
+ * Pure: depends only on the topology and the request. */
+st_status st_plan_make(const st_topology *t, const st_plan_request *req, st_plan *out);
+void st_plan_free(st_plan *p);
+
+/* The table worker -> NUMA domain -> core -> PU and a summary line, as
+ * `subtrain topo` prints it (the reduction tree is comm's to describe:
+ * st_comm_describe). */
+void st_plan_print(FILE *f, const st_topology *t, const st_plan *p);
+
+/* Binds the calling thread to worker w's PU and verifies the binding by
+ * reading it back.  Only on this machine's topology. */
+st_status st_plan_bind_self(const st_topology *t, const st_plan *p, int w);
+
+/* A chunk backend for st_arena that allocates on worker w's NUMA node
+ * (hwloc_alloc_membind, strict binding).  When the OS refuses strict
+ * binding the memory is allocated anyway (first touch by the worker then
+ * decides its node) and *warned is set, once, so the caller can tell the
+ * user.  ctx must live as long as the arena. */
+typedef struct st_numa_ctx {
+    const st_topology *topology;
+    int numa_os;              /* node to bind to */
+    int warned;               /* set when strict binding was refused */
+    char warning[160];
+} st_numa_ctx;
+
+st_chunk_backend st_numa_backend(st_numa_ctx *ctx, const st_topology *t, int numa_os);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SUBTRAIN_TOPO_H */
