@@ -82,6 +82,7 @@ typedef struct bench_options {
     double gemm_window_s;   /* minimum length of one sgemm window */
     int warmup_steps;
     const char *json_path;
+    int workers;            /* > 1: also measure data-parallel scaling */
 } bench_options;
 
 typedef struct bench_result {
@@ -348,7 +349,8 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
     int rc = EXIT_SUCCESS;
     st_worker w;
     gemm_ctx g = { 0 };
-    if (st_worker_init(&w, 0, &tc, train.count) != ST_OK) {
+    if (st_worker_init(&w, 0, &tc, train.count, NULL) != ST_OK ||
+        st_worker_init_optimizer(&w, &tc, 0, st_model_param_count(w.model)) != ST_OK) {
         rc = fail("worker");
         goto out;
     }
@@ -528,12 +530,102 @@ static int run_all(const bench_options *o, FILE *json)
     return EXIT_SUCCESS;
 }
 
+/* ------------------------------------------------------------ scaling */
+
+/* Data-parallel scaling: the whole trainer (st_train_run: pinned workers,
+ * NUMA arenas, reduce-scatter, sharded AdamW, all-gather) on synthetic
+ * data, once with 1 worker and once with N, each worker at batch B.  The
+ * trainer's own samples/s counts training time only (no evaluation), over
+ * all steps of the run; the median of `reps` runs is shown. */
+typedef struct scaling_result {
+    double samples_per_s;
+    st_epoch_record rec;
+} scaling_result;
+
+static int scaling_run(const bench_config *bc, int workers, int steps, scaling_result *out)
+{
+    st_synthetic_config sc = st_synthetic_defaults(1);
+    sc.train_count = (uint32_t)(steps * workers * bc->batch);
+    sc.test_count = 64;
+    st_dataset train, test;
+    if (st_synthetic_make(&sc, &train, &test) != ST_OK)
+        return fail("synthetic data");
+    st_dataset_normalize(&train, &test, NULL, NULL);
+    st_train_config tc = st_train_config_default();
+    tc.model.depth = bc->depth;
+    tc.model.width = bc->width;
+    tc.model.in_dim = (int)train.dim;
+    tc.model.n_classes = (int)train.n_classes;
+    tc.batch = bc->batch;
+    tc.workers = workers;
+    tc.steps = (uint64_t)steps;
+    tc.schedule = ST_SCHED_CONSTANT;
+    st_status s = st_train_run(&tc, &train, &test, NULL, &out->rec);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    if (s != ST_OK)
+        return fail("training");
+    out->samples_per_s = out->rec.samples_per_s;
+    return EXIT_SUCCESS;
+}
+
+static int cmp_scaling(const void *a, const void *b)
+{
+    double x = ((const scaling_result *)a)->samples_per_s;
+    double y = ((const scaling_result *)b)->samples_per_s;
+    return (x > y) - (x < y);
+}
+
+static int scaling_median(const bench_config *bc, int workers, int steps, int reps,
+                          scaling_result *med)
+{
+    scaling_result r[MAX_WINDOWS];
+    for (int i = 0; i < reps; i++)
+        if (scaling_run(bc, workers, steps, &r[i]) != EXIT_SUCCESS)
+            return EXIT_FAILURE;
+    qsort(r, (size_t)reps, sizeof *r, cmp_scaling);
+    *med = r[reps / 2];
+    return EXIT_SUCCESS;
+}
+
+static void print_scaling_row(int workers, const scaling_result *r, double base)
+{
+    const st_epoch_record *e = &r->rec;
+    printf("%7d %12.0f %8.2fx %9.2f %7.2f %8.2f %9.2f %11.1f %11.1f\n", workers,
+           r->samples_per_s, r->samples_per_s / base, e->step_ms_compute, e->step_ms_wait,
+           e->step_ms_reduce, e->step_ms_optimizer, e->comm_bytes_per_worker_step / 1e6,
+           (double)e->memory.peak_total / 1048576.0);
+}
+
+static int run_scaling(const bench_options *o)
+{
+    /* The issue's measurement: resmlp d8 w1024 at batch 128 per worker
+     * (the large config at its own batch with --config small). */
+    bench_config bc = o->which == 1 ? CONFIGS[1] : (bench_config){ "large", 8, 1024, 128 };
+    int steps = o->quick ? 6 : (bc.width >= 1024 ? 30 : 300);
+    int reps = o->quick ? 1 : 3;
+    scaling_result one, many;
+    printf("\ndata-parallel scaling: resmlp d%d w%d, batch %d per worker, %d steps, "
+           "median of %d runs of st_train_run\n", bc.depth, bc.width, bc.batch, steps, reps);
+    if (scaling_median(&bc, 1, steps, reps, &one) != EXIT_SUCCESS ||
+        scaling_median(&bc, o->workers, steps, reps, &many) != EXIT_SUCCESS)
+        return EXIT_FAILURE;
+    printf("workers    samples/s  vs 1 wk  compute ms  wait ms  reduce ms  optimizer ms"
+           "  comm MB/step  peak MiB/wk\n");
+    print_scaling_row(1, &one, one.samples_per_s);
+    print_scaling_row(o->workers, &many, one.samples_per_s);
+    printf("ring all-reduce among %d distributed workers would send %.1f MB per worker and step\n",
+           o->workers, many.rec.ring_bytes_per_worker_step / 1e6);
+    return EXIT_SUCCESS;
+}
+
 /* ------------------------------------------------------------ options */
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: bench_step [--config large|small|all] [--quick] [--seconds S] [--json FILE]\n"
+            "                  [--workers N]\n"
             "\n"
             "Times one training step of subtrain (st_worker_train_step: gather, forward,\n"
             "backward, AdamW) on one thread and compares its GFLOP/s with dnnl_sgemm on\n"
@@ -546,6 +638,9 @@ static void usage(FILE *f)
             "  --seconds S   timed step seconds per configuration, split into windows\n"
             "                (default 2; --quick: 0.3)\n"
             "  --json FILE   also write one JSON object per configuration (JSON Lines)\n"
+            "  --workers N   also run the whole trainer with 1 and N data-parallel workers\n"
+            "                (resmlp d8 w1024, batch 128 per worker; with --config small the\n"
+            "                small model) and compare samples/s\n"
             "  --help        this text\n");
 }
 
@@ -605,6 +700,12 @@ int main(int argc, char **argv)
             if (*v == '\0')
                 return usage_error("--json needs a file name%s", "");
             o.json_path = v;
+        } else if ((v = option_value(argc, argv, &i, "--workers", &missing))) {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (end == v || *end != '\0' || n < 2 || n > 1024)
+                return usage_error("--workers must be an integer in [2, 1024], got '%s'", v);
+            o.workers = (int)n;
         } else if (missing) {
             return usage_error("%s needs a value", argv[i]);
         } else {
@@ -639,6 +740,11 @@ int main(int argc, char **argv)
         omp_set_num_threads(1);
         rc = run_all(&o, json);
     }
+
+    /* Outside the single-thread region: st_train_run opens its own, one
+     * thread per worker. */
+    if (rc == EXIT_SUCCESS && o.workers > 1)
+        rc = run_scaling(&o);
 
     if (json && fclose(json) != 0) {
         fprintf(stderr, "bench_step: cannot write %s: %s\n", o.json_path, strerror(errno));

@@ -91,6 +91,11 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--seed -1", "--seed");
     expect_usage_error("--steps 0", "--steps");
     expect_usage_error("--data ''", "--data");
+    expect_usage_error("--workers 0", "--workers");
+    expect_usage_error("--workers many", "--workers");
+    expect_usage_error("--strategy sdp", "allowed: dp");
+    expect_usage_error("--cpuset ''", "--cpuset");
+    expect_usage_error("--topology synthetic:pack:2", "subtrain topo");
 }
 
 Test(cli, bad_usage_is_explained)
@@ -114,7 +119,8 @@ Test(cli, help_and_version)
                                  "--activation", "--epochs", "--steps", "--batch",
                                  "--optimizer", "--lr", "--momentum", "--weight-decay",
                                  "--schedule", "--warmup", "--seed", "--metrics",
-                                 "--progress", "--quiet", "--help", "--version" };
+                                 "--progress", "--quiet", "--help", "--version",
+                                 "--strategy", "--workers", "--oversubscribe", "--cpuset" };
     for (size_t i = 0; i < sizeof documented / sizeof *documented; i++)
         cr_assert(strstr(r->out, documented[i]), "--help does not mention %s", documented[i]);
     run(r, NULL, "--version");

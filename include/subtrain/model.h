@@ -45,6 +45,9 @@ st_model_config st_model_config_default(void);
 /* Range checks with a message naming the field and what is allowed. */
 st_status st_model_config_check(const st_model_config *cfg);
 
+/* Parameters of a model with this configuration (no model is built). */
+size_t st_model_config_param_count(const st_model_config *cfg);
+
 const char *st_model_kind_name(st_model_kind kind);
 const char *st_activation_name(st_activation act);
 /* 0 on success, -1 if `name` is not a known kind / activation. */

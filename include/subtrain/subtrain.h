@@ -9,6 +9,8 @@
  *   params.h  flat parameter layout
  *   model.h   model instances (mlp, resmlp) on oneDNN
  *   optim.h   SGD, AdamW, learning-rate schedules
+ *   topo.h    topology, placement plan, binding, NUMA allocation (hwloc)
+ *   comm.h    the reduction engine (reduce-scatter, all-gather)
  *   train.h   the training loop and metrics records
  * Every public symbol starts with st_ (types, functions) or ST_ (macros,
  * enumerators).
@@ -23,6 +25,8 @@
 #include <subtrain/params.h>
 #include <subtrain/model.h>
 #include <subtrain/optim.h>
+#include <subtrain/topo.h>
+#include <subtrain/comm.h>
 #include <subtrain/train.h>
 
 #endif /* SUBTRAIN_H */

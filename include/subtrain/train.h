@@ -22,12 +22,22 @@
 extern "C" {
 #endif
 
+typedef enum st_strategy { ST_STRATEGY_DP } st_strategy;
+
+const char *st_strategy_name(st_strategy s);
+int st_strategy_parse(const char *name, st_strategy *out);
+
 typedef struct st_train_config {
+    st_strategy strategy;     /* dp: every worker trains the full model */
+    int workers;              /* worker threads; 0: one per physical core */
+    const char *topology;     /* NULL: this machine (training binds for real) */
+    const char *cpuset;       /* NULL: the process's; else OS PU list "0-3" */
+    int oversubscribe;        /* allow more workers than PUs */
     st_model_config model;
     st_optim_config optim;
     st_schedule_kind schedule;
     uint64_t warmup_steps;    /* cosine schedule only; ST_WARMUP_AUTO: 5% of the run */
-    int batch;                /* samples per step */
+    int batch;                /* samples per step and worker */
     int epochs;               /* used when steps == 0 */
     uint64_t steps;           /* total steps; 0: epochs x steps per epoch */
     uint64_t seed;            /* init, shuffles */
@@ -36,7 +46,8 @@ typedef struct st_train_config {
 #define ST_WARMUP_AUTO UINT64_MAX
 
 /* The recipe of the README: resmlp depth 4 width 256, AdamW lr 1e-3 wd 0.01,
- * cosine schedule with automatic warmup, batch 128, 5 epochs, seed 1.
+ * cosine schedule with automatic warmup, batch 128, 5 epochs, seed 1, one
+ * data-parallel worker.
  * Cosine was chosen by measurement: on Fashion-MNIST it ends 1.4 points
  * above a constant rate (0.8946 against 0.8798 test accuracy, seed 1). */
 st_train_config st_train_config_default(void);
@@ -65,7 +76,16 @@ typedef struct st_epoch_record {
     double wall_s;            /* since training started, evaluations included */
     double lr;
     int workers;
-    st_mem_stats memory;      /* the worker's arena */
+    st_mem_stats memory;      /* the arena of the worker with the largest peak */
+    /* Communication per worker and step: what the reduction engine reads
+     * and writes for the busiest worker, and what a ring all-reduce among
+     * N distributed workers would send, 2 (N-1)/N x P x 4 bytes. */
+    double comm_bytes_per_worker_step;
+    double ring_bytes_per_worker_step;
+    /* Mean time of a step, over workers and the epoch's steps (ms):
+     * forward and backward; waiting for the slowest worker; reduce-scatter
+     * and all-gather; the optimizer on the worker's shard. */
+    double step_ms_compute, step_ms_wait, step_ms_reduce, step_ms_optimizer;
 } st_epoch_record;
 
 typedef struct st_train_callbacks {
@@ -74,6 +94,10 @@ typedef struct st_train_callbacks {
     void *user;
 } st_train_callbacks;
 
+/* Trains with cfg->workers worker threads, each pinned to its core (the
+ * placement of st_plan_make on this machine) with its memory on its NUMA
+ * node; with more than one worker, gradients meet in the reduction engine
+ * (comm.h).  Callbacks are called by worker 0. */
 st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
                        const st_dataset *test, const st_train_callbacks *cb,
                        st_epoch_record *final_out);

@@ -18,6 +18,7 @@
 
 #include "cli/options.h"
 #include "cli/progress.h"
+#include "cli/topo_cmd.h"
 #include "config.h"
 
 #define EXIT_USAGE 2
@@ -61,8 +62,13 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
         printf("%llu steps", (unsigned long long)t->steps);
     else
         printf("%d epochs", t->epochs);
-    printf(", seed %llu | data %s (%u train, %u test) | 1 worker\n",
-           (unsigned long long)t->seed, o->data, train->count, test->count);
+    printf(", seed %llu | data %s (%u train, %u test) | %s, ",
+           (unsigned long long)t->seed, o->data, train->count, test->count,
+           st_strategy_name(t->strategy));
+    if (t->workers)
+        printf("%d worker%s\n", t->workers, t->workers == 1 ? "" : "s");
+    else
+        printf("one worker per core\n");
 }
 
 static void print_summary(const st_epoch_record *r)
@@ -70,6 +76,12 @@ static void print_summary(const st_epoch_record *r)
     const st_mem_stats *m = &r->memory;
     printf("final: test_acc %.4f  test_loss %.4f  train_loss %.4f  %.0f samples/s  wall %.1fs\n",
            r->test_acc, r->test_loss, r->train_loss, r->samples_per_s, r->wall_s);
+    printf("step (ms, mean over %d worker%s): compute %.2f  wait %.2f  reduce %.2f  optimizer %.2f\n",
+           r->workers, r->workers == 1 ? "" : "s", r->step_ms_compute, r->step_ms_wait,
+           r->step_ms_reduce, r->step_ms_optimizer);
+    if (r->workers > 1)
+        printf("communication per worker and step: %.2f MB (a ring all-reduce would send %.2f MB)\n",
+               r->comm_bytes_per_worker_step / 1e6, r->ring_bytes_per_worker_step / 1e6);
     printf("peak memory per worker: %.1f MiB (", (double)m->peak_total / 1048576.0);
     for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
         printf("%s%s %.1f", k ? ", " : "", st_mem_kind_name((st_mem_kind)k),
@@ -102,8 +114,12 @@ static int run_train(st_cli_options *o)
     uint64_t spe = train.count / (uint32_t)o->train.batch;
     prog.epochs = o->train.steps && spe ? (int)((o->train.steps + spe - 1) / spe) : o->train.epochs;
 
-    if (!o->quiet)
+    if (!o->quiet) {
         print_plan(o, &train, &test);
+        const char *env = st_topology_binding_env_warning();
+        if (env)
+            fprintf(stderr, "subtrain: warning: %s\n", env);
+    }
     st_train_callbacks cb = { st_progress_on_step, st_progress_on_epoch, &prog };
     st_epoch_record final;
     if (st_train_run(&o->train, &train, &test, &cb, &final) != ST_OK) {
@@ -131,6 +147,8 @@ out:
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "topo") == 0)
+        return st_cli_topo_main(argc - 1, argv + 1);
     st_cli_options o;
     char err[512];
     if (st_cli_parse(argc, argv, &o, err, sizeof err) != 0) {

@@ -14,6 +14,7 @@ enum {
     OPT_DATA = 256, OPT_MODEL, OPT_DEPTH, OPT_WIDTH, OPT_HIDDEN, OPT_ACTIVATION,
     OPT_EPOCHS, OPT_STEPS, OPT_BATCH, OPT_OPTIMIZER, OPT_LR, OPT_MOMENTUM,
     OPT_WEIGHT_DECAY, OPT_SCHEDULE, OPT_WARMUP, OPT_SEED, OPT_METRICS, OPT_PROGRESS,
+    OPT_STRATEGY, OPT_WORKERS, OPT_TOPOLOGY, OPT_CPUSET, OPT_OVERSUBSCRIBE,
 };
 
 static const struct option long_options[] = {
@@ -35,6 +36,11 @@ static const struct option long_options[] = {
     { "seed", required_argument, NULL, OPT_SEED },
     { "metrics", required_argument, NULL, OPT_METRICS },
     { "progress", required_argument, NULL, OPT_PROGRESS },
+    { "strategy", required_argument, NULL, OPT_STRATEGY },
+    { "workers", required_argument, NULL, OPT_WORKERS },
+    { "topology", required_argument, NULL, OPT_TOPOLOGY },
+    { "cpuset", required_argument, NULL, OPT_CPUSET },
+    { "oversubscribe", no_argument, NULL, OPT_OVERSUBSCRIBE },
     { "quiet", no_argument, NULL, 'q' },
     { "help", no_argument, NULL, 'h' },
     { "version", no_argument, NULL, 'V' },
@@ -45,7 +51,18 @@ void st_cli_print_help(FILE *f)
 {
     fputs(
 "Usage: subtrain [train] [OPTION]...\n"
-"Train a neural network on one CPU server with oneDNN.\n"
+"       subtrain topo [--topology SPEC] [--workers N] [--oversubscribe] [--cpuset LIST]\n"
+"Train a neural network on one CPU server with oneDNN; `subtrain topo --help`\n"
+"prints where the workers would run.\n"
+"\n"
+"Workers:\n"
+"  --strategy dp          data parallelism: every worker trains the full model on\n"
+"                         its part of each global batch (default dp)\n"
+"  --workers N|cores      worker threads, each pinned to a core, its memory on its\n"
+"                         NUMA node (default 1; cores: one per physical core)\n"
+"  --oversubscribe        allow more workers than allowed PUs (with a warning)\n"
+"  --cpuset LIST          run on these OS CPU numbers only, e.g. 0-7,16 (default:\n"
+"                         the process's allowed CPUs)\n"
 "\n"
 "Data:\n"
 "  --data DIR|synthetic   Fashion-MNIST IDX files in DIR (default: $SUBTRAIN_DATA,\n"
@@ -60,7 +77,7 @@ void st_cli_print_help(FILE *f)
 "Training:\n"
 "  --epochs N             passes over the training set (default 5)\n"
 "  --steps N              train for exactly N steps instead of whole epochs\n"
-"  --batch N              samples per step (default 128)\n"
+"  --batch N              samples per step and worker (default 128)\n"
 "  --optimizer sgd|adamw  (default adamw)\n"
 "  --lr X                 peak learning rate (default 0.001)\n"
 "  --momentum X           SGD momentum (default 0.9)\n"
@@ -164,6 +181,7 @@ static int parse_model(const char *s, void *o) { return st_model_kind_parse(s, o
 static int parse_act(const char *s, void *o) { return st_activation_parse(s, o); }
 static int parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
 static int parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
+static int parse_strategy(const char *s, void *o) { return st_strategy_parse(s, o); }
 
 static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epochs,
                         int *saw_steps, char *err, size_t n)
@@ -200,6 +218,24 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         o->metrics_path = arg;
         return 0;
     case OPT_PROGRESS: return parse_choice("progress", arg, parse_progress, &o->progress, "auto, bar, plain, none", err, n);
+    case OPT_STRATEGY: return parse_choice("strategy", arg, parse_strategy, &t->strategy, "dp", err, n);
+    case OPT_WORKERS:
+        if (strcmp(arg, "cores") == 0) {
+            t->workers = 0;
+            return 0;
+        }
+        return parse_int("workers", arg, 1, 4096, &t->workers, err, n);
+    case OPT_TOPOLOGY:
+        if (*arg == '\0')
+            return fail(err, n, "--topology: expected synthetic:DESC or xml:FILE, got ''");
+        t->topology = arg;
+        return 0;
+    case OPT_CPUSET:
+        if (*arg == '\0')
+            return fail(err, n, "--cpuset: expected a CPU list such as 0-3,8, got ''");
+        t->cpuset = arg;
+        return 0;
+    case OPT_OVERSUBSCRIBE: t->oversubscribe = 1; return 0;
     case 'q': o->quiet = 1; return 0;
     case 'h': o->action = ST_CLI_HELP; return 0;
     case 'V': o->action = ST_CLI_VERSION; return 0;
@@ -245,6 +281,9 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         return fail(err, n, "--epochs and --steps cannot be used together: give one");
     if (saw_steps)
         o->train.epochs = 0;
+    if (o->train.topology)
+        return fail(err, n, "--topology describes another machine and is for 'subtrain topo'; "
+                    "training runs on this machine");
     if (o->train.model.kind == ST_MODEL_MLP && o->train.model.hidden)
         return fail(err, n, "--hidden applies to resmlp only (mlp layers are --width wide)");
     return 0;

@@ -1,1 +1,216 @@
-/* placeholder */
+/*
+ * cli/topo_cmd.c — `subtrain topo`: where the workers would run.
+ *
+ * Nothing is bound and nothing is allocated on a node: the command only
+ * makes a plan (st_plan_make is pure), so it works as well for a machine we
+ * do not have (--topology synthetic:... or xml:...) as for this one, and is
+ * the way to check a placement before a long run.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <subtrain/comm.h>
+#include <subtrain/topo.h>
+
+#include "cli/topo_cmd.h"
+
+#define EXIT_USAGE 2
+#define DEFAULT_PARAMS 1000000ull
+#define MAX_PARAMS 1000000000000ull
+
+enum { OPT_TOPOLOGY = 256, OPT_WORKERS, OPT_OVERSUBSCRIBE, OPT_CPUSET, OPT_PARAMS };
+
+static const struct option long_options[] = {
+    { "topology", required_argument, NULL, OPT_TOPOLOGY },
+    { "workers", required_argument, NULL, OPT_WORKERS },
+    { "oversubscribe", no_argument, NULL, OPT_OVERSUBSCRIBE },
+    { "cpuset", required_argument, NULL, OPT_CPUSET },
+    { "params", required_argument, NULL, OPT_PARAMS },
+    { "help", no_argument, NULL, 'h' },
+    { NULL, 0, NULL, 0 },
+};
+
+typedef struct topo_options {
+    const char *topology;        /* NULL: this machine */
+    st_plan_request req;
+    unsigned long long params;
+    int help;
+} topo_options;
+
+static void print_help(FILE *f)
+{
+    fputs(
+"Usage: subtrain topo [OPTION]...\n"
+"Show where subtrain places its workers (NUMA domain, core, PU) and how their\n"
+"gradients are reduced, for this machine or a described one.  Binds nothing.\n"
+"\n"
+"  --topology SPEC   the machine: omitted or '' for this one;\n"
+"                    synthetic:DESC, hwloc's synthetic syntax, e.g.\n"
+"                    'synthetic:pack:2 numa:4 core:16 pu:2';\n"
+"                    xml:FILE, an export made with lstopo --of xml\n"
+"  --workers N       number of workers (default: one per core of the cpuset)\n"
+"  --oversubscribe   allow more workers than PUs (they then share PUs)\n"
+"  --cpuset LIST     OS PU indices the workers may use, e.g. 0-3,8 (default:\n"
+"                    the process's CPUs here, every PU of a described machine)\n"
+"  --params N        parameter count used to illustrate the reduction\n"
+"                    (default 1000000)\n"
+"  -h, --help        this text\n"
+"\n"
+"Workers are spread evenly over NUMA domains, one per core; SMT siblings are\n"
+"used only when workers outnumber cores.  OMP_PROC_BIND, OMP_PLACES and\n"
+"GOMP_CPU_AFFINITY are ignored: subtrain binds its workers with hwloc.\n"
+"Exit status: 0 success, 1 runtime failure, 2 bad usage.\n", f);
+}
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 1, 2)))
+#endif
+static void usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("subtrain topo: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* Whole-string unsigned integer in [lo, hi]. */
+static int parse_count(const char *opt, const char *s, unsigned long long lo,
+                       unsigned long long hi, unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*s == '\0' || *s == '-' || *s == '+' || *end != '\0' || errno == ERANGE || v < lo ||
+        v > hi) {
+        usage_error("--%s: expected an integer in [%llu, %llu], got '%s'", opt, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int apply_option(int c, const char *arg, topo_options *o)
+{
+    unsigned long long v;
+    switch (c) {
+    case OPT_TOPOLOGY: o->topology = arg; return 0;
+    case OPT_WORKERS:
+        if (parse_count("workers", arg, 0, 65536, &v))
+            return -1;
+        o->req.workers = (int)v;
+        return 0;
+    case OPT_OVERSUBSCRIBE: o->req.oversubscribe = 1; return 0;
+    case OPT_CPUSET:
+        if (*arg == '\0') {
+            usage_error("--cpuset: expected a list of OS PU indices such as 0-3,8, got ''");
+            return -1;
+        }
+        o->req.cpuset = arg;
+        return 0;
+    case OPT_PARAMS: return parse_count("params", arg, 1, MAX_PARAMS, &o->params);
+    case 'h': o->help = 1; return 0;
+    }
+    usage_error("internal: unhandled option %d", c);
+    return -1;
+}
+
+/* Returns -1 (and has printed why) on bad usage. */
+static int parse(int argc, char **argv, topo_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->params = DEFAULT_PARAMS;
+    optind = 1;
+    opterr = 0; /* our own one-line messages */
+    for (;;) {
+        int prev = optind;
+        int c = getopt_long(argc, argv, ":h", long_options, NULL);
+        if (c == -1)
+            break;
+        const char *word = prev < argc ? argv[prev] : "";
+        if (c == '?') {
+            /* getopt_long sets optopt to a short option's letter, to a long
+             * option's value when it was given a value it takes not, and to
+             * 0 for an unknown long option. */
+            if (optopt > 0 && optopt < 256)
+                usage_error("unknown option '-%c' (see subtrain topo --help)", optopt);
+            else if (optopt >= 256)
+                usage_error("option '%s' takes no value (see subtrain topo --help)", word);
+            else
+                usage_error("unknown option '%s' (see subtrain topo --help)", word);
+            return -1;
+        }
+        if (c == ':') {
+            usage_error("option '%s' needs a value (see subtrain topo --help)", word);
+            return -1;
+        }
+        if (apply_option(c, optarg, o))
+            return -1;
+    }
+    if (optind < argc) {
+        usage_error("unexpected argument '%s' (usage: subtrain topo [OPTION]...)",
+                    argv[optind]);
+        return -1;
+    }
+    return 0;
+}
+
+/* Bad specs, cpusets and worker counts are the user's to fix (exit 2); a
+ * file that cannot be read or parsed, or an hwloc failure, is a runtime
+ * failure (exit 1), as for `subtrain train`. */
+static int fail_status(st_status s, const char *what)
+{
+    fprintf(stderr, "subtrain topo: %s: %s\n", what, st_last_error());
+    return s == ST_ERR_INVALID ? EXIT_USAGE : EXIT_FAILURE;
+}
+
+int st_cli_topo_main(int argc, char **argv)
+{
+    topo_options o;
+    if (parse(argc, argv, &o) != 0)
+        return EXIT_USAGE;
+    if (o.help) {
+        print_help(stdout);
+        return EXIT_SUCCESS;
+    }
+    const char *env = st_topology_binding_env_warning();
+    if (env)
+        fprintf(stderr, "subtrain topo: warning: %s\n", env);
+
+    st_topology *t = NULL;
+    st_status s = st_topology_load(o.topology, &t);
+    if (s != ST_OK)
+        return fail_status(s, "loading the topology");
+    st_plan plan;
+    s = st_plan_make(t, &o.req, &plan);
+    if (s != ST_OK) {
+        int rc = fail_status(s, "planning");
+        st_topology_destroy(t);
+        return rc;
+    }
+    int *domain_of = malloc((size_t)plan.n_workers * sizeof *domain_of);
+    int rc = EXIT_SUCCESS;
+    if (!domain_of) {
+        fputs("subtrain topo: out of memory\n", stderr);
+        rc = EXIT_FAILURE;
+    } else {
+        for (int w = 0; w < plan.n_workers; w++)
+            domain_of[w] = plan.workers[w].domain;
+        st_plan_print(stdout, t, &plan);
+        printf("\n");
+        st_comm_describe(stdout, plan.n_workers, domain_of, (size_t)o.params);
+        if (fflush(stdout) != 0) {
+            fprintf(stderr, "subtrain topo: writing the output failed: %s\n", strerror(errno));
+            rc = EXIT_FAILURE;
+        }
+    }
+    free(domain_of);
+    st_plan_free(&plan);
+    st_topology_destroy(t);
+    return rc;
+}

@@ -54,6 +54,17 @@ st_status st_model_config_check(const st_model_config *c)
     return ST_OK;
 }
 
+size_t st_model_config_param_count(const st_model_config *c)
+{
+    const size_t in = (size_t)c->in_dim, W = (size_t)c->width, K = (size_t)c->n_classes;
+    const size_t L = (size_t)c->depth, H = (size_t)(c->hidden > 0 ? c->hidden : c->width);
+    size_t first = in * W + W, head = W * K + K;
+    if (c->kind == ST_MODEL_MLP)
+        return first + (L - 1) * (W * W + W) + head;
+    size_t block = 2 * W + (W * H + H) + (H * W + W);
+    return first + L * block + 2 * W + head;
+}
+
 const char *st_model_kind_name(st_model_kind kind)
 {
     return kind == ST_MODEL_MLP ? "mlp" : kind == ST_MODEL_RESMLP ? "resmlp" : "unknown";

@@ -60,9 +60,19 @@ int st_optimizer_parse(const char *name, st_optimizer_kind *out)
 
 st_status st_optim_init(st_optim *opt, const st_optim_config *cfg, size_t n, st_arena *arena)
 {
+    return st_optim_init_range(opt, cfg, 0, n, arena);
+}
+
+st_status st_optim_init_range(st_optim *opt, const st_optim_config *cfg, size_t begin,
+                              size_t end, st_arena *arena)
+{
     memset(opt, 0, sizeof *opt);
     ST_TRY(st_optim_config_check(cfg));
+    if (end < begin)
+        return st_fail(ST_ERR_INVALID, "optimizer range [%zu, %zu) is reversed", begin, end);
+    size_t n = end - begin;
     opt->cfg = *cfg;
+    opt->base = begin;
     opt->n = n;
     int need_m = cfg->kind == ST_OPT_ADAMW || cfg->momentum > 0.0f;
     if (need_m)
@@ -136,19 +146,23 @@ void st_optim_update(st_optim *opt, float *params, const float *grads,
     adam_step a = { lr, c->weight_decay, c->beta1, c->beta2, c->eps,
                     (float)(1.0 / (1.0 - pow(c->beta1, (double)t))),
                     (float)(1.0 / (1.0 - pow(c->beta2, (double)t))) };
+    if (begin < opt->base)
+        begin = opt->base;
+    if (end > opt->base + opt->n)
+        end = opt->base + opt->n;
     for (int s = 0; s < n_segs; s++) {
         size_t lo = segs[s].offset, hi = segs[s].offset + segs[s].count;
         if (lo < begin) lo = begin;
         if (hi > end) hi = end;
         if (lo >= hi)
             continue;
-        size_t n = hi - lo;
+        size_t n = hi - lo, at = lo - opt->base;
         float wd = segs[s].decay ? c->weight_decay : 0.0f;
         if (c->kind == ST_OPT_SGD)
-            sgd_range(params + lo, grads + lo, opt->m ? opt->m + lo : NULL, n, lr,
+            sgd_range(params + at, grads + at, opt->m ? opt->m + at : NULL, n, lr,
                       c->momentum, wd);
         else
-            adamw_range(params + lo, grads + lo, opt->m + lo, opt->v + lo, n, &a,
+            adamw_range(params + at, grads + at, opt->m + at, opt->v + at, n, &a,
                         segs[s].decay);
     }
 }

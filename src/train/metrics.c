@@ -1,6 +1,8 @@
 /* train/metrics.c — metrics records as JSON Lines, one object per line, so
  * that a run can be followed with `tail -f` and read back with any JSON
- * tool line by line. */
+ * tool line by line.  peak_bytes and peak_bytes_per_worker are the same
+ * number (the largest worker's peak); the first name is kept for scripts
+ * written against one-worker runs. */
 #include <subtrain/train.h>
 
 int st_metrics_write(FILE *f, const st_epoch_record *r)
@@ -15,6 +17,10 @@ int st_metrics_write(FILE *f, const st_epoch_record *r)
             r->lr, r->workers, m->peak_total);
     for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
         fprintf(f, "%s\"%s\":%zu", k ? "," : "", st_mem_kind_name((st_mem_kind)k), m->peak[k]);
-    fprintf(f, "}}\n");
+    fprintf(f, "},\"peak_bytes_per_worker\":%zu,\"comm_bytes_per_worker_step\":%.0f,"
+               "\"ring_bytes_per_worker_step\":%.0f,\"step_ms\":{\"compute\":%.3f,"
+               "\"wait\":%.3f,\"reduce\":%.3f,\"optimizer\":%.3f}}\n",
+            m->peak_total, r->comm_bytes_per_worker_step, r->ring_bytes_per_worker_step,
+            r->step_ms_compute, r->step_ms_wait, r->step_ms_reduce, r->step_ms_optimizer);
     return fflush(f) == 0 && !ferror(f) ? 0 : -1;
 }

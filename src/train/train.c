@@ -1,23 +1,61 @@
 /*
- * train/train.c — the training loop: one worker, epochs of shuffled batches,
- * an optimizer step per batch, evaluation on the test set after each epoch.
+ * train/train.c — the training loop: N workers, epochs of shuffled global
+ * batches, one optimizer step per global batch, evaluation on the test set
+ * after each epoch.
  *
- * The loop runs inside an OpenMP parallel region of one thread per worker
- * (here: one).  Why a region even for one worker: oneDNN's OpenMP runtime
- * runs a primitive with the calling thread's nthreads-var, so the worker sets
- * it to 1 on its own thread, and its primitives are created and executed on
- * the thread that will own them, as every worker will when there are many.
+ * One persistent OpenMP parallel region runs the whole training, one thread
+ * per worker; no thread is created per step.  Each thread binds itself to
+ * its PU (st_plan_bind_self; subtrain is the binding authority), sets its
+ * OpenMP nthreads-var to 1 (oneDNN's OpenMP runtime sizes a primitive's
+ * parallelism from the calling thread's, so this keeps a worker on its
+ * core), and then creates its arena, model and primitives itself, so that
+ * they live on its NUMA node and belong to its thread.
+ *
+ * A data-parallel step of worker w (N > 1):
+ *   compute   samples [(i N + w) B, (i N + w + 1) B) of the epoch's order:
+ *             forward, backward -> w's gradient vector
+ *   wait      barrier: every gradient is complete (the time spent here is
+ *             the imbalance between workers, reported as `wait`)
+ *   reduce    reduce-scatter: w's shard of the mean gradient
+ *   optimizer w updates its shard of the master weights and optimizer state
+ *   gather    all-gather: w's replica gets every updated shard
+ * With one worker there is no reduction: the worker updates its own vector.
  */
+#define _GNU_SOURCE /* pthread_{get,set}affinity_np */
 #include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <subtrain/comm.h>
+#include <subtrain/topo.h>
 
 #include "core/error.h"
 #include "train/worker.h"
 
+const char *st_strategy_name(st_strategy s)
+{
+    return s == ST_STRATEGY_DP ? "dp" : "unknown";
+}
+
+int st_strategy_parse(const char *name, st_strategy *out)
+{
+    if (strcmp(name, "dp") == 0) {
+        *out = ST_STRATEGY_DP;
+        return 0;
+    }
+    return -1;
+}
+
 st_train_config st_train_config_default(void)
 {
     st_train_config c = {
+        .strategy = ST_STRATEGY_DP,
+        .workers = 1,
         .model = st_model_config_default(),
         .optim = st_optim_config_default(),
         .schedule = ST_SCHED_WARMUP_COSINE,
@@ -34,6 +72,11 @@ st_status st_train_config_check(const st_train_config *c)
 {
     ST_TRY(st_model_config_check(&c->model));
     ST_TRY(st_optim_config_check(&c->optim));
+    if (c->strategy != ST_STRATEGY_DP)
+        return st_fail(ST_ERR_INVALID, "unknown strategy %d (allowed: dp)", (int)c->strategy);
+    if (c->workers < 0 || c->workers > 4096)
+        return st_fail(ST_ERR_INVALID, "workers must be in [1, 4096] (or 0: one per core), got %d",
+                       c->workers);
     if (c->batch < 1 || c->batch > 65536)
         return st_fail(ST_ERR_INVALID, "batch must be in [1, 65536], got %d", c->batch);
     if (c->steps == 0 && (c->epochs < 1 || c->epochs > 100000))
@@ -45,13 +88,6 @@ st_status st_train_config_check(const st_train_config *c)
     return ST_OK;
 }
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* What the loop needs besides the config, fixed before the first step. */
 typedef struct run_plan {
     uint64_t steps_per_epoch;
@@ -60,12 +96,14 @@ typedef struct run_plan {
     st_schedule schedule;
 } run_plan;
 
-static st_status make_plan(const st_train_config *cfg, const st_dataset *train, run_plan *p)
+static st_status make_plan(const st_train_config *cfg, int workers, const st_dataset *train,
+                           run_plan *p)
 {
-    p->steps_per_epoch = train->count / (uint32_t)cfg->batch;
+    uint64_t global_batch = (uint64_t)cfg->batch * (uint64_t)workers;
+    p->steps_per_epoch = train->count / global_batch;
     if (p->steps_per_epoch == 0)
-        return st_fail(ST_ERR_INVALID, "batch %d is larger than the training set (%u samples)",
-                       cfg->batch, train->count);
+        return st_fail(ST_ERR_INVALID, "a global batch of %d workers x %d samples is larger than "
+                       "the training set (%u samples)", workers, cfg->batch, train->count);
     p->total_steps = cfg->steps ? cfg->steps : (uint64_t)cfg->epochs * p->steps_per_epoch;
     p->epochs = (int)((p->total_steps + p->steps_per_epoch - 1) / p->steps_per_epoch);
     uint64_t warmup = cfg->warmup_steps == ST_WARMUP_AUTO ? p->total_steps / 20 : cfg->warmup_steps;
@@ -76,60 +114,345 @@ static st_status make_plan(const st_train_config *cfg, const st_dataset *train, 
     return ST_OK;
 }
 
-static st_status run_worker(st_worker *w, const st_train_config *cfg, const st_dataset *train,
-                            const st_dataset *test, const st_train_callbacks *cb,
-                            const run_plan *p, st_epoch_record *final_out)
+static double now_s(void)
 {
-    const int B = cfg->batch;
-    const double t0 = now_s();
-    double train_time = 0.0;
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* What one worker leaves for worker 0 to combine.  One cache line (or more)
+ * per worker: the slots are written by their workers every step, and
+ * neighbours must not invalidate each other's lines. */
+typedef struct step_times {
+    double compute, wait, reduce, optimizer;   /* seconds, summed over steps */
+} step_times;
+
+typedef struct worker_slot {
+    _Alignas(64) float loss;          /* this step's mean loss over w's batch */
+    double eval_loss;                 /* summed test loss of w's test batches */
+    int64_t eval_correct;
+    step_times times;                 /* over the current epoch */
+    st_mem_stats memory;
+    st_comm_bytes bytes;
+    st_numa_ctx numa;                 /* the arena backend's state */
+} worker_slot;
+
+/* Everything the workers of one run share.  Written before the parallel
+ * region, or by one worker between two barriers. */
+typedef struct run_shared {
+    const st_train_config *cfg;
+    const st_dataset *train, *test;
+    const st_train_callbacks *cb;
+    run_plan plan;
+    int n;                            /* workers */
+    st_topology *topology;
+    st_plan placement;
+    st_comm *comm;                    /* NULL with one worker */
+    worker_slot *slots;               /* n */
+    double t0;
+    atomic_int failed;                /* the first failure wins the message */
+    st_status error_status;
+    char error[512];
+    st_epoch_record final;
+} run_shared;
+
+static st_status sync_workers(run_shared *r, int w)
+{
+    return r->comm ? st_comm_barrier(r->comm, w) : ST_OK;
+}
+
+/* ------------------------------------------------------------ one step */
+
+/* Data parallel, N > 1: compute, wait, reduce, update the shard, gather. */
+static st_status dp_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, float *loss,
+                         float *lr)
+{
+    const int n = r->n, B = r->cfg->batch;
+    worker_slot *slot = &r->slots[w->id];
+    double t = now_s(), t1;
+    uint32_t first = (uint32_t)((i * (uint64_t)n + (uint64_t)w->id) * (uint64_t)B);
+    ST_TRY(st_worker_compute(w, r->train, w->order, first, &slot->loss));
+    t1 = now_s();
+    slot->times.compute += t1 - t;
+    t = t1;
+    ST_TRY(st_comm_barrier(r->comm, w->id));
+    t1 = now_s();
+    slot->times.wait += t1 - t;
+    t = t1;
+    /* Between this barrier and the all-gather (which needs every worker)
+     * no worker can start the next step, so the loss slots are stable. */
+    if (w->id == 0) {
+        double sum = 0.0;
+        for (int k = 0; k < n; k++)
+            sum += r->slots[k].loss;
+        *loss = (float)(sum / n);
+    }
+    ST_TRY(st_comm_reduce_scatter(r->comm, w->id));
+    t1 = now_s();
+    slot->times.reduce += t1 - t;
+    t = t1;
+    int n_segs;
+    const st_param_segment *segs = st_model_segments(w->model, &n_segs);
+    st_range shard = st_comm_shard(r->comm, w->id);
+    *lr = st_schedule_lr(&r->plan.schedule, step);
+    st_optim_update(&w->optim, st_comm_shard_params(r->comm, w->id),
+                    st_comm_shard_grads(r->comm, w->id), segs, n_segs, shard.begin, shard.end,
+                    step, *lr);
+    t1 = now_s();
+    slot->times.optimizer += t1 - t;
+    t = t1;
+    ST_TRY(st_comm_all_gather(r->comm, w->id));
+    slot->times.reduce += now_s() - t;
+    return ST_OK;
+}
+
+/* One worker alone: compute, then update its own vector. */
+static st_status solo_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, float *loss,
+                           float *lr)
+{
+    worker_slot *slot = &r->slots[0];
+    double t = now_s();
+    uint32_t first = (uint32_t)(i * (uint64_t)r->cfg->batch);
+    ST_TRY(st_worker_compute(w, r->train, w->order, first, loss));
+    double t1 = now_s();
+    slot->times.compute += t1 - t;
+    int n_segs;
+    const st_param_segment *segs = st_model_segments(w->model, &n_segs);
+    *lr = st_schedule_lr(&r->plan.schedule, step);
+    st_optim_update(&w->optim, st_model_params(w->model), st_model_grads(w->model), segs,
+                    n_segs, 0, st_model_param_count(w->model), step, *lr);
+    slot->times.optimizer += now_s() - t1;
+    return ST_OK;
+}
+
+/* ------------------------------------------------------------ evaluation */
+
+/* The test set in its stored order, in batches of B, split round-robin
+ * over the workers (all replicas are identical after the all-gather);
+ * worker 0 adds the sums up in worker order, so the result does not depend
+ * on timing. */
+static st_status evaluate(run_shared *r, st_worker *w, double *loss, double *acc)
+{
+    const st_dataset *d = r->test;
+    const uint32_t B = (uint32_t)r->cfg->batch;
+    worker_slot *slot = &r->slots[w->id];
+    slot->eval_loss = 0.0;
+    slot->eval_correct = 0;
+    uint32_t batches = (d->count + B - 1) / B;
+    for (uint32_t b = (uint32_t)w->id; b < batches; b += (uint32_t)r->n) {
+        uint32_t first = b * B;
+        int rows = d->count - first < B ? (int)(d->count - first) : (int)B;
+        st_worker_load_batch(w, d, NULL, first, rows);
+        ST_TRY(st_model_evaluate(w->model, rows, &slot->eval_loss, &slot->eval_correct));
+    }
+    ST_TRY(sync_workers(r, w->id));
+    if (w->id == 0) {
+        double sum = 0.0;
+        int64_t correct = 0;
+        for (int k = 0; k < r->n; k++) {
+            sum += r->slots[k].eval_loss;
+            correct += r->slots[k].eval_correct;
+        }
+        *loss = sum / d->count;
+        *acc = (double)correct / d->count;
+    }
+    return ST_OK;
+}
+
+/* ------------------------------------------------------------ records */
+
+/* Worker 0, after a barrier: combine the slots into the epoch record. */
+static void fill_record(run_shared *r, st_epoch_record *rec, uint64_t steps_in_epoch)
+{
+    step_times sum = { 0, 0, 0, 0 };
+    size_t worst = 0;
+    double bytes = 0.0;
+    for (int k = 0; k < r->n; k++) {
+        const worker_slot *s = &r->slots[k];
+        sum.compute += s->times.compute;
+        sum.wait += s->times.wait;
+        sum.reduce += s->times.reduce;
+        sum.optimizer += s->times.optimizer;
+        if (s->memory.peak_total > r->slots[worst].memory.peak_total)
+            worst = (size_t)k;
+        double b = (double)(s->bytes.read + s->bytes.written);
+        if (b > bytes)
+            bytes = b;
+    }
+    double per = 1e3 / ((double)r->n * (double)(steps_in_epoch ? steps_in_epoch : 1));
+    rec->step_ms_compute = sum.compute * per;
+    rec->step_ms_wait = sum.wait * per;
+    rec->step_ms_reduce = sum.reduce * per;
+    rec->step_ms_optimizer = sum.optimizer * per;
+    rec->memory = r->slots[worst].memory;
+    rec->workers = r->n;
+    rec->comm_bytes_per_worker_step = bytes;
+    rec->ring_bytes_per_worker_step =
+        r->n > 1 ? st_comm_ring_bytes(r->n, st_model_config_param_count(&r->cfg->model)) : 0.0;
+}
+
+static void report_step(run_shared *r, int epoch, uint64_t step, float loss, float lr,
+                        double train_time)
+{
+    const st_train_callbacks *cb = r->cb;
+    if (!cb || !cb->on_step)
+        return;
+    double now = now_s();
+    double samples = (double)step * r->cfg->batch * r->n;
+    st_step_info info = {
+        step, r->plan.total_steps, epoch, loss, lr, samples / train_time, now - r->t0,
+        train_time / (double)step * (double)(r->plan.total_steps - step),
+    };
+    cb->on_step(&info, cb->user);
+}
+
+/* ------------------------------------------------------------ a worker */
+
+static st_status worker_loop(run_shared *r, st_worker *w)
+{
+    const run_plan *p = &r->plan;
+    const int global_batch = r->cfg->batch * r->n;
+    worker_slot *slot = &r->slots[w->id];
+    double train_time = 0.0;   /* worker 0's view: training time so far */
     uint64_t step = 0;
     st_epoch_record rec;
     memset(&rec, 0, sizeof rec);
 
     for (int epoch = 1; epoch <= p->epochs; epoch++) {
-        st_epoch_order(cfg->seed, (uint64_t)epoch - 1, w->order, train->count);
+        /* Every worker draws the same order from the seed: no sharing. */
+        st_epoch_order(r->cfg->seed, (uint64_t)epoch - 1, w->order, r->train->count);
+        memset(&slot->times, 0, sizeof slot->times);
         double loss_sum = 0.0, te = now_s();
         uint64_t n = 0;
         float lr = 0.0f;
         for (uint64_t i = 0; i < p->steps_per_epoch && step < p->total_steps; i++, n++) {
-            float loss;
+            float loss = 0.0f;
             step++;
-            ST_TRY(st_worker_train_step(w, train, w->order, (uint32_t)(i * (uint64_t)B),
-                                         &p->schedule, step, &loss, &lr));
-            loss_sum += loss;
-            if (cb && cb->on_step) {
-                double now = now_s(), trained = train_time + (now - te);
-                st_step_info info = {
-                    step, p->total_steps, epoch, loss, lr,
-                    (double)step * B / trained, now - t0,
-                    trained / (double)step * (double)(p->total_steps - step),
-                };
-                cb->on_step(&info, cb->user);
+            ST_TRY(r->comm ? dp_step(r, w, i, step, &loss, &lr)
+                           : solo_step(r, w, i, step, &loss, &lr));
+            if (w->id == 0) {
+                loss_sum += loss;
+                report_step(r, epoch, step, loss, lr, train_time + (now_s() - te));
             }
         }
         double epoch_time = now_s() - te;
         train_time += epoch_time;
 
-        rec.epoch = epoch;
-        rec.step = step;
-        rec.train_loss = loss_sum / (double)n;
-        rec.samples_per_s = (double)n * B / epoch_time;
-        rec.lr = lr;
-        rec.workers = 1;
-        ST_TRY(st_worker_evaluate(w, test, &rec.test_loss, &rec.test_acc));
-        rec.wall_s = now_s() - t0;
-        rec.memory = w->arena.stats;
-        if (cb && cb->on_epoch)
-            cb->on_epoch(&rec, cb->user);
+        ST_TRY(evaluate(r, w, &rec.test_loss, &rec.test_acc));
+        slot->memory = w->arena.stats;
+        if (r->comm)
+            slot->bytes = st_comm_bytes_per_step(r->comm, w->id);
+        ST_TRY(sync_workers(r, w->id));
+        if (w->id == 0) {
+            rec.epoch = epoch;
+            rec.step = step;
+            rec.train_loss = loss_sum / (double)n;
+            rec.samples_per_s = (double)n * global_batch / epoch_time;
+            rec.lr = lr;
+            rec.wall_s = now_s() - r->t0;
+            fill_record(r, &rec, n);
+            if (r->cb && r->cb->on_epoch)
+                r->cb->on_epoch(&rec, r->cb->user);
+        }
+        /* The slots are read by worker 0 until here. */
+        ST_TRY(sync_workers(r, w->id));
     }
-    rec.final = 1;
-    rec.samples_per_s = (double)step * B / train_time;
-    if (cb && cb->on_epoch)
-        cb->on_epoch(&rec, cb->user);
-    if (final_out)
-        *final_out = rec;
+    if (w->id == 0) {
+        rec.final = 1;
+        rec.samples_per_s = (double)step * global_batch / train_time;
+        if (r->cb && r->cb->on_epoch)
+            r->cb->on_epoch(&rec, r->cb->user);
+        r->final = rec;
+    }
     return ST_OK;
+}
+
+/* Binds, builds, attaches, trains: everything worker w does, on its own
+ * thread. */
+static st_status worker_main(run_shared *r, int wid, st_worker *w)
+{
+    worker_slot *slot = &r->slots[wid];
+    const st_placement *pl = &r->placement.workers[wid];
+    ST_TRY(st_plan_bind_self(r->topology, &r->placement, wid));
+    st_chunk_backend backend = st_numa_backend(&slot->numa, r->topology, pl->numa_os);
+    ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, &backend));
+    size_t P = st_model_param_count(w->model);
+    if (r->comm) {
+        st_range all = { 0, P };
+        ST_TRY(st_comm_attach(r->comm, wid, &w->arena, st_model_grads(w->model),
+                              st_model_params(w->model), &all, 1));
+        st_range shard = st_comm_shard(r->comm, wid);
+        ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
+    } else {
+        ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, P));
+    }
+    return worker_loop(r, w);
+}
+
+/* Keeps the first failure's message; tells the other workers to stop. */
+static void record_failure(run_shared *r, st_status s)
+{
+    if (atomic_exchange(&r->failed, 1) == 0) {
+        r->error_status = s;
+        snprintf(r->error, sizeof r->error, "%s", st_last_error());
+    }
+    if (r->comm)
+        st_comm_abort(r->comm);
+}
+
+/* ------------------------------------------------------------ the run */
+
+static st_status check_data(const st_train_config *cfg, const st_dataset *train,
+                            const st_dataset *test)
+{
+    if (train->dim != (uint32_t)cfg->model.in_dim || test->dim != train->dim)
+        return st_fail(ST_ERR_INVALID, "the model takes %d inputs but the data has %u (train) "
+                       "and %u (test) features", cfg->model.in_dim, train->dim, test->dim);
+    if (train->n_classes != (uint32_t)cfg->model.n_classes)
+        return st_fail(ST_ERR_INVALID, "the model has %d classes but the data has %u",
+                       cfg->model.n_classes, train->n_classes);
+    return ST_OK;
+}
+
+/* Topology, placement, the run's plan and (for N > 1) the reduction
+ * engine, before the parallel region. */
+static st_status prepare(run_shared *r)
+{
+    const st_train_config *cfg = r->cfg;
+    ST_TRY(st_topology_load(cfg->topology, &r->topology));
+    if (!st_topology_is_this_machine(r->topology))
+        return st_fail(ST_ERR_INVALID, "training runs on this machine, not on %s; use "
+                       "'subtrain topo --topology ...' to plan for another machine",
+                       st_topology_name(r->topology));
+    st_plan_request req = { cfg->workers, cfg->oversubscribe, cfg->cpuset };
+    ST_TRY(st_plan_make(r->topology, &req, &r->placement));
+    r->n = r->placement.n_workers;
+    ST_TRY(make_plan(cfg, r->n, r->train, &r->plan));
+    r->slots = aligned_alloc(64, sizeof(worker_slot) * (size_t)r->n);
+    if (!r->slots)
+        return st_fail(ST_ERR_NOMEM, "out of memory for %d worker slots", r->n);
+    memset(r->slots, 0, sizeof(worker_slot) * (size_t)r->n);
+    if (r->n > 1) {
+        int *domain_of = malloc(sizeof(int) * (size_t)r->n);
+        if (!domain_of)
+            return st_fail(ST_ERR_NOMEM, "out of memory for the reduction plan");
+        for (int k = 0; k < r->n; k++)
+            domain_of[k] = r->placement.workers[k].domain;
+        st_comm_config cc = { r->n, st_model_config_param_count(&cfg->model), domain_of };
+        st_status s = st_comm_create(&cc, &r->comm);
+        free(domain_of);
+        ST_TRY(s);
+    }
+    return ST_OK;
+}
+
+static void release(run_shared *r)
+{
+    st_comm_destroy(r->comm);
+    free(r->slots);
+    st_plan_free(&r->placement);
+    st_topology_destroy(r->topology);
 }
 
 st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
@@ -137,26 +460,46 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
                        st_epoch_record *final_out)
 {
     ST_TRY(st_train_config_check(cfg));
-    if (train->dim != (uint32_t)cfg->model.in_dim || test->dim != train->dim)
-        return st_fail(ST_ERR_INVALID, "the model takes %d inputs but the data has %u (train) "
-                       "and %u (test) features", cfg->model.in_dim, train->dim, test->dim);
-    if (train->n_classes != (uint32_t)cfg->model.n_classes)
-        return st_fail(ST_ERR_INVALID, "the model has %d classes but the data has %u",
-                       cfg->model.n_classes, train->n_classes);
-    run_plan plan;
-    ST_TRY(make_plan(cfg, train, &plan));
-
-    st_status status = ST_OK;
-    /* One thread per worker.  With one worker the team's only thread is
-     * the caller's, so the thread-local error message reaches the caller. */
-#pragma omp parallel num_threads(1)
-    {
-        omp_set_num_threads(1); /* this worker's primitives: one thread */
-        st_worker w;
-        status = st_worker_init(&w, omp_get_thread_num(), cfg, train->count);
-        if (status == ST_OK)
-            status = run_worker(&w, cfg, train, test, cb, &plan, final_out);
-        st_worker_destroy(&w);
+    ST_TRY(check_data(cfg, train, test));
+    run_shared r;
+    memset(&r, 0, sizeof r);
+    r.cfg = cfg;
+    r.train = train;
+    r.test = test;
+    r.cb = cb;
+    atomic_init(&r.failed, 0);
+    st_status s = prepare(&r);
+    if (s != ST_OK) {
+        release(&r);
+        return s;
     }
-    return status;
+
+    r.t0 = now_s();
+    /* One persistent region for the whole run, one thread per worker.
+     * The thread's CPU binding is restored at the end: with one worker the
+     * only thread is the caller's, and the pool's threads outlive us. */
+#pragma omp parallel num_threads(r.n)
+    {
+        int wid = omp_get_thread_num();
+        omp_set_num_threads(1);
+        cpu_set_t saved;
+        int have_saved = pthread_getaffinity_np(pthread_self(), sizeof saved, &saved) == 0;
+        st_worker w;
+        memset(&w, 0, sizeof w);
+        st_status ws = omp_get_num_threads() == r.n
+                     ? worker_main(&r, wid, &w)
+                     : st_fail(ST_ERR_INVALID, "OpenMP gave %d threads for %d workers "
+                               "(is OMP_THREAD_LIMIT set?)", omp_get_num_threads(), r.n);
+        if (ws != ST_OK)
+            record_failure(&r, ws);
+        st_worker_destroy(&w);
+        if (have_saved)
+            pthread_setaffinity_np(pthread_self(), sizeof saved, &saved);
+    }
+    if (atomic_load(&r.failed))
+        s = st_fail(r.error_status, "%s", r.error);
+    else if (final_out)
+        *final_out = r.final;
+    release(&r);
+    return s;
 }

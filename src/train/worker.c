@@ -6,20 +6,26 @@
 #include "core/error.h"
 #include "train/worker.h"
 
-st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg, uint32_t n_train)
+st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg, uint32_t n_train,
+                         const st_chunk_backend *backend)
 {
     char owner[32];
     memset(w, 0, sizeof *w);
     w->id = id;
     snprintf(owner, sizeof owner, "worker %d", id);
-    st_arena_init(&w->arena, owner, NULL, 0);
+    st_arena_init(&w->arena, owner, backend, 0);
     ST_TRY(st_model_create(&cfg->model, cfg->batch, &w->arena, &w->model));
     st_model_init_params(w->model, cfg->seed);
-    ST_TRY(st_optim_init(&w->optim, &cfg->optim, st_model_param_count(w->model), &w->arena));
     void *order;
     ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)n_train * sizeof(uint32_t), &order));
     w->order = order;
     return ST_OK;
+}
+
+st_status st_worker_init_optimizer(st_worker *w, const st_train_config *cfg, size_t begin,
+                                   size_t end)
+{
+    return st_optim_init_range(&w->optim, &cfg->optim, begin, end, &w->arena);
 }
 
 void st_worker_destroy(st_worker *w)
@@ -48,6 +54,13 @@ void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *ord
     }
 }
 
+st_status st_worker_compute(st_worker *w, const st_dataset *d, const uint32_t *order,
+                            uint32_t first, float *loss)
+{
+    st_worker_load_batch(w, d, order, first, st_model_batch(w->model));
+    return st_model_forward_backward(w->model, loss);
+}
+
 st_status st_worker_train_step(st_worker *w, const st_dataset *d, const uint32_t *order,
                                uint32_t first, const st_schedule *schedule, uint64_t step,
                                float *loss, float *lr)
@@ -55,8 +68,7 @@ st_status st_worker_train_step(st_worker *w, const st_dataset *d, const uint32_t
     st_model *m = w->model;
     int n_segs;
     const st_param_segment *segs = st_model_segments(m, &n_segs);
-    st_worker_load_batch(w, d, order, first, st_model_batch(m));
-    ST_TRY(st_model_forward_backward(m, loss));
+    ST_TRY(st_worker_compute(w, d, order, first, loss));
     *lr = st_schedule_lr(schedule, step);
     st_optim_update(&w->optim, st_model_params(m), st_model_grads(m), segs, n_segs, 0,
                     st_model_param_count(m), step, *lr);

@@ -19,9 +19,16 @@ typedef struct st_worker {
     uint32_t *order;      /* this epoch's sample order (shared data, own copy) */
 } st_worker;
 
-/* Must be called on the worker's own thread. */
+/* Arena (chunks from `backend`, NULL: the C library), model instance and
+ * order buffer.  Must be called on the worker's own thread: that thread
+ * first-touches every buffer and owns the oneDNN objects. */
 st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg,
-                         uint32_t n_train);
+                         uint32_t n_train, const st_chunk_backend *backend);
+
+/* Optimizer state for parameters [begin, end): everything for a worker
+ * that updates alone, its shard for a shard owner. */
+st_status st_worker_init_optimizer(st_worker *w, const st_train_config *cfg, size_t begin,
+                                   size_t end);
 void st_worker_destroy(st_worker *w);
 
 /* Copies samples order[first .. first + rows) (samples first .. first + rows
@@ -29,9 +36,14 @@ void st_worker_destroy(st_worker *w);
 void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *order,
                           uint32_t first, int rows);
 
-/* One training step, the hot path: load samples order[first .. first + B),
- * forward, backward, optimizer update with the schedule's rate for `step`
- * (1-based).  Allocates nothing, creates nothing, takes no lock. */
+/* The compute half of a step: load samples order[first .. first + B),
+ * forward, backward; the gradient vector is then complete. */
+st_status st_worker_compute(st_worker *w, const st_dataset *d, const uint32_t *order,
+                            uint32_t first, float *loss);
+
+/* One training step of a worker that updates alone, the hot path: compute,
+ * then the optimizer over the whole vector with the schedule's rate for
+ * `step` (1-based).  Allocates nothing, creates nothing, takes no lock. */
 st_status st_worker_train_step(st_worker *w, const st_dataset *d, const uint32_t *order,
                                uint32_t first, const st_schedule *schedule, uint64_t step,
                                float *loss, float *lr);
