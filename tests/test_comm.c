@@ -1,2 +1,808 @@
+/*
+ * tests/test_comm.c — the reduction engine: results against a sequential
+ * reference (bitwise, in the engine's fixed order, and against a double
+ * sum), all-gather into replicas, determinism under artificial delays,
+ * abort, byte accounting, attach validation.
+ *
+ * Every test runs its workers as one OpenMP parallel region with one thread
+ * per worker, as the trainer does; more threads than cores is fine (the
+ * barrier yields when it waits long).  Assertions are made on the main
+ * thread after the region: the workers only record what they saw.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
 #include <criterion/criterion.h>
-Test(placeholder, nothing) { cr_assert(1); }
+
+#include <subtrain/comm.h>
+#include <subtrain/rng.h>
+
+#define MAXW 8
+#define STEPS 3
+
+static const float SENTINEL = -777.0f;
+
+/* ------------------------------------------------------------ the rig */
+
+typedef struct rig {
+    int n;
+    size_t p;
+    const int *domain_of;
+    st_comm *c;
+    st_arena arena[MAXW];
+    float *grads[MAXW], *params[MAXW];
+    float *init[MAXW];             /* params as given to attach */
+    unsigned char *mask[MAXW];     /* element held by worker w */
+    st_range *held[MAXW];
+    int n_held[MAXW];
+} rig;
+
+typedef struct run_out {
+    int threads[MAXW];
+    st_status attach[MAXW], rs[MAXW], ag[MAXW];
+    char msg[MAXW][256];
+    long bad_params[MAXW];         /* replica mismatches seen after all-gathers */
+    long changed[MAXW];            /* shard gradients differing from the first step's */
+    float *init_master;            /* p: master shards right after attach */
+    float *means;                  /* steps x p: shard gradients of each step */
+} run_out;
+
+static int domain(const rig *r, int w)
+{
+    return r->domain_of ? r->domain_of[w] : 0;
+}
+
+/* Random holder masks: runs of random length (short ones and long ones),
+ * each held by a random subset of the workers (never none); dp: everyone
+ * holds everything.  Ranges are the masks' runs, sometimes split in two
+ * adjacent ranges. */
+static void rig_masks(rig *r, uint64_t seed, int dp)
+{
+    st_rng rng = st_rng_seed(seed);
+    for (int w = 0; w < r->n; w++)
+        r->mask[w] = calloc(r->p, 1);
+    size_t i = 0;
+    while (i < r->p) {
+        size_t len = 1 + (st_rng_below(&rng, 4) == 0 ? st_rng_below(&rng, (uint32_t)(r->p / 2 + 1))
+                                                      : st_rng_below(&rng, 40));
+        if (len > r->p - i)
+            len = r->p - i;
+        int any = 0;
+        for (int w = 0; w < r->n; w++) {
+            int bit = dp || st_rng_below(&rng, 2);
+            memset(r->mask[w] + i, bit, len);
+            any |= bit;
+        }
+        if (!any)
+            memset(r->mask[st_rng_below(&rng, (uint32_t)r->n)] + i, 1, len);
+        i += len;
+    }
+    for (int w = 0; w < r->n; w++) {
+        r->held[w] = malloc((2 * r->p + 1) * sizeof *r->held[w]);
+        int k = 0;
+        for (size_t a = 0; a < r->p;) {
+            if (!r->mask[w][a]) {
+                a++;
+                continue;
+            }
+            size_t b = a;
+            while (b < r->p && r->mask[w][b])
+                b++;
+            if (b - a >= 2 && st_rng_below(&rng, 3) == 0) {
+                size_t mid = a + 1 + st_rng_below(&rng, (uint32_t)(b - a - 1));
+                r->held[w][k++] = (st_range){ a, mid };
+                r->held[w][k++] = (st_range){ mid, b };
+            } else {
+                r->held[w][k++] = (st_range){ a, b };
+            }
+            a = b;
+        }
+        r->n_held[w] = k;
+    }
+}
+
+static void rig_init(rig *r, int n, size_t p, const int *domain_of, uint64_t seed, int dp)
+{
+    memset(r, 0, sizeof *r);
+    r->n = n;
+    r->p = p;
+    r->domain_of = domain_of;
+    st_comm_config cfg = { n, p, domain_of };
+    cr_assert_eq(st_comm_create(&cfg, &r->c), ST_OK, "create: %s", st_last_error());
+    rig_masks(r, seed, dp);
+    st_rng rng = st_rng_seed(seed ^ 0x5eed);
+    for (int w = 0; w < n; w++) {
+        st_arena_init(&r->arena[w], "worker", NULL, 0);
+        r->grads[w] = malloc(p * sizeof(float));
+        r->params[w] = malloc(p * sizeof(float));
+        for (size_t i = 0; i < p; i++) {
+            r->grads[w][i] = NAN;
+            r->params[w][i] = r->mask[w][i] ? st_rng_normal(&rng) : SENTINEL;
+        }
+        r->init[w] = malloc(p * sizeof(float));
+        memcpy(r->init[w], r->params[w], p * sizeof(float));
+    }
+}
+
+static void rig_free(rig *r)
+{
+    st_comm_destroy(r->c);
+    for (int w = 0; w < r->n; w++) {
+        st_arena_release(&r->arena[w]);
+        free(r->grads[w]);
+        free(r->params[w]);
+        free(r->init[w]);
+        free(r->mask[w]);
+        free(r->held[w]);
+    }
+}
+
+static void out_init(run_out *o, const rig *r, int steps)
+{
+    memset(o, 0, sizeof *o);
+    o->init_master = calloc(r->p, sizeof(float));
+    o->means = calloc((size_t)steps * r->p, sizeof(float));
+}
+
+static void out_free(run_out *o)
+{
+    free(o->init_master);
+    free(o->means);
+}
+
+/* ------------------------------------------------------------ one run */
+
+/* Gradients of worker w for a step: normal values where w holds the
+ * element, NaN elsewhere (an engine that read them would show it). */
+static void fill_grads(rig *r, int w, uint64_t step)
+{
+    st_rng root = st_rng_seed(1000 + step);
+    st_rng g = st_rng_split(&root, (uint64_t)w);
+    for (size_t i = 0; i < r->p; i++) {
+        float v = st_rng_normal(&g);
+        r->grads[w][i] = r->mask[w][i] ? v : NAN;
+    }
+}
+
+static void spin(uint32_t iters)
+{
+    volatile uint32_t x = 0;
+    for (uint32_t i = 0; i < iters; i++)
+        x = x + 1;
+}
+
+static int owner_of(const st_comm *c, int n, size_t i)
+{
+    for (int v = 0; v < n; v++) {
+        st_range s = st_comm_shard(c, v);
+        if (i >= s.begin && i < s.end)
+            return v;
+    }
+    return -1;
+}
+
+static int same_bits(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* Attach, then `steps` steps: gradients, reduce-scatter, the owner's
+ * "update" master -= 0.25 x mean, all-gather, and a check of the replica
+ * against every owner's master.  same_grads: every step reduces the same
+ * gradients and does not update (determinism); delays: every worker spins
+ * a random while before each collective. */
+static void run_rig(rig *r, int steps, int same_grads, int delays, run_out *o)
+{
+#pragma omp parallel num_threads(r->n)
+    {
+        int w = omp_get_thread_num();
+        o->threads[w] = omp_get_num_threads();
+        if (o->threads[w] == r->n) {
+            st_status s = st_comm_attach(r->c, w, &r->arena[w], r->grads[w], r->params[w],
+                                         r->held[w], r->n_held[w]);
+            o->attach[w] = s;
+            if (s != ST_OK)
+                snprintf(o->msg[w], sizeof o->msg[w], "%s", st_last_error());
+            st_range sh = st_comm_shard(r->c, w);
+            size_t len = sh.end - sh.begin;
+            float *mp = st_comm_shard_params(r->c, w), *sg = st_comm_shard_grads(r->c, w);
+            if (s == ST_OK)
+                memcpy(o->init_master + sh.begin, mp, len * sizeof(float));
+            st_rng dr = st_rng_seed(77 + (uint64_t)w * 1000003u + (uint64_t)steps);
+            for (int t = 0; t < steps && s == ST_OK; t++) {
+                if (t == 0 || !same_grads)
+                    fill_grads(r, w, (uint64_t)t);
+                if (delays)
+                    spin(st_rng_below(&dr, 200000));
+                s = o->rs[w] = st_comm_reduce_scatter(r->c, w);
+                if (s != ST_OK)
+                    break;
+                float *m = o->means + (same_grads ? 0 : (size_t)t) * r->p;
+                if (same_grads && t > 0) {
+                    for (size_t j = 0; j < len; j++)
+                        o->changed[w] += !same_bits(m[sh.begin + j], sg[j]);
+                } else {
+                    memcpy(m + sh.begin, sg, len * sizeof(float));
+                }
+                if (!same_grads)
+                    for (size_t j = 0; j < len; j++)
+                        mp[j] = mp[j] - 0.25f * sg[j];
+                if (delays)
+                    spin(st_rng_below(&dr, 200000));
+                s = o->ag[w] = st_comm_all_gather(r->c, w);
+                if (s != ST_OK)
+                    break;
+                for (size_t i = 0; i < r->p; i++) {
+                    if (r->mask[w][i]) {
+                        int v = owner_of(r->c, r->n, i);
+                        float want = st_comm_shard_params(r->c, v)[i - st_comm_shard(r->c, v).begin];
+                        o->bad_params[w] += !same_bits(r->params[w][i], want);
+                    } else {
+                        o->bad_params[w] += !same_bits(r->params[w][i], SENTINEL);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* The mean of element i in the engine's documented order: within a domain
+ * the holders in increasing worker order, then the domain partials in
+ * increasing domain order, then / count.  g[w] are the step's gradients. */
+static float ref_mean(const rig *r, float *const *g, size_t i, double *dmean, double *abs_sum)
+{
+    float total = 0.0f;
+    int have_total = 0, count = 0;
+    double dsum = 0.0, asum = 0.0;
+    for (int w = 0; w < r->n;) {
+        int d = domain(r, w), have = 0;
+        float part = 0.0f;
+        for (; w < r->n && domain(r, w) == d; w++) {
+            if (!r->mask[w][i])
+                continue;
+            part = have ? part + g[w][i] : g[w][i];
+            have = 1;
+            count++;
+            dsum += g[w][i];
+            asum += fabs(g[w][i]);
+        }
+        if (have) {
+            total = have_total ? total + part : part;
+            have_total = 1;
+        }
+    }
+    *dmean = dsum / count;
+    *abs_sum = asum / count;
+    return count > 1 ? total / (float)count : total;
+}
+
+/* Runs one configuration for `steps` steps (with random delays before each
+ * collective if `delays`) and checks everything against the reference. */
+static void check_run(int n, size_t p, const int *domain_of, uint64_t seed, int dp, int steps,
+                      int delays)
+{
+    rig r;
+    run_out o;
+    rig_init(&r, n, p, domain_of, seed, dp);
+    out_init(&o, &r, steps);
+    run_rig(&r, steps, 0, delays, &o);
+    for (int w = 0; w < n; w++) {
+        cr_assert_eq(o.threads[w], n, "OpenMP gave %d threads, not %d", o.threads[w], n);
+        cr_assert_eq(o.attach[w], ST_OK, "n=%d p=%zu worker %d attach: %s", n, p, w, o.msg[w]);
+        cr_assert_eq(o.rs[w], ST_OK);
+        cr_assert_eq(o.ag[w], ST_OK);
+        cr_assert_eq(o.bad_params[w], 0, "n=%d p=%zu seed=%llu: worker %d has %ld replica "
+                     "elements differing from the masters or touched outside its ranges", n, p,
+                     (unsigned long long)seed, w, o.bad_params[w]);
+    }
+    /* the master starts as the first holder's parameters */
+    float *master = malloc(p * sizeof(float));
+    for (size_t i = 0; i < p; i++) {
+        int h = 0;
+        while (!r.mask[h][i])
+            h++;
+        master[i] = r.init[h][i];
+        cr_assert(same_bits(o.init_master[i], master[i]),
+                  "element %zu: master starts at %.9g, first holder %d has %.9g", i,
+                  o.init_master[i], h, master[i]);
+    }
+    float **g = malloc((size_t)n * sizeof *g);
+    for (int w = 0; w < n; w++)
+        g[w] = malloc(p * sizeof(float));
+    for (int t = 0; t < steps; t++) {
+        for (int w = 0; w < n; w++) {
+            st_rng root = st_rng_seed(1000 + (uint64_t)t);
+            st_rng gr = st_rng_split(&root, (uint64_t)w);
+            for (size_t i = 0; i < p; i++)
+                g[w][i] = st_rng_normal(&gr);
+        }
+        for (size_t i = 0; i < p; i++) {
+            double dmean, amean;
+            float want = ref_mean(&r, g, i, &dmean, &amean);
+            float got = o.means[(size_t)t * p + i];
+            cr_assert(same_bits(got, want), "n=%d p=%zu seed=%llu step %d element %zu: got "
+                      "%.9g, sequential sum in the fixed order gives %.9g", n, p,
+                      (unsigned long long)seed, t, i, got, want);
+            cr_assert_leq(fabs(got - dmean), 1e-5 * amean + 1e-30,
+                          "element %zu: %.9g vs double mean %.9g", i, got, dmean);
+            master[i] = master[i] - 0.25f * want;
+        }
+    }
+    /* final replicas: the last masters where held, untouched elsewhere */
+    for (int w = 0; w < n; w++)
+        for (size_t i = 0; i < p; i++)
+            cr_assert(same_bits(r.params[w][i], r.mask[w][i] ? master[i] : SENTINEL),
+                      "worker %d element %zu: %.9g", w, i, r.params[w][i]);
+    for (int w = 0; w < n; w++)
+        free(g[w]);
+    free(g);
+    free(master);
+    out_free(&o);
+    rig_free(&r);
+}
+
+static void check_config(int n, size_t p, const int *domain_of, uint64_t seed, int dp)
+{
+    check_run(n, p, domain_of, seed, dp, STEPS, 0);
+}
+
+/* Sizes: 1, under 16 N (some shards empty), around 16-float lines, not
+ * divisible by N, and a few larger ones. */
+static void check_sizes(int n, const int *domain_of, uint64_t seed)
+{
+    size_t sizes[] = { 1, 15, 17, (size_t)(16 * n - 1), 100, 1000, 4099, 20000 };
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        if (sizes[k] == 0)
+            continue;
+        check_config(n, sizes[k], domain_of, seed + k, 1);
+        check_config(n, sizes[k], domain_of, seed + 100 + k, 0);
+        check_config(n, sizes[k], domain_of, seed + 200 + k, 0);
+    }
+}
+
+/* ------------------------------------------------------------ reduction */
+
+Test(comm_reduce, one_worker)
+{
+    check_sizes(1, NULL, 10);
+}
+
+Test(comm_reduce, two_workers)
+{
+    static const int two[2] = { 0, 1 };
+    check_sizes(2, NULL, 20);
+    check_sizes(2, two, 30);
+}
+
+Test(comm_reduce, three_workers)
+{
+    static const int d[3] = { 0, 0, 1 };
+    check_sizes(3, NULL, 40);
+    check_sizes(3, d, 50);
+}
+
+Test(comm_reduce, four_workers, .timeout = 60)
+{
+    static const int pairs[4] = { 0, 0, 1, 1 }, each[4] = { 0, 1, 2, 3 };
+    check_sizes(4, NULL, 60);
+    check_sizes(4, pairs, 70);
+    check_sizes(4, each, 80);
+}
+
+Test(comm_reduce, seven_workers, .timeout = 60)
+{
+    static const int d[7] = { 0, 0, 0, 1, 1, 2, 2 };
+    check_sizes(7, NULL, 90);
+    check_sizes(7, d, 100);
+}
+
+Test(comm_reduce, eight_workers, .timeout = 60)
+{
+    static const int three[8] = { 0, 0, 0, 1, 1, 2, 2, 2 }, two[8] = { 0, 0, 0, 0, 1, 1, 1, 1 };
+    check_sizes(8, NULL, 110);
+    check_sizes(8, three, 120);
+    check_sizes(8, two, 130);
+}
+
+/* Domain ids need not start at 0 or be dense, only non-decreasing. */
+Test(comm_reduce, sparse_domain_ids)
+{
+    static const int d[4] = { 2, 2, 5, 5 };
+    check_config(4, 1000, d, 140, 0);
+}
+
+/* ------------------------------------------------------------ determinism */
+
+static void check_determinism(int n, const int *domain_of, size_t p, uint64_t seed)
+{
+    enum { REPS = 50 };
+    rig r;
+    run_out o;
+    rig_init(&r, n, p, domain_of, seed, 0);
+    out_init(&o, &r, 2);
+    run_rig(&r, REPS, 1, 1, &o);
+    for (int w = 0; w < n; w++) {
+        cr_assert_eq(o.attach[w], ST_OK, "%s", o.msg[w]);
+        cr_assert_eq(o.rs[w], ST_OK);
+        cr_assert_eq(o.ag[w], ST_OK);
+        cr_assert_eq(o.changed[w], 0, "worker %d: %ld shard-gradient elements differ from one "
+                     "repetition to another", w, o.changed[w]);
+        cr_assert_eq(o.bad_params[w], 0);
+    }
+    out_free(&o);
+    rig_free(&r);
+}
+
+Test(comm_determinism, delays_single_level, .timeout = 60)
+{
+    check_determinism(4, NULL, 5000, 300);
+}
+
+Test(comm_determinism, delays_two_levels, .timeout = 60)
+{
+    static const int d[8] = { 0, 0, 0, 1, 1, 2, 2, 2 };
+    check_determinism(8, d, 5000, 310);
+}
+
+/* Changing gradients with delays: a missing barrier between the level-1
+ * partials and the owners' sums, or between the all-gather's copiers and
+ * their readers, would show as stale values. */
+Test(comm_determinism, delays_changing_gradients, .timeout = 60)
+{
+    static const int d[8] = { 0, 0, 0, 1, 1, 2, 2, 2 };
+    check_run(8, 3000, d, 320, 1, 12, 1);
+    check_run(8, 3000, d, 330, 0, 12, 1);
+}
+
+/* ------------------------------------------------------------ abort */
+
+enum { ABORT_IN_RS, ABORT_IN_AG, ABORT_IN_BARRIER };
+
+static void check_abort(const int *domain_of, int where)
+{
+    enum { N = 4 };
+    rig r;
+    rig_init(&r, N, 1000, domain_of, 400, 1);
+    st_status got[N];
+    char msg[N][256];
+    int ok_attach = 1;
+#pragma omp parallel num_threads(N) reduction(&& : ok_attach)
+    {
+        int w = omp_get_thread_num();
+        st_status s = st_comm_attach(r.c, w, &r.arena[w], r.grads[w], r.params[w], r.held[w],
+                                     r.n_held[w]);
+        ok_attach = s == ST_OK;
+        fill_grads(&r, w, 0);
+        if (s == ST_OK && where != ABORT_IN_RS)
+            s = st_comm_reduce_scatter(r.c, w);
+        if (w == 2) {
+            spin(1000000);
+            st_comm_abort(r.c);
+            s = ST_OK;
+        } else if (s == ST_OK) {
+            s = where == ABORT_IN_RS ? st_comm_reduce_scatter(r.c, w)
+                : where == ABORT_IN_AG ? st_comm_all_gather(r.c, w)
+                : st_comm_barrier(r.c, w);
+        }
+        got[w] = s;
+        snprintf(msg[w], sizeof msg[w], "%s", st_last_error());
+    }
+    cr_assert(ok_attach);
+    for (int w = 0; w < N; w++) {
+        if (w == 2)
+            continue;
+        cr_assert_eq(got[w], ST_ERR_INVALID, "worker %d returned %d", w, (int)got[w]);
+        cr_assert(strstr(msg[w], "another worker failed"), "worker %d: \"%s\"", w, msg[w]);
+    }
+    /* and any later call fails at once */
+    cr_assert_eq(st_comm_barrier(r.c, 0), ST_ERR_INVALID);
+    rig_free(&r);
+}
+
+Test(comm_abort, in_reduce_scatter, .timeout = 10)
+{
+    check_abort(NULL, ABORT_IN_RS);
+}
+
+Test(comm_abort, in_reduce_scatter_two_levels, .timeout = 10)
+{
+    static const int d[4] = { 0, 0, 1, 1 };
+    check_abort(d, ABORT_IN_RS);
+}
+
+Test(comm_abort, in_all_gather, .timeout = 10)
+{
+    static const int d[4] = { 0, 0, 1, 1 };
+    check_abort(d, ABORT_IN_AG);
+}
+
+Test(comm_abort, in_barrier, .timeout = 10)
+{
+    check_abort(NULL, ABORT_IN_BARRIER);
+}
+
+/* ------------------------------------------------------------ bytes */
+
+/* Data-parallel rig, attached; bytes of each worker into b. */
+static void dp_bytes(int n, size_t p, const int *domain_of, st_comm_bytes *b)
+{
+    rig r;
+    run_out o;
+    rig_init(&r, n, p, domain_of, 500, 1);
+    out_init(&o, &r, 1);
+    run_rig(&r, 1, 0, 0, &o);
+    for (int w = 0; w < n; w++) {
+        cr_assert_eq(o.attach[w], ST_OK, "%s", o.msg[w]);
+        b[w] = st_comm_bytes_per_step(r.c, w);
+    }
+    out_free(&o);
+    rig_free(&r);
+}
+
+/* One domain, everyone holds everything: worker w reads the N gradients of
+ * its shard (N S_w x 4) and the whole vector from the masters (P x 4), and
+ * writes its shard gradient (S_w x 4) and its whole replica (P x 4). */
+Test(comm_bytes, data_parallel_single_domain)
+{
+    st_comm_bytes b[MAXW];
+    dp_bytes(4, 4096, NULL, b);
+    for (int w = 0; w < 4; w++) {
+        cr_assert_eq(b[w].read, 4 * 1024 * 4 + 4096 * 4);
+        cr_assert_eq(b[w].written, 1024 * 4 + 4096 * 4);
+        cr_assert_eq(b[w].cross_domain_read, 0);
+    }
+    /* P = 1000, N = 3: 63 lines of 16 floats -> shards of 336, 336, 328 */
+    dp_bytes(3, 1000, NULL, b);
+    size_t shard[3] = { 336, 336, 328 };
+    for (int w = 0; w < 3; w++) {
+        cr_assert_eq(b[w].read, (3 * shard[w] + 1000) * 4, "worker %d read %zu", w, b[w].read);
+        cr_assert_eq(b[w].written, (shard[w] + 1000) * 4);
+        cr_assert_eq(b[w].cross_domain_read, 0);
+    }
+}
+
+/* Two domains of two, P = 4096, shards S = 1024 floats (s = 4096 bytes).
+ * Worker 0: level 1, the partial of remote shard 2 (reads g0, g1: 2s,
+ * writes s); level 2, its shard from g0, g1 (2s) and domain 1's partial
+ * (s, cross), writes s; all-gather: shards 0 and 1 from local masters (2s
+ * read, 2s written), shard 2 from its remote master (s, cross; it is the
+ * copier), shard 3 from worker 1's replica (s).  Total read 9s, written
+ * 6s, cross 2s: one read per remote domain for the reduce, one for the
+ * gather, where a single level would read 2s + 2s across. */
+Test(comm_bytes, data_parallel_two_domains)
+{
+    static const int d[4] = { 0, 0, 1, 1 };
+    st_comm_bytes b[MAXW];
+    dp_bytes(4, 4096, d, b);
+    for (int w = 0; w < 4; w++) {
+        cr_assert_eq(b[w].read, 9 * 4096, "worker %d read %zu", w, b[w].read);
+        cr_assert_eq(b[w].written, 6 * 4096, "worker %d wrote %zu", w, b[w].written);
+        cr_assert_eq(b[w].cross_domain_read, 2 * 4096, "worker %d: %zu", w,
+                     b[w].cross_domain_read);
+    }
+}
+
+/* Three domains {0,0,0,1,1,2,2,2}, P = 8192, S = 1024 floats (s = 4096
+ * bytes).  Remote shards go to the least-loaded worker of a domain, ties to
+ * the lowest: domain 0 computes partials of shards 3..7 as w0, w1, w2, w0,
+ * w1; domain 1 of shards 0,1,2,5,6,7 as w3, w4, w3, w4, w3, w4; domain 2
+ * of 0..4 as w5, w6, w7, w5, w6.  Copiers are chosen the same way.  So:
+ * cross-domain reads = 2s (one partial from each of the two other domains
+ * for the own shard) + s per remote shard copied in. */
+Test(comm_bytes, data_parallel_three_domains)
+{
+    static const int d[8] = { 0, 0, 0, 1, 1, 2, 2, 2 };
+    static const size_t copies[8] = { 2, 2, 1, 3, 3, 2, 2, 1 };  /* = partials computed */
+    static const size_t m[8] = { 3, 3, 3, 2, 2, 3, 3, 3 };        /* domain size */
+    st_comm_bytes b[MAXW];
+    dp_bytes(8, 8192, d, b);
+    const size_t s = 4096;
+    for (int w = 0; w < 8; w++) {
+        size_t remote = 8 - m[w];
+        /* read: partials (m s each) + own shard (m s local + 2 s) + local
+         * masters (m s) + copies (s each) + the rest from local copiers */
+        size_t read = copies[w] * m[w] * s + m[w] * s + 2 * s + m[w] * s + copies[w] * s +
+                      (remote - copies[w]) * s;
+        size_t written = copies[w] * s + s + 8 * s;
+        cr_assert_eq(b[w].cross_domain_read, (2 + copies[w]) * s, "worker %d: %zu", w,
+                     b[w].cross_domain_read);
+        cr_assert_eq(b[w].read, read, "worker %d read %zu, want %zu", w, b[w].read, read);
+        cr_assert_eq(b[w].written, written, "worker %d wrote %zu, want %zu", w, b[w].written,
+                     written);
+    }
+}
+
+Test(comm_bytes, ring_formula)
+{
+    cr_assert_float_eq(st_comm_ring_bytes(4, 1000), 6000.0, 1e-9);
+    cr_assert_float_eq(st_comm_ring_bytes(1, 1000), 0.0, 1e-9);
+    cr_assert_float_eq(st_comm_ring_bytes(2, 1 << 20), 4.0 * (1 << 20), 1e-9);
+}
+
+/* ------------------------------------------------------------ shards */
+
+Test(comm_shards, boundaries)
+{
+    st_comm *c;
+    st_comm_config cfg = { 3, 1000, NULL };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
+    size_t want[4] = { 0, 336, 672, 1000 };
+    for (int w = 0; w < 3; w++) {
+        st_range s = st_comm_shard(c, w);
+        cr_assert_eq(s.begin, want[w]);
+        cr_assert_eq(s.end, want[w + 1]);
+    }
+    st_comm_destroy(c);
+
+    /* P < 16 N: 7 lines of 16 floats for 8 workers, the last one empty */
+    cfg = (st_comm_config){ 8, 100, NULL };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
+    for (int w = 0; w < 8; w++) {
+        st_range s = st_comm_shard(c, w);
+        cr_assert_eq(s.begin, w < 7 ? 16 * (size_t)w : 100);
+        cr_assert_eq(s.end, w < 6 ? 16 * (size_t)w + 16 : 100);
+    }
+    st_comm_destroy(c);
+}
+
+Test(comm_shards, bad_config)
+{
+    st_comm *c = NULL;
+    static const int down[3] = { 0, 1, 0 };
+    st_comm_config cfg = { 3, 100, down };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
+    cr_assert_null(c);
+    cr_assert(strstr(st_last_error(), "non-decreasing"), "%s", st_last_error());
+    cfg = (st_comm_config){ 0, 100, NULL };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
+    cfg = (st_comm_config){ 2, 0, NULL };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
+}
+
+Test(comm_shards, describe)
+{
+    static const int d[8] = { 0, 0, 0, 1, 1, 2, 2, 2 };
+    FILE *f = tmpfile();
+    cr_assert_not_null(f);
+    st_comm_describe(f, 8, d, 1000000);
+    st_comm_describe(f, 2, NULL, 1000);
+    rewind(f);
+    char line[4096];
+    int lines = 0, domains = 0, level1 = 0, gathers = 0;
+    while (fgets(line, sizeof line, f)) {
+        lines++;
+        domains += strncmp(line, "domain ", 7) == 0;
+        level1 += strstr(line, "level 1") != NULL;
+        gathers += strstr(line, "all-gather:") != NULL;
+    }
+    fclose(f);
+    /* 8 workers: a header, then per domain its line, level 1, level 2 and
+     * the all-gather; 2 workers: a header and one domain line */
+    cr_assert_eq(lines, 1 + 3 * 4 + 2, "%d lines", lines);
+    cr_assert_eq(domains, 4);
+    cr_assert_eq(level1, 3);
+    cr_assert_eq(gathers, 3);
+}
+
+/* ------------------------------------------------------------ attach errors */
+
+/* Attaches N workers with the given ranges (n_held[w] of held[w]);
+ * returns each worker's status and message. */
+static void attach_all(int n, size_t p, const st_range *const *held, const int *n_held,
+                       st_status *got, char (*msg)[256], int bad_w)
+{
+    st_comm *c;
+    st_comm_config cfg = { n, p, NULL };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
+    st_arena arena[MAXW];
+    float *g[MAXW], *pr[MAXW];
+    for (int w = 0; w < n; w++) {
+        st_arena_init(&arena[w], "worker", NULL, 0);
+        g[w] = calloc(p, sizeof(float));
+        pr[w] = calloc(p, sizeof(float));
+    }
+#pragma omp parallel num_threads(n)
+    {
+        int w = omp_get_thread_num();
+        got[w] = st_comm_attach(c, w == bad_w ? n : w, &arena[w], g[w], pr[w], held[w],
+                                n_held[w]);
+        snprintf(msg[w], 256, "%s", st_last_error());
+    }
+    for (int w = 0; w < n; w++) {
+        st_arena_release(&arena[w]);
+        free(g[w]);
+        free(pr[w]);
+    }
+    st_comm_destroy(c);
+}
+
+Test(comm_attach, overlapping_ranges, .timeout = 10)
+{
+    static const st_range all[1] = { { 0, 100 } }, bad[2] = { { 0, 50 }, { 40, 100 } };
+    const st_range *held[3] = { all, bad, all };
+    int n_held[3] = { 1, 2, 1 };
+    st_status got[3];
+    char msg[3][256];
+    attach_all(3, 100, held, n_held, got, msg, -1);
+    cr_assert_eq(got[1], ST_ERR_INVALID);
+    cr_assert(strstr(msg[1], "overlap"), "%s", msg[1]);
+    cr_assert(strstr(msg[1], "worker 1"), "%s", msg[1]);
+    for (int w = 0; w < 3; w += 2) {
+        cr_assert_eq(got[w], ST_ERR_INVALID);
+        cr_assert(strstr(msg[w], "another worker failed"), "%s", msg[w]);
+    }
+}
+
+Test(comm_attach, unsorted_and_empty_ranges, .timeout = 10)
+{
+    static const st_range all[1] = { { 0, 100 } }, unsorted[2] = { { 50, 100 }, { 0, 50 } },
+                          empty[1] = { { 30, 30 } };
+    const st_range *held[2] = { unsorted, all };
+    int n_held[2] = { 2, 1 };
+    st_status got[2];
+    char msg[2][256];
+    attach_all(2, 100, held, n_held, got, msg, -1);
+    cr_assert_eq(got[0], ST_ERR_INVALID);
+    cr_assert(strstr(msg[0], "not sorted"), "%s", msg[0]);
+    cr_assert(strstr(msg[1], "another worker failed"), "%s", msg[1]);
+    held[0] = all;
+    held[1] = empty;
+    n_held[0] = 1;
+    attach_all(2, 100, held, n_held, got, msg, -1);
+    cr_assert_eq(got[1], ST_ERR_INVALID);
+    cr_assert(strstr(msg[1], "empty"), "%s", msg[1]);
+}
+
+Test(comm_attach, out_of_range, .timeout = 10)
+{
+    static const st_range all[1] = { { 0, 100 } }, past[1] = { { 90, 101 } };
+    const st_range *held[2] = { all, past };
+    int n_held[2] = { 1, 1 };
+    st_status got[2];
+    char msg[2][256];
+    attach_all(2, 100, held, n_held, got, msg, -1);
+    cr_assert_eq(got[1], ST_ERR_INVALID);
+    cr_assert(strstr(msg[1], "out of range"), "%s", msg[1]);
+    cr_assert_eq(got[0], ST_ERR_INVALID);
+    cr_assert(strstr(msg[0], "another worker failed"), "%s", msg[0]);
+}
+
+Test(comm_attach, bad_worker_index, .timeout = 10)
+{
+    static const st_range all[1] = { { 0, 100 } };
+    const st_range *held[2] = { all, all };
+    int n_held[2] = { 1, 1 };
+    st_status got[2];
+    char msg[2][256];
+    attach_all(2, 100, held, n_held, got, msg, 1);
+    cr_assert_eq(got[1], ST_ERR_INVALID);
+    cr_assert(strstr(msg[1], "out of range"), "%s", msg[1]);
+    cr_assert(strstr(msg[0], "another worker failed"), "%s", msg[0]);
+}
+
+Test(comm_attach, unheld_element, .timeout = 10)
+{
+    static const st_range a[1] = { { 0, 37 } }, b[2] = { { 10, 20 }, { 38, 100 } };
+    const st_range *held[2] = { a, b };
+    int n_held[2] = { 1, 2 };
+    st_status got[2];
+    char msg[2][256];
+    attach_all(2, 100, held, n_held, got, msg, -1);
+    for (int w = 0; w < 2; w++) {
+        cr_assert_eq(got[w], ST_ERR_INVALID);
+        cr_assert(strstr(msg[w], "element 37 "), "worker %d: %s", w, msg[w]);
+    }
+    /* a worker may hold nothing, as long as the others cover everything */
+    static const st_range all[1] = { { 0, 100 } };
+    held[0] = all;
+    held[1] = NULL;
+    n_held[0] = 1;
+    n_held[1] = 0;
+    attach_all(2, 100, held, n_held, got, msg, -1);
+    cr_assert_eq(got[0], ST_OK, "%s", msg[0]);
+    cr_assert_eq(got[1], ST_OK, "%s", msg[1]);
+}

@@ -30,6 +30,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <subtrain/arena.h>
 #include <subtrain/status.h>
 
