@@ -91,6 +91,9 @@ typedef struct st_epoch_record {
 typedef struct st_train_callbacks {
     void (*on_step)(const st_step_info *info, void *user);
     void (*on_epoch)(const st_epoch_record *rec, void *user);
+    /* Something the user should know that does not stop the run: workers
+     * oversubscribed, the OS refused strict NUMA binding.  May be NULL. */
+    void (*on_warning)(const char *message, void *user);
     void *user;
 } st_train_callbacks;
 

@@ -120,7 +120,9 @@ static int run_train(st_cli_options *o)
         if (env)
             fprintf(stderr, "subtrain: warning: %s\n", env);
     }
-    st_train_callbacks cb = { st_progress_on_step, st_progress_on_epoch, &prog };
+    prog.quiet = o->quiet;
+    st_train_callbacks cb = { st_progress_on_step, st_progress_on_epoch, st_progress_on_warning,
+                              &prog };
     st_epoch_record final;
     if (st_train_run(&o->train, &train, &test, &cb, &final) != ST_OK) {
         fprintf(stderr, "%s", prog.bar_visible ? "\n" : "");

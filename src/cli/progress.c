@@ -67,3 +67,12 @@ void st_progress_on_epoch(const st_epoch_record *rec, void *user)
            rec->test_loss, rec->test_acc, rec->samples_per_s, rec->wall_s);
     fflush(stdout);
 }
+
+void st_progress_on_warning(const char *message, void *user)
+{
+    st_progress *p = user;
+    if (p->quiet)
+        return;
+    clear_bar(p);
+    fprintf(stderr, "subtrain: warning: %s\n", message);
+}

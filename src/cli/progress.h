@@ -17,9 +17,11 @@ typedef struct st_progress {
     int bar_visible;
     FILE *metrics;       /* or NULL */
     int metrics_failed;  /* a write failed: reported once at the end */
+    int quiet;           /* no warnings either */
 } st_progress;
 
 void st_progress_on_step(const st_step_info *info, void *user);
 void st_progress_on_epoch(const st_epoch_record *rec, void *user);
+void st_progress_on_warning(const char *message, void *user);
 
 #endif /* SUBTRAIN_CLI_PROGRESS_H */

@@ -368,6 +368,22 @@ static st_status worker_loop(run_shared *r, st_worker *w)
     return ST_OK;
 }
 
+/* Worker 0, once every worker has built its memory: what the user should
+ * hear about placement. */
+static void report_warnings(run_shared *r)
+{
+    const st_train_callbacks *cb = r->cb;
+    if (!cb || !cb->on_warning)
+        return;
+    if (r->placement.warning[0])
+        cb->on_warning(r->placement.warning, cb->user);
+    for (int k = 0; k < r->n; k++)
+        if (r->slots[k].numa.warned) {
+            cb->on_warning(r->slots[k].numa.warning, cb->user);
+            break; /* the same refusal for every worker: once is enough */
+        }
+}
+
 /* Binds, builds, attaches, trains: everything worker w does, on its own
  * thread. */
 static st_status worker_main(run_shared *r, int wid, st_worker *w)
@@ -387,6 +403,9 @@ static st_status worker_main(run_shared *r, int wid, st_worker *w)
     } else {
         ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, P));
     }
+    ST_TRY(sync_workers(r, wid)); /* every arena has its chunks */
+    if (wid == 0)
+        report_warnings(r);
     return worker_loop(r, w);
 }
 
