@@ -806,3 +806,85 @@ Test(comm_attach, unheld_element, .timeout = 10)
     cr_assert_eq(got[0], ST_OK, "%s", msg[0]);
     cr_assert_eq(got[1], ST_OK, "%s", msg[1]);
 }
+
+/* ------------------------------------------------------------ compact storage */
+
+/* A subnetwork keeps only the parameters it holds, back to back.  The engine
+ * must read and write them through the (range -> local offset) map exactly
+ * as it reads full-layout vectors. */
+#define CP_P 1000
+#define CP_N 3
+
+static const st_range cp_held0[] = { { 0, 400 }, { 600, 1000 } };
+static const st_range cp_held1[] = { { 200, 700 } };
+static const st_range cp_held2[] = { { 0, 100 }, { 650, 1000 } };
+
+static float cp_grad(int w, size_t x) { return (float)(w + 1) * 0.001f * (float)(x % 97) + (float)w; }
+static float cp_param(size_t x) { return 0.5f * (float)x; }
+
+Test(comm, compact_vectors_reduce_like_full_ones, .timeout = 30)
+{
+    const st_range *held[CP_N] = { cp_held0, cp_held1, cp_held2 };
+    const int n_held[CP_N] = { 2, 1, 2 };
+    st_comm *c;
+    st_comm_config cfg = { CP_N, CP_P, NULL };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK, "%s", st_last_error());
+    static float grads[CP_N][CP_P], params[CP_N][CP_P];
+    static float shard_out[CP_P];
+    int failures = 0;
+#pragma omp parallel num_threads(CP_N) reduction(+ : failures)
+    {
+        int w = omp_get_thread_num();
+        st_arena a;
+        st_arena_init(&a, "compact", NULL, 0);
+        size_t local[2], off = 0;
+        for (int i = 0; i < n_held[w]; i++) {
+            local[i] = off;
+            for (size_t x = held[w][i].begin; x < held[w][i].end; x++) {
+                grads[w][off + x - held[w][i].begin] = cp_grad(w, x);
+                params[w][off + x - held[w][i].begin] = cp_param(x);
+            }
+            off += held[w][i].end - held[w][i].begin;
+        }
+        for (size_t k = off; k < CP_P; k++)
+            grads[w][k] = params[w][k] = -7.0f; /* beyond the compact vector: untouched */
+        st_status s = st_comm_attach_compact(c, w, &a, grads[w], params[w], held[w], local,
+                                             n_held[w]);
+        if (s == ST_OK)
+            s = st_comm_reduce_scatter(c, w);
+        if (s == ST_OK) {
+            st_range sh = st_comm_shard(c, w);
+            memcpy(shard_out + sh.begin, st_comm_shard_grads(c, w),
+                   (sh.end - sh.begin) * sizeof(float));
+            /* Move the master shard so the all-gather has something to bring. */
+            float *m = st_comm_shard_params(c, w);
+            for (size_t x = sh.begin; x < sh.end; x++)
+                m[x - sh.begin] += 1.0f;
+            s = st_comm_all_gather(c, w);
+        }
+        failures += s != ST_OK;
+        for (size_t k = off; k < CP_P; k++)
+            failures += grads[w][k] != -7.0f || params[w][k] != -7.0f;
+        st_comm_barrier(c, w);
+        st_arena_release(&a);
+    }
+    cr_assert_eq(failures, 0, "%s", st_last_error());
+    for (size_t x = 0; x < CP_P; x++) {
+        double sum = 0.0;
+        int holders = 0;
+        for (int w = 0; w < CP_N; w++)
+            for (int i = 0; i < n_held[w]; i++)
+                if (held[w][i].begin <= x && x < held[w][i].end) {
+                    sum += cp_grad(w, x);
+                    holders++;
+                }
+        cr_assert_float_eq(shard_out[x], sum / holders, 1e-5, "element %zu", x);
+    }
+    for (int w = 0; w < CP_N; w++) {
+        size_t off = 0;
+        for (int i = 0; i < n_held[w]; i++)
+            for (size_t x = held[w][i].begin; x < held[w][i].end; x++, off++)
+                cr_assert_eq(params[w][off], cp_param(x) + 1.0f, "worker %d element %zu", w, x);
+    }
+    st_comm_destroy(c);
+}

@@ -71,6 +71,13 @@ void st_comm_destroy(st_comm *c);
 st_status st_comm_attach(st_comm *c, int w, st_arena *arena, float *grads, float *params,
                          const st_range *held, int n_held);
 
+/* The same for a worker whose vectors are compact: held range i of the
+ * full layout lives at grads + local[i] and params + local[i] (a
+ * subnetwork's own, smaller parameter vector).  local NULL: full layout. */
+st_status st_comm_attach_compact(st_comm *c, int w, st_arena *arena, float *grads,
+                                 float *params, const st_range *held, const size_t *local,
+                                 int n_held);
+
 /* w's shard: its range of the vector, the averaged gradient and master
  * weights of that range (float arrays indexed from the range's begin). */
 st_range st_comm_shard(const st_comm *c, int w);

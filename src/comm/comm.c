@@ -104,6 +104,7 @@ typedef struct comm_slot {
     /* registered by attach, read by everyone after the first barrier */
     float *grads, *params;
     st_range *held;
+    size_t *local;            /* held[i] starts at grads/params + local[i] */
     int n_held;
     float *master, *shard_grad;
     /* the owner's segments (read by everyone after the second barrier) */
@@ -144,6 +145,28 @@ static size_t min_size(size_t a, size_t b)
 /* Shard boundaries: ceil(P / 16) blocks of 16 floats split as evenly as
  * possible (the first P_blocks mod N shards get one more); the last block
  * may be partial, and shards past the last block are empty. */
+/* Where element x of the vector lives in worker s's storage: its vectors
+ * may be compact (only the held ranges, back to back).  x must be held by
+ * s.  Used when the step's work lists are built, never during a step. */
+static float *local_at(const comm_slot *s, float *base, size_t x)
+{
+    int lo = 0, hi = s->n_held - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (s->held[mid].begin <= x)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return base + s->local[lo] + (x - s->held[lo].begin);
+}
+
+/* Worker v's gradient of element x. */
+static float *grad_of(const st_comm *c, int v, size_t x)
+{
+    return local_at(&c->slots[v], c->slots[v].grads, x);
+}
+
 static void compute_shards(size_t n_params, int n, size_t *begin)
 {
     size_t blocks = n_params / SHARD_ALIGN + (n_params % SHARD_ALIGN != 0);
@@ -515,8 +538,9 @@ static st_status build_shard(st_comm *c, int w)
     /* master shard <- first holder's parameters */
     for (size_t i = 0; i < n_segs; i++) {
         const comm_seg *g = &me->segs[i];
-        const float *src = c->slots[me->holders[g->holder_first]].params;
-        memcpy(me->master + (g->begin - sb), src + g->begin, (g->end - g->begin) * sizeof(float));
+        const comm_slot *first = &c->slots[me->holders[g->holder_first]];
+        memcpy(me->master + (g->begin - sb), local_at(first, first->params, g->begin),
+               (g->end - g->begin) * sizeof(float));
     }
     if (c->n_domains > 1) {
         void *p;
@@ -601,7 +625,7 @@ static void plan_tasks(st_comm *c, int w, size_t *load_p, size_t *load_c, int fi
                 /* own domain's shard: straight from the owner's master */
                 if (holds) {
                     if (fill) {
-                        me->ag1[k->ag1] = (ag_item){ me->params + seg->begin,
+                        me->ag1[k->ag1] = (ag_item){ local_at(me, me->params, seg->begin),
                                                      so->master + (seg->begin - sb), n };
                         count_read(me, n, so->domain);
                         me->bytes.written += n * sizeof(float);
@@ -619,11 +643,11 @@ static void plan_tasks(st_comm *c, int w, size_t *load_p, size_t *load_c, int fi
                         float *out = me->partials + k->partial;
                         me->rs1[k->rs1] = (rs_item){ out, n, k->ops1, h1 - h0 - 1, 1.0f };
                         rs_op *op = me->ops1 + k->ops1;
-                        op[0] = (rs_op){ c->slots[so->holders[h0]].grads + seg->begin,
-                                         c->slots[so->holders[h0 + 1]].grads + seg->begin,
+                        op[0] = (rs_op){ grad_of(c, so->holders[h0], seg->begin),
+                                         grad_of(c, so->holders[h0 + 1], seg->begin),
                                          OP_SUM2, 0, 0 };
                         for (size_t i = h0 + 2; i < h1; i++)
-                            op[i - h0 - 1] = (rs_op){ c->slots[so->holders[i]].grads + seg->begin,
+                            op[i - h0 - 1] = (rs_op){ grad_of(c, so->holders[i], seg->begin),
                                                       NULL, OP_ACC, 0, 0 };
                         so->seg_src[g * (size_t)D + (size_t)dw] = out;
                         for (size_t i = h0; i < h1; i++)
@@ -649,7 +673,7 @@ static void plan_tasks(st_comm *c, int w, size_t *load_p, size_t *load_c, int fi
                 continue;
             if (copier == w) {
                 if (fill) {
-                    me->ag1[k->ag1] = (ag_item){ me->params + seg->begin,
+                    me->ag1[k->ag1] = (ag_item){ local_at(me, me->params, seg->begin),
                                                  so->master + (seg->begin - sb), n };
                     count_read(me, n, so->domain);
                     me->bytes.written += n * sizeof(float);
@@ -657,8 +681,10 @@ static void plan_tasks(st_comm *c, int w, size_t *load_p, size_t *load_c, int fi
                 k->ag1++;
             } else {
                 if (fill) {
-                    me->ag2[k->ag2] = (ag_item){ me->params + seg->begin,
-                                                 c->slots[copier].params + seg->begin, n };
+                    me->ag2[k->ag2] = (ag_item){ local_at(me, me->params, seg->begin),
+                                                 local_at(&c->slots[copier],
+                                                          c->slots[copier].params, seg->begin),
+                                                 n };
                     count_read(me, n, c->slots[copier].domain);
                     me->bytes.written += n * sizeof(float);
                 }
@@ -754,20 +780,20 @@ static st_status build_rs2(st_comm *c, int w)
                 const comm_slot *s0 = &c->slots[me->holders[h0]];
                 if (d == dw && h1 - h0 == 1) {
                     emit_op(me, fill, &n_ops, n, first ? OP_COPY : OP_ACC, 0,
-                            s0->grads + seg->begin, d, NULL, d);
+                            local_at(s0, s0->grads, seg->begin), d, NULL, d);
                 } else if (d == dw) {
                     /* the own domain's partial: into the output if it comes
                      * first, else into the scratch chunk, then added */
                     const comm_slot *s1 = &c->slots[me->holders[h0 + 1]];
-                    emit_op(me, fill, &n_ops, n, OP_SUM2, !first, s0->grads + seg->begin, d,
-                            s1->grads + seg->begin, d);
+                    emit_op(me, fill, &n_ops, n, OP_SUM2, !first, local_at(s0, s0->grads, seg->begin), d,
+                            local_at(s1, s1->grads, seg->begin), d);
                     for (size_t i = h0 + 2; i < h1; i++)
                         emit_op(me, fill, &n_ops, n, OP_ACC, !first,
-                                c->slots[me->holders[i]].grads + seg->begin, d, NULL, d);
+                                grad_of(c, me->holders[i], seg->begin), d, NULL, d);
                     if (!first)
                         emit_op(me, fill, &n_ops, n, OP_ACC, 0, NULL, dw, NULL, d);
                 } else {
-                    const float *src = s0->grads + seg->begin;
+                    const float *src = local_at(s0, s0->grads, seg->begin);
                     if (h1 - h0 >= 2) {
                         src = me->seg_src[g * (size_t)D + (size_t)d];
                         if (!src)
@@ -792,7 +818,8 @@ static st_status build_rs2(st_comm *c, int w)
 }
 
 static st_status attach_register(st_comm *c, int w, st_arena *arena, float *grads,
-                                 float *params, const st_range *held, int n_held)
+                                 float *params, const st_range *held, const size_t *local,
+                                 int n_held)
 {
     comm_slot *me = &c->slots[w];
     me->arena = arena;
@@ -805,6 +832,10 @@ static st_status attach_register(st_comm *c, int w, st_arena *arena, float *grad
         ST_TRY(st_arena_alloc(arena, ST_MEM_WORKSPACE, (size_t)n_held * sizeof *held, &p));
         memcpy(p, held, (size_t)n_held * sizeof *held);
         me->held = p;
+        ST_TRY(st_arena_alloc(arena, ST_MEM_WORKSPACE, (size_t)n_held * sizeof *local, &p));
+        me->local = p;
+        for (int i = 0; i < n_held; i++)
+            me->local[i] = local ? local[i] : held[i].begin; /* full layout: identity */
     }
     size_t len = c->shard_begin[w + 1] - c->shard_begin[w];
     ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, len, &me->master));
@@ -814,6 +845,13 @@ static st_status attach_register(st_comm *c, int w, st_arena *arena, float *grad
 
 st_status st_comm_attach(st_comm *c, int w, st_arena *arena, float *grads, float *params,
                          const st_range *held, int n_held)
+{
+    return st_comm_attach_compact(c, w, arena, grads, params, held, NULL, n_held);
+}
+
+st_status st_comm_attach_compact(st_comm *c, int w, st_arena *arena, float *grads,
+                                 float *params, const st_range *held, const size_t *local,
+                                 int n_held)
 {
     if (!c)
         return st_fail(ST_ERR_INVALID, "st_comm_attach: no reduction engine");
@@ -827,7 +865,7 @@ st_status st_comm_attach(st_comm *c, int w, st_arena *arena, float *grads, float
     if (s == ST_OK && atomic_exchange(&me->attached, 1))
         s = st_fail(ST_ERR_INVALID, "worker %d attached twice", w);
     if (s == ST_OK)
-        s = attach_register(c, w, arena, grads, params, held, n_held);
+        s = attach_register(c, w, arena, grads, params, held, local, n_held);
     if (s != ST_OK) {
         st_comm_abort(c);
         return s;
