@@ -11,6 +11,7 @@
  *   optim.h   SGD, AdamW, learning-rate schedules
  *   topo.h    topology, placement plan, binding, NUMA allocation (hwloc)
  *   comm.h    the reduction engine (reduce-scatter, all-gather)
+ *   subnet.h  subnetworks: units, coverage, assignments to workers
  *   train.h   the training loop and metrics records
  * Every public symbol starts with st_ (types, functions) or ST_ (macros,
  * enumerators).
@@ -27,6 +28,7 @@
 #include <subtrain/optim.h>
 #include <subtrain/topo.h>
 #include <subtrain/comm.h>
+#include <subtrain/subnet.h>
 #include <subtrain/train.h>
 
 #endif /* SUBTRAIN_H */

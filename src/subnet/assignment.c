@@ -1,0 +1,105 @@
+/*
+ * subnet/assignment.c — exactly-k, balanced, seeded assignments of units to
+ * workers.
+ *
+ * The construction: lay the n_units x k holder slots out in a row, unit
+ * after unit (each unit's k slots consecutive), and deal them to the
+ * workers cyclically in the order of a random permutation of the workers.
+ * Because k <= N, the k consecutive slots of a unit go to k different
+ * workers; because the dealing is cyclic, the workers' counts differ by at
+ * most one.  Shuffling the units first makes which unit lands with whom
+ * random, and the worker permutation makes who gets the extra unit random.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <subtrain/rng.h>
+#include <subtrain/subnet.h>
+
+#include "core/error.h"
+
+#define ASSIGN_STREAM 0xA551ull   /* namespace under the seed */
+
+const char *st_subnet_kind_name(st_subnet_kind k)
+{
+    return k == ST_SUBNET_BLOCK ? "block" : k == ST_SUBNET_NEURON ? "neuron" : "unknown";
+}
+
+int st_subnet_kind_parse(const char *name, st_subnet_kind *out)
+{
+    if (strcmp(name, "block") == 0) { *out = ST_SUBNET_BLOCK; return 0; }
+    if (strcmp(name, "neuron") == 0) { *out = ST_SUBNET_NEURON; return 0; }
+    return -1;
+}
+
+const char *st_masking_name(st_masking m)
+{
+    return m == ST_MASKING_FORWARD ? "forward" : m == ST_MASKING_BACKWARD ? "backward" : "unknown";
+}
+
+int st_masking_parse(const char *name, st_masking *out)
+{
+    if (strcmp(name, "forward") == 0) { *out = ST_MASKING_FORWARD; return 0; }
+    if (strcmp(name, "backward") == 0) { *out = ST_MASKING_BACKWARD; return 0; }
+    return -1;
+}
+
+int st_subnet_holders_per_unit(int workers, double coverage)
+{
+    long k = lround(coverage * workers);
+    if (k < 1)
+        k = 1;
+    if (k > workers)
+        k = workers;
+    return (int)k;
+}
+
+void st_assignment_free(st_assignment *a)
+{
+    free(a->held);
+    free(a->count);
+    memset(a, 0, sizeof *a);
+}
+
+st_status st_assignment_make(int n_workers, int n_units, int k, uint64_t seed, uint64_t round,
+                             st_assignment *out)
+{
+    memset(out, 0, sizeof *out);
+    if (n_workers < 1 || n_units < 1 || k < 1 || k > n_workers)
+        return st_fail(ST_ERR_INVALID, "assignment: %d units, each held by %d of %d workers: "
+                       "need 1 <= k <= workers and at least one unit", n_units, k, n_workers);
+    out->n_workers = n_workers;
+    out->n_units = n_units;
+    out->k = k;
+    out->held = calloc((size_t)n_workers * (size_t)n_units, 1);
+    out->count = calloc((size_t)n_workers, sizeof *out->count);
+    uint32_t *units = malloc((size_t)n_units * sizeof *units);
+    uint32_t *workers = malloc((size_t)n_workers * sizeof *workers);
+    if (!out->held || !out->count || !units || !workers) {
+        free(units);
+        free(workers);
+        st_assignment_free(out);
+        return st_fail(ST_ERR_NOMEM, "out of memory assigning %d units to %d workers",
+                       n_units, n_workers);
+    }
+    st_rng root = st_rng_seed(seed);
+    st_rng space = st_rng_split(&root, ASSIGN_STREAM);
+    st_rng r = st_rng_split(&space, round);
+    for (int u = 0; u < n_units; u++)
+        units[u] = (uint32_t)u;
+    for (int w = 0; w < n_workers; w++)
+        workers[w] = (uint32_t)w;
+    st_rng_shuffle_u32(&r, units, (size_t)n_units);
+    st_rng_shuffle_u32(&r, workers, (size_t)n_workers);
+    size_t slot = 0;
+    for (int i = 0; i < n_units; i++)
+        for (int j = 0; j < k; j++, slot++) {
+            int w = (int)workers[slot % (size_t)n_workers];
+            out->held[(size_t)w * (size_t)n_units + units[i]] = 1;
+            out->count[w]++;
+        }
+    free(units);
+    free(workers);
+    return ST_OK;
+}

@@ -1,0 +1,116 @@
+/*
+ * tests/test_subnet.c — assignments of units to workers: exactly k holders
+ * per unit, balanced loads, reproducible from (seed, round), redrawn rounds
+ * keep both properties.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <criterion/criterion.h>
+
+#include <subtrain/subnet.h>
+
+static void check_assignment(const st_assignment *a)
+{
+    int lo = a->n_units, hi = 0;
+    for (int w = 0; w < a->n_workers; w++) {
+        int c = 0;
+        for (int u = 0; u < a->n_units; u++)
+            c += st_assignment_holds(a, w, u);
+        cr_assert_eq(c, a->count[w], "count of worker %d", w);
+        if (c < lo) lo = c;
+        if (c > hi) hi = c;
+    }
+    cr_assert_leq(hi - lo, 1, "loads %d..%d differ by more than one", lo, hi);
+    for (int u = 0; u < a->n_units; u++) {
+        int holders = 0;
+        for (int w = 0; w < a->n_workers; w++)
+            holders += st_assignment_holds(a, w, u);
+        cr_assert_eq(holders, a->k, "unit %d has %d holders, want %d", u, holders, a->k);
+    }
+}
+
+Test(subnet, every_unit_exactly_k_holders_and_balanced_loads)
+{
+    const int workers[] = { 1, 2, 3, 4, 7, 8, 16 };
+    const int units[] = { 1, 2, 5, 8, 13, 64, 100 };
+    const double coverage[] = { 0.1, 0.25, 0.3, 0.5, 0.75, 1.0 };
+    for (size_t i = 0; i < sizeof workers / sizeof *workers; i++)
+        for (size_t j = 0; j < sizeof units / sizeof *units; j++)
+            for (size_t c = 0; c < sizeof coverage / sizeof *coverage; c++) {
+                int k = st_subnet_holders_per_unit(workers[i], coverage[c]);
+                for (uint64_t round = 0; round < 4; round++) {
+                    st_assignment a;
+                    cr_assert_eq(st_assignment_make(workers[i], units[j], k, 42, round, &a),
+                                 ST_OK);
+                    check_assignment(&a);
+                    st_assignment_free(&a);
+                }
+            }
+}
+
+Test(subnet, holders_per_unit_follows_the_coverage)
+{
+    cr_assert_eq(st_subnet_holders_per_unit(4, 0.5), 2);
+    cr_assert_eq(st_subnet_holders_per_unit(4, 0.25), 1);
+    cr_assert_eq(st_subnet_holders_per_unit(4, 1.0), 4);
+    cr_assert_eq(st_subnet_holders_per_unit(4, 0.01), 1, "at least one holder");
+    cr_assert_eq(st_subnet_holders_per_unit(8, 0.3), 2);
+    cr_assert_eq(st_subnet_holders_per_unit(1, 0.5), 1);
+}
+
+Test(subnet, same_seed_and_round_same_assignment_and_rounds_differ)
+{
+    st_assignment a, b, c;
+    cr_assert_eq(st_assignment_make(4, 16, 2, 7, 3, &a), ST_OK);
+    cr_assert_eq(st_assignment_make(4, 16, 2, 7, 3, &b), ST_OK);
+    cr_assert_eq(st_assignment_make(4, 16, 2, 7, 4, &c), ST_OK);
+    cr_assert_eq(memcmp(a.held, b.held, 4 * 16), 0);
+    cr_assert_neq(memcmp(a.held, c.held, 4 * 16), 0, "a new round redraws the masks");
+    st_assignment_free(&a);
+    st_assignment_free(&b);
+    st_assignment_free(&c);
+}
+
+/* Over many rounds each worker holds each unit about k/N of the time: the
+ * draw is not stuck on some pattern. */
+Test(subnet, rounds_spread_units_evenly_over_workers)
+{
+    enum { N = 4, U = 8, ROUNDS = 4000 };
+    int hits[N][U] = { { 0 } };
+    for (uint64_t r = 0; r < ROUNDS; r++) {
+        st_assignment a;
+        cr_assert_eq(st_assignment_make(N, U, 2, 1, r, &a), ST_OK);
+        for (int w = 0; w < N; w++)
+            for (int u = 0; u < U; u++)
+                hits[w][u] += st_assignment_holds(&a, w, u);
+        st_assignment_free(&a);
+    }
+    /* Expected 2000 each (p = 1/2); binomial sd = 32; 6 sd = 190. */
+    for (int w = 0; w < N; w++)
+        for (int u = 0; u < U; u++)
+            cr_assert(abs(hits[w][u] - ROUNDS / 2) < 190, "worker %d unit %d: %d", w, u,
+                      hits[w][u]);
+}
+
+Test(subnet, invalid_requests_are_refused)
+{
+    st_assignment a;
+    cr_assert_eq(st_assignment_make(4, 8, 5, 1, 0, &a), ST_ERR_INVALID);
+    cr_assert_eq(st_assignment_make(4, 0, 1, 1, 0, &a), ST_ERR_INVALID);
+    cr_assert_eq(st_assignment_make(0, 8, 1, 1, 0, &a), ST_ERR_INVALID);
+    cr_assert_eq(st_assignment_make(4, 8, 0, 1, 0, &a), ST_ERR_INVALID);
+    cr_assert_null(a.held);
+}
+
+Test(subnet, names_round_trip)
+{
+    st_subnet_kind k;
+    st_masking m;
+    cr_assert_eq(st_subnet_kind_parse("block", &k), 0);
+    cr_assert_eq(k, ST_SUBNET_BLOCK);
+    cr_assert_eq(st_subnet_kind_parse("layer", &k), -1);
+    cr_assert_eq(st_masking_parse("backward", &m), 0);
+    cr_assert_eq(m, ST_MASKING_BACKWARD);
+    cr_assert_str_eq(st_masking_name(ST_MASKING_FORWARD), "forward");
+}
