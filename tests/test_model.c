@@ -732,3 +732,72 @@ Test(flops, match_formula)
     /* By hand, mlp d3 w20, B 8: 2*8*(2*12*20 + 3*2*400 + 3*100) = 16*3180 */
     cr_expect_eq(flops_formula(&cfgs[0], 8), 16.0 * 3180.0);
 }
+
+/* ------------------------------------------------------------ subnetworks */
+
+/* A block subnetwork is the full model with some blocks left out: its
+ * parameters start as the full model's (same names, same values) and its
+ * full-layout ranges say exactly where each of them lives. */
+Test(subnetwork, blocks_keep_their_full_names_values_and_places)
+{
+    st_arena a;
+    st_arena_init(&a, "sub", NULL, 0);
+    st_model_config full_cfg = resmlp_config(5, 16, 24, ST_ACT_GELU);
+    const int ids[] = { 1, 3, 4 };
+    st_model_config sub_cfg = full_cfg;
+    sub_cfg.depth = 3;
+    sub_cfg.full_depth = 5;
+    sub_cfg.block_ids = ids;
+    st_model *full = make_model(&full_cfg, 4, &a), *sub = make_model(&sub_cfg, 4, &a);
+    st_model_init_params(full, 9);
+    st_model_init_params(sub, 9);
+    cr_assert_eq(st_model_full_param_count(sub), st_model_param_count(full));
+    cr_assert_lt(st_model_param_count(sub), st_model_param_count(full));
+
+    st_range r[16];
+    size_t local[16];
+    int n = st_model_full_ranges(sub, r, local, 16);
+    /* stem | block 1 | block 3 + block 4 + final norm + head */
+    cr_assert_eq(n, 3, "adjacent pieces merge: got %d ranges", n);
+    size_t covered = 0;
+    for (int i = 0; i < n; i++) {
+        size_t len = r[i].end - r[i].begin;
+        cr_assert_eq(memcmp(st_model_params(sub) + local[i], st_model_params(full) + r[i].begin,
+                            len * sizeof(float)), 0, "range %d holds the full model's values", i);
+        covered += len;
+    }
+    cr_assert_eq(covered, st_model_param_count(sub));
+
+    int ns, nf;
+    const st_param_segment *ss = st_model_segments(sub, &ns), *fs = st_model_segments(full, &nf);
+    cr_assert_str_eq(ss[2].name, "block1.ln.gamma");
+    cr_assert_str_eq(ss[8].name, "block3.ln.gamma");
+    cr_assert_str_eq(ss[ns - 1].name, fs[nf - 1].name);
+
+    st_model *whole = make_model(&full_cfg, 4, &a);
+    cr_assert_eq(st_model_full_ranges(whole, r, local, 16), 1);
+    cr_assert_eq(r[0].begin, 0);
+    cr_assert_eq(r[0].end, st_model_param_count(whole));
+    st_model_destroy(whole);
+    st_model_destroy(sub);
+    st_model_destroy(full);
+    st_arena_release(&a);
+}
+
+Test(subnetwork, bad_block_ids_are_refused)
+{
+    st_model_config c = resmlp_config(2, 16, 24, ST_ACT_GELU);
+    const int unsorted[] = { 3, 1 }, outside[] = { 0, 5 };
+    c.full_depth = 4;
+    c.block_ids = unsorted;
+    cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID);
+    c.block_ids = outside;
+    cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID);
+    c.block_ids = NULL;
+    cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID);
+    st_model_config m = mlp_config(2, 8, ST_ACT_GELU);
+    const int ids[] = { 0, 1 };
+    m.full_depth = 3;
+    m.block_ids = ids;
+    cr_assert_eq(st_model_config_check(&m), ST_ERR_INVALID);
+}

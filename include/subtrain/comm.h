@@ -32,16 +32,12 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <subtrain/arena.h>
+#include <subtrain/params.h>
 #include <subtrain/status.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* [begin, end) of the flat parameter vector. */
-typedef struct st_range {
-    size_t begin, end;
-} st_range;
 
 typedef struct st_comm_config {
     int n_workers;

@@ -38,6 +38,12 @@ typedef struct st_model_config {
     st_activation activation;
     int in_dim;             /* features per sample */
     int n_classes;
+    /* A subnetwork of a deeper resmlp (block-level subnetworks): block l of
+     * this model is block block_ids[l] of a model with full_depth blocks;
+     * ids strictly increasing.  Parameter names, initial values and the
+     * full-layout ranges follow the full model.  0 / NULL: a whole model. */
+    int full_depth;
+    const int *block_ids;
 } st_model_config;
 
 /* resmlp, depth 4, width 256, hidden = width, GELU, 784 inputs, 10 classes. */
@@ -84,6 +90,14 @@ st_status st_model_forward_backward(st_model *m, float *loss);
  * samples (the rest is padding).  Adds their summed loss and their number of
  * correct predictions to *loss_sum and *correct. */
 st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *correct);
+
+/* Where this model's parameters sit in the full model's flat vector: at
+ * most `cap` ranges, sorted; range i starts at element local[i] of this
+ * model's vector.  Returns the number of ranges (a whole model: one). */
+int st_model_full_ranges(const st_model *m, st_range *ranges, size_t *local, int cap);
+
+/* Parameters of the full model this one is part of (itself if whole). */
+size_t st_model_full_param_count(const st_model *m);
 
 /* Matrix-multiply FLOPs of one forward_backward (2 per multiply-add): the
  * three products of each linear layer (two for the first, which needs no

@@ -16,6 +16,11 @@
 extern "C" {
 #endif
 
+/* [begin, end) of the flat parameter vector. */
+typedef struct st_range {
+    size_t begin, end;
+} st_range;
+
 typedef struct st_param_segment {
     char name[40];      /* "block2.fc1.weight" */
     size_t offset;      /* first element in the flat vector */

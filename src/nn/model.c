@@ -51,6 +51,19 @@ st_status st_model_config_check(const st_model_config *c)
         return st_fail(ST_ERR_INVALID, "input dimension must be in [1, 2^24], got %d", c->in_dim);
     if (c->n_classes < 2 || c->n_classes > 255)
         return st_fail(ST_ERR_INVALID, "number of classes must be in [2, 255], got %d", c->n_classes);
+    if (c->full_depth || c->block_ids) {
+        if (c->kind != ST_MODEL_RESMLP)
+            return st_fail(ST_ERR_INVALID, "block subnetworks are made of resmlp blocks; %s has none",
+                           st_model_kind_name(c->kind));
+        if (!c->block_ids || c->full_depth < c->depth || c->full_depth > ST_MAX_DEPTH)
+            return st_fail(ST_ERR_INVALID, "a subnetwork of %d blocks needs their ids in a model "
+                           "of at least as many blocks (full depth %d)", c->depth, c->full_depth);
+        for (int l = 0; l < c->depth; l++)
+            if (c->block_ids[l] < 0 || c->block_ids[l] >= c->full_depth ||
+                (l > 0 && c->block_ids[l] <= c->block_ids[l - 1]))
+                return st_fail(ST_ERR_INVALID, "subnetwork block ids must increase within [0, %d); "
+                               "id %d is %d", c->full_depth, l, c->block_ids[l]);
+    }
     return ST_OK;
 }
 
@@ -240,11 +253,12 @@ static st_status layout_resmlp(st_model *m, linear_offsets *stem, block_offsets 
     char name[32];
     ST_TRY(layout_linear(m, "stem", (size_t)m->cfg.in_dim, W, stem));
     for (int l = 0; l < m->cfg.depth; l++) {
-        snprintf(name, sizeof name, "block%d.ln", l);
+        int id = m->block_ids[l];
+        snprintf(name, sizeof name, "block%d.ln", id);
         ST_TRY(layout_norm(m, name, W, &bo[l].ln));
-        snprintf(name, sizeof name, "block%d.fc1", l);
+        snprintf(name, sizeof name, "block%d.fc1", id);
         ST_TRY(layout_linear(m, name, W, H, &bo[l].fc1));
-        snprintf(name, sizeof name, "block%d.fc2", l);
+        snprintf(name, sizeof name, "block%d.fc2", id);
         ST_TRY(layout_linear(m, name, H, W, &bo[l].fc2));
     }
     ST_TRY(layout_norm(m, "final_ln", W, lnf));
@@ -375,9 +389,16 @@ st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena
     if (batch < 1 || batch > (1 << 20))
         return st_fail(ST_ERR_INVALID, "batch must be in [1, 2^20], got %d", batch);
     st_model *m = calloc(1, sizeof *m);
-    if (!m)
+    if (!m || !(m->block_ids = malloc((size_t)cfg->depth * sizeof *m->block_ids))) {
+        free(m);
         return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
+    }
     m->cfg = *cfg;
+    m->full_depth = cfg->full_depth ? cfg->full_depth : cfg->depth;
+    for (int l = 0; l < cfg->depth; l++)
+        m->block_ids[l] = cfg->block_ids ? cfg->block_ids[l] : l;
+    m->cfg.block_ids = m->block_ids;
+    m->cfg.full_depth = m->full_depth;
     m->batch = batch;
     m->arena = arena;
     st_status s;
@@ -406,6 +427,7 @@ void st_model_destroy(st_model *m)
         return;
     st_nn_ctx_destroy(&m->ctx);
     free(m->segs);
+    free(m->block_ids);
     free(m->dense);
     free(m->blocks);
     free(m);
@@ -416,6 +438,21 @@ static int ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), k = strlen(suffix);
     return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* resmlp lays out 2 stem segments, 6 per block, then 4 (final norm, head).
+ * A subnetwork's segment i is segment full_segment_index(i) of the full
+ * model: that index names the RNG stream it is initialised from. */
+enum { STEM_SEGS = 2, BLOCK_SEGS = 6 };
+
+static uint64_t full_segment_index(const st_model *m, int i)
+{
+    if (m->cfg.kind != ST_MODEL_RESMLP || i < STEM_SEGS)
+        return (uint64_t)i;
+    int l = (i - STEM_SEGS) / BLOCK_SEGS;
+    if (l < m->cfg.depth)
+        return (uint64_t)(STEM_SEGS + BLOCK_SEGS * m->block_ids[l] + (i - STEM_SEGS) % BLOCK_SEGS);
+    return (uint64_t)(i + BLOCK_SEGS * (m->full_depth - m->cfg.depth));
 }
 
 void st_model_init_params(st_model *m, uint64_t seed)
@@ -440,7 +477,7 @@ void st_model_init_params(st_model *m, uint64_t seed)
                       ? m->segs[i - 1].count / s->count
                       : s->count / m->segs[i + 1].count;
         float bound = 1.0f / sqrtf((float)fan_in);
-        st_rng r = st_rng_split(&init_root, (uint64_t)i);
+        st_rng r = st_rng_split(&init_root, full_segment_index(m, i));
         for (size_t j = 0; j < s->count; j++)
             p[j] = (2.0f * st_rng_uniform(&r) - 1.0f) * bound;
     }
@@ -486,6 +523,47 @@ st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *co
     *loss_sum += sum;
     *correct += hits;
     return ST_OK;
+}
+
+size_t st_model_full_param_count(const st_model *m)
+{
+    st_model_config full = m->cfg;
+    full.depth = m->full_depth;
+    return st_model_config_param_count(&full);
+}
+
+/* Consecutive segments whose full-layout positions are consecutive too
+ * make one range. */
+int st_model_full_ranges(const st_model *m, st_range *ranges, size_t *local, int cap)
+{
+    const size_t W = (size_t)m->cfg.width, H = (size_t)hidden_of(&m->cfg);
+    const size_t stem = (size_t)m->cfg.in_dim * W + W;
+    const size_t block = 2 * W + (W * H + H) + (H * W + W);
+    int n = 0;
+    size_t pos = 0;     /* in this model's vector */
+    for (int i = 0; i < m->n_segs; i++) {
+        const st_param_segment *s = &m->segs[i];
+        size_t full;
+        int l = (i - STEM_SEGS) / BLOCK_SEGS;
+        if (m->cfg.kind != ST_MODEL_RESMLP || i < STEM_SEGS)
+            full = s->offset;
+        else if (l < m->cfg.depth)
+            full = stem + (size_t)m->block_ids[l] * block + (s->offset - stem - (size_t)l * block);
+        else
+            full = s->offset + (size_t)(m->full_depth - m->cfg.depth) * block;
+        if (n > 0 && ranges[n - 1].end == full && local[n - 1] + (ranges[n - 1].end -
+                                                     ranges[n - 1].begin) == pos) {
+            ranges[n - 1].end += s->count;
+        } else {
+            if (n == cap)
+                return -1;
+            ranges[n] = (st_range){ full, full + s->count };
+            local[n] = pos;
+            n++;
+        }
+        pos += s->count;
+    }
+    return n;
 }
 
 static double linear_flops(const st_linear *l)

@@ -29,6 +29,8 @@ typedef struct st_dense {
 
 struct st_model {
     st_model_config cfg;
+    int *block_ids;        /* depth entries (a copy; cfg.block_ids points here) */
+    int full_depth;        /* cfg.full_depth, or depth for a whole model */
     int batch;
     st_arena *arena;
     st_nn_ctx ctx;
