@@ -93,7 +93,14 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--data ''", "--data");
     expect_usage_error("--workers 0", "--workers");
     expect_usage_error("--workers many", "--workers");
-    expect_usage_error("--strategy sdp", "allowed: dp");
+    expect_usage_error("--strategy pp", "allowed: dp");
+    expect_usage_error("--strategy sdp --coverage 0", "--coverage");
+    expect_usage_error("--strategy sdp --coverage 1.5", "--coverage");
+    expect_usage_error("--strategy sdp --masking sideways", "allowed: forward, backward");
+    expect_usage_error("--strategy sdp --masking backward", "not implemented yet");
+    expect_usage_error("--strategy sdp --subnet neuron", "not implemented yet");
+    expect_usage_error("--strategy sdp --resample 10", "not implemented yet");
+    expect_usage_error("--strategy sdp --model mlp", "resmlp");
     expect_usage_error("--cpuset ''", "--cpuset");
     expect_usage_error("--topology synthetic:pack:2", "subtrain topo");
 }
@@ -120,7 +127,8 @@ Test(cli, help_and_version)
                                  "--optimizer", "--lr", "--momentum", "--weight-decay",
                                  "--schedule", "--warmup", "--seed", "--metrics",
                                  "--progress", "--quiet", "--help", "--version",
-                                 "--strategy", "--workers", "--oversubscribe", "--cpuset" };
+                                 "--strategy", "--workers", "--oversubscribe", "--cpuset",
+                                 "--subnet", "--masking", "--coverage", "--resample" };
     for (size_t i = 0; i < sizeof documented / sizeof *documented; i++)
         cr_assert(strstr(r->out, documented[i]), "--help does not mention %s", documented[i]);
     run(r, NULL, "--version");

@@ -505,3 +505,86 @@ Test(dp, a_data_parallel_step_makes_no_heap_allocation, .timeout = 60)
     st_dataset_free(&train);
     st_dataset_free(&test);
 }
+
+/* ------------------------------------------------------------ subnetworks */
+
+static st_train_config sdp_config(int workers, double coverage, uint64_t steps)
+{
+    st_train_config c = dp_config(workers, 16, steps);
+    c.strategy = ST_STRATEGY_SDP;
+    c.subnet = ST_SUBNET_BLOCK;
+    c.masking = ST_MASKING_FORWARD;
+    c.coverage = coverage;
+    c.model.depth = 4;
+    return c;
+}
+
+/* Coverage 1: every worker holds every block, so SDP with forward masking
+ * is data parallelism, to the bit (same init, same products, same
+ * reduction order), although it goes through subnetwork models and compact
+ * attachment. */
+Test(sdp, coverage_one_is_bitwise_data_parallelism, .timeout = 120)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    recorder *dp = calloc(1, sizeof *dp), *sdp = calloc(1, sizeof *sdp);
+    st_train_config cs = sdp_config(2, 1.0, 40), cd = cs;
+    cd.strategy = ST_STRATEGY_DP;
+    st_epoch_record fd = train_recorded(&cd, &train, &test, dp);
+    st_epoch_record fs = train_recorded(&cs, &train, &test, sdp);
+    cr_assert_eq(dp->steps, sdp->steps);
+    cr_assert_eq(memcmp(dp->losses, sdp->losses, dp->steps * sizeof(float)), 0,
+                 "every step's loss is bitwise the same");
+    cr_assert_eq(fd.test_acc, fs.test_acc);
+    cr_assert_float_eq(fd.test_loss, fs.test_loss, 1e-9 * fd.test_loss,
+                       "evaluation sums in another order only");
+    free(dp);
+    free(sdp);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+/* Coverage 1/2 over 4 workers: every block is trained by 2 workers, each
+ * worker runs 2 of 4 blocks; per-worker memory falls, the run learns, and
+ * two runs are bitwise identical. */
+Test(sdp, half_coverage_learns_with_less_memory_and_is_deterministic, .timeout = 120)
+{
+    st_dataset train, test;
+    make_data(11, &train, &test);
+    recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *d = calloc(1, sizeof *d);
+    st_train_config cs = sdp_config(4, 0.5, 512), cd = cs;
+    cd.strategy = ST_STRATEGY_DP;
+    st_epoch_record fa = train_recorded(&cs, &train, &test, a);
+    st_epoch_record fb = train_recorded(&cs, &train, &test, b);
+    st_epoch_record fd = train_recorded(&cd, &train, &test, d);
+    cr_assert_eq(memcmp(a->losses, b->losses, a->steps * sizeof(float)), 0);
+    cr_log_info("4 workers, 512 steps: dp test_acc %.4f peak %zu B; sdp block C=0.5 test_acc "
+                "%.4f peak %zu B", fd.test_acc, fd.memory.peak_total, fa.test_acc,
+                fa.memory.peak_total);
+    cr_assert_geq(fa.test_acc, SYNTH_MIN_ACCURACY, "sdp reached only %.4f", fa.test_acc);
+    cr_assert_lt(fa.memory.peak[ST_MEM_WEIGHTS], fd.memory.peak[ST_MEM_WEIGHTS]);
+    cr_assert_lt(fa.memory.peak[ST_MEM_ACTIVATIONS], fd.memory.peak[ST_MEM_ACTIVATIONS]);
+    cr_assert_lt(fa.memory.peak_total, fd.memory.peak_total);
+    (void)fb;
+    free(a);
+    free(b);
+    free(d);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+Test(sdp, unimplemented_variants_and_bad_coverage_are_refused)
+{
+    st_train_config c = sdp_config(2, 0.5, 10);
+    c.masking = ST_MASKING_BACKWARD;
+    cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
+    c = sdp_config(2, 0.5, 10);
+    c.subnet = ST_SUBNET_NEURON;
+    cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
+    c = sdp_config(2, 0.5, 10);
+    c.coverage = 0.0;
+    cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
+    c = sdp_config(2, 0.5, 10);
+    c.model.kind = ST_MODEL_MLP;
+    cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
+}

@@ -17,18 +17,24 @@
 #include <subtrain/model.h>
 #include <subtrain/optim.h>
 #include <subtrain/status.h>
+#include <subtrain/subnet.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum st_strategy { ST_STRATEGY_DP } st_strategy;
+typedef enum st_strategy { ST_STRATEGY_DP, ST_STRATEGY_SDP } st_strategy;
 
 const char *st_strategy_name(st_strategy s);
 int st_strategy_parse(const char *name, st_strategy *out);
 
 typedef struct st_train_config {
-    st_strategy strategy;     /* dp: every worker trains the full model */
+    st_strategy strategy;     /* dp: every worker trains the full model;
+                               * sdp: each worker trains its subnetwork */
+    st_subnet_kind subnet;    /* sdp: units (block) */
+    st_masking masking;       /* sdp: forward */
+    double coverage;          /* sdp: fraction of workers holding each unit */
+    uint64_t resample;        /* sdp: redraw the masks every R steps; 0: fixed */
     int workers;              /* worker threads; 0: one per physical core */
     const char *topology;     /* NULL: this machine (training binds for real) */
     const char *cpuset;       /* NULL: the process's; else OS PU list "0-3" */

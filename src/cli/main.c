@@ -62,9 +62,13 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
         printf("%llu steps", (unsigned long long)t->steps);
     else
         printf("%d epochs", t->epochs);
-    printf(", seed %llu | data %s (%u train, %u test) | %s, ",
+    printf(", seed %llu | data %s (%u train, %u test) | %s",
            (unsigned long long)t->seed, o->data, train->count, test->count,
            st_strategy_name(t->strategy));
+    if (t->strategy == ST_STRATEGY_SDP)
+        printf(" (%s, %s masking, coverage %g)", st_subnet_kind_name(t->subnet),
+               st_masking_name(t->masking), t->coverage);
+    printf(", ");
     if (t->workers)
         printf("%d worker%s\n", t->workers, t->workers == 1 ? "" : "s");
     else
@@ -80,7 +84,8 @@ static void print_summary(const st_epoch_record *r)
            r->workers, r->workers == 1 ? "" : "s", r->step_ms_compute, r->step_ms_wait,
            r->step_ms_reduce, r->step_ms_optimizer);
     if (r->workers > 1)
-        printf("communication per worker and step: %.2f MB (a ring all-reduce would send %.2f MB)\n",
+        printf("communication per worker and step: %.2f MB (data parallelism as a ring all-reduce "
+               "would send %.2f MB)\n",
                r->comm_bytes_per_worker_step / 1e6, r->ring_bytes_per_worker_step / 1e6);
     printf("peak memory per worker: %.1f MiB (", (double)m->peak_total / 1048576.0);
     for (int k = 0; k < ST_MEM_KIND_COUNT; k++)

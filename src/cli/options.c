@@ -15,6 +15,7 @@ enum {
     OPT_EPOCHS, OPT_STEPS, OPT_BATCH, OPT_OPTIMIZER, OPT_LR, OPT_MOMENTUM,
     OPT_WEIGHT_DECAY, OPT_SCHEDULE, OPT_WARMUP, OPT_SEED, OPT_METRICS, OPT_PROGRESS,
     OPT_STRATEGY, OPT_WORKERS, OPT_TOPOLOGY, OPT_CPUSET, OPT_OVERSUBSCRIBE,
+    OPT_SUBNET, OPT_MASKING, OPT_COVERAGE, OPT_RESAMPLE,
 };
 
 static const struct option long_options[] = {
@@ -41,6 +42,10 @@ static const struct option long_options[] = {
     { "topology", required_argument, NULL, OPT_TOPOLOGY },
     { "cpuset", required_argument, NULL, OPT_CPUSET },
     { "oversubscribe", no_argument, NULL, OPT_OVERSUBSCRIBE },
+    { "subnet", required_argument, NULL, OPT_SUBNET },
+    { "masking", required_argument, NULL, OPT_MASKING },
+    { "coverage", required_argument, NULL, OPT_COVERAGE },
+    { "resample", required_argument, NULL, OPT_RESAMPLE },
     { "quiet", no_argument, NULL, 'q' },
     { "help", no_argument, NULL, 'h' },
     { "version", no_argument, NULL, 'V' },
@@ -56,8 +61,15 @@ void st_cli_print_help(FILE *f)
 "prints where the workers would run.\n"
 "\n"
 "Workers:\n"
-"  --strategy dp          data parallelism: every worker trains the full model on\n"
-"                         its part of each global batch (default dp)\n"
+"  --strategy dp|sdp      dp: data parallelism, every worker trains the full model\n"
+"                         on its part of each global batch (default); sdp: each\n"
+"                         worker trains its subnetwork, each parameter averaged\n"
+"                         over the workers that hold it\n"
+"  --subnet block         sdp units: residual blocks of resmlp (default block)\n"
+"  --masking forward      sdp: each worker runs only its blocks (default forward)\n"
+"  --coverage C           sdp: each block held by max(1, round(C x workers))\n"
+"                         workers, C in (0, 1] (default 0.5)\n"
+"  --resample R           sdp: redraw the masks every R steps (default 0: fixed)\n"
 "  --workers N|cores      worker threads, each pinned to a core, its memory on its\n"
 "                         NUMA node (default 1; cores: one per physical core)\n"
 "  --oversubscribe        allow more workers than allowed PUs (with a warning)\n"
@@ -182,6 +194,8 @@ static int parse_act(const char *s, void *o) { return st_activation_parse(s, o);
 static int parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
 static int parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
 static int parse_strategy(const char *s, void *o) { return st_strategy_parse(s, o); }
+static int parse_subnet(const char *s, void *o) { return st_subnet_kind_parse(s, o); }
+static int parse_masking(const char *s, void *o) { return st_masking_parse(s, o); }
 
 static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epochs,
                         int *saw_steps, char *err, size_t n)
@@ -218,7 +232,7 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         o->metrics_path = arg;
         return 0;
     case OPT_PROGRESS: return parse_choice("progress", arg, parse_progress, &o->progress, "auto, bar, plain, none", err, n);
-    case OPT_STRATEGY: return parse_choice("strategy", arg, parse_strategy, &t->strategy, "dp", err, n);
+    case OPT_STRATEGY: return parse_choice("strategy", arg, parse_strategy, &t->strategy, "dp, sdp", err, n);
     case OPT_WORKERS:
         if (strcmp(arg, "cores") == 0) {
             t->workers = 0;
@@ -236,6 +250,16 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         t->cpuset = arg;
         return 0;
     case OPT_OVERSUBSCRIBE: t->oversubscribe = 1; return 0;
+    case OPT_SUBNET: return parse_choice("subnet", arg, parse_subnet, &t->subnet, "block, neuron", err, n);
+    case OPT_MASKING: return parse_choice("masking", arg, parse_masking, &t->masking, "forward, backward", err, n);
+    case OPT_COVERAGE: {
+        float cov;
+        if (parse_float("coverage", arg, 0.0, 1.0, 1, &cov, err, n))
+            return -1;
+        t->coverage = cov;
+        return 0;
+    }
+    case OPT_RESAMPLE: return parse_u64("resample", arg, 1000000000ull, &t->resample, err, n);
     case 'q': o->quiet = 1; return 0;
     case 'h': o->action = ST_CLI_HELP; return 0;
     case 'V': o->action = ST_CLI_VERSION; return 0;

@@ -39,7 +39,7 @@
 
 const char *st_strategy_name(st_strategy s)
 {
-    return s == ST_STRATEGY_DP ? "dp" : "unknown";
+    return s == ST_STRATEGY_DP ? "dp" : s == ST_STRATEGY_SDP ? "sdp" : "unknown";
 }
 
 int st_strategy_parse(const char *name, st_strategy *out)
@@ -48,13 +48,44 @@ int st_strategy_parse(const char *name, st_strategy *out)
         *out = ST_STRATEGY_DP;
         return 0;
     }
+    if (strcmp(name, "sdp") == 0) {
+        *out = ST_STRATEGY_SDP;
+        return 0;
+    }
     return -1;
+}
+
+/* What of subnetwork data parallelism exists so far: block-level units with
+ * forward masking and fixed masks (doc/status.md lists the rest). */
+static st_status check_sdp(const st_train_config *c)
+{
+    if (c->strategy != ST_STRATEGY_SDP)
+        return ST_OK;
+    if (!(c->coverage > 0.0 && c->coverage <= 1.0))
+        return st_fail(ST_ERR_INVALID, "coverage must be in (0, 1], got %g", c->coverage);
+    if (c->model.kind != ST_MODEL_RESMLP)
+        return st_fail(ST_ERR_INVALID, "sdp trains subnetworks of resmlp blocks; --model %s has none",
+                       st_model_kind_name(c->model.kind));
+    if (c->subnet != ST_SUBNET_BLOCK)
+        return st_fail(ST_ERR_INVALID, "--subnet %s is not implemented yet (block is)",
+                       st_subnet_kind_name(c->subnet));
+    if (c->masking != ST_MASKING_FORWARD)
+        return st_fail(ST_ERR_INVALID, "--masking %s is not implemented yet (forward is)",
+                       st_masking_name(c->masking));
+    if (c->resample != 0)
+        return st_fail(ST_ERR_INVALID, "--resample is not implemented yet: masks are fixed for "
+                       "the run (--resample 0)");
+    return ST_OK;
 }
 
 st_train_config st_train_config_default(void)
 {
     st_train_config c = {
         .strategy = ST_STRATEGY_DP,
+        .subnet = ST_SUBNET_BLOCK,
+        .masking = ST_MASKING_FORWARD,
+        .coverage = 0.5,
+        .resample = 0,
         .workers = 1,
         .model = st_model_config_default(),
         .optim = st_optim_config_default(),
@@ -72,8 +103,9 @@ st_status st_train_config_check(const st_train_config *c)
 {
     ST_TRY(st_model_config_check(&c->model));
     ST_TRY(st_optim_config_check(&c->optim));
-    if (c->strategy != ST_STRATEGY_DP)
-        return st_fail(ST_ERR_INVALID, "unknown strategy %d (allowed: dp)", (int)c->strategy);
+    if (c->strategy != ST_STRATEGY_DP && c->strategy != ST_STRATEGY_SDP)
+        return st_fail(ST_ERR_INVALID, "unknown strategy %d (allowed: dp, sdp)", (int)c->strategy);
+    ST_TRY(check_sdp(c));
     if (c->workers < 0 || c->workers > 4096)
         return st_fail(ST_ERR_INVALID, "workers must be in [1, 4096] (or 0: one per core), got %d",
                        c->workers);
@@ -149,6 +181,9 @@ typedef struct run_shared {
     st_topology *topology;
     st_plan placement;
     st_comm *comm;                    /* NULL with one worker */
+    st_assignment assign;             /* sdp: which worker holds which block */
+    st_arena eval_arena;              /* sdp: worker 0's full model for evaluation */
+    st_model *eval_model;
     worker_slot *slots;               /* n */
     double t0;
     atomic_int failed;                /* the first failure wins the message */
@@ -232,7 +267,7 @@ static st_status solo_step(run_shared *r, st_worker *w, uint64_t i, uint64_t ste
  * over the workers (all replicas are identical after the all-gather);
  * worker 0 adds the sums up in worker order, so the result does not depend
  * on timing. */
-static st_status evaluate(run_shared *r, st_worker *w, double *loss, double *acc)
+static st_status evaluate_replicas(run_shared *r, st_worker *w, double *loss, double *acc)
 {
     const st_dataset *d = r->test;
     const uint32_t B = (uint32_t)r->cfg->batch;
@@ -258,6 +293,45 @@ static st_status evaluate(run_shared *r, st_worker *w, double *loss, double *acc
         *acc = (double)correct / d->count;
     }
     return ST_OK;
+}
+
+/* Subnetworks: evaluation always uses the full model.  Worker 0 keeps one
+ * (in an arena of its own: it is not training memory), fills it from every
+ * owner's master shard, which after the epoch's last all-gather holds the
+ * current values, and runs the whole test set; the others wait. */
+static st_status evaluate_full(run_shared *r, st_worker *w, double *loss, double *acc)
+{
+    ST_TRY(sync_workers(r, w->id)); /* every master shard is final */
+    if (w->id == 0) {
+        float *p = st_model_params(r->eval_model);
+        for (int k = 0; k < r->n; k++) {
+            st_range sh = st_comm_shard(r->comm, k);
+            memcpy(p + sh.begin, st_comm_shard_params(r->comm, k),
+                   (sh.end - sh.begin) * sizeof *p);
+        }
+        const st_dataset *d = r->test;
+        const int B = st_model_batch(r->eval_model);
+        float *x = st_model_input(r->eval_model);
+        int32_t *y = st_model_labels(r->eval_model);
+        double sum = 0.0;
+        int64_t correct = 0;
+        for (uint32_t first = 0; first < d->count; first += (uint32_t)B) {
+            int rows = d->count - first < (uint32_t)B ? (int)(d->count - first) : B;
+            memcpy(x, d->x + (size_t)first * d->dim, (size_t)rows * d->dim * sizeof *x);
+            memset(x + (size_t)rows * d->dim, 0, (size_t)(B - rows) * d->dim * sizeof *x);
+            for (int i = 0; i < B; i++)
+                y[i] = i < rows ? d->y[first + (uint32_t)i] : 0;
+            ST_TRY(st_model_evaluate(r->eval_model, rows, &sum, &correct));
+        }
+        *loss = sum / d->count;
+        *acc = (double)correct / d->count;
+    }
+    return sync_workers(r, w->id);
+}
+
+static st_status evaluate(run_shared *r, st_worker *w, double *loss, double *acc)
+{
+    return r->eval_model ? evaluate_full(r, w, loss, acc) : evaluate_replicas(r, w, loss, acc);
 }
 
 /* ------------------------------------------------------------ records */
@@ -386,22 +460,65 @@ static void report_warnings(run_shared *r)
 
 /* Binds, builds, attaches, trains: everything worker w does, on its own
  * thread. */
+/* Worker w's model: the whole one, or (sdp) the blocks it holds. */
+static st_status init_worker_model(run_shared *r, int wid, st_worker *w,
+                                   const st_chunk_backend *backend)
+{
+    if (r->cfg->strategy != ST_STRATEGY_SDP)
+        return st_worker_init(w, wid, r->cfg, r->train->count, backend);
+    const st_assignment *a = &r->assign;
+    int *ids = malloc((size_t)a->count[wid] * sizeof *ids);
+    if (!ids)
+        return st_fail(ST_ERR_NOMEM, "out of memory for worker %d's block list", wid);
+    int n = 0;
+    for (int u = 0; u < a->n_units; u++)
+        if (st_assignment_holds(a, wid, u))
+            ids[n++] = u;
+    st_train_config mine = *r->cfg;
+    mine.model.depth = n;
+    mine.model.full_depth = r->cfg->model.depth;
+    mine.model.block_ids = ids;
+    st_status s = st_worker_init(w, wid, &mine, r->train->count, backend);
+    free(ids);
+    return s;
+}
+
+/* Registers w's vectors with the reduction engine: which elements of the
+ * full vector it holds, and where they sit in its own. */
+static st_status attach_worker(run_shared *r, int wid, st_worker *w)
+{
+    int cap = st_model_get_config(w->model)->depth + 3;
+    st_range *ranges = malloc((size_t)cap * sizeof *ranges);
+    size_t *local = malloc((size_t)cap * sizeof *local);
+    st_status s = ST_OK;
+    int n = ranges && local ? st_model_full_ranges(w->model, ranges, local, cap) : -1;
+    if (n < 0)
+        s = st_fail(ST_ERR_NOMEM, "out of memory for worker %d's ranges", wid);
+    else
+        s = st_comm_attach_compact(r->comm, wid, &w->arena, st_model_grads(w->model),
+                                   st_model_params(w->model), ranges, local, n);
+    free(ranges);
+    free(local);
+    return s;
+}
+
 static st_status worker_main(run_shared *r, int wid, st_worker *w)
 {
     worker_slot *slot = &r->slots[wid];
     const st_placement *pl = &r->placement.workers[wid];
     ST_TRY(st_plan_bind_self(r->topology, &r->placement, wid));
     st_chunk_backend backend = st_numa_backend(&slot->numa, r->topology, pl->numa_os);
-    ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, &backend));
-    size_t P = st_model_param_count(w->model);
+    ST_TRY(init_worker_model(r, wid, w, &backend));
     if (r->comm) {
-        st_range all = { 0, P };
-        ST_TRY(st_comm_attach(r->comm, wid, &w->arena, st_model_grads(w->model),
-                              st_model_params(w->model), &all, 1));
+        ST_TRY(attach_worker(r, wid, w));
         st_range shard = st_comm_shard(r->comm, wid);
         ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
     } else {
-        ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, P));
+        ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, st_model_param_count(w->model)));
+    }
+    if (wid == 0 && r->cfg->strategy == ST_STRATEGY_SDP) {
+        st_arena_init(&r->eval_arena, "evaluation", &backend, 0);
+        ST_TRY(st_model_create(&r->cfg->model, r->cfg->batch, &r->eval_arena, &r->eval_model));
     }
     ST_TRY(sync_workers(r, wid)); /* every arena has its chunks */
     if (wid == 0)
@@ -448,11 +565,19 @@ static st_status prepare(run_shared *r)
     ST_TRY(st_plan_make(r->topology, &req, &r->placement));
     r->n = r->placement.n_workers;
     ST_TRY(make_plan(cfg, r->n, r->train, &r->plan));
+    if (cfg->strategy == ST_STRATEGY_SDP) {
+        int k = st_subnet_holders_per_unit(r->n, cfg->coverage);
+        if ((long)cfg->model.depth * k < r->n)
+            return st_fail(ST_ERR_INVALID, "coverage %g of %d blocks over %d workers leaves some "
+                           "worker without a block (%d blocks x %d holders < %d workers)",
+                           cfg->coverage, cfg->model.depth, r->n, cfg->model.depth, k, r->n);
+        ST_TRY(st_assignment_make(r->n, cfg->model.depth, k, cfg->seed, 0, &r->assign));
+    }
     r->slots = aligned_alloc(64, sizeof(worker_slot) * (size_t)r->n);
     if (!r->slots)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d worker slots", r->n);
     memset(r->slots, 0, sizeof(worker_slot) * (size_t)r->n);
-    if (r->n > 1) {
+    if (r->n > 1 || cfg->strategy == ST_STRATEGY_SDP) {
         int *domain_of = malloc(sizeof(int) * (size_t)r->n);
         if (!domain_of)
             return st_fail(ST_ERR_NOMEM, "out of memory for the reduction plan");
@@ -468,6 +593,9 @@ static st_status prepare(run_shared *r)
 
 static void release(run_shared *r)
 {
+    st_model_destroy(r->eval_model);
+    st_arena_release(&r->eval_arena);
+    st_assignment_free(&r->assign);
     st_comm_destroy(r->comm);
     free(r->slots);
     st_plan_free(&r->placement);
