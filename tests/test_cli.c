@@ -101,6 +101,7 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--strategy sdp --subnet neuron", "not implemented yet");
     expect_usage_error("--strategy sdp --resample 10", "not implemented yet");
     expect_usage_error("--strategy sdp --model mlp", "resmlp");
+    expect_usage_error("--strategy sdp --branch-scale half", "allowed: none, inverse-coverage");
     expect_usage_error("--cpuset ''", "--cpuset");
     expect_usage_error("--topology synthetic:pack:2", "subtrain topo");
 }
@@ -128,7 +129,8 @@ Test(cli, help_and_version)
                                  "--schedule", "--warmup", "--seed", "--metrics",
                                  "--progress", "--quiet", "--help", "--version",
                                  "--strategy", "--workers", "--oversubscribe", "--cpuset",
-                                 "--subnet", "--masking", "--coverage", "--resample" };
+                                 "--subnet", "--masking", "--coverage", "--resample",
+                                 "--branch-scale" };
     for (size_t i = 0; i < sizeof documented / sizeof *documented; i++)
         cr_assert(strstr(r->out, documented[i]), "--help does not mention %s", documented[i]);
     run(r, NULL, "--version");

@@ -44,6 +44,10 @@ typedef struct st_model_config {
      * full-layout ranges follow the full model.  0 / NULL: a whole model. */
     int full_depth;
     const int *block_ids;
+    /* resmlp: each block adds branch_scale x its branch to the residual
+     * stream (0 or 1: plain).  Subnetworks use 1 / coverage in training so
+     * that a block's expected contribution matches the full model's. */
+    float branch_scale;
 } st_model_config;
 
 /* resmlp, depth 4, width 256, hidden = width, GELU, 784 inputs, 10 classes. */

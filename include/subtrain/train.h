@@ -35,6 +35,10 @@ typedef struct st_train_config {
     st_masking masking;       /* sdp: forward */
     double coverage;          /* sdp: fraction of workers holding each unit */
     uint64_t resample;        /* sdp: redraw the masks every R steps; 0: fixed */
+    int scale_branches;       /* sdp, forward masking: in training each block's
+                               * branch is scaled by 1 / coverage (N / k);
+                               * evaluation runs the full model unscaled.
+                               * Default on: chosen by measurement (doc/sdp.md) */
     int workers;              /* worker threads; 0: one per physical core */
     const char *topology;     /* NULL: this machine (training binds for real) */
     const char *cpuset;       /* NULL: the process's; else OS PU list "0-3" */

@@ -15,7 +15,7 @@ enum {
     OPT_EPOCHS, OPT_STEPS, OPT_BATCH, OPT_OPTIMIZER, OPT_LR, OPT_MOMENTUM,
     OPT_WEIGHT_DECAY, OPT_SCHEDULE, OPT_WARMUP, OPT_SEED, OPT_METRICS, OPT_PROGRESS,
     OPT_STRATEGY, OPT_WORKERS, OPT_TOPOLOGY, OPT_CPUSET, OPT_OVERSUBSCRIBE,
-    OPT_SUBNET, OPT_MASKING, OPT_COVERAGE, OPT_RESAMPLE,
+    OPT_SUBNET, OPT_MASKING, OPT_COVERAGE, OPT_RESAMPLE, OPT_BRANCH_SCALE,
 };
 
 static const struct option long_options[] = {
@@ -46,6 +46,7 @@ static const struct option long_options[] = {
     { "masking", required_argument, NULL, OPT_MASKING },
     { "coverage", required_argument, NULL, OPT_COVERAGE },
     { "resample", required_argument, NULL, OPT_RESAMPLE },
+    { "branch-scale", required_argument, NULL, OPT_BRANCH_SCALE },
     { "quiet", no_argument, NULL, 'q' },
     { "help", no_argument, NULL, 'h' },
     { "version", no_argument, NULL, 'V' },
@@ -70,6 +71,8 @@ void st_cli_print_help(FILE *f)
 "  --coverage C           sdp: each block held by max(1, round(C x workers))\n"
 "                         workers, C in (0, 1] (default 0.5)\n"
 "  --resample R           sdp: redraw the masks every R steps (default 0: fixed)\n"
+"  --branch-scale none|inverse-coverage   sdp: scale each block's residual branch\n"
+"                         by 1/coverage in training (default inverse-coverage)\n"
 "  --workers N|cores      worker threads, each pinned to a core, its memory on its\n"
 "                         NUMA node (default 1; cores: one per physical core)\n"
 "  --oversubscribe        allow more workers than allowed PUs (with a warning)\n"
@@ -260,6 +263,12 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         return 0;
     }
     case OPT_RESAMPLE: return parse_u64("resample", arg, 1000000000ull, &t->resample, err, n);
+    case OPT_BRANCH_SCALE:
+        if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-coverage") == 0) {
+            t->scale_branches = strcmp(arg, "none") != 0;
+            return 0;
+        }
+        return fail(err, n, "--branch-scale: unknown value '%s' (allowed: none, inverse-coverage)", arg);
     case 'q': o->quiet = 1; return 0;
     case 'h': o->action = ST_CLI_HELP; return 0;
     case 'V': o->action = ST_CLI_VERSION; return 0;

@@ -148,15 +148,22 @@ st_status st_prim_create_pair(st_nn_ctx *ctx, st_prim *fwd, const void *fwd_desc
     return s;
 }
 
-st_status st_prim_create_with_add(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
-                                  const dnnl_memory_desc_t *src1_md, const char *what)
+st_status st_prim_create_with_post_ops(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
+                                       float scale, const dnnl_memory_desc_t *src1_md,
+                                       const char *what)
 {
+    if (scale == 1.0f && !src1_md)
+        return st_prim_create(ctx, p, op_desc, NULL, what, NULL);
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t ops = NULL;
     dnnl_status_t s = dnnl_primitive_attr_clone(&attr, ctx->attr);
     if (s == dnnl_success)
         s = dnnl_post_ops_create(&ops);
-    if (s == dnnl_success)
+    /* Order matters: the scale applies to the product (and its bias), the
+     * add comes after it. */
+    if (s == dnnl_success && scale != 1.0f)
+        s = dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_linear, scale, 0.0f);
+    if (s == dnnl_success && src1_md)
         s = dnnl_post_ops_append_binary(ops, dnnl_binary_add, src1_md);
     if (s == dnnl_success)
         s = dnnl_primitive_attr_set_post_ops(attr, ops);

@@ -77,11 +77,14 @@ st_status st_prim_create_pair(st_nn_ctx *ctx, st_prim *fwd, const void *fwd_desc
                               st_prim *bwd, const void *bwd_desc, const char *fwd_what,
                               const char *bwd_what);
 
-/* The same with a residual fused into the primitive: dst += src1 (a binary
- * add post-op); the caller binds src1 with
- * st_prim_arg(p, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, mem). */
-st_status st_prim_create_with_add(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
-                                  const dnnl_memory_desc_t *src1_md, const char *what);
+/* The same with post-ops fused into the primitive: dst = scale * dst
+ * (skipped when scale is 1), then dst += src1 when src1_md is not NULL (a
+ * binary add); the caller binds src1 with
+ * st_prim_arg(p, DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) | DNNL_ARG_SRC_1, mem),
+ * i being the add's position (0 without a scale, 1 with one). */
+st_status st_prim_create_with_post_ops(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
+                                       float scale, const dnnl_memory_desc_t *src1_md,
+                                       const char *what);
 void st_prim_arg(st_prim *p, int arg, dnnl_memory_t mem);
 /* The per-step call. */
 st_status st_prim_run(const st_nn_ctx *ctx, const st_prim *p);

@@ -19,6 +19,7 @@
 
 typedef struct st_linear {
     int64_t batch, in, out;
+    float scale;           /* of the product, forward and backward */
     int has_dx;            /* 0 for the first layer: nobody needs dL/dx */
     st_prim fwd;           /* y = x w^T + b */
     st_prim bwd_data;      /* dx = dy w */
@@ -29,6 +30,8 @@ typedef struct st_linear {
 typedef struct st_linear_io {
     const float *x; float *y;          /* (B, in), (B, out) */
     const float *residual;             /* NULL, or (B, out) added to y in the same pass */
+    float scale;                       /* 0 or 1: none; else y = residual + scale (x w^T + b),
+                                        * and the backward scales dy alike */
     float *dx; const float *dy;        /* dx may be NULL */
     const float *w, *b;                /* (out, in), (out) */
     float *dw, *db;

@@ -12,7 +12,7 @@
  */
 #include "nn/layers.h"
 
-/* y (B, out) = x (B, in) . w^T (in, out) + b (1, out) [+ residual (B, out)]
+/* y (B, out) = [residual (B, out) +] scale (x (B, in) . w^T (in, out) + b (1, out))
  * The residual of a skip connection is added by the matmul itself (a binary
  * post-op) while y is still in registers: one pass over y fewer than a
  * separate add, and no buffer for the branch output. */
@@ -25,13 +25,13 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
     st_md_matrix(&y_md, l->batch, l->out);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &x_md, &wt_md, &b_md, &y_md), "linear forward descriptor");
+    ST_TRY(st_prim_create_with_post_ops(ctx, &l->fwd, &d, l->scale,
+                                        io->residual ? &y_md : NULL, "linear forward"));
     if (io->residual) {
-        ST_TRY(st_prim_create_with_add(ctx, &l->fwd, &d, &y_md, "linear forward with residual"));
         dnnl_memory_t res;
         ST_TRY(st_mem_matrix(ctx, &res, l->batch, l->out, io->residual));
-        st_prim_arg(&l->fwd, DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, res);
-    } else {
-        ST_TRY(st_prim_create(ctx, &l->fwd, &d, NULL, "linear forward", NULL));
+        int at = l->scale != 1.0f; /* the add follows the scale, if any */
+        st_prim_arg(&l->fwd, DNNL_ARG_ATTR_MULTIPLE_POST_OP(at) | DNNL_ARG_SRC_1, res);
     }
 
     dnnl_memory_t x, wt, b, y;
@@ -46,7 +46,7 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
     return ST_OK;
 }
 
-/* dx (B, in) = dy (B, out) . w (out, in) */
+/* dx (B, in) = scale dy (B, out) . w (out, in) */
 static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_linear_io *io)
 {
     dnnl_memory_desc_t dy_md, w_md, dx_md;
@@ -55,7 +55,8 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
     st_md_matrix(&dx_md, l->batch, l->in);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &dy_md, &w_md, NULL, &dx_md), "linear backward-data descriptor");
-    ST_TRY(st_prim_create(ctx, &l->bwd_data, &d, NULL, "linear backward data", NULL));
+    ST_TRY(st_prim_create_with_post_ops(ctx, &l->bwd_data, &d, l->scale, NULL,
+                                        "linear backward data"));
 
     dnnl_memory_t dy, w, dx;
     ST_TRY(st_mem_matrix(ctx, &dy, l->batch, l->out, io->dy));
@@ -67,7 +68,7 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
     return ST_OK;
 }
 
-/* dw (out, in) = dy^T (out, B) . x (B, in) */
+/* dw (out, in) = scale dy^T (out, B) . x (B, in) */
 static st_status build_backward_weights(st_nn_ctx *ctx, st_linear *l, const st_linear_io *io)
 {
     dnnl_memory_desc_t dyt_md, x_md, dw_md;
@@ -76,7 +77,8 @@ static st_status build_backward_weights(st_nn_ctx *ctx, st_linear *l, const st_l
     st_md_matrix(&dw_md, l->out, l->in);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &dyt_md, &x_md, NULL, &dw_md), "linear backward-weights descriptor");
-    ST_TRY(st_prim_create(ctx, &l->bwd_weights, &d, NULL, "linear backward weights", NULL));
+    ST_TRY(st_prim_create_with_post_ops(ctx, &l->bwd_weights, &d, l->scale, NULL,
+                                        "linear backward weights"));
 
     dnnl_memory_t dyt, x, dw;
     ST_TRY(st_mem_strided(ctx, &dyt, l->out, l->batch, 1, l->out, io->dy));
@@ -88,7 +90,7 @@ static st_status build_backward_weights(st_nn_ctx *ctx, st_linear *l, const st_l
     return ST_OK;
 }
 
-/* db (1, out) = ones (1, B) . dy (B, out)
+/* db (1, out) = scale ones (1, B) . dy (B, out)
  * The batch sum as a matrix-vector product: oneDNN 2.6's reduction
  * primitive has only a reference kernel for this shape (2.3 ms per call at
  * B = 256, out = 1024, more than the layer's three GEMMs together), while
@@ -104,7 +106,8 @@ static st_status build_backward_bias(st_nn_ctx *ctx, st_linear *l, const st_line
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &ones_md, &dy_md, NULL, &db_md),
             "linear backward-bias descriptor");
-    ST_TRY(st_prim_create(ctx, &l->bwd_bias, &d, NULL, "linear backward bias", NULL));
+    ST_TRY(st_prim_create_with_post_ops(ctx, &l->bwd_bias, &d, l->scale, NULL,
+                                        "linear backward bias"));
 
     dnnl_memory_t mones, dy, db;
     ST_TRY(st_mem_matrix(ctx, &mones, 1, l->batch, ones));
@@ -122,6 +125,7 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
     l->batch = batch;
     l->in = in;
     l->out = out;
+    l->scale = io->scale == 0.0f ? 1.0f : io->scale;
     l->has_dx = io->dx != NULL;
     ST_TRY(build_forward(ctx, l, io));
     if (l->has_dx)

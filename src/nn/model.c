@@ -51,6 +51,9 @@ st_status st_model_config_check(const st_model_config *c)
         return st_fail(ST_ERR_INVALID, "input dimension must be in [1, 2^24], got %d", c->in_dim);
     if (c->n_classes < 2 || c->n_classes > 255)
         return st_fail(ST_ERR_INVALID, "number of classes must be in [2, 255], got %d", c->n_classes);
+    if (!(c->branch_scale >= 0.0f && c->branch_scale <= 1000.0f))
+        return st_fail(ST_ERR_INVALID, "branch scale must be in [0, 1000] (0: none), got %g",
+                       c->branch_scale);
     if (c->full_depth || c->block_ids) {
         if (c->kind != ST_MODEL_RESMLP)
             return st_fail(ST_ERR_INVALID, "block subnetworks are made of resmlp blocks; %s has none",
@@ -311,6 +314,7 @@ static st_status build_block(st_model *m, st_resblock *k, const float *h_in, blo
     ST_TRY(st_act_build(&m->ctx, &k->act, m->cfg.activation, B, H, k->a, k->z, m->da, m->dz));
     st_linear_io io2 = linear_io(m, o.fc2, k->z, k->h_out, m->dz, m->dh);
     io2.residual = h_in;
+    io2.scale = m->cfg.branch_scale;
     ST_TRY(st_linear_build(&m->ctx, &k->fc2, B, H, W, &io2));
     return st_add_build(&m->ctx, &k->join, B, W, m->dh, m->dtmp, m->dh);
 }

@@ -86,6 +86,7 @@ st_train_config st_train_config_default(void)
         .masking = ST_MASKING_FORWARD,
         .coverage = 0.5,
         .resample = 0,
+        .scale_branches = 1,
         .workers = 1,
         .model = st_model_config_default(),
         .optim = st_optim_config_default(),
@@ -475,6 +476,8 @@ static st_status init_worker_model(run_shared *r, int wid, st_worker *w,
         if (st_assignment_holds(a, wid, u))
             ids[n++] = u;
     st_train_config mine = *r->cfg;
+    if (r->cfg->scale_branches)
+        mine.model.branch_scale = (float)r->n / (float)a->k;
     mine.model.depth = n;
     mine.model.full_depth = r->cfg->model.depth;
     mine.model.block_ids = ids;
