@@ -102,6 +102,9 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--strategy sdp --resample 10", "not implemented yet");
     expect_usage_error("--strategy sdp --model mlp", "resmlp");
     expect_usage_error("--strategy sdp --branch-scale half", "allowed: none, inverse-coverage");
+    expect_usage_error("--report speed", "allowed: memory, align, align=N");
+    expect_usage_error("--strategy sdp --report align=0", "align");
+    expect_usage_error("--report align", "needs --strategy sdp");
     expect_usage_error("--cpuset ''", "--cpuset");
     expect_usage_error("--topology synthetic:pack:2", "subtrain topo");
 }
@@ -130,7 +133,7 @@ Test(cli, help_and_version)
                                  "--progress", "--quiet", "--help", "--version",
                                  "--strategy", "--workers", "--oversubscribe", "--cpuset",
                                  "--subnet", "--masking", "--coverage", "--resample",
-                                 "--branch-scale" };
+                                 "--branch-scale", "--report" };
     for (size_t i = 0; i < sizeof documented / sizeof *documented; i++)
         cr_assert(strstr(r->out, documented[i]), "--help does not mention %s", documented[i]);
     run(r, NULL, "--version");

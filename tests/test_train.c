@@ -588,3 +588,31 @@ Test(sdp, unimplemented_variants_and_bad_coverage_are_refused)
     c.model.kind = ST_MODEL_MLP;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
 }
+
+/* Alignment: at coverage 1 a worker's "subnetwork" is the full model with
+ * the same parameters and batch, so the cosine is 1 (up to float); at
+ * coverage 1/2 it is less than 1 and the report is there. */
+Test(sdp, alignment_is_one_at_full_coverage_and_less_below, .timeout = 120)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    recorder *r = calloc(1, sizeof *r);
+    st_train_config c = sdp_config(2, 1.0, 20);
+    c.align_every = 5;
+    st_epoch_record f = train_recorded(&c, &train, &test, r);
+    cr_assert_eq(f.align_measured, 4 * 2, "4 measurements of 2 workers");
+    cr_assert_float_eq(f.align_mean, 1.0, 1e-5, "mean %.9f", f.align_mean);
+    cr_assert_float_eq(f.align_min, 1.0, 1e-5, "min %.9f", f.align_min);
+    c = sdp_config(4, 0.5, 20);
+    c.align_every = 10;
+    f = train_recorded(&c, &train, &test, r);
+    cr_assert_eq(f.align_measured, 2 * 4);
+    cr_assert(f.align_mean > 0.0 && f.align_mean < 0.9999, "mean %.6f", f.align_mean);
+    cr_assert_leq(f.align_min, f.align_mean);
+    c = dp_config(2, 16, 10);
+    c.align_every = 5;
+    cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID, "alignment needs sdp");
+    free(r);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}

@@ -39,6 +39,8 @@ typedef struct st_train_config {
                                * branch is scaled by 1 / coverage (N / k);
                                * evaluation runs the full model unscaled.
                                * Default on: chosen by measurement (doc/sdp.md) */
+    uint64_t align_every;     /* sdp: every this many steps, measure each
+                               * worker's gradient alignment (0: never) */
     int workers;              /* worker threads; 0: one per physical core */
     const char *topology;     /* NULL: this machine (training binds for real) */
     const char *cpuset;       /* NULL: the process's; else OS PU list "0-3" */
@@ -67,6 +69,7 @@ st_status st_train_config_check(const st_train_config *cfg);
 typedef struct st_step_info {
     uint64_t step, total_steps;
     int epoch;                /* 1-based */
+    int epochs;               /* epochs in the run (the last may be partial) */
     float loss;               /* this step's mean loss */
     float lr;
     double samples_per_s;     /* over training time so far, evaluation excluded */
@@ -77,6 +80,7 @@ typedef struct st_step_info {
 /* Reported after every epoch and once at the end (final = 1). */
 typedef struct st_epoch_record {
     int epoch;
+    int epochs;               /* epochs in the run (the last may be partial) */
     uint64_t step;
     int final;
     double train_loss;        /* mean of the epoch's step losses */
@@ -96,6 +100,14 @@ typedef struct st_epoch_record {
      * forward and backward; waiting for the slowest worker; reduce-scatter
      * and all-gather; the optimizer on the worker's shard. */
     double step_ms_compute, step_ms_wait, step_ms_reduce, step_ms_optimizer;
+    /* Every worker's arena (n = workers), valid during the callback only. */
+    const st_mem_stats *worker_memory;
+    /* sdp with align_every: cosine similarity between a worker's subnetwork
+     * gradient and the full model's gradient on the same batch, over the
+     * worker's coordinates; mean and minimum over workers and the epoch's
+     * measurements (measured = 0: none taken). */
+    int align_measured;
+    double align_mean, align_min;
 } st_epoch_record;
 
 typedef struct st_train_callbacks {

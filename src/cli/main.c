@@ -116,8 +116,6 @@ static int run_train(st_cli_options *o)
     st_progress_mode mode = o->quiet ? ST_PROGRESS_NONE : o->progress;
     prog.bar = mode == ST_PROGRESS_BAR || (mode == ST_PROGRESS_AUTO && tty);
     prog.epoch_lines = mode != ST_PROGRESS_NONE;
-    uint64_t spe = train.count / (uint32_t)o->train.batch;
-    prog.epochs = o->train.steps && spe ? (int)((o->train.steps + spe - 1) / spe) : o->train.epochs;
 
     if (!o->quiet) {
         print_plan(o, &train, &test);
@@ -126,6 +124,7 @@ static int run_train(st_cli_options *o)
             fprintf(stderr, "subtrain: warning: %s\n", env);
     }
     prog.quiet = o->quiet;
+    prog.report_memory = o->report_memory && !o->quiet;
     st_train_callbacks cb = { st_progress_on_step, st_progress_on_epoch, st_progress_on_warning,
                               &prog };
     st_epoch_record final;
@@ -136,6 +135,7 @@ static int run_train(st_cli_options *o)
     }
     if (!o->quiet)
         print_summary(&final);
+
     if (prog.metrics_failed) {
         fprintf(stderr, "subtrain: writing the metrics file '%s' failed\n", o->metrics_path);
         goto out;

@@ -15,7 +15,7 @@ enum {
     OPT_EPOCHS, OPT_STEPS, OPT_BATCH, OPT_OPTIMIZER, OPT_LR, OPT_MOMENTUM,
     OPT_WEIGHT_DECAY, OPT_SCHEDULE, OPT_WARMUP, OPT_SEED, OPT_METRICS, OPT_PROGRESS,
     OPT_STRATEGY, OPT_WORKERS, OPT_TOPOLOGY, OPT_CPUSET, OPT_OVERSUBSCRIBE,
-    OPT_SUBNET, OPT_MASKING, OPT_COVERAGE, OPT_RESAMPLE, OPT_BRANCH_SCALE,
+    OPT_SUBNET, OPT_MASKING, OPT_COVERAGE, OPT_RESAMPLE, OPT_BRANCH_SCALE, OPT_REPORT,
 };
 
 static const struct option long_options[] = {
@@ -47,6 +47,7 @@ static const struct option long_options[] = {
     { "coverage", required_argument, NULL, OPT_COVERAGE },
     { "resample", required_argument, NULL, OPT_RESAMPLE },
     { "branch-scale", required_argument, NULL, OPT_BRANCH_SCALE },
+    { "report", required_argument, NULL, OPT_REPORT },
     { "quiet", no_argument, NULL, 'q' },
     { "help", no_argument, NULL, 'h' },
     { "version", no_argument, NULL, 'V' },
@@ -103,6 +104,10 @@ void st_cli_print_help(FILE *f)
 "  --seed N               seed of initialisation, shuffles and synthetic data (default 1)\n"
 "Output:\n"
 "  --metrics FILE         JSON Lines: one record per epoch and a final one\n"
+"  --report memory        every worker's peak memory by kind at the end\n"
+"  --report align[=N]     sdp: every N steps (default 50), the cosine between each\n"
+"                         worker's subnetwork gradient and the full model's on the\n"
+"                         same batch (in the epoch lines and --metrics)\n"
 "  --progress auto|bar|plain|none   live bar on a terminal, one line per epoch\n"
 "                         otherwise (default auto)\n"
 "  -q, --quiet            print nothing but errors\n"
@@ -269,6 +274,21 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             return 0;
         }
         return fail(err, n, "--branch-scale: unknown value '%s' (allowed: none, inverse-coverage)", arg);
+    case OPT_REPORT:
+        if (strcmp(arg, "memory") == 0) {
+            o->report_memory = 1;
+            return 0;
+        }
+        if (strcmp(arg, "align") == 0) {
+            t->align_every = 50;
+            return 0;
+        }
+        if (strncmp(arg, "align=", 6) == 0) {
+            if (parse_u64("report align", arg + 6, 1000000000ull, &t->align_every, err, n))
+                return -1;
+            return t->align_every ? 0 : fail(err, n, "--report align=N: N must be >= 1");
+        }
+        return fail(err, n, "--report: unknown value '%s' (allowed: memory, align, align=N)", arg);
     case 'q': o->quiet = 1; return 0;
     case 'h': o->action = ST_CLI_HELP; return 0;
     case 'V': o->action = ST_CLI_VERSION; return 0;

@@ -22,6 +22,7 @@ typedef struct st_cli_options {
     const char *metrics_path;  /* NULL: no metrics file */
     st_progress_mode progress;
     int quiet;
+    int report_memory;         /* --report memory: every worker's breakdown */
 } st_cli_options;
 
 /* Returns 0, or -1 with a message (without the program name) in err. */

@@ -47,10 +47,25 @@ void st_progress_on_step(const st_step_info *info, void *user)
     bar[BAR_WIDTH] = '\0';
     format_duration(eta, sizeof eta, info->eta_s);
     fprintf(stderr, "\r\033[Kepoch %d/%d [%s] step %llu/%llu  loss %.4f  %.0f samples/s  ETA %s",
-            info->epoch, p->epochs, bar, (unsigned long long)info->step,
+            info->epoch, info->epochs, bar, (unsigned long long)info->step,
             (unsigned long long)info->total_steps, info->loss, info->samples_per_s, eta);
     fflush(stderr);
     p->bar_visible = 1;
+}
+
+/* --report memory: the record's per-worker array lives only during the
+ * callback, so the table is printed from here. */
+static void print_memory_table(const st_epoch_record *rec)
+{
+    printf("peak memory by worker (MiB):\n%6s %9s %9s %9s %9s %9s %9s\n", "worker", "total",
+           "weights", "gradients", "optimizer", "activs", "workspace");
+    for (int w = 0; w < rec->workers; w++) {
+        const st_mem_stats *m = &rec->worker_memory[w];
+        printf("%6d %9.2f", w, (double)m->peak_total / 1048576.0);
+        for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
+            printf(" %9.2f", (double)m->peak[k] / 1048576.0);
+        printf("\n");
+    }
 }
 
 void st_progress_on_epoch(const st_epoch_record *rec, void *user)
@@ -59,12 +74,17 @@ void st_progress_on_epoch(const st_epoch_record *rec, void *user)
     clear_bar(p);
     if (p->metrics && !p->metrics_failed && st_metrics_write(p->metrics, rec) != 0)
         p->metrics_failed = 1;
+    if (rec->final && p->report_memory && rec->worker_memory)
+        print_memory_table(rec);
     if (!p->epoch_lines || rec->final)
         return;
     printf("epoch %d/%d  step %llu  train_loss %.4f  test_loss %.4f  test_acc %.4f  "
-           "%.0f samples/s  wall %.1fs\n",
-           rec->epoch, p->epochs, (unsigned long long)rec->step, rec->train_loss,
+           "%.0f samples/s  wall %.1fs",
+           rec->epoch, rec->epochs, (unsigned long long)rec->step, rec->train_loss,
            rec->test_loss, rec->test_acc, rec->samples_per_s, rec->wall_s);
+    if (rec->align_measured)
+        printf("  grad_alignment %.4f (min %.4f)", rec->align_mean, rec->align_min);
+    printf("\n");
     fflush(stdout);
 }
 

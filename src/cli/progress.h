@@ -12,12 +12,12 @@
 typedef struct st_progress {
     int bar;             /* draw the live bar */
     int epoch_lines;     /* print one line per epoch */
-    int epochs;          /* for "epoch 2/5" */
     double last_draw;    /* wall time of the last redraw */
     int bar_visible;
     FILE *metrics;       /* or NULL */
     int metrics_failed;  /* a write failed: reported once at the end */
     int quiet;           /* no warnings either */
+    int report_memory;   /* print every worker's memory with the final record */
 } st_progress;
 
 void st_progress_on_step(const st_step_info *info, void *user);

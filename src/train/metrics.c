@@ -17,6 +17,9 @@ int st_metrics_write(FILE *f, const st_epoch_record *r)
             r->lr, r->workers, m->peak_total);
     for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
         fprintf(f, "%s\"%s\":%zu", k ? "," : "", st_mem_kind_name((st_mem_kind)k), m->peak[k]);
+    if (r->align_measured)
+        fprintf(f, "},\"grad_alignment\":{\"mean\":%.6f,\"min\":%.6f,\"measurements\":%d",
+                r->align_mean, r->align_min, r->align_measured);
     fprintf(f, "},\"peak_bytes_per_worker\":%zu,\"comm_bytes_per_worker_step\":%.0f,"
                "\"ring_bytes_per_worker_step\":%.0f,\"step_ms\":{\"compute\":%.3f,"
                "\"wait\":%.3f,\"reduce\":%.3f,\"optimizer\":%.3f}}\n",

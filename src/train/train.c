@@ -22,6 +22,7 @@
  * With one worker there is no reduction: the worker updates its own vector.
  */
 #define _GNU_SOURCE /* pthread_{get,set}affinity_np */
+#include <math.h>
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
@@ -59,8 +60,12 @@ int st_strategy_parse(const char *name, st_strategy *out)
  * forward masking and fixed masks (doc/status.md lists the rest). */
 static st_status check_sdp(const st_train_config *c)
 {
-    if (c->strategy != ST_STRATEGY_SDP)
+    if (c->strategy != ST_STRATEGY_SDP) {
+        if (c->align_every)
+            return st_fail(ST_ERR_INVALID, "the alignment report compares subnetwork gradients "
+                           "with the full model's: it needs --strategy sdp");
         return ST_OK;
+    }
     if (!(c->coverage > 0.0 && c->coverage <= 1.0))
         return st_fail(ST_ERR_INVALID, "coverage must be in (0, 1], got %g", c->coverage);
     if (c->model.kind != ST_MODEL_RESMLP)
@@ -169,6 +174,12 @@ typedef struct worker_slot {
     st_mem_stats memory;
     st_comm_bytes bytes;
     st_numa_ctx numa;                 /* the arena backend's state */
+    /* Where worker 0 finds this worker's gradient for the alignment report:
+     * its vector and which full-layout ranges it holds (from its arena). */
+    const float *grads;
+    const st_range *ranges;
+    const size_t *local;
+    int n_ranges;
 } worker_slot;
 
 /* Everything the workers of one run share.  Written before the parallel
@@ -185,6 +196,9 @@ typedef struct run_shared {
     st_assignment assign;             /* sdp: which worker holds which block */
     st_arena eval_arena;              /* sdp: worker 0's full model for evaluation */
     st_model *eval_model;
+    st_mem_stats *memory;             /* n: every worker's arena, for the record */
+    double align_sum, align_min;      /* worker 0, over the current epoch */
+    int align_count;
     worker_slot *slots;               /* n */
     double t0;
     atomic_int failed;                /* the first failure wins the message */
@@ -199,6 +213,57 @@ static st_status sync_workers(run_shared *r, int w)
 }
 
 /* ------------------------------------------------------------ one step */
+
+/* Copies every owner's master shard into worker 0's full model: after an
+ * all-gather, the current values of every parameter. */
+static void load_full_model(run_shared *r)
+{
+    float *p = st_model_params(r->eval_model);
+    for (int k = 0; k < r->n; k++) {
+        st_range sh = st_comm_shard(r->comm, k);
+        memcpy(p + sh.begin, st_comm_shard_params(r->comm, k), (sh.end - sh.begin) * sizeof *p);
+    }
+}
+
+/* cos(g, G) over the coordinates worker k holds: g its subnetwork gradient
+ * (compact), G the full model's gradient on the same batch. */
+static double worker_alignment(const worker_slot *s, const float *full)
+{
+    double dot = 0.0, gg = 0.0, ff = 0.0;
+    for (int i = 0; i < s->n_ranges; i++) {
+        const float *g = s->grads + s->local[i], *f = full + s->ranges[i].begin;
+        size_t len = s->ranges[i].end - s->ranges[i].begin;
+        for (size_t j = 0; j < len; j++) {
+            dot += (double)g[j] * f[j];
+            gg += (double)g[j] * g[j];
+            ff += (double)f[j] * f[j];
+        }
+    }
+    return gg > 0.0 && ff > 0.0 ? dot / sqrt(gg * ff) : 0.0;
+}
+
+/* The alignment report (worker 0, while the others wait in the
+ * reduce-scatter: their gradients are complete and stay put).  Costs one
+ * full-model forward and backward per worker: measured every align_every
+ * steps only. */
+static st_status measure_alignment(run_shared *r, st_worker *w0, uint64_t i)
+{
+    const int B = r->cfg->batch;
+    load_full_model(r);
+    for (int k = 0; k < r->n; k++) {
+        uint32_t first = (uint32_t)((i * (uint64_t)r->n + (uint64_t)k) * (uint64_t)B);
+        st_dataset_gather(r->train, w0->order + first, (size_t)B, st_model_input(r->eval_model),
+                          st_model_labels(r->eval_model));
+        float loss;
+        ST_TRY(st_model_forward_backward(r->eval_model, &loss));
+        double a = worker_alignment(&r->slots[k], st_model_grads(r->eval_model));
+        r->align_sum += a;
+        if (r->align_count == 0 || a < r->align_min)
+            r->align_min = a;
+        r->align_count++;
+    }
+    return ST_OK;
+}
 
 /* Data parallel, N > 1: compute, wait, reduce, update the shard, gather. */
 static st_status dp_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, float *loss,
@@ -223,6 +288,8 @@ static st_status dp_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step,
         for (int k = 0; k < n; k++)
             sum += r->slots[k].loss;
         *loss = (float)(sum / n);
+        if (r->cfg->align_every && step % r->cfg->align_every == 0)
+            ST_TRY(measure_alignment(r, w, i));
     }
     ST_TRY(st_comm_reduce_scatter(r->comm, w->id));
     t1 = now_s();
@@ -304,12 +371,7 @@ static st_status evaluate_full(run_shared *r, st_worker *w, double *loss, double
 {
     ST_TRY(sync_workers(r, w->id)); /* every master shard is final */
     if (w->id == 0) {
-        float *p = st_model_params(r->eval_model);
-        for (int k = 0; k < r->n; k++) {
-            st_range sh = st_comm_shard(r->comm, k);
-            memcpy(p + sh.begin, st_comm_shard_params(r->comm, k),
-                   (sh.end - sh.begin) * sizeof *p);
-        }
+        load_full_model(r);
         const st_dataset *d = r->test;
         const int B = st_model_batch(r->eval_model);
         float *x = st_model_input(r->eval_model);
@@ -361,6 +423,12 @@ static void fill_record(run_shared *r, st_epoch_record *rec, uint64_t steps_in_e
     rec->step_ms_reduce = sum.reduce * per;
     rec->step_ms_optimizer = sum.optimizer * per;
     rec->memory = r->slots[worst].memory;
+    for (int k = 0; k < r->n; k++)
+        r->memory[k] = r->slots[k].memory;
+    rec->worker_memory = r->memory;
+    rec->align_measured = r->align_count;
+    rec->align_mean = r->align_count ? r->align_sum / r->align_count : 0.0;
+    rec->align_min = r->align_count ? r->align_min : 0.0;
     rec->workers = r->n;
     rec->comm_bytes_per_worker_step = bytes;
     rec->ring_bytes_per_worker_step =
@@ -376,8 +444,8 @@ static void report_step(run_shared *r, int epoch, uint64_t step, float loss, flo
     double now = now_s();
     double samples = (double)step * r->cfg->batch * r->n;
     st_step_info info = {
-        step, r->plan.total_steps, epoch, loss, lr, samples / train_time, now - r->t0,
-        train_time / (double)step * (double)(r->plan.total_steps - step),
+        step, r->plan.total_steps, epoch, r->plan.epochs, loss, lr, samples / train_time,
+        now - r->t0, train_time / (double)step * (double)(r->plan.total_steps - step),
     };
     cb->on_step(&info, cb->user);
 }
@@ -398,6 +466,10 @@ static st_status worker_loop(run_shared *r, st_worker *w)
         /* Every worker draws the same order from the seed: no sharing. */
         st_epoch_order(r->cfg->seed, (uint64_t)epoch - 1, w->order, r->train->count);
         memset(&slot->times, 0, sizeof slot->times);
+        if (w->id == 0) {
+            r->align_sum = 0.0;
+            r->align_count = 0;
+        }
         double loss_sum = 0.0, te = now_s();
         uint64_t n = 0;
         float lr = 0.0f;
@@ -421,6 +493,7 @@ static st_status worker_loop(run_shared *r, st_worker *w)
         ST_TRY(sync_workers(r, w->id));
         if (w->id == 0) {
             rec.epoch = epoch;
+            rec.epochs = p->epochs;
             rec.step = step;
             rec.train_loss = loss_sum / (double)n;
             rec.samples_per_s = (double)n * global_batch / epoch_time;
@@ -491,18 +564,21 @@ static st_status init_worker_model(run_shared *r, int wid, st_worker *w,
 static st_status attach_worker(run_shared *r, int wid, st_worker *w)
 {
     int cap = st_model_get_config(w->model)->depth + 3;
-    st_range *ranges = malloc((size_t)cap * sizeof *ranges);
-    size_t *local = malloc((size_t)cap * sizeof *local);
-    st_status s = ST_OK;
-    int n = ranges && local ? st_model_full_ranges(w->model, ranges, local, cap) : -1;
+    void *pr, *pl;
+    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)cap * sizeof(st_range), &pr));
+    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)cap * sizeof(size_t), &pl));
+    st_range *ranges = pr;
+    size_t *local = pl;
+    int n = st_model_full_ranges(w->model, ranges, local, cap);
     if (n < 0)
-        s = st_fail(ST_ERR_NOMEM, "out of memory for worker %d's ranges", wid);
-    else
-        s = st_comm_attach_compact(r->comm, wid, &w->arena, st_model_grads(w->model),
-                                   st_model_params(w->model), ranges, local, n);
-    free(ranges);
-    free(local);
-    return s;
+        return st_fail(ST_ERR_INVALID, "worker %d: more than %d parameter ranges", wid, cap);
+    worker_slot *slot = &r->slots[wid];
+    slot->grads = st_model_grads(w->model);
+    slot->ranges = ranges;
+    slot->local = local;
+    slot->n_ranges = n;
+    return st_comm_attach_compact(r->comm, wid, &w->arena, st_model_grads(w->model),
+                                  st_model_params(w->model), ranges, local, n);
 }
 
 static st_status worker_main(run_shared *r, int wid, st_worker *w)
@@ -577,7 +653,8 @@ static st_status prepare(run_shared *r)
         ST_TRY(st_assignment_make(r->n, cfg->model.depth, k, cfg->seed, 0, &r->assign));
     }
     r->slots = aligned_alloc(64, sizeof(worker_slot) * (size_t)r->n);
-    if (!r->slots)
+    r->memory = calloc((size_t)r->n, sizeof *r->memory);
+    if (!r->slots || !r->memory)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d worker slots", r->n);
     memset(r->slots, 0, sizeof(worker_slot) * (size_t)r->n);
     if (r->n > 1 || cfg->strategy == ST_STRATEGY_SDP) {
@@ -601,6 +678,7 @@ static void release(run_shared *r)
     st_assignment_free(&r->assign);
     st_comm_destroy(r->comm);
     free(r->slots);
+    free(r->memory);
     st_plan_free(&r->placement);
     st_topology_destroy(r->topology);
 }
