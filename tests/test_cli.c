@@ -99,7 +99,6 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--strategy sdp --masking sideways", "allowed: forward, backward");
     expect_usage_error("--strategy sdp --masking backward", "not implemented yet");
     expect_usage_error("--strategy sdp --subnet neuron", "not implemented yet");
-    expect_usage_error("--strategy sdp --resample 10", "not implemented yet");
     expect_usage_error("--strategy sdp --model mlp", "resmlp");
     expect_usage_error("--strategy sdp --branch-scale half", "allowed: none, inverse-coverage");
     expect_usage_error("--report speed", "allowed: memory, align, align=N");

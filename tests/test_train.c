@@ -616,3 +616,56 @@ Test(sdp, alignment_is_one_at_full_coverage_and_less_below, .timeout = 120)
     st_dataset_free(&train);
     st_dataset_free(&test);
 }
+
+/* Redrawing the masks rebuilds every worker's subnetwork and re-attaches it
+ * to the engine between two steps.  At coverage 1 every round holds every
+ * block, so a run that rebuilds every 7 steps must still be data
+ * parallelism to the bit: nothing is lost or changed in the rebuild. */
+Test(sdp, rebuilding_every_round_loses_nothing, .timeout = 120)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    recorder *dp = calloc(1, sizeof *dp), *sdp = calloc(1, sizeof *sdp);
+    st_train_config cs = sdp_config(2, 1.0, 40), cd = cs;
+    cs.resample = 7;
+    cd.strategy = ST_STRATEGY_DP;
+    train_recorded(&cd, &train, &test, dp);
+    train_recorded(&cs, &train, &test, sdp);
+    cr_assert_eq(memcmp(dp->losses, sdp->losses, dp->steps * sizeof(float)), 0,
+                 "every step's loss is bitwise the same");
+    free(dp);
+    free(sdp);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+/* Below coverage 1, rounds change who trains what: the run differs from a
+ * fixed assignment after the first round, is the fixed one while no round
+ * has ended, and is reproducible. */
+Test(sdp, resampled_masks_are_reproducible_and_take_effect, .timeout = 120)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    recorder *fixed = calloc(1, sizeof *fixed), *a = calloc(1, sizeof *a),
+             *b = calloc(1, sizeof *b), *late = calloc(1, sizeof *late);
+    st_train_config c = sdp_config(4, 0.5, 40);
+    train_recorded(&c, &train, &test, fixed);
+    c.resample = 10;
+    train_recorded(&c, &train, &test, a);
+    train_recorded(&c, &train, &test, b);
+    c.resample = 1000;
+    train_recorded(&c, &train, &test, late);
+    cr_assert_eq(memcmp(a->losses, b->losses, a->steps * sizeof(float)), 0, "reproducible");
+    cr_assert_eq(memcmp(fixed->losses, late->losses, fixed->steps * sizeof(float)), 0,
+                 "no round ended: the fixed assignment");
+    cr_assert_eq(memcmp(fixed->losses, a->losses, 10 * sizeof(float)), 0,
+                 "round 0 is the fixed assignment");
+    cr_assert_neq(memcmp(fixed->losses + 10, a->losses + 10, 30 * sizeof(float)), 0,
+                  "later rounds redraw the masks");
+    free(fixed);
+    free(a);
+    free(b);
+    free(late);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}

@@ -74,6 +74,12 @@ st_status st_comm_attach_compact(st_comm *c, int w, st_arena *arena, float *grad
                                  float *params, const st_range *held, const size_t *local,
                                  int n_held);
 
+/* Forgets every attachment so that the workers can attach again with other
+ * holdings (a new round of subnetworks); the shards stay where they are.
+ * The workers' buffers were in their arenas: the caller rewinds those.
+ * Called by one thread while all the others wait at st_comm_barrier. */
+void st_comm_reset(st_comm *c);
+
 /* w's shard: its range of the vector, the averaged gradient and master
  * weights of that range (float arrays indexed from the range's begin). */
 st_range st_comm_shard(const st_comm *c, int w);

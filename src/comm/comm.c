@@ -352,6 +352,17 @@ st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
     return ST_OK;
 }
 
+void st_comm_reset(st_comm *c)
+{
+    for (int w = 0; w < c->n_workers; w++) {
+        comm_slot *s = &c->slots[w];
+        int domain = s->domain;
+        memset(s, 0, sizeof *s);
+        s->domain = domain;
+        atomic_init(&s->attached, 0);
+    }
+}
+
 void st_comm_destroy(st_comm *c)
 {
     if (!c)

@@ -57,7 +57,8 @@ int st_strategy_parse(const char *name, st_strategy *out)
 }
 
 /* What of subnetwork data parallelism exists so far: block-level units with
- * forward masking and fixed masks (doc/status.md lists the rest). */
+ * forward masking, masks fixed or redrawn every R steps (doc/status.md lists
+ * the rest). */
 static st_status check_sdp(const st_train_config *c)
 {
     if (c->strategy != ST_STRATEGY_SDP) {
@@ -77,9 +78,6 @@ static st_status check_sdp(const st_train_config *c)
     if (c->masking != ST_MASKING_FORWARD)
         return st_fail(ST_ERR_INVALID, "--masking %s is not implemented yet (forward is)",
                        st_masking_name(c->masking));
-    if (c->resample != 0)
-        return st_fail(ST_ERR_INVALID, "--resample is not implemented yet: masks are fixed for "
-                       "the run (--resample 0)");
     return ST_OK;
 }
 
@@ -177,6 +175,9 @@ typedef struct worker_slot {
     /* Where worker 0 finds this worker's gradient for the alignment report:
      * its vector and which full-layout ranges it holds (from its arena). */
     const float *grads;
+    float *saved_master;              /* sdp rounds: its master shard, kept
+                                       * across a rebuild (outside the model's
+                                       * part of the arena) */
     const st_range *ranges;
     const size_t *local;
     int n_ranges;
@@ -194,6 +195,7 @@ typedef struct run_shared {
     st_plan placement;
     st_comm *comm;                    /* NULL with one worker */
     st_assignment assign;             /* sdp: which worker holds which block */
+    int assign_k;                     /* sdp: holders per block */
     st_arena eval_arena;              /* sdp: worker 0's full model for evaluation */
     st_model *eval_model;
     st_mem_stats *memory;             /* n: every worker's arena, for the record */
@@ -452,6 +454,8 @@ static void report_step(run_shared *r, int epoch, uint64_t step, float loss, flo
 
 /* ------------------------------------------------------------ a worker */
 
+static st_status new_round(run_shared *r, st_worker *w, uint64_t round);
+
 static st_status worker_loop(run_shared *r, st_worker *w)
 {
     const run_plan *p = &r->plan;
@@ -475,6 +479,8 @@ static st_status worker_loop(run_shared *r, st_worker *w)
         float lr = 0.0f;
         for (uint64_t i = 0; i < p->steps_per_epoch && step < p->total_steps; i++, n++) {
             float loss = 0.0f;
+            if (r->cfg->resample && step > 0 && step % r->cfg->resample == 0)
+                ST_TRY(new_round(r, w, step / r->cfg->resample));
             step++;
             ST_TRY(r->comm ? dp_step(r, w, i, step, &loss, &lr)
                            : solo_step(r, w, i, step, &loss, &lr));
@@ -534,16 +540,12 @@ static void report_warnings(run_shared *r)
 
 /* Binds, builds, attaches, trains: everything worker w does, on its own
  * thread. */
-/* Worker w's model: the whole one, or (sdp) the blocks it holds. */
-static st_status init_worker_model(run_shared *r, int wid, st_worker *w,
-                                   const st_chunk_backend *backend)
+/* Worker w's subnetwork in the current assignment: the blocks it holds
+ * (ids must hold the full depth), branches scaled by 1 / coverage when
+ * asked. */
+static st_train_config subnet_config(const run_shared *r, int wid, int *ids)
 {
-    if (r->cfg->strategy != ST_STRATEGY_SDP)
-        return st_worker_init(w, wid, r->cfg, r->train->count, backend);
     const st_assignment *a = &r->assign;
-    int *ids = malloc((size_t)a->count[wid] * sizeof *ids);
-    if (!ids)
-        return st_fail(ST_ERR_NOMEM, "out of memory for worker %d's block list", wid);
     int n = 0;
     for (int u = 0; u < a->n_units; u++)
         if (st_assignment_holds(a, wid, u))
@@ -554,9 +556,27 @@ static st_status init_worker_model(run_shared *r, int wid, st_worker *w,
     mine.model.depth = n;
     mine.model.full_depth = r->cfg->model.depth;
     mine.model.block_ids = ids;
-    st_status s = st_worker_init(w, wid, &mine, r->train->count, backend);
-    free(ids);
-    return s;
+    return mine;
+}
+
+/* A new subnetwork gets the current values of what it holds: the owners'
+ * master shards, saved before the rebuild. */
+static void load_from_saved_masters(run_shared *r, st_worker *w)
+{
+    int cap = st_model_get_config(w->model)->depth + 3;
+    st_range ranges[cap];
+    size_t local[cap];
+    int n = st_model_full_ranges(w->model, ranges, local, cap);
+    float *p = st_model_params(w->model);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < r->n; k++) {
+            st_range sh = st_comm_shard(r->comm, k);
+            size_t lo = ranges[i].begin > sh.begin ? ranges[i].begin : sh.begin;
+            size_t hi = ranges[i].end < sh.end ? ranges[i].end : sh.end;
+            if (lo < hi)
+                memcpy(p + local[i] + (lo - ranges[i].begin),
+                       r->slots[k].saved_master + (lo - sh.begin), (hi - lo) * sizeof *p);
+        }
 }
 
 /* Registers w's vectors with the reduction engine: which elements of the
@@ -581,18 +601,64 @@ static st_status attach_worker(run_shared *r, int wid, st_worker *w)
                                   st_model_params(w->model), ranges, local, n);
 }
 
+/* A subnetwork worker: state that outlives rounds first (order, optimizer
+ * state of its shard, the saved master), then its first subnetwork. */
+static st_status init_subnet_worker(run_shared *r, int wid, st_worker *w,
+                                    const st_chunk_backend *backend)
+{
+    ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
+    st_range shard = st_comm_shard(r->comm, wid);
+    ST_TRY(st_optim_init_range(&w->optim, &r->cfg->optim, shard.begin, shard.end, &w->arena));
+    if (r->cfg->resample)
+        ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
+                                     &r->slots[wid].saved_master));
+    int ids[r->cfg->model.depth];
+    st_train_config mine = subnet_config(r, wid, ids);
+    ST_TRY(st_worker_build_model(w, &mine));
+    return attach_worker(r, wid, w);
+}
+
+/* Round `round` of subnetworks (--resample): every worker saves its master
+ * shard, worker 0 draws the new assignment, every worker rebuilds its
+ * subnetwork, loads the current values of what it now holds and attaches
+ * again.  The optimizer state stays: shards do not move. */
+static st_status new_round(run_shared *r, st_worker *w, uint64_t round)
+{
+    const int wid = w->id;
+    st_range shard = st_comm_shard(r->comm, wid);
+    ST_TRY(st_comm_barrier(r->comm, wid)); /* every all-gather is done */
+    memcpy(r->slots[wid].saved_master, st_comm_shard_params(r->comm, wid),
+           (shard.end - shard.begin) * sizeof(float));
+    ST_TRY(st_comm_barrier(r->comm, wid)); /* every master saved, the engine idle */
+    if (wid == 0) {
+        st_comm_reset(r->comm);
+        st_assignment_free(&r->assign);
+        ST_TRY(st_assignment_make(r->n, r->cfg->model.depth, r->assign_k, r->cfg->seed, round,
+                                  &r->assign));
+    }
+    ST_TRY(st_comm_barrier(r->comm, wid)); /* the new assignment is there */
+    int ids[r->cfg->model.depth];
+    st_train_config mine = subnet_config(r, wid, ids);
+    ST_TRY(st_worker_rebuild_model(w, &mine));
+    load_from_saved_masters(r, w);
+    return attach_worker(r, wid, w);
+}
+
 static st_status worker_main(run_shared *r, int wid, st_worker *w)
 {
     worker_slot *slot = &r->slots[wid];
     const st_placement *pl = &r->placement.workers[wid];
     ST_TRY(st_plan_bind_self(r->topology, &r->placement, wid));
     st_chunk_backend backend = st_numa_backend(&slot->numa, r->topology, pl->numa_os);
-    ST_TRY(init_worker_model(r, wid, w, &backend));
-    if (r->comm) {
+    if (r->cfg->strategy == ST_STRATEGY_SDP) {
+        ST_TRY(init_subnet_worker(r, wid, w, &backend));
+    } else if (r->comm) {
+        ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, &backend));
         ST_TRY(attach_worker(r, wid, w));
         st_range shard = st_comm_shard(r->comm, wid);
         ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
     } else {
+        ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, &backend));
         ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, st_model_param_count(w->model)));
     }
     if (wid == 0 && r->cfg->strategy == ST_STRATEGY_SDP) {
@@ -650,6 +716,7 @@ static st_status prepare(run_shared *r)
             return st_fail(ST_ERR_INVALID, "coverage %g of %d blocks over %d workers leaves some "
                            "worker without a block (%d blocks x %d holders < %d workers)",
                            cfg->coverage, cfg->model.depth, r->n, cfg->model.depth, k, r->n);
+        r->assign_k = k;
         ST_TRY(st_assignment_make(r->n, cfg->model.depth, k, cfg->seed, 0, &r->assign));
     }
     r->slots = aligned_alloc(64, sizeof(worker_slot) * (size_t)r->n);

@@ -6,20 +6,41 @@
 #include "core/error.h"
 #include "train/worker.h"
 
-st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg, uint32_t n_train,
-                         const st_chunk_backend *backend)
+st_status st_worker_init_base(st_worker *w, int id, uint32_t n_train,
+                              const st_chunk_backend *backend)
 {
     char owner[32];
     memset(w, 0, sizeof *w);
     w->id = id;
     snprintf(owner, sizeof owner, "worker %d", id);
     st_arena_init(&w->arena, owner, backend, 0);
-    ST_TRY(st_model_create(&cfg->model, cfg->batch, &w->arena, &w->model));
-    st_model_init_params(w->model, cfg->seed);
     void *order;
     ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)n_train * sizeof(uint32_t), &order));
     w->order = order;
     return ST_OK;
+}
+
+st_status st_worker_build_model(st_worker *w, const st_train_config *cfg)
+{
+    w->model_mark = st_arena_get_mark(&w->arena);
+    ST_TRY(st_model_create(&cfg->model, cfg->batch, &w->arena, &w->model));
+    st_model_init_params(w->model, cfg->seed);
+    return ST_OK;
+}
+
+st_status st_worker_rebuild_model(st_worker *w, const st_train_config *cfg)
+{
+    st_model_destroy(w->model);
+    w->model = NULL;
+    st_arena_rewind(&w->arena, &w->model_mark);
+    return st_worker_build_model(w, cfg);
+}
+
+st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg, uint32_t n_train,
+                         const st_chunk_backend *backend)
+{
+    ST_TRY(st_worker_init_base(w, id, n_train, backend));
+    return st_worker_build_model(w, cfg);
 }
 
 st_status st_worker_init_optimizer(st_worker *w, const st_train_config *cfg, size_t begin,

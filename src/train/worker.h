@@ -17,6 +17,7 @@ typedef struct st_worker {
     st_model *model;
     st_optim optim;
     uint32_t *order;      /* this epoch's sample order (shared data, own copy) */
+    st_arena_mark model_mark; /* the arena before the model: a rebuild rewinds here */
 } st_worker;
 
 /* Arena (chunks from `backend`, NULL: the C library), model instance and
@@ -24,6 +25,19 @@ typedef struct st_worker {
  * first-touches every buffer and owns the oneDNN objects. */
 st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg,
                          uint32_t n_train, const st_chunk_backend *backend);
+
+/* The two halves of st_worker_init, for callers that allocate something
+ * that must outlive a model rebuild (optimizer state, saved master values)
+ * in between: the arena and the order buffer; then the model (which marks
+ * the arena first). */
+st_status st_worker_init_base(st_worker *w, int id, uint32_t n_train,
+                              const st_chunk_backend *backend);
+st_status st_worker_build_model(st_worker *w, const st_train_config *cfg);
+
+/* Destroys the model and everything allocated after it (a reduction
+ * engine's buffers included) and builds the model of `cfg`: a new round of
+ * subnetworks.  Creates primitives: between steps, never during one. */
+st_status st_worker_rebuild_model(st_worker *w, const st_train_config *cfg);
 
 /* Optimizer state for parameters [begin, end): everything for a worker
  * that updates alone, its shard for a shard owner. */
