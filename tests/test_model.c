@@ -837,3 +837,52 @@ Test(subnetwork, bad_block_ids_are_refused)
     m.block_ids = ids;
     cr_assert_eq(st_model_config_check(&m), ST_ERR_INVALID);
 }
+
+/* Backward masking: the forward and every data gradient are the full
+ * model's; weight gradients exist only for the kept blocks, and equal the
+ * full model's there, to the bit. */
+Test(subnetwork, backward_masking_keeps_the_full_gradient_of_held_blocks)
+{
+    omp_set_num_threads(1);
+    st_arena a;
+    st_arena_init(&a, "bwd", NULL, 0);
+    st_model_config full_cfg = resmlp_config(3, 16, 24, ST_ACT_GELU), cfg = full_cfg;
+    const uint8_t keep[] = { 1, 0, 1 };
+    cfg.grad_blocks = keep;
+    st_model *full = make_model(&full_cfg, 8, &a), *m = make_model(&cfg, 8, &a);
+    st_model_init_params(full, 5);
+    st_model_init_params(m, 5);
+    st_rng r = st_rng_seed(6);
+    fill_rows(full, 0, 8, &r);
+    r = st_rng_seed(6);
+    fill_rows(m, 0, 8, &r);
+    float lf, lm;
+    OK(st_model_forward_backward(full, &lf));
+    OK(st_model_forward_backward(m, &lm));
+    cr_assert_eq(lf, lm, "the forward is the full model's");
+    size_t block = 2 * 16 + (16 * 24 + 24) + (24 * 16 + 16);
+    cr_assert_eq(st_model_grad_count(m), st_model_param_count(m) - block);
+
+    st_range rg[8];
+    size_t local[8];
+    int n = st_model_full_grad_ranges(m, rg, local, 8);
+    cr_assert_eq(n, 2, "everything but block 1: two ranges, got %d", n);
+    size_t covered = 0;
+    for (int i = 0; i < n; i++) {
+        size_t len = rg[i].end - rg[i].begin;
+        cr_assert_eq(memcmp(st_model_grads(m) + local[i], st_model_grads(full) + rg[i].begin,
+                            len * sizeof(float)), 0, "range %d: the full model's gradient", i);
+        covered += len;
+    }
+    cr_assert_eq(covered, st_model_grad_count(m));
+    int ns;
+    const st_param_segment *s = st_model_segments(m, &ns);
+    for (int i = 0; i < ns; i++)
+        cr_assert_eq(s[i].grad_offset == ST_NO_GRAD, strncmp(s[i].name, "block1.", 7) == 0,
+                     "%s", s[i].name);
+    cr_assert_lt(st_model_step_flops(m), st_model_step_flops(full),
+                 "no weight-gradient products for the dropped block");
+    st_model_destroy(m);
+    st_model_destroy(full);
+    st_arena_release(&a);
+}

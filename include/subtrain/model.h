@@ -48,6 +48,11 @@ typedef struct st_model_config {
      * stream (0 or 1: plain).  Subnetworks use 1 / coverage in training so
      * that a block's expected contribution matches the full model's. */
     float branch_scale;
+    /* resmlp, backward masking: grad_blocks[l] says whether block l's weight
+     * gradients are computed and stored (data gradients always flow through
+     * every block).  The gradient vector then holds only those blocks (and
+     * the stem, final norm and head).  NULL: every block. */
+    const uint8_t *grad_blocks;
 } st_model_config;
 
 /* resmlp, depth 4, width 256, hidden = width, GELU, 784 inputs, 10 classes. */
@@ -82,8 +87,11 @@ int32_t *st_model_labels(st_model *m);    /* (batch) */
 const float *st_model_logits(const st_model *m); /* (batch, n_classes) */
 
 float *st_model_params(st_model *m);
+/* The gradient vector: the parameter vector's layout, unless grad_blocks
+ * leaves blocks out (then segments' grad_offset say where each sits). */
 float *st_model_grads(st_model *m);
 size_t st_model_param_count(const st_model *m);
+size_t st_model_grad_count(const st_model *m);
 const st_param_segment *st_model_segments(const st_model *m, int *count);
 
 /* One forward and backward pass over the whole batch: *loss is the mean
@@ -99,6 +107,9 @@ st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *co
  * most `cap` ranges, sorted; range i starts at element local[i] of this
  * model's vector.  Returns the number of ranges (a whole model: one). */
 int st_model_full_ranges(const st_model *m, st_range *ranges, size_t *local, int cap);
+
+/* The same for the gradient vector. */
+int st_model_full_grad_ranges(const st_model *m, st_range *ranges, size_t *local, int cap);
 
 /* Parameters of the full model this one is part of (itself if whole). */
 size_t st_model_full_param_count(const st_model *m);

@@ -26,7 +26,11 @@ typedef struct st_param_segment {
     size_t offset;      /* first element in the flat vector */
     size_t count;       /* elements */
     int decay;          /* weight decay applies (matrices) or not (biases, norms) */
+    size_t grad_offset; /* where its gradient sits in the gradient vector, or
+                         * ST_NO_GRAD (backward masking: not computed) */
 } st_param_segment;
+
+#define ST_NO_GRAD ((size_t)-1)
 
 #ifdef __cplusplus
 }

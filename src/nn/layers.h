@@ -21,6 +21,7 @@ typedef struct st_linear {
     int64_t batch, in, out;
     float scale;           /* of the product, forward and backward */
     int has_dx;            /* 0 for the first layer: nobody needs dL/dx */
+    int has_dw;            /* 0 under backward masking: no weight gradients */
     st_prim fwd;           /* y = x w^T + b */
     st_prim bwd_data;      /* dx = dy w */
     st_prim bwd_weights;   /* dw = dy^T x */
@@ -34,7 +35,7 @@ typedef struct st_linear_io {
                                         * and the backward scales dy alike */
     float *dx; const float *dy;        /* dx may be NULL */
     const float *w, *b;                /* (out, in), (out) */
-    float *dw, *db;
+    float *dw, *db;                    /* both NULL: no weight gradients */
 } st_linear_io;
 
 st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t in,
@@ -66,7 +67,7 @@ typedef struct st_layernorm_io {
     float *mean, *var;                 /* (B) saved for backward */
     const float *gamma, *beta;         /* (C) */
     float *dx; const float *dy;        /* (B, C) */
-    float *dgamma, *dbeta;             /* (C) */
+    float *dgamma, *dbeta;             /* (C); both NULL: backward data only */
 } st_layernorm_io;
 
 #define ST_LAYERNORM_EPS 1e-5f

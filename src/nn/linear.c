@@ -127,11 +127,14 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
     l->out = out;
     l->scale = io->scale == 0.0f ? 1.0f : io->scale;
     l->has_dx = io->dx != NULL;
+    l->has_dw = io->dw != NULL;
     ST_TRY(build_forward(ctx, l, io));
     if (l->has_dx)
         ST_TRY(build_backward_data(ctx, l, io));
-    ST_TRY(build_backward_weights(ctx, l, io));
-    ST_TRY(build_backward_bias(ctx, l, io));
+    if (l->has_dw) {
+        ST_TRY(build_backward_weights(ctx, l, io));
+        ST_TRY(build_backward_bias(ctx, l, io));
+    }
     return ST_OK;
 }
 
@@ -144,6 +147,8 @@ st_status st_linear_backward(const st_nn_ctx *ctx, const st_linear *l)
 {
     if (l->has_dx)
         ST_TRY(st_prim_run(ctx, &l->bwd_data));
+    if (!l->has_dw)
+        return ST_OK;
     ST_TRY(st_prim_run(ctx, &l->bwd_weights));
     return st_prim_run(ctx, &l->bwd_bias);
 }

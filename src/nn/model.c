@@ -54,6 +54,9 @@ st_status st_model_config_check(const st_model_config *c)
     if (!(c->branch_scale >= 0.0f && c->branch_scale <= 1000.0f))
         return st_fail(ST_ERR_INVALID, "branch scale must be in [0, 1000] (0: none), got %g",
                        c->branch_scale);
+    if (c->grad_blocks && c->kind != ST_MODEL_RESMLP)
+        return st_fail(ST_ERR_INVALID, "backward masking skips resmlp blocks; %s has none",
+                       st_model_kind_name(c->kind));
     if (c->full_depth || c->block_ids) {
         if (c->kind != ST_MODEL_RESMLP)
             return st_fail(ST_ERR_INVALID, "block subnetworks are made of resmlp blocks; %s has none",
@@ -130,12 +133,15 @@ static st_status add_segment(st_model *m, const char *name, size_t count, int de
     s->offset = m->n_params;
     s->count = count;
     s->decay = decay;
-    *offset = s->offset;
+    s->grad_offset = m->layout_grads ? m->n_grads : ST_NO_GRAD;
+    *offset = (size_t)(s - m->segs);   /* the segment's index, see seg_params */
     m->n_params += count;
+    if (m->layout_grads)
+        m->n_grads += count;
     return ST_OK;
 }
 
-/* Offsets of one linear layer's weight and bias in the flat vectors. */
+/* One linear layer's weight and bias: their segment indices. */
 typedef struct { size_t w, b; } linear_offsets;
 typedef struct { size_t gamma, beta; } norm_offsets;
 
@@ -158,13 +164,25 @@ static st_status layout_norm(st_model *m, const char *prefix, size_t c, norm_off
     return add_segment(m, name, c, 0, &o->beta);
 }
 
+/* Segment i's values and gradient (NULL when it has none). */
+static float *seg_params(const st_model *m, size_t i)
+{
+    return m->params + m->segs[i].offset;
+}
+
+static float *seg_grads(const st_model *m, size_t i)
+{
+    size_t g = m->segs[i].grad_offset;
+    return g == ST_NO_GRAD ? NULL : m->grads + g;
+}
+
 static st_linear_io linear_io(const st_model *m, linear_offsets o, const float *x, float *y,
                               float *dx, const float *dy)
 {
     st_linear_io io = {
         .x = x, .y = y, .dx = dx, .dy = dy,
-        .w = m->params + o.w, .b = m->params + o.b,
-        .dw = m->grads + o.w, .db = m->grads + o.b,
+        .w = seg_params(m, o.w), .b = seg_params(m, o.b),
+        .dw = seg_grads(m, o.w), .db = seg_grads(m, o.b),
     };
     return io;
 }
@@ -195,7 +213,7 @@ static st_status build_mlp(st_model *m)
     if (s == ST_OK)
         s = st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_params, &m->params);
     if (s == ST_OK)
-        s = st_arena_alloc_floats(m->arena, ST_MEM_GRADIENTS, m->n_params, &m->grads);
+        s = st_arena_alloc_floats(m->arena, ST_MEM_GRADIENTS, m->n_grads, &m->grads);
     for (size_t i = 0; i < L && s == ST_OK; i++) {
         s = alloc_act(m, B * W, &m->dense[i].a);
         if (s == ST_OK)
@@ -257,6 +275,7 @@ static st_status layout_resmlp(st_model *m, linear_offsets *stem, block_offsets 
     ST_TRY(layout_linear(m, "stem", (size_t)m->cfg.in_dim, W, stem));
     for (int l = 0; l < m->cfg.depth; l++) {
         int id = m->block_ids[l];
+        m->layout_grads = m->grad_blocks[l];
         snprintf(name, sizeof name, "block%d.ln", id);
         ST_TRY(layout_norm(m, name, W, &bo[l].ln));
         snprintf(name, sizeof name, "block%d.fc1", id);
@@ -264,6 +283,7 @@ static st_status layout_resmlp(st_model *m, linear_offsets *stem, block_offsets 
         snprintf(name, sizeof name, "block%d.fc2", id);
         ST_TRY(layout_linear(m, name, H, W, &bo[l].fc2));
     }
+    m->layout_grads = 1;
     ST_TRY(layout_norm(m, "final_ln", W, lnf));
     return layout_linear(m, "head", W, (size_t)m->cfg.n_classes, head);
 }
@@ -297,9 +317,9 @@ static st_layernorm_io norm_io(const st_model *m, norm_offsets o, const float *x
 {
     st_layernorm_io io = {
         .x = x, .y = y, .mean = mean, .var = var,
-        .gamma = m->params + o.gamma, .beta = m->params + o.beta,
+        .gamma = seg_params(m, o.gamma), .beta = seg_params(m, o.beta),
         .dx = dx, .dy = dy,
-        .dgamma = m->grads + o.gamma, .dbeta = m->grads + o.beta,
+        .dgamma = seg_grads(m, o.gamma), .dbeta = seg_grads(m, o.beta),
     };
     return io;
 }
@@ -333,7 +353,7 @@ static st_status build_resmlp(st_model *m)
     st_status s;
     ST_TRY_GOTO(s, layout_resmlp(m, &stem, bo, &lnf, &head), done);
     ST_TRY_GOTO(s, st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_params, &m->params), done);
-    ST_TRY_GOTO(s, st_arena_alloc_floats(m->arena, ST_MEM_GRADIENTS, m->n_params, &m->grads), done);
+    ST_TRY_GOTO(s, st_arena_alloc_floats(m->arena, ST_MEM_GRADIENTS, m->n_grads, &m->grads), done);
     ST_TRY_GOTO(s, alloc_resmlp_buffers(m), done);
 
     /* The stem's input gradient is never needed: dx = NULL. */
@@ -403,6 +423,16 @@ st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena
         m->block_ids[l] = cfg->block_ids ? cfg->block_ids[l] : l;
     m->cfg.block_ids = m->block_ids;
     m->cfg.full_depth = m->full_depth;
+    m->grad_blocks = malloc((size_t)cfg->depth);
+    if (!m->grad_blocks) {
+        free(m->block_ids);
+        free(m);
+        return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
+    }
+    for (int l = 0; l < cfg->depth; l++)
+        m->grad_blocks[l] = cfg->grad_blocks ? (cfg->grad_blocks[l] != 0) : 1;
+    m->cfg.grad_blocks = m->grad_blocks;
+    m->layout_grads = 1;
     m->batch = batch;
     m->arena = arena;
     st_status s;
@@ -432,6 +462,7 @@ void st_model_destroy(st_model *m)
     st_nn_ctx_destroy(&m->ctx);
     free(m->segs);
     free(m->block_ids);
+    free(m->grad_blocks);
     free(m->dense);
     free(m->blocks);
     free(m);
@@ -495,6 +526,7 @@ const float *st_model_logits(const st_model *m) { return m->logits; }
 float *st_model_params(st_model *m) { return m->params; }
 float *st_model_grads(st_model *m) { return m->grads; }
 size_t st_model_param_count(const st_model *m) { return m->n_params; }
+size_t st_model_grad_count(const st_model *m) { return m->n_grads; }
 
 const st_param_segment *st_model_segments(const st_model *m, int *count)
 {
@@ -536,44 +568,61 @@ size_t st_model_full_param_count(const st_model *m)
     return st_model_config_param_count(&full);
 }
 
-/* Consecutive segments whose full-layout positions are consecutive too
- * make one range. */
-int st_model_full_ranges(const st_model *m, st_range *ranges, size_t *local, int cap)
+/* Where segment i starts in the full model's vector. */
+static size_t full_offset(const st_model *m, int i)
 {
     const size_t W = (size_t)m->cfg.width, H = (size_t)hidden_of(&m->cfg);
     const size_t stem = (size_t)m->cfg.in_dim * W + W;
     const size_t block = 2 * W + (W * H + H) + (H * W + W);
+    const st_param_segment *s = &m->segs[i];
+    int l = (i - STEM_SEGS) / BLOCK_SEGS;
+    if (m->cfg.kind != ST_MODEL_RESMLP || i < STEM_SEGS)
+        return s->offset;
+    if (l < m->cfg.depth)
+        return stem + (size_t)m->block_ids[l] * block + (s->offset - stem - (size_t)l * block);
+    return s->offset + (size_t)(m->full_depth - m->cfg.depth) * block;
+}
+
+/* Segments of one vector (parameters, or gradients: grads) as full-layout
+ * ranges; consecutive segments whose full positions are consecutive too
+ * make one range. */
+static int full_ranges(const st_model *m, int grads, st_range *ranges, size_t *local, int cap)
+{
     int n = 0;
-    size_t pos = 0;     /* in this model's vector */
     for (int i = 0; i < m->n_segs; i++) {
         const st_param_segment *s = &m->segs[i];
-        size_t full;
-        int l = (i - STEM_SEGS) / BLOCK_SEGS;
-        if (m->cfg.kind != ST_MODEL_RESMLP || i < STEM_SEGS)
-            full = s->offset;
-        else if (l < m->cfg.depth)
-            full = stem + (size_t)m->block_ids[l] * block + (s->offset - stem - (size_t)l * block);
-        else
-            full = s->offset + (size_t)(m->full_depth - m->cfg.depth) * block;
-        if (n > 0 && ranges[n - 1].end == full && local[n - 1] + (ranges[n - 1].end -
-                                                     ranges[n - 1].begin) == pos) {
+        size_t pos = grads ? s->grad_offset : s->offset;
+        if (pos == ST_NO_GRAD)
+            continue;
+        size_t full = full_offset(m, i);
+        if (n > 0 && ranges[n - 1].end == full &&
+            local[n - 1] + (ranges[n - 1].end - ranges[n - 1].begin) == pos) {
             ranges[n - 1].end += s->count;
-        } else {
-            if (n == cap)
-                return -1;
-            ranges[n] = (st_range){ full, full + s->count };
-            local[n] = pos;
-            n++;
+            continue;
         }
-        pos += s->count;
+        if (n == cap)
+            return -1;
+        ranges[n] = (st_range){ full, full + s->count };
+        local[n] = pos;
+        n++;
     }
     return n;
+}
+
+int st_model_full_ranges(const st_model *m, st_range *ranges, size_t *local, int cap)
+{
+    return full_ranges(m, 0, ranges, local, cap);
+}
+
+int st_model_full_grad_ranges(const st_model *m, st_range *ranges, size_t *local, int cap)
+{
+    return full_ranges(m, 1, ranges, local, cap);
 }
 
 static double linear_flops(const st_linear *l)
 {
     double one = 2.0 * (double)l->batch * (double)l->in * (double)l->out;
-    return one * (l->has_dx ? 3.0 : 2.0);
+    return one * (1.0 + (l->has_dx ? 1.0 : 0.0) + (l->has_dw ? 1.0 : 0.0));
 }
 
 double st_model_step_flops(const st_model *m)

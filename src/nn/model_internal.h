@@ -37,7 +37,9 @@ struct st_model {
 
     /* Flat parameters and gradients (same layout), and their segments. */
     float *params, *grads;
-    size_t n_params;
+    size_t n_params, n_grads;
+    uint8_t *grad_blocks;  /* depth entries (a copy), 1: weight grads kept */
+    int layout_grads;      /* while laying out: the segment gets a gradient */
     st_param_segment *segs;
     int n_segs, cap_segs;
 
