@@ -16,12 +16,8 @@ st_status st_layernorm_build(st_nn_ctx *ctx, st_layernorm *n, int64_t rows, int6
     ST_DNNL(dnnl_layer_normalization_forward_desc_init(&fd, dnnl_forward_training, &data_md,
                                                        &stat_md, ST_LAYERNORM_EPS, flags),
             "layer norm forward descriptor");
-    /* Without dgamma/dbeta (backward masking) only the data gradient. */
-    const int want_params = io->dgamma != NULL;
-    ST_DNNL(dnnl_layer_normalization_backward_desc_init(&bd, want_params ? dnnl_backward
-                                                                         : dnnl_backward_data,
-                                                        &data_md, &data_md, &stat_md,
-                                                        ST_LAYERNORM_EPS, flags),
+    ST_DNNL(dnnl_layer_normalization_backward_desc_init(&bd, dnnl_backward, &data_md, &data_md,
+                                                        &stat_md, ST_LAYERNORM_EPS, flags),
             "layer norm backward descriptor");
     ST_TRY(st_prim_create_pair(ctx, &n->fwd, &fd, &n->bwd, &bd, "layer norm forward",
                                "layer norm backward"));
@@ -35,10 +31,8 @@ st_status st_layernorm_build(st_nn_ctx *ctx, st_layernorm *n, int64_t rows, int6
     ST_TRY(st_mem_vector(ctx, &beta, cols, io->beta));
     ST_TRY(st_mem_matrix(ctx, &dx, rows, cols, io->dx));
     ST_TRY(st_mem_matrix(ctx, &dy, rows, cols, io->dy));
-    if (want_params) {
-        ST_TRY(st_mem_vector(ctx, &dgamma, cols, io->dgamma));
-        ST_TRY(st_mem_vector(ctx, &dbeta, cols, io->dbeta));
-    }
+    ST_TRY(st_mem_vector(ctx, &dgamma, cols, io->dgamma));
+    ST_TRY(st_mem_vector(ctx, &dbeta, cols, io->dbeta));
 
     st_prim_arg(&n->fwd, DNNL_ARG_SRC, x);
     st_prim_arg(&n->fwd, DNNL_ARG_DST, y);
@@ -56,10 +50,8 @@ st_status st_layernorm_build(st_nn_ctx *ctx, st_layernorm *n, int64_t rows, int6
     st_prim_arg(&n->bwd, DNNL_ARG_SHIFT, beta);
     st_prim_arg(&n->bwd, DNNL_ARG_DIFF_DST, dy);
     st_prim_arg(&n->bwd, DNNL_ARG_DIFF_SRC, dx);
-    if (want_params) {
-        st_prim_arg(&n->bwd, DNNL_ARG_DIFF_SCALE, dgamma);
-        st_prim_arg(&n->bwd, DNNL_ARG_DIFF_SHIFT, dbeta);
-    }
+    st_prim_arg(&n->bwd, DNNL_ARG_DIFF_SCALE, dgamma);
+    st_prim_arg(&n->bwd, DNNL_ARG_DIFF_SHIFT, dbeta);
     return ST_OK;
 }
 

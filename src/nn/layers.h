@@ -67,7 +67,7 @@ typedef struct st_layernorm_io {
     float *mean, *var;                 /* (B) saved for backward */
     const float *gamma, *beta;         /* (C) */
     float *dx; const float *dy;        /* (B, C) */
-    float *dgamma, *dbeta;             /* (C); both NULL: backward data only */
+    float *dgamma, *dbeta;             /* (C) */
 } st_layernorm_io;
 
 #define ST_LAYERNORM_EPS 1e-5f

@@ -309,9 +309,14 @@ static st_status alloc_resmlp_buffers(st_model *m)
     ST_TRY(alloc_act(m, B * W, &m->dn));
     ST_TRY(alloc_act(m, B * W, &m->dtmp));
     ST_TRY(alloc_act(m, B * H, &m->dz));
+    if (m->n_grads < m->n_params)
+        ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WORKSPACE, 2 * W, &m->norm_scratch));
     return alloc_act(m, B * H, &m->da);
 }
 
+/* A norm whose parameters get no gradient (backward masking) still has
+ * oneDNN compute dgamma and dbeta: its backward-data-only variant is not
+ * implemented with a scale and shift.  They go to a scratch pair. */
 static st_layernorm_io norm_io(const st_model *m, norm_offsets o, const float *x, float *y,
                                float *mean, float *var, float *dx, const float *dy)
 {
@@ -321,6 +326,10 @@ static st_layernorm_io norm_io(const st_model *m, norm_offsets o, const float *x
         .dx = dx, .dy = dy,
         .dgamma = seg_grads(m, o.gamma), .dbeta = seg_grads(m, o.beta),
     };
+    if (!io.dgamma) {
+        io.dgamma = m->norm_scratch;
+        io.dbeta = m->norm_scratch + m->cfg.width;
+    }
     return io;
 }
 

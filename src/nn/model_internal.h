@@ -40,6 +40,7 @@ struct st_model {
     size_t n_params, n_grads;
     uint8_t *grad_blocks;  /* depth entries (a copy), 1: weight grads kept */
     int layout_grads;      /* while laying out: the segment gets a gradient */
+    float *norm_scratch;   /* 2 x width: dgamma, dbeta of norms without gradient */
     st_param_segment *segs;
     int n_segs, cap_segs;
 
