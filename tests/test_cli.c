@@ -97,7 +97,7 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--strategy sdp --coverage 0", "--coverage");
     expect_usage_error("--strategy sdp --coverage 1.5", "--coverage");
     expect_usage_error("--strategy sdp --masking sideways", "allowed: forward, backward");
-    expect_usage_error("--strategy sdp --masking backward", "not implemented yet");
+    expect_usage_error("--strategy sdp --masking backward --report align", "align");
     expect_usage_error("--strategy sdp --subnet neuron", "not implemented yet");
     expect_usage_error("--strategy sdp --model mlp", "resmlp");
     expect_usage_error("--strategy sdp --branch-scale half", "allowed: none, inverse-coverage");

@@ -109,6 +109,7 @@ void st_comm_abort(st_comm *c);
 typedef struct st_comm_bytes {
     size_t read, written;
     size_t cross_domain_read;   /* of `read`, bytes read from another node */
+    size_t gather_read, gather_written; /* of read and written, the all-gather's */
 } st_comm_bytes;
 
 st_comm_bytes st_comm_bytes_per_step(const st_comm *c, int w);

@@ -594,6 +594,15 @@ static size_t round_up_block(size_t n)
     return (n + SHARD_ALIGN - 1) / SHARD_ALIGN * SHARD_ALIGN;
 }
 
+/* An all-gather copy of n elements, read just counted: its read and its
+ * write are the all-gather's. */
+static void count_gather(comm_slot *me, size_t n)
+{
+    me->bytes.written += n * sizeof(float);
+    me->bytes.gather_read += n * sizeof(float);
+    me->bytes.gather_written += n * sizeof(float);
+}
+
 static void count_read(comm_slot *me, size_t n, int src_domain)
 {
     me->bytes.read += n * sizeof(float);
@@ -639,7 +648,7 @@ static void plan_tasks(st_comm *c, int w, size_t *load_p, size_t *load_c, int fi
                         me->ag1[k->ag1] = (ag_item){ local_at(me, me->params, seg->begin),
                                                      so->master + (seg->begin - sb), n };
                         count_read(me, n, so->domain);
-                        me->bytes.written += n * sizeof(float);
+                        count_gather(me, n);
                     }
                     k->ag1++;
                 }
@@ -687,7 +696,7 @@ static void plan_tasks(st_comm *c, int w, size_t *load_p, size_t *load_c, int fi
                     me->ag1[k->ag1] = (ag_item){ local_at(me, me->params, seg->begin),
                                                  so->master + (seg->begin - sb), n };
                     count_read(me, n, so->domain);
-                    me->bytes.written += n * sizeof(float);
+                    count_gather(me, n);
                 }
                 k->ag1++;
             } else {
@@ -697,7 +706,7 @@ static void plan_tasks(st_comm *c, int w, size_t *load_p, size_t *load_c, int fi
                                                           c->slots[copier].params, seg->begin),
                                                  n };
                     count_read(me, n, c->slots[copier].domain);
-                    me->bytes.written += n * sizeof(float);
+                    count_gather(me, n);
                 }
                 k->ag2++;
             }
@@ -1015,7 +1024,7 @@ float *st_comm_shard_params(st_comm *c, int w)
 
 st_comm_bytes st_comm_bytes_per_step(const st_comm *c, int w)
 {
-    st_comm_bytes b = { 0, 0, 0 };
+    st_comm_bytes b = { 0, 0, 0, 0, 0 };
     if (c && w >= 0 && w < c->n_workers && c->slots[w].ready)
         b = c->slots[w].bytes;
     return b;

@@ -57,8 +57,8 @@ int st_strategy_parse(const char *name, st_strategy *out)
 }
 
 /* What of subnetwork data parallelism exists so far: block-level units with
- * forward masking, masks fixed or redrawn every R steps (doc/status.md lists
- * the rest). */
+ * forward or backward masking, masks fixed or redrawn every R steps
+ * (doc/status.md lists the rest). */
 static st_status check_sdp(const st_train_config *c)
 {
     if (c->strategy != ST_STRATEGY_SDP) {
@@ -75,9 +75,12 @@ static st_status check_sdp(const st_train_config *c)
     if (c->subnet != ST_SUBNET_BLOCK)
         return st_fail(ST_ERR_INVALID, "--subnet %s is not implemented yet (block is)",
                        st_subnet_kind_name(c->subnet));
-    if (c->masking != ST_MASKING_FORWARD)
-        return st_fail(ST_ERR_INVALID, "--masking %s is not implemented yet (forward is)",
-                       st_masking_name(c->masking));
+    if (c->masking != ST_MASKING_FORWARD && c->masking != ST_MASKING_BACKWARD)
+        return st_fail(ST_ERR_INVALID, "unknown masking %d (allowed: forward, backward)",
+                       (int)c->masking);
+    if (c->masking == ST_MASKING_BACKWARD && c->align_every)
+        return st_fail(ST_ERR_INVALID, "--report align measures forward-masked subnetworks; "
+                       "a backward-masked gradient is the full gradient on its coordinates");
     return ST_OK;
 }
 
@@ -193,7 +196,11 @@ typedef struct run_shared {
     int n;                            /* workers */
     st_topology *topology;
     st_plan placement;
-    st_comm *comm;                    /* NULL with one worker */
+    st_comm *comm;                    /* NULL with one worker; with backward
+                                       * masking: the gradients' engine */
+    st_comm *params_comm;             /* backward masking: every worker holds
+                                       * every parameter; used for its
+                                       * all-gather (and masters) only */
     st_assignment assign;             /* sdp: which worker holds which block */
     int assign_k;                     /* sdp: holders per block */
     st_arena eval_arena;              /* sdp: worker 0's full model for evaluation */
@@ -216,14 +223,22 @@ static st_status sync_workers(run_shared *r, int w)
 
 /* ------------------------------------------------------------ one step */
 
+/* The engine whose master shards hold the parameters, and whose
+ * all-gather brings them to the workers. */
+static st_comm *masters(const run_shared *r)
+{
+    return r->params_comm ? r->params_comm : r->comm;
+}
+
 /* Copies every owner's master shard into worker 0's full model: after an
  * all-gather, the current values of every parameter. */
 static void load_full_model(run_shared *r)
 {
     float *p = st_model_params(r->eval_model);
     for (int k = 0; k < r->n; k++) {
-        st_range sh = st_comm_shard(r->comm, k);
-        memcpy(p + sh.begin, st_comm_shard_params(r->comm, k), (sh.end - sh.begin) * sizeof *p);
+        st_range sh = st_comm_shard(masters(r), k);
+        memcpy(p + sh.begin, st_comm_shard_params(masters(r), k),
+               (sh.end - sh.begin) * sizeof *p);
     }
 }
 
@@ -301,13 +316,13 @@ static st_status dp_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step,
     const st_param_segment *segs = st_model_segments(w->model, &n_segs);
     st_range shard = st_comm_shard(r->comm, w->id);
     *lr = st_schedule_lr(&r->plan.schedule, step);
-    st_optim_update(&w->optim, st_comm_shard_params(r->comm, w->id),
+    st_optim_update(&w->optim, st_comm_shard_params(masters(r), w->id),
                     st_comm_shard_grads(r->comm, w->id), segs, n_segs, shard.begin, shard.end,
                     step, *lr);
     t1 = now_s();
     slot->times.optimizer += t1 - t;
     t = t1;
-    ST_TRY(st_comm_all_gather(r->comm, w->id));
+    ST_TRY(st_comm_all_gather(masters(r), w->id));
     slot->times.reduce += now_s() - t;
     return ST_OK;
 }
@@ -400,6 +415,21 @@ static st_status evaluate(run_shared *r, st_worker *w, double *loss, double *acc
 }
 
 /* ------------------------------------------------------------ records */
+
+/* What worker w reads and writes in a step: with two engines, the
+ * gradients' reduce-scatter and the parameters' all-gather. */
+static st_comm_bytes step_bytes(const run_shared *r, int w)
+{
+    st_comm_bytes b = st_comm_bytes_per_step(r->comm, w);
+    if (!r->params_comm)
+        return b;
+    st_comm_bytes g = st_comm_bytes_per_step(r->params_comm, w);
+    b.read = b.read - b.gather_read + g.gather_read;
+    b.written = b.written - b.gather_written + g.gather_written;
+    b.gather_read = g.gather_read;
+    b.gather_written = g.gather_written;
+    return b;
+}
 
 /* Worker 0, after a barrier: combine the slots into the epoch record. */
 static void fill_record(run_shared *r, st_epoch_record *rec, uint64_t steps_in_epoch)
@@ -495,7 +525,7 @@ static st_status worker_loop(run_shared *r, st_worker *w)
         ST_TRY(evaluate(r, w, &rec.test_loss, &rec.test_acc));
         slot->memory = w->arena.stats;
         if (r->comm)
-            slot->bytes = st_comm_bytes_per_step(r->comm, w->id);
+            slot->bytes = step_bytes(r, w->id);
         ST_TRY(sync_workers(r, w->id));
         if (w->id == 0) {
             rec.epoch = epoch;
@@ -543,14 +573,21 @@ static void report_warnings(run_shared *r)
 /* Worker w's subnetwork in the current assignment: the blocks it holds
  * (ids must hold the full depth), branches scaled by 1 / coverage when
  * asked. */
-static st_train_config subnet_config(const run_shared *r, int wid, int *ids)
+static st_train_config subnet_config(const run_shared *r, int wid, int *ids, uint8_t *keep)
 {
     const st_assignment *a = &r->assign;
+    st_train_config mine = *r->cfg;
+    if (r->cfg->masking == ST_MASKING_BACKWARD) {
+        /* the whole model; weight gradients for the held blocks only */
+        for (int u = 0; u < a->n_units; u++)
+            keep[u] = (uint8_t)st_assignment_holds(a, wid, u);
+        mine.model.grad_blocks = keep;
+        return mine;
+    }
     int n = 0;
     for (int u = 0; u < a->n_units; u++)
         if (st_assignment_holds(a, wid, u))
             ids[n++] = u;
-    st_train_config mine = *r->cfg;
     if (r->cfg->scale_branches)
         mine.model.branch_scale = (float)r->n / (float)a->k;
     mine.model.depth = n;
@@ -580,7 +617,16 @@ static void load_from_saved_masters(run_shared *r, st_worker *w)
 }
 
 /* Registers w's vectors with the reduction engine: which elements of the
- * full vector it holds, and where they sit in its own. */
+ * full vector it holds, and where they sit in its own.
+ *
+ * Backward masking has two engines, because there a worker contributes
+ * gradients for its blocks only but needs every parameter for its full
+ * forward: the gradients' engine averages over the gradient holders (its
+ * own master and all-gather go unused: the parameter vector it is given
+ * is the gradient vector, never written), the parameters' engine, where
+ * everyone holds everything, carries the masters and the all-gather.  The
+ * price is two unused P/N buffers per worker (see doc/sdp.md); an engine
+ * that tells contributors from receivers would save them. */
 static st_status attach_worker(run_shared *r, int wid, st_worker *w)
 {
     int cap = st_model_get_config(w->model)->depth + 3;
@@ -589,16 +635,21 @@ static st_status attach_worker(run_shared *r, int wid, st_worker *w)
     ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)cap * sizeof(size_t), &pl));
     st_range *ranges = pr;
     size_t *local = pl;
-    int n = st_model_full_ranges(w->model, ranges, local, cap);
+    float *grads = st_model_grads(w->model), *params = st_model_params(w->model);
+    int n = r->params_comm ? st_model_full_grad_ranges(w->model, ranges, local, cap)
+                           : st_model_full_ranges(w->model, ranges, local, cap);
     if (n < 0)
         return st_fail(ST_ERR_INVALID, "worker %d: more than %d parameter ranges", wid, cap);
     worker_slot *slot = &r->slots[wid];
-    slot->grads = st_model_grads(w->model);
+    slot->grads = grads;
     slot->ranges = ranges;
     slot->local = local;
     slot->n_ranges = n;
-    return st_comm_attach_compact(r->comm, wid, &w->arena, st_model_grads(w->model),
-                                  st_model_params(w->model), ranges, local, n);
+    if (!r->params_comm)
+        return st_comm_attach_compact(r->comm, wid, &w->arena, grads, params, ranges, local, n);
+    ST_TRY(st_comm_attach_compact(r->comm, wid, &w->arena, grads, grads, ranges, local, n));
+    st_range all = { 0, st_model_param_count(w->model) };
+    return st_comm_attach(r->params_comm, wid, &w->arena, params, params, &all, 1);
 }
 
 /* A subnetwork worker: state that outlives rounds first (order, optimizer
@@ -613,7 +664,8 @@ static st_status init_subnet_worker(run_shared *r, int wid, st_worker *w,
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
                                      &r->slots[wid].saved_master));
     int ids[r->cfg->model.depth];
-    st_train_config mine = subnet_config(r, wid, ids);
+    uint8_t keep[r->cfg->model.depth];
+    st_train_config mine = subnet_config(r, wid, ids, keep);
     ST_TRY(st_worker_build_model(w, &mine));
     return attach_worker(r, wid, w);
 }
@@ -627,18 +679,21 @@ static st_status new_round(run_shared *r, st_worker *w, uint64_t round)
     const int wid = w->id;
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every all-gather is done */
-    memcpy(r->slots[wid].saved_master, st_comm_shard_params(r->comm, wid),
+    memcpy(r->slots[wid].saved_master, st_comm_shard_params(masters(r), wid),
            (shard.end - shard.begin) * sizeof(float));
-    ST_TRY(st_comm_barrier(r->comm, wid)); /* every master saved, the engine idle */
+    ST_TRY(st_comm_barrier(r->comm, wid)); /* every master saved, the engines idle */
     if (wid == 0) {
         st_comm_reset(r->comm);
+        if (r->params_comm)
+            st_comm_reset(r->params_comm);
         st_assignment_free(&r->assign);
         ST_TRY(st_assignment_make(r->n, r->cfg->model.depth, r->assign_k, r->cfg->seed, round,
                                   &r->assign));
     }
     ST_TRY(st_comm_barrier(r->comm, wid)); /* the new assignment is there */
     int ids[r->cfg->model.depth];
-    st_train_config mine = subnet_config(r, wid, ids);
+    uint8_t keep[r->cfg->model.depth];
+    st_train_config mine = subnet_config(r, wid, ids, keep);
     ST_TRY(st_worker_rebuild_model(w, &mine));
     load_from_saved_masters(r, w);
     return attach_worker(r, wid, w);
@@ -661,7 +716,8 @@ static st_status worker_main(run_shared *r, int wid, st_worker *w)
         ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, &backend));
         ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, st_model_param_count(w->model)));
     }
-    if (wid == 0 && r->cfg->strategy == ST_STRATEGY_SDP) {
+    if (wid == 0 && r->cfg->strategy == ST_STRATEGY_SDP &&
+        r->cfg->masking == ST_MASKING_FORWARD) {
         st_arena_init(&r->eval_arena, "evaluation", &backend, 0);
         ST_TRY(st_model_create(&r->cfg->model, r->cfg->batch, &r->eval_arena, &r->eval_model));
     }
@@ -680,6 +736,8 @@ static void record_failure(run_shared *r, st_status s)
     }
     if (r->comm)
         st_comm_abort(r->comm);
+    if (r->params_comm)
+        st_comm_abort(r->params_comm);
 }
 
 /* ------------------------------------------------------------ the run */
@@ -732,6 +790,8 @@ static st_status prepare(run_shared *r)
             domain_of[k] = r->placement.workers[k].domain;
         st_comm_config cc = { r->n, st_model_config_param_count(&cfg->model), domain_of };
         st_status s = st_comm_create(&cc, &r->comm);
+        if (s == ST_OK && cfg->strategy == ST_STRATEGY_SDP && cfg->masking == ST_MASKING_BACKWARD)
+            s = st_comm_create(&cc, &r->params_comm);
         free(domain_of);
         ST_TRY(s);
     }
@@ -744,6 +804,7 @@ static void release(run_shared *r)
     st_arena_release(&r->eval_arena);
     st_assignment_free(&r->assign);
     st_comm_destroy(r->comm);
+    st_comm_destroy(r->params_comm);
     free(r->slots);
     free(r->memory);
     st_plan_free(&r->placement);
