@@ -3,11 +3,15 @@
  * per unit, balanced loads, reproducible from (seed, round), redrawn rounds
  * keep both properties.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
 #include <criterion/criterion.h>
 
+#include <subtrain/comm.h>
+#include <subtrain/rng.h>
 #include <subtrain/subnet.h>
 
 static void check_assignment(const st_assignment *a)
@@ -113,4 +117,95 @@ Test(subnet, names_round_trip)
     cr_assert_eq(st_masking_parse("backward", &m), 0);
     cr_assert_eq(m, ST_MASKING_BACKWARD);
     cr_assert_str_eq(st_masking_name(ST_MASKING_FORWARD), "forward");
+}
+
+/* ------------------------------------------------------------ unbiasedness */
+
+/* Backward masking's gradient is unbiased: each unit's gradient is averaged
+ * over its k holders, a uniformly random k-subset of the workers, so over
+ * many draws the engine's result tends to the mean over all N workers.
+ * Fixed per-worker gradients, UB_DRAWS assignments, the real reduction
+ * engine; every coordinate within 6 standard errors of the k-subset mean
+ * (sampling without replacement: var = s2 / k (N - k) / (N - 1), s2 the
+ * workers' variance).  A scheme that divided by N instead of k would be
+ * biased by (1 - k/N) of the mean: the same bound must reject it. */
+#define UB_N 4
+#define UB_UNITS 8
+#define UB_UNIT 16
+#define UB_SHARED 32
+#define UB_P (UB_SHARED + UB_UNITS * UB_UNIT)
+#define UB_K 2
+#define UB_DRAWS 300
+
+static void reduce_once(const float g[UB_N][UB_P], const st_assignment *a, float *out)
+{
+    st_comm *c;
+    st_comm_config cfg = { UB_N, UB_P, NULL };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK, "%s", st_last_error());
+    int failures = 0;
+#pragma omp parallel num_threads(UB_N) reduction(+ : failures)
+    {
+        int w = omp_get_thread_num();
+        st_arena arena;
+        st_arena_init(&arena, "ub", NULL, 0);
+        st_range held[1 + UB_UNITS];
+        int n = 0;
+        held[n++] = (st_range){ 0, UB_SHARED };
+        for (int u = 0; u < UB_UNITS; u++)
+            if (st_assignment_holds(a, w, u))
+                held[n++] = (st_range){ UB_SHARED + (size_t)u * UB_UNIT,
+                                        UB_SHARED + (size_t)(u + 1) * UB_UNIT };
+        float params[UB_P] = { 0 };
+        st_status s = st_comm_attach(c, w, &arena, (float *)g[w], params, held, n);
+        if (s == ST_OK)
+            s = st_comm_reduce_scatter(c, w);
+        if (s == ST_OK) {
+            st_range sh = st_comm_shard(c, w);
+            memcpy(out + sh.begin, st_comm_shard_grads(c, w), (sh.end - sh.begin) * sizeof *out);
+        }
+        failures += s != ST_OK;
+        st_comm_barrier(c, w);
+        st_arena_release(&arena);
+    }
+    cr_assert_eq(failures, 0, "%s", st_last_error());
+    st_comm_destroy(c);
+}
+
+Test(subnet, holder_averaged_gradient_is_unbiased, .timeout = 60)
+{
+    static float g[UB_N][UB_P];
+    st_rng r = st_rng_seed(77);
+    for (int w = 0; w < UB_N; w++)
+        for (int j = 0; j < UB_P; j++)
+            g[w][j] = st_rng_normal(&r);
+    double avg[UB_P] = { 0 };
+    float out[UB_P];
+    for (uint64_t d = 0; d < UB_DRAWS; d++) {
+        st_assignment a;
+        cr_assert_eq(st_assignment_make(UB_N, UB_UNITS, UB_K, 5, d, &a), ST_OK);
+        reduce_once((const float(*)[UB_P])g, &a, out);
+        for (int j = 0; j < UB_P; j++)
+            avg[j] += out[j] / (double)UB_DRAWS;
+        st_assignment_free(&a);
+    }
+    int biased_rejected = 0;
+    for (int j = 0; j < UB_P; j++) {
+        double mean = 0.0, s2 = 0.0;
+        for (int w = 0; w < UB_N; w++)
+            mean += g[w][j] / (double)UB_N;
+        for (int w = 0; w < UB_N; w++)
+            s2 += (g[w][j] - mean) * (g[w][j] - mean) / (double)UB_N;
+        if (j < UB_SHARED) {
+            cr_assert_float_eq(avg[j], mean, 1e-5, "shared element %d: every worker holds it", j);
+            continue;
+        }
+        double var = s2 / UB_K * (UB_N - UB_K) / (UB_N - 1) / UB_DRAWS;
+        double bound = 6.0 * sqrt(var) + 1e-5;
+        cr_assert_leq(fabs(avg[j] - mean), bound, "element %d: %.5f against %.5f (bound %.5f)",
+                      j, avg[j], mean, bound);
+        double biased = avg[j] * UB_K / UB_N;
+        biased_rejected += fabs(biased - mean) > bound;
+    }
+    cr_assert_geq(biased_rejected, UB_UNITS * UB_UNIT / 2,
+                  "dividing by N instead of k is rejected on most elements (%d)", biased_rejected);
 }
