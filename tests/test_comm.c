@@ -111,7 +111,7 @@ static void rig_init(rig *r, int n, size_t p, const int *domain_of, uint64_t see
     r->n = n;
     r->p = p;
     r->domain_of = domain_of;
-    st_comm_config cfg = { n, p, domain_of };
+    st_comm_config cfg = { n, p, domain_of, 0 };
     cr_assert_eq(st_comm_create(&cfg, &r->c), ST_OK, "create: %s", st_last_error());
     rig_masks(r, seed, dp);
     st_rng rng = st_rng_seed(seed ^ 0x5eed);
@@ -628,7 +628,7 @@ Test(comm_bytes, ring_formula)
 Test(comm_shards, boundaries)
 {
     st_comm *c;
-    st_comm_config cfg = { 3, 1000, NULL };
+    st_comm_config cfg = { 3, 1000, NULL, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
     size_t want[4] = { 0, 336, 672, 1000 };
     for (int w = 0; w < 3; w++) {
@@ -639,7 +639,7 @@ Test(comm_shards, boundaries)
     st_comm_destroy(c);
 
     /* P < 16 N: 7 lines of 16 floats for 8 workers, the last one empty */
-    cfg = (st_comm_config){ 8, 100, NULL };
+    cfg = (st_comm_config){ 8, 100, NULL, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
     for (int w = 0; w < 8; w++) {
         st_range s = st_comm_shard(c, w);
@@ -653,13 +653,13 @@ Test(comm_shards, bad_config)
 {
     st_comm *c = NULL;
     static const int down[3] = { 0, 1, 0 };
-    st_comm_config cfg = { 3, 100, down };
+    st_comm_config cfg = { 3, 100, down, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
     cr_assert_null(c);
     cr_assert(strstr(st_last_error(), "non-decreasing"), "%s", st_last_error());
-    cfg = (st_comm_config){ 0, 100, NULL };
+    cfg = (st_comm_config){ 0, 100, NULL, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
-    cfg = (st_comm_config){ 2, 0, NULL };
+    cfg = (st_comm_config){ 2, 0, NULL, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
 }
 
@@ -696,7 +696,7 @@ static void attach_all(int n, size_t p, const st_range *const *held, const int *
                        st_status *got, char (*msg)[256], int bad_w)
 {
     st_comm *c;
-    st_comm_config cfg = { n, p, NULL };
+    st_comm_config cfg = { n, p, NULL, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
     st_arena arena[MAXW];
     float *g[MAXW], *pr[MAXW];
@@ -827,7 +827,7 @@ Test(comm, compact_vectors_reduce_like_full_ones, .timeout = 30)
     const st_range *held[CP_N] = { cp_held0, cp_held1, cp_held2 };
     const int n_held[CP_N] = { 2, 1, 2 };
     st_comm *c;
-    st_comm_config cfg = { CP_N, CP_P, NULL };
+    st_comm_config cfg = { CP_N, CP_P, NULL, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_OK, "%s", st_last_error());
     static float grads[CP_N][CP_P], params[CP_N][CP_P];
     static float shard_out[CP_P];
@@ -887,4 +887,46 @@ Test(comm, compact_vectors_reduce_like_full_ones, .timeout = 30)
                 cr_assert_eq(params[w][off], cp_param(x) + 1.0f, "worker %d element %zu", w, x);
     }
     st_comm_destroy(c);
+}
+
+/* An engine with one role keeps only that role's buffers and refuses the
+ * other collective (backward masking pairs a reduce-only and a gather-only
+ * engine). */
+Test(comm, single_role_engines_refuse_the_other_collective, .timeout = 30)
+{
+    st_comm *red, *gat;
+    st_comm_config cr = { 2, 100, NULL, ST_COMM_REDUCE }, cg = { 2, 100, NULL, ST_COMM_GATHER };
+    cr_assert_eq(st_comm_create(&cr, &red), ST_OK);
+    cr_assert_eq(st_comm_create(&cg, &gat), ST_OK);
+    static float grads[2][100], params[2][100];
+    int wrong = 0;
+    size_t weights[2], gradients[2];
+#pragma omp parallel num_threads(2) reduction(+ : wrong)
+    {
+        int w = omp_get_thread_num();
+        st_arena a;
+        st_arena_init(&a, "roles", NULL, 0);
+        st_range all = { 0, 100 };
+        for (int i = 0; i < 100; i++)
+            grads[w][i] = params[w][i] = (float)(w + i);
+        wrong += st_comm_attach(red, w, &a, grads[w], grads[w], &all, 1) != ST_OK;
+        wrong += st_comm_attach(gat, w, &a, params[w], params[w], &all, 1) != ST_OK;
+        weights[w] = a.stats.current[ST_MEM_WEIGHTS];
+        gradients[w] = a.stats.current[ST_MEM_GRADIENTS];
+        wrong += st_comm_shard_params(red, w) != NULL;
+        wrong += st_comm_shard_grads(gat, w) != NULL;
+        wrong += st_comm_reduce_scatter(red, w) != ST_OK;
+        wrong += st_comm_all_gather(gat, w) != ST_OK;
+        st_comm_barrier(red, w);
+        st_arena_release(&a);
+    }
+    cr_assert_eq(wrong, 0, "%s", st_last_error());
+    for (int w = 0; w < 2; w++) {
+        cr_assert_gt(weights[w], 0, "the gather engine's master shard");
+        cr_assert_gt(gradients[w], 0, "the reduce engine's shard gradient");
+        cr_assert_leq(weights[w], 64 * sizeof(float) + 64, "one master shard, not two");
+    }
+    cr_assert_eq(st_comm_all_gather(red, 0), ST_ERR_INVALID);
+    st_comm_destroy(red);
+    st_comm_destroy(gat);
 }

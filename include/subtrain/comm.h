@@ -46,7 +46,16 @@ typedef struct st_comm_config {
      * workers of a domain are consecutive, as st_plan orders them).  NULL:
      * everyone in domain 0 (single level). */
     const int *domain_of;
+    /* What the engine is for: ST_COMM_REDUCE (reduce-scatter, shard
+     * gradients), ST_COMM_GATHER (master shards, all-gather), or both (0
+     * means both).  An engine with one role does not allocate the other's
+     * buffers: backward masking pairs a reduce-only engine (gradient
+     * holders) with a gather-only one (parameter holders). */
+    int roles;
 } st_comm_config;
+
+#define ST_COMM_REDUCE 1
+#define ST_COMM_GATHER 2
 
 typedef struct st_comm st_comm;
 

@@ -126,6 +126,7 @@ typedef struct comm_slot {
 } comm_slot;
 
 struct st_comm {
+    int roles;                /* ST_COMM_REDUCE | ST_COMM_GATHER */
     st_spin_barrier barrier;
     int n_workers, n_domains;
     size_t n_params;
@@ -329,6 +330,7 @@ st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
         return st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine");
     memset(c, 0, sizeof *c);
     c->n_workers = n;
+    c->roles = cfg->roles ? cfg->roles : ST_COMM_REDUCE | ST_COMM_GATHER;
     c->n_params = cfg->n_params;
     c->n_domains = n_domains;
     c->domain_of = malloc((size_t)n * sizeof *c->domain_of);
@@ -547,7 +549,7 @@ static st_status build_shard(st_comm *c, int w)
     me->n_segs = n_segs;
 
     /* master shard <- first holder's parameters */
-    for (size_t i = 0; i < n_segs; i++) {
+    for (size_t i = 0; me->master && i < n_segs; i++) {
         const comm_seg *g = &me->segs[i];
         const comm_slot *first = &c->slots[me->holders[g->holder_first]];
         memcpy(me->master + (g->begin - sb), local_at(first, first->params, g->begin),
@@ -641,9 +643,10 @@ static void plan_tasks(st_comm *c, int w, size_t *load_p, size_t *load_c, int fi
             int holds = 0;
             for (size_t i = h0; i < h1; i++)
                 holds |= so->holders[i] == w;
+            const int gather = c->roles & ST_COMM_GATHER, reduce = c->roles & ST_COMM_REDUCE;
             if (local) {
                 /* own domain's shard: straight from the owner's master */
-                if (holds) {
+                if (holds && gather) {
                     if (fill) {
                         me->ag1[k->ag1] = (ag_item){ local_at(me, me->params, seg->begin),
                                                      so->master + (seg->begin - sb), n };
@@ -654,7 +657,7 @@ static void plan_tasks(st_comm *c, int w, size_t *load_p, size_t *load_c, int fi
                 }
                 continue;
             }
-            if (h1 - h0 >= 2) {
+            if (h1 - h0 >= 2 && reduce) {
                 /* a partial of this domain's holders, for the remote owner */
                 size_t j = least_loaded(load_p, m);
                 load_p[j] += n;
@@ -689,7 +692,7 @@ static void plan_tasks(st_comm *c, int w, size_t *load_p, size_t *load_c, int fi
                 copier = so->holders[best];
             }
             load_c[copier - df] += n;
-            if (!holds)
+            if (!holds || !gather)
                 continue;
             if (copier == w) {
                 if (fill) {
@@ -777,6 +780,10 @@ static void emit_op(comm_slot *me, int fill, size_t *n_ops, size_t n, int kind, 
 static st_status build_rs2(st_comm *c, int w)
 {
     comm_slot *me = &c->slots[w];
+    if (!(c->roles & ST_COMM_REDUCE)) {
+        me->n_rs2 = 0;
+        return ST_OK;
+    }
     int dw = me->domain, D = c->n_domains;
     size_t sb = c->shard_begin[w], n_ops = 0;
     for (int fill = 0; fill < 2; fill++) {
@@ -858,8 +865,10 @@ static st_status attach_register(st_comm *c, int w, st_arena *arena, float *grad
             me->local[i] = local ? local[i] : held[i].begin; /* full layout: identity */
     }
     size_t len = c->shard_begin[w + 1] - c->shard_begin[w];
-    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, len, &me->master));
-    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_GRADIENTS, len, &me->shard_grad));
+    if (c->roles & ST_COMM_GATHER)
+        ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, len, &me->master));
+    if (c->roles & ST_COMM_REDUCE)
+        ST_TRY(st_arena_alloc_floats(arena, ST_MEM_GRADIENTS, len, &me->shard_grad));
     return ST_OK;
 }
 
@@ -947,6 +956,8 @@ static st_status step_check(st_comm *c, int w, const char *what)
 st_status st_comm_reduce_scatter(st_comm *c, int w)
 {
     ST_TRY(step_check(c, w, "reduce-scatter"));
+    if (!(c->roles & ST_COMM_REDUCE))
+        return st_fail(ST_ERR_INVALID, "reduce-scatter on a gather-only engine");
     comm_slot *me = &c->slots[w];
     /* every gradient vector is complete (and the previous all-gather,
      * which read the master shards, is over everywhere) */
@@ -965,6 +976,8 @@ st_status st_comm_reduce_scatter(st_comm *c, int w)
 st_status st_comm_all_gather(st_comm *c, int w)
 {
     ST_TRY(step_check(c, w, "all-gather"));
+    if (!(c->roles & ST_COMM_GATHER))
+        return st_fail(ST_ERR_INVALID, "all-gather on a reduce-only engine");
     comm_slot *me = &c->slots[w];
     /* every master shard is updated (and every owner is done reading the
      * gradients and partials) */

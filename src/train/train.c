@@ -621,12 +621,10 @@ static void load_from_saved_masters(run_shared *r, st_worker *w)
  *
  * Backward masking has two engines, because there a worker contributes
  * gradients for its blocks only but needs every parameter for its full
- * forward: the gradients' engine averages over the gradient holders (its
- * own master and all-gather go unused: the parameter vector it is given
- * is the gradient vector, never written), the parameters' engine, where
- * everyone holds everything, carries the masters and the all-gather.  The
- * price is two unused P/N buffers per worker (see doc/sdp.md); an engine
- * that tells contributors from receivers would save them. */
+ * forward: a reduce-only engine averages over the gradient holders (it
+ * keeps no master and never writes the parameter vector it is given: the
+ * gradient vector), a gather-only engine, where everyone holds everything,
+ * carries the masters and the all-gather. */
 static st_status attach_worker(run_shared *r, int wid, st_worker *w)
 {
     int cap = st_model_get_config(w->model)->depth + 3;
@@ -788,10 +786,15 @@ static st_status prepare(run_shared *r)
             return st_fail(ST_ERR_NOMEM, "out of memory for the reduction plan");
         for (int k = 0; k < r->n; k++)
             domain_of[k] = r->placement.workers[k].domain;
-        st_comm_config cc = { r->n, st_model_config_param_count(&cfg->model), domain_of };
+        st_comm_config cc = { r->n, st_model_config_param_count(&cfg->model), domain_of, 0 };
+        int two = cfg->strategy == ST_STRATEGY_SDP && cfg->masking == ST_MASKING_BACKWARD;
+        if (two)
+            cc.roles = ST_COMM_REDUCE;
         st_status s = st_comm_create(&cc, &r->comm);
-        if (s == ST_OK && cfg->strategy == ST_STRATEGY_SDP && cfg->masking == ST_MASKING_BACKWARD)
+        if (s == ST_OK && two) {
+            cc.roles = ST_COMM_GATHER;
             s = st_comm_create(&cc, &r->params_comm);
+        }
         free(domain_of);
         ST_TRY(s);
     }
