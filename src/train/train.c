@@ -20,9 +20,9 @@
  *   optimizer w updates its shard of the master weights and optimizer state
  *   gather    all-gather: w's replica gets every updated shard
  * With one worker there is no reduction: the worker updates its own vector.
+ * Subnetwork data parallelism (sdp.c) runs the same step on subnetworks.
  */
 #define _GNU_SOURCE /* pthread_{get,set}affinity_np */
-#include <math.h>
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
@@ -36,7 +36,7 @@
 #include <subtrain/topo.h>
 
 #include "core/error.h"
-#include "train/worker.h"
+#include "train/run.h"
 
 const char *st_strategy_name(st_strategy s)
 {
@@ -54,34 +54,6 @@ int st_strategy_parse(const char *name, st_strategy *out)
         return 0;
     }
     return -1;
-}
-
-/* What of subnetwork data parallelism exists so far: block-level units with
- * forward or backward masking, masks fixed or redrawn every R steps
- * (doc/status.md lists the rest). */
-static st_status check_sdp(const st_train_config *c)
-{
-    if (c->strategy != ST_STRATEGY_SDP) {
-        if (c->align_every)
-            return st_fail(ST_ERR_INVALID, "the alignment report compares subnetwork gradients "
-                           "with the full model's: it needs --strategy sdp");
-        return ST_OK;
-    }
-    if (!(c->coverage > 0.0 && c->coverage <= 1.0))
-        return st_fail(ST_ERR_INVALID, "coverage must be in (0, 1], got %g", c->coverage);
-    if (c->model.kind != ST_MODEL_RESMLP)
-        return st_fail(ST_ERR_INVALID, "sdp trains subnetworks of resmlp blocks; --model %s has none",
-                       st_model_kind_name(c->model.kind));
-    if (c->subnet != ST_SUBNET_BLOCK)
-        return st_fail(ST_ERR_INVALID, "--subnet %s is not implemented yet (block is)",
-                       st_subnet_kind_name(c->subnet));
-    if (c->masking != ST_MASKING_FORWARD && c->masking != ST_MASKING_BACKWARD)
-        return st_fail(ST_ERR_INVALID, "unknown masking %d (allowed: forward, backward)",
-                       (int)c->masking);
-    if (c->masking == ST_MASKING_BACKWARD && c->align_every)
-        return st_fail(ST_ERR_INVALID, "--report align measures forward-masked subnetworks; "
-                       "a backward-masked gradient is the full gradient on its coordinates");
-    return ST_OK;
 }
 
 st_train_config st_train_config_default(void)
@@ -112,7 +84,7 @@ st_status st_train_config_check(const st_train_config *c)
     ST_TRY(st_optim_config_check(&c->optim));
     if (c->strategy != ST_STRATEGY_DP && c->strategy != ST_STRATEGY_SDP)
         return st_fail(ST_ERR_INVALID, "unknown strategy %d (allowed: dp, sdp)", (int)c->strategy);
-    ST_TRY(check_sdp(c));
+    ST_TRY(st_sdp_check_config(c));
     if (c->workers < 0 || c->workers > 4096)
         return st_fail(ST_ERR_INVALID, "workers must be in [1, 4096] (or 0: one per core), got %d",
                        c->workers);
@@ -126,14 +98,6 @@ st_status st_train_config_check(const st_train_config *c)
                        (unsigned long long)c->warmup_steps, (unsigned long long)c->steps);
     return ST_OK;
 }
-
-/* What the loop needs besides the config, fixed before the first step. */
-typedef struct run_plan {
-    uint64_t steps_per_epoch;
-    uint64_t total_steps;
-    int epochs;             /* epochs started, the last possibly partial */
-    st_schedule schedule;
-} run_plan;
 
 static st_status make_plan(const st_train_config *cfg, int workers, const st_dataset *train,
                            run_plan *p)
@@ -160,127 +124,7 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* What one worker leaves for worker 0 to combine.  One cache line (or more)
- * per worker: the slots are written by their workers every step, and
- * neighbours must not invalidate each other's lines. */
-typedef struct step_times {
-    double compute, wait, reduce, optimizer;   /* seconds, summed over steps */
-} step_times;
-
-typedef struct worker_slot {
-    _Alignas(64) float loss;          /* this step's mean loss over w's batch */
-    double eval_loss;                 /* summed test loss of w's test batches */
-    int64_t eval_correct;
-    step_times times;                 /* over the current epoch */
-    st_mem_stats memory;
-    st_comm_bytes bytes;
-    st_numa_ctx numa;                 /* the arena backend's state */
-    /* Where worker 0 finds this worker's gradient for the alignment report:
-     * its vector and which full-layout ranges it holds (from its arena). */
-    const float *grads;
-    float *saved_master;              /* sdp rounds: its master shard, kept
-                                       * across a rebuild (outside the model's
-                                       * part of the arena) */
-    const st_range *ranges;
-    const size_t *local;
-    int n_ranges;
-} worker_slot;
-
-/* Everything the workers of one run share.  Written before the parallel
- * region, or by one worker between two barriers. */
-typedef struct run_shared {
-    const st_train_config *cfg;
-    const st_dataset *train, *test;
-    const st_train_callbacks *cb;
-    run_plan plan;
-    int n;                            /* workers */
-    st_topology *topology;
-    st_plan placement;
-    st_comm *comm;                    /* NULL with one worker; with backward
-                                       * masking: the gradients' engine */
-    st_comm *params_comm;             /* backward masking: every worker holds
-                                       * every parameter; used for its
-                                       * all-gather (and masters) only */
-    st_assignment assign;             /* sdp: which worker holds which block */
-    int assign_k;                     /* sdp: holders per block */
-    st_arena eval_arena;              /* sdp: worker 0's full model for evaluation */
-    st_model *eval_model;
-    st_mem_stats *memory;             /* n: every worker's arena, for the record */
-    double align_sum, align_min;      /* worker 0, over the current epoch */
-    int align_count;
-    worker_slot *slots;               /* n */
-    double t0;
-    atomic_int failed;                /* the first failure wins the message */
-    st_status error_status;
-    char error[512];
-    st_epoch_record final;
-} run_shared;
-
-static st_status sync_workers(run_shared *r, int w)
-{
-    return r->comm ? st_comm_barrier(r->comm, w) : ST_OK;
-}
-
 /* ------------------------------------------------------------ one step */
-
-/* The engine whose master shards hold the parameters, and whose
- * all-gather brings them to the workers. */
-static st_comm *masters(const run_shared *r)
-{
-    return r->params_comm ? r->params_comm : r->comm;
-}
-
-/* Copies every owner's master shard into worker 0's full model: after an
- * all-gather, the current values of every parameter. */
-static void load_full_model(run_shared *r)
-{
-    float *p = st_model_params(r->eval_model);
-    for (int k = 0; k < r->n; k++) {
-        st_range sh = st_comm_shard(masters(r), k);
-        memcpy(p + sh.begin, st_comm_shard_params(masters(r), k),
-               (sh.end - sh.begin) * sizeof *p);
-    }
-}
-
-/* cos(g, G) over the coordinates worker k holds: g its subnetwork gradient
- * (compact), G the full model's gradient on the same batch. */
-static double worker_alignment(const worker_slot *s, const float *full)
-{
-    double dot = 0.0, gg = 0.0, ff = 0.0;
-    for (int i = 0; i < s->n_ranges; i++) {
-        const float *g = s->grads + s->local[i], *f = full + s->ranges[i].begin;
-        size_t len = s->ranges[i].end - s->ranges[i].begin;
-        for (size_t j = 0; j < len; j++) {
-            dot += (double)g[j] * f[j];
-            gg += (double)g[j] * g[j];
-            ff += (double)f[j] * f[j];
-        }
-    }
-    return gg > 0.0 && ff > 0.0 ? dot / sqrt(gg * ff) : 0.0;
-}
-
-/* The alignment report (worker 0, while the others wait in the
- * reduce-scatter: their gradients are complete and stay put).  Costs one
- * full-model forward and backward per worker: measured every align_every
- * steps only. */
-static st_status measure_alignment(run_shared *r, st_worker *w0, uint64_t i)
-{
-    const int B = r->cfg->batch;
-    load_full_model(r);
-    for (int k = 0; k < r->n; k++) {
-        uint32_t first = (uint32_t)((i * (uint64_t)r->n + (uint64_t)k) * (uint64_t)B);
-        st_dataset_gather(r->train, w0->order + first, (size_t)B, st_model_input(r->eval_model),
-                          st_model_labels(r->eval_model));
-        float loss;
-        ST_TRY(st_model_forward_backward(r->eval_model, &loss));
-        double a = worker_alignment(&r->slots[k], st_model_grads(r->eval_model));
-        r->align_sum += a;
-        if (r->align_count == 0 || a < r->align_min)
-            r->align_min = a;
-        r->align_count++;
-    }
-    return ST_OK;
-}
 
 /* Data parallel, N > 1: compute, wait, reduce, update the shard, gather. */
 static st_status dp_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, float *loss,
@@ -306,7 +150,7 @@ static st_status dp_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step,
             sum += r->slots[k].loss;
         *loss = (float)(sum / n);
         if (r->cfg->align_every && step % r->cfg->align_every == 0)
-            ST_TRY(measure_alignment(r, w, i));
+            ST_TRY(st_sdp_measure_alignment(r, w, i));
     }
     ST_TRY(st_comm_reduce_scatter(r->comm, w->id));
     t1 = now_s();
@@ -316,13 +160,13 @@ static st_status dp_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step,
     const st_param_segment *segs = st_model_segments(w->model, &n_segs);
     st_range shard = st_comm_shard(r->comm, w->id);
     *lr = st_schedule_lr(&r->plan.schedule, step);
-    st_optim_update(&w->optim, st_comm_shard_params(masters(r), w->id),
+    st_optim_update(&w->optim, st_comm_shard_params(st_run_masters(r), w->id),
                     st_comm_shard_grads(r->comm, w->id), segs, n_segs, shard.begin, shard.end,
                     step, *lr);
     t1 = now_s();
     slot->times.optimizer += t1 - t;
     t = t1;
-    ST_TRY(st_comm_all_gather(masters(r), w->id));
+    ST_TRY(st_comm_all_gather(st_run_masters(r), w->id));
     slot->times.reduce += now_s() - t;
     return ST_OK;
 }
@@ -366,7 +210,7 @@ static st_status evaluate_replicas(run_shared *r, st_worker *w, double *loss, do
         st_worker_load_batch(w, d, NULL, first, rows);
         ST_TRY(st_model_evaluate(w->model, rows, &slot->eval_loss, &slot->eval_correct));
     }
-    ST_TRY(sync_workers(r, w->id));
+    ST_TRY(st_run_sync(r, w->id));
     if (w->id == 0) {
         double sum = 0.0;
         int64_t correct = 0;
@@ -380,38 +224,9 @@ static st_status evaluate_replicas(run_shared *r, st_worker *w, double *loss, do
     return ST_OK;
 }
 
-/* Subnetworks: evaluation always uses the full model.  Worker 0 keeps one
- * (in an arena of its own: it is not training memory), fills it from every
- * owner's master shard, which after the epoch's last all-gather holds the
- * current values, and runs the whole test set; the others wait. */
-static st_status evaluate_full(run_shared *r, st_worker *w, double *loss, double *acc)
-{
-    ST_TRY(sync_workers(r, w->id)); /* every master shard is final */
-    if (w->id == 0) {
-        load_full_model(r);
-        const st_dataset *d = r->test;
-        const int B = st_model_batch(r->eval_model);
-        float *x = st_model_input(r->eval_model);
-        int32_t *y = st_model_labels(r->eval_model);
-        double sum = 0.0;
-        int64_t correct = 0;
-        for (uint32_t first = 0; first < d->count; first += (uint32_t)B) {
-            int rows = d->count - first < (uint32_t)B ? (int)(d->count - first) : B;
-            memcpy(x, d->x + (size_t)first * d->dim, (size_t)rows * d->dim * sizeof *x);
-            memset(x + (size_t)rows * d->dim, 0, (size_t)(B - rows) * d->dim * sizeof *x);
-            for (int i = 0; i < B; i++)
-                y[i] = i < rows ? d->y[first + (uint32_t)i] : 0;
-            ST_TRY(st_model_evaluate(r->eval_model, rows, &sum, &correct));
-        }
-        *loss = sum / d->count;
-        *acc = (double)correct / d->count;
-    }
-    return sync_workers(r, w->id);
-}
-
 static st_status evaluate(run_shared *r, st_worker *w, double *loss, double *acc)
 {
-    return r->eval_model ? evaluate_full(r, w, loss, acc) : evaluate_replicas(r, w, loss, acc);
+    return r->eval_model ? st_sdp_evaluate_full(r, w, loss, acc) : evaluate_replicas(r, w, loss, acc);
 }
 
 /* ------------------------------------------------------------ records */
@@ -484,8 +299,6 @@ static void report_step(run_shared *r, int epoch, uint64_t step, float loss, flo
 
 /* ------------------------------------------------------------ a worker */
 
-static st_status new_round(run_shared *r, st_worker *w, uint64_t round);
-
 static st_status worker_loop(run_shared *r, st_worker *w)
 {
     const run_plan *p = &r->plan;
@@ -510,7 +323,7 @@ static st_status worker_loop(run_shared *r, st_worker *w)
         for (uint64_t i = 0; i < p->steps_per_epoch && step < p->total_steps; i++, n++) {
             float loss = 0.0f;
             if (r->cfg->resample && step > 0 && step % r->cfg->resample == 0)
-                ST_TRY(new_round(r, w, step / r->cfg->resample));
+                ST_TRY(st_sdp_new_round(r, w, step / r->cfg->resample));
             step++;
             ST_TRY(r->comm ? dp_step(r, w, i, step, &loss, &lr)
                            : solo_step(r, w, i, step, &loss, &lr));
@@ -526,7 +339,7 @@ static st_status worker_loop(run_shared *r, st_worker *w)
         slot->memory = w->arena.stats;
         if (r->comm)
             slot->bytes = step_bytes(r, w->id);
-        ST_TRY(sync_workers(r, w->id));
+        ST_TRY(st_run_sync(r, w->id));
         if (w->id == 0) {
             rec.epoch = epoch;
             rec.epochs = p->epochs;
@@ -540,7 +353,7 @@ static st_status worker_loop(run_shared *r, st_worker *w)
                 r->cb->on_epoch(&rec, r->cb->user);
         }
         /* The slots are read by worker 0 until here. */
-        ST_TRY(sync_workers(r, w->id));
+        ST_TRY(st_run_sync(r, w->id));
     }
     if (w->id == 0) {
         rec.final = 1;
@@ -568,54 +381,6 @@ static void report_warnings(run_shared *r)
         }
 }
 
-/* Binds, builds, attaches, trains: everything worker w does, on its own
- * thread. */
-/* Worker w's subnetwork in the current assignment: the blocks it holds
- * (ids must hold the full depth), branches scaled by 1 / coverage when
- * asked. */
-static st_train_config subnet_config(const run_shared *r, int wid, int *ids, uint8_t *keep)
-{
-    const st_assignment *a = &r->assign;
-    st_train_config mine = *r->cfg;
-    if (r->cfg->masking == ST_MASKING_BACKWARD) {
-        /* the whole model; weight gradients for the held blocks only */
-        for (int u = 0; u < a->n_units; u++)
-            keep[u] = (uint8_t)st_assignment_holds(a, wid, u);
-        mine.model.grad_blocks = keep;
-        return mine;
-    }
-    int n = 0;
-    for (int u = 0; u < a->n_units; u++)
-        if (st_assignment_holds(a, wid, u))
-            ids[n++] = u;
-    if (r->cfg->scale_branches)
-        mine.model.branch_scale = (float)r->n / (float)a->k;
-    mine.model.depth = n;
-    mine.model.full_depth = r->cfg->model.depth;
-    mine.model.block_ids = ids;
-    return mine;
-}
-
-/* A new subnetwork gets the current values of what it holds: the owners'
- * master shards, saved before the rebuild. */
-static void load_from_saved_masters(run_shared *r, st_worker *w)
-{
-    int cap = st_model_get_config(w->model)->depth + 3;
-    st_range ranges[cap];
-    size_t local[cap];
-    int n = st_model_full_ranges(w->model, ranges, local, cap);
-    float *p = st_model_params(w->model);
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < r->n; k++) {
-            st_range sh = st_comm_shard(r->comm, k);
-            size_t lo = ranges[i].begin > sh.begin ? ranges[i].begin : sh.begin;
-            size_t hi = ranges[i].end < sh.end ? ranges[i].end : sh.end;
-            if (lo < hi)
-                memcpy(p + local[i] + (lo - ranges[i].begin),
-                       r->slots[k].saved_master + (lo - sh.begin), (hi - lo) * sizeof *p);
-        }
-}
-
 /* Registers w's vectors with the reduction engine: which elements of the
  * full vector it holds, and where they sit in its own.
  *
@@ -625,7 +390,7 @@ static void load_from_saved_masters(run_shared *r, st_worker *w)
  * keeps no master and never writes the parameter vector it is given: the
  * gradient vector), a gather-only engine, where everyone holds everything,
  * carries the masters and the all-gather. */
-static st_status attach_worker(run_shared *r, int wid, st_worker *w)
+st_status st_run_attach_worker(run_shared *r, int wid, st_worker *w)
 {
     int cap = st_model_get_config(w->model)->depth + 3;
     void *pr, *pl;
@@ -650,53 +415,6 @@ static st_status attach_worker(run_shared *r, int wid, st_worker *w)
     return st_comm_attach(r->params_comm, wid, &w->arena, params, params, &all, 1);
 }
 
-/* A subnetwork worker: state that outlives rounds first (order, optimizer
- * state of its shard, the saved master), then its first subnetwork. */
-static st_status init_subnet_worker(run_shared *r, int wid, st_worker *w,
-                                    const st_chunk_backend *backend)
-{
-    ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
-    st_range shard = st_comm_shard(r->comm, wid);
-    ST_TRY(st_optim_init_range(&w->optim, &r->cfg->optim, shard.begin, shard.end, &w->arena));
-    if (r->cfg->resample)
-        ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
-                                     &r->slots[wid].saved_master));
-    int ids[r->cfg->model.depth];
-    uint8_t keep[r->cfg->model.depth];
-    st_train_config mine = subnet_config(r, wid, ids, keep);
-    ST_TRY(st_worker_build_model(w, &mine));
-    return attach_worker(r, wid, w);
-}
-
-/* Round `round` of subnetworks (--resample): every worker saves its master
- * shard, worker 0 draws the new assignment, every worker rebuilds its
- * subnetwork, loads the current values of what it now holds and attaches
- * again.  The optimizer state stays: shards do not move. */
-static st_status new_round(run_shared *r, st_worker *w, uint64_t round)
-{
-    const int wid = w->id;
-    st_range shard = st_comm_shard(r->comm, wid);
-    ST_TRY(st_comm_barrier(r->comm, wid)); /* every all-gather is done */
-    memcpy(r->slots[wid].saved_master, st_comm_shard_params(masters(r), wid),
-           (shard.end - shard.begin) * sizeof(float));
-    ST_TRY(st_comm_barrier(r->comm, wid)); /* every master saved, the engines idle */
-    if (wid == 0) {
-        st_comm_reset(r->comm);
-        if (r->params_comm)
-            st_comm_reset(r->params_comm);
-        st_assignment_free(&r->assign);
-        ST_TRY(st_assignment_make(r->n, r->cfg->model.depth, r->assign_k, r->cfg->seed, round,
-                                  &r->assign));
-    }
-    ST_TRY(st_comm_barrier(r->comm, wid)); /* the new assignment is there */
-    int ids[r->cfg->model.depth];
-    uint8_t keep[r->cfg->model.depth];
-    st_train_config mine = subnet_config(r, wid, ids, keep);
-    ST_TRY(st_worker_rebuild_model(w, &mine));
-    load_from_saved_masters(r, w);
-    return attach_worker(r, wid, w);
-}
-
 static st_status worker_main(run_shared *r, int wid, st_worker *w)
 {
     worker_slot *slot = &r->slots[wid];
@@ -704,10 +422,10 @@ static st_status worker_main(run_shared *r, int wid, st_worker *w)
     ST_TRY(st_plan_bind_self(r->topology, &r->placement, wid));
     st_chunk_backend backend = st_numa_backend(&slot->numa, r->topology, pl->numa_os);
     if (r->cfg->strategy == ST_STRATEGY_SDP) {
-        ST_TRY(init_subnet_worker(r, wid, w, &backend));
+        ST_TRY(st_sdp_init_worker(r, wid, w, &backend));
     } else if (r->comm) {
         ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, &backend));
-        ST_TRY(attach_worker(r, wid, w));
+        ST_TRY(st_run_attach_worker(r, wid, w));
         st_range shard = st_comm_shard(r->comm, wid);
         ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
     } else {
@@ -719,7 +437,7 @@ static st_status worker_main(run_shared *r, int wid, st_worker *w)
         st_arena_init(&r->eval_arena, "evaluation", &backend, 0);
         ST_TRY(st_model_create(&r->cfg->model, r->cfg->batch, &r->eval_arena, &r->eval_model));
     }
-    ST_TRY(sync_workers(r, wid)); /* every arena has its chunks */
+    ST_TRY(st_run_sync(r, wid)); /* every arena has its chunks */
     if (wid == 0)
         report_warnings(r);
     return worker_loop(r, w);

@@ -1,0 +1,115 @@
+/*
+ * train/run.h — private: the state the workers of one training run share,
+ * and what the strategy files (train.c: the loop and data parallelism;
+ * sdp.c: subnetworks) call in each other.
+ *
+ * Threading contract: run_shared is written before the parallel region, or
+ * by one worker between two barriers; a worker_slot is written by its own
+ * worker and read by worker 0 after a barrier.
+ */
+#ifndef SUBTRAIN_TRAIN_RUN_H
+#define SUBTRAIN_TRAIN_RUN_H
+
+#include <stdatomic.h>
+
+#include <subtrain/comm.h>
+#include <subtrain/subnet.h>
+#include <subtrain/topo.h>
+
+#include "train/worker.h"
+
+/* What the loop needs besides the config, fixed before the first step. */
+typedef struct run_plan {
+    uint64_t steps_per_epoch;
+    uint64_t total_steps;
+    int epochs;             /* epochs started, the last possibly partial */
+    st_schedule schedule;
+} run_plan;
+
+/* What one worker leaves for worker 0 to combine.  One cache line (or more)
+ * per worker: the slots are written by their workers every step, and
+ * neighbours must not invalidate each other's lines. */
+typedef struct step_times {
+    double compute, wait, reduce, optimizer;   /* seconds, summed over steps */
+} step_times;
+
+typedef struct worker_slot {
+    _Alignas(64) float loss;          /* this step's mean loss over w's batch */
+    double eval_loss;                 /* summed test loss of w's test batches */
+    int64_t eval_correct;
+    step_times times;                 /* over the current epoch */
+    st_mem_stats memory;
+    st_comm_bytes bytes;
+    st_numa_ctx numa;                 /* the arena backend's state */
+    /* Where worker 0 finds this worker's gradient for the alignment report:
+     * its vector and which full-layout ranges it holds (from its arena). */
+    const float *grads;
+    float *saved_master;              /* sdp rounds: its master shard, kept
+                                       * across a rebuild (outside the model's
+                                       * part of the arena) */
+    const st_range *ranges;
+    const size_t *local;
+    int n_ranges;
+} worker_slot;
+
+/* Everything the workers of one run share.  Written before the parallel
+ * region, or by one worker between two barriers. */
+typedef struct run_shared {
+    const st_train_config *cfg;
+    const st_dataset *train, *test;
+    const st_train_callbacks *cb;
+    run_plan plan;
+    int n;                            /* workers */
+    st_topology *topology;
+    st_plan placement;
+    st_comm *comm;                    /* NULL with one worker; with backward
+                                       * masking: the gradients' engine */
+    st_comm *params_comm;             /* backward masking: every worker holds
+                                       * every parameter; used for its
+                                       * all-gather (and masters) only */
+    st_assignment assign;             /* sdp: which worker holds which block */
+    int assign_k;                     /* sdp: holders per block */
+    st_arena eval_arena;              /* sdp: worker 0's full model for evaluation */
+    st_model *eval_model;
+    st_mem_stats *memory;             /* n: every worker's arena, for the record */
+    double align_sum, align_min;      /* worker 0, over the current epoch */
+    int align_count;
+    worker_slot *slots;               /* n */
+    double t0;
+    atomic_int failed;                /* the first failure wins the message */
+    st_status error_status;
+    char error[512];
+    st_epoch_record final;
+} run_shared;
+
+/* A barrier over all workers (nothing to wait for with one). */
+static inline st_status st_run_sync(run_shared *r, int w)
+{
+    return r->comm ? st_comm_barrier(r->comm, w) : ST_OK;
+}
+
+/* The engine whose master shards hold the parameters and whose all-gather
+ * brings them to the workers (backward masking has a second engine). */
+static inline st_comm *st_run_masters(const run_shared *r)
+{
+    return r->params_comm ? r->params_comm : r->comm;
+}
+
+/* train.c: registers w's vectors with the reduction engine(s). */
+st_status st_run_attach_worker(run_shared *r, int wid, st_worker *w);
+
+/* ------------------------------------------------------------ sdp.c */
+
+/* The SDP options that exist so far, with messages for the rest. */
+st_status st_sdp_check_config(const st_train_config *c);
+/* State that outlives rounds, then w's first subnetwork, attached. */
+st_status st_sdp_init_worker(run_shared *r, int wid, st_worker *w,
+                             const st_chunk_backend *backend);
+/* Round `round` of subnetworks (--resample). */
+st_status st_sdp_new_round(run_shared *r, st_worker *w, uint64_t round);
+/* Evaluation with worker 0's full model (forward masking). */
+st_status st_sdp_evaluate_full(run_shared *r, st_worker *w, double *loss, double *acc);
+/* The alignment report, worker 0 between the barrier and the reduction. */
+st_status st_sdp_measure_alignment(run_shared *r, st_worker *w0, uint64_t i);
+
+#endif /* SUBTRAIN_TRAIN_RUN_H */
