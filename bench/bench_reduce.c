@@ -45,11 +45,13 @@
 
 #include <omp.h>
 
+#define BENCH_NAME "bench_reduce"
+#include "bench_util.h"
+
 #include <subtrain/arena.h>
 #include <subtrain/comm.h>
 #include <subtrain/topo.h>
 
-#define EXIT_USAGE 2
 #define MAX_SIZES 16
 #define MAX_REPS 101
 #define MIB ((size_t)1 << 20)
@@ -98,19 +100,6 @@ typedef struct bench_shared {
     st_numa_ctx *numa;            /* n */
     atomic_int failed;
 } bench_shared;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static double median(const double *v, int n)
 {
@@ -294,31 +283,6 @@ static void usage(FILE *f)
             "                    max %d)\n"
             "  --quick           3 short windows (numbers are rough)\n"
             "  --help            this text\n", MAX_REPS);
-}
-
-static int usage_error(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "bench_reduce: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, " (try --help)\n");
-    return EXIT_USAGE;
-}
-
-static const char *option_value(int argc, char **argv, int *i, const char *name, int *missing)
-{
-    const char *arg = argv[*i];
-    size_t len = strlen(name);
-    if (strncmp(arg, name, len) != 0)
-        return NULL;
-    if (arg[len] == '=')
-        return arg + len + 1;
-    if (arg[len] != '\0')
-        return NULL;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
-    }
-    return argv[++*i];
 }
 
 static int parse_sizes(const char *v, bench_options *o)

@@ -53,12 +53,14 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#define BENCH_NAME "bench_step"
+#include "bench_util.h"
+
 #include <subtrain/subtrain.h>
 
 #include "core/error.h"
 #include "train/worker.h"
 
-#define EXIT_USAGE 2
 #define MAX_WINDOWS 32
 
 typedef struct bench_config {
@@ -98,19 +100,6 @@ typedef struct bench_result {
     double gather_s, fb_s, optim_s, parts_s;
     float last_loss;
 } bench_result;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* Median of v[0..n), n >= 1 (sorts v). */
 static double median(double *v, int n)
@@ -642,32 +631,6 @@ static void usage(FILE *f)
             "                (resmlp d8 w1024, batch 128 per worker; with --config small the\n"
             "                small model) and compare samples/s\n"
             "  --help        this text\n");
-}
-
-static int usage_error(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "bench_step: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, " (try --help)\n");
-    return EXIT_USAGE;
-}
-
-/* "--name VALUE" or "--name=VALUE": the value, or NULL if `arg` is not --name. */
-static const char *option_value(int argc, char **argv, int *i, const char *name, int *missing)
-{
-    const char *arg = argv[*i];
-    size_t len = strlen(name);
-    if (strncmp(arg, name, len) != 0)
-        return NULL;
-    if (arg[len] == '=')
-        return arg + len + 1;
-    if (arg[len] != '\0')
-        return NULL;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
-    }
-    return argv[++*i];
 }
 
 int main(int argc, char **argv)
