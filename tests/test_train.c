@@ -519,29 +519,38 @@ static st_train_config sdp_config(int workers, double coverage, uint64_t steps)
     return c;
 }
 
+/* Trains both configurations on the same data and asserts that every
+ * step's loss is bitwise the same; returns both final records. */
+static void assert_bitwise_same_run(const st_train_config *a, const st_train_config *b,
+                                    st_epoch_record *fa, st_epoch_record *fb)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    recorder *ra = calloc(1, sizeof *ra), *rb = calloc(1, sizeof *rb);
+    *fa = train_recorded(a, &train, &test, ra);
+    *fb = train_recorded(b, &train, &test, rb);
+    cr_assert_eq(ra->steps, rb->steps);
+    cr_assert_eq(memcmp(ra->losses, rb->losses, ra->steps * sizeof(float)), 0,
+                 "every step's loss is bitwise the same");
+    cr_assert_eq(fa->test_acc, fb->test_acc);
+    free(ra);
+    free(rb);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
 /* Coverage 1: every worker holds every block, so SDP with forward masking
  * is data parallelism, to the bit (same init, same products, same
  * reduction order), although it goes through subnetwork models and compact
  * attachment. */
 Test(sdp, coverage_one_is_bitwise_data_parallelism, .timeout = 120)
 {
-    st_dataset train, test;
-    make_data(5, &train, &test);
-    recorder *dp = calloc(1, sizeof *dp), *sdp = calloc(1, sizeof *sdp);
     st_train_config cs = sdp_config(2, 1.0, 40), cd = cs;
     cd.strategy = ST_STRATEGY_DP;
-    st_epoch_record fd = train_recorded(&cd, &train, &test, dp);
-    st_epoch_record fs = train_recorded(&cs, &train, &test, sdp);
-    cr_assert_eq(dp->steps, sdp->steps);
-    cr_assert_eq(memcmp(dp->losses, sdp->losses, dp->steps * sizeof(float)), 0,
-                 "every step's loss is bitwise the same");
-    cr_assert_eq(fd.test_acc, fs.test_acc);
+    st_epoch_record fd, fs;
+    assert_bitwise_same_run(&cd, &cs, &fd, &fs);
     cr_assert_float_eq(fd.test_loss, fs.test_loss, 1e-9 * fd.test_loss,
                        "evaluation sums in another order only");
-    free(dp);
-    free(sdp);
-    st_dataset_free(&train);
-    st_dataset_free(&test);
 }
 
 /* Coverage 1/2 over 4 workers: every block is trained by 2 workers, each
@@ -624,20 +633,11 @@ Test(sdp, alignment_is_one_at_full_coverage_and_less_below, .timeout = 120)
  * parallelism to the bit: nothing is lost or changed in the rebuild. */
 Test(sdp, rebuilding_every_round_loses_nothing, .timeout = 120)
 {
-    st_dataset train, test;
-    make_data(5, &train, &test);
-    recorder *dp = calloc(1, sizeof *dp), *sdp = calloc(1, sizeof *sdp);
     st_train_config cs = sdp_config(2, 1.0, 40), cd = cs;
     cs.resample = 7;
     cd.strategy = ST_STRATEGY_DP;
-    train_recorded(&cd, &train, &test, dp);
-    train_recorded(&cs, &train, &test, sdp);
-    cr_assert_eq(memcmp(dp->losses, sdp->losses, dp->steps * sizeof(float)), 0,
-                 "every step's loss is bitwise the same");
-    free(dp);
-    free(sdp);
-    st_dataset_free(&train);
-    st_dataset_free(&test);
+    st_epoch_record fd, fs;
+    assert_bitwise_same_run(&cd, &cs, &fd, &fs);
 }
 
 /* Below coverage 1, rounds change who trains what: the run differs from a
@@ -676,21 +676,11 @@ Test(sdp, resampled_masks_are_reproducible_and_take_effect, .timeout = 120)
  * two engines. */
 Test(sdp, backward_masking_at_full_coverage_is_bitwise_data_parallelism, .timeout = 120)
 {
-    st_dataset train, test;
-    make_data(5, &train, &test);
-    recorder *dp = calloc(1, sizeof *dp), *bm = calloc(1, sizeof *bm);
     st_train_config cb = sdp_config(2, 1.0, 40), cd = cb;
     cb.masking = ST_MASKING_BACKWARD;
     cd.strategy = ST_STRATEGY_DP;
-    st_epoch_record fd = train_recorded(&cd, &train, &test, dp);
-    st_epoch_record fb = train_recorded(&cb, &train, &test, bm);
-    cr_assert_eq(memcmp(dp->losses, bm->losses, dp->steps * sizeof(float)), 0,
-                 "every step's loss is bitwise the same");
-    cr_assert_eq(fd.test_acc, fb.test_acc);
-    free(dp);
-    free(bm);
-    st_dataset_free(&train);
-    st_dataset_free(&test);
+    st_epoch_record fd, fb;
+    assert_bitwise_same_run(&cd, &cb, &fd, &fb);
 }
 
 /* Below full coverage, backward masking keeps less gradient and optimizer
