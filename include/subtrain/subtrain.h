@@ -13,6 +13,7 @@
  *   comm.h    the reduction engine (reduce-scatter, all-gather)
  *   subnet.h  subnetworks: units, coverage, assignments to workers
  *   train.h   the training loop and metrics records
+ *   quad.h    IST theory on quadratics (subtrain quad)
  * Every public symbol starts with st_ (types, functions) or ST_ (macros,
  * enumerators).
  */
@@ -30,5 +31,6 @@
 #include <subtrain/comm.h>
 #include <subtrain/subnet.h>
 #include <subtrain/train.h>
+#include <subtrain/quad.h>
 
 #endif /* SUBTRAIN_H */

@@ -18,6 +18,7 @@
 
 #include "cli/options.h"
 #include "cli/progress.h"
+#include "cli/quad_cmd.h"
 #include "cli/topo_cmd.h"
 #include "config.h"
 
@@ -156,6 +157,8 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "topo") == 0)
         return st_cli_topo_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "quad") == 0)
+        return st_cli_quad_main(argc - 1, argv + 1);
     st_cli_options o;
     char err[512];
     if (st_cli_parse(argc, argv, &o, err, sizeof err) != 0) {

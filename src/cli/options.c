@@ -59,6 +59,7 @@ void st_cli_print_help(FILE *f)
     fputs(
 "Usage: subtrain [train] [OPTION]...\n"
 "       subtrain topo [--topology SPEC] [--workers N] [--oversubscribe] [--cpuset LIST]\n"
+"       subtrain quad [--case all|1|2|3|4|5] [OPTION]...   (IST theory on quadratics)\n"
 "Train a neural network on one CPU server with oneDNN; `subtrain topo --help`\n"
 "prints where the workers would run.\n"
 "\n"

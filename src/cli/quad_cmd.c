@@ -1,0 +1,408 @@
+/*
+ * cli/quad_cmd.c — `subtrain quad`: one-step IST on quadratics.
+ *
+ * Runs the five checks of PAPERS.md section 2 (st_quad_case_1..5) and
+ * prints one titled block of numbers per case; --csv also writes the
+ * convergence trace (||x^k - x*|| for IST and gradient descent) that
+ * scripts/plot_quad.gp draws.  The library does the work; this file parses,
+ * prints and maps statuses to exit codes.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <subtrain/quad.h>
+
+#include "cli/quad_cmd.h"
+
+#define EXIT_USAGE 2
+#define ALL_CASES 0x3e   /* bits 1..5 */
+
+enum { OPT_CASE = 256, OPT_DIM, OPT_WORKERS, OPT_Q, OPT_GAMMA, OPT_ITERS, OPT_RUNS, OPT_SEED,
+       OPT_CSV };
+
+static const struct option long_options[] = {
+    { "case", required_argument, NULL, OPT_CASE },
+    { "dim", required_argument, NULL, OPT_DIM },
+    { "workers", required_argument, NULL, OPT_WORKERS },
+    { "q", required_argument, NULL, OPT_Q },
+    { "gamma", required_argument, NULL, OPT_GAMMA },
+    { "iters", required_argument, NULL, OPT_ITERS },
+    { "runs", required_argument, NULL, OPT_RUNS },
+    { "seed", required_argument, NULL, OPT_SEED },
+    { "csv", required_argument, NULL, OPT_CSV },
+    { "help", no_argument, NULL, 'h' },
+    { NULL, 0, NULL, 0 },
+};
+
+typedef struct quad_options {
+    st_quad_config cfg;
+    unsigned cases;      /* bit k: run case k */
+    const char *csv;     /* NULL: no CSV */
+    int help;
+} quad_options;
+
+static void print_help(FILE *f)
+{
+    fputs(
+"Usage: subtrain quad [OPTION]...\n"
+"One-step independent subnetwork training (IST) on quadratics,\n"
+"  x+ = x - gamma (1/n) sum_i C_i grad f_i(C_i x),  f_i(x) = 1/2 x'L_i x - b_i'x,\n"
+"with Perm-q sketches (d = q n; worker i holds q coordinates of a random\n"
+"permutation, C_i = n x their projector): the checks of PAPERS.md section 2.\n"
+"\n"
+"  --case all|1|2|3|4|5  which check to run (default all):\n"
+"                    1 preconditioned Perm-1, b = 0, gamma = 1: x+ = 0;\n"
+"                    2 preconditioned Perm-1, b_i != 0: E x^k = (1-gamma)^k x0\n"
+"                      + (1 - (1-gamma)^k) x_inf, and x_inf != x*;\n"
+"                    3 b_i = 0, plain Perm-q: converges to x* exactly;\n"
+"                    4 L = [[1,5],[5,100]], n = 2, plain Perm-1: the sketched\n"
+"                      direction 2 diag(L) x is not always a descent direction;\n"
+"                    5 E[C_i] = I: mean of C_i over 10..10^5 draws\n"
+"  --dim D           dimension of cases 3 and 5 (default q x workers)\n"
+"  --workers N       workers n (default 8, or D / q); cases 1 and 2 use d = n\n"
+"  --q Q             coordinates per worker (default 4, or D / n); n q = D\n"
+"  --gamma G         relative step in (0, 2) (default 0.5): the step is G for\n"
+"                    preconditioned sketches (their expected Hessian is I),\n"
+"                    G / Lambda for plain ones (Lambda bounds every draw's\n"
+"                    Hessian), G / lambda_max for gradient descent\n"
+"  --iters K         iterations of cases 2 and 3 and of the trace (default 500)\n"
+"  --runs R          sketch sequences averaged in case 2 (default 10000)\n"
+"  --seed S          seed of the problems, start points and sketches (default 1)\n"
+"  --csv FILE        write ||x^k - x*|| per iteration for IST and gradient\n"
+"                    descent (scripts/plot_quad.gp plots it)\n"
+"  -h, --help        this text\n"
+"\n"
+"Random problems: L_i = G_i G_i'/d + I/2 (G_i standard normal), b_i standard\n"
+"normal.  Everything is float64 and a function of the seed.  doc/quad.md has\n"
+"the derivations.  Exit status: 0 success, 1 runtime failure, 2 bad usage.\n", f);
+}
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 1, 2)))
+#endif
+static void usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("subtrain quad: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* Whole-string unsigned integer in [lo, hi]. */
+static int parse_count(const char *opt, const char *s, unsigned long long lo,
+                       unsigned long long hi, unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*s == '\0' || *s == '-' || *s == '+' || *end != '\0' || errno == ERANGE || v < lo ||
+        v > hi) {
+        usage_error("--%s: expected an integer in [%llu, %llu], got '%s'", opt, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_int(const char *opt, const char *s, int lo, int hi, int *out)
+{
+    unsigned long long v;
+    if (parse_count(opt, s, (unsigned long long)lo, (unsigned long long)hi, &v))
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_gamma(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || errno == ERANGE || !(v > 0.0 && v < 2.0)) {
+        usage_error("--gamma: expected a number in (0, 2), got '%s'", s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_case(const char *s, unsigned *out)
+{
+    if (strcmp(s, "all") == 0) {
+        *out = ALL_CASES;
+        return 0;
+    }
+    if (s[0] >= '1' && s[0] <= '5' && s[1] == '\0') {
+        *out = 1u << (s[0] - '0');
+        return 0;
+    }
+    usage_error("--case: expected all, 1, 2, 3, 4 or 5, got '%s'", s);
+    return -1;
+}
+
+static int apply_option(int c, const char *arg, quad_options *o)
+{
+    unsigned long long v;
+    switch (c) {
+    case OPT_CASE: return parse_case(arg, &o->cases);
+    case OPT_DIM: return parse_int("dim", arg, 1, ST_QUAD_MAX_DIM, &o->cfg.dim);
+    case OPT_WORKERS: return parse_int("workers", arg, 1, ST_QUAD_MAX_DIM, &o->cfg.workers);
+    case OPT_Q: return parse_int("q", arg, 1, ST_QUAD_MAX_DIM, &o->cfg.q);
+    case OPT_GAMMA: return parse_gamma(arg, &o->cfg.gamma);
+    case OPT_ITERS: return parse_int("iters", arg, 1, 10000000, &o->cfg.iters);
+    case OPT_RUNS: return parse_int("runs", arg, 2, 10000000, &o->cfg.runs);
+    case OPT_SEED:
+        if (parse_count("seed", arg, 0, UINT64_MAX, &v))
+            return -1;
+        o->cfg.seed = v;
+        return 0;
+    case OPT_CSV:
+        if (*arg == '\0') {
+            usage_error("--csv: expected a file name, got ''");
+            return -1;
+        }
+        o->csv = arg;
+        return 0;
+    case 'h': o->help = 1; return 0;
+    }
+    usage_error("internal: unhandled option %d", c);
+    return -1;
+}
+
+/* Returns -1 (and has printed why) on bad usage. */
+static int parse(int argc, char **argv, quad_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->cfg = st_quad_defaults();
+    o->cases = ALL_CASES;
+#ifdef __GLIBC__
+    optind = 0; /* glibc: 0 also resets its state inside a grouped -xyz */
+#else
+    optind = 1;
+#endif
+    opterr = 0; /* our own one-line messages */
+    for (;;) {
+        int prev = optind;
+        int c = getopt_long(argc, argv, ":h", long_options, NULL);
+        if (c == -1)
+            break;
+        const char *word = prev < argc ? argv[prev] : "";
+        if (c == '?') {
+            /* A long option given a value it takes not sets optopt to its
+             * value ('h' for --help=x): tell it from a bad short option by
+             * the word. */
+            int is_long = strncmp(word, "--", 2) == 0;
+            if (optopt > 0 && optopt < 256 && !is_long)
+                usage_error("unknown option '-%c' (see subtrain quad --help)", optopt);
+            else if (optopt != 0)
+                usage_error("option '%s' takes no value (see subtrain quad --help)", word);
+            else
+                usage_error("unknown option '%s' (see subtrain quad --help)", word);
+            return -1;
+        }
+        if (c == ':') {
+            usage_error("option '%s' needs a value (see subtrain quad --help)", word);
+            return -1;
+        }
+        if (apply_option(c, optarg, o))
+            return -1;
+    }
+    if (optind < argc) {
+        usage_error("unexpected argument '%s' (usage: subtrain quad [OPTION]...)",
+                    argv[optind]);
+        return -1;
+    }
+    if (o->help)
+        return 0;
+    if (st_quad_config_resolve(&o->cfg) != ST_OK) {
+        usage_error("%s", st_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ printing */
+
+/* One line of a block: the label in a fixed column, then the values. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+static void row(const char *label, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("  %-46s ", label);
+    vprintf(fmt, ap);
+    putchar('\n');
+    va_end(ap);
+}
+
+static void print_case1(const st_quad_case1 *r)
+{
+    printf("Case 1: preconditioned Perm-1, b_i = 0, gamma = 1 (d = n = %d, heterogeneous L_i, "
+           "%d draws)\n", r->n, r->draws);
+    row("max |(1/n) sum C~_i L_i C~_i - I|", "%.3e", r->identity_err);
+    row("max ||x^1|| / ||x^0||", "%.3e   (%s)", r->step_rel,
+        r->step_rel < 1e-12 ? "x^1 = 0 to rounding" : "NOT zero");
+    row("plain Perm-1, best step: ||x^1|| / ||x^0||", "%.3f", r->plain_rel);
+}
+
+static void print_case2(const st_quad_case2 *r)
+{
+    printf("Case 2: preconditioned Perm-1, b_i != 0, gamma = %g (d = n = %d, %d iterations, "
+           "%d runs)\n", r->gamma, r->n, r->iters, r->runs);
+    row("||x*||, ||x_inf|| (x_inf = A^-1 c)", "%.6f  %.6f", r->norm_x_star, r->norm_x_inf);
+    row("||x_inf - x*||", "%.6f   (the bias of IST)", r->bias);
+    row("||x_inf - x*||, plain Perm-1", "%.6f", r->bias_plain);
+    row("max |A - I|", "%.3e", r->A_err);
+    row("max_k ||E x^k - formula_k||, E exact", "%.3e", r->formula_err);
+    row("||mean of runs x^K - formula_K||", "%.3e   (Chebyshev bound %.3e, p = 1e-3)",
+        r->mc_err_final, r->mc_bound_final);
+    row("max_k error_k / bound_k", "%.3f", r->mc_err);
+    row("||mean x^K - x_inf||, ||mean x^K - x*||", "%.3e  %.6f", r->mean_to_x_inf,
+        r->mean_to_x_star);
+    row("one run, tail average of x^k: to x_inf, x*", "%.3e  %.6f", r->tail_to_x_inf,
+        r->tail_to_x_star);
+}
+
+static void print_reach(const char *label, int k)
+{
+    if (k < 0)
+        row(label, "not reached");
+    else
+        row(label, "k = %d", k);
+}
+
+static void print_case3(const st_quad_case3 *r)
+{
+    printf("Case 3: b_i = 0 (x* = 0), heterogeneous L_i, plain Perm-%d (d = %d, n = %d, "
+           "%d iterations)\n", r->q, r->d, r->n, r->iters);
+    row("Lambda, IST step gamma / Lambda", "%.6f  %.6f", r->curvature, r->step);
+    row("||step(x*) - x*|| for a draw", "%.3e", r->fixed_point_err);
+    row("IST ||x^0 - x*||, ||x^K - x*||", "%.6f  %.3e", r->err0, r->err_final);
+    print_reach("IST first k with 1e-10 relative error", r->reach);
+    row("GD step gamma / lambda_max, ||x^K - x*||", "%.6f  %.3e", r->gd_step, r->gd_err_final);
+    print_reach("GD first k with 1e-10 relative error", r->gd_reach);
+}
+
+static void print_case4(const st_quad_case4 *r)
+{
+    printf("Case 4: L = [[1,5],[5,100]], n = 2, b = 0, plain Perm-1: g = 2 diag(L) x\n");
+    row("max |g - 2 diag(L) x|, both permutations", "%.3e", r->g_err);
+    row("directions with <grad f, g> < 0", "%d of %d", r->negative, r->dirs);
+    row("most negative cosine at x", "(%.6f, %.6f)", r->x[0], r->x[1]);
+    row("<grad f(x), g(x)>, cosine", "%.6f  %.6f", r->dot, r->cosine);
+    row("lambda_min(L D + D L)", "%.6f   (< 0 iff some x has <grad f, g> < 0)", r->lambda_min);
+    row("f(x - 1e-4 g) - f(x)", "%+.6e   (%s)", r->f_rise,
+        r->f_rise > 0 ? "f goes up" : "f goes down");
+    row("preconditioned: <grad f(x), g~(x)> = x'Lx", "%.6f", r->dot_precond);
+}
+
+static void print_case5(const st_quad_case5 *r)
+{
+    printf("Case 5: E[C_i] = I for Perm-%d sketches (d = %d, n = %d)\n", r->q, r->d, r->n);
+    row("max |sum_i C_i - n I| over all draws", "%.3e", r->sum_err);
+    printf("  %10s  %14s  %14s  %12s\n", "draws S", "max|mean C-I|", "Bernstein 1e-6",
+           "dev sqrt(S)");
+    for (int l = 0; l < r->levels; l++)
+        printf("  %10ld  %14.6f  %14.6f  %12.4f\n", r->samples[l], r->max_dev[l], r->bound[l],
+               r->max_dev[l] * sqrt((double)r->samples[l]));
+}
+
+/* ------------------------------------------------------------ running */
+
+/* Bad combinations are the user's to fix (exit 2); anything else that
+ * fails (memory, numerics, the CSV file) is a runtime failure (exit 1). */
+static int fail_status(st_status s, const char *what)
+{
+    fprintf(stderr, "subtrain quad: %s: %s\n", what, st_last_error());
+    return s == ST_ERR_INVALID ? EXIT_USAGE : EXIT_FAILURE;
+}
+
+static int run_case(int k, const st_quad_config *c)
+{
+    st_status s = ST_OK;
+    char what[16];
+    snprintf(what, sizeof what, "case %d", k);
+    switch (k) {
+    case 1: { st_quad_case1 r; if ((s = st_quad_case_1(c, &r)) == ST_OK) print_case1(&r); break; }
+    case 2: { st_quad_case2 r; if ((s = st_quad_case_2(c, &r)) == ST_OK) print_case2(&r); break; }
+    case 3: { st_quad_case3 r; if ((s = st_quad_case_3(c, &r)) == ST_OK) print_case3(&r); break; }
+    case 4: { st_quad_case4 r; if ((s = st_quad_case_4(c, &r)) == ST_OK) print_case4(&r); break; }
+    case 5: { st_quad_case5 r; if ((s = st_quad_case_5(c, &r)) == ST_OK) print_case5(&r); break; }
+    }
+    return s == ST_OK ? 0 : fail_status(s, what);
+}
+
+static int write_trace(const st_quad_config *c, const char *path)
+{
+    st_quad_trace t;
+    st_status s = st_quad_trace_run(c, &t);
+    if (s != ST_OK)
+        return fail_status(s, "trace");
+    s = st_quad_write_csv(path, &t);
+    if (s == ST_OK) {
+        int K = t.iters;
+        printf("Trace written to %s: ||x^k - x*|| for k = 0..%d\n", path, K);
+        printf("  case 2's problem at k = %d: IST one run %.3e, IST exact mean %.3e, GD %.3e\n",
+               K, t.ist[K], t.ist_mean[K], t.gd[K]);
+        printf("  case 3's problem at k = %d: IST %.3e, GD %.3e\n", K, t.ist_b0[K], t.gd_b0[K]);
+    }
+    st_quad_trace_free(&t);
+    /* An unwritable file is a runtime failure even though the status says
+     * I/O: the options were fine. */
+    return s == ST_OK ? 0 : (fprintf(stderr, "subtrain quad: %s\n", st_last_error()),
+                             EXIT_FAILURE);
+}
+
+int st_cli_quad_main(int argc, char **argv)
+{
+    quad_options o;
+    if (parse(argc, argv, &o) != 0)
+        return EXIT_USAGE;
+    if (o.help) {
+        print_help(stdout);
+        return EXIT_SUCCESS;
+    }
+    const st_quad_config *c = &o.cfg;
+    /* Find an unwritable CSV path before the cases run, not after. */
+    if (o.csv) {
+        FILE *f = fopen(o.csv, "a");
+        if (!f) {
+            fprintf(stderr, "subtrain quad: cannot open %s for writing: %s\n", o.csv,
+                    strerror(errno));
+            return EXIT_FAILURE;
+        }
+        fclose(f);
+    }
+    printf("subtrain quad: n = %d workers, d = %d (Perm-%d), gamma %g, %d iterations, "
+           "%d runs, seed %llu\n", c->workers, c->dim, c->q, c->gamma, c->iters, c->runs,
+           (unsigned long long)c->seed);
+    for (int k = 1; k <= 5; k++) {
+        if (!(o.cases & (1u << k)))
+            continue;
+        printf("\n");
+        fflush(stdout);
+        int rc = run_case(k, c);
+        if (rc != 0)
+            return rc;
+    }
+    if (o.csv) {
+        printf("\n");
+        int rc = write_trace(c, o.csv);
+        if (rc != 0)
+            return rc;
+    }
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "subtrain quad: writing the output failed: %s\n", strerror(errno));
+        return EXIT_FAILURE;
+    }
+    return EXIT_SUCCESS;
+}
