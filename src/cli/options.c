@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_util.h"
 #include "cli/options.h"
 
 enum {
@@ -156,11 +157,9 @@ static int parse_int(const char *opt, const char *s, long lo, long hi, int *out,
 static int parse_u64(const char *opt, const char *s, unsigned long long hi,
                      uint64_t *out, char *err, size_t n)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*s == '\0' || *s == '-' || *end != '\0' || errno == ERANGE || v > hi)
-        return fail(err, n, "--%s: expected an integer in [0, %llu], got '%s'", opt, hi, s);
+    unsigned long long v;
+    if (st_cli_parse_count(opt, s, 0, hi, &v, err, n))
+        return -1;
     *out = v;
     return 0;
 }
@@ -320,13 +319,10 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         if (c == -1)
             break;
         const char *word = prev < argc ? argv[prev] : "";
-        if (c == '?') {
-            if (optopt)
-                return fail(err, n, "unknown option '-%c' (see subtrain --help)", optopt);
-            return fail(err, n, "unknown option '%s' (see subtrain --help)", word);
+        if (c == '?' || c == ':') {
+            st_cli_getopt_message(c, optopt, word, "subtrain", err, n);
+            return -1;
         }
-        if (c == ':')
-            return fail(err, n, "option '%s' needs a value (see subtrain --help)", word);
         if (apply_option(c, optarg, o, &saw_epochs, &saw_steps, err, n))
             return -1;
     }

@@ -17,6 +17,7 @@
 
 #include <subtrain/quad.h>
 
+#include "cli/cli_util.h"
 #include "cli/quad_cmd.h"
 
 #define EXIT_USAGE 2
@@ -99,16 +100,11 @@ static void usage_error(const char *fmt, ...)
 static int parse_count(const char *opt, const char *s, unsigned long long lo,
                        unsigned long long hi, unsigned long long *out)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*s == '\0' || *s == '-' || *s == '+' || *end != '\0' || errno == ERANGE || v < lo ||
-        v > hi) {
-        usage_error("--%s: expected an integer in [%llu, %llu], got '%s'", opt, lo, hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    char err[256];
+    if (st_cli_parse_count(opt, s, lo, hi, out, err, sizeof err) == 0)
+        return 0;
+    usage_error("%s", err);
+    return -1;
 }
 
 static int parse_int(const char *opt, const char *s, int lo, int hi, int *out)
@@ -189,26 +185,15 @@ static int parse(int argc, char **argv, quad_options *o)
 #endif
     opterr = 0; /* our own one-line messages */
     for (;;) {
-        int prev = optind;
+        int prev = optind ? optind : 1; /* optind 0 asks glibc for a reset: argv[1] is next */
         int c = getopt_long(argc, argv, ":h", long_options, NULL);
         if (c == -1)
             break;
         const char *word = prev < argc ? argv[prev] : "";
-        if (c == '?') {
-            /* A long option given a value it takes not sets optopt to its
-             * value ('h' for --help=x): tell it from a bad short option by
-             * the word. */
-            int is_long = strncmp(word, "--", 2) == 0;
-            if (optopt > 0 && optopt < 256 && !is_long)
-                usage_error("unknown option '-%c' (see subtrain quad --help)", optopt);
-            else if (optopt != 0)
-                usage_error("option '%s' takes no value (see subtrain quad --help)", word);
-            else
-                usage_error("unknown option '%s' (see subtrain quad --help)", word);
-            return -1;
-        }
-        if (c == ':') {
-            usage_error("option '%s' needs a value (see subtrain quad --help)", word);
+        if (c == '?' || c == ':') {
+            char err[256];
+            st_cli_getopt_message(c, optopt, word, "subtrain quad", err, sizeof err);
+            usage_error("%s", err);
             return -1;
         }
         if (apply_option(c, optarg, o))

@@ -16,6 +16,7 @@
 #include <subtrain/comm.h>
 #include <subtrain/topo.h>
 
+#include "cli/cli_util.h"
 #include "cli/topo_cmd.h"
 
 #define EXIT_USAGE 2
@@ -83,16 +84,11 @@ static void usage_error(const char *fmt, ...)
 static int parse_count(const char *opt, const char *s, unsigned long long lo,
                        unsigned long long hi, unsigned long long *out)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*s == '\0' || *s == '-' || *s == '+' || *end != '\0' || errno == ERANGE || v < lo ||
-        v > hi) {
-        usage_error("--%s: expected an integer in [%llu, %llu], got '%s'", opt, lo, hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    char err[256];
+    if (st_cli_parse_count(opt, s, lo, hi, out, err, sizeof err) == 0)
+        return 0;
+    usage_error("%s", err);
+    return -1;
 }
 
 static int apply_option(int c, const char *arg, topo_options *o)
@@ -133,20 +129,10 @@ static int parse(int argc, char **argv, topo_options *o)
         if (c == -1)
             break;
         const char *word = prev < argc ? argv[prev] : "";
-        if (c == '?') {
-            /* getopt_long sets optopt to a short option's letter, to a long
-             * option's value when it was given a value it takes not, and to
-             * 0 for an unknown long option. */
-            if (optopt > 0 && optopt < 256)
-                usage_error("unknown option '-%c' (see subtrain topo --help)", optopt);
-            else if (optopt >= 256)
-                usage_error("option '%s' takes no value (see subtrain topo --help)", word);
-            else
-                usage_error("unknown option '%s' (see subtrain topo --help)", word);
-            return -1;
-        }
-        if (c == ':') {
-            usage_error("option '%s' needs a value (see subtrain topo --help)", word);
+        if (c == '?' || c == ':') {
+            char err[256];
+            st_cli_getopt_message(c, optopt, word, "subtrain topo", err, sizeof err);
+            usage_error("%s", err);
             return -1;
         }
         if (apply_option(c, optarg, o))

@@ -1,0 +1,41 @@
+/* cli/cli_util.c — shared pieces of the option parsers. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli_util.h"
+
+void st_cli_getopt_message(int c, int optopt, const char *word, const char *cmd, char *err,
+                           size_t n)
+{
+    if (c == ':') {
+        snprintf(err, n, "option '%s' needs a value (see %s --help)", word, cmd);
+        return;
+    }
+    /* getopt_long sets optopt to a short option's letter, to a long
+     * option's value when it was given a value it takes not (--quiet=x),
+     * and to 0 for an unknown long option: tell them apart by the word. */
+    int is_long = strncmp(word, "--", 2) == 0;
+    if (!is_long && optopt > 0 && optopt < 256)
+        snprintf(err, n, "unknown option '-%c' (see %s --help)", optopt, cmd);
+    else if (is_long && optopt != 0)
+        snprintf(err, n, "option '%s' takes no value (see %s --help)", word, cmd);
+    else
+        snprintf(err, n, "unknown option '%s' (see %s --help)", word, cmd);
+}
+
+int st_cli_parse_count(const char *opt, const char *s, unsigned long long lo,
+                       unsigned long long hi, unsigned long long *out, char *err, size_t n)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*s == '\0' || *s == '-' || *s == '+' || *end != '\0' || errno == ERANGE || v < lo ||
+        v > hi) {
+        snprintf(err, n, "--%s: expected an integer in [%llu, %llu], got '%s'", opt, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
