@@ -93,7 +93,10 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--data ''", "--data");
     expect_usage_error("--workers 0", "--workers");
     expect_usage_error("--workers many", "--workers");
-    expect_usage_error("--strategy pp", "allowed: dp");
+    expect_usage_error("--strategy pp", "allowed: dp, sdp, ist");
+    expect_usage_error("--strategy ist --local-steps 0", "--local-steps");
+    expect_usage_error("--strategy ist --model mlp", "not implemented yet");
+    expect_usage_error("--strategy ist --eval-branch-scale half", "allowed: none, inverse-workers");
     expect_usage_error("--strategy sdp --coverage 0", "--coverage");
     expect_usage_error("--strategy sdp --coverage 1.5", "--coverage");
     expect_usage_error("--strategy sdp --masking sideways", "allowed: forward, backward");
@@ -135,7 +138,8 @@ Test(cli, help_and_version)
                                  "--progress", "--quiet", "--help", "--version",
                                  "--strategy", "--workers", "--oversubscribe", "--cpuset",
                                  "--subnet", "--masking", "--coverage", "--resample",
-                                 "--branch-scale", "--report" };
+                                 "--branch-scale", "--report", "--local-steps",
+                                 "--eval-branch-scale" };
     for (size_t i = 0; i < sizeof documented / sizeof *documented; i++)
         cr_assert(strstr(r->out, documented[i]), "--help does not mention %s", documented[i]);
     run(r, NULL, "--version");

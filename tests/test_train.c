@@ -708,3 +708,66 @@ Test(sdp, backward_masking_learns_with_less_gradient_memory, .timeout = 120)
     st_dataset_free(&train);
     st_dataset_free(&test);
 }
+
+/* ------------------------------------------------------------ IST */
+
+static st_train_config ist_config(int workers, uint64_t local_steps, uint64_t steps)
+{
+    st_train_config c = dp_config(workers, 32, steps);
+    c.strategy = ST_STRATEGY_IST;
+    c.local_steps = local_steps;
+    c.model.depth = 4;
+    return c;
+}
+
+/* With one worker IST is plain SGD: the worker holds every block, its
+ * rounds copy its own parameters back, and plain SGD keeps no state for a
+ * reset to lose.  Bitwise, with rounds of 7 steps (and one at each epoch
+ * end). */
+Test(ist, one_worker_is_bitwise_sgd, .timeout = 120)
+{
+    st_train_config ci = ist_config(1, 7, 300), cs = ci;
+    ci.optim.kind = cs.optim.kind = ST_OPT_SGD;
+    ci.optim.momentum = cs.optim.momentum = 0.0f;
+    ci.optim.lr = cs.optim.lr = 0.05f;
+    cs.strategy = ST_STRATEGY_DP;
+    st_epoch_record fi, fs;
+    assert_bitwise_same_run(&cs, &ci, &fi, &fs);
+    cr_assert_eq(memcmp(&fi.test_loss, &fs.test_loss, sizeof(double)), 0);
+}
+
+/* Two workers, disjoint halves of the blocks, 10 local steps a round: the
+ * run learns the synthetic task, is reproducible, and communicates once a
+ * round: less than data parallelism per step. */
+Test(ist, two_workers_learn_reproducibly_with_less_communication, .timeout = 120)
+{
+    st_dataset train, test;
+    make_data(11, &train, &test);
+    recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *d = calloc(1, sizeof *d);
+    st_train_config ci = ist_config(2, 10, 768), cd = ci;
+    cd.strategy = ST_STRATEGY_DP;
+    st_epoch_record fa = train_recorded(&ci, &train, &test, a);
+    st_epoch_record fb = train_recorded(&ci, &train, &test, b);
+    st_epoch_record fd = train_recorded(&cd, &train, &test, d);
+    cr_log_info("ist 2 workers R=10: test_acc %.4f, %.0f B/worker-step; dp %.4f, %.0f B", fa.test_acc,
+                fa.comm_bytes_per_worker_step, fd.test_acc, fd.comm_bytes_per_worker_step);
+    cr_assert_eq(memcmp(a->losses, b->losses, a->steps * sizeof(float)), 0, "reproducible");
+    cr_assert_eq(fa.test_acc, fb.test_acc);
+    cr_assert_geq(fa.test_acc, SYNTH_MIN_ACCURACY, "ist reached only %.4f", fa.test_acc);
+    cr_assert_lt(fa.comm_bytes_per_worker_step, fd.comm_bytes_per_worker_step / 4);
+    free(a);
+    free(b);
+    free(d);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+Test(ist, unimplemented_variants_are_refused)
+{
+    st_train_config c = ist_config(2, 10, 10);
+    c.model.kind = ST_MODEL_MLP;
+    cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "not implemented yet"), "%s", st_last_error());
+    c = ist_config(2, 0, 10);
+    cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
+}

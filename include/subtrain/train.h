@@ -23,14 +23,15 @@
 extern "C" {
 #endif
 
-typedef enum st_strategy { ST_STRATEGY_DP, ST_STRATEGY_SDP } st_strategy;
+typedef enum st_strategy { ST_STRATEGY_DP, ST_STRATEGY_SDP, ST_STRATEGY_IST } st_strategy;
 
 const char *st_strategy_name(st_strategy s);
 int st_strategy_parse(const char *name, st_strategy *out);
 
 typedef struct st_train_config {
     st_strategy strategy;     /* dp: every worker trains the full model;
-                               * sdp: each worker trains its subnetwork */
+                               * sdp: each worker trains its subnetwork;
+                               * ist: disjoint subnetworks, local steps */
     st_subnet_kind subnet;    /* sdp: units (block) */
     st_masking masking;       /* sdp: forward */
     double coverage;          /* sdp: fraction of workers holding each unit */
@@ -39,6 +40,9 @@ typedef struct st_train_config {
                                * branch is scaled by 1 / coverage (N / k);
                                * evaluation runs the full model unscaled.
                                * Default on: chosen by measurement (doc/sdp.md) */
+    uint64_t local_steps;     /* ist: steps between two synchronisations (R) */
+    int ist_eval_scale;       /* ist: scale each block's branch by 1/N at
+                               * evaluation (ResIST); default on */
     uint64_t align_every;     /* sdp: every this many steps, measure each
                                * worker's gradient alignment (0: never) */
     int workers;              /* worker threads; 0: one per physical core */

@@ -69,6 +69,8 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
     if (t->strategy == ST_STRATEGY_SDP)
         printf(" (%s, %s masking, coverage %g)", st_subnet_kind_name(t->subnet),
                st_masking_name(t->masking), t->coverage);
+    if (t->strategy == ST_STRATEGY_IST)
+        printf(" (%llu local steps)", (unsigned long long)t->local_steps);
     printf(", ");
     if (t->workers)
         printf("%d worker%s\n", t->workers, t->workers == 1 ? "" : "s");

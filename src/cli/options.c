@@ -17,6 +17,7 @@ enum {
     OPT_WEIGHT_DECAY, OPT_SCHEDULE, OPT_WARMUP, OPT_SEED, OPT_METRICS, OPT_PROGRESS,
     OPT_STRATEGY, OPT_WORKERS, OPT_TOPOLOGY, OPT_CPUSET, OPT_OVERSUBSCRIBE,
     OPT_SUBNET, OPT_MASKING, OPT_COVERAGE, OPT_RESAMPLE, OPT_BRANCH_SCALE, OPT_REPORT,
+    OPT_LOCAL_STEPS, OPT_EVAL_BRANCH_SCALE,
 };
 
 static const struct option long_options[] = {
@@ -49,6 +50,8 @@ static const struct option long_options[] = {
     { "resample", required_argument, NULL, OPT_RESAMPLE },
     { "branch-scale", required_argument, NULL, OPT_BRANCH_SCALE },
     { "report", required_argument, NULL, OPT_REPORT },
+    { "local-steps", required_argument, NULL, OPT_LOCAL_STEPS },
+    { "eval-branch-scale", required_argument, NULL, OPT_EVAL_BRANCH_SCALE },
     { "quiet", no_argument, NULL, 'q' },
     { "help", no_argument, NULL, 'h' },
     { "version", no_argument, NULL, 'V' },
@@ -65,10 +68,14 @@ void st_cli_print_help(FILE *f)
 "prints where the workers would run.\n"
 "\n"
 "Workers:\n"
-"  --strategy dp|sdp      dp: data parallelism, every worker trains the full model\n"
+"  --strategy dp|sdp|ist  dp: data parallelism, every worker trains the full model\n"
 "                         on its part of each global batch (default); sdp: each\n"
 "                         worker trains its subnetwork, each parameter averaged\n"
-"                         over the workers that hold it\n"
+"                         over the workers that hold it; ist: ResIST, disjoint\n"
+"                         block subnetworks trained alone for --local-steps steps\n"
+"  --local-steps R        ist: steps between synchronisations (default 50)\n"
+"  --eval-branch-scale none|inverse-workers   ist: scale each block's branch by\n"
+"                         1/N at evaluation (default inverse-workers, as ResIST)\n"
 "  --subnet block         sdp units: residual blocks of resmlp (default block)\n"
 "  --masking forward|backward   sdp: run only the held blocks (forward, default),\n"
 "                         or the full model with weight gradients for the held\n"
@@ -242,7 +249,7 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         o->metrics_path = arg;
         return 0;
     case OPT_PROGRESS: return parse_choice("progress", arg, parse_progress, &o->progress, "auto, bar, plain, none", err, n);
-    case OPT_STRATEGY: return parse_choice("strategy", arg, parse_strategy, &t->strategy, "dp, sdp", err, n);
+    case OPT_STRATEGY: return parse_choice("strategy", arg, parse_strategy, &t->strategy, "dp, sdp, ist", err, n);
     case OPT_WORKERS:
         if (strcmp(arg, "cores") == 0) {
             t->workers = 0;
@@ -276,6 +283,17 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             return 0;
         }
         return fail(err, n, "--branch-scale: unknown value '%s' (allowed: none, inverse-coverage)", arg);
+    case OPT_LOCAL_STEPS:
+        if (parse_u64("local-steps", arg, 1000000000ull, &t->local_steps, err, n))
+            return -1;
+        return t->local_steps ? 0 : fail(err, n, "--local-steps: expected an integer >= 1, got '%s'", arg);
+    case OPT_EVAL_BRANCH_SCALE:
+        if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-workers") == 0) {
+            t->ist_eval_scale = strcmp(arg, "none") != 0;
+            return 0;
+        }
+        return fail(err, n, "--eval-branch-scale: unknown value '%s' (allowed: none, "
+                    "inverse-workers)", arg);
     case OPT_REPORT:
         if (strcmp(arg, "memory") == 0) {
             o->report_memory = 1;

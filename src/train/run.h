@@ -11,6 +11,7 @@
 #define SUBTRAIN_TRAIN_RUN_H
 
 #include <stdatomic.h>
+#include <time.h>
 
 #include <subtrain/comm.h>
 #include <subtrain/subnet.h>
@@ -50,6 +51,7 @@ typedef struct worker_slot {
     const st_range *ranges;
     const size_t *local;
     int n_ranges;
+    uint64_t round_step;              /* ist: local steps since the round began */
 } worker_slot;
 
 /* Everything the workers of one run share.  Written before the parallel
@@ -82,6 +84,13 @@ typedef struct run_shared {
     st_epoch_record final;
 } run_shared;
 
+static inline double st_run_now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 /* A barrier over all workers (nothing to wait for with one). */
 static inline st_status st_run_sync(run_shared *r, int w)
 {
@@ -100,6 +109,10 @@ st_status st_run_attach_worker(run_shared *r, int wid, st_worker *w);
 
 /* ------------------------------------------------------------ sdp.c */
 
+/* A rebuilt subnetwork gets the current values of what it holds from the
+ * owners' saved master shards. */
+void st_run_load_saved_masters(run_shared *r, st_worker *w);
+
 /* The SDP options that exist so far, with messages for the rest. */
 st_status st_sdp_check_config(const st_train_config *c);
 /* State that outlives rounds, then w's first subnetwork, attached. */
@@ -111,5 +124,18 @@ st_status st_sdp_new_round(run_shared *r, st_worker *w, uint64_t round);
 st_status st_sdp_evaluate_full(run_shared *r, st_worker *w, double *loss, double *acc);
 /* The alignment report, worker 0 between the barrier and the reduction. */
 st_status st_sdp_measure_alignment(run_shared *r, st_worker *w0, uint64_t i);
+
+/* ------------------------------------------------------------ ist.c */
+
+st_status st_ist_check_config(const st_train_config *c);
+st_status st_ist_init_worker(run_shared *r, int wid, st_worker *w,
+                             const st_chunk_backend *backend);
+/* One local step: compute, then the worker's own optimizer on its
+ * subnetwork; no communication. */
+st_status st_ist_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, float *loss,
+                      float *lr);
+/* End of a round: parameters averaged over their holders (disjoint blocks:
+ * copied; shared layers: averaged), a new partition, new subnetworks. */
+st_status st_ist_round_end(run_shared *r, st_worker *w, uint64_t round);
 
 #endif /* SUBTRAIN_TRAIN_RUN_H */

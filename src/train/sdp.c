@@ -52,8 +52,10 @@ static void load_full_model(run_shared *r)
     float *p = st_model_params(r->eval_model);
     for (int k = 0; k < r->n; k++) {
         st_range sh = st_comm_shard(st_run_masters(r), k);
-        memcpy(p + sh.begin, st_comm_shard_params(st_run_masters(r), k),
-               (sh.end - sh.begin) * sizeof *p);
+        /* IST keeps its averaged parameters in the saved masters */
+        const float *src = r->cfg->strategy == ST_STRATEGY_IST
+                         ? r->slots[k].saved_master : st_comm_shard_params(st_run_masters(r), k);
+        memcpy(p + sh.begin, src, (sh.end - sh.begin) * sizeof *p);
     }
 }
 
@@ -156,7 +158,7 @@ static st_train_config subnet_config(const run_shared *r, int wid, int *ids, uin
 
 /* A new subnetwork gets the current values of what it holds: the owners'
  * master shards, saved before the rebuild. */
-static void load_from_saved_masters(run_shared *r, st_worker *w)
+void st_run_load_saved_masters(run_shared *r, st_worker *w)
 {
     int cap = st_model_get_config(w->model)->depth + 3;
     st_range ranges[cap];
@@ -217,6 +219,6 @@ st_status st_sdp_new_round(run_shared *r, st_worker *w, uint64_t round)
     uint8_t keep[r->cfg->model.depth];
     st_train_config mine = subnet_config(r, wid, ids, keep);
     ST_TRY(st_worker_rebuild_model(w, &mine));
-    load_from_saved_masters(r, w);
+    st_run_load_saved_masters(r, w);
     return st_run_attach_worker(r, wid, w);
 }

@@ -40,7 +40,8 @@
 
 const char *st_strategy_name(st_strategy s)
 {
-    return s == ST_STRATEGY_DP ? "dp" : s == ST_STRATEGY_SDP ? "sdp" : "unknown";
+    return s == ST_STRATEGY_DP ? "dp" : s == ST_STRATEGY_SDP ? "sdp"
+         : s == ST_STRATEGY_IST ? "ist" : "unknown";
 }
 
 int st_strategy_parse(const char *name, st_strategy *out)
@@ -51,6 +52,10 @@ int st_strategy_parse(const char *name, st_strategy *out)
     }
     if (strcmp(name, "sdp") == 0) {
         *out = ST_STRATEGY_SDP;
+        return 0;
+    }
+    if (strcmp(name, "ist") == 0) {
+        *out = ST_STRATEGY_IST;
         return 0;
     }
     return -1;
@@ -65,6 +70,8 @@ st_train_config st_train_config_default(void)
         .coverage = 0.5,
         .resample = 0,
         .scale_branches = 1,
+        .local_steps = 50,
+        .ist_eval_scale = 1,
         .workers = 1,
         .model = st_model_config_default(),
         .optim = st_optim_config_default(),
@@ -82,9 +89,12 @@ st_status st_train_config_check(const st_train_config *c)
 {
     ST_TRY(st_model_config_check(&c->model));
     ST_TRY(st_optim_config_check(&c->optim));
-    if (c->strategy != ST_STRATEGY_DP && c->strategy != ST_STRATEGY_SDP)
-        return st_fail(ST_ERR_INVALID, "unknown strategy %d (allowed: dp, sdp)", (int)c->strategy);
+    if (c->strategy != ST_STRATEGY_DP && c->strategy != ST_STRATEGY_SDP &&
+        c->strategy != ST_STRATEGY_IST)
+        return st_fail(ST_ERR_INVALID, "unknown strategy %d (allowed: dp, sdp, ist)",
+                       (int)c->strategy);
     ST_TRY(st_sdp_check_config(c));
+    ST_TRY(st_ist_check_config(c));
     if (c->workers < 0 || c->workers > 4096)
         return st_fail(ST_ERR_INVALID, "workers must be in [1, 4096] (or 0: one per core), got %d",
                        c->workers);
@@ -117,12 +127,6 @@ static st_status make_plan(const st_train_config *cfg, int workers, const st_dat
     return ST_OK;
 }
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* ------------------------------------------------------------ one step */
 
@@ -132,14 +136,14 @@ static st_status dp_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step,
 {
     const int n = r->n, B = r->cfg->batch;
     worker_slot *slot = &r->slots[w->id];
-    double t = now_s(), t1;
+    double t = st_run_now_s(), t1;
     uint32_t first = (uint32_t)((i * (uint64_t)n + (uint64_t)w->id) * (uint64_t)B);
     ST_TRY(st_worker_compute(w, r->train, w->order, first, &slot->loss));
-    t1 = now_s();
+    t1 = st_run_now_s();
     slot->times.compute += t1 - t;
     t = t1;
     ST_TRY(st_comm_barrier(r->comm, w->id));
-    t1 = now_s();
+    t1 = st_run_now_s();
     slot->times.wait += t1 - t;
     t = t1;
     /* Between this barrier and the all-gather (which needs every worker)
@@ -153,7 +157,7 @@ static st_status dp_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step,
             ST_TRY(st_sdp_measure_alignment(r, w, i));
     }
     ST_TRY(st_comm_reduce_scatter(r->comm, w->id));
-    t1 = now_s();
+    t1 = st_run_now_s();
     slot->times.reduce += t1 - t;
     t = t1;
     int n_segs;
@@ -163,11 +167,11 @@ static st_status dp_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step,
     st_optim_update(&w->optim, st_comm_shard_params(st_run_masters(r), w->id),
                     st_comm_shard_grads(r->comm, w->id), segs, n_segs, shard.begin, shard.end,
                     step, *lr);
-    t1 = now_s();
+    t1 = st_run_now_s();
     slot->times.optimizer += t1 - t;
     t = t1;
     ST_TRY(st_comm_all_gather(st_run_masters(r), w->id));
-    slot->times.reduce += now_s() - t;
+    slot->times.reduce += st_run_now_s() - t;
     return ST_OK;
 }
 
@@ -176,17 +180,17 @@ static st_status solo_step(run_shared *r, st_worker *w, uint64_t i, uint64_t ste
                            float *lr)
 {
     worker_slot *slot = &r->slots[0];
-    double t = now_s();
+    double t = st_run_now_s();
     uint32_t first = (uint32_t)(i * (uint64_t)r->cfg->batch);
     ST_TRY(st_worker_compute(w, r->train, w->order, first, loss));
-    double t1 = now_s();
+    double t1 = st_run_now_s();
     slot->times.compute += t1 - t;
     int n_segs;
     const st_param_segment *segs = st_model_segments(w->model, &n_segs);
     *lr = st_schedule_lr(&r->plan.schedule, step);
     st_optim_update(&w->optim, st_model_params(w->model), st_model_grads(w->model), segs,
                     n_segs, 0, st_model_param_count(w->model), step, *lr);
-    slot->times.optimizer += now_s() - t1;
+    slot->times.optimizer += st_run_now_s() - t1;
     return ST_OK;
 }
 
@@ -261,6 +265,8 @@ static void fill_record(run_shared *r, st_epoch_record *rec, uint64_t steps_in_e
         if (s->memory.peak_total > r->slots[worst].memory.peak_total)
             worst = (size_t)k;
         double b = (double)(s->bytes.read + s->bytes.written);
+        if (r->cfg->strategy == ST_STRATEGY_IST) /* once a round of R steps */
+            b /= (double)r->cfg->local_steps;
         if (b > bytes)
             bytes = b;
     }
@@ -288,7 +294,7 @@ static void report_step(run_shared *r, int epoch, uint64_t step, float loss, flo
     const st_train_callbacks *cb = r->cb;
     if (!cb || !cb->on_step)
         return;
-    double now = now_s();
+    double now = st_run_now_s();
     double samples = (double)step * r->cfg->batch * r->n;
     st_step_info info = {
         step, r->plan.total_steps, epoch, r->plan.epochs, loss, lr, samples / train_time,
@@ -305,7 +311,7 @@ static st_status worker_loop(run_shared *r, st_worker *w)
     const int global_batch = r->cfg->batch * r->n;
     worker_slot *slot = &r->slots[w->id];
     double train_time = 0.0;   /* worker 0's view: training time so far */
-    uint64_t step = 0;
+    uint64_t step = 0, rounds = 0;
     st_epoch_record rec;
     memset(&rec, 0, sizeof rec);
 
@@ -317,22 +323,31 @@ static st_status worker_loop(run_shared *r, st_worker *w)
             r->align_sum = 0.0;
             r->align_count = 0;
         }
-        double loss_sum = 0.0, te = now_s();
+        double loss_sum = 0.0, te = st_run_now_s();
         uint64_t n = 0;
         float lr = 0.0f;
         for (uint64_t i = 0; i < p->steps_per_epoch && step < p->total_steps; i++, n++) {
             float loss = 0.0f;
-            if (r->cfg->resample && step > 0 && step % r->cfg->resample == 0)
+            if (r->cfg->strategy == ST_STRATEGY_SDP && r->cfg->resample && step > 0 &&
+                step % r->cfg->resample == 0)
                 ST_TRY(st_sdp_new_round(r, w, step / r->cfg->resample));
             step++;
-            ST_TRY(r->comm ? dp_step(r, w, i, step, &loss, &lr)
-                           : solo_step(r, w, i, step, &loss, &lr));
+            if (r->cfg->strategy == ST_STRATEGY_IST) {
+                ST_TRY(st_ist_step(r, w, i, step, &loss, &lr));
+                /* a round ends every R steps and at the end of an epoch */
+                int epoch_end = i + 1 == p->steps_per_epoch || step == p->total_steps;
+                if (step % r->cfg->local_steps == 0 || epoch_end)
+                    ST_TRY(st_ist_round_end(r, w, ++rounds));
+            } else {
+                ST_TRY(r->comm ? dp_step(r, w, i, step, &loss, &lr)
+                               : solo_step(r, w, i, step, &loss, &lr));
+            }
             if (w->id == 0) {
                 loss_sum += loss;
-                report_step(r, epoch, step, loss, lr, train_time + (now_s() - te));
+                report_step(r, epoch, step, loss, lr, train_time + (st_run_now_s() - te));
             }
         }
-        double epoch_time = now_s() - te;
+        double epoch_time = st_run_now_s() - te;
         train_time += epoch_time;
 
         ST_TRY(evaluate(r, w, &rec.test_loss, &rec.test_acc));
@@ -347,7 +362,7 @@ static st_status worker_loop(run_shared *r, st_worker *w)
             rec.train_loss = loss_sum / (double)n;
             rec.samples_per_s = (double)n * global_batch / epoch_time;
             rec.lr = lr;
-            rec.wall_s = now_s() - r->t0;
+            rec.wall_s = st_run_now_s() - r->t0;
             fill_record(r, &rec, n);
             if (r->cb && r->cb->on_epoch)
                 r->cb->on_epoch(&rec, r->cb->user);
@@ -423,6 +438,8 @@ static st_status worker_main(run_shared *r, int wid, st_worker *w)
     st_chunk_backend backend = st_numa_backend(&slot->numa, r->topology, pl->numa_os);
     if (r->cfg->strategy == ST_STRATEGY_SDP) {
         ST_TRY(st_sdp_init_worker(r, wid, w, &backend));
+    } else if (r->cfg->strategy == ST_STRATEGY_IST) {
+        ST_TRY(st_ist_init_worker(r, wid, w, &backend));
     } else if (r->comm) {
         ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, &backend));
         ST_TRY(st_run_attach_worker(r, wid, w));
@@ -432,10 +449,14 @@ static st_status worker_main(run_shared *r, int wid, st_worker *w)
         ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, &backend));
         ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, st_model_param_count(w->model)));
     }
-    if (wid == 0 && r->cfg->strategy == ST_STRATEGY_SDP &&
-        r->cfg->masking == ST_MASKING_FORWARD) {
+    int subnets = (r->cfg->strategy == ST_STRATEGY_SDP && r->cfg->masking == ST_MASKING_FORWARD) ||
+                  r->cfg->strategy == ST_STRATEGY_IST;
+    if (wid == 0 && subnets) {
+        st_model_config full = r->cfg->model;
+        if (r->cfg->strategy == ST_STRATEGY_IST && r->cfg->ist_eval_scale)
+            full.branch_scale = 1.0f / (float)r->n; /* ResIST: each block trained by 1 of N */
         st_arena_init(&r->eval_arena, "evaluation", &backend, 0);
-        ST_TRY(st_model_create(&r->cfg->model, r->cfg->batch, &r->eval_arena, &r->eval_model));
+        ST_TRY(st_model_create(&full, r->cfg->batch, &r->eval_arena, &r->eval_model));
     }
     ST_TRY(st_run_sync(r, wid)); /* every arena has its chunks */
     if (wid == 0)
@@ -484,8 +505,8 @@ static st_status prepare(run_shared *r)
     ST_TRY(st_plan_make(r->topology, &req, &r->placement));
     r->n = r->placement.n_workers;
     ST_TRY(make_plan(cfg, r->n, r->train, &r->plan));
-    if (cfg->strategy == ST_STRATEGY_SDP) {
-        int k = st_subnet_holders_per_unit(r->n, cfg->coverage);
+    if (cfg->strategy == ST_STRATEGY_SDP || cfg->strategy == ST_STRATEGY_IST) {
+        int k = cfg->strategy == ST_STRATEGY_IST ? 1 : st_subnet_holders_per_unit(r->n, cfg->coverage);
         if ((long)cfg->model.depth * k < r->n)
             return st_fail(ST_ERR_INVALID, "coverage %g of %d blocks over %d workers leaves some "
                            "worker without a block (%d blocks x %d holders < %d workers)",
@@ -498,7 +519,7 @@ static st_status prepare(run_shared *r)
     if (!r->slots || !r->memory)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d worker slots", r->n);
     memset(r->slots, 0, sizeof(worker_slot) * (size_t)r->n);
-    if (r->n > 1 || cfg->strategy == ST_STRATEGY_SDP) {
+    if (r->n > 1 || cfg->strategy != ST_STRATEGY_DP) {
         int *domain_of = malloc(sizeof(int) * (size_t)r->n);
         if (!domain_of)
             return st_fail(ST_ERR_NOMEM, "out of memory for the reduction plan");
@@ -506,8 +527,8 @@ static st_status prepare(run_shared *r)
             domain_of[k] = r->placement.workers[k].domain;
         st_comm_config cc = { r->n, st_model_config_param_count(&cfg->model), domain_of, 0 };
         int two = cfg->strategy == ST_STRATEGY_SDP && cfg->masking == ST_MASKING_BACKWARD;
-        if (two)
-            cc.roles = ST_COMM_REDUCE;
+        if (two || cfg->strategy == ST_STRATEGY_IST)
+            cc.roles = ST_COMM_REDUCE; /* ist: a once-a-round parameter average */
         st_status s = st_comm_create(&cc, &r->comm);
         if (s == ST_OK && two) {
             cc.roles = ST_COMM_GATHER;
@@ -551,7 +572,7 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
         return s;
     }
 
-    r.t0 = now_s();
+    r.t0 = st_run_now_s();
     /* One persistent region for the whole run, one thread per worker.
      * The thread's CPU binding is restored at the end: with one worker the
      * only thread is the caller's, and the pool's threads outlive us. */
