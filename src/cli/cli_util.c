@@ -1,5 +1,6 @@
 /* cli/cli_util.c — shared pieces of the option parsers. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,4 +39,24 @@ int st_cli_parse_count(const char *opt, const char *s, unsigned long long lo,
     }
     *out = v;
     return 0;
+}
+
+void st_cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+int st_cli_count_arg(const char *cmd, const char *opt, const char *s, unsigned long long lo,
+                     unsigned long long hi, unsigned long long *out)
+{
+    char err[256];
+    if (st_cli_parse_count(opt, s, lo, hi, out, err, sizeof err) == 0)
+        return 0;
+    st_cli_usage_error(cmd, "%s", err);
+    return -1;
 }

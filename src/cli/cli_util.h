@@ -1,7 +1,7 @@
 /*
  * cli/cli_util.h — what the subcommands' option parsers share: the
- * messages for what getopt_long rejects, and whole-string counts.  Parsing
- * never prints: messages go to a buffer the caller prints once.
+ * messages for what getopt_long rejects, whole-string counts, and the
+ * one-line usage error of a subcommand.
  */
 #ifndef SUBTRAIN_CLI_UTIL_H
 #define SUBTRAIN_CLI_UTIL_H
@@ -18,5 +18,15 @@ void st_cli_getopt_message(int c, int optopt, const char *word, const char *cmd,
  * naming --opt and the range. */
 int st_cli_parse_count(const char *opt, const char *s, unsigned long long lo,
                        unsigned long long hi, unsigned long long *out, char *err, size_t n);
+
+/* Prints "cmd: message" on stderr: the subcommands' one-line usage errors. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+void st_cli_usage_error(const char *cmd, const char *fmt, ...);
+
+/* st_cli_parse_count for a subcommand: prints the message itself. */
+int st_cli_count_arg(const char *cmd, const char *opt, const char *s, unsigned long long lo,
+                     unsigned long long hi, unsigned long long *out);
 
 #endif /* SUBTRAIN_CLI_UTIL_H */

@@ -83,29 +83,10 @@ static void print_help(FILE *f)
 "the derivations.  Exit status: 0 success, 1 runtime failure, 2 bad usage.\n", f);
 }
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 1, 2)))
-#endif
-static void usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("subtrain quad: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
-/* Whole-string unsigned integer in [lo, hi]. */
-static int parse_count(const char *opt, const char *s, unsigned long long lo,
-                       unsigned long long hi, unsigned long long *out)
-{
-    char err[256];
-    if (st_cli_parse_count(opt, s, lo, hi, out, err, sizeof err) == 0)
-        return 0;
-    usage_error("%s", err);
-    return -1;
-}
+/* One-line usage errors and counts, prefixed with the command. */
+#define CMD "subtrain quad"
+#define usage_error(...) st_cli_usage_error(CMD, __VA_ARGS__)
+#define parse_count(opt, s, lo, hi, out) st_cli_count_arg(CMD, opt, s, lo, hi, out)
 
 static int parse_int(const char *opt, const char *s, int lo, int hi, int *out)
 {
@@ -192,7 +173,7 @@ static int parse(int argc, char **argv, quad_options *o)
         const char *word = prev < argc ? argv[prev] : "";
         if (c == '?' || c == ':') {
             char err[256];
-            st_cli_getopt_message(c, optopt, word, "subtrain quad", err, sizeof err);
+            st_cli_getopt_message(c, optopt, word, CMD, err, sizeof err);
             usage_error("%s", err);
             return -1;
         }
