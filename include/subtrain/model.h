@@ -53,12 +53,32 @@ typedef struct st_model_config {
      * every block).  The gradient vector then holds only those blocks (and
      * the stem, final norm and head).  NULL: every block. */
     const uint8_t *grad_blocks;
+    /* Neuron-level subnetworks.  The neurons of each neuron layer (mlp:
+     * hidden layer l; resmlp: block l's inner layer) come in aligned groups
+     * of neuron_group consecutive neurons (the last group may be smaller).
+     * Layer l keeps kept_count[l] >= 1 groups, listed in increasing order
+     * in kept_groups (layer after layer).  NULL: every neuron.
+     *   neuron_grads_only = 0 (forward masking): the model is the compact
+     *     subnetwork of the kept neurons — their rows of the incoming matrix,
+     *     their columns of the outgoing one — with the full model's names,
+     *     initial values and full-layout ranges;
+     *   neuron_grads_only = 1 (backward masking): the full model, with
+     *     weight gradients computed and stored for the kept neurons only
+     *     (incoming weights and biases; resmlp: outgoing weights too). */
+    int neuron_group;
+    const int *kept_count;
+    const int *kept_groups;
+    int neuron_grads_only;
 } st_model_config;
 
 /* resmlp, depth 4, width 256, hidden = width, GELU, 784 inputs, 10 classes. */
 st_model_config st_model_config_default(void);
 /* Range checks with a message naming the field and what is allowed. */
 st_status st_model_config_check(const st_model_config *cfg);
+
+/* Groups of neurons in neuron layer l of the full model (the units of
+ * --subnet neuron), and the number of neuron layers (depth). */
+int st_model_neuron_groups(const st_model_config *cfg);
 
 /* Parameters of a model with this configuration (no model is built). */
 size_t st_model_config_param_count(const st_model_config *cfg);
@@ -105,7 +125,8 @@ st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *co
 
 /* Where this model's parameters sit in the full model's flat vector: at
  * most `cap` ranges, sorted; range i starts at element local[i] of this
- * model's vector.  Returns the number of ranges (a whole model: one). */
+ * model's vector.  Returns the number of ranges (a whole model: one), or -1
+ * if there are more than cap.  ranges NULL: just counts them. */
 int st_model_full_ranges(const st_model *m, st_range *ranges, size_t *local, int cap);
 
 /* The same for the gradient vector. */

@@ -28,6 +28,8 @@ typedef struct st_param_segment {
     int decay;          /* weight decay applies (matrices) or not (biases, norms) */
     size_t grad_offset; /* where its gradient sits in the gradient vector, or
                          * ST_NO_GRAD (backward masking: not computed) */
+    size_t grad_count;  /* elements of its gradient: count, or fewer when
+                         * backward masking keeps some neurons' rows only */
 } st_param_segment;
 
 #define ST_NO_GRAD ((size_t)-1)

@@ -5,6 +5,7 @@
  * and their gradients, views into the flat parameter and gradient vectors)
  * and then only executed.  Shapes are row-major with the batch first:
  *   x is (B, in), y is (B, out), w is (out, in), b is (out).
+ * (A weight may instead be stored (in, out), see st_linear_io.in_major.)
  * Weight gradients are written, not accumulated: every parameter is used
  * once per step.  Data gradients are written too; where two paths meet (the
  * residual skip) the model adds them explicitly with st_add.
@@ -17,15 +18,26 @@
 
 /* ------------------------------------------------------------ linear */
 
+/* A run of consecutive storage rows of a weight matrix: [begin, begin + count). */
+typedef struct st_row_run {
+    int64_t begin, count;
+} st_row_run;
+
 typedef struct st_linear {
     int64_t batch, in, out;
     float scale;           /* of the product, forward and backward */
+    int in_major;          /* w stored (in, out): a row per input neuron */
     int has_dx;            /* 0 for the first layer: nobody needs dL/dx */
     int has_dw;            /* 0 under backward masking: no weight gradients */
     st_prim fwd;           /* y = x w^T + b */
     st_prim bwd_data;      /* dx = dy w */
-    st_prim bwd_weights;   /* dw = dy^T x */
-    st_prim bwd_bias;      /* db = sum over the batch of dy */
+    /* Weight gradients, one product per run of kept storage rows (one run:
+     * the whole matrix), and the bias gradient(s): per run when the rows
+     * are output neurons (out-major), else one over every output. */
+    st_prim *bwd_weights;  /* n_runs: dw[run] = dy^T x restricted to the run */
+    st_prim *bwd_bias;     /* n_bias: db = sum over the batch of dy */
+    int n_runs, n_bias;
+    int64_t dw_rows;       /* storage rows with a weight gradient */
 } st_linear;
 
 typedef struct st_linear_io {
@@ -34,8 +46,17 @@ typedef struct st_linear_io {
     float scale;                       /* 0 or 1: none; else y = residual + scale (x w^T + b),
                                         * and the backward scales dy alike */
     float *dx; const float *dy;        /* dx may be NULL */
-    const float *w, *b;                /* (out, in), (out) */
+    const float *w, *b;                /* (out, in) or, in_major, (in, out); (out) */
+    int in_major;                      /* storage of w and dw: a row per input
+                                        * neuron, so that a hidden neuron's
+                                        * outgoing weights are contiguous */
     float *dw, *db;                    /* both NULL: no weight gradients */
+    /* Backward masking of neurons: weight gradients only for these storage
+     * rows (sorted, disjoint), stored back to back in dw; for out-major
+     * storage db holds the same rows' biases, for in-major all of them.
+     * NULL: every row. */
+    const st_row_run *dw_runs;
+    int n_dw_runs;
 } st_linear_io;
 
 st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t in,

@@ -70,7 +70,34 @@ st_status st_model_config_check(const st_model_config *c)
                 return st_fail(ST_ERR_INVALID, "subnetwork block ids must increase within [0, %d); "
                                "id %d is %d", c->full_depth, l, c->block_ids[l]);
     }
+    if (c->kept_count || c->kept_groups) {
+        if (!c->kept_count || !c->kept_groups || c->neuron_group < 1)
+            return st_fail(ST_ERR_INVALID, "neuron subnetworks need a group size >= 1 and the "
+                           "kept groups of every layer");
+        if (c->full_depth || c->block_ids)
+            return st_fail(ST_ERR_INVALID, "a model is a block or a neuron subnetwork, not both");
+        const int groups = st_model_neuron_groups(c);
+        const int *g = c->kept_groups;
+        for (int l = 0; l < c->depth; l++) {
+            if (c->kept_count[l] < 1 || c->kept_count[l] > groups)
+                return st_fail(ST_ERR_INVALID, "neuron layer %d keeps %d groups; it has %d and "
+                               "needs at least one", l, c->kept_count[l], groups);
+            for (int j = 0; j < c->kept_count[l]; j++, g++)
+                if (*g < 0 || *g >= groups || (j > 0 && *g <= g[-1]))
+                    return st_fail(ST_ERR_INVALID, "kept groups of neuron layer %d must increase "
+                                   "within [0, %d); group %d is %d", l, groups, j, *g);
+        }
+    }
     return ST_OK;
+}
+
+static int hidden_of(const st_model_config *c);
+
+int st_model_neuron_groups(const st_model_config *c)
+{
+    int n = c->kind == ST_MODEL_MLP ? c->width : hidden_of(c);
+    int g = c->neuron_group > 0 ? c->neuron_group : 1;
+    return (n + g - 1) / g;
 }
 
 size_t st_model_config_param_count(const st_model_config *c)
@@ -115,53 +142,99 @@ static int hidden_of(const st_model_config *c)
 
 /* ------------------------------------------------------------ parameter layout */
 
-/* Appends a segment and returns its offset; sizes only, no memory yet. */
-static st_status add_segment(st_model *m, const char *name, size_t count, int decay,
-                             size_t *offset)
+/* Appends a segment (sizes only, no memory yet) whose elements come from
+ * the full model as `map` says; the map's full offset and init stream are
+ * the layout cursor's, which then moves past the full tensor.  *index is
+ * the segment's index (see seg_params). */
+static st_status add_segment(st_model *m, const char *name, int decay, st_seg_map map,
+                             size_t *index)
 {
     if (m->n_segs == m->cap_segs) {
         int cap = m->cap_segs ? 2 * m->cap_segs : 16;
         st_param_segment *s = realloc(m->segs, (size_t)cap * sizeof *s);
-        if (!s)
+        if (s)
+            m->segs = s;
+        st_seg_map *mp = s ? realloc(m->maps, (size_t)cap * sizeof *mp) : NULL;
+        if (!s || !mp)
             return st_fail(ST_ERR_NOMEM, "out of memory laying out parameters");
-        m->segs = s;
+        m->maps = mp;
         m->cap_segs = cap;
     }
-    st_param_segment *s = &m->segs[m->n_segs++];
+    map.full_offset = m->full_at;
+    map.stream = m->full_seg;
+    m->full_at += (size_t)(map.full_rows * map.full_cols);
+    m->full_seg++;
+    const int64_t grad_rows = map.grad_rows ? map.n_grad_rows : map.n_rows;
+    st_param_segment *s = &m->segs[m->n_segs];
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "%s", name);
     s->offset = m->n_params;
-    s->count = count;
+    s->count = (size_t)(map.n_rows * map.n_cols);
     s->decay = decay;
+    s->grad_count = (size_t)(grad_rows * map.n_cols);
     s->grad_offset = m->layout_grads ? m->n_grads : ST_NO_GRAD;
-    *offset = (size_t)(s - m->segs);   /* the segment's index, see seg_params */
-    m->n_params += count;
+    m->maps[m->n_segs] = map;
+    *index = (size_t)m->n_segs++;
+    m->n_params += s->count;
     if (m->layout_grads)
-        m->n_grads += count;
+        m->n_grads += s->grad_count;
     return ST_OK;
 }
+
+/* resmlp lays out 2 stem segments, 6 per block, then 4 (final norm, head):
+ * the full index of a segment names the RNG stream it is initialised from. */
+enum { STEM_SEGS = 2, BLOCK_SEGS = 6 };
 
 /* One linear layer's weight and bias: their segment indices. */
 typedef struct { size_t w, b; } linear_offsets;
 typedef struct { size_t gamma, beta; } norm_offsets;
 
-static st_status layout_linear(st_model *m, const char *prefix, size_t in, size_t out,
-                               linear_offsets *o)
+static const st_neuron_sel *all_of(int64_t n, st_neuron_sel *tmp)
 {
-    char name[40];
-    snprintf(name, sizeof name, "%s.weight", prefix);
-    ST_TRY(add_segment(m, name, in * out, 1, &o->w));
-    snprintf(name, sizeof name, "%s.bias", prefix);
-    return add_segment(m, name, out, 0, &o->b);
+    *tmp = (st_neuron_sel){ n, n, NULL };
+    return tmp;
 }
 
-static st_status layout_norm(st_model *m, const char *prefix, size_t c, norm_offsets *o)
+/* A linear layer from the `in` neurons to the `out` neurons kept of the
+ * full layer.  Storage rows are the out neurons, or the in neurons when
+ * in_major; grad (may be NULL) names the storage rows that get a weight
+ * gradient under backward masking. */
+static st_status layout_linear(st_model *m, const char *prefix, const st_neuron_sel *in,
+                               const st_neuron_sel *out, int in_major, const st_neuron_sel *grad,
+                               linear_offsets *o)
 {
+    const st_neuron_sel *rows = in_major ? in : out, *cols = in_major ? out : in;
+    st_seg_map w = {
+        .full_rows = rows->full, .full_cols = cols->full, .rows = rows->ids, .cols = cols->ids,
+        .n_rows = rows->n, .n_cols = cols->n, .in_major = in_major, .fan_in = in->full,
+    };
+    if (grad && grad->ids) {
+        w.grad_rows = grad->ids;
+        w.n_grad_rows = grad->n;
+    }
+    st_seg_map b = {
+        .full_rows = out->full, .full_cols = 1, .rows = out->ids, .n_rows = out->n, .n_cols = 1,
+        .fan_in = in->full,
+    };
+    if (!in_major) {  /* the rows of an out-major matrix are its biases' */
+        b.grad_rows = w.grad_rows;
+        b.n_grad_rows = w.n_grad_rows;
+    }
+    char name[40];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    ST_TRY(add_segment(m, name, 1, w, &o->w));
+    snprintf(name, sizeof name, "%s.bias", prefix);
+    return add_segment(m, name, 0, b, &o->b);
+}
+
+static st_status layout_norm(st_model *m, const char *prefix, int64_t c, norm_offsets *o)
+{
+    st_seg_map v = { .full_rows = c, .full_cols = 1, .n_rows = c, .n_cols = 1, .fan_in = 1 };
     char name[40];
     snprintf(name, sizeof name, "%s.gamma", prefix);
-    ST_TRY(add_segment(m, name, c, 0, &o->gamma));
+    ST_TRY(add_segment(m, name, 0, v, &o->gamma));
     snprintf(name, sizeof name, "%s.beta", prefix);
-    return add_segment(m, name, c, 0, &o->beta);
+    return add_segment(m, name, 0, v, &o->beta);
 }
 
 /* Segment i's values and gradient (NULL when it has none). */
@@ -176,6 +249,18 @@ static float *seg_grads(const st_model *m, size_t i)
     return g == ST_NO_GRAD ? NULL : m->grads + g;
 }
 
+/* The runs of rows with a weight gradient of neuron layer l's matrices
+ * (NULL: all). */
+static const st_row_run *grad_runs(const st_model *m, int l, int *n)
+{
+    if (!m->runs || !m->grad_keep[l].ids) {
+        *n = 0;
+        return NULL;
+    }
+    *n = m->run_count[l];
+    return m->runs + m->run_first[l];
+}
+
 static st_linear_io linear_io(const st_model *m, linear_offsets o, const float *x, float *y,
                               float *dx, const float *dy)
 {
@@ -183,6 +268,7 @@ static st_linear_io linear_io(const st_model *m, linear_offsets o, const float *
         .x = x, .y = y, .dx = dx, .dy = dy,
         .w = seg_params(m, o.w), .b = seg_params(m, o.b),
         .dw = seg_grads(m, o.w), .db = seg_grads(m, o.b),
+        .in_major = m->maps[o.w].in_major,
     };
     return io;
 }
@@ -192,11 +278,81 @@ static st_status alloc_act(st_model *m, size_t count, float **out)
     return st_arena_alloc_floats(m->arena, ST_MEM_ACTIVATIONS, count, out);
 }
 
+/* ------------------------------------------------------------ neuron layers */
+
+/* Expands the config's kept groups into neuron ids (forward masking: the
+ * compact layers; backward masking: the rows with gradients), and the
+ * latter into runs of consecutive rows for the linear layers. */
+static st_status setup_neurons(st_model *m)
+{
+    const st_model_config *c = &m->cfg;
+    const int L = c->depth;
+    const int64_t full = c->kind == ST_MODEL_MLP ? c->width : hidden_of(c);
+    m->keep = calloc((size_t)L, sizeof *m->keep);
+    m->grad_keep = calloc((size_t)L, sizeof *m->grad_keep);
+    if (!m->keep || !m->grad_keep)
+        return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
+    m->max_hidden = full;
+    for (int l = 0; l < L; l++)
+        m->keep[l] = m->grad_keep[l] = (st_neuron_sel){ full, full, NULL };
+    if (!c->kept_count)
+        return ST_OK;
+    const int64_t G = c->neuron_group;
+    size_t total = 0, groups = 0;
+    for (int l = 0; l < L; l++)
+        groups += (size_t)c->kept_count[l];
+    total = groups * (size_t)G;
+    /* the config keeps pointing at the model's own copy */
+    m->kept = malloc(((size_t)L + groups) * sizeof *m->kept);
+    if (!m->kept)
+        return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
+    memcpy(m->kept, c->kept_count, (size_t)L * sizeof *m->kept);
+    memcpy(m->kept + L, c->kept_groups, groups * sizeof *m->kept);
+    m->cfg.kept_count = m->kept;
+    m->cfg.kept_groups = m->kept + L;
+    m->ids = malloc(total * sizeof *m->ids);
+    m->runs = malloc(total * sizeof *m->runs);
+    m->run_first = calloc((size_t)L, sizeof *m->run_first);
+    m->run_count = calloc((size_t)L, sizeof *m->run_count);
+    if (!m->ids || !m->runs || !m->run_first || !m->run_count)
+        return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
+    int32_t *id = m->ids;
+    const int *g = c->kept_groups;
+    int n_runs = 0;
+    m->max_hidden = 0;
+    for (int l = 0; l < L; l++) {
+        st_neuron_sel sel = { full, 0, id };
+        m->run_first[l] = n_runs;
+        for (int j = 0; j < c->kept_count[l]; j++, g++) {
+            int64_t lo = *g * G, hi = lo + G < full ? lo + G : full;
+            if (j > 0 && g[-1] + 1 == *g)
+                m->runs[n_runs - 1].count += hi - lo;
+            else
+                m->runs[n_runs++] = (st_row_run){ lo, hi - lo };
+            for (int64_t k = lo; k < hi; k++)
+                *id++ = (int32_t)k;
+            sel.n += hi - lo;
+        }
+        m->run_count[l] = n_runs - m->run_first[l];
+        if (c->neuron_grads_only)
+            m->grad_keep[l] = sel;
+        else
+            m->keep[l] = sel;
+        if (m->keep[l].n > m->max_hidden)
+            m->max_hidden = m->keep[l].n;
+    }
+    return ST_OK;
+}
+
 /* ------------------------------------------------------------ mlp */
 
+/* Layer i reads the kept neurons of layer i - 1 (the input: all of it) and
+ * writes its own kept neurons; with forward masking, the layers after the
+ * first read a subset and scale their product by branch_scale. */
 static st_status build_mlp(st_model *m)
 {
-    const size_t B = (size_t)m->batch, W = (size_t)m->cfg.width, L = (size_t)m->cfg.depth;
+    const size_t B = (size_t)m->batch, L = (size_t)m->cfg.depth;
+    const float scale = m->cfg.kept_count && !m->cfg.neuron_grads_only ? m->cfg.branch_scale : 0.0f;
     linear_offsets *lo = calloc(L + 1, sizeof *lo);
     m->dense = calloc(L, sizeof *m->dense);
     if (!lo || !m->dense) {
@@ -205,40 +361,47 @@ static st_status build_mlp(st_model *m)
     }
     st_status s = ST_OK;
     char name[32];
+    st_neuron_sel input, classes;
+    all_of(m->cfg.in_dim, &input);
+    all_of(m->cfg.n_classes, &classes);
     for (size_t i = 0; i <= L && s == ST_OK; i++) {
-        size_t in = i == 0 ? (size_t)m->cfg.in_dim : W, out = i == L ? (size_t)m->cfg.n_classes : W;
         snprintf(name, sizeof name, i == L ? "head" : "fc%zu", i);
-        s = layout_linear(m, name, in, out, &lo[i]);
+        s = layout_linear(m, name, i == 0 ? &input : &m->keep[i - 1],
+                          i == L ? &classes : &m->keep[i], 0, i == L ? NULL : &m->grad_keep[i],
+                          &lo[i]);
     }
     if (s == ST_OK)
         s = st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_params, &m->params);
     if (s == ST_OK)
         s = st_arena_alloc_floats(m->arena, ST_MEM_GRADIENTS, m->n_grads, &m->grads);
     for (size_t i = 0; i < L && s == ST_OK; i++) {
-        s = alloc_act(m, B * W, &m->dense[i].a);
+        s = alloc_act(m, B * (size_t)m->keep[i].n, &m->dense[i].a);
         if (s == ST_OK)
-            s = alloc_act(m, B * W, &m->dense[i].z);
+            s = alloc_act(m, B * (size_t)m->keep[i].n, &m->dense[i].z);
     }
     /* Two shared data-gradient buffers, used alternately going backward:
      * a layer's dz feeds the activation, whose da feeds the linear below. */
     if (s == ST_OK)
-        s = alloc_act(m, B * W, &m->dz);
+        s = alloc_act(m, B * (size_t)m->max_hidden, &m->dz);
     if (s == ST_OK)
-        s = alloc_act(m, B * W, &m->da);
+        s = alloc_act(m, B * (size_t)m->max_hidden, &m->da);
 
     for (size_t i = 0; i < L && s == ST_OK; i++) {
         st_dense *d = &m->dense[i];
         const float *x = i == 0 ? m->input : m->dense[i - 1].z;
-        int64_t in = i == 0 ? m->cfg.in_dim : (int64_t)W;
+        int64_t in = i == 0 ? m->cfg.in_dim : m->keep[i - 1].n, W = m->keep[i].n;
         st_linear_io io = linear_io(m, lo[i], x, d->a, i == 0 ? NULL : m->dz, m->da);
-        s = st_linear_build(&m->ctx, &d->fc, (int64_t)B, in, (int64_t)W, &io);
+        io.dw_runs = grad_runs(m, (int)i, &io.n_dw_runs);
+        io.scale = i == 0 ? 0.0f : scale;
+        s = st_linear_build(&m->ctx, &d->fc, (int64_t)B, in, W, &io);
         if (s == ST_OK)
-            s = st_act_build(&m->ctx, &d->act, m->cfg.activation, (int64_t)B, (int64_t)W,
+            s = st_act_build(&m->ctx, &d->act, m->cfg.activation, (int64_t)B, W,
                              d->a, d->z, m->da, m->dz);
     }
     if (s == ST_OK) {
         st_linear_io io = linear_io(m, lo[L], m->dense[L - 1].z, m->logits, m->dz, m->dlogits);
-        s = st_linear_build(&m->ctx, &m->head, (int64_t)B, (int64_t)W, m->cfg.n_classes, &io);
+        io.scale = scale;
+        s = st_linear_build(&m->ctx, &m->head, (int64_t)B, m->keep[L - 1].n, m->cfg.n_classes, &io);
     }
     free(lo);
     return s;
@@ -267,38 +430,51 @@ static st_status mlp_backward(const st_model *m)
 
 typedef struct { norm_offsets ln; linear_offsets fc1, fc2; } block_offsets;
 
+/* Full layout: stem, full_depth blocks, final norm, head; a block
+ * subnetwork's block l sits where block block_ids[l] does. */
 static st_status layout_resmlp(st_model *m, linear_offsets *stem, block_offsets *bo,
                                norm_offsets *lnf, linear_offsets *head)
 {
-    const size_t W = (size_t)m->cfg.width, H = (size_t)hidden_of(&m->cfg);
+    const int64_t W = m->cfg.width;
+    st_neuron_sel input, width, classes;
+    all_of(m->cfg.in_dim, &input);
+    all_of(W, &width);
+    all_of(m->cfg.n_classes, &classes);
     char name[32];
-    ST_TRY(layout_linear(m, "stem", (size_t)m->cfg.in_dim, W, stem));
+    ST_TRY(layout_linear(m, "stem", &input, &width, 0, NULL, stem));
+    const size_t stem_end = m->full_at, H = (size_t)hidden_of(&m->cfg);
+    const size_t block_full = 2 * (size_t)W + 2 * (size_t)W * H + H + (size_t)W;
     for (int l = 0; l < m->cfg.depth; l++) {
         int id = m->block_ids[l];
+        m->full_at = stem_end + (size_t)id * block_full;
+        m->full_seg = STEM_SEGS + (uint64_t)BLOCK_SEGS * (uint64_t)id;
         m->layout_grads = m->grad_blocks[l];
         snprintf(name, sizeof name, "block%d.ln", id);
         ST_TRY(layout_norm(m, name, W, &bo[l].ln));
         snprintf(name, sizeof name, "block%d.fc1", id);
-        ST_TRY(layout_linear(m, name, W, H, &bo[l].fc1));
+        ST_TRY(layout_linear(m, name, &width, &m->keep[l], 0, &m->grad_keep[l], &bo[l].fc1));
         snprintf(name, sizeof name, "block%d.fc2", id);
-        ST_TRY(layout_linear(m, name, H, W, &bo[l].fc2));
+        ST_TRY(layout_linear(m, name, &m->keep[l], &width, 1, &m->grad_keep[l], &bo[l].fc2));
     }
+    m->full_at = stem_end + (size_t)m->full_depth * block_full;
+    m->full_seg = STEM_SEGS + (uint64_t)BLOCK_SEGS * (uint64_t)m->full_depth;
     m->layout_grads = 1;
     ST_TRY(layout_norm(m, "final_ln", W, lnf));
-    return layout_linear(m, "head", W, (size_t)m->cfg.n_classes, head);
+    return layout_linear(m, "head", &width, &classes, 0, NULL, head);
 }
 
 static st_status alloc_resmlp_buffers(st_model *m)
 {
-    const size_t B = (size_t)m->batch, W = (size_t)m->cfg.width, H = (size_t)hidden_of(&m->cfg);
+    const size_t B = (size_t)m->batch, W = (size_t)m->cfg.width, H = (size_t)m->max_hidden;
     ST_TRY(alloc_act(m, B * W, &m->h0));
     for (int l = 0; l < m->cfg.depth; l++) {
         st_resblock *k = &m->blocks[l];
+        const size_t Hl = (size_t)m->keep[l].n;
         ST_TRY(alloc_act(m, B * W, &k->n));
         ST_TRY(alloc_act(m, B, &k->mean));
         ST_TRY(alloc_act(m, B, &k->var));
-        ST_TRY(alloc_act(m, B * H, &k->a));
-        ST_TRY(alloc_act(m, B * H, &k->z));
+        ST_TRY(alloc_act(m, B * Hl, &k->a));
+        ST_TRY(alloc_act(m, B * Hl, &k->z));
         ST_TRY(alloc_act(m, B * W, &k->h_out));
     }
     ST_TRY(alloc_act(m, B * W, &m->nf));
@@ -333,17 +509,20 @@ static st_layernorm_io norm_io(const st_model *m, norm_offsets o, const float *x
     return io;
 }
 
-static st_status build_block(st_model *m, st_resblock *k, const float *h_in, block_offsets o)
+static st_status build_block(st_model *m, int l, const float *h_in, block_offsets o)
 {
-    const int64_t B = m->batch, W = m->cfg.width, H = hidden_of(&m->cfg);
+    st_resblock *k = &m->blocks[l];
+    const int64_t B = m->batch, W = m->cfg.width, H = m->keep[l].n;
     st_layernorm_io nio = norm_io(m, o.ln, h_in, k->n, k->mean, k->var, m->dtmp, m->dn);
     ST_TRY(st_layernorm_build(&m->ctx, &k->ln, B, W, &nio));
     st_linear_io io1 = linear_io(m, o.fc1, k->n, k->a, m->dn, m->da);
+    io1.dw_runs = grad_runs(m, l, &io1.n_dw_runs);
     ST_TRY(st_linear_build(&m->ctx, &k->fc1, B, W, H, &io1));
     ST_TRY(st_act_build(&m->ctx, &k->act, m->cfg.activation, B, H, k->a, k->z, m->da, m->dz));
     st_linear_io io2 = linear_io(m, o.fc2, k->z, k->h_out, m->dz, m->dh);
     io2.residual = h_in;
     io2.scale = m->cfg.branch_scale;
+    io2.dw_runs = grad_runs(m, l, &io2.n_dw_runs);
     ST_TRY(st_linear_build(&m->ctx, &k->fc2, B, H, W, &io2));
     return st_add_build(&m->ctx, &k->join, B, W, m->dh, m->dtmp, m->dh);
 }
@@ -370,7 +549,7 @@ static st_status build_resmlp(st_model *m)
     ST_TRY_GOTO(s, st_linear_build(&m->ctx, &m->stem, B, m->cfg.in_dim, W, &sio), done);
     const float *h = m->h0;
     for (int64_t l = 0; l < L; l++) {
-        ST_TRY_GOTO(s, build_block(m, &m->blocks[l], h, bo[l]), done);
+        ST_TRY_GOTO(s, build_block(m, (int)l, h, bo[l]), done);
         h = m->blocks[l].h_out;
     }
     /* Going backward the final norm writes dh directly: it starts the
@@ -443,8 +622,9 @@ st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena
     m->cfg.grad_blocks = m->grad_blocks;
     m->layout_grads = 1;
     m->batch = batch;
-    m->arena = arena;
     st_status s;
+    ST_TRY_GOTO(s, setup_neurons(m), fail);
+    m->arena = arena;
     ST_TRY_GOTO(s, st_nn_ctx_init(&m->ctx, arena), fail);
     const size_t B = (size_t)batch, K = (size_t)cfg->n_classes;
     ST_TRY_GOTO(s, alloc_act(m, B * (size_t)cfg->in_dim, &m->input), fail);
@@ -470,6 +650,14 @@ void st_model_destroy(st_model *m)
         return;
     st_nn_ctx_destroy(&m->ctx);
     free(m->segs);
+    free(m->maps);
+    free(m->keep);
+    free(m->kept);
+    free(m->grad_keep);
+    free(m->ids);
+    free(m->runs);
+    free(m->run_first);
+    free(m->run_count);
     free(m->block_ids);
     free(m->grad_blocks);
     free(m->dense);
@@ -484,47 +672,42 @@ static int ends_with(const char *s, const char *suffix)
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* resmlp lays out 2 stem segments, 6 per block, then 4 (final norm, head).
- * A subnetwork's segment i is segment full_segment_index(i) of the full
- * model: that index names the RNG stream it is initialised from. */
-enum { STEM_SEGS = 2, BLOCK_SEGS = 6 };
 
-static uint64_t full_segment_index(const st_model *m, int i)
+/* Every element's value is a function of the seed and its place in the
+ * full model only — the stream of its full tensor, drawn at the element's
+ * logical (out, in) position — so a subnetwork starts with exactly the
+ * values its part has in the full model, whatever it keeps and however a
+ * tensor is stored. */
+static void init_segment(const st_model *m, int i, const st_rng *init_root)
 {
-    if (m->cfg.kind != ST_MODEL_RESMLP || i < STEM_SEGS)
-        return (uint64_t)i;
-    int l = (i - STEM_SEGS) / BLOCK_SEGS;
-    if (l < m->cfg.depth)
-        return (uint64_t)(STEM_SEGS + BLOCK_SEGS * m->block_ids[l] + (i - STEM_SEGS) % BLOCK_SEGS);
-    return (uint64_t)(i + BLOCK_SEGS * (m->full_depth - m->cfg.depth));
+    const st_param_segment *s = &m->segs[i];
+    const st_seg_map *mp = &m->maps[i];
+    float *p = m->params + s->offset;
+    if (ends_with(s->name, ".gamma") || ends_with(s->name, ".beta")) {
+        float v = ends_with(s->name, ".gamma") ? 1.0f : 0.0f;
+        for (size_t j = 0; j < s->count; j++)
+            p[j] = v;
+        return;
+    }
+    const float bound = 1.0f / sqrtf((float)mp->fan_in);
+    const uint64_t full_in = (uint64_t)(mp->in_major ? mp->full_rows : mp->full_cols);
+    st_rng r = st_rng_split(init_root, mp->stream);
+    for (int64_t a = 0; a < mp->n_rows; a++) {
+        uint64_t row = (uint64_t)(mp->rows ? mp->rows[a] : a);
+        for (int64_t b = 0; b < mp->n_cols; b++) {
+            uint64_t col = (uint64_t)(mp->cols ? mp->cols[b] : b);
+            r.counter = mp->in_major ? col * full_in + row : row * full_in + col;
+            *p++ = (2.0f * st_rng_uniform(&r) - 1.0f) * bound;
+        }
+    }
 }
 
 void st_model_init_params(st_model *m, uint64_t seed)
 {
     st_rng root = st_rng_seed(seed);
     st_rng init_root = st_rng_split(&root, 0x1A17); /* the "init" namespace */
-    for (int i = 0; i < m->n_segs; i++) {
-        const st_param_segment *s = &m->segs[i];
-        float *p = m->params + s->offset;
-        if (ends_with(s->name, ".gamma")) {
-            for (size_t j = 0; j < s->count; j++)
-                p[j] = 1.0f;
-            continue;
-        }
-        if (ends_with(s->name, ".beta")) {
-            memset(p, 0, s->count * sizeof *p);
-            continue;
-        }
-        /* Weight and bias of a linear layer share the fan-in of the weight,
-         * which is the segment just before a bias. */
-        size_t fan_in = ends_with(s->name, ".bias")
-                      ? m->segs[i - 1].count / s->count
-                      : s->count / m->segs[i + 1].count;
-        float bound = 1.0f / sqrtf((float)fan_in);
-        st_rng r = st_rng_split(&init_root, full_segment_index(m, i));
-        for (size_t j = 0; j < s->count; j++)
-            p[j] = (2.0f * st_rng_uniform(&r) - 1.0f) * bound;
-    }
+    for (int i = 0; i < m->n_segs; i++)
+        init_segment(m, i, &init_root);
 }
 
 const st_model_config *st_model_get_config(const st_model *m) { return &m->cfg; }
@@ -577,44 +760,53 @@ size_t st_model_full_param_count(const st_model *m)
     return st_model_config_param_count(&full);
 }
 
-/* Where segment i starts in the full model's vector. */
-static size_t full_offset(const st_model *m, int i)
+/* One segment's elements (grads: its gradient's rows) as full-layout
+ * ranges: per stored row, each run of consecutive full columns. */
+static int segment_ranges(const st_model *m, int i, int grads, st_range *ranges, size_t *local,
+                          int n, int cap, size_t *last_end, size_t *last_pos)
 {
-    const size_t W = (size_t)m->cfg.width, H = (size_t)hidden_of(&m->cfg);
-    const size_t stem = (size_t)m->cfg.in_dim * W + W;
-    const size_t block = 2 * W + (W * H + H) + (H * W + W);
     const st_param_segment *s = &m->segs[i];
-    int l = (i - STEM_SEGS) / BLOCK_SEGS;
-    if (m->cfg.kind != ST_MODEL_RESMLP || i < STEM_SEGS)
-        return s->offset;
-    if (l < m->cfg.depth)
-        return stem + (size_t)m->block_ids[l] * block + (s->offset - stem - (size_t)l * block);
-    return s->offset + (size_t)(m->full_depth - m->cfg.depth) * block;
+    const st_seg_map *mp = &m->maps[i];
+    size_t pos = grads ? s->grad_offset : s->offset;
+    const int32_t *rows = grads && mp->grad_rows ? mp->grad_rows : mp->rows;
+    int64_t n_rows = grads && mp->grad_rows ? mp->n_grad_rows : mp->n_rows;
+    for (int64_t a = 0; a < n_rows && n >= 0; a++) {
+        size_t row = mp->full_offset + (size_t)(rows ? rows[a] : a) * (size_t)mp->full_cols;
+        for (int64_t b = 0; b < mp->n_cols && n >= 0;) {
+            int64_t c0 = mp->cols ? mp->cols[b] : b, len = 1;
+            while (b + len < mp->n_cols && (mp->cols ? mp->cols[b + len] : b + len) == c0 + len)
+                len++;
+            size_t full = row + (size_t)c0;
+            if (n > 0 && *last_end == full && *last_pos == pos) { /* continues the last */
+                if (ranges)
+                    ranges[n - 1].end += (size_t)len;
+            } else {
+                if (ranges && n == cap)
+                    return -1;
+                if (ranges) {
+                    ranges[n] = (st_range){ full, full + (size_t)len };
+                    local[n] = pos;
+                }
+                n++;
+            }
+            *last_end = full + (size_t)len;
+            pos += (size_t)len;
+            *last_pos = pos;
+            b += len;
+        }
+    }
+    return n;
 }
 
-/* Segments of one vector (parameters, or gradients: grads) as full-layout
- * ranges; consecutive segments whose full positions are consecutive too
- * make one range. */
+/* The segments of one vector (parameters, or gradients: grads) as sorted
+ * full-layout ranges, consecutive pieces merged. */
 static int full_ranges(const st_model *m, int grads, st_range *ranges, size_t *local, int cap)
 {
     int n = 0;
-    for (int i = 0; i < m->n_segs; i++) {
-        const st_param_segment *s = &m->segs[i];
-        size_t pos = grads ? s->grad_offset : s->offset;
-        if (pos == ST_NO_GRAD)
-            continue;
-        size_t full = full_offset(m, i);
-        if (n > 0 && ranges[n - 1].end == full &&
-            local[n - 1] + (ranges[n - 1].end - ranges[n - 1].begin) == pos) {
-            ranges[n - 1].end += s->count;
-            continue;
-        }
-        if (n == cap)
-            return -1;
-        ranges[n] = (st_range){ full, full + s->count };
-        local[n] = pos;
-        n++;
-    }
+    size_t last_end = 0, last_pos = 0;
+    for (int i = 0; i < m->n_segs && n >= 0; i++)
+        if (!grads || m->segs[i].grad_offset != ST_NO_GRAD)
+            n = segment_ranges(m, i, grads, ranges, local, n, cap, &last_end, &last_pos);
     return n;
 }
 
@@ -631,7 +823,8 @@ int st_model_full_grad_ranges(const st_model *m, st_range *ranges, size_t *local
 static double linear_flops(const st_linear *l)
 {
     double one = 2.0 * (double)l->batch * (double)l->in * (double)l->out;
-    return one * (1.0 + (l->has_dx ? 1.0 : 0.0) + (l->has_dw ? 1.0 : 0.0));
+    double rows = (double)(l->in_major ? l->in : l->out);   /* backward masking: some */
+    return one * (1.0 + (l->has_dx ? 1.0 : 0.0)) + (l->has_dw ? one * (double)l->dw_rows / rows : 0.0);
 }
 
 double st_model_step_flops(const st_model *m)

@@ -27,6 +27,30 @@ typedef struct st_dense {
     float *a, *z;
 } st_dense;
 
+/* Where a segment's elements come from in the full model, element by
+ * element: compact storage row r, column c is full row rows[r], column
+ * cols[c].  Everything that relates a subnetwork to the full model (its
+ * initial values, its full-layout ranges for the reduction engine) is
+ * computed from this, for block and neuron subnetworks alike. */
+typedef struct st_seg_map {
+    size_t full_offset;            /* the full tensor's first element in the full vector */
+    int64_t full_rows, full_cols;  /* storage shape of the full tensor (a vector: n x 1) */
+    const int32_t *rows, *cols;    /* compact -> full (NULL: the same index) */
+    int64_t n_rows, n_cols;        /* compact storage shape */
+    const int32_t *grad_rows;      /* backward masking: full rows that get a
+                                    * gradient (NULL: every row) */
+    int64_t n_grad_rows;
+    int in_major;                  /* a weight stored (in, out) */
+    int64_t fan_in;                /* of the full layer: the init bound */
+    uint64_t stream;               /* init RNG stream: the full segment's index */
+} st_seg_map;
+
+/* One neuron layer's kept neurons (full indices, increasing). */
+typedef struct st_neuron_sel {
+    int64_t full, n;               /* full width, kept */
+    const int32_t *ids;            /* NULL: all (n == full) */
+} st_neuron_sel;
+
 struct st_model {
     st_model_config cfg;
     int *block_ids;        /* depth entries (a copy; cfg.block_ids points here) */
@@ -42,7 +66,19 @@ struct st_model {
     int layout_grads;      /* while laying out: the segment gets a gradient */
     float *norm_scratch;   /* 2 x width: dgamma, dbeta of norms without gradient */
     st_param_segment *segs;
+    st_seg_map *maps;      /* n_segs, parallel to segs */
     int n_segs, cap_segs;
+    size_t full_at;        /* while laying out: the next segment's full offset */
+    uint64_t full_seg;     /*                   and full index */
+
+    /* Neuron layers (depth): kept neurons (forward masking) and neurons
+     * with gradients (backward masking).  Storage for the ids is below. */
+    st_neuron_sel *keep, *grad_keep;
+    int *kept;             /* copies of cfg.kept_count, then cfg.kept_groups */
+    int32_t *ids;
+    st_row_run *runs;      /* grad_keep as runs, per layer at run_first[l] */
+    int *run_first, *run_count;
+    int64_t max_hidden;    /* widest kept neuron layer */
 
     float *input;          /* (B, in_dim) */
     int32_t *labels;       /* (B) */
