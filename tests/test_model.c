@@ -886,3 +886,258 @@ Test(subnetwork, backward_masking_keeps_the_full_gradient_of_held_blocks)
     st_model_destroy(full);
     st_arena_release(&a);
 }
+
+/* ------------------------------------------------------------ neuron subnetworks */
+
+/* resmlp d3, width 16, hidden 24 in groups of 4 (6 groups); mlp d3 width 20
+ * in groups of 4 (5 groups).  Each layer keeps its own groups: scattered,
+ * adjacent (to test merging) and the last one. */
+static const int NEURON_COUNT[] = { 3, 1, 2 };
+static const int NEURON_GROUPS_RES[] = { 0, 2, 3, 5, 1, 4 };
+static const int NEURON_GROUPS_MLP[] = { 0, 2, 3, 4, 1, 4 };
+
+static st_model_config neuron_config(st_model_kind kind, int grads_only)
+{
+    st_model_config c = kind == ST_MODEL_RESMLP ? resmlp_config(3, 16, 24, ST_ACT_GELU)
+                                                : mlp_config(3, 20, ST_ACT_GELU);
+    c.neuron_group = 4;
+    c.kept_count = NEURON_COUNT;
+    c.kept_groups = kind == ST_MODEL_RESMLP ? NEURON_GROUPS_RES : NEURON_GROUPS_MLP;
+    c.neuron_grads_only = grads_only;
+    return c;
+}
+
+/* The full-layout ranges of a model's parameters (or gradients), sized by
+ * a counting call first. */
+static int ranges_of(const st_model *m, int grads, st_range **r, size_t **local)
+{
+    int n = grads ? st_model_full_grad_ranges(m, NULL, NULL, 0)
+                  : st_model_full_ranges(m, NULL, NULL, 0);
+    cr_assert_gt(n, 0);
+    *r = malloc((size_t)n * sizeof **r);
+    *local = malloc((size_t)n * sizeof **local);
+    int got = grads ? st_model_full_grad_ranges(m, *r, *local, n)
+                    : st_model_full_ranges(m, *r, *local, n);
+    cr_assert_eq(got, n, "the counting call and the filling call agree");
+    cr_assert_eq(grads ? st_model_full_grad_ranges(m, *r, *local, n - 1)
+                       : st_model_full_ranges(m, *r, *local, n - 1), -1, "too small a cap: -1");
+    return n;
+}
+
+/* A compact neuron subnetwork starts with exactly the full model's values
+ * at the places its ranges name; scattering it into a full-size vector and
+ * gathering it back round-trips to the bit; ranges are sorted and disjoint
+ * and cover the compact vector once. */
+static void check_neuron_places(st_model_kind kind)
+{
+    st_arena a;
+    st_arena_init(&a, "neurons", NULL, 0);
+    st_model_config sub_cfg = neuron_config(kind, 0), full_cfg = sub_cfg;
+    full_cfg.kept_count = NULL;
+    full_cfg.kept_groups = NULL;
+    st_model *full = make_model(&full_cfg, 4, &a), *sub = make_model(&sub_cfg, 4, &a);
+    st_model_init_params(full, 9);
+    st_model_init_params(sub, 9);
+    cr_assert_lt(st_model_param_count(sub), st_model_param_count(full));
+    cr_assert_eq(st_model_full_param_count(sub), st_model_param_count(full));
+    st_range *r;
+    size_t *local;
+    int n = ranges_of(sub, 0, &r, &local);
+    size_t P = st_model_param_count(full), covered = 0;
+    float *scattered = calloc(P, sizeof *scattered), *back = calloc(st_model_param_count(sub), 4);
+    for (int i = 0; i < n; i++) {
+        size_t len = r[i].end - r[i].begin;
+        cr_assert(i == 0 || r[i].begin > r[i - 1].end || (r[i].begin == r[i - 1].end &&
+                  local[i] != local[i - 1] + (r[i - 1].end - r[i - 1].begin)),
+                  "range %d sorted, disjoint, not mergeable", i);
+        cr_assert_eq(memcmp(st_model_params(sub) + local[i], st_model_params(full) + r[i].begin,
+                            len * sizeof(float)), 0, "%s range %d: the full model's values",
+                     st_model_kind_name(kind), i);
+        memcpy(scattered + r[i].begin, st_model_params(sub) + local[i], len * sizeof(float));
+        covered += len;
+    }
+    for (int i = 0; i < n; i++)
+        memcpy(back + local[i], scattered + r[i].begin, (r[i].end - r[i].begin) * sizeof(float));
+    cr_assert_eq(covered, st_model_param_count(sub));
+    cr_assert_eq(memcmp(back, st_model_params(sub), covered * sizeof(float)), 0, "round trip");
+    fprintf(stderr, "neuron subnetwork of %s: %zu of %zu parameters in %d ranges\n",
+            st_model_kind_name(kind), covered, P, n);
+    free(scattered);
+    free(back);
+    free(r);
+    free(local);
+    st_model_destroy(sub);
+    st_model_destroy(full);
+    st_arena_release(&a);
+}
+
+Test(subnetwork, neurons_keep_their_full_values_and_places_resmlp) { check_neuron_places(ST_MODEL_RESMLP); }
+Test(subnetwork, neurons_keep_their_full_values_and_places_mlp) { check_neuron_places(ST_MODEL_MLP); }
+
+/* Is neuron j of neuron layer l kept by neuron_config? */
+static int neuron_kept(const st_model_config *c, int l, int j)
+{
+    const int *g = c->kept_groups;
+    for (int k = 0; k < l; k++)
+        g += c->kept_count[k];
+    for (int k = 0; k < c->kept_count[l]; k++)
+        if (g[k] == j / c->neuron_group)
+            return 1;
+    return 0;
+}
+
+static float *segment_named(st_model *m, const char *name, size_t *count)
+{
+    int n;
+    const st_param_segment *s = st_model_segments(m, &n);
+    for (int i = 0; i < n; i++)
+        if (strcmp(s[i].name, name) == 0) {
+            *count = s[i].count;
+            return st_model_params(m) + s[i].offset;
+        }
+    cr_assert_fail("no segment %s", name);
+    return NULL;
+}
+
+/* What a compact subnetwork computes is the full model with the dropped
+ * neurons silenced: their outgoing weights zeroed. */
+static void check_neuron_forward(st_model_kind kind)
+{
+    omp_set_num_threads(1);
+    st_arena a;
+    st_arena_init(&a, "neurons", NULL, 0);
+    st_model_config sub_cfg = neuron_config(kind, 0), full_cfg = sub_cfg;
+    full_cfg.kept_count = NULL;
+    full_cfg.kept_groups = NULL;
+    st_model *full = make_model(&full_cfg, 8, &a), *sub = make_model(&sub_cfg, 8, &a);
+    st_model_init_params(full, 3);
+    st_model_init_params(sub, 3);
+    for (int l = 0; l < 3; l++) {
+        char name[32];
+        size_t count;
+        if (kind == ST_MODEL_RESMLP) {   /* fc2 stored (hidden, width): a row per neuron */
+            snprintf(name, sizeof name, "block%d.fc2.weight", l);
+            float *w = segment_named(full, name, &count);
+            for (int j = 0; j < 24; j++)
+                if (!neuron_kept(&sub_cfg, l, j))
+                    memset(w + (size_t)j * 16, 0, 16 * sizeof *w);
+        } else {                         /* the next layer's (out, 20): a column */
+            snprintf(name, sizeof name, l == 2 ? "head.weight" : "fc%d.weight", l + 1);
+            float *w = segment_named(full, name, &count);
+            for (size_t row = 0; row < count / 20; row++)
+                for (int j = 0; j < 20; j++)
+                    if (!neuron_kept(&sub_cfg, l, j))
+                        w[row * 20 + (size_t)j] = 0.0f;
+        }
+    }
+    st_rng r = st_rng_seed(4);
+    fill_rows(full, 0, 8, &r);
+    r = st_rng_seed(4);
+    fill_rows(sub, 0, 8, &r);
+    double ls = 0.0, lf = 0.0;
+    int64_t cs = 0, cf = 0;
+    OK(st_model_evaluate(sub, 8, &ls, &cs));
+    OK(st_model_evaluate(full, 8, &lf, &cf));
+    double worst = 0.0;
+    for (int i = 0; i < 8 * 5; i++) {
+        double d = fabs((double)st_model_logits(sub)[i] - st_model_logits(full)[i]);
+        worst = d > worst ? d : worst;
+    }
+    fprintf(stderr, "%s neuron subnetwork vs masked full model: max |logit diff| %.3g\n",
+            st_model_kind_name(kind), worst);
+    /* the same sums with zeros left out: rounding only, ~ 1e-7 of O(1) logits */
+    cr_assert_lt(worst, 1e-5, "compact = masked full model (max diff %g)", worst);
+    st_model_destroy(sub);
+    st_model_destroy(full);
+    st_arena_release(&a);
+}
+
+Test(subnetwork, neuron_subnetwork_is_the_masked_full_model_resmlp) { check_neuron_forward(ST_MODEL_RESMLP); }
+Test(subnetwork, neuron_subnetwork_is_the_masked_full_model_mlp) { check_neuron_forward(ST_MODEL_MLP); }
+
+Test(gradcheck, resmlp_neuron_subnetwork)
+{
+    st_model_config c = neuron_config(ST_MODEL_RESMLP, 0);
+    c.branch_scale = 2.0f;
+    gradcheck(&c, "resmlp neuron subnetwork (branch x2)", 41);
+}
+
+Test(gradcheck, mlp_neuron_subnetwork)
+{
+    st_model_config c = neuron_config(ST_MODEL_MLP, 0);
+    c.branch_scale = 2.0f;
+    gradcheck(&c, "mlp neuron subnetwork (inputs x2)", 43);
+}
+
+/* Backward masking of neurons: the full model's forward; weight gradients
+ * for the kept neurons' rows only, equal to the full model's there. */
+static void check_neuron_backward(st_model_kind kind)
+{
+    omp_set_num_threads(1);
+    st_arena a;
+    st_arena_init(&a, "neurons", NULL, 0);
+    st_model_config cfg = neuron_config(kind, 1), full_cfg = cfg;
+    full_cfg.kept_count = NULL;
+    full_cfg.kept_groups = NULL;
+    st_model *full = make_model(&full_cfg, 8, &a), *m = make_model(&cfg, 8, &a);
+    cr_assert_eq(st_model_param_count(m), st_model_param_count(full));
+    cr_assert_lt(st_model_grad_count(m), st_model_param_count(m));
+    st_model_init_params(full, 5);
+    st_model_init_params(m, 5);
+    cr_assert_eq(memcmp(st_model_params(m), st_model_params(full),
+                        st_model_param_count(m) * sizeof(float)), 0);
+    st_rng r = st_rng_seed(6);
+    fill_rows(full, 0, 8, &r);
+    r = st_rng_seed(6);
+    fill_rows(m, 0, 8, &r);
+    float lf, lm;
+    OK(st_model_forward_backward(full, &lf));
+    OK(st_model_forward_backward(m, &lm));
+    cr_assert_eq(lf, lm, "the forward is the full model's");
+    st_range *rg;
+    size_t *local, covered = 0;
+    int n = ranges_of(m, 1, &rg, &local);
+    double worst = 0.0;
+    for (int i = 0; i < n; i++)
+        for (size_t k = 0; k < rg[i].end - rg[i].begin; k++, covered++) {
+            double g = st_model_grads(m)[local[i] + k], f = st_model_grads(full)[rg[i].begin + k];
+            double d = fabs(g - f) / (1e-6 + fabs(f));
+            worst = d > worst ? d : worst;
+        }
+    cr_assert_eq(covered, st_model_grad_count(m));
+    fprintf(stderr, "%s neuron backward masking: %zu of %zu gradients, max rel diff %.3g\n",
+            st_model_kind_name(kind), covered, st_model_param_count(m), worst);
+    /* the same dot products over the batch, maybe blocked differently */
+    cr_assert_lt(worst, 1e-5, "kept rows carry the full model's gradient (%g)", worst);
+    cr_assert_lt(st_model_step_flops(m), st_model_step_flops(full));
+    free(rg);
+    free(local);
+    st_model_destroy(m);
+    st_model_destroy(full);
+    st_arena_release(&a);
+}
+
+Test(subnetwork, neuron_backward_masking_resmlp) { check_neuron_backward(ST_MODEL_RESMLP); }
+Test(subnetwork, neuron_backward_masking_mlp) { check_neuron_backward(ST_MODEL_MLP); }
+
+Test(subnetwork, bad_neuron_selections_are_refused)
+{
+    st_model_config c = neuron_config(ST_MODEL_RESMLP, 0);
+    cr_assert_eq(st_model_config_check(&c), ST_OK);
+    cr_assert_eq(st_model_neuron_groups(&c), 6);
+    const int none[] = { 3, 0, 2 }, unsorted[] = { 0, 3, 2, 5, 1, 4 }, outside[] = { 0, 2, 6, 5, 1, 4 };
+    c.kept_count = none;
+    cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID, "a layer with no neuron");
+    c.kept_count = NEURON_COUNT;
+    c.kept_groups = unsorted;
+    cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID);
+    c.kept_groups = outside;
+    cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID);
+    c.kept_groups = NULL;
+    cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID, "counts without groups");
+    c = neuron_config(ST_MODEL_RESMLP, 0);
+    const int ids[] = { 0, 1, 2 };
+    c.full_depth = 4;
+    c.block_ids = ids;
+    cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID, "block and neuron at once");
+}
