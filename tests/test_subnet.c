@@ -53,6 +53,40 @@ Test(subnet, every_unit_exactly_k_holders_and_balanced_loads)
             }
 }
 
+/* Neuron groups of several layers: on top of the whole assignment's
+ * properties, each layer is balanced on its own. */
+Test(subnet, layered_units_are_balanced_within_every_layer)
+{
+    const int workers[] = { 1, 2, 3, 4, 7, 8, 16 };
+    const int layers[] = { 1, 2, 3, 8 };
+    const int per_layer[] = { 1, 3, 16, 64 };
+    const double coverage[] = { 0.1, 0.25, 0.5, 1.0 };
+    for (size_t i = 0; i < sizeof workers / sizeof *workers; i++)
+        for (size_t l = 0; l < sizeof layers / sizeof *layers; l++)
+            for (size_t u = 0; u < sizeof per_layer / sizeof *per_layer; u++)
+                for (size_t c = 0; c < sizeof coverage / sizeof *coverage; c++) {
+                    int k = st_subnet_holders_per_unit(workers[i], coverage[c]), U = per_layer[u];
+                    st_assignment a;
+                    cr_assert_eq(st_assignment_make_layered(workers[i], layers[l], U, k, 7, c,
+                                                            &a), ST_OK);
+                    cr_assert_eq(a.n_units, layers[l] * U);
+                    check_assignment(&a);
+                    for (int layer = 0; layer < layers[l]; layer++) {
+                        int lo = U, hi = 0;
+                        for (int w = 0; w < workers[i]; w++) {
+                            int n = 0;
+                            for (int j = 0; j < U; j++)
+                                n += st_assignment_holds(&a, w, layer * U + j);
+                            lo = n < lo ? n : lo;
+                            hi = n > hi ? n : hi;
+                        }
+                        cr_assert_leq(hi - lo, 1, "layer %d: loads %d..%d", layer, lo, hi);
+                        cr_assert_geq(lo, U * k / workers[i], "layer %d: floor(U k / N)", layer);
+                    }
+                    st_assignment_free(&a);
+                }
+}
+
 Test(subnet, holders_per_unit_follows_the_coverage)
 {
     cr_assert_eq(st_subnet_holders_per_unit(4, 0.5), 2);

@@ -41,6 +41,13 @@ typedef struct st_assignment {
  * 1 <= k <= n_workers, n_units >= 1. */
 st_status st_assignment_make(int n_workers, int n_units, int k, uint64_t seed, uint64_t round,
                              st_assignment *out);
+/* The same for units in layers (neuron groups of every neuron layer):
+ * unit l x units_per_layer + j is group j of layer l.  Within every layer,
+ * too, each unit has exactly k holders and workers' counts differ by at
+ * most one — so every layer of a worker's subnetwork keeps
+ * floor(units_per_layer k / n_workers) units or one more. */
+st_status st_assignment_make_layered(int n_workers, int n_layers, int units_per_layer, int k,
+                                     uint64_t seed, uint64_t round, st_assignment *out);
 void st_assignment_free(st_assignment *a);
 
 static inline int st_assignment_holds(const st_assignment *a, int worker, int unit)

@@ -9,6 +9,10 @@
  * workers; because the dealing is cyclic, the workers' counts differ by at
  * most one.  Shuffling the units first makes which unit lands with whom
  * random, and the worker permutation makes who gets the extra unit random.
+ *
+ * Layered units (neurons of several layers) are shuffled within their layer
+ * only, so each layer's slots are one consecutive stretch of the dealing:
+ * per-layer counts then differ by at most one too, as do the totals.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -65,12 +69,21 @@ void st_assignment_free(st_assignment *a)
 st_status st_assignment_make(int n_workers, int n_units, int k, uint64_t seed, uint64_t round,
                              st_assignment *out)
 {
+    return st_assignment_make_layered(n_workers, 1, n_units, k, seed, round, out);
+}
+
+st_status st_assignment_make_layered(int n_workers, int n_layers, int units_per_layer, int k,
+                                     uint64_t seed, uint64_t round, st_assignment *out)
+{
     memset(out, 0, sizeof *out);
-    if (n_workers < 1 || n_units < 1 || k < 1 || k > n_workers)
-        return st_fail(ST_ERR_INVALID, "assignment: %d units, each held by %d of %d workers: "
-                       "need 1 <= k <= workers and at least one unit", n_units, k, n_workers);
+    long n_units = (long)n_layers * (long)units_per_layer;
+    if (n_workers < 1 || n_layers < 1 || units_per_layer < 1 || n_units > (1L << 30) || k < 1 ||
+        k > n_workers)
+        return st_fail(ST_ERR_INVALID, "assignment: %d layers of %d units, each held by %d of %d "
+                       "workers: need 1 <= k <= workers and at least one unit", n_layers,
+                       units_per_layer, k, n_workers);
     out->n_workers = n_workers;
-    out->n_units = n_units;
+    out->n_units = (int)n_units;
     out->k = k;
     out->held = calloc((size_t)n_workers * (size_t)n_units, 1);
     out->count = calloc((size_t)n_workers, sizeof *out->count);
@@ -80,20 +93,24 @@ st_status st_assignment_make(int n_workers, int n_units, int k, uint64_t seed, u
         free(units);
         free(workers);
         st_assignment_free(out);
-        return st_fail(ST_ERR_NOMEM, "out of memory assigning %d units to %d workers",
+        return st_fail(ST_ERR_NOMEM, "out of memory assigning %ld units to %d workers",
                        n_units, n_workers);
     }
     st_rng root = st_rng_seed(seed);
     st_rng space = st_rng_split(&root, ASSIGN_STREAM);
     st_rng r = st_rng_split(&space, round);
-    for (int u = 0; u < n_units; u++)
+    for (long u = 0; u < n_units; u++)
         units[u] = (uint32_t)u;
     for (int w = 0; w < n_workers; w++)
         workers[w] = (uint32_t)w;
-    st_rng_shuffle_u32(&r, units, (size_t)n_units);
+    /* units shuffled within their layer only: a layer's slots stay one
+     * consecutive stretch of the cyclic dealing */
+    for (int l = 0; l < n_layers; l++)
+        st_rng_shuffle_u32(&r, units + (size_t)l * (size_t)units_per_layer,
+                           (size_t)units_per_layer);
     st_rng_shuffle_u32(&r, workers, (size_t)n_workers);
     size_t slot = 0;
-    for (int i = 0; i < n_units; i++)
+    for (long i = 0; i < n_units; i++)
         for (int j = 0; j < k; j++, slot++) {
             int w = (int)workers[slot % (size_t)n_workers];
             out->held[(size_t)w * (size_t)n_units + units[i]] = 1;
