@@ -52,6 +52,12 @@ typedef struct st_comm_config {
      * buffers: backward masking pairs a reduce-only engine (gradient
      * holders) with a gather-only one (parameter holders). */
     int roles;
+    /* 1: an element may be held by nobody (a hidden-to-hidden weight whose
+     * two neurons no worker holds together, in neuron subnetworks of mlp).
+     * The reduce-scatter never writes it (its shard gradient stays 0 from
+     * attach on), the all-gather never reads it, its master is not
+     * initialised: the caller does that.  0: such an element is an error. */
+    int allow_unheld;
 } st_comm_config;
 
 #define ST_COMM_REDUCE 1

@@ -100,6 +100,12 @@ void st_model_destroy(st_model *m);
  * so the result depends on the seed only. */
 void st_model_init_params(st_model *m, uint64_t seed);
 
+/* The initial values (st_model_init_params with this seed) of elements
+ * [begin, end) of the full model of cfg, without building it: for a shard
+ * owner whose elements no subnetwork holds at the start. */
+st_status st_model_init_full_range(const st_model_config *cfg, uint64_t seed, size_t begin,
+                                   size_t end, float *out);
+
 const st_model_config *st_model_get_config(const st_model *m);
 int st_model_batch(const st_model *m);
 float *st_model_input(st_model *m);       /* (batch, in_dim): fill before a pass */

@@ -32,7 +32,10 @@ typedef struct st_train_config {
     st_strategy strategy;     /* dp: every worker trains the full model;
                                * sdp: each worker trains its subnetwork;
                                * ist: disjoint subnetworks, local steps */
-    st_subnet_kind subnet;    /* sdp: units (block) */
+    st_subnet_kind subnet;    /* sdp: units (block or neuron) */
+    int neuron_group;         /* neuron units: neurons per group, aligned so
+                               * compact matrices keep whole SIMD vectors
+                               * (default 16: one AVX-512 register) */
     st_masking masking;       /* sdp: forward */
     double coverage;          /* sdp: fraction of workers holding each unit */
     uint64_t resample;        /* sdp: redraw the masks every R steps; 0: fixed */
@@ -41,8 +44,16 @@ typedef struct st_train_config {
                                * evaluation runs the full model unscaled.
                                * Default on: chosen by measurement (doc/sdp.md) */
     uint64_t local_steps;     /* ist: steps between two synchronisations (R) */
-    int ist_eval_scale;       /* ist: scale each block's branch by 1/N at
-                               * evaluation (ResIST); default on */
+    int ist_eval_scale;       /* ist of resmlp: scale each block's branch by
+                               * 1/N at evaluation (ResIST); default on */
+    int ist_train_scale;      /* ist: scale what reads a 1/N part (mlp: the
+                               * layers after a hidden layer; resmlp: the
+                               * branches) by N in training, like inverted
+                               * dropout.  -1: on for mlp, off for resmlp */
+    int ist_keep_state;       /* ist: the optimizer state of every parameter
+                               * survives rounds, averaged over its holders
+                               * like the parameters; 0 (default): reset
+                               * every round, as ResIST resets momentum */
     uint64_t align_every;     /* sdp: every this many steps, measure each
                                * worker's gradient alignment (0: never) */
     int workers;              /* worker threads; 0: one per physical core */

@@ -16,7 +16,7 @@ enum {
     OPT_EPOCHS, OPT_STEPS, OPT_BATCH, OPT_OPTIMIZER, OPT_LR, OPT_MOMENTUM,
     OPT_WEIGHT_DECAY, OPT_SCHEDULE, OPT_WARMUP, OPT_SEED, OPT_METRICS, OPT_PROGRESS,
     OPT_STRATEGY, OPT_WORKERS, OPT_TOPOLOGY, OPT_CPUSET, OPT_OVERSUBSCRIBE,
-    OPT_SUBNET, OPT_MASKING, OPT_COVERAGE, OPT_RESAMPLE, OPT_BRANCH_SCALE, OPT_REPORT,
+    OPT_TRAIN_SCALE, OPT_OPTIMIZER_STATE, OPT_SUBNET, OPT_MASKING, OPT_NEURON_GROUP, OPT_COVERAGE, OPT_RESAMPLE, OPT_BRANCH_SCALE, OPT_REPORT,
     OPT_LOCAL_STEPS, OPT_EVAL_BRANCH_SCALE,
 };
 
@@ -46,12 +46,15 @@ static const struct option long_options[] = {
     { "oversubscribe", no_argument, NULL, OPT_OVERSUBSCRIBE },
     { "subnet", required_argument, NULL, OPT_SUBNET },
     { "masking", required_argument, NULL, OPT_MASKING },
+    { "neuron-group", required_argument, NULL, OPT_NEURON_GROUP },
     { "coverage", required_argument, NULL, OPT_COVERAGE },
     { "resample", required_argument, NULL, OPT_RESAMPLE },
     { "branch-scale", required_argument, NULL, OPT_BRANCH_SCALE },
     { "report", required_argument, NULL, OPT_REPORT },
     { "local-steps", required_argument, NULL, OPT_LOCAL_STEPS },
     { "eval-branch-scale", required_argument, NULL, OPT_EVAL_BRANCH_SCALE },
+    { "train-scale", required_argument, NULL, OPT_TRAIN_SCALE },
+    { "optimizer-state", required_argument, NULL, OPT_OPTIMIZER_STATE },
     { "quiet", no_argument, NULL, 'q' },
     { "help", no_argument, NULL, 'h' },
     { "version", no_argument, NULL, 'V' },
@@ -71,11 +74,18 @@ void st_cli_print_help(FILE *f)
 "  --strategy dp|sdp|ist  dp: data parallelism, every worker trains the full model\n"
 "                         on its part of each global batch (default); sdp: each\n"
 "                         worker trains its subnetwork, each parameter averaged\n"
-"                         over the workers that hold it; ist: ResIST, disjoint\n"
-"                         block subnetworks trained alone for --local-steps steps\n"
+"                         over the workers that hold it; ist: disjoint neuron (mlp)\n"
+"                         or block (resmlp: ResIST) subnetworks trained alone for\n"
+"                         --local-steps steps, then written back\n"
 "  --local-steps R        ist: steps between synchronisations (default 50)\n"
-"  --eval-branch-scale none|inverse-workers   ist: scale each block's branch by\n"
-"                         1/N at evaluation (default inverse-workers, as ResIST)\n"
+"  --eval-branch-scale none|inverse-workers   ist of resmlp: scale each block's\n"
+"                         branch by 1/N at evaluation (default inverse-workers, as\n"
+"                         ResIST)\n"
+"  --train-scale none|inverse-workers   ist: in training, scale what reads a 1/N\n"
+"                         part by N (default: inverse-workers for mlp, none for\n"
+"                         resmlp)\n"
+"  --optimizer-state reset|keep   ist: reset the optimizer state every round\n"
+"                         (default, as ResIST) or keep it, averaged over holders\n"
 "  --subnet block         sdp units: residual blocks of resmlp (default block)\n"
 "  --masking forward|backward   sdp: run only the held blocks (forward, default),\n"
 "                         or the full model with weight gradients for the held\n"
@@ -268,6 +278,7 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         return 0;
     case OPT_OVERSUBSCRIBE: t->oversubscribe = 1; return 0;
     case OPT_SUBNET: return parse_choice("subnet", arg, parse_subnet, &t->subnet, "block, neuron", err, n);
+    case OPT_NEURON_GROUP: return parse_int("neuron-group", arg, 1, 65536, &t->neuron_group, err, n);
     case OPT_MASKING: return parse_choice("masking", arg, parse_masking, &t->masking, "forward, backward", err, n);
     case OPT_COVERAGE: {
         float cov;
@@ -287,6 +298,18 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         if (parse_u64("local-steps", arg, 1000000000ull, &t->local_steps, err, n))
             return -1;
         return t->local_steps ? 0 : fail(err, n, "--local-steps: expected an integer >= 1, got '%s'", arg);
+    case OPT_TRAIN_SCALE:
+        if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-workers") == 0) {
+            t->ist_train_scale = strcmp(arg, "none") != 0;
+            return 0;
+        }
+        return fail(err, n, "--train-scale: unknown value '%s' (allowed: none, inverse-workers)", arg);
+    case OPT_OPTIMIZER_STATE:
+        if (strcmp(arg, "reset") == 0 || strcmp(arg, "keep") == 0) {
+            t->ist_keep_state = strcmp(arg, "keep") == 0;
+            return 0;
+        }
+        return fail(err, n, "--optimizer-state: unknown value '%s' (allowed: reset, keep)", arg);
     case OPT_EVAL_BRANCH_SCALE:
         if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-workers") == 0) {
             t->ist_eval_scale = strcmp(arg, "none") != 0;

@@ -127,6 +127,7 @@ typedef struct comm_slot {
 
 struct st_comm {
     int roles;                /* ST_COMM_REDUCE | ST_COMM_GATHER */
+    int allow_unheld;         /* elements nobody holds are skipped */
     st_spin_barrier barrier;
     int n_workers, n_domains;
     size_t n_params;
@@ -331,6 +332,7 @@ st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
     memset(c, 0, sizeof *c);
     c->n_workers = n;
     c->roles = cfg->roles ? cfg->roles : ST_COMM_REDUCE | ST_COMM_GATHER;
+    c->allow_unheld = cfg->allow_unheld;
     c->n_params = cfg->n_params;
     c->n_domains = n_domains;
     c->domain_of = malloc((size_t)n * sizeof *c->domain_of);
@@ -519,6 +521,10 @@ static st_status build_shard(st_comm *c, int w)
         prev_n = -1;
         for (size_t i = 0; i + 1 < m; i++) {
             int nh = holders_at(c, cuts[i], cur, now);
+            if (nh == 0 && c->allow_unheld) {  /* nobody's: no segment, never touched */
+                prev_n = -1;
+                continue;
+            }
             if (nh == 0) {  /* check_coverage rules this out */
                 s = st_fail(ST_ERR_INVALID, "element %zu is held by no worker", cuts[i]);
                 break;
@@ -867,8 +873,11 @@ static st_status attach_register(st_comm *c, int w, st_arena *arena, float *grad
     size_t len = c->shard_begin[w + 1] - c->shard_begin[w];
     if (c->roles & ST_COMM_GATHER)
         ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, len, &me->master));
-    if (c->roles & ST_COMM_REDUCE)
+    if (c->roles & ST_COMM_REDUCE) {
         ST_TRY(st_arena_alloc_floats(arena, ST_MEM_GRADIENTS, len, &me->shard_grad));
+        if (c->allow_unheld)   /* what no reduction writes reads as a zero gradient */
+            memset(me->shard_grad, 0, len * sizeof *me->shard_grad);
+    }
     return ST_OK;
 }
 
@@ -902,7 +911,7 @@ st_status st_comm_attach_compact(st_comm *c, int w, st_arena *arena, float *grad
     /* 1: everyone's pointers, ranges and shard buffers are registered */
     if (st_spin_barrier_wait(&c->barrier))
         return another_failed();
-    s = check_coverage(c);
+    s = c->allow_unheld ? ST_OK : check_coverage(c);
     if (s == ST_OK)
         s = build_shard(c, w);
     if (s != ST_OK) {

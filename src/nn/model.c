@@ -346,6 +346,23 @@ static st_status setup_neurons(st_model *m)
 
 /* ------------------------------------------------------------ mlp */
 
+/* fc0 .. fc{L-1}, head: lo[0..L]. */
+static st_status layout_mlp(st_model *m, linear_offsets *lo)
+{
+    const int L = m->cfg.depth;
+    char name[32];
+    st_neuron_sel input, classes;
+    all_of(m->cfg.in_dim, &input);
+    all_of(m->cfg.n_classes, &classes);
+    for (int i = 0; i <= L; i++) {
+        snprintf(name, sizeof name, i == L ? "head" : "fc%d", i);
+        ST_TRY(layout_linear(m, name, i == 0 ? &input : &m->keep[i - 1],
+                             i == L ? &classes : &m->keep[i], 0,
+                             i == L ? NULL : &m->grad_keep[i], &lo[i]));
+    }
+    return ST_OK;
+}
+
 /* Layer i reads the kept neurons of layer i - 1 (the input: all of it) and
  * writes its own kept neurons; with forward masking, the layers after the
  * first read a subset and scale their product by branch_scale. */
@@ -359,17 +376,7 @@ static st_status build_mlp(st_model *m)
         free(lo);
         return st_fail(ST_ERR_NOMEM, "out of memory building the mlp");
     }
-    st_status s = ST_OK;
-    char name[32];
-    st_neuron_sel input, classes;
-    all_of(m->cfg.in_dim, &input);
-    all_of(m->cfg.n_classes, &classes);
-    for (size_t i = 0; i <= L && s == ST_OK; i++) {
-        snprintf(name, sizeof name, i == L ? "head" : "fc%zu", i);
-        s = layout_linear(m, name, i == 0 ? &input : &m->keep[i - 1],
-                          i == L ? &classes : &m->keep[i], 0, i == L ? NULL : &m->grad_keep[i],
-                          &lo[i]);
-    }
+    st_status s = layout_mlp(m, lo);
     if (s == ST_OK)
         s = st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_params, &m->params);
     if (s == ST_OK)
@@ -644,11 +651,9 @@ fail:
     return s;
 }
 
-void st_model_destroy(st_model *m)
+/* What layout_full allocates (and a built model too). */
+static void st_model_destroy_layout(st_model *m)
 {
-    if (!m)
-        return;
-    st_nn_ctx_destroy(&m->ctx);
     free(m->segs);
     free(m->maps);
     free(m->keep);
@@ -660,6 +665,14 @@ void st_model_destroy(st_model *m)
     free(m->run_count);
     free(m->block_ids);
     free(m->grad_blocks);
+}
+
+void st_model_destroy(st_model *m)
+{
+    if (!m)
+        return;
+    st_nn_ctx_destroy(&m->ctx);
+    st_model_destroy_layout(m);
     free(m->dense);
     free(m->blocks);
     free(m);
@@ -678,28 +691,41 @@ static int ends_with(const char *s, const char *suffix)
  * logical (out, in) position — so a subnetwork starts with exactly the
  * values its part has in the full model, whatever it keeps and however a
  * tensor is stored. */
+static int is_norm(const st_param_segment *s, float *value)
+{
+    if (ends_with(s->name, ".gamma") || ends_with(s->name, ".beta")) {
+        *value = ends_with(s->name, ".gamma") ? 1.0f : 0.0f;
+        return 1;
+    }
+    return 0;
+}
+
+/* The initial value of compact element (a, b) of linear segment i, whose
+ * stream is r (the segment's: st_rng_split(init root, map stream)). */
+static float init_value(const st_seg_map *mp, st_rng *r, int64_t a, int64_t b)
+{
+    const float bound = 1.0f / sqrtf((float)mp->fan_in);
+    const uint64_t full_in = (uint64_t)(mp->in_major ? mp->full_rows : mp->full_cols);
+    uint64_t row = (uint64_t)(mp->rows ? mp->rows[a] : a);
+    uint64_t col = (uint64_t)(mp->cols ? mp->cols[b] : b);
+    r->counter = mp->in_major ? col * full_in + row : row * full_in + col;
+    return (2.0f * st_rng_uniform(r) - 1.0f) * bound;
+}
+
 static void init_segment(const st_model *m, int i, const st_rng *init_root)
 {
     const st_param_segment *s = &m->segs[i];
     const st_seg_map *mp = &m->maps[i];
-    float *p = m->params + s->offset;
-    if (ends_with(s->name, ".gamma") || ends_with(s->name, ".beta")) {
-        float v = ends_with(s->name, ".gamma") ? 1.0f : 0.0f;
+    float *p = m->params + s->offset, v;
+    if (is_norm(s, &v)) {
         for (size_t j = 0; j < s->count; j++)
             p[j] = v;
         return;
     }
-    const float bound = 1.0f / sqrtf((float)mp->fan_in);
-    const uint64_t full_in = (uint64_t)(mp->in_major ? mp->full_rows : mp->full_cols);
     st_rng r = st_rng_split(init_root, mp->stream);
-    for (int64_t a = 0; a < mp->n_rows; a++) {
-        uint64_t row = (uint64_t)(mp->rows ? mp->rows[a] : a);
-        for (int64_t b = 0; b < mp->n_cols; b++) {
-            uint64_t col = (uint64_t)(mp->cols ? mp->cols[b] : b);
-            r.counter = mp->in_major ? col * full_in + row : row * full_in + col;
-            *p++ = (2.0f * st_rng_uniform(&r) - 1.0f) * bound;
-        }
-    }
+    for (int64_t a = 0; a < mp->n_rows; a++)
+        for (int64_t b = 0; b < mp->n_cols; b++)
+            *p++ = init_value(mp, &r, a, b);
 }
 
 void st_model_init_params(st_model *m, uint64_t seed)
@@ -708,6 +734,70 @@ void st_model_init_params(st_model *m, uint64_t seed)
     st_rng init_root = st_rng_split(&root, 0x1A17); /* the "init" namespace */
     for (int i = 0; i < m->n_segs; i++)
         init_segment(m, i, &init_root);
+}
+
+/* The full model's layout without its memory, for initial values. */
+static st_status layout_full(st_model *m, const st_model_config *cfg)
+{
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->cfg.full_depth = 0;
+    m->cfg.block_ids = NULL;
+    m->cfg.grad_blocks = NULL;
+    m->cfg.kept_count = NULL;
+    m->cfg.kept_groups = NULL;
+    m->full_depth = cfg->depth;
+    m->layout_grads = 1;
+    m->block_ids = malloc((size_t)cfg->depth * sizeof *m->block_ids);
+    m->grad_blocks = malloc((size_t)cfg->depth);
+    linear_offsets *lo = calloc((size_t)cfg->depth + 1, sizeof *lo);
+    block_offsets *bo = calloc((size_t)cfg->depth, sizeof *bo);
+    st_status s = ST_OK;
+    if (!m->block_ids || !m->grad_blocks || !lo || !bo)
+        s = st_fail(ST_ERR_NOMEM, "out of memory laying out a model");
+    for (int l = 0; s == ST_OK && l < cfg->depth; l++) {
+        m->block_ids[l] = l;
+        m->grad_blocks[l] = 1;
+    }
+    if (s == ST_OK)
+        s = setup_neurons(m);
+    if (s == ST_OK && cfg->kind == ST_MODEL_MLP)
+        s = layout_mlp(m, lo);
+    else if (s == ST_OK) {
+        norm_offsets lnf;
+        s = layout_resmlp(m, &lo[0], bo, &lnf, &lo[1]);
+    }
+    free(lo);
+    free(bo);
+    return s;
+}
+
+st_status st_model_init_full_range(const st_model_config *cfg, uint64_t seed, size_t begin,
+                                   size_t end, float *out)
+{
+    ST_TRY(st_model_config_check(cfg));
+    st_model m;
+    st_status s = layout_full(&m, cfg);
+    st_rng root = st_rng_seed(seed);
+    st_rng init_root = st_rng_split(&root, 0x1A17); /* as st_model_init_params */
+    for (int i = 0; s == ST_OK && i < m.n_segs; i++) {
+        const st_param_segment *g = &m.segs[i];
+        const st_seg_map *mp = &m.maps[i];
+        size_t lo = g->offset > begin ? g->offset : begin;
+        size_t hi = g->offset + g->count < end ? g->offset + g->count : end;
+        if (lo >= hi)
+            continue;
+        float v;
+        int norm = is_norm(g, &v);
+        st_rng r = st_rng_split(&init_root, mp->stream);
+        for (size_t j = lo; j < hi; j++) {
+            size_t k = j - g->offset;
+            out[j - begin] = norm ? v : init_value(mp, &r, (int64_t)(k / (size_t)mp->n_cols),
+                                                   (int64_t)(k % (size_t)mp->n_cols));
+        }
+    }
+    st_model_destroy_layout(&m);
+    return s;
 }
 
 const st_model_config *st_model_get_config(const st_model *m) { return &m->cfg; }

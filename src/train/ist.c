@@ -28,37 +28,21 @@ st_status st_ist_check_config(const st_train_config *c)
 {
     if (c->strategy != ST_STRATEGY_IST)
         return ST_OK;
-    if (c->model.kind != ST_MODEL_RESMLP)
-        return st_fail(ST_ERR_INVALID, "ist of --model %s needs neuron-level subnetworks, "
-                       "which are not implemented yet; --model resmlp (ResIST) is",
-                       st_model_kind_name(c->model.kind));
     if (c->local_steps < 1)
         return st_fail(ST_ERR_INVALID, "--local-steps must be >= 1");
     return ST_OK;
 }
 
-/* Worker w's subnetwork in the current partition: the blocks it holds. */
-static st_train_config round_config(const run_shared *r, int wid, int *ids)
-{
-    const st_assignment *a = &r->assign;
-    int n = 0;
-    for (int u = 0; u < a->n_units; u++)
-        if (st_assignment_holds(a, wid, u))
-            ids[n++] = u;
-    st_train_config mine = *r->cfg;
-    mine.model.depth = n;
-    mine.model.full_depth = r->cfg->model.depth;
-    mine.model.block_ids = ids;
-    return mine;
-}
-
 /* The engine reads the parameters as if they were gradients. */
 static st_status attach_params(run_shared *r, int wid, st_worker *w)
 {
-    int cap = st_model_get_config(w->model)->depth + 3;
-    st_range ranges[cap];
-    size_t local[cap];
-    int n = st_model_full_ranges(w->model, ranges, local, cap);
+    int n = st_model_full_ranges(w->model, NULL, NULL, 0);
+    void *pr, *pl;
+    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)n * sizeof(st_range), &pr));
+    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)n * sizeof(size_t), &pl));
+    st_range *ranges = pr;
+    size_t *local = pl;
+    st_model_full_ranges(w->model, ranges, local, n);
     float *p = st_model_params(w->model);
     return st_comm_attach_compact(r->comm, wid, &w->arena, p, p, ranges, local, n);
 }
@@ -66,14 +50,16 @@ static st_status attach_params(run_shared *r, int wid, st_worker *w)
 /* The subnetwork of the current partition, its fresh optimizer, attached. */
 static st_status build_round(run_shared *r, int wid, st_worker *w, int rebuild)
 {
-    int ids[r->cfg->model.depth];
-    st_train_config mine = round_config(r, wid, ids);
-    if (rebuild) {
-        ST_TRY(st_worker_rebuild_model(w, &mine));
-        st_run_load_saved_masters(r, w);
-    } else {
-        ST_TRY(st_worker_build_model(w, &mine));
-    }
+    st_train_config mine;
+    int *buf;
+    int scale = r->cfg->ist_train_scale < 0 ? r->cfg->model.kind == ST_MODEL_MLP
+                                            : r->cfg->ist_train_scale;
+    ST_TRY(st_run_subnet_config(r, wid, scale, &mine, &buf));
+    st_status s = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
+    free(buf);
+    ST_TRY(s);
+    if (rebuild)
+        ST_TRY(st_run_load_saved(r, w, st_model_params(w->model), 0));
     ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, st_model_param_count(w->model)));
     r->slots[wid].round_step = 0;
     return attach_params(r, wid, w);
@@ -86,6 +72,10 @@ st_status st_ist_init_worker(run_shared *r, int wid, st_worker *w,
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
                                  &r->slots[wid].saved_master));
+    /* what no subnetwork of the first round holds (mlp: off-diagonal
+     * blocks) starts, and stays until someone holds it, at its initial value */
+    ST_TRY(st_model_init_full_range(&r->cfg->model, r->cfg->seed, shard.begin, shard.end,
+                                    r->slots[wid].saved_master));
     return build_round(r, wid, w, 0);
 }
 
@@ -113,16 +103,17 @@ st_status st_ist_round_end(run_shared *r, st_worker *w, uint64_t round)
     const int wid = w->id;
     worker_slot *slot = &r->slots[wid];
     double t = st_run_now_s();
-    ST_TRY(st_comm_reduce_scatter(r->comm, wid)); /* waits for every worker */
     st_range shard = st_comm_shard(r->comm, wid);
+    /* the reduction writes what someone held; the rest keeps its value */
+    memcpy(st_comm_shard_grads(r->comm, wid), slot->saved_master,
+           (shard.end - shard.begin) * sizeof(float));
+    ST_TRY(st_comm_reduce_scatter(r->comm, wid)); /* waits for every worker */
     memcpy(slot->saved_master, st_comm_shard_grads(r->comm, wid),
            (shard.end - shard.begin) * sizeof(float));
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every saved master written, engine idle */
     if (wid == 0) {
         st_comm_reset(r->comm);
-        st_assignment_free(&r->assign);
-        ST_TRY(st_assignment_make(r->n, r->cfg->model.depth, 1, r->cfg->seed, round,
-                                  &r->assign));
+        ST_TRY(st_run_draw_assignment(r, round));
     }
     ST_TRY(st_comm_barrier(r->comm, wid)); /* the new partition is there */
     st_status s = build_round(r, wid, w, 1);

@@ -45,6 +45,8 @@ typedef struct worker_slot {
     /* Where worker 0 finds this worker's gradient for the alignment report:
      * its vector and which full-layout ranges it holds (from its arena). */
     const float *grads;
+    float *saved_state[2];            /* ist keeping optimizer state: its
+                                       * shard of the state vectors */
     float *saved_master;              /* sdp rounds: its master shard, kept
                                        * across a rebuild (outside the model's
                                        * part of the arena) */
@@ -110,8 +112,26 @@ st_status st_run_attach_worker(run_shared *r, int wid, st_worker *w);
 /* ------------------------------------------------------------ sdp.c */
 
 /* A rebuilt subnetwork gets the current values of what it holds from the
- * owners' saved master shards. */
-void st_run_load_saved_masters(run_shared *r, st_worker *w);
+ * owners' saved shards: into dst (w's compact vector), from every worker's
+ * saved_master (which 0) or saved_state[which - 1]. */
+st_status st_run_load_saved(const run_shared *r, st_worker *w, float *dst, int which);
+
+/* Units: neuron groups of every layer (--subnet neuron; ist of mlp), or
+ * resmlp blocks. */
+int st_run_neuron_units(const st_train_config *c);
+/* Whether some element may be held by nobody (neuron units of mlp with
+ * forward masking or ist): the engines are told, and masters of such
+ * elements are initialised by the strategy. */
+int st_run_unheld_possible(const st_train_config *c);
+/* Refuses an assignment that would leave a worker without a block, or
+ * without a neuron in some layer. */
+st_status st_run_check_units(const run_shared *r);
+/* r->assign <- the assignment of `round` (k = r->assign_k holders). */
+st_status st_run_draw_assignment(run_shared *r, uint64_t round);
+/* Worker wid's model config in the current assignment; *buf holds its
+ * lists until the model is built (the caller frees it). */
+st_status st_run_subnet_config(const run_shared *r, int wid, int train_scale,
+                               st_train_config *mine, int **buf);
 
 /* The SDP options that exist so far, with messages for the rest. */
 st_status st_sdp_check_config(const st_train_config *c);

@@ -30,12 +30,12 @@ st_status st_sdp_check_config(const st_train_config *c)
     }
     if (!(c->coverage > 0.0 && c->coverage <= 1.0))
         return st_fail(ST_ERR_INVALID, "coverage must be in (0, 1], got %g", c->coverage);
-    if (c->model.kind != ST_MODEL_RESMLP)
-        return st_fail(ST_ERR_INVALID, "sdp trains subnetworks of resmlp blocks; --model %s has none",
-                       st_model_kind_name(c->model.kind));
-    if (c->subnet != ST_SUBNET_BLOCK)
-        return st_fail(ST_ERR_INVALID, "--subnet %s is not implemented yet (block is)",
-                       st_subnet_kind_name(c->subnet));
+    if (c->subnet != ST_SUBNET_BLOCK && c->subnet != ST_SUBNET_NEURON)
+        return st_fail(ST_ERR_INVALID, "unknown subnetwork unit %d (allowed: block, neuron)",
+                       (int)c->subnet);
+    if (c->subnet == ST_SUBNET_BLOCK && c->model.kind != ST_MODEL_RESMLP)
+        return st_fail(ST_ERR_INVALID, "--subnet block trains subnetworks of resmlp blocks; "
+                       "--model %s has none (use --subnet neuron)", st_model_kind_name(c->model.kind));
     if (c->masking != ST_MASKING_FORWARD && c->masking != ST_MASKING_BACKWARD)
         return st_fail(ST_ERR_INVALID, "unknown masking %d (allowed: forward, backward)",
                        (int)c->masking);
@@ -128,52 +128,154 @@ st_status st_sdp_evaluate_full(run_shared *r, st_worker *w, double *loss, double
     return st_run_sync(r, w->id);
 }
 
-/* Binds, builds, attaches, trains: everything worker w does, on its own
- * thread. */
-/* Worker w's subnetwork in the current assignment: the blocks it holds
- * (ids must hold the full depth), branches scaled by 1 / coverage when
- * asked. */
-static st_train_config subnet_config(const run_shared *r, int wid, int *ids, uint8_t *keep)
+/* Neuron units: layer l's groups are units l x groups + j. */
+static int units_per_layer(const run_shared *r)
+{
+    st_model_config m = r->cfg->model;
+    m.neuron_group = r->cfg->neuron_group;
+    return st_model_neuron_groups(&m);
+}
+
+int st_run_neuron_units(const st_train_config *c)
+{
+    return c->subnet == ST_SUBNET_NEURON ||
+           (c->strategy == ST_STRATEGY_IST && c->model.kind == ST_MODEL_MLP);
+}
+
+int st_run_unheld_possible(const st_train_config *c)
+{
+    return st_run_neuron_units(c) && c->model.kind == ST_MODEL_MLP &&
+           !(c->strategy == ST_STRATEGY_SDP && c->masking == ST_MASKING_BACKWARD);
+}
+
+st_status st_run_check_units(const run_shared *r)
+{
+    const st_train_config *c = r->cfg;
+    const int k = r->assign_k, L = c->model.depth;
+    if (!st_run_neuron_units(c)) {
+        if ((long)L * k < r->n)
+            return st_fail(ST_ERR_INVALID, "%d blocks, each held by %d worker(s), leave some of "
+                           "the %d workers without a block (need blocks x holders >= workers)",
+                           L, k, r->n);
+        return ST_OK;
+    }
+    const int U = units_per_layer(r);
+    if ((long)U * k < r->n)
+        return st_fail(ST_ERR_INVALID, "a neuron layer has %d groups of %d; each held by %d "
+                       "worker(s), they leave some of the %d workers without a neuron in a layer "
+                       "(need groups x holders >= workers: use a smaller --neuron-group)",
+                       U, c->neuron_group, k, r->n);
+    return ST_OK;
+}
+
+st_status st_run_draw_assignment(run_shared *r, uint64_t round)
+{
+    st_assignment_free(&r->assign);
+    if (st_run_neuron_units(r->cfg))
+        return st_assignment_make_layered(r->n, r->cfg->model.depth, units_per_layer(r),
+                                          r->assign_k, r->cfg->seed, round, &r->assign);
+    return st_assignment_make(r->n, r->cfg->model.depth, r->assign_k, r->cfg->seed, round,
+                              &r->assign);
+}
+
+/* Worker w's subnetwork in the current assignment.  Blocks: the blocks it
+ * holds (forward masking), or the full model with gradients for them
+ * (backward).  Neurons: the groups it holds in every layer, as a compact
+ * model or as gradient rows.  Forward masking scales branches by the
+ * inverse coverage when asked (train_scale).  *buf (freed by the caller
+ * once the model is built) holds the lists the config points to. */
+st_status st_run_subnet_config(const run_shared *r, int wid, int train_scale,
+                               st_train_config *mine, int **buf)
 {
     const st_assignment *a = &r->assign;
-    st_train_config mine = *r->cfg;
-    if (r->cfg->masking == ST_MASKING_BACKWARD) {
+    const int L = r->cfg->model.depth;
+    *mine = *r->cfg;
+    *buf = malloc(((size_t)L + (size_t)a->n_units) * sizeof **buf);
+    if (!*buf)
+        return st_fail(ST_ERR_NOMEM, "out of memory describing a subnetwork");
+    const int backward = r->cfg->strategy == ST_STRATEGY_SDP &&
+                         r->cfg->masking == ST_MASKING_BACKWARD;
+    if (!backward && train_scale)
+        mine->model.branch_scale = (float)r->n / (float)a->k;
+    if (st_run_neuron_units(r->cfg)) {
+        const int U = a->n_units / L;
+        int *count = *buf, *groups = *buf + L, n = 0;
+        for (int l = 0; l < L; l++) {
+            count[l] = 0;
+            for (int j = 0; j < U; j++)
+                if (st_assignment_holds(a, wid, l * U + j)) {
+                    groups[n++] = j;
+                    count[l]++;
+                }
+        }
+        mine->model.neuron_group = r->cfg->neuron_group;
+        mine->model.kept_count = count;
+        mine->model.kept_groups = groups;
+        mine->model.neuron_grads_only = backward;
+        return ST_OK;
+    }
+    if (backward) {
         /* the whole model; weight gradients for the held blocks only */
+        uint8_t *keep = (uint8_t *)*buf;
         for (int u = 0; u < a->n_units; u++)
             keep[u] = (uint8_t)st_assignment_holds(a, wid, u);
-        mine.model.grad_blocks = keep;
-        return mine;
+        mine->model.grad_blocks = keep;
+        return ST_OK;
     }
-    int n = 0;
+    int *ids = *buf, n = 0;
     for (int u = 0; u < a->n_units; u++)
         if (st_assignment_holds(a, wid, u))
             ids[n++] = u;
-    if (r->cfg->scale_branches)
-        mine.model.branch_scale = (float)r->n / (float)a->k;
-    mine.model.depth = n;
-    mine.model.full_depth = r->cfg->model.depth;
-    mine.model.block_ids = ids;
-    return mine;
+    mine->model.depth = n;
+    mine->model.full_depth = L;
+    mine->model.block_ids = ids;
+    return ST_OK;
+}
+
+/* Builds (or rebuilds) w's subnetwork of the current assignment. */
+static st_status build_subnet(run_shared *r, st_worker *w, int rebuild)
+{
+    st_train_config mine;
+    int *buf;
+    ST_TRY(st_run_subnet_config(r, w->id, r->cfg->scale_branches, &mine, &buf));
+    st_status s = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
+    free(buf);
+    return s;
 }
 
 /* A new subnetwork gets the current values of what it holds: the owners'
  * master shards, saved before the rebuild. */
-void st_run_load_saved_masters(run_shared *r, st_worker *w)
+st_status st_run_load_saved(const run_shared *r, st_worker *w, float *dst, int which)
 {
-    int cap = st_model_get_config(w->model)->depth + 3;
-    st_range ranges[cap];
-    size_t local[cap];
-    int n = st_model_full_ranges(w->model, ranges, local, cap);
-    float *p = st_model_params(w->model);
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < r->n; k++) {
+    int n = st_model_full_ranges(w->model, NULL, NULL, 0);
+    st_range *ranges = malloc((size_t)n * sizeof *ranges);
+    size_t *local = malloc((size_t)n * sizeof *local);
+    if (!ranges || !local) {
+        free(ranges);
+        free(local);
+        return st_fail(ST_ERR_NOMEM, "out of memory loading a subnetwork");
+    }
+    st_model_full_ranges(w->model, ranges, local, n);
+    /* both sorted: walk the shards along the ranges */
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        size_t pos = ranges[i].begin;
+        while (pos < ranges[i].end) {
             st_range sh = st_comm_shard(r->comm, k);
-            size_t lo = ranges[i].begin > sh.begin ? ranges[i].begin : sh.begin;
+            if (sh.end <= pos) {
+                k++;
+                continue;
+            }
             size_t hi = ranges[i].end < sh.end ? ranges[i].end : sh.end;
-            if (lo < hi)
-                memcpy(p + local[i] + (lo - ranges[i].begin),
-                       r->slots[k].saved_master + (lo - sh.begin), (hi - lo) * sizeof *p);
+            const float *src = which == 0 ? r->slots[k].saved_master : r->slots[k].saved_state[which - 1];
+            memcpy(dst + local[i] + (pos - ranges[i].begin), src + (pos - sh.begin),
+                   (hi - pos) * sizeof *dst);
+            pos = hi;
         }
+    }
+    free(ranges);
+    free(local);
+    return ST_OK;
 }
 
 /* A subnetwork worker: state that outlives rounds first (order, optimizer
@@ -187,11 +289,13 @@ st_status st_sdp_init_worker(run_shared *r, int wid, st_worker *w,
     if (r->cfg->resample)
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
                                      &r->slots[wid].saved_master));
-    int ids[r->cfg->model.depth];
-    uint8_t keep[r->cfg->model.depth];
-    st_train_config mine = subnet_config(r, wid, ids, keep);
-    ST_TRY(st_worker_build_model(w, &mine));
-    return st_run_attach_worker(r, wid, w);
+    ST_TRY(build_subnet(r, w, 0));
+    ST_TRY(st_run_attach_worker(r, wid, w));
+    /* weights no subnetwork holds yet have their initial values too */
+    if (st_run_unheld_possible(r->cfg))
+        ST_TRY(st_model_init_full_range(&r->cfg->model, r->cfg->seed, shard.begin, shard.end,
+                                        st_comm_shard_params(st_run_masters(r), wid)));
+    return ST_OK;
 }
 
 /* Round `round` of subnetworks (--resample): every worker saves its master
@@ -210,15 +314,16 @@ st_status st_sdp_new_round(run_shared *r, st_worker *w, uint64_t round)
         st_comm_reset(r->comm);
         if (r->params_comm)
             st_comm_reset(r->params_comm);
-        st_assignment_free(&r->assign);
-        ST_TRY(st_assignment_make(r->n, r->cfg->model.depth, r->assign_k, r->cfg->seed, round,
-                                  &r->assign));
+        ST_TRY(st_run_draw_assignment(r, round));
     }
     ST_TRY(st_comm_barrier(r->comm, wid)); /* the new assignment is there */
-    int ids[r->cfg->model.depth];
-    uint8_t keep[r->cfg->model.depth];
-    st_train_config mine = subnet_config(r, wid, ids, keep);
-    ST_TRY(st_worker_rebuild_model(w, &mine));
-    st_run_load_saved_masters(r, w);
-    return st_run_attach_worker(r, wid, w);
+    ST_TRY(build_subnet(r, w, 1));
+    ST_TRY(st_run_load_saved(r, w, st_model_params(w->model), 0));
+    ST_TRY(st_run_attach_worker(r, wid, w));
+    /* the engine initialised the held elements (the same values): the
+     * others, nobody's in this round, keep theirs */
+    if (st_run_unheld_possible(r->cfg))
+        memcpy(st_comm_shard_params(st_run_masters(r), wid), r->slots[wid].saved_master,
+               (shard.end - shard.begin) * sizeof(float));
+    return ST_OK;
 }

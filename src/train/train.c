@@ -72,6 +72,8 @@ st_train_config st_train_config_default(void)
         .scale_branches = 1,
         .local_steps = 50,
         .ist_eval_scale = 1,
+        .ist_train_scale = -1,
+        .neuron_group = 16,
         .workers = 1,
         .model = st_model_config_default(),
         .optim = st_optim_config_default(),
@@ -93,6 +95,9 @@ st_status st_train_config_check(const st_train_config *c)
         c->strategy != ST_STRATEGY_IST)
         return st_fail(ST_ERR_INVALID, "unknown strategy %d (allowed: dp, sdp, ist)",
                        (int)c->strategy);
+    if (c->neuron_group < 1 || c->neuron_group > 65536)
+        return st_fail(ST_ERR_INVALID, "--neuron-group must be in [1, 65536], got %d",
+                       c->neuron_group);
     ST_TRY(st_sdp_check_config(c));
     ST_TRY(st_ist_check_config(c));
     if (c->workers < 0 || c->workers > 4096)
@@ -407,7 +412,8 @@ static void report_warnings(run_shared *r)
  * carries the masters and the all-gather. */
 st_status st_run_attach_worker(run_shared *r, int wid, st_worker *w)
 {
-    int cap = st_model_get_config(w->model)->depth + 3;
+    int cap = r->params_comm ? st_model_full_grad_ranges(w->model, NULL, NULL, 0)
+                             : st_model_full_ranges(w->model, NULL, NULL, 0);
     void *pr, *pl;
     ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)cap * sizeof(st_range), &pr));
     ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)cap * sizeof(size_t), &pl));
@@ -506,13 +512,10 @@ static st_status prepare(run_shared *r)
     r->n = r->placement.n_workers;
     ST_TRY(make_plan(cfg, r->n, r->train, &r->plan));
     if (cfg->strategy == ST_STRATEGY_SDP || cfg->strategy == ST_STRATEGY_IST) {
-        int k = cfg->strategy == ST_STRATEGY_IST ? 1 : st_subnet_holders_per_unit(r->n, cfg->coverage);
-        if ((long)cfg->model.depth * k < r->n)
-            return st_fail(ST_ERR_INVALID, "coverage %g of %d blocks over %d workers leaves some "
-                           "worker without a block (%d blocks x %d holders < %d workers)",
-                           cfg->coverage, cfg->model.depth, r->n, cfg->model.depth, k, r->n);
-        r->assign_k = k;
-        ST_TRY(st_assignment_make(r->n, cfg->model.depth, k, cfg->seed, 0, &r->assign));
+        r->assign_k = cfg->strategy == ST_STRATEGY_IST
+                    ? 1 : st_subnet_holders_per_unit(r->n, cfg->coverage);
+        ST_TRY(st_run_check_units(r));
+        ST_TRY(st_run_draw_assignment(r, 0));
     }
     r->slots = aligned_alloc(64, sizeof(worker_slot) * (size_t)r->n);
     r->memory = calloc((size_t)r->n, sizeof *r->memory);
@@ -525,7 +528,8 @@ static st_status prepare(run_shared *r)
             return st_fail(ST_ERR_NOMEM, "out of memory for the reduction plan");
         for (int k = 0; k < r->n; k++)
             domain_of[k] = r->placement.workers[k].domain;
-        st_comm_config cc = { r->n, st_model_config_param_count(&cfg->model), domain_of, 0 };
+        st_comm_config cc = { r->n, st_model_config_param_count(&cfg->model), domain_of, 0,
+                              st_run_unheld_possible(cfg) };
         int two = cfg->strategy == ST_STRATEGY_SDP && cfg->masking == ST_MASKING_BACKWARD;
         if (two || cfg->strategy == ST_STRATEGY_IST)
             cc.roles = ST_COMM_REDUCE; /* ist: a once-a-round parameter average */
