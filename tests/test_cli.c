@@ -95,13 +95,16 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--workers many", "--workers");
     expect_usage_error("--strategy pp", "allowed: dp, sdp, ist");
     expect_usage_error("--strategy ist --local-steps 0", "--local-steps");
-    expect_usage_error("--strategy ist --model mlp", "not implemented yet");
+    expect_usage_error("--strategy ist --optimizer-state forget", "allowed: reset, keep");
+    expect_usage_error("--strategy ist --train-scale double", "allowed: none, inverse-workers");
+    expect_usage_error("--optimizer-state keep", "--strategy ist");
     expect_usage_error("--strategy ist --eval-branch-scale half", "allowed: none, inverse-workers");
     expect_usage_error("--strategy sdp --coverage 0", "--coverage");
     expect_usage_error("--strategy sdp --coverage 1.5", "--coverage");
     expect_usage_error("--strategy sdp --masking sideways", "allowed: forward, backward");
     expect_usage_error("--strategy sdp --masking backward --report align", "align");
-    expect_usage_error("--strategy sdp --subnet neuron", "not implemented yet");
+    expect_usage_error("--strategy sdp --subnet atom", "allowed: block, neuron");
+    expect_usage_error("--strategy sdp --subnet neuron --neuron-group 0", "--neuron-group");
     expect_usage_error("--strategy sdp --model mlp", "resmlp");
     expect_usage_error("--strategy sdp --branch-scale half", "allowed: none, inverse-coverage");
     expect_usage_error("--report speed", "allowed: memory, align, align=N");

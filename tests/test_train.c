@@ -589,7 +589,7 @@ Test(sdp, unimplemented_variants_and_bad_coverage_are_refused)
     c.align_every = 5;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID, "nothing to align");
     c = sdp_config(2, 0.5, 10);
-    c.subnet = ST_SUBNET_NEURON;
+    c.neuron_group = 0;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
     c = sdp_config(2, 0.5, 10);
     c.coverage = 0.0;
@@ -762,12 +762,162 @@ Test(ist, two_workers_learn_reproducibly_with_less_communication, .timeout = 120
     st_dataset_free(&test);
 }
 
-Test(ist, unimplemented_variants_are_refused)
+Test(ist, bad_options_are_refused)
 {
-    st_train_config c = ist_config(2, 10, 10);
-    c.model.kind = ST_MODEL_MLP;
+    st_train_config c = ist_config(2, 0, 10);
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
-    cr_assert(strstr(st_last_error(), "not implemented yet"), "%s", st_last_error());
-    c = ist_config(2, 0, 10);
-    cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
+    c = dp_config(2, 16, 10);
+    c.ist_keep_state = 1;
+    cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID, "keep is an ist option");
+}
+
+/* ------------------------------------------------------------ neuron units */
+
+static st_train_config neuron_sdp_config(st_model_kind kind, int workers, double coverage,
+                                         uint64_t steps)
+{
+    st_train_config c = sdp_config(workers, coverage, steps);
+    c.subnet = ST_SUBNET_NEURON;
+    c.neuron_group = 4;
+    c.model.kind = kind;
+    c.model.depth = 2;
+    return c;
+}
+
+/* Coverage 1 with neuron units: every worker's compact model keeps every
+ * group, so it is the full model (same values, products, order): data
+ * parallelism to the bit, with forward and with backward masking. */
+static void assert_neuron_full_coverage_is_dp(st_model_kind kind, st_masking masking)
+{
+    st_train_config cs = neuron_sdp_config(kind, 2, 1.0, 30), cd = cs;
+    cs.masking = masking;
+    cd.strategy = ST_STRATEGY_DP;
+    st_epoch_record fd, fs;
+    assert_bitwise_same_run(&cd, &cs, &fd, &fs);
+}
+
+Test(sdp_neuron, forward_full_coverage_is_bitwise_dp_resmlp, .timeout = 120)
+{
+    assert_neuron_full_coverage_is_dp(ST_MODEL_RESMLP, ST_MASKING_FORWARD);
+}
+
+Test(sdp_neuron, forward_full_coverage_is_bitwise_dp_mlp, .timeout = 120)
+{
+    assert_neuron_full_coverage_is_dp(ST_MODEL_MLP, ST_MASKING_FORWARD);
+}
+
+Test(sdp_neuron, backward_full_coverage_is_bitwise_dp_resmlp, .timeout = 120)
+{
+    assert_neuron_full_coverage_is_dp(ST_MODEL_RESMLP, ST_MASKING_BACKWARD);
+}
+
+/* Half coverage over 4 workers: every group held by 2; the run learns
+ * with less weight and activation memory per worker than data
+ * parallelism, and is reproducible; redrawn masks too. */
+Test(sdp_neuron, half_coverage_learns_with_less_memory, .timeout = 120)
+{
+    st_dataset train, test;
+    make_data(11, &train, &test);
+    recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *d = calloc(1, sizeof *d);
+    st_train_config cs = neuron_sdp_config(ST_MODEL_RESMLP, 4, 0.5, 512), cd = cs;
+    cd.strategy = ST_STRATEGY_DP;
+    cs.resample = 100;
+    st_epoch_record fa = train_recorded(&cs, &train, &test, a);
+    st_epoch_record fb = train_recorded(&cs, &train, &test, b);
+    st_epoch_record fd = train_recorded(&cd, &train, &test, d);
+    cr_log_info("4 workers, 512 steps: dp test_acc %.4f peak %zu B; sdp neuron C=0.5 test_acc "
+                "%.4f peak %zu B", fd.test_acc, fd.memory.peak_total, fa.test_acc,
+                fa.memory.peak_total);
+    cr_assert_eq(memcmp(a->losses, b->losses, a->steps * sizeof(float)), 0);
+    cr_assert_eq(fa.test_acc, fb.test_acc);
+    cr_assert_geq(fa.test_acc, SYNTH_MIN_ACCURACY, "sdp neuron reached only %.4f", fa.test_acc);
+    cr_assert_lt(fa.memory.peak[ST_MEM_WEIGHTS], fd.memory.peak[ST_MEM_WEIGHTS]);
+    cr_assert_lt(fa.memory.peak[ST_MEM_ACTIVATIONS], fd.memory.peak[ST_MEM_ACTIVATIONS]);
+    free(a);
+    free(b);
+    free(d);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+Test(sdp_neuron, too_few_groups_for_the_workers_is_refused)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    st_train_config c = neuron_sdp_config(ST_MODEL_RESMLP, 4, 0.25, 10);
+    c.neuron_group = 1024;   /* one group per layer, one holder: 3 workers without */
+    st_epoch_record f;
+    cr_assert_eq(st_train_run(&c, &train, &test, NULL, &f), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "--neuron-group"), "%s", st_last_error());
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+/* IST of mlp with one worker: it holds every neuron, rounds copy its own
+ * parameters back, scaling by N = 1 is none: plain SGD to the bit. */
+Test(ist_neuron, one_worker_mlp_is_bitwise_sgd, .timeout = 120)
+{
+    st_train_config ci = ist_config(1, 7, 300), cs = ci;
+    ci.model.kind = cs.model.kind = ST_MODEL_MLP;
+    ci.model.depth = cs.model.depth = 2;
+    ci.neuron_group = cs.neuron_group = 4;
+    ci.optim.kind = cs.optim.kind = ST_OPT_SGD;
+    ci.optim.momentum = cs.optim.momentum = 0.0f;
+    ci.optim.lr = cs.optim.lr = 0.05f;
+    cs.strategy = ST_STRATEGY_DP;
+    st_epoch_record fi, fs;
+    assert_bitwise_same_run(&cs, &ci, &fi, &fs);
+}
+
+/* Kept optimizer state with one worker: the state carries over rounds, so
+ * IST with momentum SGD is momentum SGD to the bit (a reset would differ). */
+Test(ist_neuron, kept_state_with_one_worker_is_bitwise_momentum_sgd, .timeout = 120)
+{
+    st_train_config ci = ist_config(1, 7, 200), cs = ci;
+    ci.model.kind = cs.model.kind = ST_MODEL_MLP;
+    ci.model.depth = cs.model.depth = 2;
+    ci.neuron_group = cs.neuron_group = 4;
+    ci.optim.kind = cs.optim.kind = ST_OPT_SGD;
+    ci.optim.lr = cs.optim.lr = 0.02f;
+    ci.ist_keep_state = 1;
+    cs.strategy = ST_STRATEGY_DP;
+    st_epoch_record fi, fs;
+    assert_bitwise_same_run(&cs, &ci, &fi, &fs);
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    recorder *reset = calloc(1, sizeof *reset), *kept = calloc(1, sizeof *kept);
+    ci.ist_keep_state = 0;
+    train_recorded(&ci, &train, &test, reset);
+    ci.ist_keep_state = 1;
+    train_recorded(&ci, &train, &test, kept);
+    cr_assert_neq(memcmp(reset->losses, kept->losses, kept->steps * sizeof(float)), 0,
+                  "resetting the momentum every round changes the run");
+    free(reset);
+    free(kept);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+/* IST of mlp, 2 workers, disjoint neuron halves: learns, reproducible,
+ * communicates once a round. */
+Test(ist_neuron, two_workers_mlp_learn_reproducibly, .timeout = 120)
+{
+    st_dataset train, test;
+    make_data(11, &train, &test);
+    recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    st_train_config ci = ist_config(2, 10, 768);
+    ci.model.kind = ST_MODEL_MLP;
+    ci.model.depth = 2;
+    ci.neuron_group = 4;
+    st_epoch_record fa = train_recorded(&ci, &train, &test, a);
+    st_epoch_record fb = train_recorded(&ci, &train, &test, b);
+    cr_log_info("ist mlp 2 workers R=10: test_acc %.4f, %.0f B/worker-step", fa.test_acc,
+                fa.comm_bytes_per_worker_step);
+    cr_assert_eq(memcmp(a->losses, b->losses, a->steps * sizeof(float)), 0, "reproducible");
+    cr_assert_eq(fa.test_acc, fb.test_acc);
+    cr_assert_geq(fa.test_acc, SYNTH_MIN_ACCURACY, "ist mlp reached only %.4f", fa.test_acc);
+    free(a);
+    free(b);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
 }

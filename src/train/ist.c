@@ -13,9 +13,19 @@
  * holders is exactly "copy disjoint parts, average shared ones"); the
  * owners keep the result as the saved masters from which the next round's
  * subnetworks are loaded, and from which evaluation builds the full model.
- * The optimizer state is reset every round (ResIST resets momentum; the
- * subnetworks change shape anyway).  A round also ends at every epoch end,
- * so that evaluation sees synchronised parameters.
+ * The optimizer state is reset every round by default (ResIST resets
+ * momentum; the subnetworks change shape anyway); --optimizer-state keep
+ * sends the state vectors through engines of their own, averaged like the
+ * parameters, and a new subnetwork starts from what its parameters' holders
+ * left (Adam's step count then runs on).  A round also ends at every epoch
+ * end, so that evaluation sees synchronised parameters.
+ *
+ * mlp (IST proper): the hidden neurons of every layer are split into N
+ * disjoint parts (groups of --neuron-group); a hidden-to-hidden matrix
+ * gives each worker its diagonal block only, so the off-diagonal blocks are
+ * nobody's in that round and keep their values (the engine skips them).
+ * What reads a 1/N part is scaled by N in training (--train-scale, default
+ * for mlp: chosen by measurement, doc/ist.md).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,14 +36,24 @@
 
 st_status st_ist_check_config(const st_train_config *c)
 {
-    if (c->strategy != ST_STRATEGY_IST)
+    if (c->strategy != ST_STRATEGY_IST) {
+        if (c->ist_keep_state || c->ist_train_scale >= 0)
+            return st_fail(ST_ERR_INVALID, "--optimizer-state and --train-scale are options of "
+                           "--strategy ist");
         return ST_OK;
+    }
     if (c->local_steps < 1)
         return st_fail(ST_ERR_INVALID, "--local-steps must be >= 1");
     return ST_OK;
 }
 
 /* The engine reads the parameters as if they were gradients. */
+/* State vector i of w's optimizer (compact, the parameters' layout). */
+static float *state_vector(st_worker *w, int i)
+{
+    return i == 0 ? w->optim.m : w->optim.v;
+}
+
 static st_status attach_params(run_shared *r, int wid, st_worker *w)
 {
     int n = st_model_full_ranges(w->model, NULL, NULL, 0);
@@ -44,7 +64,12 @@ static st_status attach_params(run_shared *r, int wid, st_worker *w)
     size_t *local = pl;
     st_model_full_ranges(w->model, ranges, local, n);
     float *p = st_model_params(w->model);
-    return st_comm_attach_compact(r->comm, wid, &w->arena, p, p, ranges, local, n);
+    ST_TRY(st_comm_attach_compact(r->comm, wid, &w->arena, p, p, ranges, local, n));
+    for (int i = 0; i < r->n_state; i++) {
+        float *v = state_vector(w, i);
+        ST_TRY(st_comm_attach_compact(r->state_comm[i], wid, &w->arena, v, v, ranges, local, n));
+    }
+    return ST_OK;
 }
 
 /* The subnetwork of the current partition, its fresh optimizer, attached. */
@@ -61,7 +86,11 @@ static st_status build_round(run_shared *r, int wid, st_worker *w, int rebuild)
     if (rebuild)
         ST_TRY(st_run_load_saved(r, w, st_model_params(w->model), 0));
     ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, st_model_param_count(w->model)));
-    r->slots[wid].round_step = 0;
+    if (rebuild)   /* kept state: what the holders of each parameter left */
+        for (int i = 0; i < r->n_state; i++)
+            ST_TRY(st_run_load_saved(r, w, state_vector(w, i), 1 + i));
+    if (r->n_state == 0)
+        r->slots[wid].round_step = 0;
     return attach_params(r, wid, w);
 }
 
@@ -76,6 +105,11 @@ st_status st_ist_init_worker(run_shared *r, int wid, st_worker *w,
      * blocks) starts, and stays until someone holds it, at its initial value */
     ST_TRY(st_model_init_full_range(&r->cfg->model, r->cfg->seed, shard.begin, shard.end,
                                     r->slots[wid].saved_master));
+    for (int i = 0; i < r->n_state; i++) {
+        ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_OPTIMIZER, shard.end - shard.begin,
+                                     &r->slots[wid].saved_state[i]));
+        memset(r->slots[wid].saved_state[i], 0, (shard.end - shard.begin) * sizeof(float));
+    }
     return build_round(r, wid, w, 0);
 }
 
@@ -91,7 +125,7 @@ st_status st_ist_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, fl
     int n_segs;
     const st_param_segment *segs = st_model_segments(w->model, &n_segs);
     *lr = st_schedule_lr(&r->plan.schedule, step);
-    slot->round_step++; /* Adam's bias correction restarts with the state */
+    slot->round_step++; /* Adam's bias correction restarts with a reset state */
     st_optim_update(&w->optim, st_model_params(w->model), st_model_grads(w->model), segs, n_segs,
                     0, st_model_param_count(w->model), slot->round_step, *lr);
     slot->times.optimizer += st_run_now_s() - t1;
@@ -110,9 +144,19 @@ st_status st_ist_round_end(run_shared *r, st_worker *w, uint64_t round)
     ST_TRY(st_comm_reduce_scatter(r->comm, wid)); /* waits for every worker */
     memcpy(slot->saved_master, st_comm_shard_grads(r->comm, wid),
            (shard.end - shard.begin) * sizeof(float));
+    for (int i = 0; i < r->n_state; i++) {   /* the kept state: the same average */
+        st_comm *e = r->state_comm[i];
+        memcpy(st_comm_shard_grads(e, wid), slot->saved_state[i],
+               (shard.end - shard.begin) * sizeof(float));
+        ST_TRY(st_comm_reduce_scatter(e, wid));
+        memcpy(slot->saved_state[i], st_comm_shard_grads(e, wid),
+               (shard.end - shard.begin) * sizeof(float));
+    }
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every saved master written, engine idle */
     if (wid == 0) {
         st_comm_reset(r->comm);
+        for (int i = 0; i < r->n_state; i++)
+            st_comm_reset(r->state_comm[i]);
         ST_TRY(st_run_draw_assignment(r, round));
     }
     ST_TRY(st_comm_barrier(r->comm, wid)); /* the new partition is there */

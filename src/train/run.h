@@ -71,6 +71,10 @@ typedef struct run_shared {
     st_comm *params_comm;             /* backward masking: every worker holds
                                        * every parameter; used for its
                                        * all-gather (and masters) only */
+    st_comm *state_comm[2];           /* ist --optimizer-state keep: one
+                                       * reduce-only engine per state vector
+                                       * (Adam: m and v; SGD: momentum) */
+    int n_state;                      /* of them in use */
     st_assignment assign;             /* sdp: which worker holds which block */
     int assign_k;                     /* sdp: holders per block */
     st_arena eval_arena;              /* sdp: worker 0's full model for evaluation */

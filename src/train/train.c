@@ -245,6 +245,12 @@ static st_status evaluate(run_shared *r, st_worker *w, double *loss, double *acc
 static st_comm_bytes step_bytes(const run_shared *r, int w)
 {
     st_comm_bytes b = st_comm_bytes_per_step(r->comm, w);
+    for (int i = 0; i < r->n_state; i++) {   /* ist: state vectors travel too */
+        st_comm_bytes g = st_comm_bytes_per_step(r->state_comm[i], w);
+        b.read += g.read;
+        b.written += g.written;
+        b.cross_domain_read += g.cross_domain_read;
+    }
     if (!r->params_comm)
         return b;
     st_comm_bytes g = st_comm_bytes_per_step(r->params_comm, w);
@@ -481,6 +487,8 @@ static void record_failure(run_shared *r, st_status s)
         st_comm_abort(r->comm);
     if (r->params_comm)
         st_comm_abort(r->params_comm);
+    for (int i = 0; i < r->n_state; i++)
+        st_comm_abort(r->state_comm[i]);
 }
 
 /* ------------------------------------------------------------ the run */
@@ -538,6 +546,10 @@ static st_status prepare(run_shared *r)
             cc.roles = ST_COMM_GATHER;
             s = st_comm_create(&cc, &r->params_comm);
         }
+        if (cfg->strategy == ST_STRATEGY_IST && cfg->ist_keep_state)
+            r->n_state = cfg->optim.kind == ST_OPT_ADAMW ? 2 : cfg->optim.momentum > 0.0f;
+        for (int i = 0; s == ST_OK && i < r->n_state; i++)
+            s = st_comm_create(&cc, &r->state_comm[i]);
         free(domain_of);
         ST_TRY(s);
     }
@@ -551,6 +563,8 @@ static void release(run_shared *r)
     st_assignment_free(&r->assign);
     st_comm_destroy(r->comm);
     st_comm_destroy(r->params_comm);
+    for (int i = 0; i < r->n_state; i++)
+        st_comm_destroy(r->state_comm[i]);
     free(r->slots);
     free(r->memory);
     st_plan_free(&r->placement);
