@@ -105,8 +105,9 @@ Test(arena, rewind_gives_back_and_keeps_peaks)
         cr_assert_eq(st_arena_alloc_floats(&a, ST_MEM_WORKSPACE, 200, &tmp), ST_OK);
     size_t peak = a.stats.peak[ST_MEM_WORKSPACE];
     cr_assert_gt(cb.live_chunks, 1);
+    int chunks = cb.live_chunks;
     st_arena_rewind(&a, &m);
-    cr_assert_eq(cb.live_chunks, 1, "chunks made after the mark are freed");
+    cr_assert_eq(cb.live_chunks, chunks, "chunks emptied by the rewind are kept for reuse");
     cr_assert_eq(a.stats.current[ST_MEM_WORKSPACE], 0);
     cr_assert_eq(a.stats.current[ST_MEM_WEIGHTS], 64);
     cr_assert_eq(a.stats.peak[ST_MEM_WORKSPACE], peak);
@@ -114,8 +115,16 @@ Test(arena, rewind_gives_back_and_keeps_peaks)
     float *again;
     cr_assert_eq(st_arena_alloc_floats(&a, ST_MEM_WORKSPACE, 16, &again), ST_OK);
     cr_assert_eq((char *)again, (char *)keep + 64);
+    /* ... and the spare chunks are reused, zeroed, before any new one */
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(st_arena_alloc_floats(&a, ST_MEM_WORKSPACE, 200, &tmp), ST_OK);
+        for (int j = 0; j < 200; j++)
+            cr_assert_eq(tmp[j], 0.0f);
+        tmp[0] = 1.0f;
+    }
+    cr_assert_eq(cb.live_chunks, chunks, "no new chunk for what fitted before");
     st_arena_release(&a);
-    cr_assert_eq(cb.live_chunks, 0);
+    cr_assert_eq(cb.live_chunks, 0, "release frees the spares too");
 }
 
 Test(arena, refused_or_absurd_requests_fail_cleanly)

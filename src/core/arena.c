@@ -65,8 +65,27 @@ static size_t align_up(size_t n)
     return (n + ST_ALIGN - 1) & ~(size_t)(ST_ALIGN - 1);
 }
 
+/* A spare chunk with room for need bytes, unlinked; NULL if none. */
+static st_arena_chunk *take_spare(st_arena *arena, size_t need)
+{
+    for (st_arena_chunk **p = &arena->spare; *p; p = &(*p)->next)
+        if ((*p)->size >= need) {
+            st_arena_chunk *c = *p;
+            *p = c->next;
+            return c;
+        }
+    return NULL;
+}
+
 static st_status add_chunk(st_arena *arena, size_t need)
 {
+    st_arena_chunk *spare = take_spare(arena, need);
+    if (spare) {
+        spare->next = arena->head;
+        spare->used = 0;
+        arena->head = spare;
+        return ST_OK;
+    }
     size_t header = align_up(sizeof(st_arena_chunk));
     size_t usable = need > arena->chunk_bytes ? need : arena->chunk_bytes;
     if (usable > SIZE_MAX - header)
@@ -141,13 +160,23 @@ st_arena_mark st_arena_get_mark(const st_arena *arena)
     return m;
 }
 
+static void free_chunks(st_arena *arena, st_arena_chunk *c)
+{
+    while (c) {
+        st_arena_chunk *next = c->next;
+        arena->stats.reserved -= c->base_bytes;
+        arena->backend.free(c->base, c->base_bytes, arena->backend.ctx);
+        c = next;
+    }
+}
+
 void st_arena_rewind(st_arena *arena, const st_arena_mark *mark)
 {
     while (arena->head && arena->head != mark->chunk) {
         st_arena_chunk *c = arena->head;
         arena->head = c->next;
-        arena->stats.reserved -= c->base_bytes;
-        arena->backend.free(c->base, c->base_bytes, arena->backend.ctx);
+        c->next = arena->spare;
+        arena->spare = c;
     }
     if (arena->head)
         arena->head->used = mark->used;
@@ -161,4 +190,6 @@ void st_arena_release(st_arena *arena)
 {
     st_arena_mark empty = { 0 };
     st_arena_rewind(arena, &empty);
+    free_chunks(arena, arena->spare);
+    arena->spare = NULL;
 }

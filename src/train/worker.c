@@ -28,12 +28,15 @@ st_status st_worker_build_model(st_worker *w, const st_train_config *cfg)
     return ST_OK;
 }
 
+/* The caller loads the current values (from the saved masters) next:
+ * initial values would only be overwritten. */
 st_status st_worker_rebuild_model(st_worker *w, const st_train_config *cfg)
 {
     st_model_destroy(w->model);
     w->model = NULL;
     st_arena_rewind(&w->arena, &w->model_mark);
-    return st_worker_build_model(w, cfg);
+    w->model_mark = st_arena_get_mark(&w->arena);
+    return st_model_create(&cfg->model, cfg->batch, &w->arena, &w->model);
 }
 
 st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg, uint32_t n_train,

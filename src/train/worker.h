@@ -36,7 +36,8 @@ st_status st_worker_build_model(st_worker *w, const st_train_config *cfg);
 
 /* Destroys the model and everything allocated after it (a reduction
  * engine's buffers included) and builds the model of `cfg`: a new round of
- * subnetworks.  Creates primitives: between steps, never during one. */
+ * subnetworks.  Creates primitives: between steps, never during one.  The
+ * parameters are not initialised: the caller loads their current values. */
 st_status st_worker_rebuild_model(st_worker *w, const st_train_config *cfg);
 
 /* Optimizer state for parameters [begin, end): everything for a worker
