@@ -338,6 +338,22 @@ Test(metrics, one_json_object_per_line_with_the_documented_keys)
         cr_assert(strstr(buf, keys[i]), "missing %s in %s", keys[i], buf);
     cr_assert_eq(buf[0], '{');
     cr_assert_eq(strchr(buf, '\n'), buf + strlen(buf) - 1, "exactly one line");
+    /* the optional objects and keys keep the braces balanced */
+    r.align_measured = 4;
+    r.comm_bytes_per_worker_round = 5e6;
+    memset(buf, 0, sizeof buf);
+    f = fmemopen(buf, sizeof buf - 1, "w");
+    cr_assert_eq(st_metrics_write(f, &r), 0);
+    fclose(f);
+    cr_assert(strstr(buf, "\"comm_bytes_per_worker_round\":5000000,"), "%s", buf);
+    cr_assert(strstr(buf, "\"grad_alignment\":{"), "%s", buf);
+    int depth = 0;
+    for (const char *c = buf; *c; c++) {
+        depth += (*c == '{') - (*c == '}');
+        cr_assert_geq(depth, 0, "%s", buf);
+        if (depth == 0 && *c == '}')
+            cr_assert(c[1] == '\n' && c[2] == '\0', "one object, closed at the end: %s", buf);
+    }
 }
 
 /* ------------------------------------------------------------ data parallel */
@@ -755,6 +771,9 @@ Test(ist, two_workers_learn_reproducibly_with_less_communication, .timeout = 120
     cr_assert_eq(fa.test_acc, fb.test_acc);
     cr_assert_geq(fa.test_acc, SYNTH_MIN_ACCURACY, "ist reached only %.4f", fa.test_acc);
     cr_assert_lt(fa.comm_bytes_per_worker_step, fd.comm_bytes_per_worker_step / 4);
+    cr_assert_float_eq(fa.comm_bytes_per_worker_round, 10.0 * fa.comm_bytes_per_worker_step,
+                       1e-6 * fa.comm_bytes_per_worker_round, "a round is 10 steps");
+    cr_assert_eq(fd.comm_bytes_per_worker_round, 0.0, "no rounds in dp");
     free(a);
     free(b);
     free(d);

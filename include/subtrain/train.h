@@ -111,6 +111,9 @@ typedef struct st_epoch_record {
      * N distributed workers would send, 2 (N-1)/N x P x 4 bytes. */
     double comm_bytes_per_worker_step;
     double ring_bytes_per_worker_step;
+    /* ist: the same per round (one synchronisation every local_steps steps;
+     * comm_bytes_per_worker_step is this / local_steps); 0 otherwise */
+    double comm_bytes_per_worker_round;
     /* Mean time of a step, over workers and the epoch's steps (ms):
      * forward and backward; waiting for the slowest worker; reduce-scatter
      * and all-gather; the optimizer on the worker's shard. */

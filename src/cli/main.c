@@ -90,6 +90,10 @@ static void print_summary(const st_epoch_record *r)
         printf("communication per worker and step: %.2f MB (data parallelism as a ring all-reduce "
                "would send %.2f MB)\n",
                r->comm_bytes_per_worker_step / 1e6, r->ring_bytes_per_worker_step / 1e6);
+    if (r->workers > 1 && r->comm_bytes_per_worker_round > 0.0)
+        printf("communication per worker and round: %.2f MB (once every %.0f steps)\n",
+               r->comm_bytes_per_worker_round / 1e6,
+               r->comm_bytes_per_worker_round / r->comm_bytes_per_worker_step);
     printf("peak memory per worker: %.1f MiB (", (double)m->peak_total / 1048576.0);
     for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
         printf("%s%s %.1f", k ? ", " : "", st_mem_kind_name((st_mem_kind)k),

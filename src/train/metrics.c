@@ -21,9 +21,11 @@ int st_metrics_write(FILE *f, const st_epoch_record *r)
         fprintf(f, "},\"grad_alignment\":{\"mean\":%.6f,\"min\":%.6f,\"measurements\":%d",
                 r->align_mean, r->align_min, r->align_measured);
     fprintf(f, "},\"peak_bytes_per_worker\":%zu,\"comm_bytes_per_worker_step\":%.0f,"
-               "\"ring_bytes_per_worker_step\":%.0f,\"step_ms\":{\"compute\":%.3f,"
-               "\"wait\":%.3f,\"reduce\":%.3f,\"optimizer\":%.3f}}\n",
-            m->peak_total, r->comm_bytes_per_worker_step, r->ring_bytes_per_worker_step,
+               "\"ring_bytes_per_worker_step\":%.0f,",
+            m->peak_total, r->comm_bytes_per_worker_step, r->ring_bytes_per_worker_step);
+    if (r->comm_bytes_per_worker_round > 0.0)
+        fprintf(f, "\"comm_bytes_per_worker_round\":%.0f,", r->comm_bytes_per_worker_round);
+    fprintf(f, "\"step_ms\":{\"compute\":%.3f,\"wait\":%.3f,\"reduce\":%.3f,\"optimizer\":%.3f}}\n",
             r->step_ms_compute, r->step_ms_wait, r->step_ms_reduce, r->step_ms_optimizer);
     return fflush(f) == 0 && !ferror(f) ? 0 : -1;
 }

@@ -295,6 +295,8 @@ static void fill_record(run_shared *r, st_epoch_record *rec, uint64_t steps_in_e
     rec->align_min = r->align_count ? r->align_min : 0.0;
     rec->workers = r->n;
     rec->comm_bytes_per_worker_step = bytes;
+    rec->comm_bytes_per_worker_round =
+        r->cfg->strategy == ST_STRATEGY_IST ? bytes * (double)r->cfg->local_steps : 0.0;
     rec->ring_bytes_per_worker_step =
         r->n > 1 ? st_comm_ring_bytes(r->n, st_model_config_param_count(&r->cfg->model)) : 0.0;
 }
