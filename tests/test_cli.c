@@ -110,6 +110,20 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--report speed", "allowed: memory, align, align=N");
     expect_usage_error("--strategy sdp --report align=0", "align");
     expect_usage_error("--report align", "needs --strategy sdp");
+    expect_usage_error("--segments 3", "applies to --strategy synth only");
+    expect_usage_error("--recovery-epochs 1 --strategy dp", "--recovery-epochs applies to");
+    expect_usage_error("--strategy synth --segments 1", "--segments: expected an integer in [2, 16]");
+    expect_usage_error("--strategy synth --segments 7", "--segments must be in [2, 6]");
+    expect_usage_error("--strategy synth --cuts 2,x", "--cuts: expected increasing");
+    expect_usage_error("--strategy synth --cuts 3,2 --segments 3", "--cuts: expected increasing");
+    expect_usage_error("--strategy synth --cuts 2,4", "--cuts: 2 cuts for --segments 2");
+    expect_usage_error("--strategy synth --cuts 6", "--cuts must be 1 increasing");
+    expect_usage_error("--strategy synth --synth-labels uniform", "allowed: gaussian, sign");
+    expect_usage_error("--strategy synth --synth-scale 0", "--synth-scale");
+    expect_usage_error("--strategy synth --synth-noise -1", "--synth-noise");
+    expect_usage_error("--strategy synth --recovery-epochs -1", "--recovery-epochs");
+    expect_usage_error("--strategy synth --model resmlp", "synth cuts an mlp");
+    expect_usage_error("--strategy synth --steps 10", "use --epochs");
     expect_usage_error("--cpuset ''", "--cpuset");
     expect_usage_error("--topology synthetic:pack:2", "subtrain topo");
 }
@@ -232,4 +246,40 @@ Test(cli, progress_bar_goes_to_stderr_and_ends_cleanly, .timeout = 60)
     cr_assert(strstr(r->err, "step 50/50"), "%s", r->err);
     cr_assert(strstr(r->err, "samples/s") && strstr(r->err, "ETA"), "%s", r->err);
     free(r);
+}
+
+/* The default synth model is the 6-layer mlp; the epoch lines name the
+ * phase, the summary the segments, the metrics carry a "synth" object. */
+Test(cli, synth_run_prints_segments_and_writes_metrics, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], metrics[ST_TEST_PATH_MAX], args[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(metrics, dir, "m.jsonl");
+    snprintf(args, sizeof args, "--data synthetic --strategy synth --width 32 --workers 2 "
+             "--oversubscribe --epochs 1 --recovery-epochs 1 --progress plain --metrics '%s'",
+             metrics);
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    cr_assert(strstr(r->out, "mlp depth 5 width 32"), "%s", r->out);
+    cr_assert(strstr(r->out, "synth (2 segments"), "%s", r->out);
+    cr_assert(strstr(r->out, "epoch 1/2") && strstr(r->out, "(joined) segment_loss"), "%s", r->out);
+    cr_assert(strstr(r->out, "epoch 2/2") && strstr(r->out, "(recovery)"), "%s", r->out);
+    cr_assert(strstr(r->out, "segments: layers 1-"), "%s", r->out);
+    char m[8192];
+    read_into(metrics, m, sizeof m);
+    cr_assert_eq(count_lines(m), 3, "two epoch records and a final one:\n%s", m);
+    cr_assert(strstr(m, "\"synth\":{\"phase\":\"segments\",\"segment_workers\":[1,1],\"cuts\":["),
+              "%s", m);
+    cr_assert(strstr(m, "\"segment_loss\":["), "%s", m);
+    cr_assert(strstr(m, "\"synth\":{\"phase\":\"recovery\""), "%s", m);
+    int depth = 0;
+    for (const char *p = m; *p; p++) {
+        depth += (*p == '{') - (*p == '}');
+        cr_assert_geq(depth, 0, "unbalanced braces in %s", m);
+        if (*p == '\n')
+            cr_assert_eq(depth, 0, "unbalanced braces in %s", m);
+    }
+    free(r);
+    st_test_rmdir(dir);
 }

@@ -12,6 +12,7 @@
  *   topo.h    topology, placement plan, binding, NUMA allocation (hwloc)
  *   comm.h    the reduction engine (reduce-scatter, all-gather)
  *   subnet.h  subnetworks: units, coverage, assignments to workers
+ *   synth.h   synthetic-label training: cuts, worker split, labels
  *   train.h   the training loop and metrics records
  *   quad.h    IST theory on quadratics (subtrain quad)
  * Every public symbol starts with st_ (types, functions) or ST_ (macros,
@@ -30,6 +31,7 @@
 #include <subtrain/topo.h>
 #include <subtrain/comm.h>
 #include <subtrain/subnet.h>
+#include <subtrain/synth.h>
 #include <subtrain/train.h>
 #include <subtrain/quad.h>
 

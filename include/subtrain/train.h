@@ -18,12 +18,15 @@
 #include <subtrain/optim.h>
 #include <subtrain/status.h>
 #include <subtrain/subnet.h>
+#include <subtrain/synth.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum st_strategy { ST_STRATEGY_DP, ST_STRATEGY_SDP, ST_STRATEGY_IST } st_strategy;
+typedef enum st_strategy {
+    ST_STRATEGY_DP, ST_STRATEGY_SDP, ST_STRATEGY_IST, ST_STRATEGY_SYNTH
+} st_strategy;
 
 const char *st_strategy_name(st_strategy s);
 int st_strategy_parse(const char *name, st_strategy *out);
@@ -31,7 +34,9 @@ int st_strategy_parse(const char *name, st_strategy *out);
 typedef struct st_train_config {
     st_strategy strategy;     /* dp: every worker trains the full model;
                                * sdp: each worker trains its subnetwork;
-                               * ist: disjoint subnetworks, local steps */
+                               * ist: disjoint subnetworks, local steps;
+                               * synth: segments trained apart against
+                               * synthetic labels, then joined */
     st_subnet_kind subnet;    /* sdp: units (block or neuron) */
     int neuron_group;         /* neuron units: neurons per group, aligned so
                                * compact matrices keep whole SIMD vectors
@@ -60,6 +65,7 @@ typedef struct st_train_config {
     const char *topology;     /* NULL: this machine (training binds for real) */
     const char *cpuset;       /* NULL: the process's; else OS PU list "0-3" */
     int oversubscribe;        /* allow more workers than PUs */
+    st_synth_config synth;    /* synth: segments, cuts, labels, recovery */
     st_model_config model;
     st_optim_config optim;
     st_schedule_kind schedule;
@@ -126,6 +132,16 @@ typedef struct st_epoch_record {
      * measurements (measured = 0: none taken). */
     int align_measured;
     double align_mean, align_min;
+    /* synth (n_segments > 0): the segments, their cuts (layer numbers) and
+     * workers, each segment's mean training loss over the epoch (MSE to
+     * its synthetic label, cross-entropy for the last); test_* are the
+     * joined network's.  recovery = 1: an end-to-end epoch of the joined
+     * network (segment_loss then unset). */
+    int n_segments;
+    int recovery;
+    int cuts[ST_SYNTH_MAX_SEGMENTS - 1];
+    int segment_workers[ST_SYNTH_MAX_SEGMENTS];
+    double segment_loss[ST_SYNTH_MAX_SEGMENTS];
 } st_epoch_record;
 
 typedef struct st_train_callbacks {

@@ -71,6 +71,10 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
                st_masking_name(t->masking), t->coverage);
     if (t->strategy == ST_STRATEGY_IST)
         printf(" (%llu local steps)", (unsigned long long)t->local_steps);
+    if (t->strategy == ST_STRATEGY_SYNTH)
+        printf(" (%d segments, %s labels scale %g noise %g, %d recovery epoch%s)",
+               t->synth.segments, st_synth_labels_name(t->synth.labels), t->synth.scale,
+               t->synth.noise, t->synth.recovery_epochs, t->synth.recovery_epochs == 1 ? "" : "s");
     printf(", ");
     if (t->workers)
         printf("%d worker%s\n", t->workers, t->workers == 1 ? "" : "s");
@@ -78,9 +82,28 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
         printf("one worker per core\n");
 }
 
+/* synth: where the cuts went and how many workers each segment got. */
+static void print_segments(const st_epoch_record *r)
+{
+    printf("segments: layers ");
+    for (int g = 0; g < r->n_segments; g++) {
+        int first = g == 0 ? 1 : r->cuts[g - 1] + 1;
+        if (g + 1 < r->n_segments)
+            printf("%d-%d", first, r->cuts[g]);
+        else
+            printf("%d-end", first);
+        printf(" (%d worker%s)%s", r->segment_workers[g], r->segment_workers[g] == 1 ? "" : "s",
+               g + 1 < r->n_segments ? " | " : "");
+    }
+    printf("; nothing crosses a cut: bytes below are within a segment's group%s\n",
+           r->recovery ? " (recovery epochs: the whole network's data parallelism)" : "");
+}
+
 static void print_summary(const st_epoch_record *r)
 {
     const st_mem_stats *m = &r->memory;
+    if (r->n_segments)
+        print_segments(r);
     printf("final: test_acc %.4f  test_loss %.4f  train_loss %.4f  %.0f samples/s  wall %.1fs\n",
            r->test_acc, r->test_loss, r->train_loss, r->samples_per_s, r->wall_s);
     printf("step (ms, mean over %d worker%s): compute %.2f  wait %.2f  reduce %.2f  optimizer %.2f\n",

@@ -18,6 +18,8 @@ enum {
     OPT_STRATEGY, OPT_WORKERS, OPT_TOPOLOGY, OPT_CPUSET, OPT_OVERSUBSCRIBE,
     OPT_TRAIN_SCALE, OPT_OPTIMIZER_STATE, OPT_SUBNET, OPT_MASKING, OPT_NEURON_GROUP, OPT_COVERAGE, OPT_RESAMPLE, OPT_BRANCH_SCALE, OPT_REPORT,
     OPT_LOCAL_STEPS, OPT_EVAL_BRANCH_SCALE,
+    OPT_SEGMENTS, OPT_CUTS, OPT_SYNTH_LABELS, OPT_SYNTH_SCALE, OPT_SYNTH_NOISE,
+    OPT_RECOVERY_EPOCHS,
 };
 
 static const struct option long_options[] = {
@@ -55,6 +57,12 @@ static const struct option long_options[] = {
     { "eval-branch-scale", required_argument, NULL, OPT_EVAL_BRANCH_SCALE },
     { "train-scale", required_argument, NULL, OPT_TRAIN_SCALE },
     { "optimizer-state", required_argument, NULL, OPT_OPTIMIZER_STATE },
+    { "segments", required_argument, NULL, OPT_SEGMENTS },
+    { "cuts", required_argument, NULL, OPT_CUTS },
+    { "synth-labels", required_argument, NULL, OPT_SYNTH_LABELS },
+    { "synth-scale", required_argument, NULL, OPT_SYNTH_SCALE },
+    { "synth-noise", required_argument, NULL, OPT_SYNTH_NOISE },
+    { "recovery-epochs", required_argument, NULL, OPT_RECOVERY_EPOCHS },
     { "quiet", no_argument, NULL, 'q' },
     { "help", no_argument, NULL, 'h' },
     { "version", no_argument, NULL, 'V' },
@@ -71,12 +79,25 @@ void st_cli_print_help(FILE *f)
 "prints where the workers would run.\n"
 "\n"
 "Workers:\n"
-"  --strategy dp|sdp|ist  dp: data parallelism, every worker trains the full model\n"
-"                         on its part of each global batch (default); sdp: each\n"
-"                         worker trains its subnetwork, each parameter averaged\n"
-"                         over the workers that hold it; ist: disjoint neuron (mlp)\n"
-"                         or block (resmlp: ResIST) subnetworks trained alone for\n"
-"                         --local-steps steps, then written back\n"
+"  --strategy dp|sdp|ist|synth  dp: data parallelism, every worker trains the\n"
+"                         full model on its part of each global batch (default);\n"
+"                         sdp: each worker trains its subnetwork, each parameter\n"
+"                         averaged over the workers that hold it; ist: disjoint\n"
+"                         neuron (mlp) or block (resmlp: ResIST) subnetworks\n"
+"                         trained alone for --local-steps steps, then written\n"
+"                         back; synth: the mlp cut into segments\n"
+"                         trained apart by groups of workers against synthetic\n"
+"                         labels, then joined (default model: mlp --depth 5)\n"
+"  --segments S           synth: segments (default 2)\n"
+"  --cuts C1,C2,..        synth: cut after these linear layers, S-1 increasing\n"
+"                         numbers in [1, depth] (default: balanced by FLOPs)\n"
+"  --synth-labels gaussian|sign   synth: labels per class and cut, N(0, scale^2)\n"
+"                         or +-scale components (default gaussian)\n"
+"  --synth-scale X        synth: label scale (default 1)\n"
+"  --synth-noise X        synth: noise std added to a segment's input labels,\n"
+"                         relative to the scale (default 0.5)\n"
+"  --recovery-epochs E    synth: end-to-end data-parallel epochs of the joined\n"
+"                         network afterwards (default 0)\n"
 "  --local-steps R        ist: steps between synchronisations (default 50)\n"
 "  --eval-branch-scale none|inverse-workers   ist of resmlp: scale each block's\n"
 "                         branch by 1/N at evaluation (default inverse-workers, as\n"
@@ -86,11 +107,14 @@ void st_cli_print_help(FILE *f)
 "                         resmlp)\n"
 "  --optimizer-state reset|keep   ist: reset the optimizer state every round\n"
 "                         (default, as ResIST) or keep it, averaged over holders\n"
-"  --subnet block         sdp units: residual blocks of resmlp (default block)\n"
-"  --masking forward|backward   sdp: run only the held blocks (forward, default),\n"
+"  --subnet block|neuron  sdp units: residual blocks of resmlp (default block), or\n"
+"                         groups of hidden neurons of every block's inner layer\n"
+"                         (resmlp) or of every hidden layer (mlp)\n"
+"  --neuron-group G       neurons per neuron unit (default 16)\n"
+"  --masking forward|backward   sdp: run only the held units (forward, default),\n"
 "                         or the full model with weight gradients for the held\n"
-"                         blocks only (backward)\n"
-"  --coverage C           sdp: each block held by max(1, round(C x workers))\n"
+"                         units only (backward)\n"
+"  --coverage C           sdp: each unit held by max(1, round(C x workers))\n"
 "                         workers, C in (0, 1] (default 0.5)\n"
 "  --resample R           sdp: redraw the masks every R steps (default 0: fixed)\n"
 "  --branch-scale none|inverse-coverage   sdp: scale each block's residual branch\n"
@@ -224,6 +248,68 @@ static int parse_strategy(const char *s, void *o) { return st_strategy_parse(s, 
 static int parse_subnet(const char *s, void *o) { return st_subnet_kind_parse(s, o); }
 static int parse_masking(const char *s, void *o) { return st_masking_parse(s, o); }
 
+/* --cuts 2,4: whole-string increasing integers in [1, 1024], at most
+ * ST_SYNTH_MAX_SEGMENTS - 1 of them; *count gets how many. */
+static int parse_cuts(const char *s, int *cuts, int *count, char *err, size_t n)
+{
+    const char *p = s;
+    int k = 0;
+    memset(cuts, 0, sizeof(int) * (ST_SYNTH_MAX_SEGMENTS - 1));
+    for (;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno == ERANGE || v < 1 || v > 1024 || (*end != ',' && *end != '\0'))
+            return fail(err, n, "--cuts: expected increasing layer numbers such as 2,4, got '%s'", s);
+        if (k == ST_SYNTH_MAX_SEGMENTS - 1)
+            return fail(err, n, "--cuts: at most %d cuts, got '%s'", ST_SYNTH_MAX_SEGMENTS - 1, s);
+        if (k > 0 && v <= cuts[k - 1])
+            return fail(err, n, "--cuts: expected increasing layer numbers such as 2,4, got '%s'", s);
+        cuts[k++] = (int)v;
+        if (*end == '\0')
+            break;
+        p = end + 1;
+    }
+    *count = k;
+    return 0;
+}
+
+static int parse_synth_labels(const char *s, void *o) { return st_synth_labels_parse(s, o); }
+
+/* What was given explicitly, for the checks after parsing. */
+typedef struct seen {
+    int epochs, steps, model, depth, cuts;
+    const char *synth_option;   /* the first synth-only option given */
+} seen;
+
+static int apply_synth_option(int c, const char *arg, st_cli_options *o, seen *saw, char *err,
+                              size_t n)
+{
+    st_synth_config *s = &o->train.synth;
+    switch (c) {
+    case OPT_SEGMENTS:
+        saw->synth_option = "--segments";
+        return parse_int("segments", arg, 2, ST_SYNTH_MAX_SEGMENTS, &s->segments, err, n);
+    case OPT_CUTS:
+        saw->synth_option = "--cuts";
+        return parse_cuts(arg, s->cuts, &saw->cuts, err, n);
+    case OPT_SYNTH_LABELS:
+        saw->synth_option = "--synth-labels";
+        return parse_choice("synth-labels", arg, parse_synth_labels, &s->labels, "gaussian, sign",
+                            err, n);
+    case OPT_SYNTH_SCALE:
+        saw->synth_option = "--synth-scale";
+        return parse_float("synth-scale", arg, 0.0, 1000.0, 1, &s->scale, err, n);
+    case OPT_SYNTH_NOISE:
+        saw->synth_option = "--synth-noise";
+        return parse_float("synth-noise", arg, 0.0, 1000.0, 0, &s->noise, err, n);
+    case OPT_RECOVERY_EPOCHS:
+        saw->synth_option = "--recovery-epochs";
+        return parse_int("recovery-epochs", arg, 0, 100000, &s->recovery_epochs, err, n);
+    }
+    return fail(err, n, "internal: unhandled option %d", c);
+}
+
 static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epochs,
                         int *saw_steps, char *err, size_t n)
 {
@@ -259,7 +345,7 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         o->metrics_path = arg;
         return 0;
     case OPT_PROGRESS: return parse_choice("progress", arg, parse_progress, &o->progress, "auto, bar, plain, none", err, n);
-    case OPT_STRATEGY: return parse_choice("strategy", arg, parse_strategy, &t->strategy, "dp, sdp, ist", err, n);
+    case OPT_STRATEGY: return parse_choice("strategy", arg, parse_strategy, &t->strategy, "dp, sdp, ist, synth", err, n);
     case OPT_WORKERS:
         if (strcmp(arg, "cores") == 0) {
             t->workers = 0;
@@ -351,7 +437,7 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     int first = 1;
     if (argc > 1 && strcmp(argv[1], "train") == 0)
         first = 2;
-    int saw_epochs = 0, saw_steps = 0;
+    seen saw = { 0 };
     optind = first;
     opterr = 0; /* our own one-line messages */
     for (;;) {
@@ -364,16 +450,34 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
             st_cli_getopt_message(c, optopt, word, "subtrain", err, n);
             return -1;
         }
-        if (apply_option(c, optarg, o, &saw_epochs, &saw_steps, err, n))
+        saw.model |= c == OPT_MODEL;
+        saw.depth |= c == OPT_DEPTH;
+        if (c >= OPT_SEGMENTS && c <= OPT_RECOVERY_EPOCHS) {
+            if (apply_synth_option(c, optarg, o, &saw, err, n))
+                return -1;
+        } else if (apply_option(c, optarg, o, &saw.epochs, &saw.steps, err, n)) {
             return -1;
+        }
     }
     if (optind < argc)
         return fail(err, n, "unexpected argument '%s' (usage: subtrain [train] [OPTION]...)",
                     argv[optind]);
-    if (saw_epochs && saw_steps)
+    if (saw.epochs && saw.steps)
         return fail(err, n, "--epochs and --steps cannot be used together: give one");
-    if (saw_steps)
+    if (saw.steps)
         o->train.epochs = 0;
+    if (saw.synth_option && o->train.strategy != ST_STRATEGY_SYNTH)
+        return fail(err, n, "%s applies to --strategy synth only", saw.synth_option);
+    if (saw.cuts && saw.cuts != o->train.synth.segments - 1)
+        return fail(err, n, "--cuts: %d cut%s for --segments %d (which needs %d)", saw.cuts,
+                    saw.cuts == 1 ? "" : "s", o->train.synth.segments,
+                    o->train.synth.segments - 1);
+    if (o->train.strategy == ST_STRATEGY_SYNTH) { /* the paper's 6-layer network */
+        if (!saw.model)
+            o->train.model.kind = ST_MODEL_MLP;
+        if (!saw.depth)
+            o->train.model.depth = 5;
+    }
     if (o->train.topology)
         return fail(err, n, "--topology describes another machine and is for 'subtrain topo'; "
                     "training runs on this machine");

@@ -84,6 +84,14 @@ void st_progress_on_epoch(const st_epoch_record *rec, void *user)
            rec->test_loss, rec->test_acc, rec->samples_per_s, rec->wall_s);
     if (rec->align_measured)
         printf("  grad_alignment %.4f (min %.4f)", rec->align_mean, rec->align_min);
+    if (rec->n_segments && rec->recovery)
+        printf("  (recovery)");
+    if (rec->n_segments && !rec->recovery) {
+        printf("  (joined) segment_loss");
+        for (int g = 0; g < rec->n_segments; g++)
+            printf("%s%.4f", g ? "/" : " ", rec->segment_loss[g]);
+        printf("  peak %.1f MiB/worker", (double)rec->memory.peak_total / 1048576.0);
+    }
     printf("\n");
     fflush(stdout);
 }

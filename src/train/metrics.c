@@ -2,7 +2,9 @@
  * that a run can be followed with `tail -f` and read back with any JSON
  * tool line by line.  peak_bytes and peak_bytes_per_worker are the same
  * number (the largest worker's peak); the first name is kept for scripts
- * written against one-worker runs. */
+ * written against one-worker runs.  synth runs add "synth": {phase
+ * ("segments" or "recovery"), segment_workers, cuts, and segment_loss in
+ * the segment epochs}. */
 #include <subtrain/train.h>
 
 int st_metrics_write(FILE *f, const st_epoch_record *r)
@@ -20,6 +22,23 @@ int st_metrics_write(FILE *f, const st_epoch_record *r)
     if (r->align_measured)
         fprintf(f, "},\"grad_alignment\":{\"mean\":%.6f,\"min\":%.6f,\"measurements\":%d",
                 r->align_mean, r->align_min, r->align_measured);
+    if (r->n_segments) {
+        /* left open like the others: the next "}," closes it */
+        fprintf(f, "},\"synth\":{\"phase\":\"%s\",\"segment_workers\":[",
+                r->recovery ? "recovery" : "segments");
+        for (int g = 0; g < r->n_segments; g++)
+            fprintf(f, "%s%d", g ? "," : "", r->segment_workers[g]);
+        fprintf(f, "],\"cuts\":[");
+        for (int g = 0; g + 1 < r->n_segments; g++)
+            fprintf(f, "%s%d", g ? "," : "", r->cuts[g]);
+        fprintf(f, "]");
+        if (!r->recovery) {
+            fprintf(f, ",\"segment_loss\":[");
+            for (int g = 0; g < r->n_segments; g++)
+                fprintf(f, "%s%.6f", g ? "," : "", r->segment_loss[g]);
+            fprintf(f, "]");
+        }
+    }
     fprintf(f, "},\"peak_bytes_per_worker\":%zu,\"comm_bytes_per_worker_step\":%.0f,"
                "\"ring_bytes_per_worker_step\":%.0f,",
             m->peak_total, r->comm_bytes_per_worker_step, r->ring_bytes_per_worker_step);

@@ -88,6 +88,7 @@ typedef struct run_shared {
     st_status error_status;
     char error[512];
     st_epoch_record final;
+    struct synth_state *synth;        /* synth: groups, engines, joined model */
 } run_shared;
 
 static inline double st_run_now_s(void)
@@ -112,6 +113,15 @@ static inline st_comm *st_run_masters(const run_shared *r)
 
 /* train.c: registers w's vectors with the reduction engine(s). */
 st_status st_run_attach_worker(run_shared *r, int wid, st_worker *w);
+
+/* train.c: the plan of a run of cfg's epochs (or steps) over `workers`
+ * data-parallel workers. */
+st_status st_run_make_plan(const st_train_config *cfg, int workers, const st_dataset *train,
+                           run_plan *p);
+
+/* train.c: the epochs of r->plan for worker w (data parallelism unless the
+ * strategy says otherwise), records and the final record included. */
+st_status st_run_worker_loop(run_shared *r, st_worker *w);
 
 /* ------------------------------------------------------------ sdp.c */
 
@@ -161,5 +171,23 @@ st_status st_ist_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, fl
 /* End of a round: parameters averaged over their holders (disjoint blocks:
  * copied; shared layers: averaged), a new partition, new subnetworks. */
 st_status st_ist_round_end(run_shared *r, st_worker *w, uint64_t round);
+
+/* ------------------------------------------------------------ synth.c */
+
+st_status st_synth_check_config(const st_train_config *c);
+/* Before the parallel region: cuts, the split of the workers into groups,
+ * each group's reduction engine; r->plan becomes the recovery epochs'. */
+st_status st_synth_prepare(run_shared *r);
+/* Worker wid's segment (that of its group), attached to its group's
+ * engine; worker 0 also builds the joined network for evaluation. */
+st_status st_synth_init_worker(run_shared *r, int wid, st_worker *w,
+                               const st_chunk_backend *backend);
+/* The rest of w's run: its segment's epochs within its group, the joined
+ * network's evaluation after each, then the recovery epochs (if any): data
+ * parallelism of the joined network on a fresh arena from `backend`. */
+st_status st_synth_loop(run_shared *r, st_worker *w, const st_chunk_backend *backend);
+/* A worker failed: release everyone waiting in a group's engine. */
+void st_synth_abort(run_shared *r);
+void st_synth_release(run_shared *r);
 
 #endif /* SUBTRAIN_TRAIN_RUN_H */

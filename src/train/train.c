@@ -41,7 +41,7 @@
 const char *st_strategy_name(st_strategy s)
 {
     return s == ST_STRATEGY_DP ? "dp" : s == ST_STRATEGY_SDP ? "sdp"
-         : s == ST_STRATEGY_IST ? "ist" : "unknown";
+         : s == ST_STRATEGY_IST ? "ist" : s == ST_STRATEGY_SYNTH ? "synth" : "unknown";
 }
 
 int st_strategy_parse(const char *name, st_strategy *out)
@@ -56,6 +56,10 @@ int st_strategy_parse(const char *name, st_strategy *out)
     }
     if (strcmp(name, "ist") == 0) {
         *out = ST_STRATEGY_IST;
+        return 0;
+    }
+    if (strcmp(name, "synth") == 0) {
+        *out = ST_STRATEGY_SYNTH;
         return 0;
     }
     return -1;
@@ -83,6 +87,7 @@ st_train_config st_train_config_default(void)
         .epochs = 5,
         .steps = 0,
         .seed = 1,
+        .synth = st_synth_config_default(),
     };
     return c;
 }
@@ -92,14 +97,15 @@ st_status st_train_config_check(const st_train_config *c)
     ST_TRY(st_model_config_check(&c->model));
     ST_TRY(st_optim_config_check(&c->optim));
     if (c->strategy != ST_STRATEGY_DP && c->strategy != ST_STRATEGY_SDP &&
-        c->strategy != ST_STRATEGY_IST)
-        return st_fail(ST_ERR_INVALID, "unknown strategy %d (allowed: dp, sdp, ist)",
+        c->strategy != ST_STRATEGY_IST && c->strategy != ST_STRATEGY_SYNTH)
+        return st_fail(ST_ERR_INVALID, "unknown strategy %d (allowed: dp, sdp, ist, synth)",
                        (int)c->strategy);
     if (c->neuron_group < 1 || c->neuron_group > 65536)
         return st_fail(ST_ERR_INVALID, "--neuron-group must be in [1, 65536], got %d",
                        c->neuron_group);
     ST_TRY(st_sdp_check_config(c));
     ST_TRY(st_ist_check_config(c));
+    ST_TRY(st_synth_check_config(c));
     if (c->workers < 0 || c->workers > 4096)
         return st_fail(ST_ERR_INVALID, "workers must be in [1, 4096] (or 0: one per core), got %d",
                        c->workers);
@@ -114,7 +120,7 @@ st_status st_train_config_check(const st_train_config *c)
     return ST_OK;
 }
 
-static st_status make_plan(const st_train_config *cfg, int workers, const st_dataset *train,
+st_status st_run_make_plan(const st_train_config *cfg, int workers, const st_dataset *train,
                            run_plan *p)
 {
     uint64_t global_batch = (uint64_t)cfg->batch * (uint64_t)workers;
@@ -318,7 +324,7 @@ static void report_step(run_shared *r, int epoch, uint64_t step, float loss, flo
 
 /* ------------------------------------------------------------ a worker */
 
-static st_status worker_loop(run_shared *r, st_worker *w)
+st_status st_run_worker_loop(run_shared *r, st_worker *w)
 {
     const run_plan *p = &r->plan;
     const int global_batch = r->cfg->batch * r->n;
@@ -450,7 +456,9 @@ static st_status worker_main(run_shared *r, int wid, st_worker *w)
     const st_placement *pl = &r->placement.workers[wid];
     ST_TRY(st_plan_bind_self(r->topology, &r->placement, wid));
     st_chunk_backend backend = st_numa_backend(&slot->numa, r->topology, pl->numa_os);
-    if (r->cfg->strategy == ST_STRATEGY_SDP) {
+    if (r->cfg->strategy == ST_STRATEGY_SYNTH) {
+        ST_TRY(st_synth_init_worker(r, wid, w, &backend));
+    } else if (r->cfg->strategy == ST_STRATEGY_SDP) {
         ST_TRY(st_sdp_init_worker(r, wid, w, &backend));
     } else if (r->cfg->strategy == ST_STRATEGY_IST) {
         ST_TRY(st_ist_init_worker(r, wid, w, &backend));
@@ -475,7 +483,9 @@ static st_status worker_main(run_shared *r, int wid, st_worker *w)
     ST_TRY(st_run_sync(r, wid)); /* every arena has its chunks */
     if (wid == 0)
         report_warnings(r);
-    return worker_loop(r, w);
+    if (r->cfg->strategy == ST_STRATEGY_SYNTH)
+        return st_synth_loop(r, w, &backend);
+    return st_run_worker_loop(r, w);
 }
 
 /* Keeps the first failure's message; tells the other workers to stop. */
@@ -491,6 +501,8 @@ static void record_failure(run_shared *r, st_status s)
         st_comm_abort(r->params_comm);
     for (int i = 0; i < r->n_state; i++)
         st_comm_abort(r->state_comm[i]);
+    if (r->synth)
+        st_synth_abort(r);
 }
 
 /* ------------------------------------------------------------ the run */
@@ -520,7 +532,7 @@ static st_status prepare(run_shared *r)
     st_plan_request req = { cfg->workers, cfg->oversubscribe, cfg->cpuset };
     ST_TRY(st_plan_make(r->topology, &req, &r->placement));
     r->n = r->placement.n_workers;
-    ST_TRY(make_plan(cfg, r->n, r->train, &r->plan));
+    ST_TRY(st_run_make_plan(cfg, r->n, r->train, &r->plan));
     if (cfg->strategy == ST_STRATEGY_SDP || cfg->strategy == ST_STRATEGY_IST) {
         r->assign_k = cfg->strategy == ST_STRATEGY_IST
                     ? 1 : st_subnet_holders_per_unit(r->n, cfg->coverage);
@@ -532,7 +544,10 @@ static st_status prepare(run_shared *r)
     if (!r->slots || !r->memory)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d worker slots", r->n);
     memset(r->slots, 0, sizeof(worker_slot) * (size_t)r->n);
-    if (r->n > 1 || cfg->strategy != ST_STRATEGY_DP) {
+    /* synth: the engine of the recovery epochs (and the barrier of all
+     * workers); the segments' groups have their own (st_synth_prepare). */
+    int synth = cfg->strategy == ST_STRATEGY_SYNTH;
+    if (r->n > 1 || (cfg->strategy != ST_STRATEGY_DP && !synth)) {
         int *domain_of = malloc(sizeof(int) * (size_t)r->n);
         if (!domain_of)
             return st_fail(ST_ERR_NOMEM, "out of memory for the reduction plan");
@@ -555,11 +570,12 @@ static st_status prepare(run_shared *r)
         free(domain_of);
         ST_TRY(s);
     }
-    return ST_OK;
+    return synth ? st_synth_prepare(r) : ST_OK;
 }
 
 static void release(run_shared *r)
 {
+    st_synth_release(r);
     st_model_destroy(r->eval_model);
     st_arena_release(&r->eval_arena);
     st_assignment_free(&r->assign);

@@ -1,0 +1,68 @@
+/*
+ * nn/segment.h — private: a segment of an mlp, trained on its own against
+ * synthetic intermediate labels (train/synth.c; numbering and cut placement
+ * in include/subtrain/synth.h).
+ *
+ * A segment holds linear layers first .. last of the mlp (1-based; layer
+ * depth + 1 is the head) with the activations between them, preceded by
+ * the activation of the cut before it when first > 1:
+ *
+ *   first segment:  x (B, in_dim) -> fc -> act -> ... -> fc -> y (B, W)      MSE to t (B, W)
+ *   middle segment: x (B, W) -> act -> fc -> ... -> fc -> y (B, W)            MSE to t (B, W)
+ *   last segment:   x (B, W) -> act -> fc -> ... -> head -> logits (B, K)     cross-entropy
+ *
+ * Its parameters have the full mlp's names ("fc2.weight", "head.bias"),
+ * their layout and their initial values, and are one contiguous range of
+ * the full mlp's flat vector: joining the segments is one copy each.
+ *
+ * Like a model instance, a segment is built once (primitives, buffers from
+ * the owner's arena); a training step allocates nothing.
+ */
+#ifndef SUBTRAIN_NN_SEGMENT_H
+#define SUBTRAIN_NN_SEGMENT_H
+
+#include <subtrain/arena.h>
+#include <subtrain/model.h>
+#include <subtrain/params.h>
+
+typedef struct st_segment_config {
+    st_model_config model;  /* the whole mlp */
+    int first, last;        /* its linear layers, 1-based, inclusive */
+} st_segment_config;
+
+typedef struct st_segnet st_segnet;
+
+st_status st_segnet_create(const st_segment_config *cfg, int batch, st_arena *arena,
+                           st_segnet **out);
+void st_segnet_destroy(st_segnet *s);
+
+/* The values st_model_init_params(seed) gives these layers in the full mlp. */
+void st_segnet_init_params(st_segnet *s, uint64_t seed);
+
+int st_segnet_batch(const st_segnet *s);
+int st_segnet_in_dim(const st_segnet *s);
+int st_segnet_out_dim(const st_segnet *s);
+int st_segnet_is_last(const st_segnet *s);   /* ends with the head: cross-entropy */
+
+float *st_segnet_input(st_segnet *s);        /* (B, in): fill before a pass */
+float *st_segnet_target(st_segnet *s);       /* (B, W): MSE target; NULL for the last */
+int32_t *st_segnet_labels(st_segnet *s);     /* (B): classes; NULL unless the last */
+const float *st_segnet_output(const st_segnet *s); /* (B, out) after a pass */
+
+float *st_segnet_params(st_segnet *s);
+float *st_segnet_grads(st_segnet *s);
+size_t st_segnet_param_count(const st_segnet *s);
+const st_param_segment *st_segnet_segments(const st_segnet *s, int *count);
+/* Where its parameters start in the full mlp's flat vector. */
+size_t st_segnet_full_offset(const st_segnet *s);
+
+/* Forward, loss (mean MSE or cross-entropy over the batch) and backward:
+ * the gradient vector is overwritten with dloss/dparams. */
+st_status st_segnet_forward_backward(st_segnet *s, float *loss);
+/* Forward only: the output of the input's rows. */
+st_status st_segnet_forward(st_segnet *s);
+
+/* Matrix-multiply FLOPs of one forward_backward (st_synth_segment_flops). */
+double st_segnet_step_flops(const st_segnet *s);
+
+#endif /* SUBTRAIN_NN_SEGMENT_H */
