@@ -626,6 +626,11 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
                                "(is OMP_THREAD_LIMIT set?)", omp_get_num_threads(), r.n);
         if (ws != ST_OK)
             record_failure(&r, ws);
+        /* A worker's arena holds buffers the others read (its ranges in the
+         * engines' planning, its gradients): a worker that failed early must
+         * not free them while the others are still on their way out of an
+         * aborted collective.  Every thread gets here: no early return above. */
+#pragma omp barrier
         st_worker_destroy(&w);
         if (have_saved)
             pthread_setaffinity_np(pthread_self(), sizeof saved, &saved);
