@@ -505,21 +505,28 @@ static void watch_epoch(const st_epoch_record *rec, void *user)
     h->execs = executes;
 }
 
-Test(dp, a_data_parallel_step_makes_no_heap_allocation, .timeout = 60)
+/* Worker 0 after step 3 of a 40-step run of c, evaluation included:
+ * subtrain itself must make no heap call. */
+static void assert_steps_make_no_heap_call(const st_train_config *c, const char *what)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = dp_config(2, 32, 40);
     heap_watch h = { 0 };
     st_train_callbacks cb = { watch_step, watch_epoch, NULL, &h };
-    cr_assert_eq(st_train_run(&c, &train, &test, &cb, NULL), ST_OK, "%s", st_last_error());
+    cr_assert_eq(st_train_run(c, &train, &test, &cb, NULL), ST_OK, "%s", st_last_error());
     cr_assert(h.done);
     cr_assert_gt(h.execs, 0, "the interposer saw worker 0's primitives run");
-    cr_log_info("worker 0, steps 4-40 and the evaluation: subtrain %ld heap calls, oneDNN %ld "
-                "in %ld executions", h.own, h.onednn, h.execs);
-    cr_assert_eq(h.own, 0, "worker 0 called the heap %ld times in 37 data-parallel steps", h.own);
+    cr_log_info("%s, worker 0, steps 4-40 and the evaluation: subtrain %ld heap calls, oneDNN "
+                "%ld in %ld executions", what, h.own, h.onednn, h.execs);
+    cr_assert_eq(h.own, 0, "%s: worker 0 called the heap %ld times in 37 steps", what, h.own);
     st_dataset_free(&train);
     st_dataset_free(&test);
+}
+
+Test(dp, a_data_parallel_step_makes_no_heap_allocation, .timeout = 60)
+{
+    st_train_config c = dp_config(2, 32, 40);
+    assert_steps_make_no_heap_call(&c, "data parallelism");
 }
 
 /* ------------------------------------------------------------ subnetworks */
@@ -857,6 +864,20 @@ Test(sdp_neuron, half_coverage_learns_with_less_memory, .timeout = 120)
     free(d);
     st_dataset_free(&train);
     st_dataset_free(&test);
+}
+
+/* The hot path of neuron subnetworks: compact models, compact attachment,
+ * per-run weight-gradient products, skipped unheld weights. */
+Test(sdp_neuron, a_step_makes_no_heap_allocation, .timeout = 60)
+{
+    st_train_config c = neuron_sdp_config(ST_MODEL_RESMLP, 2, 0.5, 40);
+    c.batch = 32;
+    assert_steps_make_no_heap_call(&c, "sdp neuron forward (resmlp)");
+    c.masking = ST_MASKING_BACKWARD;
+    assert_steps_make_no_heap_call(&c, "sdp neuron backward (resmlp)");
+    c = neuron_sdp_config(ST_MODEL_MLP, 2, 0.5, 40);
+    c.batch = 32;
+    assert_steps_make_no_heap_call(&c, "sdp neuron forward (mlp, unheld weights)");
 }
 
 Test(sdp_neuron, too_few_groups_for_the_workers_is_refused)
