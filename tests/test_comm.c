@@ -111,7 +111,7 @@ static void rig_init(rig *r, int n, size_t p, const int *domain_of, uint64_t see
     r->n = n;
     r->p = p;
     r->domain_of = domain_of;
-    st_comm_config cfg = { n, p, domain_of, 0 };
+    st_comm_config cfg = { n, p, domain_of, 0, 0 };
     cr_assert_eq(st_comm_create(&cfg, &r->c), ST_OK, "create: %s", st_last_error());
     rig_masks(r, seed, dp);
     st_rng rng = st_rng_seed(seed ^ 0x5eed);
@@ -628,7 +628,7 @@ Test(comm_bytes, ring_formula)
 Test(comm_shards, boundaries)
 {
     st_comm *c;
-    st_comm_config cfg = { 3, 1000, NULL, 0 };
+    st_comm_config cfg = { 3, 1000, NULL, 0, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
     size_t want[4] = { 0, 336, 672, 1000 };
     for (int w = 0; w < 3; w++) {
@@ -639,7 +639,7 @@ Test(comm_shards, boundaries)
     st_comm_destroy(c);
 
     /* P < 16 N: 7 lines of 16 floats for 8 workers, the last one empty */
-    cfg = (st_comm_config){ 8, 100, NULL, 0 };
+    cfg = (st_comm_config){ 8, 100, NULL, 0, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
     for (int w = 0; w < 8; w++) {
         st_range s = st_comm_shard(c, w);
@@ -653,13 +653,13 @@ Test(comm_shards, bad_config)
 {
     st_comm *c = NULL;
     static const int down[3] = { 0, 1, 0 };
-    st_comm_config cfg = { 3, 100, down, 0 };
+    st_comm_config cfg = { 3, 100, down, 0, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
     cr_assert_null(c);
     cr_assert(strstr(st_last_error(), "non-decreasing"), "%s", st_last_error());
-    cfg = (st_comm_config){ 0, 100, NULL, 0 };
+    cfg = (st_comm_config){ 0, 100, NULL, 0, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
-    cfg = (st_comm_config){ 2, 0, NULL, 0 };
+    cfg = (st_comm_config){ 2, 0, NULL, 0, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
 }
 
@@ -696,7 +696,7 @@ static void attach_all(int n, size_t p, const st_range *const *held, const int *
                        st_status *got, char (*msg)[256], int bad_w)
 {
     st_comm *c;
-    st_comm_config cfg = { n, p, NULL, 0 };
+    st_comm_config cfg = { n, p, NULL, 0, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
     st_arena arena[MAXW];
     float *g[MAXW], *pr[MAXW];
@@ -827,7 +827,7 @@ Test(comm, compact_vectors_reduce_like_full_ones, .timeout = 30)
     const st_range *held[CP_N] = { cp_held0, cp_held1, cp_held2 };
     const int n_held[CP_N] = { 2, 1, 2 };
     st_comm *c;
-    st_comm_config cfg = { CP_N, CP_P, NULL, 0 };
+    st_comm_config cfg = { CP_N, CP_P, NULL, 0, 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_OK, "%s", st_last_error());
     static float grads[CP_N][CP_P], params[CP_N][CP_P];
     static float shard_out[CP_P];
@@ -895,7 +895,7 @@ Test(comm, compact_vectors_reduce_like_full_ones, .timeout = 30)
 Test(comm, single_role_engines_refuse_the_other_collective, .timeout = 30)
 {
     st_comm *red, *gat;
-    st_comm_config cr = { 2, 100, NULL, ST_COMM_REDUCE }, cg = { 2, 100, NULL, ST_COMM_GATHER };
+    st_comm_config cr = { 2, 100, NULL, ST_COMM_REDUCE, 0 }, cg = { 2, 100, NULL, ST_COMM_GATHER, 0 };
     cr_assert_eq(st_comm_create(&cr, &red), ST_OK);
     cr_assert_eq(st_comm_create(&cg, &gat), ST_OK);
     static float grads[2][100], params[2][100];
@@ -929,4 +929,59 @@ Test(comm, single_role_engines_refuse_the_other_collective, .timeout = 30)
     cr_assert_eq(st_comm_all_gather(red, 0), ST_ERR_INVALID);
     st_comm_destroy(red);
     st_comm_destroy(gat);
+}
+
+/* Neuron subnetworks of mlp: some elements are nobody's.  With
+ * allow_unheld the engine skips them — a shard gradient of its own reads 0
+ * there, a caller's output buffer (st_comm_set_shard_output) keeps its
+ * values — and averages the rest over their holders.  3 workers, 300
+ * elements: worker w holds [100 w, 100 w + 60) and everyone holds
+ * [280, 300); [60, 100), [160, 200), [260, 280) are nobody's. */
+Test(comm, unheld_elements_are_skipped_and_kept, .timeout = 30)
+{
+    for (int external = 0; external < 2; external++) {
+        st_comm *c;
+        st_comm_config cfg = { .n_workers = 3, .n_params = 300, .roles = ST_COMM_REDUCE,
+                               .allow_unheld = 1 };
+        cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
+        static float grads[3][300], out[3][300];
+        int wrong = 0;
+        st_range shard[3];
+        float *result[3];
+#pragma omp parallel num_threads(3) reduction(+ : wrong)
+        {
+            int w = omp_get_thread_num();
+            st_arena a;
+            st_arena_init(&a, "unheld", NULL, 0);
+            st_range held[2] = { { 100 * (size_t)w, 100 * (size_t)w + 60 }, { 280, 300 } };
+            for (int i = 0; i < 300; i++)
+                grads[w][i] = (float)(w + 1) * (float)i;
+            shard[w] = st_comm_shard(c, w);
+            for (size_t i = 0; i < 300; i++)
+                out[w][i] = SENTINEL;
+            if (external)
+                st_comm_set_shard_output(c, w, out[w]);
+            wrong += st_comm_attach(c, w, &a, grads[w], grads[w], held, 2) != ST_OK;
+            wrong += st_comm_reduce_scatter(c, w) != ST_OK;
+            result[w] = st_comm_shard_grads(c, w);
+            wrong += st_comm_barrier(c, w) != ST_OK;
+#pragma omp barrier
+            if (w == 0)
+                for (int k = 0; k < 3; k++)
+                    for (size_t i = shard[k].begin; i < shard[k].end; i++) {
+                        float got = result[k][i - shard[k].begin];
+                        int holders = i >= 280 ? 3 : (i % 100 < 60 ? 1 : 0);
+                        float want = holders == 3 ? 2.0f * (float)i      /* (1+2+3) i / 3 */
+                                   : holders == 1 ? (float)(i / 100 + 1) * (float)i
+                                   : external ? SENTINEL : 0.0f;
+                        wrong += got != want;
+                    }
+#pragma omp barrier
+            st_arena_release(&a);
+        }
+        cr_assert_eq(wrong, 0, "external output %d: %s", external, st_last_error());
+        if (external)
+            cr_assert_eq(result[1], out[1] + 0, "the caller's buffer is the shard output");
+        st_comm_destroy(c);
+    }
 }

@@ -89,6 +89,14 @@ st_status st_comm_attach_compact(st_comm *c, int w, st_arena *arena, float *grad
                                  float *params, const st_range *held, const size_t *local,
                                  int n_held);
 
+/* Worker w's reduce-scatter writes its shard's means into `out` (the
+ * shard's length, w's own) instead of a buffer the engine takes from w's
+ * arena: for a caller that keeps the result anyway (IST's saved masters),
+ * one shard-sized buffer and two copies fewer.  Elements nobody holds are
+ * left as they are in `out`.  Called before w attaches; kept across
+ * st_comm_reset. */
+void st_comm_set_shard_output(st_comm *c, int w, float *out);
+
 /* Forgets every attachment so that the workers can attach again with other
  * holdings (a new round of subnetworks); the shards stay where they are.
  * The workers' buffers were in their arenas: the caller rewinds those.

@@ -107,6 +107,8 @@ typedef struct comm_slot {
     size_t *local;            /* held[i] starts at grads/params + local[i] */
     int n_held;
     float *master, *shard_grad;
+    float *shard_out;         /* the caller's buffer for shard_grad, or NULL
+                               * (st_comm_set_shard_output; survives a reset) */
     /* the owner's segments (read by everyone after the second barrier) */
     comm_seg *segs;
     size_t n_segs;
@@ -356,13 +358,20 @@ st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
     return ST_OK;
 }
 
+void st_comm_set_shard_output(st_comm *c, int w, float *out)
+{
+    c->slots[w].shard_out = out;
+}
+
 void st_comm_reset(st_comm *c)
 {
     for (int w = 0; w < c->n_workers; w++) {
         comm_slot *s = &c->slots[w];
         int domain = s->domain;
+        float *out = s->shard_out;
         memset(s, 0, sizeof *s);
         s->domain = domain;
+        s->shard_out = out;
         atomic_init(&s->attached, 0);
     }
 }
@@ -873,7 +882,9 @@ static st_status attach_register(st_comm *c, int w, st_arena *arena, float *grad
     size_t len = c->shard_begin[w + 1] - c->shard_begin[w];
     if (c->roles & ST_COMM_GATHER)
         ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, len, &me->master));
-    if (c->roles & ST_COMM_REDUCE) {
+    if ((c->roles & ST_COMM_REDUCE) && me->shard_out) {
+        me->shard_grad = me->shard_out;   /* what no reduction writes keeps its value */
+    } else if (c->roles & ST_COMM_REDUCE) {
         ST_TRY(st_arena_alloc_floats(arena, ST_MEM_GRADIENTS, len, &me->shard_grad));
         if (c->allow_unheld)   /* what no reduction writes reads as a zero gradient */
             memset(me->shard_grad, 0, len * sizeof *me->shard_grad);

@@ -105,10 +105,11 @@ st_status st_ist_init_worker(run_shared *r, int wid, st_worker *w,
      * blocks) starts, and stays until someone holds it, at its initial value */
     ST_TRY(st_model_init_full_range(&r->cfg->model, r->cfg->seed, shard.begin, shard.end,
                                     r->slots[wid].saved_master));
+    st_comm_set_shard_output(r->comm, wid, r->slots[wid].saved_master);
     for (int i = 0; i < r->n_state; i++) {
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_OPTIMIZER, shard.end - shard.begin,
                                      &r->slots[wid].saved_state[i]));
-        memset(r->slots[wid].saved_state[i], 0, (shard.end - shard.begin) * sizeof(float));
+        st_comm_set_shard_output(r->state_comm[i], wid, r->slots[wid].saved_state[i]);
     }
     return build_round(r, wid, w, 0);
 }
@@ -137,21 +138,11 @@ st_status st_ist_round_end(run_shared *r, st_worker *w, uint64_t round)
     const int wid = w->id;
     worker_slot *slot = &r->slots[wid];
     double t = st_run_now_s();
-    st_range shard = st_comm_shard(r->comm, wid);
-    /* the reduction writes what someone held; the rest keeps its value */
-    memcpy(st_comm_shard_grads(r->comm, wid), slot->saved_master,
-           (shard.end - shard.begin) * sizeof(float));
+    /* into the saved masters (and states) directly: what someone held is
+     * replaced by its mean over the holders, the rest keeps its value */
     ST_TRY(st_comm_reduce_scatter(r->comm, wid)); /* waits for every worker */
-    memcpy(slot->saved_master, st_comm_shard_grads(r->comm, wid),
-           (shard.end - shard.begin) * sizeof(float));
-    for (int i = 0; i < r->n_state; i++) {   /* the kept state: the same average */
-        st_comm *e = r->state_comm[i];
-        memcpy(st_comm_shard_grads(e, wid), slot->saved_state[i],
-               (shard.end - shard.begin) * sizeof(float));
-        ST_TRY(st_comm_reduce_scatter(e, wid));
-        memcpy(slot->saved_state[i], st_comm_shard_grads(e, wid),
-               (shard.end - shard.begin) * sizeof(float));
-    }
+    for (int i = 0; i < r->n_state; i++)   /* the kept state: the same average */
+        ST_TRY(st_comm_reduce_scatter(r->state_comm[i], wid));
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every saved master written, engine idle */
     if (wid == 0) {
         st_comm_reset(r->comm);
