@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +157,34 @@ Test(cuts, minimise_the_largest_segment)
                 }
         cr_expect_eq(mine, best, "S %d: largest segment %g, the best cuts give %g", s, mine, best);
     }
+}
+
+/* Ties: the DP keeps, for each prefix, the earliest last cut among the
+ * equal best, so the rule is "the earliest last cut; the cuts before it
+ * then minimise the largest segment of the layers before it (the same rule
+ * again)" — not "the lexicographically earliest cuts". */
+Test(cuts, ties_go_to_the_earliest_last_cut)
+{
+    /* 3 equal layers (8 x 8), S = 2: a segment's first layer costs 2
+     * products, the others 3; cut 1 gives 2 | 5, cut 2 gives 5 | 2: a tie,
+     * and the earliest wins. */
+    st_model_config m = mlp(2, 8, 8, 8);
+    int cuts[3];
+    OK(st_synth_balanced_cuts(&m, 2, cuts));
+    cr_expect_eq(cuts[0], 1, "a tie between cuts 1 and 2 went to %d", cuts[0]);
+    /* 4 layers of 8 x 8 and a head of 8 x 800, S = 3: the head alone is
+     * the largest segment whatever the other cuts, so (1, 4), (2, 4) and
+     * (3, 4) all tie overall; the last cut is 4 and the layers 1-4 before
+     * it are split to minimise their own largest segment: (2, 4), not the
+     * lexicographically earliest (1, 4). */
+    m = mlp(4, 8, 8, 800);
+    OK(st_synth_balanced_cuts(&m, 3, cuts));
+    cr_expect(cuts[0] == 2 && cuts[1] == 4, "S = 3 with a heavy head: after layers %d, %d",
+              cuts[0], cuts[1]);
+    double f14 = fmax(st_synth_segment_flops(&m, 1, 1, 1), st_synth_segment_flops(&m, 2, 4, 1));
+    double f24 = fmax(st_synth_segment_flops(&m, 1, 2, 1), st_synth_segment_flops(&m, 3, 4, 1));
+    cr_expect_lt(f24, f14, "the prefix rule prefers the balanced prefix");
+    cr_expect_gt(st_synth_segment_flops(&m, 5, 5, 1), f14, "and both tie overall");
 }
 
 /* ------------------------------------------------------------ labels */
@@ -440,6 +469,7 @@ static st_train_config synth_config(int workers, int segments, int epochs)
 
 typedef struct recorder {
     float losses[4096];
+    double etas[4096];
     uint64_t steps;
     st_epoch_record records[16];
     int n_records;
@@ -449,8 +479,13 @@ static void on_step(const st_step_info *info, void *user)
 {
     recorder *r = user;
     cr_assert_eq(info->step, r->steps + 1, "steps are reported in order, once each");
-    if (r->steps < 4096)
+    if (r->steps < 4096) {
         r->losses[r->steps] = info->loss;
+        r->etas[r->steps] = info->eta_s;
+    }
+    cr_assert(info->samples_per_s >= 0.0 && isfinite(info->samples_per_s) &&
+              info->eta_s >= 0.0 && isfinite(info->eta_s), "step %llu: %g samples/s, eta %g s",
+              (unsigned long long)info->step, info->samples_per_s, info->eta_s);
     r->steps++;
 }
 
@@ -525,21 +560,24 @@ Test(train, same_seed_and_workers_give_bitwise_identical_runs, .timeout = 120)
 /* Nothing crosses a cut, checked by what each group can see: changing the
  * images (which only segment 1 reads) leaves the later segments' training
  * bitwise the same, and changing the noise (which only the later segments
- * read) leaves segment 1's.  Groups of two (N = 4, S = 2), so that their
- * engines run too. */
+ * read) leaves segment 1's.  N = 5, S = 2: the cut after layer 2 gives
+ * segment FLOPs 5120 : 2432 per sample, so groups of 3 and 2, and both
+ * groups reduce through their engines. */
 Test(train, no_group_sees_another_groups_data_or_parameters, .timeout = 120)
 {
-    st_dataset train, test, other;
+    st_dataset train, test, other, other_test;
     make_data(5, &train, &test);
-    make_data(5, &other, &test);
+    make_data(5, &other, &other_test);
     st_rng rng = st_rng_seed(1);
     for (size_t i = 0; i < (size_t)other.count * other.dim; i++)
         other.x[i] = st_rng_normal(&rng); /* other images, same labels */
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
-    st_train_config c = synth_config(4, 2, 2);
+    st_train_config c = synth_config(5, 2, 2);
     st_epoch_record fa = run(&c, &train, &test, a);
     run(&c, &other, &test, b);
-    cr_assert_eq(fa.segment_workers[0] + fa.segment_workers[1], 4);
+    cr_assert(fa.segment_workers[0] == 3 && fa.segment_workers[1] == 2,
+              "groups of %d and %d workers", fa.segment_workers[0], fa.segment_workers[1]);
+    cr_assert_gt(fa.comm_bytes_per_worker_step, 0.0, "the groups reduce");
     for (int e = 0; e < 2; e++) {
         cr_expect_neq(a->records[e].segment_loss[0], b->records[e].segment_loss[0],
                       "segment 1 reads the images");
@@ -557,6 +595,7 @@ Test(train, no_group_sees_another_groups_data_or_parameters, .timeout = 120)
     free(b);
     st_dataset_free(&train);
     st_dataset_free(&other);
+    st_dataset_free(&other_test);
     st_dataset_free(&test);
 }
 
@@ -573,7 +612,16 @@ Test(train, recovery_epochs_continue_the_joined_network, .timeout = 120)
     c.synth.recovery_epochs = 2;
     st_epoch_record f2 = run(&c, &train, &test, b);
     cr_assert_eq(b->n_records, 5, "2 segment epochs, 2 recovery epochs, the final record");
+    for (int e = 0; e < 2; e++) {
+        cr_assert_eq(memcmp(b->records[e].segment_loss, a->records[e].segment_loss,
+                            sizeof a->records[e].segment_loss), 0, "epoch %d's segment losses", e + 1);
+        cr_assert_eq(memcmp(&b->records[e].test_loss, &a->records[e].test_loss, sizeof(double)),
+                     0, "epoch %d's joined network", e + 1);
+    }
     cr_assert_eq(b->records[1].test_acc, f0.test_acc, "the joined network before recovery");
+    uint64_t seg_steps = b->records[1].step;
+    cr_assert_gt(b->etas[seg_steps - 1], 0.0,
+                 "the last segment step's ETA counts the recovery epochs to come");
     cr_assert(!b->records[1].recovery && b->records[2].recovery && f2.recovery);
     cr_assert_eq(b->records[2].epoch, 3);
     cr_assert_eq(b->records[3].epoch, 4);
@@ -617,33 +665,70 @@ Test(train, bad_configurations_are_refused)
     st_dataset_free(&test);
 }
 
+/* The warmup is checked against each group's own run, not against a
+ * data-parallel run of all N workers: N = 3, S = 2 gives groups of 2 and 1
+ * (64 and 128 steps an epoch at 4096 samples, batch 32), where data
+ * parallelism of 3 workers would take 42.  A warmup of 50 steps is valid
+ * for both groups (and was refused when the data-parallel plan was
+ * applied); 70 is longer than segment 1's run. */
+Test(train, warmup_is_checked_per_group, .timeout = 60)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    st_train_config c = synth_config(3, 2, 1);
+    c.schedule = ST_SCHED_WARMUP_COSINE;
+    c.warmup_steps = 50;
+    recorder *r = calloc(1, sizeof *r);
+    st_epoch_record f = run(&c, &train, &test, r);
+    cr_assert(f.segment_workers[0] == 2 && f.segment_workers[1] == 1, "groups %d/%d",
+              f.segment_workers[0], f.segment_workers[1]);
+    cr_assert_eq(f.step, 64, "worker 0's group took %llu steps", (unsigned long long)f.step);
+    c.warmup_steps = 70;
+    cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "segment 1"), "%s", st_last_error());
+    free(r);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
 /* ------------------------------------------------------------ hot path */
 
-/* Counts heap calls on worker 0's thread between its step 3 and its first
- * epoch record (test_train.c explains the interposer; oneDNN's own
- * allocations inside dnnl_primitive_execute are counted apart). */
-static _Thread_local int armed, in_dnnl;
-static _Thread_local long own_calls, executes;
+/* Counts heap calls of every thread between worker 0's step 3 and its
+ * first epoch record (test_train.c explains the interposer; oneDNN's own
+ * allocations inside dnnl_primitive_execute are counted apart).  Every
+ * worker's steps count, not only worker 0's: the flag is one global atomic
+ * (worker 0's callbacks arm and disarm it for everyone), the counters are
+ * global atomics that every thread adds to (the sum over threads), and
+ * only "inside oneDNN" is per thread. */
+static atomic_int armed;
+static _Thread_local int in_dnnl;
+static atomic_long own_calls, executes;
 
 extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_realloc(void *, size_t);
 
+static void count_heap_call(void)
+{
+    if (atomic_load_explicit(&armed, memory_order_relaxed) && !in_dnnl)
+        atomic_fetch_add_explicit(&own_calls, 1, memory_order_relaxed);
+}
+
 void *malloc(size_t n)
 {
-    own_calls += armed && !in_dnnl;
+    count_heap_call();
     return __libc_malloc(n);
 }
 
 void *calloc(size_t k, size_t n)
 {
-    own_calls += armed && !in_dnnl;
+    count_heap_call();
     return __libc_calloc(k, n);
 }
 
 void *realloc(void *p, size_t n)
 {
-    own_calls += armed && !in_dnnl;
+    count_heap_call();
     return __libc_realloc(p, n);
 }
 
@@ -659,7 +744,8 @@ dnnl_status_t dnnl_primitive_execute(const_dnnl_primitive_t p, dnnl_stream_t s, 
         *(void **)&real = dlsym(RTLD_NEXT, "dnnl_primitive_execute");
         in_dnnl--;
     }
-    executes += armed;
+    if (atomic_load_explicit(&armed, memory_order_relaxed))
+        atomic_fetch_add_explicit(&executes, 1, memory_order_relaxed);
     in_dnnl++;
     dnnl_status_t r = real(p, s, nargs, args);
     in_dnnl--;
@@ -675,8 +761,9 @@ static void watch_step(const st_step_info *info, void *user)
 {
     (void)user;
     if (info->step == 3) {
-        own_calls = executes = 0;
-        armed = 1;
+        atomic_store(&own_calls, 0);
+        atomic_store(&executes, 0);
+        atomic_store(&armed, 1);
     }
 }
 
@@ -686,23 +773,36 @@ static void watch_epoch(const st_epoch_record *rec, void *user)
     (void)rec;
     if (h->done)
         return;
-    armed = 0;
+    atomic_store(&armed, 0);
     h->done = 1;
-    h->own = own_calls;
-    h->execs = executes;
+    h->own = atomic_load(&own_calls);
+    h->execs = atomic_load(&executes);
 }
 
+/* N = 4, S = 3 (cuts after layers 1 and 2, FLOPs 2048 : 2048 : 2432 per
+ * sample): groups of 1, 1 and 2, so the steps watched are a first segment
+ * updating alone, a middle one (noise, MSE, update alone) and a last one
+ * (noise, cross-entropy, its group's engine). */
 Test(train, a_segment_step_makes_no_heap_allocation, .timeout = 60)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = synth_config(4, 2, 1); /* worker 0 in a group of 2 or 3 */
+    st_train_config c = synth_config(4, 3, 1);
     heap_watch h = { 0 };
-    st_train_callbacks cb = { watch_step, watch_epoch, NULL, &h };
-    cr_assert_eq(st_train_run(&c, &train, &test, &cb, NULL), ST_OK, "%s", st_last_error());
+    st_train_callbacks cb = { .on_step = watch_step, .on_epoch = watch_epoch, .user = &h };
+    st_epoch_record f;
+    cr_assert_eq(st_train_run(&c, &train, &test, &cb, &f), ST_OK, "%s", st_last_error());
     cr_assert(h.done);
-    cr_assert_gt(h.execs, 0, "the interposer saw worker 0's primitives run");
-    cr_assert_eq(h.own, 0, "worker 0 called the heap %ld times in its segment steps", h.own);
+    cr_assert(f.segment_workers[0] == 1 && f.segment_workers[1] == 1 &&
+              f.segment_workers[2] == 2, "groups %d/%d/%d", f.segment_workers[0],
+              f.segment_workers[1], f.segment_workers[2]);
+    cr_assert(c.synth.noise > 0.0f, "the later segments draw noise");
+    /* each step runs >= 3 primitives per linear layer: every worker's count */
+    cr_assert_gt(h.execs, 3 * 100, "the interposer saw the workers' primitives run (%ld)",
+                 h.execs);
+    cr_log_info("every worker, worker 0's steps 4-128 and the evaluation: %ld heap calls, "
+                "%ld primitive executions", h.own, h.execs);
+    cr_assert_eq(h.own, 0, "the workers called the heap %ld times in their segment steps", h.own);
     st_dataset_free(&train);
     st_dataset_free(&test);
 }

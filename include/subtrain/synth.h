@@ -61,8 +61,12 @@ st_synth_config st_synth_config_default(void);
 double st_synth_segment_flops(const st_model_config *m, int first, int last, int batch);
 
 /* The S - 1 cuts that minimise the largest segment's FLOPs (segments run
- * at the same time: the slowest sets the pace); ties go to the earliest
- * cuts.  Fails when the mlp has fewer than S linear layers. */
+ * at the same time: the slowest sets the pace).  Ties: the earliest last
+ * cut among the best; the cuts before it then minimise the largest
+ * segment of the layers before it, by the same rule (so not always the
+ * lexicographically earliest cuts: with a head heavier than the rest,
+ * depth 4, S = 3, every (c, 4) ties and (2, 4) is chosen).  Fails when the
+ * mlp has fewer than S linear layers. */
 st_status st_synth_balanced_cuts(const st_model_config *m, int segments, int *cuts);
 
 /* Workers per segment: one each, then every next worker goes to the

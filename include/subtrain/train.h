@@ -104,10 +104,16 @@ typedef struct st_epoch_record {
     int epochs;               /* epochs in the run (the last may be partial) */
     uint64_t step;
     int final;
-    double train_loss;        /* mean of the epoch's step losses */
+    double train_loss;        /* mean of the epoch's step losses; synth segment
+                               * epochs: the last segment's cross-entropy on
+                               * synthetic inputs (= segment_loss[S - 1]),
+                               * not a loss of the joined network */
     double test_loss;
     double test_acc;
-    double samples_per_s;     /* this epoch's training samples / training time */
+    double samples_per_s;     /* this epoch's training samples / training time;
+                               * synth segment epochs: samples through every
+                               * segment (each counted once) / the epoch's
+                               * wall time up to the slowest group's end */
     double wall_s;            /* since training started, evaluations included */
     double lr;
     int workers;

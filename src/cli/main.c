@@ -104,8 +104,12 @@ static void print_summary(const st_epoch_record *r)
     const st_mem_stats *m = &r->memory;
     if (r->n_segments)
         print_segments(r);
-    printf("final: test_acc %.4f  test_loss %.4f  train_loss %.4f  %.0f samples/s  wall %.1fs\n",
-           r->test_acc, r->test_loss, r->train_loss, r->samples_per_s, r->wall_s);
+    printf("final: test_acc %.4f  test_loss %.4f  ", r->test_acc, r->test_loss);
+    if (r->n_segments && !r->recovery) /* synth: the joined network was never trained as such */
+        printf("last segment's loss %.4f (on synthetic inputs)", r->train_loss);
+    else
+        printf("train_loss %.4f", r->train_loss);
+    printf("  %.0f samples/s  wall %.1fs\n", r->samples_per_s, r->wall_s);
     printf("step (ms, mean over %d worker%s): compute %.2f  wait %.2f  reduce %.2f  optimizer %.2f\n",
            r->workers, r->workers == 1 ? "" : "s", r->step_ms_compute, r->step_ms_wait,
            r->step_ms_reduce, r->step_ms_optimizer);

@@ -78,15 +78,19 @@ void st_progress_on_epoch(const st_epoch_record *rec, void *user)
         print_memory_table(rec);
     if (!p->epoch_lines || rec->final)
         return;
-    printf("epoch %d/%d  step %llu  train_loss %.4f  test_loss %.4f  test_acc %.4f  "
-           "%.0f samples/s  wall %.1fs",
-           rec->epoch, rec->epochs, (unsigned long long)rec->step, rec->train_loss,
-           rec->test_loss, rec->test_acc, rec->samples_per_s, rec->wall_s);
+    /* synth segment epochs: the joined network is never trained as such, so
+     * it has no training loss; the segments' losses follow instead. */
+    const int segments = rec->n_segments && !rec->recovery;
+    printf("epoch %d/%d  step %llu  ", rec->epoch, rec->epochs, (unsigned long long)rec->step);
+    if (!segments)
+        printf("train_loss %.4f  ", rec->train_loss);
+    printf("test_loss %.4f  test_acc %.4f  %.0f samples/s  wall %.1fs", rec->test_loss,
+           rec->test_acc, rec->samples_per_s, rec->wall_s);
     if (rec->align_measured)
         printf("  grad_alignment %.4f (min %.4f)", rec->align_mean, rec->align_min);
     if (rec->n_segments && rec->recovery)
         printf("  (recovery)");
-    if (rec->n_segments && !rec->recovery) {
+    if (segments) {
         printf("  (joined) segment_loss");
         for (int g = 0; g < rec->n_segments; g++)
             printf("%s%.4f", g ? "/" : " ", rec->segment_loss[g]);

@@ -18,6 +18,7 @@
 
 #include <subtrain/rng.h>
 
+#include "core/rng_streams.h"
 #include "nn/model_internal.h"
 
 /* ------------------------------------------------------------ config */
@@ -731,7 +732,7 @@ static void init_segment(const st_model *m, int i, const st_rng *init_root)
 void st_model_init_params(st_model *m, uint64_t seed)
 {
     st_rng root = st_rng_seed(seed);
-    st_rng init_root = st_rng_split(&root, 0x1A17); /* the "init" namespace */
+    st_rng init_root = st_rng_split(&root, ST_RNG_STREAM_INIT);
     for (int i = 0; i < m->n_segs; i++)
         init_segment(m, i, &init_root);
 }
@@ -779,7 +780,7 @@ st_status st_model_init_full_range(const st_model_config *cfg, uint64_t seed, si
     st_model m;
     st_status s = layout_full(&m, cfg);
     st_rng root = st_rng_seed(seed);
-    st_rng init_root = st_rng_split(&root, 0x1A17); /* as st_model_init_params */
+    st_rng init_root = st_rng_split(&root, ST_RNG_STREAM_INIT); /* as st_model_init_params */
     for (int i = 0; s == ST_OK && i < m.n_segs; i++) {
         const st_param_segment *g = &m.segs[i];
         const st_seg_map *mp = &m.maps[i];

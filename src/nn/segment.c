@@ -19,6 +19,7 @@
 #include <subtrain/rng.h>
 #include <subtrain/synth.h>
 
+#include "core/rng_streams.h"
 #include "nn/layers.h"
 #include "nn/mse.h"
 #include "nn/segment.h"
@@ -49,11 +50,21 @@ struct st_segnet {
     st_xent xent;
 };
 
-/* Linear layer l (1-based) of the mlp m: (in, out). */
-static void layer_shape(const st_model_config *m, int l, int *in, int *out)
+void st_segment_layer_shape(const st_model_config *m, int l, int *in, int *out)
 {
     *in = l == 1 ? m->in_dim : m->width;
     *out = l == m->depth + 1 ? m->n_classes : m->width;
+}
+
+size_t st_segment_params(const st_model_config *m, int first, int last)
+{
+    size_t n = 0;
+    for (int l = first; l <= last; l++) {
+        int in, out;
+        st_segment_layer_shape(m, l, &in, &out);
+        n += (size_t)in * (size_t)out + (size_t)out;   /* weight (out, in), bias (out) */
+    }
+    return n;
 }
 
 static st_status check(const st_segment_config *c)
@@ -77,15 +88,11 @@ static st_status layout(st_segnet *s)
     s->layers = calloc((size_t)s->n, sizeof *s->layers);
     if (!s->segs || !s->layers)
         return st_fail(ST_ERR_NOMEM, "out of memory building a segment");
-    for (int l = 1; l < s->cfg.first; l++) {
-        int in, out;
-        layer_shape(m, l, &in, &out);
-        s->full_offset += (size_t)in * (size_t)out + (size_t)out;
-    }
+    s->full_offset = st_segment_params(m, 1, s->cfg.first - 1);
     for (int j = 0; j < s->n; j++) {
         seg_layer *L = &s->layers[j];
         L->index = s->cfg.first + j;
-        layer_shape(m, L->index, &L->in, &L->out);
+        st_segment_layer_shape(m, L->index, &L->in, &L->out);
         char prefix[16];
         if (L->index == m->depth + 1)
             snprintf(prefix, sizeof prefix, "head");
@@ -188,8 +195,8 @@ st_status st_segnet_create(const st_segment_config *cfg, int batch, st_arena *ar
     s->n = cfg->last - cfg->first + 1;
     s->last_is_head = cfg->last == cfg->model.depth + 1;
     int unused;
-    layer_shape(&cfg->model, cfg->first, &s->in_dim, &unused);
-    layer_shape(&cfg->model, cfg->last, &unused, &s->out_dim);
+    st_segment_layer_shape(&cfg->model, cfg->first, &s->in_dim, &unused);
+    st_segment_layer_shape(&cfg->model, cfg->last, &unused, &s->out_dim);
     st_status st;
     ST_TRY_GOTO(st, st_nn_ctx_init(&s->ctx, arena), fail);
     ST_TRY_GOTO(st, layout(s), fail);
@@ -220,7 +227,7 @@ void st_segnet_destroy(st_segnet *s)
 void st_segnet_init_params(st_segnet *s, uint64_t seed)
 {
     st_rng root = st_rng_seed(seed);
-    st_rng init_root = st_rng_split(&root, 0x1A17);
+    st_rng init_root = st_rng_split(&root, ST_RNG_STREAM_INIT);
     for (int i = 0; i < 2 * s->n; i++) {
         const st_param_segment *g = &s->segs[i];
         const seg_layer *L = &s->layers[i / 2];

@@ -32,6 +32,15 @@ typedef struct st_segment_config {
 
 typedef struct st_segnet st_segnet;
 
+/* The shapes, before any segment exists: the one place that says what
+ * linear layer l (1-based; depth + 1 is the head) of the mlp m takes and
+ * gives (in, out), and how many parameters layers first .. last hold
+ * (weights and biases; 0 when last < first).  A segment's range of the
+ * full mlp's flat vector starts at st_segment_params(m, 1, first - 1).
+ * Used by the segments, the cut planner and the synth groups alike. */
+void st_segment_layer_shape(const st_model_config *m, int l, int *in, int *out);
+size_t st_segment_params(const st_model_config *m, int first, int last);
+
 st_status st_segnet_create(const st_segment_config *cfg, int batch, st_arena *arena,
                            st_segnet **out);
 void st_segnet_destroy(st_segnet *s);

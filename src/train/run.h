@@ -84,11 +84,14 @@ typedef struct run_shared {
     int align_count;
     worker_slot *slots;               /* n */
     double t0;
+    uint64_t order_offset;            /* the loop's epoch e draws the order of
+                                       * epoch order_offset + e (synth recovery
+                                       * follows the segment epochs' orders) */
     atomic_int failed;                /* the first failure wins the message */
     st_status error_status;
     char error[512];
     st_epoch_record final;
-    struct synth_state *synth;        /* synth: groups, engines, joined model */
+    struct synth_run *synth;          /* synth: groups, engines, joined model */
 } run_shared;
 
 static inline double st_run_now_s(void)
@@ -115,9 +118,16 @@ static inline st_comm *st_run_masters(const run_shared *r)
 st_status st_run_attach_worker(run_shared *r, int wid, st_worker *w);
 
 /* train.c: the plan of a run of cfg's epochs (or steps) over `workers`
- * data-parallel workers. */
+ * data-parallel workers (not synth's segment epochs: each group plans its
+ * own, synth.c). */
 st_status st_run_make_plan(const st_train_config *cfg, int workers, const st_dataset *train,
                            run_plan *p);
+
+/* train.c: one model alone on the whole data set d, in its stored order
+ * and batches of the model's batch (padding rows zero): the mean loss and
+ * the accuracy.  Worker 0's full model (sdp forward masking) and synth's
+ * joined network. */
+st_status st_run_evaluate_model(st_model *m, const st_dataset *d, double *loss, double *acc);
 
 /* train.c: the epochs of r->plan for worker w (data parallelism unless the
  * strategy says otherwise), records and the final record included. */

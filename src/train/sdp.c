@@ -108,22 +108,7 @@ st_status st_sdp_evaluate_full(run_shared *r, st_worker *w, double *loss, double
     ST_TRY(st_run_sync(r, w->id)); /* every master shard is final */
     if (w->id == 0) {
         load_full_model(r);
-        const st_dataset *d = r->test;
-        const int B = st_model_batch(r->eval_model);
-        float *x = st_model_input(r->eval_model);
-        int32_t *y = st_model_labels(r->eval_model);
-        double sum = 0.0;
-        int64_t correct = 0;
-        for (uint32_t first = 0; first < d->count; first += (uint32_t)B) {
-            int rows = d->count - first < (uint32_t)B ? (int)(d->count - first) : B;
-            memcpy(x, d->x + (size_t)first * d->dim, (size_t)rows * d->dim * sizeof *x);
-            memset(x + (size_t)rows * d->dim, 0, (size_t)(B - rows) * d->dim * sizeof *x);
-            for (int i = 0; i < B; i++)
-                y[i] = i < rows ? d->y[first + (uint32_t)i] : 0;
-            ST_TRY(st_model_evaluate(r->eval_model, rows, &sum, &correct));
-        }
-        *loss = sum / d->count;
-        *acc = (double)correct / d->count;
+        ST_TRY(st_run_evaluate_model(r->eval_model, r->test, loss, acc));
     }
     return st_run_sync(r, w->id);
 }

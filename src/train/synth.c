@@ -20,32 +20,40 @@
  * a group it is data parallelism through the group's own reduction engine
  * (reduce-scatter, shard update, all-gather), or a local update for a
  * group of one.  Each group takes count / (B x its size) steps an epoch
- * with its own schedule; groups meet only at epoch ends (one barrier of all
- * workers), where each group's first worker copies its segment's
- * parameters into its range of worker 0's joined network — the join, one
- * parameter copy a segment and epoch, not part of training — and worker 0
- * evaluates the joined network on the test set.
+ * with its own schedule; groups meet only at epoch ends, at two blocking
+ * barriers of all workers (epoch_sync): before the first, each group's
+ * first worker copies its segment's parameters into its range of worker
+ * 0's joined network — the join, one parameter copy a segment and epoch,
+ * not part of training; between the two, worker 0 evaluates the joined
+ * network on the test set and reports while the others wait.
  *
  * Recovery (--recovery-epochs E): every worker drops its segment, builds
  * the whole mlp on a fresh arena with the joined parameters, and the run
  * continues as plain data parallelism (train.c's loop, all N workers, the
- * run's engine) for E epochs.  The records are renumbered to follow the
- * segment epochs.
+ * run's engine) for E epochs, with the orders of epochs epochs + 1 ..
+ * epochs + E.  The records are renumbered to follow the segment epochs.
  */
 #include <math.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <subtrain/rng.h>
 
 #include "core/error.h"
+#include "core/rng_streams.h"
 #include "nn/segment.h"
 #include "train/run.h"
 
-/* One group of workers and its segment.  A cache line of its own: its
- * first worker adds to loss_sum every step. */
+/* One group of workers and its segment.  The fields above `loss_sum` are
+ * written before the parallel region and read by every member each step;
+ * loss_sum and done are written by the group's first worker every step,
+ * so they start a cache line of their own, and the struct is padded to
+ * whole lines (it is 64-aligned), so that neither this group's read-only
+ * fields nor the next group's share that line. */
 typedef struct synth_group {
-    _Alignas(64) double loss_sum;    /* over the epoch: the group's mean loss per step */
+    int index;                       /* its segment, 0-based */
     int first, count;                /* workers [first, first + count) */
     int layer_first, layer_last;     /* its linear layers (1-based) */
     size_t n_params, full_offset;    /* its parameters, where they sit in the mlp's */
@@ -53,7 +61,13 @@ typedef struct synth_group {
     st_comm *comm;                   /* NULL for a group of one */
     uint64_t steps_per_epoch;
     st_schedule schedule;
+    _Alignas(64) double loss_sum;    /* over the epoch: the group's mean loss per step */
+    _Atomic uint64_t done;           /* steps taken over the segment epochs (progress
+                                      * for worker 0's step reports; relaxed) */
 } synth_group;
+
+_Static_assert(offsetof(synth_group, loss_sum) % 64 == 0 && sizeof(synth_group) % 64 == 0,
+               "a group's per-step line is its own");
 
 /* What one worker holds besides st_worker (its own lines). */
 typedef struct synth_worker {
@@ -65,20 +79,83 @@ typedef struct synth_worker {
     uint64_t steps;                  /* taken so far */
 } synth_worker;
 
-typedef struct synth_state {
+/* The barrier of the epoch ends: a blocking one (mutex and condition
+ * variable), not the engines' spin barrier.  At an epoch end a group that
+ * finished early waits for the slowest group for as long as a whole
+ * epoch's imbalance between them (the groups' per-worker loads differ by
+ * up to a layer's FLOPs x the steps of an epoch): spinning that long would
+ * burn the cores the slower groups need when the run is oversubscribed,
+ * and distort the very timings being measured.  Twice an epoch, outside
+ * the steps, a lock costs nothing that matters. */
+typedef struct epoch_barrier {
+    pthread_mutex_t lock;
+    pthread_cond_t turn;
+    int n, arrived, aborted;
+    unsigned generation;
+} epoch_barrier;
+
+typedef struct synth_run {
     int segments;
     int cuts[ST_SYNTH_MAX_SEGMENTS - 1];
     synth_group groups[ST_SYNTH_MAX_SEGMENTS];
     int *group_of;                   /* n */
     synth_worker *workers;           /* n */
+    epoch_barrier barrier;
+    int barrier_ready;
     st_arena eval_arena;             /* worker 0's joined network */
     st_model *joined;
-    uint64_t steps1;                 /* group 0's steps over the segment epochs */
+    uint64_t steps1;                 /* group 0's steps over the segment epochs: the
+                                      * step numbers of the records and reports */
+    double samples_per_epoch;        /* that went through every segment (below) */
     st_mem_stats phase1_worst;       /* the largest worker of the segment epochs */
-    double train_time1;              /* worker 0's training time, segment epochs */
     const st_train_callbacks *user_cb;
     st_train_callbacks wrap_cb;      /* recovery: renumbers, then calls user_cb */
-} synth_state;
+} synth_run;
+
+/* ------------------------------------------------------------ the epoch-end barrier */
+
+static void epoch_barrier_init(epoch_barrier *b, int n)
+{
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_cond_init(&b->turn, NULL);
+    b->n = n;
+    b->arrived = 0;
+    b->aborted = 0;
+    b->generation = 0;
+}
+
+static void epoch_barrier_destroy(epoch_barrier *b)
+{
+    pthread_cond_destroy(&b->turn);
+    pthread_mutex_destroy(&b->lock);
+}
+
+static void epoch_barrier_abort(epoch_barrier *b)
+{
+    pthread_mutex_lock(&b->lock);
+    b->aborted = 1;
+    pthread_cond_broadcast(&b->turn);
+    pthread_mutex_unlock(&b->lock);
+}
+
+/* Everything a worker wrote before arriving is visible to every worker
+ * after it leaves (the mutex orders them). */
+static st_status epoch_sync(synth_run *sy)
+{
+    epoch_barrier *b = &sy->barrier;
+    pthread_mutex_lock(&b->lock);
+    unsigned gen = b->generation;
+    if (!b->aborted && ++b->arrived == b->n) {
+        b->arrived = 0;
+        b->generation++;
+        pthread_cond_broadcast(&b->turn);
+    }
+    while (!b->aborted && b->generation == gen)
+        pthread_cond_wait(&b->turn, &b->lock);
+    int aborted = b->aborted && b->generation == gen;
+    pthread_mutex_unlock(&b->lock);
+    return aborted ? st_fail(ST_ERR_INVALID, "another worker failed") : ST_OK;
+}
 
 /* ------------------------------------------------------------ config */
 
@@ -125,58 +202,52 @@ st_status st_synth_check_config(const st_train_config *c)
 
 /* ------------------------------------------------------------ prepare */
 
-static void layer_shape(const st_model_config *m, int l, size_t *in, size_t *out)
+/* Group g's steps and learning-rate schedule over the segment epochs:
+ * the group's own checks (train.c's data-parallel plan does not apply). */
+static st_status group_plan(const st_train_config *cfg, const st_dataset *train, synth_group *G)
 {
-    *in = (size_t)(l == 1 ? m->in_dim : m->width);
-    *out = (size_t)(l == m->depth + 1 ? m->n_classes : m->width);
-}
-
-static size_t layers_params(const st_model_config *m, int first, int last)
-{
-    size_t n = 0, in, out;
-    for (int l = first; l <= last; l++) {
-        layer_shape(m, l, &in, &out);
-        n += in * out + out;
-    }
-    return n;
-}
-
-/* Group g's steps and learning-rate schedule over the segment epochs. */
-static st_status group_plan(const st_train_config *cfg, const st_dataset *train, synth_group *g)
-{
-    g->steps_per_epoch = train->count / ((uint64_t)cfg->batch * (uint64_t)g->count);
-    uint64_t total = (uint64_t)cfg->epochs * g->steps_per_epoch;
+    uint64_t global_batch = (uint64_t)cfg->batch * (uint64_t)G->count;
+    G->steps_per_epoch = train->count / global_batch;
+    if (G->steps_per_epoch == 0)
+        return st_fail(ST_ERR_INVALID, "segment %d's global batch of %d workers x %d samples is "
+                       "larger than the training set (%u samples)", G->index + 1, G->count,
+                       cfg->batch, train->count);
+    uint64_t total = (uint64_t)cfg->epochs * G->steps_per_epoch;
     uint64_t warmup = cfg->warmup_steps == ST_WARMUP_AUTO ? total / 20 : cfg->warmup_steps;
     if (cfg->schedule == ST_SCHED_WARMUP_COSINE && warmup >= total)
-        return st_fail(ST_ERR_INVALID, "warmup (%llu steps) must be shorter than a group's run "
-                       "(%llu steps)", (unsigned long long)warmup, (unsigned long long)total);
-    g->schedule = (st_schedule){ cfg->schedule, cfg->optim.lr, warmup, total };
+        return st_fail(ST_ERR_INVALID, "warmup (%llu steps) must be shorter than segment %d's "
+                       "run (%llu steps of its %d worker%s)", (unsigned long long)warmup,
+                       G->index + 1, (unsigned long long)total, G->count,
+                       G->count == 1 ? "" : "s");
+    G->schedule = (st_schedule){ .kind = cfg->schedule, .peak_lr = cfg->optim.lr,
+                                 .warmup_steps = warmup, .total_steps = total };
     return ST_OK;
 }
 
-static st_status make_groups(run_shared *r, synth_state *st)
+static st_status make_groups(run_shared *r, synth_run *sy)
 {
     const st_train_config *cfg = r->cfg;
     const int S = cfg->synth.segments;
     double flops[ST_SYNTH_MAX_SEGMENTS];
     int counts[ST_SYNTH_MAX_SEGMENTS];
     for (int g = 0; g < S; g++) {
-        synth_group *G = &st->groups[g];
-        G->layer_first = g == 0 ? 1 : st->cuts[g - 1] + 1;
-        G->layer_last = g == S - 1 ? cfg->model.depth + 1 : st->cuts[g];
+        synth_group *G = &sy->groups[g];
+        G->index = g;
+        G->layer_first = g == 0 ? 1 : sy->cuts[g - 1] + 1;
+        G->layer_last = g == S - 1 ? cfg->model.depth + 1 : sy->cuts[g];
         G->flops = st_synth_segment_flops(&cfg->model, G->layer_first, G->layer_last, cfg->batch);
-        G->n_params = layers_params(&cfg->model, G->layer_first, G->layer_last);
-        G->full_offset = layers_params(&cfg->model, 1, G->layer_first - 1);
+        G->n_params = st_segment_params(&cfg->model, G->layer_first, G->layer_last);
+        G->full_offset = st_segment_params(&cfg->model, 1, G->layer_first - 1);
         flops[g] = G->flops;
     }
     ST_TRY(st_synth_split_workers(r->n, S, flops, counts));
     int next = 0;
     for (int g = 0; g < S; g++) {
-        synth_group *G = &st->groups[g];
+        synth_group *G = &sy->groups[g];
         G->first = next;
         G->count = counts[g];
         for (int k = 0; k < G->count; k++)
-            st->group_of[next + k] = g;
+            sy->group_of[next + k] = g;
         next += G->count;
         ST_TRY(group_plan(cfg, r->train, G));
     }
@@ -185,10 +256,10 @@ static st_status make_groups(run_shared *r, synth_state *st)
 
 /* A reduction engine per group of more than one worker, over the group's
  * workers only (their NUMA domains, in order) and its segment's vector. */
-static st_status make_engines(run_shared *r, synth_state *st)
+static st_status make_engines(run_shared *r, synth_run *sy)
 {
-    for (int g = 0; g < st->segments; g++) {
-        synth_group *G = &st->groups[g];
+    for (int g = 0; g < sy->segments; g++) {
+        synth_group *G = &sy->groups[g];
         if (G->count == 1)
             continue;
         int domain_of[G->count];
@@ -201,56 +272,85 @@ static st_status make_engines(run_shared *r, synth_state *st)
     return ST_OK;
 }
 
+/* Throughput counts samples through the whole network: every segment sees
+ * every sample, so a sample counts once, not once per segment (as data
+ * parallelism counts it once, not once per layer).  Groups drop different
+ * remainders of the training set (count / (B x their size) steps), so an
+ * epoch's samples are those that went through every segment: the fewest
+ * any group took. */
+static double samples_per_epoch(const run_shared *r, const synth_run *sy)
+{
+    double least = INFINITY;
+    for (int g = 0; g < sy->segments; g++) {
+        const synth_group *G = &sy->groups[g];
+        least = fmin(least, (double)G->steps_per_epoch * r->cfg->batch * G->count);
+    }
+    return least;
+}
+
 st_status st_synth_prepare(run_shared *r)
 {
     const st_train_config *cfg = r->cfg;
-    synth_state *st = calloc(1, sizeof *st);
-    if (!st)
+    size_t size = (sizeof(synth_run) + 63) / 64 * 64;
+    synth_run *sy = aligned_alloc(64, size);
+    if (!sy)
         return st_fail(ST_ERR_NOMEM, "out of memory for the segments' state");
-    r->synth = st;
-    st->segments = cfg->synth.segments;
-    st->group_of = calloc((size_t)r->n, sizeof *st->group_of);
-    st->workers = aligned_alloc(64, sizeof(synth_worker) * (size_t)r->n);
-    if (!st->group_of || !st->workers)
+    memset(sy, 0, size);
+    r->synth = sy;
+    sy->segments = cfg->synth.segments;
+    epoch_barrier_init(&sy->barrier, r->n);
+    sy->barrier_ready = 1;
+    sy->group_of = calloc((size_t)r->n, sizeof *sy->group_of);
+    sy->workers = aligned_alloc(64, sizeof(synth_worker) * (size_t)r->n);
+    if (!sy->group_of || !sy->workers)
         return st_fail(ST_ERR_NOMEM, "out of memory for the segments' state");
-    memset(st->workers, 0, sizeof(synth_worker) * (size_t)r->n);
+    memset(sy->workers, 0, sizeof(synth_worker) * (size_t)r->n);
     if (cfg->synth.cuts[0])
-        memcpy(st->cuts, cfg->synth.cuts, sizeof st->cuts);
+        memcpy(sy->cuts, cfg->synth.cuts, sizeof sy->cuts);
     else
-        ST_TRY(st_synth_balanced_cuts(&cfg->model, st->segments, st->cuts));
-    ST_TRY(make_groups(r, st));
-    ST_TRY(make_engines(r, st));
-    st->steps1 = (uint64_t)cfg->epochs * st->groups[0].steps_per_epoch;
+        ST_TRY(st_synth_balanced_cuts(&cfg->model, sy->segments, sy->cuts));
+    ST_TRY(make_groups(r, sy));
+    ST_TRY(make_engines(r, sy));
+    sy->steps1 = (uint64_t)cfg->epochs * sy->groups[0].steps_per_epoch;
+    sy->samples_per_epoch = samples_per_epoch(r, sy);
     if (cfg->synth.recovery_epochs > 0) {
         st_train_config rc = *cfg;
         rc.epochs = cfg->synth.recovery_epochs;
         rc.steps = 0;
         ST_TRY(st_run_make_plan(&rc, r->n, r->train, &r->plan));
+        /* Recovery epoch e draws the order of epoch epochs + e, not that of
+         * segment epoch e again. */
+        r->order_offset = (uint64_t)cfg->epochs;
     }
     return ST_OK;
 }
 
 void st_synth_abort(run_shared *r)
 {
-    for (int g = 0; g < r->synth->segments; g++)
-        if (r->synth->groups[g].comm)
-            st_comm_abort(r->synth->groups[g].comm);
+    synth_run *sy = r->synth;
+    for (int g = 0; g < sy->segments; g++)
+        if (sy->groups[g].comm)
+            st_comm_abort(sy->groups[g].comm);
+    if (sy->barrier_ready)
+        epoch_barrier_abort(&sy->barrier);
 }
 
 void st_synth_release(run_shared *r)
 {
-    synth_state *st = r->synth;
-    if (!st)
+    synth_run *sy = r->synth;
+    if (!sy)
         return;
-    for (int k = 0; st->workers && k < r->n; k++)
-        st_segnet_destroy(st->workers[k].net); /* left by a failed run */
-    st_model_destroy(st->joined);
-    st_arena_release(&st->eval_arena);
-    for (int g = 0; g < st->segments; g++)
-        st_comm_destroy(st->groups[g].comm);
-    free(st->group_of);
-    free(st->workers);
-    free(st);
+    for (int k = 0; sy->workers && k < r->n; k++)
+        st_segnet_destroy(sy->workers[k].net); /* left by a failed run */
+    st_model_destroy(sy->joined);
+    st_arena_release(&sy->eval_arena);
+    for (int g = 0; g < sy->segments; g++)
+        st_comm_destroy(sy->groups[g].comm);
+    if (sy->barrier_ready)
+        epoch_barrier_destroy(&sy->barrier);
+    free(sy->group_of);
+    free(sy->workers);
+    free(sy);
     r->synth = NULL;
 }
 
@@ -271,27 +371,34 @@ st_status st_synth_init_worker(run_shared *r, int wid, st_worker *w,
                                const st_chunk_backend *backend)
 {
     const st_train_config *cfg = r->cfg;
-    synth_state *st = r->synth;
-    const int g = st->group_of[wid];
-    synth_group *G = &st->groups[g];
-    synth_worker *me = &st->workers[wid];
+    synth_run *sy = r->synth;
+    const int g = sy->group_of[wid];
+    synth_group *G = &sy->groups[g];
+    synth_worker *me = &sy->workers[wid];
     ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
-    st_segment_config sc = { cfg->model, G->layer_first, G->layer_last };
+    st_segment_config sc = { .model = cfg->model, .first = G->layer_first,
+                             .last = G->layer_last };
     ST_TRY(st_segnet_create(&sc, cfg->batch, &w->arena, &me->net));
     st_segnet_init_params(me->net, cfg->seed);
     if (g > 0)
         ST_TRY(alloc_labels(w, cfg, g, &me->labels_in));
-    if (g < st->segments - 1)
+    if (g < sy->segments - 1)
         ST_TRY(alloc_labels(w, cfg, g + 1, &me->labels_out));
     void *y;
     ST_TRY(st_arena_alloc(&w->arena, ST_MEM_ACTIVATIONS, (size_t)cfg->batch * sizeof(int32_t), &y));
     me->y = y;
     st_rng root = st_rng_seed(cfg->seed);
-    st_rng noise = st_rng_split(&root, 0x4015E); /* the "noise" namespace */
+    st_rng noise = st_rng_split(&root, ST_RNG_STREAM_SYNTH_NOISE);
     me->noise = st_rng_split(&noise, (uint64_t)g);
     me->steps = 0;
 
+    /* The group's engine and the join were sized from the shapes alone
+     * (st_segment_params): the segment built must agree. */
     size_t P = st_segnet_param_count(me->net);
+    if (P != G->n_params)
+        return st_fail(ST_ERR_INVALID, "segment %d (layers %d-%d) holds %zu parameters, its "
+                       "group planned for %zu", g + 1, G->layer_first, G->layer_last, P,
+                       G->n_params);
     if (G->comm) {
         st_range all = { 0, P };
         int k = wid - G->first;
@@ -303,8 +410,8 @@ st_status st_synth_init_worker(run_shared *r, int wid, st_worker *w,
         ST_TRY(st_worker_init_optimizer(w, cfg, 0, P));
     }
     if (wid == 0) { /* the joined network, for evaluation: not part of any worker's arena */
-        st_arena_init(&st->eval_arena, "evaluation", backend, 0);
-        ST_TRY(st_model_create(&cfg->model, cfg->batch, &st->eval_arena, &st->joined));
+        st_arena_init(&sy->eval_arena, "evaluation", backend, 0);
+        ST_TRY(st_model_create(&cfg->model, cfg->batch, &sy->eval_arena, &sy->joined));
     }
     return ST_OK;
 }
@@ -323,15 +430,16 @@ static inline void normal_pair(st_rng *r, float *a, float *b)
     *b = rad * sinf(th);
 }
 
-/* Samples order[first .. first + B) as the segment sees them: the images
+/* Samples order[first .. first + B) as segment G sees them: the images
  * (segment 1) or the synthetic label of the previous cut plus noise; the
  * synthetic label of the next cut (MSE) or the class (last segment).
  * x is (B, in), s_in and s_out are (K, W), the target is (B, W). */
-static void load_batch(const run_shared *r, synth_worker *me, int g, int epoch,
+static void load_batch(const run_shared *r, synth_worker *me, const synth_group *G, int epoch,
                        const uint32_t *order, uint32_t first)
 {
     const st_dataset *d = r->train;
     const int B = r->cfg->batch, W = r->cfg->model.width, S = r->synth->segments;
+    const int g = G->index;
     const uint32_t *idx = order + first;
     float *x = st_segnet_input(me->net);
     int32_t *y = g == S - 1 ? st_segnet_labels(me->net) : me->y;
@@ -365,10 +473,31 @@ static void load_batch(const run_shared *r, synth_worker *me, int g, int epoch,
     }
 }
 
-/* One step of worker w in group G (local index k): its batch of the
+/* A group of one updates locally: no barrier of its own would notice a
+ * failure elsewhere, so it looks at the run's flag every step (one relaxed
+ * load of a line nobody writes until something fails). */
+static st_status local_update(run_shared *r, st_worker *w, synth_group *G, uint64_t step,
+                              float *loss, float *lr)
+{
+    synth_worker *me = &r->synth->workers[w->id];
+    worker_slot *slot = &r->slots[w->id];
+    if (atomic_load_explicit(&r->failed, memory_order_relaxed))
+        return st_fail(ST_ERR_INVALID, "another worker failed");
+    double t = st_run_now_s();
+    int n_segs;
+    const st_param_segment *segs = st_segnet_segments(me->net, &n_segs);
+    *loss = slot->loss;
+    *lr = st_schedule_lr(&G->schedule, step);
+    st_optim_update(&w->optim, st_segnet_params(me->net), st_segnet_grads(me->net), segs,
+                    n_segs, 0, st_segnet_param_count(me->net), step, *lr);
+    slot->times.optimizer += st_run_now_s() - t;
+    return ST_OK;
+}
+
+/* One step of worker w in its group G (local index k): its batch of the
  * group's global batch i, forward, backward, then the group's data
  * parallelism (or a local update).  *loss: the group's mean, for k = 0. */
-static st_status segment_step(run_shared *r, st_worker *w, synth_group *G, int g, int epoch,
+static st_status segment_step(run_shared *r, st_worker *w, synth_group *G, int epoch,
                               uint64_t i, float *loss, float *lr)
 {
     synth_worker *me = &r->synth->workers[w->id];
@@ -376,23 +505,14 @@ static st_status segment_step(run_shared *r, st_worker *w, synth_group *G, int g
     const int k = w->id - G->first, m = G->count;
     double t = st_run_now_s(), t1;
     uint32_t first = (uint32_t)((i * (uint64_t)m + (uint64_t)k) * (uint64_t)r->cfg->batch);
-    load_batch(r, me, g, epoch, w->order, first);
+    load_batch(r, me, G, epoch, w->order, first);
     ST_TRY(st_segnet_forward_backward(me->net, &slot->loss));
     t1 = st_run_now_s();
     slot->times.compute += t1 - t;
     t = t1;
     uint64_t step = ++me->steps;
-    int n_segs;
-    const st_param_segment *segs = st_segnet_segments(me->net, &n_segs);
-    size_t P = st_segnet_param_count(me->net);
-    *lr = st_schedule_lr(&G->schedule, step);
-    if (!G->comm) {
-        *loss = slot->loss;
-        st_optim_update(&w->optim, st_segnet_params(me->net), st_segnet_grads(me->net), segs,
-                        n_segs, 0, P, step, *lr);
-        slot->times.optimizer += st_run_now_s() - t;
-        return ST_OK;
-    }
+    if (!G->comm)
+        return local_update(r, w, G, step, loss, lr);
     ST_TRY(st_comm_barrier(G->comm, k));
     t1 = st_run_now_s();
     slot->times.wait += t1 - t;
@@ -407,7 +527,10 @@ static st_status segment_step(run_shared *r, st_worker *w, synth_group *G, int g
     t1 = st_run_now_s();
     slot->times.reduce += t1 - t;
     t = t1;
+    int n_segs;
+    const st_param_segment *segs = st_segnet_segments(me->net, &n_segs);
     st_range shard = st_comm_shard(G->comm, k);
+    *lr = st_schedule_lr(&G->schedule, step);
     st_optim_update(&w->optim, st_comm_shard_params(G->comm, k), st_comm_shard_grads(G->comm, k),
                     segs, n_segs, shard.begin, shard.end, step, *lr);
     t1 = st_run_now_s();
@@ -420,70 +543,77 @@ static st_status segment_step(run_shared *r, st_worker *w, synth_group *G, int g
 
 /* ------------------------------------------------------------ records */
 
-static void describe_segments(const synth_state *st, st_epoch_record *rec)
+static void describe_segments(const synth_run *sy, st_epoch_record *rec)
 {
-    rec->n_segments = st->segments;
-    for (int g = 0; g < st->segments; g++) {
-        rec->segment_workers[g] = st->groups[g].count;
-        if (g + 1 < st->segments)
-            rec->cuts[g] = st->cuts[g];
+    rec->n_segments = sy->segments;
+    for (int g = 0; g < sy->segments; g++) {
+        rec->segment_workers[g] = sy->groups[g].count;
+        if (g + 1 < sy->segments)
+            rec->cuts[g] = sy->cuts[g];
     }
 }
 
+/* How far the segment epochs are, in [0, 1]: the slowest group's share of
+ * its steps (the groups meet at every epoch end, so the phase ends when
+ * the slowest group does). */
+static double segment_progress(const synth_run *sy, int epochs)
+{
+    double least = 1.0;
+    for (int g = 0; g < sy->segments; g++) {
+        const synth_group *G = &sy->groups[g];
+        uint64_t done = atomic_load_explicit(&G->done, memory_order_relaxed);
+        least = fmin(least, (double)done / ((double)epochs * (double)G->steps_per_epoch));
+    }
+    return least;
+}
+
+/* Worker 0 after each of its steps.  Steps are numbered by group 0's
+ * (worker 0's) steps; throughput and the time left by the slowest group's
+ * progress f: samples through the whole network so far are f x the
+ * segment epochs' samples, and the segment epochs end after
+ * train_time x (1 - f) / f more.  The recovery epochs, not yet measured,
+ * are estimated at the mean segment epoch's time each: every segment sees
+ * every sample, so an epoch of the segments does about the FLOPs of a
+ * data-parallel epoch (a little less).  Once they start, train.c's loop
+ * reports on its own measurements. */
 static void report_step(run_shared *r, int epoch, uint64_t step, float loss, float lr,
                         double train_time)
 {
     const st_train_callbacks *cb = r->cb;
     if (!cb || !cb->on_step)
         return;
-    const synth_state *st = r->synth;
-    const synth_group *G = &st->groups[0];
-    uint64_t total = st->steps1 + (r->cfg->synth.recovery_epochs ? r->plan.total_steps : 0);
-    int epochs = r->cfg->epochs + r->cfg->synth.recovery_epochs;
-    double samples = (double)step * r->cfg->batch * G->count;
+    const synth_run *sy = r->synth;
+    const st_train_config *cfg = r->cfg;
+    const int recovery = cfg->synth.recovery_epochs;
+    double f = segment_progress(sy, cfg->epochs);
+    double phase = f > 0.0 ? train_time / f : 0.0;   /* the segment epochs' estimated time */
     st_step_info info = {
-        step, total, epoch, epochs, loss, lr, samples / train_time,
-        st_run_now_s() - r->t0, train_time / (double)step * (double)(st->steps1 - step),
+        .step = step,
+        .total_steps = sy->steps1 + (recovery ? r->plan.total_steps : 0),
+        .epoch = epoch,
+        .epochs = cfg->epochs + recovery,
+        .loss = loss,
+        .lr = lr,
+        .samples_per_s = f * cfg->epochs * sy->samples_per_epoch / train_time,
+        .elapsed_s = st_run_now_s() - r->t0,
+        .eta_s = phase * (1.0 - f) + phase / cfg->epochs * recovery,
     };
     cb->on_step(&info, cb->user);
 }
 
-/* The joined network on the test set (worker 0). */
-static st_status evaluate_joined(run_shared *r, double *loss, double *acc)
-{
-    st_model *m = r->synth->joined;
-    const st_dataset *d = r->test;
-    const uint32_t B = (uint32_t)st_model_batch(m);
-    float *x = st_model_input(m);
-    int32_t *y = st_model_labels(m);
-    double sum = 0.0;
-    int64_t correct = 0;
-    for (uint32_t first = 0; first < d->count; first += B) {
-        uint32_t rows = d->count - first < B ? d->count - first : B;
-        memcpy(x, d->x + (size_t)first * d->dim, (size_t)rows * d->dim * sizeof *x);
-        for (uint32_t i = 0; i < rows; i++)
-            y[i] = d->y[first + i];
-        if (rows < B) {
-            memset(x + (size_t)rows * d->dim, 0, (size_t)(B - rows) * d->dim * sizeof *x);
-            memset(y + rows, 0, (size_t)(B - rows) * sizeof *y);
-        }
-        ST_TRY(st_model_evaluate(m, (int)rows, &sum, &correct));
-    }
-    *loss = sum / d->count;
-    *acc = (double)correct / d->count;
-    return ST_OK;
-}
-
-/* Worker 0, between the two barriers of an epoch end. */
+/* Worker 0, between the two barriers of an epoch end.  The step times are
+ * each worker's mean over its own group's steps (the groups take different
+ * numbers), then the mean over workers; the wait at the epoch end is not a
+ * step's and is in the epoch's wall time (samples_per_s) instead. */
 static void fill_record(run_shared *r, st_epoch_record *rec)
 {
-    const synth_state *st = r->synth;
+    const synth_run *sy = r->synth;
     step_times sum = { 0, 0, 0, 0 };
     size_t worst = 0;
     double bytes = 0.0;
     for (int k = 0; k < r->n; k++) {
         const worker_slot *s = &r->slots[k];
-        double steps = (double)st->groups[st->group_of[k]].steps_per_epoch;
+        double steps = (double)sy->groups[sy->group_of[k]].steps_per_epoch;
         sum.compute += s->times.compute / steps;
         sum.wait += s->times.wait / steps;
         sum.reduce += s->times.reduce / steps;
@@ -505,22 +635,64 @@ static void fill_record(run_shared *r, st_epoch_record *rec)
     rec->comm_bytes_per_worker_step = bytes;
     rec->ring_bytes_per_worker_step =
         st_comm_ring_bytes(r->n, st_model_config_param_count(&r->cfg->model));
-    describe_segments(st, rec);
-    for (int g = 0; g < st->segments; g++)
-        rec->segment_loss[g] = st->groups[g].loss_sum / (double)st->groups[g].steps_per_epoch;
-    rec->train_loss = rec->segment_loss[st->segments - 1];
+    describe_segments(sy, rec);
+    for (int g = 0; g < sy->segments; g++)
+        rec->segment_loss[g] = sy->groups[g].loss_sum / (double)sy->groups[g].steps_per_epoch;
+    /* No training loss of the joined network exists in the segment epochs:
+     * train_loss is the last segment's cross-entropy on synthetic inputs
+     * (documented in train.h; the CLI labels it so). */
+    rec->train_loss = rec->segment_loss[sy->segments - 1];
 }
 
 /* ------------------------------------------------------------ the segment epochs */
 
+/* The end of a segment epoch for worker w: its slot, the join (each group
+ * writes its own range of the joined vector; after its all-gather every
+ * replica holds the same values), the barrier, then worker 0 evaluates the
+ * joined network and reports while the others wait at the second barrier.
+ * *train_time (worker 0's) grows by the epoch's wall time up to the end of
+ * the first barrier: it includes waiting for the slowest group. */
+static st_status epoch_end(run_shared *r, st_worker *w, int epoch, double te, float lr,
+                           double *train_time, st_epoch_record *rec)
+{
+    const st_train_config *cfg = r->cfg;
+    synth_run *sy = r->synth;
+    const int wid = w->id;
+    synth_group *G = &sy->groups[sy->group_of[wid]];
+    synth_worker *me = &sy->workers[wid];
+    worker_slot *slot = &r->slots[wid];
+    slot->memory = w->arena.stats;
+    memset(&slot->bytes, 0, sizeof slot->bytes);
+    if (G->comm)
+        slot->bytes = st_comm_bytes_per_step(G->comm, wid - G->first);
+    if (wid == G->first)
+        memcpy(st_model_params(sy->joined) + G->full_offset, st_segnet_params(me->net),
+               G->n_params * sizeof(float));
+    ST_TRY(epoch_sync(sy));
+    double epoch_time = st_run_now_s() - te;
+    *train_time += epoch_time;
+    if (wid == 0) {
+        ST_TRY(st_run_evaluate_model(sy->joined, r->test, &rec->test_loss, &rec->test_acc));
+        rec->epoch = epoch;
+        rec->epochs = cfg->epochs + cfg->synth.recovery_epochs;
+        rec->step = me->steps;
+        rec->samples_per_s = sy->samples_per_epoch / epoch_time;
+        rec->lr = lr;
+        rec->wall_s = st_run_now_s() - r->t0;
+        fill_record(r, rec);
+        if (r->cb && r->cb->on_epoch)
+            r->cb->on_epoch(rec, r->cb->user);
+    }
+    return epoch_sync(sy); /* the slots and group sums are read until here */
+}
+
 static st_status segment_epochs(run_shared *r, st_worker *w)
 {
     const st_train_config *cfg = r->cfg;
-    synth_state *st = r->synth;
-    const int wid = w->id, g = st->group_of[wid];
-    synth_group *G = &st->groups[g];
-    synth_worker *me = &st->workers[wid];
-    worker_slot *slot = &r->slots[wid];
+    synth_run *sy = r->synth;
+    const int wid = w->id;
+    synth_group *G = &sy->groups[sy->group_of[wid]];
+    synth_worker *me = &sy->workers[wid];
     const int leader = wid == G->first;
     st_epoch_record rec;
     memset(&rec, 0, sizeof rec);
@@ -530,51 +702,28 @@ static st_status segment_epochs(run_shared *r, st_worker *w)
     for (int epoch = 1; epoch <= cfg->epochs; epoch++) {
         /* Every group draws the same order from the seed: no sharing. */
         st_epoch_order(cfg->seed, (uint64_t)epoch - 1, w->order, r->train->count);
-        memset(&slot->times, 0, sizeof slot->times);
+        memset(&r->slots[wid].times, 0, sizeof r->slots[wid].times);
         if (leader)
             G->loss_sum = 0.0;
         double te = st_run_now_s();
         for (uint64_t i = 0; i < G->steps_per_epoch; i++) {
             float loss = 0.0f;
-            ST_TRY(segment_step(r, w, G, g, epoch, i, &loss, &lr));
-            if (leader)
+            ST_TRY(segment_step(r, w, G, epoch, i, &loss, &lr));
+            if (leader) {
                 G->loss_sum += loss;
+                atomic_store_explicit(&G->done, me->steps, memory_order_relaxed);
+            }
             if (wid == 0)
                 report_step(r, epoch, me->steps, loss, lr, train_time + (st_run_now_s() - te));
         }
-        double epoch_time = st_run_now_s() - te;
-        train_time += epoch_time;
-        slot->memory = w->arena.stats;
-        memset(&slot->bytes, 0, sizeof slot->bytes);
-        if (G->comm)
-            slot->bytes = st_comm_bytes_per_step(G->comm, wid - G->first);
-        /* The join: each group writes its own range of the joined vector
-         * (after its all-gather every replica holds the same values). */
-        if (leader)
-            memcpy(st_model_params(st->joined) + G->full_offset, st_segnet_params(me->net),
-                   G->n_params * sizeof(float));
-        ST_TRY(st_run_sync(r, wid));
-        if (wid == 0) {
-            ST_TRY(evaluate_joined(r, &rec.test_loss, &rec.test_acc));
-            rec.epoch = epoch;
-            rec.epochs = cfg->epochs + cfg->synth.recovery_epochs;
-            rec.step = me->steps;
-            rec.samples_per_s = (double)G->steps_per_epoch * cfg->batch * G->count / epoch_time;
-            rec.lr = lr;
-            rec.wall_s = st_run_now_s() - r->t0;
-            fill_record(r, &rec);
-            if (r->cb && r->cb->on_epoch)
-                r->cb->on_epoch(&rec, r->cb->user);
-        }
-        ST_TRY(st_run_sync(r, wid)); /* the slots and group sums are read until here */
+        ST_TRY(epoch_end(r, w, epoch, te, lr, &train_time, &rec));
     }
     if (wid == 0) {
-        st->phase1_worst = rec.memory;
-        st->train_time1 = train_time;
+        sy->phase1_worst = rec.memory;
         r->final = rec;
         if (cfg->synth.recovery_epochs == 0) {
             rec.final = 1;
-            rec.samples_per_s = (double)me->steps * cfg->batch * G->count / train_time;
+            rec.samples_per_s = (double)cfg->epochs * sy->samples_per_epoch / train_time;
             if (r->cb && r->cb->on_epoch)
                 r->cb->on_epoch(&rec, r->cb->user);
             r->final = rec;
@@ -590,14 +739,14 @@ static st_status segment_epochs(run_shared *r, st_worker *w)
  * larger of the two phases' (the run's peak). */
 static void renumber(const run_shared *r, st_epoch_record *rec)
 {
-    const synth_state *st = r->synth;
+    const synth_run *sy = r->synth;
     rec->epoch += r->cfg->epochs;
     rec->epochs += r->cfg->epochs;
-    rec->step += st->steps1;
+    rec->step += sy->steps1;
     rec->recovery = 1;
-    describe_segments(st, rec);
-    if (rec->final && st->phase1_worst.peak_total > rec->memory.peak_total)
-        rec->memory = st->phase1_worst;
+    describe_segments(sy, rec);
+    if (rec->final && sy->phase1_worst.peak_total > rec->memory.peak_total)
+        rec->memory = sy->phase1_worst;
 }
 
 static void wrap_on_step(const st_step_info *info, void *user)
@@ -627,22 +776,25 @@ static void wrap_on_epoch(const st_epoch_record *rec, void *user)
 static st_status recovery_epochs(run_shared *r, st_worker *w, const st_chunk_backend *backend)
 {
     const int wid = w->id;
-    synth_state *st = r->synth;
+    synth_run *sy = r->synth;
     st_worker_destroy(w);
     ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, backend));
-    memcpy(st_model_params(w->model), st_model_params(st->joined),
+    memcpy(st_model_params(w->model), st_model_params(sy->joined),
            st_model_param_count(w->model) * sizeof(float));
     ST_TRY(st_run_attach_worker(r, wid, w)); /* N >= S >= 2: the run has an engine */
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
     if (wid == 0) {
-        st->user_cb = r->cb;
+        sy->user_cb = r->cb;
         if (r->cb) {
             /* warnings were given before the segment epochs */
-            st->wrap_cb = (st_train_callbacks){ r->cb->on_step ? wrap_on_step : NULL,
-                                                r->cb->on_epoch ? wrap_on_epoch : NULL,
-                                                NULL, r };
-            r->cb = &st->wrap_cb;
+            sy->wrap_cb = (st_train_callbacks){
+                .on_step = r->cb->on_step ? wrap_on_step : NULL,
+                .on_epoch = r->cb->on_epoch ? wrap_on_epoch : NULL,
+                .on_warning = NULL,
+                .user = r,
+            };
+            r->cb = &sy->wrap_cb;
         }
     }
     ST_TRY(st_run_sync(r, wid));

@@ -10,6 +10,8 @@
 #include <subtrain/synth.h>
 
 #include "core/error.h"
+#include "core/rng_streams.h"
+#include "nn/segment.h"
 
 const char *st_synth_labels_name(st_synth_labels kind)
 {
@@ -41,22 +43,15 @@ st_synth_config st_synth_config_default(void)
     return c;
 }
 
-/* Linear layer l (1-based) of the mlp: (in, out). */
-static void layer_shape(const st_model_config *m, int l, double *in, double *out)
-{
-    *in = l == 1 ? (double)m->in_dim : (double)m->width;
-    *out = l == m->depth + 1 ? (double)m->n_classes : (double)m->width;
-}
-
 double st_synth_segment_flops(const st_model_config *m, int first, int last, int batch)
 {
     double f = 0.0;
     for (int l = first; l <= last; l++) {
-        double in, out;
-        layer_shape(m, l, &in, &out);
+        int in, out;
+        st_segment_layer_shape(m, l, &in, &out);
         /* forward and weight gradient; the input gradient except for the
-         * segment's first layer */
-        f += 2.0 * (double)batch * in * out * (l == first ? 2.0 : 3.0);
+         * segment's first layer; 2 FLOPs per multiply-add */
+        f += 2.0 * (double)batch * (double)in * (double)out * (l == first ? 2.0 : 3.0);
     }
     return f;
 }
@@ -135,7 +130,7 @@ void st_synth_make_labels(st_synth_labels kind, float scale, uint64_t seed, int 
                           int classes, int dim, float *out)
 {
     st_rng root = st_rng_seed(seed);
-    st_rng labels = st_rng_split(&root, 0x5117); /* the "synthetic labels" namespace */
+    st_rng labels = st_rng_split(&root, ST_RNG_STREAM_SYNTH_LABELS);
     for (int c = 0; c < classes; c++) {
         /* one stream per (cut, class): a label does not depend on the width
          * of the others */

@@ -207,6 +207,26 @@ static st_status solo_step(run_shared *r, st_worker *w, uint64_t i, uint64_t ste
 
 /* ------------------------------------------------------------ evaluation */
 
+st_status st_run_evaluate_model(st_model *m, const st_dataset *d, double *loss, double *acc)
+{
+    const int B = st_model_batch(m);
+    float *x = st_model_input(m);
+    int32_t *y = st_model_labels(m);
+    double sum = 0.0;
+    int64_t correct = 0;
+    for (uint32_t first = 0; first < d->count; first += (uint32_t)B) {
+        int rows = d->count - first < (uint32_t)B ? (int)(d->count - first) : B;
+        memcpy(x, d->x + (size_t)first * d->dim, (size_t)rows * d->dim * sizeof *x);
+        memset(x + (size_t)rows * d->dim, 0, (size_t)(B - rows) * d->dim * sizeof *x);
+        for (int i = 0; i < B; i++)
+            y[i] = i < rows ? d->y[first + (uint32_t)i] : 0;
+        ST_TRY(st_model_evaluate(m, rows, &sum, &correct));
+    }
+    *loss = sum / d->count;
+    *acc = (double)correct / d->count;
+    return ST_OK;
+}
+
 /* The test set in its stored order, in batches of B, split round-robin
  * over the workers (all replicas are identical after the all-gather);
  * worker 0 adds the sums up in worker order, so the result does not depend
@@ -336,7 +356,8 @@ st_status st_run_worker_loop(run_shared *r, st_worker *w)
 
     for (int epoch = 1; epoch <= p->epochs; epoch++) {
         /* Every worker draws the same order from the seed: no sharing. */
-        st_epoch_order(r->cfg->seed, (uint64_t)epoch - 1, w->order, r->train->count);
+        st_epoch_order(r->cfg->seed, r->order_offset + (uint64_t)epoch - 1, w->order,
+                       r->train->count);
         memset(&slot->times, 0, sizeof slot->times);
         if (w->id == 0) {
             r->align_sum = 0.0;
@@ -532,7 +553,13 @@ static st_status prepare(run_shared *r)
     st_plan_request req = { cfg->workers, cfg->oversubscribe, cfg->cpuset };
     ST_TRY(st_plan_make(r->topology, &req, &r->placement));
     r->n = r->placement.n_workers;
-    ST_TRY(st_run_make_plan(cfg, r->n, r->train, &r->plan));
+    /* synth: the segment epochs are planned per group and the recovery
+     * epochs on their own (st_synth_prepare); a data-parallel plan of all
+     * N workers over cfg->epochs would apply checks (warmup, global batch)
+     * that are not those of any phase of the run. */
+    int synth = cfg->strategy == ST_STRATEGY_SYNTH;
+    if (!synth)
+        ST_TRY(st_run_make_plan(cfg, r->n, r->train, &r->plan));
     if (cfg->strategy == ST_STRATEGY_SDP || cfg->strategy == ST_STRATEGY_IST) {
         r->assign_k = cfg->strategy == ST_STRATEGY_IST
                     ? 1 : st_subnet_holders_per_unit(r->n, cfg->coverage);
@@ -546,7 +573,6 @@ static st_status prepare(run_shared *r)
     memset(r->slots, 0, sizeof(worker_slot) * (size_t)r->n);
     /* synth: the engine of the recovery epochs (and the barrier of all
      * workers); the segments' groups have their own (st_synth_prepare). */
-    int synth = cfg->strategy == ST_STRATEGY_SYNTH;
     if (r->n > 1 || (cfg->strategy != ST_STRATEGY_DP && !synth)) {
         int *domain_of = malloc(sizeof(int) * (size_t)r->n);
         if (!domain_of)
