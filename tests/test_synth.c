@@ -500,7 +500,7 @@ static st_epoch_record run(const st_train_config *c, const st_dataset *train,
                            const st_dataset *test, recorder *r)
 {
     memset(r, 0, sizeof *r);
-    st_train_callbacks cb = { on_step, on_epoch, NULL, r };
+    st_train_callbacks cb = { .on_step = on_step, .on_epoch = on_epoch, .user = r };
     st_epoch_record final;
     cr_assert_eq(st_train_run(c, train, test, &cb, &final), ST_OK, "%s", st_last_error());
     return final;

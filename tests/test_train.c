@@ -69,7 +69,7 @@ static st_epoch_record train_recorded(const st_train_config *c, const st_dataset
                                       const st_dataset *test, recorder *r)
 {
     memset(r, 0, sizeof *r);
-    st_train_callbacks cb = { on_step, on_epoch, NULL, r };
+    st_train_callbacks cb = { .on_step = on_step, .on_epoch = on_epoch, .user = r };
     st_epoch_record final;
     cr_assert_eq(st_train_run(c, train, test, &cb, &final), ST_OK, "%s", st_last_error());
     return final;
@@ -512,7 +512,7 @@ static void assert_steps_make_no_heap_call(const st_train_config *c, const char 
     st_dataset train, test;
     make_data(5, &train, &test);
     heap_watch h = { 0 };
-    st_train_callbacks cb = { watch_step, watch_epoch, NULL, &h };
+    st_train_callbacks cb = { .on_step = watch_step, .on_epoch = watch_epoch, .user = &h };
     cr_assert_eq(st_train_run(c, &train, &test, &cb, NULL), ST_OK, "%s", st_last_error());
     cr_assert(h.done);
     cr_assert_gt(h.execs, 0, "the interposer saw worker 0's primitives run");
@@ -878,6 +878,63 @@ Test(sdp_neuron, a_step_makes_no_heap_allocation, .timeout = 60)
     c = neuron_sdp_config(ST_MODEL_MLP, 2, 0.5, 40);
     c.batch = 32;
     assert_steps_make_no_heap_call(&c, "sdp neuron forward (mlp, unheld weights)");
+}
+
+/* The trained full model, as on_params hands it over. */
+typedef struct params_out {
+    float *p;
+    size_t n;
+} params_out;
+
+static void keep_params(const float *params, size_t count, void *user)
+{
+    params_out *o = user;
+    o->p = malloc(count * sizeof *o->p);
+    cr_assert_not_null(o->p);
+    memcpy(o->p, params, count * sizeof *o->p);
+    o->n = count;
+}
+
+/* Every parameter of the full model moved from its initial value: each is
+ * held by some worker and its owner updated it (a shard owner that
+ * updated its shard with its own subnetwork's layout would leave the end
+ * of the vector untouched). */
+static void assert_every_parameter_trained(const st_train_config *c, const char *what)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    params_out o = { 0 };
+    st_train_callbacks cb = { .on_params = keep_params, .user = &o };
+    cr_assert_eq(st_train_run(c, &train, &test, &cb, NULL), ST_OK, "%s", st_last_error());
+    cr_assert_eq(o.n, st_model_config_param_count(&c->model), "%s: the full model", what);
+    float *init = malloc(o.n * sizeof *init);
+    cr_assert_eq(st_model_init_full_range(&c->model, c->seed, 0, o.n, init), ST_OK);
+    size_t same = 0, first = o.n;
+    for (size_t i = 0; i < o.n; i++)
+        if (o.p[i] == init[i]) {
+            same++;
+            first = first < i ? first : i;
+        }
+    cr_assert_eq(same, 0, "%s: %zu of %zu parameters never moved (the first at %zu)", what, same,
+                 o.n, first);
+    free(init);
+    free(o.p);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+Test(sdp_neuron, every_parameter_is_trained, .timeout = 120)
+{
+    st_train_config c = sdp_config(4, 0.5, 60);
+    assert_every_parameter_trained(&c, "sdp block forward C=0.5");
+    c = neuron_sdp_config(ST_MODEL_RESMLP, 4, 0.5, 60);
+    assert_every_parameter_trained(&c, "sdp neuron forward C=0.5 (resmlp)");
+    c = neuron_sdp_config(ST_MODEL_MLP, 4, 0.5, 60);
+    assert_every_parameter_trained(&c, "sdp neuron forward C=0.5 (mlp)");
+    c.masking = ST_MASKING_BACKWARD;
+    assert_every_parameter_trained(&c, "sdp neuron backward C=0.5 (mlp)");
+    c = dp_config(2, 16, 30);
+    assert_every_parameter_trained(&c, "data parallelism");
 }
 
 Test(sdp_neuron, too_few_groups_for_the_workers_is_refused)

@@ -106,6 +106,12 @@ void st_model_init_params(st_model *m, uint64_t seed);
 st_status st_model_init_full_range(const st_model_config *cfg, uint64_t seed, size_t begin,
                                    size_t end, float *out);
 
+/* The segments of the full model of cfg (subnetwork fields ignored), in a
+ * malloc'd array the caller frees: what a shard owner's optimizer needs,
+ * since its shard is in the full layout whatever its own subnetwork. */
+st_status st_model_config_segments(const st_model_config *cfg, st_param_segment **out,
+                                   int *count);
+
 const st_model_config *st_model_get_config(const st_model *m);
 int st_model_batch(const st_model *m);
 float *st_model_input(st_model *m);       /* (batch, in_dim): fill before a pass */

@@ -157,6 +157,10 @@ typedef struct st_train_callbacks {
      * oversubscribed, the OS refused strict NUMA binding.  May be NULL. */
     void (*on_warning)(const char *message, void *user);
     void *user;
+    /* Once, at the end of the run (worker 0): the trained model's
+     * parameters in the full layout (st_model_config_segments names them),
+     * valid during the call — to save or inspect them.  May be NULL. */
+    void (*on_params)(const float *params, size_t count, void *user);
 } st_train_callbacks;
 
 /* Trains with cfg->workers worker threads, each pinned to its core (the

@@ -159,8 +159,8 @@ static int run_train(st_cli_options *o)
     }
     prog.quiet = o->quiet;
     prog.report_memory = o->report_memory && !o->quiet;
-    st_train_callbacks cb = { st_progress_on_step, st_progress_on_epoch, st_progress_on_warning,
-                              &prog };
+    st_train_callbacks cb = { .on_step = st_progress_on_step, .on_epoch = st_progress_on_epoch,
+                              .on_warning = st_progress_on_warning, .user = &prog };
     st_epoch_record final;
     if (st_train_run(&o->train, &train, &test, &cb, &final) != ST_OK) {
         fprintf(stderr, "%s", prog.bar_visible ? "\n" : "");

@@ -801,6 +801,27 @@ st_status st_model_init_full_range(const st_model_config *cfg, uint64_t seed, si
     return s;
 }
 
+st_status st_model_config_segments(const st_model_config *cfg, st_param_segment **out,
+                                   int *count)
+{
+    *out = NULL;
+    *count = 0;
+    ST_TRY(st_model_config_check(cfg));
+    st_model m;
+    st_status s = layout_full(&m, cfg);
+    if (s == ST_OK) {
+        *out = malloc((size_t)m.n_segs * sizeof **out);
+        if (*out) {
+            memcpy(*out, m.segs, (size_t)m.n_segs * sizeof **out);
+            *count = m.n_segs;
+        } else {
+            s = st_fail(ST_ERR_NOMEM, "out of memory listing a model's segments");
+        }
+    }
+    st_model_destroy_layout(&m);
+    return s;
+}
+
 const st_model_config *st_model_get_config(const st_model *m) { return &m->cfg; }
 int st_model_batch(const st_model *m) { return m->batch; }
 float *st_model_input(st_model *m) { return m->input; }

@@ -75,6 +75,10 @@ typedef struct run_shared {
                                        * reduce-only engine per state vector
                                        * (Adam: m and v; SGD: momentum) */
     int n_state;                      /* of them in use */
+    st_param_segment *full_segs;      /* the full model's segments: shard
+                                       * owners update full-layout ranges,
+                                       * whatever subnetwork they train */
+    int n_full_segs;
     st_assignment assign;             /* sdp: which worker holds which block */
     int assign_k;                     /* sdp: holders per block */
     st_arena eval_arena;              /* sdp: worker 0's full model for evaluation */

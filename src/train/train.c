@@ -171,13 +171,13 @@ static st_status dp_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step,
     t1 = st_run_now_s();
     slot->times.reduce += t1 - t;
     t = t1;
-    int n_segs;
-    const st_param_segment *segs = st_model_segments(w->model, &n_segs);
+    /* the shard is a range of the full layout: the full model's segments
+     * say which of its elements decay, not w's subnetwork's */
     st_range shard = st_comm_shard(r->comm, w->id);
     *lr = st_schedule_lr(&r->plan.schedule, step);
     st_optim_update(&w->optim, st_comm_shard_params(st_run_masters(r), w->id),
-                    st_comm_shard_grads(r->comm, w->id), segs, n_segs, shard.begin, shard.end,
-                    step, *lr);
+                    st_comm_shard_grads(r->comm, w->id), r->full_segs, r->n_full_segs,
+                    shard.begin, shard.end, step, *lr);
     t1 = st_run_now_s();
     slot->times.optimizer += t1 - t;
     t = t1;
@@ -416,6 +416,11 @@ st_status st_run_worker_loop(run_shared *r, st_worker *w)
         if (r->cb && r->cb->on_epoch)
             r->cb->on_epoch(&rec, r->cb->user);
         r->final = rec;
+        /* subnetworks: the full model the last evaluation loaded from the
+         * masters; otherwise worker 0's replica is the full model */
+        st_model *m = r->eval_model ? r->eval_model : w->model;
+        if (r->cb && r->cb->on_params)
+            r->cb->on_params(st_model_params(m), st_model_param_count(m), r->cb->user);
     }
     return ST_OK;
 }
@@ -566,6 +571,7 @@ static st_status prepare(run_shared *r)
         ST_TRY(st_run_check_units(r));
         ST_TRY(st_run_draw_assignment(r, 0));
     }
+    ST_TRY(st_model_config_segments(&cfg->model, &r->full_segs, &r->n_full_segs));
     r->slots = aligned_alloc(64, sizeof(worker_slot) * (size_t)r->n);
     r->memory = calloc((size_t)r->n, sizeof *r->memory);
     if (!r->slots || !r->memory)
@@ -601,6 +607,7 @@ static st_status prepare(run_shared *r)
 
 static void release(run_shared *r)
 {
+    free(r->full_segs);
     st_synth_release(r);
     st_model_destroy(r->eval_model);
     st_arena_release(&r->eval_arena);
