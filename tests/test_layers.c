@@ -409,6 +409,93 @@ Test(linear, without_dx)
     env_destroy(&e);
 }
 
+/* The variants the subnetworks use, against a direct double reference:
+ * weights stored (in, out) (in_major), a scale with the bias scaled too
+ * (a dropped block) or not (dropped neurons), a fused residual, and weight
+ * gradients for some runs of rows only (backward masking). */
+static void check_linear_variant(int in_major, int unscaled_bias, int runs)
+{
+    env e;
+    env_init(&e, 31 + (uint64_t)(4 * in_major + 2 * unscaled_bias + runs));
+    const int64_t B = 5, I = 8, O = 6, R = in_major ? I : O, C = in_major ? O : I;
+    const float scale = 2.5f;
+    float *x = env_floats(&e, B * I), *y = env_floats(&e, B * O), *res = env_floats(&e, B * O);
+    float *w = env_floats(&e, O * I), *b = env_floats(&e, O), *dx = env_floats(&e, B * I);
+    float *dy = env_floats(&e, B * O), *dw = env_floats(&e, O * I), *db = env_floats(&e, O);
+    fill_uniform(&e.rng, x, B * I, -1, 1);
+    fill_uniform(&e.rng, w, O * I, -1, 1);
+    fill_uniform(&e.rng, b, O, -1, 1);
+    fill_uniform(&e.rng, res, B * O, -1, 1);
+    fill_uniform(&e.rng, dy, B * O, -1, 1);
+    /* storage rows kept for gradients: {1, 2} and {4} (or all) */
+    const st_row_run kept[2] = { { 1, 2 }, { 4, 1 } };
+    st_linear l;
+    st_linear_io io = { .x = x, .y = y, .residual = res, .scale = scale, .dx = dx, .dy = dy,
+                        .w = w, .b = b, .dw = dw, .db = db, .in_major = in_major,
+                        .unscaled_bias = unscaled_bias, .dw_runs = runs ? kept : NULL,
+                        .n_dw_runs = runs ? 2 : 0 };
+    OK(st_linear_build(&e.ctx, &l, B, I, O, &io));
+    OK(st_nn_ctx_finalize(&e.ctx));
+    OK(st_linear_forward(&e.ctx, &l));
+    OK(st_linear_backward(&e.ctx, &l));
+#define W(o, i) ((double)w[in_major ? (i) * O + (o) : (o) * I + (i)])
+    const double bs = unscaled_bias ? 1.0 : scale;
+    for (int64_t r = 0; r < B; r++)
+        for (int64_t o = 0; o < O; o++) {
+            double t = 0;
+            for (int64_t i = 0; i < I; i++)
+                t += (double)x[r * I + i] * W(o, i);
+            double want = res[r * O + o] + scale * t + bs * b[o];
+            cr_expect(fabs(y[r * O + o] - want) <= 1e-5 * (1 + fabs(want)), "y[%lld,%lld] = %g, "
+                      "want %g", (long long)r, (long long)o, y[r * O + o], want);
+        }
+    for (int64_t r = 0; r < B; r++)
+        for (int64_t i = 0; i < I; i++) {
+            double t = 0;
+            for (int64_t o = 0; o < O; o++)
+                t += (double)dy[r * O + o] * W(o, i);
+            cr_expect(fabs(dx[r * I + i] - scale * t) <= 1e-5 * (1 + fabs(t)));
+        }
+#undef W
+    /* dw: the kept storage rows, back to back */
+    int64_t row = 0;
+    for (int64_t sr = 0; sr < R; sr++) {
+        if (runs && !(sr == 1 || sr == 2 || sr == 4))
+            continue;
+        for (int64_t sc = 0; sc < C; sc++) {
+            int64_t o = in_major ? sc : sr, i = in_major ? sr : sc;
+            double t = 0;
+            for (int64_t r = 0; r < B; r++)
+                t += (double)dy[r * O + o] * x[r * I + i];
+            cr_expect(fabs(dw[row * C + sc] - scale * t) <= 1e-5 * (1 + fabs(t)),
+                      "dw row %lld (storage row %lld), col %lld", (long long)row, (long long)sr,
+                      (long long)sc);
+        }
+        row++;
+    }
+    /* db: the kept rows' biases (out-major), or every bias (in-major) */
+    int64_t k = 0;
+    for (int64_t o = 0; o < O; o++) {
+        if (runs && !in_major && !(o == 1 || o == 2 || o == 4))
+            continue;
+        double t = 0;
+        for (int64_t r = 0; r < B; r++)
+            t += dy[r * O + o];
+        cr_expect(fabs(db[k] - bs * t) <= 1e-5 * (1 + fabs(t)), "db[%lld]", (long long)o);
+        k++;
+    }
+    env_destroy(&e);
+}
+
+Test(linear, storage_scale_bias_and_row_runs)
+{
+    omp_set_num_threads(1);
+    for (int in_major = 0; in_major < 2; in_major++)
+        for (int unscaled = 0; unscaled < 2; unscaled++)
+            for (int runs = 0; runs < 2; runs++)
+                check_linear_variant(in_major, unscaled, runs);
+}
+
 /* ------------------------------------------------------------ activations */
 
 typedef struct act_case {

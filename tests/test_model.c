@@ -1141,3 +1141,34 @@ Test(subnetwork, bad_neuron_selections_are_refused)
     c.block_ids = ids;
     cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID, "block and neuron at once");
 }
+
+/* st_model_init_full_range gives, for any range, the values
+ * st_model_init_params puts there in a built full model (mlp; resmlp with
+ * its neuron-major second layers). */
+Test(init, full_range_without_a_model_matches_a_built_one)
+{
+    st_model_config cfgs[2] = { mlp_config(3, 20, ST_ACT_GELU),
+                                resmlp_config(3, 16, 24, ST_ACT_GELU) };
+    for (int t = 0; t < 2; t++) {
+        st_arena a;
+        st_arena_init(&a, "init", NULL, 0);
+        st_model *m = make_model(&cfgs[t], 2, &a);
+        st_model_init_params(m, 77);
+        const size_t P = st_model_param_count(m);
+        float *out = malloc(P * sizeof *out);
+        st_rng r = st_rng_seed(5);
+        for (int k = 0; k < 40; k++) {
+            size_t lo = st_rng_below(&r, (uint32_t)P), hi = lo + 1 + st_rng_below(&r, (uint32_t)(P - lo));
+            if (k == 0) {
+                lo = 0;
+                hi = P;
+            }
+            cr_assert_eq(st_model_init_full_range(&cfgs[t], 77, lo, hi, out), ST_OK);
+            cr_assert_eq(memcmp(out, st_model_params(m) + lo, (hi - lo) * sizeof *out), 0,
+                         "%s: range [%zu, %zu)", st_model_kind_name(cfgs[t].kind), lo, hi);
+        }
+        free(out);
+        st_model_destroy(m);
+        st_arena_release(&a);
+    }
+}

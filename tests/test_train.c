@@ -795,6 +795,14 @@ Test(ist, bad_options_are_refused)
     c = dp_config(2, 16, 10);
     c.ist_keep_state = 1;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID, "keep is an ist option");
+    c = ist_config(2, 10, 10);
+    c.subnet = ST_SUBNET_NEURON;
+    cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID, "ist of resmlp is block-level");
+    c = ist_config(2, 10, 10);
+    c.ist_keep_state = 1;
+    c.optim.kind = ST_OPT_SGD;
+    c.optim.momentum = 0.0f;
+    cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID, "no state to keep");
 }
 
 /* ------------------------------------------------------------ neuron units */
@@ -967,7 +975,8 @@ Test(ist_neuron, one_worker_mlp_is_bitwise_sgd, .timeout = 120)
 }
 
 /* Kept optimizer state with one worker: the state carries over rounds, so
- * IST with momentum SGD is momentum SGD to the bit (a reset would differ). */
+ * IST with momentum SGD is momentum SGD to the bit, and with AdamW AdamW
+ * (a reset would differ). */
 Test(ist_neuron, kept_state_with_one_worker_is_bitwise_momentum_sgd, .timeout = 120)
 {
     st_train_config ci = ist_config(1, 7, 200), cs = ci;
@@ -980,6 +989,12 @@ Test(ist_neuron, kept_state_with_one_worker_is_bitwise_momentum_sgd, .timeout = 
     cs.strategy = ST_STRATEGY_DP;
     st_epoch_record fi, fs;
     assert_bitwise_same_run(&cs, &ci, &fi, &fs);
+    /* AdamW: both moments carried over and the step count running on */
+    ci.optim.kind = cs.optim.kind = ST_OPT_ADAMW;
+    ci.optim.lr = cs.optim.lr = 1e-3f;
+    assert_bitwise_same_run(&cs, &ci, &fi, &fs);
+    ci.optim.kind = ST_OPT_SGD;
+    ci.optim.lr = 0.02f;
     st_dataset train, test;
     make_data(5, &train, &test);
     recorder *reset = calloc(1, sizeof *reset), *kept = calloc(1, sizeof *kept);

@@ -46,7 +46,9 @@ typedef struct st_model_config {
     const int *block_ids;
     /* resmlp: each block adds branch_scale x its branch to the residual
      * stream (0 or 1: plain).  Subnetworks use 1 / coverage in training so
-     * that a block's expected contribution matches the full model's. */
+     * that a block's expected contribution matches the full model's.  With
+     * kept neurons (resmlp and mlp) it scales the product of every layer
+     * that reads a subset of neurons, not that layer's bias. */
     float branch_scale;
     /* resmlp, backward masking: grad_blocks[l] says whether block l's weight
      * gradients are computed and stored (data gradients always flow through

@@ -885,9 +885,9 @@ static st_status attach_register(st_comm *c, int w, st_arena *arena, float *grad
     if ((c->roles & ST_COMM_REDUCE) && me->shard_out) {
         me->shard_grad = me->shard_out;   /* what no reduction writes keeps its value */
     } else if (c->roles & ST_COMM_REDUCE) {
+        /* zero-filled by the arena: what no reduction writes (allow_unheld)
+         * reads as a zero gradient */
         ST_TRY(st_arena_alloc_floats(arena, ST_MEM_GRADIENTS, len, &me->shard_grad));
-        if (c->allow_unheld)   /* what no reduction writes reads as a zero gradient */
-            memset(me->shard_grad, 0, len * sizeof *me->shard_grad);
     }
     return ST_OK;
 }

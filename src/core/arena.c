@@ -65,16 +65,21 @@ static size_t align_up(size_t n)
     return (n + ST_ALIGN - 1) & ~(size_t)(ST_ALIGN - 1);
 }
 
-/* A spare chunk with room for need bytes, unlinked; NULL if none. */
+/* The smallest spare chunk with room for need bytes, unlinked; NULL if
+ * none.  Smallest, so that a small request does not take the chunk a
+ * large one will want next (a rebuilt subnetwork asks for the same sizes
+ * in the same order, give or take a group). */
 static st_arena_chunk *take_spare(st_arena *arena, size_t need)
 {
+    st_arena_chunk **best = NULL;
     for (st_arena_chunk **p = &arena->spare; *p; p = &(*p)->next)
-        if ((*p)->size >= need) {
-            st_arena_chunk *c = *p;
-            *p = c->next;
-            return c;
-        }
-    return NULL;
+        if ((*p)->size >= need && (!best || (*p)->size < (*best)->size))
+            best = p;
+    if (!best)
+        return NULL;
+    st_arena_chunk *c = *best;
+    *best = c->next;
+    return c;
 }
 
 static st_status add_chunk(st_arena *arena, size_t need)

@@ -149,22 +149,24 @@ st_status st_prim_create_pair(st_nn_ctx *ctx, st_prim *fwd, const void *fwd_desc
 }
 
 st_status st_prim_create_with_post_ops(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
-                                       float scale, const dnnl_memory_desc_t *src1_md,
-                                       const char *what)
+                                       float scale, const dnnl_memory_desc_t *add0_md,
+                                       const dnnl_memory_desc_t *add1_md, const char *what)
 {
-    if (scale == 1.0f && !src1_md)
+    if (scale == 1.0f && !add0_md && !add1_md)
         return st_prim_create(ctx, p, op_desc, NULL, what, NULL);
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t ops = NULL;
     dnnl_status_t s = dnnl_primitive_attr_clone(&attr, ctx->attr);
     if (s == dnnl_success)
         s = dnnl_post_ops_create(&ops);
-    /* Order matters: the scale applies to the product (and its bias), the
-     * add comes after it. */
+    /* Order matters: the scale applies to the product (and its bias, when
+     * the bias is the primitive's own), the adds come after it. */
     if (s == dnnl_success && scale != 1.0f)
         s = dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_linear, scale, 0.0f);
-    if (s == dnnl_success && src1_md)
-        s = dnnl_post_ops_append_binary(ops, dnnl_binary_add, src1_md);
+    if (s == dnnl_success && add0_md)
+        s = dnnl_post_ops_append_binary(ops, dnnl_binary_add, add0_md);
+    if (s == dnnl_success && add1_md)
+        s = dnnl_post_ops_append_binary(ops, dnnl_binary_add, add1_md);
     if (s == dnnl_success)
         s = dnnl_primitive_attr_set_post_ops(attr, ops);
     st_status st = s == dnnl_success ? prim_create(ctx, p, op_desc, NULL, attr, what, NULL)

@@ -78,13 +78,19 @@ st_status st_prim_create_pair(st_nn_ctx *ctx, st_prim *fwd, const void *fwd_desc
                               const char *bwd_what);
 
 /* The same with post-ops fused into the primitive: dst = scale * dst
- * (skipped when scale is 1), then dst += src1 when src1_md is not NULL (a
- * binary add); the caller binds src1 with
+ * (skipped when scale is 1), then dst += add0, then dst += add1 for each
+ * of add0_md, add1_md that is not NULL (binary adds; a (1, n) operand is
+ * broadcast over the rows).  The caller binds add j with
  * st_prim_arg(p, DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) | DNNL_ARG_SRC_1, mem),
- * i being the add's position (0 without a scale, 1 with one). */
+ * i being its position in the list (st_post_op_index). */
 st_status st_prim_create_with_post_ops(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
-                                       float scale, const dnnl_memory_desc_t *src1_md,
-                                       const char *what);
+                                       float scale, const dnnl_memory_desc_t *add0_md,
+                                       const dnnl_memory_desc_t *add1_md, const char *what);
+/* Position of binary add j (0 or 1) among the post-ops above. */
+static inline int st_post_op_index(float scale, const dnnl_memory_desc_t *add0_md, int j)
+{
+    return (scale != 1.0f) + (j == 1 && add0_md != NULL);
+}
 void st_prim_arg(st_prim *p, int arg, dnnl_memory_t mem);
 /* The per-step call. */
 st_status st_prim_run(const st_nn_ctx *ctx, const st_prim *p);

@@ -26,6 +26,7 @@ typedef struct st_row_run {
 typedef struct st_linear {
     int64_t batch, in, out;
     float scale;           /* of the product, forward and backward */
+    int scale_bias;        /* the scale applies to the bias too */
     int in_major;          /* w stored (in, out): a row per input neuron */
     int has_dx;            /* 0 for the first layer: nobody needs dL/dx */
     int has_dw;            /* 0 under backward masking: no weight gradients */
@@ -45,6 +46,11 @@ typedef struct st_linear_io {
     const float *residual;             /* NULL, or (B, out) added to y in the same pass */
     float scale;                       /* 0 or 1: none; else y = residual + scale (x w^T + b),
                                         * and the backward scales dy alike */
+    int unscaled_bias;                 /* with a scale: y = residual + scale x w^T + b.
+                                        * A dropped block loses its bias with its
+                                        * product (scale both); dropped neurons
+                                        * leave the layer's bias, held by everyone,
+                                        * in place (scale the product only) */
     float *dx; const float *dy;        /* dx may be NULL */
     const float *w, *b;                /* (out, in) or, in_major, (in, out); (out) */
     int in_major;                      /* storage of w and dw: a row per input

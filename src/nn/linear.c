@@ -33,6 +33,7 @@ static void w_strides(const st_linear *l, int64_t *rs, int64_t *cs)
 }
 
 /* y (B, out) = [residual (B, out) +] scale (x (B, in) . w^T (in, out) + b (1, out))
+ * or, with an unscaled bias, [residual +] scale x . w^T + b
  * The residual of a skip connection is added by the matmul itself (a binary
  * post-op) while y is still in registers: one pass over y fewer than a
  * separate add, and no buffer for the branch output. */
@@ -45,25 +46,39 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
     st_md_strided(&wt_md, l->in, l->out, rs, cs);
     st_md_matrix(&b_md, 1, l->out);
     st_md_matrix(&y_md, l->batch, l->out);
-    dnnl_matmul_desc_t d;
-    ST_DNNL(dnnl_matmul_desc_init(&d, &x_md, &wt_md, &b_md, &y_md), "linear forward descriptor");
-    ST_TRY(st_prim_create_with_post_ops(ctx, &l->fwd, &d, l->scale,
-                                        io->residual ? &y_md : NULL, "linear forward"));
-    if (io->residual) {
-        dnnl_memory_t res;
-        ST_TRY(st_mem_matrix(ctx, &res, l->batch, l->out, io->residual));
-        int at = l->scale != 1.0f; /* the add follows the scale, if any */
-        st_prim_arg(&l->fwd, DNNL_ARG_ATTR_MULTIPLE_POST_OP(at) | DNNL_ARG_SRC_1, res);
+    /* an unscaled bias is added after the scale, as a post-op */
+    const int bias_after = !l->scale_bias;
+    const dnnl_memory_desc_t *add0 = bias_after ? &b_md : NULL;
+    const dnnl_memory_desc_t *add1 = io->residual ? &y_md : NULL;
+    if (!add0) {
+        add0 = add1;
+        add1 = NULL;
     }
+    dnnl_matmul_desc_t d;
+    ST_DNNL(dnnl_matmul_desc_init(&d, &x_md, &wt_md, bias_after ? NULL : &b_md, &y_md),
+            "linear forward descriptor");
+    ST_TRY(st_prim_create_with_post_ops(ctx, &l->fwd, &d, l->scale, add0, add1,
+                                        "linear forward"));
 
     dnnl_memory_t x, wt, b, y;
     ST_TRY(st_mem_matrix(ctx, &x, l->batch, l->in, io->x));
     ST_TRY(st_mem_strided(ctx, &wt, l->in, l->out, rs, cs, io->w));
     ST_TRY(st_mem_matrix(ctx, &b, 1, l->out, io->b));
     ST_TRY(st_mem_matrix(ctx, &y, l->batch, l->out, io->y));
+    int next = 0;   /* the binary adds, in the order they were appended */
+    if (bias_after)
+        st_prim_arg(&l->fwd, DNNL_ARG_ATTR_MULTIPLE_POST_OP(st_post_op_index(l->scale, add0, next++)) |
+                    DNNL_ARG_SRC_1, b);
+    else
+        st_prim_arg(&l->fwd, DNNL_ARG_BIAS, b);
+    if (io->residual) {
+        dnnl_memory_t res;
+        ST_TRY(st_mem_matrix(ctx, &res, l->batch, l->out, io->residual));
+        st_prim_arg(&l->fwd, DNNL_ARG_ATTR_MULTIPLE_POST_OP(st_post_op_index(l->scale, add0, next)) |
+                    DNNL_ARG_SRC_1, res);
+    }
     st_prim_arg(&l->fwd, DNNL_ARG_SRC, x);
     st_prim_arg(&l->fwd, DNNL_ARG_WEIGHTS, wt);
-    st_prim_arg(&l->fwd, DNNL_ARG_BIAS, b);
     st_prim_arg(&l->fwd, DNNL_ARG_DST, y);
     return ST_OK;
 }
@@ -79,7 +94,7 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
     st_md_matrix(&dx_md, l->batch, l->in);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &dy_md, &w_md, NULL, &dx_md), "linear backward-data descriptor");
-    ST_TRY(st_prim_create_with_post_ops(ctx, &l->bwd_data, &d, l->scale, NULL,
+    ST_TRY(st_prim_create_with_post_ops(ctx, &l->bwd_data, &d, l->scale, NULL, NULL,
                                         "linear backward data"));
 
     dnnl_memory_t dy, w, dx;
@@ -108,7 +123,8 @@ static st_status build_backward_weights(st_nn_ctx *ctx, st_linear *l, st_prim *p
     st_md_matrix(&dw_md, n, cols);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &at_md, &b_md, NULL, &dw_md), "linear backward-weights descriptor");
-    ST_TRY(st_prim_create_with_post_ops(ctx, p, &d, l->scale, NULL, "linear backward weights"));
+    ST_TRY(st_prim_create_with_post_ops(ctx, p, &d, l->scale, NULL, NULL,
+                                        "linear backward weights"));
 
     dnnl_memory_t at, bmem, dwm;
     ST_TRY(st_mem_strided(ctx, &at, n, l->batch, 1, a_ld, a));
@@ -120,7 +136,8 @@ static st_status build_backward_weights(st_nn_ctx *ctx, st_linear *l, st_prim *p
     return ST_OK;
 }
 
-/* db[o0 : o0+n] (1, n) = scale ones (1, B) . dy[:, o0:o0+n] (B, n)
+/* db[o0 : o0+n] (1, n) = scale ones (1, B) . dy[:, o0:o0+n] (B, n)  (scale: 1
+ * for an unscaled bias)
  * The batch sum as a matrix-vector product: oneDNN 2.6's reduction
  * primitive has only a reference kernel for this shape (2.3 ms per call at
  * B = 256, out = 1024, more than the layer's three GEMMs together), while
@@ -137,7 +154,8 @@ static st_status build_backward_bias(st_nn_ctx *ctx, st_linear *l, st_prim *p,
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &ones_md, &dy_md, NULL, &db_md),
             "linear backward-bias descriptor");
-    ST_TRY(st_prim_create_with_post_ops(ctx, p, &d, l->scale, NULL, "linear backward bias"));
+    ST_TRY(st_prim_create_with_post_ops(ctx, p, &d, l->scale_bias ? l->scale : 1.0f, NULL, NULL,
+                                        "linear backward bias"));
 
     dnnl_memory_t mones, dy, dbm;
     ST_TRY(st_mem_matrix(ctx, &mones, 1, l->batch, ones));
@@ -193,6 +211,7 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
     l->in = in;
     l->out = out;
     l->scale = io->scale == 0.0f ? 1.0f : io->scale;
+    l->scale_bias = l->scale == 1.0f || !io->unscaled_bias;
     l->in_major = io->in_major != 0;
     l->has_dx = io->dx != NULL;
     l->has_dw = io->dw != NULL;

@@ -366,7 +366,8 @@ static st_status layout_mlp(st_model *m, linear_offsets *lo)
 
 /* Layer i reads the kept neurons of layer i - 1 (the input: all of it) and
  * writes its own kept neurons; with forward masking, the layers after the
- * first read a subset and scale their product by branch_scale. */
+ * first read a subset and scale their product (not their bias, which every
+ * worker holds) by branch_scale. */
 static st_status build_mlp(st_model *m)
 {
     const size_t B = (size_t)m->batch, L = (size_t)m->cfg.depth;
@@ -401,6 +402,7 @@ static st_status build_mlp(st_model *m)
         st_linear_io io = linear_io(m, lo[i], x, d->a, i == 0 ? NULL : m->dz, m->da);
         io.dw_runs = grad_runs(m, (int)i, &io.n_dw_runs);
         io.scale = i == 0 ? 0.0f : scale;
+        io.unscaled_bias = 1;   /* every worker holds the bias */
         s = st_linear_build(&m->ctx, &d->fc, (int64_t)B, in, W, &io);
         if (s == ST_OK)
             s = st_act_build(&m->ctx, &d->act, m->cfg.activation, (int64_t)B, W,
@@ -409,6 +411,7 @@ static st_status build_mlp(st_model *m)
     if (s == ST_OK) {
         st_linear_io io = linear_io(m, lo[L], m->dense[L - 1].z, m->logits, m->dz, m->dlogits);
         io.scale = scale;
+        io.unscaled_bias = 1;
         s = st_linear_build(&m->ctx, &m->head, (int64_t)B, m->keep[L - 1].n, m->cfg.n_classes, &io);
     }
     free(lo);
@@ -530,6 +533,8 @@ static st_status build_block(st_model *m, int l, const float *h_in, block_offset
     st_linear_io io2 = linear_io(m, o.fc2, k->z, k->h_out, m->dz, m->dh);
     io2.residual = h_in;
     io2.scale = m->cfg.branch_scale;
+    /* a dropped block takes its bias with it; dropped neurons do not */
+    io2.unscaled_bias = m->cfg.kept_count != NULL;
     io2.dw_runs = grad_runs(m, l, &io2.n_dw_runs);
     ST_TRY(st_linear_build(&m->ctx, &k->fc2, B, H, W, &io2));
     return st_add_build(&m->ctx, &k->join, B, W, m->dh, m->dtmp, m->dh);
@@ -653,7 +658,7 @@ fail:
 }
 
 /* What layout_full allocates (and a built model too). */
-static void st_model_destroy_layout(st_model *m)
+static void destroy_layout(st_model *m)
 {
     free(m->segs);
     free(m->maps);
@@ -673,25 +678,19 @@ void st_model_destroy(st_model *m)
     if (!m)
         return;
     st_nn_ctx_destroy(&m->ctx);
-    st_model_destroy_layout(m);
+    destroy_layout(m);
     free(m->dense);
     free(m->blocks);
     free(m);
 }
 
-/* Norm parameters are recognised by name: gamma = 1, beta = 0. */
 static int ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), k = strlen(suffix);
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-
-/* Every element's value is a function of the seed and its place in the
- * full model only — the stream of its full tensor, drawn at the element's
- * logical (out, in) position — so a subnetwork starts with exactly the
- * values its part has in the full model, whatever it keeps and however a
- * tensor is stored. */
+/* Norm parameters are recognised by name: gamma = 1, beta = 0. */
 static int is_norm(const st_param_segment *s, float *value)
 {
     if (ends_with(s->name, ".gamma") || ends_with(s->name, ".beta")) {
@@ -701,8 +700,12 @@ static int is_norm(const st_param_segment *s, float *value)
     return 0;
 }
 
-/* The initial value of compact element (a, b) of linear segment i, whose
- * stream is r (the segment's: st_rng_split(init root, map stream)). */
+/* Every element's value is a function of the seed and its place in the
+ * full model only — the stream of its full tensor, drawn at the element's
+ * logical (out, in) position — so a subnetwork starts with exactly the
+ * values its part has in the full model, whatever it keeps and however a
+ * tensor is stored.  This is compact element (a, b) of a linear segment
+ * mapped by mp, r its stream (st_rng_split(init root, mp->stream)). */
 static float init_value(const st_seg_map *mp, st_rng *r, int64_t a, int64_t b)
 {
     const float bound = 1.0f / sqrtf((float)mp->fan_in);
@@ -797,7 +800,7 @@ st_status st_model_init_full_range(const st_model_config *cfg, uint64_t seed, si
                                                    (int64_t)(k % (size_t)mp->n_cols));
         }
     }
-    st_model_destroy_layout(&m);
+    destroy_layout(&m);
     return s;
 }
 
@@ -818,7 +821,7 @@ st_status st_model_config_segments(const st_model_config *cfg, st_param_segment 
             s = st_fail(ST_ERR_NOMEM, "out of memory listing a model's segments");
         }
     }
-    st_model_destroy_layout(&m);
+    destroy_layout(&m);
     return s;
 }
 

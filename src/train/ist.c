@@ -44,16 +44,23 @@ st_status st_ist_check_config(const st_train_config *c)
     }
     if (c->local_steps < 1)
         return st_fail(ST_ERR_INVALID, "--local-steps must be >= 1");
+    if (c->model.kind == ST_MODEL_RESMLP && c->subnet == ST_SUBNET_NEURON)
+        return st_fail(ST_ERR_INVALID, "ist partitions the blocks of resmlp (ResIST) and the "
+                       "neurons of mlp; --subnet neuron with resmlp is an sdp option");
+    if (c->ist_keep_state && c->optim.kind == ST_OPT_SGD && c->optim.momentum == 0.0f)
+        return st_fail(ST_ERR_INVALID, "--optimizer-state keep: SGD without momentum keeps no "
+                       "state");
     return ST_OK;
 }
 
-/* The engine reads the parameters as if they were gradients. */
 /* State vector i of w's optimizer (compact, the parameters' layout). */
 static float *state_vector(st_worker *w, int i)
 {
     return i == 0 ? w->optim.m : w->optim.v;
 }
 
+/* The engines read the parameters (and kept state vectors) as if they
+ * were gradients: their mean over holders is the round's result. */
 static st_status attach_params(run_shared *r, int wid, st_worker *w)
 {
     int n = st_model_full_ranges(w->model, NULL, NULL, 0);
@@ -89,6 +96,9 @@ static st_status build_round(run_shared *r, int wid, st_worker *w, int rebuild)
     if (rebuild)   /* kept state: what the holders of each parameter left */
         for (int i = 0; i < r->n_state; i++)
             ST_TRY(st_run_load_saved(r, w, state_vector(w, i), 1 + i));
+    /* read from the owners' shards, written into the compact vectors */
+    r->slots[wid].load_bytes = 2 * (size_t)(1 + r->n_state) * st_model_param_count(w->model) *
+                               sizeof(float);
     if (r->n_state == 0)
         r->slots[wid].round_step = 0;
     return attach_params(r, wid, w);

@@ -54,6 +54,9 @@ typedef struct worker_slot {
     const size_t *local;
     int n_ranges;
     uint64_t round_step;              /* ist: local steps since the round began */
+    size_t load_bytes;                /* ist: what a round's rebuild reads from
+                                       * the saved shards and writes into the
+                                       * new subnetwork (its "all-gather") */
 } worker_slot;
 
 /* Everything the workers of one run share.  Written before the parallel

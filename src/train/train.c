@@ -277,6 +277,15 @@ static st_comm_bytes step_bytes(const run_shared *r, int w)
         b.written += g.written;
         b.cross_domain_read += g.cross_domain_read;
     }
+    if (r->cfg->strategy == ST_STRATEGY_IST) {
+        /* the next round's subnetwork loaded from the saved shards: ist's
+         * counterpart of the all-gather (cross-domain reads not split out) */
+        size_t half = r->slots[w].load_bytes / 2;
+        b.read += half;
+        b.written += half;
+        b.gather_read += half;
+        b.gather_written += half;
+    }
     if (!r->params_comm)
         return b;
     st_comm_bytes g = st_comm_bytes_per_step(r->params_comm, w);
