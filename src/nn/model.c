@@ -312,29 +312,41 @@ static st_status setup_neurons(st_model *m)
     m->cfg.kept_count = m->kept;
     m->cfg.kept_groups = m->kept + L;
     m->ids = malloc(total * sizeof *m->ids);
-    m->runs = malloc(total * sizeof *m->runs);
-    m->run_first = calloc((size_t)L, sizeof *m->run_first);
-    m->run_count = calloc((size_t)L, sizeof *m->run_count);
-    if (!m->ids || !m->runs || !m->run_first || !m->run_count)
+    if (!m->ids)
         return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
+    /* runs of gradient rows: backward masking only (see grad_runs) */
+    st_row_run *runs = NULL;
+    int *run_first = NULL, *run_count = NULL;
+    if (c->neuron_grads_only) {
+        m->runs = malloc(groups * sizeof *m->runs);
+        m->run_first = calloc((size_t)L, sizeof *m->run_first);
+        m->run_count = calloc((size_t)L, sizeof *m->run_count);
+        if (!m->runs || !m->run_first || !m->run_count)
+            return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
+        runs = m->runs;
+        run_first = m->run_first;
+        run_count = m->run_count;
+    }
     int32_t *id = m->ids;
     const int *g = c->kept_groups;
     int n_runs = 0;
     m->max_hidden = 0;
     for (int l = 0; l < L; l++) {
         st_neuron_sel sel = { full, 0, id };
-        m->run_first[l] = n_runs;
+        if (runs)
+            run_first[l] = n_runs;
         for (int j = 0; j < c->kept_count[l]; j++, g++) {
             int64_t lo = *g * G, hi = lo + G < full ? lo + G : full;
-            if (j > 0 && g[-1] + 1 == *g)
-                m->runs[n_runs - 1].count += hi - lo;
-            else
-                m->runs[n_runs++] = (st_row_run){ lo, hi - lo };
+            if (runs && j > 0 && g[-1] + 1 == *g)
+                runs[n_runs - 1].count += hi - lo;
+            else if (runs)
+                runs[n_runs++] = (st_row_run){ lo, hi - lo };
             for (int64_t k = lo; k < hi; k++)
                 *id++ = (int32_t)k;
             sel.n += hi - lo;
         }
-        m->run_count[l] = n_runs - m->run_first[l];
+        if (runs)
+            run_count[l] = n_runs - run_first[l];
         if (c->neuron_grads_only)
             m->grad_keep[l] = sel;
         else

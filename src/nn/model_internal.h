@@ -74,9 +74,11 @@ struct st_model {
     /* Neuron layers (depth): kept neurons (forward masking) and neurons
      * with gradients (backward masking).  Storage for the ids is below. */
     st_neuron_sel *keep, *grad_keep;
-    int *kept;             /* copies of cfg.kept_count, then cfg.kept_groups */
+    int *kept;             /* the model's own copies of cfg.kept_count, then of
+                           * cfg.kept_groups: cfg points here */
     int32_t *ids;
-    st_row_run *runs;      /* grad_keep as runs, per layer at run_first[l] */
+    st_row_run *runs;      /* backward masking: grad_keep as runs, per layer at
+                           * run_first[l]; NULL otherwise */
     int *run_first, *run_count;
     int64_t max_hidden;    /* widest kept neuron layer */
 

@@ -140,7 +140,7 @@ st_status st_run_evaluate_model(st_model *m, const st_dataset *d, double *loss, 
  * strategy says otherwise), records and the final record included. */
 st_status st_run_worker_loop(run_shared *r, st_worker *w);
 
-/* ------------------------------------------------------------ sdp.c */
+/* ------------------------------------------------------------ subnets.c */
 
 /* A rebuilt subnetwork gets the current values of what it holds from the
  * owners' saved shards: into dst (w's compact vector), from every worker's
@@ -163,6 +163,8 @@ st_status st_run_draw_assignment(run_shared *r, uint64_t round);
  * lists until the model is built (the caller frees it). */
 st_status st_run_subnet_config(const run_shared *r, int wid, int train_scale,
                                st_train_config *mine, int **buf);
+
+/* ------------------------------------------------------------ sdp.c */
 
 /* The SDP options that exist so far, with messages for the rest. */
 st_status st_sdp_check_config(const st_train_config *c);
