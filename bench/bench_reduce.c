@@ -169,7 +169,7 @@ static void worker(bench_shared *s, int w)
             s->comms = calloc((size_t)s->sets, sizeof *s->comms);
             if (!s->comms)
                 die(s, "memory", "out of memory");
-            st_comm_config cfg = { s->n, p, s->domain_of, 0, 0 };
+            st_comm_config cfg = { .n_workers = s->n, .n_params = p, .domain_of = s->domain_of, .roles = 0 };
             for (int k = 0; k < s->sets; k++)
                 if (st_comm_create(&cfg, &s->comms[k]) != ST_OK)
                     die(s, "st_comm_create", st_last_error());

@@ -111,7 +111,7 @@ static void rig_init(rig *r, int n, size_t p, const int *domain_of, uint64_t see
     r->n = n;
     r->p = p;
     r->domain_of = domain_of;
-    st_comm_config cfg = { n, p, domain_of, 0, 0 };
+    st_comm_config cfg = { .n_workers = n, .n_params = p, .domain_of = domain_of, .roles = 0 };
     cr_assert_eq(st_comm_create(&cfg, &r->c), ST_OK, "create: %s", st_last_error());
     rig_masks(r, seed, dp);
     st_rng rng = st_rng_seed(seed ^ 0x5eed);
@@ -628,7 +628,7 @@ Test(comm_bytes, ring_formula)
 Test(comm_shards, boundaries)
 {
     st_comm *c;
-    st_comm_config cfg = { 3, 1000, NULL, 0, 0 };
+    st_comm_config cfg = { .n_workers = 3, .n_params = 1000, .domain_of = NULL, .roles = 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
     size_t want[4] = { 0, 336, 672, 1000 };
     for (int w = 0; w < 3; w++) {
@@ -639,7 +639,7 @@ Test(comm_shards, boundaries)
     st_comm_destroy(c);
 
     /* P < 16 N: 7 lines of 16 floats for 8 workers, the last one empty */
-    cfg = (st_comm_config){ 8, 100, NULL, 0, 0 };
+    cfg = (st_comm_config){ .n_workers = 8, .n_params = 100, .domain_of = NULL, .roles = 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
     for (int w = 0; w < 8; w++) {
         st_range s = st_comm_shard(c, w);
@@ -653,13 +653,13 @@ Test(comm_shards, bad_config)
 {
     st_comm *c = NULL;
     static const int down[3] = { 0, 1, 0 };
-    st_comm_config cfg = { 3, 100, down, 0, 0 };
+    st_comm_config cfg = { .n_workers = 3, .n_params = 100, .domain_of = down, .roles = 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
     cr_assert_null(c);
     cr_assert(strstr(st_last_error(), "non-decreasing"), "%s", st_last_error());
-    cfg = (st_comm_config){ 0, 100, NULL, 0, 0 };
+    cfg = (st_comm_config){ .n_workers = 0, .n_params = 100, .domain_of = NULL, .roles = 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
-    cfg = (st_comm_config){ 2, 0, NULL, 0, 0 };
+    cfg = (st_comm_config){ .n_workers = 2, .n_params = 0, .domain_of = NULL, .roles = 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
 }
 
@@ -696,7 +696,7 @@ static void attach_all(int n, size_t p, const st_range *const *held, const int *
                        st_status *got, char (*msg)[256], int bad_w)
 {
     st_comm *c;
-    st_comm_config cfg = { n, p, NULL, 0, 0 };
+    st_comm_config cfg = { .n_workers = n, .n_params = p, .domain_of = NULL, .roles = 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
     st_arena arena[MAXW];
     float *g[MAXW], *pr[MAXW];
@@ -827,7 +827,7 @@ Test(comm, compact_vectors_reduce_like_full_ones, .timeout = 30)
     const st_range *held[CP_N] = { cp_held0, cp_held1, cp_held2 };
     const int n_held[CP_N] = { 2, 1, 2 };
     st_comm *c;
-    st_comm_config cfg = { CP_N, CP_P, NULL, 0, 0 };
+    st_comm_config cfg = { .n_workers = CP_N, .n_params = CP_P, .domain_of = NULL, .roles = 0 };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_OK, "%s", st_last_error());
     static float grads[CP_N][CP_P], params[CP_N][CP_P];
     static float shard_out[CP_P];
@@ -895,7 +895,7 @@ Test(comm, compact_vectors_reduce_like_full_ones, .timeout = 30)
 Test(comm, single_role_engines_refuse_the_other_collective, .timeout = 30)
 {
     st_comm *red, *gat;
-    st_comm_config cr = { 2, 100, NULL, ST_COMM_REDUCE, 0 }, cg = { 2, 100, NULL, ST_COMM_GATHER, 0 };
+    st_comm_config cr = { .n_workers = 2, .n_params = 100, .domain_of = NULL, .roles = ST_COMM_REDUCE }, cg = { .n_workers = 2, .n_params = 100, .domain_of = NULL, .roles = ST_COMM_GATHER };
     cr_assert_eq(st_comm_create(&cr, &red), ST_OK);
     cr_assert_eq(st_comm_create(&cg, &gat), ST_OK);
     static float grads[2][100], params[2][100];
@@ -982,6 +982,45 @@ Test(comm, unheld_elements_are_skipped_and_kept, .timeout = 30)
         cr_assert_eq(wrong, 0, "external output %d: %s", external, st_last_error());
         if (external)
             cr_assert_eq(result[1], out[1] + 0, "the caller's buffer is the shard output");
+        st_comm_destroy(c);
+    }
+}
+
+/* allow_unheld with a list: elements nobody holds are fine inside the
+ * listed ranges and still an error outside them (a layout mistake must not
+ * pass unnoticed).  The layout of the test above: [60, 100), [160, 200),
+ * [260, 280) are nobody's. */
+Test(comm, unheld_elements_only_where_allowed, .timeout = 30)
+{
+    const st_range all_gaps[3] = { { 50, 100 }, { 160, 200 }, { 250, 280 } };
+    for (int n_allowed = 3; n_allowed >= 2; n_allowed--) {
+        st_comm *c;
+        st_comm_config cfg = { .n_workers = 3, .n_params = 300, .roles = ST_COMM_REDUCE,
+                               .allow_unheld = 1, .unheld_ranges = all_gaps,
+                               .n_unheld_ranges = n_allowed };
+        cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
+        static float grads[3][300];
+        int failed = 0;
+        char message[256] = "";
+#pragma omp parallel num_threads(3) reduction(+ : failed)
+        {
+            int w = omp_get_thread_num();
+            st_arena a;
+            st_arena_init(&a, "unheld", NULL, 0);
+            st_range held[2] = { { 100 * (size_t)w, 100 * (size_t)w + 60 }, { 280, 300 } };
+            st_status s = st_comm_attach(c, w, &a, grads[w], grads[w], held, 2);
+            failed += s != ST_OK;
+            if (s != ST_OK && w == 0)
+                snprintf(message, sizeof message, "%s", st_last_error());
+#pragma omp barrier
+            st_arena_release(&a);
+        }
+        if (n_allowed == 3) {
+            cr_assert_eq(failed, 0, "every gap is allowed: %s", message);
+        } else {
+            cr_assert_eq(failed, 3, "[260, 280) is not allowed to be unheld");
+            cr_assert(strstr(message, "element 260"), "%s", message);
+        }
         st_comm_destroy(c);
     }
 }

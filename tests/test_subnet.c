@@ -174,7 +174,7 @@ Test(subnet, names_round_trip)
 static void reduce_once(const float g[UB_N][UB_P], const st_assignment *a, float *out)
 {
     st_comm *c;
-    st_comm_config cfg = { UB_N, UB_P, NULL, ST_COMM_REDUCE, 0 };
+    st_comm_config cfg = { .n_workers = UB_N, .n_params = UB_P, .domain_of = NULL, .roles = ST_COMM_REDUCE };
     cr_assert_eq(st_comm_create(&cfg, &c), ST_OK, "%s", st_last_error());
     int failures = 0;
 #pragma omp parallel num_threads(UB_N) reduction(+ : failures)

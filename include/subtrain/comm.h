@@ -58,6 +58,11 @@ typedef struct st_comm_config {
      * attach on), the all-gather never reads it, its master is not
      * initialised: the caller does that.  0: such an element is an error. */
     int allow_unheld;
+    /* With allow_unheld: the only ranges (sorted, disjoint) where an
+     * unheld element is allowed; anywhere else it is still an error, so
+     * that a layout mistake cannot go unnoticed.  NULL: anywhere.  Copied. */
+    const st_range *unheld_ranges;
+    int n_unheld_ranges;
 } st_comm_config;
 
 #define ST_COMM_REDUCE 1

@@ -130,6 +130,8 @@ typedef struct comm_slot {
 struct st_comm {
     int roles;                /* ST_COMM_REDUCE | ST_COMM_GATHER */
     int allow_unheld;         /* elements nobody holds are skipped */
+    st_range *unheld_ranges;  /* where they may be (NULL: anywhere) */
+    int n_unheld_ranges;
     st_spin_barrier barrier;
     int n_workers, n_domains;
     size_t n_params;
@@ -335,6 +337,16 @@ st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
     c->n_workers = n;
     c->roles = cfg->roles ? cfg->roles : ST_COMM_REDUCE | ST_COMM_GATHER;
     c->allow_unheld = cfg->allow_unheld;
+    if (cfg->allow_unheld && cfg->unheld_ranges && cfg->n_unheld_ranges > 0) {
+        c->unheld_ranges = malloc((size_t)cfg->n_unheld_ranges * sizeof *c->unheld_ranges);
+        if (!c->unheld_ranges) {
+            free(c);
+            return st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine");
+        }
+        memcpy(c->unheld_ranges, cfg->unheld_ranges,
+               (size_t)cfg->n_unheld_ranges * sizeof *c->unheld_ranges);
+        c->n_unheld_ranges = cfg->n_unheld_ranges;
+    }
     c->n_params = cfg->n_params;
     c->n_domains = n_domains;
     c->domain_of = malloc((size_t)n * sizeof *c->domain_of);
@@ -380,6 +392,7 @@ void st_comm_destroy(st_comm *c)
 {
     if (!c)
         return;
+    free(c->unheld_ranges);
     free(c->domain_of);
     free(c->domain_first);
     free(c->shard_begin);
@@ -414,8 +427,23 @@ static st_status check_attach_args(const st_comm *c, int w, const st_arena *aren
     return ST_OK;
 }
 
-/* Every element held by at least one worker: a sweep over all workers'
- * sorted ranges.  Every worker runs it and reports the same element. */
+/* The end of the allowed-unheld range containing pos, or pos if none
+ * (with allow_unheld and no list: everything is allowed). */
+static size_t unheld_allowed_until(const st_comm *c, size_t pos)
+{
+    if (!c->allow_unheld)
+        return pos;
+    if (!c->unheld_ranges)
+        return c->n_params;
+    for (int i = 0; i < c->n_unheld_ranges; i++)
+        if (c->unheld_ranges[i].begin <= pos && pos < c->unheld_ranges[i].end)
+            return c->unheld_ranges[i].end;
+    return pos;
+}
+
+/* Every element held by at least one worker, except where unheld elements
+ * are allowed: a sweep over all workers' sorted ranges.  Every worker runs
+ * it and reports the same element. */
 static st_status check_coverage(const st_comm *c)
 {
     int n = c->n_workers;
@@ -425,18 +453,27 @@ static st_status check_coverage(const st_comm *c)
     size_t pos = 0;
     st_status s = ST_OK;
     while (pos < c->n_params) {
-        size_t best = pos;
+        size_t best = pos, next_held = c->n_params;
         for (int v = 0; v < n; v++) {
             const comm_slot *sv = &c->slots[v];
             while (cur[v] < sv->n_held && sv->held[cur[v]].end <= pos)
                 cur[v]++;
             if (cur[v] < sv->n_held && sv->held[cur[v]].begin <= pos && sv->held[cur[v]].end > best)
                 best = sv->held[cur[v]].end;
+            if (cur[v] < sv->n_held && sv->held[cur[v]].begin > pos &&
+                sv->held[cur[v]].begin < next_held)
+                next_held = sv->held[cur[v]].begin;
         }
         if (best == pos) {
-            s = st_fail(ST_ERR_INVALID, "element %zu of the %zu-element vector is held by no "
-                        "worker (every element needs at least one holder)", pos, c->n_params);
-            break;
+            size_t allowed = unheld_allowed_until(c, pos);
+            if (allowed == pos) {
+                s = st_fail(ST_ERR_INVALID, "element %zu of the %zu-element vector is held by "
+                            "no worker (every element needs at least one holder%s)", pos,
+                            c->n_params, c->allow_unheld ? " outside the ranges allowed to be "
+                            "unheld" : "");
+                break;
+            }
+            best = allowed < next_held ? allowed : next_held;
         }
         pos = best;
     }
@@ -922,7 +959,7 @@ st_status st_comm_attach_compact(st_comm *c, int w, st_arena *arena, float *grad
     /* 1: everyone's pointers, ranges and shard buffers are registered */
     if (st_spin_barrier_wait(&c->barrier))
         return another_failed();
-    s = c->allow_unheld ? ST_OK : check_coverage(c);
+    s = check_coverage(c);
     if (s == ST_OK)
         s = build_shard(c, w);
     if (s != ST_OK) {

@@ -154,6 +154,10 @@ int st_run_neuron_units(const st_train_config *c);
  * forward masking or ist): the engines are told, and masters of such
  * elements are initialised by the strategy. */
 int st_run_unheld_possible(const st_train_config *c);
+/* Where (full layout) such elements can be: the hidden-to-hidden weight
+ * matrices of mlp, at most cap of them; 0 when none can be unheld. */
+#define ST_MAX_UNHELD_RANGES 1024
+int st_run_unheld_ranges(const run_shared *r, st_range *out, int cap);
 /* Refuses an assignment that would leave a worker without a block, or
  * without a neuron in some layer. */
 st_status st_run_check_units(const run_shared *r);

@@ -31,6 +31,22 @@ int st_run_unheld_possible(const st_train_config *c)
            !(c->strategy == ST_STRATEGY_SDP && c->masking == ST_MASKING_BACKWARD);
 }
 
+int st_run_unheld_ranges(const run_shared *r, st_range *out, int cap)
+{
+    if (!st_run_unheld_possible(r->cfg))
+        return 0;
+    int n = 0;
+    for (int i = 0; i < r->n_full_segs && n < cap; i++) {
+        const st_param_segment *g = &r->full_segs[i];
+        size_t len = strlen(g->name);
+        /* fc1.weight .. fc{L-1}.weight: both sides are neuron layers */
+        if (strncmp(g->name, "fc", 2) == 0 && strcmp(g->name, "fc0.weight") != 0 &&
+            len > 7 && strcmp(g->name + len - 7, ".weight") == 0)
+            out[n++] = (st_range){ g->offset, g->offset + g->count };
+    }
+    return n;
+}
+
 st_status st_run_check_units(const run_shared *r)
 {
     const st_train_config *c = r->cfg;

@@ -594,8 +594,14 @@ static st_status prepare(run_shared *r)
             return st_fail(ST_ERR_NOMEM, "out of memory for the reduction plan");
         for (int k = 0; k < r->n; k++)
             domain_of[k] = r->placement.workers[k].domain;
-        st_comm_config cc = { r->n, st_model_config_param_count(&cfg->model), domain_of, 0,
-                              st_run_unheld_possible(cfg) };
+        st_range unheld[ST_MAX_UNHELD_RANGES];
+        st_comm_config cc = { .n_workers = r->n,
+                              .n_params = st_model_config_param_count(&cfg->model),
+                              .domain_of = domain_of,
+                              .allow_unheld = st_run_unheld_possible(cfg),
+                              .unheld_ranges = unheld,
+                              .n_unheld_ranges = st_run_unheld_ranges(r, unheld,
+                                                                      ST_MAX_UNHELD_RANGES) };
         int two = cfg->strategy == ST_STRATEGY_SDP && cfg->masking == ST_MASKING_BACKWARD;
         if (two || cfg->strategy == ST_STRATEGY_IST)
             cc.roles = ST_COMM_REDUCE; /* ist: a once-a-round parameter average */
