@@ -699,58 +699,23 @@ Test(train, warmup_is_checked_per_group, .timeout = 60)
  * worker's steps count, not only worker 0's: the flag is one global atomic
  * (worker 0's callbacks arm and disarm it for everyone), the counters are
  * global atomics that every thread adds to (the sum over threads), and
- * only "inside oneDNN" is per thread. */
+ * only "inside oneDNN" is per thread (heapwatch.h). */
 static atomic_int armed;
-static _Thread_local int in_dnnl;
 static atomic_long own_calls, executes;
 
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-
-static void count_heap_call(void)
+static void heapwatch_heap_call(int inside_onednn)
 {
-    if (atomic_load_explicit(&armed, memory_order_relaxed) && !in_dnnl)
+    if (atomic_load_explicit(&armed, memory_order_relaxed) && !inside_onednn)
         atomic_fetch_add_explicit(&own_calls, 1, memory_order_relaxed);
 }
 
-void *malloc(size_t n)
+static void heapwatch_execute(void)
 {
-    count_heap_call();
-    return __libc_malloc(n);
-}
-
-void *calloc(size_t k, size_t n)
-{
-    count_heap_call();
-    return __libc_calloc(k, n);
-}
-
-void *realloc(void *p, size_t n)
-{
-    count_heap_call();
-    return __libc_realloc(p, n);
-}
-
-typedef dnnl_status_t (*execute_fn)(const_dnnl_primitive_t, dnnl_stream_t, int,
-                                    const dnnl_exec_arg_t *);
-
-dnnl_status_t dnnl_primitive_execute(const_dnnl_primitive_t p, dnnl_stream_t s, int nargs,
-                                     const dnnl_exec_arg_t *args)
-{
-    static execute_fn real;
-    if (!real) {
-        in_dnnl++;
-        *(void **)&real = dlsym(RTLD_NEXT, "dnnl_primitive_execute");
-        in_dnnl--;
-    }
     if (atomic_load_explicit(&armed, memory_order_relaxed))
         atomic_fetch_add_explicit(&executes, 1, memory_order_relaxed);
-    in_dnnl++;
-    dnnl_status_t r = real(p, s, nargs, args);
-    in_dnnl--;
-    return r;
 }
+
+#include "heapwatch.h"
 
 typedef struct heap_watch {
     long own, execs;

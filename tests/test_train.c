@@ -212,68 +212,30 @@ Test(train, a_diverging_run_stops_with_a_numerical_error)
 /* ------------------------------------------------------------ hot path */
 
 /* Counts heap calls made on the armed thread: the test binary's malloc
- * family interposes the C library's for the whole process (libsubtrain and
- * oneDNN included) and forwards to it.
- *
- * oneDNN 2.6 itself allocates inside every dnnl_primitive_execute(): the C
- * API turns the argument array into a std::unordered_map per call.  That is
- * outside subtrain's control, so dnnl_primitive_execute is interposed too:
- * calls made while oneDNN executes are counted apart.  The assertion is on
- * subtrain's own code; oneDNN's count is reported (and checked to be what
- * the argument map explains, so that a change there is noticed). */
-static _Thread_local int armed, in_dnnl;
+ * family interposes the C library's for the whole process (heapwatch.h) and
+ * forwards to it; calls made while oneDNN executes are counted apart.  The
+ * assertion is on subtrain's own code; oneDNN's count is reported (and
+ * checked to be what the argument map explains, so that a change there is
+ * noticed). */
+static _Thread_local int armed;
 static _Thread_local long own_calls, dnnl_calls, executes;
 
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-
-static void count_heap_call(void)
+static void heapwatch_heap_call(int inside_onednn)
 {
     if (armed) {
-        if (in_dnnl)
+        if (inside_onednn)
             dnnl_calls++;
         else
             own_calls++;
     }
 }
 
-void *malloc(size_t n)
+static void heapwatch_execute(void)
 {
-    count_heap_call();
-    return __libc_malloc(n);
-}
-
-void *calloc(size_t k, size_t n)
-{
-    count_heap_call();
-    return __libc_calloc(k, n);
-}
-
-void *realloc(void *p, size_t n)
-{
-    count_heap_call();
-    return __libc_realloc(p, n);
-}
-
-typedef dnnl_status_t (*execute_fn)(const_dnnl_primitive_t, dnnl_stream_t, int,
-                                    const dnnl_exec_arg_t *);
-
-dnnl_status_t dnnl_primitive_execute(const_dnnl_primitive_t p, dnnl_stream_t s, int nargs,
-                                     const dnnl_exec_arg_t *args)
-{
-    static execute_fn real;
-    if (!real) {
-        in_dnnl++; /* dlsym may allocate */
-        *(void **)&real = dlsym(RTLD_NEXT, "dnnl_primitive_execute");
-        in_dnnl--;
-    }
     executes += armed;
-    in_dnnl++;
-    dnnl_status_t r = real(p, s, nargs, args);
-    in_dnnl--;
-    return r;
 }
+
+#include "heapwatch.h"
 
 Test(train, a_training_step_makes_no_heap_allocation)
 {

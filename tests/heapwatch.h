@@ -1,0 +1,68 @@
+/*
+ * tests/heapwatch.h — interposes the C library's malloc, calloc and
+ * realloc, and oneDNN's dnnl_primitive_execute, for the whole test program
+ * (libsubtrain and oneDNN included), so that a test can count the heap
+ * calls subtrain itself makes during training steps.
+ *
+ * oneDNN 2.6 allocates inside every dnnl_primitive_execute(): the C API
+ * turns the argument array into a std::unordered_map per call.  That is
+ * outside subtrain's control, so calls made while oneDNN executes are told
+ * apart (per thread).
+ *
+ * The including file decides what to count, by defining before the
+ * include (per thread, or summed over threads):
+ *   static void heapwatch_heap_call(int inside_onednn);  every heap call
+ *   static void heapwatch_execute(void);                 every execution
+ * and includes this header once, after <oneapi/dnnl/dnnl.h> (or
+ * "nn/dnnl_util.h") and with _GNU_SOURCE defined (for RTLD_NEXT).
+ */
+#ifndef SUBTRAIN_TESTS_HEAPWATCH_H
+#define SUBTRAIN_TESTS_HEAPWATCH_H
+
+#include <dlfcn.h>
+#include <stddef.h>
+
+static _Thread_local int heapwatch_in_dnnl;
+
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+
+void *malloc(size_t n)
+{
+    heapwatch_heap_call(heapwatch_in_dnnl);
+    return __libc_malloc(n);
+}
+
+void *calloc(size_t k, size_t n)
+{
+    heapwatch_heap_call(heapwatch_in_dnnl);
+    return __libc_calloc(k, n);
+}
+
+void *realloc(void *p, size_t n)
+{
+    heapwatch_heap_call(heapwatch_in_dnnl);
+    return __libc_realloc(p, n);
+}
+
+typedef dnnl_status_t (*heapwatch_execute_fn)(const_dnnl_primitive_t, dnnl_stream_t, int,
+                                              const dnnl_exec_arg_t *);
+
+dnnl_status_t dnnl_primitive_execute(const_dnnl_primitive_t p, dnnl_stream_t s, int nargs,
+                                     const dnnl_exec_arg_t *args)
+{
+    static heapwatch_execute_fn real;
+    if (!real) {
+        heapwatch_in_dnnl++; /* dlsym may allocate */
+        *(void **)&real = dlsym(RTLD_NEXT, "dnnl_primitive_execute");
+        heapwatch_in_dnnl--;
+    }
+    heapwatch_execute();
+    heapwatch_in_dnnl++;
+    dnnl_status_t r = real(p, s, nargs, args);
+    heapwatch_in_dnnl--;
+    return r;
+}
+
+#endif /* SUBTRAIN_TESTS_HEAPWATCH_H */
