@@ -60,3 +60,24 @@ int st_cli_count_arg(const char *cmd, const char *opt, const char *s, unsigned l
     st_cli_usage_error(cmd, "%s", err);
     return -1;
 }
+
+void st_cli_getopt_start(void)
+{
+#ifdef __GLIBC__
+    optind = 0; /* glibc: 0 also resets its state inside a grouped -xyz */
+#else
+    optind = 1;
+#endif
+    opterr = 0; /* our own one-line messages */
+}
+
+int st_cli_next_option(int argc, char **argv, const char *shortopts,
+                       const struct option *longopts, const char *cmd, char *err, size_t n)
+{
+    int prev = optind ? optind : 1; /* optind 0 asks glibc for a reset: argv[1] is next */
+    int c = getopt_long(argc, argv, shortopts, longopts, NULL);
+    if (c != '?' && c != ':')
+        return c;
+    st_cli_getopt_message(c, optopt, prev < argc ? argv[prev] : "", cmd, err, n);
+    return ST_CLI_REJECTED;
+}

@@ -434,22 +434,18 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     const char *env = getenv("SUBTRAIN_DATA");
     o->data = env && *env ? env : ST_FASHION_MNIST_DIR;
 
-    int first = 1;
-    if (argc > 1 && strcmp(argv[1], "train") == 0)
-        first = 2;
+    if (argc > 1 && strcmp(argv[1], "train") == 0) { /* "train" stands for argv[0] */
+        argc--;
+        argv++;
+    }
     seen saw = { 0 };
-    optind = first;
-    opterr = 0; /* our own one-line messages */
+    st_cli_getopt_start();
     for (;;) {
-        int prev = optind;
-        int c = getopt_long(argc, argv, ":qhV", long_options, NULL);
+        int c = st_cli_next_option(argc, argv, ":qhV", long_options, "subtrain", err, n);
         if (c == -1)
             break;
-        const char *word = prev < argc ? argv[prev] : "";
-        if (c == '?' || c == ':') {
-            st_cli_getopt_message(c, optopt, word, "subtrain", err, n);
+        if (c == ST_CLI_REJECTED)
             return -1;
-        }
         saw.model |= c == OPT_MODEL;
         saw.depth |= c == OPT_DEPTH;
         if (c >= OPT_SEGMENTS && c <= OPT_RECOVERY_EPOCHS) {

@@ -101,17 +101,13 @@ static int parse(int argc, char **argv, topo_options *o)
 {
     memset(o, 0, sizeof *o);
     o->params = DEFAULT_PARAMS;
-    optind = 1;
-    opterr = 0; /* our own one-line messages */
+    st_cli_getopt_start();
     for (;;) {
-        int prev = optind;
-        int c = getopt_long(argc, argv, ":h", long_options, NULL);
+        char err[256];
+        int c = st_cli_next_option(argc, argv, ":h", long_options, CMD, err, sizeof err);
         if (c == -1)
             break;
-        const char *word = prev < argc ? argv[prev] : "";
-        if (c == '?' || c == ':') {
-            char err[256];
-            st_cli_getopt_message(c, optopt, word, CMD, err, sizeof err);
+        if (c == ST_CLI_REJECTED) {
             usage_error("%s", err);
             return -1;
         }
