@@ -63,13 +63,10 @@ static float *state_vector(st_worker *w, int i)
  * were gradients: their mean over holders is the round's result. */
 static st_status attach_params(run_shared *r, int wid, st_worker *w)
 {
-    int n = st_model_full_ranges(w->model, NULL, NULL, 0);
-    void *pr, *pl;
-    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)n * sizeof(st_range), &pr));
-    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)n * sizeof(size_t), &pl));
-    st_range *ranges = pr;
-    size_t *local = pl;
-    st_model_full_ranges(w->model, ranges, local, n);
+    st_range *ranges;
+    size_t *local;
+    int n;
+    ST_TRY(st_run_model_ranges(w, 0, &ranges, &local, &n));
     float *p = st_model_params(w->model);
     ST_TRY(st_comm_attach_compact(r->comm, wid, &w->arena, p, p, ranges, local, n));
     for (int i = 0; i < r->n_state; i++) {

@@ -121,6 +121,11 @@ static inline st_comm *st_run_masters(const run_shared *r)
     return r->params_comm ? r->params_comm : r->comm;
 }
 
+/* train.c: the full-layout ranges of w's parameters (grads: of its
+ * gradient vector) and where each starts in w's own vector, in w's arena
+ * (rewound with the model). */
+st_status st_run_model_ranges(st_worker *w, int grads, st_range **ranges, size_t **local,
+                              int *n);
 /* train.c: registers w's vectors with the reduction engine(s). */
 st_status st_run_attach_worker(run_shared *r, int wid, st_worker *w);
 

@@ -459,20 +459,27 @@ static void report_warnings(run_shared *r)
  * keeps no master and never writes the parameter vector it is given: the
  * gradient vector), a gather-only engine, where everyone holds everything,
  * carries the masters and the all-gather. */
+st_status st_run_model_ranges(st_worker *w, int grads, st_range **ranges, size_t **local, int *n)
+{
+    int count = grads ? st_model_full_grad_ranges(w->model, NULL, NULL, 0)
+                      : st_model_full_ranges(w->model, NULL, NULL, 0);
+    void *pr, *pl;
+    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)count * sizeof(st_range), &pr));
+    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)count * sizeof(size_t), &pl));
+    *ranges = pr;
+    *local = pl;
+    *n = grads ? st_model_full_grad_ranges(w->model, *ranges, *local, count)
+               : st_model_full_ranges(w->model, *ranges, *local, count);
+    return ST_OK;
+}
+
 st_status st_run_attach_worker(run_shared *r, int wid, st_worker *w)
 {
-    int cap = r->params_comm ? st_model_full_grad_ranges(w->model, NULL, NULL, 0)
-                             : st_model_full_ranges(w->model, NULL, NULL, 0);
-    void *pr, *pl;
-    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)cap * sizeof(st_range), &pr));
-    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)cap * sizeof(size_t), &pl));
-    st_range *ranges = pr;
-    size_t *local = pl;
+    st_range *ranges;
+    size_t *local;
+    int n;
+    ST_TRY(st_run_model_ranges(w, r->params_comm != NULL, &ranges, &local, &n));
     float *grads = st_model_grads(w->model), *params = st_model_params(w->model);
-    int n = r->params_comm ? st_model_full_grad_ranges(w->model, ranges, local, cap)
-                           : st_model_full_ranges(w->model, ranges, local, cap);
-    if (n < 0)
-        return st_fail(ST_ERR_INVALID, "worker %d: more than %d parameter ranges", wid, cap);
     worker_slot *slot = &r->slots[wid];
     slot->grads = grads;
     slot->ranges = ranges;
