@@ -1,5 +1,8 @@
 /* nn/activation.c — ReLU and GELU (erf form, as in the common frameworks)
  * on oneDNN eltwise primitives.  Backward reads the saved input x. */
+#include <stdio.h>
+
+#include "nn/graph.h"
 #include "nn/layers.h"
 
 static dnnl_alg_kind_t eltwise_alg(st_activation kind)
@@ -45,3 +48,29 @@ st_status st_act_backward(const st_nn_ctx *ctx, const st_act *a)
 {
     return st_prim_run(ctx, &a->bwd);
 }
+
+/* ------------------------------------------------------------ layer kind */
+
+
+static st_status act_build(st_model *m, st_layer *l)
+{
+    st_neuron_sel t;
+    const st_neuron_sel *out = st_graph_sel(m, l->out_unit, l->out, &t);
+    return st_act_build(&m->ctx, &l->u.act, l->activation, m->batch, out->n,
+                        st_graph_data(m, l->x), st_graph_data(m, l->y), st_graph_data(m, l->dx),
+                        st_graph_data(m, l->dy));
+}
+
+static st_status act_forward(const st_nn_ctx *ctx, const st_layer *l)
+{
+    return st_act_forward(ctx, &l->u.act);
+}
+
+static st_status act_backward(const st_nn_ctx *ctx, const st_layer *l)
+{
+    return st_act_backward(ctx, &l->u.act);
+}
+
+const st_layer_kind st_layer_activation = {
+    .name = "activation", .build = act_build, .forward = act_forward, .backward = act_backward,
+};

@@ -1,6 +1,9 @@
 /* nn/layernorm.c — layer normalisation over the feature axis with a learned
  * scale (gamma) and shift (beta), on oneDNN layer_normalization primitives.
  * Mean and variance of each row are saved by the forward for the backward. */
+#include <stdio.h>
+
+#include "nn/graph.h"
 #include "nn/layers.h"
 
 /* y (B, C) = (x - mean) / sqrt(var + eps) * gamma + beta, mean/var (B) */
@@ -64,3 +67,55 @@ st_status st_layernorm_backward(const st_nn_ctx *ctx, const st_layernorm *n)
 {
     return st_prim_run(ctx, &n->bwd);
 }
+
+/* ------------------------------------------------------------ layer kind */
+
+
+static st_status norm_layout(st_model *m, st_layer *l)
+{
+    st_seg_map v = { .full_rows = l->out, .full_cols = 1, .n_rows = l->out, .n_cols = 1,
+                     .fan_in = 1 };
+    char name[48];
+    snprintf(name, sizeof name, "%s.gamma", l->name);
+    ST_TRY(st_graph_add_segment(m, name, 0, v, &l->seg[0]));
+    snprintf(name, sizeof name, "%s.beta", l->name);
+    return st_graph_add_segment(m, name, 0, v, &l->seg[1]);
+}
+
+/* Mean and variance per row, saved for the backward. */
+static st_status norm_alloc(st_model *m, st_layer *l)
+{
+    ST_TRY(st_graph_alloc(m, (size_t)m->batch, &l->saved[0]));
+    return st_graph_alloc(m, (size_t)m->batch, &l->saved[1]);
+}
+
+static st_status norm_build(st_model *m, st_layer *l)
+{
+    st_layernorm_io io = {
+        .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
+        .mean = l->saved[0], .var = l->saved[1],
+        .gamma = st_graph_seg_params(m, l->seg[0]), .beta = st_graph_seg_params(m, l->seg[1]),
+        .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
+        .dgamma = st_graph_seg_grads(m, l->seg[0]), .dbeta = st_graph_seg_grads(m, l->seg[1]),
+    };
+    if (!io.dgamma) {   /* backward masking: see st_graph_norm_scratch */
+        io.dgamma = st_graph_norm_scratch(m);
+        io.dbeta = io.dgamma + l->out;
+    }
+    return st_layernorm_build(&m->ctx, &l->u.norm, m->batch, l->out, &io);
+}
+
+static st_status norm_forward(const st_nn_ctx *ctx, const st_layer *l)
+{
+    return st_layernorm_forward(ctx, &l->u.norm);
+}
+
+static st_status norm_backward(const st_nn_ctx *ctx, const st_layer *l)
+{
+    return st_layernorm_backward(ctx, &l->u.norm);
+}
+
+const st_layer_kind st_layer_layernorm = {
+    .name = "layernorm", .layout = norm_layout, .alloc = norm_alloc, .build = norm_build,
+    .forward = norm_forward, .backward = norm_backward,
+};

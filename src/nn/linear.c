@@ -16,6 +16,9 @@
  */
 #include <string.h>
 
+#include <stdio.h>
+
+#include "nn/graph.h"
 #include "nn/layers.h"
 
 /* Strides of w read as the (in, out) matrix w^T, and as the (out, in)
@@ -240,3 +243,104 @@ st_status st_linear_backward(const st_nn_ctx *ctx, const st_linear *l)
         ST_TRY(st_prim_run(ctx, &l->bwd_bias[i]));
     return ST_OK;
 }
+
+/* ------------------------------------------------------------ layer kind */
+
+
+/* The rows of its matrix are neurons of this width layer (ST_W_FULL:
+ * none): the outputs, or the inputs of an in-major matrix. */
+static int row_unit(const st_layer *l)
+{
+    return l->in_major ? l->in_unit : l->out_unit;
+}
+
+/* A linear layer from the kept `in` neurons to the kept `out` neurons of
+ * the full layer: weight (rows: out neurons, or in neurons when in-major)
+ * and bias.  Under backward masking, the rows of its row unit's neurons
+ * with gradients. */
+static st_status linear_layout(st_model *m, st_layer *l)
+{
+    st_neuron_sel tin, tout;
+    const st_neuron_sel *in = st_graph_sel(m, l->in_unit, l->in, &tin);
+    const st_neuron_sel *out = st_graph_sel(m, l->out_unit, l->out, &tout);
+    const st_neuron_sel *rows = l->in_major ? in : out, *cols = l->in_major ? out : in;
+    const st_neuron_sel *grad = st_graph_grad_sel(m, row_unit(l));
+    st_seg_map w = {
+        .full_rows = rows->full, .full_cols = cols->full, .rows = rows->ids, .cols = cols->ids,
+        .n_rows = rows->n, .n_cols = cols->n, .in_major = l->in_major, .fan_in = in->full,
+    };
+    if (grad && grad->ids) {
+        w.grad_rows = grad->ids;
+        w.n_grad_rows = grad->n;
+    }
+    st_seg_map b = {
+        .full_rows = out->full, .full_cols = 1, .rows = out->ids, .n_rows = out->n, .n_cols = 1,
+        .fan_in = in->full,
+    };
+    if (!l->in_major) {  /* the rows of an out-major matrix are its biases' */
+        b.grad_rows = w.grad_rows;
+        b.n_grad_rows = w.n_grad_rows;
+    }
+    char name[48];
+    snprintf(name, sizeof name, "%s.weight", l->name);
+    ST_TRY(st_graph_add_segment(m, name, 1, w, &l->seg[0]));
+    snprintf(name, sizeof name, "%s.bias", l->name);
+    return st_graph_add_segment(m, name, 0, b, &l->seg[1]);
+}
+
+/* The branch scale multiplies the product of the layer that closes a
+ * group's branch (a residual block's last layer: a dropped block takes its
+ * bias with it, so its bias is scaled too, unless the model is a neuron
+ * subnetwork) and of a layer that reads a subset of a width layer's
+ * neurons (forward masking: every worker holds its bias, which is added
+ * unscaled). */
+static st_status linear_build(st_model *m, st_layer *l)
+{
+    const st_model_config *c = &m->cfg;
+    st_neuron_sel tin, tout;
+    const st_neuron_sel *in = st_graph_sel(m, l->in_unit, l->in, &tin);
+    const st_neuron_sel *out = st_graph_sel(m, l->out_unit, l->out, &tout);
+    st_linear_io io = {
+        .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
+        .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
+        .residual = st_graph_data(m, l->residual),
+        .w = st_graph_seg_params(m, l->seg[0]), .b = st_graph_seg_params(m, l->seg[1]),
+        .dw = st_graph_seg_grads(m, l->seg[0]), .db = st_graph_seg_grads(m, l->seg[1]),
+        .in_major = l->in_major, .unscaled_bias = 1,
+    };
+    io.dw_runs = st_graph_grad_runs(m, row_unit(l), &io.n_dw_runs);
+    if (l->closes_group) {
+        io.scale = c->branch_scale;
+        io.unscaled_bias = c->kept_count != NULL;
+    } else if (in->ids) {
+        io.scale = c->branch_scale;
+    }
+    return st_linear_build(&m->ctx, &l->u.linear, m->batch, in->n, out->n, &io);
+}
+
+static st_status linear_forward(const st_nn_ctx *ctx, const st_layer *l)
+{
+    return st_linear_forward(ctx, &l->u.linear);
+}
+
+static st_status linear_backward(const st_nn_ctx *ctx, const st_layer *l)
+{
+    return st_linear_backward(ctx, &l->u.linear);
+}
+
+/* The three products (two for a layer that needs no input gradient);
+ * under backward masking the weight product covers the kept rows only.
+ * The bias gradient, a B x out matrix-vector product, is not counted: it
+ * is O(1/in) of the layer's work. */
+static double linear_flops(const st_layer *layer)
+{
+    const st_linear *l = &layer->u.linear;
+    double one = 2.0 * (double)l->batch * (double)l->in * (double)l->out;
+    double rows = (double)(l->in_major ? l->in : l->out);
+    return one * (1.0 + (l->has_dx ? 1.0 : 0.0)) + (l->has_dw ? one * (double)l->dw_rows / rows : 0.0);
+}
+
+const st_layer_kind st_layer_linear = {
+    .name = "linear", .layout = linear_layout, .build = linear_build,
+    .forward = linear_forward, .backward = linear_backward, .flops = linear_flops,
+};

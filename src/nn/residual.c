@@ -1,6 +1,9 @@
 /* nn/residual.c — elementwise add on a oneDNN binary primitive: the skip
  * connection forward (h' = h + branch) and the meeting of the two gradient
  * paths backward (dh += d_branch, in place). */
+#include <stdio.h>
+
+#include "nn/graph.h"
 #include "nn/layers.h"
 
 /* out (rows, cols) = a + b */
@@ -29,3 +32,26 @@ st_status st_add_run(const st_nn_ctx *ctx, const st_add *r)
 {
     return st_prim_run(ctx, &r->prim);
 }
+
+/* ------------------------------------------------------------ layer kind */
+
+
+/* The fork of a skip edge, first layer of a residual group.  Forward it
+ * computes nothing: the group's closing linear layer adds the skip in its
+ * epilogue (a post-op, one pass over the output fewer).  Backward, where
+ * it runs after the whole branch, the two gradient paths meet:
+ * dx += dy, with dx the stream's gradient and dy the branch input's. */
+static st_status residual_build(st_model *m, st_layer *l)
+{
+    float *dx = st_graph_data(m, l->dx);
+    return st_add_build(&m->ctx, &l->u.add, m->batch, l->out, dx, st_graph_data(m, l->dy), dx);
+}
+
+static st_status residual_backward(const st_nn_ctx *ctx, const st_layer *l)
+{
+    return st_add_run(ctx, &l->u.add);
+}
+
+const st_layer_kind st_layer_residual = {
+    .name = "residual", .build = residual_build, .backward = residual_backward,
+};

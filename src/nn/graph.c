@@ -1,0 +1,433 @@
+/*
+ * nn/graph.c — the generic half of every model: units, layout, memory,
+ * primitives, and the forward and backward loops over the layer table.
+ * What a model looks like is its builder's business (src/nn/models/); what
+ * a layer computes is its kind's (linear.c, activation.c, ...).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/graph.h"
+
+/* ------------------------------------------------------------ declaring */
+
+static int grow(void **p, int *cap, int n, size_t size)
+{
+    if (n < *cap)
+        return 1;
+    int c = *cap ? 2 * *cap : 32;
+    void *q = realloc(*p, (size_t)c * size);
+    if (!q)
+        return 0;
+    *p = q;
+    *cap = c;
+    return 1;
+}
+
+int st_graph_tensor(st_model *m, int64_t cols, int width)
+{
+    if (!grow((void **)&m->tensors, &m->cap_tensors, m->n_tensors, sizeof *m->tensors))
+        return ST_T_NONE;
+    m->tensors[m->n_tensors] = (st_tensor){ cols, width, m->open_group, ST_T_NONE, NULL };
+    if (width >= m->n_width)
+        m->n_width = width + 1;
+    return m->n_tensors++;
+}
+
+st_layer *st_graph_add(st_model *m, const st_layer_kind *kind, const char *name, int x,
+                       int y, int dx, int dy)
+{
+    if (!grow((void **)&m->layers, &m->cap_layers, m->n_layers, sizeof *m->layers))
+        return NULL;
+    st_layer *l = &m->layers[m->n_layers++];
+    memset(l, 0, sizeof *l);
+    l->kind = kind;
+    snprintf(l->name, sizeof l->name, "%s", name ? name : kind->name);
+    l->group = m->open_group;
+    l->x = x;
+    l->y = y;
+    l->dx = dx;
+    l->dy = dy;
+    l->residual = ST_T_NONE;
+    l->in_unit = l->out_unit = ST_W_FULL;
+    if (x >= 0)
+        l->in = m->tensors[x].cols;
+    if (y >= 0)
+        l->out = m->tensors[y].cols;
+    return l;
+}
+
+st_layer *st_graph_linear(st_model *m, const char *name, int x, int y, int dx, int dy,
+                          int64_t in, int64_t out)
+{
+    st_layer *l = st_graph_add(m, &st_layer_linear, name, x, y, dx, dy);
+    if (l) {
+        l->in = in;
+        l->out = out;
+    }
+    return l;
+}
+
+void st_graph_group_begin(st_model *m, int g)
+{
+    m->open_group = g;
+    if (g >= m->n_groups)
+        m->n_groups = g + 1;
+}
+
+void st_graph_group_end(st_model *m, int in, int out)
+{
+    /* the output stands for the input when the group is dropped */
+    if (out >= 0)
+        m->tensors[out].alias = in;
+    m->open_group = -1;
+}
+
+/* ------------------------------------------------------------ units */
+
+/* Layer groups held (the config's block_ids, increasing; none: all) and
+ * those with weight gradients (grad_blocks, per held group). */
+static st_status setup_groups(st_model *m)
+{
+    const int G = m->n_groups;
+    m->group_held = calloc((size_t)(G ? G : 1), sizeof *m->group_held);
+    m->group_grad = calloc((size_t)(G ? G : 1), 1);
+    if (!m->group_held || !m->group_grad)
+        return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
+    const st_model_config *c = &m->cfg;
+    /* a model without groups has nothing to select (st_model_create lists
+     * its depth as block ids all the same) */
+    for (int l = 0; G > 0 && l < (c->block_ids ? c->depth : G); l++) {
+        int g = c->block_ids ? c->block_ids[l] : l;
+        if (g >= G)
+            return st_fail(ST_ERR_INVALID, "subnetwork group %d: the model has %d", g, G);
+        m->group_held[g] = l + 1;
+        m->group_grad[g] = c->grad_blocks ? c->grad_blocks[l] != 0 : 1;
+    }
+    for (int i = 0; i < m->n_layers; i++)
+        m->layers[i].dropped = m->layers[i].group >= 0 && !m->group_held[m->layers[i].group];
+    return ST_OK;
+}
+
+/* Expands the config's kept groups into neuron ids (forward masking: the
+ * compact layers; backward masking: the rows with gradients), and the
+ * latter into runs of consecutive rows for the linear layers.  A width
+ * layer's full width is that of the layer whose outputs it is. */
+static st_status setup_neurons(st_model *m)
+{
+    const st_model_config *c = &m->cfg;
+    const int U = m->n_width;
+    m->keep = calloc((size_t)(U ? U : 1), sizeof *m->keep);
+    m->grad_keep = calloc((size_t)(U ? U : 1), sizeof *m->grad_keep);
+    if (!m->keep || !m->grad_keep)
+        return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
+    for (int i = 0; i < m->n_layers; i++) {
+        const st_layer *l = &m->layers[i];
+        if (l->out_unit >= 0)
+            m->keep[l->out_unit].full = l->out;
+    }
+    m->widest = 0;
+    for (int u = 0; u < U; u++) {
+        m->keep[u].n = m->keep[u].full;
+        m->grad_keep[u] = m->keep[u];
+        if (m->keep[u].n > m->widest)
+            m->widest = m->keep[u].n;
+    }
+    if (!c->kept_count)
+        return ST_OK;
+    if (c->depth != U)
+        return st_fail(ST_ERR_INVALID, "neuron subnetworks list kept groups of %d layers; "
+                       "the model has %d", c->depth, U);
+    const int64_t G = c->neuron_group;
+    size_t groups = 0;
+    for (int u = 0; u < U; u++)
+        groups += (size_t)c->kept_count[u];
+    /* the config keeps pointing at the model's own copy */
+    m->kept = malloc(((size_t)U + groups) * sizeof *m->kept);
+    m->ids = malloc(groups * (size_t)G * sizeof *m->ids);
+    if (!m->kept || !m->ids)
+        return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
+    memcpy(m->kept, c->kept_count, (size_t)U * sizeof *m->kept);
+    memcpy(m->kept + U, c->kept_groups, groups * sizeof *m->kept);
+    m->cfg.kept_count = m->kept;
+    m->cfg.kept_groups = m->kept + U;
+    /* runs of gradient rows: backward masking only (see st_graph_grad_runs) */
+    st_row_run *runs = NULL;
+    if (c->neuron_grads_only) {
+        m->runs = malloc(groups * sizeof *m->runs);
+        m->run_first = calloc((size_t)U, sizeof *m->run_first);
+        m->run_count = calloc((size_t)U, sizeof *m->run_count);
+        if (!m->runs || !m->run_first || !m->run_count)
+            return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
+        runs = m->runs;
+    }
+    int32_t *id = m->ids;
+    const int *g = m->cfg.kept_groups;
+    int n_runs = 0;
+    m->widest = 0;
+    for (int u = 0; u < U; u++) {
+        const int64_t full = m->keep[u].full;
+        st_neuron_sel sel = { full, 0, id };
+        if (runs)
+            m->run_first[u] = n_runs;
+        for (int j = 0; j < c->kept_count[u]; j++, g++) {
+            int64_t lo = *g * G, hi = lo + G < full ? lo + G : full;
+            if (runs && j > 0 && g[-1] + 1 == *g)
+                runs[n_runs - 1].count += hi - lo;
+            else if (runs)
+                runs[n_runs++] = (st_row_run){ lo, hi - lo };
+            for (int64_t k = lo; k < hi; k++)
+                *id++ = (int32_t)k;
+            sel.n += hi - lo;
+        }
+        if (runs)
+            m->run_count[u] = n_runs - m->run_first[u];
+        if (c->neuron_grads_only)
+            m->grad_keep[u] = sel;
+        else
+            m->keep[u] = sel;
+        if (m->keep[u].n > m->widest)
+            m->widest = m->keep[u].n;
+    }
+    return ST_OK;
+}
+
+st_status st_graph_declare(st_model *m, st_status (*declare)(st_model *m))
+{
+    const st_model_config *c = &m->cfg;
+    m->open_group = -1;
+    /* the predeclared tensors (their memory is the model's, see model.c) */
+    if (st_graph_tensor(m, c->in_dim, ST_W_FULL) != ST_T_INPUT ||
+        st_graph_tensor(m, c->n_classes, ST_W_FULL) != ST_T_LOGITS ||
+        st_graph_tensor(m, c->n_classes, ST_W_FULL) != ST_T_DLOGITS)
+        return st_fail(ST_ERR_NOMEM, "out of memory declaring a model");
+    m->n_width = 0;   /* ST_W_FULL is not a width layer */
+    ST_TRY(declare(m));
+    for (int i = 0; i < m->n_layers; i++) {
+        const st_layer *l = &m->layers[i];
+        if (l->out_unit >= m->n_width)
+            m->n_width = l->out_unit + 1;
+    }
+    ST_TRY(setup_groups(m));
+    return setup_neurons(m);
+}
+
+/* ------------------------------------------------------------ layout */
+
+st_status st_graph_add_segment(st_model *m, const char *name, int decay, st_seg_map map,
+                               size_t *index)
+{
+    map.full_offset = m->full_at;
+    map.stream = m->full_seg;
+    m->full_at += (size_t)(map.full_rows * map.full_cols);
+    m->full_seg++;
+    if (m->layout_skip) {   /* a dropped group: its place in the full model only */
+        *index = (size_t)-1;
+        return ST_OK;
+    }
+    if (m->n_segs == m->cap_segs) {
+        int cap = m->cap_segs ? 2 * m->cap_segs : 16;
+        st_param_segment *s = realloc(m->segs, (size_t)cap * sizeof *s);
+        if (s)
+            m->segs = s;
+        st_seg_map *mp = s ? realloc(m->maps, (size_t)cap * sizeof *mp) : NULL;
+        if (!s || !mp)
+            return st_fail(ST_ERR_NOMEM, "out of memory laying out parameters");
+        m->maps = mp;
+        m->cap_segs = cap;
+    }
+    const int64_t grad_rows = map.grad_rows ? map.n_grad_rows : map.n_rows;
+    st_param_segment *s = &m->segs[m->n_segs];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->offset = m->n_params;
+    s->count = (size_t)(map.n_rows * map.n_cols);
+    s->decay = decay;
+    s->grad_count = (size_t)(grad_rows * map.n_cols);
+    s->grad_offset = m->layout_grads ? m->n_grads : ST_NO_GRAD;
+    m->maps[m->n_segs] = map;
+    *index = (size_t)m->n_segs++;
+    m->n_params += s->count;
+    if (m->layout_grads)
+        m->n_grads += s->grad_count;
+    return ST_OK;
+}
+
+/* One walk over the full model's layers: a segment's full offset and RNG
+ * stream are where the walk meets it, kept or not. */
+st_status st_graph_layout(st_model *m)
+{
+    for (int i = 0; i < m->n_layers; i++) {
+        st_layer *l = &m->layers[i];
+        if (!l->kind->layout)
+            continue;
+        m->layout_skip = l->dropped;
+        m->layout_grads = l->group < 0 || m->group_grad[l->group];
+        ST_TRY(l->kind->layout(m, l));
+    }
+    m->layout_skip = 0;
+    m->layout_grads = 1;
+    return ST_OK;
+}
+
+/* ------------------------------------------------------------ access */
+
+static int resolve(const st_model *m, int t)
+{
+    while (t >= 0 && m->tensors[t].group >= 0 && !m->group_held[m->tensors[t].group] &&
+           m->tensors[t].alias >= 0)
+        t = m->tensors[t].alias;
+    return t;
+}
+
+float *st_graph_data(const st_model *m, int tensor)
+{
+    return tensor < 0 ? NULL : m->tensors[resolve(m, tensor)].data;
+}
+
+int64_t st_graph_width(const st_model *m, int width)
+{
+    (void)m;
+    return width == ST_W_WIDEST ? m->widest : m->keep[width].n;
+}
+
+const st_neuron_sel *st_graph_sel(const st_model *m, int width, int64_t n, st_neuron_sel *tmp)
+{
+    if (width >= 0)
+        return &m->keep[width];
+    *tmp = (st_neuron_sel){ n, n, NULL };
+    return tmp;
+}
+
+const st_neuron_sel *st_graph_grad_sel(const st_model *m, int width)
+{
+    return width >= 0 ? &m->grad_keep[width] : NULL;
+}
+
+const st_row_run *st_graph_grad_runs(const st_model *m, int u, int *n)
+{
+    if (u < 0 || !m->runs || !m->grad_keep[u].ids) {
+        *n = 0;
+        return NULL;
+    }
+    *n = m->run_count[u];
+    return m->runs + m->run_first[u];
+}
+
+float *st_graph_seg_params(const st_model *m, size_t seg)
+{
+    return m->params + m->segs[seg].offset;
+}
+
+float *st_graph_seg_grads(const st_model *m, size_t seg)
+{
+    size_t g = m->segs[seg].grad_offset;
+    return g == ST_NO_GRAD ? NULL : m->grads + g;
+}
+
+st_status st_graph_alloc(st_model *m, size_t count, float **out)
+{
+    return st_arena_alloc_floats(m->arena, ST_MEM_ACTIVATIONS, count, out);
+}
+
+float *st_graph_norm_scratch(const st_model *m)
+{
+    return m->norm_scratch;
+}
+
+/* ------------------------------------------------------------ build */
+
+static int64_t tensor_width(const st_model *m, const st_tensor *t)
+{
+    return t->width_unit == ST_W_FULL ? t->cols : st_graph_width(m, t->width_unit);
+}
+
+st_status st_graph_build(st_model *m)
+{
+    const size_t B = (size_t)m->batch;
+    ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_params, &m->params));
+    ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_GRADIENTS, m->n_grads, &m->grads));
+    for (int t = ST_T_FIRST_FREE; t < m->n_tensors; t++) {
+        st_tensor *x = &m->tensors[t];
+        if (x->group >= 0 && !m->group_held[x->group])
+            continue;   /* a dropped group's tensors do not exist */
+        ST_TRY(st_graph_alloc(m, B * (size_t)tensor_width(m, x), &x->data));
+    }
+    /* A norm whose parameters get no gradient (backward masking) still has
+     * oneDNN compute dgamma and dbeta: its backward-data-only variant is
+     * not implemented with a scale and shift.  They go to one scratch
+     * pair that all such norms share (nobody reads it). */
+    for (int i = 0; i < m->n_layers; i++) {
+        const st_layer *l = &m->layers[i];
+        if (!l->dropped && l->kind == &st_layer_layernorm && l->group >= 0 &&
+            !m->group_grad[l->group] && l->out > m->norm_scratch_cols)
+            m->norm_scratch_cols = l->out;
+    }
+    if (m->norm_scratch_cols)
+        ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WORKSPACE, 2 * (size_t)m->norm_scratch_cols,
+                                     &m->norm_scratch));
+    for (int i = 0; i < m->n_layers; i++) {
+        st_layer *l = &m->layers[i];
+        if (!l->dropped && l->kind->alloc)
+            ST_TRY(l->kind->alloc(m, l));
+    }
+    for (int i = 0; i < m->n_layers; i++) {
+        st_layer *l = &m->layers[i];
+        if (!l->dropped)
+            ST_TRY(l->kind->build(m, l));
+    }
+    return ST_OK;
+}
+
+/* ------------------------------------------------------------ run */
+
+st_status st_graph_forward(const st_model *m)
+{
+    for (int i = 0; i < m->n_layers; i++) {
+        const st_layer *l = &m->layers[i];
+        if (!l->dropped && l->kind->forward)
+            ST_TRY(l->kind->forward(&m->ctx, l));
+    }
+    return ST_OK;
+}
+
+st_status st_graph_backward(const st_model *m)
+{
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        const st_layer *l = &m->layers[i];
+        if (!l->dropped && l->kind->backward)
+            ST_TRY(l->kind->backward(&m->ctx, l));
+    }
+    return ST_OK;
+}
+
+double st_graph_flops(const st_model *m)
+{
+    double f = 0.0;
+    for (int i = 0; i < m->n_layers; i++) {
+        const st_layer *l = &m->layers[i];
+        if (!l->dropped && l->kind->flops)
+            f += l->kind->flops(l);
+    }
+    return f;
+}
+
+void st_graph_free(st_model *m)
+{
+    free(m->layers);
+    free(m->tensors);
+    free(m->group_held);
+    free(m->group_grad);
+    free(m->segs);
+    free(m->maps);
+    free(m->keep);
+    free(m->kept);
+    free(m->grad_keep);
+    free(m->ids);
+    free(m->runs);
+    free(m->run_first);
+    free(m->run_count);
+    free(m->block_ids);
+    free(m->grad_blocks);
+}

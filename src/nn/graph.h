@@ -1,0 +1,260 @@
+/*
+ * nn/graph.h — private: a model is an ordered table of layers.
+ *
+ * A model builder (src/nn/models/) declares, in forward order, the layers
+ * of the FULL model and the tensors between them; everything else is
+ * generic (graph.c):
+ *
+ *   layout   one walk over the table gives the flat parameter vector: each
+ *            layer kind appends its named segments (weight, bias, gamma,
+ *            beta).  A segment's place in the full model (offset, RNG
+ *            stream) is where the walk meets it, whether or not this
+ *            instance keeps it;
+ *   memory   params, grads, then every tensor and each layer's own saved
+ *            buffers, from the worker's arena;
+ *   build    each layer kind creates its oneDNN primitives once, against
+ *            those buffers;
+ *   run      forward is one loop over the table, backward the same loop
+ *            reversed (as oneDNN's training examples run net_fwd[] and
+ *            net_bwd[]), with the loss in between.
+ *
+ * Subnetwork units are declared by the layers, not by the model:
+ *
+ *   layer groups   a layer belongs to group g (a residual block: the layers
+ *                  between st_graph_group_begin and _end, with a skip edge
+ *                  around them).  A model that does not keep group g leaves
+ *                  its layers out and the group's output IS its input: the
+ *                  identity.  Backward masking keeps the layers but not
+ *                  their weight gradients.
+ *   width units    a linear layer may declare that its output neurons form
+ *                  width layer u (groups of neurons are the units); its
+ *                  consumers declare u as their input.  A model keeping some
+ *                  of u's neurons holds their rows of the producer's matrix
+ *                  and the matching input slice (rows of an in-major matrix)
+ *                  of the consumer; tensors of width u are as wide as the
+ *                  kept neurons.
+ *
+ * So a new layer kind that declares these works with every strategy.
+ *
+ * Tensors are (batch, cols) row-major floats.  Gradient tensors are
+ * declared by the builder like the others and shared on purpose (a data
+ * gradient is dead once the layer below has consumed it), which is what
+ * keeps a deep model's backward in five buffers.
+ */
+#ifndef SUBTRAIN_NN_GRAPH_H
+#define SUBTRAIN_NN_GRAPH_H
+
+#include <subtrain/model.h>
+#include "nn/layers.h"
+
+/* ------------------------------------------------------------ tensors */
+
+/* Predeclared tensors: the model's input, its logits and their gradient. */
+enum { ST_T_NONE = -1, ST_T_INPUT = 0, ST_T_LOGITS = 1, ST_T_DLOGITS = 2, ST_T_FIRST_FREE = 3 };
+
+/* Width of a tensor or layer side: the full width, or that of width layer
+ * u's kept neurons (u >= 0), or of the widest kept width layer (shared
+ * gradient scratch that every width layer passes through). */
+enum { ST_W_FULL = -1, ST_W_WIDEST = -2 };
+
+typedef struct st_tensor {
+    int64_t cols;          /* full width */
+    int width_unit;        /* ST_W_FULL, ST_W_WIDEST, or a width layer */
+    int group;             /* the layer group that writes it (-1: none):
+                            * not allocated when the group is dropped */
+    int alias;             /* a dropped group's output: the tensor it is */
+    float *data;           /* (batch, width) */
+} st_tensor;
+
+/* ------------------------------------------------------------ layers */
+
+typedef struct st_model st_model;
+typedef struct st_layer st_layer;
+
+/* What a layer kind provides.  One file per kind (linear.c, activation.c,
+ * layernorm.c, residual.c) defines one of these; nothing else in the
+ * graph knows the kinds. */
+typedef struct st_layer_kind {
+    const char *name;
+    /* Appends its parameter segments (st_graph_add_segment), NULL: none. */
+    st_status (*layout)(st_model *m, st_layer *l);
+    /* Takes its own saved buffers from the arena (after the tensors). */
+    st_status (*alloc)(st_model *m, st_layer *l);
+    /* Creates its primitives against the model's buffers. */
+    st_status (*build)(st_model *m, st_layer *l);
+    st_status (*forward)(const st_nn_ctx *ctx, const st_layer *l);
+    st_status (*backward)(const st_nn_ctx *ctx, const st_layer *l);
+    /* Matrix-multiply FLOPs of its forward and backward (2 per
+     * multiply-add), NULL: none worth counting. */
+    double (*flops)(const st_layer *l);
+} st_layer_kind;
+
+extern const st_layer_kind st_layer_linear;     /* nn/linear.c */
+extern const st_layer_kind st_layer_activation; /* nn/activation.c */
+extern const st_layer_kind st_layer_layernorm;  /* nn/layernorm.c */
+extern const st_layer_kind st_layer_residual;   /* nn/residual.c */
+
+struct st_layer {
+    const st_layer_kind *kind;
+    char name[32];         /* its segments' prefix, in the full model */
+    int group;             /* layer group (-1: held by every subnetwork) */
+    int x, y, dx, dy;      /* tensors: input, output and their gradients
+                            * (dx ST_T_NONE: nobody needs dL/dx) */
+    int64_t in, out;       /* full widths */
+    int in_unit, out_unit; /* width layers of its input and output (ST_W_FULL) */
+    /* linear */
+    int residual;          /* tensor added to y in the same pass (the skip) */
+    int in_major;          /* weights stored (in, out): a row per input */
+    int closes_group;      /* the last layer of a group's branch: its
+                            * product is scaled by the branch scale */
+    /* activation */
+    st_activation activation;
+    /* set by the graph */
+    int dropped;           /* its group is not in this model */
+    size_t seg[2];         /* its segments (weight, bias / gamma, beta) */
+    float *saved[2];       /* its own saved buffers (layer norm: mean, var) */
+    union {
+        st_linear linear;
+        st_act act;
+        st_layernorm norm;
+        st_add add;
+    } u;
+};
+
+/* ------------------------------------------------------------ the model */
+
+/* Where a segment's elements come from in the full model, element by
+ * element: compact storage row r, column c is full row rows[r], column
+ * cols[c].  Everything that relates a subnetwork to the full model (its
+ * initial values, its full-layout ranges for the reduction engine) is
+ * computed from this, for group and width subnetworks alike. */
+typedef struct st_seg_map {
+    size_t full_offset;            /* the full tensor's first element in the full vector */
+    int64_t full_rows, full_cols;  /* storage shape of the full tensor (a vector: n x 1) */
+    const int32_t *rows, *cols;    /* compact -> full (NULL: the same index) */
+    int64_t n_rows, n_cols;        /* compact storage shape */
+    const int32_t *grad_rows;      /* backward masking: full rows that get a
+                                    * gradient (NULL: every row) */
+    int64_t n_grad_rows;
+    int in_major;                  /* a weight stored (in, out) */
+    int64_t fan_in;                /* of the full layer: the init bound */
+    uint64_t stream;               /* init RNG stream: the full segment's index */
+} st_seg_map;
+
+/* One width layer's kept neurons (full indices, increasing). */
+typedef struct st_neuron_sel {
+    int64_t full, n;               /* full width, kept */
+    const int32_t *ids;            /* NULL: all (n == full) */
+} st_neuron_sel;
+
+struct st_model {
+    st_model_config cfg;
+    int batch;
+    st_arena *arena;       /* NULL: layout only (no memory, no primitives) */
+    st_nn_ctx ctx;
+
+    /* The table, in forward order, and its tensors. */
+    st_layer *layers;
+    int n_layers, cap_layers;
+    st_tensor *tensors;
+    int n_tensors, cap_tensors;
+    int open_group;        /* while declaring: the group being declared */
+    int n_groups;          /* layer groups of the full model */
+    int n_width;           /* width layers of the full model */
+
+    /* Layer groups: held[g] = index among the kept groups + 1 (0: not
+     * held), grad[g] = 1: its weight gradients are kept. */
+    int *group_held;
+    uint8_t *group_grad;
+    int *block_ids;        /* the config's lists, copied: cfg points here */
+    uint8_t *grad_blocks;
+    int full_depth;
+
+    /* Flat parameters and gradients (same layout), and their segments. */
+    float *params, *grads;
+    size_t n_params, n_grads;
+    int layout_grads;      /* while laying out: the segment gets a gradient */
+    int layout_skip;       /* while laying out: a dropped layer's segments
+                            * only move the full cursor */
+    float *norm_scratch;   /* dgamma, dbeta of norms without gradient */
+    int64_t norm_scratch_cols;
+    st_param_segment *segs;
+    st_seg_map *maps;      /* n_segs, parallel to segs */
+    int n_segs, cap_segs;
+    size_t full_at;        /* while laying out: the next segment's full offset */
+    uint64_t full_seg;     /*                   and full index */
+
+    /* Width layers: kept neurons (forward masking) and neurons with
+     * gradients (backward masking), and the latter as runs of rows. */
+    st_neuron_sel *keep, *grad_keep;
+    int *kept;             /* the model's own copies of cfg.kept_count, then of
+                            * cfg.kept_groups: cfg points here */
+    int32_t *ids;
+    st_row_run *runs;      /* backward masking: grad_keep as runs, per layer at
+                            * run_first[u]; NULL otherwise */
+    int *run_first, *run_count;
+    int64_t widest;        /* widest kept width layer */
+
+    int32_t *labels;       /* (B) */
+    float *logp;           /* (B, classes) */
+    st_xent xent;
+};
+
+/* ------------------------------------------------------------ builders */
+
+/* A model kind: one file in src/nn/models/ plus an entry in model.c's
+ * table.  `declare` appends the full model's tensors and layers. */
+typedef struct st_model_builder {
+    st_model_kind kind;
+    st_status (*declare)(st_model *m);
+} st_model_builder;
+
+st_status st_model_declare_mlp(st_model *m);     /* nn/models/mlp.c */
+st_status st_model_declare_resmlp(st_model *m);  /* nn/models/resmlp.c */
+
+/* A new tensor of `cols` full columns (width: ST_W_FULL, ST_W_WIDEST or a
+ * width layer), written by the open group if any; its id. */
+int st_graph_tensor(st_model *m, int64_t cols, int width);
+
+/* Appends a layer; the graph fills in its group.  Returns it, NULL when
+ * out of memory (the model then fails to build). */
+st_layer *st_graph_add(st_model *m, const st_layer_kind *kind, const char *name, int x,
+                       int y, int dx, int dy);
+
+/* A linear layer (in -> out features) between tensors x and y. */
+st_layer *st_graph_linear(st_model *m, const char *name, int x, int y, int dx, int dy,
+                          int64_t in, int64_t out);
+
+/* Layer group g: the layers declared until st_graph_group_end.  Its
+ * output tensor is its input when a model does not hold it. */
+void st_graph_group_begin(st_model *m, int g);
+void st_graph_group_end(st_model *m, int in, int out);
+
+/* For layer kinds: a segment of the parameter vector (see model.c). */
+st_status st_graph_add_segment(st_model *m, const char *name, int decay, st_seg_map map,
+                               size_t *index);
+float *st_graph_data(const st_model *m, int tensor);
+int64_t st_graph_width(const st_model *m, int width);
+/* A width layer's kept neurons (all of them for ST_W_FULL of n features). */
+const st_neuron_sel *st_graph_sel(const st_model *m, int width, int64_t n, st_neuron_sel *tmp);
+const st_neuron_sel *st_graph_grad_sel(const st_model *m, int width);
+/* Runs of rows with a weight gradient of width layer u (NULL: all). */
+const st_row_run *st_graph_grad_runs(const st_model *m, int u, int *n);
+float *st_graph_seg_params(const st_model *m, size_t seg);
+float *st_graph_seg_grads(const st_model *m, size_t seg);   /* NULL: none */
+st_status st_graph_alloc(st_model *m, size_t count, float **out);
+/* dgamma, dbeta scratch for a norm of `cols` whose parameters get no
+ * gradient (backward masking): shared by all such norms. */
+float *st_graph_norm_scratch(const st_model *m);
+
+/* graph.c: the steps of st_model_create / the layout-only path. */
+st_status st_graph_declare(st_model *m, st_status (*declare)(st_model *m));
+                                               /* the builder, then units */
+st_status st_graph_layout(st_model *m);        /* segments */
+st_status st_graph_build(st_model *m);         /* memory and primitives */
+st_status st_graph_forward(const st_model *m);
+st_status st_graph_backward(const st_model *m);
+double st_graph_flops(const st_model *m);
+void st_graph_free(st_model *m);               /* what declare and layout malloc'd */
+
+#endif /* SUBTRAIN_NN_GRAPH_H */

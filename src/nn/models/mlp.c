@@ -1,0 +1,47 @@
+/*
+ * nn/models/mlp.c — the multilayer perceptron:
+ *
+ *   x (B, in) -> [fc_i -> act] x depth -> head -> logits (B, K)
+ *
+ * Hidden layer i's neurons are width layer i: its rows of fc_i, its
+ * columns of fc_{i+1} (or the head).  No layer groups.
+ *
+ * Memory (floats): saved a_i, z_i (B x W_i each, W_i the kept neurons of
+ * layer i); shared da, dz (B x widest) used alternately going backward: a
+ * layer's dz feeds the activation, whose da feeds the linear below.
+ */
+#include <stdio.h>
+
+#include "nn/graph.h"
+
+st_status st_model_declare_mlp(st_model *m)
+{
+    const st_model_config *c = &m->cfg;
+    const int L = c->depth;
+    const int64_t W = c->width;
+    const int dz = st_graph_tensor(m, W, ST_W_WIDEST), da = st_graph_tensor(m, W, ST_W_WIDEST);
+    int x = ST_T_INPUT;
+    int64_t in = c->in_dim;
+    char name[32];
+    for (int i = 0; i < L; i++) {
+        const int a = st_graph_tensor(m, W, i), z = st_graph_tensor(m, W, i);
+        snprintf(name, sizeof name, "fc%d", i);
+        /* the first layer's input gradient is never needed */
+        st_layer *l = st_graph_linear(m, name, x, a, i == 0 ? ST_T_NONE : dz, da, in, W);
+        if (!l || a < 0 || z < 0)
+            return st_fail(ST_ERR_NOMEM, "out of memory declaring the mlp");
+        l->in_unit = i == 0 ? ST_W_FULL : i - 1;
+        l->out_unit = i;
+        if (!(l = st_graph_add(m, &st_layer_activation, "act", a, z, da, dz)))
+            return st_fail(ST_ERR_NOMEM, "out of memory declaring the mlp");
+        l->in_unit = l->out_unit = i;
+        l->activation = c->activation;
+        x = z;
+        in = W;
+    }
+    st_layer *head = st_graph_linear(m, "head", x, ST_T_LOGITS, dz, ST_T_DLOGITS, in, c->n_classes);
+    if (!head || dz < 0 || da < 0)
+        return st_fail(ST_ERR_NOMEM, "out of memory declaring the mlp");
+    head->in_unit = L - 1;
+    return ST_OK;
+}

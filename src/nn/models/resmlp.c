@@ -1,0 +1,72 @@
+/*
+ * nn/models/resmlp.c — the pre-norm residual MLP:
+ *
+ *   h0 = stem(x)                                      (B, W)
+ *   block g (a layer group with a skip edge), g < depth:
+ *     h_{g+1} = h_g + fc2(act(fc1(LN(h_g))))           fc1: W -> H, fc2: H -> W
+ *   logits = head(LN(h_depth))                        (B, K)
+ *
+ * Block g's inner neurons are width layer g: its rows of fc1 and, since
+ * fc2 is stored (in, out), its rows of fc2 too, so that a neuron's
+ * incoming and outgoing weights are each one contiguous row.
+ *
+ * Memory (floats), width W, inner width H, batch B:
+ *   saved per block for the backward: n, a, z, h_out = B(2W + 2H), + 2B stats
+ *   shared: dh, dn, dtmp (B x W each), dz, da (B x widest H each)
+ * dh is the residual stream's gradient: the final norm writes it, every
+ * block's fc2 reads it and its residual layer adds the branch's share.
+ */
+#include <stdio.h>
+
+#include "nn/graph.h"
+
+st_status st_model_declare_resmlp(st_model *m)
+{
+    const st_model_config *c = &m->cfg;
+    const int64_t W = c->width, H = c->hidden > 0 ? c->hidden : c->width;
+    const int h0 = st_graph_tensor(m, W, ST_W_FULL);
+    const int dh = st_graph_tensor(m, W, ST_W_FULL), dn = st_graph_tensor(m, W, ST_W_FULL);
+    const int dtmp = st_graph_tensor(m, W, ST_W_FULL);
+    const int dz = st_graph_tensor(m, H, ST_W_WIDEST), da = st_graph_tensor(m, H, ST_W_WIDEST);
+    int ok = h0 >= 0 && dh >= 0 && dn >= 0 && dtmp >= 0 && dz >= 0 && da >= 0;
+    ok = ok && st_graph_linear(m, "stem", ST_T_INPUT, h0, ST_T_NONE, dh, c->in_dim, W);
+    int h = h0;
+    char name[32];
+    for (int g = 0; ok && g < m->full_depth; g++) {
+        st_graph_group_begin(m, g);
+        const int n = st_graph_tensor(m, W, ST_W_FULL), a = st_graph_tensor(m, H, g);
+        const int z = st_graph_tensor(m, H, g), out = st_graph_tensor(m, W, ST_W_FULL);
+        /* pointers into the table are good until the next layer is added */
+        st_layer *l;
+        ok = n >= 0 && a >= 0 && z >= 0 && out >= 0 &&
+             st_graph_add(m, &st_layer_residual, "skip", h, h, dh, dtmp);
+        snprintf(name, sizeof name, "block%d.ln", g);
+        ok = ok && st_graph_add(m, &st_layer_layernorm, name, h, n, dtmp, dn);
+        snprintf(name, sizeof name, "block%d.fc1", g);
+        if (!ok || !(l = st_graph_linear(m, name, n, a, dn, da, W, H)))
+            goto oom;
+        l->out_unit = g;
+        if (!(l = st_graph_add(m, &st_layer_activation, "act", a, z, da, dz)))
+            goto oom;
+        l->in_unit = l->out_unit = g;
+        l->activation = c->activation;
+        snprintf(name, sizeof name, "block%d.fc2", g);
+        if (!(l = st_graph_linear(m, name, z, out, dz, dh, H, W)))
+            goto oom;
+        l->in_unit = g;
+        l->in_major = 1;
+        l->residual = h;           /* h_out = h_in + branch, in fc2's epilogue */
+        l->closes_group = 1;
+        st_graph_group_end(m, h, out);
+        h = out;
+    }
+    const int nf = ok ? st_graph_tensor(m, W, ST_W_FULL) : -1;
+    /* going backward the final norm writes dh: it starts the accumulation
+     * that every block's residual layer then adds to */
+    ok = ok && nf >= 0 && st_graph_add(m, &st_layer_layernorm, "final_ln", h, nf, dh, dn);
+    ok = ok && st_graph_linear(m, "head", nf, ST_T_LOGITS, dn, ST_T_DLOGITS, W, c->n_classes);
+    if (ok)
+        return ST_OK;
+oom:
+    return st_fail(ST_ERR_NOMEM, "out of memory declaring the resmlp");
+}
