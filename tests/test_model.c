@@ -1172,3 +1172,54 @@ Test(init, full_range_without_a_model_matches_a_built_one)
         st_arena_release(&a);
     }
 }
+
+/* ------------------------------------------------------------ declared units */
+
+/* The units come from the layers' declarations: mlp has one width layer
+ * per hidden layer, chained (hidden-to-hidden matrices), no groups;
+ * resmlp one group and one width layer (the inner layer) per block. */
+Test(units, declared_by_layers)
+{
+    st_model_units u;
+    st_model_config c = mlp_config(3, 48, ST_ACT_RELU);
+    cr_assert_eq(st_model_config_units(&c, &u), ST_OK);
+    cr_assert_eq(u.groups, 0);
+    cr_assert_eq(u.width_layers, 3);
+    cr_assert_eq(u.width, 48);
+    cr_assert_eq(u.chained, 1);
+    c = resmlp_config(5, 32, 80, ST_ACT_GELU);
+    cr_assert_eq(st_model_config_units(&c, &u), ST_OK);
+    cr_assert_eq(u.groups, 5);
+    cr_assert_eq(u.width_layers, 5);
+    cr_assert_eq(u.width, 80, "the inner width, not the stream's");
+    cr_assert_eq(u.chained, 0);
+    c.kind = (st_model_kind)77;
+    cr_assert_eq(st_model_config_units(&c, &u), ST_ERR_INVALID);
+}
+
+/* Chained ranges are exactly the weights of fc1 .. fc{L-1} of an mlp (the
+ * layers whose both sides are hidden layers), found from the segments. */
+Test(units, chained_ranges_are_hidden_to_hidden_weights)
+{
+    st_model_config c = mlp_config(4, 24, ST_ACT_RELU);
+    st_param_segment *segs;
+    int n_segs;
+    cr_assert_eq(st_model_config_segments(&c, &segs, &n_segs), ST_OK);
+    st_range r[16];
+    int n = st_model_config_chained_ranges(&c, r, 16);
+    cr_assert_eq(n, 3);
+    int k = 0;
+    for (int i = 0; i < n_segs; i++) {
+        const char *s = segs[i].name;
+        if (strncmp(s, "fc", 2) == 0 && strcmp(s, "fc0.weight") != 0 && ends_with(s, ".weight")) {
+            cr_assert_lt(k, n);
+            cr_assert_eq(r[k].begin, segs[i].offset, "%s", s);
+            cr_assert_eq(r[k].end, segs[i].offset + segs[i].count, "%s", s);
+            k++;
+        }
+    }
+    cr_assert_eq(k, n);
+    free(segs);
+    st_model_config rc = resmlp_config(3, 16, 0, ST_ACT_GELU);
+    cr_assert_eq(st_model_config_chained_ranges(&rc, r, 16), 0);
+}

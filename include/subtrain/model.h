@@ -82,6 +82,32 @@ st_status st_model_config_check(const st_model_config *cfg);
  * --subnet neuron), and the number of neuron layers (depth). */
 int st_model_neuron_groups(const st_model_config *cfg);
 
+/* The subnetwork units a model offers, as its layers declare them (see
+ * doc/design.md): strategies ask this, never the model's kind.
+ *   groups        layer groups: residual blocks, each dropped as the
+ *                 identity (0: the model has none; --subnet block needs them)
+ *   width_layers  width layers: a layer's output neurons whose groups of
+ *                 neuron_group are units, with the matching input slice of
+ *                 their consumer (mlp: each hidden layer; resmlp: each
+ *                 block's inner layer)
+ *   width         neurons of the first width layer
+ *   chained       1: some layer reads one width layer and writes another
+ *                 (mlp's hidden-to-hidden matrices), so with disjoint
+ *                 parts some of its weights are held by nobody */
+typedef struct st_model_units {
+    int groups;
+    int width_layers;
+    int width;
+    int chained;
+} st_model_units;
+
+st_status st_model_config_units(const st_model_config *cfg, st_model_units *out);
+
+/* The full-layout ranges of the weights of layers that read one width
+ * layer and write another (at most cap, sorted): where an element may be
+ * held by nobody.  Returns their number (0 when the model has none). */
+int st_model_config_chained_ranges(const st_model_config *cfg, st_range *out, int cap);
+
 /* Parameters of a model with this configuration (no model is built). */
 size_t st_model_config_param_count(const st_model_config *cfg);
 

@@ -125,6 +125,44 @@ int st_model_neuron_groups(const st_model_config *c)
     return groups;
 }
 
+/* A layer with parameters from one width layer to another. */
+static int chains(const st_layer *l)
+{
+    return l->kind->layout && l->in_unit >= 0 && l->out_unit >= 0 && l->in_unit != l->out_unit;
+}
+
+st_status st_model_config_units(const st_model_config *c, st_model_units *out)
+{
+    memset(out, 0, sizeof *out);
+    st_model m;
+    st_status s = layout_full(&m, c);
+    if (s == ST_OK) {
+        out->groups = m.n_groups;
+        out->width_layers = m.n_width;
+        out->width = m.n_width > 0 ? (int)m.keep[0].full : 0;
+        for (int i = 0; i < m.n_layers; i++)
+            out->chained |= chains(&m.layers[i]);
+    }
+    destroy_layout(&m);
+    return s;
+}
+
+int st_model_config_chained_ranges(const st_model_config *c, st_range *out, int cap)
+{
+    st_model m;
+    int n = 0;
+    if (layout_full(&m, c) == ST_OK)
+        for (int i = 0; i < m.n_layers && n < cap; i++) {
+            const st_layer *l = &m.layers[i];
+            if (chains(l) && !l->dropped) {
+                const st_param_segment *w = &m.segs[l->seg[0]];
+                out[n++] = (st_range){ w->offset, w->offset + w->count };
+            }
+        }
+    destroy_layout(&m);
+    return n;
+}
+
 size_t st_model_config_param_count(const st_model_config *c)
 {
     st_model m;
