@@ -343,16 +343,59 @@ static int64_t tensor_width(const st_model *m, const st_tensor *t)
     return t->width_unit == ST_W_FULL ? t->cols : st_graph_width(m, t->width_unit);
 }
 
+/* Whether layer i's backward does anything: it has parameters with a
+ * gradient, or its input gradient is needed. */
+static int runs_backward(const st_model *m, const st_layer *l)
+{
+    if (l->dropped)
+        return 0;
+    if (l->dx != ST_T_NONE)
+        return 1;
+    for (int k = 0; k < 2 && l->kind->layout; k++)
+        if (m->segs[l->seg[k]].grad_offset != ST_NO_GRAD)
+            return 1;
+    return 0;
+}
+
+/* An input gradient is needed only if the layer that produced the input
+ * (the last one before it writing that tensor) runs its backward: not
+ * for the first layer of a model, nor for the layers at the start of a
+ * segment (a run of layers trained alone, nn/segment.c), whose input
+ * comes from outside.  Decided in forward order, so that a producer's
+ * answer is known before its consumers ask. */
+static void prune_input_gradients(st_model *m)
+{
+    for (int i = 0; i < m->n_layers; i++) {
+        st_layer *l = &m->layers[i];
+        if (l->dropped || l->dx == ST_T_NONE)
+            continue;
+        const int x = resolve(m, l->x);
+        int j = i - 1;
+        while (j >= 0 && (m->layers[j].dropped || resolve(m, m->layers[j].y) != x))
+            j--;
+        if (j < 0 || !runs_backward(m, &m->layers[j]))
+            l->dx = ST_T_NONE;
+    }
+}
+
 st_status st_graph_build(st_model *m)
 {
     const size_t B = (size_t)m->batch;
+    prune_input_gradients(m);
     ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_params, &m->params));
     ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_GRADIENTS, m->n_grads, &m->grads));
-    for (int t = ST_T_FIRST_FREE; t < m->n_tensors; t++) {
-        st_tensor *x = &m->tensors[t];
-        if (x->group >= 0 && !m->group_held[x->group])
-            continue;   /* a dropped group's tensors do not exist */
-        ST_TRY(st_graph_alloc(m, B * (size_t)tensor_width(m, x), &x->data));
+    /* Every tensor a layer of this instance touches, once (the model's
+     * input and logits are there already, see model.c). */
+    for (int i = 0; i < m->n_layers; i++) {
+        const st_layer *l = &m->layers[i];
+        const int touched[5] = { l->x, l->y, l->dx, l->dy, l->residual };
+        for (int k = 0; k < 5 && !l->dropped; k++) {
+            const int t = touched[k] >= 0 ? resolve(m, touched[k]) : ST_T_NONE;
+            if (t < 0 || m->tensors[t].data)
+                continue;
+            ST_TRY(st_graph_alloc(m, B * (size_t)tensor_width(m, &m->tensors[t]),
+                                  &m->tensors[t].data));
+        }
     }
     /* A norm whose parameters get no gradient (backward masking) still has
      * oneDNN compute dgamma and dbeta: its backward-data-only variant is
@@ -396,7 +439,7 @@ st_status st_graph_backward(const st_model *m)
 {
     for (int i = m->n_layers - 1; i >= 0; i--) {
         const st_layer *l = &m->layers[i];
-        if (!l->dropped && l->kind->backward)
+        if (runs_backward(m, l) && l->kind->backward)
             ST_TRY(l->kind->backward(&m->ctx, l));
     }
     return ST_OK;

@@ -247,6 +247,17 @@ st_status st_graph_alloc(st_model *m, size_t count, float **out);
  * gradient (backward masking): shared by all such norms. */
 float *st_graph_norm_scratch(const st_model *m);
 
+/* model.c: an instance of layers lo .. hi (table indices) of cfg's model
+ * only, with no loss and no workspace yet: a segment (nn/segment.c) adds
+ * its loss's primitives, then calls st_nn_ctx_finalize.  Its input is
+ * layers[lo].x, its output layers[hi].y, whose gradient is layers[hi].dy.
+ * Models with layer groups are refused. */
+st_status st_model_create_range(const st_model_config *cfg, int lo, int hi, int batch,
+                                st_arena *arena, st_model **out);
+/* The table index of the n-th (0-based) layer of `kind` in cfg's model;
+ * -1 if there is none. */
+int st_model_layer_index(const st_model_config *cfg, const st_layer_kind *kind, int n);
+
 /* graph.c: the steps of st_model_create / the layout-only path. */
 st_status st_graph_declare(st_model *m, st_status (*declare)(st_model *m));
                                                /* the builder, then units */

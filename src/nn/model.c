@@ -328,7 +328,10 @@ static void destroy_layout(st_model *m)
 
 /* ------------------------------------------------------------ instances */
 
-st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena, st_model **out)
+/* A whole model (hi < 0), or only its layers lo .. hi with no loss and no
+ * workspace yet (st_model_create_range). */
+static st_status create(const st_model_config *cfg, int lo, int hi, int batch, st_arena *arena,
+                        st_model **out)
 {
     *out = NULL;
     ST_TRY(st_model_config_check(cfg));
@@ -357,25 +360,62 @@ st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena
     m->arena = arena;
     st_status s;
     ST_TRY_GOTO(s, st_graph_declare(m, builder_of(cfg->kind)->declare), fail);
+    if (hi >= 0) {
+        if (m->n_groups > 0 || lo < 0 || hi < lo || hi >= m->n_layers) {
+            s = st_fail(ST_ERR_INVALID, "layers %d .. %d of a model of %d layers%s", lo, hi,
+                        m->n_layers, m->n_groups ? " with layer groups" : "");
+            goto fail;
+        }
+        for (int i = 0; i < m->n_layers; i++)   /* outside: laid out as dropped */
+            m->layers[i].dropped = i < lo || i > hi;
+    }
     ST_TRY_GOTO(s, st_nn_ctx_init(&m->ctx, arena), fail);
     const size_t B = (size_t)batch, K = (size_t)cfg->n_classes;
-    ST_TRY_GOTO(s, st_graph_alloc(m, B * (size_t)cfg->in_dim, &m->tensors[ST_T_INPUT].data), fail);
-    ST_TRY_GOTO(s, st_arena_alloc(arena, ST_MEM_ACTIVATIONS, B * sizeof(int32_t),
-                                  (void **)&m->labels), fail);
-    ST_TRY_GOTO(s, st_graph_alloc(m, B * K, &m->tensors[ST_T_LOGITS].data), fail);
-    ST_TRY_GOTO(s, st_graph_alloc(m, B * K, &m->logp), fail);
-    ST_TRY_GOTO(s, st_graph_alloc(m, B * K, &m->tensors[ST_T_DLOGITS].data), fail);
+    if (hi < 0) {
+        ST_TRY_GOTO(s, st_graph_alloc(m, B * (size_t)cfg->in_dim, &m->tensors[ST_T_INPUT].data),
+                    fail);
+        ST_TRY_GOTO(s, st_arena_alloc(arena, ST_MEM_ACTIVATIONS, B * sizeof(int32_t),
+                                      (void **)&m->labels), fail);
+        ST_TRY_GOTO(s, st_graph_alloc(m, B * K, &m->tensors[ST_T_LOGITS].data), fail);
+        ST_TRY_GOTO(s, st_graph_alloc(m, B * K, &m->logp), fail);
+        ST_TRY_GOTO(s, st_graph_alloc(m, B * K, &m->tensors[ST_T_DLOGITS].data), fail);
+    }
     ST_TRY_GOTO(s, st_graph_layout(m), fail);
     ST_TRY_GOTO(s, st_graph_build(m), fail);
-    ST_TRY_GOTO(s, st_xent_build(&m->ctx, &m->xent, (int64_t)B, (int64_t)K,
-                                 m->tensors[ST_T_LOGITS].data, m->logp,
-                                 m->tensors[ST_T_DLOGITS].data), fail);
-    ST_TRY_GOTO(s, st_nn_ctx_finalize(&m->ctx), fail);
+    if (hi < 0) {
+        ST_TRY_GOTO(s, st_xent_build(&m->ctx, &m->xent, (int64_t)B, (int64_t)K,
+                                     m->tensors[ST_T_LOGITS].data, m->logp,
+                                     m->tensors[ST_T_DLOGITS].data), fail);
+        ST_TRY_GOTO(s, st_nn_ctx_finalize(&m->ctx), fail);
+    }
     *out = m;
     return ST_OK;
 fail:
     st_model_destroy(m);
     return s;
+}
+
+st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena, st_model **out)
+{
+    return create(cfg, 0, -1, batch, arena, out);
+}
+
+st_status st_model_create_range(const st_model_config *cfg, int lo, int hi, int batch,
+                                st_arena *arena, st_model **out)
+{
+    return create(cfg, lo, hi, batch, arena, out);
+}
+
+int st_model_layer_index(const st_model_config *cfg, const st_layer_kind *kind, int n)
+{
+    st_model m;
+    int found = -1;
+    if (layout_full(&m, cfg) == ST_OK)
+        for (int i = 0, k = 0; i < m.n_layers && found < 0; i++)
+            if (m.layers[i].kind == kind && k++ == n)
+                found = i;
+    destroy_layout(&m);
+    return found;
 }
 
 void st_model_destroy(st_model *m)
