@@ -103,7 +103,7 @@ typedef struct st_comm st_comm;
 st_status st_comm_create(const st_comm_config *cfg, st_comm **out);
 void st_comm_destroy(st_comm *c);
 
-/* The backend c runs on. */
+/* The backend c runs on (ST_COMM_BACKEND_SHARED for NULL). */
 st_comm_backend_kind st_comm_backend_of(const st_comm *c);
 
 /* Called by every worker w on its own thread, once, before the first step:

@@ -402,7 +402,7 @@ st_status st_comm_plan_segments(comm_plan *pl, int w)
                 prev_n = -1;
                 continue;
             }
-            if (nh == 0) {  /* check_coverage rules this out */
+            if (nh == 0) {  /* st_comm_plan_check_coverage rules this out */
                 s = st_fail(ST_ERR_INVALID, "element %zu is held by no worker", cuts[i]);
                 break;
             }
