@@ -2,7 +2,9 @@
  * tests/test_comm.c — the reduction engine: results against a sequential
  * reference (bitwise, in the engine's fixed order, and against a double
  * sum), all-gather into replicas, determinism under artificial delays,
- * abort, byte accounting, attach validation.
+ * abort, byte accounting, the printed description (against the text of
+ * the engine before its split), the table of backends and what the public
+ * functions check before forwarding to one, attach validation.
  *
  * Every test runs its workers as one OpenMP parallel region with one thread
  * per worker, as the trainer does; more threads than cores is fine (the
@@ -686,6 +688,270 @@ Test(comm_shards, describe)
     cr_assert_eq(domains, 4);
     cr_assert_eq(level1, 3);
     cr_assert_eq(gathers, 3);
+}
+
+/* st_comm_describe, character for character, against what the engine
+ * printed before it was split into plan / kernels / shared backend /
+ * dispatcher (captured from that build): the same shards, the same
+ * least-loaded assignment of partials and copies, the same byte figures. */
+static char *describe_text(int n, const int *domain_of, size_t p)
+{
+    FILE *f = tmpfile();
+    cr_assert_not_null(f);
+    st_comm_describe(f, n, domain_of, p);
+    long len = ftell(f);
+    cr_assert_geq(len, 0);
+    char *text = calloc((size_t)len + 1, 1);
+    rewind(f);
+    cr_assert_eq(fread(text, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    return text;
+}
+
+static void check_describe(int n, const int *domain_of, size_t p, const char *want)
+{
+    char *got = describe_text(n, domain_of, p);
+    cr_assert_str_eq(got, want, "n=%d p=%zu: the description changed:\n%s", n, p, got);
+    free(got);
+}
+
+Test(comm_shards, describe_text_unchanged)
+{
+    static const int pairs[4] = { 0, 0, 1, 1 }, lone[3] = { 0, 1, 1 };
+    check_describe(4, pairs, 4096,
+        "reduction: 4 workers, 2 NUMA domains, 4096 parameters (0.02 MiB); shard w (up "
+        "to 1024 floats, boundaries on 16-float lines) owned by worker w; two levels "
+        "(domain partials, then owners)\n"
+        "domain 0: workers 0-1 own shards 0-1 = [0, 2048) (0.01 MiB)\n"
+        "  domain 0 level 1: partials of remote shards, each the sum of workers 0-1 in "
+        "order, written on this node: s2:w0 s3:w1 (0.01 MiB)\n"
+        "  domain 0 level 2: owners sum their domain's 2 gradients, then one partial "
+        "(or a lone worker's gradient) from each of the 1 other domain in domain "
+        "order, and divide by 4: 0.01 MiB cross-domain per step (single level: 0.02 "
+        "MiB)\n"
+        "  domain 0 all-gather: remote shards copied in once, by: s2:w0 s3:w1, the "
+        "others copy from them locally: 0.01 MiB cross-domain per step (single level: "
+        "0.02 MiB)\n"
+        "domain 1: workers 2-3 own shards 2-3 = [2048, 4096) (0.01 MiB)\n"
+        "  domain 1 level 1: partials of remote shards, each the sum of workers 2-3 in "
+        "order, written on this node: s0:w2 s1:w3 (0.01 MiB)\n"
+        "  domain 1 level 2: owners sum their domain's 2 gradients, then one partial "
+        "(or a lone worker's gradient) from each of the 1 other domain in domain "
+        "order, and divide by 4: 0.01 MiB cross-domain per step (single level: 0.02 "
+        "MiB)\n"
+        "  domain 1 all-gather: remote shards copied in once, by: s0:w2 s1:w3, the "
+        "others copy from them locally: 0.01 MiB cross-domain per step (single level: "
+        "0.02 MiB)\n");
+    /* a domain of one worker: no partials, its gradient read directly */
+    check_describe(3, lone, 100,
+        "reduction: 3 workers, 2 NUMA domains, 100 parameters (0.00 MiB); shard w (up "
+        "to 48 floats, boundaries on 16-float lines) owned by worker w; two levels "
+        "(domain partials, then owners)\n"
+        "domain 0: worker 0 owns shard 0 = [0, 48) (0.00 MiB)\n"
+        "  domain 0 level 1: no partials (one worker: remote owners read its gradient "
+        "directly)\n"
+        "  domain 0 level 2: owners sum their domain's 1 gradient, then one partial "
+        "(or a lone worker's gradient) from each of the 1 other domain in domain "
+        "order, and divide by 3: 0.00 MiB cross-domain per step (single level: 0.00 "
+        "MiB)\n"
+        "  domain 0 all-gather: remote shards copied in once, by: s1:w0 s2:w0: 0.00 "
+        "MiB cross-domain per step (single level: 0.00 MiB)\n"
+        "domain 1: workers 1-2 own shards 1-2 = [48, 100) (0.00 MiB)\n"
+        "  domain 1 level 1: partials of remote shards, each the sum of workers 1-2 in "
+        "order, written on this node: s0:w1 (0.00 MiB)\n"
+        "  domain 1 level 2: owners sum their domain's 2 gradients, then one partial "
+        "(or a lone worker's gradient) from each of the 1 other domain in domain "
+        "order, and divide by 3: 0.00 MiB cross-domain per step (single level: 0.00 "
+        "MiB)\n"
+        "  domain 1 all-gather: remote shards copied in once, by: s0:w1, the others "
+        "copy from them locally: 0.00 MiB cross-domain per step (single level: 0.00 "
+        "MiB)\n");
+    check_describe(2, NULL, 1000,
+        "reduction: 2 workers, 1 NUMA domain, 1000 parameters (0.00 MiB); shard w (up "
+        "to 512 floats, boundaries on 16-float lines) owned by worker w; single level\n"
+        "domain 0: workers 0-1 own shards 0-1 = [0, 1000) (0.00 MiB); each owner sums "
+        "workers 0-1 in order and divides by 2; the all-gather copies every shard from "
+        "its owner; no cross-domain reads\n");
+    check_describe(0, NULL, 1000,
+        "reduction: cannot describe: number of workers must be in [1, 65535], got 0\n");
+}
+/* ------------------------------------------------------------ backends */
+
+/* The table of backends: names both ways, and 0 (what a designated
+ * initialiser that leaves .backend out gives) is the shared buffers. */
+Test(comm_backend, names_and_default)
+{
+    cr_assert_eq((int)ST_COMM_BACKEND_SHARED, 0);
+    cr_assert_str_eq(st_comm_backend_name(ST_COMM_BACKEND_SHARED), "shared");
+    cr_assert_str_eq(st_comm_backend_name(ST_COMM_BACKEND_MPI), "mpi");
+    cr_assert_str_eq(st_comm_backend_name((st_comm_backend_kind)42), "unknown");
+    st_comm_backend_kind k = ST_COMM_BACKEND_MPI;
+    cr_assert_eq(st_comm_backend_parse("shared", &k), 0);
+    cr_assert_eq(k, ST_COMM_BACKEND_SHARED);
+    cr_assert_eq(st_comm_backend_parse("mpi", &k), 0);
+    cr_assert_eq(k, ST_COMM_BACKEND_MPI);
+    cr_assert_eq(st_comm_backend_parse("nccl", &k), -1);
+    cr_assert_eq(st_comm_backend_parse("", &k), -1);
+    cr_assert_eq(st_comm_backend_parse(NULL, &k), -1);
+    cr_assert_eq(k, ST_COMM_BACKEND_MPI, "a failed parse leaves *out alone");
+
+    st_comm *c;
+    st_comm_config cfg = { .n_workers = 2, .n_params = 100 };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK, "%s", st_last_error());
+    cr_assert_eq(st_comm_backend_of(c), ST_COMM_BACKEND_SHARED);
+    st_comm_destroy(c);
+    cfg.backend = ST_COMM_BACKEND_SHARED;
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK, "%s", st_last_error());
+    cr_assert_eq(st_comm_backend_of(c), ST_COMM_BACKEND_SHARED);
+    st_comm_destroy(c);
+}
+
+/* A backend the library does not know, and one it knows but does not
+ * have, are refused at create with a message that names them; nothing is
+ * created.  The backend is checked before the rest of the configuration. */
+Test(comm_backend, unknown_and_unavailable_refused)
+{
+    st_comm *c = (st_comm *)&c;
+    st_comm_config cfg = { .n_workers = 2, .n_params = 100,
+                           .backend = (st_comm_backend_kind)42 };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
+    cr_assert_null(c);
+    cr_assert(strstr(st_last_error(), "unknown reduction backend 42"), "%s", st_last_error());
+    cr_assert(strstr(st_last_error(), "available: shared"), "%s", st_last_error());
+
+    c = (st_comm *)&c;
+    cfg.backend = ST_COMM_BACKEND_MPI;
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
+    cr_assert_null(c);
+    cr_assert(strstr(st_last_error(), "reduction backend 'mpi' is not built"), "%s",
+              st_last_error());
+
+    cfg.n_workers = 0;
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "'mpi'"), "%s", st_last_error());
+}
+
+/* What the public functions check before they forward to the backend: no
+ * engine, a worker out of range (which also aborts the engine, so that
+ * nobody waits for the caller), and the queries' answers for both. */
+Test(comm_dispatch, missing_engine_and_bad_worker, .timeout = 10)
+{
+    cr_assert_eq(st_comm_reduce_scatter(NULL, 0), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "reduce-scatter: no reduction engine"), "%s",
+              st_last_error());
+    cr_assert_eq(st_comm_all_gather(NULL, 0), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "all-gather: no reduction engine"));
+    cr_assert_eq(st_comm_barrier(NULL, 0), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "barrier: no reduction engine"));
+    float v[4] = { 0 };
+    st_range all = { 0, 4 };
+    st_arena a;
+    st_arena_init(&a, "dispatch", NULL, 0);
+    cr_assert_eq(st_comm_attach(NULL, 0, &a, v, v, &all, 1), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "st_comm_attach: no reduction engine"));
+    st_range none = st_comm_shard(NULL, 0);
+    cr_assert_eq(none.begin, 0);
+    cr_assert_eq(none.end, 0);
+    cr_assert_null(st_comm_shard_grads(NULL, 0));
+    cr_assert_null(st_comm_shard_params(NULL, 0));
+    cr_assert_eq(st_comm_bytes_per_step(NULL, 0).read, 0);
+    st_comm_abort(NULL);
+    st_comm_reset(NULL);
+    st_comm_set_shard_output(NULL, 0, v);
+    st_comm_destroy(NULL);
+
+    /* P = 100, N = 2: 7 lines of 16 floats, 4 + 3 */
+    st_comm *c;
+    st_comm_config cfg = { .n_workers = 2, .n_params = 100 };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
+    for (int w = -1; w <= 2; w += 3) {
+        st_range r = st_comm_shard(c, w);
+        cr_assert_eq(r.begin, 0, "worker %d", w);
+        cr_assert_eq(r.end, 0, "worker %d", w);
+        cr_assert_null(st_comm_shard_grads(c, w));
+        cr_assert_null(st_comm_shard_params(c, w));
+        cr_assert_eq(st_comm_bytes_per_step(c, w).written, 0);
+        st_comm_set_shard_output(c, w, v);   /* ignored */
+    }
+    cr_assert_eq(st_comm_shard(c, 1).begin, 64);
+    cr_assert_eq(st_comm_shard(c, 1).end, 100);
+    /* not attached yet: no buffers, no bytes */
+    cr_assert_null(st_comm_shard_grads(c, 0));
+    cr_assert_eq(st_comm_bytes_per_step(c, 0).read, 0);
+    cr_assert_eq(st_comm_reduce_scatter(c, 2), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "reduce-scatter: worker 2 is out of range [0, 2)"), "%s",
+              st_last_error());
+    /* the engine is aborted: a barrier returns at once instead of waiting
+     * for a second worker */
+    cr_assert_eq(st_comm_barrier(c, 0), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "another worker failed"), "%s", st_last_error());
+    st_comm_destroy(c);
+
+    /* a collective before attach: the backend's check, which aborts too */
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
+    cr_assert_eq(st_comm_all_gather(c, 1), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "all-gather: worker 1 has not attached"), "%s",
+              st_last_error());
+    cr_assert_eq(st_comm_barrier(c, 0), ST_ERR_INVALID);
+    st_comm_destroy(c);
+
+    /* bad held ranges are refused before the backend sees them */
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
+    st_range past = { 50, 101 };
+    cr_assert_eq(st_comm_attach(c, 0, &a, v, v, &past, 1), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "worker 0: held range 0 [50, 101) is out of range"), "%s",
+              st_last_error());
+    cr_assert_eq(st_comm_barrier(c, 1), ST_ERR_INVALID);
+    st_comm_destroy(c);
+    st_arena_release(&a);
+}
+
+/* The dispatcher and reset: after st_comm_reset the same engine takes new
+ * holdings and reduces them like a fresh one (the sdp/ist rounds), the
+ * shard output set before the first attach still in use. */
+Test(comm_dispatch, reset_then_attach_again, .timeout = 30)
+{
+    enum { N = 2, P = 200 };
+    st_comm *c;
+    st_comm_config cfg = { .n_workers = N, .n_params = P, .roles = ST_COMM_REDUCE };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK);
+    static float grads[N][P], out[N][P];
+    static float got[2][P];
+    int wrong = 0;
+#pragma omp parallel num_threads(N) reduction(+ : wrong)
+    {
+        int w = omp_get_thread_num();
+        st_arena a;
+        st_arena_init(&a, "reset", NULL, 0);
+        for (int i = 0; i < P; i++)
+            grads[w][i] = (float)(w + 1) * (float)(i + 1);
+        st_comm_set_shard_output(c, w, out[w]);
+        for (int round = 0; round < 2 && !wrong; round++) {
+            /* round 0: everyone holds everything; round 1: worker w holds
+             * only its half, so every mean is one worker's gradient */
+            st_range held = round == 0 ? (st_range){ 0, P }
+                                       : (st_range){ (size_t)w * P / 2, (size_t)(w + 1) * P / 2 };
+            wrong += st_comm_attach(c, w, &a, grads[w], grads[w], &held, 1) != ST_OK;
+            wrong += st_comm_reduce_scatter(c, w) != ST_OK;
+            wrong += st_comm_shard_grads(c, w) != out[w];
+            st_range sh = st_comm_shard(c, w);
+            memcpy(got[round] + sh.begin, out[w], (sh.end - sh.begin) * sizeof(float));
+            wrong += st_comm_barrier(c, w) != ST_OK;   /* every result copied */
+            if (w == 0)
+                st_comm_reset(c);
+            wrong += st_comm_barrier(c, w) != ST_OK;   /* the reset is done */
+            st_arena_release(&a);
+            st_arena_init(&a, "reset", NULL, 0);
+        }
+        st_arena_release(&a);
+    }
+    cr_assert_eq(wrong, 0, "%s", st_last_error());
+    for (int i = 0; i < P; i++) {
+        cr_assert_eq(got[0][i], 1.5f * (float)(i + 1), "round 0 element %d: %g", i, got[0][i]);
+        cr_assert_eq(got[1][i], (float)(i < P / 2 ? 1 : 2) * (float)(i + 1),
+                     "round 1 element %d: %g", i, got[1][i]);
+    }
+    st_comm_destroy(c);
 }
 
 /* ------------------------------------------------------------ attach errors */

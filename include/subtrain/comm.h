@@ -1,10 +1,11 @@
 /*
- * subtrain/comm.h — the reduction engine: workers' gradients meet in
- * NUMA-aware shared buffers laid out like a distributed all-reduce.
+ * subtrain/comm.h — the reduction engine: workers' gradients are averaged
+ * over their holders and the updated weights handed back, laid out like a
+ * distributed all-reduce (reduce-scatter to shard owners, owner update,
+ * all-gather), behind a choice of backend.
  *
  * One step, for N workers and a flat parameter vector of P floats split
- * into N contiguous shards (shard w owned by worker w, its buffers on w's
- * NUMA node):
+ * into N contiguous shards (shard w owned by worker w):
  *
  *   reduce-scatter  the owner of each shard sums the gradients of the
  *                   workers that hold each element, in a fixed order
@@ -14,16 +15,23 @@
  *   all-gather      every worker copies the updated values of the elements
  *                   it holds into its own replica.
  *
- * With more than one NUMA domain both collectives are two-level: the
- * workers of a domain first sum their part of every remote shard into one
- * partial on their own node, so that the owner reads one buffer per remote
- * domain, not one per remote worker; and the all-gather brings each remote
- * shard into a domain once, then copies it locally.
+ * Backends (st_comm_config.backend).  ST_COMM_BACKEND_SHARED, the default,
+ * is the only one built today: the workers are threads of one process and
+ * meet in NUMA-aware shared buffers, each shard's buffers on its owner's
+ * NUMA node.  With more than one NUMA domain both collectives are
+ * two-level: the workers of a domain first sum their part of every remote
+ * shard into one partial on their own node, so that the owner reads one
+ * buffer per remote domain, not one per remote worker; and the all-gather
+ * brings each remote shard into a domain once, then copies it locally.
+ * Synchronisation: C11 atomics only — a generation-counting barrier on
+ * padded counters, spin-waiting (workers are pinned, one per core).  No
+ * lock and no allocation after st_comm_attach().  Summation order is
+ * fixed, so the result is bitwise the same from run to run whatever the
+ * thread timing.
  *
- * Synchronisation: C11 atomics only — a sense-reversing barrier on padded
- * counters, spin-waiting (workers are pinned, one per core).  No lock and
- * no allocation after st_comm_attach().  Summation order is fixed, so the
- * result is bitwise the same from run to run whatever the thread timing.
+ * Every function below that takes an engine goes through its backend;
+ * st_comm_describe prints the shared-buffer plan, st_comm_ring_bytes is a
+ * formula.
  */
 #ifndef SUBTRAIN_COMM_H
 #define SUBTRAIN_COMM_H
@@ -38,6 +46,21 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Which implementation of the collectives an engine uses.  0 is the
+ * default, so a configuration that does not name one gets the shared
+ * buffers. */
+typedef enum st_comm_backend_kind {
+    ST_COMM_BACKEND_SHARED = 0,   /* threads of one process, NUMA-placed buffers */
+    ST_COMM_BACKEND_MPI,          /* reserved: across processes and nodes over MPI;
+                                   * not built yet, st_comm_create refuses it */
+} st_comm_backend_kind;
+
+/* "shared", "mpi"; "unknown" for anything else. */
+const char *st_comm_backend_name(st_comm_backend_kind kind);
+/* 0 on success, -1 if `name` is not a known backend (known does not mean
+ * built in: st_comm_create says whether it is). */
+int st_comm_backend_parse(const char *name, st_comm_backend_kind *out);
 
 typedef struct st_comm_config {
     int n_workers;
@@ -63,6 +86,10 @@ typedef struct st_comm_config {
      * that a layout mistake cannot go unnoticed.  NULL: anywhere.  Copied. */
     const st_range *unheld_ranges;
     int n_unheld_ranges;
+    /* The implementation (0: ST_COMM_BACKEND_SHARED).  One that is unknown
+     * or not built into this library makes st_comm_create fail with
+     * ST_ERR_INVALID and a message naming it. */
+    st_comm_backend_kind backend;
 } st_comm_config;
 
 #define ST_COMM_REDUCE 1
@@ -70,10 +97,14 @@ typedef struct st_comm_config {
 
 typedef struct st_comm st_comm;
 
-/* Creates the shared control block (by one thread, before the workers
- * start).  The per-worker buffers are created by st_comm_attach. */
+/* Creates the engine with the configured backend (by one thread, before
+ * the workers start).  The per-worker buffers are created by
+ * st_comm_attach. */
 st_status st_comm_create(const st_comm_config *cfg, st_comm **out);
 void st_comm_destroy(st_comm *c);
+
+/* The backend c runs on (ST_COMM_BACKEND_SHARED for NULL). */
+st_comm_backend_kind st_comm_backend_of(const st_comm *c);
 
 /* Called by every worker w on its own thread, once, before the first step:
  * registers w's gradient and parameter vectors (full layout, P floats each;
@@ -124,7 +155,7 @@ st_status st_comm_reduce_scatter(st_comm *c, int w);
  * element w holds.  Internally waits for all workers. */
 st_status st_comm_all_gather(st_comm *c, int w);
 
-/* A barrier over all workers (spin on C11 atomics). */
+/* A barrier over all workers (shared backend: spin on C11 atomics). */
 st_status st_comm_barrier(st_comm *c, int w);
 
 /* Called by a worker that failed: every worker waiting in (or later
@@ -146,8 +177,9 @@ st_comm_bytes st_comm_bytes_per_step(const st_comm *c, int w);
  * 2 (N - 1) / N x P x 4 bytes. */
 double st_comm_ring_bytes(int n_workers, size_t n_params);
 
-/* Human-readable description of the reduction tree, one line per domain
- * and level, for `subtrain topo` and --verbose runs. */
+/* Human-readable description of the shared backend's reduction tree for
+ * data parallelism, one line per domain and level, for `subtrain topo` and
+ * --verbose runs. */
 void st_comm_describe(FILE *f, int n_workers, const int *domain_of, size_t n_params);
 
 #ifdef __cplusplus

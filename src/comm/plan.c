@@ -1,0 +1,733 @@
+/*
+ * comm/plan.c — the plan of the reduction: shards, NUMA domains, segments
+ * and holder counts, each worker's work lists for the two-level
+ * reduce-scatter and all-gather, and the bytes they move.
+ *
+ * Everything is planned once, in st_comm_attach(); a step only runs the
+ * plan (the work items of kernels.h).  This file never synchronises: the
+ * backend calls its phases between barriers (see plan.h for which phase
+ * reads what the others wrote).
+ *
+ * The plan.  The owner of each shard splits its shard into segments, the
+ * maximal runs of elements whose set of holders is the same; a segment
+ * stores its holder count (the divisor) and its holders in increasing
+ * worker order.  Since the workers of a domain are consecutive, the holders
+ * of one domain are a contiguous part of that list.  For every remote
+ * domain with two or more holders of a segment, one worker of that domain
+ * (the least loaded so far, ties to the lowest number) sums their gradients
+ * into a partial on its own node; with one holder the owner reads that
+ * holder's gradient directly.  For the all-gather one holder per remote
+ * domain (again the least loaded) copies the segment from the owner's
+ * master into its replica, and the domain's other holders copy it from
+ * there.  Every worker runs the same deterministic assignment over the same
+ * tables, so they agree without talking.
+ *
+ * Summation order, fixed: within a domain the holders in increasing worker
+ * order; then the domains' partials in increasing domain order; then one
+ * division by the holder count.  With one domain that is workers 0..N-1 in
+ * order.  Each output element is computed by one thread with one sequence
+ * of IEEE operations (element-wise, so vector width does not matter), hence
+ * the bitwise reproducibility.  The order is set here, by the order in
+ * which the ops of an rs item are emitted; the kernels only follow it.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <subtrain/comm.h>
+
+#include "comm/plan.h"
+#include "core/error.h"
+
+/* ------------------------------------------------------------ layout */
+
+static size_t min_size(size_t a, size_t b)
+{
+    return a < b ? a : b;
+}
+
+void st_comm_shards(size_t n_params, int n, size_t *begin)
+{
+    size_t blocks = n_params / ST_COMM_SHARD_ALIGN + (n_params % ST_COMM_SHARD_ALIGN != 0);
+    size_t q = blocks / (size_t)n, r = blocks % (size_t)n;
+    for (int w = 0; w <= n; w++) {
+        size_t b = (size_t)w * q + min_size((size_t)w, r);
+        begin[w] = min_size(b * ST_COMM_SHARD_ALIGN, n_params);
+    }
+}
+
+st_status st_comm_map_domains(int n, const int *domain_of, int *dense, int *domain_first,
+                              int *n_domains)
+{
+    int d = 0;
+    if (dense)
+        dense[0] = 0;
+    if (domain_first)
+        domain_first[0] = 0;
+    if (domain_of && domain_of[0] < 0)
+        return st_fail(ST_ERR_INVALID, "NUMA domain of worker 0 is %d; domains must be >= 0",
+                       domain_of[0]);
+    for (int w = 1; w < n; w++) {
+        if (domain_of) {
+            if (domain_of[w] < domain_of[w - 1])
+                return st_fail(ST_ERR_INVALID,
+                               "NUMA domains must be non-decreasing (the workers of a domain "
+                               "consecutive): worker %d is in domain %d after worker %d in %d",
+                               w, domain_of[w], w - 1, domain_of[w - 1]);
+            if (domain_of[w] != domain_of[w - 1]) {
+                d++;
+                if (domain_first)
+                    domain_first[d] = w;
+            }
+        }
+        if (dense)
+            dense[w] = d;
+    }
+    if (domain_first)
+        domain_first[d + 1] = n;
+    *n_domains = d + 1;
+    return ST_OK;
+}
+
+st_status st_comm_check_size(int n_workers, size_t n_params)
+{
+    if (n_workers < 1 || n_workers > ST_COMM_MAX_WORKERS)
+        return st_fail(ST_ERR_INVALID, "number of workers must be in [1, %d], got %d",
+                       ST_COMM_MAX_WORKERS, n_workers);
+    if (n_params < 1)
+        return st_fail(ST_ERR_INVALID, "the parameter vector must have at least 1 element");
+    if (n_params > SIZE_MAX / sizeof(float) / 2)
+        return st_fail(ST_ERR_INVALID, "%zu parameters is more than can be addressed", n_params);
+    return ST_OK;
+}
+
+size_t st_comm_least_loaded(const size_t *load, size_t n)
+{
+    size_t best = 0;
+    for (size_t i = 1; i < n; i++)
+        if (load[i] < load[best])
+            best = i;
+    return best;
+}
+
+st_status st_comm_check_held(size_t n_params, int w, const st_arena *arena, const float *grads,
+                             const float *params, const st_range *held, int n_held)
+{
+    if (!arena || !grads || !params)
+        return st_fail(ST_ERR_INVALID, "worker %d: arena, gradient and parameter vectors "
+                       "must be given", w);
+    if (n_held < 0 || (n_held > 0 && !held))
+        return st_fail(ST_ERR_INVALID, "worker %d: bad held-range list (%d ranges)", w, n_held);
+    for (int i = 0; i < n_held; i++) {
+        const st_range *r = &held[i];
+        if (r->begin >= r->end)
+            return st_fail(ST_ERR_INVALID, "worker %d: held range %d [%zu, %zu) is empty or "
+                           "reversed", w, i, r->begin, r->end);
+        if (r->end > n_params)
+            return st_fail(ST_ERR_INVALID, "worker %d: held range %d [%zu, %zu) is out of range: "
+                           "the vector has %zu elements", w, i, r->begin, r->end, n_params);
+        if (i > 0 && r->begin < held[i - 1].end)
+            return st_fail(ST_ERR_INVALID, "worker %d: held ranges %d [%zu, %zu) and %d "
+                           "[%zu, %zu) overlap or are not sorted", w, i - 1, held[i - 1].begin,
+                           held[i - 1].end, i, r->begin, r->end);
+    }
+    return ST_OK;
+}
+
+double st_comm_ring_bytes(int n_workers, size_t n_params)
+{
+    if (n_workers < 1)
+        return 0.0;
+    return 2.0 * (double)(n_workers - 1) / (double)n_workers * (double)n_params * sizeof(float);
+}
+
+/* ------------------------------------------------------------ tables */
+
+st_status st_comm_plan_init(comm_plan *pl, const st_comm_config *cfg)
+{
+    memset(pl, 0, sizeof *pl);
+    int n = cfg->n_workers, n_domains;
+    ST_TRY(st_comm_map_domains(n, cfg->domain_of, NULL, NULL, &n_domains));
+    pl->n_workers = n;
+    pl->roles = cfg->roles ? cfg->roles : ST_COMM_REDUCE | ST_COMM_GATHER;
+    pl->allow_unheld = cfg->allow_unheld;
+    if (cfg->allow_unheld && cfg->unheld_ranges && cfg->n_unheld_ranges > 0) {
+        pl->unheld_ranges = malloc((size_t)cfg->n_unheld_ranges * sizeof *pl->unheld_ranges);
+        if (!pl->unheld_ranges)
+            return st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine");
+        memcpy(pl->unheld_ranges, cfg->unheld_ranges,
+               (size_t)cfg->n_unheld_ranges * sizeof *pl->unheld_ranges);
+        pl->n_unheld_ranges = cfg->n_unheld_ranges;
+    }
+    pl->n_params = cfg->n_params;
+    pl->n_domains = n_domains;
+    pl->domain_of = malloc((size_t)n * sizeof *pl->domain_of);
+    pl->domain_first = malloc(((size_t)n_domains + 1) * sizeof *pl->domain_first);
+    pl->shard_begin = malloc(((size_t)n + 1) * sizeof *pl->shard_begin);
+    /* slots are 64-byte aligned (comm_slot starts with an alignas(64)
+     * member), so aligned_alloc's size rule holds */
+    pl->slots = aligned_alloc(64, (size_t)n * sizeof *pl->slots);
+    if (!pl->domain_of || !pl->domain_first || !pl->shard_begin || !pl->slots)
+        return st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine for %d workers",
+                       n);
+    memset(pl->slots, 0, (size_t)n * sizeof *pl->slots);
+    st_comm_map_domains(n, cfg->domain_of, pl->domain_of, pl->domain_first, &n_domains);
+    st_comm_shards(pl->n_params, n, pl->shard_begin);
+    for (int w = 0; w < n; w++)
+        pl->slots[w].domain = pl->domain_of[w];
+    return ST_OK;
+}
+
+void st_comm_plan_free(comm_plan *pl)
+{
+    free(pl->unheld_ranges);
+    free(pl->domain_of);
+    free(pl->domain_first);
+    free(pl->shard_begin);
+    free(pl->slots);
+    memset(pl, 0, sizeof *pl);
+}
+
+void st_comm_plan_forget(comm_plan *pl)
+{
+    for (int w = 0; w < pl->n_workers; w++) {
+        comm_slot *s = &pl->slots[w];
+        int domain = s->domain;
+        float *out = s->shard_out;
+        memset(s, 0, sizeof *s);
+        s->domain = domain;
+        s->shard_out = out;
+    }
+}
+
+/* ------------------------------------------------------------ attach */
+
+/* Where element x of the vector lives in worker s's storage: its vectors
+ * may be compact (only the held ranges, back to back).  x must be held by
+ * s.  Used when the step's work lists are built, never during a step. */
+static float *local_at(const comm_slot *s, float *base, size_t x)
+{
+    int lo = 0, hi = s->n_held - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (s->held[mid].begin <= x)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return base + s->local[lo] + (x - s->held[lo].begin);
+}
+
+/* Worker v's gradient of element x. */
+static float *grad_of(const comm_plan *pl, int v, size_t x)
+{
+    return local_at(&pl->slots[v], pl->slots[v].grads, x);
+}
+
+st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *grads,
+                                float *params, const st_range *held, const size_t *local,
+                                int n_held)
+{
+    comm_slot *me = &pl->slots[w];
+    me->arena = arena;
+    me->grads = grads;
+    me->params = params;
+    me->n_held = n_held;
+    memset(&me->bytes, 0, sizeof me->bytes);
+    if (n_held > 0) {
+        void *p;
+        ST_TRY(st_arena_alloc(arena, ST_MEM_WORKSPACE, (size_t)n_held * sizeof *held, &p));
+        memcpy(p, held, (size_t)n_held * sizeof *held);
+        me->held = p;
+        ST_TRY(st_arena_alloc(arena, ST_MEM_WORKSPACE, (size_t)n_held * sizeof *local, &p));
+        me->local = p;
+        for (int i = 0; i < n_held; i++)
+            me->local[i] = local ? local[i] : held[i].begin; /* full layout: identity */
+    }
+    size_t len = pl->shard_begin[w + 1] - pl->shard_begin[w];
+    if (pl->roles & ST_COMM_GATHER)
+        ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, len, &me->master));
+    if ((pl->roles & ST_COMM_REDUCE) && me->shard_out) {
+        me->shard_grad = me->shard_out;   /* what no reduction writes keeps its value */
+    } else if (pl->roles & ST_COMM_REDUCE) {
+        /* zero-filled by the arena: what no reduction writes (allow_unheld)
+         * reads as a zero gradient */
+        ST_TRY(st_arena_alloc_floats(arena, ST_MEM_GRADIENTS, len, &me->shard_grad));
+    }
+    return ST_OK;
+}
+
+/* The end of the allowed-unheld range containing pos, or pos if none
+ * (with allow_unheld and no list: everything is allowed). */
+static size_t unheld_allowed_until(const comm_plan *pl, size_t pos)
+{
+    if (!pl->allow_unheld)
+        return pos;
+    if (!pl->unheld_ranges)
+        return pl->n_params;
+    for (int i = 0; i < pl->n_unheld_ranges; i++)
+        if (pl->unheld_ranges[i].begin <= pos && pos < pl->unheld_ranges[i].end)
+            return pl->unheld_ranges[i].end;
+    return pos;
+}
+
+/* Every element held by at least one worker, except where unheld elements
+ * are allowed: a sweep over all workers' sorted ranges.  Every worker runs
+ * it and reports the same element. */
+st_status st_comm_plan_check_coverage(const comm_plan *pl)
+{
+    int n = pl->n_workers;
+    int *cur = calloc((size_t)n, sizeof *cur);
+    if (!cur)
+        return st_fail(ST_ERR_NOMEM, "out of memory checking the held ranges");
+    size_t pos = 0;
+    st_status s = ST_OK;
+    while (pos < pl->n_params) {
+        size_t best = pos, next_held = pl->n_params;
+        for (int v = 0; v < n; v++) {
+            const comm_slot *sv = &pl->slots[v];
+            while (cur[v] < sv->n_held && sv->held[cur[v]].end <= pos)
+                cur[v]++;
+            if (cur[v] < sv->n_held && sv->held[cur[v]].begin <= pos && sv->held[cur[v]].end > best)
+                best = sv->held[cur[v]].end;
+            if (cur[v] < sv->n_held && sv->held[cur[v]].begin > pos &&
+                sv->held[cur[v]].begin < next_held)
+                next_held = sv->held[cur[v]].begin;
+        }
+        if (best == pos) {
+            size_t allowed = unheld_allowed_until(pl, pos);
+            if (allowed == pos) {
+                s = st_fail(ST_ERR_INVALID, "element %zu of the %zu-element vector is held by "
+                            "no worker (every element needs at least one holder%s)", pos,
+                            pl->n_params, pl->allow_unheld ? " outside the ranges allowed to be "
+                            "unheld" : "");
+                break;
+            }
+            best = allowed < next_held ? allowed : next_held;
+        }
+        pos = best;
+    }
+    free(cur);
+    return s;
+}
+
+static int cmp_size(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Workers holding element x (and so the whole elementary interval starting
+ * at x: no range boundary lies inside it), in increasing order. cur[] are
+ * per-worker cursors, valid for non-decreasing x. */
+static int holders_at(const comm_plan *pl, size_t x, int *cur, uint16_t *out)
+{
+    int nh = 0;
+    for (int v = 0; v < pl->n_workers; v++) {
+        const comm_slot *sv = &pl->slots[v];
+        while (cur[v] < sv->n_held && sv->held[cur[v]].end <= x)
+            cur[v]++;
+        if (cur[v] < sv->n_held && sv->held[cur[v]].begin <= x)
+            out[nh++] = (uint16_t)v;
+    }
+    return nh;
+}
+
+/* Segments of w's shard (two passes: count, then fill), the master shard
+ * from each element's first holder, and the tables of the two-level path. */
+st_status st_comm_plan_segments(comm_plan *pl, int w)
+{
+    comm_slot *me = &pl->slots[w];
+    size_t sb = pl->shard_begin[w], se = pl->shard_begin[w + 1];
+    me->n_segs = 0;
+    if (sb == se)
+        return ST_OK;
+
+    int n = pl->n_workers;
+    size_t n_cuts = 2;
+    for (int v = 0; v < n; v++)
+        n_cuts += 2 * (size_t)pl->slots[v].n_held;
+    size_t *cuts = malloc(n_cuts * sizeof *cuts);
+    int *cur = malloc((size_t)n * sizeof *cur);
+    uint16_t *hl = malloc(2 * (size_t)n * sizeof *hl);
+    if (!cuts || !cur || !hl) {
+        free(cuts);
+        free(cur);
+        free(hl);
+        return st_fail(ST_ERR_NOMEM, "worker %d: out of memory planning the reduction", w);
+    }
+    size_t k = 0;
+    cuts[k++] = sb;
+    cuts[k++] = se;
+    for (int v = 0; v < n; v++) {
+        for (int i = 0; i < pl->slots[v].n_held; i++) {
+            const st_range *r = &pl->slots[v].held[i];
+            if (r->begin > sb && r->begin < se)
+                cuts[k++] = r->begin;
+            if (r->end > sb && r->end < se)
+                cuts[k++] = r->end;
+        }
+    }
+    qsort(cuts, k, sizeof *cuts, cmp_size);
+    size_t m = 0;
+    for (size_t i = 0; i < k; i++)
+        if (m == 0 || cuts[i] != cuts[m - 1])
+            cuts[m++] = cuts[i];
+
+    st_status s = ST_OK;
+    size_t n_segs = 0, n_hold = 0;
+    /* pass 0: count; pass 1: fill */
+    uint16_t *now = hl, *prev = hl + n;
+    int prev_n = -1;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            void *p1, *p2;
+            s = st_arena_alloc(me->arena, ST_MEM_WORKSPACE, n_segs * sizeof *me->segs, &p1);
+            if (s == ST_OK)
+                s = st_arena_alloc(me->arena, ST_MEM_WORKSPACE, n_hold * sizeof *me->holders, &p2);
+            if (s != ST_OK)
+                break;
+            me->segs = p1;
+            me->holders = p2;
+        }
+        for (int v = 0; v < n; v++)
+            cur[v] = 0;
+        n_segs = 0;
+        n_hold = 0;
+        prev_n = -1;
+        for (size_t i = 0; i + 1 < m; i++) {
+            int nh = holders_at(pl, cuts[i], cur, now);
+            if (nh == 0 && pl->allow_unheld) {  /* nobody's: no segment, never touched */
+                prev_n = -1;
+                continue;
+            }
+            if (nh == 0) {  /* st_comm_plan_check_coverage rules this out */
+                s = st_fail(ST_ERR_INVALID, "element %zu is held by no worker", cuts[i]);
+                break;
+            }
+            if (nh == prev_n && memcmp(now, prev, (size_t)nh * sizeof *now) == 0) {
+                if (pass == 1)
+                    me->segs[n_segs - 1].end = cuts[i + 1];
+                continue;
+            }
+            if (pass == 1) {
+                me->segs[n_segs] = (comm_seg){ cuts[i], cuts[i + 1], n_hold, (uint16_t)nh };
+                memcpy(me->holders + n_hold, now, (size_t)nh * sizeof *now);
+            }
+            n_segs++;
+            n_hold += (size_t)nh;
+            uint16_t *t = prev;
+            prev = now;
+            now = t;
+            prev_n = nh;
+        }
+        if (s != ST_OK)
+            break;
+    }
+    free(cuts);
+    free(cur);
+    free(hl);
+    ST_TRY(s);
+    me->n_segs = n_segs;
+
+    /* master shard <- first holder's parameters */
+    for (size_t i = 0; me->master && i < n_segs; i++) {
+        const comm_seg *g = &me->segs[i];
+        const comm_slot *first = &pl->slots[me->holders[g->holder_first]];
+        memcpy(me->master + (g->begin - sb), local_at(first, first->params, g->begin),
+               (g->end - g->begin) * sizeof(float));
+    }
+    if (pl->n_domains > 1) {
+        void *p;
+        ST_TRY(st_arena_alloc(me->arena, ST_MEM_WORKSPACE,
+                              n_segs * (size_t)pl->n_domains * sizeof *me->seg_src, &p));
+        me->seg_src = p;
+        ST_TRY(st_arena_alloc_floats(me->arena, ST_MEM_WORKSPACE, ST_CHUNK, &me->scratch));
+    }
+    return ST_OK;
+}
+
+/* Holders of segment g of so's shard that are in domain d: so->holders
+ * [*h0, *h1) (contiguous: holders are sorted, domains consecutive). */
+static void domain_holders(const comm_plan *pl, const comm_slot *so, size_t g, int d,
+                           size_t *h0, size_t *h1)
+{
+    const comm_seg *seg = &so->segs[g];
+    size_t i = seg->holder_first, e = i + seg->count;
+    int lo = pl->domain_first[d], hi = pl->domain_first[d + 1];
+    while (i < e && so->holders[i] < lo)
+        i++;
+    *h0 = i;
+    while (i < e && so->holders[i] < hi)
+        i++;
+    *h1 = i;
+}
+
+/* A computer's partials sit back to back in one buffer; rounding each up
+ * to 16 floats starts every partial on a 64-byte line, like the shards,
+ * so the loops that write and read it start aligned. */
+static size_t round_up_block(size_t n)
+{
+    return (n + ST_COMM_SHARD_ALIGN - 1) / ST_COMM_SHARD_ALIGN * ST_COMM_SHARD_ALIGN;
+}
+
+/* An all-gather copy of n elements, read just counted: its read and its
+ * write are the all-gather's. */
+static void count_gather(comm_slot *me, size_t n)
+{
+    me->bytes.written += n * sizeof(float);
+    me->bytes.gather_read += n * sizeof(float);
+    me->bytes.gather_written += n * sizeof(float);
+}
+
+static void count_read(comm_slot *me, size_t n, int src_domain)
+{
+    me->bytes.read += n * sizeof(float);
+    if (src_domain != me->domain)
+        me->bytes.cross_domain_read += n * sizeof(float);
+}
+
+typedef struct plan_count {
+    size_t rs1, ops1, partial, ag1, ag2;
+} plan_count;
+
+/* Worker w's level-1 items and all-gather items: one walk over every
+ * shard's segments, the same walk (and so the same assignments) on every
+ * worker of w's domain.  fill = 0 counts, fill = 1 writes into the arrays
+ * sized by the count and accounts the bytes. */
+static void plan_tasks(comm_plan *pl, int w, size_t *load_p, size_t *load_c, int fill,
+                       plan_count *k)
+{
+    comm_slot *me = &pl->slots[w];
+    int dw = me->domain, D = pl->n_domains;
+    int df = pl->domain_first[dw];
+    size_t m = (size_t)(pl->domain_first[dw + 1] - df);
+    memset(k, 0, sizeof *k);
+    memset(load_p, 0, m * sizeof *load_p);
+    memset(load_c, 0, m * sizeof *load_c);
+    for (int s = 0; s < pl->n_workers; s++) {
+        comm_slot *so = &pl->slots[s];
+        size_t sb = pl->shard_begin[s];
+        int local = so->domain == dw;
+        for (size_t g = 0; g < so->n_segs; g++) {
+            const comm_seg *seg = &so->segs[g];
+            size_t n = seg->end - seg->begin, h0, h1;
+            domain_holders(pl, so, g, dw, &h0, &h1);
+            if (h0 == h1)
+                continue;
+            int holds = 0;
+            for (size_t i = h0; i < h1; i++)
+                holds |= so->holders[i] == w;
+            const int gather = pl->roles & ST_COMM_GATHER, reduce = pl->roles & ST_COMM_REDUCE;
+            if (local) {
+                /* own domain's shard: straight from the owner's master */
+                if (holds && gather) {
+                    if (fill) {
+                        me->ag1[k->ag1] = (ag_item){ local_at(me, me->params, seg->begin),
+                                                     so->master + (seg->begin - sb), n };
+                        count_read(me, n, so->domain);
+                        count_gather(me, n);
+                    }
+                    k->ag1++;
+                }
+                continue;
+            }
+            if (h1 - h0 >= 2 && reduce) {
+                /* a partial of this domain's holders, for the remote owner */
+                size_t j = st_comm_least_loaded(load_p, m);
+                load_p[j] += n;
+                if (df + (int)j == w) {
+                    if (fill) {
+                        float *out = me->partials + k->partial;
+                        me->rs1[k->rs1] = (rs_item){ out, n, k->ops1, h1 - h0 - 1, 1.0f };
+                        rs_op *op = me->ops1 + k->ops1;
+                        op[0] = (rs_op){ grad_of(pl, so->holders[h0], seg->begin),
+                                         grad_of(pl, so->holders[h0 + 1], seg->begin),
+                                         OP_SUM2, 0, 0 };
+                        for (size_t i = h0 + 2; i < h1; i++)
+                            op[i - h0 - 1] = (rs_op){ grad_of(pl, so->holders[i], seg->begin),
+                                                      NULL, OP_ACC, 0, 0 };
+                        so->seg_src[g * (size_t)D + (size_t)dw] = out;
+                        for (size_t i = h0; i < h1; i++)
+                            count_read(me, n, pl->slots[so->holders[i]].domain);
+                        me->bytes.written += n * sizeof(float);
+                    }
+                    k->rs1++;
+                    k->ops1 += h1 - h0 - 1;
+                    k->partial += round_up_block(n);
+                }
+            }
+            /* the all-gather: one holder of this domain brings the segment in */
+            int copier = so->holders[h0];
+            if (h1 - h0 >= 2) {
+                size_t best = h0;
+                for (size_t i = h0 + 1; i < h1; i++)
+                    if (load_c[so->holders[i] - df] < load_c[so->holders[best] - df])
+                        best = i;
+                copier = so->holders[best];
+            }
+            load_c[copier - df] += n;
+            if (!holds || !gather)
+                continue;
+            if (copier == w) {
+                if (fill) {
+                    me->ag1[k->ag1] = (ag_item){ local_at(me, me->params, seg->begin),
+                                                 so->master + (seg->begin - sb), n };
+                    count_read(me, n, so->domain);
+                    count_gather(me, n);
+                }
+                k->ag1++;
+            } else {
+                if (fill) {
+                    me->ag2[k->ag2] = (ag_item){ local_at(me, me->params, seg->begin),
+                                                 local_at(&pl->slots[copier],
+                                                          pl->slots[copier].params, seg->begin),
+                                                 n };
+                    count_read(me, n, pl->slots[copier].domain);
+                    count_gather(me, n);
+                }
+                k->ag2++;
+            }
+        }
+    }
+}
+
+st_status st_comm_plan_tasks(comm_plan *pl, int w)
+{
+    comm_slot *me = &pl->slots[w];
+    int dw = me->domain;
+    size_t m = (size_t)(pl->domain_first[dw + 1] - pl->domain_first[dw]);
+    size_t *load = malloc(2 * m * sizeof *load);
+    if (!load)
+        return st_fail(ST_ERR_NOMEM, "worker %d: out of memory planning the reduction", w);
+    plan_count k;
+    plan_tasks(pl, w, load, load + m, 0, &k);
+    st_status s = ST_OK;
+    void *p;
+    if (k.rs1) {
+        ST_TRY_GOTO(s, st_arena_alloc(me->arena, ST_MEM_WORKSPACE, k.rs1 * sizeof *me->rs1, &p),
+                    out);
+        me->rs1 = p;
+        ST_TRY_GOTO(s, st_arena_alloc(me->arena, ST_MEM_WORKSPACE, k.ops1 * sizeof *me->ops1, &p),
+                    out);
+        me->ops1 = p;
+        ST_TRY_GOTO(s, st_arena_alloc_floats(me->arena, ST_MEM_GRADIENTS, k.partial,
+                                             &me->partials), out);
+    }
+    if (k.ag1) {
+        ST_TRY_GOTO(s, st_arena_alloc(me->arena, ST_MEM_WORKSPACE, k.ag1 * sizeof *me->ag1, &p),
+                    out);
+        me->ag1 = p;
+    }
+    if (k.ag2) {
+        ST_TRY_GOTO(s, st_arena_alloc(me->arena, ST_MEM_WORKSPACE, k.ag2 * sizeof *me->ag2, &p),
+                    out);
+        me->ag2 = p;
+    }
+    plan_tasks(pl, w, load, load + m, 1, &k);
+    me->n_rs1 = k.rs1;
+    me->n_ag1 = k.ag1;
+    me->n_ag2 = k.ag2;
+out:
+    free(load);
+    return s;
+}
+
+/* Appends one op of w's level-2 program (fill: writes it and accounts the
+ * bytes of its sources). */
+static void emit_op(comm_slot *me, int fill, size_t *n_ops, size_t n, int kind, int to_tmp,
+                    const float *a, int a_domain, const float *b, int b_domain)
+{
+    if (fill) {
+        me->ops2[*n_ops] = (rs_op){ a, b, (uint8_t)kind, (uint8_t)to_tmp, 0 };
+        if (a)
+            count_read(me, n, a_domain);
+        if (b)
+            count_read(me, n, b_domain);
+    }
+    (*n_ops)++;
+}
+
+/* The owner's level-2 program: per segment, the domains in increasing
+ * order, each its holders summed in increasing order (the own domain's
+ * directly from their gradients, a remote domain's as its partial or its
+ * single holder's gradient), then one division by the holder count. */
+st_status st_comm_plan_owner(comm_plan *pl, int w)
+{
+    comm_slot *me = &pl->slots[w];
+    if (!(pl->roles & ST_COMM_REDUCE)) {
+        me->n_rs2 = 0;
+        return ST_OK;
+    }
+    int dw = me->domain, D = pl->n_domains;
+    size_t sb = pl->shard_begin[w], n_ops = 0;
+    for (int fill = 0; fill < 2; fill++) {
+        if (fill && me->n_segs) {
+            void *p;
+            ST_TRY(st_arena_alloc(me->arena, ST_MEM_WORKSPACE, me->n_segs * sizeof *me->rs2, &p));
+            me->rs2 = p;
+            ST_TRY(st_arena_alloc(me->arena, ST_MEM_WORKSPACE, n_ops * sizeof *me->ops2, &p));
+            me->ops2 = p;
+        }
+        n_ops = 0;
+        for (size_t g = 0; g < me->n_segs; g++) {
+            const comm_seg *seg = &me->segs[g];
+            size_t n = seg->end - seg->begin, first_op = n_ops;
+            int first = 1;
+            for (int d = 0; d < D; d++) {
+                size_t h0, h1;
+                domain_holders(pl, me, g, d, &h0, &h1);
+                if (h0 == h1)
+                    continue;
+                const comm_slot *s0 = &pl->slots[me->holders[h0]];
+                if (d == dw && h1 - h0 == 1) {
+                    emit_op(me, fill, &n_ops, n, first ? OP_COPY : OP_ACC, 0,
+                            local_at(s0, s0->grads, seg->begin), d, NULL, d);
+                } else if (d == dw) {
+                    /* the own domain's partial: into the output if it comes
+                     * first, else into the scratch chunk, then added */
+                    const comm_slot *s1 = &pl->slots[me->holders[h0 + 1]];
+                    emit_op(me, fill, &n_ops, n, OP_SUM2, !first, local_at(s0, s0->grads, seg->begin), d,
+                            local_at(s1, s1->grads, seg->begin), d);
+                    for (size_t i = h0 + 2; i < h1; i++)
+                        emit_op(me, fill, &n_ops, n, OP_ACC, !first,
+                                grad_of(pl, me->holders[i], seg->begin), d, NULL, d);
+                    if (!first)
+                        emit_op(me, fill, &n_ops, n, OP_ACC, 0, NULL, dw, NULL, d);
+                } else {
+                    const float *src = local_at(s0, s0->grads, seg->begin);
+                    if (h1 - h0 >= 2) {
+                        src = me->seg_src[g * (size_t)D + (size_t)d];
+                        if (!src)
+                            return st_fail(ST_ERR_INVALID, "worker %d: internal error: no "
+                                           "partial of domain %d for elements [%zu, %zu)", w, d,
+                                           seg->begin, seg->end);
+                    }
+                    emit_op(me, fill, &n_ops, n, first ? OP_COPY : OP_ACC, 0, src, d, NULL, d);
+                }
+                first = 0;
+            }
+            if (fill) {
+                me->ops2[n_ops - 1].divide = seg->count > 1;
+                me->rs2[g] = (rs_item){ me->shard_grad + (seg->begin - sb), n, first_op,
+                                        n_ops - first_op, (float)seg->count };
+                me->bytes.written += n * sizeof(float);
+            }
+        }
+    }
+    me->n_rs2 = me->n_segs;
+    return ST_OK;
+}
+
+
+void st_comm_plan_finish(comm_plan *pl, int w)
+{
+    comm_slot *me = &pl->slots[w];
+    me->rs_mid_barrier = 0;
+    me->ag_mid_barrier = 0;
+    for (int v = 0; v < pl->n_workers; v++) {
+        me->rs_mid_barrier |= pl->slots[v].n_rs1 > 0;
+        me->ag_mid_barrier |= pl->slots[v].n_ag2 > 0;
+    }
+}

@@ -1,0 +1,277 @@
+/*
+ * comm/shared.c — the shared-buffer backend: the workers of one process
+ * reduce through buffers placed on their own NUMA nodes (each worker's
+ * shard buffers, partials and work lists come from its arena), and meet at
+ * a spin barrier on C11 atomics (comm/barrier.h).
+ *
+ * Attach runs the planning phases of plan.h with three barriers between
+ * them, because each phase reads what every worker wrote in the one
+ * before.  A step then only runs its precomputed work items (kernels.c):
+ *
+ *   reduce-scatter  entry barrier; level 1 (this worker's partials of
+ *                   remote shards); middle barrier, only if some worker
+ *                   computes a partial; level 2 (the owner's sum).
+ *   all-gather      entry barrier; phase 1 (copies from owners' masters);
+ *                   middle barrier, only if some worker copies from a
+ *                   copier's replica; phase 2 (those local copies).
+ *
+ * There is no exit barrier: the next collective's entry barrier is the
+ * one that matters (see the comments at each wait).  A step costs 2
+ * barriers on one NUMA domain, 4 when partials or local copies exist
+ * (several domains, two holders of a remote shard's element in one of
+ * them).  Nothing on the step's
+ * path allocates, creates or locks: the barrier is counters on their own
+ * cache lines, and waiting is spinning (workers are pinned one per core).
+ */
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <subtrain/comm.h>
+
+#include "comm/backend.h"
+#include "comm/barrier.h"
+#include "comm/kernels.h"
+#include "comm/plan.h"
+#include "core/error.h"
+
+/* Worker w's attach state, on its own 64-byte line: `attached` is written
+ * by w's attach while the other workers attach too. */
+typedef struct shared_worker {
+    alignas(64) atomic_int attached;   /* w has called attach (a second call fails) */
+    int ready;                         /* w's attach completed: its plan is valid */
+} shared_worker;
+
+typedef struct shared_comm {
+    st_spin_barrier barrier;           /* its members start 64-byte lines */
+    comm_plan plan;
+    shared_worker *workers;            /* n_workers */
+} shared_comm;
+
+static shared_comm *shared_of(st_comm_backend *b)
+{
+    return (shared_comm *)b;
+}
+
+static const shared_comm *shared_of_const(const st_comm_backend *b)
+{
+    return (const shared_comm *)b;
+}
+
+static st_status another_failed(void)
+{
+    return st_fail(ST_ERR_INVALID, "another worker failed");
+}
+
+/* ------------------------------------------------------------ create */
+
+static void shared_destroy(st_comm_backend *b)
+{
+    shared_comm *sc = shared_of(b);
+    if (!sc)
+        return;
+    st_comm_plan_free(&sc->plan);
+    free(sc->workers);
+    free(sc);
+}
+
+static st_status shared_create(const st_comm_config *cfg, st_comm_backend **out)
+{
+    *out = NULL;
+    /* 64-byte aligned for the barrier's lines; the size of a structure with
+     * alignas(64) members is a multiple of 64, as aligned_alloc wants */
+    shared_comm *sc = aligned_alloc(64, sizeof *sc);
+    if (!sc)
+        return st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine");
+    memset(sc, 0, sizeof *sc);
+    st_status s = st_comm_plan_init(&sc->plan, cfg);
+    int n = cfg->n_workers;
+    if (s == ST_OK) {
+        sc->workers = aligned_alloc(64, (size_t)n * sizeof *sc->workers);
+        if (!sc->workers)
+            s = st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine for %d "
+                        "workers", n);
+    }
+    if (s != ST_OK) {
+        shared_destroy((st_comm_backend *)sc);
+        return s;
+    }
+    for (int w = 0; w < n; w++) {
+        atomic_init(&sc->workers[w].attached, 0);
+        sc->workers[w].ready = 0;
+    }
+    st_spin_barrier_init(&sc->barrier, (unsigned)n);
+    *out = (st_comm_backend *)sc;
+    return ST_OK;
+}
+
+static void shared_set_shard_output(st_comm_backend *b, int w, float *out)
+{
+    shared_of(b)->plan.slots[w].shard_out = out;
+}
+
+static void shared_reset(st_comm_backend *b)
+{
+    shared_comm *sc = shared_of(b);
+    st_comm_plan_forget(&sc->plan);
+    for (int w = 0; w < sc->plan.n_workers; w++) {
+        atomic_init(&sc->workers[w].attached, 0);
+        sc->workers[w].ready = 0;
+    }
+}
+
+/* ------------------------------------------------------------ attach */
+
+static st_status shared_attach(st_comm_backend *b, int w, st_arena *arena, float *grads,
+                               float *params, const st_range *held, const size_t *local,
+                               int n_held)
+{
+    shared_comm *sc = shared_of(b);
+    comm_plan *pl = &sc->plan;
+    st_status s = ST_OK;
+    if (atomic_exchange(&sc->workers[w].attached, 1))
+        s = st_fail(ST_ERR_INVALID, "worker %d attached twice", w);
+    if (s == ST_OK)
+        s = st_comm_plan_register(pl, w, arena, grads, params, held, local, n_held);
+    if (s != ST_OK) {
+        st_spin_barrier_abort(&sc->barrier);
+        return s;
+    }
+    /* 1: everyone's pointers, ranges and shard buffers are registered */
+    if (st_spin_barrier_wait(&sc->barrier))
+        return another_failed();
+    s = st_comm_plan_check_coverage(pl);
+    if (s == ST_OK)
+        s = st_comm_plan_segments(pl, w);
+    if (s != ST_OK) {
+        st_spin_barrier_abort(&sc->barrier);
+        return s;
+    }
+    /* 2: every shard's segments (and master values) exist */
+    if (st_spin_barrier_wait(&sc->barrier))
+        return another_failed();
+    s = st_comm_plan_tasks(pl, w);
+    if (s != ST_OK) {
+        st_spin_barrier_abort(&sc->barrier);
+        return s;
+    }
+    /* 3: every partial's address is in its owner's table */
+    if (st_spin_barrier_wait(&sc->barrier))
+        return another_failed();
+    s = st_comm_plan_owner(pl, w);
+    if (s != ST_OK) {
+        st_spin_barrier_abort(&sc->barrier);
+        return s;
+    }
+    st_comm_plan_finish(pl, w);
+    sc->workers[w].ready = 1;
+    return ST_OK;
+}
+
+/* ------------------------------------------------------------ the step */
+
+static st_status step_check(shared_comm *sc, int w, const char *what)
+{
+    if (!sc->workers[w].ready) {
+        st_spin_barrier_abort(&sc->barrier);
+        return st_fail(ST_ERR_INVALID, "%s: worker %d has not attached", what, w);
+    }
+    return ST_OK;
+}
+
+static st_status shared_reduce_scatter(st_comm_backend *b, int w)
+{
+    shared_comm *sc = shared_of(b);
+    ST_TRY(step_check(sc, w, "reduce-scatter"));
+    if (!(sc->plan.roles & ST_COMM_REDUCE))
+        return st_fail(ST_ERR_INVALID, "reduce-scatter on a gather-only engine");
+    comm_slot *me = &sc->plan.slots[w];
+    /* every gradient vector is complete (and the previous all-gather,
+     * which read the master shards, is over everywhere) */
+    if (st_spin_barrier_wait(&sc->barrier))
+        return another_failed();
+    if (me->rs_mid_barrier) {
+        st_comm_run_rs(me->rs1, me->n_rs1, me->ops1, me->scratch);
+        /* every domain partial is complete */
+        if (st_spin_barrier_wait(&sc->barrier))
+            return another_failed();
+    }
+    st_comm_run_rs(me->rs2, me->n_rs2, me->ops2, me->scratch);
+    return ST_OK;
+}
+
+static st_status shared_all_gather(st_comm_backend *b, int w)
+{
+    shared_comm *sc = shared_of(b);
+    ST_TRY(step_check(sc, w, "all-gather"));
+    if (!(sc->plan.roles & ST_COMM_GATHER))
+        return st_fail(ST_ERR_INVALID, "all-gather on a reduce-only engine");
+    comm_slot *me = &sc->plan.slots[w];
+    /* every master shard is updated (and every owner is done reading the
+     * gradients and partials) */
+    if (st_spin_barrier_wait(&sc->barrier))
+        return another_failed();
+    st_comm_run_ag(me->ag1, me->n_ag1);
+    if (me->ag_mid_barrier) {
+        /* every copier's replica holds the remote segments it brings in */
+        if (st_spin_barrier_wait(&sc->barrier))
+            return another_failed();
+        st_comm_run_ag(me->ag2, me->n_ag2);
+    }
+    return ST_OK;
+}
+
+static st_status shared_barrier(st_comm_backend *b, int w)
+{
+    if (st_spin_barrier_wait(&shared_of(b)->barrier))
+        return another_failed();
+    return ST_OK;
+}
+
+static void shared_abort(st_comm_backend *b)
+{
+    st_spin_barrier_abort(&shared_of(b)->barrier);
+}
+
+/* ------------------------------------------------------------ queries */
+
+static st_range shared_shard(const st_comm_backend *b, int w)
+{
+    const comm_plan *pl = &shared_of_const(b)->plan;
+    st_range r = { pl->shard_begin[w], pl->shard_begin[w + 1] };
+    return r;
+}
+
+static float *shared_shard_grads(st_comm_backend *b, int w)
+{
+    return shared_of(b)->plan.slots[w].shard_grad;
+}
+
+static float *shared_shard_params(st_comm_backend *b, int w)
+{
+    return shared_of(b)->plan.slots[w].master;
+}
+
+static st_comm_bytes shared_bytes_per_step(const st_comm_backend *b, int w)
+{
+    const shared_comm *sc = shared_of_const(b);
+    st_comm_bytes none = { 0, 0, 0, 0, 0 };
+    return sc->workers[w].ready ? sc->plan.slots[w].bytes : none;
+}
+
+const st_comm_backend_ops st_comm_shared_ops = {
+    .create = shared_create,
+    .destroy = shared_destroy,
+    .attach = shared_attach,
+    .set_shard_output = shared_set_shard_output,
+    .reset = shared_reset,
+    .shard = shared_shard,
+    .shard_grads = shared_shard_grads,
+    .shard_params = shared_shard_params,
+    .reduce_scatter = shared_reduce_scatter,
+    .all_gather = shared_all_gather,
+    .barrier = shared_barrier,
+    .abort = shared_abort,
+    .bytes_per_step = shared_bytes_per_step,
+};
