@@ -34,7 +34,7 @@ typedef enum st_synth_labels {
 } st_synth_labels;
 
 const char *st_synth_labels_name(st_synth_labels kind);
-int st_synth_labels_parse(const char *name, st_synth_labels *out);
+st_status st_synth_labels_parse(const char *name, st_synth_labels *out);
 
 typedef struct st_synth_config {
     int segments;              /* S >= 2 */
