@@ -1,6 +1,6 @@
 /*
  * subtrain/synth.h — partitioned training with synthetic intermediate
- * labels (PAPERS.md section 3): the pure parts, testable without training.
+ * labels (doc/synth.md): the pure parts, testable without training.
  *
  * The mlp of depth L has L + 1 linear layers, numbered 1 .. L + 1 (layer
  * L + 1 is the head).  A cut c in [1, L] sits after layer c, at the

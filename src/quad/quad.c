@@ -1,6 +1,6 @@
 /*
  * quad/quad.c — quadratic problems, Perm-q sketches and the IST and GD
- * steps on them (PAPERS.md section 2).
+ * steps on them, for the exact checks of doc/quad.md.
  *
  * A sketch is stored as what each worker actually holds: its q coordinates
  * and their scales.  The IST step then costs what IST costs — worker i
