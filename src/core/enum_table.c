@@ -49,15 +49,15 @@ size_t st_enum_allowed(const st_enum_table *t, char *buf, size_t n)
 
 st_status st_enum_parse(const st_enum_table *t, const char *name, int *out)
 {
-    char allowed[256];
-    st_enum_allowed(t, allowed, sizeof allowed);
-    if (!name)
-        return st_fail(ST_ERR_INVALID, "no %s name given (allowed: %s)", t->what, allowed);
-    for (size_t i = 0; i < t->count; i++)
+    for (size_t i = 0; name && i < t->count; i++)
         if (strcmp(t->entries[i].name, name) == 0) {
             *out = t->entries[i].value;
             return ST_OK;
         }
+    char allowed[256];
+    st_enum_allowed(t, allowed, sizeof allowed);
+    if (!name)
+        return st_fail(ST_ERR_INVALID, "no %s name given (allowed: %s)", t->what, allowed);
     size_t len = strlen(name);
     return st_fail(ST_ERR_INVALID, "unknown %s '%.*s%s' (allowed: %s)", t->what,
                    (int)(len > QUOTED_MAX ? QUOTED_MAX : len), name,
