@@ -32,7 +32,7 @@ for log in tests/*.log; do
 done
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
     failed=1
-    cat tests/*.log 2>/dev/null || true
+    cat tests/*.log examples/*.log 2>/dev/null || true
 fi
 echo "tests: $passed passed, $failed failed"
 exit "$status"

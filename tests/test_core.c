@@ -1,16 +1,19 @@
 /*
- * tests/test_core.c — status messages, the arena allocator and its
- * accounting, the counter-based RNG.
+ * tests/test_core.c — status messages, the version, the names of every
+ * enum, the arena allocator and its accounting, the counter-based RNG.
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <criterion/criterion.h>
 
-#include <subtrain/arena.h>
-#include <subtrain/rng.h>
+#include <subtrain/quad.h>
+#include <subtrain/subtrain.h>
+#include "config.h"
+#include "core/enum_table.h"
 #include "core/error.h"
 
 /* ------------------------------------------------------------ status */
@@ -31,6 +34,160 @@ Test(status, every_code_has_a_name)
     for (int s = ST_OK; s <= ST_ERR_NUMERIC; s++)
         cr_assert_str_neq(st_status_name((st_status)s), "unknown status", "status %d", s);
     cr_assert_str_eq(st_status_name((st_status)999), "unknown status");
+}
+
+/* ------------------------------------------------------------ version */
+
+Test(version, headers_and_library_agree_with_configure)
+{
+    char parts[64];
+    snprintf(parts, sizeof parts, "%d.%d.%d", SUBTRAIN_VERSION_MAJOR, SUBTRAIN_VERSION_MINOR,
+             SUBTRAIN_VERSION_PATCH);
+    cr_assert_str_eq(SUBTRAIN_VERSION, PACKAGE_VERSION);
+    cr_assert_str_eq(parts, SUBTRAIN_VERSION);
+    cr_assert_str_eq(st_version(), SUBTRAIN_VERSION);
+    cr_assert_eq(SUBTRAIN_VERSION_NUMBER, (SUBTRAIN_VERSION_MAJOR << 16) |
+                                              (SUBTRAIN_VERSION_MINOR << 8) |
+                                              SUBTRAIN_VERSION_PATCH);
+#if SUBTRAIN_VERSION_NUMBER < SUBTRAIN_VERSION_ENCODE(0, 1, 0)
+    cr_assert_fail("the version number does not order: %#x", SUBTRAIN_VERSION_NUMBER);
+#endif
+    cr_assert_lt(SUBTRAIN_VERSION_NUMBER,
+                 SUBTRAIN_VERSION_ENCODE(SUBTRAIN_VERSION_MAJOR, SUBTRAIN_VERSION_MINOR + 1, 0));
+}
+
+/* ------------------------------------------------------------ enum names */
+
+/* Every public enum with a parser, through int-typed adapters. */
+#define ENUM_ADAPTERS(fn, type)                                              \
+    static const char *fn##_name_i(int v) { return fn##_name((type)v); }     \
+    static st_status fn##_parse_i(const char *s, int *v)                     \
+    {                                                                        \
+        type t = (type)*v;                                                   \
+        st_status r = fn##_parse(s, &t);                                     \
+        *v = (int)t;                                                         \
+        return r;                                                            \
+    }
+ENUM_ADAPTERS(st_model_kind, st_model_kind)
+ENUM_ADAPTERS(st_activation, st_activation)
+ENUM_ADAPTERS(st_optimizer, st_optimizer_kind)
+ENUM_ADAPTERS(st_schedule, st_schedule_kind)
+ENUM_ADAPTERS(st_strategy, st_strategy)
+ENUM_ADAPTERS(st_subnet_kind, st_subnet_kind)
+ENUM_ADAPTERS(st_masking, st_masking)
+ENUM_ADAPTERS(st_synth_labels, st_synth_labels)
+
+typedef struct enum_api {
+    const char *what;          /* in the message */
+    const char *allowed;       /* the names of values 0, 1, ... */
+    const char *(*name)(int);
+    st_status (*parse)(const char *, int *);
+} enum_api;
+
+#define API(fn, what, allowed) { what, allowed, fn##_name_i, fn##_parse_i }
+static const enum_api enum_apis[] = {
+    API(st_model_kind, "model", "mlp, resmlp"),
+    API(st_activation, "activation", "relu, gelu"),
+    API(st_optimizer, "optimizer", "sgd, adamw"),
+    API(st_schedule, "schedule", "constant, cosine"),
+    API(st_strategy, "strategy", "dp, sdp, ist, synth"),
+    API(st_subnet_kind, "subnetwork unit", "block, neuron"),
+    API(st_masking, "masking", "forward, backward"),
+    API(st_synth_labels, "synthetic-label kind", "gaussian, sign"),
+};
+
+Test(enums, every_name_parses_back_to_its_value)
+{
+    for (size_t e = 0; e < sizeof enum_apis / sizeof *enum_apis; e++) {
+        const enum_api *api = &enum_apis[e];
+        char names[256] = "";
+        int v = 0;
+        for (; strcmp(api->name(v), "unknown") != 0; v++) {
+            const char *name = api->name(v);
+            int back = -1;
+            cr_assert_eq(api->parse(name, &back), ST_OK, "%s '%s': %s", api->what, name,
+                         st_last_error());
+            cr_assert_eq(back, v, "%s '%s' parsed to %d, not %d", api->what, name, back, v);
+            cr_assert_str_eq(api->name(back), name);
+            strcat(strcat(names, v ? ", " : ""), name);
+        }
+        /* The enumerators are 0..count-1 and all are named, in order. */
+        cr_assert_str_eq(names, api->allowed, "%s", api->what);
+        cr_assert_str_eq(api->name(-1), "unknown", "%s", api->what);
+    }
+}
+
+Test(enums, unknown_names_are_invalid_and_list_the_allowed_ones)
+{
+    const char *bad[] = { "bogus", "", "MLP", "dp ", "cosine2" };
+    for (size_t e = 0; e < sizeof enum_apis / sizeof *enum_apis; e++) {
+        const enum_api *api = &enum_apis[e];
+        for (size_t b = 0; b < sizeof bad / sizeof *bad; b++) {
+            int v = 12345;
+            st_clear_error();
+            cr_assert_eq(api->parse(bad[b], &v), ST_ERR_INVALID, "%s '%s'", api->what, bad[b]);
+            cr_assert_eq(v, 12345, "a failed parse leaves the value alone");
+            char want[512];
+            snprintf(want, sizeof want, "unknown %s '%s' (allowed: %s)", api->what, bad[b],
+                     api->allowed);
+            cr_assert_str_eq(st_last_error(), want);
+        }
+        int v = 12345;
+        cr_assert_eq(api->parse(NULL, &v), ST_ERR_INVALID);
+        cr_assert_eq(v, 12345);
+    }
+}
+
+Test(enums, aliases_parse_but_are_neither_printed_nor_listed)
+{
+    st_schedule_kind s = ST_SCHED_CONSTANT;
+    cr_assert_eq(st_schedule_parse("warmup-cosine", &s), ST_OK);
+    cr_assert_eq(s, ST_SCHED_WARMUP_COSINE);
+    cr_assert_str_eq(st_schedule_name(s), "cosine");
+    cr_assert_eq(st_schedule_parse("linear", &s), ST_ERR_INVALID);
+    cr_assert_str_eq(st_last_error(), "unknown schedule 'linear' (allowed: constant, cosine)");
+}
+
+Test(enums, names_without_a_parser)
+{
+    const char *mem[] = { "weights", "gradients", "optimizer", "activations", "workspace" };
+    for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
+        cr_assert_str_eq(st_mem_kind_name((st_mem_kind)k), mem[k]);
+    cr_assert_str_eq(st_mem_kind_name(ST_MEM_KIND_COUNT), "unknown");
+    cr_assert_str_eq(st_quad_sketch_kind_name(ST_QUAD_PLAIN), "plain");
+    cr_assert_str_eq(st_quad_sketch_kind_name(ST_QUAD_PRECONDITIONED), "preconditioned");
+    cr_assert_str_eq(st_quad_sketch_kind_name((st_quad_sketch_kind)2), "unknown");
+}
+
+static const st_enum_entry colour_entries[] = {
+    { "red", 3 }, { "green", 5 }, { "rouge", 3 }, { "blue", 7 },
+};
+static const st_enum_table colours = ST_ENUM_TABLE("colour", colour_entries);
+
+Test(enums, table_lookups)
+{
+    cr_assert_eq(colours.count, 4);
+    cr_assert_str_eq(st_enum_name(&colours, 3), "red");
+    cr_assert_str_eq(st_enum_name(&colours, 4), "unknown");
+    int v = 0;
+    cr_assert_eq(st_enum_parse(&colours, "rouge", &v), ST_OK);
+    cr_assert_eq(v, 3);
+
+    char buf[64];
+    cr_assert_eq(st_enum_allowed(&colours, buf, sizeof buf), strlen("red, green, blue"));
+    cr_assert_str_eq(buf, "red, green, blue");
+    cr_assert_eq(st_enum_allowed(&colours, buf, 8), strlen("red, green, blue"));
+    cr_assert_str_eq(buf, "red, gr");   /* clipped like snprintf */
+    cr_assert_eq(st_enum_allowed(&colours, buf, 0), strlen("red, green, blue"));
+
+    /* A long unknown name is clipped, so the allowed names always fit. */
+    char name[300];
+    memset(name, 'x', sizeof name - 1);
+    name[sizeof name - 1] = '\0';
+    cr_assert_eq(st_enum_parse(&colours, name, &v), ST_ERR_INVALID);
+    const char *msg = st_last_error();
+    cr_assert(strstr(msg, "xxx...' (allowed: red, green, blue)"), "%s", msg);
+    cr_assert_lt(strlen(msg), 200);
 }
 
 /* ------------------------------------------------------------ arena */
@@ -145,13 +302,6 @@ Test(arena, refused_or_absurd_requests_fail_cleanly)
     cr_assert_eq(a.stats.current_total, 0);
     st_arena_release(&a);
     cr_assert_eq(cb.live_chunks, 0);
-}
-
-Test(arena, kind_names)
-{
-    cr_assert_str_eq(st_mem_kind_name(ST_MEM_WEIGHTS), "weights");
-    cr_assert_str_eq(st_mem_kind_name(ST_MEM_OPTIMIZER), "optimizer");
-    cr_assert_str_eq(st_mem_kind_name(ST_MEM_WORKSPACE), "workspace");
 }
 
 /* ------------------------------------------------------------ rng */

@@ -219,14 +219,14 @@ Test(optim, bad_configs_are_refused_with_a_message)
 Test(optim, names_round_trip)
 {
     st_optimizer_kind k;
-    cr_assert_eq(st_optimizer_parse("sgd", &k), 0);
+    cr_assert_eq(st_optimizer_parse("sgd", &k), ST_OK);
     cr_assert_eq(k, ST_OPT_SGD);
     cr_assert_str_eq(st_optimizer_name(ST_OPT_ADAMW), "adamw");
-    cr_assert_eq(st_optimizer_parse("adam", &k), -1);
+    cr_assert_eq(st_optimizer_parse("adam", &k), ST_ERR_INVALID);
     st_schedule_kind s;
-    cr_assert_eq(st_schedule_parse("cosine", &s), 0);
+    cr_assert_eq(st_schedule_parse("cosine", &s), ST_OK);
     cr_assert_eq(s, ST_SCHED_WARMUP_COSINE);
-    cr_assert_eq(st_schedule_parse("linear", &s), -1);
+    cr_assert_eq(st_schedule_parse("linear", &s), ST_ERR_INVALID);
 }
 
 /* ------------------------------------------------------------ schedules */

@@ -1,5 +1,5 @@
 /*
- * tests/test_quad.c — IST on quadratics (PAPERS.md section 2): the Perm-q
+ * tests/test_quad.c — IST on quadratics (doc/quad.md): the Perm-q
  * sketches, the IST kernel against a dense reference, the exact
  * expectations against enumeration of every permutation, the five cases,
  * determinism from the seed, and the command's answers to bad options.

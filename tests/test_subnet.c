@@ -145,10 +145,10 @@ Test(subnet, names_round_trip)
 {
     st_subnet_kind k;
     st_masking m;
-    cr_assert_eq(st_subnet_kind_parse("block", &k), 0);
+    cr_assert_eq(st_subnet_kind_parse("block", &k), ST_OK);
     cr_assert_eq(k, ST_SUBNET_BLOCK);
-    cr_assert_eq(st_subnet_kind_parse("layer", &k), -1);
-    cr_assert_eq(st_masking_parse("backward", &m), 0);
+    cr_assert_eq(st_subnet_kind_parse("layer", &k), ST_ERR_INVALID);
+    cr_assert_eq(st_masking_parse("backward", &m), ST_OK);
     cr_assert_eq(m, ST_MASKING_BACKWARD);
     cr_assert_str_eq(st_masking_name(ST_MASKING_FORWARD), "forward");
 }

@@ -113,9 +113,10 @@ size_t st_model_config_param_count(const st_model_config *cfg);
 
 const char *st_model_kind_name(st_model_kind kind);
 const char *st_activation_name(st_activation act);
-/* 0 on success, -1 if `name` is not a known kind / activation. */
-int st_model_kind_parse(const char *name, st_model_kind *out);
-int st_activation_parse(const char *name, st_activation *out);
+/* ST_OK, or ST_ERR_INVALID with "unknown model 'x' (allowed: mlp, resmlp)"
+ * and *out unchanged (see status.h). */
+st_status st_model_kind_parse(const char *name, st_model_kind *out);
+st_status st_activation_parse(const char *name, st_activation *out);
 
 typedef struct st_model st_model;
 

@@ -39,7 +39,7 @@ typedef struct st_optim_config {
 st_optim_config st_optim_config_default(void);
 st_status st_optim_config_check(const st_optim_config *cfg);
 const char *st_optimizer_name(st_optimizer_kind kind);
-int st_optimizer_parse(const char *name, st_optimizer_kind *out);
+st_status st_optimizer_parse(const char *name, st_optimizer_kind *out);
 
 typedef struct st_optim {
     st_optim_config cfg;
@@ -80,8 +80,9 @@ typedef struct st_schedule {
     uint64_t total_steps;    /* cosine decays to 0 at total_steps */
 } st_schedule;
 
+/* "constant", "cosine" (also accepted: "warmup-cosine"). */
 const char *st_schedule_name(st_schedule_kind kind);
-int st_schedule_parse(const char *name, st_schedule_kind *out);
+st_status st_schedule_parse(const char *name, st_schedule_kind *out);
 
 /* Learning rate of step t (1-based). */
 float st_schedule_lr(const st_schedule *s, uint64_t t);

@@ -1,6 +1,6 @@
 /*
  * subtrain/quad.h — independent subnetwork training (IST) on quadratics:
- * the exact checks of PAPERS.md section 2 (Shulgin & Richtarik).
+ * the exact checks that follow from Shulgin & Richtarik's analysis of IST.
  *
  * One round of IST with one local step is
  *

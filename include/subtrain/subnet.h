@@ -23,9 +23,9 @@ typedef enum st_subnet_kind { ST_SUBNET_BLOCK, ST_SUBNET_NEURON } st_subnet_kind
 typedef enum st_masking { ST_MASKING_FORWARD, ST_MASKING_BACKWARD } st_masking;
 
 const char *st_subnet_kind_name(st_subnet_kind k);
-int st_subnet_kind_parse(const char *name, st_subnet_kind *out);
+st_status st_subnet_kind_parse(const char *name, st_subnet_kind *out);
 const char *st_masking_name(st_masking m);
-int st_masking_parse(const char *name, st_masking *out);
+st_status st_masking_parse(const char *name, st_masking *out);
 
 /* k = max(1, round(coverage x workers)), never more than workers. */
 int st_subnet_holders_per_unit(int workers, double coverage);

@@ -2,6 +2,7 @@
  * subtrain/subtrain.h — the umbrella header of libsubtrain.
  *
  * Topic headers:
+ *   version.h SUBTRAIN_VERSION (headers), st_version() (library)
  *   status.h  status codes, last error message
  *   arena.h   per-owner memory arena with byte accounting
  *   rng.h     deterministic, splittable random numbers
@@ -14,13 +15,15 @@
  *   subnet.h  subnetworks: units, coverage, assignments to workers
  *   synth.h   synthetic-label training: cuts, worker split, labels
  *   train.h   the training loop and metrics records
- *   quad.h    IST theory on quadratics (subtrain quad)
+ * Not included here: quad.h, IST theory on quadratics (subtrain quad), a
+ * separate study; include <subtrain/quad.h> for it.
  * Every public symbol starts with st_ (types, functions) or ST_ (macros,
  * enumerators).
  */
 #ifndef SUBTRAIN_H
 #define SUBTRAIN_H
 
+#include <subtrain/version.h>
 #include <subtrain/status.h>
 #include <subtrain/arena.h>
 #include <subtrain/rng.h>
@@ -33,6 +36,5 @@
 #include <subtrain/subnet.h>
 #include <subtrain/synth.h>
 #include <subtrain/train.h>
-#include <subtrain/quad.h>
 
 #endif /* SUBTRAIN_H */

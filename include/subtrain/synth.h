@@ -1,6 +1,6 @@
 /*
  * subtrain/synth.h — partitioned training with synthetic intermediate
- * labels (PAPERS.md section 3): the pure parts, testable without training.
+ * labels (doc/synth.md): the pure parts, testable without training.
  *
  * The mlp of depth L has L + 1 linear layers, numbered 1 .. L + 1 (layer
  * L + 1 is the head).  A cut c in [1, L] sits after layer c, at the
@@ -34,7 +34,7 @@ typedef enum st_synth_labels {
 } st_synth_labels;
 
 const char *st_synth_labels_name(st_synth_labels kind);
-int st_synth_labels_parse(const char *name, st_synth_labels *out);
+st_status st_synth_labels_parse(const char *name, st_synth_labels *out);
 
 typedef struct st_synth_config {
     int segments;              /* S >= 2 */

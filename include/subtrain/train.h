@@ -29,7 +29,7 @@ typedef enum st_strategy {
 } st_strategy;
 
 const char *st_strategy_name(st_strategy s);
-int st_strategy_parse(const char *name, st_strategy *out);
+st_status st_strategy_parse(const char *name, st_strategy *out);
 
 typedef struct st_train_config {
     st_strategy strategy;     /* dp: every worker trains the full model;

@@ -34,7 +34,7 @@ static void print_version(void)
 {
     const dnnl_version_t *v = dnnl_version();
     unsigned h = hwloc_get_api_version();
-    printf("subtrain %s\n", PACKAGE_VERSION);
+    printf("subtrain %s\n", st_version());
     printf("oneDNN %d.%d.%d (CPU runtime: OpenMP), hwloc API %u.%u.%u\n", v->major, v->minor,
            v->patch, h >> 16, (h >> 8) & 0xff, h & 0xff);
 }

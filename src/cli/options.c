@@ -220,33 +220,41 @@ static int parse_float(const char *opt, const char *s, double lo, double hi, int
     return 0;
 }
 
-static int parse_choice(const char *opt, const char *s, int (*parse)(const char *, void *),
-                        void *out, const char *allowed, char *err, size_t n)
+/* A name the library parses.  Its message ends with the allowed names,
+ * "unknown model 'x' (allowed: mlp, resmlp)" (status.h); the line printed
+ * keeps the command's form, "--model: unknown value 'x' (allowed: ...)". */
+static int parse_choice(const char *opt, const char *s, st_status (*parse)(const char *, void *),
+                        void *out, char *err, size_t n)
 {
-    if (parse(s, out) != 0)
-        return fail(err, n, "--%s: unknown value '%s' (allowed: %s)", opt, s, allowed);
-    return 0;
+    if (parse(s, out) == ST_OK)
+        return 0;
+    const char *msg = st_last_error(), *allowed = NULL;
+    for (const char *p = msg; (p = strstr(p, "(allowed: ")) != NULL; p++)
+        allowed = p;   /* the last one: the name itself may contain the words */
+    if (!allowed)
+        return fail(err, n, "--%s: %s", opt, msg);
+    return fail(err, n, "--%s: unknown value '%s' %s", opt, s, allowed);
 }
 
-static int parse_progress(const char *s, void *out)
+static int parse_progress(const char *s, st_progress_mode *out, char *err, size_t n)
 {
     static const char *const names[] = { "auto", "bar", "plain", "none" };
     for (int i = 0; i < 4; i++)
         if (strcmp(s, names[i]) == 0) {
-            *(st_progress_mode *)out = (st_progress_mode)i;
+            *out = (st_progress_mode)i;
             return 0;
         }
-    return -1;
+    return fail(err, n, "--progress: unknown value '%s' (allowed: auto, bar, plain, none)", s);
 }
 
 /* Adapters: the library's parsers take typed pointers. */
-static int parse_model(const char *s, void *o) { return st_model_kind_parse(s, o); }
-static int parse_act(const char *s, void *o) { return st_activation_parse(s, o); }
-static int parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
-static int parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
-static int parse_strategy(const char *s, void *o) { return st_strategy_parse(s, o); }
-static int parse_subnet(const char *s, void *o) { return st_subnet_kind_parse(s, o); }
-static int parse_masking(const char *s, void *o) { return st_masking_parse(s, o); }
+static st_status parse_model(const char *s, void *o) { return st_model_kind_parse(s, o); }
+static st_status parse_act(const char *s, void *o) { return st_activation_parse(s, o); }
+static st_status parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
+static st_status parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
+static st_status parse_strategy(const char *s, void *o) { return st_strategy_parse(s, o); }
+static st_status parse_subnet(const char *s, void *o) { return st_subnet_kind_parse(s, o); }
+static st_status parse_masking(const char *s, void *o) { return st_masking_parse(s, o); }
 
 /* --cuts 2,4: whole-string increasing integers in [1, 1024], at most
  * ST_SYNTH_MAX_SEGMENTS - 1 of them; *count gets how many. */
@@ -274,7 +282,7 @@ static int parse_cuts(const char *s, int *cuts, int *count, char *err, size_t n)
     return 0;
 }
 
-static int parse_synth_labels(const char *s, void *o) { return st_synth_labels_parse(s, o); }
+static st_status parse_synth_labels(const char *s, void *o) { return st_synth_labels_parse(s, o); }
 
 /* What was given explicitly, for the checks after parsing. */
 typedef struct seen {
@@ -295,8 +303,7 @@ static int apply_synth_option(int c, const char *arg, st_cli_options *o, seen *s
         return parse_cuts(arg, s->cuts, &saw->cuts, err, n);
     case OPT_SYNTH_LABELS:
         saw->synth_option = "--synth-labels";
-        return parse_choice("synth-labels", arg, parse_synth_labels, &s->labels, "gaussian, sign",
-                            err, n);
+        return parse_choice("synth-labels", arg, parse_synth_labels, &s->labels, err, n);
     case OPT_SYNTH_SCALE:
         saw->synth_option = "--synth-scale";
         return parse_float("synth-scale", arg, 0.0, 1000.0, 1, &s->scale, err, n);
@@ -320,11 +327,11 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             return fail(err, n, "--data: expected a directory or 'synthetic', got ''");
         o->data = arg;
         return 0;
-    case OPT_MODEL: return parse_choice("model", arg, parse_model, &t->model.kind, "mlp, resmlp", err, n);
+    case OPT_MODEL: return parse_choice("model", arg, parse_model, &t->model.kind, err, n);
     case OPT_DEPTH: return parse_int("depth", arg, 1, 1024, &t->model.depth, err, n);
     case OPT_WIDTH: return parse_int("width", arg, 1, 65536, &t->model.width, err, n);
     case OPT_HIDDEN: return parse_int("hidden", arg, 1, 65536, &t->model.hidden, err, n);
-    case OPT_ACTIVATION: return parse_choice("activation", arg, parse_act, &t->model.activation, "relu, gelu", err, n);
+    case OPT_ACTIVATION: return parse_choice("activation", arg, parse_act, &t->model.activation, err, n);
     case OPT_EPOCHS: *saw_epochs = 1; return parse_int("epochs", arg, 1, 100000, &t->epochs, err, n);
     case OPT_STEPS:
         *saw_steps = 1;
@@ -332,11 +339,11 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             return -1;
         return t->steps ? 0 : fail(err, n, "--steps: expected an integer in [1, 1000000000], got '%s'", arg);
     case OPT_BATCH: return parse_int("batch", arg, 1, 65536, &t->batch, err, n);
-    case OPT_OPTIMIZER: return parse_choice("optimizer", arg, parse_opt, &t->optim.kind, "sgd, adamw", err, n);
+    case OPT_OPTIMIZER: return parse_choice("optimizer", arg, parse_opt, &t->optim.kind, err, n);
     case OPT_LR: return parse_float("lr", arg, 0.0, 100.0, 1, &t->optim.lr, err, n);
     case OPT_MOMENTUM: return parse_float("momentum", arg, 0.0, 0.999999, 0, &t->optim.momentum, err, n);
     case OPT_WEIGHT_DECAY: return parse_float("weight-decay", arg, 0.0, 10.0, 0, &t->optim.weight_decay, err, n);
-    case OPT_SCHEDULE: return parse_choice("schedule", arg, parse_sched, &t->schedule, "constant, cosine", err, n);
+    case OPT_SCHEDULE: return parse_choice("schedule", arg, parse_sched, &t->schedule, err, n);
     case OPT_WARMUP: return parse_u64("warmup", arg, 1000000000ull, &t->warmup_steps, err, n);
     case OPT_SEED: return parse_u64("seed", arg, ULLONG_MAX, &t->seed, err, n);
     case OPT_METRICS:
@@ -344,8 +351,8 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             return fail(err, n, "--metrics: expected a file name, got ''");
         o->metrics_path = arg;
         return 0;
-    case OPT_PROGRESS: return parse_choice("progress", arg, parse_progress, &o->progress, "auto, bar, plain, none", err, n);
-    case OPT_STRATEGY: return parse_choice("strategy", arg, parse_strategy, &t->strategy, "dp, sdp, ist, synth", err, n);
+    case OPT_PROGRESS: return parse_progress(arg, &o->progress, err, n);
+    case OPT_STRATEGY: return parse_choice("strategy", arg, parse_strategy, &t->strategy, err, n);
     case OPT_WORKERS:
         if (strcmp(arg, "cores") == 0) {
             t->workers = 0;
@@ -363,9 +370,9 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         t->cpuset = arg;
         return 0;
     case OPT_OVERSUBSCRIBE: t->oversubscribe = 1; return 0;
-    case OPT_SUBNET: return parse_choice("subnet", arg, parse_subnet, &t->subnet, "block, neuron", err, n);
+    case OPT_SUBNET: return parse_choice("subnet", arg, parse_subnet, &t->subnet, err, n);
     case OPT_NEURON_GROUP: return parse_int("neuron-group", arg, 1, 65536, &t->neuron_group, err, n);
-    case OPT_MASKING: return parse_choice("masking", arg, parse_masking, &t->masking, "forward, backward", err, n);
+    case OPT_MASKING: return parse_choice("masking", arg, parse_masking, &t->masking, err, n);
     case OPT_COVERAGE: {
         float cov;
         if (parse_float("coverage", arg, 0.0, 1.0, 1, &cov, err, n))

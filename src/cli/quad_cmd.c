@@ -1,7 +1,7 @@
 /*
  * cli/quad_cmd.c — `subtrain quad`: one-step IST on quadratics.
  *
- * Runs the five checks of PAPERS.md section 2 (st_quad_case_1..5) and
+ * Runs the five exact checks of doc/quad.md (st_quad_case_1..5) and
  * prints one titled block of numbers per case; --csv also writes the
  * convergence trace (||x^k - x*|| for IST and gradient descent) that
  * scripts/plot_quad.gp draws.  The library does the work; this file parses,
@@ -54,7 +54,7 @@ static void print_help(FILE *f)
 "One-step independent subnetwork training (IST) on quadratics,\n"
 "  x+ = x - gamma (1/n) sum_i C_i grad f_i(C_i x),  f_i(x) = 1/2 x'L_i x - b_i'x,\n"
 "with Perm-q sketches (d = q n; worker i holds q coordinates of a random\n"
-"permutation, C_i = n x their projector): the checks of PAPERS.md section 2.\n"
+"permutation, C_i = n x their projector): five exact checks (doc/quad.md).\n"
 "\n"
 "  --case all|1|2|3|4|5  which check to run (default all):\n"
 "                    1 preconditioned Perm-1, b = 0, gamma = 1: x+ = 0;\n"

@@ -1,6 +1,6 @@
 /*
  * cli/quad_cmd.h — `subtrain quad`: independent subnetwork training on
- * quadratics, the exact checks of PAPERS.md section 2 (doc/quad.md).
+ * quadratics and its exact checks (doc/quad.md).
  */
 #ifndef SUBTRAIN_CLI_QUAD_CMD_H
 #define SUBTRAIN_CLI_QUAD_CMD_H

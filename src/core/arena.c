@@ -12,6 +12,7 @@
 
 #include <subtrain/arena.h>
 
+#include "core/enum_table.h"
 #include "core/error.h"
 
 #define ST_ALIGN 64
@@ -25,13 +26,18 @@ struct st_arena_chunk {
     size_t base_bytes;
 };
 
-static const char *const kind_names[ST_MEM_KIND_COUNT] = {
-    "weights", "gradients", "optimizer", "activations", "workspace",
+static const st_enum_entry mem_kind_entries[] = {
+    { "weights", ST_MEM_WEIGHTS },
+    { "gradients", ST_MEM_GRADIENTS },
+    { "optimizer", ST_MEM_OPTIMIZER },
+    { "activations", ST_MEM_ACTIVATIONS },
+    { "workspace", ST_MEM_WORKSPACE },
 };
+static const st_enum_table mem_kinds = ST_ENUM_TABLE("memory kind", mem_kind_entries);
 
 const char *st_mem_kind_name(st_mem_kind kind)
 {
-    return (unsigned)kind < ST_MEM_KIND_COUNT ? kind_names[kind] : "unknown";
+    return st_enum_name(&mem_kinds, (int)kind);
 }
 
 static void *libc_alloc(size_t bytes, void *ctx)

@@ -171,30 +171,6 @@ size_t st_model_config_param_count(const st_model_config *c)
     return n;
 }
 
-const char *st_model_kind_name(st_model_kind kind)
-{
-    return kind == ST_MODEL_MLP ? "mlp" : kind == ST_MODEL_RESMLP ? "resmlp" : "unknown";
-}
-
-const char *st_activation_name(st_activation act)
-{
-    return act == ST_ACT_RELU ? "relu" : act == ST_ACT_GELU ? "gelu" : "unknown";
-}
-
-int st_model_kind_parse(const char *name, st_model_kind *out)
-{
-    if (strcmp(name, "mlp") == 0) { *out = ST_MODEL_MLP; return 0; }
-    if (strcmp(name, "resmlp") == 0) { *out = ST_MODEL_RESMLP; return 0; }
-    return -1;
-}
-
-int st_activation_parse(const char *name, st_activation *out)
-{
-    if (strcmp(name, "relu") == 0) { *out = ST_ACT_RELU; return 0; }
-    if (strcmp(name, "gelu") == 0) { *out = ST_ACT_GELU; return 0; }
-    return -1;
-}
-
 static int ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), k = strlen(suffix);

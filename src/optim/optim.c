@@ -17,6 +17,7 @@
 
 #include <subtrain/optim.h>
 
+#include "core/enum_table.h"
 #include "core/error.h"
 
 st_optim_config st_optim_config_default(void)
@@ -46,16 +47,23 @@ st_status st_optim_config_check(const st_optim_config *c)
     return ST_OK;
 }
 
+static const st_enum_entry optimizer_entries[] = {
+    { "sgd", ST_OPT_SGD },
+    { "adamw", ST_OPT_ADAMW },
+};
+static const st_enum_table optimizers = ST_ENUM_TABLE("optimizer", optimizer_entries);
+
 const char *st_optimizer_name(st_optimizer_kind kind)
 {
-    return kind == ST_OPT_SGD ? "sgd" : kind == ST_OPT_ADAMW ? "adamw" : "unknown";
+    return st_enum_name(&optimizers, (int)kind);
 }
 
-int st_optimizer_parse(const char *name, st_optimizer_kind *out)
+st_status st_optimizer_parse(const char *name, st_optimizer_kind *out)
 {
-    if (strcmp(name, "sgd") == 0) { *out = ST_OPT_SGD; return 0; }
-    if (strcmp(name, "adamw") == 0) { *out = ST_OPT_ADAMW; return 0; }
-    return -1;
+    int v;
+    ST_TRY(st_enum_parse(&optimizers, name, &v));
+    *out = (st_optimizer_kind)v;
+    return ST_OK;
 }
 
 st_status st_optim_init(st_optim *opt, const st_optim_config *cfg, size_t n, st_arena *arena)

@@ -1,24 +1,31 @@
 /* optim/schedule.c — learning-rate schedules: constant, and linear warmup
  * followed by a cosine decay to zero at the last step. */
 #include <math.h>
-#include <string.h>
 
 #include <subtrain/optim.h>
 
+#include "core/enum_table.h"
+#include "core/error.h"
+
+/* "warmup-cosine" is an alias: accepted, never printed. */
+static const st_enum_entry schedule_entries[] = {
+    { "constant", ST_SCHED_CONSTANT },
+    { "cosine", ST_SCHED_WARMUP_COSINE },
+    { "warmup-cosine", ST_SCHED_WARMUP_COSINE },
+};
+static const st_enum_table schedules = ST_ENUM_TABLE("schedule", schedule_entries);
+
 const char *st_schedule_name(st_schedule_kind kind)
 {
-    return kind == ST_SCHED_CONSTANT ? "constant"
-         : kind == ST_SCHED_WARMUP_COSINE ? "cosine" : "unknown";
+    return st_enum_name(&schedules, (int)kind);
 }
 
-int st_schedule_parse(const char *name, st_schedule_kind *out)
+st_status st_schedule_parse(const char *name, st_schedule_kind *out)
 {
-    if (strcmp(name, "constant") == 0) { *out = ST_SCHED_CONSTANT; return 0; }
-    if (strcmp(name, "cosine") == 0 || strcmp(name, "warmup-cosine") == 0) {
-        *out = ST_SCHED_WARMUP_COSINE;
-        return 0;
-    }
-    return -1;
+    int v;
+    ST_TRY(st_enum_parse(&schedules, name, &v));
+    *out = (st_schedule_kind)v;
+    return ST_OK;
 }
 
 float st_schedule_lr(const st_schedule *s, uint64_t t)

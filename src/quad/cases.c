@@ -1,6 +1,6 @@
 /*
- * quad/cases.c — the five checks of PAPERS.md section 2, the convergence
- * trace and its CSV.
+ * quad/cases.c — the five exact checks of IST on quadratics (doc/quad.md),
+ * the convergence trace and its CSV.
  *
  * Every random quantity has its own stream under the seed (problems, x0,
  * each case's sketches, each Monte Carlo run), so a case's numbers do not

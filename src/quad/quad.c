@@ -1,6 +1,6 @@
 /*
  * quad/quad.c — quadratic problems, Perm-q sketches and the IST and GD
- * steps on them (PAPERS.md section 2).
+ * steps on them, for the exact checks of doc/quad.md.
  *
  * A sketch is stored as what each worker actually holds: its q coordinates
  * and their scales.  The IST step then costs what IST costs — worker i
@@ -14,6 +14,7 @@
 
 #include <subtrain/quad.h>
 
+#include "core/enum_table.h"
 #include "core/error.h"
 
 /* Stream ids under the problem's root: each quantity has its own stream,
@@ -237,13 +238,15 @@ double st_quad_f(const st_quad_problem *p, const double *x, double *grad)
 
 /* ------------------------------------------------------------ sketches */
 
+static const st_enum_entry sketch_kind_entries[] = {
+    { "plain", ST_QUAD_PLAIN },
+    { "preconditioned", ST_QUAD_PRECONDITIONED },
+};
+static const st_enum_table sketch_kinds = ST_ENUM_TABLE("sketch kind", sketch_kind_entries);
+
 const char *st_quad_sketch_kind_name(st_quad_sketch_kind k)
 {
-    switch (k) {
-    case ST_QUAD_PLAIN: return "plain";
-    case ST_QUAD_PRECONDITIONED: return "preconditioned";
-    }
-    return "unknown";
+    return st_enum_name(&sketch_kinds, (int)k);
 }
 
 st_status st_quad_sketch_init(st_quad_sketch *s, int d, int n)

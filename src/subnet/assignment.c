@@ -21,32 +21,47 @@
 #include <subtrain/rng.h>
 #include <subtrain/subnet.h>
 
+#include "core/enum_table.h"
 #include "core/error.h"
 
 #define ASSIGN_STREAM 0xA551ull   /* namespace under the seed */
 
+static const st_enum_entry subnet_kind_entries[] = {
+    { "block", ST_SUBNET_BLOCK },
+    { "neuron", ST_SUBNET_NEURON },
+};
+static const st_enum_table subnet_kinds = ST_ENUM_TABLE("subnetwork unit", subnet_kind_entries);
+
+static const st_enum_entry masking_entries[] = {
+    { "forward", ST_MASKING_FORWARD },
+    { "backward", ST_MASKING_BACKWARD },
+};
+static const st_enum_table maskings = ST_ENUM_TABLE("masking", masking_entries);
+
 const char *st_subnet_kind_name(st_subnet_kind k)
 {
-    return k == ST_SUBNET_BLOCK ? "block" : k == ST_SUBNET_NEURON ? "neuron" : "unknown";
+    return st_enum_name(&subnet_kinds, (int)k);
 }
 
-int st_subnet_kind_parse(const char *name, st_subnet_kind *out)
+st_status st_subnet_kind_parse(const char *name, st_subnet_kind *out)
 {
-    if (strcmp(name, "block") == 0) { *out = ST_SUBNET_BLOCK; return 0; }
-    if (strcmp(name, "neuron") == 0) { *out = ST_SUBNET_NEURON; return 0; }
-    return -1;
+    int v;
+    ST_TRY(st_enum_parse(&subnet_kinds, name, &v));
+    *out = (st_subnet_kind)v;
+    return ST_OK;
 }
 
 const char *st_masking_name(st_masking m)
 {
-    return m == ST_MASKING_FORWARD ? "forward" : m == ST_MASKING_BACKWARD ? "backward" : "unknown";
+    return st_enum_name(&maskings, (int)m);
 }
 
-int st_masking_parse(const char *name, st_masking *out)
+st_status st_masking_parse(const char *name, st_masking *out)
 {
-    if (strcmp(name, "forward") == 0) { *out = ST_MASKING_FORWARD; return 0; }
-    if (strcmp(name, "backward") == 0) { *out = ST_MASKING_BACKWARD; return 0; }
-    return -1;
+    int v;
+    ST_TRY(st_enum_parse(&maskings, name, &v));
+    *out = (st_masking)v;
+    return ST_OK;
 }
 
 int st_subnet_holders_per_unit(int workers, double coverage)

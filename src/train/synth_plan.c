@@ -13,24 +13,6 @@
 #include "core/rng_streams.h"
 #include "nn/segment.h"
 
-const char *st_synth_labels_name(st_synth_labels kind)
-{
-    return kind == ST_SYNTH_GAUSSIAN ? "gaussian" : kind == ST_SYNTH_SIGN ? "sign" : "unknown";
-}
-
-int st_synth_labels_parse(const char *name, st_synth_labels *out)
-{
-    if (strcmp(name, "gaussian") == 0) {
-        *out = ST_SYNTH_GAUSSIAN;
-        return 0;
-    }
-    if (strcmp(name, "sign") == 0) {
-        *out = ST_SYNTH_SIGN;
-        return 0;
-    }
-    return -1;
-}
-
 st_synth_config st_synth_config_default(void)
 {
     st_synth_config c;

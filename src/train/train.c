@@ -38,33 +38,6 @@
 #include "core/error.h"
 #include "train/run.h"
 
-const char *st_strategy_name(st_strategy s)
-{
-    return s == ST_STRATEGY_DP ? "dp" : s == ST_STRATEGY_SDP ? "sdp"
-         : s == ST_STRATEGY_IST ? "ist" : s == ST_STRATEGY_SYNTH ? "synth" : "unknown";
-}
-
-int st_strategy_parse(const char *name, st_strategy *out)
-{
-    if (strcmp(name, "dp") == 0) {
-        *out = ST_STRATEGY_DP;
-        return 0;
-    }
-    if (strcmp(name, "sdp") == 0) {
-        *out = ST_STRATEGY_SDP;
-        return 0;
-    }
-    if (strcmp(name, "ist") == 0) {
-        *out = ST_STRATEGY_IST;
-        return 0;
-    }
-    if (strcmp(name, "synth") == 0) {
-        *out = ST_STRATEGY_SYNTH;
-        return 0;
-    }
-    return -1;
-}
-
 st_train_config st_train_config_default(void)
 {
     st_train_config c = {

@@ -1,0 +1,43 @@
+/* nn/model_enums.c — names of the model kinds and activations. */
+#include <subtrain/model.h>
+
+#include "core/enum_table.h"
+#include "core/error.h"
+
+static const st_enum_entry model_kind_entries[] = {
+    { "mlp", ST_MODEL_MLP },
+    { "resmlp", ST_MODEL_RESMLP },
+};
+static const st_enum_table model_kinds = ST_ENUM_TABLE("model", model_kind_entries);
+
+static const st_enum_entry activation_entries[] = {
+    { "relu", ST_ACT_RELU },
+    { "gelu", ST_ACT_GELU },
+};
+static const st_enum_table activations = ST_ENUM_TABLE("activation", activation_entries);
+
+const char *st_model_kind_name(st_model_kind kind)
+{
+    return st_enum_name(&model_kinds, (int)kind);
+}
+
+st_status st_model_kind_parse(const char *name, st_model_kind *out)
+{
+    int v;
+    ST_TRY(st_enum_parse(&model_kinds, name, &v));
+    *out = (st_model_kind)v;
+    return ST_OK;
+}
+
+const char *st_activation_name(st_activation act)
+{
+    return st_enum_name(&activations, (int)act);
+}
+
+st_status st_activation_parse(const char *name, st_activation *out)
+{
+    int v;
+    ST_TRY(st_enum_parse(&activations, name, &v));
+    *out = (st_activation)v;
+    return ST_OK;
+}
