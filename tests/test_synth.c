@@ -21,7 +21,7 @@
 
 #include <subtrain/subtrain.h>
 #include "nn/dnnl_util.h"
-#include "nn/mse.h"
+#include "nn/layers/mse.h"
 #include "nn/segment.h"
 
 /* ------------------------------------------------------------ worker split */

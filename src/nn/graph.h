@@ -71,7 +71,7 @@ typedef struct st_tensor {
 typedef struct st_model st_model;
 typedef struct st_layer st_layer;
 
-/* What a layer kind provides.  One file per kind (linear.c, activation.c,
+/* What a layer kind provides.  One file per kind (nn/layers/: linear.c, activation.c,
  * layernorm.c, residual.c) defines one of these; nothing else in the
  * graph knows the kinds. */
 typedef struct st_layer_kind {
@@ -89,10 +89,10 @@ typedef struct st_layer_kind {
     double (*flops)(const st_layer *l);
 } st_layer_kind;
 
-extern const st_layer_kind st_layer_linear;     /* nn/linear.c */
-extern const st_layer_kind st_layer_activation; /* nn/activation.c */
-extern const st_layer_kind st_layer_layernorm;  /* nn/layernorm.c */
-extern const st_layer_kind st_layer_residual;   /* nn/residual.c */
+extern const st_layer_kind st_layer_linear;     /* nn/layers/linear.c */
+extern const st_layer_kind st_layer_activation; /* nn/layers/activation.c */
+extern const st_layer_kind st_layer_layernorm;  /* nn/layers/layernorm.c */
+extern const st_layer_kind st_layer_residual;   /* nn/layers/residual.c */
 
 struct st_layer {
     const st_layer_kind *kind;

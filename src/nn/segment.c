@@ -20,7 +20,7 @@
 
 #include "nn/graph.h"
 #include "nn/layers.h"
-#include "nn/mse.h"
+#include "nn/layers/mse.h"
 #include "nn/segment.h"
 
 struct st_segnet {

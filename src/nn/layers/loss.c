@@ -1,5 +1,5 @@
 /*
- * nn/loss.c — softmax cross-entropy.
+ * nn/layers/loss.c — softmax cross-entropy.
  *
  * logp = log_softmax(logits) is a oneDNN primitive (numerically stable);
  * loss = -mean_b logp[b, y_b]; dlogits = (exp(logp) - onehot(y)) / rows.

@@ -1,11 +1,11 @@
-/* nn/mse.c — mean squared error (see mse.h).  The sum is accumulated in
+/* nn/layers/mse.c — mean squared error (see mse.h).  The sum is accumulated in
  * double in a fixed order: deterministic, and exact enough for B x D
  * terms. */
 #include <math.h>
 #include <string.h>
 
 #include "core/error.h"
-#include "nn/mse.h"
+#include "nn/layers/mse.h"
 
 void st_mse_build(st_mse *e, int64_t batch, int64_t dim, const float *y, const float *target,
                   float *dy)

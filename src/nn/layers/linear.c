@@ -1,5 +1,5 @@
 /*
- * nn/linear.c — fully connected layer on oneDNN matmul primitives.
+ * nn/layers/linear.c — fully connected layer on oneDNN matmul primitives.
  *
  * Why matmul and not inner product: a step is only as fast as its slowest
  * GEMM, and the three products of a linear layer read the weights in two

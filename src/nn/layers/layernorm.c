@@ -1,4 +1,4 @@
-/* nn/layernorm.c — layer normalisation over the feature axis with a learned
+/* nn/layers/layernorm.c — layer normalisation over the feature axis with a learned
  * scale (gamma) and shift (beta), on oneDNN layer_normalization primitives.
  * Mean and variance of each row are saved by the forward for the backward. */
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /*
- * nn/mse.h — private: mean squared error against a target matrix, the loss
+ * nn/layers/mse.h — private: mean squared error against a target matrix, the loss
  * of a non-final segment (synthetic-label training).
  *
  *   loss = 1 / (rows D) sum_{b < rows, d} (y[b, d] - t[b, d])^2
@@ -9,8 +9,8 @@
  * loss of a label of width D does not grow with D.  A loop over B x D
  * values: O(1 / in) of the GEMM before it, nothing worth a primitive.
  */
-#ifndef SUBTRAIN_NN_MSE_H
-#define SUBTRAIN_NN_MSE_H
+#ifndef SUBTRAIN_NN_LAYERS_MSE_H
+#define SUBTRAIN_NN_LAYERS_MSE_H
 
 #include <stdint.h>
 #include <subtrain/status.h>
@@ -29,4 +29,4 @@ void st_mse_build(st_mse *e, int64_t batch, int64_t dim, const float *y, const f
  * mean when want_grad. */
 st_status st_mse_forward(const st_mse *e, int64_t rows, int want_grad, double *loss_sum);
 
-#endif /* SUBTRAIN_NN_MSE_H */
+#endif /* SUBTRAIN_NN_LAYERS_MSE_H */

@@ -1,4 +1,4 @@
-/* nn/residual.c — elementwise add on a oneDNN binary primitive: the skip
+/* nn/layers/residual.c — elementwise add on a oneDNN binary primitive: the skip
  * connection forward (h' = h + branch) and the meeting of the two gradient
  * paths backward (dh += d_branch, in place). */
 #include <stdio.h>

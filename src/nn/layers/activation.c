@@ -1,4 +1,4 @@
-/* nn/activation.c — ReLU and GELU (erf form, as in the common frameworks)
+/* nn/layers/activation.c — ReLU and GELU (erf form, as in the common frameworks)
  * on oneDNN eltwise primitives.  Backward reads the saved input x. */
 #include <stdio.h>
 
