@@ -8,7 +8,8 @@
 # OLD and NEW are each a subtrain binary or a git revision of this
 # repository (a revision is checked out into a worktree under $WORK and
 # built there once; later calls reuse the build).  Every epoch record's
-# train_loss, test_loss and test_acc and the final record's are compared,
+# train_loss, test_loss and test_acc (and its peak memory per worker and
+# bytes moved per worker and step) and the final record's are compared,
 # on the synthetic task and on Fashion-MNIST (skipped if not installed).
 # Prints one markdown table row per run and exits 1 on any difference.
 #
@@ -73,9 +74,10 @@ if [ "${QUICK:-0}" != 1 ] && [ -d "$FASHION" ]; then
     DATASETS="synthetic $FASHION"
 fi
 
-# the records' compared fields, one line per record
+# the records' compared fields, one line per record: the metrics, then
+# the per-worker peak memory and bytes moved (the same layout and plan)
 fields() {
-    sed -E 's/.*"epoch":([0-9]+),"step":([0-9]+),"final":([a-z]+),"train_loss":([-0-9.e+na]+),"test_loss":([-0-9.e+na]+),"test_acc":([-0-9.e+na]+).*/\1 \2 \3 \4 \5 \6/' "$1"
+    sed -E 's/.*"epoch":([0-9]+),"step":([0-9]+),"final":([a-z]+),"train_loss":([-0-9.e+na]+),"test_loss":([-0-9.e+na]+),"test_acc":([-0-9.e+na]+).*"peak_bytes_per_worker":([0-9]+),"comm_bytes_per_worker_step":([0-9]+).*/\1 \2 \3 \4 \5 \6 \7 \8/' "$1"
 }
 
 echo "| data | run | final test_loss old | new | train_loss old | new | test_acc old | new | records |"

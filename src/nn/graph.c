@@ -2,7 +2,7 @@
  * nn/graph.c — the generic half of every model: units, layout, memory,
  * primitives, and the forward and backward loops over the layer table.
  * What a model looks like is its builder's business (src/nn/models/); what
- * a layer computes is its kind's (linear.c, activation.c, ...).
+ * a layer computes is its kind's (src/nn/layers/).
  */
 #include <stdio.h>
 #include <stdlib.h>
