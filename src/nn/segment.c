@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include <subtrain/rng.h>
-#include <subtrain/synth.h>
 
 #include "core/rng_streams.h"
 #include "nn/layers.h"
@@ -65,6 +64,19 @@ size_t st_segment_params(const st_model_config *m, int first, int last)
         n += (size_t)in * (size_t)out + (size_t)out;   /* weight (out, in), bias (out) */
     }
     return n;
+}
+
+double st_segment_flops(const st_model_config *m, int first, int last, int batch)
+{
+    double f = 0.0;
+    for (int l = first; l <= last; l++) {
+        int in, out;
+        st_segment_layer_shape(m, l, &in, &out);
+        /* forward and weight gradient; the input gradient except for the
+         * segment's first layer; 2 FLOPs per multiply-add */
+        f += 2.0 * (double)batch * (double)in * (double)out * (l == first ? 2.0 : 3.0);
+    }
+    return f;
 }
 
 static st_status check(const st_segment_config *c)
@@ -289,5 +301,5 @@ st_status st_segnet_forward_backward(st_segnet *s, float *loss)
 
 double st_segnet_step_flops(const st_segnet *s)
 {
-    return st_synth_segment_flops(&s->cfg.model, s->cfg.first, s->cfg.last, s->batch);
+    return st_segment_flops(&s->cfg.model, s->cfg.first, s->cfg.last, s->batch);
 }
