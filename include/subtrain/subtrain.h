@@ -33,6 +33,7 @@
 #include <subtrain/subnet.h>
 #include <subtrain/synth.h>
 #include <subtrain/train.h>
+#include <subtrain/trainer.h>
 #include <subtrain/quad.h>
 
 #endif /* SUBTRAIN_H */

@@ -36,6 +36,8 @@
 
 typedef struct st_strategy_ops {
     const char *name;   /* as st_strategy_name and --strategy spell it */
+    const char *not_stepwise; /* why a trainer (trainer.h) cannot take it a
+                               * step at a time; NULL: it can */
 
     /* Every config, whatever its strategy (before anything, no thread):
      * refuses bad values of this strategy's options, and its options
