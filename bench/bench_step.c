@@ -1,13 +1,15 @@
 /*
  * bench/bench_step.c — speed of one training step against dnnl_sgemm.
  *
- * What is measured.  For each configuration, the time of
- * st_worker_train_step(): exactly the trainer's hot path (gather a shuffled
- * batch into the model's input, forward, backward, AdamW update), on one
- * thread, on a worker created by st_worker_init() the way the trainer
- * creates it.  From that: samples/s and step GFLOP/s, where the FLOPs are
- * those of st_model_step_flops() (the matrix products of forward and
- * backward, 2 per multiply-add).  Layer norms, activations, the loss and
+ * What is measured.  For each configuration, the time of one
+ * st_trainer_step(): exactly the trainer's hot path (gather a shuffled
+ * batch into the model's input, forward, backward, AdamW update) of a
+ * one-worker data-parallel run, its worker built by st_trainer_create()
+ * the way st_train_run builds it (an epoch is 8 batches: its first step
+ * also draws the next order, 8 x batch indices).  From that: samples/s
+ * and step GFLOP/s, where the FLOPs are those of st_model_step_flops()
+ * (the matrix products of forward and backward, 2 per multiply-add).
+ * Layer norms, activations, the loss and
  * the optimizer do no counted FLOPs, so everything they cost shows up as
  * a lower step GFLOP/s: that is on purpose, the number answers "how close
  * is a whole step to doing nothing but GEMMs".
@@ -30,16 +32,21 @@
  * the best window is printed below it and written to the JSON record.
  *
  * Breakdown.  A further window runs the same step by its parts, each timed:
- * batch gather, st_model_forward_backward, st_optim_update.  It says where
+ * the batch gather (st_dataset_gather into the model's input) and
+ * st_model_forward_backward on the trainer's model (st_trainer_model),
+ * then the optimizer's update alone (st_trainer_update).  It says where
  * the gap to sgemm is: in the forward/backward (non-GEMM layers, GEMM
  * shapes slower than the reference) or in the optimizer, which streams
  * about 28 bytes per parameter (reads p, g, m, v; writes p, m, v) and is
  * bound by memory bandwidth.
  *
  * Threads.  oneDNN's CPU runtime is OpenMP and runs a primitive with the
- * calling thread's nthreads-var.  As in st_train_run(), everything runs in
- * a one-thread parallel region that sets its own thread count to 1, and the
- * worker is created on that thread; dnnl_sgemm runs there too.
+ * calling thread's nthreads-var.  The trainer runs its worker in a
+ * one-thread parallel region that sets its own thread count to 1 and binds
+ * the thread to the worker's PU for the call; the program sets its own
+ * thread count to 1 and binds itself to that same PU (the plan of one
+ * worker), so that dnnl_sgemm and the breakdown's forward-backward run
+ * where the step runs, on one thread.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -58,10 +65,14 @@
 
 #include <subtrain/subtrain.h>
 
-#include "core/error.h"
-#include "train/worker.h"
-
 #define MAX_WINDOWS 32
+
+#define TRY(expr)                        \
+    do {                                 \
+        st_status try_s_ = (expr);       \
+        if (try_s_ != ST_OK)             \
+            return try_s_;               \
+    } while (0)
 
 typedef struct bench_config {
     const char *name;   /* as given to --config */
@@ -228,23 +239,19 @@ static double gemm_window(const gemm_ctx *g, double min_s)
 /* ------------------------------------------------------------ the step */
 
 typedef struct step_ctx {
-    st_worker *w;
+    st_trainer *t;
+    st_model *m;            /* its worker's model, for the breakdown */
     const st_dataset *train;
-    const uint32_t *order;
+    const uint32_t *order;  /* the breakdown's sample order */
     uint32_t steps_per_epoch;
-    st_schedule schedule;
     uint64_t step;          /* last step run, 1-based as in the trainer */
     float loss;
 } step_ctx;
 
 static st_status step_once(step_ctx *s)
 {
-    const int B = st_model_batch(s->w->model);
-    uint32_t first = (uint32_t)(s->step % s->steps_per_epoch) * (uint32_t)B;
-    float lr;
     s->step++;
-    return st_worker_train_step(s->w, s->train, s->order, first, &s->schedule, s->step,
-                                &s->loss, &lr);
+    return st_trainer_step(s->t, 1, &s->loss);
 }
 
 /* Mean seconds per step over a window of at least min_s (at least one step). */
@@ -253,7 +260,7 @@ static st_status step_window(step_ctx *s, double min_s, double *per_step, uint64
     uint64_t n = 0;
     double t0 = now_s(), t;
     do {
-        ST_TRY(step_once(s));
+        TRY(step_once(s));
         n++;
         t = now_s();
     } while (t - t0 < min_s);
@@ -262,15 +269,12 @@ static st_status step_window(step_ctx *s, double min_s, double *per_step, uint64
     return ST_OK;
 }
 
-/* The same step as st_worker_train_step, by its parts, each timed; means
- * per step over a window of at least min_s. */
+/* The same step as st_trainer_step, by its parts, each timed; means per
+ * step over a window of at least min_s. */
 static st_status breakdown_window(step_ctx *s, double min_s, bench_result *r)
 {
-    st_worker *w = s->w;
-    st_model *m = w->model;
+    st_model *m = s->m;
     const int B = st_model_batch(m);
-    int n_segs;
-    const st_param_segment *segs = st_model_segments(m, &n_segs);
     double gather = 0.0, fb = 0.0, opt = 0.0;
     uint64_t n = 0;
     double t0 = now_s(), t;
@@ -278,13 +282,13 @@ static st_status breakdown_window(step_ctx *s, double min_s, bench_result *r)
         uint32_t first = (uint32_t)(s->step % s->steps_per_epoch) * (uint32_t)B;
         s->step++;
         double ta = now_s();
-        st_worker_load_batch(w, s->train, s->order, first, B);
+        st_dataset_gather(s->train, s->order + first, (size_t)B, st_model_input(m),
+                          st_model_labels(m));
         double tb = now_s();
-        ST_TRY(st_model_forward_backward(m, &s->loss));
+        TRY(st_model_forward_backward(m, &s->loss));
         double tc = now_s();
-        float lr = st_schedule_lr(&s->schedule, s->step);
-        st_optim_update(&w->optim, st_model_params(m), st_model_grads(m), segs, n_segs, 0,
-                        st_model_param_count(m), s->step, lr);
+        float lr;
+        TRY(st_trainer_update(s->t, &lr));
         t = now_s();
         gather += tb - ta;
         fb += tc - tb;
@@ -312,6 +316,8 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
     r->cfg = bc;
     r->windows = o->windows;
 
+    /* One data-parallel worker, a constant rate, and more steps than any
+     * measurement takes (the plan needs a length). */
     st_train_config tc = st_train_config_default();
     tc.model.kind = ST_MODEL_RESMLP;
     tc.model.depth = bc->depth;
@@ -320,6 +326,9 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
     tc.model.in_dim = 784;
     tc.model.n_classes = 10;
     tc.batch = bc->batch;
+    tc.workers = 1;
+    tc.schedule = ST_SCHED_CONSTANT;
+    tc.steps = 1000000000;
     if (st_train_config_check(&tc) != ST_OK)
         return fail(bc->name);
 
@@ -336,16 +345,22 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
     st_dataset_normalize(&train, &test, NULL, NULL);
 
     int rc = EXIT_SUCCESS;
-    st_worker w;
+    st_trainer *t = NULL;
     gemm_ctx g = { 0 };
-    if (st_worker_init(&w, 0, &tc, train.count, NULL) != ST_OK ||
-        st_worker_init_optimizer(&w, &tc, 0, st_model_param_count(w.model)) != ST_OK) {
-        rc = fail("worker");
+    uint32_t *order = malloc(train.count * sizeof *order);
+    if (!order) {
+        fprintf(stderr, "bench_step: out of memory for a sample order\n");
+        rc = EXIT_FAILURE;
         goto out;
     }
-    st_epoch_order(tc.seed, 0, w.order, train.count);
-    r->params = st_model_param_count(w.model);
-    r->flops = st_model_step_flops(w.model);
+    if (st_trainer_create(&tc, &train, &test, &t) != ST_OK) {
+        rc = fail("trainer");
+        goto out;
+    }
+    st_epoch_order(tc.seed, 0, order, train.count);
+    st_model *m = st_trainer_model(t, 0);
+    r->params = st_model_param_count(m);
+    r->flops = st_model_step_flops(m);
 
     if (gemm_init(&g, bc->batch, bc->width, bc->width)) {
         fprintf(stderr, "bench_step: out of memory for the sgemm buffers\n");
@@ -355,9 +370,8 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
     r->gemm_flops = 2.0 * (double)g.m * (double)g.n * (double)g.k;
 
     step_ctx s = {
-        .w = &w, .train = &train, .order = w.order,
+        .t = t, .m = m, .train = &train, .order = order,
         .steps_per_epoch = train.count / (uint32_t)bc->batch,
-        .schedule = { ST_SCHED_CONSTANT, tc.optim.lr, 0, UINT64_MAX },
     };
 
     /* Warm-up: first runs of every primitive, first touch of the
@@ -401,7 +415,8 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
 
 out:
     gemm_free(&g);
-    st_worker_destroy(&w); /* also after a failed init, as st_train_run does */
+    st_trainer_destroy(t);
+    free(order);
     st_dataset_free(&train);
     st_dataset_free(&test);
     return rc;
@@ -495,11 +510,34 @@ static void write_json(FILE *f, const bench_result *r, const bench_options *o)
             r->optim_s * 1e3, (double)r->last_loss);
 }
 
+/* Binds this thread to the PU a one-worker trainer binds its worker to:
+ * the same plan (this machine, one worker, the process's PUs). */
+static int bind_like_worker_0(void)
+{
+    st_topology *topo;
+    st_plan plan;
+    st_plan_request req = { 1, 0, NULL };
+    if (st_topology_load(NULL, &topo) != ST_OK)
+        return fail("topology");
+    int rc = EXIT_SUCCESS;
+    if (st_plan_make(topo, &req, &plan) != ST_OK) {
+        rc = fail("placement");
+    } else {
+        if (st_plan_bind_self(topo, &plan, 0) != ST_OK)
+            rc = fail("binding");
+        st_plan_free(&plan);
+    }
+    st_topology_destroy(topo);
+    return rc;
+}
+
 static int run_all(const bench_options *o, FILE *json)
 {
     bench_result res[N_CONFIGS];
     int n = 0;
     print_header(o);
+    if (bind_like_worker_0() != EXIT_SUCCESS) /* after the header's count of online CPUs */
+        return EXIT_FAILURE;
     for (int i = 0; i < N_CONFIGS; i++) {
         if (o->which >= 0 && o->which != i)
             continue;
@@ -616,9 +654,9 @@ static void usage(FILE *f)
             "usage: bench_step [--config large|small|all] [--quick] [--seconds S] [--json FILE]\n"
             "                  [--workers N]\n"
             "\n"
-            "Times one training step of subtrain (st_worker_train_step: gather, forward,\n"
+            "Times one training step of subtrain (st_trainer_step: gather, forward,\n"
             "backward, AdamW) on one thread and compares its GFLOP/s with dnnl_sgemm on\n"
-            "the model's main GEMM shape, measured in the same run.\n"
+            "the model's main GEMM shape, measured in the same run, on the same PU.\n"
             "  large: resmlp depth 8 width 1024, batch 256\n"
             "  small: resmlp depth 4 width 256, batch 128\n"
             "\n"
@@ -695,17 +733,14 @@ int main(int argc, char **argv)
         return EXIT_FAILURE;
     }
 
-    int rc = EXIT_SUCCESS;
-    /* As st_train_run() runs a worker: one thread, which sets its own
-     * thread count so that oneDNN's primitives and sgemm use one thread. */
-#pragma omp parallel num_threads(1)
-    {
-        omp_set_num_threads(1);
-        rc = run_all(&o, json);
-    }
+    /* One thread, on the PU of the trainer's worker: sgemm and the
+     * breakdown's forward-backward run on this thread, the steps in the
+     * trainer's one-thread region (which sets its own thread count and
+     * binding for each call); st_train_run below opens its own regions,
+     * one thread per worker. */
+    omp_set_num_threads(1);
+    int rc = run_all(&o, json);
 
-    /* Outside the single-thread region: st_train_run opens its own, one
-     * thread per worker. */
     if (rc == EXIT_SUCCESS && o.workers > 1)
         rc = run_scaling(&o);
 

@@ -36,5 +36,6 @@
 #include <subtrain/subnet.h>
 #include <subtrain/synth.h>
 #include <subtrain/train.h>
+#include <subtrain/trainer.h>
 
 #endif /* SUBTRAIN_H */

@@ -16,8 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include <subtrain/synth.h>
-
 #include "nn/graph.h"
 #include "nn/layers.h"
 #include "nn/layers/mse.h"
@@ -50,6 +48,19 @@ size_t st_segment_params(const st_model_config *m, int first, int last)
         n += (size_t)in * (size_t)out + (size_t)out;   /* weight (out, in), bias (out) */
     }
     return n;
+}
+
+double st_segment_flops(const st_model_config *m, int first, int last, int batch)
+{
+    double f = 0.0;
+    for (int l = first; l <= last; l++) {
+        int in, out;
+        st_segment_layer_shape(m, l, &in, &out);
+        /* forward and weight gradient; the input gradient except for the
+         * segment's first layer; 2 FLOPs per multiply-add */
+        f += 2.0 * (double)batch * (double)in * (double)out * (l == first ? 2.0 : 3.0);
+    }
+    return f;
 }
 
 static st_status check(const st_segment_config *c)

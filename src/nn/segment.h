@@ -41,6 +41,13 @@ typedef struct st_segnet st_segnet;
 void st_segment_layer_shape(const st_model_config *m, int l, int *in, int *out);
 size_t st_segment_params(const st_model_config *m, int first, int last);
 
+/* Matrix-multiply FLOPs of one training step of layers first .. last
+ * (batch rows), with the counting of st_model_step_flops: 3 products per
+ * layer (forward, weight gradient, input gradient), 2 for the first layer
+ * (no segment needs its input's gradient), 2 FLOPs per multiply-add.  The
+ * cut planner and the worker split (st_synth_segment_flops) use it. */
+double st_segment_flops(const st_model_config *m, int first, int last, int batch);
+
 st_status st_segnet_create(const st_segment_config *cfg, int batch, st_arena *arena,
                            st_segnet **out);
 void st_segnet_destroy(st_segnet *s);
@@ -71,7 +78,8 @@ st_status st_segnet_forward_backward(st_segnet *s, float *loss);
 /* Forward only: the output of the input's rows. */
 st_status st_segnet_forward(st_segnet *s);
 
-/* Matrix-multiply FLOPs of one forward_backward (st_synth_segment_flops). */
+/* Matrix-multiply FLOPs of one forward_backward, the layers' own count
+ * (equal to st_segment_flops, tests/test_synth.c). */
 double st_segnet_step_flops(const st_segnet *s);
 
 #endif /* SUBTRAIN_NN_SEGMENT_H */

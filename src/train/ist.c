@@ -6,7 +6,7 @@
  * its blocks for R local steps on its own data with its own optimizer, no
  * communication; then the parameters are written back — a block by its
  * only holder (a copy), the shared layers averaged over all workers — and a
- * new partition is drawn.  PAPERS.md section 2.
+ * new partition is drawn.  See doc/ist.md.
  *
  * Communication is the reduction engine's reduce-scatter once per round,
  * applied to the parameters instead of the gradients (the mean over
@@ -32,9 +32,29 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "train/run.h"
+#include "train/strategy.h"
+#include "train/subnets.h"
 
-st_status st_ist_check_config(const st_train_config *c)
+/* What one worker keeps between its steps: its own line, written every
+ * step. */
+typedef struct ist_worker {
+    _Alignas(64) uint64_t round_step; /* local steps since the round began */
+    uint64_t rounds;                  /* rounds ended so far */
+    size_t load_bytes;                /* what a round's rebuild reads from the
+                                       * saved shards and writes into the new
+                                       * subnetwork (its "all-gather") */
+} ist_worker;
+
+typedef struct ist_run {
+    subnets sn;                  /* partition, saved masters, the full model */
+    st_comm *state_comm[2];      /* --optimizer-state keep: one reduce-only
+                                  * engine per state vector (Adam: m and v;
+                                  * SGD: momentum) */
+    int n_state;                 /* of them in use */
+    ist_worker *workers;         /* n */
+} ist_run;
+
+static st_status ist_check(const st_train_config *c)
 {
     if (c->strategy != ST_STRATEGY_IST) {
         if (c->ist_keep_state || c->ist_train_scale >= 0)
@@ -53,6 +73,34 @@ st_status st_ist_check_config(const st_train_config *c)
     return ST_OK;
 }
 
+/* The plan, the partition of round 0 (one holder per unit), the run's
+ * engine (a once-a-round parameter average: reduce-only) and, keeping the
+ * optimizer state, one engine per state vector. */
+static st_status ist_prepare(run_shared *r, void **state)
+{
+    const st_train_config *cfg = r->cfg;
+    ist_run *s = calloc(1, sizeof *s);
+    if (!s)
+        return st_fail(ST_ERR_NOMEM, "out of memory for the subnetworks' state");
+    *state = s;
+    ST_TRY(st_run_make_plan(cfg, r->n, r->train, &r->plan));
+    ST_TRY(st_subnets_prepare(&s->sn, r, 1, st_subnets_neuron_units(cfg, 1), 0));
+    s->workers = aligned_alloc(64, sizeof(ist_worker) * (size_t)r->n);
+    if (!s->workers)
+        return st_fail(ST_ERR_NOMEM, "out of memory for %d workers' rounds", r->n);
+    memset(s->workers, 0, sizeof(ist_worker) * (size_t)r->n);
+    st_range unheld[ST_MAX_UNHELD_RANGES];
+    int n_unheld = st_subnets_unheld_ranges(&s->sn, r, unheld, ST_MAX_UNHELD_RANGES);
+    ST_TRY(st_run_create_engine(r, ST_COMM_REDUCE, s->sn.unheld_possible, unheld, n_unheld,
+                                &r->comm));
+    if (cfg->ist_keep_state)
+        s->n_state = cfg->optim.kind == ST_OPT_ADAMW ? 2 : cfg->optim.momentum > 0.0f;
+    for (int i = 0; i < s->n_state; i++)
+        ST_TRY(st_run_create_engine(r, ST_COMM_REDUCE, s->sn.unheld_possible, unheld, n_unheld,
+                                    &s->state_comm[i]));
+    return ST_OK;
+}
+
 /* State vector i of w's optimizer (compact, the parameters' layout). */
 static float *state_vector(st_worker *w, int i)
 {
@@ -61,7 +109,7 @@ static float *state_vector(st_worker *w, int i)
 
 /* The engines read the parameters (and kept state vectors) as if they
  * were gradients: their mean over holders is the round's result. */
-static st_status attach_params(run_shared *r, int wid, st_worker *w)
+static st_status attach_params(run_shared *r, ist_run *s, int wid, st_worker *w)
 {
     st_range *ranges;
     size_t *local;
@@ -69,62 +117,78 @@ static st_status attach_params(run_shared *r, int wid, st_worker *w)
     ST_TRY(st_run_model_ranges(w, 0, &ranges, &local, &n));
     float *p = st_model_params(w->model);
     ST_TRY(st_comm_attach_compact(r->comm, wid, &w->arena, p, p, ranges, local, n));
-    for (int i = 0; i < r->n_state; i++) {
+    for (int i = 0; i < s->n_state; i++) {
         float *v = state_vector(w, i);
-        ST_TRY(st_comm_attach_compact(r->state_comm[i], wid, &w->arena, v, v, ranges, local, n));
+        ST_TRY(st_comm_attach_compact(s->state_comm[i], wid, &w->arena, v, v, ranges, local, n));
     }
     return ST_OK;
 }
 
 /* The subnetwork of the current partition, its fresh optimizer, attached. */
-static st_status build_round(run_shared *r, int wid, st_worker *w, int rebuild)
+static st_status build_round(run_shared *r, ist_run *s, int wid, st_worker *w, int rebuild)
 {
     st_train_config mine;
     int *buf;
     int scale = r->cfg->ist_train_scale < 0 ? r->cfg->model.kind == ST_MODEL_MLP
                                             : r->cfg->ist_train_scale;
-    ST_TRY(st_run_subnet_config(r, wid, scale, &mine, &buf));
-    st_status s = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
+    ST_TRY(st_subnets_config(&s->sn, r, wid, scale, &mine, &buf));
+    st_status st = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
     free(buf);
-    ST_TRY(s);
+    ST_TRY(st);
     if (rebuild)
-        ST_TRY(st_run_load_saved(r, w, st_model_params(w->model), 0));
+        ST_TRY(st_subnets_load_saved(&s->sn, r, w, st_model_params(w->model), 0));
     ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, st_model_param_count(w->model)));
     if (rebuild)   /* kept state: what the holders of each parameter left */
-        for (int i = 0; i < r->n_state; i++)
-            ST_TRY(st_run_load_saved(r, w, state_vector(w, i), 1 + i));
+        for (int i = 0; i < s->n_state; i++)
+            ST_TRY(st_subnets_load_saved(&s->sn, r, w, state_vector(w, i), 1 + i));
     /* read from the owners' shards, written into the compact vectors */
-    r->slots[wid].load_bytes = 2 * (size_t)(1 + r->n_state) * st_model_param_count(w->model) *
-                               sizeof(float);
-    if (r->n_state == 0)
-        r->slots[wid].round_step = 0;
-    return attach_params(r, wid, w);
+    s->workers[wid].load_bytes = 2 * (size_t)(1 + s->n_state) *
+                                 st_model_param_count(w->model) * sizeof(float);
+    if (s->n_state == 0)
+        s->workers[wid].round_step = 0;
+    return attach_params(r, s, wid, w);
 }
 
-st_status st_ist_init_worker(run_shared *r, int wid, st_worker *w,
-                             const st_chunk_backend *backend)
+/* The saved shards (outside the model's part of the arena), then the first
+ * round's subnetwork; worker 0 also builds the full model for evaluation
+ * (ResIST: each block's branch scaled by 1/N, each trained by 1 of N). */
+static st_status ist_init_worker(run_shared *r, void *state, int wid, st_worker *w,
+                                 const st_chunk_backend *backend)
 {
+    ist_run *s = state;
+    subnet_saved *saved = &s->sn.saved[wid];
     ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
-                                 &r->slots[wid].saved_master));
+                                 &saved->master));
     /* what no subnetwork of the first round holds (mlp: off-diagonal
      * blocks) starts, and stays until someone holds it, at its initial value */
     ST_TRY(st_model_init_full_range(&r->cfg->model, r->cfg->seed, shard.begin, shard.end,
-                                    r->slots[wid].saved_master));
-    st_comm_set_shard_output(r->comm, wid, r->slots[wid].saved_master);
-    for (int i = 0; i < r->n_state; i++) {
+                                    saved->master));
+    st_comm_set_shard_output(r->comm, wid, saved->master);
+    for (int i = 0; i < s->n_state; i++) {
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_OPTIMIZER, shard.end - shard.begin,
-                                     &r->slots[wid].saved_state[i]));
-        st_comm_set_shard_output(r->state_comm[i], wid, r->slots[wid].saved_state[i]);
+                                     &saved->state[i]));
+        st_comm_set_shard_output(s->state_comm[i], wid, saved->state[i]);
     }
-    return build_round(r, wid, w, 0);
+    ST_TRY(build_round(r, s, wid, w, 0));
+    if (wid == 0) {
+        st_model_config full = r->cfg->model;
+        if (r->cfg->ist_eval_scale)
+            full.branch_scale = 1.0f / (float)r->n;
+        ST_TRY(st_subnets_build_eval(&s->sn, r->cfg, &full, backend));
+    }
+    return ST_OK;
 }
 
-st_status st_ist_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, float *loss,
-                      float *lr)
+/* One local step: compute, then the worker's own optimizer on its
+ * subnetwork; no communication. */
+static st_status ist_step(run_shared *r, void *state, st_worker *w, uint64_t i, uint64_t step,
+                          float *loss, float *lr)
 {
+    ist_run *s = state;
     worker_slot *slot = &r->slots[w->id];
+    ist_worker *me = &s->workers[w->id];
     double t = st_run_now_s();
     uint32_t first = (uint32_t)((i * (uint64_t)r->n + (uint64_t)w->id) * (uint64_t)r->cfg->batch);
     ST_TRY(st_worker_compute(w, r->train, w->order, first, loss));
@@ -133,32 +197,121 @@ st_status st_ist_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, fl
     int n_segs;
     const st_param_segment *segs = st_model_segments(w->model, &n_segs);
     *lr = st_schedule_lr(&r->plan.schedule, step);
-    slot->round_step++; /* Adam's bias correction restarts with a reset state */
+    me->round_step++; /* Adam's bias correction restarts with a reset state */
     st_optim_update(&w->optim, st_model_params(w->model), st_model_grads(w->model), segs, n_segs,
-                    0, st_model_param_count(w->model), slot->round_step, *lr);
+                    0, st_model_param_count(w->model), me->round_step, *lr);
     slot->times.optimizer += st_run_now_s() - t1;
     return ST_OK;
 }
 
-st_status st_ist_round_end(run_shared *r, st_worker *w, uint64_t round)
+/* The end of a round (every R steps and at the end of an epoch):
+ * parameters averaged over their holders (disjoint blocks: copied; shared
+ * layers: averaged), a new partition, new subnetworks. */
+static st_status ist_round_end(run_shared *r, void *state, st_worker *w, uint64_t step, int last)
 {
+    ist_run *s = state;
+    if (step % r->cfg->local_steps != 0 && !last)
+        return ST_OK;
     const int wid = w->id;
+    const uint64_t round = ++s->workers[wid].rounds;
     worker_slot *slot = &r->slots[wid];
     double t = st_run_now_s();
     /* into the saved masters (and states) directly: what someone held is
      * replaced by its mean over the holders, the rest keeps its value */
     ST_TRY(st_comm_reduce_scatter(r->comm, wid)); /* waits for every worker */
-    for (int i = 0; i < r->n_state; i++)   /* the kept state: the same average */
-        ST_TRY(st_comm_reduce_scatter(r->state_comm[i], wid));
+    for (int i = 0; i < s->n_state; i++)   /* the kept state: the same average */
+        ST_TRY(st_comm_reduce_scatter(s->state_comm[i], wid));
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every saved master written, engine idle */
     if (wid == 0) {
         st_comm_reset(r->comm);
-        for (int i = 0; i < r->n_state; i++)
-            st_comm_reset(r->state_comm[i]);
-        ST_TRY(st_run_draw_assignment(r, round));
+        for (int i = 0; i < s->n_state; i++)
+            st_comm_reset(s->state_comm[i]);
+        ST_TRY(st_subnets_draw(&s->sn, r, round));
     }
     ST_TRY(st_comm_barrier(r->comm, wid)); /* the new partition is there */
-    st_status s = build_round(r, wid, w, 1);
+    st_status st = build_round(r, s, wid, w, 1);
     slot->times.reduce += st_run_now_s() - t;
-    return s;
+    return st;
 }
+
+/* The full model from the saved masters (a round ends at every epoch end). */
+static st_status ist_evaluate(run_shared *r, void *state, st_worker *w, double *loss, double *acc)
+{
+    ist_run *s = state;
+    return st_subnets_evaluate_full(&s->sn, r, r->comm, 1, w, loss, acc);
+}
+
+/* Per round: the parameters' (and kept states') reduce-scatter, and the
+ * next round's subnetwork loaded from the saved shards: ist's counterpart
+ * of the all-gather (cross-domain reads not split out). */
+static st_comm_bytes ist_bytes(const run_shared *r, const void *state, int wid)
+{
+    const ist_run *s = state;
+    st_comm_bytes b = st_run_engine_bytes(r, wid);
+    for (int i = 0; i < s->n_state; i++) {
+        st_comm_bytes g = st_comm_bytes_per_step(s->state_comm[i], wid);
+        b.read += g.read;
+        b.written += g.written;
+        b.cross_domain_read += g.cross_domain_read;
+    }
+    size_t half = s->workers[wid].load_bytes / 2;
+    b.read += half;
+    b.written += half;
+    b.gather_read += half;
+    b.gather_written += half;
+    return b;
+}
+
+/* The bytes are a round's, once every R steps. */
+static void ist_record(const run_shared *r, void *state, st_epoch_record *rec)
+{
+    (void)state;
+    const double R = (double)r->cfg->local_steps;
+    rec->comm_bytes_per_worker_step /= R;
+    rec->comm_bytes_per_worker_round = rec->comm_bytes_per_worker_step * R;
+}
+
+static const float *ist_full_params(run_shared *r, void *state, st_worker *w0, size_t *count)
+{
+    (void)w0;
+    ist_run *s = state;
+    st_subnets_load_full(&s->sn, r, r->comm, 1);
+    *count = st_model_param_count(s->sn.eval_model);
+    return st_model_params(s->sn.eval_model);
+}
+
+static void ist_abort(run_shared *r, void *state)
+{
+    (void)r;
+    ist_run *s = state;
+    for (int i = 0; i < s->n_state; i++)
+        st_comm_abort(s->state_comm[i]);
+}
+
+static void ist_release(run_shared *r, void *state)
+{
+    (void)r;
+    ist_run *s = state;
+    if (!s)
+        return;
+    st_subnets_release(&s->sn);
+    for (int i = 0; i < 2; i++)
+        st_comm_destroy(s->state_comm[i]);
+    free(s->workers);
+    free(s);
+}
+
+const st_strategy_ops st_ist_ops = {
+    .name = "ist",
+    .check = ist_check,
+    .prepare = ist_prepare,
+    .init_worker = ist_init_worker,
+    .step = ist_step,
+    .round_end = ist_round_end,
+    .evaluate = ist_evaluate,
+    .bytes = ist_bytes,
+    .record = ist_record,
+    .full_params = ist_full_params,
+    .abort = ist_abort,
+    .release = ist_release,
+};

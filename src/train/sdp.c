@@ -4,10 +4,10 @@
  * its blocks only (backward masking); each parameter is averaged over its
  * holders by the reduction engine.  See doc/sdp.md.
  *
- * The step itself is data parallelism's (train.c: compute, wait, reduce,
- * shard update, gather); what is here is who holds what, building and
- * rebuilding the subnetworks, and what only subnetworks need: evaluation
- * of the full model and the alignment report.
+ * The step itself is the sharded data-parallel step (run.c: compute, wait,
+ * reduce, shard update, gather); what is here is who holds what, building
+ * and rebuilding the subnetworks, and what only subnetworks need:
+ * evaluation of the full model and the alignment report.
  */
 #include <math.h>
 #include <stdio.h>
@@ -15,12 +15,30 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "train/run.h"
+#include "train/strategy.h"
+#include "train/subnets.h"
+
+typedef struct sdp_run {
+    subnets sn;                  /* assignment, saved masters, the full model */
+    st_comm *params_comm;        /* backward masking: every worker holds every
+                                  * parameter; used for its all-gather (and
+                                  * masters) only; r->comm reduces gradients */
+    run_attachment *att;         /* n: what each worker's gradient holds */
+    double align_sum, align_min; /* worker 0, over the current epoch */
+    int align_count;
+} sdp_run;
+
+/* The engine whose master shards hold the parameters and whose all-gather
+ * brings them to the workers (backward masking has a second engine). */
+static st_comm *masters(const run_shared *r, const sdp_run *s)
+{
+    return s->params_comm ? s->params_comm : r->comm;
+}
 
 /* What of subnetwork data parallelism exists so far: block-level units with
  * forward or backward masking, masks fixed or redrawn every R steps
  * (doc/status.md lists the rest). */
-st_status st_sdp_check_config(const st_train_config *c)
+static st_status sdp_check(const st_train_config *c)
 {
     if (c->strategy != ST_STRATEGY_SDP) {
         if (c->align_every)
@@ -45,23 +63,36 @@ st_status st_sdp_check_config(const st_train_config *c)
     return ST_OK;
 }
 
-/* Copies every owner's master shard into worker 0's full model: after an
- * all-gather, the current values of every parameter. */
-static void load_full_model(run_shared *r)
+/* The plan, the assignment of round 0, the gradients' engine (reduce-only
+ * with backward masking, which adds a gather-only one for the
+ * parameters). */
+static st_status sdp_prepare(run_shared *r, void **state)
 {
-    float *p = st_model_params(r->eval_model);
-    for (int k = 0; k < r->n; k++) {
-        st_range sh = st_comm_shard(st_run_masters(r), k);
-        /* IST keeps its averaged parameters in the saved masters */
-        const float *src = r->cfg->strategy == ST_STRATEGY_IST
-                         ? r->slots[k].saved_master : st_comm_shard_params(st_run_masters(r), k);
-        memcpy(p + sh.begin, src, (sh.end - sh.begin) * sizeof *p);
-    }
+    const st_train_config *cfg = r->cfg;
+    sdp_run *s = calloc(1, sizeof *s);
+    if (!s)
+        return st_fail(ST_ERR_NOMEM, "out of memory for the subnetworks' state");
+    *state = s;
+    ST_TRY(st_run_make_plan(cfg, r->n, r->train, &r->plan));
+    const int backward = cfg->masking == ST_MASKING_BACKWARD;
+    ST_TRY(st_subnets_prepare(&s->sn, r, st_subnet_holders_per_unit(r->n, cfg->coverage),
+                              st_subnets_neuron_units(cfg, 0), backward));
+    s->att = calloc((size_t)r->n, sizeof *s->att);
+    if (!s->att)
+        return st_fail(ST_ERR_NOMEM, "out of memory for the subnetworks' state");
+    st_range unheld[ST_MAX_UNHELD_RANGES];
+    int n_unheld = st_subnets_unheld_ranges(&s->sn, r, unheld, ST_MAX_UNHELD_RANGES);
+    ST_TRY(st_run_create_engine(r, backward ? ST_COMM_REDUCE : 0, s->sn.unheld_possible, unheld,
+                                n_unheld, &r->comm));
+    if (backward)
+        ST_TRY(st_run_create_engine(r, ST_COMM_GATHER, s->sn.unheld_possible, unheld, n_unheld,
+                                    &s->params_comm));
+    return ST_OK;
 }
 
 /* cos(g, G) over the coordinates worker k holds: g its subnetwork gradient
  * (compact), G the full model's gradient on the same batch. */
-static double worker_alignment(const worker_slot *s, const float *full)
+static double worker_alignment(const run_attachment *s, const float *full)
 {
     double dot = 0.0, gg = 0.0, ff = 0.0;
     for (int i = 0; i < s->n_ranges; i++) {
@@ -80,67 +111,62 @@ static double worker_alignment(const worker_slot *s, const float *full)
  * reduce-scatter: their gradients are complete and stay put).  Costs one
  * full-model forward and backward per worker: measured every align_every
  * steps only. */
-st_status st_sdp_measure_alignment(run_shared *r, st_worker *w0, uint64_t i)
+static st_status measure_alignment(run_shared *r, void *ctx, st_worker *w0, uint64_t i,
+                                   uint64_t step)
 {
+    sdp_run *s = ctx;
+    if (step % r->cfg->align_every != 0)
+        return ST_OK;
     const int B = r->cfg->batch;
-    load_full_model(r);
+    st_model *full = s->sn.eval_model;
+    st_subnets_load_full(&s->sn, r, masters(r, s), 0);
     for (int k = 0; k < r->n; k++) {
         uint32_t first = (uint32_t)((i * (uint64_t)r->n + (uint64_t)k) * (uint64_t)B);
-        st_dataset_gather(r->train, w0->order + first, (size_t)B, st_model_input(r->eval_model),
-                          st_model_labels(r->eval_model));
+        st_dataset_gather(r->train, w0->order + first, (size_t)B, st_model_input(full),
+                          st_model_labels(full));
         float loss;
-        ST_TRY(st_model_forward_backward(r->eval_model, &loss));
-        double a = worker_alignment(&r->slots[k], st_model_grads(r->eval_model));
-        r->align_sum += a;
-        if (r->align_count == 0 || a < r->align_min)
-            r->align_min = a;
-        r->align_count++;
+        ST_TRY(st_model_forward_backward(full, &loss));
+        double a = worker_alignment(&s->att[k], st_model_grads(full));
+        s->align_sum += a;
+        if (s->align_count == 0 || a < s->align_min)
+            s->align_min = a;
+        s->align_count++;
     }
     return ST_OK;
 }
 
-/* Subnetworks: evaluation always uses the full model.  Worker 0 keeps one
- * (in an arena of its own: it is not training memory), fills it from every
- * owner's master shard, which after the epoch's last all-gather holds the
- * current values, and runs the whole test set; the others wait. */
-st_status st_sdp_evaluate_full(run_shared *r, st_worker *w, double *loss, double *acc)
-{
-    ST_TRY(st_run_sync(r, w->id)); /* every master shard is final */
-    if (w->id == 0) {
-        load_full_model(r);
-        ST_TRY(st_run_evaluate_model(r->eval_model, r->test, loss, acc));
-    }
-    return st_run_sync(r, w->id);
-}
-
 /* Builds (or rebuilds) w's subnetwork of the current assignment. */
-static st_status build_subnet(run_shared *r, st_worker *w, int rebuild)
+static st_status build_subnet(run_shared *r, sdp_run *s, st_worker *w, int rebuild)
 {
     st_train_config mine;
     int *buf;
-    ST_TRY(st_run_subnet_config(r, w->id, r->cfg->scale_branches, &mine, &buf));
-    st_status s = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
+    ST_TRY(st_subnets_config(&s->sn, r, w->id, r->cfg->scale_branches, &mine, &buf));
+    st_status st = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
     free(buf);
-    return s;
+    return st;
 }
 
 /* A subnetwork worker: state that outlives rounds first (order, optimizer
- * state of its shard, the saved master), then its first subnetwork. */
-st_status st_sdp_init_worker(run_shared *r, int wid, st_worker *w,
-                             const st_chunk_backend *backend)
+ * state of its shard, the saved master), then its first subnetwork;
+ * worker 0 also builds the full model that forward masking evaluates. */
+static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker *w,
+                                 const st_chunk_backend *backend)
 {
+    sdp_run *s = state;
     ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_optim_init_range(&w->optim, &r->cfg->optim, shard.begin, shard.end, &w->arena));
     if (r->cfg->resample)
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
-                                     &r->slots[wid].saved_master));
-    ST_TRY(build_subnet(r, w, 0));
-    ST_TRY(st_run_attach_worker(r, wid, w));
+                                     &s->sn.saved[wid].master));
+    ST_TRY(build_subnet(r, s, w, 0));
+    ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
     /* weights no subnetwork holds yet have their initial values too */
-    if (st_run_unheld_possible(r->cfg))
+    if (s->sn.unheld_possible)
         ST_TRY(st_model_init_full_range(&r->cfg->model, r->cfg->seed, shard.begin, shard.end,
-                                        st_comm_shard_params(st_run_masters(r), wid)));
+                                        st_comm_shard_params(masters(r, s), wid)));
+    if (wid == 0 && !s->sn.backward)
+        ST_TRY(st_subnets_build_eval(&s->sn, r->cfg, &r->cfg->model, backend));
     return ST_OK;
 }
 
@@ -148,28 +174,130 @@ st_status st_sdp_init_worker(run_shared *r, int wid, st_worker *w,
  * shard, worker 0 draws the new assignment, every worker rebuilds its
  * subnetwork, loads the current values of what it now holds and attaches
  * again.  The optimizer state stays: shards do not move. */
-st_status st_sdp_new_round(run_shared *r, st_worker *w, uint64_t round)
+static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t round)
 {
     const int wid = w->id;
+    float *saved = s->sn.saved[wid].master;
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every all-gather is done */
-    memcpy(r->slots[wid].saved_master, st_comm_shard_params(st_run_masters(r), wid),
+    memcpy(saved, st_comm_shard_params(masters(r, s), wid),
            (shard.end - shard.begin) * sizeof(float));
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every master saved, the engines idle */
     if (wid == 0) {
         st_comm_reset(r->comm);
-        if (r->params_comm)
-            st_comm_reset(r->params_comm);
-        ST_TRY(st_run_draw_assignment(r, round));
+        if (s->params_comm)
+            st_comm_reset(s->params_comm);
+        ST_TRY(st_subnets_draw(&s->sn, r, round));
     }
     ST_TRY(st_comm_barrier(r->comm, wid)); /* the new assignment is there */
-    ST_TRY(build_subnet(r, w, 1));
-    ST_TRY(st_run_load_saved(r, w, st_model_params(w->model), 0));
-    ST_TRY(st_run_attach_worker(r, wid, w));
+    ST_TRY(build_subnet(r, s, w, 1));
+    ST_TRY(st_subnets_load_saved(&s->sn, r, w, st_model_params(w->model), 0));
+    ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
     /* the engine initialised the held elements (the same values): the
      * others, nobody's in this round, keep theirs */
-    if (st_run_unheld_possible(r->cfg))
-        memcpy(st_comm_shard_params(st_run_masters(r), wid), r->slots[wid].saved_master,
+    if (s->sn.unheld_possible)
+        memcpy(st_comm_shard_params(masters(r, s), wid), saved,
                (shard.end - shard.begin) * sizeof(float));
     return ST_OK;
 }
+
+/* A new round first when --resample says so (before steps R + 1, 2 R + 1,
+ * ...), then the sharded step; the alignment report between its barrier
+ * and its reduction. */
+static st_status sdp_step(run_shared *r, void *state, st_worker *w, uint64_t i, uint64_t step,
+                          float *loss, float *lr)
+{
+    sdp_run *s = state;
+    const uint64_t done = step - 1, R = r->cfg->resample;
+    if (i == 0 && w->id == 0) {   /* the report covers an epoch */
+        s->align_sum = 0.0;
+        s->align_count = 0;
+    }
+    if (R && done > 0 && done % R == 0)
+        ST_TRY(new_round(r, s, w, done / R));
+    run_sharded e = { r->comm, masters(r, s), r->cfg->align_every ? measure_alignment : NULL, s };
+    return st_run_sharded_step(r, &e, w, i, step, loss, lr);
+}
+
+/* Forward masking: worker 0's full model from the master shards; backward
+ * masking: every worker holds the full model, the replicas. */
+static st_status sdp_evaluate(run_shared *r, void *state, st_worker *w, double *loss, double *acc)
+{
+    sdp_run *s = state;
+    if (s->sn.backward)
+        return st_run_evaluate_replicas(r, w, loss, acc);
+    return st_subnets_evaluate_full(&s->sn, r, masters(r, s), 0, w, loss, acc);
+}
+
+/* With two engines: the gradients' reduce-scatter and the parameters'
+ * all-gather. */
+static st_comm_bytes sdp_bytes(const run_shared *r, const void *state, int wid)
+{
+    const sdp_run *s = state;
+    st_comm_bytes b = st_run_engine_bytes(r, wid);
+    if (!s->params_comm)
+        return b;
+    st_comm_bytes g = st_comm_bytes_per_step(s->params_comm, wid);
+    b.read = b.read - b.gather_read + g.gather_read;
+    b.written = b.written - b.gather_written + g.gather_written;
+    b.gather_read = g.gather_read;
+    b.gather_written = g.gather_written;
+    return b;
+}
+
+static void sdp_record(const run_shared *r, void *state, st_epoch_record *rec)
+{
+    (void)r;
+    const sdp_run *s = state;
+    rec->align_measured = s->align_count;
+    rec->align_mean = s->align_count ? s->align_sum / s->align_count : 0.0;
+    rec->align_min = s->align_count ? s->align_min : 0.0;
+}
+
+/* Forward masking: the full model loaded from the masters (what the last
+ * evaluation loaded); backward masking: worker 0's replica. */
+static const float *sdp_full_params(run_shared *r, void *state, st_worker *w0, size_t *count)
+{
+    sdp_run *s = state;
+    st_model *m = w0->model;
+    if (!s->sn.backward) {
+        st_subnets_load_full(&s->sn, r, masters(r, s), 0);
+        m = s->sn.eval_model;
+    }
+    *count = st_model_param_count(m);
+    return st_model_params(m);
+}
+
+static void sdp_abort(run_shared *r, void *state)
+{
+    (void)r;
+    sdp_run *s = state;
+    if (s->params_comm)
+        st_comm_abort(s->params_comm);
+}
+
+static void sdp_release(run_shared *r, void *state)
+{
+    (void)r;
+    sdp_run *s = state;
+    if (!s)
+        return;
+    st_subnets_release(&s->sn);
+    st_comm_destroy(s->params_comm);
+    free(s->att);
+    free(s);
+}
+
+const st_strategy_ops st_sdp_ops = {
+    .name = "sdp",
+    .check = sdp_check,
+    .prepare = sdp_prepare,
+    .init_worker = sdp_init_worker,
+    .step = sdp_step,
+    .evaluate = sdp_evaluate,
+    .bytes = sdp_bytes,
+    .record = sdp_record,
+    .full_params = sdp_full_params,
+    .abort = sdp_abort,
+    .release = sdp_release,
+};

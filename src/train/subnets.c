@@ -1,15 +1,15 @@
 /*
- * train/subnets.c — what the subnetwork strategies (sdp.c, ist.c) share:
- * which units there are (blocks, or neuron groups per layer), drawing a
- * round's assignment, the model config of a worker's subnetwork in it, and
- * loading a rebuilt subnetwork's current values from the owners' saved
- * shards.
+ * train/subnets.c — what the subnetwork strategies (sdp.c, ist.c) share
+ * (subnets.h): which units there are (blocks, or neuron groups per layer),
+ * drawing a round's assignment, the model config of a worker's subnetwork
+ * in it, loading a rebuilt subnetwork's current values from the owners'
+ * saved shards, and worker 0's full model for evaluation.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
-#include "train/run.h"
+#include "train/subnets.h"
 
 /* Neuron units: layer l's groups are units l x groups + j. */
 static int units_per_layer(const run_shared *r)
@@ -19,21 +19,19 @@ static int units_per_layer(const run_shared *r)
     return st_model_neuron_groups(&m);
 }
 
-int st_run_neuron_units(const st_train_config *c)
+int st_subnets_neuron_units(const st_train_config *c, int mlp_neurons)
 {
-    return c->subnet == ST_SUBNET_NEURON ||
-           (c->strategy == ST_STRATEGY_IST && c->model.kind == ST_MODEL_MLP);
+    return c->subnet == ST_SUBNET_NEURON || (mlp_neurons && c->model.kind == ST_MODEL_MLP);
 }
 
-int st_run_unheld_possible(const st_train_config *c)
+int st_subnets_unheld_possible(const st_train_config *c, int neuron_units, int backward)
 {
-    return st_run_neuron_units(c) && c->model.kind == ST_MODEL_MLP &&
-           !(c->strategy == ST_STRATEGY_SDP && c->masking == ST_MASKING_BACKWARD);
+    return neuron_units && c->model.kind == ST_MODEL_MLP && !backward;
 }
 
-int st_run_unheld_ranges(const run_shared *r, st_range *out, int cap)
+int st_subnets_unheld_ranges(const subnets *s, const run_shared *r, st_range *out, int cap)
 {
-    if (!st_run_unheld_possible(r->cfg))
+    if (!s->unheld_possible)
         return 0;
     int n = 0;
     for (int i = 0; i < r->n_full_segs && n < cap; i++) {
@@ -47,11 +45,13 @@ int st_run_unheld_ranges(const run_shared *r, st_range *out, int cap)
     return n;
 }
 
-st_status st_run_check_units(const run_shared *r)
+/* Refuses an assignment that would leave a worker without a block, or
+ * without a neuron in some layer. */
+static st_status check_units(const subnets *s, const run_shared *r)
 {
     const st_train_config *c = r->cfg;
-    const int k = r->assign_k, L = c->model.depth;
-    if (!st_run_neuron_units(c)) {
+    const int k = s->k, L = c->model.depth;
+    if (!s->neuron_units) {
         if ((long)L * k < r->n)
             return st_fail(ST_ERR_INVALID, "%d blocks, each held by %d worker(s), leave some of "
                            "the %d workers without a block (need blocks x holders >= workers)",
@@ -67,14 +67,37 @@ st_status st_run_check_units(const run_shared *r)
     return ST_OK;
 }
 
-st_status st_run_draw_assignment(run_shared *r, uint64_t round)
+st_status st_subnets_prepare(subnets *s, const run_shared *r, int k, int neuron_units,
+                             int backward)
 {
-    st_assignment_free(&r->assign);
-    if (st_run_neuron_units(r->cfg))
-        return st_assignment_make_layered(r->n, r->cfg->model.depth, units_per_layer(r),
-                                          r->assign_k, r->cfg->seed, round, &r->assign);
-    return st_assignment_make(r->n, r->cfg->model.depth, r->assign_k, r->cfg->seed, round,
-                              &r->assign);
+    s->neuron_units = neuron_units;
+    s->backward = backward;
+    s->unheld_possible = st_subnets_unheld_possible(r->cfg, neuron_units, backward);
+    s->k = k;
+    s->saved = calloc((size_t)r->n, sizeof *s->saved);
+    if (!s->saved)
+        return st_fail(ST_ERR_NOMEM, "out of memory for %d workers' saved shards", r->n);
+    ST_TRY(check_units(s, r));
+    return st_subnets_draw(s, r, 0);
+}
+
+void st_subnets_release(subnets *s)
+{
+    st_model_destroy(s->eval_model);
+    s->eval_model = NULL;
+    st_arena_release(&s->eval_arena);
+    st_assignment_free(&s->assign);
+    free(s->saved);
+    s->saved = NULL;
+}
+
+st_status st_subnets_draw(subnets *s, const run_shared *r, uint64_t round)
+{
+    st_assignment_free(&s->assign);
+    if (s->neuron_units)
+        return st_assignment_make_layered(r->n, r->cfg->model.depth, units_per_layer(r), s->k,
+                                          r->cfg->seed, round, &s->assign);
+    return st_assignment_make(r->n, r->cfg->model.depth, s->k, r->cfg->seed, round, &s->assign);
 }
 
 /* Worker w's subnetwork in the current assignment.  Blocks: the blocks it
@@ -83,20 +106,19 @@ st_status st_run_draw_assignment(run_shared *r, uint64_t round)
  * model or as gradient rows.  Forward masking scales branches by the
  * inverse coverage when asked (train_scale).  *buf (freed by the caller
  * once the model is built) holds the lists the config points to. */
-st_status st_run_subnet_config(const run_shared *r, int wid, int train_scale,
-                               st_train_config *mine, int **buf)
+st_status st_subnets_config(const subnets *s, const run_shared *r, int wid, int train_scale,
+                            st_train_config *mine, int **buf)
 {
-    const st_assignment *a = &r->assign;
+    const st_assignment *a = &s->assign;
     const int L = r->cfg->model.depth;
     *mine = *r->cfg;
     *buf = malloc(((size_t)L + (size_t)a->n_units) * sizeof **buf);
     if (!*buf)
         return st_fail(ST_ERR_NOMEM, "out of memory describing a subnetwork");
-    const int backward = r->cfg->strategy == ST_STRATEGY_SDP &&
-                         r->cfg->masking == ST_MASKING_BACKWARD;
+    const int backward = s->backward;
     if (!backward && train_scale)
         mine->model.branch_scale = (float)r->n / (float)a->k;
-    if (st_run_neuron_units(r->cfg)) {
+    if (s->neuron_units) {
         const int U = a->n_units / L;
         int *count = *buf, *groups = *buf + L, n = 0;
         for (int l = 0; l < L; l++) {
@@ -133,7 +155,8 @@ st_status st_run_subnet_config(const run_shared *r, int wid, int train_scale,
 
 /* A new subnetwork gets the current values of what it holds: the owners'
  * master shards, saved before the rebuild. */
-st_status st_run_load_saved(const run_shared *r, st_worker *w, float *dst, int which)
+st_status st_subnets_load_saved(const subnets *s, const run_shared *r, st_worker *w, float *dst,
+                                int which)
 {
     int n = st_model_full_ranges(w->model, NULL, NULL, 0);
     st_range *ranges = malloc((size_t)n * sizeof *ranges);
@@ -155,7 +178,7 @@ st_status st_run_load_saved(const run_shared *r, st_worker *w, float *dst, int w
                 continue;
             }
             size_t hi = ranges[i].end < sh.end ? ranges[i].end : sh.end;
-            const float *src = which == 0 ? r->slots[k].saved_master : r->slots[k].saved_state[which - 1];
+            const float *src = which == 0 ? s->saved[k].master : s->saved[k].state[which - 1];
             memcpy(dst + local[i] + (pos - ranges[i].begin), src + (pos - sh.begin),
                    (hi - pos) * sizeof *dst);
             pos = hi;
@@ -164,4 +187,37 @@ st_status st_run_load_saved(const run_shared *r, st_worker *w, float *dst, int w
     free(ranges);
     free(local);
     return ST_OK;
+}
+
+/* ------------------------------------------------------------ the full model */
+
+st_status st_subnets_build_eval(subnets *s, const st_train_config *cfg,
+                                const st_model_config *model, const st_chunk_backend *backend)
+{
+    st_arena_init(&s->eval_arena, "evaluation", backend, 0);
+    return st_model_create(model, cfg->batch, &s->eval_arena, &s->eval_model);
+}
+
+void st_subnets_load_full(subnets *s, const run_shared *r, st_comm *masters, int from_saved)
+{
+    float *p = st_model_params(s->eval_model);
+    for (int k = 0; k < r->n; k++) {
+        st_range sh = st_comm_shard(masters, k);
+        const float *src = from_saved ? s->saved[k].master : st_comm_shard_params(masters, k);
+        memcpy(p + sh.begin, src, (sh.end - sh.begin) * sizeof *p);
+    }
+}
+
+/* Worker 0 keeps the full model, fills it from every owner's shard, which
+ * after the epoch's last all-gather (or round end) holds the current
+ * values, and runs the whole test set; the others wait. */
+st_status st_subnets_evaluate_full(subnets *s, run_shared *r, st_comm *masters, int from_saved,
+                                   st_worker *w, double *loss, double *acc)
+{
+    ST_TRY(st_run_sync(r, w->id)); /* every master shard is final */
+    if (w->id == 0) {
+        st_subnets_load_full(s, r, masters, from_saved);
+        ST_TRY(st_run_evaluate_model(s->eval_model, r->test, loss, acc));
+    }
+    return st_run_sync(r, w->id);
 }

@@ -1,6 +1,6 @@
 /*
  * train/synth.c — partitioned training with synthetic intermediate labels
- * (PAPERS.md section 3): the mlp is cut into S consecutive segments, each
+ * (doc/synth.md): the mlp is cut into S consecutive segments, each
  * trained at the same time by its own group of workers against synthetic
  * labels, so that no activation or gradient ever crosses a cut.
  *
@@ -27,11 +27,14 @@
  * not part of training; between the two, worker 0 evaluates the joined
  * network on the test set and reports while the others wait.
  *
- * Recovery (--recovery-epochs E): every worker drops its segment, builds
- * the whole mlp on a fresh arena with the joined parameters, and the run
- * continues as plain data parallelism (train.c's loop, all N workers, the
- * run's engine) for E epochs, with the orders of epochs epochs + 1 ..
- * epochs + E.  The records are renumbered to follow the segment epochs.
+ * The segment epochs are the strategy's pre_loop phase (strategy.h): the
+ * loop's epochs of steps do not fit groups that take different numbers of
+ * steps.  Recovery (--recovery-epochs E): then every worker drops its
+ * segment, builds the whole mlp on a fresh arena with the joined
+ * parameters, and the loop runs E epochs of plain data parallelism (the
+ * sharded step of run.c, all N workers, the run's engine), with the orders
+ * of epochs epochs + 1 .. epochs + E.  The records are renumbered to
+ * follow the segment epochs.
  */
 #include <math.h>
 #include <pthread.h>
@@ -44,7 +47,7 @@
 #include "core/error.h"
 #include "core/rng_streams.h"
 #include "nn/segment.h"
-#include "train/run.h"
+#include "train/strategy.h"
 
 /* One group of workers and its segment.  The fields above `loss_sum` are
  * written before the parallel region and read by every member each step;
@@ -112,6 +115,12 @@ typedef struct synth_run {
     st_train_callbacks wrap_cb;      /* recovery: renumbers, then calls user_cb */
 } synth_run;
 
+/* The strategy's state, as the hooks also get it. */
+static inline synth_run *synth_of(const run_shared *r)
+{
+    return r->strategy;
+}
+
 /* ------------------------------------------------------------ the epoch-end barrier */
 
 static void epoch_barrier_init(epoch_barrier *b, int n)
@@ -159,7 +168,7 @@ static st_status epoch_sync(synth_run *sy)
 
 /* ------------------------------------------------------------ config */
 
-st_status st_synth_check_config(const st_train_config *c)
+static st_status synth_check(const st_train_config *c)
 {
     if (c->strategy != ST_STRATEGY_SYNTH)
         return ST_OK;
@@ -203,7 +212,7 @@ st_status st_synth_check_config(const st_train_config *c)
 /* ------------------------------------------------------------ prepare */
 
 /* Group g's steps and learning-rate schedule over the segment epochs:
- * the group's own checks (train.c's data-parallel plan does not apply). */
+ * the group's own checks (the data-parallel plan of run.c does not apply). */
 static st_status group_plan(const st_train_config *cfg, const st_dataset *train, synth_group *G)
 {
     uint64_t global_batch = (uint64_t)cfg->batch * (uint64_t)G->count;
@@ -235,7 +244,7 @@ static st_status make_groups(run_shared *r, synth_run *sy)
         G->index = g;
         G->layer_first = g == 0 ? 1 : sy->cuts[g - 1] + 1;
         G->layer_last = g == S - 1 ? cfg->model.depth + 1 : sy->cuts[g];
-        G->flops = st_synth_segment_flops(&cfg->model, G->layer_first, G->layer_last, cfg->batch);
+        G->flops = st_segment_flops(&cfg->model, G->layer_first, G->layer_last, cfg->batch);
         G->n_params = st_segment_params(&cfg->model, G->layer_first, G->layer_last);
         G->full_offset = st_segment_params(&cfg->model, 1, G->layer_first - 1);
         flops[g] = G->flops;
@@ -288,15 +297,25 @@ static double samples_per_epoch(const run_shared *r, const synth_run *sy)
     return least;
 }
 
-st_status st_synth_prepare(run_shared *r)
+/* Before the parallel region: the run's engine (that of the recovery
+ * epochs, and the barrier of all workers), cuts, the split of the workers
+ * into groups, each group's reduction engine; r->plan becomes the recovery
+ * epochs' (none without them). */
+static st_status synth_prepare(run_shared *r, void **state)
 {
     const st_train_config *cfg = r->cfg;
+    /* No data-parallel plan of all N workers over cfg->epochs: it would
+     * apply checks (warmup, global batch) that are not those of any phase
+     * of the run.  The segment epochs are planned per group, the recovery
+     * epochs on their own. */
+    if (r->n > 1)
+        ST_TRY(st_run_create_engine(r, 0, 0, NULL, 0, &r->comm));
     size_t size = (sizeof(synth_run) + 63) / 64 * 64;
     synth_run *sy = aligned_alloc(64, size);
     if (!sy)
         return st_fail(ST_ERR_NOMEM, "out of memory for the segments' state");
     memset(sy, 0, size);
-    r->synth = sy;
+    *state = sy;
     sy->segments = cfg->synth.segments;
     epoch_barrier_init(&sy->barrier, r->n);
     sy->barrier_ready = 1;
@@ -325,9 +344,11 @@ st_status st_synth_prepare(run_shared *r)
     return ST_OK;
 }
 
-void st_synth_abort(run_shared *r)
+/* A worker failed: release everyone waiting in a group's engine. */
+static void synth_abort(run_shared *r, void *state)
 {
-    synth_run *sy = r->synth;
+    (void)r;
+    synth_run *sy = state;
     for (int g = 0; g < sy->segments; g++)
         if (sy->groups[g].comm)
             st_comm_abort(sy->groups[g].comm);
@@ -335,9 +356,9 @@ void st_synth_abort(run_shared *r)
         epoch_barrier_abort(&sy->barrier);
 }
 
-void st_synth_release(run_shared *r)
+static void synth_release(run_shared *r, void *state)
 {
-    synth_run *sy = r->synth;
+    synth_run *sy = state;
     if (!sy)
         return;
     for (int k = 0; sy->workers && k < r->n; k++)
@@ -351,7 +372,6 @@ void st_synth_release(run_shared *r)
     free(sy->group_of);
     free(sy->workers);
     free(sy);
-    r->synth = NULL;
 }
 
 /* ------------------------------------------------------------ a worker */
@@ -367,11 +387,13 @@ static st_status alloc_labels(st_worker *w, const st_train_config *cfg, int cut,
     return ST_OK;
 }
 
-st_status st_synth_init_worker(run_shared *r, int wid, st_worker *w,
-                               const st_chunk_backend *backend)
+/* Worker wid's segment (that of its group), attached to its group's
+ * engine; worker 0 also builds the joined network for evaluation. */
+static st_status synth_init_worker(run_shared *r, void *state, int wid, st_worker *w,
+                                   const st_chunk_backend *backend)
 {
     const st_train_config *cfg = r->cfg;
-    synth_run *sy = r->synth;
+    synth_run *sy = state;
     const int g = sy->group_of[wid];
     synth_group *G = &sy->groups[g];
     synth_worker *me = &sy->workers[wid];
@@ -438,7 +460,7 @@ static void load_batch(const run_shared *r, synth_worker *me, const synth_group 
                        const uint32_t *order, uint32_t first)
 {
     const st_dataset *d = r->train;
-    const int B = r->cfg->batch, W = r->cfg->model.width, S = r->synth->segments;
+    const int B = r->cfg->batch, W = r->cfg->model.width, S = synth_of(r)->segments;
     const int g = G->index;
     const uint32_t *idx = order + first;
     float *x = st_segnet_input(me->net);
@@ -479,7 +501,7 @@ static void load_batch(const run_shared *r, synth_worker *me, const synth_group 
 static st_status local_update(run_shared *r, st_worker *w, synth_group *G, uint64_t step,
                               float *loss, float *lr)
 {
-    synth_worker *me = &r->synth->workers[w->id];
+    synth_worker *me = &synth_of(r)->workers[w->id];
     worker_slot *slot = &r->slots[w->id];
     if (atomic_load_explicit(&r->failed, memory_order_relaxed))
         return st_fail(ST_ERR_INVALID, "another worker failed");
@@ -500,7 +522,7 @@ static st_status local_update(run_shared *r, st_worker *w, synth_group *G, uint6
 static st_status segment_step(run_shared *r, st_worker *w, synth_group *G, int epoch,
                               uint64_t i, float *loss, float *lr)
 {
-    synth_worker *me = &r->synth->workers[w->id];
+    synth_worker *me = &synth_of(r)->workers[w->id];
     worker_slot *slot = &r->slots[w->id];
     const int k = w->id - G->first, m = G->count;
     double t = st_run_now_s(), t1;
@@ -574,15 +596,15 @@ static double segment_progress(const synth_run *sy, int epochs)
  * train_time x (1 - f) / f more.  The recovery epochs, not yet measured,
  * are estimated at the mean segment epoch's time each: every segment sees
  * every sample, so an epoch of the segments does about the FLOPs of a
- * data-parallel epoch (a little less).  Once they start, train.c's loop
- * reports on its own measurements. */
+ * data-parallel epoch (a little less).  Once they start, the loop reports
+ * on its own measurements. */
 static void report_step(run_shared *r, int epoch, uint64_t step, float loss, float lr,
                         double train_time)
 {
     const st_train_callbacks *cb = r->cb;
     if (!cb || !cb->on_step)
         return;
-    const synth_run *sy = r->synth;
+    const synth_run *sy = synth_of(r);
     const st_train_config *cfg = r->cfg;
     const int recovery = cfg->synth.recovery_epochs;
     double f = segment_progress(sy, cfg->epochs);
@@ -607,7 +629,7 @@ static void report_step(run_shared *r, int epoch, uint64_t step, float loss, flo
  * step's and is in the epoch's wall time (samples_per_s) instead. */
 static void fill_record(run_shared *r, st_epoch_record *rec)
 {
-    const synth_run *sy = r->synth;
+    const synth_run *sy = synth_of(r);
     step_times sum = { 0, 0, 0, 0 };
     size_t worst = 0;
     double bytes = 0.0;
@@ -656,7 +678,7 @@ static st_status epoch_end(run_shared *r, st_worker *w, int epoch, double te, fl
                            double *train_time, st_epoch_record *rec)
 {
     const st_train_config *cfg = r->cfg;
-    synth_run *sy = r->synth;
+    synth_run *sy = synth_of(r);
     const int wid = w->id;
     synth_group *G = &sy->groups[sy->group_of[wid]];
     synth_worker *me = &sy->workers[wid];
@@ -689,7 +711,7 @@ static st_status epoch_end(run_shared *r, st_worker *w, int epoch, double te, fl
 static st_status segment_epochs(run_shared *r, st_worker *w)
 {
     const st_train_config *cfg = r->cfg;
-    synth_run *sy = r->synth;
+    synth_run *sy = synth_of(r);
     const int wid = w->id;
     synth_group *G = &sy->groups[sy->group_of[wid]];
     synth_worker *me = &sy->workers[wid];
@@ -739,7 +761,7 @@ static st_status segment_epochs(run_shared *r, st_worker *w)
  * larger of the two phases' (the run's peak). */
 static void renumber(const run_shared *r, st_epoch_record *rec)
 {
-    const synth_run *sy = r->synth;
+    const synth_run *sy = synth_of(r);
     rec->epoch += r->cfg->epochs;
     rec->epochs += r->cfg->epochs;
     rec->step += sy->steps1;
@@ -752,10 +774,10 @@ static void renumber(const run_shared *r, st_epoch_record *rec)
 static void wrap_on_step(const st_step_info *info, void *user)
 {
     const run_shared *r = user;
-    const st_train_callbacks *cb = r->synth->user_cb;
+    const st_train_callbacks *cb = synth_of(r)->user_cb;
     st_step_info i = *info;
-    i.step += r->synth->steps1;
-    i.total_steps += r->synth->steps1;
+    i.step += synth_of(r)->steps1;
+    i.total_steps += synth_of(r)->steps1;
     i.epoch += r->cfg->epochs;
     i.epochs += r->cfg->epochs;
     cb->on_step(&i, cb->user);
@@ -764,7 +786,7 @@ static void wrap_on_step(const st_step_info *info, void *user)
 static void wrap_on_epoch(const st_epoch_record *rec, void *user)
 {
     const run_shared *r = user;
-    const st_train_callbacks *cb = r->synth->user_cb;
+    const st_train_callbacks *cb = synth_of(r)->user_cb;
     st_epoch_record c = *rec;
     renumber(r, &c);
     cb->on_epoch(&c, cb->user);
@@ -772,16 +794,16 @@ static void wrap_on_epoch(const st_epoch_record *rec, void *user)
 
 /* Worker w drops its segment and holds the whole joined mlp, on a fresh
  * arena (so that the recovery records count what data parallelism holds),
- * attached to the run's engine; then train.c's loop. */
-static st_status recovery_epochs(run_shared *r, st_worker *w, const st_chunk_backend *backend)
+ * attached to the run's engine; the loop's epochs follow. */
+static st_status recovery_start(run_shared *r, st_worker *w, const st_chunk_backend *backend)
 {
     const int wid = w->id;
-    synth_run *sy = r->synth;
+    synth_run *sy = synth_of(r);
     st_worker_destroy(w);
     ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, backend));
     memcpy(st_model_params(w->model), st_model_params(sy->joined),
            st_model_param_count(w->model) * sizeof(float));
-    ST_TRY(st_run_attach_worker(r, wid, w)); /* N >= S >= 2: the run has an engine */
+    ST_TRY(st_run_attach_worker(r->comm, NULL, wid, w, NULL)); /* N >= S >= 2: the run has an engine */
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
     if (wid == 0) {
@@ -797,20 +819,76 @@ static st_status recovery_epochs(run_shared *r, st_worker *w, const st_chunk_bac
             r->cb = &sy->wrap_cb;
         }
     }
-    ST_TRY(st_run_sync(r, wid));
-    ST_TRY(st_run_worker_loop(r, w));
-    if (wid == 0)
-        renumber(r, &r->final);
-    return ST_OK;
+    return st_run_sync(r, wid);
 }
 
-st_status st_synth_loop(run_shared *r, st_worker *w, const st_chunk_backend *backend)
+/* The segment epochs (w's segment within its group, the joined network's
+ * evaluation after each), then, with recovery epochs, the switch to data
+ * parallelism of the joined network on a fresh arena from `backend`. */
+static st_status synth_pre_loop(run_shared *r, void *state, st_worker *w,
+                                const st_chunk_backend *backend)
 {
-    synth_worker *me = &r->synth->workers[w->id];
+    synth_worker *me = &((synth_run *)state)->workers[w->id];
     st_status s = segment_epochs(r, w);
     st_segnet_destroy(me->net); /* before its arena goes */
     me->net = NULL;
     if (s != ST_OK || r->cfg->synth.recovery_epochs == 0)
         return s;
-    return recovery_epochs(r, w, backend);
+    return recovery_start(r, w, backend);
 }
+
+/* The recovery epochs: data parallelism of the joined network. */
+static st_status synth_step(run_shared *r, void *state, st_worker *w, uint64_t i, uint64_t step,
+                            float *loss, float *lr)
+{
+    (void)state;
+    run_sharded e = { r->comm, r->comm, NULL, NULL };
+    return st_run_sharded_step(r, &e, w, i, step, loss, lr);
+}
+
+static st_status synth_evaluate(run_shared *r, void *state, st_worker *w, double *loss,
+                                double *acc)
+{
+    (void)state;
+    return st_run_evaluate_replicas(r, w, loss, acc);
+}
+
+static st_comm_bytes synth_bytes(const run_shared *r, const void *state, int wid)
+{
+    (void)state;
+    return st_run_engine_bytes(r, wid);
+}
+
+/* After the recovery epochs: worker 0's replica of the joined mlp. */
+static const float *synth_full_params(run_shared *r, void *state, st_worker *w0, size_t *count)
+{
+    (void)r;
+    (void)state;
+    *count = st_model_param_count(w0->model);
+    return st_model_params(w0->model);
+}
+
+/* The final record of the recovery epochs follows the segment epochs. */
+static void synth_post_loop(run_shared *r, void *state, st_worker *w)
+{
+    (void)state;
+    if (w->id == 0)
+        renumber(r, &r->final);
+}
+
+const st_strategy_ops st_synth_ops = {
+    .name = "synth",
+    .not_stepwise = "its segment epochs, where each group of workers takes its own number "
+                    "of steps, are no sequence of steps of the run",
+    .check = synth_check,
+    .prepare = synth_prepare,
+    .init_worker = synth_init_worker,
+    .pre_loop = synth_pre_loop,
+    .step = synth_step,
+    .evaluate = synth_evaluate,
+    .bytes = synth_bytes,
+    .full_params = synth_full_params,
+    .post_loop = synth_post_loop,
+    .abort = synth_abort,
+    .release = synth_release,
+};

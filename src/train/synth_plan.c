@@ -25,17 +25,10 @@ st_synth_config st_synth_config_default(void)
     return c;
 }
 
+/* A segment's FLOPs are the model's business (nn/segment.c). */
 double st_synth_segment_flops(const st_model_config *m, int first, int last, int batch)
 {
-    double f = 0.0;
-    for (int l = first; l <= last; l++) {
-        int in, out;
-        st_segment_layer_shape(m, l, &in, &out);
-        /* forward and weight gradient; the input gradient except for the
-         * segment's first layer; 2 FLOPs per multiply-add */
-        f += 2.0 * (double)batch * (double)in * (double)out * (l == first ? 2.0 : 3.0);
-    }
-    return f;
+    return st_segment_flops(m, first, last, batch);
 }
 
 /* best[s * n1 + j]: the smallest largest-segment FLOPs over the ways of
@@ -57,14 +50,14 @@ st_status st_synth_balanced_cuts(const st_model_config *m, int segments, int *cu
         return st_fail(ST_ERR_NOMEM, "out of memory choosing the cuts");
     }
     for (int j = 1; j <= layers; j++)
-        best[j] = st_synth_segment_flops(m, 1, j, 1);
+        best[j] = st_segment_flops(m, 1, j, 1);
     for (int s = 1; s < segments; s++)
         for (int j = s + 1; j <= layers; j++) {
             double b = -1.0;
             int at = s;
             for (int i = s; i < j; i++) { /* the last cut after layer i */
                 double left = best[(s - 1) * n1 + i];
-                double right = st_synth_segment_flops(m, i + 1, j, 1);
+                double right = st_segment_flops(m, i + 1, j, 1);
                 double worst = left > right ? left : right;
                 if (b < 0.0 || worst < b) { /* strict: the earliest of equals */
                     b = worst;

@@ -1,0 +1,74 @@
+/*
+ * train/config.c — the training config: its defaults and its checks (each
+ * strategy checks its own options, strategy.c).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "train/strategy.h"
+
+st_train_config st_train_config_default(void)
+{
+    st_train_config c = {
+        .strategy = ST_STRATEGY_DP,
+        .subnet = ST_SUBNET_BLOCK,
+        .masking = ST_MASKING_FORWARD,
+        .coverage = 0.5,
+        .resample = 0,
+        .scale_branches = 1,
+        .local_steps = 50,
+        .ist_eval_scale = 1,
+        .ist_train_scale = -1,
+        .neuron_group = 16,
+        .workers = 1,
+        .model = st_model_config_default(),
+        .optim = st_optim_config_default(),
+        .schedule = ST_SCHED_WARMUP_COSINE,
+        .warmup_steps = ST_WARMUP_AUTO,
+        .batch = 128,
+        .epochs = 5,
+        .steps = 0,
+        .seed = 1,
+        .synth = st_synth_config_default(),
+    };
+    return c;
+}
+
+/* "dp, sdp, ist, synth": the table's names. */
+static void strategy_names(char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int k = 0; st_strategy_ops_of((st_strategy)k) && used < size; k++)
+        used += (size_t)snprintf(out + used, size - used, "%s%s", k ? ", " : "",
+                                 st_strategy_name((st_strategy)k));
+}
+
+st_status st_train_config_check(const st_train_config *c)
+{
+    ST_TRY(st_model_config_check(&c->model));
+    ST_TRY(st_optim_config_check(&c->optim));
+    if (!st_strategy_ops_of(c->strategy)) {
+        char names[128];
+        strategy_names(names, sizeof names);
+        return st_fail(ST_ERR_INVALID, "unknown strategy %d (allowed: %s)", (int)c->strategy,
+                       names);
+    }
+    if (c->neuron_group < 1 || c->neuron_group > 65536)
+        return st_fail(ST_ERR_INVALID, "--neuron-group must be in [1, 65536], got %d",
+                       c->neuron_group);
+    ST_TRY(st_strategy_check_all(c));
+    if (c->workers < 0 || c->workers > 4096)
+        return st_fail(ST_ERR_INVALID, "workers must be in [1, 4096] (or 0: one per core), got %d",
+                       c->workers);
+    if (c->batch < 1 || c->batch > 65536)
+        return st_fail(ST_ERR_INVALID, "batch must be in [1, 65536], got %d", c->batch);
+    if (c->steps == 0 && (c->epochs < 1 || c->epochs > 100000))
+        return st_fail(ST_ERR_INVALID, "epochs must be in [1, 100000], got %d", c->epochs);
+    if (c->schedule == ST_SCHED_WARMUP_COSINE && c->warmup_steps != ST_WARMUP_AUTO &&
+        c->steps && c->warmup_steps >= c->steps)
+        return st_fail(ST_ERR_INVALID, "warmup (%llu steps) must be shorter than the run (%llu steps)",
+                       (unsigned long long)c->warmup_steps, (unsigned long long)c->steps);
+    return ST_OK;
+}

@@ -1,0 +1,211 @@
+/*
+ * train/run.c — the common run helpers (run.h): the plan of a run, the
+ * run's engine, attaching a worker to engines, the sharded data-parallel
+ * step that dp, sdp and synth's recovery epochs share, and evaluation.
+ * Calls no strategy.
+ *
+ * The sharded step of worker w (N > 1, or subnetworks):
+ *   compute   samples [(i N + w) B, (i N + w + 1) B) of the epoch's order:
+ *             forward, backward -> w's gradient vector
+ *   wait      barrier: every gradient is complete (the time spent here is
+ *             the imbalance between workers, reported as `wait`)
+ *   reduce    reduce-scatter: w's shard of the mean gradient
+ *   optimizer w updates its shard of the master weights and optimizer state
+ *   gather    all-gather: w's replica gets every updated shard
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "train/run.h"
+
+st_status st_run_make_plan(const st_train_config *cfg, int workers, const st_dataset *train,
+                           run_plan *p)
+{
+    uint64_t global_batch = (uint64_t)cfg->batch * (uint64_t)workers;
+    p->steps_per_epoch = train->count / global_batch;
+    if (p->steps_per_epoch == 0)
+        return st_fail(ST_ERR_INVALID, "a global batch of %d workers x %d samples is larger than "
+                       "the training set (%u samples)", workers, cfg->batch, train->count);
+    p->total_steps = cfg->steps ? cfg->steps : (uint64_t)cfg->epochs * p->steps_per_epoch;
+    p->epochs = (int)((p->total_steps + p->steps_per_epoch - 1) / p->steps_per_epoch);
+    uint64_t warmup = cfg->warmup_steps == ST_WARMUP_AUTO ? p->total_steps / 20 : cfg->warmup_steps;
+    if (cfg->schedule == ST_SCHED_WARMUP_COSINE && warmup >= p->total_steps)
+        return st_fail(ST_ERR_INVALID, "warmup (%llu steps) must be shorter than the run (%llu steps)",
+                       (unsigned long long)warmup, (unsigned long long)p->total_steps);
+    p->schedule = (st_schedule){ cfg->schedule, cfg->optim.lr, warmup, p->total_steps };
+    return ST_OK;
+}
+
+st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
+                               const st_range *unheld, int n_unheld, st_comm **out)
+{
+    int *domain_of = malloc(sizeof(int) * (size_t)r->n);
+    if (!domain_of)
+        return st_fail(ST_ERR_NOMEM, "out of memory for the reduction plan");
+    for (int k = 0; k < r->n; k++)
+        domain_of[k] = r->placement.workers[k].domain;
+    st_comm_config cc = { .n_workers = r->n,
+                          .n_params = st_model_config_param_count(&r->cfg->model),
+                          .domain_of = domain_of,
+                          .roles = roles,
+                          .allow_unheld = allow_unheld,
+                          .unheld_ranges = unheld,
+                          .n_unheld_ranges = n_unheld };
+    st_status s = st_comm_create(&cc, out);
+    free(domain_of);
+    return s;
+}
+
+/* ------------------------------------------------------------ attaching */
+
+st_status st_run_model_ranges(st_worker *w, int grads, st_range **ranges, size_t **local, int *n)
+{
+    int count = grads ? st_model_full_grad_ranges(w->model, NULL, NULL, 0)
+                      : st_model_full_ranges(w->model, NULL, NULL, 0);
+    void *pr, *pl;
+    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)count * sizeof(st_range), &pr));
+    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)count * sizeof(size_t), &pl));
+    *ranges = pr;
+    *local = pl;
+    *n = grads ? st_model_full_grad_ranges(w->model, *ranges, *local, count)
+               : st_model_full_ranges(w->model, *ranges, *local, count);
+    return ST_OK;
+}
+
+/* Which elements of the full vector w holds, and where they sit in its
+ * own.  Backward masking has two engines, because there a worker
+ * contributes gradients for its blocks only but needs every parameter for
+ * its full forward: a reduce-only engine averages over the gradient
+ * holders (it keeps no master and never writes the parameter vector it is
+ * given: the gradient vector), a gather-only engine, where everyone holds
+ * everything, carries the masters and the all-gather. */
+st_status st_run_attach_worker(st_comm *grads_comm, st_comm *params_comm, int wid, st_worker *w,
+                               run_attachment *att)
+{
+    st_range *ranges;
+    size_t *local;
+    int n;
+    ST_TRY(st_run_model_ranges(w, params_comm != NULL, &ranges, &local, &n));
+    float *grads = st_model_grads(w->model), *params = st_model_params(w->model);
+    if (att)
+        *att = (run_attachment){ grads, ranges, local, n };
+    if (!params_comm)
+        return st_comm_attach_compact(grads_comm, wid, &w->arena, grads, params, ranges, local, n);
+    ST_TRY(st_comm_attach_compact(grads_comm, wid, &w->arena, grads, grads, ranges, local, n));
+    st_range all = { 0, st_model_param_count(w->model) };
+    return st_comm_attach(params_comm, wid, &w->arena, params, params, &all, 1);
+}
+
+/* ------------------------------------------------------------ the sharded step */
+
+st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
+                                uint64_t step, double t, float *loss, float *lr)
+{
+    const int n = r->n;
+    worker_slot *slot = &r->slots[w->id];
+    double t1;
+    ST_TRY(st_comm_barrier(e->grads, w->id));
+    t1 = st_run_now_s();
+    slot->times.wait += t1 - t;
+    t = t1;
+    /* Between this barrier and the all-gather (which needs every worker)
+     * no worker can start the next step, so the loss slots are stable. */
+    if (w->id == 0) {
+        double sum = 0.0;
+        for (int k = 0; k < n; k++)
+            sum += r->slots[k].loss;
+        *loss = (float)(sum / n);
+        if (e->at_barrier)
+            ST_TRY(e->at_barrier(r, e->ctx, w, i, step));
+    }
+    ST_TRY(st_comm_reduce_scatter(e->grads, w->id));
+    t1 = st_run_now_s();
+    slot->times.reduce += t1 - t;
+    t = t1;
+    /* the shard is a range of the full layout: the full model's segments
+     * say which of its elements decay, not w's subnetwork's */
+    st_range shard = st_comm_shard(e->grads, w->id);
+    *lr = st_schedule_lr(&r->plan.schedule, step);
+    st_optim_update(&w->optim, st_comm_shard_params(e->masters, w->id),
+                    st_comm_shard_grads(e->grads, w->id), r->full_segs, r->n_full_segs,
+                    shard.begin, shard.end, step, *lr);
+    t1 = st_run_now_s();
+    slot->times.optimizer += t1 - t;
+    t = t1;
+    ST_TRY(st_comm_all_gather(e->masters, w->id));
+    slot->times.reduce += st_run_now_s() - t;
+    return ST_OK;
+}
+
+st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
+                              uint64_t step, float *loss, float *lr)
+{
+    const int n = r->n, B = r->cfg->batch;
+    worker_slot *slot = &r->slots[w->id];
+    double t = st_run_now_s(), t1;
+    uint32_t first = (uint32_t)((i * (uint64_t)n + (uint64_t)w->id) * (uint64_t)B);
+    ST_TRY(st_worker_compute(w, r->train, w->order, first, &slot->loss));
+    t1 = st_run_now_s();
+    slot->times.compute += t1 - t;
+    return st_run_sharded_update(r, e, w, i, step, t1, loss, lr);
+}
+
+st_comm_bytes st_run_engine_bytes(const run_shared *r, int w)
+{
+    return st_comm_bytes_per_step(r->comm, w);
+}
+
+/* ------------------------------------------------------------ evaluation */
+
+st_status st_run_evaluate_model(st_model *m, const st_dataset *d, double *loss, double *acc)
+{
+    const int B = st_model_batch(m);
+    float *x = st_model_input(m);
+    int32_t *y = st_model_labels(m);
+    double sum = 0.0;
+    int64_t correct = 0;
+    for (uint32_t first = 0; first < d->count; first += (uint32_t)B) {
+        int rows = d->count - first < (uint32_t)B ? (int)(d->count - first) : B;
+        memcpy(x, d->x + (size_t)first * d->dim, (size_t)rows * d->dim * sizeof *x);
+        memset(x + (size_t)rows * d->dim, 0, (size_t)(B - rows) * d->dim * sizeof *x);
+        for (int i = 0; i < B; i++)
+            y[i] = i < rows ? d->y[first + (uint32_t)i] : 0;
+        ST_TRY(st_model_evaluate(m, rows, &sum, &correct));
+    }
+    *loss = sum / d->count;
+    *acc = (double)correct / d->count;
+    return ST_OK;
+}
+
+/* The test set in its stored order, in batches of B, split round-robin
+ * over the workers (all replicas are identical after the all-gather);
+ * worker 0 adds the sums up in worker order, so the result does not depend
+ * on timing. */
+st_status st_run_evaluate_replicas(run_shared *r, st_worker *w, double *loss, double *acc)
+{
+    const st_dataset *d = r->test;
+    const uint32_t B = (uint32_t)r->cfg->batch;
+    worker_slot *slot = &r->slots[w->id];
+    slot->eval_loss = 0.0;
+    slot->eval_correct = 0;
+    uint32_t batches = (d->count + B - 1) / B;
+    for (uint32_t b = (uint32_t)w->id; b < batches; b += (uint32_t)r->n) {
+        uint32_t first = b * B;
+        int rows = d->count - first < B ? (int)(d->count - first) : (int)B;
+        st_worker_load_batch(w, d, NULL, first, rows);
+        ST_TRY(st_model_evaluate(w->model, rows, &slot->eval_loss, &slot->eval_correct));
+    }
+    ST_TRY(st_run_sync(r, w->id));
+    if (w->id == 0) {
+        double sum = 0.0;
+        int64_t correct = 0;
+        for (int k = 0; k < r->n; k++) {
+            sum += r->slots[k].eval_loss;
+            correct += r->slots[k].eval_correct;
+        }
+        *loss = sum / d->count;
+        *acc = (double)correct / d->count;
+    }
+    return ST_OK;
+}

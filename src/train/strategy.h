@@ -1,0 +1,118 @@
+/*
+ * train/strategy.h — private: a training strategy behind one interface.
+ *
+ * A strategy says how N workers train one model: who holds what, what a
+ * step does, how the workers meet, how the model is evaluated.  The loop
+ * (loop.c) runs epochs of steps and knows strategies only through this
+ * table of operations; each strategy keeps its state in a struct of its
+ * own (made by prepare, freed by release), never in run_shared.
+ *
+ * Dependencies inside train/ (an arrow: "calls"; there is no circle):
+ *
+ *   train.c (st_train_run)    trainer.c (st_trainer_*)       drivers
+ *              \                 /
+ *               loop.c                  the loop over the ops; names no strategy
+ *                 |
+ *   config.c -> strategy.c              the table: one entry per st_strategy
+ *                 |
+ *     dp.c   sdp.c   ist.c   synth.c    the strategies, one file each
+ *       |      \      /        |
+ *       |     subnets.c      synth_plan.c    (units, assignments, saved shards;
+ *       |      /                              cuts and worker split)
+ *   run.c, records.c, worker.c          common run helpers: plan, engines,
+ *                                       attach, the sharded step, evaluation,
+ *                                       records; a worker's own state
+ *
+ * Adding a strategy: its enumerator (train.h), one file defining its ops,
+ * one entry in strategy.c.
+ *
+ * Every hook runs on a worker's thread inside the parallel region unless
+ * it says otherwise; `state` is what prepare made.
+ */
+#ifndef SUBTRAIN_TRAIN_STRATEGY_H
+#define SUBTRAIN_TRAIN_STRATEGY_H
+
+#include "train/run.h"
+
+typedef struct st_strategy_ops {
+    const char *name;   /* as st_strategy_name and --strategy spell it */
+    const char *not_stepwise; /* why a trainer (trainer.h) cannot take it a
+                               * step at a time; NULL: it can */
+
+    /* Every config, whatever its strategy (before anything, no thread):
+     * refuses bad values of this strategy's options, and its options
+     * given to another strategy.  Run in table order. */
+    st_status (*check)(const st_train_config *c);
+
+    /* Before the parallel region, on the caller's thread; r->n, placement,
+     * full_segs and slots are known.  Sets r->plan (the loop's epochs),
+     * r->comm (the run's engine and barrier; NULL only with one worker
+     * alone), r->order_offset, and *state.  On failure, release follows. */
+    st_status (*prepare)(run_shared *r, void **state);
+
+    /* Worker wid, on its thread, bound to its PU: its arena (chunks from
+     * backend), model, optimizer, attached to the engines. */
+    st_status (*init_worker)(run_shared *r, void *state, int wid, st_worker *w,
+                             const st_chunk_backend *backend);
+
+    /* Optional: a phase of the strategy's own before the loop's epochs,
+     * after every worker is built (synth: the segment epochs, then every
+     * worker switches to the joined network for the recovery epochs).  The
+     * loop then runs r->plan, nothing if it has no epoch. */
+    st_status (*pre_loop)(run_shared *r, void *state, st_worker *w,
+                          const st_chunk_backend *backend);
+
+    /* One step: global batch i of the epoch (0-based), step number `step`
+     * (1-based, over the run).  *loss: the step's loss as worker 0
+     * reports it; *lr: the rate used. */
+    st_status (*step)(run_shared *r, void *state, st_worker *w, uint64_t i, uint64_t step,
+                      float *loss, float *lr);
+
+    /* Optional: after every step; `last`: the epoch's last step (ist: a
+     * round ends every R steps and at the end of an epoch). */
+    st_status (*round_end)(run_shared *r, void *state, st_worker *w, uint64_t step, int last);
+
+    /* Optional: the optimizer half of a step alone, on the gradients the
+     * models hold now (the trainer's st_trainer_update; dp only). */
+    st_status (*update)(run_shared *r, void *state, st_worker *w, uint64_t i, uint64_t step,
+                        float *loss, float *lr);
+
+    /* Every worker: the model's test loss and accuracy (worker 0's are
+     * the result).  Changes nothing that training reads. */
+    st_status (*evaluate)(run_shared *r, void *state, st_worker *w, double *loss, double *acc);
+
+    /* Worker wid, with an engine (r->comm): what it reads and writes per
+     * synchronisation, for the record. */
+    st_comm_bytes (*bytes)(const run_shared *r, const void *state, int wid);
+
+    /* Optional: worker 0 completes an epoch record after the common
+     * fields (communication per round, the alignment report). */
+    void (*record)(const run_shared *r, void *state, st_epoch_record *rec);
+
+    /* Worker 0, after a barrier: the trained model's parameters in the full
+     * layout, *count of them (loaded from where the strategy keeps them,
+     * if needed). */
+    const float *(*full_params)(run_shared *r, void *state, st_worker *w0, size_t *count);
+
+    /* Optional: every worker after the loop's last record (synth: the
+     * final record renumbered). */
+    void (*post_loop)(run_shared *r, void *state, st_worker *w);
+
+    /* Optional: a worker failed; any thread: releases everyone waiting in
+     * the strategy's own engines or barriers (the run's engine is the
+     * loop's to abort). */
+    void (*abort)(run_shared *r, void *state);
+
+    /* After the run (or a failed prepare), no thread: frees the state,
+     * which may be NULL or half made. */
+    void (*release)(run_shared *r, void *state);
+} st_strategy_ops;
+
+/* strategy.c: the ops of strategy s, NULL if there is none. */
+const st_strategy_ops *st_strategy_ops_of(st_strategy s);
+/* strategy.c: every strategy's check, in table order. */
+st_status st_strategy_check_all(const st_train_config *c);
+
+extern const st_strategy_ops st_dp_ops, st_sdp_ops, st_ist_ops, st_synth_ops;
+
+#endif /* SUBTRAIN_TRAIN_STRATEGY_H */

@@ -1,0 +1,85 @@
+/*
+ * train/subnets.h — private: what the subnetwork strategies (sdp.c, ist.c)
+ * share: which units there are (resmlp blocks, or neuron groups of every
+ * layer), a round's assignment of units to workers, the model config of a
+ * worker's subnetwork in it, the owners' saved shards a rebuilt subnetwork
+ * loads from, and worker 0's full model for evaluation.
+ *
+ * A common run helper: called by the strategies, calls no strategy
+ * (strategy.h has the dependency direction).
+ */
+#ifndef SUBTRAIN_TRAIN_SUBNETS_H
+#define SUBTRAIN_TRAIN_SUBNETS_H
+
+#include "train/run.h"
+
+/* What a worker keeps across rebuilds, outside its model's part of the
+ * arena: its master shard (which 0) and, ist keeping optimizer state, its
+ * shard of the state vectors (which 1, 2).  Written once by the worker at
+ * its start, read by the others at round ends. */
+typedef struct subnet_saved {
+    float *master;
+    float *state[2];
+} subnet_saved;
+
+typedef struct subnets {
+    int neuron_units;        /* units: neuron groups of every layer, else blocks */
+    int backward;            /* backward masking: the full model, gradients of
+                              * the held units only */
+    int unheld_possible;     /* some element may be held by nobody */
+    st_assignment assign;    /* which worker holds which unit */
+    int k;                   /* holders per unit */
+    subnet_saved *saved;     /* n */
+    st_arena eval_arena;     /* worker 0's full model for evaluation */
+    st_model *eval_model;
+} subnets;
+
+/* Units: neuron groups of every layer (--subnet neuron, or an mlp when
+ * mlp_neurons: its only units are neurons), else resmlp blocks. */
+int st_subnets_neuron_units(const st_train_config *c, int mlp_neurons);
+/* Whether some element may be held by nobody: neuron units of mlp, forward
+ * masked.  The engines are told, and masters of such elements are
+ * initialised by the strategy. */
+int st_subnets_unheld_possible(const st_train_config *c, int neuron_units, int backward);
+
+/* Before the parallel region: the flags, k holders per unit, the check
+ * that every worker gets a unit (in every layer), the assignment of round
+ * 0. */
+st_status st_subnets_prepare(subnets *s, const run_shared *r, int k, int neuron_units,
+                             int backward);
+void st_subnets_release(subnets *s);
+
+/* Where (full layout) elements held by nobody can be: the hidden-to-hidden
+ * weight matrices of mlp, at most cap of them; 0 when none can be unheld. */
+#define ST_MAX_UNHELD_RANGES 1024
+int st_subnets_unheld_ranges(const subnets *s, const run_shared *r, st_range *out, int cap);
+
+/* s->assign <- the assignment of `round`. */
+st_status st_subnets_draw(subnets *s, const run_shared *r, uint64_t round);
+
+/* Worker wid's model config in the current assignment; *buf holds its
+ * lists until the model is built (the caller frees it). */
+st_status st_subnets_config(const subnets *s, const run_shared *r, int wid, int train_scale,
+                            st_train_config *mine, int **buf);
+
+/* A rebuilt subnetwork gets the current values of what it holds from the
+ * owners' saved shards (shards of r->comm): into dst (w's compact
+ * vector), from every worker's saved master (which 0) or state (which 1,
+ * 2). */
+st_status st_subnets_load_saved(const subnets *s, const run_shared *r, st_worker *w, float *dst,
+                                int which);
+
+/* Worker 0: the full model of `model` for evaluation, in an arena of its
+ * own (it is not training memory). */
+st_status st_subnets_build_eval(subnets *s, const st_train_config *cfg,
+                                const st_model_config *model, const st_chunk_backend *backend);
+/* Copies every owner's shard into the full model: from `masters`' master
+ * shards (after an all-gather, the current values), or from the saved
+ * masters (from_saved: ist keeps its averaged parameters there). */
+void st_subnets_load_full(subnets *s, const run_shared *r, st_comm *masters, int from_saved);
+/* Evaluation always uses the full model: worker 0 fills it and runs the
+ * whole test set; the others wait. */
+st_status st_subnets_evaluate_full(subnets *s, run_shared *r, st_comm *masters, int from_saved,
+                                   st_worker *w, double *loss, double *acc);
+
+#endif /* SUBTRAIN_TRAIN_SUBNETS_H */
