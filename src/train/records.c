@@ -42,7 +42,7 @@ void st_run_fill_record(run_shared *r, st_epoch_record *rec, uint64_t steps_in_e
     rec->comm_bytes_per_worker_step = bytes;
     rec->comm_bytes_per_worker_round = 0.0;
     rec->ring_bytes_per_worker_step =
-        r->n > 1 ? st_comm_ring_bytes(r->n, st_model_config_param_count(&r->cfg->model)) : 0.0;
+        r->n > 1 ? st_comm_ring_bytes(r->n, r->n_params) : 0.0;
 }
 
 void st_run_report_step(run_shared *r, int epoch, uint64_t step, float loss, float lr,

@@ -46,7 +46,7 @@ st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
     for (int k = 0; k < r->n; k++)
         domain_of[k] = r->placement.workers[k].domain;
     st_comm_config cc = { .n_workers = r->n,
-                          .n_params = st_model_config_param_count(&r->cfg->model),
+                          .n_params = r->n_params,
                           .domain_of = domain_of,
                           .roles = roles,
                           .allow_unheld = allow_unheld,

@@ -72,6 +72,9 @@ typedef struct run_shared {
                                        * owners update full-layout ranges,
                                        * whatever subnetwork they train */
     int n_full_segs;
+    size_t n_params;                  /* of the full model (P), counted once:
+                                       * the records need it at every epoch
+                                       * end, where nothing may allocate */
     st_mem_stats *memory;             /* n: every worker's arena, for the record */
     worker_slot *slots;               /* n */
     double t0;

@@ -656,7 +656,7 @@ static void fill_record(run_shared *r, st_epoch_record *rec)
     rec->workers = r->n;
     rec->comm_bytes_per_worker_step = bytes;
     rec->ring_bytes_per_worker_step =
-        st_comm_ring_bytes(r->n, st_model_config_param_count(&r->cfg->model));
+        st_comm_ring_bytes(r->n, r->n_params);
     describe_segments(sy, rec);
     for (int g = 0; g < sy->segments; g++)
         rec->segment_loss[g] = sy->groups[g].loss_sum / (double)sy->groups[g].steps_per_epoch;

@@ -60,6 +60,7 @@ st_status st_loop_prepare(run_shared *r)
     ST_TRY(st_plan_make(r->topology, &req, &r->placement));
     r->n = r->placement.n_workers;
     ST_TRY(st_model_config_segments(&cfg->model, &r->full_segs, &r->n_full_segs));
+    r->n_params = st_model_config_param_count(&cfg->model);
     r->slots = aligned_alloc(64, sizeof(worker_slot) * (size_t)r->n);
     r->memory = calloc((size_t)r->n, sizeof *r->memory);
     if (!r->slots || !r->memory)
