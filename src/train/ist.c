@@ -64,9 +64,15 @@ static st_status ist_check(const st_train_config *c)
     }
     if (c->local_steps < 1)
         return st_fail(ST_ERR_INVALID, "--local-steps must be >= 1");
-    if (c->model.kind == ST_MODEL_RESMLP && c->subnet == ST_SUBNET_NEURON)
-        return st_fail(ST_ERR_INVALID, "ist partitions the blocks of resmlp (ResIST) and the "
-                       "neurons of mlp; --subnet neuron with resmlp is an sdp option");
+    /* a model with layer groups has its groups partitioned (ResIST), one
+     * without has its neurons (IST of an mlp) */
+    st_model_units units;
+    ST_TRY(st_model_config_units(&c->model, &units));
+    if (units.groups > 0 && c->subnet == ST_SUBNET_NEURON)
+        return st_fail(ST_ERR_INVALID, "ist partitions the blocks of a model that has them "
+                       "(ResIST: --model %s) and the neurons of one that has none (mlp); "
+                       "--subnet neuron with %s is an sdp option",
+                       st_model_kind_name(c->model.kind), st_model_kind_name(c->model.kind));
     if (c->ist_keep_state && c->optim.kind == ST_OPT_SGD && c->optim.momentum == 0.0f)
         return st_fail(ST_ERR_INVALID, "--optimizer-state keep: SGD without momentum keeps no "
                        "state");
@@ -129,8 +135,8 @@ static st_status build_round(run_shared *r, ist_run *s, int wid, st_worker *w, i
 {
     st_train_config mine;
     int *buf;
-    int scale = r->cfg->ist_train_scale < 0 ? r->cfg->model.kind == ST_MODEL_MLP
-                                            : r->cfg->ist_train_scale;
+    /* default: scale what reads a 1/N part of the neurons, not blocks */
+    int scale = r->cfg->ist_train_scale < 0 ? s->sn.neuron_units : r->cfg->ist_train_scale;
     ST_TRY(st_subnets_config(&s->sn, r, wid, scale, &mine, &buf));
     st_status st = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
     free(buf);

@@ -19,30 +19,30 @@ static int units_per_layer(const run_shared *r)
     return st_model_neuron_groups(&m);
 }
 
-int st_subnets_neuron_units(const st_train_config *c, int mlp_neurons)
+/* What the model's layers declare (st_model_units); a config that cannot
+ * be declared was refused by st_model_config_check before. */
+static st_model_units units_of(const st_train_config *c)
 {
-    return c->subnet == ST_SUBNET_NEURON || (mlp_neurons && c->model.kind == ST_MODEL_MLP);
+    st_model_units u;
+    if (st_model_config_units(&c->model, &u) != ST_OK)
+        memset(&u, 0, sizeof u);
+    return u;
+}
+
+int st_subnets_neuron_units(const st_train_config *c, int without_groups)
+{
+    return c->subnet == ST_SUBNET_NEURON || (without_groups && units_of(c).groups == 0);
 }
 
 int st_subnets_unheld_possible(const st_train_config *c, int neuron_units, int backward)
 {
-    return neuron_units && c->model.kind == ST_MODEL_MLP && !backward;
+    return neuron_units && units_of(c).chained && !backward;
 }
 
 int st_subnets_unheld_ranges(const subnets *s, const run_shared *r, st_range *out, int cap)
 {
-    if (!s->unheld_possible)
-        return 0;
-    int n = 0;
-    for (int i = 0; i < r->n_full_segs && n < cap; i++) {
-        const st_param_segment *g = &r->full_segs[i];
-        size_t len = strlen(g->name);
-        /* fc1.weight .. fc{L-1}.weight: both sides are neuron layers */
-        if (strncmp(g->name, "fc", 2) == 0 && strcmp(g->name, "fc0.weight") != 0 &&
-            len > 7 && strcmp(g->name + len - 7, ".weight") == 0)
-            out[n++] = (st_range){ g->offset, g->offset + g->count };
-    }
-    return n;
+    /* the weights from one width layer to another (mlp: fc1 .. fc{L-1}) */
+    return s->unheld_possible ? st_model_config_chained_ranges(&r->cfg->model, out, cap) : 0;
 }
 
 /* Refuses an assignment that would leave a worker without a block, or

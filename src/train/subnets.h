@@ -23,7 +23,8 @@ typedef struct subnet_saved {
 } subnet_saved;
 
 typedef struct subnets {
-    int neuron_units;        /* units: neuron groups of every layer, else blocks */
+    int neuron_units;        /* units: neuron groups of every width layer, else
+                              * layer groups (blocks) */
     int backward;            /* backward masking: the full model, gradients of
                               * the held units only */
     int unheld_possible;     /* some element may be held by nobody */
@@ -34,12 +35,15 @@ typedef struct subnets {
     st_model *eval_model;
 } subnets;
 
-/* Units: neuron groups of every layer (--subnet neuron, or an mlp when
- * mlp_neurons: its only units are neurons), else resmlp blocks. */
-int st_subnets_neuron_units(const st_train_config *c, int mlp_neurons);
-/* Whether some element may be held by nobody: neuron units of mlp, forward
- * masked.  The engines are told, and masters of such elements are
- * initialised by the strategy. */
+/* Units, as the model's layers declare them (st_model_config_units):
+ * neuron groups of every width layer (--subnet neuron; or, when
+ * without_groups, a model that declares no layer groups: its only units
+ * are neurons), else layer groups (resmlp's blocks). */
+int st_subnets_neuron_units(const st_train_config *c, int without_groups);
+/* Whether some element may be held by nobody: neuron units, forward
+ * masked, of a model with a layer between two width layers (mlp's
+ * hidden-to-hidden matrices).  The engines are told, and masters of such
+ * elements are initialised by the strategy. */
 int st_subnets_unheld_possible(const st_train_config *c, int neuron_units, int backward);
 
 /* Before the parallel region: the flags, k holders per unit, the check
@@ -49,8 +53,9 @@ st_status st_subnets_prepare(subnets *s, const run_shared *r, int k, int neuron_
                              int backward);
 void st_subnets_release(subnets *s);
 
-/* Where (full layout) elements held by nobody can be: the hidden-to-hidden
- * weight matrices of mlp, at most cap of them; 0 when none can be unheld. */
+/* Where (full layout) elements held by nobody can be: the weights between
+ * two width layers (st_model_config_chained_ranges), at most cap of them;
+ * 0 when none can be unheld. */
 #define ST_MAX_UNHELD_RANGES 1024
 int st_subnets_unheld_ranges(const subnets *s, const run_shared *r, st_range *out, int cap);
 
