@@ -3,15 +3,16 @@
  *
  * A strategy says how N workers train one model: who holds what, what a
  * step does, how the workers meet, how the model is evaluated.  The loop
- * (loop.c) runs epochs of steps and knows strategies only through this
- * table of operations; each strategy keeps its state in a struct of its
- * own (made by prepare, freed by release), never in run_shared.
+ * (train.c, its pieces in loop.h) runs epochs of steps and knows
+ * strategies only through this table of operations; each strategy keeps
+ * its state in a struct of its own (made by prepare, freed by release),
+ * never in run_shared.
  *
  * Dependencies inside train/ (an arrow: "calls"; there is no circle):
  *
  *   train.c (st_train_run)    trainer.c (st_trainer_*)       drivers
  *              \                 /
- *               loop.c                  the loop over the ops; names no strategy
+ *          train.c (loop.h)             the loop over the ops; names no strategy
  *                 |
  *   config.c -> strategy.c              the table: one entry per st_strategy
  *                 |
@@ -23,8 +24,8 @@
  *                                       attach, the sharded step, evaluation,
  *                                       records; a worker's own state
  *
- * Adding a strategy: its enumerator (train.h), one file defining its ops,
- * one entry in strategy.c.
+ * Adding a strategy: its enumerator (train.h) and name (train_enums.c),
+ * one file defining its ops, one entry in strategy.c.
  *
  * Every hook runs on a worker's thread inside the parallel region unless
  * it says otherwise; `state` is what prepare made.
