@@ -296,7 +296,7 @@ Test(gradcheck, resmlp_scaled_branch_gelu)
 {
     omp_set_num_threads(1);
     st_model_config c = resmlp_config(2, 16, 24, ST_ACT_GELU);
-    c.branch_scale = 2.0f;
+    c.subnet.scale = 2.0f;
     gradcheck(&c, "resmlp d2 w16 h24 gelu branch x2", 105);
 }
 
@@ -307,7 +307,7 @@ Test(model, branch_scale_one_is_plain)
     st_arena a;
     st_arena_init(&a, "scale", NULL, 0);
     st_model_config c = resmlp_config(2, 16, 24, ST_ACT_GELU), c1 = c;
-    c1.branch_scale = 1.0f;
+    c1.subnet.scale = 1.0f;
     st_model *m = make_model(&c, 8, &a), *m1 = make_model(&c1, 8, &a);
     st_model_init_params(m, 3);
     st_model_init_params(m1, 3);
@@ -781,9 +781,8 @@ Test(subnetwork, blocks_keep_their_full_names_values_and_places)
     st_model_config full_cfg = resmlp_config(5, 16, 24, ST_ACT_GELU);
     const int ids[] = { 1, 3, 4 };
     st_model_config sub_cfg = full_cfg;
-    sub_cfg.depth = 3;
-    sub_cfg.full_depth = 5;
-    sub_cfg.block_ids = ids;
+    sub_cfg.subnet.groups = ids;
+    sub_cfg.subnet.n_groups = 3;
     st_model *full = make_model(&full_cfg, 4, &a), *sub = make_model(&sub_cfg, 4, &a);
     st_model_init_params(full, 9);
     st_model_init_params(sub, 9);
@@ -824,17 +823,29 @@ Test(subnetwork, bad_block_ids_are_refused)
 {
     st_model_config c = resmlp_config(2, 16, 24, ST_ACT_GELU);
     const int unsorted[] = { 3, 1 }, outside[] = { 0, 5 };
-    c.full_depth = 4;
-    c.block_ids = unsorted;
+    c.depth = 4;
+    c.subnet.n_groups = 2;
+    c.subnet.groups = unsorted;
     cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID);
-    c.block_ids = outside;
+    c.subnet.groups = outside;
     cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID);
-    c.block_ids = NULL;
-    cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID);
-    st_model_config m = mlp_config(2, 8, ST_ACT_GELU);
+    c.subnet.groups = NULL;
+    cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID, "a count without ids");
+    const int ok[] = { 0, 3 };
+    c.subnet.groups = ok;
+    cr_assert_eq(st_model_config_check(&c), ST_OK);
+    c.subnet.n_groups = 5;
+    cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID, "more groups than the model has");
+    /* an mlp declares no layer groups */
+    st_model_config m = mlp_config(3, 8, ST_ACT_GELU);
     const int ids[] = { 0, 1 };
-    m.full_depth = 3;
-    m.block_ids = ids;
+    m.subnet.groups = ids;
+    m.subnet.n_groups = 2;
+    cr_assert_eq(st_model_config_check(&m), ST_ERR_INVALID);
+    const uint8_t grads[] = { 1, 0, 1 };
+    m.subnet.groups = NULL;
+    m.subnet.n_groups = 0;
+    m.subnet.group_grads = grads;
     cr_assert_eq(st_model_config_check(&m), ST_ERR_INVALID);
 }
 
@@ -848,7 +859,7 @@ Test(subnetwork, backward_masking_keeps_the_full_gradient_of_held_blocks)
     st_arena_init(&a, "bwd", NULL, 0);
     st_model_config full_cfg = resmlp_config(3, 16, 24, ST_ACT_GELU), cfg = full_cfg;
     const uint8_t keep[] = { 1, 0, 1 };
-    cfg.grad_blocks = keep;
+    cfg.subnet.group_grads = keep;
     st_model *full = make_model(&full_cfg, 8, &a), *m = make_model(&cfg, 8, &a);
     st_model_init_params(full, 5);
     st_model_init_params(m, 5);
@@ -900,10 +911,10 @@ static st_model_config neuron_config(st_model_kind kind, int grads_only)
 {
     st_model_config c = kind == ST_MODEL_RESMLP ? resmlp_config(3, 16, 24, ST_ACT_GELU)
                                                 : mlp_config(3, 20, ST_ACT_GELU);
-    c.neuron_group = 4;
-    c.kept_count = NEURON_COUNT;
-    c.kept_groups = kind == ST_MODEL_RESMLP ? NEURON_GROUPS_RES : NEURON_GROUPS_MLP;
-    c.neuron_grads_only = grads_only;
+    c.subnet.unit_size = 4;
+    c.subnet.width_count = NEURON_COUNT;
+    c.subnet.width_kept = kind == ST_MODEL_RESMLP ? NEURON_GROUPS_RES : NEURON_GROUPS_MLP;
+    c.subnet.width_grads_only = grads_only;
     return c;
 }
 
@@ -933,8 +944,8 @@ static void check_neuron_places(st_model_kind kind)
     st_arena a;
     st_arena_init(&a, "neurons", NULL, 0);
     st_model_config sub_cfg = neuron_config(kind, 0), full_cfg = sub_cfg;
-    full_cfg.kept_count = NULL;
-    full_cfg.kept_groups = NULL;
+    full_cfg.subnet.width_count = NULL;
+    full_cfg.subnet.width_kept = NULL;
     st_model *full = make_model(&full_cfg, 4, &a), *sub = make_model(&sub_cfg, 4, &a);
     st_model_init_params(full, 9);
     st_model_init_params(sub, 9);
@@ -977,11 +988,11 @@ Test(subnetwork, neurons_keep_their_full_values_and_places_mlp) { check_neuron_p
 /* Is neuron j of neuron layer l kept by neuron_config? */
 static int neuron_kept(const st_model_config *c, int l, int j)
 {
-    const int *g = c->kept_groups;
+    const int *g = c->subnet.width_kept;
     for (int k = 0; k < l; k++)
-        g += c->kept_count[k];
-    for (int k = 0; k < c->kept_count[l]; k++)
-        if (g[k] == j / c->neuron_group)
+        g += c->subnet.width_count[k];
+    for (int k = 0; k < c->subnet.width_count[l]; k++)
+        if (g[k] == j / c->subnet.unit_size)
             return 1;
     return 0;
 }
@@ -1007,8 +1018,8 @@ static void check_neuron_forward(st_model_kind kind)
     st_arena a;
     st_arena_init(&a, "neurons", NULL, 0);
     st_model_config sub_cfg = neuron_config(kind, 0), full_cfg = sub_cfg;
-    full_cfg.kept_count = NULL;
-    full_cfg.kept_groups = NULL;
+    full_cfg.subnet.width_count = NULL;
+    full_cfg.subnet.width_kept = NULL;
     st_model *full = make_model(&full_cfg, 8, &a), *sub = make_model(&sub_cfg, 8, &a);
     st_model_init_params(full, 3);
     st_model_init_params(sub, 3);
@@ -1058,14 +1069,14 @@ Test(subnetwork, neuron_subnetwork_is_the_masked_full_model_mlp) { check_neuron_
 Test(gradcheck, resmlp_neuron_subnetwork)
 {
     st_model_config c = neuron_config(ST_MODEL_RESMLP, 0);
-    c.branch_scale = 2.0f;
+    c.subnet.scale = 2.0f;
     gradcheck(&c, "resmlp neuron subnetwork (branch x2)", 41);
 }
 
 Test(gradcheck, mlp_neuron_subnetwork)
 {
     st_model_config c = neuron_config(ST_MODEL_MLP, 0);
-    c.branch_scale = 2.0f;
+    c.subnet.scale = 2.0f;
     gradcheck(&c, "mlp neuron subnetwork (inputs x2)", 43);
 }
 
@@ -1077,8 +1088,8 @@ static void check_neuron_backward(st_model_kind kind)
     st_arena a;
     st_arena_init(&a, "neurons", NULL, 0);
     st_model_config cfg = neuron_config(kind, 1), full_cfg = cfg;
-    full_cfg.kept_count = NULL;
-    full_cfg.kept_groups = NULL;
+    full_cfg.subnet.width_count = NULL;
+    full_cfg.subnet.width_kept = NULL;
     st_model *full = make_model(&full_cfg, 8, &a), *m = make_model(&cfg, 8, &a);
     cr_assert_eq(st_model_param_count(m), st_model_param_count(full));
     cr_assert_lt(st_model_grad_count(m), st_model_param_count(m));
@@ -1124,21 +1135,21 @@ Test(subnetwork, bad_neuron_selections_are_refused)
 {
     st_model_config c = neuron_config(ST_MODEL_RESMLP, 0);
     cr_assert_eq(st_model_config_check(&c), ST_OK);
-    cr_assert_eq(st_model_neuron_groups(&c), 6);
+    cr_assert_eq(st_model_neuron_groups(&c, c.subnet.unit_size), 6);
     const int none[] = { 3, 0, 2 }, unsorted[] = { 0, 3, 2, 5, 1, 4 }, outside[] = { 0, 2, 6, 5, 1, 4 };
-    c.kept_count = none;
+    c.subnet.width_count = none;
     cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID, "a layer with no neuron");
-    c.kept_count = NEURON_COUNT;
-    c.kept_groups = unsorted;
+    c.subnet.width_count = NEURON_COUNT;
+    c.subnet.width_kept = unsorted;
     cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID);
-    c.kept_groups = outside;
+    c.subnet.width_kept = outside;
     cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID);
-    c.kept_groups = NULL;
+    c.subnet.width_kept = NULL;
     cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID, "counts without groups");
     c = neuron_config(ST_MODEL_RESMLP, 0);
     const int ids[] = { 0, 1, 2 };
-    c.full_depth = 4;
-    c.block_ids = ids;
+    c.subnet.groups = ids;
+    c.subnet.n_groups = 3;
     cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID, "block and neuron at once");
 }
 

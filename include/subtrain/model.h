@@ -30,47 +30,54 @@ extern "C" {
 typedef enum st_model_kind { ST_MODEL_MLP, ST_MODEL_RESMLP } st_model_kind;
 typedef enum st_activation { ST_ACT_RELU, ST_ACT_GELU } st_activation;
 
+/* Which units an instance holds: a subnetwork of the model.  Units are
+ * what the model's layers declare (st_model_config_units), whatever the
+ * model: layer groups (residual blocks) and width units (groups of a
+ * width layer's neurons).  All zero: the whole model.  Parameter names,
+ * initial values and full-layout ranges always follow the full model. */
+typedef struct st_model_subnet {
+    /* Layer groups held (forward masking): n_groups ids, strictly
+     * increasing in [0, groups of the model); the others are the
+     * identity.  NULL: every group. */
+    const int *groups;
+    int n_groups;
+    /* Backward masking of groups: group_grads[g] says whether group g's
+     * weight gradients are computed and stored (data gradients flow
+     * through every group).  The gradient vector then holds only those
+     * groups (and what is in no group).  NULL: every group. */
+    const uint8_t *group_grads;
+    /* Width units: width layer u keeps width_count[u] >= 1 units of
+     * unit_size consecutive neurons (the last unit may be smaller), listed
+     * in increasing order in width_kept (layer after layer).  NULL: every
+     * neuron.
+     *   width_grads_only = 0 (forward masking): the compact subnetwork of
+     *     the kept neurons — their rows of the producing matrix, the
+     *     matching input slice of the consuming one;
+     *   width_grads_only = 1 (backward masking): the full model, with
+     *     weight gradients computed and stored for the kept neurons only. */
+    int unit_size;
+    const int *width_count;
+    const int *width_kept;
+    int width_grads_only;
+    /* Forward masking: the product of each group's closing layer, and of
+     * every layer reading a subset of a width layer, is multiplied by
+     * scale (0 or 1: none); a group's bias too, a width subnetwork's bias
+     * not (every worker holds it).  Subnetworks use the inverse coverage
+     * in training so that a unit's expected contribution matches the full
+     * model's. */
+    float scale;
+} st_model_subnet;
+
 typedef struct st_model_config {
     st_model_kind kind;
-    int depth;              /* hidden layers (mlp) or residual blocks (resmlp) */
+    int depth;              /* hidden layers (mlp) or residual blocks (resmlp)
+                             * of the full model */
     int width;              /* hidden width (mlp), residual stream width (resmlp) */
     int hidden;             /* inner width of a residual block; 0 means width */
     st_activation activation;
     int in_dim;             /* features per sample */
     int n_classes;
-    /* A subnetwork of a deeper resmlp (block-level subnetworks): block l of
-     * this model is block block_ids[l] of a model with full_depth blocks;
-     * ids strictly increasing.  Parameter names, initial values and the
-     * full-layout ranges follow the full model.  0 / NULL: a whole model. */
-    int full_depth;
-    const int *block_ids;
-    /* resmlp: each block adds branch_scale x its branch to the residual
-     * stream (0 or 1: plain).  Subnetworks use 1 / coverage in training so
-     * that a block's expected contribution matches the full model's.  With
-     * kept neurons (resmlp and mlp) it scales the product of every layer
-     * that reads a subset of neurons, not that layer's bias. */
-    float branch_scale;
-    /* resmlp, backward masking: grad_blocks[l] says whether block l's weight
-     * gradients are computed and stored (data gradients always flow through
-     * every block).  The gradient vector then holds only those blocks (and
-     * the stem, final norm and head).  NULL: every block. */
-    const uint8_t *grad_blocks;
-    /* Neuron-level subnetworks.  The neurons of each neuron layer (mlp:
-     * hidden layer l; resmlp: block l's inner layer) come in aligned groups
-     * of neuron_group consecutive neurons (the last group may be smaller).
-     * Layer l keeps kept_count[l] >= 1 groups, listed in increasing order
-     * in kept_groups (layer after layer).  NULL: every neuron.
-     *   neuron_grads_only = 0 (forward masking): the model is the compact
-     *     subnetwork of the kept neurons — their rows of the incoming matrix,
-     *     their columns of the outgoing one — with the full model's names,
-     *     initial values and full-layout ranges;
-     *   neuron_grads_only = 1 (backward masking): the full model, with
-     *     weight gradients computed and stored for the kept neurons only
-     *     (incoming weights and biases; resmlp: outgoing weights too). */
-    int neuron_group;
-    const int *kept_count;
-    const int *kept_groups;
-    int neuron_grads_only;
+    st_model_subnet subnet; /* zero: the whole model */
 } st_model_config;
 
 /* resmlp, depth 4, width 256, hidden = width, GELU, 784 inputs, 10 classes. */
@@ -78,16 +85,16 @@ st_model_config st_model_config_default(void);
 /* Range checks with a message naming the field and what is allowed. */
 st_status st_model_config_check(const st_model_config *cfg);
 
-/* Groups of neurons in neuron layer l of the full model (the units of
- * --subnet neuron), and the number of neuron layers (depth). */
-int st_model_neuron_groups(const st_model_config *cfg);
+/* Units of unit_size neurons in the first width layer of the full model
+ * (the units of --subnet neuron; 0 if the model has no width layer). */
+int st_model_neuron_groups(const st_model_config *cfg, int unit_size);
 
 /* The subnetwork units a model offers, as its layers declare them (see
  * doc/design.md): strategies ask this, never the model's kind.
  *   groups        layer groups: residual blocks, each dropped as the
  *                 identity (0: the model has none; --subnet block needs them)
  *   width_layers  width layers: a layer's output neurons whose groups of
- *                 neuron_group are units, with the matching input slice of
+ *                 unit_size are units, with the matching input slice of
  *                 their consumer (mlp: each hidden layer; resmlp: each
  *                 block's inner layer)
  *   width         neurons of the first width layer
@@ -148,8 +155,8 @@ int32_t *st_model_labels(st_model *m);    /* (batch) */
 const float *st_model_logits(const st_model *m); /* (batch, n_classes) */
 
 float *st_model_params(st_model *m);
-/* The gradient vector: the parameter vector's layout, unless grad_blocks
- * leaves blocks out (then segments' grad_offset say where each sits). */
+/* The gradient vector: the parameter vector's layout, unless group_grads
+ * leaves groups out (then segments' grad_offset say where each sits). */
 float *st_model_grads(st_model *m);
 size_t st_model_param_count(const st_model *m);
 size_t st_model_grad_count(const st_model *m);

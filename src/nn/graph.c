@@ -86,8 +86,8 @@ void st_graph_group_end(st_model *m, int in, int out)
 
 /* ------------------------------------------------------------ units */
 
-/* Layer groups held (the config's block_ids, increasing; none: all) and
- * those with weight gradients (grad_blocks, per held group). */
+/* Layer groups held (the config's subnet.groups, increasing; NULL: all)
+ * and those with weight gradients (subnet.group_grads, per group). */
 static st_status setup_groups(st_model *m)
 {
     const int G = m->n_groups;
@@ -95,16 +95,17 @@ static st_status setup_groups(st_model *m)
     m->group_grad = calloc((size_t)(G ? G : 1), 1);
     if (!m->group_held || !m->group_grad)
         return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
-    const st_model_config *c = &m->cfg;
-    /* a model without groups has nothing to select (st_model_create lists
-     * its depth as block ids all the same) */
-    for (int l = 0; G > 0 && l < (c->block_ids ? c->depth : G); l++) {
-        int g = c->block_ids ? c->block_ids[l] : l;
-        if (g >= G)
+    const st_model_subnet *u = &m->cfg.subnet;
+    for (int l = 0; l < (u->groups ? u->n_groups : G); l++) {
+        int g = u->groups ? u->groups[l] : l;
+        if (g < 0 || g >= G)
             return st_fail(ST_ERR_INVALID, "subnetwork group %d: the model has %d", g, G);
         m->group_held[g] = l + 1;
-        m->group_grad[g] = c->grad_blocks ? c->grad_blocks[l] != 0 : 1;
     }
+    for (int g = 0; g < G; g++)
+        m->group_grad[g] = u->group_grads ? u->group_grads[g] != 0 : 1;
+    if (u->group_grads)
+        m->cfg.subnet.group_grads = m->group_grad;
     for (int i = 0; i < m->n_layers; i++)
         m->layers[i].dropped = m->layers[i].group >= 0 && !m->group_held[m->layers[i].group];
     return ST_OK;
@@ -116,7 +117,7 @@ static st_status setup_groups(st_model *m)
  * layer's full width is that of the layer whose outputs it is. */
 static st_status setup_neurons(st_model *m)
 {
-    const st_model_config *c = &m->cfg;
+    const st_model_subnet *c = &m->cfg.subnet;
     const int U = m->n_width;
     m->keep = calloc((size_t)(U ? U : 1), sizeof *m->keep);
     m->grad_keep = calloc((size_t)(U ? U : 1), sizeof *m->grad_keep);
@@ -134,27 +135,24 @@ static st_status setup_neurons(st_model *m)
         if (m->keep[u].n > m->widest)
             m->widest = m->keep[u].n;
     }
-    if (!c->kept_count)
+    if (!c->width_count)
         return ST_OK;
-    if (c->depth != U)
-        return st_fail(ST_ERR_INVALID, "neuron subnetworks list kept groups of %d layers; "
-                       "the model has %d", c->depth, U);
-    const int64_t G = c->neuron_group;
+    const int64_t G = c->unit_size;
     size_t groups = 0;
     for (int u = 0; u < U; u++)
-        groups += (size_t)c->kept_count[u];
+        groups += (size_t)c->width_count[u];
     /* the config keeps pointing at the model's own copy */
     m->kept = malloc(((size_t)U + groups) * sizeof *m->kept);
     m->ids = malloc(groups * (size_t)G * sizeof *m->ids);
     if (!m->kept || !m->ids)
         return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
-    memcpy(m->kept, c->kept_count, (size_t)U * sizeof *m->kept);
-    memcpy(m->kept + U, c->kept_groups, groups * sizeof *m->kept);
-    m->cfg.kept_count = m->kept;
-    m->cfg.kept_groups = m->kept + U;
+    memcpy(m->kept, c->width_count, (size_t)U * sizeof *m->kept);
+    memcpy(m->kept + U, c->width_kept, groups * sizeof *m->kept);
+    m->cfg.subnet.width_count = m->kept;
+    m->cfg.subnet.width_kept = m->kept + U;
     /* runs of gradient rows: backward masking only (see st_graph_grad_runs) */
     st_row_run *runs = NULL;
-    if (c->neuron_grads_only) {
+    if (c->width_grads_only) {
         m->runs = malloc(groups * sizeof *m->runs);
         m->run_first = calloc((size_t)U, sizeof *m->run_first);
         m->run_count = calloc((size_t)U, sizeof *m->run_count);
@@ -163,7 +161,7 @@ static st_status setup_neurons(st_model *m)
         runs = m->runs;
     }
     int32_t *id = m->ids;
-    const int *g = m->cfg.kept_groups;
+    const int *g = m->cfg.subnet.width_kept;
     int n_runs = 0;
     m->widest = 0;
     for (int u = 0; u < U; u++) {
@@ -171,7 +169,7 @@ static st_status setup_neurons(st_model *m)
         st_neuron_sel sel = { full, 0, id };
         if (runs)
             m->run_first[u] = n_runs;
-        for (int j = 0; j < c->kept_count[u]; j++, g++) {
+        for (int j = 0; j < c->width_count[u]; j++, g++) {
             int64_t lo = *g * G, hi = lo + G < full ? lo + G : full;
             if (runs && j > 0 && g[-1] + 1 == *g)
                 runs[n_runs - 1].count += hi - lo;
@@ -183,7 +181,7 @@ static st_status setup_neurons(st_model *m)
         }
         if (runs)
             m->run_count[u] = n_runs - m->run_first[u];
-        if (c->neuron_grads_only)
+        if (c->width_grads_only)
             m->grad_keep[u] = sel;
         else
             m->keep[u] = sel;
@@ -471,6 +469,5 @@ void st_graph_free(st_model *m)
     free(m->runs);
     free(m->run_first);
     free(m->run_count);
-    free(m->block_ids);
-    free(m->grad_blocks);
+    free(m->group_ids);
 }

@@ -163,12 +163,11 @@ struct st_model {
     int n_width;           /* width layers of the full model */
 
     /* Layer groups: held[g] = index among the kept groups + 1 (0: not
-     * held), grad[g] = 1: its weight gradients are kept. */
+     * held), grad[g] = 1: its weight gradients are kept (cfg's
+     * group_grads points here). */
     int *group_held;
     uint8_t *group_grad;
-    int *block_ids;        /* the config's lists, copied: cfg points here */
-    uint8_t *grad_blocks;
-    int full_depth;
+    int *group_ids;        /* the config's held groups, copied: cfg points here */
 
     /* Flat parameters and gradients (same layout), and their segments. */
     float *params, *grads;
@@ -187,8 +186,8 @@ struct st_model {
     /* Width layers: kept neurons (forward masking) and neurons with
      * gradients (backward masking), and the latter as runs of rows. */
     st_neuron_sel *keep, *grad_keep;
-    int *kept;             /* the model's own copies of cfg.kept_count, then of
-                            * cfg.kept_groups: cfg points here */
+    int *kept;             /* the model's own copies of cfg's width_count, then
+                            * of its width_kept: cfg points here */
     int32_t *ids;
     st_row_run *runs;      /* backward masking: grad_keep as runs, per layer at
                             * run_first[u]; NULL otherwise */

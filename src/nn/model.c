@@ -51,6 +51,10 @@ st_model_config st_model_config_default(void)
 #define ST_MAX_DEPTH 1024
 #define ST_MAX_WIDTH (1 << 16)
 
+static st_status check_subnet(const st_model_config *c);
+static st_status layout_full(st_model *m, const st_model_config *cfg);
+static void destroy_layout(st_model *m);
+
 st_status st_model_config_check(const st_model_config *c)
 {
     if (!builder_of(c->kind))
@@ -68,57 +72,67 @@ st_status st_model_config_check(const st_model_config *c)
         return st_fail(ST_ERR_INVALID, "input dimension must be in [1, 2^24], got %d", c->in_dim);
     if (c->n_classes < 2 || c->n_classes > 255)
         return st_fail(ST_ERR_INVALID, "number of classes must be in [2, 255], got %d", c->n_classes);
-    if (!(c->branch_scale >= 0.0f && c->branch_scale <= 1000.0f))
-        return st_fail(ST_ERR_INVALID, "branch scale must be in [0, 1000] (0: none), got %g",
-                       c->branch_scale);
-    if (c->grad_blocks && c->kind != ST_MODEL_RESMLP)
-        return st_fail(ST_ERR_INVALID, "backward masking skips resmlp blocks; %s has none",
-                       st_model_kind_name(c->kind));
-    if (c->full_depth || c->block_ids) {
-        if (c->kind != ST_MODEL_RESMLP)
-            return st_fail(ST_ERR_INVALID, "block subnetworks are made of resmlp blocks; %s has none",
-                           st_model_kind_name(c->kind));
-        if (!c->block_ids || c->full_depth < c->depth || c->full_depth > ST_MAX_DEPTH)
-            return st_fail(ST_ERR_INVALID, "a subnetwork of %d blocks needs their ids in a model "
-                           "of at least as many blocks (full depth %d)", c->depth, c->full_depth);
-        for (int l = 0; l < c->depth; l++)
-            if (c->block_ids[l] < 0 || c->block_ids[l] >= c->full_depth ||
-                (l > 0 && c->block_ids[l] <= c->block_ids[l - 1]))
-                return st_fail(ST_ERR_INVALID, "subnetwork block ids must increase within [0, %d); "
-                               "id %d is %d", c->full_depth, l, c->block_ids[l]);
-    }
-    if (c->kept_count || c->kept_groups) {
-        if (!c->kept_count || !c->kept_groups || c->neuron_group < 1)
-            return st_fail(ST_ERR_INVALID, "neuron subnetworks need a group size >= 1 and the "
-                           "kept groups of every layer");
-        if (c->full_depth || c->block_ids)
-            return st_fail(ST_ERR_INVALID, "a model is a block or a neuron subnetwork, not both");
-        const int groups = st_model_neuron_groups(c);
-        const int *g = c->kept_groups;
-        for (int l = 0; l < c->depth; l++) {
-            if (c->kept_count[l] < 1 || c->kept_count[l] > groups)
-                return st_fail(ST_ERR_INVALID, "neuron layer %d keeps %d groups; it has %d and "
-                               "needs at least one", l, c->kept_count[l], groups);
-            for (int j = 0; j < c->kept_count[l]; j++, g++)
-                if (*g < 0 || *g >= groups || (j > 0 && *g <= g[-1]))
-                    return st_fail(ST_ERR_INVALID, "kept groups of neuron layer %d must increase "
-                                   "within [0, %d); group %d is %d", l, groups, j, *g);
-        }
-    }
-    return ST_OK;
+    return check_subnet(c);
 }
 
-static st_status layout_full(st_model *m, const st_model_config *cfg);
-static void destroy_layout(st_model *m);
+/* The subnetwork against the units the full model's layers declare. */
+static st_status check_subnet(const st_model_config *c)
+{
+    const st_model_subnet *u = &c->subnet;
+    if (!(u->scale >= 0.0f && u->scale <= 1000.0f))
+        return st_fail(ST_ERR_INVALID, "branch scale must be in [0, 1000] (0: none), got %g",
+                       u->scale);
+    const int by_group = u->groups || u->group_grads || u->n_groups;
+    const int by_width = u->width_count || u->width_kept;
+    if (!by_group && !by_width)
+        return ST_OK;
+    if (by_group && by_width)
+        return st_fail(ST_ERR_INVALID, "a model is a group or a width subnetwork, not both");
+    st_model m;
+    st_status s = layout_full(&m, c);
+    const int G = m.n_groups, U = m.n_width;
+    if (s == ST_OK && by_group && G == 0)
+        s = st_fail(ST_ERR_INVALID, "block subnetworks are made of layer groups (residual "
+                    "blocks); %s has none", st_model_kind_name(c->kind));
+    if (s == ST_OK && u->groups && (u->n_groups < 1 || u->n_groups > G))
+        s = st_fail(ST_ERR_INVALID, "a subnetwork of %d blocks in a model of %d", u->n_groups, G);
+    for (int l = 0; s == ST_OK && u->groups && l < u->n_groups; l++)
+        if (u->groups[l] < 0 || u->groups[l] >= G || (l > 0 && u->groups[l] <= u->groups[l - 1]))
+            s = st_fail(ST_ERR_INVALID, "subnetwork block ids must increase within [0, %d); "
+                        "id %d is %d", G, l, u->groups[l]);
+    if (s == ST_OK && by_group && !u->groups && u->n_groups)
+        s = st_fail(ST_ERR_INVALID, "a subnetwork of %d blocks needs their ids", u->n_groups);
+    if (s == ST_OK && by_width && (!u->width_count || !u->width_kept || u->unit_size < 1 || U == 0))
+        s = st_fail(ST_ERR_INVALID, "neuron subnetworks need a group size >= 1, a model with "
+                    "width layers and the kept groups of every layer");
+    const int *g = u->width_kept;
+    for (int l = 0; s == ST_OK && by_width && l < U; l++) {
+        const int groups = (int)((m.keep[l].full + u->unit_size - 1) / u->unit_size);
+        if (u->width_count[l] < 1 || u->width_count[l] > groups) {
+            s = st_fail(ST_ERR_INVALID, "neuron layer %d keeps %d groups; it has %d and "
+                        "needs at least one", l, u->width_count[l], groups);
+            break;
+        }
+        for (int j = 0; j < u->width_count[l]; j++, g++)
+            if (*g < 0 || *g >= groups || (j > 0 && *g <= g[-1])) {
+                s = st_fail(ST_ERR_INVALID, "kept groups of neuron layer %d must increase "
+                            "within [0, %d); group %d is %d", l, groups, j, *g);
+                break;
+            }
+    }
+    destroy_layout(&m);
+    return s;
+}
+
 
 /* Both from the full model's declaration: its first width layer's groups,
  * its parameter count (0 if it cannot be declared). */
-int st_model_neuron_groups(const st_model_config *c)
+int st_model_neuron_groups(const st_model_config *c, int unit_size)
 {
     st_model m;
     int groups = 0;
     if (layout_full(&m, c) == ST_OK && m.n_width > 0) {
-        int64_t g = c->neuron_group > 0 ? c->neuron_group : 1;
+        int64_t g = unit_size > 0 ? unit_size : 1;
         groups = (int)((m.keep[0].full + g - 1) / g);
     }
     destroy_layout(&m);
@@ -233,14 +247,7 @@ static st_status layout_full(st_model *m, const st_model_config *cfg)
 {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
-    if (cfg->full_depth)
-        m->cfg.depth = cfg->full_depth;
-    m->cfg.full_depth = 0;
-    m->cfg.block_ids = NULL;
-    m->cfg.grad_blocks = NULL;
-    m->cfg.kept_count = NULL;
-    m->cfg.kept_groups = NULL;
-    m->full_depth = m->cfg.depth;
+    memset(&m->cfg.subnet, 0, sizeof m->cfg.subnet);
     const st_model_builder *b = builder_of(cfg->kind);
     if (!b)
         return st_fail(ST_ERR_INVALID, "model: unknown kind %d", (int)cfg->kind);
@@ -317,21 +324,19 @@ static st_status create(const st_model_config *cfg, int lo, int hi, int batch, s
     if (!m)
         return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
     m->cfg = *cfg;
-    m->full_depth = cfg->full_depth ? cfg->full_depth : cfg->depth;
-    m->block_ids = malloc((size_t)cfg->depth * sizeof *m->block_ids);
-    m->grad_blocks = malloc((size_t)cfg->depth);
-    if (!m->block_ids || !m->grad_blocks) {
-        st_model_destroy(m);
-        return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
+    /* the model's own copies of the config's lists, so that the config it
+     * returns stays valid: the held groups here, the groups' gradient
+     * flags and the width lists once their sizes are known (graph.c) */
+    const st_model_subnet *u = &cfg->subnet;
+    if (u->groups) {
+        m->group_ids = malloc((size_t)u->n_groups * sizeof *m->group_ids);
+        if (!m->group_ids) {
+            st_model_destroy(m);
+            return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
+        }
+        memcpy(m->group_ids, u->groups, (size_t)u->n_groups * sizeof *m->group_ids);
+        m->cfg.subnet.groups = m->group_ids;
     }
-    /* the model's own copies of the config's lists: cfg points here */
-    for (int l = 0; l < cfg->depth; l++) {
-        m->block_ids[l] = cfg->block_ids ? cfg->block_ids[l] : l;
-        m->grad_blocks[l] = cfg->grad_blocks ? (cfg->grad_blocks[l] != 0) : 1;
-    }
-    m->cfg.block_ids = m->block_ids;
-    m->cfg.grad_blocks = m->grad_blocks;
-    m->cfg.full_depth = m->full_depth;
     m->batch = batch;
     m->arena = arena;
     st_status s;
@@ -445,9 +450,7 @@ st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *co
 
 size_t st_model_full_param_count(const st_model *m)
 {
-    st_model_config full = m->cfg;
-    full.depth = m->full_depth;
-    return st_model_config_param_count(&full);
+    return st_model_config_param_count(&m->cfg);
 }
 
 /* One segment's elements (grads: its gradient's rows) as full-layout

@@ -181,7 +181,7 @@ static st_status ist_init_worker(run_shared *r, void *state, int wid, st_worker 
     if (wid == 0) {
         st_model_config full = r->cfg->model;
         if (r->cfg->ist_eval_scale)
-            full.branch_scale = 1.0f / (float)r->n;
+            full.subnet.scale = 1.0f / (float)r->n;
         ST_TRY(st_subnets_build_eval(&s->sn, r->cfg, &full, backend));
     }
     return ST_OK;

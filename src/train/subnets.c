@@ -11,13 +11,6 @@
 #include "core/error.h"
 #include "train/subnets.h"
 
-/* Neuron units: layer l's groups are units l x groups + j. */
-static int units_per_layer(const run_shared *r)
-{
-    st_model_config m = r->cfg->model;
-    m.neuron_group = r->cfg->neuron_group;
-    return st_model_neuron_groups(&m);
-}
 
 /* What the model's layers declare (st_model_units); a config that cannot
  * be declared was refused by st_model_config_check before. */
@@ -50,7 +43,7 @@ int st_subnets_unheld_ranges(const subnets *s, const run_shared *r, st_range *ou
 static st_status check_units(const subnets *s, const run_shared *r)
 {
     const st_train_config *c = r->cfg;
-    const int k = s->k, L = c->model.depth;
+    const int k = s->k, L = s->layers;
     if (!s->neuron_units) {
         if ((long)L * k < r->n)
             return st_fail(ST_ERR_INVALID, "%d blocks, each held by %d worker(s), leave some of "
@@ -58,7 +51,7 @@ static st_status check_units(const subnets *s, const run_shared *r)
                            L, k, r->n);
         return ST_OK;
     }
-    const int U = units_per_layer(r);
+    const int U = s->per_layer;
     if ((long)U * k < r->n)
         return st_fail(ST_ERR_INVALID, "a neuron layer has %d groups of %d; each held by %d "
                        "worker(s), they leave some of the %d workers without a neuron in a layer "
@@ -74,6 +67,16 @@ st_status st_subnets_prepare(subnets *s, const run_shared *r, int k, int neuron_
     s->backward = backward;
     s->unheld_possible = st_subnets_unheld_possible(r->cfg, neuron_units, backward);
     s->k = k;
+    /* the units the model's layers declare: layer groups, or width layers
+     * whose unit j of layer l is unit l x per_layer + j */
+    st_model_units u;
+    ST_TRY(st_model_config_units(&r->cfg->model, &u));
+    s->layers = neuron_units ? u.width_layers : u.groups;
+    s->per_layer = neuron_units ? st_model_neuron_groups(&r->cfg->model, r->cfg->neuron_group) : 1;
+    if (s->layers < 1)
+        return st_fail(ST_ERR_INVALID, "--model %s declares no %s to make subnetworks of",
+                       st_model_kind_name(r->cfg->model.kind),
+                       neuron_units ? "width layers" : "layer groups");
     s->saved = calloc((size_t)r->n, sizeof *s->saved);
     if (!s->saved)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d workers' saved shards", r->n);
@@ -95,9 +98,9 @@ st_status st_subnets_draw(subnets *s, const run_shared *r, uint64_t round)
 {
     st_assignment_free(&s->assign);
     if (s->neuron_units)
-        return st_assignment_make_layered(r->n, r->cfg->model.depth, units_per_layer(r), s->k,
-                                          r->cfg->seed, round, &s->assign);
-    return st_assignment_make(r->n, r->cfg->model.depth, s->k, r->cfg->seed, round, &s->assign);
+        return st_assignment_make_layered(r->n, s->layers, s->per_layer, s->k, r->cfg->seed,
+                                          round, &s->assign);
+    return st_assignment_make(r->n, s->layers, s->k, r->cfg->seed, round, &s->assign);
 }
 
 /* Worker w's subnetwork in the current assignment.  Blocks: the blocks it
@@ -110,14 +113,15 @@ st_status st_subnets_config(const subnets *s, const run_shared *r, int wid, int 
                             st_train_config *mine, int **buf)
 {
     const st_assignment *a = &s->assign;
-    const int L = r->cfg->model.depth;
+    const int L = s->layers;
     *mine = *r->cfg;
     *buf = malloc(((size_t)L + (size_t)a->n_units) * sizeof **buf);
     if (!*buf)
         return st_fail(ST_ERR_NOMEM, "out of memory describing a subnetwork");
     const int backward = s->backward;
+    st_model_subnet *sub = &mine->model.subnet;
     if (!backward && train_scale)
-        mine->model.branch_scale = (float)r->n / (float)a->k;
+        sub->scale = (float)r->n / (float)a->k;
     if (s->neuron_units) {
         const int U = a->n_units / L;
         int *count = *buf, *groups = *buf + L, n = 0;
@@ -129,10 +133,10 @@ st_status st_subnets_config(const subnets *s, const run_shared *r, int wid, int 
                     count[l]++;
                 }
         }
-        mine->model.neuron_group = r->cfg->neuron_group;
-        mine->model.kept_count = count;
-        mine->model.kept_groups = groups;
-        mine->model.neuron_grads_only = backward;
+        sub->unit_size = r->cfg->neuron_group;
+        sub->width_count = count;
+        sub->width_kept = groups;
+        sub->width_grads_only = backward;
         return ST_OK;
     }
     if (backward) {
@@ -140,16 +144,15 @@ st_status st_subnets_config(const subnets *s, const run_shared *r, int wid, int 
         uint8_t *keep = (uint8_t *)*buf;
         for (int u = 0; u < a->n_units; u++)
             keep[u] = (uint8_t)st_assignment_holds(a, wid, u);
-        mine->model.grad_blocks = keep;
+        sub->group_grads = keep;
         return ST_OK;
     }
     int *ids = *buf, n = 0;
     for (int u = 0; u < a->n_units; u++)
         if (st_assignment_holds(a, wid, u))
             ids[n++] = u;
-    mine->model.depth = n;
-    mine->model.full_depth = L;
-    mine->model.block_ids = ids;
+    sub->groups = ids;
+    sub->n_groups = n;
     return ST_OK;
 }
 

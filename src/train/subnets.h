@@ -28,6 +28,8 @@ typedef struct subnets {
     int backward;            /* backward masking: the full model, gradients of
                               * the held units only */
     int unheld_possible;     /* some element may be held by nobody */
+    int layers;              /* layer groups, or width layers (neuron units) */
+    int per_layer;           /* units per width layer (1 for groups) */
     st_assignment assign;    /* which worker holds which unit */
     int k;                   /* holders per unit */
     subnet_saved *saved;     /* n */

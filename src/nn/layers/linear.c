@@ -310,10 +310,10 @@ static st_status linear_build(st_model *m, st_layer *l)
     };
     io.dw_runs = st_graph_grad_runs(m, row_unit(l), &io.n_dw_runs);
     if (l->closes_group) {
-        io.scale = c->branch_scale;
-        io.unscaled_bias = c->kept_count != NULL;
+        io.scale = c->subnet.scale;
+        io.unscaled_bias = c->subnet.width_count != NULL;
     } else if (in->ids) {
-        io.scale = c->branch_scale;
+        io.scale = c->subnet.scale;
     }
     return st_linear_build(&m->ctx, &l->u.linear, m->batch, in->n, out->n, &io);
 }

@@ -32,7 +32,7 @@ st_status st_model_declare_resmlp(st_model *m)
     ok = ok && st_graph_linear(m, "stem", ST_T_INPUT, h0, ST_T_NONE, dh, c->in_dim, W);
     int h = h0;
     char name[32];
-    for (int g = 0; ok && g < m->full_depth; g++) {
+    for (int g = 0; ok && g < c->depth; g++) {
         st_graph_group_begin(m, g);
         const int n = st_graph_tensor(m, W, ST_W_FULL), a = st_graph_tensor(m, H, g);
         const int z = st_graph_tensor(m, H, g), out = st_graph_tensor(m, W, ST_W_FULL);
