@@ -786,13 +786,14 @@ Test(comm_backend, names_and_default)
     cr_assert_str_eq(st_comm_backend_name(ST_COMM_BACKEND_MPI), "mpi");
     cr_assert_str_eq(st_comm_backend_name((st_comm_backend_kind)42), "unknown");
     st_comm_backend_kind k = ST_COMM_BACKEND_MPI;
-    cr_assert_eq(st_comm_backend_parse("shared", &k), 0);
+    cr_assert_eq(st_comm_backend_parse("shared", &k), ST_OK);
     cr_assert_eq(k, ST_COMM_BACKEND_SHARED);
-    cr_assert_eq(st_comm_backend_parse("mpi", &k), 0);
+    cr_assert_eq(st_comm_backend_parse("mpi", &k), ST_OK);
     cr_assert_eq(k, ST_COMM_BACKEND_MPI);
-    cr_assert_eq(st_comm_backend_parse("nccl", &k), -1);
-    cr_assert_eq(st_comm_backend_parse("", &k), -1);
-    cr_assert_eq(st_comm_backend_parse(NULL, &k), -1);
+    cr_assert_eq(st_comm_backend_parse("nccl", &k), ST_ERR_INVALID);
+    cr_assert_str_eq(st_last_error(), "unknown reduction backend 'nccl' (allowed: shared, mpi)");
+    cr_assert_eq(st_comm_backend_parse("", &k), ST_ERR_INVALID);
+    cr_assert_eq(st_comm_backend_parse(NULL, &k), ST_ERR_INVALID);
     cr_assert_eq(k, ST_COMM_BACKEND_MPI, "a failed parse leaves *out alone");
 
     st_comm *c;

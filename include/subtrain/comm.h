@@ -58,9 +58,10 @@ typedef enum st_comm_backend_kind {
 
 /* "shared", "mpi"; "unknown" for anything else. */
 const char *st_comm_backend_name(st_comm_backend_kind kind);
-/* 0 on success, -1 if `name` is not a known backend (known does not mean
- * built in: st_comm_create says whether it is). */
-int st_comm_backend_parse(const char *name, st_comm_backend_kind *out);
+/* ST_ERR_INVALID, naming the allowed ones, if `name` is not a known
+ * backend (known does not mean built in: st_comm_create says whether it
+ * is). */
+st_status st_comm_backend_parse(const char *name, st_comm_backend_kind *out);
 
 typedef struct st_comm_config {
     int n_workers;

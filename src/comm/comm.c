@@ -28,6 +28,7 @@
 
 #include "comm/backend.h"
 #include "comm/plan.h"
+#include "core/enum_table.h"
 #include "core/error.h"
 
 struct st_comm {
@@ -40,16 +41,22 @@ struct st_comm {
 
 /* ------------------------------------------------------------ backends */
 
-/* Every backend the library knows, built in or not: adding one is its file
- * and its entry here (ops NULL and `absent` say why when it is not built). */
+/* Every backend the library knows, built in or not: adding one is its file,
+ * its name and its entry here (ops NULL and `absent` say why when it is not
+ * built).  Names, printing and parsing: one table (core/enum_table.h). */
+static const st_enum_entry backend_names[] = {
+    { "shared", ST_COMM_BACKEND_SHARED },
+    { "mpi", ST_COMM_BACKEND_MPI },
+};
+static const st_enum_table backend_table = ST_ENUM_TABLE("reduction backend", backend_names);
+
 static const struct backend_entry {
     st_comm_backend_kind kind;
-    const char *name;
     const st_comm_backend_ops *ops;
     const char *absent;
 } backends[] = {
-    { ST_COMM_BACKEND_SHARED, "shared", &st_comm_shared_ops, NULL },
-    { ST_COMM_BACKEND_MPI, "mpi", NULL, "not built into this library (no MPI backend yet)" },
+    { ST_COMM_BACKEND_SHARED, &st_comm_shared_ops, NULL },
+    { ST_COMM_BACKEND_MPI, NULL, "not built into this library (no MPI backend yet)" },
 };
 
 #define N_BACKENDS (sizeof backends / sizeof backends[0])
@@ -64,19 +71,15 @@ static const struct backend_entry *backend_entry(st_comm_backend_kind kind)
 
 const char *st_comm_backend_name(st_comm_backend_kind kind)
 {
-    const struct backend_entry *e = backend_entry(kind);
-    return e ? e->name : "unknown";
+    return st_enum_name(&backend_table, (int)kind);
 }
 
-int st_comm_backend_parse(const char *name, st_comm_backend_kind *out)
+st_status st_comm_backend_parse(const char *name, st_comm_backend_kind *out)
 {
-    for (size_t i = 0; name && i < N_BACKENDS; i++) {
-        if (strcmp(name, backends[i].name) == 0) {
-            *out = backends[i].kind;
-            return 0;
-        }
-    }
-    return -1;
+    int v;
+    ST_TRY(st_enum_parse(&backend_table, name, &v));
+    *out = (st_comm_backend_kind)v;
+    return ST_OK;
 }
 
 /* The ops of a backend that is built in, else ST_ERR_INVALID saying why. */
@@ -88,12 +91,13 @@ static st_status backend_ops(st_comm_backend_kind kind, const st_comm_backend_op
         for (size_t i = 0; i < N_BACKENDS; i++)
             if (backends[i].ops)
                 snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s",
-                         known[0] ? ", " : "", backends[i].name);
+                         known[0] ? ", " : "", st_comm_backend_name(backends[i].kind));
         return st_fail(ST_ERR_INVALID, "unknown reduction backend %d (available: %s)",
                        (int)kind, known);
     }
     if (!e->ops)
-        return st_fail(ST_ERR_INVALID, "reduction backend '%s' is %s", e->name, e->absent);
+        return st_fail(ST_ERR_INVALID, "reduction backend '%s' is %s", st_comm_backend_name(kind),
+                       e->absent);
     *ops = e->ops;
     return ST_OK;
 }
