@@ -771,3 +771,32 @@ Test(train, a_segment_step_makes_no_heap_allocation, .timeout = 60)
     st_dataset_free(&train);
     st_dataset_free(&test);
 }
+
+/* A segment is a run of the model's own layer table: it counts its FLOPs
+ * from its layers, and that count is the planner's formula (which needs
+ * no segment built); its parameters are the full model's, from the right
+ * place. */
+Test(segment, is_a_run_of_the_model_layer_table)
+{
+    st_arena a;
+    st_arena_init(&a, "seg", NULL, 0);
+    st_model_config m = mlp(4, 24, 12, 5);
+    st_model *full;
+    OK(st_model_create(&m, 8, &a, &full));
+    st_model_init_params(full, 3);
+    for (int first = 1; first <= 5; first++)
+        for (int last = first; last <= 5; last++) {
+            st_segnet *s = make_segment(&m, first, last, 8, &a, 3);
+            cr_assert_eq(st_segnet_step_flops(s), st_segment_flops(&m, first, last, 8),
+                         "layers %d .. %d", first, last);
+            size_t off = st_segnet_full_offset(s);
+            cr_assert_eq(off, st_segment_params(&m, 1, first - 1));
+            cr_assert_eq(st_segnet_param_count(s), st_segment_params(&m, first, last));
+            cr_assert_eq(memcmp(st_segnet_params(s), st_model_params(full) + off,
+                                st_segnet_param_count(s) * sizeof(float)), 0,
+                         "layers %d .. %d start with the full model's values", first, last);
+            st_segnet_destroy(s);
+        }
+    st_model_destroy(full);
+    st_arena_release(&a);
+}

@@ -286,7 +286,6 @@ float *st_graph_data(const st_model *m, int tensor)
 
 int64_t st_graph_width(const st_model *m, int width)
 {
-    (void)m;
     return width == ST_W_WIDEST ? m->widest : m->keep[width].n;
 }
 
@@ -374,6 +373,8 @@ static void prune_input_gradients(st_model *m)
         if (j < 0 || !runs_backward(m, &m->layers[j]))
             l->dx = ST_T_NONE;
     }
+    for (int i = 0; i < m->n_layers; i++)
+        m->layers[i].backward = runs_backward(m, &m->layers[i]);
 }
 
 st_status st_graph_build(st_model *m)
@@ -437,7 +438,7 @@ st_status st_graph_backward(const st_model *m)
 {
     for (int i = m->n_layers - 1; i >= 0; i--) {
         const st_layer *l = &m->layers[i];
-        if (runs_backward(m, l) && l->kind->backward)
+        if (l->backward && l->kind->backward)
             ST_TRY(l->kind->backward(&m->ctx, l));
     }
     return ST_OK;

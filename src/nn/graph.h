@@ -111,6 +111,7 @@ struct st_layer {
     st_activation activation;
     /* set by the graph */
     int dropped;           /* its group is not in this model */
+    int backward;          /* its backward does something (graph.c) */
     size_t seg[2];         /* its segments (weight, bias / gamma, beta) */
     float *saved[2];       /* its own saved buffers (layer norm: mean, var) */
     union {

@@ -54,8 +54,8 @@ static st_status sdp_check(const st_train_config *c)
     st_model_units units;
     ST_TRY(st_model_config_units(&c->model, &units));
     if (c->subnet == ST_SUBNET_BLOCK && units.groups == 0)
-        return st_fail(ST_ERR_INVALID, "--subnet block trains subnetworks of residual blocks; "
-                       "--model %s has none (use --subnet neuron)", st_model_kind_name(c->model.kind));
+        return st_fail(ST_ERR_INVALID, "--subnet block trains subnetworks of residual blocks "
+                       "(layer groups, as in resmlp); --model %s has none (use --subnet neuron)", st_model_kind_name(c->model.kind));
     if (c->masking != ST_MASKING_FORWARD && c->masking != ST_MASKING_BACKWARD)
         return st_fail(ST_ERR_INVALID, "unknown masking %d (allowed: forward, backward)",
                        (int)c->masking);
