@@ -191,7 +191,7 @@ static st_status setup_neurons(st_model *m)
     return ST_OK;
 }
 
-st_status st_graph_declare(st_model *m, st_status (*declare)(st_model *m))
+st_status st_graph_declare(st_model *m, st_model_declare_fn declare)
 {
     const st_model_config *c = &m->cfg;
     m->open_group = -1;

@@ -70,6 +70,8 @@ typedef struct st_tensor {
 
 typedef struct st_model st_model;
 typedef struct st_layer st_layer;
+/* A model's declaration: appends its tensors and layers (models/). */
+typedef st_status (*st_model_declare_fn)(st_model *m);
 
 /* What a layer kind provides.  One file per kind (nn/layers/: linear.c, activation.c,
  * layernorm.c, residual.c) defines one of these; nothing else in the
@@ -119,6 +121,11 @@ struct st_layer {
         st_act act;
         st_layernorm norm;
         st_add add;
+        struct {           /* a kind that runs its own loop: its buffers */
+            const float *x, *dy;
+            float *y, *dx;
+            int64_t rows, cols;
+        } loop;
     } u;
 };
 
@@ -150,6 +157,7 @@ typedef struct st_neuron_sel {
 
 struct st_model {
     st_model_config cfg;
+    st_model_declare_fn declare;   /* its kind's builder (or the caller's) */
     int batch;
     st_arena *arena;       /* NULL: layout only (no memory, no primitives) */
     st_nn_ctx ctx;
@@ -206,7 +214,7 @@ struct st_model {
  * table.  `declare` appends the full model's tensors and layers. */
 typedef struct st_model_builder {
     st_model_kind kind;
-    st_status (*declare)(st_model *m);
+    st_model_declare_fn declare;
 } st_model_builder;
 
 st_status st_model_declare_mlp(st_model *m);     /* nn/models/mlp.c */
@@ -254,12 +262,17 @@ float *st_graph_norm_scratch(const st_model *m);
  * Models with layer groups are refused. */
 st_status st_model_create_range(const st_model_config *cfg, int lo, int hi, int batch,
                                 st_arena *arena, st_model **out);
+/* model.c: a whole model that the caller declares (a layer kind or a
+ * model not in the library yet: tests, experiments).  cfg's sizes and
+ * subnetwork are checked against this declaration; its kind is not used. */
+st_status st_model_create_declared(const st_model_config *cfg, st_model_declare_fn declare,
+                                   int batch, st_arena *arena, st_model **out);
 /* The table index of the n-th (0-based) layer of `kind` in cfg's model;
  * -1 if there is none. */
 int st_model_layer_index(const st_model_config *cfg, const st_layer_kind *kind, int n);
 
 /* graph.c: the steps of st_model_create / the layout-only path. */
-st_status st_graph_declare(st_model *m, st_status (*declare)(st_model *m));
+st_status st_graph_declare(st_model *m, st_model_declare_fn declare);
                                                /* the builder, then units */
 st_status st_graph_layout(st_model *m);        /* segments */
 st_status st_graph_build(st_model *m);         /* memory and primitives */

@@ -51,14 +51,14 @@ st_model_config st_model_config_default(void)
 #define ST_MAX_DEPTH 1024
 #define ST_MAX_WIDTH (1 << 16)
 
-static st_status check_subnet(const st_model_config *c);
+static st_status check_subnet(const st_model_config *c, st_model_declare_fn declare);
+static st_status layout_with(st_model *m, const st_model_config *cfg, st_model_declare_fn declare);
 static st_status layout_full(st_model *m, const st_model_config *cfg);
 static void destroy_layout(st_model *m);
 
-st_status st_model_config_check(const st_model_config *c)
+/* The sizes and options, whoever declares the model. */
+static st_status check_fields(const st_model_config *c)
 {
-    if (!builder_of(c->kind))
-        return st_fail(ST_ERR_INVALID, "model: unknown kind %d (allowed: mlp, resmlp)", (int)c->kind);
     if (c->depth < 1 || c->depth > ST_MAX_DEPTH)
         return st_fail(ST_ERR_INVALID, "depth must be in [1, %d], got %d", ST_MAX_DEPTH, c->depth);
     if (c->width < 1 || c->width > ST_MAX_WIDTH)
@@ -72,11 +72,19 @@ st_status st_model_config_check(const st_model_config *c)
         return st_fail(ST_ERR_INVALID, "input dimension must be in [1, 2^24], got %d", c->in_dim);
     if (c->n_classes < 2 || c->n_classes > 255)
         return st_fail(ST_ERR_INVALID, "number of classes must be in [2, 255], got %d", c->n_classes);
-    return check_subnet(c);
+    return ST_OK;
+}
+
+st_status st_model_config_check(const st_model_config *c)
+{
+    if (!builder_of(c->kind))
+        return st_fail(ST_ERR_INVALID, "model: unknown kind %d (allowed: mlp, resmlp)", (int)c->kind);
+    ST_TRY(check_fields(c));
+    return check_subnet(c, builder_of(c->kind)->declare);
 }
 
 /* The subnetwork against the units the full model's layers declare. */
-static st_status check_subnet(const st_model_config *c)
+static st_status check_subnet(const st_model_config *c, st_model_declare_fn declare)
 {
     const st_model_subnet *u = &c->subnet;
     if (!(u->scale >= 0.0f && u->scale <= 1000.0f))
@@ -89,7 +97,7 @@ static st_status check_subnet(const st_model_config *c)
     if (by_group && by_width)
         return st_fail(ST_ERR_INVALID, "a model is a group or a width subnetwork, not both");
     st_model m;
-    st_status s = layout_full(&m, c);
+    st_status s = layout_with(&m, c, declare);
     const int G = m.n_groups, U = m.n_width;
     if (s == ST_OK && by_group && G == 0)
         s = st_fail(ST_ERR_INVALID, "block subnetworks are made of layer groups (residual "
@@ -243,16 +251,21 @@ void st_model_init_params(st_model *m, uint64_t seed)
 
 /* The full model's declaration and layout without its memory: for
  * initial values, segments and counts of a model not built. */
-static st_status layout_full(st_model *m, const st_model_config *cfg)
+static st_status layout_with(st_model *m, const st_model_config *cfg, st_model_declare_fn declare)
 {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     memset(&m->cfg.subnet, 0, sizeof m->cfg.subnet);
-    const st_model_builder *b = builder_of(cfg->kind);
-    if (!b)
+    if (!declare)
         return st_fail(ST_ERR_INVALID, "model: unknown kind %d", (int)cfg->kind);
-    ST_TRY(st_graph_declare(m, b->declare));
+    ST_TRY(st_graph_declare(m, declare));
     return st_graph_layout(m);
+}
+
+static st_status layout_full(st_model *m, const st_model_config *cfg)
+{
+    const st_model_builder *b = builder_of(cfg->kind);
+    return layout_with(m, cfg, b ? b->declare : NULL);
 }
 
 st_status st_model_init_full_range(const st_model_config *cfg, uint64_t seed, size_t begin,
@@ -313,17 +326,24 @@ static void destroy_layout(st_model *m)
 
 /* A whole model (hi < 0), or only its layers lo .. hi with no loss and no
  * workspace yet (st_model_create_range). */
-static st_status create(const st_model_config *cfg, int lo, int hi, int batch, st_arena *arena,
-                        st_model **out)
+static st_status create(const st_model_config *cfg, st_model_declare_fn declare, int lo, int hi,
+                        int batch, st_arena *arena, st_model **out)
 {
     *out = NULL;
-    ST_TRY(st_model_config_check(cfg));
+    if (!declare) {
+        ST_TRY(st_model_config_check(cfg));
+        declare = builder_of(cfg->kind)->declare;
+    } else {
+        ST_TRY(check_fields(cfg));
+        ST_TRY(check_subnet(cfg, declare));
+    }
     if (batch < 1 || batch > (1 << 20))
         return st_fail(ST_ERR_INVALID, "batch must be in [1, 2^20], got %d", batch);
     st_model *m = calloc(1, sizeof *m);
     if (!m)
         return st_fail(ST_ERR_NOMEM, "out of memory creating a model");
     m->cfg = *cfg;
+    m->declare = declare;
     /* the model's own copies of the config's lists, so that the config it
      * returns stays valid: the held groups here, the groups' gradient
      * flags and the width lists once their sizes are known (graph.c) */
@@ -340,7 +360,7 @@ static st_status create(const st_model_config *cfg, int lo, int hi, int batch, s
     m->batch = batch;
     m->arena = arena;
     st_status s;
-    ST_TRY_GOTO(s, st_graph_declare(m, builder_of(cfg->kind)->declare), fail);
+    ST_TRY_GOTO(s, st_graph_declare(m, declare), fail);
     if (hi >= 0) {
         if (m->n_groups > 0 || lo < 0 || hi < lo || hi >= m->n_layers) {
             s = st_fail(ST_ERR_INVALID, "layers %d .. %d of a model of %d layers%s", lo, hi,
@@ -378,13 +398,21 @@ fail:
 
 st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena, st_model **out)
 {
-    return create(cfg, 0, -1, batch, arena, out);
+    return create(cfg, NULL, 0, -1, batch, arena, out);
 }
 
 st_status st_model_create_range(const st_model_config *cfg, int lo, int hi, int batch,
                                 st_arena *arena, st_model **out)
 {
-    return create(cfg, lo, hi, batch, arena, out);
+    return create(cfg, NULL, lo, hi, batch, arena, out);
+}
+
+st_status st_model_create_declared(const st_model_config *cfg, st_model_declare_fn declare,
+                                   int batch, st_arena *arena, st_model **out)
+{
+    if (!declare)
+        return st_fail(ST_ERR_INVALID, "a declared model needs its declaration");
+    return create(cfg, declare, 0, -1, batch, arena, out);
 }
 
 int st_model_layer_index(const st_model_config *cfg, const st_layer_kind *kind, int n)
@@ -450,7 +478,10 @@ st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *co
 
 size_t st_model_full_param_count(const st_model *m)
 {
-    return st_model_config_param_count(&m->cfg);
+    st_model full;
+    size_t n = layout_with(&full, &m->cfg, m->declare) == ST_OK ? full.n_params : 0;
+    destroy_layout(&full);
+    return n;
 }
 
 /* One segment's elements (grads: its gradient's rows) as full-layout
