@@ -25,14 +25,22 @@ static int grow(void **p, int *cap, int n, size_t size)
     return 1;
 }
 
-int st_graph_tensor(st_model *m, int64_t cols, int width)
+int st_graph_image(st_model *m, int64_t channels, int64_t h, int64_t w, int width)
 {
     if (!grow((void **)&m->tensors, &m->cap_tensors, m->n_tensors, sizeof *m->tensors))
         return ST_T_NONE;
-    m->tensors[m->n_tensors] = (st_tensor){ cols, width, m->open_group, ST_T_NONE, NULL };
+    m->tensors[m->n_tensors] = (st_tensor){
+        .cols = channels * h * w, .channels = channels, .h = h, .w = w,
+        .width_unit = width, .group = m->open_group, .alias = ST_T_NONE,
+    };
     if (width >= m->n_width)
         m->n_width = width + 1;
     return m->n_tensors++;
+}
+
+int st_graph_tensor(st_model *m, int64_t cols, int width)
+{
+    return st_graph_image(m, cols, 1, 1, width);
 }
 
 st_layer *st_graph_add(st_model *m, const st_layer_kind *kind, const char *name, int x,
@@ -279,6 +287,11 @@ static int resolve(const st_model *m, int t)
     return t;
 }
 
+const st_tensor *st_graph_tensor_info(const st_model *m, int tensor)
+{
+    return tensor < 0 ? NULL : &m->tensors[resolve(m, tensor)];
+}
+
 float *st_graph_data(const st_model *m, int tensor)
 {
     return tensor < 0 ? NULL : m->tensors[resolve(m, tensor)].data;
@@ -335,9 +348,11 @@ float *st_graph_norm_scratch(const st_model *m)
 
 /* ------------------------------------------------------------ build */
 
+/* Floats per sample: a width layer's kept units (or the widest) times
+ * the elements of one channel. */
 static int64_t tensor_width(const st_model *m, const st_tensor *t)
 {
-    return t->width_unit == ST_W_FULL ? t->cols : st_graph_width(m, t->width_unit);
+    return t->width_unit == ST_W_FULL ? t->cols : st_graph_width(m, t->width_unit) * t->h * t->w;
 }
 
 /* Whether layer i's backward does anything: it has parameters with a
@@ -424,12 +439,12 @@ st_status st_graph_build(st_model *m)
 
 /* ------------------------------------------------------------ run */
 
-st_status st_graph_forward(const st_model *m)
+st_status st_graph_forward(const st_model *m, st_pass pass)
 {
     for (int i = 0; i < m->n_layers; i++) {
         const st_layer *l = &m->layers[i];
         if (!l->dropped && l->kind->forward)
-            ST_TRY(l->kind->forward(&m->ctx, l));
+            ST_TRY(l->kind->forward(&m->ctx, l, pass));
     }
     return ST_OK;
 }

@@ -58,7 +58,8 @@ enum { ST_T_NONE = -1, ST_T_INPUT = 0, ST_T_LOGITS = 1, ST_T_DLOGITS = 2, ST_T_F
 enum { ST_W_FULL = -1, ST_W_WIDEST = -2 };
 
 typedef struct st_tensor {
-    int64_t cols;          /* full width */
+    int64_t cols;          /* full width: channels x h x w */
+    int64_t channels, h, w;/* an image (NCHW per sample); a vector: cols x 1 x 1 */
     int width_unit;        /* ST_W_FULL, ST_W_WIDEST, or a width layer */
     int group;             /* the layer group that writes it (-1: none):
                             * not allocated when the group is dropped */
@@ -70,6 +71,11 @@ typedef struct st_tensor {
 
 typedef struct st_model st_model;
 typedef struct st_layer st_layer;
+
+/* Which forward: training (batch statistics, saved for the backward; a
+ * batch norm updates its running statistics) or inference (evaluation:
+ * running statistics, nothing updated).  Most kinds compute the same. */
+typedef enum st_pass { ST_PASS_TRAIN, ST_PASS_INFER } st_pass;
 /* A model's declaration: appends its tensors and layers (models/). */
 typedef st_status (*st_model_declare_fn)(st_model *m);
 
@@ -84,7 +90,7 @@ typedef struct st_layer_kind {
     st_status (*alloc)(st_model *m, st_layer *l);
     /* Creates its primitives against the model's buffers. */
     st_status (*build)(st_model *m, st_layer *l);
-    st_status (*forward)(const st_nn_ctx *ctx, const st_layer *l);
+    st_status (*forward)(const st_nn_ctx *ctx, const st_layer *l, st_pass pass);
     st_status (*backward)(const st_nn_ctx *ctx, const st_layer *l);
     /* Matrix-multiply FLOPs of its forward and backward (2 per
      * multiply-add), NULL: none worth counting. */
@@ -223,6 +229,12 @@ st_status st_model_declare_resmlp(st_model *m);  /* nn/models/resmlp.c */
 /* A new tensor of `cols` full columns (width: ST_W_FULL, ST_W_WIDEST or a
  * width layer), written by the open group if any; its id. */
 int st_graph_tensor(st_model *m, int64_t cols, int width);
+/* The same for images of `channels` x h x w per sample (NCHW): a width
+ * layer's units are then groups of channels, each h x w. */
+int st_graph_image(st_model *m, int64_t channels, int64_t h, int64_t w, int width);
+/* A tensor as declared (its alias resolved: a dropped group's output is
+ * its input). */
+const st_tensor *st_graph_tensor_info(const st_model *m, int tensor);
 
 /* Appends a layer; the graph fills in its group.  Returns it, NULL when
  * out of memory (the model then fails to build). */
@@ -276,7 +288,7 @@ st_status st_graph_declare(st_model *m, st_model_declare_fn declare);
                                                /* the builder, then units */
 st_status st_graph_layout(st_model *m);        /* segments */
 st_status st_graph_build(st_model *m);         /* memory and primitives */
-st_status st_graph_forward(const st_model *m);
+st_status st_graph_forward(const st_model *m, st_pass pass);
 st_status st_graph_backward(const st_model *m);
 double st_graph_flops(const st_model *m);
 void st_graph_free(st_model *m);               /* what declare and layout malloc'd */
