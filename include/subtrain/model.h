@@ -155,6 +155,10 @@ int32_t *st_model_labels(st_model *m);    /* (batch) */
 const float *st_model_logits(const st_model *m); /* (batch, n_classes) */
 
 float *st_model_params(st_model *m);
+/* State kept but not trained (batch norms' running statistics), in one
+ * flat vector of *count floats (NULL, 0 when the model has none): what a
+ * strategy averages or copies between replicas, and what evaluation uses. */
+float *st_model_state(st_model *m, size_t *count);
 /* The gradient vector: the parameter vector's layout, unless group_grads
  * leaves groups out (then segments' grad_offset say where each sits). */
 float *st_model_grads(st_model *m);

@@ -59,6 +59,7 @@ st_layer *st_graph_add(st_model *m, const st_layer_kind *kind, const char *name,
     l->dy = dy;
     l->residual = ST_T_NONE;
     l->in_unit = l->out_unit = ST_W_FULL;
+    l->seg[0] = l->seg[1] = (size_t)-1;
     if (x >= 0)
         l->in = m->tensors[x].cols;
     if (y >= 0)
@@ -260,6 +261,40 @@ st_status st_graph_add_segment(st_model *m, const char *name, int decay, st_seg_
     return ST_OK;
 }
 
+st_status st_graph_add_state(st_model *m, const char *name, size_t count, float init,
+                             size_t *offset)
+{
+    *offset = (size_t)-1;
+    if (m->layout_skip)
+        return ST_OK;
+    if (m->n_state_segs == m->cap_state_segs) {
+        int cap = m->cap_state_segs ? 2 * m->cap_state_segs : 8;
+        st_param_segment *g = realloc(m->state_segs, (size_t)cap * sizeof *g);
+        if (g)
+            m->state_segs = g;
+        float *v = g ? realloc(m->state_init, (size_t)cap * sizeof *v) : NULL;
+        if (!g || !v)
+            return st_fail(ST_ERR_NOMEM, "out of memory laying out a model's state");
+        m->state_init = v;
+        m->cap_state_segs = cap;
+    }
+    st_param_segment *g = &m->state_segs[m->n_state_segs];
+    memset(g, 0, sizeof *g);
+    snprintf(g->name, sizeof g->name, "%s", name);
+    g->offset = m->n_state;
+    g->count = count;
+    g->grad_offset = ST_NO_GRAD;
+    m->state_init[m->n_state_segs++] = init;
+    *offset = m->n_state;
+    m->n_state += count;
+    return ST_OK;
+}
+
+float *st_graph_state(const st_model *m, size_t offset)
+{
+    return m->state + offset;
+}
+
 /* One walk over the full model's layers: a segment's full offset and RNG
  * stream are where the walk meets it, kept or not. */
 st_status st_graph_layout(st_model *m)
@@ -355,41 +390,49 @@ static int64_t tensor_width(const st_model *m, const st_tensor *t)
     return t->width_unit == ST_W_FULL ? t->cols : st_graph_width(m, t->width_unit) * t->h * t->w;
 }
 
-/* Whether layer i's backward does anything: it has parameters with a
- * gradient, or its input gradient is needed. */
-static int runs_backward(const st_model *m, const st_layer *l)
+/* The last layer before i that writes tensor t (resolved), -1: none. */
+static int producer(const st_model *m, int i, int t)
 {
-    if (l->dropped)
-        return 0;
-    if (l->dx != ST_T_NONE)
-        return 1;
-    for (int k = 0; k < 2 && l->kind->layout; k++)
-        if (m->segs[l->seg[k]].grad_offset != ST_NO_GRAD)
-            return 1;
-    return 0;
+    const int x = resolve(m, t);
+    int j = i - 1;
+    while (j >= 0 && (m->layers[j].dropped || resolve(m, m->layers[j].y) != x))
+        j--;
+    return j;
 }
 
-/* An input gradient is needed only if the layer that produced the input
- * (the last one before it writing that tensor) runs its backward: not
- * for the first layer of a model, nor for the layers at the start of a
- * segment (a run of layers trained alone, nn/segment.c), whose input
- * comes from outside.  Decided in forward order, so that a producer's
- * answer is known before its consumers ask. */
+static int produced_with_backward(const st_model *m, int i, int t)
+{
+    const int j = t >= 0 ? producer(m, i, t) : -1;
+    return j >= 0 && m->layers[j].backward;
+}
+
+/* Whether each layer's backward does anything, and which input gradients
+ * are needed, decided once, in forward order so that a producer's answer
+ * is known before its consumers ask.  An input gradient is needed only if
+ * the layer that produced the input runs its backward: not for the first
+ * layer of a model, nor for the layers at the start of a segment (a run
+ * of layers trained alone, nn/segment.c), whose input comes from outside.
+ * A layer runs its backward if it has parameters with a gradient or its
+ * input gradient is needed; a transparent one (a join: its inputs'
+ * gradient is its own) if what produced either input runs its backward. */
 static void prune_input_gradients(st_model *m)
 {
     for (int i = 0; i < m->n_layers; i++) {
         st_layer *l = &m->layers[i];
-        if (l->dropped || l->dx == ST_T_NONE)
+        l->backward = 0;
+        if (l->dropped)
             continue;
-        const int x = resolve(m, l->x);
-        int j = i - 1;
-        while (j >= 0 && (m->layers[j].dropped || resolve(m, m->layers[j].y) != x))
-            j--;
-        if (j < 0 || !runs_backward(m, &m->layers[j]))
+        if (l->kind->transparent) {
+            l->backward = produced_with_backward(m, i, l->x) ||
+                          produced_with_backward(m, i, l->residual);
+            continue;
+        }
+        if (l->dx != ST_T_NONE && !produced_with_backward(m, i, l->x))
             l->dx = ST_T_NONE;
+        l->backward = l->dx != ST_T_NONE;
+        for (int k = 0; k < 2 && l->kind->layout && !l->backward; k++)
+            l->backward = l->seg[k] != (size_t)-1 && m->segs[l->seg[k]].grad_offset != ST_NO_GRAD;
     }
-    for (int i = 0; i < m->n_layers; i++)
-        m->layers[i].backward = runs_backward(m, &m->layers[i]);
 }
 
 st_status st_graph_build(st_model *m)
@@ -398,6 +441,12 @@ st_status st_graph_build(st_model *m)
     prune_input_gradients(m);
     ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_params, &m->params));
     ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_GRADIENTS, m->n_grads, &m->grads));
+    if (m->n_state) {
+        ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_state, &m->state));
+        for (int i = 0; i < m->n_state_segs; i++)
+            for (size_t j = 0; j < m->state_segs[i].count; j++)
+                m->state[m->state_segs[i].offset + j] = m->state_init[i];
+    }
     /* Every tensor a layer of this instance touches, once (the model's
      * input and logits are there already, see model.c). */
     for (int i = 0; i < m->n_layers; i++) {
@@ -478,6 +527,8 @@ void st_graph_free(st_model *m)
     free(m->group_grad);
     free(m->segs);
     free(m->maps);
+    free(m->state_segs);
+    free(m->state_init);
     free(m->keep);
     free(m->kept);
     free(m->grad_keep);

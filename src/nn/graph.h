@@ -95,12 +95,16 @@ typedef struct st_layer_kind {
     /* Matrix-multiply FLOPs of its forward and backward (2 per
      * multiply-add), NULL: none worth counting. */
     double (*flops)(const st_layer *l);
+    /* 1: its inputs' gradient is its output's (a join), so it passes the
+     * question "is this gradient needed" on to what produced its inputs. */
+    int transparent;
 } st_layer_kind;
 
 extern const st_layer_kind st_layer_linear;     /* nn/layers/linear.c */
 extern const st_layer_kind st_layer_activation; /* nn/layers/activation.c */
 extern const st_layer_kind st_layer_layernorm;  /* nn/layers/layernorm.c */
 extern const st_layer_kind st_layer_residual;   /* nn/layers/residual.c */
+extern const st_layer_kind st_layer_join;       /* nn/layers/residual.c */
 
 struct st_layer {
     const st_layer_kind *kind;
@@ -187,6 +191,14 @@ struct st_model {
     /* Flat parameters and gradients (same layout), and their segments. */
     float *params, *grads;
     size_t n_params, n_grads;
+    /* State that is not trained but kept (a batch norm's running
+     * statistics): one flat vector, laid out by the same walk, each
+     * piece with its initial value. */
+    float *state;
+    size_t n_state;
+    st_param_segment *state_segs;
+    float *state_init;     /* n_state_segs initial values */
+    int n_state_segs, cap_state_segs;
     int layout_grads;      /* while laying out: the segment gets a gradient */
     int layout_skip;       /* while laying out: a dropped layer's segments
                             * only move the full cursor */
@@ -249,6 +261,13 @@ st_layer *st_graph_linear(st_model *m, const char *name, int x, int y, int dx, i
  * output tensor is its input when a model does not hold it. */
 void st_graph_group_begin(st_model *m, int g);
 void st_graph_group_end(st_model *m, int in, int out);
+
+/* For layer kinds: `count` floats of untrained state named `name`, all
+ * `init` at the start; *offset is where they sit in the state vector
+ * ((size_t)-1 for a dropped layer). */
+st_status st_graph_add_state(st_model *m, const char *name, size_t count, float init,
+                             size_t *offset);
+float *st_graph_state(const st_model *m, size_t offset);
 
 /* For layer kinds: a segment of the parameter vector (see model.c). */
 st_status st_graph_add_segment(st_model *m, const char *name, int decay, st_seg_map map,

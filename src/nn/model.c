@@ -443,6 +443,12 @@ float *st_model_input(st_model *m) { return m->tensors[ST_T_INPUT].data; }
 int32_t *st_model_labels(st_model *m) { return m->labels; }
 const float *st_model_logits(const st_model *m) { return m->tensors[ST_T_LOGITS].data; }
 float *st_model_params(st_model *m) { return m->params; }
+
+float *st_model_state(st_model *m, size_t *count)
+{
+    *count = m->n_state;
+    return m->state;
+}
 float *st_model_grads(st_model *m) { return m->grads; }
 size_t st_model_param_count(const st_model *m) { return m->n_params; }
 size_t st_model_grad_count(const st_model *m) { return m->n_grads; }

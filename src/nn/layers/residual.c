@@ -55,3 +55,27 @@ static st_status residual_backward(const st_nn_ctx *ctx, const st_layer *l)
 const st_layer_kind st_layer_residual = {
     .name = "residual", .build = residual_build, .backward = residual_backward,
 };
+
+/* The join of a skip edge where it cannot be fused into the branch's last
+ * layer (a convolution, or a shortcut with its own layers): forward
+ * y = x + residual (the skip x, the branch's output `residual`).  It has
+ * no backward: both inputs' gradient is dy itself, so the builder wires
+ * the branch's last layer and the shortcut to read the join's dy. */
+static st_status join_build(st_model *m, st_layer *l)
+{
+    const st_tensor *t = st_graph_tensor_info(m, l->y);
+    st_neuron_sel s;
+    const int64_t cols = t->width_unit == ST_W_FULL
+                       ? t->cols : st_graph_sel(m, t->width_unit, 0, &s)->n * t->h * t->w;
+    return st_add_build(&m->ctx, &l->u.add, m->batch, cols, st_graph_data(m, l->x),
+                        st_graph_data(m, l->residual), st_graph_data(m, l->y));
+}
+
+static st_status join_forward(const st_nn_ctx *ctx, const st_layer *l, st_pass pass)
+{
+    return st_add_run(ctx, &l->u.add);
+}
+
+const st_layer_kind st_layer_join = {
+    .name = "join", .build = join_build, .forward = join_forward, .transparent = 1,
+};
