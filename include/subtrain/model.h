@@ -76,6 +76,9 @@ typedef struct st_model_config {
     int hidden;             /* inner width of a residual block; 0 means width */
     st_activation activation;
     int in_dim;             /* features per sample */
+    /* Image inputs (convolutional models): in_dim = channels x height x
+     * width, NCHW.  0: a vector of in_dim features (1 x 1 x in_dim). */
+    int in_channels, in_height, in_width;
     int n_classes;
     st_model_subnet subnet; /* zero: the whole model */
 } st_model_config;

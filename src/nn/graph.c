@@ -10,6 +10,8 @@
 
 #include "nn/graph.h"
 
+static int64_t tensor_width(const st_model *m, const st_tensor *t);
+
 /* ------------------------------------------------------------ declaring */
 
 static int grow(void **p, int *cap, int n, size_t size)
@@ -205,7 +207,10 @@ st_status st_graph_declare(st_model *m, st_model_declare_fn declare)
     const st_model_config *c = &m->cfg;
     m->open_group = -1;
     /* the predeclared tensors (their memory is the model's, see model.c) */
-    if (st_graph_tensor(m, c->in_dim, ST_W_FULL) != ST_T_INPUT ||
+    const int input = c->in_channels
+                    ? st_graph_image(m, c->in_channels, c->in_height, c->in_width, ST_W_FULL)
+                    : st_graph_tensor(m, c->in_dim, ST_W_FULL);
+    if (input != ST_T_INPUT ||
         st_graph_tensor(m, c->n_classes, ST_W_FULL) != ST_T_LOGITS ||
         st_graph_tensor(m, c->n_classes, ST_W_FULL) != ST_T_DLOGITS)
         return st_fail(ST_ERR_NOMEM, "out of memory declaring a model");
@@ -325,6 +330,11 @@ static int resolve(const st_model *m, int t)
 const st_tensor *st_graph_tensor_info(const st_model *m, int tensor)
 {
     return tensor < 0 ? NULL : &m->tensors[resolve(m, tensor)];
+}
+
+int64_t st_graph_cols(const st_model *m, int tensor)
+{
+    return tensor_width(m, &m->tensors[resolve(m, tensor)]);
 }
 
 float *st_graph_data(const st_model *m, int tensor)
@@ -466,7 +476,7 @@ st_status st_graph_build(st_model *m)
      * pair that all such norms share (nobody reads it). */
     for (int i = 0; i < m->n_layers; i++) {
         const st_layer *l = &m->layers[i];
-        if (!l->dropped && l->kind == &st_layer_layernorm && l->group >= 0 &&
+        if (!l->dropped && l->kind->norm && l->group >= 0 &&
             !m->group_grad[l->group] && l->out > m->norm_scratch_cols)
             m->norm_scratch_cols = l->out;
     }

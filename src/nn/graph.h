@@ -98,6 +98,10 @@ typedef struct st_layer_kind {
     /* 1: its inputs' gradient is its output's (a join), so it passes the
      * question "is this gradient needed" on to what produced its inputs. */
     int transparent;
+    /* 1: a normalisation with scale and shift (gamma, beta over `out`
+     * channels) whose backward computes their gradients even when they
+     * are not kept (backward masking): they go to a shared scratch. */
+    int norm;
 } st_layer_kind;
 
 extern const st_layer_kind st_layer_linear;     /* nn/layers/linear.c */
@@ -247,6 +251,9 @@ int st_graph_image(st_model *m, int64_t channels, int64_t h, int64_t w, int widt
 /* A tensor as declared (its alias resolved: a dropped group's output is
  * its input). */
 const st_tensor *st_graph_tensor_info(const st_model *m, int tensor);
+/* Floats per sample of a tensor in this instance: its full width, or its
+ * width layer's kept units times the elements of one channel. */
+int64_t st_graph_cols(const st_model *m, int tensor);
 
 /* Appends a layer; the graph fills in its group.  Returns it, NULL when
  * out of memory (the model then fails to build). */

@@ -70,6 +70,12 @@ static st_status check_fields(const st_model_config *c)
         return st_fail(ST_ERR_INVALID, "unknown activation %d (allowed: relu, gelu)", (int)c->activation);
     if (c->in_dim < 1 || c->in_dim > (1 << 24))
         return st_fail(ST_ERR_INVALID, "input dimension must be in [1, 2^24], got %d", c->in_dim);
+    if (c->in_channels || c->in_height || c->in_width) {
+        if (c->in_channels < 1 || c->in_height < 1 || c->in_width < 1 ||
+            (int64_t)c->in_channels * c->in_height * c->in_width != c->in_dim)
+            return st_fail(ST_ERR_INVALID, "an image input of %d x %d x %d does not make %d "
+                           "features", c->in_channels, c->in_height, c->in_width, c->in_dim);
+    }
     if (c->n_classes < 2 || c->n_classes > 255)
         return st_fail(ST_ERR_INVALID, "number of classes must be in [2, 255], got %d", c->n_classes);
     return ST_OK;

@@ -117,5 +117,5 @@ static st_status norm_backward(const st_nn_ctx *ctx, const st_layer *l)
 
 const st_layer_kind st_layer_layernorm = {
     .name = "layernorm", .layout = norm_layout, .alloc = norm_alloc, .build = norm_build,
-    .forward = norm_forward, .backward = norm_backward,
+    .forward = norm_forward, .backward = norm_backward, .norm = 1,
 };
