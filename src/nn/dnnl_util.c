@@ -100,16 +100,11 @@ void st_nn_ctx_destroy(st_nn_ctx *ctx)
     memset(ctx, 0, sizeof *ctx);
 }
 
-static st_status prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
-                             const_dnnl_primitive_desc_t hint, const_dnnl_primitive_attr_t attr,
-                             const char *what, dnnl_primitive_desc_t *pd_out)
+/* The primitive of a primitive descriptor `pd` (created by the caller, after
+ * p was cleared and the tracking array grown): its scratchpad, tracking. */
+static st_status prim_from_pd(st_nn_ctx *ctx, st_prim *p, dnnl_primitive_desc_t pd,
+                              const char *what, dnnl_primitive_desc_t *pd_out)
 {
-    memset(p, 0, sizeof *p);
-    p->what = what;
-    ST_TRY(grow((void **)&ctx->prims, &ctx->cap_prims, ctx->n_prims + 1, sizeof *ctx->prims));
-
-    dnnl_primitive_desc_t pd;
-    ST_DNNL(dnnl_primitive_desc_create(&pd, op_desc, attr, ctx->engine, hint), what);
     const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     size_t sbytes = smd ? dnnl_memory_desc_get_size(smd) : 0;
     dnnl_status_t s = dnnl_primitive_create(&p->prim, pd);
@@ -127,6 +122,37 @@ static st_status prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
     if (p->scratchpad)
         st_prim_arg(p, DNNL_ARG_SCRATCHPAD, p->scratchpad);
     ctx->prims[ctx->n_prims++] = p;
+    return ST_OK;
+}
+
+static st_status prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
+                             const_dnnl_primitive_desc_t hint, const_dnnl_primitive_attr_t attr,
+                             const char *what, dnnl_primitive_desc_t *pd_out)
+{
+    memset(p, 0, sizeof *p);
+    p->what = what;
+    ST_TRY(grow((void **)&ctx->prims, &ctx->cap_prims, ctx->n_prims + 1, sizeof *ctx->prims));
+
+    dnnl_primitive_desc_t pd;
+    ST_DNNL(dnnl_primitive_desc_create(&pd, op_desc, attr, ctx->engine, hint), what);
+    return prim_from_pd(ctx, p, pd, what, pd_out);
+}
+
+st_status st_prim_create_reorder(st_nn_ctx *ctx, st_prim *p, dnnl_memory_t src,
+                                 dnnl_memory_t dst, const char *what)
+{
+    memset(p, 0, sizeof *p);
+    p->what = what;
+    ST_TRY(grow((void **)&ctx->prims, &ctx->cap_prims, ctx->n_prims + 1, sizeof *ctx->prims));
+    const dnnl_memory_desc_t *src_md, *dst_md;
+    ST_DNNL(dnnl_memory_get_memory_desc(src, &src_md), what);
+    ST_DNNL(dnnl_memory_get_memory_desc(dst, &dst_md), what);
+    dnnl_primitive_desc_t pd;
+    ST_DNNL(dnnl_reorder_primitive_desc_create(&pd, src_md, ctx->engine, dst_md, ctx->engine,
+                                               ctx->attr), what);
+    ST_TRY(prim_from_pd(ctx, p, pd, what, NULL));
+    st_prim_arg(p, DNNL_ARG_FROM, src);
+    st_prim_arg(p, DNNL_ARG_TO, dst);
     return ST_OK;
 }
 
@@ -211,14 +237,28 @@ void st_md_vector(dnnl_memory_desc_t *md, int64_t n)
     dnnl_memory_desc_init_by_tag(md, 1, dims, dnnl_f32, dnnl_a);
 }
 
-static st_status track_memory(st_nn_ctx *ctx, dnnl_memory_t *out,
-                              const dnnl_memory_desc_t *md, const float *data)
+void st_md_tag(dnnl_memory_desc_t *md, int ndims, const int64_t *dims, dnnl_format_tag_t tag)
+{
+    dnnl_dims_t d;
+    for (int i = 0; i < ndims; i++)
+        d[i] = dims[i];
+    dnnl_memory_desc_init_by_tag(md, ndims, d, dnnl_f32, tag);
+}
+
+st_status st_mem_md(st_nn_ctx *ctx, dnnl_memory_t *out, const dnnl_memory_desc_t *md,
+                    const void *data)
 {
     ST_TRY(grow((void **)&ctx->mems, &ctx->cap_mems, ctx->n_mems + 1, sizeof *ctx->mems));
     /* oneDNN takes a non-const handle; read-only operands are never written. */
     ST_DNNL(dnnl_memory_create(out, md, ctx->engine, (void *)data), "creating a memory object");
     ctx->mems[ctx->n_mems++] = *out;
     return ST_OK;
+}
+
+static st_status track_memory(st_nn_ctx *ctx, dnnl_memory_t *out,
+                              const dnnl_memory_desc_t *md, const float *data)
+{
+    return st_mem_md(ctx, out, md, data);
 }
 
 st_status st_mem_strided(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows, int64_t cols,

@@ -91,6 +91,11 @@ static inline int st_post_op_index(float scale, const dnnl_memory_desc_t *add0_m
 {
     return (scale != 1.0f) + (j == 1 && add0_md != NULL);
 }
+/* A reorder primitive copying src into dst (the same tensor in two
+ * layouts, e.g. plain nchw and oneDNN's blocked nChw16c), its arguments
+ * bound. */
+st_status st_prim_create_reorder(st_nn_ctx *ctx, st_prim *p, dnnl_memory_t src,
+                                 dnnl_memory_t dst, const char *what);
 void st_prim_arg(st_prim *p, int arg, dnnl_memory_t mem);
 /* The per-step call. */
 st_status st_prim_run(const st_nn_ctx *ctx, const st_prim *p);
@@ -106,10 +111,19 @@ st_status st_mem_strided(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows,
 st_status st_mem_vector(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t n,
                         const float *data);
 
+/* A memory object with any descriptor (a tensor's plain or blocked layout)
+ * over a buffer of dnnl_memory_desc_get_size(md) bytes. */
+st_status st_mem_md(st_nn_ctx *ctx, dnnl_memory_t *out, const dnnl_memory_desc_t *md,
+                    const void *data);
+
 /* Matching memory descriptors, for building op descriptors. */
 void st_md_matrix(dnnl_memory_desc_t *md, int64_t rows, int64_t cols);
 void st_md_strided(dnnl_memory_desc_t *md, int64_t rows, int64_t cols,
                    int64_t row_stride, int64_t col_stride);
 void st_md_vector(dnnl_memory_desc_t *md, int64_t n);
+/* An f32 tensor of ndims (<= DNNL_MAX_NDIMS) dims in the layout `tag`
+ * (dnnl_nchw, dnnl_oihw, ..., or dnnl_format_tag_any for a primitive to
+ * choose). */
+void st_md_tag(dnnl_memory_desc_t *md, int ndims, const int64_t *dims, dnnl_format_tag_t tag);
 
 #endif /* SUBTRAIN_NN_DNNL_UTIL_H */

@@ -136,4 +136,165 @@ st_status st_xent_build(st_nn_ctx *ctx, st_xent *e, int64_t batch, int64_t class
 st_status st_xent_forward(const st_nn_ctx *ctx, const st_xent *e, const int32_t *labels,
                           int64_t rows, int want_grad, double *loss_sum, int64_t *correct);
 
+/* ------------------------------------------------------------ convolution */
+
+/* 2-D convolution on NCHW activations, in the caller's plain buffers:
+ *   x (B, IC, IH, IW), w (OC, IC, KH, KW), b (OC), y (B, OC, OH, OW),
+ *   OH = (IH + 2 pad - KH) / stride + 1 (floor, as PyTorch), OW alike.
+ * Square stride and symmetric padding.  IC and OC are whatever the caller
+ * gives: a compact subnetwork builds a smaller convolution over compact
+ * buffers (nothing here assumes a full model's sizes). */
+typedef struct st_conv_shape {
+    int64_t batch, ic, ih, iw;  /* x */
+    int64_t oc, kh, kw;         /* w */
+    int64_t stride, pad;
+} st_conv_shape;
+
+static inline int64_t st_conv_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad)
+{
+    return (in + 2 * pad - kernel) / stride + 1;
+}
+
+/* How the primitives see the tensors.  PLAIN: nchw/oihw, the caller's
+ * buffers directly.  BLOCKED: the layouts oneDNN prefers (format_tag_any,
+ * nChw16c and friends), with reorders from and to the plain buffers at the
+ * layer's boundaries, into copies made at build time.  DEFAULT is the one
+ * measured faster (conv.c says how much). */
+typedef enum st_conv_layout {
+    ST_CONV_DEFAULT = 0,
+    ST_CONV_PLAIN,
+    ST_CONV_BLOCKED,
+} st_conv_layout;
+
+typedef struct st_conv_io {
+    const float *x; float *y;   /* (B, IC, IH, IW), (B, OC, OH, OW) */
+    const float *w, *b;         /* (OC, IC, KH, KW); (OC), or NULL: no bias */
+    float *dx; const float *dy; /* dx NULL: no input gradient (a first layer) */
+    float *dw, *db;             /* dw NULL: no weight gradients (db is then unused);
+                                 * db is needed iff b is given */
+    st_conv_layout layout;
+} st_conv_io;
+
+/* One primitive with the reorders around it: pre (plain -> blocked copies
+ * of its inputs), the primitive, post (its blocked output -> plain). */
+typedef struct st_conv_pass {
+    st_prim pre[2];
+    int n_pre;
+    st_prim prim;
+    st_prim post;
+    int has_post;
+} st_conv_pass;
+
+typedef struct st_conv {
+    st_conv_shape s;
+    int64_t oh, ow;
+    st_conv_layout layout;      /* the one used: PLAIN or BLOCKED */
+    int has_bias, has_dx, has_dw;
+    st_conv_pass fwd;           /* y = conv(x, w) + b */
+    st_conv_pass bwd_data;      /* dx = conv^T(dy, w) */
+    st_conv_pass bwd_weights;   /* dw = corr(x, dy), db = sum of dy */
+} st_conv;
+
+/* The backward reads what the forward left (blocked copies of x and w), so
+ * a backward follows its forward, with the same x and w. */
+st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
+                        const st_conv_io *io);
+st_status st_conv_forward(const st_nn_ctx *ctx, const st_conv *c);
+/* Input gradient (if built), then weight and bias gradients (if built). */
+st_status st_conv_backward(const st_nn_ctx *ctx, const st_conv *c);
+
+/* Multiply-adds of one product (forward = backward-data = backward-weights):
+ * B OC OH OW IC KH KW; FLOPs count 2 per multiply-add. */
+double st_conv_pass_flops(const st_conv_shape *shape);
+/* Forward + backward-data + backward-weights FLOPs of a built layer (the
+ * passes it has; the bias is not counted). */
+double st_conv_flops(const st_conv *c);
+
+/* A standalone timing (for a bench_step --config cnn reference): builds the
+ * convolution on its own context and arena, with the calling thread's
+ * OpenMP thread count, and returns each pass's rate, best of `reps` after a
+ * warm-up.  fwd, bwd_data, bwd_weights: the primitives alone;
+ * layer_*: the layer's calls, reorders included (the same numbers for the
+ * plain layout). */
+typedef struct st_conv_rates {
+    st_conv_layout layout;      /* the one timed */
+    double fwd, bwd_data, bwd_weights;       /* GFLOP/s */
+    double layer_fwd, layer_bwd;             /* GFLOP/s */
+    double layer_ms;                         /* forward + backward, ms */
+} st_conv_rates;
+
+st_status st_conv_reference_gflops(const st_conv_shape *shape, st_conv_layout layout,
+                                   int reps, st_conv_rates *out);
+
+/* ------------------------------------------------------------ pooling */
+
+/* Max pooling (kernel x kernel windows, square stride, symmetric padding;
+ * padding never wins the max) and global average pooling, NCHW:
+ *   max:    x (B, C, H, W) -> y (B, C, OH, OW), OH = (H + 2 pad - k) / stride + 1
+ *   global: x (B, C, H, W) -> y (B, C), the mean over H x W.
+ * The max pool's forward keeps oneDNN's workspace (where each maximum came
+ * from) for its backward. */
+typedef struct st_pool_io {
+    const float *x; float *y;
+    float *dx; const float *dy;  /* dx NULL: forward only */
+} st_pool_io;
+
+typedef struct st_pool {
+    int64_t batch, channels, ih, iw, oh, ow, kernel_h, kernel_w, stride, pad;
+    int has_dx;
+    st_prim fwd, bwd;
+    void *workspace;             /* max pooling, from the arena */
+} st_pool;
+
+st_status st_maxpool_build(st_nn_ctx *ctx, st_pool *p, int64_t batch, int64_t channels,
+                           int64_t height, int64_t width, int64_t kernel, int64_t stride,
+                           int64_t pad, const st_pool_io *io);
+st_status st_global_avgpool_build(st_nn_ctx *ctx, st_pool *p, int64_t batch,
+                                  int64_t channels, int64_t height, int64_t width,
+                                  const st_pool_io *io);
+st_status st_pool_forward(const st_nn_ctx *ctx, const st_pool *p);
+st_status st_pool_backward(const st_nn_ctx *ctx, const st_pool *p);
+
+/* ------------------------------------------------------------ batch norm */
+
+/* Batch normalisation of x (B, C, H, W), NCHW, per channel over B H W:
+ *   y = (x - mean) / sqrt(var + eps) * gamma + beta   [then ReLU, fused]
+ * Training: mean, var are the batch's (var biased, 1/N), written to the
+ * caller's buffers for the backward, and the running statistics are
+ * updated as PyTorch does:
+ *   running_mean = (1 - m) running_mean + m mean
+ *   running_var  = (1 - m) running_var  + m var N / (N - 1)   (unbiased)
+ * with m = 0.1, N = B H W.  Inference: the running statistics normalise,
+ * nothing is updated.  Backward (of the training forward): dx, dgamma,
+ * dbeta, written. */
+#define ST_BATCHNORM_EPS 1e-5f
+#define ST_BATCHNORM_MOMENTUM 0.1f
+
+typedef struct st_batchnorm_io {
+    const float *x; float *y;             /* (B, C, H, W) */
+    const float *gamma, *beta;            /* (C) */
+    float *mean, *var;                    /* (C) batch statistics, saved for backward */
+    float *running_mean, *running_var;    /* (C) */
+    float *dx; const float *dy;           /* dy NULL: no backward */
+    float *dgamma, *dbeta;                /* (C), needed with dy */
+    int fuse_relu;                        /* y = relu(bn(x)), and the backward through both */
+} st_batchnorm_io;
+
+typedef struct st_batchnorm {
+    int64_t batch, channels, hw;
+    int fuse_relu, has_backward;
+    st_prim fwd_train, fwd_infer, bwd;
+    const float *mean, *var;
+    float *running_mean, *running_var;
+    void *workspace;                      /* fused ReLU: which outputs were cut, from the arena */
+} st_batchnorm;
+
+st_status st_batchnorm_build(st_nn_ctx *ctx, st_batchnorm *n, int64_t batch,
+                             int64_t channels, int64_t height, int64_t width,
+                             const st_batchnorm_io *io);
+/* training: batch statistics and the running update (needs N = B H W >= 2);
+ * else the running statistics. */
+st_status st_batchnorm_forward(const st_nn_ctx *ctx, const st_batchnorm *n, int training);
+st_status st_batchnorm_backward(const st_nn_ctx *ctx, const st_batchnorm *n);
+
 #endif /* SUBTRAIN_NN_LAYERS_H */

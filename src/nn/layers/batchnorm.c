@@ -1,0 +1,182 @@
+/*
+ * nn/layers/batchnorm.c — batch normalisation of NCHW activations per
+ * channel, with a learned scale (gamma) and shift (beta), on oneDNN
+ * batch_normalization primitives; optionally with the following ReLU fused
+ * in (oneDNN's fuse_norm_relu: the forward keeps a bit mask of the cut
+ * outputs in a workspace, the backward applies it to dy).
+ *
+ * Three primitives, made once: the training forward (batch statistics,
+ * written to the caller's mean/var for the backward), the inference forward
+ * (the running statistics, use_global_stats) and the backward of the
+ * training forward.  The running statistics are updated after the training
+ * forward by a loop over the C channels, PyTorch's rule: momentum 0.1, the
+ * variance made unbiased (x N / (N - 1)); oneDNN's own variance is the
+ * biased one the normalisation uses.
+ */
+#include <string.h>
+
+#include "nn/layers.h"
+
+static st_status check(int64_t batch, int64_t channels, int64_t height, int64_t width,
+                       const st_batchnorm_io *io)
+{
+    if (batch < 1 || channels < 1 || height < 1 || width < 1)
+        return st_fail(ST_ERR_INVALID, "batch norm: bad shape %lldx%lldx%lldx%lld",
+                       (long long)batch, (long long)channels, (long long)height,
+                       (long long)width);
+    if (!io->x || !io->y || !io->gamma || !io->beta || !io->mean || !io->var ||
+        !io->running_mean || !io->running_var)
+        return st_fail(ST_ERR_INVALID, "batch norm: missing buffer (x, y, gamma, beta, mean, "
+                       "var, running_mean and running_var are needed)");
+    if (io->dy && (!io->dx || !io->dgamma || !io->dbeta))
+        return st_fail(ST_ERR_INVALID, "batch norm: a backward needs dx, dgamma and dbeta");
+    return ST_OK;
+}
+
+st_status st_batchnorm_build(st_nn_ctx *ctx, st_batchnorm *n, int64_t batch,
+                             int64_t channels, int64_t height, int64_t width,
+                             const st_batchnorm_io *io)
+{
+    memset(n, 0, sizeof *n);
+    ST_TRY(check(batch, channels, height, width, io));
+    n->batch = batch;
+    n->channels = channels;
+    n->hw = height * width;
+    n->fuse_relu = io->fuse_relu != 0;
+    n->has_backward = io->dy != NULL;
+    n->mean = io->mean;
+    n->var = io->var;
+    n->running_mean = io->running_mean;
+    n->running_var = io->running_var;
+
+    const int64_t dims[4] = { batch, channels, height, width };
+    dnnl_memory_desc_t data_md, c_md;
+    st_md_tag(&data_md, 4, dims, dnnl_nchw);
+    st_md_vector(&c_md, channels);
+    const unsigned flags = dnnl_use_scale | dnnl_use_shift |
+                           (n->fuse_relu ? (unsigned)dnnl_fuse_norm_relu : 0u);
+
+    dnnl_batch_normalization_desc_t td, id;
+    ST_DNNL(dnnl_batch_normalization_forward_desc_init(&td, dnnl_forward_training, &data_md,
+                                                       ST_BATCHNORM_EPS, flags),
+            "batch norm training forward descriptor");
+    ST_DNNL(dnnl_batch_normalization_forward_desc_init(&id, dnnl_forward_inference, &data_md,
+                                                       ST_BATCHNORM_EPS,
+                                                       flags | dnnl_use_global_stats),
+            "batch norm inference forward descriptor");
+    dnnl_primitive_desc_t tpd;
+    ST_TRY(st_prim_create(ctx, &n->fwd_train, &td, NULL, "batch norm training forward", &tpd));
+    st_status s = st_prim_create(ctx, &n->fwd_infer, &id, NULL, "batch norm inference forward",
+                                 NULL);
+
+    dnnl_memory_t x = NULL, y = NULL, gamma = NULL, beta = NULL, mean = NULL, var = NULL;
+    dnnl_memory_t rmean = NULL, rvar = NULL, ws = NULL;
+    if (s == ST_OK)
+        s = st_mem_md(ctx, &x, &data_md, io->x);
+    if (s == ST_OK)
+        s = st_mem_md(ctx, &y, &data_md, io->y);
+    if (s == ST_OK)
+        s = st_mem_md(ctx, &gamma, &c_md, io->gamma);
+    if (s == ST_OK)
+        s = st_mem_md(ctx, &beta, &c_md, io->beta);
+    if (s == ST_OK)
+        s = st_mem_md(ctx, &mean, &c_md, io->mean);
+    if (s == ST_OK)
+        s = st_mem_md(ctx, &var, &c_md, io->var);
+    if (s == ST_OK)
+        s = st_mem_md(ctx, &rmean, &c_md, io->running_mean);
+    if (s == ST_OK)
+        s = st_mem_md(ctx, &rvar, &c_md, io->running_var);
+    if (s == ST_OK && n->fuse_relu) {
+        const dnnl_memory_desc_t *ws_md =
+            dnnl_primitive_desc_query_md(tpd, dnnl_query_workspace_md, 0);
+        size_t bytes = ws_md ? dnnl_memory_desc_get_size(ws_md) : 0;
+        if (bytes > 0) {
+            s = st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS, bytes, &n->workspace);
+            if (s == ST_OK)
+                s = st_mem_md(ctx, &ws, ws_md, n->workspace);
+        }
+    }
+    if (s == ST_OK) {
+        st_prim_arg(&n->fwd_train, DNNL_ARG_SRC, x);
+        st_prim_arg(&n->fwd_train, DNNL_ARG_DST, y);
+        st_prim_arg(&n->fwd_train, DNNL_ARG_SCALE, gamma);
+        st_prim_arg(&n->fwd_train, DNNL_ARG_SHIFT, beta);
+        st_prim_arg(&n->fwd_train, DNNL_ARG_MEAN, mean);
+        st_prim_arg(&n->fwd_train, DNNL_ARG_VARIANCE, var);
+        if (ws)
+            st_prim_arg(&n->fwd_train, DNNL_ARG_WORKSPACE, ws);
+
+        st_prim_arg(&n->fwd_infer, DNNL_ARG_SRC, x);
+        st_prim_arg(&n->fwd_infer, DNNL_ARG_DST, y);
+        st_prim_arg(&n->fwd_infer, DNNL_ARG_SCALE, gamma);
+        st_prim_arg(&n->fwd_infer, DNNL_ARG_SHIFT, beta);
+        st_prim_arg(&n->fwd_infer, DNNL_ARG_MEAN, rmean);
+        st_prim_arg(&n->fwd_infer, DNNL_ARG_VARIANCE, rvar);
+    }
+
+    if (s == ST_OK && n->has_backward) {
+        dnnl_batch_normalization_desc_t bd;
+        dnnl_status_t ds = dnnl_batch_normalization_backward_desc_init(
+            &bd, dnnl_backward, &data_md, &data_md, ST_BATCHNORM_EPS, flags);
+        s = ds == dnnl_success ? st_prim_create(ctx, &n->bwd, &bd, tpd, "batch norm backward", NULL)
+                               : st_dnnl_fail(ds, "batch norm backward descriptor", __FILE__,
+                                              __LINE__);
+        dnnl_memory_t dx = NULL, dy = NULL, dgamma = NULL, dbeta = NULL;
+        if (s == ST_OK)
+            s = st_mem_md(ctx, &dx, &data_md, io->dx);
+        if (s == ST_OK)
+            s = st_mem_md(ctx, &dy, &data_md, io->dy);
+        if (s == ST_OK)
+            s = st_mem_md(ctx, &dgamma, &c_md, io->dgamma);
+        if (s == ST_OK)
+            s = st_mem_md(ctx, &dbeta, &c_md, io->dbeta);
+        if (s == ST_OK) {
+            st_prim_arg(&n->bwd, DNNL_ARG_SRC, x);
+            st_prim_arg(&n->bwd, DNNL_ARG_MEAN, mean);
+            st_prim_arg(&n->bwd, DNNL_ARG_VARIANCE, var);
+            st_prim_arg(&n->bwd, DNNL_ARG_SCALE, gamma);
+            /* As for layer norm: oneDNN 2.6 wants the shift in backward
+             * too, though it does not read it. */
+            st_prim_arg(&n->bwd, DNNL_ARG_SHIFT, beta);
+            st_prim_arg(&n->bwd, DNNL_ARG_DIFF_DST, dy);
+            st_prim_arg(&n->bwd, DNNL_ARG_DIFF_SRC, dx);
+            st_prim_arg(&n->bwd, DNNL_ARG_DIFF_SCALE, dgamma);
+            st_prim_arg(&n->bwd, DNNL_ARG_DIFF_SHIFT, dbeta);
+            if (ws)
+                st_prim_arg(&n->bwd, DNNL_ARG_WORKSPACE, ws);
+        }
+    }
+    dnnl_primitive_desc_destroy(tpd);
+    return s;
+}
+
+/* PyTorch's running update, after the batch statistics are in mean/var. */
+static void update_running(const st_batchnorm *n)
+{
+    const int64_t count = n->batch * n->hw;
+    const float m = ST_BATCHNORM_MOMENTUM;
+    const float unbias = (float)((double)count / (double)(count - 1));
+    for (int64_t c = 0; c < n->channels; c++) {
+        n->running_mean[c] = (1.0f - m) * n->running_mean[c] + m * n->mean[c];
+        n->running_var[c] = (1.0f - m) * n->running_var[c] + m * (n->var[c] * unbias);
+    }
+}
+
+st_status st_batchnorm_forward(const st_nn_ctx *ctx, const st_batchnorm *n, int training)
+{
+    if (!training)
+        return st_prim_run(ctx, &n->fwd_infer);
+    if (n->batch * n->hw < 2)
+        return st_fail(ST_ERR_INVALID, "batch norm: training needs more than one value per "
+                       "channel (batch %lld x %lld positions)", (long long)n->batch,
+                       (long long)n->hw);
+    ST_TRY(st_prim_run(ctx, &n->fwd_train));
+    update_running(n);
+    return ST_OK;
+}
+
+st_status st_batchnorm_backward(const st_nn_ctx *ctx, const st_batchnorm *n)
+{
+    return n->has_backward ? st_prim_run(ctx, &n->bwd) : ST_OK;
+}

@@ -1,0 +1,413 @@
+/*
+ * nn/layers/conv.c — 2-D convolution on oneDNN convolution primitives:
+ * forward, backward-data, backward-weights (with the bias gradient).
+ *
+ * The caller's tensors are plain NCHW / OIHW.  Two ways to run:
+ *   PLAIN    the primitives read and write those buffers directly (oneDNN
+ *            then runs its im2col + GEMM kernels, "gemm:jit");
+ *   BLOCKED  the primitives are created with format_tag_any and choose
+ *            their layouts (nChw16c activations, OIhw16i16o-like weights on
+ *            AVX-512, direct JIT kernels); reorder primitives copy the inputs
+ *            into blocked buffers before a pass and the outputs back after
+ *            it.  The blocked buffers and the reorders are made at build
+ *            time (buffers from the context's arena), a copy is shared by
+ *            every pass that wants the same layout (x's copy made by the
+ *            forward is read by backward-weights; dy's by both backward
+ *            passes), so a step only executes.
+ *
+ * Measured (bench/bench_conv, one thread, this project's 2-core AMD EPYC
+ * with AVX-512, oneDNN 2.6.3; a whole layer: forward + backward-data +
+ * backward-weights, reorders included, ms per call, best of 5):
+ *   see MEASURED below; the faster one is ST_CONV_DEFAULT.
+ */
+#include <string.h>
+#include <time.h>
+
+#include <subtrain/rng.h>
+
+#include "nn/layers.h"
+
+/* MEASURED (filled in from bench/bench_conv; see the top of this file) */
+#define ST_CONV_MEASURED_DEFAULT ST_CONV_BLOCKED
+
+double st_conv_pass_flops(const st_conv_shape *s)
+{
+    const int64_t oh = st_conv_out_size(s->ih, s->kh, s->stride, s->pad);
+    const int64_t ow = st_conv_out_size(s->iw, s->kw, s->stride, s->pad);
+    return 2.0 * (double)s->batch * (double)s->oc * (double)oh * (double)ow * (double)s->ic *
+           (double)s->kh * (double)s->kw;
+}
+
+double st_conv_flops(const st_conv *c)
+{
+    const double one = st_conv_pass_flops(&c->s);
+    return one * (1.0 + (c->has_dx ? 1.0 : 0.0) + (c->has_dw ? 1.0 : 0.0));
+}
+
+/* ------------------------------------------------------------ layouts */
+
+/* A tensor the caller holds in its plain layout, and the blocked copies
+ * the primitives asked for. */
+#define MAX_COPIES 3
+
+typedef struct tensor {
+    const char *reorder_in, *reorder_out;  /* names of its reorders, for errors */
+    st_mem_kind kind;                      /* what its copies count as */
+    dnnl_memory_desc_t plain_md;
+    dnnl_memory_t plain;
+    int n;
+    dnnl_memory_t copy[MAX_COPIES];
+} tensor;
+
+static st_status tensor_init(st_nn_ctx *ctx, tensor *t, int ndims, const int64_t *dims,
+                             dnnl_format_tag_t tag, const void *data, st_mem_kind kind,
+                             const char *reorder_in, const char *reorder_out)
+{
+    memset(t, 0, sizeof *t);
+    t->kind = kind;
+    t->reorder_in = reorder_in;
+    t->reorder_out = reorder_out;
+    st_md_tag(&t->plain_md, ndims, dims, tag);
+    return data ? st_mem_md(ctx, &t->plain, &t->plain_md, data) : ST_OK;
+}
+
+/* The copy of t in layout md: an existing one, else a new buffer. *fresh
+ * says whether it is new. */
+static st_status tensor_copy(st_nn_ctx *ctx, tensor *t, const dnnl_memory_desc_t *md,
+                             dnnl_memory_t *out, int *fresh)
+{
+    for (int i = 0; i < t->n; i++) {
+        const dnnl_memory_desc_t *have;
+        ST_DNNL(dnnl_memory_get_memory_desc(t->copy[i], &have), "querying a layout");
+        if (dnnl_memory_desc_equal(have, md)) {
+            *out = t->copy[i];
+            *fresh = 0;
+            return ST_OK;
+        }
+    }
+    if (t->n == MAX_COPIES)
+        return st_fail(ST_ERR_INVALID, "conv: more than %d layouts of one tensor", MAX_COPIES);
+    void *buf;
+    ST_TRY(st_arena_alloc(ctx->arena, t->kind, dnnl_memory_desc_get_size(md), &buf));
+    ST_TRY(st_mem_md(ctx, &t->copy[t->n], md, buf));
+    *out = t->copy[t->n++];
+    *fresh = 1;
+    return ST_OK;
+}
+
+/* What a pass's primitive reads as argument `arg` in the layout `md`:
+ * the plain buffer itself, or a blocked copy, filled by a reorder before
+ * the pass unless an earlier pass (in forward, backward-data,
+ * backward-weights order) fills it already. */
+static st_status bind_input(st_nn_ctx *ctx, st_conv_pass *p, tensor *t, int arg,
+                            const dnnl_memory_desc_t *md)
+{
+    if (dnnl_memory_desc_equal(md, &t->plain_md)) {
+        st_prim_arg(&p->prim, arg, t->plain);
+        return ST_OK;
+    }
+    dnnl_memory_t copy;
+    int fresh;
+    ST_TRY(tensor_copy(ctx, t, md, &copy, &fresh));
+    if (fresh) {
+        if (p->n_pre == (int)(sizeof p->pre / sizeof p->pre[0]))
+            return st_fail(ST_ERR_INVALID, "conv: too many reorders before a pass");
+        ST_TRY(st_prim_create_reorder(ctx, &p->pre[p->n_pre++], t->plain, copy, t->reorder_in));
+    }
+    st_prim_arg(&p->prim, arg, copy);
+    return ST_OK;
+}
+
+/* What a pass's primitive writes as `arg`: the plain buffer, or a blocked
+ * buffer reordered into it after the pass. */
+static st_status bind_output(st_nn_ctx *ctx, st_conv_pass *p, tensor *t, int arg,
+                             const dnnl_memory_desc_t *md)
+{
+    if (dnnl_memory_desc_equal(md, &t->plain_md)) {
+        st_prim_arg(&p->prim, arg, t->plain);
+        return ST_OK;
+    }
+    dnnl_memory_t copy;
+    int fresh;
+    ST_TRY(tensor_copy(ctx, t, md, &copy, &fresh));
+    ST_TRY(st_prim_create_reorder(ctx, &p->post, copy, t->plain, t->reorder_out));
+    p->has_post = 1;
+    st_prim_arg(&p->prim, arg, copy);
+    return ST_OK;
+}
+
+static const dnnl_memory_desc_t *query(const_dnnl_primitive_desc_t pd, dnnl_query_t what)
+{
+    return dnnl_primitive_desc_query_md(pd, what, 0);
+}
+
+/* ------------------------------------------------------------ build */
+
+static st_status check_shape(const st_conv_shape *s, const st_conv_io *io)
+{
+    if (s->batch < 1 || s->ic < 1 || s->ih < 1 || s->iw < 1 || s->oc < 1 || s->kh < 1 ||
+        s->kw < 1 || s->stride < 1 || s->pad < 0 || s->pad >= s->kh || s->pad >= s->kw ||
+        s->ih + 2 * s->pad < s->kh || s->iw + 2 * s->pad < s->kw)
+        return st_fail(ST_ERR_INVALID, "conv: bad shape: batch %lld, %lld -> %lld channels, "
+                       "%lldx%lld input, %lldx%lld kernel, stride %lld, padding %lld",
+                       (long long)s->batch, (long long)s->ic, (long long)s->oc,
+                       (long long)s->ih, (long long)s->iw, (long long)s->kh, (long long)s->kw,
+                       (long long)s->stride, (long long)s->pad);
+    if (!io->x || !io->y || !io->w || (io->dx && !io->dy) || (io->dw && !io->dy) ||
+        (io->dw && io->b && !io->db))
+        return st_fail(ST_ERR_INVALID, "conv: missing buffer (x, y and w are needed; dy with "
+                       "dx or dw; db with dw and a bias)");
+    return ST_OK;
+}
+
+st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
+                        const st_conv_io *io)
+{
+    memset(c, 0, sizeof *c);
+    ST_TRY(check_shape(shape, io));
+    c->s = *shape;
+    c->oh = st_conv_out_size(shape->ih, shape->kh, shape->stride, shape->pad);
+    c->ow = st_conv_out_size(shape->iw, shape->kw, shape->stride, shape->pad);
+    c->layout = io->layout == ST_CONV_DEFAULT ? ST_CONV_MEASURED_DEFAULT : io->layout;
+    c->has_bias = io->b != NULL;
+    c->has_dx = io->dx != NULL;
+    c->has_dw = io->dw != NULL;
+
+    const int64_t xd[4] = { shape->batch, shape->ic, shape->ih, shape->iw };
+    const int64_t yd[4] = { shape->batch, shape->oc, c->oh, c->ow };
+    const int64_t wd[4] = { shape->oc, shape->ic, shape->kh, shape->kw };
+    tensor x, y, w, dx, dy, dw;
+    ST_TRY(tensor_init(ctx, &x, 4, xd, dnnl_nchw, io->x, ST_MEM_ACTIVATIONS,
+                       "conv reorder x", NULL));
+    ST_TRY(tensor_init(ctx, &y, 4, yd, dnnl_nchw, io->y, ST_MEM_ACTIVATIONS, NULL,
+                       "conv reorder y"));
+    ST_TRY(tensor_init(ctx, &w, 4, wd, dnnl_oihw, io->w, ST_MEM_WORKSPACE,
+                       "conv reorder w", NULL));
+    ST_TRY(tensor_init(ctx, &dx, 4, xd, dnnl_nchw, io->dx, ST_MEM_ACTIVATIONS, NULL,
+                       "conv reorder dx"));
+    ST_TRY(tensor_init(ctx, &dy, 4, yd, dnnl_nchw, io->dy, ST_MEM_ACTIVATIONS,
+                       "conv reorder dy", NULL));
+    ST_TRY(tensor_init(ctx, &dw, 4, wd, dnnl_oihw, io->dw, ST_MEM_WORKSPACE, NULL,
+                       "conv reorder dw"));
+
+    /* The primitives' view: the plain layouts, or "any". */
+    dnnl_memory_desc_t x_md = x.plain_md, y_md = y.plain_md, w_md = w.plain_md, b_md;
+    if (c->layout == ST_CONV_BLOCKED) {
+        st_md_tag(&x_md, 4, xd, dnnl_format_tag_any);
+        st_md_tag(&y_md, 4, yd, dnnl_format_tag_any);
+        st_md_tag(&w_md, 4, wd, dnnl_format_tag_any);
+    }
+    st_md_vector(&b_md, shape->oc);
+    const dnnl_dims_t strides = { shape->stride, shape->stride };
+    const dnnl_dims_t pad_l = { shape->pad, shape->pad };
+    /* oneDNN's padding_r is what makes its output size formula hold:
+     * OH = (IH + pad_l + pad_r - KH) / stride + 1 exactly, so the floor of
+     * PyTorch's formula is kept by trimming the bottom/right padding that
+     * no window reaches. */
+    const dnnl_dims_t pad_r = {
+        (c->oh - 1) * shape->stride + shape->kh - shape->ih - shape->pad,
+        (c->ow - 1) * shape->stride + shape->kw - shape->iw - shape->pad,
+    };
+
+    dnnl_convolution_desc_t fd;
+    ST_DNNL(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
+                                               &x_md, &w_md, c->has_bias ? &b_md : NULL, &y_md,
+                                               strides, pad_l, pad_r),
+            "conv forward descriptor");
+    dnnl_primitive_desc_t fpd;
+    ST_TRY(st_prim_create(ctx, &c->fwd.prim, &fd, NULL, "conv forward", &fpd));
+    st_status s = ST_OK;
+    dnnl_memory_t b = NULL, db = NULL;
+    if (c->has_bias)
+        s = st_mem_vector(ctx, &b, shape->oc, io->b);
+    if (s == ST_OK)
+        s = bind_input(ctx, &c->fwd, &x, DNNL_ARG_SRC, query(fpd, dnnl_query_src_md));
+    if (s == ST_OK)
+        s = bind_input(ctx, &c->fwd, &w, DNNL_ARG_WEIGHTS, query(fpd, dnnl_query_weights_md));
+    if (s == ST_OK)
+        s = bind_output(ctx, &c->fwd, &y, DNNL_ARG_DST, query(fpd, dnnl_query_dst_md));
+    if (s == ST_OK && c->has_bias)
+        st_prim_arg(&c->fwd.prim, DNNL_ARG_BIAS, b);
+
+    if (s == ST_OK && c->has_dx) {
+        dnnl_convolution_desc_t bd;
+        dnnl_primitive_desc_t bpd = NULL;
+        dnnl_status_t ds = dnnl_convolution_backward_data_desc_init(
+            &bd, dnnl_convolution_direct, &x_md, &w_md, &y_md, strides, pad_l, pad_r);
+        s = ds == dnnl_success ? st_prim_create(ctx, &c->bwd_data.prim, &bd, fpd,
+                                                "conv backward data", &bpd)
+                               : st_dnnl_fail(ds, "conv backward-data descriptor", __FILE__, __LINE__);
+        if (s == ST_OK)
+            s = bind_input(ctx, &c->bwd_data, &dy, DNNL_ARG_DIFF_DST,
+                           query(bpd, dnnl_query_diff_dst_md));
+        if (s == ST_OK)
+            s = bind_input(ctx, &c->bwd_data, &w, DNNL_ARG_WEIGHTS,
+                           query(bpd, dnnl_query_weights_md));
+        if (s == ST_OK)
+            s = bind_output(ctx, &c->bwd_data, &dx, DNNL_ARG_DIFF_SRC,
+                            query(bpd, dnnl_query_diff_src_md));
+        if (bpd)
+            dnnl_primitive_desc_destroy(bpd);
+    }
+
+    if (s == ST_OK && c->has_dw) {
+        dnnl_convolution_desc_t wdsc;
+        dnnl_primitive_desc_t wpd = NULL;
+        dnnl_status_t ds = dnnl_convolution_backward_weights_desc_init(
+            &wdsc, dnnl_convolution_direct, &x_md, &w_md, c->has_bias ? &b_md : NULL, &y_md,
+            strides, pad_l, pad_r);
+        s = ds == dnnl_success ? st_prim_create(ctx, &c->bwd_weights.prim, &wdsc, fpd,
+                                                "conv backward weights", &wpd)
+                               : st_dnnl_fail(ds, "conv backward-weights descriptor", __FILE__,
+                                              __LINE__);
+        if (s == ST_OK)
+            s = bind_input(ctx, &c->bwd_weights, &x, DNNL_ARG_SRC, query(wpd, dnnl_query_src_md));
+        if (s == ST_OK)
+            s = bind_input(ctx, &c->bwd_weights, &dy, DNNL_ARG_DIFF_DST,
+                           query(wpd, dnnl_query_diff_dst_md));
+        if (s == ST_OK)
+            s = bind_output(ctx, &c->bwd_weights, &dw, DNNL_ARG_DIFF_WEIGHTS,
+                            query(wpd, dnnl_query_diff_weights_md));
+        if (s == ST_OK && c->has_bias) {
+            s = st_mem_vector(ctx, &db, shape->oc, io->db);
+            if (s == ST_OK)
+                st_prim_arg(&c->bwd_weights.prim, DNNL_ARG_DIFF_BIAS, db);
+        }
+        if (wpd)
+            dnnl_primitive_desc_destroy(wpd);
+    }
+    dnnl_primitive_desc_destroy(fpd);
+    return s;
+}
+
+/* ------------------------------------------------------------ run */
+
+static st_status run_pass(const st_nn_ctx *ctx, const st_conv_pass *p)
+{
+    for (int i = 0; i < p->n_pre; i++)
+        ST_TRY(st_prim_run(ctx, &p->pre[i]));
+    ST_TRY(st_prim_run(ctx, &p->prim));
+    return p->has_post ? st_prim_run(ctx, &p->post) : ST_OK;
+}
+
+st_status st_conv_forward(const st_nn_ctx *ctx, const st_conv *c)
+{
+    return run_pass(ctx, &c->fwd);
+}
+
+st_status st_conv_backward(const st_nn_ctx *ctx, const st_conv *c)
+{
+    /* This order is the one bind_input assumed: a copy of dy made for
+     * backward-data serves backward-weights too. */
+    if (c->has_dx)
+        ST_TRY(run_pass(ctx, &c->bwd_data));
+    if (c->has_dw)
+        ST_TRY(run_pass(ctx, &c->bwd_weights));
+    return ST_OK;
+}
+
+/* ------------------------------------------------------------ timing */
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+typedef st_status (*timed_fn)(const st_nn_ctx *ctx, const void *arg);
+
+static st_status run_prim(const st_nn_ctx *ctx, const void *arg)
+{
+    return st_prim_run(ctx, arg);
+}
+
+static st_status run_fwd(const st_nn_ctx *ctx, const void *arg)
+{
+    return st_conv_forward(ctx, arg);
+}
+
+static st_status run_bwd(const st_nn_ctx *ctx, const void *arg)
+{
+    return st_conv_backward(ctx, arg);
+}
+
+/* Best time of reps calls, seconds. */
+static st_status best_of(const st_nn_ctx *ctx, timed_fn f, const void *arg, int reps, double *best)
+{
+    *best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        ST_TRY(f(ctx, arg));
+        double t = now_s() - t0;
+        if (t < *best)
+            *best = t;
+    }
+    return ST_OK;
+}
+
+static st_status time_conv(st_nn_ctx *ctx, st_arena *arena, const st_conv_shape *s,
+                           st_conv_layout layout, int reps, st_conv_rates *out)
+{
+    const int64_t oh = st_conv_out_size(s->ih, s->kh, s->stride, s->pad);
+    const int64_t ow = st_conv_out_size(s->iw, s->kw, s->stride, s->pad);
+    const size_t nx = (size_t)(s->batch * s->ic * s->ih * s->iw);
+    const size_t ny = (size_t)(s->batch * s->oc * oh * ow);
+    const size_t nw = (size_t)(s->oc * s->ic * s->kh * s->kw);
+    st_conv_io io = { .layout = layout };
+    float *x, *y, *w, *b, *dx, *dy, *dw, *db;
+    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_ACTIVATIONS, nx, &x));
+    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_ACTIVATIONS, ny, &y));
+    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, nw, &w));
+    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, (size_t)s->oc, &b));
+    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_ACTIVATIONS, nx, &dx));
+    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_ACTIVATIONS, ny, &dy));
+    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_GRADIENTS, nw, &dw));
+    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_GRADIENTS, (size_t)s->oc, &db));
+    /* Values of the usual magnitudes (no denormals, no zeros to skip). */
+    st_rng r = st_rng_seed(2024);
+    for (size_t i = 0; i < nx; i++)
+        x[i] = st_rng_uniform(&r) - 0.5f;
+    for (size_t i = 0; i < ny; i++)
+        dy[i] = st_rng_uniform(&r) - 0.5f;
+    for (size_t i = 0; i < nw; i++)
+        w[i] = 0.1f * (st_rng_uniform(&r) - 0.5f);
+    io.x = x; io.y = y; io.w = w; io.b = b;
+    io.dx = dx; io.dy = dy; io.dw = dw; io.db = db;
+
+    st_conv c;
+    ST_TRY(st_conv_build(ctx, &c, s, &io));
+    ST_TRY(st_nn_ctx_finalize(ctx));
+    ST_TRY(st_conv_forward(ctx, &c));   /* warm-up: oneDNN's first-call costs */
+    ST_TRY(st_conv_backward(ctx, &c));
+    const double one = st_conv_pass_flops(s) * 1e-9;
+    double t_f, t_d, t_w, t_lf, t_lb;
+    ST_TRY(best_of(ctx, run_prim, &c.fwd.prim, reps, &t_f));
+    ST_TRY(best_of(ctx, run_prim, &c.bwd_data.prim, reps, &t_d));
+    ST_TRY(best_of(ctx, run_prim, &c.bwd_weights.prim, reps, &t_w));
+    ST_TRY(best_of(ctx, run_fwd, &c, reps, &t_lf));
+    ST_TRY(best_of(ctx, run_bwd, &c, reps, &t_lb));
+    out->layout = c.layout;
+    out->fwd = one / t_f;
+    out->bwd_data = one / t_d;
+    out->bwd_weights = one / t_w;
+    out->layer_fwd = one / t_lf;
+    out->layer_bwd = 2.0 * one / t_lb;
+    out->layer_ms = 1e3 * (t_lf + t_lb);
+    return ST_OK;
+}
+
+st_status st_conv_reference_gflops(const st_conv_shape *shape, st_conv_layout layout,
+                                   int reps, st_conv_rates *out)
+{
+    memset(out, 0, sizeof *out);
+    st_arena arena;
+    st_nn_ctx ctx;
+    st_arena_init(&arena, "conv timing", NULL, 0);
+    st_status s = st_nn_ctx_init(&ctx, &arena);
+    if (s == ST_OK)
+        s = time_conv(&ctx, &arena, shape, layout, reps < 1 ? 1 : reps, out);
+    st_nn_ctx_destroy(&ctx);
+    st_arena_release(&arena);
+    return s;
+}

@@ -1,0 +1,150 @@
+/*
+ * nn/layers/pool.c — max pooling and global average pooling on oneDNN
+ * pooling primitives, NCHW.
+ *
+ * Max pooling (PyTorch's MaxPool2d, floor mode): padding is never a
+ * maximum (oneDNN treats it as -infinity); the training forward writes
+ * oneDNN's workspace, where each window's maximum was, which the backward
+ * reads to route dy to it.  Global average pooling is an average pooling
+ * whose window is the whole H x W plane: y (B, C, 1, 1) is the (B, C)
+ * matrix a linear layer reads, and the backward spreads dy / (H W) over
+ * the plane.
+ */
+#include <string.h>
+
+#include "nn/layers.h"
+
+/* Forward and (with dx) backward pooling over x (B, C, IH, IW) -> y (B, C,
+ * OH, OW), max or average. */
+static st_status pool_build(st_nn_ctx *ctx, st_pool *p, dnnl_alg_kind_t alg,
+                            const st_pool_io *io, const char *fwd_what, const char *bwd_what)
+{
+    const int64_t xd[4] = { p->batch, p->channels, p->ih, p->iw };
+    const int64_t yd[4] = { p->batch, p->channels, p->oh, p->ow };
+    dnnl_memory_desc_t x_md, y_md;
+    st_md_tag(&x_md, 4, xd, dnnl_nchw);
+    st_md_tag(&y_md, 4, yd, dnnl_nchw);
+    const dnnl_dims_t strides = { p->stride, p->stride };
+    const dnnl_dims_t kernel = { p->kernel_h, p->kernel_w };
+    const dnnl_dims_t dilation = { 0, 0 };
+    const dnnl_dims_t pad_l = { p->pad, p->pad };
+    /* oneDNN wants OH = (IH + pad_l + pad_r - KH) / stride + 1 exactly:
+     * the bottom/right padding no window reaches is trimmed (floor mode). */
+    const dnnl_dims_t pad_r = { (p->oh - 1) * p->stride + p->kernel_h - p->ih - p->pad,
+                                (p->ow - 1) * p->stride + p->kernel_w - p->iw - p->pad };
+    const dnnl_prop_kind_t prop = p->has_dx ? dnnl_forward_training : dnnl_forward_inference;
+    dnnl_pooling_v2_desc_t fd;
+    ST_DNNL(dnnl_pooling_v2_forward_desc_init(&fd, prop, alg, &x_md, &y_md, strides, kernel,
+                                              dilation, pad_l, pad_r),
+            fwd_what);
+    dnnl_primitive_desc_t fpd;
+    ST_TRY(st_prim_create(ctx, &p->fwd, &fd, NULL, fwd_what, &fpd));
+
+    st_status s = ST_OK;
+    dnnl_memory_t x, y, ws = NULL;
+    const dnnl_memory_desc_t *ws_md = dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
+    size_t ws_bytes = ws_md ? dnnl_memory_desc_get_size(ws_md) : 0;
+    if (ws_bytes > 0) {
+        s = st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS, ws_bytes, &p->workspace);
+        if (s == ST_OK)
+            s = st_mem_md(ctx, &ws, ws_md, p->workspace);
+    }
+    if (s == ST_OK)
+        s = st_mem_md(ctx, &x, &x_md, io->x);
+    if (s == ST_OK)
+        s = st_mem_md(ctx, &y, &y_md, io->y);
+    if (s == ST_OK) {
+        st_prim_arg(&p->fwd, DNNL_ARG_SRC, x);
+        st_prim_arg(&p->fwd, DNNL_ARG_DST, y);
+        if (ws)
+            st_prim_arg(&p->fwd, DNNL_ARG_WORKSPACE, ws);
+    }
+    if (s == ST_OK && p->has_dx) {
+        dnnl_pooling_v2_desc_t bd;
+        dnnl_status_t ds = dnnl_pooling_v2_backward_desc_init(&bd, alg, &x_md, &y_md, strides,
+                                                              kernel, dilation, pad_l, pad_r);
+        s = ds == dnnl_success ? st_prim_create(ctx, &p->bwd, &bd, fpd, bwd_what, NULL)
+                               : st_dnnl_fail(ds, bwd_what, __FILE__, __LINE__);
+        dnnl_memory_t dx, dy;
+        if (s == ST_OK)
+            s = st_mem_md(ctx, &dx, &x_md, io->dx);
+        if (s == ST_OK)
+            s = st_mem_md(ctx, &dy, &y_md, io->dy);
+        if (s == ST_OK) {
+            st_prim_arg(&p->bwd, DNNL_ARG_DIFF_DST, dy);
+            st_prim_arg(&p->bwd, DNNL_ARG_DIFF_SRC, dx);
+            if (ws)
+                st_prim_arg(&p->bwd, DNNL_ARG_WORKSPACE, ws);
+        }
+    }
+    dnnl_primitive_desc_destroy(fpd);
+    return s;
+}
+
+static st_status check_io(const st_pool_io *io, const char *what)
+{
+    if (!io->x || !io->y || (io->dx && !io->dy))
+        return st_fail(ST_ERR_INVALID, "%s: missing buffer (x and y are needed, dy with dx)",
+                       what);
+    return ST_OK;
+}
+
+st_status st_maxpool_build(st_nn_ctx *ctx, st_pool *p, int64_t batch, int64_t channels,
+                           int64_t height, int64_t width, int64_t kernel, int64_t stride,
+                           int64_t pad, const st_pool_io *io)
+{
+    memset(p, 0, sizeof *p);
+    ST_TRY(check_io(io, "max pool"));
+    /* PyTorch's rule: padding at most half the kernel, so that every
+     * window holds at least one real input. */
+    if (batch < 1 || channels < 1 || kernel < 1 || stride < 1 || pad < 0 || 2 * pad > kernel ||
+        height + 2 * pad < kernel || width + 2 * pad < kernel)
+        return st_fail(ST_ERR_INVALID, "max pool: bad shape: %lldx%lld input, %lldx%lld "
+                       "kernel, stride %lld, padding %lld (at most half the kernel)",
+                       (long long)height, (long long)width, (long long)kernel,
+                       (long long)kernel, (long long)stride, (long long)pad);
+    p->batch = batch;
+    p->channels = channels;
+    p->ih = height;
+    p->iw = width;
+    p->kernel_h = p->kernel_w = kernel;
+    p->stride = stride;
+    p->pad = pad;
+    p->oh = (height + 2 * pad - kernel) / stride + 1;
+    p->ow = (width + 2 * pad - kernel) / stride + 1;
+    p->has_dx = io->dx != NULL;
+    return pool_build(ctx, p, dnnl_pooling_max, io, "max pool forward", "max pool backward");
+}
+
+st_status st_global_avgpool_build(st_nn_ctx *ctx, st_pool *p, int64_t batch,
+                                  int64_t channels, int64_t height, int64_t width,
+                                  const st_pool_io *io)
+{
+    memset(p, 0, sizeof *p);
+    ST_TRY(check_io(io, "global average pool"));
+    if (batch < 1 || channels < 1 || height < 1 || width < 1)
+        return st_fail(ST_ERR_INVALID, "global average pool: bad shape %lldx%lldx%lldx%lld",
+                       (long long)batch, (long long)channels, (long long)height,
+                       (long long)width);
+    p->batch = batch;
+    p->channels = channels;
+    p->ih = height;
+    p->iw = width;
+    p->kernel_h = height;
+    p->kernel_w = width;
+    p->stride = 1;
+    p->oh = p->ow = 1;
+    p->has_dx = io->dx != NULL;
+    return pool_build(ctx, p, dnnl_pooling_avg_exclude_padding, io,
+                      "global average pool forward", "global average pool backward");
+}
+
+st_status st_pool_forward(const st_nn_ctx *ctx, const st_pool *p)
+{
+    return st_prim_run(ctx, &p->fwd);
+}
+
+st_status st_pool_backward(const st_nn_ctx *ctx, const st_pool *p)
+{
+    return p->has_dx ? st_prim_run(ctx, &p->bwd) : ST_OK;
+}
