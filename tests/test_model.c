@@ -134,10 +134,19 @@ static void jitter_norms(st_model *m, st_rng *r)
 
 /* The forward over all rows; returns the library's loss sum (its float
  * log-probabilities summed in double). */
+/* 1: the objective is the training forward's (models with batch norm,
+ * whose inference forward uses running statistics instead). */
+static int objective_train;
+
 static double forward_loss_sum(st_model *m)
 {
     double sum = 0.0;
     int64_t correct = 0;
+    if (objective_train) {
+        float loss;
+        OK(st_model_forward_backward(m, &loss));
+        return (double)loss * st_model_batch(m);
+    }
     OK(st_model_evaluate(m, st_model_batch(m), &sum, &correct));
     return sum;
 }
@@ -1396,4 +1405,67 @@ Test(new_kind, width_subnetwork_gradients)
                  "checked against the declared units");
     st_model_destroy(m);
     st_arena_release(&a);
+}
+
+/* ------------------------------------------------------------ resnet */
+
+static st_model_config resnet_config(st_model_kind kind, int depth, int width, int c, int h,
+                                     int w)
+{
+    st_model_config m = { .kind = kind, .depth = depth, .width = width,
+                          .activation = ST_ACT_RELU, .in_dim = c * h * w, .in_channels = c,
+                          .in_height = h, .in_width = w, .n_classes = 5 };
+    return m;
+}
+
+/* The CIFAR-family ResNet as a layer table: convolutions, batch norms
+ * (training forward: batch statistics), activations, skips, a projection
+ * block per stage after the first, global average pooling and the head,
+ * checked against finite differences of the training loss.  GELU: with
+ * ReLU after a batch norm, perturbing an early weight moves many
+ * pre-activations across the kink and the guard would skip most of them
+ * (the layers' own checks in test_layers cover ReLU's backward). */
+Test(gradcheck, resnet_training_forward)
+{
+    omp_set_num_threads(1);
+    st_model_config c = resnet_config(ST_MODEL_RESNET, 1, 4, 2, 6, 6);
+    c.activation = ST_ACT_GELU;
+    objective_train = 1;
+    st_arena a;
+    st_arena_init(&a, "resnet", NULL, 0);
+    st_model *m = make_model(&c, 8, &a);
+    st_rng r = st_rng_seed(71);
+    st_model_init_params(m, 71);
+    jitter_norms(m, &r);
+    fill_rows(m, 0, 8, &r);
+    int n;
+    const st_param_segment *segs = st_model_segments(m, &n);
+    cr_assert_str_eq(segs[0].name, "stem.weight");
+    cr_assert_str_eq(segs[n - 1].name, "head.bias");
+    size_t ns;
+    cr_assert_not_null(st_model_state(m, &ns));
+    cr_assert_gt(ns, 0, "batch norms keep running statistics");
+    check_model_grads(m, "resnet d1 w4 2x6x6", 72);
+    st_model_destroy(m);
+    st_arena_release(&a);
+    objective_train = 0;
+}
+
+/* Units: one layer group per identity block (stage 1: depth blocks; later
+ * stages: depth - 1, after their projection block); each group's inner
+ * channels are a width layer. */
+Test(units, resnet_declares_identity_blocks)
+{
+    st_model_units u;
+    st_model_config c = resnet_config(ST_MODEL_RESNET, 3, 8, 3, 32, 32);
+    OK(st_model_config_units(&c, &u));
+    cr_assert_eq(u.groups, 3 + 2 + 2);
+    cr_assert_eq(u.width_layers, 7);
+    cr_assert_eq(u.width, 8);
+    c = resnet_config(ST_MODEL_RESNET18, 1, 8, 1, 28, 28);
+    OK(st_model_config_units(&c, &u));
+    cr_assert_eq(u.groups, 2 + 1 + 1 + 1);
+    st_model_config v = c;
+    v.in_channels = v.in_height = v.in_width = 0;
+    cr_assert_eq(st_model_config_units(&v, &u), ST_ERR_INVALID, "a resnet needs images");
 }

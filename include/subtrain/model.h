@@ -27,7 +27,11 @@
 extern "C" {
 #endif
 
-typedef enum st_model_kind { ST_MODEL_MLP, ST_MODEL_RESMLP } st_model_kind;
+typedef enum st_model_kind {
+    ST_MODEL_MLP, ST_MODEL_RESMLP,
+    ST_MODEL_RESNET,      /* CIFAR family: 3 stages of depth blocks, width w, 2w, 4w */
+    ST_MODEL_RESNET18,    /* 4 stages of 2 blocks, width w .. 8w */
+} st_model_kind;
 typedef enum st_activation { ST_ACT_RELU, ST_ACT_GELU } st_activation;
 
 /* Which units an instance holds: a subnetwork of the model.  Units are

@@ -62,10 +62,11 @@ st_layer *st_graph_add(st_model *m, const st_layer_kind *kind, const char *name,
     l->residual = ST_T_NONE;
     l->in_unit = l->out_unit = ST_W_FULL;
     l->seg[0] = l->seg[1] = (size_t)-1;
+    /* features, or an image's channels (what a width unit counts) */
     if (x >= 0)
-        l->in = m->tensors[x].cols;
+        l->in = m->tensors[x].channels;
     if (y >= 0)
-        l->out = m->tensors[y].cols;
+        l->out = m->tensors[y].channels;
     return l;
 }
 
@@ -531,6 +532,8 @@ double st_graph_flops(const st_model *m)
 
 void st_graph_free(st_model *m)
 {
+    for (int i = 0; i < m->n_layers; i++)
+        free(m->layers[i].col_ids);
     free(m->layers);
     free(m->tensors);
     free(m->group_held);

@@ -109,6 +109,10 @@ extern const st_layer_kind st_layer_activation; /* nn/layers/activation.c */
 extern const st_layer_kind st_layer_layernorm;  /* nn/layers/layernorm.c */
 extern const st_layer_kind st_layer_residual;   /* nn/layers/residual.c */
 extern const st_layer_kind st_layer_join;       /* nn/layers/residual.c */
+extern const st_layer_kind st_layer_conv;       /* nn/layers/conv.c */
+extern const st_layer_kind st_layer_batchnorm;  /* nn/layers/batchnorm.c */
+extern const st_layer_kind st_layer_avgpool;    /* nn/layers/pool.c: global average */
+extern const st_layer_kind st_layer_maxpool;    /* nn/layers/pool.c */
 
 struct st_layer {
     const st_layer_kind *kind;
@@ -125,6 +129,11 @@ struct st_layer {
                             * product is scaled by the branch scale */
     /* activation */
     st_activation activation;
+    /* convolution, pooling: square kernel, stride, symmetric padding */
+    int kernel, stride, pad;
+    int has_bias;          /* convolution */
+    int32_t *col_ids;      /* convolution reading kept channels: its weight's
+                            * kept columns (kernel^2 per channel), owned */
     /* set by the graph */
     int dropped;           /* its group is not in this model */
     int backward;          /* its backward does something (graph.c) */
@@ -135,6 +144,9 @@ struct st_layer {
         st_act act;
         st_layernorm norm;
         st_add add;
+        st_conv conv;
+        st_pool pool;
+        st_batchnorm bn;
         struct {           /* a kind that runs its own loop: its buffers */
             const float *x, *dy;
             float *y, *dx;
@@ -241,6 +253,8 @@ typedef struct st_model_builder {
 
 st_status st_model_declare_mlp(st_model *m);     /* nn/models/mlp.c */
 st_status st_model_declare_resmlp(st_model *m);  /* nn/models/resmlp.c */
+st_status st_model_declare_resnet(st_model *m);  /* nn/models/resnet.c */
+st_status st_model_declare_resnet18(st_model *m);
 
 /* A new tensor of `cols` full columns (width: ST_W_FULL, ST_W_WIDEST or a
  * width layer), written by the open group if any; its id. */

@@ -27,6 +27,8 @@
 static const st_model_builder model_kinds[] = {
     { ST_MODEL_MLP, st_model_declare_mlp },
     { ST_MODEL_RESMLP, st_model_declare_resmlp },
+    { ST_MODEL_RESNET, st_model_declare_resnet },
+    { ST_MODEL_RESNET18, st_model_declare_resnet18 },
 };
 
 static const st_model_builder *builder_of(st_model_kind kind)
@@ -84,7 +86,8 @@ static st_status check_fields(const st_model_config *c)
 st_status st_model_config_check(const st_model_config *c)
 {
     if (!builder_of(c->kind))
-        return st_fail(ST_ERR_INVALID, "model: unknown kind %d (allowed: mlp, resmlp)", (int)c->kind);
+        return st_fail(ST_ERR_INVALID, "model: unknown kind %d (allowed: mlp, resmlp, resnet, "
+                       "resnet18)", (int)c->kind);
     ST_TRY(check_fields(c));
     return check_subnet(c, builder_of(c->kind)->declare);
 }

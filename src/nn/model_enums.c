@@ -7,6 +7,8 @@
 static const st_enum_entry model_kind_entries[] = {
     { "mlp", ST_MODEL_MLP },
     { "resmlp", ST_MODEL_RESMLP },
+    { "resnet", ST_MODEL_RESNET },
+    { "resnet18", ST_MODEL_RESNET18 },
 };
 static const st_enum_table model_kinds = ST_ENUM_TABLE("model", model_kind_entries);
 

@@ -13,8 +13,11 @@
  * variance made unbiased (x N / (N - 1)); oneDNN's own variance is the
  * biased one the normalisation uses.
  */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "nn/graph.h"
 #include "nn/layers.h"
 
 static st_status check(int64_t batch, int64_t channels, int64_t height, int64_t width,
@@ -180,3 +183,89 @@ st_status st_batchnorm_backward(const st_nn_ctx *ctx, const st_batchnorm *n)
 {
     return n->has_backward ? st_prim_run(ctx, &n->bwd) : ST_OK;
 }
+
+/* ------------------------------------------------------------ layer kind */
+
+
+/* gamma, beta over the (kept) channels; the running statistics are state:
+ * kept, not trained (mean 0, variance 1 at the start). */
+static st_status bn_layout(st_model *m, st_layer *l)
+{
+    st_neuron_sel t;
+    const st_neuron_sel *c = st_graph_sel(m, l->out_unit, l->out, &t);
+    const st_neuron_sel *grad = st_graph_grad_sel(m, l->out_unit);
+    st_seg_map v = { .full_rows = c->full, .full_cols = 1, .rows = c->ids, .n_rows = c->n,
+                     .n_cols = 1, .fan_in = 1 };
+    if (grad && grad->ids) {
+        v.grad_rows = grad->ids;
+        v.n_grad_rows = grad->n;
+    }
+    char name[48];
+    snprintf(name, sizeof name, "%s.gamma", l->name);
+    ST_TRY(st_graph_add_segment(m, name, 0, v, &l->seg[0]));
+    snprintf(name, sizeof name, "%s.beta", l->name);
+    ST_TRY(st_graph_add_segment(m, name, 0, v, &l->seg[1]));
+    size_t at;
+    snprintf(name, sizeof name, "%s.running_mean", l->name);
+    ST_TRY(st_graph_add_state(m, name, (size_t)c->n, 0.0f, &at));
+    snprintf(name, sizeof name, "%s.running_var", l->name);
+    return st_graph_add_state(m, name, (size_t)c->n, 1.0f, &at);
+}
+
+/* The batch statistics, saved for the backward. */
+static st_status bn_alloc(st_model *m, st_layer *l)
+{
+    st_neuron_sel t;
+    const size_t c = (size_t)st_graph_sel(m, l->out_unit, l->out, &t)->n;
+    ST_TRY(st_graph_alloc(m, c, &l->saved[0]));
+    return st_graph_alloc(m, c, &l->saved[1]);
+}
+
+/* Its two state pieces follow each other: find them by name. */
+static float *bn_state(const st_model *m, const st_layer *l, const char *what)
+{
+    char name[48];
+    snprintf(name, sizeof name, "%s.%s", l->name, what);
+    for (int i = 0; i < m->n_state_segs; i++)
+        if (strcmp(m->state_segs[i].name, name) == 0)
+            return st_graph_state(m, m->state_segs[i].offset);
+    return NULL;
+}
+
+static st_status bn_build(st_model *m, st_layer *l)
+{
+    st_neuron_sel t;
+    const st_tensor *x = st_graph_tensor_info(m, l->x);
+    const int64_t c = st_graph_sel(m, l->out_unit, l->out, &t)->n;
+    st_batchnorm_io io = {
+        .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
+        .gamma = st_graph_seg_params(m, l->seg[0]), .beta = st_graph_seg_params(m, l->seg[1]),
+        .mean = l->saved[0], .var = l->saved[1],
+        .running_mean = bn_state(m, l, "running_mean"),
+        .running_var = bn_state(m, l, "running_var"),
+        .dx = st_graph_data(m, l->dx), .dy = l->backward ? st_graph_data(m, l->dy) : NULL,
+        .dgamma = st_graph_seg_grads(m, l->seg[0]), .dbeta = st_graph_seg_grads(m, l->seg[1]),
+    };
+    if (io.dy && !io.dgamma) {   /* backward masking: see st_graph_norm_scratch */
+        io.dgamma = st_graph_norm_scratch(m);
+        io.dbeta = io.dgamma + l->out;
+    }
+    if (!io.running_mean || !io.running_var)
+        return st_fail(ST_ERR_INVALID, "%s: running statistics not laid out", l->name);
+    return st_batchnorm_build(&m->ctx, &l->u.bn, m->batch, c, x->h, x->w, &io);
+}
+
+static st_status bn_forward(const st_nn_ctx *ctx, const st_layer *l, st_pass pass)
+{
+    return st_batchnorm_forward(ctx, &l->u.bn, pass == ST_PASS_TRAIN);
+}
+
+static st_status bn_backward(const st_nn_ctx *ctx, const st_layer *l)
+{
+    return st_batchnorm_backward(ctx, &l->u.bn);
+}
+
+const st_layer_kind st_layer_batchnorm = {
+    .name = "batchnorm", .layout = bn_layout, .alloc = bn_alloc, .build = bn_build,
+    .forward = bn_forward, .backward = bn_backward, .norm = 1,
+};

@@ -20,11 +20,14 @@
  * backward-weights, reorders included, ms per call, best of 5):
  *   see MEASURED below; the faster one is ST_CONV_DEFAULT.
  */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include <subtrain/rng.h>
 
+#include "nn/graph.h"
 #include "nn/layers.h"
 
 /* MEASURED (filled in from bench/bench_conv; see the top of this file) */
@@ -411,3 +414,85 @@ st_status st_conv_reference_gflops(const st_conv_shape *shape, st_conv_layout la
     st_arena_release(&arena);
     return s;
 }
+
+/* ------------------------------------------------------------ layer kind */
+
+
+/* The weight (OC, IC KH KW) as a matrix whose rows are output channels
+ * (a kept output channel: its row) and whose columns come kernel^2 per
+ * input channel (a kept input channel: its kernel^2 columns). */
+static st_status conv_layout(st_model *m, st_layer *l)
+{
+    const int64_t K2 = (int64_t)l->kernel * l->kernel;
+    st_neuron_sel tin, tout;
+    const st_neuron_sel *in = st_graph_sel(m, l->in_unit, l->in, &tin);
+    const st_neuron_sel *out = st_graph_sel(m, l->out_unit, l->out, &tout);
+    const st_neuron_sel *grad = st_graph_grad_sel(m, l->out_unit);
+    if (grad && grad->ids)
+        return st_fail(ST_ERR_INVALID, "%s: backward masking of channel units is not "
+                       "implemented for convolutions", l->name);
+    if (in->ids && !m->layout_skip && !l->col_ids) {
+        l->col_ids = malloc((size_t)(in->n * K2) * sizeof *l->col_ids);
+        if (!l->col_ids)
+            return st_fail(ST_ERR_NOMEM, "out of memory laying out %s", l->name);
+        for (int64_t c = 0; c < in->n; c++)
+            for (int64_t k = 0; k < K2; k++)
+                l->col_ids[c * K2 + k] = (int32_t)(in->ids[c] * K2 + k);
+    }
+    st_seg_map w = {
+        .full_rows = out->full, .full_cols = in->full * K2, .rows = out->ids,
+        .cols = in->ids ? l->col_ids : NULL, .n_rows = out->n, .n_cols = in->n * K2,
+        .fan_in = in->full * K2,
+    };
+    char name[48];
+    snprintf(name, sizeof name, "%s.weight", l->name);
+    ST_TRY(st_graph_add_segment(m, name, 1, w, &l->seg[0]));
+    if (!l->has_bias)
+        return ST_OK;
+    st_seg_map b = {
+        .full_rows = out->full, .full_cols = 1, .rows = out->ids, .n_rows = out->n, .n_cols = 1,
+        .fan_in = in->full * K2,
+    };
+    snprintf(name, sizeof name, "%s.bias", l->name);
+    return st_graph_add_segment(m, name, 0, b, &l->seg[1]);
+}
+
+static st_status conv_build(st_model *m, st_layer *l)
+{
+    st_neuron_sel tin, tout;
+    const st_tensor *x = st_graph_tensor_info(m, l->x);
+    st_conv_shape sh = {
+        .batch = m->batch, .ic = st_graph_sel(m, l->in_unit, l->in, &tin)->n,
+        .ih = x->h, .iw = x->w, .oc = st_graph_sel(m, l->out_unit, l->out, &tout)->n,
+        .kh = l->kernel, .kw = l->kernel, .stride = l->stride, .pad = l->pad,
+    };
+    st_conv_io io = {
+        .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
+        .w = st_graph_seg_params(m, l->seg[0]),
+        .b = l->has_bias ? st_graph_seg_params(m, l->seg[1]) : NULL,
+        .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
+        .dw = st_graph_seg_grads(m, l->seg[0]),
+        .db = l->has_bias ? st_graph_seg_grads(m, l->seg[1]) : NULL,
+    };
+    return st_conv_build(&m->ctx, &l->u.conv, &sh, &io);
+}
+
+static st_status conv_forward(const st_nn_ctx *ctx, const st_layer *l, st_pass pass)
+{
+    return st_conv_forward(ctx, &l->u.conv);
+}
+
+static st_status conv_backward(const st_nn_ctx *ctx, const st_layer *l)
+{
+    return st_conv_backward(ctx, &l->u.conv);
+}
+
+static double conv_layer_flops(const st_layer *l)
+{
+    return st_conv_flops(&l->u.conv);
+}
+
+const st_layer_kind st_layer_conv = {
+    .name = "conv", .layout = conv_layout, .build = conv_build, .forward = conv_forward,
+    .backward = conv_backward, .flops = conv_layer_flops,
+};

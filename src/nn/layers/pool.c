@@ -10,8 +10,11 @@
  * matrix a linear layer reads, and the backward spreads dy / (H W) over
  * the plane.
  */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "nn/graph.h"
 #include "nn/layers.h"
 
 /* Forward and (with dx) backward pooling over x (B, C, IH, IW) -> y (B, C,
@@ -148,3 +151,47 @@ st_status st_pool_backward(const st_nn_ctx *ctx, const st_pool *p)
 {
     return p->has_dx ? st_prim_run(ctx, &p->bwd) : ST_OK;
 }
+
+/* ------------------------------------------------------------ layer kinds */
+
+
+static st_status avgpool_build(st_model *m, st_layer *l)
+{
+    st_neuron_sel t;
+    const st_tensor *x = st_graph_tensor_info(m, l->x);
+    st_pool_io io = { .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
+                      .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy) };
+    return st_global_avgpool_build(&m->ctx, &l->u.pool, m->batch,
+                                   st_graph_sel(m, l->in_unit, l->in, &t)->n, x->h, x->w, &io);
+}
+
+static st_status maxpool_build(st_model *m, st_layer *l)
+{
+    st_neuron_sel t;
+    const st_tensor *x = st_graph_tensor_info(m, l->x);
+    st_pool_io io = { .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
+                      .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy) };
+    return st_maxpool_build(&m->ctx, &l->u.pool, m->batch,
+                            st_graph_sel(m, l->in_unit, l->in, &t)->n, x->h, x->w, l->kernel,
+                            l->stride, l->pad, &io);
+}
+
+static st_status pool_forward(const st_nn_ctx *ctx, const st_layer *l, st_pass pass)
+{
+    return st_pool_forward(ctx, &l->u.pool);
+}
+
+static st_status pool_backward(const st_nn_ctx *ctx, const st_layer *l)
+{
+    return st_pool_backward(ctx, &l->u.pool);
+}
+
+const st_layer_kind st_layer_avgpool = {
+    .name = "avgpool", .build = avgpool_build, .forward = pool_forward,
+    .backward = pool_backward,
+};
+
+const st_layer_kind st_layer_maxpool = {
+    .name = "maxpool", .build = maxpool_build, .forward = pool_forward,
+    .backward = pool_backward,
+};
