@@ -1265,7 +1265,7 @@ static st_status half_build(st_model *m, st_layer *l)
     return ST_OK;
 }
 
-static st_status half_forward(const st_nn_ctx *ctx, const st_layer *l, st_pass pass)
+static st_status half_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
     (void)ctx;
     for (int64_t i = 0; i < l->u.loop.rows * l->u.loop.cols; i++)

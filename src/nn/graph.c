@@ -499,12 +499,12 @@ st_status st_graph_build(st_model *m)
 
 /* ------------------------------------------------------------ run */
 
-st_status st_graph_forward(const st_model *m, st_pass pass)
+st_status st_graph_forward(const st_model *m, st_phase phase)
 {
     for (int i = 0; i < m->n_layers; i++) {
         const st_layer *l = &m->layers[i];
         if (!l->dropped && l->kind->forward)
-            ST_TRY(l->kind->forward(&m->ctx, l, pass));
+            ST_TRY(l->kind->forward(&m->ctx, l, phase));
     }
     return ST_OK;
 }

@@ -75,7 +75,7 @@ typedef struct st_layer st_layer;
 /* Which forward: training (batch statistics, saved for the backward; a
  * batch norm updates its running statistics) or inference (evaluation:
  * running statistics, nothing updated).  Most kinds compute the same. */
-typedef enum st_pass { ST_PASS_TRAIN, ST_PASS_INFER } st_pass;
+typedef enum st_phase { ST_PHASE_TRAIN, ST_PHASE_INFER } st_phase;
 /* A model's declaration: appends its tensors and layers (models/). */
 typedef st_status (*st_model_declare_fn)(st_model *m);
 
@@ -90,7 +90,7 @@ typedef struct st_layer_kind {
     st_status (*alloc)(st_model *m, st_layer *l);
     /* Creates its primitives against the model's buffers. */
     st_status (*build)(st_model *m, st_layer *l);
-    st_status (*forward)(const st_nn_ctx *ctx, const st_layer *l, st_pass pass);
+    st_status (*forward)(const st_nn_ctx *ctx, const st_layer *l, st_phase phase);
     st_status (*backward)(const st_nn_ctx *ctx, const st_layer *l);
     /* Matrix-multiply FLOPs of its forward and backward (2 per
      * multiply-add), NULL: none worth counting. */
@@ -328,7 +328,7 @@ st_status st_graph_declare(st_model *m, st_model_declare_fn declare);
                                                /* the builder, then units */
 st_status st_graph_layout(st_model *m);        /* segments */
 st_status st_graph_build(st_model *m);         /* memory and primitives */
-st_status st_graph_forward(const st_model *m, st_pass pass);
+st_status st_graph_forward(const st_model *m, st_phase phase);
 st_status st_graph_backward(const st_model *m);
 double st_graph_flops(const st_model *m);
 void st_graph_free(st_model *m);               /* what declare and layout malloc'd */

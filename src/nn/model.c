@@ -472,7 +472,7 @@ const st_param_segment *st_model_segments(const st_model *m, int *count)
 st_status st_model_forward_backward(st_model *m, float *loss)
 {
     double sum;
-    ST_TRY(st_graph_forward(m, ST_PASS_TRAIN));
+    ST_TRY(st_graph_forward(m, ST_PHASE_TRAIN));
     ST_TRY(st_xent_forward(&m->ctx, &m->xent, m->labels, m->batch, 1, &sum, NULL));
     *loss = (float)(sum / m->batch);
     return st_graph_backward(m);
@@ -484,7 +484,7 @@ st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *co
         return st_fail(ST_ERR_INVALID, "evaluate: %d rows for a batch of %d", rows, m->batch);
     double sum;
     int64_t hits;
-    ST_TRY(st_graph_forward(m, ST_PASS_INFER));
+    ST_TRY(st_graph_forward(m, ST_PHASE_INFER));
     ST_TRY(st_xent_forward(&m->ctx, &m->xent, m->labels, rows, 0, &sum, &hits));
     *loss_sum += sum;
     *correct += hits;

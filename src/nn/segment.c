@@ -159,13 +159,13 @@ const st_param_segment *st_segnet_segments(const st_segnet *s, int *count)
 
 st_status st_segnet_forward(st_segnet *s)
 {
-    return st_graph_forward(s->m, ST_PASS_INFER);
+    return st_graph_forward(s->m, ST_PHASE_INFER);
 }
 
 st_status st_segnet_forward_backward(st_segnet *s, float *loss)
 {
     double sum;
-    ST_TRY(st_graph_forward(s->m, ST_PASS_TRAIN));
+    ST_TRY(st_graph_forward(s->m, ST_PHASE_TRAIN));
     if (s->last_is_head)
         ST_TRY(st_xent_forward(&s->m->ctx, &s->xent, s->labels, s->batch, 1, &sum, NULL));
     else

@@ -60,7 +60,7 @@ static st_status act_build(st_model *m, st_layer *l)
                         st_graph_data(m, l->dy));
 }
 
-static st_status act_forward(const st_nn_ctx *ctx, const st_layer *l, st_pass pass)
+static st_status act_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
     return st_act_forward(ctx, &l->u.act);
 }

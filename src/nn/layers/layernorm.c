@@ -105,7 +105,7 @@ static st_status norm_build(st_model *m, st_layer *l)
     return st_layernorm_build(&m->ctx, &l->u.norm, m->batch, l->out, &io);
 }
 
-static st_status norm_forward(const st_nn_ctx *ctx, const st_layer *l, st_pass pass)
+static st_status norm_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
     return st_layernorm_forward(ctx, &l->u.norm);
 }

@@ -318,7 +318,7 @@ static st_status linear_build(st_model *m, st_layer *l)
     return st_linear_build(&m->ctx, &l->u.linear, m->batch, in->n, out->n, &io);
 }
 
-static st_status linear_forward(const st_nn_ctx *ctx, const st_layer *l, st_pass pass)
+static st_status linear_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
     return st_linear_forward(ctx, &l->u.linear);
 }

@@ -68,7 +68,7 @@ static st_status join_build(st_model *m, st_layer *l)
                         st_graph_data(m, l->residual), st_graph_data(m, l->y));
 }
 
-static st_status join_forward(const st_nn_ctx *ctx, const st_layer *l, st_pass pass)
+static st_status join_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
     return st_add_run(ctx, &l->u.add);
 }
