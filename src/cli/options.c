@@ -130,11 +130,16 @@ void st_cli_print_help(FILE *f)
 "                         else " ST_FASHION_MNIST_DIR "), or a seeded\n"
 "                         synthetic task generated in memory\n"
 "Model:\n"
-"  --model mlp|resmlp     architecture (default resmlp)\n"
-"  --depth N              hidden layers (mlp) or residual blocks (resmlp) (default 4)\n"
-"  --width N              hidden / residual width (default 256)\n"
+"  --model mlp|resmlp|resnet|resnet18\n"
+"                         architecture (default resmlp); resnet: pre-activation\n"
+"                         ResNet of 3 stages (CIFAR family), resnet18: 4 stages\n"
+"                         of 2 blocks; both take image data (C x H x W)\n"
+"  --depth N              hidden layers (mlp), residual blocks (resmlp) or blocks\n"
+"                         per stage (resnet) (default 4; resnet 3)\n"
+"  --width N              hidden / residual width, channels of a resnet's first\n"
+"                         stage (default 256; resnet 16)\n"
 "  --hidden N             inner width of a residual block (default: the width)\n"
-"  --activation relu|gelu (default gelu)\n"
+"  --activation relu|gelu (default gelu; resnet relu)\n"
 "Training:\n"
 "  --epochs N             passes over the training set (default 5)\n"
 "  --steps N              train for exactly N steps instead of whole epochs\n"
@@ -286,7 +291,7 @@ static st_status parse_synth_labels(const char *s, void *o) { return st_synth_la
 
 /* What was given explicitly, for the checks after parsing. */
 typedef struct seen {
-    int epochs, steps, model, depth, cuts;
+    int epochs, steps, model, depth, width, activation, cuts;
     const char *synth_option;   /* the first synth-only option given */
 } seen;
 
@@ -455,6 +460,8 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
             return -1;
         saw.model |= c == OPT_MODEL;
         saw.depth |= c == OPT_DEPTH;
+        saw.width |= c == OPT_WIDTH;
+        saw.activation |= c == OPT_ACTIVATION;
         if (c >= OPT_SEGMENTS && c <= OPT_RECOVERY_EPOCHS) {
             if (apply_synth_option(c, optarg, o, &saw, err, n))
                 return -1;
@@ -486,5 +493,24 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
                     "training runs on this machine");
     if (o->train.model.kind == ST_MODEL_MLP && o->train.model.hidden)
         return fail(err, n, "--hidden applies to resmlp only (mlp layers are --width wide)");
+    const int cnn = o->train.model.kind == ST_MODEL_RESNET ||
+                    o->train.model.kind == ST_MODEL_RESNET18;
+    if (cnn) {
+        /* a CIFAR ResNet-20-like default: 3 blocks per stage, 16 channels
+         * first; ResNets use ReLU unless asked otherwise */
+        if (!saw.depth)
+            o->train.model.depth = 3;
+        if (!saw.width)
+            o->train.model.width = 16;
+        if (!saw.activation)
+            o->train.model.activation = ST_ACT_RELU;
+        if (o->train.model.hidden)
+            return fail(err, n, "--hidden applies to resmlp only (a resnet's blocks are as "
+                        "wide as their stage)");
+        if (o->train.strategy != ST_STRATEGY_DP)
+            return fail(err, n, "--model %s trains with --strategy dp for now (batch norm's "
+                        "running statistics are not yet shared between subnetworks)",
+                        st_model_kind_name(o->train.model.kind));
+    }
     return 0;
 }

@@ -255,9 +255,9 @@ static st_status bn_build(st_model *m, st_layer *l)
     return st_batchnorm_build(&m->ctx, &l->u.bn, m->batch, c, x->h, x->w, &io);
 }
 
-static st_status bn_forward(const st_nn_ctx *ctx, const st_layer *l, st_pass pass)
+static st_status bn_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
-    return st_batchnorm_forward(ctx, &l->u.bn, pass == ST_PASS_TRAIN);
+    return st_batchnorm_forward(ctx, &l->u.bn, phase == ST_PHASE_TRAIN);
 }
 
 static st_status bn_backward(const st_nn_ctx *ctx, const st_layer *l)

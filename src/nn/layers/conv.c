@@ -477,7 +477,7 @@ static st_status conv_build(st_model *m, st_layer *l)
     return st_conv_build(&m->ctx, &l->u.conv, &sh, &io);
 }
 
-static st_status conv_forward(const st_nn_ctx *ctx, const st_layer *l, st_pass pass)
+static st_status conv_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
     return st_conv_forward(ctx, &l->u.conv);
 }

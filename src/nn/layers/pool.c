@@ -176,7 +176,7 @@ static st_status maxpool_build(st_model *m, st_layer *l)
                             l->stride, l->pad, &io);
 }
 
-static st_status pool_forward(const st_nn_ctx *ctx, const st_layer *l, st_pass pass)
+static st_status pool_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
     return st_pool_forward(ctx, &l->u.pool);
 }
