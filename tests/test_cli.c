@@ -237,7 +237,8 @@ static void write_idx_file(const char *dir, const char *name, int rank, const ui
         for (int b = 0; b < 4; b++)
             buf[4 + 4 * i + b] = (unsigned char)(dims[i] >> (24 - 8 * b));
     memcpy(buf + 4 + 4 * rank, payload, count);
-    cr_assert_eq(st_test_write_file(st_test_path(path, dir, name), buf, 4 + 4 * (size_t)rank + count), 0);
+    size_t len = 4 + 4 * (size_t)rank + count;
+    cr_assert_eq(st_test_write_file(st_test_path(path, dir, name), buf, len), 0);
     free(buf);
 }
 

@@ -71,8 +71,7 @@ static void normalize(st_dataset *train, st_dataset *test)
         st_dataset_normalize_channels(train, test, NULL, NULL, 0);
         return;
     }
-    float mean, std;
-    st_dataset_normalize(train, test, &mean, &std);
+    st_dataset_normalize(train, test, NULL, NULL);
 }
 
 static void print_plan(const st_cli_options *o, const st_dataset *train, const st_dataset *test)
@@ -90,9 +89,9 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
         printf("%llu steps", (unsigned long long)t->steps);
     else
         printf("%d epochs", t->epochs);
-    printf(", seed %llu | data %s (%u train, %u test, %ux%ux%u, %u classes", (unsigned long long)t->seed,
-           o->data, train->count, test->count, train->channels, train->height, train->width,
-           train->n_classes);
+    printf(", seed %llu | data %s (%u train, %u test, %ux%ux%u, %u classes",
+           (unsigned long long)t->seed, o->data, train->count, test->count, train->channels,
+           train->height, train->width, train->n_classes);
     if (train->augment.crop)
         printf(", crop %u", train->augment.crop);
     if (train->augment.flip)
