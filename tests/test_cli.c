@@ -7,6 +7,7 @@
  */
 #include "testutil.h"
 
+#include <stdint.h>
 #include <sys/wait.h>
 
 #include <criterion/criterion.h>
@@ -128,6 +129,33 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--topology synthetic:pack:2", "subtrain topo");
 }
 
+Test(cli, bad_data_and_augment_values_name_the_option)
+{
+    expect_usage_error("--augment-crop -1", "--augment-crop: expected an integer in [0, 1024]");
+    expect_usage_error("--augment-crop 2000", "--augment-crop: expected an integer");
+    expect_usage_error("--augment-crop x", "--augment-crop");
+    expect_usage_error("--augment-crop", "needs a value");
+    expect_usage_error("--augment-flip=yes", "option '--augment-flip=yes' takes no value");
+    expect_usage_error("--data cifar10:", "--data cifar10:: the directory is missing");
+    expect_usage_error("--data cifar10", "cifar-10-batches-bin");
+    expect_usage_error("--data cifar100", "--data cifar100: the directory is missing");
+    expect_usage_error("--data idx:", "--data idx:: the directory is missing");
+    expect_usage_error("--data idx:/d:a,b,c", "expected four file names");
+    expect_usage_error("--data idx:/d:a,b,c,d,e", "expected four file names");
+    expect_usage_error("--data idx:/d:a,,c,d", "expected four file names");
+    expect_usage_error("--data idx::a,b,c,d", "the directory is missing");
+    /* the default from the environment is parsed alike, and named */
+    run_result *r = calloc(1, sizeof *r);
+    run(r, "SUBTRAIN_DATA=cifar100:", "");
+    cr_assert_eq(r->status, 2, "exited %d: %s", r->status, r->err);
+    cr_assert(strstr(r->err, "SUBTRAIN_DATA cifar100:"), "%s", r->err);
+    /* known once the data is loaded: the synthetic task has no image shape */
+    expect_usage_error("--data synthetic --augment-crop 2", "--augment-crop: needs images");
+    expect_usage_error("--data synthetic --augment-flip", "--augment-flip: needs images");
+    expect_usage_error("--data synthetic --augment-crop 0 --augment-flip", "784x1x1");
+    free(r);
+}
+
 Test(cli, bad_usage_is_explained)
 {
     expect_usage_error("--frobnicate", "unknown option '--frobnicate'");
@@ -156,7 +184,8 @@ Test(cli, help_and_version)
                                  "--strategy", "--workers", "--oversubscribe", "--cpuset",
                                  "--subnet", "--masking", "--coverage", "--resample",
                                  "--branch-scale", "--report", "--local-steps",
-                                 "--eval-branch-scale" };
+                                 "--eval-branch-scale", "--augment-crop", "--augment-flip",
+                                 "cifar10:DIR", "cifar100:DIR", "idx:DIR" };
     for (size_t i = 0; i < sizeof documented / sizeof *documented; i++)
         cr_assert(strstr(r->out, documented[i]), "--help does not mention %s", documented[i]);
     run(r, NULL, "--version");
@@ -181,6 +210,117 @@ Test(cli, missing_dataset_says_how_to_get_one)
     expect_runtime_error(NULL, "--data /nonexistent/fmnist", "dataset-fashion-mnist");
     expect_runtime_error(NULL, "--data /nonexistent/fmnist", "synthetic");
     expect_runtime_error("SUBTRAIN_DATA=/nonexistent/env", "", "/nonexistent/env");
+}
+
+Test(cli, missing_cifar_or_idx_set_says_what_is_missing)
+{
+    expect_runtime_error(NULL, "--data cifar10:/nonexistent/c10", "not packaged on Debian");
+    expect_runtime_error(NULL, "--data cifar10:/nonexistent/c10",
+                         "/nonexistent/c10/data_batch_1.bin");
+    expect_runtime_error(NULL, "--data cifar100:/nonexistent/c100",
+                         "/nonexistent/c100/train.bin");
+    expect_runtime_error(NULL, "--data idx:/nonexistent/e:tri,trl,tei,tel", "/nonexistent/e/tri");
+    expect_runtime_error(NULL, "--data idx:/nonexistent/e", "train-images-idx3-ubyte");
+}
+
+/* An IDX file of unsigned bytes: rank dims, then count bytes of payload. */
+static void write_idx_file(const char *dir, const char *name, int rank, const uint32_t *dims,
+                           const unsigned char *payload, size_t count)
+{
+    char path[ST_TEST_PATH_MAX];
+    unsigned char *buf = malloc(4 + 4 * (size_t)rank + count);
+    cr_assert_not_null(buf);
+    buf[0] = buf[1] = 0;
+    buf[2] = 0x08;
+    buf[3] = (unsigned char)rank;
+    for (int i = 0; i < rank; i++)
+        for (int b = 0; b < 4; b++)
+            buf[4 + 4 * i + b] = (unsigned char)(dims[i] >> (24 - 8 * b));
+    memcpy(buf + 4 + 4 * rank, payload, count);
+    size_t len = 4 + 4 * (size_t)rank + count;
+    cr_assert_eq(st_test_write_file(st_test_path(path, dir, name), buf, len), 0);
+    free(buf);
+}
+
+/* 260 train and 52 test images of 8 x 8, labels 0..25 (EMNIST letters'
+ * class count), under names of the test's own. */
+static void write_letters(const char *dir)
+{
+    static unsigned char px[260 * 64], lab[260];
+    for (size_t i = 0; i < sizeof px; i++)
+        px[i] = (unsigned char)(i * 7 + i / 64);
+    for (int i = 0; i < 260; i++)
+        lab[i] = (unsigned char)(i % 26);
+    uint32_t di[3] = { 260, 8, 8 }, dl[1] = { 260 }, ti[3] = { 52, 8, 8 }, tl[1] = { 52 };
+    write_idx_file(dir, "tr-img", 3, di, px, sizeof px);
+    write_idx_file(dir, "tr-lab", 1, dl, lab, 260);
+    write_idx_file(dir, "te-img", 3, ti, px, 52 * 64);
+    write_idx_file(dir, "te-lab", 1, tl, lab, 52);
+}
+
+Test(cli, idx_set_with_its_own_names_and_classes_trains_augmented, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], args[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    write_letters(dir);
+    snprintf(args, sizeof args, "--data 'idx:%s:tr-img,tr-lab,te-img,te-lab' --model mlp "
+             "--depth 1 --width 16 --batch 26 --epochs 2 --augment-crop 2 --augment-flip "
+             "--progress plain", dir);
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    cr_assert(strstr(r->out, "(260 train, 52 test, 1x8x8, 26 classes, crop 2, flip)"), "%s",
+              r->out);
+    cr_assert(strstr(r->out, "final: test_acc"), "%s", r->out);
+    /* a crop the 8 x 8 images cannot take: a usage error naming the option */
+    snprintf(args, sizeof args, "--data 'idx:%s:tr-img,tr-lab,te-img,te-lab' --augment-crop 8",
+             dir);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 2, "stderr: %s", r->err);
+    cr_assert(strstr(r->err, "--augment-crop") && strstr(r->err, "8x8"), "%s", r->err);
+    cr_assert_eq(count_lines(r->err), 1, "%s", r->err);
+    free(r);
+    st_test_rmdir(dir);
+}
+
+/* n CIFAR-10 records into dir/name. */
+static void write_cifar10_file(const char *dir, const char *name, int n)
+{
+    char path[ST_TEST_PATH_MAX];
+    unsigned char *buf = malloc((size_t)n * 3073);
+    cr_assert_not_null(buf);
+    for (int r = 0; r < n; r++) {
+        buf[r * 3073] = (unsigned char)(r % 10);
+        for (int i = 0; i < 3072; i++)
+            buf[r * 3073 + 1 + i] = (unsigned char)(r * 13 + i * 5 + (i >> 10) * 60);
+    }
+    cr_assert_eq(st_test_write_file(st_test_path(path, dir, name), buf, (size_t)n * 3073), 0);
+    free(buf);
+}
+
+Test(cli, cifar10_directory_trains, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], args[2 * ST_TEST_PATH_MAX], name[32];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    for (int f = 1; f <= 5; f++) {
+        snprintf(name, sizeof name, "data_batch_%d.bin", f);
+        write_cifar10_file(dir, name, 8);
+    }
+    write_cifar10_file(dir, "test_batch.bin", 10);
+    snprintf(args, sizeof args, "--data 'cifar10:%s' --model mlp --depth 1 --width 16 "
+             "--batch 10 --epochs 1 --augment-crop 4 --augment-flip --progress plain", dir);
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    cr_assert(strstr(r->out, "(40 train, 10 test, 3x32x32, 10 classes, crop 4, flip)"), "%s",
+              r->out);
+    /* a record cut short: one line naming the file */
+    char path[ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_write_file(st_test_path(path, dir, "data_batch_3.bin"), "xx", 2), 0);
+    snprintf(args, sizeof args, "--data 'cifar10:%s'", dir);
+    free(r);
+    expect_runtime_error(NULL, args, "data_batch_3.bin: 2 bytes is not a whole number");
+    st_test_rmdir(dir);
 }
 
 Test(cli, corrupt_dataset_names_the_file)

@@ -1,22 +1,26 @@
 /*
  * tests/test_data.c — IDX reading (plain, gzip, and every way a file can be
- * wrong), datasets, Fashion-MNIST discovery, synthetic data, normalisation,
- * epoch orders and batch gathering.
+ * wrong), datasets, Fashion-MNIST discovery, IDX sets of any class count,
+ * CIFAR-10 and CIFAR-100 binaries, synthetic data, normalisation, epoch
+ * orders, batch gathering and augmentation.
  *
  * Each test gets a fresh scratch directory under /tmp (removed afterwards)
- * and writes its IDX files there.
+ * and writes its IDX and CIFAR files there.
  */
+#define _GNU_SOURCE   /* heapwatch.h: RTLD_NEXT */
 #include "testutil.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <criterion/criterion.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <zlib.h>
 
-#include <subtrain/data.h>
+#include <subtrain/subtrain.h>
 
 static char tmpdir[ST_TEST_PATH_MAX];
 
@@ -36,6 +40,9 @@ TestSuite(dataset, .init = setup, .fini = teardown);
 TestSuite(fashion, .init = setup, .fini = teardown);
 TestSuite(synthetic);
 TestSuite(epoch);
+TestSuite(idxset, .init = setup, .fini = teardown);
+TestSuite(cifar, .init = setup, .fini = teardown);
+TestSuite(augment, .init = setup, .fini = teardown);
 
 /* ------------------------------------------------------------ helpers */
 
@@ -596,6 +603,10 @@ Test(fashion, finds_gzip_and_plain_files)
     cr_assert_eq(train.dim, 784);
     cr_assert_eq(test.dim, 784);
     cr_assert_eq(train.n_classes, 10);
+    cr_assert(train.channels == 1 && train.height == 28 && train.width == 28,
+              "Fashion-MNIST is 1x28x28, got %ux%ux%u", train.channels, train.height,
+              train.width);
+    cr_assert(test.channels == 1 && test.height == 28 && test.width == 28);
     st_dataset_free(&train);
     st_dataset_free(&test);
 }
@@ -676,6 +687,10 @@ Test(synthetic, same_seed_same_bytes)
     cr_assert_eq(at.count, 200);
     cr_assert_eq(a.dim, 40);
     cr_assert_eq(a.n_classes, 5);
+    /* no image shape: every feature a channel of one pixel */
+    cr_assert(a.channels == 40 && a.height == 1 && a.width == 1, "%ux%ux%u", a.channels,
+              a.height, a.width);
+    cr_assert(at.channels == 40 && at.height == 1 && at.width == 1);
     cr_assert(memcmp(a.x, b.x, 600 * 40 * sizeof(float)) == 0);
     cr_assert(memcmp(a.y, b.y, 600) == 0);
     cr_assert(memcmp(at.x, bt.x, 200 * 40 * sizeof(float)) == 0);
@@ -890,4 +905,826 @@ Test(epoch, gather_copies_rows)
             cr_assert_eq(out[i * 3 + j], (float)(10 * idx[i] + j), "row %d col %d", i, j);
         cr_assert_eq(labels[i], y[idx[i]]);
     }
+}
+
+/* ------------------------------------------------------------ IDX sets */
+
+/* count images of rows x cols (pixels(n, seed)) and labels into dir/images
+ * and dir/labels (gzip when the name ends in .gz). */
+static void write_set_files(const char *images, const char *labels, uint32_t count,
+                            uint32_t rows, uint32_t cols, const unsigned char *lab,
+                            uint32_t seed)
+{
+    char path[ST_TEST_PATH_MAX];
+    uint32_t di[3] = { count, rows, cols }, dl[1] = { count };
+    size_t n = (size_t)count * rows * cols;
+    unsigned char *p = pixels(n, seed);
+    size_t li = strlen(images), ll = strlen(labels);
+    write_idx(path, images, 3, di, p, n, li > 3 && strcmp(images + li - 3, ".gz") == 0);
+    write_idx(path, labels, 1, dl, lab, count, ll > 3 && strcmp(labels + ll - 3, ".gz") == 0);
+    free(p);
+}
+
+/* An EMNIST-like set: train labels cycle through 0 .. train_top - 1, the
+ * test labels through 0 .. test_top - 1. */
+static void write_set(const st_idx_files *f, uint32_t n_train, uint32_t n_test,
+                      uint32_t train_top, uint32_t test_top, uint32_t rows, uint32_t cols)
+{
+    unsigned char lab[256];
+    for (uint32_t i = 0; i < n_train; i++)
+        lab[i] = (unsigned char)(i % train_top);
+    write_set_files(f->train_images, f->train_labels, n_train, rows, cols, lab, 1);
+    for (uint32_t i = 0; i < n_test; i++)
+        lab[i] = (unsigned char)(i % test_top);
+    write_set_files(f->test_images, f->test_labels, n_test, rows, cols, lab, 2);
+}
+
+static const st_idx_files letters = {
+    "emnist-letters-train-images-idx3-ubyte.gz", "emnist-letters-train-labels-idx1-ubyte.gz",
+    "emnist-letters-test-images-idx3-ubyte", "emnist-letters-test-labels-idx1-ubyte",
+};
+
+Test(idxset, class_count_is_read_from_the_labels_26)
+{
+    /* The largest label (25) is only in the test set: max over both + 1. */
+    write_set(&letters, 50, 30, 25, 26, 28, 28);
+    st_dataset train, test;
+    cr_assert_eq(st_idx_set_load(tmpdir, &letters, &train, &test), ST_OK, "%s",
+                 st_last_error());
+    cr_assert_eq(train.n_classes, 26);
+    cr_assert_eq(test.n_classes, 26);
+    cr_assert_eq(train.count, 50);
+    cr_assert_eq(test.count, 30);
+    cr_assert(train.channels == 1 && train.height == 28 && train.width == 28);
+    cr_assert_eq(train.dim, 784);
+    cr_assert_eq(test.y[25], 25);
+    unsigned char *p = pixels(50 * 784, 1);
+    for (size_t i = 0; i < 50 * 784; i++)
+        cr_assert_eq(train.x[i], p[i] * (1.0f / 255.0f), "pixel %zu", i);
+    free(p);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+Test(idxset, class_count_is_read_from_the_labels_47)
+{
+    /* EMNIST balanced: 47 classes; images 4 rows x 5 columns. */
+    static const st_idx_files balanced = { "bal-train-img", "bal-train-lab.gz",
+                                           "bal-test-img.gz", "bal-test-lab" };
+    write_set(&balanced, 94, 47, 47, 40, 4, 5);
+    st_dataset train, test;
+    cr_assert_eq(st_idx_set_load(tmpdir, &balanced, &train, &test), ST_OK, "%s",
+                 st_last_error());
+    cr_assert_eq(train.n_classes, 47);
+    cr_assert_eq(test.n_classes, 47);
+    cr_assert(train.channels == 1 && train.height == 4 && train.width == 5,
+              "rows are the height: %ux%ux%u", train.channels, train.height, train.width);
+    cr_assert_eq(train.dim, 20);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+Test(idxset, default_names_are_fashion_mnists)
+{
+    static const st_idx_files fashion = { "train-images-idx3-ubyte.gz",
+                                          "train-labels-idx1-ubyte",
+                                          "t10k-images-idx3-ubyte",
+                                          "t10k-labels-idx1-ubyte.gz" };
+    write_set(&fashion, 12, 6, 3, 3, 28, 28);
+    st_dataset train, test;
+    /* found as NAME.gz or NAME; the class count is the labels' (3), where
+     * st_fashion_mnist_load says 10 */
+    cr_assert_eq(st_idx_set_load(tmpdir, NULL, &train, &test), ST_OK, "%s", st_last_error());
+    cr_assert_eq(train.n_classes, 3);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    st_idx_files some = { NULL, NULL, NULL, NULL };
+    cr_assert_eq(st_idx_set_load(tmpdir, &some, &train, &test), ST_OK, "%s", st_last_error());
+    cr_assert_eq(test.count, 6);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    cr_assert_eq(st_fashion_mnist_load(tmpdir, &train, &test), ST_OK, "%s", st_last_error());
+    cr_assert_eq(train.n_classes, 10);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+Test(idxset, missing_file_is_named_and_frees_everything)
+{
+    write_set(&letters, 10, 10, 5, 5, 28, 28);
+    st_idx_files f = letters;
+    f.test_labels = "no-such-labels";
+    st_dataset train, test;
+    cr_assert_eq(st_idx_set_load(tmpdir, &f, &train, &test), ST_ERR_IO);
+    const char *msg = st_last_error();
+    cr_assert(strstr(msg, tmpdir) && strstr(msg, "no-such-labels"), "%s", msg);
+    cr_assert(strstr(msg, "idx:DIR"), "says how to name the files: %s", msg);
+    cr_assert_null(strstr(msg, "Fashion-MNIST"), "%s", msg);
+    expect_dataset_empty(&train);
+    expect_dataset_empty(&test);
+}
+
+Test(idxset, train_and_test_shapes_must_agree)
+{
+    unsigned char lab[8] = { 0, 1, 2, 3, 0, 1, 2, 3 };
+    write_set_files("a-img", "a-lab", 8, 28, 28, lab, 1);
+    write_set_files("b-img", "b-lab", 8, 14, 56, lab, 2);
+    st_idx_files f = { "a-img", "a-lab", "b-img", "b-lab" };
+    st_dataset train, test;
+    cr_assert_eq(st_idx_set_load(tmpdir, &f, &train, &test), ST_ERR_FORMAT);
+    const char *msg = st_last_error();
+    cr_assert(strstr(msg, "b-img") && strstr(msg, "1x14x56") && strstr(msg, "1x28x28"), "%s",
+              msg);
+    expect_dataset_empty(&train);
+    expect_dataset_empty(&test);
+}
+
+Test(idxset, corrupt_file_is_named)
+{
+    write_set(&letters, 10, 10, 5, 5, 28, 28);
+    char path[ST_TEST_PATH_MAX];
+    write_raw(path, letters.test_images, "garbage!", 8, 0);
+    st_dataset train, test;
+    cr_assert_eq(st_idx_set_load(tmpdir, &letters, &train, &test), ST_ERR_FORMAT);
+    cr_assert(strstr(st_last_error(), letters.test_images), "%s", st_last_error());
+    expect_dataset_empty(&train);
+    expect_dataset_empty(&test);
+}
+
+Test(idxset, rank_two_vectors_have_no_image_shape)
+{
+    char ip[ST_TEST_PATH_MAX], lp[ST_TEST_PATH_MAX];
+    unsigned char bytes[12] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12 }, lab[3] = { 0, 1, 0 };
+    uint32_t d2[2] = { 3, 4 }, d1[1] = { 3 };
+    write_idx(ip, "vec", 2, d2, bytes, 12, 0);
+    write_idx(lp, "vec-labels", 1, d1, lab, 3, 0);
+    st_dataset d;
+    cr_assert_eq(st_dataset_load_idx(ip, lp, 2, &d), ST_OK, "%s", st_last_error());
+    cr_assert(d.channels == 4 && d.height == 1 && d.width == 1);
+    st_dataset_free(&d);
+    /* rank 4 is count x C x H x W */
+    uint32_t d4[4] = { 1, 3, 2, 2 }, d1b[1] = { 1 };
+    write_idx(ip, "img4", 4, d4, bytes, 12, 0);
+    write_idx(lp, "img4-labels", 1, d1b, lab, 1, 0);
+    cr_assert_eq(st_dataset_load_idx(ip, lp, 2, &d), ST_OK, "%s", st_last_error());
+    cr_assert(d.channels == 3 && d.height == 2 && d.width == 2);
+    st_dataset_free(&d);
+}
+
+/* ------------------------------------------------------------ CIFAR */
+
+#define CIFAR_PLANE 1024
+
+/* Pixel (c, y, x) of record r: distinct per channel, row and record. */
+static unsigned char cifar_pixel(uint32_t r, int c, int y, int x)
+{
+    return (unsigned char)(r * 31 + c * 80 + y * 3 + x);
+}
+
+/* n records of `kind` into dir/name; record r has label labels[r] (CIFAR-100:
+ * fine labels[r], coarse labels[r] / 5).  Returns the path. */
+static char *write_cifar(char *path, const char *name, st_cifar_kind kind, uint32_t n,
+                         const unsigned char *labels, uint32_t first_record)
+{
+    size_t lb = kind == ST_CIFAR10 ? 1 : 2, rec = lb + ST_CIFAR_PIXELS;
+    unsigned char *buf = malloc(n * rec + 1);
+    cr_assert_not_null(buf);
+    for (uint32_t r = 0; r < n; r++) {
+        unsigned char *p = buf + r * rec;
+        if (kind == ST_CIFAR100)
+            *p++ = (unsigned char)(labels[r] / 5);
+        *p++ = labels[r];
+        for (int c = 0; c < 3; c++)
+            for (int y = 0; y < 32; y++)
+                for (int x = 0; x < 32; x++)
+                    *p++ = cifar_pixel(first_record + r, c, y, x);
+    }
+    st_test_path(path, tmpdir, name);
+    cr_assert_eq(st_test_write_file(path, buf, n * rec), 0);
+    free(buf);
+    return path;
+}
+
+static void check_cifar_record(const st_dataset *d, uint32_t i, uint32_t record)
+{
+    for (int c = 0; c < 3; c++)
+        for (int y = 0; y < 32; y++)
+            for (int x = 0; x < 32; x++) {
+                float v = d->x[(size_t)i * 3072 + (size_t)c * CIFAR_PLANE + y * 32 + x];
+                float want = cifar_pixel(record, c, y, x) * (1.0f / 255.0f);
+                cr_assert_eq(v, want, "sample %u channel %d (%d, %d): %g, expected %g", i, c,
+                             y, x, v, want);
+            }
+}
+
+static void write_cifar10_dir(const unsigned char *test_labels)
+{
+    char path[ST_TEST_PATH_MAX], name[64];
+    const uint32_t per_file[5] = { 2, 1, 3, 1, 2 };
+    unsigned char labels[3];
+    uint32_t record = 0;
+    for (int f = 0; f < 5; f++) {
+        for (uint32_t r = 0; r < per_file[f]; r++)
+            labels[r] = (unsigned char)((record + r) % 10);
+        snprintf(name, sizeof name, "data_batch_%d.bin", f + 1);
+        write_cifar(path, name, ST_CIFAR10, per_file[f], labels, record);
+        record += per_file[f];
+    }
+    if (test_labels)
+        write_cifar(path, "test_batch.bin", ST_CIFAR10, 3, test_labels, 100);
+}
+
+Test(cifar, cifar10_shape_values_channel_order_labels)
+{
+    const unsigned char test_labels[3] = { 9, 0, 5 };
+    write_cifar10_dir(test_labels);
+    st_dataset train, test;
+    cr_assert_eq(st_cifar10_load(tmpdir, &train, &test), ST_OK, "%s", st_last_error());
+    cr_assert_eq(train.count, 9, "the five batches in order");
+    cr_assert_eq(test.count, 3);
+    cr_assert_eq(train.dim, 3072);
+    cr_assert(train.channels == 3 && train.height == 32 && train.width == 32);
+    cr_assert(test.channels == 3 && test.height == 32 && test.width == 32);
+    cr_assert_eq(train.n_classes, 10);
+    cr_assert_eq(test.n_classes, 10);
+    for (uint32_t i = 0; i < 9; i++) {
+        cr_assert_eq(train.y[i], i % 10);
+        check_cifar_record(&train, i, i);
+    }
+    for (uint32_t i = 0; i < 3; i++) {
+        cr_assert_eq(test.y[i], test_labels[i]);
+        check_cifar_record(&test, i, 100 + i);
+    }
+    /* the red plane first: pixel (0, 0) of the three channels of sample 1 */
+    cr_assert_eq(train.x[3072 + 0], cifar_pixel(1, 0, 0, 0) * (1.0f / 255.0f));
+    cr_assert_eq(train.x[3072 + 1024], cifar_pixel(1, 1, 0, 0) * (1.0f / 255.0f));
+    cr_assert_eq(train.x[3072 + 2048], cifar_pixel(1, 2, 0, 0) * (1.0f / 255.0f));
+    /* ... and row-major: (y, x) = (1, 0) is 32 values on */
+    cr_assert_eq(train.x[3072 + 32], cifar_pixel(1, 0, 1, 0) * (1.0f / 255.0f));
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+Test(cifar, cifar100_keeps_the_fine_label)
+{
+    char path[ST_TEST_PATH_MAX];
+    const unsigned char train_labels[4] = { 99, 0, 57, 13 }, test_labels[2] = { 42, 98 };
+    write_cifar(path, "train.bin", ST_CIFAR100, 4, train_labels, 0);
+    write_cifar(path, "test.bin", ST_CIFAR100, 2, test_labels, 10);
+    st_dataset train, test;
+    cr_assert_eq(st_cifar100_load(tmpdir, &train, &test), ST_OK, "%s", st_last_error());
+    cr_assert_eq(train.count, 4);
+    cr_assert_eq(test.count, 2);
+    cr_assert_eq(train.n_classes, 100);
+    cr_assert(train.channels == 3 && train.height == 32 && train.width == 32);
+    for (uint32_t i = 0; i < 4; i++) {
+        cr_assert_eq(train.y[i], train_labels[i], "fine, not coarse (%u)", train_labels[i] / 5);
+        check_cifar_record(&train, i, i);
+    }
+    for (uint32_t i = 0; i < 2; i++) {
+        cr_assert_eq(test.y[i], test_labels[i]);
+        check_cifar_record(&test, i, 10 + i);
+    }
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+/* The failure contract: the status, a message naming the file (and holding
+ * `needle`), nothing left behind. */
+static void expect_cifar_fail(st_cifar_kind kind, const char *path, st_status want,
+                              const char *needle)
+{
+    st_dataset d;
+    memset(&d, 0xAB, sizeof d);
+    st_clear_error();
+    const char *paths[1] = { path };
+    st_status s = st_cifar_load_files(kind, paths, 1, &d);
+    const char *msg = st_last_error();
+    cr_assert_eq(s, want, "%s: status %s, expected %s (message: %s)", path,
+                 st_status_name(s), st_status_name(want), msg);
+    cr_assert(strstr(msg, path), "message does not name the file: %s", msg);
+    cr_assert_null(strchr(msg, '\n'), "one line: %s", msg);
+    if (needle)
+        cr_assert(strstr(msg, needle), "message lacks \"%s\": %s", needle, msg);
+    expect_dataset_empty(&d);
+}
+
+Test(cifar, missing_files_say_where_to_get_cifar)
+{
+    st_dataset train, test;
+    cr_assert_eq(st_cifar10_load(tmpdir, &train, &test), ST_ERR_IO);
+    const char *msg = st_last_error();
+    cr_assert(strstr(msg, tmpdir) && strstr(msg, "data_batch_1.bin"), "%s", msg);
+    cr_assert(strstr(msg, "not packaged on Debian"), "%s", msg);
+    cr_assert(strstr(msg, "cifar-10-batches-bin") && strstr(msg, "cifar10:"), "%s", msg);
+    expect_dataset_empty(&train);
+    expect_dataset_empty(&test);
+
+    cr_assert_eq(st_cifar100_load(tmpdir, &train, &test), ST_ERR_IO);
+    msg = st_last_error();
+    cr_assert(strstr(msg, "train.bin") && strstr(msg, "cifar-100-binary") &&
+              strstr(msg, "not packaged on Debian"), "%s", msg);
+
+    /* the training batches present, the test batch missing: nothing kept */
+    write_cifar10_dir(NULL);
+    cr_assert_eq(st_cifar10_load(tmpdir, &train, &test), ST_ERR_IO);
+    cr_assert(strstr(st_last_error(), "test_batch.bin"), "%s", st_last_error());
+    expect_dataset_empty(&train);
+    expect_dataset_empty(&test);
+
+    /* one batch of five missing */
+    char path[ST_TEST_PATH_MAX];
+    const unsigned char tl[3] = { 1, 2, 3 };
+    write_cifar(path, "test_batch.bin", ST_CIFAR10, 3, tl, 0);
+    cr_assert_eq(unlink(st_test_path(path, tmpdir, "data_batch_4.bin")), 0);
+    cr_assert_eq(st_cifar10_load(tmpdir, &train, &test), ST_ERR_IO);
+    cr_assert(strstr(st_last_error(), "data_batch_4.bin"), "%s", st_last_error());
+    expect_dataset_empty(&train);
+}
+
+Test(cifar, sizes_that_are_not_whole_records)
+{
+    char path[ST_TEST_PATH_MAX];
+    const unsigned char labels[2] = { 1, 2 };
+    write_cifar(path, "two.bin", ST_CIFAR10, 2, labels, 0);
+    size_t len;
+    unsigned char *bytes = st_test_read_file(path, &len);
+    cr_assert_eq(len, 2 * 3073);
+    /* truncated inside the second record */
+    write_raw(path, "short.bin", bytes, 3073 + 100, 0);
+    expect_cifar_fail(ST_CIFAR10, path, ST_ERR_FORMAT, "not a whole number of 3073-byte");
+    /* an extra byte */
+    write_raw(path, "long.bin", bytes, 2 * 3073 + 1, 0);
+    expect_cifar_fail(ST_CIFAR10, path, ST_ERR_FORMAT, "1 bytes over");
+    /* CIFAR-10 records read as CIFAR-100 (3074 bytes each) */
+    write_raw(path, "ten-as-hundred.bin", bytes, 2 * 3073, 0);
+    expect_cifar_fail(ST_CIFAR100, path, ST_ERR_FORMAT, "3074-byte CIFAR-100");
+    /* empty, shorter than a record */
+    write_raw(path, "empty.bin", bytes, 0, 0);
+    expect_cifar_fail(ST_CIFAR10, path, ST_ERR_FORMAT, "empty");
+    write_raw(path, "tiny.bin", "garbage!", 8, 0);
+    expect_cifar_fail(ST_CIFAR10, path, ST_ERR_FORMAT, "0 records and 8 bytes over");
+    free(bytes);
+}
+
+Test(cifar, labels_out_of_range)
+{
+    char path[ST_TEST_PATH_MAX];
+    const unsigned char labels[3] = { 1, 10, 2 };
+    write_cifar(path, "ten.bin", ST_CIFAR10, 3, labels, 0);
+    expect_cifar_fail(ST_CIFAR10, path, ST_ERR_FORMAT, "record 1 has label 10, outside 0..9");
+    const unsigned char fine[2] = { 5, 100 };   /* coarse 20: the coarse check first */
+    write_cifar(path, "hundred.bin", ST_CIFAR100, 2, fine, 0);
+    expect_cifar_fail(ST_CIFAR100, path, ST_ERR_FORMAT, "record 1 has coarse label 20");
+    /* fine out of range with a valid coarse label */
+    size_t len;
+    unsigned char *bytes = st_test_read_file(path, &len);
+    bytes[3074] = 3;     /* record 1: coarse 3, fine 100 */
+    write_raw(path, "fine.bin", bytes, len, 0);
+    expect_cifar_fail(ST_CIFAR100, path, ST_ERR_FORMAT, "record 1 has fine label 100, "
+                      "outside 0..99");
+    free(bytes);
+}
+
+Test(cifar, garbage_and_odd_files_fail_cleanly)
+{
+    char path[ST_TEST_PATH_MAX];
+    /* a whole number of records of noise: labels out of range */
+    unsigned char *noise = pixels(4 * 3073, 77);
+    noise[0] = 200;
+    write_raw(path, "noise.bin", noise, 4 * 3073, 0);
+    expect_cifar_fail(ST_CIFAR10, path, ST_ERR_FORMAT, "record 0 has label 200");
+    free(noise);
+    /* a directory where a file should be */
+    st_test_path(path, tmpdir, "adir.bin");
+    cr_assert_eq(mkdir(path, 0700), 0);
+    expect_cifar_fail(ST_CIFAR10, path, ST_ERR_IO, "not a regular file");
+    /* a path through a file */
+    const unsigned char one[1] = { 0 };
+    write_cifar(path, "file.bin", ST_CIFAR10, 1, one, 0);
+    char below[ST_TEST_PATH_MAX];
+    st_test_path(below, path, "x.bin");
+    expect_cifar_fail(ST_CIFAR10, below, ST_ERR_IO, "no such file");
+    /* several files, one bad: the bad one is named */
+    char good[ST_TEST_PATH_MAX], bad[ST_TEST_PATH_MAX];
+    write_cifar(good, "good.bin", ST_CIFAR10, 1, one, 0);
+    write_raw(bad, "bad.bin", "xyz", 3, 0);
+    const char *paths[2] = { good, bad };
+    st_dataset d;
+    cr_assert_eq(st_cifar_load_files(ST_CIFAR10, paths, 2, &d), ST_ERR_FORMAT);
+    cr_assert(strstr(st_last_error(), bad), "%s", st_last_error());
+    expect_dataset_empty(&d);
+    /* bad arguments */
+    cr_assert_eq(st_cifar_load_files(ST_CIFAR10, paths, 0, &d), ST_ERR_INVALID);
+    cr_assert_eq(st_cifar_load_files(ST_CIFAR10, NULL, 1, &d), ST_ERR_INVALID);
+    cr_assert_eq(st_cifar_load_files((st_cifar_kind)7, paths, 1, &d), ST_ERR_INVALID);
+    cr_assert_eq(st_cifar_load_files(ST_CIFAR10, paths, 1, NULL), ST_ERR_INVALID);
+}
+
+Test(cifar, normalised_per_channel)
+{
+    const unsigned char test_labels[3] = { 9, 0, 5 };
+    write_cifar10_dir(test_labels);
+    st_dataset train, test;
+    cr_assert_eq(st_cifar10_load(tmpdir, &train, &test), ST_OK, "%s", st_last_error());
+    float mean[3], std[3];
+    st_dataset_normalize_channels(&train, &test, mean, std, 3);
+    for (int c = 0; c < 3; c++) {
+        double s = 0.0, sq = 0.0;
+        size_t n = 0;
+        for (uint32_t i = 0; i < train.count; i++)
+            for (int p = 0; p < CIFAR_PLANE; p++) {
+                double v = train.x[(size_t)i * 3072 + (size_t)c * CIFAR_PLANE + p];
+                s += v;
+                sq += v * v;
+                n++;
+            }
+        cr_assert_float_eq(s / n, 0.0, 1e-5, "channel %d mean %g", c, s / n);
+        cr_assert_float_eq(sqrt(sq / n), 1.0, 1e-4, "channel %d std", c);
+    }
+    for (int c = 0; c < 3; c++) {   /* each channel's own mean, in [0, 1] */
+        double s = 0.0;
+        for (uint32_t r = 0; r < 9; r++)
+            for (int y = 0; y < 32; y++)
+                for (int x = 0; x < 32; x++)
+                    s += cifar_pixel(r, c, y, x) / 255.0f;
+        cr_assert_float_eq(mean[c], s / (9 * CIFAR_PLANE), 1e-6, "channel %d", c);
+    }
+    cr_assert(mean[0] != mean[1] && mean[1] != mean[2]);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+Test(idxset, per_channel_normalisation_of_one_channel_is_the_global_one_to_the_bit)
+{
+    write_set(&letters, 64, 16, 10, 10, 28, 28);
+    st_dataset a, at, b, bt;
+    cr_assert_eq(st_idx_set_load(tmpdir, &letters, &a, &at), ST_OK, "%s", st_last_error());
+    cr_assert_eq(st_idx_set_load(tmpdir, &letters, &b, &bt), ST_OK, "%s", st_last_error());
+    float ma, sa, mb[2] = { 0, 0 }, sb[2] = { 0, 0 };
+    st_dataset_normalize(&a, &at, &ma, &sa);
+    st_dataset_normalize_channels(&b, &bt, mb, sb, 2);
+    cr_assert(memcmp(a.x, b.x, (size_t)a.count * a.dim * sizeof(float)) == 0);
+    cr_assert(memcmp(at.x, bt.x, (size_t)at.count * at.dim * sizeof(float)) == 0);
+    cr_assert(ma == mb[0] && sa == sb[0]);
+    cr_assert(mb[1] == 0 && sb[1] == 0, "one channel written");
+    st_dataset_free(&a);
+    st_dataset_free(&at);
+    st_dataset_free(&b);
+    st_dataset_free(&bt);
+}
+
+/* ------------------------------------------------------------ augmentation */
+
+/* The 3 x 3 image 1..9 padded by one zero pixel, every crop window of the
+ * 5 x 5 padded image, written out by hand for three of them. */
+Test(augment, crop_and_flip_of_a_known_image)
+{
+    const float img[9] = { 1, 2, 3, 4, 5, 6, 7, 8, 9 };
+    float out[9];
+    st_augment_choice c = { 0, 0, 0 };   /* the window's corner at the padding's */
+    st_augment_apply(&c, 1, 1, 3, 3, img, out);
+    const float down_right[9] = { 0, 0, 0, 0, 1, 2, 0, 4, 5 };
+    cr_assert(memcmp(out, down_right, sizeof out) == 0);
+    c.flip = 1;
+    st_augment_apply(&c, 1, 1, 3, 3, img, out);
+    const float down_right_flipped[9] = { 0, 0, 0, 2, 1, 0, 5, 4, 0 };
+    cr_assert(memcmp(out, down_right_flipped, sizeof out) == 0);
+    c = (st_augment_choice){ 2, 1, 0 };   /* one row up, columns as they are */
+    st_augment_apply(&c, 1, 1, 3, 3, img, out);
+    const float up[9] = { 4, 5, 6, 7, 8, 9, 0, 0, 0 };
+    cr_assert(memcmp(out, up, sizeof out) == 0);
+    c = (st_augment_choice){ 1, 1, 1 };   /* no shift, mirrored */
+    st_augment_apply(&c, 1, 1, 3, 3, img, out);
+    const float mirrored[9] = { 3, 2, 1, 6, 5, 4, 9, 8, 7 };
+    cr_assert(memcmp(out, mirrored, sizeof out) == 0);
+    c = (st_augment_choice){ 1, 2, 0 };   /* one column left */
+    st_augment_apply(&c, 1, 1, 3, 3, img, out);
+    const float left[9] = { 2, 3, 0, 5, 6, 0, 8, 9, 0 };
+    cr_assert(memcmp(out, left, sizeof out) == 0);
+}
+
+/* Every window and flip of a 2 x 4 x 5 image against the definition:
+ * out(c, y, x) = padded(c, y + top, x' + left), x' = x or W-1-x. */
+Test(augment, every_window_matches_the_definition)
+{
+    enum { C = 2, H = 4, W = 5, P = 3 };
+    float img[C * H * W], out[C * H * W];
+    for (int i = 0; i < C * H * W; i++)
+        img[i] = (float)(i + 1);   /* no pixel is 0: a 0 is padding */
+    for (uint32_t top = 0; top <= 2 * P; top++)
+        for (uint32_t left = 0; left <= 2 * P; left++)
+            for (int flip = 0; flip < 2; flip++) {
+                st_augment_choice c = { top, left, flip };
+                memset(out, 0xFF, sizeof out);
+                st_augment_apply(&c, P, C, H, W, img, out);
+                for (int ch = 0; ch < C; ch++)
+                    for (int y = 0; y < H; y++)
+                        for (int x = 0; x < W; x++) {
+                            int xw = flip ? W - 1 - x : x;
+                            int sy = y + (int)top - P, sx = xw + (int)left - P;
+                            float want = sy >= 0 && sy < H && sx >= 0 && sx < W
+                                             ? img[(ch * H + sy) * W + sx] : 0.0f;
+                            cr_assert_eq(out[(ch * H + y) * W + x], want,
+                                         "top %u left %u flip %d: (%d, %d, %d)", top, left,
+                                         flip, ch, y, x);
+                        }
+            }
+}
+
+Test(augment, padding_is_zeros_and_flip_twice_is_identity)
+{
+    enum { C = 3, H = 6, W = 7, P = 2 };
+    float img[C * H * W], a[C * H * W], b[C * H * W];
+    for (int i = 0; i < C * H * W; i++)
+        img[i] = 0.5f + (float)i;
+    /* the window at the padded image's corner: P rows and P columns of 0 */
+    st_augment_choice c = { 0, 0, 0 };
+    st_augment_apply(&c, P, C, H, W, img, a);
+    for (int ch = 0; ch < C; ch++)
+        for (int y = 0; y < H; y++)
+            for (int x = 0; x < W; x++) {
+                float v = a[(ch * H + y) * W + x];
+                if (y < P || x < P)
+                    cr_assert_eq(v, 0.0f, "padding (%d, %d, %d) is %g", ch, y, x, v);
+                else
+                    cr_assert_eq(v, img[(ch * H + y - P) * W + x - P]);
+            }
+    /* the centre window, flipped twice, is the image */
+    c = (st_augment_choice){ P, P, 1 };
+    st_augment_apply(&c, P, C, H, W, img, a);
+    cr_assert(memcmp(a, img, sizeof img) != 0);
+    st_augment_apply(&c, P, C, H, W, a, b);
+    cr_assert(memcmp(b, img, sizeof img) == 0);
+    c.flip = 0;
+    st_augment_apply(&c, P, C, H, W, img, a);
+    cr_assert(memcmp(a, img, sizeof img) == 0, "the centre window unflipped: the image");
+}
+
+Test(augment, draws_depend_on_seed_epoch_and_index_only)
+{
+    st_augment a = { .crop = 4, .flip = 1, .seed = 7 };
+    uint32_t seen_top[9] = { 0 }, seen_left[9] = { 0 }, flips = 0, differ_epoch = 0;
+    const uint32_t N = 4000;
+    for (uint32_t i = 0; i < N; i++) {
+        st_augment_choice c = st_augment_draw(&a, 3, i), d = st_augment_draw(&a, 3, i);
+        cr_assert(c.top == d.top && c.left == d.left && c.flip == d.flip, "a pure function");
+        cr_assert(c.top <= 8 && c.left <= 8 && (c.flip == 0 || c.flip == 1));
+        seen_top[c.top]++;
+        seen_left[c.left]++;
+        flips += (uint32_t)c.flip;
+        st_augment_choice e = st_augment_draw(&a, 4, i);
+        differ_epoch += c.top != e.top || c.left != e.left || c.flip != e.flip;
+    }
+    for (int k = 0; k <= 8; k++)
+        cr_assert(seen_top[k] > N / 9 / 2 && seen_left[k] > N / 9 / 2,
+                  "offset %d: %u, %u of %u", k, seen_top[k], seen_left[k], N);
+    cr_assert(flips > N / 2 - N / 10 && flips < N / 2 + N / 10, "p = 1/2: %u of %u", flips, N);
+    cr_assert_gt(differ_epoch, N * 9 / 10, "another epoch, other draws: %u of %u differ",
+                 differ_epoch, N);
+    /* another seed, other draws */
+    st_augment b = a;
+    b.seed = 8;
+    uint32_t differ_seed = 0;
+    for (uint32_t i = 0; i < 100; i++) {
+        st_augment_choice c = st_augment_draw(&a, 3, i), e = st_augment_draw(&b, 3, i);
+        differ_seed += c.top != e.top || c.left != e.left || c.flip != e.flip;
+    }
+    cr_assert_gt(differ_seed, 80);
+    /* a flip alone leaves the window centred; a crop alone never flips */
+    st_augment f = { .flip = 1, .seed = 7 }, k = { .crop = 2, .seed = 7 };
+    for (uint32_t i = 0; i < 100; i++) {
+        st_augment_choice c = st_augment_draw(&f, 0, i), e = st_augment_draw(&k, 0, i);
+        cr_assert(c.top == 0 && c.left == 0);
+        cr_assert_eq(e.flip, 0);
+    }
+}
+
+/* n images 3 x 8 x 8 with pixel values that say where they come from. */
+static void image_set(st_dataset *d, uint32_t n)
+{
+    memset(d, 0, sizeof *d);
+    d->count = n;
+    d->channels = 3;
+    d->height = 8;
+    d->width = 8;
+    d->dim = 192;
+    d->n_classes = 5;
+    d->x = malloc((size_t)n * 192 * sizeof(float));
+    d->y = malloc(n);
+    cr_assert(d->x && d->y);
+    for (uint32_t i = 0; i < n; i++) {
+        d->y[i] = (uint8_t)(i % 5);
+        for (int j = 0; j < 192; j++)
+            d->x[(size_t)i * 192 + j] = (float)(i * 1000 + j + 1);
+    }
+}
+
+Test(augment, the_training_gather)
+{
+    st_dataset d;
+    image_set(&d, 64);
+    uint32_t idx[64], rev[64];
+    for (uint32_t i = 0; i < 64; i++) {
+        idx[i] = i;
+        rev[i] = 63 - i;
+    }
+    float *plain = malloc(64 * 192 * sizeof(float)), *a = malloc(64 * 192 * sizeof(float)),
+          *b = malloc(64 * 192 * sizeof(float)), *e = malloc(64 * 192 * sizeof(float));
+    int32_t ya[64], yb[64];
+    st_dataset_gather(&d, idx, 64, plain, ya);
+
+    /* no augmentation: the plain gather, to the bit */
+    st_dataset_gather_train(&d, 5, idx, 64, a, yb);
+    cr_assert(memcmp(a, plain, 64 * 192 * sizeof(float)) == 0);
+    cr_assert(memcmp(ya, yb, sizeof ya) == 0);
+
+    d.augment = (st_augment){ .crop = 2, .flip = 1, .seed = 3 };
+    cr_assert_eq(st_augment_check(&d.augment, &d), ST_OK, "%s", st_last_error());
+    st_dataset_gather_train(&d, 5, idx, 64, a, ya);
+    st_dataset_gather_train(&d, 5, idx, 64, b, yb);
+    cr_assert(memcmp(a, b, 64 * 192 * sizeof(float)) == 0, "same (seed, epoch, index)");
+    cr_assert(memcmp(ya, yb, sizeof ya) == 0);
+    for (uint32_t i = 0; i < 64; i++)
+        cr_assert_eq(ya[i], d.y[i], "labels as stored");
+    cr_assert(memcmp(a, plain, 64 * 192 * sizeof(float)) != 0, "augmented");
+    /* each sample is what st_augment_draw and st_augment_apply make of it */
+    for (uint32_t i = 0; i < 64; i++) {
+        st_augment_choice c = st_augment_draw(&d.augment, 5, i);
+        float one[192];
+        st_augment_apply(&c, 2, 3, 8, 8, d.x + (size_t)i * 192, one);
+        cr_assert(memcmp(one, a + (size_t)i * 192, sizeof one) == 0, "sample %u", i);
+    }
+    /* the batch position does not matter, the sample does */
+    st_dataset_gather_train(&d, 5, rev, 64, b, yb);
+    for (uint32_t i = 0; i < 64; i++)
+        cr_assert(memcmp(b + (size_t)i * 192, a + (size_t)(63 - i) * 192,
+                         192 * sizeof(float)) == 0, "sample %u", 63 - i);
+    /* another epoch, another augmentation */
+    st_dataset_gather_train(&d, 6, idx, 64, e, yb);
+    int differ = 0;
+    for (uint32_t i = 0; i < 64; i++)
+        differ += memcmp(e + (size_t)i * 192, a + (size_t)i * 192, 192 * sizeof(float)) != 0;
+    cr_assert_gt(differ, 48, "epochs 5 and 6: only %d of 64 samples differ", differ);
+    free(plain);
+    free(a);
+    free(b);
+    free(e);
+    st_dataset_free(&d);
+}
+
+Test(augment, check_refuses_what_does_not_fit)
+{
+    st_dataset d;
+    image_set(&d, 2);
+    st_augment a = { .crop = 7, .flip = 1 };
+    cr_assert_eq(st_augment_check(&a, &d), ST_OK, "%s", st_last_error());
+    a.crop = 8;
+    cr_assert_eq(st_augment_check(&a, &d), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "--augment-crop") && strstr(st_last_error(), "8x8"),
+              "%s", st_last_error());
+    st_augment none = { 0 };
+    cr_assert_eq(st_augment_check(&none, &d), ST_OK);
+    /* no image shape: the synthetic task */
+    d.channels = 192;
+    d.height = d.width = 1;
+    st_augment flip = { .flip = 1 };
+    cr_assert_eq(st_augment_check(&flip, &d), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "--augment-flip") && strstr(st_last_error(), "192x1x1"),
+              "%s", st_last_error());
+    cr_assert_eq(st_augment_check(&none, &d), ST_OK, "nothing asked, nothing to refuse");
+    /* a shape that does not multiply to dim, or none at all */
+    d.channels = 0;
+    cr_assert_eq(st_augment_check(&flip, &d), ST_ERR_INVALID);
+    d.channels = 2;
+    d.height = d.width = 8;
+    cr_assert_eq(st_augment_check(&flip, &d), ST_ERR_INVALID);
+    st_dataset_free(&d);
+}
+
+/* Counts heap calls on the armed thread (heapwatch.h interposes the C
+ * library's malloc family for the whole test program). */
+static _Thread_local int armed;
+static _Thread_local long heap_calls;
+
+static void heapwatch_heap_call(int inside_onednn)
+{
+    (void)inside_onednn;
+    heap_calls += armed;
+}
+
+static void heapwatch_execute(void)
+{
+}
+
+#include "heapwatch.h"
+
+Test(augment, an_augmented_gather_makes_no_heap_call)
+{
+    st_dataset d;
+    image_set(&d, 256);
+    d.augment = (st_augment){ .crop = 3, .flip = 1, .seed = 11 };
+    uint32_t *order = malloc(256 * sizeof *order);
+    float *x = malloc(128 * 192 * sizeof *x);
+    int32_t *y = malloc(128 * sizeof *y);
+    st_epoch_order(1, 0, order, 256);
+    /* the interposer sees calls: one here (through a volatile pointer, so
+     * that the compiler cannot drop the malloc/free pair) */
+    void *(*volatile alloc)(size_t) = malloc;
+    armed = 1;
+    void *probe = alloc(16);
+    armed = 0;
+    free(probe);
+    cr_assert_eq(heap_calls, 1, "the interposer counts");
+    heap_calls = 0;
+    armed = 1;
+    for (uint64_t epoch = 0; epoch < 4; epoch++) {
+        st_dataset_gather_train(&d, epoch, order, 128, x, y);
+        st_dataset_gather_train(&d, epoch, order + 128, 128, x, y);
+    }
+    armed = 0;
+    cr_assert_eq(heap_calls, 0, "8 augmented gathers called the heap %ld times", heap_calls);
+    free(order);
+    free(x);
+    free(y);
+    st_dataset_free(&d);
+}
+
+/* A learnable 1 x 8 x 8 task: the class is the bright quadrant. */
+static void quadrant_set(st_dataset *d, uint32_t n, uint32_t seed)
+{
+    memset(d, 0, sizeof *d);
+    d->count = n;
+    d->channels = 1;
+    d->height = d->width = 8;
+    d->dim = 64;
+    d->n_classes = 4;
+    d->x = malloc((size_t)n * 64 * sizeof(float));
+    d->y = malloc(n);
+    cr_assert(d->x && d->y);
+    uint32_t s = seed * 2654435761u + 7;
+    for (uint32_t i = 0; i < n; i++) {
+        int q = (int)(i % 4);
+        d->y[i] = (uint8_t)q;
+        for (int yy = 0; yy < 8; yy++)
+            for (int xx = 0; xx < 8; xx++) {
+                s = s * 1664525u + 1013904223u;
+                float v = (float)(s >> 8) / 16777216.0f;
+                if ((yy / 4) * 2 + xx / 4 == q)
+                    v += 1.5f;
+                d->x[(size_t)i * 64 + yy * 8 + xx] = v;
+            }
+    }
+}
+
+static st_epoch_record augmented_run(int crop, int flip, int workers)
+{
+    st_dataset train, test;
+    quadrant_set(&train, 512, 1);
+    quadrant_set(&test, 128, 2);
+    st_dataset_normalize_channels(&train, &test, NULL, NULL, 0);
+    train.augment = (st_augment){ .crop = (uint32_t)crop, .flip = flip, .seed = 9 };
+    st_train_config c = st_train_config_default();
+    c.model.kind = ST_MODEL_MLP;
+    c.model.depth = 1;
+    c.model.width = 32;
+    c.model.in_dim = 64;
+    c.model.n_classes = 4;
+    c.batch = 32 / workers;
+    c.epochs = 2;
+    c.seed = 9;
+    c.workers = workers;
+    c.oversubscribe = 1;
+    st_epoch_record final;
+    cr_assert_eq(st_train_run(&c, &train, &test, NULL, &final), ST_OK, "%s", st_last_error());
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    return final;
+}
+
+Test(augment, augmented_training_is_reproducible, .timeout = 120)
+{
+    st_epoch_record a = augmented_run(2, 1, 1), b = augmented_run(2, 1, 1);
+    st_epoch_record plain = augmented_run(0, 0, 1);
+    cr_assert(a.train_loss == b.train_loss && a.test_loss == b.test_loss,
+              "same seed, same run: %.9g %.9g", a.train_loss, b.train_loss);
+    cr_assert(a.train_loss != plain.train_loss, "the workers apply the augmentation");
+    /* two workers: the same global batches, whichever thread loads them */
+    st_epoch_record c = augmented_run(2, 1, 2), d = augmented_run(2, 1, 2);
+    cr_assert(c.train_loss == d.train_loss && c.test_loss == d.test_loss,
+              "two workers, same seed: %.9g %.9g", c.train_loss, d.train_loss);
+    cr_assert(c.train_loss != augmented_run(0, 0, 2).train_loss);
+    /* a crop the images cannot take is refused before training */
+    st_dataset train, test;
+    quadrant_set(&train, 64, 1);
+    quadrant_set(&test, 32, 2);
+    train.augment.crop = 8;
+    st_train_config cfg = st_train_config_default();
+    cfg.model.in_dim = 64;
+    cfg.model.n_classes = 4;
+    cfg.batch = 16;
+    cr_assert_eq(st_train_run(&cfg, &train, &test, NULL, NULL), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "--augment-crop"), "%s", st_last_error());
+    st_dataset_free(&train);
+    st_dataset_free(&test);
 }

@@ -1,6 +1,7 @@
 /*
- * subtrain/data.h — datasets: IDX files (plain or gzip), synthetic data,
- * normalisation, seeded shuffles and batch gathering.
+ * subtrain/data.h — datasets: IDX files (plain or gzip), CIFAR-10 and
+ * CIFAR-100 binaries, synthetic data, normalisation, seeded shuffles,
+ * batch gathering and seeded augmentation of image batches.
  *
  * A dataset is read-only once loaded and is shared by all workers; it is not
  * counted in any worker's arena.
@@ -46,12 +47,30 @@ void st_idx_free(st_idx_array *a);
 
 /* --------------------------------------------------------------- dataset */
 
+/* Seeded augmentation of a training set's samples (image data only), applied
+ * when a training batch is gathered (st_dataset_gather_train); all zero:
+ * none.  What a sample becomes depends on (seed, epoch, sample index) only. */
+typedef struct st_augment {
+    uint32_t crop;   /* pad `crop` zeros on each side of every channel, then
+                      * crop back to height x width at a random offset
+                      * (0: no crop); must be < height and < width */
+    int flip;        /* mirror left-right with probability 1/2 */
+    uint64_t seed;   /* the run's seed */
+} st_augment;
+
+/* A sample is channels x height x width values, channel-major (NCHW within
+ * the batch: channel c's image is height rows of width values, row-major):
+ * Fashion-MNIST is 1 x 28 x 28, CIFAR 3 x 32 x 32.  Data with no image
+ * shape (the synthetic task, IDX vectors of rank 2) is dim x 1 x 1: every
+ * feature a channel of one pixel.  dim = channels x height x width. */
 typedef struct st_dataset {
     uint32_t count;       /* samples */
-    uint32_t dim;         /* features per sample */
+    uint32_t dim;         /* features per sample: channels x height x width */
     uint32_t n_classes;   /* labels are in [0, n_classes) */
     float *x;             /* (count, dim) features, row-major */
     uint8_t *y;           /* (count) labels */
+    uint32_t channels, height, width;   /* the sample's shape, see above */
+    st_augment augment;   /* training gathers only; set by the caller */
 } st_dataset;
 
 /* Images (rank >= 2: count x rows x cols ...) and labels (rank 1) from two
@@ -60,10 +79,56 @@ typedef struct st_dataset {
 st_status st_dataset_load_idx(const char *images_path, const char *labels_path,
                               uint32_t n_classes, st_dataset *out);
 
-/* Fashion-MNIST from `dir` (train-images-idx3-ubyte[.gz], ...).  When the
- * directory or files are missing the message says how to install the
- * package or to use --data synthetic. */
+/* Fashion-MNIST from `dir` (train-images-idx3-ubyte[.gz], ...): 1 x 28 x 28,
+ * 10 classes.  When the directory or files are missing the message says how
+ * to install the package or to use --data synthetic. */
 st_status st_fashion_mnist_load(const char *dir, st_dataset *train, st_dataset *test);
+
+/* The four files of an IDX image set, relative to its directory; each is
+ * found as NAME.gz or NAME.  A NULL member: Fashion-MNIST's name. */
+typedef struct st_idx_files {
+    const char *train_images;   /* train-images-idx3-ubyte */
+    const char *train_labels;   /* train-labels-idx1-ubyte */
+    const char *test_images;    /* t10k-images-idx3-ubyte */
+    const char *test_labels;    /* t10k-labels-idx1-ubyte */
+} st_idx_files;
+
+/* An IDX image set of any class count (MNIST, EMNIST, Fashion-MNIST, ...):
+ * n_classes = the largest label + 1 over train and test.  Images of rank 3
+ * (count x rows x cols) are 1 x rows x cols; rank 4 is read as count x C x
+ * H x W; rank 2 (count x dim) is dim x 1 x 1.  Train and test images must
+ * have the same shape.  files may be NULL (Fashion-MNIST's names). */
+st_status st_idx_set_load(const char *dir, const st_idx_files *files,
+                          st_dataset *train, st_dataset *test);
+
+/* ------------------------------------------------------------------ CIFAR */
+
+#define ST_CIFAR_CHANNELS 3
+#define ST_CIFAR_SIDE 32
+#define ST_CIFAR_PIXELS (ST_CIFAR_CHANNELS * ST_CIFAR_SIDE * ST_CIFAR_SIDE)   /* 3072 */
+
+typedef enum st_cifar_kind {
+    ST_CIFAR10,    /* record: 1 label byte (0..9) + 3072 pixels */
+    ST_CIFAR100    /* record: coarse (0..19) and fine (0..99) label bytes + 3072 pixels */
+} st_cifar_kind;
+
+/* Records of the CIFAR binary files paths[0 .. n_paths) in order, as one
+ * dataset of 3 x 32 x 32 images (a record's pixels are 1024 red, 1024
+ * green, 1024 blue values, each a row-major 32 x 32 image: channel-major
+ * already) with pixels in [0, 1].  CIFAR-100 keeps the fine label (100
+ * classes).  Each file must be a regular file holding a whole, non-zero
+ * number of records with every label in range; a failure names the file.
+ * Call st_dataset_normalize_channels afterwards. */
+st_status st_cifar_load_files(st_cifar_kind kind, const char *const *paths, int n_paths,
+                              st_dataset *out);
+
+/* CIFAR-10 from `dir`, the extracted cifar-10-batches-bin directory:
+ * data_batch_1.bin .. data_batch_5.bin (train), test_batch.bin (test). */
+st_status st_cifar10_load(const char *dir, st_dataset *train, st_dataset *test);
+
+/* CIFAR-100 from `dir`, the extracted cifar-100-binary directory: train.bin
+ * and test.bin. */
+st_status st_cifar100_load(const char *dir, st_dataset *train, st_dataset *test);
 
 typedef struct st_synthetic_config {
     uint64_t seed;
@@ -87,14 +152,54 @@ st_status st_synthetic_make(const st_synthetic_config *cfg,
 void st_dataset_normalize(st_dataset *train, st_dataset *test,
                           float *mean_out, float *std_out);
 
+/* Standardises every channel of both sets with the training set's mean and
+ * standard deviation of that channel (over all its pixels and samples);
+ * returns them (at most max_out channels each; either may be NULL).  For
+ * one channel this is st_dataset_normalize, to the bit.  Meant for image
+ * data: on dim x 1 x 1 data it would standardise every feature. */
+void st_dataset_normalize_channels(st_dataset *train, st_dataset *test,
+                                   float *mean_out, float *std_out, uint32_t max_out);
+
 void st_dataset_free(st_dataset *d);
 
 /* order[0..n) = a permutation of 0..n-1 that depends only on (seed, epoch). */
 void st_epoch_order(uint64_t seed, uint64_t epoch, uint32_t *order, uint32_t n);
 
-/* Copies samples idx[0..n) into x_out (n, dim) and labels into y_out. */
+/* Copies samples idx[0..n) into x_out (n, dim) and labels into y_out, as
+ * stored (no augmentation). */
 void st_dataset_gather(const st_dataset *d, const uint32_t *idx, size_t n,
                        float *x_out, int32_t *y_out);
+
+/* ----------------------------------------------------------- augmentation */
+
+/* The training gather: st_dataset_gather, with d->augment applied to every
+ * sample, drawn from (d->augment.seed, epoch, idx[i]).  Without
+ * augmentation it is st_dataset_gather.  Allocates nothing, takes no lock:
+ * the hot path of a step.  d->augment must have passed st_augment_check. */
+void st_dataset_gather_train(const st_dataset *d, uint64_t epoch, const uint32_t *idx,
+                             size_t n, float *x_out, int32_t *y_out);
+
+/* ST_OK when `a` fits d's sample shape: a crop smaller than the height and
+ * the width, a flip on images at least 2 wide, and a shape that multiplies
+ * to dim.  The message names the --augment-* option. */
+st_status st_augment_check(const st_augment *a, const st_dataset *d);
+
+/* One sample's draw: the crop window's corner in the padded image (top and
+ * left, each in [0, 2 crop]; crop = top = left: the image as it is) and
+ * whether it is mirrored.  A pure function of (a->seed, epoch, index). */
+typedef struct st_augment_choice {
+    uint32_t top, left;
+    int flip;
+} st_augment_choice;
+
+st_augment_choice st_augment_draw(const st_augment *a, uint64_t epoch, uint64_t index);
+
+/* dst = the window of src padded by `pad` zeros (the padded image's rows
+ * top .. top + height, columns left .. left + width), mirrored left-right
+ * when choice->flip; every channel alike.  src and dst are
+ * channels x height x width and must not overlap. */
+void st_augment_apply(const st_augment_choice *choice, uint32_t pad, uint32_t channels,
+                      uint32_t height, uint32_t width, const float *src, float *dst);
 
 #ifdef __cplusplus
 }

@@ -41,11 +41,37 @@ static void print_version(void)
 
 static st_status load_data(const st_cli_options *o, st_dataset *train, st_dataset *test)
 {
-    if (strcmp(o->data, "synthetic") == 0) {
+    const st_cli_data *d = &o->data_spec;
+    switch (d->kind) {
+    case ST_CLI_DATA_SYNTHETIC: {
         st_synthetic_config sc = st_synthetic_defaults(o->train.seed);
         return st_synthetic_make(&sc, train, test);
     }
-    return st_fashion_mnist_load(o->data, train, test);
+    case ST_CLI_DATA_CIFAR10:
+        return st_cifar10_load(d->dir, train, test);
+    case ST_CLI_DATA_CIFAR100:
+        return st_cifar100_load(d->dir, train, test);
+    case ST_CLI_DATA_IDX: {
+        st_idx_files f = { d->names[0], d->names[1], d->names[2], d->names[3] };
+        return st_idx_set_load(d->dir, d->has_names ? &f : NULL, train, test);
+    }
+    case ST_CLI_DATA_FASHION:
+        break;
+    }
+    return st_fashion_mnist_load(d->dir, train, test);
+}
+
+/* Images of several channels are standardised per channel (CIFAR's red,
+ * green and blue differ in mean and spread); everything else with one mean
+ * and deviation over all features: Fashion-MNIST, IDX sets and the
+ * synthetic task, as they always were. */
+static void normalize(st_dataset *train, st_dataset *test)
+{
+    if (train->channels > 1 && train->height * train->width > 1) {
+        st_dataset_normalize_channels(train, test, NULL, NULL, 0);
+        return;
+    }
+    st_dataset_normalize(train, test, NULL, NULL);
 }
 
 static void print_plan(const st_cli_options *o, const st_dataset *train, const st_dataset *test)
@@ -63,9 +89,14 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
         printf("%llu steps", (unsigned long long)t->steps);
     else
         printf("%d epochs", t->epochs);
-    printf(", seed %llu | data %s (%u train, %u test) | %s",
-           (unsigned long long)t->seed, o->data, train->count, test->count,
-           st_strategy_name(t->strategy));
+    printf(", seed %llu | data %s (%u train, %u test, %ux%ux%u, %u classes",
+           (unsigned long long)t->seed, o->data, train->count, test->count, train->channels,
+           train->height, train->width, train->n_classes);
+    if (train->augment.crop)
+        printf(", crop %u", train->augment.crop);
+    if (train->augment.flip)
+        printf(", flip");
+    printf(") | %s", st_strategy_name(t->strategy));
     if (t->strategy == ST_STRATEGY_SDP)
         printf(" (%s, %s masking, coverage %g)", st_subnet_kind_name(t->subnet),
                st_masking_name(t->masking), t->coverage);
@@ -133,14 +164,22 @@ static int run_train(st_cli_options *o)
     st_dataset train, test;
     if (load_data(o, &train, &test) != ST_OK)
         return runtime_error("loading data");
-    float mean, std;
-    st_dataset_normalize(&train, &test, &mean, &std);
+    normalize(&train, &test);
+    /* The model's input and classes are the data's. */
     o->train.model.in_dim = (int)train.dim;
     o->train.model.n_classes = (int)train.n_classes;
 
     int status = EXIT_FAILURE;
     st_progress prog;
     memset(&prog, 0, sizeof prog);
+    train.augment = o->augment;   /* the training set only */
+    train.augment.seed = o->train.seed;
+    if (st_augment_check(&train.augment, &train) != ST_OK) {
+        /* a usage error, found once the data's shape is known */
+        fprintf(stderr, "subtrain: %s\n", st_last_error());
+        status = EXIT_USAGE;
+        goto out;
+    }
     if (o->metrics_path && !(prog.metrics = fopen(o->metrics_path, "w"))) {
         fprintf(stderr, "subtrain: cannot write the metrics file '%s': %s\n", o->metrics_path,
                 strerror(errno));

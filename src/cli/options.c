@@ -19,11 +19,13 @@ enum {
     OPT_TRAIN_SCALE, OPT_OPTIMIZER_STATE, OPT_SUBNET, OPT_MASKING, OPT_NEURON_GROUP, OPT_COVERAGE, OPT_RESAMPLE, OPT_BRANCH_SCALE, OPT_REPORT,
     OPT_LOCAL_STEPS, OPT_EVAL_BRANCH_SCALE,
     OPT_SEGMENTS, OPT_CUTS, OPT_SYNTH_LABELS, OPT_SYNTH_SCALE, OPT_SYNTH_NOISE,
-    OPT_RECOVERY_EPOCHS,
+    OPT_RECOVERY_EPOCHS, OPT_AUGMENT_CROP, OPT_AUGMENT_FLIP,
 };
 
 static const struct option long_options[] = {
     { "data", required_argument, NULL, OPT_DATA },
+    { "augment-crop", required_argument, NULL, OPT_AUGMENT_CROP },
+    { "augment-flip", no_argument, NULL, OPT_AUGMENT_FLIP },
     { "model", required_argument, NULL, OPT_MODEL },
     { "depth", required_argument, NULL, OPT_DEPTH },
     { "width", required_argument, NULL, OPT_WIDTH },
@@ -126,9 +128,17 @@ void st_cli_print_help(FILE *f)
 "                         the process's allowed CPUs)\n"
 "\n"
 "Data:\n"
-"  --data DIR|synthetic   Fashion-MNIST IDX files in DIR (default: $SUBTRAIN_DATA,\n"
-"                         else " ST_FASHION_MNIST_DIR "), or a seeded\n"
-"                         synthetic task generated in memory\n"
+"  --data DIR|synthetic|cifar10:DIR|cifar100:DIR|idx:DIR[:TRI,TRL,TEI,TEL]\n"
+"                         Fashion-MNIST IDX files in DIR (default: $SUBTRAIN_DATA,\n"
+"                         else " ST_FASHION_MNIST_DIR "); a seeded\n"
+"                         synthetic task generated in memory; CIFAR-10 or\n"
+"                         CIFAR-100 binaries (the extracted cifar-10-batches-bin\n"
+"                         or cifar-100-binary directory); or any IDX image set\n"
+"                         (EMNIST, MNIST), its files named relative to DIR\n"
+"                         (default: Fashion-MNIST's), classes from its labels\n"
+"  --augment-crop P       training images: pad P zero pixels on each side, crop\n"
+"                         back at a random offset (default 0: off)\n"
+"  --augment-flip         training images: mirror left-right with p = 0.5\n"
 "Model:\n"
 "  --model mlp|resmlp|resnet|resnet18\n"
 "                         architecture (default resmlp); resnet: pre-activation\n"
@@ -289,6 +299,81 @@ static int parse_cuts(const char *s, int *cuts, int *count, char *err, size_t n)
 
 static st_status parse_synth_labels(const char *s, void *o) { return st_synth_labels_parse(s, o); }
 
+/* Copies s[0 .. len) into dst (ST_CLI_DATA_PATH_MAX bytes). */
+static int copy_part(const char *what, const char *s, size_t len, char *dst, char *err, size_t n)
+{
+    if (len >= ST_CLI_DATA_PATH_MAX)
+        return fail(err, n, "%s: the name is too long (%zu bytes)", what, len);
+    memcpy(dst, s, len);
+    dst[len] = '\0';
+    return 0;
+}
+
+/* idx:DIR[:TRAIN_IMAGES,TRAIN_LABELS,TEST_IMAGES,TEST_LABELS]: the names
+ * follow the last ':' when what follows it has a comma (so a directory
+ * may contain ':'). */
+static int parse_idx_spec(const char *what, const char *spec, st_cli_data *d, char *err,
+                          size_t n)
+{
+    const char *colon = strrchr(spec, ':');
+    size_t dir_len = strlen(spec);
+    d->has_names = colon && strchr(colon + 1, ',') != NULL;
+    if (d->has_names) {
+        dir_len = (size_t)(colon - spec);
+        const char *p = colon + 1;
+        for (int k = 0; k < 4; k++) {
+            const char *end = strchr(p, ',');
+            size_t len = end ? (size_t)(end - p) : strlen(p);
+            if (len == 0 || (k == 3) != (end == NULL))
+                return fail(err, n, "%s idx:%s: expected four file names "
+                            "TRAIN_IMAGES,TRAIN_LABELS,TEST_IMAGES,TEST_LABELS after the "
+                            "directory, got '%s'", what, spec, colon + 1);
+            if (copy_part(what, p, len, d->names[k], err, n))
+                return -1;
+            p = end ? end + 1 : p + len;
+        }
+    }
+    if (dir_len == 0)
+        return fail(err, n, "%s idx:%s: the directory is missing (idx:DIR[:TRAIN_IMAGES,"
+                    "TRAIN_LABELS,TEST_IMAGES,TEST_LABELS])", what, spec);
+    return copy_part(what, spec, dir_len, d->dir, err, n);
+}
+
+/* --data (or $SUBTRAIN_DATA, named by `what`). */
+static int parse_data(const char *what, const char *s, st_cli_data *d, char *err, size_t n)
+{
+    static const struct { const char *prefix; st_cli_data_kind kind; } kinds[] = {
+        { "cifar10", ST_CLI_DATA_CIFAR10 },
+        { "cifar100", ST_CLI_DATA_CIFAR100 },
+        { "idx", ST_CLI_DATA_IDX },
+    };
+    memset(d, 0, sizeof *d);
+    if (*s == '\0')
+        return fail(err, n, "%s: expected a directory, 'synthetic', cifar10:DIR, "
+                    "cifar100:DIR or idx:DIR, got ''", what);
+    if (strcmp(s, "synthetic") == 0) {
+        d->kind = ST_CLI_DATA_SYNTHETIC;
+        return 0;
+    }
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        size_t len = strlen(kinds[k].prefix);
+        if (strncmp(s, kinds[k].prefix, len) != 0 || (s[len] != ':' && s[len] != '\0'))
+            continue;
+        d->kind = kinds[k].kind;
+        const char *rest = s[len] ? s + len + 1 : s + len;
+        if (d->kind == ST_CLI_DATA_IDX)
+            return parse_idx_spec(what, rest, d, err, n);
+        if (*rest == '\0')
+            return fail(err, n, "%s %s: the directory is missing (%s:DIR, DIR the extracted "
+                        "%s directory)", what, s, kinds[k].prefix,
+                        d->kind == ST_CLI_DATA_CIFAR10 ? "cifar-10-batches-bin"
+                                                       : "cifar-100-binary");
+        return copy_part(what, rest, strlen(rest), d->dir, err, n);
+    }
+    d->kind = ST_CLI_DATA_FASHION;
+    return copy_part(what, s, strlen(s), d->dir, err, n);
+}
+
 /* What was given explicitly, for the checks after parsing. */
 typedef struct seen {
     int epochs, steps, model, depth, width, activation, cuts;
@@ -328,10 +413,16 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     st_train_config *t = &o->train;
     switch (c) {
     case OPT_DATA:
-        if (*arg == '\0')
-            return fail(err, n, "--data: expected a directory or 'synthetic', got ''");
         o->data = arg;
+        return parse_data("--data", arg, &o->data_spec, err, n);
+    case OPT_AUGMENT_CROP: {
+        int crop;
+        if (parse_int("augment-crop", arg, 0, 1024, &crop, err, n))
+            return -1;
+        o->augment.crop = (uint32_t)crop;
         return 0;
+    }
+    case OPT_AUGMENT_FLIP: o->augment.flip = 1; return 0;
     case OPT_MODEL: return parse_choice("model", arg, parse_model, &t->model.kind, err, n);
     case OPT_DEPTH: return parse_int("depth", arg, 1, 1024, &t->model.depth, err, n);
     case OPT_WIDTH: return parse_int("width", arg, 1, 65536, &t->model.width, err, n);
@@ -445,6 +536,7 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     o->progress = ST_PROGRESS_AUTO;
     const char *env = getenv("SUBTRAIN_DATA");
     o->data = env && *env ? env : ST_FASHION_MNIST_DIR;
+    int data_given = 0;
 
     if (argc > 1 && strcmp(argv[1], "train") == 0) { /* "train" stands for argv[0] */
         argc--;
@@ -459,6 +551,7 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         if (c == ST_CLI_REJECTED)
             return -1;
         saw.model |= c == OPT_MODEL;
+        data_given |= c == OPT_DATA;
         saw.depth |= c == OPT_DEPTH;
         saw.width |= c == OPT_WIDTH;
         saw.activation |= c == OPT_ACTIVATION;
@@ -472,6 +565,8 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     if (optind < argc)
         return fail(err, n, "unexpected argument '%s' (usage: subtrain [train] [OPTION]...)",
                     argv[optind]);
+    if (!data_given && parse_data("SUBTRAIN_DATA", o->data, &o->data_spec, err, n))
+        return -1;
     if (saw.epochs && saw.steps)
         return fail(err, n, "--epochs and --steps cannot be used together: give one");
     if (saw.steps)

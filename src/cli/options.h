@@ -15,10 +15,30 @@ typedef enum st_progress_mode {
 
 typedef enum st_cli_action { ST_CLI_RUN, ST_CLI_HELP, ST_CLI_VERSION } st_cli_action;
 
+/* What --data names (doc/cli.md). */
+typedef enum st_cli_data_kind {
+    ST_CLI_DATA_FASHION,     /* DIR: Fashion-MNIST's four IDX files, 10 classes */
+    ST_CLI_DATA_SYNTHETIC,   /* synthetic */
+    ST_CLI_DATA_CIFAR10,     /* cifar10:DIR */
+    ST_CLI_DATA_CIFAR100,    /* cifar100:DIR */
+    ST_CLI_DATA_IDX,         /* idx:DIR[:TRAIN_IMAGES,TRAIN_LABELS,TEST_IMAGES,TEST_LABELS] */
+} st_cli_data_kind;
+
+#define ST_CLI_DATA_PATH_MAX 4096
+
+typedef struct st_cli_data {
+    st_cli_data_kind kind;
+    char dir[ST_CLI_DATA_PATH_MAX];          /* every kind but synthetic */
+    int has_names;                           /* idx: the four names were given */
+    char names[4][ST_CLI_DATA_PATH_MAX];     /* idx: relative to dir */
+} st_cli_data;
+
 typedef struct st_cli_options {
     st_cli_action action;
     st_train_config train;
-    const char *data;          /* directory, or "synthetic" */
+    const char *data;          /* --data as given (or its default) */
+    st_cli_data data_spec;     /* what it names */
+    st_augment augment;        /* --augment-crop, --augment-flip (seed: at load) */
     const char *metrics_path;  /* NULL: no metrics file */
     st_progress_mode progress;
     int quiet;

@@ -1,6 +1,6 @@
 /*
- * data/dataset.c — datasets from IDX files, Fashion-MNIST, normalisation,
- * per-epoch shuffles and batch gathering.
+ * data/dataset.c — datasets from IDX files, Fashion-MNIST and other IDX
+ * image sets, normalisation, per-epoch shuffles and batch gathering.
  *
  * Datasets are plain malloc'd arrays: they are loaded once, read by every
  * worker and never counted in a worker's arena.
@@ -73,6 +73,19 @@ static st_status build_dataset(const char *images_path, const st_idx_array *img,
     out->count = count;
     out->dim = (uint32_t)dim;
     out->n_classes = n_classes;
+    if (img->rank == 3) {          // count x rows x cols: one channel
+        out->channels = 1;
+        out->height = img->dims[1];
+        out->width = img->dims[2];
+    } else if (img->rank == 4) {   // count x C x H x W, channel-major as stored
+        out->channels = img->dims[1];
+        out->height = img->dims[2];
+        out->width = img->dims[3];
+    } else {                       // count x dim: no image shape
+        out->channels = (uint32_t)dim;
+        out->height = 1;
+        out->width = 1;
+    }
     out->x = x;
     out->y = lab->data;   // labels are already one byte each: take the buffer
     lab->data = NULL;
@@ -109,10 +122,18 @@ st_status st_dataset_load_idx(const char *images_path, const char *labels_path,
 
 /* -------------------------------------------------------- Fashion-MNIST */
 
+static const st_idx_files fashion_files = {
+    "train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte",
+};
+
 /* Sets path to dir/name.gz if that can be opened, else to dir/name.  When
- * neither exists the message gives installation advice instead of a bare
- * "no such file": a missing dataset is the usual first-run problem. */
-static st_status find_file(const char *dir, const char *name, char *path, size_t size)
+ * neither exists the message gives advice instead of a bare "no such
+ * file": a missing dataset is the usual first-run problem.  fashion: the
+ * advice is how to get Fashion-MNIST; else how to name an IDX set's
+ * files. */
+static st_status find_file(const char *dir, const char *name, int fashion, char *path,
+                           size_t size)
 {
     int open_errno = 0;
     for (int gz = 1; gz >= 0; gz--) {
@@ -132,19 +153,44 @@ static st_status find_file(const char *dir, const char *name, char *path, size_t
         snprintf(path, size, "%s/%s.gz", dir, name);
         return st_fail(ST_ERR_IO, "%s: cannot open: %s", path, strerror(open_errno));
     }
-    return st_fail(ST_ERR_IO, "Fashion-MNIST not found in %s (missing %s.gz); "
-                   "install it with 'apt-get install dataset-fashion-mnist', "
-                   "point --data or SUBTRAIN_DATA at a directory holding the "
-                   "four IDX files, or use --data synthetic", dir, name);
+    if (fashion)
+        return st_fail(ST_ERR_IO, "Fashion-MNIST not found in %s (missing %s.gz); "
+                       "install it with 'apt-get install dataset-fashion-mnist', "
+                       "point --data or SUBTRAIN_DATA at a directory holding the "
+                       "four IDX files, or use --data synthetic", dir, name);
+    return st_fail(ST_ERR_IO, "%s/%s: no such file (nor %s.gz); an IDX set is "
+                   "--data idx:DIR[:TRAIN_IMAGES,TRAIN_LABELS,TEST_IMAGES,TEST_LABELS], "
+                   "the names relative to DIR", dir, name, name);
 }
 
 static st_status load_split(const char *dir, const char *images, const char *labels,
-                            st_dataset *out)
+                            int fashion, uint32_t n_classes, st_dataset *out)
 {
     char img_path[4096], lab_path[4096];
-    ST_TRY(find_file(dir, images, img_path, sizeof img_path));
-    ST_TRY(find_file(dir, labels, lab_path, sizeof lab_path));
-    return st_dataset_load_idx(img_path, lab_path, FASHION_MNIST_CLASSES, out);
+    ST_TRY(find_file(dir, images, fashion, img_path, sizeof img_path));
+    ST_TRY(find_file(dir, labels, fashion, lab_path, sizeof lab_path));
+    return st_dataset_load_idx(img_path, lab_path, n_classes, out);
+}
+
+/* Both splits; the test images must have the training images' shape. */
+static st_status load_pair(const char *dir, const st_idx_files *f, int fashion,
+                           uint32_t n_classes, st_dataset *train, st_dataset *test)
+{
+    ST_TRY(load_split(dir, f->train_images, f->train_labels, fashion, n_classes, train));
+    st_status s = load_split(dir, f->test_images, f->test_labels, fashion, n_classes, test);
+    if (s == ST_OK && (train->channels != test->channels || train->height != test->height ||
+                       train->width != test->width))
+        s = st_fail(ST_ERR_FORMAT, "%s/%s: test samples are %lux%lux%lu but the training "
+                    "samples (%s) are %lux%lux%lu", dir, f->test_images,
+                    (unsigned long)test->channels, (unsigned long)test->height,
+                    (unsigned long)test->width, f->train_images,
+                    (unsigned long)train->channels, (unsigned long)train->height,
+                    (unsigned long)train->width);
+    if (s != ST_OK) {
+        st_dataset_free(train);
+        st_dataset_free(test);
+    }
+    return s;
 }
 
 /* dir may be NULL for ST_FASHION_MNIST_DIR. */
@@ -156,12 +202,42 @@ st_status st_fashion_mnist_load(const char *dir, st_dataset *train, st_dataset *
     memset(test, 0, sizeof *test);
     if (!dir)
         dir = ST_FASHION_MNIST_DIR;
+    return load_pair(dir, &fashion_files, 1, FASHION_MNIST_CLASSES, train, test);
+}
 
-    ST_TRY(load_split(dir, "train-images-idx3-ubyte", "train-labels-idx1-ubyte", train));
-    st_status s = load_split(dir, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", test);
-    if (s != ST_OK)
-        st_dataset_free(train);
-    return s;
+/* ------------------------------------------------------- other IDX sets */
+
+/* The largest label of d + 1 (0 for an empty set). */
+static uint32_t labels_used(const st_dataset *d)
+{
+    uint32_t top = 0;
+    for (uint32_t i = 0; i < d->count; i++)
+        if ((uint32_t)d->y[i] + 1 > top)
+            top = (uint32_t)d->y[i] + 1;
+    return top;
+}
+
+st_status st_idx_set_load(const char *dir, const st_idx_files *files, st_dataset *train,
+                          st_dataset *test)
+{
+    if (!train || !test)
+        return st_fail(ST_ERR_INVALID, "st_idx_set_load: no output dataset");
+    memset(train, 0, sizeof *train);
+    memset(test, 0, sizeof *test);
+    if (!dir)
+        return st_fail(ST_ERR_INVALID, "st_idx_set_load: no directory");
+    st_idx_files f = fashion_files;
+    if (files) {
+        f.train_images = files->train_images ? files->train_images : f.train_images;
+        f.train_labels = files->train_labels ? files->train_labels : f.train_labels;
+        f.test_images = files->test_images ? files->test_images : f.test_images;
+        f.test_labels = files->test_labels ? files->test_labels : f.test_labels;
+    }
+    /* Byte labels: any value is a class; the count is what the labels use. */
+    ST_TRY(load_pair(dir, &f, 0, 256, train, test));
+    uint32_t a = labels_used(train), b = labels_used(test);
+    train->n_classes = test->n_classes = a > b ? a : b;
+    return ST_OK;
 }
 
 /* --------------------------------------------------------- normalisation */
@@ -207,6 +283,73 @@ void st_dataset_normalize(st_dataset *train, st_dataset *test,
         *mean_out = (float)mean;
     if (std_out)
         *std_out = (float)std;
+}
+
+/* Channel c of every sample of d: count runs of `plane` values, `dim`
+ * apart.  The sums run sample by sample, pixel by pixel: for one channel
+ * the same additions in the same order as moments() over the whole set. */
+static void channel_moments(const st_dataset *d, uint32_t c, size_t plane, double *mean,
+                            double *std)
+{
+    size_t dim = d->dim, n = (size_t)d->count * plane;
+    double sum = 0.0;
+    for (size_t s = 0; s < d->count; s++) {
+        const float *p = d->x + s * dim + c * plane;
+        for (size_t i = 0; i < plane; i++)
+            sum += p[i];
+    }
+    double m = n ? sum / (double)n : 0.0;
+    double sq = 0.0;
+    for (size_t s = 0; s < d->count; s++) {
+        const float *p = d->x + s * dim + c * plane;
+        for (size_t i = 0; i < plane; i++) {
+            double e = p[i] - m;
+            sq += e * e;
+        }
+    }
+    *mean = m;
+    *std = n ? sqrt(sq / (double)n) : 0.0;
+}
+
+static void standardize_channel(st_dataset *d, uint32_t c, size_t plane, float mean,
+                                float inv_std)
+{
+    for (size_t s = 0; s < d->count; s++) {
+        float *p = d->x + s * d->dim + c * plane;
+        for (size_t i = 0; i < plane; i++)
+            p[i] = (p[i] - mean) * inv_std;
+    }
+}
+
+void st_dataset_normalize_channels(st_dataset *train, st_dataset *test,
+                                   float *mean_out, float *std_out, uint32_t max_out)
+{
+    if (!train || !train->x || train->channels == 0 ||
+        (size_t)train->channels * train->height * train->width != train->dim) {
+        /* no shape: one channel of the whole sample */
+        float m, sd;
+        st_dataset_normalize(train, test, &m, &sd);
+        if (mean_out && max_out)
+            mean_out[0] = m;
+        if (std_out && max_out)
+            std_out[0] = sd;
+        return;
+    }
+    size_t plane = (size_t)train->height * train->width;
+    for (uint32_t c = 0; c < train->channels; c++) {
+        double mean, std;
+        channel_moments(train, c, plane, &mean, &std);
+        if (!(std > 1e-12))
+            std = 1.0;
+        float inv = (float)(1.0 / std);
+        standardize_channel(train, c, plane, (float)mean, inv);
+        if (test && test->x && test->dim == train->dim)
+            standardize_channel(test, c, plane, (float)mean, inv);
+        if (mean_out && c < max_out)
+            mean_out[c] = (float)mean;
+        if (std_out && c < max_out)
+            std_out[c] = (float)std;
+    }
 }
 
 void st_dataset_free(st_dataset *d)

@@ -230,6 +230,9 @@ static st_status make_set(const teacher *t, const st_rng *synth, uint64_t which,
     out->n_classes = k;
     out->x = x;
     out->y = y;
+    out->channels = t->dim;   // no image shape: dim x 1 x 1
+    out->height = 1;
+    out->width = 1;
     return ST_OK;
 }
 

@@ -124,8 +124,8 @@ static st_status measure_alignment(run_shared *r, void *ctx, st_worker *w0, uint
     st_subnets_load_full(&s->sn, r, masters(r, s), 0);
     for (int k = 0; k < r->n; k++) {
         uint32_t first = (uint32_t)((i * (uint64_t)r->n + (uint64_t)k) * (uint64_t)B);
-        st_dataset_gather(r->train, w0->order + first, (size_t)B, st_model_input(full),
-                          st_model_labels(full));
+        st_dataset_gather_train(r->train, w0->epoch, w0->order + first, (size_t)B,
+                                st_model_input(full), st_model_labels(full));
         float loss;
         ST_TRY(st_model_forward_backward(full, &loss));
         double a = worker_alignment(&s->att[k], st_model_grads(full));

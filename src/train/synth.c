@@ -466,7 +466,7 @@ static void load_batch(const run_shared *r, synth_worker *me, const synth_group 
     float *x = st_segnet_input(me->net);
     int32_t *y = g == S - 1 ? st_segnet_labels(me->net) : me->y;
     if (g == 0) {
-        st_dataset_gather(d, idx, (size_t)B, x, y);
+        st_dataset_gather_train(d, (uint64_t)epoch - 1, idx, (size_t)B, x, y);
     } else {
         const float sigma = r->cfg->synth.noise * r->cfg->synth.scale;
         for (int b = 0; b < B; b++) {

@@ -42,7 +42,7 @@ st_status st_loop_check_data(const st_train_config *cfg, const st_dataset *train
     if (train->n_classes != (uint32_t)cfg->model.n_classes)
         return st_fail(ST_ERR_INVALID, "the model has %d classes but the data has %u",
                        cfg->model.n_classes, train->n_classes);
-    return ST_OK;
+    return st_augment_check(&train->augment, train);
 }
 
 st_status st_loop_prepare(run_shared *r)
@@ -120,8 +120,8 @@ void st_loop_record_failure(run_shared *r, st_status s)
 void st_loop_epoch_order(run_shared *r, st_worker *w, int epoch)
 {
     /* Every worker draws the same order from the seed: no sharing. */
-    st_epoch_order(r->cfg->seed, r->order_offset + (uint64_t)epoch - 1, w->order,
-                   r->train->count);
+    w->epoch = r->order_offset + (uint64_t)epoch - 1;
+    st_epoch_order(r->cfg->seed, w->epoch, w->order, r->train->count);
 }
 
 st_status st_loop_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, float *loss,

@@ -66,7 +66,7 @@ void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *ord
     float *x = st_model_input(w->model);
     int32_t *y = st_model_labels(w->model);
     if (order) {
-        st_dataset_gather(d, order + first, (size_t)rows, x, y);
+        st_dataset_gather_train(d, w->epoch, order + first, (size_t)rows, x, y);
     } else {
         memcpy(x, d->x + (size_t)first * d->dim, (size_t)rows * d->dim * sizeof *x);
         for (int i = 0; i < rows; i++)

@@ -17,6 +17,8 @@ typedef struct st_worker {
     st_model *model;
     st_optim optim;
     uint32_t *order;      /* this epoch's sample order (shared data, own copy) */
+    uint64_t epoch;       /* the epoch order was drawn for (st_epoch_order's):
+                           * with the sample, it keys the augmentation */
     st_arena_mark model_mark; /* the arena before the model: a rebuild rewinds here */
 } st_worker;
 
@@ -47,7 +49,8 @@ st_status st_worker_init_optimizer(st_worker *w, const st_train_config *cfg, siz
 void st_worker_destroy(st_worker *w);
 
 /* Copies samples order[first .. first + rows) (samples first .. first + rows
- * when order is NULL) into the model's input, and pads the rest of the batch with zeros (label 0) when rows < batch. */
+ * when order is NULL) into the model's input, and pads the rest of the batch with zeros (label 0) when rows < batch.
+ * With an order (training), the data's augmentation of epoch w->epoch is applied. */
 void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *order,
                           uint32_t first, int rows);
 
