@@ -200,14 +200,9 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
     st_md_vector(&b_md, shape->oc);
     const dnnl_dims_t strides = { shape->stride, shape->stride };
     const dnnl_dims_t pad_l = { shape->pad, shape->pad };
-    /* oneDNN's padding_r is what makes its output size formula hold:
-     * OH = (IH + pad_l + pad_r - KH) / stride + 1 exactly, so the floor of
-     * PyTorch's formula is kept by trimming the bottom/right padding that
-     * no window reaches. */
-    const dnnl_dims_t pad_r = {
-        (c->oh - 1) * shape->stride + shape->kh - shape->ih - shape->pad,
-        (c->ow - 1) * shape->stride + shape->kw - shape->iw - shape->pad,
-    };
+    /* Symmetric padding: oneDNN's output size is floor((IH + pad_l + pad_r
+     * - KH) / stride) + 1, PyTorch's; rows no window reaches are ignored. */
+    const dnnl_dims_t pad_r = { shape->pad, shape->pad };
 
     dnnl_convolution_desc_t fd;
     ST_DNNL(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
@@ -375,19 +370,23 @@ static st_status time_conv(st_nn_ctx *ctx, st_arena *arena, const st_conv_shape 
     io.x = x; io.y = y; io.w = w; io.b = b;
     io.dx = dx; io.dy = dy; io.dw = dw; io.db = db;
 
-    st_conv c;
-    ST_TRY(st_conv_build(ctx, &c, s, &io));
+    /* The context keeps pointers to the layer's primitives until it is
+     * destroyed: the layer lives in the arena, not in this frame. */
+    st_conv *cp;
+    ST_TRY(st_arena_alloc(arena, ST_MEM_WORKSPACE, sizeof *cp, (void **)&cp));
+    st_conv *const c = cp;
+    ST_TRY(st_conv_build(ctx, c, s, &io));
     ST_TRY(st_nn_ctx_finalize(ctx));
-    ST_TRY(st_conv_forward(ctx, &c));   /* warm-up: oneDNN's first-call costs */
-    ST_TRY(st_conv_backward(ctx, &c));
+    ST_TRY(st_conv_forward(ctx, c));   /* warm-up: oneDNN's first-call costs */
+    ST_TRY(st_conv_backward(ctx, c));
     const double one = st_conv_pass_flops(s) * 1e-9;
     double t_f, t_d, t_w, t_lf, t_lb;
-    ST_TRY(best_of(ctx, run_prim, &c.fwd.prim, reps, &t_f));
-    ST_TRY(best_of(ctx, run_prim, &c.bwd_data.prim, reps, &t_d));
-    ST_TRY(best_of(ctx, run_prim, &c.bwd_weights.prim, reps, &t_w));
-    ST_TRY(best_of(ctx, run_fwd, &c, reps, &t_lf));
-    ST_TRY(best_of(ctx, run_bwd, &c, reps, &t_lb));
-    out->layout = c.layout;
+    ST_TRY(best_of(ctx, run_prim, &c->fwd.prim, reps, &t_f));
+    ST_TRY(best_of(ctx, run_prim, &c->bwd_data.prim, reps, &t_d));
+    ST_TRY(best_of(ctx, run_prim, &c->bwd_weights.prim, reps, &t_w));
+    ST_TRY(best_of(ctx, run_fwd, c, reps, &t_lf));
+    ST_TRY(best_of(ctx, run_bwd, c, reps, &t_lb));
+    out->layout = c->layout;
     out->fwd = one / t_f;
     out->bwd_data = one / t_d;
     out->bwd_weights = one / t_w;
