@@ -160,7 +160,7 @@ int main(int argc, char **argv)
         for (int r = 0; r < rounds; r++)
             for (int l = 0; l < 2; l++) {
                 st_conv_rates got;
-                st_status st = st_conv_reference_gflops(&s, l ? ST_CONV_BLOCKED : ST_CONV_PLAIN,
+                st_status st = st_conv_reference_gflops(&s, l ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN,
                                                         reps, &got);
                 if (st != ST_OK) {
                     fprintf(stderr, "bench_conv: %s: %s\n", shapes[k].name, st_last_error());
@@ -184,7 +184,7 @@ int main(int argc, char **argv)
                    best[l].bwd_data, best[l].bwd_weights, best[l].layer_fwd, best[l].layer_bwd,
                    best[l].layer_ms, med[l]);
         }
-        printf("%-24s %-7s %41.2fx %8.2fx\n", "", "plain/blocked", best[0].layer_ms / best[1].layer_ms,
+        printf("%-32s %33.2fx %8.2fx\n", "  plain / blocked", best[0].layer_ms / best[1].layer_ms,
                med[0] / med[1]);
     }
     printf("\n%-24s %12s %12s %9s\n", "batch norm + ReLU", "separate ms", "fused ms",

@@ -1027,14 +1027,14 @@ static double conv_objective(void *arg)
     return dot_yr(c->y, c->R, c->ny);
 }
 
-static const char *layout_name(st_conv_layout l)
+static const char *layout_name(st_layout l)
 {
-    return l == ST_CONV_PLAIN ? "plain" : l == ST_CONV_BLOCKED ? "blocked" : "default";
+    return l == ST_LAYOUT_PLAIN ? "plain" : l == ST_LAYOUT_BLOCKED ? "blocked" : "default";
 }
 
 /* Buffers with random x, w (init scale 1/sqrt(fan in)), b and R, the
  * layer built, forward run, dy = R, backward run. */
-static void conv_setup(conv_case *c, const st_conv_shape *s, st_conv_layout layout, int bias,
+static void conv_setup(conv_case *c, const st_conv_shape *s, st_layout layout, int bias,
                        int with_dx, uint64_t seed)
 {
     memset(c, 0, sizeof *c);
@@ -1136,13 +1136,13 @@ static void conv_tag(char *tag, size_t n, const conv_case *c)
 
 /* Forward and backward against the double reference; then, when
  * max_coords > 0, finite differences w.r.t. x, w and b. */
-static void check_conv(const st_conv_shape *s, st_conv_layout layout, int bias, int with_dx,
+static void check_conv(const st_conv_shape *s, st_layout layout, int bias, int with_dx,
                        size_t max_coords, uint64_t seed)
 {
     conv_case c;
     conv_setup(&c, s, layout, bias, with_dx, seed);
-    cr_expect(c.c.layout == ST_CONV_PLAIN || c.c.layout == ST_CONV_BLOCKED);
-    if (layout != ST_CONV_DEFAULT)
+    cr_expect(c.c.layout == ST_LAYOUT_PLAIN || c.c.layout == ST_LAYOUT_BLOCKED);
+    if (layout != ST_LAYOUT_DEFAULT)
         cr_expect_eq(c.c.layout, layout);
     char tag[96], what[128];
     conv_tag(tag, sizeof tag, &c);
@@ -1189,22 +1189,22 @@ static const st_conv_shape CONV_1X1_S2 = { 3, 5, 6, 5, 7, 1, 1, 2, 0 };  /* 6x5 
 Test(conv, k3_s1_p1_bias_every_coordinate)
 {
     omp_set_num_threads(1);
-    check_conv(&CONV_3X3_S1, ST_CONV_BLOCKED, 1, 1, SIZE_MAX, 61);
-    check_conv(&CONV_3X3_S1, ST_CONV_PLAIN, 1, 1, SIZE_MAX, 62);
+    check_conv(&CONV_3X3_S1, ST_LAYOUT_BLOCKED, 1, 1, SIZE_MAX, 61);
+    check_conv(&CONV_3X3_S1, ST_LAYOUT_PLAIN, 1, 1, SIZE_MAX, 62);
 }
 
 Test(conv, k3_s2_p1_every_coordinate)
 {
     omp_set_num_threads(1);
-    check_conv(&CONV_3X3_S2, ST_CONV_BLOCKED, 1, 1, SIZE_MAX, 63);
-    check_conv(&CONV_3X3_S2, ST_CONV_PLAIN, 1, 1, SIZE_MAX, 64);
+    check_conv(&CONV_3X3_S2, ST_LAYOUT_BLOCKED, 1, 1, SIZE_MAX, 63);
+    check_conv(&CONV_3X3_S2, ST_LAYOUT_PLAIN, 1, 1, SIZE_MAX, 64);
 }
 
 Test(conv, k1_s2_projection_every_coordinate)
 {
     omp_set_num_threads(1);
-    check_conv(&CONV_1X1_S2, ST_CONV_BLOCKED, 1, 1, SIZE_MAX, 65);
-    check_conv(&CONV_1X1_S2, ST_CONV_PLAIN, 1, 1, SIZE_MAX, 66);
+    check_conv(&CONV_1X1_S2, ST_LAYOUT_BLOCKED, 1, 1, SIZE_MAX, 65);
+    check_conv(&CONV_1X1_S2, ST_LAYOUT_PLAIN, 1, 1, SIZE_MAX, 66);
 }
 
 /* Channel counts at and around oneDNN's block of 16 (its tail code), an
@@ -1222,8 +1222,8 @@ Test(conv, larger_shapes_reference_and_random_subset)
         { 2, 16, 8, 8, 32, 3, 3, 2, 1 },
     };
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
-        check_conv(&shapes[k], ST_CONV_DEFAULT, 1, 1, LARGE_SUBSET, 70 + k);
-        check_conv(&shapes[k], ST_CONV_PLAIN, 1, 1, 0, 80 + k);
+        check_conv(&shapes[k], ST_LAYOUT_DEFAULT, 1, 1, LARGE_SUBSET, 70 + k);
+        check_conv(&shapes[k], ST_LAYOUT_PLAIN, 1, 1, 0, 80 + k);
     }
 }
 
@@ -1233,7 +1233,7 @@ Test(conv, without_dx_and_without_bias)
 {
     omp_set_num_threads(1);
     for (int l = 0; l < 2; l++) {
-        st_conv_layout layout = l ? ST_CONV_BLOCKED : ST_CONV_PLAIN;
+        st_layout layout = l ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN;
         check_conv(&CONV_3X3_S1, layout, 1, 0, SIZE_MAX, 91);
         check_conv(&CONV_3X3_S2, layout, 0, 1, SIZE_MAX, 92);
         const st_conv_shape stem = { 3, 1, 8, 8, 16, 3, 3, 1, 1 };
@@ -1256,11 +1256,10 @@ Test(conv, blocked_equals_plain)
     };
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         conv_case p, b;
-        conv_setup(&p, &shapes[k], ST_CONV_PLAIN, 1, 1, 100 + k);
-        conv_setup(&b, &shapes[k], ST_CONV_BLOCKED, 1, 1, 100 + k);
-        cr_assert_eq(p.c.fwd.n_pre + p.c.fwd.has_post + p.c.bwd_data.n_pre +
-                     p.c.bwd_data.has_post + p.c.bwd_weights.n_pre + p.c.bwd_weights.has_post, 0,
-                     "the plain path reorders");
+        conv_setup(&p, &shapes[k], ST_LAYOUT_PLAIN, 1, 1, 100 + k);
+        conv_setup(&b, &shapes[k], ST_LAYOUT_BLOCKED, 1, 1, 100 + k);
+        cr_assert_eq(st_pass_reorders(&p.c.fwd) + st_pass_reorders(&p.c.bwd_data) +
+                     st_pass_reorders(&p.c.bwd_weights), 0, "the plain path reorders");
         cr_assert(b.c.fwd.n_pre > 0 && b.c.fwd.has_post && b.c.bwd_weights.has_post,
                   "shape %zu: the blocked path made no reorders: nothing is compared", k);
         char tag[96], what[128];
@@ -1294,7 +1293,7 @@ Test(conv, flops_and_reference_timing)
     cr_expect_eq(st_conv_pass_flops(&s), one);
     for (int with_dx = 0; with_dx < 2; with_dx++) {
         conv_case c;
-        conv_setup(&c, &s, ST_CONV_DEFAULT, 1, with_dx, 111);
+        conv_setup(&c, &s, ST_LAYOUT_DEFAULT, 1, with_dx, 111);
         cr_expect_eq(c.c.oh, 5);
         cr_expect_eq(c.c.ow, 4);
         cr_expect_eq(st_conv_flops(&c.c), (with_dx ? 3.0 : 2.0) * one);
@@ -1302,8 +1301,8 @@ Test(conv, flops_and_reference_timing)
     }
     /* The standalone timing runs (its numbers are not asserted). */
     st_conv_rates r;
-    OK(st_conv_reference_gflops(&s, ST_CONV_DEFAULT, 2, &r));
-    cr_expect(r.layout == ST_CONV_PLAIN || r.layout == ST_CONV_BLOCKED);
+    OK(st_conv_reference_gflops(&s, ST_LAYOUT_DEFAULT, 2, &r));
+    cr_expect(r.layout == ST_LAYOUT_PLAIN || r.layout == ST_LAYOUT_BLOCKED);
     cr_expect(r.fwd > 0 && r.bwd_data > 0 && r.bwd_weights > 0 && r.layer_fwd > 0 &&
               r.layer_bwd > 0 && r.layer_ms > 0);
 }
@@ -1369,7 +1368,8 @@ static void pool_setup(pool_case *c, int64_t B, int64_t C, int64_t H, int64_t W,
     c->B = B; c->C = C; c->H = H; c->W = W; c->k = k; c->stride = stride; c->pad = pad;
     env_init(&c->e, seed);
     env *e = &c->e;
-    int64_t oh = k ? (H + 2 * pad - k) / stride + 1 : 1, ow = k ? (W + 2 * pad - k) / stride + 1 : 1;
+    int64_t oh = k ? (H + 2 * pad - k) / stride + 1 : 1;
+    int64_t ow = k ? (W + 2 * pad - k) / stride + 1 : 1;
     c->nx = (size_t)(B * C * H * W);
     c->ny = (size_t)(B * C * oh * ow);
     c->x = env_floats(e, c->nx);   // x, dx are (B, C, H, W)
@@ -1546,6 +1546,7 @@ typedef struct bn_case {
     st_batchnorm bn;
     int64_t B, C, H, W;
     int fuse;
+    st_layout layout;
     size_t n;
     float *x, *y, *gamma, *beta, *mean, *var, *rmean, *rvar, *dx, *dy, *dgamma, *dbeta, *R;
 } bn_case;
@@ -1578,10 +1579,10 @@ static void bn_fill_x(st_rng *r, float *x, int64_t B, int64_t C, int64_t P)
 }
 
 static void bn_setup(bn_case *c, int64_t B, int64_t C, int64_t H, int64_t W, int fuse,
-                     uint64_t seed)
+                     st_layout layout, uint64_t seed)
 {
     memset(c, 0, sizeof *c);
-    c->B = B; c->C = C; c->H = H; c->W = W; c->fuse = fuse;
+    c->B = B; c->C = C; c->H = H; c->W = W; c->fuse = fuse; c->layout = layout;
     c->n = (size_t)(B * C * H * W);
     env_init(&c->e, seed);
     env *e = &c->e;
@@ -1608,15 +1609,22 @@ static void bn_setup(bn_case *c, int64_t B, int64_t C, int64_t H, int64_t W, int
         .x = c->x, .y = c->y, .gamma = c->gamma, .beta = c->beta, .mean = c->mean,
         .var = c->var, .running_mean = c->rmean, .running_var = c->rvar, .dx = c->dx,
         .dy = c->dy, .dgamma = c->dgamma, .dbeta = c->dbeta, .fuse_relu = fuse,
+        .layout = layout,
     };
     OK(st_batchnorm_build(&e->ctx, &c->bn, B, C, H, W, &io));
     OK(st_nn_ctx_finalize(&e->ctx));
+    cr_assert(c->bn.layout == ST_LAYOUT_PLAIN || c->bn.layout == ST_LAYOUT_BLOCKED);
+    if (layout != ST_LAYOUT_DEFAULT)
+        cr_assert_eq(c->bn.layout, layout);
+    /* the blocked path really reorders (the plain one does not) */
+    cr_assert_eq(st_pass_reorders(&c->bn.fwd_train) > 0, c->bn.layout == ST_LAYOUT_BLOCKED);
 }
 
 static void bn_tag(char *tag, size_t n, const bn_case *c)
 {
-    snprintf(tag, n, "%lldx%lldx%lldx%lld%s", (long long)c->B, (long long)c->C,
-             (long long)c->H, (long long)c->W, c->fuse ? " +relu" : "");
+    snprintf(tag, n, "%lldx%lldx%lldx%lld %s%s", (long long)c->B, (long long)c->C,
+             (long long)c->H, (long long)c->W, layout_name(c->bn.layout),
+             c->fuse ? " +relu" : "");
 }
 
 /* Training forward (y, mean, var) and backward (dx, dgamma, dbeta) in
@@ -1712,10 +1720,10 @@ static void bn_reference(const bn_case *c, const float *rm0, const float *rv0)
 /* One training step against the reference (the running update included),
  * then, unfused, finite differences w.r.t. x, gamma and beta. */
 static void check_batchnorm(int64_t B, int64_t C, int64_t H, int64_t W, int fuse,
-                            size_t max_coords, uint64_t seed)
+                            st_layout layout, size_t max_coords, uint64_t seed)
 {
     bn_case c;
-    bn_setup(&c, B, C, H, W, fuse, seed);
+    bn_setup(&c, B, C, H, W, fuse, layout, seed);
     float *rm0 = malloc((size_t)C * sizeof *rm0), *rv0 = malloc((size_t)C * sizeof *rv0);
     cr_assert(rm0 && rv0);
     memcpy(rm0, c.rmean, (size_t)C * sizeof *rm0);
@@ -1744,24 +1752,32 @@ static void check_batchnorm(int64_t B, int64_t C, int64_t H, int64_t W, int fuse
 Test(batchnorm, training_small_every_coordinate)
 {
     omp_set_num_threads(1);
-    check_batchnorm(3, 4, 5, 5, 0, SIZE_MAX, 141);
-    check_batchnorm(2, 5, 3, 7, 0, SIZE_MAX, 142);
-    check_batchnorm(4, 3, 1, 1, 0, SIZE_MAX, 143);  /* after global pooling: N = B */
+    for (int l = 0; l < 2; l++) {
+        st_layout layout = l ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN;
+        check_batchnorm(3, 4, 5, 5, 0, layout, SIZE_MAX, 141);
+        check_batchnorm(2, 5, 3, 7, 0, layout, SIZE_MAX, 142);
+        check_batchnorm(4, 3, 1, 1, 0, layout, SIZE_MAX, 143); /* after global pooling: N = B */
+    }
 }
 
 Test(batchnorm, training_larger_random_subset)
 {
     omp_set_num_threads(1);
-    check_batchnorm(8, 16, 7, 7, 0, LARGE_SUBSET, 144);
-    check_batchnorm(4, 17, 6, 6, 0, LARGE_SUBSET, 145);
+    check_batchnorm(8, 16, 7, 7, 0, ST_LAYOUT_DEFAULT, LARGE_SUBSET, 144);
+    check_batchnorm(4, 17, 6, 6, 0, ST_LAYOUT_DEFAULT, LARGE_SUBSET, 145);
+    check_batchnorm(4, 17, 6, 6, 0, ST_LAYOUT_PLAIN, 0, 145);
+    check_batchnorm(8, 16, 7, 7, 0, ST_LAYOUT_PLAIN, 0, 144);
 }
 
 /* With the ReLU fused: y = max(bn(x), 0), and dy cut where it was. */
 Test(batchnorm, fused_relu_reference)
 {
     omp_set_num_threads(1);
-    check_batchnorm(3, 4, 5, 5, 1, 0, 146);
-    check_batchnorm(8, 17, 7, 7, 1, 0, 147);
+    for (int l = 0; l < 2; l++) {
+        st_layout layout = l ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN;
+        check_batchnorm(3, 4, 5, 5, 1, layout, 0, 146);
+        check_batchnorm(8, 17, 7, 7, 1, layout, 0, 147);
+    }
 }
 
 /* Inference: y from the running statistics, which are left bitwise as
@@ -1791,10 +1807,11 @@ static void check_bn_inference(const bn_case *c, const char *when)
     free(ym);
 }
 
-static void check_bn_modes(int64_t B, int64_t C, int64_t H, int64_t W, int fuse, uint64_t seed)
+static void check_bn_modes(int64_t B, int64_t C, int64_t H, int64_t W, int fuse,
+                           st_layout layout, uint64_t seed)
 {
     bn_case c;
-    bn_setup(&c, B, C, H, W, fuse, seed);
+    bn_setup(&c, B, C, H, W, fuse, layout, seed);
     const size_t cb = (size_t)C * sizeof(float);
     float *rm0 = malloc(cb), *rv0 = malloc(cb);
     cr_assert(rm0 && rv0);
@@ -1827,20 +1844,90 @@ static void check_bn_modes(int64_t B, int64_t C, int64_t H, int64_t W, int fuse,
 Test(batchnorm, inference_and_running_statistics)
 {
     omp_set_num_threads(1);
-    check_bn_modes(3, 4, 5, 5, 0, 151);
-    check_bn_modes(2, 17, 6, 6, 1, 152);
+    for (int l = 0; l < 2; l++) {
+        st_layout layout = l ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN;
+        check_bn_modes(3, 4, 5, 5, 0, layout, 151);
+        check_bn_modes(2, 17, 6, 6, 1, layout, 152);
+    }
 }
 
 Test(batchnorm, rejects_single_value_training)
 {
     omp_set_num_threads(1);
     bn_case c;
-    bn_setup(&c, 1, 3, 1, 1, 0, 153);
+    bn_setup(&c, 1, 3, 1, 1, 0, ST_LAYOUT_DEFAULT, 153);
     OK(st_batchnorm_forward(&c.e.ctx, &c.bn, 0));   /* inference is fine */
     st_clear_error();
     cr_expect_eq(st_batchnorm_forward(&c.e.ctx, &c.bn, 1), ST_ERR_INVALID);
     cr_expect_neq(st_last_error()[0], '\0');
     env_destroy(&c.e);
+}
+
+/* The blocked path (reorders around oneDNN's JIT kernels) computes what
+ * the plain one does, up to rounding: training forward, backward, running
+ * statistics and inference, fused or not. */
+Test(batchnorm, blocked_equals_plain)
+{
+    omp_set_num_threads(1);
+    const int64_t shapes[][4] = { { 4, 16, 7, 7 }, { 3, 17, 5, 6 }, { 2, 5, 3, 3 } };
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (int fuse = 0; fuse < 2; fuse++) {
+            const int64_t *d = shapes[k];
+            bn_case p, b;
+            bn_setup(&p, d[0], d[1], d[2], d[3], fuse, ST_LAYOUT_PLAIN, 160 + k);
+            bn_setup(&b, d[0], d[1], d[2], d[3], fuse, ST_LAYOUT_BLOCKED, 160 + k);
+            const size_t C = (size_t)d[1];
+            double *mag = dalloc(p.n), *cmag = dalloc(C), *nmag = dalloc(p.n);
+            for (int mode = 0; mode < 2; mode++) {
+                bn_case *cs[2] = { &p, &b };
+                for (int i = 0; i < 2; i++) {
+                    OK(st_batchnorm_forward(&cs[i]->e.ctx, &cs[i]->bn, mode == 0));
+                    memcpy(cs[i]->dy, cs[i]->R, p.n * sizeof(float));
+                    if (mode == 0)
+                        OK(st_batchnorm_backward(&cs[i]->e.ctx, &cs[i]->bn));
+                }
+                /* |blocked - plain| <= 2e-5 (1 + |plain|): the outputs and
+                 * statistics are O(1) here, rounded at ~ 1e-7 */
+                for (size_t i = 0; i < p.n; i++) {
+                    mag[i] = 1.0 + fabs(p.y[i]);
+                    nmag[i] = 1.0 + fabs(p.dx[i]);
+                }
+                char tag[64], what[128];
+                bn_tag(tag, sizeof tag, &p);
+                snprintf(what, sizeof what, "batchnorm blocked vs %s %s y", tag,
+                         mode ? "inference" : "training");
+                compare_floats(what, b.y, p.y, mag, p.n, 2 * REF_RTOL);
+                if (mode == 0) {
+                    snprintf(what, sizeof what, "batchnorm blocked vs %s dx", tag);
+                    compare_floats(what, b.dx, p.dx, nmag, p.n, 2 * REF_RTOL);
+                    snprintf(what, sizeof what, "batchnorm blocked vs %s mean", tag);
+                    for (size_t ch = 0; ch < C; ch++)
+                        cmag[ch] = 1.0 + fabs(p.mean[ch]);
+                    compare_floats(what, b.mean, p.mean, cmag, C, 2 * REF_RTOL);
+                    snprintf(what, sizeof what, "batchnorm blocked vs %s var", tag);
+                    for (size_t ch = 0; ch < C; ch++)
+                        cmag[ch] = 1.0 + fabs(p.var[ch]);
+                    compare_floats(what, b.var, p.var, cmag, C, 2 * REF_RTOL);
+                    snprintf(what, sizeof what, "batchnorm blocked vs %s dgamma", tag);
+                    for (size_t ch = 0; ch < C; ch++)
+                        cmag[ch] = 1.0 + fabs(p.dgamma[ch]);
+                    compare_floats(what, b.dgamma, p.dgamma, cmag, C, 2 * REF_RTOL);
+                    snprintf(what, sizeof what, "batchnorm blocked vs %s dbeta", tag);
+                    for (size_t ch = 0; ch < C; ch++)
+                        cmag[ch] = 1.0 + fabs(p.dbeta[ch]);
+                    compare_floats(what, b.dbeta, p.dbeta, cmag, C, 2 * REF_RTOL);
+                    snprintf(what, sizeof what, "batchnorm blocked vs %s running var", tag);
+                    for (size_t ch = 0; ch < C; ch++)
+                        cmag[ch] = 1.0 + fabs(p.rvar[ch]);
+                    compare_floats(what, b.rvar, p.rvar, cmag, C, 2 * REF_RTOL);
+                }
+            }
+            free(mag);
+            free(cmag);
+            free(nmag);
+            env_destroy(&p.e);
+            env_destroy(&b.e);
+        }
 }
 
 /* ------------------------------------------------------------ ReLU on activations */
@@ -1880,7 +1967,7 @@ static void heapwatch_execute(void)
 
 #include "heapwatch.h"
 
-/* Every CNN layer, every pass, both conv layouts: once built, a forward or
+/* Every CNN layer, every pass, both layouts: once built, a forward or
  * backward is primitive executions (and batch norm's running update) and
  * no heap call of subtrain's.  No Criterion call while armed (its
  * assertions may allocate). */
@@ -1910,11 +1997,11 @@ Test(cnn_layers, forward_and_backward_make_no_heap_call)
     const st_conv_shape s = { B, C, H, W, C, 3, 3, 1, 1 };
     st_conv cb, cp, cfirst;
     st_conv_io io = { .x = x, .y = y, .w = w, .b = b, .dx = dx, .dy = dy, .dw = dw, .db = db,
-                      .layout = ST_CONV_BLOCKED };
+                      .layout = ST_LAYOUT_BLOCKED };
     OK(st_conv_build(&e.ctx, &cb, &s, &io));
-    io.layout = ST_CONV_PLAIN;
+    io.layout = ST_LAYOUT_PLAIN;
     OK(st_conv_build(&e.ctx, &cp, &s, &io));
-    io.layout = ST_CONV_DEFAULT;
+    io.layout = ST_LAYOUT_DEFAULT;
     io.dx = NULL;
     io.b = io.db = NULL;
     OK(st_conv_build(&e.ctx, &cfirst, &s, &io));
@@ -1923,13 +2010,15 @@ Test(cnn_layers, forward_and_backward_make_no_heap_call)
     OK(st_maxpool_build(&e.ctx, &mp, B, C, H, W, 3, 2, 1, &pio));
     st_pool_io gio = { .x = x, .y = g, .dx = dx, .dy = dg };
     OK(st_global_avgpool_build(&e.ctx, &gap, B, C, H, W, &gio));
-    st_batchnorm bn, bnr;
+    st_batchnorm bn, bnr, bnp;
     st_batchnorm_io bio = { .x = x, .y = y2, .gamma = gamma, .beta = beta, .mean = mean,
                             .var = var, .running_mean = rm, .running_var = rv, .dx = dx,
                             .dy = dy, .dgamma = dgamma, .dbeta = dbeta };
     OK(st_batchnorm_build(&e.ctx, &bn, B, C, H, W, &bio));
     bio.fuse_relu = 1;
     OK(st_batchnorm_build(&e.ctx, &bnr, B, C, H, W, &bio));
+    bio.layout = ST_LAYOUT_PLAIN;
+    OK(st_batchnorm_build(&e.ctx, &bnp, B, C, H, W, &bio));
     OK(st_nn_ctx_finalize(&e.ctx));
 
     st_status st = ST_OK;
@@ -1947,8 +2036,8 @@ Test(cnn_layers, forward_and_backward_make_no_heap_call)
             if (st == ST_OK)
                 st = st_pool_backward(&e.ctx, pools[k]);
         }
-        const st_batchnorm *bns[2] = { &bn, &bnr };
-        for (int k = 0; k < 2 && st == ST_OK; k++) {
+        const st_batchnorm *bns[3] = { &bn, &bnr, &bnp };
+        for (int k = 0; k < 3 && st == ST_OK; k++) {
             st = st_batchnorm_forward(&e.ctx, bns[k], 1);
             if (st == ST_OK)
                 st = st_batchnorm_backward(&e.ctx, bns[k]);

@@ -281,3 +281,92 @@ st_status st_mem_vector(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t n, const flo
     st_md_vector(&md, n);
     return track_memory(ctx, out, &md, data);
 }
+
+/* ------------------------------------------------------------ layouts */
+
+st_status st_pass_run(const st_nn_ctx *ctx, const st_pass *p)
+{
+    for (int i = 0; i < p->n_pre; i++)
+        ST_TRY(st_prim_run(ctx, &p->pre[i]));
+    ST_TRY(st_prim_run(ctx, &p->prim));
+    return p->has_post ? st_prim_run(ctx, &p->post) : ST_OK;
+}
+
+st_status st_view_init(st_nn_ctx *ctx, st_view *v, int ndims, const int64_t *dims,
+                       dnnl_format_tag_t tag, const void *data, st_mem_kind kind,
+                       const char *reorder_in, const char *reorder_out)
+{
+    memset(v, 0, sizeof *v);
+    v->kind = kind;
+    v->reorder_in = reorder_in;
+    v->reorder_out = reorder_out;
+    st_md_tag(&v->plain_md, ndims, dims, tag);
+    return data ? st_mem_md(ctx, &v->plain, &v->plain_md, data) : ST_OK;
+}
+
+/* The copy of v in layout md: an existing one (*fresh = 0), else a new
+ * buffer from the arena (*fresh = 1). */
+static st_status view_copy(st_nn_ctx *ctx, st_view *v, const dnnl_memory_desc_t *md,
+                           dnnl_memory_t *out, int *fresh)
+{
+    for (int i = 0; i < v->n; i++) {
+        const dnnl_memory_desc_t *have;
+        ST_DNNL(dnnl_memory_get_memory_desc(v->copy[i], &have), "querying a layout");
+        if (dnnl_memory_desc_equal(have, md)) {
+            *out = v->copy[i];
+            *fresh = 0;
+            return ST_OK;
+        }
+    }
+    if (v->n == ST_VIEW_MAX_COPIES)
+        return st_fail(ST_ERR_INVALID, "more than %d layouts of one tensor (%s)",
+                       ST_VIEW_MAX_COPIES, v->reorder_in ? v->reorder_in : v->reorder_out);
+    void *buf;
+    ST_TRY(st_arena_alloc(ctx->arena, v->kind, dnnl_memory_desc_get_size(md), &buf));
+    ST_TRY(st_mem_md(ctx, &v->copy[v->n], md, buf));
+    *out = v->copy[v->n++];
+    *fresh = 1;
+    return ST_OK;
+}
+
+st_status st_view_input(st_nn_ctx *ctx, st_pass *p, st_view *v, int arg,
+                        const dnnl_memory_desc_t *md, int shared)
+{
+    if (!v->plain)
+        return st_fail(ST_ERR_INVALID, "an input without a buffer (%s)", v->reorder_in);
+    if (dnnl_memory_desc_equal(md, &v->plain_md)) {
+        st_prim_arg(&p->prim, arg, v->plain);
+        return ST_OK;
+    }
+    dnnl_memory_t copy;
+    int fresh;
+    ST_TRY(view_copy(ctx, v, md, &copy, &fresh));
+    if (fresh || !shared) {
+        if (p->n_pre == ST_PASS_MAX_PRE)
+            return st_fail(ST_ERR_INVALID, "more than %d reorders before a pass (%s)",
+                           ST_PASS_MAX_PRE, v->reorder_in);
+        ST_TRY(st_prim_create_reorder(ctx, &p->pre[p->n_pre++], v->plain, copy, v->reorder_in));
+    }
+    st_prim_arg(&p->prim, arg, copy);
+    return ST_OK;
+}
+
+st_status st_view_output(st_nn_ctx *ctx, st_pass *p, st_view *v, int arg,
+                         const dnnl_memory_desc_t *md)
+{
+    if (!v->plain)
+        return st_fail(ST_ERR_INVALID, "an output without a buffer (%s)", v->reorder_out);
+    if (dnnl_memory_desc_equal(md, &v->plain_md)) {
+        st_prim_arg(&p->prim, arg, v->plain);
+        return ST_OK;
+    }
+    if (p->has_post)
+        return st_fail(ST_ERR_INVALID, "two reordered outputs of one pass (%s)", v->reorder_out);
+    dnnl_memory_t copy;
+    int fresh;
+    ST_TRY(view_copy(ctx, v, md, &copy, &fresh));
+    ST_TRY(st_prim_create_reorder(ctx, &p->post, copy, v->plain, v->reorder_out));
+    p->has_post = 1;
+    st_prim_arg(&p->prim, arg, copy);
+    return ST_OK;
+}

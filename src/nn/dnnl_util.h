@@ -126,4 +126,62 @@ void st_md_vector(dnnl_memory_desc_t *md, int64_t n);
  * choose). */
 void st_md_tag(dnnl_memory_desc_t *md, int ndims, const int64_t *dims, dnnl_format_tag_t tag);
 
+/* ------------------------------------------------------------ layouts */
+
+/* How a layer's primitives see the caller's plain tensors (NCHW, OIHW):
+ * PLAIN, directly; BLOCKED, in oneDNN's blocked layouts (nChw16c, ...)
+ * through copies made at build time, with reorders at the layer's
+ * boundaries.  DEFAULT: the one measured faster for that layer. */
+typedef enum st_layout {
+    ST_LAYOUT_DEFAULT = 0,
+    ST_LAYOUT_PLAIN,
+    ST_LAYOUT_BLOCKED,
+} st_layout;
+
+/* A primitive with the reorders around it: pre (plain inputs -> blocked
+ * copies), the primitive, post (its blocked output -> the plain buffer). */
+#define ST_PASS_MAX_PRE 3
+typedef struct st_pass {
+    st_prim pre[ST_PASS_MAX_PRE];
+    int n_pre;
+    st_prim prim;
+    st_prim post;
+    int has_post;
+} st_pass;
+
+st_status st_pass_run(const st_nn_ctx *ctx, const st_pass *p);
+/* How many reorders it runs (0 on the plain path). */
+static inline int st_pass_reorders(const st_pass *p)
+{
+    return p->n_pre + p->has_post;
+}
+
+/* Build time only: a tensor in the caller's plain layout, and the blocked
+ * copies the primitives asked for (buffers from the arena, counted under
+ * `kind`; one per distinct layout). */
+#define ST_VIEW_MAX_COPIES 3
+typedef struct st_view {
+    const char *reorder_in, *reorder_out;  /* the reorders' names, for errors */
+    st_mem_kind kind;
+    dnnl_memory_desc_t plain_md;
+    dnnl_memory_t plain;                   /* NULL when data is NULL */
+    int n;
+    dnnl_memory_t copy[ST_VIEW_MAX_COPIES];
+} st_view;
+
+st_status st_view_init(st_nn_ctx *ctx, st_view *v, int ndims, const int64_t *dims,
+                       dnnl_format_tag_t tag, const void *data, st_mem_kind kind,
+                       const char *reorder_in, const char *reorder_out);
+/* Binds argument `arg` of p's primitive, read in layout md: the plain
+ * buffer, or a blocked copy filled by a reorder before p.  With `shared`,
+ * a copy in that layout made for an earlier pass is read as it is, without
+ * a reorder of p's own (the caller guarantees that pass runs first, on the
+ * same data). */
+st_status st_view_input(st_nn_ctx *ctx, st_pass *p, st_view *v, int arg,
+                        const dnnl_memory_desc_t *md, int shared);
+/* Binds argument `arg` of p's primitive, written in layout md: the plain
+ * buffer, or a blocked copy reordered into it after p. */
+st_status st_view_output(st_nn_ctx *ctx, st_pass *p, st_view *v, int arg,
+                         const dnnl_memory_desc_t *md);
+
 #endif /* SUBTRAIN_NN_DNNL_UTIL_H */
