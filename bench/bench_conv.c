@@ -15,7 +15,8 @@
  *
  * Then batch norm (training forward + backward) followed by ReLU, as two
  * layers (st_batchnorm, st_act) and with the ReLU fused into the batch
- * norm (oneDNN's fuse_norm_relu), on the same activation shapes.
+ * norm (oneDNN's fuse_norm_relu), the batch norm plain or blocked (with
+ * its reorders), on the same activation shapes.
  *
  * This is the private API (nn/layers.h): st_conv_reference_gflops, the
  * reference a bench_step --config cnn would compare a CNN step with.
@@ -50,9 +51,9 @@ static const named_shape shapes[] = {
 };
 
 /* Batch norm + ReLU, forward (training) and backward, ms: separate layers
- * (fused = 0) or one (fused = 1); best of reps. */
-static st_status time_bn_relu(int64_t B, int64_t C, int64_t H, int64_t W, int fused, int reps,
-                              double *ms)
+ * (fused = 0) or one (fused = 1), batch norm in `layout`; best of reps. */
+static st_status time_bn_relu(int64_t B, int64_t C, int64_t H, int64_t W, int fused,
+                              st_layout layout, int reps, double *ms)
 {
     st_arena arena;
     st_nn_ctx ctx;
@@ -81,7 +82,8 @@ static st_status time_bn_relu(int64_t B, int64_t C, int64_t H, int64_t W, int fu
         st_batchnorm_io io = { .x = x, .y = fused ? y : z, .gamma = vec[0], .beta = vec[1],
                                .mean = vec[2], .var = vec[3], .running_mean = vec[4],
                                .running_var = vec[5], .dx = dx, .dy = fused ? dy : dz,
-                               .dgamma = vec[6], .dbeta = vec[7], .fuse_relu = fused };
+                               .dgamma = vec[6], .dbeta = vec[7], .fuse_relu = fused,
+                               .layout = layout };
         s = st_batchnorm_build(&ctx, bn, B, C, H, W, &io);
         if (s == ST_OK && !fused)
             s = st_act_build(&ctx, act, ST_ACT_RELU, B, C * H * W, z, y, dz, dy);
@@ -187,27 +189,30 @@ int main(int argc, char **argv)
         printf("%-32s %33.2fx %8.2fx\n", "  plain / blocked", best[0].layer_ms / best[1].layer_ms,
                med[0] / med[1]);
     }
-    printf("\n%-24s %12s %12s %9s\n", "batch norm + ReLU", "separate ms", "fused ms",
-           "sep/fused");
+    printf("\n%-24s %25s %25s\n", "batch norm + ReLU, ms", "plain NCHW", "blocked + reorders");
+    printf("%-24s %12s %12s %12s %12s\n", "fwd + bwd", "separate", "fused", "separate",
+           "fused");
     const int64_t bn_shapes[][3] = { { 16, 28, 28 }, { 32, 14, 14 }, { 64, 7, 7 } };
     for (size_t k = 0; k < sizeof bn_shapes / sizeof bn_shapes[0]; k++) {
-        double best[2] = { 1e30, 1e30 };
+        double best[4] = { 1e30, 1e30, 1e30, 1e30 };
         for (int r = 0; r < rounds; r++)
-            for (int fused = 0; fused < 2; fused++) {
+            for (int v = 0; v < 4; v++) {
                 double ms;
                 st_status st = time_bn_relu(batch, bn_shapes[k][0], bn_shapes[k][1],
-                                            bn_shapes[k][2], fused, reps, &ms);
+                                            bn_shapes[k][2], v & 1,
+                                            v & 2 ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN, reps,
+                                            &ms);
                 if (st != ST_OK) {
                     fprintf(stderr, "bench_conv: batch norm: %s\n", st_last_error());
                     return 1;
                 }
-                if (ms < best[fused])
-                    best[fused] = ms;
+                if (ms < best[v])
+                    best[v] = ms;
             }
         char name[48];
         snprintf(name, sizeof name, "%dx%lldx%lldx%lld", batch, (long long)bn_shapes[k][0],
                  (long long)bn_shapes[k][1], (long long)bn_shapes[k][2]);
-        printf("%-24s %12.3f %12.3f %8.2fx\n", name, best[0], best[1], best[0] / best[1]);
+        printf("%-24s %12.3f %12.3f %12.3f %12.3f\n", name, best[0], best[1], best[2], best[3]);
     }
     printf("bench_conv: %.1f s\n", now_s() - t0);
     return 0;

@@ -12,6 +12,20 @@
  * forward by a loop over the C channels, PyTorch's rule: momentum 0.1, the
  * variance made unbiased (x N / (N - 1)); oneDNN's own variance is the
  * biased one the normalisation uses.
+ *
+ * Layouts: oneDNN 2.6 has only a generic kernel ("ncsp_bnorm:any") for
+ * plain NCHW, and JIT kernels ("bnorm_jit:avx512_core") for nChw16c; the
+ * blocked path reorders x (and dy) into blocked copies and y (and dx)
+ * back.  Measured with bench/bench_conv (one thread, B = 128, AVX-512 EPYC,
+ * best of 5 x 5), batch norm + ReLU, training forward + backward, ms:
+ *
+ *   shape        plain: separate  fused    blocked+reorders: separate  fused
+ *   16 x 28x28            7.37    7.87                        3.17      2.14
+ *   32 x 14x14            3.16    3.50                        1.33      0.92
+ *   64 x 7x7              1.54    1.72                        0.49      0.36
+ *
+ * ("separate": st_act's ReLU on the plain buffers.)  BLOCKED is the
+ * default; fusing the ReLU pays on it (1.4x), not on the plain kernel.
  */
 #include <string.h>
 
