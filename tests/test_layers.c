@@ -1930,6 +1930,150 @@ Test(batchnorm, blocked_equals_plain)
         }
 }
 
+/* ------------------------------------------------------------ layers sharing a context */
+
+/* A conv -> batch norm -> conv chain built in one context shares the
+ * context's buffers for blocked copies that live within a pass (st_view's
+ * slots); run forward through the chain and backward through it reversed,
+ * every output must be bitwise what the same layer computes alone, in a
+ * context of its own, from the same inputs (single-threaded oneDNN is
+ * deterministic). */
+typedef struct chain_bufs {
+    float *x0, *y1, *y2, *y3, *dx0, *dy1, *dy2, *dy3;
+    float *w1, *b1, *dw1, *db1, *w3, *dw3;
+    float *gamma, *beta, *mean, *var, *rm, *rv, *dgamma, *dbeta;
+} chain_bufs;
+
+Test(cnn_layers, layers_sharing_a_context_equal_layers_alone)
+{
+    omp_set_num_threads(1);
+    /* conv3 (s2 -> 5x5) has the largest blocked copies, built last: the
+     * shared buffers must grow to them */
+    const int64_t B = 3, C0 = 5, C1 = 16, C3 = 64, H = 9;
+    const st_conv_shape s1 = { B, C0, H, H, C1, 3, 3, 1, 1 };
+    const st_conv_shape s3 = { B, C1, H, H, C3, 3, 3, 2, 1 };
+    const size_t n0 = (size_t)(B * C0 * H * H), n1 = (size_t)(B * C1 * H * H);
+    const size_t n3 = (size_t)(B * C3 * 5 * 5), nw1 = (size_t)(C1 * C0 * 9);
+    const size_t nw3 = (size_t)(C3 * C1 * 9);
+    env e;
+    env_init(&e, 171);
+    chain_bufs c;
+    float **all[] = { &c.x0, &c.y1, &c.y2, &c.y3, &c.dx0, &c.dy1, &c.dy2, &c.dy3, &c.w1,
+                      &c.b1, &c.dw1, &c.db1, &c.w3, &c.dw3, &c.gamma, &c.beta, &c.mean,
+                      &c.var, &c.rm, &c.rv, &c.dgamma, &c.dbeta };
+    const size_t size[] = { n0, n1, n1, n3, n0, n1, n1, n3, nw1, (size_t)C1, nw1, (size_t)C1,
+                            nw3, nw3, 16, 16, 16, 16, 16, 16, 16, 16 };
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+        *all[k] = env_floats(&e, size[k]);
+    fill_uniform(&e.rng, c.x0, n0, -1, 1);
+    fill_uniform(&e.rng, c.dy3, n3, -1, 1);
+    fill_uniform(&e.rng, c.w1, nw1, -0.3f, 0.3f);
+    fill_uniform(&e.rng, c.b1, (size_t)C1, -0.3f, 0.3f);
+    fill_uniform(&e.rng, c.w3, nw3, -0.1f, 0.1f);
+    fill_uniform(&e.rng, c.gamma, 16, 0.5f, 1.5f);
+    fill_uniform(&e.rng, c.beta, 16, -0.5f, 0.5f);
+    fill_uniform(&e.rng, c.rv, 16, 0.5f, 1.5f);
+
+    st_conv conv1, conv3;
+    st_batchnorm bn;
+    st_conv_io io1 = { .x = c.x0, .y = c.y1, .w = c.w1, .b = c.b1, .dx = c.dx0, .dy = c.dy1,
+                       .dw = c.dw1, .db = c.db1, .layout = ST_LAYOUT_BLOCKED };
+    st_batchnorm_io bio = { .x = c.y1, .y = c.y2, .gamma = c.gamma, .beta = c.beta,
+                            .mean = c.mean, .var = c.var, .running_mean = c.rm,
+                            .running_var = c.rv, .dx = c.dy1, .dy = c.dy2, .dgamma = c.dgamma,
+                            .dbeta = c.dbeta, .fuse_relu = 1, .layout = ST_LAYOUT_BLOCKED };
+    st_conv_io io3 = { .x = c.y2, .y = c.y3, .w = c.w3, .dx = c.dy2, .dy = c.dy3, .dw = c.dw3,
+                       .layout = ST_LAYOUT_BLOCKED };
+    OK(st_conv_build(&e.ctx, &conv1, &s1, &io1));
+    OK(st_batchnorm_build(&e.ctx, &bn, B, C1, H, H, &bio));
+    OK(st_conv_build(&e.ctx, &conv3, &s3, &io3));
+    OK(st_nn_ctx_finalize(&e.ctx));
+    cr_assert(e.ctx.slot_bytes[ST_SLOT_OUT] > 0 && e.ctx.slot_bytes[ST_SLOT_IN] > 0,
+              "the chain shares no slot: nothing is tested");
+    /* every copy fits its slot, and has it as its buffer */
+    for (int i = 0; i < e.ctx.n_slot_mems; i++) {
+        const dnnl_memory_desc_t *md;
+        void *h;
+        const int k = e.ctx.slot_mems[i].slot;
+        cr_assert_eq(dnnl_memory_get_memory_desc(e.ctx.slot_mems[i].mem, &md), dnnl_success);
+        cr_assert_eq(dnnl_memory_get_data_handle(e.ctx.slot_mems[i].mem, &h), dnnl_success);
+        cr_expect(dnnl_memory_desc_get_size(md) <= e.ctx.slot_have[k],
+                  "copy %d (%zu bytes) does not fit slot %d (%zu bytes)", i,
+                  dnnl_memory_desc_get_size(md), k, e.ctx.slot_have[k]);
+        cr_expect(h == e.ctx.slot[k] && h != NULL, "copy %d is not in slot %d", i, k);
+    }
+    OK(st_conv_forward(&e.ctx, &conv1));
+    OK(st_batchnorm_forward(&e.ctx, &bn, 1));
+    OK(st_conv_forward(&e.ctx, &conv3));
+    OK(st_conv_backward(&e.ctx, &conv3));
+    OK(st_batchnorm_backward(&e.ctx, &bn));
+    OK(st_conv_backward(&e.ctx, &conv1));
+
+    /* Each layer alone, from copies of its inputs in the chain. */
+    for (int layer = 0; layer < 3; layer++) {
+        env a;
+        env_init(&a, 172);
+        chain_bufs d;
+        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
+            float **dk = (float **)((char *)&d + ((char *)all[k] - (char *)&c));
+            *dk = env_floats(&a, size[k]);
+            memcpy(*dk, *all[k], size[k] * sizeof(float));
+        }
+        /* the alone layer's outputs start from garbage, not the chain's */
+        float *outs[3][4] = { { d.y1, d.dx0, d.dw1, d.db1 }, { d.y2, d.dy1, d.dgamma, d.dbeta },
+                              { d.y3, d.dy2, d.dw3, NULL } };
+        const size_t on[3][4] = { { n1, n0, nw1, (size_t)C1 }, { n1, n1, 16, 16 },
+                                  { n3, n1, nw3, 0 } };
+        for (int k = 0; k < 4; k++)
+            for (size_t i = 0; i < on[layer][k]; i++)
+                outs[layer][k][i] = 7.0f;
+        st_conv one;
+        st_batchnorm bone;
+        if (layer == 1) {   /* (its running statistics are not compared) */
+            st_batchnorm_io b2 = bio;
+            b2.x = d.y1; b2.y = d.y2; b2.gamma = d.gamma; b2.beta = d.beta; b2.mean = d.mean;
+            b2.var = d.var; b2.running_mean = d.rm; b2.running_var = d.rv; b2.dx = d.dy1;
+            b2.dy = d.dy2; b2.dgamma = d.dgamma; b2.dbeta = d.dbeta;
+            OK(st_batchnorm_build(&a.ctx, &bone, B, C1, H, H, &b2));
+        } else if (layer == 0) {
+            st_conv_io i1 = { .x = d.x0, .y = d.y1, .w = d.w1, .b = d.b1, .dx = d.dx0,
+                              .dy = d.dy1, .dw = d.dw1, .db = d.db1, .layout = ST_LAYOUT_BLOCKED };
+            OK(st_conv_build(&a.ctx, &one, &s1, &i1));
+        } else {
+            st_conv_io i3 = { .x = d.y2, .y = d.y3, .w = d.w3, .dx = d.dy2, .dy = d.dy3,
+                              .dw = d.dw3, .layout = ST_LAYOUT_BLOCKED };
+            OK(st_conv_build(&a.ctx, &one, &s3, &i3));
+        }
+        OK(st_nn_ctx_finalize(&a.ctx));
+        if (layer == 1) {
+            OK(st_batchnorm_forward(&a.ctx, &bone, 1));
+            OK(st_batchnorm_backward(&a.ctx, &bone));
+        } else {
+            OK(st_conv_forward(&a.ctx, &one));
+            OK(st_conv_backward(&a.ctx, &one));
+        }
+        const float *chain[3][4] = { { c.y1, c.dx0, c.dw1, c.db1 },
+                                     { c.y2, c.dy1, c.dgamma, c.dbeta },
+                                     { c.y3, c.dy2, c.dw3, NULL } };
+        static const char *names[3][4] = { { "conv1 y", "conv1 dx", "conv1 dw", "conv1 db" },
+                                           { "bn y", "bn dx", "bn dgamma", "bn dbeta" },
+                                           { "conv2 y", "conv2 dx", "conv2 dw", "" } };
+        for (int k = 0; k < 4; k++) {
+            if (!on[layer][k])
+                continue;
+            size_t bad = 0;
+            for (size_t i = 0; i < on[layer][k]; i++)
+                bad += memcmp(&chain[layer][k][i], &outs[layer][k][i], sizeof(float)) != 0;
+            cr_expect_eq(bad, 0, "%s: %zu of %zu entries differ from the layer alone",
+                         names[layer][k], bad, on[layer][k]);
+            fprintf(stderr, "[chain] %-10s in a shared context vs alone: %zu of %zu differ\n",
+                    names[layer][k], bad, on[layer][k]);
+        }
+        env_destroy(&a);
+    }
+    env_destroy(&e);
+}
+
 /* ------------------------------------------------------------ ReLU on activations */
 
 /* The activation layer reads a (B, C, H, W) tensor as the (B, C H W)

@@ -58,6 +58,16 @@ st_status st_nn_ctx_init(st_nn_ctx *ctx, st_arena *arena)
 
 st_status st_nn_ctx_finalize(st_nn_ctx *ctx)
 {
+    for (int k = 0; k < ST_NN_SLOTS; k++)
+        if (ctx->slot_bytes[k] > ctx->slot_have[k]) {
+            ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WORKSPACE, ctx->slot_bytes[k],
+                                  &ctx->slot[k]));
+            ctx->slot_have[k] = ctx->slot_bytes[k];
+        }
+    for (int i = 0; i < ctx->n_slot_mems; i++)
+        ST_DNNL(dnnl_memory_set_data_handle(ctx->slot_mems[i].mem,
+                                            ctx->slot[ctx->slot_mems[i].slot]),
+                "attaching a shared buffer of blocked copies");
     if (ctx->scratchpad_bytes > 0 && !ctx->scratchpad)
         ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WORKSPACE, ctx->scratchpad_bytes,
                               &ctx->scratchpad));
@@ -91,6 +101,7 @@ void st_nn_ctx_destroy(st_nn_ctx *ctx)
         dnnl_memory_destroy(ctx->mems[i]);
     free(ctx->prims);
     free(ctx->mems);
+    free(ctx->slot_mems);
     if (ctx->attr)
         dnnl_primitive_attr_destroy(ctx->attr);
     if (ctx->stream)
@@ -294,10 +305,11 @@ st_status st_pass_run(const st_nn_ctx *ctx, const st_pass *p)
 
 st_status st_view_init(st_nn_ctx *ctx, st_view *v, int ndims, const int64_t *dims,
                        dnnl_format_tag_t tag, const void *data, st_mem_kind kind,
-                       const char *reorder_in, const char *reorder_out)
+                       st_slot slot, const char *reorder_in, const char *reorder_out)
 {
     memset(v, 0, sizeof *v);
     v->kind = kind;
+    v->slot = slot;
     v->reorder_in = reorder_in;
     v->reorder_out = reorder_out;
     st_md_tag(&v->plain_md, ndims, dims, tag);
@@ -321,9 +333,20 @@ static st_status view_copy(st_nn_ctx *ctx, st_view *v, const dnnl_memory_desc_t 
     if (v->n == ST_VIEW_MAX_COPIES)
         return st_fail(ST_ERR_INVALID, "more than %d layouts of one tensor (%s)",
                        ST_VIEW_MAX_COPIES, v->reorder_in ? v->reorder_in : v->reorder_out);
-    void *buf;
-    ST_TRY(st_arena_alloc(ctx->arena, v->kind, dnnl_memory_desc_get_size(md), &buf));
-    ST_TRY(st_mem_md(ctx, &v->copy[v->n], md, buf));
+    const size_t bytes = dnnl_memory_desc_get_size(md);
+    if (v->slot == ST_SLOT_KEEP) {
+        void *buf;
+        ST_TRY(st_arena_alloc(ctx->arena, v->kind, bytes, &buf));
+        ST_TRY(st_mem_md(ctx, &v->copy[v->n], md, buf));
+    } else {
+        /* no buffer yet: finalize hands it the shared slot */
+        ST_TRY(grow((void **)&ctx->slot_mems, &ctx->cap_slot_mems, ctx->n_slot_mems + 1,
+                    sizeof *ctx->slot_mems));
+        ST_TRY(st_mem_md(ctx, &v->copy[v->n], md, NULL));
+        ctx->slot_mems[ctx->n_slot_mems++] = (struct st_slot_mem){ v->copy[v->n], v->slot };
+        if (bytes > ctx->slot_bytes[v->slot])
+            ctx->slot_bytes[v->slot] = bytes;
+    }
     *out = v->copy[v->n++];
     *fresh = 1;
     return ST_OK;

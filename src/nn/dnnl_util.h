@@ -56,10 +56,24 @@ typedef struct st_nn_ctx {
     int n_prims, cap_prims;
     dnnl_memory_t *mems;
     int n_mems, cap_mems;
+    /* Blocked copies that live within one pass (st_view, ST_SLOT_*): all
+     * layers share ST_NN_SLOTS buffers, each as large as its largest copy,
+     * allocated by finalize like the scratchpad. */
+    size_t slot_bytes[2];        /* largest requested so far, per slot */
+    size_t slot_have[2];         /* allocated, after finalize */
+    void *slot[2];
+    struct st_slot_mem {
+        dnnl_memory_t mem;
+        int slot;
+    } *slot_mems;                /* the copies living in a slot */
+    int n_slot_mems, cap_slot_mems;
 } st_nn_ctx;
 
+#define ST_NN_SLOTS 2
+
 st_status st_nn_ctx_init(st_nn_ctx *ctx, st_arena *arena);
-/* Allocates the shared workspace and hands it to every primitive. */
+/* Allocates the shared workspace and hands it to every primitive, and the
+ * shared slots of the blocked copies (st_view) to their memory objects. */
 st_status st_nn_ctx_finalize(st_nn_ctx *ctx);
 void st_nn_ctx_destroy(st_nn_ctx *ctx);
 /* A read-only vector of at least n ones (from the arena, shared). */
@@ -140,7 +154,7 @@ typedef enum st_layout {
 
 /* A primitive with the reorders around it: pre (plain inputs -> blocked
  * copies), the primitive, post (its blocked output -> the plain buffer). */
-#define ST_PASS_MAX_PRE 3
+#define ST_PASS_MAX_PRE 2
 typedef struct st_pass {
     st_prim pre[ST_PASS_MAX_PRE];
     int n_pre;
@@ -156,13 +170,26 @@ static inline int st_pass_reorders(const st_pass *p)
     return p->n_pre + p->has_post;
 }
 
+/* Where a tensor's blocked copies live.  ST_SLOT_KEEP: buffers of their
+ * own from the arena (under the view's kind), for a copy read by a later
+ * pass (x's, read by the backward; w's).  ST_SLOT_OUT, ST_SLOT_IN: one of
+ * the context's shared buffers, for a copy that lives within a pass or a
+ * layer's backward only (an output's copy, reordered out as soon as the
+ * primitive ends; dy's, read by the two backward passes); OUT and IN are
+ * distinct so that a pass can have one of each (dy's and dx's). */
+typedef enum st_slot {
+    ST_SLOT_KEEP = -1,
+    ST_SLOT_OUT = 0,
+    ST_SLOT_IN = 1,
+} st_slot;
+
 /* Build time only: a tensor in the caller's plain layout, and the blocked
- * copies the primitives asked for (buffers from the arena, counted under
- * `kind`; one per distinct layout). */
+ * copies the primitives asked for (one per distinct layout). */
 #define ST_VIEW_MAX_COPIES 3
 typedef struct st_view {
     const char *reorder_in, *reorder_out;  /* the reorders' names, for errors */
     st_mem_kind kind;
+    st_slot slot;
     dnnl_memory_desc_t plain_md;
     dnnl_memory_t plain;                   /* NULL when data is NULL */
     int n;
@@ -171,7 +198,7 @@ typedef struct st_view {
 
 st_status st_view_init(st_nn_ctx *ctx, st_view *v, int ndims, const int64_t *dims,
                        dnnl_format_tag_t tag, const void *data, st_mem_kind kind,
-                       const char *reorder_in, const char *reorder_out);
+                       st_slot slot, const char *reorder_in, const char *reorder_out);
 /* Binds argument `arg` of p's primitive, read in layout md: the plain
  * buffer, or a blocked copy filled by a reorder before p.  With `shared`,
  * a copy in that layout made for an earlier pass is read as it is, without

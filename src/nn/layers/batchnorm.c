@@ -78,13 +78,13 @@ st_status st_batchnorm_build(st_nn_ctx *ctx, st_batchnorm *n, int64_t batch,
 
     const int64_t dims[4] = { batch, channels, height, width };
     st_view x, y, dx, dy;
-    ST_TRY(st_view_init(ctx, &x, 4, dims, dnnl_nchw, io->x, ST_MEM_ACTIVATIONS,
+    ST_TRY(st_view_init(ctx, &x, 4, dims, dnnl_nchw, io->x, ST_MEM_ACTIVATIONS, ST_SLOT_KEEP,
                         "batch norm reorder x", NULL));
-    ST_TRY(st_view_init(ctx, &y, 4, dims, dnnl_nchw, io->y, ST_MEM_ACTIVATIONS, NULL,
-                        "batch norm reorder y"));
-    ST_TRY(st_view_init(ctx, &dx, 4, dims, dnnl_nchw, io->dx, ST_MEM_ACTIVATIONS, NULL,
-                        "batch norm reorder dx"));
-    ST_TRY(st_view_init(ctx, &dy, 4, dims, dnnl_nchw, io->dy, ST_MEM_ACTIVATIONS,
+    ST_TRY(st_view_init(ctx, &y, 4, dims, dnnl_nchw, io->y, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
+                        NULL, "batch norm reorder y"));
+    ST_TRY(st_view_init(ctx, &dx, 4, dims, dnnl_nchw, io->dx, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
+                        NULL, "batch norm reorder dx"));
+    ST_TRY(st_view_init(ctx, &dy, 4, dims, dnnl_nchw, io->dy, ST_MEM_ACTIVATIONS, ST_SLOT_IN,
                         "batch norm reorder dy", NULL));
     dnnl_memory_desc_t data_md, c_md;
     st_md_tag(&data_md, 4, dims, n->layout == ST_LAYOUT_BLOCKED ? blocked_tag() : dnnl_nchw);

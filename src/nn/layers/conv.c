@@ -10,10 +10,12 @@
  *            AVX-512, direct JIT kernels); reorder primitives copy the inputs
  *            into blocked buffers before a pass and the outputs back after
  *            it.  The blocked buffers and the reorders are made at build
- *            time (buffers from the context's arena), a copy is shared by
- *            every pass that wants the same layout (x's copy made by the
- *            forward is read by backward-weights; dy's by both backward
- *            passes), so a step only executes.
+ *            time, so a step only executes; a copy is shared by every pass
+ *            that wants the same layout (x's copy made by the forward is
+ *            read by backward-weights; dy's by both backward passes).  The
+ *            copies of x and w are the layer's own (arena); those of y, dy
+ *            and dx live within a pass or the backward, and every layer of
+ *            the context shares two buffers for them (st_view's slots).
  *
  * Measured with bench/bench_conv (one thread, B = 128, this project's
  * 2-core AMD EPYC with AVX-512, oneDNN 2.6.3, a quiet machine, best of 5
@@ -102,18 +104,18 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
     const int64_t yd[4] = { shape->batch, shape->oc, c->oh, c->ow };
     const int64_t wd[4] = { shape->oc, shape->ic, shape->kh, shape->kw };
     st_view x, y, w, dx, dy, dw;
-    ST_TRY(st_view_init(ctx, &x, 4, xd, dnnl_nchw, io->x, ST_MEM_ACTIVATIONS,
+    ST_TRY(st_view_init(ctx, &x, 4, xd, dnnl_nchw, io->x, ST_MEM_ACTIVATIONS, ST_SLOT_KEEP,
                         "conv reorder x", NULL));
-    ST_TRY(st_view_init(ctx, &y, 4, yd, dnnl_nchw, io->y, ST_MEM_ACTIVATIONS, NULL,
-                        "conv reorder y"));
-    ST_TRY(st_view_init(ctx, &w, 4, wd, dnnl_oihw, io->w, ST_MEM_WORKSPACE,
+    ST_TRY(st_view_init(ctx, &y, 4, yd, dnnl_nchw, io->y, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
+                        NULL, "conv reorder y"));
+    ST_TRY(st_view_init(ctx, &w, 4, wd, dnnl_oihw, io->w, ST_MEM_WORKSPACE, ST_SLOT_KEEP,
                         "conv reorder w", NULL));
-    ST_TRY(st_view_init(ctx, &dx, 4, xd, dnnl_nchw, io->dx, ST_MEM_ACTIVATIONS, NULL,
-                        "conv reorder dx"));
-    ST_TRY(st_view_init(ctx, &dy, 4, yd, dnnl_nchw, io->dy, ST_MEM_ACTIVATIONS,
+    ST_TRY(st_view_init(ctx, &dx, 4, xd, dnnl_nchw, io->dx, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
+                        NULL, "conv reorder dx"));
+    ST_TRY(st_view_init(ctx, &dy, 4, yd, dnnl_nchw, io->dy, ST_MEM_ACTIVATIONS, ST_SLOT_IN,
                         "conv reorder dy", NULL));
-    ST_TRY(st_view_init(ctx, &dw, 4, wd, dnnl_oihw, io->dw, ST_MEM_WORKSPACE, NULL,
-                        "conv reorder dw"));
+    ST_TRY(st_view_init(ctx, &dw, 4, wd, dnnl_oihw, io->dw, ST_MEM_WORKSPACE, ST_SLOT_KEEP,
+                        NULL, "conv reorder dw"));
 
     /* The primitives' view: the plain layouts, or "any". */
     dnnl_memory_desc_t x_md = x.plain_md, y_md = y.plain_md, w_md = w.plain_md, b_md;
