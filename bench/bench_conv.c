@@ -13,6 +13,11 @@
  *
  *   bench/bench_conv [--threads N] [--reps N] [--rounds N] [--batch B]
  *
+ * Then batch norm (training forward + backward) followed by ReLU, as two
+ * layers (st_batchnorm, st_act) and with the ReLU fused into the batch
+ * norm (oneDNN's fuse_norm_relu), the batch norm plain or blocked (with
+ * its reorders), on the same activation shapes.
+ *
  * This is the private API (nn/layers.h): st_conv_reference_gflops, the
  * reference a bench_step --config cnn would compare a CNN step with.
  */
@@ -44,6 +49,65 @@ static const named_shape shapes[] = {
     { "64->64 7x7 3x3 s1", { 0, 64, 7, 7, 64, 3, 3, 1, 1 } },
     { "32->64 28x28 3x3 s2", { 0, 32, 28, 28, 64, 3, 3, 2, 1 } },
 };
+
+/* Batch norm + ReLU, forward (training) and backward, ms: separate layers
+ * (fused = 0) or one (fused = 1), batch norm in `layout`; best of reps. */
+static st_status time_bn_relu(int64_t B, int64_t C, int64_t H, int64_t W, int fused,
+                              st_layout layout, int reps, double *ms)
+{
+    st_arena arena;
+    st_nn_ctx ctx;
+    st_arena_init(&arena, "bn timing", NULL, 0);
+    st_status s = st_nn_ctx_init(&ctx, &arena);
+    const size_t n = (size_t)(B * C * H * W);
+    float *buf[6] = { 0 }, *vec[8] = { 0 };
+    for (int i = 0; i < 6 && s == ST_OK; i++)
+        s = st_arena_alloc_floats(&arena, ST_MEM_ACTIVATIONS, n, &buf[i]);
+    for (int i = 0; i < 8 && s == ST_OK; i++)
+        s = st_arena_alloc_floats(&arena, ST_MEM_WORKSPACE, (size_t)C, &vec[i]);
+    st_batchnorm *bn = NULL;
+    st_act *act = NULL;
+    if (s == ST_OK)
+        s = st_arena_alloc(&arena, ST_MEM_WORKSPACE, sizeof *bn, (void **)&bn);
+    if (s == ST_OK)
+        s = st_arena_alloc(&arena, ST_MEM_WORKSPACE, sizeof *act, (void **)&act);
+    if (s == ST_OK) {
+        float *x = buf[0], *z = buf[1], *y = buf[2], *dx = buf[3], *dz = buf[4], *dy = buf[5];
+        for (size_t i = 0; i < n; i++) {
+            x[i] = (float)((i * 7919) % 1000) / 500.0f - 1.0f;
+            dy[i] = (float)((i * 104729) % 1000) / 500.0f - 1.0f;
+        }
+        for (int64_t c = 0; c < C; c++)
+            vec[0][c] = vec[5][c] = 1.0f; /* gamma, running var */
+        st_batchnorm_io io = { .x = x, .y = fused ? y : z, .gamma = vec[0], .beta = vec[1],
+                               .mean = vec[2], .var = vec[3], .running_mean = vec[4],
+                               .running_var = vec[5], .dx = dx, .dy = fused ? dy : dz,
+                               .dgamma = vec[6], .dbeta = vec[7], .fuse_relu = fused,
+                               .layout = layout };
+        s = st_batchnorm_build(&ctx, bn, B, C, H, W, &io);
+        if (s == ST_OK && !fused)
+            s = st_act_build(&ctx, act, ST_ACT_RELU, B, C * H * W, z, y, dz, dy);
+    }
+    if (s == ST_OK)
+        s = st_nn_ctx_finalize(&ctx);
+    *ms = 1e30;
+    for (int r = 0; r <= reps && s == ST_OK; r++) {  /* r = 0: warm-up */
+        double t0 = now_s();
+        s = st_batchnorm_forward(&ctx, bn, 1);
+        if (s == ST_OK && !fused)
+            s = st_act_forward(&ctx, act);
+        if (s == ST_OK && !fused)
+            s = st_act_backward(&ctx, act);
+        if (s == ST_OK)
+            s = st_batchnorm_backward(&ctx, bn);
+        double t = 1e3 * (now_s() - t0);
+        if (r > 0 && t < *ms)
+            *ms = t;
+    }
+    st_nn_ctx_destroy(&ctx);
+    st_arena_release(&arena);
+    return s;
+}
 
 static int parse_int(const char *v, int lo, int *out)
 {
@@ -98,7 +162,7 @@ int main(int argc, char **argv)
         for (int r = 0; r < rounds; r++)
             for (int l = 0; l < 2; l++) {
                 st_conv_rates got;
-                st_status st = st_conv_reference_gflops(&s, l ? ST_CONV_BLOCKED : ST_CONV_PLAIN,
+                st_status st = st_conv_reference_gflops(&s, l ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN,
                                                         reps, &got);
                 if (st != ST_OK) {
                     fprintf(stderr, "bench_conv: %s: %s\n", shapes[k].name, st_last_error());
@@ -122,8 +186,33 @@ int main(int argc, char **argv)
                    best[l].bwd_data, best[l].bwd_weights, best[l].layer_fwd, best[l].layer_bwd,
                    best[l].layer_ms, med[l]);
         }
-        printf("%-24s %-7s %41.2fx %8.2fx\n", "", "plain/blocked", best[0].layer_ms / best[1].layer_ms,
+        printf("%-32s %33.2fx %8.2fx\n", "  plain / blocked", best[0].layer_ms / best[1].layer_ms,
                med[0] / med[1]);
+    }
+    printf("\n%-24s %25s %25s\n", "batch norm + ReLU, ms", "plain NCHW", "blocked + reorders");
+    printf("%-24s %12s %12s %12s %12s\n", "fwd + bwd", "separate", "fused", "separate",
+           "fused");
+    const int64_t bn_shapes[][3] = { { 16, 28, 28 }, { 32, 14, 14 }, { 64, 7, 7 } };
+    for (size_t k = 0; k < sizeof bn_shapes / sizeof bn_shapes[0]; k++) {
+        double best[4] = { 1e30, 1e30, 1e30, 1e30 };
+        for (int r = 0; r < rounds; r++)
+            for (int v = 0; v < 4; v++) {
+                double ms;
+                st_status st = time_bn_relu(batch, bn_shapes[k][0], bn_shapes[k][1],
+                                            bn_shapes[k][2], v & 1,
+                                            v & 2 ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN, reps,
+                                            &ms);
+                if (st != ST_OK) {
+                    fprintf(stderr, "bench_conv: batch norm: %s\n", st_last_error());
+                    return 1;
+                }
+                if (ms < best[v])
+                    best[v] = ms;
+            }
+        char name[48];
+        snprintf(name, sizeof name, "%dx%lldx%lldx%lld", batch, (long long)bn_shapes[k][0],
+                 (long long)bn_shapes[k][1], (long long)bn_shapes[k][2]);
+        printf("%-24s %12.3f %12.3f %12.3f %12.3f\n", name, best[0], best[1], best[2], best[3]);
     }
     printf("bench_conv: %.1f s\n", now_s() - t0);
     return 0;

@@ -25,6 +25,7 @@
  * Each comparison prints one line to stderr: the largest |fd - analytic| and
  * the worst ratio |fd - analytic| / (atol + rtol |analytic|) (must be <= 1).
  */
+#define _GNU_SOURCE /* RTLD_NEXT, for heapwatch.h */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -231,6 +232,18 @@ static double *dalloc(size_t n)
     double *p = calloc(n ? n : 1, sizeof *p);
     cr_assert(p);
     return p;
+}
+
+/* Two float results of the same computation: compare_ref with b as the
+ * reference. */
+static void compare_floats(const char *what, const float *a, const float *b, const double *mag,
+                           size_t n, double rtol)
+{
+    double *bd = dalloc(n);
+    for (size_t i = 0; i < n; i++)
+        bd[i] = b[i];
+    compare_ref(what, a, bd, mag, n, rtol);
+    free(bd);
 }
 
 /* ------------------------------------------------------------ linear */
@@ -981,5 +994,1210 @@ Test(xent, rejects_bad_label)
     cr_expect_neq(st_last_error()[0], '\0');
     /* The bad label sits in a padding row when rows = 1: it is not read. */
     OK(st_xent_forward(&e.ctx, &x, labels, 1, 1, &sum, NULL));
+    env_destroy(&e);
+}
+
+/* ------------------------------------------------------------ convolution */
+
+/* L = sum(y R) is linear in each of x, w and b, so, as for the linear
+ * layer, the central difference has no truncation error and what is left is
+ * float32 rounding of the outputs a perturbation reaches: at most OC KH KW
+ * of them for an input, B OH OW for a weight (<= 200 here on the shapes
+ * checked at every coordinate, <= 800 on the larger ones), each a sum of
+ * IC KH KW <= 300 products of O(1) values rounded to ~ 1e-6, so L moves by
+ * ~ 1e-5 by rounding in the worst case and ~ 1e-6 typically; / 2h = 0.02
+ * that is <= 5e-4, under atol 1e-3.  rtol 1e-2 is for the large weight and
+ * bias gradients (sums of B OH OW terms of R). */
+static const tol TOL_CONV = { 1e-2, 1e-3, 1e-2 };
+
+typedef struct conv_case {
+    env e;
+    st_conv c;
+    st_conv_shape s;
+    int64_t oh, ow;
+    size_t nx, ny, nw;
+    int bias, with_dx;
+    float *x, *y, *w, *b, *dx, *dy, *dw, *db, *R;
+} conv_case;
+
+static double conv_objective(void *arg)
+{
+    conv_case *c = arg;
+    OK(st_conv_forward(&c->e.ctx, &c->c));
+    return dot_yr(c->y, c->R, c->ny);
+}
+
+static const char *layout_name(st_layout l)
+{
+    return l == ST_LAYOUT_PLAIN ? "plain" : l == ST_LAYOUT_BLOCKED ? "blocked" : "default";
+}
+
+/* Buffers with random x, w (init scale 1/sqrt(fan in)), b and R, the
+ * layer built, forward run, dy = R, backward run. */
+static void conv_setup(conv_case *c, const st_conv_shape *s, st_layout layout, int bias,
+                       int with_dx, uint64_t seed)
+{
+    memset(c, 0, sizeof *c);
+    c->s = *s;
+    c->bias = bias;
+    c->with_dx = with_dx;
+    c->oh = st_conv_out_size(s->ih, s->kh, s->stride, s->pad);
+    c->ow = st_conv_out_size(s->iw, s->kw, s->stride, s->pad);
+    c->nx = (size_t)(s->batch * s->ic * s->ih * s->iw);
+    c->ny = (size_t)(s->batch * s->oc * c->oh * c->ow);
+    c->nw = (size_t)(s->oc * s->ic * s->kh * s->kw);
+    env_init(&c->e, seed);
+    env *e = &c->e;
+    c->x = env_floats(e, c->nx);   // x, dx are (B, IC, IH, IW)
+    c->dx = env_floats(e, c->nx);
+    c->y = env_floats(e, c->ny);   // y, dy, R are (B, OC, OH, OW)
+    c->dy = env_floats(e, c->ny);
+    c->R = env_floats(e, c->ny);
+    c->w = env_floats(e, c->nw);   // w, dw are (OC, IC, KH, KW)
+    c->dw = env_floats(e, c->nw);
+    c->b = env_floats(e, (size_t)s->oc);  // b, db are (OC)
+    c->db = env_floats(e, (size_t)s->oc);
+    fill_uniform(&e->rng, c->x, c->nx, -1.0f, 1.0f);
+    float bound = 1.0f / sqrtf((float)(s->ic * s->kh * s->kw));
+    fill_uniform(&e->rng, c->w, c->nw, -bound, bound);
+    if (bias)
+        fill_uniform(&e->rng, c->b, (size_t)s->oc, -bound, bound);
+    fill_uniform(&e->rng, c->R, c->ny, -1.0f, 1.0f);
+    st_conv_io io = { .x = c->x, .y = c->y, .w = c->w, .b = bias ? c->b : NULL,
+                      .dx = with_dx ? c->dx : NULL, .dy = c->dy, .dw = c->dw,
+                      .db = bias ? c->db : NULL, .layout = layout };
+    OK(st_conv_build(&e->ctx, &c->c, s, &io));
+    OK(st_nn_ctx_finalize(&e->ctx));
+    OK(st_conv_forward(&e->ctx, &c->c));
+    memcpy(c->dy, c->R, c->ny * sizeof *c->dy);
+    OK(st_conv_backward(&e->ctx, &c->c));
+}
+
+/* y, dx, dw, db in double by direct loops over every (output, input,
+ * kernel tap) triple, with the magnitudes of the terms (the rounding scale). */
+typedef struct conv_ref {
+    double *y, *ym, *dx, *dxm, *dw, *dwm, *db, *dbm;
+} conv_ref;
+
+static void conv_reference(const conv_case *c, conv_ref *r)
+{
+    const st_conv_shape *s = &c->s;
+    const int64_t IC = s->ic, OC = s->oc, IH = s->ih, IW = s->iw, OH = c->oh, OW = c->ow;
+    r->y = dalloc(c->ny); r->ym = dalloc(c->ny);
+    r->dx = dalloc(c->nx); r->dxm = dalloc(c->nx);
+    r->dw = dalloc(c->nw); r->dwm = dalloc(c->nw);
+    r->db = dalloc((size_t)OC); r->dbm = dalloc((size_t)OC);
+    for (int64_t n = 0; n < s->batch; n++)
+        for (int64_t o = 0; o < OC; o++)
+            for (int64_t i = 0; i < OH; i++)
+                for (int64_t j = 0; j < OW; j++) {
+                    const size_t yi = (size_t)(((n * OC + o) * OH + i) * OW + j);
+                    const double g = c->dy[yi];
+                    double sum = c->bias ? c->b[o] : 0.0, mag = fabs(sum);
+                    for (int64_t ci = 0; ci < IC; ci++)
+                        for (int64_t p = 0; p < s->kh; p++)
+                            for (int64_t q = 0; q < s->kw; q++) {
+                                const int64_t h = i * s->stride - s->pad + p;
+                                const int64_t wq = j * s->stride - s->pad + q;
+                                if (h < 0 || h >= IH || wq < 0 || wq >= IW)
+                                    continue;
+                                const size_t xi = (size_t)(((n * IC + ci) * IH + h) * IW + wq);
+                                const size_t wi = (size_t)(((o * IC + ci) * s->kh + p) * s->kw + q);
+                                const double t = (double)c->x[xi] * c->w[wi];
+                                sum += t;
+                                mag += fabs(t);
+                                r->dx[xi] += g * c->w[wi];
+                                r->dxm[xi] += fabs(g * c->w[wi]);
+                                r->dw[wi] += g * c->x[xi];
+                                r->dwm[wi] += fabs(g * c->x[xi]);
+                            }
+                    r->y[yi] = sum;
+                    r->ym[yi] = mag;
+                    r->db[o] += g;
+                    r->dbm[o] += fabs(g);
+                }
+}
+
+static void conv_ref_free(conv_ref *r)
+{
+    free(r->y); free(r->ym); free(r->dx); free(r->dxm);
+    free(r->dw); free(r->dwm); free(r->db); free(r->dbm);
+}
+
+static void conv_tag(char *tag, size_t n, const conv_case *c)
+{
+    const st_conv_shape *s = &c->s;
+    snprintf(tag, n, "%lldx%lldx%lldx%lld->%lld k%lldx%lld s%lld p%lld %s%s%s",
+             (long long)s->batch, (long long)s->ic, (long long)s->ih, (long long)s->iw,
+             (long long)s->oc, (long long)s->kh, (long long)s->kw, (long long)s->stride,
+             (long long)s->pad, layout_name(c->c.layout), c->bias ? "" : " nobias",
+             c->with_dx ? "" : " nodx");
+}
+
+/* Forward and backward against the double reference; then, when
+ * max_coords > 0, finite differences w.r.t. x, w and b. */
+static void check_conv(const st_conv_shape *s, st_layout layout, int bias, int with_dx,
+                       size_t max_coords, uint64_t seed)
+{
+    conv_case c;
+    conv_setup(&c, s, layout, bias, with_dx, seed);
+    cr_expect(c.c.layout == ST_LAYOUT_PLAIN || c.c.layout == ST_LAYOUT_BLOCKED);
+    if (layout != ST_LAYOUT_DEFAULT)
+        cr_expect_eq(c.c.layout, layout);
+    char tag[96], what[128];
+    conv_tag(tag, sizeof tag, &c);
+    conv_ref r;
+    conv_reference(&c, &r);
+    snprintf(what, sizeof what, "conv %s y", tag);
+    compare_ref(what, c.y, r.y, r.ym, c.ny, REF_RTOL);
+    if (with_dx) {
+        snprintf(what, sizeof what, "conv %s dx", tag);
+        compare_ref(what, c.dx, r.dx, r.dxm, c.nx, REF_RTOL);
+    } else {
+        for (size_t i = 0; i < c.nx; i++)
+            cr_expect_eq(c.dx[i], 0.0f, "conv %s: dx[%zu] written without dx", tag, i);
+    }
+    snprintf(what, sizeof what, "conv %s dw", tag);
+    compare_ref(what, c.dw, r.dw, r.dwm, c.nw, REF_RTOL);
+    if (bias) {
+        snprintf(what, sizeof what, "conv %s db", tag);
+        compare_ref(what, c.db, r.db, r.dbm, (size_t)s->oc, REF_RTOL);
+    }
+    conv_ref_free(&r);
+    if (max_coords > 0) {
+        /* the objective does not touch the gradients: copies are taken */
+        if (with_dx) {
+            snprintf(what, sizeof what, "conv %s dx", tag);
+            check_param(what, conv_objective, &c, c.x, c.dx, c.nx, max_coords, TOL_CONV, &c.e.rng);
+        }
+        snprintf(what, sizeof what, "conv %s dw", tag);
+        check_param(what, conv_objective, &c, c.w, c.dw, c.nw, max_coords, TOL_CONV, &c.e.rng);
+        if (bias) {
+            snprintf(what, sizeof what, "conv %s db", tag);
+            check_param(what, conv_objective, &c, c.b, c.db, (size_t)s->oc, max_coords,
+                        TOL_CONV, &c.e.rng);
+        }
+    }
+    env_destroy(&c.e);
+}
+
+/* shapes: { batch, ic, ih, iw, oc, kh, kw, stride, pad } */
+static const st_conv_shape CONV_3X3_S1 = { 2, 3, 6, 7, 5, 3, 3, 1, 1 };
+static const st_conv_shape CONV_3X3_S2 = { 2, 4, 7, 8, 6, 3, 3, 2, 1 };  /* 7x8 -> 4x4 */
+static const st_conv_shape CONV_1X1_S2 = { 3, 5, 6, 5, 7, 1, 1, 2, 0 };  /* 6x5 -> 3x3 */
+
+Test(conv, k3_s1_p1_bias_every_coordinate)
+{
+    omp_set_num_threads(1);
+    check_conv(&CONV_3X3_S1, ST_LAYOUT_BLOCKED, 1, 1, SIZE_MAX, 61);
+    check_conv(&CONV_3X3_S1, ST_LAYOUT_PLAIN, 1, 1, SIZE_MAX, 62);
+}
+
+Test(conv, k3_s2_p1_every_coordinate)
+{
+    omp_set_num_threads(1);
+    check_conv(&CONV_3X3_S2, ST_LAYOUT_BLOCKED, 1, 1, SIZE_MAX, 63);
+    check_conv(&CONV_3X3_S2, ST_LAYOUT_PLAIN, 1, 1, SIZE_MAX, 64);
+}
+
+Test(conv, k1_s2_projection_every_coordinate)
+{
+    omp_set_num_threads(1);
+    check_conv(&CONV_1X1_S2, ST_LAYOUT_BLOCKED, 1, 1, SIZE_MAX, 65);
+    check_conv(&CONV_1X1_S2, ST_LAYOUT_PLAIN, 1, 1, SIZE_MAX, 66);
+}
+
+/* Channel counts at and around oneDNN's block of 16 (its tail code), an
+ * even input with stride 2 (the last row and column in no window of a 1x1
+ * kernel), no padding, and the default layout; forward and backward
+ * against the reference, finite differences on a random subset. */
+Test(conv, larger_shapes_reference_and_random_subset)
+{
+    omp_set_num_threads(1);
+    const st_conv_shape shapes[] = {
+        { 4, 16, 10, 10, 16, 3, 3, 1, 1 },
+        { 2, 17, 9, 9, 33, 3, 3, 2, 1 },
+        { 2, 32, 8, 8, 64, 1, 1, 2, 0 },
+        { 2, 3, 5, 6, 4, 3, 3, 1, 0 },
+        { 2, 16, 8, 8, 32, 3, 3, 2, 1 },
+    };
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        check_conv(&shapes[k], ST_LAYOUT_DEFAULT, 1, 1, LARGE_SUBSET, 70 + k);
+        check_conv(&shapes[k], ST_LAYOUT_PLAIN, 1, 1, 0, 80 + k);
+    }
+}
+
+/* A first layer (no dx: dx is left alone) and a convolution without bias
+ * (ResNet's, followed by batch norm), in both layouts. */
+Test(conv, without_dx_and_without_bias)
+{
+    omp_set_num_threads(1);
+    for (int l = 0; l < 2; l++) {
+        st_layout layout = l ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN;
+        check_conv(&CONV_3X3_S1, layout, 1, 0, SIZE_MAX, 91);
+        check_conv(&CONV_3X3_S2, layout, 0, 1, SIZE_MAX, 92);
+        const st_conv_shape stem = { 3, 1, 8, 8, 16, 3, 3, 1, 1 };
+        check_conv(&stem, layout, 0, 0, 0, 93);
+    }
+}
+
+/* The blocked path computes what the plain path computes, up to float
+ * rounding (the kernels sum in different orders): |blocked - plain| <=
+ * 2 REF_RTOL x the magnitude of the terms, on shapes where the blocked
+ * path really reorders (checked: reorders were made). */
+Test(conv, blocked_equals_plain)
+{
+    omp_set_num_threads(1);
+    const st_conv_shape shapes[] = {
+        { 4, 16, 10, 10, 16, 3, 3, 1, 1 },
+        { 2, 17, 9, 9, 33, 3, 3, 2, 1 },
+        { 2, 32, 8, 8, 64, 1, 1, 2, 0 },
+        CONV_3X3_S2,
+    };
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        conv_case p, b;
+        conv_setup(&p, &shapes[k], ST_LAYOUT_PLAIN, 1, 1, 100 + k);
+        conv_setup(&b, &shapes[k], ST_LAYOUT_BLOCKED, 1, 1, 100 + k);
+        cr_assert_eq(st_pass_reorders(&p.c.fwd) + st_pass_reorders(&p.c.bwd_data) +
+                     st_pass_reorders(&p.c.bwd_weights), 0, "the plain path reorders");
+        cr_assert(b.c.fwd.n_pre > 0 && b.c.fwd.has_post && b.c.bwd_weights.has_post,
+                  "shape %zu: the blocked path made no reorders: nothing is compared", k);
+        char tag[96], what[128];
+        conv_tag(tag, sizeof tag, &p);
+        conv_ref r;
+        conv_reference(&p, &r);   /* for the magnitudes */
+        snprintf(what, sizeof what, "conv blocked vs %s y", tag);
+        compare_floats(what, b.y, p.y, r.ym, p.ny, 2 * REF_RTOL);
+        snprintf(what, sizeof what, "conv blocked vs %s dx", tag);
+        compare_floats(what, b.dx, p.dx, r.dxm, p.nx, 2 * REF_RTOL);
+        snprintf(what, sizeof what, "conv blocked vs %s dw", tag);
+        compare_floats(what, b.dw, p.dw, r.dwm, p.nw, 2 * REF_RTOL);
+        snprintf(what, sizeof what, "conv blocked vs %s db", tag);
+        compare_floats(what, b.db, p.db, r.dbm, (size_t)p.s.oc, 2 * REF_RTOL);
+        conv_ref_free(&r);
+        env_destroy(&p.e);
+        env_destroy(&b.e);
+    }
+}
+
+/* Sizes and FLOPs: 2 per multiply-add, B OC OH OW IC KH KW per pass; the
+ * passes a layer has (no dx: two). */
+Test(conv, flops_and_reference_timing)
+{
+    omp_set_num_threads(1);
+    const st_conv_shape s = { 4, 6, 9, 8, 5, 3, 3, 2, 1 }; /* -> 5x4 */
+    cr_expect_eq(st_conv_out_size(9, 3, 2, 1), 5);
+    cr_expect_eq(st_conv_out_size(8, 3, 2, 1), 4);
+    cr_expect_eq(st_conv_out_size(8, 1, 2, 0), 4);
+    const double one = 2.0 * 4 * 5 * 5 * 4 * 6 * 3 * 3;
+    cr_expect_eq(st_conv_pass_flops(&s), one);
+    for (int with_dx = 0; with_dx < 2; with_dx++) {
+        conv_case c;
+        conv_setup(&c, &s, ST_LAYOUT_DEFAULT, 1, with_dx, 111);
+        cr_expect_eq(c.c.oh, 5);
+        cr_expect_eq(c.c.ow, 4);
+        cr_expect_eq(st_conv_flops(&c.c), (with_dx ? 3.0 : 2.0) * one);
+        env_destroy(&c.e);
+    }
+    /* The standalone timing runs (its numbers are not asserted). */
+    st_conv_rates r;
+    OK(st_conv_reference_gflops(&s, ST_LAYOUT_DEFAULT, 2, &r));
+    cr_expect(r.layout == ST_LAYOUT_PLAIN || r.layout == ST_LAYOUT_BLOCKED);
+    cr_expect(r.fwd > 0 && r.bwd_data > 0 && r.bwd_weights > 0 && r.layer_fwd > 0 &&
+              r.layer_bwd > 0 && r.layer_ms > 0);
+}
+
+Test(conv, rejects_bad_shapes)
+{
+    omp_set_num_threads(1);
+    env e;
+    env_init(&e, 112);
+    float *buf = env_floats(&e, 4096);
+    st_conv c;
+    st_conv_io io = { .x = buf, .y = buf, .w = buf };
+    const st_conv_shape bad[] = {
+        { 0, 3, 8, 8, 4, 3, 3, 1, 1 },  /* no batch */
+        { 2, 3, 8, 8, 4, 3, 3, 0, 1 },  /* stride 0 */
+        { 2, 3, 8, 8, 4, 3, 3, 1, 3 },  /* padding >= kernel */
+        { 2, 3, 1, 1, 4, 5, 5, 1, 1 },  /* kernel larger than the padded input */
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        st_clear_error();
+        cr_expect_eq(st_conv_build(&e.ctx, &c, &bad[k], &io), ST_ERR_INVALID, "shape %zu", k);
+        cr_expect_neq(st_last_error()[0], '\0');
+    }
+    io.dw = buf; /* dw without dy */
+    cr_expect_eq(st_conv_build(&e.ctx, &c, &CONV_3X3_S1, &io), ST_ERR_INVALID);
+    env_destroy(&e);
+}
+
+/* ------------------------------------------------------------ pooling */
+
+/* Max pooling: L = sum(y R) is piecewise linear in x.  The inputs are a
+ * random permutation of distinct values 0.05 apart, so a perturbation of
+ * h = 1e-2 never changes which input is a window's maximum: the central
+ * difference is exact up to the rounding of L (y is x, exactly).  Global
+ * average pooling is linear.  Same bounds as linear layers. */
+static const tol TOL_POOL = { 1e-2, 1e-3, 1e-2 };
+
+/* Global average pooling, x ~ U(-1, 1): dx = dy / (H W) is small (0.02 at
+ * 7 x 7), so atol is 1e-4, still ~ 10x what rounding leaves: a
+ * perturbation moves one output, a mean of H W values rounded to ~ 6e-8,
+ * ~ 3e-6 after / 2h. */
+static const tol TOL_GAP = { 1e-2, 1e-4, 1e-2 };
+
+typedef struct pool_case {
+    env e;
+    st_pool p;
+    int64_t B, C, H, W, k, stride, pad; /* k = 0: global average */
+    size_t nx, ny;
+    float *x, *y, *dx, *dy, *R;
+} pool_case;
+
+static double pool_objective(void *arg)
+{
+    pool_case *c = arg;
+    OK(st_pool_forward(&c->e.ctx, &c->p));
+    return dot_yr(c->y, c->R, c->ny);
+}
+
+static void pool_setup(pool_case *c, int64_t B, int64_t C, int64_t H, int64_t W, int64_t k,
+                       int64_t stride, int64_t pad, uint64_t seed)
+{
+    memset(c, 0, sizeof *c);
+    c->B = B; c->C = C; c->H = H; c->W = W; c->k = k; c->stride = stride; c->pad = pad;
+    env_init(&c->e, seed);
+    env *e = &c->e;
+    int64_t oh = k ? (H + 2 * pad - k) / stride + 1 : 1;
+    int64_t ow = k ? (W + 2 * pad - k) / stride + 1 : 1;
+    c->nx = (size_t)(B * C * H * W);
+    c->ny = (size_t)(B * C * oh * ow);
+    c->x = env_floats(e, c->nx);   // x, dx are (B, C, H, W)
+    c->dx = env_floats(e, c->nx);
+    c->y = env_floats(e, c->ny);   // y, dy, R are (B, C, OH, OW) or (B, C)
+    c->dy = env_floats(e, c->ny);
+    c->R = env_floats(e, c->ny);
+    if (k) {
+        uint32_t *perm = malloc(c->nx * sizeof *perm);
+        cr_assert(perm);
+        for (size_t i = 0; i < c->nx; i++)
+            perm[i] = (uint32_t)i;
+        st_rng_shuffle_u32(&e->rng, perm, c->nx);
+        for (size_t i = 0; i < c->nx; i++)  /* distinct, 0.05 apart, around 0 */
+            c->x[i] = 0.05f * ((float)perm[i] - 0.5f * (float)c->nx);
+        free(perm);
+    } else {
+        fill_uniform(&e->rng, c->x, c->nx, -1.0f, 1.0f);
+    }
+    fill_uniform(&e->rng, c->R, c->ny, -1.0f, 1.0f);
+    st_pool_io io = { .x = c->x, .y = c->y, .dx = c->dx, .dy = c->dy };
+    if (k)
+        OK(st_maxpool_build(&e->ctx, &c->p, B, C, H, W, k, stride, pad, &io));
+    else
+        OK(st_global_avgpool_build(&e->ctx, &c->p, B, C, H, W, &io));
+    OK(st_nn_ctx_finalize(&e->ctx));
+    cr_assert_eq(c->p.oh, oh);
+    cr_assert_eq(c->p.ow, ow);
+    OK(st_pool_forward(&e->ctx, &c->p));
+    memcpy(c->dy, c->R, c->ny * sizeof *c->dy);
+    OK(st_pool_backward(&e->ctx, &c->p));
+}
+
+/* Max pooling against direct loops: y is the window's maximum over real
+ * inputs (exact), dx gets each window's dy at its maximum (a sum where
+ * windows overlap). */
+static void check_maxpool(int64_t B, int64_t C, int64_t H, int64_t W, int64_t k, int64_t stride,
+                          int64_t pad, uint64_t seed)
+{
+    pool_case c;
+    pool_setup(&c, B, C, H, W, k, stride, pad, seed);
+    const int64_t OH = c.p.oh, OW = c.p.ow;
+    double *dx = dalloc(c.nx), *dxm = dalloc(c.nx);
+    for (int64_t n = 0; n < B * C; n++)
+        for (int64_t i = 0; i < OH; i++)
+            for (int64_t j = 0; j < OW; j++) {
+                float best = -INFINITY;
+                size_t at = 0;
+                for (int64_t p = 0; p < k; p++)
+                    for (int64_t q = 0; q < k; q++) {
+                        int64_t h = i * stride - pad + p, w = j * stride - pad + q;
+                        if (h < 0 || h >= H || w < 0 || w >= W)
+                            continue;
+                        size_t xi = (size_t)((n * H + h) * W + w);
+                        if (c.x[xi] > best) {
+                            best = c.x[xi];
+                            at = xi;
+                        }
+                    }
+                size_t yi = (size_t)((n * OH + i) * OW + j);
+                cr_expect_eq(c.y[yi], best, "max pool y[%zu] = %g, want %g", yi, c.y[yi], best);
+                dx[at] += c.dy[yi];
+                dxm[at] += fabs(c.dy[yi]);
+            }
+    for (size_t i = 0; i < c.nx; i++)
+        dxm[i] += 1e-30;
+    char tag[64], what[96];
+    snprintf(tag, sizeof tag, "%lldx%lldx%lldx%lld k%lld s%lld p%lld", (long long)B,
+             (long long)C, (long long)H, (long long)W, (long long)k, (long long)stride,
+             (long long)pad);
+    fprintf(stderr, "[ref] max pool %s y: checked exactly\n", tag);
+    snprintf(what, sizeof what, "max pool %s dx", tag);
+    compare_ref(what, c.dx, dx, dxm, c.nx, REF_RTOL);
+    free(dx);
+    free(dxm);
+    check_param(what, pool_objective, &c, c.x, c.dx, c.nx, SIZE_MAX, TOL_POOL, &c.e.rng);
+    env_destroy(&c.e);
+}
+
+Test(pool, max_3x3_s2_p1)
+{
+    omp_set_num_threads(1);
+    check_maxpool(2, 3, 7, 7, 3, 2, 1, 121);   /* 7x7 -> 4x4 */
+    check_maxpool(2, 3, 8, 6, 3, 2, 1, 122);   /* 8x6 -> 4x3: the last row in one window */
+    check_maxpool(2, 17, 9, 9, 3, 2, 1, 123);  /* a channel tail past 16 */
+}
+
+Test(pool, max_2x2_s2)
+{
+    omp_set_num_threads(1);
+    check_maxpool(2, 3, 6, 6, 2, 2, 0, 124);   /* 6x6 -> 3x3 */
+    check_maxpool(3, 2, 7, 5, 2, 2, 0, 125);   /* 7x5 -> 3x2: the last row and column in none */
+}
+
+/* Global average: y[n, c] = mean over the plane, dx = dy[n, c] / (H W). */
+static void check_global_avgpool(int64_t B, int64_t C, int64_t H, int64_t W, uint64_t seed)
+{
+    pool_case c;
+    pool_setup(&c, B, C, H, W, 0, 1, 0, seed);
+    double *y = dalloc(c.ny), *ym = dalloc(c.ny), *dx = dalloc(c.nx), *dxm = dalloc(c.nx);
+    const int64_t P = H * W;
+    for (int64_t n = 0; n < B * C; n++) {
+        for (int64_t i = 0; i < P; i++) {
+            y[n] += c.x[n * P + i] / (double)P;
+            ym[n] += fabs(c.x[n * P + i]) / (double)P;
+            dx[n * P + i] = c.dy[n] / (double)P;
+            dxm[n * P + i] = fabs(c.dy[n]) / (double)P;
+        }
+    }
+    char tag[64], what[96];
+    snprintf(tag, sizeof tag, "%lldx%lldx%lldx%lld", (long long)B, (long long)C, (long long)H,
+             (long long)W);
+    snprintf(what, sizeof what, "global avg pool %s y", tag);
+    compare_ref(what, c.y, y, ym, c.ny, REF_RTOL);
+    snprintf(what, sizeof what, "global avg pool %s dx", tag);
+    compare_ref(what, c.dx, dx, dxm, c.nx, REF_RTOL);
+    check_param(what, pool_objective, &c, c.x, c.dx, c.nx, LARGE_SUBSET, TOL_GAP, &c.e.rng);
+    free(y); free(ym); free(dx); free(dxm);
+    env_destroy(&c.e);
+}
+
+Test(pool, global_average)
+{
+    omp_set_num_threads(1);
+    check_global_avgpool(3, 5, 4, 6, 131);
+    check_global_avgpool(2, 16, 7, 7, 132);
+    check_global_avgpool(4, 3, 1, 1, 133);
+}
+
+/* Forward only (no dx): no workspace kept for a backward, and the
+ * backward does nothing. */
+Test(pool, forward_only)
+{
+    omp_set_num_threads(1);
+    env e;
+    env_init(&e, 134);
+    float *x = env_floats(&e, 2 * 3 * 6 * 6), *y = env_floats(&e, 2 * 3 * 3 * 3);
+    fill_uniform(&e.rng, x, 2 * 3 * 6 * 6, -1, 1);
+    st_pool p;
+    st_pool_io io = { .x = x, .y = y };
+    OK(st_maxpool_build(&e.ctx, &p, 2, 3, 6, 6, 2, 2, 0, &io));
+    OK(st_nn_ctx_finalize(&e.ctx));
+    OK(st_pool_forward(&e.ctx, &p));
+    OK(st_pool_backward(&e.ctx, &p));
+    for (int64_t n = 0; n < 6; n++)
+        for (int64_t i = 0; i < 3; i++)
+            for (int64_t j = 0; j < 3; j++) {
+                const float *w = x + n * 36 + 2 * i * 6 + 2 * j;
+                float m = fmaxf(fmaxf(w[0], w[1]), fmaxf(w[6], w[7]));
+                cr_expect_eq(y[n * 9 + i * 3 + j], m);
+            }
+    st_clear_error();
+    cr_expect_eq(st_maxpool_build(&e.ctx, &p, 2, 3, 6, 6, 2, 2, 2, &io), ST_ERR_INVALID,
+                 "padding above half the kernel is refused");
+    env_destroy(&e);
+}
+
+/* ------------------------------------------------------------ batch norm */
+
+/* Batch norm (training): smooth, like layer norm, with the statistics over
+ * a channel's N = B H W values instead of a row's C.  Truncation is
+ * O(h^2 gamma / sigma^3) with sigma >= 0.3 by construction, <= 1e-4 at
+ * h = 1e-2.  Rounding dominates: a perturbation of x moves all N outputs of
+ * its channel, and the float mean and variance (offsets up to 2) shift
+ * them coherently by ~ 1e-7, so L moves by ~ 1e-7 |sum of the channel's R|
+ * ~ 1e-7 sqrt(N); / 2h that is ~ 1e-4 at N = 392, and the worst of 200
+ * coordinates measured 5.3e-4 there (<= 1.7e-4 at N <= 150).  atol 2e-3
+ * keeps a 4x margin; gradients are O(0.1 .. 20), so a 10% error is still
+ * 5x or more above the bound (the teeth check proves it). */
+static const tol TOL_BATCHNORM = { 1e-2, 2e-3, 1e-2 };
+
+typedef struct bn_case {
+    env e;
+    st_batchnorm bn;
+    int64_t B, C, H, W;
+    int fuse;
+    st_layout layout;
+    size_t n;
+    float *x, *y, *gamma, *beta, *mean, *var, *rmean, *rvar, *dx, *dy, *dgamma, *dbeta, *R;
+} bn_case;
+
+static double bn_objective(void *arg)
+{
+    bn_case *c = arg;
+    OK(st_batchnorm_forward(&c->e.ctx, &c->bn, 1));
+    return dot_yr(c->y, c->R, c->n);
+}
+
+/* Channel c of x is offset_c + scale_c u, u ~ U(-1, 1) with two entries
+ * pinned at -1 and +1: a mean to remove and a spread sigma >= 0.3. */
+static void bn_fill_x(st_rng *r, float *x, int64_t B, int64_t C, int64_t P)
+{
+    for (int64_t ch = 0; ch < C; ch++) {
+        float off = -2.0f + 4.0f * st_rng_uniform(r);
+        float scale = 0.5f + 1.5f * st_rng_uniform(r);
+        for (int64_t b = 0; b < B; b++) {
+            float *xc = x + (b * C + ch) * P;
+            fill_uniform(r, xc, (size_t)P, -1.0f, 1.0f);
+            if (b == 0) {
+                xc[0] = -1.0f;
+                xc[P > 1 ? 1 : 0] = 1.0f;
+            }
+            for (int64_t i = 0; i < P; i++)
+                xc[i] = off + scale * xc[i];
+        }
+    }
+}
+
+static void bn_setup(bn_case *c, int64_t B, int64_t C, int64_t H, int64_t W, int fuse,
+                     st_layout layout, uint64_t seed)
+{
+    memset(c, 0, sizeof *c);
+    c->B = B; c->C = C; c->H = H; c->W = W; c->fuse = fuse; c->layout = layout;
+    c->n = (size_t)(B * C * H * W);
+    env_init(&c->e, seed);
+    env *e = &c->e;
+    c->x = env_floats(e, c->n);  // x, y, dx, dy, R are (B, C, H, W)
+    c->y = env_floats(e, c->n);
+    c->dx = env_floats(e, c->n);
+    c->dy = env_floats(e, c->n);
+    c->R = env_floats(e, c->n);
+    c->gamma = env_floats(e, (size_t)C);  // the rest are (C)
+    c->beta = env_floats(e, (size_t)C);
+    c->mean = env_floats(e, (size_t)C);
+    c->var = env_floats(e, (size_t)C);
+    c->rmean = env_floats(e, (size_t)C);
+    c->rvar = env_floats(e, (size_t)C);
+    c->dgamma = env_floats(e, (size_t)C);
+    c->dbeta = env_floats(e, (size_t)C);
+    bn_fill_x(&e->rng, c->x, B, C, H * W);
+    fill_uniform(&e->rng, c->gamma, (size_t)C, 0.5f, 1.5f);
+    fill_uniform(&e->rng, c->beta, (size_t)C, -0.5f, 0.5f);
+    fill_uniform(&e->rng, c->rmean, (size_t)C, -1.0f, 1.0f);
+    fill_uniform(&e->rng, c->rvar, (size_t)C, 0.5f, 2.0f);
+    fill_uniform(&e->rng, c->R, c->n, -1.0f, 1.0f);
+    st_batchnorm_io io = {
+        .x = c->x, .y = c->y, .gamma = c->gamma, .beta = c->beta, .mean = c->mean,
+        .var = c->var, .running_mean = c->rmean, .running_var = c->rvar, .dx = c->dx,
+        .dy = c->dy, .dgamma = c->dgamma, .dbeta = c->dbeta, .fuse_relu = fuse,
+        .layout = layout,
+    };
+    OK(st_batchnorm_build(&e->ctx, &c->bn, B, C, H, W, &io));
+    OK(st_nn_ctx_finalize(&e->ctx));
+    cr_assert(c->bn.layout == ST_LAYOUT_PLAIN || c->bn.layout == ST_LAYOUT_BLOCKED);
+    if (layout != ST_LAYOUT_DEFAULT)
+        cr_assert_eq(c->bn.layout, layout);
+    /* the blocked path really reorders (the plain one does not) */
+    cr_assert_eq(st_pass_reorders(&c->bn.fwd_train) > 0, c->bn.layout == ST_LAYOUT_BLOCKED);
+}
+
+static void bn_tag(char *tag, size_t n, const bn_case *c)
+{
+    snprintf(tag, n, "%lldx%lldx%lldx%lld %s%s", (long long)c->B, (long long)c->C,
+             (long long)c->H, (long long)c->W, layout_name(c->bn.layout),
+             c->fuse ? " +relu" : "");
+}
+
+/* Training forward (y, mean, var) and backward (dx, dgamma, dbeta) in
+ * double, per channel over its N = B H W values:
+ *   xhat = (x - mu) / s, s = sqrt(var + eps), z = gamma xhat + beta,
+ *   y = z (fused: max(z, 0), and dy is cut where z <= 0: g = dy [z > 0]);
+ *   dbeta = sum g, dgamma = sum g xhat,
+ *   dx = gamma / s (g - dbeta / N - xhat dgamma / N).
+ * Also the running update the forward made from rm0, rv0 (momentum 0.1,
+ * unbiased variance). */
+static void bn_reference(const bn_case *c, const float *rm0, const float *rv0)
+{
+    const int64_t B = c->B, C = c->C, P = c->H * c->W;
+    const double N = (double)(B * P), eps = ST_BATCHNORM_EPS;
+    double *y = dalloc(c->n), *ym = dalloc(c->n), *dx = dalloc(c->n), *dxm = dalloc(c->n);
+    double *mu = dalloc((size_t)C), *var = dalloc((size_t)C), *sm = dalloc((size_t)C);
+    double *vm = dalloc((size_t)C), *dg = dalloc((size_t)C), *dgm = dalloc((size_t)C);
+    double *db = dalloc((size_t)C), *dbm = dalloc((size_t)C);
+    double *rm = dalloc((size_t)C), *rmm = dalloc((size_t)C), *rv = dalloc((size_t)C);
+    double *rvm = dalloc((size_t)C);
+#define XAT(b, ch, i) ((b) * C * P + (ch) * P + (i))
+    for (int64_t ch = 0; ch < C; ch++) {
+        double m = 0, v = 0, sabs = 0;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < P; i++) {
+                m += c->x[XAT(b, ch, i)];
+                sabs += fabs(c->x[XAT(b, ch, i)]);
+            }
+        m /= N;
+        sabs /= N;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < P; i++)
+                v += (c->x[XAT(b, ch, i)] - m) * (c->x[XAT(b, ch, i)] - m);
+        v /= N;
+        mu[ch] = m;
+        var[ch] = v;
+        sm[ch] = sabs;
+        vm[ch] = v + 0.1 * sabs * sabs; /* var's own rounding + the mean's */
+        const double s = sqrt(v + eps), gam = c->gamma[ch];
+        double sg = 0, sgx = 0, sgm = 0;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < P; i++) {
+                size_t k = (size_t)XAT(b, ch, i);
+                double xh = (c->x[k] - m) / s, z = gam * xh + c->beta[ch];
+                int on = !c->fuse || z > 0;
+                y[k] = on ? z : 0.0;
+                ym[k] = (fabs(c->x[k]) + sabs) / s * fabs(gam) + fabs(c->beta[ch]);
+                double g = on ? c->dy[k] : 0.0;
+                sg += g;
+                sgx += g * xh;
+                sgm += fabs(g) * (1 + fabs(xh));
+                dgm[ch] += fabs(g * xh) + fabs(g) * sabs / s;
+                dbm[ch] += fabs(g);
+            }
+        db[ch] = sg;
+        dg[ch] = sgx;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < P; i++) {
+                size_t k = (size_t)XAT(b, ch, i);
+                double xh = (c->x[k] - m) / s, z = gam * xh + c->beta[ch];
+                double g = (!c->fuse || z > 0) ? c->dy[k] : 0.0;
+                dx[k] = gam / s * (g - sg / N - xh * sgx / N);
+                dxm[k] = fabs(gam) / s * (fabs(g) + sgm / N + fabs(g) * sabs / s);
+            }
+        rm[ch] = 0.9 * rm0[ch] + 0.1 * m;
+        rmm[ch] = 0.9 * fabs(rm0[ch]) + 0.1 * sabs;
+        rv[ch] = 0.9 * rv0[ch] + 0.1 * v * N / (N - 1);
+        rvm[ch] = 0.9 * fabs(rv0[ch]) + 0.1 * vm[ch] * N / (N - 1);
+    }
+#undef XAT
+    char tag[64], what[96];
+    bn_tag(tag, sizeof tag, c);
+    snprintf(what, sizeof what, "batchnorm %s y", tag);
+    compare_ref(what, c->y, y, ym, c->n, REF_RTOL);
+    snprintf(what, sizeof what, "batchnorm %s mean", tag);
+    compare_ref(what, c->mean, mu, sm, (size_t)C, REF_RTOL);
+    snprintf(what, sizeof what, "batchnorm %s var", tag);
+    compare_ref(what, c->var, var, vm, (size_t)C, REF_RTOL);
+    snprintf(what, sizeof what, "batchnorm %s running mean", tag);
+    compare_ref(what, c->rmean, rm, rmm, (size_t)C, REF_RTOL);
+    snprintf(what, sizeof what, "batchnorm %s running var", tag);
+    compare_ref(what, c->rvar, rv, rvm, (size_t)C, REF_RTOL);
+    snprintf(what, sizeof what, "batchnorm %s dx", tag);
+    compare_ref(what, c->dx, dx, dxm, c->n, REF_RTOL);
+    snprintf(what, sizeof what, "batchnorm %s dgamma", tag);
+    compare_ref(what, c->dgamma, dg, dgm, (size_t)C, REF_RTOL);
+    snprintf(what, sizeof what, "batchnorm %s dbeta", tag);
+    compare_ref(what, c->dbeta, db, dbm, (size_t)C, REF_RTOL);
+    free(y); free(ym); free(dx); free(dxm); free(mu); free(var); free(sm); free(vm);
+    free(dg); free(dgm); free(db); free(dbm); free(rm); free(rmm); free(rv); free(rvm);
+}
+
+/* One training step against the reference (the running update included),
+ * then, unfused, finite differences w.r.t. x, gamma and beta. */
+static void check_batchnorm(int64_t B, int64_t C, int64_t H, int64_t W, int fuse,
+                            st_layout layout, size_t max_coords, uint64_t seed)
+{
+    bn_case c;
+    bn_setup(&c, B, C, H, W, fuse, layout, seed);
+    float *rm0 = malloc((size_t)C * sizeof *rm0), *rv0 = malloc((size_t)C * sizeof *rv0);
+    cr_assert(rm0 && rv0);
+    memcpy(rm0, c.rmean, (size_t)C * sizeof *rm0);
+    memcpy(rv0, c.rvar, (size_t)C * sizeof *rv0);
+    OK(st_batchnorm_forward(&c.e.ctx, &c.bn, 1));
+    memcpy(c.dy, c.R, c.n * sizeof *c.dy);
+    OK(st_batchnorm_backward(&c.e.ctx, &c.bn));
+    bn_reference(&c, rm0, rv0);
+    free(rm0);
+    free(rv0);
+    if (!fuse && max_coords > 0) {
+        char tag[64], what[96];
+        bn_tag(tag, sizeof tag, &c);
+        snprintf(what, sizeof what, "batchnorm %s dx", tag);
+        check_param(what, bn_objective, &c, c.x, c.dx, c.n, max_coords, TOL_BATCHNORM, &c.e.rng);
+        snprintf(what, sizeof what, "batchnorm %s dgamma", tag);
+        check_param(what, bn_objective, &c, c.gamma, c.dgamma, (size_t)C, max_coords,
+                    TOL_BATCHNORM, &c.e.rng);
+        snprintf(what, sizeof what, "batchnorm %s dbeta", tag);
+        check_param(what, bn_objective, &c, c.beta, c.dbeta, (size_t)C, max_coords,
+                    TOL_BATCHNORM, &c.e.rng);
+    }
+    env_destroy(&c.e);
+}
+
+Test(batchnorm, training_small_every_coordinate)
+{
+    omp_set_num_threads(1);
+    for (int l = 0; l < 2; l++) {
+        st_layout layout = l ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN;
+        check_batchnorm(3, 4, 5, 5, 0, layout, SIZE_MAX, 141);
+        check_batchnorm(2, 5, 3, 7, 0, layout, SIZE_MAX, 142);
+        check_batchnorm(4, 3, 1, 1, 0, layout, SIZE_MAX, 143); /* after global pooling: N = B */
+    }
+}
+
+Test(batchnorm, training_larger_random_subset)
+{
+    omp_set_num_threads(1);
+    check_batchnorm(8, 16, 7, 7, 0, ST_LAYOUT_DEFAULT, LARGE_SUBSET, 144);
+    check_batchnorm(4, 17, 6, 6, 0, ST_LAYOUT_DEFAULT, LARGE_SUBSET, 145);
+    check_batchnorm(4, 17, 6, 6, 0, ST_LAYOUT_PLAIN, 0, 145);
+    check_batchnorm(8, 16, 7, 7, 0, ST_LAYOUT_PLAIN, 0, 144);
+}
+
+/* With the ReLU fused: y = max(bn(x), 0), and dy cut where it was. */
+Test(batchnorm, fused_relu_reference)
+{
+    omp_set_num_threads(1);
+    for (int l = 0; l < 2; l++) {
+        st_layout layout = l ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN;
+        check_batchnorm(3, 4, 5, 5, 1, layout, 0, 146);
+        check_batchnorm(8, 17, 7, 7, 1, layout, 0, 147);
+    }
+}
+
+/* Inference: y from the running statistics, which are left bitwise as
+ * they were; then two training steps on different batches, the running
+ * statistics following PyTorch's recurrence (checked step by step in
+ * bn_reference), and inference again with the updated ones. */
+static void check_bn_inference(const bn_case *c, const char *when)
+{
+    const int64_t C = c->C, P = c->H * c->W;
+    double *y = dalloc(c->n), *ym = dalloc(c->n);
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t ch = 0; ch < C; ch++) {
+            double s = sqrt((double)c->rvar[ch] + ST_BATCHNORM_EPS);
+            for (int64_t i = 0; i < P; i++) {
+                size_t k = (size_t)((b * C + ch) * P + i);
+                double z = c->gamma[ch] * ((double)c->x[k] - c->rmean[ch]) / s + c->beta[ch];
+                y[k] = c->fuse && z < 0 ? 0.0 : z;
+                ym[k] = fabs(c->gamma[ch]) * (fabs(c->x[k]) + fabs(c->rmean[ch])) / s +
+                        fabs(c->beta[ch]);
+            }
+        }
+    char tag[64], what[128];
+    bn_tag(tag, sizeof tag, c);
+    snprintf(what, sizeof what, "batchnorm %s inference %s", tag, when);
+    compare_ref(what, c->y, y, ym, c->n, REF_RTOL);
+    free(y);
+    free(ym);
+}
+
+static void check_bn_modes(int64_t B, int64_t C, int64_t H, int64_t W, int fuse,
+                           st_layout layout, uint64_t seed)
+{
+    bn_case c;
+    bn_setup(&c, B, C, H, W, fuse, layout, seed);
+    const size_t cb = (size_t)C * sizeof(float);
+    float *rm0 = malloc(cb), *rv0 = malloc(cb);
+    cr_assert(rm0 && rv0);
+    memcpy(rm0, c.rmean, cb);
+    memcpy(rv0, c.rvar, cb);
+    OK(st_batchnorm_forward(&c.e.ctx, &c.bn, 0));
+    cr_expect(!memcmp(rm0, c.rmean, cb) && !memcmp(rv0, c.rvar, cb),
+              "an inference forward changed the running statistics");
+    check_bn_inference(&c, "(initial statistics)");
+    for (int step = 0; step < 2; step++) {
+        if (step)
+            bn_fill_x(&c.e.rng, c.x, B, C, H * W);  /* another batch */
+        memcpy(rm0, c.rmean, cb);
+        memcpy(rv0, c.rvar, cb);
+        OK(st_batchnorm_forward(&c.e.ctx, &c.bn, 1));
+        memcpy(c.dy, c.R, c.n * sizeof *c.dy);
+        OK(st_batchnorm_backward(&c.e.ctx, &c.bn));
+        bn_reference(&c, rm0, rv0);
+    }
+    memcpy(rm0, c.rmean, cb);
+    memcpy(rv0, c.rvar, cb);
+    OK(st_batchnorm_forward(&c.e.ctx, &c.bn, 0));
+    cr_expect(!memcmp(rm0, c.rmean, cb) && !memcmp(rv0, c.rvar, cb));
+    check_bn_inference(&c, "(after two steps)");
+    free(rm0);
+    free(rv0);
+    env_destroy(&c.e);
+}
+
+Test(batchnorm, inference_and_running_statistics)
+{
+    omp_set_num_threads(1);
+    for (int l = 0; l < 2; l++) {
+        st_layout layout = l ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN;
+        check_bn_modes(3, 4, 5, 5, 0, layout, 151);
+        check_bn_modes(2, 17, 6, 6, 1, layout, 152);
+    }
+}
+
+Test(batchnorm, rejects_single_value_training)
+{
+    omp_set_num_threads(1);
+    bn_case c;
+    bn_setup(&c, 1, 3, 1, 1, 0, ST_LAYOUT_DEFAULT, 153);
+    OK(st_batchnorm_forward(&c.e.ctx, &c.bn, 0));   /* inference is fine */
+    st_clear_error();
+    cr_expect_eq(st_batchnorm_forward(&c.e.ctx, &c.bn, 1), ST_ERR_INVALID);
+    cr_expect_neq(st_last_error()[0], '\0');
+    env_destroy(&c.e);
+}
+
+/* The blocked path (reorders around oneDNN's JIT kernels) computes what
+ * the plain one does, up to rounding: training forward, backward, running
+ * statistics and inference, fused or not. */
+Test(batchnorm, blocked_equals_plain)
+{
+    omp_set_num_threads(1);
+    const int64_t shapes[][4] = { { 4, 16, 7, 7 }, { 3, 17, 5, 6 }, { 2, 5, 3, 3 } };
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+        for (int fuse = 0; fuse < 2; fuse++) {
+            const int64_t *d = shapes[k];
+            bn_case p, b;
+            bn_setup(&p, d[0], d[1], d[2], d[3], fuse, ST_LAYOUT_PLAIN, 160 + k);
+            bn_setup(&b, d[0], d[1], d[2], d[3], fuse, ST_LAYOUT_BLOCKED, 160 + k);
+            const size_t C = (size_t)d[1];
+            double *mag = dalloc(p.n), *cmag = dalloc(C), *nmag = dalloc(p.n);
+            for (int mode = 0; mode < 2; mode++) {
+                bn_case *cs[2] = { &p, &b };
+                for (int i = 0; i < 2; i++) {
+                    OK(st_batchnorm_forward(&cs[i]->e.ctx, &cs[i]->bn, mode == 0));
+                    memcpy(cs[i]->dy, cs[i]->R, p.n * sizeof(float));
+                    if (mode == 0)
+                        OK(st_batchnorm_backward(&cs[i]->e.ctx, &cs[i]->bn));
+                }
+                /* |blocked - plain| <= 2e-5 (1 + |plain|): the outputs and
+                 * statistics are O(1) here, rounded at ~ 1e-7 */
+                for (size_t i = 0; i < p.n; i++) {
+                    mag[i] = 1.0 + fabs(p.y[i]);
+                    nmag[i] = 1.0 + fabs(p.dx[i]);
+                }
+                char tag[64], what[128];
+                bn_tag(tag, sizeof tag, &p);
+                snprintf(what, sizeof what, "batchnorm blocked vs %s %s y", tag,
+                         mode ? "inference" : "training");
+                compare_floats(what, b.y, p.y, mag, p.n, 2 * REF_RTOL);
+                if (mode == 0) {
+                    snprintf(what, sizeof what, "batchnorm blocked vs %s dx", tag);
+                    compare_floats(what, b.dx, p.dx, nmag, p.n, 2 * REF_RTOL);
+                    snprintf(what, sizeof what, "batchnorm blocked vs %s mean", tag);
+                    for (size_t ch = 0; ch < C; ch++)
+                        cmag[ch] = 1.0 + fabs(p.mean[ch]);
+                    compare_floats(what, b.mean, p.mean, cmag, C, 2 * REF_RTOL);
+                    snprintf(what, sizeof what, "batchnorm blocked vs %s var", tag);
+                    for (size_t ch = 0; ch < C; ch++)
+                        cmag[ch] = 1.0 + fabs(p.var[ch]);
+                    compare_floats(what, b.var, p.var, cmag, C, 2 * REF_RTOL);
+                    snprintf(what, sizeof what, "batchnorm blocked vs %s dgamma", tag);
+                    for (size_t ch = 0; ch < C; ch++)
+                        cmag[ch] = 1.0 + fabs(p.dgamma[ch]);
+                    compare_floats(what, b.dgamma, p.dgamma, cmag, C, 2 * REF_RTOL);
+                    snprintf(what, sizeof what, "batchnorm blocked vs %s dbeta", tag);
+                    for (size_t ch = 0; ch < C; ch++)
+                        cmag[ch] = 1.0 + fabs(p.dbeta[ch]);
+                    compare_floats(what, b.dbeta, p.dbeta, cmag, C, 2 * REF_RTOL);
+                    snprintf(what, sizeof what, "batchnorm blocked vs %s running var", tag);
+                    for (size_t ch = 0; ch < C; ch++)
+                        cmag[ch] = 1.0 + fabs(p.rvar[ch]);
+                    compare_floats(what, b.rvar, p.rvar, cmag, C, 2 * REF_RTOL);
+                }
+            }
+            free(mag);
+            free(cmag);
+            free(nmag);
+            env_destroy(&p.e);
+            env_destroy(&b.e);
+        }
+}
+
+/* ------------------------------------------------------------ layers sharing a context */
+
+/* A conv -> batch norm -> conv chain built in one context shares the
+ * context's buffers for blocked copies that live within a pass (st_view's
+ * slots); run forward through the chain and backward through it reversed,
+ * every output must be bitwise what the same layer computes alone, in a
+ * context of its own, from the same inputs (single-threaded oneDNN is
+ * deterministic). */
+typedef struct chain_bufs {
+    float *x0, *y1, *y2, *y3, *dx0, *dy1, *dy2, *dy3;
+    float *w1, *b1, *dw1, *db1, *w3, *dw3;
+    float *gamma, *beta, *mean, *var, *rm, *rv, *dgamma, *dbeta;
+} chain_bufs;
+
+Test(cnn_layers, layers_sharing_a_context_equal_layers_alone)
+{
+    omp_set_num_threads(1);
+    /* conv3 (s2 -> 5x5) has the largest blocked copies, built last: the
+     * shared buffers must grow to them */
+    const int64_t B = 3, C0 = 5, C1 = 16, C3 = 64, H = 9;
+    const st_conv_shape s1 = { B, C0, H, H, C1, 3, 3, 1, 1 };
+    const st_conv_shape s3 = { B, C1, H, H, C3, 3, 3, 2, 1 };
+    const size_t n0 = (size_t)(B * C0 * H * H), n1 = (size_t)(B * C1 * H * H);
+    const size_t n3 = (size_t)(B * C3 * 5 * 5), nw1 = (size_t)(C1 * C0 * 9);
+    const size_t nw3 = (size_t)(C3 * C1 * 9);
+    env e;
+    env_init(&e, 171);
+    chain_bufs c;
+    float **all[] = { &c.x0, &c.y1, &c.y2, &c.y3, &c.dx0, &c.dy1, &c.dy2, &c.dy3, &c.w1,
+                      &c.b1, &c.dw1, &c.db1, &c.w3, &c.dw3, &c.gamma, &c.beta, &c.mean,
+                      &c.var, &c.rm, &c.rv, &c.dgamma, &c.dbeta };
+    const size_t size[] = { n0, n1, n1, n3, n0, n1, n1, n3, nw1, (size_t)C1, nw1, (size_t)C1,
+                            nw3, nw3, 16, 16, 16, 16, 16, 16, 16, 16 };
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+        *all[k] = env_floats(&e, size[k]);
+    fill_uniform(&e.rng, c.x0, n0, -1, 1);
+    fill_uniform(&e.rng, c.dy3, n3, -1, 1);
+    fill_uniform(&e.rng, c.w1, nw1, -0.3f, 0.3f);
+    fill_uniform(&e.rng, c.b1, (size_t)C1, -0.3f, 0.3f);
+    fill_uniform(&e.rng, c.w3, nw3, -0.1f, 0.1f);
+    fill_uniform(&e.rng, c.gamma, 16, 0.5f, 1.5f);
+    fill_uniform(&e.rng, c.beta, 16, -0.5f, 0.5f);
+    fill_uniform(&e.rng, c.rv, 16, 0.5f, 1.5f);
+
+    st_conv conv1, conv3;
+    st_batchnorm bn;
+    st_conv_io io1 = { .x = c.x0, .y = c.y1, .w = c.w1, .b = c.b1, .dx = c.dx0, .dy = c.dy1,
+                       .dw = c.dw1, .db = c.db1, .layout = ST_LAYOUT_BLOCKED };
+    st_batchnorm_io bio = { .x = c.y1, .y = c.y2, .gamma = c.gamma, .beta = c.beta,
+                            .mean = c.mean, .var = c.var, .running_mean = c.rm,
+                            .running_var = c.rv, .dx = c.dy1, .dy = c.dy2, .dgamma = c.dgamma,
+                            .dbeta = c.dbeta, .fuse_relu = 1, .layout = ST_LAYOUT_BLOCKED };
+    st_conv_io io3 = { .x = c.y2, .y = c.y3, .w = c.w3, .dx = c.dy2, .dy = c.dy3, .dw = c.dw3,
+                       .layout = ST_LAYOUT_BLOCKED };
+    OK(st_conv_build(&e.ctx, &conv1, &s1, &io1));
+    OK(st_batchnorm_build(&e.ctx, &bn, B, C1, H, H, &bio));
+    OK(st_conv_build(&e.ctx, &conv3, &s3, &io3));
+    OK(st_nn_ctx_finalize(&e.ctx));
+    cr_assert(e.ctx.slot_bytes[ST_SLOT_OUT] > 0 && e.ctx.slot_bytes[ST_SLOT_IN] > 0,
+              "the chain shares no slot: nothing is tested");
+    /* every copy fits its slot, and has it as its buffer */
+    for (int i = 0; i < e.ctx.n_slot_mems; i++) {
+        const dnnl_memory_desc_t *md;
+        void *h;
+        const int k = e.ctx.slot_mems[i].slot;
+        cr_assert_eq(dnnl_memory_get_memory_desc(e.ctx.slot_mems[i].mem, &md), dnnl_success);
+        cr_assert_eq(dnnl_memory_get_data_handle(e.ctx.slot_mems[i].mem, &h), dnnl_success);
+        cr_expect(dnnl_memory_desc_get_size(md) <= e.ctx.slot_have[k],
+                  "copy %d (%zu bytes) does not fit slot %d (%zu bytes)", i,
+                  dnnl_memory_desc_get_size(md), k, e.ctx.slot_have[k]);
+        cr_expect(h == e.ctx.slot[k] && h != NULL, "copy %d is not in slot %d", i, k);
+    }
+    OK(st_conv_forward(&e.ctx, &conv1));
+    OK(st_batchnorm_forward(&e.ctx, &bn, 1));
+    OK(st_conv_forward(&e.ctx, &conv3));
+    OK(st_conv_backward(&e.ctx, &conv3));
+    OK(st_batchnorm_backward(&e.ctx, &bn));
+    OK(st_conv_backward(&e.ctx, &conv1));
+
+    /* Each layer alone, from copies of its inputs in the chain. */
+    for (int layer = 0; layer < 3; layer++) {
+        env a;
+        env_init(&a, 172);
+        chain_bufs d;
+        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
+            float **dk = (float **)((char *)&d + ((char *)all[k] - (char *)&c));
+            *dk = env_floats(&a, size[k]);
+            memcpy(*dk, *all[k], size[k] * sizeof(float));
+        }
+        /* the alone layer's outputs start from garbage, not the chain's */
+        float *outs[3][4] = { { d.y1, d.dx0, d.dw1, d.db1 }, { d.y2, d.dy1, d.dgamma, d.dbeta },
+                              { d.y3, d.dy2, d.dw3, NULL } };
+        const size_t on[3][4] = { { n1, n0, nw1, (size_t)C1 }, { n1, n1, 16, 16 },
+                                  { n3, n1, nw3, 0 } };
+        for (int k = 0; k < 4; k++)
+            for (size_t i = 0; i < on[layer][k]; i++)
+                outs[layer][k][i] = 7.0f;
+        st_conv one;
+        st_batchnorm bone;
+        if (layer == 1) {   /* (its running statistics are not compared) */
+            st_batchnorm_io b2 = bio;
+            b2.x = d.y1; b2.y = d.y2; b2.gamma = d.gamma; b2.beta = d.beta; b2.mean = d.mean;
+            b2.var = d.var; b2.running_mean = d.rm; b2.running_var = d.rv; b2.dx = d.dy1;
+            b2.dy = d.dy2; b2.dgamma = d.dgamma; b2.dbeta = d.dbeta;
+            OK(st_batchnorm_build(&a.ctx, &bone, B, C1, H, H, &b2));
+        } else if (layer == 0) {
+            st_conv_io i1 = { .x = d.x0, .y = d.y1, .w = d.w1, .b = d.b1, .dx = d.dx0,
+                              .dy = d.dy1, .dw = d.dw1, .db = d.db1, .layout = ST_LAYOUT_BLOCKED };
+            OK(st_conv_build(&a.ctx, &one, &s1, &i1));
+        } else {
+            st_conv_io i3 = { .x = d.y2, .y = d.y3, .w = d.w3, .dx = d.dy2, .dy = d.dy3,
+                              .dw = d.dw3, .layout = ST_LAYOUT_BLOCKED };
+            OK(st_conv_build(&a.ctx, &one, &s3, &i3));
+        }
+        OK(st_nn_ctx_finalize(&a.ctx));
+        if (layer == 1) {
+            OK(st_batchnorm_forward(&a.ctx, &bone, 1));
+            OK(st_batchnorm_backward(&a.ctx, &bone));
+        } else {
+            OK(st_conv_forward(&a.ctx, &one));
+            OK(st_conv_backward(&a.ctx, &one));
+        }
+        const float *chain[3][4] = { { c.y1, c.dx0, c.dw1, c.db1 },
+                                     { c.y2, c.dy1, c.dgamma, c.dbeta },
+                                     { c.y3, c.dy2, c.dw3, NULL } };
+        static const char *names[3][4] = { { "conv1 y", "conv1 dx", "conv1 dw", "conv1 db" },
+                                           { "bn y", "bn dx", "bn dgamma", "bn dbeta" },
+                                           { "conv2 y", "conv2 dx", "conv2 dw", "" } };
+        for (int k = 0; k < 4; k++) {
+            if (!on[layer][k])
+                continue;
+            size_t bad = 0;
+            for (size_t i = 0; i < on[layer][k]; i++)
+                bad += memcmp(&chain[layer][k][i], &outs[layer][k][i], sizeof(float)) != 0;
+            cr_expect_eq(bad, 0, "%s: %zu of %zu entries differ from the layer alone",
+                         names[layer][k], bad, on[layer][k]);
+            fprintf(stderr, "[chain] %-10s in a shared context vs alone: %zu of %zu differ\n",
+                    names[layer][k], bad, on[layer][k]);
+        }
+        env_destroy(&a);
+    }
+    env_destroy(&e);
+}
+
+/* ------------------------------------------------------------ ReLU on activations */
+
+/* The activation layer reads a (B, C, H, W) tensor as the (B, C H W)
+ * matrix it is in memory: ReLU is elementwise, so that is all a CNN needs. */
+Test(activation, relu_on_an_nchw_tensor)
+{
+    omp_set_num_threads(1);
+    check_act(ST_ACT_RELU, 4, 16 * 7 * 7, LARGE_SUBSET, 27);
+    check_act(ST_ACT_RELU, 3, 5 * 3 * 3, SIZE_MAX, 28);
+}
+
+/* ------------------------------------------------------------ hot path */
+
+/* Counts heap calls on the armed thread (heapwatch.h interposes the malloc
+ * family for the whole test program and forwards to the C library's);
+ * calls made while oneDNN executes a primitive are counted apart: its C API
+ * builds an argument map per execution, outside subtrain's control. */
+static _Thread_local int armed;
+static _Thread_local long own_calls, dnnl_calls, executes;
+
+static void heapwatch_heap_call(int inside_onednn)
+{
+    if (armed) {
+        if (inside_onednn)
+            dnnl_calls++;
+        else
+            own_calls++;
+    }
+}
+
+static void heapwatch_execute(void)
+{
+    executes += armed;
+}
+
+#include "heapwatch.h"
+
+/* Every CNN layer, every pass, both layouts: once built, a forward or
+ * backward is primitive executions (and batch norm's running update) and
+ * no heap call of subtrain's.  No Criterion call while armed (its
+ * assertions may allocate). */
+Test(cnn_layers, forward_and_backward_make_no_heap_call)
+{
+    omp_set_num_threads(1);
+    env e;
+    env_init(&e, 161);
+    const int64_t B = 4, C = 16, H = 8, W = 8;
+    const size_t n = (size_t)(B * C * H * W);
+    float *x = env_floats(&e, n), *y = env_floats(&e, n), *y2 = env_floats(&e, n);
+    float *dx = env_floats(&e, n), *dy = env_floats(&e, n), *w = env_floats(&e, 16 * 16 * 9);
+    float *b = env_floats(&e, 16), *dw = env_floats(&e, 16 * 16 * 9), *db = env_floats(&e, 16);
+    float *pooled = env_floats(&e, n / 4), *dpooled = env_floats(&e, n / 4);
+    float *g = env_floats(&e, (size_t)(B * C)), *dg = env_floats(&e, (size_t)(B * C));
+    float *gamma = env_floats(&e, 16), *beta = env_floats(&e, 16), *mean = env_floats(&e, 16);
+    float *var = env_floats(&e, 16), *rm = env_floats(&e, 16), *rv = env_floats(&e, 16);
+    float *dgamma = env_floats(&e, 16), *dbeta = env_floats(&e, 16);
+    fill_uniform(&e.rng, x, n, -1, 1);
+    fill_uniform(&e.rng, dy, n, -1, 1);
+    fill_uniform(&e.rng, w, 16 * 16 * 9, -0.1f, 0.1f);
+    fill_uniform(&e.rng, gamma, 16, 0.5f, 1.5f);
+    fill_uniform(&e.rng, rv, 16, 0.5f, 1.5f);
+    fill_uniform(&e.rng, dpooled, n / 4, -1, 1);
+    fill_uniform(&e.rng, dg, (size_t)(B * C), -1, 1);
+
+    const st_conv_shape s = { B, C, H, W, C, 3, 3, 1, 1 };
+    st_conv cb, cp, cfirst;
+    st_conv_io io = { .x = x, .y = y, .w = w, .b = b, .dx = dx, .dy = dy, .dw = dw, .db = db,
+                      .layout = ST_LAYOUT_BLOCKED };
+    OK(st_conv_build(&e.ctx, &cb, &s, &io));
+    io.layout = ST_LAYOUT_PLAIN;
+    OK(st_conv_build(&e.ctx, &cp, &s, &io));
+    io.layout = ST_LAYOUT_DEFAULT;
+    io.dx = NULL;
+    io.b = io.db = NULL;
+    OK(st_conv_build(&e.ctx, &cfirst, &s, &io));
+    st_pool mp, gap;
+    st_pool_io pio = { .x = x, .y = pooled, .dx = dx, .dy = dpooled };
+    OK(st_maxpool_build(&e.ctx, &mp, B, C, H, W, 3, 2, 1, &pio));
+    st_pool_io gio = { .x = x, .y = g, .dx = dx, .dy = dg };
+    OK(st_global_avgpool_build(&e.ctx, &gap, B, C, H, W, &gio));
+    st_batchnorm bn, bnr, bnp;
+    st_batchnorm_io bio = { .x = x, .y = y2, .gamma = gamma, .beta = beta, .mean = mean,
+                            .var = var, .running_mean = rm, .running_var = rv, .dx = dx,
+                            .dy = dy, .dgamma = dgamma, .dbeta = dbeta };
+    OK(st_batchnorm_build(&e.ctx, &bn, B, C, H, W, &bio));
+    bio.fuse_relu = 1;
+    OK(st_batchnorm_build(&e.ctx, &bnr, B, C, H, W, &bio));
+    bio.layout = ST_LAYOUT_PLAIN;
+    OK(st_batchnorm_build(&e.ctx, &bnp, B, C, H, W, &bio));
+    OK(st_nn_ctx_finalize(&e.ctx));
+
+    st_status st = ST_OK;
+    for (int round = 0; round < 4; round++) {
+        armed = round >= 1; /* the first round lets oneDNN set up its per-thread state */
+        const st_conv *convs[3] = { &cb, &cp, &cfirst };
+        for (int k = 0; k < 3 && st == ST_OK; k++) {
+            st = st_conv_forward(&e.ctx, convs[k]);
+            if (st == ST_OK)
+                st = st_conv_backward(&e.ctx, convs[k]);
+        }
+        const st_pool *pools[2] = { &mp, &gap };
+        for (int k = 0; k < 2 && st == ST_OK; k++) {
+            st = st_pool_forward(&e.ctx, pools[k]);
+            if (st == ST_OK)
+                st = st_pool_backward(&e.ctx, pools[k]);
+        }
+        const st_batchnorm *bns[3] = { &bn, &bnr, &bnp };
+        for (int k = 0; k < 3 && st == ST_OK; k++) {
+            st = st_batchnorm_forward(&e.ctx, bns[k], 1);
+            if (st == ST_OK)
+                st = st_batchnorm_backward(&e.ctx, bns[k]);
+            if (st == ST_OK)
+                st = st_batchnorm_forward(&e.ctx, bns[k], 0);
+        }
+        armed = 0;
+    }
+    cr_assert_eq(st, ST_OK, "%s", st_last_error());
+    cr_assert_gt(executes, 0, "the interposer saw the primitives run");
+    cr_expect_eq(own_calls, 0, "3 rounds of every CNN layer: subtrain called the heap %ld times",
+                 own_calls);
+    cr_log_info("oneDNN: %ld heap calls in %ld primitive executions", dnnl_calls, executes);
+    cr_expect_leq(dnnl_calls, executes * (ST_PRIM_MAX_ARGS + 2),
+                  "oneDNN allocated more than its argument maps explain");
+    fprintf(stderr, "[heap] CNN layers, 3 rounds: subtrain %ld heap calls; oneDNN %ld in %ld "
+            "executions\n", own_calls, dnnl_calls, executes);
     env_destroy(&e);
 }

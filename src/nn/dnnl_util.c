@@ -58,6 +58,16 @@ st_status st_nn_ctx_init(st_nn_ctx *ctx, st_arena *arena)
 
 st_status st_nn_ctx_finalize(st_nn_ctx *ctx)
 {
+    for (int k = 0; k < ST_NN_SLOTS; k++)
+        if (ctx->slot_bytes[k] > ctx->slot_have[k]) {
+            ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WORKSPACE, ctx->slot_bytes[k],
+                                  &ctx->slot[k]));
+            ctx->slot_have[k] = ctx->slot_bytes[k];
+        }
+    for (int i = 0; i < ctx->n_slot_mems; i++)
+        ST_DNNL(dnnl_memory_set_data_handle(ctx->slot_mems[i].mem,
+                                            ctx->slot[ctx->slot_mems[i].slot]),
+                "attaching a shared buffer of blocked copies");
     if (ctx->scratchpad_bytes > 0 && !ctx->scratchpad)
         ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WORKSPACE, ctx->scratchpad_bytes,
                               &ctx->scratchpad));
@@ -91,6 +101,7 @@ void st_nn_ctx_destroy(st_nn_ctx *ctx)
         dnnl_memory_destroy(ctx->mems[i]);
     free(ctx->prims);
     free(ctx->mems);
+    free(ctx->slot_mems);
     if (ctx->attr)
         dnnl_primitive_attr_destroy(ctx->attr);
     if (ctx->stream)
@@ -280,4 +291,105 @@ st_status st_mem_vector(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t n, const flo
     dnnl_memory_desc_t md;
     st_md_vector(&md, n);
     return track_memory(ctx, out, &md, data);
+}
+
+/* ------------------------------------------------------------ layouts */
+
+st_status st_pass_run(const st_nn_ctx *ctx, const st_pass *p)
+{
+    for (int i = 0; i < p->n_pre; i++)
+        ST_TRY(st_prim_run(ctx, &p->pre[i]));
+    ST_TRY(st_prim_run(ctx, &p->prim));
+    return p->has_post ? st_prim_run(ctx, &p->post) : ST_OK;
+}
+
+st_status st_view_init(st_nn_ctx *ctx, st_view *v, int ndims, const int64_t *dims,
+                       dnnl_format_tag_t tag, const void *data, st_mem_kind kind,
+                       st_slot slot, const char *reorder_in, const char *reorder_out)
+{
+    memset(v, 0, sizeof *v);
+    v->kind = kind;
+    v->slot = slot;
+    v->reorder_in = reorder_in;
+    v->reorder_out = reorder_out;
+    st_md_tag(&v->plain_md, ndims, dims, tag);
+    return data ? st_mem_md(ctx, &v->plain, &v->plain_md, data) : ST_OK;
+}
+
+/* The copy of v in layout md: an existing one (*fresh = 0), else a new
+ * buffer from the arena (*fresh = 1). */
+static st_status view_copy(st_nn_ctx *ctx, st_view *v, const dnnl_memory_desc_t *md,
+                           dnnl_memory_t *out, int *fresh)
+{
+    for (int i = 0; i < v->n; i++) {
+        const dnnl_memory_desc_t *have;
+        ST_DNNL(dnnl_memory_get_memory_desc(v->copy[i], &have), "querying a layout");
+        if (dnnl_memory_desc_equal(have, md)) {
+            *out = v->copy[i];
+            *fresh = 0;
+            return ST_OK;
+        }
+    }
+    if (v->n == ST_VIEW_MAX_COPIES)
+        return st_fail(ST_ERR_INVALID, "more than %d layouts of one tensor (%s)",
+                       ST_VIEW_MAX_COPIES, v->reorder_in ? v->reorder_in : v->reorder_out);
+    const size_t bytes = dnnl_memory_desc_get_size(md);
+    if (v->slot == ST_SLOT_KEEP) {
+        void *buf;
+        ST_TRY(st_arena_alloc(ctx->arena, v->kind, bytes, &buf));
+        ST_TRY(st_mem_md(ctx, &v->copy[v->n], md, buf));
+    } else {
+        /* no buffer yet: finalize hands it the shared slot */
+        ST_TRY(grow((void **)&ctx->slot_mems, &ctx->cap_slot_mems, ctx->n_slot_mems + 1,
+                    sizeof *ctx->slot_mems));
+        ST_TRY(st_mem_md(ctx, &v->copy[v->n], md, NULL));
+        ctx->slot_mems[ctx->n_slot_mems++] = (struct st_slot_mem){ v->copy[v->n], v->slot };
+        if (bytes > ctx->slot_bytes[v->slot])
+            ctx->slot_bytes[v->slot] = bytes;
+    }
+    *out = v->copy[v->n++];
+    *fresh = 1;
+    return ST_OK;
+}
+
+st_status st_view_input(st_nn_ctx *ctx, st_pass *p, st_view *v, int arg,
+                        const dnnl_memory_desc_t *md, int shared)
+{
+    if (!v->plain)
+        return st_fail(ST_ERR_INVALID, "an input without a buffer (%s)", v->reorder_in);
+    if (dnnl_memory_desc_equal(md, &v->plain_md)) {
+        st_prim_arg(&p->prim, arg, v->plain);
+        return ST_OK;
+    }
+    dnnl_memory_t copy;
+    int fresh;
+    ST_TRY(view_copy(ctx, v, md, &copy, &fresh));
+    if (fresh || !shared) {
+        if (p->n_pre == ST_PASS_MAX_PRE)
+            return st_fail(ST_ERR_INVALID, "more than %d reorders before a pass (%s)",
+                           ST_PASS_MAX_PRE, v->reorder_in);
+        ST_TRY(st_prim_create_reorder(ctx, &p->pre[p->n_pre++], v->plain, copy, v->reorder_in));
+    }
+    st_prim_arg(&p->prim, arg, copy);
+    return ST_OK;
+}
+
+st_status st_view_output(st_nn_ctx *ctx, st_pass *p, st_view *v, int arg,
+                         const dnnl_memory_desc_t *md)
+{
+    if (!v->plain)
+        return st_fail(ST_ERR_INVALID, "an output without a buffer (%s)", v->reorder_out);
+    if (dnnl_memory_desc_equal(md, &v->plain_md)) {
+        st_prim_arg(&p->prim, arg, v->plain);
+        return ST_OK;
+    }
+    if (p->has_post)
+        return st_fail(ST_ERR_INVALID, "two reordered outputs of one pass (%s)", v->reorder_out);
+    dnnl_memory_t copy;
+    int fresh;
+    ST_TRY(view_copy(ctx, v, md, &copy, &fresh));
+    ST_TRY(st_prim_create_reorder(ctx, &p->post, copy, v->plain, v->reorder_out));
+    p->has_post = 1;
+    st_prim_arg(&p->prim, arg, copy);
+    return ST_OK;
 }

@@ -56,10 +56,24 @@ typedef struct st_nn_ctx {
     int n_prims, cap_prims;
     dnnl_memory_t *mems;
     int n_mems, cap_mems;
+    /* Blocked copies that live within one pass (st_view, ST_SLOT_*): all
+     * layers share ST_NN_SLOTS buffers, each as large as its largest copy,
+     * allocated by finalize like the scratchpad. */
+    size_t slot_bytes[2];        /* largest requested so far, per slot */
+    size_t slot_have[2];         /* allocated, after finalize */
+    void *slot[2];
+    struct st_slot_mem {
+        dnnl_memory_t mem;
+        int slot;
+    } *slot_mems;                /* the copies living in a slot */
+    int n_slot_mems, cap_slot_mems;
 } st_nn_ctx;
 
+#define ST_NN_SLOTS 2
+
 st_status st_nn_ctx_init(st_nn_ctx *ctx, st_arena *arena);
-/* Allocates the shared workspace and hands it to every primitive. */
+/* Allocates the shared workspace and hands it to every primitive, and the
+ * shared slots of the blocked copies (st_view) to their memory objects. */
 st_status st_nn_ctx_finalize(st_nn_ctx *ctx);
 void st_nn_ctx_destroy(st_nn_ctx *ctx);
 /* A read-only vector of at least n ones (from the arena, shared). */
@@ -125,5 +139,76 @@ void st_md_vector(dnnl_memory_desc_t *md, int64_t n);
  * (dnnl_nchw, dnnl_oihw, ..., or dnnl_format_tag_any for a primitive to
  * choose). */
 void st_md_tag(dnnl_memory_desc_t *md, int ndims, const int64_t *dims, dnnl_format_tag_t tag);
+
+/* ------------------------------------------------------------ layouts */
+
+/* How a layer's primitives see the caller's plain tensors (NCHW, OIHW):
+ * PLAIN, directly; BLOCKED, in oneDNN's blocked layouts (nChw16c, ...)
+ * through copies made at build time, with reorders at the layer's
+ * boundaries.  DEFAULT: the one measured faster for that layer. */
+typedef enum st_layout {
+    ST_LAYOUT_DEFAULT = 0,
+    ST_LAYOUT_PLAIN,
+    ST_LAYOUT_BLOCKED,
+} st_layout;
+
+/* A primitive with the reorders around it: pre (plain inputs -> blocked
+ * copies), the primitive, post (its blocked output -> the plain buffer). */
+#define ST_PASS_MAX_PRE 2
+typedef struct st_pass {
+    st_prim pre[ST_PASS_MAX_PRE];
+    int n_pre;
+    st_prim prim;
+    st_prim post;
+    int has_post;
+} st_pass;
+
+st_status st_pass_run(const st_nn_ctx *ctx, const st_pass *p);
+/* How many reorders it runs (0 on the plain path). */
+static inline int st_pass_reorders(const st_pass *p)
+{
+    return p->n_pre + p->has_post;
+}
+
+/* Where a tensor's blocked copies live.  ST_SLOT_KEEP: buffers of their
+ * own from the arena (under the view's kind), for a copy read by a later
+ * pass (x's, read by the backward; w's).  ST_SLOT_OUT, ST_SLOT_IN: one of
+ * the context's shared buffers, for a copy that lives within a pass or a
+ * layer's backward only (an output's copy, reordered out as soon as the
+ * primitive ends; dy's, read by the two backward passes); OUT and IN are
+ * distinct so that a pass can have one of each (dy's and dx's). */
+typedef enum st_slot {
+    ST_SLOT_KEEP = -1,
+    ST_SLOT_OUT = 0,
+    ST_SLOT_IN = 1,
+} st_slot;
+
+/* Build time only: a tensor in the caller's plain layout, and the blocked
+ * copies the primitives asked for (one per distinct layout). */
+#define ST_VIEW_MAX_COPIES 3
+typedef struct st_view {
+    const char *reorder_in, *reorder_out;  /* the reorders' names, for errors */
+    st_mem_kind kind;
+    st_slot slot;
+    dnnl_memory_desc_t plain_md;
+    dnnl_memory_t plain;                   /* NULL when data is NULL */
+    int n;
+    dnnl_memory_t copy[ST_VIEW_MAX_COPIES];
+} st_view;
+
+st_status st_view_init(st_nn_ctx *ctx, st_view *v, int ndims, const int64_t *dims,
+                       dnnl_format_tag_t tag, const void *data, st_mem_kind kind,
+                       st_slot slot, const char *reorder_in, const char *reorder_out);
+/* Binds argument `arg` of p's primitive, read in layout md: the plain
+ * buffer, or a blocked copy filled by a reorder before p.  With `shared`,
+ * a copy in that layout made for an earlier pass is read as it is, without
+ * a reorder of p's own (the caller guarantees that pass runs first, on the
+ * same data). */
+st_status st_view_input(st_nn_ctx *ctx, st_pass *p, st_view *v, int arg,
+                        const dnnl_memory_desc_t *md, int shared);
+/* Binds argument `arg` of p's primitive, written in layout md: the plain
+ * buffer, or a blocked copy reordered into it after p. */
+st_status st_view_output(st_nn_ctx *ctx, st_pass *p, st_view *v, int arg,
+                         const dnnl_memory_desc_t *md);
 
 #endif /* SUBTRAIN_NN_DNNL_UTIL_H */

@@ -155,44 +155,27 @@ static inline int64_t st_conv_out_size(int64_t in, int64_t kernel, int64_t strid
     return (in + 2 * pad - kernel) / stride + 1;
 }
 
-/* How the primitives see the tensors.  PLAIN: nchw/oihw, the caller's
- * buffers directly.  BLOCKED: the layouts oneDNN prefers (format_tag_any,
- * nChw16c and friends), with reorders from and to the plain buffers at the
- * layer's boundaries, into copies made at build time.  DEFAULT is the one
- * measured faster (conv.c says how much). */
-typedef enum st_conv_layout {
-    ST_CONV_DEFAULT = 0,
-    ST_CONV_PLAIN,
-    ST_CONV_BLOCKED,
-} st_conv_layout;
-
+/* layout (dnnl_util.h): PLAIN runs oneDNN's im2col + GEMM kernels on the
+ * caller's buffers; BLOCKED its direct kernels on blocked copies (nChw16c
+ * activations on AVX-512), with reorders at the layer's boundaries; DEFAULT
+ * is BLOCKED, measured faster (conv.c says how much). */
 typedef struct st_conv_io {
     const float *x; float *y;   /* (B, IC, IH, IW), (B, OC, OH, OW) */
     const float *w, *b;         /* (OC, IC, KH, KW); (OC), or NULL: no bias */
     float *dx; const float *dy; /* dx NULL: no input gradient (a first layer) */
     float *dw, *db;             /* dw NULL: no weight gradients (db is then unused);
                                  * db is needed iff b is given */
-    st_conv_layout layout;
+    st_layout layout;
 } st_conv_io;
-
-/* One primitive with the reorders around it: pre (plain -> blocked copies
- * of its inputs), the primitive, post (its blocked output -> plain). */
-typedef struct st_conv_pass {
-    st_prim pre[2];
-    int n_pre;
-    st_prim prim;
-    st_prim post;
-    int has_post;
-} st_conv_pass;
 
 typedef struct st_conv {
     st_conv_shape s;
     int64_t oh, ow;
-    st_conv_layout layout;      /* the one used: PLAIN or BLOCKED */
+    st_layout layout;           /* the one used: PLAIN or BLOCKED */
     int has_bias, has_dx, has_dw;
-    st_conv_pass fwd;           /* y = conv(x, w) + b */
-    st_conv_pass bwd_data;      /* dx = conv^T(dy, w) */
-    st_conv_pass bwd_weights;   /* dw = corr(x, dy), db = sum of dy */
+    st_pass fwd;                /* y = conv(x, w) + b */
+    st_pass bwd_data;           /* dx = conv^T(dy, w) */
+    st_pass bwd_weights;        /* dw = corr(x, dy), db = sum of dy */
 } st_conv;
 
 /* The backward reads what the forward left (blocked copies of x and w), so
@@ -217,13 +200,13 @@ double st_conv_flops(const st_conv *c);
  * layer_*: the layer's calls, reorders included (the same numbers for the
  * plain layout). */
 typedef struct st_conv_rates {
-    st_conv_layout layout;      /* the one timed */
+    st_layout layout;           /* the one timed */
     double fwd, bwd_data, bwd_weights;       /* GFLOP/s */
     double layer_fwd, layer_bwd;             /* GFLOP/s */
     double layer_ms;                         /* forward + backward, ms */
 } st_conv_rates;
 
-st_status st_conv_reference_gflops(const st_conv_shape *shape, st_conv_layout layout,
+st_status st_conv_reference_gflops(const st_conv_shape *shape, st_layout layout,
                                    int reps, st_conv_rates *out);
 
 /* ------------------------------------------------------------ pooling */
@@ -278,12 +261,17 @@ typedef struct st_batchnorm_io {
     float *dx; const float *dy;           /* dy NULL: no backward */
     float *dgamma, *dbeta;                /* (C), needed with dy */
     int fuse_relu;                        /* y = relu(bn(x)), and the backward through both */
+    st_layout layout;                     /* PLAIN: the primitives on the NCHW buffers;
+                                           * BLOCKED: on nChw16c (nChw8c without AVX-512)
+                                           * copies, reorders around them; DEFAULT: the
+                                           * faster (batchnorm.c) */
 } st_batchnorm_io;
 
 typedef struct st_batchnorm {
     int64_t batch, channels, hw;
     int fuse_relu, has_backward;
-    st_prim fwd_train, fwd_infer, bwd;
+    st_layout layout;                     /* the one used */
+    st_pass fwd_train, fwd_infer, bwd;
     const float *mean, *var;
     float *running_mean, *running_var;
     void *workspace;                      /* fused ReLU: which outputs were cut, from the arena */

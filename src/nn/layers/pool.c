@@ -31,10 +31,9 @@ static st_status pool_build(st_nn_ctx *ctx, st_pool *p, dnnl_alg_kind_t alg,
     const dnnl_dims_t kernel = { p->kernel_h, p->kernel_w };
     const dnnl_dims_t dilation = { 0, 0 };
     const dnnl_dims_t pad_l = { p->pad, p->pad };
-    /* oneDNN wants OH = (IH + pad_l + pad_r - KH) / stride + 1 exactly:
-     * the bottom/right padding no window reaches is trimmed (floor mode). */
-    const dnnl_dims_t pad_r = { (p->oh - 1) * p->stride + p->kernel_h - p->ih - p->pad,
-                                (p->ow - 1) * p->stride + p->kernel_w - p->iw - p->pad };
+    /* Symmetric padding: oneDNN's output size is floor((IH + pad_l + pad_r
+     * - KH) / stride) + 1, PyTorch's floor mode. */
+    const dnnl_dims_t pad_r = { p->pad, p->pad };
     const dnnl_prop_kind_t prop = p->has_dx ? dnnl_forward_training : dnnl_forward_inference;
     dnnl_pooling_v2_desc_t fd;
     ST_DNNL(dnnl_pooling_v2_forward_desc_init(&fd, prop, alg, &x_md, &y_md, strides, kernel,
