@@ -113,6 +113,7 @@ typedef struct st_model_units {
     int width_layers;
     int width;
     int chained;
+    int state;      /* 1: the model keeps untrained state (batch norm) */
 } st_model_units;
 
 st_status st_model_config_units(const st_model_config *cfg, st_model_units *out);

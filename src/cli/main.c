@@ -165,9 +165,15 @@ static int run_train(st_cli_options *o)
     if (load_data(o, &train, &test) != ST_OK)
         return runtime_error("loading data");
     normalize(&train, &test);
-    /* The model's input and classes are the data's. */
+    /* The model's input and classes are the data's; images keep their
+     * shape (convolutional models need it; the others read a vector). */
     o->train.model.in_dim = (int)train.dim;
     o->train.model.n_classes = (int)train.n_classes;
+    if (train.height * train.width > 1) {
+        o->train.model.in_channels = (int)train.channels;
+        o->train.model.in_height = (int)train.height;
+        o->train.model.in_width = (int)train.width;
+    }
 
     int status = EXIT_FAILURE;
     st_progress prog;

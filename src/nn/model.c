@@ -173,6 +173,7 @@ st_status st_model_config_units(const st_model_config *c, st_model_units *out)
         out->width = m.n_width > 0 ? (int)m.keep[0].full : 0;
         for (int i = 0; i < m.n_layers; i++)
             out->chained |= chains(&m.layers[i]);
+        out->state = m.n_state > 0;
     }
     destroy_layout(&m);
     return s;
