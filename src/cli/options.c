@@ -606,10 +606,6 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
             return fail(err, n, "--model %s trains with --strategy dp for now (batch norm's "
                         "running statistics are not yet shared between subnetworks)",
                         st_model_kind_name(o->train.model.kind));
-        if (o->train.workers != 1)
-            return fail(err, n, "--model %s trains with --workers 1 for now (batch norm in "
-                        "several workers is not safe yet, see doc/cnn.md)",
-                        st_model_kind_name(o->train.model.kind));
     }
     return 0;
 }
