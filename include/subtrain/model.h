@@ -13,6 +13,14 @@
  *   resmlp: linear(in, width)
  *           -> depth x { h += linear(hidden, width)(act(linear(width, hidden)(LN(h)))) }
  *           -> LN -> linear(width, classes)
+ *   resnet:   image C x H x W -> conv 3x3 (C -> width) -> 3 stages of depth
+ *             pre-activation basic blocks { h += conv(act(BN(conv(act(BN(h)))))) },
+ *             width, 2 width, 4 width channels, the first block of stages 2
+ *             and 3 with stride 2 and a 1x1 projection shortcut
+ *             -> BN -> act -> global average pool -> linear(4 width, classes)
+ *   resnet18: the same with 4 stages of 2 blocks (width .. 8 width)
+ * Each is a table of layers (doc/design.md); the subnetwork units the
+ * layers declare are reported by st_model_config_units.
  */
 #ifndef SUBTRAIN_MODEL_H
 #define SUBTRAIN_MODEL_H
