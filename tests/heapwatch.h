@@ -13,11 +13,33 @@
  * include (per thread, or summed over threads):
  *   static void heapwatch_heap_call(int inside_onednn);  every heap call
  *   static void heapwatch_execute(void);                 every execution
+ * or, for the common case, by defining HEAPWATCH_PER_THREAD: this thread's
+ * counts while its `armed` flag is set (own_calls, dnnl_calls, executes);
  * and includes this header once, after <oneapi/dnnl/dnnl.h> (or
  * "nn/dnnl_util.h") and with _GNU_SOURCE defined (for RTLD_NEXT).
  */
 #ifndef SUBTRAIN_TESTS_HEAPWATCH_H
 #define SUBTRAIN_TESTS_HEAPWATCH_H
+
+#ifdef HEAPWATCH_PER_THREAD
+static _Thread_local int armed;
+static _Thread_local long own_calls, dnnl_calls, executes;
+
+static void heapwatch_heap_call(int inside_onednn)
+{
+    if (armed) {
+        if (inside_onednn)
+            dnnl_calls++;
+        else
+            own_calls++;
+    }
+}
+
+static void heapwatch_execute(void)
+{
+    executes += armed;
+}
+#endif
 
 #include <dlfcn.h>
 #include <stddef.h>

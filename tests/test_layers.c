@@ -2091,24 +2091,7 @@ Test(activation, relu_on_an_nchw_tensor)
  * family for the whole test program and forwards to the C library's);
  * calls made while oneDNN executes a primitive are counted apart: its C API
  * builds an argument map per execution, outside subtrain's control. */
-static _Thread_local int armed;
-static _Thread_local long own_calls, dnnl_calls, executes;
-
-static void heapwatch_heap_call(int inside_onednn)
-{
-    if (armed) {
-        if (inside_onednn)
-            dnnl_calls++;
-        else
-            own_calls++;
-    }
-}
-
-static void heapwatch_execute(void)
-{
-    executes += armed;
-}
-
+#define HEAPWATCH_PER_THREAD
 #include "heapwatch.h"
 
 /* Every CNN layer, every pass, both layouts: once built, a forward or

@@ -217,24 +217,7 @@ Test(train, a_diverging_run_stops_with_a_numerical_error)
  * assertion is on subtrain's own code; oneDNN's count is reported (and
  * checked to be what the argument map explains, so that a change there is
  * noticed). */
-static _Thread_local int armed;
-static _Thread_local long own_calls, dnnl_calls, executes;
-
-static void heapwatch_heap_call(int inside_onednn)
-{
-    if (armed) {
-        if (inside_onednn)
-            dnnl_calls++;
-        else
-            own_calls++;
-    }
-}
-
-static void heapwatch_execute(void)
-{
-    executes += armed;
-}
-
+#define HEAPWATCH_PER_THREAD
 #include "heapwatch.h"
 
 Test(train, a_training_step_makes_no_heap_allocation)
