@@ -125,8 +125,10 @@ static int block(st_model *m, int h, int64_t cin, int64_t c, int64_t H, int64_t 
     if (j)
         j->residual = c2;
     *ok = *ok && l && l2 && j;
-    if (!proj)
-        st_graph_group_end(m, h, out), (*group)++;
+    if (!proj) {
+        st_graph_group_end(m, h, out);
+        (*group)++;
+    }
     return out;
 }
 
