@@ -1451,6 +1451,108 @@ Test(gradcheck, resnet_training_forward)
     objective_train = 0;
 }
 
+/* Batch norms' running statistics in the full layout: the full model's
+ * initial state, and subnetworks' pieces accumulated where they belong:
+ * two block subnetworks (distinct values per model) average to their
+ * common value where both hold a block and keep their own elsewhere; a
+ * neuron subnetwork's compact channels load from and add back to the
+ * same full positions. */
+Test(state, subnetworks_state_sits_in_the_full_layout)
+{
+    omp_set_num_threads(1);
+    st_model_config c = resnet_config(ST_MODEL_RESNET, 2, 4, 2, 6, 6);
+    st_model_units u;
+    OK(st_model_config_units(&c, &u));
+    cr_assert_gt(u.state, 0);
+    cr_assert_eq(u.sections, 3, "stage 0: 2 blocks, stages 1, 2: 1 each");
+    int sizes[4];
+    cr_assert_eq(st_model_config_sections(&c, sizes, 4), 3);
+    cr_assert(sizes[0] == 2 && sizes[1] == 1 && sizes[2] == 1);
+    const size_t S = (size_t)u.state;
+    float *init = malloc(S * sizeof *init), *full = malloc(S * sizeof *full);
+    double *sum = calloc(S, sizeof *sum);
+    uint32_t *count = calloc(S, sizeof *count);
+    OK(st_model_config_state_init(&c, init));
+    size_t ones = 0;
+    for (size_t f = 0; f < S; f++) {
+        cr_assert(init[f] == 0.0f || init[f] == 1.0f);
+        ones += init[f] == 1.0f;
+    }
+    cr_assert_eq(2 * ones, S, "a mean (0) and a variance (1) per channel");
+
+    st_arena a;
+    st_arena_init(&a, "state", NULL, 0);
+    st_model_config ca = c, cb = c;
+    const int ga[] = { 0, 2 }, gb[] = { 1, 2, 3 };
+    ca.subnet.groups = ga;
+    ca.subnet.n_groups = 2;
+    cb.subnet.groups = gb;
+    cb.subnet.n_groups = 3;
+    st_model *ma = make_model(&ca, 4, &a), *mb = make_model(&cb, 4, &a);
+    size_t na, nb;
+    float *sa = st_model_state(ma, &na), *sb = st_model_state(mb, &nb);
+    cr_assert_lt(na, S);
+    cr_assert_lt(nb, S);
+    for (size_t j = 0; j < na; j++)
+        sa[j] = 10.0f;
+    for (size_t j = 0; j < nb; j++)
+        sb[j] = 20.0f;
+    st_model_state_accumulate(ma, sum, count);
+    st_model_state_accumulate(mb, sum, count);
+    size_t both = 0, total = 0;
+    for (size_t f = 0; f < S; f++) {
+        cr_assert(count[f] >= 1 && count[f] <= 2, "every block is held by a or b");
+        double mean = sum[f] / count[f];
+        cr_assert(count[f] == 2 ? mean == 15.0 : (mean == 10.0 || mean == 20.0));
+        both += count[f] == 2;
+        total += count[f];
+        full[f] = (float)mean;
+    }
+    cr_assert_eq(total, na + nb);
+    cr_assert_gt(both, 0, "the stem's, projections' and block 2's statistics are shared");
+    st_model *m = make_model(&c, 4, &a);
+    size_t nm;
+    float *sm = st_model_state(m, &nm);
+    cr_assert_eq(nm, S);
+    st_model_state_load(m, full);
+    cr_assert_eq(memcmp(sm, full, S * sizeof *full), 0, "the full model's state is the layout");
+
+    /* neurons: 1 of 2 groups of 2 channels in each block */
+    st_model_config cn = c;
+    const int wc[] = { 1, 1, 1, 1 }, wk[] = { 1, 0, 1, 1 };
+    cn.subnet.unit_size = 2;
+    cn.subnet.width_count = wc;
+    cn.subnet.width_kept = wk;
+    st_model *mn = make_model(&cn, 4, &a);
+    size_t nn;
+    float *sn = st_model_state(mn, &nn);
+    cr_assert_lt(nn, S);
+    for (size_t f = 0; f < S; f++)
+        full[f] = (float)f;
+    st_model_state_load(mn, full);
+    memset(sum, 0, S * sizeof *sum);
+    memset(count, 0, S * sizeof *count);
+    st_model_state_accumulate(mn, sum, count);
+    size_t held = 0;
+    for (size_t f = 0; f < S; f++)
+        if (count[f]) {
+            cr_assert_eq(count[f], 1);
+            cr_assert_eq(sum[f], (double)f, "element %zu came back to its place", f);
+            held++;
+        }
+    cr_assert_eq(held, nn);
+    cr_assert_eq(sn[0], 0.0f, "the stem's first running mean comes first");
+    st_model_destroy(mn);
+    st_model_destroy(m);
+    st_model_destroy(mb);
+    st_model_destroy(ma);
+    st_arena_release(&a);
+    free(init);
+    free(full);
+    free(sum);
+    free(count);
+}
+
 /* Units: one layer group per identity block (stage 1: depth blocks; later
  * stages: depth - 1, after their projection block); each group's inner
  * channels are a width layer. */

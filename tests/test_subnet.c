@@ -87,6 +87,49 @@ Test(subnet, layered_units_are_balanced_within_every_layer)
                 }
 }
 
+/* Sections of different sizes (a ResNet's stages): each section balanced
+ * on its own, the totals too, and one section is the plain assignment
+ * (so models with one section are drawn exactly as before). */
+Test(subnet, sections_are_balanced_each_and_one_section_is_the_plain_assignment)
+{
+    const int sizes[][4] = { { 3, 2, 2, 0 }, { 1, 1, 1, 0 }, { 5, 3, 1, 2 } };
+    const int n_sections[] = { 3, 3, 4 };
+    const int workers[] = { 1, 2, 3, 4, 8 };
+    for (size_t z = 0; z < 3; z++)
+        for (size_t i = 0; i < sizeof workers / sizeof *workers; i++)
+            for (int k = 1; k <= workers[i]; k++) {
+                st_assignment a;
+                cr_assert_eq(st_assignment_make_sections(workers[i], n_sections[z], sizes[z], k,
+                                                         9, 2, &a), ST_OK);
+                check_assignment(&a);
+                int first = 0;
+                for (int l = 0; l < n_sections[z]; l++) {
+                    int lo = 1 << 30, hi = 0;
+                    for (int w = 0; w < workers[i]; w++) {
+                        int n = 0;
+                        for (int j = 0; j < sizes[z][l]; j++)
+                            n += st_assignment_holds(&a, w, first + j);
+                        lo = n < lo ? n : lo;
+                        hi = n > hi ? n : hi;
+                    }
+                    cr_assert_leq(hi - lo, 1, "section %d: loads %d..%d", l, lo, hi);
+                    first += sizes[z][l];
+                }
+                st_assignment_free(&a);
+            }
+    const int one[] = { 7 };
+    st_assignment a, b;
+    cr_assert_eq(st_assignment_make_sections(3, 1, one, 2, 5, 4, &a), ST_OK);
+    cr_assert_eq(st_assignment_make(3, 7, 2, 5, 4, &b), ST_OK);
+    cr_assert_eq(memcmp(a.held, b.held, 3 * 7), 0, "one section: the plain assignment");
+    st_assignment_free(&a);
+    st_assignment_free(&b);
+    const int bad[] = { 2, 0 };
+    cr_assert_eq(st_assignment_make_sections(2, 2, bad, 1, 5, 0, &a), ST_ERR_INVALID,
+                 "an empty section");
+    cr_assert_null(a.held);
+}
+
 Test(subnet, holders_per_unit_follows_the_coverage)
 {
     cr_assert_eq(st_subnet_holders_per_unit(4, 0.5), 2);

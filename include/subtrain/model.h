@@ -121,10 +121,17 @@ typedef struct st_model_units {
     int width_layers;
     int width;
     int chained;
-    int state;      /* 1: the model keeps untrained state (batch norm) */
+    int sections;   /* runs of groups in one section (a ResNet's stages that
+                     * have groups; 1 for resmlp; 0: no groups) */
+    int state;      /* floats of untrained state the full model keeps (batch
+                     * norms' running statistics); 0: none */
 } st_model_units;
 
 st_status st_model_config_units(const st_model_config *cfg, st_model_units *out);
+
+/* The layer groups per section, in order (at most cap sizes); returns
+ * the number of sections (st_model_units.sections). */
+int st_model_config_sections(const st_model_config *cfg, int *sizes, int cap);
 
 /* The full-layout ranges of the weights of layers that read one width
  * layer and write another (at most cap, sorted): where an element may be
@@ -175,6 +182,15 @@ float *st_model_params(st_model *m);
  * flat vector of *count floats (NULL, 0 when the model has none): what a
  * strategy averages or copies between replicas, and what evaluation uses. */
 float *st_model_state(st_model *m, size_t *count);
+/* The state of the full model of cfg at the start (st_model_units.state
+ * floats into out): the layout strategies average the state in. */
+st_status st_model_config_state_init(const st_model_config *cfg, float *out);
+/* Adds this model's state into the full layout: sum[f] += its element f,
+ * count[f] += 1, for each full element f it keeps (a subnetwork keeps the
+ * state of the units it holds). */
+void st_model_state_accumulate(const st_model *m, double *sum, uint32_t *count);
+/* This model's state from a full-layout state vector. */
+void st_model_state_load(st_model *m, const float *full);
 /* The gradient vector: the parameter vector's layout, unless group_grads
  * leaves groups out (then segments' grad_offset say where each sits). */
 float *st_model_grads(st_model *m);

@@ -48,6 +48,15 @@ st_status st_assignment_make(int n_workers, int n_units, int k, uint64_t seed, u
  * floor(units_per_layer k / n_workers) units or one more. */
 st_status st_assignment_make_layered(int n_workers, int n_layers, int units_per_layer, int k,
                                      uint64_t seed, uint64_t round, st_assignment *out);
+/* The same for units in consecutive sections of different sizes (a
+ * ResNet's blocks, stage by stage: unit numbers run through the sections
+ * in order).  Within every section each unit has exactly k holders and the
+ * dealing continues from one section into the next, so a worker's units
+ * of each section differ from another's by at most one, and its total
+ * too: with k = 1, a partition of every section (ResIST's blocks per
+ * stage).  One section of n units is st_assignment_make. */
+st_status st_assignment_make_sections(int n_workers, int n_sections, const int *sizes, int k,
+                                      uint64_t seed, uint64_t round, st_assignment *out);
 void st_assignment_free(st_assignment *a);
 
 static inline int st_assignment_holds(const st_assignment *a, int worker, int unit)

@@ -602,9 +602,9 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         if (o->train.model.hidden)
             return fail(err, n, "--hidden applies to resmlp only (a resnet's blocks are as "
                         "wide as their stage)");
-        if (o->train.strategy != ST_STRATEGY_DP)
-            return fail(err, n, "--model %s trains with --strategy dp for now (batch norm's "
-                        "running statistics are not yet shared between subnetworks)",
+        if (o->train.strategy == ST_STRATEGY_SYNTH)
+            return fail(err, n, "--model %s does not train with --strategy synth (its "
+                        "segments would cut batch-normalised residual blocks; see doc/cnn.md)",
                         st_model_kind_name(o->train.model.kind));
     }
     return 0;

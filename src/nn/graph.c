@@ -86,6 +86,28 @@ void st_graph_group_begin(st_model *m, int g)
     m->open_group = g;
     if (g >= m->n_groups)
         m->n_groups = g + 1;
+    /* the group's section (if out of memory: no sections, which only
+     * changes how groups are dealt; st_graph_declare reports it) */
+    if (m->group_section && g < m->cap_group_section) {
+        m->group_section[g] = m->open_section;
+        return;
+    }
+    int cap = 2 * g + 8;
+    int *p = realloc(m->group_section, (size_t)cap * sizeof *p);
+    if (!p) {
+        free(m->group_section);
+        m->group_section = NULL;
+        m->cap_group_section = -1;
+        return;
+    }
+    m->group_section = p;
+    m->cap_group_section = cap;
+    p[g] = m->open_section;
+}
+
+void st_graph_section(st_model *m, int s)
+{
+    m->open_section = s;
 }
 
 void st_graph_group_end(st_model *m, int in, int out)
@@ -217,6 +239,8 @@ st_status st_graph_declare(st_model *m, st_model_declare_fn declare)
         return st_fail(ST_ERR_NOMEM, "out of memory declaring a model");
     m->n_width = 0;   /* ST_W_FULL is not a width layer */
     ST_TRY(declare(m));
+    if (m->cap_group_section < 0)
+        return st_fail(ST_ERR_NOMEM, "out of memory declaring a model");
     for (int i = 0; i < m->n_layers; i++) {
         const st_layer *l = &m->layers[i];
         if (l->out_unit >= m->n_width)
@@ -267,9 +291,11 @@ st_status st_graph_add_segment(st_model *m, const char *name, int decay, st_seg_
     return ST_OK;
 }
 
-st_status st_graph_add_state(st_model *m, const char *name, size_t count, float init,
-                             size_t *offset)
+st_status st_graph_add_state(st_model *m, const char *name, const st_neuron_sel *sel,
+                             float init, size_t *offset)
 {
+    const size_t full_at = m->n_state_full;
+    m->n_state_full += (size_t)sel->full;
     *offset = (size_t)-1;
     if (m->layout_skip)
         return ST_OK;
@@ -279,20 +305,28 @@ st_status st_graph_add_state(st_model *m, const char *name, size_t count, float 
         if (g)
             m->state_segs = g;
         float *v = g ? realloc(m->state_init, (size_t)cap * sizeof *v) : NULL;
-        if (!g || !v)
+        if (v)
+            m->state_init = v;
+        st_neuron_sel *e = v ? realloc(m->state_sel, (size_t)cap * sizeof *e) : NULL;
+        if (e)
+            m->state_sel = e;
+        size_t *f = e ? realloc(m->state_full, (size_t)cap * sizeof *f) : NULL;
+        if (!f)
             return st_fail(ST_ERR_NOMEM, "out of memory laying out a model's state");
-        m->state_init = v;
+        m->state_full = f;
         m->cap_state_segs = cap;
     }
     st_param_segment *g = &m->state_segs[m->n_state_segs];
     memset(g, 0, sizeof *g);
     snprintf(g->name, sizeof g->name, "%s", name);
     g->offset = m->n_state;
-    g->count = count;
+    g->count = (size_t)sel->n;
     g->grad_offset = ST_NO_GRAD;
-    m->state_init[m->n_state_segs++] = init;
+    m->state_init[m->n_state_segs] = init;
+    m->state_sel[m->n_state_segs] = *sel;
+    m->state_full[m->n_state_segs++] = full_at;
     *offset = m->n_state;
-    m->n_state += count;
+    m->n_state += (size_t)sel->n;
     return ST_OK;
 }
 
@@ -542,6 +576,8 @@ void st_graph_free(st_model *m)
     free(m->maps);
     free(m->state_segs);
     free(m->state_init);
+    free(m->state_sel);
+    free(m->state_full);
     free(m->keep);
     free(m->kept);
     free(m->grad_keep);
@@ -550,4 +586,5 @@ void st_graph_free(st_model *m)
     free(m->run_first);
     free(m->run_count);
     free(m->group_ids);
+    free(m->group_section);
 }

@@ -194,7 +194,11 @@ struct st_model {
     st_tensor *tensors;
     int n_tensors, cap_tensors;
     int open_group;        /* while declaring: the group being declared */
+    int open_section;      /* while declaring: the section groups join */
     int n_groups;          /* layer groups of the full model */
+    int *group_section;    /* n_groups: each group's section (a ResNet's
+                            * stage), non-decreasing */
+    int cap_group_section;
     int n_width;           /* width layers of the full model */
 
     /* Layer groups: held[g] = index among the kept groups + 1 (0: not
@@ -214,6 +218,12 @@ struct st_model {
     size_t n_state;
     st_param_segment *state_segs;
     float *state_init;     /* n_state_segs initial values */
+    st_neuron_sel *state_sel; /* n_state_segs: which elements of the full
+                            * model's piece each one keeps (full: its
+                            * length there; ids NULL: all of them) */
+    size_t *state_full;    /* n_state_segs: the piece's first element in
+                            * the full model's state vector */
+    size_t n_state_full;   /* floats of state of the full model */
     int n_state_segs, cap_state_segs;
     int layout_grads;      /* while laying out: the segment gets a gradient */
     int layout_skip;       /* while laying out: a dropped layer's segments
@@ -281,13 +291,20 @@ st_layer *st_graph_linear(st_model *m, const char *name, int x, int y, int dx, i
 /* Layer group g: the layers declared until st_graph_group_end.  Its
  * output tensor is its input when a model does not hold it. */
 void st_graph_group_begin(st_model *m, int g);
+/* The groups declared from now on are in section s (a ResNet's stage;
+ * every model starts in section 0): strategies that deal groups to
+ * workers deal each section's evenly (st_model_config_sections). */
+void st_graph_section(st_model *m, int s);
 void st_graph_group_end(st_model *m, int in, int out);
 
-/* For layer kinds: `count` floats of untrained state named `name`, all
- * `init` at the start; *offset is where they sit in the state vector
- * ((size_t)-1 for a dropped layer). */
-st_status st_graph_add_state(st_model *m, const char *name, size_t count, float init,
-                             size_t *offset);
+/* For layer kinds: untrained state named `name`, sel->full floats in the
+ * full model of which this instance keeps sel->n (sel->ids; NULL: all),
+ * all `init` at the start; *offset is where they sit in the state vector
+ * ((size_t)-1 for a dropped layer).  Like a parameter segment, the piece
+ * has its place in the full model's state vector, where strategies
+ * average what the workers holding it keep (st_model_state_accumulate). */
+st_status st_graph_add_state(st_model *m, const char *name, const st_neuron_sel *sel,
+                             float init, size_t *offset);
 float *st_graph_state(const st_model *m, size_t offset);
 
 /* For layer kinds: a segment of the parameter vector (see model.c). */

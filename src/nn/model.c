@@ -173,10 +173,28 @@ st_status st_model_config_units(const st_model_config *c, st_model_units *out)
         out->width = m.n_width > 0 ? (int)m.keep[0].full : 0;
         for (int i = 0; i < m.n_layers; i++)
             out->chained |= chains(&m.layers[i]);
-        out->state = m.n_state > 0;
+        out->state = (int)m.n_state_full;
+        for (int g = 0; g < m.n_groups; g++)
+            out->sections += g == 0 || m.group_section[g] != m.group_section[g - 1];
     }
     destroy_layout(&m);
     return s;
+}
+
+int st_model_config_sections(const st_model_config *c, int *sizes, int cap)
+{
+    st_model m;
+    int n = 0;
+    if (layout_full(&m, c) == ST_OK)
+        for (int g = 0; g < m.n_groups; g++) {
+            if (g == 0 || m.group_section[g] != m.group_section[g - 1])
+                n++;
+            if (n <= cap)
+                sizes[n - 1] = g == 0 || m.group_section[g] != m.group_section[g - 1]
+                             ? 1 : sizes[n - 1] + 1;
+        }
+    destroy_layout(&m);
+    return n;
 }
 
 int st_model_config_chained_ranges(const st_model_config *c, st_range *out, int cap)
@@ -460,6 +478,46 @@ float *st_model_state(st_model *m, size_t *count)
     return m->state;
 }
 float *st_model_grads(st_model *m) { return m->grads; }
+
+/* The state in the full layout: piece i's kept element j is full element
+ * state_full[i] + (ids ? ids[j] : j). */
+static size_t state_full_index(const st_model *m, int i, int64_t j)
+{
+    const st_neuron_sel *e = &m->state_sel[i];
+    return m->state_full[i] + (size_t)(e->ids ? e->ids[j] : j);
+}
+
+st_status st_model_config_state_init(const st_model_config *c, float *out)
+{
+    st_model m;
+    st_status s = layout_full(&m, c);
+    for (int i = 0; s == ST_OK && i < m.n_state_segs; i++)
+        for (int64_t j = 0; j < m.state_sel[i].n; j++)
+            out[state_full_index(&m, i, j)] = m.state_init[i];
+    destroy_layout(&m);
+    return s;
+}
+
+void st_model_state_accumulate(const st_model *m, double *sum, uint32_t *count)
+{
+    for (int i = 0; i < m->n_state_segs; i++) {
+        const float *v = m->state + m->state_segs[i].offset;
+        for (int64_t j = 0; j < m->state_sel[i].n; j++) {
+            const size_t f = state_full_index(m, i, j);
+            sum[f] += (double)v[j];
+            count[f]++;
+        }
+    }
+}
+
+void st_model_state_load(st_model *m, const float *full)
+{
+    for (int i = 0; i < m->n_state_segs; i++) {
+        float *v = m->state + m->state_segs[i].offset;
+        for (int64_t j = 0; j < m->state_sel[i].n; j++)
+            v[j] = full[state_full_index(m, i, j)];
+    }
+}
 size_t st_model_param_count(const st_model *m) { return m->n_params; }
 size_t st_model_grad_count(const st_model *m) { return m->n_grads; }
 

@@ -81,22 +81,24 @@ void st_assignment_free(st_assignment *a)
     memset(a, 0, sizeof *a);
 }
 
-st_status st_assignment_make(int n_workers, int n_units, int k, uint64_t seed, uint64_t round,
-                             st_assignment *out)
-{
-    return st_assignment_make_layered(n_workers, 1, n_units, k, seed, round, out);
-}
-
-st_status st_assignment_make_layered(int n_workers, int n_layers, int units_per_layer, int k,
-                                     uint64_t seed, uint64_t round, st_assignment *out)
+/* The construction for units in consecutive sections of sizes[l] units
+ * (size: all of them that size): shuffled within their section, dealt
+ * cyclically in section order. */
+static st_status make_sections(int n_workers, int n_sections, const int *sizes, int size, int k,
+                               uint64_t seed, uint64_t round, st_assignment *out)
 {
     memset(out, 0, sizeof *out);
-    long n_units = (long)n_layers * (long)units_per_layer;
-    if (n_workers < 1 || n_layers < 1 || units_per_layer < 1 || n_units > (1L << 30) || k < 1 ||
-        k > n_workers)
-        return st_fail(ST_ERR_INVALID, "assignment: %d layers of %d units, each held by %d of %d "
-                       "workers: need 1 <= k <= workers and at least one unit", n_layers,
-                       units_per_layer, k, n_workers);
+    long n_units = 0;
+    int ok = n_workers >= 1 && n_sections >= 1 && k >= 1 && k <= n_workers;
+    for (int l = 0; l < n_sections && ok; l++) {
+        const int u = sizes ? sizes[l] : size;
+        ok = u >= 1 && u <= (1 << 30);
+        n_units += u;
+    }
+    if (!ok || n_units > (1L << 30))
+        return st_fail(ST_ERR_INVALID, "assignment: %d sections of units, each held by %d of %d "
+                       "workers: need 1 <= k <= workers and at least one unit in each", n_sections,
+                       k, n_workers);
     out->n_workers = n_workers;
     out->n_units = (int)n_units;
     out->k = k;
@@ -118,11 +120,14 @@ st_status st_assignment_make_layered(int n_workers, int n_layers, int units_per_
         units[u] = (uint32_t)u;
     for (int w = 0; w < n_workers; w++)
         workers[w] = (uint32_t)w;
-    /* units shuffled within their layer only: a layer's slots stay one
+    /* units shuffled within their section only: a section's slots stay one
      * consecutive stretch of the cyclic dealing */
-    for (int l = 0; l < n_layers; l++)
-        st_rng_shuffle_u32(&r, units + (size_t)l * (size_t)units_per_layer,
-                           (size_t)units_per_layer);
+    size_t first = 0;
+    for (int l = 0; l < n_sections; l++) {
+        const size_t u = (size_t)(sizes ? sizes[l] : size);
+        st_rng_shuffle_u32(&r, units + first, u);
+        first += u;
+    }
     st_rng_shuffle_u32(&r, workers, (size_t)n_workers);
     size_t slot = 0;
     for (long i = 0; i < n_units; i++)
@@ -134,4 +139,27 @@ st_status st_assignment_make_layered(int n_workers, int n_layers, int units_per_
     free(units);
     free(workers);
     return ST_OK;
+}
+
+st_status st_assignment_make(int n_workers, int n_units, int k, uint64_t seed, uint64_t round,
+                             st_assignment *out)
+{
+    return make_sections(n_workers, 1, NULL, n_units, k, seed, round, out);
+}
+
+st_status st_assignment_make_layered(int n_workers, int n_layers, int units_per_layer, int k,
+                                     uint64_t seed, uint64_t round, st_assignment *out)
+{
+    if ((long)n_layers * (long)units_per_layer > (1L << 30))
+        return st_fail(ST_ERR_INVALID, "assignment: %d layers of %d units: too many units",
+                       n_layers, units_per_layer);
+    return make_sections(n_workers, n_layers, NULL, units_per_layer, k, seed, round, out);
+}
+
+st_status st_assignment_make_sections(int n_workers, int n_sections, const int *sizes, int k,
+                                      uint64_t seed, uint64_t round, st_assignment *out)
+{
+    if (!sizes)
+        return st_fail(ST_ERR_INVALID, "assignment: no section sizes");
+    return make_sections(n_workers, n_sections, sizes, 0, k, seed, round, out);
 }

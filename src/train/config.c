@@ -64,16 +64,15 @@ st_status st_train_config_check(const st_train_config *c)
                        c->workers);
     if (c->batch < 1 || c->batch > 65536)
         return st_fail(ST_ERR_INVALID, "batch must be in [1, 65536], got %d", c->batch);
-    /* Batch norm's running statistics are each worker's own, as in
-     * ordinary data parallelism; the subnetwork strategies would need the
-     * statistics of a unit's holders averaged at sync, which is not there
-     * yet (doc/cnn.md). */
+    /* Synth trains segments of the model alone (st_model_create_range),
+     * which cuts no model with layer groups, and batch norms come in
+     * ResNets (doc/cnn.md says why synth stops there). */
     st_model_units units;   /* (a model that cannot be declared yet, such as a resnet
                              * before its data's shape is known, is checked later) */
     if (st_model_config_units(&c->model, &units) == ST_OK && units.state &&
-        c->strategy != ST_STRATEGY_DP)
-        return st_fail(ST_ERR_INVALID, "--model %s (batch norm) trains with --strategy dp for "
-                       "now", st_model_kind_name(c->model.kind));
+        c->strategy == ST_STRATEGY_SYNTH)
+        return st_fail(ST_ERR_INVALID, "--model %s (batch norm) does not train with --strategy "
+                       "synth", st_model_kind_name(c->model.kind));
     if (c->steps == 0 && (c->epochs < 1 || c->epochs > 100000))
         return st_fail(ST_ERR_INVALID, "epochs must be in [1, 100000], got %d", c->epochs);
     if (c->schedule == ST_SCHED_WARMUP_COSINE && c->warmup_steps != ST_WARMUP_AUTO &&

@@ -67,7 +67,11 @@ static st_status ist_check(const st_train_config *c)
     /* a model with layer groups has its groups partitioned (ResIST), one
      * without has its neurons (IST of an mlp) */
     st_model_units units;
-    ST_TRY(st_model_config_units(&c->model, &units));
+    /* a model that cannot be declared yet (a resnet before its data's
+     * shape is known: the CLI checks before loading) is checked again by
+     * st_train_run */
+    if (st_model_config_units(&c->model, &units) != ST_OK)
+        return ST_OK;
     if (units.groups > 0 && c->subnet == ST_SUBNET_NEURON)
         return st_fail(ST_ERR_INVALID, "ist partitions the blocks of a model that has them "
                        "(ResIST: --model %s) and the neurons of one that has none (mlp); "
@@ -141,8 +145,10 @@ static st_status build_round(run_shared *r, ist_run *s, int wid, st_worker *w, i
     st_status st = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
     free(buf);
     ST_TRY(st);
-    if (rebuild)
+    if (rebuild) {
         ST_TRY(st_subnets_load_saved(&s->sn, r, w, st_model_params(w->model), 0));
+        st_run_load_state(r, w->model);
+    }
     ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, st_model_param_count(w->model)));
     if (rebuild)   /* kept state: what the holders of each parameter left */
         for (int i = 0; i < s->n_state; i++)
@@ -227,6 +233,7 @@ static st_status ist_round_end(run_shared *r, void *state, st_worker *w, uint64_
     ST_TRY(st_comm_reduce_scatter(r->comm, wid)); /* waits for every worker */
     for (int i = 0; i < s->n_state; i++)   /* the kept state: the same average */
         ST_TRY(st_comm_reduce_scatter(s->state_comm[i], wid));
+    ST_TRY(st_run_sync_state(r, w));       /* and the running statistics */
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every saved master written, engine idle */
     if (wid == 0) {
         st_comm_reset(r->comm);

@@ -209,3 +209,34 @@ st_status st_run_evaluate_replicas(run_shared *r, st_worker *w, double *loss, do
     }
     return ST_OK;
 }
+
+/* ------------------------------------------------------------ model state */
+
+/* Worker 0 sums in worker order, so the mean does not depend on who
+ * arrived first; the state is a few floats per channel (a ResNet's: some
+ * thousands), too small to be worth splitting over the workers. */
+st_status st_run_sync_state(run_shared *r, st_worker *w)
+{
+    if (!r->state_full)
+        return ST_OK;
+    r->slots[w->id].model = w->model;
+    ST_TRY(st_run_sync(r, w->id));   /* every model's state final, published */
+    if (w->id == 0) {
+        memset(r->state_sum, 0, r->n_state * sizeof *r->state_sum);
+        memset(r->state_count, 0, r->n_state * sizeof *r->state_count);
+        for (int k = 0; k < r->n; k++)
+            st_model_state_accumulate(r->slots[k].model, r->state_sum, r->state_count);
+        for (size_t f = 0; f < r->n_state; f++)   /* held by nobody: keeps its value */
+            if (r->state_count[f])
+                r->state_full[f] = (float)(r->state_sum[f] / (double)r->state_count[f]);
+    }
+    ST_TRY(st_run_sync(r, w->id));   /* the means are there */
+    st_run_load_state(r, w->model);
+    return ST_OK;
+}
+
+void st_run_load_state(const run_shared *r, st_model *m)
+{
+    if (r->state_full)
+        st_model_state_load(m, r->state_full);
+}

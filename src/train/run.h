@@ -50,6 +50,7 @@ typedef struct worker_slot {
     st_mem_stats memory;
     st_comm_bytes bytes;
     st_numa_ctx numa;                 /* the arena backend's state */
+    st_model *model;                  /* published by st_run_sync_state */
 } worker_slot;
 
 /* Everything the workers of one run share.  Written before the parallel
@@ -76,6 +77,14 @@ typedef struct run_shared {
                                        * the records need it at every epoch
                                        * end, where nothing may allocate */
     st_mem_stats *memory;             /* n: every worker's arena, for the record */
+    /* Untrained state (batch norms' running statistics) in the full
+     * model's layout: at each sync, the mean over the workers holding each
+     * element (st_run_sync_state); what a rebuilt subnetwork and the full
+     * evaluation model load.  NULL: the model keeps none. */
+    float *state_full;
+    double *state_sum;                /* the sync's scratch, made with it */
+    uint32_t *state_count;
+    size_t n_state;
     worker_slot *slots;               /* n */
     double t0;
     uint64_t order_offset;            /* the loop's epoch e draws the order of
@@ -167,6 +176,18 @@ st_status st_run_evaluate_model(st_model *m, const st_dataset *d, double *loss, 
 /* The test set split round-robin over the workers' replicas (all identical
  * after the all-gather); worker 0 adds the sums up in worker order. */
 st_status st_run_evaluate_replicas(run_shared *r, st_worker *w, double *loss, double *acc);
+
+/* Every worker: the running statistics of each batch norm channel become
+ * the mean over the workers that hold it (dp: all of them; subnetworks:
+ * the holders of its unit), in r->state_full and in every worker's model.
+ * Batch statistics stay each worker's own, as in ordinary data
+ * parallelism; the running ones are only read by evaluation, so they meet
+ * where the models meet for it: before each evaluation and before a
+ * subnetwork is rebuilt.  Two barriers; no-op without state. */
+st_status st_run_sync_state(run_shared *r, st_worker *w);
+/* A model's state from r->state_full (a rebuilt subnetwork, the full
+ * evaluation model); no-op without state. */
+void st_run_load_state(const run_shared *r, st_model *m);
 
 /* ------------------------------------------------------------ records.c */
 

@@ -52,7 +52,11 @@ static st_status sdp_check(const st_train_config *c)
         return st_fail(ST_ERR_INVALID, "unknown subnetwork unit %d (allowed: block, neuron)",
                        (int)c->subnet);
     st_model_units units;
-    ST_TRY(st_model_config_units(&c->model, &units));
+    /* a model that cannot be declared yet (a resnet before its data's
+     * shape is known: the CLI checks before loading) is checked again by
+     * st_train_run */
+    if (st_model_config_units(&c->model, &units) != ST_OK)
+        return ST_OK;
     if (c->subnet == ST_SUBNET_BLOCK && units.groups == 0)
         return st_fail(ST_ERR_INVALID, "--subnet block trains subnetworks of residual blocks "
                        "(layer groups, as in resmlp); --model %s has none (use --subnet neuron)", st_model_kind_name(c->model.kind));
@@ -181,6 +185,7 @@ static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t rou
     const int wid = w->id;
     float *saved = s->sn.saved[wid].master;
     st_range shard = st_comm_shard(r->comm, wid);
+    ST_TRY(st_run_sync_state(r, w));       /* the running statistics meet */
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every all-gather is done */
     memcpy(saved, st_comm_shard_params(masters(r, s), wid),
            (shard.end - shard.begin) * sizeof(float));
@@ -194,6 +199,7 @@ static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t rou
     ST_TRY(st_comm_barrier(r->comm, wid)); /* the new assignment is there */
     ST_TRY(build_subnet(r, s, w, 1));
     ST_TRY(st_subnets_load_saved(&s->sn, r, w, st_model_params(w->model), 0));
+    st_run_load_state(r, w->model);
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
     /* the engine initialised the held elements (the same values): the
      * others, nobody's in this round, keep theirs */

@@ -77,9 +77,13 @@ st_status st_subnets_prepare(subnets *s, const run_shared *r, int k, int neuron_
         return st_fail(ST_ERR_INVALID, "--model %s declares no %s to make subnetworks of",
                        st_model_kind_name(r->cfg->model.kind),
                        neuron_units ? "width layers" : "layer groups");
+    s->n_sections = neuron_units ? 0 : u.sections;
+    s->sections = calloc((size_t)(s->n_sections + 1), sizeof *s->sections);
     s->saved = calloc((size_t)r->n, sizeof *s->saved);
-    if (!s->saved)
+    if (!s->saved || !s->sections)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d workers' saved shards", r->n);
+    if (s->n_sections)
+        st_model_config_sections(&r->cfg->model, s->sections, s->n_sections);
     ST_TRY(check_units(s, r));
     return st_subnets_draw(s, r, 0);
 }
@@ -92,6 +96,8 @@ void st_subnets_release(subnets *s)
     st_assignment_free(&s->assign);
     free(s->saved);
     s->saved = NULL;
+    free(s->sections);
+    s->sections = NULL;
 }
 
 st_status st_subnets_draw(subnets *s, const run_shared *r, uint64_t round)
@@ -100,6 +106,10 @@ st_status st_subnets_draw(subnets *s, const run_shared *r, uint64_t round)
     if (s->neuron_units)
         return st_assignment_make_layered(r->n, s->layers, s->per_layer, s->k, r->cfg->seed,
                                           round, &s->assign);
+    /* blocks: each section's (a ResNet's stage's) dealt evenly */
+    if (s->n_sections > 1)
+        return st_assignment_make_sections(r->n, s->n_sections, s->sections, s->k, r->cfg->seed,
+                                           round, &s->assign);
     return st_assignment_make(r->n, s->layers, s->k, r->cfg->seed, round, &s->assign);
 }
 
@@ -220,6 +230,7 @@ st_status st_subnets_evaluate_full(subnets *s, run_shared *r, st_comm *masters, 
     ST_TRY(st_run_sync(r, w->id)); /* every master shard is final */
     if (w->id == 0) {
         st_subnets_load_full(s, r, masters, from_saved);
+        st_run_load_state(r, s->eval_model);   /* the loop synced it */
         ST_TRY(st_run_evaluate_model(s->eval_model, r->test, loss, acc));
     }
     return st_run_sync(r, w->id);

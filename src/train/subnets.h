@@ -30,6 +30,9 @@ typedef struct subnets {
     int unheld_possible;     /* some element may be held by nobody */
     int layers;              /* layer groups, or width layers (neuron units) */
     int per_layer;           /* units per width layer (1 for groups) */
+    int n_sections;          /* blocks: sections of groups (a ResNet's stages),
+                              * each dealt evenly; sections[i] groups each */
+    int *sections;
     st_assignment assign;    /* which worker holds which unit */
     int k;                   /* holders per unit */
     subnet_saved *saved;     /* n */

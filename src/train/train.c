@@ -61,6 +61,17 @@ st_status st_loop_prepare(run_shared *r)
     r->n = r->placement.n_workers;
     ST_TRY(st_model_config_segments(&cfg->model, &r->full_segs, &r->n_full_segs));
     r->n_params = st_model_config_param_count(&cfg->model);
+    st_model_units units;
+    ST_TRY(st_model_config_units(&cfg->model, &units));
+    if (units.state) {
+        r->n_state = (size_t)units.state;
+        r->state_full = malloc(r->n_state * sizeof *r->state_full);
+        r->state_sum = malloc(r->n_state * sizeof *r->state_sum);
+        r->state_count = malloc(r->n_state * sizeof *r->state_count);
+        if (!r->state_full || !r->state_sum || !r->state_count)
+            return st_fail(ST_ERR_NOMEM, "out of memory for the model's state");
+        ST_TRY(st_model_config_state_init(&cfg->model, r->state_full));
+    }
     r->slots = aligned_alloc(64, sizeof(worker_slot) * (size_t)r->n);
     r->memory = calloc((size_t)r->n, sizeof *r->memory);
     if (!r->slots || !r->memory)
@@ -78,6 +89,9 @@ void st_loop_release(run_shared *r)
     st_comm_destroy(r->comm);
     free(r->slots);
     free(r->memory);
+    free(r->state_full);
+    free(r->state_sum);
+    free(r->state_count);
     st_plan_free(&r->placement);
     st_topology_destroy(r->topology);
 }
@@ -168,6 +182,7 @@ static st_status run_epochs(run_shared *r, st_worker *w)
         double epoch_time = st_run_now_s() - te;
         train_time += epoch_time;
 
+        ST_TRY(st_run_sync_state(r, w));
         ST_TRY(ops->evaluate(r, r->strategy, w, &rec.test_loss, &rec.test_acc));
         slot->memory = w->arena.stats;
         if (r->comm)

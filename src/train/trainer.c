@@ -122,8 +122,10 @@ static st_status run_job(st_trainer *t, int wid, job_args *a, const cpu_set_t *e
     *moved = !(have_entry && CPU_EQUAL(entry, &tw->cpus));
     if (*moved && pthread_setaffinity_np(pthread_self(), sizeof tw->cpus, &tw->cpus) != 0)
         return st_fail(ST_ERR_TOPOLOGY, "worker %d: binding the thread to its PU failed", wid);
-    if (a->job == JOB_EVALUATE)
+    if (a->job == JOB_EVALUATE) {
+        ST_TRY(st_run_sync_state(r, &tw->w));
         return r->ops->evaluate(r, r->strategy, &tw->w, &a->eval_loss, &a->eval_acc);
+    }
     return run_steps(t, &tw->w, a);
 }
 

@@ -248,9 +248,9 @@ static st_status bn_layout(st_model *m, st_layer *l)
     ST_TRY(st_graph_add_segment(m, name, 0, v, &l->seg[1]));
     size_t at;
     snprintf(name, sizeof name, "%s.running_mean", l->name);
-    ST_TRY(st_graph_add_state(m, name, (size_t)c->n, 0.0f, &at));
+    ST_TRY(st_graph_add_state(m, name, c, 0.0f, &at));
     snprintf(name, sizeof name, "%s.running_var", l->name);
-    return st_graph_add_state(m, name, (size_t)c->n, 1.0f, &at);
+    return st_graph_add_state(m, name, c, 1.0f, &at);
 }
 
 /* The batch statistics, saved for the backward. */

@@ -158,6 +158,7 @@ static st_status declare(st_model *m, int stages, int blocks)
     char prefix[32];
     for (int s = 0; s < stages && ok; s++) {
         const int64_t cs = c << s;
+        st_graph_section(m, s);   /* ResIST deals each stage's blocks */
         for (int b = 0; b < blocks && ok; b++) {
             const int stride = s > 0 && b == 0 ? 2 : 1;
             snprintf(prefix, sizeof prefix, "stage%d.block%d", s, b);
