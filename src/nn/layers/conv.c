@@ -38,6 +38,34 @@
  * quarter of the blocked layer's time (most for 1x1, least compute per
  * byte).  BLOCKED is the default; PLAIN stays for comparison and tests.
  * (For reference, the linear layer's matmuls: 177-188 GFLOP/s.)
+ *
+ * Branch scale (st_conv_io.scale, 0 or 1: none): y = scale conv(x) [+ b,
+ * scaled too unless unscaled_bias].  The forward takes it as an
+ * eltwise_linear post-op (alpha = scale, beta = 0) while y is in registers
+ * (a loop over y if a kernel refused it); an unscaled bias is then not the
+ * primitive's but added by a loop.  oneDNN's backward convolutions take no
+ * post-ops, so dx and dw (and a scaled bias's db) are scaled by a loop
+ * over the plain buffers after their pass.  Without a scale nothing of
+ * this exists: the primitives and results are those of an unscaled layer.
+ * As a layer kind (below), the convolution that closes a group's branch
+ * and one reading a subset of a width unit's channels get the subnetwork's
+ * branch scale, by linear.c's rule.
+ *
+ * Subnetworks of channel units (a width unit's channels are the output
+ * channels of one convolution and the input channels of the next):
+ *   forward masking   the layer is built compact: the kept output channels
+ *                     are the rows of its OIHW weight, the kept input
+ *                     channels its columns (kernel^2 per channel, col_ids);
+ *   backward masking  the model and every pass are the full model's; only
+ *                     the kept rows / columns get a gradient (the seg map's
+ *                     grad_rows, grad_cols).  The weight stays stored OIHW
+ *                     (its initial values and existing runs do not change).
+ *                     oneDNN's backward-weights has no variant for a subset
+ *                     of channels: it writes the full dW (and db) into one
+ *                     scratch that all such convolutions of a model share
+ *                     (arena, sized for the largest, st_graph_grad_scratch),
+ *                     and the kept runs are copied out (st_graph_gather).
+ *                     The weight pass is full, and counted so in the FLOPs.
  */
 #include <stdio.h>
 #include <stdlib.h>
