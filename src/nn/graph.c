@@ -575,10 +575,10 @@ double st_graph_flops(const st_model *m)
 
 void st_graph_free(st_model *m)
 {
-    for (int i = 0; i < m->n_layers; i++)
+    for (int i = 0; i < m->n_layers; i++) {
         free(m->layers[i].col_ids);
-    for (int i = 0; i < m->n_layers; i++)
         free(m->layers[i].grad_col_ids);
+    }
     free(m->layers);
     free(m->tensors);
     free(m->group_held);
