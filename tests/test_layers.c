@@ -1282,6 +1282,77 @@ Test(conv, blocked_equals_plain)
 
 /* Sizes and FLOPs: 2 per multiply-add, B OC OH OW IC KH KW per pass; the
  * passes a layer has (no dx: two). */
+/* The branch scale of a convolution: y = s (conv(x) + b) with dx, dw, db
+ * scaled, or with an unscaled bias y = s conv(x) + b and db the plain
+ * sum; both layouts, against the same convolution unscaled (scaling by 2
+ * is exact, so only the order of the bias addition may round). */
+Test(conv, branch_scale_with_scaled_and_unscaled_bias)
+{
+    omp_set_num_threads(1);
+    env e;
+    env_init(&e, 171);
+    const st_conv_shape s = { 2, 3, 5, 5, 4, 3, 3, 1, 1 };
+    const size_t nx = 2 * 3 * 5 * 5, ny = 2 * 4 * 5 * 5, nw = 4 * 3 * 9, hw = 25;
+    float *x = env_floats(&e, nx), *dy = env_floats(&e, ny), *w = env_floats(&e, nw);
+    float *b = env_floats(&e, 4);
+    fill_uniform(&e.rng, x, nx, -1, 1);
+    fill_uniform(&e.rng, dy, ny, -1, 1);
+    fill_uniform(&e.rng, w, nw, -0.3f, 0.3f);
+    fill_uniform(&e.rng, b, 4, -1, 1);
+    float *out[3][4];   /* plain, scaled bias, unscaled bias: y, dx, dw, db */
+    st_conv c[3][2];
+    for (int k = 0; k < 3; k++)
+        for (int layout = 0; layout < 2; layout++) {
+            float *y = env_floats(&e, ny), *dx = env_floats(&e, nx);
+            float *dw = env_floats(&e, nw), *db = env_floats(&e, 4);
+            st_conv_io io = { .x = x, .y = y, .w = w, .b = b, .dx = dx, .dy = dy, .dw = dw,
+                              .db = db, .scale = k ? 2.0f : 0.0f, .unscaled_bias = k == 2,
+                              .layout = layout ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN };
+            OK(st_conv_build(&e.ctx, &c[k][layout], &s, &io));
+            if (layout == 0) {
+                out[k][0] = y;
+                out[k][1] = dx;
+                out[k][2] = dw;
+                out[k][3] = db;
+            }
+        }
+    OK(st_nn_ctx_finalize(&e.ctx));
+    for (int layout = 0; layout < 2; layout++) {
+        for (int k = 0; k < 3; k++) {
+            OK(st_conv_forward(&e.ctx, &c[k][layout]));
+            OK(st_conv_backward(&e.ctx, &c[k][layout]));
+        }
+        double worst = 0.0;
+        const size_t n[4] = { ny, nx, nw, 4 };
+        for (int k = 1; k < 3; k++)
+            for (int t = 0; t < 4; t++)
+                for (size_t i = 0; i < n[t]; i++) {
+                    double plain = out[0][t][i], want = 2.0 * plain;
+                    if (k == 2 && t == 0)   /* 2 (conv + b) - b */
+                        want -= b[(i / hw) % 4];
+                    if (k == 2 && t == 3)
+                        want = plain;
+                    double d = fabs(out[k][t][i] - want) / (1.0 + fabs(want));
+                    worst = d > worst ? d : worst;
+                }
+        fprintf(stderr, "[scale] conv x2 (%s), scaled and unscaled bias: max rel diff %.3g\n",
+                layout ? "blocked" : "plain", worst);
+        cr_expect_lt(worst, 1e-6, "scaled convolution (%s layout): %g",
+                     layout ? "blocked" : "plain", worst);
+        /* the blocked run writes its own buffers: compare it next round */
+        for (int k = 0; k < 3 && layout == 0; k++) {
+            out[k][0] = c[k][1].y;
+            out[k][1] = c[k][1].dx;
+            out[k][2] = c[k][1].dw;
+            out[k][3] = c[k][1].db;
+        }
+    }
+    cr_expect_eq(c[1][0].scale_loop + c[1][1].scale_loop + c[2][0].scale_loop +
+                 c[2][1].scale_loop, 0,
+                 "the scale is a post-op of both layouts' forward");
+    env_destroy(&e);
+}
+
 Test(conv, flops_and_reference_timing)
 {
     omp_set_num_threads(1);

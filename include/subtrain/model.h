@@ -66,7 +66,9 @@ typedef struct st_model_subnet {
      *     the kept neurons — their rows of the producing matrix, the
      *     matching input slice of the consuming one;
      *   width_grads_only = 1 (backward masking): the full model, with
-     *     weight gradients computed and stored for the kept neurons only. */
+     *     weight gradients stored for the kept neurons (an image's: the
+     *     kept channels) only; a linear layer computes only those, a
+     *     convolution and a batch norm compute all and keep those. */
     int unit_size;
     const int *width_count;
     const int *width_kept;

@@ -215,6 +215,30 @@ st_status st_prim_create_with_post_ops(st_nn_ctx *ctx, st_prim *p, const void *o
     return st;
 }
 
+st_status st_prim_create_scaled(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
+                                const_dnnl_primitive_desc_t hint, float scale, const char *what,
+                                dnnl_primitive_desc_t *pd_out)
+{
+    if (scale == 1.0f)
+        return st_prim_create(ctx, p, op_desc, hint, what, pd_out);
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t ops = NULL;
+    dnnl_status_t s = dnnl_primitive_attr_clone(&attr, ctx->attr);
+    if (s == dnnl_success)
+        s = dnnl_post_ops_create(&ops);
+    if (s == dnnl_success)
+        s = dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_linear, scale, 0.0f);
+    if (s == dnnl_success)
+        s = dnnl_primitive_attr_set_post_ops(attr, ops);
+    st_status st = s == dnnl_success ? prim_create(ctx, p, op_desc, hint, attr, what, pd_out)
+                                     : st_dnnl_fail(s, what, __FILE__, __LINE__);
+    if (ops)
+        dnnl_post_ops_destroy(ops);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
 void st_prim_arg(st_prim *p, int arg, dnnl_memory_t mem)
 {
     /* Arguments are bound at build time from a fixed list per layer, so

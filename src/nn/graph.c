@@ -275,13 +275,14 @@ st_status st_graph_add_segment(st_model *m, const char *name, int decay, st_seg_
         m->cap_segs = cap;
     }
     const int64_t grad_rows = map.grad_rows ? map.n_grad_rows : map.n_rows;
+    const int64_t grad_cols = map.grad_cols ? map.n_grad_cols : map.n_cols;
     st_param_segment *s = &m->segs[m->n_segs];
     memset(s, 0, sizeof *s);
     snprintf(s->name, sizeof s->name, "%s", name);
     s->offset = m->n_params;
     s->count = (size_t)(map.n_rows * map.n_cols);
     s->decay = decay;
-    s->grad_count = (size_t)(grad_rows * map.n_cols);
+    s->grad_count = (size_t)(grad_rows * grad_cols);
     s->grad_offset = m->layout_grads ? m->n_grads : ST_NO_GRAD;
     m->maps[m->n_segs] = map;
     *index = (size_t)m->n_segs++;
@@ -426,6 +427,33 @@ float *st_graph_norm_scratch(const st_model *m)
     return m->norm_scratch;
 }
 
+float *st_graph_grad_scratch(const st_model *m)
+{
+    return m->grad_scratch;
+}
+
+void st_graph_gather(float *dst, const float *src, int64_t n_all, int64_t full_cols,
+                     const st_row_run *rows, int n_rows, const st_row_run *cols, int n_cols,
+                     int64_t col_unit)
+{
+    const st_row_run all_rows = { 0, n_all }, all_cols = { 0, full_cols / col_unit };
+    if (!rows) {
+        rows = &all_rows;
+        n_rows = 1;
+    }
+    if (!cols) {
+        cols = &all_cols;
+        n_cols = 1;
+    }
+    for (int i = 0; i < n_rows; i++)
+        for (int64_t r = rows[i].begin; r < rows[i].begin + rows[i].count; r++)
+            for (int j = 0; j < n_cols; j++) {
+                const size_t n = (size_t)(cols[j].count * col_unit);
+                memcpy(dst, src + r * full_cols + cols[j].begin * col_unit, n * sizeof *dst);
+                dst += n;
+            }
+}
+
 /* ------------------------------------------------------------ build */
 
 /* Floats per sample: a width layer's kept units (or the widest) times
@@ -508,16 +536,31 @@ st_status st_graph_build(st_model *m)
     /* A norm whose parameters get no gradient (backward masking) still has
      * oneDNN compute dgamma and dbeta: its backward-data-only variant is
      * not implemented with a scale and shift.  They go to one scratch
-     * pair that all such norms share (nobody reads it). */
+     * pair that all such norms share (nobody reads it).  So do those of
+     * a norm over a width unit under backward masking, all of its
+     * channels, whose kept ones the norm then copies out. */
     for (int i = 0; i < m->n_layers; i++) {
         const st_layer *l = &m->layers[i];
-        if (!l->dropped && l->kind->norm && l->group >= 0 &&
-            !m->group_grad[l->group] && l->out > m->norm_scratch_cols)
+        const int no_grad = l->group >= 0 && !m->group_grad[l->group];
+        const int masked = l->out_unit >= 0 && m->grad_keep[l->out_unit].ids;
+        if (!l->dropped && l->kind->norm && (no_grad || masked) && l->out > m->norm_scratch_cols)
             m->norm_scratch_cols = l->out;
     }
     if (m->norm_scratch_cols)
         ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WORKSPACE, 2 * (size_t)m->norm_scratch_cols,
                                      &m->norm_scratch));
+    /* Full weight gradients that a kind's primitive computes whole under
+     * backward masking (a convolution's): one scratch, as large as the
+     * largest, shared (each layer copies its kept part out right away). */
+    for (int i = 0; i < m->n_layers; i++) {
+        const st_layer *l = &m->layers[i];
+        const size_t n = !l->dropped && l->kind->grad_scratch ? l->kind->grad_scratch(m, l) : 0;
+        if (n > m->grad_scratch_floats)
+            m->grad_scratch_floats = n;
+    }
+    if (m->grad_scratch_floats)
+        ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WORKSPACE, m->grad_scratch_floats,
+                                     &m->grad_scratch));
     for (int i = 0; i < m->n_layers; i++) {
         st_layer *l = &m->layers[i];
         if (!l->dropped && l->kind->alloc)
@@ -566,8 +609,10 @@ double st_graph_flops(const st_model *m)
 
 void st_graph_free(st_model *m)
 {
-    for (int i = 0; i < m->n_layers; i++)
+    for (int i = 0; i < m->n_layers; i++) {
         free(m->layers[i].col_ids);
+        free(m->layers[i].grad_col_ids);
+    }
     free(m->layers);
     free(m->tensors);
     free(m->group_held);

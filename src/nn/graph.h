@@ -98,6 +98,9 @@ typedef struct st_layer_kind {
     /* 1: its inputs' gradient is its output's (a join), so it passes the
      * question "is this gradient needed" on to what produced its inputs. */
     int transparent;
+    /* Floats of the model's shared gradient scratch (st_graph_grad_scratch)
+     * its backward needs in this instance, NULL: none. */
+    size_t (*grad_scratch)(const st_model *m, const st_layer *l);
     /* 1: a normalisation with scale and shift (gamma, beta over `out`
      * channels) whose backward computes their gradients even when they
      * are not kept (backward masking): they go to a shared scratch. */
@@ -134,6 +137,17 @@ struct st_layer {
     int has_bias;          /* convolution */
     int32_t *col_ids;      /* convolution reading kept channels: its weight's
                             * kept columns (kernel^2 per channel), owned */
+    int32_t *grad_col_ids; /* backward masking, the same for the columns with
+                            * a gradient, owned */
+    /* Backward masking of a layer whose kind lets oneDNN compute the full
+     * weight gradients (convolution, batch norm): they go to a scratch the
+     * model shares, and these runs of it (of rows: output channels; of
+     * columns: input channels, kernel^2 columns each; NULL: all) are
+     * copied to the compact gradients. */
+    const st_row_run *gather_rows, *gather_cols;
+    int n_gather_rows, n_gather_cols;
+    const float *gather_src[2];  /* full gradients of seg[0], seg[1] (scratch) */
+    float *gather_dst[2];        /* their compact gradients; [0] NULL: no gather */
     /* set by the graph */
     int dropped;           /* its group is not in this model */
     int backward;          /* its backward does something (graph.c) */
@@ -170,6 +184,10 @@ typedef struct st_seg_map {
     const int32_t *grad_rows;      /* backward masking: full rows that get a
                                     * gradient (NULL: every row) */
     int64_t n_grad_rows;
+    const int32_t *grad_cols;      /* backward masking: full columns that get a
+                                    * gradient (NULL: every stored column); the
+                                    * gradient is grad rows x grad cols, row-major */
+    int64_t n_grad_cols;
     int in_major;                  /* a weight stored (in, out) */
     int64_t fan_in;                /* of the full layer: the init bound */
     uint64_t stream;               /* init RNG stream: the full segment's index */
@@ -230,6 +248,8 @@ struct st_model {
                             * only move the full cursor */
     float *norm_scratch;   /* dgamma, dbeta of norms without gradient */
     int64_t norm_scratch_cols;
+    float *grad_scratch;   /* full weight gradients of backward-masked layers */
+    size_t grad_scratch_floats;
     st_param_segment *segs;
     st_seg_map *maps;      /* n_segs, parallel to segs */
     int n_segs, cap_segs;
@@ -323,6 +343,17 @@ st_status st_graph_alloc(st_model *m, size_t count, float **out);
 /* dgamma, dbeta scratch for a norm of `cols` whose parameters get no
  * gradient (backward masking): shared by all such norms. */
 float *st_graph_norm_scratch(const st_model *m);
+/* The full weight gradients of a layer under backward masking of width
+ * units whose primitive computes them all (grad_scratch of its kind):
+ * shared by all such layers, written and read within one backward. */
+float *st_graph_grad_scratch(const st_model *m);
+/* Copies the kept part of a full (rows, cols) row-major gradient src into
+ * the compact dst, back to back: the rows of `rows` (NULL: all `n_all`
+ * rows), and of each the columns of `cols` in units of col_unit columns
+ * (NULL: all).  memcpy of runs: no allocation. */
+void st_graph_gather(float *dst, const float *src, int64_t n_all, int64_t full_cols,
+                     const st_row_run *rows, int n_rows, const st_row_run *cols, int n_cols,
+                     int64_t col_unit);
 
 /* model.c: an instance of layers lo .. hi (table indices) of cfg's model
  * only, with no loss and no workspace yet: a segment (nn/segment.c) adds

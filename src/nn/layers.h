@@ -165,6 +165,10 @@ typedef struct st_conv_io {
     float *dx; const float *dy; /* dx NULL: no input gradient (a first layer) */
     float *dw, *db;             /* dw NULL: no weight gradients (db is then unused);
                                  * db is needed iff b is given */
+    float scale;                /* 0 or 1: none; else y = scale (conv(x, w) + b),
+                                 * and dx, dw, db are scaled alike */
+    int unscaled_bias;          /* with a scale: y = scale conv(x, w) + b (db unscaled),
+                                 * as st_linear_io's */
     st_layout layout;
 } st_conv_io;
 
@@ -173,6 +177,12 @@ typedef struct st_conv {
     int64_t oh, ow;
     st_layout layout;           /* the one used: PLAIN or BLOCKED */
     int has_bias, has_dx, has_dw;
+    float scale;                /* 1: none */
+    int scale_bias;             /* the scale applies to the bias (and db) too */
+    int scale_loop;             /* the forward primitive did not take the scale as a
+                                 * post-op: a loop scales y */
+    float *y, *dx, *dw, *db;    /* the plain buffers the scale loops touch */
+    const float *b;             /* an unscaled bias, added by a loop after the scale */
     st_pass fwd;                /* y = conv(x, w) + b */
     st_pass bwd_data;           /* dx = conv^T(dy, w) */
     st_pass bwd_weights;        /* dw = corr(x, dy), db = sum of dy */

@@ -558,8 +558,8 @@ size_t st_model_full_param_count(const st_model *m)
     return n;
 }
 
-/* One segment's elements (grads: its gradient's rows) as full-layout
- * ranges: per stored row, each run of consecutive full columns. */
+/* One segment's elements (grads: its gradient's rows and columns) as
+ * full-layout ranges: per stored row, each run of consecutive full columns. */
 static int segment_ranges(const st_model *m, int i, int grads, st_range *ranges, size_t *local,
                           int n, int cap, size_t *last_end, size_t *last_pos)
 {
@@ -568,11 +568,13 @@ static int segment_ranges(const st_model *m, int i, int grads, st_range *ranges,
     size_t pos = grads ? s->grad_offset : s->offset;
     const int32_t *rows = grads && mp->grad_rows ? mp->grad_rows : mp->rows;
     int64_t n_rows = grads && mp->grad_rows ? mp->n_grad_rows : mp->n_rows;
+    const int32_t *cols = grads && mp->grad_cols ? mp->grad_cols : mp->cols;
+    int64_t n_cols = grads && mp->grad_cols ? mp->n_grad_cols : mp->n_cols;
     for (int64_t a = 0; a < n_rows && n >= 0; a++) {
         size_t row = mp->full_offset + (size_t)(rows ? rows[a] : a) * (size_t)mp->full_cols;
-        for (int64_t b = 0; b < mp->n_cols && n >= 0;) {
-            int64_t c0 = mp->cols ? mp->cols[b] : b, len = 1;
-            while (b + len < mp->n_cols && (mp->cols ? mp->cols[b + len] : b + len) == c0 + len)
+        for (int64_t b = 0; b < n_cols && n >= 0;) {
+            int64_t c0 = cols ? cols[b] : b, len = 1;
+            while (b + len < n_cols && (cols ? cols[b + len] : b + len) == c0 + len)
                 len++;
             size_t full = row + (size_t)c0;
             if (n > 0 && *last_end == full && *last_pos == pos) { /* continues the last */

@@ -26,6 +26,13 @@
  *
  * ("separate": st_act's ReLU on the plain buffers.)  BLOCKED is the
  * default; fusing the ReLU pays on it (1.4x), not on the plain kernel.
+ *
+ * Backward masking: oneDNN's backward computes dgamma and dbeta of every
+ * channel (its data-only variant is not implemented with a scale and
+ * shift), so a norm whose parameters get no gradient (a block without
+ * weight gradients) writes them to the model's norm scratch, and one over
+ * a width unit under backward masking of channels writes all of them
+ * there and copies the kept channels to its compact gradients.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -229,7 +236,8 @@ st_status st_batchnorm_backward(const st_nn_ctx *ctx, const st_batchnorm *n)
 
 
 /* gamma, beta over the (kept) channels; the running statistics are state:
- * kept, not trained (mean 0, variance 1 at the start). */
+ * kept, not trained (mean 0, variance 1 at the start).  Under backward
+ * masking the kept channels are the ones with gradients (bn_build). */
 static st_status bn_layout(st_model *m, st_layer *l)
 {
     st_neuron_sel t;
@@ -287,7 +295,19 @@ static st_status bn_build(st_model *m, st_layer *l)
         .dx = st_graph_data(m, l->dx), .dy = l->backward ? st_graph_data(m, l->dy) : NULL,
         .dgamma = st_graph_seg_grads(m, l->seg[0]), .dbeta = st_graph_seg_grads(m, l->seg[1]),
     };
-    if (io.dy && !io.dgamma) {   /* backward masking: see st_graph_norm_scratch */
+    const st_neuron_sel *grad = st_graph_grad_sel(m, l->out_unit);
+    if (io.dy && io.dgamma && grad && grad->ids) {
+        /* backward masking of its channels: oneDNN writes dgamma and dbeta
+         * of every channel to the norm scratch, the kept ones are copied
+         * to the compact gradients after the backward */
+        l->gather_dst[0] = io.dgamma;
+        l->gather_dst[1] = io.dbeta;
+        io.dgamma = st_graph_norm_scratch(m);
+        io.dbeta = io.dgamma + l->out;
+        l->gather_src[0] = io.dgamma;
+        l->gather_src[1] = io.dbeta;
+        l->gather_rows = st_graph_grad_runs(m, l->out_unit, &l->n_gather_rows);
+    } else if (io.dy && !io.dgamma) {   /* backward masking: see st_graph_norm_scratch */
         io.dgamma = st_graph_norm_scratch(m);
         io.dbeta = io.dgamma + l->out;
     }
@@ -303,7 +323,11 @@ static st_status bn_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase ph
 
 static st_status bn_backward(const st_nn_ctx *ctx, const st_layer *l)
 {
-    return st_batchnorm_backward(ctx, &l->u.bn);
+    ST_TRY(st_batchnorm_backward(ctx, &l->u.bn));
+    for (int k = 0; k < 2 && l->gather_dst[0]; k++)
+        st_graph_gather(l->gather_dst[k], l->gather_src[k], l->u.bn.channels, 1, l->gather_rows,
+                        l->n_gather_rows, NULL, 0, 1);
+    return ST_OK;
 }
 
 const st_layer_kind st_layer_batchnorm = {

@@ -38,6 +38,34 @@
  * quarter of the blocked layer's time (most for 1x1, least compute per
  * byte).  BLOCKED is the default; PLAIN stays for comparison and tests.
  * (For reference, the linear layer's matmuls: 177-188 GFLOP/s.)
+ *
+ * Branch scale (st_conv_io.scale, 0 or 1: none): y = scale conv(x) [+ b,
+ * scaled too unless unscaled_bias].  The forward takes it as an
+ * eltwise_linear post-op (alpha = scale, beta = 0) while y is in registers
+ * (a loop over y if a kernel refused it); an unscaled bias is then not the
+ * primitive's but added by a loop.  oneDNN's backward convolutions take no
+ * post-ops, so dx and dw (and a scaled bias's db) are scaled by a loop
+ * over the plain buffers after their pass.  Without a scale nothing of
+ * this exists: the primitives and results are those of an unscaled layer.
+ * As a layer kind (below), the convolution that closes a group's branch
+ * and one reading a subset of a width unit's channels get the subnetwork's
+ * branch scale, by linear.c's rule.
+ *
+ * Subnetworks of channel units (a width unit's channels are the output
+ * channels of one convolution and the input channels of the next):
+ *   forward masking   the layer is built compact: the kept output channels
+ *                     are the rows of its OIHW weight, the kept input
+ *                     channels its columns (kernel^2 per channel, col_ids);
+ *   backward masking  the model and every pass are the full model's; only
+ *                     the kept rows / columns get a gradient (the seg map's
+ *                     grad_rows, grad_cols).  The weight stays stored OIHW
+ *                     (its initial values and existing runs do not change).
+ *                     oneDNN's backward-weights has no variant for a subset
+ *                     of channels: it writes the full dW (and db) into one
+ *                     scratch that all such convolutions of a model share
+ *                     (arena, sized for the largest, st_graph_grad_scratch),
+ *                     and the kept runs are copied out (st_graph_gather).
+ *                     The weight pass is full, and counted so in the FLOPs.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +130,17 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
     c->has_bias = io->b != NULL;
     c->has_dx = io->dx != NULL;
     c->has_dw = io->dw != NULL;
+    c->scale = io->scale == 0.0f ? 1.0f : io->scale;
+    c->scale_bias = c->scale == 1.0f || !io->unscaled_bias;
+    c->y = io->y;
+    c->dx = io->dx;
+    c->dw = io->dw;
+    c->db = io->db;
+    /* An unscaled bias is not the primitive's (its scale post-op would
+     * scale it): a loop adds it after the scale.  Its gradient is the
+     * plain sum of dy, which backward-weights computes as usual. */
+    if (c->has_bias && !c->scale_bias)
+        c->b = io->b;
 
     const int64_t xd[4] = { shape->batch, shape->ic, shape->ih, shape->iw };
     const int64_t yd[4] = { shape->batch, shape->oc, c->oh, c->ow };
@@ -134,16 +173,24 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
      * - KH) / stride) + 1, PyTorch's; rows no window reaches are ignored. */
     const dnnl_dims_t pad_r = { shape->pad, shape->pad };
 
+    const int fwd_bias = c->has_bias && !c->b;
     dnnl_convolution_desc_t fd;
     ST_DNNL(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct,
-                                               &x_md, &w_md, c->has_bias ? &b_md : NULL, &y_md,
+                                               &x_md, &w_md, fwd_bias ? &b_md : NULL, &y_md,
                                                strides, pad_l, pad_r),
             "conv forward descriptor");
+    /* The scale as the forward's eltwise_linear post-op, applied while y
+     * is in registers; a kernel that refuses it gets a loop instead. */
     dnnl_primitive_desc_t fpd;
-    ST_TRY(st_prim_create(ctx, &c->fwd.prim, &fd, NULL, "conv forward", &fpd));
-    st_status s = ST_OK;
+    st_status s = st_prim_create_scaled(ctx, &c->fwd.prim, &fd, NULL, c->scale, "conv forward",
+                                        &fpd);
+    if (s != ST_OK && c->scale != 1.0f) {
+        c->scale_loop = 1;
+        s = st_prim_create(ctx, &c->fwd.prim, &fd, NULL, "conv forward", &fpd);
+    }
+    ST_TRY(s);
     dnnl_memory_t b = NULL, db = NULL;
-    if (c->has_bias)
+    if (fwd_bias)
         s = st_mem_vector(ctx, &b, shape->oc, io->b);
     if (s == ST_OK)
         s = st_view_input(ctx, &c->fwd, &x, DNNL_ARG_SRC, query(fpd, dnnl_query_src_md), 1);
@@ -151,7 +198,7 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
         s = st_view_input(ctx, &c->fwd, &w, DNNL_ARG_WEIGHTS, query(fpd, dnnl_query_weights_md), 1);
     if (s == ST_OK)
         s = st_view_output(ctx, &c->fwd, &y, DNNL_ARG_DST, query(fpd, dnnl_query_dst_md));
-    if (s == ST_OK && c->has_bias)
+    if (s == ST_OK && fwd_bias)
         st_prim_arg(&c->fwd.prim, DNNL_ARG_BIAS, b);
 
     if (s == ST_OK && c->has_dx) {
@@ -209,19 +256,55 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
 
 /* ------------------------------------------------------------ run */
 
-st_status st_conv_forward(const st_nn_ctx *ctx, const st_conv *c)
+static void scale_floats(float *v, size_t n, float scale)
 {
-    return st_pass_run(ctx, &c->fwd);
+    for (size_t i = 0; i < n; i++)
+        v[i] *= scale;
 }
 
+/* y = scale y (when the primitive did not) + b (an unscaled bias), per
+ * channel over the plain NCHW output. */
+static void finish_output(const st_conv *c)
+{
+    const float scale = c->scale_loop ? c->scale : 1.0f;
+    const size_t hw = (size_t)(c->oh * c->ow);
+    float *y = c->y;
+    for (int64_t n = 0; n < c->s.batch; n++)
+        for (int64_t o = 0; o < c->s.oc; o++, y += hw) {
+            const float b = c->b ? c->b[o] : 0.0f;
+            for (size_t i = 0; i < hw; i++)
+                y[i] = scale * y[i] + b;
+        }
+}
+
+st_status st_conv_forward(const st_nn_ctx *ctx, const st_conv *c)
+{
+    ST_TRY(st_pass_run(ctx, &c->fwd));
+    if (c->scale_loop || c->b)
+        finish_output(c);
+    return ST_OK;
+}
+
+/* With a scale, dx and dw (and a scaled bias's db) are the unscaled
+ * convolution's times the scale: a loop over the plain buffers after each
+ * pass (oneDNN 2.6's backward convolutions take no post-ops). */
 st_status st_conv_backward(const st_nn_ctx *ctx, const st_conv *c)
 {
     /* The order st_view_input(..., shared) was told: a copy of dy made
      * for backward-data serves backward-weights too. */
-    if (c->has_dx)
+    if (c->has_dx) {
         ST_TRY(st_pass_run(ctx, &c->bwd_data));
-    if (c->has_dw)
+        if (c->scale != 1.0f)
+            scale_floats(c->dx, (size_t)(c->s.batch * c->s.ic * c->s.ih * c->s.iw), c->scale);
+    }
+    if (c->has_dw) {
         ST_TRY(st_pass_run(ctx, &c->bwd_weights));
+        if (c->scale != 1.0f) {
+            scale_floats(c->dw, (size_t)(c->s.oc * c->s.ic * c->s.kh * c->s.kw), c->scale);
+            if (c->has_bias && c->scale_bias)
+                scale_floats(c->db, (size_t)c->s.oc, c->scale);
+        }
+    }
     return ST_OK;
 }
 
@@ -338,32 +421,47 @@ st_status st_conv_reference_gflops(const st_conv_shape *shape, st_layout layout,
 /* ------------------------------------------------------------ layer kind */
 
 
+/* The kept channels' columns of the weight matrix, kernel^2 per channel. */
+static int32_t *channel_columns(const st_neuron_sel *sel, int64_t K2)
+{
+    int32_t *ids = malloc((size_t)(sel->n * K2) * sizeof *ids);
+    for (int64_t c = 0; ids && c < sel->n; c++)
+        for (int64_t k = 0; k < K2; k++)
+            ids[c * K2 + k] = (int32_t)(sel->ids[c] * K2 + k);
+    return ids;
+}
+
 /* The weight (OC, IC KH KW) as a matrix whose rows are output channels
  * (a kept output channel: its row) and whose columns come kernel^2 per
- * input channel (a kept input channel: its kernel^2 columns). */
+ * input channel (a kept input channel: its kernel^2 columns).  Backward
+ * masking: the same rows (output unit) and columns (input unit) are the
+ * ones with a gradient; the weight stays whole and stored OIHW. */
 static st_status conv_layout(st_model *m, st_layer *l)
 {
     const int64_t K2 = (int64_t)l->kernel * l->kernel;
     st_neuron_sel tin, tout;
     const st_neuron_sel *in = st_graph_sel(m, l->in_unit, l->in, &tin);
     const st_neuron_sel *out = st_graph_sel(m, l->out_unit, l->out, &tout);
-    const st_neuron_sel *grad = st_graph_grad_sel(m, l->out_unit);
-    if (grad && grad->ids)
-        return st_fail(ST_ERR_INVALID, "%s: backward masking of channel units is not "
-                       "implemented for convolutions", l->name);
-    if (in->ids && !m->layout_skip && !l->col_ids) {
-        l->col_ids = malloc((size_t)(in->n * K2) * sizeof *l->col_ids);
-        if (!l->col_ids)
-            return st_fail(ST_ERR_NOMEM, "out of memory laying out %s", l->name);
-        for (int64_t c = 0; c < in->n; c++)
-            for (int64_t k = 0; k < K2; k++)
-                l->col_ids[c * K2 + k] = (int32_t)(in->ids[c] * K2 + k);
-    }
+    const st_neuron_sel *grad_out = st_graph_grad_sel(m, l->out_unit);
+    const st_neuron_sel *grad_in = st_graph_grad_sel(m, l->in_unit);
+    if (in->ids && !m->layout_skip && !l->col_ids && !(l->col_ids = channel_columns(in, K2)))
+        return st_fail(ST_ERR_NOMEM, "out of memory laying out %s", l->name);
+    if (grad_in && grad_in->ids && !m->layout_skip && !l->grad_col_ids &&
+        !(l->grad_col_ids = channel_columns(grad_in, K2)))
+        return st_fail(ST_ERR_NOMEM, "out of memory laying out %s", l->name);
     st_seg_map w = {
         .full_rows = out->full, .full_cols = in->full * K2, .rows = out->ids,
         .cols = in->ids ? l->col_ids : NULL, .n_rows = out->n, .n_cols = in->n * K2,
         .fan_in = in->full * K2,
     };
+    if (grad_out && grad_out->ids) {
+        w.grad_rows = grad_out->ids;
+        w.n_grad_rows = grad_out->n;
+    }
+    if (grad_in && grad_in->ids) {
+        w.grad_cols = l->grad_col_ids;
+        w.n_grad_cols = grad_in->n * K2;
+    }
     char name[48];
     snprintf(name, sizeof name, "%s.weight", l->name);
     ST_TRY(st_graph_add_segment(m, name, 1, w, &l->seg[0]));
@@ -371,18 +469,45 @@ static st_status conv_layout(st_model *m, st_layer *l)
         return ST_OK;
     st_seg_map b = {
         .full_rows = out->full, .full_cols = 1, .rows = out->ids, .n_rows = out->n, .n_cols = 1,
-        .fan_in = in->full * K2,
+        .grad_rows = w.grad_rows, .n_grad_rows = w.n_grad_rows, .fan_in = in->full * K2,
     };
     snprintf(name, sizeof name, "%s.bias", l->name);
     return st_graph_add_segment(m, name, 0, b, &l->seg[1]);
 }
 
+/* Under backward masking of its channels, a gradient for part of the
+ * weight only (st_layer's gather_*). */
+static int masked_grads(const st_model *m, const st_layer *l)
+{
+    const st_seg_map *w = &m->maps[l->seg[0]];
+    return st_graph_seg_grads(m, l->seg[0]) && (w->grad_rows || w->grad_cols);
+}
+
+/* oneDNN's backward-weights has no variant for a subset of the output or
+ * input channels: it writes the whole dW (and db) here, and the kept part
+ * is copied out (cheaper than a product per run of channels, for these
+ * small kernels, and no second weight layout). */
+static size_t conv_grad_scratch(const st_model *m, const st_layer *l)
+{
+    const st_seg_map *w = &m->maps[l->seg[0]];
+    return masked_grads(m, l) ? (size_t)(w->full_rows * w->full_cols) +
+                                (l->has_bias ? (size_t)w->full_rows : 0)
+                              : 0;
+}
+
+/* The branch scale multiplies the convolution that closes a group's
+ * branch (a residual block's second: a dropped block takes its bias with
+ * it, so a bias is scaled too, unless the model is a neuron subnetwork)
+ * and one that reads a subset of a width unit's channels (every worker
+ * holds its bias, added unscaled): linear_build's rule. */
 static st_status conv_build(st_model *m, st_layer *l)
 {
+    const st_model_config *cf = &m->cfg;
     st_neuron_sel tin, tout;
+    const st_neuron_sel *in = st_graph_sel(m, l->in_unit, l->in, &tin);
     const st_tensor *x = st_graph_tensor_info(m, l->x);
     st_conv_shape sh = {
-        .batch = m->batch, .ic = st_graph_sel(m, l->in_unit, l->in, &tin)->n,
+        .batch = m->batch, .ic = in->n,
         .ih = x->h, .iw = x->w, .oc = st_graph_sel(m, l->out_unit, l->out, &tout)->n,
         .kh = l->kernel, .kw = l->kernel, .stride = l->stride, .pad = l->pad,
     };
@@ -394,6 +519,24 @@ static st_status conv_build(st_model *m, st_layer *l)
         .dw = st_graph_seg_grads(m, l->seg[0]),
         .db = l->has_bias ? st_graph_seg_grads(m, l->seg[1]) : NULL,
     };
+    if (l->closes_group) {
+        io.scale = cf->subnet.scale;
+        io.unscaled_bias = cf->subnet.width_count != NULL;
+    } else if (in->ids) {
+        io.scale = cf->subnet.scale;
+        io.unscaled_bias = 1;
+    }
+    if (masked_grads(m, l)) {
+        const st_seg_map *w = &m->maps[l->seg[0]];
+        l->gather_dst[0] = io.dw;
+        l->gather_dst[1] = io.db;
+        io.dw = st_graph_grad_scratch(m);
+        io.db = l->has_bias ? io.dw + w->full_rows * w->full_cols : NULL;
+        l->gather_src[0] = io.dw;
+        l->gather_src[1] = io.db;
+        l->gather_rows = st_graph_grad_runs(m, l->out_unit, &l->n_gather_rows);
+        l->gather_cols = st_graph_grad_runs(m, l->in_unit, &l->n_gather_cols);
+    }
     return st_conv_build(&m->ctx, &l->u.conv, &sh, &io);
 }
 
@@ -404,9 +547,20 @@ static st_status conv_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase 
 
 static st_status conv_backward(const st_nn_ctx *ctx, const st_layer *l)
 {
-    return st_conv_backward(ctx, &l->u.conv);
+    ST_TRY(st_conv_backward(ctx, &l->u.conv));
+    const st_conv *c = &l->u.conv;
+    if (c->has_dw && l->gather_dst[0]) {
+        const int64_t K2 = c->s.kh * c->s.kw;
+        st_graph_gather(l->gather_dst[0], l->gather_src[0], c->s.oc, c->s.ic * K2,
+                        l->gather_rows, l->n_gather_rows, l->gather_cols, l->n_gather_cols, K2);
+        if (l->gather_dst[1])
+            st_graph_gather(l->gather_dst[1], l->gather_src[1], c->s.oc, 1, l->gather_rows,
+                            l->n_gather_rows, NULL, 0, 1);
+    }
+    return ST_OK;
 }
 
+/* What is computed: under backward masking too, the whole weight pass. */
 static double conv_layer_flops(const st_layer *l)
 {
     return st_conv_flops(&l->u.conv);
@@ -414,5 +568,5 @@ static double conv_layer_flops(const st_layer *l)
 
 const st_layer_kind st_layer_conv = {
     .name = "conv", .layout = conv_layout, .build = conv_build, .forward = conv_forward,
-    .backward = conv_backward, .flops = conv_layer_flops,
+    .backward = conv_backward, .flops = conv_layer_flops, .grad_scratch = conv_grad_scratch,
 };

@@ -112,8 +112,11 @@ static int block(st_model *m, int h, int64_t cin, int64_t c, int64_t H, int64_t 
     bn_relu(m, name, c1, r1, g->dc1, g->dr1, b1, g->db1, c, unit, ok);
     snprintf(name, sizeof name, "%s.conv2", prefix);
     st_layer *l2 = conv(m, name, r1, c2, g->dr1, g->dh, c, c, 3, 1);
-    if (l2)
+    if (l2) {
         l2->in_unit = unit;
+        /* the branch scale multiplies an identity block's branch */
+        l2->closes_group = !proj;
+    }
     int skip = h;
     if (proj) {
         skip = image(m, c, Ho, Wo, ST_W_FULL, ok);
