@@ -1059,6 +1059,24 @@ Test(resnet, sdp_blocks_are_reproducible, .timeout = 180)
     check_resnet_reproducible(&c, "sdp block backward");
 }
 
+/* SDP with channel groups of 4 (stages of 8, 16 and 32 channels: 2, 4
+ * and 8 units, each dealt evenly), each held by 2 of 4 workers. */
+Test(resnet, sdp_channel_groups_are_reproducible, .timeout = 180)
+{
+    st_train_config c = resnet_train_config(4);
+    c.model.depth = 2;
+    c.strategy = ST_STRATEGY_SDP;
+    c.subnet = ST_SUBNET_NEURON;
+    c.neuron_group = 4;
+    c.coverage = 0.5;
+    c.model.width = 8;
+    c.optim.lr = 0.01f;
+    c.steps = 24;
+    check_resnet_reproducible(&c, "sdp neuron forward");
+    c.masking = ST_MASKING_BACKWARD;
+    check_resnet_reproducible(&c, "sdp neuron backward");
+}
+
 /* ResIST: each stage's blocks partitioned over 2 workers, rounds of 3
  * steps. */
 Test(resnet, ist_blocks_are_reproducible, .timeout = 180)

@@ -131,6 +131,12 @@ typedef struct st_model_units {
 
 st_status st_model_config_units(const st_model_config *cfg, st_model_units *out);
 
+/* Units of unit_size neurons (channels) of each width layer, in order (at
+ * most cap counts); returns the number of width layers.  A ResNet's
+ * differ by stage. */
+int st_model_config_width_groups(const st_model_config *cfg, int unit_size, int *groups,
+                                 int cap);
+
 /* The layer groups per section, in order (at most cap sizes); returns
  * the number of sections (st_model_units.sections). */
 int st_model_config_sections(const st_model_config *cfg, int *sizes, int cap);

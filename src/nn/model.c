@@ -181,6 +181,19 @@ st_status st_model_config_units(const st_model_config *c, st_model_units *out)
     return s;
 }
 
+int st_model_config_width_groups(const st_model_config *c, int unit_size, int *groups, int cap)
+{
+    st_model m;
+    int n = 0;
+    const int64_t g = unit_size > 0 ? unit_size : 1;
+    if (layout_full(&m, c) == ST_OK)
+        for (; n < m.n_width; n++)
+            if (n < cap)
+                groups[n] = (int)((m.keep[n].full + g - 1) / g);
+    destroy_layout(&m);
+    return n;
+}
+
 int st_model_config_sections(const st_model_config *c, int *sizes, int cap)
 {
     st_model m;

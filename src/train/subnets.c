@@ -51,7 +51,9 @@ static st_status check_units(const subnets *s, const run_shared *r)
                            L, k, r->n);
         return ST_OK;
     }
-    const int U = s->per_layer;
+    int U = s->sections[0];   /* the narrowest width layer decides */
+    for (int l = 1; l < L; l++)
+        U = s->sections[l] < U ? s->sections[l] : U;
     if ((long)U * k < r->n)
         return st_fail(ST_ERR_INVALID, "a neuron layer has %d groups of %d; each held by %d "
                        "worker(s), they leave some of the %d workers without a neuron in a layer "
@@ -68,21 +70,23 @@ st_status st_subnets_prepare(subnets *s, const run_shared *r, int k, int neuron_
     s->unheld_possible = st_subnets_unheld_possible(r->cfg, neuron_units, backward);
     s->k = k;
     /* the units the model's layers declare: layer groups, or width layers
-     * whose unit j of layer l is unit l x per_layer + j */
+     * whose units follow each other layer by layer */
     st_model_units u;
     ST_TRY(st_model_config_units(&r->cfg->model, &u));
     s->layers = neuron_units ? u.width_layers : u.groups;
-    s->per_layer = neuron_units ? st_model_neuron_groups(&r->cfg->model, r->cfg->neuron_group) : 1;
     if (s->layers < 1)
         return st_fail(ST_ERR_INVALID, "--model %s declares no %s to make subnetworks of",
                        st_model_kind_name(r->cfg->model.kind),
                        neuron_units ? "width layers" : "layer groups");
-    s->n_sections = neuron_units ? 0 : u.sections;
+    s->n_sections = neuron_units ? s->layers : u.sections;
     s->sections = calloc((size_t)(s->n_sections + 1), sizeof *s->sections);
     s->saved = calloc((size_t)r->n, sizeof *s->saved);
     if (!s->saved || !s->sections)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d workers' saved shards", r->n);
-    if (s->n_sections)
+    if (neuron_units)
+        st_model_config_width_groups(&r->cfg->model, r->cfg->neuron_group, s->sections,
+                                     s->n_sections);
+    else if (s->n_sections)
         st_model_config_sections(&r->cfg->model, s->sections, s->n_sections);
     ST_TRY(check_units(s, r));
     return st_subnets_draw(s, r, 0);
@@ -103,11 +107,10 @@ void st_subnets_release(subnets *s)
 st_status st_subnets_draw(subnets *s, const run_shared *r, uint64_t round)
 {
     st_assignment_free(&s->assign);
-    if (s->neuron_units)
-        return st_assignment_make_layered(r->n, s->layers, s->per_layer, s->k, r->cfg->seed,
-                                          round, &s->assign);
-    /* blocks: each section's (a ResNet's stage's) dealt evenly */
-    if (s->n_sections > 1)
+    /* neurons: each width layer's groups dealt evenly (with equal layers
+     * st_assignment_make_layered); blocks: each section's (a ResNet's
+     * stage's) */
+    if (s->neuron_units || s->n_sections > 1)
         return st_assignment_make_sections(r->n, s->n_sections, s->sections, s->k, r->cfg->seed,
                                            round, &s->assign);
     return st_assignment_make(r->n, s->layers, s->k, r->cfg->seed, round, &s->assign);
@@ -133,12 +136,11 @@ st_status st_subnets_config(const subnets *s, const run_shared *r, int wid, int 
     if (!backward && train_scale)
         sub->scale = (float)r->n / (float)a->k;
     if (s->neuron_units) {
-        const int U = a->n_units / L;
         int *count = *buf, *groups = *buf + L, n = 0;
-        for (int l = 0; l < L; l++) {
+        for (int l = 0, first = 0; l < L; first += s->sections[l++]) {
             count[l] = 0;
-            for (int j = 0; j < U; j++)
-                if (st_assignment_holds(a, wid, l * U + j)) {
+            for (int j = 0; j < s->sections[l]; j++)
+                if (st_assignment_holds(a, wid, first + j)) {
                     groups[n++] = j;
                     count[l]++;
                 }

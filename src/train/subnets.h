@@ -29,9 +29,10 @@ typedef struct subnets {
                               * the held units only */
     int unheld_possible;     /* some element may be held by nobody */
     int layers;              /* layer groups, or width layers (neuron units) */
-    int per_layer;           /* units per width layer (1 for groups) */
-    int n_sections;          /* blocks: sections of groups (a ResNet's stages),
-                              * each dealt evenly; sections[i] groups each */
+    int n_sections;          /* units come in sections, each dealt evenly:
+                              * neurons: the width layers, sections[l] groups
+                              * each (a ResNet's stages differ); blocks: runs of
+                              * groups (a ResNet's stages) */
     int *sections;
     st_assignment assign;    /* which worker holds which unit */
     int k;                   /* holders per unit */
