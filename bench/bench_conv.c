@@ -18,8 +18,9 @@
  * norm (oneDNN's fuse_norm_relu), the batch norm plain or blocked (with
  * its reorders), on the same activation shapes.
  *
- * This is the private API (nn/layers.h): st_conv_reference_gflops, the
- * reference a bench_step --config cnn would compare a CNN step with.
+ * This is the private API (nn/layers.h): st_conv_reference_gflops.
+ * bench_step --config cnn builds its reference (the blocked primitives
+ * alone, on the ResNet's dominant shape) with oneDNN's public C API.
  */
 #define _POSIX_C_SOURCE 200809L
 
