@@ -1565,6 +1565,87 @@ Test(state, subnetworks_state_sits_in_the_full_layout)
     free(count);
 }
 
+/* Image tensors kept in the blocked layout between layers (the default)
+ * compute what plain NCHW tensors with reorders around every layer do:
+ * the whole model, a neuron subnetwork whose kept channels are whole
+ * blocks (blocked) in some stages and not in others (plain), its backward
+ * masking, and a block subnetwork; training and inference forwards.  And
+ * the blocked model keeps less activation memory (no blocked copies). */
+static void check_blocked_equals_plain(st_model_config c, const char *what)
+{
+    omp_set_num_threads(1);
+    st_arena a, b;
+    st_arena_init(&a, "blocked", NULL, 0);
+    st_arena_init(&b, "plain", NULL, 0);
+    st_model_config cp = c;
+    cp.plain_tensors = 1;
+    st_model *mb = make_model(&c, 8, &a), *mp = make_model(&cp, 8, &b);
+    cr_assert_eq(st_model_param_count(mb), st_model_param_count(mp));
+    st_model_init_params(mb, 17);
+    st_model_init_params(mp, 17);
+    st_rng r = st_rng_seed(18);
+    fill_rows(mb, 0, 8, &r);
+    r = st_rng_seed(18);
+    fill_rows(mp, 0, 8, &r);
+    float lb, lp;
+    OK(st_model_forward_backward(mb, &lb));
+    OK(st_model_forward_backward(mp, &lp));
+    cr_assert_lt(fabsf(lb - lp), 1e-5f * fabsf(lp), "%s: loss %.9g blocked, %.9g plain", what,
+                 lb, lp);
+    const float *gb = st_model_grads(mb), *gp = st_model_grads(mp);
+    double worst = 0.0, scale = 0.0;
+    for (size_t i = 0; i < st_model_grad_count(mp); i++)
+        scale = fmax(scale, fabs(gp[i]));
+    for (size_t i = 0; i < st_model_grad_count(mp); i++)
+        worst = fmax(worst, fabs(gb[i] - gp[i]) / scale);
+    cr_assert_lt(worst, 1e-5, "%s: gradients differ by %g of the largest", what, worst);
+    double sb = 0.0, sp = 0.0;
+    int64_t hb = 0, hp = 0;
+    OK(st_model_evaluate(mb, 8, &sb, &hb));
+    OK(st_model_evaluate(mp, 8, &sp, &hp));
+    cr_assert_lt(fabs(sb - sp), 1e-5 * fabs(sp), "%s: inference loss", what);
+    const size_t act_b = a.stats.peak[ST_MEM_ACTIVATIONS], act_p = b.stats.peak[ST_MEM_ACTIVATIONS];
+    cr_log_info("%s: max gradient diff %.3g of the largest; activations %zu B blocked, %zu B plain",
+                what, worst, act_b, act_p);
+    cr_assert_lt(act_b, act_p, "%s: no blocked copies of the tensors", what);
+    st_model_destroy(mb);
+    st_model_destroy(mp);
+    st_arena_release(&a);
+    st_arena_release(&b);
+}
+
+Test(layout, blocked_tensors_compute_what_plain_ones_do)
+{
+    /* stages of 16, 32 and 64 channels: whole blocks of 16 (or 8) */
+    st_model_config c = resnet_config(ST_MODEL_RESNET, 2, 16, 3, 8, 8);
+    check_blocked_equals_plain(c, "resnet d2 w16");
+    st_model_config n = c;
+    /* width layers: the 2 blocks of stage 0 (16 channels), 1 of stage 1
+     * (32), 1 of stage 2 (64) */
+    const int wc[] = { 1, 1, 1, 2 }, wk[] = { 0, 0, 1, 0, 3 };
+    n.subnet.unit_size = 16;   /* 16 of 16, 16 of 16, 16 of 32, 32 of 64: blocked */
+    n.subnet.width_count = wc;
+    n.subnet.width_kept = wk;
+    n.subnet.scale = 2.0f;
+    cr_assert_eq(st_model_config_check(&n), ST_OK, "%s", st_last_error());
+    check_blocked_equals_plain(n, "neuron subnetwork");
+    const int wc8[] = { 2, 1, 2, 2 }, wk8[] = { 0, 1, 1, 1, 2, 0, 5 };
+    n.subnet.scale = 0.0f;
+    n.subnet.unit_size = 8;    /* 16, 8 (plain with AVX-512), 16, 16 channels */
+    n.subnet.width_count = wc8;
+    n.subnet.width_kept = wk8;
+    n.subnet.width_grads_only = 1;
+    check_blocked_equals_plain(n, "neuron backward masking, groups of 8");
+    n.subnet.width_grads_only = 0;
+    check_blocked_equals_plain(n, "neuron subnetwork, groups of 8");
+    st_model_config g = c;
+    const int held[] = { 1, 2, 3 };
+    g.subnet.groups = held;
+    g.subnet.n_groups = 3;
+    g.subnet.scale = 1.5f;
+    check_blocked_equals_plain(g, "block subnetwork");
+}
+
 /* Units: one layer group per identity block (stage 1: depth blocks; later
  * stages: depth - 1, after their projection block); each group's inner
  * channels are a width layer. */

@@ -95,6 +95,10 @@ typedef struct st_model_config {
     int in_channels, in_height, in_width;
     int n_classes;
     st_model_subnet subnet; /* zero: the whole model */
+    int plain_tensors;      /* 1: image tensors stay NCHW between layers, each
+                             * convolution and batch norm reorders into its
+                             * blocked layout and back (for comparison; 0, the
+                             * default, keeps them blocked: doc/cnn.md) */
 } st_model_config;
 
 /* resmlp, depth 4, width 256, hidden = width, GELU, 784 inputs, 10 classes. */

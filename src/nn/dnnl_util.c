@@ -280,6 +280,22 @@ void st_md_tag(dnnl_memory_desc_t *md, int ndims, const int64_t *dims, dnnl_form
     dnnl_memory_desc_init_by_tag(md, ndims, d, dnnl_f32, tag);
 }
 
+static int has_avx512(void)
+{
+    const unsigned avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
+    return ((unsigned)dnnl_get_effective_cpu_isa() & avx512) == avx512;
+}
+
+dnnl_format_tag_t st_blocked_tag(void)
+{
+    return has_avx512() ? dnnl_aBcd16b : dnnl_aBcd8b;
+}
+
+int64_t st_blocked_channels(void)
+{
+    return has_avx512() ? 16 : 8;
+}
+
 st_status st_mem_md(st_nn_ctx *ctx, dnnl_memory_t *out, const dnnl_memory_desc_t *md,
                     const void *data)
 {

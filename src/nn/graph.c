@@ -373,6 +373,14 @@ int64_t st_graph_cols(const st_model *m, int tensor)
     return tensor_width(m, &m->tensors[resolve(m, tensor)]);
 }
 
+dnnl_format_tag_t st_graph_tag(const st_model *m, int tensor, int64_t channels)
+{
+    const st_tensor *t = st_graph_tensor_info(m, tensor);
+    if (!t || resolve(m, tensor) == ST_T_INPUT || t->h * t->w == 1 || m->cfg.plain_tensors)
+        return dnnl_nchw;
+    return channels % st_blocked_channels() == 0 ? st_blocked_tag() : dnnl_nchw;
+}
+
 float *st_graph_data(const st_model *m, int tensor)
 {
     return tensor < 0 ? NULL : m->tensors[resolve(m, tensor)].data;

@@ -295,6 +295,17 @@ int st_graph_image(st_model *m, int64_t channels, int64_t h, int64_t w, int widt
 /* A tensor as declared (its alias resolved: a dropped group's output is
  * its input). */
 const st_tensor *st_graph_tensor_info(const st_model *m, int tensor);
+/* The memory layout of an image tensor as a layer sees it, `channels` of
+ * it (a subnetwork's layer may see kept channels only): oneDNN's blocked
+ * layout (st_blocked_tag: nChw16c with AVX-512) when they are whole
+ * blocks, so that consecutive convolutions and batch norms pass their
+ * tensors on without reordering them; else plain NCHW, and always for
+ * the model's input (the data is gathered as NCHW) and for vectors
+ * (H = W = 1).  The rule depends on the shape only, so every layer that
+ * touches a tensor sees the same layout, and elementwise kinds
+ * (activations, skips), which do not care, stay consistent.  Blocked and
+ * plain take the same memory when the channels are whole blocks. */
+dnnl_format_tag_t st_graph_tag(const st_model *m, int tensor, int64_t channels);
 /* Floats per sample of a tensor in this instance: its full width, or its
  * width layer's kept units times the elements of one channel. */
 int64_t st_graph_cols(const st_model *m, int tensor);

@@ -170,6 +170,10 @@ typedef struct st_conv_io {
     int unscaled_bias;          /* with a scale: y = scale conv(x, w) + b (db unscaled),
                                  * as st_linear_io's */
     st_layout layout;
+    /* The layouts of the caller's x (and dx) and y (and dy) buffers:
+     * 0 or dnnl_nchw, or st_blocked_tag() (a model's tensors between
+     * blocked layers: no reorder when the primitive runs on it). */
+    dnnl_format_tag_t x_tag, y_tag;
 } st_conv_io;
 
 typedef struct st_conv {
@@ -178,6 +182,7 @@ typedef struct st_conv {
     st_layout layout;           /* the one used: PLAIN or BLOCKED */
     int has_bias, has_dx, has_dw;
     float scale;                /* 1: none */
+    int64_t y_block;            /* channels per block of y's layout (1: NCHW) */
     int scale_bias;             /* the scale applies to the bias (and db) too */
     int scale_loop;             /* the forward primitive did not take the scale as a
                                  * post-op: a loop scales y */
@@ -230,6 +235,7 @@ st_status st_conv_reference_gflops(const st_conv_shape *shape, st_layout layout,
 typedef struct st_pool_io {
     const float *x; float *y;
     float *dx; const float *dy;  /* dx NULL: forward only */
+    dnnl_format_tag_t x_tag, y_tag; /* of x and dx, y and dy (see st_conv_io) */
 } st_pool_io;
 
 typedef struct st_pool {
@@ -271,6 +277,8 @@ typedef struct st_batchnorm_io {
     float *dx; const float *dy;           /* dy NULL: no backward */
     float *dgamma, *dbeta;                /* (C), needed with dy */
     int fuse_relu;                        /* y = relu(bn(x)), and the backward through both */
+    dnnl_format_tag_t tag;                /* of x, y, dx, dy: 0 or dnnl_nchw, or
+                                           * st_blocked_tag() (see st_conv_io) */
     st_layout layout;                     /* PLAIN: the primitives on the NCHW buffers;
                                            * BLOCKED: on nChw16c (nChw8c without AVX-512)
                                            * copies, reorders around them; DEFAULT: the

@@ -60,15 +60,6 @@ static st_status check(int64_t batch, int64_t channels, int64_t height, int64_t 
     return ST_OK;
 }
 
-/* The blocked layout oneDNN's JIT batch norm runs on: 16 channels a block
- * with AVX-512, 8 below. */
-static dnnl_format_tag_t blocked_tag(void)
-{
-    const unsigned avx512 = (unsigned)dnnl_cpu_isa_avx512_core;
-    return ((unsigned)dnnl_get_effective_cpu_isa() & avx512) == avx512 ? dnnl_aBcd16b
-                                                                     : dnnl_aBcd8b;
-}
-
 st_status st_batchnorm_build(st_nn_ctx *ctx, st_batchnorm *n, int64_t batch,
                              int64_t channels, int64_t height, int64_t width,
                              const st_batchnorm_io *io)
@@ -87,17 +78,18 @@ st_status st_batchnorm_build(st_nn_ctx *ctx, st_batchnorm *n, int64_t batch,
     n->running_var = io->running_var;
 
     const int64_t dims[4] = { batch, channels, height, width };
+    const dnnl_format_tag_t tag = io->tag ? io->tag : dnnl_nchw;
     st_view x, y, dx, dy;
-    ST_TRY(st_view_init(ctx, &x, 4, dims, dnnl_nchw, io->x, ST_MEM_ACTIVATIONS, ST_SLOT_KEEP,
+    ST_TRY(st_view_init(ctx, &x, 4, dims, tag, io->x, ST_MEM_ACTIVATIONS, ST_SLOT_KEEP,
                         "batch norm reorder x", NULL));
-    ST_TRY(st_view_init(ctx, &y, 4, dims, dnnl_nchw, io->y, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
+    ST_TRY(st_view_init(ctx, &y, 4, dims, tag, io->y, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
                         NULL, "batch norm reorder y"));
-    ST_TRY(st_view_init(ctx, &dx, 4, dims, dnnl_nchw, io->dx, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
+    ST_TRY(st_view_init(ctx, &dx, 4, dims, tag, io->dx, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
                         NULL, "batch norm reorder dx"));
-    ST_TRY(st_view_init(ctx, &dy, 4, dims, dnnl_nchw, io->dy, ST_MEM_ACTIVATIONS, ST_SLOT_IN,
+    ST_TRY(st_view_init(ctx, &dy, 4, dims, tag, io->dy, ST_MEM_ACTIVATIONS, ST_SLOT_IN,
                         "batch norm reorder dy", NULL));
     dnnl_memory_desc_t data_md, c_md;
-    st_md_tag(&data_md, 4, dims, n->layout == ST_LAYOUT_BLOCKED ? blocked_tag() : dnnl_nchw);
+    st_md_tag(&data_md, 4, dims, n->layout == ST_LAYOUT_BLOCKED ? st_blocked_tag() : dnnl_nchw);
     st_md_vector(&c_md, channels);
     const unsigned flags = dnnl_use_scale | dnnl_use_shift |
                            (n->fuse_relu ? (unsigned)dnnl_fuse_norm_relu : 0u);
@@ -294,6 +286,7 @@ static st_status bn_build(st_model *m, st_layer *l)
         .running_var = bn_state(m, l, "running_var"),
         .dx = st_graph_data(m, l->dx), .dy = l->backward ? st_graph_data(m, l->dy) : NULL,
         .dgamma = st_graph_seg_grads(m, l->seg[0]), .dbeta = st_graph_seg_grads(m, l->seg[1]),
+        .tag = st_graph_tag(m, l->x, c),
     };
     const st_neuron_sel *grad = st_graph_grad_sel(m, l->out_unit);
     if (io.dy && io.dgamma && grad && grad->ids) {

@@ -146,15 +146,18 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
     const int64_t yd[4] = { shape->batch, shape->oc, c->oh, c->ow };
     const int64_t wd[4] = { shape->oc, shape->ic, shape->kh, shape->kw };
     st_view x, y, w, dx, dy, dw;
-    ST_TRY(st_view_init(ctx, &x, 4, xd, dnnl_nchw, io->x, ST_MEM_ACTIVATIONS, ST_SLOT_KEEP,
+    const dnnl_format_tag_t xt = io->x_tag ? io->x_tag : dnnl_nchw;
+    const dnnl_format_tag_t yt = io->y_tag ? io->y_tag : dnnl_nchw;
+    c->y_block = yt == dnnl_nchw ? 1 : st_blocked_channels();
+    ST_TRY(st_view_init(ctx, &x, 4, xd, xt, io->x, ST_MEM_ACTIVATIONS, ST_SLOT_KEEP,
                         "conv reorder x", NULL));
-    ST_TRY(st_view_init(ctx, &y, 4, yd, dnnl_nchw, io->y, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
+    ST_TRY(st_view_init(ctx, &y, 4, yd, yt, io->y, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
                         NULL, "conv reorder y"));
     ST_TRY(st_view_init(ctx, &w, 4, wd, dnnl_oihw, io->w, ST_MEM_WORKSPACE, ST_SLOT_KEEP,
                         "conv reorder w", NULL));
-    ST_TRY(st_view_init(ctx, &dx, 4, xd, dnnl_nchw, io->dx, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
+    ST_TRY(st_view_init(ctx, &dx, 4, xd, xt, io->dx, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
                         NULL, "conv reorder dx"));
-    ST_TRY(st_view_init(ctx, &dy, 4, yd, dnnl_nchw, io->dy, ST_MEM_ACTIVATIONS, ST_SLOT_IN,
+    ST_TRY(st_view_init(ctx, &dy, 4, yd, yt, io->dy, ST_MEM_ACTIVATIONS, ST_SLOT_IN,
                         "conv reorder dy", NULL));
     ST_TRY(st_view_init(ctx, &dw, 4, wd, dnnl_oihw, io->dw, ST_MEM_WORKSPACE, ST_SLOT_KEEP,
                         NULL, "conv reorder dw"));
@@ -263,18 +266,22 @@ static void scale_floats(float *v, size_t n, float scale)
 }
 
 /* y = scale y (when the primitive did not) + b (an unscaled bias), per
- * channel over the plain NCHW output. */
+ * channel over the output in its layout: NCHW (a block of 1 channel) or
+ * nChw16c, where channel o of position i sits at
+ * (o / 16) HW 16 + i 16 + o % 16 within a sample. */
 static void finish_output(const st_conv *c)
 {
     const float scale = c->scale_loop ? c->scale : 1.0f;
-    const size_t hw = (size_t)(c->oh * c->ow);
-    float *y = c->y;
-    for (int64_t n = 0; n < c->s.batch; n++)
-        for (int64_t o = 0; o < c->s.oc; o++, y += hw) {
+    const int64_t hw = c->oh * c->ow, cb = c->y_block;
+    for (int64_t n = 0; n < c->s.batch; n++) {
+        float *y = c->y + n * c->s.oc * hw;
+        for (int64_t o = 0; o < c->s.oc; o++) {
             const float b = c->b ? c->b[o] : 0.0f;
-            for (size_t i = 0; i < hw; i++)
-                y[i] = scale * y[i] + b;
+            float *p = y + (o / cb) * hw * cb + o % cb;
+            for (int64_t i = 0; i < hw; i++)
+                p[i * cb] = scale * p[i * cb] + b;
         }
+    }
 }
 
 st_status st_conv_forward(const st_nn_ctx *ctx, const st_conv *c)
@@ -518,6 +525,7 @@ static st_status conv_build(st_model *m, st_layer *l)
         .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
         .dw = st_graph_seg_grads(m, l->seg[0]),
         .db = l->has_bias ? st_graph_seg_grads(m, l->seg[1]) : NULL,
+        .x_tag = st_graph_tag(m, l->x, sh.ic), .y_tag = st_graph_tag(m, l->y, sh.oc),
     };
     if (l->closes_group) {
         io.scale = cf->subnet.scale;

@@ -25,8 +25,8 @@ static st_status pool_build(st_nn_ctx *ctx, st_pool *p, dnnl_alg_kind_t alg,
     const int64_t xd[4] = { p->batch, p->channels, p->ih, p->iw };
     const int64_t yd[4] = { p->batch, p->channels, p->oh, p->ow };
     dnnl_memory_desc_t x_md, y_md;
-    st_md_tag(&x_md, 4, xd, dnnl_nchw);
-    st_md_tag(&y_md, 4, yd, dnnl_nchw);
+    st_md_tag(&x_md, 4, xd, io->x_tag ? io->x_tag : dnnl_nchw);
+    st_md_tag(&y_md, 4, yd, io->y_tag ? io->y_tag : dnnl_nchw);
     const dnnl_dims_t strides = { p->stride, p->stride };
     const dnnl_dims_t kernel = { p->kernel_h, p->kernel_w };
     const dnnl_dims_t dilation = { 0, 0 };
@@ -158,20 +158,25 @@ static st_status avgpool_build(st_model *m, st_layer *l)
 {
     st_neuron_sel t;
     const st_tensor *x = st_graph_tensor_info(m, l->x);
+    const int64_t c = st_graph_sel(m, l->in_unit, l->in, &t)->n;
+    /* y (B, C, 1, 1) in x's layout: with H = W = 1 a blocked layout of
+     * whole channel blocks is the plain (B, C) matrix the head reads */
+    const dnnl_format_tag_t tag = st_graph_tag(m, l->x, c);
     st_pool_io io = { .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
-                      .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy) };
-    return st_global_avgpool_build(&m->ctx, &l->u.pool, m->batch,
-                                   st_graph_sel(m, l->in_unit, l->in, &t)->n, x->h, x->w, &io);
+                      .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
+                      .x_tag = tag, .y_tag = tag };
+    return st_global_avgpool_build(&m->ctx, &l->u.pool, m->batch, c, x->h, x->w, &io);
 }
 
 static st_status maxpool_build(st_model *m, st_layer *l)
 {
     st_neuron_sel t;
     const st_tensor *x = st_graph_tensor_info(m, l->x);
+    const int64_t c = st_graph_sel(m, l->in_unit, l->in, &t)->n;
     st_pool_io io = { .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
-                      .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy) };
-    return st_maxpool_build(&m->ctx, &l->u.pool, m->batch,
-                            st_graph_sel(m, l->in_unit, l->in, &t)->n, x->h, x->w, l->kernel,
+                      .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
+                      .x_tag = st_graph_tag(m, l->x, c), .y_tag = st_graph_tag(m, l->y, c) };
+    return st_maxpool_build(&m->ctx, &l->u.pool, m->batch, c, x->h, x->w, l->kernel,
                             l->stride, l->pad, &io);
 }
 
