@@ -132,6 +132,7 @@ struct st_layer {
                             * product is scaled by the branch scale */
     /* activation */
     st_activation activation;
+    int fuse_relu;         /* batch norm: y = relu(bn(x)), the ReLU fused in */
     /* convolution, pooling: square kernel, stride, symmetric padding */
     int kernel, stride, pad;
     int has_bias;          /* convolution */

@@ -286,7 +286,7 @@ static st_status bn_build(st_model *m, st_layer *l)
         .running_var = bn_state(m, l, "running_var"),
         .dx = st_graph_data(m, l->dx), .dy = l->backward ? st_graph_data(m, l->dy) : NULL,
         .dgamma = st_graph_seg_grads(m, l->seg[0]), .dbeta = st_graph_seg_grads(m, l->seg[1]),
-        .tag = st_graph_tag(m, l->x, c),
+        .tag = st_graph_tag(m, l->x, c), .fuse_relu = l->fuse_relu,
     };
     const st_neuron_sel *grad = st_graph_grad_sel(m, l->out_unit);
     if (io.dy && io.dgamma && grad && grad->ids) {

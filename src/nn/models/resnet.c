@@ -55,23 +55,33 @@ static st_layer *conv(st_model *m, const char *name, int x, int y, int dx, int d
     return l;
 }
 
+/* BN -> activation from x to y.  A ReLU is fused into the batch norm (the
+ * primitive's fuse_norm_relu: one pass over the tensor fewer each way, and
+ * no pre-activation tensor kept: measured 1.4x on the pair, batchnorm.c);
+ * another activation is a layer of its own through mid. */
 static st_layer *bn_relu(st_model *m, const char *name, int x, int y, int dx, int dy, int mid,
                          int dmid, int64_t c, int unit, int *ok)
 {
-    st_layer *n = st_graph_add(m, &st_layer_batchnorm, name, x, mid, dx, dmid);
+    const st_activation act = st_model_get_config(m)->activation;
+    const int fuse = act == ST_ACT_RELU;
+    st_layer *n = st_graph_add(m, &st_layer_batchnorm, name, x, fuse ? y : mid, dx,
+                               fuse ? dy : dmid);
     if (!n) {
         *ok = 0;
         return NULL;
     }
     n->in = n->out = c;
     n->in_unit = n->out_unit = unit;
-    st_layer *r = st_graph_add(m, &st_layer_activation, "relu", mid, y, dmid, dy);
+    n->fuse_relu = fuse;
+    if (fuse)
+        return n;
+    st_layer *r = st_graph_add(m, &st_layer_activation, "act", mid, y, dmid, dy);
     if (!r) {
         *ok = 0;
         return NULL;
     }
     r->in_unit = r->out_unit = unit;
-    r->activation = st_model_get_config(m)->activation;
+    r->activation = act;
     return r;
 }
 
