@@ -324,12 +324,12 @@ Test(gradcheck, resmlp_scaled_branch_gelu)
 }
 
 /* Scaling by 1 is no scaling, to the bit. */
-Test(model, branch_scale_one_is_plain)
+static void check_scale_one_is_plain(st_model_config c)
 {
     omp_set_num_threads(1);
     st_arena a;
     st_arena_init(&a, "scale", NULL, 0);
-    st_model_config c = resmlp_config(2, 16, 24, ST_ACT_GELU), c1 = c;
+    st_model_config c1 = c;
     c1.subnet.scale = 1.0f;
     st_model *m = make_model(&c, 8, &a), *m1 = make_model(&c1, 8, &a);
     st_model_init_params(m, 3);
@@ -347,6 +347,11 @@ Test(model, branch_scale_one_is_plain)
     st_model_destroy(m);
     st_model_destroy(m1);
     st_arena_release(&a);
+}
+
+Test(model, branch_scale_one_is_plain)
+{
+    check_scale_one_is_plain(resmlp_config(2, 16, 24, ST_ACT_GELU));
 }
 
 Test(gradcheck, resmlp_relu)
@@ -1739,27 +1744,7 @@ Test(gradcheck, resnet_block_subnetwork_scaled)
  * loop. */
 Test(model, resnet_branch_scale_one_is_plain)
 {
-    omp_set_num_threads(1);
-    st_arena a;
-    st_arena_init(&a, "scale", NULL, 0);
-    st_model_config c = resnet_small(), c1 = c;
-    c1.subnet.scale = 1.0f;
-    st_model *m = make_model(&c, 8, &a), *m1 = make_model(&c1, 8, &a);
-    st_model_init_params(m, 3);
-    st_model_init_params(m1, 3);
-    st_rng r = st_rng_seed(4);
-    fill_rows(m, 0, 8, &r);
-    r = st_rng_seed(4);
-    fill_rows(m1, 0, 8, &r);
-    float l, l1;
-    OK(st_model_forward_backward(m, &l));
-    OK(st_model_forward_backward(m1, &l1));
-    cr_assert_eq(l, l1);
-    cr_assert_eq(memcmp(st_model_grads(m), st_model_grads(m1),
-                        st_model_param_count(m) * sizeof(float)), 0);
-    st_model_destroy(m);
-    st_model_destroy(m1);
-    st_arena_release(&a);
+    check_scale_one_is_plain(resnet_small());
 }
 
 /* Backward masking (cfg: of channel units or of blocks): the full model's

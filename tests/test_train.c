@@ -1042,18 +1042,25 @@ static void check_resnet_reproducible(const st_train_config *c, const char *what
     st_dataset_free(&test);
 }
 
-/* SDP with blocks (two stage-0 blocks, one in each later stage) held by 2
- * of 4 workers, forward and backward masking. */
-Test(resnet, sdp_blocks_are_reproducible, .timeout = 180)
+/* A ResNet with blocks to share (depth 2: two stage-0 blocks, one in each
+ * later stage; 8, 16, 32 channels) that learns in 24 steps. */
+static st_train_config subnet_resnet_config(int workers, st_strategy strategy)
 {
-    st_train_config c = resnet_train_config(4);
+    st_train_config c = resnet_train_config(workers);
     c.model.depth = 2;
-    c.strategy = ST_STRATEGY_SDP;
-    c.subnet = ST_SUBNET_BLOCK;
-    c.coverage = 0.5;
     c.model.width = 8;
     c.optim.lr = 0.01f;
     c.steps = 24;
+    c.strategy = strategy;
+    c.coverage = 0.5;
+    return c;
+}
+
+/* SDP with blocks held by 2 of 4 workers, forward and backward masking. */
+Test(resnet, sdp_blocks_are_reproducible, .timeout = 180)
+{
+    st_train_config c = subnet_resnet_config(4, ST_STRATEGY_SDP);
+    c.subnet = ST_SUBNET_BLOCK;
     check_resnet_reproducible(&c, "sdp block forward");
     c.masking = ST_MASKING_BACKWARD;
     check_resnet_reproducible(&c, "sdp block backward");
@@ -1063,15 +1070,9 @@ Test(resnet, sdp_blocks_are_reproducible, .timeout = 180)
  * and 8 units, each dealt evenly), each held by 2 of 4 workers. */
 Test(resnet, sdp_channel_groups_are_reproducible, .timeout = 180)
 {
-    st_train_config c = resnet_train_config(4);
-    c.model.depth = 2;
-    c.strategy = ST_STRATEGY_SDP;
+    st_train_config c = subnet_resnet_config(4, ST_STRATEGY_SDP);
     c.subnet = ST_SUBNET_NEURON;
     c.neuron_group = 4;
-    c.coverage = 0.5;
-    c.model.width = 8;
-    c.optim.lr = 0.01f;
-    c.steps = 24;
     check_resnet_reproducible(&c, "sdp neuron forward");
     c.masking = ST_MASKING_BACKWARD;
     check_resnet_reproducible(&c, "sdp neuron backward");
@@ -1081,12 +1082,7 @@ Test(resnet, sdp_channel_groups_are_reproducible, .timeout = 180)
  * steps. */
 Test(resnet, ist_blocks_are_reproducible, .timeout = 180)
 {
-    st_train_config c = resnet_train_config(2);
-    c.model.depth = 2;
-    c.strategy = ST_STRATEGY_IST;
+    st_train_config c = subnet_resnet_config(2, ST_STRATEGY_IST);
     c.local_steps = 3;
-    c.model.width = 8;
-    c.optim.lr = 0.01f;
-    c.steps = 24;
     check_resnet_reproducible(&c, "ist blocks");
 }
