@@ -108,6 +108,8 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--strategy sdp --subnet neuron --neuron-group 0", "--neuron-group");
     expect_usage_error("--strategy sdp --model mlp", "resmlp");
     expect_usage_error("--strategy sdp --branch-scale half", "allowed: none, inverse-coverage");
+    expect_usage_error("--bn-calibration -3", "--bn-calibration");
+    expect_usage_error("--bn-calibration many", "--bn-calibration");
     expect_usage_error("--report speed", "allowed: memory, align, align=N");
     expect_usage_error("--strategy sdp --report align=0", "align");
     expect_usage_error("--report align", "needs --strategy sdp");
@@ -185,6 +187,7 @@ Test(cli, help_and_version)
                                  "--subnet", "--masking", "--coverage", "--resample",
                                  "--branch-scale", "--report", "--local-steps",
                                  "--eval-branch-scale", "--augment-crop", "--augment-flip",
+                                 "--bn-calibration",
                                  "cifar10:DIR", "cifar100:DIR", "idx:DIR" };
     for (size_t i = 0; i < sizeof documented / sizeof *documented; i++)
         cr_assert(strstr(r->out, documented[i]), "--help does not mention %s", documented[i]);

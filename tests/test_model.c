@@ -1651,6 +1651,41 @@ Test(layout, blocked_tensors_compute_what_plain_ones_do)
     check_blocked_equals_plain(g, "block subnetwork");
 }
 
+/* Recalibration: the first batch (k = 0) replaces whatever running
+ * statistics the model had, and K batches give the mean of their
+ * statistics (the same batch twice: the same state as once). */
+Test(state, calibration_replaces_the_running_statistics)
+{
+    omp_set_num_threads(1);
+    st_model_config c = resnet_config(ST_MODEL_RESNET, 1, 4, 2, 6, 6);
+    st_arena a;
+    st_arena_init(&a, "calibrate", NULL, 0);
+    st_model *m1 = make_model(&c, 8, &a), *m2 = make_model(&c, 8, &a);
+    st_model_init_params(m1, 5);
+    st_model_init_params(m2, 5);
+    size_t n;
+    float *s1 = st_model_state(m1, &n), *s2 = st_model_state(m2, &n);
+    for (size_t i = 0; i < n; i++)
+        s2[i] = 7.0f + (float)i;   /* m1 has its initial state, m2 another */
+    st_rng r = st_rng_seed(6);
+    fill_rows(m1, 0, 8, &r);
+    memcpy(st_model_input(m2), st_model_input(m1), 8 * (size_t)c.in_dim * sizeof(float));
+    OK(st_model_calibrate(m1, 0));
+    OK(st_model_calibrate(m2, 0));
+    cr_assert_eq(memcmp(s1, s2, n * sizeof *s1), 0, "k = 0 keeps nothing of the old state");
+    float *once = malloc(n * sizeof *once);
+    memcpy(once, s1, n * sizeof *once);
+    OK(st_model_calibrate(m1, 1));
+    for (size_t i = 0; i < n; i++)
+        cr_assert_float_eq(s1[i], once[i], 1e-6f * (1.0f + fabsf(once[i])),
+                           "the mean of one batch's statistics twice");
+    cr_assert_eq(st_model_calibrate(m1, -1), ST_ERR_INVALID);
+    free(once);
+    st_model_destroy(m1);
+    st_model_destroy(m2);
+    st_arena_release(&a);
+}
+
 /* Units: one layer group per identity block (stage 1: depth blocks; later
  * stages: depth - 1, after their projection block); each group's inner
  * channels are a width layer. */

@@ -1062,6 +1062,19 @@ Test(resnet, sdp_blocks_are_reproducible, .timeout = 180)
     st_train_config c = subnet_resnet_config(4, ST_STRATEGY_SDP);
     c.subnet = ST_SUBNET_BLOCK;
     check_resnet_reproducible(&c, "sdp block forward");
+    /* the full model's recalibrated statistics change its evaluation,
+     * never the training */
+    st_train_config raw = c;
+    raw.bn_calibration = 0;
+    st_dataset train, test;
+    make_data(11, &train, &test);
+    st_epoch_record a, b;
+    cr_assert_eq(st_train_run(&c, &train, &test, NULL, &a), ST_OK, "%s", st_last_error());
+    cr_assert_eq(st_train_run(&raw, &train, &test, NULL, &b), ST_OK, "%s", st_last_error());
+    cr_assert_eq(a.train_loss, b.train_loss);
+    cr_assert_neq(a.test_loss, b.test_loss);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
     c.masking = ST_MASKING_BACKWARD;
     check_resnet_reproducible(&c, "sdp block backward");
 }

@@ -214,6 +214,14 @@ const st_param_segment *st_model_segments(const st_model *m, int *count);
  * cross-entropy, the gradient vector is overwritten with dloss/dparams. */
 st_status st_model_forward_backward(st_model *m, float *loss);
 
+/* Batch statistics recalibration: a training forward on the batch in the
+ * input (nothing else: no loss, no gradient), whose batch norms update
+ * their running statistics with momentum 1 / (k + 1).  Called for k = 0,
+ * 1, ..., K - 1 on K batches, it sets them to the plain mean over the K
+ * batches' statistics.  For a model whose weights were trained in other
+ * compositions (subnetworks), whose running statistics do not describe it. */
+st_status st_model_calibrate(st_model *m, int k);
+
 /* Forward only, for evaluation: the first `rows` rows of the input are real
  * samples (the rest is padding).  Adds their summed loss and their number of
  * correct predictions to *loss_sum and *correct. */

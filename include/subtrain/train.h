@@ -59,6 +59,13 @@ typedef struct st_train_config {
                                * survives rounds, averaged over its holders
                                * like the parameters; 0 (default): reset
                                * every round, as ResIST resets momentum */
+    int bn_calibration;       /* subnetworks evaluated as the full model (sdp
+                               * with forward masking, ist): before each
+                               * evaluation, the full model re-estimates its
+                               * batch norms' running statistics on this many
+                               * training batches (st_model_calibrate); 0: it
+                               * uses the holders' averaged statistics.
+                               * Default 50 (doc/cnn.md) */
     uint64_t align_every;     /* sdp: every this many steps, measure each
                                * worker's gradient alignment (0: never) */
     int workers;              /* worker threads; 0: one per physical core */

@@ -16,7 +16,7 @@ enum {
     OPT_EPOCHS, OPT_STEPS, OPT_BATCH, OPT_OPTIMIZER, OPT_LR, OPT_MOMENTUM,
     OPT_WEIGHT_DECAY, OPT_SCHEDULE, OPT_WARMUP, OPT_SEED, OPT_METRICS, OPT_PROGRESS,
     OPT_STRATEGY, OPT_WORKERS, OPT_TOPOLOGY, OPT_CPUSET, OPT_OVERSUBSCRIBE,
-    OPT_TRAIN_SCALE, OPT_OPTIMIZER_STATE, OPT_SUBNET, OPT_MASKING, OPT_NEURON_GROUP, OPT_COVERAGE, OPT_RESAMPLE, OPT_BRANCH_SCALE, OPT_REPORT,
+    OPT_TRAIN_SCALE, OPT_OPTIMIZER_STATE, OPT_SUBNET, OPT_MASKING, OPT_NEURON_GROUP, OPT_COVERAGE, OPT_RESAMPLE, OPT_BRANCH_SCALE, OPT_BN_CALIBRATION, OPT_REPORT,
     OPT_LOCAL_STEPS, OPT_EVAL_BRANCH_SCALE,
     OPT_SEGMENTS, OPT_CUTS, OPT_SYNTH_LABELS, OPT_SYNTH_SCALE, OPT_SYNTH_NOISE,
     OPT_RECOVERY_EPOCHS, OPT_AUGMENT_CROP, OPT_AUGMENT_FLIP,
@@ -54,6 +54,7 @@ static const struct option long_options[] = {
     { "coverage", required_argument, NULL, OPT_COVERAGE },
     { "resample", required_argument, NULL, OPT_RESAMPLE },
     { "branch-scale", required_argument, NULL, OPT_BRANCH_SCALE },
+    { "bn-calibration", required_argument, NULL, OPT_BN_CALIBRATION },
     { "report", required_argument, NULL, OPT_REPORT },
     { "local-steps", required_argument, NULL, OPT_LOCAL_STEPS },
     { "eval-branch-scale", required_argument, NULL, OPT_EVAL_BRANCH_SCALE },
@@ -121,6 +122,10 @@ void st_cli_print_help(FILE *f)
 "  --resample R           sdp: redraw the masks every R steps (default 0: fixed)\n"
 "  --branch-scale none|inverse-coverage   sdp: scale each block's residual branch\n"
 "                         by 1/coverage in training (default inverse-coverage)\n"
+"  --bn-calibration N     sdp (forward masking), ist: before each evaluation the\n"
+"                         full model re-estimates its batch norm statistics on N\n"
+"                         training batches (default 50; 0: the subnetworks'\n"
+"                         averaged statistics)\n"
 "  --workers N|cores      worker threads, each pinned to a core, its memory on its\n"
 "                         NUMA node (default 1; cores: one per physical core)\n"
 "  --oversubscribe        allow more workers than allowed PUs (with a warning)\n"
@@ -468,6 +473,8 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_OVERSUBSCRIBE: t->oversubscribe = 1; return 0;
     case OPT_SUBNET: return parse_choice("subnet", arg, parse_subnet, &t->subnet, err, n);
     case OPT_NEURON_GROUP: return parse_int("neuron-group", arg, 1, 65536, &t->neuron_group, err, n);
+    case OPT_BN_CALIBRATION:
+        return parse_int("bn-calibration", arg, 0, 100000, &t->bn_calibration, err, n);
     case OPT_MASKING: return parse_choice("masking", arg, parse_masking, &t->masking, err, n);
     case OPT_COVERAGE: {
         float cov;

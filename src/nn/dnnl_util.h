@@ -50,6 +50,9 @@ typedef struct st_nn_ctx {
     size_t scratchpad_bytes;     /* largest scratchpad requested so far */
     void *scratchpad;            /* shared workspace, after finalize */
     float *ones;                 /* n_ones ones, for batch sums */
+    float bn_momentum;           /* of the running statistics' update in the next
+                                  * training forward; 0: ST_BATCHNORM_MOMENTUM
+                                  * (st_model_calibrate sets 1 / (k + 1)) */
     int64_t n_ones;
     /* Everything created, for st_nn_ctx_destroy.  Grown at build time only. */
     st_prim **prims;

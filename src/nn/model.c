@@ -550,6 +550,16 @@ st_status st_model_forward_backward(st_model *m, float *loss)
     return st_graph_backward(m);
 }
 
+st_status st_model_calibrate(st_model *m, int k)
+{
+    if (k < 0)
+        return st_fail(ST_ERR_INVALID, "calibration batch %d: counted from 0", k);
+    m->ctx.bn_momentum = 1.0f / (float)(k + 1);
+    st_status s = st_graph_forward(m, ST_PHASE_TRAIN);
+    m->ctx.bn_momentum = 0.0f;
+    return s;
+}
+
 st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *correct)
 {
     if (rows < 1 || rows > m->batch)

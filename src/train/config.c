@@ -20,6 +20,7 @@ st_train_config st_train_config_default(void)
         .local_steps = 50,
         .ist_eval_scale = 1,
         .ist_train_scale = -1,
+        .bn_calibration = 50,
         .neuron_group = 16,
         .workers = 1,
         .model = st_model_config_default(),
@@ -73,6 +74,9 @@ st_status st_train_config_check(const st_train_config *c)
         c->strategy == ST_STRATEGY_SYNTH)
         return st_fail(ST_ERR_INVALID, "--model %s (batch norm) does not train with --strategy "
                        "synth", st_model_kind_name(c->model.kind));
+    if (c->bn_calibration < 0 || c->bn_calibration > 100000)
+        return st_fail(ST_ERR_INVALID, "--bn-calibration must be in [0, 100000] batches, got %d",
+                       c->bn_calibration);
     if (c->steps == 0 && (c->epochs < 1 || c->epochs > 100000))
         return st_fail(ST_ERR_INVALID, "epochs must be in [1, 100000], got %d", c->epochs);
     if (c->schedule == ST_SCHED_WARMUP_COSINE && c->warmup_steps != ST_WARMUP_AUTO &&

@@ -223,6 +223,32 @@ void st_subnets_load_full(subnets *s, const run_shared *r, st_comm *masters, int
     }
 }
 
+/* The full model's batch norms see a network none of the subnetworks
+ * trained as: a block's input is the sum of every block before it, not of
+ * the few a subnetwork held, scaled.  Their running statistics, averaged
+ * over the subnetworks, describe those, and measured on a ResNet they
+ * wreck the full model's test accuracy (doc/cnn.md: 0.37 where training
+ * reached a loss of 0.2).  So, as networks trained in several widths or
+ * depths do, the full model re-estimates them on training batches (the
+ * first of the current epoch's order), its weights untouched. */
+static st_status calibrate(subnets *s, run_shared *r, st_worker *w)
+{
+    st_model *m = s->eval_model;
+    size_t n_state;
+    const uint32_t B = (uint32_t)r->cfg->batch;
+    int K = r->cfg->bn_calibration;
+    if (!st_model_state(m, &n_state) || K == 0)
+        return ST_OK;
+    if ((uint64_t)K * B > r->train->count)
+        K = (int)(r->train->count / B);
+    for (int k = 0; k < K; k++) {
+        st_dataset_gather_train(r->train, w->epoch, w->order + (size_t)k * B, B,
+                                st_model_input(m), st_model_labels(m));
+        ST_TRY(st_model_calibrate(m, k));
+    }
+    return ST_OK;
+}
+
 /* Worker 0 keeps the full model, fills it from every owner's shard, which
  * after the epoch's last all-gather (or round end) holds the current
  * values, and runs the whole test set; the others wait. */
@@ -233,6 +259,7 @@ st_status st_subnets_evaluate_full(subnets *s, run_shared *r, st_comm *masters, 
     if (w->id == 0) {
         st_subnets_load_full(s, r, masters, from_saved);
         st_run_load_state(r, s->eval_model);   /* the loop synced it */
+        ST_TRY(calibrate(s, r, w));
         ST_TRY(st_run_evaluate_model(s->eval_model, r->test, loss, acc));
     }
     return st_run_sync(r, w->id);

@@ -194,11 +194,11 @@ st_status st_batchnorm_build(st_nn_ctx *ctx, st_batchnorm *n, int64_t batch,
     return s;
 }
 
-/* PyTorch's running update, after the batch statistics are in mean/var. */
-static void update_running(const st_batchnorm *n)
+/* PyTorch's running update, after the batch statistics are in mean/var;
+ * momentum m (calibration: 1 / (k + 1), a cumulative mean). */
+static void update_running(const st_batchnorm *n, float m)
 {
     const int64_t count = n->batch * n->hw;
-    const float m = ST_BATCHNORM_MOMENTUM;
     const float unbias = (float)((double)count / (double)(count - 1));
     for (int64_t c = 0; c < n->channels; c++) {
         n->running_mean[c] = (1.0f - m) * n->running_mean[c] + m * n->mean[c];
@@ -215,7 +215,7 @@ st_status st_batchnorm_forward(const st_nn_ctx *ctx, const st_batchnorm *n, int 
                        "channel (batch %lld x %lld positions)", (long long)n->batch,
                        (long long)n->hw);
     ST_TRY(st_pass_run(ctx, &n->fwd_train));
-    update_running(n);
+    update_running(n, ctx->bn_momentum > 0.0f ? ctx->bn_momentum : ST_BATCHNORM_MOMENTUM);
     return ST_OK;
 }
 
