@@ -5,8 +5,9 @@
 # count; samples/s is of 4 workers sharing 2 cores), E epochs (default 3):
 # data parallelism; SDP with block and neuron (channel-group) units at
 # coverage 0.5 and 0.25, forward and backward masking; block forward
-# masking at C = 0.5 FLOP-matched (2 E epochs); ResIST with 2 and 4
-# workers, and data parallelism with 2.  Prints a markdown table; the
+# masking at C = 0.5 FLOP-matched (2 E epochs), without the branch scale,
+# and without batch norm recalibration; ResIST with 2 and 4 workers, and
+# data parallelism with 2.  Prints a markdown table; the
 # metrics files stay in $OUT (default /tmp/cnn-table).
 #
 #   EPOCHS=3 sh scripts/cnn_table.sh [path/to/subtrain]
@@ -50,6 +51,9 @@ run dp4 --workers 4 --epochs $E
 run sdp-block-f50 --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.5
 run sdp-block-f50-fm --workers 4 --epochs $E2 --strategy sdp --subnet block --coverage 0.5
 run sdp-block-f25 --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.25
+run sdp-block-f50-noscale --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.5 --branch-scale none
+run sdp-block-f25-noscale --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.25 --branch-scale none
+run sdp-block-f50-nocal --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.5 --bn-calibration 0
 run sdp-block-b50 --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.5 --masking backward
 run sdp-block-b25 --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.25 --masking backward
 run sdp-neuron-f50 --workers 4 --epochs $E --strategy sdp $NEURON --coverage 0.5
@@ -66,6 +70,9 @@ row "data parallel" 4 $E dp4
 row "SDP block fwd C=0.5" 4 $E sdp-block-f50
 row "SDP block fwd C=0.5, FLOP-matched" 4 $E2 sdp-block-f50-fm
 row "SDP block fwd C=0.25" 4 $E sdp-block-f25
+row "SDP block fwd C=0.5, no branch scale" 4 $E sdp-block-f50-noscale
+row "SDP block fwd C=0.25, no branch scale" 4 $E sdp-block-f25-noscale
+row "SDP block fwd C=0.5, no recalibration" 4 $E sdp-block-f50-nocal
 row "SDP block bwd C=0.5" 4 $E sdp-block-b50
 row "SDP block bwd C=0.25" 4 $E sdp-block-b25
 row "SDP neuron fwd C=0.5" 4 $E sdp-neuron-f50
