@@ -4,10 +4,12 @@
 # (oversubscribed on a 2-core machine: accuracy, memory and bytes are what
 # count; samples/s is of 4 workers sharing 2 cores), E epochs (default 3):
 # data parallelism; SDP with block and neuron (channel-group) units at
-# coverage 0.5 and 0.25, forward and backward masking; block forward
-# masking at C = 0.5 FLOP-matched (2 E epochs), without the branch scale,
-# and without batch norm recalibration; ResIST with 2 and 4 workers, and
-# data parallelism with 2.  Prints a markdown table; the
+# coverage 0.5 and 0.25, forward masking with and without the branch scale
+# (off by default for models with batch norm), and backward masking;
+# block forward masking at C = 0.5 FLOP-matched (2 E epochs), with masks
+# redrawn every 50 steps, and without batch norm recalibration; ResIST
+# with 2 and 4 workers, data parallelism with 2; a second seed of data
+# parallelism and of block SDP at C = 0.5.  Prints a markdown table; the
 # metrics files stay in $OUT (default /tmp/cnn-table).
 #
 #   EPOCHS=3 sh scripts/cnn_table.sh [path/to/subtrain]
@@ -47,19 +49,28 @@ row() { # label, workers, epochs, file
 }
 
 E2=$((2 * E))
+SCALE="--branch-scale inverse-coverage"
+NOSCALE="--branch-scale none"
+SDP="--workers 4 --strategy sdp"
 run dp4 --workers 4 --epochs $E
-run sdp-block-f50 --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.5
-run sdp-block-f50-fm --workers 4 --epochs $E2 --strategy sdp --subnet block --coverage 0.5
-run sdp-block-f25 --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.25
-run sdp-block-f50-noscale --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.5 --branch-scale none
-run sdp-block-f25-noscale --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.25 --branch-scale none
-run sdp-block-f50-nocal --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.5 --bn-calibration 0
-run sdp-block-b50 --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.5 --masking backward
-run sdp-block-b25 --workers 4 --epochs $E --strategy sdp --subnet block --coverage 0.25 --masking backward
-run sdp-neuron-f50 --workers 4 --epochs $E --strategy sdp $NEURON --coverage 0.5
-run sdp-neuron-f25 --workers 4 --epochs $E --strategy sdp $NEURON --coverage 0.25
-run sdp-neuron-b50 --workers 4 --epochs $E --strategy sdp $NEURON --coverage 0.5 --masking backward
-run sdp-neuron-b25 --workers 4 --epochs $E --strategy sdp $NEURON --coverage 0.25 --masking backward
+run dp4-seed2 --workers 4 --epochs $E --seed 2
+run sdp-block-f50 $SDP --epochs $E --subnet block --coverage 0.5 $SCALE
+run sdp-block-f50-fm $SDP --epochs $E2 --subnet block --coverage 0.5 $SCALE
+run sdp-block-f25 $SDP --epochs $E --subnet block --coverage 0.25 $SCALE
+run sdp-block-f50-noscale $SDP --epochs $E --subnet block --coverage 0.5 $NOSCALE
+run sdp-block-f50-noscale-seed2 $SDP --epochs $E --subnet block --coverage 0.5 $NOSCALE --seed 2
+run sdp-block-f50-noscale-fm $SDP --epochs $E2 --subnet block --coverage 0.5 $NOSCALE
+run sdp-block-f50-noscale-r50 $SDP --epochs $E --subnet block --coverage 0.5 $NOSCALE --resample 50
+run sdp-block-f25-noscale $SDP --epochs $E --subnet block --coverage 0.25 $NOSCALE
+run sdp-block-f50-nocal $SDP --epochs $E --subnet block --coverage 0.5 $SCALE --bn-calibration 0
+run sdp-block-b50 $SDP --epochs $E --subnet block --coverage 0.5 --masking backward
+run sdp-block-b25 $SDP --epochs $E --subnet block --coverage 0.25 --masking backward
+run sdp-neuron-f50 $SDP --epochs $E $NEURON --coverage 0.5 $SCALE
+run sdp-neuron-f25 $SDP --epochs $E $NEURON --coverage 0.25 $SCALE
+run sdp-neuron-f50-noscale $SDP --epochs $E $NEURON --coverage 0.5 $NOSCALE
+run sdp-neuron-f25-noscale $SDP --epochs $E $NEURON --coverage 0.25 $NOSCALE
+run sdp-neuron-b50 $SDP --epochs $E $NEURON --coverage 0.5 --masking backward
+run sdp-neuron-b25 $SDP --epochs $E $NEURON --coverage 0.25 --masking backward
 run dp2 --workers 2 --epochs $E
 run ist2 --workers 2 --epochs $E --strategy ist
 run ist4 --workers 4 --epochs $E --strategy ist
@@ -67,16 +78,22 @@ run ist4 --workers 4 --epochs $E --strategy ist
 echo "| run | N | epochs | test acc | peak MiB per worker (vs dp) | activations MiB | comm MB per worker-step | wall s | samples/s |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 row "data parallel" 4 $E dp4
-row "SDP block fwd C=0.5" 4 $E sdp-block-f50
-row "SDP block fwd C=0.5, FLOP-matched" 4 $E2 sdp-block-f50-fm
-row "SDP block fwd C=0.25" 4 $E sdp-block-f25
-row "SDP block fwd C=0.5, no branch scale" 4 $E sdp-block-f50-noscale
-row "SDP block fwd C=0.25, no branch scale" 4 $E sdp-block-f25-noscale
-row "SDP block fwd C=0.5, no recalibration" 4 $E sdp-block-f50-nocal
+row "data parallel, seed 2" 4 $E dp4-seed2
+row "SDP block fwd C=0.5 (default: no branch scale)" 4 $E sdp-block-f50-noscale
+row "SDP block fwd C=0.5, seed 2" 4 $E sdp-block-f50-noscale-seed2
+row "SDP block fwd C=0.5, FLOP-matched" 4 $E2 sdp-block-f50-noscale-fm
+row "SDP block fwd C=0.5, masks redrawn every 50 steps" 4 $E sdp-block-f50-noscale-r50
+row "SDP block fwd C=0.25" 4 $E sdp-block-f25-noscale
+row "SDP block fwd C=0.5, branch scale" 4 $E sdp-block-f50
+row "SDP block fwd C=0.5, branch scale, FLOP-matched" 4 $E2 sdp-block-f50-fm
+row "SDP block fwd C=0.25, branch scale" 4 $E sdp-block-f25
+row "SDP block fwd C=0.5, branch scale, no recalibration" 4 $E sdp-block-f50-nocal
 row "SDP block bwd C=0.5" 4 $E sdp-block-b50
 row "SDP block bwd C=0.25" 4 $E sdp-block-b25
-row "SDP neuron fwd C=0.5" 4 $E sdp-neuron-f50
-row "SDP neuron fwd C=0.25" 4 $E sdp-neuron-f25
+row "SDP neuron fwd C=0.5 (default: no branch scale)" 4 $E sdp-neuron-f50-noscale
+row "SDP neuron fwd C=0.25" 4 $E sdp-neuron-f25-noscale
+row "SDP neuron fwd C=0.5, branch scale" 4 $E sdp-neuron-f50
+row "SDP neuron fwd C=0.25, branch scale" 4 $E sdp-neuron-f25
 row "SDP neuron bwd C=0.5" 4 $E sdp-neuron-b50
 row "SDP neuron bwd C=0.25" 4 $E sdp-neuron-b25
 DP_PEAK=

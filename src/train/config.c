@@ -16,7 +16,7 @@ st_train_config st_train_config_default(void)
         .masking = ST_MASKING_FORWARD,
         .coverage = 0.5,
         .resample = 0,
-        .scale_branches = 1,
+        .scale_branches = -1,
         .local_steps = 50,
         .ist_eval_scale = 1,
         .ist_train_scale = -1,

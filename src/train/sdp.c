@@ -146,7 +146,10 @@ static st_status build_subnet(run_shared *r, sdp_run *s, st_worker *w, int rebui
 {
     st_train_config mine;
     int *buf;
-    ST_TRY(st_subnets_config(&s->sn, r, w->id, r->cfg->scale_branches, &mine, &buf));
+    /* the default: scaled branches, unless batch norms normalise what
+     * they feed (measured: doc/sdp.md for resmlp, doc/cnn.md for resnet) */
+    const int scale = r->cfg->scale_branches >= 0 ? r->cfg->scale_branches : r->n_state == 0;
+    ST_TRY(st_subnets_config(&s->sn, r, w->id, scale, &mine, &buf));
     st_status st = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
     free(buf);
     return st;
