@@ -5,7 +5,8 @@
 # count; samples/s is of 4 workers sharing 2 cores), E epochs (default 3):
 # data parallelism; SDP with block and neuron (channel-group) units at
 # coverage 0.5 and 0.25, forward masking with and without the branch scale
-# (off by default for models with batch norm), and backward masking;
+# (off by default for the blocks of models with batch norm), and backward
+# masking;
 # block forward masking at C = 0.5 FLOP-matched (2 E epochs), with masks
 # redrawn every 50 steps, and without batch norm recalibration; ResIST
 # with 2 and 4 workers, data parallelism with 2; a second seed of data
@@ -90,9 +91,9 @@ row "SDP block fwd C=0.25, branch scale" 4 $E sdp-block-f25
 row "SDP block fwd C=0.5, branch scale, no recalibration" 4 $E sdp-block-f50-nocal
 row "SDP block bwd C=0.5" 4 $E sdp-block-b50
 row "SDP block bwd C=0.25" 4 $E sdp-block-b25
-row "SDP neuron fwd C=0.5 (default: no branch scale)" 4 $E sdp-neuron-f50-noscale
-row "SDP neuron fwd C=0.25" 4 $E sdp-neuron-f25-noscale
-row "SDP neuron fwd C=0.5, branch scale" 4 $E sdp-neuron-f50
+row "SDP neuron fwd C=0.5, no branch scale" 4 $E sdp-neuron-f50-noscale
+row "SDP neuron fwd C=0.25, no branch scale" 4 $E sdp-neuron-f25-noscale
+row "SDP neuron fwd C=0.5 (default: branch scale)" 4 $E sdp-neuron-f50
 row "SDP neuron fwd C=0.25, branch scale" 4 $E sdp-neuron-f25
 row "SDP neuron bwd C=0.5" 4 $E sdp-neuron-b50
 row "SDP neuron bwd C=0.25" 4 $E sdp-neuron-b25

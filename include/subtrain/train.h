@@ -47,9 +47,10 @@ typedef struct st_train_config {
     int scale_branches;       /* sdp, forward masking: in training each block's
                                * branch is scaled by 1 / coverage (N / k);
                                * evaluation runs the full model unscaled.
-                               * -1 (default): on for models without batch
-                               * norm (measured on resmlp, doc/sdp.md), off for
-                               * those with it (measured on resnet, doc/cnn.md) */
+                               * -1 (default): on (measured on resmlp,
+                               * doc/sdp.md), except for block units of models
+                               * with batch norm (measured on resnet,
+                               * doc/cnn.md) */
     uint64_t local_steps;     /* ist: steps between two synchronisations (R) */
     int ist_eval_scale;       /* ist of resmlp: scale each block's branch by
                                * 1/N at evaluation (ResIST); default on */
