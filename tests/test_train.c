@@ -1075,6 +1075,9 @@ Test(resnet, sdp_blocks_are_reproducible, .timeout = 180)
     cr_assert_neq(a.test_loss, b.test_loss);
     st_dataset_free(&train);
     st_dataset_free(&test);
+    st_train_config redrawn = c;   /* running statistics meet at each rebuild */
+    redrawn.resample = 8;
+    check_resnet_reproducible(&redrawn, "sdp block forward, masks redrawn every 8 steps");
     c.masking = ST_MASKING_BACKWARD;
     check_resnet_reproducible(&c, "sdp block backward");
 }
