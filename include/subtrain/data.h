@@ -201,6 +201,35 @@ st_augment_choice st_augment_draw(const st_augment *a, uint64_t epoch, uint64_t 
 void st_augment_apply(const st_augment_choice *choice, uint32_t pad, uint32_t channels,
                       uint32_t height, uint32_t width, const float *src, float *dst);
 
+/* ----------------------------------------------------------------- text */
+
+/* A byte corpus for language models: any file read as bytes (gzip too),
+ * its first train_count bytes for training and the rest, the held-out
+ * tail, for validation. */
+typedef struct st_text {
+    uint8_t *bytes;
+    size_t count;
+    size_t train_count;
+} st_text;
+
+/* Reads path whole; holdout in (0, 1) is the validation fraction (the
+ * tail).  Refused with a one-line message naming the file: a missing,
+ * unreadable, corrupt or empty file, one over 2^32 bytes, a split that
+ * leaves either part under 2 bytes. */
+st_status st_text_load(const char *path, double holdout, st_text *out);
+void st_text_free(st_text *t);
+
+/* The first byte of training window k (0-based) of `epoch` for a context
+ * of T bytes: windows of T + 1 bytes (T inputs and their T next bytes)
+ * start uniformly in the training part, a pure function of (seed, epoch,
+ * k).  The training part must hold at least T + 1 bytes. */
+size_t st_text_window(const st_text *t, int context, uint64_t seed, uint64_t epoch, uint64_t k);
+
+/* The baseline a language model must beat: the cross-entropy, in bits
+ * per byte, of the validation bytes under the training bytes' unigram
+ * frequencies (add-one smoothing over the 256 values). */
+double st_text_unigram_bpb(const st_text *t);
+
 #ifdef __cplusplus
 }
 #endif

@@ -25,6 +25,7 @@
 #include <subtrain/data.h>
 
 #include "core/error.h"
+#include "data/gzio.h"
 
 #define IDX_TYPE_UBYTE 0x08
 #define IDX_FIRST_ALLOC ((size_t)1 << 20)   /* payload buffer starts at 1 MiB */
@@ -42,65 +43,6 @@ static const char *type_name(int code)
     case 0x0E: return "double";
     }
     return "unknown";
-}
-
-/* gzerror's message starts with "path: "; our messages already name the
- * file, so drop that prefix. */
-static const char *gz_message(gzFile gz, const char *path, int *errnum)
-{
-    const char *msg = gzerror(gz, errnum);
-    size_t n = strlen(path);
-    if (msg && strncmp(msg, path, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ')
-        msg += n + 2;
-    return msg ? msg : "";
-}
-
-/* Turns zlib's sticky error state into a status: ST_OK when the stream is
- * healthy.  A gzip stream that ends early reads as Z_BUF_ERROR, a damaged
- * one as Z_DATA_ERROR (bad code or CRC mismatch). */
-static st_status check_stream(gzFile gz, const char *path, int saved_errno)
-{
-    int err = Z_OK;
-    const char *msg = gz_message(gz, path, &err);
-    switch (err) {
-    case Z_OK:
-    case Z_STREAM_END:
-        return ST_OK;
-    case Z_ERRNO:
-        return st_fail(ST_ERR_IO, "%s: read failed: %s", path, strerror(saved_errno));
-    case Z_BUF_ERROR:
-        return st_fail(ST_ERR_FORMAT, "%s: gzip stream is truncated (%s)", path, msg);
-    case Z_DATA_ERROR:
-        return st_fail(ST_ERR_FORMAT, "%s: gzip stream is corrupt (%s)", path, msg);
-    case Z_MEM_ERROR:
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory while decompressing", path);
-    }
-    return st_fail(ST_ERR_IO, "%s: zlib error %d (%s)", path, err, msg);
-}
-
-/* Reads up to `len` bytes into buf; *got is how many arrived.  A short count
- * with ST_OK means end of file; stream errors are reported here so callers
- * only have to compare counts. */
-static st_status read_upto(gzFile gz, const char *path, void *buf, size_t len, size_t *got)
-{
-    unsigned char *p = buf;
-    *got = 0;
-    while (*got < len) {
-        size_t want = len - *got;
-        if (want > (size_t)INT_MAX)   // gzread takes an unsigned, returns an int
-            want = (size_t)INT_MAX;
-        errno = 0;
-        int n = gzread(gz, p + *got, (unsigned)want);
-        if (n <= 0) {
-            int saved_errno = errno;
-            ST_TRY(check_stream(gz, path, saved_errno));
-            if (n < 0)   // an error zlib did not describe; should not happen
-                return st_fail(ST_ERR_IO, "%s: read failed", path);
-            break;
-        }
-        *got += (size_t)n;
-    }
-    return ST_OK;
 }
 
 static uint32_t be32(const unsigned char *b)
@@ -127,7 +69,7 @@ static st_status read_header(gzFile gz, const char *path, st_idx_array *a)
 {
     unsigned char head[4];
     size_t got;
-    ST_TRY(read_upto(gz, path, head, sizeof head, &got));
+    ST_TRY(st_gz_read_upto(gz, path, head, sizeof head, &got));
     if (got == 0)
         return st_fail(ST_ERR_FORMAT, "%s: file is empty", path);
     if (got < sizeof head)
@@ -145,7 +87,7 @@ static st_status read_header(gzFile gz, const char *path, st_idx_array *a)
 
     unsigned char raw[4 * ST_IDX_MAX_RANK];
     size_t need = 4 * (size_t)rank;
-    ST_TRY(read_upto(gz, path, raw, need, &got));
+    ST_TRY(st_gz_read_upto(gz, path, raw, need, &got));
     if (got < need)
         return st_fail(ST_ERR_FORMAT, "%s: header is truncated (rank %d needs %zu "
                        "dimension bytes, the file holds %zu)", path, rank, need, got);
@@ -187,7 +129,7 @@ static st_status read_payload(gzFile gz, const char *path, st_idx_array *a)
 
     for (;;) {
         size_t got;
-        st_status s = read_upto(gz, path, buf + have, cap - have, &got);
+        st_status s = st_gz_read_upto(gz, path, buf + have, cap - have, &got);
         if (s != ST_OK) {
             free(buf);
             return s;
@@ -227,7 +169,7 @@ static st_status expect_end(gzFile gz, const char *path, size_t payload)
     unsigned char extra[4096];
     size_t total = 0, got;
     do {
-        ST_TRY(read_upto(gz, path, extra, sizeof extra, &got));
+        ST_TRY(st_gz_read_upto(gz, path, extra, sizeof extra, &got));
         total += got;
     } while (got == sizeof extra && total < IDX_TRAILING_SCAN);
     if (total > 0)
@@ -244,14 +186,8 @@ st_status st_idx_read(const char *path, st_idx_array *out)
     if (!path)
         return st_fail(ST_ERR_INVALID, "st_idx_read: no path");
 
-    errno = 0;
-    gzFile gz = gzopen(path, "rb");
-    if (!gz) {
-        if (errno)
-            return st_fail(ST_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        return st_fail(ST_ERR_NOMEM, "%s: out of memory opening the file", path);
-    }
-    gzbuffer(gz, IDX_GZ_BUFFER);
+    gzFile gz;
+    ST_TRY(st_gz_open(path, IDX_GZ_BUFFER, &gz));
 
     st_idx_array a;
     memset(&a, 0, sizeof a);
