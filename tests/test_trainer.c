@@ -210,6 +210,36 @@ Test(trainer, ist_rounds_end_where_st_train_run_ends_them, .timeout = 120)
 
 /* The bench's breakdown: its own gather and forward-backward on worker
  * 0's model, then st_trainer_update, is a step. */
+/* A ResNet under block sdp: batch norms' running statistics meet at each
+ * evaluation and the full model recalibrates them, through the trainer as
+ * in st_train_run, to the bit; and an evaluation before any step (the
+ * calibration reads the stored order) works. */
+Test(trainer, resnet_sdp_is_st_train_run, .timeout = 180)
+{
+    st_train_config c = config(ST_STRATEGY_SDP, 4, 20);
+    c.model.kind = ST_MODEL_RESNET;
+    c.model.depth = 2;
+    c.model.width = 8;
+    c.model.activation = ST_ACT_RELU;
+    c.model.in_channels = 2;      /* make_data's 32 features as 2 x 4 x 4 images */
+    c.model.in_height = 4;
+    c.model.in_width = 4;
+    c.subnet = ST_SUBNET_BLOCK;
+    c.coverage = 0.5;
+    c.bn_calibration = 4;
+    assert_trainer_is_the_run(&c, UNEVEN, 4, "resnet sdp");
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    st_trainer *t;
+    cr_assert_eq(st_trainer_create(&c, &train, &test, &t), ST_OK, "%s", st_last_error());
+    double loss, acc;
+    cr_assert_eq(st_trainer_evaluate(t, &loss, &acc), ST_OK, "%s", st_last_error());
+    cr_assert(isfinite(loss) && acc >= 0.0 && acc <= 1.0);
+    st_trainer_destroy(t);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
 Test(trainer, update_after_the_callers_forward_backward_is_a_step, .timeout = 120)
 {
     st_dataset train, test;

@@ -17,6 +17,11 @@ st_status st_worker_init_base(st_worker *w, int id, uint32_t n_train,
     void *order;
     ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)n_train * sizeof(uint32_t), &order));
     w->order = order;
+    /* the stored order until the loop draws an epoch's: whatever reads it
+     * before a first step (an evaluation's batch norm calibration, through
+     * the trainer) reads valid samples */
+    for (uint32_t i = 0; i < n_train; i++)
+        w->order[i] = i;
     return ST_OK;
 }
 
