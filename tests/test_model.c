@@ -963,6 +963,29 @@ static int ranges_of(const st_model *m, int grads, st_range **r, size_t **local)
     return n;
 }
 
+/* The largest relative difference between a backward-masked model's
+ * gradients and the full model's at the same full-layout places;
+ * *covered: how many it holds, *n_ranges: in how many ranges. */
+static double kept_grad_diff(st_model *m, st_model *full, size_t *covered,
+                             int *n_ranges)
+{
+    st_range *rg;
+    size_t *local;
+    const int n = ranges_of(m, 1, &rg, &local);
+    double worst = 0.0;
+    *covered = 0;
+    for (int i = 0; i < n; i++)
+        for (size_t k = 0; k < rg[i].end - rg[i].begin; k++, (*covered)++) {
+            double g = st_model_grads(m)[local[i] + k], f = st_model_grads(full)[rg[i].begin + k];
+            double d = fabs(g - f) / (1e-6 + fabs(f));
+            worst = d > worst ? d : worst;
+        }
+    free(rg);
+    free(local);
+    *n_ranges = n;
+    return worst;
+}
+
 /* A compact neuron subnetwork starts with exactly the full model's values
  * at the places its ranges name; scattering it into a full-size vector and
  * gathering it back round-trips to the bit; ranges are sorted and disjoint
@@ -1133,24 +1156,15 @@ static void check_neuron_backward(st_model_kind kind)
     OK(st_model_forward_backward(full, &lf));
     OK(st_model_forward_backward(m, &lm));
     cr_assert_eq(lf, lm, "the forward is the full model's");
-    st_range *rg;
-    size_t *local, covered = 0;
-    int n = ranges_of(m, 1, &rg, &local);
-    double worst = 0.0;
-    for (int i = 0; i < n; i++)
-        for (size_t k = 0; k < rg[i].end - rg[i].begin; k++, covered++) {
-            double g = st_model_grads(m)[local[i] + k], f = st_model_grads(full)[rg[i].begin + k];
-            double d = fabs(g - f) / (1e-6 + fabs(f));
-            worst = d > worst ? d : worst;
-        }
+    size_t covered;
+    int n;
+    double worst = kept_grad_diff(m, full, &covered, &n);
     cr_assert_eq(covered, st_model_grad_count(m));
     fprintf(stderr, "%s neuron backward masking: %zu of %zu gradients, max rel diff %.3g\n",
             st_model_kind_name(kind), covered, st_model_param_count(m), worst);
     /* the same dot products over the batch, maybe blocked differently */
     cr_assert_lt(worst, 1e-5, "kept rows carry the full model's gradient (%g)", worst);
     cr_assert_lt(st_model_step_flops(m), st_model_step_flops(full));
-    free(rg);
-    free(local);
     st_model_destroy(m);
     st_model_destroy(full);
     st_arena_release(&a);
@@ -1808,22 +1822,13 @@ static double check_resnet_backward(const st_model_config *cfg, const char *tag)
     OK(st_model_forward_backward(full, &lf));
     OK(st_model_forward_backward(m, &lm));
     cr_assert_eq(lf, lm, "%s: the forward is the full model's", tag);
-    st_range *rg;
-    size_t *local, covered = 0;
-    int n = ranges_of(m, 1, &rg, &local);
-    double worst = 0.0;
-    for (int i = 0; i < n; i++)
-        for (size_t k = 0; k < rg[i].end - rg[i].begin; k++, covered++) {
-            double g = st_model_grads(m)[local[i] + k], f = st_model_grads(full)[rg[i].begin + k];
-            double d = fabs(g - f) / (1e-6 + fabs(f));
-            worst = d > worst ? d : worst;
-        }
+    size_t covered;
+    int n;
+    double worst = kept_grad_diff(m, full, &covered, &n);
     cr_assert_eq(covered, st_model_grad_count(m));
     fprintf(stderr, "%s: %zu of %zu gradients in %d ranges, max rel diff %.3g\n", tag, covered,
             st_model_param_count(m), n, worst);
     cr_assert_lt(worst, 1e-5, "%s: the kept gradients are the full model's (%g)", tag, worst);
-    free(rg);
-    free(local);
     st_model_destroy(m);
     st_model_destroy(full);
     st_arena_release(&a);

@@ -55,6 +55,7 @@ st_layer *st_graph_add(st_model *m, const st_layer_kind *kind, const char *name,
     l->kind = kind;
     snprintf(l->name, sizeof l->name, "%s", name ? name : kind->name);
     l->group = m->open_group;
+    l->section = m->open_section;
     l->x = x;
     l->y = y;
     l->dx = dx;
@@ -86,23 +87,6 @@ void st_graph_group_begin(st_model *m, int g)
     m->open_group = g;
     if (g >= m->n_groups)
         m->n_groups = g + 1;
-    /* the group's section (if out of memory: no sections, which only
-     * changes how groups are dealt; st_graph_declare reports it) */
-    if (m->group_section && g < m->cap_group_section) {
-        m->group_section[g] = m->open_section;
-        return;
-    }
-    int cap = 2 * g + 8;
-    int *p = realloc(m->group_section, (size_t)cap * sizeof *p);
-    if (!p) {
-        free(m->group_section);
-        m->group_section = NULL;
-        m->cap_group_section = -1;
-        return;
-    }
-    m->group_section = p;
-    m->cap_group_section = cap;
-    p[g] = m->open_section;
 }
 
 void st_graph_section(st_model *m, int s)
@@ -239,8 +223,6 @@ st_status st_graph_declare(st_model *m, st_model_declare_fn declare)
         return st_fail(ST_ERR_NOMEM, "out of memory declaring a model");
     m->n_width = 0;   /* ST_W_FULL is not a width layer */
     ST_TRY(declare(m));
-    if (m->cap_group_section < 0)
-        return st_fail(ST_ERR_NOMEM, "out of memory declaring a model");
     for (int i = 0; i < m->n_layers; i++) {
         const st_layer *l = &m->layers[i];
         if (l->out_unit >= m->n_width)
@@ -639,5 +621,4 @@ void st_graph_free(st_model *m)
     free(m->run_first);
     free(m->run_count);
     free(m->group_ids);
-    free(m->group_section);
 }

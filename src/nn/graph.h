@@ -121,6 +121,7 @@ struct st_layer {
     const st_layer_kind *kind;
     char name[32];         /* its segments' prefix, in the full model */
     int group;             /* layer group (-1: held by every subnetwork) */
+    int section;           /* st_graph_section when declared (a ResNet's stage) */
     int x, y, dx, dy;      /* tensors: input, output and their gradients
                             * (dx ST_T_NONE: nobody needs dL/dx) */
     int64_t in, out;       /* full widths */
@@ -213,11 +214,8 @@ struct st_model {
     st_tensor *tensors;
     int n_tensors, cap_tensors;
     int open_group;        /* while declaring: the group being declared */
-    int open_section;      /* while declaring: the section groups join */
+    int open_section;      /* while declaring: the section layers join */
     int n_groups;          /* layer groups of the full model */
-    int *group_section;    /* n_groups: each group's section (a ResNet's
-                            * stage), non-decreasing */
-    int cap_group_section;
     int n_width;           /* width layers of the full model */
 
     /* Layer groups: held[g] = index among the kept groups + 1 (0: not

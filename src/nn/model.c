@@ -162,6 +162,29 @@ static int chains(const st_layer *l)
     return l->kind->layout && l->in_unit >= 0 && l->out_unit >= 0 && l->in_unit != l->out_unit;
 }
 
+/* Layer groups per section, in order (sizes: at most cap; NULL: count
+ * only): a group is in its layers' section, and a group's layers, like a
+ * section's groups, are declared one after another. */
+static int sections_of(const st_model *m, int *sizes, int cap)
+{
+    int n = 0, last_group = -1, last_section = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        const st_layer *l = &m->layers[i];
+        if (l->group < 0 || l->group == last_group)
+            continue;
+        last_group = l->group;
+        if (n == 0 || l->section != last_section) {
+            last_section = l->section;
+            if (sizes && n < cap)
+                sizes[n] = 0;
+            n++;
+        }
+        if (sizes && n <= cap)
+            sizes[n - 1]++;
+    }
+    return n;
+}
+
 st_status st_model_config_units(const st_model_config *c, st_model_units *out)
 {
     memset(out, 0, sizeof *out);
@@ -174,8 +197,7 @@ st_status st_model_config_units(const st_model_config *c, st_model_units *out)
         for (int i = 0; i < m.n_layers; i++)
             out->chained |= chains(&m.layers[i]);
         out->state = (int)m.n_state_full;
-        for (int g = 0; g < m.n_groups; g++)
-            out->sections += g == 0 || m.group_section[g] != m.group_section[g - 1];
+        out->sections = sections_of(&m, NULL, 0);
     }
     destroy_layout(&m);
     return s;
@@ -197,15 +219,7 @@ int st_model_config_width_groups(const st_model_config *c, int unit_size, int *g
 int st_model_config_sections(const st_model_config *c, int *sizes, int cap)
 {
     st_model m;
-    int n = 0;
-    if (layout_full(&m, c) == ST_OK)
-        for (int g = 0; g < m.n_groups; g++) {
-            if (g == 0 || m.group_section[g] != m.group_section[g - 1])
-                n++;
-            if (n <= cap)
-                sizes[n - 1] = g == 0 || m.group_section[g] != m.group_section[g - 1]
-                             ? 1 : sizes[n - 1] + 1;
-        }
+    const int n = layout_full(&m, c) == ST_OK ? sections_of(&m, sizes, cap) : 0;
     destroy_layout(&m);
     return n;
 }
