@@ -150,7 +150,8 @@ Test(enums, aliases_parse_but_are_neither_printed_nor_listed)
 
 Test(enums, names_without_a_parser)
 {
-    const char *mem[] = { "weights", "gradients", "optimizer", "activations", "workspace" };
+    const char *mem[] = { "weights", "gradients", "optimizer", "activations", "workspace",
+                          "attention" };
     for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
         cr_assert_str_eq(st_mem_kind_name((st_mem_kind)k), mem[k]);
     cr_assert_str_eq(st_mem_kind_name(ST_MEM_KIND_COUNT), "unknown");

@@ -104,16 +104,27 @@ static st_model *make_model(const st_model_config *cfg, int batch, st_arena *are
     return m;
 }
 
-/* Rows [first, last) of the input ~ U(-1.5, 1.5), labels uniform in [0, K). */
+/* Rows of the logits and labels: a row per token of a sequence model. */
+static int rows_of(const st_model *m)
+{
+    return st_model_batch(m) * st_model_tokens(m);
+}
+
+/* Rows [first, last) of the input ~ U(-1.5, 1.5), labels uniform in [0, K);
+ * a sequence model's: token ids and next tokens uniform in [0, K). */
 static void fill_rows(st_model *m, int first, int last, st_rng *r)
 {
     const st_model_config *c = st_model_get_config(m);
+    const int T = st_model_tokens(m);
     float *x = st_model_input(m); // x is (B, in_dim)
-    int32_t *y = st_model_labels(m); // y is (B)
+    int32_t *y = st_model_labels(m); // y is (B x T)
     for (int b = first; b < last; b++) {
         for (int i = 0; i < c->in_dim; i++)
-            x[(size_t)b * (size_t)c->in_dim + (size_t)i] = 3.0f * st_rng_uniform(r) - 1.5f;
-        y[b] = (int32_t)st_rng_below(r, (uint32_t)c->n_classes);
+            x[(size_t)b * (size_t)c->in_dim + (size_t)i] =
+                c->context ? (float)st_rng_below(r, (uint32_t)c->n_classes)
+                           : 3.0f * st_rng_uniform(r) - 1.5f;
+        for (int t = 0; t < T; t++)
+            y[b * T + t] = (int32_t)st_rng_below(r, (uint32_t)c->n_classes);
     }
 }
 
@@ -155,7 +166,7 @@ static double forward_loss_sum(st_model *m)
     if (objective_train) {
         float loss;
         OK(st_model_forward_backward(m, &loss));
-        return (double)loss * st_model_batch(m);
+        return (double)loss * rows_of(m);
     }
     OK(st_model_evaluate(m, st_model_batch(m), &sum, &correct));
     return sum;
@@ -165,8 +176,8 @@ static double forward_loss_sum(st_model *m)
  * mean over b of (log sum_k exp(l[b,k]) - l[b,y_b]). */
 static double logits_mean_ce(st_model *m)
 {
-    const int B = st_model_batch(m), K = st_model_get_config(m)->n_classes;
-    const float *l = st_model_logits(m); // l is (B, K)
+    const int B = rows_of(m), K = st_model_get_config(m)->n_classes;
+    const float *l = st_model_logits(m); // l is (B x T, K)
     const int32_t *y = st_model_labels(m);
     double sum = 0.0;
     for (int b = 0; b < B; b++) {
@@ -197,7 +208,7 @@ static void check_model_grads(st_model *m, const char *tag, uint64_t seed)
     tol t = guard ? TOL_RELU : TOL_GELU;
     if (fd_step > 0.0)
         t.h = fd_step;
-    const int B = st_model_batch(m);
+    const int B = rows_of(m);
     size_t np = st_model_param_count(m);
     float *p = st_model_params(m);
 
@@ -359,6 +370,63 @@ Test(gradcheck, resmlp_relu)
     omp_set_num_threads(1);
     st_model_config c = resmlp_config(2, 16, 24, ST_ACT_RELU);
     gradcheck(&c, "resmlp d2 w16 h24 relu", 105);
+}
+
+/* A small byte-level transformer: 13 token ids, 6 tokens, 2 heads of 8,
+ * hidden 24 (not 4 x 16, so that a D / F mix-up shows). */
+static st_model_config gpt_config(int depth, int width, int heads, int context)
+{
+    st_model_config c = { .kind = ST_MODEL_GPT, .depth = depth, .width = width, .hidden = 24,
+                          .activation = ST_ACT_GELU, .in_dim = context, .n_classes = 13,
+                          .context = context, .heads = heads };
+    return c;
+}
+
+/* Every segment of the transformer: embeddings (their scatter-add),
+ * layer norms, the fused Q K V projection, attention (scores, causal
+ * mask, softmax and context, through the input gradient they pass on),
+ * the output projection, the GELU MLP and the head. */
+Test(gradcheck, gpt)
+{
+    omp_set_num_threads(1);
+    st_model_config c = gpt_config(2, 16, 2, 6);
+    gradcheck(&c, "gpt d2 w16 h2 T6", 107);
+}
+
+/* Causality: the logits of token t do not move when a later token does. */
+Test(model, gpt_is_causal)
+{
+    omp_set_num_threads(1);
+    st_model_config c = gpt_config(2, 16, 2, 6);
+    st_arena arena;
+    st_arena_init(&arena, "test_model", NULL, 0);
+    st_model *m = make_model(&c, 2, &arena);
+    st_model_init_params(m, 5);
+    st_rng r = st_rng_seed(6);
+    fill_rows(m, 0, 2, &r);
+    double sum = 0.0;
+    int64_t hits = 0;
+    OK(st_model_evaluate(m, 2, &sum, &hits));
+    const size_t n = (size_t)rows_of(m) * 13;
+    float *before = malloc(n * sizeof *before);
+    cr_assert(before);
+    memcpy(before, st_model_logits(m), n * sizeof *before);
+    float *x = st_model_input(m);
+    x[4] = (float)(((int)x[4] + 1) % 13);   /* sample 0, token 4 */
+    OK(st_model_evaluate(m, 2, &sum, &hits));
+    const float *after = st_model_logits(m);
+    for (size_t i = 0; i < n; i++) {
+        const size_t row = i / 13;   /* sample row / 6, token row % 6 */
+        if (row < 4 || row >= 6)
+            cr_assert_eq(after[i], before[i], "logit %zu (row %zu) moved", i, row);
+    }
+    int moved = 0;
+    for (size_t i = 4 * 13; i < 6 * 13; i++)
+        moved += after[i] != before[i];
+    cr_assert(moved > 0, "the changed token changed nothing at or after it");
+    free(before);
+    st_model_destroy(m);
+    st_arena_release(&arena);
 }
 
 /* forward_backward overwrites the gradient (it does not accumulate, and

@@ -29,10 +29,14 @@ typedef enum st_mem_kind {
     ST_MEM_OPTIMIZER,
     ST_MEM_ACTIVATIONS,
     ST_MEM_WORKSPACE,
+    ST_MEM_ATTENTION,     /* activations too: attention's probabilities, saved
+                           * for the backward (batch x heads x T^2 per layer),
+                           * on their own line since they grow with T^2 */
     ST_MEM_KIND_COUNT
 } st_mem_kind;
 
-/* "weights", "gradients", "optimizer", "activations", "workspace". */
+/* "weights", "gradients", "optimizer", "activations", "workspace",
+ * "attention". */
 const char *st_mem_kind_name(st_mem_kind kind);
 
 typedef struct st_mem_stats {

@@ -19,6 +19,14 @@
  *             and 3 with stride 2 and a 1x1 projection shortcut
  *             -> BN -> act -> global average pool -> linear(4 width, classes)
  *   resnet18: the same with 4 stages of 2 blocks (width .. 8 width)
+ *   gpt:      T byte tokens -> token + position embedding (width D)
+ *             -> depth pre-norm blocks { h += proj(attn(qkv(LN(h))));
+ *             h += fc2(act(fc1(LN(h)))) }, heads H, MLP hidden 4 D
+ *             -> LN -> linear(D, 256): the next byte at every position
+ * Sequence models (context > 0) run every tensor as (batch x context)
+ * rows, one per token: in_dim is the context (one byte id per token),
+ * the labels are context per sample (the next bytes) and the loss is the
+ * mean over tokens.
  * Each is a table of layers (doc/design.md); the subnetwork units the
  * layers declare are reported by st_model_config_units.
  */
@@ -39,6 +47,7 @@ typedef enum st_model_kind {
     ST_MODEL_MLP, ST_MODEL_RESMLP,
     ST_MODEL_RESNET,      /* CIFAR family: 3 stages of depth blocks, width w, 2w, 4w */
     ST_MODEL_RESNET18,    /* 4 stages of 2 blocks, width w .. 8w */
+    ST_MODEL_GPT,         /* byte-level causal transformer language model */
 } st_model_kind;
 typedef enum st_activation { ST_ACT_RELU, ST_ACT_GELU } st_activation;
 
@@ -94,6 +103,10 @@ typedef struct st_model_config {
      * width, NCHW.  0: a vector of in_dim features (1 x 1 x in_dim). */
     int in_channels, in_height, in_width;
     int n_classes;
+    /* Sequence models (gpt): tokens per sample (0: not a sequence model)
+     * and attention heads (width = heads x head size). */
+    int context;
+    int heads;
     st_model_subnet subnet; /* zero: the whole model */
     int plain_tensors;      /* 1: image tensors stay NCHW between layers, each
                              * convolution and batch norm reorders into its
@@ -185,9 +198,13 @@ st_status st_model_config_segments(const st_model_config *cfg, st_param_segment 
 
 const st_model_config *st_model_get_config(const st_model *m);
 int st_model_batch(const st_model *m);
+/* Rows of every tensor per sample: the context of a sequence model (a
+ * row per token), else 1.  The labels are batch x this, and evaluation
+ * counts loss and hits per row. */
+int st_model_tokens(const st_model *m);
 float *st_model_input(st_model *m);       /* (batch, in_dim): fill before a pass */
-int32_t *st_model_labels(st_model *m);    /* (batch) */
-const float *st_model_logits(const st_model *m); /* (batch, n_classes) */
+int32_t *st_model_labels(st_model *m);    /* (batch x tokens) */
+const float *st_model_logits(const st_model *m); /* (batch x tokens, n_classes) */
 
 float *st_model_params(st_model *m);
 /* State kept but not trained (batch norms' running statistics), in one
@@ -211,7 +228,7 @@ size_t st_model_grad_count(const st_model *m);
 const st_param_segment *st_model_segments(const st_model *m, int *count);
 
 /* One forward and backward pass over the whole batch: *loss is the mean
- * cross-entropy, the gradient vector is overwritten with dloss/dparams. */
+ * cross-entropy (over every row: a sequence model's tokens), the gradient vector is overwritten with dloss/dparams. */
 st_status st_model_forward_backward(st_model *m, float *loss);
 
 /* Batch statistics recalibration: a training forward on the batch in the
@@ -224,7 +241,8 @@ st_status st_model_calibrate(st_model *m, int k);
 
 /* Forward only, for evaluation: the first `rows` rows of the input are real
  * samples (the rest is padding).  Adds their summed loss and their number of
- * correct predictions to *loss_sum and *correct. */
+ * correct predictions to *loss_sum and *correct (per token for a sequence
+ * model: rows x tokens of each). */
 st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *correct);
 
 /* Where this model's parameters sit in the full model's flat vector: at

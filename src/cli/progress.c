@@ -57,8 +57,8 @@ void st_progress_on_step(const st_step_info *info, void *user)
  * callback, so the table is printed from here. */
 static void print_memory_table(const st_epoch_record *rec)
 {
-    printf("peak memory by worker (MiB):\n%6s %9s %9s %9s %9s %9s %9s\n", "worker", "total",
-           "weights", "gradients", "optimizer", "activs", "workspace");
+    printf("peak memory by worker (MiB):\n%6s %9s %9s %9s %9s %9s %9s %9s\n", "worker",
+           "total", "weights", "gradients", "optimizer", "activs", "workspace", "attention");
     for (int w = 0; w < rec->workers; w++) {
         const st_mem_stats *m = &rec->worker_memory[w];
         printf("%6d %9.2f", w, (double)m->peak_total / 1048576.0);

@@ -32,6 +32,7 @@ static const st_enum_entry mem_kind_entries[] = {
     { "optimizer", ST_MEM_OPTIMIZER },
     { "activations", ST_MEM_ACTIVATIONS },
     { "workspace", ST_MEM_WORKSPACE },
+    { "attention", ST_MEM_ATTENTION },
 };
 static const st_enum_table mem_kinds = ST_ENUM_TABLE("memory kind", mem_kind_entries);
 

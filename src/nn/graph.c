@@ -33,7 +33,7 @@ int st_graph_image(st_model *m, int64_t channels, int64_t h, int64_t w, int widt
         return ST_T_NONE;
     m->tensors[m->n_tensors] = (st_tensor){
         .cols = channels * h * w, .channels = channels, .h = h, .w = w,
-        .width_unit = width, .group = m->open_group, .alias = ST_T_NONE,
+        .width_unit = width, .group = m->open_group, .alias = ST_T_NONE, .copies = 1,
     };
     if (width >= m->n_width)
         m->n_width = width + 1;
@@ -43,6 +43,24 @@ int st_graph_image(st_model *m, int64_t channels, int64_t h, int64_t w, int widt
 int st_graph_tensor(st_model *m, int64_t cols, int width)
 {
     return st_graph_image(m, cols, 1, 1, width);
+}
+
+int st_graph_tensor_widest_of(st_model *m, int64_t cols, int copies)
+{
+    const int t = st_graph_tensor_copies(m, cols, copies, ST_W_WIDEST);
+    if (t >= 0)
+        m->tensors[t].widest_of = cols;
+    return t;
+}
+
+int st_graph_tensor_copies(st_model *m, int64_t cols, int copies, int width)
+{
+    const int t = st_graph_image(m, cols, 1, 1, width);
+    if (t >= 0) {
+        m->tensors[t].copies = copies;
+        m->tensors[t].cols = cols * copies;
+    }
+    return t;
 }
 
 st_layer *st_graph_add(st_model *m, const st_layer_kind *kind, const char *name, int x,
@@ -61,6 +79,7 @@ st_layer *st_graph_add(st_model *m, const st_layer_kind *kind, const char *name,
     l->dx = dx;
     l->dy = dy;
     l->residual = ST_T_NONE;
+    l->copies = 1;
     l->in_unit = l->out_unit = ST_W_FULL;
     l->seg[0] = l->seg[1] = (size_t)-1;
     /* features, or an image's channels (what a width unit counts) */
@@ -144,7 +163,7 @@ static st_status setup_neurons(st_model *m)
     for (int i = 0; i < m->n_layers; i++) {
         const st_layer *l = &m->layers[i];
         if (l->out_unit >= 0)
-            m->keep[l->out_unit].full = l->out;
+            m->keep[l->out_unit].full = l->out / l->copies;
     }
     m->widest = 0;
     for (int u = 0; u < U; u++) {
@@ -214,9 +233,10 @@ st_status st_graph_declare(st_model *m, st_model_declare_fn declare)
     const st_model_config *c = &m->cfg;
     m->open_group = -1;
     /* the predeclared tensors (their memory is the model's, see model.c) */
+    /* a sequence model's input: a row per token, its byte id */
     const int input = c->in_channels
                     ? st_graph_image(m, c->in_channels, c->in_height, c->in_width, ST_W_FULL)
-                    : st_graph_tensor(m, c->in_dim, ST_W_FULL);
+                    : st_graph_tensor(m, c->context ? 1 : c->in_dim, ST_W_FULL);
     if (input != ST_T_INPUT ||
         st_graph_tensor(m, c->n_classes, ST_W_FULL) != ST_T_LOGITS ||
         st_graph_tensor(m, c->n_classes, ST_W_FULL) != ST_T_DLOGITS)
@@ -446,11 +466,20 @@ void st_graph_gather(float *dst, const float *src, int64_t n_all, int64_t full_c
 
 /* ------------------------------------------------------------ build */
 
-/* Floats per sample: a width layer's kept units (or the widest) times
- * the elements of one channel. */
+/* Floats per row: a width layer's kept units (or the widest) times the
+ * elements of one channel, times the copies. */
 static int64_t tensor_width(const st_model *m, const st_tensor *t)
 {
-    return t->width_unit == ST_W_FULL ? t->cols : st_graph_width(m, t->width_unit) * t->h * t->w;
+    if (t->width_unit == ST_W_FULL)
+        return t->cols;
+    int64_t n = st_graph_width(m, t->width_unit);
+    if (t->width_unit == ST_W_WIDEST && t->widest_of) {
+        n = 0;
+        for (int u = 0; u < m->n_width; u++)
+            if (m->keep[u].full == t->widest_of && m->keep[u].n > n)
+                n = m->keep[u].n;
+    }
+    return n * t->h * t->w * t->copies;
 }
 
 /* The last layer before i that writes tensor t (resolved), -1: none. */
@@ -500,7 +529,7 @@ static void prune_input_gradients(st_model *m)
 
 st_status st_graph_build(st_model *m)
 {
-    const size_t B = (size_t)m->batch;
+    const size_t R = (size_t)m->rows;
     prune_input_gradients(m);
     ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_params, &m->params));
     ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_GRADIENTS, m->n_grads, &m->grads));
@@ -519,7 +548,7 @@ st_status st_graph_build(st_model *m)
             const int t = touched[k] >= 0 ? resolve(m, touched[k]) : ST_T_NONE;
             if (t < 0 || m->tensors[t].data)
                 continue;
-            ST_TRY(st_graph_alloc(m, B * (size_t)tensor_width(m, &m->tensors[t]),
+            ST_TRY(st_graph_alloc(m, R * (size_t)tensor_width(m, &m->tensors[t]),
                                   &m->tensors[t].data));
         }
     }
@@ -602,6 +631,9 @@ void st_graph_free(st_model *m)
     for (int i = 0; i < m->n_layers; i++) {
         free(m->layers[i].col_ids);
         free(m->layers[i].grad_col_ids);
+        free(m->layers[i].copy_ids);
+        free(m->layers[i].copy_grad_ids);
+        free(m->layers[i].copy_runs);
     }
     free(m->layers);
     free(m->tensors);

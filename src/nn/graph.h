@@ -36,7 +36,10 @@
  *
  * So a new layer kind that declares these works with every strategy.
  *
- * Tensors are (batch, cols) row-major floats.  Gradient tensors are
+ * Tensors are (rows, cols) row-major floats, rows = batch, or batch x
+ * context for a sequence model (a row per token: row-wise kinds — linear,
+ * norms, activations, adds, the loss — see tokens as samples; attention
+ * is the one kind that mixes the rows of a sample).  Gradient tensors are
  * declared by the builder like the others and shared on purpose (a data
  * gradient is dead once the layer below has consumed it), which is what
  * keeps a deep model's backward in five buffers.
@@ -64,7 +67,12 @@ typedef struct st_tensor {
     int group;             /* the layer group that writes it (-1: none):
                             * not allocated when the group is dropped */
     int alias;             /* a dropped group's output: the tensor it is */
-    float *data;           /* (batch, width) */
+    int64_t widest_of;     /* ST_W_WIDEST: the widest kept width layer of this
+                            * full width only (0: of any) */
+    int copies;            /* of its width: a row is `copies` runs of the
+                            * width's kept units back to back (attention's
+                            * Q, K and V: 3); 1 otherwise */
+    float *data;           /* (rows, copies x width) */
 } st_tensor;
 
 /* ------------------------------------------------------------ layers */
@@ -116,6 +124,8 @@ extern const st_layer_kind st_layer_conv;       /* nn/layers/conv.c */
 extern const st_layer_kind st_layer_batchnorm;  /* nn/layers/batchnorm.c */
 extern const st_layer_kind st_layer_avgpool;    /* nn/layers/pool.c: global average */
 extern const st_layer_kind st_layer_maxpool;    /* nn/layers/pool.c */
+extern const st_layer_kind st_layer_embedding;  /* nn/layers/embedding.c */
+extern const st_layer_kind st_layer_attention;  /* nn/layers/attention.c */
 
 struct st_layer {
     const st_layer_kind *kind;
@@ -131,6 +141,17 @@ struct st_layer {
     int in_major;          /* weights stored (in, out): a row per input */
     int closes_group;      /* the last layer of a group's branch: its
                             * product is scaled by the branch scale */
+    int copies;            /* its outputs are `copies` runs of its width
+                            * layer's neurons (a fused Q, K, V projection:
+                            * 3), its weight rows alike; 1: plain */
+    int32_t *copy_ids;     /* layout of a linear layer with copies: its
+                            * kept rows (and those with gradients) in the
+                            * full matrix, and their runs, owned */
+    int32_t *copy_grad_ids;
+    st_row_run *copy_runs;
+    /* attention */
+    int heads;             /* of the full layer (its width layer's units are
+                            * groups of whole heads) */
     /* activation */
     st_activation activation;
     int fuse_relu;         /* batch norm: y = relu(bn(x)), the ReLU fused in */
@@ -163,6 +184,20 @@ struct st_layer {
         st_conv conv;
         st_pool pool;
         st_batchnorm bn;
+        struct st_attention {     /* nn/layers/attention.c */
+            int64_t batch, heads, tokens, head_dim;
+            float scale;          /* 1 / sqrt(head_dim) */
+            st_prim scores, softmax, context;           /* forward */
+            st_prim d_v, d_probs, d_softmax, d_q, d_k;  /* backward */
+            int has_dx;
+        } attn;
+        struct st_embedding {     /* nn/layers/embedding.c */
+            int64_t batch, tokens, vocab, width;
+            const float *ids, *tok, *pos;
+            float *y;
+            const float *dy;
+            float *dtok, *dpos;
+        } embed;
         struct {           /* a kind that runs its own loop: its buffers */
             const float *x, *dy;
             float *y, *dx;
@@ -205,6 +240,7 @@ struct st_model {
     st_model_config cfg;
     st_model_declare_fn declare;   /* its kind's builder (or the caller's) */
     int batch;
+    int64_t rows;          /* of every tensor: batch (x context for a sequence model) */
     st_arena *arena;       /* NULL: layout only (no memory, no primitives) */
     st_nn_ctx ctx;
 
@@ -284,10 +320,18 @@ st_status st_model_declare_mlp(st_model *m);     /* nn/models/mlp.c */
 st_status st_model_declare_resmlp(st_model *m);  /* nn/models/resmlp.c */
 st_status st_model_declare_resnet(st_model *m);  /* nn/models/resnet.c */
 st_status st_model_declare_resnet18(st_model *m);
+st_status st_model_declare_gpt(st_model *m);     /* nn/models/gpt.c */
 
 /* A new tensor of `cols` full columns (width: ST_W_FULL, ST_W_WIDEST or a
  * width layer), written by the open group if any; its id. */
 int st_graph_tensor(st_model *m, int64_t cols, int width);
+/* The same holding `copies` runs of cols (of width's kept units) per row. */
+int st_graph_tensor_copies(st_model *m, int64_t cols, int copies, int width);
+/* Shared gradient scratch of `copies` x cols per row that only width
+ * layers of full width `cols` pass through: as wide as the widest of
+ * them is kept (ST_W_WIDEST of those; a model whose width layers differ,
+ * a transformer's heads and MLP neurons, needs one per kind). */
+int st_graph_tensor_widest_of(st_model *m, int64_t cols, int copies);
 /* The same for images of `channels` x h x w per sample (NCHW): a width
  * layer's units are then groups of channels, each h x w. */
 int st_graph_image(st_model *m, int64_t channels, int64_t h, int64_t w, int width);

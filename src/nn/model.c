@@ -29,6 +29,7 @@ static const st_model_builder model_kinds[] = {
     { ST_MODEL_RESMLP, st_model_declare_resmlp },
     { ST_MODEL_RESNET, st_model_declare_resnet },
     { ST_MODEL_RESNET18, st_model_declare_resnet18 },
+    { ST_MODEL_GPT, st_model_declare_gpt },
 };
 
 static const st_model_builder *builder_of(st_model_kind kind)
@@ -52,6 +53,7 @@ st_model_config st_model_config_default(void)
 
 #define ST_MAX_DEPTH 1024
 #define ST_MAX_WIDTH (1 << 16)
+#define ST_MAX_CONTEXT 4096
 
 static st_status check_subnet(const st_model_config *c, st_model_declare_fn declare);
 static st_status layout_with(st_model *m, const st_model_config *cfg, st_model_declare_fn declare);
@@ -78,8 +80,17 @@ static st_status check_fields(const st_model_config *c)
             return st_fail(ST_ERR_INVALID, "an image input of %d x %d x %d does not make %d "
                            "features", c->in_channels, c->in_height, c->in_width, c->in_dim);
     }
-    if (c->n_classes < 2 || c->n_classes > 255)
-        return st_fail(ST_ERR_INVALID, "number of classes must be in [2, 255], got %d", c->n_classes);
+    if (c->n_classes < 2 || c->n_classes > 256)
+        return st_fail(ST_ERR_INVALID, "number of classes must be in [2, 256], got %d", c->n_classes);
+    if (c->context < 0 || c->context > ST_MAX_CONTEXT)
+        return st_fail(ST_ERR_INVALID, "context must be in [1, %d] tokens, got %d",
+                       ST_MAX_CONTEXT, c->context);
+    if (c->context && c->in_dim != c->context)
+        return st_fail(ST_ERR_INVALID, "a sequence model of context %d reads %d byte ids per "
+                       "sample, not %d features", c->context, c->context, c->in_dim);
+    if (c->context && (c->heads < 1 || c->width % c->heads != 0))
+        return st_fail(ST_ERR_INVALID, "heads must be >= 1 and divide the width %d, got %d",
+                       c->width, c->heads);
     return ST_OK;
 }
 
@@ -87,8 +98,12 @@ st_status st_model_config_check(const st_model_config *c)
 {
     if (!builder_of(c->kind))
         return st_fail(ST_ERR_INVALID, "model: unknown kind %d (allowed: mlp, resmlp, resnet, "
-                       "resnet18)", (int)c->kind);
+                       "resnet18, gpt)", (int)c->kind);
     ST_TRY(check_fields(c));
+    if ((c->kind == ST_MODEL_GPT) != (c->context > 0))
+        return st_fail(ST_ERR_INVALID, c->context ? "a context of %d tokens is for the gpt model"
+                                                  : "the gpt model needs a context (tokens "
+                                                    "per sample), got %d", c->context);
     return check_subnet(c, builder_of(c->kind)->declare);
 }
 
@@ -413,6 +428,7 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
         m->cfg.subnet.groups = m->group_ids;
     }
     m->batch = batch;
+    m->rows = (int64_t)batch * (cfg->context ? cfg->context : 1);
     m->arena = arena;
     st_status s;
     ST_TRY_GOTO(s, st_graph_declare(m, declare), fail);
@@ -426,20 +442,21 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
             m->layers[i].dropped = i < lo || i > hi;
     }
     ST_TRY_GOTO(s, st_nn_ctx_init(&m->ctx, arena), fail);
-    const size_t B = (size_t)batch, K = (size_t)cfg->n_classes;
+    /* R rows: a sample's, or a sequence model's tokens' */
+    const size_t B = (size_t)batch, R = (size_t)m->rows, K = (size_t)cfg->n_classes;
     if (hi < 0) {
         ST_TRY_GOTO(s, st_graph_alloc(m, B * (size_t)cfg->in_dim, &m->tensors[ST_T_INPUT].data),
                     fail);
-        ST_TRY_GOTO(s, st_arena_alloc(arena, ST_MEM_ACTIVATIONS, B * sizeof(int32_t),
+        ST_TRY_GOTO(s, st_arena_alloc(arena, ST_MEM_ACTIVATIONS, R * sizeof(int32_t),
                                       (void **)&m->labels), fail);
-        ST_TRY_GOTO(s, st_graph_alloc(m, B * K, &m->tensors[ST_T_LOGITS].data), fail);
-        ST_TRY_GOTO(s, st_graph_alloc(m, B * K, &m->logp), fail);
-        ST_TRY_GOTO(s, st_graph_alloc(m, B * K, &m->tensors[ST_T_DLOGITS].data), fail);
+        ST_TRY_GOTO(s, st_graph_alloc(m, R * K, &m->tensors[ST_T_LOGITS].data), fail);
+        ST_TRY_GOTO(s, st_graph_alloc(m, R * K, &m->logp), fail);
+        ST_TRY_GOTO(s, st_graph_alloc(m, R * K, &m->tensors[ST_T_DLOGITS].data), fail);
     }
     ST_TRY_GOTO(s, st_graph_layout(m), fail);
     ST_TRY_GOTO(s, st_graph_build(m), fail);
     if (hi < 0) {
-        ST_TRY_GOTO(s, st_xent_build(&m->ctx, &m->xent, (int64_t)B, (int64_t)K,
+        ST_TRY_GOTO(s, st_xent_build(&m->ctx, &m->xent, (int64_t)R, (int64_t)K,
                                      m->tensors[ST_T_LOGITS].data, m->logp,
                                      m->tensors[ST_T_DLOGITS].data), fail);
         ST_TRY_GOTO(s, st_nn_ctx_finalize(&m->ctx), fail);
@@ -494,6 +511,7 @@ void st_model_destroy(st_model *m)
 
 const st_model_config *st_model_get_config(const st_model *m) { return &m->cfg; }
 int st_model_batch(const st_model *m) { return m->batch; }
+int st_model_tokens(const st_model *m) { return (int)(m->rows / m->batch); }
 float *st_model_input(st_model *m) { return m->tensors[ST_T_INPUT].data; }
 int32_t *st_model_labels(st_model *m) { return m->labels; }
 const float *st_model_logits(const st_model *m) { return m->tensors[ST_T_LOGITS].data; }
@@ -559,8 +577,8 @@ st_status st_model_forward_backward(st_model *m, float *loss)
 {
     double sum;
     ST_TRY(st_graph_forward(m, ST_PHASE_TRAIN));
-    ST_TRY(st_xent_forward(&m->ctx, &m->xent, m->labels, m->batch, 1, &sum, NULL));
-    *loss = (float)(sum / m->batch);
+    ST_TRY(st_xent_forward(&m->ctx, &m->xent, m->labels, m->rows, 1, &sum, NULL));
+    *loss = (float)(sum / (double)m->rows);
     return st_graph_backward(m);
 }
 
@@ -581,7 +599,8 @@ st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *co
     double sum;
     int64_t hits;
     ST_TRY(st_graph_forward(m, ST_PHASE_INFER));
-    ST_TRY(st_xent_forward(&m->ctx, &m->xent, m->labels, rows, 0, &sum, &hits));
+    ST_TRY(st_xent_forward(&m->ctx, &m->xent, m->labels, rows * (m->rows / m->batch), 0, &sum,
+                           &hits));
     *loss_sum += sum;
     *correct += hits;
     return ST_OK;

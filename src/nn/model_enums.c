@@ -9,6 +9,7 @@ static const st_enum_entry model_kind_entries[] = {
     { "resmlp", ST_MODEL_RESMLP },
     { "resnet", ST_MODEL_RESNET },
     { "resnet18", ST_MODEL_RESNET18 },
+    { "gpt", ST_MODEL_GPT },
 };
 static const st_enum_table model_kinds = ST_ENUM_TABLE("model", model_kind_entries);
 

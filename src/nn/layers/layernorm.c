@@ -85,8 +85,8 @@ static st_status norm_layout(st_model *m, st_layer *l)
 /* Mean and variance per row, saved for the backward. */
 static st_status norm_alloc(st_model *m, st_layer *l)
 {
-    ST_TRY(st_graph_alloc(m, (size_t)m->batch, &l->saved[0]));
-    return st_graph_alloc(m, (size_t)m->batch, &l->saved[1]);
+    ST_TRY(st_graph_alloc(m, (size_t)m->rows, &l->saved[0]));
+    return st_graph_alloc(m, (size_t)m->rows, &l->saved[1]);
 }
 
 static st_status norm_build(st_model *m, st_layer *l)
@@ -102,7 +102,7 @@ static st_status norm_build(st_model *m, st_layer *l)
         io.dgamma = st_graph_norm_scratch(m);
         io.dbeta = io.dgamma + l->out;
     }
-    return st_layernorm_build(&m->ctx, &l->u.norm, m->batch, l->out, &io);
+    return st_layernorm_build(&m->ctx, &l->u.norm, m->rows, l->out, &io);
 }
 
 static st_status norm_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)

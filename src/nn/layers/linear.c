@@ -14,6 +14,7 @@
  * project's 2-core AVX-512 machine, B = 256, 1024 x 1024: forward 177,
  * backward-data 185, backward-weights 188 GFLOP/s (dnnl_sgemm: 176).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include <stdio.h>
@@ -258,13 +259,63 @@ static int row_unit(const st_layer *l)
  * the full layer: weight (rows: out neurons, or in neurons when in-major)
  * and bias.  Under backward masking, the rows of its row unit's neurons
  * with gradients. */
+/* Copy c of a selection of width layer neurons: sel's ids + c full,
+ * for c < copies, into a malloc'd array (*owned, replacing what it held). */
+static int32_t *copy_ids(const st_neuron_sel *sel, int copies, int32_t **owned)
+{
+    free(*owned);
+    *owned = malloc((size_t)(sel->n * copies) * sizeof **owned);
+    for (int c = 0; *owned && c < copies; c++)
+        for (int64_t j = 0; j < sel->n; j++)
+            (*owned)[c * sel->n + j] = sel->ids[j] + (int32_t)(c * sel->full);
+    return *owned;
+}
+
+/* Its outputs: the kept neurons of its width layer, in each of its copies
+ * (the ids laid out by linear_layout). */
+static const st_neuron_sel *out_sel(const st_model *m, const st_layer *l, st_neuron_sel *tmp)
+{
+    const st_neuron_sel *out = st_graph_sel(m, l->out_unit, l->out, tmp);
+    if (l->copies == 1)
+        return out;
+    *tmp = (st_neuron_sel){ out->full * l->copies, out->n * l->copies,
+                            out->ids ? l->copy_ids : NULL };
+    return tmp;
+}
+
 static st_status linear_layout(st_model *m, st_layer *l)
 {
-    st_neuron_sel tin, tout;
+    st_neuron_sel tin, tout, tgrad;
     const st_neuron_sel *in = st_graph_sel(m, l->in_unit, l->in, &tin);
     const st_neuron_sel *out = st_graph_sel(m, l->out_unit, l->out, &tout);
-    const st_neuron_sel *rows = l->in_major ? in : out, *cols = l->in_major ? out : in;
     const st_neuron_sel *grad = st_graph_grad_sel(m, row_unit(l));
+    if (l->copies > 1) {   /* a fused projection: every copy keeps the same neurons */
+        if (l->in_major || l->out_unit < 0)
+            return st_fail(ST_ERR_INVALID, "%s: copies of an output need out-major rows of a "
+                           "width layer", l->name);
+        if (out->ids && !copy_ids(out, l->copies, &l->copy_ids))
+            return st_fail(ST_ERR_NOMEM, "out of memory laying out %s", l->name);
+        out = out_sel(m, l, &tout);
+        if (grad && grad->ids) {
+            const int64_t full = grad->full;
+            if (!copy_ids(grad, l->copies, &l->copy_grad_ids))
+                return st_fail(ST_ERR_NOMEM, "out of memory laying out %s", l->name);
+            tgrad = (st_neuron_sel){ grad->full * l->copies, grad->n * l->copies,
+                                     l->copy_grad_ids };
+            grad = &tgrad;
+            int n;
+            const st_row_run *runs = st_graph_grad_runs(m, l->out_unit, &n);
+            free(l->copy_runs);
+            l->copy_runs = malloc((size_t)(n * l->copies) * sizeof *l->copy_runs);
+            if (!l->copy_runs)
+                return st_fail(ST_ERR_NOMEM, "out of memory laying out %s", l->name);
+            for (int c = 0; c < l->copies; c++)
+                for (int i = 0; i < n; i++)
+                    l->copy_runs[c * n + i] = (st_row_run){ runs[i].begin + c * full,
+                                                            runs[i].count };
+        }
+    }
+    const st_neuron_sel *rows = l->in_major ? in : out, *cols = l->in_major ? out : in;
     st_seg_map w = {
         .full_rows = rows->full, .full_cols = cols->full, .rows = rows->ids, .cols = cols->ids,
         .n_rows = rows->n, .n_cols = cols->n, .in_major = l->in_major, .fan_in = in->full,
@@ -299,7 +350,7 @@ static st_status linear_build(st_model *m, st_layer *l)
     const st_model_config *c = &m->cfg;
     st_neuron_sel tin, tout;
     const st_neuron_sel *in = st_graph_sel(m, l->in_unit, l->in, &tin);
-    const st_neuron_sel *out = st_graph_sel(m, l->out_unit, l->out, &tout);
+    const st_neuron_sel *out = out_sel(m, l, &tout);
     st_linear_io io = {
         .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
         .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
@@ -309,13 +360,17 @@ static st_status linear_build(st_model *m, st_layer *l)
         .in_major = l->in_major, .unscaled_bias = 1,
     };
     io.dw_runs = st_graph_grad_runs(m, row_unit(l), &io.n_dw_runs);
+    if (io.dw_runs && l->copies > 1) {
+        io.dw_runs = l->copy_runs;
+        io.n_dw_runs *= l->copies;
+    }
     if (l->closes_group) {
         io.scale = c->subnet.scale;
         io.unscaled_bias = c->subnet.width_count != NULL;
     } else if (in->ids) {
         io.scale = c->subnet.scale;
     }
-    return st_linear_build(&m->ctx, &l->u.linear, m->batch, in->n, out->n, &io);
+    return st_linear_build(&m->ctx, &l->u.linear, m->rows, in->n, out->n, &io);
 }
 
 static st_status linear_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
