@@ -71,7 +71,29 @@ typedef struct st_dataset {
     uint8_t *y;           /* (count) labels */
     uint32_t channels, height, width;   /* the sample's shape, see above */
     st_augment augment;   /* training gathers only; set by the caller */
+    /* A byte corpus as windows (st_text_dataset): x and y are NULL, dim is
+     * the context T, and sample k is a window of T + 1 bytes, its first T
+     * the input (byte ids) and its last T the labels (T per sample: the
+     * next byte at every position).  Training sets draw window k of an
+     * epoch at random (seeded); test sets read consecutive windows. */
+    uint8_t *bytes;       /* NULL: not text */
+    size_t n_bytes;
+    uint32_t context;     /* T; 0: not text */
+    uint64_t window_seed;
+    int sequential;       /* 1: window k starts at byte k T */
 } st_dataset;
+
+/* Labels per sample: the context of a text set, else 1. */
+static inline uint32_t st_dataset_labels_per_sample(const st_dataset *d)
+{
+    return d->context ? d->context : 1;
+}
+
+/* Samples [first, first + rows) in stored order (a test set's), into the
+ * first rows of a batch of B, the rest zero: x_out (B, dim), y_out
+ * (B x labels per sample). */
+void st_dataset_gather_rows(const st_dataset *d, uint32_t first, int rows, int B,
+                            float *x_out, int32_t *y_out);
 
 /* Images (rank >= 2: count x rows x cols ...) and labels (rank 1) from two
  * IDX files; checks that the counts agree and that labels are < n_classes.
@@ -166,7 +188,7 @@ void st_dataset_free(st_dataset *d);
 void st_epoch_order(uint64_t seed, uint64_t epoch, uint32_t *order, uint32_t n);
 
 /* Copies samples idx[0..n) into x_out (n, dim) and labels into y_out, as
- * stored (no augmentation). */
+ * stored (no augmentation; a text training set's windows of epoch 0). */
 void st_dataset_gather(const st_dataset *d, const uint32_t *idx, size_t n,
                        float *x_out, int32_t *y_out);
 
@@ -224,6 +246,15 @@ void st_text_free(st_text *t);
  * start uniformly in the training part, a pure function of (seed, epoch,
  * k).  The training part must hold at least T + 1 bytes. */
 size_t st_text_window(const st_text *t, int context, uint64_t seed, uint64_t epoch, uint64_t k);
+
+/* Training and test sets of windows of `context` bytes over t (see
+ * st_dataset): the training part, train_windows windows an epoch (0: its
+ * bytes / context, about one pass), drawn from (seed, epoch, k); and the
+ * first val_bytes of the held-out tail (0: all of it) in consecutive
+ * windows.  Both own copies of their bytes (t may be freed).  Refused
+ * with a message: a part too small for one window. */
+st_status st_text_dataset(const st_text *t, int context, uint64_t seed, uint32_t train_windows,
+                          size_t val_bytes, st_dataset *train, st_dataset *test);
 
 /* The baseline a language model must beat: the cross-entropy, in bits
  * per byte, of the validation bytes under the training bytes' unigram

@@ -120,6 +120,9 @@ typedef struct st_epoch_record {
                                * not a loss of the joined network */
     double test_loss;
     double test_acc;
+    int tokens_per_sample;    /* a language model's context (its losses are per
+                               * token, in nats; records add bits per byte and
+                               * tokens/s); 0: not one */
     double samples_per_s;     /* this epoch's training samples / training time;
                                * synth segment epochs: samples through every
                                * segment (each counted once) / the epoch's

@@ -6,6 +6,7 @@
  * stderr that says what went wrong.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,21 @@ static st_status load_data(const st_cli_options *o, st_dataset *train, st_datase
         st_idx_files f = { d->names[0], d->names[1], d->names[2], d->names[3] };
         return st_idx_set_load(d->dir, d->has_names ? &f : NULL, train, test);
     }
+    case ST_CLI_DATA_TEXT: {
+        st_text t;
+        st_status s = st_text_load(d->dir, o->holdout, &t);
+        if (s != ST_OK)
+            return s;
+        s = st_text_dataset(&t, o->train.model.context, o->train.seed,
+                                      (uint32_t)o->epoch_windows, (size_t)o->val_bytes, train,
+                                      test);
+        if (s == ST_OK && !o->quiet)
+            printf("text %s: %zu bytes, %zu for training, %zu held out (%zu evaluated); "
+                   "unigram baseline %.4f bits per byte\n", d->dir, t.count, t.train_count,
+                   t.count - t.train_count, test->n_bytes, st_text_unigram_bpb(&t));
+        st_text_free(&t);
+        return s;
+    }
     case ST_CLI_DATA_FASHION:
         break;
     }
@@ -67,6 +83,8 @@ static st_status load_data(const st_cli_options *o, st_dataset *train, st_datase
  * synthetic task, as they always were. */
 static void normalize(st_dataset *train, st_dataset *test)
 {
+    if (train->bytes)   /* text: byte ids, not features */
+        return;
     if (train->channels > 1 && train->height * train->width > 1) {
         st_dataset_normalize_channels(train, test, NULL, NULL, 0);
         return;
@@ -82,6 +100,9 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
            m->depth, m->width);
     if (m->kind == ST_MODEL_RESMLP)
         printf(" hidden %d", m->hidden ? m->hidden : m->width);
+    if (m->kind == ST_MODEL_GPT)
+        printf(" heads %d context %d hidden %d", m->heads, m->context,
+               m->hidden ? m->hidden : 4 * m->width);
     printf(" %s | %s lr %g wd %g %s | batch %d, ", st_activation_name(m->activation),
            st_optimizer_name(t->optim.kind), t->optim.lr, t->optim.weight_decay,
            st_schedule_name(t->schedule), t->batch);
@@ -141,6 +162,10 @@ static void print_summary(const st_epoch_record *r)
     else
         printf("train_loss %.4f", r->train_loss);
     printf("  %.0f samples/s  wall %.1fs\n", r->samples_per_s, r->wall_s);
+    if (r->tokens_per_sample)
+        printf("text: validation %.4f nats = %.4f bits per byte (train %.4f bpb), next-byte "
+               "accuracy %.4f, %.0f tokens/s\n", r->test_loss, r->test_loss / M_LN2,
+               r->train_loss / M_LN2, r->test_acc, r->samples_per_s * r->tokens_per_sample);
     printf("step (ms, mean over %d worker%s): compute %.2f  wait %.2f  reduce %.2f  optimizer %.2f\n",
            r->workers, r->workers == 1 ? "" : "s", r->step_ms_compute, r->step_ms_wait,
            r->step_ms_reduce, r->step_ms_optimizer);
@@ -169,7 +194,7 @@ static int run_train(st_cli_options *o)
      * shape (convolutional models need it; the others read a vector). */
     o->train.model.in_dim = (int)train.dim;
     o->train.model.n_classes = (int)train.n_classes;
-    if (train.height * train.width > 1) {
+    if (train.height * train.width > 1 && !train.bytes) {
         o->train.model.in_channels = (int)train.channels;
         o->train.model.in_height = (int)train.height;
         o->train.model.in_width = (int)train.width;

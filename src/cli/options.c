@@ -20,12 +20,18 @@ enum {
     OPT_LOCAL_STEPS, OPT_EVAL_BRANCH_SCALE,
     OPT_SEGMENTS, OPT_CUTS, OPT_SYNTH_LABELS, OPT_SYNTH_SCALE, OPT_SYNTH_NOISE,
     OPT_RECOVERY_EPOCHS, OPT_AUGMENT_CROP, OPT_AUGMENT_FLIP,
+    OPT_CONTEXT, OPT_HEADS, OPT_HOLDOUT, OPT_VAL_BYTES, OPT_EPOCH_WINDOWS,
 };
 
 static const struct option long_options[] = {
     { "data", required_argument, NULL, OPT_DATA },
     { "augment-crop", required_argument, NULL, OPT_AUGMENT_CROP },
     { "augment-flip", no_argument, NULL, OPT_AUGMENT_FLIP },
+    { "context", required_argument, NULL, OPT_CONTEXT },
+    { "heads", required_argument, NULL, OPT_HEADS },
+    { "holdout", required_argument, NULL, OPT_HOLDOUT },
+    { "val-bytes", required_argument, NULL, OPT_VAL_BYTES },
+    { "epoch-windows", required_argument, NULL, OPT_EPOCH_WINDOWS },
     { "model", required_argument, NULL, OPT_MODEL },
     { "depth", required_argument, NULL, OPT_DEPTH },
     { "width", required_argument, NULL, OPT_WIDTH },
@@ -356,10 +362,17 @@ static int parse_data(const char *what, const char *s, st_cli_data *d, char *err
     memset(d, 0, sizeof *d);
     if (*s == '\0')
         return fail(err, n, "%s: expected a directory, 'synthetic', cifar10:DIR, "
-                    "cifar100:DIR or idx:DIR, got ''", what);
+                    "cifar100:DIR, idx:DIR or text:FILE, got ''", what);
     if (strcmp(s, "synthetic") == 0) {
         d->kind = ST_CLI_DATA_SYNTHETIC;
         return 0;
+    }
+    if (strncmp(s, "text:", 5) == 0 || strcmp(s, "text") == 0) {
+        d->kind = ST_CLI_DATA_TEXT;
+        if (s[4] == '\0' || s[5] == '\0')
+            return fail(err, n, "%s %s: the file is missing (text:FILE, e.g. "
+                        "text:/usr/share/dictd/gcide.dict.dz)", what, s);
+        return copy_part(what, s + 5, strlen(s + 5), d->dir, err, n);
     }
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
         size_t len = strlen(kinds[k].prefix);
@@ -382,8 +395,9 @@ static int parse_data(const char *what, const char *s, st_cli_data *d, char *err
 
 /* What was given explicitly, for the checks after parsing. */
 typedef struct seen {
-    int epochs, steps, model, depth, width, activation, cuts;
+    int epochs, steps, model, depth, width, activation, cuts, context, heads;
     const char *synth_option;   /* the first synth-only option given */
+    const char *text_option;    /* the first text-only option given */
 } seen;
 
 static int apply_synth_option(int c, const char *arg, st_cli_options *o, seen *saw, char *err,
@@ -429,6 +443,20 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         return 0;
     }
     case OPT_AUGMENT_FLIP: o->augment.flip = 1; return 0;
+    case OPT_CONTEXT: return parse_int("context", arg, 1, 4096, &t->model.context, err, n);
+    case OPT_HEADS: return parse_int("heads", arg, 1, 65536, &t->model.heads, err, n);
+    case OPT_HOLDOUT: {
+        if (parse_float("holdout", arg, 0.0, 1.0, 1, &o->holdout, err, n))
+            return -1;
+        return o->holdout < 1.0f ? 0 : fail(err, n, "--holdout: expected a fraction in (0, 1), "
+                                            "got '%s'", arg);
+    }
+    case OPT_VAL_BYTES: return parse_u64("val-bytes", arg, 1ull << 40, &o->val_bytes, err, n);
+    case OPT_EPOCH_WINDOWS:
+        if (parse_u64("epoch-windows", arg, 4294967295ull, &o->epoch_windows, err, n))
+            return -1;
+        return o->epoch_windows ? 0 : fail(err, n, "--epoch-windows: expected an integer >= 1, "
+                                           "got '%s'", arg);
     case OPT_MODEL: return parse_choice("model", arg, parse_model, &t->model.kind, err, n);
     case OPT_DEPTH: return parse_int("depth", arg, 1, 1024, &t->model.depth, err, n);
     case OPT_WIDTH: return parse_int("width", arg, 1, 65536, &t->model.width, err, n);
@@ -542,6 +570,8 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     o->action = ST_CLI_RUN;
     o->train = st_train_config_default();
     o->progress = ST_PROGRESS_AUTO;
+    o->holdout = 0.1f;
+    o->val_bytes = 1048576;
     const char *env = getenv("SUBTRAIN_DATA");
     o->data = env && *env ? env : ST_FASHION_MNIST_DIR;
     int data_given = 0;
@@ -563,6 +593,11 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         saw.depth |= c == OPT_DEPTH;
         saw.width |= c == OPT_WIDTH;
         saw.activation |= c == OPT_ACTIVATION;
+        saw.context |= c == OPT_CONTEXT;
+        saw.heads |= c == OPT_HEADS;
+        if (c == OPT_HOLDOUT || c == OPT_VAL_BYTES || c == OPT_EPOCH_WINDOWS)
+            saw.text_option = c == OPT_HOLDOUT ? "--holdout"
+                            : c == OPT_VAL_BYTES ? "--val-bytes" : "--epoch-windows";
         if (c >= OPT_SEGMENTS && c <= OPT_RECOVERY_EPOCHS) {
             if (apply_synth_option(c, optarg, o, &saw, err, n))
                 return -1;
@@ -614,6 +649,31 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
             return fail(err, n, "--model %s does not train with --strategy synth (its "
                         "segments would cut batch-normalised residual blocks; see doc/cnn.md)",
                         st_model_kind_name(o->train.model.kind));
+    }
+    const int gpt = o->train.model.kind == ST_MODEL_GPT;
+    const int text = o->data_spec.kind == ST_CLI_DATA_TEXT;
+    if (gpt != text)
+        return fail(err, n, gpt ? "--model gpt is a language model: it needs --data text:FILE"
+                                : "--data text:FILE is for --model gpt (a language model)");
+    if (saw.text_option && !text)
+        return fail(err, n, "%s applies to --data text:FILE only", saw.text_option);
+    if ((saw.context || saw.heads) && !gpt)
+        return fail(err, n, "%s applies to --model gpt only", saw.context ? "--context"
+                                                                           : "--heads");
+    if (gpt) {
+        /* about 3M parameters: 4 blocks of width 256, 4 heads, 128 bytes */
+        if (!saw.context)
+            o->train.model.context = 128;
+        if (!saw.heads)
+            o->train.model.heads = 4;
+        o->train.model.in_dim = o->train.model.context;   /* a byte id per token */
+        o->train.model.n_classes = 256;
+        if (o->train.model.width % o->train.model.heads)
+            return fail(err, n, "--heads %d does not divide --width %d", o->train.model.heads,
+                        o->train.model.width);
+        if (o->train.strategy == ST_STRATEGY_SYNTH)
+            return fail(err, n, "--model gpt does not train with --strategy synth (its cuts "
+                        "are between the layers of a plain MLP)");
     }
     return 0;
 }

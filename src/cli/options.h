@@ -22,6 +22,7 @@ typedef enum st_cli_data_kind {
     ST_CLI_DATA_CIFAR10,     /* cifar10:DIR */
     ST_CLI_DATA_CIFAR100,    /* cifar100:DIR */
     ST_CLI_DATA_IDX,         /* idx:DIR[:TRAIN_IMAGES,TRAIN_LABELS,TEST_IMAGES,TEST_LABELS] */
+    ST_CLI_DATA_TEXT,        /* text:FILE: bytes for a language model (dir holds FILE) */
 } st_cli_data_kind;
 
 #define ST_CLI_DATA_PATH_MAX 4096
@@ -43,6 +44,10 @@ typedef struct st_cli_options {
     st_progress_mode progress;
     int quiet;
     int report_memory;         /* --report memory: every worker's breakdown */
+    /* text data (--data text:FILE) */
+    float holdout;             /* --holdout: the validation tail's fraction */
+    uint64_t val_bytes;        /* --val-bytes: of it evaluated (0: all) */
+    uint64_t epoch_windows;    /* --epoch-windows: windows an epoch (0: a pass) */
 } st_cli_options;
 
 /* Returns 0, or -1 with a message (without the program name) in err. */

@@ -20,6 +20,7 @@
 #include <subtrain/data.h>
 #include <subtrain/rng.h>
 
+#include "data/text.h"
 #include "core/error.h"
 
 /* Stream namespace of the augmentation draws under a seed's root (see
@@ -123,6 +124,10 @@ void st_dataset_gather_train(const st_dataset *d, uint64_t epoch, const uint32_t
                              size_t n, float *x_out, int32_t *y_out)
 {
     const st_augment *a = &d->augment;
+    if (d->bytes) {   /* a text set: the epoch's windows */
+        st_text_gather(d, epoch, idx, 0, n, x_out, y_out);
+        return;
+    }
     if (!active(a)) {
         st_dataset_gather(d, idx, n, x_out, y_out);
         return;

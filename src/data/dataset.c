@@ -15,6 +15,7 @@
 #include <subtrain/data.h>
 #include <subtrain/rng.h>
 
+#include "data/text.h"
 #include "core/error.h"
 
 /* Stream namespace of the epoch shuffles under a seed's root, so that they
@@ -357,6 +358,7 @@ void st_dataset_free(st_dataset *d)
     if (!d)
         return;
     free(d->x);
+    free(d->bytes);
     free(d->y);
     memset(d, 0, sizeof *d);
 }
@@ -377,6 +379,10 @@ void st_epoch_order(uint64_t seed, uint64_t epoch, uint32_t *order, uint32_t n)
 void st_dataset_gather(const st_dataset *d, const uint32_t *idx, size_t n,
                        float *x_out, int32_t *y_out)
 {
+    if (d->bytes) {
+        st_text_gather(d, 0, idx, 0, n, x_out, y_out);
+        return;
+    }
     size_t dim = d->dim;
     // x_out is (n, dim)
     for (size_t i = 0; i < n; i++) {
@@ -384,4 +390,19 @@ void st_dataset_gather(const st_dataset *d, const uint32_t *idx, size_t n,
         memcpy(x_out + i * dim, d->x + row * dim, dim * sizeof(float));
         y_out[i] = d->y[row];
     }
+}
+
+void st_dataset_gather_rows(const st_dataset *d, uint32_t first, int rows, int B,
+                            float *x_out, int32_t *y_out)
+{
+    const size_t dim = d->dim, L = st_dataset_labels_per_sample(d);
+    if (d->bytes) {
+        st_text_gather(d, 0, NULL, first, (size_t)rows, x_out, y_out);
+    } else {
+        memcpy(x_out, d->x + (size_t)first * dim, (size_t)rows * dim * sizeof *x_out);
+        for (int i = 0; i < rows; i++)
+            y_out[i] = d->y[first + (uint32_t)i];
+    }
+    memset(x_out + (size_t)rows * dim, 0, (size_t)(B - rows) * dim * sizeof *x_out);
+    memset(y_out + (size_t)rows * L, 0, (size_t)(B - rows) * L * sizeof *y_out);
 }

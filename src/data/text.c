@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "data/gzio.h"
+#include "data/text.h"
 
 #define TEXT_FIRST_ALLOC ((size_t)1 << 20)
 #define TEXT_MAX_BYTES ((size_t)1 << 32)
@@ -116,4 +117,71 @@ double st_text_unigram_bpb(const st_text *t)
     for (size_t i = t->train_count; i < t->count; i++)
         bits -= log2(count[t->bytes[i]] / total);
     return bits / (double)(t->count - t->train_count);
+}
+
+/* ------------------------------------------------------------ as a dataset */
+
+static st_status text_part(const uint8_t *bytes, size_t n, int context, const char *what,
+                           st_dataset *d)
+{
+    if (n < (size_t)context + 1)
+        return st_fail(ST_ERR_FORMAT, "the %s text has %zu bytes: too few for one window of "
+                       "%d + 1", what, n, context);
+    d->bytes = malloc(n);
+    if (!d->bytes)
+        return st_fail(ST_ERR_NOMEM, "out of memory copying %zu bytes of %s text", n, what);
+    memcpy(d->bytes, bytes, n);
+    d->n_bytes = n;
+    d->context = (uint32_t)context;
+    d->dim = d->channels = (uint32_t)context;
+    d->height = d->width = 1;
+    d->n_classes = 256;
+    return ST_OK;
+}
+
+st_status st_text_dataset(const st_text *t, int context, uint64_t seed, uint32_t train_windows,
+                          size_t val_bytes, st_dataset *train, st_dataset *test)
+{
+    memset(train, 0, sizeof *train);
+    memset(test, 0, sizeof *test);
+    if (context < 1 || context > (1 << 16))
+        return st_fail(ST_ERR_INVALID, "context must be in [1, 65536], got %d", context);
+    const size_t valid = t->count - t->train_count;
+    const size_t nv = val_bytes && val_bytes < valid ? val_bytes : valid;
+    st_status s = text_part(t->bytes, t->train_count, context, "training", train);
+    if (s == ST_OK)
+        s = text_part(t->bytes + t->train_count, nv, context, "validation", test);
+    if (s != ST_OK) {
+        st_dataset_free(train);
+        st_dataset_free(test);
+        return s;
+    }
+    const size_t per_epoch = train_windows ? train_windows : t->train_count / (size_t)context;
+    train->count = per_epoch > UINT32_MAX ? UINT32_MAX : (uint32_t)per_epoch;
+    train->window_seed = seed;
+    test->count = (uint32_t)((nv - 1) / (size_t)context);
+    test->sequential = 1;
+    return ST_OK;
+}
+
+/* Window k of a text set: its first byte. */
+static size_t window_start(const st_dataset *d, uint64_t epoch, uint64_t k)
+{
+    if (d->sequential)
+        return (size_t)k * d->context;
+    const st_text part = { d->bytes, d->n_bytes, d->n_bytes };
+    return st_text_window(&part, (int)d->context, d->window_seed, epoch, k);
+}
+
+void st_text_gather(const st_dataset *d, uint64_t epoch, const uint32_t *idx, uint32_t first,
+                    size_t n, float *x_out, int32_t *y_out)
+{
+    const size_t T = d->context;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *w = d->bytes + window_start(d, epoch, idx ? idx[i] : first + i);
+        for (size_t t = 0; t < T; t++) {
+            x_out[i * T + t] = (float)w[t];
+            y_out[i * T + t] = w[t + 1];
+        }
+    }
 }

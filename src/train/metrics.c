@@ -4,7 +4,11 @@
  * number (the largest worker's peak); the first name is kept for scripts
  * written against one-worker runs.  synth runs add "synth": {phase
  * ("segments" or "recovery"), segment_workers, cuts, and segment_loss in
- * the segment epochs}. */
+ * the segment epochs}.  Language models add "text": {train_bpb, test_bpb
+ * (the losses, per byte, in bits), tokens_per_s, context}; their
+ * test_acc is the next byte's. */
+#include <math.h>
+
 #include <subtrain/train.h>
 
 int st_metrics_write(FILE *f, const st_epoch_record *r)
@@ -19,6 +23,10 @@ int st_metrics_write(FILE *f, const st_epoch_record *r)
             r->lr, r->workers, m->peak_total);
     for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
         fprintf(f, "%s\"%s\":%zu", k ? "," : "", st_mem_kind_name((st_mem_kind)k), m->peak[k]);
+    if (r->tokens_per_sample)   /* a byte-level language model: nats per byte to bits */
+        fprintf(f, "},\"text\":{\"train_bpb\":%.6f,\"test_bpb\":%.6f,\"tokens_per_s\":%.1f,"
+                   "\"context\":%d", r->train_loss / M_LN2, r->test_loss / M_LN2,
+                r->samples_per_s * r->tokens_per_sample, r->tokens_per_sample);
     if (r->align_measured)
         fprintf(f, "},\"grad_alignment\":{\"mean\":%.6f,\"min\":%.6f,\"measurements\":%d",
                 r->align_mean, r->align_min, r->align_measured);

@@ -167,14 +167,12 @@ st_status st_run_evaluate_model(st_model *m, const st_dataset *d, double *loss, 
     int64_t correct = 0;
     for (uint32_t first = 0; first < d->count; first += (uint32_t)B) {
         int rows = d->count - first < (uint32_t)B ? (int)(d->count - first) : B;
-        memcpy(x, d->x + (size_t)first * d->dim, (size_t)rows * d->dim * sizeof *x);
-        memset(x + (size_t)rows * d->dim, 0, (size_t)(B - rows) * d->dim * sizeof *x);
-        for (int i = 0; i < B; i++)
-            y[i] = i < rows ? d->y[first + (uint32_t)i] : 0;
+        st_dataset_gather_rows(d, first, rows, B, x, y);
         ST_TRY(st_model_evaluate(m, rows, &sum, &correct));
     }
-    *loss = sum / d->count;
-    *acc = (double)correct / d->count;
+    const double n = (double)d->count * st_dataset_labels_per_sample(d);
+    *loss = sum / n;
+    *acc = (double)correct / n;
     return ST_OK;
 }
 
@@ -204,8 +202,9 @@ st_status st_run_evaluate_replicas(run_shared *r, st_worker *w, double *loss, do
             sum += r->slots[k].eval_loss;
             correct += r->slots[k].eval_correct;
         }
-        *loss = sum / d->count;
-        *acc = (double)correct / d->count;
+        const double n = (double)d->count * st_dataset_labels_per_sample(d);
+        *loss = sum / n;
+        *acc = (double)correct / n;
     }
     return ST_OK;
 }

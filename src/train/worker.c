@@ -70,16 +70,14 @@ void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *ord
     const int B = st_model_batch(w->model);
     float *x = st_model_input(w->model);
     int32_t *y = st_model_labels(w->model);
-    if (order) {
+    if (order)
         st_dataset_gather_train(d, w->epoch, order + first, (size_t)rows, x, y);
-    } else {
-        memcpy(x, d->x + (size_t)first * d->dim, (size_t)rows * d->dim * sizeof *x);
-        for (int i = 0; i < rows; i++)
-            y[i] = d->y[first + (uint32_t)i];
-    }
+    else
+        st_dataset_gather_rows(d, first, rows, rows, x, y);
     if (rows < B) {
+        const size_t L = st_dataset_labels_per_sample(d);
         memset(x + (size_t)rows * d->dim, 0, (size_t)(B - rows) * d->dim * sizeof *x);
-        memset(y + rows, 0, (size_t)(B - rows) * sizeof *y);
+        memset(y + (size_t)rows * L, 0, (size_t)(B - rows) * L * sizeof *y);
     }
 }
 
@@ -116,7 +114,9 @@ st_status st_worker_evaluate(st_worker *w, const st_dataset *d, double *loss, do
         st_worker_load_batch(w, d, NULL, first, rows);
         ST_TRY(st_model_evaluate(w->model, rows, &loss_sum, &correct));
     }
-    *loss = loss_sum / d->count;
-    *acc = (double)correct / d->count;
+    /* per label: a text set's are its tokens */
+    const double n = (double)d->count * st_dataset_labels_per_sample(d);
+    *loss = loss_sum / n;
+    *acc = (double)correct / n;
     return ST_OK;
 }
