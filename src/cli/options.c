@@ -119,7 +119,8 @@ void st_cli_print_help(FILE *f)
 "  --subnet block|neuron  sdp units: residual blocks of resmlp (default block), or\n"
 "                         groups of hidden neurons of every block's inner layer\n"
 "                         (resmlp) or of every hidden layer (mlp)\n"
-"  --neuron-group G       neurons per neuron unit (default 16)\n"
+"  --neuron-group G       neurons per neuron unit (default 16; gpt: the head size,
+                         a multiple of which it must be)\n"
 "  --masking forward|backward   sdp: run only the held units (forward, default),\n"
 "                         or the full model with weight gradients for the held\n"
 "                         units only (backward)\n"
@@ -395,7 +396,7 @@ static int parse_data(const char *what, const char *s, st_cli_data *d, char *err
 
 /* What was given explicitly, for the checks after parsing. */
 typedef struct seen {
-    int epochs, steps, model, depth, width, activation, cuts, context, heads;
+    int epochs, steps, model, depth, width, activation, cuts, context, heads, neuron_group;
     const char *synth_option;   /* the first synth-only option given */
     const char *text_option;    /* the first text-only option given */
 } seen;
@@ -595,6 +596,7 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         saw.activation |= c == OPT_ACTIVATION;
         saw.context |= c == OPT_CONTEXT;
         saw.heads |= c == OPT_HEADS;
+        saw.neuron_group |= c == OPT_NEURON_GROUP;
         if (c == OPT_HOLDOUT || c == OPT_VAL_BYTES || c == OPT_EPOCH_WINDOWS)
             saw.text_option = c == OPT_HOLDOUT ? "--holdout"
                             : c == OPT_VAL_BYTES ? "--val-bytes" : "--epoch-windows";
@@ -674,6 +676,15 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         if (o->train.strategy == ST_STRATEGY_SYNTH)
             return fail(err, n, "--model gpt does not train with --strategy synth (its cuts "
                         "are between the layers of a plain MLP)");
+        const int head = o->train.model.width / o->train.model.heads;
+        if (!saw.neuron_group)   /* a unit is one head (and that many MLP neurons) */
+            o->train.neuron_group = head;
+        if (o->train.strategy == ST_STRATEGY_SDP && o->train.subnet == ST_SUBNET_NEURON &&
+            o->train.neuron_group % head)
+            return fail(err, n, "--neuron-group %d: gpt's neuron units are whole attention "
+                        "heads, so it must be a multiple of the head size %d (--width %d / "
+                        "--heads %d)", o->train.neuron_group, head, o->train.model.width,
+                        o->train.model.heads);
     }
     return 0;
 }

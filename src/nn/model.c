@@ -137,6 +137,11 @@ static st_status check_subnet(const st_model_config *c, st_model_declare_fn decl
     if (s == ST_OK && by_width && (!u->width_count || !u->width_kept || u->unit_size < 1 || U == 0))
         s = st_fail(ST_ERR_INVALID, "neuron subnetworks need a group size >= 1, a model with "
                     "width layers and the kept groups of every layer");
+    if (s == ST_OK && by_width && c->context && c->heads > 0 &&
+        u->unit_size % (c->width / c->heads) != 0)
+        s = st_fail(ST_ERR_INVALID, "neuron units of gpt are whole attention heads: the neuron "
+                    "group %d is not a multiple of the head size %d (width %d / %d heads)",
+                    u->unit_size, c->width / c->heads, c->width, c->heads);
     const int *g = u->width_kept;
     for (int l = 0; s == ST_OK && by_width && l < U; l++) {
         const int groups = (int)((m.keep[l].full + u->unit_size - 1) / u->unit_size);

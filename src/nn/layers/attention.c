@@ -90,6 +90,14 @@ static st_status attn_build(st_model *m, st_layer *l)
         return st_fail(ST_ERR_INVALID, "%s: a subnetwork keeps whole heads: %lld of %lld "
                        "features is not a multiple of the head size %lld (the neuron group "
                        "must be)", l->name, (long long)Dk, (long long)l->out, (long long)dh);
+    st_neuron_sel tmp;
+    const st_neuron_sel *kept = st_graph_sel(m, l->out_unit, l->out, &tmp);
+    for (int64_t i = 0; kept->ids && i < kept->n; i++)
+        if (kept->ids[i] % dh != i % dh)   /* a head starts at a multiple of dh, whole */
+            return st_fail(ST_ERR_INVALID, "%s: a subnetwork keeps whole heads: its neuron %lld "
+                           "is neuron %d of the layer, not of a whole head of %lld (the neuron "
+                           "group must be a multiple of the head size)", l->name, (long long)i,
+                           (int)kept->ids[i], (long long)dh);
     *a = (struct st_attention){ .batch = B, .heads = Dk / dh, .tokens = T, .head_dim = dh,
                                 .scale = 1.0f / sqrtf((float)dh) };
     const int64_t H = a->heads, X = 3 * Dk;   /* a token's row of x */
