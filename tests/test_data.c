@@ -1871,3 +1871,52 @@ Test(text, bad_corpora_are_refused_with_the_file_named)
     cr_assert_eq(st_text_load(path, 0.0, &t), ST_ERR_INVALID, "holdout 0");
     free(p);
 }
+
+/* A text set: training windows are the epoch's seeded windows of the
+ * training part, inputs their first T bytes and labels their last T (the
+ * next byte of each); the test set reads consecutive windows of the
+ * held-out tail's first val_bytes; gathers of rows pad with zeros. */
+Test(text, datasets_of_windows_gather_inputs_and_next_bytes)
+{
+    const size_t n = 20000;
+    unsigned char *p = words(n, 6);
+    st_text t = { p, n, n - 4000 };
+    st_dataset train, test;
+    const int T = 16;
+    cr_assert_eq(st_text_dataset(&t, T, 9, 0, 1000, &train, &test), ST_OK, "%s",
+                 st_last_error());
+    cr_assert_eq(train.count, (uint32_t)((n - 4000) / T), "a pass of windows by default");
+    cr_assert_eq(train.dim, (uint32_t)T);
+    cr_assert_eq(train.n_classes, 256u);
+    cr_assert_eq(st_dataset_labels_per_sample(&train), (uint32_t)T);
+    cr_assert_eq(test.n_bytes, 1000u, "the first val_bytes of the tail");
+    cr_assert_eq(test.count, (uint32_t)((1000 - 1) / T));
+    float x[3 * 16];
+    int32_t y[3 * 16];
+    const uint32_t idx[3] = { 5, 0, 5 };
+    st_dataset_gather_train(&train, 2, idx, 3, x, y);
+    const size_t w5 = st_text_window(&t, T, 9, 2, 5);
+    for (int k = 0; k < T; k++) {
+        cr_assert_eq(x[k], (float)p[w5 + (size_t)k]);
+        cr_assert_eq(y[k], (int32_t)p[w5 + (size_t)k + 1], "labels: the next bytes");
+        cr_assert_eq(x[2 * T + k], x[k], "the same window, the same sample");
+    }
+    st_dataset_gather_rows(&test, 3, 2, 3, x, y);
+    for (int k = 0; k < T; k++) {
+        cr_assert_eq(x[k], (float)p[t.train_count + 3 * (size_t)T + (size_t)k]);
+        cr_assert_eq(y[T + k], (int32_t)p[t.train_count + 4 * (size_t)T + (size_t)k + 1]);
+        cr_assert_eq(x[2 * T + k], 0.0f, "padding");
+        cr_assert_eq(y[2 * T + k], 0);
+    }
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    cr_assert_eq(st_text_dataset(&t, T, 9, 77, 0, &train, &test), ST_OK);
+    cr_assert_eq(train.count, 77u, "--epoch-windows");
+    cr_assert_eq(test.n_bytes, 4000u, "0: the whole tail");
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    st_text tiny = { p, 40, 30 };
+    cr_assert_eq(st_text_dataset(&tiny, T, 9, 0, 0, &train, &test), ST_ERR_FORMAT);
+    cr_assert(strstr(st_last_error(), "validation text has 10 bytes"), "%s", st_last_error());
+    free(p);
+}

@@ -452,20 +452,29 @@ static void watch_epoch(const st_epoch_record *rec, void *user)
 
 /* Worker 0 after step 3 of a 40-step run of c, evaluation included:
  * subtrain itself must make no heap call. */
+static void assert_no_heap_call_on(const st_train_config *c, const st_dataset *train,
+                                   const st_dataset *test, const char *what);
+
 static void assert_steps_make_no_heap_call(const st_train_config *c, const char *what)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
+    assert_no_heap_call_on(c, &train, &test, what);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+static void assert_no_heap_call_on(const st_train_config *c, const st_dataset *train,
+                                   const st_dataset *test, const char *what)
+{
     heap_watch h = { 0 };
     st_train_callbacks cb = { .on_step = watch_step, .on_epoch = watch_epoch, .user = &h };
-    cr_assert_eq(st_train_run(c, &train, &test, &cb, NULL), ST_OK, "%s", st_last_error());
+    cr_assert_eq(st_train_run(c, train, test, &cb, NULL), ST_OK, "%s", st_last_error());
     cr_assert(h.done);
     cr_assert_gt(h.execs, 0, "the interposer saw worker 0's primitives run");
     cr_log_info("%s, worker 0, steps 4-40 and the evaluation: subtrain %ld heap calls, oneDNN "
                 "%ld in %ld executions", what, h.own, h.onednn, h.execs);
     cr_assert_eq(h.own, 0, "%s: worker 0 called the heap %ld times in 37 steps", what, h.own);
-    st_dataset_free(&train);
-    st_dataset_free(&test);
 }
 
 Test(dp, a_data_parallel_step_makes_no_heap_allocation, .timeout = 60)
@@ -1101,4 +1110,125 @@ Test(resnet, ist_blocks_are_reproducible, .timeout = 180)
     st_train_config c = subnet_resnet_config(2, ST_STRATEGY_IST);
     c.local_steps = 3;
     check_resnet_reproducible(&c, "ist blocks");
+}
+
+/* ------------------------------------------------------------ transformers */
+
+/* Word-like text (a skewed, repetitive byte stream: learnable in a few
+ * hundred steps) as a text set of windows of `context` bytes. */
+static st_text gpt_text(size_t n)
+{
+    static const char *w[] = { "the ", "of ", "and ", "a ", "to ", "in ", "is ", "word ",
+                               "dictionary ", "noun. ", "verb; ", "\n" };
+    uint8_t *p = malloc(n);
+    cr_assert_not_null(p);
+    uint32_t s = 12345;
+    for (size_t i = 0; i < n;) {
+        s = s * 1664525u + 1013904223u;
+        const char *x = w[(s >> 24) % 12];
+        for (size_t k = 0; x[k] && i < n; k++)
+            p[i++] = (uint8_t)x[k];
+    }
+    return (st_text){ p, n, n - n / 10 };
+}
+
+static st_train_config gpt_train_config(int workers, uint64_t steps)
+{
+    st_train_config c = st_train_config_default();
+    c.model = (st_model_config){ .kind = ST_MODEL_GPT, .depth = 2, .width = 32, .heads = 2,
+                                 .context = 16, .in_dim = 16, .n_classes = 256,
+                                 .activation = ST_ACT_GELU };
+    c.workers = workers;
+    c.batch = 8;
+    c.steps = steps;
+    c.epochs = 0;
+    c.optim.lr = 0.003f;
+    c.neuron_group = 16;   /* one head */
+    return c;
+}
+
+/* dp on text: below the unigram baseline by a clear margin, per-token
+ * losses, and bitwise reproducible. */
+Test(gpt, learns_text_below_the_unigram_baseline_reproducibly, .timeout = 120)
+{
+    st_text t = gpt_text(60000);
+    st_dataset train, test;
+    cr_assert_eq(st_text_dataset(&t, 16, 1, 0, 4096, &train, &test), ST_OK, "%s",
+                 st_last_error());
+    st_train_config c = gpt_train_config(2, 150);
+    recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    st_epoch_record fa = train_recorded(&c, &train, &test, a);
+    st_epoch_record fb = train_recorded(&c, &train, &test, b);
+    const double unigram = st_text_unigram_bpb(&t), bpb = fa.test_loss / M_LN2;
+    cr_log_info("gpt d2 w32 T16, 150 steps: %.3f bits per byte, unigram %.3f", bpb, unigram);
+    cr_assert_lt(bpb, unigram - 0.5, "%.3f bits per byte against the unigram's %.3f", bpb,
+                 unigram);
+    cr_assert_eq(fa.tokens_per_sample, 16);
+    cr_assert_eq(a->steps, b->steps);
+    cr_assert_eq(memcmp(a->losses, b->losses, a->steps * sizeof(float)), 0);
+    cr_assert_eq(fa.test_loss, fb.test_loss);
+    free(a);
+    free(b);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    free(t.bytes);
+}
+
+/* Every strategy trains a transformer: blocks and heads (forward and
+ * backward masking), ResIST over blocks; each run is reproducible and
+ * learns, and every parameter of the full model is trained. */
+Test(gpt, every_strategy_trains_every_parameter, .timeout = 240)
+{
+    st_text t = gpt_text(60000);
+    st_dataset train, test;
+    cr_assert_eq(st_text_dataset(&t, 16, 1, 0, 2048, &train, &test), ST_OK);
+    const struct { st_strategy strategy; st_subnet_kind subnet; st_masking masking; } v[] = {
+        { ST_STRATEGY_SDP, ST_SUBNET_BLOCK, ST_MASKING_FORWARD },
+        { ST_STRATEGY_SDP, ST_SUBNET_BLOCK, ST_MASKING_BACKWARD },
+        { ST_STRATEGY_SDP, ST_SUBNET_NEURON, ST_MASKING_FORWARD },
+        { ST_STRATEGY_SDP, ST_SUBNET_NEURON, ST_MASKING_BACKWARD },
+        { ST_STRATEGY_IST, ST_SUBNET_BLOCK, ST_MASKING_FORWARD },
+    };
+    const double unigram = st_text_unigram_bpb(&t);
+    for (size_t k = 0; k < sizeof v / sizeof *v; k++) {
+        st_train_config c = gpt_train_config(2, 60);
+        c.strategy = v[k].strategy;
+        c.subnet = v[k].subnet;
+        c.masking = v[k].masking;
+        c.local_steps = 10;
+        params_out o = { 0 };
+        st_train_callbacks cb = { .on_params = keep_params, .user = &o };
+        st_epoch_record f;
+        cr_assert_eq(st_train_run(&c, &train, &test, &cb, &f), ST_OK, "variant %zu: %s", k,
+                     st_last_error());
+        cr_assert_eq(o.n, st_model_config_param_count(&c.model));
+        float *init = malloc(o.n * sizeof *init);
+        cr_assert_eq(st_model_init_full_range(&c.model, c.seed, 0, o.n, init), ST_OK);
+        size_t same = 0;
+        for (size_t i = 0; i < o.n; i++)
+            same += o.p[i] == init[i];
+        cr_assert_eq(same, 0, "variant %zu: %zu parameters never moved", k, same);
+        cr_assert_lt(f.test_loss / M_LN2, unigram, "variant %zu: %.3f bits per byte", k,
+                     f.test_loss / M_LN2);
+        st_epoch_record g;
+        cr_assert_eq(st_train_run(&c, &train, &test, NULL, &g), ST_OK);
+        cr_assert_eq(f.test_loss, g.test_loss, "variant %zu is reproducible", k);
+        free(init);
+        free(o.p);
+    }
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    free(t.bytes);
+}
+
+Test(gpt, a_step_makes_no_heap_allocation, .timeout = 60)
+{
+    st_text t = gpt_text(30000);
+    st_dataset train, test;
+    cr_assert_eq(st_text_dataset(&t, 16, 1, 0, 1024, &train, &test), ST_OK);
+    st_train_config c = gpt_train_config(2, 40);
+    assert_no_heap_call_on(&c, &train, &test, "gpt data parallelism");
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    free(t.bytes);
 }
