@@ -286,6 +286,57 @@ Test(cli, idx_set_with_its_own_names_and_classes_trains_augmented, .timeout = 12
     st_test_rmdir(dir);
 }
 
+/* --model gpt on a text file: a short run reports bits per byte and
+ * tokens/s (and the metrics record its "text" object); its options are
+ * refused where they do not apply. */
+Test(cli, gpt_on_a_text_file_reports_bits_per_byte, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], path[ST_TEST_PATH_MAX], metrics[ST_TEST_PATH_MAX];
+    char args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(path, dir, "words.txt");
+    st_test_path(metrics, dir, "m.jsonl");
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    for (int i = 0; i < 3000; i++)
+        fputs(i % 3 ? "the word of a dictionary; " : "noun.\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "--model gpt --data 'text:%s' --depth 1 --width 16 --heads 2 "
+             "--context 16 --batch 4 --steps 20 --val-bytes 512 --progress plain "
+             "--metrics '%s'", path, metrics);
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    cr_assert(strstr(r->out, "gpt depth 1 width 16 heads 2 context 16 hidden 64"), "%s", r->out);
+    cr_assert(strstr(r->out, "unigram baseline"), "%s", r->out);
+    cr_assert(strstr(r->out, "bits per byte") && strstr(r->out, "tokens/s"), "%s", r->out);
+    char rec[8192];
+    read_into(metrics, rec, sizeof rec);
+    cr_assert(strstr(rec, "\"text\":{\"train_bpb\":") && strstr(rec, "\"context\":16"), "%s",
+              rec);
+    cr_assert(strstr(rec, "\"attention\":"), "the attention memory line: %s", rec);
+    snprintf(args, sizeof args, "--model gpt --data 'text:%s' --width 16 --heads 2 --strategy sdp "
+             "--subnet neuron --neuron-group 4", path);
+    expect_usage_error(args, "multiple of the head size 8");
+    snprintf(args, sizeof args, "--model gpt --data 'text:%s' --width 16 --heads 3", path);
+    expect_usage_error(args, "--heads 3 does not divide --width 16");
+    snprintf(args, sizeof args, "--model gpt --data 'text:%s' --strategy synth", path);
+    expect_usage_error(args, "synth");
+    snprintf(args, sizeof args, "--model gpt --data 'text:%s/missing.txt' --context 8", dir);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 1, "stderr: %s", r->err);
+    cr_assert(strstr(r->err, "missing.txt") && count_lines(r->err) == 1, "%s", r->err);
+    free(r);
+    st_test_rmdir(dir);
+    expect_usage_error("--model gpt --data synthetic", "needs --data text:FILE");
+    expect_usage_error("--data text:/x --model resmlp", "is for --model gpt");
+    expect_usage_error("--data text:", "the file is missing");
+    expect_usage_error("--context 8", "--context applies to --model gpt only");
+    expect_usage_error("--holdout 0.2", "--holdout applies to --data text:FILE only");
+    expect_usage_error("--model gpt --data text:/x --holdout 1", "--holdout");
+    expect_usage_error("--model gpt --data text:/x --epoch-windows 0", "--epoch-windows");
+}
+
 /* n CIFAR-10 records into dir/name. */
 static void write_cifar10_file(const char *dir, const char *name, int n)
 {
