@@ -187,7 +187,8 @@ Test(cli, help_and_version)
                                  "--subnet", "--masking", "--coverage", "--resample",
                                  "--branch-scale", "--report", "--local-steps",
                                  "--eval-branch-scale", "--augment-crop", "--augment-flip",
-                                 "--bn-calibration",
+                                 "--bn-calibration", "--sample", "--prompt",
+                                 "--temperature", "--top-k",
                                  "cifar10:DIR", "cifar100:DIR", "idx:DIR" };
     for (size_t i = 0; i < sizeof documented / sizeof *documented; i++)
         cr_assert(strstr(r->out, documented[i]), "--help does not mention %s", documented[i]);
@@ -429,6 +430,58 @@ Test(cli, short_run_prints_epochs_and_writes_metrics, .timeout = 120)
     cr_assert_str_empty(r->out, "--quiet prints nothing");
     cr_assert_str_empty(r->err);
     free(r);
+    st_test_rmdir(dir);
+}
+
+/* --sample: after a tiny gpt run on generated text, the sample line and
+ * the prompt's continuation; with --quiet the text alone, the same for
+ * the same seed; sampling options without their context are usage
+ * errors. */
+Test(cli, gpt_run_prints_a_sample, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], text[ST_TEST_PATH_MAX], args[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    static const char *const words[] = { "the ", "cat ", "sat ", "on ", "a ", "mat.\n" };
+    char corpus[8192];
+    size_t len = 0;
+    for (unsigned i = 0; len + 8 < sizeof corpus; i = i * 5 + 3)
+        len += (size_t)snprintf(corpus + len, sizeof corpus - len, "%s", words[i % 6]);
+    cr_assert_eq(st_test_write_file(st_test_path(text, dir, "corpus.txt"), corpus, len), 0);
+    const char *tiny = "--depth 1 --width 16 --heads 2 --context 16 --batch 4 --steps 5 "
+                       "--val-bytes 256 --progress none";
+    run_result *r = calloc(1, sizeof *r);
+    snprintf(args, sizeof args, "--model gpt --data 'text:%s' %s --sample 20 --prompt ab", text,
+             tiny);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    cr_assert_str_empty(r->err);
+    const char *line = strstr(r->out, "sample (temperature 0.8, top-k 40, seed 1):\n");
+    cr_assert(line, "%s", r->out);
+    const char *sample = strchr(line, '\n') + 1;
+    cr_assert(strncmp(sample, "ab", 2) == 0, "%s", r->out);
+    cr_assert_geq(strlen(sample), 2 + 20 + 1, "%s", sample);   /* may hold newlines */
+
+    snprintf(args, sizeof args, "--model gpt --data 'text:%s' %s --sample 20 --prompt ab "
+             "--temperature 0 -q", text, tiny);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    char *first = strdup(r->out);
+    cr_assert_not_null(first);
+    cr_assert(strncmp(first, "ab", 2) == 0 && !strstr(first, "sample ("), "%s", first);
+    run(r, NULL, args);
+    cr_assert_str_eq(r->out, first, "greedy text differs between two runs");
+    free(first);
+    free(r);
+
+    snprintf(args, sizeof args, "--model gpt --data 'text:%s' --prompt ab", text);
+    expect_usage_error(args, "--prompt applies to --sample N only");
+    snprintf(args, sizeof args, "--model gpt --data 'text:%s' --sample 5 --top-k 300", text);
+    expect_usage_error(args, "--top-k: expected an integer in [0, 256]");
+    snprintf(args, sizeof args, "--model gpt --data 'text:%s' --sample 5 --temperature -1",
+             text);
+    expect_usage_error(args, "--temperature");
+    expect_usage_error("--data synthetic --sample 5", "--sample applies to --model gpt only");
+    expect_usage_error("--sample x", "--sample: expected");
     st_test_rmdir(dir);
 }
 

@@ -429,6 +429,109 @@ Test(model, gpt_is_causal)
     st_arena_release(&arena);
 }
 
+/* The k largest logits of a row of 256 (ties: the lower byte), as a mask. */
+static void top_bytes(const float *row, int k, uint8_t *in_top)
+{
+    memset(in_top, 0, 256);
+    for (int n = 0; n < k; n++) {
+        int best = -1;
+        for (int j = 0; j < 256; j++)
+            if (!in_top[j] && (best < 0 || row[j] > row[best]))
+                best = j;
+        in_top[best] = 1;
+    }
+}
+
+/* Sampling (st_model_generate): a pure function of the seed, a shorter
+ * request a prefix of a longer one, top-k 1 the greedy choice whatever
+ * the temperature, draws within the top k, the greedy byte the argmax of
+ * an ordinary evaluation of the prompt padded with zeros, and clear
+ * refusals of what it cannot do. */
+Test(model, gpt_generate)
+{
+    omp_set_num_threads(1);
+    st_model_config c = gpt_config(2, 16, 2, 6);
+    c.n_classes = 256;   /* a byte-level model */
+    st_arena arena;
+    st_arena_init(&arena, "test_model", NULL, 0);
+    st_model *m = make_model(&c, 1, &arena);
+    st_model_init_params(m, 5);
+    const uint8_t prompt[] = "ab", longer[] = "a prompt longer than the context";
+    uint8_t a[24], b[24], g[24];
+    OK(st_model_generate(m, prompt, 2, 24, 1.0f, 0, 3, a));
+    OK(st_model_generate(m, prompt, 2, 24, 1.0f, 0, 3, b));
+    cr_assert_eq(memcmp(a, b, sizeof a), 0, "the same seed gave other bytes");
+    OK(st_model_generate(m, prompt, 2, 7, 1.0f, 0, 3, b));
+    cr_assert_eq(memcmp(a, b, 7), 0, "7 bytes are not the prefix of 24");
+    OK(st_model_generate(m, prompt, 2, 24, 1.0f, 0, 4, b));
+    cr_assert_neq(memcmp(a, b, sizeof a), 0, "seeds 3 and 4 gave the same 24 bytes");
+    /* no heap call of subtrain's own per byte (oneDNN's are its own; see
+     * heapwatch.h), once oneDNN has set up its thread */
+    own_calls = 0;
+    armed = 1;
+    OK(st_model_generate(m, prompt, 2, 24, 1.0f, 40, 4, b));
+    armed = 0;
+    cr_expect_eq(own_calls, 0, "generating 24 bytes called the heap %ld times", own_calls);
+
+    /* greedy: temperature 0, or top-k 1 at any temperature and seed */
+    OK(st_model_generate(m, prompt, 2, 24, 0.0f, 40, 3, g));
+    const float temps[] = { 0.5f, 1.0f, 7.0f };
+    for (int i = 0; i < 3; i++) {
+        OK(st_model_generate(m, prompt, 2, 24, temps[i], 1, 10 + (uint64_t)i, b));
+        cr_assert_eq(memcmp(g, b, sizeof g), 0, "top-k 1 at temperature %g is not greedy",
+                     (double)temps[i]);
+    }
+    /* the greedy first byte is the argmax at position 1 of an evaluation
+     * of "ab" followed by zeros */
+    float *x = st_model_input(m);
+    int32_t *y = st_model_labels(m);
+    for (int t = 0; t < 6; t++) {
+        x[t] = t < 2 ? (float)prompt[t] : 0.0f;
+        y[t] = 0;
+    }
+    double sum = 0.0;
+    int64_t hits = 0;
+    OK(st_model_evaluate(m, 1, &sum, &hits));
+    uint8_t top[256];
+    top_bytes(st_model_logits(m) + 256, 1, top);
+    cr_assert(top[g[0]], "greedy byte %d is not the argmax of the evaluation", g[0]);
+
+    /* each draw is among the 3 likeliest bytes: the logits the generator
+     * last read (byte 0 of a 1-byte request) say which */
+    for (uint64_t seed = 0; seed < 20; seed++) {
+        OK(st_model_generate(m, prompt, 2, 1, 2.0f, 3, seed, b));
+        top_bytes(st_model_logits(m) + 256, 3, top);
+        cr_assert(top[b[0]], "seed %llu drew byte %d, not in the top 3",
+                  (unsigned long long)seed, b[0]);
+    }
+    /* a prompt longer than the context (its last 6 bytes are read, the
+     * window slides) and none (a newline) */
+    OK(st_model_generate(m, longer, sizeof longer - 1, 24, 0.8f, 40, 1, a));
+    OK(st_model_generate(m, longer + sizeof longer - 1 - 6, 6, 24, 0.8f, 40, 1, b));
+    cr_assert_eq(memcmp(a, b, sizeof a), 0, "bytes before the last context changed the text");
+    const uint8_t newline = '\n';
+    OK(st_model_generate(m, NULL, 0, 24, 0.8f, 40, 1, a));
+    OK(st_model_generate(m, &newline, 1, 24, 0.8f, 40, 1, b));
+    cr_assert_eq(memcmp(a, b, sizeof a), 0, "an empty prompt is not a newline");
+
+    /* refused: bad temperature or top-k, a batch other than 1, not a gpt */
+    cr_assert_eq(st_model_generate(m, prompt, 2, 4, -1.0f, 40, 1, a), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "temperature"), "%s", st_last_error());
+    cr_assert_eq(st_model_generate(m, prompt, 2, 4, 0.8f, 257, 1, a), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "top-k"), "%s", st_last_error());
+    st_model *m2 = make_model(&c, 2, &arena);
+    cr_assert_eq(st_model_generate(m2, prompt, 2, 4, 0.8f, 40, 1, a), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "batch 1"), "%s", st_last_error());
+    st_model_config mc = mlp_config(1, 8, ST_ACT_GELU);
+    st_model *m3 = make_model(&mc, 1, &arena);
+    cr_assert_eq(st_model_generate(m3, prompt, 2, 4, 0.8f, 40, 1, a), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "gpt"), "%s", st_last_error());
+    st_model_destroy(m3);
+    st_model_destroy(m2);
+    st_model_destroy(m);
+    st_arena_release(&arena);
+}
+
 /* forward_backward overwrites the gradient (it does not accumulate, and
  * reads nothing that was in the gradient vector) and is deterministic. */
 Test(model, gradients_overwritten_and_deterministic)

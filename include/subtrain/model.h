@@ -245,6 +245,19 @@ st_status st_model_calibrate(st_model *m, int k);
  * model: rows x tokens of each). */
 st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *correct);
 
+/* Text from a gpt model built for batch 1 (256 classes): n bytes into out,
+ * each the next byte after the prompt and the bytes before it.  The model
+ * reads the last `context` of them (an empty prompt: a newline); byte by
+ * byte, the logits of the last position keep their top_k largest (0: all
+ * 256; ties go to the lower byte), are divided by the temperature and
+ * softmaxed, and one byte is drawn.  Temperature 0 or top_k 1: the most
+ * likely byte (greedy).  The output is a pure function of (parameters,
+ * prompt, temperature, top_k, seed); a shorter n gives a prefix.  Each
+ * byte runs the whole context's forward (no key/value cache): meant for
+ * a few hundred bytes.  Overwrites the model's input and logits. */
+st_status st_model_generate(st_model *m, const uint8_t *prompt, size_t prompt_len, size_t n,
+                            float temperature, int top_k, uint64_t seed, uint8_t *out);
+
 /* Where this model's parameters sit in the full model's flat vector: at
  * most `cap` ranges, sorted; range i starts at element local[i] of this
  * model's vector.  Returns the number of ranges (a whole model: one), or -1

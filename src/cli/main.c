@@ -184,6 +184,110 @@ static void print_summary(const st_epoch_record *r)
     printf(")\n");
 }
 
+/* What the run's callbacks feed: the progress display, and for --sample
+ * a copy of the trained parameters (on_params lends them during the call
+ * only, on worker 0's thread, after the final record). */
+typedef struct run_ui {
+    st_progress *prog;
+    float *params;        /* malloc'd; NULL: not (yet) handed over */
+    size_t n_params;
+    int params_nomem;     /* the copy could not be allocated */
+} run_ui;
+
+static void ui_on_step(const st_step_info *info, void *user)
+{
+    st_progress_on_step(info, ((run_ui *)user)->prog);
+}
+
+static void ui_on_epoch(const st_epoch_record *rec, void *user)
+{
+    st_progress_on_epoch(rec, ((run_ui *)user)->prog);
+}
+
+static void ui_on_warning(const char *message, void *user)
+{
+    st_progress_on_warning(message, ((run_ui *)user)->prog);
+}
+
+static void ui_on_params(const float *params, size_t count, void *user)
+{
+    run_ui *ui = user;
+    free(ui->params);
+    ui->params = malloc(count * sizeof *params);
+    ui->n_params = ui->params ? count : 0;
+    ui->params_nomem = !ui->params;
+    if (ui->params)
+        memcpy(ui->params, params, count * sizeof *params);
+}
+
+/* One byte of a sample as printed: text as is, other bytes as '?' so that
+ * the terminal sees no control sequences and the line count stays what
+ * the text's newlines make. */
+static int shown(uint8_t b)
+{
+    return (b >= 0x20 && b < 0x7f) || b == '\n' || b == '\t' ? b : '?';
+}
+
+/* --sample: the full model of the run, built for batch 1 on its own arena
+ * with the trained parameters, continues the prompt.  It is the model the
+ * run evaluated: ist evaluates with its blocks' branches scaled by
+ * 1 / workers (--eval-branch-scale), so that scale is kept here too. */
+static int print_sample(const st_cli_options *o, const st_epoch_record *final,
+                        const run_ui *ui)
+{
+    if (!ui->params) {
+        fprintf(stderr, "subtrain: sampling: %s\n", ui->params_nomem
+                ? "out of memory copying the trained parameters"
+                : "the run handed over no parameters");
+        return EXIT_FAILURE;
+    }
+    st_model_config mc = o->train.model;
+    memset(&mc.subnet, 0, sizeof mc.subnet);
+    if (o->train.strategy == ST_STRATEGY_IST && o->train.ist_eval_scale && final->workers > 0)
+        mc.subnet.scale = 1.0f / (float)final->workers;
+    const size_t n = (size_t)o->sample, plen = strlen(o->prompt);
+    int status = EXIT_FAILURE;
+    st_arena arena;
+    st_arena_init(&arena, "sampling", NULL, 0);
+    st_model *m = NULL;
+    uint8_t *text = malloc(n);
+    if (!text) {
+        fprintf(stderr, "subtrain: sampling: out of memory for %zu bytes\n", n);
+        goto out;
+    }
+    if (st_model_create(&mc, 1, &arena, &m) != ST_OK) {
+        runtime_error("sampling: building the model");
+        goto out;
+    }
+    if (st_model_param_count(m) != ui->n_params) {
+        fprintf(stderr, "subtrain: sampling: the run handed over %zu parameters, the model "
+                "has %zu\n", ui->n_params, st_model_param_count(m));
+        goto out;
+    }
+    memcpy(st_model_params(m), ui->params, ui->n_params * sizeof *ui->params);
+    if (st_model_generate(m, (const uint8_t *)o->prompt, plen, n, o->temperature, o->top_k,
+                          o->train.seed, text) != ST_OK) {
+        runtime_error("sampling");
+        goto out;
+    }
+    if (!o->quiet)
+        printf("sample (temperature %g, top-k %d, seed %llu):\n", (double)o->temperature,
+               o->top_k, (unsigned long long)o->train.seed);
+    int last = '\n';
+    for (size_t i = 0; i < plen; i++)
+        putchar(last = shown((uint8_t)o->prompt[i]));
+    for (size_t i = 0; i < n; i++)
+        putchar(last = shown(text[i]));
+    if (last != '\n')
+        putchar('\n');
+    status = EXIT_SUCCESS;
+out:
+    st_model_destroy(m);
+    st_arena_release(&arena);
+    free(text);
+    return status;
+}
+
 static int run_train(st_cli_options *o)
 {
     st_dataset train, test;
@@ -203,6 +307,7 @@ static int run_train(st_cli_options *o)
     int status = EXIT_FAILURE;
     st_progress prog;
     memset(&prog, 0, sizeof prog);
+    run_ui ui = { .prog = &prog };
     train.augment = o->augment;   /* the training set only */
     train.augment.seed = o->train.seed;
     if (st_augment_check(&train.augment, &train) != ST_OK) {
@@ -229,8 +334,9 @@ static int run_train(st_cli_options *o)
     }
     prog.quiet = o->quiet;
     prog.report_memory = o->report_memory && !o->quiet;
-    st_train_callbacks cb = { .on_step = st_progress_on_step, .on_epoch = st_progress_on_epoch,
-                              .on_warning = st_progress_on_warning, .user = &prog };
+    st_train_callbacks cb = { .on_step = ui_on_step, .on_epoch = ui_on_epoch,
+                              .on_warning = ui_on_warning, .user = &ui,
+                              .on_params = o->sample ? ui_on_params : NULL };
     st_epoch_record final;
     if (st_train_run(&o->train, &train, &test, &cb, &final) != ST_OK) {
         fprintf(stderr, "%s", prog.bar_visible ? "\n" : "");
@@ -239,6 +345,8 @@ static int run_train(st_cli_options *o)
     }
     if (!o->quiet)
         print_summary(&final);
+    if (o->sample && print_sample(o, &final, &ui) != EXIT_SUCCESS)
+        goto out;
 
     if (prog.metrics_failed) {
         fprintf(stderr, "subtrain: writing the metrics file '%s' failed\n", o->metrics_path);
@@ -251,6 +359,7 @@ out:
                 o->metrics_path, strerror(errno));
         status = EXIT_FAILURE;
     }
+    free(ui.params);
     st_dataset_free(&train);
     st_dataset_free(&test);
     return status;

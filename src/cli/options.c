@@ -21,6 +21,7 @@ enum {
     OPT_SEGMENTS, OPT_CUTS, OPT_SYNTH_LABELS, OPT_SYNTH_SCALE, OPT_SYNTH_NOISE,
     OPT_RECOVERY_EPOCHS, OPT_AUGMENT_CROP, OPT_AUGMENT_FLIP,
     OPT_CONTEXT, OPT_HEADS, OPT_HOLDOUT, OPT_VAL_BYTES, OPT_EPOCH_WINDOWS,
+    OPT_SAMPLE, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K,
 };
 
 static const struct option long_options[] = {
@@ -32,6 +33,10 @@ static const struct option long_options[] = {
     { "holdout", required_argument, NULL, OPT_HOLDOUT },
     { "val-bytes", required_argument, NULL, OPT_VAL_BYTES },
     { "epoch-windows", required_argument, NULL, OPT_EPOCH_WINDOWS },
+    { "sample", required_argument, NULL, OPT_SAMPLE },
+    { "prompt", required_argument, NULL, OPT_PROMPT },
+    { "temperature", required_argument, NULL, OPT_TEMPERATURE },
+    { "top-k", required_argument, NULL, OPT_TOP_K },
     { "model", required_argument, NULL, OPT_MODEL },
     { "depth", required_argument, NULL, OPT_DEPTH },
     { "width", required_argument, NULL, OPT_WIDTH },
@@ -194,7 +199,13 @@ void st_cli_print_help(FILE *f)
 "                         same batch (in the epoch lines and --metrics)\n"
 "  --progress auto|bar|plain|none   live bar on a terminal, one line per epoch\n"
 "                         otherwise (default auto)\n"
-"  -q, --quiet            print nothing but errors\n"
+"  --sample N             --model gpt: after training, print N bytes the trained\n"
+"                         model generates after --prompt, seeded by --seed\n"
+"                         (default 0: none)\n"
+"  --prompt TEXT          the text the sample continues (default: a newline)\n"
+"  --temperature X        sampling temperature, >= 0 (default 0.8; 0: greedy)\n"
+"  --top-k K              draw among the K likeliest bytes (default 40; 0: all)\n"
+"  -q, --quiet            print nothing but errors (and a --sample's text)\n"
 "  -h, --help             this text\n"
 "  -V, --version          version and library versions\n"
 "\n"
@@ -410,6 +421,7 @@ typedef struct seen {
     int epochs, steps, model, depth, width, activation, cuts, context, heads, neuron_group;
     const char *synth_option;   /* the first synth-only option given */
     const char *text_option;    /* the first text-only option given */
+    const char *sample_option;  /* the last of --prompt, --temperature, --top-k */
 } seen;
 
 static int apply_synth_option(int c, const char *arg, st_cli_options *o, seen *saw, char *err,
@@ -469,6 +481,11 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             return -1;
         return o->epoch_windows ? 0 : fail(err, n, "--epoch-windows: expected an integer >= 1, "
                                            "got '%s'", arg);
+    case OPT_SAMPLE: return parse_u64("sample", arg, 1000000ull, &o->sample, err, n);
+    case OPT_PROMPT: o->prompt = arg; return 0;
+    case OPT_TEMPERATURE:
+        return parse_float("temperature", arg, 0.0, 1000.0, 0, &o->temperature, err, n);
+    case OPT_TOP_K: return parse_int("top-k", arg, 0, 256, &o->top_k, err, n);
     case OPT_MODEL: return parse_choice("model", arg, parse_model, &t->model.kind, err, n);
     case OPT_DEPTH: return parse_int("depth", arg, 1, 1024, &t->model.depth, err, n);
     case OPT_WIDTH: return parse_int("width", arg, 1, 65536, &t->model.width, err, n);
@@ -584,6 +601,9 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     o->progress = ST_PROGRESS_AUTO;
     o->holdout = 0.1f;
     o->val_bytes = 1048576;
+    o->prompt = "";
+    o->temperature = 0.8f;
+    o->top_k = 40;
     const char *env = getenv("SUBTRAIN_DATA");
     o->data = env && *env ? env : ST_FASHION_MNIST_DIR;
     int data_given = 0;
@@ -611,6 +631,9 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         if (c == OPT_HOLDOUT || c == OPT_VAL_BYTES || c == OPT_EPOCH_WINDOWS)
             saw.text_option = c == OPT_HOLDOUT ? "--holdout"
                             : c == OPT_VAL_BYTES ? "--val-bytes" : "--epoch-windows";
+        if (c == OPT_PROMPT || c == OPT_TEMPERATURE || c == OPT_TOP_K)
+            saw.sample_option = c == OPT_PROMPT ? "--prompt"
+                              : c == OPT_TEMPERATURE ? "--temperature" : "--top-k";
         if (c >= OPT_SEGMENTS && c <= OPT_RECOVERY_EPOCHS) {
             if (apply_synth_option(c, optarg, o, &saw, err, n))
                 return -1;
@@ -670,6 +693,11 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
                                 : "--data text:FILE is for --model gpt (a language model)");
     if (saw.text_option && !text)
         return fail(err, n, "%s applies to --data text:FILE only", saw.text_option);
+    if (o->sample && !gpt)
+        return fail(err, n, "--sample applies to --model gpt only");
+    if (saw.sample_option && !o->sample)
+        return fail(err, n, "%s applies to --sample N only (N >= 1 bytes to generate)",
+                    saw.sample_option);
     if ((saw.context || saw.heads) && !gpt)
         return fail(err, n, "%s applies to --model gpt only", saw.context ? "--context"
                                                                            : "--heads");

@@ -48,6 +48,11 @@ typedef struct st_cli_options {
     float holdout;             /* --holdout: the validation tail's fraction */
     uint64_t val_bytes;        /* --val-bytes: of it evaluated (0: all) */
     uint64_t epoch_windows;    /* --epoch-windows: windows an epoch (0: a pass) */
+    /* sampling after training (--model gpt) */
+    uint64_t sample;           /* --sample: bytes to generate (0: none) */
+    const char *prompt;        /* --prompt: what they continue ("": a newline) */
+    float temperature;         /* --temperature: 0 is greedy */
+    int top_k;                 /* --top-k: 0 keeps all 256 bytes */
 } st_cli_options;
 
 /* Returns 0, or -1 with a message (without the program name) in err. */

@@ -12,8 +12,8 @@
  * Other namespaces, each used by one file only: 0x0DA7A (epoch orders,
  * data/dataset.c), 0x5E7A7 (synthetic data sets, data/synthetic.c), 0xA551
  * (sdp/ist assignments, subnet/assignment.c), 0xA0C7 (augmentation,
- * data/augment.c).  A new one must differ from
- * all of these.
+ * data/augment.c), 0x5A3D (sampling text from a gpt model,
+ * nn/generate.c).  A new one must differ from all of these.
  */
 #ifndef SUBTRAIN_CORE_RNG_STREAMS_H
 #define SUBTRAIN_CORE_RNG_STREAMS_H
