@@ -16,13 +16,14 @@
  *
  * Why a reference in the same run.  Absolute GFLOP/s depend on the machine,
  * its clock and, on a shared box, on the neighbours.  So the step is
- * compared with dnnl_sgemm on the model's dominant GEMM shape (M = batch,
- * N = K = width: the products of the residual blocks), measured in the
- * same process, on the same thread count, with windows interleaved with
- * the step's windows so that a noisy period slows both.  The ratio
- * step GFLOP/s / sgemm GFLOP/s is the figure of merit (the aim is >= 0.85
- * for the large model); speed is reported, never asserted, which is why
- * this is not part of `make check`.
+ * compared with dnnl_sgemm on the model's dominant GEMM shape (resmlp:
+ * M = batch, N = K = width, the products of the residual blocks; gpt:
+ * below), measured in the same process, on the same thread count, with
+ * windows interleaved with the step's windows so that a noisy period
+ * slows both.  The ratio step GFLOP/s / sgemm GFLOP/s is the figure of
+ * merit (the aim is >= 0.85 for the large model, >= 0.7 for gpt); speed
+ * is reported, never asserted, which is why this is not part of `make
+ * check`.
  *
  * How it is timed.  After a warm-up (primitives' first runs, page faults,
  * sgemm's JIT), K windows of each kind are run alternately; a window runs
@@ -52,6 +53,28 @@
  * one-pass FLOPs / (sum of the three primitives' times).  Its windows are
  * interleaved with the step's windows as sgemm's are.
  *
+ * The gpt configuration.  `subtrain --model gpt` at the size of issue 12:
+ * depth 4, width D = 256 in 4 heads of dh = 64, context T = 128, MLP
+ * hidden F = 4 D, GELU, 256 classes (the next byte), batch 16 windows, so
+ * every tensor has R = B T = 2048 rows, one per token; tokens/s is
+ * reported besides samples (windows)/s.  The data are 4 MiB of generated
+ * pseudo-English (make_text), so no file is needed; the bytes do not change
+ * a step's cost.  Its FLOPs are st_model_step_flops': the three products of
+ * every linear layer and the six batched products of every attention layer
+ * (scores and context forward; dV, dP, dQ, dK backward; B H T^2 dh
+ * multiply-adds each, the masked half included because the products
+ * compute it).  The bench recomputes both from the architecture (gpt_flops)
+ * and warns if the model's count differs, so an attention whose FLOPs were
+ * not counted would show.  A step is 42.7 GFLOP: per block qkv 2.42, proj
+ * 0.81, fc1 3.22, fc2 3.22 and attention 0.81; the head 0.81.  The sgemm
+ * reference is fc1's forward shape, M = R = 2048, K = D = 256, N = F =
+ * 1024: the MLP carries the most FLOPs (25.8 of the 42.7, 60%, against 9.7
+ * for qkv), and its six products per block are all the same 2048 x 256 x
+ * 1024 multiply-adds in three orientations (fc1 forward and fc2's input
+ * gradient: 2048 x 256 -> 1024; fc2 forward and fc1's input gradient: 2048
+ * x 1024 -> 256; the weight gradients: K = 2048), of which the forward is
+ * taken, as for resmlp.  The aim is a ratio >= 0.7.
+ *
  * Breakdown.  A further window runs the same step by its parts, each timed:
  * the batch gather (st_dataset_gather into the model's input) and
  * st_model_forward_backward on the trainer's model (st_trainer_model),
@@ -60,6 +83,29 @@
  * shapes slower than the reference) or in the optimizer, which streams
  * about 28 bytes per parameter (reads p, g, m, v; writes p, m, v) and is
  * bound by memory bandwidth.
+ *
+ * gpt: its attention, and what of the step is not GEMM.  The layers are
+ * private (nn/graph.h), so attention is timed on a copy of one attention
+ * layer built here with oneDNN's public API (attn_ref: attention.c's
+ * matmuls on the same strided views, its in-place softmax, its mask loop,
+ * buffers of the same sizes), each part timed, in windows as long as
+ * sgemm's interleaved with the others; the step's attention is taken as
+ * depth x the median parts.  The copy's buffers (about 25 MB) are all it
+ * touches from one round to the next, while the model's products pass
+ * through the other layers' data in between, so the copy may flatter
+ * attention: read its time as a lower bound.  The median step is then
+ * split by kind: GEMM = the linear layers' FLOPs at sgemm's median rate
+ * (what they would cost as GEMMs of the reference's speed) + the copy's six
+ * products; not GEMM = the gather and AdamW (the breakdown window's) + the
+ * copy's mask and softmax (forward and backward) + the rest of the step,
+ * which holds the layer norms, GELU, the embedding, the loss, the residual
+ * adds and whatever the linear matmul primitives lose to sgemm.  That last
+ * term is not separated from the others (it would need the model's
+ * layers), so the non-GEMM share is an upper bound of the time spent
+ * outside matrix products.  It relates to the ratio: 1 - ratio = the
+ * non-GEMM share + what attention's products take beyond sgemm's rate.
+ * The large terms are medians of interleaved windows, not the one
+ * breakdown window, which a neighbour's burst can move by 20%.
  *
  * Threads.  oneDNN's CPU runtime is OpenMP and runs a primitive with the
  * calling thread's nthreads-var.  The trainer runs its worker in a
@@ -72,6 +118,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,17 +148,21 @@ typedef struct bench_config {
     int depth, width, batch;
     int in_channels, in_height, in_width;   /* images; 0: 784 features */
     int conv_ref;       /* 1: the convolution reference, 0: sgemm */
+    int context, heads; /* sequence models: tokens per sample, heads; 0: none */
 } bench_config;
 
 /* (a) the issue's large model: big enough that GEMMs dominate;
  * (b) the README's default recipe;
- * (c) `subtrain --model resnet` on Fashion-MNIST: the default ResNet. */
+ * (c) `subtrain --model resnet` on Fashion-MNIST: the default ResNet;
+ * (d) `subtrain --model gpt` as issue 12 sizes it: T = 128, D = 256. */
 static const bench_config CONFIGS[] = {
-    { "large", ST_MODEL_RESMLP, 8, 1024, 256, 0, 0, 0, 0 },
-    { "small", ST_MODEL_RESMLP, 4, 256, 128, 0, 0, 0, 0 },
-    { "cnn", ST_MODEL_RESNET, 3, 16, 128, 1, 28, 28, 1 },
+    { "large", ST_MODEL_RESMLP, 8, 1024, 256, 0, 0, 0, 0, 0, 0 },
+    { "small", ST_MODEL_RESMLP, 4, 256, 128, 0, 0, 0, 0, 0, 0 },
+    { "cnn", ST_MODEL_RESNET, 3, 16, 128, 1, 28, 28, 1, 0, 0 },
+    { "gpt", ST_MODEL_GPT, 4, 256, 16, 0, 0, 0, 0, 128, 4 },
 };
 #define CONFIG_CNN 2
+#define CONFIG_GPT 3
 #define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
 
 typedef struct bench_options {
@@ -124,6 +175,22 @@ typedef struct bench_options {
     const char *json_path;
     int workers;            /* > 1: also measure data-parallel scaling */
 } bench_options;
+
+/* The parts of an attention layer's forward and backward, in the order
+ * the model runs them (the gpt config times them: attn_ref below). */
+enum {
+    A_SCORES, A_MASK, A_SOFTMAX, A_CONTEXT,         /* forward */
+    A_DV, A_DP, A_DSOFTMAX, A_DQ, A_DK,             /* backward */
+    A_PARTS
+};
+static const char *const ATTN_PART_NAMES[A_PARTS] = {
+    "scores", "mask", "softmax", "context", "dV", "dP", "softmax-bwd", "dQ", "dK",
+};
+/* The six parts that are matrix products. */
+static int attn_is_matmul(int part)
+{
+    return part != A_MASK && part != A_SOFTMAX && part != A_DSOFTMAX;
+}
 
 typedef struct bench_result {
     const bench_config *cfg;
@@ -139,8 +206,14 @@ typedef struct bench_result {
     double conv_pass_s[3];          /* conv: median fwd, bwd-data, bwd-weights */
     char conv_impl[3][32];          /* conv: oneDNN's implementations */
     double ref_share;               /* conv: the shape's share of the step's FLOPs */
+    int64_t gemm_m, gemm_n, gemm_k; /* sgemm: the shape */
     /* breakdown, per step, mean over one window */
     double gather_s, fb_s, optim_s, parts_s;
+    /* gpt: the FLOPs by kind, the attention copy's parts (one layer, a
+     * median round over its windows) and its matmul implementation */
+    double linear_flops, attn_flops;
+    double attn_part_s[A_PARTS];
+    char attn_impl[32];
     float last_loss;
 } bench_result;
 
@@ -523,6 +596,321 @@ static double conv_window(const conv_ref *c, double min_s, double pass_s[3])
     return (t - t0) / (double)n;
 }
 
+/* ------------------------------------------------------------ gpt */
+
+/* The FLOPs st_model_step_flops should count for the gpt config, from
+ * the architecture of subtrain/model.h: per block the linear layers qkv
+ * (D -> 3 D), proj (D -> D), fc1 (D -> F), fc2 (F -> D), three products
+ * each over R = B T rows, and attention's six batched products (scores,
+ * context; dV, dP, dQ, dK) of B H T^2 dh multiply-adds each, the masked
+ * half included; then the head (D -> 256, three products: the final layer
+ * norm needs its input gradient).  The embedding is a lookup, no FLOPs. */
+static void gpt_flops(const bench_config *bc, double *linear, double *attention)
+{
+    const double R = (double)bc->batch * bc->context, D = bc->width, F = 4.0 * D;
+    const double T = bc->context, dh = D / bc->heads;
+    const double block = 3.0 * 2.0 * R * (D * 3.0 * D + D * D + 2.0 * D * F);
+    *linear = bc->depth * block + 3.0 * 2.0 * R * D * 256.0;
+    *attention = bc->depth * 6.0 * 2.0 * (double)bc->batch * bc->heads * T * T * dh;
+}
+
+/* Pseudo-English for the gpt config: words of a small vocabulary, the
+ * frequent ones drawn more often, in sentences of 4 to 15 words with
+ * commas, full stops and line breaks.  What the bytes are does not change
+ * the cost of a step (the embedding is a lookup, the loss reads one label
+ * a token); generating them keeps the bench free of files. */
+static int make_text(size_t n, uint64_t seed, st_text *out)
+{
+    static const char *const words[] = {
+        "the", "of", "and", "a", "to", "in", "is", "it", "that", "was", "for", "on", "as",
+        "with", "he", "be", "at", "by", "this", "had", "not", "are", "but", "from", "or",
+        "have", "an", "they", "which", "one", "you", "were", "her", "all", "she", "there",
+        "would", "their", "we", "him", "been", "has", "when", "who", "will", "more", "no",
+        "if", "out", "so", "said", "what", "up", "its", "about", "into", "than", "them",
+        "can", "only", "other", "new", "some", "could", "time", "these", "two", "may",
+        "then", "do", "first", "any", "my", "now", "such", "like", "our", "over", "man",
+        "me", "even", "most", "made", "after", "also", "did", "many", "before", "must",
+        "through", "years", "where", "much", "your", "way", "well", "down", "should",
+        "because", "each", "just", "those", "people", "water", "light", "word", "number",
+    };
+    const uint32_t n_words = (uint32_t)(sizeof words / sizeof words[0]);
+    uint8_t *b = malloc(n);
+    if (!b)
+        return -1;
+    st_rng rng = st_rng_seed(seed);
+    size_t at = 0;
+    while (at < n) {
+        const uint32_t len = 4 + st_rng_below(&rng, 12);
+        for (uint32_t w = 0; w < len && at < n; w++) {
+            /* the minimum of two draws: low indices (the frequent words) win */
+            const char *word = words[st_rng_below(&rng, 1 + st_rng_below(&rng, n_words))];
+            for (size_t c = 0; word[c] && at < n; c++)
+                b[at++] = (uint8_t)(w == 0 && c == 0 ? word[c] - 'a' + 'A' : word[c]);
+            if (w + 1 < len && at < n && st_rng_below(&rng, 8) == 0)
+                b[at++] = ',';
+            if (w + 1 < len && at < n)
+                b[at++] = ' ';
+        }
+        if (at < n)
+            b[at++] = '.';
+        if (at < n)
+            b[at++] = st_rng_below(&rng, 6) == 0 ? '\n' : ' ';
+    }
+    *out = (st_text){ b, n, n - n / 16 };
+    return 0;
+}
+
+/* One attention layer of the gpt config rebuilt here with oneDNN's public
+ * API: the primitives of nn/layers/attention.c on the same views (the
+ * heads read through strides from a (B T, 3 D) buffer, transposes as
+ * strides, the 1/sqrt(dh) a post-op), the same in-place softmax and the
+ * same causal mask loop, on buffers of the same sizes.  The library's
+ * layers are private (nn/graph.h), so this copy is how a step's attention
+ * is timed by its parts; a change to attention.c's descriptors must be
+ * made here too. */
+#define ATTN_MAX_MEM 24
+
+typedef struct attn_ref {
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    dnnl_primitive_t prim[A_PARTS];     /* NULL for the mask */
+    dnnl_exec_arg_t args[A_PARTS][3];
+    int nargs[A_PARTS];
+    dnnl_memory_t mem[ATTN_MAX_MEM];
+    int n_mem;
+    float *x, *y, *P, *dS, *dy, *dx;
+    int64_t batch, heads, tokens, head_dim;
+    double product_flops;               /* one batched product: 2 B H T^2 dh */
+    char impl[32];                      /* the scores matmul's implementation */
+} attn_ref;
+
+#define ATTN_TRY(call, what)                                                           \
+    do {                                                                               \
+        dnnl_status_t dnnl_s_ = (call);                                                \
+        if (dnnl_s_ != dnnl_success) {                                                 \
+            fprintf(stderr, "bench_step: attention: %s failed (oneDNN status %d)\n", what, \
+                    (int)dnnl_s_);                                                     \
+            return -1;                                                                 \
+        }                                                                              \
+    } while (0)
+
+/* A (B, H, rows, cols) view, as attention.c's md4. */
+static void attn_md4(dnnl_memory_desc_t *md, int64_t B, int64_t H, int64_t rows, int64_t cols,
+                     int64_t bs, int64_t hs, int64_t rs, int64_t cs)
+{
+    dnnl_dims_t dims = { B, H, rows, cols }, strides = { bs, hs, rs, cs };
+    dnnl_memory_desc_init_by_strides(md, 4, dims, dnnl_f32, strides);
+}
+
+static int attn_mem(attn_ref *a, const dnnl_memory_desc_t *md, float *data, dnnl_memory_t *out)
+{
+    if (a->n_mem >= ATTN_MAX_MEM)
+        return -1;
+    ATTN_TRY(dnnl_memory_create(out, md, a->engine, data), "memory");
+    a->mem[a->n_mem++] = *out;
+    return 0;
+}
+
+/* Creates prim[part] from an operation descriptor, with scale as an
+ * eltwise_linear post-op unless it is 1 (as st_prim_create_scaled). */
+static int attn_prim(attn_ref *a, int part, const void *desc, const_dnnl_primitive_desc_t hint,
+                     float scale, dnnl_primitive_desc_t *pd_out)
+{
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t ops = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    int rc = -1;
+    if (scale != 1.0f) {
+        if (dnnl_primitive_attr_create(&attr) != dnnl_success ||
+            dnnl_post_ops_create(&ops) != dnnl_success ||
+            dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_linear, scale, 0.0f) !=
+                dnnl_success ||
+            dnnl_primitive_attr_set_post_ops(attr, ops) != dnnl_success)
+            goto out;
+    }
+    if (dnnl_primitive_desc_create(&pd, desc, attr, a->engine, hint) != dnnl_success ||
+        dnnl_primitive_create(&a->prim[part], pd) != dnnl_success)
+        goto out;
+    if (part == A_SCORES)
+        conv_impl_name(pd, a->impl, sizeof a->impl);
+    rc = 0;
+out:
+    if (rc)
+        fprintf(stderr, "bench_step: attention: no primitive for %s\n", ATTN_PART_NAMES[part]);
+    if (ops)
+        dnnl_post_ops_destroy(ops);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    if (pd && (rc || !pd_out))
+        dnnl_primitive_desc_destroy(pd);
+    else if (pd_out)
+        *pd_out = pd;
+    return rc;
+}
+
+/* dst = scale (src x w), batched over (B, H): prim[part] and its arguments. */
+static int attn_matmul(attn_ref *a, int part, const dnnl_memory_desc_t *src_md, float *src,
+                       const dnnl_memory_desc_t *w_md, float *w, const dnnl_memory_desc_t *dst_md,
+                       float *dst, float scale)
+{
+    dnnl_matmul_desc_t d;
+    ATTN_TRY(dnnl_matmul_desc_init(&d, src_md, w_md, NULL, dst_md), ATTN_PART_NAMES[part]);
+    if (attn_prim(a, part, &d, NULL, scale, NULL))
+        return -1;
+    dnnl_memory_t ms, mw, md;
+    if (attn_mem(a, src_md, src, &ms) || attn_mem(a, w_md, w, &mw) || attn_mem(a, dst_md, dst, &md))
+        return -1;
+    const dnnl_exec_arg_t args[3] = {
+        { DNNL_ARG_SRC, ms }, { DNNL_ARG_WEIGHTS, mw }, { DNNL_ARG_DST, md },
+    };
+    memcpy(a->args[part], args, sizeof args);
+    a->nargs[part] = 3;
+    return 0;
+}
+
+static void attn_ref_free(attn_ref *a)
+{
+    for (int i = 0; i < A_PARTS; i++)
+        if (a->prim[i])
+            dnnl_primitive_destroy(a->prim[i]);
+    for (int i = 0; i < a->n_mem; i++)
+        dnnl_memory_destroy(a->mem[i]);
+    if (a->stream)
+        dnnl_stream_destroy(a->stream);
+    if (a->engine)
+        dnnl_engine_destroy(a->engine);
+    free(a->x);
+    free(a->y);
+    free(a->P);
+    free(a->dS);
+    free(a->dy);
+    free(a->dx);
+    memset(a, 0, sizeof *a);
+}
+
+/* Built on this thread (one OpenMP thread, the worker's PU), as the
+ * model's primitives are built on the worker's. */
+static int attn_ref_init(attn_ref *a, const bench_config *bc)
+{
+    memset(a, 0, sizeof *a);
+    const int64_t B = bc->batch, T = bc->context, Dk = bc->width, H = bc->heads;
+    const int64_t dh = Dk / H, X = 3 * Dk;
+    a->batch = B, a->heads = H, a->tokens = T, a->head_dim = dh;
+    a->product_flops = 2.0 * (double)(B * H) * (double)(T * T) * (double)dh;
+    const float scale = 1.0f / sqrtf((float)dh);
+    a->x = alloc_floats((size_t)(B * T * X));
+    a->dx = alloc_floats((size_t)(B * T * X));
+    a->y = alloc_floats((size_t)(B * T * Dk));
+    a->dy = alloc_floats((size_t)(B * T * Dk));
+    a->P = alloc_floats((size_t)(B * H * T * T));
+    a->dS = alloc_floats((size_t)(B * H * T * T));
+    if (!a->x || !a->dx || !a->y || !a->dy || !a->P || !a->dS) {
+        fprintf(stderr, "bench_step: out of memory for the attention buffers\n");
+        return -1;
+    }
+    /* ordinary values in x (Q, K, V) and dy; the rest is written before read */
+    st_rng rng = st_rng_seed(12);
+    for (int64_t i = 0; i < B * T * X; i++)
+        a->x[i] = st_rng_uniform(&rng) - 0.5f;
+    for (int64_t i = 0; i < B * T * Dk; i++)
+        a->dy[i] = st_rng_uniform(&rng) - 0.5f;
+    ATTN_TRY(dnnl_engine_create(&a->engine, dnnl_cpu, 0), "engine");
+    ATTN_TRY(dnnl_stream_create(&a->stream, a->engine, dnnl_stream_default_flags), "stream");
+
+    float *x = a->x, *dx = a->dx, *P = a->P, *dS = a->dS;
+    dnnl_memory_desc_t q_md, kt_md, k_md, v_md, vt_md, y_md, p_md, pt_md;
+    attn_md4(&q_md, B, H, T, dh, T * X, dh, X, 1);
+    attn_md4(&k_md, B, H, T, dh, T * X, dh, X, 1);
+    attn_md4(&kt_md, B, H, dh, T, T * X, dh, 1, X);
+    attn_md4(&v_md, B, H, T, dh, T * X, dh, X, 1);
+    attn_md4(&vt_md, B, H, dh, T, T * X, dh, 1, X);
+    attn_md4(&y_md, B, H, T, dh, T * Dk, dh, Dk, 1);
+    attn_md4(&p_md, B, H, T, T, H * T * T, T * T, T, 1);
+    attn_md4(&pt_md, B, H, T, T, H * T * T, T * T, 1, T);
+    if (attn_matmul(a, A_SCORES, &q_md, x, &kt_md, x + Dk, &p_md, P, scale) ||
+        attn_matmul(a, A_CONTEXT, &p_md, P, &v_md, x + 2 * Dk, &y_md, a->y, 1.0f) ||
+        attn_matmul(a, A_DV, &pt_md, P, &y_md, a->dy, &q_md, dx + 2 * Dk, 1.0f) ||
+        attn_matmul(a, A_DP, &y_md, a->dy, &vt_md, x + 2 * Dk, &p_md, dS, 1.0f) ||
+        attn_matmul(a, A_DQ, &p_md, dS, &k_md, x + Dk, &q_md, dx, scale) ||
+        attn_matmul(a, A_DK, &pt_md, dS, &q_md, x, &q_md, dx + Dk, scale))
+        return -1;
+
+    /* the softmax over each row of (B H T, T), in place, and its backward */
+    dnnl_memory_desc_t rows_md;
+    const dnnl_dims_t rows_dims = { B * H * T, T };
+    ATTN_TRY(dnnl_memory_desc_init_by_tag(&rows_md, 2, rows_dims, dnnl_f32, dnnl_ab), "rows md");
+    dnnl_softmax_desc_t sf, sb;
+    ATTN_TRY(dnnl_softmax_forward_desc_init(&sf, dnnl_forward_training, &rows_md, 1),
+             "softmax descriptor");
+    ATTN_TRY(dnnl_softmax_backward_desc_init(&sb, &rows_md, &rows_md, 1),
+             "softmax backward descriptor");
+    dnnl_primitive_desc_t fwd_pd = NULL;
+    if (attn_prim(a, A_SOFTMAX, &sf, NULL, 1.0f, &fwd_pd))
+        return -1;
+    const int rc = attn_prim(a, A_DSOFTMAX, &sb, fwd_pd, 1.0f, NULL);
+    dnnl_primitive_desc_destroy(fwd_pd);
+    dnnl_memory_t mp, mds;
+    if (rc || attn_mem(a, &rows_md, P, &mp) || attn_mem(a, &rows_md, dS, &mds))
+        return -1;
+    const dnnl_exec_arg_t fwd[2] = { { DNNL_ARG_SRC, mp }, { DNNL_ARG_DST, mp } };
+    const dnnl_exec_arg_t bwd[3] = {
+        { DNNL_ARG_DST, mp }, { DNNL_ARG_DIFF_DST, mds }, { DNNL_ARG_DIFF_SRC, mds },
+    };
+    memcpy(a->args[A_SOFTMAX], fwd, sizeof fwd);
+    a->nargs[A_SOFTMAX] = 2;
+    memcpy(a->args[A_DSOFTMAX], bwd, sizeof bwd);
+    a->nargs[A_DSOFTMAX] = 3;
+    return 0;
+}
+
+/* -inf above the diagonal of every (T, T) block: attention.c's loop. */
+static void attn_mask(const attn_ref *a)
+{
+    const int64_t T = a->tokens;
+    float *S = a->P;
+    for (int64_t blk = 0; blk < a->batch * a->heads; blk++, S += T * T)
+        for (int64_t i = 0; i + 1 < T; i++)
+            for (int64_t j = i + 1; j < T; j++)
+                S[i * T + j] = -INFINITY;
+}
+
+static int attn_run(const attn_ref *a, int part)
+{
+    if (part == A_MASK) {
+        attn_mask(a);
+        return 0;
+    }
+    return dnnl_primitive_execute(a->prim[part], a->stream, a->nargs[part], a->args[part]) ==
+                   dnnl_success &&
+                   dnnl_stream_wait(a->stream) == dnnl_success ? 0 : -1;
+}
+
+/* Mean seconds of each part of one layer's forward and backward, in the
+ * order the model runs them, over a window of at least min_s (one
+ * untimed round first); -1 on failure, else the mean per round. */
+static double attn_window(const attn_ref *a, double min_s, double part_s[A_PARTS])
+{
+    for (int i = 0; i < A_PARTS; i++)
+        if (attn_run(a, i))
+            return -1.0;
+    double sum[A_PARTS] = { 0.0 };
+    uint64_t n = 0;
+    double t0 = now_s(), t = t0;
+    do {
+        for (int i = 0; i < A_PARTS; i++) {
+            const double ta = t;
+            if (attn_run(a, i))
+                return -1.0;
+            t = now_s();
+            sum[i] += t - ta;
+        }
+        n++;
+    } while (t - t0 < min_s);
+    for (int i = 0; i < A_PARTS; i++)
+        part_s[i] = sum[i] / (double)n;
+    return (t - t0) / (double)n;
+}
+
 /* ------------------------------------------------------------ the reference */
 
 /* sgemm or the convolution primitives: one call's seconds over a window. */
@@ -639,6 +1027,16 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
         tc.model.in_width = bc->in_width;
         tc.model.activation = ST_ACT_RELU;
     }
+    if (bc->context) {
+        /* as `subtrain --model gpt --data text:FILE` sets it (cli/options.c):
+         * a byte id per token in, the next byte (256 classes) out, MLP
+         * hidden 4 D, GELU */
+        tc.model.context = bc->context;
+        tc.model.heads = bc->heads;
+        tc.model.in_dim = bc->context;
+        tc.model.n_classes = 256;
+        tc.model.activation = ST_ACT_GELU;
+    }
     tc.batch = bc->batch;
     tc.workers = 1;
     tc.schedule = ST_SCHED_CONSTANT;
@@ -649,14 +1047,28 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
     /* A few batches of data are enough: the step's cost does not depend on
      * which samples it sees, and a small set keeps start-up short.  Eight
      * batches rather than one so that successive steps gather different
-     * rows in a shuffled order, as the trainer's do. */
-    st_synthetic_config sc = st_synthetic_defaults(tc.seed);
-    sc.train_count = 8u * (uint32_t)bc->batch;
-    sc.test_count = 1;
+     * rows in a shuffled order, as the trainer's do.  gpt: 4 MiB of
+     * generated text, an epoch of 8 batches of windows drawn from it. */
     st_dataset train, test;
-    if (st_synthetic_make(&sc, &train, &test) != ST_OK)
-        return fail("synthetic data");
-    st_dataset_normalize(&train, &test, NULL, NULL);
+    if (bc->context) {
+        st_text text;
+        if (make_text((size_t)4 << 20, tc.seed, &text)) {
+            fprintf(stderr, "bench_step: out of memory for the text\n");
+            return EXIT_FAILURE;
+        }
+        st_status ts = st_text_dataset(&text, bc->context, tc.seed, 8u * (uint32_t)bc->batch,
+                                       0, &train, &test);
+        st_text_free(&text);
+        if (ts != ST_OK)
+            return fail("text data");
+    } else {
+        st_synthetic_config sc = st_synthetic_defaults(tc.seed);
+        sc.train_count = 8u * (uint32_t)bc->batch;
+        sc.test_count = 1;
+        if (st_synthetic_make(&sc, &train, &test) != ST_OK)
+            return fail("synthetic data");
+        st_dataset_normalize(&train, &test, NULL, NULL);
+    }
     if (bc->in_channels) {
         /* the same 784 features, read as 1 x 28 x 28 images */
         train.channels = test.channels = (uint32_t)bc->in_channels;
@@ -667,6 +1079,8 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
     int rc = EXIT_SUCCESS;
     st_trainer *t = NULL;
     ref_ctx ref = { .conv = bc->conv_ref };
+    attn_ref attn;
+    memset(&attn, 0, sizeof attn);
     uint32_t *order = malloc(train.count * sizeof *order);
     if (!order) {
         fprintf(stderr, "bench_step: out of memory for a sample order\n");
@@ -708,15 +1122,35 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
         for (int i = 0; i < 3; i++)
             snprintf(r->conv_impl[i], sizeof r->conv_impl[i], "%s", ref.c.impl[i]);
     } else {
-        if (gemm_init(&ref.g, bc->batch, bc->width, bc->width)) {
+        /* resmlp: M = batch, N = K = width.  gpt: fc1's forward, M = B T
+         * rows, K = D, N = 4 D (see the header comment). */
+        const int64_t M = (int64_t)bc->batch * (bc->context ? bc->context : 1);
+        const int64_t N = bc->context ? 4 * (int64_t)bc->width : bc->width, K = bc->width;
+        if (gemm_init(&ref.g, M, N, K)) {
             fprintf(stderr, "bench_step: out of memory for the sgemm buffers\n");
             rc = EXIT_FAILURE;
             goto out;
         }
         r->ref_name = "sgemm";
-        snprintf(r->ref_shape, sizeof r->ref_shape, "%dx%dx%d", bc->batch, bc->width,
-                 bc->width);
+        r->gemm_m = M, r->gemm_n = N, r->gemm_k = K;
+        snprintf(r->ref_shape, sizeof r->ref_shape, "%lldx%lldx%lld", (long long)M,
+                 (long long)N, (long long)K);
         r->ref_flops = 2.0 * (double)ref.g.m * (double)ref.g.n * (double)ref.g.k;
+    }
+    if (bc->context) {
+        gpt_flops(bc, &r->linear_flops, &r->attn_flops);
+        /* the attention kind's products must be in st_model_step_flops */
+        const double want = r->linear_flops + r->attn_flops;
+        if (r->flops < 0.999 * want || r->flops > 1.001 * want)
+            fprintf(stderr, "bench_step: warning: st_model_step_flops counts %.3f GFLOP a step, "
+                    "the architecture %.3f (linear %.3f + attention %.3f): the breakdown's "
+                    "split may be wrong\n", r->flops * 1e-9, want * 1e-9,
+                    r->linear_flops * 1e-9, r->attn_flops * 1e-9);
+        if (attn_ref_init(&attn, bc)) {
+            rc = EXIT_FAILURE;
+            goto out;
+        }
+        snprintf(r->attn_impl, sizeof r->attn_impl, "%s", attn.impl);
     }
 
     step_ctx s = {
@@ -738,6 +1172,13 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
         goto out;
     }
 
+    double attn_part[A_PARTS], attn_t[A_PARTS][MAX_WINDOWS];
+    if (bc->context && attn_window(&attn, o->gemm_window_s, attn_part) < 0.0) {
+        fprintf(stderr, "bench_step: the attention copy failed\n");
+        rc = EXIT_FAILURE;
+        goto out;
+    }
+
     double step_t[MAX_WINDOWS], gemm_t[MAX_WINDOWS];
     for (int k = 0; k < o->windows; k++) {
         gemm_t[k] = ref_window(&ref, o->gemm_window_s, pass);
@@ -747,6 +1188,14 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
         }
         for (int i = 0; i < 3; i++)
             pass_t[i][k] = pass[i];
+        /* gpt: a window of the attention copy, as long as sgemm's */
+        if (bc->context && attn_window(&attn, o->gemm_window_s, attn_part) < 0.0) {
+            fprintf(stderr, "bench_step: the attention copy failed\n");
+            rc = EXIT_FAILURE;
+            goto out;
+        }
+        for (int i = 0; bc->context && i < A_PARTS; i++)
+            attn_t[i][k] = attn_part[i];
         if (step_window(&s, o->step_window_s, &step_t[k], &r->steps_timed) != ST_OK) {
             rc = fail(bc->name);
             goto out;
@@ -760,6 +1209,8 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
     if (bc->conv_ref)
         for (int i = 0; i < 3; i++)
             r->conv_pass_s[i] = median(pass_t[i], o->windows);
+    for (int i = 0; bc->context && i < A_PARTS; i++)
+        r->attn_part_s[i] = median(attn_t[i], o->windows);
 
     if (breakdown_window(&s, o->step_window_s, r) != ST_OK) {
         rc = fail(bc->name);
@@ -772,6 +1223,7 @@ out:
         conv_ref_free(&ref.c);
     else
         gemm_free(&ref.g);
+    attn_ref_free(&attn);
     st_trainer_destroy(t);
     free(order);
     st_dataset_free(&train);
@@ -790,6 +1242,8 @@ static void config_label(const bench_config *c, char *out, size_t size)
 {
     if (c->model == ST_MODEL_RESMLP)   /* the lines of the resmlp configs as they were */
         snprintf(out, size, "%s d%d w%d", c->name, c->depth, c->width);
+    else if (c->context)
+        snprintf(out, size, "%s d%d w%d T%d", c->name, c->depth, c->width, c->context);
     else
         snprintf(out, size, "%s %s d%d w%d", c->name, st_model_kind_name(c->model), c->depth,
                  c->width);
@@ -801,7 +1255,7 @@ static void print_header(const bench_options *o)
     char cpu[128];
     cpu_name(cpu, sizeof cpu);
     printf("bench_step: one training step (gather, forward, backward, AdamW) vs dnnl_sgemm "
-           "(resmlp) or oneDNN's convolutions (cnn)\n");
+           "(resmlp, gpt) or oneDNN's convolutions (cnn)\n");
     printf("oneDNN %d.%d.%d, ISA %s, OpenMP threads %d, CPU %s (%d online), load average %.2f\n",
            v->major, v->minor, v->patch, isa_name(dnnl_get_effective_cpu_isa()),
            omp_get_max_threads(), cpu, omp_get_num_procs(), load_average());
@@ -822,6 +1276,66 @@ static void print_row(const bench_result *r)
            (double)r->params * 1e-6, r->step_s_med * 1e3, r->cfg->batch / r->step_s_med,
            step_g, r->ref_name, ref_g, step_g / ref_g);
     fflush(stdout);
+}
+
+/* gpt: the median step's time by kind.  Attention is the copy's median
+ * per-layer parts times the layers; the linear layers' products are taken
+ * at sgemm's rate (their FLOPs / the median sgemm GFLOP/s), what they
+ * would cost as GEMMs of the reference's speed; the gather and AdamW are
+ * the breakdown window's.  What the step takes beyond all of them is
+ * `rest`: the layer norms, GELU, the embedding, the loss, the residual
+ * adds, and whatever the linear matmul primitives lose to sgemm (so the
+ * non-GEMM share is an upper bound).  Every large term is a median of
+ * windows interleaved with the step's, so a neighbour's burst in the one
+ * breakdown window does not move the split. */
+typedef struct gpt_split {
+    double attn_mm_s, attn_other_s, linear_s, rest_s, non_gemm_s;
+} gpt_split;
+
+static gpt_split gpt_split_of(const bench_result *r)
+{
+    gpt_split g = { 0.0, 0.0, 0.0, 0.0, 0.0 };
+    for (int i = 0; i < A_PARTS; i++)
+        *(attn_is_matmul(i) ? &g.attn_mm_s : &g.attn_other_s) += r->attn_part_s[i];
+    g.attn_mm_s *= r->cfg->depth;
+    g.attn_other_s *= r->cfg->depth;
+    g.linear_s = r->linear_flops * r->ref_s_med / r->ref_flops;
+    g.rest_s = r->step_s_med - r->gather_s - r->optim_s - g.attn_mm_s - g.attn_other_s -
+               g.linear_s;
+    g.non_gemm_s = r->gather_s + r->optim_s + g.attn_other_s + g.rest_s;
+    return g;
+}
+
+static void print_gpt(const bench_result *r, const char *label)
+{
+    const bench_config *c = r->cfg;
+    const gpt_split g = gpt_split_of(r);
+    const double p = r->step_s_med, tokens = (double)c->batch * c->context;
+    const double step_g = gflops(r->flops, r->step_s_med), ref_g = gflops(r->ref_flops,
+                                                                           r->ref_s_med);
+    printf("%s: %.0f tokens a step (%d x %d), %.0f tokens/s, %.1f GFLOP/s (%.2f GFLOP a step, "
+           "%.2f of them attention's products), %s %s %.1f GFLOP/s, ratio %.3f; "
+           "not GEMM: %.1f%% of the step\n", label, tokens, c->batch, c->context,
+           tokens / r->step_s_med, step_g, r->flops * 1e-9, r->attn_flops * 1e-9, r->ref_name,
+           r->ref_shape, ref_g, step_g / ref_g, 100.0 * g.non_gemm_s / p);
+    printf("%s: attention, one layer's primitives rebuilt here (matmul %s) x %d layers: "
+           "%.2f ms a step (%.1f%%): products %.2f ms at %.1f GFLOP/s = %.3f of sgemm, mask "
+           "and softmax %.2f ms (%.1f%%); one layer, ms:", label, r->attn_impl, c->depth,
+           (g.attn_mm_s + g.attn_other_s) * 1e3, 100.0 * (g.attn_mm_s + g.attn_other_s) / p,
+           g.attn_mm_s * 1e3, gflops(r->attn_flops, g.attn_mm_s),
+           gflops(r->attn_flops, g.attn_mm_s) / ref_g, g.attn_other_s * 1e3,
+           100.0 * g.attn_other_s / p);
+    for (int i = 0; i < A_PARTS; i++)
+        printf(" %s %.3f", ATTN_PART_NAMES[i], r->attn_part_s[i] * 1e3);
+    printf("\n");
+    printf("%s: by kind (median step = 100%%): GEMM: linear products at sgemm's rate "
+           "%.2f ms (%.1f%%), attention's products %.2f ms (%.1f%%) | not GEMM: gather %.1f%%, "
+           "AdamW %.1f%%, attention's mask and softmax %.1f%%, the rest %.2f ms (%.1f%%: layer "
+           "norms, GELU, embedding, loss, adds, and what the linear matmuls lose to sgemm) = "
+           "%.1f%%\n", label, g.linear_s * 1e3, 100.0 * g.linear_s / p,
+           g.attn_mm_s * 1e3, 100.0 * g.attn_mm_s / p, 100.0 * r->gather_s / p,
+           100.0 * r->optim_s / p, 100.0 * g.attn_other_s / p, g.rest_s * 1e3,
+           100.0 * g.rest_s / p, 100.0 * g.non_gemm_s / p);
 }
 
 static void print_details(const bench_result *r)
@@ -852,6 +1366,25 @@ static void print_details(const bench_result *r)
            gflops(r->flops, r->fb_s), gflops(r->flops, r->fb_s) / ref_g, r->ref_name,
            r->optim_s * 1e3, 100.0 * r->optim_s / p,
            28.0 * (double)r->params / r->optim_s * 1e-9);
+    if (r->cfg->context)
+        print_gpt(r, label);
+}
+
+/* gpt: the FLOPs by kind, the attention copy and the step by kind
+ * (print_gpt), fields of its record. */
+static void write_json_gpt(FILE *f, const bench_result *r)
+{
+    const gpt_split g = gpt_split_of(r);
+    fprintf(f, "\"linear_flops_per_step\":%.0f,\"attention_flops_per_step\":%.0f,"
+            "\"attention_impl\":\"%s\",\"attention_layer_ms\":{", r->linear_flops,
+            r->attn_flops, r->attn_impl);
+    for (int i = 0; i < A_PARTS; i++)
+        fprintf(f, "%s\"%s\":%.4f", i ? "," : "", ATTN_PART_NAMES[i], r->attn_part_s[i] * 1e3);
+    fprintf(f, "},\"attention_matmul_ms\":%.4f,\"attention_matmul_gflops\":%.3f,"
+            "\"attention_other_ms\":%.4f,\"linear_at_sgemm_ms\":%.4f,\"rest_ms\":%.4f,"
+            "\"non_gemm_share\":%.4f,", g.attn_mm_s * 1e3,
+            gflops(r->attn_flops, g.attn_mm_s), g.attn_other_s * 1e3, g.linear_s * 1e3,
+            g.rest_s * 1e3, g.non_gemm_s / r->step_s_med);
 }
 
 static void write_json(FILE *f, const bench_result *r, const bench_options *o)
@@ -865,6 +1398,10 @@ static void write_json(FILE *f, const bench_result *r, const bench_options *o)
             st_model_kind_name(c->model), c->depth, c->width);
     if (c->in_channels)
         fprintf(f, "\"input\":\"%dx%dx%d\",", c->in_channels, c->in_height, c->in_width);
+    else if (c->context)
+        fprintf(f, "\"hidden\":%d,\"context\":%d,\"heads\":%d,\"tokens_per_step\":%d,"
+                "\"tokens_per_s\":%.1f,", 4 * c->width, c->context, c->heads,
+                c->batch * c->context, (double)c->batch * c->context / r->step_s_med);
     else
         fprintf(f, "\"hidden\":%d,", c->width);
     fprintf(f, "\"batch\":%d,\"params\":%zu,\"threads\":1,\"quick\":%s,"
@@ -888,8 +1425,10 @@ static void write_json(FILE *f, const bench_result *r, const bench_options *o)
     } else {
         fprintf(f, "\"reference\":\"sgemm\",\"sgemm_m\":%d,\"sgemm_n\":%d,\"sgemm_k\":%d,"
                 "\"sgemm_gflops\":%.3f,\"sgemm_gflops_best\":%.3f,",
-                c->batch, c->width, c->width, ref_g, ref_best_g);
+                (int)r->gemm_m, (int)r->gemm_n, (int)r->gemm_k, ref_g, ref_best_g);
     }
+    if (c->context)
+        write_json_gpt(f, r);
     fprintf(f, "\"ratio\":%.4f,\"ratio_best\":%.4f,"
             "\"gather_ms\":%.4f,\"forward_backward_ms\":%.4f,\"forward_backward_gflops\":%.3f,"
             "\"optimizer_ms\":%.4f,\"loss\":%.6g}\n",
@@ -945,6 +1484,11 @@ static int run_all(const bench_options *o, FILE *json)
     if (o->which < 0 || CONFIGS[o->which].conv_ref)
         printf("cnn: reference = oneDNN convolution forward + backward-data + backward-weights "
                "on the model's dominant shape, blocked layouts; aim: >= 0.75\n");
+    if (o->which < 0 || CONFIGS[o->which].context)
+        printf("gpt: FLOPs include attention's six batched products; reference = sgemm on the "
+               "MLP's fc1 (B T x 4 D x D); aim: >= 0.7; not GEMM = the median step less its "
+               "linear FLOPs at sgemm's rate and attention's products as timed on the copy "
+               "(an upper bound)\n");
     return EXIT_SUCCESS;
 }
 
@@ -1019,7 +1563,7 @@ static int run_scaling(const bench_options *o)
 {
     /* The issue's measurement: resmlp d8 w1024 at batch 128 per worker
      * (the large config at its own batch with --config small). */
-    bench_config bc = o->which == 1 ? CONFIGS[1] : (bench_config){ "large", ST_MODEL_RESMLP, 8, 1024, 128, 0, 0, 0, 0 };
+    bench_config bc = o->which == 1 ? CONFIGS[1] : (bench_config){ "large", ST_MODEL_RESMLP, 8, 1024, 128, 0, 0, 0, 0, 0, 0 };
     int steps = o->quick ? 6 : (bc.width >= 1024 ? 30 : 300);
     int reps = o->quick ? 1 : 3;
     scaling_result one, many;
@@ -1042,7 +1586,7 @@ static int run_scaling(const bench_options *o)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: bench_step [--config large|small|cnn|all] [--quick] [--seconds S]\n"
+            "usage: bench_step [--config large|small|cnn|gpt|all] [--quick] [--seconds S]\n"
             "                  [--json FILE] [--workers N]\n"
             "\n"
             "Times one training step of subtrain (st_trainer_step: gather, forward,\n"
@@ -1054,6 +1598,9 @@ static void usage(FILE *f)
             "  cnn:   resnet depth 3 width 16 (ReLU) on 1 x 28 x 28 images, batch 128;\n"
             "         reference: conv 16->16 28x28 3x3 forward + backward-data +\n"
             "         backward-weights, blocked layouts\n"
+            "  gpt:   gpt depth 4 width 256, 4 heads, context 128, hidden 1024 (GELU), on\n"
+            "         generated text, batch 16 (2048 tokens); reference: sgemm 2048 x 1024\n"
+            "         x 256 (fc1); also times attention's parts on a copy of one layer\n"
             "\n"
             "  --config C    which configuration to run (default: all)\n"
             "  --quick       short windows, for smoke tests (numbers are rough)\n"
@@ -1062,7 +1609,8 @@ static void usage(FILE *f)
             "  --json FILE   also write one JSON object per configuration (JSON Lines)\n"
             "  --workers N   also run the whole trainer with 1 and N data-parallel workers\n"
             "                (resmlp d8 w1024, batch 128 per worker; with --config small the\n"
-            "                small model; not with --config cnn) and compare samples/s\n"
+            "                small model; not with --config cnn or gpt) and compare\n"
+            "                samples/s\n"
             "  --help        this text\n");
 }
 
@@ -1087,8 +1635,11 @@ int main(int argc, char **argv)
                 o.which = 1;
             else if (strcmp(v, "cnn") == 0)
                 o.which = CONFIG_CNN;
+            else if (strcmp(v, "gpt") == 0)
+                o.which = CONFIG_GPT;
             else
-                return usage_error("--config must be large, small, cnn or all, got '%s'", v);
+                return usage_error("--config must be large, small, cnn, gpt or all, got '%s'",
+                                   v);
         } else if ((v = option_value(argc, argv, &i, "--seconds", &missing))) {
             char *end;
             seconds = strtod(v, &end);
@@ -1111,8 +1662,9 @@ int main(int argc, char **argv)
         }
     }
 
-    if (o.workers > 1 && o.which == CONFIG_CNN)
-        return usage_error("--workers measures resmlp scaling; not with --config %s", "cnn");
+    if (o.workers > 1 && (o.which == CONFIG_CNN || o.which == CONFIG_GPT))
+        return usage_error("--workers measures resmlp scaling; not with --config %s",
+                           CONFIGS[o.which].name);
     if (o.quick) {
         o.windows = 3;
         o.warmup_steps = 1;
