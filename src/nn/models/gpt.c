@@ -45,6 +45,7 @@ st_status st_model_declare_gpt(st_model *m)
     ok = ok && st_graph_add(m, &st_layer_embedding, "embed", ST_T_INPUT, h0, ST_T_NONE, dh);
     if (ok)
         m->layers[m->n_layers - 1].out = D;
+    const st_mlp_grads d = { dh, dtmp, dn, da, dz };
     int h = h0;
     char name[32];
     st_layer *l;
@@ -53,10 +54,7 @@ st_status st_model_declare_gpt(st_model *m)
         st_graph_group_begin(m, g);
         const int n1 = st_graph_tensor(m, D, ST_W_FULL), qkv = st_graph_tensor_copies(m, D, 3, ua);
         const int o = st_graph_tensor(m, D, ua), h1 = st_graph_tensor(m, D, ST_W_FULL);
-        const int n2 = st_graph_tensor(m, D, ST_W_FULL), a = st_graph_tensor(m, F, um);
-        const int z = st_graph_tensor(m, F, um), out = st_graph_tensor(m, D, ST_W_FULL);
-        ok = n1 >= 0 && qkv >= 0 && o >= 0 && h1 >= 0 && n2 >= 0 && a >= 0 && z >= 0 &&
-             out >= 0;
+        ok = n1 >= 0 && qkv >= 0 && o >= 0 && h1 >= 0;
         /* attention branch: h1 = h + proj(attn(qkv(LN1(h)))) */
         ok = ok && st_graph_add(m, &st_layer_residual, "skip", h, h, dh, dtmp);
         snprintf(name, sizeof name, "block%d.ln1", g);
@@ -80,24 +78,10 @@ st_status st_model_declare_gpt(st_model *m)
         l->residual = h;
         l->closes_group = 1;   /* a branch of the block: scaled with it */
         /* MLP branch: out = h1 + fc2(gelu(fc1(LN2(h1)))) */
-        ok = st_graph_add(m, &st_layer_residual, "skip", h1, h1, dh, dtmp) != NULL;
-        snprintf(name, sizeof name, "block%d.ln2", g);
-        ok = ok && st_graph_add(m, &st_layer_layernorm, name, h1, n2, dtmp, dn);
-        snprintf(name, sizeof name, "block%d.fc1", g);
-        if (!ok || !(l = st_graph_linear(m, name, n2, a, dn, da, D, F)))
+        snprintf(name, sizeof name, "block%d", g);
+        const int out = st_graph_mlp_branch(m, name, "ln2", h1, um, D, F, c->activation, &d);
+        if (out < 0)
             goto oom;
-        l->out_unit = um;
-        if (!(l = st_graph_add(m, &st_layer_activation, "act", a, z, da, dz)))
-            goto oom;
-        l->in_unit = l->out_unit = um;
-        l->activation = c->activation;
-        snprintf(name, sizeof name, "block%d.fc2", g);
-        if (!(l = st_graph_linear(m, name, z, out, dz, dh, F, D)))
-            goto oom;
-        l->in_unit = um;
-        l->in_major = 1;
-        l->residual = h1;
-        l->closes_group = 1;
         st_graph_group_end(m, h, out);
         h = out;
     }

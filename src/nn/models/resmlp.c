@@ -30,33 +30,15 @@ st_status st_model_declare_resmlp(st_model *m)
     const int dz = st_graph_tensor(m, H, ST_W_WIDEST), da = st_graph_tensor(m, H, ST_W_WIDEST);
     int ok = h0 >= 0 && dh >= 0 && dn >= 0 && dtmp >= 0 && dz >= 0 && da >= 0;
     ok = ok && st_graph_linear(m, "stem", ST_T_INPUT, h0, ST_T_NONE, dh, c->in_dim, W);
+    const st_mlp_grads d = { dh, dtmp, dn, da, dz };
     int h = h0;
-    char name[32];
+    char prefix[24];
     for (int g = 0; ok && g < c->depth; g++) {
         st_graph_group_begin(m, g);
-        const int n = st_graph_tensor(m, W, ST_W_FULL), a = st_graph_tensor(m, H, g);
-        const int z = st_graph_tensor(m, H, g), out = st_graph_tensor(m, W, ST_W_FULL);
-        /* pointers into the table are good until the next layer is added */
-        st_layer *l;
-        ok = n >= 0 && a >= 0 && z >= 0 && out >= 0 &&
-             st_graph_add(m, &st_layer_residual, "skip", h, h, dh, dtmp);
-        snprintf(name, sizeof name, "block%d.ln", g);
-        ok = ok && st_graph_add(m, &st_layer_layernorm, name, h, n, dtmp, dn);
-        snprintf(name, sizeof name, "block%d.fc1", g);
-        if (!ok || !(l = st_graph_linear(m, name, n, a, dn, da, W, H)))
+        snprintf(prefix, sizeof prefix, "block%d", g);
+        const int out = st_graph_mlp_branch(m, prefix, "ln", h, g, W, H, c->activation, &d);
+        if (out < 0)
             goto oom;
-        l->out_unit = g;
-        if (!(l = st_graph_add(m, &st_layer_activation, "act", a, z, da, dz)))
-            goto oom;
-        l->in_unit = l->out_unit = g;
-        l->activation = c->activation;
-        snprintf(name, sizeof name, "block%d.fc2", g);
-        if (!(l = st_graph_linear(m, name, z, out, dz, dh, H, W)))
-            goto oom;
-        l->in_unit = g;
-        l->in_major = 1;
-        l->residual = h;           /* h_out = h_in + branch, in fc2's epilogue */
-        l->closes_group = 1;
         st_graph_group_end(m, h, out);
         h = out;
     }
