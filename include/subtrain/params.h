@@ -30,6 +30,9 @@ typedef struct st_param_segment {
                          * ST_NO_GRAD (backward masking: not computed) */
     size_t grad_count;  /* elements of its gradient: count, or fewer when
                          * backward masking keeps some neurons' rows only */
+    long long rows, cols; /* its storage shape (rows x cols = count; a vector:
+                           * n x 1) */
+    int in_major;       /* a weight stored (in, out): a row per input */
 } st_param_segment;
 
 #define ST_NO_GRAD ((size_t)-1)

@@ -37,5 +37,6 @@
 #include <subtrain/synth.h>
 #include <subtrain/train.h>
 #include <subtrain/trainer.h>
+#include <subtrain/checkpoint.h>
 
 #endif /* SUBTRAIN_H */

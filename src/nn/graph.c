@@ -283,6 +283,9 @@ st_status st_graph_add_segment(st_model *m, const char *name, int decay, st_seg_
     snprintf(s->name, sizeof s->name, "%s", name);
     s->offset = m->n_params;
     s->count = (size_t)(map.n_rows * map.n_cols);
+    s->rows = map.n_rows;
+    s->cols = map.n_cols;
+    s->in_major = map.in_major;
     s->decay = decay;
     s->grad_count = (size_t)(grad_rows * grad_cols);
     s->grad_offset = m->layout_grads ? m->n_grads : ST_NO_GRAD;

@@ -1,0 +1,95 @@
+/*
+ * subtrain/checkpoint.h — safetensors files: named tensors and string
+ * metadata, written atomically, read back with every field checked.
+ *
+ * The format (https://github.com/huggingface/safetensors): an 8-byte
+ * little-endian header length N, N bytes of a JSON object, then the raw
+ * little-endian data.  The object maps each tensor's name to
+ *   {"dtype":"F32","shape":[r,c],"data_offsets":[begin,end]}
+ * (offsets relative to the data, which the tensors cover without holes)
+ * and may hold "__metadata__": a map of strings to strings.  subtrain
+ * writes the header padded with spaces to a multiple of 8 bytes, so the
+ * data is aligned for any reader that maps it.
+ *
+ * Writes are atomic: a temporary file in the same directory, written,
+ * fsync'ed, renamed over the target, and the directory fsync'ed, so a
+ * crash at any moment leaves either the old file or the new one, whole.
+ */
+#ifndef SUBTRAIN_CHECKPOINT_H
+#define SUBTRAIN_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <subtrain/model.h>
+#include <subtrain/status.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum st_dtype { ST_DTYPE_F32, ST_DTYPE_U8, ST_DTYPE_U64 } st_dtype;
+
+#define ST_ST_MAX_NAME 128
+#define ST_ST_MAX_DIMS 4
+/* Largest header accepted (the format's readers use 100 MB). */
+#define ST_ST_MAX_HEADER ((uint64_t)100 << 20)
+
+typedef struct st_st_tensor {
+    char name[ST_ST_MAX_NAME];
+    st_dtype dtype;
+    int ndims;                       /* 0..ST_ST_MAX_DIMS (0: a scalar) */
+    int64_t shape[ST_ST_MAX_DIMS];
+    const void *data;                /* writing: the caller's; reading: in the file's buffer */
+    size_t bytes;                    /* reading: elements x dtype size (writing: computed) */
+} st_st_tensor;
+
+typedef struct st_st_meta {
+    const char *key, *value;
+} st_st_meta;
+
+/* Writes tensors[0..n) in that order and the metadata to `path`,
+ * atomically (see above).  Names must be unique and non-empty, shapes
+ * non-negative. */
+st_status st_safetensors_write(const char *path, const st_st_tensor *tensors, int n,
+                               const st_st_meta *meta, int n_meta);
+
+/* A file read whole and checked: the header's length and JSON, every
+ * entry's dtype, shape and offsets (within the data, covering it with no
+ * hole or overlap, matching the shape), unique names.  A failure names
+ * the file and what is wrong, in one line. */
+typedef struct st_safetensors {
+    uint8_t *buf;                /* the whole file */
+    size_t size;
+    st_st_tensor *tensors;       /* in the header's order */
+    int n;
+    st_st_meta *meta;            /* keys and values point into meta_text */
+    int n_meta;
+    char *meta_text;
+} st_safetensors;
+
+st_status st_safetensors_read(const char *path, st_safetensors *out);
+const st_st_tensor *st_safetensors_find(const st_safetensors *f, const char *name);
+/* NULL when the key is absent. */
+const char *st_safetensors_meta(const st_safetensors *f, const char *key);
+void st_safetensors_free(st_safetensors *f);
+
+/* ------------------------------------------------------------ weights */
+
+/* The full model of cfg's parameters (a flat vector in its layout) as a
+ * safetensors file: a tensor per parameter segment, named as the segment
+ * ("block0.fc1.weight"), F32, in its storage shape (matrices stored
+ * (in, out) are listed in the metadata key "subtrain.in_major"), plus
+ * the caller's metadata and "subtrain.version", "subtrain.model". */
+st_status st_checkpoint_write_weights(const char *path, const st_model_config *cfg,
+                                      const float *params, const st_st_meta *meta, int n_meta);
+
+/* Reads a weights file into the full model's flat vector of cfg
+ * (st_model_config_param_count floats): every segment must be there with
+ * its shape and dtype; a missing tensor, another shape or dtype, or a
+ * tensor the model does not have is refused with a message naming it. */
+st_status st_checkpoint_read_weights(const char *path, const st_model_config *cfg, float *params);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SUBTRAIN_CHECKPOINT_H */

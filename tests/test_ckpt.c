@@ -1,0 +1,301 @@
+/*
+ * tests/test_ckpt.c — safetensors files: the writer's bytes against the
+ * format as its specification writes it, a file written by hand (as
+ * another writer would) read back, every way a file can be wrong refused
+ * with its name, atomic replacement under kill -9, and a model's weights
+ * round-tripped and refused for another model.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <subtrain/subtrain.h>
+
+#include "testutil.h"
+
+static char tmpdir[ST_TEST_PATH_MAX];
+
+static void setup(void) { cr_assert_eq(st_test_mkdtemp(tmpdir), 0); }
+static void teardown(void) { st_test_rmdir(tmpdir); }
+
+TestSuite(safetensors, .init = setup, .fini = teardown);
+TestSuite(weights, .init = setup, .fini = teardown);
+
+static void write_raw(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(p, 1, n, f), n);
+    fclose(f);
+}
+
+/* header bytes + data into a file, as the format lays them out */
+static void write_file(const char *path, const char *header, const void *data, size_t n)
+{
+    const size_t h = strlen(header);
+    unsigned char *b = malloc(8 + h + n);
+    cr_assert_not_null(b);
+    for (int k = 0; k < 8; k++)
+        b[k] = (unsigned char)((uint64_t)h >> (8 * k));
+    memcpy(b + 8, header, h);
+    memcpy(b + 8 + h, data, n);
+    write_raw(path, b, 8 + h + n);
+    free(b);
+}
+
+/* The writer's bytes are the format's: the length, the JSON (metadata
+ * first, tensors in order, offsets back to back, escapes), spaces to an
+ * 8-byte boundary, then the data. */
+Test(safetensors, the_writer_writes_the_format)
+{
+    char path[ST_TEST_PATH_MAX];
+    st_test_path(path, tmpdir, "a.safetensors");
+    const float w[6] = { 1, 2, 3, 4, 5, 6 };
+    const uint8_t u[3] = { 7, 8, 9 };
+    const uint64_t step = 12345678901ull;
+    st_st_tensor t[3] = {
+        { .name = "w", .dtype = ST_DTYPE_F32, .ndims = 2, .shape = { 2, 3 }, .data = w },
+        { .name = "bytes", .dtype = ST_DTYPE_U8, .ndims = 1, .shape = { 3 }, .data = u },
+        { .name = "step", .dtype = ST_DTYPE_U64, .ndims = 0, .data = &step },
+    };
+    const st_st_meta meta[1] = { { "note", "a \"quoted\"\n value" } };
+    cr_assert_eq(st_safetensors_write(path, t, 3, meta, 1), ST_OK, "%s", st_last_error());
+    size_t n = 0;
+    unsigned char *b = st_test_read_file(path, &n);
+    cr_assert_not_null(b);
+    const char *json = "{\"__metadata__\":{\"note\":\"a \\\"quoted\\\"\\u000a value\"},"
+                       "\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
+                       "\"bytes\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[24,27]},"
+                       "\"step\":{\"dtype\":\"U64\",\"shape\":[],\"data_offsets\":[27,35]}}";
+    size_t h = 0;
+    for (int k = 7; k >= 0; k--)
+        h = h << 8 | b[k];
+    cr_assert_eq(h % 8, 0, "the data starts aligned");
+    cr_assert_geq(h, strlen(json));
+    cr_assert_eq(memcmp(b + 8, json, strlen(json)), 0, "header: %.*s", (int)h, (char *)b + 8);
+    for (size_t k = strlen(json); k < h; k++)
+        cr_assert_eq(b[8 + k], ' ', "padded with spaces");
+    cr_assert_eq(n, 8 + h + 35);
+    cr_assert_eq(memcmp(b + 8 + h, w, 24), 0);
+    cr_assert_eq(memcmp(b + 8 + h + 24, u, 3), 0);
+    cr_assert_eq(memcmp(b + 8 + h + 27, &step, 8), 0);
+    free(b);
+    /* and it reads back */
+    st_safetensors f;
+    cr_assert_eq(st_safetensors_read(path, &f), ST_OK, "%s", st_last_error());
+    cr_assert_eq(f.n, 3);
+    cr_assert_str_eq(st_safetensors_meta(&f, "note"), "a \"quoted\"\n value");
+    const st_st_tensor *r = st_safetensors_find(&f, "w");
+    cr_assert(r && r->ndims == 2 && r->shape[0] == 2 && r->shape[1] == 3 && r->bytes == 24);
+    cr_assert_eq(memcmp(r->data, w, 24), 0);
+    r = st_safetensors_find(&f, "step");
+    cr_assert(r && r->ndims == 0 && r->dtype == ST_DTYPE_U64 && r->bytes == 8);
+    cr_assert_null(st_safetensors_find(&f, "nothing"));
+    st_safetensors_free(&f);
+    /* no temporary file is left next to it */
+    char tmp[ST_TEST_PATH_MAX + 32];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    cr_assert_neq(access(tmp, F_OK), 0);
+}
+
+/* Another writer's file: other key order, whitespace, no metadata, tensors
+ * listed out of data order. */
+Test(safetensors, a_file_written_by_hand_reads_back)
+{
+    char path[ST_TEST_PATH_MAX];
+    st_test_path(path, tmpdir, "hand.safetensors");
+    const float data[5] = { 0.5f, -1, 2, 3, 4 };
+    write_file(path, "{ \"b\" : {\"data_offsets\":[8, 20], \"shape\": [3], \"dtype\": \"F32\"},\n"
+                     "  \"a\": {\"dtype\":\"F32\",\"shape\":[1,2],\"data_offsets\":[0,8]} }",
+               data, sizeof data);
+    st_safetensors f;
+    cr_assert_eq(st_safetensors_read(path, &f), ST_OK, "%s", st_last_error());
+    cr_assert_eq(f.n, 2);
+    const st_st_tensor *a = st_safetensors_find(&f, "a"), *b = st_safetensors_find(&f, "b");
+    cr_assert(a && b);
+    float v[3];
+    memcpy(v, a->data, 8);
+    cr_assert(v[0] == 0.5f && v[1] == -1.0f);
+    memcpy(v, b->data, 12);
+    cr_assert(v[0] == 2.0f && v[2] == 4.0f);
+    st_safetensors_free(&f);
+}
+
+static void expect_refused(const char *header, size_t data_bytes, const char *needle)
+{
+    char path[ST_TEST_PATH_MAX];
+    st_test_path(path, tmpdir, "bad.safetensors");
+    unsigned char data[64] = { 0 };
+    write_file(path, header, data, data_bytes);
+    st_safetensors f;
+    st_status s = st_safetensors_read(path, &f);
+    cr_assert_neq(s, ST_OK, "accepted: %s", header);
+    cr_assert(strstr(st_last_error(), path), "the file is named: %s", st_last_error());
+    cr_assert(strstr(st_last_error(), needle), "'%s': expected '%s' in: %s", header, needle,
+              st_last_error());
+    cr_assert_null(strchr(st_last_error(), '\n'), "one line");
+    cr_assert_null(f.buf, "nothing is kept");
+}
+
+Test(safetensors, bad_headers_are_refused_naming_the_file)
+{
+    expect_refused("", 0, "expected '{'");
+    expect_refused("[1,2]", 0, "expected '{'");
+    expect_refused("{\"a\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[0,2]}}", 2, "F16");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4,
+                   "needs 8 bytes");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 12,
+                   "8 bytes after the last tensor");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "hole");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                   "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "overlap");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                   "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "twice");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "lacks");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"x\":1}}", 4,
+                   "unknown or repeated key");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
+                   "non-negative integer");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}} x", 4,
+                   "trailing bytes");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}", 4,
+                   "expected '}'");
+    expect_refused("{\"__metadata__\":{\"k\":1}}", 0, "expected a string");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],"
+                   "\"data_offsets\":[0,4]}}", 4, "too large");
+}
+
+/* Every truncation of a good file, and a header length past the end, is
+ * refused, never read out of bounds (the sanitizer build checks that). */
+Test(safetensors, truncated_files_are_refused)
+{
+    char path[ST_TEST_PATH_MAX], cut[ST_TEST_PATH_MAX];
+    st_test_path(path, tmpdir, "good.safetensors");
+    st_test_path(cut, tmpdir, "cut.safetensors");
+    const float w[4] = { 1, 2, 3, 4 };
+    st_st_tensor t = { .name = "w", .dtype = ST_DTYPE_F32, .ndims = 1, .shape = { 4 }, .data = w };
+    cr_assert_eq(st_safetensors_write(path, &t, 1, NULL, 0), ST_OK);
+    size_t n = 0;
+    unsigned char *b = st_test_read_file(path, &n);
+    for (size_t k = 0; k < n; k++) {
+        write_raw(cut, b, k);
+        st_safetensors f;
+        cr_assert_neq(st_safetensors_read(cut, &f), ST_OK, "a file cut at %zu of %zu", k, n);
+    }
+    b[7] = 0x7f;   /* a header length of ~2^63 */
+    write_raw(cut, b, n);
+    st_safetensors f;
+    cr_assert_eq(st_safetensors_read(cut, &f), ST_ERR_FORMAT);
+    cr_assert(strstr(st_last_error(), "the header claims"), "%s", st_last_error());
+    free(b);
+    st_test_path(cut, tmpdir, "missing.safetensors");
+    cr_assert_eq(st_safetensors_read(cut, &f), ST_ERR_IO);
+    cr_assert(strstr(st_last_error(), "missing.safetensors"), "%s", st_last_error());
+}
+
+/* kill -9 at random moments of a writer that replaces one file over and
+ * over with one of two contents: the file is always one of them, whole. */
+Test(safetensors, a_killed_writer_leaves_the_previous_file_whole, .timeout = 120)
+{
+    char path[ST_TEST_PATH_MAX];
+    st_test_path(path, tmpdir, "ckpt.safetensors");
+    const size_t n = 1 << 18;   /* 1 MiB of floats */
+    float *v[2];
+    for (int c = 0; c < 2; c++) {
+        v[c] = malloc(n * sizeof(float));
+        cr_assert_not_null(v[c]);
+        for (size_t i = 0; i < n; i++)
+            v[c][i] = (float)(c + 1) * (float)i;
+    }
+    st_st_tensor t = { .name = "w", .dtype = ST_DTYPE_F32, .ndims = 1, .shape = { (int64_t)n } };
+    t.data = v[0];
+    cr_assert_eq(st_safetensors_write(path, &t, 1, NULL, 0), ST_OK);
+    srand(7);
+    const int kills = 40;
+    int seen[2] = { 0, 0 };
+    for (int k = 0; k < kills; k++) {
+        pid_t pid = fork();
+        cr_assert_geq(pid, 0);
+        if (pid == 0) {
+            for (int i = 0;; i++) {
+                t.data = v[(i + 1) % 2];
+                if (st_safetensors_write(path, &t, 1, NULL, 0) != ST_OK)
+                    _exit(3);
+            }
+        }
+        struct timespec d = { 0, (long)(rand() % 20000) * 1000L };   /* 0-20 ms */
+        nanosleep(&d, NULL);
+        kill(pid, SIGKILL);
+        int st;
+        waitpid(pid, &st, 0);
+        cr_assert(WIFSIGNALED(st), "the writer failed instead of being killed");
+        st_safetensors f;
+        cr_assert_eq(st_safetensors_read(path, &f), ST_OK, "kill %d: %s", k, st_last_error());
+        const st_st_tensor *r = st_safetensors_find(&f, "w");
+        cr_assert(r && r->bytes == n * sizeof(float));
+        const int which = memcmp(r->data, v[0], r->bytes) == 0   ? 0
+                        : memcmp(r->data, v[1], r->bytes) == 0 ? 1 : -1;
+        cr_assert_geq(which, 0, "kill %d: the file is neither content", k);
+        seen[which]++;
+        st_safetensors_free(&f);
+    }
+    cr_log_info("%d kills: the old content %d times, the new %d times", kills, seen[0], seen[1]);
+    cr_assert_eq(seen[0] + seen[1], kills);
+    free(v[0]);
+    free(v[1]);
+}
+
+/* ------------------------------------------------------------ weights */
+
+static st_model_config gpt_cfg(int width)
+{
+    st_model_config c = { .kind = ST_MODEL_GPT, .depth = 2, .width = width, .heads = 2,
+                          .context = 8, .in_dim = 8, .n_classes = 256, .activation = ST_ACT_GELU };
+    return c;
+}
+
+Test(weights, round_trip_and_refused_for_another_model)
+{
+    char path[ST_TEST_PATH_MAX];
+    st_test_path(path, tmpdir, "w.safetensors");
+    st_model_config c = gpt_cfg(16);
+    const size_t n = st_model_config_param_count(&c);
+    float *p = malloc(n * sizeof *p), *q = calloc(n, sizeof *q);
+    cr_assert(p && q);
+    cr_assert_eq(st_model_init_full_range(&c, 3, 0, n, p), ST_OK);
+    const st_st_meta meta[1] = { { "subtrain.config", "width = 16" } };
+    cr_assert_eq(st_checkpoint_write_weights(path, &c, p, meta, 1), ST_OK, "%s", st_last_error());
+    cr_assert_eq(st_checkpoint_read_weights(path, &c, q), ST_OK, "%s", st_last_error());
+    cr_assert_eq(memcmp(p, q, n * sizeof *p), 0);
+    st_safetensors f;
+    cr_assert_eq(st_safetensors_read(path, &f), ST_OK);
+    cr_assert_str_eq(st_safetensors_meta(&f, "subtrain.model"), "gpt");
+    cr_assert_str_eq(st_safetensors_meta(&f, "subtrain.config"), "width = 16");
+    cr_assert(strstr(st_safetensors_meta(&f, "subtrain.in_major"), "block0.proj.weight"));
+    const st_st_tensor *t = st_safetensors_find(&f, "block1.qkv.weight");
+    cr_assert(t && t->ndims == 2 && t->shape[0] == 48 && t->shape[1] == 16);
+    st_safetensors_free(&f);
+    st_model_config wider = gpt_cfg(32);
+    float *r = malloc(st_model_config_param_count(&wider) * sizeof *r);
+    cr_assert_eq(st_checkpoint_read_weights(path, &wider, r), ST_ERR_FORMAT);
+    cr_assert(strstr(st_last_error(), "embed.token") && strstr(st_last_error(), "another model"),
+              "%s", st_last_error());
+    st_model_config res = { .kind = ST_MODEL_RESMLP, .depth = 2, .width = 16, .in_dim = 8,
+                            .n_classes = 4, .activation = ST_ACT_GELU };
+    cr_assert_eq(st_checkpoint_read_weights(path, &res, r), ST_ERR_FORMAT);
+    cr_assert(strstr(st_last_error(), "a gpt model, not of resmlp"), "%s", st_last_error());
+    st_model_config deeper = gpt_cfg(16);
+    deeper.depth = 1;   /* a subset of the names: the file has tensors the model lacks */
+    cr_assert_eq(st_checkpoint_read_weights(path, &deeper, r), ST_ERR_FORMAT);
+    cr_assert(strstr(st_last_error(), "block1") && strstr(st_last_error(), "not in the model"),
+              "%s", st_last_error());
+    free(p);
+    free(q);
+    free(r);
+}
