@@ -188,7 +188,9 @@ Test(cli, help_and_version)
                                  "--branch-scale", "--report", "--local-steps",
                                  "--eval-branch-scale", "--augment-crop", "--augment-flip",
                                  "--bn-calibration", "--sample", "--prompt",
-                                 "--temperature", "--top-k",
+                                 "--temperature", "--top-k", "--context", "--heads",
+                                 "--holdout", "--val-bytes", "--epoch-windows",
+                                 "--checkpoint", "--init", "subtrain eval", "text:FILE",
                                  "cifar10:DIR", "cifar100:DIR", "idx:DIR" };
     for (size_t i = 0; i < sizeof documented / sizeof *documented; i++)
         cr_assert(strstr(r->out, documented[i]), "--help does not mention %s", documented[i]);
@@ -336,6 +338,51 @@ Test(cli, gpt_on_a_text_file_reports_bits_per_byte, .timeout = 120)
     expect_usage_error("--holdout 0.2", "--holdout applies to --data text:FILE only");
     expect_usage_error("--model gpt --data text:/x --holdout 1", "--holdout");
     expect_usage_error("--model gpt --data text:/x --epoch-windows 0", "--epoch-windows");
+}
+
+/* --checkpoint writes the trained weights; `subtrain eval --init` gives
+ * the run's final test numbers from them, to the printed digit; --init
+ * fine-tunes from them; another model's options are refused. */
+Test(cli, checkpoint_eval_and_init, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX], file[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    snprintf(file, sizeof file, "%s/ck/final.safetensors", dir);
+    const char *model = "--data synthetic --depth 2 --width 32 --batch 64";
+    snprintf(args, sizeof args, "%s --steps 60 --workers 2 --progress none --checkpoint '%s/ck'",
+             model, dir);
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    cr_assert(strstr(r->out, "weights: ") && strstr(r->out, "final.safetensors"), "%s", r->out);
+    const char *fin = strstr(r->out, "final: test_acc ");
+    cr_assert_not_null(fin, "%s", r->out);
+    char acc[16], loss[16];
+    cr_assert_eq(sscanf(fin, "final: test_acc %15s test_loss %15s", acc, loss), 2);
+    snprintf(args, sizeof args, "eval --init '%s' %s", file, model);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    char want[64];
+    snprintf(want, sizeof want, "test_acc %s  test_loss %s", acc, loss);
+    cr_assert(strstr(r->out, want), "expected '%s' in: %s", want, r->out);
+    snprintf(args, sizeof args, "--init '%s' %s --steps 10 --lr 0.0001 --progress none", file,
+             model);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    snprintf(args, sizeof args, "eval --init '%s' --data synthetic --depth 3 --width 32", file);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 1, "stderr: %s", r->err);
+    cr_assert(strstr(r->err, "block2.ln.gamma") && strstr(r->err, "another model") &&
+              count_lines(r->err) == 1, "%s", r->err);
+    snprintf(args, sizeof args, "eval --init '%s/missing.safetensors' --data synthetic", dir);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 1, "stderr: %s", r->err);
+    cr_assert(strstr(r->err, "missing.safetensors") && count_lines(r->err) == 1, "%s", r->err);
+    free(r);
+    st_test_rmdir(dir);
+    expect_usage_error("eval --data synthetic", "eval needs --init FILE");
+    expect_usage_error("eval --init x --checkpoint y --data synthetic", "eval writes no checkpoint");
+    expect_usage_error("--init x --strategy synth --data synthetic", "--init does not apply");
 }
 
 /* n CIFAR-10 records into dir/name. */

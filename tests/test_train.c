@@ -1234,3 +1234,43 @@ Test(gpt, a_step_makes_no_heap_allocation, .timeout = 60)
     st_dataset_free(&test);
     free(t.bytes);
 }
+
+/* ------------------------------------------------------------ --init */
+
+/* A run started from another run's final weights (init_params) with a
+ * negligible learning rate evaluates as that run ended, whatever the
+ * strategy: every worker's subnetwork and every shard owner start from
+ * those weights, not from the seed's. */
+Test(init, runs_start_from_the_given_weights, .timeout = 120)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    st_train_config c = dp_config(2, 32, 60);
+    params_out o = { 0 };
+    st_train_callbacks cb = { .on_params = keep_params, .user = &o };
+    st_epoch_record first;
+    cr_assert_eq(st_train_run(&c, &train, &test, &cb, &first), ST_OK, "%s", st_last_error());
+    const st_strategy strategies[3] = { ST_STRATEGY_DP, ST_STRATEGY_SDP, ST_STRATEGY_SDP };
+    const st_masking masking[3] = { ST_MASKING_FORWARD, ST_MASKING_FORWARD, ST_MASKING_BACKWARD };
+    for (int k = 0; k < 3; k++) {
+        st_train_config d = c;
+        d.strategy = strategies[k];
+        d.masking = masking[k];
+        d.steps = 1;
+        d.optim.lr = 1e-12f;
+        d.seed = 99;   /* another seed: its initial values must not be used */
+        d.init_params = o.p;
+        st_epoch_record f;
+        cr_assert_eq(st_train_run(&d, &train, &test, NULL, &f), ST_OK, "%s", st_last_error());
+        cr_assert_float_eq(f.test_loss, first.test_loss, 1e-6 * first.test_loss,
+                           "strategy %d: %.9f, the weights' %.9f", k, f.test_loss,
+                           first.test_loss);
+    }
+    st_train_config s = c;
+    s.strategy = ST_STRATEGY_SYNTH;
+    s.init_params = o.p;
+    cr_assert_eq(st_train_config_check(&s), ST_ERR_INVALID);
+    free(o.p);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}

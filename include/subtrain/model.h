@@ -184,6 +184,10 @@ void st_model_destroy(st_model *m);
  * so the result depends on the seed only. */
 void st_model_init_params(st_model *m, uint64_t seed);
 
+/* This model's parameters from the full model's flat vector `full` (its
+ * part of it, wherever this subnetwork's segments sit there). */
+st_status st_model_load_full_params(st_model *m, const float *full);
+
 /* The initial values (st_model_init_params with this seed) of elements
  * [begin, end) of the full model of cfg, without building it: for a shard
  * owner whose elements no subnetwork holds at the start. */

@@ -84,6 +84,9 @@ typedef struct st_train_config {
     int epochs;               /* used when steps == 0 */
     uint64_t steps;           /* total steps; 0: epochs x steps per epoch */
     uint64_t seed;            /* init, shuffles */
+    const float *init_params; /* NULL: initial values from the seed; else the full
+                               * model's parameters to start from (--init: a
+                               * checkpoint's weights, a fresh optimizer) */
 } st_train_config;
 
 #define ST_WARMUP_AUTO UINT64_MAX

@@ -81,17 +81,22 @@ st_status st_checkpoint_read_weights(const char *path, const st_model_config *cf
     for (int i = 0; s == ST_OK && i < n; i++) {
         const st_st_tensor *t = st_safetensors_find(&f, segs[i].name);
         const long long rows = segs[i].rows, cols = segs[i].cols;
+        char shape[64];
+        if (cols == 1)
+            snprintf(shape, sizeof shape, "[%lld]", rows);
+        else
+            snprintf(shape, sizeof shape, "[%lld, %lld]", rows, cols);
         if (!t) {
-            s = st_fail(ST_ERR_FORMAT, "%s: no tensor '%s' (of shape [%lld, %lld]): the weights "
-                        "of another model", path, segs[i].name, rows, cols);
+            s = st_fail(ST_ERR_FORMAT, "%s: no tensor '%s' (of shape %s): the weights of another "
+                        "model", path, segs[i].name, shape);
             break;
         }
         const int ok_shape = cols == 1 ? t->ndims == 1 && t->shape[0] == rows
                                        : t->ndims == 2 && t->shape[0] == rows &&
                                              t->shape[1] == cols;
         if (t->dtype != ST_DTYPE_F32 || !ok_shape) {
-            s = st_fail(ST_ERR_FORMAT, "%s: tensor '%s' is not F32 of shape [%lld, %lld] as the "
-                        "model's: another model's weights", path, segs[i].name, rows, cols);
+            s = st_fail(ST_ERR_FORMAT, "%s: tensor '%s' is not F32 of shape %s as the model's: "
+                        "another model's weights", path, segs[i].name, shape);
             break;
         }
         memcpy(params + segs[i].offset, t->data, t->bytes);   /* the file's data may be unaligned */

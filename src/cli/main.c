@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <hwloc.h>
@@ -288,20 +289,145 @@ out:
     return status;
 }
 
+/* The data, and the model's input and classes from it; images keep their
+ * shape (convolutional models need it; the others read a vector). */
+static int load_data_for_model(st_cli_options *o, st_dataset *train, st_dataset *test)
+{
+    if (load_data(o, train, test) != ST_OK)
+        return runtime_error("loading data");
+    normalize(train, test);
+    o->train.model.in_dim = (int)train->dim;
+    o->train.model.n_classes = (int)train->n_classes;
+    if (train->height * train->width > 1 && !train->bytes) {
+        o->train.model.in_channels = (int)train->channels;
+        o->train.model.in_height = (int)train->height;
+        o->train.model.in_width = (int)train->width;
+    }
+    return EXIT_SUCCESS;
+}
+
+/* --init: the full model's parameters from a weights file, into *out
+ * (malloc'd), checked against the model the options describe. */
+static int load_init(const st_cli_options *o, float **out)
+{
+    st_model_config mc = o->train.model;
+    memset(&mc.subnet, 0, sizeof mc.subnet);
+    const size_t n = st_model_config_param_count(&mc);
+    *out = malloc((n ? n : 1) * sizeof **out);
+    if (!*out) {
+        fprintf(stderr, "subtrain: --init: out of memory for %zu parameters\n", n);
+        return EXIT_FAILURE;
+    }
+    if (st_checkpoint_read_weights(o->init_path, &mc, *out) != ST_OK)
+        return runtime_error("--init");
+    return EXIT_SUCCESS;
+}
+
+/* --checkpoint DIR: the trained weights as DIR/final.safetensors, with
+ * what made them in the metadata. */
+static int write_final_weights(const st_cli_options *o, const run_ui *ui)
+{
+    char path[4096], config[512];
+    if (mkdir(o->checkpoint_dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "subtrain: --checkpoint %s: cannot create it: %s\n", o->checkpoint_dir,
+                strerror(errno));
+        return EXIT_FAILURE;
+    }
+    if (!ui->params) {
+        fprintf(stderr, "subtrain: --checkpoint: the run handed over no parameters\n");
+        return EXIT_FAILURE;
+    }
+    snprintf(path, sizeof path, "%s/final.safetensors", o->checkpoint_dir);
+    const st_model_config *m = &o->train.model;
+    snprintf(config, sizeof config, "model = %s; depth = %d; width = %d; hidden = %d; "
+             "heads = %d; context = %d; activation = %s; strategy = %s; seed = %llu",
+             st_model_kind_name(m->kind), m->depth, m->width, m->hidden, m->heads, m->context,
+             st_activation_name(m->activation), st_strategy_name(o->train.strategy),
+             (unsigned long long)o->train.seed);
+    const dnnl_version_t *v = dnnl_version();
+    char onednn[32];
+    snprintf(onednn, sizeof onednn, "%d.%d.%d", v->major, v->minor, v->patch);
+    const st_st_meta meta[3] = { { "subtrain.config", config }, { "subtrain.data", o->data },
+                                 { "onednn.version", onednn } };
+    st_model_config mc = *m;
+    memset(&mc.subnet, 0, sizeof mc.subnet);
+    if (st_checkpoint_write_weights(path, &mc, ui->params, meta, 3) != ST_OK)
+        return runtime_error("--checkpoint");
+    if (!o->quiet)
+        printf("weights: %s\n", path);
+    return EXIT_SUCCESS;
+}
+
+/* subtrain eval --init FILE: the weights on the test set, as the training
+ * run's evaluation computes it (models with batch norm first re-estimate
+ * their statistics on --bn-calibration training batches: the file holds
+ * weights, not running statistics). */
+static int run_eval(st_cli_options *o)
+{
+    st_dataset train, test;
+    if (load_data_for_model(o, &train, &test) != EXIT_SUCCESS)
+        return EXIT_FAILURE;
+    float *params = NULL;
+    st_model *m = NULL;
+    st_arena arena;
+    st_arena_init(&arena, "eval", NULL, 0);
+    int status = load_init(o, &params);
+    st_model_config mc = o->train.model;
+    memset(&mc.subnet, 0, sizeof mc.subnet);
+    const int B = o->train.batch;
+    if (status == EXIT_SUCCESS && st_model_create(&mc, B, &arena, &m) != ST_OK)
+        status = runtime_error("eval: building the model");
+    double sum = 0.0;
+    int64_t hits = 0;
+    if (status == EXIT_SUCCESS) {
+        memcpy(st_model_params(m), params, st_model_param_count(m) * sizeof *params);
+        size_t n_state;
+        st_model_state(m, &n_state);
+        for (int k = 0; n_state && k < o->train.bn_calibration &&
+                        (uint32_t)(k + 1) * (uint32_t)B <= train.count; k++) {
+            st_dataset_gather_rows(&train, (uint32_t)(k * B), B, B, st_model_input(m),
+                                   st_model_labels(m));
+            if (st_model_calibrate(m, k) != ST_OK) {
+                status = runtime_error("eval: calibration");
+                break;
+            }
+        }
+    }
+    for (uint32_t first = 0; status == EXIT_SUCCESS && first < test.count; first += (uint32_t)B) {
+        const int rows = test.count - first < (uint32_t)B ? (int)(test.count - first) : B;
+        st_dataset_gather_rows(&test, first, rows, B, st_model_input(m), st_model_labels(m));
+        if (st_model_evaluate(m, rows, &sum, &hits) != ST_OK)
+            status = runtime_error("eval");
+    }
+    if (status == EXIT_SUCCESS) {
+        const double n = (double)test.count * st_dataset_labels_per_sample(&test);
+        printf("eval %s: test_acc %.4f  test_loss %.4f", o->init_path, hits / n, sum / n);
+        if (test.context)
+            printf("  (%.4f bits per byte)", sum / n / M_LN2);
+        printf("  on %u test samples\n", test.count);
+    }
+    st_model_destroy(m);
+    st_arena_release(&arena);
+    free(params);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    return status;
+}
+
 static int run_train(st_cli_options *o)
 {
     st_dataset train, test;
-    if (load_data(o, &train, &test) != ST_OK)
-        return runtime_error("loading data");
-    normalize(&train, &test);
-    /* The model's input and classes are the data's; images keep their
-     * shape (convolutional models need it; the others read a vector). */
-    o->train.model.in_dim = (int)train.dim;
-    o->train.model.n_classes = (int)train.n_classes;
-    if (train.height * train.width > 1 && !train.bytes) {
-        o->train.model.in_channels = (int)train.channels;
-        o->train.model.in_height = (int)train.height;
-        o->train.model.in_width = (int)train.width;
+    if (load_data_for_model(o, &train, &test) != EXIT_SUCCESS)
+        return EXIT_FAILURE;
+    float *init = NULL;
+    if (o->init_path) {
+        if (load_init(o, &init) != EXIT_SUCCESS) {
+            free(init);
+            st_dataset_free(&train);
+            st_dataset_free(&test);
+            return EXIT_FAILURE;
+        }
+        o->train.init_params = init;
     }
 
     int status = EXIT_FAILURE;
@@ -336,7 +462,8 @@ static int run_train(st_cli_options *o)
     prog.report_memory = o->report_memory && !o->quiet;
     st_train_callbacks cb = { .on_step = ui_on_step, .on_epoch = ui_on_epoch,
                               .on_warning = ui_on_warning, .user = &ui,
-                              .on_params = o->sample ? ui_on_params : NULL };
+                              .on_params = o->sample || o->checkpoint_dir ? ui_on_params
+                                                                           : NULL };
     st_epoch_record final;
     if (st_train_run(&o->train, &train, &test, &cb, &final) != ST_OK) {
         fprintf(stderr, "%s", prog.bar_visible ? "\n" : "");
@@ -346,6 +473,8 @@ static int run_train(st_cli_options *o)
     if (!o->quiet)
         print_summary(&final);
     if (o->sample && print_sample(o, &final, &ui) != EXIT_SUCCESS)
+        goto out;
+    if (o->checkpoint_dir && write_final_weights(o, &ui) != EXIT_SUCCESS)
         goto out;
 
     if (prog.metrics_failed) {
@@ -360,6 +489,7 @@ out:
         status = EXIT_FAILURE;
     }
     free(ui.params);
+    free(init);
     st_dataset_free(&train);
     st_dataset_free(&test);
     return status;
@@ -391,5 +521,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "subtrain: %s\n", st_last_error());
         return EXIT_USAGE;
     }
-    return run_train(&o);
+    return o.action == ST_CLI_EVAL ? run_eval(&o) : run_train(&o);
 }

@@ -21,7 +21,7 @@ enum {
     OPT_SEGMENTS, OPT_CUTS, OPT_SYNTH_LABELS, OPT_SYNTH_SCALE, OPT_SYNTH_NOISE,
     OPT_RECOVERY_EPOCHS, OPT_AUGMENT_CROP, OPT_AUGMENT_FLIP,
     OPT_CONTEXT, OPT_HEADS, OPT_HOLDOUT, OPT_VAL_BYTES, OPT_EPOCH_WINDOWS,
-    OPT_SAMPLE, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K,
+    OPT_SAMPLE, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K, OPT_CHECKPOINT, OPT_INIT,
 };
 
 static const struct option long_options[] = {
@@ -34,6 +34,8 @@ static const struct option long_options[] = {
     { "val-bytes", required_argument, NULL, OPT_VAL_BYTES },
     { "epoch-windows", required_argument, NULL, OPT_EPOCH_WINDOWS },
     { "sample", required_argument, NULL, OPT_SAMPLE },
+    { "checkpoint", required_argument, NULL, OPT_CHECKPOINT },
+    { "init", required_argument, NULL, OPT_INIT },
     { "prompt", required_argument, NULL, OPT_PROMPT },
     { "temperature", required_argument, NULL, OPT_TEMPERATURE },
     { "top-k", required_argument, NULL, OPT_TOP_K },
@@ -191,6 +193,13 @@ void st_cli_print_help(FILE *f)
 "                         warmup, then cosine decay to 0 at the last step)\n"
 "  --warmup N             warmup steps of the cosine schedule (default: 5% of the run)\n"
 "  --seed N               seed of initialisation, shuffles and synthetic data (default 1)\n"
+"Checkpoints:\n"
+"  --checkpoint DIR       write the trained weights to DIR/final.safetensors\n"
+"  --init FILE            start from a safetensors file's weights (a fresh\n"
+"                         optimizer: fine-tuning); with 'subtrain eval': the\n"
+"                         weights to evaluate on the test set\n"
+"  subtrain eval --init FILE [data and model options]\n"
+"                         evaluate saved weights on the test set\n"
 "Output:\n"
 "  --metrics FILE         JSON Lines: one record per epoch and a final one\n"
 "  --report memory        every worker's peak memory by kind at the end\n"
@@ -482,6 +491,16 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         return o->epoch_windows ? 0 : fail(err, n, "--epoch-windows: expected an integer >= 1, "
                                            "got '%s'", arg);
     case OPT_SAMPLE: return parse_u64("sample", arg, 1000000ull, &o->sample, err, n);
+    case OPT_CHECKPOINT:
+        if (*arg == '\0')
+            return fail(err, n, "--checkpoint: expected a directory, got ''");
+        o->checkpoint_dir = arg;
+        return 0;
+    case OPT_INIT:
+        if (*arg == '\0')
+            return fail(err, n, "--init: expected a safetensors file, got ''");
+        o->init_path = arg;
+        return 0;
     case OPT_PROMPT: o->prompt = arg; return 0;
     case OPT_TEMPERATURE:
         return parse_float("temperature", arg, 0.0, 1000.0, 0, &o->temperature, err, n);
@@ -611,6 +630,10 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     if (argc > 1 && strcmp(argv[1], "train") == 0) { /* "train" stands for argv[0] */
         argc--;
         argv++;
+    } else if (argc > 1 && strcmp(argv[1], "eval") == 0) {
+        o->action = ST_CLI_EVAL;
+        argc--;
+        argv++;
     }
     seen saw = { 0 };
     st_cli_getopt_start();
@@ -725,5 +748,12 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
                         "--heads %d)", o->train.neuron_group, head, o->train.model.width,
                         o->train.model.heads);
     }
+    if (o->action == ST_CLI_EVAL && !o->init_path)
+        return fail(err, n, "eval needs --init FILE: the weights to evaluate");
+    if (o->action == ST_CLI_EVAL && (o->checkpoint_dir || o->metrics_path))
+        return fail(err, n, "eval writes no %s", o->checkpoint_dir ? "checkpoint" : "metrics");
+    if (o->init_path && o->train.strategy == ST_STRATEGY_SYNTH)
+        return fail(err, n, "--init does not apply to --strategy synth (its segments start from "
+                    "their own initial values)");
     return 0;
 }

@@ -13,7 +13,7 @@ typedef enum st_progress_mode {
     ST_PROGRESS_AUTO, ST_PROGRESS_BAR, ST_PROGRESS_PLAIN, ST_PROGRESS_NONE
 } st_progress_mode;
 
-typedef enum st_cli_action { ST_CLI_RUN, ST_CLI_HELP, ST_CLI_VERSION } st_cli_action;
+typedef enum st_cli_action { ST_CLI_RUN, ST_CLI_EVAL, ST_CLI_HELP, ST_CLI_VERSION } st_cli_action;
 
 /* What --data names (doc/cli.md). */
 typedef enum st_cli_data_kind {
@@ -50,6 +50,8 @@ typedef struct st_cli_options {
     uint64_t epoch_windows;    /* --epoch-windows: windows an epoch (0: a pass) */
     /* sampling after training (--model gpt) */
     uint64_t sample;           /* --sample: bytes to generate (0: none) */
+    const char *checkpoint_dir; /* --checkpoint: the final weights go there */
+    const char *init_path;     /* --init: weights to start from (eval: to evaluate) */
     const char *prompt;        /* --prompt: what they continue ("": a newline) */
     float temperature;         /* --temperature: 0 is greedy */
     int top_k;                 /* --top-k: 0 keeps all 256 bytes */

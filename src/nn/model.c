@@ -611,6 +611,24 @@ st_status st_model_evaluate(st_model *m, int rows, double *loss_sum, int64_t *co
     return ST_OK;
 }
 
+st_status st_model_load_full_params(st_model *m, const float *full)
+{
+    const int n = st_model_full_ranges(m, NULL, NULL, 0);
+    st_range *r = malloc((size_t)(n > 0 ? n : 1) * sizeof *r);
+    size_t *local = malloc((size_t)(n > 0 ? n : 1) * sizeof *local);
+    if (!r || !local) {
+        free(r);
+        free(local);
+        return st_fail(ST_ERR_NOMEM, "out of memory loading a model's parameters");
+    }
+    st_model_full_ranges(m, r, local, n);
+    for (int k = 0; k < n; k++)
+        memcpy(m->params + local[k], full + r[k].begin, (r[k].end - r[k].begin) * sizeof *full);
+    free(r);
+    free(local);
+    return ST_OK;
+}
+
 size_t st_model_full_param_count(const st_model *m)
 {
     st_model full;

@@ -74,6 +74,9 @@ st_status st_train_config_check(const st_train_config *c)
         c->strategy == ST_STRATEGY_SYNTH)
         return st_fail(ST_ERR_INVALID, "--model %s (batch norm) does not train with --strategy "
                        "synth", st_model_kind_name(c->model.kind));
+    if (c->init_params && c->strategy == ST_STRATEGY_SYNTH)
+        return st_fail(ST_ERR_INVALID, "--init does not apply to --strategy synth (its segments "
+                       "start from their own initial values)");
     if (c->bn_calibration < 0 || c->bn_calibration > 100000)
         return st_fail(ST_ERR_INVALID, "--bn-calibration must be in [0, 100000] batches, got %d",
                        c->bn_calibration);

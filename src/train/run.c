@@ -156,6 +156,14 @@ st_comm_bytes st_run_engine_bytes(const run_shared *r, int w)
     return st_comm_bytes_per_step(r->comm, w);
 }
 
+st_status st_run_initial_range(const st_train_config *cfg, size_t begin, size_t end, float *out)
+{
+    if (!cfg->init_params)
+        return st_model_init_full_range(&cfg->model, cfg->seed, begin, end, out);
+    memcpy(out, cfg->init_params + begin, (end - begin) * sizeof *out);
+    return ST_OK;
+}
+
 /* ------------------------------------------------------------ evaluation */
 
 st_status st_run_evaluate_model(st_model *m, const st_dataset *d, double *loss, double *acc)

@@ -171,6 +171,10 @@ st_comm_bytes st_run_engine_bytes(const run_shared *r, int w);
  * batches of the model's batch (padding rows zero): the mean loss and the
  * accuracy.  Worker 0's full model (subnetworks) and synth's joined
  * network. */
+/* The initial values of elements [begin, end) of the full model: the
+ * seed's, or those of cfg->init_params (--init). */
+st_status st_run_initial_range(const st_train_config *cfg, size_t begin, size_t end, float *out);
+
 st_status st_run_evaluate_model(st_model *m, const st_dataset *d, double *loss, double *acc);
 
 /* The test set split round-robin over the workers' replicas (all identical

@@ -175,8 +175,8 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
     /* weights no subnetwork holds yet have their initial values too */
     if (s->sn.unheld_possible)
-        ST_TRY(st_model_init_full_range(&r->cfg->model, r->cfg->seed, shard.begin, shard.end,
-                                        st_comm_shard_params(masters(r, s), wid)));
+        ST_TRY(st_run_initial_range(r->cfg, shard.begin, shard.end,
+                                    st_comm_shard_params(masters(r, s), wid)));
     if (wid == 0 && !s->sn.backward)
         ST_TRY(st_subnets_build_eval(&s->sn, r->cfg, &r->cfg->model, backend));
     return ST_OK;

@@ -30,6 +30,8 @@ st_status st_worker_build_model(st_worker *w, const st_train_config *cfg)
     w->model_mark = st_arena_get_mark(&w->arena);
     ST_TRY(st_model_create(&cfg->model, cfg->batch, &w->arena, &w->model));
     st_model_init_params(w->model, cfg->seed);
+    if (cfg->init_params)   /* --init: a checkpoint's weights instead */
+        ST_TRY(st_model_load_full_params(w->model, cfg->init_params));
     return ST_OK;
 }
 
