@@ -10,6 +10,7 @@
 #ifndef SUBTRAIN_TRAIN_H
 #define SUBTRAIN_TRAIN_H
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <subtrain/arena.h>
@@ -117,6 +118,7 @@ typedef struct st_epoch_record {
     int epochs;               /* epochs in the run (the last may be partial) */
     uint64_t step;
     int final;
+    int interrupted;          /* final record of a run stopped early (stop) */
     double train_loss;        /* mean of the epoch's step losses; synth segment
                                * epochs: the last segment's cross-entropy on
                                * synthetic inputs (= segment_loss[S - 1]),
@@ -177,6 +179,13 @@ typedef struct st_train_callbacks {
      * parameters in the full layout (st_model_config_segments names them),
      * valid during the call — to save or inspect them.  May be NULL. */
     void (*on_params)(const float *params, size_t count, void *user);
+    /* A graceful stop (a signal handler sets *stop non-zero): every worker
+     * finishes the step it is in, the run evaluates and writes its final
+     * record with `interrupted` set, and returns ST_OK.  The workers agree
+     * on the step at a barrier per step (only when stop is given: a few
+     * microseconds, nothing numeric changes).  ist stops at the end of the
+     * round; synth does not stop early.  NULL: no graceful stop. */
+    const volatile sig_atomic_t *stop;
 } st_train_callbacks;
 
 /* Trains with cfg->workers worker threads, each pinned to its core (the

@@ -2,11 +2,14 @@
  * cli/main.c — the `subtrain` command.
  *
  * Exit status: 0 on success, 1 when something failed at run time (data,
- * memory, oneDNN, numerics), 2 for bad usage.  Every failure is one line on
+ * memory, oneDNN, numerics), 2 for bad usage, 128 + the signal after a run
+ * stopped by SIGINT, SIGTERM or SIGUSR1 (130, 143, 138) that finished its
+ * step, its records and its checkpoint.  Every failure is one line on
  * stderr that says what went wrong.
  */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -325,7 +328,8 @@ static int load_init(const st_cli_options *o, float **out)
 
 /* --checkpoint DIR: the trained weights as DIR/final.safetensors, with
  * what made them in the metadata. */
-static int write_final_weights(const st_cli_options *o, const run_ui *ui)
+static int write_final_weights(const st_cli_options *o, const st_epoch_record *final,
+                               const run_ui *ui)
 {
     char path[4096], config[512];
     if (mkdir(o->checkpoint_dir, 0755) != 0 && errno != EEXIST) {
@@ -347,11 +351,16 @@ static int write_final_weights(const st_cli_options *o, const run_ui *ui)
     const dnnl_version_t *v = dnnl_version();
     char onednn[32];
     snprintf(onednn, sizeof onednn, "%d.%d.%d", v->major, v->minor, v->patch);
-    const st_st_meta meta[3] = { { "subtrain.config", config }, { "subtrain.data", o->data },
-                                 { "onednn.version", onednn } };
+    /* ist evaluates its blocks' branches scaled by 1 / workers: eval does too */
+    char scale[32] = "1";
+    if (o->train.strategy == ST_STRATEGY_IST && o->train.ist_eval_scale && final->workers > 0)
+        snprintf(scale, sizeof scale, "%.9g", 1.0 / final->workers);
+    const st_st_meta meta[4] = { { "subtrain.config", config }, { "subtrain.data", o->data },
+                                 { "onednn.version", onednn },
+                                 { "subtrain.eval_branch_scale", scale } };
     st_model_config mc = *m;
     memset(&mc.subnet, 0, sizeof mc.subnet);
-    if (st_checkpoint_write_weights(path, &mc, ui->params, meta, 3) != ST_OK)
+    if (st_checkpoint_write_weights(path, &mc, ui->params, meta, 4) != ST_OK)
         return runtime_error("--checkpoint");
     if (!o->quiet)
         printf("weights: %s\n", path);
@@ -374,6 +383,13 @@ static int run_eval(st_cli_options *o)
     int status = load_init(o, &params);
     st_model_config mc = o->train.model;
     memset(&mc.subnet, 0, sizeof mc.subnet);
+    st_safetensors f;   /* the branch scale the training run evaluated with (ist) */
+    if (status == EXIT_SUCCESS && st_safetensors_read(o->init_path, &f) == ST_OK) {
+        const char *scale = st_safetensors_meta(&f, "subtrain.eval_branch_scale");
+        if (scale && strtod(scale, NULL) > 0.0 && strtod(scale, NULL) < 1.0)
+            mc.subnet.scale = (float)strtod(scale, NULL);
+        st_safetensors_free(&f);
+    }
     const int B = o->train.batch;
     if (status == EXIT_SUCCESS && st_model_create(&mc, B, &arena, &m) != ST_OK)
         status = runtime_error("eval: building the model");
@@ -414,8 +430,44 @@ static int run_eval(st_cli_options *o)
     return status;
 }
 
+/* Graceful stop: the first SIGINT, SIGTERM or SIGUSR1 asks the run to
+ * finish its step (st_train_callbacks.stop); a second SIGINT ends the
+ * process at once.  Only async-signal-safe calls here. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig)
+{
+    static const char again[] = "\nsubtrain: interrupted again: stopping now\n";
+    static const char first[] = "\nsubtrain: stopping after the current step (interrupt again "
+                                "to stop at once)\n";
+    if (stop_signal && sig == SIGINT) {
+        ssize_t w = write(STDERR_FILENO, again, sizeof again - 1);
+        (void)w;
+        _exit(128 + SIGINT);
+    }
+    if (!stop_signal) {
+        stop_signal = sig;
+        ssize_t w = write(STDERR_FILENO, first, sizeof first - 1);
+        (void)w;
+    }
+}
+
+static void install_stop_handlers(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
 static int run_train(st_cli_options *o)
 {
+    /* from the start: a signal while the data load stops the run after
+     * its first step, with its records, rather than losing them */
+    install_stop_handlers();
     st_dataset train, test;
     if (load_data_for_model(o, &train, &test) != EXIT_SUCCESS)
         return EXIT_FAILURE;
@@ -463,7 +515,8 @@ static int run_train(st_cli_options *o)
     st_train_callbacks cb = { .on_step = ui_on_step, .on_epoch = ui_on_epoch,
                               .on_warning = ui_on_warning, .user = &ui,
                               .on_params = o->sample || o->checkpoint_dir ? ui_on_params
-                                                                           : NULL };
+                                                                           : NULL,
+                              .stop = &stop_signal };
     st_epoch_record final;
     if (st_train_run(&o->train, &train, &test, &cb, &final) != ST_OK) {
         fprintf(stderr, "%s", prog.bar_visible ? "\n" : "");
@@ -472,16 +525,21 @@ static int run_train(st_cli_options *o)
     }
     if (!o->quiet)
         print_summary(&final);
+    if (final.interrupted && !o->quiet)
+        printf("interrupted by signal %d after step %llu\n", (int)stop_signal,
+               (unsigned long long)final.step);
     if (o->sample && print_sample(o, &final, &ui) != EXIT_SUCCESS)
         goto out;
-    if (o->checkpoint_dir && write_final_weights(o, &ui) != EXIT_SUCCESS)
+    if (o->checkpoint_dir && write_final_weights(o, &final, &ui) != EXIT_SUCCESS)
         goto out;
 
     if (prog.metrics_failed) {
         fprintf(stderr, "subtrain: writing the metrics file '%s' failed\n", o->metrics_path);
         goto out;
     }
-    status = EXIT_SUCCESS;
+    /* a run stopped by a signal exits as the signal would have, after
+     * finishing its step, its records and its checkpoint */
+    status = final.interrupted ? 128 + (int)stop_signal : EXIT_SUCCESS;
 out:
     if (prog.metrics && fclose(prog.metrics) != 0 && status == EXIT_SUCCESS) {
         fprintf(stderr, "subtrain: closing the metrics file '%s' failed: %s\n",

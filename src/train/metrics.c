@@ -14,7 +14,11 @@
 int st_metrics_write(FILE *f, const st_epoch_record *r)
 {
     const st_mem_stats *m = &r->memory;
-    fprintf(f, "{\"epoch\":%d,\"step\":%llu,\"final\":%s,\"train_loss\":%.6f,"
+    if (r->interrupted)   /* only then: other records stay as they were */
+        fprintf(f, "{\"interrupted\":true,");
+    else
+        fputc('{', f);
+    fprintf(f, "\"epoch\":%d,\"step\":%llu,\"final\":%s,\"train_loss\":%.6f,"
                "\"test_loss\":%.6f,\"test_acc\":%.4f,\"samples_per_s\":%.1f,"
                "\"wall_s\":%.3f,\"lr\":%.6g,\"workers\":%d,\"peak_bytes\":%zu,"
                "\"peak_bytes_by_kind\":{",

@@ -91,6 +91,8 @@ typedef struct run_shared {
                                        * epoch order_offset + e (synth recovery
                                        * follows the segment epochs' orders) */
     atomic_int failed;                /* the first failure wins the message */
+    atomic_ullong stop_step;          /* graceful stop: the last step (0: none yet),
+                                       * set once by worker 0 (train.c) */
     st_status error_status;
     char error[512];
     st_epoch_record final;

@@ -138,15 +138,40 @@ void st_loop_epoch_order(run_shared *r, st_worker *w, int epoch)
     st_epoch_order(r->cfg->seed, w->epoch, w->order, r->train->count);
 }
 
-st_status st_loop_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, float *loss,
-                       float *lr)
+/* `stopping`: the run stops after this step (a round ends here). */
+static st_status st_loop_step_last(run_shared *r, st_worker *w, uint64_t i, uint64_t step,
+                                   int stopping, float *loss, float *lr)
 {
     const run_plan *p = &r->plan;
     ST_TRY(r->ops->step(r, r->strategy, w, i, step, loss, lr));
     if (!r->ops->round_end)
         return ST_OK;
-    int last = i + 1 == p->steps_per_epoch || step == p->total_steps;
+    int last = i + 1 == p->steps_per_epoch || step == p->total_steps || stopping;
     return r->ops->round_end(r, r->strategy, w, step, last);
+}
+
+st_status st_loop_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, float *loss,
+                       float *lr)
+{
+    return st_loop_step_last(r, w, i, step, 0, loss, lr);
+}
+
+/* Whether the run stops after `step`, the same answer for every worker.
+ * Worker 0 reads the request and, the first time it sees one, names the
+ * step (stop_step, written once); everyone reads it after a barrier.  A
+ * worker still at an earlier step reads a later step there and goes on:
+ * worker 0 cannot name step s + 1 before every worker has passed step
+ * s's barrier, so no two workers stop at different steps. */
+static int stop_here(run_shared *r, st_worker *w, uint64_t step)
+{
+    if (!r->cb || !r->cb->stop)
+        return 0;
+    if (w->id == 0 && *r->cb->stop && atomic_load(&r->stop_step) == 0)
+        atomic_store(&r->stop_step, step);
+    if (st_run_sync(r, w->id) != ST_OK)
+        return 0;   /* aborted: the step reports the failure */
+    const uint64_t s = atomic_load(&r->stop_step);
+    return s != 0 && s <= step;
 }
 
 /* ------------------------------------------------------------ the epochs */
@@ -164,16 +189,19 @@ static st_status run_epochs(run_shared *r, st_worker *w)
     st_epoch_record rec;
     memset(&rec, 0, sizeof rec);
 
-    for (int epoch = 1; epoch <= p->epochs; epoch++) {
+    int stopped = 0;
+    for (int epoch = 1; epoch <= p->epochs && !stopped; epoch++) {
         st_loop_epoch_order(r, w, epoch);
         memset(&slot->times, 0, sizeof slot->times);
         double loss_sum = 0.0, te = st_run_now_s();
         uint64_t n = 0;
         float lr = 0.0f;
-        for (uint64_t i = 0; i < p->steps_per_epoch && step < p->total_steps; i++, n++) {
+        for (uint64_t i = 0; i < p->steps_per_epoch && step < p->total_steps && !stopped;
+             i++, n++) {
             float loss = 0.0f;
             step++;
-            ST_TRY(st_loop_step(r, w, i, step, &loss, &lr));
+            stopped = stop_here(r, w, step);
+            ST_TRY(st_loop_step_last(r, w, i, step, stopped, &loss, &lr));
             if (w->id == 0) {
                 loss_sum += loss;
                 st_run_report_step(r, epoch, step, loss, lr, train_time + (st_run_now_s() - te));
@@ -207,6 +235,7 @@ static st_status run_epochs(run_shared *r, st_worker *w)
     }
     if (w->id == 0) {
         rec.final = 1;
+        rec.interrupted = stopped;
         rec.samples_per_s = (double)step * global_batch / train_time;
         if (r->cb && r->cb->on_epoch)
             r->cb->on_epoch(&rec, r->cb->user);
