@@ -218,7 +218,8 @@ void st_cli_print_help(FILE *f)
 "  -h, --help             this text\n"
 "  -V, --version          version and library versions\n"
 "\n"
-"Exit status: 0 success, 1 runtime failure (data, memory, numerics), 2 bad usage.\n"
+"Exit status: 0 success, 1 runtime failure (data, memory, numerics), 2 bad usage,\n"
+"130/143/138 stopped by SIGINT/SIGTERM/SIGUSR1 after the current step.\n"
 "Documentation: doc/cli.md in the source tree.\n", f);
 }
 
