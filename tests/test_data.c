@@ -1622,6 +1622,7 @@ static void heapwatch_execute(void)
 
 Test(augment, an_augmented_gather_makes_no_heap_call)
 {
+    HEAPWATCH_SKIP_IF_OFF();
     st_dataset d;
     image_set(&d, 256);
     d.augment = (st_augment){ .crop = 3, .flip = 1, .seed = 11 };

@@ -2171,6 +2171,7 @@ Test(activation, relu_on_an_nchw_tensor)
  * assertions may allocate). */
 Test(cnn_layers, forward_and_backward_make_no_heap_call)
 {
+    HEAPWATCH_SKIP_IF_OFF();
     omp_set_num_threads(1);
     env e;
     env_init(&e, 161);

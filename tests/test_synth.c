@@ -750,6 +750,7 @@ static void watch_epoch(const st_epoch_record *rec, void *user)
  * (noise, cross-entropy, its group's engine). */
 Test(train, a_segment_step_makes_no_heap_allocation, .timeout = 60)
 {
+    HEAPWATCH_SKIP_IF_OFF();
     st_dataset train, test;
     make_data(5, &train, &test);
     st_train_config c = synth_config(4, 3, 1);

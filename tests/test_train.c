@@ -224,6 +224,7 @@ Test(train, a_diverging_run_stops_with_a_numerical_error)
 
 Test(train, a_training_step_makes_no_heap_allocation)
 {
+    HEAPWATCH_SKIP_IF_OFF();
     st_dataset train, test;
     make_data(5, &train, &test);
     st_train_config c = small_config(ST_MODEL_RESMLP);
@@ -481,6 +482,7 @@ static void assert_no_heap_call_on(const st_train_config *c, const st_dataset *t
 
 Test(dp, a_data_parallel_step_makes_no_heap_allocation, .timeout = 60)
 {
+    HEAPWATCH_SKIP_IF_OFF();
     st_train_config c = dp_config(2, 32, 40);
     assert_steps_make_no_heap_call(&c, "data parallelism");
 }
@@ -834,6 +836,7 @@ Test(sdp_neuron, half_coverage_learns_with_less_memory, .timeout = 120)
  * per-run weight-gradient products, skipped unheld weights. */
 Test(sdp_neuron, a_step_makes_no_heap_allocation, .timeout = 60)
 {
+    HEAPWATCH_SKIP_IF_OFF();
     st_train_config c = neuron_sdp_config(ST_MODEL_RESMLP, 2, 0.5, 40);
     c.batch = 32;
     assert_steps_make_no_heap_call(&c, "sdp neuron forward (resmlp)");
@@ -1225,6 +1228,7 @@ Test(gpt, every_strategy_trains_every_parameter, .timeout = 240)
 
 Test(gpt, a_step_makes_no_heap_allocation, .timeout = 60)
 {
+    HEAPWATCH_SKIP_IF_OFF();
     st_text t = gpt_text(30000);
     st_dataset train, test;
     cr_assert_eq(st_text_dataset(&t, 16, 1, 0, 1024, &train, &test), ST_OK);

@@ -452,18 +452,21 @@ static void assert_steps_make_no_heap_call(const st_train_config *c, const char 
 
 Test(trainer_heap, a_one_worker_step_makes_no_heap_call, .timeout = 120)
 {
+    HEAPWATCH_SKIP_IF_OFF();
     st_train_config c = config(ST_STRATEGY_DP, 1, 40);
     assert_steps_make_no_heap_call(&c, "dp, 1 worker");
 }
 
 Test(trainer_heap, a_two_worker_step_makes_no_heap_call, .timeout = 120)
 {
+    HEAPWATCH_SKIP_IF_OFF();
     st_train_config c = config(ST_STRATEGY_DP, 2, 40);
     assert_steps_make_no_heap_call(&c, "dp, 2 workers");
 }
 
 Test(trainer_heap, an_sdp_step_makes_no_heap_call, .timeout = 120)
 {
+    HEAPWATCH_SKIP_IF_OFF();
     st_train_config c = config(ST_STRATEGY_SDP, 2, 40);
     c.model.depth = 4;
     c.coverage = 0.5;
