@@ -88,6 +88,9 @@ st_status st_checkpoint_write_weights(const char *path, const st_model_config *c
  * its shape and dtype; a missing tensor, another shape or dtype, or a
  * tensor the model does not have is refused with a message naming it. */
 st_status st_checkpoint_read_weights(const char *path, const st_model_config *cfg, float *params);
+/* The same from a file already read (path: its name, for the messages). */
+st_status st_checkpoint_load_weights(const st_safetensors *f, const char *path,
+                                     const st_model_config *cfg, float *params);
 
 #ifdef __cplusplus
 }

@@ -66,20 +66,25 @@ st_status st_checkpoint_read_weights(const char *path, const st_model_config *cf
 {
     st_safetensors f;
     ST_TRY(st_safetensors_read(path, &f));
+    st_status s = st_checkpoint_load_weights(&f, path, cfg, params);
+    st_safetensors_free(&f);
+    return s;
+}
+
+st_status st_checkpoint_load_weights(const st_safetensors *f, const char *path,
+                                     const st_model_config *cfg, float *params)
+{
     st_param_segment *segs;
     int n;
-    st_status s = st_model_config_segments(cfg, &segs, &n);
-    if (s != ST_OK) {
-        st_safetensors_free(&f);
-        return s;
-    }
-    const char *kind = st_safetensors_meta(&f, "subtrain.model");
+    ST_TRY(st_model_config_segments(cfg, &segs, &n));
+    st_status s = ST_OK;
+    const char *kind = st_safetensors_meta(f, "subtrain.model");
     if (kind && strcmp(kind, st_model_kind_name(cfg->kind)) != 0)
         s = st_fail(ST_ERR_FORMAT, "%s: the weights of a %s model, not of %s", path, kind,
                     st_model_kind_name(cfg->kind));
     int found = 0;
     for (int i = 0; s == ST_OK && i < n; i++) {
-        const st_st_tensor *t = st_safetensors_find(&f, segs[i].name);
+        const st_st_tensor *t = st_safetensors_find(f, segs[i].name);
         const long long rows = segs[i].rows, cols = segs[i].cols;
         char shape[64];
         if (cols == 1)
@@ -102,19 +107,18 @@ st_status st_checkpoint_read_weights(const char *path, const st_model_config *cf
         memcpy(params + segs[i].offset, t->data, t->bytes);   /* the file's data may be unaligned */
         found++;
     }
-    if (s == ST_OK && found != f.n) {
-        for (int j = 0; j < f.n; j++) {
+    if (s == ST_OK && found != f->n) {
+        for (int j = 0; j < f->n; j++) {
             int known = 0;
             for (int i = 0; i < n && !known; i++)
-                known = strcmp(f.tensors[j].name, segs[i].name) == 0;
+                known = strcmp(f->tensors[j].name, segs[i].name) == 0;
             if (!known) {
                 s = st_fail(ST_ERR_FORMAT, "%s: tensor '%s' is not in the model: the weights of "
-                            "another model", path, f.tensors[j].name);
+                            "another model", path, f->tensors[j].name);
                 break;
             }
         }
     }
     free(segs);
-    st_safetensors_free(&f);
     return s;
 }

@@ -236,6 +236,15 @@ static int shown(uint8_t b)
  * with the trained parameters, continues the prompt.  It is the model the
  * run evaluated: ist evaluates with its blocks' branches scaled by
  * 1 / workers (--eval-branch-scale), so that scale is kept here too. */
+/* The branch scale the run evaluated with: ist's blocks' branches by
+ * 1 / workers (--eval-branch-scale), else none (0). */
+static float eval_branch_scale(const st_cli_options *o, const st_epoch_record *final)
+{
+    return o->train.strategy == ST_STRATEGY_IST && o->train.ist_eval_scale && final->workers > 0
+               ? 1.0f / (float)final->workers
+               : 0.0f;
+}
+
 static int print_sample(const st_cli_options *o, const st_epoch_record *final,
                         const run_ui *ui)
 {
@@ -247,8 +256,7 @@ static int print_sample(const st_cli_options *o, const st_epoch_record *final,
     }
     st_model_config mc = o->train.model;
     memset(&mc.subnet, 0, sizeof mc.subnet);
-    if (o->train.strategy == ST_STRATEGY_IST && o->train.ist_eval_scale && final->workers > 0)
-        mc.subnet.scale = 1.0f / (float)final->workers;
+    mc.subnet.scale = eval_branch_scale(o, final);
     const size_t n = (size_t)o->sample, plen = strlen(o->prompt);
     int status = EXIT_FAILURE;
     st_arena arena;
@@ -310,8 +318,10 @@ static int load_data_for_model(st_cli_options *o, st_dataset *train, st_dataset 
 }
 
 /* --init: the full model's parameters from a weights file, into *out
- * (malloc'd), checked against the model the options describe. */
-static int load_init(const st_cli_options *o, float **out)
+ * (malloc'd), checked against the model the options describe; and, when
+ * scale is not NULL, the branch scale the run that wrote it evaluated
+ * with (ist; 0: none). */
+static int load_init(const st_cli_options *o, float **out, float *scale)
 {
     st_model_config mc = o->train.model;
     memset(&mc.subnet, 0, sizeof mc.subnet);
@@ -321,9 +331,18 @@ static int load_init(const st_cli_options *o, float **out)
         fprintf(stderr, "subtrain: --init: out of memory for %zu parameters\n", n);
         return EXIT_FAILURE;
     }
-    if (st_checkpoint_read_weights(o->init_path, &mc, *out) != ST_OK)
+    st_safetensors f;
+    if (st_safetensors_read(o->init_path, &f) != ST_OK)
         return runtime_error("--init");
-    return EXIT_SUCCESS;
+    int status = EXIT_SUCCESS;
+    if (st_checkpoint_load_weights(&f, o->init_path, &mc, *out) != ST_OK)
+        status = runtime_error("--init");
+    const char *s = scale ? st_safetensors_meta(&f, "subtrain.eval_branch_scale") : NULL;
+    if (scale)
+        *scale = s && strtod(s, NULL) > 0.0 && strtod(s, NULL) < 1.0 ? (float)strtod(s, NULL)
+                                                                    : 0.0f;
+    st_safetensors_free(&f);
+    return status;
 }
 
 /* --checkpoint DIR: the trained weights as DIR/final.safetensors, with
@@ -351,10 +370,10 @@ static int write_final_weights(const st_cli_options *o, const st_epoch_record *f
     const dnnl_version_t *v = dnnl_version();
     char onednn[32];
     snprintf(onednn, sizeof onednn, "%d.%d.%d", v->major, v->minor, v->patch);
-    /* ist evaluates its blocks' branches scaled by 1 / workers: eval does too */
-    char scale[32] = "1";
-    if (o->train.strategy == ST_STRATEGY_IST && o->train.ist_eval_scale && final->workers > 0)
-        snprintf(scale, sizeof scale, "%.9g", 1.0 / final->workers);
+    /* the scale the run evaluated with: eval applies it too */
+    char scale[32];
+    const float s = eval_branch_scale(o, final);
+    snprintf(scale, sizeof scale, "%.9g", s > 0.0f ? (double)s : 1.0);
     const st_st_meta meta[4] = { { "subtrain.config", config }, { "subtrain.data", o->data },
                                  { "onednn.version", onednn },
                                  { "subtrain.eval_branch_scale", scale } };
@@ -380,16 +399,9 @@ static int run_eval(st_cli_options *o)
     st_model *m = NULL;
     st_arena arena;
     st_arena_init(&arena, "eval", NULL, 0);
-    int status = load_init(o, &params);
     st_model_config mc = o->train.model;
     memset(&mc.subnet, 0, sizeof mc.subnet);
-    st_safetensors f;   /* the branch scale the training run evaluated with (ist) */
-    if (status == EXIT_SUCCESS && st_safetensors_read(o->init_path, &f) == ST_OK) {
-        const char *scale = st_safetensors_meta(&f, "subtrain.eval_branch_scale");
-        if (scale && strtod(scale, NULL) > 0.0 && strtod(scale, NULL) < 1.0)
-            mc.subnet.scale = (float)strtod(scale, NULL);
-        st_safetensors_free(&f);
-    }
+    int status = load_init(o, &params, &mc.subnet.scale);
     const int B = o->train.batch;
     if (status == EXIT_SUCCESS && st_model_create(&mc, B, &arena, &m) != ST_OK)
         status = runtime_error("eval: building the model");
@@ -473,7 +485,7 @@ static int run_train(st_cli_options *o)
         return EXIT_FAILURE;
     float *init = NULL;
     if (o->init_path) {
-        if (load_init(o, &init) != EXIT_SUCCESS) {
+        if (load_init(o, &init, NULL) != EXIT_SUCCESS) {
             free(init);
             st_dataset_free(&train);
             st_dataset_free(&test);

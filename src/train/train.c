@@ -138,9 +138,8 @@ void st_loop_epoch_order(run_shared *r, st_worker *w, int epoch)
     st_epoch_order(r->cfg->seed, w->epoch, w->order, r->train->count);
 }
 
-/* `stopping`: the run stops after this step (a round ends here). */
-static st_status st_loop_step_last(run_shared *r, st_worker *w, uint64_t i, uint64_t step,
-                                   int stopping, float *loss, float *lr)
+st_status st_loop_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, int stopping,
+                       float *loss, float *lr)
 {
     const run_plan *p = &r->plan;
     ST_TRY(r->ops->step(r, r->strategy, w, i, step, loss, lr));
@@ -148,12 +147,6 @@ static st_status st_loop_step_last(run_shared *r, st_worker *w, uint64_t i, uint
         return ST_OK;
     int last = i + 1 == p->steps_per_epoch || step == p->total_steps || stopping;
     return r->ops->round_end(r, r->strategy, w, step, last);
-}
-
-st_status st_loop_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, float *loss,
-                       float *lr)
-{
-    return st_loop_step_last(r, w, i, step, 0, loss, lr);
 }
 
 /* Whether the run stops after `step`, the same answer for every worker.
@@ -201,7 +194,7 @@ static st_status run_epochs(run_shared *r, st_worker *w)
             float loss = 0.0f;
             step++;
             stopped = stop_here(r, w, step);
-            ST_TRY(st_loop_step_last(r, w, i, step, stopped, &loss, &lr));
+            ST_TRY(st_loop_step(r, w, i, step, stopped, &loss, &lr));
             if (w->id == 0) {
                 loss_sum += loss;
                 st_run_report_step(r, epoch, step, loss, lr, train_time + (st_run_now_s() - te));

@@ -72,10 +72,11 @@ void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *ord
     const int B = st_model_batch(w->model);
     float *x = st_model_input(w->model);
     int32_t *y = st_model_labels(w->model);
-    if (order)
-        st_dataset_gather_train(d, w->epoch, order + first, (size_t)rows, x, y);
-    else
-        st_dataset_gather_rows(d, first, rows, rows, x, y);
+    if (!order) {   /* stored order: the rows, then zero padding to B */
+        st_dataset_gather_rows(d, first, rows, B, x, y);
+        return;
+    }
+    st_dataset_gather_train(d, w->epoch, order + first, (size_t)rows, x, y);
     if (rows < B) {
         const size_t L = st_dataset_labels_per_sample(d);
         memset(x + (size_t)rows * d->dim, 0, (size_t)(B - rows) * d->dim * sizeof *x);

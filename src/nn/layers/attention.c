@@ -62,20 +62,24 @@ static st_status matmul(st_nn_ctx *ctx, st_prim *p, const dnnl_memory_desc_t *sr
     return ST_OK;
 }
 
-/* The probabilities (B, Hk, T, T), kept for the backward. */
-static st_status attn_alloc(st_model *m, st_layer *l)
-{
-    const int64_t dh = l->out / l->heads, Hk = st_graph_cols(m, l->y) / dh;
-    const size_t n = (size_t)(m->batch * Hk * m->cfg.context * m->cfg.context);
-    return st_arena_alloc_floats(m->arena, ST_MEM_ATTENTION, n, &l->saved[0]);
-}
-
-/* dP, then dS in place: one (B, Hk, T, T) scratch shared with the other
- * layers' backward scratch (one backward at a time). */
-static size_t attn_scratch(const st_model *m, const st_layer *l)
+/* Floats of a (B, Hk, T, T) tensor of the kept heads' scores. */
+static size_t scores_floats(const st_model *m, const st_layer *l)
 {
     const int64_t dh = l->out / l->heads, Hk = st_graph_cols(m, l->y) / dh;
     return (size_t)(m->batch * Hk * m->cfg.context * m->cfg.context);
+}
+
+/* The probabilities, kept for the backward. */
+static st_status attn_alloc(st_model *m, st_layer *l)
+{
+    return st_arena_alloc_floats(m->arena, ST_MEM_ATTENTION, scores_floats(m, l), &l->saved[0]);
+}
+
+/* dP, then dS in place: one scratch shared with the other layers'
+ * backward scratch (one backward at a time). */
+static size_t attn_scratch(const st_model *m, const st_layer *l)
+{
+    return scores_floats(m, l);
 }
 
 static st_status attn_build(st_model *m, st_layer *l)
@@ -103,17 +107,16 @@ static st_status attn_build(st_model *m, st_layer *l)
     const int64_t H = a->heads, X = 3 * Dk;   /* a token's row of x */
     const float *x = st_graph_data(m, l->x);
     float *y = st_graph_data(m, l->y), *P = l->saved[0];
-    /* x's parts as (B, H, T, dh) and their transposes (B, H, dh, T) */
-    dnnl_memory_desc_t q_md, kt_md, k_md, v_md, vt_md, y_md, p_md, pt_md;
-    md4(&q_md, B, H, T, dh, T * X, dh, X, 1);
-    md4(&k_md, B, H, T, dh, T * X, dh, X, 1);
-    md4(&kt_md, B, H, dh, T, T * X, dh, 1, X);
-    md4(&v_md, B, H, T, dh, T * X, dh, X, 1);
-    md4(&vt_md, B, H, dh, T, T * X, dh, 1, X);
+    /* Views, (B, H, rows, cols).  part: one of x's (and dx's) three parts,
+     * Q, K or V, at its offset; part_t its transpose; y: y's and dy's heads;
+     * p, p_t: the scores, probabilities and their gradients, dense. */
+    dnnl_memory_desc_t part_md, part_t_md, y_md, p_md, p_t_md;
+    md4(&part_md, B, H, T, dh, T * X, dh, X, 1);
+    md4(&part_t_md, B, H, dh, T, T * X, dh, 1, X);
     md4(&y_md, B, H, T, dh, T * Dk, dh, Dk, 1);
     md4(&p_md, B, H, T, T, H * T * T, T * T, T, 1);
-    md4(&pt_md, B, H, T, T, H * T * T, T * T, 1, T);
-    ST_TRY(matmul(&m->ctx, &a->scores, &q_md, x, &kt_md, x + Dk, &p_md, P, a->scale,
+    md4(&p_t_md, B, H, T, T, H * T * T, T * T, 1, T);
+    ST_TRY(matmul(&m->ctx, &a->scores, &part_md, x, &part_t_md, x + Dk, &p_md, P, a->scale,
                   "attention scores"));
     dnnl_memory_desc_t rows_md;
     st_md_matrix(&rows_md, B * H * T, T);
@@ -139,24 +142,18 @@ static st_status attn_build(st_model *m, st_layer *l)
     }
     st_prim_arg(&a->softmax, DNNL_ARG_SRC, mp);
     st_prim_arg(&a->softmax, DNNL_ARG_DST, mp);               /* in place */
-    ST_TRY(matmul(&m->ctx, &a->context, &p_md, P, &v_md, x + 2 * Dk, &y_md, y, 1.0f,
+    ST_TRY(matmul(&m->ctx, &a->context, &p_md, P, &part_md, x + 2 * Dk, &y_md, y, 1.0f,
                   "attention context"));
     if (!a->has_dx)
         return ST_OK;
-    /* dx's parts, where the projection's backward reads them */
-    dnnl_memory_desc_t dq_md, dk_md, dv_md, dy_md, dyk_md;
-    md4(&dq_md, B, H, T, dh, T * X, dh, X, 1);
-    dk_md = dq_md;
-    dv_md = dq_md;
-    md4(&dy_md, B, H, T, dh, T * Dk, dh, Dk, 1);
-    dyk_md = dy_md;
-    ST_TRY(matmul(&m->ctx, &a->d_v, &pt_md, P, &dyk_md, dy, &dv_md, dx + 2 * Dk, 1.0f,
+    /* dx's parts go where the projection's backward reads them */
+    ST_TRY(matmul(&m->ctx, &a->d_v, &p_t_md, P, &y_md, dy, &part_md, dx + 2 * Dk, 1.0f,
                   "attention backward dV"));
-    ST_TRY(matmul(&m->ctx, &a->d_probs, &dy_md, dy, &vt_md, x + 2 * Dk, &p_md, dS, 1.0f,
+    ST_TRY(matmul(&m->ctx, &a->d_probs, &y_md, dy, &part_t_md, x + 2 * Dk, &p_md, dS, 1.0f,
                   "attention backward dP"));
-    ST_TRY(matmul(&m->ctx, &a->d_q, &p_md, dS, &k_md, x + Dk, &dq_md, dx, a->scale,
+    ST_TRY(matmul(&m->ctx, &a->d_q, &p_md, dS, &part_md, x + Dk, &part_md, dx, a->scale,
                   "attention backward dQ"));
-    ST_TRY(matmul(&m->ctx, &a->d_k, &pt_md, dS, &q_md, x, &dk_md, dx + Dk, a->scale,
+    ST_TRY(matmul(&m->ctx, &a->d_k, &p_t_md, dS, &part_md, x, &part_md, dx + Dk, a->scale,
                   "attention backward dK"));
     return ST_OK;
 }

@@ -255,10 +255,6 @@ static int row_unit(const st_layer *l)
     return l->in_major ? l->in_unit : l->out_unit;
 }
 
-/* A linear layer from the kept `in` neurons to the kept `out` neurons of
- * the full layer: weight (rows: out neurons, or in neurons when in-major)
- * and bias.  Under backward masking, the rows of its row unit's neurons
- * with gradients. */
 /* Copy c of a selection of width layer neurons: sel's ids + c full,
  * for c < copies, into a malloc'd array (*owned, replacing what it held). */
 static int32_t *copy_ids(const st_neuron_sel *sel, int copies, int32_t **owned)
@@ -283,6 +279,10 @@ static const st_neuron_sel *out_sel(const st_model *m, const st_layer *l, st_neu
     return tmp;
 }
 
+/* A linear layer from the kept `in` neurons to the kept `out` neurons of
+ * the full layer: weight (rows: out neurons, or in neurons when in-major)
+ * and bias.  Under backward masking, the rows of its row unit's neurons
+ * with gradients. */
 static st_status linear_layout(st_model *m, st_layer *l)
 {
     st_neuron_sel tin, tout, tgrad;
