@@ -428,6 +428,172 @@ Test(cli, signals_stop_after_the_step_with_records_and_weights, .timeout = 180)
     expect_graceful_stop(SIGUSR1, "ist", 128 + SIGUSR1);
 }
 
+/* Whether two files hold the same bytes. */
+static int same_file(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    unsigned char *x = st_test_read_file(a, &na), *y = st_test_read_file(b, &nb);
+    int same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+/* The shell command of a run of `opts` writing into dir/name (its
+ * checkpoint directory, metrics, stdout and stderr). */
+static void run_cmd(char *cmd, size_t len, const char *opts, const char *dir, const char *name,
+                    const char *extra)
+{
+    snprintf(cmd, len, "'%s' %s --progress none --checkpoint '%s/%s' --metrics '%s/%s.jsonl' "
+             "%s >'%s/%s.out' 2>'%s/%s.err' </dev/null", getenv("SUBTRAIN_BIN"), opts, dir,
+             name, dir, name, extra, dir, name, dir, name);
+}
+
+/* A run stopped by SIGTERM once its first epoch record is out, with
+ * --checkpoint, then resumed with --resume DIR, ends with the weights of
+ * the same run never stopped, byte for byte; the stopped run's step
+ * checkpoint and interrupted record are there. */
+static void expect_exact_resume(const char *opts)
+{
+    char dir[ST_TEST_PATH_MAX], cmd[8 * ST_TEST_PATH_MAX], a[2 * ST_TEST_PATH_MAX],
+        b[2 * ST_TEST_PATH_MAX], rest[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    run_cmd(cmd, sizeof cmd, opts, dir, "straight", "");
+    int w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0, "%s: the straight run failed", opts);
+    run_cmd(cmd, sizeof cmd, opts, dir, "stopped", "");
+    char bg[9 * ST_TEST_PATH_MAX];
+    snprintf(bg, sizeof bg, "%s & pid=$!; i=0; while [ ! -s '%s/stopped.jsonl' ] && [ $i -lt 600 ]; "
+             "do sleep 0.05; i=$((i+1)); done; kill -TERM $pid; wait $pid", cmd, dir);
+    w = system(bg);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 143, "%s: the stopped run exited %d (it must "
+              "still be training when its first record is out)", opts, WEXITSTATUS(w));
+    char rec[1 << 16];
+    snprintf(a, sizeof a, "%s/stopped.jsonl", dir);
+    read_into(a, rec, sizeof rec);
+    cr_assert(strstr(rec, "{\"interrupted\":true,"), "%s", rec);
+    snprintf(rest, sizeof rest, "--resume '%s/stopped'", dir);
+    run_cmd(cmd, sizeof cmd, opts, dir, "resumed", rest);
+    w = system(cmd);
+    snprintf(a, sizeof a, "%s/resumed.err", dir);
+    read_into(a, rec, sizeof rec);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0, "%s: the resumed run failed: %s", opts, rec);
+    snprintf(a, sizeof a, "%s/straight/final.safetensors", dir);
+    snprintf(b, sizeof b, "%s/resumed/final.safetensors", dir);
+    cr_assert(same_file(a, b), "%s: resumed weights differ from the straight run's", opts);
+    st_test_rmdir(dir);
+}
+
+Test(cli, stopped_runs_resume_bitwise, .timeout = 240)
+{
+    const char *base = "--data synthetic --model mlp --depth 2 --width 32 --batch 32 "
+                       "--epochs 16 --workers 2";
+    char opts[512];
+    snprintf(opts, sizeof opts, "%s --strategy dp", base);
+    expect_exact_resume(opts);
+    snprintf(opts, sizeof opts, "%s --strategy sdp --subnet neuron --resample 5", base);
+    expect_exact_resume(opts);
+    snprintf(opts, sizeof opts, "%s --strategy ist --local-steps 7 --optimizer-state keep", base);
+    expect_exact_resume(opts);
+}
+
+/* --checkpoint-every with --keep: the newest K step files stay;
+ * SIGUSR1 with --usr1 checkpoint writes one more and the run goes on to
+ * the end, its weights those of a run never signalled. */
+Test(cli, periodic_checkpoints_keep_the_newest, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], cmd[8 * ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    const char *opts = "--data synthetic --model mlp --depth 2 --width 32 --batch 32 "
+                       "--steps 300 --workers 2";
+    run_cmd(cmd, sizeof cmd, opts, dir, "kept", "--checkpoint-every 50 --keep 2");
+    int w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0);
+    static const char *const want[] = { "step-00000200.safetensors",
+                                        "step-00000250.safetensors" };
+    static const char *const gone[] = { "step-00000050.safetensors", "step-00000150.safetensors",
+                                        "step-00000300.safetensors" };
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/kept/%s", dir, want[i]);
+        cr_assert_eq(access(path, R_OK), 0, "%s is missing", path);
+        snprintf(path, sizeof path, "%s/kept/%s", dir, gone[i]);
+        cr_assert_neq(access(path, F_OK), 0, "%s should not be there", path);
+    }
+    snprintf(path, sizeof path, "%s/kept/%s", dir, gone[2]);
+    cr_assert_neq(access(path, F_OK), 0, "no step checkpoint after the last step");
+
+    const char *longer = "--data synthetic --model mlp --depth 2 --width 32 --batch 32 "
+                         "--epochs 16 --workers 2";
+    run_cmd(cmd, sizeof cmd, longer, dir, "plain", "");
+    w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0);
+    run_cmd(cmd, sizeof cmd, longer, dir, "usr1", "--usr1 checkpoint");
+    char bg[9 * ST_TEST_PATH_MAX];
+    snprintf(bg, sizeof bg, "%s & pid=$!; i=0; while [ ! -s '%s/usr1.jsonl' ] && [ $i -lt 600 ]; "
+             "do sleep 0.05; i=$((i+1)); done; kill -USR1 $pid; wait $pid; "
+             "ls '%s/usr1' | grep -q '^step-'", cmd, dir, dir);
+    w = system(bg);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0, "SIGUSR1 with --usr1 checkpoint: exit %d, or "
+              "no step checkpoint", WEXITSTATUS(w));
+    char a[2 * ST_TEST_PATH_MAX];
+    snprintf(a, sizeof a, "%s/plain/final.safetensors", dir);
+    snprintf(path, sizeof path, "%s/usr1/final.safetensors", dir);
+    cr_assert(same_file(a, path), "a checkpoint on SIGUSR1 changed the run");
+    st_test_rmdir(dir);
+}
+
+/* --resume refuses, in one line, what would not continue this run. */
+Test(cli, resume_refuses_another_run_or_a_bad_file, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], cmd[8 * ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX],
+        step[2 * ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    const char *opts = "--data synthetic --model mlp --depth 2 --width 32 --batch 32 "
+                       "--steps 120 --workers 2";
+    run_cmd(cmd, sizeof cmd, opts, dir, "ck", "--checkpoint-every 100");
+    int w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0);
+    snprintf(step, sizeof step, "%s/ck/step-00000100.safetensors", dir);
+    static const struct { const char *change, *needle; } other[] = {
+        { "--workers 1", "its run had workers 2, this one has 1" },
+        { "--workers 2 --strategy ist", "its run had strategy dp, this one has ist" },
+        { "--workers 2 --width 16", "its run had width 32, this one has 16" },
+        { "--workers 2 --seed 7", "its run had seed 1, this one has 7" },
+        { "--workers 2 --lr 0.01", "its run had lr" },
+        { "--workers 2 --steps 200", "its run had steps 120, this one has 200" },
+    };
+    for (size_t i = 0; i < sizeof other / sizeof *other; i++) {
+        snprintf(args, sizeof args, "--data synthetic --model mlp --depth 2 --width 32 "
+                 "--batch 32 --steps 120 %s --resume '%s'", other[i].change, step);
+        expect_runtime_error(NULL, args, other[i].needle);
+    }
+    /* weights only, no checkpoint in the directory, a truncated file, a bad header */
+    snprintf(args, sizeof args, "%s --resume '%s/ck/final.safetensors'", opts, dir);
+    expect_runtime_error(NULL, args, "holds weights only");
+    snprintf(args, sizeof args, "%s --resume '%s'", opts, dir);
+    expect_runtime_error(NULL, args, "holds no step checkpoint");
+    size_t n = 0;
+    unsigned char *b = st_test_read_file(step, &n);
+    cr_assert(b && n > 1000);
+    snprintf(path, sizeof path, "%s/cut.safetensors", dir);
+    cr_assert_eq(st_test_write_file(path, b, n - 100), 0);
+    snprintf(args, sizeof args, "%s --resume '%s'", opts, path);
+    expect_runtime_error(NULL, args, "cut.safetensors");
+    b[9] = 'x';   /* the JSON header's first key */
+    snprintf(path, sizeof path, "%s/bad.safetensors", dir);
+    cr_assert_eq(st_test_write_file(path, b, n), 0);
+    snprintf(args, sizeof args, "%s --resume '%s'", opts, path);
+    expect_runtime_error(NULL, args, "bad.safetensors");
+    free(b);
+    st_test_rmdir(dir);
+    expect_usage_error("--data synthetic --keep 2", "--keep needs --checkpoint DIR");
+    expect_usage_error("--data synthetic --checkpoint x --checkpoint-every 0",
+                       "--checkpoint-every");
+    expect_usage_error("--data synthetic --usr1 later", "--usr1");
+    expect_usage_error("--data synthetic --init a --resume b", "--init and --resume");
+    expect_usage_error("--data synthetic --strategy synth --resume b", "synth");
+}
+
 /* n CIFAR-10 records into dir/name. */
 static void write_cifar10_file(const char *dir, const char *name, int n)
 {

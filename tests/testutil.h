@@ -83,8 +83,9 @@ static inline unsigned char *st_test_read_file(const char *path, size_t *len)
     return buf;
 }
 
-/* Removes dir and the plain files in it (one level: what the tests make). */
-static inline void st_test_rmdir(const char *dir)
+/* Removes dir and what is in it (two levels: the tests' runs write
+ * checkpoint directories into their own). */
+static inline void st_test_rmdir_depth(const char *dir, int depth)
 {
     DIR *d = opendir(dir);
     if (d) {
@@ -93,11 +94,18 @@ static inline void st_test_rmdir(const char *dir)
         while ((e = readdir(d)) != NULL) {
             if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
                 continue;
-            unlink(st_test_path(path, dir, e->d_name));
+            st_test_path(path, dir, e->d_name);
+            if (unlink(path) != 0 && depth > 0)
+                st_test_rmdir_depth(path, depth - 1);
         }
         closedir(d);
     }
     rmdir(dir);
+}
+
+static inline void st_test_rmdir(const char *dir)
+{
+    st_test_rmdir_depth(dir, 1);
 }
 
 #endif /* SUBTRAIN_TESTUTIL_H */

@@ -82,15 +82,27 @@ void st_safetensors_free(st_safetensors *f);
  * the caller's metadata and "subtrain.version", "subtrain.model". */
 st_status st_checkpoint_write_weights(const char *path, const st_model_config *cfg,
                                       const float *params, const st_st_meta *meta, int n_meta);
+/* The same with more tensors after the weights: a training state's, named
+ * under ST_CHECKPOINT_STATE_PREFIX (which weight readers skip). */
+st_status st_checkpoint_write(const char *path, const st_model_config *cfg, const float *params,
+                              const st_st_tensor *extra, int n_extra, const st_st_meta *meta,
+                              int n_meta);
+#define ST_CHECKPOINT_STATE_PREFIX "train."
 
 /* Reads a weights file into the full model's flat vector of cfg
  * (st_model_config_param_count floats): every segment must be there with
  * its shape and dtype; a missing tensor, another shape or dtype, or a
  * tensor the model does not have is refused with a message naming it. */
 st_status st_checkpoint_read_weights(const char *path, const st_model_config *cfg, float *params);
-/* The same from a file already read (path: its name, for the messages). */
+/* The same from a file already read (path: its name, for the messages).
+ * Tensors of a training state (ST_CHECKPOINT_STATE_PREFIX) are skipped. */
 st_status st_checkpoint_load_weights(const st_safetensors *f, const char *path,
                                      const st_model_config *cfg, float *params);
+
+/* --resume DIR: the step checkpoint of DIR with the highest step
+ * (DIR/step-NNNNNNNN.safetensors) into path; a path that is a file is
+ * itself.  Fails, naming DIR, when it holds none. */
+st_status st_checkpoint_latest(const char *dir_or_file, char *path, size_t path_len);
 
 #ifdef __cplusplus
 }

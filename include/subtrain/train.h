@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <subtrain/arena.h>
+#include <subtrain/checkpoint.h>
 #include <subtrain/data.h>
 #include <subtrain/model.h>
 #include <subtrain/optim.h>
@@ -31,6 +32,22 @@ typedef enum st_strategy {
 
 const char *st_strategy_name(st_strategy s);
 st_status st_strategy_parse(const char *name, st_strategy *out);
+
+/* Checkpoints of a run's whole training state (doc/checkpoints.md): every
+ * file DIR/step-NNNNNNNN.safetensors holds the full model's weights (as a
+ * weights file: any safetensors reader, --init) and, as tensors under
+ * "train." and metadata, what continues the run bitwise: each worker's
+ * optimizer vectors and running statistics, the strategy's own state, the
+ * step, the position in the epoch, the loss summed so far. */
+typedef struct st_checkpoint_plan {
+    const char *dir;          /* NULL: no checkpoints (created if missing) */
+    uint64_t every;           /* after every this many steps (ist: at the
+                               * next round end); 0: not by steps */
+    int every_epoch;          /* after each epoch's record */
+    int keep;                 /* the newest K step files stay; 0: all */
+    const st_st_meta *meta;   /* added to every file's metadata */
+    int n_meta;
+} st_checkpoint_plan;
 
 typedef struct st_train_config {
     st_strategy strategy;     /* dp: every worker trains the full model;
@@ -88,6 +105,13 @@ typedef struct st_train_config {
     const float *init_params; /* NULL: initial values from the seed; else the full
                                * model's parameters to start from (--init: a
                                * checkpoint's weights, a fresh optimizer) */
+    st_checkpoint_plan checkpoint;
+    /* NULL: a new run; else a step checkpoint of this very run (same
+     * options, workers and data) to continue from: the rest of the run is
+     * bitwise the run that was never stopped.  resume_name names it in
+     * messages. */
+    const st_safetensors *resume;
+    const char *resume_name;
 } st_train_config;
 
 #define ST_WARMUP_AUTO UINT64_MAX
@@ -184,8 +208,16 @@ typedef struct st_train_callbacks {
      * record with `interrupted` set, and returns ST_OK.  The workers agree
      * on the step at a barrier per step (only when stop is given: a few
      * microseconds, nothing numeric changes).  ist stops at the end of the
-     * round; synth does not stop early.  NULL: no graceful stop. */
+     * round; synth does not stop early.  With checkpoint.dir set, the
+     * state at the stop is written first (a step checkpoint).  NULL: no
+     * graceful stop. */
     const volatile sig_atomic_t *stop;
+    /* Set non-zero (a signal handler: SIGUSR1): a step checkpoint at the
+     * next step the state is whole, then the run goes on; worker 0 resets
+     * it when it takes the request.  NULL: none. */
+    volatile sig_atomic_t *checkpoint_now;
+    /* After each checkpoint file is complete (worker 0).  May be NULL. */
+    void (*on_checkpoint)(const char *path, uint64_t step, void *user);
 } st_train_callbacks;
 
 /* Trains with cfg->workers worker threads, each pinned to its core (the

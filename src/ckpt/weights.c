@@ -3,9 +3,13 @@
  * tensor per parameter segment, named and shaped as the model lays it
  * out (subtrain/checkpoint.h).
  */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <subtrain/checkpoint.h>
 #include <subtrain/version.h>
@@ -15,10 +19,17 @@
 st_status st_checkpoint_write_weights(const char *path, const st_model_config *cfg,
                                       const float *params, const st_st_meta *meta, int n_meta)
 {
+    return st_checkpoint_write(path, cfg, params, NULL, 0, meta, n_meta);
+}
+
+st_status st_checkpoint_write(const char *path, const st_model_config *cfg, const float *params,
+                              const st_st_tensor *extra, int n_extra, const st_st_meta *meta,
+                              int n_meta)
+{
     st_param_segment *segs;
     int n;
     ST_TRY(st_model_config_segments(cfg, &segs, &n));
-    st_st_tensor *t = calloc((size_t)(n ? n : 1), sizeof *t);
+    st_st_tensor *t = calloc((size_t)n + (size_t)n_extra + 1, sizeof *t);
     st_st_meta *m = calloc((size_t)n_meta + 3, sizeof *m);
     /* the in-major matrices, by name: "a,b,c" */
     size_t cap = 1;
@@ -50,16 +61,25 @@ st_status st_checkpoint_write_weights(const char *path, const st_model_config *c
             strcat(in_major, segs[i].name);
         }
     }
-    memcpy(m, meta, (size_t)n_meta * sizeof *m);
+    if (n_extra)
+        memcpy(t + n, extra, (size_t)n_extra * sizeof *t);
+    if (n_meta)
+        memcpy(m, meta, (size_t)n_meta * sizeof *m);
     m[n_meta] = (st_st_meta){ "subtrain.version", SUBTRAIN_VERSION };
     m[n_meta + 1] = (st_st_meta){ "subtrain.model", st_model_kind_name(cfg->kind) };
     m[n_meta + 2] = (st_st_meta){ "subtrain.in_major", in_major };
-    st_status s = st_safetensors_write(path, t, n, m, n_meta + 3);
+    st_status s = st_safetensors_write(path, t, n + n_extra, m, n_meta + 3);
     free(segs);
     free(t);
     free(m);
     free(in_major);
     return s;
+}
+
+/* A training state's tensor, not a weight. */
+static int is_state(const char *name)
+{
+    return strncmp(name, ST_CHECKPOINT_STATE_PREFIX, strlen(ST_CHECKPOINT_STATE_PREFIX)) == 0;
 }
 
 st_status st_checkpoint_read_weights(const char *path, const st_model_config *cfg, float *params)
@@ -107,9 +127,12 @@ st_status st_checkpoint_load_weights(const st_safetensors *f, const char *path,
         memcpy(params + segs[i].offset, t->data, t->bytes);   /* the file's data may be unaligned */
         found++;
     }
-    if (s == ST_OK && found != f->n) {
+    int state = 0;
+    for (int j = 0; j < f->n; j++)
+        state += is_state(f->tensors[j].name);
+    if (s == ST_OK && found + state != f->n) {
         for (int j = 0; j < f->n; j++) {
-            int known = 0;
+            int known = is_state(f->tensors[j].name);
             for (int i = 0; i < n && !known; i++)
                 known = strcmp(f->tensors[j].name, segs[i].name) == 0;
             if (!known) {
@@ -121,4 +144,54 @@ st_status st_checkpoint_load_weights(const st_safetensors *f, const char *path,
     }
     free(segs);
     return s;
+}
+
+/* ------------------------------------------------------------ --resume DIR */
+
+/* The step of a name "step-NNNNNNNN.safetensors", or -1 (the temporary
+ * files of a write in progress, "NAME.tmp.PID", are not checkpoints). */
+static long long step_of(const char *name)
+{
+    static const char pre[] = "step-", post[] = ".safetensors";
+    const size_t len = strlen(name), lp = sizeof pre - 1, ls = sizeof post - 1;
+    if (len <= lp + ls || strncmp(name, pre, lp) != 0 || strcmp(name + len - ls, post) != 0)
+        return -1;
+    long long v = 0;
+    for (size_t i = lp; i < len - ls; i++) {
+        if (name[i] < '0' || name[i] > '9' || v > (LLONG_MAX - 9) / 10)
+            return -1;
+        v = v * 10 + (name[i] - '0');
+    }
+    return v;
+}
+
+st_status st_checkpoint_latest(const char *dir_or_file, char *path, size_t path_len)
+{
+    struct stat sb;
+    if (stat(dir_or_file, &sb) != 0)
+        return st_fail(ST_ERR_IO, "%s: %s", dir_or_file, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) {
+        if ((size_t)snprintf(path, path_len, "%s", dir_or_file) >= path_len)
+            return st_fail(ST_ERR_INVALID, "%s: the name is too long", dir_or_file);
+        return ST_OK;
+    }
+    DIR *d = opendir(dir_or_file);
+    if (!d)
+        return st_fail(ST_ERR_IO, "%s: %s", dir_or_file, strerror(errno));
+    long long best = -1;
+    char name[256] = "";
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        long long v = step_of(e->d_name);
+        if (v > best && strlen(e->d_name) < sizeof name) {
+            best = v;
+            snprintf(name, sizeof name, "%s", e->d_name);
+        }
+    }
+    closedir(d);
+    if (best < 0)
+        return st_fail(ST_ERR_INVALID, "%s holds no step checkpoint (step-*.safetensors) to "
+                       "resume from", dir_or_file);
+    if ((size_t)snprintf(path, path_len, "%s/%s", dir_or_file, name) >= path_len)
+        return st_fail(ST_ERR_INVALID, "%s: the name is too long", dir_or_file);
+    return ST_OK;
 }

@@ -345,12 +345,30 @@ static int load_init(const st_cli_options *o, float **out, float *scale)
     return status;
 }
 
+/* What made a checkpoint, for its metadata: the options in words, and
+ * the oneDNN that ran them. */
+typedef struct run_provenance {
+    char config[512], onednn[32];
+} run_provenance;
+
+static void describe_run(const st_cli_options *o, run_provenance *pv)
+{
+    const st_model_config *m = &o->train.model;
+    snprintf(pv->config, sizeof pv->config, "model = %s; depth = %d; width = %d; hidden = %d; "
+             "heads = %d; context = %d; activation = %s; strategy = %s; seed = %llu",
+             st_model_kind_name(m->kind), m->depth, m->width, m->hidden, m->heads, m->context,
+             st_activation_name(m->activation), st_strategy_name(o->train.strategy),
+             (unsigned long long)o->train.seed);
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(pv->onednn, sizeof pv->onednn, "%d.%d.%d", v->major, v->minor, v->patch);
+}
+
 /* --checkpoint DIR: the trained weights as DIR/final.safetensors, with
  * what made them in the metadata. */
 static int write_final_weights(const st_cli_options *o, const st_epoch_record *final,
                                const run_ui *ui)
 {
-    char path[4096], config[512];
+    char path[4096];
     if (mkdir(o->checkpoint_dir, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "subtrain: --checkpoint %s: cannot create it: %s\n", o->checkpoint_dir,
                 strerror(errno));
@@ -362,20 +380,14 @@ static int write_final_weights(const st_cli_options *o, const st_epoch_record *f
     }
     snprintf(path, sizeof path, "%s/final.safetensors", o->checkpoint_dir);
     const st_model_config *m = &o->train.model;
-    snprintf(config, sizeof config, "model = %s; depth = %d; width = %d; hidden = %d; "
-             "heads = %d; context = %d; activation = %s; strategy = %s; seed = %llu",
-             st_model_kind_name(m->kind), m->depth, m->width, m->hidden, m->heads, m->context,
-             st_activation_name(m->activation), st_strategy_name(o->train.strategy),
-             (unsigned long long)o->train.seed);
-    const dnnl_version_t *v = dnnl_version();
-    char onednn[32];
-    snprintf(onednn, sizeof onednn, "%d.%d.%d", v->major, v->minor, v->patch);
+    run_provenance pv;
+    describe_run(o, &pv);
     /* the scale the run evaluated with: eval applies it too */
     char scale[32];
     const float s = eval_branch_scale(o, final);
     snprintf(scale, sizeof scale, "%.9g", s > 0.0f ? (double)s : 1.0);
-    const st_st_meta meta[4] = { { "subtrain.config", config }, { "subtrain.data", o->data },
-                                 { "onednn.version", onednn },
+    const st_st_meta meta[4] = { { "subtrain.config", pv.config }, { "subtrain.data", o->data },
+                                 { "onednn.version", pv.onednn },
                                  { "subtrain.eval_branch_scale", scale } };
     st_model_config mc = *m;
     memset(&mc.subnet, 0, sizeof mc.subnet);
@@ -446,9 +458,19 @@ static int run_eval(st_cli_options *o)
  * finish its step (st_train_callbacks.stop); a second SIGINT ends the
  * process at once.  Only async-signal-safe calls here. */
 static volatile sig_atomic_t stop_signal;
+static volatile sig_atomic_t checkpoint_signal;   /* --usr1 checkpoint: SIGUSR1 */
+static int usr1_checkpoints;                      /* set before the handlers */
 
 static void on_signal(int sig)
 {
+    static const char saving[] = "\nsubtrain: SIGUSR1: a checkpoint at the next step, then "
+                                 "on\n";
+    if (sig == SIGUSR1 && usr1_checkpoints) {
+        checkpoint_signal = 1;
+        ssize_t w = write(STDERR_FILENO, saving, sizeof saving - 1);
+        (void)w;
+        return;
+    }
     static const char again[] = "\nsubtrain: interrupted again: stopping now\n";
     static const char first[] = "\nsubtrain: stopping after the current step (interrupt again "
                                 "to stop at once)\n";
@@ -475,14 +497,55 @@ static void install_stop_handlers(void)
     sigaction(SIGUSR1, &sa, NULL);
 }
 
+static void ui_on_checkpoint(const char *path, uint64_t step, void *user)
+{
+    char line[4200];
+    snprintf(line, sizeof line, "checkpoint: %s (step %llu)", path, (unsigned long long)step);
+    st_progress_on_note(line, ((run_ui *)user)->prog);
+}
+
+/* --resume: the newest step checkpoint of the directory (or the file),
+ * read whole; the library checks it against the run. */
+static int open_resume(const st_cli_options *o, char *path, size_t len, st_safetensors *f)
+{
+    if (st_checkpoint_latest(o->resume_path, path, len) != ST_OK ||
+        st_safetensors_read(path, f) != ST_OK)
+        return runtime_error("--resume");
+    if (!o->quiet)
+        printf("resuming from %s (step %s)\n", path,
+               st_safetensors_meta(f, "subtrain.step") ? st_safetensors_meta(f, "subtrain.step")
+                                                       : "?");
+    return EXIT_SUCCESS;
+}
+
 static int run_train(st_cli_options *o)
 {
     /* from the start: a signal while the data load stops the run after
      * its first step, with its records, rather than losing them */
+    usr1_checkpoints = o->usr1_checkpoint;
     install_stop_handlers();
+    st_safetensors resume;
+    memset(&resume, 0, sizeof resume);
+    char resume_path[4096];
+    if (o->resume_path) {
+        if (open_resume(o, resume_path, sizeof resume_path, &resume) != EXIT_SUCCESS)
+            return EXIT_FAILURE;
+        o->train.resume = &resume;
+        o->train.resume_name = resume_path;
+    }
+    /* what made the step checkpoints, in their metadata */
+    run_provenance pv;
+    describe_run(o, &pv);
+    const st_st_meta ckpt_meta[3] = { { "subtrain.config", pv.config },
+                                      { "subtrain.data", o->data },
+                                      { "onednn.version", pv.onednn } };
+    o->train.checkpoint.meta = ckpt_meta;
+    o->train.checkpoint.n_meta = 3;
     st_dataset train, test;
-    if (load_data_for_model(o, &train, &test) != EXIT_SUCCESS)
+    if (load_data_for_model(o, &train, &test) != EXIT_SUCCESS) {
+        st_safetensors_free(&resume);
         return EXIT_FAILURE;
+    }
     float *init = NULL;
     if (o->init_path) {
         if (load_init(o, &init, NULL) != EXIT_SUCCESS) {
@@ -506,7 +569,8 @@ static int run_train(st_cli_options *o)
         status = EXIT_USAGE;
         goto out;
     }
-    if (o->metrics_path && !(prog.metrics = fopen(o->metrics_path, "w"))) {
+    /* a resumed run adds its records to the stopped run's */
+    if (o->metrics_path && !(prog.metrics = fopen(o->metrics_path, o->resume_path ? "a" : "w"))) {
         fprintf(stderr, "subtrain: cannot write the metrics file '%s': %s\n", o->metrics_path,
                 strerror(errno));
         goto out;
@@ -528,7 +592,9 @@ static int run_train(st_cli_options *o)
                               .on_warning = ui_on_warning, .user = &ui,
                               .on_params = o->sample || o->checkpoint_dir ? ui_on_params
                                                                            : NULL,
-                              .stop = &stop_signal };
+                              .stop = &stop_signal,
+                              .checkpoint_now = o->usr1_checkpoint ? &checkpoint_signal : NULL,
+                              .on_checkpoint = ui_on_checkpoint };
     st_epoch_record final;
     if (st_train_run(&o->train, &train, &test, &cb, &final) != ST_OK) {
         fprintf(stderr, "%s", prog.bar_visible ? "\n" : "");
@@ -562,6 +628,7 @@ out:
     free(init);
     st_dataset_free(&train);
     st_dataset_free(&test);
+    st_safetensors_free(&resume);
     return status;
 }
 

@@ -22,6 +22,7 @@ enum {
     OPT_RECOVERY_EPOCHS, OPT_AUGMENT_CROP, OPT_AUGMENT_FLIP,
     OPT_CONTEXT, OPT_HEADS, OPT_HOLDOUT, OPT_VAL_BYTES, OPT_EPOCH_WINDOWS,
     OPT_SAMPLE, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K, OPT_CHECKPOINT, OPT_INIT,
+    OPT_CHECKPOINT_EVERY, OPT_KEEP, OPT_RESUME, OPT_USR1,
 };
 
 static const struct option long_options[] = {
@@ -36,6 +37,10 @@ static const struct option long_options[] = {
     { "sample", required_argument, NULL, OPT_SAMPLE },
     { "checkpoint", required_argument, NULL, OPT_CHECKPOINT },
     { "init", required_argument, NULL, OPT_INIT },
+    { "checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY },
+    { "keep", required_argument, NULL, OPT_KEEP },
+    { "resume", required_argument, NULL, OPT_RESUME },
+    { "usr1", required_argument, NULL, OPT_USR1 },
     { "prompt", required_argument, NULL, OPT_PROMPT },
     { "temperature", required_argument, NULL, OPT_TEMPERATURE },
     { "top-k", required_argument, NULL, OPT_TOP_K },
@@ -194,7 +199,16 @@ void st_cli_print_help(FILE *f)
 "  --warmup N             warmup steps of the cosine schedule (default: 5% of the run)\n"
 "  --seed N               seed of initialisation, shuffles and synthetic data (default 1)\n"
 "Checkpoints:\n"
-"  --checkpoint DIR       write the trained weights to DIR/final.safetensors\n"
+"  --checkpoint DIR       write the trained weights to DIR/final.safetensors, and\n"
+"                         the whole training state to DIR/step-N.safetensors when\n"
+"                         a signal stops the run and as --checkpoint-every says\n"
+"  --checkpoint-every N|epoch   a step checkpoint every N steps (ist: at the next\n"
+"                         round end), or after every epoch (default: none)\n"
+"  --keep K               keep the newest K step checkpoints (default 0: all)\n"
+"  --resume DIR|FILE      continue a run from its newest step checkpoint in DIR\n"
+"                         (or FILE), with the same options: bitwise the same run\n"
+"  --usr1 stop|checkpoint on SIGUSR1 (sbatch --signal=USR1@T): stop like SIGTERM,\n"
+"                         or write a step checkpoint and go on (default stop)\n"
 "  --init FILE            start from a safetensors file's weights (a fresh\n"
 "                         optimizer: fine-tuning); with 'subtrain eval': the\n"
 "                         weights to evaluate on the test set\n"
@@ -497,6 +511,26 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             return fail(err, n, "--checkpoint: expected a directory, got ''");
         o->checkpoint_dir = arg;
         return 0;
+    case OPT_CHECKPOINT_EVERY:
+        if (strcmp(arg, "epoch") == 0) {
+            t->checkpoint.every_epoch = 1;
+            return 0;
+        }
+        if (parse_u64("checkpoint-every", arg, 1ull << 40, &t->checkpoint.every, err, n))
+            return -1;
+        return t->checkpoint.every ? 0 : fail(err, n, "--checkpoint-every: expected a number "
+                                              "of steps >= 1 or 'epoch', got '%s'", arg);
+    case OPT_KEEP: return parse_int("keep", arg, 0, 1000000, &t->checkpoint.keep, err, n);
+    case OPT_RESUME:
+        if (*arg == '\0')
+            return fail(err, n, "--resume: expected a checkpoint directory or file, got ''");
+        o->resume_path = arg;
+        return 0;
+    case OPT_USR1:
+        if (strcmp(arg, "stop") != 0 && strcmp(arg, "checkpoint") != 0)
+            return fail(err, n, "--usr1: expected 'stop' or 'checkpoint', got '%s'", arg);
+        o->usr1_checkpoint = strcmp(arg, "checkpoint") == 0;
+        return 0;
     case OPT_INIT:
         if (*arg == '\0')
             return fail(err, n, "--init: expected a safetensors file, got ''");
@@ -756,5 +790,20 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     if (o->init_path && o->train.strategy == ST_STRATEGY_SYNTH)
         return fail(err, n, "--init does not apply to --strategy synth (its segments start from "
                     "their own initial values)");
+    if ((o->train.checkpoint.every || o->train.checkpoint.every_epoch || o->train.checkpoint.keep ||
+         o->usr1_checkpoint) && !o->checkpoint_dir)
+        return fail(err, n, "%s needs --checkpoint DIR: where the checkpoints go",
+                    o->train.checkpoint.keep ? "--keep" : o->usr1_checkpoint
+                    ? "--usr1 checkpoint" : "--checkpoint-every");
+    if (o->action == ST_CLI_EVAL && o->resume_path)
+        return fail(err, n, "eval takes weights with --init, not --resume");
+    if (o->init_path && o->resume_path)
+        return fail(err, n, "--init and --resume: a resumed run continues from its "
+                    "checkpoint's weights; give one of them");
+    if (o->train.strategy == ST_STRATEGY_SYNTH &&
+        (o->resume_path || o->train.checkpoint.every || o->train.checkpoint.every_epoch))
+        return fail(err, n, "--strategy synth cannot be checkpointed and resumed yet "
+                    "(--checkpoint-every, --resume): its segment epochs' state has no checkpoint");
+    o->train.checkpoint.dir = o->checkpoint_dir;
     return 0;
 }

@@ -52,6 +52,8 @@ typedef struct st_cli_options {
     uint64_t sample;           /* --sample: bytes to generate (0: none) */
     const char *checkpoint_dir; /* --checkpoint: the final weights go there */
     const char *init_path;     /* --init: weights to start from (eval: to evaluate) */
+    const char *resume_path;   /* --resume: a step checkpoint, or a directory of them */
+    int usr1_checkpoint;       /* --usr1 checkpoint: SIGUSR1 checkpoints and goes on */
     const char *prompt;        /* --prompt: what they continue ("": a newline) */
     float temperature;         /* --temperature: 0 is greedy */
     int top_k;                 /* --top-k: 0 keeps all 256 bytes */

@@ -108,3 +108,12 @@ void st_progress_on_warning(const char *message, void *user)
     clear_bar(p);
     fprintf(stderr, "subtrain: warning: %s\n", message);
 }
+
+void st_progress_on_note(const char *message, void *user)
+{
+    st_progress *p = user;
+    if (p->quiet)
+        return;
+    clear_bar(p);
+    fprintf(stderr, "subtrain: %s\n", message);
+}

@@ -8,6 +8,8 @@
  * alone has no engine: it computes and updates its own vector (the solo
  * step below, the hot path of a one-worker run).
  */
+#include <string.h>
+
 #include "core/error.h"
 #include "train/strategy.h"
 
@@ -92,6 +94,19 @@ static st_status dp_update(run_shared *r, void *state, st_worker *w, uint64_t i,
     return ST_OK;
 }
 
+/* Resuming: the master shard too (the replica, which the loop loaded, is
+ * the masters' all-gather). */
+static st_status dp_resume(run_shared *r, void *state, st_worker *w)
+{
+    (void)state;
+    if (!r->comm)
+        return ST_OK;
+    st_range shard = st_comm_shard(r->comm, w->id);
+    memcpy(st_comm_shard_params(r->comm, w->id), r->resume->params + shard.begin,
+           (shard.end - shard.begin) * sizeof(float));
+    return ST_OK;
+}
+
 static st_status dp_evaluate(run_shared *r, void *state, st_worker *w, double *loss, double *acc)
 {
     (void)state;
@@ -120,6 +135,7 @@ const st_strategy_ops st_dp_ops = {
     .init_worker = dp_init_worker,
     .step = dp_step,
     .update = dp_update,
+    .resume = dp_resume,
     .evaluate = dp_evaluate,
     .bytes = dp_bytes,
     .full_params = dp_full_params,

@@ -95,6 +95,8 @@ static st_status ist_prepare(run_shared *r, void **state)
     *state = s;
     ST_TRY(st_run_make_plan(cfg, r->n, r->train, &r->plan));
     ST_TRY(st_subnets_prepare(&s->sn, r, 1, st_subnets_neuron_units(cfg, 1), 0));
+    if (r->resume && r->resume->rounds)   /* the partition of the round resumed */
+        ST_TRY(st_subnets_draw(&s->sn, r, r->resume->rounds));
     s->workers = aligned_alloc(64, sizeof(ist_worker) * (size_t)r->n);
     if (!s->workers)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d workers' rounds", r->n);
@@ -246,6 +248,55 @@ static st_status ist_round_end(run_shared *r, void *state, st_worker *w, uint64_
     return st;
 }
 
+/* A checkpoint holds ist's state at a round end only: mid-round, every
+ * worker's subnetwork has drifted on its own and the saved masters are
+ * the previous round's. */
+static int ist_whole_after(const run_shared *r, uint64_t step, int last)
+{
+    return last || step % r->cfg->local_steps == 0;
+}
+
+/* At a round end the saved masters are the parameters (the loop saves the
+ * full model from them); kept optimizer state is in the saved state
+ * shards, each worker's; the round counters (every worker's are equal). */
+static st_status ist_save(run_shared *r, void *state, run_ckpt *ck)
+{
+    ist_run *s = state;
+    char name[ST_ST_MAX_NAME];
+    for (int i = 0; i < s->n_state; i++)
+        for (int k = 0; k < r->n; k++) {
+            st_range shard = st_comm_shard(r->comm, k);
+            snprintf(name, sizeof name, "train.ist.state%d.worker%d", i, k);
+            ST_TRY(st_run_ckpt_tensor(ck, name, s->sn.saved[k].state[i], shard.end - shard.begin));
+        }
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.ist.rounds", "%llu",
+                            (unsigned long long)s->workers[0].rounds));
+    return st_run_ckpt_meta(ck, "subtrain.ist.round_step", "%llu",
+                            (unsigned long long)s->workers[0].round_step);
+}
+
+/* Resuming at a round end: the saved masters and state shards, the
+ * counters; the loop loaded the subnetwork of the round's partition
+ * (prepare drew it) and its optimizer vectors from the same file. */
+static st_status ist_resume(run_shared *r, void *state, st_worker *w)
+{
+    ist_run *s = state;
+    const int wid = w->id;
+    st_range shard = st_comm_shard(r->comm, wid);
+    const size_t len = shard.end - shard.begin;
+    memcpy(s->sn.saved[wid].master, r->resume->params + shard.begin, len * sizeof(float));
+    char name[ST_ST_MAX_NAME];
+    for (int i = 0; i < s->n_state; i++) {
+        const float *src;
+        snprintf(name, sizeof name, "train.ist.state%d.worker%d", i, wid);
+        ST_TRY(st_run_resume_tensor(r, name, len, &src));
+        memcpy(s->sn.saved[wid].state[i], src, len * sizeof(float));
+    }
+    s->workers[wid].rounds = r->resume->rounds;
+    s->workers[wid].round_step = r->resume->round_step;
+    return ST_OK;
+}
+
 /* The full model from the saved masters (a round ends at every epoch end). */
 static st_status ist_evaluate(run_shared *r, void *state, st_worker *w, double *loss, double *acc)
 {
@@ -323,6 +374,9 @@ const st_strategy_ops st_ist_ops = {
     .evaluate = ist_evaluate,
     .bytes = ist_bytes,
     .record = ist_record,
+    .whole_after = ist_whole_after,
+    .save = ist_save,
+    .resume = ist_resume,
     .full_params = ist_full_params,
     .abort = ist_abort,
     .release = ist_release,

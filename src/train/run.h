@@ -19,6 +19,7 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include <subtrain/checkpoint.h>
 #include <subtrain/comm.h>
 #include <subtrain/subnet.h>
 #include <subtrain/topo.h>
@@ -50,8 +51,44 @@ typedef struct worker_slot {
     st_mem_stats memory;
     st_comm_bytes bytes;
     st_numa_ctx numa;                 /* the arena backend's state */
-    st_model *model;                  /* published by st_run_sync_state */
+    st_model *model;                  /* published by st_run_sync_state and
+                                       * by a checkpoint */
+    const st_optim *optim;            /* published by a checkpoint */
 } worker_slot;
+
+/* Where a run is between two steps: what a step checkpoint records and a
+ * resumed run starts from.  epoch_step steps of `epoch` are done (0: it
+ * has not begun), `step` steps of the run; loss_sum and losses: the
+ * epoch's step losses so far (its record's mean continues exactly). */
+typedef struct run_position {
+    int epoch;
+    uint64_t epoch_step, step;
+    double loss_sum;
+    uint64_t losses;
+    double train_time;
+} run_position;
+
+/* A step checkpoint being resumed (checkpoint.c): the position, the full
+ * model's parameters, and the file for the workers' and the strategy's
+ * tensors.  Made before the parallel region, read-only after it. */
+typedef struct run_resume {
+    const st_safetensors *file;
+    const char *name;                 /* for messages */
+    run_position at;
+    uint64_t rounds, round_step;      /* ist: round ends so far, Adam's count */
+    float *params;                    /* n_params, the full layout */
+} run_resume;
+
+/* A checkpoint being written by worker 0: the tensors and metadata the
+ * loop and the strategy add (checkpoint.c keeps the strings). */
+typedef struct run_ckpt {
+    st_st_tensor *tensors;
+    int n, cap;
+    st_st_meta *meta;
+    int n_meta, cap_meta;
+    char *text;                       /* the metadata values, one after another */
+    size_t text_used, text_cap;
+} run_ckpt;
 
 /* Everything the workers of one run share.  Written before the parallel
  * region, or by one worker between two barriers. */
@@ -93,6 +130,9 @@ typedef struct run_shared {
     atomic_int failed;                /* the first failure wins the message */
     atomic_ullong stop_step;          /* graceful stop: the last step (0: none yet),
                                        * set once by worker 0 (train.c) */
+    atomic_ullong save_step;          /* a checkpoint asked for (callbacks'
+                                       * checkpoint_now) at this step; 0: none */
+    run_resume *resume;               /* NULL: a new run (checkpoint.c) */
     st_status error_status;
     char error[512];
     st_epoch_record final;
@@ -194,6 +234,33 @@ st_status st_run_sync_state(run_shared *r, st_worker *w);
 /* A model's state from r->state_full (a rebuilt subnetwork, the full
  * evaluation model); no-op without state. */
 void st_run_load_state(const run_shared *r, st_model *m);
+
+/* ------------------------------------------------------------ checkpoint.c */
+
+/* Before the strategy's prepare (r->n, n_params and state_full known):
+ * cfg->resume checked against this run (kind, strategy, workers, the
+ * options that shape the trajectory, the data) and read into r->resume;
+ * the averaged running statistics restored.  No-op without cfg->resume. */
+st_status st_run_resume_open(run_shared *r);
+void st_run_resume_close(run_shared *r);
+/* Every worker after the strategy's init_worker, resuming: its model's
+ * parameters, optimizer vectors and running statistics, then the
+ * strategy's resume hook. */
+st_status st_run_resume_worker(run_shared *r, st_worker *w);
+/* A tensor of the file being resumed, checked: F32, `count` elements
+ * (whose: for the message). */
+st_status st_run_resume_tensor(const run_shared *r, const char *name, size_t count,
+                               const float **data);
+
+/* Worker 0, the others waiting between their steps with their models and
+ * optimizers published in their slots: writes DIR/step-NNNNNNNN.safetensors
+ * of position `at` and prunes the older ones to cfg->checkpoint.keep. */
+st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_position *at);
+/* For a strategy's save hook: a float tensor (borrowed until the write),
+ * a metadata entry (copied). */
+st_status st_run_ckpt_tensor(run_ckpt *ck, const char *name, const float *data, size_t count);
+st_status st_run_ckpt_meta(run_ckpt *ck, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* ------------------------------------------------------------ records.c */
 

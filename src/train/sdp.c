@@ -83,6 +83,10 @@ static st_status sdp_prepare(run_shared *r, void **state)
     const int backward = cfg->masking == ST_MASKING_BACKWARD;
     ST_TRY(st_subnets_prepare(&s->sn, r, st_subnet_holders_per_unit(r->n, cfg->coverage),
                               st_subnets_neuron_units(cfg, 0), backward));
+    /* resuming after step S: the masks of S's round ((S - 1) / R); a new
+     * round due before step S + 1 is drawn by that step as ever */
+    if (r->resume && cfg->resample && r->resume->at.step > 0)
+        ST_TRY(st_subnets_draw(&s->sn, r, (r->resume->at.step - 1) / cfg->resample));
     s->att = calloc((size_t)r->n, sizeof *s->att);
     if (!s->att)
         return st_fail(ST_ERR_NOMEM, "out of memory for the subnetworks' state");
@@ -179,6 +183,17 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
                                     st_comm_shard_params(masters(r, s), wid)));
     if (wid == 0 && !s->sn.backward)
         ST_TRY(st_subnets_build_eval(&s->sn, r->cfg, &r->cfg->model, backend));
+    return ST_OK;
+}
+
+/* Resuming: the master shard (the parameters nobody holds included; the
+ * loop loaded the subnetwork's own from the same full vector). */
+static st_status sdp_resume(run_shared *r, void *state, st_worker *w)
+{
+    sdp_run *s = state;
+    st_range shard = st_comm_shard(r->comm, w->id);
+    memcpy(st_comm_shard_params(masters(r, s), w->id), r->resume->params + shard.begin,
+           (shard.end - shard.begin) * sizeof(float));
     return ST_OK;
 }
 
@@ -311,6 +326,7 @@ const st_strategy_ops st_sdp_ops = {
     .evaluate = sdp_evaluate,
     .bytes = sdp_bytes,
     .record = sdp_record,
+    .resume = sdp_resume,
     .full_params = sdp_full_params,
     .abort = sdp_abort,
     .release = sdp_release,

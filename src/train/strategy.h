@@ -39,6 +39,8 @@ typedef struct st_strategy_ops {
     const char *name;   /* as st_strategy_name and --strategy spell it */
     const char *not_stepwise; /* why a trainer (trainer.h) cannot take it a
                                * step at a time; NULL: it can */
+    const char *not_resumable; /* why its state cannot be checkpointed and
+                                * resumed (yet); NULL: it can */
 
     /* Every config, whatever its strategy (before anything, no thread):
      * refuses bad values of this strategy's options, and its options
@@ -98,6 +100,24 @@ typedef struct st_strategy_ops {
     /* Optional: every worker after the loop's last record (synth: the
      * final record renumbered). */
     void (*post_loop)(run_shared *r, void *state, st_worker *w);
+
+    /* Optional (NULL: after every step): whether the training state is
+     * whole after `step` (`last`: the epoch's or the run's last), so that
+     * a checkpoint can hold it and a stop can end there (ist: at the end
+     * of a round).  The same answer on every worker. */
+    int (*whole_after)(const run_shared *r, uint64_t step, int last);
+
+    /* Optional: worker 0 writing a checkpoint, every worker between its
+     * steps: the strategy's own tensors and metadata (ist: the kept
+     * optimizer state's shards, the round). */
+    st_status (*save)(run_shared *r, void *state, run_ckpt *ck);
+
+    /* Resuming (r->resume): every worker after init_worker and after the
+     * loop loaded its model's parameters, optimizer vectors and running
+     * statistics (checkpoint.c): what is the strategy's own (the master
+     * shards, ist's rounds).  Its prepare already drew the assignment of
+     * the round being resumed.  The loop's first barrier follows. */
+    st_status (*resume)(run_shared *r, void *state, st_worker *w);
 
     /* Optional: a worker failed; any thread: releases everyone waiting in
      * the strategy's own engines or barriers (the run's engine is the

@@ -878,6 +878,8 @@ static void synth_post_loop(run_shared *r, void *state, st_worker *w)
 
 const st_strategy_ops st_synth_ops = {
     .name = "synth",
+    .not_resumable = "cannot be resumed yet: its segment epochs' state (each group's "
+                     "optimizer shards and position) has no checkpoint",
     .not_stepwise = "its segment epochs, where each group of workers takes its own number "
                     "of steps, are no sequence of steps of the run",
     .check = synth_check,

@@ -77,12 +77,14 @@ st_status st_loop_prepare(run_shared *r)
     if (!r->slots || !r->memory)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d worker slots", r->n);
     memset(r->slots, 0, sizeof(worker_slot) * (size_t)r->n);
+    ST_TRY(st_run_resume_open(r));
     return r->ops->prepare(r, &r->strategy);
 }
 
 void st_loop_release(run_shared *r)
 {
     free(r->full_segs);
+    st_run_resume_close(r);
     if (r->ops && r->ops->release)
         r->ops->release(r, r->strategy);
     r->strategy = NULL;
@@ -102,7 +104,8 @@ st_status st_loop_init_worker(run_shared *r, int wid, st_worker *w, st_chunk_bac
     const st_placement *pl = &r->placement.workers[wid];
     ST_TRY(st_plan_bind_self(r->topology, &r->placement, wid));
     *backend = st_numa_backend(&slot->numa, r->topology, pl->numa_os);
-    return r->ops->init_worker(r, r->strategy, wid, w, backend);
+    ST_TRY(r->ops->init_worker(r, r->strategy, wid, w, backend));
+    return r->resume ? st_run_resume_worker(r, w) : ST_OK;
 }
 
 void st_loop_report_warnings(run_shared *r)
@@ -149,22 +152,62 @@ st_status st_loop_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, i
     return r->ops->round_end(r, r->strategy, w, step, last);
 }
 
-/* Whether the run stops after `step`, the same answer for every worker.
- * Worker 0 reads the request and, the first time it sees one, names the
- * step (stop_step, written once); everyone reads it after a barrier.  A
- * worker still at an earlier step reads a later step there and goes on:
- * worker 0 cannot name step s + 1 before every worker has passed step
- * s's barrier, so no two workers stop at different steps. */
-static int stop_here(run_shared *r, st_worker *w, uint64_t step)
+/* What the user asked for by the time of `step`, the same answer for
+ * every worker: a stop (REQ_STOP), a checkpoint (REQ_SAVE).  Worker 0
+ * reads the requests and, the first time it sees one, names the step
+ * (stop_step, save_step); everyone reads them after a barrier.  A worker
+ * still at an earlier step reads a later step there and goes on: worker 0
+ * cannot name step s + 1 before every worker has passed step s's barrier,
+ * so no two workers act at different steps.  A request waits for a step
+ * after which the state is whole (ist: a round end): the caller checks. */
+enum { REQ_STOP = 1, REQ_SAVE = 2 };
+
+static unsigned requests(run_shared *r, st_worker *w, uint64_t step)
 {
-    if (!r->cb || !r->cb->stop)
+    const st_train_callbacks *cb = r->cb;
+    if (!cb || (!cb->stop && !cb->checkpoint_now))
         return 0;
-    if (w->id == 0 && *r->cb->stop && atomic_load(&r->stop_step) == 0)
-        atomic_store(&r->stop_step, step);
+    if (w->id == 0) {
+        if (cb->stop && *cb->stop && atomic_load(&r->stop_step) == 0)
+            atomic_store(&r->stop_step, step);
+        if (cb->checkpoint_now && *cb->checkpoint_now) {
+            *cb->checkpoint_now = 0;
+            if (atomic_load(&r->save_step) == 0)
+                atomic_store(&r->save_step, step);
+        }
+    }
     if (st_run_sync(r, w->id) != ST_OK)
         return 0;   /* aborted: the step reports the failure */
-    const uint64_t s = atomic_load(&r->stop_step);
-    return s != 0 && s <= step;
+    const uint64_t stop = atomic_load(&r->stop_step), save = atomic_load(&r->save_step);
+    return (stop && stop <= step ? REQ_STOP : 0u) | (save && save <= step ? REQ_SAVE : 0u);
+}
+
+/* A step checkpoint of position `at` (every worker, between steps): the
+ * workers publish their models and optimizers, worker 0 writes while the
+ * others wait, and takes the pending request.  The waiting spins (the
+ * engine's barrier): a write of a model's size takes some hundred
+ * milliseconds, once in thousands of steps, and the workers own their
+ * cores anyway. */
+static st_status checkpoint(run_shared *r, st_worker *w, const run_position *at)
+{
+    if (!r->cfg->checkpoint.dir || r->ops->not_resumable)
+        return ST_OK;
+    r->slots[w->id].model = w->model;
+    r->slots[w->id].optim = &w->optim;
+    ST_TRY(st_run_sync(r, w->id));   /* every worker between its steps, published */
+    if (w->id == 0) {
+        ST_TRY(st_run_checkpoint_write(r, w, at));
+        atomic_store(&r->save_step, 0);
+    }
+    return st_run_sync(r, w->id);    /* worker 0 is done reading everyone's vectors */
+}
+
+/* The first step at or after which a periodic checkpoint is due, after
+ * one at `step`. */
+static uint64_t next_due(const run_shared *r, uint64_t step)
+{
+    const uint64_t every = r->cfg->checkpoint.dir ? r->cfg->checkpoint.every : 0;
+    return every ? (step / every + 1) * every : UINT64_MAX;
 }
 
 /* ------------------------------------------------------------ the epochs */
@@ -177,29 +220,46 @@ static st_status run_epochs(run_shared *r, st_worker *w)
     const run_plan *p = &r->plan;
     const int global_batch = r->cfg->batch * r->n;
     worker_slot *slot = &r->slots[w->id];
-    double train_time = 0.0;   /* worker 0's view: training time so far */
-    uint64_t step = 0;
+    const run_resume *rs = r->resume;
+    const int every_epoch = r->cfg->checkpoint.dir && r->cfg->checkpoint.every_epoch;
+    double train_time = rs ? rs->at.train_time : 0.0;   /* worker 0's view: training time so far */
+    uint64_t step = rs ? rs->at.step : 0, due = next_due(r, step);
     st_epoch_record rec;
     memset(&rec, 0, sizeof rec);
 
     int stopped = 0;
-    for (int epoch = 1; epoch <= p->epochs && !stopped; epoch++) {
+    for (int epoch = rs ? rs->at.epoch : 1; epoch <= p->epochs && !stopped; epoch++) {
+        const int resumed = rs && epoch == rs->at.epoch;
         st_loop_epoch_order(r, w, epoch);
         memset(&slot->times, 0, sizeof slot->times);
-        double loss_sum = 0.0, te = st_run_now_s();
-        uint64_t n = 0;
+        double loss_sum = resumed ? rs->at.loss_sum : 0.0, te = st_run_now_s();
+        uint64_t n = 0, losses = resumed ? rs->at.losses : 0, i = resumed ? rs->at.epoch_step : 0;
         float lr = 0.0f;
-        for (uint64_t i = 0; i < p->steps_per_epoch && step < p->total_steps && !stopped;
-             i++, n++) {
+        unsigned req = 0;
+        for (; i < p->steps_per_epoch && step < p->total_steps && !stopped; i++, n++) {
             float loss = 0.0f;
             step++;
-            stopped = stop_here(r, w, step);
+            const int last = i + 1 == p->steps_per_epoch || step == p->total_steps;
+            const int whole = !ops->whole_after || ops->whole_after(r, step, last);
+            req = requests(r, w, step);
+            stopped = (req & REQ_STOP) && whole;
             ST_TRY(st_loop_step(r, w, i, step, stopped, &loss, &lr));
             if (w->id == 0) {
                 loss_sum += loss;
                 st_run_report_step(r, epoch, step, loss, lr, train_time + (st_run_now_s() - te));
             }
+            losses++;
+            /* in an epoch: before its end's evaluation, which averages the
+             * running statistics (the end's checkpoint follows the record) */
+            if (!last && whole && (stopped || (req & REQ_SAVE) || step >= due)) {
+                const run_position at = { epoch, i + 1, step, loss_sum, losses,
+                                          train_time + (st_run_now_s() - te) };
+                ST_TRY(checkpoint(r, w, &at));
+                due = next_due(r, step);
+                req = 0;
+            }
         }
+        const int complete = i == p->steps_per_epoch;
         double epoch_time = st_run_now_s() - te;
         train_time += epoch_time;
 
@@ -213,7 +273,7 @@ static st_status run_epochs(run_shared *r, st_worker *w)
             rec.epoch = epoch;
             rec.epochs = p->epochs;
             rec.step = step;
-            rec.train_loss = loss_sum / (double)n;
+            rec.train_loss = loss_sum / (double)losses;
             rec.samples_per_s = (double)n * global_batch / epoch_time;
             rec.lr = lr;
             rec.wall_s = st_run_now_s() - r->t0;
@@ -225,6 +285,12 @@ static st_status run_epochs(run_shared *r, st_worker *w)
         }
         /* The slots are read by worker 0 until here. */
         ST_TRY(st_run_sync(r, w->id));
+        if (complete && step < p->total_steps &&
+            (every_epoch || stopped || (req & REQ_SAVE) || step >= due)) {
+            const run_position at = { epoch + 1, 0, step, 0.0, 0, train_time };
+            ST_TRY(checkpoint(r, w, &at));
+            due = next_due(r, step);
+        }
     }
     if (w->id == 0) {
         rec.final = 1;

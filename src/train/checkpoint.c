@@ -1,0 +1,446 @@
+/*
+ * train/checkpoint.c — a run's whole training state in a step checkpoint,
+ * and a run resumed from one (doc/checkpoints.md).
+ *
+ * A step checkpoint is a weights file (ckpt/weights.c: a tensor per
+ * parameter segment of the full model) with the training state after it:
+ *
+ *   train.optimizer.m.worker<k>   worker k's optimizer vectors, as it holds
+ *   train.optimizer.v.worker<k>   them (a shard owner: its shard; a worker
+ *                                 alone or an ist subnetwork: its own)
+ *   train.state.worker<k>         worker k's model's running statistics,
+ *                                 in its model's layout
+ *   train.state.full              the averaged running statistics
+ *   train.<strategy>.*            what the strategy adds (its save hook)
+ *
+ * and, in __metadata__, the position (epoch, steps done in it, step, the
+ * epoch's loss sum as an exact hexadecimal float) and the run's
+ * fingerprint: every option that shapes the trajectory, one
+ * "subtrain.run.KEY" entry each, compared one by one on resume so that a
+ * refusal names the option that differs.
+ *
+ * Nothing else needs saving: every random draw is a function of the seed
+ * and a counter (the epoch order and augmentation of (seed, epoch), sdp's
+ * masks and ist's partitions of (seed, round), synth's noise of (seed,
+ * epoch, position)), the schedule of the step, Adam's bias correction of
+ * the step (or of ist's round step).
+ *
+ * Writing happens between steps with every worker waiting at a barrier,
+ * so it may allocate (the tensor list, the JSON header): a checkpoint is
+ * not a training step.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <subtrain/version.h>
+
+#include "core/error.h"
+#include "train/strategy.h"
+
+/* ------------------------------------------------------------ the builder */
+
+static st_status ckpt_init(run_ckpt *ck, int cap)
+{
+    memset(ck, 0, sizeof *ck);
+    ck->cap = cap;
+    ck->cap_meta = 96;
+    ck->text_cap = 16384;
+    ck->tensors = calloc((size_t)cap, sizeof *ck->tensors);
+    ck->meta = calloc((size_t)ck->cap_meta, sizeof *ck->meta);
+    ck->text = malloc(ck->text_cap);
+    if (!ck->tensors || !ck->meta || !ck->text)
+        return st_fail(ST_ERR_NOMEM, "out of memory for a checkpoint's header");
+    return ST_OK;
+}
+
+static void ckpt_free(run_ckpt *ck)
+{
+    free(ck->tensors);
+    free(ck->meta);
+    free(ck->text);
+}
+
+st_status st_run_ckpt_tensor(run_ckpt *ck, const char *name, const float *data, size_t count)
+{
+    if (ck->n == ck->cap)
+        return st_fail(ST_ERR_INVALID, "a checkpoint of more than %d state tensors", ck->cap);
+    st_st_tensor *t = &ck->tensors[ck->n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = ST_DTYPE_F32;
+    t->ndims = 1;
+    t->shape[0] = (int64_t)count;
+    t->data = data;
+    return ST_OK;
+}
+
+/* Keys and values are copied into ck->text, which never moves: its
+ * capacity is fixed (a checkpoint's metadata is some hundred bytes and the
+ * caller's config line). */
+static const char *keep_text(run_ckpt *ck, const char *fmt, va_list ap)
+{
+    const size_t room = ck->text_cap - ck->text_used;
+    int len = vsnprintf(ck->text + ck->text_used, room, fmt, ap);
+    if (len < 0 || (size_t)len >= room)
+        return NULL;
+    const char *t = ck->text + ck->text_used;
+    ck->text_used += (size_t)len + 1;
+    return t;
+}
+
+static const char *keep_string(run_ckpt *ck, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    const char *t = keep_text(ck, fmt, ap);
+    va_end(ap);
+    return t;
+}
+
+st_status st_run_ckpt_meta(run_ckpt *ck, const char *key, const char *fmt, ...)
+{
+    if (ck->n_meta == ck->cap_meta)
+        return st_fail(ST_ERR_INVALID, "a checkpoint of more than %d metadata entries",
+                       ck->cap_meta);
+    const char *k = keep_string(ck, "%s", key);
+    va_list ap;
+    va_start(ap, fmt);
+    const char *v = k ? keep_text(ck, fmt, ap) : NULL;
+    va_end(ap);
+    if (!v)
+        return st_fail(ST_ERR_INVALID, "a checkpoint's metadata over %zu bytes", ck->text_cap);
+    ck->meta[ck->n_meta++] = (st_st_meta){ k, v };
+    return ST_OK;
+}
+
+/* ------------------------------------------------------------ the fingerprint */
+
+/* Every option that changes what the steps compute, as (key, value)
+ * strings, and the data's size: a run continues only the run it is. */
+#define FP_MAX 40
+typedef struct fingerprint {
+    int n;
+    char key[FP_MAX][32];
+    char value[FP_MAX][96];
+} fingerprint;
+
+static void fp_add(fingerprint *fp, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fp_add(fingerprint *fp, const char *key, const char *fmt, ...)
+{
+    if (fp->n == FP_MAX)
+        return;
+    snprintf(fp->key[fp->n], sizeof fp->key[0], "%s", key);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fp->value[fp->n], sizeof fp->value[0], fmt, ap);
+    va_end(ap);
+    fp->n++;
+}
+
+static void make_fingerprint(const run_shared *r, fingerprint *fp)
+{
+    const st_train_config *c = r->cfg;
+    const st_model_config *m = &c->model;
+    memset(fp, 0, sizeof *fp);
+    fp_add(fp, "strategy", "%s", st_strategy_name(c->strategy));
+    fp_add(fp, "workers", "%d", r->n);
+    fp_add(fp, "model", "%s", st_model_kind_name(m->kind));
+    fp_add(fp, "depth", "%d", m->depth);
+    fp_add(fp, "width", "%d", m->width);
+    fp_add(fp, "hidden", "%d", m->hidden);
+    fp_add(fp, "heads", "%d", m->heads);
+    fp_add(fp, "context", "%d", m->context);
+    fp_add(fp, "activation", "%s", st_activation_name(m->activation));
+    fp_add(fp, "batch", "%d", c->batch);
+    fp_add(fp, "seed", "%" PRIu64, c->seed);
+    fp_add(fp, "steps", "%" PRIu64, r->plan.total_steps);
+    fp_add(fp, "schedule", "%s", st_schedule_name(c->schedule));
+    fp_add(fp, "warmup", "%" PRIu64, r->plan.schedule.warmup_steps);
+    fp_add(fp, "optimizer", "%s", st_optimizer_name(c->optim.kind));
+    fp_add(fp, "lr", "%a", (double)c->optim.lr);
+    fp_add(fp, "momentum", "%a", (double)c->optim.momentum);
+    fp_add(fp, "weight-decay", "%a", (double)c->optim.weight_decay);
+    fp_add(fp, "betas", "%a,%a,%a", (double)c->optim.beta1, (double)c->optim.beta2,
+           (double)c->optim.eps);
+    fp_add(fp, "train-samples", "%u", r->train->count);
+    fp_add(fp, "test-samples", "%u", r->test->count);
+    fp_add(fp, "augment", "%u,%d", r->train->augment.crop, r->train->augment.flip);
+    if (c->strategy == ST_STRATEGY_SDP || c->strategy == ST_STRATEGY_IST) {
+        fp_add(fp, "subnet", "%d", (int)c->subnet);
+        fp_add(fp, "neuron-group", "%d", c->neuron_group);
+        fp_add(fp, "bn-calibration", "%d", c->bn_calibration);
+    }
+    if (c->strategy == ST_STRATEGY_SDP) {
+        fp_add(fp, "masking", "%d", (int)c->masking);
+        fp_add(fp, "coverage", "%a", c->coverage);
+        fp_add(fp, "resample", "%" PRIu64, c->resample);
+        fp_add(fp, "scale-branches", "%d", c->scale_branches);
+    }
+    if (c->strategy == ST_STRATEGY_IST) {
+        fp_add(fp, "local-steps", "%" PRIu64, c->local_steps);
+        fp_add(fp, "optimizer-state", "%d", c->ist_keep_state);
+        fp_add(fp, "train-scale", "%d", c->ist_train_scale);
+        fp_add(fp, "eval-branch-scale", "%d", c->ist_eval_scale);
+    }
+}
+
+/* ------------------------------------------------------------ writing */
+
+static st_status add_position(run_ckpt *ck, const run_shared *r, const run_position *at)
+{
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.kind", "state"));
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.epoch", "%d", at->epoch));
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.epoch_step", "%" PRIu64, at->epoch_step));
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.step", "%" PRIu64, at->step));
+    /* exact: the resumed epoch's mean loss continues bit for bit */
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.loss_sum", "%a", at->loss_sum));
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.losses", "%" PRIu64, at->losses));
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.train_time", "%a", at->train_time));
+    fingerprint fp;
+    make_fingerprint(r, &fp);
+    for (int i = 0; i < fp.n; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "subtrain.run.%s", fp.key[i]);
+        ST_TRY(st_run_ckpt_meta(ck, key, "%s", fp.value[i]));
+    }
+    return ST_OK;
+}
+
+/* Every worker's vectors, as the slots publish them. */
+static st_status add_workers(run_ckpt *ck, run_shared *r)
+{
+    char name[ST_ST_MAX_NAME];
+    for (int k = 0; k < r->n; k++) {
+        const st_optim *o = r->slots[k].optim;
+        if (o->m) {
+            snprintf(name, sizeof name, "train.optimizer.m.worker%d", k);
+            ST_TRY(st_run_ckpt_tensor(ck, name, o->m, o->n));
+        }
+        if (o->v) {
+            snprintf(name, sizeof name, "train.optimizer.v.worker%d", k);
+            ST_TRY(st_run_ckpt_tensor(ck, name, o->v, o->n));
+        }
+        size_t count;
+        const float *state = st_model_state(r->slots[k].model, &count);
+        if (count) {
+            snprintf(name, sizeof name, "train.state.worker%d", k);
+            ST_TRY(st_run_ckpt_tensor(ck, name, state, count));
+        }
+    }
+    if (r->state_full)
+        ST_TRY(st_run_ckpt_tensor(ck, "train.state.full", r->state_full, r->n_state));
+    return ST_OK;
+}
+
+/* The newest `keep` step files of dir stay (the one just written among
+ * them); the names are zero-padded, so their order is the steps'. */
+static void prune(const char *dir, int keep, uint64_t newest)
+{
+    if (keep <= 0)
+        return;
+    /* step files are at most one per step: walk down from the newest */
+    char path[4096];
+    int kept = 0;
+    for (uint64_t s = newest + 1; s-- > 0;) {
+        snprintf(path, sizeof path, "%s/step-%08" PRIu64 ".safetensors", dir, s);
+        struct stat sb;
+        if (stat(path, &sb) != 0)
+            continue;
+        if (++kept > keep)
+            unlink(path);
+    }
+}
+
+st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_position *at)
+{
+    const st_checkpoint_plan *plan = &r->cfg->checkpoint;
+    if (mkdir(plan->dir, 0755) != 0 && errno != EEXIST)
+        return st_fail(ST_ERR_IO, "checkpoint directory %s: %s", plan->dir, strerror(errno));
+    size_t count;
+    const float *params = r->ops->full_params(r, r->strategy, w0, &count);
+    run_ckpt ck;
+    st_status s = ckpt_init(&ck, 4 * r->n + 16);
+    for (int i = 0; s == ST_OK && i < plan->n_meta; i++)
+        s = st_run_ckpt_meta(&ck, plan->meta[i].key, "%s", plan->meta[i].value);
+    if (s == ST_OK)
+        s = add_position(&ck, r, at);
+    if (s == ST_OK)
+        s = add_workers(&ck, r);
+    if (s == ST_OK && r->ops->save)
+        s = r->ops->save(r, r->strategy, &ck);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/step-%08" PRIu64 ".safetensors", plan->dir, at->step);
+    st_model_config mc = r->cfg->model;
+    memset(&mc.subnet, 0, sizeof mc.subnet);
+    if (s == ST_OK)
+        s = st_checkpoint_write(path, &mc, params, ck.tensors, ck.n, ck.meta, ck.n_meta);
+    ckpt_free(&ck);
+    ST_TRY(s);
+    prune(plan->dir, plan->keep, at->step);
+    if (r->cb && r->cb->on_checkpoint)
+        r->cb->on_checkpoint(path, at->step, r->cb->user);
+    return ST_OK;
+}
+
+/* ------------------------------------------------------------ resuming */
+
+static st_status meta_u64(const run_shared *r, const char *key, uint64_t *out)
+{
+    const char *v = st_safetensors_meta(r->cfg->resume, key);
+    char *end;
+    errno = 0;
+    unsigned long long x = v ? strtoull(v, &end, 10) : 0;
+    if (!v || end == v || *end || errno)
+        return st_fail(ST_ERR_FORMAT, "%s: no valid '%s' in its metadata: not a step checkpoint",
+                       r->cfg->resume_name, key);
+    *out = x;
+    return ST_OK;
+}
+
+static st_status meta_double(const run_shared *r, const char *key, double *out)
+{
+    const char *v = st_safetensors_meta(r->cfg->resume, key);
+    char *end;
+    double x = v ? strtod(v, &end) : 0.0;
+    if (!v || end == v || *end)
+        return st_fail(ST_ERR_FORMAT, "%s: no valid '%s' in its metadata: not a step checkpoint",
+                       r->cfg->resume_name, key);
+    *out = x;
+    return ST_OK;
+}
+
+/* The file's fingerprint against this run's, key by key. */
+static st_status check_fingerprint(const run_shared *r)
+{
+    const char *name = r->cfg->resume_name;
+    fingerprint fp;
+    make_fingerprint(r, &fp);
+    for (int i = 0; i < fp.n; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "subtrain.run.%s", fp.key[i]);
+        const char *v = st_safetensors_meta(r->cfg->resume, key);
+        if (!v)
+            return st_fail(ST_ERR_FORMAT, "%s: no '%s' in its metadata: not a step checkpoint "
+                           "of this version of subtrain", name, key);
+        if (strcmp(v, fp.value[i]) != 0)
+            return st_fail(ST_ERR_INVALID, "%s: its run had %s %s, this one has %s: resume "
+                           "with the options of the run that wrote it", name, fp.key[i], v,
+                           fp.value[i]);
+    }
+    return ST_OK;
+}
+
+st_status st_run_resume_tensor(const run_shared *r, const char *name, size_t count,
+                               const float **data)
+{
+    const st_st_tensor *t = st_safetensors_find(r->cfg->resume, name);
+    if (!t)
+        return st_fail(ST_ERR_FORMAT, "%s: no tensor '%s': not a step checkpoint of this run",
+                       r->cfg->resume_name, name);
+    if (t->dtype != ST_DTYPE_F32 || t->bytes != count * sizeof(float))
+        return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' is not F32 of %zu elements, as this run "
+                       "holds it", r->cfg->resume_name, name, count);
+    *data = t->data;
+    return ST_OK;
+}
+
+/* A tensor's values into dst (the file's data may be unaligned). */
+static st_status load_tensor(const run_shared *r, const char *name, float *dst, size_t count)
+{
+    const float *src;
+    ST_TRY(st_run_resume_tensor(r, name, count, &src));
+    memcpy(dst, src, count * sizeof *dst);
+    return ST_OK;
+}
+
+st_status st_run_resume_open(run_shared *r)
+{
+    const st_train_config *cfg = r->cfg;
+    if (!cfg->resume)
+        return ST_OK;
+    const char *name = cfg->resume_name ? cfg->resume_name : "the checkpoint";
+    const char *kind = st_safetensors_meta(cfg->resume, "subtrain.kind");
+    if (!kind || strcmp(kind, "state") != 0)
+        return st_fail(ST_ERR_INVALID, "%s holds weights only, not a training state: --resume "
+                       "takes a step checkpoint (DIR/step-*.safetensors); --init starts from "
+                       "weights", name);
+    if (r->ops->not_resumable)
+        return st_fail(ST_ERR_INVALID, "%s: %s", name, r->ops->not_resumable);
+    /* the plan is the strategy's (prepare); what the fingerprint needs of
+     * it is the same for every strategy that resumes */
+    ST_TRY(st_run_make_plan(cfg, r->n, r->train, &r->plan));
+    ST_TRY(check_fingerprint(r));
+    run_resume *rs = calloc(1, sizeof *rs);
+    if (!rs)
+        return st_fail(ST_ERR_NOMEM, "out of memory resuming %s", name);
+    r->resume = rs;
+    rs->file = cfg->resume;
+    rs->name = name;
+    uint64_t epoch;
+    ST_TRY(meta_u64(r, "subtrain.epoch", &epoch));
+    ST_TRY(meta_u64(r, "subtrain.epoch_step", &rs->at.epoch_step));
+    ST_TRY(meta_u64(r, "subtrain.step", &rs->at.step));
+    ST_TRY(meta_double(r, "subtrain.loss_sum", &rs->at.loss_sum));
+    ST_TRY(meta_u64(r, "subtrain.losses", &rs->at.losses));
+    ST_TRY(meta_double(r, "subtrain.train_time", &rs->at.train_time));
+    rs->at.epoch = (int)epoch;
+    const run_plan *p = &r->plan;
+    if (epoch < 1 || epoch > (uint64_t)p->epochs || rs->at.epoch_step >= p->steps_per_epoch ||
+        rs->at.step != (epoch - 1) * p->steps_per_epoch + rs->at.epoch_step ||
+        rs->at.step >= p->total_steps || rs->at.losses != rs->at.epoch_step)
+        return st_fail(ST_ERR_FORMAT, "%s: its position (epoch %llu, step %llu of the epoch, "
+                       "step %llu) is not one of this run of %llu steps", name,
+                       (unsigned long long)epoch, (unsigned long long)rs->at.epoch_step,
+                       (unsigned long long)rs->at.step, (unsigned long long)p->total_steps);
+    if (st_safetensors_meta(cfg->resume, "subtrain.ist.rounds")) {
+        ST_TRY(meta_u64(r, "subtrain.ist.rounds", &rs->rounds));
+        ST_TRY(meta_u64(r, "subtrain.ist.round_step", &rs->round_step));
+    }
+    rs->params = malloc((r->n_params ? r->n_params : 1) * sizeof *rs->params);
+    if (!rs->params)
+        return st_fail(ST_ERR_NOMEM, "out of memory for %zu parameters resuming %s",
+                       r->n_params, name);
+    st_model_config mc = cfg->model;
+    memset(&mc.subnet, 0, sizeof mc.subnet);
+    ST_TRY(st_checkpoint_load_weights(cfg->resume, name, &mc, rs->params));
+    if (r->state_full)
+        ST_TRY(load_tensor(r, "train.state.full", r->state_full, r->n_state));
+    return ST_OK;
+}
+
+void st_run_resume_close(run_shared *r)
+{
+    if (!r->resume)
+        return;
+    free(r->resume->params);
+    free(r->resume);
+    r->resume = NULL;
+}
+
+st_status st_run_resume_worker(run_shared *r, st_worker *w)
+{
+    char name[ST_ST_MAX_NAME];
+    ST_TRY(st_model_load_full_params(w->model, r->resume->params));
+    if (w->optim.m) {
+        snprintf(name, sizeof name, "train.optimizer.m.worker%d", w->id);
+        ST_TRY(load_tensor(r, name, w->optim.m, w->optim.n));
+    }
+    if (w->optim.v) {
+        snprintf(name, sizeof name, "train.optimizer.v.worker%d", w->id);
+        ST_TRY(load_tensor(r, name, w->optim.v, w->optim.n));
+    }
+    size_t count;
+    float *state = st_model_state(w->model, &count);
+    if (count) {
+        snprintf(name, sizeof name, "train.state.worker%d", w->id);
+        ST_TRY(load_tensor(r, name, state, count));
+    }
+    return r->ops->resume ? r->ops->resume(r, r->strategy, w) : ST_OK;
+}
