@@ -41,7 +41,12 @@ case_() {
     "$BIN" "$@" --checkpoint "$d/ckpt" --checkpoint-every "$k" --metrics "$d/ckpt.jsonl" \
         >"$d/ckpt.log" 2>&1 ||
         { echo "resume_table: $name: the checkpointing run failed ($d/ckpt.log)" >&2; bad=1; return; }
-    first=$(ls "$d/ckpt" | grep '^step-' | head -n 1)
+    # the first step checkpoint (PICK=last: the last one)
+    if [ "${PICK:-first}" = last ]; then
+        first=$(ls "$d/ckpt" | grep '^step-' | tail -n 1)
+    else
+        first=$(ls "$d/ckpt" | grep '^step-' | head -n 1)
+    fi
     [ -n "$first" ] || { echo "resume_table: $name: no step checkpoint written" >&2; bad=1; return; }
     at=$(echo "$first" | sed 's/step-0*\([0-9]*\)\.safetensors/\1/')
     "$BIN" "$@" --resume "$d/ckpt/$first" --checkpoint "$d/resumed" \
@@ -80,6 +85,9 @@ case_ "sdp neurons, mlp, resample 5" 301 $SYN $MLP --workers 2 --strategy sdp --
 case_ "ist resmlp, 4 local steps, stop mid-round" 99 $SYN $RES --workers 2 --strategy ist --local-steps 4
 case_ "ist mlp, 5 local steps, optimizer state kept" 260 $SYN $MLP --workers 2 --strategy ist --local-steps 5 --optimizer-state keep
 case_ "dp, 2 workers, at an epoch end" 256 $SYN $MLP --workers 2
+SYNTH="--strategy synth --model mlp --depth 3 --width 64 --batch 32 --epochs 3 --workers 3 --oversubscribe"
+case_ "synth, 2 segments, at segment epoch 2's end" 400 $SYN $SYNTH --recovery-epochs 1
+PICK=last case_ "synth, in the recovery epochs" 300 $SYN $SYNTH --recovery-epochs 2
 if [ "${FULL:-0}" = 1 ] && [ -d "$FASHION" ]; then
     case_ "dp resnet (batch norm), Fashion-MNIST" 25 --data "$FASHION" --progress none --quiet \
         --model resnet --depth 1 --width 8 --batch 32 --steps 60 --workers 2

@@ -495,6 +495,9 @@ Test(cli, stopped_runs_resume_bitwise, .timeout = 240)
     expect_exact_resume(opts);
     snprintf(opts, sizeof opts, "%s --strategy ist --local-steps 7 --optimizer-state keep", base);
     expect_exact_resume(opts);
+    /* synth stops at a segment epoch's end (or in its recovery epochs) */
+    expect_exact_resume("--data synthetic --strategy synth --depth 3 --width 32 --batch 32 "
+                        "--epochs 8 --recovery-epochs 2 --workers 2");
 }
 
 /* --checkpoint-every with --keep: the newest K step files stay;
@@ -591,7 +594,6 @@ Test(cli, resume_refuses_another_run_or_a_bad_file, .timeout = 120)
                        "--checkpoint-every");
     expect_usage_error("--data synthetic --usr1 later", "--usr1");
     expect_usage_error("--data synthetic --init a --resume b", "--init and --resume");
-    expect_usage_error("--data synthetic --strategy synth --resume b", "synth");
 }
 
 /* n CIFAR-10 records into dir/name. */

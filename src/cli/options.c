@@ -800,10 +800,6 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     if (o->init_path && o->resume_path)
         return fail(err, n, "--init and --resume: a resumed run continues from its "
                     "checkpoint's weights; give one of them");
-    if (o->train.strategy == ST_STRATEGY_SYNTH &&
-        (o->resume_path || o->train.checkpoint.every || o->train.checkpoint.every_epoch))
-        return fail(err, n, "--strategy synth cannot be checkpointed and resumed yet "
-                    "(--checkpoint-every, --resume): its segment epochs' state has no checkpoint");
     o->train.checkpoint.dir = o->checkpoint_dir;
     return 0;
 }

@@ -160,9 +160,13 @@ static void make_fingerprint(const run_shared *r, fingerprint *fp)
     fp_add(fp, "activation", "%s", st_activation_name(m->activation));
     fp_add(fp, "batch", "%d", c->batch);
     fp_add(fp, "seed", "%" PRIu64, c->seed);
-    fp_add(fp, "steps", "%" PRIu64, r->plan.total_steps);
+    fp_add(fp, "epochs", "%d", c->steps ? 0 : c->epochs);
+    fp_add(fp, "steps", "%" PRIu64, c->steps);
     fp_add(fp, "schedule", "%s", st_schedule_name(c->schedule));
-    fp_add(fp, "warmup", "%" PRIu64, r->plan.schedule.warmup_steps);
+    if (c->warmup_steps == ST_WARMUP_AUTO)
+        fp_add(fp, "warmup", "auto");
+    else
+        fp_add(fp, "warmup", "%" PRIu64, c->warmup_steps);
     fp_add(fp, "optimizer", "%s", st_optimizer_name(c->optim.kind));
     fp_add(fp, "lr", "%a", (double)c->optim.lr);
     fp_add(fp, "momentum", "%a", (double)c->optim.momentum);
@@ -182,6 +186,18 @@ static void make_fingerprint(const run_shared *r, fingerprint *fp)
         fp_add(fp, "coverage", "%a", c->coverage);
         fp_add(fp, "resample", "%" PRIu64, c->resample);
         fp_add(fp, "scale-branches", "%d", c->scale_branches);
+    }
+    if (c->strategy == ST_STRATEGY_SYNTH) {
+        const st_synth_config *s = &c->synth;
+        fp_add(fp, "segments", "%d", s->segments);
+        char cuts[96] = "";
+        for (int i = 0; i + 1 < s->segments && i < ST_SYNTH_MAX_SEGMENTS - 1; i++)
+            snprintf(cuts + strlen(cuts), sizeof cuts - strlen(cuts), "%s%d", i ? "," : "",
+                     s->cuts[i]);
+        fp_add(fp, "cuts", "%s", cuts);
+        fp_add(fp, "synth-labels", "%d,%a,%a", (int)s->labels, (double)s->scale,
+               (double)s->noise);
+        fp_add(fp, "recovery-epochs", "%d", s->recovery_epochs);
     }
     if (c->strategy == ST_STRATEGY_IST) {
         fp_add(fp, "local-steps", "%" PRIu64, c->local_steps);
@@ -227,8 +243,9 @@ static st_status add_workers(run_ckpt *ck, run_shared *r)
             snprintf(name, sizeof name, "train.optimizer.v.worker%d", k);
             ST_TRY(st_run_ckpt_tensor(ck, name, o->v, o->n));
         }
-        size_t count;
-        const float *state = st_model_state(r->slots[k].model, &count);
+        size_t count = 0;
+        const float *state = r->slots[k].model ? st_model_state(r->slots[k].model, &count)
+                                               : NULL;
         if (count) {
             snprintf(name, sizeof name, "train.state.worker%d", k);
             ST_TRY(st_run_ckpt_tensor(ck, name, state, count));
@@ -276,16 +293,17 @@ st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_positi
     if (s == ST_OK && r->ops->save)
         s = r->ops->save(r, r->strategy, &ck);
     char path[4096];
-    snprintf(path, sizeof path, "%s/step-%08" PRIu64 ".safetensors", plan->dir, at->step);
+    const uint64_t named = r->ckpt_step_offset + at->step;
+    snprintf(path, sizeof path, "%s/step-%08" PRIu64 ".safetensors", plan->dir, named);
     st_model_config mc = r->cfg->model;
     memset(&mc.subnet, 0, sizeof mc.subnet);
     if (s == ST_OK)
         s = st_checkpoint_write(path, &mc, params, ck.tensors, ck.n, ck.meta, ck.n_meta);
     ckpt_free(&ck);
     ST_TRY(s);
-    prune(plan->dir, plan->keep, at->step);
+    prune(plan->dir, plan->keep, named);
     if (r->cb && r->cb->on_checkpoint)
-        r->cb->on_checkpoint(path, at->step, r->cb->user);
+        r->cb->on_checkpoint(path, named, r->cb->user);
     return ST_OK;
 }
 
@@ -373,9 +391,6 @@ st_status st_run_resume_open(run_shared *r)
                        "weights", name);
     if (r->ops->not_resumable)
         return st_fail(ST_ERR_INVALID, "%s: %s", name, r->ops->not_resumable);
-    /* the plan is the strategy's (prepare); what the fingerprint needs of
-     * it is the same for every strategy that resumes */
-    ST_TRY(st_run_make_plan(cfg, r->n, r->train, &r->plan));
     ST_TRY(check_fingerprint(r));
     run_resume *rs = calloc(1, sizeof *rs);
     if (!rs)
@@ -390,15 +405,10 @@ st_status st_run_resume_open(run_shared *r)
     ST_TRY(meta_double(r, "subtrain.loss_sum", &rs->at.loss_sum));
     ST_TRY(meta_u64(r, "subtrain.losses", &rs->at.losses));
     ST_TRY(meta_double(r, "subtrain.train_time", &rs->at.train_time));
+    if (epoch < 1 || epoch > 1000000)
+        return st_fail(ST_ERR_FORMAT, "%s: epoch %llu in its metadata", name,
+                       (unsigned long long)epoch);
     rs->at.epoch = (int)epoch;
-    const run_plan *p = &r->plan;
-    if (epoch < 1 || epoch > (uint64_t)p->epochs || rs->at.epoch_step >= p->steps_per_epoch ||
-        rs->at.step != (epoch - 1) * p->steps_per_epoch + rs->at.epoch_step ||
-        rs->at.step >= p->total_steps || rs->at.losses != rs->at.epoch_step)
-        return st_fail(ST_ERR_FORMAT, "%s: its position (epoch %llu, step %llu of the epoch, "
-                       "step %llu) is not one of this run of %llu steps", name,
-                       (unsigned long long)epoch, (unsigned long long)rs->at.epoch_step,
-                       (unsigned long long)rs->at.step, (unsigned long long)p->total_steps);
     if (st_safetensors_meta(cfg->resume, "subtrain.ist.rounds")) {
         ST_TRY(meta_u64(r, "subtrain.ist.rounds", &rs->rounds));
         ST_TRY(meta_u64(r, "subtrain.ist.round_step", &rs->round_step));
@@ -415,6 +425,27 @@ st_status st_run_resume_open(run_shared *r)
     return ST_OK;
 }
 
+st_status st_run_resume_check_position(const run_shared *r)
+{
+    const run_resume *rs = r->resume;
+    if (!rs)
+        return ST_OK;
+    const run_plan *p = &r->plan;
+    const run_position *at = &rs->at;
+    /* (1, 0, 0): the loop's start, where a run whose checkpoint is of its
+     * pre-loop phase (synth's segment epochs) resumes, whatever its plan */
+    if (at->epoch == 1 && at->epoch_step == 0 && at->step == 0 && at->losses == 0)
+        return ST_OK;
+    if (at->epoch > p->epochs || at->epoch_step >= p->steps_per_epoch ||
+        at->step != (uint64_t)(at->epoch - 1) * p->steps_per_epoch + at->epoch_step ||
+        at->step >= p->total_steps || at->losses != at->epoch_step)
+        return st_fail(ST_ERR_FORMAT, "%s: its position (epoch %d, step %llu of the epoch, "
+                       "step %llu) is not one of this run of %llu steps", rs->name, at->epoch,
+                       (unsigned long long)at->epoch_step, (unsigned long long)at->step,
+                       (unsigned long long)p->total_steps);
+    return ST_OK;
+}
+
 void st_run_resume_close(run_shared *r)
 {
     if (!r->resume)
@@ -424,7 +455,7 @@ void st_run_resume_close(run_shared *r)
     r->resume = NULL;
 }
 
-st_status st_run_resume_worker(run_shared *r, st_worker *w)
+st_status st_run_resume_model(run_shared *r, st_worker *w)
 {
     char name[ST_ST_MAX_NAME];
     ST_TRY(st_model_load_full_params(w->model, r->resume->params));
@@ -442,5 +473,5 @@ st_status st_run_resume_worker(run_shared *r, st_worker *w)
         snprintf(name, sizeof name, "train.state.worker%d", w->id);
         ST_TRY(load_tensor(r, name, state, count));
     }
-    return r->ops->resume ? r->ops->resume(r, r->strategy, w) : ST_OK;
+    return ST_OK;
 }

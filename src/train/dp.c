@@ -94,11 +94,12 @@ static st_status dp_update(run_shared *r, void *state, st_worker *w, uint64_t i,
     return ST_OK;
 }
 
-/* Resuming: the master shard too (the replica, which the loop loaded, is
- * the masters' all-gather). */
+/* Resuming: the replica and optimizer shard, and the master shard (the
+ * replica is its all-gather). */
 static st_status dp_resume(run_shared *r, void *state, st_worker *w)
 {
     (void)state;
+    ST_TRY(st_run_resume_model(r, w));
     if (!r->comm)
         return ST_OK;
     st_range shard = st_comm_shard(r->comm, w->id);

@@ -275,13 +275,14 @@ static st_status ist_save(run_shared *r, void *state, run_ckpt *ck)
                             (unsigned long long)s->workers[0].round_step);
 }
 
-/* Resuming at a round end: the saved masters and state shards, the
- * counters; the loop loaded the subnetwork of the round's partition
- * (prepare drew it) and its optimizer vectors from the same file. */
+/* Resuming at a round end: the subnetwork of the round's partition
+ * (prepare drew it) with its parameters and optimizer vectors, the saved
+ * masters and state shards, the counters. */
 static st_status ist_resume(run_shared *r, void *state, st_worker *w)
 {
     ist_run *s = state;
     const int wid = w->id;
+    ST_TRY(st_run_resume_model(r, w));
     st_range shard = st_comm_shard(r->comm, wid);
     const size_t len = shard.end - shard.begin;
     memcpy(s->sn.saved[wid].master, r->resume->params + shard.begin, len * sizeof(float));

@@ -133,6 +133,11 @@ typedef struct run_shared {
     atomic_ullong save_step;          /* a checkpoint asked for (callbacks'
                                        * checkpoint_now) at this step; 0: none */
     run_resume *resume;               /* NULL: a new run (checkpoint.c) */
+    uint64_t ckpt_step_offset;        /* a step checkpoint's name counts the steps
+                                       * before the loop's (synth: its segment
+                                       * epochs') */
+    int stopped;                      /* the pre-loop phase stopped the run
+                                       * (a graceful stop): no loop epochs */
     st_status error_status;
     char error[512];
     st_epoch_record final;
@@ -243,10 +248,11 @@ void st_run_load_state(const run_shared *r, st_model *m);
  * the averaged running statistics restored.  No-op without cfg->resume. */
 st_status st_run_resume_open(run_shared *r);
 void st_run_resume_close(run_shared *r);
-/* Every worker after the strategy's init_worker, resuming: its model's
- * parameters, optimizer vectors and running statistics, then the
- * strategy's resume hook. */
-st_status st_run_resume_worker(run_shared *r, st_worker *w);
+/* After the strategy's prepare: the position is one of r->plan. */
+st_status st_run_resume_check_position(const run_shared *r);
+/* A strategy's resume hook: worker w's model's parameters (from the full
+ * vector), its optimizer vectors and its model's running statistics. */
+st_status st_run_resume_model(run_shared *r, st_worker *w);
 /* A tensor of the file being resumed, checked: F32, `count` elements
  * (whose: for the message). */
 st_status st_run_resume_tensor(const run_shared *r, const char *name, size_t count,

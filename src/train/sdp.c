@@ -186,11 +186,12 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
     return ST_OK;
 }
 
-/* Resuming: the master shard (the parameters nobody holds included; the
- * loop loaded the subnetwork's own from the same full vector). */
+/* Resuming: the subnetwork's parameters, optimizer shard and statistics,
+ * and the master shard (the parameters nobody holds included). */
 static st_status sdp_resume(run_shared *r, void *state, st_worker *w)
 {
     sdp_run *s = state;
+    ST_TRY(st_run_resume_model(r, w));
     st_range shard = st_comm_shard(r->comm, w->id);
     memcpy(st_comm_shard_params(masters(r, s), w->id), r->resume->params + shard.begin,
            (shard.end - shard.begin) * sizeof(float));

@@ -112,11 +112,12 @@ typedef struct st_strategy_ops {
      * optimizer state's shards, the round). */
     st_status (*save)(run_shared *r, void *state, run_ckpt *ck);
 
-    /* Resuming (r->resume): every worker after init_worker and after the
-     * loop loaded its model's parameters, optimizer vectors and running
-     * statistics (checkpoint.c): what is the strategy's own (the master
-     * shards, ist's rounds).  Its prepare already drew the assignment of
-     * the round being resumed.  The loop's first barrier follows. */
+    /* Resuming (r->resume): every worker after init_worker loads what the
+     * checkpoint holds of it (st_run_resume_model: its model's parameters,
+     * optimizer vectors and running statistics) and what is the
+     * strategy's own (the master shards, ist's rounds).  Its prepare
+     * already drew the assignment of the round being resumed.  The loop's
+     * first barrier follows.  Required unless not_resumable. */
     st_status (*resume)(run_shared *r, void *state, st_worker *w);
 
     /* Optional: a worker failed; any thread: releases everyone waiting in

@@ -113,6 +113,10 @@ typedef struct synth_run {
     st_mem_stats phase1_worst;       /* the largest worker of the segment epochs */
     const st_train_callbacks *user_cb;
     st_train_callbacks wrap_cb;      /* recovery: renumbers, then calls user_cb */
+    int recovering;                  /* the recovery epochs have begun */
+    int segment_epochs_done;         /* resumed: segment epochs before the checkpoint */
+    int stop_now, save_now;          /* worker 0's decision at a segment epoch's end,
+                                      * read by all after its second barrier */
 } synth_run;
 
 /* The strategy's state, as the hooks also get it. */
@@ -331,6 +335,18 @@ static st_status synth_prepare(run_shared *r, void **state)
     ST_TRY(make_groups(r, sy));
     ST_TRY(make_engines(r, sy));
     sy->steps1 = (uint64_t)cfg->epochs * sy->groups[0].steps_per_epoch;
+    if (r->resume) {
+        const char *done = st_safetensors_meta(r->resume->file, "subtrain.synth.segment_epochs");
+        char *end;
+        long v = done ? strtol(done, &end, 10) : -1;
+        if (!done || *end || v < 1 || v > cfg->epochs)
+            return st_fail(ST_ERR_FORMAT, "%s: no valid subtrain.synth.segment_epochs in its "
+                           "metadata", r->resume->name);
+        sy->segment_epochs_done = (int)v;
+        if (v < cfg->epochs && (r->resume->at.epoch != 1 || r->resume->at.step != 0))
+            return st_fail(ST_ERR_FORMAT, "%s: a recovery position before the segment epochs "
+                           "ended", r->resume->name);
+    }
     sy->samples_per_epoch = samples_per_epoch(r, sy);
     if (cfg->synth.recovery_epochs > 0) {
         st_train_config rc = *cfg;
@@ -668,6 +684,36 @@ static void fill_record(run_shared *r, st_epoch_record *rec)
 
 /* ------------------------------------------------------------ the segment epochs */
 
+/* Worker 0 at a segment epoch's end, the others waiting at its second
+ * barrier with their optimizers published: a stop asked for (the groups
+ * meet nowhere else, so a stop waits for the epoch's end), a checkpoint
+ * asked for or due (--checkpoint-every counts group 0's steps), written
+ * here.  The decisions are read by every worker after the barrier. */
+static st_status segment_requests(run_shared *r, synth_run *sy, int epoch, double train_time)
+{
+    const st_train_config *cfg = r->cfg;
+    const st_train_callbacks *cb = r->cb;
+    const uint64_t every = cfg->checkpoint.every, steps = sy->workers[0].steps,
+                   per_epoch = sy->groups[0].steps_per_epoch;
+    const int last = epoch == cfg->epochs && cfg->synth.recovery_epochs == 0;
+    sy->stop_now = cb && cb->stop && *cb->stop && !last;
+    r->stopped = sy->stop_now;
+    if (cb && cb->checkpoint_now && *cb->checkpoint_now) {
+        *cb->checkpoint_now = 0;
+        sy->save_now = 1;
+    }
+    const int due = cfg->checkpoint.every_epoch ||
+                    (every && steps / every > (steps - per_epoch) / every);
+    if (!cfg->checkpoint.dir || last || !(sy->stop_now || sy->save_now || due))
+        return ST_OK;
+    /* the loop's position is its start: the recovery epochs' */
+    const run_position at = { 1, 0, 0, 0.0, 0, train_time };
+    r->ckpt_step_offset = steps;
+    ST_TRY(st_run_checkpoint_write(r, NULL, &at));
+    sy->save_now = 0;
+    return ST_OK;
+}
+
 /* The end of a segment epoch for worker w: its slot, the join (each group
  * writes its own range of the joined vector; after its all-gather every
  * replica holds the same values), the barrier, then worker 0 evaluates the
@@ -690,6 +736,8 @@ static st_status epoch_end(run_shared *r, st_worker *w, int epoch, double te, fl
     if (wid == G->first)
         memcpy(st_model_params(sy->joined) + G->full_offset, st_segnet_params(me->net),
                G->n_params * sizeof(float));
+    slot->model = NULL;   /* a checkpoint's: a segment has no running statistics */
+    slot->optim = &w->optim;
     ST_TRY(epoch_sync(sy));
     double epoch_time = st_run_now_s() - te;
     *train_time += epoch_time;
@@ -704,6 +752,7 @@ static st_status epoch_end(run_shared *r, st_worker *w, int epoch, double te, fl
         fill_record(r, rec);
         if (r->cb && r->cb->on_epoch)
             r->cb->on_epoch(rec, r->cb->user);
+        ST_TRY(segment_requests(r, sy, epoch, *train_time));
     }
     return epoch_sync(sy); /* the slots and group sums are read until here */
 }
@@ -718,10 +767,11 @@ static st_status segment_epochs(run_shared *r, st_worker *w)
     const int leader = wid == G->first;
     st_epoch_record rec;
     memset(&rec, 0, sizeof rec);
-    double train_time = 0.0;
+    double train_time = r->resume ? r->resume->at.train_time : 0.0;
     float lr = 0.0f;
+    int stopped = 0;
 
-    for (int epoch = 1; epoch <= cfg->epochs; epoch++) {
+    for (int epoch = sy->segment_epochs_done + 1; epoch <= cfg->epochs && !stopped; epoch++) {
         /* Every group draws the same order from the seed: no sharing. */
         st_epoch_order(cfg->seed, (uint64_t)epoch - 1, w->order, r->train->count);
         memset(&r->slots[wid].times, 0, sizeof r->slots[wid].times);
@@ -739,13 +789,15 @@ static st_status segment_epochs(run_shared *r, st_worker *w)
                 report_step(r, epoch, me->steps, loss, lr, train_time + (st_run_now_s() - te));
         }
         ST_TRY(epoch_end(r, w, epoch, te, lr, &train_time, &rec));
+        stopped = sy->stop_now;
     }
     if (wid == 0) {
         sy->phase1_worst = rec.memory;
         r->final = rec;
-        if (cfg->synth.recovery_epochs == 0) {
+        if (cfg->synth.recovery_epochs == 0 || stopped) {
             rec.final = 1;
-            rec.samples_per_s = (double)cfg->epochs * sy->samples_per_epoch / train_time;
+            rec.interrupted = stopped;
+            rec.samples_per_s = (double)rec.epoch * sy->samples_per_epoch / train_time;
             if (r->cb && r->cb->on_epoch)
                 r->cb->on_epoch(&rec, r->cb->user);
             r->final = rec;
@@ -783,6 +835,20 @@ static void wrap_on_step(const st_step_info *info, void *user)
     cb->on_step(&i, cb->user);
 }
 
+static void wrap_on_checkpoint(const char *path, uint64_t step, void *user)
+{
+    const run_shared *r = user;
+    const st_train_callbacks *cb = synth_of(r)->user_cb;
+    cb->on_checkpoint(path, step, cb->user);
+}
+
+static void wrap_on_params(const float *params, size_t count, void *user)
+{
+    const run_shared *r = user;
+    const st_train_callbacks *cb = synth_of(r)->user_cb;
+    cb->on_params(params, count, cb->user);
+}
+
 static void wrap_on_epoch(const st_epoch_record *rec, void *user)
 {
     const run_shared *r = user;
@@ -806,7 +872,14 @@ static st_status recovery_start(run_shared *r, st_worker *w, const st_chunk_back
     ST_TRY(st_run_attach_worker(r->comm, NULL, wid, w, NULL)); /* N >= S >= 2: the run has an engine */
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
+    if (r->resume && r->resume->at.step > 0) {   /* resumed in the recovery epochs */
+        ST_TRY(st_run_resume_model(r, w));
+        memcpy(st_comm_shard_params(r->comm, wid), r->resume->params + shard.begin,
+               (shard.end - shard.begin) * sizeof(float));
+    }
     if (wid == 0) {
+        sy->recovering = 1;
+        r->ckpt_step_offset = sy->steps1;
         sy->user_cb = r->cb;
         if (r->cb) {
             /* warnings were given before the segment epochs */
@@ -815,6 +888,10 @@ static st_status recovery_start(run_shared *r, st_worker *w, const st_chunk_back
                 .on_epoch = r->cb->on_epoch ? wrap_on_epoch : NULL,
                 .on_warning = NULL,
                 .user = r,
+                .stop = r->cb->stop,
+                .checkpoint_now = r->cb->checkpoint_now,
+                .on_checkpoint = r->cb->on_checkpoint ? wrap_on_checkpoint : NULL,
+                .on_params = r->cb->on_params ? wrap_on_params : NULL,
             };
             r->cb = &sy->wrap_cb;
         }
@@ -828,11 +905,12 @@ static st_status recovery_start(run_shared *r, st_worker *w, const st_chunk_back
 static st_status synth_pre_loop(run_shared *r, void *state, st_worker *w,
                                 const st_chunk_backend *backend)
 {
-    synth_worker *me = &((synth_run *)state)->workers[w->id];
-    st_status s = segment_epochs(r, w);
+    synth_run *sy = state;
+    synth_worker *me = &sy->workers[w->id];
+    st_status s = sy->segment_epochs_done < r->cfg->epochs ? segment_epochs(r, w) : ST_OK;
     st_segnet_destroy(me->net); /* before its arena goes */
     me->net = NULL;
-    if (s != ST_OK || r->cfg->synth.recovery_epochs == 0)
+    if (s != ST_OK || r->cfg->synth.recovery_epochs == 0 || r->stopped)
         return s;
     return recovery_start(r, w, backend);
 }
@@ -859,13 +937,66 @@ static st_comm_bytes synth_bytes(const run_shared *r, const void *state, int wid
     return st_run_engine_bytes(r, wid);
 }
 
-/* After the recovery epochs: worker 0's replica of the joined mlp. */
+/* In the recovery epochs: worker 0's replica of the joined mlp; before
+ * them (a segment epoch's checkpoint, a run without recovery): the joined
+ * network, as the last epoch end joined it. */
 static const float *synth_full_params(run_shared *r, void *state, st_worker *w0, size_t *count)
 {
     (void)r;
-    (void)state;
-    *count = st_model_param_count(w0->model);
-    return st_model_params(w0->model);
+    synth_run *sy = state;
+    st_model *m = sy->recovering ? w0->model : sy->joined;
+    *count = st_model_param_count(m);
+    return st_model_params(m);
+}
+
+/* A checkpoint's: the segment epochs done (all of them in the recovery
+ * epochs). */
+static st_status synth_save(run_shared *r, void *state, run_ckpt *ck)
+{
+    synth_run *sy = state;
+    const int done = sy->recovering ? r->cfg->epochs
+                                    : (int)(sy->workers[0].steps / sy->groups[0].steps_per_epoch);
+    return st_run_ckpt_meta(ck, "subtrain.synth.segment_epochs", "%d", done);
+}
+
+/* Resuming in the segment epochs: each worker's segment from the joined
+ * parameters, its group's master shard and its optimizer shard, its step
+ * count; worker 0's joined network.  Resuming in the recovery epochs:
+ * nothing here (recovery_start loads the model it builds). */
+static st_status synth_resume(run_shared *r, void *state, st_worker *w)
+{
+    synth_run *sy = state;
+    const int wid = w->id;
+    synth_group *G = &sy->groups[sy->group_of[wid]];
+    synth_worker *me = &sy->workers[wid];
+    const float *full = r->resume->params;
+    if (wid == 0)
+        memcpy(st_model_params(sy->joined), full, r->n_params * sizeof(float));
+    if (sy->segment_epochs_done == r->cfg->epochs)
+        return ST_OK;
+    float *p = st_segnet_params(me->net);
+    memcpy(p, full + G->full_offset, G->n_params * sizeof(float));
+    if (G->comm) {
+        const int k = wid - G->first;
+        st_range shard = st_comm_shard(G->comm, k);
+        memcpy(st_comm_shard_params(G->comm, k), p + shard.begin,
+               (shard.end - shard.begin) * sizeof(float));
+    }
+    char name[ST_ST_MAX_NAME];
+    const float *src;
+    if (w->optim.m) {
+        snprintf(name, sizeof name, "train.optimizer.m.worker%d", wid);
+        ST_TRY(st_run_resume_tensor(r, name, w->optim.n, &src));
+        memcpy(w->optim.m, src, w->optim.n * sizeof(float));
+    }
+    if (w->optim.v) {
+        snprintf(name, sizeof name, "train.optimizer.v.worker%d", wid);
+        ST_TRY(st_run_resume_tensor(r, name, w->optim.n, &src));
+        memcpy(w->optim.v, src, w->optim.n * sizeof(float));
+    }
+    me->steps = (uint64_t)sy->segment_epochs_done * G->steps_per_epoch;
+    atomic_store_explicit(&G->done, me->steps, memory_order_relaxed);
+    return ST_OK;
 }
 
 /* The final record of the recovery epochs follows the segment epochs. */
@@ -878,8 +1009,6 @@ static void synth_post_loop(run_shared *r, void *state, st_worker *w)
 
 const st_strategy_ops st_synth_ops = {
     .name = "synth",
-    .not_resumable = "cannot be resumed yet: its segment epochs' state (each group's "
-                     "optimizer shards and position) has no checkpoint",
     .not_stepwise = "its segment epochs, where each group of workers takes its own number "
                     "of steps, are no sequence of steps of the run",
     .check = synth_check,
@@ -891,6 +1020,8 @@ const st_strategy_ops st_synth_ops = {
     .bytes = synth_bytes,
     .full_params = synth_full_params,
     .post_loop = synth_post_loop,
+    .save = synth_save,
+    .resume = synth_resume,
     .abort = synth_abort,
     .release = synth_release,
 };

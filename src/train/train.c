@@ -78,7 +78,8 @@ st_status st_loop_prepare(run_shared *r)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d worker slots", r->n);
     memset(r->slots, 0, sizeof(worker_slot) * (size_t)r->n);
     ST_TRY(st_run_resume_open(r));
-    return r->ops->prepare(r, &r->strategy);
+    ST_TRY(r->ops->prepare(r, &r->strategy));
+    return st_run_resume_check_position(r);
 }
 
 void st_loop_release(run_shared *r)
@@ -105,7 +106,7 @@ st_status st_loop_init_worker(run_shared *r, int wid, st_worker *w, st_chunk_bac
     ST_TRY(st_plan_bind_self(r->topology, &r->placement, wid));
     *backend = st_numa_backend(&slot->numa, r->topology, pl->numa_os);
     ST_TRY(r->ops->init_worker(r, r->strategy, wid, w, backend));
-    return r->resume ? st_run_resume_worker(r, w) : ST_OK;
+    return r->resume ? r->ops->resume(r, r->strategy, w) : ST_OK;
 }
 
 void st_loop_report_warnings(run_shared *r)
@@ -203,11 +204,13 @@ static st_status checkpoint(run_shared *r, st_worker *w, const run_position *at)
 }
 
 /* The first step at or after which a periodic checkpoint is due, after
- * one at `step`. */
+ * one at `step` (counted as the checkpoints' names count: from the run's
+ * start, synth's segment epochs included). */
 static uint64_t next_due(const run_shared *r, uint64_t step)
 {
-    const uint64_t every = r->cfg->checkpoint.dir ? r->cfg->checkpoint.every : 0;
-    return every ? (step / every + 1) * every : UINT64_MAX;
+    const uint64_t every = r->cfg->checkpoint.dir ? r->cfg->checkpoint.every : 0,
+                   off = r->ckpt_step_offset;
+    return every ? ((off + step) / every + 1) * every - off : UINT64_MAX;
 }
 
 /* ------------------------------------------------------------ the epochs */
@@ -315,8 +318,14 @@ st_status st_loop_run_worker(run_shared *r, st_worker *w, const st_chunk_backend
         st_loop_report_warnings(r);
     if (r->ops->pre_loop)
         ST_TRY(r->ops->pre_loop(r, r->strategy, w, backend));
-    if (r->plan.epochs == 0)
-        return ST_OK; /* the pre-loop phase was the whole run */
+    if (r->plan.epochs == 0 || r->stopped) {   /* the pre-loop phase was the whole run */
+        if (w->id == 0 && r->cb && r->cb->on_params) {
+            size_t count;
+            const float *params = r->ops->full_params(r, r->strategy, w, &count);
+            r->cb->on_params(params, count, r->cb->user);
+        }
+        return ST_OK;
+    }
     ST_TRY(run_epochs(r, w));
     if (r->ops->post_loop)
         r->ops->post_loop(r, r->strategy, w);
