@@ -2,10 +2,13 @@
 # Installs what subtrain needs on Debian 12 (bookworm), if it is missing.
 # Idempotent: when everything is there it changes nothing and needs no
 # network.  Needs root (or sudo) only when something must be installed.
+# Packages given as arguments replace the list (scripts/test-fuzz.sh
+# installs clang and libFuzzer's runtime this way).
 set -eu
 
 PACKAGES="build-essential autoconf automake libtool autoconf-archive pkg-config
 libdnnl-dev libhwloc-dev libcriterion-dev zlib1g-dev dataset-fashion-mnist"
+[ $# -eq 0 ] || PACKAGES="$*"
 
 missing=""
 for p in $PACKAGES; do

@@ -171,6 +171,50 @@ Test(safetensors, bad_headers_are_refused_naming_the_file)
                    "\"data_offsets\":[0,4]}}", 4, "too large");
 }
 
+/* Seen while writing fuzz/fuzz_safetensors.c, whose check of a tensor's
+ * bytes against its shape then aborted on it: dimensions of up to 2^40
+ * make a product that wraps, here to 0 bytes, which empty offsets
+ * matched; the file was accepted with a shape of 2^80 elements. */
+Test(safetensors, a_shape_whose_size_wraps_is_refused)
+{
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],"
+                   "\"data_offsets\":[0,0]}}", 0, "2^64 bytes or more");
+    expect_refused("{\"a\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,1],"
+                   "\"data_offsets\":[0,0]}}", 0, "2^64 bytes or more");
+    /* a zero dimension is no element, however large the others */
+    char path[ST_TEST_PATH_MAX];
+    st_test_path(path, tmpdir, "zero.safetensors");
+    write_file(path, "{\"a\":{\"dtype\":\"U64\",\"shape\":[1099511627776,1099511627776,0],"
+               "\"data_offsets\":[0,0]}}", "", 0);
+    st_safetensors f;
+    cr_assert_eq(st_safetensors_read(path, &f), ST_OK, "%s", st_last_error());
+    cr_assert_eq(f.n, 1);
+    cr_assert_eq(f.tensors[0].bytes, 0);
+    st_safetensors_free(&f);
+}
+
+/* Found by fuzz/fuzz_safetensors.c on its first input: a file with no
+ * tensor (metadata only, or nothing, as the writer writes them) passed a
+ * NULL array to memcpy, undefined behaviour that the sanitizer build
+ * reports. */
+Test(safetensors, a_file_without_tensors_reads_back)
+{
+    char path[ST_TEST_PATH_MAX];
+    st_test_path(path, tmpdir, "empty.safetensors");
+    const st_st_meta meta[1] = { { "subtrain.model", "mlp" } };
+    for (int n_meta = 0; n_meta <= 1; n_meta++) {
+        cr_assert_eq(st_safetensors_write(path, NULL, 0, meta, n_meta), ST_OK);
+        st_safetensors f;
+        cr_assert_eq(st_safetensors_read(path, &f), ST_OK, "%s", st_last_error());
+        cr_assert_eq(f.n, 0);
+        cr_assert_eq(f.n_meta, n_meta);
+        cr_assert_null(st_safetensors_find(&f, "w"));
+        if (n_meta)
+            cr_assert_str_eq(st_safetensors_meta(&f, "subtrain.model"), "mlp");
+        st_safetensors_free(&f);
+    }
+}
+
 /* Every truncation of a good file, and a header length past the end, is
  * refused, never read out of bounds (the sanitizer build checks that). */
 Test(safetensors, truncated_files_are_refused)

@@ -474,9 +474,18 @@ static st_status parse_header(parser *ps, st_safetensors *f, uint64_t data_bytes
                 }
             if (s != ST_OK)
                 break;
+            /* each dimension is <= 2^40, so four of them can wrap: the
+             * product saturates (a zero dimension still makes it 0) */
             uint64_t want = dtypes[t->dtype].size;
-            for (int d = 0; d < t->ndims; d++)
-                want *= (uint64_t)t->shape[d];
+            for (int d = 0; d < t->ndims; d++) {
+                const uint64_t dim = (uint64_t)t->shape[d];
+                want = dim && want > UINT64_MAX / dim ? UINT64_MAX : want * dim;
+            }
+            if (want == UINT64_MAX) {
+                s = st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has a shape of 2^64 bytes or more",
+                            ps->path, name);
+                break;
+            }
             if (off[0] > off[1] || off[1] > data_bytes || off[1] - off[0] != want) {
                 s = st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has data_offsets [%llu, %llu]: its "
                             "%s shape needs %llu bytes of the %llu the file holds", ps->path,
@@ -502,7 +511,8 @@ static st_status parse_header(parser *ps, st_safetensors *f, uint64_t data_bytes
         if (!sorted) {
             s = st_fail(ST_ERR_NOMEM, "out of memory reading %s", ps->path);
         } else {
-            memcpy(sorted, spans, (size_t)f->n * sizeof *sorted);
+            if (f->n)   /* no tensor: spans is NULL, which memcpy may not take */
+                memcpy(sorted, spans, (size_t)f->n * sizeof *sorted);
             qsort(sorted, (size_t)f->n, sizeof *sorted, by_begin);
             uint64_t at = 0;
             for (int i = 0; i < f->n && s == ST_OK; i++) {

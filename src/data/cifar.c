@@ -120,9 +120,10 @@ static st_status check_labels(const cifar_format *f, const char *path, const uin
 }
 
 /* Reads the `records` records of path into x (records, 3072) and y, through
- * buf (CHUNK_RECORDS records). */
+ * buf (chunk records: CHUNK_RECORDS, fewer when no file holds that many,
+ * so that a small file costs no 786 KB buffer). */
 static st_status read_file(const cifar_format *f, const char *path, uint32_t records,
-                           uint8_t *buf, float *x, uint8_t *y)
+                           uint32_t chunk, uint8_t *buf, float *x, uint8_t *y)
 {
     FILE *file;
     ST_TRY(open_file(f, path, &file));
@@ -133,7 +134,7 @@ static st_status read_file(const cifar_format *f, const char *path, uint32_t rec
                     "then %lu)", path, (unsigned long)records, (unsigned long)now);
     size_t rec = record_bytes(f);
     for (size_t done = 0; s == ST_OK && done < records;) {
-        size_t n = records - done < CHUNK_RECORDS ? records - done : CHUNK_RECORDS;
+        size_t n = records - done < chunk ? records - done : chunk;
         errno = 0;
         size_t got = fread(buf, 1, n * rec, file);
         if (got < n * rec) {
@@ -179,6 +180,7 @@ st_status st_cifar_load_files(st_cifar_kind kind, const char *const *paths, int 
     if (!records)
         return st_fail(ST_ERR_NOMEM, "%s: out of memory", f->name);
     uint64_t total = 0;
+    uint32_t chunk = 1;   /* records a read converts: CHUNK_RECORDS, or the largest file */
     st_status s = ST_OK;
     for (int i = 0; s == ST_OK && i < n_paths; i++) {
         if (!paths[i])
@@ -186,6 +188,8 @@ st_status st_cifar_load_files(st_cifar_kind kind, const char *const *paths, int 
         else
             s = probe_file(f, paths[i], &records[i]);
         total += s == ST_OK ? records[i] : 0;
+        if (s == ST_OK && records[i] > chunk)
+            chunk = records[i] < CHUNK_RECORDS ? records[i] : CHUNK_RECORDS;
     }
     if (s == ST_OK && (total > UINT32_MAX ||
                        total > SIZE_MAX / (ST_CIFAR_PIXELS * sizeof(float))))
@@ -197,14 +201,14 @@ st_status st_cifar_load_files(st_cifar_kind kind, const char *const *paths, int 
     if (s == ST_OK) {
         x = malloc((size_t)total * ST_CIFAR_PIXELS * sizeof *x);   // (total, 3072)
         y = malloc((size_t)total);
-        buf = malloc(CHUNK_RECORDS * record_bytes(f));
+        buf = malloc((size_t)chunk * record_bytes(f));
         if (!x || !y || !buf)
             s = st_fail(ST_ERR_NOMEM, "%s: out of memory for %llu %s images", paths[0],
                         (unsigned long long)total, f->name);
     }
     size_t at = 0;
     for (int i = 0; s == ST_OK && i < n_paths; i++) {
-        s = read_file(f, paths[i], records[i], buf, x + at * ST_CIFAR_PIXELS, y + at);
+        s = read_file(f, paths[i], records[i], chunk, buf, x + at * ST_CIFAR_PIXELS, y + at);
         at += records[i];
     }
     free(records);
