@@ -92,8 +92,11 @@ if [ "${FULL:-0}" = 1 ] && [ -d "$FASHION" ]; then
     case_ "dp resnet (batch norm), Fashion-MNIST" 25 --data "$FASHION" --progress none --quiet \
         --model resnet --depth 1 --width 8 --batch 32 --steps 60 --workers 2
     case_ "sdp resnet channels, resample 10" 25 --data "$FASHION" --progress none --quiet \
-        --model resnet --depth 1 --width 8 --batch 32 --steps 60 --workers 2 --strategy sdp \
-        --subnet neuron --resample 10
+        --model resnet --depth 1 --width 16 --batch 32 --steps 60 --workers 2 --strategy sdp \
+        --subnet neuron --neuron-group 4 --resample 10
+    case_ "ist resnet blocks, 4 local steps" 25 --data "$FASHION" --progress none --quiet \
+        --model resnet --depth 2 --width 8 --batch 32 --steps 60 --workers 2 --strategy ist \
+        --local-steps 4
 fi
 if [ "${FULL:-0}" = 1 ] && [ -f "$GCIDE" ]; then
     case_ "gpt, gcide text, 2 workers" 30 --data "text:$GCIDE" --progress none --quiet \
