@@ -343,3 +343,52 @@ Test(weights, round_trip_and_refused_for_another_model)
     free(q);
     free(r);
 }
+
+/* A step checkpoint is a weights file with tensors under "train." after
+ * the weights: a weights reader takes it and skips them; a tensor of the
+ * model in another dtype is still refused. */
+Test(weights, a_training_state_loads_as_weights)
+{
+    char path[ST_TEST_PATH_MAX];
+    st_test_path(path, tmpdir, "s.safetensors");
+    st_model_config c = gpt_cfg(16);
+    const size_t n = st_model_config_param_count(&c);
+    float *p = malloc(n * sizeof *p), *q = calloc(n, sizeof *q);
+    cr_assert(p && q);
+    cr_assert_eq(st_model_init_full_range(&c, 5, 0, n, p), ST_OK);
+    const float m[4] = { 1, 2, 3, 4 };
+    st_st_tensor extra[1] = { { .name = ST_CHECKPOINT_STATE_PREFIX "optimizer.m.worker0",
+                                .dtype = ST_DTYPE_F32, .ndims = 1, .shape = { 4 }, .data = m } };
+    cr_assert_eq(st_checkpoint_write(path, &c, p, extra, 1, NULL, 0), ST_OK, "%s",
+                 st_last_error());
+    cr_assert_eq(st_checkpoint_read_weights(path, &c, q), ST_OK, "%s", st_last_error());
+    cr_assert_eq(memcmp(p, q, n * sizeof *p), 0);
+    st_safetensors f;
+    cr_assert_eq(st_safetensors_read(path, &f), ST_OK);
+    const st_st_tensor *t = st_safetensors_find(&f, "train.optimizer.m.worker0");
+    cr_assert(t && t->bytes == sizeof m && memcmp(t->data, m, sizeof m) == 0);
+    st_safetensors_free(&f);
+    /* every weight, one of them as bytes: refused, named */
+    st_param_segment *segs;
+    int ns;
+    cr_assert_eq(st_model_config_segments(&c, &segs, &ns), ST_OK);
+    st_st_tensor *all = calloc((size_t)ns, sizeof *all);
+    cr_assert_not_null(all);
+    for (int i = 0; i < ns; i++) {
+        snprintf(all[i].name, sizeof all[i].name, "%s", segs[i].name);
+        all[i].dtype = i == 1 ? ST_DTYPE_U8 : ST_DTYPE_F32;
+        all[i].ndims = segs[i].cols == 1 ? 1 : 2;
+        all[i].shape[0] = segs[i].rows;
+        all[i].shape[1] = segs[i].cols;
+        all[i].data = p + segs[i].offset;
+    }
+    st_test_path(path, tmpdir, "u8.safetensors");
+    cr_assert_eq(st_safetensors_write(path, all, ns, NULL, 0), ST_OK, "%s", st_last_error());
+    cr_assert_eq(st_checkpoint_read_weights(path, &c, q), ST_ERR_FORMAT);
+    cr_assert(strstr(st_last_error(), segs[1].name) && strstr(st_last_error(), "is not F32"), "%s",
+              st_last_error());
+    free(all);
+    free(segs);
+    free(p);
+    free(q);
+}

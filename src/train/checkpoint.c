@@ -29,8 +29,10 @@
  * so it may allocate (the tensor list, the JSON header): a checkpoint is
  * not a training step.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -256,6 +258,30 @@ static st_status add_workers(run_ckpt *ck, run_shared *r)
     return ST_OK;
 }
 
+/* What a writer killed mid-write left: "step-*.safetensors.tmp.PID" of
+ * a process that is gone (a live one may be another run writing into the
+ * same directory).  Never read; removed at the next checkpoint. */
+static void remove_stale_temporaries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    static const char mark[] = ".safetensors.tmp.";
+    char path[4096];
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        const char *t = strstr(e->d_name, mark);
+        if (strncmp(e->d_name, "step-", 5) != 0 || !t)
+            continue;
+        char *end;
+        long pid = strtol(t + sizeof mark - 1, &end, 10);
+        if (*end || pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    closedir(d);
+}
+
 /* The newest `keep` step files of dir stay (the one just written among
  * them); the names are zero-padded, so their order is the steps'. */
 static void prune(const char *dir, int keep, uint64_t newest)
@@ -302,6 +328,7 @@ st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_positi
     ckpt_free(&ck);
     ST_TRY(s);
     prune(plan->dir, plan->keep, named);
+    remove_stale_temporaries(plan->dir);
     if (r->cb && r->cb->on_checkpoint)
         r->cb->on_checkpoint(path, named, r->cb->user);
     return ST_OK;
