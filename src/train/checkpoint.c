@@ -482,10 +482,9 @@ void st_run_resume_close(run_shared *r)
     r->resume = NULL;
 }
 
-st_status st_run_resume_model(run_shared *r, st_worker *w)
+st_status st_run_resume_optimizer(run_shared *r, st_worker *w)
 {
     char name[ST_ST_MAX_NAME];
-    ST_TRY(st_model_load_full_params(w->model, r->resume->params));
     if (w->optim.m) {
         snprintf(name, sizeof name, "train.optimizer.m.worker%d", w->id);
         ST_TRY(load_tensor(r, name, w->optim.m, w->optim.n));
@@ -494,6 +493,14 @@ st_status st_run_resume_model(run_shared *r, st_worker *w)
         snprintf(name, sizeof name, "train.optimizer.v.worker%d", w->id);
         ST_TRY(load_tensor(r, name, w->optim.v, w->optim.n));
     }
+    return ST_OK;
+}
+
+st_status st_run_resume_model(run_shared *r, st_worker *w)
+{
+    char name[ST_ST_MAX_NAME];
+    ST_TRY(st_model_load_full_params(w->model, r->resume->params));
+    ST_TRY(st_run_resume_optimizer(r, w));
     size_t count;
     float *state = st_model_state(w->model, &count);
     if (count) {

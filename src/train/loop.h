@@ -31,10 +31,10 @@ void st_loop_report_warnings(run_shared *r);
 void st_loop_epoch_order(run_shared *r, st_worker *w, int epoch);
 
 /* Step `step` (1-based, over the run) of the plan: global batch i of its
- * epoch; the strategy's step, then its round end (a round also ends at a
- * step after which the run stops: `stopping`). */
-st_status st_loop_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, int stopping,
-                       float *loss, float *lr);
+ * epoch; the strategy's step, then its round end (a stop waits for one:
+ * whole_after in strategy.h). */
+st_status st_loop_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, float *loss,
+                       float *lr);
 
 /* The whole run of worker wid after st_loop_init_worker: the strategy's
  * pre-loop phase, the plan's epochs with their records, the final record. */

@@ -253,6 +253,9 @@ st_status st_run_resume_check_position(const run_shared *r);
 /* A strategy's resume hook: worker w's model's parameters (from the full
  * vector), its optimizer vectors and its model's running statistics. */
 st_status st_run_resume_model(run_shared *r, st_worker *w);
+/* Its optimizer vectors alone (a worker without an st_model: synth's
+ * segments). */
+st_status st_run_resume_optimizer(run_shared *r, st_worker *w);
 /* A tensor of the file being resumed, checked: F32, `count` elements
  * (whose: for the message). */
 st_status st_run_resume_tensor(const run_shared *r, const char *name, size_t count,

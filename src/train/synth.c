@@ -982,18 +982,7 @@ static st_status synth_resume(run_shared *r, void *state, st_worker *w)
         memcpy(st_comm_shard_params(G->comm, k), p + shard.begin,
                (shard.end - shard.begin) * sizeof(float));
     }
-    char name[ST_ST_MAX_NAME];
-    const float *src;
-    if (w->optim.m) {
-        snprintf(name, sizeof name, "train.optimizer.m.worker%d", wid);
-        ST_TRY(st_run_resume_tensor(r, name, w->optim.n, &src));
-        memcpy(w->optim.m, src, w->optim.n * sizeof(float));
-    }
-    if (w->optim.v) {
-        snprintf(name, sizeof name, "train.optimizer.v.worker%d", wid);
-        ST_TRY(st_run_resume_tensor(r, name, w->optim.n, &src));
-        memcpy(w->optim.v, src, w->optim.n * sizeof(float));
-    }
+    ST_TRY(st_run_resume_optimizer(r, w));
     me->steps = (uint64_t)sy->segment_epochs_done * G->steps_per_epoch;
     atomic_store_explicit(&G->done, me->steps, memory_order_relaxed);
     return ST_OK;

@@ -142,14 +142,14 @@ void st_loop_epoch_order(run_shared *r, st_worker *w, int epoch)
     st_epoch_order(r->cfg->seed, w->epoch, w->order, r->train->count);
 }
 
-st_status st_loop_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, int stopping,
-                       float *loss, float *lr)
+st_status st_loop_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, float *loss,
+                       float *lr)
 {
     const run_plan *p = &r->plan;
     ST_TRY(r->ops->step(r, r->strategy, w, i, step, loss, lr));
     if (!r->ops->round_end)
         return ST_OK;
-    int last = i + 1 == p->steps_per_epoch || step == p->total_steps || stopping;
+    int last = i + 1 == p->steps_per_epoch || step == p->total_steps;
     return r->ops->round_end(r, r->strategy, w, step, last);
 }
 
@@ -246,7 +246,7 @@ static st_status run_epochs(run_shared *r, st_worker *w)
             const int whole = !ops->whole_after || ops->whole_after(r, step, last);
             req = requests(r, w, step);
             stopped = (req & REQ_STOP) && whole;
-            ST_TRY(st_loop_step(r, w, i, step, stopped, &loss, &lr));
+            ST_TRY(st_loop_step(r, w, i, step, &loss, &lr));
             if (w->id == 0) {
                 loss_sum += loss;
                 st_run_report_step(r, epoch, step, loss, lr, train_time + (st_run_now_s() - te));

@@ -80,7 +80,7 @@ static st_status run_steps(st_trainer *t, st_worker *w, job_args *a)
         if (a->job == JOB_UPDATE) {
             ST_TRY(r->ops->update(r, r->strategy, w, i, s, &loss, &lr));
         } else {
-            ST_TRY(st_loop_step(r, w, i, s, 0, &loss, &lr));
+            ST_TRY(st_loop_step(r, w, i, s, &loss, &lr));
         }
         if (w->id == 0) {
             if (a->job == JOB_STEP)
