@@ -361,7 +361,7 @@ int main(int argc, char **argv)
         snprintf(why, sizeof why, "%s", st_last_error());
         s.topo = NULL;
     } else {
-        st_plan_request req = { o.workers, o.oversubscribe, NULL };
+        st_plan_request req = { .workers = o.workers, .oversubscribe = o.oversubscribe };
         if (st_plan_make(s.topo, &req, &s.plan) != ST_OK) {
             fprintf(stderr, "bench_reduce: placement: %s\n", st_last_error());
             st_topology_destroy(s.topo);

@@ -1442,7 +1442,7 @@ static int bind_like_worker_0(void)
 {
     st_topology *topo;
     st_plan plan;
-    st_plan_request req = { 1, 0, NULL };
+    st_plan_request req = { .workers = 1 };
     if (st_topology_load(NULL, &topo) != ST_OK)
         return fail("topology");
     int rc = EXIT_SUCCESS;

@@ -7,6 +7,7 @@
  */
 #include "testutil.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <sys/wait.h>
 
@@ -578,6 +579,44 @@ Test(cli, killed_runs_resume_from_their_newest_checkpoint, .timeout = 300)
         cr_assert_eq(access(path, R_OK), 0, "no final weights after resuming");
     }
     st_test_rmdir(dir);
+}
+
+/* The final test_loss of a run's metrics (its last record). */
+static double final_test_loss(const char *opts)
+{
+    char dir[ST_TEST_PATH_MAX], cmd[4 * ST_TEST_PATH_MAX], rec[1 << 16], path[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+    snprintf(cmd, sizeof cmd, "'%s' %s --progress none --metrics '%s' >/dev/null 2>'%s/err'",
+             getenv("SUBTRAIN_BIN"), opts, path, dir);
+    int w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0, "%s failed", opts);
+    read_into(path, rec, sizeof rec);
+    const char *last = strstr(rec, "\"final\":true");
+    cr_assert_not_null(last, "%s", rec);
+    const char *v = strstr(last, "\"test_loss\":");
+    cr_assert_not_null(v);
+    cr_assert(strstr(last, "\"threads_per_worker\":"), "the layout is in the record");
+    st_test_rmdir(dir);
+    return strtod(v + strlen("\"test_loss\":"), NULL);
+}
+
+/* A worker of a team of 2 threads trains what 2 workers of one thread
+ * train on the same global batch, and what one thread alone trains: the
+ * sums are only reassociated (oneDNN's threads, the two workers' mean). */
+Test(cli, team_workers_match_single_thread_workers, .timeout = 120)
+{
+    const char *base = "--data synthetic --model resmlp --depth 2 --width 256 --steps 80";
+    char opts[512];
+    snprintf(opts, sizeof opts, "%s --batch 64 --workers 1 --threads-per-worker 2", base);
+    const double team = final_test_loss(opts);
+    snprintf(opts, sizeof opts, "%s --batch 32 --workers 2", base);
+    const double two = final_test_loss(opts);
+    snprintf(opts, sizeof opts, "%s --batch 64 --workers 1", base);
+    const double one = final_test_loss(opts);
+    cr_assert(fabs(team - two) <= 1e-3 * fabs(two), "1 x 2 threads %.6f, 2 x 1 %.6f", team, two);
+    cr_assert(fabs(team - one) <= 1e-3 * fabs(one), "1 x 2 threads %.6f, 1 x 1 %.6f", team, one);
+    expect_usage_error("--data synthetic --threads-per-worker 0", "--threads-per-worker");
 }
 
 /* --resume refuses, in one line, what would not continue this run. */

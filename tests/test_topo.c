@@ -37,7 +37,7 @@ static st_topology *load(const char *spec)
 
 static void make(const st_topology *t, int workers, int over, const char *cpuset, st_plan *p)
 {
-    st_plan_request req = { workers, over, cpuset };
+    st_plan_request req = { .workers = workers, .oversubscribe = over, .cpuset = cpuset };
     st_status s = st_plan_make(t, &req, p);
     cr_assert_eq(s, ST_OK, "%s, %d workers, cpuset %s: %s", st_topology_name(t), workers,
                  cpuset ? cpuset : "-", st_last_error());
@@ -49,7 +49,7 @@ static void make_fails(const st_topology *t, int workers, int over, const char *
 {
     st_plan p;
     memset(&p, 0xab, sizeof p);
-    st_plan_request req = { workers, over, cpuset };
+    st_plan_request req = { .workers = workers, .oversubscribe = over, .cpuset = cpuset };
     st_status s = st_plan_make(t, &req, &p);
     cr_assert_eq(s, status, "%d workers, cpuset '%s': status %d, want %d (%s)", workers,
                  cpuset ? cpuset : "-", s, status, st_last_error());
@@ -939,5 +939,67 @@ Test(bind, numa_backend_allocates_on_a_described_topology)
     cr_assert_eq(ctx.warned, 0);
     cr_assert_str_empty(ctx.warning);
     st_arena_release(&arena);
+    st_topology_destroy(t);
+}
+
+/* ------------------------------------------------------------ teams */
+
+static st_status make_teams(const st_topology *t, int workers, int T, int spans, st_plan *p)
+{
+    st_plan_request req = { .workers = workers, .threads_per_worker = T, .team_spans = spans };
+    return st_plan_make(t, &req, p);
+}
+
+/* Workers of T threads: each team is T whole cores of one domain while
+ * the domains have them, the team's first PU is the placement's; a plan
+ * of one-thread workers lists each worker's PU as its team. */
+Test(plan, teams_take_whole_cores_of_one_domain)
+{
+    st_topology *t = load("synthetic:numa:2 core:4 pu:2");
+    st_plan p;
+    cr_assert_eq(make_teams(t, 4, 2, 0, &p), ST_OK, "%s", st_last_error());
+    cr_assert_eq(p.threads_per_worker, 2);
+    cr_assert_eq(p.n_domains, 2);
+    for (int w = 0; w < 4; w++) {
+        const st_placement *pl = &p.workers[w];
+        cr_assert_eq(p.team_pu[2 * w], pl->pu);
+        cr_assert_eq(pl->domain, w / 2, "two teams a domain");
+        for (int k = 0; k < 2; k++) {
+            const int pu = p.team_pu[2 * w + k];
+            cr_assert_eq(pu / 8, pl->domain, "worker %d's PU %d is in its domain", w, pu);
+            cr_assert_eq(pu % 2, 0, "a first PU of a core (no SMT sibling yet)");
+        }
+        cr_assert_not(pl->sibling || pl->shared_pu || pl->spans);
+    }
+    cr_assert_neq(p.team_pu[0], p.team_pu[1]);
+    cr_assert_neq(p.team_pu[1], p.team_pu[2], "teams do not share a PU");
+    st_plan_free(&p);
+    make(t, 3, 0, NULL, &p);
+    cr_assert_eq(p.threads_per_worker, 1);
+    for (int w = 0; w < 3; w++)
+        cr_assert_eq(p.team_pu[w], p.workers[w].pu);
+    st_plan_free(&p);
+    st_topology_destroy(t);
+}
+
+/* A team that cannot stay in one domain is refused, naming the option
+ * that allows it; allowed, it is marked and the plan warns. */
+Test(plan, a_team_across_domains_only_when_allowed)
+{
+    st_topology *t = load("synthetic:numa:2 core:3 pu:2");
+    st_plan p;
+    memset(&p, 0, sizeof p);
+    cr_assert_eq(make_teams(t, 3, 4, 0, &p), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "--team-spans-domains"), "%s", st_last_error());
+    cr_assert_null(p.workers);
+    cr_assert_eq(make_teams(t, 3, 4, 1, &p), ST_OK, "%s", st_last_error());
+    int spanning = 0;
+    for (int w = 0; w < 3; w++)
+        spanning += p.workers[w].spans;
+    cr_assert_eq(spanning, 1);
+    cr_assert(strstr(p.warning, "span"), "%s", p.warning);
+    st_plan_free(&p);
+    cr_assert_eq(make_teams(t, 4, 4, 1, &p), ST_ERR_INVALID, "16 PUs of 12");
+    cr_assert(strstr(st_last_error(), "--oversubscribe"), "%s", st_last_error());
     st_topology_destroy(t);
 }

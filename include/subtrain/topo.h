@@ -60,6 +60,7 @@ typedef struct st_placement {
     int pu_os;         /* OS index of the PU */
     int sibling;       /* 1 if another worker shares this core (SMT) */
     int shared_pu;     /* 1 if another worker shares this PU (oversubscribed) */
+    int spans;         /* a team whose PUs are in more than one NUMA domain */
 } st_placement;
 
 typedef struct st_plan {
@@ -72,6 +73,11 @@ typedef struct st_plan {
     int cores_available;       /* physical cores in the allowed cpuset */
     int pus_available;         /* PUs in the allowed cpuset */
     int oversubscribed;        /* more workers than PUs */
+    int threads_per_worker;    /* T: a worker is a team of T PUs */
+    int *team_pu;              /* n_workers x T logical PU indices: worker w's
+                                * team is team_pu[w T .. w T + T), its first
+                                * being the placement's pu */
+    int *team_pu_os;           /* the same as OS indices */
     char warning[256];         /* "" or a line to show the user */
 } st_plan;
 
@@ -81,6 +87,9 @@ typedef struct st_plan_request {
     const char *cpuset;    /* NULL: the process's allowed cpuset on this
                             * machine, everything on a described one; else
                             * a list of OS PU indices, e.g. "0-3,8,10" */
+    int threads_per_worker; /* 0 or 1: a worker is one PU; T > 1: a team of
+                             * T PUs in one NUMA domain */
+    int team_spans;        /* allow a team across NUMA domains */
 } st_plan_request;
 
 /* The placement rules:
@@ -90,7 +99,12 @@ typedef struct st_plan_request {
  *    when workers outnumber allowed cores;
  *  - more workers than allowed PUs only with oversubscribe (then PUs are
  *    shared round-robin and the plan carries a warning); otherwise an error
- *    that says to pass --oversubscribe or fewer --workers.
+ *    that says to pass --oversubscribe or fewer --workers;
+ *  - threads_per_worker T > 1: each worker is a team of T PUs of one NUMA
+ *    domain (its cores first, then their SMT siblings), and domains get
+ *    teams as they get workers above; a plan that needs a team across
+ *    domains is refused unless team_spans (then teams are cut from the
+ *    domains' PUs in order, and such a team is marked `spans`).
  * Pure: depends only on the topology and the request. */
 st_status st_plan_make(const st_topology *t, const st_plan_request *req, st_plan *out);
 void st_plan_free(st_plan *p);
@@ -100,8 +114,9 @@ void st_plan_free(st_plan *p);
  * st_comm_describe). */
 void st_plan_print(FILE *f, const st_topology *t, const st_plan *p);
 
-/* Binds the calling thread to worker w's PU and verifies the binding by
- * reading it back.  Only on this machine's topology. */
+/* Binds the calling thread to worker w's PU (its team's PUs) and
+ * verifies the binding by reading it back.  Only on this machine's
+ * topology.  Threads the caller starts afterwards (a team's) inherit it. */
 st_status st_plan_bind_self(const st_topology *t, const st_plan *p, int w);
 
 /* A chunk backend for st_arena that allocates on worker w's NUMA node

@@ -93,6 +93,10 @@ typedef struct st_train_config {
     const char *topology;     /* NULL: this machine (training binds for real) */
     const char *cpuset;       /* NULL: the process's; else OS PU list "0-3" */
     int oversubscribe;        /* allow more workers than PUs */
+    int threads_per_worker;   /* T: a worker is a team of T cores of one NUMA
+                               * domain, its primitives running T threads;
+                               * 0 or 1: one core (doc/scaling.md) */
+    int team_spans;           /* allow a team across NUMA domains */
     st_synth_config synth;    /* synth: segments, cuts, labels, recovery */
     st_model_config model;
     st_optim_config optim;
@@ -159,6 +163,7 @@ typedef struct st_epoch_record {
     double wall_s;            /* since training started, evaluations included */
     double lr;
     int workers;
+    int threads_per_worker;   /* a worker's team of threads (1: one core) */
     st_mem_stats memory;      /* the arena of the worker with the largest peak */
     /* Communication per worker and step: what the reduction engine reads
      * and writes for the busiest worker, and what a ring all-reduce among

@@ -22,7 +22,7 @@ enum {
     OPT_RECOVERY_EPOCHS, OPT_AUGMENT_CROP, OPT_AUGMENT_FLIP,
     OPT_CONTEXT, OPT_HEADS, OPT_HOLDOUT, OPT_VAL_BYTES, OPT_EPOCH_WINDOWS,
     OPT_SAMPLE, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K, OPT_CHECKPOINT, OPT_INIT,
-    OPT_CHECKPOINT_EVERY, OPT_KEEP, OPT_RESUME, OPT_USR1,
+    OPT_CHECKPOINT_EVERY, OPT_KEEP, OPT_RESUME, OPT_USR1, OPT_THREADS, OPT_TEAM_SPANS,
 };
 
 static const struct option long_options[] = {
@@ -66,6 +66,8 @@ static const struct option long_options[] = {
     { "topology", required_argument, NULL, OPT_TOPOLOGY },
     { "cpuset", required_argument, NULL, OPT_CPUSET },
     { "oversubscribe", no_argument, NULL, OPT_OVERSUBSCRIBE },
+    { "threads-per-worker", required_argument, NULL, OPT_THREADS },
+    { "team-spans-domains", no_argument, NULL, OPT_TEAM_SPANS },
     { "subnet", required_argument, NULL, OPT_SUBNET },
     { "masking", required_argument, NULL, OPT_MASKING },
     { "neuron-group", required_argument, NULL, OPT_NEURON_GROUP },
@@ -149,6 +151,9 @@ void st_cli_print_help(FILE *f)
 "  --workers N|cores      worker threads, each pinned to a core, its memory on its\n"
 "                         NUMA node (default 1; cores: one per physical core)\n"
 "  --oversubscribe        allow more workers than allowed PUs (with a warning)\n"
+"  --threads-per-worker T each worker a team of T cores in one NUMA domain, its\n"
+"                         oneDNN primitives running T threads (default 1)\n"
+"  --team-spans-domains   allow a team across NUMA domains (refused otherwise)\n"
 "  --cpuset LIST          run on these OS CPU numbers only, e.g. 0-7,16 (default:\n"
 "                         the process's allowed CPUs)\n"
 "\n"
@@ -583,6 +588,9 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         t->cpuset = arg;
         return 0;
     case OPT_OVERSUBSCRIBE: t->oversubscribe = 1; return 0;
+    case OPT_THREADS: return parse_int("threads-per-worker", arg, 1, 1024, &t->threads_per_worker,
+                                       err, n);
+    case OPT_TEAM_SPANS: t->team_spans = 1; return 0;
     case OPT_SUBNET: return parse_choice("subnet", arg, parse_subnet, &t->subnet, err, n);
     case OPT_NEURON_GROUP: return parse_int("neuron-group", arg, 1, 65536, &t->neuron_group, err, n);
     case OPT_BN_CALIBRATION:

@@ -22,7 +22,8 @@
 #define DEFAULT_PARAMS 1000000ull
 #define MAX_PARAMS 1000000000000ull
 
-enum { OPT_TOPOLOGY = 256, OPT_WORKERS, OPT_OVERSUBSCRIBE, OPT_CPUSET, OPT_PARAMS };
+enum { OPT_TOPOLOGY = 256, OPT_WORKERS, OPT_OVERSUBSCRIBE, OPT_CPUSET, OPT_PARAMS,
+       OPT_THREADS, OPT_TEAM_SPANS };
 
 static const struct option long_options[] = {
     { "topology", required_argument, NULL, OPT_TOPOLOGY },
@@ -30,6 +31,8 @@ static const struct option long_options[] = {
     { "oversubscribe", no_argument, NULL, OPT_OVERSUBSCRIBE },
     { "cpuset", required_argument, NULL, OPT_CPUSET },
     { "params", required_argument, NULL, OPT_PARAMS },
+    { "threads-per-worker", required_argument, NULL, OPT_THREADS },
+    { "team-spans-domains", no_argument, NULL, OPT_TEAM_SPANS },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
 };
@@ -56,6 +59,8 @@ static void print_help(FILE *f)
 "  --oversubscribe   allow more workers than PUs (they then share PUs)\n"
 "  --cpuset LIST     OS PU indices the workers may use, e.g. 0-3,8 (default:\n"
 "                    the process's CPUs here, every PU of a described machine)\n"
+"  --threads-per-worker T   each worker a team of T PUs in one NUMA domain\n"
+"  --team-spans-domains     allow a team across NUMA domains\n"
 "  --params N        parameter count used to illustrate the reduction\n"
 "                    (default 1000000)\n"
 "  -h, --help        this text\n"
@@ -90,6 +95,12 @@ static int apply_option(int c, const char *arg, topo_options *o)
         o->req.cpuset = arg;
         return 0;
     case OPT_PARAMS: return parse_count("params", arg, 1, MAX_PARAMS, &o->params);
+    case OPT_THREADS:
+        if (parse_count("threads-per-worker", arg, 1, 1024, &v))
+            return -1;
+        o->req.threads_per_worker = (int)v;
+        return 0;
+    case OPT_TEAM_SPANS: o->req.team_spans = 1; return 0;
     case 'h': o->help = 1; return 0;
     }
     usage_error("internal: unhandled option %d", c);

@@ -80,24 +80,40 @@ st_status st_plan_bind_self(const st_topology *t, const st_plan *p, int w)
         return st_fail(ST_ERR_TOPOLOGY, "worker %d: the plan's PU %d (OS %d) is not in "
                        "topology '%s'; was the plan made for another topology?", w, pl->pu,
                        pl->pu_os, t->name);
+    /* the team's PUs (one PU for a worker of one thread) */
+    hwloc_cpuset_t set = hwloc_bitmap_alloc(), got = hwloc_bitmap_alloc();
+    if (!set || !got) {
+        hwloc_bitmap_free(set);
+        hwloc_bitmap_free(got);
+        return st_fail(ST_ERR_NOMEM, "worker %d: out of memory binding it", w);
+    }
+    const int T = p->threads_per_worker > 1 ? p->threads_per_worker : 1;
+    st_status s = ST_OK;
+    for (int k = 0; k < T && s == ST_OK; k++) {
+        const int logical = p->team_pu ? p->team_pu[w * T + k] : pl->pu;
+        hwloc_obj_t o = hwloc_get_obj_by_type(t->hw, HWLOC_OBJ_PU, (unsigned)logical);
+        if (!o)
+            s = st_fail(ST_ERR_TOPOLOGY, "worker %d: the plan's PU %d is not in topology "
+                        "'%s'", w, logical, t->name);
+        else
+            hwloc_bitmap_or(set, set, o->cpuset);
+    }
     /* Later plans in this process must not mistake our bindings for the
      * PUs the process was given (see topology.c). */
-    st_topo_freeze_process_cpuset(t);
-    if (bind_thread(t->hw, pu->cpuset) != 0)
-        return st_fail(ST_ERR_TOPOLOGY, "worker %d: binding the thread to PU %d (OS %d) "
-                       "failed: %s", w, pl->pu, pl->pu_os, strerror(errno));
-
-    hwloc_cpuset_t got = hwloc_bitmap_alloc();
-    if (!got)
-        return st_fail(ST_ERR_NOMEM, "worker %d: out of memory checking its binding", w);
-    st_status s = ST_OK;
-    if (hwloc_get_cpubind(t->hw, got, HWLOC_CPUBIND_THREAD) != 0)
+    if (s == ST_OK)
+        st_topo_freeze_process_cpuset(t);
+    if (s == ST_OK && bind_thread(t->hw, set) != 0)
+        s = st_fail(ST_ERR_TOPOLOGY, "worker %d: binding the thread to PU %d (OS %d)%s "
+                    "failed: %s", w, pl->pu, pl->pu_os, T > 1 ? " and its team's" : "",
+                    strerror(errno));
+    if (s == ST_OK && hwloc_get_cpubind(t->hw, got, HWLOC_CPUBIND_THREAD) != 0)
         s = st_fail(ST_ERR_TOPOLOGY, "worker %d: cannot read back the thread's binding: %s",
                     w, strerror(errno));
-    else if (!hwloc_bitmap_isequal(got, pu->cpuset))
-        s = bitmap_mismatch(w, "the binding reads back differently", pu->cpuset, got);
-    else
-        s = check_location(t->hw, w, pu->cpuset, got);
+    else if (s == ST_OK && !hwloc_bitmap_isequal(got, set))
+        s = bitmap_mismatch(w, "the binding reads back differently", set, got);
+    else if (s == ST_OK)
+        s = check_location(t->hw, w, set, got);
+    hwloc_bitmap_free(set);
     hwloc_bitmap_free(got);
     return s;
 }

@@ -288,14 +288,18 @@ static st_status fill_plan(const layout *l, int n_workers, const int *count, st_
         used += count[d] > 0;
     p->n_workers = n_workers;
     p->n_domains = used;
+    p->threads_per_worker = 1;
     p->workers = calloc((size_t)n_workers, sizeof *p->workers);
     p->domain_first = calloc((size_t)used + 1, sizeof *p->domain_first);
+    p->team_pu = calloc((size_t)n_workers, sizeof *p->team_pu);
+    p->team_pu_os = calloc((size_t)n_workers, sizeof *p->team_pu_os);
     int *pu_load = calloc((size_t)l->n_pus, sizeof *pu_load);  /* workers per PU */
     int *core_of = calloc((size_t)l->n_pus, sizeof *core_of);   /* layout core of a PU */
     int *slot = calloc((size_t)l->n_pus, sizeof *slot);
     int *unit = calloc((size_t)n_workers, sizeof *unit);         /* layout PU of a worker */
     st_status s = ST_OK;
-    if (!p->workers || !p->domain_first || !pu_load || !core_of || !slot || !unit) {
+    if (!p->workers || !p->domain_first || !p->team_pu || !p->team_pu_os || !pu_load ||
+        !core_of || !slot || !unit) {
         s = st_fail(ST_ERR_NOMEM, "out of memory making a plan for %d workers", n_workers);
         goto out;
     }
@@ -318,6 +322,8 @@ static st_status fill_plan(const layout *l, int n_workers, const int *count, st_
             pl->core = l->cores[core_of[u]].logical;
             pl->pu = l->pus[u].logical;
             pl->pu_os = l->pus[u].os;
+            p->team_pu[w] = pl->pu;
+            p->team_pu_os[w] = pl->pu_os;
             pu_load[u]++;
             unit[w] = u;
         }
@@ -345,10 +351,178 @@ out:
     return s;
 }
 
+/* ------------------------------------------------------------ teams */
+
+/* Teams of T PUs: a domain's slots (domain_slots: cores first, then
+ * siblings) cut into runs of T, so a team takes whole cores while the
+ * domain has them.  How many teams each domain gets: water-filling over
+ * the teams its cores hold, then those its siblings add.  *fits: 0 when
+ * the domains cannot hold n teams each within one. */
+static void distribute_teams(const layout *l, int n, int T, int *count, int *fits)
+{
+    const int nd = l->n_domains;
+    int cores[nd], extra[nd], room = 0;
+    for (int d = 0; d < nd; d++) {
+        cores[d] = l->domains[d].n_cores / T;
+        extra[d] = l->domains[d].n_pus / T - cores[d];
+        count[d] = 0;
+        room += cores[d] + extra[d];
+    }
+    int c = 0;
+    for (int d = 0; d < nd; d++)
+        c += cores[d];
+    int first = n < c ? n : c;
+    water_fill(nd, cores, first, count);
+    int second = n - first < room - c ? n - first : room - c;
+    water_fill(nd, extra, second, count);
+    *fits = first + second == n;
+    if (!*fits)   /* oversubscribed teams: the rest evenly, slots reused */
+        water_fill(nd, NULL, n - first - second, count);
+}
+
+/* Fills p with teams: worker w of a domain takes its next T slots (span:
+ * the next T of every domain's slots in order).  Flags need the whole
+ * placement, as in fill_plan. */
+static st_status fill_teams(const layout *l, int n, int T, const int *count, int span,
+                            st_plan *p)
+{
+    st_status s = ST_OK;
+    const int nd = l->n_domains;
+    int *slot = calloc((size_t)l->n_pus, sizeof *slot);
+    int *dom_of = calloc((size_t)l->n_pus, sizeof *dom_of);      /* layout domain of a PU */
+    int *core_of = calloc((size_t)l->n_pus, sizeof *core_of);
+    int *pu_load = calloc((size_t)l->n_pus, sizeof *pu_load);
+    int *units = calloc((size_t)n * (size_t)T, sizeof *units);
+    int *pdom = calloc((size_t)nd, sizeof *pdom);                /* plan domain of a layout one */
+    p->n_workers = n;
+    p->threads_per_worker = T;
+    p->workers = calloc((size_t)n, sizeof *p->workers);
+    p->domain_first = calloc((size_t)nd + 1, sizeof *p->domain_first);
+    p->team_pu = calloc((size_t)n * (size_t)T, sizeof *p->team_pu);
+    p->team_pu_os = calloc((size_t)n * (size_t)T, sizeof *p->team_pu_os);
+    if (!slot || !dom_of || !core_of || !pu_load || !units || !pdom || !p->workers ||
+        !p->domain_first || !p->team_pu || !p->team_pu_os) {
+        s = st_fail(ST_ERR_NOMEM, "out of memory making a plan of %d teams", n);
+        goto out;
+    }
+    for (int d = 0; d < nd; d++)
+        for (int c = l->domains[d].first_core; c < l->domains[d].first_core + l->domains[d].n_cores;
+             c++)
+            for (int i = 0; i < l->cores[c].n_pus; i++) {
+                dom_of[l->cores[c].first_pu + i] = d;
+                core_of[l->cores[c].first_pu + i] = c;
+            }
+    /* the slots: per domain (each worker's T from its own domain's), or
+     * all domains' one after another (span) */
+    int w = 0;
+    if (span) {
+        int n_slots = 0;
+        for (int d = 0; d < nd; d++)
+            n_slots += domain_slots(l, d, slot + n_slots);
+        for (; w < n; w++)
+            for (int t = 0; t < T; t++)
+                units[w * T + t] = slot[(w * T + t) % n_slots];
+    } else {
+        for (int d = 0; d < nd; d++) {
+            int n_slots = domain_slots(l, d, slot);
+            for (int i = 0; i < count[d]; i++, w++)
+                for (int t = 0; t < T; t++)
+                    units[w * T + t] = slot[(i * T + t) % n_slots];
+        }
+    }
+    int used = 0;
+    for (int d = 0; d < nd; d++)
+        pdom[d] = -1;
+    for (w = 0; w < n; w++) {
+        const int u0 = units[w * T], d = dom_of[u0];
+        if (pdom[d] < 0) {
+            pdom[d] = used;
+            p->domain_first[used++] = w;
+        }
+        st_placement *pl = &p->workers[w];
+        pl->worker = w;
+        pl->domain = pdom[d];
+        pl->numa_os = l->domains[d].numa_os;
+        pl->core = l->cores[core_of[u0]].logical;
+        pl->pu = l->pus[u0].logical;
+        pl->pu_os = l->pus[u0].os;
+        for (int t = 0; t < T; t++) {
+            const int u = units[w * T + t];
+            p->team_pu[w * T + t] = l->pus[u].logical;
+            p->team_pu_os[w * T + t] = l->pus[u].os;
+            pl->spans |= dom_of[u] != d;
+            pu_load[u]++;
+        }
+    }
+    p->n_domains = used;
+    p->domain_first[used] = n;
+    for (w = 0; w < n; w++) {
+        st_placement *pl = &p->workers[w];
+        for (int t = 0; t < T; t++) {
+            const int u = units[w * T + t];
+            const lay_core *c = &l->cores[core_of[u]];
+            int mine = 0, busy = 0;
+            for (int k = c->first_pu; k < c->first_pu + c->n_pus; k++) {
+                busy += pu_load[k] > 0;
+                for (int v = 0; v < T; v++)
+                    mine += units[w * T + v] == k;
+            }
+            pl->sibling |= busy > mine;   /* another team on one of its cores */
+            pl->shared_pu |= pu_load[u] > 1;
+        }
+    }
+out:
+    free(slot);
+    free(dom_of);
+    free(core_of);
+    free(pu_load);
+    free(units);
+    free(pdom);
+    return s;
+}
+
+static st_status plan_teams(const layout *l, const st_plan_request *req, int T, st_plan *p)
+{
+    const int n = req->workers ? req->workers : (l->n_cores / T > 0 ? l->n_cores / T : 1);
+    int *count = calloc((size_t)l->n_domains, sizeof *count);
+    if (!count)
+        return st_fail(ST_ERR_NOMEM, "out of memory making a placement plan");
+    int fits;
+    distribute_teams(l, n, T, count, &fits);
+    const int total = n * T, span = !fits && req->team_spans;
+    st_status s = ST_OK;
+    if (total > l->n_pus && !req->oversubscribe)
+        s = st_fail(ST_ERR_INVALID, "%d workers of %d threads need %d PUs but only %d are "
+                    "allowed; pass --oversubscribe to share PUs or use fewer", n, T, total,
+                    l->n_pus);
+    else if (!fits && !span && !req->oversubscribe)
+        s = st_fail(ST_ERR_INVALID, "%d workers of %d threads: the allowed NUMA domains hold "
+                    "fewer teams of %d PUs within one domain; a team across domains reads its "
+                    "memory remotely: allow it with --team-spans-domains, or use fewer or "
+                    "smaller teams", n, T, T);
+    if (s == ST_OK)
+        s = fill_teams(l, n, T, count, span, p);
+    free(count);
+    ST_TRY(s);
+    p->cores_available = l->n_cores;
+    p->pus_available = l->n_pus;
+    if (total > l->n_pus) {
+        p->oversubscribed = 1;
+        snprintf(p->warning, sizeof p->warning, "oversubscribed: %d workers of %d threads "
+                 "share %d PUs", n, T, l->n_pus);
+    } else if (span) {
+        snprintf(p->warning, sizeof p->warning, "some teams span NUMA domains "
+                 "(--team-spans-domains): their threads read memory across domains");
+    }
+    return ST_OK;
+}
+
 /* The plan for a collected layout; on failure *p may be half filled (the
  * caller frees it). */
 static st_status plan_from_layout(const layout *l, const st_plan_request *req, st_plan *p)
 {
+    if (req->threads_per_worker > 1)
+        return plan_teams(l, req, req->threads_per_worker, p);
     int n_workers = req->workers ? req->workers : l->n_cores;
     if (n_workers > l->n_pus && !req->oversubscribe)
         return st_fail(ST_ERR_INVALID, "%d workers but only %d PUs are allowed; pass "
@@ -382,9 +556,12 @@ static void add_warning(st_plan *p, const char *line)
 st_status st_plan_make(const st_topology *t, const st_plan_request *req, st_plan *out)
 {
     memset(out, 0, sizeof *out);
-    static const st_plan_request defaults = { 0, 0, NULL };
+    static const st_plan_request defaults = { 0, 0, NULL, 1, 0 };
     if (!req)
         req = &defaults;
+    if (req->threads_per_worker < 0 || req->threads_per_worker > 1024)
+        return st_fail(ST_ERR_INVALID, "%d threads per worker: expected 1 to 1024",
+                       req->threads_per_worker);
     if (req->workers < 0 || req->workers > ST_MAX_WORKERS)
         return st_fail(ST_ERR_INVALID, "%d workers: expected 0 (one per core) to %d",
                        req->workers, ST_MAX_WORKERS);
@@ -415,6 +592,8 @@ void st_plan_free(st_plan *p)
         return;
     free(p->workers);
     free(p->domain_first);
+    free(p->team_pu);
+    free(p->team_pu_os);
     memset(p, 0, sizeof *p);
 }
 
@@ -422,8 +601,9 @@ void st_plan_free(st_plan *p)
 
 void st_plan_print(FILE *f, const st_topology *t, const st_plan *p)
 {
-    fprintf(f, "topology %s: %d worker%s on %d NUMA domain%s; %d core%s, %d PU%s available\n",
+    fprintf(f, "topology %s: %d worker%s%s on %d NUMA domain%s; %d core%s, %d PU%s available\n",
             st_topology_name(t), p->n_workers, p->n_workers == 1 ? "" : "s",
+            p->threads_per_worker > 1 ? " (teams of threads)" : "",
             p->n_domains, p->n_domains == 1 ? "" : "s", p->cores_available,
             p->cores_available == 1 ? "" : "s", p->pus_available,
             p->pus_available == 1 ? "" : "s");
@@ -433,12 +613,26 @@ void st_plan_print(FILE *f, const st_topology *t, const st_plan *p)
         const st_placement *w = &p->workers[i];
         char pu[32];
         snprintf(pu, sizeof pu, "%d / %d", w->pu, w->pu_os);
-        const char *notes = w->sibling && w->shared_pu ? "SMT sibling, shared PU"
+        const char *notes = w->spans                  ? "team spans NUMA domains"
+                            : w->sibling && w->shared_pu ? "SMT sibling, shared PU"
                             : w->sibling              ? "SMT sibling"
                             : w->shared_pu            ? "shared PU"
                                                       : "";
-        if (*notes)
-            fprintf(f, "%6d  %6d  %6d  %-17s  %s\n", w->worker, w->numa_os, w->core, pu, notes);
+        /* a team: the OS indices of its PUs, first one first */
+        char team[96] = "";
+        const int T = p->threads_per_worker;
+        for (int k = 0; T > 1 && k < T; k++) {
+            size_t used = strlen(team);
+            if (used + 16 >= sizeof team) {
+                snprintf(team + used, sizeof team - used, ",...");
+                break;
+            }
+            snprintf(team + used, sizeof team - used, "%s%d", k ? "," : "team (OS): ",
+                     p->team_pu_os[i * T + k]);
+        }
+        if (*notes || *team)
+            fprintf(f, "%6d  %6d  %6d  %-17s  %s%s%s\n", w->worker, w->numa_os, w->core, pu,
+                    team, *team && *notes ? "; " : "", notes);
         else
             fprintf(f, "%6d  %6d  %6d  %s\n", w->worker, w->numa_os, w->core, pu);
     }

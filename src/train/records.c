@@ -39,6 +39,7 @@ void st_run_fill_record(run_shared *r, st_epoch_record *rec, uint64_t steps_in_e
     rec->align_mean = 0.0;
     rec->align_min = 0.0;
     rec->workers = r->n;
+    rec->threads_per_worker = r->placement.threads_per_worker;
     rec->tokens_per_sample = r->cfg->model.context;
     rec->comm_bytes_per_worker_step = bytes;
     rec->comm_bytes_per_worker_round = 0.0;

@@ -56,7 +56,10 @@ st_status st_loop_prepare(run_shared *r)
         return st_fail(ST_ERR_INVALID, "training runs on this machine, not on %s; use "
                        "'subtrain topo --topology ...' to plan for another machine",
                        st_topology_name(r->topology));
-    st_plan_request req = { cfg->workers, cfg->oversubscribe, cfg->cpuset };
+    st_plan_request req = { .workers = cfg->workers, .oversubscribe = cfg->oversubscribe,
+                            .cpuset = cfg->cpuset,
+                            .threads_per_worker = cfg->threads_per_worker,
+                            .team_spans = cfg->team_spans };
     ST_TRY(st_plan_make(r->topology, &req, &r->placement));
     r->n = r->placement.n_workers;
     ST_TRY(st_model_config_segments(&cfg->model, &r->full_segs, &r->n_full_segs));
@@ -354,13 +357,21 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
     }
 
     r.t0 = st_run_now_s();
+    /* Teams (threads_per_worker T > 1): a worker's oneDNN primitives open
+     * OpenMP regions of T threads inside the workers' region, so nesting
+     * must be on; the team's threads inherit the worker's binding (its T
+     * PUs) when the runtime creates them.  Restored after the run. */
+    const int team = r.placement.threads_per_worker > 1 ? r.placement.threads_per_worker : 1;
+    const int levels = omp_get_max_active_levels();
+    if (team > 1 && levels < 2)
+        omp_set_max_active_levels(2);
     /* One persistent region for the whole run, one thread per worker.
      * The thread's CPU binding is restored at the end: with one worker the
      * only thread is the caller's, and the pool's threads outlive us. */
 #pragma omp parallel num_threads(r.n)
     {
         int wid = omp_get_thread_num();
-        omp_set_num_threads(1);
+        omp_set_num_threads(team);
         cpu_set_t saved;
         int have_saved = pthread_getaffinity_np(pthread_self(), sizeof saved, &saved) == 0;
         st_worker w;
@@ -383,6 +394,8 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
         if (have_saved)
             pthread_setaffinity_np(pthread_self(), sizeof saved, &saved);
     }
+    if (team > 1 && levels < 2)
+        omp_set_max_active_levels(levels);
     if (atomic_load(&r.failed))
         s = st_fail(r.error_status, "%s", r.error);
     else if (final_out)

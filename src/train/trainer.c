@@ -186,6 +186,10 @@ st_status st_trainer_create(const st_train_config *cfg, const st_dataset *train,
     if (ops->not_stepwise)
         return st_fail(ST_ERR_INVALID, "a trainer cannot take --strategy %s a step at a time: "
                        "%s; train it with st_train_run", ops->name, ops->not_stepwise);
+    if (cfg->threads_per_worker > 1)
+        return st_fail(ST_ERR_INVALID, "a trainer runs workers of one thread; teams "
+                       "(threads_per_worker %d) train with st_train_run",
+                       cfg->threads_per_worker);
     st_trainer *t = calloc(1, sizeof *t);
     if (!t)
         return st_fail(ST_ERR_NOMEM, "out of memory for a trainer");
