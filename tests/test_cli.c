@@ -619,6 +619,28 @@ Test(cli, team_workers_match_single_thread_workers, .timeout = 120)
     expect_usage_error("--data synthetic --threads-per-worker 0", "--threads-per-worker");
 }
 
+/* --workers cores under SLURM without task affinity: the task's CPUs
+ * from SLURM_CPUS_PER_TASK (per team of --threads-per-worker); a bad
+ * value is a usage error naming it. */
+Test(cli, slurm_cpus_per_task_sizes_workers_cores, .timeout = 60)
+{
+    run_result *r = calloc(1, sizeof *r);
+    run(r, "SLURM_CPUS_PER_TASK=2", "--data synthetic --workers cores --steps 3 --progress none");
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    cr_assert(strstr(r->out, "2 workers (SLURM_CPUS_PER_TASK=2)"), "%s", r->out);
+    run(r, "SLURM_CPUS_PER_TASK=2", "--data synthetic --workers cores --threads-per-worker 2 "
+        "--steps 3 --progress none");
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    cr_assert(strstr(r->out, "1 worker of 2 threads (SLURM_CPUS_PER_TASK=2)"), "%s", r->out);
+    run(r, "SLURM_CPUS_PER_TASK=2", "--data synthetic --workers 1 --steps 3 --progress none");
+    cr_assert(strstr(r->out, ", 1 worker\n"), "an explicit --workers wins: %s", r->out);
+    run(r, "SLURM_CPUS_PER_TASK=lots", "--data synthetic --workers cores");
+    cr_assert_eq(r->status, 2);
+    cr_assert(strstr(r->err, "SLURM_CPUS_PER_TASK='lots'") && count_lines(r->err) == 1, "%s",
+              r->err);
+    free(r);
+}
+
 /* --resume refuses, in one line, what would not continue this run. */
 Test(cli, resume_refuses_another_run_or_a_bad_file, .timeout = 120)
 {

@@ -133,9 +133,14 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
                t->synth.noise, t->synth.recovery_epochs, t->synth.recovery_epochs == 1 ? "" : "s");
     printf(", ");
     if (t->workers)
-        printf("%d worker%s\n", t->workers, t->workers == 1 ? "" : "s");
+        printf("%d worker%s", t->workers, t->workers == 1 ? "" : "s");
     else
-        printf("one worker per core\n");
+        printf("one worker per core");
+    if (t->threads_per_worker > 1)
+        printf(" of %d threads", t->threads_per_worker);
+    if (o->slurm_cpus)
+        printf(" (SLURM_CPUS_PER_TASK=%d)", o->slurm_cpus);
+    printf("\n");
 }
 
 /* synth: where the cuts went and how many workers each segment got. */

@@ -809,5 +809,17 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         return fail(err, n, "--init and --resume: a resumed run continues from its "
                     "checkpoint's weights; give one of them");
     o->train.checkpoint.dir = o->checkpoint_dir;
+    /* --workers cores under SLURM: the CPUs the task was given, when its
+     * cpuset does not already say so (a site without task affinity) */
+    const char *slurm = getenv("SLURM_CPUS_PER_TASK");
+    if (o->train.workers == 0 && slurm && *slurm) {
+        char *end;
+        long cpus = strtol(slurm, &end, 10);
+        if (*end || cpus < 1 || cpus > 65536)
+            return fail(err, n, "SLURM_CPUS_PER_TASK='%s': expected a CPU count", slurm);
+        const int T = o->train.threads_per_worker > 1 ? o->train.threads_per_worker : 1;
+        o->train.workers = cpus / T > 0 ? (int)(cpus / T) : 1;
+        o->slurm_cpus = (int)cpus;
+    }
     return 0;
 }
