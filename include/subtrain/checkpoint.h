@@ -99,6 +99,10 @@ st_status st_checkpoint_read_weights(const char *path, const st_model_config *cf
 st_status st_checkpoint_load_weights(const st_safetensors *f, const char *path,
                                      const st_model_config *cfg, float *params);
 
+/* The step of a step checkpoint's name "step-NNNNNNNN.safetensors", or -1
+ * for any other name (a write's temporary "NAME.tmp.PID" included). */
+long long st_checkpoint_step_of(const char *name);
+
 /* --resume DIR: the step checkpoint of DIR with the highest step
  * (DIR/step-NNNNNNNN.safetensors) into path; a path that is a file is
  * itself.  Fails, naming DIR, when it holds none. */

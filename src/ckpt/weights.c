@@ -148,9 +148,7 @@ st_status st_checkpoint_load_weights(const st_safetensors *f, const char *path,
 
 /* ------------------------------------------------------------ --resume DIR */
 
-/* The step of a name "step-NNNNNNNN.safetensors", or -1 (the temporary
- * files of a write in progress, "NAME.tmp.PID", are not checkpoints). */
-static long long step_of(const char *name)
+long long st_checkpoint_step_of(const char *name)
 {
     static const char pre[] = "step-", post[] = ".safetensors";
     const size_t len = strlen(name), lp = sizeof pre - 1, ls = sizeof post - 1;
@@ -181,7 +179,7 @@ st_status st_checkpoint_latest(const char *dir_or_file, char *path, size_t path_
     long long best = -1;
     char name[256] = "";
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        long long v = step_of(e->d_name);
+        long long v = st_checkpoint_step_of(e->d_name);
         if (v > best && strlen(e->d_name) < sizeof name) {
             best = v;
             snprintf(name, sizeof name, "%s", e->d_name);

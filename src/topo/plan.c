@@ -242,28 +242,6 @@ static void water_fill(int n, int *room, int amount, int *give)
     }
 }
 
-/* How many workers each layout domain gets: cores first, then the other
- * PUs of the cores (SMT siblings), then, only when oversubscribing,
- * everything evenly again. */
-static void distribute(const layout *l, int n_workers, int *count)
-{
-    int n = l->n_domains;
-    int cores[n], siblings[n];
-    for (int d = 0; d < n; d++) {
-        cores[d] = l->domains[d].n_cores;
-        siblings[d] = l->domains[d].n_pus - l->domains[d].n_cores;
-        count[d] = 0;
-    }
-    int left = n_workers;
-    int first = left < l->n_cores ? left : l->n_cores;
-    water_fill(n, cores, first, count);
-    left -= first;
-    int second = left < l->n_pus - l->n_cores ? left : l->n_pus - l->n_cores;
-    water_fill(n, siblings, second, count);
-    left -= second;
-    water_fill(n, NULL, left, count);
-}
-
 /* The order in which a domain's workers take PUs: the first PU of every
  * core, then the second PU of every core, and so on; past the end (only
  * when oversubscribed) it starts over.  So a core gets a second worker
@@ -281,84 +259,15 @@ static int domain_slots(const layout *l, int d, int *slot)
 
 /* ------------------------------------------------------------ the plan */
 
-static st_status fill_plan(const layout *l, int n_workers, const int *count, st_plan *p)
-{
-    int used = 0;
-    for (int d = 0; d < l->n_domains; d++)
-        used += count[d] > 0;
-    p->n_workers = n_workers;
-    p->n_domains = used;
-    p->threads_per_worker = 1;
-    p->workers = calloc((size_t)n_workers, sizeof *p->workers);
-    p->domain_first = calloc((size_t)used + 1, sizeof *p->domain_first);
-    p->team_pu = calloc((size_t)n_workers, sizeof *p->team_pu);
-    p->team_pu_os = calloc((size_t)n_workers, sizeof *p->team_pu_os);
-    int *pu_load = calloc((size_t)l->n_pus, sizeof *pu_load);  /* workers per PU */
-    int *core_of = calloc((size_t)l->n_pus, sizeof *core_of);   /* layout core of a PU */
-    int *slot = calloc((size_t)l->n_pus, sizeof *slot);
-    int *unit = calloc((size_t)n_workers, sizeof *unit);         /* layout PU of a worker */
-    st_status s = ST_OK;
-    if (!p->workers || !p->domain_first || !p->team_pu || !p->team_pu_os || !pu_load ||
-        !core_of || !slot || !unit) {
-        s = st_fail(ST_ERR_NOMEM, "out of memory making a plan for %d workers", n_workers);
-        goto out;
-    }
-    for (int c = 0; c < l->n_cores; c++)
-        for (int i = 0; i < l->cores[c].n_pus; i++)
-            core_of[l->cores[c].first_pu + i] = c;
-
-    int w = 0, pd = 0;
-    for (int d = 0; d < l->n_domains; d++) {
-        if (count[d] == 0)
-            continue;
-        int n_slots = domain_slots(l, d, slot);
-        p->domain_first[pd] = w;
-        for (int i = 0; i < count[d]; i++, w++) {
-            int u = slot[i % n_slots];
-            st_placement *pl = &p->workers[w];
-            pl->worker = w;
-            pl->domain = pd;
-            pl->numa_os = l->domains[d].numa_os;
-            pl->core = l->cores[core_of[u]].logical;
-            pl->pu = l->pus[u].logical;
-            pl->pu_os = l->pus[u].os;
-            p->team_pu[w] = pl->pu;
-            p->team_pu_os[w] = pl->pu_os;
-            pu_load[u]++;
-            unit[w] = u;
-        }
-        pd++;
-    }
-    p->domain_first[pd] = w;
-
-    /* Flags need the whole placement: worker 0 learns it has an SMT
-     * sibling only when worker 4 lands on the other PU of its core. */
-    for (int i = 0; i < n_workers; i++) {
-        st_placement *pl = &p->workers[i];
-        int u = unit[i];
-        const lay_core *c = &l->cores[core_of[u]];
-        int busy_pus = 0;
-        for (int k = c->first_pu; k < c->first_pu + c->n_pus; k++)
-            busy_pus += pu_load[k] > 0;
-        pl->sibling = busy_pus > 1;
-        pl->shared_pu = pu_load[u] > 1;
-    }
-out:
-    free(pu_load);
-    free(core_of);
-    free(slot);
-    free(unit);
-    return s;
-}
-
-/* ------------------------------------------------------------ teams */
-
-/* Teams of T PUs: a domain's slots (domain_slots: cores first, then
- * siblings) cut into runs of T, so a team takes whole cores while the
- * domain has them.  How many teams each domain gets: water-filling over
- * the teams its cores hold, then those its siblings add.  *fits: 0 when
- * the domains cannot hold n teams each within one. */
-static void distribute_teams(const layout *l, int n, int T, int *count, int *fits)
+/* A worker is a team of T PUs (T = 1: one PU).  A domain's slots
+ * (domain_slots: cores first, then siblings) are cut into runs of T, so a
+ * team takes whole cores while the domain has them.  How many teams each
+ * domain gets: water-filling over the teams its cores hold, then those
+ * its siblings add (so domains stay balanced, and a core gets a second
+ * worker only when every core has one), then, only when oversubscribing,
+ * the rest evenly.  *fits: 0 when the domains cannot hold n teams each
+ * within one. */
+static void distribute(const layout *l, int n, int T, int *count, int *fits)
 {
     const int nd = l->n_domains;
     int cores[nd], extra[nd], room = 0;
@@ -380,10 +289,12 @@ static void distribute_teams(const layout *l, int n, int T, int *count, int *fit
         water_fill(nd, NULL, n - first - second, count);
 }
 
-/* Fills p with teams: worker w of a domain takes its next T slots (span:
- * the next T of every domain's slots in order).  Flags need the whole
- * placement, as in fill_plan. */
-static st_status fill_teams(const layout *l, int n, int T, const int *count, int span,
+/* Fills p: worker w of a domain takes its next T slots (span: the next T
+ * of every domain's slots in order; past the end, only when
+ * oversubscribed, it starts over).  Flags need the whole placement:
+ * worker 0 learns it has an SMT sibling only when worker 4 lands on the
+ * other PU of its core. */
+static st_status fill_plan(const layout *l, int n, int T, const int *count, int span,
                             st_plan *p)
 {
     st_status s = ST_OK;
@@ -481,67 +392,50 @@ out:
     return s;
 }
 
-static st_status plan_teams(const layout *l, const st_plan_request *req, int T, st_plan *p)
+/* The plan for a collected layout; on failure *p may be half filled (the
+ * caller frees it). */
+static st_status plan_from_layout(const layout *l, const st_plan_request *req, st_plan *p)
 {
+    const int T = req->threads_per_worker > 1 ? req->threads_per_worker : 1;
     const int n = req->workers ? req->workers : (l->n_cores / T > 0 ? l->n_cores / T : 1);
+    const int total = n * T;
+    if (total > l->n_pus && !req->oversubscribe)
+        return T == 1 ? st_fail(ST_ERR_INVALID, "%d workers but only %d PUs are allowed; pass "
+                                "--oversubscribe to share PUs or use --workers %d", n,
+                                l->n_pus, l->n_pus)
+                      : st_fail(ST_ERR_INVALID, "%d workers of %d threads need %d PUs but only "
+                                "%d are allowed; pass --oversubscribe to share PUs or use "
+                                "fewer", n, T, total, l->n_pus);
     int *count = calloc((size_t)l->n_domains, sizeof *count);
     if (!count)
         return st_fail(ST_ERR_NOMEM, "out of memory making a placement plan");
     int fits;
-    distribute_teams(l, n, T, count, &fits);
-    const int total = n * T, span = !fits && req->team_spans;
+    distribute(l, n, T, count, &fits);
+    const int span = !fits && req->team_spans;
     st_status s = ST_OK;
-    if (total > l->n_pus && !req->oversubscribe)
-        s = st_fail(ST_ERR_INVALID, "%d workers of %d threads need %d PUs but only %d are "
-                    "allowed; pass --oversubscribe to share PUs or use fewer", n, T, total,
-                    l->n_pus);
-    else if (!fits && !span && !req->oversubscribe)
+    if (!fits && !span && !req->oversubscribe)   /* (T > 1 only: one PU always fits) */
         s = st_fail(ST_ERR_INVALID, "%d workers of %d threads: the allowed NUMA domains hold "
                     "fewer teams of %d PUs within one domain; a team across domains reads its "
                     "memory remotely: allow it with --team-spans-domains, or use fewer or "
                     "smaller teams", n, T, T);
     if (s == ST_OK)
-        s = fill_teams(l, n, T, count, span, p);
+        s = fill_plan(l, n, T, count, span, p);
     free(count);
     ST_TRY(s);
     p->cores_available = l->n_cores;
     p->pus_available = l->n_pus;
     if (total > l->n_pus) {
         p->oversubscribed = 1;
-        snprintf(p->warning, sizeof p->warning, "oversubscribed: %d workers of %d threads "
-                 "share %d PUs", n, T, l->n_pus);
+        if (T == 1)
+            snprintf(p->warning, sizeof p->warning, "oversubscribed: %d workers share %d "
+                     "PUs, each shared PU runs its workers at a fraction of its speed",
+                     n, l->n_pus);
+        else
+            snprintf(p->warning, sizeof p->warning, "oversubscribed: %d workers of %d threads "
+                     "share %d PUs", n, T, l->n_pus);
     } else if (span) {
         snprintf(p->warning, sizeof p->warning, "some teams span NUMA domains "
                  "(--team-spans-domains): their threads read memory across domains");
-    }
-    return ST_OK;
-}
-
-/* The plan for a collected layout; on failure *p may be half filled (the
- * caller frees it). */
-static st_status plan_from_layout(const layout *l, const st_plan_request *req, st_plan *p)
-{
-    if (req->threads_per_worker > 1)
-        return plan_teams(l, req, req->threads_per_worker, p);
-    int n_workers = req->workers ? req->workers : l->n_cores;
-    if (n_workers > l->n_pus && !req->oversubscribe)
-        return st_fail(ST_ERR_INVALID, "%d workers but only %d PUs are allowed; pass "
-                       "--oversubscribe to share PUs or use --workers %d", n_workers,
-                       l->n_pus, l->n_pus);
-    int *count = calloc((size_t)l->n_domains, sizeof *count);
-    if (!count)
-        return st_fail(ST_ERR_NOMEM, "out of memory making a placement plan");
-    distribute(l, n_workers, count);
-    st_status s = fill_plan(l, n_workers, count, p);
-    free(count);
-    ST_TRY(s);
-    p->cores_available = l->n_cores;
-    p->pus_available = l->n_pus;
-    if (n_workers > l->n_pus) {
-        p->oversubscribed = 1;
-        snprintf(p->warning, sizeof p->warning, "oversubscribed: %d workers share %d "
-                 "PUs, each shared PU runs its workers at a fraction of its speed",
-                 n_workers, l->n_pus);
     }
     return ST_OK;
 }

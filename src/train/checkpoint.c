@@ -211,6 +211,12 @@ static void make_fingerprint(const run_shared *r, fingerprint *fp)
 
 /* ------------------------------------------------------------ writing */
 
+static int cmp_step(const void *a, const void *b)
+{
+    const long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
 static st_status add_position(run_ckpt *ck, const run_shared *r, const run_position *at)
 {
     ST_TRY(st_run_ckpt_meta(ck, "subtrain.kind", "state"));
@@ -258,19 +264,37 @@ static st_status add_workers(run_ckpt *ck, run_shared *r)
     return ST_OK;
 }
 
-/* What a writer killed mid-write left: "step-*.safetensors.tmp.PID" of
- * a process that is gone (a live one may be another run writing into the
- * same directory).  Never read; removed at the next checkpoint. */
-static void remove_stale_temporaries(const char *dir)
+/* One pass over the directory after a write: the newest `keep` step
+ * files stay (0: all), and what writers killed mid-write left,
+ * "step-*.safetensors.tmp.PID" of a process that is gone, goes (a live
+ * PID may be another run writing into the same directory).  Steps are
+ * collected first: readdir's order is not theirs. */
+static void tidy(const char *dir, int keep)
 {
     DIR *d = opendir(dir);
     if (!d)
         return;
     static const char mark[] = ".safetensors.tmp.";
-    char path[4096];
+    long long *steps = NULL;
+    size_t n = 0, cap = 0;
+    int listed = 1;   /* every step file is in steps (else nothing is pruned) */
+    char path[4096], name[64];
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        const long long step = st_checkpoint_step_of(e->d_name);
+        /* only the names this writer makes: pruning unlinks by the step */
+        snprintf(name, sizeof name, "step-%08lld.safetensors", step);
+        if (step >= 0 && keep > 0 && listed && strcmp(name, e->d_name) == 0) {
+            if (n == cap) {
+                long long *grown = realloc(steps, (cap = cap ? 2 * cap : 64) * sizeof *steps);
+                listed = grown != NULL;   /* out of memory: the next write prunes */
+                if (grown)
+                    steps = grown;
+            }
+            if (listed)
+                steps[n++] = step;
+        }
         const char *t = strstr(e->d_name, mark);
-        if (strncmp(e->d_name, "step-", 5) != 0 || !t)
+        if (step >= 0 || strncmp(e->d_name, "step-", 5) != 0 || !t)
             continue;
         char *end;
         long pid = strtol(t + sizeof mark - 1, &end, 10);
@@ -280,25 +304,14 @@ static void remove_stale_temporaries(const char *dir)
         unlink(path);
     }
     closedir(d);
-}
-
-/* The newest `keep` step files of dir stay (the one just written among
- * them); the names are zero-padded, so their order is the steps'. */
-static void prune(const char *dir, int keep, uint64_t newest)
-{
-    if (keep <= 0)
-        return;
-    /* step files are at most one per step: walk down from the newest */
-    char path[4096];
-    int kept = 0;
-    for (uint64_t s = newest + 1; s-- > 0;) {
-        snprintf(path, sizeof path, "%s/step-%08" PRIu64 ".safetensors", dir, s);
-        struct stat sb;
-        if (stat(path, &sb) != 0)
-            continue;
-        if (++kept > keep)
+    if (keep > 0 && listed && n > (size_t)keep) {
+        qsort(steps, n, sizeof *steps, cmp_step);
+        for (size_t i = 0; i + (size_t)keep < n; i++) {
+            snprintf(path, sizeof path, "%s/step-%08lld.safetensors", dir, steps[i]);
             unlink(path);
+        }
     }
+    free(steps);
 }
 
 st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_position *at)
@@ -327,8 +340,7 @@ st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_positi
         s = st_checkpoint_write(path, &mc, params, ck.tensors, ck.n, ck.meta, ck.n_meta);
     ckpt_free(&ck);
     ST_TRY(s);
-    prune(plan->dir, plan->keep, named);
-    remove_stale_temporaries(plan->dir);
+    tidy(plan->dir, plan->keep);
     if (r->cb && r->cb->on_checkpoint)
         r->cb->on_checkpoint(path, named, r->cb->user);
     return ST_OK;
@@ -382,8 +394,7 @@ static st_status check_fingerprint(const run_shared *r)
     return ST_OK;
 }
 
-st_status st_run_resume_tensor(const run_shared *r, const char *name, size_t count,
-                               const float **data)
+st_status st_run_resume_load(const run_shared *r, const char *name, float *dst, size_t count)
 {
     const st_st_tensor *t = st_safetensors_find(r->cfg->resume, name);
     if (!t)
@@ -392,17 +403,14 @@ st_status st_run_resume_tensor(const run_shared *r, const char *name, size_t cou
     if (t->dtype != ST_DTYPE_F32 || t->bytes != count * sizeof(float))
         return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' is not F32 of %zu elements, as this run "
                        "holds it", r->cfg->resume_name, name, count);
-    *data = t->data;
+    memcpy(dst, t->data, count * sizeof *dst);   /* the file's data may be unaligned */
     return ST_OK;
 }
 
-/* A tensor's values into dst (the file's data may be unaligned). */
-static st_status load_tensor(const run_shared *r, const char *name, float *dst, size_t count)
+void st_run_resume_shard(const run_shared *r, st_comm *c, int wid, float *dst)
 {
-    const float *src;
-    ST_TRY(st_run_resume_tensor(r, name, count, &src));
-    memcpy(dst, src, count * sizeof *dst);
-    return ST_OK;
+    const st_range shard = st_comm_shard(c, wid);
+    memcpy(dst, r->resume->params + shard.begin, (shard.end - shard.begin) * sizeof *dst);
 }
 
 st_status st_run_resume_open(run_shared *r)
@@ -416,8 +424,6 @@ st_status st_run_resume_open(run_shared *r)
         return st_fail(ST_ERR_INVALID, "%s holds weights only, not a training state: --resume "
                        "takes a step checkpoint (DIR/step-*.safetensors); --init starts from "
                        "weights", name);
-    if (r->ops->not_resumable)
-        return st_fail(ST_ERR_INVALID, "%s: %s", name, r->ops->not_resumable);
     ST_TRY(check_fingerprint(r));
     run_resume *rs = calloc(1, sizeof *rs);
     if (!rs)
@@ -448,7 +454,7 @@ st_status st_run_resume_open(run_shared *r)
     memset(&mc.subnet, 0, sizeof mc.subnet);
     ST_TRY(st_checkpoint_load_weights(cfg->resume, name, &mc, rs->params));
     if (r->state_full)
-        ST_TRY(load_tensor(r, "train.state.full", r->state_full, r->n_state));
+        ST_TRY(st_run_resume_load(r, "train.state.full", r->state_full, r->n_state));
     return ST_OK;
 }
 
@@ -487,11 +493,11 @@ st_status st_run_resume_optimizer(run_shared *r, st_worker *w)
     char name[ST_ST_MAX_NAME];
     if (w->optim.m) {
         snprintf(name, sizeof name, "train.optimizer.m.worker%d", w->id);
-        ST_TRY(load_tensor(r, name, w->optim.m, w->optim.n));
+        ST_TRY(st_run_resume_load(r, name, w->optim.m, w->optim.n));
     }
     if (w->optim.v) {
         snprintf(name, sizeof name, "train.optimizer.v.worker%d", w->id);
-        ST_TRY(load_tensor(r, name, w->optim.v, w->optim.n));
+        ST_TRY(st_run_resume_load(r, name, w->optim.v, w->optim.n));
     }
     return ST_OK;
 }
@@ -505,7 +511,7 @@ st_status st_run_resume_model(run_shared *r, st_worker *w)
     float *state = st_model_state(w->model, &count);
     if (count) {
         snprintf(name, sizeof name, "train.state.worker%d", w->id);
-        ST_TRY(load_tensor(r, name, state, count));
+        ST_TRY(st_run_resume_load(r, name, state, count));
     }
     return ST_OK;
 }

@@ -77,11 +77,6 @@ st_status st_train_config_check(const st_train_config *c)
     if (c->init_params && c->strategy == ST_STRATEGY_SYNTH)
         return st_fail(ST_ERR_INVALID, "--init does not apply to --strategy synth (its segments "
                        "start from their own initial values)");
-    const st_strategy_ops *ops = st_strategy_ops_of(c->strategy);
-    if (ops && ops->not_resumable && (c->resume || (c->checkpoint.dir &&
-                                                    (c->checkpoint.every || c->checkpoint.every_epoch))))
-        return st_fail(ST_ERR_INVALID, "--checkpoint-every and --resume: --strategy %s %s",
-                       ops->name, ops->not_resumable);
     if (c->checkpoint.keep < 0)
         return st_fail(ST_ERR_INVALID, "--keep must be >= 0 (0: every checkpoint), got %d",
                        c->checkpoint.keep);

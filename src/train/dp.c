@@ -8,8 +8,6 @@
  * alone has no engine: it computes and updates its own vector (the solo
  * step below, the hot path of a one-worker run).
  */
-#include <string.h>
-
 #include "core/error.h"
 #include "train/strategy.h"
 
@@ -102,9 +100,7 @@ static st_status dp_resume(run_shared *r, void *state, st_worker *w)
     ST_TRY(st_run_resume_model(r, w));
     if (!r->comm)
         return ST_OK;
-    st_range shard = st_comm_shard(r->comm, w->id);
-    memcpy(st_comm_shard_params(r->comm, w->id), r->resume->params + shard.begin,
-           (shard.end - shard.begin) * sizeof(float));
+    st_run_resume_shard(r, r->comm, w->id, st_comm_shard_params(r->comm, w->id));
     return ST_OK;
 }
 

@@ -284,14 +284,11 @@ static st_status ist_resume(run_shared *r, void *state, st_worker *w)
     const int wid = w->id;
     ST_TRY(st_run_resume_model(r, w));
     st_range shard = st_comm_shard(r->comm, wid);
-    const size_t len = shard.end - shard.begin;
-    memcpy(s->sn.saved[wid].master, r->resume->params + shard.begin, len * sizeof(float));
+    st_run_resume_shard(r, r->comm, wid, s->sn.saved[wid].master);
     char name[ST_ST_MAX_NAME];
     for (int i = 0; i < s->n_state; i++) {
-        const float *src;
         snprintf(name, sizeof name, "train.ist.state%d.worker%d", i, wid);
-        ST_TRY(st_run_resume_tensor(r, name, len, &src));
-        memcpy(s->sn.saved[wid].state[i], src, len * sizeof(float));
+        ST_TRY(st_run_resume_load(r, name, s->sn.saved[wid].state[i], shard.end - shard.begin));
     }
     s->workers[wid].rounds = r->resume->rounds;
     s->workers[wid].round_step = r->resume->round_step;

@@ -256,10 +256,12 @@ st_status st_run_resume_model(run_shared *r, st_worker *w);
 /* Its optimizer vectors alone (a worker without an st_model: synth's
  * segments). */
 st_status st_run_resume_optimizer(run_shared *r, st_worker *w);
-/* A tensor of the file being resumed, checked: F32, `count` elements
- * (whose: for the message). */
-st_status st_run_resume_tensor(const run_shared *r, const char *name, size_t count,
-                               const float **data);
+/* A tensor of the file being resumed into dst, checked: F32, `count`
+ * elements. */
+st_status st_run_resume_load(const run_shared *r, const char *name, float *dst, size_t count);
+/* Worker wid's shard of engine c, of the resumed full parameters, into
+ * dst (a master shard, ist's saved master). */
+void st_run_resume_shard(const run_shared *r, st_comm *c, int wid, float *dst);
 
 /* Worker 0, the others waiting between their steps with their models and
  * optimizers published in their slots: writes DIR/step-NNNNNNNN.safetensors

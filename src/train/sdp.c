@@ -192,9 +192,8 @@ static st_status sdp_resume(run_shared *r, void *state, st_worker *w)
 {
     sdp_run *s = state;
     ST_TRY(st_run_resume_model(r, w));
-    st_range shard = st_comm_shard(r->comm, w->id);
-    memcpy(st_comm_shard_params(masters(r, s), w->id), r->resume->params + shard.begin,
-           (shard.end - shard.begin) * sizeof(float));
+    /* (both engines shard the same full layout alike) */
+    st_run_resume_shard(r, r->comm, w->id, st_comm_shard_params(masters(r, s), w->id));
     return ST_OK;
 }
 

@@ -39,8 +39,6 @@ typedef struct st_strategy_ops {
     const char *name;   /* as st_strategy_name and --strategy spell it */
     const char *not_stepwise; /* why a trainer (trainer.h) cannot take it a
                                * step at a time; NULL: it can */
-    const char *not_resumable; /* why its state cannot be checkpointed and
-                                * resumed (yet); NULL: it can */
 
     /* Every config, whatever its strategy (before anything, no thread):
      * refuses bad values of this strategy's options, and its options
@@ -117,7 +115,7 @@ typedef struct st_strategy_ops {
      * optimizer vectors and running statistics) and what is the
      * strategy's own (the master shards, ist's rounds).  Its prepare
      * already drew the assignment of the round being resumed.  The loop's
-     * first barrier follows.  Required unless not_resumable. */
+     * first barrier follows.  Required: every strategy resumes. */
     st_status (*resume)(run_shared *r, void *state, st_worker *w);
 
     /* Optional: a worker failed; any thread: releases everyone waiting in

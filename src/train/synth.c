@@ -875,8 +875,7 @@ static st_status recovery_start(run_shared *r, st_worker *w, const st_chunk_back
     ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
     if (r->resume && r->resume->at.step > 0) {   /* resumed in the recovery epochs */
         ST_TRY(st_run_resume_model(r, w));
-        memcpy(st_comm_shard_params(r->comm, wid), r->resume->params + shard.begin,
-               (shard.end - shard.begin) * sizeof(float));
+        st_run_resume_shard(r, r->comm, wid, st_comm_shard_params(r->comm, wid));
     }
     if (wid == 0) {
         sy->recovering = 1;

@@ -194,7 +194,7 @@ static unsigned requests(run_shared *r, st_worker *w, uint64_t step)
  * cores anyway. */
 static st_status checkpoint(run_shared *r, st_worker *w, const run_position *at)
 {
-    if (!r->cfg->checkpoint.dir || r->ops->not_resumable)
+    if (!r->cfg->checkpoint.dir)
         return ST_OK;
     r->slots[w->id].model = w->model;
     r->slots[w->id].optim = &w->optim;
