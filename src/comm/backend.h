@@ -75,5 +75,8 @@ typedef struct st_comm_backend_ops {
 
 /* The backends built into the library (one per file). */
 extern const st_comm_backend_ops st_comm_shared_ops;   /* shared.c */
+#ifdef HAVE_MPI
+extern const st_comm_backend_ops st_comm_mpi_ops;      /* mpi.c */
+#endif
 
 #endif /* SUBTRAIN_COMM_BACKEND_H */

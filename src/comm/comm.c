@@ -15,6 +15,8 @@
  *   comm.c      this dispatcher and the table of backends
  *   backend.h   what a backend provides (the ops table)
  *   shared.c    the shared-buffer backend: attach, collectives, barrier
+ *   mpi.c       the MPI backend: ranks x workers, hierarchical (with MPI)
+ *   world.c     the ranks of the run: MPI's start and the loop's collectives
  *   plan.h/.c   shards, domains, segments, work lists, byte accounting
  *   kernels.h/.c  the work items and the sum / divide / copy loops
  *   barrier.h   the spin barrier on C11 atomics
@@ -56,7 +58,12 @@ static const struct backend_entry {
     const char *absent;
 } backends[] = {
     { ST_COMM_BACKEND_SHARED, &st_comm_shared_ops, NULL },
-    { ST_COMM_BACKEND_MPI, NULL, "not built into this library (no MPI backend yet)" },
+#ifdef HAVE_MPI
+    { ST_COMM_BACKEND_MPI, &st_comm_mpi_ops, NULL },
+#else
+    { ST_COMM_BACKEND_MPI, NULL, "not built into this library (configure found no MPI: "
+                                 "apt-get install libopenmpi-dev, then configure --with-mpi)" },
+#endif
 };
 
 #define N_BACKENDS (sizeof backends / sizeof backends[0])
@@ -109,7 +116,7 @@ st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
     *out = NULL;
     if (!cfg)
         return st_fail(ST_ERR_INVALID, "st_comm_create: no configuration");
-    const st_comm_backend_ops *ops;
+    const st_comm_backend_ops *ops = NULL;
     ST_TRY(backend_ops(cfg->backend, &ops));
     ST_TRY(st_comm_check_size(cfg->n_workers, cfg->n_params));
     int n_domains;

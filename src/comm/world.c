@@ -1,0 +1,210 @@
+/*
+ * comm/world.c — the processes of a run (subtrain/world.h): MPI's start,
+ * end and the few collectives the training loop needs besides the
+ * reduction (losses, evaluation sums, stop requests).
+ *
+ * Without HAVE_MPI (or when no MPI launcher started the process) the world
+ * is this process: rank 0 of 1, and the collectives copy or do nothing.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <subtrain/world.h>
+
+#include "core/error.h"
+#ifdef HAVE_MPI
+#include "comm/world_mpi.h"
+#endif
+
+static int world_rank = 0, world_size = 1;
+static char world_host[256];
+
+int st_world_has_mpi(void)
+{
+#ifdef HAVE_MPI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* What the launchers set: Open MPI's mpirun, PMIx (srun --mpi=pmix, prterun),
+ * PMI-1/2 (srun --mpi=pmi2, MPICH's hydra). */
+int st_world_launched(void)
+{
+    static const char *vars[] = { "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE" };
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i]))
+            return 1;
+    return 0;
+}
+
+int st_world_rank(void)
+{
+    return world_rank;
+}
+
+int st_world_size(void)
+{
+    return world_size;
+}
+
+const char *st_world_host(void)
+{
+    if (!world_host[0] && gethostname(world_host, sizeof world_host - 1) != 0)
+        snprintf(world_host, sizeof world_host, "unknown");
+    return world_host;
+}
+
+#ifdef HAVE_MPI
+
+static MPI_Comm world_comm = MPI_COMM_NULL;
+static int world_started = 0;
+
+MPI_Comm st_world_comm(void)
+{
+    return world_comm;
+}
+
+st_status st_world_fail(int rc, const char *what)
+{
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
+        snprintf(text, sizeof text, "MPI error %d", rc);
+    return st_fail(ST_ERR_IO, "%s: %s", what, text);
+}
+
+st_status st_world_init(int *argc, char ***argv)
+{
+    if (world_started || !st_world_launched())
+        return ST_OK;
+    int provided = 0;
+    int rc = MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+    if (rc != MPI_SUCCESS)
+        return st_fail(ST_ERR_IO, "MPI_Init_thread failed (error %d)", rc);
+    world_started = 1;
+    if (provided < MPI_THREAD_SERIALIZED) {
+        MPI_Finalize();
+        world_started = 0;
+        return st_fail(ST_ERR_INVALID, "this MPI library gives thread level %d; subtrain needs "
+                       "MPI_THREAD_SERIALIZED (%d): its workers call MPI from one thread at a "
+                       "time, not always the main one", provided, MPI_THREAD_SERIALIZED);
+    }
+    /* errors come back as return codes, turned into messages that say what
+     * subtrain was doing; a program that cannot go on calls st_world_abort */
+    MPI_Comm_dup(MPI_COMM_WORLD, &world_comm);
+    MPI_Comm_set_errhandler(world_comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(world_comm, &world_rank);
+    MPI_Comm_size(world_comm, &world_size);
+    int len = 0;
+    char name[MPI_MAX_PROCESSOR_NAME];
+    if (MPI_Get_processor_name(name, &len) == MPI_SUCCESS)
+        snprintf(world_host, sizeof world_host, "%s", name);
+    return ST_OK;
+}
+
+void st_world_finalize(void)
+{
+    if (!world_started)
+        return;
+    MPI_Comm_free(&world_comm);
+    MPI_Finalize();
+    world_started = 0;
+    world_rank = 0;
+    world_size = 1;
+}
+
+void st_world_abort(int code)
+{
+    if (world_started && world_size > 1) {
+        fflush(stdout);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, code);
+    }
+}
+
+st_status st_world_allgather(const void *mine, size_t bytes, void *all)
+{
+    if (world_size == 1) {
+        memmove(all, mine, bytes);
+        return ST_OK;
+    }
+    if (bytes > (size_t)0x7fffffff)
+        return st_fail(ST_ERR_INVALID, "st_world_allgather: %zu bytes is too many", bytes);
+    int rc = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, world_comm);
+    return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "gathering from the ranks");
+}
+
+st_status st_world_max_int(int *v)
+{
+    if (world_size == 1)
+        return ST_OK;
+    int rc = MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_INT, MPI_MAX, world_comm);
+    return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "agreeing with the ranks");
+}
+
+st_status st_world_bcast(void *buf, size_t bytes, int root)
+{
+    if (world_size == 1)
+        return ST_OK;
+    if (bytes > (size_t)0x7fffffff)
+        return st_fail(ST_ERR_INVALID, "st_world_bcast: %zu bytes is too many", bytes);
+    int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, world_comm);
+    return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "broadcasting to the ranks");
+}
+
+st_status st_world_barrier(void)
+{
+    if (world_size == 1)
+        return ST_OK;
+    int rc = MPI_Barrier(world_comm);
+    return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "waiting for the ranks");
+}
+
+#else /* !HAVE_MPI */
+
+st_status st_world_init(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    return ST_OK;
+}
+
+void st_world_finalize(void)
+{
+}
+
+void st_world_abort(int code)
+{
+    (void)code;
+}
+
+st_status st_world_allgather(const void *mine, size_t bytes, void *all)
+{
+    memmove(all, mine, bytes);
+    return ST_OK;
+}
+
+st_status st_world_max_int(int *v)
+{
+    (void)v;
+    return ST_OK;
+}
+
+st_status st_world_bcast(void *buf, size_t bytes, int root)
+{
+    (void)buf;
+    (void)bytes;
+    (void)root;
+    return ST_OK;
+}
+
+st_status st_world_barrier(void)
+{
+    return ST_OK;
+}
+
+#endif /* HAVE_MPI */

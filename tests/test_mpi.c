@@ -1,0 +1,364 @@
+/*
+ * tests/test_mpi.c — the MPI reduction backend against the shared-buffer
+ * engine, run under mpirun by tests/mpi.sh (Criterion forks every test,
+ * which an MPI process must not do: this is a plain program).
+ *
+ *   mpirun -np R tests/test_mpi N     R ranks x N workers each
+ *
+ * Every rank builds the same random holdings for the R x N global workers
+ * (data parallel: all of them; subnetworks: random runs with random
+ * holders, some elements held by nobody where that is allowed), runs the
+ * MPI engine with its N workers, and also runs one shared-buffer engine
+ * of R x N workers in-process on the same gradients, as the reference,
+ * with one NUMA domain per rank.  After each reduce-scatter every owner's
+ * shard gradient, and after each all-gather every replica, must equal the
+ * reference's bitwise: both sum each rank's (domain's) holders in worker
+ * order, then the ranks in order, then divide; with one worker per rank
+ * that is worker 0, 1, ... as in one domain.
+ * Then: three rounds of reset and attach with new holdings (IST, SDP),
+ * a reduce-only engine paired with a gather-only one (backward masking),
+ * and a refused engine (ranks that disagree on the model) that fails on
+ * every rank instead of hanging.
+ *
+ * Prints one line per case and "test_mpi: N passed, M failed" on rank 0;
+ * exits non-zero if any rank failed a case.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+#include <omp.h>
+
+#include <subtrain/comm.h>
+#include <subtrain/rng.h>
+#include <subtrain/world.h>
+
+static int rank, ranks, n_local, failed_here;
+
+/* The holdings of N global workers over p elements (runs held by random
+ * subsets; dp: everyone; unheld: some runs held by nobody). */
+typedef struct layout {
+    int N;
+    size_t p;
+    unsigned char **mask;
+    st_range **held;
+    int *n_held;
+} layout;
+
+static void layout_make(layout *l, int N, size_t p, uint64_t seed, int dp, int unheld)
+{
+    l->N = N;
+    l->p = p;
+    l->mask = calloc((size_t)N, sizeof *l->mask);
+    l->held = calloc((size_t)N, sizeof *l->held);
+    l->n_held = calloc((size_t)N, sizeof *l->n_held);
+    st_rng rng = st_rng_seed(seed);
+    for (int w = 0; w < N; w++)
+        l->mask[w] = calloc(p, 1);
+    for (size_t i = 0; i < p;) {
+        size_t len = 1 + (st_rng_below(&rng, 4) == 0 ? st_rng_below(&rng, (uint32_t)(p / 3 + 1))
+                                                      : st_rng_below(&rng, 50));
+        if (len > p - i)
+            len = p - i;
+        int nobody = unheld && st_rng_below(&rng, 6) == 0;
+        int any = 0;
+        for (int w = 0; w < N && !nobody; w++) {
+            int bit = dp || st_rng_below(&rng, 2);
+            memset(l->mask[w] + i, bit, len);
+            any |= bit;
+        }
+        if (!any && !nobody)
+            memset(l->mask[st_rng_below(&rng, (uint32_t)N)] + i, 1, len);
+        i += len;
+    }
+    for (int w = 0; w < N; w++) {
+        l->held[w] = malloc((p + 1) * sizeof **l->held);
+        int k = 0;
+        for (size_t a = 0; a < p;) {
+            if (!l->mask[w][a]) {
+                a++;
+                continue;
+            }
+            size_t b = a;
+            while (b < p && l->mask[w][b])
+                b++;
+            l->held[w][k++] = (st_range){ a, b };
+            a = b;
+        }
+        l->n_held[w] = k;
+    }
+}
+
+static void layout_free(layout *l)
+{
+    for (int w = 0; w < l->N; w++) {
+        free(l->mask[w]);
+        free(l->held[w]);
+    }
+    free(l->mask);
+    free(l->held);
+    free(l->n_held);
+}
+
+/* Worker g's compact vectors: its held elements back to back. */
+static size_t compact_size(const layout *l, int g)
+{
+    size_t n = 0;
+    for (int i = 0; i < l->n_held[g]; i++)
+        n += l->held[g][i].end - l->held[g][i].begin;
+    return n;
+}
+
+static void compact_offsets(const layout *l, int g, size_t *local)
+{
+    size_t at = 0;
+    for (int i = 0; i < l->n_held[g]; i++) {
+        local[i] = at;
+        at += l->held[g][i].end - l->held[g][i].begin;
+    }
+}
+
+/* Values of worker g at step t: gradients, and the initial parameters
+ * (t = 0xffff), element by element of its compact vector. */
+static void fill(const layout *l, int g, uint64_t t, float *v)
+{
+    st_rng root = st_rng_seed(7000 + t);
+    st_rng r = st_rng_split(&root, (uint64_t)g);
+    size_t n = compact_size(l, g);
+    for (size_t i = 0; i < n; i++)
+        v[i] = st_rng_normal(&r);
+}
+
+/* One engine's run: attach the workers [first, first + count) of the
+ * layout (global indices), then `steps` steps of reduce-scatter, owner
+ * update master -= 0.5 x mean, all-gather.  Records every owner's shard
+ * gradients (rs[g]) and every replica (ag[g]) of the last step, in the
+ * full layout (elements not held: 0). */
+typedef struct result {
+    float **rs, **ag;   /* [global worker][p] */
+} result;
+
+static int run_engine(st_comm *c, const layout *l, int first, int count, int steps,
+                      int split_engines, st_comm *c2, result *out)
+{
+    int bad = 0;
+#pragma omp parallel num_threads(count) reduction(| : bad)
+    {
+        int w = omp_get_thread_num(), g = first + w;
+        st_arena arena;
+        st_arena_init(&arena, "test", NULL, 0);
+        size_t n = compact_size(l, g);
+        float *grads = calloc(n + 1, sizeof *grads), *params = calloc(n + 1, sizeof *params);
+        size_t *local = calloc((size_t)l->n_held[g] + 1, sizeof *local);
+        compact_offsets(l, g, local);
+        fill(l, g, 0xffff, params);
+        st_comm *gc = c, *pc = split_engines ? c2 : c;
+        st_status s = st_comm_attach_compact(gc, w, &arena, grads, params, l->held[g], local,
+                                             l->n_held[g]);
+        if (s == ST_OK && split_engines)
+            s = st_comm_attach_compact(pc, w, &arena, grads, params, l->held[g], local,
+                                       l->n_held[g]);
+        for (int t = 0; t < steps && s == ST_OK; t++) {
+            fill(l, g, (uint64_t)t, grads);
+            s = st_comm_reduce_scatter(gc, w);
+            if (s != ST_OK)
+                break;
+            st_range sh = st_comm_shard(gc, w);
+            float *sg = st_comm_shard_grads(gc, w), *m = st_comm_shard_params(pc, w);
+            for (size_t i = 0; i < sh.end - sh.begin; i++)
+                m[i] -= 0.5f * sg[i];
+            if (t == steps - 1)
+                for (size_t i = sh.begin; i < sh.end; i++)
+                    out->rs[g][i] = sg[i - sh.begin];
+            s = st_comm_all_gather(pc, w);
+        }
+        if (s == ST_OK)
+            for (int i = 0; i < l->n_held[g]; i++)
+                for (size_t x = l->held[g][i].begin; x < l->held[g][i].end; x++)
+                    out->ag[g][x] = params[local[i] + (x - l->held[g][i].begin)];
+        /* nobody reads another's master any more (the all-gather has no
+         * exit barrier) before the arenas go */
+        if (s == ST_OK)
+            s = st_comm_barrier(pc, w);
+        if (s != ST_OK) {
+            fprintf(stderr, "rank %d worker %d: %s\n", rank, w, st_last_error());
+            st_comm_abort(gc);
+            bad = 1;
+        }
+        st_arena_release(&arena);
+        free(grads);
+        free(params);
+        free(local);
+    }
+    return bad;
+}
+
+static void result_init(result *r, int N, size_t p)
+{
+    r->rs = calloc((size_t)N, sizeof *r->rs);
+    r->ag = calloc((size_t)N, sizeof *r->ag);
+    for (int g = 0; g < N; g++) {
+        r->rs[g] = calloc(p, sizeof(float));
+        r->ag[g] = calloc(p, sizeof(float));
+    }
+}
+
+static void result_free(result *r, int N)
+{
+    for (int g = 0; g < N; g++) {
+        free(r->rs[g]);
+        free(r->ag[g]);
+    }
+    free(r->rs);
+    free(r->ag);
+}
+
+static int passed, failed;
+
+/* Every rank agrees on the verdict (a case fails if it fails anywhere). */
+static void verdict(const char *name, int ok)
+{
+    int all_ok = ok;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+    if (all_ok)
+        passed++;
+    else
+        failed++;
+    if (rank == 0)
+        printf("  %-58s %s\n", name, all_ok ? "ok" : "FAILED");
+    if (!ok)
+        failed_here = 1;
+}
+
+/* MPI engine of this rank's workers against the shared engine of all. */
+static void compare(const char *name, size_t p, uint64_t seed, int dp, int unheld, int split,
+                    int rounds)
+{
+    int N = ranks * n_local, first = rank * n_local, ok = 1;
+    st_comm_config mc = { .n_workers = n_local, .n_params = p, .allow_unheld = unheld,
+                          .backend = ST_COMM_BACKEND_MPI };
+    /* the reference has one NUMA domain per rank: its two-level sums are
+     * then the MPI backend's order (each domain's holders, then the
+     * domains in order), so the two must agree bitwise */
+    int *domain_of = malloc(sizeof *domain_of * (size_t)N);
+    for (int g = 0; g < N; g++)
+        domain_of[g] = g / n_local;
+    st_comm_config sc = { .n_workers = N, .n_params = p, .allow_unheld = unheld,
+                          .domain_of = domain_of };
+    st_comm *m = NULL, *m2 = NULL;
+    if (split) {
+        mc.roles = ST_COMM_REDUCE;
+        sc.roles = ST_COMM_REDUCE;
+    }
+    if (st_comm_create(&mc, &m) != ST_OK) {
+        fprintf(stderr, "rank %d: %s\n", rank, st_last_error());
+        verdict(name, 0);
+        return;
+    }
+    if (split) {
+        st_comm_config mg = mc;
+        mg.roles = ST_COMM_GATHER;
+        if (st_comm_create(&mg, &m2) != ST_OK) {
+            fprintf(stderr, "rank %d: %s\n", rank, st_last_error());
+            st_comm_destroy(m);
+            verdict(name, 0);
+            return;
+        }
+    }
+    for (int round = 0; round < rounds && ok; round++) {
+        layout l;
+        layout_make(&l, N, p, seed + (uint64_t)round, dp, unheld);
+        result got, want;
+        result_init(&got, N, p);
+        result_init(&want, N, p);
+        if (round) {
+            st_comm_reset(m);
+            if (m2)
+                st_comm_reset(m2);
+        }
+        if (run_engine(m, &l, first, n_local, 3, split, m2, &got))
+            ok = 0;
+        st_comm *ref = NULL, *ref2 = NULL;
+        st_comm_config sg = sc;
+        sg.roles = ST_COMM_GATHER;
+        if (ok && (st_comm_create(&sc, &ref) != ST_OK ||
+                   (split && st_comm_create(&sg, &ref2) != ST_OK))) {
+            fprintf(stderr, "reference: %s\n", st_last_error());
+            ok = 0;
+        }
+        if (ok && run_engine(ref, &l, 0, N, 3, split, ref2, &want))
+            ok = 0;
+        st_comm_destroy(ref);
+        st_comm_destroy(ref2);
+        for (int g = first; g < first + n_local && ok; g++)
+            for (size_t i = 0; i < p; i++) {
+                float a[2] = { got.rs[g][i], got.ag[g][i] }, b[2] = { want.rs[g][i], want.ag[g][i] };
+                for (int k = 0; k < 2; k++) {
+                    if (memcmp(&a[k], &b[k], sizeof a[k]) == 0)
+                        continue;
+                    {
+                        if (ok)
+                            fprintf(stderr, "rank %d %s: worker %d element %zu %s: %.9g, "
+                                    "reference %.9g\n", rank, name, g, i, k ? "replica" : "mean",
+                                    a[k], b[k]);
+                        ok = 0;
+                    }
+                }
+            }
+        result_free(&got, N);
+        result_free(&want, N);
+        layout_free(&l);
+    }
+    st_comm_destroy(m);
+    st_comm_destroy(m2);
+    free(domain_of);
+    verdict(name, ok);
+}
+
+/* Ranks that describe different engines are refused on every rank. */
+static void refused(void)
+{
+    st_comm_config mc = { .n_workers = n_local, .n_params = (size_t)(100 + (rank == 1)),
+                          .backend = ST_COMM_BACKEND_MPI };
+    st_comm *m = NULL;
+    st_status s = st_comm_create(&mc, &m);
+    int ok = s != ST_OK && strstr(st_last_error(), "every rank must run the same");
+    if (rank == 0 && s != ST_OK)
+        printf("    (refused: %s)\n", st_last_error());
+    st_comm_destroy(m);
+    verdict("ranks with different models are refused on every rank", ok);
+}
+
+int main(int argc, char **argv)
+{
+    if (st_world_init(&argc, &argv) != ST_OK) {
+        fprintf(stderr, "test_mpi: %s\n", st_last_error());
+        return 1;
+    }
+    if (!st_world_launched()) {
+        fprintf(stderr, "test_mpi: run it under mpirun (tests/mpi.sh)\n");
+        st_world_finalize();
+        return 1;
+    }
+    rank = st_world_rank();
+    ranks = st_world_size();
+    n_local = argc > 1 ? atoi(argv[1]) : 1;
+    if (n_local < 1 || n_local > 8)
+        n_local = 1;
+    omp_set_max_active_levels(1);
+    if (rank == 0)
+        printf("test_mpi: %d ranks x %d workers\n", ranks, n_local);
+    compare("data parallel, 1 round", 10007, 11, 1, 0, 0, 1);
+    compare("data parallel, tiny vector (empty shards)", 5, 12, 1, 0, 0, 1);
+    compare("subnetworks, random holders, 3 rounds of re-attach", 20011, 13, 0, 0, 0, 3);
+    compare("subnetworks with unheld elements", 9001, 14, 0, 1, 0, 2);
+    compare("reduce-only and gather-only engines (backward masking)", 8009, 15, 0, 0, 1, 2);
+    if (ranks > 1)
+        refused();
+    if (rank == 0)
+        printf("test_mpi: %d passed, %d failed\n", passed, failed);
+    st_world_finalize();
+    return failed ? 1 : 0;
+}
