@@ -15,8 +15,11 @@
  *   all-gather      every worker copies the updated values of the elements
  *                   it holds into its own replica.
  *
- * Backends (st_comm_config.backend).  ST_COMM_BACKEND_SHARED, the default,
- * is the only one built today: the workers are threads of one process and
+ * Backends (st_comm_config.backend).  ST_COMM_BACKEND_MPI spans the ranks
+ * of an MPI job: n_workers is then each rank's own count, worker w of rank
+ * r is global worker r n + w and owns global shard r n + w; the ranks
+ * exchange owner shards with MPI (src/comm/mpi.c).  ST_COMM_BACKEND_SHARED,
+ * the default, is one process: the workers are threads and
  * meet in NUMA-aware shared buffers, each shard's buffers on its owner's
  * NUMA node.  With more than one NUMA domain both collectives are
  * two-level: the workers of a domain first sum their part of every remote
@@ -52,8 +55,10 @@ extern "C" {
  * buffers. */
 typedef enum st_comm_backend_kind {
     ST_COMM_BACKEND_SHARED = 0,   /* threads of one process, NUMA-placed buffers */
-    ST_COMM_BACKEND_MPI,          /* reserved: across processes and nodes over MPI;
-                                   * not built yet, st_comm_create refuses it */
+    ST_COMM_BACKEND_MPI,          /* the ranks of an MPI job (world.h), each with
+                                   * n_workers threads: hierarchical, see
+                                   * src/comm/mpi.c.  Only when configure found
+                                   * MPI; else st_comm_create refuses it */
 } st_comm_backend_kind;
 
 /* "shared", "mpi"; "unknown" for anything else. */
