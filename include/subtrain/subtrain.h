@@ -33,6 +33,7 @@
 #include <subtrain/optim.h>
 #include <subtrain/topo.h>
 #include <subtrain/comm.h>
+#include <subtrain/world.h>
 #include <subtrain/subnet.h>
 #include <subtrain/synth.h>
 #include <subtrain/train.h>

@@ -162,7 +162,9 @@ typedef struct st_epoch_record {
                                * wall time up to the slowest group's end */
     double wall_s;            /* since training started, evaluations included */
     double lr;
-    int workers;
+    int workers;              /* of every rank: ranks x workers_per_rank */
+    int ranks;                /* MPI ranks of the run (1: one process) */
+    int workers_per_rank;
     int threads_per_worker;   /* a worker's team of threads (1: one core) */
     st_mem_stats memory;      /* the arena of the worker with the largest peak */
     /* Communication per worker and step: what the reduction engine reads
@@ -177,7 +179,8 @@ typedef struct st_epoch_record {
      * forward and backward; waiting for the slowest worker; reduce-scatter
      * and all-gather; the optimizer on the worker's shard. */
     double step_ms_compute, step_ms_wait, step_ms_reduce, step_ms_optimizer;
-    /* Every worker's arena (n = workers), valid during the callback only. */
+    /* Every worker's arena of this rank (n = workers_per_rank; with ranks,
+     * rank 0 reports its own), valid during the callback only. */
     const st_mem_stats *worker_memory;
     /* sdp with align_every: cosine similarity between a worker's subnetwork
      * gradient and the full model's gradient on the same batch, over the

@@ -28,6 +28,7 @@
 #define SUBTRAIN_WORLD_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <subtrain/status.h>
 
 #ifdef __cplusplus
@@ -57,8 +58,17 @@ void st_world_abort(int code);
 
 /* all[r * bytes ..] <- rank r's `mine` (bytes each), every rank. */
 st_status st_world_allgather(const void *mine, size_t bytes, void *all);
-/* *v <- the largest *v over the ranks. */
-st_status st_world_max_int(int *v);
+/* v[0..n) <- the largest of each over the ranks. */
+st_status st_world_max_ints(int *v, int n);
+/* v[0..n) <- the sum of each over the ranks (MPI's order: bitwise the
+ * same as a sum in rank order for 2 ranks, within rounding beyond). */
+st_status st_world_sum_doubles(double *v, size_t n);
+/* The same for counts (exact). */
+st_status st_world_sum_u32(uint32_t *v, size_t n);
+/* Every rank holds v[begin, end) (the ranks' ranges in rank order,
+ * adjacent: rank r's begins where rank r - 1's ends); afterwards every
+ * rank holds all of them. */
+st_status st_world_allgather_range(float *v, size_t begin, size_t end);
 /* buf on every rank <- buf of rank `root`. */
 st_status st_world_bcast(void *buf, size_t bytes, int root);
 st_status st_world_barrier(void);

@@ -138,6 +138,8 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
         printf("one worker per core");
     if (t->threads_per_worker > 1)
         printf(" of %d threads", t->threads_per_worker);
+    if (st_world_size() > 1)
+        printf(" per rank x %d MPI ranks", st_world_size());
     if (o->slurm_cpus)
         printf(" (SLURM_CPUS_PER_TASK=%d)", o->slurm_cpus);
     printf("\n");
@@ -523,7 +525,33 @@ static int open_resume(const st_cli_options *o, char *path, size_t len, st_safet
     return EXIT_SUCCESS;
 }
 
+static int run_train_rank(st_cli_options *o);
+
+/* Training, as one process or as a rank of an MPI job (mpirun, srun:
+ * st_world_init starts MPI when a launcher started us).  Rank 0 alone
+ * prints and writes the metrics; a rank that fails says so in one line
+ * and ends every rank (MPI_Abort), so that none waits forever for it. */
 static int run_train(st_cli_options *o)
+{
+    if (st_world_init(NULL, NULL) != ST_OK)
+        return runtime_error("starting MPI");
+    if (st_world_rank() != 0) {
+        o->quiet = 1;
+        o->metrics_path = NULL;
+        o->sample = 0;
+        o->report_memory = 0;
+    }
+    int status = run_train_rank(o);
+    if (st_world_size() > 1 && status != EXIT_SUCCESS && status < 128) {
+        fprintf(stderr, "subtrain: rank %d of %d (%s) failed: ending every rank\n",
+                st_world_rank(), st_world_size(), st_world_host());
+        st_world_abort(status);
+    }
+    st_world_finalize();
+    return status;
+}
+
+static int run_train_rank(st_cli_options *o)
 {
     /* from the start: a signal while the data load stops the run after
      * its first step, with its records, rather than losing them */

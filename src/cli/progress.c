@@ -59,7 +59,7 @@ static void print_memory_table(const st_epoch_record *rec)
 {
     printf("peak memory by worker (MiB):\n%6s %9s %9s %9s %9s %9s %9s %9s\n", "worker",
            "total", "weights", "gradients", "optimizer", "activs", "workspace", "attention");
-    for (int w = 0; w < rec->workers; w++) {
+    for (int w = 0; w < (rec->workers_per_rank > 0 ? rec->workers_per_rank : rec->workers); w++) {
         const st_mem_stats *m = &rec->worker_memory[w];
         printf("%6d %9.2f", w, (double)m->peak_total / 1048576.0);
         for (int k = 0; k < ST_MEM_KIND_COUNT; k++)

@@ -6,6 +6,7 @@
  * Without HAVE_MPI (or when no MPI launcher started the process) the world
  * is this process: rank 0 of 1, and the collectives copy or do nothing.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,12 +139,69 @@ st_status st_world_allgather(const void *mine, size_t bytes, void *all)
     return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "gathering from the ranks");
 }
 
-st_status st_world_max_int(int *v)
+st_status st_world_max_ints(int *v, int n)
 {
     if (world_size == 1)
         return ST_OK;
-    int rc = MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_INT, MPI_MAX, world_comm);
+    int rc = MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_INT, MPI_MAX, world_comm);
     return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "agreeing with the ranks");
+}
+
+st_status st_world_sum_doubles(double *v, size_t n)
+{
+    if (world_size == 1)
+        return ST_OK;
+    if (n > (size_t)INT_MAX)
+        return st_fail(ST_ERR_INVALID, "st_world_sum_doubles: %zu values is too many", n);
+    int rc = MPI_Allreduce(MPI_IN_PLACE, v, (int)n, MPI_DOUBLE, MPI_SUM, world_comm);
+    return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "adding up over the ranks");
+}
+
+st_status st_world_sum_u32(uint32_t *v, size_t n)
+{
+    if (world_size == 1)
+        return ST_OK;
+    if (n > (size_t)INT_MAX)
+        return st_fail(ST_ERR_INVALID, "st_world_sum_u32: %zu values is too many", n);
+    int rc = MPI_Allreduce(MPI_IN_PLACE, v, (int)n, MPI_UINT32_T, MPI_SUM, world_comm);
+    return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "adding up over the ranks");
+}
+
+st_status st_world_allgather_range(float *v, size_t begin, size_t end)
+{
+    if (world_size == 1)
+        return ST_OK;
+    unsigned long long mine[2] = { begin, end };
+    unsigned long long *all = malloc(sizeof mine * (size_t)world_size);
+    int *counts = malloc(sizeof *counts * 2 * (size_t)world_size);
+    if (!all || !counts) {
+        free(all);
+        free(counts);
+        return st_fail(ST_ERR_NOMEM, "out of memory gathering from the ranks");
+    }
+    st_status s = ST_OK;
+    int rc = MPI_Allgather(mine, 2, MPI_UNSIGNED_LONG_LONG, all, 2, MPI_UNSIGNED_LONG_LONG,
+                           world_comm);
+    if (rc != MPI_SUCCESS)
+        s = st_world_fail(rc, "gathering from the ranks");
+    for (int r = 0; r < world_size && s == ST_OK; r++) {
+        if (all[2 * r + 1] < all[2 * r] || all[2 * r + 1] > (unsigned long long)INT_MAX)
+            s = st_fail(ST_ERR_INVALID, "rank %d's range [%llu, %llu) cannot be gathered", r,
+                        all[2 * r], all[2 * r + 1]);
+        else {
+            counts[r] = (int)(all[2 * r + 1] - all[2 * r]);
+            counts[world_size + r] = (int)all[2 * r];
+        }
+    }
+    if (s == ST_OK) {
+        rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, v, counts, counts + world_size,
+                            MPI_FLOAT, world_comm);
+        if (rc != MPI_SUCCESS)
+            s = st_world_fail(rc, "gathering the model from the ranks");
+    }
+    free(all);
+    free(counts);
+    return s;
 }
 
 st_status st_world_bcast(void *buf, size_t bytes, int root)
@@ -188,9 +246,32 @@ st_status st_world_allgather(const void *mine, size_t bytes, void *all)
     return ST_OK;
 }
 
-st_status st_world_max_int(int *v)
+st_status st_world_max_ints(int *v, int n)
 {
     (void)v;
+    (void)n;
+    return ST_OK;
+}
+
+st_status st_world_sum_doubles(double *v, size_t n)
+{
+    (void)v;
+    (void)n;
+    return ST_OK;
+}
+
+st_status st_world_sum_u32(uint32_t *v, size_t n)
+{
+    (void)v;
+    (void)n;
+    return ST_OK;
+}
+
+st_status st_world_allgather_range(float *v, size_t begin, size_t end)
+{
+    (void)v;
+    (void)begin;
+    (void)end;
     return ST_OK;
 }
 

@@ -22,8 +22,8 @@ static st_status dp_check(const st_train_config *c)
 static st_status dp_prepare(run_shared *r, void **state)
 {
     *state = NULL;
-    ST_TRY(st_run_make_plan(r->cfg, r->n, r->train, &r->plan));
-    if (r->n > 1)
+    ST_TRY(st_run_make_plan(r->cfg, r->n_all, r->train, &r->plan));
+    if (r->n_all > 1)
         ST_TRY(st_run_create_engine(r, 0, 0, NULL, 0, &r->comm));
     return ST_OK;
 }

@@ -93,7 +93,7 @@ static st_status ist_prepare(run_shared *r, void **state)
     if (!s)
         return st_fail(ST_ERR_NOMEM, "out of memory for the subnetworks' state");
     *state = s;
-    ST_TRY(st_run_make_plan(cfg, r->n, r->train, &r->plan));
+    ST_TRY(st_run_make_plan(cfg, r->n_all, r->train, &r->plan));
     ST_TRY(st_subnets_prepare(&s->sn, r, 1, st_subnets_neuron_units(cfg, 1), 0));
     if (r->resume && r->resume->rounds)   /* the partition of the round resumed */
         ST_TRY(st_subnets_draw(&s->sn, r, r->resume->rounds));
@@ -110,7 +110,7 @@ static st_status ist_prepare(run_shared *r, void **state)
     for (int i = 0; i < s->n_state; i++)
         ST_TRY(st_run_create_engine(r, ST_COMM_REDUCE, s->sn.unheld_possible, unheld, n_unheld,
                                     &s->state_comm[i]));
-    return ST_OK;
+    return st_subnets_prepare_gather(&s->sn, r, 1 + s->n_state);
 }
 
 /* State vector i of w's optimizer (compact, the parameters' layout). */
@@ -143,7 +143,7 @@ static st_status build_round(run_shared *r, ist_run *s, int wid, st_worker *w, i
     int *buf;
     /* default: scale what reads a 1/N part of the neurons, not blocks */
     int scale = r->cfg->ist_train_scale < 0 ? s->sn.neuron_units : r->cfg->ist_train_scale;
-    ST_TRY(st_subnets_config(&s->sn, r, wid, scale, &mine, &buf));
+    ST_TRY(st_subnets_config(&s->sn, r, st_run_global(r, wid), scale, &mine, &buf));
     st_status st = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
     free(buf);
     ST_TRY(st);
@@ -188,7 +188,7 @@ static st_status ist_init_worker(run_shared *r, void *state, int wid, st_worker 
     if (wid == 0) {
         st_model_config full = r->cfg->model;
         if (r->cfg->ist_eval_scale)
-            full.subnet.scale = 1.0f / (float)r->n;
+            full.subnet.scale = 1.0f / (float)r->n_all;
         ST_TRY(st_subnets_build_eval(&s->sn, r->cfg, &full, backend));
     }
     return ST_OK;
@@ -203,7 +203,8 @@ static st_status ist_step(run_shared *r, void *state, st_worker *w, uint64_t i, 
     worker_slot *slot = &r->slots[w->id];
     ist_worker *me = &s->workers[w->id];
     double t = st_run_now_s();
-    uint32_t first = (uint32_t)((i * (uint64_t)r->n + (uint64_t)w->id) * (uint64_t)r->cfg->batch);
+    uint32_t first = (uint32_t)((i * (uint64_t)r->n_all + (uint64_t)st_run_global(r, w->id)) *
+                                (uint64_t)r->cfg->batch);
     ST_TRY(st_worker_compute(w, r->train, w->order, first, loss));
     double t1 = st_run_now_s();
     slot->times.compute += t1 - t;
@@ -237,6 +238,7 @@ static st_status ist_round_end(run_shared *r, void *state, st_worker *w, uint64_
     ST_TRY(st_run_sync_state(r, w));       /* and the running statistics */
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every saved master written, engine idle */
     if (wid == 0) {
+        ST_TRY(st_subnets_gather_saved(&s->sn, r, r->comm));   /* over ranks */
         st_comm_reset(r->comm);
         for (int i = 0; i < s->n_state; i++)
             st_comm_reset(s->state_comm[i]);
@@ -336,7 +338,8 @@ static const float *ist_full_params(run_shared *r, void *state, st_worker *w0, s
 {
     (void)w0;
     ist_run *s = state;
-    st_subnets_load_full(&s->sn, r, r->comm, 1);
+    /* cannot fail: one process (checkpoints do not span ranks yet) */
+    (void)st_subnets_load_full(&s->sn, r, r->comm, 1);
     *count = st_model_param_count(s->sn.eval_model);
     return st_model_params(s->sn.eval_model);
 }

@@ -38,13 +38,15 @@ void st_run_fill_record(run_shared *r, st_epoch_record *rec, uint64_t steps_in_e
     rec->align_measured = 0;
     rec->align_mean = 0.0;
     rec->align_min = 0.0;
-    rec->workers = r->n;
+    rec->workers = r->n_all;
+    rec->ranks = r->ranks;
+    rec->workers_per_rank = r->n;
     rec->threads_per_worker = r->placement.threads_per_worker;
     rec->tokens_per_sample = r->cfg->model.context;
     rec->comm_bytes_per_worker_step = bytes;
     rec->comm_bytes_per_worker_round = 0.0;
     rec->ring_bytes_per_worker_step =
-        r->n > 1 ? st_comm_ring_bytes(r->n, r->n_params) : 0.0;
+        r->n_all > 1 ? st_comm_ring_bytes(r->n_all, r->n_params) : 0.0;
 }
 
 void st_run_report_step(run_shared *r, int epoch, uint64_t step, float loss, float lr,
@@ -54,7 +56,7 @@ void st_run_report_step(run_shared *r, int epoch, uint64_t step, float loss, flo
     if (!cb || !cb->on_step)
         return;
     double now = st_run_now_s();
-    double samples = (double)step * r->cfg->batch * r->n;
+    double samples = (double)step * r->cfg->batch * r->n_all;
     st_step_info info = {
         step, r->plan.total_steps, epoch, r->plan.epochs, loss, lr, samples / train_time,
         now - r->t0, train_time / (double)step * (double)(r->plan.total_steps - step),

@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <subtrain/world.h>
+
 #include "core/error.h"
 #include "train/run.h"
 
@@ -51,7 +53,10 @@ st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
                           .roles = roles,
                           .allow_unheld = allow_unheld,
                           .unheld_ranges = unheld,
-                          .n_unheld_ranges = n_unheld };
+                          .n_unheld_ranges = n_unheld,
+                          /* ranks: each rank's workers, the ranks over MPI */
+                          .backend = r->ranks > 1 ? ST_COMM_BACKEND_MPI
+                                                  : ST_COMM_BACKEND_SHARED };
     st_status s = st_comm_create(&cc, out);
     free(domain_of);
     return s;
@@ -99,10 +104,28 @@ st_status st_run_attach_worker(st_comm *grads_comm, st_comm *params_comm, int wi
 
 /* ------------------------------------------------------------ the sharded step */
 
+st_status st_run_mean_loss(run_shared *r, float *loss)
+{
+    /* every worker's loss of every rank, summed in global worker order:
+     * the same sum as one process of n_all workers makes */
+    double sum = 0.0;
+    if (r->ranks == 1) {
+        for (int k = 0; k < r->n; k++)
+            sum += r->slots[k].loss;
+    } else {
+        for (int k = 0; k < r->n; k++)
+            r->losses_mine[k] = r->slots[k].loss;
+        ST_TRY(st_world_allgather(r->losses_mine, sizeof(float) * (size_t)r->n, r->losses_all));
+        for (int k = 0; k < r->n_all; k++)
+            sum += r->losses_all[k];
+    }
+    *loss = (float)(sum / r->n_all);
+    return ST_OK;
+}
+
 st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
                                 uint64_t step, double t, float *loss, float *lr)
 {
-    const int n = r->n;
     worker_slot *slot = &r->slots[w->id];
     double t1;
     ST_TRY(st_comm_barrier(e->grads, w->id));
@@ -112,10 +135,7 @@ st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *
     /* Between this barrier and the all-gather (which needs every worker)
      * no worker can start the next step, so the loss slots are stable. */
     if (w->id == 0) {
-        double sum = 0.0;
-        for (int k = 0; k < n; k++)
-            sum += r->slots[k].loss;
-        *loss = (float)(sum / n);
+        ST_TRY(st_run_mean_loss(r, loss));
         if (e->at_barrier)
             ST_TRY(e->at_barrier(r, e->ctx, w, i, step));
     }
@@ -141,10 +161,11 @@ st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *
 st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
                               uint64_t step, float *loss, float *lr)
 {
-    const int n = r->n, B = r->cfg->batch;
+    const int B = r->cfg->batch;
     worker_slot *slot = &r->slots[w->id];
     double t = st_run_now_s(), t1;
-    uint32_t first = (uint32_t)((i * (uint64_t)n + (uint64_t)w->id) * (uint64_t)B);
+    uint32_t first = (uint32_t)((i * (uint64_t)r->n_all + (uint64_t)st_run_global(r, w->id)) *
+                                (uint64_t)B);
     ST_TRY(st_worker_compute(w, r->train, w->order, first, &slot->loss));
     t1 = st_run_now_s();
     slot->times.compute += t1 - t;
@@ -196,7 +217,7 @@ st_status st_run_evaluate_replicas(run_shared *r, st_worker *w, double *loss, do
     slot->eval_loss = 0.0;
     slot->eval_correct = 0;
     uint32_t batches = (d->count + B - 1) / B;
-    for (uint32_t b = (uint32_t)w->id; b < batches; b += (uint32_t)r->n) {
+    for (uint32_t b = (uint32_t)st_run_global(r, w->id); b < batches; b += (uint32_t)r->n_all) {
         uint32_t first = b * B;
         int rows = d->count - first < B ? (int)(d->count - first) : (int)B;
         st_worker_load_batch(w, d, NULL, first, rows);
@@ -209,6 +230,16 @@ st_status st_run_evaluate_replicas(run_shared *r, st_worker *w, double *loss, do
         for (int k = 0; k < r->n; k++) {
             sum += r->slots[k].eval_loss;
             correct += r->slots[k].eval_correct;
+        }
+        if (r->ranks > 1) {   /* the ranks' sums, added in rank order */
+            double mine[2] = { sum, (double)correct }, *all = r->eval_all;
+            ST_TRY(st_world_allgather(mine, sizeof mine, all));
+            sum = 0.0;
+            correct = 0;
+            for (int k = 0; k < r->ranks; k++) {
+                sum += all[2 * k];
+                correct += (int64_t)all[2 * k + 1];
+            }
         }
         const double n = (double)d->count * st_dataset_labels_per_sample(d);
         *loss = sum / n;
@@ -233,6 +264,10 @@ st_status st_run_sync_state(run_shared *r, st_worker *w)
         memset(r->state_count, 0, r->n_state * sizeof *r->state_count);
         for (int k = 0; k < r->n; k++)
             st_model_state_accumulate(r->slots[k].model, r->state_sum, r->state_count);
+        if (r->ranks > 1) {   /* the other ranks' sums and counts */
+            ST_TRY(st_world_sum_doubles(r->state_sum, r->n_state));
+            ST_TRY(st_world_sum_u32(r->state_count, r->n_state));
+        }
         for (size_t f = 0; f < r->n_state; f++)   /* held by nobody: keeps its value */
             if (r->state_count[f])
                 r->state_full[f] = (float)(r->state_sum[f] / (double)r->state_count[f]);

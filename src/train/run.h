@@ -99,7 +99,14 @@ typedef struct run_shared {
     const struct st_strategy_ops *ops; /* the strategy (strategy.h) */
     void *strategy;                   /* its state, from its prepare */
     run_plan plan;                    /* set by the strategy's prepare */
-    int n;                            /* workers */
+    int n;                            /* workers of this process (threads) */
+    /* The ranks of an MPI run (world.h): this one is `rank` of `ranks`,
+     * and its worker w is global worker first + w of n_all = ranks x n.
+     * Whatever a worker draws (batch rows, subnetwork, partition) comes
+     * from its global index; one process: rank 0 of 1, first 0, n_all n. */
+    int rank, ranks, first, n_all;
+    float *losses_mine, *losses_all;  /* ranks > 1: a step's losses (n, n_all) */
+    double *eval_all;                 /* ranks > 1: each rank's test sums (2 x ranks) */
     st_topology *topology;
     st_plan placement;
     st_comm *comm;                    /* the run's engine, created by the
@@ -148,6 +155,12 @@ static inline double st_run_now_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Worker wid's global index. */
+static inline int st_run_global(const run_shared *r, int wid)
+{
+    return r->first + wid;
 }
 
 /* A barrier over all workers (nothing to wait for with one). */
@@ -210,6 +223,10 @@ st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w,
  * hold now; t: when their compute ended (for the wait time). */
 st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
                                 uint64_t step, double t, float *loss, float *lr);
+
+/* Worker 0, every worker's loss of the step in its slot: the mean over
+ * every worker of every rank, summed in global worker order. */
+st_status st_run_mean_loss(run_shared *r, float *loss);
 
 /* What worker w reads and writes in a step of the run's engine alone. */
 st_comm_bytes st_run_engine_bytes(const run_shared *r, int w);

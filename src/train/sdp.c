@@ -79,9 +79,9 @@ static st_status sdp_prepare(run_shared *r, void **state)
     if (!s)
         return st_fail(ST_ERR_NOMEM, "out of memory for the subnetworks' state");
     *state = s;
-    ST_TRY(st_run_make_plan(cfg, r->n, r->train, &r->plan));
+    ST_TRY(st_run_make_plan(cfg, r->n_all, r->train, &r->plan));
     const int backward = cfg->masking == ST_MASKING_BACKWARD;
-    ST_TRY(st_subnets_prepare(&s->sn, r, st_subnet_holders_per_unit(r->n, cfg->coverage),
+    ST_TRY(st_subnets_prepare(&s->sn, r, st_subnet_holders_per_unit(r->n_all, cfg->coverage),
                               st_subnets_neuron_units(cfg, 0), backward));
     /* resuming after step S: the masks of S's round ((S - 1) / R); a new
      * round due before step S + 1 is drawn by that step as ever */
@@ -97,7 +97,7 @@ static st_status sdp_prepare(run_shared *r, void **state)
     if (backward)
         ST_TRY(st_run_create_engine(r, ST_COMM_GATHER, s->sn.unheld_possible, unheld, n_unheld,
                                     &s->params_comm));
-    return ST_OK;
+    return cfg->resample ? st_subnets_prepare_gather(&s->sn, r, 1) : ST_OK;
 }
 
 /* cos(g, G) over the coordinates worker k holds: g its subnetwork gradient
@@ -129,7 +129,7 @@ static st_status measure_alignment(run_shared *r, void *ctx, st_worker *w0, uint
         return ST_OK;
     const int B = r->cfg->batch;
     st_model *full = s->sn.eval_model;
-    st_subnets_load_full(&s->sn, r, masters(r, s), 0);
+    ST_TRY(st_subnets_load_full(&s->sn, r, masters(r, s), 0));
     for (int k = 0; k < r->n; k++) {
         uint32_t first = (uint32_t)((i * (uint64_t)r->n + (uint64_t)k) * (uint64_t)B);
         st_dataset_gather_train(r->train, w0->epoch, w0->order + first, (size_t)B,
@@ -156,7 +156,7 @@ static st_status build_subnet(run_shared *r, sdp_run *s, st_worker *w, int rebui
      * C = 0.25) */
     const int scale = r->cfg->scale_branches >= 0 ? r->cfg->scale_branches
                                                   : r->n_state == 0 || s->sn.neuron_units;
-    ST_TRY(st_subnets_config(&s->sn, r, w->id, scale, &mine, &buf));
+    ST_TRY(st_subnets_config(&s->sn, r, st_run_global(r, w->id), scale, &mine, &buf));
     st_status st = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
     free(buf);
     return st;
@@ -212,6 +212,7 @@ static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t rou
            (shard.end - shard.begin) * sizeof(float));
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every master saved, the engines idle */
     if (wid == 0) {
+        ST_TRY(st_subnets_gather_saved(&s->sn, r, r->comm));   /* over ranks */
         st_comm_reset(r->comm);
         if (s->params_comm)
             st_comm_reset(s->params_comm);
@@ -290,7 +291,8 @@ static const float *sdp_full_params(run_shared *r, void *state, st_worker *w0, s
     sdp_run *s = state;
     st_model *m = w0->model;
     if (!s->sn.backward) {
-        st_subnets_load_full(&s->sn, r, masters(r, s), 0);
+        /* cannot fail: one process (checkpoints do not span ranks yet) */
+        (void)st_subnets_load_full(&s->sn, r, masters(r, s), 0);
         m = s->sn.eval_model;
     }
     *count = st_model_param_count(m);

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <subtrain/world.h>
+
 #include "core/error.h"
 #include "train/subnets.h"
 
@@ -45,20 +47,20 @@ static st_status check_units(const subnets *s, const run_shared *r)
     const st_train_config *c = r->cfg;
     const int k = s->k, L = s->layers;
     if (!s->neuron_units) {
-        if ((long)L * k < r->n)
+        if ((long)L * k < r->n_all)
             return st_fail(ST_ERR_INVALID, "%d blocks, each held by %d worker(s), leave some of "
                            "the %d workers without a block (need blocks x holders >= workers)",
-                           L, k, r->n);
+                           L, k, r->n_all);
         return ST_OK;
     }
     int U = s->sections[0];   /* the narrowest width layer decides */
     for (int l = 1; l < L; l++)
         U = s->sections[l] < U ? s->sections[l] : U;
-    if ((long)U * k < r->n)
+    if ((long)U * k < r->n_all)
         return st_fail(ST_ERR_INVALID, "a neuron layer has %d groups of %d; each held by %d "
                        "worker(s), they leave some of the %d workers without a neuron in a layer "
                        "(need groups x holders >= workers: use a smaller --neuron-group)",
-                       U, c->neuron_group, k, r->n);
+                       U, c->neuron_group, k, r->n_all);
     return ST_OK;
 }
 
@@ -102,6 +104,37 @@ void st_subnets_release(subnets *s)
     s->saved = NULL;
     free(s->sections);
     s->sections = NULL;
+    for (int i = 0; i < s->n_gathered; i++)
+        free(s->gathered[i]);
+    s->n_gathered = 0;
+}
+
+st_status st_subnets_prepare_gather(subnets *s, const run_shared *r, int kinds)
+{
+    if (r->ranks == 1)
+        return ST_OK;
+    for (; s->n_gathered < kinds; s->n_gathered++) {
+        s->gathered[s->n_gathered] = calloc(r->n_params, sizeof(float));
+        if (!s->gathered[s->n_gathered])
+            return st_fail(ST_ERR_NOMEM, "out of memory for the gathered shards of the ranks");
+    }
+    return ST_OK;
+}
+
+st_status st_subnets_gather_saved(subnets *s, const run_shared *r, st_comm *c)
+{
+    for (int which = 0; which < s->n_gathered; which++) {
+        float *full = s->gathered[which];
+        for (int k = 0; k < r->n; k++) {
+            st_range sh = st_comm_shard(c, k);
+            const float *src = which == 0 ? s->saved[k].master : s->saved[k].state[which - 1];
+            memcpy(full + sh.begin, src, (sh.end - sh.begin) * sizeof *full);
+        }
+        /* a rank's shards are one run of the vector */
+        ST_TRY(st_world_allgather_range(full, st_comm_shard(c, 0).begin,
+                                        st_comm_shard(c, r->n - 1).end));
+    }
+    return ST_OK;
 }
 
 st_status st_subnets_draw(subnets *s, const run_shared *r, uint64_t round)
@@ -111,9 +144,9 @@ st_status st_subnets_draw(subnets *s, const run_shared *r, uint64_t round)
      * st_assignment_make_layered); blocks: each section's (a ResNet's
      * stage's) */
     if (s->neuron_units || s->n_sections > 1)
-        return st_assignment_make_sections(r->n, s->n_sections, s->sections, s->k, r->cfg->seed,
+        return st_assignment_make_sections(r->n_all, s->n_sections, s->sections, s->k, r->cfg->seed,
                                            round, &s->assign);
-    return st_assignment_make(r->n, s->layers, s->k, r->cfg->seed, round, &s->assign);
+    return st_assignment_make(r->n_all, s->layers, s->k, r->cfg->seed, round, &s->assign);
 }
 
 /* Worker w's subnetwork in the current assignment.  Blocks: the blocks it
@@ -134,7 +167,7 @@ st_status st_subnets_config(const subnets *s, const run_shared *r, int wid, int 
     const int backward = s->backward;
     st_model_subnet *sub = &mine->model.subnet;
     if (!backward && train_scale)
-        sub->scale = (float)r->n / (float)a->k;
+        sub->scale = (float)r->n_all / (float)a->k;
     if (s->neuron_units) {
         int *count = *buf, *groups = *buf + L, n = 0;
         for (int l = 0, first = 0; l < L; first += s->sections[l++]) {
@@ -182,6 +215,14 @@ st_status st_subnets_load_saved(const subnets *s, const run_shared *r, st_worker
         return st_fail(ST_ERR_NOMEM, "out of memory loading a subnetwork");
     }
     st_model_full_ranges(w->model, ranges, local, n);
+    if (which < s->n_gathered) {   /* over ranks: the gathered full vector */
+        for (int i = 0; i < n; i++)
+            memcpy(dst + local[i], s->gathered[which] + ranges[i].begin,
+                   (ranges[i].end - ranges[i].begin) * sizeof *dst);
+        free(ranges);
+        free(local);
+        return ST_OK;
+    }
     /* both sorted: walk the shards along the ranges */
     int k = 0;
     for (int i = 0; i < n; i++) {
@@ -213,7 +254,7 @@ st_status st_subnets_build_eval(subnets *s, const st_train_config *cfg,
     return st_model_create(model, cfg->batch, &s->eval_arena, &s->eval_model);
 }
 
-void st_subnets_load_full(subnets *s, const run_shared *r, st_comm *masters, int from_saved)
+st_status st_subnets_load_full(subnets *s, const run_shared *r, st_comm *masters, int from_saved)
 {
     float *p = st_model_params(s->eval_model);
     for (int k = 0; k < r->n; k++) {
@@ -221,6 +262,11 @@ void st_subnets_load_full(subnets *s, const run_shared *r, st_comm *masters, int
         const float *src = from_saved ? s->saved[k].master : st_comm_shard_params(masters, k);
         memcpy(p + sh.begin, src, (sh.end - sh.begin) * sizeof *p);
     }
+    if (r->ranks == 1)
+        return ST_OK;
+    /* the other ranks' shards: a rank's shards are one run of the vector */
+    return st_world_allgather_range(p, st_comm_shard(masters, 0).begin,
+                                    st_comm_shard(masters, r->n - 1).end);
 }
 
 /* The full model's batch norms see a network none of the subnetworks
@@ -257,7 +303,7 @@ st_status st_subnets_evaluate_full(subnets *s, run_shared *r, st_comm *masters, 
 {
     ST_TRY(st_run_sync(r, w->id)); /* every master shard is final */
     if (w->id == 0) {
-        st_subnets_load_full(s, r, masters, from_saved);
+        ST_TRY(st_subnets_load_full(s, r, masters, from_saved));
         st_run_load_state(r, s->eval_model);   /* the loop synced it */
         ST_TRY(calibrate(s, r, w));
         ST_TRY(st_run_evaluate_model(s->eval_model, r->test, loss, acc));

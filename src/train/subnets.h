@@ -37,6 +37,12 @@ typedef struct subnets {
     st_assignment assign;    /* which worker holds which unit */
     int k;                   /* holders per unit */
     subnet_saved *saved;     /* n */
+    /* ranks > 1: the saved shards of every rank, gathered into full
+     * vectors at a round end (which 0, 1, 2 as in subnet_saved), since a
+     * rebuilt subnetwork cannot read another rank's memory; NULL: one
+     * process, the subnetworks read the owners' saved shards directly. */
+    float *gathered[3];
+    int n_gathered;
     st_arena eval_arena;     /* worker 0's full model for evaluation */
     st_model *eval_model;
 } subnets;
@@ -87,7 +93,12 @@ st_status st_subnets_build_eval(subnets *s, const st_train_config *cfg,
 /* Copies every owner's shard into the full model: from `masters`' master
  * shards (after an all-gather, the current values), or from the saved
  * masters (from_saved: ist keeps its averaged parameters there). */
-void st_subnets_load_full(subnets *s, const run_shared *r, st_comm *masters, int from_saved);
+st_status st_subnets_load_full(subnets *s, const run_shared *r, st_comm *masters, int from_saved);
+/* Over ranks: room for `kinds` gathered vectors (prepare; no-op with one
+ * process), and, by worker 0 of every rank after every worker saved its
+ * shards (a round end), every rank's saved shards into them. */
+st_status st_subnets_prepare_gather(subnets *s, const run_shared *r, int kinds);
+st_status st_subnets_gather_saved(subnets *s, const run_shared *r, st_comm *c);
 /* Evaluation always uses the full model: worker 0 fills it and runs the
  * whole test set; the others wait. */
 st_status st_subnets_evaluate_full(subnets *s, run_shared *r, st_comm *masters, int from_saved,

@@ -670,6 +670,8 @@ static void fill_record(run_shared *r, st_epoch_record *rec)
     rec->memory = r->slots[worst].memory;
     rec->worker_memory = r->memory;
     rec->workers = r->n;
+    rec->ranks = 1;
+    rec->workers_per_rank = r->n;
     rec->threads_per_worker = r->placement.threads_per_worker;
     rec->comm_bytes_per_worker_step = bytes;
     rec->ring_bytes_per_worker_step =

@@ -26,6 +26,7 @@
 
 #include <subtrain/comm.h>
 #include <subtrain/topo.h>
+#include <subtrain/world.h>
 
 #include "core/error.h"
 #include "train/loop.h"
@@ -45,6 +46,46 @@ st_status st_loop_check_data(const st_train_config *cfg, const st_dataset *train
     return st_augment_check(&train->augment, train);
 }
 
+/* The ranks of an MPI run (world.h): global worker indices, the buffers
+ * of the loop's own collectives, and what does not span ranks yet. */
+static st_status prepare_ranks(run_shared *r)
+{
+    const st_train_config *cfg = r->cfg;
+    r->rank = st_world_rank();
+    r->ranks = st_world_size();
+    r->first = r->rank * r->n;
+    r->n_all = r->ranks * r->n;
+    if (r->ranks == 1)
+        return ST_OK;
+    const char *no = cfg->strategy == ST_STRATEGY_SYNTH ? "the synth strategy"
+                     : cfg->checkpoint.dir              ? "--checkpoint"
+                     : cfg->resume                      ? "--resume"
+                     : cfg->align_every                 ? "--report align"
+                                                        : NULL;
+    if (no)
+        return st_fail(ST_ERR_INVALID, "%s does not run over MPI ranks yet (%d ranks): run it "
+                       "in one process", no, r->ranks);
+    /* every rank must have the same workers: the engine checks it too, but
+     * here the message names the layout */
+    int *all = malloc(sizeof *all * (size_t)r->ranks);
+    if (!all)
+        return st_fail(ST_ERR_NOMEM, "out of memory for the ranks");
+    st_status s = st_world_allgather(&r->n, sizeof r->n, all);
+    for (int k = 0; k < r->ranks && s == ST_OK; k++)
+        if (all[k] != r->n)
+            s = st_fail(ST_ERR_INVALID, "rank %d plans %d workers and rank %d plans %d: every "
+                        "rank needs the same number (give each the same CPUs, or --workers N)",
+                        k, all[k], r->rank, r->n);
+    free(all);
+    ST_TRY(s);
+    r->losses_mine = malloc(sizeof(float) * (size_t)r->n);
+    r->losses_all = malloc(sizeof(float) * (size_t)r->n_all);
+    r->eval_all = malloc(sizeof(double) * 2 * (size_t)r->ranks);
+    if (!r->losses_mine || !r->losses_all || !r->eval_all)
+        return st_fail(ST_ERR_NOMEM, "out of memory for the ranks");
+    return ST_OK;
+}
+
 st_status st_loop_prepare(run_shared *r)
 {
     const st_train_config *cfg = r->cfg;
@@ -62,6 +103,7 @@ st_status st_loop_prepare(run_shared *r)
                             .team_spans = cfg->team_spans };
     ST_TRY(st_plan_make(r->topology, &req, &r->placement));
     r->n = r->placement.n_workers;
+    ST_TRY(prepare_ranks(r));
     ST_TRY(st_model_config_segments(&cfg->model, &r->full_segs, &r->n_full_segs));
     r->n_params = st_model_config_param_count(&cfg->model);
     st_model_units units;
@@ -98,6 +140,9 @@ void st_loop_release(run_shared *r)
     free(r->state_full);
     free(r->state_sum);
     free(r->state_count);
+    free(r->losses_mine);
+    free(r->losses_all);
+    free(r->eval_all);
     st_plan_free(&r->placement);
     st_topology_destroy(r->topology);
 }
@@ -172,13 +217,20 @@ static unsigned requests(run_shared *r, st_worker *w, uint64_t step)
     if (!cb || (!cb->stop && !cb->checkpoint_now))
         return 0;
     if (w->id == 0) {
-        if (cb->stop && *cb->stop && atomic_load(&r->stop_step) == 0)
-            atomic_store(&r->stop_step, step);
-        if (cb->checkpoint_now && *cb->checkpoint_now) {
+        /* over ranks, what any rank was asked (a signal reaches the ranks
+         * at different steps; srun --signal, a kill of one rank) */
+        int asked[2] = { cb->stop && *cb->stop, cb->checkpoint_now && *cb->checkpoint_now };
+        if (cb->checkpoint_now)
             *cb->checkpoint_now = 0;
-            if (atomic_load(&r->save_step) == 0)
-                atomic_store(&r->save_step, step);
+        st_status s = r->ranks > 1 ? st_world_max_ints(asked, 2) : ST_OK;
+        if (s != ST_OK) {
+            st_loop_record_failure(r, s);   /* the barrier below returns */
+            asked[0] = asked[1] = 0;
         }
+        if (asked[0] && atomic_load(&r->stop_step) == 0)
+            atomic_store(&r->stop_step, step);
+        if (asked[1] && atomic_load(&r->save_step) == 0)
+            atomic_store(&r->save_step, step);
     }
     if (st_run_sync(r, w->id) != ST_OK)
         return 0;   /* aborted: the step reports the failure */
@@ -224,7 +276,7 @@ static st_status run_epochs(run_shared *r, st_worker *w)
 {
     const st_strategy_ops *ops = r->ops;
     const run_plan *p = &r->plan;
-    const int global_batch = r->cfg->batch * r->n;
+    const int global_batch = r->cfg->batch * r->n_all;
     worker_slot *slot = &r->slots[w->id];
     const run_resume *rs = r->resume;
     const int every_epoch = r->cfg->checkpoint.dir && r->cfg->checkpoint.every_epoch;

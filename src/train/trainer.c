@@ -27,6 +27,8 @@
 
 #include <subtrain/trainer.h>
 
+#include <subtrain/world.h>
+
 #include "core/error.h"
 #include "train/loop.h"
 #include "train/strategy.h"
@@ -186,6 +188,9 @@ st_status st_trainer_create(const st_train_config *cfg, const st_dataset *train,
     if (ops->not_stepwise)
         return st_fail(ST_ERR_INVALID, "a trainer cannot take --strategy %s a step at a time: "
                        "%s; train it with st_train_run", ops->name, ops->not_stepwise);
+    if (st_world_size() > 1)
+        return st_fail(ST_ERR_INVALID, "a trainer runs in one process (this is one of %d MPI "
+                       "ranks); train over ranks with st_train_run", st_world_size());
     if (cfg->threads_per_worker > 1)
         return st_fail(ST_ERR_INVALID, "a trainer runs workers of one thread; teams "
                        "(threads_per_worker %d) train with st_train_run",
