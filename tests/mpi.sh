@@ -5,6 +5,9 @@
 #
 #   test_mpi            the MPI backend against the shared engine
 #                       (2 ranks x 1 and x 2 workers, 3 ranks x 1)
+#   train_*             subtrain over 2 ranks against one process: dp,
+#                       sdp (blocks, neurons with backward masking), ist
+#   failing_rank, sigterm, synth: failure, signals, refusals
 set -u
 MPIRUN=${MPIRUN:-mpirun}
 # root is allowed (CI runs as root); more ranks than cores are allowed
@@ -13,21 +16,119 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 # a container may forbid the cross-memory-attach single copy; shared
 # memory without it still works
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
+# ranks waiting in MPI yield the CPU: the tests run more threads than cores
+export OMPI_MCA_mpi_yield_when_idle=1
 passed=0 failed=0
 
-run() {   # run NAME COMMAND...: one case, 300 s at most
+run() {   # run NAME COMMAND...: one case (a command or a function below)
     name=$1; shift
     echo "---- $name: $*"
-    if timeout 300 "$@"; then
+    "$@"
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
         passed=$((passed + 1)); echo "[PASS] $name"
     else
-        failed=$((failed + 1)); echo "[FAIL] $name (exit $?)"
+        failed=$((failed + 1)); echo "[FAIL] $name (exit $rc)"
     fi
 }
 
-run "mpi/backend_2x1" "$MPIRUN" -np 2 tests/test_mpi 1
-run "mpi/backend_2x2" "$MPIRUN" -np 2 tests/test_mpi 2
-run "mpi/backend_3x1" "$MPIRUN" -np 3 tests/test_mpi 1
+mpi() {   # mpirun, 300 s at most: a hang fails the case
+    timeout 300 "$MPIRUN" "$@"
+}
+
+run "mpi/backend_2x1" mpi -np 2 tests/test_mpi 1
+run "mpi/backend_2x2" mpi -np 2 tests/test_mpi 2
+run "mpi/backend_3x1" mpi -np 3 tests/test_mpi 1
+
+# ---- training over ranks against training in one process
+BIN=${SUBTRAIN_BIN:-./subtrain}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+COMMON="--data synthetic --steps 40 --quiet"
+
+# the records' epoch, step, losses and accuracy (not the timings)
+key() {
+    sed -n 's/.*\("epoch":[0-9]*,"step":[0-9]*\).*\("train_loss":[^,]*,"test_loss":[^,]*,"test_acc":[^,]*\).*/\1 \2/p' "$1"
+}
+
+# same NAME OPTIONS...: 2 ranks x 1 worker must give the records of
+# 1 process x 2 workers exactly (the sums run in the same order)
+same() {
+    shift   # the case's short name
+    "$BIN" $COMMON --workers 2 "$@" --metrics "$TMP/one.jsonl" &&
+    mpi -np 2 "$BIN" $COMMON --workers 1 "$@" --metrics "$TMP/two.jsonl" || return 1
+    key "$TMP/one.jsonl" >"$TMP/one.key"
+    key "$TMP/two.jsonl" >"$TMP/two.key"
+    [ -s "$TMP/one.key" ] || { echo "no records"; return 1; }
+    grep -q '"ranks":2,"workers_per_rank":1' "$TMP/two.jsonl" || { echo "layout not recorded"; return 1; }
+    diff "$TMP/one.key" "$TMP/two.key" && cat "$TMP/two.key"
+}
+run "mpi/train_dp_2x1_equals_1x2" same dp
+run "mpi/train_sdp_2x1_equals_1x2" same sdp --strategy sdp --coverage 0.5 --resample 10
+run "mpi/train_sdp_neuron_backward_2x1_equals_1x2" same sdpn --strategy sdp --coverage 0.5 --subnet neuron --masking backward
+run "mpi/train_ist_2x1_equals_1x2" same ist --strategy ist --local-steps 4
+
+# hybrid: 2 ranks x 2 workers against 1 x 4 (the sums group by rank, so
+# equal within rounding, not bitwise: losses within 1e-3, accuracy within
+# 0.01 after 40 steps)
+close() {
+    "$BIN" $COMMON --workers 4 --oversubscribe --metrics "$TMP/one.jsonl" &&
+    mpi -np 2 --bind-to none "$BIN" $COMMON --workers 2 --oversubscribe \
+        --metrics "$TMP/two.jsonl" || return 1
+    paste -d' ' "$TMP/one.jsonl" "$TMP/two.jsonl" | awk '
+        { n = split($0, f, /[:,]/); }
+        { split($0, h, " "); a = h[1]; b = h[2];
+          match(a, /"test_loss":[^,]*/); la = substr(a, RSTART + 12, RLENGTH - 12);
+          match(b, /"test_loss":[^,]*/); lb = substr(b, RSTART + 12, RLENGTH - 12);
+          match(a, /"test_acc":[^,]*/); aa = substr(a, RSTART + 11, RLENGTH - 11);
+          match(b, /"test_acc":[^,]*/); ab = substr(b, RSTART + 11, RLENGTH - 11);
+          d = la - lb; if (d < 0) d = -d; e = aa - ab; if (e < 0) e = -e;
+          printf "test_loss %s vs %s, test_acc %s vs %s\n", la, lb, aa, ab;
+          if (d > 1e-3 || e > 0.01) bad = 1 }
+        END { exit bad }'
+}
+run "mpi/train_2x2_close_to_1x4" close
+
+# a rank that fails mid-run ends every rank, with one line naming it
+fails() {
+    SUBTRAIN_FAULT=1:20 mpi -np 2 "$BIN" $COMMON --workers 1 2>"$TMP/err"
+    rc=$?
+    cat "$TMP/err" | grep '^subtrain'
+    [ "$rc" -ne 0 ] && grep -q '^subtrain: rank 1 of 2 .*: training: .*rank 1 fails at step 20' "$TMP/err"
+}
+run "mpi/failing_rank_ends_every_rank" fails
+
+# SIGTERM to one rank stops both at the same step, with a final record
+signal() {
+    "$MPIRUN" -np 2 "$BIN" --data synthetic --steps 100000 --quiet --workers 1 \
+        --metrics "$TMP/sig.jsonl" 2>"$TMP/err" &
+    mp=$!
+    for i in 1 2 3 4 5 6 7 8 9 10; do
+        [ -s "$TMP/sig.jsonl" ] || [ "$(pgrep -P $mp | wc -l)" -lt 2 ] || break
+        sleep 1
+    done
+    sleep 2
+    victim=$(pgrep -P $mp | tail -n 1)
+    [ -n "$victim" ] || { echo "no rank found"; kill $mp; return 1; }
+    kill -TERM "$victim"
+    ( sleep 120; kill -KILL $mp 2>/dev/null ) &   # a hang fails the case
+    dog=$!
+    wait $mp
+    rc=$?
+    kill $dog 2>/dev/null
+    tail -n 1 "$TMP/sig.jsonl" | cut -c1-80
+    [ "$rc" -ne 0 ] && tail -n 1 "$TMP/sig.jsonl" | grep -q '"interrupted":true,.*"final":true'
+}
+run "mpi/sigterm_to_one_rank_stops_all" signal
+
+# what does not span ranks yet is refused on every rank, in one line
+refused() {
+    mpi -np 2 "$BIN" --data synthetic --epochs 1 --quiet --workers 1 --strategy synth 2>"$TMP/err"
+    rc=$?
+    grep '^subtrain' "$TMP/err" | head -n 1
+    [ "$rc" -ne 0 ] && grep -q 'does not run over MPI ranks yet' "$TMP/err"
+}
+run "mpi/synth_over_ranks_is_refused" refused
 
 echo "[====] Synthesis: Tested: $((passed + failed)) | Passing: $passed | Failing: $failed | Crashing: 0"
 [ "$failed" -eq 0 ]

@@ -31,7 +31,11 @@
 
 static int runtime_error(const char *what)
 {
-    fprintf(stderr, "subtrain: %s: %s\n", what, st_last_error());
+    if (st_world_size() > 1)   /* which rank: the others are ended (run_train) */
+        fprintf(stderr, "subtrain: rank %d of %d (%s): %s: %s\n", st_world_rank(),
+                st_world_size(), st_world_host(), what, st_last_error());
+    else
+        fprintf(stderr, "subtrain: %s: %s\n", what, st_last_error());
     return EXIT_FAILURE;
 }
 
@@ -542,11 +546,8 @@ static int run_train(st_cli_options *o)
         o->report_memory = 0;
     }
     int status = run_train_rank(o);
-    if (st_world_size() > 1 && status != EXIT_SUCCESS && status < 128) {
-        fprintf(stderr, "subtrain: rank %d of %d (%s) failed: ending every rank\n",
-                st_world_rank(), st_world_size(), st_world_host());
-        st_world_abort(status);
-    }
+    if (st_world_size() > 1 && status != EXIT_SUCCESS && status < 128)
+        st_world_abort(status);   /* the failure is said; nobody waits for this rank */
     st_world_finalize();
     return status;
 }

@@ -140,6 +140,9 @@ typedef struct run_shared {
     atomic_ullong save_step;          /* a checkpoint asked for (callbacks'
                                        * checkpoint_now) at this step; 0: none */
     run_resume *resume;               /* NULL: a new run (checkpoint.c) */
+    uint64_t fault_step;              /* SUBTRAIN_FAULT=RANK:STEP names this rank:
+                                       * worker 0 fails at that step (tests of
+                                       * failure handling; 0: never) */
     uint64_t ckpt_step_offset;        /* a step checkpoint's name counts the steps
                                        * before the loop's (synth: its segment
                                        * epochs') */

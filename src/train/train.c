@@ -55,6 +55,12 @@ static st_status prepare_ranks(run_shared *r)
     r->ranks = st_world_size();
     r->first = r->rank * r->n;
     r->n_all = r->ranks * r->n;
+    /* fault injection, for the tests of failure handling (doc/reliability.md) */
+    const char *fault = getenv("SUBTRAIN_FAULT");
+    unsigned long long fstep = 0;
+    int frank = -1;
+    if (fault && sscanf(fault, "%d:%llu", &frank, &fstep) == 2 && frank == r->rank)
+        r->fault_step = fstep;
     if (r->ranks == 1)
         return ST_OK;
     const char *no = cfg->strategy == ST_STRATEGY_SYNTH ? "the synth strategy"
@@ -301,6 +307,9 @@ static st_status run_epochs(run_shared *r, st_worker *w)
             const int whole = !ops->whole_after || ops->whole_after(r, step, last);
             req = requests(r, w, step);
             stopped = (req & REQ_STOP) && whole;
+            if (step == r->fault_step && w->id == 0)
+                return st_fail(ST_ERR_INVALID, "the fault SUBTRAIN_FAULT asked for: rank %d "
+                               "fails at step %llu", r->rank, (unsigned long long)step);
             ST_TRY(st_loop_step(r, w, i, step, &loss, &lr));
             if (w->id == 0) {
                 loss_sum += loss;
