@@ -188,6 +188,11 @@ double st_comm_ring_bytes(int n_workers, size_t n_params);
  * --verbose runs. */
 void st_comm_describe(FILE *f, int n_workers, const int *domain_of, size_t n_params);
 
+/* The same for `ranks` MPI ranks of `workers_per_rank` workers each
+ * (ST_COMM_BACKEND_MPI): global numbering, rank shards, the exchange and
+ * its bytes per rank and step. */
+void st_comm_describe_ranks(FILE *f, int ranks, int workers_per_rank, size_t n_params);
+
 #ifdef __cplusplus
 }
 #endif

@@ -23,7 +23,7 @@
 #define MAX_PARAMS 1000000000000ull
 
 enum { OPT_TOPOLOGY = 256, OPT_WORKERS, OPT_OVERSUBSCRIBE, OPT_CPUSET, OPT_PARAMS,
-       OPT_THREADS, OPT_TEAM_SPANS };
+       OPT_THREADS, OPT_TEAM_SPANS, OPT_RANKS };
 
 static const struct option long_options[] = {
     { "topology", required_argument, NULL, OPT_TOPOLOGY },
@@ -33,6 +33,7 @@ static const struct option long_options[] = {
     { "params", required_argument, NULL, OPT_PARAMS },
     { "threads-per-worker", required_argument, NULL, OPT_THREADS },
     { "team-spans-domains", no_argument, NULL, OPT_TEAM_SPANS },
+    { "ranks", required_argument, NULL, OPT_RANKS },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
 };
@@ -41,6 +42,7 @@ typedef struct topo_options {
     const char *topology;        /* NULL: this machine */
     st_plan_request req;
     unsigned long long params;
+    int ranks;                   /* MPI ranks, each with this plan (1: one process) */
     int help;
 } topo_options;
 
@@ -61,6 +63,8 @@ static void print_help(FILE *f)
 "                    the process's CPUs here, every PU of a described machine)\n"
 "  --threads-per-worker T   each worker a team of T PUs in one NUMA domain\n"
 "  --team-spans-domains     allow a team across NUMA domains\n"
+"  --ranks R         an MPI job of R ranks, each with this plan (one rank per\n"
+"                    node or socket): the hybrid plan and its traffic\n"
 "  --params N        parameter count used to illustrate the reduction\n"
 "                    (default 1000000)\n"
 "  -h, --help        this text\n"
@@ -101,6 +105,11 @@ static int apply_option(int c, const char *arg, topo_options *o)
         o->req.threads_per_worker = (int)v;
         return 0;
     case OPT_TEAM_SPANS: o->req.team_spans = 1; return 0;
+    case OPT_RANKS:
+        if (parse_count("ranks", arg, 1, 65535, &v))
+            return -1;
+        o->ranks = (int)v;
+        return 0;
     case 'h': o->help = 1; return 0;
     }
     usage_error("internal: unhandled option %d", c);
@@ -112,6 +121,7 @@ static int parse(int argc, char **argv, topo_options *o)
 {
     memset(o, 0, sizeof *o);
     o->params = DEFAULT_PARAMS;
+    o->ranks = 1;
     st_cli_getopt_start();
     for (;;) {
         char err[256];
@@ -177,6 +187,10 @@ int st_cli_topo_main(int argc, char **argv)
         st_plan_print(stdout, t, &plan);
         printf("\n");
         st_comm_describe(stdout, plan.n_workers, domain_of, (size_t)o.params);
+        if (o.ranks > 1) {
+            printf("\n");
+            st_comm_describe_ranks(stdout, o.ranks, plan.n_workers, (size_t)o.params);
+        }
         if (fflush(stdout) != 0) {
             fprintf(stderr, "subtrain topo: writing the output failed: %s\n", strerror(errno));
             rc = EXIT_FAILURE;

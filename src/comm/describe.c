@@ -123,3 +123,36 @@ out:
     free(sb);
     free(load);
 }
+
+void st_comm_describe_ranks(FILE *f, int ranks, int workers_per_rank, size_t n_params)
+{
+    const int R = ranks, n = workers_per_rank, N = R * n;
+    if (R < 1 || n < 1 || N > ST_COMM_MAX_WORKERS || n_params == 0)
+        return;
+    size_t *sb = malloc(sizeof *sb * ((size_t)N + 1));
+    if (!sb)
+        return;
+    st_comm_shards(n_params, N, sb);
+    fprintf(f, "hybrid plan: %d rank%s x %d worker%s = %d workers (rank r's worker w is global "
+            "worker r x %d + w and owns global shard r x %d + w; the data rows, subnetworks "
+            "and partitions follow the global index)\n", R, R == 1 ? "" : "s", n,
+            n == 1 ? "" : "s", N, n, n);
+    size_t max_out = 0;
+    for (int r = 0; r < R; r++) {
+        size_t lo = sb[(size_t)r * n], hi = sb[(size_t)(r + 1) * n];
+        size_t out = n_params - (hi - lo);   /* its partials of the other ranks' shards */
+        if (out > max_out)
+            max_out = out;
+        fprintf(f, "  rank %d: workers %d-%d, rank shard [%zu, %zu) (%.2f MiB)\n", r, r * n,
+                r * n + n - 1, lo, hi, mib((hi - lo) * sizeof(float)));
+    }
+    fprintf(f, "  step, data parallel: each rank sums its %d worker%s' gradients in worker "
+            "order (in one level: on nodes of several NUMA domains, run a rank per domain), sends its partial of every other rank's shard and "
+            "receives the others' of its own (one MPI_Alltoallv), its owners sum the %d "
+            "partials in rank order and divide by %d; the all-gather sends the masters back "
+            "the same way (a second MPI_Alltoallv)\n", n, n == 1 ? "" : "s", R, N);
+    fprintf(f, "  between ranks, per rank and step: %.2f MiB out and in (a ring all-reduce "
+            "among %d ranks: %.2f MiB)\n", mib(2 * max_out * sizeof(float)), R,
+            R > 1 ? st_comm_ring_bytes(R, n_params) / 1048576.0 : 0.0);
+    free(sb);
+}
