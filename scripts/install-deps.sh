@@ -7,7 +7,8 @@
 set -eu
 
 PACKAGES="build-essential autoconf automake libtool autoconf-archive pkg-config
-libdnnl-dev libhwloc-dev libcriterion-dev zlib1g-dev dataset-fashion-mnist"
+libdnnl-dev libhwloc-dev libcriterion-dev zlib1g-dev dataset-fashion-mnist
+libopenmpi-dev openmpi-bin"
 [ $# -eq 0 ] || PACKAGES="$*"
 
 missing=""
