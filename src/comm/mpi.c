@@ -952,6 +952,24 @@ static st_status step_check(mpi_comm *mc, int w, int role, const char *what)
     return ST_OK;
 }
 
+/* The middle of a collective: the rank's workers have written what goes
+ * out; local worker 0 exchanges it (rs: partials to the owners; else the
+ * masters back) while the others wait at the spin barrier; then everyone
+ * may read what came in. */
+static st_status meet_and_exchange(mpi_comm *mc, int w, int rs)
+{
+    /* what goes out is complete */
+    WAIT(mc);
+    if (w == 0) {
+        st_status s = exchange(mc, rs);
+        if (s != ST_OK)
+            return fail_all(mc, s);
+    }
+    /* what the other ranks sent has arrived */
+    WAIT(mc);
+    return ST_OK;
+}
+
 static st_status mpi_reduce_scatter(st_comm_backend *b, int w)
 {
     mpi_comm *mc = mpi_of(b);
@@ -961,15 +979,7 @@ static st_status mpi_reduce_scatter(st_comm_backend *b, int w)
      * reading `send` in the last all-gather */
     WAIT(mc);
     st_comm_run_rs(me->pack, me->n_pack, me->pack_ops, me->scratch);
-    /* the rank's partials are complete */
-    WAIT(mc);
-    if (w == 0) {
-        st_status s = exchange(mc, 1);
-        if (s != ST_OK)
-            return fail_all(mc, s);
-    }
-    /* every rank's partials of this rank shard have arrived */
-    WAIT(mc);
+    ST_TRY(meet_and_exchange(mc, w, 1));   /* the partials of this rank shard */
     st_comm_run_rs(me->own, me->n_own, me->own_ops, me->scratch);
     return ST_OK;
 }
@@ -982,15 +992,7 @@ static st_status mpi_all_gather(st_comm_backend *b, int w)
     /* every master is updated, and every owner has done reading `recv` */
     WAIT(mc);
     st_comm_run_ag(me->ag_out, me->n_ag_out);
-    /* the masters the other ranks hold are in `recv` */
-    WAIT(mc);
-    if (w == 0) {
-        st_status s = exchange(mc, 0);
-        if (s != ST_OK)
-            return fail_all(mc, s);
-    }
-    /* the other ranks' masters have arrived in `send` */
-    WAIT(mc);
+    ST_TRY(meet_and_exchange(mc, w, 0));   /* the other ranks' masters, in `send` */
     st_comm_run_ag(me->ag_in, me->n_ag_in);
     return ST_OK;
 }

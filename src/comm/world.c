@@ -147,24 +147,24 @@ st_status st_world_max_ints(int *v, int n)
     return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "agreeing with the ranks");
 }
 
-st_status st_world_sum_doubles(double *v, size_t n)
+static st_status sum_over_ranks(void *v, size_t n, MPI_Datatype type)
 {
     if (world_size == 1)
         return ST_OK;
     if (n > (size_t)INT_MAX)
-        return st_fail(ST_ERR_INVALID, "st_world_sum_doubles: %zu values is too many", n);
-    int rc = MPI_Allreduce(MPI_IN_PLACE, v, (int)n, MPI_DOUBLE, MPI_SUM, world_comm);
+        return st_fail(ST_ERR_INVALID, "%zu values are too many to add up over the ranks", n);
+    int rc = MPI_Allreduce(MPI_IN_PLACE, v, (int)n, type, MPI_SUM, world_comm);
     return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "adding up over the ranks");
+}
+
+st_status st_world_sum_doubles(double *v, size_t n)
+{
+    return sum_over_ranks(v, n, MPI_DOUBLE);
 }
 
 st_status st_world_sum_u32(uint32_t *v, size_t n)
 {
-    if (world_size == 1)
-        return ST_OK;
-    if (n > (size_t)INT_MAX)
-        return st_fail(ST_ERR_INVALID, "st_world_sum_u32: %zu values is too many", n);
-    int rc = MPI_Allreduce(MPI_IN_PLACE, v, (int)n, MPI_UINT32_T, MPI_SUM, world_comm);
-    return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "adding up over the ranks");
+    return sum_over_ranks(v, n, MPI_UINT32_T);
 }
 
 st_status st_world_allgather_range(float *v, size_t begin, size_t end)
