@@ -5,8 +5,11 @@
 #
 #   test_mpi            the MPI backend against the shared engine
 #                       (2 ranks x 1 and x 2 workers, 3 ranks x 1)
-#   train_*             subtrain over 2 ranks against one process: dp,
-#                       sdp (blocks, neurons with backward masking), ist
+#   train_*, weights_*  subtrain over 2 ranks against one process: dp,
+#                       sdp (blocks, neurons with backward masking), ist;
+#                       records and final weights (bitwise)
+#   resume_*            a step checkpoint of 2 ranks resumed by 2 ranks and
+#                       by one process
 #   failing_rank, sigterm, synth: failure, signals, refusals
 set -u
 MPIRUN=${MPIRUN:-mpirun}
@@ -63,10 +66,58 @@ same() {
     grep -q '"ranks":2,"workers_per_rank":1' "$TMP/two.jsonl" || { echo "layout not recorded"; return 1; }
     diff "$TMP/one.key" "$TMP/two.key" && cat "$TMP/two.key"
 }
+# the data section of a safetensors file (after its 8-byte length and
+# header): the weights alone, whatever the metadata says
+data() {
+    n=$(od -An -t u8 -N8 "$1" | tr -d ' ')
+    tail -c +$((8 + n + 1)) "$1"
+}
+
+# weights NAME OPTIONS...: the final weights of 2 ranks x 1 worker are
+# bitwise those of 1 process x 2 workers
+weights() {
+    shift
+    rm -rf "$TMP/ck1" "$TMP/ck2"
+    "$BIN" $COMMON --workers 2 "$@" --checkpoint "$TMP/ck1" &&
+    mpi -np 2 "$BIN" $COMMON --workers 1 "$@" --checkpoint "$TMP/ck2" || return 1
+    data "$TMP/ck1/final.safetensors" >"$TMP/w1"
+    data "$TMP/ck2/final.safetensors" >"$TMP/w2"
+    [ -s "$TMP/w1" ] && cmp "$TMP/w1" "$TMP/w2" && echo "$(wc -c <"$TMP/w1") bytes of weights equal"
+}
+
+# resume NAME OPTIONS...: a step checkpoint written by 2 ranks, resumed by
+# 2 ranks and by one process of 2 workers, ends as the run that was never
+# stopped (records and weights)
+resume() {
+    shift
+    rm -rf "$TMP/ck" "$TMP/ckA" "$TMP/ckB"
+    mpi -np 2 "$BIN" $COMMON --workers 1 "$@" --checkpoint "$TMP/ck" --checkpoint-every 20 \
+        --keep 0 --metrics "$TMP/ref.jsonl" || return 1
+    [ -f "$TMP/ck/step-00000020.safetensors" ] || { echo "no step checkpoint"; return 1; }
+    mpi -np 2 "$BIN" $COMMON --workers 1 "$@" --resume "$TMP/ck/step-00000020.safetensors" \
+        --checkpoint "$TMP/ckA" --metrics "$TMP/a.jsonl" &&
+    "$BIN" $COMMON --workers 2 "$@" --resume "$TMP/ck/step-00000020.safetensors" \
+        --checkpoint "$TMP/ckB" --metrics "$TMP/b.jsonl" || return 1
+    key "$TMP/ref.jsonl" | tail -n 1 >"$TMP/ref.key"
+    key "$TMP/a.jsonl" | tail -n 1 >"$TMP/a.key"
+    key "$TMP/b.jsonl" | tail -n 1 >"$TMP/b.key"
+    cat "$TMP/ref.key"
+    diff "$TMP/ref.key" "$TMP/a.key" && diff "$TMP/ref.key" "$TMP/b.key" || return 1
+    data "$TMP/ck/final.safetensors" >"$TMP/w0"
+    data "$TMP/ckA/final.safetensors" >"$TMP/wA"
+    data "$TMP/ckB/final.safetensors" >"$TMP/wB"
+    cmp "$TMP/w0" "$TMP/wA" && cmp "$TMP/w0" "$TMP/wB"
+}
+
 run "mpi/train_dp_2x1_equals_1x2" same dp
 run "mpi/train_sdp_2x1_equals_1x2" same sdp --strategy sdp --coverage 0.5 --resample 10
 run "mpi/train_sdp_neuron_backward_2x1_equals_1x2" same sdpn --strategy sdp --coverage 0.5 --subnet neuron --masking backward
 run "mpi/train_ist_2x1_equals_1x2" same ist --strategy ist --local-steps 4
+run "mpi/weights_dp_2x1_bitwise_1x2" weights dp
+run "mpi/weights_sdp_2x1_bitwise_1x2" weights sdp --strategy sdp --coverage 0.5
+run "mpi/weights_ist_2x1_bitwise_1x2" weights ist --strategy ist --local-steps 4
+run "mpi/resume_dp_over_ranks_and_across_layouts" resume dp
+run "mpi/resume_ist_over_ranks_and_across_layouts" resume ist --strategy ist --local-steps 4
 
 # hybrid: 2 ranks x 2 workers against 1 x 4 (the sums group by rank, so
 # equal within rounding, not bitwise: losses within 1e-3, accuracy within

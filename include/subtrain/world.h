@@ -72,6 +72,10 @@ st_status st_world_allgather_range(float *v, size_t begin, size_t end);
 /* buf on every rank <- buf of rank `root`. */
 st_status st_world_bcast(void *buf, size_t bytes, int root);
 st_status st_world_barrier(void);
+/* Point to point, any size (sent in pieces MPI's int counts can take):
+ * rank `to` must post the matching st_world_recv from this rank. */
+st_status st_world_send(const void *buf, size_t bytes, int to);
+st_status st_world_recv(void *buf, size_t bytes, int from);
 
 #ifdef __cplusplus
 }

@@ -542,7 +542,6 @@ static int run_train(st_cli_options *o)
     if (st_world_rank() != 0) {
         o->quiet = 1;
         o->metrics_path = NULL;
-        o->sample = 0;
         o->report_memory = 0;
     }
     int status = run_train_rank(o);
@@ -640,9 +639,12 @@ static int run_train_rank(st_cli_options *o)
     if (final.interrupted && !o->quiet)
         printf("interrupted by signal %d after step %llu\n", (int)stop_signal,
                (unsigned long long)final.step);
-    if (o->sample && print_sample(o, &final, &ui) != EXIT_SUCCESS)
+    /* over ranks, rank 0 samples and writes the final weights (every rank
+     * took part in gathering them: ui_on_params) */
+    const int root = st_world_rank() == 0;
+    if (root && o->sample && print_sample(o, &final, &ui) != EXIT_SUCCESS)
         goto out;
-    if (o->checkpoint_dir && write_final_weights(o, &final, &ui) != EXIT_SUCCESS)
+    if (root && o->checkpoint_dir && write_final_weights(o, &final, &ui) != EXIT_SUCCESS)
         goto out;
 
     if (prog.metrics_failed) {

@@ -222,6 +222,36 @@ st_status st_world_barrier(void)
     return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "waiting for the ranks");
 }
 
+#define WORLD_PIECE ((size_t)1 << 30)   /* bytes per message: an int count */
+
+st_status st_world_send(const void *buf, size_t bytes, int to)
+{
+    const char *p = buf;
+    do {
+        int n = (int)(bytes < WORLD_PIECE ? bytes : WORLD_PIECE);
+        int rc = MPI_Send(p, n, MPI_BYTE, to, 0, world_comm);
+        if (rc != MPI_SUCCESS)
+            return st_world_fail(rc, "sending to another rank");
+        p += n;
+        bytes -= (size_t)n;
+    } while (bytes > 0);
+    return ST_OK;
+}
+
+st_status st_world_recv(void *buf, size_t bytes, int from)
+{
+    char *p = buf;
+    do {
+        int n = (int)(bytes < WORLD_PIECE ? bytes : WORLD_PIECE);
+        int rc = MPI_Recv(p, n, MPI_BYTE, from, 0, world_comm, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS)
+            return st_world_fail(rc, "receiving from another rank");
+        p += n;
+        bytes -= (size_t)n;
+    } while (bytes > 0);
+    return ST_OK;
+}
+
 #else /* !HAVE_MPI */
 
 st_status st_world_init(int *argc, char ***argv)
@@ -286,6 +316,20 @@ st_status st_world_bcast(void *buf, size_t bytes, int root)
 st_status st_world_barrier(void)
 {
     return ST_OK;
+}
+
+st_status st_world_send(const void *buf, size_t bytes, int to)
+{
+    (void)buf;
+    (void)bytes;
+    return st_fail(ST_ERR_INVALID, "no rank %d to send to: one process", to);
+}
+
+st_status st_world_recv(void *buf, size_t bytes, int from)
+{
+    (void)buf;
+    (void)bytes;
+    return st_fail(ST_ERR_INVALID, "no rank %d to receive from: one process", from);
 }
 
 #endif /* HAVE_MPI */

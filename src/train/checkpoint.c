@@ -42,6 +42,8 @@
 
 #include <subtrain/version.h>
 
+#include <subtrain/world.h>
+
 #include "core/error.h"
 #include "train/strategy.h"
 
@@ -152,7 +154,8 @@ static void make_fingerprint(const run_shared *r, fingerprint *fp)
     const st_model_config *m = &c->model;
     memset(fp, 0, sizeof *fp);
     fp_add(fp, "strategy", "%s", st_strategy_name(c->strategy));
-    fp_add(fp, "workers", "%d", r->n);
+    /* all ranks': a run of R ranks x n workers is one of R x n workers */
+    fp_add(fp, "workers", "%d", r->n_all);
     fp_add(fp, "model", "%s", st_model_kind_name(m->kind));
     fp_add(fp, "depth", "%d", m->depth);
     fp_add(fp, "width", "%d", m->width);
@@ -237,25 +240,27 @@ static st_status add_position(run_ckpt *ck, const run_shared *r, const run_posit
     return ST_OK;
 }
 
-/* Every worker's vectors, as the slots publish them. */
+/* Every worker's vectors, as the slots publish them, named by the
+ * workers' global indices. */
 static st_status add_workers(run_ckpt *ck, run_shared *r)
 {
     char name[ST_ST_MAX_NAME];
     for (int k = 0; k < r->n; k++) {
         const st_optim *o = r->slots[k].optim;
+        const int g = st_run_global(r, k);
         if (o->m) {
-            snprintf(name, sizeof name, "train.optimizer.m.worker%d", k);
+            snprintf(name, sizeof name, "train.optimizer.m.worker%d", g);
             ST_TRY(st_run_ckpt_tensor(ck, name, o->m, o->n));
         }
         if (o->v) {
-            snprintf(name, sizeof name, "train.optimizer.v.worker%d", k);
+            snprintf(name, sizeof name, "train.optimizer.v.worker%d", g);
             ST_TRY(st_run_ckpt_tensor(ck, name, o->v, o->n));
         }
         size_t count = 0;
         const float *state = r->slots[k].model ? st_model_state(r->slots[k].model, &count)
                                                : NULL;
         if (count) {
-            snprintf(name, sizeof name, "train.state.worker%d", k);
+            snprintf(name, sizeof name, "train.state.worker%d", g);
             ST_TRY(st_run_ckpt_tensor(ck, name, state, count));
         }
     }
@@ -314,15 +319,75 @@ static void tidy(const char *dir, int keep)
     free(steps);
 }
 
+/* Over ranks: rank 0 receives every other rank's tensors, and keeps those
+ * it lacks (its workers' are its own; what every rank holds alike, such as
+ * the averaged running statistics, it has already).  What it receives
+ * lives in *held (n_held buffers) until the file is written. */
+typedef struct tensor_header {
+    char name[ST_ST_MAX_NAME];
+    uint64_t count;
+} tensor_header;
+
+static int has_tensor(const run_ckpt *ck, const char *name)
+{
+    for (int i = 0; i < ck->n; i++)
+        if (strcmp(ck->tensors[i].name, name) == 0)
+            return 1;
+    return 0;
+}
+
+static st_status gather_tensors(const run_shared *r, run_ckpt *ck, float ***held, int *n_held)
+{
+    if (r->rank != 0) {
+        uint64_t n = (uint64_t)ck->n;
+        ST_TRY(st_world_send(&n, sizeof n, 0));
+        for (int i = 0; i < ck->n; i++) {
+            tensor_header h;
+            memset(&h, 0, sizeof h);
+            snprintf(h.name, sizeof h.name, "%s", ck->tensors[i].name);
+            h.count = (uint64_t)ck->tensors[i].shape[0];
+            ST_TRY(st_world_send(&h, sizeof h, 0));
+            ST_TRY(st_world_send(ck->tensors[i].data, h.count * sizeof(float), 0));
+        }
+        return ST_OK;
+    }
+    for (int from = 1; from < r->ranks; from++) {
+        uint64_t n;
+        ST_TRY(st_world_recv(&n, sizeof n, from));
+        for (uint64_t i = 0; i < n; i++) {
+            tensor_header h;
+            ST_TRY(st_world_recv(&h, sizeof h, from));
+            h.name[sizeof h.name - 1] = '\0';
+            float **grown = realloc(*held, sizeof **held * (size_t)(*n_held + 1));
+            float *buf = grown ? malloc(h.count ? h.count * sizeof(float) : 1) : NULL;
+            if (grown)
+                *held = grown;
+            if (!buf)
+                return st_fail(ST_ERR_NOMEM, "out of memory for rank %d's checkpoint tensors",
+                               from);
+            (*held)[(*n_held)++] = buf;
+            ST_TRY(st_world_recv(buf, h.count * sizeof(float), from));
+            if (!has_tensor(ck, h.name))
+                ST_TRY(st_run_ckpt_tensor(ck, h.name, buf, h.count));
+        }
+    }
+    return ST_OK;
+}
+
 st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_position *at)
 {
     const st_checkpoint_plan *plan = &r->cfg->checkpoint;
-    if (mkdir(plan->dir, 0755) != 0 && errno != EEXIST)
+    const int root = r->rank == 0;   /* over ranks, rank 0 writes the one file */
+    if (root && mkdir(plan->dir, 0755) != 0 && errno != EEXIST)
         return st_fail(ST_ERR_IO, "checkpoint directory %s: %s", plan->dir, strerror(errno));
     size_t count;
     const float *params = r->ops->full_params(r, r->strategy, w0, &count);
     run_ckpt ck;
-    st_status s = ckpt_init(&ck, 4 * r->n + 16);
+    float **held = NULL;
+    int n_held = 0;
+    /* per worker: optimizer m and v, running statistics, ist's two kept
+     * state shards */
+    st_status s = ckpt_init(&ck, 5 * r->n_all + 16);
     for (int i = 0; s == ST_OK && i < plan->n_meta; i++)
         s = st_run_ckpt_meta(&ck, plan->meta[i].key, "%s", plan->meta[i].value);
     if (s == ST_OK)
@@ -331,15 +396,22 @@ st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_positi
         s = add_workers(&ck, r);
     if (s == ST_OK && r->ops->save)
         s = r->ops->save(r, r->strategy, &ck);
+    if (s == ST_OK && r->ranks > 1)
+        s = gather_tensors(r, &ck, &held, &n_held);
     char path[4096];
     const uint64_t named = r->ckpt_step_offset + at->step;
     snprintf(path, sizeof path, "%s/step-%08" PRIu64 ".safetensors", plan->dir, named);
     st_model_config mc = r->cfg->model;
     memset(&mc.subnet, 0, sizeof mc.subnet);
-    if (s == ST_OK)
+    if (s == ST_OK && root)
         s = st_checkpoint_write(path, &mc, params, ck.tensors, ck.n, ck.meta, ck.n_meta);
     ckpt_free(&ck);
+    for (int i = 0; i < n_held; i++)
+        free(held[i]);
+    free(held);
     ST_TRY(s);
+    if (!root)
+        return ST_OK;
     tidy(plan->dir, plan->keep);
     if (r->cb && r->cb->on_checkpoint)
         r->cb->on_checkpoint(path, named, r->cb->user);
@@ -492,11 +564,11 @@ st_status st_run_resume_optimizer(run_shared *r, st_worker *w)
 {
     char name[ST_ST_MAX_NAME];
     if (w->optim.m) {
-        snprintf(name, sizeof name, "train.optimizer.m.worker%d", w->id);
+        snprintf(name, sizeof name, "train.optimizer.m.worker%d", st_run_global(r, w->id));
         ST_TRY(st_run_resume_load(r, name, w->optim.m, w->optim.n));
     }
     if (w->optim.v) {
-        snprintf(name, sizeof name, "train.optimizer.v.worker%d", w->id);
+        snprintf(name, sizeof name, "train.optimizer.v.worker%d", st_run_global(r, w->id));
         ST_TRY(st_run_resume_load(r, name, w->optim.v, w->optim.n));
     }
     return ST_OK;
@@ -510,7 +582,7 @@ st_status st_run_resume_model(run_shared *r, st_worker *w)
     size_t count;
     float *state = st_model_state(w->model, &count);
     if (count) {
-        snprintf(name, sizeof name, "train.state.worker%d", w->id);
+        snprintf(name, sizeof name, "train.state.worker%d", st_run_global(r, w->id));
         ST_TRY(st_run_resume_load(r, name, state, count));
     }
     return ST_OK;

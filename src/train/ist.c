@@ -268,7 +268,7 @@ static st_status ist_save(run_shared *r, void *state, run_ckpt *ck)
     for (int i = 0; i < s->n_state; i++)
         for (int k = 0; k < r->n; k++) {
             st_range shard = st_comm_shard(r->comm, k);
-            snprintf(name, sizeof name, "train.ist.state%d.worker%d", i, k);
+            snprintf(name, sizeof name, "train.ist.state%d.worker%d", i, st_run_global(r, k));
             ST_TRY(st_run_ckpt_tensor(ck, name, s->sn.saved[k].state[i], shard.end - shard.begin));
         }
     ST_TRY(st_run_ckpt_meta(ck, "subtrain.ist.rounds", "%llu",
@@ -289,7 +289,7 @@ static st_status ist_resume(run_shared *r, void *state, st_worker *w)
     st_run_resume_shard(r, r->comm, wid, s->sn.saved[wid].master);
     char name[ST_ST_MAX_NAME];
     for (int i = 0; i < s->n_state; i++) {
-        snprintf(name, sizeof name, "train.ist.state%d.worker%d", i, wid);
+        snprintf(name, sizeof name, "train.ist.state%d.worker%d", i, st_run_global(r, wid));
         ST_TRY(st_run_resume_load(r, name, s->sn.saved[wid].state[i], shard.end - shard.begin));
     }
     s->workers[wid].rounds = r->resume->rounds;

@@ -64,8 +64,6 @@ static st_status prepare_ranks(run_shared *r)
     if (r->ranks == 1)
         return ST_OK;
     const char *no = cfg->strategy == ST_STRATEGY_SYNTH ? "the synth strategy"
-                     : cfg->checkpoint.dir              ? "--checkpoint"
-                     : cfg->resume                      ? "--resume"
                      : cfg->align_every                 ? "--report align"
                                                         : NULL;
     if (no)
