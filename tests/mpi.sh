@@ -64,7 +64,11 @@ same() {
     key "$TMP/two.jsonl" >"$TMP/two.key"
     [ -s "$TMP/one.key" ] || { echo "no records"; return 1; }
     grep -q '"ranks":2,"workers_per_rank":1' "$TMP/two.jsonl" || { echo "layout not recorded"; return 1; }
-    diff "$TMP/one.key" "$TMP/two.key" && cat "$TMP/two.key"
+    diff "$TMP/one.key" "$TMP/two.key" && cat "$TMP/two.key" || return 1
+    # sdp's alignment report, where asked for
+    grep -o '"grad_alignment[^}]*}' "$TMP/one.jsonl" >"$TMP/one.align" || true
+    grep -o '"grad_alignment[^}]*}' "$TMP/two.jsonl" >"$TMP/two.align" || true
+    diff "$TMP/one.align" "$TMP/two.align" && cat "$TMP/two.align"
 }
 # the data section of a safetensors file (after its 8-byte length and
 # header): the weights alone, whatever the metadata says
@@ -110,7 +114,8 @@ resume() {
 }
 
 run "mpi/train_dp_2x1_equals_1x2" same dp
-run "mpi/train_sdp_2x1_equals_1x2" same sdp --strategy sdp --coverage 0.5 --resample 10
+run "mpi/train_sdp_2x1_equals_1x2" same sdp --strategy sdp --coverage 0.5 --resample 10 \
+    --report align=10
 run "mpi/train_sdp_neuron_backward_2x1_equals_1x2" same sdpn --strategy sdp --coverage 0.5 --subnet neuron --masking backward
 run "mpi/train_ist_2x1_equals_1x2" same ist --strategy ist --local-steps 4
 run "mpi/weights_dp_2x1_bitwise_1x2" weights dp

@@ -107,6 +107,7 @@ typedef struct run_shared {
     int rank, ranks, first, n_all;
     float *losses_mine, *losses_all;  /* ranks > 1: a step's losses (n, n_all) */
     double *eval_all;                 /* ranks > 1: each rank's test sums (2 x ranks) */
+    double *align_all;                /* ranks > 1: sdp's alignment sums (3 x ranks) */
     st_topology *topology;
     st_plan placement;
     st_comm *comm;                    /* the run's engine, created by the

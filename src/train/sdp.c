@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <subtrain/world.h>
+
 #include "core/error.h"
 #include "train/strategy.h"
 #include "train/subnets.h"
@@ -130,8 +132,9 @@ static st_status measure_alignment(run_shared *r, void *ctx, st_worker *w0, uint
     const int B = r->cfg->batch;
     st_model *full = s->sn.eval_model;
     ST_TRY(st_subnets_load_full(&s->sn, r, masters(r, s), 0));
-    for (int k = 0; k < r->n; k++) {
-        uint32_t first = (uint32_t)((i * (uint64_t)r->n + (uint64_t)k) * (uint64_t)B);
+    for (int k = 0; k < r->n; k++) {   /* this rank's workers, their global rows */
+        uint32_t first = (uint32_t)((i * (uint64_t)r->n_all + (uint64_t)st_run_global(r, k)) *
+                                    (uint64_t)B);
         st_dataset_gather_train(r->train, w0->epoch, w0->order + first, (size_t)B,
                                 st_model_input(full), st_model_labels(full));
         float loss;
@@ -277,11 +280,29 @@ static st_comm_bytes sdp_bytes(const run_shared *r, const void *state, int wid)
 
 static void sdp_record(const run_shared *r, void *state, st_epoch_record *rec)
 {
-    (void)r;
     const sdp_run *s = state;
-    rec->align_measured = s->align_count;
-    rec->align_mean = s->align_count ? s->align_sum / s->align_count : 0.0;
-    rec->align_min = s->align_count ? s->align_min : 0.0;
+    double sum = s->align_sum, least = s->align_min;
+    int count = s->align_count;
+    if (r->ranks > 1 && r->align_all) {
+        /* every rank's measurements, combined in rank order (as one
+         * process adds its workers' in worker order); a failure here
+         * leaves this rank's own, and shows at the next collective */
+        double mine[3] = { sum, least, (double)count };
+        if (st_world_allgather(mine, sizeof mine, r->align_all) == ST_OK) {
+            sum = 0.0;
+            count = 0;
+            for (int k = 0; k < r->ranks; k++) {
+                const double *a = r->align_all + 3 * k;
+                if (a[2] > 0 && (count == 0 || a[1] < least))
+                    least = a[1];
+                sum += a[0];
+                count += (int)a[2];
+            }
+        }
+    }
+    rec->align_measured = count;
+    rec->align_mean = count ? sum / count : 0.0;
+    rec->align_min = count ? least : 0.0;
 }
 
 /* Forward masking: the full model loaded from the masters (what the last

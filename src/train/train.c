@@ -63,12 +63,9 @@ static st_status prepare_ranks(run_shared *r)
         r->fault_step = fstep;
     if (r->ranks == 1)
         return ST_OK;
-    const char *no = cfg->strategy == ST_STRATEGY_SYNTH ? "the synth strategy"
-                     : cfg->align_every                 ? "--report align"
-                                                        : NULL;
-    if (no)
-        return st_fail(ST_ERR_INVALID, "%s does not run over MPI ranks yet (%d ranks): run it "
-                       "in one process", no, r->ranks);
+    if (cfg->strategy == ST_STRATEGY_SYNTH)
+        return st_fail(ST_ERR_INVALID, "the synth strategy does not run over MPI ranks yet (%d "
+                       "ranks): run it in one process", r->ranks);
     /* every rank must have the same workers: the engine checks it too, but
      * here the message names the layout */
     int *all = malloc(sizeof *all * (size_t)r->ranks);
@@ -85,7 +82,8 @@ static st_status prepare_ranks(run_shared *r)
     r->losses_mine = malloc(sizeof(float) * (size_t)r->n);
     r->losses_all = malloc(sizeof(float) * (size_t)r->n_all);
     r->eval_all = malloc(sizeof(double) * 2 * (size_t)r->ranks);
-    if (!r->losses_mine || !r->losses_all || !r->eval_all)
+    r->align_all = malloc(sizeof(double) * 3 * (size_t)r->ranks);
+    if (!r->losses_mine || !r->losses_all || !r->eval_all || !r->align_all)
         return st_fail(ST_ERR_NOMEM, "out of memory for the ranks");
     return ST_OK;
 }
@@ -147,6 +145,7 @@ void st_loop_release(run_shared *r)
     free(r->losses_mine);
     free(r->losses_all);
     free(r->eval_all);
+    free(r->align_all);
     st_plan_free(&r->placement);
     st_topology_destroy(r->topology);
 }
