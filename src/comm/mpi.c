@@ -108,7 +108,15 @@ typedef struct mpi_comm {
     size_t *n_prof;
     size_t *send_off, *send_len;   /* [d]: this rank's region for rank d in `send` */
     size_t *recv_off, *recv_len;   /* [s]: rank s's region in `recv` */
-    int *mpi_scount, *mpi_sdispl, *mpi_rcount, *mpi_rdispl;   /* self: 0 */
+    /* Per peer, where the step's exchange reads and writes: the packed
+     * region of send or recv, or (direct) the run of one local worker's
+     * vector, or of one owner's master, that the region is, with no copy
+     * (data parallelism with one worker a rank, for instance) */
+    const float **rs_out;     /* [d]: this rank's partial for d */
+    const float **ag_src;     /* [s]: the masters s holds */
+    float **ag_dst;           /* [d]: where d's masters land */
+    int *rs_direct, *ag_src_direct, *ag_dst_direct;
+    MPI_Request *reqs;        /* 2 per peer */
     float *send, *recv;
     size_t mpi_bytes;         /* what this rank receives per step */
     int plan_failed;          /* worker 0's planning failed (its message is its own) */
@@ -156,7 +164,11 @@ static void mpi_destroy(st_comm_backend *b)
     free(mc->prof);
     free(mc->n_prof);
     free(mc->send_off);
-    free(mc->mpi_scount);
+    free(mc->rs_out);
+    free(mc->ag_src);
+    free(mc->ag_dst);
+    free(mc->rs_direct);
+    free(mc->reqs);
     free(mc->shard_begin);
     free(mc->unheld);
     free(mc->workers);
@@ -225,7 +237,11 @@ static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
     mc->prof = calloc((size_t)R, sizeof *mc->prof);
     mc->n_prof = calloc((size_t)R, sizeof *mc->n_prof);
     mc->send_off = calloc(4 * (size_t)R, sizeof *mc->send_off);
-    mc->mpi_scount = calloc(4 * (size_t)R, sizeof *mc->mpi_scount);
+    mc->rs_out = calloc((size_t)R, sizeof *mc->rs_out);
+    mc->ag_src = calloc((size_t)R, sizeof *mc->ag_src);
+    mc->ag_dst = calloc((size_t)R, sizeof *mc->ag_dst);
+    mc->rs_direct = calloc(3 * (size_t)R, sizeof *mc->rs_direct);
+    mc->reqs = calloc(2 * (size_t)R, sizeof *mc->reqs);
     if (cfg->allow_unheld && cfg->unheld_ranges && cfg->n_unheld_ranges > 0) {
         mc->unheld = malloc(sizeof *mc->unheld * (size_t)cfg->n_unheld_ranges);
         if (mc->unheld) {
@@ -234,7 +250,7 @@ static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
         }
     }
     if (!mc->shard_begin || !mc->workers || !mc->prof || !mc->n_prof || !mc->send_off ||
-        !mc->mpi_scount || (cfg->allow_unheld && cfg->unheld_ranges && cfg->n_unheld_ranges > 0 &&
+        !mc->rs_out || !mc->ag_src || !mc->ag_dst || !mc->rs_direct || !mc->reqs || (cfg->allow_unheld && cfg->unheld_ranges && cfg->n_unheld_ranges > 0 &&
                             !mc->unheld)) {
         s = st_fail(ST_ERR_NOMEM, "out of memory creating the MPI reduction engine");
         goto fail;
@@ -242,9 +258,8 @@ static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
     mc->send_len = mc->send_off + R;
     mc->recv_off = mc->send_off + 2 * R;
     mc->recv_len = mc->send_off + 3 * R;
-    mc->mpi_sdispl = mc->mpi_scount + R;
-    mc->mpi_rcount = mc->mpi_scount + 2 * R;
-    mc->mpi_rdispl = mc->mpi_scount + 3 * R;
+    mc->ag_src_direct = mc->rs_direct + R;
+    mc->ag_dst_direct = mc->rs_direct + 2 * R;
     st_comm_shards(mc->P, mc->N, mc->shard_begin);
     memset(mc->workers, 0, sizeof *mc->workers * (size_t)mc->n);
     for (int w = 0; w < mc->n; w++)
@@ -448,6 +463,99 @@ static st_status check_coverage(const mpi_comm *mc)
     return s;
 }
 
+/* Local worker v's address of element x in its gradient (or parameter)
+ * vector, v being x's one local holder; NULL if no local worker holds x. */
+static float *sole_holder_at(const mpi_comm *mc, uint64_t x, int params, int *who)
+{
+    for (int v = 0; v < mc->n; v++) {
+        const mpi_worker *wv = &mc->workers[v];
+        int lo = 0, hi = wv->n_held;
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (wv->held[mid].end <= x)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo < wv->n_held && wv->held[lo].begin <= x) {
+            *who = v;
+            return (params ? wv->params : wv->grads) + wv->local[lo] + (x - wv->held[lo].begin);
+        }
+    }
+    return NULL;
+}
+
+/* This rank's region for rank d (its profile's segments in d's rank
+ * shard) as one run of a single local worker's vector: its start, or NULL
+ * if it is not one (several holders, several workers, a gap). */
+static float *direct_region(const mpi_comm *mc, int d, int params)
+{
+    const prof_seg *p = mc->prof[mc->rank];
+    float *start = NULL, *expect = NULL;
+    int holder = -1;
+    for (size_t j = 0; j < mc->n_prof[mc->rank]; j++) {
+        if (rank_of_element(mc, p[j].begin) != d)
+            continue;
+        int v = -1;
+        float *a = p[j].count == 1 ? sole_holder_at(mc, p[j].begin, params, &v) : NULL;
+        if (!a || (start && (v != holder || a != expect)))
+            return NULL;
+        if (!start) {
+            start = a;
+            holder = v;
+        }
+        expect = a + (p[j].end - p[j].begin);
+    }
+    return start;
+}
+
+/* Rank s's region of this rank shard as one run of one local owner's
+ * master: its start, or NULL. */
+static const float *direct_masters(const mpi_comm *mc, int s)
+{
+    const prof_seg *p = mc->prof[s];
+    uint64_t begin = 0, end = 0;
+    int any = 0;
+    for (size_t j = 0; j < mc->n_prof[s]; j++) {
+        if (rank_of_element(mc, p[j].begin) != mc->rank)
+            continue;
+        if (any && p[j].begin != end)
+            return NULL;
+        if (!any)
+            begin = p[j].begin;
+        any = 1;
+        end = p[j].end;
+    }
+    if (!any)
+        return NULL;
+    int g = mc->rank * mc->n;
+    while (mc->shard_begin[g + 1] <= begin)
+        g++;
+    if (end > mc->shard_begin[g + 1])
+        return NULL;
+    return mc->workers[g - mc->rank * mc->n].master + (begin - mc->shard_begin[g]);
+}
+
+/* Worker 0, after the layout: where the step's exchange can read and
+ * write in place (the pack, the all-gather's copies and the masters'
+ * copy-out then skip those regions); else the packed buffers. */
+static void find_direct(mpi_comm *mc)
+{
+    for (int r = 0; r < mc->size; r++) {
+        float *a = r == mc->rank ? NULL : direct_region(mc, r, 0);
+        mc->rs_direct[r] = a != NULL && (mc->roles & ST_COMM_REDUCE);
+        mc->rs_out[r] = mc->rs_direct[r] ? a : mc->send + mc->send_off[r];
+        const float *m = r == mc->rank || !(mc->roles & ST_COMM_GATHER) ? NULL
+                                                                          : direct_masters(mc, r);
+        mc->ag_src_direct[r] = m != NULL;
+        mc->ag_src[r] = m ? m : mc->recv + mc->recv_off[r];
+        float *b = r == mc->rank || !(mc->roles & ST_COMM_GATHER) ? NULL
+                                                                  : direct_region(mc, r, 1);
+        mc->ag_dst_direct[r] = b != NULL;
+        mc->ag_dst[r] = b ? b : mc->send + mc->send_off[r];
+    }
+}
+
 /* Worker 0, between the barriers of attach: every rank's profile, the
  * layout of the exchange and its buffers.  Every rank computes the same
  * layout from the same profiles. */
@@ -533,16 +641,13 @@ static st_status plan_exchange(mpi_comm *mc, st_arena *arena)
                         "ranks or a smaller model", INT_MAX);
         n_send += mc->send_len[r];
         n_recv += mc->recv_len[r];
-        /* rank me's own partial is written in place, not sent */
-        mc->mpi_scount[r] = r == me ? 0 : (int)mc->send_len[r];
-        mc->mpi_sdispl[r] = (int)mc->send_off[r];
-        mc->mpi_rcount[r] = r == me ? 0 : (int)mc->recv_len[r];
-        mc->mpi_rdispl[r] = (int)mc->recv_off[r];
     }
     if (s == ST_OK && n_send)
         s = st_arena_alloc_floats(arena, ST_MEM_WORKSPACE, n_send, &mc->send);
     if (s == ST_OK && n_recv)
         s = st_arena_alloc_floats(arena, ST_MEM_WORKSPACE, n_recv, &mc->recv);
+    if (s == ST_OK)
+        find_direct(mc);
     if (s == ST_OK) {
         size_t in = 0;
         for (int r = 0; r < R; r++)
@@ -624,6 +729,10 @@ static st_status build_pack(const mpi_comm *mc, int w, int first_only, list *ite
             continue;
         uint64_t x = p[j].begin + (a - (at - len));
         int d = rank_of_element(mc, x);
+        /* the step sends a direct region as it is, and the owner reads a
+         * lone local holder's value in place */
+        if (!first_only && (d == me ? p[j].count == 1 : mc->rs_direct[d]))
+            continue;
         float *out = d == me ? mc->recv + mc->recv_off[me] : mc->send + mc->send_off[d];
         out += p[j].off + (x - p[j].begin);
         int k = 0;
@@ -670,7 +779,10 @@ static st_status build_own(const mpi_comm *mc, int w, int first_only, float *out
             if (q->begin <= pos) {
                 next = q->end < next ? q->end : next;
                 count += q->count;
-                srcs[k++] = mc->recv + mc->recv_off[r] + q->off + (pos - q->begin);
+                int v;
+                srcs[k++] = !first_only && r == me && q->count == 1
+                                ? sole_holder_at(mc, pos, 0, &v)   /* in place (pack skips it) */
+                                : mc->recv + mc->recv_off[r] + q->off + (pos - q->begin);
             } else if (q->begin < next) {
                 next = q->begin;
             }
@@ -692,7 +804,7 @@ static st_status build_ag_out(const mpi_comm *mc, int w, list *items)
     const int me = mc->rank, g = me * mc->n + w;
     const uint64_t b0 = mc->shard_begin[g], b1 = mc->shard_begin[g + 1];
     for (int r = 0; r < mc->size; r++) {
-        if (r == me)
+        if (r == me || mc->ag_src_direct[r])   /* direct: sent from the master itself */
             continue;
         for (size_t j = 0; j < mc->n_prof[r]; j++) {
             const prof_seg *q = &mc->prof[r][j];
@@ -725,6 +837,10 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
             const prof_seg *q = &p[j];
             uint64_t stop = q->end < end ? q->end : end;
             int d = rank_of_element(mc, pos);
+            if (d != me && mc->ag_dst_direct[d]) {   /* received in place */
+                pos = stop;
+                continue;
+            }
             const float *src;
             if (d == me) {
                 int o = rank_of_element(mc, pos) * mc->n, g = o;
@@ -747,14 +863,34 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
 /* ------------------------------------------------------------ attach */
 
 /* The rank's exchange, by local worker 0 between two barriers of its
- * workers (MPI_THREAD_SERIALIZED): rs: the partials to the owners
- * (send -> recv); else the masters back (recv -> send). */
-static st_status exchange(mpi_comm *mc, int rs)
+ * workers (MPI_THREAD_SERIALIZED): rs: the partials to the owners (into
+ * recv); else the masters back.  One message each way per peer with
+ * anything to move, all posted at once, receives first; the tag tells the
+ * two collectives apart (a rank is at most one collective ahead of
+ * another).  direct: the step's regions in place (find_direct); else the
+ * packed buffers (the masters' initial exchange). */
+static st_status exchange(mpi_comm *mc, int rs, int direct)
 {
-    int rc = rs ? MPI_Alltoallv(mc->send, mc->mpi_scount, mc->mpi_sdispl, MPI_FLOAT, mc->recv,
-                                mc->mpi_rcount, mc->mpi_rdispl, MPI_FLOAT, mc->comm)
-                : MPI_Alltoallv(mc->recv, mc->mpi_rcount, mc->mpi_rdispl, MPI_FLOAT, mc->send,
-                                mc->mpi_scount, mc->mpi_sdispl, MPI_FLOAT, mc->comm);
+    const int me = mc->rank;
+    int n = 0, rc = MPI_SUCCESS;
+    for (int r = 0; r < mc->size && rc == MPI_SUCCESS; r++) {
+        size_t len = rs ? mc->recv_len[r] : mc->send_len[r];
+        if (r == me || !len)
+            continue;
+        float *in = rs ? mc->recv + mc->recv_off[r]
+                       : direct ? mc->ag_dst[r] : mc->send + mc->send_off[r];
+        rc = MPI_Irecv(in, (int)len, MPI_FLOAT, r, rs, mc->comm, &mc->reqs[n++]);
+    }
+    for (int r = 0; r < mc->size && rc == MPI_SUCCESS; r++) {
+        size_t len = rs ? mc->send_len[r] : mc->recv_len[r];
+        if (r == me || !len)
+            continue;
+        const float *out = rs ? (direct ? mc->rs_out[r] : mc->send + mc->send_off[r])
+                              : (direct ? mc->ag_src[r] : mc->recv + mc->recv_off[r]);
+        rc = MPI_Isend(out, (int)len, MPI_FLOAT, r, rs, mc->comm, &mc->reqs[n++]);
+    }
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Waitall(n, mc->reqs, MPI_STATUSES_IGNORE);
     return rc == MPI_SUCCESS ? ST_OK
                              : st_world_fail(rc, rs ? "reduce-scatter between the ranks"
                                                     : "all-gather between the ranks");
@@ -795,7 +931,7 @@ static st_status init_masters(mpi_comm *mc, int w)
         return another_failed();
     }
     if (w == 0)
-        s = exchange(mc, 1);
+        s = exchange(mc, 1, 0);
     if (s != ST_OK) {
         free(items.v);
         free(ops.v);
@@ -961,7 +1097,7 @@ static st_status meet_and_exchange(mpi_comm *mc, int w, int rs)
     /* what goes out is complete */
     WAIT(mc);
     if (w == 0) {
-        st_status s = exchange(mc, rs);
+        st_status s = exchange(mc, rs, 1);
         if (s != ST_OK)
             return fail_all(mc, s);
     }
