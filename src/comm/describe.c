@@ -148,9 +148,9 @@ void st_comm_describe_ranks(FILE *f, int ranks, int workers_per_rank, size_t n_p
     }
     fprintf(f, "  step, data parallel: each rank sums its %d worker%s' gradients in worker "
             "order (in one level: on nodes of several NUMA domains, run a rank per domain), sends its partial of every other rank's shard and "
-            "receives the others' of its own (one MPI_Alltoallv), its owners sum the %d "
+            "receives the others' of its own (a message each way per peer), its owners sum the %d "
             "partials in rank order and divide by %d; the all-gather sends the masters back "
-            "the same way (a second MPI_Alltoallv)\n", n, n == 1 ? "" : "s", R, N);
+            "the same way\n", n, n == 1 ? "" : "s", R, N);
     fprintf(f, "  between ranks, per rank and step: %.2f MiB out and in (a ring all-reduce "
             "among %d ranks: %.2f MiB)\n", mib(2 * max_out * sizeof(float)), R,
             R > 1 ? st_comm_ring_bytes(R, n_params) / 1048576.0 : 0.0);

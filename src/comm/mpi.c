@@ -11,15 +11,15 @@
  *     pack     the rank's workers sum, for every element the rank holds,
  *              its local holders' gradients in worker order: one partial
  *              per (element, rank), laid out per destination rank;
- *     exchange local worker 0: MPI_Alltoallv — each rank receives, for
- *              its rank shard, the partial of every rank that holds
- *              anything there (holder-count aware: nothing is sent for an
- *              element a rank does not hold);
+ *     exchange local worker 0: one message to each peer — each rank
+ *              receives, for its rank shard, the partial of every rank
+ *              that holds anything there (holder-count aware: nothing is
+ *              sent for an element a rank does not hold);
  *     owner    the owner sums the partials in rank order and divides by
  *              the element's total holder count.
  *   all-gather the same exchange backwards: each owner copies its master
- *              values into the slots the reduce-scatter received into, one
- *              MPI_Alltoallv returns them to the ranks that hold them, and
+ *              values into the slots the reduce-scatter received into, the
+ *              messages return them to the ranks that hold them, and
  *              every worker copies what it holds into its replica (values
  *              of its own rank shard straight from the local owner).
  *
@@ -28,11 +28,18 @@
  * workers is bitwise reproducible, and R x 1 is bitwise the shared backend
  * with R workers in one domain (both sum worker 0, 1, ... then divide).
  *
- * Why one MPI call per collective, from local worker 0 between barriers of
- * the rank's workers: the rank's partials are one contiguous buffer per
- * destination, so one Alltoallv moves everything with MPI's own schedule,
- * and MPI_THREAD_SERIALIZED is enough (world.h).  The other workers wait
- * at the spin barrier (comm/barrier.h) meanwhile.
+ * In place: a region that is one run of a single local holder's vector
+ * (or of one owner's master) is sent from there or received there, and a
+ * lone local holder's values are read by the owner where they are: no
+ * pack, copy-out or unpack (find_direct).  Data parallelism with one
+ * worker a rank copies nothing then but the owner's sum and its shard.
+ *
+ * Why the messages come from local worker 0 alone, between barriers of the
+ * rank's workers: each peer's region is one contiguous run (a buffer's,
+ * or a vector's in place), so one message per peer and direction moves
+ * it, all posted at once so that MPI schedules them; and
+ * MPI_THREAD_SERIALIZED is enough (world.h).  The other workers wait at
+ * the spin barrier (comm/barrier.h) meanwhile.
  *
  * Attach (every worker, not the hot path: it may allocate) learns what
  * every rank holds: each rank's profile — its held elements as segments of
