@@ -4,13 +4,17 @@
 # build.  Prints a Criterion-style synthesis line for scripts/summary.sh.
 #
 #   test_mpi            the MPI backend against the shared engine
-#                       (2 ranks x 1 and x 2 workers, 3 ranks x 1)
+#                       (2 ranks x 1 and x 2 workers, 3 ranks x 1, ranks
+#                       of 1, 3 and 2 workers; an engine over some ranks)
 #   train_*, weights_*  subtrain over 2 ranks against one process: dp,
 #                       sdp (blocks, neurons with backward masking), ist;
 #                       records and final weights (bitwise)
 #   resume_*            a step checkpoint of 2 ranks resumed by 2 ranks and
 #                       by one process
-#   failing_rank, sigterm, synth: failure, signals, refusals
+#   synth_*             synth over ranks against one process: a group
+#                       spanning ranks, recovery epochs, resume across
+#                       layouts
+#   failing_rank, sigterm: failure and signals
 set -u
 MPIRUN=${MPIRUN:-mpirun}
 # root is allowed (CI runs as root); more ranks than cores are allowed
@@ -42,6 +46,7 @@ mpi() {   # mpirun, 300 s at most: a hang fails the case
 run "mpi/backend_2x1" mpi -np 2 tests/test_mpi 1
 run "mpi/backend_2x2" mpi -np 2 tests/test_mpi 2
 run "mpi/backend_3x1" mpi -np 3 tests/test_mpi 1
+run "mpi/backend_ranks_of_1_3_2_workers" mpi -np 3 tests/test_mpi 1,3,2
 
 # ---- training over ranks against training in one process
 BIN=${SUBTRAIN_BIN:-./subtrain}
@@ -177,14 +182,57 @@ signal() {
 }
 run "mpi/sigterm_to_one_rank_stops_all" signal
 
-# what does not span ranks yet is refused on every rank, in one line
-refused() {
-    mpi -np 2 "$BIN" --data synthetic --epochs 1 --quiet --workers 1 --strategy synth 2>"$TMP/err"
-    rc=$?
-    grep '^subtrain' "$TMP/err" | head -n 1
-    [ "$rc" -ne 0 ] && grep -q 'does not run over MPI ranks yet' "$TMP/err"
+# synth R N OPTIONS...: R ranks x N workers give the records (segment
+# losses included) and final weights of one process of R N workers
+synth() {
+    R=$1 N=$2; shift 2
+    rm -rf "$TMP/ck1" "$TMP/ck2"
+    S="--data synthetic --quiet --strategy synth --oversubscribe --epochs 2"
+    "$BIN" $S --workers $((R * N)) "$@" --metrics "$TMP/one.jsonl" --checkpoint "$TMP/ck1" &&
+    mpi -np "$R" "$BIN" $S --workers "$N" "$@" --metrics "$TMP/two.jsonl" \
+        --checkpoint "$TMP/ck2" || return 1
+    for f in one two; do
+        key "$TMP/$f.jsonl" >"$TMP/$f.key"
+        grep -o '"segment_workers":[^]]*\]\|"segment_loss":[^]]*\]' "$TMP/$f.jsonl" >>"$TMP/$f.key"
+    done
+    [ -s "$TMP/one.key" ] || { echo "no records"; return 1; }
+    grep -q "\"ranks\":$R,\"workers_per_rank\":$N" "$TMP/two.jsonl" ||
+        { echo "layout not recorded"; return 1; }
+    diff "$TMP/one.key" "$TMP/two.key" && tail -n 3 "$TMP/two.key" || return 1
+    data "$TMP/ck1/final.safetensors" >"$TMP/w1"
+    data "$TMP/ck2/final.safetensors" >"$TMP/w2"
+    [ -s "$TMP/w1" ] && cmp "$TMP/w1" "$TMP/w2" && echo "$(wc -c <"$TMP/w1") bytes of weights equal"
 }
-run "mpi/synth_over_ranks_is_refused" refused
+# 3 x 1: segments of 2 and 1 workers, the first spanning ranks 0 and 1
+run "mpi/synth_3x1_spanning_group_and_recovery" synth 3 1 --recovery-epochs 1
+# 2 x 2, cut after layer 4: segments of 3 and 1 workers, the first on
+# 2 workers of rank 0 and 1 of rank 1
+run "mpi/synth_2x2_uneven_spanning_group" synth 2 2 --cuts 4
+
+# a synth checkpoint of 3 ranks at a segment epoch's end, resumed by 3
+# ranks and by one process of 3 workers, ends as the run never stopped
+synth_resume() {
+    rm -rf "$TMP/ck" "$TMP/ckA" "$TMP/ckB"
+    S="--data synthetic --quiet --strategy synth --oversubscribe --epochs 3 --recovery-epochs 1"
+    mpi -np 3 "$BIN" $S --workers 1 --checkpoint "$TMP/ck" --checkpoint-every epoch --keep 0 \
+        --metrics "$TMP/ref.jsonl" || return 1
+    step=$(ls "$TMP/ck" | grep -m 1 '^step-')
+    [ -n "$step" ] || { echo "no step checkpoint"; return 1; }
+    mpi -np 3 "$BIN" $S --workers 1 --resume "$TMP/ck/$step" --checkpoint "$TMP/ckA" \
+        --metrics "$TMP/a.jsonl" &&
+    "$BIN" $S --workers 3 --resume "$TMP/ck/$step" --checkpoint "$TMP/ckB" \
+        --metrics "$TMP/b.jsonl" || return 1
+    key "$TMP/ref.jsonl" | tail -n 1 >"$TMP/ref.key"
+    key "$TMP/a.jsonl" | tail -n 1 >"$TMP/a.key"
+    key "$TMP/b.jsonl" | tail -n 1 >"$TMP/b.key"
+    echo "resumed from $step: $(cat "$TMP/ref.key")"
+    diff "$TMP/ref.key" "$TMP/a.key" && diff "$TMP/ref.key" "$TMP/b.key" || return 1
+    data "$TMP/ck/final.safetensors" >"$TMP/w0"
+    data "$TMP/ckA/final.safetensors" >"$TMP/wA"
+    data "$TMP/ckB/final.safetensors" >"$TMP/wB"
+    cmp "$TMP/w0" "$TMP/wA" && cmp "$TMP/w0" "$TMP/wB"
+}
+run "mpi/synth_resume_over_ranks_and_across_layouts" synth_resume
 
 echo "[====] Synthesis: Tested: $((passed + failed)) | Passing: $passed | Failing: $failed | Crashing: 0"
 [ "$failed" -eq 0 ]

@@ -3,7 +3,8 @@
  * engine, run under mpirun by tests/mpi.sh (Criterion forks every test,
  * which an MPI process must not do: this is a plain program).
  *
- *   mpirun -np R tests/test_mpi N     R ranks x N workers each
+ *   mpirun -np R tests/test_mpi N         R ranks x N workers each
+ *   mpirun -np R tests/test_mpi N0,N1,..  rank r with N_r workers
  *
  * Every rank builds the same random holdings for the R x N global workers
  * (data parallel: all of them; subnetworks: random runs with random
@@ -17,8 +18,9 @@
  * that is worker 0, 1, ... as in one domain.
  * Then: three rounds of reset and attach with new holdings (IST, SDP),
  * a reduce-only engine paired with a gather-only one (backward masking),
- * and a refused engine (ranks that disagree on the model) that fails on
- * every rank instead of hanging.
+ * an engine over the ranks 1 .. R-1 alone (synth's groups: rank 0 takes
+ * no part), and a refused engine (ranks that disagree on the model) that
+ * fails on every rank instead of hanging.
  *
  * Prints one line per case and "test_mpi: N passed, M failed" on rank 0;
  * exits non-zero if any rank failed a case.
@@ -36,6 +38,7 @@
 #include <subtrain/world.h>
 
 static int rank, ranks, n_local, failed_here;
+static int count_of[64], first_of[65];   /* each rank's workers, and the first's global index */
 
 /* The holdings of N global workers over p elements (runs held by random
  * subsets; dp: everyone; unheld: some runs held by nobody). */
@@ -232,19 +235,26 @@ static void verdict(const char *name, int ok)
         failed_here = 1;
 }
 
-/* MPI engine of this rank's workers against the shared engine of all. */
-static void compare(const char *name, size_t p, uint64_t seed, int dp, int unheld, int split,
-                    int rounds)
+/* MPI engine of this rank's workers against the shared engine of all,
+ * over the ranks r0 .. R-1 (the others take no part). */
+static void compare_from(const char *name, int r0, size_t p, uint64_t seed, int dp, int unheld,
+                         int split, int rounds)
 {
-    int N = ranks * n_local, first = rank * n_local, ok = 1;
+    if (rank < r0) {
+        verdict(name, 1);
+        return;
+    }
+    int N = first_of[ranks] - first_of[r0], first = first_of[rank] - first_of[r0], ok = 1;
     st_comm_config mc = { .n_workers = n_local, .n_params = p, .allow_unheld = unheld,
-                          .backend = ST_COMM_BACKEND_MPI };
+                          .backend = ST_COMM_BACKEND_MPI, .rank_first = r0,
+                          .n_ranks = r0 ? ranks - r0 : 0 };
     /* the reference has one NUMA domain per rank: its two-level sums are
      * then the MPI backend's order (each domain's holders, then the
      * domains in order), so the two must agree bitwise */
     int *domain_of = malloc(sizeof *domain_of * (size_t)N);
-    for (int g = 0; g < N; g++)
-        domain_of[g] = g / n_local;
+    for (int r = r0; r < ranks; r++)
+        for (int g = first_of[r]; g < first_of[r + 1]; g++)
+            domain_of[g - first_of[r0]] = r - r0;
     st_comm_config sc = { .n_workers = N, .n_params = p, .allow_unheld = unheld,
                           .domain_of = domain_of };
     st_comm *m = NULL, *m2 = NULL;
@@ -317,6 +327,12 @@ static void compare(const char *name, size_t p, uint64_t seed, int dp, int unhel
     verdict(name, ok);
 }
 
+static void compare(const char *name, size_t p, uint64_t seed, int dp, int unheld, int split,
+                    int rounds)
+{
+    compare_from(name, 0, p, seed, dp, unheld, split, rounds);
+}
+
 /* Ranks that describe different engines are refused on every rank. */
 static void refused(void)
 {
@@ -344,17 +360,37 @@ int main(int argc, char **argv)
     }
     rank = st_world_rank();
     ranks = st_world_size();
-    n_local = argc > 1 ? atoi(argv[1]) : 1;
-    if (n_local < 1 || n_local > 8)
-        n_local = 1;
+    /* N for every rank, or N0,N1,... (the last repeats) */
+    const char *arg = argc > 1 ? argv[1] : "1";
+    if (ranks > 64) {
+        fprintf(stderr, "test_mpi: at most 64 ranks\n");
+        st_world_finalize();
+        return 1;
+    }
+    first_of[0] = 0;
+    for (int r = 0; r < ranks; r++) {
+        char *end;
+        long v = strtol(arg, &end, 10);
+        count_of[r] = v >= 1 && v <= 8 ? (int)v : 1;
+        if (*end == ',')
+            arg = end + 1;
+        first_of[r + 1] = first_of[r] + count_of[r];
+    }
+    n_local = count_of[rank];
     omp_set_max_active_levels(1);
-    if (rank == 0)
-        printf("test_mpi: %d ranks x %d workers\n", ranks, n_local);
+    if (rank == 0) {
+        printf("test_mpi: %d ranks, workers", ranks);
+        for (int r = 0; r < ranks; r++)
+            printf(" %d", count_of[r]);
+        printf("\n");
+    }
     compare("data parallel, 1 round", 10007, 11, 1, 0, 0, 1);
     compare("data parallel, tiny vector (empty shards)", 5, 12, 1, 0, 0, 1);
     compare("subnetworks, random holders, 3 rounds of re-attach", 20011, 13, 0, 0, 0, 3);
     compare("subnetworks with unheld elements", 9001, 14, 0, 1, 0, 2);
     compare("reduce-only and gather-only engines (backward masking)", 8009, 15, 0, 0, 1, 2);
+    if (ranks > 1)
+        compare_from("subnetworks over ranks 1 .. R-1 alone", 1, 7001, 16, 0, 0, 0, 2);
     if (ranks > 1)
         refused();
     if (rank == 0)

@@ -16,8 +16,10 @@
  *                   it holds into its own replica.
  *
  * Backends (st_comm_config.backend).  ST_COMM_BACKEND_MPI spans the ranks
- * of an MPI job: n_workers is then each rank's own count, worker w of rank
- * r is global worker r n + w and owns global shard r n + w; the ranks
+ * of an MPI job (all of them, or a consecutive range): n_workers is then
+ * each rank's own count (ranks may differ), the global workers are
+ * numbered rank by rank — worker w of rank r is global worker
+ * n_0 + ... + n_{r-1} + w and owns that global shard — and the ranks
  * exchange owner shards with MPI (src/comm/mpi.c).  ST_COMM_BACKEND_SHARED,
  * the default, is one process: the workers are threads and
  * meet in NUMA-aware shared buffers, each shard's buffers on its owner's
@@ -96,6 +98,11 @@ typedef struct st_comm_config {
      * or not built into this library makes st_comm_create fail with
      * ST_ERR_INVALID and a message naming it. */
     st_comm_backend_kind backend;
+    /* ST_COMM_BACKEND_MPI: the ranks the engine spans, world ranks
+     * [rank_first, rank_first + n_ranks), each with n_workers >= 1 of its
+     * own; only those ranks call st_comm_create, in the same order of
+     * engines.  n_ranks 0: every rank.  Ignored by the shared backend. */
+    int rank_first, n_ranks;
 } st_comm_config;
 
 #define ST_COMM_REDUCE 1

@@ -3,9 +3,12 @@
  * pinned worker threads, reduce over owner shards of the global worker
  * count, hierarchically.
  *
- * R ranks of n workers: global worker g = rank * n + w owns global shard g
- * of st_comm_shards(P, R n), so rank r owns the contiguous run of shards
- * r n .. r n + n - 1 (its "rank shard").  One step:
+ * R ranks, rank r with n_r workers: global worker g = f_r + w, where f_r =
+ * n_0 + ... + n_{r-1}, owns global shard g of st_comm_shards(P, N), N the
+ * sum of the n_r, so rank r owns the contiguous run of shards f_r ..
+ * f_r + n_r - 1 (its "rank shard").  The ranks are the whole job, or a
+ * consecutive range of it (synth's groups of workers, which may start and
+ * end inside a rank).  One step:
  *
  *   reduce-scatter
  *     pack     the rank's workers sum, for every element the rank holds,
@@ -104,6 +107,7 @@ typedef struct mpi_comm {
     st_spin_barrier barrier;
     MPI_Comm comm;
     int rank, size, n, N;
+    int *first;               /* R + 1: rank r's workers are global f[r] .. f[r + 1] - 1 */
     size_t P;
     int roles, allow_unheld;
     st_range *unheld;
@@ -177,9 +181,52 @@ static void mpi_destroy(st_comm_backend *b)
     free(mc->rs_direct);
     free(mc->reqs);
     free(mc->shard_begin);
+    free(mc->first);
     free(mc->unheld);
     free(mc->workers);
     free(mc);
+}
+
+/* The engine's communicator: a duplicate of the world's, or, for a range
+ * of ranks, one made by the ranks of the range alone
+ * (MPI_Comm_create_group: the other ranks take no part, so that synth's
+ * groups make theirs without the ranks they do not span; its tag, the
+ * range's first rank, tells apart two ranges a rank makes one after the
+ * other). */
+static st_status make_communicator(const st_comm_config *cfg, MPI_Comm world, MPI_Comm *out)
+{
+    int size, me;
+    MPI_Comm_size(world, &size);
+    MPI_Comm_rank(world, &me);
+    *out = MPI_COMM_NULL;
+    int all = cfg->n_ranks == 0 || (cfg->rank_first == 0 && cfg->n_ranks == size);
+    if (!all && (cfg->rank_first < 0 || cfg->n_ranks < 0 || cfg->rank_first >= size ||
+                 cfg->n_ranks > size - cfg->rank_first || me < cfg->rank_first ||
+                 me >= cfg->rank_first + cfg->n_ranks))
+        return st_fail(ST_ERR_INVALID, "reduction backend 'mpi': ranks %d..%d of %d do not "
+                       "include this rank (%d)", cfg->rank_first,
+                       cfg->rank_first + cfg->n_ranks - 1, size, me);
+    int rc;
+    if (all) {
+        rc = MPI_Comm_dup(world, out);
+    } else {
+        MPI_Group wg, g;
+        int range[1][3] = { { cfg->rank_first, cfg->rank_first + cfg->n_ranks - 1, 1 } };
+        rc = MPI_Comm_group(world, &wg);
+        if (rc == MPI_SUCCESS) {
+            rc = MPI_Group_range_incl(wg, 1, range, &g);
+            MPI_Group_free(&wg);
+        }
+        if (rc == MPI_SUCCESS) {
+            rc = MPI_Comm_create_group(world, g, cfg->rank_first, out);
+            MPI_Group_free(&g);
+        }
+    }
+    if (rc != MPI_SUCCESS) {
+        *out = MPI_COMM_NULL;
+        return st_world_fail(rc, "creating the MPI reduction engine");
+    }
+    return ST_OK;
 }
 
 static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
@@ -197,12 +244,9 @@ static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
     st_status s = ST_OK;
     /* its own communicator: the engines of a run (gradients, masters) and
      * the loop's own collectives never match each other's messages */
-    int rc = MPI_Comm_dup(world, &mc->comm);
-    if (rc != MPI_SUCCESS) {
-        mc->comm = MPI_COMM_NULL;
-        s = st_world_fail(rc, "creating the MPI reduction engine");
+    s = make_communicator(cfg, world, &mc->comm);
+    if (s != ST_OK)
         goto fail;
-    }
     MPI_Comm_set_errhandler(mc->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(mc->comm, &mc->rank);
     MPI_Comm_size(mc->comm, &mc->size);
@@ -210,34 +254,42 @@ static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
     mc->P = cfg->n_params;
     mc->roles = cfg->roles ? cfg->roles : (ST_COMM_REDUCE | ST_COMM_GATHER);
     mc->allow_unheld = cfg->allow_unheld;
-    /* every rank must describe the same engine: one bad rank would
+    /* every rank must describe the same vector: one bad rank would
      * otherwise make the others wait in an exchange that never matches */
     unsigned long long mine[2] = { (unsigned long long)mc->n, (unsigned long long)mc->P };
     unsigned long long *all = malloc(sizeof mine * (size_t)mc->size);
-    if (!all) {
+    mc->first = malloc(sizeof *mc->first * ((size_t)mc->size + 1));
+    if (!all || !mc->first) {
+        free(all);
         s = st_fail(ST_ERR_NOMEM, "out of memory creating the MPI reduction engine");
         goto fail;
     }
-    rc = MPI_Allgather(mine, 2, MPI_UNSIGNED_LONG_LONG, all, 2, MPI_UNSIGNED_LONG_LONG, mc->comm);
+    int rc = MPI_Allgather(mine, 2, MPI_UNSIGNED_LONG_LONG, all, 2, MPI_UNSIGNED_LONG_LONG,
+                           mc->comm);
     if (rc != MPI_SUCCESS) {
         free(all);
         s = st_world_fail(rc, "creating the MPI reduction engine");
         goto fail;
     }
-    for (int r = 0; r < mc->size && s == ST_OK; r++)
-        if (all[2 * r] != mine[0] || all[2 * r + 1] != mine[1])
-            s = st_fail(ST_ERR_INVALID, "rank %d has %llu workers and %llu parameters, rank %d "
-                        "has %llu and %llu: every rank must run the same workers and model",
-                        r, all[2 * r], all[2 * r + 1], mc->rank, mine[0], mine[1]);
+    long long total = 0;
+    mc->first[0] = 0;
+    for (int r = 0; r < mc->size && s == ST_OK; r++) {
+        if (all[2 * r + 1] != mine[1])
+            s = st_fail(ST_ERR_INVALID, "rank %d has %llu parameters, rank %d has %llu: every "
+                        "rank must run the same model", r, all[2 * r + 1], mc->rank, mine[1]);
+        else if (all[2 * r] < 1)
+            s = st_fail(ST_ERR_INVALID, "rank %d has no worker in an MPI reduction engine", r);
+        total += (long long)all[2 * r];
+        if (total > ST_COMM_MAX_WORKERS && s == ST_OK)
+            s = st_fail(ST_ERR_INVALID, "%d ranks run more than %d workers", mc->size,
+                        ST_COMM_MAX_WORKERS);
+        if (s == ST_OK)
+            mc->first[r + 1] = (int)total;
+    }
     free(all);
     if (s != ST_OK)
         goto fail;
-    if ((long long)mc->n * mc->size > ST_COMM_MAX_WORKERS) {
-        s = st_fail(ST_ERR_INVALID, "%d ranks x %d workers is more than %d workers", mc->size,
-                    mc->n, ST_COMM_MAX_WORKERS);
-        goto fail;
-    }
-    mc->N = mc->n * mc->size;
+    mc->N = mc->first[mc->size];
     int R = mc->size;
     mc->shard_begin = malloc(sizeof *mc->shard_begin * ((size_t)mc->N + 1));
     mc->workers = aligned_alloc(64, sizeof *mc->workers * (size_t)mc->n);
@@ -337,11 +389,11 @@ static st_status no_memory(void)
 
 static int rank_of_element(const mpi_comm *mc, uint64_t x)
 {
-    /* the rank shard of rank r is [shard_begin[r n], shard_begin[(r + 1) n]) */
+    /* the rank shard of rank r is [shard_begin[f[r]], shard_begin[f[r + 1]]) */
     int lo = 0, hi = mc->size - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (mc->shard_begin[(size_t)mid * mc->n] <= x)
+        if (mc->shard_begin[mc->first[mid]] <= x)
             lo = mid;
         else
             hi = mid - 1;
@@ -535,12 +587,12 @@ static const float *direct_masters(const mpi_comm *mc, int s)
     }
     if (!any)
         return NULL;
-    int g = mc->rank * mc->n;
+    int g = mc->first[mc->rank];
     while (mc->shard_begin[g + 1] <= begin)
         g++;
     if (end > mc->shard_begin[g + 1])
         return NULL;
-    return mc->workers[g - mc->rank * mc->n].master + (begin - mc->shard_begin[g]);
+    return mc->workers[g - mc->first[mc->rank]].master + (begin - mc->shard_begin[g]);
 }
 
 /* Worker 0, after the layout: where the step's exchange can read and
@@ -762,7 +814,7 @@ static st_status build_pack(const mpi_comm *mc, int w, int first_only, list *ite
 static st_status build_own(const mpi_comm *mc, int w, int first_only, float *out, list *items,
                            list *ops)
 {
-    const int R = mc->size, me = mc->rank, g = me * mc->n + w;
+    const int R = mc->size, me = mc->rank, g = mc->first[me] + w;
     const uint64_t b0 = mc->shard_begin[g], b1 = mc->shard_begin[g + 1];
     size_t *cur = calloc((size_t)R, sizeof *cur);
     float **srcs = calloc((size_t)R, sizeof *srcs);
@@ -808,7 +860,7 @@ static st_status build_own(const mpi_comm *mc, int w, int first_only, float *out
  * rank that holds them: what the all-gather's exchange sends back. */
 static st_status build_ag_out(const mpi_comm *mc, int w, list *items)
 {
-    const int me = mc->rank, g = me * mc->n + w;
+    const int me = mc->rank, g = mc->first[me] + w;
     const uint64_t b0 = mc->shard_begin[g], b1 = mc->shard_begin[g + 1];
     for (int r = 0; r < mc->size; r++) {
         if (r == me || mc->ag_src_direct[r])   /* direct: sent from the master itself */
@@ -850,7 +902,7 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
             }
             const float *src;
             if (d == me) {
-                int o = rank_of_element(mc, pos) * mc->n, g = o;
+                int o = mc->first[me], g = o;
                 while (mc->shard_begin[g + 1] <= pos)
                     g++;
                 src = mc->workers[g - o].master + (pos - mc->shard_begin[g]);
@@ -1051,7 +1103,7 @@ static st_status mpi_attach(st_comm_backend *b, int w, st_arena *arena, float *g
             me->local[i] = local ? local[i] : held[i].begin;
         s = st_arena_alloc_floats(arena, ST_MEM_WORKSPACE, ST_CHUNK, &me->scratch);
     }
-    int g = mc->rank * mc->n + w;
+    int g = mc->first[mc->rank] + w;
     size_t len = mc->shard_begin[g + 1] - mc->shard_begin[g];
     if (s == ST_OK && (mc->roles & ST_COMM_GATHER))
         s = st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, len, &me->master);
@@ -1165,7 +1217,7 @@ static void mpi_abort(st_comm_backend *b)
 static st_range mpi_shard(const st_comm_backend *b, int w)
 {
     const mpi_comm *mc = mpi_of_const(b);
-    int g = mc->rank * mc->n + w;
+    int g = mc->first[mc->rank] + w;
     st_range r = { mc->shard_begin[g], mc->shard_begin[g + 1] };
     return r;
 }

@@ -27,6 +27,21 @@
  * not part of training; between the two, worker 0 evaluates the joined
  * network on the test set and reports while the others wait.
  *
+ * Over MPI ranks (R ranks of n workers): the groups split the R n global
+ * workers, so a group may start and end inside a rank.  A group within
+ * one rank reduces with the shared engine; a group that spans ranks with
+ * an MPI engine over just its ranks (comm/mpi.c, its ranks' own worker
+ * counts).  The epoch end adds one exchange per epoch, by each rank's
+ * worker 0 after the first barrier (join_over_ranks): every segment's
+ * parameters are broadcast from the rank of its group's first worker, so
+ * that every rank holds the joined network; the loss sums of the groups
+ * reach every rank.  A group that spans ranks keeps its members' step
+ * losses in a buffer of the epoch and takes their means there, in the
+ * order one process takes them at every step: the records are bitwise
+ * those of one process with R n workers.  Every rank evaluates the joined
+ * network (the same values); a stop or a checkpoint asked of any rank is
+ * agreed at the epoch end.
+ *
  * The segment epochs are the strategy's pre_loop phase (strategy.h): the
  * loop's epochs of steps do not fit groups that take different numbers of
  * steps.  Recovery (--recovery-epochs E): then every worker drops its
@@ -43,6 +58,7 @@
 #include <string.h>
 
 #include <subtrain/rng.h>
+#include <subtrain/world.h>
 
 #include "core/error.h"
 #include "core/rng_streams.h"
@@ -61,7 +77,13 @@ typedef struct synth_group {
     int layer_first, layer_last;     /* its linear layers (1-based) */
     size_t n_params, full_offset;    /* its parameters, where they sit in the mlp's */
     double flops;                    /* per step and worker */
-    st_comm *comm;                   /* NULL for a group of one */
+    st_comm *comm;                   /* NULL for a group of one, or none of it here */
+    int rank_first, rank_last;       /* the ranks its workers are on (one process: 0, 0) */
+    int local_first, local_count;    /* its workers on this rank (local indices; count 0:
+                                      * none) */
+    double *losses;                  /* spanning ranks: its members' losses of the epoch's
+                                      * steps, (count, steps_per_epoch), this rank's rows
+                                      * filled, the others 0 until join_over_ranks */
     uint64_t steps_per_epoch;
     st_schedule schedule;
     _Alignas(64) double loss_sum;    /* over the epoch: the group's mean loss per step */
@@ -117,6 +139,7 @@ typedef struct synth_run {
     int segment_epochs_done;         /* resumed: segment epochs before the checkpoint */
     int stop_now, save_now;          /* worker 0's decision at a segment epoch's end,
                                       * read by all after its second barrier */
+    int epochs_done;                 /* segment epochs ended (worker 0's) */
 } synth_run;
 
 /* The strategy's state, as the hooks also get it. */
@@ -253,33 +276,60 @@ static st_status make_groups(run_shared *r, synth_run *sy)
         G->full_offset = st_segment_params(&cfg->model, 1, G->layer_first - 1);
         flops[g] = G->flops;
     }
-    ST_TRY(st_synth_split_workers(r->n, S, flops, counts));
+    ST_TRY(st_synth_split_workers(r->n_all, S, flops, counts));
     int next = 0;
     for (int g = 0; g < S; g++) {
         synth_group *G = &sy->groups[g];
         G->first = next;
         G->count = counts[g];
-        for (int k = 0; k < G->count; k++)
-            sy->group_of[next + k] = g;
+        G->rank_first = G->first / r->n;
+        G->rank_last = (G->first + G->count - 1) / r->n;
+        G->local_first = -1;
+        for (int k = 0; k < G->count; k++) {
+            int wid = next + k - r->first;   /* local index, if on this rank */
+            if (wid < 0 || wid >= r->n)
+                continue;
+            sy->group_of[wid] = g;
+            if (G->local_count++ == 0)
+                G->local_first = wid;
+        }
         next += G->count;
         ST_TRY(group_plan(cfg, r->train, G));
     }
     return ST_OK;
 }
 
+static int spans_ranks(const synth_group *G)
+{
+    return G->rank_first != G->rank_last;
+}
+
 /* A reduction engine per group of more than one worker, over the group's
- * workers only (their NUMA domains, in order) and its segment's vector. */
+ * workers only (their NUMA domains, in order) and its segment's vector:
+ * the shared backend inside a rank, MPI over the ranks a group spans (only
+ * they make it, every one in the order of the groups).  A spanning group's
+ * loss buffer is on every rank: the epoch end sums it over all of them. */
 static st_status make_engines(run_shared *r, synth_run *sy)
 {
     for (int g = 0; g < sy->segments; g++) {
         synth_group *G = &sy->groups[g];
-        if (G->count == 1)
+        if (spans_ranks(G)) {
+            G->losses = calloc((size_t)G->count * G->steps_per_epoch, sizeof *G->losses);
+            if (!G->losses)
+                return st_fail(ST_ERR_NOMEM, "out of memory for segment %d's losses", g + 1);
+        }
+        if (G->count == 1 || G->local_count == 0)
             continue;
-        int domain_of[G->count];
-        for (int k = 0; k < G->count; k++)
-            domain_of[k] = r->placement.workers[G->first + k].domain;
-        st_comm_config cc = { .n_workers = G->count, .n_params = G->n_params,
+        int domain_of[G->local_count];
+        for (int k = 0; k < G->local_count; k++)
+            domain_of[k] = r->placement.workers[G->local_first + k].domain;
+        st_comm_config cc = { .n_workers = G->local_count, .n_params = G->n_params,
                               .domain_of = domain_of };
+        if (spans_ranks(G)) {
+            cc.backend = ST_COMM_BACKEND_MPI;
+            cc.rank_first = G->rank_first;
+            cc.n_ranks = G->rank_last - G->rank_first + 1;
+        }
         ST_TRY(st_comm_create(&cc, &G->comm));
     }
     return ST_OK;
@@ -312,7 +362,7 @@ static st_status synth_prepare(run_shared *r, void **state)
      * apply checks (warmup, global batch) that are not those of any phase
      * of the run.  The segment epochs are planned per group, the recovery
      * epochs on their own. */
-    if (r->n > 1)
+    if (r->n_all > 1)
         ST_TRY(st_run_create_engine(r, 0, 0, NULL, 0, &r->comm));
     size_t size = (sizeof(synth_run) + 63) / 64 * 64;
     synth_run *sy = aligned_alloc(64, size);
@@ -343,6 +393,7 @@ static st_status synth_prepare(run_shared *r, void **state)
             return st_fail(ST_ERR_FORMAT, "%s: no valid subtrain.synth.segment_epochs in its "
                            "metadata", r->resume->name);
         sy->segment_epochs_done = (int)v;
+        sy->epochs_done = (int)v;
         if (v < cfg->epochs && (r->resume->at.epoch != 1 || r->resume->at.step != 0))
             return st_fail(ST_ERR_FORMAT, "%s: a recovery position before the segment epochs "
                            "ended", r->resume->name);
@@ -352,7 +403,7 @@ static st_status synth_prepare(run_shared *r, void **state)
         st_train_config rc = *cfg;
         rc.epochs = cfg->synth.recovery_epochs;
         rc.steps = 0;
-        ST_TRY(st_run_make_plan(&rc, r->n, r->train, &r->plan));
+        ST_TRY(st_run_make_plan(&rc, r->n_all, r->train, &r->plan));
         /* Recovery epoch e draws the order of epoch epochs + e, not that of
          * segment epoch e again. */
         r->order_offset = (uint64_t)cfg->epochs;
@@ -381,8 +432,10 @@ static void synth_release(run_shared *r, void *state)
         st_segnet_destroy(sy->workers[k].net); /* left by a failed run */
     st_model_destroy(sy->joined);
     st_arena_release(&sy->eval_arena);
-    for (int g = 0; g < sy->segments; g++)
+    for (int g = 0; g < sy->segments; g++) {
         st_comm_destroy(sy->groups[g].comm);
+        free(sy->groups[g].losses);
+    }
     if (sy->barrier_ready)
         epoch_barrier_destroy(&sy->barrier);
     free(sy->group_of);
@@ -404,7 +457,8 @@ static st_status alloc_labels(st_worker *w, const st_train_config *cfg, int cut,
 }
 
 /* Worker wid's segment (that of its group), attached to its group's
- * engine; worker 0 also builds the joined network for evaluation. */
+ * engine; worker 0 (every rank's) also builds the joined network for
+ * evaluation. */
 static st_status synth_init_worker(run_shared *r, void *state, int wid, st_worker *w,
                                    const st_chunk_backend *backend)
 {
@@ -439,7 +493,7 @@ static st_status synth_init_worker(run_shared *r, void *state, int wid, st_worke
                        G->n_params);
     if (G->comm) {
         st_range all = { 0, P };
-        int k = wid - G->first;
+        int k = wid - G->local_first;
         ST_TRY(st_comm_attach(G->comm, k, &w->arena, st_segnet_grads(me->net),
                               st_segnet_params(me->net), &all, 1));
         st_range shard = st_comm_shard(G->comm, k);
@@ -532,15 +586,18 @@ static st_status local_update(run_shared *r, st_worker *w, synth_group *G, uint6
     return ST_OK;
 }
 
-/* One step of worker w in its group G (local index k): its batch of the
- * group's global batch i, forward, backward, then the group's data
- * parallelism (or a local update).  *loss: the group's mean, for k = 0. */
+/* One step of worker w, member k of its group G (kl on this rank): its
+ * batch of the group's global batch i, forward, backward, then the
+ * group's data parallelism (or a local update).  *loss: the group's mean,
+ * for k = 0 of a group within one rank; a group spanning ranks keeps each
+ * member's loss for the epoch end instead (join_over_ranks). */
 static st_status segment_step(run_shared *r, st_worker *w, synth_group *G, int epoch,
                               uint64_t i, float *loss, float *lr)
 {
     synth_worker *me = &synth_of(r)->workers[w->id];
     worker_slot *slot = &r->slots[w->id];
-    const int k = w->id - G->first, m = G->count;
+    const int k = st_run_global(r, w->id) - G->first, kl = w->id - G->local_first,
+              m = G->count;
     double t = st_run_now_s(), t1;
     uint32_t first = (uint32_t)((i * (uint64_t)m + (uint64_t)k) * (uint64_t)r->cfg->batch);
     load_batch(r, me, G, epoch, w->order, first);
@@ -551,30 +608,33 @@ static st_status segment_step(run_shared *r, st_worker *w, synth_group *G, int e
     uint64_t step = ++me->steps;
     if (!G->comm)
         return local_update(r, w, G, step, loss, lr);
-    ST_TRY(st_comm_barrier(G->comm, k));
+    if (G->losses)
+        G->losses[(size_t)k * G->steps_per_epoch + i] = slot->loss;
+    ST_TRY(st_comm_barrier(G->comm, kl));
     t1 = st_run_now_s();
     slot->times.wait += t1 - t;
     t = t1;
-    if (k == 0) { /* stable until the all-gather, which needs every worker */
+    if (k == 0 && !G->losses) { /* stable until the all-gather, which needs every worker */
         double sum = 0.0;
         for (int v = 0; v < m; v++)
-            sum += r->slots[G->first + v].loss;
+            sum += r->slots[G->local_first + v].loss;
         *loss = (float)(sum / m);
     }
-    ST_TRY(st_comm_reduce_scatter(G->comm, k));
+    ST_TRY(st_comm_reduce_scatter(G->comm, kl));
     t1 = st_run_now_s();
     slot->times.reduce += t1 - t;
     t = t1;
     int n_segs;
     const st_param_segment *segs = st_segnet_segments(me->net, &n_segs);
-    st_range shard = st_comm_shard(G->comm, k);
+    st_range shard = st_comm_shard(G->comm, kl);
     *lr = st_schedule_lr(&G->schedule, step);
-    st_optim_update(&w->optim, st_comm_shard_params(G->comm, k), st_comm_shard_grads(G->comm, k),
-                    segs, n_segs, shard.begin, shard.end, step, *lr);
+    st_optim_update(&w->optim, st_comm_shard_params(G->comm, kl),
+                    st_comm_shard_grads(G->comm, kl), segs, n_segs, shard.begin, shard.end, step,
+                    *lr);
     t1 = st_run_now_s();
     slot->times.optimizer += t1 - t;
     t = t1;
-    ST_TRY(st_comm_all_gather(G->comm, k));
+    ST_TRY(st_comm_all_gather(G->comm, kl));
     slot->times.reduce += st_run_now_s() - t;
     return ST_OK;
 }
@@ -593,12 +653,14 @@ static void describe_segments(const synth_run *sy, st_epoch_record *rec)
 
 /* How far the segment epochs are, in [0, 1]: the slowest group's share of
  * its steps (the groups meet at every epoch end, so the phase ends when
- * the slowest group does). */
+ * the slowest group does).  Over ranks, of the groups this rank sees. */
 static double segment_progress(const synth_run *sy, int epochs)
 {
     double least = 1.0;
     for (int g = 0; g < sy->segments; g++) {
         const synth_group *G = &sy->groups[g];
+        if (G->local_count == 0)
+            continue;
         uint64_t done = atomic_load_explicit(&G->done, memory_order_relaxed);
         least = fmin(least, (double)done / ((double)epochs * (double)G->steps_per_epoch));
     }
@@ -669,13 +731,13 @@ static void fill_record(run_shared *r, st_epoch_record *rec)
     rec->step_ms_optimizer = sum.optimizer * 1e3 / r->n;
     rec->memory = r->slots[worst].memory;
     rec->worker_memory = r->memory;
-    rec->workers = r->n;
-    rec->ranks = 1;
+    rec->workers = r->n_all;
+    rec->ranks = r->ranks;
     rec->workers_per_rank = r->n;
     rec->threads_per_worker = r->placement.threads_per_worker;
     rec->comm_bytes_per_worker_step = bytes;
     rec->ring_bytes_per_worker_step =
-        st_comm_ring_bytes(r->n, r->n_params);
+        st_comm_ring_bytes(r->n_all, r->n_params);
     describe_segments(sy, rec);
     for (int g = 0; g < sy->segments; g++)
         rec->segment_loss[g] = sy->groups[g].loss_sum / (double)sy->groups[g].steps_per_epoch;
@@ -696,15 +758,20 @@ static st_status segment_requests(run_shared *r, synth_run *sy, int epoch, doubl
 {
     const st_train_config *cfg = r->cfg;
     const st_train_callbacks *cb = r->cb;
-    const uint64_t every = cfg->checkpoint.every, steps = sy->workers[0].steps,
-                   per_epoch = sy->groups[0].steps_per_epoch;
+    /* group 0's steps (worker 0's, in one process) */
+    const uint64_t every = cfg->checkpoint.every, per_epoch = sy->groups[0].steps_per_epoch,
+                   steps = (uint64_t)epoch * per_epoch;
     const int last = epoch == cfg->epochs && cfg->synth.recovery_epochs == 0;
-    sy->stop_now = cb && cb->stop && *cb->stop && !last;
-    r->stopped = sy->stop_now;
-    if (cb && cb->checkpoint_now && *cb->checkpoint_now) {
+    /* over ranks, what any rank was asked (as the loop's requests) */
+    int asked[2] = { cb && cb->stop && *cb->stop, cb && cb->checkpoint_now && *cb->checkpoint_now };
+    if (asked[1])
         *cb->checkpoint_now = 0;
+    if (r->ranks > 1)
+        ST_TRY(st_world_max_ints(asked, 2));
+    sy->stop_now = asked[0] && !last;
+    r->stopped = sy->stop_now;
+    if (asked[1])
         sy->save_now = 1;
-    }
     const int due = cfg->checkpoint.every_epoch ||
                     (every && steps / every > (steps - per_epoch) / every);
     if (!cfg->checkpoint.dir || last || !(sy->stop_now || sy->save_now || due))
@@ -717,10 +784,45 @@ static st_status segment_requests(run_shared *r, synth_run *sy, int epoch, doubl
     return ST_OK;
 }
 
+/* Worker 0 of every rank, after the first barrier of an epoch end: the
+ * groups' parameters and losses from the ranks that have them (one
+ * broadcast a segment from the rank of its group's first worker; the
+ * spanning groups' step losses summed over ranks, where each member's row
+ * is nonzero on one rank only, so the sum is exact whatever its order),
+ * and the spanning groups' mean step losses, in one process's order. */
+static st_status join_over_ranks(run_shared *r, synth_run *sy)
+{
+    double sums[ST_SYNTH_MAX_SEGMENTS];
+    for (int g = 0; g < sy->segments; g++) {
+        synth_group *G = &sy->groups[g];
+        ST_TRY(st_world_bcast(st_model_params(sy->joined) + G->full_offset,
+                              G->n_params * sizeof(float), G->rank_first));
+        sums[g] = r->rank == G->rank_first ? G->loss_sum : 0.0;
+        if (!G->losses)
+            continue;
+        const uint64_t steps = G->steps_per_epoch;
+        ST_TRY(st_world_sum_doubles(G->losses, (size_t)G->count * steps));
+        double total = 0.0;
+        for (uint64_t i = 0; i < steps; i++) {
+            double sum = 0.0;
+            for (int v = 0; v < G->count; v++)
+                sum += G->losses[(size_t)v * steps + i];
+            total += (float)(sum / G->count);
+        }
+        memset(G->losses, 0, sizeof *G->losses * (size_t)G->count * steps);
+        sums[g] = r->rank == G->rank_first ? total : 0.0;
+    }
+    ST_TRY(st_world_sum_doubles(sums, (size_t)sy->segments));
+    for (int g = 0; g < sy->segments; g++)
+        sy->groups[g].loss_sum = sums[g];
+    return ST_OK;
+}
+
 /* The end of a segment epoch for worker w: its slot, the join (each group
  * writes its own range of the joined vector; after its all-gather every
  * replica holds the same values), the barrier, then worker 0 evaluates the
- * joined network and reports while the others wait at the second barrier.
+ * joined network and reports while the others wait at the second barrier
+ * (over ranks, worker 0 of every rank, after join_over_ranks).
  * *train_time (worker 0's) grows by the epoch's wall time up to the end of
  * the first barrier: it includes waiting for the slowest group. */
 static st_status epoch_end(run_shared *r, st_worker *w, int epoch, double te, float lr,
@@ -736,7 +838,7 @@ static st_status epoch_end(run_shared *r, st_worker *w, int epoch, double te, fl
     memset(&slot->bytes, 0, sizeof slot->bytes);
     if (G->comm)
         slot->bytes = st_comm_bytes_per_step(G->comm, wid - G->first);
-    if (wid == G->first)
+    if (st_run_global(r, wid) == G->first)
         memcpy(st_model_params(sy->joined) + G->full_offset, st_segnet_params(me->net),
                G->n_params * sizeof(float));
     slot->model = NULL;   /* a checkpoint's: a segment has no running statistics */
@@ -745,10 +847,13 @@ static st_status epoch_end(run_shared *r, st_worker *w, int epoch, double te, fl
     double epoch_time = st_run_now_s() - te;
     *train_time += epoch_time;
     if (wid == 0) {
+        if (r->ranks > 1)
+            ST_TRY(join_over_ranks(r, sy));
+        sy->epochs_done = epoch;
         ST_TRY(st_run_evaluate_model(sy->joined, r->test, &rec->test_loss, &rec->test_acc));
         rec->epoch = epoch;
         rec->epochs = cfg->epochs + cfg->synth.recovery_epochs;
-        rec->step = me->steps;
+        rec->step = (uint64_t)epoch * sy->groups[0].steps_per_epoch;   /* group 0's */
         rec->samples_per_s = sy->samples_per_epoch / epoch_time;
         rec->lr = lr;
         rec->wall_s = st_run_now_s() - r->t0;
@@ -767,7 +872,7 @@ static st_status segment_epochs(run_shared *r, st_worker *w)
     const int wid = w->id;
     synth_group *G = &sy->groups[sy->group_of[wid]];
     synth_worker *me = &sy->workers[wid];
-    const int leader = wid == G->first;
+    const int leader = st_run_global(r, wid) == G->first;
     st_epoch_record rec;
     memset(&rec, 0, sizeof rec);
     double train_time = r->resume ? r->resume->at.train_time : 0.0;
@@ -784,12 +889,13 @@ static st_status segment_epochs(run_shared *r, st_worker *w)
         for (uint64_t i = 0; i < G->steps_per_epoch; i++) {
             float loss = 0.0f;
             ST_TRY(segment_step(r, w, G, epoch, i, &loss, &lr));
-            if (leader) {
+            if (leader && !G->losses)
                 G->loss_sum += loss;
+            if (wid == G->local_first)
                 atomic_store_explicit(&G->done, me->steps, memory_order_relaxed);
-            }
-            if (wid == 0)
-                report_step(r, epoch, me->steps, loss, lr, train_time + (st_run_now_s() - te));
+            if (wid == 0)   /* a group spanning ranks: its mean is known at the epoch end */
+                report_step(r, epoch, me->steps, G->losses ? r->slots[0].loss : loss, lr,
+                            train_time + (st_run_now_s() - te));
         }
         ST_TRY(epoch_end(r, w, epoch, te, lr, &train_time, &rec));
         stopped = sy->stop_now;
@@ -872,7 +978,7 @@ static st_status recovery_start(run_shared *r, st_worker *w, const st_chunk_back
     ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, backend));
     memcpy(st_model_params(w->model), st_model_params(sy->joined),
            st_model_param_count(w->model) * sizeof(float));
-    ST_TRY(st_run_attach_worker(r->comm, NULL, wid, w, NULL)); /* N >= S >= 2: the run has an engine */
+    ST_TRY(st_run_attach_worker(r->comm, NULL, wid, w, NULL)); /* R n >= S >= 2: an engine */
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
     if (r->resume && r->resume->at.step > 0) {   /* resumed in the recovery epochs */
@@ -956,8 +1062,7 @@ static const float *synth_full_params(run_shared *r, void *state, st_worker *w0,
 static st_status synth_save(run_shared *r, void *state, run_ckpt *ck)
 {
     synth_run *sy = state;
-    const int done = sy->recovering ? r->cfg->epochs
-                                    : (int)(sy->workers[0].steps / sy->groups[0].steps_per_epoch);
+    const int done = sy->recovering ? r->cfg->epochs : sy->epochs_done;
     return st_run_ckpt_meta(ck, "subtrain.synth.segment_epochs", "%d", done);
 }
 
@@ -979,7 +1084,7 @@ static st_status synth_resume(run_shared *r, void *state, st_worker *w)
     float *p = st_segnet_params(me->net);
     memcpy(p, full + G->full_offset, G->n_params * sizeof(float));
     if (G->comm) {
-        const int k = wid - G->first;
+        const int k = wid - G->local_first;
         st_range shard = st_comm_shard(G->comm, k);
         memcpy(st_comm_shard_params(G->comm, k), p + shard.begin,
                (shard.end - shard.begin) * sizeof(float));

@@ -46,11 +46,10 @@ st_status st_loop_check_data(const st_train_config *cfg, const st_dataset *train
     return st_augment_check(&train->augment, train);
 }
 
-/* The ranks of an MPI run (world.h): global worker indices, the buffers
- * of the loop's own collectives, and what does not span ranks yet. */
+/* The ranks of an MPI run (world.h): global worker indices and the
+ * buffers of the loop's own collectives. */
 static st_status prepare_ranks(run_shared *r)
 {
-    const st_train_config *cfg = r->cfg;
     r->rank = st_world_rank();
     r->ranks = st_world_size();
     r->first = r->rank * r->n;
@@ -63,9 +62,6 @@ static st_status prepare_ranks(run_shared *r)
         r->fault_step = fstep;
     if (r->ranks == 1)
         return ST_OK;
-    if (cfg->strategy == ST_STRATEGY_SYNTH)
-        return st_fail(ST_ERR_INVALID, "the synth strategy does not run over MPI ranks yet (%d "
-                       "ranks): run it in one process", r->ranks);
     /* every rank must have the same workers: the engine checks it too, but
      * here the message names the layout */
     int *all = malloc(sizeof *all * (size_t)r->ranks);
