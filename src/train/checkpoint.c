@@ -381,7 +381,8 @@ st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_positi
     if (root && mkdir(plan->dir, 0755) != 0 && errno != EEXIST)
         return st_fail(ST_ERR_IO, "checkpoint directory %s: %s", plan->dir, strerror(errno));
     size_t count;
-    const float *params = r->ops->full_params(r, r->strategy, w0, &count);
+    const float *params;
+    ST_TRY(r->ops->full_params(r, r->strategy, w0, &params, &count));
     run_ckpt ck;
     float **held = NULL;
     int n_held = 0;

@@ -117,12 +117,14 @@ static st_comm_bytes dp_bytes(const run_shared *r, const void *state, int wid)
 }
 
 /* Worker 0's replica is the full model (after the all-gather). */
-static const float *dp_full_params(run_shared *r, void *state, st_worker *w0, size_t *count)
+static st_status dp_full_params(run_shared *r, void *state, st_worker *w0, const float **out,
+                                size_t *count)
 {
     (void)r;
     (void)state;
     *count = st_model_param_count(w0->model);
-    return st_model_params(w0->model);
+    *out = st_model_params(w0->model);
+    return ST_OK;
 }
 
 const st_strategy_ops st_dp_ops = {

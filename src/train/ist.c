@@ -334,14 +334,15 @@ static void ist_record(const run_shared *r, void *state, st_epoch_record *rec)
     rec->comm_bytes_per_worker_round = rec->comm_bytes_per_worker_step * R;
 }
 
-static const float *ist_full_params(run_shared *r, void *state, st_worker *w0, size_t *count)
+static st_status ist_full_params(run_shared *r, void *state, st_worker *w0, const float **out,
+                                 size_t *count)
 {
     (void)w0;
     ist_run *s = state;
-    /* cannot fail: one process (checkpoints do not span ranks yet) */
-    (void)st_subnets_load_full(&s->sn, r, r->comm, 1);
+    ST_TRY(st_subnets_load_full(&s->sn, r, r->comm, 1));
     *count = st_model_param_count(s->sn.eval_model);
-    return st_model_params(s->sn.eval_model);
+    *out = st_model_params(s->sn.eval_model);
+    return ST_OK;
 }
 
 static void ist_abort(run_shared *r, void *state)

@@ -307,17 +307,18 @@ static void sdp_record(const run_shared *r, void *state, st_epoch_record *rec)
 
 /* Forward masking: the full model loaded from the masters (what the last
  * evaluation loaded); backward masking: worker 0's replica. */
-static const float *sdp_full_params(run_shared *r, void *state, st_worker *w0, size_t *count)
+static st_status sdp_full_params(run_shared *r, void *state, st_worker *w0, const float **out,
+                                 size_t *count)
 {
     sdp_run *s = state;
     st_model *m = w0->model;
     if (!s->sn.backward) {
-        /* cannot fail: one process (checkpoints do not span ranks yet) */
-        (void)st_subnets_load_full(&s->sn, r, masters(r, s), 0);
+        ST_TRY(st_subnets_load_full(&s->sn, r, masters(r, s), 0));
         m = s->sn.eval_model;
     }
     *count = st_model_param_count(m);
-    return st_model_params(m);
+    *out = st_model_params(m);
+    return ST_OK;
 }
 
 static void sdp_abort(run_shared *r, void *state)

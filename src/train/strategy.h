@@ -90,10 +90,12 @@ typedef struct st_strategy_ops {
      * fields (communication per round, the alignment report). */
     void (*record)(const run_shared *r, void *state, st_epoch_record *rec);
 
-    /* Worker 0, after a barrier: the trained model's parameters in the full
-     * layout, *count of them (loaded from where the strategy keeps them,
-     * if needed). */
-    const float *(*full_params)(run_shared *r, void *state, st_worker *w0, size_t *count);
+    /* Worker 0, after a barrier (over ranks: worker 0 of every rank): the
+     * trained model's parameters in the full layout, *count of them at
+     * *out (loaded from where the strategy keeps them, if needed; over
+     * ranks that gathers the other ranks' shards, which can fail). */
+    st_status (*full_params)(run_shared *r, void *state, st_worker *w0, const float **out,
+                             size_t *count);
 
     /* Optional: every worker after the loop's last record (synth: the
      * final record renumbered). */

@@ -1048,13 +1048,15 @@ static st_comm_bytes synth_bytes(const run_shared *r, const void *state, int wid
 /* In the recovery epochs: worker 0's replica of the joined mlp; before
  * them (a segment epoch's checkpoint, a run without recovery): the joined
  * network, as the last epoch end joined it. */
-static const float *synth_full_params(run_shared *r, void *state, st_worker *w0, size_t *count)
+static st_status synth_full_params(run_shared *r, void *state, st_worker *w0,
+                                   const float **out, size_t *count)
 {
     (void)r;
     synth_run *sy = state;
     st_model *m = sy->recovering ? w0->model : sy->joined;
     *count = st_model_param_count(m);
-    return st_model_params(m);
+    *out = st_model_params(m);
+    return ST_OK;
 }
 
 /* A checkpoint's: the segment epochs done (all of them in the recovery

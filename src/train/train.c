@@ -361,7 +361,8 @@ static st_status run_epochs(run_shared *r, st_worker *w)
         r->final = rec;
         if (r->cb && r->cb->on_params) {
             size_t count;
-            const float *params = ops->full_params(r, r->strategy, w, &count);
+            const float *params;
+            ST_TRY(ops->full_params(r, r->strategy, w, &params, &count));
             r->cb->on_params(params, count, r->cb->user);
         }
     }
@@ -378,7 +379,8 @@ st_status st_loop_run_worker(run_shared *r, st_worker *w, const st_chunk_backend
     if (r->plan.epochs == 0 || r->stopped) {   /* the pre-loop phase was the whole run */
         if (w->id == 0 && r->cb && r->cb->on_params) {
             size_t count;
-            const float *params = r->ops->full_params(r, r->strategy, w, &count);
+            const float *params;
+            ST_TRY(r->ops->full_params(r, r->strategy, w, &params, &count));
             r->cb->on_params(params, count, r->cb->user);
         }
         return ST_OK;

@@ -322,7 +322,8 @@ st_status st_trainer_params(st_trainer *t, float *out, size_t count)
     if (atomic_load(&t->r.failed))
         return refuse_failed(t);
     size_t have;
-    const float *p = t->r.ops->full_params(&t->r, t->r.strategy, &t->workers[0].w, &have);
+    const float *p;
+    ST_TRY(t->r.ops->full_params(&t->r, t->r.strategy, &t->workers[0].w, &p, &have));
     if (count != have)
         return st_fail(ST_ERR_INVALID, "the model has %zu parameters, not %zu", have, count);
     memcpy(out, p, count * sizeof *out);
