@@ -51,6 +51,13 @@ typedef enum st_model_kind {
 } st_model_kind;
 typedef enum st_activation { ST_ACT_RELU, ST_ACT_GELU } st_activation;
 
+/* Arithmetic of the matrix products (doc/precision.md).  BF16: linear
+ * layers multiply bf16 copies of their weights and inputs and of the
+ * output gradient, accumulating and writing fp32; parameters, gradients,
+ * optimizer state, norms, activations' own math, softmax and the loss
+ * stay fp32.  Convolutions and attention stay fp32 for now. */
+typedef enum st_precision { ST_PRECISION_FP32, ST_PRECISION_BF16 } st_precision;
+
 /* Which units an instance holds: a subnetwork of the model.  Units are
  * what the model's layers declare (st_model_config_units), whatever the
  * model: layer groups (residual blocks) and width units (groups of a
@@ -108,6 +115,7 @@ typedef struct st_model_config {
     int context;
     int heads;
     st_model_subnet subnet; /* zero: the whole model */
+    st_precision precision; /* of the linear layers' products (FP32 default) */
     int plain_tensors;      /* 1: image tensors stay NCHW between layers, each
                              * convolution and batch norm reorders into its
                              * blocked layout and back (for comparison; 0, the
@@ -168,6 +176,19 @@ size_t st_model_config_param_count(const st_model_config *cfg);
 
 const char *st_model_kind_name(st_model_kind kind);
 const char *st_activation_name(st_activation act);
+const char *st_precision_name(st_precision p);
+st_status st_precision_parse(const char *name, st_precision *out);
+
+/* Whether this CPU runs bf16 products natively.  oneDNN's effective ISA
+ * (which ONEDNN_MAX_CPU_ISA can lower): NATIVE with avx512_core_bf16 or
+ * AMX; EMULATED where oneDNN still has bf16 kernels but converts in
+ * software (avx512_core: measured about a third of fp32); UNAVAILABLE
+ * where it has none (a bf16 matmul cannot be created, e.g. AVX2).  *isa
+ * names the effective ISA ("avx2", "avx512_core", ...). */
+typedef enum st_bf16_support {
+    ST_BF16_NATIVE, ST_BF16_EMULATED, ST_BF16_UNAVAILABLE
+} st_bf16_support;
+st_bf16_support st_bf16_probe(const char **isa);
 /* ST_OK, or ST_ERR_INVALID with "unknown model 'x' (allowed: mlp, resmlp)"
  * and *out unchanged (see status.h). */
 st_status st_model_kind_parse(const char *name, st_model_kind *out);

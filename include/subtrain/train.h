@@ -97,6 +97,10 @@ typedef struct st_train_config {
                                * domain, its primitives running T threads;
                                * 0 or 1: one core (doc/scaling.md) */
     int team_spans;           /* allow a team across NUMA domains */
+    int bf16_emulated;        /* model.precision bf16 on a CPU without native
+                               * bf16 (st_bf16_probe: EMULATED): 0 refuses
+                               * with a message naming the ISA, 1 runs it
+                               * with a warning that it is slow */
     st_synth_config synth;    /* synth: segments, cuts, labels, recovery */
     st_model_config model;
     st_optim_config optim;
@@ -166,6 +170,7 @@ typedef struct st_epoch_record {
     int ranks;                /* MPI ranks of the run (1: one process) */
     int workers_per_rank;
     int threads_per_worker;   /* a worker's team of threads (1: one core) */
+    st_precision precision;   /* of the linear layers' products */
     st_mem_stats memory;      /* the arena of the worker with the largest peak */
     /* Communication per worker and step: what the reduction engine reads
      * and writes for the busiest worker, and what a ring all-reduce among

@@ -111,6 +111,8 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
     if (m->kind == ST_MODEL_GPT)
         printf(" heads %d context %d hidden %d", m->heads, m->context,
                m->hidden ? m->hidden : 4 * m->width);
+    if (m->precision != ST_PRECISION_FP32)
+        printf(" %s", st_precision_name(m->precision));
     printf(" %s | %s lr %g wd %g %s | batch %d, ", st_activation_name(m->activation),
            st_optimizer_name(t->optim.kind), t->optim.lr, t->optim.weight_decay,
            st_schedule_name(t->schedule), t->batch);
@@ -366,9 +368,11 @@ static void describe_run(const st_cli_options *o, run_provenance *pv)
 {
     const st_model_config *m = &o->train.model;
     snprintf(pv->config, sizeof pv->config, "model = %s; depth = %d; width = %d; hidden = %d; "
-             "heads = %d; context = %d; activation = %s; strategy = %s; seed = %llu",
+             "heads = %d; context = %d; activation = %s; precision = %s; strategy = %s; "
+             "seed = %llu",
              st_model_kind_name(m->kind), m->depth, m->width, m->hidden, m->heads, m->context,
-             st_activation_name(m->activation), st_strategy_name(o->train.strategy),
+             st_activation_name(m->activation), st_precision_name(m->precision),
+             st_strategy_name(o->train.strategy),
              (unsigned long long)o->train.seed);
     const dnnl_version_t *v = dnnl_version();
     snprintf(pv->onednn, sizeof pv->onednn, "%d.%d.%d", v->major, v->minor, v->patch);

@@ -23,6 +23,7 @@ enum {
     OPT_CONTEXT, OPT_HEADS, OPT_HOLDOUT, OPT_VAL_BYTES, OPT_EPOCH_WINDOWS,
     OPT_SAMPLE, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K, OPT_CHECKPOINT, OPT_INIT,
     OPT_CHECKPOINT_EVERY, OPT_KEEP, OPT_RESUME, OPT_USR1, OPT_THREADS, OPT_TEAM_SPANS,
+    OPT_PRECISION, OPT_BF16_EMULATED,
 };
 
 static const struct option long_options[] = {
@@ -49,6 +50,8 @@ static const struct option long_options[] = {
     { "width", required_argument, NULL, OPT_WIDTH },
     { "hidden", required_argument, NULL, OPT_HIDDEN },
     { "activation", required_argument, NULL, OPT_ACTIVATION },
+    { "precision", required_argument, NULL, OPT_PRECISION },
+    { "bf16-emulated", no_argument, NULL, OPT_BF16_EMULATED },
     { "epochs", required_argument, NULL, OPT_EPOCHS },
     { "steps", required_argument, NULL, OPT_STEPS },
     { "batch", required_argument, NULL, OPT_BATCH },
@@ -189,6 +192,11 @@ void st_cli_print_help(FILE *f)
 "                         stage (default 256; resnet 16)\n"
 "  --hidden N             inner width of a residual block (default: the width)\n"
 "  --activation relu|gelu (default gelu; resnet relu)\n"
+"  --precision fp32|bf16  the linear layers' products in bf16 with fp32\n"
+"                         accumulation; weights, optimizer and the rest fp32\n"
+"                         (default fp32; doc/precision.md)\n"
+"  --bf16-emulated        run bf16 on a CPU without native bf16 (slow; refused\n"
+"                         otherwise)\n"
 "  --context T            gpt: tokens (bytes) per sample (default 128)\n"
 "  --heads H              gpt: attention heads, dividing the width (default 4)\n"
 "Training:\n"
@@ -329,6 +337,7 @@ static int parse_progress(const char *s, st_progress_mode *out, char *err, size_
 /* Adapters: the library's parsers take typed pointers. */
 static st_status parse_model(const char *s, void *o) { return st_model_kind_parse(s, o); }
 static st_status parse_act(const char *s, void *o) { return st_activation_parse(s, o); }
+static st_status parse_precision(const char *s, void *o) { return st_precision_parse(s, o); }
 static st_status parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
 static st_status parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
 static st_status parse_strategy(const char *s, void *o) { return st_strategy_parse(s, o); }
@@ -591,6 +600,8 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_THREADS: return parse_int("threads-per-worker", arg, 1, 1024, &t->threads_per_worker,
                                        err, n);
     case OPT_TEAM_SPANS: t->team_spans = 1; return 0;
+    case OPT_PRECISION: return parse_choice("precision", arg, parse_precision, &t->model.precision, err, n);
+    case OPT_BF16_EMULATED: t->bf16_emulated = 1; return 0;
     case OPT_SUBNET: return parse_choice("subnet", arg, parse_subnet, &t->subnet, err, n);
     case OPT_NEURON_GROUP: return parse_int("neuron-group", arg, 1, 65536, &t->neuron_group, err, n);
     case OPT_BN_CALIBRATION:

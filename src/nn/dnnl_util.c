@@ -66,7 +66,8 @@ st_status st_nn_ctx_finalize(st_nn_ctx *ctx)
         }
     for (int i = 0; i < ctx->n_slot_mems; i++)
         ST_DNNL(dnnl_memory_set_data_handle(ctx->slot_mems[i].mem,
-                                            ctx->slot[ctx->slot_mems[i].slot]),
+                                            (char *)ctx->slot[ctx->slot_mems[i].slot] +
+                                            ctx->slot_mems[i].offset),
                 "attaching a shared buffer of blocked copies");
     if (ctx->scratchpad_bytes > 0 && !ctx->scratchpad)
         ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WORKSPACE, ctx->scratchpad_bytes,
@@ -319,6 +320,40 @@ st_status st_mem_matrix(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows, int64_
     return st_mem_strided(ctx, out, rows, cols, cols, 1, data);
 }
 
+void st_md_strided_bf16(dnnl_memory_desc_t *md, int64_t rows, int64_t cols,
+                        int64_t row_stride, int64_t col_stride)
+{
+    dnnl_dims_t dims = { rows, cols };
+    dnnl_dims_t strides = { row_stride, col_stride };
+    dnnl_memory_desc_init_by_strides(md, 2, dims, dnnl_bf16, strides);
+}
+
+st_status st_mem_strided_bf16(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows,
+                              int64_t cols, int64_t row_stride, int64_t col_stride,
+                              const st_bf16 *data)
+{
+    dnnl_memory_desc_t md;
+    st_md_strided_bf16(&md, rows, cols, row_stride, col_stride);
+    return st_mem_md(ctx, out, &md, data);
+}
+
+st_status st_mem_slot_bf16(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows, int64_t cols,
+                           int64_t row_stride, int64_t col_stride, int slot, size_t offset,
+                           size_t bytes)
+{
+    if (slot < 0 || slot >= ST_NN_SLOTS)
+        return st_fail(ST_ERR_INVALID, "no shared slot %d", slot);
+    dnnl_memory_desc_t md;
+    st_md_strided_bf16(&md, rows, cols, row_stride, col_stride);
+    ST_TRY(grow((void **)&ctx->slot_mems, &ctx->cap_slot_mems, ctx->n_slot_mems + 1,
+                sizeof *ctx->slot_mems));
+    ST_TRY(st_mem_md(ctx, out, &md, NULL));   /* no buffer yet: finalize attaches the slot */
+    ctx->slot_mems[ctx->n_slot_mems++] = (struct st_slot_mem){ *out, slot, offset };
+    if (bytes > ctx->slot_bytes[slot])
+        ctx->slot_bytes[slot] = bytes;
+    return ST_OK;
+}
+
 st_status st_mem_vector(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t n, const float *data)
 {
     dnnl_memory_desc_t md;
@@ -376,7 +411,7 @@ static st_status view_copy(st_nn_ctx *ctx, st_view *v, const dnnl_memory_desc_t 
         ST_TRY(grow((void **)&ctx->slot_mems, &ctx->cap_slot_mems, ctx->n_slot_mems + 1,
                     sizeof *ctx->slot_mems));
         ST_TRY(st_mem_md(ctx, &v->copy[v->n], md, NULL));
-        ctx->slot_mems[ctx->n_slot_mems++] = (struct st_slot_mem){ v->copy[v->n], v->slot };
+        ctx->slot_mems[ctx->n_slot_mems++] = (struct st_slot_mem){ v->copy[v->n], v->slot, 0 };
         if (bytes > ctx->slot_bytes[v->slot])
             ctx->slot_bytes[v->slot] = bytes;
     }

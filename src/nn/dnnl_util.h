@@ -68,6 +68,7 @@ typedef struct st_nn_ctx {
     struct st_slot_mem {
         dnnl_memory_t mem;
         int slot;
+        size_t offset;           /* bytes into the slot where its data starts */
     } *slot_mems;                /* the copies living in a slot */
     int n_slot_mems, cap_slot_mems;
 } st_nn_ctx;
@@ -137,6 +138,23 @@ st_status st_mem_vector(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t n,
  * over a buffer of dnnl_memory_desc_get_size(md) bytes. */
 st_status st_mem_md(st_nn_ctx *ctx, dnnl_memory_t *out, const dnnl_memory_desc_t *md,
                     const void *data);
+
+/* bf16 (oneDNN's dnnl_bf16: the upper 16 bits of an fp32, round to
+ * nearest even when converted by a reorder).  The same matrices as the f32
+ * ones above, over bf16 buffers. */
+typedef uint16_t st_bf16;
+void st_md_strided_bf16(dnnl_memory_desc_t *md, int64_t rows, int64_t cols,
+                        int64_t row_stride, int64_t col_stride);
+st_status st_mem_strided_bf16(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows,
+                              int64_t cols, int64_t row_stride, int64_t col_stride,
+                              const st_bf16 *data);
+/* The same over one of the context's shared slots (ST_SLOT_OUT, ST_SLOT_IN
+ * below), its data `offset` bytes into it; the slot grows to hold `bytes`
+ * (the whole buffer the views read, not only this one).  finalize attaches
+ * it. */
+st_status st_mem_slot_bf16(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows, int64_t cols,
+                           int64_t row_stride, int64_t col_stride, int slot, size_t offset,
+                           size_t bytes);
 
 /* Matching memory descriptors, for building op descriptors. */
 void st_md_matrix(dnnl_memory_desc_t *md, int64_t rows, int64_t cols);

@@ -39,6 +39,16 @@ typedef struct st_linear {
     st_prim *bwd_bias;     /* n_bias: db = sum over the batch of dy */
     int n_runs, n_bias;
     int64_t dw_rows;       /* storage rows with a weight gradient */
+    /* bf16 (st_linear_io.bf16): the three products read bf16 copies of
+     * w, x and dy, made by these reorders (round to nearest even), and
+     * write fp32.  wb and xb are the layer's own (xb is read again by the
+     * backward); dyb lives in the context's shared slot ST_SLOT_IN, within
+     * one backward. */
+    int bf16;
+    st_prim to_bf16_w;     /* w (f32 storage) -> wb, before each forward */
+    st_prim to_bf16_x;     /* x -> xb, before each forward */
+    st_prim to_bf16_dy;    /* dy -> dyb, before each backward */
+    st_bf16 *wb, *xb;
 } st_linear;
 
 typedef struct st_linear_io {
@@ -63,6 +73,8 @@ typedef struct st_linear_io {
      * NULL: every row. */
     const st_row_run *dw_runs;
     int n_dw_runs;
+    int bf16;                          /* products in bf16 (fp32 accumulation and
+                                        * outputs); w, x, y, dx, dy stay fp32 */
 } st_linear_io;
 
 st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t in,

@@ -70,6 +70,9 @@ static st_status check_fields(const st_model_config *c)
     if (c->hidden < 0 || c->hidden > ST_MAX_WIDTH)
         return st_fail(ST_ERR_INVALID, "hidden must be in [1, %d] (or 0 for the width), got %d",
                        ST_MAX_WIDTH, c->hidden);
+    if (c->precision != ST_PRECISION_FP32 && c->precision != ST_PRECISION_BF16)
+        return st_fail(ST_ERR_INVALID, "unknown precision %d (allowed: fp32, bf16)",
+                       (int)c->precision);
     if (c->activation != ST_ACT_RELU && c->activation != ST_ACT_GELU)
         return st_fail(ST_ERR_INVALID, "unknown activation %d (allowed: relu, gelu)", (int)c->activation);
     if (c->in_dim < 1 || c->in_dim > (1 << 24))

@@ -19,6 +19,12 @@ static const st_enum_entry activation_entries[] = {
 };
 static const st_enum_table activations = ST_ENUM_TABLE("activation", activation_entries);
 
+static const st_enum_entry precision_entries[] = {
+    { "fp32", ST_PRECISION_FP32 },
+    { "bf16", ST_PRECISION_BF16 },
+};
+static const st_enum_table precisions = ST_ENUM_TABLE("precision", precision_entries);
+
 const char *st_model_kind_name(st_model_kind kind)
 {
     return st_enum_name(&model_kinds, (int)kind);
@@ -42,5 +48,18 @@ st_status st_activation_parse(const char *name, st_activation *out)
     int v;
     ST_TRY(st_enum_parse(&activations, name, &v));
     *out = (st_activation)v;
+    return ST_OK;
+}
+
+const char *st_precision_name(st_precision p)
+{
+    return st_enum_name(&precisions, (int)p);
+}
+
+st_status st_precision_parse(const char *name, st_precision *out)
+{
+    int v;
+    ST_TRY(st_enum_parse(&precisions, name, &v));
+    *out = (st_precision)v;
     return ST_OK;
 }

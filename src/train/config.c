@@ -65,6 +65,22 @@ st_status st_train_config_check(const st_train_config *c)
                        c->workers);
     if (c->batch < 1 || c->batch > 65536)
         return st_fail(ST_ERR_INVALID, "batch must be in [1, 65536], got %d", c->batch);
+    if (c->model.precision == ST_PRECISION_BF16) {
+        const char *isa;
+        switch (st_bf16_probe(&isa)) {
+        case ST_BF16_NATIVE:
+            break;
+        case ST_BF16_EMULATED:
+            if (!c->bf16_emulated)
+                return st_fail(ST_ERR_INVALID, "--precision bf16: oneDNN's ISA here is %s, "
+                               "without native bf16, so bf16 would run emulated at about a "
+                               "third of fp32 speed (--bf16-emulated runs it anyway)", isa);
+            break;
+        case ST_BF16_UNAVAILABLE:
+            return st_fail(ST_ERR_INVALID, "--precision bf16: oneDNN has no bf16 matrix "
+                           "product for ISA %s (use --precision fp32)", isa);
+        }
+    }
     /* Synth trains segments of the model alone (st_model_create_range),
      * which cuts no model with layer groups, and batch norms come in
      * ResNets (doc/cnn.md says why synth stops there). */

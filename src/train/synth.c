@@ -735,6 +735,7 @@ static void fill_record(run_shared *r, st_epoch_record *rec)
     rec->ranks = r->ranks;
     rec->workers_per_rank = r->n;
     rec->threads_per_worker = r->placement.threads_per_worker;
+    rec->precision = r->cfg->model.precision;
     rec->comm_bytes_per_worker_step = bytes;
     rec->ring_bytes_per_worker_step =
         st_comm_ring_bytes(r->n_all, r->n_params);

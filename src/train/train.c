@@ -163,6 +163,13 @@ void st_loop_report_warnings(run_shared *r)
         return;
     if (r->placement.warning[0])
         cb->on_warning(r->placement.warning, cb->user);
+    const char *isa;
+    if (r->cfg->model.precision == ST_PRECISION_BF16 && st_bf16_probe(&isa) == ST_BF16_EMULATED) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "bf16 runs emulated on ISA %s (no native bf16): about a "
+                 "third of fp32 speed", isa);
+        cb->on_warning(msg, cb->user);
+    }
     for (int k = 0; k < r->n; k++)
         if (r->slots[k].numa.warned) {
             cb->on_warning(r->slots[k].numa.warning, cb->user);

@@ -13,6 +13,13 @@
  * neuron subnetwork is a set of whole rows in both.  Measured single-thread on this
  * project's 2-core AVX-512 machine, B = 256, 1024 x 1024: forward 177,
  * backward-data 185, backward-weights 188 GFLOP/s (dnnl_sgemm: 176).
+ *
+ * In bf16 (--precision bf16) the same three products read bf16 copies of
+ * their operands and accumulate and write fp32: the weights are converted
+ * once per forward from the fp32 parameters (the masters every strategy
+ * updates and reduces), x once per forward into a copy the weight product
+ * reads again, dy once per backward into a shared buffer.  The bias and
+ * its gradient, the residual add and the scale stay fp32.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +43,37 @@ static void w_strides(const st_linear *l, int64_t *rs, int64_t *cs)
     *cs = l->in_major ? l->out : 1;
 }
 
+/* A product's operand: the f32 buffer, or in bf16 the copy at `half`
+ * (the same element offsets). */
+static st_status operand(st_nn_ctx *ctx, const st_linear *l, dnnl_memory_t *m, int64_t rows,
+                         int64_t cols, int64_t rs, int64_t cs, const float *f32,
+                         const st_bf16 *half)
+{
+    return l->bf16 ? st_mem_strided_bf16(ctx, m, rows, cols, rs, cs, half)
+                   : st_mem_strided(ctx, m, rows, cols, rs, cs, f32);
+}
+
+static void operand_md(const st_linear *l, dnnl_memory_desc_t *md, int64_t rows, int64_t cols,
+                       int64_t rs, int64_t cs)
+{
+    if (l->bf16)
+        st_md_strided_bf16(md, rows, cols, rs, cs);
+    else
+        st_md_strided(md, rows, cols, rs, cs);
+}
+
+/* dy as a backward product reads it, from element `at` on: f32, or in
+ * bf16 the converted copy in the shared slot. */
+static st_status dy_operand(st_nn_ctx *ctx, const st_linear *l, dnnl_memory_t *m, int64_t rows,
+                            int64_t cols, int64_t rs, int64_t cs, const float *dy, int64_t at)
+{
+    if (!l->bf16)
+        return st_mem_strided(ctx, m, rows, cols, rs, cs, dy + at);
+    return st_mem_slot_bf16(ctx, m, rows, cols, rs, cs, ST_SLOT_IN,
+                            (size_t)at * sizeof(st_bf16),
+                            (size_t)(l->batch * l->out) * sizeof(st_bf16));
+}
+
 /* y (B, out) = [residual (B, out) +] scale (x (B, in) . w^T (in, out) + b (1, out))
  * or, with an unscaled bias, [residual +] scale x . w^T + b
  * The residual of a skip connection is added by the matmul itself (a binary
@@ -46,8 +84,8 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
     int64_t rs, cs;
     wt_strides(l, &rs, &cs);
     dnnl_memory_desc_t x_md, wt_md, b_md, y_md;
-    st_md_matrix(&x_md, l->batch, l->in);
-    st_md_strided(&wt_md, l->in, l->out, rs, cs);
+    operand_md(l, &x_md, l->batch, l->in, l->in, 1);
+    operand_md(l, &wt_md, l->in, l->out, rs, cs);
     st_md_matrix(&b_md, 1, l->out);
     st_md_matrix(&y_md, l->batch, l->out);
     /* an unscaled bias is added after the scale, as a post-op */
@@ -65,8 +103,8 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
                                         "linear forward"));
 
     dnnl_memory_t x, wt, b, y;
-    ST_TRY(st_mem_matrix(ctx, &x, l->batch, l->in, io->x));
-    ST_TRY(st_mem_strided(ctx, &wt, l->in, l->out, rs, cs, io->w));
+    ST_TRY(operand(ctx, l, &x, l->batch, l->in, l->in, 1, io->x, l->xb));
+    ST_TRY(operand(ctx, l, &wt, l->in, l->out, rs, cs, io->w, l->wb));
     ST_TRY(st_mem_matrix(ctx, &b, 1, l->out, io->b));
     ST_TRY(st_mem_matrix(ctx, &y, l->batch, l->out, io->y));
     int next = 0;   /* the binary adds, in the order they were appended */
@@ -93,8 +131,8 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
     int64_t rs, cs;
     w_strides(l, &rs, &cs);
     dnnl_memory_desc_t dy_md, w_md, dx_md;
-    st_md_matrix(&dy_md, l->batch, l->out);
-    st_md_strided(&w_md, l->out, l->in, rs, cs);
+    operand_md(l, &dy_md, l->batch, l->out, l->out, 1);
+    operand_md(l, &w_md, l->out, l->in, rs, cs);
     st_md_matrix(&dx_md, l->batch, l->in);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &dy_md, &w_md, NULL, &dx_md), "linear backward-data descriptor");
@@ -102,8 +140,8 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
                                         "linear backward data"));
 
     dnnl_memory_t dy, w, dx;
-    ST_TRY(st_mem_matrix(ctx, &dy, l->batch, l->out, io->dy));
-    ST_TRY(st_mem_strided(ctx, &w, l->out, l->in, rs, cs, io->w));
+    ST_TRY(dy_operand(ctx, l, &dy, l->batch, l->out, l->out, 1, io->dy, 0));
+    ST_TRY(operand(ctx, l, &w, l->out, l->in, rs, cs, io->w, l->wb));
     ST_TRY(st_mem_matrix(ctx, &dx, l->batch, l->in, io->dx));
     st_prim_arg(&l->bwd_data, DNNL_ARG_SRC, dy);
     st_prim_arg(&l->bwd_data, DNNL_ARG_WEIGHTS, w);
@@ -118,12 +156,10 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
 static st_status build_backward_weights(st_nn_ctx *ctx, st_linear *l, st_prim *p,
                                         const st_linear_io *io, int64_t r0, int64_t n, float *dw)
 {
-    const float *a = l->in_major ? io->x + r0 : io->dy + r0;  /* read transposed */
-    const float *bm = l->in_major ? io->dy : io->x;
     int64_t a_ld = l->in_major ? l->in : l->out, cols = l->in_major ? l->out : l->in;
     dnnl_memory_desc_t at_md, b_md, dw_md;
-    st_md_strided(&at_md, n, l->batch, 1, a_ld);
-    st_md_matrix(&b_md, l->batch, cols);
+    operand_md(l, &at_md, n, l->batch, 1, a_ld);
+    operand_md(l, &b_md, l->batch, cols, cols, 1);
     st_md_matrix(&dw_md, n, cols);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &at_md, &b_md, NULL, &dw_md), "linear backward-weights descriptor");
@@ -131,8 +167,13 @@ static st_status build_backward_weights(st_nn_ctx *ctx, st_linear *l, st_prim *p
                                         "linear backward weights"));
 
     dnnl_memory_t at, bmem, dwm;
-    ST_TRY(st_mem_strided(ctx, &at, n, l->batch, 1, a_ld, a));
-    ST_TRY(st_mem_matrix(ctx, &bmem, l->batch, cols, bm));
+    if (l->in_major) {   /* x read transposed from row r0 on, dy as it is */
+        ST_TRY(operand(ctx, l, &at, n, l->batch, 1, a_ld, io->x + r0, l->xb ? l->xb + r0 : NULL));
+        ST_TRY(dy_operand(ctx, l, &bmem, l->batch, cols, cols, 1, io->dy, 0));
+    } else {             /* dy read transposed from row r0 on, x as it is */
+        ST_TRY(dy_operand(ctx, l, &at, n, l->batch, 1, a_ld, io->dy, r0));
+        ST_TRY(operand(ctx, l, &bmem, l->batch, cols, cols, 1, io->x, l->xb));
+    }
     ST_TRY(st_mem_matrix(ctx, &dwm, n, cols, dw));
     st_prim_arg(p, DNNL_ARG_SRC, at);
     st_prim_arg(p, DNNL_ARG_WEIGHTS, bmem);
@@ -207,6 +248,35 @@ static st_status build_backward_params(st_nn_ctx *ctx, st_linear *l, const st_li
     return ST_OK;
 }
 
+/* bf16: the copies of w and x (the layer's own: x's is read again by the
+ * backward-weights product) and of dy (the shared slot: it lives within
+ * one backward), and the reorders that fill them. */
+static st_status build_conversions(st_nn_ctx *ctx, st_linear *l, const st_linear_io *io)
+{
+    const int64_t rows = l->in_major ? l->in : l->out, cols = l->in_major ? l->out : l->in;
+    void *p;
+    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WEIGHTS, (size_t)(rows * cols) * sizeof(st_bf16), &p));
+    l->wb = p;
+    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS,
+                          (size_t)(l->batch * l->in) * sizeof(st_bf16), &p));
+    l->xb = p;
+    dnnl_memory_t w32, w16, x32, x16;
+    ST_TRY(st_mem_matrix(ctx, &w32, rows, cols, io->w));
+    ST_TRY(st_mem_strided_bf16(ctx, &w16, rows, cols, cols, 1, l->wb));
+    ST_TRY(st_prim_create_reorder(ctx, &l->to_bf16_w, w32, w16, "linear weights to bf16"));
+    ST_TRY(st_mem_matrix(ctx, &x32, l->batch, l->in, io->x));
+    ST_TRY(st_mem_strided_bf16(ctx, &x16, l->batch, l->in, l->in, 1, l->xb));
+    ST_TRY(st_prim_create_reorder(ctx, &l->to_bf16_x, x32, x16, "linear input to bf16"));
+    if (l->has_dx || l->has_dw) {
+        dnnl_memory_t dy32, dy16;
+        ST_TRY(st_mem_matrix(ctx, &dy32, l->batch, l->out, io->dy));
+        ST_TRY(dy_operand(ctx, l, &dy16, l->batch, l->out, l->out, 1, io->dy, 0));
+        ST_TRY(st_prim_create_reorder(ctx, &l->to_bf16_dy, dy32, dy16,
+                                      "linear output gradient to bf16"));
+    }
+    return ST_OK;
+}
+
 st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t in,
                           int64_t out, const st_linear_io *io)
 {
@@ -219,6 +289,9 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
     l->in_major = io->in_major != 0;
     l->has_dx = io->dx != NULL;
     l->has_dw = io->dw != NULL;
+    l->bf16 = io->bf16 != 0;
+    if (l->bf16)
+        ST_TRY(build_conversions(ctx, l, io));
     ST_TRY(build_forward(ctx, l, io));
     if (l->has_dx)
         ST_TRY(build_backward_data(ctx, l, io));
@@ -229,11 +302,17 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
 
 st_status st_linear_forward(const st_nn_ctx *ctx, const st_linear *l)
 {
+    if (l->bf16) {
+        ST_TRY(st_prim_run(ctx, &l->to_bf16_w));
+        ST_TRY(st_prim_run(ctx, &l->to_bf16_x));
+    }
     return st_prim_run(ctx, &l->fwd);
 }
 
 st_status st_linear_backward(const st_nn_ctx *ctx, const st_linear *l)
 {
+    if (l->bf16 && (l->has_dx || l->has_dw))
+        ST_TRY(st_prim_run(ctx, &l->to_bf16_dy));
     if (l->has_dx)
         ST_TRY(st_prim_run(ctx, &l->bwd_data));
     if (!l->has_dw)
@@ -358,6 +437,7 @@ static st_status linear_build(st_model *m, st_layer *l)
         .w = st_graph_seg_params(m, l->seg[0]), .b = st_graph_seg_params(m, l->seg[1]),
         .dw = st_graph_seg_grads(m, l->seg[0]), .db = st_graph_seg_grads(m, l->seg[1]),
         .in_major = l->in_major, .unscaled_bias = 1,
+        .bf16 = c->precision == ST_PRECISION_BF16,
     };
     io.dw_runs = st_graph_grad_runs(m, row_unit(l), &io.n_dw_runs);
     if (io.dw_runs && l->copies > 1) {
