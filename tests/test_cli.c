@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 
 #include <criterion/criterion.h>
+#include <subtrain/model.h>
 #include <signal.h>
 
 typedef struct run_result {
@@ -617,6 +618,63 @@ Test(cli, team_workers_match_single_thread_workers, .timeout = 120)
     cr_assert(fabs(team - two) <= 1e-3 * fabs(two), "1 x 2 threads %.6f, 2 x 1 %.6f", team, two);
     cr_assert(fabs(team - one) <= 1e-3 * fabs(one), "1 x 2 threads %.6f, 1 x 1 %.6f", team, one);
     expect_usage_error("--data synthetic --threads-per-worker 0", "--threads-per-worker");
+}
+
+/* --precision bf16: trains to what fp32 trains (the products' rounding
+ * only), the same run twice is bitwise the same (every record), and a
+ * CPU without bf16 is told so in one line naming oneDNN's ISA, which
+ * ONEDNN_MAX_CPU_ISA lowers here: AVX2 has no bf16 matmul at all,
+ * AVX512_CORE only an emulated one, refused unless --bf16-emulated. */
+Test(cli, bf16_trains_like_fp32_deterministically_and_names_a_missing_isa, .timeout = 120)
+{
+    const st_bf16_support have = st_bf16_probe(NULL);
+    run_result *r = calloc(1, sizeof *r), *again = calloc(1, sizeof *again);
+    const char *base = "--data synthetic --model resmlp --depth 2 --width 128 --steps 60 "
+                       "--batch 64 --progress none --metrics /dev/stdout";
+    char opts[512];
+    if (have != ST_BF16_UNAVAILABLE) {
+        snprintf(opts, sizeof opts, "%s --precision bf16%s", base,
+                 have == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+        run(r, NULL, opts);
+        cr_assert_eq(r->status, 0, "%s", r->err);
+        run(again, NULL, opts);
+        /* every record's losses and accuracy, to the printed digit */
+        int n = 0;
+        for (const char *a = r->out, *b = again->out;
+             (a = strstr(a, "\"train_loss\"")) && (b = strstr(b, "\"train_loss\"")); a++, b++, n++) {
+            const size_t len = (size_t)(strstr(a, "\"samples_per_s\"") - a);
+            cr_assert(strncmp(a, b, len) == 0, "two bf16 runs differ: %.*s against %.*s",
+                      (int)len, a, (int)len, b);
+        }
+        cr_assert_geq(n, 1, "no records: %s", r->out);
+        cr_assert(strstr(r->out, "\"precision\":\"bf16\""), "%s", r->out);
+        cr_assert(strstr(r->out, "bf16 gelu"), "the plan names the precision: %s", r->out);
+        run(again, NULL, base);
+        cr_assert_eq(again->status, 0, "%s", again->err);
+        cr_assert(strstr(again->out, "\"precision\":\"fp32\""), "%s", again->out);
+        const char *l16 = strstr(strstr(r->out, "\"final\":true"), "\"test_loss\":");
+        const char *l32 = strstr(strstr(again->out, "\"final\":true"), "\"test_loss\":");
+        const double t16 = strtod(l16 + 12, NULL), t32 = strtod(l32 + 12, NULL);
+        cr_assert(fabs(t16 - t32) <= 0.02 * t32, "bf16 test loss %.6f, fp32 %.6f", t16, t32);
+        cr_assert(t16 != t32, "bf16 and fp32 ended bitwise equal (%.6f): bf16 not used?", t16);
+    }
+    run(r, "ONEDNN_MAX_CPU_ISA=AVX2", "--data synthetic --steps 2 --precision bf16");
+    cr_assert_eq(r->status, 2, "%s", r->err);
+    cr_assert(count_lines(r->err) == 1 && strstr(r->err, "ISA avx2"), "%s", r->err);
+    if (have == ST_BF16_NATIVE) {   /* else AVX512_CORE may not lower anything */
+        run(r, "ONEDNN_MAX_CPU_ISA=AVX512_CORE", "--data synthetic --steps 2 --precision bf16");
+        cr_assert_eq(r->status, 2, "%s", r->err);
+        cr_assert(count_lines(r->err) == 1 && strstr(r->err, "avx512_core, without native "
+                                                     "bf16"), "%s", r->err);
+        run(r, "ONEDNN_MAX_CPU_ISA=AVX512_CORE", "--data synthetic --steps 2 --precision bf16 "
+            "--bf16-emulated --progress none");
+        cr_assert_eq(r->status, 0, "%s", r->err);
+        cr_assert(strstr(r->err, "warning: bf16 runs emulated on ISA avx512_core"), "%s",
+                  r->err);
+    }
+    expect_usage_error("--data synthetic --precision fp16", "--precision");
+    free(r);
+    free(again);
 }
 
 /* --workers cores under SLURM without task affinity: the task's CPUs

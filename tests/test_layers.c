@@ -426,7 +426,27 @@ Test(linear, without_dx)
  * weights stored (in, out) (in_major), a scale with the bias scaled too
  * (a dropped block) or not (dropped neurons), a fused residual, and weight
  * gradients for some runs of rows only (backward masking). */
-static void check_linear_variant(int in_major, int unscaled_bias, int runs)
+/* x rounded to bf16 as oneDNN's reorder rounds it (to nearest, ties to
+ * even), back in float; identity when !bf16. */
+static float bf16_round(float x, int bf16)
+{
+    if (!bf16)
+        return x;
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* bf16: the three products read w, x and dy rounded to bf16 (products of
+ * two bf16 values are exact in fp32, and the sums are fp32); the bias, its
+ * gradient (a sum of the fp32 dy), the residual and the scale are fp32.
+ * The reference rounds its operands alike, so the tolerance stays fp32's,
+ * and it also checks that the rounding happened: the largest difference
+ * from the unrounded products is far above it. */
+static void check_linear_variant(int in_major, int unscaled_bias, int runs, int bf16)
 {
     env e;
     env_init(&e, 31 + (uint64_t)(4 * in_major + 2 * unscaled_bias + runs));
@@ -446,27 +466,35 @@ static void check_linear_variant(int in_major, int unscaled_bias, int runs)
     st_linear_io io = { .x = x, .y = y, .residual = res, .scale = scale, .dx = dx, .dy = dy,
                         .w = w, .b = b, .dw = dw, .db = db, .in_major = in_major,
                         .unscaled_bias = unscaled_bias, .dw_runs = runs ? kept : NULL,
-                        .n_dw_runs = runs ? 2 : 0 };
+                        .n_dw_runs = runs ? 2 : 0, .bf16 = bf16 };
     OK(st_linear_build(&e.ctx, &l, B, I, O, &io));
     OK(st_nn_ctx_finalize(&e.ctx));
     OK(st_linear_forward(&e.ctx, &l));
     OK(st_linear_backward(&e.ctx, &l));
-#define W(o, i) ((double)w[in_major ? (i) * O + (o) : (o) * I + (i)])
+#define W(o, i) ((double)bf16_round(w[in_major ? (i) * O + (o) : (o) * I + (i)], bf16))
+#define X(r, i) ((double)bf16_round(x[(r) * I + (i)], bf16))
+#define DY(r, o) ((double)bf16_round(dy[(r) * O + (o)], bf16))
     const double bs = unscaled_bias ? 1.0 : scale;
+    double off = 0;   /* largest |y - the unrounded product| */
     for (int64_t r = 0; r < B; r++)
         for (int64_t o = 0; o < O; o++) {
-            double t = 0;
-            for (int64_t i = 0; i < I; i++)
-                t += (double)x[r * I + i] * W(o, i);
+            double t = 0, t32 = 0;
+            for (int64_t i = 0; i < I; i++) {
+                t += X(r, i) * W(o, i);
+                t32 += (double)x[r * I + i] * w[in_major ? i * O + o : o * I + i];
+            }
             double want = res[r * O + o] + scale * t + bs * b[o];
             cr_expect(fabs(y[r * O + o] - want) <= 1e-5 * (1 + fabs(want)), "y[%lld,%lld] = %g, "
                       "want %g", (long long)r, (long long)o, y[r * O + o], want);
+            off = fmax(off, fabs(y[r * O + o] - (res[r * O + o] + scale * t32 + bs * b[o])));
         }
+    if (bf16)
+        cr_expect(off > 1e-3, "bf16 products differ from fp32 by %g only: not rounded?", off);
     for (int64_t r = 0; r < B; r++)
         for (int64_t i = 0; i < I; i++) {
             double t = 0;
             for (int64_t o = 0; o < O; o++)
-                t += (double)dy[r * O + o] * W(o, i);
+                t += DY(r, o) * W(o, i);
             cr_expect(fabs(dx[r * I + i] - scale * t) <= 1e-5 * (1 + fabs(t)));
         }
 #undef W
@@ -479,13 +507,15 @@ static void check_linear_variant(int in_major, int unscaled_bias, int runs)
             int64_t o = in_major ? sc : sr, i = in_major ? sr : sc;
             double t = 0;
             for (int64_t r = 0; r < B; r++)
-                t += (double)dy[r * O + o] * x[r * I + i];
+                t += DY(r, o) * X(r, i);
             cr_expect(fabs(dw[row * C + sc] - scale * t) <= 1e-5 * (1 + fabs(t)),
                       "dw row %lld (storage row %lld), col %lld", (long long)row, (long long)sr,
                       (long long)sc);
         }
         row++;
     }
+#undef X
+#undef DY
     /* db: the kept rows' biases (out-major), or every bias (in-major) */
     int64_t k = 0;
     for (int64_t o = 0; o < O; o++) {
@@ -506,7 +536,20 @@ Test(linear, storage_scale_bias_and_row_runs)
     for (int in_major = 0; in_major < 2; in_major++)
         for (int unscaled = 0; unscaled < 2; unscaled++)
             for (int runs = 0; runs < 2; runs++)
-                check_linear_variant(in_major, unscaled, runs);
+                check_linear_variant(in_major, unscaled, runs, 0);
+}
+
+/* The same variants with bf16 products, on any CPU whose oneDNN has bf16
+ * kernels (native or emulated: the arithmetic is the same). */
+Test(linear, bf16_products_of_rounded_operands)
+{
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    omp_set_num_threads(1);
+    for (int in_major = 0; in_major < 2; in_major++)
+        for (int unscaled = 0; unscaled < 2; unscaled++)
+            for (int runs = 0; runs < 2; runs++)
+                check_linear_variant(in_major, unscaled, runs, 1);
 }
 
 /* ------------------------------------------------------------ activations */
