@@ -107,6 +107,14 @@
  * The large terms are medians of interleaved windows, not the one
  * breakdown window, which a neighbour's burst can move by 20%.
  *
+ * bf16 (--precision bf16 or both).  The same step with the model's
+ * linear layers in bf16 (st_model_config.precision), against a second
+ * reference measured in the same windows: oneDNN's matmul primitive with
+ * bf16 operands and fp32 output (what the layers run) on the same shape
+ * as sgemm's.  The row's ratio is to that bf16 reference; the sgemm
+ * column keeps the fp32 reference next to it.  The cnn config has no bf16
+ * row: its convolutions stay fp32 (doc/precision.md).
+ *
  * Threads.  oneDNN's CPU runtime is OpenMP and runs a primitive with the
  * calling thread's nthreads-var.  The trainer runs its worker in a
  * one-thread parallel region that sets its own thread count to 1 and binds
@@ -174,6 +182,7 @@ typedef struct bench_options {
     int warmup_steps;
     const char *json_path;
     int workers;            /* > 1: also measure data-parallel scaling */
+    int fp32, bf16;         /* which precisions get a row (--precision) */
 } bench_options;
 
 /* The parts of an attention layer's forward and backward, in the order
@@ -194,6 +203,10 @@ static int attn_is_matmul(int part)
 
 typedef struct bench_result {
     const bench_config *cfg;
+    int bf16;                       /* the row's precision: linear layers in bf16 */
+    double ref16_flops;             /* bf16: the bf16 matmul reference, per call */
+    double ref16_s_med, ref16_s_best;
+    char ref16_impl[32];
     size_t params;
     double flops;                   /* per step */
     int windows;
@@ -284,6 +297,11 @@ static double load_average(void)
 typedef struct gemm_ctx {
     int64_t m, n, k;
     float *a, *b, *c;
+    /* the bf16 reference: a matmul primitive, bf16 A and B, fp32 C */
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    dnnl_primitive_t mm16;
+    dnnl_memory_t a16, b16, c32;
 } gemm_ctx;
 
 static float *alloc_floats(size_t count)
@@ -310,8 +328,98 @@ static int gemm_init(gemm_ctx *g, int64_t m, int64_t n, int64_t k)
     return 0;
 }
 
+/* The bf16 matmul on the same shape, A and B converted from the fp32
+ * values by reorders; the implementation's name in impl. */
+static int gemm16_init(gemm_ctx *g, char *impl, size_t size)
+{
+    dnnl_dims_t ad = { g->m, g->k }, bd = { g->k, g->n }, cd = { g->m, g->n };
+    dnnl_memory_desc_t a_md, b_md, c_md, a32_md, b32_md;
+    dnnl_matmul_desc_t d;
+    dnnl_primitive_desc_t pd = NULL, rpd = NULL;
+    dnnl_primitive_t r = NULL;
+    dnnl_memory_t a32 = NULL, b32 = NULL;
+    int ok = dnnl_engine_create(&g->engine, dnnl_cpu, 0) == dnnl_success &&
+             dnnl_stream_create(&g->stream, g->engine, dnnl_stream_default_flags) == dnnl_success &&
+             dnnl_memory_desc_init_by_tag(&a_md, 2, ad, dnnl_bf16, dnnl_ab) == dnnl_success &&
+             dnnl_memory_desc_init_by_tag(&b_md, 2, bd, dnnl_bf16, dnnl_ab) == dnnl_success &&
+             dnnl_memory_desc_init_by_tag(&c_md, 2, cd, dnnl_f32, dnnl_ab) == dnnl_success &&
+             dnnl_memory_desc_init_by_tag(&a32_md, 2, ad, dnnl_f32, dnnl_ab) == dnnl_success &&
+             dnnl_memory_desc_init_by_tag(&b32_md, 2, bd, dnnl_f32, dnnl_ab) == dnnl_success &&
+             dnnl_matmul_desc_init(&d, &a_md, &b_md, NULL, &c_md) == dnnl_success &&
+             dnnl_primitive_desc_create(&pd, &d, NULL, g->engine, NULL) == dnnl_success &&
+             dnnl_primitive_create(&g->mm16, pd) == dnnl_success &&
+             dnnl_memory_create(&g->a16, &a_md, g->engine, DNNL_MEMORY_ALLOCATE) == dnnl_success &&
+             dnnl_memory_create(&g->b16, &b_md, g->engine, DNNL_MEMORY_ALLOCATE) == dnnl_success &&
+             dnnl_memory_create(&g->c32, &c_md, g->engine, DNNL_MEMORY_ALLOCATE) == dnnl_success &&
+             dnnl_memory_create(&a32, &a32_md, g->engine, g->a) == dnnl_success &&
+             dnnl_memory_create(&b32, &b32_md, g->engine, g->b) == dnnl_success;
+    if (ok) {
+        const char *name = "?";
+        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name);
+        snprintf(impl, size, "%s", name);
+    }
+    for (int i = 0; ok && i < 2; i++) {   /* A, then B, to bf16 */
+        dnnl_memory_t from = i ? b32 : a32, to = i ? g->b16 : g->a16;
+        const dnnl_memory_desc_t *fm = i ? &b32_md : &a32_md, *tm = i ? &b_md : &a_md;
+        dnnl_exec_arg_t args[2] = { { DNNL_ARG_FROM, from }, { DNNL_ARG_TO, to } };
+        ok = dnnl_reorder_primitive_desc_create(&rpd, fm, g->engine, tm, g->engine, NULL) ==
+                 dnnl_success &&
+             dnnl_primitive_create(&r, rpd) == dnnl_success &&
+             dnnl_primitive_execute(r, g->stream, 2, args) == dnnl_success &&
+             dnnl_stream_wait(g->stream) == dnnl_success;
+        if (r)
+            dnnl_primitive_destroy(r);
+        if (rpd)
+            dnnl_primitive_desc_destroy(rpd);
+        r = NULL, rpd = NULL;
+    }
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    if (a32)
+        dnnl_memory_destroy(a32);
+    if (b32)
+        dnnl_memory_destroy(b32);
+    if (!ok)
+        fprintf(stderr, "bench_step: oneDNN has no bf16 matmul here (ISA %s)\n",
+                isa_name(dnnl_get_effective_cpu_isa()));
+    return ok ? 0 : -1;
+}
+
+static int gemm16_call(const gemm_ctx *g)
+{
+    dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, g->a16 }, { DNNL_ARG_WEIGHTS, g->b16 },
+                                { DNNL_ARG_DST, g->c32 } };
+    return dnnl_primitive_execute(g->mm16, g->stream, 3, args) == dnnl_success &&
+           dnnl_stream_wait(g->stream) == dnnl_success ? 0 : -1;
+}
+
+static double gemm16_window(const gemm_ctx *g, double min_s)
+{
+    if (gemm16_call(g))
+        return -1.0;
+    uint64_t n = 0;
+    double t0 = now_s(), t;
+    do {
+        if (gemm16_call(g))
+            return -1.0;
+        n++;
+        t = now_s();
+    } while (t - t0 < min_s);
+    return (t - t0) / (double)n;
+}
+
 static void gemm_free(gemm_ctx *g)
 {
+    if (g->mm16)
+        dnnl_primitive_destroy(g->mm16);
+    dnnl_memory_t mems[3] = { g->a16, g->b16, g->c32 };
+    for (int i = 0; i < 3; i++)
+        if (mems[i])
+            dnnl_memory_destroy(mems[i]);
+    if (g->stream)
+        dnnl_stream_destroy(g->stream);
+    if (g->engine)
+        dnnl_engine_destroy(g->engine);
     free(g->a);
     free(g->b);
     free(g->c);
@@ -1004,11 +1112,12 @@ static int fail(const char *what)
     return EXIT_FAILURE;
 }
 
-static int run_config(const bench_config *bc, const bench_options *o, bench_result *r)
+static int run_config(const bench_config *bc, const bench_options *o, int bf16, bench_result *r)
 {
     memset(r, 0, sizeof *r);
     r->cfg = bc;
     r->windows = o->windows;
+    r->bf16 = bf16;
 
     /* One data-parallel worker, a constant rate, and more steps than any
      * measurement takes (the plan needs a length). */
@@ -1017,6 +1126,8 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
     tc.model.depth = bc->depth;
     tc.model.width = bc->width;
     tc.model.hidden = 0; /* = width */
+    tc.model.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+    tc.bf16_emulated = 1;   /* the header names the ISA: an emulated row says so */
     tc.model.in_dim = 784;
     tc.model.n_classes = 10;
     if (bc->in_channels) {
@@ -1136,6 +1247,13 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
         snprintf(r->ref_shape, sizeof r->ref_shape, "%lldx%lldx%lld", (long long)M,
                  (long long)N, (long long)K);
         r->ref_flops = 2.0 * (double)ref.g.m * (double)ref.g.n * (double)ref.g.k;
+        if (bf16) {
+            if (gemm16_init(&ref.g, r->ref16_impl, sizeof r->ref16_impl)) {
+                rc = EXIT_FAILURE;
+                goto out;
+            }
+            r->ref16_flops = r->ref_flops;
+        }
     }
     if (bc->context) {
         gpt_flops(bc, &r->linear_flops, &r->attn_flops);
@@ -1179,10 +1297,20 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
         goto out;
     }
 
-    double step_t[MAX_WINDOWS], gemm_t[MAX_WINDOWS];
+    if (bf16 && gemm16_window(&ref.g, o->gemm_window_s) < 0.0) {   /* its warm-up */
+        rc = EXIT_FAILURE;
+        goto out;
+    }
+
+    double step_t[MAX_WINDOWS], gemm_t[MAX_WINDOWS], gemm16_t[MAX_WINDOWS];
     for (int k = 0; k < o->windows; k++) {
         gemm_t[k] = ref_window(&ref, o->gemm_window_s, pass);
         if (gemm_t[k] < 0.0) {
+            rc = EXIT_FAILURE;
+            goto out;
+        }
+        if (bf16 && (gemm16_t[k] = gemm16_window(&ref.g, o->gemm_window_s)) < 0.0) {
+            fprintf(stderr, "bench_step: the bf16 matmul failed\n");
             rc = EXIT_FAILURE;
             goto out;
         }
@@ -1206,6 +1334,10 @@ static int run_config(const bench_config *bc, const bench_options *o, bench_resu
     r->step_s_worst = step_t[o->windows - 1];
     r->ref_s_med = median(gemm_t, o->windows);
     r->ref_s_best = gemm_t[0];
+    if (bf16) {
+        r->ref16_s_med = median(gemm16_t, o->windows);
+        r->ref16_s_best = gemm16_t[0];
+    }
     if (bc->conv_ref)
         for (int i = 0; i < 3; i++)
             r->conv_pass_s[i] = median(pass_t[i], o->windows);
@@ -1262,8 +1394,9 @@ static void print_header(const bench_options *o)
     printf("timing: %d interleaved windows of each kind (step >= %.2f s, reference >= %.2f s), "
            "median window shown%s\n\n", o->windows, o->step_window_s, o->gemm_window_s,
            o->quick ? " [--quick: numbers are rough]" : "");
-    printf("%-17s %5s %8s %9s %10s %12s %5s %11s %6s\n", "config", "batch", "params",
-           "step ms", "samples/s", "step GFLOP/s", "ref", "ref GFLOP/s", "ratio");
+    printf("%-17s %4s %5s %8s %9s %10s %12s %6s %11s %6s %9s\n", "config", "prec", "batch",
+           "params", "step ms", "samples/s", "step GFLOP/s", "ref", "ref GFLOP/s", "ratio",
+           "vs sgemm");
 }
 
 static void print_row(const bench_result *r)
@@ -1272,9 +1405,15 @@ static void print_row(const bench_result *r)
     config_label(r->cfg, label, sizeof label);
     double step_g = gflops(r->flops, r->step_s_med);
     double ref_g = gflops(r->ref_flops, r->ref_s_med);
-    printf("%-17s %5d %7.2fM %9.2f %10.0f %12.1f %5s %11.1f %6.3f\n", label, r->cfg->batch,
-           (double)r->params * 1e-6, r->step_s_med * 1e3, r->cfg->batch / r->step_s_med,
-           step_g, r->ref_name, ref_g, step_g / ref_g);
+    double own_g = r->bf16 ? gflops(r->ref16_flops, r->ref16_s_med) : ref_g;
+    printf("%-17s %4s %5d %7.2fM %9.2f %10.0f %12.1f %6s %11.1f %6.3f", label,
+           r->bf16 ? "bf16" : "fp32", r->cfg->batch, (double)r->params * 1e-6,
+           r->step_s_med * 1e3, r->cfg->batch / r->step_s_med, step_g,
+           r->bf16 ? "bf16mm" : r->ref_name, own_g, step_g / own_g);
+    if (r->cfg->conv_ref)
+        printf(" %9s\n", "-");
+    else
+        printf(" %9.3f\n", step_g / ref_g);
     fflush(stdout);
 }
 
@@ -1353,8 +1492,13 @@ static void print_details(const bench_result *r)
                gflops(one, r->conv_pass_s[1]), gflops(one, r->conv_pass_s[2]),
                r->conv_impl[0], r->conv_impl[1], r->conv_impl[2]);
     }
-    printf("%s: %s %s; %llu steps in %d windows, step %.2f..%.2f ms; "
-           "best windows: step %.1f, %s %.1f GFLOP/s, ratio %.3f\n", label, r->ref_name,
+    if (r->bf16)
+        printf("%s bf16: bf16 matmul reference %.1f GFLOP/s (best window %.1f; %s), sgemm "
+               "%.1f; the same shape\n", label, gflops(r->ref16_flops, r->ref16_s_med),
+               gflops(r->ref16_flops, r->ref16_s_best), r->ref16_impl, ref_g);
+    printf("%s%s: %s %s; %llu steps in %d windows, step %.2f..%.2f ms; "
+           "best windows: step %.1f, %s %.1f GFLOP/s, ratio %.3f\n", label,
+           r->bf16 ? " bf16" : "", r->ref_name,
            r->ref_shape, (unsigned long long)r->steps_timed, r->windows,
            r->step_s_best * 1e3, r->step_s_worst * 1e3, best_g, r->ref_name, ref_best_g,
            best_g / ref_best_g);
@@ -1394,8 +1538,14 @@ static void write_json(FILE *f, const bench_result *r, const bench_options *o)
     double step_g = gflops(r->flops, r->step_s_med), ref_g = gflops(r->ref_flops, r->ref_s_med);
     double best_g = gflops(r->flops, r->step_s_best), ref_best_g = gflops(r->ref_flops,
                                                                           r->ref_s_best);
-    fprintf(f, "{\"config\":\"%s\",\"model\":\"%s\",\"depth\":%d,\"width\":%d,", c->name,
-            st_model_kind_name(c->model), c->depth, c->width);
+    fprintf(f, "{\"config\":\"%s\",\"precision\":\"%s\",\"model\":\"%s\",\"depth\":%d,"
+            "\"width\":%d,", c->name, r->bf16 ? "bf16" : "fp32", st_model_kind_name(c->model),
+            c->depth, c->width);
+    if (r->bf16)
+        fprintf(f, "\"bf16_matmul_gflops\":%.3f,\"bf16_matmul_gflops_best\":%.3f,"
+                "\"bf16_matmul_impl\":\"%s\",\"ratio_bf16\":%.4f,",
+                gflops(r->ref16_flops, r->ref16_s_med), gflops(r->ref16_flops, r->ref16_s_best),
+                r->ref16_impl, step_g / gflops(r->ref16_flops, r->ref16_s_med));
     if (c->in_channels)
         fprintf(f, "\"input\":\"%dx%dx%d\",", c->in_channels, c->in_height, c->in_width);
     else if (c->context)
@@ -1459,7 +1609,7 @@ static int bind_like_worker_0(void)
 
 static int run_all(const bench_options *o, FILE *json)
 {
-    bench_result res[N_CONFIGS];
+    bench_result res[2 * N_CONFIGS];
     int n = 0;
     print_header(o);
     if (bind_like_worker_0() != EXIT_SUCCESS) /* after the header's count of online CPUs */
@@ -1467,13 +1617,17 @@ static int run_all(const bench_options *o, FILE *json)
     for (int i = 0; i < N_CONFIGS; i++) {
         if (o->which >= 0 && o->which != i)
             continue;
-        int rc = run_config(&CONFIGS[i], o, &res[n]);
-        if (rc != EXIT_SUCCESS)
-            return rc;
-        print_row(&res[n]);
-        if (json)
-            write_json(json, &res[n], o);
-        n++;
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            if (!(bf16 ? o->bf16 : o->fp32) || (bf16 && CONFIGS[i].conv_ref))
+                continue;   /* cnn: its convolutions have no bf16 path */
+            int rc = run_config(&CONFIGS[i], o, bf16, &res[n]);
+            if (rc != EXIT_SUCCESS)
+                return rc;
+            print_row(&res[n]);
+            if (json)
+                write_json(json, &res[n], o);
+            n++;
+        }
     }
     printf("\n");
     for (int i = 0; i < n; i++)
@@ -1587,7 +1741,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: bench_step [--config large|small|cnn|gpt|all] [--quick] [--seconds S]\n"
-            "                  [--json FILE] [--workers N]\n"
+            "                  [--json FILE] [--workers N] [--precision fp32|bf16|both]\n"
             "\n"
             "Times one training step of subtrain (st_trainer_step: gather, forward,\n"
             "backward, AdamW) on one thread and compares its GFLOP/s with dnnl_sgemm on\n"
@@ -1611,12 +1765,14 @@ static void usage(FILE *f)
             "                (resmlp d8 w1024, batch 128 per worker; with --config small the\n"
             "                small model; not with --config cnn or gpt) and compare\n"
             "                samples/s\n"
+            "  --precision P fp32 (default), bf16 (linear layers in bf16; reference:\n"
+            "                oneDNN's bf16 matmul on the same shape, sgemm beside it) or both\n"
             "  --help        this text\n");
 }
 
 int main(int argc, char **argv)
 {
-    bench_options o = { .which = -1, .windows = 5, .warmup_steps = 3 };
+    bench_options o = { .which = -1, .windows = 5, .warmup_steps = 3, .fp32 = 1 };
     double seconds = -1.0;
     for (int i = 1; i < argc; i++) {
         int missing = 0;
@@ -1640,6 +1796,11 @@ int main(int argc, char **argv)
             else
                 return usage_error("--config must be large, small, cnn, gpt or all, got '%s'",
                                    v);
+        } else if ((v = option_value(argc, argv, &i, "--precision", &missing))) {
+            o.fp32 = strcmp(v, "fp32") == 0 || strcmp(v, "both") == 0;
+            o.bf16 = strcmp(v, "bf16") == 0 || strcmp(v, "both") == 0;
+            if (!o.fp32 && !o.bf16)
+                return usage_error("--precision must be fp32, bf16 or both, got '%s'", v);
         } else if ((v = option_value(argc, argv, &i, "--seconds", &missing))) {
             char *end;
             seconds = strtod(v, &end);
@@ -1662,6 +1823,8 @@ int main(int argc, char **argv)
         }
     }
 
+    if (!o.fp32 && o.which == CONFIG_CNN)
+        return usage_error("--config cnn has no bf16 row (its convolutions are fp32)%s", "");
     if (o.workers > 1 && (o.which == CONFIG_CNN || o.which == CONFIG_GPT))
         return usage_error("--workers measures resmlp scaling; not with --config %s",
                            CONFIGS[o.which].name);
