@@ -15,6 +15,7 @@
 #
 #   QUICK=1   only the synthetic task
 #   WORK=DIR  where builds and metrics go (default /tmp/subtrain-compare)
+#   EXTRA="--precision bf16"   options added to every run
 set -eu
 [ $# -eq 2 ] || { echo "usage: compare_builds.sh OLD NEW (binary or git revision)" >&2; exit 2; }
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -98,7 +99,7 @@ for data in $DATASETS; do
             out="$WORK/$short-$name-$which.jsonl"
             rm -f "$out"
             # synth's segment epochs come from --epochs as well
-            if ! "$bin" $opts --data "$data" $len --seed 7 --oversubscribe --quiet \
+            if ! "$bin" $opts ${EXTRA:-} --data "$data" $len --seed 7 --oversubscribe --quiet \
                  --metrics "$out" >"$WORK/$short-$name-$which.log" 2>&1; then
                 echo "| $short | $name | $which build failed: $(tail -n 1 "$WORK/$short-$name-$which.log") |"
                 echo fail >>"$WORK/bad"

@@ -530,6 +530,44 @@ static void prune_input_gradients(st_model *m)
     }
 }
 
+/* bf16: whether tensor t is only a product's input in passing.  A norm,
+ * an activation or an attention writes it and the very next layer, a
+ * linear one, is the only one that reads it: that layer converts it to its
+ * own bf16 copy at once (linear.c), and its backward reads the copy, so
+ * nobody reads the fp32 tensor after that layer's forward (the writer's
+ * backward reads its input, not its output).  Such tensors share one
+ * buffer, and the activations kept for the backward are the bf16 copies.
+ * The model's input and outputs, and a range's last output, never are. */
+static int bf16_transient(const st_model *m, int t)
+{
+    if (m->cfg.precision != ST_PRECISION_BF16 || t < ST_T_FIRST_FREE)
+        return 0;
+    int writer = -1, readers = 0, last = -1;
+    for (int i = 0; i < m->n_layers; i++) {
+        const st_layer *l = &m->layers[i];
+        if (l->dropped)
+            continue;
+        last = i;
+        if (l->y >= 0 && resolve(m, l->y) == t) {
+            if (writer >= 0 || !(l->kind == &st_layer_layernorm ||
+                                 l->kind == &st_layer_activation ||
+                                 l->kind == &st_layer_attention))
+                return 0;
+            writer = i;
+        }
+        if ((l->x >= 0 && resolve(m, l->x) == t) || (l->residual >= 0 && resolve(m, l->residual) == t)) {
+            if (l->kind != &st_layer_linear || (l->residual >= 0 && resolve(m, l->residual) == t) ||
+                writer < 0 || readers++)
+                return 0;
+            for (int k = writer + 1; k < i; k++)   /* the next layer that runs */
+                if (!m->layers[k].dropped)
+                    return 0;
+        }
+    }
+    return writer >= 0 && readers == 1 && writer != last &&
+           resolve(m, m->layers[last].y) != t;
+}
+
 st_status st_graph_build(st_model *m)
 {
     const size_t R = (size_t)m->rows;
@@ -541,6 +579,19 @@ st_status st_graph_build(st_model *m)
         for (int i = 0; i < m->n_state_segs; i++)
             for (size_t j = 0; j < m->state_segs[i].count; j++)
                 m->state[m->state_segs[i].offset + j] = m->state_init[i];
+    }
+    /* bf16: the products' inputs in passing share one buffer (above). */
+    size_t passing = 0;
+    for (int t = 0; t < m->n_tensors; t++)
+        if (resolve(m, t) == t && !m->tensors[t].data && bf16_transient(m, t) &&
+            R * (size_t)tensor_width(m, &m->tensors[t]) > passing)
+            passing = R * (size_t)tensor_width(m, &m->tensors[t]);
+    if (passing) {
+        float *buf;
+        ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WORKSPACE, passing, &buf));
+        for (int t = 0; t < m->n_tensors; t++)
+            if (resolve(m, t) == t && !m->tensors[t].data && bf16_transient(m, t))
+                m->tensors[t].data = buf;
     }
     /* Every tensor a layer of this instance touches, once (the model's
      * input and logits are there already, see model.c). */
