@@ -677,19 +677,55 @@ Test(cli, bf16_trains_like_fp32_deterministically_and_names_a_missing_isa, .time
     free(again);
 }
 
-/* --workers cores under SLURM without task affinity: the task's CPUs
- * from SLURM_CPUS_PER_TASK (per team of --threads-per-worker); a bad
- * value is a usage error naming it. */
-Test(cli, slurm_cpus_per_task_sizes_workers_cores, .timeout = 60)
+/* --workers cores under SLURM: one worker per core of the cpuset, at most
+ * SLURM_CPUS_PER_TASK of them (per team of --threads-per-worker), so a
+ * task the site did not bind does not spread over the node, and a count
+ * above the cpuset's cores (hardware threads counted as CPUs) does not
+ * put two workers on a core; a bad value is a usage error naming it. */
+static int workers_in_record(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char line[8192];
+    int w = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "\"workers_per_rank\":");
+        if (p)
+            w = atoi(p + strlen("\"workers_per_rank\":"));
+    }
+    if (f)
+        fclose(f);
+    return w;
+}
+
+Test(cli, slurm_cpus_per_task_caps_workers_cores, .timeout = 60)
 {
     run_result *r = calloc(1, sizeof *r);
-    run(r, "SLURM_CPUS_PER_TASK=2", "--data synthetic --workers cores --steps 3 --progress none");
+    char dir[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(path, dir, "m.jsonl");
+    snprintf(args, sizeof args, "--data synthetic --workers cores --steps 3 --progress none "
+             "--metrics %s", path);
+    run(r, "env -u SLURM_CPUS_PER_TASK", args);
     cr_assert_eq(r->status, 0, "stderr: %s", r->err);
-    cr_assert(strstr(r->out, "2 workers (SLURM_CPUS_PER_TASK=2)"), "%s", r->out);
-    run(r, "SLURM_CPUS_PER_TASK=2", "--data synthetic --workers cores --threads-per-worker 2 "
-        "--steps 3 --progress none");
+    const int cores = workers_in_record(path);
+    cr_assert_geq(cores, 1);
+    run(r, "SLURM_CPUS_PER_TASK=1", args);
     cr_assert_eq(r->status, 0, "stderr: %s", r->err);
-    cr_assert(strstr(r->out, "1 worker of 2 threads (SLURM_CPUS_PER_TASK=2)"), "%s", r->out);
+    cr_assert(strstr(r->out, "one worker per core (cores at most SLURM_CPUS_PER_TASK=1)"), "%s",
+              r->out);
+    cr_assert_eq(workers_in_record(path), 1, "SLURM_CPUS_PER_TASK=1 caps the workers at 1");
+    run(r, "SLURM_CPUS_PER_TASK=4096", args);
+    cr_assert_eq(r->status, 0, "more CPUs than cores is capped by the cores: %s", r->err);
+    cr_assert_eq(workers_in_record(path), cores, "one worker per core of the cpuset (%d)", cores);
+    if (cores >= 2) {
+        snprintf(args, sizeof args, "--data synthetic --workers cores --threads-per-worker 2 "
+                 "--steps 3 --progress none --metrics %s", path);
+        run(r, "SLURM_CPUS_PER_TASK=2", args);
+        cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+        cr_assert_eq(workers_in_record(path), 1, "2 CPUs make one team of 2 threads");
+    }
+    unlink(path);
+    st_test_rmdir(dir);
     run(r, "SLURM_CPUS_PER_TASK=2", "--data synthetic --workers 1 --steps 3 --progress none");
     cr_assert(strstr(r->out, ", 1 worker\n"), "an explicit --workers wins: %s", r->out);
     run(r, "SLURM_CPUS_PER_TASK=lots", "--data synthetic --workers cores");

@@ -90,6 +90,9 @@ typedef struct st_plan_request {
     int threads_per_worker; /* 0 or 1: a worker is one PU; T > 1: a team of
                              * T PUs in one NUMA domain */
     int team_spans;        /* allow a team across NUMA domains */
+    int core_limit;        /* workers 0: count at most this many cores (the
+                            * CPUs a batch system gave the task, which may
+                            * not have bound it to them); 0: no limit */
 } st_plan_request;
 
 /* The placement rules:

@@ -97,6 +97,9 @@ typedef struct st_train_config {
                                * domain, its primitives running T threads;
                                * 0 or 1: one core (doc/scaling.md) */
     int team_spans;           /* allow a team across NUMA domains */
+    int core_limit;           /* workers 0: one per core of the cpuset, but at
+                               * most this many cores (SLURM_CPUS_PER_TASK);
+                               * 0: no limit */
     int bf16_emulated;        /* model.precision bf16 on a CPU without native
                                * bf16 (st_bf16_probe: EMULATED): 0 refuses
                                * with a message naming the ISA, 1 runs it

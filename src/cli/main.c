@@ -147,7 +147,7 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
     if (st_world_size() > 1)
         printf(" per rank x %d MPI ranks", st_world_size());
     if (o->slurm_cpus)
-        printf(" (SLURM_CPUS_PER_TASK=%d)", o->slurm_cpus);
+        printf(" (cores at most SLURM_CPUS_PER_TASK=%d)", o->slurm_cpus);
     printf("\n");
 }
 

@@ -820,16 +820,18 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         return fail(err, n, "--init and --resume: a resumed run continues from its "
                     "checkpoint's weights; give one of them");
     o->train.checkpoint.dir = o->checkpoint_dir;
-    /* --workers cores under SLURM: the CPUs the task was given, when its
-     * cpuset does not already say so (a site without task affinity) */
+    /* --workers cores under SLURM: one per core of the task's cpuset, at
+     * most the CPUs the task was given.  With task affinity the cpuset says
+     * so already; without it the cpuset is the whole node and the count
+     * caps it; where SLURM counts hardware threads as CPUs, the cpuset's
+     * cores are fewer and win (one worker per physical core). */
     const char *slurm = getenv("SLURM_CPUS_PER_TASK");
     if (o->train.workers == 0 && slurm && *slurm) {
         char *end;
         long cpus = strtol(slurm, &end, 10);
         if (*end || cpus < 1 || cpus > 65536)
             return fail(err, n, "SLURM_CPUS_PER_TASK='%s': expected a CPU count", slurm);
-        const int T = o->train.threads_per_worker > 1 ? o->train.threads_per_worker : 1;
-        o->train.workers = cpus / T > 0 ? (int)(cpus / T) : 1;
+        o->train.core_limit = (int)cpus;
         o->slurm_cpus = (int)cpus;
     }
     return 0;

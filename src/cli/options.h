@@ -54,7 +54,7 @@ typedef struct st_cli_options {
     const char *init_path;     /* --init: weights to start from (eval: to evaluate) */
     const char *resume_path;   /* --resume: a step checkpoint, or a directory of them */
     int usr1_checkpoint;       /* --usr1 checkpoint: SIGUSR1 checkpoints and goes on */
-    int slurm_cpus;            /* --workers cores sized by SLURM_CPUS_PER_TASK (0: not) */
+    int slurm_cpus;            /* --workers cores capped by SLURM_CPUS_PER_TASK (0: not) */
     const char *prompt;        /* --prompt: what they continue ("": a newline) */
     float temperature;         /* --temperature: 0 is greedy */
     int top_k;                 /* --top-k: 0 keeps all 256 bytes */

@@ -165,6 +165,18 @@ int st_cli_topo_main(int argc, char **argv)
     if (env)
         fprintf(stderr, "subtrain topo: warning: %s\n", env);
 
+    /* On this machine under SLURM, plan as `subtrain train` would: one
+     * worker per core, at most the task's CPUs (cli/options.c). */
+    const char *slurm = getenv("SLURM_CPUS_PER_TASK");
+    if (!o.topology && slurm && *slurm) {
+        char *end;
+        long cpus = strtol(slurm, &end, 10);
+        if (*end || cpus < 1 || cpus > 65536) {
+            fprintf(stderr, "subtrain topo: SLURM_CPUS_PER_TASK='%s': expected a CPU count\n", slurm);
+            return EXIT_USAGE;
+        }
+        o.req.core_limit = (int)cpus;
+    }
     st_topology *t = NULL;
     st_status s = st_topology_load(o.topology, &t);
     if (s != ST_OK)

@@ -397,7 +397,9 @@ out:
 static st_status plan_from_layout(const layout *l, const st_plan_request *req, st_plan *p)
 {
     const int T = req->threads_per_worker > 1 ? req->threads_per_worker : 1;
-    const int n = req->workers ? req->workers : (l->n_cores / T > 0 ? l->n_cores / T : 1);
+    const int cores = req->core_limit > 0 && req->core_limit < l->n_cores ? req->core_limit
+                                                                          : l->n_cores;
+    const int n = req->workers ? req->workers : (cores / T > 0 ? cores / T : 1);
     const int total = n * T;
     if (total > l->n_pus && !req->oversubscribe)
         return T == 1 ? st_fail(ST_ERR_INVALID, "%d workers but only %d PUs are allowed; pass "

@@ -98,7 +98,7 @@ st_status st_loop_prepare(run_shared *r)
     st_plan_request req = { .workers = cfg->workers, .oversubscribe = cfg->oversubscribe,
                             .cpuset = cfg->cpuset,
                             .threads_per_worker = cfg->threads_per_worker,
-                            .team_spans = cfg->team_spans };
+                            .team_spans = cfg->team_spans, .core_limit = cfg->core_limit };
     ST_TRY(st_plan_make(r->topology, &req, &r->placement));
     r->n = r->placement.n_workers;
     ST_TRY(prepare_ranks(r));
