@@ -1060,6 +1060,8 @@ typedef struct conv_case {
     int64_t oh, ow;
     size_t nx, ny, nw;
     int bias, with_dx;
+    int bf16;        /* the passes read bf16 copies of x, w and dy */
+    float scale;     /* 1: none; else y = scale (conv(x) + b), gradients scaled alike */
     float *x, *y, *w, *b, *dx, *dy, *dw, *db, *R;
 } conv_case;
 
@@ -1076,14 +1078,17 @@ static const char *layout_name(st_layout l)
 }
 
 /* Buffers with random x, w (init scale 1/sqrt(fan in)), b and R, the
- * layer built, forward run, dy = R, backward run. */
-static void conv_setup(conv_case *c, const st_conv_shape *s, st_layout layout, int bias,
-                       int with_dx, uint64_t seed)
+ * layer built (products in bf16, a branch scale), forward run, dy = R,
+ * backward run. */
+static void conv_setup_as(conv_case *c, const st_conv_shape *s, st_layout layout, int bias,
+                          int with_dx, int bf16, float scale, uint64_t seed)
 {
     memset(c, 0, sizeof *c);
     c->s = *s;
     c->bias = bias;
     c->with_dx = with_dx;
+    c->bf16 = bf16;
+    c->scale = scale;
     c->oh = st_conv_out_size(s->ih, s->kh, s->stride, s->pad);
     c->ow = st_conv_out_size(s->iw, s->kw, s->stride, s->pad);
     c->nx = (size_t)(s->batch * s->ic * s->ih * s->iw);
@@ -1108,7 +1113,8 @@ static void conv_setup(conv_case *c, const st_conv_shape *s, st_layout layout, i
     fill_uniform(&e->rng, c->R, c->ny, -1.0f, 1.0f);
     st_conv_io io = { .x = c->x, .y = c->y, .w = c->w, .b = bias ? c->b : NULL,
                       .dx = with_dx ? c->dx : NULL, .dy = c->dy, .dw = c->dw,
-                      .db = bias ? c->db : NULL, .layout = layout };
+                      .db = bias ? c->db : NULL, .layout = layout, .bf16 = bf16,
+                      .scale = scale == 1.0f ? 0.0f : scale };
     OK(st_conv_build(&e->ctx, &c->c, s, &io));
     OK(st_nn_ctx_finalize(&e->ctx));
     OK(st_conv_forward(&e->ctx, &c->c));
@@ -1116,13 +1122,21 @@ static void conv_setup(conv_case *c, const st_conv_shape *s, st_layout layout, i
     OK(st_conv_backward(&e->ctx, &c->c));
 }
 
+static void conv_setup(conv_case *c, const st_conv_shape *s, st_layout layout, int bias,
+                       int with_dx, uint64_t seed)
+{
+    conv_setup_as(c, s, layout, bias, with_dx, 0, 1.0f, seed);
+}
+
 /* y, dx, dw, db in double by direct loops over every (output, input,
- * kernel tap) triple, with the magnitudes of the terms (the rounding scale). */
+ * kernel tap) triple, with the magnitudes of the terms (the rounding scale).
+ * With `rounded`, x, w and dy as a bf16 pass reads them (bf16_round, below):
+ * db too, which oneDNN's backward-weights sums from its bf16 dy. */
 typedef struct conv_ref {
     double *y, *ym, *dx, *dxm, *dw, *dwm, *db, *dbm;
 } conv_ref;
 
-static void conv_reference(const conv_case *c, conv_ref *r)
+static void conv_reference_of(const conv_case *c, conv_ref *r, int rounded)
 {
     const st_conv_shape *s = &c->s;
     const int64_t IC = s->ic, OC = s->oc, IH = s->ih, IW = s->iw, OH = c->oh, OW = c->ow;
@@ -1135,7 +1149,7 @@ static void conv_reference(const conv_case *c, conv_ref *r)
             for (int64_t i = 0; i < OH; i++)
                 for (int64_t j = 0; j < OW; j++) {
                     const size_t yi = (size_t)(((n * OC + o) * OH + i) * OW + j);
-                    const double g = c->dy[yi];
+                    const double g = bf16_round(c->dy[yi], rounded);
                     double sum = c->bias ? c->b[o] : 0.0, mag = fabs(sum);
                     for (int64_t ci = 0; ci < IC; ci++)
                         for (int64_t p = 0; p < s->kh; p++)
@@ -1146,19 +1160,33 @@ static void conv_reference(const conv_case *c, conv_ref *r)
                                     continue;
                                 const size_t xi = (size_t)(((n * IC + ci) * IH + h) * IW + wq);
                                 const size_t wi = (size_t)(((o * IC + ci) * s->kh + p) * s->kw + q);
-                                const double t = (double)c->x[xi] * c->w[wi];
+                                const double xv = bf16_round(c->x[xi], rounded);
+                                const double wv = bf16_round(c->w[wi], rounded);
+                                const double t = xv * wv;
                                 sum += t;
                                 mag += fabs(t);
-                                r->dx[xi] += g * c->w[wi];
-                                r->dxm[xi] += fabs(g * c->w[wi]);
-                                r->dw[wi] += g * c->x[xi];
-                                r->dwm[wi] += fabs(g * c->x[xi]);
+                                r->dx[xi] += g * wv;
+                                r->dxm[xi] += fabs(g * wv);
+                                r->dw[wi] += g * xv;
+                                r->dwm[wi] += fabs(g * xv);
                             }
                     r->y[yi] = sum;
                     r->ym[yi] = mag;
                     r->db[o] += g;
                     r->dbm[o] += fabs(g);
                 }
+    /* a branch scale (the bias scaled too): every result times it */
+    const double k = c->scale == 0.0f ? 1.0 : c->scale;
+    double *all[8] = { r->y, r->ym, r->dx, r->dxm, r->dw, r->dwm, r->db, r->dbm };
+    const size_t len[8] = { c->ny, c->ny, c->nx, c->nx, c->nw, c->nw, (size_t)OC, (size_t)OC };
+    for (int v = 0; v < 8 && k != 1.0; v++)
+        for (size_t i = 0; i < len[v]; i++)
+            all[v][i] *= v % 2 ? fabs(k) : k;   /* a magnitude: |k| */
+}
+
+static void conv_reference(const conv_case *c, conv_ref *r)
+{
+    conv_reference_of(c, r, c->bf16);
 }
 
 static void conv_ref_free(conv_ref *r)
@@ -1170,11 +1198,12 @@ static void conv_ref_free(conv_ref *r)
 static void conv_tag(char *tag, size_t n, const conv_case *c)
 {
     const st_conv_shape *s = &c->s;
-    snprintf(tag, n, "%lldx%lldx%lldx%lld->%lld k%lldx%lld s%lld p%lld %s%s%s",
+    snprintf(tag, n, "%lldx%lldx%lldx%lld->%lld k%lldx%lld s%lld p%lld %s%s%s%s%s",
              (long long)s->batch, (long long)s->ic, (long long)s->ih, (long long)s->iw,
              (long long)s->oc, (long long)s->kh, (long long)s->kw, (long long)s->stride,
              (long long)s->pad, layout_name(c->c.layout), c->bias ? "" : " nobias",
-             c->with_dx ? "" : " nodx");
+             c->with_dx ? "" : " nodx", c->bf16 ? " bf16" : "",
+             c->scale != 1.0f ? " scaled" : "");
 }
 
 /* Forward and backward against the double reference; then, when
@@ -1320,6 +1349,141 @@ Test(conv, blocked_equals_plain)
         conv_ref_free(&r);
         env_destroy(&p.e);
         env_destroy(&b.e);
+    }
+}
+
+/* The data type of the memory a primitive reads or writes as `arg`, and
+ * that memory object. */
+static dnnl_data_type_t arg_type(const st_prim *p, int arg, dnnl_memory_t *mem)
+{
+    for (int i = 0; i < p->nargs; i++)
+        if (p->args[i].arg == arg) {
+            const dnnl_memory_desc_t *md;
+            cr_assert_eq(dnnl_memory_get_memory_desc(p->args[i].memory, &md), dnnl_success);
+            if (mem)
+                *mem = p->args[i].memory;
+            return md->data_type;
+        }
+    cr_assert_fail("%s: argument %d not bound", p->what, arg);
+    return dnnl_data_type_undef;
+}
+
+/* The largest |got - unrounded| / (REF_RTOL mag): how far the fp32
+ * results lie outside the tolerance the bf16 ones are held to. */
+static double off_fp32(const float *got, const double *ref32, const double *mag, size_t n)
+{
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++)
+        worst = fmax(worst, fabs((double)got[i] - ref32[i]) / (REF_RTOL * mag[i] + 1e-30));
+    return worst;
+}
+
+/* bf16: the three passes read x, w and dy rounded to bf16 (a product of
+ * two bf16 values is exact in fp32, the sums are fp32), so against a
+ * reference of rounded operands the tolerance stays fp32's; db is summed
+ * by backward-weights from its bf16 dy.  Checked besides: the primitives
+ * were created with bf16 operands and f32 results (oneDNN 2.6 takes
+ * f32 dst, diff_src, diff_weights and diff_bias with bf16 inputs), the
+ * rounding happened (the unrounded reference is far outside the
+ * tolerance), and the backward reads x only through the forward's bf16
+ * copy: x is overwritten with NaN between forward and backward (a model
+ * reuses the buffer of a tensor in passing, graph.c's bf16_transient). */
+static void check_conv_bf16(const st_conv_shape *s, st_layout layout, int bias, int with_dx,
+                            float scale, uint64_t seed)
+{
+    conv_case c;
+    conv_setup_as(&c, s, layout, bias, with_dx, 1, scale, seed);
+    char tag[96], what[128];
+    conv_tag(tag, sizeof tag, &c);
+    const st_conv *v = &c.c;
+    dnnl_memory_t x_fwd, x_bwd;
+    cr_expect_eq(arg_type(&v->fwd.prim, DNNL_ARG_SRC, &x_fwd), dnnl_bf16, "%s fwd src", tag);
+    cr_expect_eq(arg_type(&v->fwd.prim, DNNL_ARG_WEIGHTS, NULL), dnnl_bf16, "%s fwd wei", tag);
+    cr_expect_eq(arg_type(&v->fwd.prim, DNNL_ARG_DST, NULL), dnnl_f32, "%s fwd dst", tag);
+    if (bias)
+        cr_expect_eq(arg_type(&v->fwd.prim, DNNL_ARG_BIAS, NULL), dnnl_f32, "%s bias", tag);
+    if (with_dx) {
+        cr_expect_eq(arg_type(&v->bwd_data.prim, DNNL_ARG_DIFF_DST, NULL), dnnl_bf16,
+                     "%s bwd-data diff_dst", tag);
+        cr_expect_eq(arg_type(&v->bwd_data.prim, DNNL_ARG_WEIGHTS, NULL), dnnl_bf16,
+                     "%s bwd-data wei", tag);
+        cr_expect_eq(arg_type(&v->bwd_data.prim, DNNL_ARG_DIFF_SRC, NULL), dnnl_f32,
+                     "%s bwd-data diff_src", tag);
+    }
+    cr_expect_eq(arg_type(&v->bwd_weights.prim, DNNL_ARG_SRC, &x_bwd), dnnl_bf16,
+                 "%s bwd-weights src", tag);
+    cr_expect(x_bwd == x_fwd, "%s: backward-weights does not read the forward's bf16 x", tag);
+    cr_expect_eq(arg_type(&v->bwd_weights.prim, DNNL_ARG_DIFF_DST, NULL), dnnl_bf16,
+                 "%s bwd-weights diff_dst", tag);
+    cr_expect_eq(arg_type(&v->bwd_weights.prim, DNNL_ARG_DIFF_WEIGHTS, NULL), dnnl_f32,
+                 "%s bwd-weights diff_weights", tag);
+    if (bias)
+        cr_expect_eq(arg_type(&v->bwd_weights.prim, DNNL_ARG_DIFF_BIAS, NULL), dnnl_f32,
+                     "%s bwd-weights diff_bias", tag);
+
+    /* again, x poisoned once the forward has run */
+    float *keep = malloc(c.nx * sizeof *keep);
+    cr_assert(keep);
+    memcpy(keep, c.x, c.nx * sizeof *keep);
+    OK(st_conv_forward(&c.e.ctx, v));
+    for (size_t i = 0; i < c.nx; i++)
+        c.x[i] = NAN;
+    OK(st_conv_backward(&c.e.ctx, v));
+    memcpy(c.x, keep, c.nx * sizeof *keep);
+    free(keep);
+
+    conv_ref r, r32;
+    conv_reference(&c, &r);
+    conv_reference_of(&c, &r32, 0);
+    snprintf(what, sizeof what, "conv %s y", tag);
+    compare_ref(what, c.y, r.y, r.ym, c.ny, REF_RTOL);
+    double off = off_fp32(c.y, r32.y, r.ym, c.ny);
+    if (with_dx) {
+        snprintf(what, sizeof what, "conv %s dx", tag);
+        compare_ref(what, c.dx, r.dx, r.dxm, c.nx, REF_RTOL);
+        off = fmin(off, off_fp32(c.dx, r32.dx, r.dxm, c.nx));
+    }
+    snprintf(what, sizeof what, "conv %s dw", tag);
+    compare_ref(what, c.dw, r.dw, r.dwm, c.nw, REF_RTOL);
+    off = fmin(off, off_fp32(c.dw, r32.dw, r.dwm, c.nw));
+    if (bias) {
+        snprintf(what, sizeof what, "conv %s db", tag);
+        compare_ref(what, c.db, r.db, r.dbm, (size_t)s->oc, REF_RTOL);
+    }
+    /* every result is off fp32's by 10x the tolerance somewhere */
+    fprintf(stderr, "[bf16] conv %s: the unrounded reference is off by >= %.0f tolerances\n",
+            tag, off);
+    cr_expect_gt(off, 10.0, "conv %s: bf16 results within %.3g tolerances of fp32: not "
+                 "rounded?", tag, off);
+    conv_ref_free(&r);
+    conv_ref_free(&r32);
+    env_destroy(&c.e);
+}
+
+/* Every stride, padding, kernel and channel count the fp32 tests take
+ * (oneDNN's bf16 kernels block channels by 16 and pairs of 2: tails on
+ * both), both layouts, with and without bias, dx and a branch scale. */
+Test(conv, bf16_products_of_rounded_operands)
+{
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 kernels on this CPU");
+    omp_set_num_threads(1);
+    const st_conv_shape stem = { 3, 1, 8, 8, 16, 3, 3, 1, 1 };
+    const st_conv_shape shapes[] = {
+        CONV_3X3_S1, CONV_3X3_S2, CONV_1X1_S2,
+        { 2, 3, 5, 6, 4, 3, 3, 1, 0 },
+        { 4, 16, 10, 10, 16, 3, 3, 1, 1 },
+        { 2, 17, 9, 9, 33, 3, 3, 2, 1 },
+        { 2, 32, 8, 8, 64, 1, 1, 2, 0 },
+        { 2, 16, 8, 8, 32, 3, 3, 2, 1 },
+    };
+    for (int l = 0; l < 2; l++) {
+        const st_layout layout = l ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN;
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+            check_conv_bf16(&shapes[k], layout, k % 2 == 0, 1, 1.0f, 200 + k);
+        check_conv_bf16(&stem, layout, 0, 0, 1.0f, 210);
+        check_conv_bf16(&CONV_3X3_S2, layout, 1, 1, 2.0f, 211);
+        check_conv_bf16(&shapes[5], layout, 1, 1, 0.5f, 212);
     }
 }
 
@@ -2208,7 +2372,8 @@ Test(activation, relu_on_an_nchw_tensor)
 #define HEAPWATCH_PER_THREAD
 #include "heapwatch.h"
 
-/* Every CNN layer, every pass, both layouts: once built, a forward or
+/* Every CNN layer, every pass, both layouts (convolutions in bf16 too,
+ * where oneDNN has bf16 kernels): once built, a forward or
  * backward is primitive executions (and batch norm's running update) and
  * no heap call of subtrain's.  No Criterion call while armed (its
  * assertions may allocate). */
@@ -2237,12 +2402,21 @@ Test(cnn_layers, forward_and_backward_make_no_heap_call)
     fill_uniform(&e.rng, dg, (size_t)(B * C), -1, 1);
 
     const st_conv_shape s = { B, C, H, W, C, 3, 3, 1, 1 };
-    st_conv cb, cp, cfirst;
+    st_conv cb, cp, cfirst, cb16, cp16;
     st_conv_io io = { .x = x, .y = y, .w = w, .b = b, .dx = dx, .dy = dy, .dw = dw, .db = db,
                       .layout = ST_LAYOUT_BLOCKED };
     OK(st_conv_build(&e.ctx, &cb, &s, &io));
     io.layout = ST_LAYOUT_PLAIN;
     OK(st_conv_build(&e.ctx, &cp, &s, &io));
+    /* bf16: the conversions are reorders made here too */
+    const int bf16 = st_bf16_probe(NULL) != ST_BF16_UNAVAILABLE;
+    io.bf16 = 1;
+    if (bf16)
+        OK(st_conv_build(&e.ctx, &cp16, &s, &io));
+    io.layout = ST_LAYOUT_BLOCKED;
+    if (bf16)
+        OK(st_conv_build(&e.ctx, &cb16, &s, &io));
+    io.bf16 = 0;
     io.layout = ST_LAYOUT_DEFAULT;
     io.dx = NULL;
     io.b = io.db = NULL;
@@ -2266,8 +2440,8 @@ Test(cnn_layers, forward_and_backward_make_no_heap_call)
     st_status st = ST_OK;
     for (int round = 0; round < 4; round++) {
         armed = round >= 1; /* the first round lets oneDNN set up its per-thread state */
-        const st_conv *convs[3] = { &cb, &cp, &cfirst };
-        for (int k = 0; k < 3 && st == ST_OK; k++) {
+        const st_conv *convs[5] = { &cb, &cp, &cfirst, &cb16, &cp16 };
+        for (int k = 0; k < (bf16 ? 5 : 3) && st == ST_OK; k++) {
             st = st_conv_forward(&e.ctx, convs[k]);
             if (st == ST_OK)
                 st = st_conv_backward(&e.ctx, convs[k]);

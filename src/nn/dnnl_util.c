@@ -274,6 +274,15 @@ void st_md_tag(dnnl_memory_desc_t *md, int ndims, const int64_t *dims, dnnl_form
     dnnl_memory_desc_init_by_tag(md, ndims, d, dnnl_f32, tag);
 }
 
+void st_md_tag_bf16(dnnl_memory_desc_t *md, int ndims, const int64_t *dims,
+                    dnnl_format_tag_t tag)
+{
+    dnnl_dims_t d;
+    for (int i = 0; i < ndims; i++)
+        d[i] = dims[i];
+    dnnl_memory_desc_init_by_tag(md, ndims, d, dnnl_bf16, tag);
+}
+
 static int has_avx512(void)
 {
     const unsigned avx512 = (unsigned)dnnl_cpu_isa_avx512_core;

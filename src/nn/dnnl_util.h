@@ -165,6 +165,10 @@ void st_md_vector(dnnl_memory_desc_t *md, int64_t n);
  * (dnnl_nchw, dnnl_oihw, ..., or dnnl_format_tag_any for a primitive to
  * choose). */
 void st_md_tag(dnnl_memory_desc_t *md, int ndims, const int64_t *dims, dnnl_format_tag_t tag);
+/* The same tensor in bf16 (a primitive's operand read as bf16: a view's
+ * copy of an f32 tensor, made by a reorder). */
+void st_md_tag_bf16(dnnl_memory_desc_t *md, int ndims, const int64_t *dims,
+                    dnnl_format_tag_t tag);
 /* The blocked activation layout oneDNN's JIT convolutions and batch norms
  * run on: nChw16c with AVX-512, nChw8c below; its channel block. */
 dnnl_format_tag_t st_blocked_tag(void);

@@ -186,6 +186,9 @@ typedef struct st_conv_io {
      * 0 or dnnl_nchw, or st_blocked_tag() (a model's tensors between
      * blocked layers: no reorder when the primitive runs on it). */
     dnnl_format_tag_t x_tag, y_tag;
+    int bf16;                   /* the three passes read bf16 copies of x, w and dy
+                                 * (fp32 accumulation, fp32 y, dx, dw, db); the
+                                 * caller's buffers stay fp32 */
 } st_conv_io;
 
 typedef struct st_conv {
@@ -193,6 +196,7 @@ typedef struct st_conv {
     int64_t oh, ow;
     st_layout layout;           /* the one used: PLAIN or BLOCKED */
     int has_bias, has_dx, has_dw;
+    int bf16;                   /* st_conv_io.bf16: the copies of x, w, dy are bf16 */
     float scale;                /* 1: none */
     int64_t y_block;            /* channels per block of y's layout (1: NCHW) */
     int scale_bias;             /* the scale applies to the bias (and db) too */
@@ -206,7 +210,9 @@ typedef struct st_conv {
 } st_conv;
 
 /* The backward reads what the forward left (blocked copies of x and w), so
- * a backward follows its forward, with the same x and w. */
+ * a backward follows its forward, with the same x and w.  In bf16 the
+ * backward reads x only through the forward's bf16 copy: x's buffer may
+ * be overwritten once the forward has run (graph.c's bf16_transient). */
 st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
                         const st_conv_io *io);
 st_status st_conv_forward(const st_nn_ctx *ctx, const st_conv *c);

@@ -44,6 +44,29 @@
  * PLAIN stays for comparison and tests.
  * (For reference, the linear layer's matmuls: 177-188 GFLOP/s.)
  *
+ * bf16 (st_conv_io.bf16, --precision bf16): the three passes read bf16
+ * copies of what they read and write fp32, as linear.c's products do:
+ *   forward           x, w bf16 -> y f32 (bias f32)
+ *   backward-data     dy, w bf16 -> dx f32
+ *   backward-weights  x, dy bf16 -> dw, db f32 (db summed from the bf16 dy)
+ * oneDNN 2.6 creates all three with these types, on both layouts
+ * (verified with DNNL_VERBOSE: "jit_bf16:avx512_core_bf16" and
+ * "jit_bf16_1x1" blocked, nChw16c activations and OIhw8i16o2i-like
+ * weights; "gemm:jit" plain); with f32 src and bf16 weights it has no
+ * forward at all, so both operands are converted.  The copies are the
+ * views' copies above, of another data type: the descriptors ask for bf16
+ * (and "any" layout when blocked), the views see a type the caller's
+ * buffer is not and make the copy and its reorder (round to nearest even)
+ * at build time, so a step still only executes; the reorders run in the
+ * pass before the primitive, as the layout ones do.  x's copy (arena,
+ * activations) is the forward's, in the forward's layout, and the one
+ * backward-weights reads: the activation kept for the backward is bf16,
+ * half the fp32 one, and the fp32 x is not read after the forward (graph.c
+ * may then reuse its buffer: bf16_transient).  w's copy is counted with
+ * the weights (linear.c's wb); fp32's blocked w copy stays workspace.  dy's
+ * copy lives in the shared slot (ST_SLOT_IN) within one backward.  Masters,
+ * optimizer, batch norm, pooling and the loss stay fp32.
+ *
  * Branch scale (st_conv_io.scale, 0 or 1: none): y = scale conv(x) [+ b,
  * scaled too unless unscaled_bias].  The forward takes it as an
  * eltwise_linear post-op (alpha = scale, beta = 0) while y is in registers
@@ -106,6 +129,20 @@ static const dnnl_memory_desc_t *query(const_dnnl_primitive_desc_t pd, dnnl_quer
 
 /* ------------------------------------------------------------ build */
 
+/* The descriptor a pass is created with for a tensor of `dims`: its plain
+ * layout `tag`, or "any" when blocked (the primitive chooses); bf16 for an
+ * operand the pass reads in bf16, else f32. */
+static void pass_md(dnnl_memory_desc_t *md, const int64_t *dims, dnnl_format_tag_t tag,
+                    int blocked, int bf16)
+{
+    if (blocked)
+        tag = dnnl_format_tag_any;
+    if (bf16)
+        st_md_tag_bf16(md, 4, dims, tag);
+    else
+        st_md_tag(md, 4, dims, tag);
+}
+
 static st_status check_shape(const st_conv_shape *s, const st_conv_io *io)
 {
     if (s->batch < 1 || s->ic < 1 || s->ih < 1 || s->iw < 1 || s->oc < 1 || s->kh < 1 ||
@@ -135,6 +172,7 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
     c->has_bias = io->b != NULL;
     c->has_dx = io->dx != NULL;
     c->has_dw = io->dw != NULL;
+    c->bf16 = io->bf16 != 0;
     c->scale = io->scale == 0.0f ? 1.0f : io->scale;
     c->scale_bias = c->scale == 1.0f || !io->unscaled_bias;
     c->y = io->y;
@@ -154,26 +192,37 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
     const dnnl_format_tag_t xt = io->x_tag ? io->x_tag : dnnl_nchw;
     const dnnl_format_tag_t yt = io->y_tag ? io->y_tag : dnnl_nchw;
     c->y_block = yt == dnnl_nchw ? 1 : st_blocked_channels();
+    /* In bf16 the weights' copy is a rounded second instance of the
+     * parameters, counted with them as linear.c counts its wb; fp32's
+     * blocked copy stays where it was (workspace). */
+    const st_mem_kind w_kind = c->bf16 ? ST_MEM_WEIGHTS : ST_MEM_WORKSPACE;
     ST_TRY(st_view_init(ctx, &x, 4, xd, xt, io->x, ST_MEM_ACTIVATIONS, ST_SLOT_KEEP,
-                        "conv reorder x", NULL));
+                        c->bf16 ? "conv input to bf16" : "conv reorder x", NULL));
     ST_TRY(st_view_init(ctx, &y, 4, yd, yt, io->y, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
                         NULL, "conv reorder y"));
-    ST_TRY(st_view_init(ctx, &w, 4, wd, dnnl_oihw, io->w, ST_MEM_WORKSPACE, ST_SLOT_KEEP,
-                        "conv reorder w", NULL));
+    ST_TRY(st_view_init(ctx, &w, 4, wd, dnnl_oihw, io->w, w_kind, ST_SLOT_KEEP,
+                        c->bf16 ? "conv weights to bf16" : "conv reorder w", NULL));
     ST_TRY(st_view_init(ctx, &dx, 4, xd, xt, io->dx, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
                         NULL, "conv reorder dx"));
     ST_TRY(st_view_init(ctx, &dy, 4, yd, yt, io->dy, ST_MEM_ACTIVATIONS, ST_SLOT_IN,
-                        "conv reorder dy", NULL));
+                        c->bf16 ? "conv output gradient to bf16" : "conv reorder dy", NULL));
     ST_TRY(st_view_init(ctx, &dw, 4, wd, dnnl_oihw, io->dw, ST_MEM_WORKSPACE, ST_SLOT_KEEP,
                         NULL, "conv reorder dw"));
 
-    /* The primitives' view: the plain layouts, or "any". */
-    dnnl_memory_desc_t x_md = x.plain_md, y_md = y.plain_md, w_md = w.plain_md, b_md;
-    if (c->layout == ST_LAYOUT_BLOCKED) {
-        st_md_tag(&x_md, 4, xd, dnnl_format_tag_any);
-        st_md_tag(&y_md, 4, yd, dnnl_format_tag_any);
-        st_md_tag(&w_md, 4, wd, dnnl_format_tag_any);
-    }
+    /* The primitives' view: the plain layouts, or "any".  In bf16 what a
+     * pass reads (x, w, dy) is bf16 and what it writes (y, dx, dw, db)
+     * f32: the views see a data type other than the caller's and make
+     * bf16 copies with reorders that round (to nearest even), at build
+     * time, as they make the blocked copies.  In fp32, x_md = dx_md,
+     * y_md = dy_md, w_md = dw_md: the descriptors of before bf16. */
+    const int blocked = c->layout == ST_LAYOUT_BLOCKED;
+    dnnl_memory_desc_t x_md, dx_md, y_md, dy_md, w_md, dw_md, b_md;
+    pass_md(&x_md, xd, xt, blocked, c->bf16);
+    pass_md(&dx_md, xd, xt, blocked, 0);
+    pass_md(&y_md, yd, yt, blocked, 0);
+    pass_md(&dy_md, yd, yt, blocked, c->bf16);
+    pass_md(&w_md, wd, dnnl_oihw, blocked, c->bf16);
+    pass_md(&dw_md, wd, dnnl_oihw, blocked, 0);
     st_md_vector(&b_md, shape->oc);
     const dnnl_dims_t strides = { shape->stride, shape->stride };
     const dnnl_dims_t pad_l = { shape->pad, shape->pad };
@@ -213,7 +262,7 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
         dnnl_convolution_desc_t bd;
         dnnl_primitive_desc_t bpd = NULL;
         dnnl_status_t ds = dnnl_convolution_backward_data_desc_init(
-            &bd, dnnl_convolution_direct, &x_md, &w_md, &y_md, strides, pad_l, pad_r);
+            &bd, dnnl_convolution_direct, &dx_md, &w_md, &dy_md, strides, pad_l, pad_r);
         s = ds == dnnl_success ? st_prim_create(ctx, &c->bwd_data.prim, &bd, fpd,
                                                 "conv backward data", &bpd)
                                : st_dnnl_fail(ds, "conv backward-data descriptor", __FILE__,
@@ -234,8 +283,14 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
     if (s == ST_OK && c->has_dw) {
         dnnl_convolution_desc_t wdsc;
         dnnl_primitive_desc_t wpd = NULL;
+        /* In bf16 the forward's copy of x, in the layout the forward chose,
+         * is the one the backward reads: the kept activation is bf16, and
+         * x's own buffer may be reused once the forward has run
+         * (graph.c's bf16_transient).  A kernel refusing that layout fails
+         * the build here rather than reorder a stale x later. */
+        const dnnl_memory_desc_t *xw_md = c->bf16 ? query(fpd, dnnl_query_src_md) : &x_md;
         dnnl_status_t ds = dnnl_convolution_backward_weights_desc_init(
-            &wdsc, dnnl_convolution_direct, &x_md, &w_md, c->has_bias ? &b_md : NULL, &y_md,
+            &wdsc, dnnl_convolution_direct, xw_md, &dw_md, c->has_bias ? &b_md : NULL, &dy_md,
             strides, pad_l, pad_r);
         s = ds == dnnl_success ? st_prim_create(ctx, &c->bwd_weights.prim, &wdsc, fpd,
                                                 "conv backward weights", &wpd)
@@ -244,6 +299,9 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
         if (s == ST_OK)
             s = st_view_input(ctx, &c->bwd_weights, &x, DNNL_ARG_SRC,
                               query(wpd, dnnl_query_src_md), 1);
+        if (s == ST_OK && c->bf16 && c->bwd_weights.n_pre > 0)
+            s = st_fail(ST_ERR_INVALID, "conv backward weights: bf16 x not in the forward's "
+                        "layout (it would reorder x again, after its buffer may be reused)");
         if (s == ST_OK)
             s = st_view_input(ctx, &c->bwd_weights, &dy, DNNL_ARG_DIFF_DST,
                               query(wpd, dnnl_query_diff_dst_md), 1);
@@ -531,6 +589,7 @@ static st_status conv_build(st_model *m, st_layer *l)
         .dw = st_graph_seg_grads(m, l->seg[0]),
         .db = l->has_bias ? st_graph_seg_grads(m, l->seg[1]) : NULL,
         .x_tag = st_graph_tag(m, l->x, sh.ic), .y_tag = st_graph_tag(m, l->y, sh.oc),
+        .bf16 = cf->precision == ST_PRECISION_BF16,
     };
     if (l->closes_group) {
         io.scale = cf->subnet.scale;
