@@ -532,12 +532,18 @@ static void prune_input_gradients(st_model *m)
 
 /* bf16: whether tensor t is only a product's input in passing.  A norm,
  * an activation or an attention writes it and the very next layer, a
- * linear one, is the only one that reads it: that layer converts it to its
- * own bf16 copy at once (linear.c), and its backward reads the copy, so
- * nobody reads the fp32 tensor after that layer's forward (the writer's
- * backward reads its input, not its output).  Such tensors share one
- * buffer, and the activations kept for the backward are the bf16 copies.
- * The model's input and outputs, and a range's last output, never are. */
+ * linear or convolution one, is the only one that reads it: that layer
+ * converts it to its own bf16 copy at once (linear.c, conv.c: before its
+ * forward's product), and its backward reads the copy, never the fp32
+ * tensor (conv.c makes sure of it when it builds), so nobody reads the
+ * fp32 tensor after that layer's forward.  Nor does the writer's backward:
+ * a layer norm's, an activation's (activation.c) and a batch norm's
+ * (batchnorm.c; with a fused ReLU its mask is a workspace of its own)
+ * read their input, not their output.  Such tensors share one buffer, and
+ * the activations kept for the backward are the bf16 copies (in a
+ * pre-activation ResNet: a block's BN -> ReLU outputs, read by its
+ * convolutions).  The model's input and outputs, and a range's last
+ * output, never are. */
 static int bf16_transient(const st_model *m, int t)
 {
     if (m->cfg.precision != ST_PRECISION_BF16 || t < ST_T_FIRST_FREE)
@@ -550,14 +556,15 @@ static int bf16_transient(const st_model *m, int t)
         last = i;
         if (l->y >= 0 && resolve(m, l->y) == t) {
             if (writer >= 0 || !(l->kind == &st_layer_layernorm ||
+                                 l->kind == &st_layer_batchnorm ||
                                  l->kind == &st_layer_activation ||
                                  l->kind == &st_layer_attention))
                 return 0;
             writer = i;
         }
         if ((l->x >= 0 && resolve(m, l->x) == t) || (l->residual >= 0 && resolve(m, l->residual) == t)) {
-            if (l->kind != &st_layer_linear || (l->residual >= 0 && resolve(m, l->residual) == t) ||
-                writer < 0 || readers++)
+            if (!(l->kind == &st_layer_linear || l->kind == &st_layer_conv) ||
+                (l->residual >= 0 && resolve(m, l->residual) == t) || writer < 0 || readers++)
                 return 0;
             for (int k = writer + 1; k < i; k++)   /* the next layer that runs */
                 if (!m->layers[k].dropped)
