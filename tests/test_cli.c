@@ -677,6 +677,62 @@ Test(cli, bf16_trains_like_fp32_deterministically_and_names_a_missing_isa, .time
     free(again);
 }
 
+/* --precision bf16 of a ResNet: its convolutions read bf16 copies of
+ * their inputs, weights and output gradients, and the block's BN -> ReLU
+ * outputs each conv reads share one buffer (graph.c's bf16_transient).
+ * The same run twice is bitwise the same (every record), and it trains
+ * to what fp32 trains, not to the same bits.  On Fashion-MNIST, where it
+ * is installed (the default data set; no synthetic images here). */
+Test(cli, resnet_bf16_deterministic_and_close_to_fp32, .timeout = 240)
+{
+    const st_bf16_support have = st_bf16_probe(NULL);
+    if (have == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 kernels on this CPU");
+    const char *data = getenv("SUBTRAIN_DATA") ? getenv("SUBTRAIN_DATA")
+                                               : "/usr/share/datasets/fashion-mnist";
+    char probe[ST_TEST_PATH_MAX + 64];
+    snprintf(probe, sizeof probe, "%s/train-images-idx3-ubyte.gz", data);
+    if (access(probe, R_OK) != 0)
+        cr_skip_test("no Fashion-MNIST at %s", data);
+    run_result *r = calloc(1, sizeof *r), *again = calloc(1, sizeof *again);
+    char base[512], opts[600];
+    snprintf(base, sizeof base, "--data '%s' --model resnet --depth 1 --steps 30 --batch 32 "
+             "--progress none --metrics /dev/stdout", data);
+    snprintf(opts, sizeof opts, "%s --precision bf16%s", base,
+             have == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+    run(r, NULL, opts);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    run(again, NULL, opts);
+    cr_assert_eq(again->status, 0, "%s", again->err);
+    int n = 0;
+    for (const char *a = r->out, *b = again->out;
+         (a = strstr(a, "\"train_loss\"")) && (b = strstr(b, "\"train_loss\"")); a++, b++, n++) {
+        const size_t len = (size_t)(strstr(a, "\"samples_per_s\"") - a);
+        cr_assert(strncmp(a, b, len) == 0, "two bf16 resnet runs differ: %.*s against %.*s",
+                  (int)len, a, (int)len, b);
+    }
+    cr_assert_geq(n, 1, "no records: %s", r->out);
+    cr_assert(strstr(r->out, "\"precision\":\"bf16\""), "%s", r->out);
+    cr_assert(strstr(r->out, "resnet depth 1 width 16 bf16"), "the plan: %s", r->out);
+    run(again, NULL, base);
+    cr_assert_eq(again->status, 0, "%s", again->err);
+    const char *f16 = strstr(r->out, "\"final\":true"), *f32 = strstr(again->out, "\"final\":true");
+    cr_assert(f16 && f32, "%s\n%s", r->out, again->out);
+    const char *keys[3] = { "\"train_loss\":", "\"test_loss\":", "\"test_acc\":" };
+    int equal = 0;
+    for (int k = 0; k < 3; k++) {
+        const double v16 = strtod(strstr(f16, keys[k]) + strlen(keys[k]), NULL);
+        const double v32 = strtod(strstr(f32, keys[k]) + strlen(keys[k]), NULL);
+        fprintf(stderr, "[resnet] %s bf16 %.6f, fp32 %.6f\n", keys[k], v16, v32);
+        cr_assert(fabs(v16 - v32) <= 0.03 * fabs(v32), "%s bf16 %.6f, fp32 %.6f", keys[k], v16,
+                  v32);
+        equal += v16 == v32;
+    }
+    cr_assert_lt(equal, 3, "bf16 and fp32 resnet runs ended bitwise equal: bf16 not used?");
+    free(r);
+    free(again);
+}
+
 /* --workers cores under SLURM: one worker per core of the cpuset, at most
  * SLURM_CPUS_PER_TASK of them (per team of --threads-per-worker), so a
  * task the site did not bind does not spread over the node, and a count
