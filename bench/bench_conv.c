@@ -9,7 +9,11 @@
  * layer's calls, reorders included, and the layer's forward + backward time.
  * The two layouts are timed alternately, --rounds times (default 3), and
  * the best of all rounds is kept, so that a noisy period on a shared machine
- * does not favour one of them.
+ * does not favour one of them.  Where oneDNN has bf16 kernels, a third row
+ * in the same rounds: the blocked layout with the passes in bf16
+ * (--precision bf16: bf16 x, w, dy; the layer's calls include the
+ * conversions), and its ratios to the fp32 blocked row measured beside it
+ * (of rates: above 1, bf16 is faster; the ms columns fp32 / bf16).
  *
  *   bench/bench_conv [--threads N] [--reps N] [--rounds N] [--batch B]
  *
@@ -32,6 +36,8 @@
 #define MAX_ROUNDS 101
 #define BENCH_NAME "bench_conv"
 #include "bench_util.h"
+
+#include <subtrain/model.h>
 
 #include "nn/layers.h"
 
@@ -155,16 +161,20 @@ int main(int argc, char **argv)
            "bwd-w", "L fwd", "L bwd", "L ms", "median");
     printf("%-24s %-7s %23s | %15s %19s\n", "", "", "primitives, GFLOP/s", "layer, GFLOP/s",
            "fwd+bwd, ms");
+    /* variants: fp32 plain, fp32 blocked, bf16 blocked (where it runs) */
+    const int variants = st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE ? 2 : 3;
+    static const char *const vname[3] = { "plain", "blocked", "bf16" };
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         st_conv_shape s = shapes[k].s;
         s.batch = batch;
-        st_conv_rates best[2] = { { 0 } };
-        double ms[2][MAX_ROUNDS];
+        st_conv_rates best[3] = { { 0 } };
+        double ms[3][MAX_ROUNDS];
         for (int r = 0; r < rounds; r++)
-            for (int l = 0; l < 2; l++) {
+            for (int l = 0; l < variants; l++) {
                 st_conv_rates got;
-                st_status st = st_conv_reference_gflops(&s, l ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN,
-                                                        reps, &got);
+                st_status st = st_conv_reference_gflops_as(&s, l ? ST_LAYOUT_BLOCKED
+                                                                 : ST_LAYOUT_PLAIN,
+                                                           l == 2, reps, &got);
                 if (st != ST_OK) {
                     fprintf(stderr, "bench_conv: %s: %s\n", shapes[k].name, st_last_error());
                     return 1;
@@ -178,17 +188,23 @@ int main(int argc, char **argv)
                 if (r == 0 || got.layer_bwd > b->layer_bwd) b->layer_bwd = got.layer_bwd;
                 if (r == 0 || got.layer_ms < b->layer_ms) b->layer_ms = got.layer_ms;
             }
-        double med[2];
-        for (int l = 0; l < 2; l++) {
+        double med[3];
+        for (int l = 0; l < variants; l++) {
             qsort(ms[l], (size_t)rounds, sizeof ms[l][0], cmp_double);
             med[l] = ms[l][rounds / 2];
             printf("%-24s %-7s %7.1f %7.1f %7.1f | %7.1f %7.1f %9.2f %9.2f\n",
-                   l ? "" : shapes[k].name, l ? "blocked" : "plain", best[l].fwd,
+                   l ? "" : shapes[k].name, vname[l], best[l].fwd,
                    best[l].bwd_data, best[l].bwd_weights, best[l].layer_fwd, best[l].layer_bwd,
                    best[l].layer_ms, med[l]);
         }
         printf("%-32s %33.2fx %8.2fx\n", "  plain / blocked", best[0].layer_ms / best[1].layer_ms,
                med[0] / med[1]);
+        if (variants == 3)
+            printf("%-24s %7.2fx %6.2fx %6.2fx | %7.2fx %6.2fx %8.2fx %8.2fx\n",
+                   "  bf16 / fp32 blocked", best[2].fwd / best[1].fwd,
+                   best[2].bwd_data / best[1].bwd_data, best[2].bwd_weights / best[1].bwd_weights,
+                   best[2].layer_fwd / best[1].layer_fwd, best[2].layer_bwd / best[1].layer_bwd,
+                   best[1].layer_ms / best[2].layer_ms, med[1] / med[2]);
     }
     printf("\n%-24s %25s %25s\n", "batch norm + ReLU, ms", "plain NCHW", "blocked + reorders");
     printf("%-24s %12s %12s %12s %12s\n", "fwd + bwd", "separate", "fused", "separate",

@@ -113,7 +113,8 @@
  * bf16 operands and fp32 output (what the layers run) on the same shape
  * as sgemm's.  The row's ratio is to that bf16 reference; the sgemm
  * column keeps the fp32 reference next to it.  The cnn config has no bf16
- * row: its convolutions stay fp32 (doc/precision.md).
+ * row yet: its reference is fp32 convolution primitives, and a bf16 one is
+ * not written (bench_conv times the bf16 convolutions against fp32).
  *
  * Threads.  oneDNN's CPU runtime is OpenMP and runs a primitive with the
  * calling thread's nthreads-var.  The trainer runs its worker in a
@@ -1619,7 +1620,7 @@ static int run_all(const bench_options *o, FILE *json)
             continue;
         for (int bf16 = 0; bf16 < 2; bf16++) {
             if (!(bf16 ? o->bf16 : o->fp32) || (bf16 && CONFIGS[i].conv_ref))
-                continue;   /* cnn: its convolutions have no bf16 path */
+                continue;   /* cnn: no bf16 convolution reference (above) */
             int rc = run_config(&CONFIGS[i], o, bf16, &res[n]);
             if (rc != EXIT_SUCCESS)
                 return rc;

@@ -241,6 +241,10 @@ typedef struct st_conv_rates {
 
 st_status st_conv_reference_gflops(const st_conv_shape *shape, st_layout layout,
                                    int reps, st_conv_rates *out);
+/* The same with the passes in bf16 (st_conv_io.bf16): the primitives
+ * alone on bf16 operands; the layer's calls with the conversions. */
+st_status st_conv_reference_gflops_as(const st_conv_shape *shape, st_layout layout, int bf16,
+                                      int reps, st_conv_rates *out);
 
 /* ------------------------------------------------------------ pooling */
 

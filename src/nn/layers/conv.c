@@ -419,14 +419,14 @@ static st_status best_of(const st_nn_ctx *ctx, timed_fn f, const void *arg, int 
 }
 
 static st_status time_conv(st_nn_ctx *ctx, st_arena *arena, const st_conv_shape *s,
-                           st_layout layout, int reps, st_conv_rates *out)
+                           st_layout layout, int bf16, int reps, st_conv_rates *out)
 {
     const int64_t oh = st_conv_out_size(s->ih, s->kh, s->stride, s->pad);
     const int64_t ow = st_conv_out_size(s->iw, s->kw, s->stride, s->pad);
     const size_t nx = (size_t)(s->batch * s->ic * s->ih * s->iw);
     const size_t ny = (size_t)(s->batch * s->oc * oh * ow);
     const size_t nw = (size_t)(s->oc * s->ic * s->kh * s->kw);
-    st_conv_io io = { .layout = layout };
+    st_conv_io io = { .layout = layout, .bf16 = bf16 };
     float *x, *y, *w, *b, *dx, *dy, *dw, *db;
     ST_TRY(st_arena_alloc_floats(arena, ST_MEM_ACTIVATIONS, nx, &x));
     ST_TRY(st_arena_alloc_floats(arena, ST_MEM_ACTIVATIONS, ny, &y));
@@ -473,8 +473,8 @@ static st_status time_conv(st_nn_ctx *ctx, st_arena *arena, const st_conv_shape 
     return ST_OK;
 }
 
-st_status st_conv_reference_gflops(const st_conv_shape *shape, st_layout layout,
-                                   int reps, st_conv_rates *out)
+st_status st_conv_reference_gflops_as(const st_conv_shape *shape, st_layout layout, int bf16,
+                                      int reps, st_conv_rates *out)
 {
     memset(out, 0, sizeof *out);
     st_arena arena;
@@ -482,10 +482,16 @@ st_status st_conv_reference_gflops(const st_conv_shape *shape, st_layout layout,
     st_arena_init(&arena, "conv timing", NULL, 0);
     st_status s = st_nn_ctx_init(&ctx, &arena);
     if (s == ST_OK)
-        s = time_conv(&ctx, &arena, shape, layout, reps < 1 ? 1 : reps, out);
+        s = time_conv(&ctx, &arena, shape, layout, bf16, reps < 1 ? 1 : reps, out);
     st_nn_ctx_destroy(&ctx);
     st_arena_release(&arena);
     return s;
+}
+
+st_status st_conv_reference_gflops(const st_conv_shape *shape, st_layout layout,
+                                   int reps, st_conv_rates *out)
+{
+    return st_conv_reference_gflops_as(shape, layout, 0, reps, out);
 }
 
 /* ------------------------------------------------------------ layer kind */
