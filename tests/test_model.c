@@ -2169,17 +2169,22 @@ Test(subnetwork, block_backward_masking_resnet)
 
 /* A masked resnet's step (forward masking, backward masking of channels
  * and of blocks, each with a branch scale: post-ops, the scale loops and
- * the gathers) makes no heap call of subtrain's.  No Criterion call
+ * the gathers), and a bf16 one's, makes no heap call of subtrain's.  No Criterion call
  * while armed. */
 Test(subnetwork, masked_resnet_forward_and_backward_make_no_heap_call)
 {
     HEAPWATCH_SKIP_IF_OFF();
     omp_set_num_threads(1);
     const uint8_t keep[] = { 1, 0, 0, 1 };
-    st_model_config cfgs[3] = { resnet_neuron_config(0), resnet_neuron_config(1), resnet_small() };
+    st_model_config cfgs[4] = { resnet_neuron_config(0), resnet_neuron_config(1), resnet_small(),
+                                resnet_config(ST_MODEL_RESNET, 1, 16, 3, 8, 8) };
     cfgs[2].subnet.group_grads = keep;
-    for (int k = 0; k < 3; k++) {
-        cfgs[k].subnet.scale = 2.0f;
+    /* and a bf16 resnet (its conversions, the buffer in passing) */
+    cfgs[3].precision = ST_PRECISION_BF16;
+    const int n = st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE ? 3 : 4;
+    for (int k = 0; k < n; k++) {
+        if (k < 3)
+            cfgs[k].subnet.scale = 2.0f;
         st_arena a;
         st_arena_init(&a, "resnet heap", NULL, 0);
         st_model *m = make_model(&cfgs[k], 8, &a);
