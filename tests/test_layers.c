@@ -539,6 +539,52 @@ Test(linear, storage_scale_bias_and_row_runs)
                 check_linear_variant(in_major, unscaled, runs, 0);
 }
 
+/* The fusions turned off one at a time (bench_step --unfuse measures
+ * them): the bias and the skip added by passes of their own give what the
+ * fused matmul gives, in either weight storage and precision; a layer with
+ * a branch scale keeps its fusions. */
+Test(linear, unfused_bias_and_skip_match_the_fused_layer)
+{
+    omp_set_num_threads(1);
+    const int bf16_ok = st_bf16_probe(NULL) != ST_BF16_UNAVAILABLE;
+    for (int bf16 = 0; bf16 <= bf16_ok; bf16++)
+        for (int in_major = 0; in_major < 2; in_major++)
+            for (unsigned unfuse = 1; unfuse <= 3; unfuse++) {
+                env e;
+                env_init(&e, 77 + unfuse);
+                const int64_t B = 9, I = 33, O = 17;
+                float *x = env_floats(&e, B * I), *res = env_floats(&e, B * O);
+                float *w = env_floats(&e, O * I), *b = env_floats(&e, O);
+                float *y[2] = { env_floats(&e, B * O), env_floats(&e, B * O) };
+                fill_uniform(&e.rng, x, B * I, -1, 1);
+                fill_uniform(&e.rng, w, O * I, -1, 1);
+                fill_uniform(&e.rng, b, O, -1, 1);
+                fill_uniform(&e.rng, res, B * O, -1, 1);
+                st_linear l[2];
+                for (int k = 0; k < 2; k++) {
+                    st_linear_io io = { .x = x, .y = y[k], .residual = res, .w = w, .b = b,
+                                        .in_major = in_major, .bf16 = bf16,
+                                        .unfuse = k ? unfuse : 0 };
+                    OK(st_linear_build(&e.ctx, &l[k], B, I, O, &io));
+                }
+                cr_expect_eq(l[1].unfused_bias, (unfuse & ST_UNFUSE_BIAS) != 0);
+                cr_expect_eq(l[1].unfused_residual, (unfuse & ST_UNFUSE_RESIDUAL) != 0);
+                OK(st_nn_ctx_finalize(&e.ctx));
+                for (int k = 0; k < 2; k++)
+                    OK(st_linear_forward(&e.ctx, &l[k]));
+                for (int64_t i = 0; i < B * O; i++)
+                    cr_expect(fabsf(y[1][i] - y[0][i]) <= 1e-6f * (1 + fabsf(y[0][i])),
+                              "bf16 %d in_major %d unfuse %u: y[%lld] = %g, fused %g", bf16,
+                              in_major, unfuse, (long long)i, y[1][i], y[0][i]);
+                st_linear scaled;
+                st_linear_io io = { .x = x, .y = y[1], .residual = res, .scale = 0.5f, .w = w,
+                                    .b = b, .unfuse = unfuse };
+                OK(st_linear_build(&e.ctx, &scaled, B, I, O, &io));
+                cr_expect(!scaled.unfused_bias && !scaled.unfused_residual);
+                env_destroy(&e);
+            }
+}
+
 /* The same variants with bf16 products, on any CPU whose oneDNN has bf16
  * kernels (native or emulated: the arithmetic is the same). */
 Test(linear, bf16_products_of_rounded_operands)

@@ -58,6 +58,16 @@ typedef enum st_activation { ST_ACT_RELU, ST_ACT_GELU } st_activation;
  * stay fp32.  Convolutions and attention stay fp32 for now. */
 typedef enum st_precision { ST_PRECISION_FP32, ST_PRECISION_BF16 } st_precision;
 
+/* What a linear layer's matmul does in its own pass over y (fused, the
+ * default) and st_model_config.unfuse can move into a pass of its own, so
+ * that each fusion can be measured alone (bench_step --unfuse; the
+ * numbers are in doc/precision.md).  Layers with a branch scale keep
+ * their fusions. */
+enum {
+    ST_UNFUSE_BIAS = 1,       /* y += b: a binary add after the product */
+    ST_UNFUSE_RESIDUAL = 2,   /* y += the skip: a binary add after the product */
+};
+
 /* Which units an instance holds: a subnetwork of the model.  Units are
  * what the model's layers declare (st_model_config_units), whatever the
  * model: layer groups (residual blocks) and width units (groups of a
@@ -116,6 +126,8 @@ typedef struct st_model_config {
     int heads;
     st_model_subnet subnet; /* zero: the whole model */
     st_precision precision; /* of the linear layers' products (FP32 default) */
+    unsigned unfuse;        /* ST_UNFUSE_* bits: fusions turned off, for
+                             * measuring them (0: every fusion, the default) */
     int plain_tensors;      /* 1: image tensors stay NCHW between layers, each
                              * convolution and batch norm reorders into its
                              * blocked layout and back (for comparison; 0, the

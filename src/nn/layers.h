@@ -49,6 +49,10 @@ typedef struct st_linear {
     st_prim to_bf16_x;     /* x -> xb, before each forward */
     st_prim to_bf16_dy;    /* dy -> dyb, before each backward */
     st_bf16 *wb, *xb;
+    /* st_linear_io.unfuse: the bias and the skip added by passes of their
+     * own after fwd (for measuring the fusions; NULL handles: fused) */
+    st_prim add_bias, add_residual;
+    int unfused_bias, unfused_residual;
 } st_linear;
 
 typedef struct st_linear_io {
@@ -75,6 +79,8 @@ typedef struct st_linear_io {
     int n_dw_runs;
     int bf16;                          /* products in bf16 (fp32 accumulation and
                                         * outputs); w, x, y, dx, dy stay fp32 */
+    unsigned unfuse;                   /* ST_UNFUSE_* (subtrain/model.h); only
+                                        * without a scale */
 } st_linear_io;
 
 st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t in,
