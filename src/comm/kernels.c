@@ -69,7 +69,60 @@ static void k_acc_div(float *restrict o, const float *restrict a, size_t n, floa
         o[i] = (o[i] + a[i]) / d;
 }
 
-void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, float *tmp)
+ST_VECTOR_CLONES
+void st_comm_to_bf16(uint16_t *restrict dst, const float *restrict src, size_t n)
+{
+    const uint32_t *u = (const uint32_t *)(const void *)src;
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x = u[i];
+        uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+        dst[i] = (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : r);
+    }
+}
+
+/* bf16 -> fp32 (exact: the bf16 is the upper half). */
+ST_VECTOR_CLONES
+static void k_widen(float *restrict o, const uint16_t *restrict a, size_t n)
+{
+    uint32_t *u = (uint32_t *)(void *)o;
+#pragma omp simd
+    for (size_t i = 0; i < n; i++)
+        u[i] = (uint32_t)a[i] << 16;
+}
+
+/* fp32 -> bf16 -> fp32 in one pass: the value a bf16 payload would carry. */
+ST_VECTOR_CLONES
+static void k_round(float *restrict o, const float *restrict a, size_t n)
+{
+    const uint32_t *in = (const uint32_t *)(const void *)a;
+    uint32_t *u = (uint32_t *)(void *)o;
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x = in[i];
+        uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
+        u[i] = (x & 0x7fffffffu) > 0x7f800000u ? (x & 0xffff0000u) | 0x400000u : r;
+    }
+}
+
+/* Source p of kind src at element off, as fp32: in place, or widened into
+ * the L1 chunk buf (n elements). */
+static const float *source(const void *p, int src, size_t off, size_t n, float *buf)
+{
+    switch (src) {
+    case SRC_BF16:
+        k_widen(buf, (const uint16_t *)p + off, n);
+        return buf;
+    case SRC_F32_RNE:
+        k_round(buf, (const float *)p + off, n);
+        return buf;
+    default:
+        return (const float *)p + off;
+    }
+}
+
+void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, float *tmp,
+                    float *wide)
 {
     for (size_t t = 0; t < n_items; t++) {
         const rs_item *it = &items[t];
@@ -78,7 +131,8 @@ void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, floa
             size_t n = min_size(ST_CHUNK, it->n - off);
             for (const rs_op *op = first; op < last; op++) {
                 float *o = op->to_tmp ? tmp : it->out + off;
-                const float *a = op->a ? op->a + off : tmp;
+                const float *a = op->a ? source(op->a, op->a_src, off, n, wide) : tmp;
+                const float *b = op->b ? source(op->b, op->b_src, off, n, wide + ST_CHUNK) : NULL;
                 switch (op->kind) {
                 case OP_COPY:
                     if (op->divide)
@@ -88,9 +142,9 @@ void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, floa
                     break;
                 case OP_SUM2:
                     if (op->divide)
-                        k_sum2_div(o, a, op->b + off, n, it->count);
+                        k_sum2_div(o, a, b, n, it->count);
                     else
-                        k_sum2(o, a, op->b + off, n);
+                        k_sum2(o, a, b, n);
                     break;
                 default:
                     if (op->divide)
