@@ -677,6 +677,96 @@ Test(cli, bf16_trains_like_fp32_deterministically_and_names_a_missing_isa, .time
     free(again);
 }
 
+/* The final record's value of "key": (a number). */
+static double final_value(const char *out, const char *key)
+{
+    const char *f = strstr(out, "\"final\":true");
+    cr_assert_not_null(f, "no final record: %s", out);
+    const char *v = strstr(f, key);
+    cr_assert_not_null(v, "%s not in the final record", key);
+    return strtod(v + strlen(key), NULL);
+}
+
+/* --comm-precision bf16: two workers reduce bf16-rounded gradients (fp32
+ * sums): the same run twice is bitwise the same (every record's losses
+ * and accuracy), it trains to within a few percent of fp32's test loss
+ * without being equal to it (the rounding is used), for dp and an sdp
+ * variant; the records and the plan say so; the bytes per step count the
+ * bf16 reads and the conversion; ist, a bad value: usage errors. */
+Test(cli, comm_bf16_is_deterministic_and_close_to_fp32, .timeout = 180)
+{
+    const char *variants[] = {
+        "--data synthetic --model resmlp --depth 2 --width 128 --steps 60 --batch 32 --workers 2",
+        "--data synthetic --model resmlp --depth 4 --width 64 --steps 60 --batch 16 --workers 4 "
+        "--strategy sdp --subnet block --masking backward",
+    };
+    run_result *r = calloc(1, sizeof *r), *again = calloc(1, sizeof *again);
+    run_result *f32 = calloc(1, sizeof *f32);
+    /* the records in a file of their own (a second opening of /dev/stdout
+     * would write over the summary, or the summary over them), appended
+     * to what the run printed */
+    char dir[ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+#define RUN_WITH_RECORDS(res, o)                                                               \
+    do {                                                                                       \
+        remove(path);                                                                          \
+        run(res, NULL, o);                                                                     \
+        size_t have = strlen((res)->out);                                                      \
+        read_into(path, (res)->out + have, sizeof (res)->out - have);                          \
+    } while (0)
+    for (size_t k = 0; k < sizeof variants / sizeof variants[0]; k++) {
+        char opts[3 * ST_TEST_PATH_MAX + 512];
+        snprintf(opts, sizeof opts, "%s --oversubscribe --progress none --metrics '%s' "
+                 "--comm-precision bf16", variants[k], path);
+        RUN_WITH_RECORDS(r, opts);
+        cr_assert_eq(r->status, 0, "%s: %s", opts, r->err);
+        RUN_WITH_RECORDS(again, opts);
+        cr_assert_eq(again->status, 0, "%s", again->err);
+        int n = 0;
+        for (const char *a = r->out, *b = again->out;
+             (a = strstr(a, "\"train_loss\"")) && (b = strstr(b, "\"train_loss\"")); a++, b++, n++) {
+            const size_t len = (size_t)(strstr(a, "\"samples_per_s\"") - a);
+            cr_assert(strncmp(a, b, len) == 0, "two comm-bf16 runs differ: %.*s against %.*s",
+                      (int)len, a, (int)len, b);
+        }
+        cr_assert_geq(n, 1, "no records: %s", r->out);
+        cr_assert(strstr(r->out, "\"comm_precision\":\"bf16\""), "%s", r->out);
+        cr_assert(strstr(r->out, ", comm bf16"), "the plan names it: %s", r->out);
+        snprintf(opts, sizeof opts, "%s --oversubscribe --progress none --metrics '%s'",
+                 variants[k], path);
+        RUN_WITH_RECORDS(f32, opts);
+        cr_assert_eq(f32->status, 0, "%s", f32->err);
+        cr_assert(strstr(f32->out, "\"comm_precision\":\"fp32\""), "%s", f32->out);
+        const double t16 = final_value(r->out, "\"test_loss\":");
+        const double t32 = final_value(f32->out, "\"test_loss\":");
+        cr_assert(fabs(t16 - t32) <= 0.03 * t32, "%s: comm bf16 test loss %.6f, fp32 %.6f",
+                  variants[k], t16, t32);
+        /* the records print 6 digits: compare the final train losses and
+         * the bytes too, one of them must show the rounding */
+        const double r16 = final_value(r->out, "\"train_loss\":");
+        const double r32 = final_value(f32->out, "\"train_loss\":");
+        cr_assert(t16 != t32 || r16 != r32, "%s: comm bf16 and fp32 ended equal (%.6f, %.6f): "
+                  "bf16 not used?", variants[k], t16, r16);
+        /* bytes: bf16 reads are 2 bytes, plus each worker's conversion
+         * pass (read 4, write 2 an element): more than fp32 in all, and
+         * strictly counted (not equal) */
+        const double b16 = final_value(r->out, "\"comm_bytes_per_worker_step\":");
+        const double b32 = final_value(f32->out, "\"comm_bytes_per_worker_step\":");
+        cr_assert(b16 != b32 && b16 > 0, "bytes %.0f vs fp32 %.0f", b16, b32);
+        cr_assert(strstr(r->out, "bf16 gradients: read at 2 bytes"), "%s", r->out);
+    }
+    expect_usage_error("--data synthetic --comm-precision fp16", "--comm-precision");
+    expect_usage_error("--data synthetic --workers 2 --strategy ist --comm-precision bf16",
+                       "--comm-precision bf16");
+#undef RUN_WITH_RECORDS
+    remove(path);
+    st_test_rmdir(dir);
+    free(r);
+    free(again);
+    free(f32);
+}
+
 /* --workers cores under SLURM: one worker per core of the cpuset, at most
  * SLURM_CPUS_PER_TASK of them (per team of --threads-per-worker), so a
  * task the site did not bind does not spread over the node, and a count
