@@ -767,6 +767,75 @@ Test(cli, comm_bf16_is_deterministic_and_close_to_fp32, .timeout = 180)
     free(f32);
 }
 
+/* The number after "key": in the final record of a run's output. */
+static double final_field(const char *out, const char *key)
+{
+    const char *last = strstr(out, "\"final\":true");
+    cr_assert_not_null(last, "no final record: %s", out);
+    const char *v = strstr(last, key);
+    cr_assert_not_null(v, "no %s in the final record: %s", key, last);
+    return strtod(v + strlen(key), NULL);
+}
+
+/* --precision bf16 with --model gpt: attention's products in bf16 too.
+ * The same run twice is bitwise the same (every record's losses), it
+ * trains to what fp32 trains (the products' rounding only: within 2%,
+ * not equal), and the probabilities kept for the backward take half the
+ * bytes (the attention line of the memory breakdown). */
+Test(cli, bf16_gpt_attention_deterministic_close_to_fp32_half_the_memory, .timeout = 120)
+{
+    const st_bf16_support have = st_bf16_probe(NULL);
+    if (have == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    char dir[ST_TEST_PATH_MAX], path[ST_TEST_PATH_MAX], base[2 * ST_TEST_PATH_MAX];
+    char opts[3 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(path, dir, "words.txt");
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    static const char *const words[] = { "the", "word", "of", "a", "dictionary", "noun",
+                                         "verb", "to", "learn", "attention", "in", "and" };
+    uint32_t h = 5;
+    for (int i = 0; i < 6000; i++) {   /* a fixed pseudo-random text */
+        h = h * 1103515245u + 12345u;
+        fprintf(f, "%s%s", words[(h >> 16) % 12], (h >> 8) % 10 ? " " : ".\n");
+    }
+    fclose(f);
+    snprintf(base, sizeof base, "--model gpt --data 'text:%s' --depth 2 --width 32 --heads 2 "
+             "--context 32 --batch 8 --steps 150 --val-bytes 2048 --seed 2 --progress none "
+             "--metrics /dev/stdout", path);
+    run_result *r = calloc(1, sizeof *r), *again = calloc(1, sizeof *again);
+    cr_assert(r && again);
+    snprintf(opts, sizeof opts, "%s --precision bf16%s", base,
+             have == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+    run(r, NULL, opts);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    run(again, NULL, opts);
+    cr_assert_eq(again->status, 0, "%s", again->err);
+    int n = 0;
+    for (const char *a = r->out, *b = again->out;
+         (a = strstr(a, "\"train_loss\"")) && (b = strstr(b, "\"train_loss\"")); a++, b++, n++) {
+        const size_t len = (size_t)(strstr(a, "\"samples_per_s\"") - a);
+        cr_assert(strncmp(a, b, len) == 0, "two bf16 gpt runs differ: %.*s against %.*s",
+                  (int)len, a, (int)len, b);
+    }
+    cr_assert_geq(n, 1, "no records: %s", r->out);
+    cr_assert(strstr(r->out, "\"precision\":\"bf16\""), "%s", r->out);
+    run(again, NULL, base);
+    cr_assert_eq(again->status, 0, "%s", again->err);
+    const double t16 = final_field(r->out, "\"test_loss\":");
+    const double t32 = final_field(again->out, "\"test_loss\":");
+    cr_assert(fabs(t16 - t32) <= 0.02 * t32, "bf16 gpt test loss %.6f, fp32 %.6f", t16, t32);
+    cr_assert(t16 != t32, "bf16 and fp32 gpt ended bitwise equal (%.6f): bf16 not used?", t16);
+    const double a16 = final_field(r->out, "\"attention\":");
+    const double a32 = final_field(again->out, "\"attention\":");
+    cr_assert(a32 > 0 && a16 == a32 / 2, "attention memory: bf16 %.0f bytes, fp32 %.0f", a16,
+              a32);
+    free(r);
+    free(again);
+    st_test_rmdir(dir);
+}
+
 /* --workers cores under SLURM: one worker per core of the cpuset, at most
  * SLURM_CPUS_PER_TASK of them (per team of --threads-per-worker), so a
  * task the site did not bind does not spread over the node, and a count

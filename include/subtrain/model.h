@@ -53,9 +53,11 @@ typedef enum st_activation { ST_ACT_RELU, ST_ACT_GELU } st_activation;
 
 /* Arithmetic of the matrix products (doc/precision.md).  BF16: linear
  * layers multiply bf16 copies of their weights and inputs and of the
- * output gradient, accumulating and writing fp32; parameters, gradients,
- * optimizer state, norms, activations' own math, softmax and the loss
- * stay fp32.  Convolutions and attention stay fp32 for now. */
+ * output gradient, accumulating and writing fp32, and attention's six
+ * products read bf16 copies of Q, K, V, the probabilities, dY and dS
+ * (the probabilities are kept in bf16 only); parameters, gradients,
+ * optimizer state, norms, activations' own math, the scores, softmax and
+ * the loss stay fp32.  Convolutions stay fp32 for now. */
 typedef enum st_precision { ST_PRECISION_FP32, ST_PRECISION_BF16 } st_precision;
 
 /* What a linear layer's matmul does in its own pass over y (fused, the
