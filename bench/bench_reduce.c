@@ -28,6 +28,16 @@
  * least 8 MiB per worker each).  Both run on the same threads with the same
  * binding, each thread on its own part.
  *
+ * Payloads (--payload).  fp32: the engine as the trainer runs it by
+ * default.  bf16: bf16 gradient payloads in buffers (each worker rounds its
+ * gradient into a bf16 buffer at the reduce-scatter's entry; the owners
+ * read 2 bytes per element and sum in fp32); bf16-read: the owners round
+ * the fp32 gradients as they read them (no buffer).  The bytes are the
+ * plan's for each (bf16: the conversion pass counted, bf16 reads at 2
+ * bytes), so "reduce GB/s" is the bandwidth each achieves; "vs fp32" is
+ * the step time over the fp32 row's of the same size: the saving (or the
+ * cost) of the payload.  The all-gather is fp32 in every mode.
+ *
  * Timing.  For each size, after a warm-up pass over every set, K
  * repetitions (default 5) alternate a STREAM window and a reduce window,
  * each at least 0.25 s (--quick: 3 x 0.05 s), so that a noisy period slows
@@ -72,10 +82,16 @@ typedef struct bench_options {
     int reps;
     int quick;
     double window_s;
+    int payloads[3];              /* PAY_* in the order given */
+    int n_payloads;
 } bench_options;
+
+enum { PAY_FP32, PAY_BF16, PAY_BF16_READ };
+static const char *const payload_names[] = { "fp32", "bf16", "bf16-read" };
 
 typedef struct size_result {
     size_t mib;
+    int payload;                  /* PAY_* */
     int sets;
     size_t bytes_step;            /* all workers, read + written */
     size_t worker_bytes;          /* the busiest worker's read + written */
@@ -154,7 +170,7 @@ static void worker(bench_shared *s, int w)
         c[i] = 0.5f;
     }
 
-    for (int z = 0; z < o->n_sizes; z++) {
+    for (int z = 0; z < o->n_sizes * o->n_payloads; z++) {
         size_result *r = &s->res[z];
         size_t p = r->mib * MIB / sizeof(float);
 #pragma omp single
@@ -170,6 +186,10 @@ static void worker(bench_shared *s, int w)
             if (!s->comms)
                 die(s, "memory", "out of memory");
             st_comm_config cfg = { .n_workers = s->n, .n_params = p, .domain_of = s->domain_of, .roles = 0 };
+            if (r->payload != PAY_FP32) {
+                cfg.payload = ST_COMM_PAYLOAD_BF16;
+                cfg.bf16_at = r->payload == PAY_BF16 ? ST_COMM_BF16_BUFFER : ST_COMM_BF16_ON_READ;
+            }
             for (int k = 0; k < s->sets; k++)
                 if (st_comm_create(&cfg, &s->comms[k]) != ST_OK)
                     die(s, "st_comm_create", st_last_error());
@@ -266,7 +286,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: bench_reduce [--workers N] [--oversubscribe] [--sizes LIST] [--reps K]\n"
-            "                    [--quick]\n"
+            "                    [--payload LIST] [--quick]\n"
             "\n"
             "Bandwidth of subtrain's reduction engine (reduce-scatter + all-gather, data\n"
             "parallel, nothing between them) against a STREAM add (a = b + c) on the same\n"
@@ -281,6 +301,9 @@ static void usage(FILE *f)
             "                    1,4,16,64,256)\n"
             "  --reps K          windows of each kind; the median is shown (default 5,\n"
             "                    max %d)\n"
+            "  --payload LIST    gradient payloads, comma-separated: fp32, bf16 (bf16\n"
+            "                    buffers), bf16-read (rounded as read); one row each\n"
+            "                    per size (default fp32,bf16,bf16-read)\n"
             "  --quick           3 short windows (numbers are rough)\n"
             "  --help            this text\n", MAX_REPS);
 }
@@ -304,6 +327,28 @@ static int parse_sizes(const char *v, bench_options *o)
     }
 }
 
+static int parse_payloads(const char *v, bench_options *o)
+{
+    o->n_payloads = 0;
+    const char *p = v;
+    while (1) {
+        size_t len = strcspn(p, ",");
+        int k = -1;
+        for (int j = 0; j < 3; j++)
+            if (strlen(payload_names[j]) == len && strncmp(p, payload_names[j], len) == 0)
+                k = j;
+        if (k < 0)
+            return -1;
+        for (int j = 0; j < o->n_payloads; j++)
+            if (o->payloads[j] == k)
+                return -1;
+        o->payloads[o->n_payloads++] = k;
+        if (p[len] == '\0')
+            return 0;
+        p += len + 1;
+    }
+}
+
 static const char *fmt_mib(size_t bytes, char *buf, size_t n)
 {
     snprintf(buf, n, "%.2f MiB", (double)bytes / (double)MIB);
@@ -312,7 +357,8 @@ static const char *fmt_mib(size_t bytes, char *buf, size_t n)
 
 int main(int argc, char **argv)
 {
-    bench_options o = { .workers = 0, .sizes = { 1, 4, 16, 64, 256 }, .n_sizes = 5, .reps = 5 };
+    bench_options o = { .workers = 0, .sizes = { 1, 4, 16, 64, 256 }, .n_sizes = 5, .reps = 5,
+                        .payloads = { PAY_FP32, PAY_BF16, PAY_BF16_READ }, .n_payloads = 3 };
     int reps_given = 0;
     for (int i = 1; i < argc; i++) {
         int missing = 0;
@@ -334,6 +380,10 @@ int main(int argc, char **argv)
             if (parse_sizes(v, &o) != 0)
                 return usage_error("--sizes must be up to 16 comma-separated integers of MiB in "
                                    "[1, 65536], got '%s'", v);
+        } else if ((v = option_value(argc, argv, &i, "--payload", &missing))) {
+            if (parse_payloads(v, &o) != 0)
+                return usage_error("--payload must be a comma-separated list of distinct fp32, "
+                                   "bf16, bf16-read, got '%s'", v);
         } else if ((v = option_value(argc, argv, &i, "--reps", &missing))) {
             char *end;
             long n = strtol(v, &end, 10);
@@ -380,15 +430,18 @@ int main(int argc, char **argv)
     }
     s.domain_of = calloc((size_t)s.n, sizeof *s.domain_of);
     s.numa = calloc((size_t)s.n, sizeof *s.numa);
-    s.res = calloc((size_t)o.n_sizes, sizeof *s.res);
+    int n_res = o.n_sizes * o.n_payloads;
+    s.res = calloc((size_t)n_res, sizeof *s.res);
     if (!s.domain_of || !s.numa || !s.res) {
         fprintf(stderr, "bench_reduce: out of memory\n");
         return EXIT_FAILURE;
     }
     for (int w = 0; s.topo && w < s.n; w++)
         s.domain_of[w] = s.plan.workers[w].domain;
-    for (int z = 0; z < o.n_sizes; z++)
-        s.res[z].mib = o.sizes[z];
+    for (int z = 0; z < n_res; z++) {   /* each size, its payloads in a row */
+        s.res[z].mib = o.sizes[z / o.n_payloads];
+        s.res[z].payload = o.payloads[z % o.n_payloads];
+    }
     s.stream_n = STREAM_BYTES / sizeof(float) / (size_t)s.n;
     if (s.stream_n < 8 * MIB / sizeof(float))
         s.stream_n = 8 * MIB / sizeof(float);
@@ -418,31 +471,40 @@ int main(int argc, char **argv)
             break;
         }
 
-    printf("\n%8s %5s %14s %10s %12s %12s %7s %16s %16s\n", "grads", "sets", "bytes/step",
-           "step ms", "reduce GB/s", "STREAM GB/s", "ratio", "per worker", "ring per worker");
-    for (int z = 0; z < o.n_sizes; z++) {
+    printf("\n%8s %-9s %5s %14s %10s %12s %12s %7s %8s %16s %16s\n", "grads", "payload", "sets",
+           "bytes/step", "step ms", "reduce GB/s", "STREAM GB/s", "ratio", "vs fp32",
+           "per worker", "ring per worker");
+    for (int z = 0; z < n_res; z++) {
         size_result *r = &s.res[z];
         double rg = median(r->reduce_gbs, o.reps), sg = median(r->stream_gbs, o.reps);
         double ms = median(r->step_s, o.reps) * 1e3;
-        char sz[16], bs[32], pw[32], rw[32];
+        char sz[16], bs[32], pw[32], rw[32], vs[16] = "-";
+        for (int y = z - z % o.n_payloads; y < z - z % o.n_payloads + o.n_payloads; y++)
+            if (s.res[y].payload == PAY_FP32)
+                snprintf(vs, sizeof vs, "%.3f", ms / (median(s.res[y].step_s, o.reps) * 1e3));
         snprintf(sz, sizeof sz, "%zu MiB", r->mib);
         fmt_mib(r->bytes_step, bs, sizeof bs);
         fmt_mib(r->worker_bytes, pw, sizeof pw);
         fmt_mib((size_t)st_comm_ring_bytes(s.n, r->mib * MIB / sizeof(float)), rw, sizeof rw);
-        printf("%8s %5d %14s %10.3f %12.2f %12.2f %7.3f %16s %16s\n", sz, r->sets, bs, ms, rg, sg,
-               rg / sg, pw, rw);
+        printf("%8s %-9s %5d %14s %10.3f %12.2f %12.2f %7.3f %8s %16s %16s\n", sz,
+               payload_names[r->payload], r->sets, bs, ms, rg, sg, rg / sg, vs, pw, rw);
     }
     int cross = 0;
-    for (int z = 0; z < o.n_sizes; z++)
+    for (int z = 0; z < n_res; z++)
         cross |= s.res[z].cross_bytes > 0;
     if (cross) {
         printf("\ncross-domain reads per step (all workers):");
-        for (int z = 0; z < o.n_sizes; z++)
-            printf(" %zu MiB: %s;", s.res[z].mib, fmt_mib(s.res[z].cross_bytes, b1, sizeof b1));
+        for (int z = 0; z < n_res; z++)
+            printf(" %zu MiB %s: %s;", s.res[z].mib, payload_names[s.res[z].payload],
+                   fmt_mib(s.res[z].cross_bytes, b1, sizeof b1));
         printf("\n");
     }
-    printf("\nratio = reduce GB/s / STREAM GB/s (medians); per worker = the busiest worker's "
-           "bytes per step; ring = 2 (N-1)/N x P x 4, what a ring all-reduce sends per worker\n");
+    printf("\nratio = reduce GB/s / STREAM GB/s (medians); vs fp32 = step time / the fp32 row's "
+           "(same size); per worker = the busiest worker's bytes per step; ring = 2 (N-1)/N x P "
+           "x 4, what a ring all-reduce sends per worker\n");
+    printf("payloads: fp32; bf16 = each worker rounds its gradient into a bf16 buffer (counted: "
+           "read 4, write 2 bytes an element), owners read 2 bytes an element, sum in fp32; "
+           "bf16-read = owners round the fp32 gradients as they read them; all-gather fp32\n");
 
     if (s.topo) {
         st_plan_free(&s.plan);

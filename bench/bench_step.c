@@ -184,6 +184,7 @@ typedef struct bench_options {
     const char *json_path;
     int workers;            /* > 1: also measure data-parallel scaling */
     int fp32, bf16;         /* which precisions get a row (--precision) */
+    unsigned unfuse;        /* ST_UNFUSE_* bits (--unfuse): fusions turned off */
 } bench_options;
 
 /* The parts of an attention layer's forward and backward, in the order
@@ -1128,6 +1129,7 @@ static int run_config(const bench_config *bc, const bench_options *o, int bf16, 
     tc.model.width = bc->width;
     tc.model.hidden = 0; /* = width */
     tc.model.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+    tc.model.unfuse = o->unfuse;
     tc.bf16_emulated = 1;   /* the header names the ISA: an emulated row says so */
     tc.model.in_dim = 784;
     tc.model.n_classes = 10;
@@ -1395,6 +1397,9 @@ static void print_header(const bench_options *o)
     printf("timing: %d interleaved windows of each kind (step >= %.2f s, reference >= %.2f s), "
            "median window shown%s\n\n", o->windows, o->step_window_s, o->gemm_window_s,
            o->quick ? " [--quick: numbers are rough]" : "");
+    if (o->unfuse)
+        printf("unfused: the linear layers' %s added by a pass of its own after the matmul\n\n",
+               o->unfuse == 3 ? "bias and skip" : o->unfuse == ST_UNFUSE_BIAS ? "bias" : "skip");
     printf("%-17s %4s %5s %8s %9s %10s %12s %6s %11s %6s %9s\n", "config", "prec", "batch",
            "params", "step ms", "samples/s", "step GFLOP/s", "ref", "ref GFLOP/s", "ratio",
            "vs sgemm");
@@ -1539,9 +1544,11 @@ static void write_json(FILE *f, const bench_result *r, const bench_options *o)
     double step_g = gflops(r->flops, r->step_s_med), ref_g = gflops(r->ref_flops, r->ref_s_med);
     double best_g = gflops(r->flops, r->step_s_best), ref_best_g = gflops(r->ref_flops,
                                                                           r->ref_s_best);
-    fprintf(f, "{\"config\":\"%s\",\"precision\":\"%s\",\"model\":\"%s\",\"depth\":%d,"
-            "\"width\":%d,", c->name, r->bf16 ? "bf16" : "fp32", st_model_kind_name(c->model),
-            c->depth, c->width);
+    fprintf(f, "{\"config\":\"%s\",\"precision\":\"%s\",\"unfuse\":\"%s\",\"model\":\"%s\","
+            "\"depth\":%d,\"width\":%d,", c->name, r->bf16 ? "bf16" : "fp32",
+            o->unfuse == 3 ? "both" : o->unfuse == ST_UNFUSE_BIAS ? "bias"
+            : o->unfuse == ST_UNFUSE_RESIDUAL ? "residual" : "none",
+            st_model_kind_name(c->model), c->depth, c->width);
     if (r->bf16)
         fprintf(f, "\"bf16_matmul_gflops\":%.3f,\"bf16_matmul_gflops_best\":%.3f,"
                 "\"bf16_matmul_impl\":\"%s\",\"ratio_bf16\":%.4f,",
@@ -1743,6 +1750,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: bench_step [--config large|small|cnn|gpt|all] [--quick] [--seconds S]\n"
             "                  [--json FILE] [--workers N] [--precision fp32|bf16|both]\n"
+            "                  [--unfuse bias|residual|both]\n"
             "\n"
             "Times one training step of subtrain (st_trainer_step: gather, forward,\n"
             "backward, AdamW) on one thread and compares its GFLOP/s with dnnl_sgemm on\n"
@@ -1768,6 +1776,8 @@ static void usage(FILE *f)
             "                samples/s\n"
             "  --precision P fp32 (default), bf16 (linear layers in bf16; reference:\n"
             "                oneDNN's bf16 matmul on the same shape, sgemm beside it) or both\n"
+            "  --unfuse F    run the linear layers' bias add, skip add or both as passes\n"
+            "                of their own instead of in the matmul (to measure each fusion)\n"
             "  --help        this text\n");
 }
 
@@ -1802,6 +1812,15 @@ int main(int argc, char **argv)
             o.bf16 = strcmp(v, "bf16") == 0 || strcmp(v, "both") == 0;
             if (!o.fp32 && !o.bf16)
                 return usage_error("--precision must be fp32, bf16 or both, got '%s'", v);
+        } else if ((v = option_value(argc, argv, &i, "--unfuse", &missing))) {
+            if (strcmp(v, "bias") == 0)
+                o.unfuse = ST_UNFUSE_BIAS;
+            else if (strcmp(v, "residual") == 0)
+                o.unfuse = ST_UNFUSE_RESIDUAL;
+            else if (strcmp(v, "both") == 0)
+                o.unfuse = ST_UNFUSE_BIAS | ST_UNFUSE_RESIDUAL;
+            else
+                return usage_error("--unfuse must be bias, residual or both, got '%s'", v);
         } else if ((v = option_value(argc, argv, &i, "--seconds", &missing))) {
             char *end;
             seconds = strtod(v, &end);

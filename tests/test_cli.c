@@ -677,6 +677,165 @@ Test(cli, bf16_trains_like_fp32_deterministically_and_names_a_missing_isa, .time
     free(again);
 }
 
+/* The final record's value of "key": (a number). */
+static double final_value(const char *out, const char *key)
+{
+    const char *f = strstr(out, "\"final\":true");
+    cr_assert_not_null(f, "no final record: %s", out);
+    const char *v = strstr(f, key);
+    cr_assert_not_null(v, "%s not in the final record", key);
+    return strtod(v + strlen(key), NULL);
+}
+
+/* --comm-precision bf16: two workers reduce bf16-rounded gradients (fp32
+ * sums): the same run twice is bitwise the same (every record's losses
+ * and accuracy), it trains to within a few percent of fp32's test loss
+ * without being equal to it (the rounding is used), for dp and an sdp
+ * variant; the records and the plan say so; the bytes per step count the
+ * bf16 reads and the conversion; ist, a bad value: usage errors. */
+Test(cli, comm_bf16_is_deterministic_and_close_to_fp32, .timeout = 180)
+{
+    const char *variants[] = {
+        "--data synthetic --model resmlp --depth 2 --width 128 --steps 60 --batch 32 --workers 2",
+        "--data synthetic --model resmlp --depth 4 --width 64 --steps 60 --batch 16 --workers 4 "
+        "--strategy sdp --subnet block --masking backward",
+    };
+    run_result *r = calloc(1, sizeof *r), *again = calloc(1, sizeof *again);
+    run_result *f32 = calloc(1, sizeof *f32);
+    /* the records in a file of their own (a second opening of /dev/stdout
+     * would write over the summary, or the summary over them), appended
+     * to what the run printed */
+    char dir[ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+#define RUN_WITH_RECORDS(res, o)                                                               \
+    do {                                                                                       \
+        remove(path);                                                                          \
+        run(res, NULL, o);                                                                     \
+        size_t have = strlen((res)->out);                                                      \
+        read_into(path, (res)->out + have, sizeof (res)->out - have);                          \
+    } while (0)
+    for (size_t k = 0; k < sizeof variants / sizeof variants[0]; k++) {
+        char opts[3 * ST_TEST_PATH_MAX + 512];
+        snprintf(opts, sizeof opts, "%s --oversubscribe --progress none --metrics '%s' "
+                 "--comm-precision bf16", variants[k], path);
+        RUN_WITH_RECORDS(r, opts);
+        cr_assert_eq(r->status, 0, "%s: %s", opts, r->err);
+        RUN_WITH_RECORDS(again, opts);
+        cr_assert_eq(again->status, 0, "%s", again->err);
+        int n = 0;
+        for (const char *a = r->out, *b = again->out;
+             (a = strstr(a, "\"train_loss\"")) && (b = strstr(b, "\"train_loss\"")); a++, b++, n++) {
+            const size_t len = (size_t)(strstr(a, "\"samples_per_s\"") - a);
+            cr_assert(strncmp(a, b, len) == 0, "two comm-bf16 runs differ: %.*s against %.*s",
+                      (int)len, a, (int)len, b);
+        }
+        cr_assert_geq(n, 1, "no records: %s", r->out);
+        cr_assert(strstr(r->out, "\"comm_precision\":\"bf16\""), "%s", r->out);
+        cr_assert(strstr(r->out, ", comm bf16"), "the plan names it: %s", r->out);
+        snprintf(opts, sizeof opts, "%s --oversubscribe --progress none --metrics '%s'",
+                 variants[k], path);
+        RUN_WITH_RECORDS(f32, opts);
+        cr_assert_eq(f32->status, 0, "%s", f32->err);
+        cr_assert(strstr(f32->out, "\"comm_precision\":\"fp32\""), "%s", f32->out);
+        const double t16 = final_value(r->out, "\"test_loss\":");
+        const double t32 = final_value(f32->out, "\"test_loss\":");
+        cr_assert(fabs(t16 - t32) <= 0.03 * t32, "%s: comm bf16 test loss %.6f, fp32 %.6f",
+                  variants[k], t16, t32);
+        /* the records print 6 digits: compare the final train losses and
+         * the bytes too, one of them must show the rounding */
+        const double r16 = final_value(r->out, "\"train_loss\":");
+        const double r32 = final_value(f32->out, "\"train_loss\":");
+        cr_assert(t16 != t32 || r16 != r32, "%s: comm bf16 and fp32 ended equal (%.6f, %.6f): "
+                  "bf16 not used?", variants[k], t16, r16);
+        /* bytes: bf16 reads are 2 bytes, plus each worker's conversion
+         * pass (read 4, write 2 an element): more than fp32 in all, and
+         * strictly counted (not equal) */
+        const double b16 = final_value(r->out, "\"comm_bytes_per_worker_step\":");
+        const double b32 = final_value(f32->out, "\"comm_bytes_per_worker_step\":");
+        cr_assert(b16 != b32 && b16 > 0, "bytes %.0f vs fp32 %.0f", b16, b32);
+        cr_assert(strstr(r->out, "bf16 gradients: read at 2 bytes"), "%s", r->out);
+    }
+    expect_usage_error("--data synthetic --comm-precision fp16", "--comm-precision");
+    expect_usage_error("--data synthetic --workers 2 --strategy ist --comm-precision bf16",
+                       "--comm-precision bf16");
+#undef RUN_WITH_RECORDS
+    remove(path);
+    st_test_rmdir(dir);
+    free(r);
+    free(again);
+    free(f32);
+}
+
+/* The number after "key": in the final record of a run's output. */
+static double final_field(const char *out, const char *key)
+{
+    const char *last = strstr(out, "\"final\":true");
+    cr_assert_not_null(last, "no final record: %s", out);
+    const char *v = strstr(last, key);
+    cr_assert_not_null(v, "no %s in the final record: %s", key, last);
+    return strtod(v + strlen(key), NULL);
+}
+
+/* --precision bf16 with --model gpt: attention's products in bf16 too.
+ * The same run twice is bitwise the same (every record's losses), it
+ * trains to what fp32 trains (the products' rounding only: within 2%,
+ * not equal), and the probabilities kept for the backward take half the
+ * bytes (the attention line of the memory breakdown). */
+Test(cli, bf16_gpt_attention_deterministic_close_to_fp32_half_the_memory, .timeout = 120)
+{
+    const st_bf16_support have = st_bf16_probe(NULL);
+    if (have == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    char dir[ST_TEST_PATH_MAX], path[ST_TEST_PATH_MAX], base[2 * ST_TEST_PATH_MAX];
+    char opts[3 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(path, dir, "words.txt");
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    static const char *const words[] = { "the", "word", "of", "a", "dictionary", "noun",
+                                         "verb", "to", "learn", "attention", "in", "and" };
+    uint32_t h = 5;
+    for (int i = 0; i < 6000; i++) {   /* a fixed pseudo-random text */
+        h = h * 1103515245u + 12345u;
+        fprintf(f, "%s%s", words[(h >> 16) % 12], (h >> 8) % 10 ? " " : ".\n");
+    }
+    fclose(f);
+    snprintf(base, sizeof base, "--model gpt --data 'text:%s' --depth 2 --width 32 --heads 2 "
+             "--context 32 --batch 8 --steps 150 --val-bytes 2048 --seed 2 --progress none "
+             "--metrics /dev/stdout", path);
+    run_result *r = calloc(1, sizeof *r), *again = calloc(1, sizeof *again);
+    cr_assert(r && again);
+    snprintf(opts, sizeof opts, "%s --precision bf16%s", base,
+             have == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+    run(r, NULL, opts);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    run(again, NULL, opts);
+    cr_assert_eq(again->status, 0, "%s", again->err);
+    int n = 0;
+    for (const char *a = r->out, *b = again->out;
+         (a = strstr(a, "\"train_loss\"")) && (b = strstr(b, "\"train_loss\"")); a++, b++, n++) {
+        const size_t len = (size_t)(strstr(a, "\"samples_per_s\"") - a);
+        cr_assert(strncmp(a, b, len) == 0, "two bf16 gpt runs differ: %.*s against %.*s",
+                  (int)len, a, (int)len, b);
+    }
+    cr_assert_geq(n, 1, "no records: %s", r->out);
+    cr_assert(strstr(r->out, "\"precision\":\"bf16\""), "%s", r->out);
+    run(again, NULL, base);
+    cr_assert_eq(again->status, 0, "%s", again->err);
+    const double t16 = final_field(r->out, "\"test_loss\":");
+    const double t32 = final_field(again->out, "\"test_loss\":");
+    cr_assert(fabs(t16 - t32) <= 0.02 * t32, "bf16 gpt test loss %.6f, fp32 %.6f", t16, t32);
+    cr_assert(t16 != t32, "bf16 and fp32 gpt ended bitwise equal (%.6f): bf16 not used?", t16);
+    const double a16 = final_field(r->out, "\"attention\":");
+    const double a32 = final_field(again->out, "\"attention\":");
+    cr_assert(a32 > 0 && a16 == a32 / 2, "attention memory: bf16 %.0f bytes, fp32 %.0f", a16,
+              a32);
+    free(r);
+    free(again);
+    st_test_rmdir(dir);
+}
+
 /* --precision bf16 of a ResNet: its convolutions read bf16 copies of
  * their inputs, weights and output gradients, and the block's BN -> ReLU
  * outputs each conv reads share one buffer (graph.c's bf16_transient).
@@ -753,13 +912,13 @@ static int workers_in_record(const char *path)
     return w;
 }
 
-Test(cli, slurm_cpus_per_task_caps_workers_cores, .timeout = 60)
+Test(cli, slurm_cpus_per_task_caps_workers_cores, .timeout = 240)
 {
     run_result *r = calloc(1, sizeof *r);
     char dir[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX];
     cr_assert_eq(st_test_mkdtemp(dir), 0);
     st_test_path(path, dir, "m.jsonl");
-    snprintf(args, sizeof args, "--data synthetic --workers cores --steps 3 --progress none "
+    snprintf(args, sizeof args, "--data synthetic --workers cores --steps 1 --progress none "
              "--metrics %s", path);
     run(r, "env -u SLURM_CPUS_PER_TASK", args);
     cr_assert_eq(r->status, 0, "stderr: %s", r->err);
@@ -775,7 +934,7 @@ Test(cli, slurm_cpus_per_task_caps_workers_cores, .timeout = 60)
     cr_assert_eq(workers_in_record(path), cores, "one worker per core of the cpuset (%d)", cores);
     if (cores >= 2) {
         snprintf(args, sizeof args, "--data synthetic --workers cores --threads-per-worker 2 "
-                 "--steps 3 --progress none --metrics %s", path);
+                 "--steps 1 --progress none --metrics %s", path);
         run(r, "SLURM_CPUS_PER_TASK=2", args);
         cr_assert_eq(r->status, 0, "stderr: %s", r->err);
         cr_assert_eq(workers_in_record(path), 1, "2 CPUs make one team of 2 threads");

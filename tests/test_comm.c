@@ -29,6 +29,25 @@
 
 static const float SENTINEL = -777.0f;
 
+/* The payload of the engines rig_init creates, and where bf16 is rounded
+ * (the bf16 tests set them, then put them back). */
+static st_comm_payload g_payload = ST_COMM_PAYLOAD_FP32;
+static st_comm_bf16_at g_bf16_at = ST_COMM_BF16_BUFFER;
+
+/* An fp32 rounded to bf16 (nearest even) and widened back, computed here
+ * independently of the engine. */
+static float bf16_round(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return f;
+    uint32_t lsb = (u >> 16) & 1u;
+    u = (u + 0x7fffu + lsb) & 0xffff0000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 /* ------------------------------------------------------------ the rig */
 
 typedef struct rig {
@@ -114,7 +133,8 @@ static void rig_init(rig *r, int n, size_t p, const int *domain_of, uint64_t see
     r->n = n;
     r->p = p;
     r->domain_of = domain_of;
-    st_comm_config cfg = { .n_workers = n, .n_params = p, .domain_of = domain_of, .roles = 0 };
+    st_comm_config cfg = { .n_workers = n, .n_params = p, .domain_of = domain_of, .roles = 0,
+                           .payload = g_payload, .bf16_at = g_bf16_at };
     cr_assert_eq(st_comm_create(&cfg, &r->c), ST_OK, "create: %s", st_last_error());
     rig_masks(r, seed, dp);
     st_rng rng = st_rng_seed(seed ^ 0x5eed);
@@ -320,8 +340,12 @@ static void check_run(int n, size_t p, const int *domain_of, uint64_t seed, int 
         for (int w = 0; w < n; w++) {
             st_rng root = st_rng_seed(1000 + (uint64_t)t);
             st_rng gr = st_rng_split(&root, (uint64_t)w);
-            for (size_t i = 0; i < p; i++)
+            for (size_t i = 0; i < p; i++) {
                 g[w][i] = st_rng_normal(&gr);
+                /* bf16 payloads: the reference sums the rounded values */
+                if (g_payload == ST_COMM_PAYLOAD_BF16)
+                    g[w][i] = bf16_round(g[w][i]);
+            }
         }
         for (size_t i = 0; i < p; i++) {
             double dmean, amean;
@@ -459,6 +483,157 @@ Test(comm_determinism, delays_changing_gradients, .timeout = 60)
     static const int d[8] = { 0, 0, 0, 1, 1, 2, 2, 2 };
     check_run(8, 3000, d, 320, 1, 12, 1);
     check_run(8, 3000, d, 330, 0, 12, 1);
+}
+
+/* ------------------------------------------------------------ bf16 payloads */
+
+/* Runs check_sizes-like configurations with bf16 payloads (rounded where
+ * `at` says): the reference (check_run) sums the bf16-rounded gradients in
+ * fp32 in the documented order and divides by the count, bitwise; dp = 1
+ * is data parallelism, dp = 0 random partial holders (SDP-like: segments
+ * of different holder sets, single holders, two-level partials). */
+static void check_bf16(st_comm_bf16_at at, int n, const int *domain_of, uint64_t seed)
+{
+    size_t sizes[] = { 1, 17, (size_t)(16 * n - 1), 1000, 4099, 20000 };
+    g_payload = ST_COMM_PAYLOAD_BF16;
+    g_bf16_at = at;
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        check_config(n, sizes[k], domain_of, seed + k, 1);
+        check_config(n, sizes[k], domain_of, seed + 100 + k, 0);
+    }
+    g_payload = ST_COMM_PAYLOAD_FP32;
+    g_bf16_at = ST_COMM_BF16_BUFFER;
+}
+
+Test(comm_bf16, buffer_single_domain, .timeout = 60)
+{
+    check_bf16(ST_COMM_BF16_BUFFER, 1, NULL, 600);
+    check_bf16(ST_COMM_BF16_BUFFER, 2, NULL, 610);
+    check_bf16(ST_COMM_BF16_BUFFER, 3, NULL, 620);
+    check_bf16(ST_COMM_BF16_BUFFER, 4, NULL, 630);
+}
+
+Test(comm_bf16, buffer_two_levels, .timeout = 60)
+{
+    static const int pairs[4] = { 0, 0, 1, 1 }, three[8] = { 0, 0, 0, 1, 1, 2, 2, 2 };
+    check_bf16(ST_COMM_BF16_BUFFER, 4, pairs, 640);
+    check_bf16(ST_COMM_BF16_BUFFER, 8, three, 650);
+}
+
+Test(comm_bf16, on_read_single_domain_and_two_levels, .timeout = 60)
+{
+    static const int pairs[4] = { 0, 0, 1, 1 }, three[8] = { 0, 0, 0, 1, 1, 2, 2, 2 };
+    check_bf16(ST_COMM_BF16_ON_READ, 2, NULL, 660);
+    check_bf16(ST_COMM_BF16_ON_READ, 3, NULL, 670);
+    check_bf16(ST_COMM_BF16_ON_READ, 4, pairs, 680);
+    check_bf16(ST_COMM_BF16_ON_READ, 8, three, 690);
+}
+
+/* Random delays before each collective, bf16 buffers written every step:
+ * the same result every repetition, and changing gradients never seen
+ * stale (the buffer is rewritten at each reduce-scatter's entry). */
+Test(comm_bf16, deterministic_under_delays, .timeout = 60)
+{
+    static const int d[8] = { 0, 0, 0, 1, 1, 2, 2, 2 };
+    g_payload = ST_COMM_PAYLOAD_BF16;
+    check_determinism(4, NULL, 5000, 700);
+    check_determinism(8, d, 5000, 710);
+    check_run(8, 3000, d, 720, 0, 12, 1);
+    g_payload = ST_COMM_PAYLOAD_FP32;
+}
+
+/* The rounding itself: ties to even, carries into the exponent, infinity
+ * kept, overflow to infinity, NaN stays NaN (the conversions the two
+ * places use, seen through a one-worker, one-holder engine: the mean of
+ * one holder is its value). */
+Test(comm_bf16, rounding_cases, .timeout = 10)
+{
+    const uint32_t in[] = { 0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3f807fffu, 0x7f7fffffu,
+                            0x7f800000u, 0xff800000u, 0x80000001u, 0x3fffffffu, 0x7fc00001u };
+    const uint32_t want[] = { 0x3f800000u, 0x3f820000u, 0x3f810000u, 0x3f800000u, 0x7f800000u,
+                              0x7f800000u, 0xff800000u, 0x80000000u, 0x40000000u, 0x7fc00000u };
+    enum { K = sizeof in / sizeof in[0] };
+    for (int at = 0; at < 2; at++) {
+        st_comm_config cfg = { .n_workers = 1, .n_params = K, .payload = ST_COMM_PAYLOAD_BF16,
+                               .bf16_at = (st_comm_bf16_at)at };
+        st_comm *c;
+        cr_assert_eq(st_comm_create(&cfg, &c), ST_OK, "%s", st_last_error());
+        st_arena a;
+        st_arena_init(&a, "worker", NULL, 0);
+        float g[K], p[K] = { 0 };
+        memcpy(g, in, sizeof g);
+        st_range all = { 0, K };
+        cr_assert_eq(st_comm_attach(c, 0, &a, g, p, &all, 1), ST_OK, "%s", st_last_error());
+        cr_assert_eq(st_comm_reduce_scatter(c, 0), ST_OK);
+        const float *m = st_comm_shard_grads(c, 0);
+        for (int k = 0; k < K; k++) {
+            uint32_t got;
+            memcpy(&got, &m[k], sizeof got);
+            if ((want[k] & 0x7fffffffu) > 0x7f800000u)
+                cr_assert(isnan(m[k]) && (got & 0x00400000u), "at %d case %d: %08x is not a "
+                          "quiet NaN", at, k, got);
+            else
+                cr_assert_eq(got, want[k], "at %d case %d: %08x -> %08x, want %08x", at, k, in[k],
+                             got, want[k]);
+        }
+        st_comm_destroy(c);
+        st_arena_release(&a);
+    }
+}
+
+/* Bytes and memory: two workers, data parallel, P = 4096 (S = 2048).
+ * Buffers: each worker converts its 4096 held gradients (reads 4 x 4096,
+ * writes 2 x 4096), its shard reads 2 x 2048 bf16 values (2 bytes each)
+ * instead of fp32; the all-gather is fp32 as before.  The buffer is in
+ * the arena's gradients (4096 x 2 bytes more than fp32).  On read: the
+ * bytes of fp32, no buffer. */
+Test(comm_bf16, bytes_and_memory, .timeout = 30)
+{
+    st_comm_bytes b[3][MAXW];
+    size_t grads_mem[3];
+    for (int mode = 0; mode < 3; mode++) {
+        g_payload = mode ? ST_COMM_PAYLOAD_BF16 : ST_COMM_PAYLOAD_FP32;
+        g_bf16_at = mode == 2 ? ST_COMM_BF16_ON_READ : ST_COMM_BF16_BUFFER;
+        rig r;
+        run_out o;
+        rig_init(&r, 2, 4096, NULL, 800, 1);
+        out_init(&o, &r, 1);
+        run_rig(&r, 1, 0, 0, &o);
+        for (int w = 0; w < 2; w++) {
+            cr_assert_eq(o.attach[w], ST_OK, "%s", o.msg[w]);
+            b[mode][w] = st_comm_bytes_per_step(r.c, w);
+        }
+        grads_mem[mode] = r.arena[0].stats.peak[ST_MEM_GRADIENTS];
+        out_free(&o);
+        rig_free(&r);
+    }
+    g_payload = ST_COMM_PAYLOAD_FP32;
+    g_bf16_at = ST_COMM_BF16_BUFFER;
+    for (int w = 0; w < 2; w++) {
+        cr_assert_eq(b[0][w].read, 2 * 2048 * 4 + 4096 * 4);
+        cr_assert_eq(b[0][w].written, 2048 * 4 + 4096 * 4);
+        cr_assert_eq(b[1][w].read, 4096 * 4 + 2 * 2048 * 2 + 4096 * 4, "read %zu", b[1][w].read);
+        cr_assert_eq(b[1][w].written, 4096 * 2 + 2048 * 4 + 4096 * 4);
+        cr_assert_eq(b[1][w].gather_read, b[0][w].gather_read);
+        cr_assert_eq(b[2][w].read, b[0][w].read);
+        cr_assert_eq(b[2][w].written, b[0][w].written);
+    }
+    cr_assert_eq(grads_mem[1], grads_mem[0] + 4096 * 2, "gradients %zu vs fp32 %zu",
+                 grads_mem[1], grads_mem[0]);
+    cr_assert_eq(grads_mem[2], grads_mem[0]);
+}
+
+/* An unknown payload or place of rounding is refused at create. */
+Test(comm_bf16, bad_config_refused)
+{
+    st_comm *c = NULL;
+    st_comm_config cfg = { .n_workers = 2, .n_params = 100, .payload = (st_comm_payload)7 };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "payload"), "%s", st_last_error());
+    cfg.payload = ST_COMM_PAYLOAD_BF16;
+    cfg.bf16_at = (st_comm_bf16_at)9;
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
+    cr_assert_null(c);
 }
 
 /* ------------------------------------------------------------ abort */

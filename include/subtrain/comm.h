@@ -70,6 +70,34 @@ const char *st_comm_backend_name(st_comm_backend_kind kind);
  * is). */
 st_status st_comm_backend_parse(const char *name, st_comm_backend_kind *out);
 
+/* What the reduce-scatter reads of the workers' gradients (its payload).
+ * FP32 (0, the default): the fp32 gradients themselves.  BF16: each
+ * gradient element rounded to bf16 (round to nearest even); the sums,
+ * the division by the holder count, the shard gradients, the masters and
+ * the all-gather stay fp32, so the result is exactly the fp32 sum, in
+ * the fixed order, of the bf16-rounded gradients, divided as in fp32.
+ * Where the rounding happens is st_comm_bf16_at. */
+typedef enum st_comm_payload {
+    ST_COMM_PAYLOAD_FP32 = 0,
+    ST_COMM_PAYLOAD_BF16,
+} st_comm_payload;
+
+/* With ST_COMM_PAYLOAD_BF16 (shared backend): where the gradients become
+ * bf16.  Both give bitwise the same result; they differ in memory traffic
+ * (doc/reduction.md, "Comm precision").
+ *   BUFFER   (0) each worker converts its held gradient once per step, at
+ *            the entry of the reduce-scatter, into a bf16 buffer from its
+ *            arena (taken at attach, counted as gradients), and every
+ *            reader reads 2 bytes per element: half the bytes between
+ *            workers, plus the worker's own conversion pass;
+ *   ON_READ  no buffer: the readers (owners, partials' computers) round
+ *            each fp32 gradient as they stream it, reading 4 bytes per
+ *            element as fp32 does. */
+typedef enum st_comm_bf16_at {
+    ST_COMM_BF16_BUFFER = 0,
+    ST_COMM_BF16_ON_READ,
+} st_comm_bf16_at;
+
 typedef struct st_comm_config {
     int n_workers;
     size_t n_params;
@@ -103,6 +131,11 @@ typedef struct st_comm_config {
      * own; only those ranks call st_comm_create, in the same order of
      * engines.  n_ranks 0: every rank.  Ignored by the shared backend. */
     int rank_first, n_ranks;
+    /* The reduce-scatter's payload (0: fp32) and, for bf16, where it is
+     * rounded (0: a buffer per worker).  The MPI backend refuses bf16
+     * (ST_ERR_INVALID at create: its pack would round partial sums). */
+    st_comm_payload payload;
+    st_comm_bf16_at bf16_at;
 } st_comm_config;
 
 #define ST_COMM_REDUCE 1

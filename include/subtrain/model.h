@@ -53,10 +53,22 @@ typedef enum st_activation { ST_ACT_RELU, ST_ACT_GELU } st_activation;
 
 /* Arithmetic of the matrix products (doc/precision.md).  BF16: linear
  * layers multiply bf16 copies of their weights and inputs and of the
- * output gradient, accumulating and writing fp32; parameters, gradients,
- * optimizer state, norms, activations' own math, softmax and the loss
- * stay fp32.  Convolutions and attention stay fp32 for now. */
+ * output gradient, accumulating and writing fp32, and attention's six
+ * products read bf16 copies of Q, K, V, the probabilities, dY and dS
+ * (the probabilities are kept in bf16 only); parameters, gradients,
+ * optimizer state, norms, activations' own math, the scores, softmax and
+ * the loss stay fp32.  Convolutions stay fp32 for now. */
 typedef enum st_precision { ST_PRECISION_FP32, ST_PRECISION_BF16 } st_precision;
+
+/* What a linear layer's matmul does in its own pass over y (fused, the
+ * default) and st_model_config.unfuse can move into a pass of its own, so
+ * that each fusion can be measured alone (bench_step --unfuse; the
+ * numbers are in doc/precision.md).  Layers with a branch scale keep
+ * their fusions. */
+enum {
+    ST_UNFUSE_BIAS = 1,       /* y += b: a binary add after the product */
+    ST_UNFUSE_RESIDUAL = 2,   /* y += the skip: a binary add after the product */
+};
 
 /* Which units an instance holds: a subnetwork of the model.  Units are
  * what the model's layers declare (st_model_config_units), whatever the
@@ -116,6 +128,8 @@ typedef struct st_model_config {
     int heads;
     st_model_subnet subnet; /* zero: the whole model */
     st_precision precision; /* of the linear layers' products (FP32 default) */
+    unsigned unfuse;        /* ST_UNFUSE_* bits: fusions turned off, for
+                             * measuring them (0: every fusion, the default) */
     int plain_tensors;      /* 1: image tensors stay NCHW between layers, each
                              * convolution and batch norm reorders into its
                              * blocked layout and back (for comparison; 0, the

@@ -100,6 +100,12 @@ typedef struct st_train_config {
     int core_limit;           /* workers 0: one per core of the cpuset, but at
                                * most this many cores (SLURM_CPUS_PER_TASK);
                                * 0: no limit */
+    /* The gradients the reduction reads (doc/reduction.md, "Comm
+     * precision"): FP32 (default) or BF16 (each worker's gradient rounded
+     * to bf16 into a buffer, summed in fp32 by the owners; masters,
+     * optimizer and all-gather fp32).  dp, sdp, synth; ist (which averages
+     * parameters) and MPI ranks refuse BF16. */
+    st_precision comm_precision;
     int bf16_emulated;        /* model.precision bf16 on a CPU without native
                                * bf16 (st_bf16_probe: EMULATED): 0 refuses
                                * with a message naming the ISA, 1 runs it
@@ -174,6 +180,7 @@ typedef struct st_epoch_record {
     int workers_per_rank;
     int threads_per_worker;   /* a worker's team of threads (1: one core) */
     st_precision precision;   /* of the linear layers' products */
+    st_precision comm_precision; /* of the gradients the reduction reads */
     st_mem_stats memory;      /* the arena of the worker with the largest peak */
     /* Communication per worker and step: what the reduction engine reads
      * and writes for the busiest worker, and what a ring all-reduce among

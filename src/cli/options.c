@@ -23,7 +23,7 @@ enum {
     OPT_CONTEXT, OPT_HEADS, OPT_HOLDOUT, OPT_VAL_BYTES, OPT_EPOCH_WINDOWS,
     OPT_SAMPLE, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K, OPT_CHECKPOINT, OPT_INIT,
     OPT_CHECKPOINT_EVERY, OPT_KEEP, OPT_RESUME, OPT_USR1, OPT_THREADS, OPT_TEAM_SPANS,
-    OPT_PRECISION, OPT_BF16_EMULATED,
+    OPT_PRECISION, OPT_BF16_EMULATED, OPT_COMM_PRECISION,
 };
 
 static const struct option long_options[] = {
@@ -71,6 +71,7 @@ static const struct option long_options[] = {
     { "oversubscribe", no_argument, NULL, OPT_OVERSUBSCRIBE },
     { "threads-per-worker", required_argument, NULL, OPT_THREADS },
     { "team-spans-domains", no_argument, NULL, OPT_TEAM_SPANS },
+    { "comm-precision", required_argument, NULL, OPT_COMM_PRECISION },
     { "subnet", required_argument, NULL, OPT_SUBNET },
     { "masking", required_argument, NULL, OPT_MASKING },
     { "neuron-group", required_argument, NULL, OPT_NEURON_GROUP },
@@ -157,6 +158,10 @@ void st_cli_print_help(FILE *f)
 "  --threads-per-worker T each worker a team of T cores in one NUMA domain, its\n"
 "                         oneDNN primitives running T threads (default 1)\n"
 "  --team-spans-domains   allow a team across NUMA domains (refused otherwise)\n"
+"  --comm-precision fp32|bf16   the gradients the reduction reads: bf16 halves\n"
+"                         the bytes workers read of each other's gradients (sums,\n"
+"                         masters, optimizer and all-gather fp32; dp, sdp, synth;\n"
+"                         default fp32; doc/reduction.md)\n"
 "  --cpuset LIST          run on these OS CPU numbers only, e.g. 0-7,16 (default:\n"
 "                         the process's allowed CPUs)\n"
 "\n"
@@ -602,6 +607,8 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_TEAM_SPANS: t->team_spans = 1; return 0;
     case OPT_PRECISION: return parse_choice("precision", arg, parse_precision, &t->model.precision, err, n);
     case OPT_BF16_EMULATED: t->bf16_emulated = 1; return 0;
+    case OPT_COMM_PRECISION:
+        return parse_choice("comm-precision", arg, parse_precision, &t->comm_precision, err, n);
     case OPT_SUBNET: return parse_choice("subnet", arg, parse_subnet, &t->subnet, err, n);
     case OPT_NEURON_GROUP: return parse_int("neuron-group", arg, 1, 65536, &t->neuron_group, err, n);
     case OPT_BN_CALIBRATION:

@@ -121,6 +121,12 @@ st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
     ST_TRY(st_comm_check_size(cfg->n_workers, cfg->n_params));
     int n_domains;
     ST_TRY(st_comm_map_domains(cfg->n_workers, cfg->domain_of, NULL, NULL, &n_domains));
+    if (cfg->payload != ST_COMM_PAYLOAD_FP32 && cfg->payload != ST_COMM_PAYLOAD_BF16)
+        return st_fail(ST_ERR_INVALID, "unknown reduction payload %d (fp32 or bf16)",
+                       (int)cfg->payload);
+    if (cfg->bf16_at != ST_COMM_BF16_BUFFER && cfg->bf16_at != ST_COMM_BF16_ON_READ)
+        return st_fail(ST_ERR_INVALID, "unknown place of the bf16 rounding %d (buffer or on "
+                       "read)", (int)cfg->bf16_at);
     st_comm *c = malloc(sizeof *c);
     if (!c)
         return st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine");

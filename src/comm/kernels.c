@@ -69,7 +69,150 @@ static void k_acc_div(float *restrict o, const float *restrict a, size_t n, floa
         o[i] = (o[i] + a[i]) / d;
 }
 
-void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, float *tmp)
+ST_VECTOR_CLONES
+void st_comm_to_bf16(uint16_t *restrict dst, const float *restrict src, size_t n)
+{
+    const uint32_t *u = (const uint32_t *)(const void *)src;
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x = u[i];
+        uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+        dst[i] = (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? (x >> 16) | 0x40u : r);
+    }
+}
+
+/* bf16 -> fp32 (exact: the bf16 is the upper half). */
+ST_VECTOR_CLONES
+static void k_widen(float *restrict o, const uint16_t *restrict a, size_t n)
+{
+    uint32_t *u = (uint32_t *)(void *)o;
+#pragma omp simd
+    for (size_t i = 0; i < n; i++)
+        u[i] = (uint32_t)a[i] << 16;
+}
+
+/* fp32 -> bf16 -> fp32 in one pass: the value a bf16 payload would carry. */
+ST_VECTOR_CLONES
+static void k_round(float *restrict o, const float *restrict a, size_t n)
+{
+    const uint32_t *in = (const uint32_t *)(const void *)a;
+    uint32_t *u = (uint32_t *)(void *)o;
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x = in[i];
+        uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
+        u[i] = (x & 0x7fffffffu) > 0x7f800000u ? (x & 0xffff0000u) | 0x400000u : r;
+    }
+}
+
+/* Source p of kind src at element off, as fp32: in place, or widened into
+ * the L1 chunk buf (n elements). */
+static const float *source(const void *p, int src, size_t off, size_t n, float *buf)
+{
+    switch (src) {
+    case SRC_BF16:
+        k_widen(buf, (const uint16_t *)p + off, n);
+        return buf;
+    case SRC_F32_RNE:
+        k_round(buf, (const float *)p + off, n);
+        return buf;
+    default:
+        return (const float *)p + off;
+    }
+}
+
+/* Fused loops for the usual bf16 ops (every source of the op of one
+ * non-fp32 kind): the source is widened in the register, not through the
+ * L1 chunk; the same IEEE operations in the same order as the generic
+ * path (widen, then the fp32 loop), so the same bits. */
+static inline float ld_bf16(const void *p, size_t i)
+{
+    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline float ld_rne(const void *p, size_t i)
+{
+    uint32_t x;
+    memcpy(&x, (const float *)p + i, sizeof x);
+    uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
+    r = (x & 0x7fffffffu) > 0x7f800000u ? (x & 0xffff0000u) | 0x400000u : r;
+    float f;
+    memcpy(&f, &r, sizeof f);
+    return f;
+}
+
+#define FUSED_KERNELS(SFX, LD)                                                                  \
+    ST_VECTOR_CLONES static void k_copy_##SFX(float *restrict o, const void *restrict a,       \
+                                              size_t n)                                        \
+    {                                                                                           \
+        _Pragma("omp simd") for (size_t i = 0; i < n; i++) o[i] = LD(a, i);                    \
+    }                                                                                           \
+    ST_VECTOR_CLONES static void k_copy_div_##SFX(float *restrict o, const void *restrict a,   \
+                                                  size_t n, float d)                           \
+    {                                                                                           \
+        _Pragma("omp simd") for (size_t i = 0; i < n; i++) o[i] = LD(a, i) / d;                \
+    }                                                                                           \
+    ST_VECTOR_CLONES static void k_sum2_##SFX(float *restrict o, const void *restrict a,       \
+                                              const void *restrict b, size_t n)                \
+    {                                                                                           \
+        _Pragma("omp simd") for (size_t i = 0; i < n; i++) o[i] = LD(a, i) + LD(b, i);         \
+    }                                                                                           \
+    ST_VECTOR_CLONES static void k_sum2_div_##SFX(float *restrict o, const void *restrict a,   \
+                                                  const void *restrict b, size_t n, float d)   \
+    {                                                                                           \
+        _Pragma("omp simd") for (size_t i = 0; i < n; i++) o[i] = (LD(a, i) + LD(b, i)) / d;   \
+    }                                                                                           \
+    ST_VECTOR_CLONES static void k_acc_##SFX(float *restrict o, const void *restrict a,        \
+                                             size_t n)                                         \
+    {                                                                                           \
+        _Pragma("omp simd") for (size_t i = 0; i < n; i++) o[i] += LD(a, i);                   \
+    }                                                                                           \
+    ST_VECTOR_CLONES static void k_acc_div_##SFX(float *restrict o, const void *restrict a,    \
+                                                 size_t n, float d)                            \
+    {                                                                                           \
+        _Pragma("omp simd") for (size_t i = 0; i < n; i++) o[i] = (o[i] + LD(a, i)) / d;       \
+    }                                                                                           \
+    static void run_op_##SFX(const rs_op *op, float *o, size_t off, size_t n, float d)         \
+    {                                                                                           \
+        const size_t e = op->a_src == SRC_BF16 ? sizeof(uint16_t) : sizeof(float);            \
+        const char *a = (const char *)op->a + off * e;                                         \
+        switch (op->kind) {                                                                     \
+        case OP_COPY:                                                                           \
+            if (op->divide)                                                                     \
+                k_copy_div_##SFX(o, a, n, d);                                                   \
+            else                                                                                \
+                k_copy_##SFX(o, a, n);                                                          \
+            break;                                                                              \
+        case OP_SUM2:                                                                           \
+            if (op->divide)                                                                     \
+                k_sum2_div_##SFX(o, a, (const char *)op->b + off * e, n, d);                   \
+            else                                                                                \
+                k_sum2_##SFX(o, a, (const char *)op->b + off * e, n);                          \
+            break;                                                                              \
+        default:                                                                                \
+            if (op->divide)                                                                     \
+                k_acc_div_##SFX(o, a, n, d);                                                    \
+            else                                                                                \
+                k_acc_##SFX(o, a, n);                                                           \
+            break;                                                                              \
+        }                                                                                       \
+    }
+
+FUSED_KERNELS(bf16, ld_bf16)
+FUSED_KERNELS(rne, ld_rne)
+
+/* Whether op can run fused: a non-fp32 a (not the scratch chunk) and, for
+ * a sum of two, b of the same kind. */
+static int fusable(const rs_op *op)
+{
+    return op->a && op->a_src != SRC_F32 && (op->kind != OP_SUM2 || op->b_src == op->a_src);
+}
+
+void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, float *tmp,
+                    float *wide)
 {
     for (size_t t = 0; t < n_items; t++) {
         const rs_item *it = &items[t];
@@ -78,7 +221,15 @@ void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, floa
             size_t n = min_size(ST_CHUNK, it->n - off);
             for (const rs_op *op = first; op < last; op++) {
                 float *o = op->to_tmp ? tmp : it->out + off;
-                const float *a = op->a ? op->a + off : tmp;
+                if (fusable(op)) {
+                    if (op->a_src == SRC_BF16)
+                        run_op_bf16(op, o, off, n, it->count);
+                    else
+                        run_op_rne(op, o, off, n, it->count);
+                    continue;
+                }
+                const float *a = op->a ? source(op->a, op->a_src, off, n, wide) : tmp;
+                const float *b = op->b ? source(op->b, op->b_src, off, n, wide + ST_CHUNK) : NULL;
                 switch (op->kind) {
                 case OP_COPY:
                     if (op->divide)
@@ -88,9 +239,9 @@ void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, floa
                     break;
                 case OP_SUM2:
                     if (op->divide)
-                        k_sum2_div(o, a, op->b + off, n, it->count);
+                        k_sum2_div(o, a, b, n, it->count);
                     else
-                        k_sum2(o, a, op->b + off, n);
+                        k_sum2(o, a, b, n);
                     break;
                 default:
                     if (op->divide)

@@ -19,6 +19,17 @@
  * The order of the ops is the summation order: the kernels add exactly
  * what the program says in the order it says it, element-wise, so the
  * result does not depend on the vector width of the clone the CPU picks.
+ *
+ * Sources of an op are fp32 (SRC_F32, the default and the only kind an
+ * fp32 engine emits: its loops are exactly those of before bf16 existed)
+ * or, for an engine with bf16 gradient payloads (st_comm_config.payload),
+ * a bf16 buffer (SRC_BF16: widened exactly, bf16 being the upper half of
+ * an fp32) or an fp32 gradient rounded to bf16 as it is read
+ * (SRC_F32_RNE: round to nearest even, then widened).  Either way the
+ * sums are fp32, in the same order: both kinds give bitwise the same
+ * result, the fp32 sum of the bf16-rounded gradients.  A non-fp32 source
+ * is first widened into an L1 chunk (kernels.c), then summed by the fp32
+ * loops.
  */
 #ifndef SUBTRAIN_COMM_KERNELS_H
 #define SUBTRAIN_COMM_KERNELS_H
@@ -29,14 +40,17 @@
 #define ST_CHUNK 2048           /* floats per pass of the summing loops (8 KiB) */
 
 enum { OP_COPY, OP_SUM2, OP_ACC };
+enum { SRC_F32, SRC_BF16, SRC_F32_RNE };   /* what an op's a or b points at */
 
 /* One pass over an rs item's chunk. a and b point at element 0 of the item
- * in their source; a == NULL means the scratch chunk. */
+ * in their source (floats, or uint16_t bf16 for SRC_BF16); a == NULL means
+ * the scratch chunk (fp32). */
 typedef struct rs_op {
-    const float *a, *b;
+    const void *a, *b;
     uint8_t kind;
     uint8_t to_tmp;           /* destination: the scratch chunk, not the output */
     uint8_t divide;           /* divide the result by the item's count */
+    uint8_t a_src, b_src;     /* SRC_*: 0 (fp32) unless the engine has bf16 payloads */
 } rs_op;
 
 typedef struct rs_item {
@@ -54,8 +68,23 @@ typedef struct ag_item {
 
 /* Runs n_items rs items; their ops are ops[item.op_first ..].  tmp: the
  * scratch chunk (ST_CHUNK floats), used only by ops with to_tmp or a NULL
- * source. */
-void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, float *tmp);
+ * source.  wide: 2 x ST_CHUNK floats where bf16 sources are widened, used
+ * only by ops with a source that is not SRC_F32 (NULL if there are none). */
+void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, float *tmp,
+                    float *wide);
+
+/* fp32 -> bf16, round to nearest even (a NaN stays a quiet NaN): dst[i]
+ * for src[0..n).  The worker-side conversion of a gradient payload. */
+void st_comm_to_bf16(uint16_t *restrict dst, const float *restrict src, size_t n);
+
+/* The same for one value (the tests' and the reference's rounding). */
+static inline uint16_t st_comm_bf16_of(float f)
+{
+    union { float f; uint32_t u; } v = { f };
+    if ((v.u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((v.u >> 16) | 0x40u);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
 
 /* Runs n_items ag items (plain copies). */
 void st_comm_run_ag(const ag_item *items, size_t n_items);

@@ -232,6 +232,13 @@ static st_status make_communicator(const st_comm_config *cfg, MPI_Comm world, MP
 static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
 {
     *out = NULL;
+    /* A rank sends one partial per element, the sum of its local holders:
+     * a bf16 partial would round that sum again, and sending every
+     * holder's bf16 value instead would cost more than fp32 partials with
+     * a few workers a rank.  Not implemented: refused. */
+    if (cfg->payload != ST_COMM_PAYLOAD_FP32)
+        return st_fail(ST_ERR_INVALID, "bf16 gradient payloads (--comm-precision bf16) are not "
+                       "supported over MPI ranks: use fp32, or one process");
     MPI_Comm world = st_world_comm();
     if (world == MPI_COMM_NULL)
         return st_fail(ST_ERR_INVALID, "reduction backend 'mpi': MPI is not running (start the "
@@ -754,9 +761,10 @@ static st_status push_sum(list *items, list *ops, float *out, size_t len, float 
             return no_memory();
         if (j == 0)
             *op = (rs_op){ srcs[0], k > 1 ? srcs[1] : NULL, k > 1 ? OP_SUM2 : OP_COPY, 0,
-                           (uint8_t)(divide && k <= 2) };
+                           (uint8_t)(divide && k <= 2), SRC_F32, SRC_F32 };
         else
-            *op = (rs_op){ srcs[j], NULL, OP_ACC, 0, (uint8_t)(divide && j == k - 1) };
+            *op = (rs_op){ srcs[j], NULL, OP_ACC, 0, (uint8_t)(divide && j == k - 1), SRC_F32,
+                           SRC_F32 };
         ((rs_item *)items->v)[items->n - 1].n_ops++;
     }
     return ST_OK;
@@ -976,7 +984,7 @@ static st_status init_masters(mpi_comm *mc, int w)
     mpi_worker *me = &mc->workers[w];
     st_status s = build_pack(mc, w, 1, &items, &ops);
     if (s == ST_OK)
-        st_comm_run_rs(items.v, items.n, ops.v, me->scratch);
+        st_comm_run_rs(items.v, items.n, ops.v, me->scratch, NULL);
     items.n = ops.n = 0;
     if (s != ST_OK) {
         free(items.v);
@@ -1004,7 +1012,7 @@ static st_status init_masters(mpi_comm *mc, int w)
     }
     s = build_own(mc, w, 1, me->master, &items, &ops);
     if (s == ST_OK)
-        st_comm_run_rs(items.v, items.n, ops.v, me->scratch);
+        st_comm_run_rs(items.v, items.n, ops.v, me->scratch, NULL);
     free(items.v);
     free(ops.v);
     return s == ST_OK ? ST_OK : fail_all(mc, s);
@@ -1173,9 +1181,9 @@ static st_status mpi_reduce_scatter(st_comm_backend *b, int w)
     /* every gradient of the rank is complete, and every worker has done
      * reading `send` in the last all-gather */
     WAIT(mc);
-    st_comm_run_rs(me->pack, me->n_pack, me->pack_ops, me->scratch);
+    st_comm_run_rs(me->pack, me->n_pack, me->pack_ops, me->scratch, NULL);
     ST_TRY(meet_and_exchange(mc, w, 1));   /* the partials of this rank shard */
-    st_comm_run_rs(me->own, me->n_own, me->own_ops, me->scratch);
+    st_comm_run_rs(me->own, me->n_own, me->own_ops, me->scratch, NULL);
     return ST_OK;
 }
 

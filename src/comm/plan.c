@@ -151,6 +151,8 @@ st_status st_comm_plan_init(comm_plan *pl, const st_comm_config *cfg)
     ST_TRY(st_comm_map_domains(n, cfg->domain_of, NULL, NULL, &n_domains));
     pl->n_workers = n;
     pl->roles = cfg->roles ? cfg->roles : ST_COMM_REDUCE | ST_COMM_GATHER;
+    pl->payload = cfg->payload;
+    pl->bf16_at = cfg->bf16_at;
     pl->allow_unheld = cfg->allow_unheld;
     if (cfg->allow_unheld && cfg->unheld_ranges && cfg->n_unheld_ranges > 0) {
         pl->unheld_ranges = malloc((size_t)cfg->n_unheld_ranges * sizeof *pl->unheld_ranges);
@@ -225,6 +227,37 @@ static float *grad_of(const comm_plan *pl, int v, size_t x)
     return local_at(&pl->slots[v], pl->slots[v].grads, x);
 }
 
+/* What a step reads for worker v's gradient of element x: the fp32 value,
+ * its bf16 payload (a buffer), or the fp32 value rounded as it is read;
+ * and the bytes per element that reading costs. */
+typedef struct grad_src {
+    const void *p;
+    uint8_t kind;             /* SRC_* */
+    size_t elt;               /* bytes per element read */
+} grad_src;
+
+static grad_src source_of(const comm_plan *pl, int v, size_t x)
+{
+    const comm_slot *s = &pl->slots[v];
+    if (pl->payload != ST_COMM_PAYLOAD_BF16)
+        return (grad_src){ grad_of(pl, v, x), SRC_F32, sizeof(float) };
+    if (pl->bf16_at == ST_COMM_BF16_ON_READ)
+        return (grad_src){ grad_of(pl, v, x), SRC_F32_RNE, sizeof(float) };
+    /* the buffer has the layout of the vector: the same offset */
+    size_t at = (size_t)(grad_of(pl, v, x) - s->grads);
+    return (grad_src){ s->bf16 + at, SRC_BF16, sizeof(uint16_t) };
+}
+
+void st_comm_plan_convert(const comm_plan *pl, int w)
+{
+    const comm_slot *me = &pl->slots[w];
+    if (!me->bf16)
+        return;
+    for (int i = 0; i < me->n_held; i++)
+        st_comm_to_bf16(me->bf16 + me->local[i], me->grads + me->local[i],
+                        me->held[i].end - me->held[i].begin);
+}
+
 st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *grads,
                                 float *params, const st_range *held, const size_t *local,
                                 int n_held)
@@ -246,6 +279,27 @@ st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *gr
             me->local[i] = local ? local[i] : held[i].begin; /* full layout: identity */
     }
     size_t len = pl->shard_begin[w + 1] - pl->shard_begin[w];
+    me->bf16 = NULL;
+    me->wide = NULL;
+    if ((pl->roles & ST_COMM_REDUCE) && pl->payload == ST_COMM_PAYLOAD_BF16) {
+        /* the widening chunks; and, with buffers, w's bf16 payload: as long
+         * as its (compact) vector's held part, converted every step (read
+         * 4, write 2 bytes per held element, counted here) */
+        ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WORKSPACE, 2 * (size_t)ST_CHUNK, &me->wide));
+        if (pl->bf16_at == ST_COMM_BF16_BUFFER && n_held > 0) {
+            size_t extent = 0, count = 0;
+            for (int i = 0; i < n_held; i++) {
+                size_t e = me->local[i] + (held[i].end - held[i].begin);
+                extent = e > extent ? e : extent;
+                count += held[i].end - held[i].begin;
+            }
+            void *p;
+            ST_TRY(st_arena_alloc(arena, ST_MEM_GRADIENTS, extent * sizeof(uint16_t), &p));
+            me->bf16 = p;
+            me->bytes.read += count * sizeof(float);
+            me->bytes.written += count * sizeof(uint16_t);
+        }
+    }
     if (pl->roles & ST_COMM_GATHER)
         ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, len, &me->master));
     if ((pl->roles & ST_COMM_REDUCE) && me->shard_out) {
@@ -481,11 +535,16 @@ static void count_gather(comm_slot *me, size_t n)
     me->bytes.gather_written += n * sizeof(float);
 }
 
+static void count_read_bytes(comm_slot *me, size_t bytes, int src_domain)
+{
+    me->bytes.read += bytes;
+    if (src_domain != me->domain)
+        me->bytes.cross_domain_read += bytes;
+}
+
 static void count_read(comm_slot *me, size_t n, int src_domain)
 {
-    me->bytes.read += n * sizeof(float);
-    if (src_domain != me->domain)
-        me->bytes.cross_domain_read += n * sizeof(float);
+    count_read_bytes(me, n * sizeof(float), src_domain);
 }
 
 typedef struct plan_count {
@@ -542,15 +601,17 @@ static void plan_tasks(comm_plan *pl, int w, size_t *load_p, size_t *load_c, int
                         float *out = me->partials + k->partial;
                         me->rs1[k->rs1] = (rs_item){ out, n, k->ops1, h1 - h0 - 1, 1.0f };
                         rs_op *op = me->ops1 + k->ops1;
-                        op[0] = (rs_op){ grad_of(pl, so->holders[h0], seg->begin),
-                                         grad_of(pl, so->holders[h0 + 1], seg->begin),
-                                         OP_SUM2, 0, 0 };
-                        for (size_t i = h0 + 2; i < h1; i++)
-                            op[i - h0 - 1] = (rs_op){ grad_of(pl, so->holders[i], seg->begin),
-                                                      NULL, OP_ACC, 0, 0 };
+                        grad_src a = source_of(pl, so->holders[h0], seg->begin);
+                        grad_src b = source_of(pl, so->holders[h0 + 1], seg->begin);
+                        op[0] = (rs_op){ a.p, b.p, OP_SUM2, 0, 0, a.kind, b.kind };
+                        for (size_t i = h0 + 2; i < h1; i++) {
+                            grad_src c = source_of(pl, so->holders[i], seg->begin);
+                            op[i - h0 - 1] = (rs_op){ c.p, NULL, OP_ACC, 0, 0, c.kind, 0 };
+                        }
                         so->seg_src[g * (size_t)D + (size_t)dw] = out;
                         for (size_t i = h0; i < h1; i++)
-                            count_read(me, n, pl->slots[so->holders[i]].domain);
+                            count_read_bytes(me, n * source_of(pl, so->holders[i], seg->begin).elt,
+                                             pl->slots[so->holders[i]].domain);
                         me->bytes.written += n * sizeof(float);
                     }
                     k->rs1++;
@@ -634,17 +695,24 @@ out:
     return s;
 }
 
+/* An fp32 source of the level-2 program (a partial, the scratch chunk). */
+static grad_src f32_src(const float *p)
+{
+    return (grad_src){ p, SRC_F32, sizeof(float) };
+}
+
 /* Appends one op of w's level-2 program (fill: writes it and accounts the
  * bytes of its sources). */
 static void emit_op(comm_slot *me, int fill, size_t *n_ops, size_t n, int kind, int to_tmp,
-                    const float *a, int a_domain, const float *b, int b_domain)
+                    grad_src a, int a_domain, grad_src b, int b_domain)
 {
     if (fill) {
-        me->ops2[*n_ops] = (rs_op){ a, b, (uint8_t)kind, (uint8_t)to_tmp, 0 };
-        if (a)
-            count_read(me, n, a_domain);
-        if (b)
-            count_read(me, n, b_domain);
+        me->ops2[*n_ops] = (rs_op){ a.p, b.p, (uint8_t)kind, (uint8_t)to_tmp, 0, a.kind,
+                                    b.kind };
+        if (a.p)
+            count_read_bytes(me, n * a.elt, a_domain);
+        if (b.p)
+            count_read_bytes(me, n * b.elt, b_domain);
     }
     (*n_ops)++;
 }
@@ -680,31 +748,30 @@ st_status st_comm_plan_owner(comm_plan *pl, int w)
                 domain_holders(pl, me, g, d, &h0, &h1);
                 if (h0 == h1)
                     continue;
-                const comm_slot *s0 = &pl->slots[me->holders[h0]];
+                const grad_src none = f32_src(NULL);
+                grad_src s0 = source_of(pl, me->holders[h0], seg->begin);
                 if (d == dw && h1 - h0 == 1) {
-                    emit_op(me, fill, &n_ops, n, first ? OP_COPY : OP_ACC, 0,
-                            local_at(s0, s0->grads, seg->begin), d, NULL, d);
+                    emit_op(me, fill, &n_ops, n, first ? OP_COPY : OP_ACC, 0, s0, d, none, d);
                 } else if (d == dw) {
                     /* the own domain's partial: into the output if it comes
                      * first, else into the scratch chunk, then added */
-                    const comm_slot *s1 = &pl->slots[me->holders[h0 + 1]];
-                    emit_op(me, fill, &n_ops, n, OP_SUM2, !first, local_at(s0, s0->grads, seg->begin), d,
-                            local_at(s1, s1->grads, seg->begin), d);
+                    emit_op(me, fill, &n_ops, n, OP_SUM2, !first, s0, d,
+                            source_of(pl, me->holders[h0 + 1], seg->begin), d);
                     for (size_t i = h0 + 2; i < h1; i++)
                         emit_op(me, fill, &n_ops, n, OP_ACC, !first,
-                                grad_of(pl, me->holders[i], seg->begin), d, NULL, d);
+                                source_of(pl, me->holders[i], seg->begin), d, none, d);
                     if (!first)
-                        emit_op(me, fill, &n_ops, n, OP_ACC, 0, NULL, dw, NULL, d);
+                        emit_op(me, fill, &n_ops, n, OP_ACC, 0, none, dw, none, d);
                 } else {
-                    const float *src = local_at(s0, s0->grads, seg->begin);
+                    grad_src src = s0;
                     if (h1 - h0 >= 2) {
-                        src = me->seg_src[g * (size_t)D + (size_t)d];
-                        if (!src)
+                        src = f32_src(me->seg_src[g * (size_t)D + (size_t)d]);
+                        if (!src.p)
                             return st_fail(ST_ERR_INVALID, "worker %d: internal error: no "
                                            "partial of domain %d for elements [%zu, %zu)", w, d,
                                            seg->begin, seg->end);
                     }
-                    emit_op(me, fill, &n_ops, n, first ? OP_COPY : OP_ACC, 0, src, d, NULL, d);
+                    emit_op(me, fill, &n_ops, n, first ? OP_COPY : OP_ACC, 0, src, d, none, d);
                 }
                 first = 0;
             }

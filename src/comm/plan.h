@@ -104,12 +104,20 @@ typedef struct comm_slot {
     size_t n_ag1, n_ag2;
     float *partials;
     float *scratch;           /* ST_CHUNK floats, for a local partial */
+    /* bf16 payloads: the buffer of w's held gradient (BUFFER: same compact
+     * layout as grads, held range i at bf16 + local[i]; written by w at
+     * the entry of each reduce-scatter), and the L1 chunks where bf16
+     * sources are widened (2 x ST_CHUNK floats; BUFFER and ON_READ) */
+    uint16_t *bf16;
+    float *wide;
     int rs_mid_barrier, ag_mid_barrier;
     st_comm_bytes bytes;
 } comm_slot;
 
 typedef struct comm_plan {
     int roles;                /* ST_COMM_REDUCE | ST_COMM_GATHER */
+    st_comm_payload payload;  /* what the reduce-scatter reads (fp32, bf16) */
+    st_comm_bf16_at bf16_at;  /* bf16: a buffer per worker, or rounded on read */
     int allow_unheld;         /* elements nobody holds are skipped */
     st_range *unheld_ranges;  /* where they may be (NULL: anywhere) */
     int n_unheld_ranges;
@@ -155,5 +163,10 @@ st_status st_comm_plan_owner(comm_plan *pl, int w);
 /* Phase 4, last: whether w's collectives need their middle barrier (some
  * worker computes a partial; some worker copies from a copier). */
 void st_comm_plan_finish(comm_plan *pl, int w);
+
+/* The step, before the reduce-scatter's entry barrier: with bf16 payloads
+ * in buffers, w rounds its held gradient into its bf16 buffer (nothing
+ * otherwise). */
+void st_comm_plan_convert(const comm_plan *pl, int w);
 
 #endif /* SUBTRAIN_COMM_PLAN_H */

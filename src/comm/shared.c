@@ -187,17 +187,24 @@ static st_status shared_reduce_scatter(st_comm_backend *b, int w)
     if (!(sc->plan.roles & ST_COMM_REDUCE))
         return st_fail(ST_ERR_INVALID, "reduce-scatter on a gather-only engine");
     comm_slot *me = &sc->plan.slots[w];
+    /* bf16 payloads in buffers: w rounds its own gradient into its buffer.
+     * Nobody reads that buffer now, for the reason w's gradient vector
+     * could be written: the readers of the previous reduce-scatter are
+     * done (the all-gather's entry barrier, or whatever the caller of a
+     * reduce-only engine waits at before its next backward), and this
+     * write comes after that backward's. */
+    st_comm_plan_convert(&sc->plan, w);
     /* every gradient vector is complete (and the previous all-gather,
      * which read the master shards, is over everywhere) */
     if (st_spin_barrier_wait(&sc->barrier))
         return another_failed();
     if (me->rs_mid_barrier) {
-        st_comm_run_rs(me->rs1, me->n_rs1, me->ops1, me->scratch);
+        st_comm_run_rs(me->rs1, me->n_rs1, me->ops1, me->scratch, me->wide);
         /* every domain partial is complete */
         if (st_spin_barrier_wait(&sc->barrier))
             return another_failed();
     }
-    st_comm_run_rs(me->rs2, me->n_rs2, me->ops2, me->scratch);
+    st_comm_run_rs(me->rs2, me->n_rs2, me->ops2, me->scratch, me->wide);
     return ST_OK;
 }
 

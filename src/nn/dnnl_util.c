@@ -346,21 +346,27 @@ st_status st_mem_strided_bf16(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows,
     return st_mem_md(ctx, out, &md, data);
 }
 
-st_status st_mem_slot_bf16(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows, int64_t cols,
-                           int64_t row_stride, int64_t col_stride, int slot, size_t offset,
-                           size_t bytes)
+st_status st_mem_slot_md(st_nn_ctx *ctx, dnnl_memory_t *out, const dnnl_memory_desc_t *md,
+                         int slot, size_t offset, size_t bytes)
 {
     if (slot < 0 || slot >= ST_NN_SLOTS)
         return st_fail(ST_ERR_INVALID, "no shared slot %d", slot);
-    dnnl_memory_desc_t md;
-    st_md_strided_bf16(&md, rows, cols, row_stride, col_stride);
     ST_TRY(grow((void **)&ctx->slot_mems, &ctx->cap_slot_mems, ctx->n_slot_mems + 1,
                 sizeof *ctx->slot_mems));
-    ST_TRY(st_mem_md(ctx, out, &md, NULL));   /* no buffer yet: finalize attaches the slot */
+    ST_TRY(st_mem_md(ctx, out, md, NULL));   /* no buffer yet: finalize attaches the slot */
     ctx->slot_mems[ctx->n_slot_mems++] = (struct st_slot_mem){ *out, slot, offset };
     if (bytes > ctx->slot_bytes[slot])
         ctx->slot_bytes[slot] = bytes;
     return ST_OK;
+}
+
+st_status st_mem_slot_bf16(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows, int64_t cols,
+                           int64_t row_stride, int64_t col_stride, int slot, size_t offset,
+                           size_t bytes)
+{
+    dnnl_memory_desc_t md;
+    st_md_strided_bf16(&md, rows, cols, row_stride, col_stride);
+    return st_mem_slot_md(ctx, out, &md, slot, offset, bytes);
 }
 
 st_status st_mem_vector(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t n, const float *data)

@@ -15,6 +15,7 @@
 #define SUBTRAIN_NN_DNNL_UTIL_H
 
 #include <stdint.h>
+#include <string.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <subtrain/arena.h>
@@ -155,6 +156,30 @@ st_status st_mem_strided_bf16(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows,
 st_status st_mem_slot_bf16(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows, int64_t cols,
                            int64_t row_stride, int64_t col_stride, int slot, size_t offset,
                            size_t bytes);
+/* The same with any descriptor (a batched view of several dims). */
+st_status st_mem_slot_md(st_nn_ctx *ctx, dnnl_memory_t *out, const dnnl_memory_desc_t *md,
+                         int slot, size_t offset, size_t bytes);
+
+/* One value each way, as oneDNN's reorders convert (for loops that read
+ * or write bf16 themselves): to the nearest bf16, ties to even (a NaN
+ * stays a NaN), and back, exactly. */
+static inline st_bf16 st_bf16_from_float(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)   /* NaN: keep it one (quiet) */
+        return (st_bf16)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (st_bf16)(u >> 16);
+}
+
+static inline float st_bf16_to_float(st_bf16 h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 
 /* Matching memory descriptors, for building op descriptors. */
 void st_md_matrix(dnnl_memory_desc_t *md, int64_t rows, int64_t cols);

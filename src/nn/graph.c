@@ -530,20 +530,36 @@ static void prune_input_gradients(st_model *m)
     }
 }
 
-/* bf16: whether tensor t is only a product's input in passing.  A norm,
- * an activation or an attention writes it and the very next layer, a
- * linear or convolution one, is the only one that reads it: that layer
- * converts it to its own bf16 copy at once (linear.c, conv.c: before its
- * forward's product), and its backward reads the copy, never the fp32
- * tensor (conv.c makes sure of it when it builds), so nobody reads the
- * fp32 tensor after that layer's forward.  Nor does the writer's backward:
- * a layer norm's, an activation's (activation.c) and a batch norm's
- * (batchnorm.c; with a fused ReLU its mask is a workspace of its own)
- * read their input, not their output.  Such tensors share one buffer, and
- * the activations kept for the backward are the bf16 copies (in a
- * pre-activation ResNet: a block's BN -> ReLU outputs, read by its
- * convolutions).  The model's input and outputs, and a range's last
- * output, never are. */
+/* bf16: whether a tensor written by `writer` and read by `reader` is
+ * converted to the reader's own bf16 copy as soon as the reader runs: a
+ * linear layer's input written by a norm, an activation or an attention;
+ * an attention's input (Q, K, V) written by a linear layer (attention.c
+ * reads Q, K, V from its copy, forward and backward); a convolution's
+ * input written by a batch norm or an activation (conv.c: before its
+ * forward's product; its backward reads only that copy, which it makes
+ * sure of when it builds).  None of these writers' backward reads its
+ * output: a layer norm's, an activation's (activation.c), a batch norm's
+ * (batchnorm.c; with a fused ReLU its mask is a workspace of its own) read
+ * their input, a linear layer's its input and dy.  In a pre-activation
+ * ResNet: a block's BN -> ReLU outputs, read by its convolutions. */
+static int converted_by_reader(const st_layer_kind *writer, const st_layer_kind *reader)
+{
+    if (reader == &st_layer_linear)
+        return writer == &st_layer_layernorm || writer == &st_layer_activation ||
+               writer == &st_layer_attention;
+    if (reader == &st_layer_conv)
+        return writer == &st_layer_batchnorm || writer == &st_layer_activation;
+    return reader == &st_layer_attention && writer == &st_layer_linear;
+}
+
+/* bf16: whether tensor t is only a product's input in passing.  A layer
+ * writes it and the very next layer is the only one that reads it and
+ * converts it to its own bf16 copy at once (converted_by_reader), and its
+ * backward reads the copy, so nobody reads the fp32 tensor after that
+ * layer's forward (the writer's backward reads its input, not its
+ * output).  Such tensors share one buffer, and the activations kept for
+ * the backward are the bf16 copies.  The model's input and outputs, and a
+ * range's last output, never are. */
 static int bf16_transient(const st_model *m, int t)
 {
     if (m->cfg.precision != ST_PRECISION_BF16 || t < ST_T_FIRST_FREE)
@@ -555,16 +571,13 @@ static int bf16_transient(const st_model *m, int t)
             continue;
         last = i;
         if (l->y >= 0 && resolve(m, l->y) == t) {
-            if (writer >= 0 || !(l->kind == &st_layer_layernorm ||
-                                 l->kind == &st_layer_batchnorm ||
-                                 l->kind == &st_layer_activation ||
-                                 l->kind == &st_layer_attention))
+            if (writer >= 0)
                 return 0;
             writer = i;
         }
         if ((l->x >= 0 && resolve(m, l->x) == t) || (l->residual >= 0 && resolve(m, l->residual) == t)) {
-            if (!(l->kind == &st_layer_linear || l->kind == &st_layer_conv) ||
-                (l->residual >= 0 && resolve(m, l->residual) == t) || writer < 0 || readers++)
+            if ((l->residual >= 0 && resolve(m, l->residual) == t) || writer < 0 || readers++ ||
+                !converted_by_reader(m->layers[writer].kind, l->kind))
                 return 0;
             for (int k = writer + 1; k < i; k++)   /* the next layer that runs */
                 if (!m->layers[k].dropped)

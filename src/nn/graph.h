@@ -107,7 +107,8 @@ typedef struct st_layer_kind {
      * question "is this gradient needed" on to what produced its inputs. */
     int transparent;
     /* Floats of the model's shared gradient scratch (st_graph_grad_scratch)
-     * its backward needs in this instance, NULL: none. */
+     * its backward (or, attention in bf16, its forward) needs in this
+     * instance, NULL: none. */
     size_t (*grad_scratch)(const st_model *m, const st_layer *l);
     /* 1: a normalisation with scale and shift (gamma, beta over `out`
      * channels) whose backward computes their gradients even when they
@@ -184,13 +185,7 @@ struct st_layer {
         st_conv conv;
         st_pool pool;
         st_batchnorm bn;
-        struct st_attention {     /* nn/layers/attention.c */
-            int64_t batch, heads, tokens, head_dim;
-            float scale;          /* 1 / sqrt(head_dim) */
-            st_prim scores, softmax, context;           /* forward */
-            st_prim d_v, d_probs, d_softmax, d_q, d_k;  /* backward */
-            int has_dx;
-        } attn;
+        st_attention attn;        /* nn/layers/attention.c */
         struct st_embedding {     /* nn/layers/embedding.c */
             int64_t batch, tokens, vocab, width;
             const float *ids, *tok, *pos;
@@ -414,7 +409,8 @@ st_status st_graph_alloc(st_model *m, size_t count, float **out);
 float *st_graph_norm_scratch(const st_model *m);
 /* The full weight gradients of a layer under backward masking of width
  * units whose primitive computes them all (grad_scratch of its kind):
- * shared by all such layers, written and read within one backward. */
+ * shared by all such layers, written and read within one backward (or one
+ * forward: attention's bf16 scores). */
 float *st_graph_grad_scratch(const st_model *m);
 /* Copies the kept part of a full (rows, cols) row-major gradient src into
  * the compact dst, back to back: the rows of `rows` (NULL: all `n_all`

@@ -49,6 +49,10 @@ typedef struct st_linear {
     st_prim to_bf16_x;     /* x -> xb, before each forward */
     st_prim to_bf16_dy;    /* dy -> dyb, before each backward */
     st_bf16 *wb, *xb;
+    /* st_linear_io.unfuse: the bias and the skip added by passes of their
+     * own after fwd (for measuring the fusions; NULL handles: fused) */
+    st_prim add_bias, add_residual;
+    int unfused_bias, unfused_residual;
 } st_linear;
 
 typedef struct st_linear_io {
@@ -75,6 +79,8 @@ typedef struct st_linear_io {
     int n_dw_runs;
     int bf16;                          /* products in bf16 (fp32 accumulation and
                                         * outputs); w, x, y, dx, dy stay fp32 */
+    unsigned unfuse;                   /* ST_UNFUSE_* (subtrain/model.h); only
+                                        * without a scale */
 } st_linear_io;
 
 st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t in,
@@ -126,6 +132,54 @@ typedef struct st_add {
 st_status st_add_build(st_nn_ctx *ctx, st_add *r, int64_t rows, int64_t cols,
                        const float *a, const float *b, float *out);
 st_status st_add_run(const st_nn_ctx *ctx, const st_add *r);
+
+/* ------------------------------------------------------------ attention */
+
+/* Causal multi-head self-attention of B samples of T tokens, H heads of
+ * dh (attention.c says how):
+ *   x (B T, 3 H dh)  per token q, k, v, each head-major;  y (B T, H dh).
+ * bf16: the six products read bf16 copies of their operands (x's, once
+ * per forward; P; dy's and dS's in the backward) and accumulate and write
+ * fp32; the scores, the softmax and its backward's math stay fp32. */
+typedef struct st_attention_io {
+    const float *x; float *y;
+    float *dx; const float *dy;   /* dx NULL: forward only */
+    void *probs;                  /* P, kept for the backward: st_attention_probs_bytes */
+    float *scratch;               /* st_attention_scratch_floats, shared with other
+                                   * layers' passes (nothing in it outlives one) */
+    int bf16;
+} st_attention_io;
+
+typedef struct st_attention {
+    int64_t batch, heads, tokens, head_dim;
+    float scale;           /* 1 / sqrt(head_dim) */
+    st_prim scores, softmax, context;           /* forward */
+    st_prim d_v, d_probs, d_softmax, d_q, d_k;  /* backward (d_softmax: fp32 only) */
+    int has_dx;
+    float *S;              /* the scores the causal mask writes: in P's buffer (fp32),
+                            * in the scratch (bf16) */
+    /* bf16 (st_attention_io.bf16): xb is the layer's own copy of x (read
+     * again by the backward); pb is P, kept in bf16 only, and the backward
+     * writes dS over it (pb then holds dS until the next forward); dp is
+     * the scratch, where the backward's dP lands; dyb lives in the
+     * context's shared slot ST_SLOT_IN, within one backward. */
+    int bf16;
+    st_prim to_bf16_x;     /* x -> xb, before each forward */
+    st_prim to_bf16_p;     /* P (fp32, the scratch) -> pb, after the softmax */
+    st_prim to_bf16_dy;    /* dy -> dyb, before each backward */
+    st_bf16 *xb, *pb;
+    const float *dp;
+} st_attention;
+
+/* P's bytes (B H T^2 floats, or bf16 values) and the scratch's floats
+ * (B H T^2: dP and dS in the backward; in bf16 the scores too). */
+size_t st_attention_probs_bytes(int64_t batch, int64_t heads, int64_t tokens, int bf16);
+size_t st_attention_scratch_floats(int64_t batch, int64_t heads, int64_t tokens);
+/* A backward follows its forward (it reads P, and in bf16 overwrites it). */
+st_status st_attention_build(st_nn_ctx *ctx, st_attention *a, int64_t batch, int64_t tokens,
+                             int64_t heads, int64_t head_dim, const st_attention_io *io);
+st_status st_attention_forward(const st_nn_ctx *ctx, const st_attention *a);
+st_status st_attention_backward(const st_nn_ctx *ctx, const st_attention *a);
 
 /* ------------------------------------------------------------ loss */
 

@@ -81,6 +81,17 @@ st_status st_train_config_check(const st_train_config *c)
                            "product for ISA %s (use --precision fp32)", isa);
         }
     }
+    if (c->comm_precision != ST_PRECISION_FP32 && c->comm_precision != ST_PRECISION_BF16)
+        return st_fail(ST_ERR_INVALID, "unknown --comm-precision %d (fp32 or bf16)",
+                       (int)c->comm_precision);
+    /* ist's reduction averages parameters and optimizer state once a
+     * round, not gradients: bf16 there would round the masters themselves
+     * (a block's only holder's weights cut to 8 bits of mantissa every
+     * round) */
+    if (c->comm_precision == ST_PRECISION_BF16 && c->strategy == ST_STRATEGY_IST)
+        return st_fail(ST_ERR_INVALID, "--comm-precision bf16 rounds gradients; --strategy ist "
+                       "averages parameters in its rounds, which stay fp32 (use dp, sdp or "
+                       "synth, or --comm-precision fp32)");
     /* Synth trains segments of the model alone (st_model_create_range),
      * which cuts no model with layer groups, and batch norms come in
      * ResNets (doc/cnn.md says why synth stops there). */

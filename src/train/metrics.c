@@ -22,13 +22,13 @@ int st_metrics_write(FILE *f, const st_epoch_record *r)
                "\"test_loss\":%.6f,\"test_acc\":%.4f,\"samples_per_s\":%.1f,"
                "\"wall_s\":%.3f,\"lr\":%.6g,\"workers\":%d,\"ranks\":%d,"
                "\"workers_per_rank\":%d,\"threads_per_worker\":%d,\"precision\":\"%s\","
-               "\"peak_bytes\":%zu,\"peak_bytes_by_kind\":{",
+               "\"comm_precision\":\"%s\",\"peak_bytes\":%zu,\"peak_bytes_by_kind\":{",
             r->epoch, (unsigned long long)r->step, r->final ? "true" : "false",
             r->train_loss, r->test_loss, r->test_acc, r->samples_per_s, r->wall_s,
             r->lr, r->workers, r->ranks > 1 ? r->ranks : 1,
             r->workers_per_rank > 0 ? r->workers_per_rank : r->workers,
             r->threads_per_worker > 1 ? r->threads_per_worker : 1,
-            st_precision_name(r->precision), m->peak_total);
+            st_precision_name(r->precision), st_precision_name(r->comm_precision), m->peak_total);
     for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
         fprintf(f, "%s\"%s\":%zu", k ? "," : "", st_mem_kind_name((st_mem_kind)k), m->peak[k]);
     if (r->tokens_per_sample)   /* a byte-level language model: nats per byte to bits */

@@ -43,6 +43,7 @@ void st_run_fill_record(run_shared *r, st_epoch_record *rec, uint64_t steps_in_e
     rec->workers_per_rank = r->n;
     rec->threads_per_worker = r->placement.threads_per_worker;
     rec->precision = r->cfg->model.precision;
+    rec->comm_precision = r->cfg->comm_precision;
     rec->tokens_per_sample = r->cfg->model.context;
     rec->comm_bytes_per_worker_step = bytes;
     rec->comm_bytes_per_worker_round = 0.0;

@@ -39,6 +39,17 @@ st_status st_run_make_plan(const st_train_config *cfg, int workers, const st_dat
     return ST_OK;
 }
 
+st_comm_payload st_run_comm_payload(const st_train_config *cfg)
+{
+    /* bf16 payloads in buffers (ST_COMM_BF16_BUFFER, the config's 0):
+     * what the other workers read of a worker's gradient is bf16, half the
+     * bytes, at the price of the worker's conversion pass.  The engine can
+     * also round as it reads (no buffer, fp32 bytes read, bitwise the
+     * same result); doc/reduction.md says what bench_reduce measured of
+     * both. */
+    return cfg->comm_precision == ST_PRECISION_BF16 ? ST_COMM_PAYLOAD_BF16 : ST_COMM_PAYLOAD_FP32;
+}
+
 st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
                                const st_range *unheld, int n_unheld, st_comm **out)
 {
@@ -56,7 +67,8 @@ st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
                           .n_unheld_ranges = n_unheld,
                           /* ranks: each rank's workers, the ranks over MPI */
                           .backend = r->ranks > 1 ? ST_COMM_BACKEND_MPI
-                                                  : ST_COMM_BACKEND_SHARED };
+                                                  : ST_COMM_BACKEND_SHARED,
+                          .payload = st_run_comm_payload(r->cfg) };
     st_status s = st_comm_create(&cc, out);
     free(domain_of);
     return s;

@@ -324,7 +324,8 @@ static st_status make_engines(run_shared *r, synth_run *sy)
         for (int k = 0; k < G->local_count; k++)
             domain_of[k] = r->placement.workers[G->local_first + k].domain;
         st_comm_config cc = { .n_workers = G->local_count, .n_params = G->n_params,
-                              .domain_of = domain_of };
+                              .domain_of = domain_of,
+                              .payload = st_run_comm_payload(r->cfg) };
         if (spans_ranks(G)) {
             cc.backend = ST_COMM_BACKEND_MPI;
             cc.rank_first = G->rank_first;
@@ -736,6 +737,7 @@ static void fill_record(run_shared *r, st_epoch_record *rec)
     rec->workers_per_rank = r->n;
     rec->threads_per_worker = r->placement.threads_per_worker;
     rec->precision = r->cfg->model.precision;
+    rec->comm_precision = r->cfg->comm_precision;
     rec->comm_bytes_per_worker_step = bytes;
     rec->ring_bytes_per_worker_step =
         st_comm_ring_bytes(r->n_all, r->n_params);

@@ -6,6 +6,7 @@
  * Shapes, B samples of T tokens, Hk heads of size dh kept (Dk = Hk dh):
  *   x     (B x T, 3 Dk)   per token: q (Dk), k (Dk), v (Dk), each head-major
  *   P     (B, Hk, T, T)   probabilities, saved for the backward  [attention]
+ *                         (fp32; in bf16, bf16: half the bytes)
  *   y     (B x T, Dk)     per token: the heads' outputs, head-major
  *
  *   S = (Q K^T) / sqrt(dh), S[i, j > i] = -inf    scores (in P's buffer)
@@ -25,6 +26,41 @@
  * which oneDNN 2.6's matmul does not fuse.  Masked probabilities are then
  * exactly 0, and so are their gradients.
  *
+ * In bf16 (--precision bf16) the six products read bf16 operands and
+ * accumulate and write fp32, as linear layers do (oneDNN 2.6 creates each
+ * as a bf16 x bf16 -> f32 matmul over the same strided 4-d views, the
+ * scale post-op included: gemm:jit with avx512_core_bf16):
+ *   xb = bf16(x)                 once per forward (a reorder); Q, K, V are
+ *                                read from it through the same strides, by
+ *                                the forward and again by the backward
+ *   S = (Qb Kb^T) / sqrt(dh)     fp32, in the model's scratch, masked
+ *   Pb = bf16(softmax(S))        softmax in fp32 in place, then a reorder
+ *   Y = Pb Vb
+ * backward:
+ *   dYb = bf16(dY)               a reorder into the context's shared slot
+ *   dV = Pb^T dYb    dP = dYb Vb^T (fp32, in the scratch)
+ *   dSb = bf16(Pb (dP - sum_j Pb dP))   fp32 math, a loop, over Pb's buffer
+ *   dQ = dSb Kb / sqrt(dh)       dK = dSb^T Qb / sqrt(dh)
+ * The scores and the softmax stay fp32: the softmax subtracts the row's
+ * maximum and exponentiates, and a bf16 score (8 significant bits) is off
+ * by up to 2^-9 of its magnitude, a score of 20 by 0.04: every probability
+ * would be off by 4% before any product; the sum over T keys normalising
+ * them would lose as much again.  Rounded once at the end, P is off by
+ * at most half a bf16 ulp (2^-9 .. 2^-8 relative), as any product's
+ * operand.
+ * Only Pb is kept for the backward (half the fp32 P, the largest
+ * activation at a long context), so the softmax backward reads the
+ * rounded P: its sum_j P dP and the products are fp32 (the terms P dP
+ * nearly cancel against the sum), so dS is off by about as much as P,
+ * what rounding dS for its products costs anyway (tests/test_layers.c,
+ * attention/bf16_*: y and dx within 0.3% rms of unrounded fp32 math;
+ * tests/test_cli.c: a gpt run within 0.01% of fp32's loss).  oneDNN 2.6's
+ * softmax backward takes no bf16 P with an fp32 dP (unimplemented; only
+ * all bf16, which would round dP before that cancellation), hence the
+ * loop; it writes dS in bf16 over Pb, which the backward no longer needs
+ * (dV has read it), so dS costs no buffer: after a backward, the saved
+ * buffer holds dS, and the next forward writes P again.
+ *
  * A subnetwork of heads keeps whole heads: its width layer's kept neurons
  * must be runs of dh (the projections' rows move with their head).  The
  * scale 1/sqrt(dh) is the head's, whatever is kept.
@@ -34,57 +70,273 @@
 
 #include "nn/graph.h"
 
-/* A (B, H, rows, cols) view of a buffer: row stride rs, column stride cs,
- * a sample every bs floats, a head every hs. */
-static void md4(dnnl_memory_desc_t *md, int64_t B, int64_t H, int64_t rows, int64_t cols,
-                int64_t bs, int64_t hs, int64_t rs, int64_t cs)
+/* A (B, H, rows, cols) view of a buffer of dt values: row stride rs,
+ * column stride cs, a sample every bs values, a head every hs. */
+static void md4(dnnl_memory_desc_t *md, dnnl_data_type_t dt, int64_t B, int64_t H, int64_t rows,
+                int64_t cols, int64_t bs, int64_t hs, int64_t rs, int64_t cs)
 {
     dnnl_dims_t dims = { B, H, rows, cols }, strides = { bs, hs, rs, cs };
-    dnnl_memory_desc_init_by_strides(md, 4, dims, dnnl_f32, strides);
+    dnnl_memory_desc_init_by_strides(md, 4, dims, dt, strides);
 }
 
-/* dst = scale (src x w), batched; binds the three arguments. */
-static st_status matmul(st_nn_ctx *ctx, st_prim *p, const dnnl_memory_desc_t *src_md,
-                        const float *src, const dnnl_memory_desc_t *w_md, const float *w,
-                        const dnnl_memory_desc_t *dst_md, float *dst, float scale,
-                        const char *what)
+/* dst = scale (src x w), batched, over the views given; binds the three
+ * arguments. */
+static st_status matmul(st_nn_ctx *ctx, st_prim *p, dnnl_memory_t src, dnnl_memory_t w,
+                        dnnl_memory_t dst, float scale, const char *what)
 {
+    const dnnl_memory_desc_t *src_md, *w_md, *dst_md;
+    ST_DNNL(dnnl_memory_get_memory_desc(src, &src_md), what);
+    ST_DNNL(dnnl_memory_get_memory_desc(w, &w_md), what);
+    ST_DNNL(dnnl_memory_get_memory_desc(dst, &dst_md), what);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, src_md, w_md, NULL, dst_md), what);
     ST_TRY(st_prim_create_scaled(ctx, p, &d, NULL, scale, what, NULL));
-    dnnl_memory_t ms, mw, md;
-    ST_TRY(st_mem_md(ctx, &ms, src_md, src));
-    ST_TRY(st_mem_md(ctx, &mw, w_md, w));
-    ST_TRY(st_mem_md(ctx, &md, dst_md, dst));
-    st_prim_arg(p, DNNL_ARG_SRC, ms);
-    st_prim_arg(p, DNNL_ARG_WEIGHTS, mw);
-    st_prim_arg(p, DNNL_ARG_DST, md);
+    st_prim_arg(p, DNNL_ARG_SRC, src);
+    st_prim_arg(p, DNNL_ARG_WEIGHTS, w);
+    st_prim_arg(p, DNNL_ARG_DST, dst);
     return ST_OK;
 }
 
-/* Floats of a (B, Hk, T, T) tensor of the kept heads' scores. */
-static size_t scores_floats(const st_model *m, const st_layer *l)
+size_t st_attention_probs_bytes(int64_t batch, int64_t heads, int64_t tokens, int bf16)
 {
-    const int64_t dh = l->out / l->heads, Hk = st_graph_cols(m, l->y) / dh;
-    return (size_t)(m->batch * Hk * m->cfg.context * m->cfg.context);
+    return (size_t)(batch * heads * tokens * tokens) * (bf16 ? sizeof(st_bf16) : sizeof(float));
 }
 
-/* The probabilities, kept for the backward. */
+size_t st_attention_scratch_floats(int64_t batch, int64_t heads, int64_t tokens)
+{
+    return (size_t)(batch * heads * tokens * tokens);
+}
+
+/* bf16: the copy of x (the layer's own: the backward reads it again) and
+ * the reorder that fills it; dy's copy (the shared slot ST_SLOT_IN: it
+ * lives within one backward) and its reorder; dyb: its (B, H, T, dh) view. */
+static st_status build_conversions(st_nn_ctx *ctx, st_attention *a, const st_attention_io *io,
+                                   const dnnl_memory_desc_t *y_md, dnnl_memory_t *dyb)
+{
+    const int64_t BT = a->batch * a->tokens, Dk = a->heads * a->head_dim, X = 3 * Dk;
+    void *p;
+    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS, (size_t)(BT * X) * sizeof(st_bf16),
+                          &p));
+    a->xb = p;
+    dnnl_memory_t x32, x16;
+    ST_TRY(st_mem_matrix(ctx, &x32, BT, X, io->x));
+    ST_TRY(st_mem_strided_bf16(ctx, &x16, BT, X, X, 1, a->xb));
+    ST_TRY(st_prim_create_reorder(ctx, &a->to_bf16_x, x32, x16, "attention input to bf16"));
+    if (!a->has_dx)
+        return ST_OK;
+    const size_t bytes = (size_t)(BT * Dk) * sizeof(st_bf16);
+    dnnl_memory_t dy32, dy16;
+    ST_TRY(st_mem_matrix(ctx, &dy32, BT, Dk, io->dy));
+    ST_TRY(st_mem_slot_bf16(ctx, &dy16, BT, Dk, Dk, 1, ST_SLOT_IN, 0, bytes));
+    ST_TRY(st_prim_create_reorder(ctx, &a->to_bf16_dy, dy32, dy16,
+                                  "attention output gradient to bf16"));
+    return st_mem_slot_md(ctx, dyb, y_md, ST_SLOT_IN, 0, bytes);
+}
+
+st_status st_attention_build(st_nn_ctx *ctx, st_attention *a, int64_t batch, int64_t tokens,
+                             int64_t heads, int64_t head_dim, const st_attention_io *io)
+{
+    const int64_t B = batch, T = tokens, H = heads, dh = head_dim;
+    *a = (st_attention){ .batch = B, .heads = H, .tokens = T, .head_dim = dh,
+                         .scale = 1.0f / sqrtf((float)dh), .has_dx = io->dx != NULL,
+                         .bf16 = io->bf16 != 0 };
+    const int64_t Dk = H * dh, X = 3 * Dk;   /* a token's row of x */
+    /* Views, (B, H, rows, cols), of the products' operands (dnnl_bf16 in
+     * bf16) and of their fp32 outputs.  part: one of x's (and dx's) three
+     * parts, Q, K or V, at its offset; part_t its transpose; y: y's and
+     * dy's heads; p, p_t: the scores, probabilities and their gradients,
+     * dense. */
+    const dnnl_data_type_t op = a->bf16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_memory_desc_t part_md, part_t_md, y_md, p_md, p_t_md, part32_md, y32_md, p32_md;
+    md4(&part_md, op, B, H, T, dh, T * X, dh, X, 1);
+    md4(&part_t_md, op, B, H, dh, T, T * X, dh, 1, X);
+    md4(&y_md, op, B, H, T, dh, T * Dk, dh, Dk, 1);
+    md4(&p_md, op, B, H, T, T, H * T * T, T * T, T, 1);
+    md4(&p_t_md, op, B, H, T, T, H * T * T, T * T, 1, T);
+    md4(&part32_md, dnnl_f32, B, H, T, dh, T * X, dh, X, 1);
+    md4(&y32_md, dnnl_f32, B, H, T, dh, T * Dk, dh, Dk, 1);
+    md4(&p32_md, dnnl_f32, B, H, T, T, H * T * T, T * T, T, 1);
+
+    /* The operands: x's parts (fp32, or the bf16 copy), P (and in bf16
+     * dS, over it), dy (fp32, or its bf16 copy in the shared slot). */
+    dnnl_memory_t mdyb = NULL;
+    if (a->bf16)
+        ST_TRY(build_conversions(ctx, a, io, &y_md, &mdyb));
+    const size_t es = a->bf16 ? sizeof(st_bf16) : sizeof(float);
+    const char *xo = a->bf16 ? (const char *)a->xb : (const char *)io->x;
+    dnnl_memory_t q, k, v, k_t, v_t, P, P_t, y;
+    ST_TRY(st_mem_md(ctx, &q, &part_md, xo));
+    ST_TRY(st_mem_md(ctx, &k, &part_md, xo + Dk * es));
+    ST_TRY(st_mem_md(ctx, &v, &part_md, xo + 2 * Dk * es));
+    ST_TRY(st_mem_md(ctx, &k_t, &part_t_md, xo + Dk * es));
+    ST_TRY(st_mem_md(ctx, &v_t, &part_t_md, xo + 2 * Dk * es));
+    ST_TRY(st_mem_md(ctx, &P, &p_md, io->probs));
+    ST_TRY(st_mem_md(ctx, &P_t, &p_t_md, io->probs));
+    ST_TRY(st_mem_md(ctx, &y, &y32_md, io->y));
+    /* the scores: in P's buffer, where the softmax turns them into P in
+     * place; in bf16 in the scratch (fp32), P too, then rounded into Pb */
+    a->S = a->bf16 ? io->scratch : io->probs;
+    dnnl_memory_t S;
+    ST_TRY(st_mem_md(ctx, &S, &p32_md, a->S));
+    ST_TRY(matmul(ctx, &a->scores, q, k_t, S, a->scale, "attention scores"));
+
+    dnnl_memory_desc_t rows_md;
+    st_md_matrix(&rows_md, B * H * T, T);
+    dnnl_memory_t mrows;
+    ST_TRY(st_mem_matrix(ctx, &mrows, B * H * T, T, a->S));
+    dnnl_softmax_desc_t sf, sb;
+    ST_DNNL(dnnl_softmax_forward_desc_init(&sf, dnnl_forward_training, &rows_md, 1),
+            "attention softmax descriptor");
+    ST_DNNL(dnnl_softmax_backward_desc_init(&sb, &rows_md, &rows_md, 1),
+            "attention softmax backward descriptor");
+    if (a->has_dx && !a->bf16) {
+        ST_TRY(st_prim_create_pair(ctx, &a->softmax, &sf, &a->d_softmax, &sb,
+                                   "attention softmax", "attention softmax backward"));
+        dnnl_memory_t mds;
+        ST_TRY(st_mem_matrix(ctx, &mds, B * H * T, T, io->scratch));
+        st_prim_arg(&a->d_softmax, DNNL_ARG_DST, mrows);
+        st_prim_arg(&a->d_softmax, DNNL_ARG_DIFF_DST, mds);
+        st_prim_arg(&a->d_softmax, DNNL_ARG_DIFF_SRC, mds);   /* in place */
+    } else {   /* bf16: the backward is the loop below */
+        ST_TRY(st_prim_create(ctx, &a->softmax, &sf, NULL, "attention softmax", NULL));
+    }
+    st_prim_arg(&a->softmax, DNNL_ARG_SRC, mrows);
+    st_prim_arg(&a->softmax, DNNL_ARG_DST, mrows);               /* in place */
+    if (a->bf16) {
+        /* P in fp32 in the scratch, then rounded once into Pb.  (softmax
+         * v2 writes bf16 itself, but oneDNN 2.6's rounds twice, its
+         * exponentials and then their quotients: a quarter of the values
+         * one bf16 ulp off the nearest, measured over random rows.) */
+        dnnl_memory_t mpb;
+        ST_TRY(st_mem_strided_bf16(ctx, &mpb, B * H * T, T, T, 1, io->probs));
+        ST_TRY(st_prim_create_reorder(ctx, &a->to_bf16_p, mrows, mpb,
+                                      "attention probabilities to bf16"));
+        a->pb = io->probs;
+        a->dp = io->scratch;
+    }
+    ST_TRY(matmul(ctx, &a->context, P, v, y, 1.0f, "attention context"));
+    if (!a->has_dx)
+        return ST_OK;
+
+    /* backward: dP in the scratch; dS there too, in place (fp32), or in
+     * bf16 over Pb (the loop) */
+    const char *dxo = (const char *)io->dx;
+    dnnl_memory_t dy, dq, dk, dv, dP, dS, dS_t;
+    if (a->bf16)
+        dy = mdyb;
+    else
+        ST_TRY(st_mem_md(ctx, &dy, &y_md, io->dy));
+    ST_TRY(st_mem_md(ctx, &dq, &part32_md, dxo));
+    ST_TRY(st_mem_md(ctx, &dk, &part32_md, dxo + Dk * sizeof(float)));
+    ST_TRY(st_mem_md(ctx, &dv, &part32_md, dxo + 2 * Dk * sizeof(float)));
+    ST_TRY(st_mem_md(ctx, &dP, &p32_md, io->scratch));
+    if (a->bf16) {
+        dS = P;
+        dS_t = P_t;
+    } else {
+        dS = dP;
+        ST_TRY(st_mem_md(ctx, &dS_t, &p_t_md, io->scratch));
+    }
+    /* dx's parts go where the projection's backward reads them */
+    ST_TRY(matmul(ctx, &a->d_v, P_t, dy, dv, 1.0f, "attention backward dV"));
+    ST_TRY(matmul(ctx, &a->d_probs, dy, v_t, dP, 1.0f, "attention backward dP"));
+    ST_TRY(matmul(ctx, &a->d_q, dS, k, dq, a->scale, "attention backward dQ"));
+    return matmul(ctx, &a->d_k, dS_t, q, dk, a->scale, "attention backward dK");
+}
+
+/* -inf above the diagonal of every (T, T) block of scores. */
+static void causal_mask(const st_attention *a, float *S)
+{
+    const int64_t T = a->tokens;
+    for (int64_t blk = 0; blk < a->batch * a->heads; blk++, S += T * T)
+        for (int64_t i = 0; i + 1 < T; i++)
+            for (int64_t j = i + 1; j < T; j++)
+                S[i * T + j] = -INFINITY;
+}
+
+/* bf16: dS = P (dP - sum_j P dP) per row of every (T, T) block, P read
+ * from pb and dS written over it, in bf16; fp32 math (header).  A row i
+ * has keys j <= i only (P is exactly 0 beyond: so is dS). */
+static void softmax_backward_bf16(const st_attention *a)
+{
+    const int64_t T = a->tokens;
+    st_bf16 *p = a->pb;
+    const float *dp = a->dp;
+    for (int64_t r = 0; r < a->batch * a->heads * T; r++, p += T, dp += T) {
+        const int64_t n = r % T + 1;
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n; j++)
+            sum += st_bf16_to_float(p[j]) * dp[j];
+        for (int64_t j = 0; j < n; j++)
+            p[j] = st_bf16_from_float(st_bf16_to_float(p[j]) * (dp[j] - sum));
+        for (int64_t j = n; j < T; j++)
+            p[j] = 0;
+    }
+}
+
+st_status st_attention_forward(const st_nn_ctx *ctx, const st_attention *a)
+{
+    if (a->bf16)
+        ST_TRY(st_prim_run(ctx, &a->to_bf16_x));
+    ST_TRY(st_prim_run(ctx, &a->scores));
+    causal_mask(a, a->S);
+    ST_TRY(st_prim_run(ctx, &a->softmax));
+    if (a->bf16)
+        ST_TRY(st_prim_run(ctx, &a->to_bf16_p));
+    return st_prim_run(ctx, &a->context);
+}
+
+st_status st_attention_backward(const st_nn_ctx *ctx, const st_attention *a)
+{
+    if (!a->has_dx)
+        return ST_OK;
+    if (a->bf16)
+        ST_TRY(st_prim_run(ctx, &a->to_bf16_dy));
+    ST_TRY(st_prim_run(ctx, &a->d_v));
+    ST_TRY(st_prim_run(ctx, &a->d_probs));
+    if (a->bf16)
+        softmax_backward_bf16(a);
+    else
+        ST_TRY(st_prim_run(ctx, &a->d_softmax));
+    ST_TRY(st_prim_run(ctx, &a->d_q));
+    return st_prim_run(ctx, &a->d_k);
+}
+
+/* ------------------------------------------------------------ the layer kind */
+
+static int precision_bf16(const st_model *m)
+{
+    return m->cfg.precision == ST_PRECISION_BF16;
+}
+
+/* Heads kept by this instance. */
+static int64_t kept_heads(const st_model *m, const st_layer *l)
+{
+    const int64_t dh = l->out / l->heads;
+    return st_graph_cols(m, l->y) / dh;
+}
+
+/* The probabilities, kept for the backward (bf16: half the bytes). */
 static st_status attn_alloc(st_model *m, st_layer *l)
 {
-    return st_arena_alloc_floats(m->arena, ST_MEM_ATTENTION, scores_floats(m, l), &l->saved[0]);
+    void *p;
+    ST_TRY(st_arena_alloc(m->arena, ST_MEM_ATTENTION,
+                          st_attention_probs_bytes(m->batch, kept_heads(m, l), m->cfg.context,
+                                                   precision_bf16(m)), &p));
+    l->saved[0] = p;
+    return ST_OK;
 }
 
-/* dP, then dS in place: one scratch shared with the other layers'
- * backward scratch (one backward at a time). */
+/* dP, then dS in place (bf16: the scores in the forward, dP in the
+ * backward): one scratch shared with the other layers' (one pass at a
+ * time, nothing kept from one to the next). */
 static size_t attn_scratch(const st_model *m, const st_layer *l)
 {
-    return scores_floats(m, l);
+    return st_attention_scratch_floats(m->batch, kept_heads(m, l), m->cfg.context);
 }
 
 static st_status attn_build(st_model *m, st_layer *l)
 {
-    struct st_attention *a = &l->u.attn;
     const int64_t B = m->batch, T = m->cfg.context, dh = l->out / l->heads;
     const int64_t Dk = st_graph_cols(m, l->y);
     if (T < 1 || l->heads < 1 || l->out % l->heads != 0)
@@ -102,89 +354,23 @@ static st_status attn_build(st_model *m, st_layer *l)
                            "is neuron %d of the layer, not of a whole head of %lld (the neuron "
                            "group must be a multiple of the head size)", l->name, (long long)i,
                            (int)kept->ids[i], (long long)dh);
-    *a = (struct st_attention){ .batch = B, .heads = Dk / dh, .tokens = T, .head_dim = dh,
-                                .scale = 1.0f / sqrtf((float)dh) };
-    const int64_t H = a->heads, X = 3 * Dk;   /* a token's row of x */
-    const float *x = st_graph_data(m, l->x);
-    float *y = st_graph_data(m, l->y), *P = l->saved[0];
-    /* Views, (B, H, rows, cols).  part: one of x's (and dx's) three parts,
-     * Q, K or V, at its offset; part_t its transpose; y: y's and dy's heads;
-     * p, p_t: the scores, probabilities and their gradients, dense. */
-    dnnl_memory_desc_t part_md, part_t_md, y_md, p_md, p_t_md;
-    md4(&part_md, B, H, T, dh, T * X, dh, X, 1);
-    md4(&part_t_md, B, H, dh, T, T * X, dh, 1, X);
-    md4(&y_md, B, H, T, dh, T * Dk, dh, Dk, 1);
-    md4(&p_md, B, H, T, T, H * T * T, T * T, T, 1);
-    md4(&p_t_md, B, H, T, T, H * T * T, T * T, 1, T);
-    ST_TRY(matmul(&m->ctx, &a->scores, &part_md, x, &part_t_md, x + Dk, &p_md, P, a->scale,
-                  "attention scores"));
-    dnnl_memory_desc_t rows_md;
-    st_md_matrix(&rows_md, B * H * T, T);
-    dnnl_softmax_desc_t sf, sb;
-    ST_DNNL(dnnl_softmax_forward_desc_init(&sf, dnnl_forward_training, &rows_md, 1),
-            "attention softmax descriptor");
-    ST_DNNL(dnnl_softmax_backward_desc_init(&sb, &rows_md, &rows_md, 1),
-            "attention softmax backward descriptor");
-    float *dx = st_graph_data(m, l->dx), *dS = st_graph_grad_scratch(m);
-    const float *dy = st_graph_data(m, l->dy);
-    a->has_dx = dx != NULL;
-    dnnl_memory_t mp, mds;
-    ST_TRY(st_mem_matrix(&m->ctx, &mp, B * H * T, T, P));
-    if (a->has_dx) {
-        ST_TRY(st_prim_create_pair(&m->ctx, &a->softmax, &sf, &a->d_softmax, &sb,
-                                   "attention softmax", "attention softmax backward"));
-        ST_TRY(st_mem_matrix(&m->ctx, &mds, B * H * T, T, dS));
-        st_prim_arg(&a->d_softmax, DNNL_ARG_DST, mp);
-        st_prim_arg(&a->d_softmax, DNNL_ARG_DIFF_DST, mds);
-        st_prim_arg(&a->d_softmax, DNNL_ARG_DIFF_SRC, mds);   /* in place */
-    } else {
-        ST_TRY(st_prim_create(&m->ctx, &a->softmax, &sf, NULL, "attention softmax", NULL));
-    }
-    st_prim_arg(&a->softmax, DNNL_ARG_SRC, mp);
-    st_prim_arg(&a->softmax, DNNL_ARG_DST, mp);               /* in place */
-    ST_TRY(matmul(&m->ctx, &a->context, &p_md, P, &part_md, x + 2 * Dk, &y_md, y, 1.0f,
-                  "attention context"));
-    if (!a->has_dx)
-        return ST_OK;
-    /* dx's parts go where the projection's backward reads them */
-    ST_TRY(matmul(&m->ctx, &a->d_v, &p_t_md, P, &y_md, dy, &part_md, dx + 2 * Dk, 1.0f,
-                  "attention backward dV"));
-    ST_TRY(matmul(&m->ctx, &a->d_probs, &y_md, dy, &part_t_md, x + 2 * Dk, &p_md, dS, 1.0f,
-                  "attention backward dP"));
-    ST_TRY(matmul(&m->ctx, &a->d_q, &p_md, dS, &part_md, x + Dk, &part_md, dx, a->scale,
-                  "attention backward dQ"));
-    ST_TRY(matmul(&m->ctx, &a->d_k, &p_t_md, dS, &part_md, x, &part_md, dx + Dk, a->scale,
-                  "attention backward dK"));
-    return ST_OK;
-}
-
-/* -inf above the diagonal of every (T, T) block of scores. */
-static void causal_mask(const struct st_attention *a, float *S)
-{
-    const int64_t T = a->tokens;
-    for (int64_t blk = 0; blk < a->batch * a->heads; blk++, S += T * T)
-        for (int64_t i = 0; i + 1 < T; i++)
-            for (int64_t j = i + 1; j < T; j++)
-                S[i * T + j] = -INFINITY;
+    const st_attention_io io = {
+        .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
+        .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
+        .probs = l->saved[0], .scratch = st_graph_grad_scratch(m), .bf16 = precision_bf16(m),
+    };
+    return st_attention_build(&m->ctx, &l->u.attn, B, T, Dk / dh, dh, &io);
 }
 
 static st_status attn_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
-    const struct st_attention *a = &l->u.attn;
-    ST_TRY(st_prim_run(ctx, &a->scores));
-    causal_mask(a, l->saved[0]);
-    ST_TRY(st_prim_run(ctx, &a->softmax));
-    return st_prim_run(ctx, &a->context);
+    (void)phase;
+    return st_attention_forward(ctx, &l->u.attn);
 }
 
 static st_status attn_backward(const st_nn_ctx *ctx, const st_layer *l)
 {
-    const struct st_attention *a = &l->u.attn;
-    ST_TRY(st_prim_run(ctx, &a->d_v));
-    ST_TRY(st_prim_run(ctx, &a->d_probs));
-    ST_TRY(st_prim_run(ctx, &a->d_softmax));
-    ST_TRY(st_prim_run(ctx, &a->d_q));
-    return st_prim_run(ctx, &a->d_k);
+    return st_attention_backward(ctx, &l->u.attn);
 }
 
 /* Two batched products forward (scores, context), four backward, each
@@ -192,7 +378,7 @@ static st_status attn_backward(const st_nn_ctx *ctx, const st_layer *l)
  * compute it). */
 static double attn_flops(const st_layer *l)
 {
-    const struct st_attention *a = &l->u.attn;
+    const st_attention *a = &l->u.attn;
     const double one = 2.0 * (double)(a->batch * a->heads) * (double)(a->tokens * a->tokens) *
                        (double)a->head_dim;
     return one * (a->has_dx ? 6.0 : 2.0);

@@ -88,16 +88,18 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
     operand_md(l, &wt_md, l->in, l->out, rs, cs);
     st_md_matrix(&b_md, 1, l->out);
     st_md_matrix(&y_md, l->batch, l->out);
-    /* an unscaled bias is added after the scale, as a post-op */
+    /* an unscaled bias is added after the scale, as a post-op; unfused
+     * (measuring the fusions) the bias and the skip are passes of their own */
     const int bias_after = !l->scale_bias;
     const dnnl_memory_desc_t *add0 = bias_after ? &b_md : NULL;
-    const dnnl_memory_desc_t *add1 = io->residual ? &y_md : NULL;
+    const dnnl_memory_desc_t *add1 = io->residual && !l->unfused_residual ? &y_md : NULL;
     if (!add0) {
         add0 = add1;
         add1 = NULL;
     }
     dnnl_matmul_desc_t d;
-    ST_DNNL(dnnl_matmul_desc_init(&d, &x_md, &wt_md, bias_after ? NULL : &b_md, &y_md),
+    ST_DNNL(dnnl_matmul_desc_init(&d, &x_md, &wt_md, bias_after || l->unfused_bias ? NULL : &b_md,
+                                  &y_md),
             "linear forward descriptor");
     ST_TRY(st_prim_create_with_post_ops(ctx, &l->fwd, &d, l->scale, add0, add1,
                                         "linear forward"));
@@ -111,9 +113,29 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
     if (bias_after)
         st_prim_arg(&l->fwd, DNNL_ARG_ATTR_MULTIPLE_POST_OP(st_post_op_index(l->scale, add0, next++)) |
                     DNNL_ARG_SRC_1, b);
-    else
+    else if (!l->unfused_bias)
         st_prim_arg(&l->fwd, DNNL_ARG_BIAS, b);
-    if (io->residual) {
+    if (l->unfused_bias) {   /* y += b, b broadcast over the rows, in place */
+        dnnl_binary_desc_t bd;
+        ST_DNNL(dnnl_binary_desc_init(&bd, dnnl_binary_add, &y_md, &b_md, &y_md),
+                "linear bias add descriptor");
+        ST_TRY(st_prim_create(ctx, &l->add_bias, &bd, NULL, "linear bias add (unfused)", NULL));
+        st_prim_arg(&l->add_bias, DNNL_ARG_SRC_0, y);
+        st_prim_arg(&l->add_bias, DNNL_ARG_SRC_1, b);
+        st_prim_arg(&l->add_bias, DNNL_ARG_DST, y);
+    }
+    if (io->residual && l->unfused_residual) {   /* y += residual, in place */
+        dnnl_memory_t res;
+        ST_TRY(st_mem_matrix(ctx, &res, l->batch, l->out, io->residual));
+        dnnl_binary_desc_t bd;
+        ST_DNNL(dnnl_binary_desc_init(&bd, dnnl_binary_add, &y_md, &y_md, &y_md),
+                "linear skip add descriptor");
+        ST_TRY(st_prim_create(ctx, &l->add_residual, &bd, NULL, "linear skip add (unfused)",
+                              NULL));
+        st_prim_arg(&l->add_residual, DNNL_ARG_SRC_0, y);
+        st_prim_arg(&l->add_residual, DNNL_ARG_SRC_1, res);
+        st_prim_arg(&l->add_residual, DNNL_ARG_DST, y);
+    } else if (io->residual) {
         dnnl_memory_t res;
         ST_TRY(st_mem_matrix(ctx, &res, l->batch, l->out, io->residual));
         st_prim_arg(&l->fwd, DNNL_ARG_ATTR_MULTIPLE_POST_OP(st_post_op_index(l->scale, add0, next)) |
@@ -290,6 +312,8 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
     l->has_dx = io->dx != NULL;
     l->has_dw = io->dw != NULL;
     l->bf16 = io->bf16 != 0;
+    l->unfused_bias = (io->unfuse & ST_UNFUSE_BIAS) && l->scale == 1.0f;
+    l->unfused_residual = (io->unfuse & ST_UNFUSE_RESIDUAL) && l->scale == 1.0f && io->residual;
     if (l->bf16)
         ST_TRY(build_conversions(ctx, l, io));
     ST_TRY(build_forward(ctx, l, io));
@@ -306,7 +330,12 @@ st_status st_linear_forward(const st_nn_ctx *ctx, const st_linear *l)
         ST_TRY(st_prim_run(ctx, &l->to_bf16_w));
         ST_TRY(st_prim_run(ctx, &l->to_bf16_x));
     }
-    return st_prim_run(ctx, &l->fwd);
+    ST_TRY(st_prim_run(ctx, &l->fwd));
+    if (l->unfused_bias)
+        ST_TRY(st_prim_run(ctx, &l->add_bias));
+    if (l->unfused_residual)
+        ST_TRY(st_prim_run(ctx, &l->add_residual));
+    return ST_OK;
 }
 
 st_status st_linear_backward(const st_nn_ctx *ctx, const st_linear *l)
@@ -437,7 +466,7 @@ static st_status linear_build(st_model *m, st_layer *l)
         .w = st_graph_seg_params(m, l->seg[0]), .b = st_graph_seg_params(m, l->seg[1]),
         .dw = st_graph_seg_grads(m, l->seg[0]), .db = st_graph_seg_grads(m, l->seg[1]),
         .in_major = l->in_major, .unscaled_bias = 1,
-        .bf16 = c->precision == ST_PRECISION_BF16,
+        .bf16 = c->precision == ST_PRECISION_BF16, .unfuse = c->unfuse,
     };
     io.dw_runs = st_graph_grad_runs(m, row_unit(l), &io.n_dw_runs);
     if (io.dw_runs && l->copies > 1) {
