@@ -52,12 +52,12 @@ typedef enum st_model_kind {
 typedef enum st_activation { ST_ACT_RELU, ST_ACT_GELU } st_activation;
 
 /* Arithmetic of the matrix products (doc/precision.md).  BF16: linear
- * layers multiply bf16 copies of their weights and inputs and of the
- * output gradient, accumulating and writing fp32, and attention's six
- * products read bf16 copies of Q, K, V, the probabilities, dY and dS
- * (the probabilities are kept in bf16 only); parameters, gradients,
- * optimizer state, norms, activations' own math, the scores, softmax and
- * the loss stay fp32.  Convolutions stay fp32 for now. */
+ * and convolution layers multiply bf16 copies of their weights and inputs
+ * and of the output gradient, accumulating and writing fp32, and
+ * attention's six products read bf16 copies of Q, K, V, the
+ * probabilities, dY and dS (the probabilities are kept in bf16 only);
+ * parameters, gradients, optimizer state, norms, activations' own math,
+ * the scores, softmax and the loss stay fp32. */
 typedef enum st_precision { ST_PRECISION_FP32, ST_PRECISION_BF16 } st_precision;
 
 /* What a linear layer's matmul does in its own pass over y (fused, the
@@ -127,7 +127,8 @@ typedef struct st_model_config {
     int context;
     int heads;
     st_model_subnet subnet; /* zero: the whole model */
-    st_precision precision; /* of the linear layers' products (FP32 default) */
+    st_precision precision; /* of the products of linear, convolution and
+                             * attention layers (FP32 default) */
     unsigned unfuse;        /* ST_UNFUSE_* bits: fusions turned off, for
                              * measuring them (0: every fusion, the default) */
     int plain_tensors;      /* 1: image tensors stay NCHW between layers, each

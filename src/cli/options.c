@@ -197,7 +197,7 @@ void st_cli_print_help(FILE *f)
 "                         stage (default 256; resnet 16)\n"
 "  --hidden N             inner width of a residual block (default: the width)\n"
 "  --activation relu|gelu (default gelu; resnet relu)\n"
-"  --precision fp32|bf16  linear and conv layers' products in bf16 with fp32\n"
+"  --precision fp32|bf16  linear, conv and attention products in bf16 with fp32\n"
 "                         accumulation; weights, optimizer and the rest fp32\n"
 "                         (default fp32; doc/precision.md)\n"
 "  --bf16-emulated        run bf16 on a CPU without native bf16 (slow; refused\n"
