@@ -657,6 +657,23 @@ Test(cli, bf16_trains_like_fp32_deterministically_and_names_a_missing_isa, .time
         const double t16 = strtod(l16 + 12, NULL), t32 = strtod(l32 + 12, NULL);
         cr_assert(fabs(t16 - t32) <= 0.02 * t32, "bf16 test loss %.6f, fp32 %.6f", t16, t32);
         cr_assert(t16 != t32, "bf16 and fp32 ended bitwise equal (%.6f): bf16 not used?", t16);
+        /* The activations kept for the backward (the peak breakdown's
+         * "activations"), the default resmlp (depth 4, width 256, batch
+         * 128): bf16 keeps 2-byte copies only (linear layers, norms,
+         * activations), the fp32 tensors no backward reads share the
+         * workspace, so at most 0.55x fp32's. */
+        snprintf(opts, sizeof opts, "--data synthetic --steps 3 --progress none --metrics "
+                 "/dev/stdout --precision bf16%s", have == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+        run(r, NULL, opts);
+        cr_assert_eq(r->status, 0, "%s", r->err);
+        run(again, NULL, "--data synthetic --steps 3 --progress none --metrics /dev/stdout");
+        cr_assert_eq(again->status, 0, "%s", again->err);
+        const char *k16 = strstr(strstr(r->out, "\"final\":true"), "\"activations\":");
+        const char *k32 = strstr(strstr(again->out, "\"final\":true"), "\"activations\":");
+        cr_assert(k16 && k32, "no activations in the final records: %s", r->out);
+        const double a16 = strtod(k16 + 14, NULL), a32 = strtod(k32 + 14, NULL);
+        cr_assert(a32 > 0 && a16 <= 0.55 * a32, "activations: bf16 %.0f bytes, fp32 %.0f (%.3fx)",
+                  a16, a32, a16 / a32);
     }
     run(r, "ONEDNN_MAX_CPU_ISA=AVX2", "--data synthetic --steps 2 --precision bf16");
     cr_assert_eq(r->status, 2, "%s", r->err);

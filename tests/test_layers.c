@@ -926,7 +926,7 @@ static void check_act(st_activation kind, int64_t rows, int64_t cols, size_t max
         fill_uniform(&e->rng, c.x, c.n, -3.0f, 3.0f); /* GELU's whole curved range */
     fill_uniform(&e->rng, c.R, c.n, -1.0f, 1.0f);
 
-    OK(st_act_build(&e->ctx, &c.a, kind, rows, cols, c.x, c.y, c.dx, c.dy));
+    OK(st_act_build(&e->ctx, &c.a, kind, rows, cols, c.x, c.y, c.dx, c.dy, 0));
     OK(st_nn_ctx_finalize(&e->ctx));
     OK(st_act_forward(&e->ctx, &c.a));
     memcpy(c.dy, c.R, c.n * sizeof *c.dy);
@@ -1146,6 +1146,187 @@ Test(layernorm, large_shape_random_subset)
 {
     omp_set_num_threads(1);
     check_layernorm(64, 256, LARGE_SUBSET, 34);
+}
+
+/* ------------------------------------------------------------ bf16 keep */
+
+/* Largest |a - b| / (|b| + floor) over n floats, and whether any differs. */
+static double max_rel(const float *a, const float *b, size_t n, double floor_, int *differs)
+{
+    double worst = 0;
+    *differs = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - b[i]) / (fabs((double)b[i]) + floor_);
+        if (d > worst || d != d)
+            worst = d != d ? INFINITY : d;
+        if (a[i] != b[i])
+            *differs = 1;
+    }
+    return worst;
+}
+
+/* sqrt(sum (a - b)^2 / sum b^2) over n floats. */
+static double rms_rel(const float *a, const float *b, size_t n)
+{
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        r += (double)b[i] * b[i];
+    }
+    return sqrt(d / r);
+}
+
+static float *poison(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = NAN;
+    return x;
+}
+
+/* bf16 activation: the forward is fp32's (y bitwise); the backward reads
+ * the kept copy of x only (x is poisoned with NaN after the forward) and
+ * gives what the fp32 backward gives on x rounded to bf16 (xr), and (GELU)
+ * not what it gives on x itself, but close to it. */
+static void check_act_bf16(st_activation kind, int64_t rows, int64_t cols, uint64_t seed)
+{
+    env e;
+    env_init(&e, seed);
+    const size_t n = (size_t)(rows * cols);
+    float *x = env_floats(&e, n), *x32 = env_floats(&e, n), *xr = env_floats(&e, n);
+    float *y = env_floats(&e, n), *y32 = env_floats(&e, n), *yr = env_floats(&e, n);
+    float *dx = env_floats(&e, n), *dx32 = env_floats(&e, n), *dxr = env_floats(&e, n);
+    float *dy = env_floats(&e, n);
+    fill_uniform(&e.rng, x, n, -4.0f, 4.0f);
+    fill_uniform(&e.rng, dy, n, -1.0f, 1.0f);
+    for (size_t i = 0; i < n; i++) {
+        x32[i] = x[i];
+        xr[i] = bf16_round(x[i], 1);
+    }
+    st_act a, a32, ar;
+    OK(st_act_build(&e.ctx, &a, kind, rows, cols, x, y, dx, dy, 1));
+    OK(st_act_build(&e.ctx, &a32, kind, rows, cols, x32, y32, dx32, dy, 0));
+    OK(st_act_build(&e.ctx, &ar, kind, rows, cols, xr, yr, dxr, dy, 0));
+    OK(st_nn_ctx_finalize(&e.ctx));
+    cr_assert(a.bf16 && a.xb && !a32.bf16, "bf16 keeps a copy, fp32 does not");
+    OK(st_act_forward(&e.ctx, &a));
+    OK(st_act_forward(&e.ctx, &a32));
+    OK(st_act_forward(&e.ctx, &ar));
+    const char *name = kind == ST_ACT_RELU ? "relu" : "gelu";
+    cr_assert(memcmp(y, y32, n * sizeof *y) == 0, "bf16 %s forward differs from fp32's", name);
+    poison(x, n);   /* nobody may read x after the forward */
+    OK(st_act_backward(&e.ctx, &a));
+    OK(st_act_backward(&e.ctx, &a32));
+    OK(st_act_backward(&e.ctx, &ar));
+    int differs;
+    const double to_rounded = max_rel(dx, dxr, n, 1e-6, &differs);
+    cr_assert(to_rounded <= 1e-6, "bf16 %s dx off the fp32 backward of bf16(x) by %g", name,
+              to_rounded);
+    (void)max_rel(dx, dx32, n, 1.0, &differs);
+    const double to_fp32 = rms_rel(dx, dx32, n);
+    if (kind == ST_ACT_RELU)
+        cr_assert(!differs, "bf16 relu dx differs from fp32's (rounding keeps the sign)");
+    else   /* |gelu''| <= 0.8: |error| <= 0.8 2^-9 |x dy| */
+        cr_assert(differs && to_fp32 < 4e-3, "bf16 gelu dx against fp32: %s, rms rel %g",
+                  differs ? "differs" : "bitwise equal (x not rounded?)", to_fp32);
+    env_destroy(&e);
+}
+
+Test(activation, bf16_backward_reads_the_kept_rounded_input)
+{
+    omp_set_num_threads(1);
+    check_act_bf16(ST_ACT_GELU, 7, 33, 61);
+    check_act_bf16(ST_ACT_RELU, 7, 33, 62);
+    check_act_bf16(ST_ACT_GELU, 64, 257, 63);
+}
+
+/* bf16 layer norm: the forward is fp32's (y, mean, var bitwise); the
+ * backward reads the kept centred copy only (x poisoned after the
+ * forward) and gives what the fp32 backward gives on
+ * xr = mean + bf16(x - mean) with the fp32 statistics, close to fp32's
+ * on x even for rows far from 0 (offset 1000, spread 1: rounding x itself
+ * would move x_hat by ~2, centring keeps it within 2^-9). */
+static void check_layernorm_bf16(int64_t B, int64_t C, float offset, uint64_t seed)
+{
+    env e;
+    env_init(&e, seed);
+    const size_t n = (size_t)(B * C);
+    float *x = env_floats(&e, n), *x32 = env_floats(&e, n), *xr = env_floats(&e, n);
+    float *y = env_floats(&e, n), *y32 = env_floats(&e, n), *yr = env_floats(&e, n);
+    float *dx = env_floats(&e, n), *dx32 = env_floats(&e, n), *dxr = env_floats(&e, n);
+    float *dy = env_floats(&e, n);
+    float *mean = env_floats(&e, (size_t)B), *var = env_floats(&e, (size_t)B);
+    float *mean32 = env_floats(&e, (size_t)B), *var32 = env_floats(&e, (size_t)B);
+    float *meanr = env_floats(&e, (size_t)B), *varr = env_floats(&e, (size_t)B);
+    float *gamma = env_floats(&e, (size_t)C), *beta = env_floats(&e, (size_t)C);
+    float *dg = env_floats(&e, (size_t)C), *db = env_floats(&e, (size_t)C);
+    float *dg32 = env_floats(&e, (size_t)C), *db32 = env_floats(&e, (size_t)C);
+    float *dgr = env_floats(&e, (size_t)C), *dbr = env_floats(&e, (size_t)C);
+    for (int64_t b = 0; b < B; b++) {
+        const float off = offset * (b % 2 ? 1.0f : -1.0f) + 0.5f * st_rng_uniform(&e.rng);
+        fill_uniform(&e.rng, x + b * C, (size_t)C, -1.5f, 1.5f);
+        for (int64_t j = 0; j < C; j++)
+            x[b * C + j] += off;
+    }
+    fill_uniform(&e.rng, dy, n, -1.0f, 1.0f);
+    fill_uniform(&e.rng, gamma, (size_t)C, 0.5f, 1.5f);
+    fill_uniform(&e.rng, beta, (size_t)C, -0.5f, 0.5f);
+    memcpy(x32, x, n * sizeof *x);
+    st_layernorm ln, ln32, lnr;
+    st_layernorm_io io = { .x = x, .y = y, .mean = mean, .var = var, .gamma = gamma,
+                           .beta = beta, .dx = dx, .dy = dy, .dgamma = dg, .dbeta = db,
+                           .bf16 = 1 };
+    st_layernorm_io io32 = io, ior = io;
+    io32.x = x32, io32.y = y32, io32.mean = mean32, io32.var = var32, io32.dx = dx32;
+    io32.dgamma = dg32, io32.dbeta = db32, io32.bf16 = 0;
+    ior.x = xr, ior.y = yr, ior.mean = meanr, ior.var = varr, ior.dx = dxr;
+    ior.dgamma = dgr, ior.dbeta = dbr, ior.bf16 = 0;
+    OK(st_layernorm_build(&e.ctx, &ln, B, C, &io));
+    OK(st_layernorm_build(&e.ctx, &ln32, B, C, &io32));
+    OK(st_layernorm_build(&e.ctx, &lnr, B, C, &ior));
+    OK(st_nn_ctx_finalize(&e.ctx));
+    cr_assert(ln.bf16 && ln.xb && !ln32.bf16, "bf16 keeps a copy, fp32 does not");
+    OK(st_layernorm_forward(&e.ctx, &ln));
+    OK(st_layernorm_forward(&e.ctx, &ln32));
+    cr_assert(memcmp(y, y32, n * sizeof *y) == 0, "bf16 layer norm y differs from fp32's");
+    cr_assert(memcmp(mean, mean32, (size_t)B * sizeof *mean) == 0 &&
+              memcmp(var, var32, (size_t)B * sizeof *var) == 0,
+              "bf16 layer norm statistics differ from fp32's");
+    /* the reference's input: mean + bf16(x - mean), the fp32 statistics */
+    for (int64_t b = 0; b < B; b++) {
+        meanr[b] = mean[b];
+        varr[b] = var[b];
+        for (int64_t j = 0; j < C; j++)
+            xr[b * C + j] = mean[b] + bf16_round(x[b * C + j] - mean[b], 1);
+    }
+    poison(x, n);   /* nobody may read x after the forward */
+    OK(st_layernorm_backward(&e.ctx, &ln));
+    OK(st_layernorm_backward(&e.ctx, &ln32));
+    OK(st_layernorm_backward(&e.ctx, &lnr));   /* its forward never ran: statistics as set */
+    int differs;
+    double w = max_rel(dx, dxr, n, 1e-6, &differs);
+    cr_assert(w <= 1e-6, "bf16 layer norm dx off the reference by %g (offset %g)", w, offset);
+    w = max_rel(dg, dgr, (size_t)C, 1e-6, &differs);
+    cr_assert(w <= 1e-6, "bf16 layer norm dgamma off the reference by %g", w);
+    w = max_rel(db, dbr, (size_t)C, 1e-6, &differs);
+    cr_assert(w <= 1e-6 && !differs, "bf16 layer norm dbeta (sum of dy) off by %g", w);
+    /* against fp32 on x: rounded, and close (2^-9 per element of x_hat) */
+    const double rms = rms_rel(dx, dx32, n);
+    (void)max_rel(dg, dg32, (size_t)C, 1.0, &differs);
+    w = rms_rel(dg, dg32, (size_t)C);
+    fprintf(stderr, "bf16 layer norm %lldx%lld offset %g: dx %.2e, dgamma %.2e rms off fp32\n",
+            (long long)B, (long long)C, offset, rms, w);
+    cr_assert(rms > 1e-5 && rms < 1e-2, "bf16 layer norm dx off fp32's by %g rms (offset %g)",
+              rms, offset);
+    cr_assert(differs && w < 1e-2, "bf16 layer norm dgamma off fp32's by %g rms", w);
+    env_destroy(&e);
+}
+
+Test(layernorm, bf16_backward_reads_the_kept_centred_input)
+{
+    omp_set_num_threads(1);
+    check_layernorm_bf16(6, 13, 2.0f, 71);
+    check_layernorm_bf16(64, 256, 0.0f, 72);
+    check_layernorm_bf16(16, 64, 1000.0f, 73);   /* far from 0: centring matters */
 }
 
 /* ------------------------------------------------------------ add */

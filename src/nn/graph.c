@@ -530,62 +530,208 @@ static void prune_input_gradients(st_model *m)
     }
 }
 
-/* bf16: whether a tensor written by `writer` and read by `reader` is
- * converted to the reader's own bf16 copy as soon as the reader runs: a
- * linear layer's input written by a norm, an activation or an attention;
- * an attention's input (Q, K, V) written by a linear layer (attention.c
- * reads Q, K, V from its copy, forward and backward); a convolution's
- * input written by a batch norm or an activation (conv.c: before its
- * forward's product; its backward reads only that copy, which it makes
- * sure of when it builds).  None of these writers' backward reads its
- * output: a layer norm's, an activation's (activation.c), a batch norm's
- * (batchnorm.c; with a fused ReLU its mask is a workspace of its own) read
- * their input, a linear layer's its input and dy.  In a pre-activation
- * ResNet: a block's BN -> ReLU outputs, read by its convolutions. */
-static int converted_by_reader(const st_layer_kind *writer, const st_layer_kind *reader)
+/* ------------------------------------------------------------ bf16: forward-only tensors */
+
+/* Whether layer l's backward reads tensor t (resolved), as its kind says
+ * (st_layer_kind.backward_reads; a kind that does not say reads all). */
+static int read_by_backward(const st_model *m, const st_layer *l, int t)
 {
-    if (reader == &st_layer_linear)
-        return writer == &st_layer_layernorm || writer == &st_layer_activation ||
-               writer == &st_layer_attention;
-    if (reader == &st_layer_conv)
-        return writer == &st_layer_batchnorm || writer == &st_layer_activation;
-    return reader == &st_layer_attention && writer == &st_layer_linear;
+    if (l->dropped || !l->backward || !l->kind->backward)
+        return 0;
+    const unsigned r = l->kind->backward_reads ? l->kind->backward_reads(m, l) : ST_READS_ALL;
+    return ((r & ST_READS_X) && l->x >= 0 && resolve(m, l->x) == t) ||
+           ((r & ST_READS_Y) && l->y >= 0 && resolve(m, l->y) == t) ||
+           ((r & ST_READS_RESIDUAL) && l->residual >= 0 && resolve(m, l->residual) == t);
 }
 
-/* bf16: whether tensor t is only a product's input in passing.  A layer
- * writes it and the very next layer is the only one that reads it and
- * converts it to its own bf16 copy at once (converted_by_reader), and its
- * backward reads the copy, so nobody reads the fp32 tensor after that
- * layer's forward (the writer's backward reads its input, not its
- * output).  Such tensors share one buffer, and the activations kept for
- * the backward are the bf16 copies.  The model's input and outputs, and a
- * range's last output, never are. */
-static int bf16_transient(const st_model *m, int t)
+/* bf16: whether tensor t (resolved) lives during the forward only, and
+ * then its span: the first and last layers whose forward touches it (as
+ * x, y or residual).  That is a tensor that a layer of this instance
+ * writes before any reads it (not the input of the model or of a range,
+ * which comes from outside), that is no layer's gradient (dx, dy), that
+ * no backward reads (in bf16 the linear layers, norms, activations and
+ * attention read their own bf16 copies), and that is not the output of
+ * the model or range (the loss reads it).  The model's predeclared
+ * tensors never are.  Inference runs the same forward, so the same spans
+ * hold. */
+static int forward_only(const st_model *m, int t, int *first, int *last)
 {
-    if (m->cfg.precision != ST_PRECISION_BF16 || t < ST_T_FIRST_FREE)
+    if (m->cfg.precision != ST_PRECISION_BF16 || t < ST_T_FIRST_FREE ||
+        resolve(m, t) != t || m->tensors[t].data)
         return 0;
-    int writer = -1, readers = 0, last = -1;
+    int f = -1, l = -1, end = -1;
     for (int i = 0; i < m->n_layers; i++) {
-        const st_layer *l = &m->layers[i];
-        if (l->dropped)
+        const st_layer *L = &m->layers[i];
+        if (L->dropped)
             continue;
-        last = i;
-        if (l->y >= 0 && resolve(m, l->y) == t) {
-            if (writer >= 0)
+        end = i;
+        const int x = L->x >= 0 && resolve(m, L->x) == t;
+        const int y = L->y >= 0 && resolve(m, L->y) == t;
+        const int r = L->residual >= 0 && resolve(m, L->residual) == t;
+        if ((L->dx >= 0 && resolve(m, L->dx) == t) || (L->dy >= 0 && resolve(m, L->dy) == t) ||
+            read_by_backward(m, L, t))
+            return 0;
+        if (!x && !y && !r)
+            continue;
+        if (f < 0 && (x || r || !y))   /* read before written: from outside */
+            return 0;
+        if (f < 0)
+            f = i;
+        l = i;
+    }
+    if (f < 0 || resolve(m, m->layers[end].y) == t)
+        return 0;
+    *first = f;
+    *last = l;
+    return 1;
+}
+
+/* bf16: whether tensor t (resolved) is a data gradient that lives during
+ * the backward only: touched by layers as dx or dy only (never as x, y or
+ * a residual), only by kinds that say what their backward reads (their
+ * forwards touch x, y and the residual only), and not the last layer's dy
+ * (the loss writes that, outside the backward).  A step runs the forward,
+ * the loss, then the backward (st_model_forward_backward,
+ * st_segnet_forward_backward), and each backward writes such a gradient
+ * before it reads it (layers.h: data gradients are written; the skip adds
+ * into one its branch has written), so nothing in it outlives the
+ * backward, and the forward-only tensors are dead by then. */
+static int backward_only(const st_model *m, int t)
+{
+    if (m->cfg.precision != ST_PRECISION_BF16 || t < ST_T_FIRST_FREE ||
+        resolve(m, t) != t || m->tensors[t].data)
+        return 0;
+    int touched = 0, end = -1;
+    for (int i = 0; i < m->n_layers; i++) {
+        const st_layer *L = &m->layers[i];
+        if (L->dropped)
+            continue;
+        end = i;
+        if ((L->x >= 0 && resolve(m, L->x) == t) || (L->y >= 0 && resolve(m, L->y) == t) ||
+            (L->residual >= 0 && resolve(m, L->residual) == t))
+            return 0;
+        if ((L->dx >= 0 && resolve(m, L->dx) == t) || (L->dy >= 0 && resolve(m, L->dy) == t)) {
+            if (!L->kind->backward_reads)
                 return 0;
-            writer = i;
-        }
-        if ((l->x >= 0 && resolve(m, l->x) == t) || (l->residual >= 0 && resolve(m, l->residual) == t)) {
-            if ((l->residual >= 0 && resolve(m, l->residual) == t) || writer < 0 || readers++ ||
-                !converted_by_reader(m->layers[writer].kind, l->kind))
-                return 0;
-            for (int k = writer + 1; k < i; k++)   /* the next layer that runs */
-                if (!m->layers[k].dropped)
-                    return 0;
+            touched = 1;
         }
     }
-    return writer >= 0 && readers == 1 && writer != last &&
-           resolve(m, m->layers[last].y) != t;
+    return touched && end >= 0 && (m->layers[end].dy < 0 || resolve(m, m->layers[end].dy) != t);
+}
+
+/* bf16: the forward-only tensors (above) share a few buffers (from the
+ * workspace), assigned by their spans: in order of first use (then of
+ * id), each goes to a buffer whose last tensor's span ended before its
+ * own begins, the smallest one large enough, else the largest one (which
+ * grows), else a new one.  Spans are closed, so a layer's input and
+ * output (both touched by it) never share a buffer: no primitive runs in
+ * place that was not built to.  Then the backward-only gradients (above),
+ * which are never live with them, take the same buffers, one each (they
+ * are not told apart by span: a distinct buffer per gradient, as they
+ * had), the smallest free one large enough, else the
+ * largest free one (grown), else a new one, largest gradient first (then
+ * by id).  Deterministic: the same
+ * model, the same assignment.  fp32 keeps every tensor (nothing here
+ * runs). */
+static st_status assign_forward_only(st_model *m)
+{
+    if (m->cfg.precision != ST_PRECISION_BF16)
+        return ST_OK;
+    const int T = m->n_tensors;
+    int *first = malloc((size_t)T * sizeof *first), *last = malloc((size_t)T * sizeof *last);
+    int *order = malloc((size_t)T * sizeof *order), *slot = malloc((size_t)T * sizeof *slot);
+    size_t *size = malloc((size_t)T * sizeof *size);
+    int *busy = malloc((size_t)T * sizeof *busy);   /* per buffer: last layer of its tenant */
+    st_status s = ST_OK;
+    if (!first || !last || !order || !slot || !size || !busy) {
+        s = st_fail(ST_ERR_NOMEM, "out of memory assigning a model's buffers");
+        goto done;
+    }
+    int n = 0, buffers = 0;
+    for (int t = 0; t < T; t++)
+        if (forward_only(m, t, &first[t], &last[t]))
+            order[n++] = t;
+    for (int i = 1; i < n; i++)   /* by first use, then id (insertion: stable) */
+        for (int j = i; j > 0 && first[order[j - 1]] > first[order[j]]; j--) {
+            const int k = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = k;
+        }
+    for (int i = 0; i < n; i++) {
+        const int t = order[i];
+        const size_t need = (size_t)m->rows * (size_t)tensor_width(m, &m->tensors[t]);
+        int fit = -1, big = -1;
+        for (int b = 0; b < buffers; b++) {
+            if (busy[b] >= first[t])
+                continue;
+            if (size[b] >= need && (fit < 0 || size[b] < size[fit]))
+                fit = b;
+            if (big < 0 || size[b] > size[big])
+                big = b;
+        }
+        int b = fit >= 0 ? fit : big;
+        if (b < 0) {
+            b = buffers++;
+            size[b] = 0;
+        }
+        if (size[b] < need)
+            size[b] = need;
+        busy[b] = last[t];
+        slot[t] = b;
+    }
+    /* the gradients, largest first (then by id), so that the large ones
+     * take the large buffers: busy[b] = -2 once one has taken buffer b */
+    const int n_fwd = n;
+    for (int t = 0; t < T; t++)
+        if (backward_only(m, t)) {
+            first[t] = 0;
+            last[t] = 0;
+            int j = n++;
+            const size_t w = (size_t)tensor_width(m, &m->tensors[t]);
+            for (; j > n_fwd && (size_t)tensor_width(m, &m->tensors[order[j - 1]]) < w; j--)
+                order[j] = order[j - 1];
+            order[j] = t;
+        }
+    for (int i = n_fwd; i < n; i++) {
+        const int t = order[i];
+        const size_t need = (size_t)m->rows * (size_t)tensor_width(m, &m->tensors[t]);
+        int fit = -1, big = -1;
+        for (int b = 0; b < buffers; b++) {
+            if (busy[b] == -2)
+                continue;
+            if (size[b] >= need && (fit < 0 || size[b] < size[fit]))
+                fit = b;
+            if (big < 0 || size[b] > size[big])
+                big = b;
+        }
+        int b = fit >= 0 ? fit : big;
+        if (b < 0) {
+            b = buffers++;
+            size[b] = 0;
+        }
+        if (size[b] < need)
+            size[b] = need;
+        busy[b] = -2;
+        slot[t] = b;
+    }
+    float **buf = buffers ? malloc((size_t)buffers * sizeof *buf) : NULL;
+    if (buffers && !buf) {
+        s = st_fail(ST_ERR_NOMEM, "out of memory assigning a model's buffers");
+        goto done;
+    }
+    for (int b = 0; b < buffers && s == ST_OK; b++)
+        s = st_arena_alloc_floats(m->arena, ST_MEM_WORKSPACE, size[b], &buf[b]);
+    for (int i = 0; i < n && s == ST_OK; i++)
+        m->tensors[order[i]].data = buf[slot[order[i]]];
+    free(buf);
+done:
+    free(first);
+    free(last);
+    free(order);
+    free(slot);
+    free(size);
+    free(busy);
+    return s;
 }
 
 st_status st_graph_build(st_model *m)
@@ -600,19 +746,9 @@ st_status st_graph_build(st_model *m)
             for (size_t j = 0; j < m->state_segs[i].count; j++)
                 m->state[m->state_segs[i].offset + j] = m->state_init[i];
     }
-    /* bf16: the products' inputs in passing share one buffer (above). */
-    size_t passing = 0;
-    for (int t = 0; t < m->n_tensors; t++)
-        if (resolve(m, t) == t && !m->tensors[t].data && bf16_transient(m, t) &&
-            R * (size_t)tensor_width(m, &m->tensors[t]) > passing)
-            passing = R * (size_t)tensor_width(m, &m->tensors[t]);
-    if (passing) {
-        float *buf;
-        ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WORKSPACE, passing, &buf));
-        for (int t = 0; t < m->n_tensors; t++)
-            if (resolve(m, t) == t && !m->tensors[t].data && bf16_transient(m, t))
-                m->tensors[t].data = buf;
-    }
+    /* bf16: the tensors that live during the forward only share buffers
+     * (above); the others have their own, below. */
+    ST_TRY(assign_forward_only(m));
     /* Every tensor a layer of this instance touches, once (the model's
      * input and logits are there already, see model.c). */
     for (int i = 0; i < m->n_layers; i++) {

@@ -114,7 +114,19 @@ typedef struct st_layer_kind {
      * channels) whose backward computes their gradients even when they
      * are not kept (backward masking): they go to a shared scratch. */
     int norm;
+    /* Which of the tensors its forward touches (x, y, residual) its
+     * backward reads, ST_READS_* (it may depend on the instance: in bf16
+     * a kind that keeps its own copy of x reads that, not x).  NULL: all
+     * of them (the safe answer, for a kind that does not say).  In bf16 a
+     * tensor that no backward reads lives during the forward only, from
+     * its first use to its last, and shares a buffer with others that do
+     * not overlap it (st_graph_build). */
+    unsigned (*backward_reads)(const st_model *m, const st_layer *l);
 } st_layer_kind;
+
+/* st_layer_kind.backward_reads: its backward reads x, y, the residual. */
+enum { ST_READS_X = 1u, ST_READS_Y = 2u, ST_READS_RESIDUAL = 4u,
+       ST_READS_ALL = ST_READS_X | ST_READS_Y | ST_READS_RESIDUAL };
 
 extern const st_layer_kind st_layer_linear;     /* nn/layers/linear.c */
 extern const st_layer_kind st_layer_activation; /* nn/layers/activation.c */

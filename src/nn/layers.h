@@ -92,19 +92,44 @@ st_status st_linear_backward(const st_nn_ctx *ctx, const st_linear *l);
 
 typedef struct st_act {
     st_prim fwd, bwd;
+    /* bf16 (with a backward): the input the backward reads is kept as a
+     * bf16 copy xb (the layer's own, ST_MEM_ACTIVATIONS), made by `keep`
+     * in each training forward, and converted back by `unkeep` into an
+     * fp32 scratch in the context's shared slot ST_SLOT_IN (alive within
+     * the backward only), which the fp32 backward primitive reads: so x
+     * itself is not read after the forward (see activation.c). */
+    int bf16;
+    st_prim keep, unkeep;
+    st_bf16 *xb;
 } st_act;
 
-/* y = act(x), dx = act'(x) * dy, all (rows, cols). */
+/* y = act(x), dx = act'(x) * dy, all (rows, cols).  bf16: the backward
+ * reads x rounded to bf16 (above); y is computed from x, unchanged. */
 st_status st_act_build(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t rows,
                        int64_t cols, const float *x, float *y, float *dx,
-                       const float *dy);
+                       const float *dy, int bf16);
+/* A training forward (bf16: keeps x's copy for the backward). */
 st_status st_act_forward(const st_nn_ctx *ctx, const st_act *a);
+/* An inference forward: y only, nothing kept. */
+st_status st_act_infer(const st_nn_ctx *ctx, const st_act *a);
 st_status st_act_backward(const st_nn_ctx *ctx, const st_act *a);
 
 /* ------------------------------------------------------------ layer norm */
 
 typedef struct st_layernorm {
     st_prim fwd, bwd;
+    /* bf16 (st_layernorm_io.bf16, with a backward): the input the backward
+     * reads is kept as xb = bf16(x - mean), the layer's own
+     * (ST_MEM_ACTIVATIONS), written after each training forward, and the
+     * backward reads mean + xb, rebuilt in fp32 in the context's shared
+     * slot ST_SLOT_IN (alive within the backward only); mean and var stay
+     * fp32.  So x itself is not read after the forward (layernorm.c). */
+    int bf16;
+    int64_t rows, cols;
+    const float *x, *mean;
+    dnnl_memory_t xs_mem;  /* the fp32 scratch in the slot (its handle is
+                            * attached by st_nn_ctx_finalize) */
+    st_bf16 *xb;
 } st_layernorm;
 
 typedef struct st_layernorm_io {
@@ -113,13 +138,17 @@ typedef struct st_layernorm_io {
     const float *gamma, *beta;         /* (C) */
     float *dx; const float *dy;        /* (B, C) */
     float *dgamma, *dbeta;             /* (C) */
+    int bf16;                          /* keep x for the backward in bf16 (above) */
 } st_layernorm_io;
 
 #define ST_LAYERNORM_EPS 1e-5f
 
 st_status st_layernorm_build(st_nn_ctx *ctx, st_layernorm *n, int64_t rows,
                              int64_t cols, const st_layernorm_io *io);
+/* A training forward (bf16: keeps x's centred copy for the backward). */
 st_status st_layernorm_forward(const st_nn_ctx *ctx, const st_layernorm *n);
+/* An inference forward: y (and the statistics) only, nothing kept. */
+st_status st_layernorm_infer(const st_nn_ctx *ctx, const st_layernorm *n);
 st_status st_layernorm_backward(const st_nn_ctx *ctx, const st_layernorm *n);
 
 /* ------------------------------------------------------------ add */

@@ -1,5 +1,27 @@
 /* nn/layers/activation.c — ReLU and GELU (erf form, as in the common frameworks)
- * on oneDNN eltwise primitives.  Backward reads the saved input x. */
+ * on oneDNN eltwise primitives.  Backward reads the saved input x.
+ *
+ * In bf16 (--precision bf16) the input kept for the backward is a bf16
+ * copy xb = bf16(x) (round to nearest even, a reorder before the forward's
+ * primitive, training forwards only), and the backward reorders it back
+ * into an fp32 scratch in the context's shared slot ST_SLOT_IN, from which
+ * the same fp32 backward primitive computes dx = act'(xr) dy, xr = fp32(xb).
+ * The forward is unchanged (y from the fp32 x), so is dy's path; only
+ * act'(x) becomes act'(xr), |xr - x| <= 2^-9 |x|:
+ *   ReLU: act' is a step at 0 and rounding keeps the sign (bf16 has fp32's
+ *         exponent range: only values below bf16's smallest subnormal,
+ *         ~9e-41, become 0), so dx is exactly fp32's;
+ *   GELU: act'(x) = Phi(x) + x phi(x), act''(x) = phi(x) (2 - x^2), so
+ *         |act''| <= 0.8 and |act'(xr) - act'(x)| <= 0.8 * 2^-9 |x|:
+ *         at most ~1.6e-3 |x| absolute where |x| < 3 (act' in [-0.13,
+ *         1.13]), and where |x| is larger act'' ~ 0 (act' within 4e-3 of
+ *         0 or 1): an error of the order of 2^-9, the size of the
+ *         rounding the products already apply to dy (the linear layer
+ *         below reads dy in bf16 anyway).
+ * Training stays within tolerance of fp32 (tests/test_cli: bf16).  What it
+ * buys: nobody reads the fp32 x after the forward, so in bf16 the graph
+ * lets x's buffer be reused (st_graph_build's pool) and the activations
+ * kept for the backward are 2 bytes per element instead of 4. */
 #include <stdio.h>
 
 #include "nn/graph.h"
@@ -12,8 +34,10 @@ static dnnl_alg_kind_t eltwise_alg(st_activation kind)
 
 /* y (rows, cols) = act(x); dx = act'(x) * dy */
 st_status st_act_build(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t rows,
-                       int64_t cols, const float *x, float *y, float *dx, const float *dy)
+                       int64_t cols, const float *x, float *y, float *dx, const float *dy,
+                       int bf16)
 {
+    memset(a, 0, sizeof *a);
     dnnl_memory_desc_t md;
     st_md_matrix(&md, rows, cols);
     dnnl_eltwise_desc_t fd, bd;
@@ -32,20 +56,44 @@ st_status st_act_build(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t ro
     if (dx) {
         ST_TRY(st_mem_matrix(ctx, &mdx, rows, cols, dx));
         ST_TRY(st_mem_matrix(ctx, &mdy, rows, cols, dy));
-        st_prim_arg(&a->bwd, DNNL_ARG_SRC, mx);
+        dnnl_memory_t src = mx;
+        if (bf16) {   /* the kept copy and the scratch the backward reads */
+            void *p;
+            dnnl_memory_t mb;
+            ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS,
+                                  (size_t)(rows * cols) * sizeof(st_bf16), &p));
+            a->xb = p;
+            a->bf16 = 1;
+            ST_TRY(st_mem_strided_bf16(ctx, &mb, rows, cols, cols, 1, a->xb));
+            ST_TRY(st_mem_slot_md(ctx, &src, &md, ST_SLOT_IN, 0,
+                                  (size_t)(rows * cols) * sizeof(float)));
+            ST_TRY(st_prim_create_reorder(ctx, &a->keep, mx, mb, "activation input to bf16"));
+            ST_TRY(st_prim_create_reorder(ctx, &a->unkeep, mb, src,
+                                          "activation input from bf16"));
+        }
+        st_prim_arg(&a->bwd, DNNL_ARG_SRC, src);
         st_prim_arg(&a->bwd, DNNL_ARG_DIFF_DST, mdy);
         st_prim_arg(&a->bwd, DNNL_ARG_DIFF_SRC, mdx);
     }
     return ST_OK;
 }
 
+st_status st_act_infer(const st_nn_ctx *ctx, const st_act *a)
+{
+    return st_prim_run(ctx, &a->fwd);
+}
+
 st_status st_act_forward(const st_nn_ctx *ctx, const st_act *a)
 {
+    if (a->bf16)   /* first: correct even were y to overwrite x */
+        ST_TRY(st_prim_run(ctx, &a->keep));
     return st_prim_run(ctx, &a->fwd);
 }
 
 st_status st_act_backward(const st_nn_ctx *ctx, const st_act *a)
 {
+    if (a->bf16)
+        ST_TRY(st_prim_run(ctx, &a->unkeep));
     return st_prim_run(ctx, &a->bwd);
 }
 
@@ -57,12 +105,14 @@ static st_status act_build(st_model *m, st_layer *l)
 {
     return st_act_build(&m->ctx, &l->u.act, l->activation, m->rows, st_graph_cols(m, l->y),
                         st_graph_data(m, l->x), st_graph_data(m, l->y), st_graph_data(m, l->dx),
-                        st_graph_data(m, l->dy));
+                        st_graph_data(m, l->dy),
+                        m->cfg.precision == ST_PRECISION_BF16 && l->backward);
 }
 
 static st_status act_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
-    return st_act_forward(ctx, &l->u.act);
+    return phase == ST_PHASE_TRAIN ? st_act_forward(ctx, &l->u.act)
+                                   : st_act_infer(ctx, &l->u.act);
 }
 
 static st_status act_backward(const st_nn_ctx *ctx, const st_layer *l)
@@ -70,6 +120,13 @@ static st_status act_backward(const st_nn_ctx *ctx, const st_layer *l)
     return st_act_backward(ctx, &l->u.act);
 }
 
+/* fp32: the backward reads x; bf16: its own copy of x only. */
+static unsigned act_backward_reads(const st_model *m, const st_layer *l)
+{
+    return m->cfg.precision == ST_PRECISION_BF16 ? 0u : ST_READS_X;
+}
+
 const st_layer_kind st_layer_activation = {
     .name = "activation", .build = act_build, .forward = act_forward, .backward = act_backward,
+    .backward_reads = act_backward_reads,
 };

@@ -384,8 +384,15 @@ static double attn_flops(const st_layer *l)
     return one * (a->has_dx ? 6.0 : 2.0);
 }
 
+/* fp32: the backward reads Q, K, V in x (and P, its own); bf16: x's
+ * copy xb and Pb only.  Never y. */
+static unsigned attn_backward_reads(const st_model *m, const st_layer *l)
+{
+    return m->cfg.precision == ST_PRECISION_BF16 ? 0u : ST_READS_X;
+}
+
 const st_layer_kind st_layer_attention = {
     .name = "attention", .alloc = attn_alloc, .build = attn_build,
     .forward = attn_forward, .backward = attn_backward, .flops = attn_flops,
-    .grad_scratch = attn_scratch,
+    .grad_scratch = attn_scratch, .backward_reads = attn_backward_reads,
 };

@@ -323,7 +323,17 @@ static st_status bn_backward(const st_nn_ctx *ctx, const st_layer *l)
     return ST_OK;
 }
 
+/* The backward reads the input (and its own statistics and fused-ReLU
+ * mask), never its output. */
+static unsigned bn_backward_reads(const st_model *m, const st_layer *l)
+{
+    (void)m;
+    (void)l;
+    return ST_READS_X;
+}
+
 const st_layer_kind st_layer_batchnorm = {
     .name = "batchnorm", .layout = bn_layout, .alloc = bn_alloc, .build = bn_build,
     .forward = bn_forward, .backward = bn_backward, .norm = 1,
+    .backward_reads = bn_backward_reads,
 };

@@ -644,7 +644,17 @@ static double conv_layer_flops(const st_layer *l)
     return st_conv_flops(&l->u.conv);
 }
 
+/* fp32: the backward-weights pass reads x (or the forward's blocked copy
+ * of it); bf16: only the forward's bf16 copy of x (the build makes sure of
+ * it), so not x.  Neither reads y or a residual. */
+static unsigned conv_backward_reads(const st_model *m, const st_layer *l)
+{
+    (void)l;
+    return m->cfg.precision == ST_PRECISION_BF16 ? 0u : ST_READS_X;
+}
+
 const st_layer_kind st_layer_conv = {
     .name = "conv", .layout = conv_layout, .build = conv_build, .forward = conv_forward,
     .backward = conv_backward, .flops = conv_layer_flops, .grad_scratch = conv_grad_scratch,
+    .backward_reads = conv_backward_reads,
 };

@@ -92,7 +92,14 @@ static st_status embed_backward(const st_nn_ctx *ctx, const st_layer *l)
     return ST_OK;
 }
 
+/* The backward reads the ids (x), not the vectors it wrote (y). */
+static unsigned embed_backward_reads(const st_model *m, const st_layer *l)
+{
+    return ST_READS_X;
+}
+
 const st_layer_kind st_layer_embedding = {
     .name = "embedding", .layout = embed_layout, .build = embed_build,
     .forward = embed_forward, .backward = embed_backward,
+    .backward_reads = embed_backward_reads,
 };

@@ -1,6 +1,29 @@
 /* nn/layers/layernorm.c — layer normalisation over the feature axis with a learned
  * scale (gamma) and shift (beta), on oneDNN layer_normalization primitives.
- * Mean and variance of each row are saved by the forward for the backward. */
+ * Mean and variance of each row are saved by the forward for the backward.
+ *
+ * In bf16 (--precision bf16) the input the backward reads is kept in
+ * bf16, centred on its row's mean: after each training forward
+ *   xb[r][c] = bf16(x[r][c] - mean[r])          (round to nearest even)
+ * and the backward first rebuilds, in an fp32 scratch in the context's
+ * shared slot ST_SLOT_IN (alive within this backward only),
+ *   xr[r][c] = mean[r] + fp32(xb[r][c])
+ * and runs the same fp32 backward primitive on xr with the fp32 mean and
+ * variance the forward saved (the statistics are never rounded).  The
+ * forward is unchanged (y from the fp32 x).  Why this is safe: the
+ * backward reads x only through x_hat = (x - mean) * rstd, and
+ *   xr - mean = bf16(x - mean) (+ an fp32 rounding of 2^-24 |mean|),
+ * so x_hat is read with a relative error of 2^-9 per element, whatever
+ * the row's offset: dx = rstd (g dy - mean(g dy) - x_hat mean(g dy x_hat))
+ * and dgamma = sum dy x_hat move by O(2^-9) relative, the size of the
+ * rounding of dy that the linear layer below applies anyway.  (Rounding
+ * x itself would cost 2^-9 |x| / std in x_hat: large for a row whose mean
+ * is far from 0 in units of its spread; centring first avoids that.)
+ * Training stays within tolerance of fp32 (tests/test_cli: bf16); the
+ * gradients match the fp32 backward of xr (tests/test_layers).  What it
+ * buys: nobody reads the fp32 x after the forward, so in bf16 the graph
+ * lets x's buffer be reused (st_graph_build's pool) and the activations
+ * kept for the backward are 2 bytes per element instead of 4. */
 #include <stdio.h>
 
 #include "nn/graph.h"
@@ -10,6 +33,7 @@
 st_status st_layernorm_build(st_nn_ctx *ctx, st_layernorm *n, int64_t rows, int64_t cols,
                              const st_layernorm_io *io)
 {
+    memset(n, 0, sizeof *n);
     dnnl_memory_desc_t data_md, stat_md;
     st_md_matrix(&data_md, rows, cols);
     st_md_vector(&stat_md, rows);
@@ -27,6 +51,21 @@ st_status st_layernorm_build(st_nn_ctx *ctx, st_layernorm *n, int64_t rows, int6
 
     dnnl_memory_t x, y, mean, var, gamma, beta, dx, dy, dgamma, dbeta;
     ST_TRY(st_mem_matrix(ctx, &x, rows, cols, io->x));
+    dnnl_memory_t src = x;   /* what the backward reads */
+    if (io->bf16) {
+        void *p;
+        ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS,
+                              (size_t)(rows * cols) * sizeof(st_bf16), &p));
+        n->xb = p;
+        n->bf16 = 1;
+        n->rows = rows;
+        n->cols = cols;
+        n->x = io->x;
+        n->mean = io->mean;
+        ST_TRY(st_mem_slot_md(ctx, &n->xs_mem, &data_md, ST_SLOT_IN, 0,
+                              (size_t)(rows * cols) * sizeof(float)));
+        src = n->xs_mem;
+    }
     ST_TRY(st_mem_matrix(ctx, &y, rows, cols, io->y));
     ST_TRY(st_mem_vector(ctx, &mean, rows, io->mean));
     ST_TRY(st_mem_vector(ctx, &var, rows, io->var));
@@ -44,7 +83,7 @@ st_status st_layernorm_build(st_nn_ctx *ctx, st_layernorm *n, int64_t rows, int6
     st_prim_arg(&n->fwd, DNNL_ARG_SCALE, gamma);
     st_prim_arg(&n->fwd, DNNL_ARG_SHIFT, beta);
 
-    st_prim_arg(&n->bwd, DNNL_ARG_SRC, x);
+    st_prim_arg(&n->bwd, DNNL_ARG_SRC, src);
     st_prim_arg(&n->bwd, DNNL_ARG_MEAN, mean);
     st_prim_arg(&n->bwd, DNNL_ARG_VARIANCE, var);
     st_prim_arg(&n->bwd, DNNL_ARG_SCALE, gamma);
@@ -58,13 +97,41 @@ st_status st_layernorm_build(st_nn_ctx *ctx, st_layernorm *n, int64_t rows, int6
     return ST_OK;
 }
 
-st_status st_layernorm_forward(const st_nn_ctx *ctx, const st_layernorm *n)
+st_status st_layernorm_infer(const st_nn_ctx *ctx, const st_layernorm *n)
 {
     return st_prim_run(ctx, &n->fwd);
 }
 
+st_status st_layernorm_forward(const st_nn_ctx *ctx, const st_layernorm *n)
+{
+    ST_TRY(st_prim_run(ctx, &n->fwd));
+    if (!n->bf16)
+        return ST_OK;
+    /* the centred copy (header): rows of x against the mean just saved */
+    const int64_t C = n->cols;
+    for (int64_t r = 0; r < n->rows; r++) {
+        const float *x = n->x + r * C, mu = n->mean[r];
+        st_bf16 *xb = n->xb + r * C;
+        for (int64_t c = 0; c < C; c++)
+            xb[c] = st_bf16_from_float(x[c] - mu);
+    }
+    return ST_OK;
+}
+
 st_status st_layernorm_backward(const st_nn_ctx *ctx, const st_layernorm *n)
 {
+    if (n->bf16) {   /* xr = mean + xb, in the slot (header) */
+        void *p = NULL;
+        ST_DNNL(dnnl_memory_get_data_handle(n->xs_mem, &p), "layer norm scratch");
+        float *xs = p;
+        const int64_t C = n->cols;
+        for (int64_t r = 0; r < n->rows; r++) {
+            const float mu = n->mean[r];
+            const st_bf16 *xb = n->xb + r * C;
+            for (int64_t c = 0; c < C; c++)
+                xs[r * C + c] = mu + st_bf16_to_float(xb[c]);
+        }
+    }
     return st_prim_run(ctx, &n->bwd);
 }
 
@@ -97,6 +164,7 @@ static st_status norm_build(st_model *m, st_layer *l)
         .gamma = st_graph_seg_params(m, l->seg[0]), .beta = st_graph_seg_params(m, l->seg[1]),
         .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
         .dgamma = st_graph_seg_grads(m, l->seg[0]), .dbeta = st_graph_seg_grads(m, l->seg[1]),
+        .bf16 = m->cfg.precision == ST_PRECISION_BF16 && l->backward,
     };
     if (!io.dgamma) {   /* backward masking: see st_graph_norm_scratch */
         io.dgamma = st_graph_norm_scratch(m);
@@ -107,7 +175,8 @@ static st_status norm_build(st_model *m, st_layer *l)
 
 static st_status norm_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
-    return st_layernorm_forward(ctx, &l->u.norm);
+    return phase == ST_PHASE_TRAIN ? st_layernorm_forward(ctx, &l->u.norm)
+                                   : st_layernorm_infer(ctx, &l->u.norm);
 }
 
 static st_status norm_backward(const st_nn_ctx *ctx, const st_layer *l)
@@ -115,7 +184,15 @@ static st_status norm_backward(const st_nn_ctx *ctx, const st_layer *l)
     return st_layernorm_backward(ctx, &l->u.norm);
 }
 
+/* fp32: the backward reads x (and the saved statistics); bf16: its own
+ * centred copy of x only. */
+static unsigned norm_backward_reads(const st_model *m, const st_layer *l)
+{
+    return m->cfg.precision == ST_PRECISION_BF16 ? 0u : ST_READS_X;
+}
+
 const st_layer_kind st_layer_layernorm = {
     .name = "layernorm", .layout = norm_layout, .alloc = norm_alloc, .build = norm_build,
     .forward = norm_forward, .backward = norm_backward, .norm = 1,
+    .backward_reads = norm_backward_reads,
 };

@@ -504,7 +504,16 @@ static double linear_flops(const st_layer *layer)
     return one * (1.0 + (l->has_dx ? 1.0 : 0.0)) + (l->has_dw ? one * (double)l->dw_rows / rows : 0.0);
 }
 
+/* fp32: the backward-weights product reads x; bf16: its copy xb (and dy,
+ * w's copy), so not x.  Neither reads y or the residual (the skip's
+ * gradient is dy itself). */
+static unsigned linear_backward_reads(const st_model *m, const st_layer *l)
+{
+    return m->cfg.precision == ST_PRECISION_BF16 ? 0u : ST_READS_X;
+}
+
 const st_layer_kind st_layer_linear = {
     .name = "linear", .layout = linear_layout, .build = linear_build,
     .forward = linear_forward, .backward = linear_backward, .flops = linear_flops,
+    .backward_reads = linear_backward_reads,
 };

@@ -190,12 +190,21 @@ static st_status pool_backward(const st_nn_ctx *ctx, const st_layer *l)
     return st_pool_backward(ctx, &l->u.pool);
 }
 
+/* oneDNN's pooling backward takes dy and, for max pooling, its own
+ * workspace (where each maximum was): neither x nor y. */
+static unsigned pool_backward_reads(const st_model *m, const st_layer *l)
+{
+    (void)m;
+    (void)l;
+    return 0u;
+}
+
 const st_layer_kind st_layer_avgpool = {
     .name = "avgpool", .build = avgpool_build, .forward = pool_forward,
-    .backward = pool_backward,
+    .backward = pool_backward, .backward_reads = pool_backward_reads,
 };
 
 const st_layer_kind st_layer_maxpool = {
     .name = "maxpool", .build = maxpool_build, .forward = pool_forward,
-    .backward = pool_backward,
+    .backward = pool_backward, .backward_reads = pool_backward_reads,
 };

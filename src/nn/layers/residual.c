@@ -53,8 +53,15 @@ static st_status residual_backward(const st_nn_ctx *ctx, const st_layer *l)
     return st_add_run(ctx, &l->u.add);
 }
 
+/* Its backward adds gradients only (dx += dy): it reads no forward tensor. */
+static unsigned add_backward_reads(const st_model *m, const st_layer *l)
+{
+    return 0u;
+}
+
 const st_layer_kind st_layer_residual = {
     .name = "residual", .build = residual_build, .backward = residual_backward,
+    .backward_reads = add_backward_reads,
 };
 
 /* The join of a skip edge where it cannot be fused into the branch's last
@@ -75,4 +82,5 @@ static st_status join_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase 
 
 const st_layer_kind st_layer_join = {
     .name = "join", .build = join_build, .forward = join_forward, .transparent = 1,
+    .backward_reads = add_backward_reads,
 };
