@@ -93,7 +93,7 @@ static st_status time_bn_relu(int64_t B, int64_t C, int64_t H, int64_t W, int fu
                                .layout = layout };
         s = st_batchnorm_build(&ctx, bn, B, C, H, W, &io);
         if (s == ST_OK && !fused)
-            s = st_act_build(&ctx, act, ST_ACT_RELU, B, C * H * W, z, y, dz, dy);
+            s = st_act_build(&ctx, act, ST_ACT_RELU, B, C * H * W, z, y, dz, dy, 0);
     }
     if (s == ST_OK)
         s = st_nn_ctx_finalize(&ctx);
