@@ -15,6 +15,7 @@
 #                       spanning ranks, recovery epochs, resume across
 #                       layouts
 #   failing_rank, sigterm: failure and signals
+#   comm_precision_*    --comm-precision bf16 refused over ranks (exit 2)
 set -u
 MPIRUN=${MPIRUN:-mpirun}
 # root is allowed (CI runs as root); more ranks than cores are allowed
@@ -158,6 +159,17 @@ fails() {
     [ "$rc" -ne 0 ] && grep -q '^subtrain: rank 1 of 2 .*: training: .*rank 1 fails at step 20' "$TMP/err"
 }
 run "mpi/failing_rank_ends_every_rank" fails
+
+# bf16 gradient payloads are not implemented over ranks: every rank ends
+# with exit 2 and one line (from rank 0) saying so, none hangs
+comm_bf16() {
+    mpi -np 2 "$BIN" $COMMON --workers 1 --comm-precision bf16 2>"$TMP/err"
+    rc=$?
+    cat "$TMP/err"
+    [ "$rc" -eq 2 ] && [ "$(grep -c '^subtrain' "$TMP/err")" -eq 1 ] &&
+        grep -q '^subtrain: --comm-precision bf16 is not supported over MPI ranks' "$TMP/err"
+}
+run "mpi/comm_precision_bf16_refused_over_ranks" comm_bf16
 
 # SIGTERM to one rank stops both at the same step, with a final record
 signal() {
