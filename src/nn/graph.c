@@ -4,6 +4,7 @@
  * What a model looks like is its builder's business (src/nn/models/); what
  * a layer computes is its kind's (src/nn/layers/).
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -633,6 +634,32 @@ static int backward_only(const st_model *m, int t)
  * by id).  Deterministic: the same
  * model, the same assignment.  fp32 keeps every tensor (nothing here
  * runs). */
+/* The buffer a tensor of `need` floats takes among those whose tenant's
+ * span ended before `from` (busy[b] < from): the smallest one large
+ * enough, else the largest one (grown), else a new one; it is then busy
+ * until `until`.  Returns its index. */
+static int take_buffer(size_t *size, int *busy, int *buffers, size_t need, int from, int until)
+{
+    int fit = -1, big = -1;
+    for (int b = 0; b < *buffers; b++) {
+        if (busy[b] >= from)
+            continue;
+        if (size[b] >= need && (fit < 0 || size[b] < size[fit]))
+            fit = b;
+        if (big < 0 || size[b] > size[big])
+            big = b;
+    }
+    int b = fit >= 0 ? fit : big;
+    if (b < 0) {
+        b = (*buffers)++;
+        size[b] = 0;
+    }
+    if (size[b] < need)
+        size[b] = need;
+    busy[b] = until;
+    return b;
+}
+
 static st_status assign_forward_only(st_model *m)
 {
     if (m->cfg.precision != ST_PRECISION_BF16)
@@ -660,27 +687,11 @@ static st_status assign_forward_only(st_model *m)
     for (int i = 0; i < n; i++) {
         const int t = order[i];
         const size_t need = (size_t)m->rows * (size_t)tensor_width(m, &m->tensors[t]);
-        int fit = -1, big = -1;
-        for (int b = 0; b < buffers; b++) {
-            if (busy[b] >= first[t])
-                continue;
-            if (size[b] >= need && (fit < 0 || size[b] < size[fit]))
-                fit = b;
-            if (big < 0 || size[b] > size[big])
-                big = b;
-        }
-        int b = fit >= 0 ? fit : big;
-        if (b < 0) {
-            b = buffers++;
-            size[b] = 0;
-        }
-        if (size[b] < need)
-            size[b] = need;
-        busy[b] = last[t];
-        slot[t] = b;
+        slot[t] = take_buffer(size, busy, &buffers, need, first[t], last[t]);
     }
     /* the gradients, largest first (then by id), so that the large ones
-     * take the large buffers: busy[b] = -2 once one has taken buffer b */
+     * take the large buffers: busy[b] = INT_MAX once one has taken buffer
+     * b (the forward tenants' spans all end before) */
     const int n_fwd = n;
     for (int t = 0; t < T; t++)
         if (backward_only(m, t)) {
@@ -695,24 +706,7 @@ static st_status assign_forward_only(st_model *m)
     for (int i = n_fwd; i < n; i++) {
         const int t = order[i];
         const size_t need = (size_t)m->rows * (size_t)tensor_width(m, &m->tensors[t]);
-        int fit = -1, big = -1;
-        for (int b = 0; b < buffers; b++) {
-            if (busy[b] == -2)
-                continue;
-            if (size[b] >= need && (fit < 0 || size[b] < size[fit]))
-                fit = b;
-            if (big < 0 || size[b] > size[big])
-                big = b;
-        }
-        int b = fit >= 0 ? fit : big;
-        if (b < 0) {
-            b = buffers++;
-            size[b] = 0;
-        }
-        if (size[b] < need)
-            size[b] = need;
-        busy[b] = -2;
-        slot[t] = b;
+        slot[t] = take_buffer(size, busy, &buffers, need, INT_MAX, INT_MAX);
     }
     float **buf = buffers ? malloc((size_t)buffers * sizeof *buf) : NULL;
     if (buffers && !buf) {
