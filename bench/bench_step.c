@@ -1844,7 +1844,8 @@ int main(int argc, char **argv)
     }
 
     if (!o.fp32 && o.which == CONFIG_CNN)
-        return usage_error("--config cnn has no bf16 row (its convolutions are fp32)%s", "");
+        return usage_error("--config cnn has no bf16 row (no bf16 convolution reference here; "
+                           "bench_conv times the bf16 convolutions)%s", "");
     if (o.workers > 1 && (o.which == CONFIG_CNN || o.which == CONFIG_GPT))
         return usage_error("--workers measures resmlp scaling; not with --config %s",
                            CONFIGS[o.which].name);
