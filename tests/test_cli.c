@@ -620,6 +620,31 @@ Test(cli, team_workers_match_single_thread_workers, .timeout = 120)
     expect_usage_error("--data synthetic --threads-per-worker 0", "--threads-per-worker");
 }
 
+/* The final record's value of "key": (a number). */
+static double final_value(const char *out, const char *key)
+{
+    const char *f = strstr(out, "\"final\":true");
+    cr_assert_not_null(f, "no final record: %s", out);
+    const char *v = strstr(f, key);
+    cr_assert_not_null(v, "%s not in the final record", key);
+    return strtod(v + strlen(key), NULL);
+}
+
+/* Two runs' records, one by one: every record's losses and accuracy (the
+ * text from "train_loss" to "samples_per_s", timings excluded) equal to the
+ * printed digit, and at least one record. */
+static void expect_same_records(const char *one, const char *two, const char *what)
+{
+    int n = 0;
+    for (const char *a = one, *b = two;
+         (a = strstr(a, "\"train_loss\"")) && (b = strstr(b, "\"train_loss\"")); a++, b++, n++) {
+        const size_t len = (size_t)(strstr(a, "\"samples_per_s\"") - a);
+        cr_assert(strncmp(a, b, len) == 0, "two %s runs differ: %.*s against %.*s", what,
+                  (int)len, a, (int)len, b);
+    }
+    cr_assert_geq(n, 1, "no records: %s", one);
+}
+
 /* --precision bf16: trains to what fp32 trains (the products' rounding
  * only), the same run twice is bitwise the same (every record), and a
  * CPU without bf16 is told so in one line naming oneDNN's ISA, which
@@ -638,23 +663,14 @@ Test(cli, bf16_trains_like_fp32_deterministically_and_names_a_missing_isa, .time
         run(r, NULL, opts);
         cr_assert_eq(r->status, 0, "%s", r->err);
         run(again, NULL, opts);
-        /* every record's losses and accuracy, to the printed digit */
-        int n = 0;
-        for (const char *a = r->out, *b = again->out;
-             (a = strstr(a, "\"train_loss\"")) && (b = strstr(b, "\"train_loss\"")); a++, b++, n++) {
-            const size_t len = (size_t)(strstr(a, "\"samples_per_s\"") - a);
-            cr_assert(strncmp(a, b, len) == 0, "two bf16 runs differ: %.*s against %.*s",
-                      (int)len, a, (int)len, b);
-        }
-        cr_assert_geq(n, 1, "no records: %s", r->out);
+        expect_same_records(r->out, again->out, "bf16");
         cr_assert(strstr(r->out, "\"precision\":\"bf16\""), "%s", r->out);
         cr_assert(strstr(r->out, "bf16 gelu"), "the plan names the precision: %s", r->out);
         run(again, NULL, base);
         cr_assert_eq(again->status, 0, "%s", again->err);
         cr_assert(strstr(again->out, "\"precision\":\"fp32\""), "%s", again->out);
-        const char *l16 = strstr(strstr(r->out, "\"final\":true"), "\"test_loss\":");
-        const char *l32 = strstr(strstr(again->out, "\"final\":true"), "\"test_loss\":");
-        const double t16 = strtod(l16 + 12, NULL), t32 = strtod(l32 + 12, NULL);
+        const double t16 = final_value(r->out, "\"test_loss\":");
+        const double t32 = final_value(again->out, "\"test_loss\":");
         cr_assert(fabs(t16 - t32) <= 0.02 * t32, "bf16 test loss %.6f, fp32 %.6f", t16, t32);
         cr_assert(t16 != t32, "bf16 and fp32 ended bitwise equal (%.6f): bf16 not used?", t16);
         /* The activations kept for the backward (the peak breakdown's
@@ -694,16 +710,6 @@ Test(cli, bf16_trains_like_fp32_deterministically_and_names_a_missing_isa, .time
     free(again);
 }
 
-/* The final record's value of "key": (a number). */
-static double final_value(const char *out, const char *key)
-{
-    const char *f = strstr(out, "\"final\":true");
-    cr_assert_not_null(f, "no final record: %s", out);
-    const char *v = strstr(f, key);
-    cr_assert_not_null(v, "%s not in the final record", key);
-    return strtod(v + strlen(key), NULL);
-}
-
 /* --comm-precision bf16: two workers reduce bf16-rounded gradients (fp32
  * sums): the same run twice is bitwise the same (every record's losses
  * and accuracy), it trains to within a few percent of fp32's test loss
@@ -740,14 +746,7 @@ Test(cli, comm_bf16_is_deterministic_and_close_to_fp32, .timeout = 180)
         cr_assert_eq(r->status, 0, "%s: %s", opts, r->err);
         RUN_WITH_RECORDS(again, opts);
         cr_assert_eq(again->status, 0, "%s", again->err);
-        int n = 0;
-        for (const char *a = r->out, *b = again->out;
-             (a = strstr(a, "\"train_loss\"")) && (b = strstr(b, "\"train_loss\"")); a++, b++, n++) {
-            const size_t len = (size_t)(strstr(a, "\"samples_per_s\"") - a);
-            cr_assert(strncmp(a, b, len) == 0, "two comm-bf16 runs differ: %.*s against %.*s",
-                      (int)len, a, (int)len, b);
-        }
-        cr_assert_geq(n, 1, "no records: %s", r->out);
+        expect_same_records(r->out, again->out, "comm-bf16");
         cr_assert(strstr(r->out, "\"comm_precision\":\"bf16\""), "%s", r->out);
         cr_assert(strstr(r->out, ", comm bf16"), "the plan names it: %s", r->out);
         snprintf(opts, sizeof opts, "%s --oversubscribe --progress none --metrics '%s'",
@@ -784,15 +783,6 @@ Test(cli, comm_bf16_is_deterministic_and_close_to_fp32, .timeout = 180)
     free(f32);
 }
 
-/* The number after "key": in the final record of a run's output. */
-static double final_field(const char *out, const char *key)
-{
-    const char *last = strstr(out, "\"final\":true");
-    cr_assert_not_null(last, "no final record: %s", out);
-    const char *v = strstr(last, key);
-    cr_assert_not_null(v, "no %s in the final record: %s", key, last);
-    return strtod(v + strlen(key), NULL);
-}
 
 /* --precision bf16 with --model gpt: attention's products in bf16 too.
  * The same run twice is bitwise the same (every record's losses), it
@@ -829,23 +819,16 @@ Test(cli, bf16_gpt_attention_deterministic_close_to_fp32_half_the_memory, .timeo
     cr_assert_eq(r->status, 0, "%s", r->err);
     run(again, NULL, opts);
     cr_assert_eq(again->status, 0, "%s", again->err);
-    int n = 0;
-    for (const char *a = r->out, *b = again->out;
-         (a = strstr(a, "\"train_loss\"")) && (b = strstr(b, "\"train_loss\"")); a++, b++, n++) {
-        const size_t len = (size_t)(strstr(a, "\"samples_per_s\"") - a);
-        cr_assert(strncmp(a, b, len) == 0, "two bf16 gpt runs differ: %.*s against %.*s",
-                  (int)len, a, (int)len, b);
-    }
-    cr_assert_geq(n, 1, "no records: %s", r->out);
+    expect_same_records(r->out, again->out, "bf16 gpt");
     cr_assert(strstr(r->out, "\"precision\":\"bf16\""), "%s", r->out);
     run(again, NULL, base);
     cr_assert_eq(again->status, 0, "%s", again->err);
-    const double t16 = final_field(r->out, "\"test_loss\":");
-    const double t32 = final_field(again->out, "\"test_loss\":");
+    const double t16 = final_value(r->out, "\"test_loss\":");
+    const double t32 = final_value(again->out, "\"test_loss\":");
     cr_assert(fabs(t16 - t32) <= 0.02 * t32, "bf16 gpt test loss %.6f, fp32 %.6f", t16, t32);
     cr_assert(t16 != t32, "bf16 and fp32 gpt ended bitwise equal (%.6f): bf16 not used?", t16);
-    const double a16 = final_field(r->out, "\"attention\":");
-    const double a32 = final_field(again->out, "\"attention\":");
+    const double a16 = final_value(r->out, "\"attention\":");
+    const double a32 = final_value(again->out, "\"attention\":");
     cr_assert(a32 > 0 && a16 == a32 / 2, "attention memory: bf16 %.0f bytes, fp32 %.0f", a16,
               a32);
     free(r);
@@ -855,7 +838,7 @@ Test(cli, bf16_gpt_attention_deterministic_close_to_fp32_half_the_memory, .timeo
 
 /* --precision bf16 of a ResNet: its convolutions read bf16 copies of
  * their inputs, weights and output gradients, and the block's BN -> ReLU
- * outputs each conv reads share one buffer (graph.c's bf16_transient).
+ * outputs each conv reads share buffers (graph.c's assign_forward_only).
  * The same run twice is bitwise the same (every record), and it trains
  * to what fp32 trains, not to the same bits.  On Fashion-MNIST, where it
  * is installed (the default data set; no synthetic images here). */
@@ -880,14 +863,7 @@ Test(cli, resnet_bf16_deterministic_and_close_to_fp32, .timeout = 240)
     cr_assert_eq(r->status, 0, "%s", r->err);
     run(again, NULL, opts);
     cr_assert_eq(again->status, 0, "%s", again->err);
-    int n = 0;
-    for (const char *a = r->out, *b = again->out;
-         (a = strstr(a, "\"train_loss\"")) && (b = strstr(b, "\"train_loss\"")); a++, b++, n++) {
-        const size_t len = (size_t)(strstr(a, "\"samples_per_s\"") - a);
-        cr_assert(strncmp(a, b, len) == 0, "two bf16 resnet runs differ: %.*s against %.*s",
-                  (int)len, a, (int)len, b);
-    }
-    cr_assert_geq(n, 1, "no records: %s", r->out);
+    expect_same_records(r->out, again->out, "bf16 resnet");
     cr_assert(strstr(r->out, "\"precision\":\"bf16\""), "%s", r->out);
     cr_assert(strstr(r->out, "resnet depth 1 width 16 bf16"), "the plan: %s", r->out);
     run(again, NULL, base);

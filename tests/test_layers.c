@@ -1900,7 +1900,7 @@ static double off_fp32(const float *got, const double *ref32, const double *mag,
  * rounding happened (the unrounded reference is far outside the
  * tolerance), and the backward reads x only through the forward's bf16
  * copy: x is overwritten with NaN between forward and backward (a model
- * reuses the buffer of a tensor in passing, graph.c's bf16_transient). */
+ * reuses the buffer of a forward-only tensor, graph.c's assign_forward_only). */
 static void check_conv_bf16(const st_conv_shape *s, st_layout layout, int bias, int with_dx,
                             float scale, uint64_t seed)
 {

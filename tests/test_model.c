@@ -1806,8 +1806,8 @@ static void check_blocked_equals_plain(st_model_config c, const char *what)
 }
 
 /* bf16 ResNet: the convolutions' inputs in passing (a block's BN -> ReLU
- * outputs, or the GELU after it, read by one conv only) share one
- * buffer, and nothing reads it once its conv's forward has made the bf16
+ * outputs, or the GELU after it, read by convolutions only) share
+ * buffers (graph.c's assign_forward_only), and nothing reads it once its conv's forward has made the bf16
  * copy: with the buffer filled with NaN between the forward and the
  * backward, the loss and every gradient are bitwise those of the step
  * left alone; and they are close to fp32's, not equal.  The gradients

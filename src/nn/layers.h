@@ -295,7 +295,7 @@ typedef struct st_conv {
 /* The backward reads what the forward left (blocked copies of x and w), so
  * a backward follows its forward, with the same x and w.  In bf16 the
  * backward reads x only through the forward's bf16 copy: x's buffer may
- * be overwritten once the forward has run (graph.c's bf16_transient). */
+ * be overwritten once the forward has run (graph.c's assign_forward_only). */
 st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
                         const st_conv_io *io);
 st_status st_conv_forward(const st_nn_ctx *ctx, const st_conv *c);

@@ -62,7 +62,7 @@
  * activations) is the forward's, in the forward's layout, and the one
  * backward-weights reads: the activation kept for the backward is bf16,
  * half the fp32 one, and the fp32 x is not read after the forward (graph.c
- * may then reuse its buffer: bf16_transient).  w's copy is counted with
+ * may then reuse its buffer: assign_forward_only).  w's copy is counted with
  * the weights (linear.c's wb); fp32's blocked w copy stays workspace.  dy's
  * copy lives in the shared slot (ST_SLOT_IN) within one backward.  Masters,
  * optimizer, batch norm, pooling and the loss stay fp32.
@@ -286,7 +286,7 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
         /* In bf16 the forward's copy of x, in the layout the forward chose,
          * is the one the backward reads: the kept activation is bf16, and
          * x's own buffer may be reused once the forward has run
-         * (graph.c's bf16_transient).  A kernel refusing that layout fails
+         * (graph.c's assign_forward_only).  A kernel refusing that layout fails
          * the build here rather than reorder a stale x later. */
         const dnnl_memory_desc_t *xw_md = c->bf16 ? query(fpd, dnnl_query_src_md) : &x_md;
         dnnl_status_t ds = dnnl_convolution_backward_weights_desc_init(
