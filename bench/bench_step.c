@@ -112,9 +112,9 @@
  * reference measured in the same windows: oneDNN's matmul primitive with
  * bf16 operands and fp32 output (what the layers run) on the same shape
  * as sgemm's.  The row's ratio is to that bf16 reference; the sgemm
- * column keeps the fp32 reference next to it.  The cnn config has no bf16
- * row yet: its reference is fp32 convolution primitives, and a bf16 one is
- * not written (bench_conv times the bf16 convolutions against fp32).
+ * column keeps the fp32 reference next to it.  The cnn config's bf16
+ * reference is the same three convolutions reading bf16 (x, w, dy) and
+ * writing fp32, as its layers run them.
  *
  * Threads.  oneDNN's CPU runtime is OpenMP and runs a primitive with the
  * calling thread's nthreads-var.  The trainer runs its worker in a
@@ -553,7 +553,8 @@ typedef struct conv_ref {
     } while (0)
 
 /* A buffer for md: an earlier one of the same layout when `share` is one,
- * else a new one filled with ordinary values (scaled by `scale`). */
+ * else a new one filled with ordinary values (scaled by `scale`), in its
+ * data type (f32 or bf16). */
 static int conv_ref_mem(conv_ref *c, const dnnl_memory_desc_t *md, dnnl_memory_t share,
                         float scale, st_rng *rng, dnnl_memory_t *out)
 {
@@ -569,6 +570,17 @@ static int conv_ref_mem(conv_ref *c, const dnnl_memory_desc_t *md, dnnl_memory_t
     c->mem[c->n_mem++] = *out;
     void *p;
     DNNL_TRY(dnnl_memory_get_data_handle(*out, &p), "data handle");
+    if (md->data_type == dnnl_bf16) {
+        uint16_t *h = p;
+        const size_t n = dnnl_memory_desc_get_size(md) / sizeof(uint16_t);
+        for (size_t i = 0; i < n; i++) {
+            float f = scale * (st_rng_uniform(rng) - 0.5f);
+            uint32_t u;
+            memcpy(&u, &f, sizeof u);
+            h[i] = (uint16_t)(u >> 16);
+        }
+        return 0;
+    }
     float *f = p;
     const size_t n = dnnl_memory_desc_get_size(md) / sizeof(float);
     for (size_t i = 0; i < n; i++)
@@ -605,8 +617,10 @@ static void conv_ref_free(conv_ref *c)
 }
 
 /* Created on this thread, whose OpenMP thread count (1) is the one the
- * primitives are built and run for, as the trainer's worker does. */
-static int conv_ref_init(conv_ref *c, const conv_shape *sh, int64_t batch)
+ * primitives are built and run for, as the trainer's worker does.  bf16:
+ * what each pass reads (x, w, dy) in bf16, what it writes (y, dx, dw) in
+ * f32, as the layers run (nn/layers/conv.c). */
+static int conv_ref_init(conv_ref *c, const conv_shape *sh, int64_t batch, int bf16)
 {
     memset(c, 0, sizeof *c);
     DNNL_TRY(dnnl_engine_create(&c->engine, dnnl_cpu, 0), "engine");
@@ -616,22 +630,30 @@ static int conv_ref_init(conv_ref *c, const conv_shape *sh, int64_t batch)
     const dnnl_dims_t xd = { batch, sh->ic, sh->h, sh->w }, yd = { batch, sh->oc, oh, ow };
     const dnnl_dims_t wd = { sh->oc, sh->ic, sh->k, sh->k };
     const dnnl_dims_t strides = { sh->stride, sh->stride }, pad = { sh->pad, sh->pad };
-    dnnl_memory_desc_t x_md, y_md, w_md;
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&x_md, 4, xd, dnnl_f32, dnnl_format_tag_any), "src md");
+    const dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_memory_desc_t x_md, y_md, w_md, dx_md, dy_md, dw_md;
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&x_md, 4, xd, in, dnnl_format_tag_any), "src md");
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&y_md, 4, yd, dnnl_f32, dnnl_format_tag_any), "dst md");
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&w_md, 4, wd, dnnl_f32, dnnl_format_tag_any),
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&w_md, 4, wd, in, dnnl_format_tag_any),
              "weights md");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&dx_md, 4, xd, dnnl_f32, dnnl_format_tag_any),
+             "diff src md");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&dy_md, 4, yd, in, dnnl_format_tag_any),
+             "diff dst md");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&dw_md, 4, wd, dnnl_f32, dnnl_format_tag_any),
+             "diff weights md");
 
     dnnl_convolution_desc_t fd, bd, wdsc;
     DNNL_TRY(dnnl_convolution_forward_desc_init(&fd, dnnl_forward_training,
                                                 dnnl_convolution_direct, &x_md, &w_md, NULL,
                                                 &y_md, strides, pad, pad),
              "forward descriptor");
-    DNNL_TRY(dnnl_convolution_backward_data_desc_init(&bd, dnnl_convolution_direct, &x_md, &w_md,
-                                                      &y_md, strides, pad, pad),
+    DNNL_TRY(dnnl_convolution_backward_data_desc_init(&bd, dnnl_convolution_direct, &dx_md,
+                                                      &w_md, &dy_md, strides, pad, pad),
              "backward-data descriptor");
     DNNL_TRY(dnnl_convolution_backward_weights_desc_init(&wdsc, dnnl_convolution_direct, &x_md,
-                                                         &w_md, NULL, &y_md, strides, pad, pad),
+                                                         &dw_md, NULL, &dy_md, strides, pad,
+                                                         pad),
              "backward-weights descriptor");
     dnnl_primitive_desc_t pd[3] = { NULL, NULL, NULL };
     int rc = -1;
@@ -1021,6 +1043,42 @@ static double attn_window(const attn_ref *a, double min_s, double part_s[A_PARTS
     return (t - t0) / (double)n;
 }
 
+/* --unfuse's names, in ST_UNFUSE_* bit order */
+static const char *const unfuse_names[] = { "bias", "residual", "weight-copy" };
+
+/* "bias,weight-copy", or "none" */
+static void unfuse_text(unsigned bits, char *out, size_t n)
+{
+    out[0] = '\0';
+    for (unsigned k = 0; k < 3; k++)
+        if (bits & (1u << k))
+            snprintf(out + strlen(out), n - strlen(out), "%s%s", out[0] ? "," : "",
+                     unfuse_names[k]);
+    if (!out[0])
+        snprintf(out, n, "none");
+}
+
+/* "bias,residual,weight-copy" (or "both": bias and residual) into bits */
+static int parse_unfuse(const char *v, unsigned *bits)
+{
+    *bits = 0;
+    if (strcmp(v, "both") == 0) {
+        *bits = ST_UNFUSE_BIAS | ST_UNFUSE_RESIDUAL;
+        return 1;
+    }
+    while (*v) {
+        size_t len = strcspn(v, ",");
+        unsigned k = 0;
+        while (k < 3 && !(strlen(unfuse_names[k]) == len && strncmp(v, unfuse_names[k], len) == 0))
+            k++;
+        if (k == 3)
+            return 0;
+        *bits |= 1u << k;
+        v += len + (v[len] == ',');
+    }
+    return *bits != 0;
+}
+
 /* ------------------------------------------------------------ the reference */
 
 /* sgemm or the convolution primitives: one call's seconds over a window. */
@@ -1028,6 +1086,7 @@ typedef struct ref_ctx {
     int conv;
     gemm_ctx g;
     conv_ref c;
+    conv_ref c16;    /* cnn in bf16: the same convolutions reading bf16 */
 } ref_ctx;
 
 static double ref_window(ref_ctx *ref, double min_s, double pass_s[3])
@@ -1038,6 +1097,16 @@ static double ref_window(ref_ctx *ref, double min_s, double pass_s[3])
     if (t < 0.0)
         fprintf(stderr, "bench_step: dnnl_sgemm failed\n");
     return t;
+}
+
+/* The bf16 reference (bf16 rows): the matmul on sgemm's shape, or the
+ * convolutions reading bf16. */
+static double ref16_window(ref_ctx *ref, double min_s)
+{
+    double pass[3];
+    if (ref->conv)
+        return conv_window(&ref->c16, min_s, pass);
+    return gemm16_window(&ref->g, min_s);
 }
 
 /* ------------------------------------------------------------ the step */
@@ -1223,9 +1292,14 @@ static int run_config(const bench_config *bc, const bench_options *o, int bf16, 
             fprintf(stderr, "bench_step: warning: the resnet's convolutions as enumerated here "
                     "(%.2f GFLOP a step) are not the model's (%.2f): the reference shape may "
                     "not be its dominant one\n", conv_total * 1e-9, r->flops * 1e-9);
-        if (conv_ref_init(&ref.c, sh, bc->batch)) {
+        if (conv_ref_init(&ref.c, sh, bc->batch, 0) ||
+            (bf16 && conv_ref_init(&ref.c16, sh, bc->batch, 1))) {
             rc = EXIT_FAILURE;
             goto out;
+        }
+        if (bf16) {
+            r->ref16_flops = 3.0 * conv_pass_flops(sh, bc->batch);
+            snprintf(r->ref16_impl, sizeof r->ref16_impl, "%s", ref.c16.impl[0]);
         }
         r->ref_name = "conv";
         snprintf(r->ref_shape, sizeof r->ref_shape, "%lld->%lld %lldx%lld %lldx%lld s%lld",
@@ -1300,7 +1374,7 @@ static int run_config(const bench_config *bc, const bench_options *o, int bf16, 
         goto out;
     }
 
-    if (bf16 && gemm16_window(&ref.g, o->gemm_window_s) < 0.0) {   /* its warm-up */
+    if (bf16 && ref16_window(&ref, o->gemm_window_s) < 0.0) {   /* its warm-up */
         rc = EXIT_FAILURE;
         goto out;
     }
@@ -1312,8 +1386,8 @@ static int run_config(const bench_config *bc, const bench_options *o, int bf16, 
             rc = EXIT_FAILURE;
             goto out;
         }
-        if (bf16 && (gemm16_t[k] = gemm16_window(&ref.g, o->gemm_window_s)) < 0.0) {
-            fprintf(stderr, "bench_step: the bf16 matmul failed\n");
+        if (bf16 && (gemm16_t[k] = ref16_window(&ref, o->gemm_window_s)) < 0.0) {
+            fprintf(stderr, "bench_step: the bf16 reference failed\n");
             rc = EXIT_FAILURE;
             goto out;
         }
@@ -1354,9 +1428,10 @@ static int run_config(const bench_config *bc, const bench_options *o, int bf16, 
     r->last_loss = s.loss;
 
 out:
-    if (ref.conv)
+    if (ref.conv) {
         conv_ref_free(&ref.c);
-    else
+        conv_ref_free(&ref.c16);
+    } else
         gemm_free(&ref.g);
     attn_ref_free(&attn);
     st_trainer_destroy(t);
@@ -1397,9 +1472,15 @@ static void print_header(const bench_options *o)
     printf("timing: %d interleaved windows of each kind (step >= %.2f s, reference >= %.2f s), "
            "median window shown%s\n\n", o->windows, o->step_window_s, o->gemm_window_s,
            o->quick ? " [--quick: numbers are rough]" : "");
+    if (o->unfuse & (ST_UNFUSE_BIAS | ST_UNFUSE_RESIDUAL))
+        printf("unfused: the linear layers' %s added by a pass of its own after the matmul\n",
+               (o->unfuse & 3) == 3 ? "bias and skip"
+               : o->unfuse & ST_UNFUSE_BIAS ? "bias" : "skip");
+    if (o->unfuse & ST_UNFUSE_WEIGHT_COPY)
+        printf("unfused: bf16 weight copies made by a reorder in each forward, not written by "
+               "the update\n");
     if (o->unfuse)
-        printf("unfused: the linear layers' %s added by a pass of its own after the matmul\n\n",
-               o->unfuse == 3 ? "bias and skip" : o->unfuse == ST_UNFUSE_BIAS ? "bias" : "skip");
+        printf("\n");
     printf("%-17s %4s %5s %8s %9s %10s %12s %6s %11s %6s %9s\n", "config", "prec", "batch",
            "params", "step ms", "samples/s", "step GFLOP/s", "ref", "ref GFLOP/s", "ratio",
            "vs sgemm");
@@ -1415,7 +1496,8 @@ static void print_row(const bench_result *r)
     printf("%-17s %4s %5d %7.2fM %9.2f %10.0f %12.1f %6s %11.1f %6.3f", label,
            r->bf16 ? "bf16" : "fp32", r->cfg->batch, (double)r->params * 1e-6,
            r->step_s_med * 1e3, r->cfg->batch / r->step_s_med, step_g,
-           r->bf16 ? "bf16mm" : r->ref_name, own_g, step_g / own_g);
+           r->bf16 ? (r->cfg->conv_ref ? "bf16cv" : "bf16mm") : r->ref_name, own_g,
+           step_g / own_g);
     if (r->cfg->conv_ref)
         printf(" %9s\n", "-");
     else
@@ -1499,9 +1581,10 @@ static void print_details(const bench_result *r)
                r->conv_impl[0], r->conv_impl[1], r->conv_impl[2]);
     }
     if (r->bf16)
-        printf("%s bf16: bf16 matmul reference %.1f GFLOP/s (best window %.1f; %s), sgemm "
-               "%.1f; the same shape\n", label, gflops(r->ref16_flops, r->ref16_s_med),
-               gflops(r->ref16_flops, r->ref16_s_best), r->ref16_impl, ref_g);
+        printf("%s bf16: bf16 %s reference %.1f GFLOP/s (best window %.1f; %s), %s "
+               "%.1f; the same shape\n", label, r->cfg->conv_ref ? "convolution" : "matmul",
+               gflops(r->ref16_flops, r->ref16_s_med), gflops(r->ref16_flops, r->ref16_s_best),
+               r->ref16_impl, r->cfg->conv_ref ? "fp32 convolution" : "sgemm", ref_g);
     printf("%s%s: %s %s; %llu steps in %d windows, step %.2f..%.2f ms; "
            "best windows: step %.1f, %s %.1f GFLOP/s, ratio %.3f\n", label,
            r->bf16 ? " bf16" : "", r->ref_name,
@@ -1544,14 +1627,15 @@ static void write_json(FILE *f, const bench_result *r, const bench_options *o)
     double step_g = gflops(r->flops, r->step_s_med), ref_g = gflops(r->ref_flops, r->ref_s_med);
     double best_g = gflops(r->flops, r->step_s_best), ref_best_g = gflops(r->ref_flops,
                                                                           r->ref_s_best);
+    char unfused[64];
+    unfuse_text(o->unfuse, unfused, sizeof unfused);
     fprintf(f, "{\"config\":\"%s\",\"precision\":\"%s\",\"unfuse\":\"%s\",\"model\":\"%s\","
-            "\"depth\":%d,\"width\":%d,", c->name, r->bf16 ? "bf16" : "fp32",
-            o->unfuse == 3 ? "both" : o->unfuse == ST_UNFUSE_BIAS ? "bias"
-            : o->unfuse == ST_UNFUSE_RESIDUAL ? "residual" : "none",
+            "\"depth\":%d,\"width\":%d,", c->name, r->bf16 ? "bf16" : "fp32", unfused,
             st_model_kind_name(c->model), c->depth, c->width);
     if (r->bf16)
-        fprintf(f, "\"bf16_matmul_gflops\":%.3f,\"bf16_matmul_gflops_best\":%.3f,"
-                "\"bf16_matmul_impl\":\"%s\",\"ratio_bf16\":%.4f,",
+        fprintf(f, "\"bf16_reference\":\"%s\",\"bf16_ref_gflops\":%.3f,"
+                "\"bf16_ref_gflops_best\":%.3f,\"bf16_ref_impl\":\"%s\",\"ratio_bf16\":%.4f,",
+                c->conv_ref ? "conv" : "matmul",
                 gflops(r->ref16_flops, r->ref16_s_med), gflops(r->ref16_flops, r->ref16_s_best),
                 r->ref16_impl, step_g / gflops(r->ref16_flops, r->ref16_s_med));
     if (c->in_channels)
@@ -1626,8 +1710,8 @@ static int run_all(const bench_options *o, FILE *json)
         if (o->which >= 0 && o->which != i)
             continue;
         for (int bf16 = 0; bf16 < 2; bf16++) {
-            if (!(bf16 ? o->bf16 : o->fp32) || (bf16 && CONFIGS[i].conv_ref))
-                continue;   /* cnn: no bf16 convolution reference (above) */
+            if (!(bf16 ? o->bf16 : o->fp32))
+                continue;
             int rc = run_config(&CONFIGS[i], o, bf16, &res[n]);
             if (rc != EXIT_SUCCESS)
                 return rc;
@@ -1750,7 +1834,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: bench_step [--config large|small|cnn|gpt|all] [--quick] [--seconds S]\n"
             "                  [--json FILE] [--workers N] [--precision fp32|bf16|both]\n"
-            "                  [--unfuse bias|residual|both]\n"
+            "                  [--unfuse bias,residual,weight-copy|both]\n"
             "\n"
             "Times one training step of subtrain (st_trainer_step: gather, forward,\n"
             "backward, AdamW) on one thread and compares its GFLOP/s with dnnl_sgemm on\n"
@@ -1777,7 +1861,9 @@ static void usage(FILE *f)
             "  --precision P fp32 (default), bf16 (linear layers in bf16; reference:\n"
             "                oneDNN's bf16 matmul on the same shape, sgemm beside it) or both\n"
             "  --unfuse F    run the linear layers' bias add, skip add or both as passes\n"
-            "                of their own instead of in the matmul (to measure each fusion)\n"
+            "                of their own instead of in the matmul, and (weight-copy, bf16)\n"
+            "                convert the weights in each forward instead of in the update:\n"
+            "                a comma list, to measure each fusion\n"
             "  --help        this text\n");
 }
 
@@ -1813,14 +1899,9 @@ int main(int argc, char **argv)
             if (!o.fp32 && !o.bf16)
                 return usage_error("--precision must be fp32, bf16 or both, got '%s'", v);
         } else if ((v = option_value(argc, argv, &i, "--unfuse", &missing))) {
-            if (strcmp(v, "bias") == 0)
-                o.unfuse = ST_UNFUSE_BIAS;
-            else if (strcmp(v, "residual") == 0)
-                o.unfuse = ST_UNFUSE_RESIDUAL;
-            else if (strcmp(v, "both") == 0)
-                o.unfuse = ST_UNFUSE_BIAS | ST_UNFUSE_RESIDUAL;
-            else
-                return usage_error("--unfuse must be bias, residual or both, got '%s'", v);
+            if (!parse_unfuse(v, &o.unfuse))
+                return usage_error("--unfuse takes a comma list of bias, residual and "
+                                   "weight-copy (or both), got '%s'", v);
         } else if ((v = option_value(argc, argv, &i, "--seconds", &missing))) {
             char *end;
             seconds = strtod(v, &end);
@@ -1843,9 +1924,6 @@ int main(int argc, char **argv)
         }
     }
 
-    if (!o.fp32 && o.which == CONFIG_CNN)
-        return usage_error("--config cnn has no bf16 row (no bf16 convolution reference here; "
-                           "bench_conv times the bf16 convolutions)%s", "");
     if (o.workers > 1 && (o.which == CONFIG_CNN || o.which == CONFIG_GPT))
         return usage_error("--workers measures resmlp scaling; not with --config %s",
                            CONFIGS[o.which].name);

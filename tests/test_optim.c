@@ -158,6 +158,74 @@ Test(optim, shard_updates_equal_a_whole_update)
     st_arena_release(&a);
 }
 
+/* The bf16 weight copies the update writes (st_optim_update_copies): the
+ * fp32 values bitwise those of the plain update, each covered element's
+ * copy the nearest bf16 (ties to even) of its new value, computed here
+ * from the bits, and nothing outside the copies written.  The copies
+ * start inside a segment, span the cut between the two, and leave gaps;
+ * the update is also cut into ranges (a shard owner's). */
+static uint16_t nearest_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t lower = u & 0xffffu, up = u >> 16;
+    if (lower > 0x8000u || (lower == 0x8000u && (up & 1u)))
+        up++;
+    return (uint16_t)up;
+}
+
+static void check_copies(st_optim_config c)
+{
+    float plain[N], with[N], g[N];
+    uint16_t half[N];
+    random_fill(plain, N, 7);
+    random_fill(g, N, 8);
+    memcpy(with, plain, sizeof plain);
+    for (int i = 0; i < N; i++)
+        half[i] = 0xdeadu;
+    const st_param_copy copies[] = {
+        { 10, 90, half + 10 },     /* inside the first segment */
+        { 150, 100, half + 150 },  /* across the cut at 200 */
+        { 270, 30, half + 270 },   /* the end of the second */
+    };
+    st_arena a;
+    st_arena_init(&a, "optim", NULL, 0);
+    st_optim o1, o2;
+    cr_assert_eq(st_optim_init(&o1, &c, N, &a), ST_OK);
+    cr_assert_eq(st_optim_init(&o2, &c, N, &a), ST_OK);
+    for (int t = 1; t <= 3; t++) {
+        st_optim_update(&o1, plain, g, segs, 2, 0, N, (uint64_t)t, 1e-2f);
+        const size_t cuts[] = { 0, 50, 230, N }; /* each inside a copy */
+        for (int s = 0; s < 3; s++)
+            st_optim_update_copies(&o2, with, g, segs, 2, cuts[s], cuts[s + 1], (uint64_t)t,
+                                   1e-2f, copies, 3);
+    }
+    cr_assert_arr_eq(plain, with, sizeof plain, "the fp32 values are the plain update's");
+    for (int i = 0; i < N; i++) {
+        int covered = (i >= 10 && i < 100) || (i >= 150 && i < 250) || i >= 270;
+        if (covered)
+            cr_assert_eq(half[i], nearest_bf16(with[i]), "element %d: copy %#x of %.9g", i,
+                         half[i], with[i]);
+        else
+            cr_assert_eq(half[i], 0xdeadu, "element %d is in no copy but was written", i);
+    }
+    st_arena_release(&a);
+}
+
+Test(optim, adamw_writes_the_bf16_copies)
+{
+    check_copies(st_optim_config_default());
+}
+
+Test(optim, sgd_writes_the_bf16_copies)
+{
+    st_optim_config c = st_optim_config_default();
+    c.kind = ST_OPT_SGD;
+    check_copies(c);
+    c.momentum = 0.0f;
+    check_copies(c);
+}
+
 Test(optim, reset_clears_state)
 {
     st_arena a;

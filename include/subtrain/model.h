@@ -68,6 +68,9 @@ typedef enum st_precision { ST_PRECISION_FP32, ST_PRECISION_BF16 } st_precision;
 enum {
     ST_UNFUSE_BIAS = 1,       /* y += b: a binary add after the product */
     ST_UNFUSE_RESIDUAL = 2,   /* y += the skip: a binary add after the product */
+    ST_UNFUSE_WEIGHT_COPY = 4, /* bf16: the weights' copies made by a reorder in
+                                * each forward, not written by the update
+                                * (st_model_copies lists none) */
 };
 
 /* Which units an instance holds: a subnetwork of the model.  Units are
@@ -266,6 +269,16 @@ float *st_model_grads(st_model *m);
 size_t st_model_param_count(const st_model *m);
 size_t st_model_grad_count(const st_model *m);
 const st_param_segment *st_model_segments(const st_model *m, int *count);
+/* bf16 (--precision bf16): the bf16 copies of weights that the products
+ * read, increasing and disjoint, for st_optim_update_copies (NULL, 0 in
+ * fp32).  An owner that updates its own vector with them calls
+ * st_model_copies_written after the update, and the next training forward
+ * does not convert those weights again.  The promise holds only if
+ * nothing else writes the parameters in between (an engine's all-gather,
+ * a round's write-back, a load): such owners do not call it, and the
+ * layers convert as before. */
+const st_param_copy *st_model_copies(const st_model *m, int *count);
+void st_model_copies_written(st_model *m);
 
 /* One forward and backward pass over the whole batch: *loss is the mean
  * cross-entropy (over every row: a sequence model's tokens), the gradient vector is overwritten with dloss/dparams. */

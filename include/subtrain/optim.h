@@ -69,6 +69,15 @@ void st_optim_update(st_optim *opt, float *params, const float *grads,
                      const st_param_segment *segs, int n_segs,
                      size_t begin, size_t end, uint64_t t, float lr);
 
+/* The same, also writing the new value of every parameter that `copies`
+ * cover (n_copies ranges, increasing and disjoint) into its bf16 copy,
+ * rounded as oneDNN's reorders round: one pass over the weights instead of
+ * the update's and then the model's conversion. */
+void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
+                            const st_param_segment *segs, int n_segs, size_t begin,
+                            size_t end, uint64_t t, float lr, const st_param_copy *copies,
+                            int n_copies);
+
 /* ------------------------------------------------------------ schedules */
 
 typedef enum st_schedule_kind { ST_SCHED_CONSTANT, ST_SCHED_WARMUP_COSINE } st_schedule_kind;

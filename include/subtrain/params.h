@@ -11,6 +11,7 @@
 #define SUBTRAIN_PARAMS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,6 +37,16 @@ typedef struct st_param_segment {
 } st_param_segment;
 
 #define ST_NO_GRAD ((size_t)-1)
+
+/* A bf16 copy of parameters [offset, offset + count), in the same order,
+ * that the model's products read instead of the fp32 values (--precision
+ * bf16: a linear layer's weights).  The update can write it along with the
+ * new values (st_optim_update_copies), which saves the model a pass over
+ * the weights before its next forward. */
+typedef struct st_param_copy {
+    size_t offset, count;
+    uint16_t *bf16;     /* count values (bf16 bits) */
+} st_param_copy;
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "comm/kernels.h"
+#include "core/bf16.h"
 
 /* Clones of the hot loops for wider vector units, picked at load time (as
  * in optim/optim.c).  Not under ThreadSanitizer: the clones' ifunc
@@ -69,21 +70,13 @@ static void k_acc_div(float *restrict o, const float *restrict a, size_t n, floa
         o[i] = (o[i] + a[i]) / d;
 }
 
-/* The bits of fp32 x rounded to bf16 (to nearest, ties to even), in the
- * upper half, the lower half zero; a NaN stays a (quiet) NaN. */
-static inline uint32_t rne_bits(uint32_t x)
-{
-    uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
-    return (x & 0x7fffffffu) > 0x7f800000u ? (x & 0xffff0000u) | 0x400000u : r;
-}
-
 ST_VECTOR_CLONES
 void st_comm_to_bf16(uint16_t *restrict dst, const float *restrict src, size_t n)
 {
     const uint32_t *u = (const uint32_t *)(const void *)src;
 #pragma omp simd
     for (size_t i = 0; i < n; i++)
-        dst[i] = (uint16_t)(rne_bits(u[i]) >> 16);
+        dst[i] = (uint16_t)(st_bf16_rne_bits(u[i]) >> 16);
 }
 
 /* bf16 -> fp32 (exact: the bf16 is the upper half). */
@@ -104,7 +97,7 @@ static void k_round(float *restrict o, const float *restrict a, size_t n)
     uint32_t *u = (uint32_t *)(void *)o;
 #pragma omp simd
     for (size_t i = 0; i < n; i++)
-        u[i] = rne_bits(in[i]);
+        u[i] = st_bf16_rne_bits(in[i]);
 }
 
 /* Source p of kind src at element off, as fp32: in place, or widened into
@@ -139,7 +132,7 @@ static inline float ld_rne(const void *p, size_t i)
 {
     uint32_t x;
     memcpy(&x, (const float *)p + i, sizeof x);
-    const uint32_t r = rne_bits(x);
+    const uint32_t r = st_bf16_rne_bits(x);
     float f;
     memcpy(&f, &r, sizeof f);
     return f;

@@ -79,6 +79,15 @@ st_status st_nn_ctx_finalize(st_nn_ctx *ctx)
     return ST_OK;
 }
 
+st_status st_nn_ctx_add_copy(st_nn_ctx *ctx, const float *src, st_bf16 *dst, size_t n, int *id)
+{
+    ST_TRY(grow((void **)&ctx->copies, &ctx->cap_copies, ctx->n_copies + 1,
+                sizeof *ctx->copies));
+    ctx->copies[ctx->n_copies] = (struct st_weight_copy){ src, dst, n, 0 };
+    *id = ctx->n_copies++;
+    return ST_OK;
+}
+
 st_status st_nn_ctx_ones(st_nn_ctx *ctx, int64_t n, const float **out)
 {
     if (n > ctx->n_ones) {
@@ -103,6 +112,7 @@ void st_nn_ctx_destroy(st_nn_ctx *ctx)
     free(ctx->prims);
     free(ctx->mems);
     free(ctx->slot_mems);
+    free(ctx->copies);
     if (ctx->attr)
         dnnl_primitive_attr_destroy(ctx->attr);
     if (ctx->stream)

@@ -19,6 +19,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include <subtrain/arena.h>
+#include "core/bf16.h"
 #include "core/error.h"
 
 /* Calls a oneDNN function; on failure records which call failed, oneDNN's
@@ -72,6 +73,21 @@ typedef struct st_nn_ctx {
         size_t offset;           /* bytes into the slot where its data starts */
     } *slot_mems;                /* the copies living in a slot */
     int n_slot_mems, cap_slot_mems;
+    /* bf16 copies of weights (a linear layer's, made by a reorder in its
+     * forward), so that the model can hand those that lie in its
+     * parameter vector to the update (st_param_copy), which then writes
+     * them itself.  Grown at build time only. */
+    struct st_weight_copy {
+        const float *src;
+        st_bf16 *dst;
+        size_t n;
+        int listed;              /* in the model's list of st_param_copy */
+    } *copies;
+    int n_copies, cap_copies;
+    /* Set by the model when the update wrote every listed copy since the
+     * last training forward (st_model_copies_written); the layers then skip
+     * their conversions in that forward, which clears it. */
+    int copies_current;
 } st_nn_ctx;
 
 #define ST_NN_SLOTS 2
@@ -81,6 +97,15 @@ st_status st_nn_ctx_init(st_nn_ctx *ctx, st_arena *arena);
  * shared slots of the blocked copies (st_view) to their memory objects. */
 st_status st_nn_ctx_finalize(st_nn_ctx *ctx);
 void st_nn_ctx_destroy(st_nn_ctx *ctx);
+/* Registers the bf16 copy dst of the n weights at src (made by the layer's
+ * own reorder); *id is what st_nn_copy_fresh takes. */
+st_status st_nn_ctx_add_copy(st_nn_ctx *ctx, const float *src, st_bf16 *dst, size_t n, int *id);
+/* Whether copy id holds the current weights already (written by the update
+ * after the last training forward): the layer need not convert. */
+static inline int st_nn_copy_fresh(const st_nn_ctx *ctx, int id)
+{
+    return ctx->copies_current && ctx->copies[id].listed;
+}
 /* A read-only vector of at least n ones (from the arena, shared). */
 st_status st_nn_ctx_ones(st_nn_ctx *ctx, int64_t n, const float **out);
 
@@ -140,10 +165,8 @@ st_status st_mem_vector(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t n,
 st_status st_mem_md(st_nn_ctx *ctx, dnnl_memory_t *out, const dnnl_memory_desc_t *md,
                     const void *data);
 
-/* bf16 (oneDNN's dnnl_bf16: the upper 16 bits of an fp32, round to
- * nearest even when converted by a reorder).  The same matrices as the f32
- * ones above, over bf16 buffers. */
-typedef uint16_t st_bf16;
+/* bf16 (oneDNN's dnnl_bf16; st_bf16 and its conversions: core/bf16.h).
+ * The same matrices as the f32 ones above, over bf16 buffers. */
 void st_md_strided_bf16(dnnl_memory_desc_t *md, int64_t rows, int64_t cols,
                         int64_t row_stride, int64_t col_stride);
 st_status st_mem_strided_bf16(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows,
@@ -159,27 +182,6 @@ st_status st_mem_slot_bf16(st_nn_ctx *ctx, dnnl_memory_t *out, int64_t rows, int
 /* The same with any descriptor (a batched view of several dims). */
 st_status st_mem_slot_md(st_nn_ctx *ctx, dnnl_memory_t *out, const dnnl_memory_desc_t *md,
                          int slot, size_t offset, size_t bytes);
-
-/* One value each way, as oneDNN's reorders convert (for loops that read
- * or write bf16 themselves): to the nearest bf16, ties to even (a NaN
- * stays a NaN), and back, exactly. */
-static inline st_bf16 st_bf16_from_float(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)   /* NaN: keep it one (quiet) */
-        return (st_bf16)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (st_bf16)(u >> 16);
-}
-
-static inline float st_bf16_to_float(st_bf16 h)
-{
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 /* Matching memory descriptors, for building op descriptors. */
 void st_md_matrix(dnnl_memory_desc_t *md, int64_t rows, int64_t cols);

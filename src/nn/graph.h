@@ -294,6 +294,10 @@ struct st_model {
     size_t grad_scratch_floats;
     st_param_segment *segs;
     st_seg_map *maps;      /* n_segs, parallel to segs */
+    /* bf16: the layers' weight copies that lie in params, by offset
+     * (st_model_copies; none with ST_UNFUSE_WEIGHT_COPY) */
+    st_param_copy *copies;
+    int n_copies;
     int n_segs, cap_segs;
     size_t full_at;        /* while laying out: the next segment's full offset */
     uint64_t full_seg;     /*                   and full index */

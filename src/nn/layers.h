@@ -45,7 +45,10 @@ typedef struct st_linear {
      * backward); dyb lives in the context's shared slot ST_SLOT_IN, within
      * one backward. */
     int bf16;
-    st_prim to_bf16_w;     /* w (f32 storage) -> wb, before each forward */
+    st_prim to_bf16_w;     /* w (f32 storage) -> wb, before each forward
+                            * unless the update wrote wb (copy w_copy of
+                            * the context, st_nn_copy_fresh) */
+    int w_copy;
     st_prim to_bf16_x;     /* x -> xb, before each forward */
     st_prim to_bf16_dy;    /* dy -> dyb, before each backward */
     st_bf16 *wb, *xb;

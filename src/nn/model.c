@@ -404,6 +404,36 @@ static void destroy_layout(st_model *m)
 
 /* A whole model (hi < 0), or only its layers lo .. hi with no loss and no
  * workspace yet (st_model_create_range). */
+static int by_offset(const void *a, const void *b)
+{
+    const st_param_copy *x = a, *y = b;
+    return (x->offset > y->offset) - (x->offset < y->offset);
+}
+
+/* The context's weight copies that lie in params, as st_param_copy. */
+static st_status list_copies(st_model *m)
+{
+    if (m->cfg.unfuse & ST_UNFUSE_WEIGHT_COPY || m->ctx.n_copies == 0)
+        return ST_OK;
+    m->copies = calloc((size_t)m->ctx.n_copies, sizeof *m->copies);
+    if (!m->copies)
+        return st_fail(ST_ERR_NOMEM, "out of memory listing the weight copies");
+    for (int i = 0; i < m->ctx.n_copies; i++) {
+        struct st_weight_copy *c = &m->ctx.copies[i];
+        if (c->src < m->params || c->src + c->n > m->params + m->n_params)
+            continue;   /* not a parameter (none today): its layer converts */
+        c->listed = 1;
+        m->copies[m->n_copies++] = (st_param_copy){ (size_t)(c->src - m->params), c->n,
+                                                    c->dst };
+    }
+    qsort(m->copies, (size_t)m->n_copies, sizeof *m->copies, by_offset);
+    for (int i = 1; i < m->n_copies; i++)
+        if (m->copies[i].offset < m->copies[i - 1].offset + m->copies[i - 1].count)
+            return st_fail(ST_ERR_INVALID, "two weight copies overlap at parameter %zu",
+                           m->copies[i].offset);
+    return ST_OK;
+}
+
 static st_status create(const st_model_config *cfg, st_model_declare_fn declare, int lo, int hi,
                         int batch, st_arena *arena, st_model **out)
 {
@@ -463,6 +493,7 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
     }
     ST_TRY_GOTO(s, st_graph_layout(m), fail);
     ST_TRY_GOTO(s, st_graph_build(m), fail);
+    ST_TRY_GOTO(s, list_copies(m), fail);
     if (hi < 0) {
         ST_TRY_GOTO(s, st_xent_build(&m->ctx, &m->xent, (int64_t)R, (int64_t)K,
                                      m->tensors[ST_T_LOGITS].data, m->logp,
@@ -511,6 +542,7 @@ void st_model_destroy(st_model *m)
 {
     if (!m)
         return;
+    free(m->copies);
     if (m->arena)
         st_nn_ctx_destroy(&m->ctx);
     destroy_layout(m);
@@ -581,10 +613,23 @@ const st_param_segment *st_model_segments(const st_model *m, int *count)
 }
 
 
+const st_param_copy *st_model_copies(const st_model *m, int *count)
+{
+    *count = m->n_copies;
+    return m->copies;
+}
+
+void st_model_copies_written(st_model *m)
+{
+    m->ctx.copies_current = m->n_copies > 0;
+}
+
 st_status st_model_forward_backward(st_model *m, float *loss)
 {
     double sum;
-    ST_TRY(st_graph_forward(m, ST_PHASE_TRAIN));
+    st_status s = st_graph_forward(m, ST_PHASE_TRAIN);
+    m->ctx.copies_current = 0;   /* used: the next update writes them again */
+    ST_TRY(s);
     ST_TRY(st_xent_forward(&m->ctx, &m->xent, m->labels, m->rows, 1, &sum, NULL));
     *loss = (float)(sum / (double)m->rows);
     return st_graph_backward(m);

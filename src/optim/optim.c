@@ -17,6 +17,7 @@
 
 #include <subtrain/optim.h>
 
+#include "core/bf16.h"
 #include "core/enum_table.h"
 #include "core/error.h"
 
@@ -125,6 +126,34 @@ static void sgd_range(float *restrict p, const float *restrict g, float *restric
     }
 }
 
+/* The same, writing h[i] = bf16(p[i]) as well (h: a weight copy) */
+ST_VECTOR_CLONES
+static void sgd_range_h(float *restrict p, const float *restrict g, float *restrict buf,
+                        uint16_t *restrict h, size_t n, float lr, float momentum, float wd)
+{
+    if (!buf) {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) {
+            float pi = p[i] - lr * (g[i] + wd * p[i]);
+            uint32_t u;
+            memcpy(&u, &pi, sizeof u);
+            p[i] = pi;
+            h[i] = (uint16_t)(st_bf16_rne_bits(u) >> 16);
+        }
+        return;
+    }
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        float b = momentum * buf[i] + g[i] + wd * p[i];
+        buf[i] = b;
+        float pi = p[i] - lr * b;
+        uint32_t u;
+        memcpy(&u, &pi, sizeof u);
+        p[i] = pi;
+        h[i] = (uint16_t)(st_bf16_rne_bits(u) >> 16);
+    }
+}
+
 typedef struct adam_step {
     float lr, wd, b1, b2, eps;
     float c1, c2;   /* bias corrections 1/(1-b1^t), 1/(1-b2^t) */
@@ -146,9 +175,58 @@ static void adamw_range(float *restrict p, const float *restrict g, float *restr
     }
 }
 
+/* p, g, m, v are (n); h[i] = bf16(p[i]) after the update */
+ST_VECTOR_CLONES
+static void adamw_range_h(float *restrict p, const float *restrict g, float *restrict m,
+                          float *restrict v, uint16_t *restrict h, size_t n,
+                          const adam_step *a, int decay)
+{
+    const float shrink = decay ? 1.0f - a->lr * a->wd : 1.0f;
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        float mi = a->b1 * m[i] + (1.0f - a->b1) * g[i];
+        float vi = a->b2 * v[i] + (1.0f - a->b2) * g[i] * g[i];
+        m[i] = mi;
+        v[i] = vi;
+        float pi = p[i] * shrink - a->lr * (mi * a->c1) / (sqrtf(vi * a->c2) + a->eps);
+        uint32_t u;
+        memcpy(&u, &pi, sizeof u);
+        p[i] = pi;
+        h[i] = (uint16_t)(st_bf16_rne_bits(u) >> 16);
+    }
+}
+
+/* Elements [lo, hi) of the vector (at: lo's place in the state), h: their
+ * bf16 copy or NULL. */
+static void update_piece(const st_optim *opt, float *params, const float *grads, size_t lo,
+                         size_t hi, uint16_t *h, const adam_step *a, float wd, int decay)
+{
+    const st_optim_config *c = &opt->cfg;
+    size_t n = hi - lo, at = lo - opt->base;
+    float *m = opt->m ? opt->m + at : NULL;
+    if (c->kind == ST_OPT_SGD) {
+        if (h)
+            sgd_range_h(params + at, grads + at, m, h, n, a->lr, c->momentum, wd);
+        else
+            sgd_range(params + at, grads + at, m, n, a->lr, c->momentum, wd);
+    } else if (h) {
+        adamw_range_h(params + at, grads + at, m, opt->v + at, h, n, a, decay);
+    } else {
+        adamw_range(params + at, grads + at, m, opt->v + at, n, a, decay);
+    }
+}
+
 void st_optim_update(st_optim *opt, float *params, const float *grads,
                      const st_param_segment *segs, int n_segs,
                      size_t begin, size_t end, uint64_t t, float lr)
+{
+    st_optim_update_copies(opt, params, grads, segs, n_segs, begin, end, t, lr, NULL, 0);
+}
+
+void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
+                            const st_param_segment *segs, int n_segs, size_t begin,
+                            size_t end, uint64_t t, float lr, const st_param_copy *copies,
+                            int n_copies)
 {
     const st_optim_config *c = &opt->cfg;
     adam_step a = { lr, c->weight_decay, c->beta1, c->beta2, c->eps,
@@ -158,19 +236,30 @@ void st_optim_update(st_optim *opt, float *params, const float *grads,
         begin = opt->base;
     if (end > opt->base + opt->n)
         end = opt->base + opt->n;
+    int k = 0;   /* the first copy that may still cover what comes */
     for (int s = 0; s < n_segs; s++) {
         size_t lo = segs[s].offset, hi = segs[s].offset + segs[s].count;
         if (lo < begin) lo = begin;
         if (hi > end) hi = end;
         if (lo >= hi)
             continue;
-        size_t n = hi - lo, at = lo - opt->base;
         float wd = segs[s].decay ? c->weight_decay : 0.0f;
-        if (c->kind == ST_OPT_SGD)
-            sgd_range(params + at, grads + at, opt->m ? opt->m + at : NULL, n, lr,
-                      c->momentum, wd);
-        else
-            adamw_range(params + at, grads + at, opt->m + at, opt->v + at, n, &a,
-                        segs[s].decay);
+        /* the segment in pieces: outside any copy, or inside one (copies
+         * are increasing, so the walk over them never goes back) */
+        while (lo < hi) {
+            while (k < n_copies && copies[k].offset + copies[k].count <= lo)
+                k++;
+            size_t cut = hi;
+            uint16_t *h = NULL;
+            if (k < n_copies && copies[k].offset <= lo) {
+                size_t c_end = copies[k].offset + copies[k].count;
+                cut = c_end < hi ? c_end : hi;
+                h = copies[k].bf16 + (lo - copies[k].offset);
+            } else if (k < n_copies && copies[k].offset < hi) {
+                cut = copies[k].offset;
+            }
+            update_piece(opt, params, grads, lo, cut, h, &a, wd, segs[s].decay);
+            lo = cut;
+        }
     }
 }

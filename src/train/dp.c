@@ -40,14 +40,13 @@ static st_status dp_init_worker(run_shared *r, void *state, int wid, st_worker *
     return st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end);
 }
 
-/* One worker alone, after its compute: the update of its own vector. */
+/* One worker alone, after its compute: the update of its own vector,
+ * writing the bf16 weight copies too (bf16): nothing else writes this
+ * vector before the next forward, which then skips their conversion. */
 static void solo_update(run_shared *r, st_worker *w, uint64_t step, float *lr)
 {
-    int n_segs;
-    const st_param_segment *segs = st_model_segments(w->model, &n_segs);
     *lr = st_schedule_lr(&r->plan.schedule, step);
-    st_optim_update(&w->optim, st_model_params(w->model), st_model_grads(w->model), segs,
-                    n_segs, 0, st_model_param_count(w->model), step, *lr);
+    st_worker_update_own(w, step, *lr);
 }
 
 /* One worker alone: compute, then update its own vector. */

@@ -66,6 +66,13 @@ st_status st_worker_train_step(st_worker *w, const st_dataset *d, const uint32_t
                                uint32_t first, const st_schedule *schedule, uint64_t step,
                                float *loss, float *lr);
 
+/* The update half of that step: the optimizer (whose state covers the
+ * whole vector) over the model's own vector, writing its bf16 weight
+ * copies as well (bf16), which the next training forward then need not
+ * make.  Only for a worker whose vector nothing else writes between this
+ * and its next forward (one worker alone: no engine, no write-back). */
+void st_worker_update_own(st_worker *w, uint64_t step, float lr);
+
 /* Mean loss and accuracy of the worker's current parameters on `d`. */
 st_status st_worker_evaluate(st_worker *w, const st_dataset *d, double *loss,
                              double *acc);

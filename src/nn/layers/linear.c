@@ -286,6 +286,7 @@ static st_status build_conversions(st_nn_ctx *ctx, st_linear *l, const st_linear
     ST_TRY(st_mem_matrix(ctx, &w32, rows, cols, io->w));
     ST_TRY(st_mem_strided_bf16(ctx, &w16, rows, cols, cols, 1, l->wb));
     ST_TRY(st_prim_create_reorder(ctx, &l->to_bf16_w, w32, w16, "linear weights to bf16"));
+    ST_TRY(st_nn_ctx_add_copy(ctx, io->w, l->wb, (size_t)(rows * cols), &l->w_copy));
     ST_TRY(st_mem_matrix(ctx, &x32, l->batch, l->in, io->x));
     ST_TRY(st_mem_strided_bf16(ctx, &x16, l->batch, l->in, l->in, 1, l->xb));
     ST_TRY(st_prim_create_reorder(ctx, &l->to_bf16_x, x32, x16, "linear input to bf16"));
@@ -327,7 +328,8 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
 st_status st_linear_forward(const st_nn_ctx *ctx, const st_linear *l)
 {
     if (l->bf16) {
-        ST_TRY(st_prim_run(ctx, &l->to_bf16_w));
+        if (!st_nn_copy_fresh(ctx, l->w_copy))   /* else the update wrote wb */
+            ST_TRY(st_prim_run(ctx, &l->to_bf16_w));
         ST_TRY(st_prim_run(ctx, &l->to_bf16_x));
     }
     ST_TRY(st_prim_run(ctx, &l->fwd));
