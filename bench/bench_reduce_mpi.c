@@ -3,6 +3,7 @@
  * in-process engine and against MPI_Allreduce, in one run.
  *
  *   mpirun -np 2 --bind-to none bench/bench_reduce_mpi [--sizes 16,64,256] [--reps K]
+ *                                                      [--payload fp32|bf16]
  *
  * For each gradient size P x 4 bytes, one step of data parallelism over
  * two workers, three ways, each repeated K times (default 5) in windows of
@@ -20,7 +21,11 @@
  * P x 4 / step time: the gradient bytes reduced per second (each backend
  * moves a different number of bytes to do it; ratios of this figure
  * compare what a trainer gets).  The ratios mpi/shared and mpi/allreduce
- * are of the medians of the same run.
+ * are of the medians of the same run.  --payload bf16: both engines with
+ * bf16 gradient payloads (--comm-precision bf16); `MB/rank` is what a rank
+ * receives from the other per step (st_comm_bytes.cross_domain_read of
+ * the MPI engine): the reduce-scatter's payloads and the all-gather's
+ * fp32 masters.
  */
 #define _GNU_SOURCE
 #include <sched.h>
@@ -155,6 +160,7 @@ int main(int argc, char **argv)
     rank = st_world_rank();
     ranks = st_world_size();
     int sizes[16] = { 16, 64, 256 }, n_sizes = 3, reps = 5;
+    st_comm_payload payload = ST_COMM_PAYLOAD_FP32;
     double min_s = 0.25;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc) {
@@ -163,6 +169,17 @@ int main(int argc, char **argv)
                 sizes[n_sizes++] = atoi(tok);
         } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             reps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--payload") == 0 && i + 1 < argc) {
+            i++;
+            if (strcmp(argv[i], "fp32") == 0 || strcmp(argv[i], "bf16") == 0) {
+                payload = strcmp(argv[i], "bf16") == 0 ? ST_COMM_PAYLOAD_BF16
+                                                       : ST_COMM_PAYLOAD_FP32;
+            } else {
+                if (rank == 0)
+                    fprintf(stderr, "bench_reduce_mpi: --payload is fp32 or bf16, got '%s'\n",
+                            argv[i]);
+                MPI_Abort(MPI_COMM_WORLD, 2);
+            }
         } else if (strcmp(argv[i], "--quick") == 0) {
             reps = 3;
             min_s = 0.05;
@@ -183,9 +200,10 @@ int main(int argc, char **argv)
     pin(rank);
     if (rank == 0) {
         printf("bench_reduce_mpi: 2 workers, data parallel, one step = reduce-scatter + "
-               "all-gather (allreduce: MPI_Allreduce SUM)\n");
-        printf("%8s %12s %12s %12s %10s %10s\n", "MiB", "mpi GB/s", "shared GB/s",
-               "allred GB/s", "mpi/shared", "mpi/allred");
+               "all-gather (allreduce: MPI_Allreduce SUM, fp32); %s gradient payloads\n",
+               payload == ST_COMM_PAYLOAD_BF16 ? "bf16" : "fp32");
+        printf("%8s %12s %12s %12s %10s %10s %10s\n", "MiB", "mpi GB/s", "shared GB/s",
+               "allred GB/s", "mpi/shared", "mpi/allred", "MB/rank");
     }
     for (int k = 0; k < n_sizes; k++) {
         size_t p = (size_t)sizes[k] << 18;   /* floats */
@@ -197,7 +215,8 @@ int main(int argc, char **argv)
             die("out of memory");
         for (size_t i = 0; i < p; i++)
             g[i] = w[i] = v[i] = (float)(i % 1000) * 1e-3f;
-        st_comm_config mc = { .n_workers = 1, .n_params = p, .backend = ST_COMM_BACKEND_MPI };
+        st_comm_config mc = { .n_workers = 1, .n_params = p, .backend = ST_COMM_BACKEND_MPI,
+                              .payload = payload };
         st_comm *cm = NULL;
         st_range all = { 0, p };
         if (st_comm_create(&mc, &cm) != ST_OK || st_comm_attach(cm, 0, &a_mpi, g, w, &all, 1) != ST_OK)
@@ -207,7 +226,7 @@ int main(int argc, char **argv)
         st_arena a_sh[2];
         float *gs[2] = { NULL, NULL }, *ws[2] = { NULL, NULL };
         if (rank == 0) {
-            st_comm_config sc = { .n_workers = 2, .n_params = p };
+            st_comm_config sc = { .n_workers = 2, .n_params = p, .payload = payload };
             if (st_comm_create(&sc, &cs) != ST_OK)
                 die("the shared engine");
             int bad = 0;
@@ -243,9 +262,10 @@ int main(int argc, char **argv)
         qsort(t_ar, (size_t)reps, sizeof(double), cmp_double);
         qsort(t_sh, (size_t)reps, sizeof(double), cmp_double);
         double bytes = (double)p * 4.0, m = t_mpi[reps / 2], s = t_sh[reps / 2], a = t_ar[reps / 2];
+        const double wire = (double)st_comm_bytes_per_step(cm, 0).cross_domain_read;
         if (rank == 0)
-            printf("%8d %12.2f %12.2f %12.2f %10.2f %10.2f\n", sizes[k], bytes / m * 1e-9,
-                   bytes / s * 1e-9, bytes / a * 1e-9, s / m, a / m);
+            printf("%8d %12.2f %12.2f %12.2f %10.2f %10.2f %10.2f\n", sizes[k], bytes / m * 1e-9,
+                   bytes / s * 1e-9, bytes / a * 1e-9, s / m, a / m, wire * 1e-6);
         st_comm_destroy(cm);
         st_arena_release(&a_mpi);
         if (rank == 0) {

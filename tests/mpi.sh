@@ -15,7 +15,8 @@
 #                       spanning ranks, recovery epochs, resume across
 #                       layouts
 #   failing_rank, sigterm: failure and signals
-#   comm_precision_*    --comm-precision bf16 refused over ranks (exit 2)
+#   *_comm_bf16_*       --comm-precision bf16 over ranks: 2 x 1 equals one
+#                       process of 2 (dp, sdp), 2 x 2 close to 1 x 4
 set -u
 MPIRUN=${MPIRUN:-mpirun}
 # root is allowed (CI runs as root); more ranks than cores are allowed
@@ -134,8 +135,8 @@ run "mpi/resume_ist_over_ranks_and_across_layouts" resume ist --strategy ist --l
 # equal within rounding, not bitwise: losses within 1e-3, accuracy within
 # 0.01 after 40 steps)
 close() {
-    "$BIN" $COMMON --workers 4 --oversubscribe --metrics "$TMP/one.jsonl" &&
-    mpi -np 2 --bind-to none "$BIN" $COMMON --workers 2 --oversubscribe \
+    "$BIN" $COMMON --workers 4 --oversubscribe "$@" --metrics "$TMP/one.jsonl" &&
+    mpi -np 2 --bind-to none "$BIN" $COMMON --workers 2 --oversubscribe "$@" \
         --metrics "$TMP/two.jsonl" || return 1
     paste -d' ' "$TMP/one.jsonl" "$TMP/two.jsonl" | awk '
         { n = split($0, f, /[:,]/); }
@@ -160,16 +161,13 @@ fails() {
 }
 run "mpi/failing_rank_ends_every_rank" fails
 
-# bf16 gradient payloads are not implemented over ranks: every rank ends
-# with exit 2 and one line (from rank 0) saying so, none hangs
-comm_bf16() {
-    mpi -np 2 "$BIN" $COMMON --workers 1 --comm-precision bf16 2>"$TMP/err"
-    rc=$?
-    cat "$TMP/err"
-    [ "$rc" -eq 2 ] && [ "$(grep -c '^subtrain' "$TMP/err")" -eq 1 ] &&
-        grep -q '^subtrain: --comm-precision bf16 is not supported over MPI ranks' "$TMP/err"
-}
-run "mpi/comm_precision_bf16_refused_over_ranks" comm_bf16
+# bf16 gradient payloads between ranks: a rank of one worker sends its
+# rounded gradient, so 2 x 1 is one process of 2 workers exactly; with 2
+# workers a rank the partial is rounded again (close, as fp32's 2 x 2)
+run "mpi/train_dp_comm_bf16_2x1_equals_1x2" same dpb --comm-precision bf16
+run "mpi/train_sdp_comm_bf16_2x1_equals_1x2" same sdpb --strategy sdp --coverage 0.5 \
+    --comm-precision bf16
+run "mpi/train_comm_bf16_2x2_close_to_1x4" close --comm-precision bf16
 
 # SIGTERM to one rank stops both at the same step, with a final record
 signal() {

@@ -16,6 +16,8 @@
  * reference's bitwise: both sum each rank's (domain's) holders in worker
  * order, then the ranks in order, then divide; with one worker per rank
  * that is worker 0, 1, ... as in one domain.
+ * With one worker a rank, the same cases with bf16 gradient payloads
+ * (--comm-precision bf16) against the shared engine's bf16, bitwise.
  * Then: three rounds of reset and attach with new holdings (IST, SDP),
  * a reduce-only engine paired with a gather-only one (backward masking),
  * an engine over the ranks 1 .. R-1 alone (synth's groups: rank 0 takes
@@ -38,6 +40,7 @@
 #include <subtrain/world.h>
 
 static int rank, ranks, n_local, failed_here;
+static st_comm_payload payload = ST_COMM_PAYLOAD_FP32;   /* of both engines */
 static int count_of[64], first_of[65];   /* each rank's workers, and the first's global index */
 
 /* The holdings of N global workers over p elements (runs held by random
@@ -247,7 +250,7 @@ static void compare_from(const char *name, int r0, size_t p, uint64_t seed, int 
     int N = first_of[ranks] - first_of[r0], first = first_of[rank] - first_of[r0], ok = 1;
     st_comm_config mc = { .n_workers = n_local, .n_params = p, .allow_unheld = unheld,
                           .backend = ST_COMM_BACKEND_MPI, .rank_first = r0,
-                          .n_ranks = r0 ? ranks - r0 : 0 };
+                          .n_ranks = r0 ? ranks - r0 : 0, .payload = payload };
     /* the reference has one NUMA domain per rank: its two-level sums are
      * then the MPI backend's order (each domain's holders, then the
      * domains in order), so the two must agree bitwise */
@@ -256,7 +259,7 @@ static void compare_from(const char *name, int r0, size_t p, uint64_t seed, int 
         for (int g = first_of[r]; g < first_of[r + 1]; g++)
             domain_of[g - first_of[r0]] = r - r0;
     st_comm_config sc = { .n_workers = N, .n_params = p, .allow_unheld = unheld,
-                          .domain_of = domain_of };
+                          .domain_of = domain_of, .payload = payload };
     st_comm *m = NULL, *m2 = NULL;
     if (split) {
         mc.roles = ST_COMM_REDUCE;
@@ -391,6 +394,19 @@ int main(int argc, char **argv)
     compare("reduce-only and gather-only engines (backward masking)", 8009, 15, 0, 0, 1, 2);
     if (ranks > 1)
         compare_from("subnetworks over ranks 1 .. R-1 alone", 1, 7001, 16, 0, 0, 0, 2);
+    /* bf16 payloads: a rank of one worker sends its one rounded gradient,
+     * which bf16 holds exactly, so the sums are the shared engine's (each
+     * gradient rounded, fp32 sums in the same order) bitwise.  With more
+     * workers a rank the partial is rounded once more on its way out (not
+     * the reference's sum: mpi.sh's 2 x 2 run compares training). */
+    if (first_of[ranks] == ranks) {
+        payload = ST_COMM_PAYLOAD_BF16;
+        compare("bf16 payloads: data parallel", 10007, 21, 1, 0, 0, 1);
+        compare("bf16 payloads: subnetworks, 2 rounds", 20011, 22, 0, 0, 0, 2);
+        compare("bf16 payloads: unheld elements", 9001, 23, 0, 1, 0, 1);
+        compare("bf16 payloads: reduce-only and gather-only engines", 8009, 24, 0, 0, 1, 1);
+        payload = ST_COMM_PAYLOAD_FP32;
+    }
     if (ranks > 1)
         refused();
     if (rank == 0)

@@ -548,17 +548,6 @@ static int run_train(st_cli_options *o)
 {
     if (st_world_init(NULL, NULL) != ST_OK)
         return runtime_error("starting MPI");
-    /* The MPI backend packs fp32 partial sums (src/comm/mpi.c): bf16
-     * payloads are not implemented there.  Every rank sees the same
-     * options and size, so every rank ends here alike (rank 0 says why). */
-    if (st_world_size() > 1 && o->train.comm_precision != ST_PRECISION_FP32) {
-        if (st_world_rank() == 0)
-            fprintf(stderr, "subtrain: --comm-precision %s is not supported over MPI ranks "
-                    "(%d ranks): use --comm-precision fp32, or one process\n",
-                    st_precision_name(o->train.comm_precision), st_world_size());
-        st_world_finalize();
-        return EXIT_USAGE;
-    }
     if (st_world_rank() != 0) {
         o->quiet = 1;
         o->metrics_path = NULL;

@@ -53,6 +53,20 @@
  * master shards start from the first holder's values (global order)
  * through one extra exchange of parameters.
  *
+ * bf16 payloads (st_comm_config.payload, --comm-precision bf16): the pack
+ * reads each local gradient rounded to bf16 (SRC_F32_RNE) and sums in
+ * fp32; each worker then rounds its part of the partials bound for other
+ * ranks into a bf16 send buffer, and the exchange moves those: half the
+ * bytes between ranks.  The owner sums in fp32 the bf16 partials of the
+ * other ranks (SRC_BF16) and its own rank's, which never left the rank
+ * and is not rounded again.  A rank of one worker sends its one rounded
+ * gradient, which bf16 holds exactly: R ranks x 1 worker is bitwise the
+ * shared engine with R workers and bf16 payloads.  With n > 1 workers a
+ * rank, a partial of n rounded gradients is rounded once more on the way
+ * out (the price of half the bytes; doc/reduction.md).  The reduce-
+ * scatter then sends nothing in place (every partial is converted); the
+ * all-gather moves fp32 masters as before.
+ *
  * Buffers: the send and receive buffers are worker 0's (its arena, its
  * node); the masters and shard gradients are each owner's.  A rank whose
  * workers span NUMA domains still reduces in one level inside the rank:
@@ -100,6 +114,7 @@ typedef struct mpi_worker {
     ag_item *ag_out, *ag_in;
     size_t n_ag_out, n_ag_in;
     float *scratch;
+    float *wide;              /* bf16 payloads: 2 x ST_CHUNK, where sources widen */
     st_comm_bytes bytes;
 } mpi_worker;
 
@@ -129,6 +144,9 @@ typedef struct mpi_comm {
     int *rs_direct, *ag_src_direct, *ag_dst_direct;
     MPI_Request *reqs;        /* 2 per peer */
     float *send, *recv;
+    int bf16;                 /* bf16 gradient payloads between ranks */
+    uint16_t *send16, *recv16; /* bf16: the reduce-scatter's payloads, laid out
+                               * as send and recv (same offsets, in elements) */
     size_t mpi_bytes;         /* what this rank receives per step */
     int plan_failed;          /* worker 0's planning failed (its message is its own) */
 } mpi_comm;
@@ -159,6 +177,7 @@ static void forget_exchange(mpi_comm *mc)
     if (mc->prof)
         memset(mc->prof, 0, sizeof *mc->prof * (size_t)mc->size);
     mc->send = mc->recv = NULL;
+    mc->send16 = mc->recv16 = NULL;
     mc->mpi_bytes = 0;
     mc->plan_failed = 0;
 }
@@ -232,13 +251,6 @@ static st_status make_communicator(const st_comm_config *cfg, MPI_Comm world, MP
 static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
 {
     *out = NULL;
-    /* A rank sends one partial per element, the sum of its local holders:
-     * a bf16 partial would round that sum again, and sending every
-     * holder's bf16 value instead would cost more than fp32 partials with
-     * a few workers a rank.  Not implemented: refused. */
-    if (cfg->payload != ST_COMM_PAYLOAD_FP32)
-        return st_fail(ST_ERR_INVALID, "bf16 gradient payloads (--comm-precision bf16) are not "
-                       "supported over MPI ranks: use fp32, or one process");
     MPI_Comm world = st_world_comm();
     if (world == MPI_COMM_NULL)
         return st_fail(ST_ERR_INVALID, "reduction backend 'mpi': MPI is not running (start the "
@@ -261,6 +273,7 @@ static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
     mc->P = cfg->n_params;
     mc->roles = cfg->roles ? cfg->roles : (ST_COMM_REDUCE | ST_COMM_GATHER);
     mc->allow_unheld = cfg->allow_unheld;
+    mc->bf16 = cfg->payload == ST_COMM_PAYLOAD_BF16;
     /* every rank must describe the same vector: one bad rank would
      * otherwise make the others wait in an exchange that never matches */
     unsigned long long mine[2] = { (unsigned long long)mc->n, (unsigned long long)mc->P };
@@ -608,7 +621,8 @@ static const float *direct_masters(const mpi_comm *mc, int s)
 static void find_direct(mpi_comm *mc)
 {
     for (int r = 0; r < mc->size; r++) {
-        float *a = r == mc->rank ? NULL : direct_region(mc, r, 0);
+        /* bf16: every partial is converted on its way out, none sent in place */
+        float *a = r == mc->rank || mc->bf16 ? NULL : direct_region(mc, r, 0);
         mc->rs_direct[r] = a != NULL && (mc->roles & ST_COMM_REDUCE);
         mc->rs_out[r] = mc->rs_direct[r] ? a : mc->send + mc->send_off[r];
         const float *m = r == mc->rank || !(mc->roles & ST_COMM_GATHER) ? NULL
@@ -712,15 +726,23 @@ static st_status plan_exchange(mpi_comm *mc, st_arena *arena)
         s = st_arena_alloc_floats(arena, ST_MEM_WORKSPACE, n_send, &mc->send);
     if (s == ST_OK && n_recv)
         s = st_arena_alloc_floats(arena, ST_MEM_WORKSPACE, n_recv, &mc->recv);
+    void *p16;
+    if (s == ST_OK && mc->bf16 && n_send &&
+        (s = st_arena_alloc(arena, ST_MEM_WORKSPACE, n_send * sizeof(uint16_t), &p16)) == ST_OK)
+        mc->send16 = p16;
+    if (s == ST_OK && mc->bf16 && n_recv &&
+        (s = st_arena_alloc(arena, ST_MEM_WORKSPACE, n_recv * sizeof(uint16_t), &p16)) == ST_OK)
+        mc->recv16 = p16;
     if (s == ST_OK)
         find_direct(mc);
     if (s == ST_OK) {
         size_t in = 0;
+        const size_t rs_size = mc->bf16 ? sizeof(uint16_t) : sizeof(float);
         for (int r = 0; r < R; r++)
             if (r != me)
-                in += (mc->roles & ST_COMM_REDUCE ? mc->recv_len[r] : 0) +
-                      (mc->roles & ST_COMM_GATHER ? mc->send_len[r] : 0);
-        mc->mpi_bytes = in * sizeof(float);
+                in += (mc->roles & ST_COMM_REDUCE ? mc->recv_len[r] * rs_size : 0) +
+                      (mc->roles & ST_COMM_GATHER ? mc->send_len[r] * sizeof(float) : 0);
+        mc->mpi_bytes = in;
     }
     free(run);
     free(all);
@@ -745,9 +767,10 @@ static float *held_at(const mpi_worker *v, float *base, uint64_t x, int *cur)
 }
 
 /* An rs item whose ops add srcs[0..k) in order into out (divided by
- * `count` at the end if divide). */
-static st_status push_sum(list *items, list *ops, float *out, size_t len, float *const *srcs,
-                          int k, int divide, float count)
+ * `count` at the end if divide); kinds[j]: srcs[j]'s SRC_* (NULL: all
+ * fp32). */
+static st_status push_sum(list *items, list *ops, float *out, size_t len, void *const *srcs,
+                          const uint8_t *kinds, int k, int divide, float count)
 {
     rs_item *it = list_push(items);
     if (!it)
@@ -759,11 +782,13 @@ static st_status push_sum(list *items, list *ops, float *out, size_t len, float 
         rs_op *op = list_push(ops);
         if (!op)
             return no_memory();
+        const uint8_t ka = kinds ? kinds[j] : SRC_F32;
+        const uint8_t kb = kinds && j == 0 && k > 1 ? kinds[1] : SRC_F32;
         if (j == 0)
             *op = (rs_op){ srcs[0], k > 1 ? srcs[1] : NULL, k > 1 ? OP_SUM2 : OP_COPY, 0,
-                           (uint8_t)(divide && k <= 2), SRC_F32, SRC_F32 };
+                           (uint8_t)(divide && k <= 2), ka, kb };
         else
-            *op = (rs_op){ srcs[j], NULL, OP_ACC, 0, (uint8_t)(divide && j == k - 1), SRC_F32,
+            *op = (rs_op){ srcs[j], NULL, OP_ACC, 0, (uint8_t)(divide && j == k - 1), ka,
                            SRC_F32 };
         ((rs_item *)items->v)[items->n - 1].n_ops++;
     }
@@ -785,8 +810,12 @@ static st_status build_pack(const mpi_comm *mc, int w, int first_only, list *ite
     /* worker w's part of the concatenation: [lo, hi) */
     size_t lo = total * (size_t)w / (size_t)mc->n, hi = total * (size_t)(w + 1) / (size_t)mc->n;
     int *cur = calloc((size_t)mc->n, sizeof *cur);
-    float **srcs = calloc((size_t)mc->n, sizeof *srcs);
-    st_status s = cur && srcs ? ST_OK : no_memory();
+    void **srcs = calloc((size_t)mc->n, sizeof *srcs);
+    uint8_t *kinds = calloc((size_t)mc->n, sizeof *kinds);
+    st_status s = cur && srcs && kinds ? ST_OK : no_memory();
+    /* bf16 payloads: each gradient rounded as it is read (not the
+     * parameters of the masters' first exchange) */
+    const uint8_t kind = mc->bf16 && !first_only ? SRC_F32_RNE : SRC_F32;
     size_t at = 0;
     for (size_t j = 0; j < n && s == ST_OK; j++) {
         size_t len = p[j].end - p[j].begin;
@@ -806,11 +835,14 @@ static st_status build_pack(const mpi_comm *mc, int w, int first_only, list *ite
         for (int v = 0; v < mc->n; v++) {
             const mpi_worker *wv = &mc->workers[v];
             float *src = held_at(wv, first_only ? wv->params : wv->grads, x, &cur[v]);
-            if (src && !(first_only && k))
+            if (src && !(first_only && k)) {
+                kinds[k] = kind;
                 srcs[k++] = src;
+            }
         }
-        s = push_sum(items, ops, out, b - a, srcs, k, 0, 1.0f);
+        s = push_sum(items, ops, out, b - a, srcs, kinds, k, 0, 1.0f);
     }
+    free(kinds);
     free(srcs);
     free(cur);
     return s;
@@ -825,12 +857,15 @@ static st_status build_own(const mpi_comm *mc, int w, int first_only, float *out
     const int R = mc->size, me = mc->rank, g = mc->first[me] + w;
     const uint64_t b0 = mc->shard_begin[g], b1 = mc->shard_begin[g + 1];
     size_t *cur = calloc((size_t)R, sizeof *cur);
-    float **srcs = calloc((size_t)R, sizeof *srcs);
-    if (!cur || !srcs) {
+    void **srcs = calloc((size_t)R, sizeof *srcs);
+    uint8_t *kinds = calloc((size_t)R, sizeof *kinds);
+    if (!cur || !srcs || !kinds) {
         free(cur);
         free(srcs);
+        free(kinds);
         return no_memory();
     }
+    const int half = mc->bf16 && !first_only;   /* the step's sums of bf16 payloads */
     st_status s = ST_OK;
     uint64_t pos = b0;
     while (pos < b1 && s == ST_OK) {
@@ -847,18 +882,28 @@ static st_status build_own(const mpi_comm *mc, int w, int first_only, float *out
                 next = q->end < next ? q->end : next;
                 count += q->count;
                 int v;
-                srcs[k++] = !first_only && r == me && q->count == 1
-                                ? sole_holder_at(mc, pos, 0, &v)   /* in place (pack skips it) */
-                                : mc->recv + mc->recv_off[r] + q->off + (pos - q->begin);
+                const size_t at = mc->recv_off[r] + q->off + (pos - q->begin);
+                if (!first_only && r == me && q->count == 1) {
+                    /* in place (pack skips it); bf16: rounded as read */
+                    kinds[k] = half ? SRC_F32_RNE : SRC_F32;
+                    srcs[k++] = sole_holder_at(mc, pos, 0, &v);
+                } else if (half && r != me) {
+                    kinds[k] = SRC_BF16;       /* another rank's bf16 partial */
+                    srcs[k++] = mc->recv16 + at;
+                } else {
+                    kinds[k] = SRC_F32;        /* this rank's partial: stays fp32 */
+                    srcs[k++] = mc->recv + at;
+                }
             } else if (q->begin < next) {
                 next = q->begin;
             }
         }
         if (k)
-            s = push_sum(items, ops, out + (pos - b0), next - pos, srcs, first_only ? 1 : k,
-                         !first_only, (float)count);
+            s = push_sum(items, ops, out + (pos - b0), next - pos, srcs, kinds,
+                         first_only ? 1 : k, !first_only, (float)count);
         pos = next;
     }
+    free(kinds);
     free(srcs);
     free(cur);
     return s;
@@ -939,11 +984,19 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
 static st_status exchange(mpi_comm *mc, int rs, int direct)
 {
     const int me = mc->rank;
+    /* the step's reduce-scatter with bf16 payloads: the 2-byte buffers
+     * (MPI_UINT16_T: bf16 is only bits to MPI; nothing sums in flight) */
+    const int half = mc->bf16 && rs && direct;
     int n = 0, rc = MPI_SUCCESS;
     for (int r = 0; r < mc->size && rc == MPI_SUCCESS; r++) {
         size_t len = rs ? mc->recv_len[r] : mc->send_len[r];
         if (r == me || !len)
             continue;
+        if (half) {
+            rc = MPI_Irecv(mc->recv16 + mc->recv_off[r], (int)len, MPI_UINT16_T, r, rs,
+                           mc->comm, &mc->reqs[n++]);
+            continue;
+        }
         float *in = rs ? mc->recv + mc->recv_off[r]
                        : direct ? mc->ag_dst[r] : mc->send + mc->send_off[r];
         rc = MPI_Irecv(in, (int)len, MPI_FLOAT, r, rs, mc->comm, &mc->reqs[n++]);
@@ -952,6 +1005,11 @@ static st_status exchange(mpi_comm *mc, int rs, int direct)
         size_t len = rs ? mc->send_len[r] : mc->recv_len[r];
         if (r == me || !len)
             continue;
+        if (half) {
+            rc = MPI_Isend(mc->send16 + mc->send_off[r], (int)len, MPI_UINT16_T, r, rs,
+                           mc->comm, &mc->reqs[n++]);
+            continue;
+        }
         const float *out = rs ? (direct ? mc->rs_out[r] : mc->send + mc->send_off[r])
                               : (direct ? mc->ag_src[r] : mc->recv + mc->recv_off[r]);
         rc = MPI_Isend(out, (int)len, MPI_FLOAT, r, rs, mc->comm, &mc->reqs[n++]);
@@ -1018,6 +1076,20 @@ static st_status init_masters(mpi_comm *mc, int w)
     return s == ST_OK ? ST_OK : fail_all(mc, s);
 }
 
+/* Bytes an rs item reads per element: each op's a (and b of a sum of
+ * two), 2 for a bf16 source, 4 for the others. */
+static size_t item_sources_bytes(const rs_item *it, const rs_op *ops)
+{
+    size_t b = 0;
+    for (size_t j = 0; j < it->n_ops; j++) {
+        const rs_op *op = &ops[it->op_first + j];
+        b += op->a_src == SRC_BF16 ? sizeof(uint16_t) : sizeof(float);
+        if (op->kind == OP_SUM2)
+            b += op->b_src == SRC_BF16 ? sizeof(uint16_t) : sizeof(float);
+    }
+    return b;
+}
+
 static st_status step_lists(mpi_comm *mc, int w)
 {
     mpi_worker *me = &mc->workers[w];
@@ -1053,15 +1125,18 @@ static st_status step_lists(mpi_comm *mc, int w)
     st_comm_bytes *by = &me->bytes;
     memset(by, 0, sizeof *by);
     const rs_item *it = pack.v;
+    const size_t n_send = mc->send_off[mc->size - 1] + mc->send_len[mc->size - 1];
     for (size_t t = 0; s == ST_OK && t < pack.n; t++) {
-        size_t k = it[t].n_ops + (it[t].n_ops && ((rs_op *)pack_ops.v)[it[t].op_first].kind == OP_SUM2);
-        by->read += it[t].n * sizeof(float) * k;
+        by->read += it[t].n * item_sources_bytes(&it[t], pack_ops.v);
         by->written += it[t].n * sizeof(float);
+        if (mc->bf16 && mc->send && it[t].out >= mc->send && it[t].out < mc->send + n_send) {
+            by->read += it[t].n * sizeof(float);          /* to_payload */
+            by->written += it[t].n * sizeof(uint16_t);
+        }
     }
     it = own.v;
     for (size_t t = 0; s == ST_OK && t < own.n; t++) {
-        size_t k = it[t].n_ops + (it[t].n_ops && ((rs_op *)own_ops.v)[it[t].op_first].kind == OP_SUM2);
-        by->read += it[t].n * sizeof(float) * k;
+        by->read += it[t].n * item_sources_bytes(&it[t], own_ops.v);
         by->written += it[t].n * sizeof(float);
     }
     const ag_item *ai = ag_out.v;
@@ -1111,6 +1186,8 @@ static st_status mpi_attach(st_comm_backend *b, int w, st_arena *arena, float *g
             me->local[i] = local ? local[i] : held[i].begin;
         s = st_arena_alloc_floats(arena, ST_MEM_WORKSPACE, ST_CHUNK, &me->scratch);
     }
+    if (s == ST_OK && mc->bf16)
+        s = st_arena_alloc_floats(arena, ST_MEM_WORKSPACE, 2 * ST_CHUNK, &me->wide);
     int g = mc->first[mc->rank] + w;
     size_t len = mc->shard_begin[g + 1] - mc->shard_begin[g];
     if (s == ST_OK && (mc->roles & ST_COMM_GATHER))
@@ -1173,6 +1250,20 @@ static st_status meet_and_exchange(mpi_comm *mc, int w, int rs)
     return ST_OK;
 }
 
+/* bf16 payloads: w's packed partials bound for other ranks, rounded into
+ * the 2-byte send buffer at the same offsets.  Each worker converts what
+ * it packed, so the workers' ranges are disjoint; the rank's own partials
+ * (in recv) stay fp32. */
+static void to_payload(const mpi_comm *mc, const mpi_worker *me)
+{
+    const size_t n_send = mc->send_off[mc->size - 1] + mc->send_len[mc->size - 1];
+    for (size_t t = 0; t < me->n_pack; t++) {
+        const rs_item *it = &me->pack[t];
+        if (mc->send && it->out >= mc->send && it->out < mc->send + n_send)
+            st_comm_to_bf16(mc->send16 + (it->out - mc->send), it->out, it->n);
+    }
+}
+
 static st_status mpi_reduce_scatter(st_comm_backend *b, int w)
 {
     mpi_comm *mc = mpi_of(b);
@@ -1181,9 +1272,11 @@ static st_status mpi_reduce_scatter(st_comm_backend *b, int w)
     /* every gradient of the rank is complete, and every worker has done
      * reading `send` in the last all-gather */
     WAIT(mc);
-    st_comm_run_rs(me->pack, me->n_pack, me->pack_ops, me->scratch, NULL);
+    st_comm_run_rs(me->pack, me->n_pack, me->pack_ops, me->scratch, me->wide);
+    if (mc->bf16)
+        to_payload(mc, me);
     ST_TRY(meet_and_exchange(mc, w, 1));   /* the partials of this rank shard */
-    st_comm_run_rs(me->own, me->n_own, me->own_ops, me->scratch, NULL);
+    st_comm_run_rs(me->own, me->n_own, me->own_ops, me->scratch, me->wide);
     return ST_OK;
 }
 
