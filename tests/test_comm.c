@@ -957,6 +957,90 @@ Test(comm_shards, describe_text_unchanged)
     check_describe(0, NULL, 1000,
         "reduction: cannot describe: number of workers must be in [1, 65535], got 0\n");
 }
+/* The printed plan against the plan attach builds.  For every remote
+ * shard st_comm_describe names the worker of each domain that computes
+ * its partial (level 1) and the one that copies it in (all-gather); the
+ * engine's byte counts say what each worker does: its writes outside the
+ * all-gather are its own shard gradient and the partials it computes, its
+ * cross-domain reads one source per other domain for its own shard and
+ * the shards it copies in.  Shards of different lengths (P not a multiple
+ * of 16 N) make every choice show in the bytes, ties included. */
+static void check_describe_is_the_engine(int n, const int *domain_of, size_t p)
+{
+    char *text = describe_text(n, domain_of, p);
+    int partial[MAXW][MAXW], copier[MAXW][MAXW];   /* [shard][domain]: worker, or -1 */
+    memset(partial, -1, sizeof partial);
+    memset(copier, -1, sizeof copier);
+    int D = 1, named = 0;
+    for (char *line = text; line && *line;) {
+        char *end = strchr(line, '\n');
+        if (end)
+            *end = '\0';
+        int d, off = 0;
+        int(*table)[MAXW] = NULL;
+        if (sscanf(line, "  domain %d level 1: %n", &d, &off) == 1 && off > 0)
+            table = partial;
+        else if (sscanf(line, "  domain %d all-gather: %n", &d, &off) == 1 && off > 0)
+            table = copier;
+        if (table) {
+            cr_assert(d >= 0 && d < MAXW, "%s", line);
+            D = d + 1 > D ? d + 1 : D;
+            for (char *t = strstr(line, " s"); t; t = strstr(t + 1, " s")) {
+                int sh, w;
+                if (sscanf(t, " s%d:w%d", &sh, &w) != 2)
+                    continue;
+                cr_assert(sh >= 0 && sh < n && w >= 0 && w < n, "%s", line);
+                cr_assert_eq(table[sh][d], -1, "shard %d named twice: %s", sh, line);
+                table[sh][d] = w;
+                named++;
+            }
+        }
+        line = end ? end + 1 : NULL;
+    }
+    free(text);
+    st_comm *c;
+    st_comm_config cfg = { .n_workers = n, .n_params = p, .domain_of = domain_of };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK, "%s", st_last_error());
+    size_t len[MAXW];
+    for (int w = 0; w < n; w++) {
+        st_range r = st_comm_shard(c, w);
+        len[w] = r.end - r.begin;
+    }
+    st_comm_destroy(c);
+    st_comm_bytes b[MAXW];
+    dp_bytes(n, p, domain_of, b);
+    for (int w = 0; w < n; w++) {
+        int d = domain_of ? domain_of[w] : 0;
+        size_t written = len[w], cross = (size_t)(D - 1) * len[w];
+        for (int sh = 0; sh < n; sh++) {
+            written += partial[sh][d] == w ? len[sh] : 0;
+            cross += copier[sh][d] == w ? len[sh] : 0;
+        }
+        cr_assert_eq(b[w].written - b[w].gather_written, written * 4,
+                     "n=%d p=%zu: worker %d writes %zu bytes of shard gradient and partials, the "
+                     "printed plan says %zu", n, p, w, b[w].written - b[w].gather_written,
+                     written * 4);
+        cr_assert_eq(b[w].cross_domain_read, cross * 4,
+                     "n=%d p=%zu: worker %d reads %zu bytes across domains, the printed plan "
+                     "says %zu", n, p, w, b[w].cross_domain_read, cross * 4);
+    }
+    cr_assert(D == 1 || named > 0, "n=%d p=%zu: no assignment printed", n, p);
+}
+
+Test(comm_shards, describe_is_the_plan_attach_builds)
+{
+    static const int pairs[4] = { 0, 0, 1, 1 }, lone[3] = { 0, 1, 1 },
+                     three[8] = { 0, 0, 0, 1, 1, 2, 2, 2 }, big_small[5] = { 0, 0, 0, 0, 1 };
+    static const size_t sizes[] = { 100, 112, 1000, 4096 + 48, 8192 };
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        check_describe_is_the_engine(4, pairs, sizes[i]);
+        check_describe_is_the_engine(3, lone, sizes[i]);
+        check_describe_is_the_engine(8, three, sizes[i]);
+        check_describe_is_the_engine(5, big_small, sizes[i]);
+        check_describe_is_the_engine(2, NULL, sizes[i]);
+    }
+}
+
 /* ------------------------------------------------------------ backends */
 
 /* The table of backends: names both ways, and 0 (what a designated
