@@ -382,17 +382,60 @@ Test(dp, same_seed_and_workers_give_bitwise_identical_runs, .timeout = 120)
     st_dataset_free(&test);
 }
 
+/* The OS index of the PU a one-worker plan takes on this machine: a
+ * cpuset of it alone puts every worker there (oversubscribed), in one
+ * NUMA domain whatever the machine, so the reduction has one level and
+ * its byte counts follow the formulas below. */
+static void one_pu_cpuset(char *buf, size_t size)
+{
+    st_topology *t;
+    cr_assert_eq(st_topology_load(NULL, &t), ST_OK, "%s", st_last_error());
+    st_plan_request req = { .workers = 1 };
+    st_plan p;
+    cr_assert_eq(st_plan_make(t, &req, &p), ST_OK, "%s", st_last_error());
+    snprintf(buf, size, "%d", p.workers[0].pu_os);
+    st_plan_free(&p);
+    st_topology_destroy(t);
+}
+
+/* Shard w of P elements over N owners (doc/reduction.md): ceil(P / 16)
+ * lines of 16 floats dealt out evenly, the first (lines mod N) shards one
+ * line more, the last line possibly partial. */
+static st_range shard_of(size_t P, int N, int w)
+{
+    size_t lines = (P + 15) / 16, q = lines / (size_t)N, rem = lines % (size_t)N;
+    size_t first = (size_t)w * q + ((size_t)w < rem ? (size_t)w : rem);
+    size_t last = first + q + ((size_t)w < rem);
+    st_range r = { 16 * first < P ? 16 * first : P, 16 * last < P ? 16 * last : P };
+    return r;
+}
+
+/* The record's communication, exactly: in one NUMA domain the owner of
+ * shard S reads the N gradients of it and writes its mean, and the
+ * all-gather reads and writes all P elements, so worker w moves
+ * 4 ((N + 1) |S_w| + 2 P) bytes a step; the record has the busiest
+ * worker's (the first shards are the largest). */
 Test(dp, records_carry_workers_memory_and_communication, .timeout = 60)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
     st_train_config c = dp_config(2, 32, 10);
+    char pu[32];
+    one_pu_cpuset(pu, sizeof pu);
+    c.cpuset = pu;
     recorder *r = calloc(1, sizeof *r);
     st_epoch_record f = train_recorded(&c, &train, &test, r);
     size_t P = st_model_config_param_count(&c.model);
     cr_assert_eq(f.workers, 2);
     cr_assert_float_eq(f.ring_bytes_per_worker_step, 2.0 * 1 / 2 * (double)P * 4, 1.0);
-    cr_assert_gt(f.comm_bytes_per_worker_step, 0.0);
+    double busiest = 0.0;
+    for (int w = 0; w < 2; w++) {
+        st_range s = shard_of(P, 2, w);
+        busiest = fmax(busiest, 4.0 * (3.0 * (double)(s.end - s.begin) + 2.0 * (double)P));
+    }
+    cr_assert_eq(f.comm_bytes_per_worker_step, busiest, "%.0f bytes a step, %zu parameters "
+                 "make %.0f", f.comm_bytes_per_worker_step, P, busiest);
+    cr_assert_eq(f.comm_bytes_per_worker_round, 0.0, "no rounds in dp");
     cr_assert_gt(f.step_ms_compute, 0.0);
     cr_assert_gt(f.step_ms_reduce, 0.0);
     cr_assert_gt(f.step_ms_optimizer, 0.0);
@@ -1597,6 +1640,160 @@ Test(sdp, alignment_report_is_the_cosine_of_the_two_gradients, .timeout = 120)
     st_model_destroy(full);
     st_arena_release(&arena);
     free(order);
+    st_trainer_destroy(t);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+/* Holders of every element of the full layout (n_params), from the
+ * workers' models as the trainer has them now, and what each worker holds
+ * (held[w] elements, the parameters of its model). */
+static uint16_t *count_holders(st_trainer *t, size_t n_params, size_t *held)
+{
+    uint16_t *holders = calloc(n_params, sizeof *holders);
+    for (int w = 0; w < st_trainer_workers(t); w++) {
+        st_model *m = st_trainer_model(t, w);
+        int n = st_model_full_ranges(m, NULL, NULL, 0);
+        st_range *r = malloc((size_t)n * sizeof *r);
+        size_t *local = malloc((size_t)n * sizeof *local);
+        st_model_full_ranges(m, r, local, n);
+        held[w] = 0;
+        for (int i = 0; i < n; i++) {
+            for (size_t e = r[i].begin; e < r[i].end; e++)
+                holders[e]++;
+            held[w] += r[i].end - r[i].begin;
+        }
+        cr_assert_eq(held[w], st_model_param_count(m));
+        free(r);
+        free(local);
+    }
+    return holders;
+}
+
+/* A step's bytes of worker w in a one-level engine: as the owner of its
+ * shard, each element's holders' gradients read and the mean written
+ * (elements someone holds); with the all-gather, every element w holds
+ * read from its owner and written into w's vector. */
+static double engine_bytes(const uint16_t *holders, size_t n_params, int n, int w, size_t held,
+                           int gather)
+{
+    st_range s = shard_of(n_params, n, w);
+    double b = 0.0;
+    for (size_t e = s.begin; e < s.end; e++)
+        b += 4.0 * (holders[e] + (holders[e] > 0));
+    return b + (gather ? 8.0 * (double)held : 0.0);
+}
+
+/* sdp, blocks at coverage 1/2 over 4 workers: the record's bytes per
+ * step are the busiest worker's, from the holders of its shard and what
+ * it holds (every worker has the stem, the final norm and the head; each
+ * block is held by 2). */
+Test(comm_counters, sdp_bytes_per_step_follow_the_holders, .timeout = 120)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    st_train_config c = sdp_config(4, 0.5, 20);
+    char pu[32];
+    one_pu_cpuset(pu, sizeof pu);
+    c.cpuset = pu;
+    st_trainer *t = make_trainer(&c, &train, &test);
+    cr_assert_eq(st_trainer_step(t, 3, NULL), ST_OK, "%s", st_last_error());
+    st_epoch_record rec;
+    cr_assert_eq(st_trainer_metrics(t, &rec), ST_OK, "%s", st_last_error());
+    const size_t P = st_model_config_param_count(&c.model);
+    size_t held[4];
+    uint16_t *holders = count_holders(t, P, held);
+    double busiest = 0.0;
+    for (int w = 0; w < 4; w++)
+        busiest = fmax(busiest, engine_bytes(holders, P, 4, w, held[w], 1));
+    cr_assert_eq(rec.comm_bytes_per_worker_step, busiest, "%.0f bytes a step, the holders "
+                 "make %.0f", rec.comm_bytes_per_worker_step, busiest);
+    cr_assert_eq(rec.comm_bytes_per_worker_round, 0.0, "no rounds in sdp");
+    free(holders);
+    st_trainer_destroy(t);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+/* Whether workers 0 and 1 have the same values of every parameter both
+ * hold (the layers every ResIST subnetwork shares): *both of them. */
+static size_t shared_equal(st_trainer *t, size_t n_params, size_t *both)
+{
+    float *v[2];
+    uint8_t *has[2];
+    for (int w = 0; w < 2; w++) {
+        st_model *m = st_trainer_model(t, w);
+        v[w] = malloc(n_params * sizeof *v[w]);
+        has[w] = calloc(n_params, 1);
+        int n = st_model_full_ranges(m, NULL, NULL, 0);
+        st_range *r = malloc((size_t)n * sizeof *r);
+        size_t *local = malloc((size_t)n * sizeof *local);
+        st_model_full_ranges(m, r, local, n);
+        for (int i = 0; i < n; i++)
+            for (size_t e = r[i].begin; e < r[i].end; e++) {
+                v[w][e] = st_model_params(m)[local[i] + e - r[i].begin];
+                has[w][e] = 1;
+            }
+        free(r);
+        free(local);
+    }
+    size_t equal = 0;
+    *both = 0;
+    for (size_t e = 0; e < n_params; e++)
+        if (has[0][e] && has[1][e]) {
+            (*both)++;
+            equal += memcmp(&v[0][e], &v[1][e], sizeof(float)) == 0;
+        }
+    for (int w = 0; w < 2; w++) {
+        free(v[w]);
+        free(has[w]);
+    }
+    return equal;
+}
+
+/* ist communicates once a round, and its record says how much: 2 workers,
+ * rounds of R = 5 steps.  Between round ends the workers' copies of the
+ * shared layers drift apart (nobody communicates); right after one they
+ * are the same (the average, loaded back).  The bytes of a round are the
+ * busiest worker's reduce-scatter of the parameters (no all-gather: the
+ * next subnetwork is loaded from the owners' shards, its parameters read
+ * and written once), and the record's bytes per step are those / R. */
+Test(comm_counters, ist_communicates_once_a_round, .timeout = 120)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    st_train_config c = ist_config(2, 5, 20);
+    char pu[32];
+    one_pu_cpuset(pu, sizeof pu);
+    c.cpuset = pu;
+    const uint64_t R = c.local_steps;
+    const size_t P = st_model_config_param_count(&c.model);
+    st_trainer *t = make_trainer(&c, &train, &test);
+    for (uint64_t step = 1; step <= 2 * R; step++) {
+        cr_assert_eq(st_trainer_step(t, 1, NULL), ST_OK, "%s", st_last_error());
+        size_t both, equal = shared_equal(t, P, &both);
+        cr_assert_gt(both, 0, "the stem, final norm and head are shared");
+        if (step % R == 0)
+            cr_assert_eq(equal, both, "step %llu ends a round: the shared layers are averaged "
+                         "(%zu of %zu equal)", (unsigned long long)step, equal, both);
+        else
+            cr_assert_lt(equal, both, "step %llu is inside a round: no communication, the "
+                         "shared layers differ (%zu of %zu equal)", (unsigned long long)step,
+                         equal, both);
+    }
+    st_epoch_record rec;
+    cr_assert_eq(st_trainer_metrics(t, &rec), ST_OK, "%s", st_last_error());
+    size_t held[2];
+    uint16_t *holders = count_holders(t, P, held);
+    double round = 0.0;
+    for (int w = 0; w < 2; w++)
+        round = fmax(round, engine_bytes(holders, P, 2, w, held[w], 0) + 8.0 * (double)held[w]);
+    cr_assert_eq(rec.comm_bytes_per_worker_step, round / (double)R, "%.1f bytes a step, the "
+                 "holders make %.0f a round of %llu steps", rec.comm_bytes_per_worker_step, round,
+                 (unsigned long long)R);
+    cr_assert_float_eq(rec.comm_bytes_per_worker_round, round, 1e-9 * round, "%.0f bytes a "
+                       "round, the holders make %.0f", rec.comm_bytes_per_worker_round, round);
+    free(holders);
     st_trainer_destroy(t);
     st_dataset_free(&train);
     st_dataset_free(&test);
