@@ -12,10 +12,16 @@
  * thread after the region: the workers only record what they saw.
  */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdalign.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <omp.h>
 #include <criterion/criterion.h>
@@ -951,6 +957,90 @@ Test(comm_shards, describe_text_unchanged)
     check_describe(0, NULL, 1000,
         "reduction: cannot describe: number of workers must be in [1, 65535], got 0\n");
 }
+/* The printed plan against the plan attach builds.  For every remote
+ * shard st_comm_describe names the worker of each domain that computes
+ * its partial (level 1) and the one that copies it in (all-gather); the
+ * engine's byte counts say what each worker does: its writes outside the
+ * all-gather are its own shard gradient and the partials it computes, its
+ * cross-domain reads one source per other domain for its own shard and
+ * the shards it copies in.  Shards of different lengths (P not a multiple
+ * of 16 N) make every choice show in the bytes, ties included. */
+static void check_describe_is_the_engine(int n, const int *domain_of, size_t p)
+{
+    char *text = describe_text(n, domain_of, p);
+    int partial[MAXW][MAXW], copier[MAXW][MAXW];   /* [shard][domain]: worker, or -1 */
+    memset(partial, -1, sizeof partial);
+    memset(copier, -1, sizeof copier);
+    int D = 1, named = 0;
+    for (char *line = text; line && *line;) {
+        char *end = strchr(line, '\n');
+        if (end)
+            *end = '\0';
+        int d, off = 0;
+        int(*table)[MAXW] = NULL;
+        if (sscanf(line, "  domain %d level 1: %n", &d, &off) == 1 && off > 0)
+            table = partial;
+        else if (sscanf(line, "  domain %d all-gather: %n", &d, &off) == 1 && off > 0)
+            table = copier;
+        if (table) {
+            cr_assert(d >= 0 && d < MAXW, "%s", line);
+            D = d + 1 > D ? d + 1 : D;
+            for (char *t = strstr(line, " s"); t; t = strstr(t + 1, " s")) {
+                int sh, w;
+                if (sscanf(t, " s%d:w%d", &sh, &w) != 2)
+                    continue;
+                cr_assert(sh >= 0 && sh < n && w >= 0 && w < n, "%s", line);
+                cr_assert_eq(table[sh][d], -1, "shard %d named twice: %s", sh, line);
+                table[sh][d] = w;
+                named++;
+            }
+        }
+        line = end ? end + 1 : NULL;
+    }
+    free(text);
+    st_comm *c;
+    st_comm_config cfg = { .n_workers = n, .n_params = p, .domain_of = domain_of };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK, "%s", st_last_error());
+    size_t len[MAXW];
+    for (int w = 0; w < n; w++) {
+        st_range r = st_comm_shard(c, w);
+        len[w] = r.end - r.begin;
+    }
+    st_comm_destroy(c);
+    st_comm_bytes b[MAXW];
+    dp_bytes(n, p, domain_of, b);
+    for (int w = 0; w < n; w++) {
+        int d = domain_of ? domain_of[w] : 0;
+        size_t written = len[w], cross = (size_t)(D - 1) * len[w];
+        for (int sh = 0; sh < n; sh++) {
+            written += partial[sh][d] == w ? len[sh] : 0;
+            cross += copier[sh][d] == w ? len[sh] : 0;
+        }
+        cr_assert_eq(b[w].written - b[w].gather_written, written * 4,
+                     "n=%d p=%zu: worker %d writes %zu bytes of shard gradient and partials, the "
+                     "printed plan says %zu", n, p, w, b[w].written - b[w].gather_written,
+                     written * 4);
+        cr_assert_eq(b[w].cross_domain_read, cross * 4,
+                     "n=%d p=%zu: worker %d reads %zu bytes across domains, the printed plan "
+                     "says %zu", n, p, w, b[w].cross_domain_read, cross * 4);
+    }
+    cr_assert(D == 1 || named > 0, "n=%d p=%zu: no assignment printed", n, p);
+}
+
+Test(comm_shards, describe_is_the_plan_attach_builds)
+{
+    static const int pairs[4] = { 0, 0, 1, 1 }, lone[3] = { 0, 1, 1 },
+                     three[8] = { 0, 0, 0, 1, 1, 2, 2, 2 }, big_small[5] = { 0, 0, 0, 0, 1 };
+    static const size_t sizes[] = { 100, 112, 1000, 4096 + 48, 8192 };
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        check_describe_is_the_engine(4, pairs, sizes[i]);
+        check_describe_is_the_engine(3, lone, sizes[i]);
+        check_describe_is_the_engine(8, three, sizes[i]);
+        check_describe_is_the_engine(5, big_small, sizes[i]);
+        check_describe_is_the_engine(2, NULL, sizes[i]);
+    }
+}
+
 /* ------------------------------------------------------------ backends */
 
 /* The table of backends: names both ways, and 0 (what a designated
@@ -1472,4 +1562,120 @@ Test(comm, unheld_elements_only_where_allowed, .timeout = 30)
         }
         st_comm_destroy(c);
     }
+}
+
+/* ------------------------------------------------------------ the spin barrier */
+
+/* The barrier itself (comm/barrier.h), under stress: many rounds with
+ * nothing between them and more threads than cores.  The order of the
+ * last arriver's two stores matters: bumping the generation before
+ * clearing the counter lets a woken waiter arrive for the next round
+ * before the clear, which then erases that arrival, and the round never
+ * completes.  Plain stress hits that window rarely (measured: a 2-thread
+ * loop deadlocked after 20,000 to 70,000 rounds, seconds on a quiet
+ * machine), so this copy of the barrier yields the CPU between the two
+ * stores (ST_BARRIER_RELEASE_HOOK): with more threads than cores a woken
+ * waiter runs right then, and a wrong order hangs within a few rounds.
+ * Waiters yield after a few spins (ST_BARRIER_SPINS), so that the rounds
+ * of an oversubscribed machine stay fast.  A watchdog turns a hang into a
+ * failure: it aborts the barrier, which lets every waiter out.  Each
+ * thread also checks, after each round, that every thread arrived in it
+ * and none is more than one round ahead. */
+#define ST_BARRIER_SPINS 64
+#define ST_BARRIER_RELEASE_HOOK() sched_yield()
+#include "comm/barrier.h"
+
+#define STRESS_ROUNDS 20000
+#define STRESS_STALL_S 5.0     /* no round completed for this long: a hang */
+
+typedef struct stress {
+    st_spin_barrier barrier;
+    int threads;
+    alignas(64) atomic_long arrivals;   /* every thread adds 1 before each wait */
+    alignas(64) atomic_long done;       /* rounds thread 0 has passed */
+    atomic_long early, late;            /* rounds some thread saw wrong counts in */
+    atomic_int aborted;
+} stress;
+
+typedef struct stress_arg {
+    stress *s;
+    int id;
+} stress_arg;
+
+static void *stress_thread(void *p)
+{
+    stress_arg *a = p;
+    stress *s = a->s;
+    const long T = s->threads;
+    for (long r = 0; r < STRESS_ROUNDS; r++) {
+        atomic_fetch_add(&s->arrivals, 1);
+        if (st_spin_barrier_wait(&s->barrier) != 0) {
+            atomic_store(&s->aborted, 1);
+            return NULL;
+        }
+        /* past round r: all T arrived r + 1 times; the others may have
+         * arrived for round r + 1 already, not later (they wait for me) */
+        long seen = atomic_load(&s->arrivals);
+        if (seen < (r + 1) * T)
+            atomic_fetch_add(&s->early, 1);
+        if (seen > (r + 2) * T - 1)
+            atomic_fetch_add(&s->late, 1);
+        if (a->id == 0)
+            atomic_store(&s->done, r + 1);
+    }
+    return NULL;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+Test(spin_barrier, many_rounds_more_threads_than_cores_lose_no_arrival, .timeout = 120)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int T = (int)(cpus < 2 ? 3 : cpus + 1);   /* more threads than cores */
+    T = T > 64 ? 64 : T;
+    stress *s = aligned_alloc(64, sizeof *s);
+    cr_assert_not_null(s);
+    memset(s, 0, sizeof *s);
+    st_spin_barrier_init(&s->barrier, (unsigned)T);
+    s->threads = T;
+    pthread_t tid[64];
+    stress_arg args[64];
+    for (int i = 0; i < T; i++) {
+        args[i] = (stress_arg){ s, i };
+        cr_assert_eq(pthread_create(&tid[i], NULL, stress_thread, &args[i]), 0);
+    }
+    /* the watchdog: progress is thread 0's rounds */
+    long last = -1;
+    double since = now_s();
+    int hung = 0;
+    while (atomic_load(&s->done) < STRESS_ROUNDS && !atomic_load(&s->aborted)) {
+        struct timespec nap = { 0, 10 * 1000 * 1000 };
+        nanosleep(&nap, NULL);
+        long d = atomic_load(&s->done);
+        if (d != last) {
+            last = d;
+            since = now_s();
+        } else if (now_s() - since > STRESS_STALL_S) {
+            hung = 1;
+            st_spin_barrier_abort(&s->barrier);
+            break;
+        }
+    }
+    for (int i = 0; i < T; i++)
+        pthread_join(tid[i], NULL);
+    long done = atomic_load(&s->done), arrivals = atomic_load(&s->arrivals);
+    cr_log_info("spin barrier: %d threads on %ld CPUs, %ld of %d rounds", T, cpus, done,
+                STRESS_ROUNDS);
+    cr_assert(!hung, "%d threads hung in round %ld of %d (%ld arrivals counted, the barrier "
+              "waits for more): an arrival was lost", T, done + 1, STRESS_ROUNDS, arrivals);
+    cr_assert_eq(done, STRESS_ROUNDS);
+    cr_assert_eq(arrivals, (long)STRESS_ROUNDS * T);
+    cr_assert_eq(atomic_load(&s->early), 0, "a thread left a round before every thread arrived");
+    cr_assert_eq(atomic_load(&s->late), 0, "a thread ran more than a round ahead");
+    free(s);
 }

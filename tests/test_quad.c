@@ -445,6 +445,58 @@ Test(quad, case1_preconditioned_perm1_reaches_zero_in_one_step)
     }
 }
 
+/* The contrast of case 1, by value.  Plain Perm-1 (C_i = n P_i) with b = 0
+ * is x+_j = (1 - gamma n l_j) x_j, l_j the (j, j) entry of its holder's
+ * L_i; at the case's step 2 / (n (l_min + l_max)) the factors are
+ * 1 - 2 l_j / (l_min + l_max).  With n = 2 both have the magnitude
+ * (l_max - l_min) / (l_max + l_min), whatever x0: each of the two
+ * permutations has its value, computed here from the problem, and
+ * plain_rel (the largest over the draws) must be one of them.  For
+ * larger n that is the most any draw can leave: every factor lies within
+ * it, so plain_rel cannot exceed it over all the (j, j) entries. */
+static double plain_factor(double a, double b)
+{
+    return fabs(a - b) / (a + b);
+}
+
+Test(quad, case1_plain_perm1_leaves_what_its_best_step_leaves)
+{
+    for (uint64_t seed = 1; seed <= 5; seed++) {
+        st_quad_config c = resolved(0, 2, 1);
+        c.seed = seed;
+        st_quad_case1 r;
+        cr_assert_eq(st_quad_case_1(&c, &r), ST_OK, "%s", st_last_error());
+        st_quad_problem *p;
+        cr_assert_eq(st_quad_problem_random(2, 2, seed, 0, &p), ST_OK, "%s", st_last_error());
+        /* L_i at L + 4 i; worker i holds coordinate perm[i] */
+        double id = plain_factor(p->L[0 + 0], p->L[4 + 3]);    /* L_0[0,0], L_1[1,1] */
+        double swap = plain_factor(p->L[0 + 3], p->L[4 + 0]);  /* L_0[1,1], L_1[0,0] */
+        st_quad_problem_free(p);
+        cr_assert(fabs(r.plain_rel - id) < 1e-12 * id || fabs(r.plain_rel - swap) < 1e-12 * swap,
+                  "seed %llu: plain %.15g, but the permutations leave %.15g and %.15g",
+                  (unsigned long long)seed, r.plain_rel, id, swap);
+    }
+    const int workers[] = { 3, 8 };
+    for (size_t t = 0; t < sizeof workers / sizeof *workers; t++) {
+        int n = workers[t];
+        st_quad_config c = resolved(0, n, 1);
+        st_quad_case1 r;
+        cr_assert_eq(st_quad_case_1(&c, &r), ST_OK, "%s", st_last_error());
+        st_quad_problem *p;
+        cr_assert_eq(st_quad_problem_random(n, n, c.seed, 0, &p), ST_OK, "%s", st_last_error());
+        double lo = INFINITY, hi = 0.0;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) {
+                double l = p->L[(size_t)i * n * n + (size_t)j * n + j];
+                lo = fmin(lo, l);
+                hi = fmax(hi, l);
+            }
+        st_quad_problem_free(p);
+        cr_assert(r.plain_rel <= plain_factor(lo, hi) * (1 + 1e-12),
+                  "n %d: plain %.15g exceeds %.15g", n, r.plain_rel, plain_factor(lo, hi));
+    }
+}
+
 Test(quad, case2_heterogeneous_b_converges_to_a_biased_point)
 {
     st_quad_config c = resolved(0, 8, 1);

@@ -32,8 +32,21 @@
 #include <stdalign.h>
 #include <stdatomic.h>
 
-/* Pause turns before a waiter starts yielding the CPU. */
+/* Pause turns before a waiter starts yielding the CPU.  A test may lower
+ * it (defined before this header is included) so that rounds with more
+ * threads than cores yield sooner and run faster. */
+#ifndef ST_BARRIER_SPINS
 #define ST_BARRIER_SPINS 4096
+#endif
+
+/* Run by the last arriver between its two stores: nothing, unless a test
+ * defines it before including this header.  tests/test_comm.c yields the
+ * CPU there, which opens wide the window in which a woken waiter could
+ * arrive for the next round: with the stores in the wrong order
+ * (generation first) that arrival is erased and the round never ends. */
+#ifndef ST_BARRIER_RELEASE_HOOK
+#define ST_BARRIER_RELEASE_HOOK() ((void)0)
+#endif
 
 typedef struct st_spin_barrier {
     alignas(64) atomic_uint arrived;
@@ -78,6 +91,7 @@ static inline int st_spin_barrier_wait(st_spin_barrier *b)
     unsigned gen = atomic_load_explicit(&b->generation, memory_order_acquire);
     if (atomic_fetch_add_explicit(&b->arrived, 1u, memory_order_acq_rel) + 1u == b->n) {
         atomic_store_explicit(&b->arrived, 0u, memory_order_relaxed);
+        ST_BARRIER_RELEASE_HOOK();
         atomic_store_explicit(&b->generation, gen + 1u, memory_order_release);
         return 0;
     }
