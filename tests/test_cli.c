@@ -194,6 +194,7 @@ Test(cli, help_and_version)
                                  "--temperature", "--top-k", "--context", "--heads",
                                  "--holdout", "--val-bytes", "--epoch-windows",
                                  "--checkpoint", "--init", "subtrain eval", "text:FILE",
+                                 "--config", "--dump-config",
                                  "cifar10:DIR", "cifar100:DIR", "idx:DIR" };
     for (size_t i = 0; i < sizeof documented / sizeof *documented; i++)
         cr_assert(strstr(r->out, documented[i]), "--help does not mention %s", documented[i]);
