@@ -73,8 +73,8 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t err
 void st_cli_options_free(st_cli_options *o);
 
 /* The resolved configuration, every option of `subtrain train` but the
- * actions (--help, --version, --config, --dump-config), in the order of
- * --help's table: calls emit(key, value) with the value as a configuration
+ * actions (--help, --version, --config, --dump-config), in the option
+ * table's order: calls emit(key, value) with the value as a configuration
  * line carries it (st_cli_config_quote; "": the option's default, which
  * depends on the others or on the data, or the option does not apply). */
 void st_cli_config_each(const st_cli_options *o,
