@@ -15,7 +15,7 @@
 HARNESSES := idx safetensors options cifar text
 OMP_SOURCES := src/train/train.c src/train/trainer.c
 SOURCES := $(filter-out $(OMP_SOURCES),$(filter %.c,$(LIB_SOURCES))) \
-	src/cli/options.c src/cli/cli_util.c
+	src/cli/options.c src/cli/config_file.c src/cli/cli_util.c
 OBJECTS := $(SOURCES:%.c=fuzz/obj/%.o)
 ARCHIVE := fuzz/libsubtrain-fuzz.a
 PROGRAMS := $(HARNESSES:%=fuzz/fuzz_%)

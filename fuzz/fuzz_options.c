@@ -59,6 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(o.data != NULL && o.prompt != NULL);
         FUZZ_CHECK(strlen(o.data_spec.dir) < sizeof o.data_spec.dir);
     }
+    st_cli_options_free(&o);   /* a --config file's text */
     free(text);
     return 0;
 }

@@ -207,6 +207,9 @@ typedef enum st_bf16_support {
     ST_BF16_NATIVE, ST_BF16_EMULATED, ST_BF16_UNAVAILABLE
 } st_bf16_support;
 st_bf16_support st_bf16_probe(const char **isa);
+/* oneDNN's effective ISA, named as above ("avx512_core_amx", ...): what its
+ * kernels run, after ONEDNN_MAX_CPU_ISA. */
+const char *st_cpu_isa_name(void);
 /* ST_OK, or ST_ERR_INVALID with "unknown model 'x' (allowed: mlp, resmlp)"
  * and *out unchanged (see status.h). */
 st_status st_model_kind_parse(const char *name, st_model_kind *out);

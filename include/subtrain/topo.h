@@ -42,6 +42,10 @@ const char *st_topology_name(const st_topology *t);
 int st_topology_numa_count(const st_topology *t);
 int st_topology_core_count(const st_topology *t);
 int st_topology_pu_count(const st_topology *t);
+/* The CPU model of the first package ("AMD EPYC 9654 96-Core Processor"):
+ * hwloc's CPUModel, else /proc/cpuinfo's model name on this machine; NULL
+ * when neither says. */
+const char *st_topology_cpu_model(const st_topology *t);
 
 /* NULL, or a one-line warning when OMP_PROC_BIND, OMP_PLACES or
  * GOMP_CPU_AFFINITY are set (subtrain binds its workers itself). */

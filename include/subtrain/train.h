@@ -21,6 +21,7 @@
 #include <subtrain/status.h>
 #include <subtrain/subnet.h>
 #include <subtrain/synth.h>
+#include <subtrain/topo.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -213,6 +214,15 @@ typedef struct st_epoch_record {
     int cuts[ST_SYNTH_MAX_SEGMENTS - 1];
     int segment_workers[ST_SYNTH_MAX_SEGMENTS];
     double segment_loss[ST_SYNTH_MAX_SEGMENTS];
+    /* sdp (coverage_holders > 0): each unit is held by k = coverage_holders
+     * = max(1, round(C x workers)) workers, so the coverage that runs is
+     * k / workers, which differs from the requested C (`coverage`) when
+     * C x workers is not a whole number. */
+    int coverage_holders;
+    double coverage;
+    /* Where this rank's workers run (their PUs and NUMA nodes: the plan
+     * they are bound by), valid during the callback only. */
+    const st_plan *placement;
 } st_epoch_record;
 
 typedef struct st_train_callbacks {
@@ -253,6 +263,10 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
 
 /* One JSON object on one line (JSON Lines) for a record. */
 int st_metrics_write(FILE *f, const st_epoch_record *rec);
+/* The same object without its opening brace: for a caller that writes
+ * members of its own first (the command's "run" provenance, written with
+ * the first record of a run; doc/provenance.md). */
+int st_metrics_write_members(FILE *f, const st_epoch_record *rec);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,7 @@
 
 #include "cli/options.h"
 #include "cli/progress.h"
+#include "cli/provenance.h"
 #include "cli/quad_cmd.h"
 #include "cli/topo_cmd.h"
 #include "config.h"
@@ -100,7 +101,24 @@ static void normalize(st_dataset *train, st_dataset *test)
     st_dataset_normalize(train, test, NULL, NULL);
 }
 
-static void print_plan(const st_cli_options *o, const st_dataset *train, const st_dataset *test)
+/* sdp: the coverage that runs, k = max(1, round(C x N)) of N workers
+ * holding each unit, and the C asked for when k / N is not it (C = 0.3 of
+ * 4 workers runs 1/4); just C when N is not known here. */
+static void print_coverage(double c, int workers)
+{
+    if (workers < 1) {
+        printf("coverage %g", c);
+        return;
+    }
+    const int k = st_subnet_holders_per_unit(workers, c);
+    printf("coverage %d/%d = %g", k, workers, (double)k / workers);
+    if (fabs((double)k / workers - c) > 1e-6)
+        printf(", requested %g", c);
+}
+
+/* workers: of the run, all ranks (0: not known). */
+static void print_plan(const st_cli_options *o, const st_dataset *train, const st_dataset *test,
+                       int workers)
 {
     const st_train_config *t = &o->train;
     const st_model_config *m = &t->model;
@@ -128,9 +146,11 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
     if (train->augment.flip)
         printf(", flip");
     printf(") | %s", st_strategy_name(t->strategy));
-    if (t->strategy == ST_STRATEGY_SDP)
-        printf(" (%s, %s masking, coverage %g)", st_subnet_kind_name(t->subnet),
-               st_masking_name(t->masking), t->coverage);
+    if (t->strategy == ST_STRATEGY_SDP) {
+        printf(" (%s, %s masking, ", st_subnet_kind_name(t->subnet), st_masking_name(t->masking));
+        print_coverage(t->coverage, workers);
+        printf(")");
+    }
     if (t->strategy == ST_STRATEGY_IST)
         printf(" (%llu local steps)", (unsigned long long)t->local_steps);
     if (t->strategy == ST_STRATEGY_SYNTH)
@@ -602,6 +622,8 @@ static int run_train_rank(st_cli_options *o)
     int status = EXIT_FAILURE;
     st_progress prog;
     memset(&prog, 0, sizeof prog);
+    st_cli_provenance prov;
+    memset(&prov, 0, sizeof prov);
     run_ui ui = { .prog = &prog };
     train.augment = o->augment;   /* the training set only */
     train.augment.seed = o->train.seed;
@@ -611,6 +633,11 @@ static int run_train_rank(st_cli_options *o)
         status = EXIT_USAGE;
         goto out;
     }
+    /* what made the run: the metrics' first record says it, the banner
+     * takes the worker count from it */
+    if (st_cli_provenance_make(o, &prov) != 0)
+        goto out;
+    prog.provenance = &prov;
     /* a resumed run adds its records to the stopped run's */
     if (o->metrics_path && !(prog.metrics = fopen(o->metrics_path, o->resume_path ? "a" : "w"))) {
         fprintf(stderr, "subtrain: cannot write the metrics file '%s': %s\n", o->metrics_path,
@@ -623,7 +650,7 @@ static int run_train_rank(st_cli_options *o)
     prog.epoch_lines = mode != ST_PROGRESS_NONE;
 
     if (!o->quiet) {
-        print_plan(o, &train, &test);
+        print_plan(o, &train, &test, prov.workers);
         const char *env = st_topology_binding_env_warning();
         if (env)
             fprintf(stderr, "subtrain: warning: %s\n", env);
@@ -669,6 +696,7 @@ out:
                 o->metrics_path, strerror(errno));
         status = EXIT_FAILURE;
     }
+    st_cli_provenance_free(&prov);
     free(ui.params);
     free(init);
     st_dataset_free(&train);
@@ -684,24 +712,29 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "quad") == 0)
         return st_cli_quad_main(argc - 1, argv + 1);
     st_cli_options o;
-    char err[512];
+    char err[1024];
+    int status = EXIT_SUCCESS;
     if (st_cli_parse(argc, argv, &o, err, sizeof err) != 0) {
         fprintf(stderr, "subtrain: %s\n", err);
-        return EXIT_USAGE;
-    }
-    if (o.action == ST_CLI_HELP) {
+        status = EXIT_USAGE;
+    } else if (o.action == ST_CLI_HELP) {
         st_cli_print_help(stdout);
-        return EXIT_SUCCESS;
-    }
-    if (o.action == ST_CLI_VERSION) {
+    } else if (o.action == ST_CLI_VERSION) {
         print_version();
-        return EXIT_SUCCESS;
-    }
-    /* Configuration errors found by the library (e.g. warmup longer than
-     * the run) are usage errors too. */
-    if (st_train_config_check(&o.train) != ST_OK) {
+    } else if (st_train_config_check(&o.train) != ST_OK) {
+        /* Configuration errors found by the library (e.g. warmup longer
+         * than the run) are usage errors too. */
         fprintf(stderr, "subtrain: %s\n", st_last_error());
-        return EXIT_USAGE;
+        status = EXIT_USAGE;
+    } else if (o.dump_config) {   /* checked: what it prints runs */
+        st_cli_config_dump(stdout, &o);
+        if (fflush(stdout) != 0 || ferror(stdout)) {
+            fprintf(stderr, "subtrain: --dump-config: writing the configuration failed\n");
+            status = EXIT_FAILURE;
+        }
+    } else {
+        status = o.action == ST_CLI_EVAL ? run_eval(&o) : run_train(&o);
     }
-    return o.action == ST_CLI_EVAL ? run_eval(&o) : run_train(&o);
+    st_cli_options_free(&o);
+    return status;
 }

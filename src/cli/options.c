@@ -1,4 +1,6 @@
-/* cli/options.c — getopt_long parsing with strict value checks. */
+/* cli/options.c — getopt_long parsing with strict value checks; the same
+ * checks for the options of a configuration file (--config), and each
+ * option's value printed back as the file would give it (--dump-config). */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -7,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+#include <subtrain/version.h>
 
 #include "cli/cli_util.h"
 #include "cli/options.h"
@@ -23,7 +28,7 @@ enum {
     OPT_CONTEXT, OPT_HEADS, OPT_HOLDOUT, OPT_VAL_BYTES, OPT_EPOCH_WINDOWS,
     OPT_SAMPLE, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K, OPT_CHECKPOINT, OPT_INIT,
     OPT_CHECKPOINT_EVERY, OPT_KEEP, OPT_RESUME, OPT_USR1, OPT_THREADS, OPT_TEAM_SPANS,
-    OPT_PRECISION, OPT_BF16_EMULATED, OPT_COMM_PRECISION,
+    OPT_PRECISION, OPT_BF16_EMULATED, OPT_COMM_PRECISION, OPT_CONFIG, OPT_DUMP_CONFIG,
 };
 
 static const struct option long_options[] = {
@@ -91,6 +96,8 @@ static const struct option long_options[] = {
     { "synth-noise", required_argument, NULL, OPT_SYNTH_NOISE },
     { "recovery-epochs", required_argument, NULL, OPT_RECOVERY_EPOCHS },
     { "quiet", no_argument, NULL, 'q' },
+    { "config", required_argument, NULL, OPT_CONFIG },
+    { "dump-config", no_argument, NULL, OPT_DUMP_CONFIG },
     { "help", no_argument, NULL, 'h' },
     { "version", no_argument, NULL, 'V' },
     { NULL, 0, NULL, 0 },
@@ -237,7 +244,8 @@ void st_cli_print_help(FILE *f)
 "  --report memory        every worker's peak memory by kind at the end\n"
 "  --report align[=N]     sdp: every N steps (default 50), the cosine between each\n"
 "                         worker's subnetwork gradient and the full model's on the\n"
-"                         same batch (in the epoch lines and --metrics)\n"
+"                         same batch (in the epoch lines and --metrics); both:\n"
+"                         --report memory,align\n"
 "  --progress auto|bar|plain|none   live bar on a terminal, one line per epoch\n"
 "                         otherwise (default auto)\n"
 "  --sample N             --model gpt: after training, print N bytes the trained\n"
@@ -247,6 +255,14 @@ void st_cli_print_help(FILE *f)
 "  --temperature X        sampling temperature, >= 0 (default 0.8; 0: greedy)\n"
 "  --top-k K              draw among the K likeliest bytes (default 40; 0: all)\n"
 "  -q, --quiet            print nothing but errors (and a --sample's text)\n"
+"Configuration:\n"
+"  --config FILE          read options from FILE first, one 'key = value' a line\n"
+"                         (key: a long option without its dashes; flags: true or\n"
+"                         false; '#' comments); the command line overrides it.\n"
+"                         FILE may be a metrics file: its first record's run\n"
+"                         configuration (doc/provenance.md)\n"
+"  --dump-config          print the resolved configuration in that form, every\n"
+"                         option, and exit without training\n"
 "  -h, --help             this text\n"
 "  -V, --version          version and library versions\n"
 "\n"
@@ -494,6 +510,45 @@ static int apply_synth_option(int c, const char *arg, st_cli_options *o, seen *s
     return fail(err, n, "internal: unhandled option %d", c);
 }
 
+/* One report of --report, or a comma-separated list of them (as
+ * --dump-config prints both: "memory,align=50"). */
+static int parse_report_one(const char *arg, st_cli_options *o, char *err, size_t n)
+{
+    st_train_config *t = &o->train;
+    if (strcmp(arg, "memory") == 0) {
+        o->report_memory = 1;
+        return 0;
+    }
+    if (strcmp(arg, "align") == 0) {
+        t->align_every = 50;
+        return 0;
+    }
+    if (strncmp(arg, "align=", 6) == 0) {
+        if (parse_u64("report align", arg + 6, 1000000000ull, &t->align_every, err, n))
+            return -1;
+        return t->align_every ? 0 : fail(err, n, "--report align=N: N must be >= 1");
+    }
+    return fail(err, n, "--report: unknown value '%s' (allowed: memory, align, align=N)", arg);
+}
+
+static int parse_report(const char *arg, st_cli_options *o, char *err, size_t n)
+{
+    char part[64];
+    for (const char *p = arg;; ) {
+        size_t len = strcspn(p, ",");
+        if (len >= sizeof part)
+            return fail(err, n, "--report: unknown value '%.*s' (allowed: memory, align, "
+                        "align=N)", (int)len, p);
+        memcpy(part, p, len);
+        part[len] = '\0';
+        if (parse_report_one(part, o, err, n))
+            return -1;
+        if (p[len] == '\0')
+            return 0;
+        p += len + 1;
+    }
+}
+
 static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epochs,
                         int *saw_steps, char *err, size_t n)
 {
@@ -651,26 +706,100 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         }
         return fail(err, n, "--eval-branch-scale: unknown value '%s' (allowed: none, "
                     "inverse-workers)", arg);
-    case OPT_REPORT:
-        if (strcmp(arg, "memory") == 0) {
-            o->report_memory = 1;
-            return 0;
-        }
-        if (strcmp(arg, "align") == 0) {
-            t->align_every = 50;
-            return 0;
-        }
-        if (strncmp(arg, "align=", 6) == 0) {
-            if (parse_u64("report align", arg + 6, 1000000000ull, &t->align_every, err, n))
-                return -1;
-            return t->align_every ? 0 : fail(err, n, "--report align=N: N must be >= 1");
-        }
-        return fail(err, n, "--report: unknown value '%s' (allowed: memory, align, align=N)", arg);
+    case OPT_REPORT: return parse_report(arg, o, err, n);
     case 'q': o->quiet = 1; return 0;
+    case OPT_CONFIG:
+        if (*arg == '\0')
+            return fail(err, n, "--config: expected a file name, got ''");
+        o->config_path = arg;
+        return 0;
+    case OPT_DUMP_CONFIG: o->dump_config = 1; return 0;
     case 'h': o->action = ST_CLI_HELP; return 0;
     case 'V': o->action = ST_CLI_VERSION; return 0;
     }
     return fail(err, n, "internal: unhandled option %d", c);
+}
+
+/* One option, from the command line or a configuration file: what was
+ * given explicitly (for the checks after parsing), then its value. */
+static int apply_one(int c, const char *arg, st_cli_options *o, seen *saw, int *data_given,
+                     char *err, size_t n)
+{
+    saw->model |= c == OPT_MODEL;
+    *data_given |= c == OPT_DATA;
+    saw->depth |= c == OPT_DEPTH;
+    saw->width |= c == OPT_WIDTH;
+    saw->activation |= c == OPT_ACTIVATION;
+    saw->context |= c == OPT_CONTEXT;
+    saw->heads |= c == OPT_HEADS;
+    saw->neuron_group |= c == OPT_NEURON_GROUP;
+    if (c == OPT_HOLDOUT || c == OPT_VAL_BYTES || c == OPT_EPOCH_WINDOWS)
+        saw->text_option = c == OPT_HOLDOUT ? "--holdout"
+                         : c == OPT_VAL_BYTES ? "--val-bytes" : "--epoch-windows";
+    if (c == OPT_PROMPT || c == OPT_TEMPERATURE || c == OPT_TOP_K)
+        saw->sample_option = c == OPT_PROMPT ? "--prompt"
+                           : c == OPT_TEMPERATURE ? "--temperature" : "--top-k";
+    if (c >= OPT_SEGMENTS && c <= OPT_RECOVERY_EPOCHS)
+        return apply_synth_option(c, arg, o, saw, err, n);
+    return apply_option(c, arg, o, &saw->epochs, &saw->steps, err, n);
+}
+
+/* An option of the command line, kept for after the configuration file. */
+typedef struct given {
+    int c;
+    const char *arg;
+} given;
+
+static const struct option *option_named(const char *key)
+{
+    for (const struct option *p = long_options; p->name; p++)
+        if (strcmp(p->name, key) == 0)
+            return p;
+    return NULL;
+}
+
+/* The options that do something rather than configure the run. */
+static int is_action(int c)
+{
+    return c == 'h' || c == 'V' || c == OPT_CONFIG || c == OPT_DUMP_CONFIG;
+}
+
+/* The configuration file's entries, each with the checks of its option on
+ * the command line and the message prefixed with FILE:LINE. */
+static int apply_config(st_cli_options *o, seen *saw, int *data_given, char *err, size_t n)
+{
+    const st_cli_config_file *cf = &o->config;
+    for (int k = 0; k < cf->n; k++) {
+        const st_cli_config_entry *e = &cf->entries[k];
+        const struct option *opt = option_named(e->key);
+        if (!opt)
+            return fail(err, n, "%s:%d: unknown key '%s' (keys are the long options of "
+                        "subtrain train without their dashes; see subtrain --help)", cf->path,
+                        e->line, e->key);
+        if (is_action(opt->val))
+            return fail(err, n, "%s:%d: '%s' is not a configuration key: give --%s on the "
+                        "command line", cf->path, e->line, e->key, e->key);
+        if (*e->value == '\0')   /* the default */
+            continue;
+        const char *arg = e->value;
+        if (opt->has_arg == no_argument) {
+            if (strcmp(e->value, "false") == 0)
+                continue;
+            if (strcmp(e->value, "true") != 0)
+                return fail(err, n, "%s:%d: --%s: expected true or false, got '%s'", cf->path,
+                            e->line, e->key, e->value);
+            arg = NULL;
+        }
+        char msg[512];
+        if (apply_one(opt->val, arg, o, saw, data_given, msg, sizeof msg))
+            return fail(err, n, "%s:%d: %s", cf->path, e->line, msg);
+    }
+    return 0;
+}
+
+void st_cli_options_free(st_cli_options *o)
+{
+    st_cli_config_free(&o->config);
 }
 
 int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
@@ -697,39 +826,68 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         argv++;
     }
     seen saw = { 0 };
+    /* The command line first read whole (getopt's checks: unknown options,
+     * missing values), applied after the file's options so that it wins
+     * wherever --config stands. */
+    given *cmd = malloc(sizeof *cmd * (size_t)(argc > 0 ? argc : 1));
+    if (!cmd)
+        return fail(err, n, "out of memory for the command line");
+    int n_cmd = 0;
     st_cli_getopt_start();
     for (;;) {
         int c = st_cli_next_option(argc, argv, ":qhV", long_options, "subtrain", err, n);
         if (c == -1)
             break;
-        if (c == ST_CLI_REJECTED)
+        if (c == ST_CLI_REJECTED) {
+            free(cmd);
             return -1;
-        saw.model |= c == OPT_MODEL;
-        data_given |= c == OPT_DATA;
-        saw.depth |= c == OPT_DEPTH;
-        saw.width |= c == OPT_WIDTH;
-        saw.activation |= c == OPT_ACTIVATION;
-        saw.context |= c == OPT_CONTEXT;
-        saw.heads |= c == OPT_HEADS;
-        saw.neuron_group |= c == OPT_NEURON_GROUP;
-        if (c == OPT_HOLDOUT || c == OPT_VAL_BYTES || c == OPT_EPOCH_WINDOWS)
-            saw.text_option = c == OPT_HOLDOUT ? "--holdout"
-                            : c == OPT_VAL_BYTES ? "--val-bytes" : "--epoch-windows";
-        if (c == OPT_PROMPT || c == OPT_TEMPERATURE || c == OPT_TOP_K)
-            saw.sample_option = c == OPT_PROMPT ? "--prompt"
-                              : c == OPT_TEMPERATURE ? "--temperature" : "--top-k";
-        if (c >= OPT_SEGMENTS && c <= OPT_RECOVERY_EPOCHS) {
-            if (apply_synth_option(c, optarg, o, &saw, err, n))
-                return -1;
-        } else if (apply_option(c, optarg, o, &saw.epochs, &saw.steps, err, n)) {
+        }
+        cmd[n_cmd++] = (given){ c, optarg };
+        if (c == OPT_CONFIG && apply_one(c, optarg, o, &saw, &data_given, err, n)) {
+            free(cmd);
             return -1;
         }
     }
-    if (optind < argc)
+    if (optind < argc) {
+        free(cmd);
         return fail(err, n, "unexpected argument '%s' (usage: subtrain [train] [OPTION]...)",
                     argv[optind]);
+    }
+    int file_epochs = 0, file_steps = 0;
+    if (o->config_path) {
+        if (st_cli_config_read(o->config_path, &o->config, err, n) ||
+            apply_config(o, &saw, &data_given, err, n)) {
+            free(cmd);
+            return -1;
+        }
+        file_epochs = saw.epochs;
+        file_steps = saw.steps;
+        saw.epochs = saw.steps = 0;
+    }
+    for (int k = 0; k < n_cmd; k++)
+        if (cmd[k].c != OPT_CONFIG && apply_one(cmd[k].c, cmd[k].arg, o, &saw, &data_given,
+                                                err, n)) {
+            free(cmd);
+            return -1;
+        }
+    free(cmd);
+    /* --epochs and --steps say the same thing two ways: the command line's
+     * replaces the file's, whichever it is */
+    if (saw.epochs && !saw.steps && file_steps)
+        o->train.steps = 0;
+    else if (!(saw.steps && !saw.epochs && file_epochs)) {
+        saw.epochs |= file_epochs;
+        saw.steps |= file_steps;
+    }
     if (!data_given && parse_data("SUBTRAIN_DATA", o->data, &o->data_spec, err, n))
         return -1;
+    if (o->config_path && o->metrics_path) {
+        struct stat a, b;
+        if (stat(o->config_path, &a) == 0 && stat(o->metrics_path, &b) == 0 &&
+            a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+            return fail(err, n, "--metrics %s is the file --config reads: name another metrics "
+                        "file (this run would overwrite the record it repeats)", o->metrics_path);
+    }
     if (saw.epochs && saw.steps)
         return fail(err, n, "--epochs and --steps cannot be used together: give one");
     if (saw.steps)
@@ -842,4 +1000,169 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         o->slurm_cpus = (int)cpus;
     }
     return 0;
+}
+
+/* ------------------------------------------------------------ printing back */
+
+/* The shortest of %.6g .. %.9g that reads back (strtod, then float, as
+ * parse_float does) as the same float: "0.001", not "0.00100000005". */
+static void float_text(float x, char *v, size_t n)
+{
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(v, n, "%.*g", digits, (double)x);
+        if ((float)strtod(v, NULL) == x)
+            return;
+    }
+}
+
+static void flag_text(int on, char *v, size_t n)
+{
+    snprintf(v, n, "%s", on ? "true" : "false");
+}
+
+/* The option's value as the command line would give it, or "" for its
+ * default where that is not a value of its own (derived from other
+ * options or from the data: --hidden, --warmup, --branch-scale, ...), for
+ * nothing given (--metrics, --checkpoint, ...), or where the option does
+ * not apply (--context without gpt, synth's options without synth):
+ * giving them there is an error. */
+static void option_value(int c, const st_cli_options *o, char *v, size_t n)
+{
+    const st_train_config *t = &o->train;
+    const st_model_config *m = &t->model;
+    const int gpt = m->kind == ST_MODEL_GPT, text = o->data_spec.kind == ST_CLI_DATA_TEXT;
+    const int synth = t->strategy == ST_STRATEGY_SYNTH, sample = o->sample > 0;
+    static const char *const progress[] = { "auto", "bar", "plain", "none" };
+    v[0] = '\0';
+    switch (c) {
+    case OPT_DATA: snprintf(v, n, "%s", o->data); break;
+    case OPT_AUGMENT_CROP: snprintf(v, n, "%u", o->augment.crop); break;
+    case OPT_AUGMENT_FLIP: flag_text(o->augment.flip, v, n); break;
+    case OPT_CONTEXT: if (gpt) snprintf(v, n, "%d", m->context); break;
+    case OPT_HEADS: if (gpt) snprintf(v, n, "%d", m->heads); break;
+    case OPT_HOLDOUT: if (text) float_text(o->holdout, v, n); break;
+    case OPT_VAL_BYTES: if (text) snprintf(v, n, "%llu", (unsigned long long)o->val_bytes); break;
+    case OPT_EPOCH_WINDOWS:
+        if (text && o->epoch_windows)
+            snprintf(v, n, "%llu", (unsigned long long)o->epoch_windows);
+        break;
+    case OPT_SAMPLE: snprintf(v, n, "%llu", (unsigned long long)o->sample); break;
+    case OPT_CHECKPOINT: snprintf(v, n, "%s", o->checkpoint_dir ? o->checkpoint_dir : ""); break;
+    case OPT_INIT: snprintf(v, n, "%s", o->init_path ? o->init_path : ""); break;
+    case OPT_CHECKPOINT_EVERY:
+        if (t->checkpoint.every_epoch)
+            snprintf(v, n, "epoch");
+        else if (t->checkpoint.every)
+            snprintf(v, n, "%llu", (unsigned long long)t->checkpoint.every);
+        break;
+    case OPT_KEEP: snprintf(v, n, "%d", t->checkpoint.keep); break;
+    case OPT_RESUME: snprintf(v, n, "%s", o->resume_path ? o->resume_path : ""); break;
+    case OPT_USR1: snprintf(v, n, "%s", o->usr1_checkpoint ? "checkpoint" : "stop"); break;
+    case OPT_PROMPT: if (sample) snprintf(v, n, "%s", o->prompt); break;
+    case OPT_TEMPERATURE: if (sample) float_text(o->temperature, v, n); break;
+    case OPT_TOP_K: if (sample) snprintf(v, n, "%d", o->top_k); break;
+    case OPT_MODEL: snprintf(v, n, "%s", st_model_kind_name(m->kind)); break;
+    case OPT_DEPTH: snprintf(v, n, "%d", m->depth); break;
+    case OPT_WIDTH: snprintf(v, n, "%d", m->width); break;
+    case OPT_HIDDEN: if (m->hidden) snprintf(v, n, "%d", m->hidden); break;
+    case OPT_ACTIVATION: snprintf(v, n, "%s", st_activation_name(m->activation)); break;
+    case OPT_PRECISION: snprintf(v, n, "%s", st_precision_name(m->precision)); break;
+    case OPT_BF16_EMULATED: flag_text(t->bf16_emulated, v, n); break;
+    case OPT_EPOCHS: if (!t->steps) snprintf(v, n, "%d", t->epochs); break;
+    case OPT_STEPS: if (t->steps) snprintf(v, n, "%llu", (unsigned long long)t->steps); break;
+    case OPT_BATCH: snprintf(v, n, "%d", t->batch); break;
+    case OPT_OPTIMIZER: snprintf(v, n, "%s", st_optimizer_name(t->optim.kind)); break;
+    case OPT_LR: float_text(t->optim.lr, v, n); break;
+    case OPT_MOMENTUM: float_text(t->optim.momentum, v, n); break;
+    case OPT_WEIGHT_DECAY: float_text(t->optim.weight_decay, v, n); break;
+    case OPT_SCHEDULE: snprintf(v, n, "%s", st_schedule_name(t->schedule)); break;
+    case OPT_WARMUP:
+        if (t->warmup_steps != ST_WARMUP_AUTO)
+            snprintf(v, n, "%llu", (unsigned long long)t->warmup_steps);
+        break;
+    case OPT_SEED: snprintf(v, n, "%llu", (unsigned long long)t->seed); break;
+    case OPT_METRICS: snprintf(v, n, "%s", o->metrics_path ? o->metrics_path : ""); break;
+    case OPT_PROGRESS: snprintf(v, n, "%s", progress[o->progress]); break;
+    case OPT_STRATEGY: snprintf(v, n, "%s", st_strategy_name(t->strategy)); break;
+    case OPT_WORKERS:
+        if (t->workers)
+            snprintf(v, n, "%d", t->workers);
+        else
+            snprintf(v, n, "cores");
+        break;
+    case OPT_TOPOLOGY: break;   /* training refuses it: 'subtrain topo' takes it */
+    case OPT_CPUSET: snprintf(v, n, "%s", t->cpuset ? t->cpuset : ""); break;
+    case OPT_OVERSUBSCRIBE: flag_text(t->oversubscribe, v, n); break;
+    case OPT_THREADS:
+        snprintf(v, n, "%d", t->threads_per_worker > 1 ? t->threads_per_worker : 1);
+        break;
+    case OPT_TEAM_SPANS: flag_text(t->team_spans, v, n); break;
+    case OPT_COMM_PRECISION: snprintf(v, n, "%s", st_precision_name(t->comm_precision)); break;
+    case OPT_SUBNET: snprintf(v, n, "%s", st_subnet_kind_name(t->subnet)); break;
+    case OPT_MASKING: snprintf(v, n, "%s", st_masking_name(t->masking)); break;
+    case OPT_NEURON_GROUP: snprintf(v, n, "%d", t->neuron_group); break;
+    case OPT_COVERAGE: float_text((float)t->coverage, v, n); break;
+    case OPT_RESAMPLE: snprintf(v, n, "%llu", (unsigned long long)t->resample); break;
+    case OPT_BRANCH_SCALE:
+        if (t->scale_branches >= 0)
+            snprintf(v, n, "%s", t->scale_branches ? "inverse-coverage" : "none");
+        break;
+    case OPT_BN_CALIBRATION: snprintf(v, n, "%d", t->bn_calibration); break;
+    case OPT_REPORT:
+        if (o->report_memory && t->align_every)
+            snprintf(v, n, "memory,align=%llu", (unsigned long long)t->align_every);
+        else if (o->report_memory)
+            snprintf(v, n, "memory");
+        else if (t->align_every)
+            snprintf(v, n, "align=%llu", (unsigned long long)t->align_every);
+        break;
+    case OPT_LOCAL_STEPS: snprintf(v, n, "%llu", (unsigned long long)t->local_steps); break;
+    case OPT_EVAL_BRANCH_SCALE:
+        snprintf(v, n, "%s", t->ist_eval_scale ? "inverse-workers" : "none");
+        break;
+    case OPT_TRAIN_SCALE:
+        if (t->ist_train_scale >= 0)
+            snprintf(v, n, "%s", t->ist_train_scale ? "inverse-workers" : "none");
+        break;
+    case OPT_OPTIMIZER_STATE: snprintf(v, n, "%s", t->ist_keep_state ? "keep" : "reset"); break;
+    case OPT_SEGMENTS: if (synth) snprintf(v, n, "%d", t->synth.segments); break;
+    case OPT_CUTS:
+        for (int k = 0; synth && k + 1 < t->synth.segments && t->synth.cuts[k]; k++)
+            snprintf(v + strlen(v), n - strlen(v), "%s%d", k ? "," : "", t->synth.cuts[k]);
+        break;
+    case OPT_SYNTH_LABELS:
+        if (synth)
+            snprintf(v, n, "%s", st_synth_labels_name(t->synth.labels));
+        break;
+    case OPT_SYNTH_SCALE: if (synth) float_text(t->synth.scale, v, n); break;
+    case OPT_SYNTH_NOISE: if (synth) float_text(t->synth.noise, v, n); break;
+    case OPT_RECOVERY_EPOCHS: if (synth) snprintf(v, n, "%d", t->synth.recovery_epochs); break;
+    case 'q': flag_text(o->quiet, v, n); break;
+    }
+}
+
+void st_cli_config_each(const st_cli_options *o,
+                        void (*emit)(const char *key, const char *value, void *user), void *user)
+{
+    char value[2 * ST_CLI_DATA_PATH_MAX], quoted[4 * ST_CLI_DATA_PATH_MAX + 8];
+    for (const struct option *p = long_options; p->name; p++) {
+        if (is_action(p->val))
+            continue;
+        option_value(p->val, o, value, sizeof value);
+        st_cli_config_quote(value, quoted, sizeof quoted);
+        emit(p->name, quoted, user);
+    }
+}
+
+static void dump_line(const char *key, const char *value, void *user)
+{
+    fprintf((FILE *)user, *value ? "%s = %s\n" : "%s =\n", key, value);
+}
+
+void st_cli_config_dump(FILE *f, const st_cli_options *o)
+{
+    fprintf(f, "# subtrain %s: the resolved configuration; 'subtrain --config FILE' repeats "
+            "the run.\n# An empty value: the option's default (derived from the others or the "
+            "data), or it does not apply.\n", SUBTRAIN_VERSION);
+    st_cli_config_each(o, dump_line, f);
 }

@@ -9,6 +9,8 @@
 
 #include <subtrain/train.h>
 
+#include "cli/config_file.h"
+
 typedef enum st_progress_mode {
     ST_PROGRESS_AUTO, ST_PROGRESS_BAR, ST_PROGRESS_PLAIN, ST_PROGRESS_NONE
 } st_progress_mode;
@@ -58,10 +60,28 @@ typedef struct st_cli_options {
     const char *prompt;        /* --prompt: what they continue ("": a newline) */
     float temperature;         /* --temperature: 0 is greedy */
     int top_k;                 /* --top-k: 0 keeps all 256 bytes */
+    const char *config_path;   /* --config: options read from it first */
+    st_cli_config_file config; /* its entries (o's strings may point into it) */
+    int dump_config;           /* --dump-config: print the configuration, exit */
 } st_cli_options;
 
-/* Returns 0, or -1 with a message (without the program name) in err. */
+/* Returns 0, or -1 with a message (without the program name) in err.
+ * With --config FILE the file's options are applied first, then the
+ * command line's, whatever their order: the command line wins. */
 int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t err_len);
+/* What st_cli_parse allocated (the configuration file). */
+void st_cli_options_free(st_cli_options *o);
+
+/* The resolved configuration, every option of `subtrain train` but the
+ * actions (--help, --version, --config, --dump-config), in the option
+ * table's order: calls emit(key, value) with the value as a configuration
+ * line carries it (st_cli_config_quote; "": the option's default, which
+ * depends on the others or on the data, or the option does not apply). */
+void st_cli_config_each(const st_cli_options *o,
+                        void (*emit)(const char *key, const char *value, void *user),
+                        void *user);
+/* --dump-config: the same as `key = value` lines, a comment first. */
+void st_cli_config_dump(FILE *f, const st_cli_options *o);
 
 void st_cli_print_help(FILE *f);
 

@@ -1,9 +1,11 @@
 /* cli/progress.c — progress bar, per-epoch lines, metrics records. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
 #include "cli/progress.h"
+#include "cli/provenance.h"
 
 #define BAR_WIDTH 24
 
@@ -53,11 +55,24 @@ void st_progress_on_step(const st_step_info *info, void *user)
     p->bar_visible = 1;
 }
 
+/* sdp: the coverage that runs, k of N workers holding each unit, and the
+ * C asked for when that differs (doc/sdp.md). */
+static void print_coverage(const st_epoch_record *rec, const char *before)
+{
+    const double k = rec->coverage_holders, n = rec->workers > 0 ? rec->workers : 1;
+    printf("%scoverage %d/%d = %g", before, rec->coverage_holders, rec->workers, k / n);
+    if (fabs(k / n - rec->coverage) > 1e-6)
+        printf(" (requested %g)", rec->coverage);
+}
+
 /* --report memory: the record's per-worker array lives only during the
  * callback, so the table is printed from here. */
 static void print_memory_table(const st_epoch_record *rec)
 {
-    printf("peak memory by worker (MiB):\n%6s %9s %9s %9s %9s %9s %9s %9s\n", "worker",
+    printf("peak memory by worker (MiB)");
+    if (rec->coverage_holders)
+        print_coverage(rec, ", sdp ");
+    printf(":\n%6s %9s %9s %9s %9s %9s %9s %9s\n", "worker",
            "total", "weights", "gradients", "optimizer", "activs", "workspace", "attention");
     for (int w = 0; w < (rec->workers_per_rank > 0 ? rec->workers_per_rank : rec->workers); w++) {
         const st_mem_stats *m = &rec->worker_memory[w];
@@ -68,11 +83,23 @@ static void print_memory_table(const st_epoch_record *rec)
     }
 }
 
+/* A metrics record; the run's first one begins with its provenance. */
+static int write_record(st_progress *p, const st_epoch_record *rec)
+{
+    if (!p->provenance || p->run_written)
+        return st_metrics_write(p->metrics, rec);
+    p->run_written = 1;
+    fputc('{', p->metrics);
+    st_cli_provenance_write(p->metrics, p->provenance, rec);
+    fputc(',', p->metrics);
+    return st_metrics_write_members(p->metrics, rec);
+}
+
 void st_progress_on_epoch(const st_epoch_record *rec, void *user)
 {
     st_progress *p = user;
     clear_bar(p);
-    if (p->metrics && !p->metrics_failed && st_metrics_write(p->metrics, rec) != 0)
+    if (p->metrics && !p->metrics_failed && write_record(p, rec) != 0)
         p->metrics_failed = 1;
     if (rec->final && p->report_memory && rec->worker_memory)
         print_memory_table(rec);
@@ -86,8 +113,11 @@ void st_progress_on_epoch(const st_epoch_record *rec, void *user)
         printf("train_loss %.4f  ", rec->train_loss);
     printf("test_loss %.4f  test_acc %.4f  %.0f samples/s  wall %.1fs", rec->test_loss,
            rec->test_acc, rec->samples_per_s, rec->wall_s);
-    if (rec->align_measured)
+    if (rec->align_measured) {
         printf("  grad_alignment %.4f (min %.4f)", rec->align_mean, rec->align_min);
+        if (rec->coverage_holders)
+            print_coverage(rec, " at ");
+    }
     if (rec->n_segments && rec->recovery)
         printf("  (recovery)");
     if (segments) {

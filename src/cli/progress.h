@@ -18,6 +18,11 @@ typedef struct st_progress {
     int metrics_failed;  /* a write failed: reported once at the end */
     int quiet;           /* no warnings either */
     int report_memory;   /* print every worker's memory with the final record */
+    /* what made the run: written as "run" with the first record (NULL:
+     * none); a resumed run's first record in the file it appends to says
+     * it again */
+    const struct st_cli_provenance *provenance;
+    int run_written;
 } st_progress;
 
 void st_progress_on_step(const st_step_info *info, void *user);

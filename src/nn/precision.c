@@ -52,6 +52,11 @@ static int bf16_matmul_exists(void)
     return ok;
 }
 
+const char *st_cpu_isa_name(void)
+{
+    return isa_name(dnnl_get_effective_cpu_isa());
+}
+
 st_bf16_support st_bf16_probe(const char **isa)
 {
     const dnnl_cpu_isa_t have = dnnl_get_effective_cpu_isa();

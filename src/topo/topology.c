@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #include "core/error.h"
@@ -228,4 +229,43 @@ const char *st_topology_binding_env_warning(void)
              "with hwloc (one PU per worker) and ignores %s", names, n == 1 ? "is" : "are",
              n == 1 ? "it" : "them");
     return msg;
+}
+
+/* ------------------------------------------------------------ the CPU model */
+
+/* /proc/cpuinfo's first "model name" (x86) or "Model name"/"cpu model"
+ * (others), read once: the machine does not change under a process. */
+static pthread_once_t cpuinfo_once = PTHREAD_ONCE_INIT;
+static char cpuinfo_model[256];
+
+static void read_cpuinfo_model(void)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        const char *colon = strchr(line, ':');
+        if (!colon || (strncasecmp(line, "model name", 10) != 0 &&
+                       strncmp(line, "cpu model", 9) != 0))
+            continue;
+        const char *v = colon + 1;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        snprintf(cpuinfo_model, sizeof cpuinfo_model, "%s", v);
+        cpuinfo_model[strcspn(cpuinfo_model, "\n")] = '\0';
+        break;
+    }
+    if (f)
+        fclose(f);
+}
+
+const char *st_topology_cpu_model(const st_topology *t)
+{
+    hwloc_obj_t pkg = hwloc_get_obj_by_type(t->hw, HWLOC_OBJ_PACKAGE, 0);
+    const char *m = pkg ? hwloc_obj_get_info_by_name(pkg, "CPUModel") : NULL;
+    if (m && *m)
+        return m;
+    if (!t->this_machine)   /* a described machine says it or nobody does */
+        return NULL;
+    pthread_once(&cpuinfo_once, read_cpuinfo_model);
+    return cpuinfo_model[0] ? cpuinfo_model : NULL;
 }

@@ -6,18 +6,23 @@
  * ("segments" or "recovery"), segment_workers, cuts, and segment_loss in
  * the segment epochs}.  Language models add "text": {train_bpb, test_bpb
  * (the losses, per byte, in bits), tokens_per_s, context}; their
- * test_acc is the next byte's. */
+ * test_acc is the next byte's.  sdp runs add "coverage": {requested (C),
+ * holders (k), workers (N), effective (k / N)}. */
 #include <math.h>
 
 #include <subtrain/train.h>
 
 int st_metrics_write(FILE *f, const st_epoch_record *r)
 {
+    fputc('{', f);
+    return st_metrics_write_members(f, r);
+}
+
+int st_metrics_write_members(FILE *f, const st_epoch_record *r)
+{
     const st_mem_stats *m = &r->memory;
     if (r->interrupted)   /* only then: other records stay as they were */
-        fprintf(f, "{\"interrupted\":true,");
-    else
-        fputc('{', f);
+        fprintf(f, "\"interrupted\":true,");
     fprintf(f, "\"epoch\":%d,\"step\":%llu,\"final\":%s,\"train_loss\":%.6f,"
                "\"test_loss\":%.6f,\"test_acc\":%.4f,\"samples_per_s\":%.1f,"
                "\"wall_s\":%.3f,\"lr\":%.6g,\"workers\":%d,\"ranks\":%d,"
@@ -38,6 +43,10 @@ int st_metrics_write(FILE *f, const st_epoch_record *r)
     if (r->align_measured)
         fprintf(f, "},\"grad_alignment\":{\"mean\":%.6f,\"min\":%.6f,\"measurements\":%d",
                 r->align_mean, r->align_min, r->align_measured);
+    if (r->coverage_holders)   /* sdp: the coverage asked for and the k / N that runs */
+        fprintf(f, "},\"coverage\":{\"requested\":%.6g,\"holders\":%d,\"workers\":%d,"
+                   "\"effective\":%.6g", r->coverage, r->coverage_holders, r->workers,
+                (double)r->coverage_holders / (double)(r->workers > 0 ? r->workers : 1));
     if (r->n_segments) {
         /* left open like the others: the next "}," closes it */
         fprintf(f, "},\"synth\":{\"phase\":\"%s\",\"segment_workers\":[",

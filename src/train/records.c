@@ -35,6 +35,7 @@ void st_run_fill_record(run_shared *r, st_epoch_record *rec, uint64_t steps_in_e
     for (int k = 0; k < r->n; k++)
         r->memory[k] = r->slots[k].memory;
     rec->worker_memory = r->memory;
+    rec->placement = &r->placement;
     rec->align_measured = 0;
     rec->align_mean = 0.0;
     rec->align_min = 0.0;

@@ -281,6 +281,8 @@ static st_comm_bytes sdp_bytes(const run_shared *r, const void *state, int wid)
 static void sdp_record(const run_shared *r, void *state, st_epoch_record *rec)
 {
     const sdp_run *s = state;
+    rec->coverage_holders = s->sn.k;
+    rec->coverage = r->cfg->coverage;
     double sum = s->align_sum, least = s->align_min;
     int count = s->align_count;
     if (r->ranks > 1 && r->align_all) {

@@ -732,6 +732,7 @@ static void fill_record(run_shared *r, st_epoch_record *rec)
     rec->step_ms_optimizer = sum.optimizer * 1e3 / r->n;
     rec->memory = r->slots[worst].memory;
     rec->worker_memory = r->memory;
+    rec->placement = &r->placement;
     rec->workers = r->n_all;
     rec->ranks = r->ranks;
     rec->workers_per_rank = r->n;

@@ -16,6 +16,7 @@
  * at a time.
  */
 #define _GNU_SOURCE /* pthread_{get,set}affinity_np */
+#include <math.h>
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
@@ -163,6 +164,20 @@ void st_loop_report_warnings(run_shared *r)
         return;
     if (r->placement.warning[0])
         cb->on_warning(r->placement.warning, cb->user);
+    /* sdp: k = max(1, round(C x N)) holders per unit, so the coverage
+     * that runs is k / N; say so when that is not the C asked for (C = 0.3
+     * with 4 workers runs 1/4) rather than let the banner's C stand */
+    const st_train_config *c = r->cfg;
+    if (c->strategy == ST_STRATEGY_SDP) {
+        const int k = st_subnet_holders_per_unit(r->n_all, c->coverage);
+        if (fabs((double)k / r->n_all - c->coverage) > 1e-6) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "--coverage %g with %d workers: each unit is held by k = "
+                     "max(1, round(C x N)) = %d worker%s, so the coverage is %d/%d = %g", c->coverage,
+                     r->n_all, k, k == 1 ? "" : "s", k, r->n_all, (double)k / r->n_all);
+            cb->on_warning(msg, cb->user);
+        }
+    }
     const char *isa;
     if (r->cfg->model.precision == ST_PRECISION_BF16 && st_bf16_probe(&isa) == ST_BF16_EMULATED) {
         char msg[160];

@@ -1,0 +1,457 @@
+/*
+ * cli/config_file.c — reading a configuration file (or a metrics file's
+ * "run" record) into key-value entries, and the quoting both directions
+ * share.  The entries' strings live in the file's text, cut in place, for
+ * as long as the options that point into them.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/config_file.h"
+
+/* Enough for any configuration by far; a metrics file is read up to the
+ * end of its first line, which must fit too. */
+#define CONFIG_MAX_BYTES (1u << 20)
+
+static int fail(char *err, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int is_blank(char c)
+{
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v';
+}
+
+/* ------------------------------------------------------------ quoting */
+
+static int needs_quotes(const char *v)
+{
+    size_t len = strlen(v);
+    if (len == 0)
+        return 0;
+    if (is_blank(v[0]) || is_blank(v[len - 1]) || v[0] == '"')
+        return 1;
+    for (const unsigned char *p = (const unsigned char *)v; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return 1;
+    return 0;
+}
+
+int st_cli_config_quote(const char *value, char *out, size_t n)
+{
+    if (!needs_quotes(value)) {
+        int w = snprintf(out, n, "%s", value);
+        return w >= 0 && (size_t)w < n ? 0 : -1;
+    }
+    size_t k = 0;
+    int ok = 1;
+#define PUT(c) do { if (k + 1 < n) out[k++] = (char)(c); else ok = 0; } while (0)
+    PUT('"');
+    for (const unsigned char *p = (const unsigned char *)value; *p; p++) {
+        switch (*p) {
+        case '"': PUT('\\'); PUT('"'); break;
+        case '\\': PUT('\\'); PUT('\\'); break;
+        case '\n': PUT('\\'); PUT('n'); break;
+        case '\t': PUT('\\'); PUT('t'); break;
+        case '\r': PUT('\\'); PUT('r'); break;
+        default:
+            if (*p < 0x20 || *p == 0x7f) {
+                static const char hex[] = "0123456789abcdef";
+                PUT('\\'); PUT('x'); PUT(hex[*p >> 4]); PUT(hex[*p & 15]);
+            } else {
+                PUT(*p);
+            }
+        }
+    }
+    PUT('"');
+#undef PUT
+    out[k < n ? k : n - 1] = '\0';
+    return ok ? 0 : -1;
+}
+
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* s is a quoted value (s[0] == '"', nothing after its closing quote):
+ * unquoted in place.  0, or -1 when it is malformed. */
+static int unquote(char *s)
+{
+    size_t len = strlen(s);
+    if (len < 2 || s[len - 1] != '"')
+        return -1;
+    char *out = s;
+    for (size_t i = 1; i + 1 < len; i++) {
+        char c = s[i];
+        if (c == '"')
+            return -1;
+        if (c != '\\') {
+            *out++ = c;
+            continue;
+        }
+        if (++i + 1 >= len)
+            return -1;
+        switch (s[i]) {
+        case '"': *out++ = '"'; break;
+        case '\\': *out++ = '\\'; break;
+        case 'n': *out++ = '\n'; break;
+        case 't': *out++ = '\t'; break;
+        case 'r': *out++ = '\r'; break;
+        case 'x': {
+            int hi = i + 2 < len ? hex_digit(s[i + 1]) : -1;
+            int lo = hi >= 0 ? hex_digit(s[i + 2]) : -1;
+            if (lo < 0 || (hi == 0 && lo == 0))
+                return -1;
+            *out++ = (char)(hi * 16 + lo);
+            i += 2;
+            break;
+        }
+        default:
+            return -1;
+        }
+    }
+    *out = '\0';
+    return 0;
+}
+
+void st_cli_json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p < 0x20 || *p == 0x7f)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* ------------------------------------------------------------ reading */
+
+static int add_entry(st_cli_config_file *cf, int cap, const char *key, const char *value,
+                     int line, char *err, size_t n)
+{
+    for (int k = 0; k < cf->n; k++)
+        if (strcmp(cf->entries[k].key, key) == 0)
+            return fail(err, n, "%s:%d: '%s' is set twice (line %d sets it too)", cf->path, line,
+                        key, cf->entries[k].line);
+    if (cf->n == cap)
+        return fail(err, n, "%s:%d: too many entries", cf->path, line);
+    cf->entries[cf->n++] = (st_cli_config_entry){ key, value, line };
+    return 0;
+}
+
+/* key = value lines. */
+static int parse_text(st_cli_config_file *cf, char *err, size_t n)
+{
+    int cap = 1;
+    for (const char *p = cf->text; *p; p++)
+        cap += *p == '\n';
+    cf->entries = calloc((size_t)cap, sizeof *cf->entries);
+    if (!cf->entries)
+        return fail(err, n, "--config %s: out of memory", cf->path);
+    char *line = cf->text;
+    for (int no = 1; line; no++) {
+        char *next = strchr(line, '\n');
+        if (next)
+            *next++ = '\0';
+        char *s = line;
+        line = next;
+        while (is_blank(*s))
+            s++;
+        if (*s == '\0' || *s == '#')
+            continue;
+        char *eq = strchr(s, '=');
+        char *end = s + strlen(s);
+        while (end > s && is_blank(end[-1]))
+            *--end = '\0';
+        if (!eq)
+            return fail(err, n, "%s:%d: expected 'key = value', got '%s'", cf->path, no, s);
+        char *key_end = eq;
+        while (key_end > s && is_blank(key_end[-1]))
+            key_end--;
+        *key_end = '\0';
+        char *value = eq + 1;
+        while (is_blank(*value))
+            value++;
+        if (*s == '\0' || strpbrk(s, " \t"))
+            return fail(err, n, "%s:%d: expected 'key = value' with a key such as 'depth', "
+                        "got '%s' before '='", cf->path, no, s);
+        if (*value == '"' && unquote(value) != 0)
+            return fail(err, n, "%s:%d: %s: a quoted value ends at its closing '\"' and knows "
+                        "the escapes \\\\ \\\" \\n \\t \\r \\xHH", cf->path, no, s);
+        if (add_entry(cf, cap, s, value, no, err, n))
+            return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ a metrics file */
+
+static char *skip_ws(char *p)
+{
+    while (is_blank(*p))
+        p++;
+    return p;
+}
+
+/* A JSON string at *pp, unescaped in place (\uXXXX to UTF-8); its start,
+ * or NULL when malformed. */
+static char *json_string(char **pp)
+{
+    char *p = skip_ws(*pp);
+    if (*p != '"')
+        return NULL;
+    char *start = ++p, *out = p;
+    for (;;) {
+        char c = *p++;
+        if (c == '\0')
+            return NULL;
+        if (c == '"')
+            break;
+        if (c != '\\') {
+            *out++ = c;
+            continue;
+        }
+        c = *p++;
+        switch (c) {
+        case '"': case '\\': case '/': *out++ = c; break;
+        case 'b': *out++ = '\b'; break;
+        case 'f': *out++ = '\f'; break;
+        case 'n': *out++ = '\n'; break;
+        case 'r': *out++ = '\r'; break;
+        case 't': *out++ = '\t'; break;
+        case 'u': {
+            unsigned u = 0;
+            for (int k = 0; k < 4; k++) {
+                int d = hex_digit(p[k]);
+                if (d < 0)
+                    return NULL;
+                u = u * 16 + (unsigned)d;
+            }
+            p += 4;
+            if (u == 0 || (u >= 0xd800 && u < 0xe000))   /* no NUL, no surrogates */
+                return NULL;
+            if (u < 0x80) {
+                *out++ = (char)u;
+            } else if (u < 0x800) {
+                *out++ = (char)(0xc0 | (u >> 6));
+                *out++ = (char)(0x80 | (u & 0x3f));
+            } else {
+                *out++ = (char)(0xe0 | (u >> 12));
+                *out++ = (char)(0x80 | ((u >> 6) & 0x3f));
+                *out++ = (char)(0x80 | (u & 0x3f));
+            }
+            break;
+        }
+        default:
+            return NULL;
+        }
+    }
+    *out = '\0';
+    *pp = p;
+    return start;
+}
+
+/* Past one JSON value of any kind (strings unescaped in place, which
+ * nobody reads). */
+static int json_skip(char **pp)
+{
+    char *p = skip_ws(*pp);
+    if (*p == '"')
+        return json_string(pp) ? 0 : -1;
+    if (*p == '{' || *p == '[') {
+        const char close = *p == '{' ? '}' : ']';
+        p = skip_ws(p + 1);
+        if (*p == close) {
+            *pp = p + 1;
+            return 0;
+        }
+        for (;;) {
+            if (close == '}') {
+                if (!json_string(&p))
+                    return -1;
+                p = skip_ws(p);
+                if (*p++ != ':')
+                    return -1;
+            }
+            if (json_skip(&p))
+                return -1;
+            p = skip_ws(p);
+            if (*p == close) {
+                *pp = p + 1;
+                return 0;
+            }
+            if (*p++ != ',')
+                return -1;
+        }
+    }
+    /* a number, true, false, null */
+    char *start = p;
+    while (*p && !is_blank(*p) && *p != ',' && *p != '}' && *p != ']')
+        p++;
+    *pp = p;
+    return p > start ? 0 : -1;
+}
+
+/* Calls on_member for each member of the object at *pp (*pp then past
+ * it); 0, or -1 when it is not one.  on_member returns 1 when it read the
+ * value itself, 0 to skip it, -1 to stop. */
+static int json_object(char **pp, int (*on_member)(const char *key, char **pp, void *user),
+                       void *user)
+{
+    char *p = skip_ws(*pp);
+    if (*p++ != '{')
+        return -1;
+    p = skip_ws(p);
+    if (*p == '}') {
+        *pp = p + 1;
+        return 0;
+    }
+    for (;;) {
+        const char *key = json_string(&p);
+        if (!key)
+            return -1;
+        p = skip_ws(p);
+        if (*p++ != ':')
+            return -1;
+        int r = on_member(key, &p, user);
+        if (r < 0 || (r == 0 && json_skip(&p)))
+            return -1;
+        p = skip_ws(p);
+        if (*p == '}') {
+            *pp = p + 1;
+            return 0;
+        }
+        if (*p++ != ',')
+            return -1;
+    }
+}
+
+typedef struct metrics_read {
+    st_cli_config_file *cf;
+    int cap, found_run, found_config;
+    char *err;
+    size_t n;
+    int failed;     /* err holds the message */
+} metrics_read;
+
+static int config_member(const char *key, char **pp, void *user)
+{
+    metrics_read *m = user;
+    char *value = json_string(pp);
+    if (!value) {
+        m->failed = fail(m->err, m->n, "%s:1: \"run\".\"config\".\"%s\": expected a string "
+                         "(the value as --dump-config prints it)", m->cf->path, key);
+        return -1;
+    }
+    if (*value == '"' && unquote(value) != 0) {
+        m->failed = fail(m->err, m->n, "%s:1: %s: a quoted value ends at its closing '\"'",
+                         m->cf->path, key);
+        return -1;
+    }
+    if (add_entry(m->cf, m->cap, key, value, 1, m->err, m->n)) {
+        m->failed = 1;
+        return -1;
+    }
+    return 1;
+}
+
+static int run_member(const char *key, char **pp, void *user)
+{
+    metrics_read *m = user;
+    if (strcmp(key, "config") != 0)
+        return 0;
+    m->found_config = 1;
+    return json_object(pp, config_member, m) ? -1 : 1;
+}
+
+static int record_member(const char *key, char **pp, void *user)
+{
+    metrics_read *m = user;
+    if (strcmp(key, "run") != 0)
+        return 0;
+    m->found_run = 1;
+    return json_object(pp, run_member, m) ? -1 : 1;
+}
+
+static int parse_metrics(st_cli_config_file *cf, char *err, size_t n)
+{
+    char *nl = strchr(cf->text, '\n');
+    if (nl)
+        *nl = '\0';
+    int cap = 1;
+    for (const char *p = cf->text; *p; p++)
+        cap += *p == ',';
+    cf->entries = calloc((size_t)cap, sizeof *cf->entries);
+    if (!cf->entries)
+        return fail(err, n, "--config %s: out of memory", cf->path);
+    cf->from_metrics = 1;
+    metrics_read m = { cf, cap, 0, 0, err, n, 0 };
+    char *p = cf->text;
+    if (json_object(&p, record_member, &m) != 0 && !m.failed)
+        return fail(err, n, "%s:1: not a JSON record (a metrics file's first line is one)",
+                    cf->path);
+    if (m.failed)
+        return -1;
+    if (!m.found_run || !m.found_config)
+        return fail(err, n, "%s:1: the first record has no \"run\":{\"config\":...} (the "
+                    "metrics of a subtrain older than its provenance records?)", cf->path);
+    return 0;
+}
+
+int st_cli_config_read(const char *path, st_cli_config_file *cf, char *err, size_t n)
+{
+    memset(cf, 0, sizeof *cf);
+    cf->path = path;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return fail(err, n, "--config %s: cannot read it: %s", path, strerror(errno));
+    cf->text = malloc(CONFIG_MAX_BYTES + 1);
+    if (!cf->text) {
+        fclose(f);
+        return fail(err, n, "--config %s: out of memory", path);
+    }
+    size_t len = fread(cf->text, 1, CONFIG_MAX_BYTES + 1, f);
+    int read_error = ferror(f) ? errno : 0;
+    fclose(f);
+    if (read_error)
+        return fail(err, n, "--config %s: cannot read it: %s", path, strerror(read_error));
+    cf->text[len < CONFIG_MAX_BYTES ? len : CONFIG_MAX_BYTES] = '\0';
+    if (memchr(cf->text, '\0', len < CONFIG_MAX_BYTES ? len : CONFIG_MAX_BYTES))
+        return fail(err, n, "--config %s: a binary file, not a configuration", path);
+    const char *first = cf->text;
+    while (is_blank(*first))
+        first++;
+    if (*first == '{') {
+        if (len > CONFIG_MAX_BYTES && !strchr(cf->text, '\n'))
+            return fail(err, n, "%s:1: longer than %u bytes", path, CONFIG_MAX_BYTES);
+        return parse_metrics(cf, err, n);
+    }
+    if (len > CONFIG_MAX_BYTES)
+        return fail(err, n, "--config %s: larger than %u bytes", path, CONFIG_MAX_BYTES);
+    return parse_text(cf, err, n);
+}
+
+void st_cli_config_free(st_cli_config_file *cf)
+{
+    free(cf->text);
+    free(cf->entries);
+    memset(cf, 0, sizeof *cf);
+}
