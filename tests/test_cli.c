@@ -134,6 +134,32 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--topology synthetic:pack:2", "subtrain topo");
 }
 
+/* A count that must be >= 1 states [1, ...] for every bad value, 0 among
+ * them: the range printed for 'abc' is the one 0 is refused by. */
+Test(cli, the_stated_range_is_the_enforced_one)
+{
+    static const struct { const char *opts, *range; } c[] = {
+        { "--steps", "--steps: expected an integer in [1, 1000000000]" },
+        { "--strategy ist --local-steps", "--local-steps: expected an integer in [1, 1000000000]" },
+        { "--strategy sdp --report align=", "--report align=N: expected an integer in [1, "
+                                            "1000000000]" },
+        { "--model gpt --data text:/x --epoch-windows", "--epoch-windows: expected an integer "
+                                                       "in [1, 4294967295]" },
+        { "--checkpoint x --checkpoint-every", "--checkpoint-every: expected a number of steps "
+                                               "in [1, 1099511627776] or 'epoch'" },
+        { "--model gpt --data text:/x --holdout", "--holdout: expected a fraction in (0, 1)" },
+    };
+    static const char *const bad[] = { "abc", "-1", "1.5", "0", "99999999999999999999" };
+    for (size_t k = 0; k < sizeof c / sizeof *c; k++)
+        for (size_t b = 0; b < sizeof bad / sizeof *bad; b++) {
+            char args[256];
+            const char *o = c[k].opts;
+            snprintf(args, sizeof args, "%s%s%s", o, o[strlen(o) - 1] == '=' ? "" : " ", bad[b]);
+            expect_usage_error(args, c[k].range);
+        }
+    expect_usage_error("--model gpt --data text:/x --holdout 1", "expected a fraction in (0, 1)");
+}
+
 Test(cli, bad_data_and_augment_values_name_the_option)
 {
     expect_usage_error("--augment-crop -1", "--augment-crop: expected an integer in [0, 1024]");
