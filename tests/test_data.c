@@ -10,6 +10,7 @@
 #define _GNU_SOURCE   /* heapwatch.h: RTLD_NEXT */
 #include "testutil.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -618,6 +619,37 @@ Test(fashion, missing_test_files_free_the_train_set)
     st_dataset train, test;
     cr_assert_eq(st_fashion_mnist_load(tmpdir, &train, &test), ST_ERR_IO);
     cr_assert(strstr(st_last_error(), "t10k-images-idx3-ubyte"), "%s", st_last_error());
+    expect_dataset_empty(&train);
+    expect_dataset_empty(&test);
+}
+
+/* A file that is there but cannot be opened is named, .gz or not, with
+ * the reason; only a missing one gets the "install it" advice. */
+Test(fashion, unopenable_files_are_named_with_the_reason)
+{
+    char a[ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    write_fake_fashion(12, 7);
+    /* a symlink loop in place of the plain labels (no .gz of them) */
+    st_test_path(a, tmpdir, "t10k-labels-idx1-ubyte");
+    cr_assert_eq(unlink(a), 0);
+    cr_assert_eq(symlink("t10k-labels-idx1-ubyte", a), 0);
+    st_dataset train, test;
+    cr_assert_eq(st_fashion_mnist_load(tmpdir, &train, &test), ST_ERR_IO);
+    snprintf(b, sizeof b, "%s: cannot open: %s", a, strerror(ELOOP));
+    cr_assert_str_eq(st_last_error(), b);
+    /* a symbolic link to nothing */
+    cr_assert_eq(unlink(a), 0);
+    cr_assert_eq(symlink("gone", a), 0);
+    cr_assert_eq(st_fashion_mnist_load(tmpdir, &train, &test), ST_ERR_IO);
+    snprintf(b, sizeof b, "%s: cannot open: it is a symbolic link to 'gone', which does not "
+             "exist", a);
+    cr_assert_str_eq(st_last_error(), b);
+    /* --data through a regular file */
+    st_test_path(a, tmpdir, "t10k-images-idx3-ubyte");
+    cr_assert_eq(st_fashion_mnist_load(a, &train, &test), ST_ERR_IO);
+    snprintf(b, sizeof b, "%s: not a directory", a);
+    cr_assert_eq(strncmp(st_last_error(), b, strlen(b)), 0, "%s", st_last_error());
+    cr_assert_null(strstr(st_last_error(), "apt-get"), "%s", st_last_error());
     expect_dataset_empty(&train);
     expect_dataset_empty(&test);
 }
