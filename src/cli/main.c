@@ -577,6 +577,13 @@ static int run_train_rank(st_cli_options *o)
      * its first step, with its records, rather than losing them */
     usr1_checkpoints = o->usr1_checkpoint;
     install_stop_handlers();
+    /* Workers, a --cpuset or teams this machine cannot give are bad usage
+     * (exit 2, as for `subtrain topo`), and are said before the data loads. */
+    st_status placed = st_train_placement_check(&o->train);
+    if (placed != ST_OK) {
+        runtime_error("placement");
+        return placed == ST_ERR_INVALID ? EXIT_USAGE : EXIT_FAILURE;
+    }
     st_safetensors resume;
     memset(&resume, 0, sizeof resume);
     char resume_path[4096];
