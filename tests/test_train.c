@@ -358,6 +358,33 @@ Test(metrics, non_finite_numbers_are_null_and_every_line_parses)
     cr_assert_not(st_json_valid("{\"a\":1}{"));
 }
 
+/* Datasets handed to the library whose splits differ in shape: the
+ * message says which set and both shapes (the loaders, which know the
+ * files, refuse such splits first and name the file). */
+Test(train, splits_of_two_shapes_are_described)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    st_train_config c = small_config(ST_MODEL_MLP);
+    test.dim = 28;   /* as if its samples were 1x4x7 */
+    test.channels = 1;
+    test.height = 4;
+    test.width = 7;
+    st_epoch_record final;
+    cr_assert_eq(st_train_run(&c, &train, &test, NULL, &final), ST_ERR_INVALID);
+    cr_assert_str_eq(st_last_error(), "the test set's samples are 1x4x7 (28 features) but the "
+                     "training set's are 32x1x1 (32): both sets need one shape");
+    test.dim = 32;
+    test.channels = 32;
+    test.height = test.width = 1;
+    c.model.in_dim = 30;
+    cr_assert_eq(st_train_run(&c, &train, &test, NULL, &final), ST_ERR_INVALID);
+    cr_assert_str_eq(st_last_error(), "the model takes 30 inputs but the data's samples are "
+                     "32x1x1 (32 features)");
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
 /* ------------------------------------------------------------ data parallel */
 
 static st_train_config dp_config(int workers, int batch, uint64_t steps)

@@ -37,9 +37,19 @@
 st_status st_loop_check_data(const st_train_config *cfg, const st_dataset *train,
                              const st_dataset *test)
 {
-    if (train->dim != (uint32_t)cfg->model.in_dim || test->dim != train->dim)
-        return st_fail(ST_ERR_INVALID, "the model takes %d inputs but the data has %u (train) "
-                       "and %u (test) features", cfg->model.in_dim, train->dim, test->dim);
+    /* The datasets come from the caller, who knows their files (the
+     * loaders name them and refuse splits of two shapes); what is known
+     * here is which set differs, and its shape. */
+    if (test->dim != train->dim || test->channels != train->channels ||
+        test->height != train->height || test->width != train->width)
+        return st_fail(ST_ERR_INVALID, "the test set's samples are %ux%ux%u (%u features) but "
+                       "the training set's are %ux%ux%u (%u): both sets need one shape",
+                       test->channels, test->height, test->width, test->dim, train->channels,
+                       train->height, train->width, train->dim);
+    if (train->dim != (uint32_t)cfg->model.in_dim)
+        return st_fail(ST_ERR_INVALID, "the model takes %d inputs but the data's samples are "
+                       "%ux%ux%u (%u features)", cfg->model.in_dim, train->channels,
+                       train->height, train->width, train->dim);
     if (train->n_classes != (uint32_t)cfg->model.n_classes)
         return st_fail(ST_ERR_INVALID, "the model has %d classes but the data has %u",
                        cfg->model.n_classes, train->n_classes);
