@@ -71,8 +71,8 @@ static st_status check_size(const char *spec, const char *synthetic, const char 
 }
 
 /* hwloc loads another machine than this one when HWLOC_SYNTHETIC or
- * HWLOC_XMLFILE is set (HWLOC_COMPONENTS=synthetic or xml only picks
- * them): their descriptions are checked like a spec's. */
+ * HWLOC_XMLFILE is set (alone, or picked by HWLOC_COMPONENTS=synthetic or
+ * xml): their descriptions are checked like a spec's. */
 static st_status check_environment(void)
 {
     const char *synthetic = getenv("HWLOC_SYNTHETIC"), *xml = getenv("HWLOC_XMLFILE");
