@@ -1,7 +1,8 @@
 /*
  * fuzz/fuzz_idx.c — libFuzzer harness of the IDX reader, st_idx_read
- * (data/idx.c): the input is the file, plain or gzip (zlib tells them
- * apart by content, so a mutated gzip seed reaches the inflate path).
+ * (data/idx.c): the input is the file, plain or gzip (data/gzio.c tells
+ * them apart by the gzip magic, so a mutated gzip seed reaches the
+ * inflate path, its members and what trails them).
  *
  * Beyond "no crash, no leak, no undefined behaviour", an accepted file
  * must be what st_idx_read promises: a rank in range, non-zero

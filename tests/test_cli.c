@@ -6,9 +6,12 @@
  * The program under test is $SUBTRAIN_BIN (set by `make check`).
  */
 #include "testutil.h"
+#include "json_check.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <criterion/criterion.h>
@@ -60,6 +63,21 @@ static int count_lines(const char *s)
     for (; *s; s++)
         n += *s == '\n';
     return n;
+}
+
+/* Every line of a metrics file is one valid JSON value (json_check.h). */
+static void expect_json_lines(const char *text)
+{
+    char line[8192];
+    for (const char *p = text; *p;) {
+        const char *nl = strchr(p, '\n');
+        cr_assert_not_null(nl, "the last record ends its line: %s", p);
+        cr_assert_lt((size_t)(nl - p), sizeof line);
+        memcpy(line, p, (size_t)(nl - p));
+        line[nl - p] = '\0';
+        cr_assert(st_json_valid(line), "not JSON: %s", line);
+        p = nl + 1;
+    }
 }
 
 /* Usage errors: exit 2, exactly one line on stderr naming the problem. */
@@ -132,6 +150,108 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--strategy synth --steps 10", "use --epochs");
     expect_usage_error("--cpuset ''", "--cpuset");
     expect_usage_error("--topology synthetic:pack:2", "subtrain topo");
+}
+
+/* A count that must be >= 1 states [1, ...] for every bad value, 0 among
+ * them: the range printed for 'abc' is the one 0 is refused by. */
+Test(cli, the_stated_range_is_the_enforced_one)
+{
+    static const struct { const char *opts, *range; } c[] = {
+        { "--steps", "--steps: expected an integer in [1, 1000000000]" },
+        { "--strategy ist --local-steps", "--local-steps: expected an integer in [1, 1000000000]" },
+        { "--strategy sdp --report align=", "--report align=N: expected an integer in [1, "
+                                            "1000000000]" },
+        { "--model gpt --data text:/x --epoch-windows", "--epoch-windows: expected an integer "
+                                                       "in [1, 4294967295]" },
+        { "--checkpoint x --checkpoint-every", "--checkpoint-every: expected a number of steps "
+                                               "in [1, 1099511627776] or 'epoch'" },
+        { "--model gpt --data text:/x --holdout", "--holdout: expected a fraction in (0, 1)" },
+    };
+    static const char *const bad[] = { "abc", "-1", "1.5", "0", "99999999999999999999" };
+    for (size_t k = 0; k < sizeof c / sizeof *c; k++)
+        for (size_t b = 0; b < sizeof bad / sizeof *bad; b++) {
+            char args[256];
+            const char *o = c[k].opts;
+            snprintf(args, sizeof args, "%s%s%s", o, o[strlen(o) - 1] == '=' ? "" : " ", bad[b]);
+            expect_usage_error(args, c[k].range);
+        }
+    expect_usage_error("--model gpt --data text:/x --holdout 1", "expected a fraction in (0, 1)");
+}
+
+/* --cpuset: a malformed or impossible list is bad usage under training as
+ * under `subtrain topo`, said before any data loads, naming the PUs; digits
+ * only (hwloc's parser takes -1 and wraps 4294967297 to CPU 1). */
+Test(cli, bad_cpusets_are_usage_errors_everywhere)
+{
+    static const struct { const char *value, *needle; } c[] = {
+        { "-1", "cpuset '-1': expected a list of OS PU indices" },
+        { "abc", "cpuset 'abc': expected a list of OS PU indices" },
+        { "4294967297", "cpuset '4294967297': PU 4294967297 is not in the topology" },
+        { "99999", "cpuset '99999': PU 99999 is not in the topology" },
+        { "5-2", "the range 5-2 runs backwards" },
+    };
+    for (size_t k = 0; k < sizeof c / sizeof *c; k++) {
+        char args[256];
+        snprintf(args, sizeof args, "--data /nonexistent/fmnist --steps 1 --cpuset %s",
+                 c[k].value);
+        expect_usage_error(args, c[k].needle);
+        snprintf(args, sizeof args, "topo --cpuset %s", c[k].value);
+        expect_usage_error(args, c[k].needle);
+    }
+}
+
+/* Described machines too large for hwloc to build in reasonable time are
+ * refused at once, by spec or through hwloc's environment; a default
+ * topology that hwloc's environment describes is named after the
+ * variable when training refuses it. */
+Test(cli, topologies_too_large_or_from_the_environment, .timeout = 60)
+{
+    /* timeout(1): a hang that came back ends as a failure, not an orphan */
+    run_result *r = calloc(1, sizeof *r);
+    static const char *const specs[] = { "synthetic:core:20000 pu:1",
+                                         "synthetic:pack:65536 pu:65536" };
+    for (int k = 0; k < 2; k++) {
+        char args[128];
+        snprintf(args, sizeof args, "topo --topology '%s'", specs[k]);
+        run(r, "timeout 20", args);
+        cr_assert_eq(r->status, 2, "%s: %d %s", specs[k], r->status, r->err);
+        cr_assert_eq(count_lines(r->err), 1, "%s", r->err);
+        cr_assert(strstr(r->err, "is too large"), "%s", r->err);
+    }
+    run(r, "HWLOC_SYNTHETIC='pack:65536 pu:65536' timeout 20", "topo");
+    cr_assert_eq(r->status, 2, "%s", r->err);
+    cr_assert(strstr(r->err, "HWLOC_SYNTHETIC='pack:65536 pu:65536' is too large"), "%s",
+              r->err);
+    run(r, "HWLOC_COMPONENTS=synthetic HWLOC_SYNTHETIC='pack:2 pu:1'",
+        "--data /nonexistent/fmnist --steps 2");
+    cr_assert_eq(r->status, 2, "%s", r->err);
+    cr_assert_eq(count_lines(r->err), 1, "%s", r->err);
+    cr_assert(strstr(r->err, "not on HWLOC_SYNTHETIC='pack:2 pu:1'"), "%s", r->err);
+    cr_assert_null(strstr(r->err, "not on this machine"), "%s", r->err);
+    run(r, "HWLOC_SYNTHETIC='pack:2 pu:1'", "topo");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strncmp(r->out, "topology HWLOC_SYNTHETIC='pack:2 pu:1': 2 workers", 49) == 0,
+              "%s", r->out);
+    free(r);
+}
+
+/* A message longer than the error buffer keeps its cause: the long path
+ * is shortened in the middle, the advice at the end stays. */
+Test(cli, long_paths_keep_the_cause)
+{
+    char args[4096] = "--data /tmp";
+    for (int k = 0; k < 14; k++) {
+        strcat(args, "/");
+        memset(args + strlen(args), 'b', 200);
+    }
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 1, "%s", r->err);
+    cr_assert_eq(count_lines(r->err), 1, "%s", r->err);
+    cr_assert(strstr(r->err, "[...]"), "%s", r->err);
+    const char *end = "or use --data synthetic\n";
+    cr_assert_str_eq(r->err + strlen(r->err) - strlen(end), end, "%s", r->err);
+    free(r);
 }
 
 Test(cli, bad_data_and_augment_values_name_the_option)
@@ -1054,6 +1174,29 @@ Test(cli, unwritable_metrics_file_is_a_runtime_error)
                          "/nonexistent/dir/m.jsonl");
 }
 
+/* --metrics is opened before the data loads (a bad path is named before a
+ * missing dataset), a failed write says why (/dev/full: no space), and a
+ * FIFO nobody reads is refused instead of blocking the run (the timeout
+ * guards against the hang). */
+Test(cli, metrics_problems_are_said_early_and_with_the_reason, .timeout = 60)
+{
+    expect_runtime_error(NULL, "--data /nonexistent/fmnist --metrics /nonexistent/dir/m.jsonl",
+                         "cannot write the metrics file '/nonexistent/dir/m.jsonl': No such "
+                         "file or directory");
+    char want[256];
+    snprintf(want, sizeof want, "writing the metrics file '/dev/full' failed: %s",
+             strerror(ENOSPC));
+    expect_runtime_error(NULL, "--data synthetic --model mlp --depth 1 --width 16 --steps 2 "
+                         "--metrics /dev/full", want);
+    char dir[ST_TEST_PATH_MAX], fifo[ST_TEST_PATH_MAX], args[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(fifo, dir, "fifo");
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    snprintf(args, sizeof args, "--data synthetic --steps 2 --metrics '%s'", fifo);
+    expect_runtime_error("timeout 30", args, "a FIFO with no reader");
+    st_test_rmdir(dir);
+}
+
 Test(cli, short_run_prints_epochs_and_writes_metrics, .timeout = 120)
 {
     char dir[ST_TEST_PATH_MAX], metrics[ST_TEST_PATH_MAX], args[2 * ST_TEST_PATH_MAX];
@@ -1075,6 +1218,7 @@ Test(cli, short_run_prints_epochs_and_writes_metrics, .timeout = 120)
     char m[8192];
     read_into(metrics, m, sizeof m);
     cr_assert_eq(count_lines(m), 3, "two epoch records and a final one:\n%s", m);
+    expect_json_lines(m);
     cr_assert(strstr(m, "\"step\":256,"), "%s", m);
     cr_assert(strstr(m, "\"final\":true"), "%s", m);
     const char *keys[] = { "\"epoch\":", "\"train_loss\":", "\"test_loss\":", "\"test_acc\":",
@@ -1173,6 +1317,7 @@ Test(cli, synth_run_prints_segments_and_writes_metrics, .timeout = 120)
     char m[8192];
     read_into(metrics, m, sizeof m);
     cr_assert_eq(count_lines(m), 3, "two epoch records and a final one:\n%s", m);
+    expect_json_lines(m);
     cr_assert(strstr(m, "\"synth\":{\"phase\":\"segments\",\"segment_workers\":[1,1],\"cuts\":["),
               "%s", m);
     cr_assert(strstr(m, "\"segment_loss\":["), "%s", m);

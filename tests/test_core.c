@@ -29,6 +29,39 @@ Test(status, fail_records_message_and_returns_status)
     cr_assert_str_eq(st_last_error(), "loading train: file x.idx: bad magic 0x1234");
 }
 
+/* A message longer than the buffer keeps its start and its cause: the
+ * long path in the middle gives way ("shorten the path, not the
+ * reason"), whatever the length, in st_fail and st_fail_context alike. */
+Test(status, long_messages_keep_their_cause)
+{
+    static char path[40000];
+    const size_t lens[] = { 600, 5000, 20000, sizeof path - 1 };
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
+        memset(path, 'a', lens[k]);
+        path[0] = '/';
+        path[lens[k]] = '\0';
+        st_fail(ST_ERR_IO, "%s: cannot open: %s", path, "Too many levels of symbolic links");
+        const char *m = st_last_error();
+        const size_t n = strlen(m);
+        cr_assert_lt(n, 512, "%zu bytes", n);
+        cr_assert_gt(n, 400, "the message uses its room: %zu bytes", n);
+        cr_assert_eq(strncmp(m, "/aaaa", 5), 0, "%s", m);
+        cr_assert_str_eq(m + n - strlen(": cannot open: Too many levels of symbolic links"),
+                         ": cannot open: Too many levels of symbolic links", "%s", m);
+        cr_assert(strstr(m, "[...]"), "the cut is marked: %s", m);
+        st_fail(ST_ERR_FORMAT, "x.idx: bad magic");
+        st_fail_context(ST_ERR_FORMAT, "loading %s", path);
+        m = st_last_error();
+        const size_t n2 = strlen(m);
+        cr_assert_lt(n2, 512);
+        cr_assert_eq(strncmp(m, "loading /aaa", 12), 0, "%s", m);
+        cr_assert_str_eq(m + n2 - strlen(": x.idx: bad magic"), ": x.idx: bad magic", "%s", m);
+    }
+    /* short ones are untouched */
+    st_fail(ST_ERR_IO, "%s: cannot open: %s", "/x", "No such file or directory");
+    cr_assert_str_eq(st_last_error(), "/x: cannot open: No such file or directory");
+}
+
 Test(status, every_code_has_a_name)
 {
     for (int s = ST_OK; s <= ST_ERR_NUMERIC; s++)

@@ -10,6 +10,7 @@
 #define _GNU_SOURCE   /* heapwatch.h: RTLD_NEXT */
 #include "testutil.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -333,6 +334,58 @@ Test(idx, trailing_bytes)
     free(p);
 }
 
+/* Garbage after a gzip stream is refused as it is after a plain file;
+ * concatenated gzip members are one stream, as gzip -d reads them. */
+Test(idx, gzip_trailing_garbage_and_concatenated_members)
+{
+    uint32_t dims[2] = { 10, 40 };
+    unsigned char *p = pixels(400, 3);
+    size_t hlen, glen;
+    unsigned char *head = idx_image(0x08, 2, dims, p, 400, &hlen);
+    char path[ST_TEST_PATH_MAX], g1[ST_TEST_PATH_MAX], g2[ST_TEST_PATH_MAX];
+    /* the IDX bytes as two gzip members: header and 150 bytes, the rest */
+    write_raw(g1, "part1.gz", head, hlen - 250, 1);
+    write_raw(g2, "part2.gz", head + hlen - 250, 250, 1);
+    size_t l1 = 0, l2 = 0;
+    unsigned char *m1 = st_test_read_file(g1, &l1), *m2 = st_test_read_file(g2, &l2);
+    cr_assert(m1 && m2);
+    unsigned char *cat = malloc(l1 + l2 + hlen + 100);
+    cr_assert_not_null(cat);
+    memcpy(cat, m1, l1);
+    memcpy(cat + l1, m2, l2);
+    write_raw(path, "two-members.gz", cat, l1 + l2, 0);
+    st_idx_array a;
+    cr_assert_eq(st_idx_read(path, &a), ST_OK, "%s", st_last_error());
+    cr_assert_eq(a.count, 400);
+    cr_assert_eq(memcmp(a.data, p, 400), 0, "the members' bytes in order");
+    st_idx_free(&a);
+    /* one member and 100 bytes of garbage: refused like the plain file */
+    for (size_t i = 0; i < 100; i++)
+        cat[l1 + i] = (unsigned char)(i * 37 + 5);
+    write_raw(path, "garbage.gz", cat, l1 + 100, 0);
+    expect_idx_fail(path, ST_ERR_FORMAT, "100 trailing bytes after the gzip stream");
+    /* a whole file and garbage, one byte of it */
+    unsigned char *whole = st_test_read_file(write_idx(g1, "whole.gz", 2, dims, p, 400, 1),
+                                             &glen);
+    cr_assert_not_null(whole);
+    unsigned char *more = realloc(whole, glen + 1);
+    cr_assert_not_null(more);
+    more[glen] = 0;
+    write_raw(path, "garbage1.gz", more, glen + 1, 0);
+    expect_idx_fail(path, ST_ERR_FORMAT, "1 trailing bytes after the gzip stream");
+    /* the plain reader's wording for the same 100 bytes */
+    memcpy(cat, head, hlen);
+    memset(cat + hlen, 0x55, 100);
+    write_raw(path, "garbage", cat, hlen + 100, 0);
+    expect_idx_fail(path, ST_ERR_FORMAT, "100 trailing bytes");
+    free(more);
+    free(cat);
+    free(m1);
+    free(m2);
+    free(head);
+    free(p);
+}
+
 /* ------------------------------------------------------- IDX: bad gzip */
 
 /* A valid gzip IDX file of a few tens of KiB; returns its bytes. */
@@ -618,6 +671,37 @@ Test(fashion, missing_test_files_free_the_train_set)
     st_dataset train, test;
     cr_assert_eq(st_fashion_mnist_load(tmpdir, &train, &test), ST_ERR_IO);
     cr_assert(strstr(st_last_error(), "t10k-images-idx3-ubyte"), "%s", st_last_error());
+    expect_dataset_empty(&train);
+    expect_dataset_empty(&test);
+}
+
+/* A file that is there but cannot be opened is named, .gz or not, with
+ * the reason; only a missing one gets the "install it" advice. */
+Test(fashion, unopenable_files_are_named_with_the_reason)
+{
+    char a[ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    write_fake_fashion(12, 7);
+    /* a symlink loop in place of the plain labels (no .gz of them) */
+    st_test_path(a, tmpdir, "t10k-labels-idx1-ubyte");
+    cr_assert_eq(unlink(a), 0);
+    cr_assert_eq(symlink("t10k-labels-idx1-ubyte", a), 0);
+    st_dataset train, test;
+    cr_assert_eq(st_fashion_mnist_load(tmpdir, &train, &test), ST_ERR_IO);
+    snprintf(b, sizeof b, "%s: cannot open: %s", a, strerror(ELOOP));
+    cr_assert_str_eq(st_last_error(), b);
+    /* a symbolic link to nothing */
+    cr_assert_eq(unlink(a), 0);
+    cr_assert_eq(symlink("gone", a), 0);
+    cr_assert_eq(st_fashion_mnist_load(tmpdir, &train, &test), ST_ERR_IO);
+    snprintf(b, sizeof b, "%s: cannot open: it is a symbolic link to 'gone', which does not "
+             "exist", a);
+    cr_assert_str_eq(st_last_error(), b);
+    /* --data through a regular file */
+    st_test_path(a, tmpdir, "t10k-images-idx3-ubyte");
+    cr_assert_eq(st_fashion_mnist_load(a, &train, &test), ST_ERR_IO);
+    snprintf(b, sizeof b, "%s: not a directory", a);
+    cr_assert_eq(strncmp(st_last_error(), b, strlen(b)), 0, "%s", st_last_error());
+    cr_assert_null(strstr(st_last_error(), "apt-get"), "%s", st_last_error());
     expect_dataset_empty(&train);
     expect_dataset_empty(&test);
 }

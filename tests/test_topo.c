@@ -178,6 +178,126 @@ Test(topology, bad_specs_say_what_is_wrong)
     load_fails("bogus:x", ST_ERR_INVALID, "xml:FILE");
 }
 
+/* Described topologies past the size limit (topo/limits.c) are refused
+ * before hwloc builds them, in a moment: these took hwloc minutes, or
+ * forever.  The timeout only guards against the hang returning. */
+Test(topology, too_large_descriptions_are_refused_before_loading, .timeout = 60)
+{
+    load_fails("synthetic:core:20000 pu:1", ST_ERR_INVALID, "is too large: 20000 PUs, up to "
+               "20000 under one parent");
+    load_fails("synthetic:pack:65536 pu:65536", ST_ERR_INVALID, "4294967296 PUs");
+    load_fails("synthetic:core:0x1000 pu:1", ST_ERR_INVALID, "4096 PUs");   /* hwloc's base 0 */
+    load_fails("synthetic:core:1024 pu:16", ST_ERR_INVALID, "16384 PUs");
+    load_fails("synthetic:pack:2(memory=1GB) core:4096 pu:1", ST_ERR_INVALID, "8192 PUs");
+    load_fails("synthetic:pack:16 [numa] core:1024 pu:2", ST_ERR_INVALID, "32768 PUs");
+    /* the same through hwloc's environment, which the default load reads */
+    cr_assert_eq(setenv("HWLOC_SYNTHETIC", "core:20000 pu:1", 1), 0);
+    load_fails(NULL, ST_ERR_INVALID, "topology HWLOC_SYNTHETIC='core:20000 pu:1' is too large");
+    cr_assert_eq(setenv("HWLOC_COMPONENTS", "synthetic", 1), 0);
+    load_fails(NULL, ST_ERR_INVALID, "HWLOC_SYNTHETIC='core:20000 pu:1'");
+    unsetenv("HWLOC_COMPONENTS");
+    unsetenv("HWLOC_SYNTHETIC");
+}
+
+/* Realistic large machines stay within the limit: 2048 PUs as 8 packages
+ * of 2 domains of 64 two-thread cores, and 4096 cores in 64 domains. */
+Test(topology, large_real_machines_load)
+{
+    st_topology *t = load("synthetic:pack:8 numa:2 core:64 pu:2");
+    cr_assert_eq(st_topology_pu_count(t), 2048);
+    cr_assert_eq(st_topology_core_count(t), 1024);
+    cr_assert_eq(st_topology_numa_count(t), 16);
+    st_topology_destroy(t);
+    t = load("synthetic:pack:8 numa:8 core:64 pu:1");
+    cr_assert_eq(st_topology_core_count(t), 4096);
+    cr_assert_eq(st_topology_numa_count(t), 64);
+    st_topology_destroy(t);
+}
+
+/* A default load that hwloc's environment turned into another machine is
+ * named after the variable, not "this machine". */
+Test(topology, environment_described_topology_is_named)
+{
+    unsetenv("HWLOC_THISSYSTEM");
+    cr_assert_eq(setenv("HWLOC_SYNTHETIC", "pack:2 pu:1", 1), 0);
+    st_topology *t = load(NULL);
+    cr_assert_eq(st_topology_is_this_machine(t), 0);
+    cr_assert_str_eq(st_topology_name(t), "HWLOC_SYNTHETIC='pack:2 pu:1'");
+    cr_assert_eq(st_topology_pu_count(t), 2);
+    st_topology_destroy(t);
+    unsetenv("HWLOC_SYNTHETIC");
+}
+
+/* An lstopo export of 8192 cores side by side under the machine: small
+ * as a file (6 MiB) but past the import limit; the same cores in 64
+ * domains pass it. */
+static void write_flat_xml(const char *path, int cores, int domains)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    hwloc_bitmap_t b = hwloc_bitmap_alloc();
+    char *s = NULL;
+    hwloc_bitmap_set_range(b, 0, cores - 1);
+    hwloc_bitmap_asprintf(&s, b);
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<!DOCTYPE topology SYSTEM "
+            "\"hwloc2.dtd\">\n<topology version=\"2.0\">\n<object type=\"Machine\" "
+            "os_index=\"0\" cpuset=\"%s\" complete_cpuset=\"%s\" nodeset=\"0x%x\" "
+            "complete_nodeset=\"0x%x\" gp_index=\"1\">\n", s, s, (1u << domains) - 1,
+            (1u << domains) - 1);
+    free(s);
+    int gp = 2, per = cores / domains;
+    for (int d = 0; d < domains; d++) {
+        hwloc_bitmap_zero(b);
+        hwloc_bitmap_set_range(b, d * per, d * per + per - 1);
+        hwloc_bitmap_asprintf(&s, b);
+        const unsigned node = 1u << d;
+        fprintf(f, "<object type=\"Package\" os_index=\"%d\" cpuset=\"%s\" "
+                "complete_cpuset=\"%s\" nodeset=\"0x%x\" complete_nodeset=\"0x%x\" "
+                "gp_index=\"%d\">\n<object type=\"NUMANode\" os_index=\"%d\" cpuset=\"%s\" "
+                "complete_cpuset=\"%s\" nodeset=\"0x%x\" complete_nodeset=\"0x%x\" "
+                "gp_index=\"%d\" local_memory=\"1073741824\"/>\n",
+                d, s, s, node, node, gp, d, s, s, node, node, gp + 1);
+        gp += 2;
+        free(s);
+        for (int c = d * per; c < d * per + per; c++) {
+            hwloc_bitmap_only(b, (unsigned)c);
+            hwloc_bitmap_asprintf(&s, b);
+            fprintf(f, "<object type=\"Core\" os_index=\"%d\" cpuset=\"%s\" "
+                    "complete_cpuset=\"%s\" nodeset=\"0x%x\" complete_nodeset=\"0x%x\" "
+                    "gp_index=\"%d\">\n<object type=\"PU\" os_index=\"%d\" cpuset=\"%s\" "
+                    "complete_cpuset=\"%s\" nodeset=\"0x%x\" complete_nodeset=\"0x%x\" "
+                    "gp_index=\"%d\"/>\n</object>\n", c, s, s, node, node, gp, c, s, s, node,
+                    node, gp + 1);
+            gp += 2;
+            free(s);
+        }
+        fprintf(f, "</object>\n");
+    }
+    fprintf(f, "</object>\n</topology>\n");
+    hwloc_bitmap_free(b);
+    cr_assert_eq(fclose(f), 0);
+}
+
+Test(topology, too_large_xml_is_refused_before_loading, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], path[ST_TEST_PATH_MAX], spec[ST_TEST_PATH_MAX + 8];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(path, dir, "flat.xml");
+    write_flat_xml(path, 8192, 1);
+    snprintf(spec, sizeof spec, "xml:%s", path);
+    load_fails(spec, ST_ERR_INVALID, "is too large: 8192 PUs");
+    cr_assert_eq(setenv("HWLOC_XMLFILE", path, 1), 0);
+    load_fails(NULL, ST_ERR_INVALID, "HWLOC_XMLFILE=");
+    unsetenv("HWLOC_XMLFILE");
+    /* the limit counts the tree, not the file: 1024 cores in 8 packages */
+    write_flat_xml(path, 1024, 8);
+    st_topology *t = load(spec);
+    cr_assert_eq(st_topology_core_count(t), 1024);
+    cr_assert_eq(st_topology_numa_count(t), 8);
+    st_topology_destroy(t);
+    st_test_rmdir(dir);
+}
+
 Test(topology, xml_that_is_not_xml_is_a_format_error)
 {
     char dir[ST_TEST_PATH_MAX], path[ST_TEST_PATH_MAX];
@@ -556,6 +676,22 @@ Test(plan, restricted_cpuset)
     make_fails(t, 0, 0, "", ST_ERR_INVALID, "names no PU");
     make_fails(t, 0, 0, "abc", ST_ERR_INVALID, "'abc'");
     make_fails(t, 0, 0, "2-", ST_ERR_INVALID, "not in the topology");
+    /* digits only: hwloc's own parser takes -1 (printed as "PU  is not in the
+     * topology") and wraps 2^32 + 1 to PU 1 */
+    make_fails(t, 0, 0, "-1", ST_ERR_INVALID, "expected a list of OS PU indices");
+    make_fails(t, 0, 0, "4294967297", ST_ERR_INVALID, "cpuset '4294967297': PU 4294967297 "
+               "is not in the topology");
+    make_fails(t, 0, 0, "1,18446744073709551617", ST_ERR_INVALID,
+               "PU 18446744073709551617 is not in the topology");
+    make_fails(t, 0, 0, "0-4294967297", ST_ERR_INVALID, "PUs 8-4294967297 are not in");
+    make_fails(t, 0, 0, "5-2", ST_ERR_INVALID, "the range 5-2 runs backwards");
+    make_fails(t, 0, 0, "0,,1", ST_ERR_INVALID, "expected a list");
+    make_fails(t, 0, 0, " 1", ST_ERR_INVALID, "expected a list");
+    make_fails(t, 0, 0, "+1", ST_ERR_INVALID, "expected a list");
+    make_fails(t, 0, 0, "0x1", ST_ERR_INVALID, "expected a list");
+    make(t, 0, 0, "1,3-4,7", &p);
+    cr_assert_eq(p.n_workers, 4);
+    st_plan_free(&p);
     st_topology_destroy(t);
 }
 

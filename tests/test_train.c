@@ -13,6 +13,7 @@
 #include <criterion/criterion.h>
 
 #include <subtrain/subtrain.h>
+#include "json_check.h"
 #include "nn/dnnl_util.h"
 #include "train/worker.h"
 
@@ -302,6 +303,86 @@ Test(metrics, one_json_object_per_line_with_the_documented_keys)
         if (depth == 0 && *c == '}')
             cr_assert(c[1] == '\n' && c[2] == '\0', "one object, closed at the end: %s", buf);
     }
+}
+
+/* Every number of a record may be NaN or infinite (a diverged loss, a
+ * rate over no time, zero gradients' alignment): each is written null,
+ * and every record, with all its optional parts, parses as JSON. */
+Test(metrics, non_finite_numbers_are_null_and_every_line_parses)
+{
+    static const st_epoch_record zero;
+    const double bad[3] = { NAN, INFINITY, -INFINITY };
+    char buf[8192];
+    for (int k = 0; k < 3; k++) {
+        st_epoch_record r = zero;
+        double segments[3] = { 0.5, bad[k], 1.0 };
+        int workers[3] = { 1, 1, 2 }, cuts[2] = { 2, 4 };
+        r.epoch = 1;
+        r.final = 1;
+        r.train_loss = r.test_loss = (float)bad[k];
+        r.test_acc = r.samples_per_s = r.wall_s = bad[k];
+        r.lr = (float)bad[k];
+        r.tokens_per_sample = 128;
+        r.align_measured = 2;
+        r.align_mean = r.align_min = bad[k];
+        r.n_segments = 3;
+        memcpy(r.segment_loss, segments, sizeof segments);
+        memcpy(r.segment_workers, workers, sizeof workers);
+        memcpy(r.cuts, cuts, sizeof cuts);
+        r.comm_bytes_per_worker_step = r.ring_bytes_per_worker_step = bad[k];
+        r.comm_bytes_per_worker_round = 1e6;
+        r.step_ms_compute = r.step_ms_wait = r.step_ms_reduce = r.step_ms_optimizer = bad[k];
+        memset(buf, 0, sizeof buf);
+        FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+        cr_assert_eq(st_metrics_write(f, &r), 0);
+        fclose(f);
+        cr_assert(st_json_valid(buf), "not JSON: %s", buf);
+        cr_assert_null(strstr(buf, "nan"), "%s", buf);
+        cr_assert_null(strstr(buf, "inf"), "%s", buf);
+        static const char *const nulls[] = {
+            "\"train_loss\":null", "\"test_loss\":null", "\"test_acc\":null",
+            "\"samples_per_s\":null", "\"wall_s\":null", "\"lr\":null", "\"train_bpb\":null",
+            "\"tokens_per_s\":null", "\"mean\":null", "\"min\":null",
+            "\"segment_loss\":[0.500000,null,1.000000]", "\"comm_bytes_per_worker_step\":null",
+            "\"ring_bytes_per_worker_step\":null", "\"compute\":null", "\"optimizer\":null",
+        };
+        for (size_t i = 0; i < sizeof nulls / sizeof *nulls; i++)
+            cr_assert(strstr(buf, nulls[i]), "missing %s in %s", nulls[i], buf);
+    }
+    /* and the validator refuses what the old records held */
+    cr_assert(st_json_valid("{\"a\":[1,-0.5e+3,null,true,\"x\\n\"]}\n"));
+    cr_assert_not(st_json_valid("{\"train_loss\":nan}"));
+    cr_assert_not(st_json_valid("{\"train_loss\":inf}"));
+    cr_assert_not(st_json_valid("{\"a\":1,}"));
+    cr_assert_not(st_json_valid("{\"a\":01}"));
+    cr_assert_not(st_json_valid("{\"a\":1}{"));
+}
+
+/* Datasets handed to the library whose splits differ in shape: the
+ * message says which set and both shapes (the loaders, which know the
+ * files, refuse such splits first and name the file). */
+Test(train, splits_of_two_shapes_are_described)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    st_train_config c = small_config(ST_MODEL_MLP);
+    test.dim = 28;   /* as if its samples were 1x4x7 */
+    test.channels = 1;
+    test.height = 4;
+    test.width = 7;
+    st_epoch_record final;
+    cr_assert_eq(st_train_run(&c, &train, &test, NULL, &final), ST_ERR_INVALID);
+    cr_assert_str_eq(st_last_error(), "the test set's samples are 1x4x7 (28 features) but the "
+                     "training set's are 32x1x1 (32): both sets need one shape");
+    test.dim = 32;
+    test.channels = 32;
+    test.height = test.width = 1;
+    c.model.in_dim = 30;
+    cr_assert_eq(st_train_run(&c, &train, &test, NULL, &final), ST_ERR_INVALID);
+    cr_assert_str_eq(st_last_error(), "the model takes 30 inputs but the data's samples are "
+                     "32x1x1 (32 features)");
+    st_dataset_free(&train);
+    st_dataset_free(&test);
 }
 
 /* ------------------------------------------------------------ data parallel */

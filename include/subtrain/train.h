@@ -141,6 +141,11 @@ typedef struct st_train_config {
  * above a constant rate (0.8946 against 0.8798 test accuracy, seed 1). */
 st_train_config st_train_config_default(void);
 st_status st_train_config_check(const st_train_config *cfg);
+/* Where the run's workers would go, checked without running: the topology
+ * loads, is this machine, and the placement (--workers, --cpuset, teams)
+ * can be made.  ST_ERR_INVALID: the configuration asks for what this
+ * machine cannot give, a usage error; the CLI asks before loading data. */
+st_status st_train_placement_check(const st_train_config *cfg);
 
 /* Reported after every step (cheap to produce). */
 typedef struct st_step_info {

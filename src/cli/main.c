@@ -8,6 +8,7 @@
  * stderr that says what went wrong.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -558,6 +559,41 @@ static int open_resume(const st_cli_options *o, char *path, size_t len, st_safet
     return EXIT_SUCCESS;
 }
 
+/* --metrics FILE, opened before the data loads so that a bad path is
+ * said at once, not after it.  Opened non-blocking: a FIFO nobody reads
+ * fails (ENXIO) instead of hanging the run; the writes block as usual.  A
+ * regular file is probed with a byte written and taken back, which finds
+ * a full disk or quota (a device such as /dev/full takes no probe: its
+ * first record's write reports it, with the reason).  A resumed run
+ * appends to the stopped run's records. */
+static int open_metrics(const st_cli_options *o, FILE **out)
+{
+    const char *path = o->metrics_path;
+    int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC |
+                        (o->resume_path ? O_APPEND : O_TRUNC), 0666);
+    int err = fd < 0 ? errno : 0;
+    struct stat sb;
+    if (!err && fstat(fd, &sb) != 0)
+        err = errno;
+    if (!err && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+        err = errno;
+    if (!err && S_ISREG(sb.st_mode)) {
+        off_t end = lseek(fd, 0, SEEK_END);
+        if (end < 0 || pwrite(fd, "\n", 1, end) != 1 || ftruncate(fd, end) != 0)
+            err = errno ? errno : EIO;
+    }
+    if (!err && !(*out = fdopen(fd, o->resume_path ? "a" : "w")))
+        err = errno;
+    if (err) {
+        if (fd >= 0)
+            close(fd);
+        fprintf(stderr, "subtrain: cannot write the metrics file '%s': %s\n", path,
+                err == ENXIO && fd < 0 ? "a FIFO with no reader" : strerror(err));
+        return EXIT_FAILURE;
+    }
+    return EXIT_SUCCESS;
+}
+
 static int run_train_rank(st_cli_options *o);
 
 /* Training, as one process or as a rank of an MPI job (mpirun, srun:
@@ -586,6 +622,13 @@ static int run_train_rank(st_cli_options *o)
      * its first step, with its records, rather than losing them */
     usr1_checkpoints = o->usr1_checkpoint;
     install_stop_handlers();
+    /* Workers, a --cpuset or teams this machine cannot give are bad usage
+     * (exit 2, as for `subtrain topo`), and are said before the data loads. */
+    st_status placed = st_train_placement_check(&o->train);
+    if (placed != ST_OK) {
+        runtime_error("placement");
+        return placed == ST_ERR_INVALID ? EXIT_USAGE : EXIT_FAILURE;
+    }
     st_safetensors resume;
     memset(&resume, 0, sizeof resume);
     char resume_path[4096];
@@ -603,14 +646,23 @@ static int run_train_rank(st_cli_options *o)
                                       { "onednn.version", pv.onednn } };
     o->train.checkpoint.meta = ckpt_meta;
     o->train.checkpoint.n_meta = 3;
+    FILE *metrics = NULL;
+    if (o->metrics_path && open_metrics(o, &metrics) != EXIT_SUCCESS) {
+        st_safetensors_free(&resume);
+        return EXIT_FAILURE;
+    }
     st_dataset train, test;
     if (load_data_for_model(o, &train, &test) != EXIT_SUCCESS) {
+        if (metrics)
+            fclose(metrics);
         st_safetensors_free(&resume);
         return EXIT_FAILURE;
     }
     float *init = NULL;
     if (o->init_path) {
         if (load_init(o, &init, NULL) != EXIT_SUCCESS) {
+            if (metrics)
+                fclose(metrics);
             free(init);
             st_dataset_free(&train);
             st_dataset_free(&test);
@@ -625,6 +677,8 @@ static int run_train_rank(st_cli_options *o)
     st_cli_provenance prov;
     memset(&prov, 0, sizeof prov);
     run_ui ui = { .prog = &prog };
+    prog.metrics = metrics;
+    prog.metrics_path = o->metrics_path;
     train.augment = o->augment;   /* the training set only */
     train.augment.seed = o->train.seed;
     if (st_augment_check(&train.augment, &train) != ST_OK) {
@@ -638,12 +692,6 @@ static int run_train_rank(st_cli_options *o)
     if (st_cli_provenance_make(o, &prov) != 0)
         goto out;
     prog.provenance = &prov;
-    /* a resumed run adds its records to the stopped run's */
-    if (o->metrics_path && !(prog.metrics = fopen(o->metrics_path, o->resume_path ? "a" : "w"))) {
-        fprintf(stderr, "subtrain: cannot write the metrics file '%s': %s\n", o->metrics_path,
-                strerror(errno));
-        goto out;
-    }
     int tty = isatty(STDERR_FILENO);
     st_progress_mode mode = o->quiet ? ST_PROGRESS_NONE : o->progress;
     prog.bar = mode == ST_PROGRESS_BAR || (mode == ST_PROGRESS_AUTO && tty);
@@ -683,10 +731,8 @@ static int run_train_rank(st_cli_options *o)
     if (root && o->checkpoint_dir && write_final_weights(o, &final, &ui) != EXIT_SUCCESS)
         goto out;
 
-    if (prog.metrics_failed) {
-        fprintf(stderr, "subtrain: writing the metrics file '%s' failed\n", o->metrics_path);
+    if (prog.metrics_failed)   /* said when it happened, with the reason */
         goto out;
-    }
     /* a run stopped by a signal exits as the signal would have, after
      * finishing its step, its records and its checkpoint */
     status = final.interrupted ? 128 + (int)stop_signal : EXIT_SUCCESS;

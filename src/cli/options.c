@@ -303,11 +303,14 @@ static int parse_int(const char *opt, const char *s, long lo, long hi, int *out,
     return 0;
 }
 
-static int parse_u64(const char *opt, const char *s, unsigned long long hi,
-                     uint64_t *out, char *err, size_t n)
+/* Whole-string unsigned integer in [lo, hi]: the message states the range
+ * the option takes, so a count that must be >= 1 says [1, ...] for any
+ * bad value, 0 included. */
+static int parse_u64(const char *opt, const char *s, unsigned long long lo,
+                     unsigned long long hi, uint64_t *out, char *err, size_t n)
 {
     unsigned long long v;
-    if (st_cli_parse_count(opt, s, 0, hi, &v, err, n))
+    if (st_cli_parse_count(opt, s, lo, hi, &v, err, n))
         return -1;
     *out = v;
     return 0;
@@ -524,9 +527,8 @@ static int parse_report_one(const char *arg, st_cli_options *o, char *err, size_
         return 0;
     }
     if (strncmp(arg, "align=", 6) == 0) {
-        if (parse_u64("report align", arg + 6, 1000000000ull, &t->align_every, err, n))
-            return -1;
-        return t->align_every ? 0 : fail(err, n, "--report align=N: N must be >= 1");
+        return parse_u64("report align=N", arg + 6, 1, 1000000000ull, &t->align_every, err,
+                         n);
     }
     return fail(err, n, "--report: unknown value '%s' (allowed: memory, align, align=N)", arg);
 }
@@ -567,19 +569,14 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_AUGMENT_FLIP: o->augment.flip = 1; return 0;
     case OPT_CONTEXT: return parse_int("context", arg, 1, 4096, &t->model.context, err, n);
     case OPT_HEADS: return parse_int("heads", arg, 1, 65536, &t->model.heads, err, n);
-    case OPT_HOLDOUT: {
-        if (parse_float("holdout", arg, 0.0, 1.0, 1, &o->holdout, err, n))
-            return -1;
-        return o->holdout < 1.0f ? 0 : fail(err, n, "--holdout: expected a fraction in (0, 1), "
-                                            "got '%s'", arg);
-    }
-    case OPT_VAL_BYTES: return parse_u64("val-bytes", arg, 1ull << 40, &o->val_bytes, err, n);
+    case OPT_HOLDOUT:   /* one message for every bad value: 1 is refused too */
+        if (parse_float("holdout", arg, 0.0, 1.0, 1, &o->holdout, err, n) || o->holdout >= 1.0f)
+            return fail(err, n, "--holdout: expected a fraction in (0, 1), got '%s'", arg);
+        return 0;
+    case OPT_VAL_BYTES: return parse_u64("val-bytes", arg, 0, 1ull << 40, &o->val_bytes, err, n);
     case OPT_EPOCH_WINDOWS:
-        if (parse_u64("epoch-windows", arg, 4294967295ull, &o->epoch_windows, err, n))
-            return -1;
-        return o->epoch_windows ? 0 : fail(err, n, "--epoch-windows: expected an integer >= 1, "
-                                           "got '%s'", arg);
-    case OPT_SAMPLE: return parse_u64("sample", arg, 1000000ull, &o->sample, err, n);
+        return parse_u64("epoch-windows", arg, 1, 4294967295ull, &o->epoch_windows, err, n);
+    case OPT_SAMPLE: return parse_u64("sample", arg, 0, 1000000ull, &o->sample, err, n);
     case OPT_CHECKPOINT:
         if (*arg == '\0')
             return fail(err, n, "--checkpoint: expected a directory, got ''");
@@ -590,10 +587,10 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             t->checkpoint.every_epoch = 1;
             return 0;
         }
-        if (parse_u64("checkpoint-every", arg, 1ull << 40, &t->checkpoint.every, err, n))
-            return -1;
-        return t->checkpoint.every ? 0 : fail(err, n, "--checkpoint-every: expected a number "
-                                              "of steps >= 1 or 'epoch', got '%s'", arg);
+        if (parse_u64("checkpoint-every", arg, 1, 1ull << 40, &t->checkpoint.every, err, n))
+            return fail(err, n, "--checkpoint-every: expected a number of steps in [1, %llu] "
+                        "or 'epoch', got '%s'", 1ull << 40, arg);
+        return 0;
     case OPT_KEEP: return parse_int("keep", arg, 0, 1000000, &t->checkpoint.keep, err, n);
     case OPT_RESUME:
         if (*arg == '\0')
@@ -622,17 +619,15 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_EPOCHS: *saw_epochs = 1; return parse_int("epochs", arg, 1, 100000, &t->epochs, err, n);
     case OPT_STEPS:
         *saw_steps = 1;
-        if (parse_u64("steps", arg, 1000000000ull, &t->steps, err, n))
-            return -1;
-        return t->steps ? 0 : fail(err, n, "--steps: expected an integer in [1, 1000000000], got '%s'", arg);
+        return parse_u64("steps", arg, 1, 1000000000ull, &t->steps, err, n);
     case OPT_BATCH: return parse_int("batch", arg, 1, 65536, &t->batch, err, n);
     case OPT_OPTIMIZER: return parse_choice("optimizer", arg, parse_opt, &t->optim.kind, err, n);
     case OPT_LR: return parse_float("lr", arg, 0.0, 100.0, 1, &t->optim.lr, err, n);
     case OPT_MOMENTUM: return parse_float("momentum", arg, 0.0, 0.999999, 0, &t->optim.momentum, err, n);
     case OPT_WEIGHT_DECAY: return parse_float("weight-decay", arg, 0.0, 10.0, 0, &t->optim.weight_decay, err, n);
     case OPT_SCHEDULE: return parse_choice("schedule", arg, parse_sched, &t->schedule, err, n);
-    case OPT_WARMUP: return parse_u64("warmup", arg, 1000000000ull, &t->warmup_steps, err, n);
-    case OPT_SEED: return parse_u64("seed", arg, ULLONG_MAX, &t->seed, err, n);
+    case OPT_WARMUP: return parse_u64("warmup", arg, 0, 1000000000ull, &t->warmup_steps, err, n);
+    case OPT_SEED: return parse_u64("seed", arg, 0, ULLONG_MAX, &t->seed, err, n);
     case OPT_METRICS:
         if (*arg == '\0')
             return fail(err, n, "--metrics: expected a file name, got ''");
@@ -676,7 +671,7 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         t->coverage = cov;
         return 0;
     }
-    case OPT_RESAMPLE: return parse_u64("resample", arg, 1000000000ull, &t->resample, err, n);
+    case OPT_RESAMPLE: return parse_u64("resample", arg, 0, 1000000000ull, &t->resample, err, n);
     case OPT_BRANCH_SCALE:
         if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-coverage") == 0) {
             t->scale_branches = strcmp(arg, "none") != 0;
@@ -684,9 +679,7 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         }
         return fail(err, n, "--branch-scale: unknown value '%s' (allowed: none, inverse-coverage)", arg);
     case OPT_LOCAL_STEPS:
-        if (parse_u64("local-steps", arg, 1000000000ull, &t->local_steps, err, n))
-            return -1;
-        return t->local_steps ? 0 : fail(err, n, "--local-steps: expected an integer >= 1, got '%s'", arg);
+        return parse_u64("local-steps", arg, 1, 1000000000ull, &t->local_steps, err, n);
     case OPT_TRAIN_SCALE:
         if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-workers") == 0) {
             t->ist_train_scale = strcmp(arg, "none") != 0;

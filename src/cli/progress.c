@@ -1,4 +1,5 @@
 /* cli/progress.c — progress bar, per-epoch lines, metrics records. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -99,8 +100,14 @@ void st_progress_on_epoch(const st_epoch_record *rec, void *user)
 {
     st_progress *p = user;
     clear_bar(p);
-    if (p->metrics && !p->metrics_failed && write_record(p, rec) != 0)
-        p->metrics_failed = 1;
+    if (p->metrics && !p->metrics_failed) {
+        errno = 0;
+        if (write_record(p, rec) != 0) {
+            p->metrics_failed = 1;
+            fprintf(stderr, "subtrain: writing the metrics file '%s' failed: %s\n",
+                    p->metrics_path, strerror(errno ? errno : EIO));
+        }
+    }
     if (rec->final && p->report_memory && rec->worker_memory)
         print_memory_table(rec);
     if (!p->epoch_lines || rec->final)

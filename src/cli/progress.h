@@ -15,7 +15,9 @@ typedef struct st_progress {
     double last_draw;    /* wall time of the last redraw */
     int bar_visible;
     FILE *metrics;       /* or NULL */
-    int metrics_failed;  /* a write failed: reported once at the end */
+    const char *metrics_path;
+    int metrics_failed;  /* a write failed: said at once, with the reason; the run
+                          * goes on and exits 1 */
     int quiet;           /* no warnings either */
     int report_memory;   /* print every worker's memory with the final record */
     /* what made the run: written as "run" with the first record (NULL:

@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <subtrain/data.h>
 #include <subtrain/rng.h>
@@ -132,11 +134,21 @@ static const st_idx_files fashion_files = {
  * neither exists the message gives advice instead of a bare "no such
  * file": a missing dataset is the usual first-run problem.  fashion: the
  * advice is how to get Fashion-MNIST; else how to name an IDX set's
- * files. */
+ * files.  Anything else is not "missing" and gets no advice: a DIR that
+ * is a file, a file that is there but cannot be opened (the message
+ * names that file, .gz or not, and why), a symbolic link to nothing. */
 static st_status find_file(const char *dir, const char *name, int fashion, char *path,
                            size_t size)
 {
-    int open_errno = 0;
+    struct stat sb;
+    const int there = stat(dir, &sb) == 0;
+    if (!there && errno != ENOENT)   /* ENOENT: missing, and the advice below */
+        return st_fail(ST_ERR_IO, "%s: cannot open the directory: %s", dir, strerror(errno));
+    if (there && !S_ISDIR(sb.st_mode))
+        return st_fail(ST_ERR_IO, "%s: not a directory (the data is a directory holding the "
+                       "IDX files)", dir);
+    char failed[4096] = "";   /* the first file there that could not be opened */
+    int open_errno = 0, dangling = 0;
     for (int gz = 1; gz >= 0; gz--) {
         int n = snprintf(path, size, "%s/%s%s", dir, name, gz ? ".gz" : "");
         if (n < 0 || (size_t)n >= size)
@@ -147,13 +159,25 @@ static st_status find_file(const char *dir, const char *name, int fashion, char 
             fclose(f);
             return ST_OK;
         }
-        if (errno != ENOENT && errno != ENOTDIR && !open_errno)
-            open_errno = errno;
+        int e = errno;
+        if (*failed)
+            continue;
+        if (e == ENOENT && lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode))
+            dangling = 1;   /* the name is there, what it points to is not */
+        else if (e == ENOENT || e == ENOTDIR)
+            continue;
+        open_errno = e;
+        snprintf(failed, sizeof failed, "%s", path);
     }
-    if (open_errno) {   // it is there but unreadable: say so, not "missing"
-        snprintf(path, size, "%s/%s.gz", dir, name);
-        return st_fail(ST_ERR_IO, "%s: cannot open: %s", path, strerror(open_errno));
+    if (dangling) {
+        char target[4096];
+        ssize_t len = readlink(failed, target, sizeof target - 1);
+        target[len > 0 ? len : 0] = '\0';
+        return st_fail(ST_ERR_IO, "%s: cannot open: it is a symbolic link to '%s', which does "
+                       "not exist", failed, target);
     }
+    if (open_errno)
+        return st_fail(ST_ERR_IO, "%s: cannot open: %s", failed, strerror(open_errno));
     if (fashion)
         return st_fail(ST_ERR_IO, "Fashion-MNIST not found in %s (missing %s.gz); "
                        "install it with 'apt-get install dataset-fashion-mnist', "

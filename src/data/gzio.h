@@ -1,6 +1,6 @@
 /*
- * data/gzio.h — private: reading plain or gzip files through zlib, with
- * errors as statuses (gzio.c).
+ * data/gzio.h — private: reading plain or gzip files, with errors as
+ * statuses (gzio.c).
  */
 #ifndef SUBTRAIN_DATA_GZIO_H
 #define SUBTRAIN_DATA_GZIO_H
@@ -11,14 +11,17 @@
 
 #include <subtrain/status.h>
 
-/* Opens path for reading (plain or gzip), with a read buffer of `buffer`
- * bytes (0: zlib's default). */
-st_status st_gz_open(const char *path, unsigned buffer, gzFile *out);
-/* ST_OK when the stream is healthy, else its error as a status naming
- * path (a gzip stream that ends early: truncated; a damaged one: corrupt). */
-st_status st_gz_check(gzFile gz, const char *path, int saved_errno);
+typedef struct st_gz st_gz;
+
+/* Opens path for reading, with an input buffer of `buffer` bytes (0: 64
+ * KiB): gzip when it starts with the gzip magic, else plain. */
+st_status st_gz_open(const char *path, unsigned buffer, st_gz **out);
 /* Reads up to len bytes into buf; *got is how many arrived.  A short count
- * with ST_OK means the end of the file. */
-st_status st_gz_read_upto(gzFile gz, const char *path, void *buf, size_t len, size_t *got);
+ * with ST_OK means the end of the file.  A gzip file: concatenated members
+ * read as one stream; one that ends early is truncated, a damaged one
+ * corrupt, bytes after the last member that are not another member are
+ * trailing bytes (all ST_ERR_FORMAT, naming path). */
+st_status st_gz_read_upto(st_gz *g, const char *path, void *buf, size_t len, size_t *got);
+void st_gz_close(st_gz *g);
 
 #endif /* SUBTRAIN_DATA_GZIO_H */

@@ -8,7 +8,7 @@
  *   rank x u32  dimensions, dims[0] being the item count
  *   payload     product of dims elements, row-major
  *
- * zlib's gzread reads plain files transparently, so one code path serves
+ * data/gzio.c reads plain and gzip files alike, so one code path serves
  * both.  Files come from outside, so nothing in the header is trusted: the
  * payload buffer grows as bytes really arrive instead of being allocated at
  * the declared size, which keeps a 20-byte file that declares 1 GiB from
@@ -29,7 +29,7 @@
 
 #define IDX_TYPE_UBYTE 0x08
 #define IDX_FIRST_ALLOC ((size_t)1 << 20)   /* payload buffer starts at 1 MiB */
-#define IDX_GZ_BUFFER (128u << 10)          /* zlib's input buffer */
+#define IDX_GZ_BUFFER (128u << 10)          /* the reader's input buffer */
 #define IDX_TRAILING_SCAN ((size_t)1 << 20) /* extra bytes read before giving up */
 
 static const char *type_name(int code)
@@ -65,7 +65,7 @@ static void format_dims(const st_idx_array *a, char *buf, size_t size)
 }
 
 /* Magic, type, rank and dimensions; fills a->rank, a->dims, a->count. */
-static st_status read_header(gzFile gz, const char *path, st_idx_array *a)
+static st_status read_header(st_gz *gz, const char *path, st_idx_array *a)
 {
     unsigned char head[4];
     size_t got;
@@ -119,7 +119,7 @@ static st_status read_header(gzFile gz, const char *path, st_idx_array *a)
 /* The payload, a->count bytes, into a fresh a->data.  The buffer starts at
  * min(count, 1 MiB) and doubles only when it is full, so memory follows
  * what the file really holds. */
-static st_status read_payload(gzFile gz, const char *path, st_idx_array *a)
+static st_status read_payload(st_gz *gz, const char *path, st_idx_array *a)
 {
     size_t cap = a->count < IDX_FIRST_ALLOC ? a->count : IDX_FIRST_ALLOC;
     size_t have = 0;
@@ -164,7 +164,7 @@ static st_status read_payload(gzFile gz, const char *path, st_idx_array *a)
  * Extra bytes are read on (up to a bound) before they are reported: in a
  * damaged gzip stream they are a symptom, and the CRC error that follows
  * is the better message. */
-static st_status expect_end(gzFile gz, const char *path, size_t payload)
+static st_status expect_end(st_gz *gz, const char *path, size_t payload)
 {
     unsigned char extra[4096];
     size_t total = 0, got;
@@ -186,7 +186,7 @@ st_status st_idx_read(const char *path, st_idx_array *out)
     if (!path)
         return st_fail(ST_ERR_INVALID, "st_idx_read: no path");
 
-    gzFile gz;
+    st_gz *gz;
     ST_TRY(st_gz_open(path, IDX_GZ_BUFFER, &gz));
 
     st_idx_array a;
@@ -196,7 +196,7 @@ st_status st_idx_read(const char *path, st_idx_array *out)
         s = read_payload(gz, path, &a);
     if (s == ST_OK)
         s = expect_end(gz, path, a.count);
-    gzclose(gz);   // read-only: every stream problem was reported above
+    st_gz_close(gz);   // read-only: every stream problem was reported above
 
     if (s != ST_OK) {
         free(a.data);

@@ -26,7 +26,7 @@
 #define TEXT_MAX_BYTES ((size_t)1 << 32)
 #define TEXT_WINDOW_STREAM 0x7E47ull   /* namespace under the seed */
 
-static st_status read_all(gzFile gz, const char *path, uint8_t **out, size_t *count)
+static st_status read_all(st_gz *gz, const char *path, uint8_t **out, size_t *count)
 {
     size_t cap = TEXT_FIRST_ALLOC, n = 0;
     uint8_t *buf = malloc(cap);
@@ -70,12 +70,12 @@ st_status st_text_load(const char *path, double holdout, st_text *out)
     if (!(holdout > 0.0 && holdout < 1.0))
         return st_fail(ST_ERR_INVALID, "the held-out fraction must be in (0, 1), got %g",
                        holdout);
-    gzFile gz;
+    st_gz *gz;
     ST_TRY(st_gz_open(path, 1u << 16, &gz));
     uint8_t *bytes = NULL;
     size_t n = 0;
     st_status s = read_all(gz, path, &bytes, &n);
-    gzclose(gz);   /* read-only: every stream problem was reported above */
+    st_gz_close(gz);   /* read-only: every stream problem was reported above */
     ST_TRY(s);
     const size_t valid = (size_t)((double)n * holdout);
     if (n - valid < 2 || valid < 2) {

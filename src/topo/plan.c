@@ -139,30 +139,86 @@ static st_status layout_make(hwloc_topology_t hw, hwloc_const_cpuset_t allowed, 
 
 /* ------------------------------------------------------------ allowed cpuset */
 
-/* A user's list of OS PU indices, checked against the topology so that a
- * typo fails here, with the PUs named, rather than as a binding error in
- * worker 37. */
+/* One OS index of a cpuset list: decimal digits only (hwloc's own parser
+ * takes "-1" and wraps 4294967297 to 1).  An index too large for any
+ * machine reads as UINT64_MAX: not in the topology, whatever it is. */
+static int read_index(const char **p, unsigned long long *v)
+{
+    const char *s = *p;
+    *v = 0;
+    while (**p >= '0' && **p <= '9') {
+        unsigned d = (unsigned)(**p - '0');
+        *v = *v > (UINT64_MAX - d) / 10 ? UINT64_MAX : *v * 10 + d;
+        (*p)++;
+    }
+    return *p > s;
+}
+
+/* A user's list of OS PU indices ("0-3,8,10"), checked against the
+ * topology so that a typo fails here, with the PUs named, rather than as
+ * a binding error in worker 37. */
 static st_status parse_cpuset(hwloc_topology_t hw, const char *list, hwloc_bitmap_t out)
 {
-    if (hwloc_bitmap_list_sscanf(out, list) != 0)
-        return st_fail(ST_ERR_INVALID, "cpuset '%s': expected a list of OS PU indices "
-                       "such as '0-3,8,10'", list);
-    if (hwloc_bitmap_iszero(out))
-        return st_fail(ST_ERR_INVALID, "cpuset '%s' names no PU", list);
     hwloc_const_cpuset_t all = hwloc_topology_get_topology_cpuset(hw);
-    if (hwloc_bitmap_isincluded(out, all))
-        return ST_OK;
-    hwloc_bitmap_t missing = hwloc_bitmap_alloc();
-    char *miss = NULL, *have = NULL;
-    if (missing) {
-        hwloc_bitmap_andnot(missing, out, all);
-        hwloc_bitmap_list_asprintf(&miss, missing);
-        hwloc_bitmap_list_asprintf(&have, all);
+    const int last = hwloc_bitmap_last(all);
+    char beyond[64] = "";   /* the first item naming PUs past the topology's last */
+    hwloc_bitmap_zero(out);
+    if (*list == '\0')
+        return st_fail(ST_ERR_INVALID, "cpuset '%s' names no PU", list);
+    for (const char *p = list, *item = list;; item = ++p) {
+        unsigned long long lo, hi;
+        int ok = read_index(&p, &lo);
+        hi = lo;
+        if (ok && *p == '-') {
+            p++;
+            if (*p == ',' || *p == '\0')
+                hi = UINT64_MAX;   /* "N-", hwloc's open range: past any topology */
+            else
+                ok = read_index(&p, &hi);
+        }
+        if (!ok || (*p != ',' && *p != '\0'))
+            return st_fail(ST_ERR_INVALID, "cpuset '%s': expected a list of OS PU indices "
+                           "such as '0-3,8,10'", list);
+        if (hi < lo)
+            return st_fail(ST_ERR_INVALID, "cpuset '%s': the range %llu-%llu runs backwards",
+                           list, lo, hi);
+        if (last >= 0 && lo <= (unsigned long long)last)
+            hwloc_bitmap_set_range(out, (unsigned)lo,
+                                   hi < (unsigned long long)last ? (int)hi : last);
+        if ((last < 0 || hi > (unsigned long long)last) && !*beyond) {
+            /* the part past the last PU, its digits as given: "8", "8-12", "8-" */
+            const int len = (int)(p - item);
+            const char *dash = memchr(item, '-', (size_t)len);
+            unsigned long long first = last < 0 || lo > (unsigned long long)last
+                                           ? lo : (unsigned long long)last + 1;
+            if (!dash || first == lo)
+                snprintf(beyond, sizeof beyond, "%.*s", len, item);
+            else if (first == hi)
+                snprintf(beyond, sizeof beyond, "%llu", hi);
+            else
+                snprintf(beyond, sizeof beyond, "%llu-%.*s", first,
+                         (int)(item + len - dash - 1), dash + 1);
+        }
+        if (*p == '\0')
+            break;
     }
-    int one = missing && hwloc_bitmap_weight(missing) == 1;
+    hwloc_bitmap_t missing = hwloc_bitmap_alloc();
+    if (!missing)
+        return st_fail(ST_ERR_NOMEM, "out of memory checking cpuset '%s'", list);
+    hwloc_bitmap_andnot(missing, out, all);
+    if (!*beyond && hwloc_bitmap_iszero(missing)) {
+        hwloc_bitmap_free(missing);
+        return ST_OK;
+    }
+    char *miss = NULL, *have = NULL;
+    if (!*beyond)
+        hwloc_bitmap_list_asprintf(&miss, missing);
+    hwloc_bitmap_list_asprintf(&have, all);
+    int one = *beyond ? strchr(beyond, '-') == NULL : hwloc_bitmap_weight(missing) == 1;
     st_status s = st_fail(ST_ERR_INVALID, "cpuset '%s': %s %s %s not in the topology "
                           "(its PUs, by OS index: %s)", list, one ? "PU" : "PUs",
-                          miss ? miss : "?", one ? "is" : "are", have ? have : "?");
+                          *beyond ? beyond : miss ? miss : "?", one ? "is" : "are",
+                          have ? have : "?");
     free(miss);
     free(have);
     hwloc_bitmap_free(missing);
@@ -452,7 +508,7 @@ static void add_warning(st_plan *p, const char *line)
 st_status st_plan_make(const st_topology *t, const st_plan_request *req, st_plan *out)
 {
     memset(out, 0, sizeof *out);
-    static const st_plan_request defaults = { 0, 0, NULL, 1, 0 };
+    static const st_plan_request defaults = { .threads_per_worker = 1 };
     if (!req)
         req = &defaults;
     if (req->threads_per_worker < 0 || req->threads_per_worker > 1024)

@@ -41,4 +41,13 @@ void st_topo_process_cpuset(const st_topology *t, hwloc_bitmap_t out);
  * our own bindings.  Only the first call in a process does anything. */
 void st_topo_freeze_process_cpuset(const st_topology *t);
 
+/* The size limits of described topologies (limits.c), checked before
+ * hwloc loads them: ST_ERR_INVALID naming `what` ("topology 'SPEC'") when
+ * hwloc's work to build it would pass the budget.  A synthetic
+ * description hwloc would refuse passes (hwloc says why); an XML file that
+ * cannot be opened fails only when must_exist (else hwloc falls back to
+ * this machine, as it does for HWLOC_XMLFILE). */
+st_status st_topo_check_synthetic(const char *what, const char *desc);
+st_status st_topo_check_xml(const char *what, const char *path, int must_exist);
+
 #endif /* SUBTRAIN_TOPO_INTERNAL_H */

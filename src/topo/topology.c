@@ -57,6 +57,56 @@ static st_status check_xml_file(const char *spec, const char *path)
     return ST_OK;
 }
 
+/* The size limits (limits.c) of a description, named in the message as
+ * the user gave it: the spec, or the environment variable. */
+static st_status check_size(const char *spec, const char *synthetic, const char *xml)
+{
+    char what[4200];
+    if (spec)
+        snprintf(what, sizeof what, "topology '%s'", spec);
+    else
+        snprintf(what, sizeof what, "topology %s='%s'", synthetic ? "HWLOC_SYNTHETIC"
+                 : "HWLOC_XMLFILE", synthetic ? synthetic : xml);
+    return synthetic ? st_topo_check_synthetic(what, synthetic)
+                     : st_topo_check_xml(what, xml, spec != NULL);
+}
+
+/* hwloc loads another machine than this one when HWLOC_SYNTHETIC or
+ * HWLOC_XMLFILE is set (alone, or picked by HWLOC_COMPONENTS=synthetic or
+ * xml): their descriptions are checked like a spec's. */
+static st_status check_environment(void)
+{
+    const char *synthetic = getenv("HWLOC_SYNTHETIC"), *xml = getenv("HWLOC_XMLFILE");
+    if (synthetic && *synthetic)
+        ST_TRY(check_size(NULL, synthetic, NULL));
+    if (xml && *xml)
+        ST_TRY(check_size(NULL, NULL, xml));
+    return ST_OK;
+}
+
+/* A default load that hwloc made from its environment is not "this
+ * machine": name what described it, so that a message saying training
+ * needs this machine does not say "not on this machine". */
+static st_status name_from_environment(st_topology *t)
+{
+    hwloc_obj_t root = hwloc_get_root_obj(t->hw);
+    const char *backend = hwloc_obj_get_info_by_name(root, "Backend");
+    const char *synthetic = hwloc_obj_get_info_by_name(root, "SyntheticDescription");
+    const char *xml = getenv("HWLOC_XMLFILE");
+    char name[4200];
+    if (backend && strcmp(backend, "Synthetic") == 0)
+        snprintf(name, sizeof name, "HWLOC_SYNTHETIC='%s'",
+                 synthetic ? synthetic : getenv("HWLOC_SYNTHETIC") ? getenv("HWLOC_SYNTHETIC")
+                                                                    : "?");
+    else if (backend && strcmp(backend, "XML") == 0 && xml)
+        snprintf(name, sizeof name, "HWLOC_XMLFILE='%s'", xml);
+    else
+        snprintf(name, sizeof name, "the machine hwloc's environment describes (HWLOC_*)");
+    free(t->name);
+    t->name = NULL;
+    return set_name(t, name);
+}
+
 /* Tells hwloc where the topology comes from (nothing to do for this
  * machine: discovery is the default). */
 static st_status select_source(hwloc_topology_t hw, const char *spec)
@@ -68,14 +118,15 @@ static st_status select_source(hwloc_topology_t hw, const char *spec)
         if (*desc == '\0')
             return st_fail(ST_ERR_INVALID, "topology '%s': no description after "
                            "'synthetic:' (e.g. 'synthetic:pack:2 numa:4 core:16 pu:2')", spec);
-        if (hwloc_topology_set_synthetic(hw, desc) != 0)
+        if (hwloc_topology_set_synthetic(hw, desc) != 0)   /* parses, builds nothing */
             return st_fail(ST_ERR_INVALID, "topology '%s': hwloc rejects the synthetic "
                            "description '%s' (syntax: levels like 'pack:2 numa:4 "
                            "core:16 pu:2', see hwloc's synthetic topologies)", spec, desc);
-        return ST_OK;
+        return check_size(spec, desc, NULL);
     }
     if (strncmp(spec, "xml:", 4) == 0) {
         ST_TRY(check_xml_file(spec, spec + 4));
+        ST_TRY(check_size(spec, NULL, spec + 4));
         if (hwloc_topology_set_xml(hw, spec + 4) != 0)
             return st_fail(ST_ERR_FORMAT, "topology '%s': hwloc cannot use '%s' as an "
                            "XML topology: %s", spec, spec + 4, strerror(errno));
@@ -101,6 +152,8 @@ st_status st_topology_load(const char *spec, st_topology **out)
         goto fail;
     }
     ST_TRY_GOTO(s, select_source(t->hw, spec), fail);
+    if (!described)
+        ST_TRY_GOTO(s, check_environment(), fail);
     if (hwloc_topology_load(t->hw) != 0) {
         int err = errno;
         if (described && strncmp(spec, "xml:", 4) == 0)
@@ -118,6 +171,8 @@ st_status st_topology_load(const char *spec, st_topology **out)
      * HWLOC_XMLFILE / HWLOC_SYNTHETIC in the environment can make even the
      * default load a described one. */
     t->this_machine = hwloc_topology_is_thissystem(t->hw) ? 1 : 0;
+    if (!described && !t->this_machine)
+        ST_TRY_GOTO(s, name_from_environment(t), fail);
     *out = t;
     return ST_OK;
 fail:

@@ -38,9 +38,19 @@
 st_status st_loop_check_data(const st_train_config *cfg, const st_dataset *train,
                              const st_dataset *test)
 {
-    if (train->dim != (uint32_t)cfg->model.in_dim || test->dim != train->dim)
-        return st_fail(ST_ERR_INVALID, "the model takes %d inputs but the data has %u (train) "
-                       "and %u (test) features", cfg->model.in_dim, train->dim, test->dim);
+    /* The datasets come from the caller, who knows their files (the
+     * loaders name them and refuse splits of two shapes); what is known
+     * here is which set differs, and its shape. */
+    if (test->dim != train->dim || test->channels != train->channels ||
+        test->height != train->height || test->width != train->width)
+        return st_fail(ST_ERR_INVALID, "the test set's samples are %ux%ux%u (%u features) but "
+                       "the training set's are %ux%ux%u (%u): both sets need one shape",
+                       test->channels, test->height, test->width, test->dim, train->channels,
+                       train->height, train->width, train->dim);
+    if (train->dim != (uint32_t)cfg->model.in_dim)
+        return st_fail(ST_ERR_INVALID, "the model takes %d inputs but the data's samples are "
+                       "%ux%ux%u (%u features)", cfg->model.in_dim, train->channels,
+                       train->height, train->width, train->dim);
     if (train->n_classes != (uint32_t)cfg->model.n_classes)
         return st_fail(ST_ERR_INVALID, "the model has %d classes but the data has %u",
                        cfg->model.n_classes, train->n_classes);
@@ -85,22 +95,42 @@ static st_status prepare_ranks(run_shared *r)
     return ST_OK;
 }
 
+/* The topology the run binds to and where its workers go: *topology is
+ * set (to destroy) even when the plan fails. */
+static st_status place_workers(const st_train_config *cfg, st_topology **topology,
+                               st_plan *placement)
+{
+    ST_TRY(st_topology_load(cfg->topology, topology));
+    if (!st_topology_is_this_machine(*topology))
+        return st_fail(ST_ERR_INVALID, "training runs on this machine, not on %s%s; use "
+                       "'subtrain topo --topology ...' to plan for another machine",
+                       st_topology_name(*topology), cfg->topology ? ""
+                       : " (set in the environment: unset it to train here)");
+    st_plan_request req = { .workers = cfg->workers, .oversubscribe = cfg->oversubscribe,
+                            .cpuset = cfg->cpuset,
+                            .threads_per_worker = cfg->threads_per_worker,
+                            .team_spans = cfg->team_spans, .core_limit = cfg->core_limit };
+    return st_plan_make(*topology, &req, placement);
+}
+
+st_status st_train_placement_check(const st_train_config *cfg)
+{
+    st_topology *topology = NULL;
+    st_plan placement;
+    memset(&placement, 0, sizeof placement);
+    st_status s = place_workers(cfg, &topology, &placement);
+    st_plan_free(&placement);
+    st_topology_destroy(topology);
+    return s;
+}
+
 st_status st_loop_prepare(run_shared *r)
 {
     const st_train_config *cfg = r->cfg;
     r->ops = st_strategy_ops_of(cfg->strategy);
     if (!r->ops)
         return st_fail(ST_ERR_INVALID, "unknown strategy %d", (int)cfg->strategy);
-    ST_TRY(st_topology_load(cfg->topology, &r->topology));
-    if (!st_topology_is_this_machine(r->topology))
-        return st_fail(ST_ERR_INVALID, "training runs on this machine, not on %s; use "
-                       "'subtrain topo --topology ...' to plan for another machine",
-                       st_topology_name(r->topology));
-    st_plan_request req = { .workers = cfg->workers, .oversubscribe = cfg->oversubscribe,
-                            .cpuset = cfg->cpuset,
-                            .threads_per_worker = cfg->threads_per_worker,
-                            .team_spans = cfg->team_spans, .core_limit = cfg->core_limit };
-    ST_TRY(st_plan_make(r->topology, &req, &r->placement));
+    ST_TRY(place_workers(cfg, &r->topology, &r->placement));
     r->n = r->placement.n_workers;
     ST_TRY(prepare_ranks(r));
     ST_TRY(st_model_config_segments(&cfg->model, &r->full_segs, &r->n_full_segs));
