@@ -2,45 +2,13 @@
 # runs.csv: mean and sample standard deviation over the seeds that
 # finished (exit 0).  Configurations keep the order of their first run.
 #
-#   awk -f scripts/lib/summary.awk runs.csv            markdown table
-#   awk -v mode=dat -f scripts/lib/summary.awk runs.csv
+#   awk -f scripts/lib/csv.awk -f scripts/lib/summary.awk runs.csv     markdown
+#   awk -v mode=dat -f scripts/lib/csv.awk -f scripts/lib/summary.awk runs.csv
 #       for gnuplot, tab-separated: index, label, runs, then mean and sd of
 #       test_acc, test_loss, peak_mib, comm_mb_step, wall_s, align_mean
 #
 # runs.csv: a header line, then config,seed,<numbers...>,exit,options with
 # config and options quoted ("" for a quote), numbers bare, "" if absent.
-
-# Splits a CSV line into f[1..n]; returns n.
-function csv_split(line, f,    n, i, c, v, q, len) {
-    n = 0
-    v = ""
-    q = 0
-    len = length(line)
-    for (i = 1; i <= len; i++) {
-        c = substr(line, i, 1)
-        if (q) {
-            if (c == "\"") {
-                if (substr(line, i + 1, 1) == "\"") {
-                    v = v "\""
-                    i++
-                } else {
-                    q = 0
-                }
-            } else {
-                v = v c
-            }
-        } else if (c == "\"") {
-            q = 1
-        } else if (c == ",") {
-            f[++n] = v
-            v = ""
-        } else {
-            v = v c
-        }
-    }
-    f[++n] = v
-    return n
-}
 
 function add(k, name, x) {
     if (x == "")
