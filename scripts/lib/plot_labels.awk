@@ -14,7 +14,7 @@
 
 # Options that say where output goes, not what was run.
 function ignored(k) {
-    return k ~ /^(metrics|checkpoint|checkpoint-every|keep|progress|quiet|resume|usr1|config|dump-config|report|data)$/
+    return k ~ /^(metrics|checkpoint|checkpoint[-_]?every|keep|progress|quiet|resume|usr1|config|dump[-_]?config|report|data)$/
 }
 
 function base(path) {
@@ -69,32 +69,44 @@ FNR == 1 {
 
 FNR == 1 && nf > 1 { close(tmp "/" (nf - 1) ".dat") }
 
+# Option k of file f's config, "" when absent; "local-steps" is also
+# found spelled "local_steps" or "localsteps".
+function opt(f, k,    u) {
+    if ((f, k) in cfg)
+        return cfg[f, k]
+    u = k
+    gsub(/-/, "_", u)
+    if ((f, u) in cfg)
+        return cfg[f, u]
+    gsub(/_/, "", u)
+    return (f, u) in cfg ? cfg[f, u] : ""
+}
+
 # The strategy and what shapes it, from a file's config.
-function describe(f,    st, d, c) {
-    st = cfg[f, "strategy"]
-    d = cfg[f, "model"]
+function describe(f,    st, d, v) {
+    st = opt(f, "strategy")
+    d = opt(f, "model")
     if (st != "")
         d = d (d == "" ? "" : " ") st
     if (st == "sdp") {
-        if ((f, "subnet") in cfg)
-            d = d " " cfg[f, "subnet"]
-        c = cfg[f, "coverage"]
-        if (c != "")
-            d = d " C=" c
+        if ((v = opt(f, "subnet")) != "")
+            d = d " " v
+        if ((v = opt(f, "coverage")) != "")
+            d = d " C=" v
     } else if (st == "ist") {
-        if ((f, "local-steps") in cfg)
-            d = d " R=" cfg[f, "local-steps"]
+        if ((v = opt(f, "local-steps")) != "")
+            d = d " R=" v
     } else if (st == "synth") {
-        if ((f, "segments") in cfg)
-            d = d " S=" cfg[f, "segments"]
+        if ((v = opt(f, "segments")) != "")
+            d = d " S=" v
     }
-    if ((f, "workers") in cfg)
-        d = d " N=" cfg[f, "workers"]
+    if ((v = opt(f, "workers")) != "")
+        d = d " N=" v
     return d
 }
 
 function shown(k) {
-    return k ~ /^(model|strategy|subnet|coverage|local-steps|segments|workers)$/
+    return k ~ /^(model|strategy|subnet|coverage|local[-_]?steps|segments|workers)$/
 }
 
 END {
@@ -111,7 +123,7 @@ END {
         # every other option on which the files with a "run" disagree
         for (j = 1; j <= nkeys; j++) {
             k = order[j]
-            if (ignored(k) || shown(k))
+            if (ignored(k) || shown(k) || !((f, k) in cfg))
                 continue
             for (g = 1; g <= nf; g++)
                 if (has_run[g] && (cfg[g, k] != cfg[f, k] || !((g, k) in cfg)))
