@@ -2,7 +2,7 @@
 # scripts/reproduce/align.sh — block against neuron subnetworks, gradient
 # alignment (doc/sdp.md): the cosine between each worker's subnetwork
 # gradient and the full model's on the same batch, every 100 steps, mean
-# over the last epoch; C = 0.5 and 0.25, 3 seeds.  About 20 minutes on a
+# over the last epoch; C = 0.5 and 0.25, 3 seeds.  About 3 minutes on a
 # quiet 2-core machine.  Options: common.sh.
 . "$(cd "$(dirname "$0")" && pwd)/common.sh"
 

@@ -1,7 +1,7 @@
 #!/bin/sh
 # scripts/reproduce/resist.sh — the ResIST table of doc/ist.md: ResIST of
 # resmlp depth 8 width 256 with R = 1, 10, 50 local steps against data
-# parallelism, 2 and 4 workers, the same samples, 3 seeds.  About 45
+# parallelism, 2 and 4 workers, the same samples, 3 seeds.  About 7
 # minutes on a quiet 2-core machine.  Options: common.sh.
 . "$(cd "$(dirname "$0")" && pwd)/common.sh"
 

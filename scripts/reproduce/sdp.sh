@@ -2,7 +2,7 @@
 # scripts/reproduce/sdp.sh — the SDP memory and accuracy table of
 # doc/sdp.md: data parallelism against subnetwork data parallelism, blocks
 # and neurons, C = 0.5 and 0.25, same epochs and FLOP-matched, 3 seeds.
-# About 45 minutes on a quiet 2-core machine.  Options: common.sh.
+# About 6 minutes on a quiet 2-core machine.  Options: common.sh.
 . "$(cd "$(dirname "$0")" && pwd)/common.sh"
 
 claim <<'TEXT'

@@ -2,7 +2,7 @@
 # scripts/reproduce/synth.sh — the synthetic-labels table of doc/synth.md:
 # the 6-layer mlp cut into 2 or 3 segments trained at the same time against
 # synthetic labels, joined, with and without a recovery epoch, against
-# end-to-end data parallelism; 2 and 4 workers, 3 seeds.  About 15 minutes
+# end-to-end data parallelism; 2 and 4 workers, 3 seeds.  About 6 minutes
 # on a quiet 2-core machine.  Options: common.sh.
 . "$(cd "$(dirname "$0")" && pwd)/common.sh"
 
