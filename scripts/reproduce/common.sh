@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     -o) [ $# -ge 2 ] || { echo "reproduce: -o needs a folder" >&2; exit 2; }; OUT=$2; shift 2 ;;
     -s) [ $# -ge 2 ] || { echo "reproduce: -s needs seeds" >&2; exit 2; }; SEEDS=$2; shift 2 ;;
     -k|-c) KEEP=$1; shift ;;
-    -h|--help) sed -n '3,13p' "$REPRO/common.sh" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '3,12p' "$REPRO/common.sh" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "reproduce: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
