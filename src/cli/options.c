@@ -725,6 +725,11 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
             return -1;
         }
     }
+    /* --help and --version answer whatever else the line holds, as topo's
+     * and quad's do: `subtrain --model gpt --help` shows the options rather
+     * than that gpt needs text.  A malformed option was refused above. */
+    if (o->action == ST_CLI_HELP || o->action == ST_CLI_VERSION)
+        return 0;
     if (optind < argc)
         return fail(err, n, "unexpected argument '%s' (usage: subtrain [train] [OPTION]...)",
                     argv[optind]);
