@@ -108,8 +108,9 @@ commands() {
         echo "subtrain $c: $s"
     done
     for s in $(sections | sed -n 's/ OPTIONS$//p' | tr '[:upper:]' '[:lower:]'); do
-        echo "$COMMANDS" | grep -qx "$s" && [ "$(section "$s")" != OPTIONS ] ||
-            { echo "section '$s OPTIONS' documents no command with a --help of its own"; ok=1; }
+        if ! echo "$COMMANDS" | grep -qx "$s" || [ "$(section "$s")" = OPTIONS ]; then
+            echo "section '$s OPTIONS' documents no command with a --help of its own"; ok=1
+        fi
     done
     return $ok
 }
