@@ -324,6 +324,28 @@ Test(cli, help_and_version)
     free(r);
 }
 
+/* --help and --version answer whatever else the line holds (a line being
+ * typed, with --help appended to see the options), as topo's and quad's do;
+ * a malformed option is still refused: the bash completion tells options
+ * that take a value from flags by `subtrain --help --OPT` (tests/completion.sh). */
+Test(cli, help_and_version_whatever_else_the_line_holds)
+{
+    run_result *r = calloc(1, sizeof *r);
+    const char *lines[] = { "--model gpt --help", "--usr1 checkpoint --help",
+                            "--epochs 2 --steps 10 --help", "--help extra",
+                            "eval --help", "--strategy ist --synth-noise 1 --version" };
+    for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
+        run(r, NULL, lines[i]);
+        cr_assert_eq(r->status, 0, "'%s' exited %d (stderr: %s)", lines[i], r->status, r->err);
+        cr_assert(strstr(r->out, i == 5 ? "oneDNN 2." : "Usage: subtrain"), "'%s': %s",
+                  lines[i], r->out);
+    }
+    free(r);
+    expect_usage_error("--help --depth", "needs a value");
+    expect_usage_error("--help --frobnicate", "unknown option '--frobnicate'");
+    expect_usage_error("--strategy nonsense --help", "--strategy");
+}
+
 /* Runtime errors: exit 1, one line. */
 static void expect_runtime_error(const char *env, const char *args, const char *needle)
 {

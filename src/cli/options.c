@@ -841,6 +841,15 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
             return -1;
         }
     }
+    /* --help and --version answer whatever else the line holds, as topo's
+     * and quad's do: `subtrain --model gpt --help` shows the options rather
+     * than that gpt needs text.  A malformed option was refused above. */
+    for (int k = 0; k < n_cmd; k++)
+        if (cmd[k].c == 'h' || cmd[k].c == 'V') {
+            o->action = cmd[k].c == 'h' ? ST_CLI_HELP : ST_CLI_VERSION;
+            free(cmd);
+            return 0;
+        }
     if (optind < argc) {
         free(cmd);
         return fail(err, n, "unexpected argument '%s' (usage: subtrain [train] [OPTION]...)",
