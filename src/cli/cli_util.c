@@ -81,3 +81,12 @@ int st_cli_next_option(int argc, char **argv, const char *shortopts,
     st_cli_getopt_message(c, optopt, prev < argc ? argv[prev] : "", cmd, err, n);
     return ST_CLI_REJECTED;
 }
+
+int st_cli_fail(char *err, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+    return -1;
+}

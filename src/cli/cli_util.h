@@ -33,6 +33,12 @@ int st_cli_next_option(int argc, char **argv, const char *shortopts,
 int st_cli_parse_count(const char *opt, const char *s, unsigned long long lo,
                        unsigned long long hi, unsigned long long *out, char *err, size_t n);
 
+/* The message into err (n bytes), and -1: the parsers' way to refuse. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+int st_cli_fail(char *err, size_t n, const char *fmt, ...);
+
 /* Prints "cmd: message" on stderr: the subcommands' one-line usage errors. */
 #if defined(__GNUC__)
 __attribute__((format(printf, 2, 3)))

@@ -10,20 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_util.h"
 #include "cli/config_file.h"
 
 /* Enough for any configuration by far; a metrics file is read up to the
  * end of its first line, which must fit too. */
 #define CONFIG_MAX_BYTES (1u << 20)
 
-static int fail(char *err, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static int is_blank(char c)
 {
@@ -149,10 +142,10 @@ static int add_entry(st_cli_config_file *cf, int cap, const char *key, const cha
 {
     for (int k = 0; k < cf->n; k++)
         if (strcmp(cf->entries[k].key, key) == 0)
-            return fail(err, n, "%s:%d: '%s' is set twice (line %d sets it too)", cf->path, line,
+            return st_cli_fail(err, n, "%s:%d: '%s' is set twice (line %d sets it too)", cf->path, line,
                         key, cf->entries[k].line);
     if (cf->n == cap)
-        return fail(err, n, "%s:%d: too many entries", cf->path, line);
+        return st_cli_fail(err, n, "%s:%d: too many entries", cf->path, line);
     cf->entries[cf->n++] = (st_cli_config_entry){ key, value, line };
     return 0;
 }
@@ -165,7 +158,7 @@ static int parse_text(st_cli_config_file *cf, char *err, size_t n)
         cap += *p == '\n';
     cf->entries = calloc((size_t)cap, sizeof *cf->entries);
     if (!cf->entries)
-        return fail(err, n, "--config %s: out of memory", cf->path);
+        return st_cli_fail(err, n, "--config %s: out of memory", cf->path);
     char *line = cf->text;
     for (int no = 1; line; no++) {
         char *next = strchr(line, '\n');
@@ -182,7 +175,7 @@ static int parse_text(st_cli_config_file *cf, char *err, size_t n)
         while (end > s && is_blank(end[-1]))
             *--end = '\0';
         if (!eq)
-            return fail(err, n, "%s:%d: expected 'key = value', got '%s'", cf->path, no, s);
+            return st_cli_fail(err, n, "%s:%d: expected 'key = value', got '%s'", cf->path, no, s);
         char *key_end = eq;
         while (key_end > s && is_blank(key_end[-1]))
             key_end--;
@@ -191,10 +184,10 @@ static int parse_text(st_cli_config_file *cf, char *err, size_t n)
         while (is_blank(*value))
             value++;
         if (*s == '\0' || strpbrk(s, " \t"))
-            return fail(err, n, "%s:%d: expected 'key = value' with a key such as 'depth', "
+            return st_cli_fail(err, n, "%s:%d: expected 'key = value' with a key such as 'depth', "
                         "got '%s' before '='", cf->path, no, s);
         if (*value == '"' && unquote(value) != 0)
-            return fail(err, n, "%s:%d: %s: a quoted value ends at its closing '\"' and knows "
+            return st_cli_fail(err, n, "%s:%d: %s: a quoted value ends at its closing '\"' and knows "
                         "the escapes \\\\ \\\" \\n \\t \\r \\xHH", cf->path, no, s);
         if (add_entry(cf, cap, s, value, no, err, n))
             return -1;
@@ -357,12 +350,12 @@ static int config_member(const char *key, char **pp, void *user)
     metrics_read *m = user;
     char *value = json_string(pp);
     if (!value) {
-        m->failed = fail(m->err, m->n, "%s:1: \"run\".\"config\".\"%s\": expected a string "
+        m->failed = st_cli_fail(m->err, m->n, "%s:1: \"run\".\"config\".\"%s\": expected a string "
                          "(the value as --dump-config prints it)", m->cf->path, key);
         return -1;
     }
     if (*value == '"' && unquote(value) != 0) {
-        m->failed = fail(m->err, m->n, "%s:1: %s: a quoted value ends at its closing '\"'",
+        m->failed = st_cli_fail(m->err, m->n, "%s:1: %s: a quoted value ends at its closing '\"'",
                          m->cf->path, key);
         return -1;
     }
@@ -401,17 +394,17 @@ static int parse_metrics(st_cli_config_file *cf, char *err, size_t n)
         cap += *p == ',';
     cf->entries = calloc((size_t)cap, sizeof *cf->entries);
     if (!cf->entries)
-        return fail(err, n, "--config %s: out of memory", cf->path);
+        return st_cli_fail(err, n, "--config %s: out of memory", cf->path);
     cf->from_metrics = 1;
     metrics_read m = { cf, cap, 0, 0, err, n, 0 };
     char *p = cf->text;
     if (json_object(&p, record_member, &m) != 0 && !m.failed)
-        return fail(err, n, "%s:1: not a JSON record (a metrics file's first line is one)",
+        return st_cli_fail(err, n, "%s:1: not a JSON record (a metrics file's first line is one)",
                     cf->path);
     if (m.failed)
         return -1;
     if (!m.found_run || !m.found_config)
-        return fail(err, n, "%s:1: the first record has no \"run\":{\"config\":...} (the "
+        return st_cli_fail(err, n, "%s:1: the first record has no \"run\":{\"config\":...} (the "
                     "metrics of a subtrain older than its provenance records?)", cf->path);
     return 0;
 }
@@ -422,30 +415,30 @@ int st_cli_config_read(const char *path, st_cli_config_file *cf, char *err, size
     cf->path = path;
     FILE *f = fopen(path, "rb");
     if (!f)
-        return fail(err, n, "--config %s: cannot read it: %s", path, strerror(errno));
+        return st_cli_fail(err, n, "--config %s: cannot read it: %s", path, strerror(errno));
     cf->text = malloc(CONFIG_MAX_BYTES + 1);
     if (!cf->text) {
         fclose(f);
-        return fail(err, n, "--config %s: out of memory", path);
+        return st_cli_fail(err, n, "--config %s: out of memory", path);
     }
     size_t len = fread(cf->text, 1, CONFIG_MAX_BYTES + 1, f);
     int read_error = ferror(f) ? errno : 0;
     fclose(f);
     if (read_error)
-        return fail(err, n, "--config %s: cannot read it: %s", path, strerror(read_error));
+        return st_cli_fail(err, n, "--config %s: cannot read it: %s", path, strerror(read_error));
     cf->text[len < CONFIG_MAX_BYTES ? len : CONFIG_MAX_BYTES] = '\0';
     if (memchr(cf->text, '\0', len < CONFIG_MAX_BYTES ? len : CONFIG_MAX_BYTES))
-        return fail(err, n, "--config %s: a binary file, not a configuration", path);
+        return st_cli_fail(err, n, "--config %s: a binary file, not a configuration", path);
     const char *first = cf->text;
     while (is_blank(*first))
         first++;
     if (*first == '{') {
         if (len > CONFIG_MAX_BYTES && !strchr(cf->text, '\n'))
-            return fail(err, n, "%s:1: longer than %u bytes", path, CONFIG_MAX_BYTES);
+            return st_cli_fail(err, n, "%s:1: longer than %u bytes", path, CONFIG_MAX_BYTES);
         return parse_metrics(cf, err, n);
     }
     if (len > CONFIG_MAX_BYTES)
-        return fail(err, n, "--config %s: larger than %u bytes", path, CONFIG_MAX_BYTES);
+        return st_cli_fail(err, n, "--config %s: larger than %u bytes", path, CONFIG_MAX_BYTES);
     return parse_text(cf, err, n);
 }
 

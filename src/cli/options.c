@@ -271,14 +271,6 @@ void st_cli_print_help(FILE *f)
 "Documentation: doc/cli.md in the source tree.\n", f);
 }
 
-static int fail(char *err, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 /* Whole-string integer in [lo, hi]. */
 static int parse_long(const char *opt, const char *s, long lo, long hi, long *out,
@@ -288,7 +280,7 @@ static int parse_long(const char *opt, const char *s, long lo, long hi, long *ou
     errno = 0;
     long v = strtol(s, &end, 10);
     if (*s == '\0' || *end != '\0' || errno == ERANGE || v < lo || v > hi)
-        return fail(err, n, "--%s: expected an integer in [%ld, %ld], got '%s'", opt, lo, hi, s);
+        return st_cli_fail(err, n, "--%s: expected an integer in [%ld, %ld], got '%s'", opt, lo, hi, s);
     *out = v;
     return 0;
 }
@@ -325,7 +317,7 @@ static int parse_float(const char *opt, const char *s, double lo, double hi, int
     double v = strtod(s, &end);
     int bad_lo = open_lo ? !(v > lo) : !(v >= lo);
     if (*s == '\0' || *end != '\0' || errno == ERANGE || !isfinite(v) || bad_lo || v > hi)
-        return fail(err, n, "--%s: expected a number in %c%g, %g], got '%s'", opt,
+        return st_cli_fail(err, n, "--%s: expected a number in %c%g, %g], got '%s'", opt,
                     open_lo ? '(' : '[', lo, hi, s);
     *out = (float)v;
     return 0;
@@ -343,8 +335,8 @@ static int parse_choice(const char *opt, const char *s, st_status (*parse)(const
     for (const char *p = msg; (p = strstr(p, "(allowed: ")) != NULL; p++)
         allowed = p;   /* the last one: the name itself may contain the words */
     if (!allowed)
-        return fail(err, n, "--%s: %s", opt, msg);
-    return fail(err, n, "--%s: unknown value '%s' %s", opt, s, allowed);
+        return st_cli_fail(err, n, "--%s: %s", opt, msg);
+    return st_cli_fail(err, n, "--%s: unknown value '%s' %s", opt, s, allowed);
 }
 
 static int parse_progress(const char *s, st_progress_mode *out, char *err, size_t n)
@@ -355,7 +347,7 @@ static int parse_progress(const char *s, st_progress_mode *out, char *err, size_
             *out = (st_progress_mode)i;
             return 0;
         }
-    return fail(err, n, "--progress: unknown value '%s' (allowed: auto, bar, plain, none)", s);
+    return st_cli_fail(err, n, "--progress: unknown value '%s' (allowed: auto, bar, plain, none)", s);
 }
 
 /* Adapters: the library's parsers take typed pointers. */
@@ -380,11 +372,11 @@ static int parse_cuts(const char *s, int *cuts, int *count, char *err, size_t n)
         errno = 0;
         long v = strtol(p, &end, 10);
         if (end == p || errno == ERANGE || v < 1 || v > 1024 || (*end != ',' && *end != '\0'))
-            return fail(err, n, "--cuts: expected increasing layer numbers such as 2,4, got '%s'", s);
+            return st_cli_fail(err, n, "--cuts: expected increasing layer numbers such as 2,4, got '%s'", s);
         if (k == ST_SYNTH_MAX_SEGMENTS - 1)
-            return fail(err, n, "--cuts: at most %d cuts, got '%s'", ST_SYNTH_MAX_SEGMENTS - 1, s);
+            return st_cli_fail(err, n, "--cuts: at most %d cuts, got '%s'", ST_SYNTH_MAX_SEGMENTS - 1, s);
         if (k > 0 && v <= cuts[k - 1])
-            return fail(err, n, "--cuts: expected increasing layer numbers such as 2,4, got '%s'", s);
+            return st_cli_fail(err, n, "--cuts: expected increasing layer numbers such as 2,4, got '%s'", s);
         cuts[k++] = (int)v;
         if (*end == '\0')
             break;
@@ -400,7 +392,7 @@ static st_status parse_synth_labels(const char *s, void *o) { return st_synth_la
 static int copy_part(const char *what, const char *s, size_t len, char *dst, char *err, size_t n)
 {
     if (len >= ST_CLI_DATA_PATH_MAX)
-        return fail(err, n, "%s: the name is too long (%zu bytes)", what, len);
+        return st_cli_fail(err, n, "%s: the name is too long (%zu bytes)", what, len);
     memcpy(dst, s, len);
     dst[len] = '\0';
     return 0;
@@ -422,7 +414,7 @@ static int parse_idx_spec(const char *what, const char *spec, st_cli_data *d, ch
             const char *end = strchr(p, ',');
             size_t len = end ? (size_t)(end - p) : strlen(p);
             if (len == 0 || (k == 3) != (end == NULL))
-                return fail(err, n, "%s idx:%s: expected four file names "
+                return st_cli_fail(err, n, "%s idx:%s: expected four file names "
                             "TRAIN_IMAGES,TRAIN_LABELS,TEST_IMAGES,TEST_LABELS after the "
                             "directory, got '%s'", what, spec, colon + 1);
             if (copy_part(what, p, len, d->names[k], err, n))
@@ -431,7 +423,7 @@ static int parse_idx_spec(const char *what, const char *spec, st_cli_data *d, ch
         }
     }
     if (dir_len == 0)
-        return fail(err, n, "%s idx:%s: the directory is missing (idx:DIR[:TRAIN_IMAGES,"
+        return st_cli_fail(err, n, "%s idx:%s: the directory is missing (idx:DIR[:TRAIN_IMAGES,"
                     "TRAIN_LABELS,TEST_IMAGES,TEST_LABELS])", what, spec);
     return copy_part(what, spec, dir_len, d->dir, err, n);
 }
@@ -446,7 +438,7 @@ static int parse_data(const char *what, const char *s, st_cli_data *d, char *err
     };
     memset(d, 0, sizeof *d);
     if (*s == '\0')
-        return fail(err, n, "%s: expected a directory, 'synthetic', cifar10:DIR, "
+        return st_cli_fail(err, n, "%s: expected a directory, 'synthetic', cifar10:DIR, "
                     "cifar100:DIR, idx:DIR or text:FILE, got ''", what);
     if (strcmp(s, "synthetic") == 0) {
         d->kind = ST_CLI_DATA_SYNTHETIC;
@@ -455,7 +447,7 @@ static int parse_data(const char *what, const char *s, st_cli_data *d, char *err
     if (strncmp(s, "text:", 5) == 0 || strcmp(s, "text") == 0) {
         d->kind = ST_CLI_DATA_TEXT;
         if (s[4] == '\0' || s[5] == '\0')
-            return fail(err, n, "%s %s: the file is missing (text:FILE, e.g. "
+            return st_cli_fail(err, n, "%s %s: the file is missing (text:FILE, e.g. "
                         "text:/usr/share/dictd/gcide.dict.dz)", what, s);
         return copy_part(what, s + 5, strlen(s + 5), d->dir, err, n);
     }
@@ -468,7 +460,7 @@ static int parse_data(const char *what, const char *s, st_cli_data *d, char *err
         if (d->kind == ST_CLI_DATA_IDX)
             return parse_idx_spec(what, rest, d, err, n);
         if (*rest == '\0')
-            return fail(err, n, "%s %s: the directory is missing (%s:DIR, DIR the extracted "
+            return st_cli_fail(err, n, "%s %s: the directory is missing (%s:DIR, DIR the extracted "
                         "%s directory)", what, s, kinds[k].prefix,
                         d->kind == ST_CLI_DATA_CIFAR10 ? "cifar-10-batches-bin"
                                                        : "cifar-100-binary");
@@ -510,7 +502,7 @@ static int apply_synth_option(int c, const char *arg, st_cli_options *o, seen *s
         saw->synth_option = "--recovery-epochs";
         return parse_int("recovery-epochs", arg, 0, 100000, &s->recovery_epochs, err, n);
     }
-    return fail(err, n, "internal: unhandled option %d", c);
+    return st_cli_fail(err, n, "internal: unhandled option %d", c);
 }
 
 /* One report of --report, or a comma-separated list of them (as
@@ -530,7 +522,7 @@ static int parse_report_one(const char *arg, st_cli_options *o, char *err, size_
         return parse_u64("report align=N", arg + 6, 1, 1000000000ull, &t->align_every, err,
                          n);
     }
-    return fail(err, n, "--report: unknown value '%s' (allowed: memory, align, align=N)", arg);
+    return st_cli_fail(err, n, "--report: unknown value '%s' (allowed: memory, align, align=N)", arg);
 }
 
 static int parse_report(const char *arg, st_cli_options *o, char *err, size_t n)
@@ -539,7 +531,7 @@ static int parse_report(const char *arg, st_cli_options *o, char *err, size_t n)
     for (const char *p = arg;; ) {
         size_t len = strcspn(p, ",");
         if (len >= sizeof part)
-            return fail(err, n, "--report: unknown value '%.*s' (allowed: memory, align, "
+            return st_cli_fail(err, n, "--report: unknown value '%.*s' (allowed: memory, align, "
                         "align=N)", (int)len, p);
         memcpy(part, p, len);
         part[len] = '\0';
@@ -571,7 +563,7 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_HEADS: return parse_int("heads", arg, 1, 65536, &t->model.heads, err, n);
     case OPT_HOLDOUT:   /* one message for every bad value: 1 is refused too */
         if (parse_float("holdout", arg, 0.0, 1.0, 1, &o->holdout, err, n) || o->holdout >= 1.0f)
-            return fail(err, n, "--holdout: expected a fraction in (0, 1), got '%s'", arg);
+            return st_cli_fail(err, n, "--holdout: expected a fraction in (0, 1), got '%s'", arg);
         return 0;
     case OPT_VAL_BYTES: return parse_u64("val-bytes", arg, 0, 1ull << 40, &o->val_bytes, err, n);
     case OPT_EPOCH_WINDOWS:
@@ -579,7 +571,7 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_SAMPLE: return parse_u64("sample", arg, 0, 1000000ull, &o->sample, err, n);
     case OPT_CHECKPOINT:
         if (*arg == '\0')
-            return fail(err, n, "--checkpoint: expected a directory, got ''");
+            return st_cli_fail(err, n, "--checkpoint: expected a directory, got ''");
         o->checkpoint_dir = arg;
         return 0;
     case OPT_CHECKPOINT_EVERY:
@@ -588,23 +580,23 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             return 0;
         }
         if (parse_u64("checkpoint-every", arg, 1, 1ull << 40, &t->checkpoint.every, err, n))
-            return fail(err, n, "--checkpoint-every: expected a number of steps in [1, %llu] "
+            return st_cli_fail(err, n, "--checkpoint-every: expected a number of steps in [1, %llu] "
                         "or 'epoch', got '%s'", 1ull << 40, arg);
         return 0;
     case OPT_KEEP: return parse_int("keep", arg, 0, 1000000, &t->checkpoint.keep, err, n);
     case OPT_RESUME:
         if (*arg == '\0')
-            return fail(err, n, "--resume: expected a checkpoint directory or file, got ''");
+            return st_cli_fail(err, n, "--resume: expected a checkpoint directory or file, got ''");
         o->resume_path = arg;
         return 0;
     case OPT_USR1:
         if (strcmp(arg, "stop") != 0 && strcmp(arg, "checkpoint") != 0)
-            return fail(err, n, "--usr1: expected 'stop' or 'checkpoint', got '%s'", arg);
+            return st_cli_fail(err, n, "--usr1: expected 'stop' or 'checkpoint', got '%s'", arg);
         o->usr1_checkpoint = strcmp(arg, "checkpoint") == 0;
         return 0;
     case OPT_INIT:
         if (*arg == '\0')
-            return fail(err, n, "--init: expected a safetensors file, got ''");
+            return st_cli_fail(err, n, "--init: expected a safetensors file, got ''");
         o->init_path = arg;
         return 0;
     case OPT_PROMPT: o->prompt = arg; return 0;
@@ -630,7 +622,7 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_SEED: return parse_u64("seed", arg, 0, ULLONG_MAX, &t->seed, err, n);
     case OPT_METRICS:
         if (*arg == '\0')
-            return fail(err, n, "--metrics: expected a file name, got ''");
+            return st_cli_fail(err, n, "--metrics: expected a file name, got ''");
         o->metrics_path = arg;
         return 0;
     case OPT_PROGRESS: return parse_progress(arg, &o->progress, err, n);
@@ -643,12 +635,12 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         return parse_int("workers", arg, 1, 4096, &t->workers, err, n);
     case OPT_TOPOLOGY:
         if (*arg == '\0')
-            return fail(err, n, "--topology: expected synthetic:DESC or xml:FILE, got ''");
+            return st_cli_fail(err, n, "--topology: expected synthetic:DESC or xml:FILE, got ''");
         t->topology = arg;
         return 0;
     case OPT_CPUSET:
         if (*arg == '\0')
-            return fail(err, n, "--cpuset: expected a CPU list such as 0-3,8, got ''");
+            return st_cli_fail(err, n, "--cpuset: expected a CPU list such as 0-3,8, got ''");
         t->cpuset = arg;
         return 0;
     case OPT_OVERSUBSCRIBE: t->oversubscribe = 1; return 0;
@@ -677,7 +669,7 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             t->scale_branches = strcmp(arg, "none") != 0;
             return 0;
         }
-        return fail(err, n, "--branch-scale: unknown value '%s' (allowed: none, inverse-coverage)", arg);
+        return st_cli_fail(err, n, "--branch-scale: unknown value '%s' (allowed: none, inverse-coverage)", arg);
     case OPT_LOCAL_STEPS:
         return parse_u64("local-steps", arg, 1, 1000000000ull, &t->local_steps, err, n);
     case OPT_TRAIN_SCALE:
@@ -685,32 +677,32 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             t->ist_train_scale = strcmp(arg, "none") != 0;
             return 0;
         }
-        return fail(err, n, "--train-scale: unknown value '%s' (allowed: none, inverse-workers)", arg);
+        return st_cli_fail(err, n, "--train-scale: unknown value '%s' (allowed: none, inverse-workers)", arg);
     case OPT_OPTIMIZER_STATE:
         if (strcmp(arg, "reset") == 0 || strcmp(arg, "keep") == 0) {
             t->ist_keep_state = strcmp(arg, "keep") == 0;
             return 0;
         }
-        return fail(err, n, "--optimizer-state: unknown value '%s' (allowed: reset, keep)", arg);
+        return st_cli_fail(err, n, "--optimizer-state: unknown value '%s' (allowed: reset, keep)", arg);
     case OPT_EVAL_BRANCH_SCALE:
         if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-workers") == 0) {
             t->ist_eval_scale = strcmp(arg, "none") != 0;
             return 0;
         }
-        return fail(err, n, "--eval-branch-scale: unknown value '%s' (allowed: none, "
+        return st_cli_fail(err, n, "--eval-branch-scale: unknown value '%s' (allowed: none, "
                     "inverse-workers)", arg);
     case OPT_REPORT: return parse_report(arg, o, err, n);
     case 'q': o->quiet = 1; return 0;
     case OPT_CONFIG:
         if (*arg == '\0')
-            return fail(err, n, "--config: expected a file name, got ''");
+            return st_cli_fail(err, n, "--config: expected a file name, got ''");
         o->config_path = arg;
         return 0;
     case OPT_DUMP_CONFIG: o->dump_config = 1; return 0;
     case 'h': o->action = ST_CLI_HELP; return 0;
     case 'V': o->action = ST_CLI_VERSION; return 0;
     }
-    return fail(err, n, "internal: unhandled option %d", c);
+    return st_cli_fail(err, n, "internal: unhandled option %d", c);
 }
 
 /* One option, from the command line or a configuration file: what was
@@ -766,11 +758,11 @@ static int apply_config(st_cli_options *o, seen *saw, int *data_given, char *err
         const st_cli_config_entry *e = &cf->entries[k];
         const struct option *opt = option_named(e->key);
         if (!opt)
-            return fail(err, n, "%s:%d: unknown key '%s' (keys are the long options of "
+            return st_cli_fail(err, n, "%s:%d: unknown key '%s' (keys are the long options of "
                         "subtrain train without their dashes; see subtrain --help)", cf->path,
                         e->line, e->key);
         if (is_action(opt->val))
-            return fail(err, n, "%s:%d: '%s' is not a configuration key: give --%s on the "
+            return st_cli_fail(err, n, "%s:%d: '%s' is not a configuration key: give --%s on the "
                         "command line", cf->path, e->line, e->key, e->key);
         if (*e->value == '\0')   /* the default */
             continue;
@@ -779,13 +771,13 @@ static int apply_config(st_cli_options *o, seen *saw, int *data_given, char *err
             if (strcmp(e->value, "false") == 0)
                 continue;
             if (strcmp(e->value, "true") != 0)
-                return fail(err, n, "%s:%d: --%s: expected true or false, got '%s'", cf->path,
+                return st_cli_fail(err, n, "%s:%d: --%s: expected true or false, got '%s'", cf->path,
                             e->line, e->key, e->value);
             arg = NULL;
         }
         char msg[512];
         if (apply_one(opt->val, arg, o, saw, data_given, msg, sizeof msg))
-            return fail(err, n, "%s:%d: %s", cf->path, e->line, msg);
+            return st_cli_fail(err, n, "%s:%d: %s", cf->path, e->line, msg);
     }
     return 0;
 }
@@ -824,7 +816,7 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
      * wherever --config stands. */
     given *cmd = malloc(sizeof *cmd * (size_t)(argc > 0 ? argc : 1));
     if (!cmd)
-        return fail(err, n, "out of memory for the command line");
+        return st_cli_fail(err, n, "out of memory for the command line");
     int n_cmd = 0;
     st_cli_getopt_start();
     for (;;) {
@@ -846,13 +838,20 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
      * than that gpt needs text.  A malformed option was refused above. */
     for (int k = 0; k < n_cmd; k++)
         if (cmd[k].c == 'h' || cmd[k].c == 'V') {
+            /* every value still has to parse: a malformed one is refused */
+            for (int j = 0; j < n_cmd; j++)
+                if (cmd[j].c != OPT_CONFIG && apply_one(cmd[j].c, cmd[j].arg, o, &saw,
+                                                        &data_given, err, n)) {
+                    free(cmd);
+                    return -1;
+                }
             o->action = cmd[k].c == 'h' ? ST_CLI_HELP : ST_CLI_VERSION;
             free(cmd);
             return 0;
         }
     if (optind < argc) {
         free(cmd);
-        return fail(err, n, "unexpected argument '%s' (usage: subtrain [train] [OPTION]...)",
+        return st_cli_fail(err, n, "unexpected argument '%s' (usage: subtrain [train] [OPTION]...)",
                     argv[optind]);
     }
     int file_epochs = 0, file_steps = 0;
@@ -887,17 +886,17 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         struct stat a, b;
         if (stat(o->config_path, &a) == 0 && stat(o->metrics_path, &b) == 0 &&
             a.st_dev == b.st_dev && a.st_ino == b.st_ino)
-            return fail(err, n, "--metrics %s is the file --config reads: name another metrics "
+            return st_cli_fail(err, n, "--metrics %s is the file --config reads: name another metrics "
                         "file (this run would overwrite the record it repeats)", o->metrics_path);
     }
     if (saw.epochs && saw.steps)
-        return fail(err, n, "--epochs and --steps cannot be used together: give one");
+        return st_cli_fail(err, n, "--epochs and --steps cannot be used together: give one");
     if (saw.steps)
         o->train.epochs = 0;
     if (saw.synth_option && o->train.strategy != ST_STRATEGY_SYNTH)
-        return fail(err, n, "%s applies to --strategy synth only", saw.synth_option);
+        return st_cli_fail(err, n, "%s applies to --strategy synth only", saw.synth_option);
     if (saw.cuts && saw.cuts != o->train.synth.segments - 1)
-        return fail(err, n, "--cuts: %d cut%s for --segments %d (which needs %d)", saw.cuts,
+        return st_cli_fail(err, n, "--cuts: %d cut%s for --segments %d (which needs %d)", saw.cuts,
                     saw.cuts == 1 ? "" : "s", o->train.synth.segments,
                     o->train.synth.segments - 1);
     if (o->train.strategy == ST_STRATEGY_SYNTH) { /* the paper's 6-layer network */
@@ -907,10 +906,10 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
             o->train.model.depth = 5;
     }
     if (o->train.topology)
-        return fail(err, n, "--topology describes another machine and is for 'subtrain topo'; "
+        return st_cli_fail(err, n, "--topology describes another machine and is for 'subtrain topo'; "
                     "training runs on this machine");
     if (o->train.model.kind == ST_MODEL_MLP && o->train.model.hidden)
-        return fail(err, n, "--hidden applies to resmlp only (mlp layers are --width wide)");
+        return st_cli_fail(err, n, "--hidden applies to resmlp only (mlp layers are --width wide)");
     const int cnn = o->train.model.kind == ST_MODEL_RESNET ||
                     o->train.model.kind == ST_MODEL_RESNET18;
     if (cnn) {
@@ -923,27 +922,27 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         if (!saw.activation)
             o->train.model.activation = ST_ACT_RELU;
         if (o->train.model.hidden)
-            return fail(err, n, "--hidden applies to resmlp only (a resnet's blocks are as "
+            return st_cli_fail(err, n, "--hidden applies to resmlp only (a resnet's blocks are as "
                         "wide as their stage)");
         if (o->train.strategy == ST_STRATEGY_SYNTH)
-            return fail(err, n, "--model %s does not train with --strategy synth (its "
+            return st_cli_fail(err, n, "--model %s does not train with --strategy synth (its "
                         "segments would cut batch-normalised residual blocks; see doc/cnn.md)",
                         st_model_kind_name(o->train.model.kind));
     }
     const int gpt = o->train.model.kind == ST_MODEL_GPT;
     const int text = o->data_spec.kind == ST_CLI_DATA_TEXT;
     if (gpt != text)
-        return fail(err, n, gpt ? "--model gpt is a language model: it needs --data text:FILE"
+        return st_cli_fail(err, n, gpt ? "--model gpt is a language model: it needs --data text:FILE"
                                 : "--data text:FILE is for --model gpt (a language model)");
     if (saw.text_option && !text)
-        return fail(err, n, "%s applies to --data text:FILE only", saw.text_option);
+        return st_cli_fail(err, n, "%s applies to --data text:FILE only", saw.text_option);
     if (o->sample && !gpt)
-        return fail(err, n, "--sample applies to --model gpt only");
+        return st_cli_fail(err, n, "--sample applies to --model gpt only");
     if (saw.sample_option && !o->sample)
-        return fail(err, n, "%s applies to --sample N only (N >= 1 bytes to generate)",
+        return st_cli_fail(err, n, "%s applies to --sample N only (N >= 1 bytes to generate)",
                     saw.sample_option);
     if ((saw.context || saw.heads) && !gpt)
-        return fail(err, n, "%s applies to --model gpt only", saw.context ? "--context"
+        return st_cli_fail(err, n, "%s applies to --model gpt only", saw.context ? "--context"
                                                                            : "--heads");
     if (gpt) {
         /* about 3M parameters: 4 blocks of width 256, 4 heads, 128 bytes */
@@ -954,37 +953,37 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         o->train.model.in_dim = o->train.model.context;   /* a byte id per token */
         o->train.model.n_classes = 256;
         if (o->train.model.width % o->train.model.heads)
-            return fail(err, n, "--heads %d does not divide --width %d", o->train.model.heads,
+            return st_cli_fail(err, n, "--heads %d does not divide --width %d", o->train.model.heads,
                         o->train.model.width);
         if (o->train.strategy == ST_STRATEGY_SYNTH)
-            return fail(err, n, "--model gpt does not train with --strategy synth (its cuts "
+            return st_cli_fail(err, n, "--model gpt does not train with --strategy synth (its cuts "
                         "are between the layers of a plain MLP)");
         const int head = o->train.model.width / o->train.model.heads;
         if (!saw.neuron_group)   /* a unit is one head (and that many MLP neurons) */
             o->train.neuron_group = head;
         if (o->train.strategy == ST_STRATEGY_SDP && o->train.subnet == ST_SUBNET_NEURON &&
             o->train.neuron_group % head)
-            return fail(err, n, "--neuron-group %d: gpt's neuron units are whole attention "
+            return st_cli_fail(err, n, "--neuron-group %d: gpt's neuron units are whole attention "
                         "heads, so it must be a multiple of the head size %d (--width %d / "
                         "--heads %d)", o->train.neuron_group, head, o->train.model.width,
                         o->train.model.heads);
     }
     if (o->action == ST_CLI_EVAL && !o->init_path)
-        return fail(err, n, "eval needs --init FILE: the weights to evaluate");
+        return st_cli_fail(err, n, "eval needs --init FILE: the weights to evaluate");
     if (o->action == ST_CLI_EVAL && (o->checkpoint_dir || o->metrics_path))
-        return fail(err, n, "eval writes no %s", o->checkpoint_dir ? "checkpoint" : "metrics");
+        return st_cli_fail(err, n, "eval writes no %s", o->checkpoint_dir ? "checkpoint" : "metrics");
     if (o->init_path && o->train.strategy == ST_STRATEGY_SYNTH)
-        return fail(err, n, "--init does not apply to --strategy synth (its segments start from "
+        return st_cli_fail(err, n, "--init does not apply to --strategy synth (its segments start from "
                     "their own initial values)");
     if ((o->train.checkpoint.every || o->train.checkpoint.every_epoch || o->train.checkpoint.keep ||
          o->usr1_checkpoint) && !o->checkpoint_dir)
-        return fail(err, n, "%s needs --checkpoint DIR: where the checkpoints go",
+        return st_cli_fail(err, n, "%s needs --checkpoint DIR: where the checkpoints go",
                     o->train.checkpoint.keep ? "--keep" : o->usr1_checkpoint
                     ? "--usr1 checkpoint" : "--checkpoint-every");
     if (o->action == ST_CLI_EVAL && o->resume_path)
-        return fail(err, n, "eval takes weights with --init, not --resume");
+        return st_cli_fail(err, n, "eval takes weights with --init, not --resume");
     if (o->init_path && o->resume_path)
-        return fail(err, n, "--init and --resume: a resumed run continues from its "
+        return st_cli_fail(err, n, "--init and --resume: a resumed run continues from its "
                     "checkpoint's weights; give one of them");
     o->train.checkpoint.dir = o->checkpoint_dir;
     /* --workers cores under SLURM: one per core of the task's cpuset, at
@@ -997,7 +996,7 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         char *end;
         long cpus = strtol(slurm, &end, 10);
         if (*end || cpus < 1 || cpus > 65536)
-            return fail(err, n, "SLURM_CPUS_PER_TASK='%s': expected a CPU count", slurm);
+            return st_cli_fail(err, n, "SLURM_CPUS_PER_TASK='%s': expected a CPU count", slurm);
         o->train.core_limit = (int)cpus;
         o->slurm_cpus = (int)cpus;
     }
