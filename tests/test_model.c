@@ -2334,6 +2334,22 @@ Test(bf16, update_written_weight_copies_change_nothing)
         cr_assert_eq(memcmp(st_model_params(m[0]), st_model_params(m[1]),
                             st_model_param_count(m[0]) * sizeof(float)), 0,
                      "config %d: parameters differ with the update writing the copies", k);
+        /* the parameters written by hand after an update that wrote the
+         * copies: st_model_params_changed makes the next forward convert */
+        float after[2];
+        for (int j = 0; j < 2; j++) {
+            st_model_copies_written(m[j]);
+            float *p = st_model_params(m[j]);
+            for (size_t i = 0; i < st_model_param_count(m[j]); i++)
+                p[i] *= 0.5f;
+            st_model_params_changed(m[j]);
+            st_rng r = st_rng_seed(7);
+            fill_rows(m[j], 0, 4, &r);
+            OK(st_model_forward_backward(m[j], &after[j]));
+        }
+        cr_assert_eq(memcmp(&after[0], &after[1], sizeof after[0]), 0,
+                     "config %d: a forward after st_model_params_changed used stale copies "
+                     "(%.9g vs %.9g)", k, after[1], after[0]);
         for (int j = 0; j < 2; j++) {
             st_model_destroy(m[j]);
             st_arena_release(&a[j]);

@@ -282,6 +282,10 @@ const st_param_segment *st_model_segments(const st_model *m, int *count);
  * layers convert as before. */
 const st_param_copy *st_model_copies(const st_model *m, int *count);
 void st_model_copies_written(st_model *m);
+/* Takes that promise back: whoever writes the parameters of a model that
+ * an update just wrote (st_trainer_model's, between st_trainer_step
+ * calls, say) calls this, and the next forward converts the weights. */
+void st_model_params_changed(st_model *m);
 
 /* One forward and backward pass over the whole batch: *loss is the mean
  * cross-entropy (over every row: a sequence model's tokens), the gradient vector is overwritten with dloss/dparams. */

@@ -88,7 +88,9 @@ st_status st_trainer_params(st_trainer *t, float *out, size_t count);
  * worker: worker w's model instance (its subnetwork under sdp and ist),
  * NULL for no such worker.  Between calls only; its primitives run with
  * the calling thread's OpenMP thread count (set it to 1 to time one
- * worker's core). */
+ * worker's core).  A caller that writes its parameters calls
+ * st_model_params_changed (bf16: one worker's update writes the weights'
+ * bf16 copies for the next forward). */
 st_model *st_trainer_model(st_trainer *t, int w);
 
 /* The optimizer half of the next step alone, on the gradients the

@@ -624,6 +624,11 @@ void st_model_copies_written(st_model *m)
     m->ctx.copies_current = m->n_copies > 0;
 }
 
+void st_model_params_changed(st_model *m)
+{
+    m->ctx.copies_current = 0;
+}
+
 st_status st_model_forward_backward(st_model *m, float *loss)
 {
     double sum;
