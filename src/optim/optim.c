@@ -126,6 +126,15 @@ static void sgd_range(float *restrict p, const float *restrict g, float *restric
     }
 }
 
+/* p[i] = v and its bf16 copy h[i] = bf16(v), rounded as oneDNN rounds */
+static inline void store_h(float *restrict p, uint16_t *restrict h, size_t i, float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    p[i] = v;
+    h[i] = (uint16_t)(st_bf16_rne_bits(u) >> 16);
+}
+
 /* The same, writing h[i] = bf16(p[i]) as well (h: a weight copy) */
 ST_VECTOR_CLONES
 static void sgd_range_h(float *restrict p, const float *restrict g, float *restrict buf,
@@ -135,10 +144,7 @@ static void sgd_range_h(float *restrict p, const float *restrict g, float *restr
 #pragma omp simd
         for (size_t i = 0; i < n; i++) {
             float pi = p[i] - lr * (g[i] + wd * p[i]);
-            uint32_t u;
-            memcpy(&u, &pi, sizeof u);
-            p[i] = pi;
-            h[i] = (uint16_t)(st_bf16_rne_bits(u) >> 16);
+            store_h(p, h, i, pi);
         }
         return;
     }
@@ -147,10 +153,7 @@ static void sgd_range_h(float *restrict p, const float *restrict g, float *restr
         float b = momentum * buf[i] + g[i] + wd * p[i];
         buf[i] = b;
         float pi = p[i] - lr * b;
-        uint32_t u;
-        memcpy(&u, &pi, sizeof u);
-        p[i] = pi;
-        h[i] = (uint16_t)(st_bf16_rne_bits(u) >> 16);
+        store_h(p, h, i, pi);
     }
 }
 
@@ -189,10 +192,7 @@ static void adamw_range_h(float *restrict p, const float *restrict g, float *res
         m[i] = mi;
         v[i] = vi;
         float pi = p[i] * shrink - a->lr * (mi * a->c1) / (sqrtf(vi * a->c2) + a->eps);
-        uint32_t u;
-        memcpy(&u, &pi, sizeof u);
-        p[i] = pi;
-        h[i] = (uint16_t)(st_bf16_rne_bits(u) >> 16);
+        store_h(p, h, i, pi);
     }
 }
 
