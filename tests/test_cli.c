@@ -333,7 +333,10 @@ Test(cli, help_and_version_whatever_else_the_line_holds)
     run_result *r = calloc(1, sizeof *r);
     const char *lines[] = { "--model gpt --help", "--usr1 checkpoint --help",
                             "--epochs 2 --steps 10 --help", "--help extra",
-                            "eval --help", "--strategy ist --synth-noise 1 --version" };
+                            "eval --help", "--strategy ist --synth-noise 1 --version",
+                            /* one word, many options: the parser once kept one slot
+                             * a word (heap overflow, found by fuzz_options) */
+                            "-qhh", "-qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqh" };
     for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
         run(r, NULL, lines[i]);
         cr_assert_eq(r->status, 0, "'%s' exited %d (stderr: %s)", lines[i], r->status, r->err);

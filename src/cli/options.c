@@ -814,7 +814,11 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     /* The command line first read whole (getopt's checks: unknown options,
      * missing values), applied after the file's options so that it wins
      * wherever --config stands. */
-    given *cmd = malloc(sizeof *cmd * (size_t)(argc > 0 ? argc : 1));
+    /* One word gives at most one option per character: "-qhh" is three. */
+    size_t max_cmd = 1;
+    for (int k = 1; k < argc; k++)
+        max_cmd += strlen(argv[k]);
+    given *cmd = malloc(sizeof *cmd * max_cmd);
     if (!cmd)
         return st_cli_fail(err, n, "out of memory for the command line");
     int n_cmd = 0;
