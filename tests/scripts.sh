@@ -1,7 +1,8 @@
 #!/bin/sh
-# tests/scripts.sh — make check's tests of scripts/sweep and scripts/plot
-# (POSIX sh and awk; the PNG cases need gnuplot and are skipped without
-# it).  Prints a Criterion-style synthesis line for scripts/summary.sh.
+# tests/scripts.sh — make check's tests of scripts/sweep, scripts/plot and
+# scripts/primitive-times (POSIX sh and awk; the PNG cases need gnuplot
+# and are skipped without it).  Prints a Criterion-style synthesis line
+# for scripts/summary.sh.
 #
 #   sweep_*   a 2 x 2 grid on --data synthetic, 2 steps a run, 2 seeds:
 #             the CSV's rows, the markdown table's mean ± sd against the
@@ -9,6 +10,8 @@
 #   plot_*    labels from the provenance record "run" (hand-written
 #             records), and from file names without it; PNGs of metrics
 #             files and of a sweep's runs.csv; bad input
+#   primitive_times  groups, per-step division and the reference left out
+#             on a hand-written oneDNN verbose log; bad input
 set -u
 srcdir=${srcdir:-.}
 BIN=${SUBTRAIN_BIN:-./subtrain}
@@ -189,6 +192,48 @@ run "scripts/plot_labels" plot_labels
 run "scripts/plot_bad_input" plot_bad_input
 run "scripts/plot_metrics_png" plot_metrics_png
 run "scripts/plot_sweep_png" plot_sweep_png
+
+# ------------------------------------------------------- primitive-times
+# oneDNN 2.6's verbose lines of two steps (made up: the format is what
+# counts), with a reference matmul that has no user scratchpad
+PRIM="$srcdir/scripts/primitive-times"
+cat >"$TMP/verbose.log" <<'LOG'
+onednn_verbose,info,oneDNN v2.6.3 (commit N/A)
+onednn_verbose,exec,cpu,matmul,brg:avx512_core_bf16,undef,src_bf16::blocked:ab:f0 wei_bf16::blocked:ab:f0 dst_f32::blocked:ab:f0,attr-scratchpad:user ,,4x8:8x2:4x2,1.5
+onednn_verbose,exec,cpu,reorder,jit:uni,undef,src_f32::blocked:ab:f0 dst_bf16::blocked:ab:f0,attr-scratchpad:user ,,4x8,0.25
+onednn_verbose,exec,cpu,matmul,brg:avx512_core_bf16,undef,src_bf16::blocked:ab:f0 wei_bf16::blocked:ab:f0 bia_f32::blocked:ab:f0_mask2 dst_f32::blocked:ab:f0,attr-scratchpad:user attr-post-ops:binary_add:f32:3:ab ,,4x8:8x2:4x2,2
+onednn_verbose,exec,cpu,softmax_v2,jit:avx512_core,forward_training,src_f32::blocked:ab:f0 dst_f32::blocked:ab:f0,attr-scratchpad:user ,alg:softmax_accurate axis:1,4x2,0.5
+dnnl_verbose,exec,cpu,matmul,brg:avx512_core_bf16,undef,src_bf16::blocked:ab:f0 wei_bf16::blocked:ab:f0 dst_f32::blocked:ab:f0,attr-scratchpad:user ,,4x8:8x2:4x2,2.5
+onednn_verbose,exec,cpu,reorder,jit:uni,undef,src_f32::blocked:ab:f0 dst_bf16::blocked:ab:f0,attr-scratchpad:user ,,4x8,0.75
+onednn_verbose,exec,cpu,softmax_v2,jit:avx512_core,forward_training,src_f32::blocked:ab:f0 dst_f32::blocked:ab:f0,attr-scratchpad:user ,alg:softmax_accurate axis:1,4x2,0.5
+onednn_verbose,exec,cpu,matmul,brg:avx512_core_bf16,undef,src_bf16::blocked:ab:f0 wei_bf16::blocked:ab:f0 dst_f32::blocked:ab:f0,,,4x8:8x2:4x2,9
+not a verbose line,exec
+LOG
+
+primitive_times() {
+    out=$(sh "$PRIM" -s -p softmax "$TMP/verbose.log") || return 1
+    # per step (2 softmax calls): the plain matmul 2 calls (1.5 + 2.5) / 2,
+    # the reorder (0.25 + 0.75) / 2, the post-op matmul a group of its own;
+    # the reference matmul (no user scratchpad) left out
+    expect "rows" "$(echo "$out" | wc -l | tr -d ' ')" 6 || return 1
+    expect "first" "$(echo "$out" | sed -n 2p | awk '{ print $1, $2, $3, $5, $6 }')" \
+        "2.000 1.0 2.0000 matmul 4x8:8x2:4x2" || return 1
+    echo "$out" | grep -q '^ *1\.000 *0\.5 *2\.0000 .*matmul 4x8:8x2:4x2 .* +post-ops$' ||
+        { echo "post-op group: $out"; return 1; }
+    echo "$out" | grep -q '^ *0\.500 *1\.0 *0\.5000 .*reorder 4x8 src_f32::ab dst_bf16::ab$' ||
+        { echo "reorder group: $out"; return 1; }
+    expect "total" "$(echo "$out" | tail -n 1 | awk '{ print $1, $3, $4 }')" "4.000 all 4" ||
+        return 1
+    # without -s the reference is counted, in totals (no -n, no -p)
+    expect "with the reference" "$(sh "$PRIM" "$TMP/verbose.log" | tail -n 1 | awk '{ print $1 }')" \
+        "17.000" || return 1
+    sh "$PRIM" -n two "$TMP/verbose.log" 2>/dev/null; expect "bad -n" $? 2 || return 1
+    sh "$PRIM" -p nothing-like-it "$TMP/verbose.log" 2>/dev/null; expect "no match" $? 1 || return 1
+    sh "$PRIM" "$TMP/missing.log" 2>/dev/null; expect "missing log" $? 2 || return 1
+    sh "$PRIM" "$TMP/grid.spec" 2>/dev/null; expect "no verbose lines" $? 1
+}
+
+run "scripts/primitive_times" primitive_times
 
 echo "[====] Synthesis: Tested: $((passed + failed)) | Passing: $passed | Failing: $failed | Crashing: 0 | Skipped: $skipped"
 [ "$failed" -eq 0 ]

@@ -13,16 +13,8 @@
 
 #include "comm/kernels.h"
 #include "core/bf16.h"
+#include "core/simd.h"
 
-/* Clones of the hot loops for wider vector units, picked at load time (as
- * in optim/optim.c).  Not under ThreadSanitizer: the clones' ifunc
- * resolvers run before its runtime is up and crash the loader. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
-    !defined(__SANITIZE_THREAD__)
-#define ST_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define ST_VECTOR_CLONES
-#endif
 
 static size_t min_size(size_t a, size_t b)
 {

@@ -20,6 +20,7 @@
 #include "core/bf16.h"
 #include "core/enum_table.h"
 #include "core/error.h"
+#include "core/simd.h"
 
 st_optim_config st_optim_config_default(void)
 {
@@ -99,13 +100,7 @@ void st_optim_reset(st_optim *opt)
         memset(opt->v, 0, opt->n * sizeof *opt->v);
 }
 
-/* Clones of the hot loops for wider vector units, picked at load time by
- * the CPU (GCC's target_clones: the build stays generic x86-64). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define ST_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define ST_VECTOR_CLONES
-#endif
+/* The hot loops below are cloned for wider vector units (core/simd.h). */
 
 /* p, g, buf are (n) */
 ST_VECTOR_CLONES

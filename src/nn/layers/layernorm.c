@@ -26,8 +26,27 @@
  * kept for the backward are 2 bytes per element instead of 4. */
 #include <stdio.h>
 
+#include "core/simd.h"
 #include "nn/graph.h"
 #include "nn/layers.h"
+
+/* xb[c] = bf16(x[c] - mu), c < n: one row of the centred copy */
+ST_VECTOR_CLONES
+static void centre_to_bf16(st_bf16 *restrict xb, const float *restrict x, int64_t n, float mu)
+{
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++)
+        xb[c] = st_bf16_from_float(x[c] - mu);
+}
+
+/* xs[c] = mu + fp32(xb[c]), c < n: one row rebuilt from the copy */
+ST_VECTOR_CLONES
+static void uncentre_from_bf16(float *restrict xs, const st_bf16 *restrict xb, int64_t n, float mu)
+{
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++)
+        xs[c] = mu + st_bf16_to_float(xb[c]);
+}
 
 /* y (B, C) = (x - mean) / sqrt(var + eps) * gamma + beta, mean/var (B) */
 st_status st_layernorm_build(st_nn_ctx *ctx, st_layernorm *n, int64_t rows, int64_t cols,
@@ -109,12 +128,8 @@ st_status st_layernorm_forward(const st_nn_ctx *ctx, const st_layernorm *n)
         return ST_OK;
     /* the centred copy (header): rows of x against the mean just saved */
     const int64_t C = n->cols;
-    for (int64_t r = 0; r < n->rows; r++) {
-        const float *x = n->x + r * C, mu = n->mean[r];
-        st_bf16 *xb = n->xb + r * C;
-        for (int64_t c = 0; c < C; c++)
-            xb[c] = st_bf16_from_float(x[c] - mu);
-    }
+    for (int64_t r = 0; r < n->rows; r++)
+        centre_to_bf16(n->xb + r * C, n->x + r * C, C, n->mean[r]);
     return ST_OK;
 }
 
@@ -125,12 +140,8 @@ st_status st_layernorm_backward(const st_nn_ctx *ctx, const st_layernorm *n)
         ST_DNNL(dnnl_memory_get_data_handle(n->xs_mem, &p), "layer norm scratch");
         float *xs = p;
         const int64_t C = n->cols;
-        for (int64_t r = 0; r < n->rows; r++) {
-            const float mu = n->mean[r];
-            const st_bf16 *xb = n->xb + r * C;
-            for (int64_t c = 0; c < C; c++)
-                xs[r * C + c] = mu + st_bf16_to_float(xb[c]);
-        }
+        for (int64_t r = 0; r < n->rows; r++)
+            uncentre_from_bf16(xs + r * C, n->xb + r * C, C, n->mean[r]);
     }
     return st_prim_run(ctx, &n->bwd);
 }
