@@ -1541,10 +1541,20 @@ static void print_gpt(const bench_result *r, const char *label)
     const double step_g = gflops(r->flops, r->step_s_med), ref_g = gflops(r->ref_flops,
                                                                            r->ref_s_med);
     printf("%s: %.0f tokens a step (%d x %d), %.0f tokens/s, %.1f GFLOP/s (%.2f GFLOP a step, "
-           "%.2f of them attention's products), %s %s %.1f GFLOP/s, ratio %.3f; "
-           "not GEMM: %.1f%% of the step\n", label, tokens, c->batch, c->context,
-           tokens / r->step_s_med, step_g, r->flops * 1e-9, r->attn_flops * 1e-9, r->ref_name,
-           r->ref_shape, ref_g, step_g / ref_g, 100.0 * g.non_gemm_s / p);
+           "%.2f of them attention's products), %s %s %.1f GFLOP/s, ratio %.3f", label, tokens,
+           c->batch, c->context, tokens / r->step_s_med, step_g, r->flops * 1e-9,
+           r->attn_flops * 1e-9, r->ref_name, r->ref_shape, ref_g, step_g / ref_g);
+    if (!r->bf16)
+        printf("; not GEMM: %.1f%% of the step", 100.0 * g.non_gemm_s / p);
+    printf("\n");
+    if (r->bf16) {
+        /* the copy of a layer's attention is built of fp32 primitives and
+         * the split takes the products at sgemm's rate: neither is this
+         * step's (its products read bf16) */
+        printf("%s: attention's parts and the split by kind: fp32 only (the fp32 row); "
+               "scripts/primitive-times gives a bf16 step's primitives\n", label);
+        return;
+    }
     printf("%s: attention, one layer's primitives rebuilt here (matmul %s) x %d layers: "
            "%.2f ms a step (%.1f%%): products %.2f ms at %.1f GFLOP/s = %.3f of sgemm, mask "
            "and softmax %.2f ms (%.1f%%); one layer, ms:", label, r->attn_impl, c->depth,
@@ -1614,9 +1624,11 @@ static void print_details(const bench_result *r)
 static void write_json_gpt(FILE *f, const bench_result *r)
 {
     const gpt_split g = gpt_split_of(r);
-    fprintf(f, "\"linear_flops_per_step\":%.0f,\"attention_flops_per_step\":%.0f,"
-            "\"attention_impl\":\"%s\",\"attention_layer_ms\":{", r->linear_flops,
-            r->attn_flops, r->attn_impl);
+    fprintf(f, "\"linear_flops_per_step\":%.0f,\"attention_flops_per_step\":%.0f,",
+            r->linear_flops, r->attn_flops);
+    if (r->bf16)   /* the attention copy and the split are fp32's (print_gpt) */
+        return;
+    fprintf(f, "\"attention_impl\":\"%s\",\"attention_layer_ms\":{", r->attn_impl);
     for (int i = 0; i < A_PARTS; i++)
         fprintf(f, "%s\"%s\":%.4f", i ? "," : "", ATTN_PART_NAMES[i], r->attn_part_s[i] * 1e3);
     fprintf(f, "},\"attention_matmul_ms\":%.4f,\"attention_matmul_gflops\":%.3f,"

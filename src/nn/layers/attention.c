@@ -68,6 +68,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "core/simd.h"
 #include "nn/graph.h"
 
 /* A (B, H, rows, cols) view of a buffer of dt values: row stride rs,
@@ -254,6 +255,15 @@ static void causal_mask(const st_attention *a, float *S)
                 S[i * T + j] = -INFINITY;
 }
 
+/* p[j] = bf16(fp32(p[j]) (dp[j] - sum)), j < n: one row of dS over P */
+ST_VECTOR_CLONES
+static void dsoftmax_row_bf16(st_bf16 *restrict p, const float *restrict dp, int64_t n, float sum)
+{
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++)
+        p[j] = st_bf16_from_float(st_bf16_to_float(p[j]) * (dp[j] - sum));
+}
+
 /* bf16: dS = P (dP - sum_j P dP) per row of every (T, T) block, P read
  * from pb and dS written over it, in bf16; fp32 math (header).  A row i
  * has keys j <= i only (P is exactly 0 beyond: so is dS). */
@@ -267,8 +277,8 @@ static void softmax_backward_bf16(const st_attention *a)
         float sum = 0.0f;
         for (int64_t j = 0; j < n; j++)
             sum += st_bf16_to_float(p[j]) * dp[j];
-        for (int64_t j = 0; j < n; j++)
-            p[j] = st_bf16_from_float(st_bf16_to_float(p[j]) * (dp[j] - sum));
+        dsoftmax_row_bf16(p, dp, n, sum);   /* the sum above stays in order: a
+                                             * vector sum would change its bits */
         for (int64_t j = n; j < T; j++)
             p[j] = 0;
     }
