@@ -1770,7 +1770,8 @@ typedef struct scaling_result {
     st_epoch_record rec;
 } scaling_result;
 
-static int scaling_run(const bench_config *bc, int workers, int steps, scaling_result *out)
+static int scaling_run(const bench_config *bc, int workers, int steps, int bf16,
+                       unsigned unfuse, scaling_result *out)
 {
     st_synthetic_config sc = st_synthetic_defaults(1);
     sc.train_count = (uint32_t)(steps * workers * bc->batch);
@@ -1788,6 +1789,8 @@ static int scaling_run(const bench_config *bc, int workers, int steps, scaling_r
     tc.workers = workers;
     tc.steps = (uint64_t)steps;
     tc.schedule = ST_SCHED_CONSTANT;
+    tc.model.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+    tc.model.unfuse = unfuse;
     st_status s = st_train_run(&tc, &train, &test, NULL, &out->rec);
     st_dataset_free(&train);
     st_dataset_free(&test);
@@ -1804,12 +1807,12 @@ static int cmp_scaling(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int scaling_median(const bench_config *bc, int workers, int steps, int reps,
-                          scaling_result *med)
+static int scaling_median(const bench_config *bc, int workers, int steps, int reps, int bf16,
+                          unsigned unfuse, scaling_result *med)
 {
     scaling_result r[MAX_WINDOWS];
     for (int i = 0; i < reps; i++)
-        if (scaling_run(bc, workers, steps, &r[i]) != EXIT_SUCCESS)
+        if (scaling_run(bc, workers, steps, bf16, unfuse, &r[i]) != EXIT_SUCCESS)
             return EXIT_FAILURE;
     qsort(r, (size_t)reps, sizeof *r, cmp_scaling);
     *med = r[reps / 2];
@@ -1833,10 +1836,13 @@ static int run_scaling(const bench_options *o)
     int steps = o->quick ? 6 : (bc.width >= 1024 ? 30 : 300);
     int reps = o->quick ? 1 : 3;
     scaling_result one, many;
-    printf("\ndata-parallel scaling: resmlp d%d w%d, batch %d per worker, %d steps, "
-           "median of %d runs of st_train_run\n", bc.depth, bc.width, bc.batch, steps, reps);
-    if (scaling_median(&bc, 1, steps, reps, &one) != EXIT_SUCCESS ||
-        scaling_median(&bc, o->workers, steps, reps, &many) != EXIT_SUCCESS)
+    /* bf16 when it is the only precision asked for (--precision bf16) */
+    const int bf16 = o->bf16 && !o->fp32;
+    printf("\ndata-parallel scaling: resmlp d%d w%d %s, batch %d per worker, %d steps, "
+           "median of %d runs of st_train_run\n", bc.depth, bc.width, bf16 ? "bf16" : "fp32",
+           bc.batch, steps, reps);
+    if (scaling_median(&bc, 1, steps, reps, bf16, o->unfuse, &one) != EXIT_SUCCESS ||
+        scaling_median(&bc, o->workers, steps, reps, bf16, o->unfuse, &many) != EXIT_SUCCESS)
         return EXIT_FAILURE;
     printf("workers    samples/s  vs 1 wk  compute ms  wait ms  reduce ms  optimizer ms"
            "  comm MB/step  peak MiB/wk\n");
@@ -1877,7 +1883,7 @@ static void usage(FILE *f)
             "  --workers N   also run the whole trainer with 1 and N data-parallel workers\n"
             "                (resmlp d8 w1024, batch 128 per worker; with --config small the\n"
             "                small model; not with --config cnn or gpt) and compare\n"
-            "                samples/s\n"
+            "                samples/s (in bf16 with --precision bf16; --unfuse applies)\n"
             "  --precision P fp32 (default), bf16 (linear layers in bf16; reference:\n"
             "                oneDNN's bf16 matmul on the same shape, sgemm beside it) or both\n"
             "  --unfuse F    run the linear layers' bias add, skip add or both as passes\n"

@@ -1227,6 +1227,196 @@ Test(comm_dispatch, reset_then_attach_again, .timeout = 30)
     st_comm_destroy(c);
 }
 
+/* ------------------------------------------------------------ bf16 weight copies */
+
+#define COPY_GUARD 0xdeadu   /* a bf16 copy's element nobody wrote */
+
+/* The bf16 bits of f rounded to nearest even (bf16_round, above). */
+static uint16_t bf16_bits(float f)
+{
+    f = bf16_round(f);
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Random copies of worker w's vector: sorted, disjoint runs of 1 to 300
+ * elements with gaps of 0 to 40 between them, from element `from` on,
+ * where keep says an element may be in one (NULL: any); each copy's bf16
+ * at half + offset (half: p guard values). */
+static int random_copies(st_rng *rng, size_t p, const unsigned char *keep, uint16_t *half,
+                         st_param_copy *out, int max)
+{
+    int n = 0;
+    size_t i = st_rng_below(rng, 3);
+    while (i < p && n < max) {
+        size_t len = 1 + (st_rng_below(rng, 3) == 0 ? st_rng_below(rng, 300) : st_rng_below(rng, 20));
+        if (len > p - i)
+            len = p - i;
+        size_t ok = 0;
+        while (keep && ok < len && keep[i + ok])
+            ok++;
+        if (!keep)
+            ok = len;
+        if (ok > 0) {
+            out[n++] = (st_param_copy){ i, ok, half + i };
+            i += ok;
+        }
+        i += (keep && ok < len ? 1 : 0) + st_rng_below(rng, 41);
+    }
+    return n;
+}
+
+/* Workers of `domain_of` (n, NULL: one domain) attach with the copies of
+ * copies[w] (n_copies[w]; -1: none registered) over the rig's holdings
+ * (dp: everyone holds everything), run `steps` steps (each moves the
+ * masters), and after every all-gather compare each registered copy with
+ * the bf16 rounding of w's parameters.  got_claims[w]: what
+ * st_comm_gathers_copies said; wrong[w]: copied elements not equal to the
+ * rounding of the value just gathered (only counted where claimed), or
+ * guards overwritten outside the copies. */
+static void run_copies(rig *r, int steps, st_param_copy *const *copies, const int *n_copies,
+                       uint16_t *const *half, int *got_claims, long *wrong)
+{
+#pragma omp parallel num_threads(r->n)
+    {
+        int w = omp_get_thread_num();
+        st_status s = ST_OK;
+        if (n_copies[w] >= 0)
+            st_comm_set_param_copies(r->c, w, copies[w], n_copies[w]);
+        s = st_comm_attach(r->c, w, &r->arena[w], r->grads[w], r->params[w], r->held[w],
+                           r->n_held[w]);
+        got_claims[w] = s == ST_OK && st_comm_gathers_copies(r->c, w);
+        st_range sh = st_comm_shard(r->c, w);
+        float *mp = st_comm_shard_params(r->c, w), *sg = st_comm_shard_grads(r->c, w);
+        for (int t = 0; t < steps && s == ST_OK; t++) {
+            fill_grads(r, w, (uint64_t)t);
+            s = st_comm_reduce_scatter(r->c, w);
+            for (size_t j = 0; s == ST_OK && j < sh.end - sh.begin; j++)
+                mp[j] = mp[j] - 0.37f * sg[j];
+            if (s == ST_OK)
+                s = st_comm_all_gather(r->c, w);
+            if (s != ST_OK)
+                break;
+            unsigned char *in = calloc(r->p, 1);
+            for (int c = 0; n_copies[w] > 0 && c < n_copies[w]; c++)
+                memset(in + copies[w][c].offset, 1, copies[w][c].count);
+            for (size_t i = 0; i < r->p; i++) {
+                if (!in[i])
+                    wrong[w] += half[w][i] != COPY_GUARD;
+                else if (got_claims[w])
+                    wrong[w] += half[w][i] != bf16_bits(r->params[w][i]);
+            }
+            free(in);
+        }
+        if (s != ST_OK)
+            wrong[w] += 1000000;
+    }
+}
+
+static uint16_t *guarded_half(size_t p)
+{
+    uint16_t *h = malloc(p * sizeof *h);
+    for (size_t i = 0; i < p; i++)
+        h[i] = COPY_GUARD;
+    return h;
+}
+
+/* Data parallelism, one domain and two (where a copier brings a remote
+ * shard in and its neighbours copy from its replica: phase 2): each
+ * worker's all-gather writes every element of its copies, cut wherever
+ * shards and segments end, as the bf16 rounding of the value it gathers,
+ * and nothing outside them. */
+Test(comm_copies, the_all_gather_writes_the_bf16_copies, .timeout = 60)
+{
+    static const int two[] = { 0, 0, 1, 1, 1 };
+    const int *doms[] = { NULL, two };
+    const int ns[] = { 3, 5 };
+    for (int k = 0; k < 2; k++) {
+        rig r;
+        rig_init(&r, ns[k], 4099, doms[k], 11 + (uint64_t)k, 1);
+        st_param_copy *copies[MAXW];
+        uint16_t *half[MAXW];
+        int n_copies[MAXW], claims[MAXW];
+        long wrong[MAXW] = { 0 };
+        st_rng rng = st_rng_seed(99 + (uint64_t)k);
+        for (int w = 0; w < r.n; w++) {
+            half[w] = guarded_half(r.p);
+            copies[w] = malloc(4099 * sizeof **copies);
+            n_copies[w] = random_copies(&rng, r.p, NULL, half[w], copies[w], 4099);
+            cr_assert_gt(n_copies[w], 10);
+        }
+        run_copies(&r, 3, copies, n_copies, half, claims, wrong);
+        for (int w = 0; w < r.n; w++) {
+            cr_assert(claims[w], "%d workers: worker %d: the copies not claimed", r.n, w);
+            cr_assert_eq(wrong[w], 0, "%d workers: worker %d: %ld copied elements wrong or "
+                         "guards written", r.n, w, wrong[w]);
+            free(copies[w]);
+            free(half[w]);
+        }
+        rig_free(&r);
+    }
+}
+
+/* Subnetworks (random holdings, full layout): copies inside w's held
+ * elements are claimed and written; a copy that takes in one element w
+ * does not hold is not claimed (the model converts, as without copies);
+ * a list out of order is not taken; a reset forgets the copies. */
+Test(comm_copies, only_held_sorted_copies_are_claimed, .timeout = 60)
+{
+    rig r;
+    rig_init(&r, 4, 3001, NULL, 5, 0);
+    st_param_copy *copies[MAXW];
+    uint16_t *half[MAXW];
+    int n_copies[MAXW], claims[MAXW];
+    long wrong[MAXW] = { 0 };
+    st_rng rng = st_rng_seed(123);
+    for (int w = 0; w < r.n; w++) {
+        half[w] = guarded_half(r.p);
+        copies[w] = malloc(3001 * sizeof **copies);
+        n_copies[w] = random_copies(&rng, r.p, r.mask[w], half[w], copies[w], 3001);
+        cr_assert_gt(n_copies[w], 3);
+    }
+    /* worker 1: its first copy grows by an element it does not hold;
+     * worker 2: its first two copies swapped */
+    st_param_copy *c1 = copies[1];
+    size_t x = c1[0].offset + c1[0].count;
+    while (x < r.p && r.mask[1][x])
+        x++;
+    cr_assert_lt(x, r.p);
+    if (n_copies[1] > 1 && c1[1].offset <= x)
+        n_copies[1] = 1;
+    c1[0].count = x + 1 - c1[0].offset;
+    st_param_copy t = copies[2][0];
+    copies[2][0] = copies[2][1];
+    copies[2][1] = t;
+    run_copies(&r, 2, copies, n_copies, half, claims, wrong);
+    cr_assert(claims[0] && claims[3], "held copies not claimed: %d %d", claims[0], claims[3]);
+    cr_assert(!claims[1], "a copy over an element worker 1 does not hold was claimed");
+    cr_assert(!claims[2], "copies out of order were claimed");
+    for (int w = 0; w < r.n; w++)
+        if (w != 1)   /* 1's unclaimed copy was written where it holds */
+            cr_assert_eq(wrong[w], 0, "worker %d: %ld copied elements wrong or guards written",
+                         w, wrong[w]);
+    for (size_t i = 0; i < r.p; i++)
+        cr_assert_eq(half[2][i], COPY_GUARD, "worker 2's refused copies were written");
+
+    /* a reset forgets them: attached again without, nothing is claimed */
+    st_comm_reset(r.c);
+    for (int w = 0; w < r.n; w++) {
+        st_arena_release(&r.arena[w]);
+        st_arena_init(&r.arena[w], "worker", NULL, 0);
+        n_copies[w] = -1;
+    }
+    run_copies(&r, 1, copies, n_copies, half, claims, wrong);
+    for (int w = 0; w < r.n; w++) {
+        cr_assert(!claims[w], "worker %d: copies claimed after a reset", w);
+        free(copies[w]);
+        free(half[w]);
+    }
+    rig_free(&r);
+}
+
 /* ------------------------------------------------------------ attach errors */
 
 /* Attaches N workers with the given ranges (n_held[w] of held[w]);

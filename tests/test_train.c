@@ -900,6 +900,42 @@ static st_train_config neuron_sdp_config(st_model_kind kind, int workers, double
     return c;
 }
 
+/* bf16: the all-gather writes the weights' bf16 copies as it brings the
+ * parameters in (comm.h: st_comm_set_param_copies), and the next forward
+ * reads them instead of converting the weights.  Every step's loss and the
+ * final record are bitwise those of the same run with the copies made by
+ * each forward (ST_UNFUSE_WEIGHT_COPY), for data parallelism, subnetworks
+ * redrawn every 3 steps (a new model and attachment each round), backward
+ * masking (a gather-only engine of its own) and neuron subnetworks of an
+ * mlp (elements nobody holds); the engine's bytes say the copies were
+ * written by it (2 bytes more a copied element). */
+Test(bf16_train, gathered_weight_copies_change_nothing, .timeout = 180)
+{
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 kernels on this CPU");
+    st_train_config cfg[4];
+    cfg[0] = dp_config(2, 16, 12);
+    cfg[1] = sdp_config(4, 0.5, 12);
+    cfg[1].resample = 3;
+    cfg[2] = sdp_config(4, 0.5, 12);
+    cfg[2].masking = ST_MASKING_BACKWARD;
+    cfg[3] = neuron_sdp_config(ST_MODEL_MLP, 4, 0.5, 12);
+    const char *what[] = { "dp", "sdp, redrawn", "sdp, backward masking", "sdp neurons, mlp" };
+    for (int k = 0; k < 4; k++) {
+        st_train_config a = cfg[k], b;
+        a.model.precision = ST_PRECISION_BF16;
+        b = a;
+        b.model.unfuse = ST_UNFUSE_WEIGHT_COPY;
+        st_epoch_record fa, fb;
+        assert_bitwise_same_run(&a, &b, &fa, &fb);
+        cr_assert_eq(fa.train_loss, fb.train_loss, "%s", what[k]);
+        cr_assert_eq(fa.test_loss, fb.test_loss, "%s", what[k]);
+        cr_assert_gt(fa.comm_bytes_per_worker_step, fb.comm_bytes_per_worker_step,
+                     "%s: the engine wrote no copies", what[k]);
+    }
+}
+
+
 /* Coverage 1 with neuron units: every worker's compact model keeps every
  * group, so it is the full model (same values, products, order): data
  * parallelism to the bit, with forward and with backward masking. */

@@ -179,6 +179,22 @@ st_status st_comm_attach_compact(st_comm *c, int w, st_arena *arena, float *grad
  * st_comm_reset. */
 void st_comm_set_shard_output(st_comm *c, int w, float *out);
 
+/* bf16 weight copies (--precision bf16): ranges of w's own parameter
+ * vector (offsets as in the vector w attaches: compact or full) whose
+ * bf16 rounding the model's products read (st_model_copies).  The
+ * all-gather then writes each element's bf16 rounding (to nearest even,
+ * as oneDNN's reorders round) into copies[i].bf16 in the same pass that
+ * copies its fp32 value, and the model need not convert the weights
+ * before its next forward: one pass over them fewer per step and worker.
+ * Called before w attaches (the list is read by the attach, not kept);
+ * forgotten by st_comm_reset.  A backend that cannot (MPI) ignores it. */
+void st_comm_set_param_copies(st_comm *c, int w, const st_param_copy *copies, int n);
+
+/* 1 if every all-gather writes every element of the copies w registered
+ * before its last attach (the caller may then mark its model's copies
+ * current after each all-gather: st_model_copies_written), else 0. */
+int st_comm_gathers_copies(const st_comm *c, int w);
+
 /* Forgets every attachment so that the workers can attach again with other
  * holdings (a new round of subnetworks); the shards stay where they are.
  * The workers' buffers were in their arenas: the caller rewinds those.

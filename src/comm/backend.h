@@ -52,6 +52,9 @@ typedef struct st_comm_backend_ops {
     st_status (*attach)(st_comm_backend *b, int w, st_arena *arena, float *grads,
                         float *params, const st_range *held, const size_t *local, int n_held);
     void (*set_shard_output)(st_comm_backend *b, int w, float *out);
+    /* Optional (NULL: the all-gather writes no bf16 copies). */
+    void (*set_param_copies)(st_comm_backend *b, int w, const st_param_copy *copies, int n);
+    int (*gathers_copies)(const st_comm_backend *b, int w);
     void (*reset)(st_comm_backend *b);
 
     /* w's shard (range, averaged gradient, master weights). */

@@ -159,6 +159,18 @@ void st_comm_set_shard_output(st_comm *c, int w, float *out)
         c->ops->set_shard_output(c->impl, w, out);
 }
 
+void st_comm_set_param_copies(st_comm *c, int w, const st_param_copy *copies, int n)
+{
+    if (c && w >= 0 && w < c->n_workers && c->ops->set_param_copies)
+        c->ops->set_param_copies(c->impl, w, copies, n);
+}
+
+int st_comm_gathers_copies(const st_comm *c, int w)
+{
+    return c && w >= 0 && w < c->n_workers && c->ops->gathers_copies &&
+           c->ops->gathers_copies(c->impl, w);
+}
+
 void st_comm_reset(st_comm *c)
 {
     if (c)

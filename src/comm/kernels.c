@@ -241,8 +241,25 @@ void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, floa
     }
 }
 
+/* o[i] = a[i] and h[i] = bf16(a[i]): a weight and the copy its products read */
+ST_VECTOR_CLONES
+static void k_copy_h(float *restrict o, uint16_t *restrict h, const float *restrict a, size_t n)
+{
+    const uint32_t *u = (const uint32_t *)(const void *)a;
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        o[i] = a[i];
+        h[i] = (uint16_t)(st_bf16_rne_bits(u[i]) >> 16);
+    }
+}
+
 void st_comm_run_ag(const ag_item *items, size_t n_items)
 {
-    for (size_t t = 0; t < n_items; t++)
-        memcpy(items[t].dst, items[t].src, items[t].n * sizeof(float));
+    for (size_t t = 0; t < n_items; t++) {
+        const ag_item *it = &items[t];
+        if (it->half)
+            k_copy_h(it->dst, it->half, it->src, it->n);
+        else
+            memcpy(it->dst, it->src, it->n * sizeof(float));
+    }
 }

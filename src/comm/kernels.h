@@ -12,9 +12,11 @@
  *              local partial) stays in L1 while every source is streamed
  *              from memory exactly once.  Level 1 (remote domains' partials)
  *              and level 2 (the owner's shard gradient) are both rs items.
- *   ag items   "copy n floats from src to dst": all-gather phase 1 (from an
- *              owner's master shard) and phase 2 (from a copier's replica
- *              in the same domain).
+ *   ag items   "copy n floats from src to dst" (and, where dst has a bf16
+ *              copy that the model's products read, write their bf16
+ *              rounding there too): all-gather phase 1 (from an owner's
+ *              master shard) and phase 2 (from a copier's replica in the
+ *              same domain).
  *
  * The order of the ops is the summation order: the kernels add exactly
  * what the program says in the order it says it, element-wise, so the
@@ -64,6 +66,7 @@ typedef struct ag_item {
     float *dst;
     const float *src;
     size_t n;
+    uint16_t *half;   /* NULL, or where dst's bf16 copy is: half[i] = bf16(src[i]) */
 } ag_item;
 
 /* Runs n_items rs items; their ops are ops[item.op_first ..].  tmp: the
@@ -77,16 +80,8 @@ void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, floa
  * for src[0..n).  The worker-side conversion of a gradient payload. */
 void st_comm_to_bf16(uint16_t *restrict dst, const float *restrict src, size_t n);
 
-/* The same for one value (the tests' and the reference's rounding). */
-static inline uint16_t st_comm_bf16_of(float f)
-{
-    union { float f; uint32_t u; } v = { f };
-    if ((v.u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((v.u >> 16) | 0x40u);
-    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
-}
-
-/* Runs n_items ag items (plain copies). */
+/* Runs n_items ag items: copies, and for an item with a bf16 copy the
+ * rounding of each value (to nearest even, core/bf16.h) in the same pass. */
 void st_comm_run_ag(const ag_item *items, size_t n_items);
 
 #endif /* SUBTRAIN_COMM_KERNELS_H */

@@ -926,7 +926,7 @@ static st_status build_ag_out(const mpi_comm *mc, int w, list *items)
             if (!it)
                 return no_memory();
             *it = (ag_item){ mc->recv + mc->recv_off[r] + q->off,
-                             mc->workers[w].master + (q->begin - b0), q->end - q->begin };
+                             mc->workers[w].master + (q->begin - b0), q->end - q->begin, NULL };
         }
     }
     return ST_OK;
@@ -965,7 +965,8 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
             ag_item *it = list_push(items);
             if (!it)
                 return no_memory();
-            *it = (ag_item){ v->params + v->local[i] + (pos - v->held[i].begin), src, stop - pos };
+            *it = (ag_item){ v->params + v->local[i] + (pos - v->held[i].begin), src, stop - pos,
+                             NULL };   /* no bf16 copies over MPI (no set_param_copies) */
             pos = stop;
         }
     }

@@ -549,7 +549,48 @@ static void count_read(comm_slot *me, size_t n, int src_domain)
 
 typedef struct plan_count {
     size_t rs1, ops1, partial, ag1, ag2;
+    size_t copied;            /* elements of w's bf16 copies its items write */
 } plan_count;
+
+/* Appends the all-gather item dst[0..n) = src[0..n) to list at *at (only
+ * counts when !fill), cut where w's bf16 weight copies begin and end: each
+ * piece is inside one copy (and writes its bf16 too) or outside all of
+ * them.  The copies are sorted and disjoint (st_model_copies); a list that
+ * is not leaves some copied element unwritten, and then the plan does not
+ * claim the copies (st_comm_plan_tasks). */
+static void push_ag(comm_slot *me, ag_item *list, size_t *at, int fill, plan_count *k,
+                    float *dst, const float *src, size_t n)
+{
+    const size_t off = (size_t)(dst - me->params);
+    int c = 0;
+    while (c < me->n_copies && me->copies[c].offset + me->copies[c].count <= off)
+        c++;
+    for (size_t pos = 0; pos < n;) {
+        const size_t x = off + pos;
+        size_t len = n - pos;
+        uint16_t *half = NULL;
+        if (c < me->n_copies && me->copies[c].offset <= x) {   /* inside copy c */
+            const st_param_copy *cp = &me->copies[c];
+            const size_t end = cp->offset + cp->count;
+            if (end - x <= len) {
+                len = end - x;
+                c++;
+            }
+            half = cp->bf16 + (x - cp->offset);
+            if (fill) {
+                k->copied += len;
+                me->bytes.written += len * sizeof(uint16_t);
+                me->bytes.gather_written += len * sizeof(uint16_t);
+            }
+        } else if (c < me->n_copies && me->copies[c].offset - x < len) {
+            len = me->copies[c].offset - x;   /* up to the next copy */
+        }
+        if (fill)
+            list[*at] = (ag_item){ dst + pos, src + pos, len, half };
+        (*at)++;
+        pos += len;
+    }
+}
 
 /* Worker w's level-1 items and all-gather items: one walk over every
  * shard's segments, the same walk (and so the same assignments) on every
@@ -583,12 +624,11 @@ static void plan_tasks(comm_plan *pl, int w, size_t *load_p, size_t *load_c, int
                 /* own domain's shard: straight from the owner's master */
                 if (holds && gather) {
                     if (fill) {
-                        me->ag1[k->ag1] = (ag_item){ local_at(me, me->params, seg->begin),
-                                                     so->master + (seg->begin - sb), n };
                         count_read(me, n, so->domain);
                         count_gather(me, n);
                     }
-                    k->ag1++;
+                    push_ag(me, me->ag1, &k->ag1, fill, k, local_at(me, me->params, seg->begin),
+                            so->master + (seg->begin - sb), n);
                 }
                 continue;
             }
@@ -633,22 +673,18 @@ static void plan_tasks(comm_plan *pl, int w, size_t *load_p, size_t *load_c, int
                 continue;
             if (copier == w) {
                 if (fill) {
-                    me->ag1[k->ag1] = (ag_item){ local_at(me, me->params, seg->begin),
-                                                 so->master + (seg->begin - sb), n };
                     count_read(me, n, so->domain);
                     count_gather(me, n);
                 }
-                k->ag1++;
+                push_ag(me, me->ag1, &k->ag1, fill, k, local_at(me, me->params, seg->begin),
+                        so->master + (seg->begin - sb), n);
             } else {
                 if (fill) {
-                    me->ag2[k->ag2] = (ag_item){ local_at(me, me->params, seg->begin),
-                                                 local_at(&pl->slots[copier],
-                                                          pl->slots[copier].params, seg->begin),
-                                                 n };
                     count_read(me, n, pl->slots[copier].domain);
                     count_gather(me, n);
                 }
-                k->ag2++;
+                push_ag(me, me->ag2, &k->ag2, fill, k, local_at(me, me->params, seg->begin),
+                        local_at(&pl->slots[copier], pl->slots[copier].params, seg->begin), n);
             }
         }
     }
@@ -690,6 +726,14 @@ st_status st_comm_plan_tasks(comm_plan *pl, int w)
     me->n_rs1 = k.rs1;
     me->n_ag1 = k.ag1;
     me->n_ag2 = k.ag2;
+    /* the copies are the model's to convert unless every element of them
+     * comes with the all-gather */
+    size_t want = 0;
+    for (int i = 0; i < me->n_copies; i++)
+        want += me->copies[i].count;
+    me->copies_gathered = me->n_copies > 0 && k.copied == want;
+    me->copies = NULL;   /* read by this attach only (comm.h) */
+    me->n_copies = 0;
 out:
     free(load);
     return s;

@@ -90,6 +90,11 @@ typedef struct comm_slot {
     float *master, *shard_grad;
     float *shard_out;         /* the caller's buffer for shard_grad, or NULL
                                * (st_comm_set_shard_output; survives a reset) */
+    const st_param_copy *copies;  /* bf16 copies of ranges of params, read by the
+                               * attach (st_comm_set_param_copies; a reset
+                               * forgets them) */
+    int n_copies;
+    int copies_gathered;      /* the all-gather writes every copied element */
     /* the owner's segments (read by everyone after the second barrier) */
     comm_seg *segs;
     size_t n_segs;

@@ -111,6 +111,25 @@ static void shared_set_shard_output(st_comm_backend *b, int w, float *out)
     shared_of(b)->plan.slots[w].shard_out = out;
 }
 
+/* Kept for w's attach, which cuts its all-gather items at the copies'
+ * edges (plan.c, push_ag); a list that is not sorted and disjoint is not
+ * taken (the model then converts its weights itself). */
+static void shared_set_param_copies(st_comm_backend *b, int w, const st_param_copy *copies,
+                                    int n)
+{
+    comm_slot *me = &shared_of(b)->plan.slots[w];
+    for (int i = 1; i < n; i++)
+        if (copies[i].offset < copies[i - 1].offset + copies[i - 1].count)
+            n = 0;
+    me->copies = n > 0 ? copies : NULL;
+    me->n_copies = n > 0 ? n : 0;
+}
+
+static int shared_gathers_copies(const st_comm_backend *b, int w)
+{
+    return shared_of_const(b)->plan.slots[w].copies_gathered;
+}
+
 static void shared_reset(st_comm_backend *b)
 {
     shared_comm *sc = shared_of(b);
@@ -272,6 +291,8 @@ const st_comm_backend_ops st_comm_shared_ops = {
     .destroy = shared_destroy,
     .attach = shared_attach,
     .set_shard_output = shared_set_shard_output,
+    .set_param_copies = shared_set_param_copies,
+    .gathers_copies = shared_gathers_copies,
     .reset = shared_reset,
     .shard = shared_shard,
     .shard_grads = shared_shard_grads,

@@ -107,6 +107,11 @@ st_status st_run_attach_worker(st_comm *grads_comm, st_comm *params_comm, int wi
     float *grads = st_model_grads(w->model), *params = st_model_params(w->model);
     if (att)
         *att = (run_attachment){ grads, ranges, local, n };
+    /* bf16: the engine that gathers the parameters writes the weights' bf16
+     * copies as it brings them in (st_run_sharded_update) */
+    int n_copies;
+    const st_param_copy *copies = st_model_copies(w->model, &n_copies);
+    st_comm_set_param_copies(params_comm ? params_comm : grads_comm, wid, copies, n_copies);
     if (!params_comm)
         return st_comm_attach_compact(grads_comm, wid, &w->arena, grads, params, ranges, local, n);
     ST_TRY(st_comm_attach_compact(grads_comm, wid, &w->arena, grads, grads, ranges, local, n));
@@ -166,6 +171,10 @@ st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *
     slot->times.optimizer += t1 - t;
     t = t1;
     ST_TRY(st_comm_all_gather(e->masters, w->id));
+    /* nothing writes w's parameters between here and its next forward
+     * (a new round of subnetworks builds a new model) */
+    if (st_comm_gathers_copies(e->masters, w->id))
+        st_model_copies_written(w->model);
     slot->times.reduce += st_run_now_s() - t;
     return ST_OK;
 }
