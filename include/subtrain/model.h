@@ -274,12 +274,13 @@ size_t st_model_grad_count(const st_model *m);
 const st_param_segment *st_model_segments(const st_model *m, int *count);
 /* bf16 (--precision bf16): the bf16 copies of weights that the products
  * read, increasing and disjoint, for st_optim_update_copies (NULL, 0 in
- * fp32).  An owner that updates its own vector with them calls
- * st_model_copies_written after the update, and the next training forward
- * does not convert those weights again.  The promise holds only if
- * nothing else writes the parameters in between (an engine's all-gather,
- * a round's write-back, a load): such owners do not call it, and the
- * layers convert as before. */
+ * fp32).  Whoever writes the parameters and these copies together (an
+ * owner that updates its own vector with them; an engine's all-gather,
+ * st_comm_set_param_copies) calls st_model_copies_written after that
+ * write, and the next training forward does not convert those weights
+ * again.  The promise holds only if nothing else writes the parameters in
+ * between (a round's write-back, a load): such writers do not call it,
+ * and the layers convert as before. */
 const st_param_copy *st_model_copies(const st_model *m, int *count);
 void st_model_copies_written(st_model *m);
 /* Takes that promise back: whoever writes the parameters of a model that
