@@ -62,15 +62,6 @@ static void k_acc_div(float *restrict o, const float *restrict a, size_t n, floa
         o[i] = (o[i] + a[i]) / d;
 }
 
-ST_VECTOR_CLONES
-void st_comm_to_bf16(uint16_t *restrict dst, const float *restrict src, size_t n)
-{
-    const uint32_t *u = (const uint32_t *)(const void *)src;
-#pragma omp simd
-    for (size_t i = 0; i < n; i++)
-        dst[i] = (uint16_t)(st_bf16_rne_bits(u[i]) >> 16);
-}
-
 /* bf16 -> fp32 (exact: the bf16 is the upper half). */
 ST_VECTOR_CLONES
 static void k_widen(float *restrict o, const uint16_t *restrict a, size_t n)

@@ -76,9 +76,6 @@ typedef struct ag_item {
 void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, float *tmp,
                     float *wide);
 
-/* fp32 -> bf16, round to nearest even (a NaN stays a quiet NaN): dst[i]
- * for src[0..n).  The worker-side conversion of a gradient payload. */
-void st_comm_to_bf16(uint16_t *restrict dst, const float *restrict src, size_t n);
 
 /* Runs n_items ag items: copies, and for an item with a bf16 copy the
  * rounding of each value (to nearest even, core/bf16.h) in the same pass. */

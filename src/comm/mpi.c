@@ -88,6 +88,7 @@
 #include "comm/kernels.h"
 #include "comm/plan.h"
 #include "comm/world_mpi.h"
+#include "core/bf16.h"
 #include "core/error.h"
 
 /* A segment of one rank's profile: elements [begin, end) with `count`
@@ -1261,7 +1262,7 @@ static void to_payload(const mpi_comm *mc, const mpi_worker *me)
     for (size_t t = 0; t < me->n_pack; t++) {
         const rs_item *it = &me->pack[t];
         if (mc->send && it->out >= mc->send && it->out < mc->send + n_send)
-            st_comm_to_bf16(mc->send16 + (it->out - mc->send), it->out, it->n);
+            st_bf16_round_n(mc->send16 + (it->out - mc->send), it->out, it->n);
     }
 }
 

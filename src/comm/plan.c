@@ -38,6 +38,7 @@
 #include <subtrain/comm.h>
 
 #include "comm/plan.h"
+#include "core/bf16.h"
 #include "core/error.h"
 
 /* ------------------------------------------------------------ layout */
@@ -254,7 +255,7 @@ void st_comm_plan_convert(const comm_plan *pl, int w)
     if (!me->bf16)
         return;
     for (int i = 0; i < me->n_held; i++)
-        st_comm_to_bf16(me->bf16 + me->local[i], me->grads + me->local[i],
+        st_bf16_round_n(me->bf16 + me->local[i], me->grads + me->local[i],
                         me->held[i].end - me->held[i].begin);
 }
 

@@ -11,6 +11,7 @@
 #ifndef ST_CORE_BF16_H
 #define ST_CORE_BF16_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -39,5 +40,9 @@ static inline float st_bf16_to_float(st_bf16 h)
     memcpy(&f, &u, sizeof f);
     return f;
 }
+
+/* dst[i] = bf16 bits of src[i], i < n, the rounding above (bf16.c: a
+ * vectorised loop). */
+void st_bf16_round_n(uint16_t *restrict dst, const float *restrict src, size_t n);
 
 #endif /* ST_CORE_BF16_H */

@@ -173,7 +173,12 @@ static void adamw_range(float *restrict p, const float *restrict g, float *restr
     }
 }
 
-/* p, g, m, v are (n); h[i] = bf16(p[i]) after the update */
+/* p, g, m, v are (n); h[i] = bf16(p[i]) after the update.  One loop:
+ * updating a chunk of 2048 (or 16384) values and then rounding them from
+ * L1 was measured against it (AdamW alone, one thread, the quiet
+ * machine): 0.29 against 0.43 ms over 0.73 M cache-resident parameters,
+ * but 17.0 against 12.7 ms over 17.6 M from memory, where the copy's
+ * stream runs alongside the other seven here and alone there. */
 ST_VECTOR_CLONES
 static void adamw_range_h(float *restrict p, const float *restrict g, float *restrict m,
                           float *restrict v, uint16_t *restrict h, size_t n,
