@@ -635,7 +635,7 @@ static void expect_exact_resume(const char *opts)
 Test(cli, stopped_runs_resume_bitwise, .timeout = 240)
 {
     const char *base = "--data synthetic --model mlp --depth 2 --width 32 --batch 32 "
-                       "--epochs 16 --workers 2";
+                       "--epochs 10 --workers 2";
     char opts[512];
     snprintf(opts, sizeof opts, "%s --strategy dp", base);
     expect_exact_resume(opts);
@@ -702,8 +702,10 @@ Test(cli, killed_runs_resume_from_their_newest_checkpoint, .timeout = 300)
 {
     char dir[ST_TEST_PATH_MAX], cmd[8 * ST_TEST_PATH_MAX];
     cr_assert_eq(st_test_mkdtemp(dir), 0);
+    /* 1000 steps: about 2 s quiet, longer than the first checkpoint and
+     * the 800 ms that may follow it before the kill */
     const char *opts = "--data synthetic --model mlp --depth 2 --width 64 --batch 32 "
-                       "--steps 2000 --workers 2 --progress none --quiet";
+                       "--steps 1000 --workers 2 --progress none --quiet";
     srand(7);
     for (int k = 0; k < 6; k++) {
         const int ms = rand() % 800;
