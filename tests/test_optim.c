@@ -14,8 +14,8 @@ enum { N = 300, STEPS = 20 };
 
 /* Two segments: a decayed "weight" [0, 200) and an undecayed "bias". */
 static const st_param_segment segs[2] = {
-    { "w", 0, 200, 1 },
-    { "b", 200, 100, 0 },
+    { .name = "w", .offset = 0, .count = 200, .decay = 1 },
+    { .name = "b", .offset = 200, .count = 100, .decay = 0 },
 };
 
 static void random_fill(float *x, size_t n, uint64_t stream)
@@ -248,7 +248,7 @@ Test(optim, adamw_minimises_a_quadratic)
     /* f(p) = 1/2 sum_i (i+1) (p_i - 1)^2, gradient (i+1)(p_i - 1). */
     enum { M = 16 };
     float p[M] = { 0 }, g[M];
-    st_param_segment seg = { "p", 0, M, 0 };
+    st_param_segment seg = { .name = "p", .offset = 0, .count = M, .decay = 0 };
     st_arena a;
     st_arena_init(&a, "optim", NULL, 0);
     st_optim_config c = st_optim_config_default();
