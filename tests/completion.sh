@@ -21,6 +21,7 @@
 # installcheck runs this on the installed files.  Prints a Criterion-style
 # synthesis line for scripts/summary.sh.
 set -u
+. "$(dirname "$0")/case.sh"
 BIN=$(cd "$(dirname "${SUBTRAIN_BIN:-./subtrain}")" && pwd)/$(basename "${SUBTRAIN_BIN:-./subtrain}")
 # The program is run some 150 times.  In the build tree it is libtool's
 # wrapper script, a shell more each time: with SUBTRAIN_LIBTOOL (make check
@@ -38,21 +39,6 @@ mkdir "$TMP/empty"
 cd "$TMP/empty" || exit 1
 # shellcheck source=../completions/subtrain
 . "$COMPLETION" || { echo "cannot source $COMPLETION"; exit 1; }
-passed=0 failed=0
-
-run() {   # run NAME COMMAND...: one case
-    local name=$1 rc
-    shift
-    echo "---- $name"
-    "$@"
-    rc=$?
-    if [ "$rc" -eq 0 ]; then
-        passed=$((passed + 1)); echo "[PASS] $name"
-    else
-        failed=$((failed + 1)); echo "[FAIL] $name"
-    fi
-}
-
 # complete LINE: what TAB at the end of LINE offers, one per line, sorted
 complete_line() {
     COMP_LINE=$1 COMP_POINT=${#1} COMPREPLY=()
@@ -151,5 +137,4 @@ for c in $COMMANDS; do
 done
 run "completion/forms" forms
 
-echo "[====] Synthesis: Tested: $((passed + failed)) | Passing: $passed | Failing: $failed | Crashing: 0"
-[ "$failed" -eq 0 ]
+finish

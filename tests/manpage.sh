@@ -23,24 +23,11 @@
 # the installed program and page.  Prints a Criterion-style synthesis line
 # for scripts/summary.sh.
 set -u
+. "$(dirname "$0")/case.sh"
 BIN=${SUBTRAIN_BIN:-./subtrain}
 MAN=${SUBTRAIN_MAN:-${srcdir:-.}/doc/subtrain.1}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-passed=0 failed=0
-
-run() {   # run NAME COMMAND...: one case
-    name=$1; shift
-    echo "---- $name"
-    "$@"
-    rc=$?
-    if [ "$rc" -eq 0 ]; then
-        passed=$((passed + 1)); echo "[PASS] $name"
-    else
-        failed=$((failed + 1)); echo "[FAIL] $name"
-    fi
-}
-
 # "OPTION flag" or "OPTION value" per option of a --help text on stdin
 help_options() {
     awk '/^  (-[A-Za-z], )?--[a-z0-9]/ {
@@ -136,5 +123,4 @@ while read -r s; do
     run "man/$(echo "$s" | tr 'A-Z ' 'a-z_')" options "$s"
 done <"$TMP/sections"
 
-echo "[====] Synthesis: Tested: $((passed + failed)) | Passing: $passed | Failing: $failed | Crashing: 0"
-[ "$failed" -eq 0 ]
+finish

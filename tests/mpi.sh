@@ -18,6 +18,7 @@
 #   *_comm_bf16_*       --comm-precision bf16 over ranks: 2 x 1 equals one
 #                       process of 2 (dp, sdp), 2 x 2 close to 1 x 4
 set -u
+. "$(dirname "$0")/case.sh"
 MPIRUN=${MPIRUN:-mpirun}
 # root is allowed (CI runs as root); more ranks than cores are allowed
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -27,20 +28,6 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 # ranks waiting in MPI yield the CPU: the tests run more threads than cores
 export OMPI_MCA_mpi_yield_when_idle=1
-passed=0 failed=0
-
-run() {   # run NAME COMMAND...: one case (a command or a function below)
-    name=$1; shift
-    echo "---- $name: $*"
-    "$@"
-    rc=$?
-    if [ "$rc" -eq 0 ]; then
-        passed=$((passed + 1)); echo "[PASS] $name"
-    else
-        failed=$((failed + 1)); echo "[FAIL] $name (exit $rc)"
-    fi
-}
-
 mpi() {   # mpirun, 300 s at most: a hang fails the case
     timeout 300 "$MPIRUN" "$@"
 }
@@ -244,5 +231,4 @@ synth_resume() {
 }
 run "mpi/synth_resume_over_ranks_and_across_layouts" synth_resume
 
-echo "[====] Synthesis: Tested: $((passed + failed)) | Passing: $passed | Failing: $failed | Crashing: 0"
-[ "$failed" -eq 0 ]
+finish

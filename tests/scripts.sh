@@ -13,28 +13,13 @@
 #   primitive_times  groups, per-step division and the reference left out
 #             on a hand-written oneDNN verbose log; bad input
 set -u
+. "$(dirname "$0")/case.sh"
 srcdir=${srcdir:-.}
 BIN=${SUBTRAIN_BIN:-./subtrain}
 SWEEP="$srcdir/scripts/sweep"
 PLOT="$srcdir/scripts/plot"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-passed=0 failed=0 skipped=0
-
-run() {   # run NAME FUNCTION: one case
-    name=$1; shift
-    echo "---- $name"
-    "$@"
-    rc=$?
-    if [ "$rc" -eq 0 ]; then
-        passed=$((passed + 1)); echo "[PASS] $name"
-    elif [ "$rc" -eq 77 ]; then
-        skipped=$((skipped + 1)); echo "[SKIP] $name"
-    else
-        failed=$((failed + 1)); echo "[FAIL] $name (exit $rc)"
-    fi
-}
-
 expect() {   # expect WHAT GOT WANT
     [ "$2" = "$3" ] && return 0
     echo "$1: got '$2', expected '$3'"
@@ -235,5 +220,4 @@ primitive_times() {
 
 run "scripts/primitive_times" primitive_times
 
-echo "[====] Synthesis: Tested: $((passed + failed)) | Passing: $passed | Failing: $failed | Crashing: 0 | Skipped: $skipped"
-[ "$failed" -eq 0 ]
+finish
