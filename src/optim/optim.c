@@ -157,6 +157,20 @@ typedef struct adam_step {
     float c1, c2;   /* bias corrections 1/(1-b1^t), 1/(1-b2^t) */
 } adam_step;
 
+/* Element i's moments updated in place; returns its new value (shrink:
+ * the decoupled weight decay's factor, 1 where the segment does not
+ * decay).  Inlined into both loops below. */
+static inline float adamw_one(const float *restrict p, const float *restrict g,
+                              float *restrict m, float *restrict v, size_t i,
+                              const adam_step *a, float shrink)
+{
+    float mi = a->b1 * m[i] + (1.0f - a->b1) * g[i];
+    float vi = a->b2 * v[i] + (1.0f - a->b2) * g[i] * g[i];
+    m[i] = mi;
+    v[i] = vi;
+    return p[i] * shrink - a->lr * (mi * a->c1) / (sqrtf(vi * a->c2) + a->eps);
+}
+
 /* p, g, m, v are (n) */
 ST_VECTOR_CLONES
 static void adamw_range(float *restrict p, const float *restrict g, float *restrict m,
@@ -164,13 +178,8 @@ static void adamw_range(float *restrict p, const float *restrict g, float *restr
 {
     const float shrink = decay ? 1.0f - a->lr * a->wd : 1.0f;
 #pragma omp simd
-    for (size_t i = 0; i < n; i++) {
-        float mi = a->b1 * m[i] + (1.0f - a->b1) * g[i];
-        float vi = a->b2 * v[i] + (1.0f - a->b2) * g[i] * g[i];
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = p[i] * shrink - a->lr * (mi * a->c1) / (sqrtf(vi * a->c2) + a->eps);
-    }
+    for (size_t i = 0; i < n; i++)
+        p[i] = adamw_one(p, g, m, v, i, a, shrink);
 }
 
 /* p, g, m, v are (n); h[i] = bf16(p[i]) after the update.  One loop:
@@ -186,14 +195,8 @@ static void adamw_range_h(float *restrict p, const float *restrict g, float *res
 {
     const float shrink = decay ? 1.0f - a->lr * a->wd : 1.0f;
 #pragma omp simd
-    for (size_t i = 0; i < n; i++) {
-        float mi = a->b1 * m[i] + (1.0f - a->b1) * g[i];
-        float vi = a->b2 * v[i] + (1.0f - a->b2) * g[i] * g[i];
-        m[i] = mi;
-        v[i] = vi;
-        float pi = p[i] * shrink - a->lr * (mi * a->c1) / (sqrtf(vi * a->c2) + a->eps);
-        store_h(p, h, i, pi);
-    }
+    for (size_t i = 0; i < n; i++)
+        store_h(p, h, i, adamw_one(p, g, m, v, i, a, shrink));
 }
 
 /* Elements [lo, hi) of the vector (at: lo's place in the state), h: their
