@@ -1,0 +1,95 @@
+/*
+ * tests/cli_run.h — running the `subtrain` command as a user would, for
+ * the suites that test the program itself (test_cli.c and its siblings).
+ *
+ * The program under test is $SUBTRAIN_BIN (set by `make check`).
+ */
+#ifndef SUBTRAIN_TESTS_CLI_RUN_H
+#define SUBTRAIN_TESTS_CLI_RUN_H
+
+#include "testutil.h"
+#include "json_check.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <criterion/criterion.h>
+
+typedef struct run_result {
+    int status;           /* exit status, or -1 if killed by a signal */
+    char out[16384];
+    char err[4096];
+} run_result;
+
+static inline void read_into(const char *path, char *buf, size_t n)
+{
+    size_t len = 0;
+    unsigned char *data = st_test_read_file(path, &len);
+    buf[0] = '\0';
+    if (!data)
+        return;
+    if (len >= n)
+        len = n - 1;
+    memcpy(buf, data, len);
+    buf[len] = '\0';
+    free(data);
+}
+
+/* Runs "$SUBTRAIN_BIN args" through the shell with `env` prepended. */
+static inline void run(run_result *r, const char *env, const char *args)
+{
+    const char *bin = getenv("SUBTRAIN_BIN");
+    cr_assert(bin && *bin, "SUBTRAIN_BIN is not set: run the tests with make check");
+    char dir[ST_TEST_PATH_MAX], out[ST_TEST_PATH_MAX], err[ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(out, dir, "out");
+    st_test_path(err, dir, "err");
+    char cmd[6 * ST_TEST_PATH_MAX];
+    snprintf(cmd, sizeof cmd, "%s '%s' %s >'%s' 2>'%s' </dev/null", env ? env : "", bin, args,
+             out, err);
+    int w = system(cmd);
+    r->status = WIFEXITED(w) ? WEXITSTATUS(w) : -1;
+    read_into(out, r->out, sizeof r->out);
+    read_into(err, r->err, sizeof r->err);
+    st_test_rmdir(dir);
+}
+
+static inline int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+/* Every line of a metrics file is one valid JSON value (json_check.h). */
+static inline void expect_json_lines(const char *text)
+{
+    char line[8192];
+    for (const char *p = text; *p;) {
+        const char *nl = strchr(p, '\n');
+        cr_assert_not_null(nl, "the last record ends its line: %s", p);
+        cr_assert_lt((size_t)(nl - p), sizeof line);
+        memcpy(line, p, (size_t)(nl - p));
+        line[nl - p] = '\0';
+        cr_assert(st_json_valid(line), "not JSON: %s", line);
+        p = nl + 1;
+    }
+}
+
+/* Usage errors: exit 2, exactly one line on stderr naming the problem. */
+static inline void expect_usage_error(const char *args, const char *needle)
+{
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 2, "'%s' exited %d (stderr: %s)", args, r->status, r->err);
+    cr_assert_eq(count_lines(r->err), 1, "'%s' printed: %s", args, r->err);
+    cr_assert(strncmp(r->err, "subtrain", 8) == 0, "%s", r->err); /* "subtrain[ cmd]: " */
+    cr_assert(strstr(r->err, needle), "'%s': expected '%s' in: %s", args, needle, r->err);
+    cr_assert_str_empty(r->out, "nothing on stdout for a usage error");
+    free(r);
+}
+
+#endif /* SUBTRAIN_TESTS_CLI_RUN_H */
