@@ -15,6 +15,8 @@
 #                       spanning ranks, recovery epochs, resume across
 #                       layouts
 #   failing_rank, sigterm: failure and signals
+#   impossible_layout   a layout the ranks' workers cannot have: exit 2
+#                       before the data loads
 #   *_comm_bf16_*       --comm-precision bf16 over ranks: 2 x 1 equals one
 #                       process of 2 (dp, sdp), 2 x 2 close to 1 x 4
 set -u
@@ -147,6 +149,20 @@ fails() {
     [ "$rc" -ne 0 ] && grep -q '^subtrain: rank 1 of 2 .*: training: .*rank 1 fails at step 20' "$TMP/err"
 }
 run "mpi/failing_rank_ends_every_rank" fails
+
+# a layout the ranks' workers together cannot have (2 ranks x 1 worker,
+# one block at coverage 0.5) is bad usage, said before the data loads
+# (the data here does not exist)
+layout() {
+    mpi -np 2 "$BIN" --data /nonexistent/fmnist --strategy sdp --depth 1 --workers 1 \
+        2>"$TMP/err"
+    rc=$?
+    grep '^subtrain' "$TMP/err"
+    [ "$rc" -eq 2 ] && grep -q '^subtrain: rank [01] of 2 .*: placement: --strategy sdp --subnet '\
+'block: --model resmlp --depth 1 has 1 block, and 2 workers of all ranks at --coverage 0.5 '\
+'need 2' "$TMP/err"
+}
+run "mpi/impossible_layout_over_ranks_is_a_usage_error" layout
 
 # bf16 gradient payloads between ranks: a rank of one worker sends its
 # rounded gradient, so 2 x 1 is one process of 2 workers exactly; with 2
