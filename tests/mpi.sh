@@ -5,7 +5,9 @@
 #
 #   test_mpi            the MPI backend against the shared engine
 #                       (2 ranks x 1 and x 2 workers, 3 ranks x 1, ranks
-#                       of 1, 3 and 2 workers; an engine over some ranks)
+#                       of 1, 3 and 2 workers; an engine over some ranks);
+#                       bf16 payloads against the per-rank rounded sum
+#                       (bitwise, every layout)
 #   train_*, weights_*  subtrain over 2 ranks against one process: dp,
 #                       sdp (blocks, neurons with backward masking), ist;
 #                       records and final weights (bitwise)
@@ -18,7 +20,8 @@
 #   impossible_layout   a layout the ranks' workers cannot have: exit 2
 #                       before the data loads
 #   *_comm_bf16_*       --comm-precision bf16 over ranks: 2 x 1 equals one
-#                       process of 2 (dp, sdp), 2 x 2 close to 1 x 4
+#                       process of 2 (dp, sdp), 2 x 2 close to 1 x 4 (no
+#                       process rounds per rank: test_mpi checks that)
 set -u
 . "$(dirname "$0")/case.sh"
 MPIRUN=${MPIRUN:-mpirun}
@@ -166,7 +169,8 @@ run "mpi/impossible_layout_over_ranks_is_a_usage_error" layout
 
 # bf16 gradient payloads between ranks: a rank of one worker sends its
 # rounded gradient, so 2 x 1 is one process of 2 workers exactly; with 2
-# workers a rank the partial is rounded again (close, as fp32's 2 x 2)
+# workers a rank the partial is rounded again (close, as fp32's 2 x 2;
+# the rounding itself is test_mpi's bitwise case)
 run "mpi/train_dp_comm_bf16_2x1_equals_1x2" same dpb --comm-precision bf16
 run "mpi/train_sdp_comm_bf16_2x1_equals_1x2" same sdpb --strategy sdp --coverage 0.5 \
     --comm-precision bf16
