@@ -130,9 +130,10 @@ close() {
     "$BIN" $COMMON --workers 4 --oversubscribe "$@" --metrics "$TMP/one.jsonl" &&
     mpi -np 2 --bind-to none "$BIN" $COMMON --workers 2 --oversubscribe "$@" \
         --metrics "$TMP/two.jsonl" || return 1
-    paste -d' ' "$TMP/one.jsonl" "$TMP/two.jsonl" | awk '
-        { n = split($0, f, /[:,]/); }
-        { split($0, h, " "); a = h[1]; b = h[2];
+    # a tab joins the two records: JSON strings hold no raw tab, while
+    # spaces are common in them (the run record's CPU name)
+    paste "$TMP/one.jsonl" "$TMP/two.jsonl" | awk '
+        { split($0, h, "\t"); a = h[1]; b = h[2];
           match(a, /"test_loss":[^,]*/); la = substr(a, RSTART + 12, RLENGTH - 12);
           match(b, /"test_loss":[^,]*/); lb = substr(b, RSTART + 12, RLENGTH - 12);
           match(a, /"test_acc":[^,]*/); aa = substr(a, RSTART + 11, RLENGTH - 11);
