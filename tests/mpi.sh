@@ -5,7 +5,9 @@
 #
 #   test_mpi            the MPI backend against the shared engine
 #                       (2 ranks x 1 and x 2 workers, 3 ranks x 1, ranks
-#                       of 1, 3 and 2 workers; an engine over some ranks)
+#                       of 1, 3 and 2 workers; an engine over some ranks);
+#                       bf16 payloads against the per-rank rounded sum
+#                       (bitwise, every layout)
 #   train_*, weights_*  subtrain over 2 ranks against one process: dp,
 #                       sdp (blocks, neurons with backward masking), ist;
 #                       records and final weights (bitwise)
@@ -15,8 +17,11 @@
 #                       spanning ranks, recovery epochs, resume across
 #                       layouts
 #   failing_rank, sigterm: failure and signals
+#   impossible_layout   a layout the ranks' workers cannot have: exit 2
+#                       before the data loads
 #   *_comm_bf16_*       --comm-precision bf16 over ranks: 2 x 1 equals one
-#                       process of 2 (dp, sdp), 2 x 2 close to 1 x 4
+#                       process of 2 (dp, sdp), 2 x 2 close to 1 x 4 (no
+#                       process rounds per rank: test_mpi checks that)
 set -u
 . "$(dirname "$0")/case.sh"
 MPIRUN=${MPIRUN:-mpirun}
@@ -125,9 +130,10 @@ close() {
     "$BIN" $COMMON --workers 4 --oversubscribe "$@" --metrics "$TMP/one.jsonl" &&
     mpi -np 2 --bind-to none "$BIN" $COMMON --workers 2 --oversubscribe "$@" \
         --metrics "$TMP/two.jsonl" || return 1
-    paste -d' ' "$TMP/one.jsonl" "$TMP/two.jsonl" | awk '
-        { n = split($0, f, /[:,]/); }
-        { split($0, h, " "); a = h[1]; b = h[2];
+    # a tab joins the two records: JSON strings hold no raw tab, while
+    # spaces are common in them (the run record's CPU name)
+    paste "$TMP/one.jsonl" "$TMP/two.jsonl" | awk '
+        { split($0, h, "\t"); a = h[1]; b = h[2];
           match(a, /"test_loss":[^,]*/); la = substr(a, RSTART + 12, RLENGTH - 12);
           match(b, /"test_loss":[^,]*/); lb = substr(b, RSTART + 12, RLENGTH - 12);
           match(a, /"test_acc":[^,]*/); aa = substr(a, RSTART + 11, RLENGTH - 11);
@@ -148,9 +154,24 @@ fails() {
 }
 run "mpi/failing_rank_ends_every_rank" fails
 
+# a layout the ranks' workers together cannot have (2 ranks x 1 worker,
+# one block at coverage 0.5) is bad usage, said before the data loads
+# (the data here does not exist)
+layout() {
+    mpi -np 2 "$BIN" --data /nonexistent/fmnist --strategy sdp --depth 1 --workers 1 \
+        2>"$TMP/err"
+    rc=$?
+    grep '^subtrain' "$TMP/err"
+    [ "$rc" -eq 2 ] && grep -q '^subtrain: rank [01] of 2 .*: placement: --strategy sdp --subnet '\
+'block: --model resmlp --depth 1 has 1 block, and 2 workers of all ranks at --coverage 0.5 '\
+'need 2' "$TMP/err"
+}
+run "mpi/impossible_layout_over_ranks_is_a_usage_error" layout
+
 # bf16 gradient payloads between ranks: a rank of one worker sends its
 # rounded gradient, so 2 x 1 is one process of 2 workers exactly; with 2
-# workers a rank the partial is rounded again (close, as fp32's 2 x 2)
+# workers a rank the partial is rounded again (close, as fp32's 2 x 2;
+# the rounding itself is test_mpi's bitwise case)
 run "mpi/train_dp_comm_bf16_2x1_equals_1x2" same dpb --comm-precision bf16
 run "mpi/train_sdp_comm_bf16_2x1_equals_1x2" same sdpb --strategy sdp --coverage 0.5 \
     --comm-precision bf16

@@ -122,6 +122,62 @@ Test(cli, bad_cpusets_are_usage_errors_everywhere)
     }
 }
 
+/* A layout the strategy cannot spread over its units (too few blocks or
+ * neuron groups for the workers at the coverage, too few workers for the
+ * segments) is bad usage, said in one line naming the options before the
+ * data loads (the data here does not exist) and by --dump-config; with
+ * --workers cores, once the placement check has counted the cores. */
+Test(cli, impossible_layouts_are_usage_errors_before_data, .timeout = 60)
+{
+    static const struct { const char *args, *needle; } c[] = {
+        { "--strategy sdp --workers 2 --depth 1",
+          "--strategy sdp --subnet block: --model resmlp --depth 1 has 1 block, and 2 workers "
+          "at --coverage 0.5 need 2 (each block has k = max(1, round(C x N)) = 1 holder" },
+        { "--strategy sdp --masking backward --workers 4 --oversubscribe --depth 3 "
+          "--coverage 0.3", "--depth 3 has 3 blocks, and 4 workers at --coverage 0.3 need 4" },
+        { "--strategy sdp --subnet neuron --model mlp --width 16 --neuron-group 16 --workers 2",
+          "--strategy sdp --subnet neuron: a width layer of 16 neurons makes 1 group of "
+          "--neuron-group 16, and 2 workers at --coverage 0.5 need 2" },
+        { "--strategy sdp --subnet neuron --model resmlp --width 64 --hidden 32 "
+          "--neuron-group 16 --coverage 0.25 --workers 4 --oversubscribe",
+          "a width layer of 32 neurons makes 2 groups of --neuron-group 16, and 4 workers at "
+          "--coverage 0.25 need 4" },
+        { "--strategy ist --workers 2 --depth 1",
+          "--strategy ist: --model resmlp --depth 1 has 1 block, and 2 workers need 2" },
+        { "--strategy ist --model mlp --width 16 --neuron-group 16 --workers 2",
+          "--strategy ist: a width layer of 16 neurons makes 1 group of --neuron-group 16, and "
+          "2 workers need 2" },
+        { "--strategy synth --workers 1",
+          "--strategy synth --segments 2: 1 worker cannot train 2 segments" },
+        { "--strategy synth --workers 2 --segments 3",
+          "--strategy synth --segments 3: 2 workers cannot train 3 segments" },
+        { "--model gpt --strategy sdp --workers 2 --depth 1",
+          "--strategy sdp --subnet block: --model gpt --depth 1 has 1 block" },
+    };
+    for (size_t k = 0; k < sizeof c / sizeof *c; k++) {
+        char args[512];
+        const char *data = strstr(c[k].args, "gpt") ? "text:/nonexistent/t.txt"
+                                                     : "/nonexistent/fmnist";
+        snprintf(args, sizeof args, "--data %s %s", data, c[k].args);
+        expect_usage_error(args, c[k].needle);
+        snprintf(args, sizeof args, "--data %s %s --dump-config", data, c[k].args);
+        expect_usage_error(args, c[k].needle);
+    }
+    /* k = max(1, round(C x N)) is not monotonic in N: 5 workers at 0.3
+     * hold each of 3 blocks twice, which covers them */
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, "--data synthetic --strategy sdp --workers 5 --oversubscribe --depth 3 "
+        "--coverage 0.3 --dump-config");
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    /* cores: counted by the placement check, still before the data */
+    run(r, "SLURM_CPUS_PER_TASK=1", "--data /nonexistent/fmnist --strategy synth --workers cores");
+    cr_assert_eq(r->status, 2, "stderr: %s", r->err);
+    cr_assert(count_lines(r->err) == 1 &&
+              strstr(r->err, "--strategy synth --segments 2: 1 worker cannot train 2 segments"),
+              "%s", r->err);
+    free(r);
+}
+
 /* Described machines too large for hwloc to build in reasonable time are
  * refused at once, by spec or through hwloc's environment; a default
  * topology that hwloc's environment describes is named after the
@@ -1424,7 +1480,8 @@ Test(cli, dump_config_reads_back_as_itself)
         "--data synthetic --strategy ist --model mlp --local-steps 7 --train-scale none "
         "--optimizer-state keep --epochs 3 --warmup 11 --cpuset 0",
         "--data synthetic --strategy synth --segments 3 --cuts 2,4 --synth-noise 0.25 "
-        "--recovery-epochs 1 --oversubscribe --checkpoint /tmp/ck --checkpoint-every epoch",
+        "--recovery-epochs 1 --workers 3 --oversubscribe --checkpoint /tmp/ck "
+        "--checkpoint-every epoch",
         from_file,
     };
     run_result *r = calloc(1, sizeof *r), *again = calloc(1, sizeof *again);
@@ -1445,7 +1502,8 @@ Test(cli, dump_config_reads_back_as_itself)
     cr_assert(strstr(r->out, "\ntemperature = 0.35\n") && strstr(r->out, "\nworkers = cores\n") &&
               strstr(r->out, "\ncontext = 128\n") && strstr(r->out, "\nsegments =\n"), "%s",
               r->out);
-    run(r, NULL, "--data synthetic --strategy synth --segments 3 --cuts 2,4 --dump-config");
+    run(r, NULL, "--data synthetic --strategy synth --segments 3 --cuts 2,4 --workers 3 "
+        "--dump-config");
     cr_assert(strstr(r->out, "\ncuts = 2,4\n") && strstr(r->out, "\ndepth = 5\n") &&
               strstr(r->out, "\ncontext =\n"), "%s", r->out);
     free(r);

@@ -1,6 +1,7 @@
 /*
  * tests/test_core.c — status messages, the version, the names of every
- * enum, the arena allocator and its accounting, the counter-based RNG.
+ * enum, the arena allocator and its accounting, the counter-based RNG,
+ * the bf16 rounding of gradient payloads.
  */
 #include <math.h>
 #include <stdint.h>
@@ -13,6 +14,7 @@
 #include <subtrain/quad.h>
 #include <subtrain/subtrain.h>
 #include "config.h"
+#include "core/bf16.h"
 #include "core/enum_table.h"
 #include "core/error.h"
 
@@ -428,4 +430,73 @@ Test(rng, shuffle_is_a_permutation_and_deterministic)
         moved += a[i] != i;
     }
     cr_assert_gt(moved, N * 9 / 10);
+}
+
+/* ------------------------------------------------------------ bf16 */
+
+/* st_bf16_round_n, the conversion of a whole gradient payload (the shared
+ * engine's bf16 buffers, the MPI backend's send buffer): round to nearest,
+ * ties to even, on the cases a truncation or a ties-away rounding gets
+ * wrong.  Each case sits at every position of a 67-element array, so that
+ * the vector clone's body and its remainder both convert it; the scalar
+ * st_bf16_from_float agrees. */
+Test(bf16, payload_rounding_ties_to_even_and_keeps_nan)
+{
+    static const struct { uint32_t in; uint16_t want; } c[] = {
+        { 0x3f808000u, 0x3f80u },   /* 1 + 2^-8: halfway, even below: down */
+        { 0x3f818000u, 0x3f82u },   /* halfway, odd below: up to even */
+        { 0xbf808000u, 0xbf80u },   /* negative, even below: toward zero */
+        { 0xbf818000u, 0xbf82u },   /* negative, odd below: away from zero */
+        { 0x3f808001u, 0x3f81u },   /* just above halfway: up */
+        { 0x3f807fffu, 0x3f80u },   /* just below halfway: down */
+        { 0x3fff8000u, 0x4000u },   /* halfway, odd: the carry reaches the exponent */
+        { 0x7f7f8000u, 0x7f80u },   /* the largest finite's halfway, odd: infinity */
+        { 0x7f7f7fffu, 0x7f7fu },   /* below it: stays finite */
+        { 0x00008000u, 0x0000u },   /* subnormal halfway, even below: zero */
+        { 0x00018000u, 0x0002u },   /* subnormal halfway, odd below: up */
+        { 0x80018000u, 0x8002u },   /* negative subnormal, odd below */
+        { 0x807f8000u, 0x8080u },   /* the largest subnormal's halfway: the smallest normal */
+        { 0x00000000u, 0x0000u },
+        { 0x80000000u, 0x8000u },   /* -0 keeps its sign */
+        { 0x7f800000u, 0x7f80u },   /* infinities stay */
+        { 0xff800000u, 0xff80u },
+    };
+    /* NaNs stay NaNs, quiet, whatever their payload: truncating 0x7f800001
+     * would make it infinity, rounding 0x7fffffff would carry into the sign */
+    static const uint32_t nans[] = { 0x7f800001u, 0x7f808000u, 0x7fc00000u, 0x7fffffffu,
+                                     0xff800001u, 0xffffffffu };
+    enum { N = 67, K = sizeof c / sizeof c[0], M = sizeof nans / sizeof nans[0] };
+    uint32_t in[N];
+    uint16_t out[N];
+    for (int k = 0; k < K + M; k++)
+        for (int at = 0; at < N; at++) {
+            for (int i = 0; i < N; i++)
+                in[i] = 0x3f800000u + (uint32_t)i * 0x10000u;   /* exact bf16 values */
+            in[at] = k < K ? c[k].in : nans[k - K];
+            float f[N];
+            memcpy(f, in, sizeof f);
+            st_bf16_round_n(out, f, N);
+            for (int i = 0; i < N; i++) {
+                const uint16_t got = out[i];
+                if (i != at) {
+                    cr_assert_eq(got, (uint16_t)(in[i] >> 16), "case %d at %d: exact %08x -> "
+                                 "%04x", k, at, in[i], got);
+                    continue;
+                }
+                const uint16_t scalar = st_bf16_from_float(f[i]);
+                if (k < K) {
+                    cr_assert_eq(got, c[k].want, "%08x -> %04x, want %04x (at %d of %d)", in[i],
+                                 got, c[k].want, at, N);
+                    cr_assert_eq(scalar, c[k].want, "st_bf16_from_float: %08x -> %04x",
+                                 in[i], scalar);
+                } else {
+                    cr_assert((got & 0x7f80u) == 0x7f80u && (got & 0x0040u) &&
+                              (got & 0x8000u) == (uint16_t)((in[i] >> 16) & 0x8000u),
+                              "NaN %08x -> %04x, want a quiet NaN of the same sign (at %d)",
+                              in[i], got, at);
+                    cr_assert_eq(scalar, got, "st_bf16_from_float: NaN %08x -> %04x", in[i],
+                                 scalar);
+                }
+            }
+        }
 }

@@ -17,7 +17,9 @@
  * order, then the ranks in order, then divide; with one worker per rank
  * that is worker 0, 1, ... as in one domain.
  * With one worker a rank, the same cases with bf16 gradient payloads
- * (--comm-precision bf16) against the shared engine's bf16, bitwise.
+ * (--comm-precision bf16) against the shared engine's bf16, bitwise; with
+ * any workers a rank, bf16 payloads against the per-rank rounded sum the
+ * backend documents, computed in the test, bitwise.
  * Then: three rounds of reset and attach with new holdings (IST, SDP),
  * a reduce-only engine paired with a gather-only one (backward masking),
  * an engine over the ranks 1 .. R-1 alone (synth's groups: rank 0 takes
@@ -336,6 +338,114 @@ static void compare(const char *name, size_t p, uint64_t seed, int dp, int unhel
     compare_from(name, 0, p, seed, dp, unheld, split, rounds);
 }
 
+/* An fp32 rounded to bf16 (nearest, ties to even) and widened back,
+ * computed here independently of the library; a NaN stays itself. */
+static float bf16_rne(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return f;
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* bf16 payloads with any number of workers a rank, against the sum the
+ * backend documents (doc/reduction.md), computed here element by element:
+ * a rank's partial is the fp32 sum of its holders' gradients, each rounded
+ * to bf16, in worker order; a partial bound for another rank's owner is
+ * rounded to bf16 (nearest, ties to even) on its way out, the owner's own
+ * rank's stays fp32; the owner sums the ranks' partials in rank order and
+ * divides by the holder count.  With two workers a rank most partials
+ * need 9 or 10 significant bits, many of them exact ties, so a payload
+ * truncated, or rounded ties away, differs.  Every owner checks its shard
+ * of the last step's mean, bitwise. */
+static void compare_bf16_partials(const char *name, size_t p, uint64_t seed, int dp)
+{
+    const int N = first_of[ranks], first = first_of[rank], steps = 3;
+    int ok = 1;
+    st_comm_config mc = { .n_workers = n_local, .n_params = p, .backend = ST_COMM_BACKEND_MPI,
+                          .payload = ST_COMM_PAYLOAD_BF16 };
+    st_comm *m = NULL;
+    if (st_comm_create(&mc, &m) != ST_OK) {
+        fprintf(stderr, "rank %d: %s\n", rank, st_last_error());
+        verdict(name, 0);
+        return;
+    }
+    layout l;
+    layout_make(&l, N, p, seed, dp, 0);
+    result got;
+    result_init(&got, N, p);
+    if (run_engine(m, &l, first, n_local, steps, 0, NULL, &got))
+        ok = 0;
+    /* every worker's gradients of the last step, in the full layout */
+    float **grad = calloc((size_t)N, sizeof *grad);
+    for (int g = 0; g < N; g++) {
+        grad[g] = calloc(p, sizeof **grad);
+        float *v = calloc(compact_size(&l, g) + 1, sizeof *v);
+        fill(&l, g, (uint64_t)(steps - 1), v);
+        for (int i = 0, at = 0; i < l.n_held[g]; i++)
+            for (size_t x = l.held[g][i].begin; x < l.held[g][i].end; x++)
+                grad[g][x] = v[at++];
+        free(v);
+    }
+    size_t ties = 0, wrong = 0;
+    for (int w = 0; w < n_local && ok; w++) {
+        const st_range sh = st_comm_shard(m, w);
+        for (size_t x = sh.begin; x < sh.end; x++) {
+            float sum = 0.0f;
+            int count = 0;
+            for (int r = 0; r < ranks; r++) {
+                float part = 0.0f;
+                int n = 0;
+                for (int g = first_of[r]; g < first_of[r + 1]; g++)
+                    if (l.mask[g][x]) {
+                        const float v = bf16_rne(grad[g][x]);
+                        part = n++ ? part + v : v;
+                    }
+                if (!n)
+                    continue;
+                if (r != rank) {   /* sent to this rank's owner as bf16 */
+                    uint32_t u;
+                    memcpy(&u, &part, sizeof u);
+                    ties += (u & 0xffffu) == 0x8000u;
+                    part = bf16_rne(part);
+                }
+                sum = count ? sum + part : part;
+                count += n;
+            }
+            const float want = sum / (float)count, have = got.rs[first + w][x];
+            if (memcmp(&have, &want, sizeof want) != 0 && wrong++ == 0)
+                fprintf(stderr, "rank %d %s: worker %d element %zu mean %.9g, reference %.9g\n",
+                        rank, name, first + w, x, have, want);
+        }
+    }
+    if (wrong) {
+        fprintf(stderr, "rank %d %s: %zu means differ\n", rank, name, wrong);
+        ok = 0;
+    }
+    /* the case tests the rounding only where partials are not bf16 already:
+     * with more workers than ranks, some must be exact ties */
+    unsigned long long all_ties = ties;
+    MPI_Allreduce(MPI_IN_PLACE, &all_ties, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    if (N > ranks && all_ties == 0) {
+        if (rank == 0)
+            fprintf(stderr, "%s: no partial was an exact tie: the case tests no rounding\n",
+                    name);
+        ok = 0;
+    }
+    for (int g = 0; g < N; g++)
+        free(grad[g]);
+    free(grad);
+    result_free(&got, N);
+    layout_free(&l);
+    st_comm_destroy(m);
+    verdict(name, ok);
+    if (rank == 0 && N > ranks)
+        printf("    (%llu of the partials sent were exact ties)\n", all_ties);
+}
+
 /* Ranks that describe different engines are refused on every rank. */
 static void refused(void)
 {
@@ -397,8 +507,8 @@ int main(int argc, char **argv)
     /* bf16 payloads: a rank of one worker sends its one rounded gradient,
      * which bf16 holds exactly, so the sums are the shared engine's (each
      * gradient rounded, fp32 sums in the same order) bitwise.  With more
-     * workers a rank the partial is rounded once more on its way out (not
-     * the reference's sum: mpi.sh's 2 x 2 run compares training). */
+     * workers a rank the partial is rounded once more on its way out, which
+     * the shared engine does not do: compare_bf16_partials computes that. */
     if (first_of[ranks] == ranks) {
         payload = ST_COMM_PAYLOAD_BF16;
         compare("bf16 payloads: data parallel", 10007, 21, 1, 0, 0, 1);
@@ -407,6 +517,10 @@ int main(int argc, char **argv)
         compare("bf16 payloads: reduce-only and gather-only engines", 8009, 24, 0, 0, 1, 1);
         payload = ST_COMM_PAYLOAD_FP32;
     }
+    /* bf16 payloads with any workers a rank (the line above: one a rank):
+     * each rank's partial rounded once more, bitwise as documented */
+    compare_bf16_partials("bf16 payloads: rank partials rounded, data parallel", 10007, 31, 1);
+    compare_bf16_partials("bf16 payloads: rank partials rounded, subnetworks", 20011, 32, 0);
     if (ranks > 1)
         refused();
     if (rank == 0)

@@ -140,11 +140,18 @@ typedef struct st_train_config {
  * Cosine was chosen by measurement: on Fashion-MNIST it ends 1.4 points
  * above a constant rate (0.8946 against 0.8798 test accuracy, seed 1). */
 st_train_config st_train_config_default(void);
+/* The options' values and combinations, without data; and whether the
+ * strategy can spread the workers over its units (blocks, groups of
+ * neurons, segments) when their number is known here: workers given (not
+ * 0) and, in an MPI job, MPI started (else st_train_placement_check
+ * does it). */
 st_status st_train_config_check(const st_train_config *cfg);
 /* Where the run's workers would go, checked without running: the topology
- * loads, is this machine, and the placement (--workers, --cpuset, teams)
- * can be made.  ST_ERR_INVALID: the configuration asks for what this
- * machine cannot give, a usage error; the CLI asks before loading data. */
+ * loads, is this machine, the placement (--workers, --cpuset, teams) can
+ * be made, and the strategy can spread that many workers (of every rank,
+ * once MPI has started) over its units.  ST_ERR_INVALID: the configuration
+ * asks for what this machine cannot give, or for a layout that cannot
+ * work, a usage error; the CLI asks before loading data. */
 st_status st_train_placement_check(const st_train_config *cfg);
 
 /* Reported after every step (cheap to produce). */

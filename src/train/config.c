@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <subtrain/world.h>
+
 #include "core/error.h"
 #include "train/strategy.h"
 
@@ -119,5 +121,10 @@ st_status st_train_config_check(const st_train_config *c)
         c->steps && c->warmup_steps >= c->steps)
         return st_fail(ST_ERR_INVALID, "warmup (%llu steps) must be shorter than the run (%llu steps)",
                        (unsigned long long)c->warmup_steps, (unsigned long long)c->steps);
+    /* The layout, when the worker count is known here: given (not "cores",
+     * which st_train_placement_check resolves) and not a rank of an MPI job
+     * whose ranks are not counted yet (before st_world_init) */
+    if (c->workers > 0 && (st_world_size() > 1 || !st_world_launched()))
+        ST_TRY(st_strategy_check_layout(c, c->workers * st_world_size()));
     return ST_OK;
 }

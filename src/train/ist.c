@@ -83,6 +83,12 @@ static st_status ist_check(const st_train_config *c)
     return ST_OK;
 }
 
+/* Every worker needs a unit of its own: one holder of each. */
+static st_status ist_layout(const st_train_config *c, int workers)
+{
+    return st_subnets_check_layout(c, workers, 1, st_subnets_neuron_units(c, 1));
+}
+
 /* The plan, the partition of round 0 (one holder per unit), the run's
  * engine (a once-a-round parameter average: reduce-only) and, keeping the
  * optimizer state, one engine per state vector. */
@@ -369,6 +375,7 @@ static void ist_release(run_shared *r, void *state)
 const st_strategy_ops st_ist_ops = {
     .name = "ist",
     .check = ist_check,
+    .layout = ist_layout,
     .prepare = ist_prepare,
     .init_worker = ist_init_worker,
     .step = ist_step,

@@ -71,6 +71,13 @@ static st_status sdp_check(const st_train_config *c)
     return ST_OK;
 }
 
+/* Every worker needs a unit: k = max(1, round(C x N)) holders of each. */
+static st_status sdp_layout(const st_train_config *c, int workers)
+{
+    return st_subnets_check_layout(c, workers, st_subnet_holders_per_unit(workers, c->coverage),
+                                   st_subnets_neuron_units(c, 0));
+}
+
 /* The plan, the assignment of round 0, the gradients' engine (reduce-only
  * with backward masking, which adds a gather-only one for the
  * parameters). */
@@ -346,6 +353,7 @@ static void sdp_release(run_shared *r, void *state)
 const st_strategy_ops st_sdp_ops = {
     .name = "sdp",
     .check = sdp_check,
+    .layout = sdp_layout,
     .prepare = sdp_prepare,
     .init_worker = sdp_init_worker,
     .step = sdp_step,

@@ -25,3 +25,9 @@ st_status st_strategy_check_all(const st_train_config *c)
         ST_TRY(TABLE[k]->check(c));
     return ST_OK;
 }
+
+st_status st_strategy_check_layout(const st_train_config *c, int workers)
+{
+    const st_strategy_ops *ops = st_strategy_ops_of(c->strategy);
+    return ops && ops->layout ? ops->layout(c, workers) : ST_OK;
+}

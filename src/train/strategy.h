@@ -45,6 +45,13 @@ typedef struct st_strategy_ops {
      * given to another strategy.  Run in table order. */
     st_status (*check)(const st_train_config *c);
 
+    /* Optional (NULL: any worker count): a config of this strategy (its
+     * check passed), no data: refuses `workers` workers (every rank's)
+     * that its units cannot be spread over, in a line naming the options.
+     * One answer for the config check, the placement check (the count
+     * resolved) and the loop's prepare: st_strategy_check_layout. */
+    st_status (*layout)(const st_train_config *c, int workers);
+
     /* Before the parallel region, on the caller's thread; r->n, placement,
      * full_segs and slots are known.  Sets r->plan (the loop's epochs),
      * r->comm (the run's engine and barrier; NULL only with one worker
@@ -134,6 +141,9 @@ typedef struct st_strategy_ops {
 const st_strategy_ops *st_strategy_ops_of(st_strategy s);
 /* strategy.c: every strategy's check, in table order. */
 st_status st_strategy_check_all(const st_train_config *c);
+/* strategy.c: c's strategy's layout check for `workers` workers of every
+ * rank (ST_OK when it has none). */
+st_status st_strategy_check_layout(const st_train_config *c, int workers);
 
 extern const st_strategy_ops st_dp_ops, st_sdp_ops, st_ist_ops, st_synth_ops;
 

@@ -5,6 +5,7 @@
  * in it, loading a rebuilt subnetwork's current values from the owners'
  * saved shards, and worker 0's full model for evaluation.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,28 +41,82 @@ int st_subnets_unheld_ranges(const subnets *s, const run_shared *r, st_range *ou
     return s->unheld_possible ? st_model_config_chained_ranges(&r->cfg->model, out, cap) : 0;
 }
 
-/* Refuses an assignment that would leave a worker without a block, or
- * without a neuron in some layer. */
-static st_status check_units(const subnets *s, const run_shared *r)
+/* "--model resmlp --depth 4" (resnet18's depth is fixed) */
+static void model_words(const st_model_config *m, char *out, size_t size)
 {
-    const st_train_config *c = r->cfg;
-    const int k = s->k, L = s->layers;
-    if (!s->neuron_units) {
-        if ((long)L * k < r->n_all)
-            return st_fail(ST_ERR_INVALID, "%d blocks, each held by %d worker(s), leave some of "
-                           "the %d workers without a block (need blocks x holders >= workers)",
-                           L, k, r->n_all);
+    if (m->kind == ST_MODEL_RESNET18)
+        snprintf(out, size, "--model %s", st_model_kind_name(m->kind));
+    else
+        snprintf(out, size, "--model %s --depth %d", st_model_kind_name(m->kind), m->depth);
+}
+
+/* The narrowest width layer in groups of --neuron-group: *groups of them,
+ * from *neurons neurons; 0 when the model declares no width layer. */
+static st_status narrowest_width_layer(const st_model_config *m, int unit_size, int *groups,
+                                       int *neurons)
+{
+    const int n = st_model_config_width_groups(m, unit_size, NULL, 0);
+    *groups = *neurons = 0;
+    if (n < 1)
         return ST_OK;
-    }
-    int U = s->sections[0];   /* the narrowest width layer decides */
-    for (int l = 1; l < L; l++)
-        U = s->sections[l] < U ? s->sections[l] : U;
-    if ((long)U * k < r->n_all)
-        return st_fail(ST_ERR_INVALID, "a neuron layer has %d groups of %d; each held by %d "
-                       "worker(s), they leave some of the %d workers without a neuron in a layer "
-                       "(need groups x holders >= workers: use a smaller --neuron-group)",
-                       U, c->neuron_group, k, r->n_all);
+    int *g = malloc(2 * (size_t)n * sizeof *g);
+    if (!g)
+        return st_fail(ST_ERR_NOMEM, "out of memory for the width layers");
+    st_model_config_width_groups(m, unit_size, g, n);
+    st_model_config_width_groups(m, 1, g + n, n);
+    int at = 0;
+    for (int l = 1; l < n; l++)
+        at = g[l] < g[at] ? l : at;
+    *groups = g[at];
+    *neurons = g[n + at];
+    free(g);
     return ST_OK;
+}
+
+st_status st_subnets_check_layout(const st_train_config *c, int workers, int k, int neuron_units)
+{
+    st_model_units u;
+    /* a model that cannot be declared yet (a ResNet before its data's
+     * shape is known) is checked when the loop prepares, which declares it
+     * or says why not */
+    if (workers < 1 || k < 1 || st_model_config_units(&c->model, &u) != ST_OK)
+        return ST_OK;
+    const int sdp = c->strategy == ST_STRATEGY_SDP, need = (workers + k - 1) / k;
+    const char *ranks = st_world_size() > 1 ? " of all ranks" : "";
+    char coverage[32] = "";
+    if (sdp)
+        snprintf(coverage, sizeof coverage, " at --coverage %g", c->coverage);
+    char holders[80];
+    if (sdp)
+        snprintf(holders, sizeof holders, "k = max(1, round(C x N)) = %d holder%s", k,
+                 k == 1 ? "" : "s");
+    else
+        snprintf(holders, sizeof holders, "%d holder%s", k, k == 1 ? "" : "s");
+    if (!neuron_units) {
+        const int L = u.groups;
+        if (L < 1 || (long)L * k >= workers)
+            return ST_OK;
+        char model[64];
+        model_words(&c->model, model, sizeof model);
+        return st_fail(ST_ERR_INVALID, "--strategy %s%s: %s has %d block%s, and %d workers%s%s "
+                       "need %d (each block has %s, and every worker needs one): %s",
+                       st_strategy_name(c->strategy), sdp ? " --subnet block" : "", model, L,
+                       L == 1 ? "" : "s", workers, ranks, coverage, need, holders,
+                       sdp ? "raise --depth or --coverage, or lower --workers"
+                           : "raise --depth or lower --workers");
+    }
+    int U, neurons;
+    ST_TRY(narrowest_width_layer(&c->model, c->neuron_group, &U, &neurons));
+    if (U < 1 || (long)U * k >= workers)
+        return ST_OK;
+    return st_fail(ST_ERR_INVALID, "--strategy %s%s: a width layer of %d neuron%s makes %d "
+                   "group%s of --neuron-group %d, and %d workers%s%s need %d (each group has "
+                   "%s, and every worker needs a group in every layer): %s",
+                   st_strategy_name(c->strategy), sdp ? " --subnet neuron" : "", neurons,
+                   neurons == 1 ? "" : "s", U, U == 1 ? "" : "s", c->neuron_group, workers, ranks,
+                   coverage, need, holders,
+                   sdp ? "lower --neuron-group, raise --coverage or lower --workers"
+                       : "lower --neuron-group or --workers");
 }
 
 st_status st_subnets_prepare(subnets *s, const run_shared *r, int k, int neuron_units,
@@ -90,7 +145,8 @@ st_status st_subnets_prepare(subnets *s, const run_shared *r, int k, int neuron_
                                      s->n_sections);
     else if (s->n_sections)
         st_model_config_sections(&r->cfg->model, s->sections, s->n_sections);
-    ST_TRY(check_units(s, r));
+    /* every worker gets a unit: the loop checked the layout
+     * (st_strategy_check_layout) before the strategy's prepare */
     return st_subnets_draw(s, r, 0);
 }
 

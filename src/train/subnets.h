@@ -58,9 +58,15 @@ int st_subnets_neuron_units(const st_train_config *c, int without_groups);
  * elements are initialised by the strategy. */
 int st_subnets_unheld_possible(const st_train_config *c, int neuron_units, int backward);
 
-/* Before the parallel region: the flags, k holders per unit, the check
- * that every worker gets a unit (in every layer), the assignment of round
- * 0. */
+/* The layout check of sdp and ist (their ops' layout): refuses `workers`
+ * workers (every rank's) that k holders per unit leave without a unit (a
+ * block, or a group of neurons in some width layer), in a line naming the
+ * options.  From the config alone: a model that cannot be declared yet is
+ * let through. */
+st_status st_subnets_check_layout(const st_train_config *c, int workers, int k, int neuron_units);
+
+/* Before the parallel region, the layout checked: the flags, k holders
+ * per unit, the assignment of round 0. */
 st_status st_subnets_prepare(subnets *s, const run_shared *r, int k, int neuron_units,
                              int backward);
 void st_subnets_release(subnets *s);

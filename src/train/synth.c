@@ -260,23 +260,59 @@ static st_status group_plan(const st_train_config *cfg, const st_dataset *train,
     return ST_OK;
 }
 
+/* The cuts: --cuts, or the ones that balance the segments' FLOPs. */
+static st_status segment_cuts(const st_train_config *cfg, int *cuts)
+{
+    if (!cfg->synth.cuts[0])
+        return st_synth_balanced_cuts(&cfg->model, cfg->synth.segments, cuts);
+    memcpy(cuts, cfg->synth.cuts, sizeof cfg->synth.cuts);
+    return ST_OK;
+}
+
+/* Segment g's layers under `cuts`, first to last (1-based). */
+static void segment_span(const st_train_config *cfg, const int *cuts, int g, int *first,
+                         int *last)
+{
+    *first = g == 0 ? 1 : cuts[g - 1] + 1;
+    *last = g == cfg->synth.segments - 1 ? cfg->model.depth + 1 : cuts[g];
+}
+
+/* How many of `workers` (every rank's) train each segment: at least one
+ * each, the rest by FLOPs (st_synth_split_workers). */
+static st_status segment_workers(const st_train_config *cfg, int workers, const int *cuts,
+                                 int *counts)
+{
+    double flops[ST_SYNTH_MAX_SEGMENTS];
+    for (int g = 0, first, last; g < cfg->synth.segments; g++) {
+        segment_span(cfg, cuts, g, &first, &last);
+        flops[g] = st_segment_flops(&cfg->model, first, last, cfg->batch);
+    }
+    return st_synth_split_workers(workers, cfg->synth.segments, flops, counts);
+}
+
+/* Every segment needs a worker: the split of the run's workers (as
+ * prepare makes it) can be made. */
+static st_status synth_layout(const st_train_config *c, int workers)
+{
+    int cuts[ST_SYNTH_MAX_SEGMENTS - 1], counts[ST_SYNTH_MAX_SEGMENTS];
+    ST_TRY(segment_cuts(c, cuts));
+    return segment_workers(c, workers, cuts, counts);
+}
+
 static st_status make_groups(run_shared *r, synth_run *sy)
 {
     const st_train_config *cfg = r->cfg;
     const int S = cfg->synth.segments;
-    double flops[ST_SYNTH_MAX_SEGMENTS];
     int counts[ST_SYNTH_MAX_SEGMENTS];
     for (int g = 0; g < S; g++) {
         synth_group *G = &sy->groups[g];
         G->index = g;
-        G->layer_first = g == 0 ? 1 : sy->cuts[g - 1] + 1;
-        G->layer_last = g == S - 1 ? cfg->model.depth + 1 : sy->cuts[g];
+        segment_span(cfg, sy->cuts, g, &G->layer_first, &G->layer_last);
         G->flops = st_segment_flops(&cfg->model, G->layer_first, G->layer_last, cfg->batch);
         G->n_params = st_segment_params(&cfg->model, G->layer_first, G->layer_last);
         G->full_offset = st_segment_params(&cfg->model, 1, G->layer_first - 1);
-        flops[g] = G->flops;
     }
-    ST_TRY(st_synth_split_workers(r->n_all, S, flops, counts));
+    ST_TRY(segment_workers(cfg, r->n_all, sy->cuts, counts));
     int next = 0;
     for (int g = 0; g < S; g++) {
         synth_group *G = &sy->groups[g];
@@ -379,10 +415,7 @@ static st_status synth_prepare(run_shared *r, void **state)
     if (!sy->group_of || !sy->workers)
         return st_fail(ST_ERR_NOMEM, "out of memory for the segments' state");
     memset(sy->workers, 0, sizeof(synth_worker) * (size_t)r->n);
-    if (cfg->synth.cuts[0])
-        memcpy(sy->cuts, cfg->synth.cuts, sizeof sy->cuts);
-    else
-        ST_TRY(st_synth_balanced_cuts(&cfg->model, sy->segments, sy->cuts));
+    ST_TRY(segment_cuts(cfg, sy->cuts));
     ST_TRY(make_groups(r, sy));
     ST_TRY(make_engines(r, sy));
     sy->steps1 = (uint64_t)cfg->epochs * sy->groups[0].steps_per_epoch;
@@ -1114,6 +1147,7 @@ const st_strategy_ops st_synth_ops = {
     .not_stepwise = "its segment epochs, where each group of workers takes its own number "
                     "of steps, are no sequence of steps of the run",
     .check = synth_check,
+    .layout = synth_layout,
     .prepare = synth_prepare,
     .init_worker = synth_init_worker,
     .pre_loop = synth_pre_loop,

@@ -83,9 +83,10 @@ st_status st_synth_split_workers(int n_workers, int segments, const double *flop
         return st_fail(ST_ERR_INVALID, "segments must be in [1, %d], got %d",
                        ST_SYNTH_MAX_SEGMENTS, segments);
     if (n_workers < segments)
-        return st_fail(ST_ERR_INVALID, "%d worker%s cannot train %d segments: each segment "
-                       "needs at least one worker (use --workers %d or more)", n_workers,
-                       n_workers == 1 ? "" : "s", segments, segments);
+        return st_fail(ST_ERR_INVALID, "--strategy synth --segments %d: %d worker%s cannot "
+                       "train %d segments: each segment needs at least one worker (use "
+                       "--workers %d or more%s)", segments, n_workers, n_workers == 1 ? "" : "s",
+                       segments, segments, segments > 2 ? ", or fewer --segments" : "");
     for (int g = 0; g < segments; g++) {
         if (!(flops[g] > 0.0))
             return st_fail(ST_ERR_INVALID, "segment %d has no work (%g FLOPs)", g + 1, flops[g]);

@@ -119,6 +119,9 @@ st_status st_train_placement_check(const st_train_config *cfg)
     st_plan placement;
     memset(&placement, 0, sizeof placement);
     st_status s = place_workers(cfg, &topology, &placement);
+    /* the worker count resolved ("cores"), every rank with as many */
+    if (s == ST_OK)
+        s = st_strategy_check_layout(cfg, placement.n_workers * st_world_size());
     st_plan_free(&placement);
     st_topology_destroy(topology);
     return s;
@@ -133,6 +136,7 @@ st_status st_loop_prepare(run_shared *r)
     ST_TRY(place_workers(cfg, &r->topology, &r->placement));
     r->n = r->placement.n_workers;
     ST_TRY(prepare_ranks(r));
+    ST_TRY(st_strategy_check_layout(cfg, r->n_all));
     ST_TRY(st_model_config_segments(&cfg->model, &r->full_segs, &r->n_full_segs));
     r->n_params = st_model_config_param_count(&cfg->model);
     st_model_units units;
