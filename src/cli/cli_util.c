@@ -1,5 +1,7 @@
 /* cli/cli_util.c — shared pieces of the option parsers. */
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,14 +178,14 @@ int st_cli_parse_real(const char *what, const char *s, char lo_bracket, double l
                       char hi_bracket, int single, double *out, char *err, size_t n)
 {
     /* strtod's overflow is +-HUGE_VAL and its underflow a tiny value or 0:
-     * both meet the range check, as typed and then as the float kept
-     * (which is safe to convert once the double is in a float's range) */
-    const int ok = is_decimal(s, lo < 0) && in_range(strtod(s, NULL), lo_bracket, lo, hi,
-                                                      hi_bracket);
-    double v = ok ? strtod(s, NULL) : 0.0;
-    if (ok && single)
-        v = (double)(float)v;
-    if (!ok || !in_range(v, lo_bracket, lo, hi, hi_bracket))
+     * the range refuses them as typed, or as the float kept */
+    double v = is_decimal(s, lo < 0) ? strtod(s, NULL) : NAN;
+    int ok = in_range(v, lo_bracket, lo, hi, hi_bracket);
+    if (ok && single) {
+        v = fabs(v) <= FLT_MAX ? (double)(float)v : v > 0 ? INFINITY : -INFINITY;
+        ok = in_range(v, lo_bracket, lo, hi, hi_bracket);
+    }
+    if (!ok)
         return st_cli_fail(err, n, "%s: expected a number in %c%g, %g%c, got '%s'", what,
                            lo_bracket, lo, hi, hi_bracket, ST_CLI_SHOW(s));
     *out = v;
