@@ -7,7 +7,8 @@
  * other byte; a separator at the end ends the last word, and an empty
  * input is no word), after argv[0] = "subtrain".  Rejecting a command line is
  * the parser's job; what is a finding is a crash, undefined behaviour, a
- * leak, or a rejection without its one-line message.  The parser keeps
+ * leak, or a rejection without its one-line message (a control byte of
+ * the input echoed raw would break the line).  The parser keeps
  * pointers into argv (--data, --metrics, ...): the words live until the
  * options are dropped.
  */
@@ -19,6 +20,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 #define MAX_WORDS 256
+
+static int has_control_byte(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return 1;
+    return 0;
+}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -54,6 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(err + 1, 'x', sizeof err - 1);
     if (st_cli_parse(argc, argv, &o, err, sizeof err) != 0) {
         FUZZ_CHECK(err[0] != '\0' && memchr(err, '\0', sizeof err) != NULL);
+        FUZZ_CHECK(!has_control_byte(err));
     } else {
         FUZZ_CHECK(o.action >= ST_CLI_RUN && o.action <= ST_CLI_VERSION);
         FUZZ_CHECK(o.data != NULL && o.prompt != NULL);

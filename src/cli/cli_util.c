@@ -1,5 +1,7 @@
 /* cli/cli_util.c — shared pieces of the option parsers. */
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,57 +9,241 @@
 
 #include "cli/cli_util.h"
 
+/* ------------------------------------------------------------ showing text */
+
+/* The length of the valid UTF-8 sequence at p (1 to 4 bytes), or 0 when
+ * p starts none (a stray or overlong byte, a surrogate, past U+10FFFF). */
+static size_t utf8_length(const unsigned char *p)
+{
+    size_t len;
+    unsigned cp, min;
+    if (p[0] < 0x80)
+        return 1;
+    if (p[0] >= 0xc2 && p[0] <= 0xdf) {
+        len = 2, cp = p[0] & 0x1fu, min = 0x80;
+    } else if ((p[0] & 0xf0) == 0xe0) {
+        len = 3, cp = p[0] & 0x0fu, min = 0x800;
+    } else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
+        len = 4, cp = p[0] & 0x07u, min = 0x10000;
+    } else {
+        return 0;
+    }
+    for (size_t k = 1; k < len; k++) {
+        if ((p[k] & 0xc0) != 0x80)   /* a NUL stops here too */
+            return 0;
+        cp = cp << 6 | (p[k] & 0x3fu);
+    }
+    return cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp < 0xe000) ? 0 : len;
+}
+
+/* One character of p as a message shows it, into out (4 bytes at most):
+ * its length there; *used gets the bytes of p it stands for. */
+static size_t show_unit(const unsigned char *p, char *out, size_t *used)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t len = utf8_length(p);
+    if (len > 1 || (len == 1 && p[0] >= 0x20 && p[0] != 0x7f)) {
+        memcpy(out, p, len);
+        *used = len;
+        return len;
+    }
+    *used = 1;
+    const char named = p[0] == '\t' ? 't' : p[0] == '\n' ? 'n' : p[0] == '\r' ? 'r' : 0;
+    out[0] = '\\';
+    if (named) {
+        out[1] = named;
+        return 2;
+    }
+    out[1] = 'x';
+    out[2] = hex[p[0] >> 4];
+    out[3] = hex[p[0] & 15];
+    return 4;
+}
+
+#define ELLIPSIS "[...]"
+#define SHOW_HEAD 80   /* bytes of a long text's start; its end fills the rest */
+
+const char *st_cli_show(const char *s, char *out)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    char unit[4];
+    size_t used, total = 0;
+    for (size_t i = 0; p[i]; i += used)
+        total += show_unit(p + i, unit, &used);
+    /* a long text: the characters that end within its first SHOW_HEAD
+     * shown bytes, the ellipsis, the characters that start within the
+     * last ones that fill ST_CLI_SHOW_MAX */
+    const int cut = total > ST_CLI_SHOW_MAX;
+    const size_t head = cut ? SHOW_HEAD : total;
+    const size_t tail = cut ? total - (ST_CLI_SHOW_MAX - SHOW_HEAD - (sizeof ELLIPSIS - 1))
+                            : total;
+    size_t k = 0, at = 0;
+    int marked = 0;
+    for (size_t i = 0; p[i]; i += used) {
+        size_t w = show_unit(p + i, unit, &used);
+        if (at + w <= head || at >= tail) {
+            memcpy(out + k, unit, w);
+            k += w;
+        } else if (!marked) {   /* the first character left out */
+            memcpy(out + k, ELLIPSIS, sizeof ELLIPSIS - 1);
+            k += sizeof ELLIPSIS - 1;
+            marked = 1;
+        }
+        at += w;
+    }
+    out[k] = '\0';
+    return out;
+}
+
+/* s on f as st_cli_show escapes it, whole. */
+static void put_escaped(FILE *f, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    char chunk[1024];
+    size_t k = 0, used;
+    for (size_t i = 0; p[i]; i += used) {
+        if (k + 4 > sizeof chunk) {
+            fwrite(chunk, 1, k, f);
+            k = 0;
+        }
+        k += show_unit(p + i, chunk + k, &used);
+    }
+    fwrite(chunk, 1, k, f);
+}
+
+/* ------------------------------------------------------------ numbers */
+
+int st_cli_parse_count(const char *what, const char *s, unsigned long long lo,
+                       unsigned long long hi, unsigned long long *out, char *err, size_t n)
+{
+    /* digits only: strtoull alone would take blanks, a sign, and wrap -1 */
+    int digits = *s != '\0';
+    for (const char *p = s; *p; p++)
+        digits &= *p >= '0' && *p <= '9';
+    errno = 0;
+    unsigned long long v = digits ? strtoull(s, NULL, 10) : 0;
+    if (!digits || errno == ERANGE || v < lo || v > hi)
+        return st_cli_fail(err, n, "%s: expected an integer in [%llu, %llu], got '%s'", what, lo,
+                           hi, ST_CLI_SHOW(s));
+    *out = v;
+    return 0;
+}
+
+int st_cli_slurm_cpus(int *cpus, char *err, size_t n)
+{
+    const char *slurm = getenv("SLURM_CPUS_PER_TASK");
+    unsigned long long v = 0;
+    if (slurm && *slurm && st_cli_parse_count("SLURM_CPUS_PER_TASK", slurm, 1, 65536, &v, err, n))
+        return st_cli_fail(err, n, "SLURM_CPUS_PER_TASK='%s': expected a CPU count, an integer "
+                           "in [1, 65536]", ST_CLI_SHOW(slurm));
+    *cpus = (int)v;
+    return 0;
+}
+
+static int is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+/* Whole-string [-]digits[.digits][e[+-]digits], digits on one side of the
+ * point at least. */
+static int is_decimal(const char *p, int minus)
+{
+    int digits = 0;
+    if (minus && *p == '-')
+        p++;
+    for (; is_digit(*p); p++)
+        digits++;
+    if (*p == '.')
+        for (p++; is_digit(*p); p++)
+            digits++;
+    if (!digits)
+        return 0;
+    if (*p == 'e' || *p == 'E') {
+        p += p[1] == '+' || p[1] == '-' ? 2 : 1;
+        if (!is_digit(*p))
+            return 0;
+        while (is_digit(*p))
+            p++;
+    }
+    return *p == '\0';
+}
+
+static int in_range(double v, char lo_bracket, double lo, double hi, char hi_bracket)
+{
+    return (lo_bracket == '(' ? v > lo : v >= lo) && (hi_bracket == ')' ? v < hi : v <= hi);
+}
+
+int st_cli_parse_real(const char *what, const char *s, char lo_bracket, double lo, double hi,
+                      char hi_bracket, int single, double *out, char *err, size_t n)
+{
+    /* strtod's overflow is +-HUGE_VAL and its underflow a tiny value or 0:
+     * the range refuses them as typed, or as the float kept */
+    double v = is_decimal(s, lo < 0) ? strtod(s, NULL) : NAN;
+    int ok = in_range(v, lo_bracket, lo, hi, hi_bracket);
+    if (ok && single) {
+        v = fabs(v) <= FLT_MAX ? (double)(float)v : v > 0 ? INFINITY : -INFINITY;
+        ok = in_range(v, lo_bracket, lo, hi, hi_bracket);
+    }
+    if (!ok)
+        return st_cli_fail(err, n, "%s: expected a number in %c%g, %g%c, got '%s'", what,
+                           lo_bracket, lo, hi, hi_bracket, ST_CLI_SHOW(s));
+    *out = v;
+    return 0;
+}
+
+/* ------------------------------------------------------------ messages */
+
 void st_cli_getopt_message(int c, int optopt, const char *word, const char *cmd, char *err,
                            size_t n)
 {
     if (c == ':') {
-        snprintf(err, n, "option '%s' needs a value (see %s --help)", word, cmd);
+        snprintf(err, n, "option '%s' needs a value (see %s --help)", ST_CLI_SHOW(word), cmd);
         return;
     }
     /* getopt_long sets optopt to a short option's letter, to a long
      * option's value when it was given a value it takes not (--quiet=x),
      * and to 0 for an unknown long option: tell them apart by the word. */
     int is_long = strncmp(word, "--", 2) == 0;
+    const char letter[2] = { (char)optopt, '\0' };
     if (!is_long && optopt > 0 && optopt < 256)
-        snprintf(err, n, "unknown option '-%c' (see %s --help)", optopt, cmd);
+        snprintf(err, n, "unknown option '-%s' (see %s --help)", ST_CLI_SHOW(letter), cmd);
     else if (is_long && optopt != 0)
-        snprintf(err, n, "option '%s' takes no value (see %s --help)", word, cmd);
+        snprintf(err, n, "option '%s' takes no value (see %s --help)", ST_CLI_SHOW(word), cmd);
     else
-        snprintf(err, n, "unknown option '%s' (see %s --help)", word, cmd);
+        snprintf(err, n, "unknown option '%s' (see %s --help)", ST_CLI_SHOW(word), cmd);
 }
 
-int st_cli_parse_count(const char *opt, const char *s, unsigned long long lo,
-                       unsigned long long hi, unsigned long long *out, char *err, size_t n)
+void st_cli_error(const char *cmd, const char *fmt, ...)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*s == '\0' || *s == '-' || *s == '+' || *end != '\0' || errno == ERANGE || v < lo ||
-        v > hi) {
-        snprintf(err, n, "--%s: expected an integer in [%llu, %llu], got '%s'", opt, lo, hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-void st_cli_usage_error(const char *cmd, const char *fmt, ...)
-{
-    va_list ap;
+    char buf[2048], *msg = buf;
+    va_list ap, again;
     va_start(ap, fmt);
-    fprintf(stderr, "%s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    va_copy(again, ap);
+    int len = vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    if (len >= (int)sizeof buf) {   /* rare: formatted again, whole, on the heap */
+        char *big = malloc((size_t)len + 1);
+        if (big && vsnprintf(big, (size_t)len + 1, fmt, again) == len)
+            msg = big;
+        else
+            free(big);
+    }
+    va_end(again);
+    fprintf(stderr, "%s: ", cmd);
+    put_escaped(stderr, len < 0 ? fmt : msg);
+    fputc('\n', stderr);
+    if (msg != buf)
+        free(msg);
 }
 
-int st_cli_count_arg(const char *cmd, const char *opt, const char *s, unsigned long long lo,
+int st_cli_count_arg(const char *cmd, const char *what, const char *s, unsigned long long lo,
                      unsigned long long hi, unsigned long long *out)
 {
-    char err[256];
-    if (st_cli_parse_count(opt, s, lo, hi, out, err, sizeof err) == 0)
+    char err[512];
+    if (st_cli_parse_count(what, s, lo, hi, out, err, sizeof err) == 0)
         return 0;
-    st_cli_usage_error(cmd, "%s", err);
+    st_cli_error(cmd, "%s", err);
     return -1;
 }
 

@@ -142,10 +142,11 @@ static int add_entry(st_cli_config_file *cf, int cap, const char *key, const cha
 {
     for (int k = 0; k < cf->n; k++)
         if (strcmp(cf->entries[k].key, key) == 0)
-            return st_cli_fail(err, n, "%s:%d: '%s' is set twice (line %d sets it too)", cf->path, line,
-                        key, cf->entries[k].line);
+            return st_cli_fail(err, n, "%s:%d: '%s' is set twice (line %d sets it too)",
+                               ST_CLI_SHOW(cf->path), line, ST_CLI_SHOW(key),
+                               cf->entries[k].line);
     if (cf->n == cap)
-        return st_cli_fail(err, n, "%s:%d: too many entries", cf->path, line);
+        return st_cli_fail(err, n, "%s:%d: too many entries", ST_CLI_SHOW(cf->path), line);
     cf->entries[cf->n++] = (st_cli_config_entry){ key, value, line };
     return 0;
 }
@@ -158,7 +159,7 @@ static int parse_text(st_cli_config_file *cf, char *err, size_t n)
         cap += *p == '\n';
     cf->entries = calloc((size_t)cap, sizeof *cf->entries);
     if (!cf->entries)
-        return st_cli_fail(err, n, "--config %s: out of memory", cf->path);
+        return st_cli_fail(err, n, "--config %s: out of memory", ST_CLI_SHOW(cf->path));
     char *line = cf->text;
     for (int no = 1; line; no++) {
         char *next = strchr(line, '\n');
@@ -175,7 +176,8 @@ static int parse_text(st_cli_config_file *cf, char *err, size_t n)
         while (end > s && is_blank(end[-1]))
             *--end = '\0';
         if (!eq)
-            return st_cli_fail(err, n, "%s:%d: expected 'key = value', got '%s'", cf->path, no, s);
+            return st_cli_fail(err, n, "%s:%d: expected 'key = value', got '%s'",
+                               ST_CLI_SHOW(cf->path), no, ST_CLI_SHOW(s));
         char *key_end = eq;
         while (key_end > s && is_blank(key_end[-1]))
             key_end--;
@@ -185,10 +187,11 @@ static int parse_text(st_cli_config_file *cf, char *err, size_t n)
             value++;
         if (*s == '\0' || strpbrk(s, " \t"))
             return st_cli_fail(err, n, "%s:%d: expected 'key = value' with a key such as 'depth', "
-                        "got '%s' before '='", cf->path, no, s);
+                        "got '%s' before '='", ST_CLI_SHOW(cf->path), no, ST_CLI_SHOW(s));
         if (*value == '"' && unquote(value) != 0)
             return st_cli_fail(err, n, "%s:%d: %s: a quoted value ends at its closing '\"' and knows "
-                        "the escapes \\\\ \\\" \\n \\t \\r \\xHH", cf->path, no, s);
+                        "the escapes \\\\ \\\" \\n \\t \\r \\xHH", ST_CLI_SHOW(cf->path), no,
+                        ST_CLI_SHOW(s));
         if (add_entry(cf, cap, s, value, no, err, n))
             return -1;
     }
@@ -351,12 +354,13 @@ static int config_member(const char *key, char **pp, void *user)
     char *value = json_string(pp);
     if (!value) {
         m->failed = st_cli_fail(m->err, m->n, "%s:1: \"run\".\"config\".\"%s\": expected a string "
-                         "(the value as --dump-config prints it)", m->cf->path, key);
+                         "(the value as --dump-config prints it)", ST_CLI_SHOW(m->cf->path),
+                         ST_CLI_SHOW(key));
         return -1;
     }
     if (*value == '"' && unquote(value) != 0) {
         m->failed = st_cli_fail(m->err, m->n, "%s:1: %s: a quoted value ends at its closing '\"'",
-                         m->cf->path, key);
+                         ST_CLI_SHOW(m->cf->path), ST_CLI_SHOW(key));
         return -1;
     }
     if (add_entry(m->cf, m->cap, key, value, 1, m->err, m->n)) {
@@ -394,18 +398,19 @@ static int parse_metrics(st_cli_config_file *cf, char *err, size_t n)
         cap += *p == ',';
     cf->entries = calloc((size_t)cap, sizeof *cf->entries);
     if (!cf->entries)
-        return st_cli_fail(err, n, "--config %s: out of memory", cf->path);
+        return st_cli_fail(err, n, "--config %s: out of memory", ST_CLI_SHOW(cf->path));
     cf->from_metrics = 1;
     metrics_read m = { cf, cap, 0, 0, err, n, 0 };
     char *p = cf->text;
     if (json_object(&p, record_member, &m) != 0 && !m.failed)
         return st_cli_fail(err, n, "%s:1: not a JSON record (a metrics file's first line is one)",
-                    cf->path);
+                    ST_CLI_SHOW(cf->path));
     if (m.failed)
         return -1;
     if (!m.found_run || !m.found_config)
         return st_cli_fail(err, n, "%s:1: the first record has no \"run\":{\"config\":...} (the "
-                    "metrics of a subtrain older than its provenance records?)", cf->path);
+                    "metrics of a subtrain older than its provenance records?)",
+                    ST_CLI_SHOW(cf->path));
     return 0;
 }
 
@@ -415,30 +420,35 @@ int st_cli_config_read(const char *path, st_cli_config_file *cf, char *err, size
     cf->path = path;
     FILE *f = fopen(path, "rb");
     if (!f)
-        return st_cli_fail(err, n, "--config %s: cannot read it: %s", path, strerror(errno));
+        return st_cli_fail(err, n, "--config %s: cannot read it: %s", ST_CLI_SHOW(path),
+                           strerror(errno));
     cf->text = malloc(CONFIG_MAX_BYTES + 1);
     if (!cf->text) {
         fclose(f);
-        return st_cli_fail(err, n, "--config %s: out of memory", path);
+        return st_cli_fail(err, n, "--config %s: out of memory", ST_CLI_SHOW(path));
     }
     size_t len = fread(cf->text, 1, CONFIG_MAX_BYTES + 1, f);
     int read_error = ferror(f) ? errno : 0;
     fclose(f);
     if (read_error)
-        return st_cli_fail(err, n, "--config %s: cannot read it: %s", path, strerror(read_error));
+        return st_cli_fail(err, n, "--config %s: cannot read it: %s", ST_CLI_SHOW(path),
+                           strerror(read_error));
     cf->text[len < CONFIG_MAX_BYTES ? len : CONFIG_MAX_BYTES] = '\0';
     if (memchr(cf->text, '\0', len < CONFIG_MAX_BYTES ? len : CONFIG_MAX_BYTES))
-        return st_cli_fail(err, n, "--config %s: a binary file, not a configuration", path);
+        return st_cli_fail(err, n, "--config %s: a binary file, not a configuration",
+                           ST_CLI_SHOW(path));
     const char *first = cf->text;
     while (is_blank(*first))
         first++;
     if (*first == '{') {
         if (len > CONFIG_MAX_BYTES && !strchr(cf->text, '\n'))
-            return st_cli_fail(err, n, "%s:1: longer than %u bytes", path, CONFIG_MAX_BYTES);
+            return st_cli_fail(err, n, "%s:1: longer than %u bytes", ST_CLI_SHOW(path),
+                               CONFIG_MAX_BYTES);
         return parse_metrics(cf, err, n);
     }
     if (len > CONFIG_MAX_BYTES)
-        return st_cli_fail(err, n, "--config %s: larger than %u bytes", path, CONFIG_MAX_BYTES);
+        return st_cli_fail(err, n, "--config %s: larger than %u bytes", ST_CLI_SHOW(path),
+                           CONFIG_MAX_BYTES);
     return parse_text(cf, err, n);
 }
 

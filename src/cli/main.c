@@ -22,6 +22,7 @@
 
 #include <subtrain/subtrain.h>
 
+#include "cli/cli_util.h"
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/provenance.h"
@@ -34,10 +35,10 @@
 static int runtime_error(const char *what)
 {
     if (st_world_size() > 1)   /* which rank: the others are ended (run_train) */
-        fprintf(stderr, "subtrain: rank %d of %d (%s): %s: %s\n", st_world_rank(),
-                st_world_size(), st_world_host(), what, st_last_error());
+        st_cli_error("subtrain", "rank %d of %d (%s): %s: %s", st_world_rank(), st_world_size(),
+                     st_world_host(), what, st_last_error());
     else
-        fprintf(stderr, "subtrain: %s: %s\n", what, st_last_error());
+        st_cli_error("subtrain", "%s: %s", what, st_last_error());
     return EXIT_FAILURE;
 }
 
@@ -411,8 +412,9 @@ static int write_final_weights(const st_cli_options *o, const st_epoch_record *f
 {
     char path[4096];
     if (mkdir(o->checkpoint_dir, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "subtrain: --checkpoint %s: cannot create it: %s\n", o->checkpoint_dir,
-                strerror(errno));
+        const int e = errno;
+        st_cli_error("subtrain", "--checkpoint %s: cannot create it: %s",
+                     ST_CLI_SHOW(o->checkpoint_dir), strerror(e));
         return EXIT_FAILURE;
     }
     if (!ui->params) {
@@ -587,8 +589,8 @@ static int open_metrics(const st_cli_options *o, FILE **out)
     if (err) {
         if (fd >= 0)
             close(fd);
-        fprintf(stderr, "subtrain: cannot write the metrics file '%s': %s\n", path,
-                err == ENXIO && fd < 0 ? "a FIFO with no reader" : strerror(err));
+        st_cli_error("subtrain", "cannot write the metrics file '%s': %s", ST_CLI_SHOW(path),
+                     err == ENXIO && fd < 0 ? "a FIFO with no reader" : strerror(err));
         return EXIT_FAILURE;
     }
     return EXIT_SUCCESS;
@@ -683,7 +685,7 @@ static int run_train_rank(st_cli_options *o)
     train.augment.seed = o->train.seed;
     if (st_augment_check(&train.augment, &train) != ST_OK) {
         /* a usage error, found once the data's shape is known */
-        fprintf(stderr, "subtrain: %s\n", st_last_error());
+        st_cli_error("subtrain", "%s", st_last_error());
         status = EXIT_USAGE;
         goto out;
     }
@@ -701,7 +703,7 @@ static int run_train_rank(st_cli_options *o)
         print_plan(o, &train, &test, prov.workers);
         const char *env = st_topology_binding_env_warning();
         if (env)
-            fprintf(stderr, "subtrain: warning: %s\n", env);
+            st_cli_error("subtrain", "warning: %s", env);
     }
     prog.quiet = o->quiet;
     prog.report_memory = o->report_memory && !o->quiet;
@@ -738,8 +740,9 @@ static int run_train_rank(st_cli_options *o)
     status = final.interrupted ? 128 + (int)stop_signal : EXIT_SUCCESS;
 out:
     if (prog.metrics && fclose(prog.metrics) != 0 && status == EXIT_SUCCESS) {
-        fprintf(stderr, "subtrain: closing the metrics file '%s' failed: %s\n",
-                o->metrics_path, strerror(errno));
+        const int e = errno;
+        st_cli_error("subtrain", "closing the metrics file '%s' failed: %s",
+                     ST_CLI_SHOW(o->metrics_path), strerror(e));
         status = EXIT_FAILURE;
     }
     st_cli_provenance_free(&prov);
@@ -758,10 +761,10 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "quad") == 0)
         return st_cli_quad_main(argc - 1, argv + 1);
     st_cli_options o;
-    char err[1024];
+    char err[2048];
     int status = EXIT_SUCCESS;
     if (st_cli_parse(argc, argv, &o, err, sizeof err) != 0) {
-        fprintf(stderr, "subtrain: %s\n", err);
+        st_cli_error("subtrain", "%s", err);
         status = EXIT_USAGE;
     } else if (o.action == ST_CLI_HELP) {
         st_cli_print_help(stdout);
@@ -770,7 +773,7 @@ int main(int argc, char **argv)
     } else if (st_train_config_check(&o.train) != ST_OK) {
         /* Configuration errors found by the library (e.g. warmup longer
          * than the run) are usage errors too. */
-        fprintf(stderr, "subtrain: %s\n", st_last_error());
+        st_cli_error("subtrain", "%s", st_last_error());
         status = EXIT_USAGE;
     } else if (o.dump_config) {   /* checked: what it prints runs */
         st_cli_config_dump(stdout, &o);

@@ -1,10 +1,8 @@
 /* cli/options.c — getopt_long parsing with strict value checks; the same
  * checks for the options of a configuration file (--config), and each
  * option's value printed back as the file would give it (--dump-config). */
-#include <errno.h>
 #include <getopt.h>
 #include <limits.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -272,32 +270,19 @@ void st_cli_print_help(FILE *f)
 }
 
 
-/* Whole-string integer in [lo, hi]. */
-static int parse_long(const char *opt, const char *s, long lo, long hi, long *out,
-                      char *err, size_t n)
+/* The options' numbers, each named as typed ("--depth"): one syntax for
+ * all of them (cli_util.h), the range the message states the one enforced,
+ * so a count that must be >= 1 says [1, ...] for any bad value, 0 included. */
+static int parse_int(const char *opt, const char *s, int lo, int hi, int *out, char *err,
+                     size_t n)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || errno == ERANGE || v < lo || v > hi)
-        return st_cli_fail(err, n, "--%s: expected an integer in [%ld, %ld], got '%s'", opt, lo, hi, s);
-    *out = v;
-    return 0;
-}
-
-static int parse_int(const char *opt, const char *s, long lo, long hi, int *out,
-                     char *err, size_t n)
-{
-    long v = 0;
-    if (parse_long(opt, s, lo, hi, &v, err, n))
+    unsigned long long v;
+    if (st_cli_parse_count(opt, s, (unsigned long long)lo, (unsigned long long)hi, &v, err, n))
         return -1;
     *out = (int)v;
     return 0;
 }
 
-/* Whole-string unsigned integer in [lo, hi]: the message states the range
- * the option takes, so a count that must be >= 1 says [1, ...] for any
- * bad value, 0 included. */
 static int parse_u64(const char *opt, const char *s, unsigned long long lo,
                      unsigned long long hi, uint64_t *out, char *err, size_t n)
 {
@@ -308,17 +293,14 @@ static int parse_u64(const char *opt, const char *s, unsigned long long lo,
     return 0;
 }
 
-/* Whole-string finite float in [lo, hi] (or (lo, hi] when open_lo). */
-static int parse_float(const char *opt, const char *s, double lo, double hi, int open_lo,
-                       float *out, char *err, size_t n)
+/* A float in the range as typed and as the float kept: 1e-300 is no
+ * learning rate, it would be 0. */
+static int parse_float(const char *opt, const char *s, char lo_bracket, double lo, double hi,
+                       char hi_bracket, float *out, char *err, size_t n)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    int bad_lo = open_lo ? !(v > lo) : !(v >= lo);
-    if (*s == '\0' || *end != '\0' || errno == ERANGE || !isfinite(v) || bad_lo || v > hi)
-        return st_cli_fail(err, n, "--%s: expected a number in %c%g, %g], got '%s'", opt,
-                    open_lo ? '(' : '[', lo, hi, s);
+    double v;
+    if (st_cli_parse_real(opt, s, lo_bracket, lo, hi, hi_bracket, 1, &v, err, n))
+        return -1;
     *out = (float)v;
     return 0;
 }
@@ -336,7 +318,7 @@ static int parse_choice(const char *opt, const char *s, st_status (*parse)(const
         allowed = p;   /* the last one: the name itself may contain the words */
     if (!allowed)
         return st_cli_fail(err, n, "--%s: %s", opt, msg);
-    return st_cli_fail(err, n, "--%s: unknown value '%s' %s", opt, s, allowed);
+    return st_cli_fail(err, n, "--%s: unknown value '%s' %s", opt, ST_CLI_SHOW(s), allowed);
 }
 
 static int parse_progress(const char *s, st_progress_mode *out, char *err, size_t n)
@@ -347,7 +329,8 @@ static int parse_progress(const char *s, st_progress_mode *out, char *err, size_
             *out = (st_progress_mode)i;
             return 0;
         }
-    return st_cli_fail(err, n, "--progress: unknown value '%s' (allowed: auto, bar, plain, none)", s);
+    return st_cli_fail(err, n, "--progress: unknown value '%s' (allowed: auto, bar, plain, "
+                       "none)", ST_CLI_SHOW(s));
 }
 
 /* Adapters: the library's parsers take typed pointers. */
@@ -360,29 +343,34 @@ static st_status parse_strategy(const char *s, void *o) { return st_strategy_par
 static st_status parse_subnet(const char *s, void *o) { return st_subnet_kind_parse(s, o); }
 static st_status parse_masking(const char *s, void *o) { return st_masking_parse(s, o); }
 
-/* --cuts 2,4: whole-string increasing integers in [1, 1024], at most
- * ST_SYNTH_MAX_SEGMENTS - 1 of them; *count gets how many. */
+/* --cuts 2,4: increasing integers in [1, 1024] (digits only, as every
+ * count), at most ST_SYNTH_MAX_SEGMENTS - 1 of them; *count gets how many. */
 static int parse_cuts(const char *s, int *cuts, int *count, char *err, size_t n)
 {
-    const char *p = s;
     int k = 0;
     memset(cuts, 0, sizeof(int) * (ST_SYNTH_MAX_SEGMENTS - 1));
-    for (;;) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno == ERANGE || v < 1 || v > 1024 || (*end != ',' && *end != '\0'))
-            return st_cli_fail(err, n, "--cuts: expected increasing layer numbers such as 2,4, got '%s'", s);
+    for (const char *p = s;; k++) {
+        size_t len = strcspn(p, ",");
+        char part[8], msg[128];
+        unsigned long long v = 0;
         if (k == ST_SYNTH_MAX_SEGMENTS - 1)
-            return st_cli_fail(err, n, "--cuts: at most %d cuts, got '%s'", ST_SYNTH_MAX_SEGMENTS - 1, s);
-        if (k > 0 && v <= cuts[k - 1])
-            return st_cli_fail(err, n, "--cuts: expected increasing layer numbers such as 2,4, got '%s'", s);
-        cuts[k++] = (int)v;
-        if (*end == '\0')
+            return st_cli_fail(err, n, "--cuts: at most %d cuts, got '%s'",
+                               ST_SYNTH_MAX_SEGMENTS - 1, ST_CLI_SHOW(s));
+        if (len < sizeof part) {
+            memcpy(part, p, len);
+            part[len] = '\0';
+        }
+        if (len >= sizeof part ||
+            st_cli_parse_count("--cuts", part, 1, 1024, &v, msg, sizeof msg) ||
+            (k > 0 && (int)v <= cuts[k - 1]))
+            return st_cli_fail(err, n, "--cuts: expected increasing layer numbers "
+                               "such as 2,4, got '%s'", ST_CLI_SHOW(s));
+        cuts[k] = (int)v;
+        if (p[len] == '\0')
             break;
-        p = end + 1;
+        p += len + 1;
     }
-    *count = k;
+    *count = k + 1;
     return 0;
 }
 
@@ -416,7 +404,8 @@ static int parse_idx_spec(const char *what, const char *spec, st_cli_data *d, ch
             if (len == 0 || (k == 3) != (end == NULL))
                 return st_cli_fail(err, n, "%s idx:%s: expected four file names "
                             "TRAIN_IMAGES,TRAIN_LABELS,TEST_IMAGES,TEST_LABELS after the "
-                            "directory, got '%s'", what, spec, colon + 1);
+                            "directory, got '%s'", what, ST_CLI_SHOW(spec),
+                            ST_CLI_SHOW(colon + 1));
             if (copy_part(what, p, len, d->names[k], err, n))
                 return -1;
             p = end ? end + 1 : p + len;
@@ -424,7 +413,7 @@ static int parse_idx_spec(const char *what, const char *spec, st_cli_data *d, ch
     }
     if (dir_len == 0)
         return st_cli_fail(err, n, "%s idx:%s: the directory is missing (idx:DIR[:TRAIN_IMAGES,"
-                    "TRAIN_LABELS,TEST_IMAGES,TEST_LABELS])", what, spec);
+                    "TRAIN_LABELS,TEST_IMAGES,TEST_LABELS])", what, ST_CLI_SHOW(spec));
     return copy_part(what, spec, dir_len, d->dir, err, n);
 }
 
@@ -448,7 +437,7 @@ static int parse_data(const char *what, const char *s, st_cli_data *d, char *err
         d->kind = ST_CLI_DATA_TEXT;
         if (s[4] == '\0' || s[5] == '\0')
             return st_cli_fail(err, n, "%s %s: the file is missing (text:FILE, e.g. "
-                        "text:/usr/share/dictd/gcide.dict.dz)", what, s);
+                        "text:/usr/share/dictd/gcide.dict.dz)", what, ST_CLI_SHOW(s));
         return copy_part(what, s + 5, strlen(s + 5), d->dir, err, n);
     }
     for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
@@ -461,7 +450,7 @@ static int parse_data(const char *what, const char *s, st_cli_data *d, char *err
             return parse_idx_spec(what, rest, d, err, n);
         if (*rest == '\0')
             return st_cli_fail(err, n, "%s %s: the directory is missing (%s:DIR, DIR the extracted "
-                        "%s directory)", what, s, kinds[k].prefix,
+                        "%s directory)", what, ST_CLI_SHOW(s), kinds[k].prefix,
                         d->kind == ST_CLI_DATA_CIFAR10 ? "cifar-10-batches-bin"
                                                        : "cifar-100-binary");
         return copy_part(what, rest, strlen(rest), d->dir, err, n);
@@ -485,7 +474,7 @@ static int apply_synth_option(int c, const char *arg, st_cli_options *o, seen *s
     switch (c) {
     case OPT_SEGMENTS:
         saw->synth_option = "--segments";
-        return parse_int("segments", arg, 2, ST_SYNTH_MAX_SEGMENTS, &s->segments, err, n);
+        return parse_int("--segments", arg, 2, ST_SYNTH_MAX_SEGMENTS, &s->segments, err, n);
     case OPT_CUTS:
         saw->synth_option = "--cuts";
         return parse_cuts(arg, s->cuts, &saw->cuts, err, n);
@@ -494,13 +483,13 @@ static int apply_synth_option(int c, const char *arg, st_cli_options *o, seen *s
         return parse_choice("synth-labels", arg, parse_synth_labels, &s->labels, err, n);
     case OPT_SYNTH_SCALE:
         saw->synth_option = "--synth-scale";
-        return parse_float("synth-scale", arg, 0.0, 1000.0, 1, &s->scale, err, n);
+        return parse_float("--synth-scale", arg, '(', 0.0, 1000.0, ']', &s->scale, err, n);
     case OPT_SYNTH_NOISE:
         saw->synth_option = "--synth-noise";
-        return parse_float("synth-noise", arg, 0.0, 1000.0, 0, &s->noise, err, n);
+        return parse_float("--synth-noise", arg, '[', 0.0, 1000.0, ']', &s->noise, err, n);
     case OPT_RECOVERY_EPOCHS:
         saw->synth_option = "--recovery-epochs";
-        return parse_int("recovery-epochs", arg, 0, 100000, &s->recovery_epochs, err, n);
+        return parse_int("--recovery-epochs", arg, 0, 100000, &s->recovery_epochs, err, n);
     }
     return st_cli_fail(err, n, "internal: unhandled option %d", c);
 }
@@ -519,28 +508,31 @@ static int parse_report_one(const char *arg, st_cli_options *o, char *err, size_
         return 0;
     }
     if (strncmp(arg, "align=", 6) == 0) {
-        return parse_u64("report align=N", arg + 6, 1, 1000000000ull, &t->align_every, err,
+        return parse_u64("--report align=N", arg + 6, 1, 1000000000ull, &t->align_every, err,
                          n);
     }
-    return st_cli_fail(err, n, "--report: unknown value '%s' (allowed: memory, align, align=N)", arg);
+    return st_cli_fail(err, n, "--report: unknown value '%s' (allowed: memory, align, align=N)",
+                       ST_CLI_SHOW(arg));
 }
 
 static int parse_report(const char *arg, st_cli_options *o, char *err, size_t n)
 {
-    char part[64];
-    for (const char *p = arg;; ) {
-        size_t len = strcspn(p, ",");
-        if (len >= sizeof part)
-            return st_cli_fail(err, n, "--report: unknown value '%.*s' (allowed: memory, align, "
-                        "align=N)", (int)len, p);
-        memcpy(part, p, len);
-        part[len] = '\0';
-        if (parse_report_one(part, o, err, n))
-            return -1;
-        if (p[len] == '\0')
-            return 0;
-        p += len + 1;
+    char *list = malloc(strlen(arg) + 1);   /* cut at its commas */
+    if (!list)
+        return st_cli_fail(err, n, "--report: out of memory");
+    strcpy(list, arg);
+    int rc = 0;
+    for (char *p = list; rc == 0;) {
+        char *comma = strchr(p, ',');
+        if (comma)
+            *comma = '\0';
+        rc = parse_report_one(p, o, err, n);
+        if (!comma)
+            break;
+        p = comma + 1;
     }
+    free(list);
+    return rc;
 }
 
 static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epochs,
@@ -553,22 +545,23 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         return parse_data("--data", arg, &o->data_spec, err, n);
     case OPT_AUGMENT_CROP: {
         int crop;
-        if (parse_int("augment-crop", arg, 0, 1024, &crop, err, n))
+        if (parse_int("--augment-crop", arg, 0, 1024, &crop, err, n))
             return -1;
         o->augment.crop = (uint32_t)crop;
         return 0;
     }
     case OPT_AUGMENT_FLIP: o->augment.flip = 1; return 0;
-    case OPT_CONTEXT: return parse_int("context", arg, 1, 4096, &t->model.context, err, n);
-    case OPT_HEADS: return parse_int("heads", arg, 1, 65536, &t->model.heads, err, n);
-    case OPT_HOLDOUT:   /* one message for every bad value: 1 is refused too */
-        if (parse_float("holdout", arg, 0.0, 1.0, 1, &o->holdout, err, n) || o->holdout >= 1.0f)
-            return st_cli_fail(err, n, "--holdout: expected a fraction in (0, 1), got '%s'", arg);
+    case OPT_CONTEXT: return parse_int("--context", arg, 1, 4096, &t->model.context, err, n);
+    case OPT_HEADS: return parse_int("--heads", arg, 1, 65536, &t->model.heads, err, n);
+    case OPT_HOLDOUT:
+        if (parse_float("--holdout", arg, '(', 0.0, 1.0, ')', &o->holdout, err, n))
+            return st_cli_fail(err, n, "--holdout: expected a fraction in (0, 1), got '%s'",
+                               ST_CLI_SHOW(arg));
         return 0;
-    case OPT_VAL_BYTES: return parse_u64("val-bytes", arg, 0, 1ull << 40, &o->val_bytes, err, n);
+    case OPT_VAL_BYTES: return parse_u64("--val-bytes", arg, 0, 1ull << 40, &o->val_bytes, err, n);
     case OPT_EPOCH_WINDOWS:
-        return parse_u64("epoch-windows", arg, 1, 4294967295ull, &o->epoch_windows, err, n);
-    case OPT_SAMPLE: return parse_u64("sample", arg, 0, 1000000ull, &o->sample, err, n);
+        return parse_u64("--epoch-windows", arg, 1, 4294967295ull, &o->epoch_windows, err, n);
+    case OPT_SAMPLE: return parse_u64("--sample", arg, 0, 1000000ull, &o->sample, err, n);
     case OPT_CHECKPOINT:
         if (*arg == '\0')
             return st_cli_fail(err, n, "--checkpoint: expected a directory, got ''");
@@ -579,11 +572,11 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             t->checkpoint.every_epoch = 1;
             return 0;
         }
-        if (parse_u64("checkpoint-every", arg, 1, 1ull << 40, &t->checkpoint.every, err, n))
+        if (parse_u64("--checkpoint-every", arg, 1, 1ull << 40, &t->checkpoint.every, err, n))
             return st_cli_fail(err, n, "--checkpoint-every: expected a number of steps in [1, %llu] "
-                        "or 'epoch', got '%s'", 1ull << 40, arg);
+                        "or 'epoch', got '%s'", 1ull << 40, ST_CLI_SHOW(arg));
         return 0;
-    case OPT_KEEP: return parse_int("keep", arg, 0, 1000000, &t->checkpoint.keep, err, n);
+    case OPT_KEEP: return parse_int("--keep", arg, 0, 1000000, &t->checkpoint.keep, err, n);
     case OPT_RESUME:
         if (*arg == '\0')
             return st_cli_fail(err, n, "--resume: expected a checkpoint directory or file, got ''");
@@ -591,7 +584,8 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         return 0;
     case OPT_USR1:
         if (strcmp(arg, "stop") != 0 && strcmp(arg, "checkpoint") != 0)
-            return st_cli_fail(err, n, "--usr1: expected 'stop' or 'checkpoint', got '%s'", arg);
+            return st_cli_fail(err, n, "--usr1: expected 'stop' or 'checkpoint', got '%s'",
+                               ST_CLI_SHOW(arg));
         o->usr1_checkpoint = strcmp(arg, "checkpoint") == 0;
         return 0;
     case OPT_INIT:
@@ -601,25 +595,31 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         return 0;
     case OPT_PROMPT: o->prompt = arg; return 0;
     case OPT_TEMPERATURE:
-        return parse_float("temperature", arg, 0.0, 1000.0, 0, &o->temperature, err, n);
-    case OPT_TOP_K: return parse_int("top-k", arg, 0, 256, &o->top_k, err, n);
+        return parse_float("--temperature", arg, '[', 0.0, 1000.0, ']', &o->temperature, err,
+                           n);
+    case OPT_TOP_K: return parse_int("--top-k", arg, 0, 256, &o->top_k, err, n);
     case OPT_MODEL: return parse_choice("model", arg, parse_model, &t->model.kind, err, n);
-    case OPT_DEPTH: return parse_int("depth", arg, 1, 1024, &t->model.depth, err, n);
-    case OPT_WIDTH: return parse_int("width", arg, 1, 65536, &t->model.width, err, n);
-    case OPT_HIDDEN: return parse_int("hidden", arg, 1, 65536, &t->model.hidden, err, n);
+    case OPT_DEPTH: return parse_int("--depth", arg, 1, 1024, &t->model.depth, err, n);
+    case OPT_WIDTH: return parse_int("--width", arg, 1, 65536, &t->model.width, err, n);
+    case OPT_HIDDEN: return parse_int("--hidden", arg, 1, 65536, &t->model.hidden, err, n);
     case OPT_ACTIVATION: return parse_choice("activation", arg, parse_act, &t->model.activation, err, n);
-    case OPT_EPOCHS: *saw_epochs = 1; return parse_int("epochs", arg, 1, 100000, &t->epochs, err, n);
+    case OPT_EPOCHS:
+        *saw_epochs = 1;
+        return parse_int("--epochs", arg, 1, 100000, &t->epochs, err, n);
     case OPT_STEPS:
         *saw_steps = 1;
-        return parse_u64("steps", arg, 1, 1000000000ull, &t->steps, err, n);
-    case OPT_BATCH: return parse_int("batch", arg, 1, 65536, &t->batch, err, n);
+        return parse_u64("--steps", arg, 1, 1000000000ull, &t->steps, err, n);
+    case OPT_BATCH: return parse_int("--batch", arg, 1, 65536, &t->batch, err, n);
     case OPT_OPTIMIZER: return parse_choice("optimizer", arg, parse_opt, &t->optim.kind, err, n);
-    case OPT_LR: return parse_float("lr", arg, 0.0, 100.0, 1, &t->optim.lr, err, n);
-    case OPT_MOMENTUM: return parse_float("momentum", arg, 0.0, 0.999999, 0, &t->optim.momentum, err, n);
-    case OPT_WEIGHT_DECAY: return parse_float("weight-decay", arg, 0.0, 10.0, 0, &t->optim.weight_decay, err, n);
+    case OPT_LR: return parse_float("--lr", arg, '(', 0.0, 100.0, ']', &t->optim.lr, err, n);
+    case OPT_MOMENTUM:
+        return parse_float("--momentum", arg, '[', 0.0, 1.0, ')', &t->optim.momentum, err, n);
+    case OPT_WEIGHT_DECAY:
+        return parse_float("--weight-decay", arg, '[', 0.0, 10.0, ']', &t->optim.weight_decay,
+                           err, n);
     case OPT_SCHEDULE: return parse_choice("schedule", arg, parse_sched, &t->schedule, err, n);
-    case OPT_WARMUP: return parse_u64("warmup", arg, 0, 1000000000ull, &t->warmup_steps, err, n);
-    case OPT_SEED: return parse_u64("seed", arg, 0, ULLONG_MAX, &t->seed, err, n);
+    case OPT_WARMUP: return parse_u64("--warmup", arg, 0, 1000000000ull, &t->warmup_steps, err, n);
+    case OPT_SEED: return parse_u64("--seed", arg, 0, ULLONG_MAX, &t->seed, err, n);
     case OPT_METRICS:
         if (*arg == '\0')
             return st_cli_fail(err, n, "--metrics: expected a file name, got ''");
@@ -632,7 +632,10 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             t->workers = 0;
             return 0;
         }
-        return parse_int("workers", arg, 1, 4096, &t->workers, err, n);
+        if (parse_int("--workers", arg, 1, 4096, &t->workers, err, n))
+            return st_cli_fail(err, n, "--workers: expected an integer in [1, 4096] or 'cores', "
+                               "got '%s'", ST_CLI_SHOW(arg));
+        return 0;
     case OPT_TOPOLOGY:
         if (*arg == '\0')
             return st_cli_fail(err, n, "--topology: expected synthetic:DESC or xml:FILE, got ''");
@@ -644,7 +647,7 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         t->cpuset = arg;
         return 0;
     case OPT_OVERSUBSCRIBE: t->oversubscribe = 1; return 0;
-    case OPT_THREADS: return parse_int("threads-per-worker", arg, 1, 1024, &t->threads_per_worker,
+    case OPT_THREADS: return parse_int("--threads-per-worker", arg, 1, 1024, &t->threads_per_worker,
                                        err, n);
     case OPT_TEAM_SPANS: t->team_spans = 1; return 0;
     case OPT_PRECISION: return parse_choice("precision", arg, parse_precision, &t->model.precision, err, n);
@@ -652,45 +655,49 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_COMM_PRECISION:
         return parse_choice("comm-precision", arg, parse_precision, &t->comm_precision, err, n);
     case OPT_SUBNET: return parse_choice("subnet", arg, parse_subnet, &t->subnet, err, n);
-    case OPT_NEURON_GROUP: return parse_int("neuron-group", arg, 1, 65536, &t->neuron_group, err, n);
+    case OPT_NEURON_GROUP:
+        return parse_int("--neuron-group", arg, 1, 65536, &t->neuron_group, err, n);
     case OPT_BN_CALIBRATION:
-        return parse_int("bn-calibration", arg, 0, 100000, &t->bn_calibration, err, n);
+        return parse_int("--bn-calibration", arg, 0, 100000, &t->bn_calibration, err, n);
     case OPT_MASKING: return parse_choice("masking", arg, parse_masking, &t->masking, err, n);
     case OPT_COVERAGE: {
         float cov;
-        if (parse_float("coverage", arg, 0.0, 1.0, 1, &cov, err, n))
+        if (parse_float("--coverage", arg, '(', 0.0, 1.0, ']', &cov, err, n))
             return -1;
         t->coverage = cov;
         return 0;
     }
-    case OPT_RESAMPLE: return parse_u64("resample", arg, 0, 1000000000ull, &t->resample, err, n);
+    case OPT_RESAMPLE: return parse_u64("--resample", arg, 0, 1000000000ull, &t->resample, err, n);
     case OPT_BRANCH_SCALE:
         if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-coverage") == 0) {
             t->scale_branches = strcmp(arg, "none") != 0;
             return 0;
         }
-        return st_cli_fail(err, n, "--branch-scale: unknown value '%s' (allowed: none, inverse-coverage)", arg);
+        return st_cli_fail(err, n, "--branch-scale: unknown value '%s' (allowed: none, "
+                           "inverse-coverage)", ST_CLI_SHOW(arg));
     case OPT_LOCAL_STEPS:
-        return parse_u64("local-steps", arg, 1, 1000000000ull, &t->local_steps, err, n);
+        return parse_u64("--local-steps", arg, 1, 1000000000ull, &t->local_steps, err, n);
     case OPT_TRAIN_SCALE:
         if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-workers") == 0) {
             t->ist_train_scale = strcmp(arg, "none") != 0;
             return 0;
         }
-        return st_cli_fail(err, n, "--train-scale: unknown value '%s' (allowed: none, inverse-workers)", arg);
+        return st_cli_fail(err, n, "--train-scale: unknown value '%s' (allowed: none, "
+                           "inverse-workers)", ST_CLI_SHOW(arg));
     case OPT_OPTIMIZER_STATE:
         if (strcmp(arg, "reset") == 0 || strcmp(arg, "keep") == 0) {
             t->ist_keep_state = strcmp(arg, "keep") == 0;
             return 0;
         }
-        return st_cli_fail(err, n, "--optimizer-state: unknown value '%s' (allowed: reset, keep)", arg);
+        return st_cli_fail(err, n, "--optimizer-state: unknown value '%s' (allowed: reset, "
+                           "keep)", ST_CLI_SHOW(arg));
     case OPT_EVAL_BRANCH_SCALE:
         if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-workers") == 0) {
             t->ist_eval_scale = strcmp(arg, "none") != 0;
             return 0;
         }
         return st_cli_fail(err, n, "--eval-branch-scale: unknown value '%s' (allowed: none, "
-                    "inverse-workers)", arg);
+                    "inverse-workers)", ST_CLI_SHOW(arg));
     case OPT_REPORT: return parse_report(arg, o, err, n);
     case 'q': o->quiet = 1; return 0;
     case OPT_CONFIG:
@@ -754,16 +761,17 @@ static int is_action(int c)
 static int apply_config(st_cli_options *o, seen *saw, int *data_given, char *err, size_t n)
 {
     const st_cli_config_file *cf = &o->config;
+    const char *path = ST_CLI_SHOW(cf->path);
     for (int k = 0; k < cf->n; k++) {
         const st_cli_config_entry *e = &cf->entries[k];
         const struct option *opt = option_named(e->key);
         if (!opt)
             return st_cli_fail(err, n, "%s:%d: unknown key '%s' (keys are the long options of "
-                        "subtrain train without their dashes; see subtrain --help)", cf->path,
-                        e->line, e->key);
+                        "subtrain train without their dashes; see subtrain --help)", path,
+                        e->line, ST_CLI_SHOW(e->key));
         if (is_action(opt->val))
             return st_cli_fail(err, n, "%s:%d: '%s' is not a configuration key: give --%s on the "
-                        "command line", cf->path, e->line, e->key, e->key);
+                        "command line", path, e->line, e->key, e->key);
         if (*e->value == '\0')   /* the default */
             continue;
         const char *arg = e->value;
@@ -771,13 +779,13 @@ static int apply_config(st_cli_options *o, seen *saw, int *data_given, char *err
             if (strcmp(e->value, "false") == 0)
                 continue;
             if (strcmp(e->value, "true") != 0)
-                return st_cli_fail(err, n, "%s:%d: --%s: expected true or false, got '%s'", cf->path,
-                            e->line, e->key, e->value);
+                return st_cli_fail(err, n, "%s:%d: --%s: expected true or false, got '%s'", path,
+                            e->line, e->key, ST_CLI_SHOW(e->value));
             arg = NULL;
         }
-        char msg[512];
+        char msg[1024];
         if (apply_one(opt->val, arg, o, saw, data_given, msg, sizeof msg))
-            return st_cli_fail(err, n, "%s:%d: %s", cf->path, e->line, msg);
+            return st_cli_fail(err, n, "%s:%d: %s", path, e->line, msg);
     }
     return 0;
 }
@@ -855,8 +863,8 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         }
     if (optind < argc) {
         free(cmd);
-        return st_cli_fail(err, n, "unexpected argument '%s' (usage: subtrain [train] [OPTION]...)",
-                    argv[optind]);
+        return st_cli_fail(err, n, "unexpected argument '%s' (usage: subtrain [train] "
+                           "[OPTION]...)", ST_CLI_SHOW(argv[optind]));
     }
     int file_epochs = 0, file_steps = 0;
     if (o->config_path) {
@@ -890,8 +898,9 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         struct stat a, b;
         if (stat(o->config_path, &a) == 0 && stat(o->metrics_path, &b) == 0 &&
             a.st_dev == b.st_dev && a.st_ino == b.st_ino)
-            return st_cli_fail(err, n, "--metrics %s is the file --config reads: name another metrics "
-                        "file (this run would overwrite the record it repeats)", o->metrics_path);
+            return st_cli_fail(err, n, "--metrics %s is the file --config reads: name another "
+                               "metrics file (this run would overwrite the record it repeats)",
+                               ST_CLI_SHOW(o->metrics_path));
     }
     if (saw.epochs && saw.steps)
         return st_cli_fail(err, n, "--epochs and --steps cannot be used together: give one");
@@ -995,14 +1004,10 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
      * so already; without it the cpuset is the whole node and the count
      * caps it; where SLURM counts hardware threads as CPUs, the cpuset's
      * cores are fewer and win (one worker per physical core). */
-    const char *slurm = getenv("SLURM_CPUS_PER_TASK");
-    if (o->train.workers == 0 && slurm && *slurm) {
-        char *end;
-        long cpus = strtol(slurm, &end, 10);
-        if (*end || cpus < 1 || cpus > 65536)
-            return st_cli_fail(err, n, "SLURM_CPUS_PER_TASK='%s': expected a CPU count", slurm);
-        o->train.core_limit = (int)cpus;
-        o->slurm_cpus = (int)cpus;
+    if (o->train.workers == 0) {
+        if (st_cli_slurm_cpus(&o->train.core_limit, err, n))
+            return -1;
+        o->slurm_cpus = o->train.core_limit;
     }
     return 0;
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli/cli_util.h"
 #include "cli/progress.h"
 #include "cli/provenance.h"
 
@@ -104,8 +105,9 @@ void st_progress_on_epoch(const st_epoch_record *rec, void *user)
         errno = 0;
         if (write_record(p, rec) != 0) {
             p->metrics_failed = 1;
-            fprintf(stderr, "subtrain: writing the metrics file '%s' failed: %s\n",
-                    p->metrics_path, strerror(errno ? errno : EIO));
+            const int e = errno ? errno : EIO;
+            st_cli_error("subtrain", "writing the metrics file '%s' failed: %s",
+                         ST_CLI_SHOW(p->metrics_path), strerror(e));
         }
     }
     if (rec->final && p->report_memory && rec->worker_memory)
@@ -143,7 +145,7 @@ void st_progress_on_warning(const char *message, void *user)
     if (p->quiet)
         return;
     clear_bar(p);
-    fprintf(stderr, "subtrain: warning: %s\n", message);
+    st_cli_error("subtrain", "warning: %s", message);
 }
 
 void st_progress_on_note(const char *message, void *user)
@@ -152,5 +154,5 @@ void st_progress_on_note(const char *message, void *user)
     if (p->quiet)
         return;
     clear_bar(p);
-    fprintf(stderr, "subtrain: %s\n", message);
+    st_cli_error("subtrain", "%s", message);
 }

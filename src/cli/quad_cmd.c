@@ -83,9 +83,9 @@ static void print_help(FILE *f)
 "the derivations.  Exit status: 0 success, 1 runtime failure, 2 bad usage.\n", f);
 }
 
-/* One-line usage errors and counts, prefixed with the command. */
+/* One-line errors and counts, prefixed with the command. */
 #define CMD "subtrain quad"
-#define usage_error(...) st_cli_usage_error(CMD, __VA_ARGS__)
+#define cmd_error(...) st_cli_error(CMD, __VA_ARGS__)
 #define parse_count(opt, s, lo, hi, out) st_cli_count_arg(CMD, opt, s, lo, hi, out)
 
 static int parse_int(const char *opt, const char *s, int lo, int hi, int *out)
@@ -99,15 +99,11 @@ static int parse_int(const char *opt, const char *s, int lo, int hi, int *out)
 
 static int parse_gamma(const char *s, double *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (*s == '\0' || *end != '\0' || errno == ERANGE || !(v > 0.0 && v < 2.0)) {
-        usage_error("--gamma: expected a number in (0, 2), got '%s'", s);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    char err[512];
+    if (st_cli_parse_real("--gamma", s, '(', 0.0, 2.0, ')', 0, out, err, sizeof err) == 0)
+        return 0;
+    cmd_error("%s", err);
+    return -1;
 }
 
 static int parse_case(const char *s, unsigned *out)
@@ -120,7 +116,7 @@ static int parse_case(const char *s, unsigned *out)
         *out = 1u << (s[0] - '0');
         return 0;
     }
-    usage_error("--case: expected all, 1, 2, 3, 4 or 5, got '%s'", s);
+    cmd_error("--case: expected all, 1, 2, 3, 4 or 5, got '%s'", ST_CLI_SHOW(s));
     return -1;
 }
 
@@ -129,27 +125,27 @@ static int apply_option(int c, const char *arg, quad_options *o)
     unsigned long long v;
     switch (c) {
     case OPT_CASE: return parse_case(arg, &o->cases);
-    case OPT_DIM: return parse_int("dim", arg, 1, ST_QUAD_MAX_DIM, &o->cfg.dim);
-    case OPT_WORKERS: return parse_int("workers", arg, 1, ST_QUAD_MAX_DIM, &o->cfg.workers);
-    case OPT_Q: return parse_int("q", arg, 1, ST_QUAD_MAX_DIM, &o->cfg.q);
+    case OPT_DIM: return parse_int("--dim", arg, 1, ST_QUAD_MAX_DIM, &o->cfg.dim);
+    case OPT_WORKERS: return parse_int("--workers", arg, 1, ST_QUAD_MAX_DIM, &o->cfg.workers);
+    case OPT_Q: return parse_int("--q", arg, 1, ST_QUAD_MAX_DIM, &o->cfg.q);
     case OPT_GAMMA: return parse_gamma(arg, &o->cfg.gamma);
-    case OPT_ITERS: return parse_int("iters", arg, 1, 10000000, &o->cfg.iters);
-    case OPT_RUNS: return parse_int("runs", arg, 2, 10000000, &o->cfg.runs);
+    case OPT_ITERS: return parse_int("--iters", arg, 1, 10000000, &o->cfg.iters);
+    case OPT_RUNS: return parse_int("--runs", arg, 2, 10000000, &o->cfg.runs);
     case OPT_SEED:
-        if (parse_count("seed", arg, 0, UINT64_MAX, &v))
+        if (parse_count("--seed", arg, 0, UINT64_MAX, &v))
             return -1;
         o->cfg.seed = v;
         return 0;
     case OPT_CSV:
         if (*arg == '\0') {
-            usage_error("--csv: expected a file name, got ''");
+            cmd_error("--csv: expected a file name, got ''");
             return -1;
         }
         o->csv = arg;
         return 0;
     case 'h': o->help = 1; return 0;
     }
-    usage_error("internal: unhandled option %d", c);
+    cmd_error("internal: unhandled option %d", c);
     return -1;
 }
 
@@ -161,26 +157,26 @@ static int parse(int argc, char **argv, quad_options *o)
     o->cases = ALL_CASES;
     st_cli_getopt_start();
     for (;;) {
-        char err[256];
+        char err[512];
         int c = st_cli_next_option(argc, argv, ":h", long_options, CMD, err, sizeof err);
         if (c == -1)
             break;
         if (c == ST_CLI_REJECTED) {
-            usage_error("%s", err);
+            cmd_error("%s", err);
             return -1;
         }
         if (apply_option(c, optarg, o))
             return -1;
     }
     if (optind < argc) {
-        usage_error("unexpected argument '%s' (usage: subtrain quad [OPTION]...)",
-                    argv[optind]);
+        cmd_error("unexpected argument '%s' (usage: subtrain quad [OPTION]...)",
+                  ST_CLI_SHOW(argv[optind]));
         return -1;
     }
     if (o->help)
         return 0;
     if (st_quad_config_resolve(&o->cfg) != ST_OK) {
-        usage_error("%s", st_last_error());
+        cmd_error("%s", st_last_error());
         return -1;
     }
     return 0;
@@ -280,7 +276,7 @@ static void print_case5(const st_quad_case5 *r)
  * fails (memory, numerics, the CSV file) is a runtime failure (exit 1). */
 static int fail_status(st_status s, const char *what)
 {
-    fprintf(stderr, "subtrain quad: %s: %s\n", what, st_last_error());
+    cmd_error("%s: %s", what, st_last_error());
     return s == ST_ERR_INVALID ? EXIT_USAGE : EXIT_FAILURE;
 }
 
@@ -316,8 +312,11 @@ static int write_trace(const st_quad_config *c, const char *path)
     st_quad_trace_free(&t);
     /* An unwritable file is a runtime failure even though the status says
      * I/O: the options were fine. */
-    return s == ST_OK ? 0 : (fprintf(stderr, "subtrain quad: %s\n", st_last_error()),
-                             EXIT_FAILURE);
+    if (s != ST_OK) {
+        cmd_error("%s", st_last_error());
+        return EXIT_FAILURE;
+    }
+    return 0;
 }
 
 int st_cli_quad_main(int argc, char **argv)
@@ -334,8 +333,8 @@ int st_cli_quad_main(int argc, char **argv)
     if (o.csv) {
         FILE *f = fopen(o.csv, "a");
         if (!f) {
-            fprintf(stderr, "subtrain quad: cannot open %s for writing: %s\n", o.csv,
-                    strerror(errno));
+            const int e = errno;
+            cmd_error("cannot open %s for writing: %s", ST_CLI_SHOW(o.csv), strerror(e));
             return EXIT_FAILURE;
         }
         fclose(f);

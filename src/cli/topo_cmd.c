@@ -75,9 +75,9 @@ static void print_help(FILE *f)
 "Exit status: 0 success, 1 runtime failure, 2 bad usage.\n", f);
 }
 
-/* One-line usage errors and counts, prefixed with the command. */
+/* One-line errors and counts, prefixed with the command. */
 #define CMD "subtrain topo"
-#define usage_error(...) st_cli_usage_error(CMD, __VA_ARGS__)
+#define cmd_error(...) st_cli_error(CMD, __VA_ARGS__)
 #define parse_count(opt, s, lo, hi, out) st_cli_count_arg(CMD, opt, s, lo, hi, out)
 
 static int apply_option(int c, const char *arg, topo_options *o)
@@ -86,33 +86,33 @@ static int apply_option(int c, const char *arg, topo_options *o)
     switch (c) {
     case OPT_TOPOLOGY: o->topology = arg; return 0;
     case OPT_WORKERS:
-        if (parse_count("workers", arg, 0, 65536, &v))
+        if (parse_count("--workers", arg, 1, 65536, &v))
             return -1;
         o->req.workers = (int)v;
         return 0;
     case OPT_OVERSUBSCRIBE: o->req.oversubscribe = 1; return 0;
     case OPT_CPUSET:
         if (*arg == '\0') {
-            usage_error("--cpuset: expected a list of OS PU indices such as 0-3,8, got ''");
+            cmd_error("--cpuset: expected a list of OS PU indices such as 0-3,8, got ''");
             return -1;
         }
         o->req.cpuset = arg;
         return 0;
-    case OPT_PARAMS: return parse_count("params", arg, 1, MAX_PARAMS, &o->params);
+    case OPT_PARAMS: return parse_count("--params", arg, 1, MAX_PARAMS, &o->params);
     case OPT_THREADS:
-        if (parse_count("threads-per-worker", arg, 1, 1024, &v))
+        if (parse_count("--threads-per-worker", arg, 1, 1024, &v))
             return -1;
         o->req.threads_per_worker = (int)v;
         return 0;
     case OPT_TEAM_SPANS: o->req.team_spans = 1; return 0;
     case OPT_RANKS:
-        if (parse_count("ranks", arg, 1, 65535, &v))
+        if (parse_count("--ranks", arg, 1, 65535, &v))
             return -1;
         o->ranks = (int)v;
         return 0;
     case 'h': o->help = 1; return 0;
     }
-    usage_error("internal: unhandled option %d", c);
+    cmd_error("internal: unhandled option %d", c);
     return -1;
 }
 
@@ -124,20 +124,20 @@ static int parse(int argc, char **argv, topo_options *o)
     o->ranks = 1;
     st_cli_getopt_start();
     for (;;) {
-        char err[256];
+        char err[512];
         int c = st_cli_next_option(argc, argv, ":h", long_options, CMD, err, sizeof err);
         if (c == -1)
             break;
         if (c == ST_CLI_REJECTED) {
-            usage_error("%s", err);
+            cmd_error("%s", err);
             return -1;
         }
         if (apply_option(c, optarg, o))
             return -1;
     }
     if (optind < argc) {
-        usage_error("unexpected argument '%s' (usage: subtrain topo [OPTION]...)",
-                    argv[optind]);
+        cmd_error("unexpected argument '%s' (usage: subtrain topo [OPTION]...)",
+                    ST_CLI_SHOW(argv[optind]));
         return -1;
     }
     return 0;
@@ -148,7 +148,7 @@ static int parse(int argc, char **argv, topo_options *o)
  * failure (exit 1), as for `subtrain train`. */
 static int fail_status(st_status s, const char *what)
 {
-    fprintf(stderr, "subtrain topo: %s: %s\n", what, st_last_error());
+    cmd_error("%s: %s", what, st_last_error());
     return s == ST_ERR_INVALID ? EXIT_USAGE : EXIT_FAILURE;
 }
 
@@ -163,19 +163,14 @@ int st_cli_topo_main(int argc, char **argv)
     }
     const char *env = st_topology_binding_env_warning();
     if (env)
-        fprintf(stderr, "subtrain topo: warning: %s\n", env);
+        cmd_error("warning: %s", env);
 
     /* On this machine under SLURM, plan as `subtrain train` would: one
      * worker per core, at most the task's CPUs (cli/options.c). */
-    const char *slurm = getenv("SLURM_CPUS_PER_TASK");
-    if (!o.topology && slurm && *slurm) {
-        char *end;
-        long cpus = strtol(slurm, &end, 10);
-        if (*end || cpus < 1 || cpus > 65536) {
-            fprintf(stderr, "subtrain topo: SLURM_CPUS_PER_TASK='%s': expected a CPU count\n", slurm);
-            return EXIT_USAGE;
-        }
-        o.req.core_limit = (int)cpus;
+    char err[512];
+    if (!o.topology && st_cli_slurm_cpus(&o.req.core_limit, err, sizeof err)) {
+        cmd_error("%s", err);
+        return EXIT_USAGE;
     }
     st_topology *t = NULL;
     st_status s = st_topology_load(o.topology, &t);
