@@ -6,9 +6,9 @@
  * An accepted file must keep the reader's promises (checkpoint.h): every
  * tensor's bytes are its shape's elements times its dtype's size, they
  * lie in the file's data after the header, the tensors cover that data
- * exactly, names are unique (find returns each tensor itself), and every
- * metadata key is found.  A file that breaks one of them aborts: the
- * weights loader trusts them.
+ * exactly, names are unique (find returns each tensor itself), every F32
+ * value is finite, and every metadata key is found.  A file that breaks
+ * one of them aborts: the weights loader trusts them.
  */
 #include "fuzz_file.h"
 
@@ -55,6 +55,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (size_t b = 0; b < t->bytes; b++)
             sum += p[b];
         (void)sum;
+        for (size_t b = 0; t->dtype == ST_DTYPE_F32 && b < t->bytes; b += 4) {
+            uint32_t u;   /* no NaN, no infinity: all exponent bits set */
+            memcpy(&u, p + b, 4);
+            FUZZ_CHECK((u & 0x7f800000u) != 0x7f800000u);
+        }
         covered += t->bytes;
         FUZZ_CHECK(st_safetensors_find(&f, t->name) == t);
     }

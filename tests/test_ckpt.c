@@ -7,10 +7,12 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <criterion/criterion.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -241,6 +243,62 @@ Test(safetensors, truncated_files_are_refused)
     st_test_path(cut, tmpdir, "missing.safetensors");
     cr_assert_eq(st_safetensors_read(cut, &f), ST_ERR_IO);
     cr_assert(strstr(st_last_error(), "missing.safetensors"), "%s", st_last_error());
+}
+
+/* Every F32 value is checked as the file is read: a NaN or an infinity is
+ * refused naming the tensor and the element, wherever it is (first,
+ * past the first block of the scan, last); U8 and U64 data are bytes and
+ * integers, not floats, and pass whatever they hold. */
+Test(safetensors, floats_that_are_not_finite_are_refused)
+{
+    char path[ST_TEST_PATH_MAX];
+    st_test_path(path, tmpdir, "w.safetensors");
+    enum { N = 10000 };
+    static float w[N];
+    const uint8_t u[4] = { 0xff, 0xff, 0x80, 0x7f };   /* a NaN's bytes, as U8 */
+    const uint64_t big = 0x7ff8000000000000ull;         /* a double NaN's bits, as U64 */
+    const struct {
+        size_t at;
+        float v;
+        const char *said;
+    } cases[] = { { 0, NAN, "holds a NaN at element 0 of 10000" },
+                  { 5000, INFINITY, "holds +infinity at element 5000 of 10000" },
+                  { N - 1, -INFINITY, "holds -infinity at element 9999 of 10000" } };
+    for (size_t c = 0; c <= sizeof cases / sizeof *cases; c++) {
+        for (size_t i = 0; i < N; i++)
+            w[i] = (float)i * 0.5f - 7.0f;
+        if (c < sizeof cases / sizeof *cases)
+            w[cases[c].at] = cases[c].v;
+        st_st_tensor t[3] = {
+            { .name = "bytes", .dtype = ST_DTYPE_U8, .ndims = 1, .shape = { 4 }, .data = u },
+            { .name = "count", .dtype = ST_DTYPE_U64, .ndims = 0, .data = &big },
+            { .name = "w", .dtype = ST_DTYPE_F32, .ndims = 2, .shape = { 100, 100 }, .data = w },
+        };
+        cr_assert_eq(st_safetensors_write(path, t, 3, NULL, 0), ST_OK, "%s", st_last_error());
+        st_safetensors f;
+        st_status s = st_safetensors_read(path, &f);
+        if (c == sizeof cases / sizeof *cases) {   /* every value finite */
+            cr_assert_eq(s, ST_OK, "%s", st_last_error());
+            st_safetensors_free(&f);
+            continue;
+        }
+        cr_assert_eq(s, ST_ERR_FORMAT, "a %g at %zu was read", (double)cases[c].v, cases[c].at);
+        cr_assert(strstr(st_last_error(), "w.safetensors: tensor 'w' ") &&
+                  strstr(st_last_error(), cases[c].said), "%s", st_last_error());
+        cr_assert_null(f.buf, "nothing is kept");
+    }
+}
+
+/* A FIFO (nothing writes to it) is refused at once, not waited on. */
+Test(safetensors, a_fifo_is_refused_not_waited_for, .timeout = 30)
+{
+    char path[ST_TEST_PATH_MAX];
+    st_test_path(path, tmpdir, "fifo.safetensors");
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    st_safetensors f;
+    cr_assert_eq(st_safetensors_read(path, &f), ST_ERR_IO);
+    cr_assert(strstr(st_last_error(), "fifo.safetensors: not a regular file (a FIFO)"), "%s",
+              st_last_error());
 }
 
 /* kill -9 at random moments of a writer that replaces one file over and

@@ -706,6 +706,42 @@ Test(fashion, unopenable_files_are_named_with_the_reason)
     expect_dataset_empty(&test);
 }
 
+/* Every data reader refuses a FIFO at once (nothing writes to it: a
+ * reader that opened it would wait forever), and a device; a FIFO where a
+ * Fashion-MNIST file's .gz would be is passed over for the plain file, as
+ * a .gz that cannot be opened is. */
+Test(dataset, fifos_and_devices_are_refused_by_every_reader, .timeout = 30)
+{
+    char fifo[ST_TEST_PATH_MAX];
+    st_test_path(fifo, tmpdir, "fifo");
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    expect_idx_fail(fifo, ST_ERR_IO, "fifo: not a regular file (a FIFO)");
+    expect_idx_fail("/dev/zero", ST_ERR_IO, "not a regular file (a character device)");
+    st_text t;
+    cr_assert_eq(st_text_load(fifo, 0.1, &t), ST_ERR_IO);
+    cr_assert(strstr(st_last_error(), "fifo: not a regular file (a FIFO)"), "%s",
+              st_last_error());
+    const char *paths[1] = { fifo };
+    st_dataset d;
+    cr_assert_eq(st_cifar_load_files(ST_CIFAR10, paths, 1, &d), ST_ERR_IO);
+    cr_assert(strstr(st_last_error(), "fifo: not a regular file (a FIFO)"), "%s",
+              st_last_error());
+    write_fake_fashion(12, 7);
+    char plain[ST_TEST_PATH_MAX], gz[ST_TEST_PATH_MAX];
+    st_test_path(plain, tmpdir, "t10k-images-idx3-ubyte");
+    st_test_path(gz, tmpdir, "t10k-images-idx3-ubyte.gz");
+    cr_assert_eq(mkfifo(gz, 0600), 0);
+    st_dataset train, test;
+    cr_assert_eq(st_fashion_mnist_load(tmpdir, &train, &test), ST_OK, "%s", st_last_error());
+    cr_assert_eq(test.count, 7);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    cr_assert_eq(unlink(plain), 0);
+    cr_assert_eq(st_fashion_mnist_load(tmpdir, &train, &test), ST_ERR_IO);
+    cr_assert(strstr(st_last_error(), "t10k-images-idx3-ubyte.gz: not a regular file (a FIFO)"),
+              "%s", st_last_error());
+}
+
 Test(fashion, real_dataset)
 {
     char probe[ST_TEST_PATH_MAX];
@@ -1092,6 +1128,34 @@ Test(idxset, default_names_are_fashion_mnists)
     cr_assert_eq(train.n_classes, 10);
     st_dataset_free(&train);
     st_dataset_free(&test);
+}
+
+/* A plain Fashion-MNIST directory is 10 classes: a set of more is refused
+ * with the way that reads the class count from the labels; read as an IDX
+ * set (the same files) it loads, and the library's IDX pair reader says
+ * nothing of options. */
+Test(idxset, more_classes_than_fashion_mnists_name_the_idx_set)
+{
+    static const st_idx_files fashion = { "train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                          "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte" };
+    write_set(&fashion, 52, 26, 26, 26, 4, 4);
+    st_dataset train, test;
+    cr_assert_eq(st_fashion_mnist_load(tmpdir, &train, &test), ST_ERR_FORMAT);
+    cr_assert(strstr(st_last_error(), "train-labels-idx1-ubyte: label 10 is 10, outside 0..9: "
+                     "--data DIR takes Fashion-MNIST's 10 classes; --data idx:DIR reads the "
+                     "class count from the labels"), "%s", st_last_error());
+    expect_dataset_empty(&train);
+    expect_dataset_empty(&test);
+    cr_assert_eq(st_idx_set_load(tmpdir, NULL, &train, &test), ST_OK, "%s", st_last_error());
+    cr_assert_eq(train.n_classes, 26);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    char img[ST_TEST_PATH_MAX], lab[ST_TEST_PATH_MAX];
+    st_test_path(img, tmpdir, fashion.train_images);
+    st_test_path(lab, tmpdir, fashion.train_labels);
+    cr_assert_eq(st_dataset_load_idx(img, lab, 10, &train), ST_ERR_FORMAT);
+    cr_assert(strstr(st_last_error(), "outside 0..9") && !strstr(st_last_error(), "--data"),
+              "%s", st_last_error());
 }
 
 Test(idxset, missing_file_is_named_and_frees_everything)

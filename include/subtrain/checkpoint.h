@@ -53,10 +53,12 @@ typedef struct st_st_meta {
 st_status st_safetensors_write(const char *path, const st_st_tensor *tensors, int n,
                                const st_st_meta *meta, int n_meta);
 
-/* A file read whole and checked: the header's length and JSON, every
+/* A file read whole and checked: a regular file (a FIFO or a device is
+ * refused before anything is read), the header's length and JSON, every
  * entry's dtype, shape and offsets (within the data, covering it with no
- * hole or overlap, matching the shape), unique names.  A failure names
- * the file and what is wrong, in one line. */
+ * hole or overlap, matching the shape), unique names, and every F32 value
+ * finite (no NaN, no infinity).  A failure names the file and what is
+ * wrong (the tensor, for a value), in one line. */
 typedef struct st_safetensors {
     uint8_t *buf;                /* the whole file */
     size_t size;

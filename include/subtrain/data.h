@@ -236,8 +236,10 @@ typedef struct st_text {
 
 /* Reads path whole; holdout in (0, 1) is the validation fraction (the
  * tail).  Refused with a one-line message naming the file: a missing,
- * unreadable, corrupt or empty file, one over 2^32 bytes, a split that
- * leaves either part under 2 bytes. */
+ * unreadable, corrupt or empty file, one that is not a regular file (a
+ * FIFO, a device: before reading), one of more than 2^32 bytes (4 GiB; a
+ * plain file before reading, a gzip file once it inflates past that), a
+ * split that leaves either part under 2 bytes. */
 st_status st_text_load(const char *path, double holdout, st_text *out);
 void st_text_free(st_text *t);
 

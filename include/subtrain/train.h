@@ -173,6 +173,10 @@ typedef struct st_epoch_record {
     uint64_t step;
     int final;
     int interrupted;          /* final record of a run stopped early (stop) */
+    int diverged;             /* final record of a run whose loss became NaN or
+                               * infinite: epoch, step and lr of worker 0's last
+                               * step that ended, losses and rates NaN; the run
+                               * then returns ST_ERR_NUMERIC */
     double train_loss;        /* mean of the epoch's step losses; synth segment
                                * epochs: the last segment's cross-entropy on
                                * synthetic inputs (= segment_loss[S - 1]),
@@ -268,7 +272,9 @@ typedef struct st_train_callbacks {
 /* Trains with cfg->workers worker threads, each pinned to its core (the
  * placement of st_plan_make on this machine) with its memory on its NUMA
  * node; with more than one worker, gradients meet in the reduction engine
- * (comm.h).  Callbacks are called by worker 0. */
+ * (comm.h).  Callbacks are called by worker 0.  A loss that becomes NaN or
+ * infinite ends the run with a final record (`diverged`) and
+ * ST_ERR_NUMERIC. */
 st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
                        const st_dataset *test, const st_train_callbacks *cb,
                        st_epoch_record *final_out);

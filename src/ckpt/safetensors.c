@@ -20,6 +20,7 @@
 #include <subtrain/checkpoint.h>
 
 #include "core/error.h"
+#include "core/file.h"
 
 static const struct {
     const char *name;
@@ -534,16 +535,62 @@ static st_status parse_header(parser *ps, st_safetensors *f, uint64_t data_bytes
     return s;
 }
 
+/* The index of the first float of p[0..n) that is a NaN or an infinity
+ * (all exponent bits set), n if none.  Blocks are scanned without a branch
+ * per value, so the pass runs at memory speed; only a block with a bad
+ * value is searched again for it. */
+static size_t first_not_finite(const unsigned char *p, size_t n)
+{
+    enum { BLOCK = 4096 };
+    for (size_t at = 0; at < n; at += BLOCK) {
+        const size_t end = n - at < BLOCK ? n : at + BLOCK;
+        unsigned bad = 0;
+        for (size_t k = at; k < end; k++) {
+            uint32_t u;
+            memcpy(&u, p + 4 * k, 4);   /* the data may be unaligned */
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+        for (size_t k = at; bad && k < end; k++) {
+            uint32_t u;
+            memcpy(&u, p + 4 * k, 4);
+            if ((u & 0x7f800000u) == 0x7f800000u)
+                return k;
+        }
+    }
+    return n;
+}
+
+/* Every F32 value is finite: subtrain writes weights, optimizer moments
+ * and running statistics of runs that were going well, and a NaN or an
+ * infinity taken in would surface steps later as a loss that "diverged". */
+static st_status check_finite(const char *path, const st_safetensors *f)
+{
+    for (int i = 0; i < f->n; i++) {
+        const st_st_tensor *t = &f->tensors[i];
+        if (t->dtype != ST_DTYPE_F32)
+            continue;
+        const size_t n = t->bytes / 4, k = first_not_finite(t->data, n);
+        if (k == n)
+            continue;
+        uint32_t u;
+        memcpy(&u, (const unsigned char *)t->data + 4 * k, 4);
+        return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' holds %s at element %zu of %zu: "
+                       "weights and training state must be finite", path, t->name,
+                       u & 0x007fffffu ? "a NaN" : u >> 31 ? "-infinity" : "+infinity", k, n);
+    }
+    return ST_OK;
+}
+
 st_status st_safetensors_read(const char *path, st_safetensors *out)
 {
     memset(out, 0, sizeof *out);
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return st_fail(ST_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *fp;
+    ST_TRY(st_file_open_read(path, &fp));
     struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fileno(fp), &sb) != 0) {
+        const int e = errno;
         fclose(fp);
-        return st_fail(ST_ERR_IO, "%s: not a regular file", path);
+        return st_fail(ST_ERR_IO, "%s: cannot read its size: %s", path, strerror(e));
     }
     const size_t size = (size_t)sb.st_size;
     if (size < 8) {
@@ -577,6 +624,8 @@ st_status st_safetensors_read(const char *path, st_safetensors *out)
     out->size = size;
     parser ps = { path, (const char *)buf + 8, (const char *)buf + 8 + n, (const char *)buf + 8 };
     st_status s = parse_header(&ps, out, size - 8 - n);
+    if (s == ST_OK)
+        s = check_finite(path, out);
     if (s != ST_OK)
         st_safetensors_free(out);
     return s;

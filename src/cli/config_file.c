@@ -12,6 +12,7 @@
 
 #include "cli/cli_util.h"
 #include "cli/config_file.h"
+#include "core/file.h"
 
 /* Enough for any configuration by far; a metrics file is read up to the
  * end of its first line, which must fit too. */
@@ -418,10 +419,11 @@ int st_cli_config_read(const char *path, st_cli_config_file *cf, char *err, size
 {
     memset(cf, 0, sizeof *cf);
     cf->path = path;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return st_cli_fail(err, n, "--config %s: cannot read it: %s", ST_CLI_SHOW(path),
-                           strerror(errno));
+    FILE *f;
+    if (st_file_open_read(path, &f) != ST_OK)
+        return errno ? st_cli_fail(err, n, "--config %s: cannot read it: %s", ST_CLI_SHOW(path),
+                                   strerror(errno))
+                     : st_cli_fail(err, n, "--config %s", st_last_error());
     cf->text = malloc(CONFIG_MAX_BYTES + 1);
     if (!cf->text) {
         fclose(f);

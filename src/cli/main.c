@@ -4,12 +4,14 @@
  * Exit status: 0 on success, 1 when something failed at run time (data,
  * memory, oneDNN, numerics), 2 for bad usage, 128 + the signal after a run
  * stopped by SIGINT, SIGTERM or SIGUSR1 (130, 143, 138) that finished its
- * step, its records and its checkpoint.  Every failure is one line on
- * stderr that says what went wrong.
+ * step, its records and its checkpoint, or that was stopped while it
+ * started, before training.  Every failure is one line on stderr that says
+ * what went wrong.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -499,10 +501,23 @@ static int run_eval(st_cli_options *o)
 
 /* Graceful stop: the first SIGINT, SIGTERM or SIGUSR1 asks the run to
  * finish its step (st_train_callbacks.stop); a second SIGINT ends the
- * process at once.  Only async-signal-safe calls here. */
+ * process at once.  One that comes while the run starts (reading the
+ * checkpoint, the data, the weights) ends it once that reading is done,
+ * before training: there is no step to finish and nothing to save.  Only
+ * async-signal-safe calls here. */
 static volatile sig_atomic_t stop_signal;
 static volatile sig_atomic_t checkpoint_signal;   /* --usr1 checkpoint: SIGUSR1 */
+static volatile sig_atomic_t training;            /* 0: the run is starting, no bar drawn */
 static int usr1_checkpoints;                      /* set before the handlers */
+
+/* A line of the handler; the newline before it ends a progress bar's
+ * line, which only training draws. */
+static void say(const char *line, size_t len)
+{
+    const size_t skip = !training && line[0] == '\n';
+    ssize_t w = write(STDERR_FILENO, line + skip, len - skip);
+    (void)w;
+}
 
 static void on_signal(int sig)
 {
@@ -510,34 +525,59 @@ static void on_signal(int sig)
                                  "on\n";
     if (sig == SIGUSR1 && usr1_checkpoints) {
         checkpoint_signal = 1;
-        ssize_t w = write(STDERR_FILENO, saving, sizeof saving - 1);
-        (void)w;
+        say(saving, sizeof saving - 1);
         return;
     }
     static const char again[] = "\nsubtrain: interrupted again: stopping now\n";
     static const char first[] = "\nsubtrain: stopping after the current step (interrupt again "
                                 "to stop at once)\n";
+    static const char early[] = "subtrain: stopping before training starts (interrupt again "
+                                "to stop at once)\n";
     if (stop_signal && sig == SIGINT) {
-        ssize_t w = write(STDERR_FILENO, again, sizeof again - 1);
-        (void)w;
+        say(again, sizeof again - 1);
         _exit(128 + SIGINT);
     }
     if (!stop_signal) {
         stop_signal = sig;
-        ssize_t w = write(STDERR_FILENO, first, sizeof first - 1);
-        (void)w;
+        if (training)
+            say(first, sizeof first - 1);
+        else
+            say(early, sizeof early - 1);
     }
 }
 
+/* SA_RESTART: a read or an open that a signal interrupts goes on (the
+ * stop is taken between steps, or once the start-up's reading is done)
+ * rather than failing with EINTR. */
 static void install_stop_handlers(void)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* The switch from starting to training, the stop signals held while it is
+ * made: a signal comes before it (the run ends without training) or after
+ * it (the run stops after a step), never between.  Over ranks, each learns
+ * whether any was stopped, so that all end alike.  *sig: the signal that
+ * stopped the start, 0 if none. */
+static st_status begin_training(int *sig)
+{
+    sigset_t stops, old;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGINT);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &stops, &old);
+    training = 1;
+    *sig = stop_signal;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return st_world_max_ints(sig, 1);
 }
 
 static void ui_on_checkpoint(const char *path, uint64_t step, void *user)
@@ -620,8 +660,8 @@ static int run_train(st_cli_options *o)
 
 static int run_train_rank(st_cli_options *o)
 {
-    /* from the start: a signal while the data load stops the run after
-     * its first step, with its records, rather than losing them */
+    /* from the start: a signal while the run starts ends it before
+     * training (begin_training), with its exit status */
     usr1_checkpoints = o->usr1_checkpoint;
     install_stop_handlers();
     /* Workers, a --cpuset or teams this machine cannot give are bad usage
@@ -694,6 +734,15 @@ static int run_train_rank(st_cli_options *o)
     if (st_cli_provenance_make(o, &prov) != 0)
         goto out;
     prog.provenance = &prov;
+    int early;
+    if (begin_training(&early) != ST_OK) {
+        runtime_error("starting");
+        goto out;
+    }
+    if (early) {   /* said by the handler when it came */
+        status = 128 + early;
+        goto out;
+    }
     int tty = isatty(STDERR_FILENO);
     st_progress_mode mode = o->quiet ? ST_PROGRESS_NONE : o->progress;
     prog.bar = mode == ST_PROGRESS_BAR || (mode == ST_PROGRESS_AUTO && tty);

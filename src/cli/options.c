@@ -265,7 +265,8 @@ void st_cli_print_help(FILE *f)
 "  -V, --version          version and library versions\n"
 "\n"
 "Exit status: 0 success, 1 runtime failure (data, memory, numerics), 2 bad usage,\n"
-"130/143/138 stopped by SIGINT/SIGTERM/SIGUSR1 after the current step.\n"
+"130/143/138 stopped by SIGINT/SIGTERM/SIGUSR1 after the current step (or before\n"
+"training, when the signal comes while the run starts).\n"
 "Documentation: doc/cli.md in the source tree.\n", f);
 }
 

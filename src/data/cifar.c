@@ -24,6 +24,7 @@
 #include <subtrain/data.h>
 
 #include "core/error.h"
+#include "core/file.h"
 
 /* Largest file accepted (1 GiB; the real ones are 31 MB and 154 MB). */
 #define CIFAR_MAX_FILE ((int64_t)1 << 30)
@@ -58,8 +59,6 @@ static st_status count_records(const cifar_format *f, const char *path, FILE *fi
     struct stat st;
     if (fstat(fileno(file), &st) != 0)
         return st_fail(ST_ERR_IO, "%s: cannot read its size: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode))
-        return st_fail(ST_ERR_IO, "%s: not a regular file", path);
     int64_t size = (int64_t)st.st_size, rec = (int64_t)record_bytes(f);
     if (size == 0)
         return st_fail(ST_ERR_FORMAT, "%s: file is empty", path);
@@ -77,16 +76,13 @@ static st_status count_records(const cifar_format *f, const char *path, FILE *fi
 
 static st_status open_file(const cifar_format *f, const char *path, FILE **out)
 {
-    errno = 0;
-    *out = fopen(path, "rb");
-    if (*out)
-        return ST_OK;
-    if (errno == ENOENT || errno == ENOTDIR)
+    st_status s = st_file_open_read(path, out);
+    if (s != ST_OK && (errno == ENOENT || errno == ENOTDIR))
         return st_fail(ST_ERR_IO, "%s: no such file; %s is not packaged on Debian: download "
                        "the binary version (%s) from https://www.cs.toronto.edu/~kriz/cifar.html, "
                        "extract it and point --data %s:DIR at the extracted %s directory",
                        path, f->name, f->archive, f->option, f->folder);
-    return st_fail(ST_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    return s;
 }
 
 /* The size of one file, in records (opened, measured, closed). */

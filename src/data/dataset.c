@@ -19,6 +19,7 @@
 
 #include "data/text.h"
 #include "core/error.h"
+#include "core/file.h"
 
 /* Stream namespace of the epoch shuffles under a seed's root, so that they
  * never share a stream with anything else drawn from the same seed. */
@@ -36,9 +37,10 @@ static st_status check_images(const char *path, const st_idx_array *img)
     return ST_OK;
 }
 
+/* hint: what follows a label out of range in its message ("" for none). */
 static st_status check_labels(const char *images_path, const st_idx_array *img,
                               const char *labels_path, const st_idx_array *lab,
-                              uint32_t n_classes)
+                              uint32_t n_classes, const char *hint)
 {
     if (lab->rank != 1)
         return st_fail(ST_ERR_FORMAT, "%s: labels need rank 1, this file has rank %d",
@@ -49,9 +51,9 @@ static st_status check_labels(const char *images_path, const st_idx_array *img,
                        labels_path, (unsigned long)lab->dims[0]);
     for (size_t i = 0; i < lab->count; i++)
         if (lab->data[i] >= n_classes)
-            return st_fail(ST_ERR_FORMAT, "%s: label %zu is %u, outside 0..%lu",
+            return st_fail(ST_ERR_FORMAT, "%s: label %zu is %u, outside 0..%lu%s",
                            labels_path, i, (unsigned)lab->data[i],
-                           (unsigned long)n_classes - 1);
+                           (unsigned long)n_classes - 1, hint);
     return ST_OK;
 }
 
@@ -95,8 +97,8 @@ static st_status build_dataset(const char *images_path, const st_idx_array *img,
     return ST_OK;
 }
 
-st_status st_dataset_load_idx(const char *images_path, const char *labels_path,
-                              uint32_t n_classes, st_dataset *out)
+static st_status load_idx(const char *images_path, const char *labels_path,
+                          uint32_t n_classes, const char *hint, st_dataset *out)
 {
     if (!out)
         return st_fail(ST_ERR_INVALID, "st_dataset_load_idx: no output dataset");
@@ -115,12 +117,18 @@ st_status st_dataset_load_idx(const char *images_path, const char *labels_path,
     if (s == ST_OK)
         s = st_idx_read(labels_path, &lab);
     if (s == ST_OK)
-        s = check_labels(images_path, &img, labels_path, &lab, n_classes);
+        s = check_labels(images_path, &img, labels_path, &lab, n_classes, hint);
     if (s == ST_OK)
         s = build_dataset(images_path, &img, &lab, n_classes, out);
     st_idx_free(&img);
     st_idx_free(&lab);
     return s;
+}
+
+st_status st_dataset_load_idx(const char *images_path, const char *labels_path,
+                              uint32_t n_classes, st_dataset *out)
+{
+    return load_idx(images_path, labels_path, n_classes, "", out);
 }
 
 /* -------------------------------------------------------- Fashion-MNIST */
@@ -148,25 +156,25 @@ static st_status find_file(const char *dir, const char *name, int fashion, char 
         return st_fail(ST_ERR_IO, "%s: not a directory (the data is a directory holding the "
                        "IDX files)", dir);
     char failed[4096] = "";   /* the first file there that could not be opened */
-    int open_errno = 0, dangling = 0;
+    char why[512] = "";       /* and the reason, as the opening said it */
+    int dangling = 0;
     for (int gz = 1; gz >= 0; gz--) {
         int n = snprintf(path, size, "%s/%s%s", dir, name, gz ? ".gz" : "");
         if (n < 0 || (size_t)n >= size)
             return st_fail(ST_ERR_INVALID, "%s: directory name is too long", dir);
-        errno = 0;
-        FILE *f = fopen(path, "rb");
-        if (f) {
+        FILE *f;
+        if (st_file_open_read(path, &f) == ST_OK) {
             fclose(f);
             return ST_OK;
         }
-        int e = errno;
+        int e = errno;   /* 0: there, but not a regular file */
         if (*failed)
             continue;
         if (e == ENOENT && lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode))
             dangling = 1;   /* the name is there, what it points to is not */
         else if (e == ENOENT || e == ENOTDIR)
             continue;
-        open_errno = e;
+        snprintf(why, sizeof why, "%s", st_last_error());
         snprintf(failed, sizeof failed, "%s", path);
     }
     if (dangling) {
@@ -176,8 +184,8 @@ static st_status find_file(const char *dir, const char *name, int fashion, char 
         return st_fail(ST_ERR_IO, "%s: cannot open: it is a symbolic link to '%s', which does "
                        "not exist", failed, target);
     }
-    if (open_errno)
-        return st_fail(ST_ERR_IO, "%s: cannot open: %s", failed, strerror(open_errno));
+    if (*failed)
+        return st_fail(ST_ERR_IO, "%s", why);
     if (fashion)
         return st_fail(ST_ERR_IO, "Fashion-MNIST not found in %s (missing %s.gz); "
                        "install it with 'apt-get install dataset-fashion-mnist', "
@@ -191,10 +199,14 @@ static st_status find_file(const char *dir, const char *name, int fashion, char 
 static st_status load_split(const char *dir, const char *images, const char *labels,
                             int fashion, uint32_t n_classes, st_dataset *out)
 {
+    /* a Fashion-MNIST directory is Fashion-MNIST's 10 classes: a label
+     * beyond them is a damaged file, or another set read the wrong way */
+    static const char fashion_hint[] = ": --data DIR takes Fashion-MNIST's 10 classes; "
+                                       "--data idx:DIR reads the class count from the labels";
     char img_path[4096], lab_path[4096];
     ST_TRY(find_file(dir, images, fashion, img_path, sizeof img_path));
     ST_TRY(find_file(dir, labels, fashion, lab_path, sizeof lab_path));
-    return st_dataset_load_idx(img_path, lab_path, n_classes, out);
+    return load_idx(img_path, lab_path, n_classes, fashion ? fashion_hint : "", out);
 }
 
 /* Both splits; the test images must have the training images' shape. */

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "data/gzio.h"
 
 #define GZ_DEFAULT_BUFFER (64u << 10)
@@ -30,6 +31,7 @@ struct st_gz {
     int eof;              /* the file has no more bytes to give */
     int gzip;             /* 1: gzip members are inflated; 0: plain bytes */
     int member_end;       /* a member ended: what follows decides */
+    unsigned long long file_bytes;   /* its size when it was opened */
     z_stream z;
 };
 
@@ -76,15 +78,17 @@ st_status st_gz_open(const char *path, unsigned buffer, st_gz **out)
         free(g);
         return st_fail(ST_ERR_NOMEM, "%s: out of memory opening the file", path);
     }
-    errno = 0;
-    g->f = fopen(path, "rb");
-    if (!g->f) {
-        int e = errno;
+    st_status s = st_file_open_read(path, &g->f);
+    struct stat sb;
+    if (s == ST_OK && fstat(fileno(g->f), &sb) != 0)
+        s = st_fail(ST_ERR_IO, "%s: cannot read its size: %s", path, strerror(errno));
+    if (s != ST_OK) {
         st_gz_close(g);
-        return st_fail(ST_ERR_IO, "%s: cannot open: %s", path, strerror(e ? e : EIO));
+        return s;
     }
+    g->file_bytes = (unsigned long long)sb.st_size;
     g->z.next_in = g->in;
-    st_status s = fill(g, path);
+    s = fill(g, path);
     if (s == ST_OK && g->z.avail_in >= 2 && g->in[0] == 0x1f && g->in[1] == 0x8b) {
         if (inflateInit2(&g->z, 16 + MAX_WBITS) != Z_OK)   /* gzip framing only */
             s = st_fail(ST_ERR_NOMEM, "%s: out of memory for the gzip decoder", path);
@@ -97,6 +101,16 @@ st_status st_gz_open(const char *path, unsigned buffer, st_gz **out)
     }
     *out = g;
     return ST_OK;
+}
+
+int st_gz_compressed(const st_gz *g)
+{
+    return g->gzip;
+}
+
+unsigned long long st_gz_file_bytes(const st_gz *g)
+{
+    return g->file_bytes;
 }
 
 /* After the end of a member: another member starts, or the file ends, or

@@ -14,7 +14,8 @@
 typedef struct st_gz st_gz;
 
 /* Opens path for reading, with an input buffer of `buffer` bytes (0: 64
- * KiB): gzip when it starts with the gzip magic, else plain. */
+ * KiB): gzip when it starts with the gzip magic, else plain.  A file that
+ * is not a regular file is refused before it is read (core/file.h). */
 st_status st_gz_open(const char *path, unsigned buffer, st_gz **out);
 /* Reads up to len bytes into buf; *got is how many arrived.  A short count
  * with ST_OK means the end of the file.  A gzip file: concatenated members
@@ -22,6 +23,10 @@ st_status st_gz_open(const char *path, unsigned buffer, st_gz **out);
  * corrupt, bytes after the last member that are not another member are
  * trailing bytes (all ST_ERR_FORMAT, naming path). */
 st_status st_gz_read_upto(st_gz *g, const char *path, void *buf, size_t len, size_t *got);
+/* Whether the file is read as gzip (1) or as it is (0); its size on disk
+ * when it was opened, in bytes. */
+int st_gz_compressed(const st_gz *g);
+unsigned long long st_gz_file_bytes(const st_gz *g);
 void st_gz_close(st_gz *g);
 
 #endif /* SUBTRAIN_DATA_GZIO_H */

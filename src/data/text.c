@@ -23,11 +23,18 @@
  * read, which held fuzz_text to 180 inputs a second), a large one a few
  * more reallocs. */
 #define TEXT_FIRST_ALLOC ((size_t)1 << 16)
-#define TEXT_MAX_BYTES ((size_t)1 << 32)
+#define TEXT_MAX_BYTES ((size_t)1 << 32)   /* a corpus's bytes at most (doc/cli.md) */
 #define TEXT_WINDOW_STREAM 0x7E47ull   /* namespace under the seed */
 
+/* The bytes of the file, at most TEXT_MAX_BYTES of them: a plain file
+ * larger than that is refused before a byte is read, a gzip stream once
+ * it has inflated past it. */
 static st_status read_all(st_gz *gz, const char *path, uint8_t **out, size_t *count)
 {
+    if (!st_gz_compressed(gz) && st_gz_file_bytes(gz) > TEXT_MAX_BYTES)
+        return st_fail(ST_ERR_FORMAT, "%s: %llu bytes, more than a text corpus may hold "
+                       "(%llu bytes, 4 GiB)", path, st_gz_file_bytes(gz),
+                       (unsigned long long)TEXT_MAX_BYTES);
     size_t cap = TEXT_FIRST_ALLOC, n = 0;
     uint8_t *buf = malloc(cap);
     if (!buf)
@@ -42,18 +49,21 @@ static st_status read_all(st_gz *gz, const char *path, uint8_t **out, size_t *co
         n += got;
         if (n < cap)
             break;   /* a short read: the end */
-        if (cap >= TEXT_MAX_BYTES) {
+        if (n > TEXT_MAX_BYTES) {
             free(buf);
-            return st_fail(ST_ERR_FORMAT, "%s: more than %zu bytes of text", path,
-                           (size_t)TEXT_MAX_BYTES);
+            return st_fail(ST_ERR_FORMAT, "%s: more than %llu bytes (4 GiB) once "
+                           "decompressed, more than a text corpus may hold", path,
+                           (unsigned long long)TEXT_MAX_BYTES);
         }
-        uint8_t *b = realloc(buf, 2 * cap);
+        /* one byte past the limit tells a corpus of exactly the limit from a larger one */
+        const size_t grown = 2 * cap > TEXT_MAX_BYTES ? TEXT_MAX_BYTES + 1 : 2 * cap;
+        uint8_t *b = realloc(buf, grown);
         if (!b) {
             free(buf);
             return st_fail(ST_ERR_NOMEM, "%s: out of memory reading the text", path);
         }
         buf = b;
-        cap *= 2;
+        cap = grown;
     }
     *out = buf;
     *count = n;

@@ -37,6 +37,8 @@ int st_metrics_write_members(FILE *f, const st_epoch_record *r)
     char b[8][NUM];
     if (r->interrupted)   /* only then: other records stay as they were */
         fprintf(f, "\"interrupted\":true,");
+    if (r->diverged)      /* why the run stopped: its loss is no longer finite */
+        fprintf(f, "\"stopped\":\"diverged\",");
     fprintf(f, "\"epoch\":%d,\"step\":%llu,\"final\":%s,\"train_loss\":%s,"
                "\"test_loss\":%s,\"test_acc\":%s,\"samples_per_s\":%s,"
                "\"wall_s\":%s,\"lr\":%s,\"workers\":%d,\"ranks\":%d,"

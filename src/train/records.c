@@ -55,6 +55,7 @@ void st_run_fill_record(run_shared *r, st_epoch_record *rec, uint64_t steps_in_e
 void st_run_report_step(run_shared *r, int epoch, uint64_t step, float loss, float lr,
                         double train_time)
 {
+    st_run_note_step(r, epoch, r->plan.epochs, step, lr);
     const st_train_callbacks *cb = r->cb;
     if (!cb || !cb->on_step)
         return;

@@ -149,6 +149,11 @@ typedef struct run_shared {
                                        * epochs') */
     int stopped;                      /* the pre-loop phase stopped the run
                                        * (a graceful stop): no loop epochs */
+    /* worker 0's last step that ended, as reported: where a diverged
+     * run's final record says it got to */
+    int at_epoch, at_epochs;
+    uint64_t at_step;
+    float at_lr;
     st_status error_status;
     char error[512];
     st_epoch_record final;
@@ -305,7 +310,18 @@ st_status st_run_ckpt_meta(run_ckpt *ck, const char *key, const char *fmt, ...)
  * strategy's record hook completes it. */
 void st_run_fill_record(run_shared *r, st_epoch_record *rec, uint64_t steps_in_epoch);
 
-/* Worker 0 after each step: the on_step callback. */
+/* Worker 0 after each step that ended: where the run has got to
+ * (run_shared.at_*, for a diverged run's final record). */
+static inline void st_run_note_step(run_shared *r, int epoch, int epochs, uint64_t step,
+                                    float lr)
+{
+    r->at_epoch = epoch;
+    r->at_epochs = epochs;
+    r->at_step = step;
+    r->at_lr = lr;
+}
+
+/* Worker 0 after each step: the on_step callback (and st_run_note_step). */
 void st_run_report_step(run_shared *r, int epoch, uint64_t step, float loss, float lr,
                         double train_time);
 

@@ -713,12 +713,13 @@ static double segment_progress(const synth_run *sy, int epochs)
 static void report_step(run_shared *r, int epoch, uint64_t step, float loss, float lr,
                         double train_time)
 {
+    const st_train_config *cfg = r->cfg;
+    const int recovery = cfg->synth.recovery_epochs;
+    st_run_note_step(r, epoch, cfg->epochs + recovery, step, lr);
     const st_train_callbacks *cb = r->cb;
     if (!cb || !cb->on_step)
         return;
     const synth_run *sy = synth_of(r);
-    const st_train_config *cfg = r->cfg;
-    const int recovery = cfg->synth.recovery_epochs;
     double f = segment_progress(sy, cfg->epochs);
     double phase = f > 0.0 ? train_time / f : 0.0;   /* the segment epochs' estimated time */
     st_step_info info = {
@@ -1024,6 +1025,7 @@ static st_status recovery_start(run_shared *r, st_worker *w, const st_chunk_back
     }
     if (wid == 0) {
         sy->recovering = 1;
+        st_run_note_step(r, 0, r->plan.epochs, 0, 0.0f);   /* counted as the loop counts */
         r->ckpt_step_offset = sy->steps1;
         sy->user_cb = r->cb;
         if (r->cb) {

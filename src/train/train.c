@@ -449,6 +449,29 @@ st_status st_loop_run_worker(run_shared *r, st_worker *w, const st_chunk_backend
 
 /* ------------------------------------------------------------ the run */
 
+/* A run whose loss became NaN or infinite: its final record, after the
+ * epochs' records, says so and where worker 0 had got to; nothing after
+ * that step was measured, so its losses and rates are NaN. */
+static void report_divergence(run_shared *r)
+{
+    if (!r->cb || !r->cb->on_epoch)
+        return;
+    st_epoch_record rec;
+    memset(&rec, 0, sizeof rec);
+    st_run_fill_record(r, &rec, 0);
+    rec.epoch = r->at_epoch > 0 ? r->at_epoch : 1;
+    rec.epochs = r->at_epochs > 0 ? r->at_epochs : r->plan.epochs;
+    rec.step = r->at_step;
+    rec.final = 1;
+    rec.diverged = 1;
+    rec.train_loss = rec.test_loss = rec.test_acc = NAN;
+    rec.samples_per_s = NAN;
+    rec.step_ms_compute = rec.step_ms_wait = rec.step_ms_reduce = rec.step_ms_optimizer = NAN;
+    rec.lr = r->at_lr;
+    rec.wall_s = st_run_now_s() - r->t0;
+    r->cb->on_epoch(&rec, r->cb->user);
+}
+
 st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
                        const st_dataset *test, const st_train_callbacks *cb,
                        st_epoch_record *final_out)
@@ -508,8 +531,11 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
     }
     if (team > 1 && levels < 2)
         omp_set_max_active_levels(levels);
-    if (atomic_load(&r.failed))
+    if (atomic_load(&r.failed)) {
+        if (r.error_status == ST_ERR_NUMERIC)
+            report_divergence(&r);
         s = st_fail(r.error_status, "%s", r.error);
+    }
     else if (final_out)
         *final_out = r.final;
     st_loop_release(&r);

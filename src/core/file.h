@@ -1,0 +1,20 @@
+/*
+ * core/file.h — private: opening a file that subtrain reads (weights,
+ * checkpoints, data, configuration), the one way every reader does it.
+ */
+#ifndef SUBTRAIN_CORE_FILE_H
+#define SUBTRAIN_CORE_FILE_H
+
+#include <stdio.h>
+
+#include <subtrain/status.h>
+
+/* Opens path for reading ("rb") into *out, or refuses it before anything
+ * could block: the open is non-blocking (a FIFO without a writer would
+ * otherwise hang in open(2) itself), fstat(2) then refuses anything but a
+ * regular file, and a regular file is read in blocking mode.  Failures are
+ * ST_ERR_IO, "PATH: cannot open: REASON" with errno left as open(2) set
+ * it, or "PATH: not a regular file (a FIFO)" with errno 0. */
+st_status st_file_open_read(const char *path, FILE **out);
+
+#endif /* SUBTRAIN_CORE_FILE_H */
