@@ -178,6 +178,28 @@ Test(cli, impossible_layouts_are_usage_errors_before_data, .timeout = 60)
     free(r);
 }
 
+/* A ResNet's units are declared by its images' shape: its impossible
+ * layout is found once the data loaded, still a usage error, before any
+ * worker starts (Fashion-MNIST, the default data set, gives the images). */
+Test(cli, impossible_resnet_layout_is_a_usage_error_after_the_data, .timeout = 60)
+{
+    const char *data = getenv("SUBTRAIN_DATA") ? getenv("SUBTRAIN_DATA")
+                                               : "/usr/share/datasets/fashion-mnist";
+    char probe[ST_TEST_PATH_MAX + 64], args[ST_TEST_PATH_MAX + 128];
+    snprintf(probe, sizeof probe, "%s/train-images-idx3-ubyte.gz", data);
+    if (access(probe, R_OK) != 0)
+        cr_skip_test("no Fashion-MNIST at %s", data);
+    snprintf(args, sizeof args, "--data '%s' --model resnet --strategy sdp --workers 2 --depth 1 "
+             "--steps 1 --quiet", data);
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 2, "exit %d, stderr: %s", r->status, r->err);
+    cr_assert(count_lines(r->err) == 1 &&
+              strstr(r->err, "--strategy sdp --subnet block: --model resnet --depth 1 has 1 "
+                             "block, and 2 workers at --coverage 0.5 need 2"), "%s", r->err);
+    free(r);
+}
+
 /* Described machines too large for hwloc to build in reasonable time are
  * refused at once, by spec or through hwloc's environment; a default
  * topology that hwloc's environment describes is named after the

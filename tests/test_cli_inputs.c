@@ -195,6 +195,16 @@ Test(inputs, fifos_and_devices_are_refused_not_waited_for, .timeout = 240)
     dev = "eval --init /dev/null --data synthetic";
     run(r, "timeout 60", dev);
     expect_failure(r, dev, 1, "/dev/null: not a regular file (a character device)", NULL, NULL);
+    /* a topology described by XML: hwloc reads the file itself */
+    char env[2 * ST_TEST_PATH_MAX];
+    snprintf(env, sizeof env, "HWLOC_XMLFILE='%s/fifo' timeout -s KILL 60", dir);
+    run(r, env, "--data synthetic --steps 1 --progress none");
+    expect_failure(r, env, 1, "HWLOC_XMLFILE=", "fifo: not a regular file (a FIFO)", NULL);
+    snprintf(args, sizeof args, "topo --topology 'xml:%s/fifo'", dir);
+    run(r, "timeout -s KILL 60", args);
+    cr_assert_eq(r->status, 1, "'%s': exit %d: %s", args, r->status, r->err);
+    cr_assert(count_lines(r->err) == 1 && strncmp(r->err, "subtrain topo: ", 15) == 0 &&
+              strstr(r->err, "fifo: not a regular file (a FIFO)"), "'%s': %s", args, r->err);
     free(r);
     st_test_rmdir(dir);
 }

@@ -729,6 +729,13 @@ static int run_train_rank(st_cli_options *o)
         status = EXIT_USAGE;
         goto out;
     }
+    /* a ResNet's units are declared by its images' shape: its layout is
+     * checked again now that the data gave it, still a usage error */
+    if (st_train_placement_check(&o->train) != ST_OK) {
+        st_cli_error("subtrain", "placement: %s", st_last_error());
+        status = EXIT_USAGE;
+        goto out;
+    }
     /* what made the run: the metrics' first record says it, the banner
      * takes the worker count from it */
     if (st_cli_provenance_make(o, &prov) != 0)

@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "topo/topo_internal.h"
 
 #define SYNTHETIC_BUDGET 34359738368.0   /* 2^35 */
@@ -181,16 +182,18 @@ static double xml_work(const char *text, size_t len, double *pus, double *widest
 
 st_status st_topo_check_xml(const char *what, const char *path, int must_exist)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (!must_exist)
-            return ST_OK;   /* hwloc falls back to this machine */
-        return st_fail(ST_ERR_IO, "%s: cannot read '%s': %s", what, path, strerror(errno));
+    /* a FIFO or a device would hang hwloc's own read: refused like every
+     * file subtrain reads */
+    FILE *f;
+    if (st_file_open_read(path, &f) != ST_OK) {
+        if (!must_exist && errno != 0)
+            return ST_OK;   /* no such file: hwloc falls back to this machine */
+        return st_fail(ST_ERR_IO, "%s: %s", what, st_last_error());
     }
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fileno(f), &sb) != 0) {
         fclose(f);
-        return ST_OK;   /* not a plain file: hwloc says what it makes of it */
+        return st_fail(ST_ERR_IO, "%s: cannot read '%s': %s", what, path, strerror(errno));
     }
     if ((long long)sb.st_size > XML_MAX_BYTES) {
         fclose(f);

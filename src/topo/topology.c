@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "core/error.h"
+#include "core/file.h"
 #include "topo/topo_internal.h"
 
 #define SPEC_FORMS "expected '' (this machine), 'synthetic:DESCRIPTION' " \
@@ -49,10 +50,11 @@ static st_status check_xml_file(const char *spec, const char *path)
     if (S_ISDIR(sb.st_mode))
         return st_fail(ST_ERR_IO, "topology '%s': '%s' is a directory, not an lstopo "
                        "XML file", spec, path);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return st_fail(ST_ERR_IO, "topology '%s': cannot read '%s': %s", spec, path,
-                       strerror(errno));
+    /* a FIFO or a device would hang hwloc's read: refused like every file
+     * subtrain reads */
+    FILE *f;
+    if (st_file_open_read(path, &f) != ST_OK)
+        return st_fail(ST_ERR_IO, "topology '%s': %s", spec, st_last_error());
     fclose(f);
     return ST_OK;
 }
