@@ -10,6 +10,7 @@
 #include "testutil.h"
 #include "json_check.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +91,49 @@ static inline void expect_usage_error(const char *args, const char *needle)
     cr_assert(strstr(r->err, needle), "'%s': expected '%s' in: %s", args, needle, r->err);
     cr_assert_str_empty(r->out, "nothing on stdout for a usage error");
     free(r);
+}
+
+/* Runtime errors: exit 1, one line. */
+static inline void expect_runtime_error(const char *env, const char *args, const char *needle)
+{
+    run_result *r = calloc(1, sizeof *r);
+    run(r, env, args);
+    cr_assert_eq(r->status, 1, "'%s' exited %d (stderr: %s)", args, r->status, r->err);
+    cr_assert_eq(count_lines(r->err), 1, "'%s' printed: %s", args, r->err);
+    cr_assert(strstr(r->err, needle), "'%s': expected '%s' in: %s", args, needle, r->err);
+    free(r);
+}
+
+/* Whether two files hold the same bytes. */
+static inline int same_file(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    unsigned char *x = st_test_read_file(a, &na), *y = st_test_read_file(b, &nb);
+    int same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+/* An IDX file of unsigned bytes, dir/name: rank dims, then count bytes of
+ * payload (the data a run reads with --data idx:DIR). */
+static inline void write_idx_file(const char *dir, const char *name, int rank,
+                                  const uint32_t *dims, const unsigned char *payload,
+                                  size_t count)
+{
+    char path[ST_TEST_PATH_MAX];
+    unsigned char *buf = malloc(4 + 4 * (size_t)rank + count);
+    cr_assert_not_null(buf);
+    buf[0] = buf[1] = 0;
+    buf[2] = 0x08;
+    buf[3] = (unsigned char)rank;
+    for (int i = 0; i < rank; i++)
+        for (int b = 0; b < 4; b++)
+            buf[4 + 4 * i + b] = (unsigned char)(dims[i] >> (24 - 8 * b));
+    memcpy(buf + 4 + 4 * rank, payload, count);
+    size_t len = 4 + 4 * (size_t)rank + count;
+    cr_assert_eq(st_test_write_file(st_test_path(path, dir, name), buf, len), 0);
+    free(buf);
 }
 
 #endif /* SUBTRAIN_TESTS_CLI_RUN_H */

@@ -12,7 +12,7 @@
 #                       sdp (blocks, neurons with backward masking), ist;
 #                       records and final weights (bitwise)
 #   resume_*            a step checkpoint of 2 ranks resumed by 2 ranks and
-#                       by one process
+#                       by one process; another option refused over ranks
 #   synth_*             synth over ranks against one process: a group
 #                       spanning ranks, recovery epochs, resume across
 #                       layouts
@@ -122,6 +122,21 @@ run "mpi/weights_sdp_2x1_bitwise_1x2" weights sdp --strategy sdp --coverage 0.5
 run "mpi/weights_ist_2x1_bitwise_1x2" weights ist --strategy ist --local-steps 4
 run "mpi/resume_dp_over_ranks_and_across_layouts" resume dp
 run "mpi/resume_ist_over_ranks_and_across_layouts" resume ist --strategy ist --local-steps 4
+
+# every rank compares the checkpoint with its own options and data: a
+# resume over ranks with another option is refused in the user's words
+resume_refused() {
+    rm -rf "$TMP/ck"
+    mpi -np 2 "$BIN" $COMMON --workers 1 --checkpoint "$TMP/ck" --checkpoint-every 20 ||
+        return 1
+    mpi -np 2 "$BIN" $COMMON --workers 1 --seed 2 --resume "$TMP/ck" 2>"$TMP/err"
+    rc=$?
+    grep '^subtrain' "$TMP/err"
+    [ "$rc" -ne 0 ] &&
+        grep -q '^subtrain: rank [01] of 2 .*: its run had --seed 1, this one has --seed 2: ' \
+            "$TMP/err"
+}
+run "mpi/resume_with_another_option_refused_over_ranks" resume_refused
 
 # hybrid: 2 ranks x 2 workers against 1 x 4 (the sums group by rank, so
 # equal within rounding, not bitwise: losses within 1e-3, accuracy within

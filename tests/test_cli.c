@@ -349,17 +349,6 @@ Test(cli, help_and_version_whatever_else_the_line_holds)
     expect_usage_error("--strategy nonsense --help", "--strategy");
 }
 
-/* Runtime errors: exit 1, one line. */
-static void expect_runtime_error(const char *env, const char *args, const char *needle)
-{
-    run_result *r = calloc(1, sizeof *r);
-    run(r, env, args);
-    cr_assert_eq(r->status, 1, "'%s' exited %d (stderr: %s)", args, r->status, r->err);
-    cr_assert_eq(count_lines(r->err), 1, "'%s' printed: %s", args, r->err);
-    cr_assert(strstr(r->err, needle), "'%s': expected '%s' in: %s", args, needle, r->err);
-    free(r);
-}
-
 Test(cli, missing_dataset_says_how_to_get_one)
 {
     expect_runtime_error(NULL, "--data /nonexistent/fmnist", "dataset-fashion-mnist");
@@ -376,25 +365,6 @@ Test(cli, missing_cifar_or_idx_set_says_what_is_missing)
                          "/nonexistent/c100/train.bin");
     expect_runtime_error(NULL, "--data idx:/nonexistent/e:tri,trl,tei,tel", "/nonexistent/e/tri");
     expect_runtime_error(NULL, "--data idx:/nonexistent/e", "train-images-idx3-ubyte");
-}
-
-/* An IDX file of unsigned bytes: rank dims, then count bytes of payload. */
-static void write_idx_file(const char *dir, const char *name, int rank, const uint32_t *dims,
-                           const unsigned char *payload, size_t count)
-{
-    char path[ST_TEST_PATH_MAX];
-    unsigned char *buf = malloc(4 + 4 * (size_t)rank + count);
-    cr_assert_not_null(buf);
-    buf[0] = buf[1] = 0;
-    buf[2] = 0x08;
-    buf[3] = (unsigned char)rank;
-    for (int i = 0; i < rank; i++)
-        for (int b = 0; b < 4; b++)
-            buf[4 + 4 * i + b] = (unsigned char)(dims[i] >> (24 - 8 * b));
-    memcpy(buf + 4 + 4 * rank, payload, count);
-    size_t len = 4 + 4 * (size_t)rank + count;
-    cr_assert_eq(st_test_write_file(st_test_path(path, dir, name), buf, len), 0);
-    free(buf);
 }
 
 /* 260 train and 52 test images of 8 x 8, labels 0..25 (EMNIST letters'
@@ -574,17 +544,6 @@ Test(cli, signals_stop_after_the_step_with_records_and_weights, .timeout = 180)
     expect_graceful_stop(SIGTERM, "dp", 143);
     expect_graceful_stop(SIGINT, "sdp", 130);
     expect_graceful_stop(SIGUSR1, "ist", 128 + SIGUSR1);
-}
-
-/* Whether two files hold the same bytes. */
-static int same_file(const char *a, const char *b)
-{
-    size_t na = 0, nb = 0;
-    unsigned char *x = st_test_read_file(a, &na), *y = st_test_read_file(b, &nb);
-    int same = x && y && na == nb && memcmp(x, y, na) == 0;
-    free(x);
-    free(y);
-    return same;
 }
 
 /* The shell command of a run of `opts` writing into dir/name (its
@@ -1104,12 +1063,12 @@ Test(cli, resume_refuses_another_run_or_a_bad_file, .timeout = 120)
     cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0);
     snprintf(step, sizeof step, "%s/ck/step-00000100.safetensors", dir);
     static const struct { const char *change, *needle; } other[] = {
-        { "--workers 1", "its run had workers 2, this one has 1" },
-        { "--workers 2 --strategy ist", "its run had strategy dp, this one has ist" },
-        { "--workers 2 --width 16", "its run had width 32, this one has 16" },
-        { "--workers 2 --seed 7", "its run had seed 1, this one has 7" },
-        { "--workers 2 --lr 0.01", "its run had lr" },
-        { "--workers 2 --steps 200", "its run had steps 120, this one has 200" },
+        { "--workers 1", "its run had 2 workers, this one has 1 (--workers 1)" },
+        { "--workers 2 --strategy ist", "its run had --strategy dp, this one has --strategy ist" },
+        { "--workers 2 --width 16", "its run had --width 32, this one has --width 16" },
+        { "--workers 2 --seed 7", "its run had --seed 1, this one has --seed 7" },
+        { "--workers 2 --lr 0.01", "its run had --lr 0.001, this one has --lr 0.01" },
+        { "--workers 2 --steps 200", "its run had --steps 120, this one has --steps 200" },
     };
     for (size_t i = 0; i < sizeof other / sizeof *other; i++) {
         snprintf(args, sizeof args, "--data synthetic --model mlp --depth 2 --width 32 "

@@ -1,7 +1,7 @@
 /*
  * tests/test_core.c — status messages, the version, the names of every
- * enum, the arena allocator and its accounting, the counter-based RNG,
- * the bf16 rounding of gradient payloads.
+ * enum, the arena allocator and its accounting, the counter-based RNG and
+ * its hash of bytes, the bf16 rounding of gradient payloads.
  */
 #include <math.h>
 #include <stdint.h>
@@ -499,4 +499,30 @@ Test(bf16, payload_rounding_ties_to_even_and_keeps_nan)
                 }
             }
         }
+/* st_hash_bytes: a function of the bytes, their length and the seed;
+ * every single-bit change of any byte, at any length (a tail of 0 to 7
+ * bytes after whole 32- and 8-byte blocks), changes it. */
+Test(rng, hash_of_bytes_sees_every_bit_and_length)
+{
+    unsigned char buf[80];
+    for (size_t i = 0; i < sizeof buf; i++)
+        buf[i] = (unsigned char)(i * 37 + 11);
+    uint64_t by_length[sizeof buf + 1];
+    for (size_t n = 0; n <= sizeof buf; n++) {
+        const uint64_t h = st_hash_bytes(buf, n, 5);
+        cr_assert_eq(h, st_hash_bytes(buf, n, 5));
+        cr_assert_neq(h, st_hash_bytes(buf, n, 6), "the seed counts (n %zu)", n);
+        for (size_t m = 0; m < n; m++)
+            cr_assert_neq(h, by_length[m], "lengths %zu and %zu", m, n);
+        by_length[n] = h;
+        for (size_t i = 0; i < n; i++)
+            for (int bit = 0; bit < 8; bit++) {
+                buf[i] ^= (unsigned char)(1u << bit);
+                cr_assert_neq(st_hash_bytes(buf, n, 5), h, "n %zu: byte %zu bit %d", n, i, bit);
+                buf[i] ^= (unsigned char)(1u << bit);
+            }
+    }
+    /* a zero tail is not the shorter buffer */
+    unsigned char zeros[12] = { 0 };
+    cr_assert_neq(st_hash_bytes(zeros, 9, 0), st_hash_bytes(zeros, 10, 0));
 }

@@ -2069,3 +2069,35 @@ Test(text, datasets_of_windows_gather_inputs_and_next_bytes)
     cr_assert(strstr(st_last_error(), "validation text has 10 bytes"), "%s", st_last_error());
     free(p);
 }
+
+/* st_dataset_fingerprint is of the content, not of where it was read
+ * from: a set of gzip files and the same set of plain files under other
+ * names agree; one pixel or one label more or less changes it. */
+Test(idxset, fingerprint_is_of_the_content)
+{
+    static const st_idx_files plain = { "p-train-img", "p-train-lab", "p-test-img",
+                                        "p-test-lab" };
+    write_set(&letters, 50, 30, 25, 26, 28, 28);
+    write_set(&plain, 50, 30, 25, 26, 28, 28);
+    st_dataset a[2], b[2];
+    cr_assert_eq(st_idx_set_load(tmpdir, &letters, &a[0], &a[1]), ST_OK, "%s", st_last_error());
+    cr_assert_eq(st_idx_set_load(tmpdir, &plain, &b[0], &b[1]), ST_OK, "%s", st_last_error());
+    const uint64_t train = st_dataset_fingerprint(&a[0]), test = st_dataset_fingerprint(&a[1]);
+    cr_assert_eq(st_dataset_fingerprint(&b[0]), train);
+    cr_assert_eq(st_dataset_fingerprint(&b[1]), test);
+    cr_assert_neq(train, test);
+    b[0].x[1234] += 1.0f / 255.0f;
+    cr_assert_neq(st_dataset_fingerprint(&b[0]), train, "a pixel");
+    b[0].x[1234] = a[0].x[1234];
+    cr_assert_eq(st_dataset_fingerprint(&b[0]), train);
+    b[0].y[7] ^= 1;
+    cr_assert_neq(st_dataset_fingerprint(&b[0]), train, "a label");
+    b[0].y[7] ^= 1;
+    b[0].count--;   /* the same bytes, one sample fewer */
+    cr_assert_neq(st_dataset_fingerprint(&b[0]), train, "the count");
+    b[0].count++;
+    for (int k = 0; k < 2; k++) {
+        st_dataset_free(&a[k]);
+        st_dataset_free(&b[k]);
+    }
+}

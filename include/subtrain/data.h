@@ -182,6 +182,14 @@ void st_dataset_normalize(st_dataset *train, st_dataset *test,
 void st_dataset_normalize_channels(st_dataset *train, st_dataset *test,
                                    float *mean_out, float *std_out, uint32_t max_out);
 
+/* A 64-bit fingerprint of a loaded set's content (st_hash_bytes): its
+ * counts and shape, its features as they are (normalised or not), labels
+ * and text bytes, and a text set's windows.  The same content gives the
+ * same value wherever it was read from (plain or gzip files, another
+ * directory).  Reads every byte once; a step checkpoint records the
+ * training and test sets' (doc/checkpoints.md). */
+uint64_t st_dataset_fingerprint(const st_dataset *d);
+
 void st_dataset_free(st_dataset *d);
 
 /* order[0..n) = a permutation of 0..n-1 that depends only on (seed, epoch). */

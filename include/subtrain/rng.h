@@ -7,6 +7,8 @@
  * do not depend on which thread draws them or in which order streams are
  * used.  That is what makes a run with a given seed identical whatever the
  * thread count.  Not for cryptography.
+ *
+ * The same mixer hashes bytes: st_hash_bytes, a fingerprint of content.
  */
 #ifndef SUBTRAIN_RNG_H
 #define SUBTRAIN_RNG_H
@@ -40,6 +42,12 @@ float st_rng_normal(st_rng *rng);
 
 /* Fisher-Yates shuffle of a[0..n). */
 void st_rng_shuffle_u32(st_rng *rng, uint32_t *a, size_t n);
+
+/* A 64-bit hash of data[0..n), chained from `seed` (a previous hash, to
+ * hash several buffers as one): a fingerprint of content, such as a data
+ * set's (st_dataset_fingerprint).  Reads each byte once, several GB/s;
+ * not for cryptography, and of the machine's byte order. */
+uint64_t st_hash_bytes(const void *data, size_t n, uint64_t seed);
 
 #ifdef __cplusplus
 }

@@ -130,6 +130,21 @@ typedef struct st_train_config {
      * messages. */
     const st_safetensors *resume;
     const char *resume_name;
+    /* The run's options in its user's words: key, an option's name
+     * without its dashes ("lr"); value, as the user gives it ("0.001"),
+     * "" for its default.  Every step checkpoint records them
+     * ("subtrain.option.KEY") and a resume compares them with the file's
+     * both ways: a value that differs, or a key on one side only, refuses
+     * the resume in one line ("its run had --precision fp32, this one has
+     * --precision bf16").  Give every option that changes what the steps
+     * compute, in the same words each time (the CLI gives all of
+     * --dump-config's but those that may change on a resume,
+     * doc/checkpoints.md).  The library itself checks the rest: the
+     * workers over all ranks, and the data (its sample counts and a
+     * fingerprint of its content, st_dataset_fingerprint).  Keys unique,
+     * valid while the run lasts; NULL with 0: no options compared. */
+    const st_st_meta *options;
+    int n_options;
 } st_train_config;
 
 #define ST_WARMUP_AUTO UINT64_MAX

@@ -29,6 +29,7 @@
 #include "cli/progress.h"
 #include "cli/provenance.h"
 #include "cli/quad_cmd.h"
+#include "cli/resume_options.h"
 #include "cli/topo_cmd.h"
 #include "config.h"
 
@@ -646,15 +647,23 @@ static int run_train(st_cli_options *o)
 {
     if (st_world_init(NULL, NULL) != ST_OK)
         return runtime_error("starting MPI");
+    /* the options as given, before a rank other than 0 is silenced: every
+     * rank compares the same list with a checkpoint's */
+    st_cli_resume_options ro;
+    int status = st_cli_resume_options_make(o, &ro) == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    o->train.options = ro.list;
+    o->train.n_options = ro.n;
     if (st_world_rank() != 0) {
         o->quiet = 1;
         o->metrics_path = NULL;
         o->report_memory = 0;
     }
-    int status = run_train_rank(o);
+    if (status == EXIT_SUCCESS)
+        status = run_train_rank(o);
     if (st_world_size() > 1 && status != EXIT_SUCCESS && status < 128)
         st_world_abort(status);   /* the failure is said; nobody waits for this rank */
     st_world_finalize();
+    st_cli_resume_options_free(&ro);
     return status;
 }
 

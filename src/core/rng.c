@@ -1,5 +1,6 @@
 /* core/rng.c — counter-based RNG: value n of a stream = mix(key, n). */
 #include <math.h>
+#include <string.h>
 
 #include <subtrain/rng.h>
 
@@ -70,4 +71,39 @@ void st_rng_shuffle_u32(st_rng *rng, uint32_t *a, size_t n)
         a[i - 1] = a[j];
         a[j] = t;
     }
+}
+
+/* xxHash64's lane round: four independent lanes per 32 bytes, so that
+ * their multiplies overlap. */
+static uint64_t hash_round(uint64_t acc, uint64_t word)
+{
+    acc += word * 0xC2B2AE3D27D4EB4Full;
+    acc = (acc << 31) | (acc >> 33);
+    return acc * 0x9E3779B185EBCA87ull;
+}
+
+uint64_t st_hash_bytes(const void *data, size_t n, uint64_t seed)
+{
+    const unsigned char *p = data;
+    uint64_t lane[4] = { mix64(seed + 1), mix64(seed + 2), mix64(seed + 3), mix64(seed + 4) };
+    uint64_t word;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++) {
+            memcpy(&word, p + i + 8 * (size_t)k, sizeof word);
+            lane[k] = hash_round(lane[k], word);
+        }
+    uint64_t h = mix64(seed ^ (uint64_t)n);
+    for (int k = 0; k < 4; k++)
+        h = mix64(h ^ lane[k]);
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&word, p + i, sizeof word);
+        h = mix64(h ^ word);
+    }
+    if (i < n) {
+        word = 0;
+        memcpy(&word, p + i, n - i);
+        h = mix64(h ^ word ^ GOLDEN_GAMMA);
+    }
+    return h;
 }

@@ -389,6 +389,21 @@ void st_dataset_normalize_channels(st_dataset *train, st_dataset *test,
     }
 }
 
+uint64_t st_dataset_fingerprint(const st_dataset *d)
+{
+    const uint64_t shape[] = { d->count, d->dim, d->n_classes, d->channels, d->height,
+                               d->width, d->n_bytes, d->context, d->window_seed,
+                               (uint64_t)d->sequential, !!d->x, !!d->y };
+    uint64_t h = st_hash_bytes(shape, sizeof shape, 0);
+    if (d->x)
+        h = st_hash_bytes(d->x, (size_t)d->count * d->dim * sizeof *d->x, h);
+    if (d->y)
+        h = st_hash_bytes(d->y, d->count, h);
+    if (d->bytes)
+        h = st_hash_bytes(d->bytes, d->n_bytes, h);
+    return h;
+}
+
 void st_dataset_free(st_dataset *d)
 {
     if (!d)

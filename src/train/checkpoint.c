@@ -15,9 +15,10 @@
  *
  * and, in __metadata__, the position (epoch, steps done in it, step, the
  * epoch's loss sum as an exact hexadecimal float) and the run's
- * fingerprint: every option that shapes the trajectory, one
- * "subtrain.run.KEY" entry each, compared one by one on resume so that a
- * refusal names the option that differs.
+ * fingerprint, compared on resume so that a refusal names what differs:
+ * the caller's options in its user's words ("subtrain.option.KEY"), and
+ * what only the library knows ("subtrain.run.KEY": the workers of all
+ * ranks, the data's sample counts and content fingerprints).
  *
  * Nothing else needs saving: every random draw is a function of the seed
  * and a counter (the epoch order and augmentation of (seed, epoch), sdp's
@@ -49,12 +50,17 @@
 
 /* ------------------------------------------------------------ the builder */
 
-static st_status ckpt_init(run_ckpt *ck, int cap)
+#define OPTION_PREFIX "subtrain.option."
+
+static st_status ckpt_init(run_ckpt *ck, int cap, const st_train_config *cfg)
 {
     memset(ck, 0, sizeof *ck);
     ck->cap = cap;
-    ck->cap_meta = 96;
+    ck->cap_meta = 96 + cfg->n_options;
     ck->text_cap = 16384;
+    for (int i = 0; i < cfg->n_options; i++)
+        ck->text_cap += sizeof OPTION_PREFIX + strlen(cfg->options[i].key) +
+                        strlen(cfg->options[i].value) + 1;
     ck->tensors = calloc((size_t)cap, sizeof *ck->tensors);
     ck->meta = calloc((size_t)ck->cap_meta, sizeof *ck->meta);
     ck->text = malloc(ck->text_cap);
@@ -85,8 +91,8 @@ st_status st_run_ckpt_tensor(run_ckpt *ck, const char *name, const float *data, 
 }
 
 /* Keys and values are copied into ck->text, which never moves: its
- * capacity is fixed (a checkpoint's metadata is some hundred bytes and the
- * caller's config line). */
+ * capacity is fixed (a checkpoint's metadata is some hundred bytes, the
+ * caller's config line and its options). */
 static const char *keep_text(run_ckpt *ck, const char *fmt, va_list ap)
 {
     const size_t room = ck->text_cap - ck->text_used;
@@ -125,91 +131,150 @@ st_status st_run_ckpt_meta(run_ckpt *ck, const char *key, const char *fmt, ...)
 
 /* ------------------------------------------------------------ the fingerprint */
 
-/* Every option that changes what the steps compute, as (key, value)
- * strings, and the data's size: a run continues only the run it is. */
-#define FP_MAX 40
-typedef struct fingerprint {
-    int n;
-    char key[FP_MAX][32];
-    char value[FP_MAX][96];
-} fingerprint;
-
-static void fp_add(fingerprint *fp, const char *key, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void fp_add(fingerprint *fp, const char *key, const char *fmt, ...)
+/* What a resume compares: the caller's options (cfg->options, each
+ * "subtrain.option.KEY") and what only the library knows, each
+ * "subtrain.run.KEY": the workers of all ranks (a run of R ranks x n
+ * workers is one of R x n, whatever the layout), the data's sample counts
+ * and its content's fingerprints (computed once, before the first step). */
+static st_status add_fingerprint(run_ckpt *ck, const run_shared *r)
 {
-    if (fp->n == FP_MAX)
-        return;
-    snprintf(fp->key[fp->n], sizeof fp->key[0], "%s", key);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(fp->value[fp->n], sizeof fp->value[0], fmt, ap);
-    va_end(ap);
-    fp->n++;
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.run.workers", "%d", r->n_all));
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.run.train-samples", "%u", r->train->count));
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.run.test-samples", "%u", r->test->count));
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.run.train-data", "%016" PRIx64, r->data_print[0]));
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.run.test-data", "%016" PRIx64, r->data_print[1]));
+    const st_train_config *c = r->cfg;
+    for (int i = 0; i < c->n_options; i++) {
+        char key[256];   /* keys are at most 200 bytes (st_train_config_check) */
+        snprintf(key, sizeof key, OPTION_PREFIX "%s", c->options[i].key);
+        ST_TRY(st_run_ckpt_meta(ck, key, "%s", c->options[i].value));
+    }
+    return ST_OK;
 }
 
-static void make_fingerprint(const run_shared *r, fingerprint *fp)
+/* An option as its user gives it: "--lr 0.001", "--hidden default" (its
+ * value ""), "no --lr" (value NULL: not recorded). */
+static const char *option_words(const char *key, const char *value, char *buf, size_t n)
+{
+    if (!value)
+        snprintf(buf, n, "no --%s", key);
+    else
+        snprintf(buf, n, "--%s %s", key, *value ? value : "default");
+    return buf;
+}
+
+/* A difference between the file's option `key` (was) and this run's
+ * (now), NULL where a side lacks it.  The one said is the first that
+ * gives a value on both sides, else the first that gives the file's: a
+ * run of --steps 20 resumed with --epochs 1 differs in both, and "its run
+ * had --steps 20" says what to give. */
+typedef struct option_diff {
+    const char *key, *was, *now;
+    int rank;   /* 2: a value on both sides; 1: on the file's */
+} option_diff;
+
+static void note_diff(option_diff *d, const char *key, const char *was, const char *now)
+{
+    const int rank = was && *was ? (now && *now ? 2 : 1) : 0;
+    if (!d->key || rank > d->rank)
+        *d = (option_diff){ key, was, now, rank };
+}
+
+static const char *run_option(const st_train_config *c, const char *key)
+{
+    for (int i = 0; i < c->n_options; i++)
+        if (strcmp(c->options[i].key, key) == 0)
+            return c->options[i].value;
+    return NULL;
+}
+
+/* The file's options against this run's, both ways. */
+static st_status check_options(const run_shared *r, const char *name)
 {
     const st_train_config *c = r->cfg;
-    const st_model_config *m = &c->model;
-    memset(fp, 0, sizeof *fp);
-    fp_add(fp, "strategy", "%s", st_strategy_name(c->strategy));
-    /* all ranks': a run of R ranks x n workers is one of R x n workers */
-    fp_add(fp, "workers", "%d", r->n_all);
-    fp_add(fp, "model", "%s", st_model_kind_name(m->kind));
-    fp_add(fp, "depth", "%d", m->depth);
-    fp_add(fp, "width", "%d", m->width);
-    fp_add(fp, "hidden", "%d", m->hidden);
-    fp_add(fp, "heads", "%d", m->heads);
-    fp_add(fp, "context", "%d", m->context);
-    fp_add(fp, "activation", "%s", st_activation_name(m->activation));
-    fp_add(fp, "batch", "%d", c->batch);
-    fp_add(fp, "seed", "%" PRIu64, c->seed);
-    fp_add(fp, "epochs", "%d", c->steps ? 0 : c->epochs);
-    fp_add(fp, "steps", "%" PRIu64, c->steps);
-    fp_add(fp, "schedule", "%s", st_schedule_name(c->schedule));
-    if (c->warmup_steps == ST_WARMUP_AUTO)
-        fp_add(fp, "warmup", "auto");
-    else
-        fp_add(fp, "warmup", "%" PRIu64, c->warmup_steps);
-    fp_add(fp, "optimizer", "%s", st_optimizer_name(c->optim.kind));
-    fp_add(fp, "lr", "%a", (double)c->optim.lr);
-    fp_add(fp, "momentum", "%a", (double)c->optim.momentum);
-    fp_add(fp, "weight-decay", "%a", (double)c->optim.weight_decay);
-    fp_add(fp, "betas", "%a,%a,%a", (double)c->optim.beta1, (double)c->optim.beta2,
-           (double)c->optim.eps);
-    fp_add(fp, "train-samples", "%u", r->train->count);
-    fp_add(fp, "test-samples", "%u", r->test->count);
-    fp_add(fp, "augment", "%u,%d", r->train->augment.crop, r->train->augment.flip);
-    if (c->strategy == ST_STRATEGY_SDP || c->strategy == ST_STRATEGY_IST) {
-        fp_add(fp, "subnet", "%d", (int)c->subnet);
-        fp_add(fp, "neuron-group", "%d", c->neuron_group);
-        fp_add(fp, "bn-calibration", "%d", c->bn_calibration);
+    const st_safetensors *f = c->resume;
+    option_diff d = { 0 };
+    for (int i = 0; i < c->n_options; i++) {
+        char key[256];
+        snprintf(key, sizeof key, OPTION_PREFIX "%s", c->options[i].key);
+        const char *was = st_safetensors_meta(f, key);
+        if (!was || strcmp(was, c->options[i].value) != 0)
+            note_diff(&d, c->options[i].key, was, c->options[i].value);
     }
-    if (c->strategy == ST_STRATEGY_SDP) {
-        fp_add(fp, "masking", "%d", (int)c->masking);
-        fp_add(fp, "coverage", "%a", c->coverage);
-        fp_add(fp, "resample", "%" PRIu64, c->resample);
-        fp_add(fp, "scale-branches", "%d", c->scale_branches);
+    const size_t len = strlen(OPTION_PREFIX);
+    for (int j = 0; j < f->n_meta; j++) {
+        const char *key = f->meta[j].key;
+        if (strncmp(key, OPTION_PREFIX, len) == 0 && !run_option(c, key + len))
+            note_diff(&d, key + len, f->meta[j].value, NULL);
     }
-    if (c->strategy == ST_STRATEGY_SYNTH) {
-        const st_synth_config *s = &c->synth;
-        fp_add(fp, "segments", "%d", s->segments);
-        char cuts[96] = "";
-        for (int i = 0; i + 1 < s->segments && i < ST_SYNTH_MAX_SEGMENTS - 1; i++)
-            snprintf(cuts + strlen(cuts), sizeof cuts - strlen(cuts), "%s%d", i ? "," : "",
-                     s->cuts[i]);
-        fp_add(fp, "cuts", "%s", cuts);
-        fp_add(fp, "synth-labels", "%d,%a,%a", (int)s->labels, (double)s->scale,
-               (double)s->noise);
-        fp_add(fp, "recovery-epochs", "%d", s->recovery_epochs);
+    if (!d.key)
+        return ST_OK;
+    char was[512], now[512];
+    return st_fail(ST_ERR_INVALID, "%s: its run had %s, this one has %s: resume with the "
+                   "options of the run that wrote it", name,
+                   option_words(d.key, d.was, was, sizeof was),
+                   option_words(d.key, d.now, now, sizeof now));
+}
+
+/* A "subtrain.run.KEY" entry of the file being resumed. */
+static st_status run_meta(const run_shared *r, const char *name, const char *key,
+                          const char **out)
+{
+    char full[64];
+    snprintf(full, sizeof full, "subtrain.run.%s", key);
+    *out = st_safetensors_meta(r->cfg->resume, full);
+    if (!*out)
+        return st_fail(ST_ERR_FORMAT, "%s: no '%s' in its metadata: not a step checkpoint",
+                       name, full);
+    return ST_OK;
+}
+
+/* The file's fingerprint against this run's: written by this version,
+ * then the options, the workers, the data's size and content. */
+static st_status check_fingerprint(const run_shared *r, const char *name)
+{
+    const st_safetensors *f = r->cfg->resume;
+    if (!st_safetensors_meta(f, "subtrain.run.train-data")) {
+        const char *v = st_safetensors_meta(f, "subtrain.version");
+        return st_fail(ST_ERR_FORMAT, "%s: written by an earlier subtrain (version %s) that "
+                       "recorded neither its run's options nor its data: resume it with that "
+                       "version, or start from its weights with --init", name, v ? v : "unknown");
     }
-    if (c->strategy == ST_STRATEGY_IST) {
-        fp_add(fp, "local-steps", "%" PRIu64, c->local_steps);
-        fp_add(fp, "optimizer-state", "%d", c->ist_keep_state);
-        fp_add(fp, "train-scale", "%d", c->ist_train_scale);
-        fp_add(fp, "eval-branch-scale", "%d", c->ist_eval_scale);
+    ST_TRY(check_options(r, name));
+    const char *was;
+    char now[64];
+    ST_TRY(run_meta(r, name, "workers", &was));
+    snprintf(now, sizeof now, "%d", r->n_all);
+    if (strcmp(was, now) != 0) {
+        char layout[64];
+        if (r->ranks > 1)
+            snprintf(layout, sizeof layout, "%d ranks x --workers %d", r->ranks, r->n);
+        else
+            snprintf(layout, sizeof layout, "--workers %d", r->n);
+        return st_fail(ST_ERR_INVALID, "%s: its run had %s worker%s, this one has %d (%s): "
+                       "resume with the options of the run that wrote it", name, was,
+                       strcmp(was, "1") ? "s" : "", r->n_all, layout);
     }
+    const char *train, *test;
+    ST_TRY(run_meta(r, name, "train-samples", &train));
+    ST_TRY(run_meta(r, name, "test-samples", &test));
+    char train_now[16], test_now[16];
+    snprintf(train_now, sizeof train_now, "%u", r->train->count);
+    snprintf(test_now, sizeof test_now, "%u", r->test->count);
+    if (strcmp(train, train_now) != 0 || strcmp(test, test_now) != 0)
+        return st_fail(ST_ERR_INVALID, "%s: its run's data had %s training and %s test "
+                       "samples, this one's %s and %s: resume with the data of the run that "
+                       "wrote it", name, train, test, train_now, test_now);
+    static const char *const set[2] = { "training", "test" };
+    for (int k = 0; k < 2; k++) {
+        ST_TRY(run_meta(r, name, k ? "test-data" : "train-data", &was));
+        snprintf(now, sizeof now, "%016" PRIx64, r->data_print[k]);
+        if (strcmp(was, now) != 0)
+            return st_fail(ST_ERR_INVALID, "%s: its run's %s set had other content (its "
+                           "fingerprint %s, this one's %s): resume with the data of the run "
+                           "that wrote it", name, set[k], was, now);
+    }
+    return ST_OK;
 }
 
 /* ------------------------------------------------------------ writing */
@@ -230,14 +295,7 @@ static st_status add_position(run_ckpt *ck, const run_shared *r, const run_posit
     ST_TRY(st_run_ckpt_meta(ck, "subtrain.loss_sum", "%a", at->loss_sum));
     ST_TRY(st_run_ckpt_meta(ck, "subtrain.losses", "%" PRIu64, at->losses));
     ST_TRY(st_run_ckpt_meta(ck, "subtrain.train_time", "%a", at->train_time));
-    fingerprint fp;
-    make_fingerprint(r, &fp);
-    for (int i = 0; i < fp.n; i++) {
-        char key[64];
-        snprintf(key, sizeof key, "subtrain.run.%s", fp.key[i]);
-        ST_TRY(st_run_ckpt_meta(ck, key, "%s", fp.value[i]));
-    }
-    return ST_OK;
+    return add_fingerprint(ck, r);
 }
 
 /* Every worker's vectors, as the slots publish them, named by the
@@ -388,7 +446,7 @@ st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_positi
     int n_held = 0;
     /* per worker: optimizer m and v, running statistics, ist's two kept
      * state shards */
-    st_status s = ckpt_init(&ck, 5 * r->n_all + 16);
+    st_status s = ckpt_init(&ck, 5 * r->n_all + 16, r->cfg);
     for (int i = 0; s == ST_OK && i < plan->n_meta; i++)
         s = st_run_ckpt_meta(&ck, plan->meta[i].key, "%s", plan->meta[i].value);
     if (s == ST_OK)
@@ -446,27 +504,6 @@ static st_status meta_double(const run_shared *r, const char *key, double *out)
     return ST_OK;
 }
 
-/* The file's fingerprint against this run's, key by key. */
-static st_status check_fingerprint(const run_shared *r)
-{
-    const char *name = r->cfg->resume_name;
-    fingerprint fp;
-    make_fingerprint(r, &fp);
-    for (int i = 0; i < fp.n; i++) {
-        char key[64];
-        snprintf(key, sizeof key, "subtrain.run.%s", fp.key[i]);
-        const char *v = st_safetensors_meta(r->cfg->resume, key);
-        if (!v)
-            return st_fail(ST_ERR_FORMAT, "%s: no '%s' in its metadata: not a step checkpoint "
-                           "of this version of subtrain", name, key);
-        if (strcmp(v, fp.value[i]) != 0)
-            return st_fail(ST_ERR_INVALID, "%s: its run had %s %s, this one has %s: resume "
-                           "with the options of the run that wrote it", name, fp.key[i], v,
-                           fp.value[i]);
-    }
-    return ST_OK;
-}
-
 st_status st_run_resume_load(const run_shared *r, const char *name, float *dst, size_t count)
 {
     const st_st_tensor *t = st_safetensors_find(r->cfg->resume, name);
@@ -489,6 +526,10 @@ void st_run_resume_shard(const run_shared *r, st_comm *c, int wid, float *dst)
 st_status st_run_resume_open(run_shared *r)
 {
     const st_train_config *cfg = r->cfg;
+    if (cfg->checkpoint.dir || cfg->resume) {
+        r->data_print[0] = st_dataset_fingerprint(r->train);
+        r->data_print[1] = st_dataset_fingerprint(r->test);
+    }
     if (!cfg->resume)
         return ST_OK;
     const char *name = cfg->resume_name ? cfg->resume_name : "the checkpoint";
@@ -497,7 +538,7 @@ st_status st_run_resume_open(run_shared *r)
         return st_fail(ST_ERR_INVALID, "%s holds weights only, not a training state: --resume "
                        "takes a step checkpoint (DIR/step-*.safetensors); --init starts from "
                        "weights", name);
-    ST_TRY(check_fingerprint(r));
+    ST_TRY(check_fingerprint(r, name));
     run_resume *rs = calloc(1, sizeof *rs);
     if (!rs)
         return st_fail(ST_ERR_NOMEM, "out of memory resuming %s", name);

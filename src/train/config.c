@@ -112,6 +112,18 @@ st_status st_train_config_check(const st_train_config *c)
     if (c->init_params && c->resume)
         return st_fail(ST_ERR_INVALID, "--init and --resume: a resumed run continues from its "
                        "checkpoint's weights; give one of them");
+    if (c->n_options < 0 || (c->n_options > 0 && !c->options))
+        return st_fail(ST_ERR_INVALID, "n_options %d: expected >= 0, with that many in "
+                       "options", c->n_options);
+    for (int i = 0; i < c->n_options; i++) {
+        const st_st_meta *o = &c->options[i];
+        if (!o->key || !*o->key || strlen(o->key) > 200 || !o->value)
+            return st_fail(ST_ERR_INVALID, "options[%d]: a key of 1 to 200 bytes and a value "
+                           "(\"\": the default) are needed", i);
+        for (int j = 0; j < i; j++)
+            if (strcmp(c->options[j].key, o->key) == 0)
+                return st_fail(ST_ERR_INVALID, "options: '%s' given twice", o->key);
+    }
     if (c->bn_calibration < 0 || c->bn_calibration > 100000)
         return st_fail(ST_ERR_INVALID, "--bn-calibration must be in [0, 100000] batches, got %d",
                        c->bn_calibration);

@@ -141,6 +141,8 @@ typedef struct run_shared {
     atomic_ullong save_step;          /* a checkpoint asked for (callbacks'
                                        * checkpoint_now) at this step; 0: none */
     run_resume *resume;               /* NULL: a new run (checkpoint.c) */
+    uint64_t data_print[2];           /* the training and test sets' fingerprints,
+                                       * with checkpoints or a resume (0: none) */
     uint64_t fault_step;              /* SUBTRAIN_FAULT=RANK:STEP names this rank:
                                        * worker 0 fails at that step (tests of
                                        * failure handling; 0: never) */
@@ -273,9 +275,10 @@ void st_run_load_state(const run_shared *r, st_model *m);
 /* ------------------------------------------------------------ checkpoint.c */
 
 /* Before the strategy's prepare (r->n, n_params and state_full known):
- * cfg->resume checked against this run (kind, strategy, workers, the
- * options that shape the trajectory, the data) and read into r->resume;
- * the averaged running statistics restored.  No-op without cfg->resume. */
+ * the data's fingerprints, when the run writes step checkpoints or
+ * resumes; cfg->resume checked against this run (the caller's options,
+ * the workers of all ranks, the data) and read into r->resume; the
+ * averaged running statistics restored.  No-op without either. */
 st_status st_run_resume_open(run_shared *r);
 void st_run_resume_close(run_shared *r);
 /* After the strategy's prepare: the position is one of r->plan. */

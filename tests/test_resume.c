@@ -1,0 +1,255 @@
+/*
+ * tests/test_resume.c — --resume continues only the run that wrote the
+ * checkpoint (doc/checkpoints.md): another option's value, another data
+ * set of the same size or an earlier version's file is refused in one
+ * line naming it as the user types it; what may change on a resume
+ * changes nothing; a run resumed inside sdp's mask round is bitwise the
+ * run never stopped.
+ */
+#include "cli_run.h"
+
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+#include <subtrain/subtrain.h>
+
+/* `opts` with --checkpoint dir/name and what follows, quiet, its exit
+ * status; stderr into dir/name.err. */
+static int train(const char *dir, const char *name, const char *opts, const char *extra)
+{
+    char cmd[8 * ST_TEST_PATH_MAX];
+    snprintf(cmd, sizeof cmd, "'%s' %s --quiet --progress none --checkpoint '%s/%s' %s "
+             ">/dev/null 2>'%s/%s.err' </dev/null", getenv("SUBTRAIN_BIN"), opts, dir, name,
+             extra, dir, name);
+    int w = system(cmd);
+    return WIFEXITED(w) ? WEXITSTATUS(w) : -1;
+}
+
+static void expect_trains(const char *dir, const char *name, const char *opts, const char *extra)
+{
+    const int status = train(dir, name, opts, extra);
+    char path[2 * ST_TEST_PATH_MAX], err[4096];
+    snprintf(path, sizeof path, "%s/%s.err", dir, name);
+    read_into(path, err, sizeof err);
+    cr_assert_eq(status, 0, "%s %s exited %d: %s", opts, extra, status, err);
+}
+
+/* The data of a safetensors file (after its length and JSON header): the
+ * tensors alone, whatever the metadata says (it names --data). */
+static int same_tensors(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    unsigned char *x = st_test_read_file(a, &na), *y = st_test_read_file(b, &nb);
+    int same = 0;
+    if (x && y && na >= 8 && nb >= 8) {
+        uint64_t ha = 0, hb = 0;
+        for (int i = 7; i >= 0; i--) {
+            ha = ha << 8 | x[i];
+            hb = hb << 8 | y[i];
+        }
+        same = ha + 8 <= na && hb + 8 <= nb && na - ha == nb - hb &&
+               memcmp(x + 8 + ha, y + 8 + hb, na - 8 - ha) == 0;
+    }
+    free(x);
+    free(y);
+    return same;
+}
+
+/* The first `what` (len bytes) in b[0..n), or NULL. */
+static unsigned char *find(unsigned char *b, size_t n, const char *what, size_t len)
+{
+    for (size_t i = 0; i + len <= n; i++)
+        if (memcmp(b + i, what, len) == 0)
+            return b + i;
+    return NULL;
+}
+
+/* A copy of dir/ck/step-00000010.safetensors as dir/name with the
+ * metadata key `from` renamed `to` (as long): the file another subtrain
+ * would have written. */
+static void rename_key(const char *dir, const char *name, const char *from, const char *to)
+{
+    char path[2 * ST_TEST_PATH_MAX];
+    snprintf(path, sizeof path, "%s/ck/step-00000010.safetensors", dir);
+    size_t n = 0;
+    unsigned char *b = st_test_read_file(path, &n);
+    cr_assert_not_null(b);
+    unsigned char *key = find(b, n, from, strlen(from));
+    cr_assert_not_null(key, "%s: no %s", path, from);
+    cr_assert_eq(strlen(to), strlen(from));
+    memcpy(key, to, strlen(to));
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    cr_assert_eq(st_test_write_file(path, b, n), 0);
+    free(b);
+}
+
+/* 260 training and 52 test images of 8 x 8 under Fashion-MNIST's names,
+ * their pixels i * mul + i / 64, labels 0..9. */
+static void write_images(const char *dir, int mul)
+{
+    static unsigned char px[260 * 64], lab[260];
+    for (size_t i = 0; i < sizeof px; i++)
+        px[i] = (unsigned char)(i * (size_t)mul + i / 64);
+    for (int i = 0; i < 260; i++)
+        lab[i] = (unsigned char)(i % 10);
+    uint32_t di[3] = { 260, 8, 8 }, dl[1] = { 260 }, ti[3] = { 52, 8, 8 }, tl[1] = { 52 };
+    cr_assert_eq(mkdir(dir, 0755), 0);
+    write_idx_file(dir, "train-images-idx3-ubyte", 3, di, px, sizeof px);
+    write_idx_file(dir, "train-labels-idx1-ubyte", 1, dl, lab, 260);
+    write_idx_file(dir, "t10k-images-idx3-ubyte", 3, ti, px, 52 * 64);
+    write_idx_file(dir, "t10k-labels-idx1-ubyte", 1, tl, lab, 52);
+}
+
+/* A scratch directory with an image set in dir/data, and the options of a
+ * small run on it, opts then `more`. */
+static void setup_run(char *dir, char *opts, size_t n, const char *more)
+{
+    char data[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    snprintf(data, sizeof data, "%s/data", dir);
+    write_images(data, 7);
+    snprintf(opts, n, "--data 'idx:%s' --batch 26 --steps 20 %s", data, more);
+}
+
+Test(resume, another_precision_is_refused_naming_both_values, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], args[8 * ST_TEST_PATH_MAX];
+    setup_run(dir, base, sizeof base, "--model mlp --depth 2 --width 32");
+    expect_trains(dir, "ck", base, "--checkpoint-every 10");
+    const st_bf16_support bf16 = st_bf16_probe(NULL);
+    if (bf16 != ST_BF16_UNAVAILABLE) {   /* else --precision bf16 is a usage error first */
+        snprintf(args, sizeof args, "%s --precision bf16%s --resume '%s/ck'", base,
+                 bf16 == ST_BF16_EMULATED ? " --bf16-emulated" : "", dir);
+        expect_runtime_error(NULL, args, "/ck/step-00000010.safetensors: its run had "
+                             "--precision fp32, this one has --precision bf16: resume with the "
+                             "options of the run that wrote it");
+    }
+    snprintf(args, sizeof args, "%s --comm-precision bf16 --resume '%s/ck'", base, dir);
+    expect_runtime_error(NULL, args, "its run had --comm-precision fp32, this one has "
+                         "--comm-precision bf16");
+    st_test_rmdir(dir);
+}
+
+/* Refusals name the option as typed, a default as "default", a key on
+ * one side only as "no --KEY", and the workers of every rank. */
+Test(resume, refusals_say_the_options_as_the_user_types_them, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], sdp[4 * ST_TEST_PATH_MAX], args[8 * ST_TEST_PATH_MAX];
+    setup_run(dir, sdp, sizeof sdp, "--depth 2 --width 32 --strategy sdp --workers 2");
+    expect_trains(dir, "ck", sdp, "--checkpoint-every 10");
+    static const struct { const char *change, *needle; } other[] = {
+        { "--lr 0.01", "its run had --lr 0.001, this one has --lr 0.01:" },
+        { "--subnet neuron", "its run had --subnet block, this one has --subnet neuron:" },
+        { "--branch-scale none", "its run had --branch-scale default, this one has "
+                                 "--branch-scale none:" },
+        { "--hidden 64", "its run had --hidden default, this one has --hidden 64:" },
+        { "--warmup 3", "its run had --warmup default, this one has --warmup 3:" },
+        { "--coverage 1", "its run had --coverage 0.5, this one has --coverage 1:" },
+        { "--workers 1", "its run had 2 workers, this one has 1 (--workers 1):" },
+    };
+    for (size_t i = 0; i < sizeof other / sizeof *other; i++) {
+        snprintf(args, sizeof args, "%s %s --resume '%s/ck'", sdp, other[i].change, dir);
+        expect_runtime_error(NULL, args, other[i].needle);
+    }
+    /* --steps 20 resumed as --epochs 1 differs in both: the file's value is said */
+    snprintf(args, sizeof args, "--data 'idx:%s/data' --depth 2 --width 32 --batch 26 "
+             "--epochs 1 --strategy sdp --workers 2 --resume '%s/ck'", dir, dir);
+    expect_runtime_error(NULL, args, "its run had --steps 20, this one has --steps default:");
+    /* an option only the file has (as a later subtrain's would be), and one
+     * only this run has: both are differences */
+    rename_key(dir, "other.safetensors", "\"subtrain.option.lr\"", "\"subtrain.option.xy\"");
+    snprintf(args, sizeof args, "%s --resume '%s/other.safetensors'", sdp, dir);
+    expect_runtime_error(NULL, args, "its run had --xy 0.001, this one has no --xy:");
+    /* a file of an earlier subtrain, which recorded no data fingerprint */
+    rename_key(dir, "old.safetensors", "\"subtrain.run.train-data\"",
+               "\"subtrain.run.xxxxx-data\"");
+    snprintf(args, sizeof args, "%s --resume '%s/old.safetensors'", sdp, dir);
+    expect_runtime_error(NULL, args, "old.safetensors: written by an earlier subtrain");
+    st_test_rmdir(dir);
+}
+
+/* Other pixels in the same counts are another run; the same content
+ * elsewhere, gzipped, is the same run and resumes bitwise. */
+Test(resume, other_data_of_the_same_size_is_refused_moved_data_is_not, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], sub[3][2 * ST_TEST_PATH_MAX], opts[3][4 * ST_TEST_PATH_MAX],
+        args[8 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    static const char *const name[3] = { "a", "b", "moved" };
+    for (int k = 0; k < 3; k++) {
+        snprintf(sub[k], sizeof sub[k], "%s/%s", dir, name[k]);
+        write_images(sub[k], k == 1 ? 11 : 7);
+        snprintf(opts[k], sizeof opts[k], "--data 'idx:%s' --model mlp --depth 1 --width 16 "
+                 "--batch 26 --steps 30", sub[k]);
+    }
+    snprintf(args, sizeof args, "gzip '%s/train-images-idx3-ubyte'", sub[2]);
+    cr_assert_eq(system(args), 0);
+    expect_trains(dir, "ck", opts[0], "--checkpoint-every 10");
+    snprintf(args, sizeof args, "%s --resume '%s/ck/step-00000010.safetensors'", opts[1], dir);
+    expect_runtime_error(NULL, args, "step-00000010.safetensors: its run's training set had "
+                         "other content (its fingerprint ");
+    snprintf(args, sizeof args, "--resume '%s/ck/step-00000010.safetensors'", dir);
+    expect_trains(dir, "resumed", opts[2], args);
+    char a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    snprintf(a, sizeof a, "%s/ck/final.safetensors", dir);
+    snprintf(b, sizeof b, "%s/resumed/final.safetensors", dir);
+    cr_assert(same_tensors(a, b), "the moved data's resume differs from the run never stopped");
+    /* the test set alone differs: said as the test set */
+    snprintf(args, sizeof args, "cp '%s'/t10k-* '%s'", sub[1], sub[2]);
+    cr_assert_eq(system(args), 0);
+    snprintf(args, sizeof args, "%s --resume '%s/ck/step-00000010.safetensors'", opts[2], dir);
+    expect_runtime_error(NULL, args, "its run's test set had other content");
+    st_test_rmdir(dir);
+}
+
+/* What may change on a resume (doc/checkpoints.md) changes nothing: the
+ * display, the metrics file, where and how often checkpoints go, what
+ * SIGUSR1 does, the workers' cores. */
+Test(resume, options_that_may_change_leave_the_run_bitwise, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], opts[4 * ST_TEST_PATH_MAX], extra[4 * ST_TEST_PATH_MAX],
+        a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    setup_run(dir, opts, sizeof opts, "--model mlp --depth 2 --width 32 --workers 2");
+    expect_trains(dir, "ck", opts, "--checkpoint-every 7");
+    snprintf(extra, sizeof extra, "--resume '%s/ck/step-00000007.safetensors' --progress plain "
+             "--metrics '%s/m.jsonl' --checkpoint-every 5 --keep 1 --usr1 checkpoint "
+             "--oversubscribe", dir, dir);
+    /* expect_trains's --quiet and --progress none come first: these win */
+    expect_trains(dir, "resumed", opts, extra);
+    snprintf(a, sizeof a, "%s/ck/final.safetensors", dir);
+    snprintf(b, sizeof b, "%s/resumed/final.safetensors", dir);
+    cr_assert(same_file(a, b), "a resume with other display and checkpoint options differs");
+    snprintf(a, sizeof a, "%s/m.jsonl", dir);
+    cr_assert_eq(access(a, R_OK), 0, "the resumed run wrote its metrics");
+    st_test_rmdir(dir);
+}
+
+/* sdp redraws its masks every --resample R steps.  A run resumed after a
+ * step S inside a round (S not a multiple of R) must draw that round's
+ * masks again, or its next steps train other subnetworks: from step 7 of
+ * --resample 5, bitwise the run never stopped (a stop at a step that is a
+ * multiple of R would hide it). */
+Test(resume, sdp_resumed_inside_a_mask_round_is_bitwise, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], runs[2][4 * ST_TEST_PATH_MAX], extra[2 * ST_TEST_PATH_MAX],
+        a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    setup_run(dir, runs[0], sizeof runs[0], "--model mlp --depth 2 --width 32 --workers 2 "
+              "--strategy sdp --subnet neuron --resample 5");
+    snprintf(runs[1], sizeof runs[1], "--data 'idx:%s/data' --batch 26 --steps 20 --model resmlp "
+             "--depth 4 --width 32 --workers 2 --strategy sdp --masking backward --resample 5",
+             dir);
+    for (size_t i = 0; i < 2; i++) {
+        char ck[16], resumed[16];
+        snprintf(ck, sizeof ck, "ck%zu", i);
+        snprintf(resumed, sizeof resumed, "resumed%zu", i);
+        expect_trains(dir, ck, runs[i], "--checkpoint-every 7");
+        snprintf(extra, sizeof extra, "--resume '%s/%s/step-00000007.safetensors'", dir, ck);
+        expect_trains(dir, resumed, runs[i], extra);
+        snprintf(a, sizeof a, "%s/%s/final.safetensors", dir, ck);
+        snprintf(b, sizeof b, "%s/%s/final.safetensors", dir, resumed);
+        cr_assert(same_file(a, b), "%s: resumed after step 7, the weights differ", runs[i]);
+    }
+    st_test_rmdir(dir);
+}
