@@ -499,6 +499,8 @@ Test(bf16, payload_rounding_ties_to_even_and_keeps_nan)
                 }
             }
         }
+}
+
 /* st_hash_bytes: a function of the bytes, their length and the seed;
  * every single-bit change of any byte, at any length (a tail of 0 to 7
  * bytes after whole 32- and 8-byte blocks), changes it. */
