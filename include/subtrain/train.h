@@ -1,7 +1,9 @@
 /*
  * subtrain/train.h — the training loop, evaluation and metrics records.
  *
- * st_train_run() trains one model on a dataset with one worker: a thread
+ * st_train_run() trains a model on a dataset with the configuration's
+ * workers, under its strategy (dp, sdp, ist, synth), in this process and,
+ * when MPI started it, over every rank.  Each worker is a pinned thread
  * that owns its arena, its model instance (primitives, workspace,
  * activations, parameters, gradients) and its optimizer state, all created
  * on that thread before the first step.  The loop reports through
@@ -104,8 +106,9 @@ typedef struct st_train_config {
     /* The gradients the reduction reads (doc/reduction.md, "Comm
      * precision"): FP32 (default) or BF16 (each worker's gradient rounded
      * to bf16 into a buffer, summed in fp32 by the owners; masters,
-     * optimizer and all-gather fp32).  dp, sdp, synth; ist (which averages
-     * parameters) and MPI ranks refuse BF16. */
+     * optimizer and all-gather fp32).  dp, sdp, synth, also over MPI
+     * ranks (a rank's partial sum is rounded to bf16 again as it is sent);
+     * ist, which averages parameters, refuses BF16. */
     st_precision comm_precision;
     int bf16_emulated;        /* model.precision bf16 on a CPU without native
                                * bf16 (st_bf16_probe: EMULATED): 0 refuses
