@@ -285,7 +285,7 @@ Test(values, long_values_keep_their_ends_and_what_is_allowed)
                   "'%.40s...': expected the value's end, then '%s': %s", args, c[k].after,
                   r->err);
     }
-    /* the case: 1100 bytes of --progress */
+    /* a value far longer than a message shows: 1100 bytes of --progress */
     char x[1101];
     memset(x, 'x', 1100);
     x[1100] = '\0';
