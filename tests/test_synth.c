@@ -632,8 +632,8 @@ Test(train, bad_configurations_are_refused)
  * data-parallel run of all N workers: N = 3, S = 2 gives groups of 2 and 1
  * (64 and 128 steps an epoch at 4096 samples, batch 32), where data
  * parallelism of 3 workers would take 42.  A warmup of 50 steps is valid
- * for both groups (and was refused when the data-parallel plan was
- * applied); 70 is longer than segment 1's run. */
+ * for both groups (a data-parallel plan would refuse it); 70 is longer
+ * than segment 1's run. */
 Test(train, warmup_is_checked_per_group, .timeout = 60)
 {
     st_dataset train, test;
