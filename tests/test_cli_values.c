@@ -266,6 +266,8 @@ Test(values, long_values_keep_their_ends_and_what_is_allowed)
                                  "got '", "'\n" },
         { "topo '%s'", "subtrain topo: unexpected argument '", "' (usage: subtrain topo "
                                                                "[OPTION]...)\n" },
+        { "quad '%s'", "subtrain quad: unexpected argument '", "' (usage: subtrain quad "
+                                                               "[OPTION]...)\n" },
         { "quad --case '%s'", "subtrain quad: --case: expected all, 1, 2, 3, 4 or 5, got '",
           "'\n" },
         { "quad --gamma '%s'", "subtrain quad: --gamma: expected a number in (0, 2), got '",
