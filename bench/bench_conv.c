@@ -22,9 +22,10 @@
  * norm (oneDNN's fuse_norm_relu), the batch norm plain or blocked (with
  * its reorders), on the same activation shapes.
  *
- * This is the private API (nn/layers.h): st_conv_reference_gflops.
- * bench_step --config cnn builds its reference (the blocked primitives
- * alone, on the ResNet's dominant shape) with oneDNN's public C API.
+ * Public headers only: the layers are timed by the library
+ * (subtrain/layer_timing.h), as a model builds them.  bench_step --config
+ * cnn builds its reference (the blocked primitives alone, on the ResNet's
+ * dominant shape) with oneDNN's public C API.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -37,9 +38,8 @@
 #define BENCH_NAME "bench_conv"
 #include "bench_util.h"
 
+#include <subtrain/layer_timing.h>
 #include <subtrain/model.h>
-
-#include "nn/layers.h"
 
 typedef struct named_shape {
     const char *name;
@@ -56,65 +56,6 @@ static const named_shape shapes[] = {
     { "64->64 7x7 3x3 s1", { 0, 64, 7, 7, 64, 3, 3, 1, 1 } },
     { "32->64 28x28 3x3 s2", { 0, 32, 28, 28, 64, 3, 3, 2, 1 } },
 };
-
-/* Batch norm + ReLU, forward (training) and backward, ms: separate layers
- * (fused = 0) or one (fused = 1), batch norm in `layout`; best of reps. */
-static st_status time_bn_relu(int64_t B, int64_t C, int64_t H, int64_t W, int fused,
-                              st_layout layout, int reps, double *ms)
-{
-    st_arena arena;
-    st_nn_ctx ctx;
-    st_arena_init(&arena, "bn timing", NULL, 0);
-    st_status s = st_nn_ctx_init(&ctx, &arena);
-    const size_t n = (size_t)(B * C * H * W);
-    float *buf[6] = { 0 }, *vec[8] = { 0 };
-    for (int i = 0; i < 6 && s == ST_OK; i++)
-        s = st_arena_alloc_floats(&arena, ST_MEM_ACTIVATIONS, n, &buf[i]);
-    for (int i = 0; i < 8 && s == ST_OK; i++)
-        s = st_arena_alloc_floats(&arena, ST_MEM_WORKSPACE, (size_t)C, &vec[i]);
-    st_batchnorm *bn = NULL;
-    st_act *act = NULL;
-    if (s == ST_OK)
-        s = st_arena_alloc(&arena, ST_MEM_WORKSPACE, sizeof *bn, (void **)&bn);
-    if (s == ST_OK)
-        s = st_arena_alloc(&arena, ST_MEM_WORKSPACE, sizeof *act, (void **)&act);
-    if (s == ST_OK) {
-        float *x = buf[0], *z = buf[1], *y = buf[2], *dx = buf[3], *dz = buf[4], *dy = buf[5];
-        for (size_t i = 0; i < n; i++) {
-            x[i] = (float)((i * 7919) % 1000) / 500.0f - 1.0f;
-            dy[i] = (float)((i * 104729) % 1000) / 500.0f - 1.0f;
-        }
-        for (int64_t c = 0; c < C; c++)
-            vec[0][c] = vec[5][c] = 1.0f; /* gamma, running var */
-        st_batchnorm_io io = { .x = x, .y = fused ? y : z, .gamma = vec[0], .beta = vec[1],
-                               .mean = vec[2], .var = vec[3], .running_mean = vec[4],
-                               .running_var = vec[5], .dx = dx, .dy = fused ? dy : dz,
-                               .dgamma = vec[6], .dbeta = vec[7], .fuse_relu = fused,
-                               .layout = layout };
-        s = st_batchnorm_build(&ctx, bn, B, C, H, W, &io);
-        if (s == ST_OK && !fused)
-            s = st_act_build(&ctx, act, ST_ACT_RELU, B, C * H * W, z, y, dz, dy, 0);
-    }
-    if (s == ST_OK)
-        s = st_nn_ctx_finalize(&ctx);
-    *ms = 1e30;
-    for (int r = 0; r <= reps && s == ST_OK; r++) {  /* r = 0: warm-up */
-        double t0 = now_s();
-        s = st_batchnorm_forward(&ctx, bn, 1);
-        if (s == ST_OK && !fused)
-            s = st_act_forward(&ctx, act);
-        if (s == ST_OK && !fused)
-            s = st_act_backward(&ctx, act);
-        if (s == ST_OK)
-            s = st_batchnorm_backward(&ctx, bn);
-        double t = 1e3 * (now_s() - t0);
-        if (r > 0 && t < *ms)
-            *ms = t;
-    }
-    st_nn_ctx_destroy(&ctx);
-    st_arena_release(&arena);
-    return s;
-}
 
 static int parse_int(const char *v, int lo, int *out)
 {
@@ -167,19 +108,17 @@ int main(int argc, char **argv)
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         st_conv_shape s = shapes[k].s;
         s.batch = batch;
-        st_conv_rates best[3] = { { 0 } };
+        st_conv_timing best[3] = { { 0 } };
         double ms[3][MAX_ROUNDS];
         for (int r = 0; r < rounds; r++)
             for (int l = 0; l < variants; l++) {
-                st_conv_rates got;
-                st_status st = st_conv_reference_gflops_as(&s, l ? ST_LAYOUT_BLOCKED
-                                                                 : ST_LAYOUT_PLAIN,
-                                                           l == 2, reps, &got);
+                st_conv_timing got;
+                st_status st = st_time_conv(&s, l != 0, l == 2, reps, &got);
                 if (st != ST_OK) {
                     fprintf(stderr, "bench_conv: %s: %s\n", shapes[k].name, st_last_error());
                     return 1;
                 }
-                st_conv_rates *b = &best[l];
+                st_conv_timing *b = &best[l];
                 ms[l][r] = got.layer_ms;
                 if (r == 0 || got.fwd > b->fwd) b->fwd = got.fwd;
                 if (r == 0 || got.bwd_data > b->bwd_data) b->bwd_data = got.bwd_data;
@@ -215,10 +154,9 @@ int main(int argc, char **argv)
         for (int r = 0; r < rounds; r++)
             for (int v = 0; v < 4; v++) {
                 double ms;
-                st_status st = time_bn_relu(batch, bn_shapes[k][0], bn_shapes[k][1],
-                                            bn_shapes[k][2], v & 1,
-                                            v & 2 ? ST_LAYOUT_BLOCKED : ST_LAYOUT_PLAIN, reps,
-                                            &ms);
+                st_status st = st_time_batchnorm_relu(batch, bn_shapes[k][0], bn_shapes[k][1],
+                                                      bn_shapes[k][2], (v & 2) != 0, v & 1,
+                                                      reps, &ms);
                 if (st != ST_OK) {
                     fprintf(stderr, "bench_conv: batch norm: %s\n", st_last_error());
                     return 1;

@@ -94,7 +94,7 @@ values() {   # values [CMD]
         esac
     done <"$TMP/h"
     echo "subtrain${1:+ $1}: $flags options without a value, $valued with one, $checked values offered and accepted"
-    # not vacuous: the values of the options the issue names are offered
+    # not vacuous: the values of --strategy, --model and --precision are offered
     if [ -z "${1:-}" ]; then
         for opt in --strategy --model --precision; do
             [ "$(complete_line "$P $opt " | wc -l)" -ge 2 ] ||

@@ -173,10 +173,10 @@ Test(safetensors, bad_headers_are_refused_naming_the_file)
                    "\"data_offsets\":[0,4]}}", 4, "too large");
 }
 
-/* Seen while writing fuzz/fuzz_safetensors.c, whose check of a tensor's
- * bytes against its shape then aborted on it: dimensions of up to 2^40
- * make a product that wraps, here to 0 bytes, which empty offsets
- * matched; the file was accepted with a shape of 2^80 elements. */
+/* Dimensions of up to 2^40 make a byte count that wraps, here to 0 bytes,
+ * which empty offsets would match: a shape of 2^80 elements must be
+ * refused (fuzz/fuzz_safetensors.c checks a tensor's bytes against its
+ * shape). */
 Test(safetensors, a_shape_whose_size_wraps_is_refused)
 {
     expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],"

@@ -266,6 +266,8 @@ Test(values, long_values_keep_their_ends_and_what_is_allowed)
                                  "got '", "'\n" },
         { "topo '%s'", "subtrain topo: unexpected argument '", "' (usage: subtrain topo "
                                                                "[OPTION]...)\n" },
+        { "quad '%s'", "subtrain quad: unexpected argument '", "' (usage: subtrain quad "
+                                                               "[OPTION]...)\n" },
         { "quad --case '%s'", "subtrain quad: --case: expected all, 1, 2, 3, 4 or 5, got '",
           "'\n" },
         { "quad --gamma '%s'", "subtrain quad: --gamma: expected a number in (0, 2), got '",
@@ -285,7 +287,7 @@ Test(values, long_values_keep_their_ends_and_what_is_allowed)
                   "'%.40s...': expected the value's end, then '%s': %s", args, c[k].after,
                   r->err);
     }
-    /* the case: 1100 bytes of --progress */
+    /* a value far longer than a message shows: 1100 bytes of --progress */
     char x[1101];
     memset(x, 'x', 1100);
     x[1100] = '\0';

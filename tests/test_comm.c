@@ -872,10 +872,10 @@ Test(comm_shards, describe)
     cr_assert_eq(gathers, 3);
 }
 
-/* st_comm_describe, character for character, against what the engine
- * printed before it was split into plan / kernels / shared backend /
- * dispatcher (captured from that build): the same shards, the same
- * least-loaded assignment of partials and copies, the same byte figures. */
+/* st_comm_describe, character for character, against a reference text
+ * captured from a build of the engine as a single file: the same shards,
+ * the same least-loaded assignment of partials and copies, the same byte
+ * figures. */
 static char *describe_text(int n, const int *domain_of, size_t p)
 {
     FILE *f = tmpfile();

@@ -972,6 +972,21 @@ Test(flops, match_formula)
 
 /* ------------------------------------------------------------ subnetworks */
 
+/* Asserts that each of the n full-layout ranges r holds, at local[i] of
+ * `mine`, what `full` holds there, to the bit; returns the floats covered. */
+static size_t ranges_match(const float *mine, const float *full, const st_range *r,
+                           const size_t *local, int n)
+{
+    size_t covered = 0;
+    for (int i = 0; i < n; i++) {
+        size_t len = r[i].end - r[i].begin;
+        cr_assert_eq(memcmp(mine + local[i], full + r[i].begin, len * sizeof(float)), 0,
+                     "range %d holds the full model's values", i);
+        covered += len;
+    }
+    return covered;
+}
+
 /* A block subnetwork is the full model with some blocks left out: its
  * parameters start as the full model's (same names, same values) and its
  * full-layout ranges say exactly where each of them lives. */
@@ -995,14 +1010,8 @@ Test(subnetwork, blocks_keep_their_full_names_values_and_places)
     int n = st_model_full_ranges(sub, r, local, 16);
     /* stem | block 1 | block 3 + block 4 + final norm + head */
     cr_assert_eq(n, 3, "adjacent pieces merge: got %d ranges", n);
-    size_t covered = 0;
-    for (int i = 0; i < n; i++) {
-        size_t len = r[i].end - r[i].begin;
-        cr_assert_eq(memcmp(st_model_params(sub) + local[i], st_model_params(full) + r[i].begin,
-                            len * sizeof(float)), 0, "range %d holds the full model's values", i);
-        covered += len;
-    }
-    cr_assert_eq(covered, st_model_param_count(sub));
+    cr_assert_eq(ranges_match(st_model_params(sub), st_model_params(full), r, local, n),
+                 st_model_param_count(sub));
 
     int ns, nf;
     const st_param_segment *ss = st_model_segments(sub, &ns), *fs = st_model_segments(full, &nf);
@@ -1079,14 +1088,8 @@ Test(subnetwork, backward_masking_keeps_the_full_gradient_of_held_blocks)
     size_t local[8];
     int n = st_model_full_grad_ranges(m, rg, local, 8);
     cr_assert_eq(n, 2, "everything but block 1: two ranges, got %d", n);
-    size_t covered = 0;
-    for (int i = 0; i < n; i++) {
-        size_t len = rg[i].end - rg[i].begin;
-        cr_assert_eq(memcmp(st_model_grads(m) + local[i], st_model_grads(full) + rg[i].begin,
-                            len * sizeof(float)), 0, "range %d: the full model's gradient", i);
-        covered += len;
-    }
-    cr_assert_eq(covered, st_model_grad_count(m));
+    cr_assert_eq(ranges_match(st_model_grads(m), st_model_grads(full), rg, local, n),
+                 st_model_grad_count(m));
     int ns;
     const st_param_segment *s = st_model_segments(m, &ns);
     for (int i = 0; i < ns; i++)

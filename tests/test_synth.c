@@ -23,6 +23,7 @@
 #include "nn/dnnl_util.h"
 #include "nn/layers/mse.h"
 #include "nn/segment.h"
+#include "recorder.h"
 
 /* ------------------------------------------------------------ worker split */
 
@@ -467,45 +468,6 @@ static st_train_config synth_config(int workers, int segments, int epochs)
     return c;
 }
 
-typedef struct recorder {
-    float losses[4096];
-    double etas[4096];
-    uint64_t steps;
-    st_epoch_record records[16];
-    int n_records;
-} recorder;
-
-static void on_step(const st_step_info *info, void *user)
-{
-    recorder *r = user;
-    cr_assert_eq(info->step, r->steps + 1, "steps are reported in order, once each");
-    if (r->steps < 4096) {
-        r->losses[r->steps] = info->loss;
-        r->etas[r->steps] = info->eta_s;
-    }
-    cr_assert(info->samples_per_s >= 0.0 && isfinite(info->samples_per_s) &&
-              info->eta_s >= 0.0 && isfinite(info->eta_s), "step %llu: %g samples/s, eta %g s",
-              (unsigned long long)info->step, info->samples_per_s, info->eta_s);
-    r->steps++;
-}
-
-static void on_epoch(const st_epoch_record *rec, void *user)
-{
-    recorder *r = user;
-    if (r->n_records < 16)
-        r->records[r->n_records++] = *rec;
-}
-
-static st_epoch_record run(const st_train_config *c, const st_dataset *train,
-                           const st_dataset *test, recorder *r)
-{
-    memset(r, 0, sizeof *r);
-    st_train_callbacks cb = { .on_step = on_step, .on_epoch = on_epoch, .user = r };
-    st_epoch_record final;
-    cr_assert_eq(st_train_run(c, train, test, &cb, &final), ST_OK, "%s", st_last_error());
-    return final;
-}
-
 /* Measured with these seeds over 3 epochs: the segments' losses fall to
  * between 0.05x and 0.65x of the first epoch's, the joined network reaches
  * 0.71-0.72 on a 4-class task (chance 0.25); the bars are set below. */
@@ -516,7 +478,7 @@ Test(train, every_segment_loss_falls_and_the_joined_network_learns, .timeout = 1
     recorder *r = calloc(1, sizeof *r);
     for (int s = 2; s <= 3; s++) {
         st_train_config c = synth_config(s, s, 3);
-        st_epoch_record final = run(&c, &train, &test, r);
+        st_epoch_record final = train_recorded(&c, &train, &test, r);
         cr_assert_eq(r->n_records, 4, "3 epochs and the final record");
         cr_assert_eq(final.n_segments, s);
         for (int g = 0; g < s; g++) {
@@ -543,7 +505,8 @@ Test(train, same_seed_and_workers_give_bitwise_identical_runs, .timeout = 120)
     make_data(5, &train, &test);
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
     st_train_config c = synth_config(3, 2, 2); /* groups of 2 and 1 */
-    st_epoch_record fa = run(&c, &train, &test, a), fb = run(&c, &train, &test, b);
+    st_epoch_record fa = train_recorded(&c, &train, &test, a);
+    st_epoch_record fb = train_recorded(&c, &train, &test, b);
     cr_assert_eq(a->steps, b->steps);
     cr_assert_eq(memcmp(a->losses, b->losses, a->steps * sizeof(float)), 0);
     for (int e = 0; e < 2; e++)
@@ -573,8 +536,8 @@ Test(train, no_group_sees_another_groups_data_or_parameters, .timeout = 120)
         other.x[i] = st_rng_normal(&rng); /* other images, same labels */
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
     st_train_config c = synth_config(5, 2, 2);
-    st_epoch_record fa = run(&c, &train, &test, a);
-    run(&c, &other, &test, b);
+    st_epoch_record fa = train_recorded(&c, &train, &test, a);
+    train_recorded(&c, &other, &test, b);
     cr_assert(fa.segment_workers[0] == 3 && fa.segment_workers[1] == 2,
               "groups of %d and %d workers", fa.segment_workers[0], fa.segment_workers[1]);
     cr_assert_gt(fa.comm_bytes_per_worker_step, 0.0, "the groups reduce");
@@ -585,7 +548,7 @@ Test(train, no_group_sees_another_groups_data_or_parameters, .timeout = 120)
                      "epoch %d: segment 2 saw segment 1's images", e + 1);
     }
     c.synth.noise = 0.25f;
-    run(&c, &train, &test, b);
+    train_recorded(&c, &train, &test, b);
     for (int e = 0; e < 2; e++) {
         cr_expect_eq(a->records[e].segment_loss[0], b->records[e].segment_loss[0],
                      "epoch %d: segment 1 saw segment 2's noise", e + 1);
@@ -608,9 +571,9 @@ Test(train, recovery_epochs_continue_the_joined_network, .timeout = 120)
     make_data(5, &train, &test);
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
     st_train_config c = synth_config(2, 2, 2);
-    st_epoch_record f0 = run(&c, &train, &test, a);
+    st_epoch_record f0 = train_recorded(&c, &train, &test, a);
     c.synth.recovery_epochs = 2;
-    st_epoch_record f2 = run(&c, &train, &test, b);
+    st_epoch_record f2 = train_recorded(&c, &train, &test, b);
     cr_assert_eq(b->n_records, 5, "2 segment epochs, 2 recovery epochs, the final record");
     for (int e = 0; e < 2; e++) {
         cr_assert_eq(memcmp(b->records[e].segment_loss, a->records[e].segment_loss,
@@ -669,8 +632,8 @@ Test(train, bad_configurations_are_refused)
  * data-parallel run of all N workers: N = 3, S = 2 gives groups of 2 and 1
  * (64 and 128 steps an epoch at 4096 samples, batch 32), where data
  * parallelism of 3 workers would take 42.  A warmup of 50 steps is valid
- * for both groups (and was refused when the data-parallel plan was
- * applied); 70 is longer than segment 1's run. */
+ * for both groups (a data-parallel plan would refuse it); 70 is longer
+ * than segment 1's run. */
 Test(train, warmup_is_checked_per_group, .timeout = 60)
 {
     st_dataset train, test;
@@ -679,7 +642,7 @@ Test(train, warmup_is_checked_per_group, .timeout = 60)
     c.schedule = ST_SCHED_WARMUP_COSINE;
     c.warmup_steps = 50;
     recorder *r = calloc(1, sizeof *r);
-    st_epoch_record f = run(&c, &train, &test, r);
+    st_epoch_record f = train_recorded(&c, &train, &test, r);
     cr_assert(f.segment_workers[0] == 2 && f.segment_workers[1] == 1, "groups %d/%d",
               f.segment_workers[0], f.segment_workers[1]);
     cr_assert_eq(f.step, 64, "worker 0's group took %llu steps", (unsigned long long)f.step);

@@ -14,6 +14,7 @@
 
 #include <subtrain/subtrain.h>
 #include "json_check.h"
+#include "recorder.h"
 #include "nn/dnnl_util.h"
 #include "train/worker.h"
 
@@ -40,40 +41,6 @@ static st_train_config small_config(st_model_kind kind)
     c.batch = 32;
     c.epochs = 2;
     return c;
-}
-
-/* Collects every step's loss and the epoch records. */
-typedef struct recorder {
-    float losses[4096];
-    uint64_t steps;
-    st_epoch_record records[16];
-    int n_records;
-} recorder;
-
-static void on_step(const st_step_info *info, void *user)
-{
-    recorder *r = user;
-    cr_assert_eq(info->step, r->steps + 1, "steps are reported in order, once each");
-    if (r->steps < 4096)
-        r->losses[r->steps] = info->loss;
-    r->steps++;
-}
-
-static void on_epoch(const st_epoch_record *rec, void *user)
-{
-    recorder *r = user;
-    if (r->n_records < 16)
-        r->records[r->n_records++] = *rec;
-}
-
-static st_epoch_record train_recorded(const st_train_config *c, const st_dataset *train,
-                                      const st_dataset *test, recorder *r)
-{
-    memset(r, 0, sizeof *r);
-    st_train_callbacks cb = { .on_step = on_step, .on_epoch = on_epoch, .user = r };
-    st_epoch_record final;
-    cr_assert_eq(st_train_run(c, train, test, &cb, &final), ST_OK, "%s", st_last_error());
-    return final;
 }
 
 /* The stated bar: the synthetic task's teacher is a 32-unit tanh network.

@@ -90,8 +90,8 @@ st_arena_mark st_arena_get_mark(const st_arena *arena);
 /* Gives back everything allocated after the mark.  Chunks emptied by it are
  * kept (still reserved) and reused by later allocations: a subnetwork
  * rebuilt every round then touches pages it already has, on its node,
- * instead of faulting fresh ones in (measured: 130 ms -> a few ms per
- * rebuild of a 1.9 M-parameter mlp). */
+ * instead of faulting fresh ones in (doc/benchmarks.md says what that
+ * saves). */
 void st_arena_rewind(st_arena *arena, const st_arena_mark *mark);
 
 /* Gives every chunk back; the peaks are kept (they are history). */

@@ -75,8 +75,9 @@ st_status st_comm_backend_parse(const char *name, st_comm_backend_kind *out);
  * gradient element rounded to bf16 (round to nearest even); the sums,
  * the division by the holder count, the shard gradients, the masters and
  * the all-gather stay fp32, so the result is exactly the fp32 sum, in
- * the fixed order, of the bf16-rounded gradients, divided as in fp32.
- * Where the rounding happens is st_comm_bf16_at. */
+ * the fixed order, of the bf16-rounded gradients, divided as in fp32
+ * (over MPI with n > 1 workers a rank, of the ranks' partials rounded
+ * once more).  Where the rounding happens is st_comm_bf16_at. */
 typedef enum st_comm_payload {
     ST_COMM_PAYLOAD_FP32 = 0,
     ST_COMM_PAYLOAD_BF16,
@@ -131,9 +132,11 @@ typedef struct st_comm_config {
      * own; only those ranks call st_comm_create, in the same order of
      * engines.  n_ranks 0: every rank.  Ignored by the shared backend. */
     int rank_first, n_ranks;
-    /* The reduce-scatter's payload (0: fp32) and, for bf16, where it is
-     * rounded (0: a buffer per worker).  The MPI backend refuses bf16
-     * (ST_ERR_INVALID at create: its pack would round partial sums). */
+    /* The reduce-scatter's payload (0: fp32) and, for bf16 on the shared
+     * backend, where it is rounded (0: a buffer per worker).  The MPI
+     * backend ignores bf16_at: its pack rounds each gradient as it reads
+     * it, and a rank of n > 1 workers rounds its partial once more before
+     * it leaves the rank (comm/mpi.c). */
     st_comm_payload payload;
     st_comm_bf16_at bf16_at;
 } st_comm_config;

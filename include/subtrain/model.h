@@ -200,7 +200,7 @@ st_status st_precision_parse(const char *name, st_precision *out);
 /* Whether this CPU runs bf16 products natively.  oneDNN's effective ISA
  * (which ONEDNN_MAX_CPU_ISA can lower): NATIVE with avx512_core_bf16 or
  * AMX; EMULATED where oneDNN still has bf16 kernels but converts in
- * software (avx512_core: measured about a third of fp32); UNAVAILABLE
+ * software (avx512_core: slower than fp32, doc/precision.md); UNAVAILABLE
  * where it has none (a bf16 matmul cannot be created, e.g. AVX2).  *isa
  * names the effective ISA ("avx2", "avx512_core", ...). */
 typedef enum st_bf16_support {
@@ -210,8 +210,8 @@ st_bf16_support st_bf16_probe(const char **isa);
 /* oneDNN's effective ISA, named as above ("avx512_core_amx", ...): what its
  * kernels run, after ONEDNN_MAX_CPU_ISA. */
 const char *st_cpu_isa_name(void);
-/* ST_OK, or ST_ERR_INVALID with "unknown model 'x' (allowed: mlp, resmlp)"
- * and *out unchanged (see status.h). */
+/* ST_OK, or ST_ERR_INVALID with "unknown model 'x' (allowed: mlp, resmlp,
+ * resnet, resnet18, gpt)" and *out unchanged (see status.h). */
 st_status st_model_kind_parse(const char *name, st_model_kind *out);
 st_status st_activation_parse(const char *name, st_activation *out);
 

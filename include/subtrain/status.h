@@ -26,8 +26,8 @@ typedef enum st_status {
 /* Names of enumerators.  Every enum with names has st_<enum>_name(value),
  * which returns "unknown" for a value out of range, and most have
  * st_<enum>_parse(name, &value): ST_OK, or ST_ERR_INVALID with a message
- * that lists the names allowed, "unknown model 'foo' (allowed: mlp, resmlp)",
- * and the value left unchanged. */
+ * that lists the names allowed, "unknown model 'foo' (allowed: mlp, resmlp,
+ * resnet, resnet18, gpt)", and the value left unchanged. */
 
 /* Short name of a status code ("invalid argument", "I/O error", ...). */
 const char *st_status_name(st_status status);

@@ -8,15 +8,19 @@
  *   rng.h     deterministic, splittable random numbers
  *   data.h    IDX files, synthetic data, shuffles, batches
  *   params.h  flat parameter layout
- *   model.h   model instances (mlp, resmlp) on oneDNN
+ *   model.h   model instances (mlp, resmlp, resnet, resnet18, gpt) on oneDNN
  *   optim.h   SGD, AdamW, learning-rate schedules
  *   topo.h    topology, placement plan, binding, NUMA allocation (hwloc)
  *   comm.h    the reduction engine (reduce-scatter, all-gather)
+ *   world.h   the processes of a run: this one alone, or an MPI job's ranks
  *   subnet.h  subnetworks: units, coverage, assignments to workers
  *   synth.h   synthetic-label training: cuts, worker split, labels
  *   train.h   the training loop and metrics records
+ *   trainer.h a training run as an object, stepped by the caller
+ *   checkpoint.h  safetensors files, written atomically, read back checked
  * Not included here: quad.h, IST theory on quadratics (subtrain quad), a
- * separate study; include <subtrain/quad.h> for it.
+ * separate study; layer_timing.h, single layers timed outside a model
+ * (bench/bench_conv).  Include them by name.
  * Every public symbol starts with st_ (types, functions) or ST_ (macros,
  * enumerators).
  */

@@ -268,6 +268,31 @@ int st_cli_next_option(int argc, char **argv, const char *shortopts,
     return ST_CLI_REJECTED;
 }
 
+int st_cli_parse_args(int argc, char **argv, const char *shortopts,
+                      const struct option *longopts, const char *cmd, st_cli_apply_fn apply,
+                      void *ctx)
+{
+    st_cli_getopt_start();
+    for (;;) {
+        char err[512];
+        int c = st_cli_next_option(argc, argv, shortopts, longopts, cmd, err, sizeof err);
+        if (c == -1)
+            break;
+        if (c == ST_CLI_REJECTED) {
+            st_cli_error(cmd, "%s", err);
+            return -1;
+        }
+        if (apply(c, optarg, ctx))
+            return -1;
+    }
+    if (optind < argc) {
+        st_cli_error(cmd, "unexpected argument '%s' (usage: %s [OPTION]...)",
+                     ST_CLI_SHOW(argv[optind]), cmd);
+        return -1;
+    }
+    return 0;
+}
+
 int st_cli_fail(char *err, size_t n, const char *fmt, ...)
 {
     va_list ap;

@@ -29,6 +29,15 @@ void st_cli_getopt_start(void);
 int st_cli_next_option(int argc, char **argv, const char *shortopts,
                        const struct option *longopts, const char *cmd, char *err, size_t n);
 
+/* A subcommand's whole command line: every option in turn to
+ * apply(c, optarg, ctx), which prints why it refuses one and returns -1.
+ * A rejected option or an argument that is no option is printed as
+ * "cmd: ..." (usage: "cmd [OPTION]...").  0, or -1 when it has printed why. */
+typedef int (*st_cli_apply_fn)(int c, const char *arg, void *ctx);
+int st_cli_parse_args(int argc, char **argv, const char *shortopts,
+                      const struct option *longopts, const char *cmd, st_cli_apply_fn apply,
+                      void *ctx);
+
 /* A user's text as a message quotes it: control bytes and bytes that are
  * not UTF-8 escaped (\t, \n, \r, \xNN; valid UTF-8 as it is), and a text
  * that would show longer than ST_CLI_SHOW_MAX bytes cut to its start and

@@ -307,7 +307,7 @@ static int parse_float(const char *opt, const char *s, char lo_bracket, double l
 }
 
 /* A name the library parses.  Its message ends with the allowed names,
- * "unknown model 'x' (allowed: mlp, resmlp)" (status.h); the line printed
+ * "unknown model 'x' (allowed: mlp, resmlp, ...)" (status.h); the line printed
  * keeps the command's form, "--model: unknown value 'x' (allowed: ...)". */
 static int parse_choice(const char *opt, const char *s, st_status (*parse)(const char *, void *),
                         void *out, char *err, size_t n)

@@ -120,8 +120,9 @@ static int parse_case(const char *s, unsigned *out)
     return -1;
 }
 
-static int apply_option(int c, const char *arg, quad_options *o)
+static int apply_option(int c, const char *arg, void *ctx)
 {
+    quad_options *o = ctx;
     unsigned long long v;
     switch (c) {
     case OPT_CASE: return parse_case(arg, &o->cases);
@@ -155,24 +156,8 @@ static int parse(int argc, char **argv, quad_options *o)
     memset(o, 0, sizeof *o);
     o->cfg = st_quad_defaults();
     o->cases = ALL_CASES;
-    st_cli_getopt_start();
-    for (;;) {
-        char err[512];
-        int c = st_cli_next_option(argc, argv, ":h", long_options, CMD, err, sizeof err);
-        if (c == -1)
-            break;
-        if (c == ST_CLI_REJECTED) {
-            cmd_error("%s", err);
-            return -1;
-        }
-        if (apply_option(c, optarg, o))
-            return -1;
-    }
-    if (optind < argc) {
-        cmd_error("unexpected argument '%s' (usage: subtrain quad [OPTION]...)",
-                  ST_CLI_SHOW(argv[optind]));
+    if (st_cli_parse_args(argc, argv, ":h", long_options, CMD, apply_option, o))
         return -1;
-    }
     if (o->help)
         return 0;
     if (st_quad_config_resolve(&o->cfg) != ST_OK) {

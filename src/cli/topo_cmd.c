@@ -80,8 +80,9 @@ static void print_help(FILE *f)
 #define cmd_error(...) st_cli_error(CMD, __VA_ARGS__)
 #define parse_count(opt, s, lo, hi, out) st_cli_count_arg(CMD, opt, s, lo, hi, out)
 
-static int apply_option(int c, const char *arg, topo_options *o)
+static int apply_option(int c, const char *arg, void *ctx)
 {
+    topo_options *o = ctx;
     unsigned long long v;
     switch (c) {
     case OPT_TOPOLOGY: o->topology = arg; return 0;
@@ -122,25 +123,7 @@ static int parse(int argc, char **argv, topo_options *o)
     memset(o, 0, sizeof *o);
     o->params = DEFAULT_PARAMS;
     o->ranks = 1;
-    st_cli_getopt_start();
-    for (;;) {
-        char err[512];
-        int c = st_cli_next_option(argc, argv, ":h", long_options, CMD, err, sizeof err);
-        if (c == -1)
-            break;
-        if (c == ST_CLI_REJECTED) {
-            cmd_error("%s", err);
-            return -1;
-        }
-        if (apply_option(c, optarg, o))
-            return -1;
-    }
-    if (optind < argc) {
-        cmd_error("unexpected argument '%s' (usage: subtrain topo [OPTION]...)",
-                    ST_CLI_SHOW(argv[optind]));
-        return -1;
-    }
-    return 0;
+    return st_cli_parse_args(argc, argv, ":h", long_options, CMD, apply_option, o);
 }
 
 /* Bad specs, cpusets and worker counts are the user's to fix (exit 2); a

@@ -38,7 +38,7 @@ typedef struct st_enum_table {
 const char *st_enum_name(const st_enum_table *t, int value);
 
 /* Sets *out to the value named `name` (exact, case-sensitive match).
- * Otherwise ST_ERR_INVALID with "unknown model 'foo' (allowed: mlp, resmlp)"
+ * Otherwise ST_ERR_INVALID with "unknown model 'foo' (allowed: mlp, resmlp, ...)"
  * and *out untouched. */
 st_status st_enum_parse(const st_enum_table *t, const char *name, int *out);
 

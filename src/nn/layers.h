@@ -13,6 +13,7 @@
 #ifndef SUBTRAIN_NN_LAYERS_H
 #define SUBTRAIN_NN_LAYERS_H
 
+#include <subtrain/layer_timing.h>
 #include <subtrain/model.h>
 #include "nn/dnnl_util.h"
 
@@ -239,14 +240,10 @@ st_status st_xent_forward(const st_nn_ctx *ctx, const st_xent *e, const int32_t 
 /* 2-D convolution on NCHW activations, in the caller's plain buffers:
  *   x (B, IC, IH, IW), w (OC, IC, KH, KW), b (OC), y (B, OC, OH, OW),
  *   OH = (IH + 2 pad - KH) / stride + 1 (floor, as PyTorch), OW alike.
- * Square stride and symmetric padding.  IC and OC are whatever the caller
- * gives: a compact subnetwork builds a smaller convolution over compact
- * buffers (nothing here assumes a full model's sizes). */
-typedef struct st_conv_shape {
-    int64_t batch, ic, ih, iw;  /* x */
-    int64_t oc, kh, kw;         /* w */
-    int64_t stride, pad;
-} st_conv_shape;
+ * Square stride and symmetric padding (st_conv_shape, public in
+ * subtrain/layer_timing.h).  IC and OC are whatever the caller gives: a
+ * compact subnetwork builds a smaller convolution over compact buffers
+ * (nothing here assumes a full model's sizes). */
 
 static inline int64_t st_conv_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad)
 {
@@ -256,7 +253,7 @@ static inline int64_t st_conv_out_size(int64_t in, int64_t kernel, int64_t strid
 /* layout (dnnl_util.h): PLAIN runs oneDNN's im2col + GEMM kernels on the
  * caller's buffers; BLOCKED its direct kernels on blocked copies (nChw16c
  * activations on AVX-512), with reorders at the layer's boundaries; DEFAULT
- * is BLOCKED, measured faster (conv.c says how much). */
+ * is BLOCKED, measured faster (doc/benchmarks.md says how much). */
 typedef struct st_conv_io {
     const float *x; float *y;   /* (B, IC, IH, IW), (B, OC, OH, OW) */
     const float *w, *b;         /* (OC, IC, KH, KW); (OC), or NULL: no bias */
@@ -312,7 +309,7 @@ double st_conv_pass_flops(const st_conv_shape *shape);
  * passes it has; the bias is not counted). */
 double st_conv_flops(const st_conv *c);
 
-/* A standalone timing (for a bench_step --config cnn reference): builds the
+/* A standalone timing (timing.c; public as st_time_conv): builds the
  * convolution on its own context and arena, with the calling thread's
  * OpenMP thread count, and returns each pass's rate, best of `reps` after a
  * warm-up.  fwd, bwd_data, bwd_weights: the primitives alone;

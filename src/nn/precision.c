@@ -2,13 +2,13 @@
  * nn/precision.c — can this CPU run bf16 products, and how.
  *
  * oneDNN picks its kernels by the effective ISA: the CPU's, or lower
- * when ONEDNN_MAX_CPU_ISA says so.  Measured with oneDNN 2.6 on this
- * project's machine (matmul, M = 128, K = N = 1024, one thread):
- *   avx512_core_bf16  bf16 about 2x fp32 (native dot products: vdpbf16ps)
- *   avx512_core       bf16 runs, converted in software: a third of fp32
+ * when ONEDNN_MAX_CPU_ISA says so.
+ *   avx512_core_bf16  native bf16 dot products (vdpbf16ps): faster than fp32
+ *   avx512_core       bf16 runs, converted in software: slower than fp32
  *   avx2              no bf16 matmul at all (primitive creation fails)
  * So a caller asks before it builds a bf16 model: native, emulated (run
- * only when the user says so, doc/precision.md), or unavailable.
+ * only when the user says so), or unavailable (doc/precision.md has the
+ * timings).
  */
 #include <oneapi/dnnl/dnnl.h>
 

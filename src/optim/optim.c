@@ -6,11 +6,9 @@
  * the loop, -fno-math-errno from configure so that sqrtf is an instruction):
  * for a large model the optimizer streams 4-5 arrays of P floats per step
  * and is bound by memory bandwidth and by the divide and square root of
- * AdamW.  Vectorising AdamW took it from 40 ms to 18 ms a step on resmlp d8
- * w1024 (bench_step); compiling it also for AVX2 and AVX-512 (chosen at
- * load time, below) took it to 10 ms: at SSE2 width the divide and square
- * root, not memory, were the limit.  (Streaming stores, tried, gained
- * nothing.)
+ * AdamW.  They are compiled also for AVX2 and AVX-512 (chosen at load
+ * time, below) because at SSE2 width the divide and square root, not
+ * memory, limit AdamW (doc/benchmarks.md has the timings).
  */
 #include <math.h>
 #include <string.h>
@@ -182,12 +180,10 @@ static void adamw_range(float *restrict p, const float *restrict g, float *restr
         p[i] = adamw_one(p, g, m, v, i, a, shrink);
 }
 
-/* p, g, m, v are (n); h[i] = bf16(p[i]) after the update.  One loop:
- * updating a chunk of 2048 (or 16384) values and then rounding them from
- * L1 was measured against it (AdamW alone, one thread, the quiet
- * machine): 0.29 against 0.43 ms over 0.73 M cache-resident parameters,
- * but 17.0 against 12.7 ms over 17.6 M from memory, where the copy's
- * stream runs alongside the other seven here and alone there. */
+/* p, g, m, v are (n); h[i] = bf16(p[i]) after the update.  One loop, not
+ * a chunk updated and then rounded from L1: that is faster only while the
+ * parameters fit in cache, and slower from memory, where one loop runs
+ * the copy's stream alongside the other seven (doc/benchmarks.md). */
 ST_VECTOR_CLONES
 static void adamw_range_h(float *restrict p, const float *restrict g, float *restrict m,
                           float *restrict v, uint16_t *restrict h, size_t n,

@@ -12,12 +12,8 @@
  * synthetic string's arities, the XML file's object tree), and a
  * description above the budget is refused with one line saying so.
  *
- * The budgets: about two seconds of hwloc's time on a 2-core VM.
- * Measured there: 'pack:16 numa:4 core:64 pu:4' (16384 PUs, estimate
- * 2.9e10) loads in 1.6 s; 'core:2048 pu:1' (1.7e10) in 0.8-1.1 s;
- * 'core:4096 pu:1' (1.4e11) in 4-10 s; 'core:1024 pu:16' (3.0e11) in 16 s;
- * 'core:8192 pu:1' (1.1e12) in 65 s.  As XML: 4096 flat cores (1.4e11)
- * 0.7 s, 8192 (1.1e12) 3.7 s, 32768 (7e13) 92 s.
+ * The budgets: about two seconds of hwloc's time on a 2-core VM (the
+ * load times they are set from: doc/benchmarks.md).
  */
 #include <errno.h>
 #include <stdio.h>

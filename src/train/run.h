@@ -188,13 +188,13 @@ static inline st_status st_run_sync(run_shared *r, int w)
 st_status st_run_make_plan(const st_train_config *cfg, int workers, const st_dataset *train,
                            run_plan *p);
 
-/* An engine over the run's workers (their NUMA domains) and the full
- * model's parameters, with `roles` (comm.h; 0: both); allow_unheld:
- * elements nobody holds may exist, in `unheld` only (subnets.h). */
 /* The reduction payload of --comm-precision (for every engine that
  * reduces gradients). */
 st_comm_payload st_run_comm_payload(const st_train_config *cfg);
 
+/* An engine over the run's workers (their NUMA domains) and the full
+ * model's parameters, with `roles` (comm.h; 0: both); allow_unheld:
+ * elements nobody holds may exist, in `unheld` only (subnets.h). */
 st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
                                const st_range *unheld, int n_unheld, st_comm **out);
 

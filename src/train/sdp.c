@@ -160,10 +160,9 @@ static st_status build_subnet(run_shared *r, sdp_run *s, st_worker *w, int rebui
 {
     st_train_config mine;
     int *buf;
-    /* the default: scaled, except blocks of a model with batch norm
-     * (measured: doc/sdp.md for resmlp, doc/cnn.md for resnet, where the
-     * scale costs blocks 7 and 36 points and helps channel groups at
-     * C = 0.25) */
+    /* the default: scaled, except blocks of a model with batch norm,
+     * whose accuracy the scale lowers (doc/sdp.md for resmlp, doc/cnn.md
+     * for resnet, where it helps channel groups) */
     const int scale = r->cfg->scale_branches >= 0 ? r->cfg->scale_branches
                                                   : r->n_state == 0 || s->sn.neuron_units;
     ST_TRY(st_subnets_config(&s->sn, r, st_run_global(r, w->id), scale, &mine, &buf));

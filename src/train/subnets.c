@@ -328,11 +328,11 @@ st_status st_subnets_load_full(subnets *s, const run_shared *r, st_comm *masters
 /* The full model's batch norms see a network none of the subnetworks
  * trained as: a block's input is the sum of every block before it, not of
  * the few a subnetwork held, scaled.  Their running statistics, averaged
- * over the subnetworks, describe those, and measured on a ResNet they
- * wreck the full model's test accuracy (doc/cnn.md: 0.37 where training
- * reached a loss of 0.2).  So, as networks trained in several widths or
- * depths do, the full model re-estimates them on training batches (the
- * first of the current epoch's order), its weights untouched. */
+ * over the subnetworks, describe those, and on a ResNet they wreck the
+ * full model's test accuracy (doc/cnn.md).  So, as networks trained in
+ * several widths or depths do, the full model re-estimates them on
+ * training batches (the first of the current epoch's order), its weights
+ * untouched. */
 static st_status calibrate(subnets *s, run_shared *r, st_worker *w)
 {
     st_model *m = s->eval_model;

@@ -16,16 +16,9 @@
  * Layouts: oneDNN 2.6 has only a generic kernel ("ncsp_bnorm:any") for
  * plain NCHW, and JIT kernels ("bnorm_jit:avx512_core") for nChw16c; the
  * blocked path reorders x (and dy) into blocked copies and y (and dx)
- * back.  Measured with bench/bench_conv (one thread, B = 128, AVX-512 EPYC,
- * best of 5 x 5), batch norm + ReLU, training forward + backward, ms:
- *
- *   shape        plain: separate  fused    blocked+reorders: separate  fused
- *   16 x 28x28            7.37    7.87                        3.17      2.14
- *   32 x 14x14            3.16    3.50                        1.33      0.92
- *   64 x 7x7              1.54    1.72                        0.49      0.36
- *
- * ("separate": st_act's ReLU on the plain buffers.)  BLOCKED is the
- * default; fusing the ReLU pays on it (1.4x), not on the plain kernel.
+ * back.  BLOCKED is the default, the faster with its reorders; fusing the
+ * ReLU pays on it, not on the plain kernel (bench/bench_conv times both,
+ * doc/benchmarks.md).
  *
  * Backward masking: oneDNN's backward computes dgamma and dbeta of every
  * channel (its data-only variant is not implemented with a scale and
@@ -41,7 +34,7 @@
 #include "nn/graph.h"
 #include "nn/layers.h"
 
-/* MEASURED (bench/bench_conv; see the top of this file) */
+/* the faster layout (bench/bench_conv, doc/benchmarks.md) */
 #define ST_BATCHNORM_MEASURED_DEFAULT ST_LAYOUT_BLOCKED
 
 static st_status check(int64_t batch, int64_t channels, int64_t height, int64_t width,

@@ -20,29 +20,12 @@
  *            and dx live within a pass or the backward, and every layer of
  *            the context shares two buffers for them (st_view's slots).
  *
- * Measured with bench/bench_conv (one thread, B = 128, this project's
- * 2-core AMD EPYC with AVX-512, oneDNN 2.6.3, a quiet machine, best of 5
- * calls x 5 rounds, the two layouts alternating).  GFLOP/s of the three
- * primitives alone (fwd / bwd-data / bwd-weights), and the whole layer's
- * forward + backward-data + backward-weights in ms, reorders included:
- *
- *   shape                 plain GFLOP/s     blocked GFLOP/s   plain ms  blocked ms
- *   1->16 28x28 3x3 s1    43 / 39 / 16     141 / 13 / 144      3.31      3.09
- *   16->16 28x28 3x3 s1   61 / 43 / 32     206 / 204 / 204    33.38      8.07  4.1x
- *   16->32 28x28 3x3 s2   59 / 63 / 53     201 / 178 / 196    11.98      4.58  2.6x
- *   32->32 14x14 3x3 s1   83 / 66 / 76     211 / 211 / 208    18.77      7.31  2.6x
- *   32->64 14x14 3x3 s2   79 / 78 / 86     209 / 165 / 175     8.71      4.27  2.0x
- *   32->64 14x14 1x1 s2   62 / 63 / 52     180 / 174 / 125     1.39      0.73  1.9x
- *   64->64 7x7 3x3 s1     98 / 82 / 111    215 / 217 / 199    14.90      6.97  2.1x
- *   32->64 28x28 3x3 s2   88 / 93 / 81     156 / 168 / 184    32.17     18.60  1.7x
- *
  * oneDNN runs "gemm:jit" on the plain layouts and "jit:avx512_core" (1x1:
- * "jit_1x1:avx512_core") on nChw16c / OIhw16i16o; the reorders cost up to a
- * quarter of the blocked layer's time (most for 1x1, least compute per
- * byte), which is why a model keeps its tensors blocked between layers
- * (doc/cnn.md: 205 -> 160 ms a ResNet step).  BLOCKED is the default;
- * PLAIN stays for comparison and tests.
- * (For reference, the linear layer's matmuls: 177-188 GFLOP/s.)
+ * "jit_1x1:avx512_core") on nChw16c / OIhw16i16o.  BLOCKED is the default,
+ * the faster on every shape bench/bench_conv times (doc/benchmarks.md);
+ * PLAIN stays for comparison and tests.  The reorders are a large share of
+ * a blocked layer's time (most for 1x1, least compute per byte), which is
+ * why a model keeps its tensors blocked between layers (doc/cnn.md).
  *
  * bf16 (st_conv_io.bf16, --precision bf16): the three passes read bf16
  * copies of what they read and write fp32, as linear.c's products do:
@@ -98,14 +81,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-#include <subtrain/rng.h>
 
 #include "nn/graph.h"
 #include "nn/layers.h"
 
-/* MEASURED (filled in from bench/bench_conv; see the top of this file) */
+/* the faster layout (bench/bench_conv, doc/benchmarks.md) */
 #define ST_CONV_MEASURED_DEFAULT ST_LAYOUT_BLOCKED
 
 double st_conv_pass_flops(const st_conv_shape *s)
@@ -376,122 +356,6 @@ st_status st_conv_backward(const st_nn_ctx *ctx, const st_conv *c)
         }
     }
     return ST_OK;
-}
-
-/* ------------------------------------------------------------ timing */
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-typedef st_status (*timed_fn)(const st_nn_ctx *ctx, const void *arg);
-
-static st_status run_prim(const st_nn_ctx *ctx, const void *arg)
-{
-    return st_prim_run(ctx, arg);
-}
-
-static st_status run_fwd(const st_nn_ctx *ctx, const void *arg)
-{
-    return st_conv_forward(ctx, arg);
-}
-
-static st_status run_bwd(const st_nn_ctx *ctx, const void *arg)
-{
-    return st_conv_backward(ctx, arg);
-}
-
-/* Best time of reps calls, seconds. */
-static st_status best_of(const st_nn_ctx *ctx, timed_fn f, const void *arg, int reps, double *best)
-{
-    *best = 1e30;
-    for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
-        ST_TRY(f(ctx, arg));
-        double t = now_s() - t0;
-        if (t < *best)
-            *best = t;
-    }
-    return ST_OK;
-}
-
-static st_status time_conv(st_nn_ctx *ctx, st_arena *arena, const st_conv_shape *s,
-                           st_layout layout, int bf16, int reps, st_conv_rates *out)
-{
-    const int64_t oh = st_conv_out_size(s->ih, s->kh, s->stride, s->pad);
-    const int64_t ow = st_conv_out_size(s->iw, s->kw, s->stride, s->pad);
-    const size_t nx = (size_t)(s->batch * s->ic * s->ih * s->iw);
-    const size_t ny = (size_t)(s->batch * s->oc * oh * ow);
-    const size_t nw = (size_t)(s->oc * s->ic * s->kh * s->kw);
-    st_conv_io io = { .layout = layout, .bf16 = bf16 };
-    float *x, *y, *w, *b, *dx, *dy, *dw, *db;
-    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_ACTIVATIONS, nx, &x));
-    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_ACTIVATIONS, ny, &y));
-    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, nw, &w));
-    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, (size_t)s->oc, &b));
-    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_ACTIVATIONS, nx, &dx));
-    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_ACTIVATIONS, ny, &dy));
-    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_GRADIENTS, nw, &dw));
-    ST_TRY(st_arena_alloc_floats(arena, ST_MEM_GRADIENTS, (size_t)s->oc, &db));
-    /* Values of the usual magnitudes (no denormals, no zeros to skip). */
-    st_rng r = st_rng_seed(2024);
-    for (size_t i = 0; i < nx; i++)
-        x[i] = st_rng_uniform(&r) - 0.5f;
-    for (size_t i = 0; i < ny; i++)
-        dy[i] = st_rng_uniform(&r) - 0.5f;
-    for (size_t i = 0; i < nw; i++)
-        w[i] = 0.1f * (st_rng_uniform(&r) - 0.5f);
-    io.x = x; io.y = y; io.w = w; io.b = b;
-    io.dx = dx; io.dy = dy; io.dw = dw; io.db = db;
-
-    /* The context keeps pointers to the layer's primitives until it is
-     * destroyed: the layer lives in the arena, not in this frame. */
-    st_conv *cp;
-    ST_TRY(st_arena_alloc(arena, ST_MEM_WORKSPACE, sizeof *cp, (void **)&cp));
-    st_conv *const c = cp;
-    ST_TRY(st_conv_build(ctx, c, s, &io));
-    ST_TRY(st_nn_ctx_finalize(ctx));
-    ST_TRY(st_conv_forward(ctx, c));   /* warm-up: oneDNN's first-call costs */
-    ST_TRY(st_conv_backward(ctx, c));
-    const double one = st_conv_pass_flops(s) * 1e-9;
-    double t_f, t_d, t_w, t_lf, t_lb;
-    ST_TRY(best_of(ctx, run_prim, &c->fwd.prim, reps, &t_f));
-    ST_TRY(best_of(ctx, run_prim, &c->bwd_data.prim, reps, &t_d));
-    ST_TRY(best_of(ctx, run_prim, &c->bwd_weights.prim, reps, &t_w));
-    ST_TRY(best_of(ctx, run_fwd, c, reps, &t_lf));
-    ST_TRY(best_of(ctx, run_bwd, c, reps, &t_lb));
-    out->layout = c->layout;
-    out->fwd = one / t_f;
-    out->bwd_data = one / t_d;
-    out->bwd_weights = one / t_w;
-    out->layer_fwd = one / t_lf;
-    out->layer_bwd = 2.0 * one / t_lb;
-    out->layer_ms = 1e3 * (t_lf + t_lb);
-    return ST_OK;
-}
-
-st_status st_conv_reference_gflops_as(const st_conv_shape *shape, st_layout layout, int bf16,
-                                      int reps, st_conv_rates *out)
-{
-    memset(out, 0, sizeof *out);
-    st_arena arena;
-    st_nn_ctx ctx;
-    st_arena_init(&arena, "conv timing", NULL, 0);
-    st_status s = st_nn_ctx_init(&ctx, &arena);
-    if (s == ST_OK)
-        s = time_conv(&ctx, &arena, shape, layout, bf16, reps < 1 ? 1 : reps, out);
-    st_nn_ctx_destroy(&ctx);
-    st_arena_release(&arena);
-    return s;
-}
-
-st_status st_conv_reference_gflops(const st_conv_shape *shape, st_layout layout,
-                                   int reps, st_conv_rates *out)
-{
-    return st_conv_reference_gflops_as(shape, layout, 0, reps, out);
 }
 
 /* ------------------------------------------------------------ layer kind */

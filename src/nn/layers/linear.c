@@ -10,9 +10,8 @@
  * store its weights (in, out) instead (in_major): a residual block's second
  * layer does, so that each hidden neuron's outgoing weights are one
  * contiguous row, like its incoming weights in the first layer, and a
- * neuron subnetwork is a set of whole rows in both.  Measured single-thread on this
- * project's 2-core AVX-512 machine, B = 256, 1024 x 1024: forward 177,
- * backward-data 185, backward-weights 188 GFLOP/s (dnnl_sgemm: 176).
+ * neuron subnetwork is a set of whole rows in both.  The three products
+ * run at about dnnl_sgemm's rate on the same shape (doc/benchmarks.md).
  *
  * In bf16 (--precision bf16) the same three products read bf16 copies of
  * their operands and accumulate and write fp32: the weights are converted
@@ -206,9 +205,9 @@ static st_status build_backward_weights(st_nn_ctx *ctx, st_linear *l, st_prim *p
 /* db[o0 : o0+n] (1, n) = scale ones (1, B) . dy[:, o0:o0+n] (B, n)  (scale: 1
  * for an unscaled bias)
  * The batch sum as a matrix-vector product: oneDNN 2.6's reduction
- * primitive has only a reference kernel for this shape (2.3 ms per call at
- * B = 256, out = 1024, more than the layer's three GEMMs together), while
- * matmul runs it at memory speed. */
+ * primitive has only a reference kernel for this shape, slower than the
+ * layer's three GEMMs together (doc/benchmarks.md), while matmul runs it
+ * at memory speed. */
 static st_status build_backward_bias(st_nn_ctx *ctx, st_linear *l, st_prim *p,
                                      const st_linear_io *io, int64_t o0, int64_t n, float *db)
 {

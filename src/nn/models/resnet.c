@@ -57,7 +57,7 @@ static st_layer *conv(st_model *m, const char *name, int x, int y, int dx, int d
 
 /* BN -> activation from x to y.  A ReLU is fused into the batch norm (the
  * primitive's fuse_norm_relu: one pass over the tensor fewer each way, and
- * no pre-activation tensor kept: measured 1.4x on the pair, batchnorm.c);
+ * no pre-activation tensor kept: faster, doc/benchmarks.md);
  * another activation is a layer of its own through mid. */
 static st_layer *bn_relu(st_model *m, const char *name, int x, int y, int dx, int dy, int mid,
                          int dmid, int64_t c, int unit, int *ok)
