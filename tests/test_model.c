@@ -221,7 +221,7 @@ static void check_model_grads(st_model *m, const char *tag, uint64_t seed)
 
     /* The library's loss: forward_backward's float mean is evaluate's double
      * sum over B, rounded; both agree with the double CE of the logits to
-     * oneDNN's log-softmax accuracy (~ 1e-6 per row, see test_layers). */
+     * oneDNN's log-softmax accuracy (~ 1e-6 per row, see test_layers_xent). */
     double lib_sum = forward_loss_sum(m), L0 = logits_mean_ce(m);
     cr_expect_eq(loss, (float)(lib_sum / B), "%s: forward_backward's loss %.9g, evaluate's %.9g",
                  tag, (double)loss, lib_sum / B);
@@ -1628,7 +1628,7 @@ static st_model_config resnet_config(st_model_kind kind, int depth, int width, i
  * checked against finite differences of the training loss.  GELU: with
  * ReLU after a batch norm, perturbing an early weight moves many
  * pre-activations across the kink and the guard would skip most of them
- * (the layers' own checks in test_layers cover ReLU's backward). */
+ * (the layers' own checks in test_layers_rowwise cover ReLU's backward). */
 Test(gradcheck, resnet_training_forward)
 {
     omp_set_num_threads(1);
