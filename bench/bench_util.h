@@ -2,7 +2,8 @@
  * bench/bench_util.h — what the benchmark programs share: a monotonic
  * clock, sorting doubles for medians, and "--name VALUE" / "--name=VALUE"
  * option parsing with one-line usage errors.  Header-only, every function
- * static; define BENCH_NAME (the program's name) before including it.
+ * static inline (a program of several files includes it in each); define
+ * BENCH_NAME (the program's name) before including it.
  */
 #ifndef SUBTRAIN_BENCH_UTIL_H
 #define SUBTRAIN_BENCH_UTIL_H
@@ -13,21 +14,21 @@
 
 #define EXIT_USAGE 2
 
-static double now_s(void)
+static inline double now_s(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b)
+static inline int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
 /* One line on stderr, "BENCH_NAME: <fmt with arg> (try --help)"; exit 2. */
-static int usage_error(const char *fmt, const char *arg)
+static inline int usage_error(const char *fmt, const char *arg)
 {
     fprintf(stderr, BENCH_NAME ": ");
     fprintf(stderr, fmt, arg);
@@ -37,7 +38,8 @@ static int usage_error(const char *fmt, const char *arg)
 
 /* "--name VALUE" or "--name=VALUE": the value, or NULL if argv[*i] is not
  * --name (then *missing says whether it was --name without a value). */
-static const char *option_value(int argc, char **argv, int *i, const char *name, int *missing)
+static inline const char *option_value(int argc, char **argv, int *i, const char *name,
+                                       int *missing)
 {
     const char *arg = argv[*i];
     size_t len = strlen(name);

@@ -3,7 +3,8 @@
  *
  * A model builder (src/nn/models/) declares, in forward order, the layers
  * of the FULL model and the tensors between them; everything else is
- * generic (graph.c):
+ * generic (graph_declare.c: the declaration and layout; graph.c: memory,
+ * primitives and the loops):
  *
  *   layout   one walk over the table gives the flat parameter vector: each
  *            layer kind appends its named segments (weight, bias, gamma,
@@ -48,7 +49,7 @@
 #define SUBTRAIN_NN_GRAPH_H
 
 #include <subtrain/model.h>
-#include "nn/layers.h"
+#include "nn/graph_layer.h"
 
 /* ------------------------------------------------------------ tensors */
 
@@ -75,145 +76,12 @@ typedef struct st_tensor {
     float *data;           /* (rows, copies x width) */
 } st_tensor;
 
-/* ------------------------------------------------------------ layers */
+/* ------------------------------------------------------------ the model */
 
-typedef struct st_model st_model;
-typedef struct st_layer st_layer;
+/* The table's layers, and what their kinds provide: nn/graph_layer.h. */
 
-/* Which forward: training (batch statistics, saved for the backward; a
- * batch norm updates its running statistics) or inference (evaluation:
- * running statistics, nothing updated).  Most kinds compute the same. */
-typedef enum st_phase { ST_PHASE_TRAIN, ST_PHASE_INFER } st_phase;
 /* A model's declaration: appends its tensors and layers (models/). */
 typedef st_status (*st_model_declare_fn)(st_model *m);
-
-/* What a layer kind provides.  One file per kind (nn/layers/: linear.c, activation.c,
- * layernorm.c, residual.c) defines one of these; nothing else in the
- * graph knows the kinds. */
-typedef struct st_layer_kind {
-    const char *name;
-    /* Appends its parameter segments (st_graph_add_segment), NULL: none. */
-    st_status (*layout)(st_model *m, st_layer *l);
-    /* Takes its own saved buffers from the arena (after the tensors). */
-    st_status (*alloc)(st_model *m, st_layer *l);
-    /* Creates its primitives against the model's buffers. */
-    st_status (*build)(st_model *m, st_layer *l);
-    st_status (*forward)(const st_nn_ctx *ctx, const st_layer *l, st_phase phase);
-    st_status (*backward)(const st_nn_ctx *ctx, const st_layer *l);
-    /* Matrix-multiply FLOPs of its forward and backward (2 per
-     * multiply-add), NULL: none worth counting. */
-    double (*flops)(const st_layer *l);
-    /* 1: its inputs' gradient is its output's (a join), so it passes the
-     * question "is this gradient needed" on to what produced its inputs. */
-    int transparent;
-    /* Floats of the model's shared gradient scratch (st_graph_grad_scratch)
-     * its backward (or, attention in bf16, its forward) needs in this
-     * instance, NULL: none. */
-    size_t (*grad_scratch)(const st_model *m, const st_layer *l);
-    /* 1: a normalisation with scale and shift (gamma, beta over `out`
-     * channels) whose backward computes their gradients even when they
-     * are not kept (backward masking): they go to a shared scratch. */
-    int norm;
-    /* Which of the tensors its forward touches (x, y, residual) its
-     * backward reads, ST_READS_* (it may depend on the instance: in bf16
-     * a kind that keeps its own copy of x reads that, not x).  NULL: all
-     * of them (the safe answer, for a kind that does not say).  In bf16 a
-     * tensor that no backward reads lives during the forward only, from
-     * its first use to its last, and shares a buffer with others that do
-     * not overlap it (st_graph_build). */
-    unsigned (*backward_reads)(const st_model *m, const st_layer *l);
-} st_layer_kind;
-
-/* st_layer_kind.backward_reads: its backward reads x, y, the residual. */
-enum { ST_READS_X = 1u, ST_READS_Y = 2u, ST_READS_RESIDUAL = 4u,
-       ST_READS_ALL = ST_READS_X | ST_READS_Y | ST_READS_RESIDUAL };
-
-extern const st_layer_kind st_layer_linear;     /* nn/layers/linear.c */
-extern const st_layer_kind st_layer_activation; /* nn/layers/activation.c */
-extern const st_layer_kind st_layer_layernorm;  /* nn/layers/layernorm.c */
-extern const st_layer_kind st_layer_residual;   /* nn/layers/residual.c */
-extern const st_layer_kind st_layer_join;       /* nn/layers/residual.c */
-extern const st_layer_kind st_layer_conv;       /* nn/layers/conv.c */
-extern const st_layer_kind st_layer_batchnorm;  /* nn/layers/batchnorm.c */
-extern const st_layer_kind st_layer_avgpool;    /* nn/layers/pool.c: global average */
-extern const st_layer_kind st_layer_maxpool;    /* nn/layers/pool.c */
-extern const st_layer_kind st_layer_embedding;  /* nn/layers/embedding.c */
-extern const st_layer_kind st_layer_attention;  /* nn/layers/attention.c */
-
-struct st_layer {
-    const st_layer_kind *kind;
-    char name[32];         /* its segments' prefix, in the full model */
-    int group;             /* layer group (-1: held by every subnetwork) */
-    int section;           /* st_graph_section when declared (a ResNet's stage) */
-    int x, y, dx, dy;      /* tensors: input, output and their gradients
-                            * (dx ST_T_NONE: nobody needs dL/dx) */
-    int64_t in, out;       /* full widths */
-    int in_unit, out_unit; /* width layers of its input and output (ST_W_FULL) */
-    /* linear */
-    int residual;          /* tensor added to y in the same pass (the skip) */
-    int in_major;          /* weights stored (in, out): a row per input */
-    int closes_group;      /* the last layer of a group's branch: its
-                            * product is scaled by the branch scale */
-    int copies;            /* its outputs are `copies` runs of its width
-                            * layer's neurons (a fused Q, K, V projection:
-                            * 3), its weight rows alike; 1: plain */
-    int32_t *copy_ids;     /* layout of a linear layer with copies: its
-                            * kept rows (and those with gradients) in the
-                            * full matrix, and their runs, owned */
-    int32_t *copy_grad_ids;
-    st_row_run *copy_runs;
-    /* attention */
-    int heads;             /* of the full layer (its width layer's units are
-                            * groups of whole heads) */
-    /* activation */
-    st_activation activation;
-    int fuse_relu;         /* batch norm: y = relu(bn(x)), the ReLU fused in */
-    /* convolution, pooling: square kernel, stride, symmetric padding */
-    int kernel, stride, pad;
-    int has_bias;          /* convolution */
-    int32_t *col_ids;      /* convolution reading kept channels: its weight's
-                            * kept columns (kernel^2 per channel), owned */
-    int32_t *grad_col_ids; /* backward masking, the same for the columns with
-                            * a gradient, owned */
-    /* Backward masking of a layer whose kind lets oneDNN compute the full
-     * weight gradients (convolution, batch norm): they go to a scratch the
-     * model shares, and these runs of it (of rows: output channels; of
-     * columns: input channels, kernel^2 columns each; NULL: all) are
-     * copied to the compact gradients. */
-    const st_row_run *gather_rows, *gather_cols;
-    int n_gather_rows, n_gather_cols;
-    const float *gather_src[2];  /* full gradients of seg[0], seg[1] (scratch) */
-    float *gather_dst[2];        /* their compact gradients; [0] NULL: no gather */
-    /* set by the graph */
-    int dropped;           /* its group is not in this model */
-    int backward;          /* its backward does something (graph.c) */
-    size_t seg[2];         /* its segments (weight, bias / gamma, beta) */
-    float *saved[2];       /* its own saved buffers (layer norm: mean, var) */
-    union {
-        st_linear linear;
-        st_act act;
-        st_layernorm norm;
-        st_add add;
-        st_conv conv;
-        st_pool pool;
-        st_batchnorm bn;
-        st_attention attn;        /* nn/layers/attention.c */
-        struct st_embedding {     /* nn/layers/embedding.c */
-            int64_t batch, tokens, vocab, width;
-            const float *ids, *tok, *pos;
-            float *y;
-            const float *dy;
-            float *dtok, *dpos;
-        } embed;
-        struct {           /* a kind that runs its own loop: its buffers */
-            const float *x, *dy;
-            float *y, *dx;
-            int64_t rows, cols;
-        } loop;
-    } u;
-};
-
-/* ------------------------------------------------------------ the model */
 
 /* Where a segment's elements come from in the full model, element by
  * element: compact storage row r, column c is full row rows[r], column
@@ -452,7 +320,8 @@ st_status st_model_create_declared(const st_model_config *cfg, st_model_declare_
  * -1 if there is none. */
 int st_model_layer_index(const st_model_config *cfg, const st_layer_kind *kind, int n);
 
-/* graph.c: the steps of st_model_create / the layout-only path. */
+/* graph_declare.c (declare, layout, free) and graph.c (build, run): the
+ * steps of st_model_create / the layout-only path. */
 st_status st_graph_declare(st_model *m, st_model_declare_fn declare);
                                                /* the builder, then units */
 st_status st_graph_layout(st_model *m);        /* segments */

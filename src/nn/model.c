@@ -5,7 +5,7 @@
  *
  * Build order: (1) the kind's builder declares the full model's layers and
  * tensors, and the config's units say which of them this instance holds
- * (graph.c); (2) one walk lays out the flat parameter vector (segments) so
+ * (graph_declare.c); (2) one walk lays out the flat parameter vector (segments) so
  * its size is known; (3) params, grads and every activation buffer come
  * from the arena; (4) each layer creates its primitives against those
  * buffers; (5) the shared workspace goes to every primitive.  The per-step
@@ -454,7 +454,7 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
     m->declare = declare;
     /* the model's own copies of the config's lists, so that the config it
      * returns stays valid: the held groups here, the groups' gradient
-     * flags and the width lists once their sizes are known (graph.c) */
+     * flags and the width lists once their sizes are known (graph_declare.c) */
     const st_model_subnet *u = &cfg->subnet;
     if (u->groups) {
         m->group_ids = malloc((size_t)u->n_groups * sizeof *m->group_ids);

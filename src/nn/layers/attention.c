@@ -52,7 +52,7 @@
  * activation at a long context), so the softmax backward reads the
  * rounded P: its sum_j P dP and the products are fp32 (the terms P dP
  * nearly cancel against the sum), so dS is off by about as much as P,
- * what rounding dS for its products costs anyway (tests/test_layers.c,
+ * what rounding dS for its products costs anyway (tests/test_layers_attention.c,
  * attention/bf16_*: y and dx within 0.3% rms of unrounded fp32 math;
  * tests/test_cli.c: a gpt run within 0.01% of fp32's loss).  oneDNN 2.6's
  * softmax backward takes no bf16 P with an fp32 dP (unimplemented; only

@@ -1,0 +1,327 @@
+/*
+ * comm/mpi_items.c — the MPI backend's work items (comm/mpi_engine.h): from
+ * the exchange's layout (mpi_plan.c), each worker's share of the step as
+ * rs and ag items (comm/kernels.h) in its arena — the pack of the rank's
+ * partials, the owner's sums, the all-gather's copies out of the masters
+ * and into the replicas — and what they read and write per step.  Attach
+ * only (it may allocate).
+ */
+#ifdef HAVE_MPI
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/mpi_engine.h"
+#include "core/error.h"
+
+/* l's elements copied into the arena (*out NULL for an empty list). */
+static st_status list_to_arena(st_arena *arena, const list *l, void **out)
+{
+    *out = NULL;
+    if (!l->n)
+        return ST_OK;
+    ST_TRY(st_arena_alloc(arena, ST_MEM_WORKSPACE, l->n * l->size, out));
+    memcpy(*out, l->v, l->n * l->size);
+    return ST_OK;
+}
+
+/* Where element x of local worker v's held ranges lives in `base` (its
+ * gradient or parameter vector), or NULL if v does not hold x; cur: v's
+ * cursor over its ranges, for non-decreasing x. */
+static float *held_at(const mpi_worker *v, float *base, uint64_t x, int *cur)
+{
+    while (*cur < v->n_held && v->held[*cur].end <= x)
+        (*cur)++;
+    if (*cur < v->n_held && v->held[*cur].begin <= x)
+        return base + v->local[*cur] + (x - v->held[*cur].begin);
+    return NULL;
+}
+
+/* An rs item whose ops add srcs[0..k) in order into out (divided by
+ * `count` at the end if divide); kinds[j]: srcs[j]'s SRC_* (NULL: all
+ * fp32). */
+static st_status push_sum(list *items, list *ops, float *out, size_t len, void *const *srcs,
+                          const uint8_t *kinds, int k, int divide, float count)
+{
+    rs_item *it = st_mpi_list_push(items);
+    if (!it)
+        return st_mpi_no_memory();
+    *it = (rs_item){ out, len, ops->n, 0, count };
+    for (int j = 0; j < k; j++) {
+        if (j == 1)
+            continue;              /* folded into the OP_SUM2 of j = 0 */
+        rs_op *op = st_mpi_list_push(ops);
+        if (!op)
+            return st_mpi_no_memory();
+        const uint8_t ka = kinds ? kinds[j] : SRC_F32;
+        const uint8_t kb = kinds && j == 0 && k > 1 ? kinds[1] : SRC_F32;
+        if (j == 0)
+            *op = (rs_op){ srcs[0], k > 1 ? srcs[1] : NULL, k > 1 ? OP_SUM2 : OP_COPY, 0,
+                           (uint8_t)(divide && k <= 2), ka, kb };
+        else
+            *op = (rs_op){ srcs[j], NULL, OP_ACC, 0, (uint8_t)(divide && j == k - 1), ka,
+                           SRC_F32 };
+        ((rs_item *)items->v)[items->n - 1].n_ops++;
+    }
+    return ST_OK;
+}
+
+/* Worker w's share of the rank's partials: the local profile's segments
+ * in exchange order, split evenly over the rank's workers by element
+ * count.  first_only: the first local holder's value alone (the masters'
+ * initial values, from params); else the sum of all local holders'
+ * gradients. */
+st_status st_mpi_build_pack(const mpi_comm *mc, int w, int first_only, list *items, list *ops)
+{
+    const int me = mc->rank;
+    const prof_seg *p = mc->prof[me];
+    size_t n = mc->n_prof[me], total = 0;
+    for (size_t j = 0; j < n; j++)
+        total += p[j].end - p[j].begin;
+    /* worker w's part of the concatenation: [lo, hi) */
+    size_t lo = total * (size_t)w / (size_t)mc->n, hi = total * (size_t)(w + 1) / (size_t)mc->n;
+    int *cur = calloc((size_t)mc->n, sizeof *cur);
+    void **srcs = calloc((size_t)mc->n, sizeof *srcs);
+    uint8_t *kinds = calloc((size_t)mc->n, sizeof *kinds);
+    st_status s = cur && srcs && kinds ? ST_OK : st_mpi_no_memory();
+    /* bf16 payloads: each gradient rounded as it is read (not the
+     * parameters of the masters' first exchange) */
+    const uint8_t kind = mc->bf16 && !first_only ? SRC_F32_RNE : SRC_F32;
+    size_t at = 0;
+    for (size_t j = 0; j < n && s == ST_OK; j++) {
+        size_t len = p[j].end - p[j].begin;
+        size_t a = at > lo ? at : lo, b = at + len < hi ? at + len : hi;
+        at += len;
+        if (a >= b)
+            continue;
+        uint64_t x = p[j].begin + (a - (at - len));
+        int d = st_mpi_rank_of_element(mc, x);
+        /* the step sends a direct region as it is, and the owner reads a
+         * lone local holder's value in place */
+        if (!first_only && (d == me ? p[j].count == 1 : mc->rs_direct[d]))
+            continue;
+        float *out = d == me ? mc->recv + mc->recv_off[me] : mc->send + mc->send_off[d];
+        out += p[j].off + (x - p[j].begin);
+        int k = 0;
+        for (int v = 0; v < mc->n; v++) {
+            const mpi_worker *wv = &mc->workers[v];
+            float *src = held_at(wv, first_only ? wv->params : wv->grads, x, &cur[v]);
+            if (src && !(first_only && k)) {
+                kinds[k] = kind;
+                srcs[k++] = src;
+            }
+        }
+        s = push_sum(items, ops, out, b - a, srcs, kinds, k, 0, 1.0f);
+    }
+    free(kinds);
+    free(srcs);
+    free(cur);
+    return s;
+}
+
+/* Owner w's shard from the partials in `recv`: the ranks that hold each
+ * piece, in rank order; the sum divided by the total holder count (mean),
+ * or the first rank's value alone (first_only: the initial masters). */
+st_status st_mpi_build_own(const mpi_comm *mc, int w, int first_only, float *out, list *items,
+                           list *ops)
+{
+    const int R = mc->size, me = mc->rank, g = mc->first[me] + w;
+    const uint64_t b0 = mc->shard_begin[g], b1 = mc->shard_begin[g + 1];
+    size_t *cur = calloc((size_t)R, sizeof *cur);
+    void **srcs = calloc((size_t)R, sizeof *srcs);
+    uint8_t *kinds = calloc((size_t)R, sizeof *kinds);
+    st_status s = cur && srcs && kinds ? ST_OK : st_mpi_no_memory();
+    const int half = mc->bf16 && !first_only;   /* the step's sums of bf16 payloads */
+    uint64_t pos = b0;
+    while (pos < b1 && s == ST_OK) {
+        uint64_t next = b1, count = 0;
+        int k = 0;
+        for (int r = 0; r < R; r++) {
+            const prof_seg *p = mc->prof[r];
+            while (cur[r] < mc->n_prof[r] && p[cur[r]].end <= pos)
+                cur[r]++;
+            if (cur[r] == mc->n_prof[r])
+                continue;
+            const prof_seg *q = &p[cur[r]];
+            if (q->begin <= pos) {
+                next = q->end < next ? q->end : next;
+                count += q->count;
+                int v;
+                const size_t at = mc->recv_off[r] + q->off + (pos - q->begin);
+                if (!first_only && r == me && q->count == 1) {
+                    /* in place (pack skips it); bf16: rounded as read */
+                    kinds[k] = half ? SRC_F32_RNE : SRC_F32;
+                    srcs[k++] = st_mpi_sole_holder_at(mc, pos, 0, &v);
+                } else if (half && r != me) {
+                    kinds[k] = SRC_BF16;       /* another rank's bf16 partial */
+                    srcs[k++] = mc->recv16 + at;
+                } else {
+                    kinds[k] = SRC_F32;        /* this rank's partial: stays fp32 */
+                    srcs[k++] = mc->recv + at;
+                }
+            } else if (q->begin < next) {
+                next = q->begin;
+            }
+        }
+        if (k)
+            s = push_sum(items, ops, out + (pos - b0), next - pos, srcs, kinds,
+                         first_only ? 1 : k, !first_only, (float)count);
+        pos = next;
+    }
+    free(kinds);
+    free(srcs);
+    free(cur);
+    return s;
+}
+
+/* Owner w's master values into the receive buffer's slots of every other
+ * rank that holds them: what the all-gather's exchange sends back. */
+static st_status build_ag_out(const mpi_comm *mc, int w, list *items)
+{
+    const int me = mc->rank, g = mc->first[me] + w;
+    const uint64_t b0 = mc->shard_begin[g], b1 = mc->shard_begin[g + 1];
+    for (int r = 0; r < mc->size; r++) {
+        if (r == me || mc->ag_src_direct[r])   /* direct: sent from the master itself */
+            continue;
+        for (size_t j = 0; j < mc->n_prof[r]; j++) {
+            const prof_seg *q = &mc->prof[r][j];
+            if (q->end <= b0 || q->begin >= b1)
+                continue;    /* segments never straddle a shard boundary */
+            ag_item *it = st_mpi_list_push(items);
+            if (!it)
+                return st_mpi_no_memory();
+            *it = (ag_item){ mc->recv + mc->recv_off[r] + q->off,
+                             mc->workers[w].master + (q->begin - b0), q->end - q->begin, NULL };
+        }
+    }
+    return ST_OK;
+}
+
+/* Worker w's replica: each held piece from the local owner's master (its
+ * own rank shard) or from the slot the all-gather's exchange filled. */
+static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
+{
+    const int me = mc->rank;
+    const mpi_worker *v = &mc->workers[w];
+    const prof_seg *p = mc->prof[me];
+    size_t j = 0;
+    for (int i = 0; i < v->n_held; i++) {
+        uint64_t pos = v->held[i].begin, end = v->held[i].end;
+        while (pos < end) {
+            while (j < mc->n_prof[me] && p[j].end <= pos)
+                j++;
+            /* w holds pos, so the local profile covers it */
+            const prof_seg *q = &p[j];
+            uint64_t stop = q->end < end ? q->end : end;
+            int d = st_mpi_rank_of_element(mc, pos);
+            if (d != me && mc->ag_dst_direct[d]) {   /* received in place */
+                pos = stop;
+                continue;
+            }
+            const float *src;
+            if (d == me) {
+                int o = mc->first[me], g = o;
+                while (mc->shard_begin[g + 1] <= pos)
+                    g++;
+                src = mc->workers[g - o].master + (pos - mc->shard_begin[g]);
+            } else {
+                src = mc->send + mc->send_off[d] + q->off + (pos - q->begin);
+            }
+            ag_item *it = st_mpi_list_push(items);
+            if (!it)
+                return st_mpi_no_memory();
+            *it = (ag_item){ v->params + v->local[i] + (pos - v->held[i].begin), src, stop - pos,
+                             NULL };   /* no bf16 copies over MPI (no set_param_copies) */
+            pos = stop;
+        }
+    }
+    return ST_OK;
+}
+
+/* Bytes an rs item reads per element: each op's a (and b of a sum of
+ * two), 2 for a bf16 source, 4 for the others. */
+static size_t item_sources_bytes(const rs_item *it, const rs_op *ops)
+{
+    size_t b = 0;
+    for (size_t j = 0; j < it->n_ops; j++) {
+        const rs_op *op = &ops[it->op_first + j];
+        b += op->a_src == SRC_BF16 ? sizeof(uint16_t) : sizeof(float);
+        if (op->kind == OP_SUM2)
+            b += op->b_src == SRC_BF16 ? sizeof(uint16_t) : sizeof(float);
+    }
+    return b;
+}
+
+st_status st_mpi_step_lists(mpi_comm *mc, int w)
+{
+    mpi_worker *me = &mc->workers[w];
+    list pack = { NULL, 0, 0, sizeof(rs_item) }, pack_ops = { NULL, 0, 0, sizeof(rs_op) };
+    list own = { NULL, 0, 0, sizeof(rs_item) }, own_ops = { NULL, 0, 0, sizeof(rs_op) };
+    list ag_out = { NULL, 0, 0, sizeof(ag_item) }, ag_in = { NULL, 0, 0, sizeof(ag_item) };
+    st_status s = ST_OK;
+    if (mc->roles & ST_COMM_REDUCE) {
+        s = st_mpi_build_pack(mc, w, 0, &pack, &pack_ops);
+        if (s == ST_OK)
+            s = st_mpi_build_own(mc, w, 0, me->shard_grad, &own, &own_ops);
+    }
+    if (s == ST_OK && (mc->roles & ST_COMM_GATHER)) {
+        s = build_ag_out(mc, w, &ag_out);
+        if (s == ST_OK)
+            s = build_ag_in(mc, w, &ag_in);
+    }
+    void *v;
+    if (s == ST_OK && (s = list_to_arena(me->arena, &pack, &v)) == ST_OK)
+        me->pack = v, me->n_pack = pack.n;
+    if (s == ST_OK && (s = list_to_arena(me->arena, &pack_ops, &v)) == ST_OK)
+        me->pack_ops = v;
+    if (s == ST_OK && (s = list_to_arena(me->arena, &own, &v)) == ST_OK)
+        me->own = v, me->n_own = own.n;
+    if (s == ST_OK && (s = list_to_arena(me->arena, &own_ops, &v)) == ST_OK)
+        me->own_ops = v;
+    if (s == ST_OK && (s = list_to_arena(me->arena, &ag_out, &v)) == ST_OK)
+        me->ag_out = v, me->n_ag_out = ag_out.n;
+    if (s == ST_OK && (s = list_to_arena(me->arena, &ag_in, &v)) == ST_OK)
+        me->ag_in = v, me->n_ag_in = ag_in.n;
+    /* bytes: what w's items read and write, and (worker 0, which calls
+     * MPI) what the rank receives from the others */
+    st_comm_bytes *by = &me->bytes;
+    memset(by, 0, sizeof *by);
+    const rs_item *it = pack.v;
+    const size_t n_send = mc->send_off[mc->size - 1] + mc->send_len[mc->size - 1];
+    for (size_t t = 0; s == ST_OK && t < pack.n; t++) {
+        by->read += it[t].n * item_sources_bytes(&it[t], pack_ops.v);
+        by->written += it[t].n * sizeof(float);
+        if (mc->bf16 && mc->send && it[t].out >= mc->send && it[t].out < mc->send + n_send) {
+            by->read += it[t].n * sizeof(float);          /* to_payload */
+            by->written += it[t].n * sizeof(uint16_t);
+        }
+    }
+    it = own.v;
+    for (size_t t = 0; s == ST_OK && t < own.n; t++) {
+        by->read += it[t].n * item_sources_bytes(&it[t], own_ops.v);
+        by->written += it[t].n * sizeof(float);
+    }
+    const ag_item *ai = ag_out.v;
+    for (size_t t = 0; s == ST_OK && t < ag_out.n; t++)
+        by->gather_read += ai[t].n * sizeof(float);
+    ai = ag_in.v;
+    for (size_t t = 0; s == ST_OK && t < ag_in.n; t++)
+        by->gather_read += ai[t].n * sizeof(float);
+    by->gather_written = by->gather_read;
+    by->read += by->gather_read;
+    by->written += by->gather_written;
+    if (w == 0) {
+        by->cross_domain_read = mc->mpi_bytes;
+        by->read += mc->mpi_bytes;
+    }
+    free(pack.v);
+    free(pack_ops.v);
+    free(own.v);
+    free(own_ops.v);
+    free(ag_out.v);
+    free(ag_in.v);
+    return s;
+}
+
+#endif /* HAVE_MPI */
