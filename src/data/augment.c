@@ -20,14 +20,14 @@
 #include <subtrain/data.h>
 #include <subtrain/rng.h>
 
-#include "data/text.h"
 #include "core/error.h"
+#include "data/gather.h"
 
 /* Stream namespace of the augmentation draws under a seed's root (see
  * core/rng_streams.h for the others). */
 #define AUGMENT_STREAM 0xA0C7ull
 
-static int active(const st_augment *a)
+int st_augment_active(const st_augment *a)
 {
     return a->crop > 0 || a->flip;
 }
@@ -36,7 +36,7 @@ st_status st_augment_check(const st_augment *a, const st_dataset *d)
 {
     if (!a || !d)
         return st_fail(ST_ERR_INVALID, "st_augment_check: missing argument");
-    if (!active(a))
+    if (!st_augment_active(a))
         return ST_OK;
     const char *opt = a->crop ? "--augment-crop" : "--augment-flip";
     if (d->channels == 0 || (uint64_t)d->channels * d->height * d->width != d->dim)
@@ -120,18 +120,10 @@ void st_augment_apply(const st_augment_choice *c, uint32_t pad, uint32_t channel
     }
 }
 
-void st_dataset_gather_train(const st_dataset *d, uint64_t epoch, const uint32_t *idx,
-                             size_t n, float *x_out, int32_t *y_out)
+void st_augment_gather(const st_dataset *d, uint64_t epoch, const uint32_t *idx, size_t n,
+                       float *x_out, int32_t *y_out)
 {
     const st_augment *a = &d->augment;
-    if (d->bytes) {   /* a text set: the epoch's windows */
-        st_text_gather(d, epoch, idx, 0, n, x_out, y_out);
-        return;
-    }
-    if (!active(a)) {
-        st_dataset_gather(d, idx, n, x_out, y_out);
-        return;
-    }
     const size_t dim = d->dim;
     const st_rng e = epoch_stream(a, epoch);
     for (size_t i = 0; i < n; i++) {

@@ -17,7 +17,7 @@
 #include <subtrain/data.h>
 #include <subtrain/rng.h>
 
-#include "data/text.h"
+#include "data/gather.h"
 #include "core/error.h"
 #include "core/file.h"
 
@@ -426,16 +426,27 @@ void st_epoch_order(uint64_t seed, uint64_t epoch, uint32_t *order, uint32_t n)
     st_rng_shuffle_u32(&rng, order, n);
 }
 
-/* Every idx[i] must be < d->count. */
-void st_dataset_gather(const st_dataset *d, const uint32_t *idx, size_t n,
-                       float *x_out, int32_t *y_out)
+/* The one gather: samples idx[0..n) (idx NULL: first .. first + n) of
+ * `epoch`, augmented when `train` asks and the set has an augmentation.
+ * Every idx[i] must be < d->count. */
+static void gather(const st_dataset *d, uint64_t epoch, const uint32_t *idx, uint32_t first,
+                   size_t n, int train, float *x_out, int32_t *y_out)
 {
-    if (d->bytes) {
-        st_text_gather(d, 0, idx, 0, n, x_out, y_out);
+    if (d->bytes) {   /* a text set: the epoch's windows */
+        st_text_gather(d, epoch, idx, first, n, x_out, y_out);
         return;
     }
-    size_t dim = d->dim;
-    // x_out is (n, dim)
+    if (train && idx && st_augment_active(&d->augment)) {
+        st_augment_gather(d, epoch, idx, n, x_out, y_out);
+        return;
+    }
+    const size_t dim = d->dim;
+    if (!idx) {   /* stored order: one copy */
+        memcpy(x_out, d->x + (size_t)first * dim, n * dim * sizeof *x_out);
+        for (size_t i = 0; i < n; i++)
+            y_out[i] = d->y[first + i];
+        return;
+    }
     for (size_t i = 0; i < n; i++) {
         size_t row = idx[i];
         memcpy(x_out + i * dim, d->x + row * dim, dim * sizeof(float));
@@ -443,17 +454,23 @@ void st_dataset_gather(const st_dataset *d, const uint32_t *idx, size_t n,
     }
 }
 
+void st_dataset_gather(const st_dataset *d, const uint32_t *idx, size_t n,
+                       float *x_out, int32_t *y_out)
+{
+    gather(d, 0, idx, 0, n, 0, x_out, y_out);
+}
+
+void st_dataset_gather_train(const st_dataset *d, uint64_t epoch, const uint32_t *idx,
+                             size_t n, float *x_out, int32_t *y_out)
+{
+    gather(d, epoch, idx, 0, n, 1, x_out, y_out);
+}
+
 void st_dataset_gather_rows(const st_dataset *d, uint32_t first, int rows, int B,
                             float *x_out, int32_t *y_out)
 {
     const size_t dim = d->dim, L = st_dataset_labels_per_sample(d);
-    if (d->bytes) {
-        st_text_gather(d, 0, NULL, first, (size_t)rows, x_out, y_out);
-    } else {
-        memcpy(x_out, d->x + (size_t)first * dim, (size_t)rows * dim * sizeof *x_out);
-        for (int i = 0; i < rows; i++)
-            y_out[i] = d->y[first + (uint32_t)i];
-    }
+    gather(d, 0, NULL, first, (size_t)rows, 0, x_out, y_out);
     memset(x_out + (size_t)rows * dim, 0, (size_t)(B - rows) * dim * sizeof *x_out);
     memset(y_out + (size_t)rows * L, 0, (size_t)(B - rows) * L * sizeof *y_out);
 }

@@ -16,7 +16,7 @@
 
 #include "core/error.h"
 #include "data/gzio.h"
-#include "data/text.h"
+#include "data/gather.h"
 
 /* The buffer starts at 64 KiB and doubles: a small file costs no 1 MiB
  * (under AddressSanitizer such a block is an mmap and a TLB shootdown per
@@ -165,9 +165,11 @@ st_status st_text_dataset(const st_text *t, int context, uint64_t seed, uint32_t
     st_status s = text_part(t->bytes, t->train_count, context, "training", train);
     if (s == ST_OK)
         s = text_part(t->bytes + t->train_count, nv, context, "validation", test);
-    if (s != ST_OK) {
-        st_dataset_free(train);
-        st_dataset_free(test);
+    if (s != ST_OK) {   /* the parts hold their bytes alone */
+        free(train->bytes);
+        free(test->bytes);
+        memset(train, 0, sizeof *train);
+        memset(test, 0, sizeof *test);
         return s;
     }
     const size_t per_epoch = train_windows ? train_windows : t->train_count / (size_t)context;
