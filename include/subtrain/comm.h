@@ -20,7 +20,7 @@
  * each rank's own count (ranks may differ), the global workers are
  * numbered rank by rank — worker w of rank r is global worker
  * n_0 + ... + n_{r-1} + w and owns that global shard — and the ranks
- * exchange owner shards with MPI (src/comm/mpi.c).  ST_COMM_BACKEND_SHARED,
+ * exchange owner shards with MPI (doc/reduction.md).  ST_COMM_BACKEND_SHARED,
  * the default, is one process: the workers are threads and
  * meet in NUMA-aware shared buffers, each shard's buffers on its owner's
  * NUMA node.  With more than one NUMA domain both collectives are
@@ -58,9 +58,9 @@ extern "C" {
 typedef enum st_comm_backend_kind {
     ST_COMM_BACKEND_SHARED = 0,   /* threads of one process, NUMA-placed buffers */
     ST_COMM_BACKEND_MPI,          /* the ranks of an MPI job (world.h), each with
-                                   * n_workers threads: hierarchical, see
-                                   * src/comm/mpi.c.  Only when configure found
-                                   * MPI; else st_comm_create refuses it */
+                                   * n_workers threads: hierarchical
+                                   * (doc/reduction.md).  Only when configure
+                                   * found MPI; else st_comm_create refuses it */
 } st_comm_backend_kind;
 
 /* "shared", "mpi"; "unknown" for anything else. */
@@ -136,7 +136,7 @@ typedef struct st_comm_config {
      * backend, where it is rounded (0: a buffer per worker).  The MPI
      * backend ignores bf16_at: its pack rounds each gradient as it reads
      * it, and a rank of n > 1 workers rounds its partial once more before
-     * it leaves the rank (comm/mpi.c). */
+     * it leaves the rank. */
     st_comm_payload payload;
     st_comm_bf16_at bf16_at;
 } st_comm_config;
