@@ -1,0 +1,97 @@
+/*
+ * tests/test_quad_cmd.c — the quad command's answers to bad options (one
+ * line on stderr, exit 2; exit 1 for a file it cannot write) and to --help.
+ *
+ * Links src/cli/quad_cmd.c in to call st_cli_quad_main directly.
+ */
+#if !defined(_POSIX_C_SOURCE) && !defined(_GNU_SOURCE) && !defined(_DEFAULT_SOURCE)
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+#include "cli/quad_cmd.h"
+
+/* Runs the command with stdout and stderr sent to temporary files; err
+ * gets the first line of stderr. */
+static int run_cli(const char *const *args, char *out, size_t out_len, char *err, size_t err_len)
+{
+    char *argv[16];
+    int argc = 0;
+    argv[argc++] = (char *)"quad";
+    for (; *args; args++)
+        argv[argc++] = (char *)*args;
+    argv[argc] = NULL;
+    FILE *fo = tmpfile(), *fe = tmpfile();
+    cr_assert(fo && fe);
+    fflush(stdout);
+    fflush(stderr);
+    int so = dup(1), se = dup(2);
+    dup2(fileno(fo), 1);
+    dup2(fileno(fe), 2);
+    int rc = st_cli_quad_main(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(so, 1);
+    dup2(se, 2);
+    close(so);
+    close(se);
+    rewind(fo);
+    rewind(fe);
+    size_t n = fread(out, 1, out_len - 1, fo);
+    out[n] = '\0';
+    n = fread(err, 1, err_len - 1, fe);
+    err[n] = '\0';
+    fclose(fo);
+    fclose(fe);
+    return rc;
+}
+
+Test(quad, command_rejects_bad_options_with_one_line)
+{
+    const char *const bad[][4] = {
+        { "--dim", "10", "--workers", "4" },
+        { "--dim", "12", "--q", "5" },
+        { "--workers", "4", "--q", "2" },   /* fine: the control */
+        { "--gamma", "2" },
+        { "--gamma", "abc" },
+        { "--case", "7" },
+        { "--iters", "-3" },
+        { "--seed", "x" },
+        { "--frobnicate" },
+        { "--help=1" },
+        { "--csv" },
+        { "surplus" },
+    };
+    static char out[1 << 16], err[4096];
+    for (size_t t = 0; t < sizeof bad / sizeof *bad; t++) {
+        const char *args[6] = { 0 };
+        for (int k = 0; k < 4 && bad[t][k]; k++)
+            args[k] = bad[t][k];
+        if (t == 2) {
+            args[4] = "--case";
+            args[5] = NULL;
+            const char *ok[] = { "--workers", "4", "--q", "2", "--case", "4", NULL };
+            cr_assert_eq(run_cli(ok, out, sizeof out, err, sizeof err), 0, "%s", err);
+            cr_assert(strstr(out, "Case 4:"), "%s", out);
+            cr_assert_str_empty(err);
+            continue;
+        }
+        int rc = run_cli(args, out, sizeof out, err, sizeof err);
+        cr_assert_eq(rc, 2, "args %zu: exit %d", t, rc);
+        cr_assert(strncmp(err, "subtrain quad: ", 15) == 0, "args %zu: '%s'", t, err);
+        char *nl = strchr(err, '\n');
+        cr_assert(nl && nl[1] == '\0', "args %zu: not one line: '%s'", t, err);
+        cr_assert_str_empty(out, "args %zu printed '%s'", t, out);
+    }
+    const char *unwritable[] = { "--case", "4", "--csv", "/nonexistent-dir/q.csv", NULL };
+    cr_assert_eq(run_cli(unwritable, out, sizeof out, err, sizeof err), 1);
+    cr_assert(strstr(err, "cannot open"), "%s", err);
+    const char *help[] = { "--help", NULL };
+    cr_assert_eq(run_cli(help, out, sizeof out, err, sizeof err), 0);
+    cr_assert(strstr(out, "Usage: subtrain quad"), "%s", out);
+}
