@@ -40,10 +40,11 @@
 #endif
 
 /* Run by the last arriver between its two stores: nothing, unless a test
- * defines it before including this header.  tests/test_comm_barrier.c yields the
- * CPU there, which opens wide the window in which a woken waiter could
- * arrive for the next round: with the stores in the wrong order
- * (generation first) that arrival is erased and the round never ends. */
+ * defines it before including this header.  tests/test_comm_barrier.c
+ * yields the CPU there, which opens wide the window in which a woken
+ * waiter could arrive for the next round: with the stores in the wrong
+ * order (generation first) that arrival is erased and the round never
+ * ends. */
 #ifndef ST_BARRIER_RELEASE_HOOK
 #define ST_BARRIER_RELEASE_HOOK() ((void)0)
 #endif
