@@ -89,17 +89,6 @@ st_layer *st_graph_add(st_model *m, const st_layer_kind *kind, const char *name,
     return l;
 }
 
-st_layer *st_graph_linear(st_model *m, const char *name, int x, int y, int dx, int dy,
-                          int64_t in, int64_t out)
-{
-    st_layer *l = st_graph_add(m, &st_layer_linear, name, x, y, dx, dy);
-    if (l) {
-        l->in = in;
-        l->out = out;
-    }
-    return l;
-}
-
 void st_graph_group_begin(st_model *m, int g)
 {
     m->open_group = g;

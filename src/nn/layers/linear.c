@@ -518,3 +518,15 @@ const st_layer_kind st_layer_linear = {
     .forward = linear_forward, .backward = linear_backward, .flops = linear_flops,
     .backward_reads = linear_backward_reads,
 };
+
+/* The kind's own declaring call, here so that the graph names no kind. */
+st_layer *st_graph_linear(st_model *m, const char *name, int x, int y, int dx, int dy,
+                          int64_t in, int64_t out)
+{
+    st_layer *l = st_graph_add(m, &st_layer_linear, name, x, y, dx, dy);
+    if (l) {
+        l->in = in;
+        l->out = out;
+    }
+    return l;
+}
