@@ -4,12 +4,14 @@
  * the MSE loss and the segment networks against finite differences, the
  * join (the joined mlp is the composition of the segments, to the bit),
  * and short runs on synthetic data: every segment's loss falls, runs are
- * reproducible, nothing crosses a cut, recovery epochs follow.
+ * reproducible, nothing crosses a cut, recovery epochs follow, a stop and
+ * checkpoints wait for a segment epoch's end and resume bitwise.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <math.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +26,7 @@
 #include "nn/layers/mse.h"
 #include "nn/segment.h"
 #include "recorder.h"
+#include "testutil.h"
 
 /* ------------------------------------------------------------ worker split */
 
@@ -650,6 +653,129 @@ Test(train, warmup_is_checked_per_group, .timeout = 60)
     cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_ERR_INVALID);
     cr_assert(strstr(st_last_error(), "segment 1"), "%s", st_last_error());
     free(r);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+/* ------------------------------------------------------------ stops and checkpoints */
+
+/* What a run with a stop flag reports: its records, its checkpoints'
+ * names, its trained parameters; the flag is raised after worker 0's
+ * step stop_at. */
+typedef struct stop_run {
+    volatile sig_atomic_t stop;
+    uint64_t stop_at;
+    st_epoch_record records[8];
+    int n_records;
+    uint64_t checkpoints[8];
+    int n_checkpoints;
+    float params[4096];
+    size_t n_params;
+} stop_run;
+
+static void stop_on_step(const st_step_info *info, void *user)
+{
+    stop_run *s = user;
+    if (s->stop_at && info->step == s->stop_at)
+        s->stop = 1;
+}
+
+static void stop_on_epoch(const st_epoch_record *rec, void *user)
+{
+    stop_run *s = user;
+    cr_assert_lt(s->n_records, 8);
+    s->records[s->n_records++] = *rec;
+}
+
+static void stop_on_checkpoint(const char *path, uint64_t step, void *user)
+{
+    (void)path;
+    stop_run *s = user;
+    cr_assert_lt(s->n_checkpoints, 8);
+    s->checkpoints[s->n_checkpoints++] = step;
+}
+
+static void stop_on_params(const float *params, size_t count, void *user)
+{
+    stop_run *s = user;
+    cr_assert_leq(count, sizeof s->params / sizeof *s->params);
+    memcpy(s->params, params, count * sizeof *params);
+    s->n_params = count;
+}
+
+static void run_stopped(const st_train_config *c, const st_dataset *train,
+                        const st_dataset *test, stop_run *s)
+{
+    st_train_callbacks cb = { .on_step = stop_on_step, .on_epoch = stop_on_epoch, .user = s,
+                              .on_params = stop_on_params, .stop = &s->stop,
+                              .on_checkpoint = stop_on_checkpoint };
+    cr_assert_eq(st_train_run(c, train, test, &cb, NULL), ST_OK, "%s", st_last_error());
+}
+
+/* The segment epochs' groups meet only at epoch ends: a stop asked for
+ * in an epoch ends the run at that epoch's end, and periodic checkpoints
+ * are taken there, every worker agreeing although their own step counts
+ * differ (N = 3, S = 2: groups of 2 and 1 workers take 64 and 128 steps an
+ * epoch; names and records count group 0's).  The checkpoint of a stop
+ * there resumes to the weights of the run never stopped, through the
+ * remaining segment epoch and the recovery epoch. */
+Test(train, segment_epochs_stop_and_checkpoint_at_their_ends, .timeout = 120)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    char dir[ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_train_config c = synth_config(3, 2, 4);
+    c.synth.recovery_epochs = 1;
+    stop_run *straight = calloc(1, sizeof *straight), *s = calloc(1, sizeof *s);
+    run_stopped(&c, &train, &test, straight);
+    cr_assert_eq(straight->n_records, 6, "4 segment epochs, a recovery epoch, the final");
+
+    c.checkpoint.dir = dir;
+    c.checkpoint.every = 100;
+    s->stop_at = 140;   /* in segment epoch 3 (group 0's steps 129 .. 192) */
+    run_stopped(&c, &train, &test, s);
+    cr_assert_eq(s->n_records, 4, "epochs 1 to 3, then the final record");
+    for (int e = 0; e < 3; e++) {
+        cr_assert_eq(s->records[e].step, 64 * (uint64_t)(e + 1), "epoch %d's record", e + 1);
+        cr_assert(!s->records[e].recovery && s->records[e].n_segments == 2);
+        cr_assert_eq(memcmp(s->records[e].segment_loss, straight->records[e].segment_loss,
+                            sizeof s->records[e].segment_loss), 0, "epoch %d", e + 1);
+    }
+    const st_epoch_record *f = &s->records[3];
+    cr_assert(f->final && f->interrupted && f->step == 192 && f->epoch == 3 && f->epochs == 5,
+              "the final record: epoch %d/%d, step %llu, interrupted %d", f->epoch, f->epochs,
+              (unsigned long long)f->step, f->interrupted);
+    cr_assert_eq(s->n_checkpoints, 2, "%d checkpoints", s->n_checkpoints);
+    cr_assert_eq(s->checkpoints[0], 128, "the periodic one: step 100 passed in epoch 2");
+    cr_assert_eq(s->checkpoints[1], 192, "the stop's, at epoch 3's end");
+
+    snprintf(path, sizeof path, "%s/step-00000192.safetensors", dir);
+    st_safetensors file;
+    cr_assert_eq(st_safetensors_read(path, &file), ST_OK, "%s", st_last_error());
+    cr_assert_str_eq(st_safetensors_meta(&file, "subtrain.synth.segment_epochs"), "3");
+    cr_assert_str_eq(st_safetensors_meta(&file, "subtrain.epoch"), "1",
+                     "an apart phase's checkpoint: the recovery epochs' start");
+    cr_assert_str_eq(st_safetensors_meta(&file, "subtrain.step"), "0");
+    st_train_config rc = synth_config(3, 2, 4);
+    rc.synth.recovery_epochs = 1;
+    rc.resume = &file;
+    rc.resume_name = path;
+    stop_run *resumed = calloc(1, sizeof *resumed);
+    run_stopped(&rc, &train, &test, resumed);
+    cr_assert_eq(resumed->n_records, 3, "segment epoch 4, the recovery epoch, the final");
+    cr_assert(resumed->records[0].epoch == 4 && resumed->records[0].step == 256 &&
+              !resumed->records[0].recovery);
+    cr_assert(resumed->records[1].epoch == 5 && resumed->records[1].recovery);
+    cr_assert_eq(resumed->n_params, straight->n_params);
+    cr_assert_eq(memcmp(resumed->params, straight->params,
+                        straight->n_params * sizeof *straight->params), 0,
+                 "the resumed run's weights are those of the run never stopped");
+    st_safetensors_free(&file);
+    free(straight);
+    free(s);
+    free(resumed);
+    st_test_rmdir(dir);
     st_dataset_free(&train);
     st_dataset_free(&test);
 }

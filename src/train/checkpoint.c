@@ -432,7 +432,8 @@ static st_status gather_tensors(const run_shared *r, run_ckpt *ck, float ***held
     return ST_OK;
 }
 
-st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_position *at)
+st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_position *at,
+                                  uint64_t step)
 {
     const st_checkpoint_plan *plan = &r->cfg->checkpoint;
     const int root = r->rank == 0;   /* over ranks, rank 0 writes the one file */
@@ -458,8 +459,7 @@ st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_positi
     if (s == ST_OK && r->ranks > 1)
         s = gather_tensors(r, &ck, &held, &n_held);
     char path[4096];
-    const uint64_t named = r->ckpt_step_offset + at->step;
-    snprintf(path, sizeof path, "%s/step-%08" PRIu64 ".safetensors", plan->dir, named);
+    snprintf(path, sizeof path, "%s/step-%08" PRIu64 ".safetensors", plan->dir, step);
     st_model_config mc = r->cfg->model;
     memset(&mc.subnet, 0, sizeof mc.subnet);
     if (s == ST_OK && root)
@@ -473,7 +473,7 @@ st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_positi
         return ST_OK;
     tidy(plan->dir, plan->keep);
     if (r->cb && r->cb->on_checkpoint)
-        r->cb->on_checkpoint(path, named, r->cb->user);
+        r->cb->on_checkpoint(path, step, r->cb->user);
     return ST_OK;
 }
 
@@ -579,8 +579,8 @@ st_status st_run_resume_check_position(const run_shared *r)
         return ST_OK;
     const run_plan *p = &r->plan;
     const run_position *at = &rs->at;
-    /* (1, 0, 0): the loop's start, where a run whose checkpoint is of its
-     * pre-loop phase (synth's segment epochs) resumes, whatever its plan */
+    /* (1, 0, 0): the plan's start, which a checkpoint of an apart phase
+     * (synth's segment epochs, strategy.h) records, whatever the plan */
     if (at->epoch == 1 && at->epoch_step == 0 && at->step == 0 && at->losses == 0)
         return ST_OK;
     if (at->epoch > p->epochs || at->epoch_step >= p->steps_per_epoch ||

@@ -2,7 +2,8 @@
  * train/run.h — private: the state the workers of one training run share,
  * whatever the strategy, and the common run helpers the strategies and
  * the loop call (run.c: plan, the run's engine, attaching a worker, the
- * sharded data-parallel step, evaluation; records.c: epoch records).
+ * sharded data-parallel step, evaluation; records.c: an epoch record's
+ * common fields).
  *
  * These helpers call no strategy and no loop: see strategy.h for the
  * dependency direction inside train/.  A strategy's own state (engines of
@@ -48,6 +49,7 @@ typedef struct worker_slot {
     double eval_loss;                 /* summed test loss of w's test batches */
     int64_t eval_correct;
     step_times times;                 /* over the current epoch */
+    uint64_t steps;                   /* the steps they are of */
     st_mem_stats memory;
     st_comm_bytes bytes;
     st_numa_ctx numa;                 /* the arena backend's state */
@@ -132,12 +134,9 @@ typedef struct run_shared {
     size_t n_state;
     worker_slot *slots;               /* n */
     double t0;
-    uint64_t order_offset;            /* the loop's epoch e draws the order of
-                                       * epoch order_offset + e (synth recovery
-                                       * follows the segment epochs' orders) */
     atomic_int failed;                /* the first failure wins the message */
     atomic_ullong stop_step;          /* graceful stop: the last step (0: none yet),
-                                       * set once by worker 0 (train.c) */
+                                       * set once by worker 0 (loop.c) */
     atomic_ullong save_step;          /* a checkpoint asked for (callbacks'
                                        * checkpoint_now) at this step; 0: none */
     run_resume *resume;               /* NULL: a new run (checkpoint.c) */
@@ -146,16 +145,13 @@ typedef struct run_shared {
     uint64_t fault_step;              /* SUBTRAIN_FAULT=RANK:STEP names this rank:
                                        * worker 0 fails at that step (tests of
                                        * failure handling; 0: never) */
-    uint64_t ckpt_step_offset;        /* a step checkpoint's name counts the steps
-                                       * before the loop's (synth: its segment
-                                       * epochs') */
-    int stopped;                      /* the pre-loop phase stopped the run
-                                       * (a graceful stop): no loop epochs */
-    /* worker 0's last step that ended, as reported: where a diverged
-     * run's final record says it got to */
+    /* worker 0's last step that ended, as reported, and its phase's label
+     * hook (strategy.h, st_phase; NULL: none): where a diverged run's
+     * final record says it got to */
     int at_epoch, at_epochs;
     uint64_t at_step;
     float at_lr;
+    void (*at_label)(const struct run_shared *r, void *state, st_epoch_record *rec);
     st_status error_status;
     char error[512];
     st_epoch_record final;
@@ -298,8 +294,10 @@ void st_run_resume_shard(const run_shared *r, st_comm *c, int wid, float *dst);
 
 /* Worker 0, the others waiting between their steps with their models and
  * optimizers published in their slots: writes DIR/step-NNNNNNNN.safetensors
- * of position `at` and prunes the older ones to cfg->checkpoint.keep. */
-st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_position *at);
+ * of position `at`, NNNNNNNN the run's step `step` (phases before the
+ * position's counted), and prunes the older ones to cfg->checkpoint.keep. */
+st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_position *at,
+                                  uint64_t step);
 /* For a strategy's save hook: a float tensor (borrowed until the write),
  * a metadata entry (copied). */
 st_status st_run_ckpt_tensor(run_ckpt *ck, const char *name, const float *data, size_t count);
@@ -309,9 +307,10 @@ st_status st_run_ckpt_meta(run_ckpt *ck, const char *key, const char *fmt, ...)
 /* ------------------------------------------------------------ records.c */
 
 /* Worker 0, after a barrier: the slots combined into the epoch record
- * (times per step over steps_in_epoch steps, memory, communication); the
- * strategy's record hook completes it. */
-void st_run_fill_record(run_shared *r, st_epoch_record *rec, uint64_t steps_in_epoch);
+ * (times per step: each worker's mean over its own steps, then the mean
+ * over the workers; memory, communication); the phase's record hook
+ * completes it. */
+void st_run_fill_record(run_shared *r, st_epoch_record *rec);
 
 /* Worker 0 after each step that ended: where the run has got to
  * (run_shared.at_*, for a diverged run's final record). */
@@ -323,9 +322,5 @@ static inline void st_run_note_step(run_shared *r, int epoch, int epochs, uint64
     r->at_step = step;
     r->at_lr = lr;
 }
-
-/* Worker 0 after each step: the on_step callback (and st_run_note_step). */
-void st_run_report_step(run_shared *r, int epoch, uint64_t step, float loss, float lr,
-                        double train_time);
 
 #endif /* SUBTRAIN_TRAIN_RUN_H */

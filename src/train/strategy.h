@@ -3,7 +3,7 @@
  *
  * A strategy says how N workers train one model: who holds what, what a
  * step does, how the workers meet, how the model is evaluated.  The loop
- * (train.c, its pieces in loop.h) runs epochs of steps and knows
+ * (loop.c, its pieces in loop.h) runs phases of epochs of steps and knows
  * strategies only through this table of operations; each strategy keeps
  * its state in a struct of its own (made by prepare, freed by release),
  * never in run_shared.
@@ -12,12 +12,12 @@
  *
  *   train.c (st_train_run)    trainer.c (st_trainer_*)       drivers
  *              \                 /
- *          train.c (loop.h)             the loop over the ops; names no strategy
+ *          loop.c (loop.h)              the loop over the ops; names no strategy
  *                 |
  *   config.c -> strategy.c              the table: one entry per st_strategy
  *                 |
- *     dp.c   sdp.c   ist.c   synth.c    the strategies, one file each
- *       |      \      /        |
+ *     dp.c   sdp.c   ist.c   synth*.c   the strategies (synth: three files,
+ *       |      \      /        |         synth_run.h)
  *       |     subnets.c      synth_plan.c    (units, assignments, saved shards;
  *       |      /                              cuts and worker split)
  *   run.c, records.c, worker.c          common run helpers: plan, engines,
@@ -27,6 +27,10 @@
  * Adding a strategy: its enumerator (train.h) and name (train_enums.c),
  * one file defining its ops, one entry in strategy.c.
  *
+ * A strategy supplies steps and phases, never a loop of its own: the loop
+ * runs every phase (st_phase) with the same stop, checkpoint and record
+ * handling.
+ *
  * Every hook runs on a worker's thread inside the parallel region unless
  * it says otherwise; `state` is what prepare made.
  */
@@ -34,6 +38,65 @@
 #define SUBTRAIN_TRAIN_STRATEGY_H
 
 #include "train/run.h"
+
+/* A phase of a run: epochs of steps, which the loop (loop.c) runs the
+ * same way whatever the phase: sample orders, steps, step reports, stops
+ * and checkpoints asked for, periodic checkpoints, the evaluation and
+ * record of each epoch, the final record.  dp, sdp and ist have one
+ * phase, the default: r->plan with the ops' hooks.  synth has its segment
+ * epochs, then (--recovery-epochs) the joined network's data-parallel
+ * epochs.  Records, step reports and checkpoint names number a phase's
+ * epochs and steps after those of the phases before it.
+ *
+ * A phase is stepwise (every worker takes the phase's steps, in step:
+ * a stop or a checkpoint can follow any step after which the state is
+ * whole, whole_after) or apart: its workers take different numbers of
+ * steps an epoch (synth's groups) and meet only at epoch ends, where the
+ * requests are taken.  A checkpoint in an apart phase records the
+ * position (1, 0, 0) of r->plan, the start of the run's stepwise epochs,
+ * and its name counts epoch_steps an epoch; the strategy's save hook
+ * records how far the phase got, and the phase begins from there when
+ * resumed.  round_end and whole_after (the ops') apply in stepwise
+ * phases. */
+typedef struct st_phase {
+    run_plan plan;           /* this worker's epochs and steps in the phase */
+    uint64_t epoch_steps;    /* apart: an epoch's steps as records, reports and
+                              * checkpoint names count them (worker 0's of the
+                              * run, every rank alike) */
+    run_position from;       /* where this worker begins it: epoch 1, no step;
+                              * resumed, where the checkpoint was (default:
+                              * r->resume's position) */
+    int epochs_before;       /* the phases before it: their epochs and steps */
+    uint64_t steps_before;   /* (worker 0's), which records count first */
+    int run_epochs;          /* the run's epochs and steps, every phase's */
+    uint64_t run_steps;
+    uint64_t order_offset;   /* epoch e draws the sample order of epoch
+                              * order_offset + e of the run's seed */
+    double samples_per_step; /* worker 0's step: samples through the whole
+                              * network (throughput) */
+    int apart;               /* its workers meet only at epoch ends */
+    int last;                /* the run's last phase */
+
+    /* Its step, evaluation, bytes and record (optional) hooks, each with
+     * the contract of the ops' hook of its name; the default phase has the
+     * ops'. */
+    st_status (*step)(run_shared *r, void *state, st_worker *w, uint64_t i, uint64_t step,
+                      float *loss, float *lr);
+    st_status (*evaluate)(run_shared *r, void *state, st_worker *w, double *loss, double *acc);
+    st_comm_bytes (*bytes)(const run_shared *r, const void *state, int wid);
+    void (*record)(const run_shared *r, void *state, st_epoch_record *rec);
+
+    /* Optional (NULL: st_run_sync): the barrier of every worker at its
+     * epoch ends. */
+    st_status (*sync)(run_shared *r, void *state, st_worker *w);
+    /* Optional: worker 0 after each step: the report's throughput and time
+     * left (info is complete, from the phase's own steps). */
+    void (*estimate)(const run_shared *r, void *state, double train_time, st_step_info *info);
+    /* Optional: what each record of the phase says of it, after its record
+     * hook: the epochs' records, the final record, a diverged run's final
+     * record (worker 0, or no thread after the run). */
+    void (*label)(const run_shared *r, void *state, st_epoch_record *rec);
+} st_phase;
 
 typedef struct st_strategy_ops {
     const char *name;   /* as st_strategy_name and --strategy spell it */
@@ -55,20 +118,13 @@ typedef struct st_strategy_ops {
     /* Before the parallel region, on the caller's thread; r->n, placement,
      * full_segs and slots are known.  Sets r->plan (the loop's epochs),
      * r->comm (the run's engine and barrier; NULL only with one worker
-     * alone), r->order_offset, and *state.  On failure, release follows. */
+     * alone), and *state.  On failure, release follows. */
     st_status (*prepare)(run_shared *r, void **state);
 
     /* Worker wid, on its thread, bound to its PU: its arena (chunks from
      * backend), model, optimizer, attached to the engines. */
     st_status (*init_worker)(run_shared *r, void *state, int wid, st_worker *w,
                              const st_chunk_backend *backend);
-
-    /* Optional: a phase of the strategy's own before the loop's epochs,
-     * after every worker is built (synth: the segment epochs, then every
-     * worker switches to the joined network for the recovery epochs).  The
-     * loop then runs r->plan, nothing if it has no epoch. */
-    st_status (*pre_loop)(run_shared *r, void *state, st_worker *w,
-                          const st_chunk_backend *backend);
 
     /* One step: global batch i of the epoch (0-based), step number `step`
      * (1-based, over the run).  *loss: the step's loss as worker 0
@@ -104,10 +160,6 @@ typedef struct st_strategy_ops {
     st_status (*full_params)(run_shared *r, void *state, st_worker *w0, const float **out,
                              size_t *count);
 
-    /* Optional: every worker after the loop's last record (synth: the
-     * final record renumbered). */
-    void (*post_loop)(run_shared *r, void *state, st_worker *w);
-
     /* Optional (NULL: after every step): whether the training state is
      * whole after `step` (`last`: the epoch's or the run's last), so that
      * a checkpoint can hold it and a stop can end there (ist: at the end
@@ -135,6 +187,17 @@ typedef struct st_strategy_ops {
     /* After the run (or a failed prepare), no thread: frees the state,
      * which may be NULL or half made. */
     void (*release)(run_shared *r, void *state);
+
+    /* Optional (NULL: one phase, the default): every worker, after the
+     * previous phase's end: phase k (0-based) of worker w, *ph holding the
+     * default phase to change (ph->last: no phase after it).  What the
+     * phase needs built is built here, from `backend`; every worker has
+     * begun it before any takes a step. */
+    st_status (*phase_begin)(run_shared *r, void *state, int k, st_worker *w,
+                             const st_chunk_backend *backend, st_phase *ph);
+    /* Optional: every worker after phase k's epochs (also a stopped or a
+     * failed one: what the phase built goes). */
+    st_status (*phase_end)(run_shared *r, void *state, int k, st_worker *w);
 } st_strategy_ops;
 
 /* strategy.c: the ops of strategy s, NULL if there is none. */

@@ -20,19 +20,19 @@
  * a group it is data parallelism through the group's own reduction engine
  * (reduce-scatter, shard update, all-gather), or a local update for a
  * group of one.  Each group takes count / (B x its size) steps an epoch
- * with its own schedule; groups meet only at epoch ends, at two blocking
- * barriers of all workers (epoch_sync): before the first, each group's
- * first worker copies its segment's parameters into its range of worker
- * 0's joined network — the join, one parameter copy a segment and epoch,
- * not part of training; between the two, worker 0 evaluates the joined
- * network on the test set and reports while the others wait.
+ * with its own schedule; groups meet only at epoch ends, at blocking
+ * barriers of all workers (synth_join.c): each group's first worker
+ * copies its segment's parameters into its range of worker 0's joined
+ * network — the join, one parameter copy a segment and epoch, not part of
+ * training; then worker 0 evaluates the joined network on the test set
+ * and reports while the others wait.
  *
  * Over MPI ranks (R ranks of n workers): the groups split the R n global
  * workers, so a group may start and end inside a rank.  A group within
  * one rank reduces with the shared engine; a group that spans ranks with
  * an MPI engine over just its ranks (comm/mpi.c, its ranks' own worker
  * counts).  The epoch end adds one exchange per epoch, by each rank's
- * worker 0 after the first barrier (join_over_ranks): every segment's
+ * worker 0 after the join's barrier (join_over_ranks): every segment's
  * parameters are broadcast from the rank of its group's first worker, so
  * that every rank holds the joined network; the loss sums of the groups
  * reach every rank.  A group that spans ranks keeps its members' step
@@ -42,156 +42,29 @@
  * network (the same values); a stop or a checkpoint asked of any rank is
  * agreed at the epoch end.
  *
- * The segment epochs are the strategy's pre_loop phase (strategy.h): the
- * loop's epochs of steps do not fit groups that take different numbers of
- * steps.  Recovery (--recovery-epochs E): then every worker drops its
- * segment, builds the whole mlp on a fresh arena with the joined
- * parameters, and the loop runs E epochs of plain data parallelism (the
- * sharded step of run.c, all N workers, the run's engine), with the orders
- * of epochs epochs + 1 .. epochs + E.  The records are renumbered to
- * follow the segment epochs.
+ * The run has two phases (strategy.h, st_phase), which the loop runs.
+ * The segment epochs are an apart phase: the groups take different
+ * numbers of steps and meet only at epoch ends (synth_join.c), where
+ * stops and checkpoints are taken; records and checkpoint names count
+ * group 0's steps.  Recovery (--recovery-epochs E): then every worker
+ * drops its segment, builds the whole mlp on a fresh arena with the
+ * joined parameters, and the loop runs E epochs of plain data parallelism
+ * (the sharded step of run.c, all N workers, the run's engine), with the
+ * orders of epochs epochs + 1 .. epochs + E, numbered after the segment
+ * epochs.
+ *
+ * Files: synth.c (the strategy: config, groups, phases, recovery, saving
+ * and resuming), synth_segment.c (a segment's worker and step),
+ * synth_join.c (the epoch ends and the records), synth_run.h (the state
+ * they share), synth_plan.c (cuts, the worker split, the labels).
  */
 #include <math.h>
-#include <pthread.h>
-#include <stddef.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <subtrain/rng.h>
-#include <subtrain/world.h>
-
 #include "core/error.h"
-#include "core/rng_streams.h"
-#include "nn/segment.h"
-#include "train/strategy.h"
-
-/* One group of workers and its segment.  The fields above `loss_sum` are
- * written before the parallel region and read by every member each step;
- * loss_sum and done are written by the group's first worker every step,
- * so they start a cache line of their own, and the struct is padded to
- * whole lines (it is 64-aligned), so that neither this group's read-only
- * fields nor the next group's share that line. */
-typedef struct synth_group {
-    int index;                       /* its segment, 0-based */
-    int first, count;                /* workers [first, first + count) */
-    int layer_first, layer_last;     /* its linear layers (1-based) */
-    size_t n_params, full_offset;    /* its parameters, where they sit in the mlp's */
-    double flops;                    /* per step and worker */
-    st_comm *comm;                   /* NULL for a group of one, or none of it here */
-    int rank_first, rank_last;       /* the ranks its workers are on (one process: 0, 0) */
-    int local_first, local_count;    /* its workers on this rank (local indices; count 0:
-                                      * none) */
-    double *losses;                  /* spanning ranks: its members' losses of the epoch's
-                                      * steps, (count, steps_per_epoch), this rank's rows
-                                      * filled, the others 0 until join_over_ranks */
-    uint64_t steps_per_epoch;
-    st_schedule schedule;
-    _Alignas(64) double loss_sum;    /* over the epoch: the group's mean loss per step */
-    _Atomic uint64_t done;           /* steps taken over the segment epochs (progress
-                                      * for worker 0's step reports; relaxed) */
-} synth_group;
-
-_Static_assert(offsetof(synth_group, loss_sum) % 64 == 0 && sizeof(synth_group) % 64 == 0,
-               "a group's per-step line is its own");
-
-/* What one worker holds besides st_worker (its own lines). */
-typedef struct synth_worker {
-    _Alignas(64) st_segnet *net;
-    const float *labels_in;          /* K x W: s_{g-1}, NULL for segment 1 */
-    const float *labels_out;         /* K x W: s_g, NULL for the last segment */
-    int32_t *y;                      /* (B) classes of the batch */
-    st_rng noise;                    /* the root of its segment's noise streams */
-    uint64_t steps;                  /* taken so far */
-} synth_worker;
-
-/* The barrier of the epoch ends: a blocking one (mutex and condition
- * variable), not the engines' spin barrier.  At an epoch end a group that
- * finished early waits for the slowest group for as long as a whole
- * epoch's imbalance between them (the groups' per-worker loads differ by
- * up to a layer's FLOPs x the steps of an epoch): spinning that long would
- * burn the cores the slower groups need when the run is oversubscribed,
- * and distort the very timings being measured.  Twice an epoch, outside
- * the steps, a lock costs nothing that matters. */
-typedef struct epoch_barrier {
-    pthread_mutex_t lock;
-    pthread_cond_t turn;
-    int n, arrived, aborted;
-    unsigned generation;
-} epoch_barrier;
-
-typedef struct synth_run {
-    int segments;
-    int cuts[ST_SYNTH_MAX_SEGMENTS - 1];
-    synth_group groups[ST_SYNTH_MAX_SEGMENTS];
-    int *group_of;                   /* n */
-    synth_worker *workers;           /* n */
-    epoch_barrier barrier;
-    int barrier_ready;
-    st_arena eval_arena;             /* worker 0's joined network */
-    st_model *joined;
-    uint64_t steps1;                 /* group 0's steps over the segment epochs: the
-                                      * step numbers of the records and reports */
-    double samples_per_epoch;        /* that went through every segment (below) */
-    st_mem_stats phase1_worst;       /* the largest worker of the segment epochs */
-    const st_train_callbacks *user_cb;
-    st_train_callbacks wrap_cb;      /* recovery: renumbers, then calls user_cb */
-    int recovering;                  /* the recovery epochs have begun */
-    int segment_epochs_done;         /* resumed: segment epochs before the checkpoint */
-    int stop_now, save_now;          /* worker 0's decision at a segment epoch's end,
-                                      * read by all after its second barrier */
-    int epochs_done;                 /* segment epochs ended (worker 0's) */
-} synth_run;
-
-/* The strategy's state, as the hooks also get it. */
-static inline synth_run *synth_of(const run_shared *r)
-{
-    return r->strategy;
-}
-
-/* ------------------------------------------------------------ the epoch-end barrier */
-
-static void epoch_barrier_init(epoch_barrier *b, int n)
-{
-    pthread_mutex_init(&b->lock, NULL);
-    pthread_cond_init(&b->turn, NULL);
-    b->n = n;
-    b->arrived = 0;
-    b->aborted = 0;
-    b->generation = 0;
-}
-
-static void epoch_barrier_destroy(epoch_barrier *b)
-{
-    pthread_cond_destroy(&b->turn);
-    pthread_mutex_destroy(&b->lock);
-}
-
-static void epoch_barrier_abort(epoch_barrier *b)
-{
-    pthread_mutex_lock(&b->lock);
-    b->aborted = 1;
-    pthread_cond_broadcast(&b->turn);
-    pthread_mutex_unlock(&b->lock);
-}
-
-/* Everything a worker wrote before arriving is visible to every worker
- * after it leaves (the mutex orders them). */
-static st_status epoch_sync(synth_run *sy)
-{
-    epoch_barrier *b = &sy->barrier;
-    pthread_mutex_lock(&b->lock);
-    unsigned gen = b->generation;
-    if (!b->aborted && ++b->arrived == b->n) {
-        b->arrived = 0;
-        b->generation++;
-        pthread_cond_broadcast(&b->turn);
-    }
-    while (!b->aborted && b->generation == gen)
-        pthread_cond_wait(&b->turn, &b->lock);
-    int aborted = b->aborted && b->generation == gen;
-    pthread_mutex_unlock(&b->lock);
-    return aborted ? st_fail(ST_ERR_INVALID, "another worker failed") : ST_OK;
-}
+#include "train/synth_run.h"
 
 /* ------------------------------------------------------------ config */
 
@@ -391,7 +264,8 @@ static double samples_per_epoch(const run_shared *r, const synth_run *sy)
 /* Before the parallel region: the run's engine (that of the recovery
  * epochs, and the barrier of all workers), cuts, the split of the workers
  * into groups, each group's reduction engine; r->plan becomes the recovery
- * epochs' (none without them). */
+ * epochs' (none without them): the stepwise epochs a checkpoint's position
+ * counts (strategy.h). */
 static st_status synth_prepare(run_shared *r, void **state)
 {
     const st_train_config *cfg = r->cfg;
@@ -408,7 +282,7 @@ static st_status synth_prepare(run_shared *r, void **state)
     memset(sy, 0, size);
     *state = sy;
     sy->segments = cfg->synth.segments;
-    epoch_barrier_init(&sy->barrier, r->n);
+    st_synth_barrier_init(&sy->barrier, r->n);
     sy->barrier_ready = 1;
     sy->group_of = calloc((size_t)r->n, sizeof *sy->group_of);
     sy->workers = aligned_alloc(64, sizeof(synth_worker) * (size_t)r->n);
@@ -438,9 +312,6 @@ static st_status synth_prepare(run_shared *r, void **state)
         rc.epochs = cfg->synth.recovery_epochs;
         rc.steps = 0;
         ST_TRY(st_run_make_plan(&rc, r->n_all, r->train, &r->plan));
-        /* Recovery epoch e draws the order of epoch epochs + e, not that of
-         * segment epoch e again. */
-        r->order_offset = (uint64_t)cfg->epochs;
     }
     return ST_OK;
 }
@@ -454,7 +325,7 @@ static void synth_abort(run_shared *r, void *state)
         if (sy->groups[g].comm)
             st_comm_abort(sy->groups[g].comm);
     if (sy->barrier_ready)
-        epoch_barrier_abort(&sy->barrier);
+        st_synth_barrier_abort(&sy->barrier);
 }
 
 static void synth_release(run_shared *r, void *state)
@@ -471,547 +342,21 @@ static void synth_release(run_shared *r, void *state)
         free(sy->groups[g].losses);
     }
     if (sy->barrier_ready)
-        epoch_barrier_destroy(&sy->barrier);
+        st_synth_barrier_destroy(&sy->barrier);
     free(sy->group_of);
     free(sy->workers);
     free(sy);
 }
 
-/* ------------------------------------------------------------ a worker */
-
-static st_status alloc_labels(st_worker *w, const st_train_config *cfg, int cut,
-                              const float **out)
-{
-    const int K = cfg->model.n_classes, W = cfg->model.width;
-    float *p;
-    ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WORKSPACE, (size_t)K * (size_t)W, &p));
-    st_synth_make_labels(cfg->synth.labels, cfg->synth.scale, cfg->seed, cut, K, W, p);
-    *out = p;
-    return ST_OK;
-}
-
-/* Worker wid's segment (that of its group), attached to its group's
- * engine; worker 0 (every rank's) also builds the joined network for
- * evaluation. */
-static st_status synth_init_worker(run_shared *r, void *state, int wid, st_worker *w,
-                                   const st_chunk_backend *backend)
-{
-    const st_train_config *cfg = r->cfg;
-    synth_run *sy = state;
-    const int g = sy->group_of[wid];
-    synth_group *G = &sy->groups[g];
-    synth_worker *me = &sy->workers[wid];
-    ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
-    st_segment_config sc = { .model = cfg->model, .first = G->layer_first,
-                             .last = G->layer_last };
-    ST_TRY(st_segnet_create(&sc, cfg->batch, &w->arena, &me->net));
-    st_segnet_init_params(me->net, cfg->seed);
-    if (g > 0)
-        ST_TRY(alloc_labels(w, cfg, g, &me->labels_in));
-    if (g < sy->segments - 1)
-        ST_TRY(alloc_labels(w, cfg, g + 1, &me->labels_out));
-    void *y;
-    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_ACTIVATIONS, (size_t)cfg->batch * sizeof(int32_t), &y));
-    me->y = y;
-    st_rng root = st_rng_seed(cfg->seed);
-    st_rng noise = st_rng_split(&root, ST_RNG_STREAM_SYNTH_NOISE);
-    me->noise = st_rng_split(&noise, (uint64_t)g);
-    me->steps = 0;
-
-    /* The group's engine and the join were sized from the shapes alone
-     * (st_segment_params): the segment built must agree. */
-    size_t P = st_segnet_param_count(me->net);
-    if (P != G->n_params)
-        return st_fail(ST_ERR_INVALID, "segment %d (layers %d-%d) holds %zu parameters, its "
-                       "group planned for %zu", g + 1, G->layer_first, G->layer_last, P,
-                       G->n_params);
-    if (G->comm) {
-        st_range all = { 0, P };
-        int k = wid - G->local_first;
-        ST_TRY(st_comm_attach(G->comm, k, &w->arena, st_segnet_grads(me->net),
-                              st_segnet_params(me->net), &all, 1));
-        st_range shard = st_comm_shard(G->comm, k);
-        ST_TRY(st_worker_init_optimizer(w, cfg, shard.begin, shard.end));
-    } else {
-        ST_TRY(st_worker_init_optimizer(w, cfg, 0, P));
-    }
-    if (wid == 0) { /* the joined network, for evaluation: not part of any worker's arena */
-        st_arena_init(&sy->eval_arena, "evaluation", backend, 0);
-        ST_TRY(st_model_create(&cfg->model, cfg->batch, &sy->eval_arena, &sy->joined));
-    }
-    return ST_OK;
-}
-
-/* Two independent N(0, 1) values from one 64-bit draw (Box-Muller in
- * float, 24-bit uniforms: tails cut at 5.8 sigma).  The noise is B x W
- * values a step: computed in double as st_rng_normal does, it cost as
- * much as a middle segment's GEMMs. */
-static inline void normal_pair(st_rng *r, float *a, float *b)
-{
-    uint64_t u = st_rng_u64(r);
-    float u1 = ((float)(u >> 40) + 1.0f) * (1.0f / 16777216.0f);       /* (0, 1] */
-    float u2 = (float)((u >> 8) & 0xFFFFFFu) * (1.0f / 16777216.0f);   /* [0, 1) */
-    float rad = sqrtf(-2.0f * logf(u1)), th = 6.28318530718f * u2;
-    *a = rad * cosf(th);
-    *b = rad * sinf(th);
-}
-
-/* Samples order[first .. first + B) as segment G sees them: the images
- * (segment 1) or the synthetic label of the previous cut plus noise; the
- * synthetic label of the next cut (MSE) or the class (last segment).
- * x is (B, in), s_in and s_out are (K, W), the target is (B, W). */
-static void load_batch(const run_shared *r, synth_worker *me, const synth_group *G, int epoch,
-                       const uint32_t *order, uint32_t first)
-{
-    const st_dataset *d = r->train;
-    const int B = r->cfg->batch, W = r->cfg->model.width, S = synth_of(r)->segments;
-    const int g = G->index;
-    const uint32_t *idx = order + first;
-    float *x = st_segnet_input(me->net);
-    int32_t *y = g == S - 1 ? st_segnet_labels(me->net) : me->y;
-    if (g == 0) {
-        st_dataset_gather_train(d, (uint64_t)epoch - 1, idx, (size_t)B, x, y);
-    } else {
-        const float sigma = r->cfg->synth.noise * r->cfg->synth.scale;
-        for (int b = 0; b < B; b++) {
-            y[b] = d->y[idx[b]];
-            const float *s = me->labels_in + (size_t)y[b] * (size_t)W;
-            float *row = x + (size_t)b * (size_t)W;
-            if (sigma == 0.0f) {
-                memcpy(row, s, (size_t)W * sizeof *row);
-                continue;
-            }
-            st_rng n = st_rng_split(&me->noise, (uint64_t)(epoch - 1) * d->count + first + b);
-            for (int j = 0; j < W; j += 2) {
-                float z0, z1;
-                normal_pair(&n, &z0, &z1);
-                row[j] = s[j] + sigma * z0;
-                if (j + 1 < W)
-                    row[j + 1] = s[j + 1] + sigma * z1;
-            }
-        }
-    }
-    if (g < S - 1) {
-        float *t = st_segnet_target(me->net);
-        for (int b = 0; b < B; b++)
-            memcpy(t + (size_t)b * (size_t)W, me->labels_out + (size_t)y[b] * (size_t)W,
-                   (size_t)W * sizeof *t);
-    }
-}
-
-/* A group of one updates locally: no barrier of its own would notice a
- * failure elsewhere, so it looks at the run's flag every step (one relaxed
- * load of a line nobody writes until something fails). */
-static st_status local_update(run_shared *r, st_worker *w, synth_group *G, uint64_t step,
-                              float *loss, float *lr)
-{
-    synth_worker *me = &synth_of(r)->workers[w->id];
-    worker_slot *slot = &r->slots[w->id];
-    if (atomic_load_explicit(&r->failed, memory_order_relaxed))
-        return st_fail(ST_ERR_INVALID, "another worker failed");
-    double t = st_run_now_s();
-    int n_segs;
-    const st_param_segment *segs = st_segnet_segments(me->net, &n_segs);
-    *loss = slot->loss;
-    *lr = st_schedule_lr(&G->schedule, step);
-    st_optim_update(&w->optim, st_segnet_params(me->net), st_segnet_grads(me->net), segs,
-                    n_segs, 0, st_segnet_param_count(me->net), step, *lr);
-    slot->times.optimizer += st_run_now_s() - t;
-    return ST_OK;
-}
-
-/* One step of worker w, member k of its group G (kl on this rank): its
- * batch of the group's global batch i, forward, backward, then the
- * group's data parallelism (or a local update).  *loss: the group's mean,
- * for k = 0 of a group within one rank; a group spanning ranks keeps each
- * member's loss for the epoch end instead (join_over_ranks). */
-static st_status segment_step(run_shared *r, st_worker *w, synth_group *G, int epoch,
-                              uint64_t i, float *loss, float *lr)
-{
-    synth_worker *me = &synth_of(r)->workers[w->id];
-    worker_slot *slot = &r->slots[w->id];
-    const int k = st_run_global(r, w->id) - G->first, kl = w->id - G->local_first,
-              m = G->count;
-    double t = st_run_now_s(), t1;
-    uint32_t first = (uint32_t)((i * (uint64_t)m + (uint64_t)k) * (uint64_t)r->cfg->batch);
-    load_batch(r, me, G, epoch, w->order, first);
-    ST_TRY(st_segnet_forward_backward(me->net, &slot->loss));
-    t1 = st_run_now_s();
-    slot->times.compute += t1 - t;
-    t = t1;
-    uint64_t step = ++me->steps;
-    if (!G->comm)
-        return local_update(r, w, G, step, loss, lr);
-    if (G->losses)
-        G->losses[(size_t)k * G->steps_per_epoch + i] = slot->loss;
-    ST_TRY(st_comm_barrier(G->comm, kl));
-    t1 = st_run_now_s();
-    slot->times.wait += t1 - t;
-    t = t1;
-    if (k == 0 && !G->losses) { /* stable until the all-gather, which needs every worker */
-        double sum = 0.0;
-        for (int v = 0; v < m; v++)
-            sum += r->slots[G->local_first + v].loss;
-        *loss = (float)(sum / m);
-    }
-    ST_TRY(st_comm_reduce_scatter(G->comm, kl));
-    t1 = st_run_now_s();
-    slot->times.reduce += t1 - t;
-    t = t1;
-    int n_segs;
-    const st_param_segment *segs = st_segnet_segments(me->net, &n_segs);
-    st_range shard = st_comm_shard(G->comm, kl);
-    *lr = st_schedule_lr(&G->schedule, step);
-    st_optim_update(&w->optim, st_comm_shard_params(G->comm, kl),
-                    st_comm_shard_grads(G->comm, kl), segs, n_segs, shard.begin, shard.end, step,
-                    *lr);
-    t1 = st_run_now_s();
-    slot->times.optimizer += t1 - t;
-    t = t1;
-    ST_TRY(st_comm_all_gather(G->comm, kl));
-    slot->times.reduce += st_run_now_s() - t;
-    return ST_OK;
-}
-
-/* ------------------------------------------------------------ records */
-
-static void describe_segments(const synth_run *sy, st_epoch_record *rec)
-{
-    rec->n_segments = sy->segments;
-    for (int g = 0; g < sy->segments; g++) {
-        rec->segment_workers[g] = sy->groups[g].count;
-        if (g + 1 < sy->segments)
-            rec->cuts[g] = sy->cuts[g];
-    }
-}
-
-/* How far the segment epochs are, in [0, 1]: the slowest group's share of
- * its steps (the groups meet at every epoch end, so the phase ends when
- * the slowest group does).  Over ranks, of the groups this rank sees. */
-static double segment_progress(const synth_run *sy, int epochs)
-{
-    double least = 1.0;
-    for (int g = 0; g < sy->segments; g++) {
-        const synth_group *G = &sy->groups[g];
-        if (G->local_count == 0)
-            continue;
-        uint64_t done = atomic_load_explicit(&G->done, memory_order_relaxed);
-        least = fmin(least, (double)done / ((double)epochs * (double)G->steps_per_epoch));
-    }
-    return least;
-}
-
-/* Worker 0 after each of its steps.  Steps are numbered by group 0's
- * (worker 0's) steps; throughput and the time left by the slowest group's
- * progress f: samples through the whole network so far are f x the
- * segment epochs' samples, and the segment epochs end after
- * train_time x (1 - f) / f more.  The recovery epochs, not yet measured,
- * are estimated at the mean segment epoch's time each: every segment sees
- * every sample, so an epoch of the segments does about the FLOPs of a
- * data-parallel epoch (a little less).  Once they start, the loop reports
- * on its own measurements. */
-static void report_step(run_shared *r, int epoch, uint64_t step, float loss, float lr,
-                        double train_time)
-{
-    const st_train_config *cfg = r->cfg;
-    const int recovery = cfg->synth.recovery_epochs;
-    st_run_note_step(r, epoch, cfg->epochs + recovery, step, lr);
-    const st_train_callbacks *cb = r->cb;
-    if (!cb || !cb->on_step)
-        return;
-    const synth_run *sy = synth_of(r);
-    double f = segment_progress(sy, cfg->epochs);
-    double phase = f > 0.0 ? train_time / f : 0.0;   /* the segment epochs' estimated time */
-    st_step_info info = {
-        .step = step,
-        .total_steps = sy->steps1 + (recovery ? r->plan.total_steps : 0),
-        .epoch = epoch,
-        .epochs = cfg->epochs + recovery,
-        .loss = loss,
-        .lr = lr,
-        .samples_per_s = f * cfg->epochs * sy->samples_per_epoch / train_time,
-        .elapsed_s = st_run_now_s() - r->t0,
-        .eta_s = phase * (1.0 - f) + phase / cfg->epochs * recovery,
-    };
-    cb->on_step(&info, cb->user);
-}
-
-/* Worker 0, between the two barriers of an epoch end.  The step times are
- * each worker's mean over its own group's steps (the groups take different
- * numbers), then the mean over workers; the wait at the epoch end is not a
- * step's and is in the epoch's wall time (samples_per_s) instead. */
-static void fill_record(run_shared *r, st_epoch_record *rec)
-{
-    const synth_run *sy = synth_of(r);
-    step_times sum = { 0, 0, 0, 0 };
-    size_t worst = 0;
-    double bytes = 0.0;
-    for (int k = 0; k < r->n; k++) {
-        const worker_slot *s = &r->slots[k];
-        double steps = (double)sy->groups[sy->group_of[k]].steps_per_epoch;
-        sum.compute += s->times.compute / steps;
-        sum.wait += s->times.wait / steps;
-        sum.reduce += s->times.reduce / steps;
-        sum.optimizer += s->times.optimizer / steps;
-        if (s->memory.peak_total > r->slots[worst].memory.peak_total)
-            worst = (size_t)k;
-        double b = (double)(s->bytes.read + s->bytes.written);
-        if (b > bytes)
-            bytes = b;
-        r->memory[k] = s->memory;
-    }
-    rec->step_ms_compute = sum.compute * 1e3 / r->n;
-    rec->step_ms_wait = sum.wait * 1e3 / r->n;
-    rec->step_ms_reduce = sum.reduce * 1e3 / r->n;
-    rec->step_ms_optimizer = sum.optimizer * 1e3 / r->n;
-    rec->memory = r->slots[worst].memory;
-    rec->worker_memory = r->memory;
-    rec->placement = &r->placement;
-    rec->workers = r->n_all;
-    rec->ranks = r->ranks;
-    rec->workers_per_rank = r->n;
-    rec->threads_per_worker = r->placement.threads_per_worker;
-    rec->precision = r->cfg->model.precision;
-    rec->comm_precision = r->cfg->comm_precision;
-    rec->comm_bytes_per_worker_step = bytes;
-    rec->ring_bytes_per_worker_step =
-        st_comm_ring_bytes(r->n_all, r->n_params);
-    describe_segments(sy, rec);
-    for (int g = 0; g < sy->segments; g++)
-        rec->segment_loss[g] = sy->groups[g].loss_sum / (double)sy->groups[g].steps_per_epoch;
-    /* No training loss of the joined network exists in the segment epochs:
-     * train_loss is the last segment's cross-entropy on synthetic inputs
-     * (documented in train.h; the CLI labels it so). */
-    rec->train_loss = rec->segment_loss[sy->segments - 1];
-}
-
-/* ------------------------------------------------------------ the segment epochs */
-
-/* Worker 0 at a segment epoch's end, the others waiting at its second
- * barrier with their optimizers published: a stop asked for (the groups
- * meet nowhere else, so a stop waits for the epoch's end), a checkpoint
- * asked for or due (--checkpoint-every counts group 0's steps), written
- * here.  The decisions are read by every worker after the barrier. */
-static st_status segment_requests(run_shared *r, synth_run *sy, int epoch, double train_time)
-{
-    const st_train_config *cfg = r->cfg;
-    const st_train_callbacks *cb = r->cb;
-    /* group 0's steps (worker 0's, in one process) */
-    const uint64_t every = cfg->checkpoint.every, per_epoch = sy->groups[0].steps_per_epoch,
-                   steps = (uint64_t)epoch * per_epoch;
-    const int last = epoch == cfg->epochs && cfg->synth.recovery_epochs == 0;
-    /* over ranks, what any rank was asked (as the loop's requests) */
-    int asked[2] = { cb && cb->stop && *cb->stop, cb && cb->checkpoint_now && *cb->checkpoint_now };
-    if (asked[1])
-        *cb->checkpoint_now = 0;
-    if (r->ranks > 1)
-        ST_TRY(st_world_max_ints(asked, 2));
-    sy->stop_now = asked[0] && !last;
-    r->stopped = sy->stop_now;
-    if (asked[1])
-        sy->save_now = 1;
-    const int due = cfg->checkpoint.every_epoch ||
-                    (every && steps / every > (steps - per_epoch) / every);
-    if (!cfg->checkpoint.dir || last || !(sy->stop_now || sy->save_now || due))
-        return ST_OK;
-    /* the loop's position is its start: the recovery epochs' */
-    const run_position at = { 1, 0, 0, 0.0, 0, train_time };
-    r->ckpt_step_offset = steps;
-    ST_TRY(st_run_checkpoint_write(r, NULL, &at));
-    sy->save_now = 0;
-    return ST_OK;
-}
-
-/* Worker 0 of every rank, after the first barrier of an epoch end: the
- * groups' parameters and losses from the ranks that have them (one
- * broadcast a segment from the rank of its group's first worker; the
- * spanning groups' step losses summed over ranks, where each member's row
- * is nonzero on one rank only, so the sum is exact whatever its order),
- * and the spanning groups' mean step losses, in one process's order. */
-static st_status join_over_ranks(run_shared *r, synth_run *sy)
-{
-    double sums[ST_SYNTH_MAX_SEGMENTS];
-    for (int g = 0; g < sy->segments; g++) {
-        synth_group *G = &sy->groups[g];
-        ST_TRY(st_world_bcast(st_model_params(sy->joined) + G->full_offset,
-                              G->n_params * sizeof(float), G->rank_first));
-        sums[g] = r->rank == G->rank_first ? G->loss_sum : 0.0;
-        if (!G->losses)
-            continue;
-        const uint64_t steps = G->steps_per_epoch;
-        ST_TRY(st_world_sum_doubles(G->losses, (size_t)G->count * steps));
-        double total = 0.0;
-        for (uint64_t i = 0; i < steps; i++) {
-            double sum = 0.0;
-            for (int v = 0; v < G->count; v++)
-                sum += G->losses[(size_t)v * steps + i];
-            total += (float)(sum / G->count);
-        }
-        memset(G->losses, 0, sizeof *G->losses * (size_t)G->count * steps);
-        sums[g] = r->rank == G->rank_first ? total : 0.0;
-    }
-    ST_TRY(st_world_sum_doubles(sums, (size_t)sy->segments));
-    for (int g = 0; g < sy->segments; g++)
-        sy->groups[g].loss_sum = sums[g];
-    return ST_OK;
-}
-
-/* The end of a segment epoch for worker w: its slot, the join (each group
- * writes its own range of the joined vector; after its all-gather every
- * replica holds the same values), the barrier, then worker 0 evaluates the
- * joined network and reports while the others wait at the second barrier
- * (over ranks, worker 0 of every rank, after join_over_ranks).
- * *train_time (worker 0's) grows by the epoch's wall time up to the end of
- * the first barrier: it includes waiting for the slowest group. */
-static st_status epoch_end(run_shared *r, st_worker *w, int epoch, double te, float lr,
-                           double *train_time, st_epoch_record *rec)
-{
-    const st_train_config *cfg = r->cfg;
-    synth_run *sy = synth_of(r);
-    const int wid = w->id;
-    synth_group *G = &sy->groups[sy->group_of[wid]];
-    synth_worker *me = &sy->workers[wid];
-    worker_slot *slot = &r->slots[wid];
-    slot->memory = w->arena.stats;
-    memset(&slot->bytes, 0, sizeof slot->bytes);
-    if (G->comm)
-        slot->bytes = st_comm_bytes_per_step(G->comm, wid - G->first);
-    if (st_run_global(r, wid) == G->first)
-        memcpy(st_model_params(sy->joined) + G->full_offset, st_segnet_params(me->net),
-               G->n_params * sizeof(float));
-    slot->model = NULL;   /* a checkpoint's: a segment has no running statistics */
-    slot->optim = &w->optim;
-    ST_TRY(epoch_sync(sy));
-    double epoch_time = st_run_now_s() - te;
-    *train_time += epoch_time;
-    if (wid == 0) {
-        if (r->ranks > 1)
-            ST_TRY(join_over_ranks(r, sy));
-        sy->epochs_done = epoch;
-        ST_TRY(st_run_evaluate_model(sy->joined, r->test, &rec->test_loss, &rec->test_acc));
-        rec->epoch = epoch;
-        rec->epochs = cfg->epochs + cfg->synth.recovery_epochs;
-        rec->step = (uint64_t)epoch * sy->groups[0].steps_per_epoch;   /* group 0's */
-        rec->samples_per_s = sy->samples_per_epoch / epoch_time;
-        rec->lr = lr;
-        rec->wall_s = st_run_now_s() - r->t0;
-        fill_record(r, rec);
-        if (r->cb && r->cb->on_epoch)
-            r->cb->on_epoch(rec, r->cb->user);
-        ST_TRY(segment_requests(r, sy, epoch, *train_time));
-    }
-    return epoch_sync(sy); /* the slots and group sums are read until here */
-}
-
-static st_status segment_epochs(run_shared *r, st_worker *w)
-{
-    const st_train_config *cfg = r->cfg;
-    synth_run *sy = synth_of(r);
-    const int wid = w->id;
-    synth_group *G = &sy->groups[sy->group_of[wid]];
-    synth_worker *me = &sy->workers[wid];
-    const int leader = st_run_global(r, wid) == G->first;
-    st_epoch_record rec;
-    memset(&rec, 0, sizeof rec);
-    double train_time = r->resume ? r->resume->at.train_time : 0.0;
-    float lr = 0.0f;
-    int stopped = 0;
-
-    for (int epoch = sy->segment_epochs_done + 1; epoch <= cfg->epochs && !stopped; epoch++) {
-        /* Every group draws the same order from the seed: no sharing. */
-        st_epoch_order(cfg->seed, (uint64_t)epoch - 1, w->order, r->train->count);
-        memset(&r->slots[wid].times, 0, sizeof r->slots[wid].times);
-        if (leader)
-            G->loss_sum = 0.0;
-        double te = st_run_now_s();
-        for (uint64_t i = 0; i < G->steps_per_epoch; i++) {
-            float loss = 0.0f;
-            ST_TRY(segment_step(r, w, G, epoch, i, &loss, &lr));
-            if (leader && !G->losses)
-                G->loss_sum += loss;
-            if (wid == G->local_first)
-                atomic_store_explicit(&G->done, me->steps, memory_order_relaxed);
-            if (wid == 0)   /* a group spanning ranks: its mean is known at the epoch end */
-                report_step(r, epoch, me->steps, G->losses ? r->slots[0].loss : loss, lr,
-                            train_time + (st_run_now_s() - te));
-        }
-        ST_TRY(epoch_end(r, w, epoch, te, lr, &train_time, &rec));
-        stopped = sy->stop_now;
-    }
-    if (wid == 0) {
-        sy->phase1_worst = rec.memory;
-        r->final = rec;
-        if (cfg->synth.recovery_epochs == 0 || stopped) {
-            rec.final = 1;
-            rec.interrupted = stopped;
-            rec.samples_per_s = (double)rec.epoch * sy->samples_per_epoch / train_time;
-            if (r->cb && r->cb->on_epoch)
-                r->cb->on_epoch(&rec, r->cb->user);
-            r->final = rec;
-        }
-    }
-    return ST_OK;
-}
-
-/* ------------------------------------------------------------ recovery */
-
-/* A recovery record follows the segment epochs: epochs and steps
- * renumbered, the segments described; the final record's memory is the
- * larger of the two phases' (the run's peak). */
-static void renumber(const run_shared *r, st_epoch_record *rec)
-{
-    const synth_run *sy = synth_of(r);
-    rec->epoch += r->cfg->epochs;
-    rec->epochs += r->cfg->epochs;
-    rec->step += sy->steps1;
-    rec->recovery = 1;
-    describe_segments(sy, rec);
-    if (rec->final && sy->phase1_worst.peak_total > rec->memory.peak_total)
-        rec->memory = sy->phase1_worst;
-}
-
-static void wrap_on_step(const st_step_info *info, void *user)
-{
-    const run_shared *r = user;
-    const st_train_callbacks *cb = synth_of(r)->user_cb;
-    st_step_info i = *info;
-    i.step += synth_of(r)->steps1;
-    i.total_steps += synth_of(r)->steps1;
-    i.epoch += r->cfg->epochs;
-    i.epochs += r->cfg->epochs;
-    cb->on_step(&i, cb->user);
-}
-
-static void wrap_on_checkpoint(const char *path, uint64_t step, void *user)
-{
-    const run_shared *r = user;
-    const st_train_callbacks *cb = synth_of(r)->user_cb;
-    cb->on_checkpoint(path, step, cb->user);
-}
-
-static void wrap_on_params(const float *params, size_t count, void *user)
-{
-    const run_shared *r = user;
-    const st_train_callbacks *cb = synth_of(r)->user_cb;
-    cb->on_params(params, count, cb->user);
-}
-
-static void wrap_on_epoch(const st_epoch_record *rec, void *user)
-{
-    const run_shared *r = user;
-    const st_train_callbacks *cb = synth_of(r)->user_cb;
-    st_epoch_record c = *rec;
-    renumber(r, &c);
-    cb->on_epoch(&c, cb->user);
-}
+/* ------------------------------------------------------------ the phases */
 
 /* Worker w drops its segment and holds the whole joined mlp, on a fresh
  * arena (so that the recovery records count what data parallelism holds),
- * attached to the run's engine; the loop's epochs follow. */
-static st_status recovery_start(run_shared *r, st_worker *w, const st_chunk_backend *backend)
+ * attached to the run's engine. */
+static st_status recovery_start(run_shared *r, synth_run *sy, st_worker *w,
+                                const st_chunk_backend *backend)
 {
     const int wid = w->id;
-    synth_run *sy = synth_of(r);
     st_worker_destroy(w);
     ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, backend));
     memcpy(st_model_params(w->model), st_model_params(sy->joined),
@@ -1023,46 +368,66 @@ static st_status recovery_start(run_shared *r, st_worker *w, const st_chunk_back
         ST_TRY(st_run_resume_model(r, w));
         st_run_resume_shard(r, r->comm, wid, st_comm_shard_params(r->comm, wid));
     }
-    if (wid == 0) {
+    if (wid == 0)
         sy->recovering = 1;
-        st_run_note_step(r, 0, r->plan.epochs, 0, 0.0f);   /* counted as the loop counts */
-        r->ckpt_step_offset = sy->steps1;
-        sy->user_cb = r->cb;
-        if (r->cb) {
-            /* warnings were given before the segment epochs */
-            sy->wrap_cb = (st_train_callbacks){
-                .on_step = r->cb->on_step ? wrap_on_step : NULL,
-                .on_epoch = r->cb->on_epoch ? wrap_on_epoch : NULL,
-                .on_warning = NULL,
-                .user = r,
-                .stop = r->cb->stop,
-                .checkpoint_now = r->cb->checkpoint_now,
-                .on_checkpoint = r->cb->on_checkpoint ? wrap_on_checkpoint : NULL,
-                .on_params = r->cb->on_params ? wrap_on_params : NULL,
-            };
-            r->cb = &sy->wrap_cb;
-        }
-    }
-    return st_run_sync(r, wid);
+    return ST_OK;
 }
 
-/* The segment epochs (w's segment within its group, the joined network's
- * evaluation after each), then, with recovery epochs, the switch to data
- * parallelism of the joined network on a fresh arena from `backend`. */
-static st_status synth_pre_loop(run_shared *r, void *state, st_worker *w,
-                                const st_chunk_backend *backend)
+/* Phase 0, the segment epochs: w's group's steps, from the segment epoch
+ * after those a resumed checkpoint had done; phase 1, the recovery
+ * epochs: r->plan (the default), numbered after the segment epochs, on
+ * the joined network. */
+static st_status synth_phase_begin(run_shared *r, void *state, int k, st_worker *w,
+                                   const st_chunk_backend *backend, st_phase *ph)
 {
+    const st_train_config *cfg = r->cfg;
     synth_run *sy = state;
-    synth_worker *me = &sy->workers[w->id];
-    st_status s = sy->segment_epochs_done < r->cfg->epochs ? segment_epochs(r, w) : ST_OK;
-    st_segnet_destroy(me->net); /* before its arena goes */
-    me->net = NULL;
-    if (s != ST_OK || r->cfg->synth.recovery_epochs == 0 || r->stopped)
-        return s;
-    return recovery_start(r, w, backend);
+    const int recovery = cfg->synth.recovery_epochs;
+    ph->run_epochs = cfg->epochs + recovery;
+    ph->run_steps = sy->steps1 + r->plan.total_steps;
+    if (k == 1) {
+        ph->epochs_before = cfg->epochs;
+        ph->steps_before = sy->steps1;
+        ph->order_offset = (uint64_t)cfg->epochs;   /* not segment epoch e's order again */
+        ph->label = st_synth_recovery_label;
+        return recovery_start(r, sy, w, backend);
+    }
+    const synth_group *G = &sy->groups[sy->group_of[w->id]];
+    const int done = sy->segment_epochs_done;
+    ph->plan = (run_plan){ .steps_per_epoch = G->steps_per_epoch,
+                           .total_steps = (uint64_t)cfg->epochs * G->steps_per_epoch,
+                           .epochs = cfg->epochs, .schedule = G->schedule };
+    ph->epoch_steps = sy->groups[0].steps_per_epoch;
+    ph->from = (run_position){ .epoch = done + 1,
+                               .step = (uint64_t)done * G->steps_per_epoch,
+                               .train_time = r->resume ? r->resume->at.train_time : 0.0 };
+    ph->samples_per_step = sy->samples_per_epoch / (double)ph->epoch_steps;
+    ph->apart = 1;
+    ph->last = recovery == 0;
+    ph->step = st_synth_segment_step;
+    ph->evaluate = st_synth_join_evaluate;
+    ph->bytes = st_synth_segment_bytes;
+    ph->record = st_synth_segment_record;
+    ph->sync = st_synth_sync;
+    ph->estimate = st_synth_segment_estimate;
+    return ST_OK;
 }
 
-/* The recovery epochs: data parallelism of the joined network. */
+/* After the segment epochs (also stopped or failed): the segments go,
+ * before their arenas do. */
+static st_status synth_phase_end(run_shared *r, void *state, int k, st_worker *w)
+{
+    (void)r;
+    synth_run *sy = state;
+    if (k == 0) {
+        st_segnet_destroy(sy->workers[w->id].net);
+        sy->workers[w->id].net = NULL;
+    }
+    return ST_OK;
+}
+
+/* The recovery epochs (the ops' hooks: the default phase's): data
+ * parallelism of the joined network. */
 static st_status synth_step(run_shared *r, void *state, st_worker *w, uint64_t i, uint64_t step,
                             float *loss, float *lr)
 {
@@ -1108,9 +473,9 @@ static st_status synth_save(run_shared *r, void *state, run_ckpt *ck)
 }
 
 /* Resuming in the segment epochs: each worker's segment from the joined
- * parameters, its group's master shard and its optimizer shard, its step
- * count; worker 0's joined network.  Resuming in the recovery epochs:
- * nothing here (recovery_start loads the model it builds). */
+ * parameters, its group's master shard and its optimizer shard, its
+ * group's progress; worker 0's joined network.  Resuming in the recovery
+ * epochs: nothing here (recovery_start loads the model it builds). */
 static st_status synth_resume(run_shared *r, void *state, st_worker *w)
 {
     synth_run *sy = state;
@@ -1131,17 +496,9 @@ static st_status synth_resume(run_shared *r, void *state, st_worker *w)
                (shard.end - shard.begin) * sizeof(float));
     }
     ST_TRY(st_run_resume_optimizer(r, w));
-    me->steps = (uint64_t)sy->segment_epochs_done * G->steps_per_epoch;
-    atomic_store_explicit(&G->done, me->steps, memory_order_relaxed);
+    atomic_store_explicit(&G->done, (uint64_t)sy->segment_epochs_done * G->steps_per_epoch,
+                          memory_order_relaxed);
     return ST_OK;
-}
-
-/* The final record of the recovery epochs follows the segment epochs. */
-static void synth_post_loop(run_shared *r, void *state, st_worker *w)
-{
-    (void)state;
-    if (w->id == 0)
-        renumber(r, &r->final);
 }
 
 const st_strategy_ops st_synth_ops = {
@@ -1151,15 +508,15 @@ const st_strategy_ops st_synth_ops = {
     .check = synth_check,
     .layout = synth_layout,
     .prepare = synth_prepare,
-    .init_worker = synth_init_worker,
-    .pre_loop = synth_pre_loop,
+    .init_worker = st_synth_init_worker,
     .step = synth_step,
     .evaluate = synth_evaluate,
     .bytes = synth_bytes,
     .full_params = synth_full_params,
-    .post_loop = synth_post_loop,
     .save = synth_save,
     .resume = synth_resume,
     .abort = synth_abort,
     .release = synth_release,
+    .phase_begin = synth_phase_begin,
+    .phase_end = synth_phase_end,
 };

@@ -1,9 +1,9 @@
 /*
- * train/train.c — the loop: N workers, epochs of shuffled global batches,
- * one step of the run's strategy per global batch, evaluation on the test
- * set after each epoch.  It knows the strategies only through their ops
- * (strategy.h: what each hook does, and the dependency direction inside
- * train/).
+ * train/train.c — a run's pieces (the data's check, placement, the ranks,
+ * the strategy's prepare, a worker's build, the warnings) and
+ * st_train_run, which runs the loop (loop.c) over N workers.  It knows the
+ * strategies only through their ops (strategy.h: what each hook does, and
+ * the dependency direction inside train/).
  *
  * st_train_run runs one persistent OpenMP parallel region for the whole
  * training, one thread per worker; no thread is created per step.  Each
@@ -238,215 +238,6 @@ void st_loop_record_failure(run_shared *r, st_status s)
         r->ops->abort(r, r->strategy);
 }
 
-void st_loop_epoch_order(run_shared *r, st_worker *w, int epoch)
-{
-    /* Every worker draws the same order from the seed: no sharing. */
-    w->epoch = r->order_offset + (uint64_t)epoch - 1;
-    st_epoch_order(r->cfg->seed, w->epoch, w->order, r->train->count);
-}
-
-st_status st_loop_step(run_shared *r, st_worker *w, uint64_t i, uint64_t step, float *loss,
-                       float *lr)
-{
-    const run_plan *p = &r->plan;
-    ST_TRY(r->ops->step(r, r->strategy, w, i, step, loss, lr));
-    if (!r->ops->round_end)
-        return ST_OK;
-    int last = i + 1 == p->steps_per_epoch || step == p->total_steps;
-    return r->ops->round_end(r, r->strategy, w, step, last);
-}
-
-/* What the user asked for by the time of `step`, the same answer for
- * every worker: a stop (REQ_STOP), a checkpoint (REQ_SAVE).  Worker 0
- * reads the requests and, the first time it sees one, names the step
- * (stop_step, save_step); everyone reads them after a barrier.  A worker
- * still at an earlier step reads a later step there and goes on: worker 0
- * cannot name step s + 1 before every worker has passed step s's barrier,
- * so no two workers act at different steps.  A request waits for a step
- * after which the state is whole (ist: a round end): the caller checks. */
-enum { REQ_STOP = 1, REQ_SAVE = 2 };
-
-static unsigned requests(run_shared *r, st_worker *w, uint64_t step)
-{
-    const st_train_callbacks *cb = r->cb;
-    if (!cb || (!cb->stop && !cb->checkpoint_now))
-        return 0;
-    if (w->id == 0) {
-        /* over ranks, what any rank was asked (a signal reaches the ranks
-         * at different steps; srun --signal, a kill of one rank) */
-        int asked[2] = { cb->stop && *cb->stop, cb->checkpoint_now && *cb->checkpoint_now };
-        if (cb->checkpoint_now)
-            *cb->checkpoint_now = 0;
-        st_status s = r->ranks > 1 ? st_world_max_ints(asked, 2) : ST_OK;
-        if (s != ST_OK) {
-            st_loop_record_failure(r, s);   /* the barrier below returns */
-            asked[0] = asked[1] = 0;
-        }
-        if (asked[0] && atomic_load(&r->stop_step) == 0)
-            atomic_store(&r->stop_step, step);
-        if (asked[1] && atomic_load(&r->save_step) == 0)
-            atomic_store(&r->save_step, step);
-    }
-    if (st_run_sync(r, w->id) != ST_OK)
-        return 0;   /* aborted: the step reports the failure */
-    const uint64_t stop = atomic_load(&r->stop_step), save = atomic_load(&r->save_step);
-    return (stop && stop <= step ? REQ_STOP : 0u) | (save && save <= step ? REQ_SAVE : 0u);
-}
-
-/* A step checkpoint of position `at` (every worker, between steps): the
- * workers publish their models and optimizers, worker 0 writes while the
- * others wait, and takes the pending request.  The waiting spins (the
- * engine's barrier): a write of a model's size takes some hundred
- * milliseconds, once in thousands of steps, and the workers own their
- * cores anyway. */
-static st_status checkpoint(run_shared *r, st_worker *w, const run_position *at)
-{
-    if (!r->cfg->checkpoint.dir)
-        return ST_OK;
-    r->slots[w->id].model = w->model;
-    r->slots[w->id].optim = &w->optim;
-    ST_TRY(st_run_sync(r, w->id));   /* every worker between its steps, published */
-    if (w->id == 0) {
-        ST_TRY(st_run_checkpoint_write(r, w, at));
-        atomic_store(&r->save_step, 0);
-    }
-    return st_run_sync(r, w->id);    /* worker 0 is done reading everyone's vectors */
-}
-
-/* The first step at or after which a periodic checkpoint is due, after
- * one at `step` (counted as the checkpoints' names count: from the run's
- * start, synth's segment epochs included). */
-static uint64_t next_due(const run_shared *r, uint64_t step)
-{
-    const uint64_t every = r->cfg->checkpoint.dir ? r->cfg->checkpoint.every : 0,
-                   off = r->ckpt_step_offset;
-    return every ? ((off + step) / every + 1) * every - off : UINT64_MAX;
-}
-
-/* ------------------------------------------------------------ the epochs */
-
-/* The epochs of r->plan for worker w, records and the final record
- * included. */
-static st_status run_epochs(run_shared *r, st_worker *w)
-{
-    const st_strategy_ops *ops = r->ops;
-    const run_plan *p = &r->plan;
-    const int global_batch = r->cfg->batch * r->n_all;
-    worker_slot *slot = &r->slots[w->id];
-    const run_resume *rs = r->resume;
-    const int every_epoch = r->cfg->checkpoint.dir && r->cfg->checkpoint.every_epoch;
-    double train_time = rs ? rs->at.train_time : 0.0;   /* worker 0's view: training time so far */
-    uint64_t step = rs ? rs->at.step : 0, due = next_due(r, step);
-    st_epoch_record rec;
-    memset(&rec, 0, sizeof rec);
-
-    int stopped = 0;
-    for (int epoch = rs ? rs->at.epoch : 1; epoch <= p->epochs && !stopped; epoch++) {
-        const int resumed = rs && epoch == rs->at.epoch;
-        st_loop_epoch_order(r, w, epoch);
-        memset(&slot->times, 0, sizeof slot->times);
-        double loss_sum = resumed ? rs->at.loss_sum : 0.0, te = st_run_now_s();
-        uint64_t n = 0, losses = resumed ? rs->at.losses : 0, i = resumed ? rs->at.epoch_step : 0;
-        float lr = 0.0f;
-        unsigned req = 0;
-        for (; i < p->steps_per_epoch && step < p->total_steps && !stopped; i++, n++) {
-            float loss = 0.0f;
-            step++;
-            const int last = i + 1 == p->steps_per_epoch || step == p->total_steps;
-            const int whole = !ops->whole_after || ops->whole_after(r, step, last);
-            req = requests(r, w, step);
-            stopped = (req & REQ_STOP) && whole;
-            if (step == r->fault_step && w->id == 0)
-                return st_fail(ST_ERR_INVALID, "the fault SUBTRAIN_FAULT asked for: rank %d "
-                               "fails at step %llu", r->rank, (unsigned long long)step);
-            ST_TRY(st_loop_step(r, w, i, step, &loss, &lr));
-            if (w->id == 0) {
-                loss_sum += loss;
-                st_run_report_step(r, epoch, step, loss, lr, train_time + (st_run_now_s() - te));
-            }
-            losses++;
-            /* in an epoch: before its end's evaluation, which averages the
-             * running statistics (the end's checkpoint follows the record) */
-            if (!last && whole && (stopped || (req & REQ_SAVE) || step >= due)) {
-                const run_position at = { epoch, i + 1, step, loss_sum, losses,
-                                          train_time + (st_run_now_s() - te) };
-                ST_TRY(checkpoint(r, w, &at));
-                due = next_due(r, step);
-                req = 0;
-            }
-        }
-        const int complete = i == p->steps_per_epoch;
-        double epoch_time = st_run_now_s() - te;
-        train_time += epoch_time;
-
-        ST_TRY(st_run_sync_state(r, w));
-        ST_TRY(ops->evaluate(r, r->strategy, w, &rec.test_loss, &rec.test_acc));
-        slot->memory = w->arena.stats;
-        if (r->comm)
-            slot->bytes = ops->bytes(r, r->strategy, w->id);
-        ST_TRY(st_run_sync(r, w->id));
-        if (w->id == 0) {
-            rec.epoch = epoch;
-            rec.epochs = p->epochs;
-            rec.step = step;
-            rec.train_loss = loss_sum / (double)losses;
-            rec.samples_per_s = (double)n * global_batch / epoch_time;
-            rec.lr = lr;
-            rec.wall_s = st_run_now_s() - r->t0;
-            st_run_fill_record(r, &rec, n);
-            if (ops->record)
-                ops->record(r, r->strategy, &rec);
-            if (r->cb && r->cb->on_epoch)
-                r->cb->on_epoch(&rec, r->cb->user);
-        }
-        /* The slots are read by worker 0 until here. */
-        ST_TRY(st_run_sync(r, w->id));
-        if (complete && step < p->total_steps &&
-            (every_epoch || stopped || (req & REQ_SAVE) || step >= due)) {
-            const run_position at = { epoch + 1, 0, step, 0.0, 0, train_time };
-            ST_TRY(checkpoint(r, w, &at));
-            due = next_due(r, step);
-        }
-    }
-    if (w->id == 0) {
-        rec.final = 1;
-        rec.interrupted = stopped;
-        rec.samples_per_s = (double)step * global_batch / train_time;
-        if (r->cb && r->cb->on_epoch)
-            r->cb->on_epoch(&rec, r->cb->user);
-        r->final = rec;
-        if (r->cb && r->cb->on_params) {
-            size_t count;
-            const float *params;
-            ST_TRY(ops->full_params(r, r->strategy, w, &params, &count));
-            r->cb->on_params(params, count, r->cb->user);
-        }
-    }
-    return ST_OK;
-}
-
-st_status st_loop_run_worker(run_shared *r, st_worker *w, const st_chunk_backend *backend)
-{
-    ST_TRY(st_run_sync(r, w->id)); /* every arena has its chunks */
-    if (w->id == 0)
-        st_loop_report_warnings(r);
-    if (r->ops->pre_loop)
-        ST_TRY(r->ops->pre_loop(r, r->strategy, w, backend));
-    if (r->plan.epochs == 0 || r->stopped) {   /* the pre-loop phase was the whole run */
-        if (w->id == 0 && r->cb && r->cb->on_params) {
-            size_t count;
-            const float *params;
-            ST_TRY(r->ops->full_params(r, r->strategy, w, &params, &count));
-            r->cb->on_params(params, count, r->cb->user);
-        }
-        return ST_OK;
-    }
-    ST_TRY(run_epochs(r, w));
-    if (r->ops->post_loop)
-        r->ops->post_loop(r, r->strategy, w);
-    return ST_OK;
-}
-
 /* ------------------------------------------------------------ the run */
 
 /* A run whose loss became NaN or infinite: its final record, after the
@@ -458,7 +249,7 @@ static void report_divergence(run_shared *r)
         return;
     st_epoch_record rec;
     memset(&rec, 0, sizeof rec);
-    st_run_fill_record(r, &rec, 0);
+    st_run_fill_record(r, &rec);
     rec.epoch = r->at_epoch > 0 ? r->at_epoch : 1;
     rec.epochs = r->at_epochs > 0 ? r->at_epochs : r->plan.epochs;
     rec.step = r->at_step;
@@ -469,6 +260,8 @@ static void report_divergence(run_shared *r)
     rec.step_ms_compute = rec.step_ms_wait = rec.step_ms_reduce = rec.step_ms_optimizer = NAN;
     rec.lr = r->at_lr;
     rec.wall_s = st_run_now_s() - r->t0;
+    if (r->at_label)
+        r->at_label(r, r->strategy, &rec);
     r->cb->on_epoch(&rec, r->cb->user);
 }
 

@@ -43,6 +43,7 @@ typedef struct trainer_worker {
 struct st_trainer {
     st_train_config cfg;
     run_shared r;
+    st_phase phase;           /* the run's one phase (stepwise strategies only) */
     trainer_worker *workers;  /* n */
     uint64_t steps;           /* taken so far */
     /* worker 0's, over every step so far */
@@ -77,12 +78,12 @@ static st_status run_steps(st_trainer *t, st_worker *w, job_args *a)
     for (uint64_t s = a->from + 1; s <= a->from + a->count; s++) {
         uint64_t i = (s - 1) % S;
         if (i == 0)
-            st_loop_epoch_order(r, w, (int)((s - 1) / S) + 1);
+            st_loop_epoch_order(r, w, (s - 1) / S + 1);
         float loss = 0.0f, lr = 0.0f;
         if (a->job == JOB_UPDATE) {
             ST_TRY(r->ops->update(r, r->strategy, w, i, s, &loss, &lr));
         } else {
-            ST_TRY(st_loop_step(r, w, i, s, &loss, &lr));
+            ST_TRY(st_loop_step(r, &t->phase, w, i, s, &loss, &lr));
         }
         if (w->id == 0) {
             if (a->job == JOB_STEP)
@@ -96,6 +97,7 @@ static st_status run_steps(st_trainer *t, st_worker *w, job_args *a)
     /* for st_trainer_metrics: what an epoch's end would leave in the slot */
     worker_slot *slot = &r->slots[w->id];
     slot->memory = w->arena.stats;
+    slot->steps = a->from + a->count;   /* the slot's times are of every step so far */
     if (r->comm)
         slot->bytes = r->ops->bytes(r, r->strategy, w->id);
     return ST_OK;
@@ -205,6 +207,8 @@ st_status st_trainer_create(const st_train_config *cfg, const st_dataset *train,
     r->test = test;
     atomic_init(&r->failed, 0);
     st_status s = st_loop_prepare(r);
+    if (s == ST_OK)
+        st_loop_default_phase(r, &t->phase);
     if (s == ST_OK) {
         t->workers = aligned_alloc(64, sizeof(trainer_worker) * (size_t)r->n);
         if (!t->workers)
@@ -299,7 +303,7 @@ st_status st_trainer_metrics(const st_trainer *t, st_epoch_record *out)
                        ? (double)t->steps * r->cfg->batch * r->n / t->train_time : 0.0;
     out->wall_s = st_run_now_s() - r->t0;
     out->lr = t->last_lr;
-    st_run_fill_record(r, out, t->steps);
+    st_run_fill_record(r, out);
     if (r->ops->record)
         r->ops->record(r, r->strategy, out);
     return ST_OK;
