@@ -52,37 +52,56 @@ typedef struct st_checkpoint_plan {
     int n_meta;
 } st_checkpoint_plan;
 
-typedef struct st_train_config {
-    st_strategy strategy;     /* dp: every worker trains the full model;
-                               * sdp: each worker trains its subnetwork;
-                               * ist: disjoint subnetworks, local steps;
-                               * synth: segments trained apart against
-                               * synthetic labels, then joined */
-    st_subnet_kind subnet;    /* sdp: units (block or neuron) */
-    int neuron_group;         /* neuron units: neurons per group, aligned so
-                               * compact matrices keep whole SIMD vectors
-                               * (default 16: one AVX-512 register) */
-    st_masking masking;       /* sdp: forward */
-    double coverage;          /* sdp: fraction of workers holding each unit */
-    uint64_t resample;        /* sdp: redraw the masks every R steps; 0: fixed */
-    int scale_branches;       /* sdp, forward masking: in training each block's
+/* sdp's options (--strategy sdp, doc/sdp.md). */
+typedef struct st_sdp_config {
+    st_subnet_kind subnet;    /* units: block or neuron (ist refuses neuron
+                               * on a model with blocks) */
+    st_masking masking;       /* forward (default) or backward */
+    double coverage;          /* fraction of workers holding each unit */
+    uint64_t resample;        /* redraw the masks every R steps; 0: fixed */
+    int scale_branches;       /* forward masking: in training each block's
                                * branch is scaled by 1 / coverage (N / k);
                                * evaluation runs the full model unscaled.
                                * -1 (default): on (measured on resmlp,
                                * doc/sdp.md), except for block units of models
                                * with batch norm (measured on resnet,
                                * doc/cnn.md) */
-    uint64_t local_steps;     /* ist: steps between two synchronisations (R) */
-    int ist_eval_scale;       /* ist of resmlp: scale each block's branch by
-                               * 1/N at evaluation (ResIST); default on */
-    int ist_train_scale;      /* ist: scale what reads a 1/N part (mlp: the
-                               * layers after a hidden layer; resmlp: the
-                               * branches) by N in training, like inverted
-                               * dropout.  -1: on for mlp, off for resmlp */
-    int ist_keep_state;       /* ist: the optimizer state of every parameter
+    uint64_t align_every;     /* every this many steps, measure each worker's
+                               * gradient alignment (0: never) */
+} st_sdp_config;
+
+/* ist's options (--strategy ist, doc/ist.md). */
+typedef struct st_ist_config {
+    uint64_t local_steps;     /* steps between two synchronisations (R) */
+    int eval_scale;           /* resmlp: scale each block's branch by 1/N at
+                               * evaluation (ResIST); default on */
+    int train_scale;          /* scale what reads a 1/N part (mlp: the layers
+                               * after a hidden layer; resmlp: the branches)
+                               * by N in training, like inverted dropout.
+                               * -1: on for mlp, off for resmlp */
+    int keep_state;           /* the optimizer state of every parameter
                                * survives rounds, averaged over its holders
                                * like the parameters; 0 (default): reset
                                * every round, as ResIST resets momentum */
+} st_ist_config;
+
+typedef struct st_train_config {
+    st_strategy strategy;     /* dp: every worker trains the full model;
+                               * sdp: each worker trains its subnetwork;
+                               * ist: disjoint subnetworks, local steps;
+                               * synth: segments trained apart against
+                               * synthetic labels, then joined.  Each
+                               * strategy's options are its member below
+                               * (sdp, ist, synth); the others leave them
+                               * alone, and refuse those they must not
+                               * ignore (st_train_config_check) */
+    st_sdp_config sdp;
+    st_ist_config ist;
+    st_synth_config synth;    /* synth: segments, cuts, labels, recovery */
+    /* The subnetwork strategies' (sdp, ist) units and evaluation: */
+    int neuron_group;         /* neuron units: neurons per group, aligned so
+                               * compact matrices keep whole SIMD vectors
+                               * (default 16: one AVX-512 register) */
     int bn_calibration;       /* subnetworks evaluated as the full model (sdp
                                * with forward masking, ist): before each
                                * evaluation, the full model re-estimates its
@@ -90,8 +109,6 @@ typedef struct st_train_config {
                                * training batches (st_model_calibrate); 0: it
                                * uses the holders' averaged statistics.
                                * Default 50 (doc/cnn.md) */
-    uint64_t align_every;     /* sdp: every this many steps, measure each
-                               * worker's gradient alignment (0: never) */
     int workers;              /* worker threads; 0: one per physical core */
     const char *topology;     /* NULL: this machine (training binds for real) */
     const char *cpuset;       /* NULL: the process's; else OS PU list "0-3" */
@@ -114,7 +131,6 @@ typedef struct st_train_config {
                                * bf16 (st_bf16_probe: EMULATED): 0 refuses
                                * with a message naming the ISA, 1 runs it
                                * with a warning that it is slow */
-    st_synth_config synth;    /* synth: segments, cuts, labels, recovery */
     st_model_config model;
     st_optim_config optim;
     st_schedule_kind schedule;

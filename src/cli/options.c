@@ -505,11 +505,11 @@ static int parse_report_one(const char *arg, st_cli_options *o, char *err, size_
         return 0;
     }
     if (strcmp(arg, "align") == 0) {
-        t->align_every = 50;
+        t->sdp.align_every = 50;
         return 0;
     }
     if (strncmp(arg, "align=", 6) == 0) {
-        return parse_u64("--report align=N", arg + 6, 1, 1000000000ull, &t->align_every, err,
+        return parse_u64("--report align=N", arg + 6, 1, 1000000000ull, &t->sdp.align_every, err,
                          n);
     }
     return st_cli_fail(err, n, "--report: unknown value '%s' (allowed: memory, align, align=N)",
@@ -655,46 +655,46 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_BF16_EMULATED: t->bf16_emulated = 1; return 0;
     case OPT_COMM_PRECISION:
         return parse_choice("comm-precision", arg, parse_precision, &t->comm_precision, err, n);
-    case OPT_SUBNET: return parse_choice("subnet", arg, parse_subnet, &t->subnet, err, n);
+    case OPT_SUBNET: return parse_choice("subnet", arg, parse_subnet, &t->sdp.subnet, err, n);
     case OPT_NEURON_GROUP:
         return parse_int("--neuron-group", arg, 1, 65536, &t->neuron_group, err, n);
     case OPT_BN_CALIBRATION:
         return parse_int("--bn-calibration", arg, 0, 100000, &t->bn_calibration, err, n);
-    case OPT_MASKING: return parse_choice("masking", arg, parse_masking, &t->masking, err, n);
+    case OPT_MASKING: return parse_choice("masking", arg, parse_masking, &t->sdp.masking, err, n);
     case OPT_COVERAGE: {
         float cov;
         if (parse_float("--coverage", arg, '(', 0.0, 1.0, ']', &cov, err, n))
             return -1;
-        t->coverage = cov;
+        t->sdp.coverage = cov;
         return 0;
     }
-    case OPT_RESAMPLE: return parse_u64("--resample", arg, 0, 1000000000ull, &t->resample, err, n);
+    case OPT_RESAMPLE: return parse_u64("--resample", arg, 0, 1000000000ull, &t->sdp.resample, err, n);
     case OPT_BRANCH_SCALE:
         if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-coverage") == 0) {
-            t->scale_branches = strcmp(arg, "none") != 0;
+            t->sdp.scale_branches = strcmp(arg, "none") != 0;
             return 0;
         }
         return st_cli_fail(err, n, "--branch-scale: unknown value '%s' (allowed: none, "
                            "inverse-coverage)", ST_CLI_SHOW(arg));
     case OPT_LOCAL_STEPS:
-        return parse_u64("--local-steps", arg, 1, 1000000000ull, &t->local_steps, err, n);
+        return parse_u64("--local-steps", arg, 1, 1000000000ull, &t->ist.local_steps, err, n);
     case OPT_TRAIN_SCALE:
         if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-workers") == 0) {
-            t->ist_train_scale = strcmp(arg, "none") != 0;
+            t->ist.train_scale = strcmp(arg, "none") != 0;
             return 0;
         }
         return st_cli_fail(err, n, "--train-scale: unknown value '%s' (allowed: none, "
                            "inverse-workers)", ST_CLI_SHOW(arg));
     case OPT_OPTIMIZER_STATE:
         if (strcmp(arg, "reset") == 0 || strcmp(arg, "keep") == 0) {
-            t->ist_keep_state = strcmp(arg, "keep") == 0;
+            t->ist.keep_state = strcmp(arg, "keep") == 0;
             return 0;
         }
         return st_cli_fail(err, n, "--optimizer-state: unknown value '%s' (allowed: reset, "
                            "keep)", ST_CLI_SHOW(arg));
     case OPT_EVAL_BRANCH_SCALE:
         if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-workers") == 0) {
-            t->ist_eval_scale = strcmp(arg, "none") != 0;
+            t->ist.eval_scale = strcmp(arg, "none") != 0;
             return 0;
         }
         return st_cli_fail(err, n, "--eval-branch-scale: unknown value '%s' (allowed: none, "
@@ -975,7 +975,7 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         const int head = o->train.model.width / o->train.model.heads;
         if (!saw.neuron_group)   /* a unit is one head (and that many MLP neurons) */
             o->train.neuron_group = head;
-        if (o->train.strategy == ST_STRATEGY_SDP && o->train.subnet == ST_SUBNET_NEURON &&
+        if (o->train.strategy == ST_STRATEGY_SDP && o->train.sdp.subnet == ST_SUBNET_NEURON &&
             o->train.neuron_group % head)
             return st_cli_fail(err, n, "--neuron-group %d: gpt's neuron units are whole attention "
                         "heads, so it must be a multiple of the head size %d (--width %d / "
@@ -1109,33 +1109,33 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
         break;
     case OPT_TEAM_SPANS: flag_text(t->team_spans, v, n); break;
     case OPT_COMM_PRECISION: snprintf(v, n, "%s", st_precision_name(t->comm_precision)); break;
-    case OPT_SUBNET: snprintf(v, n, "%s", st_subnet_kind_name(t->subnet)); break;
-    case OPT_MASKING: snprintf(v, n, "%s", st_masking_name(t->masking)); break;
+    case OPT_SUBNET: snprintf(v, n, "%s", st_subnet_kind_name(t->sdp.subnet)); break;
+    case OPT_MASKING: snprintf(v, n, "%s", st_masking_name(t->sdp.masking)); break;
     case OPT_NEURON_GROUP: snprintf(v, n, "%d", t->neuron_group); break;
-    case OPT_COVERAGE: float_text((float)t->coverage, v, n); break;
-    case OPT_RESAMPLE: snprintf(v, n, "%llu", (unsigned long long)t->resample); break;
+    case OPT_COVERAGE: float_text((float)t->sdp.coverage, v, n); break;
+    case OPT_RESAMPLE: snprintf(v, n, "%llu", (unsigned long long)t->sdp.resample); break;
     case OPT_BRANCH_SCALE:
-        if (t->scale_branches >= 0)
-            snprintf(v, n, "%s", t->scale_branches ? "inverse-coverage" : "none");
+        if (t->sdp.scale_branches >= 0)
+            snprintf(v, n, "%s", t->sdp.scale_branches ? "inverse-coverage" : "none");
         break;
     case OPT_BN_CALIBRATION: snprintf(v, n, "%d", t->bn_calibration); break;
     case OPT_REPORT:
-        if (o->report_memory && t->align_every)
-            snprintf(v, n, "memory,align=%llu", (unsigned long long)t->align_every);
+        if (o->report_memory && t->sdp.align_every)
+            snprintf(v, n, "memory,align=%llu", (unsigned long long)t->sdp.align_every);
         else if (o->report_memory)
             snprintf(v, n, "memory");
-        else if (t->align_every)
-            snprintf(v, n, "align=%llu", (unsigned long long)t->align_every);
+        else if (t->sdp.align_every)
+            snprintf(v, n, "align=%llu", (unsigned long long)t->sdp.align_every);
         break;
-    case OPT_LOCAL_STEPS: snprintf(v, n, "%llu", (unsigned long long)t->local_steps); break;
+    case OPT_LOCAL_STEPS: snprintf(v, n, "%llu", (unsigned long long)t->ist.local_steps); break;
     case OPT_EVAL_BRANCH_SCALE:
-        snprintf(v, n, "%s", t->ist_eval_scale ? "inverse-workers" : "none");
+        snprintf(v, n, "%s", t->ist.eval_scale ? "inverse-workers" : "none");
         break;
     case OPT_TRAIN_SCALE:
-        if (t->ist_train_scale >= 0)
-            snprintf(v, n, "%s", t->ist_train_scale ? "inverse-workers" : "none");
+        if (t->ist.train_scale >= 0)
+            snprintf(v, n, "%s", t->ist.train_scale ? "inverse-workers" : "none");
         break;
-    case OPT_OPTIMIZER_STATE: snprintf(v, n, "%s", t->ist_keep_state ? "keep" : "reset"); break;
+    case OPT_OPTIMIZER_STATE: snprintf(v, n, "%s", t->ist.keep_state ? "keep" : "reset"); break;
     case OPT_SEGMENTS: if (synth) snprintf(v, n, "%d", t->synth.segments); break;
     case OPT_CUTS:
         for (int k = 0; synth && k + 1 < t->synth.segments && t->synth.cuts[k]; k++)

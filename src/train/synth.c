@@ -1144,8 +1144,32 @@ static void synth_post_loop(run_shared *r, void *state, st_worker *w)
         renumber(r, &r->final);
 }
 
+static void synth_defaults(st_train_config *c)
+{
+    c->synth = st_synth_config_default();
+}
+
+static void synth_describe(const st_train_config *c, int workers, char *out, size_t n)
+{
+    (void)workers;
+    const st_synth_config *s = &c->synth;
+    snprintf(out, n, " (%d segments, %s labels scale %g noise %g, %d recovery epoch%s)",
+             s->segments, st_synth_labels_name(s->labels), s->scale, s->noise,
+             s->recovery_epochs, s->recovery_epochs == 1 ? "" : "s");
+}
+
 const st_strategy_ops st_synth_ops = {
-    .name = "synth",
+    .info = {
+        .name = "synth",
+        .help = "synth: the mlp cut into segments trained apart by\n"
+                "groups of workers against synthetic labels, then\n"
+                "joined (default model: mlp --depth 5)",
+        .no_init = "its segments start from their own initial values",
+        .model = ST_MODEL_MLP,
+        .depth = 5,   /* the paper's network of 6 linear layers */
+    },
+    .defaults = synth_defaults,
+    .describe = synth_describe,
     .not_stepwise = "its segment epochs, where each group of workers takes its own number "
                     "of steps, are no sequence of steps of the run",
     .check = synth_check,
