@@ -180,6 +180,111 @@ Test(train, bad_configurations_are_refused)
     st_dataset_free(&test);
 }
 
+/* ------------------------------------------------------------ the strategy table */
+
+/* The table's names are the enumerators' and the parser's; a front end
+ * (the CLI) reads each option of one name with one syntax, whichever
+ * strategy takes it, and stores it with that strategy's set. */
+Test(strategy, names_options_and_shared_syntax_agree)
+{
+    static const struct { st_strategy s; const char *name; } named[] = {
+        { ST_STRATEGY_DP, "dp" }, { ST_STRATEGY_SDP, "sdp" }, { ST_STRATEGY_IST, "ist" },
+        { ST_STRATEGY_SYNTH, "synth" },
+    };
+    for (size_t k = 0; k < sizeof named / sizeof *named; k++) {
+        cr_assert_str_eq(st_strategy_name(named[k].s), named[k].name);
+        cr_assert_str_eq(st_strategy_info_of(named[k].s)->name, named[k].name);
+    }
+    int n = 0;
+    for (; st_strategy_info_of((st_strategy)n); n++) {
+        const st_strategy_info *a = st_strategy_info_of((st_strategy)n);
+        st_strategy parsed;
+        cr_assert_eq(st_strategy_parse(a->name, &parsed), ST_OK, "%s", st_last_error());
+        cr_assert_eq((int)parsed, n, "%s", a->name);
+        cr_assert(a->help && strncmp(a->help, a->name, strlen(a->name)) == 0, "%s", a->name);
+        for (const st_strategy_option *d = a->options; d && d->name; d++) {
+            cr_assert(d->syntax && d->help && d->set && d->get, "--%s", d->name);
+            for (int m = 0; m < n; m++)   /* an earlier strategy's option of that name */
+                for (const st_strategy_option *e = st_strategy_info_of((st_strategy)m)->options;
+                     e && e->name; e++) {
+                    if (strcmp(e->name, d->name) != 0)
+                        continue;
+                    cr_assert(e->kind == d->kind && e->lo == d->lo && e->hi == d->hi &&
+                              e->real_lo == d->real_lo && e->real_hi == d->real_hi &&
+                              e->lo_bracket == d->lo_bracket && e->hi_bracket == d->hi_bracket &&
+                              strcmp(e->syntax, d->syntax) == 0,
+                              "--%s: %s and %s read it differently", d->name,
+                              st_strategy_info_of((st_strategy)m)->name, a->name);
+                    for (int v = 0; d->kind == ST_OPTION_NAME && (v == 0 || d->names[v - 1]); v++)
+                        cr_assert(d->names[v] == e->names[v] ||
+                                  (d->names[v] && e->names[v] &&
+                                   strcmp(d->names[v], e->names[v]) == 0), "--%s", d->name);
+                }
+        }
+    }
+    cr_assert_geq(n, 4);
+    st_strategy s;
+    cr_assert_eq(st_strategy_parse("nope", &s), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "(allowed: dp, sdp, ist, synth"), "%s", st_last_error());
+    cr_assert_str_eq(st_strategy_name((st_strategy)n), "unknown");
+}
+
+/* Every option's value goes into the config and comes back as it went in
+ * (what --dump-config prints is what a configuration file gives back). */
+Test(strategy, option_values_round_trip)
+{
+    for (int n = 0; st_strategy_info_of((st_strategy)n); n++)
+        for (const st_strategy_option *d = st_strategy_info_of((st_strategy)n)->options;
+             d && d->name; d++) {
+            st_train_config c = st_train_config_default();
+            c.strategy = (st_strategy)n;
+            st_option_value in, out;
+            memset(&in, 0, sizeof in);
+            memset(&out, 0, sizeof out);
+            switch (d->kind) {
+            case ST_OPTION_COUNT: in.count = d->lo + 1 <= d->hi ? d->lo + 1 : d->lo; break;
+            case ST_OPTION_REAL: in.real = (double)(float)(d->real_hi / 2); break;
+            case ST_OPTION_NAME: in.name = d->names[1] ? 1 : 0; break;
+            case ST_OPTION_COUNTS:
+                in.n_counts = 1;
+                in.counts[0] = (int)d->lo;
+                c.synth.segments = 2;   /* one count of synth's --cuts */
+                break;
+            }
+            d->set(&c, &in);
+            cr_assert_eq(d->get(&c, &out), 1, "--%s", d->name);
+            cr_assert(out.count == in.count && out.real == in.real && out.name == in.name &&
+                      out.n_counts == in.n_counts && out.counts[0] == in.counts[0],
+                      "--%s of %s does not come back", d->name, st_strategy_name(c.strategy));
+        }
+}
+
+/* The banner's description of each strategy, and the scale ist evaluates
+ * with. */
+Test(strategy, descriptions_and_eval_scale)
+{
+    st_train_config c = st_train_config_default();
+    char line[256];
+    st_strategy_describe(&c, 2, line, sizeof line);
+    cr_assert_str_eq(line, "dp");
+    c.strategy = ST_STRATEGY_SDP;
+    c.sdp.coverage = 0.3;
+    st_strategy_describe(&c, 4, line, sizeof line);
+    cr_assert_str_eq(line, "sdp (block, forward masking, coverage 1/4 = 0.25, requested 0.3)");
+    st_strategy_describe(&c, 0, line, sizeof line);
+    cr_assert_str_eq(line, "sdp (block, forward masking, coverage 0.3)");
+    c.strategy = ST_STRATEGY_IST;
+    st_strategy_describe(&c, 4, line, sizeof line);
+    cr_assert_str_eq(line, "ist (50 local steps)");
+    cr_assert_eq(st_strategy_eval_scale(&c, 4), 0.25f);
+    c.ist.eval_scale = 0;
+    cr_assert_eq(st_strategy_eval_scale(&c, 4), 0.0f);
+    c.strategy = ST_STRATEGY_DP;
+    cr_assert_eq(st_strategy_eval_scale(&c, 4), 0.0f);
+    st_strategy_describe(&c, 4, line, 3);   /* cut, terminated */
+    cr_assert_str_eq(line, "dp");
+}
+
 Test(train, a_diverging_run_stops_with_a_numerical_error)
 {
     st_dataset train, test;

@@ -412,12 +412,87 @@ static float ist_eval_scale(const st_train_config *c, int workers)
     return c->ist.eval_scale && workers > 0 ? 1.0f / (float)workers : 0.0f;
 }
 
+/* ------------------------------------------------------------ options */
+
+static const char *const scale_names[] = { "none", "inverse-workers", NULL };
+static const char *const state_names[] = { "reset", "keep", NULL };
+
+static void set_local_steps(st_train_config *c, const st_option_value *v)
+{
+    c->ist.local_steps = v->count;
+}
+
+static int get_local_steps(const st_train_config *c, st_option_value *v)
+{
+    v->count = c->ist.local_steps;
+    return 1;
+}
+
+static void set_eval_scale(st_train_config *c, const st_option_value *v)
+{
+    c->ist.eval_scale = v->name;
+}
+
+static int get_eval_scale(const st_train_config *c, st_option_value *v)
+{
+    v->name = c->ist.eval_scale != 0;
+    return 1;
+}
+
+static void set_train_scale(st_train_config *c, const st_option_value *v)
+{
+    c->ist.train_scale = v->name;
+}
+
+/* the default depends on the model */
+static int get_train_scale(const st_train_config *c, st_option_value *v)
+{
+    v->name = c->ist.train_scale;
+    return c->ist.train_scale >= 0;
+}
+
+static void set_state(st_train_config *c, const st_option_value *v)
+{
+    c->ist.keep_state = v->name;
+}
+
+static int get_state(const st_train_config *c, st_option_value *v)
+{
+    v->name = c->ist.keep_state != 0;
+    return 1;
+}
+
+static const st_strategy_option ist_options[] = {
+    { .name = "local-steps", .syntax = "R",
+      .help = "ist: steps between synchronisations (default 50)",
+      .kind = ST_OPTION_COUNT, .lo = 1, .hi = 1000000000, .set = set_local_steps,
+      .get = get_local_steps },
+    { .name = "eval-branch-scale", .syntax = "none|inverse-workers",
+      .help = "ist of resmlp: scale each block's\n"
+              "branch by 1/N at evaluation (default inverse-workers, as\n"
+              "ResIST)",
+      .kind = ST_OPTION_NAME, .names = scale_names, .set = set_eval_scale,
+      .get = get_eval_scale },
+    { .name = "train-scale", .syntax = "none|inverse-workers",
+      .help = "ist: in training, scale what reads a 1/N\n"
+              "part by N (default: inverse-workers for mlp, none for\n"
+              "resmlp)",
+      .kind = ST_OPTION_NAME, .names = scale_names, .set = set_train_scale,
+      .get = get_train_scale },
+    { .name = "optimizer-state", .syntax = "reset|keep",
+      .help = "ist: reset the optimizer state every round\n"
+              "(default, as ResIST) or keep it, averaged over holders",
+      .kind = ST_OPTION_NAME, .names = state_names, .set = set_state, .get = get_state },
+    { .name = NULL },
+};
+
 const st_strategy_ops st_ist_ops = {
     .info = {
         .name = "ist",
         .help = "ist: disjoint neuron (mlp) or block (resmlp: ResIST)\n"
                 "subnetworks trained alone for --local-steps steps,\n"
                 "then written back",
+        .options = ist_options,
     },
     .defaults = ist_defaults,
     .check = ist_check,

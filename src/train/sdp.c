@@ -60,6 +60,14 @@ static st_status sdp_check(const st_train_config *c)
      * st_train_run */
     if (st_model_config_units(&c->model, &units) != ST_OK)
         return ST_OK;
+    /* (gpt: a neuron unit is a whole attention head and as many neurons of
+     * the MLP) */
+    const int head = c->model.kind == ST_MODEL_GPT && c->model.heads > 0
+                         ? c->model.width / c->model.heads : 0;
+    if (c->sdp.subnet == ST_SUBNET_NEURON && head > 0 && c->neuron_group % head)
+        return st_fail(ST_ERR_INVALID, "--neuron-group %d: gpt's neuron units are whole attention "
+                       "heads, so it must be a multiple of the head size %d (--width %d / "
+                       "--heads %d)", c->neuron_group, head, c->model.width, c->model.heads);
     if (c->sdp.subnet == ST_SUBNET_BLOCK && units.groups == 0)
         return st_fail(ST_ERR_INVALID, "--subnet block trains subnetworks of residual blocks "
                        "(layer groups, as in resmlp); --model %s has none (use --subnet neuron)", st_model_kind_name(c->model.kind));
@@ -397,11 +405,103 @@ static int sdp_warning(const run_shared *r, char *msg, size_t n)
     return 1;
 }
 
+/* ------------------------------------------------------------ options */
+
+static const char *const subnet_names[] = { "block", "neuron", NULL };
+static const char *const masking_names[] = { "forward", "backward", NULL };
+static const char *const branch_scale_names[] = { "none", "inverse-coverage", NULL };
+
+static void set_subnet(st_train_config *c, const st_option_value *v)
+{
+    c->sdp.subnet = (st_subnet_kind)v->name;
+}
+
+static int get_subnet(const st_train_config *c, st_option_value *v)
+{
+    v->name = (int)c->sdp.subnet;
+    return 1;
+}
+
+static void set_masking(st_train_config *c, const st_option_value *v)
+{
+    c->sdp.masking = (st_masking)v->name;
+}
+
+static int get_masking(const st_train_config *c, st_option_value *v)
+{
+    v->name = (int)c->sdp.masking;
+    return 1;
+}
+
+static void set_coverage(st_train_config *c, const st_option_value *v)
+{
+    c->sdp.coverage = v->real;
+}
+
+static int get_coverage(const st_train_config *c, st_option_value *v)
+{
+    v->real = c->sdp.coverage;
+    return 1;
+}
+
+static void set_resample(st_train_config *c, const st_option_value *v)
+{
+    c->sdp.resample = v->count;
+}
+
+static int get_resample(const st_train_config *c, st_option_value *v)
+{
+    v->count = c->sdp.resample;
+    return 1;
+}
+
+static void set_branch_scale(st_train_config *c, const st_option_value *v)
+{
+    c->sdp.scale_branches = v->name;
+}
+
+/* the default depends on the model and the units */
+static int get_branch_scale(const st_train_config *c, st_option_value *v)
+{
+    v->name = c->sdp.scale_branches;
+    return c->sdp.scale_branches >= 0;
+}
+
+static const st_strategy_option sdp_options[] = {
+    { .name = "subnet", .syntax = "block|neuron",
+      .help = "sdp units: residual blocks of resmlp (default block), or\n"
+              "groups of hidden neurons of every block's inner layer\n"
+              "(resmlp) or of every hidden layer (mlp)",
+      .kind = ST_OPTION_NAME, .names = subnet_names, .set = set_subnet, .get = get_subnet },
+    { .name = "masking", .syntax = "forward|backward",
+      .help = "sdp: run only the held units (forward, default),\n"
+              "or the full model with weight gradients for the held\n"
+              "units only (backward)",
+      .kind = ST_OPTION_NAME, .names = masking_names, .set = set_masking, .get = get_masking },
+    { .name = "coverage", .syntax = "C",
+      .help = "sdp: each unit held by max(1, round(C x workers))\n"
+              "workers, C in (0, 1] (default 0.5)",
+      .kind = ST_OPTION_REAL, .lo_bracket = '(', .real_lo = 0.0, .real_hi = 1.0,
+      .hi_bracket = ']', .set = set_coverage, .get = get_coverage },
+    { .name = "resample", .syntax = "R",
+      .help = "sdp: redraw the masks every R steps (default 0: fixed)",
+      .kind = ST_OPTION_COUNT, .lo = 0, .hi = 1000000000, .set = set_resample,
+      .get = get_resample },
+    { .name = "branch-scale", .syntax = "none|inverse-coverage",
+      .help = "sdp: scale each block's residual branch\n"
+              "by 1/coverage in training (default inverse-coverage;\n"
+              "none for the blocks of models with batch norm)",
+      .kind = ST_OPTION_NAME, .names = branch_scale_names, .set = set_branch_scale,
+      .get = get_branch_scale },
+    { .name = NULL },
+};
+
 const st_strategy_ops st_sdp_ops = {
     .info = {
         .name = "sdp",
         .help = "sdp: each worker trains its subnetwork, each parameter\n"
                 "averaged over the workers that hold it",
+        .options = sdp_options,
     },
     .defaults = sdp_defaults,
     .check = sdp_check,
