@@ -208,6 +208,15 @@ Test(trainer, ist_rounds_end_where_st_train_run_ends_them, .timeout = 120)
     assert_trainer_is_the_run(&c, UNEVEN, 4, "ist R=5, 2 workers");
 }
 
+Test(trainer, localsgd_averages_where_st_train_run_averages, .timeout = 120)
+{
+    st_train_config c = config(ST_STRATEGY_DP, 2, 40);
+    cr_assert_eq(st_strategy_parse("localsgd", &c.strategy), ST_OK);
+    c.localsgd.local_steps = 5;
+    c.localsgd.keep_state = 1;
+    assert_trainer_is_the_run(&c, UNEVEN, 4, "localsgd R=5 kept state, 2 workers");
+}
+
 /* The bench's breakdown: its own gather and forward-backward on worker
  * 0's model, then st_trainer_update, is a step. */
 /* A ResNet under block sdp: batch norms' running statistics meet at each

@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "train/strategy.h"
 
-#define STRATEGIES(X) X(dp) X(sdp) X(ist) X(synth)
+#define STRATEGIES(X) X(dp) X(sdp) X(ist) X(synth) X(localsgd)
 
 #define DECLARE(name) extern const st_strategy_ops st_##name##_ops;
 STRATEGIES(DECLARE)
