@@ -270,9 +270,9 @@ void st_cli_print_help(FILE *f)
 "  --checkpoint DIR       write the trained weights to DIR/final.safetensors, and\n"
 "                         the whole training state to DIR/step-N.safetensors when\n"
 "                         a signal stops the run and as --checkpoint-every says\n"
-"  --checkpoint-every N|epoch   a step checkpoint every N steps (ist, localsgd:\n"
-"                         at the next round end), or after every epoch (default:\n"
-"                         none)\n"
+"  --checkpoint-every N|epoch   a step checkpoint every N steps (a strategy with\n"
+"                         rounds: at the next round end), or after every epoch\n"
+"                         (default: none)\n"
 "  --keep K               keep the newest K step checkpoints (default 0: all)\n"
 "  --resume DIR|FILE      continue a run from its newest step checkpoint in DIR\n"
 "                         (or FILE), with the same options: bitwise the same run\n"
@@ -501,7 +501,8 @@ static int parse_counts(const st_strategy_option *d, const char *s, st_option_va
             part[len] = '\0';
         }
         snprintf(what, sizeof what, "--%s", d->name);
-        if (len >= sizeof part || st_cli_parse_count(what, part, d->lo, d->hi, &x, msg, sizeof msg) ||
+        if (len >= sizeof part ||
+            st_cli_parse_count(what, part, d->lo, d->hi, &x, msg, sizeof msg) ||
             (k > 0 && (int)x <= v->counts[k - 1]))
             return st_cli_fail(err, n, "--%s: expected %s, got '%s'", d->name, d->expected,
                                ST_CLI_SHOW(s));
