@@ -16,10 +16,10 @@
  *                 |
  *   config.c -> strategy.c              the table: one entry per st_strategy
  *                 |
- *     dp.c   sdp.c   ist.c   synth.c    the strategies, one file each
- *       |      \      /        |
- *       |     subnets.c      synth_plan.c    (units, assignments, saved shards;
- *       |      /                              cuts and worker split)
+ *   dp.c  localsgd.c  sdp.c  ist.c  synth.c   the strategies, one file each
+ *     |       |          \     /       |
+ *     |       |        subnets.c   synth_plan.c   (units, assignments, saved
+ *     |       |          /                         shards; cuts, worker split)
  *   run.c, records.c, worker.c          common run helpers: plan, engines,
  *                                       attach, the sharded step, evaluation,
  *                                       records; a worker's own state
