@@ -11,7 +11,9 @@
 #                         [CMD] --help --OPT` exits 0), never when it wants
 #                         one (it exits 2); and every value offered (dp,
 #                         sdp, ... of --strategy) is one the program accepts
-#                         (`subtrain [CMD] --help --OPT VALUE` exits 0)
+#                         (`subtrain [CMD] --help --OPT VALUE` exits 0), and
+#                         none is offered twice (--optimizer-state's, whose
+#                         line --help shows for ist and for localsgd)
 #   completion/forms      --opt=VALUE, --data cifar10:DIR and text:FILE,
 #                         --metrics FILE, cut where bash replaces the word
 #
@@ -84,6 +86,9 @@ values() {   # values [CMD]
             if cmp -s "$TMP/v" "$TMP/all"; then
                 echo "$opt takes a value ($(cat "$TMP/err")), but options are offered for it"; ok=1
             fi
+            # an option --help shows twice (two strategies take it): its values once
+            [ -z "$(uniq -d "$TMP/v")" ] ||
+                { echo "$opt: offered twice: $(uniq -d "$TMP/v" | tr '\n' ' ')"; ok=1; }
             while read -r v; do
                 case $v in *:) continue ;; esac   # a prefix: cifar10:, text:
                 checked=$((checked + 1))

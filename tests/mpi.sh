@@ -9,8 +9,8 @@
 #                       bf16 payloads against the per-rank rounded sum
 #                       (bitwise, every layout)
 #   train_*, weights_*  subtrain over 2 ranks against one process: dp,
-#                       sdp (blocks, neurons with backward masking), ist;
-#                       records and final weights (bitwise)
+#                       sdp (blocks, neurons with backward masking), ist,
+#                       localsgd; records and final weights (bitwise)
 #   resume_*            a step checkpoint of 2 ranks resumed by 2 ranks and
 #                       by one process; another option refused over ranks
 #   synth_*             synth over ranks against one process: a group
@@ -122,6 +122,11 @@ run "mpi/weights_sdp_2x1_bitwise_1x2" weights sdp --strategy sdp --coverage 0.5
 run "mpi/weights_ist_2x1_bitwise_1x2" weights ist --strategy ist --local-steps 4
 run "mpi/resume_dp_over_ranks_and_across_layouts" resume dp
 run "mpi/resume_ist_over_ranks_and_across_layouts" resume ist --strategy ist --local-steps 4
+run "mpi/train_localsgd_2x1_equals_1x2" same lsgd --strategy localsgd --local-steps 4 \
+    --optimizer-state keep
+run "mpi/weights_localsgd_2x1_bitwise_1x2" weights lsgd --strategy localsgd --local-steps 4
+run "mpi/resume_localsgd_over_ranks_and_across_layouts" resume lsgd --strategy localsgd \
+    --local-steps 4 --optimizer-state keep
 
 # every rank compares the checkpoint with its own options and data: a
 # resume over ranks with another option is refused in the user's words

@@ -74,6 +74,39 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--topology synthetic:pack:2", "subtrain topo");
 }
 
+/* An option two strategies take (--local-steps, --optimizer-state: ist's
+ * and localsgd's) goes to the chosen one's config only: localsgd keeps
+ * its optimizer state without ist refusing it elsewhere, and gets the
+ * values given; an option only ist takes is refused with localsgd as
+ * with any other strategy. */
+Test(cli, localsgd_takes_its_options_and_refuses_others)
+{
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, "--data synthetic --strategy localsgd --local-steps 7 --optimizer-state keep "
+        "--dump-config");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, "\nstrategy = localsgd\n") && strstr(r->out, "\nlocal-steps = 7\n") &&
+              strstr(r->out, "\noptimizer-state = keep\n"), "%s", r->out);
+    run(r, NULL, "--data synthetic --strategy localsgd --steps 3 --workers 2 --batch 32 "
+        "--local-steps 2 --oversubscribe --progress none");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, "| localsgd (2 local steps, optimizer state reset), 2 workers"),
+              "%s", r->out);
+    cr_assert(strstr(r->out, "communication per worker and round:"), "%s", r->out);
+    free(r);
+    expect_usage_error("--strategy localsgd --local-steps 0",
+                       "--local-steps: expected an integer in [1, 1000000000]");
+    expect_usage_error("--strategy localsgd --optimizer-state forget", "allowed: reset, keep");
+    expect_usage_error("--strategy localsgd --train-scale none",
+                       "--optimizer-state and --train-scale are options of --strategy ist");
+    expect_usage_error("--strategy localsgd --optimizer sgd --momentum 0 --optimizer-state keep",
+                       "SGD without momentum keeps no state");
+    expect_usage_error("--strategy localsgd --comm-precision bf16",
+                       "--strategy localsgd averages parameters");
+    expect_usage_error("--strategy localsgd --segments 3",
+                       "--segments applies to --strategy synth only");
+}
+
 /* A count that must be >= 1 states [1, ...] for every bad value, 0 among
  * them: the range printed for 'abc' is the one 0 is refused by. */
 Test(cli, the_stated_range_is_the_enforced_one)
@@ -601,6 +634,9 @@ Test(cli, stopped_runs_resume_bitwise, .timeout = 240)
     snprintf(opts, sizeof opts, "%s --strategy sdp --subnet neuron --resample 5", base);
     expect_exact_resume(opts);
     snprintf(opts, sizeof opts, "%s --strategy ist --local-steps 7 --optimizer-state keep", base);
+    expect_exact_resume(opts);
+    snprintf(opts, sizeof opts, "%s --strategy localsgd --local-steps 7 --optimizer-state keep",
+             base);
     expect_exact_resume(opts);
     /* synth stops at a segment epoch's end (or in its recovery epochs) */
     expect_exact_resume("--data synthetic --strategy synth --depth 3 --width 32 --batch 32 "

@@ -180,6 +180,111 @@ Test(train, bad_configurations_are_refused)
     st_dataset_free(&test);
 }
 
+/* ------------------------------------------------------------ the strategy table */
+
+/* The table's names are the enumerators' and the parser's; a front end
+ * (the CLI) reads each option of one name with one syntax, whichever
+ * strategy takes it, and stores it with that strategy's set. */
+Test(strategy, names_options_and_shared_syntax_agree)
+{
+    static const struct { st_strategy s; const char *name; } named[] = {
+        { ST_STRATEGY_DP, "dp" }, { ST_STRATEGY_SDP, "sdp" }, { ST_STRATEGY_IST, "ist" },
+        { ST_STRATEGY_SYNTH, "synth" },
+    };
+    for (size_t k = 0; k < sizeof named / sizeof *named; k++) {
+        cr_assert_str_eq(st_strategy_name(named[k].s), named[k].name);
+        cr_assert_str_eq(st_strategy_info_of(named[k].s)->name, named[k].name);
+    }
+    int n = 0;
+    for (; st_strategy_info_of((st_strategy)n); n++) {
+        const st_strategy_info *a = st_strategy_info_of((st_strategy)n);
+        st_strategy parsed;
+        cr_assert_eq(st_strategy_parse(a->name, &parsed), ST_OK, "%s", st_last_error());
+        cr_assert_eq((int)parsed, n, "%s", a->name);
+        cr_assert(a->help && strncmp(a->help, a->name, strlen(a->name)) == 0, "%s", a->name);
+        for (const st_strategy_option *d = a->options; d && d->name; d++) {
+            cr_assert(d->syntax && d->help && d->set && d->get, "--%s", d->name);
+            for (int m = 0; m < n; m++)   /* an earlier strategy's option of that name */
+                for (const st_strategy_option *e = st_strategy_info_of((st_strategy)m)->options;
+                     e && e->name; e++) {
+                    if (strcmp(e->name, d->name) != 0)
+                        continue;
+                    cr_assert(e->kind == d->kind && e->lo == d->lo && e->hi == d->hi &&
+                              e->real_lo == d->real_lo && e->real_hi == d->real_hi &&
+                              e->lo_bracket == d->lo_bracket && e->hi_bracket == d->hi_bracket &&
+                              strcmp(e->syntax, d->syntax) == 0,
+                              "--%s: %s and %s read it differently", d->name,
+                              st_strategy_info_of((st_strategy)m)->name, a->name);
+                    for (int v = 0; d->kind == ST_OPTION_NAME && (v == 0 || d->names[v - 1]); v++)
+                        cr_assert(d->names[v] == e->names[v] ||
+                                  (d->names[v] && e->names[v] &&
+                                   strcmp(d->names[v], e->names[v]) == 0), "--%s", d->name);
+                }
+        }
+    }
+    cr_assert_geq(n, 4);
+    st_strategy s;
+    cr_assert_eq(st_strategy_parse("nope", &s), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "(allowed: dp, sdp, ist, synth"), "%s", st_last_error());
+    cr_assert_str_eq(st_strategy_name((st_strategy)n), "unknown");
+}
+
+/* Every option's value goes into the config and comes back as it went in
+ * (what --dump-config prints is what a configuration file gives back). */
+Test(strategy, option_values_round_trip)
+{
+    for (int n = 0; st_strategy_info_of((st_strategy)n); n++)
+        for (const st_strategy_option *d = st_strategy_info_of((st_strategy)n)->options;
+             d && d->name; d++) {
+            st_train_config c = st_train_config_default();
+            c.strategy = (st_strategy)n;
+            st_option_value in, out;
+            memset(&in, 0, sizeof in);
+            memset(&out, 0, sizeof out);
+            switch (d->kind) {
+            case ST_OPTION_COUNT: in.count = d->lo + 1 <= d->hi ? d->lo + 1 : d->lo; break;
+            case ST_OPTION_REAL: in.real = (double)(float)(d->real_hi / 2); break;
+            case ST_OPTION_NAME: in.name = d->names[1] ? 1 : 0; break;
+            case ST_OPTION_COUNTS:
+                in.n_counts = 1;
+                in.counts[0] = (int)d->lo;
+                c.synth.segments = 2;   /* one count of synth's --cuts */
+                break;
+            }
+            d->set(&c, &in);
+            cr_assert_eq(d->get(&c, &out), 1, "--%s", d->name);
+            cr_assert(out.count == in.count && out.real == in.real && out.name == in.name &&
+                      out.n_counts == in.n_counts && out.counts[0] == in.counts[0],
+                      "--%s of %s does not come back", d->name, st_strategy_name(c.strategy));
+        }
+}
+
+/* The banner's description of each strategy, and the scale ist evaluates
+ * with. */
+Test(strategy, descriptions_and_eval_scale)
+{
+    st_train_config c = st_train_config_default();
+    char line[256];
+    st_strategy_describe(&c, 2, line, sizeof line);
+    cr_assert_str_eq(line, "dp");
+    c.strategy = ST_STRATEGY_SDP;
+    c.sdp.coverage = 0.3;
+    st_strategy_describe(&c, 4, line, sizeof line);
+    cr_assert_str_eq(line, "sdp (block, forward masking, coverage 1/4 = 0.25, requested 0.3)");
+    st_strategy_describe(&c, 0, line, sizeof line);
+    cr_assert_str_eq(line, "sdp (block, forward masking, coverage 0.3)");
+    c.strategy = ST_STRATEGY_IST;
+    st_strategy_describe(&c, 4, line, sizeof line);
+    cr_assert_str_eq(line, "ist (50 local steps)");
+    cr_assert_eq(st_strategy_eval_scale(&c, 4), 0.25f);
+    c.ist.eval_scale = 0;
+    cr_assert_eq(st_strategy_eval_scale(&c, 4), 0.0f);
+    c.strategy = ST_STRATEGY_DP;
+    cr_assert_eq(st_strategy_eval_scale(&c, 4), 0.0f);
+    st_strategy_describe(&c, 4, line, 3);   /* cut, terminated */
+    cr_assert_str_eq(line, "dp");
+}
+
 Test(train, a_diverging_run_stops_with_a_numerical_error)
 {
     st_dataset train, test;
@@ -599,9 +704,9 @@ static st_train_config sdp_config(int workers, double coverage, uint64_t steps)
 {
     st_train_config c = dp_config(workers, 16, steps);
     c.strategy = ST_STRATEGY_SDP;
-    c.subnet = ST_SUBNET_BLOCK;
-    c.masking = ST_MASKING_FORWARD;
-    c.coverage = coverage;
+    c.sdp.subnet = ST_SUBNET_BLOCK;
+    c.sdp.masking = ST_MASKING_FORWARD;
+    c.sdp.coverage = coverage;
     c.model.depth = 4;
     return c;
 }
@@ -672,14 +777,14 @@ Test(sdp, half_coverage_learns_with_less_memory_and_is_deterministic, .timeout =
 Test(sdp, unimplemented_variants_and_bad_coverage_are_refused)
 {
     st_train_config c = sdp_config(2, 0.5, 10);
-    c.masking = ST_MASKING_BACKWARD;
-    c.align_every = 5;
+    c.sdp.masking = ST_MASKING_BACKWARD;
+    c.sdp.align_every = 5;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID, "nothing to align");
     c = sdp_config(2, 0.5, 10);
     c.neuron_group = 0;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
     c = sdp_config(2, 0.5, 10);
-    c.coverage = 0.0;
+    c.sdp.coverage = 0.0;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
     c = sdp_config(2, 0.5, 10);
     c.model.kind = ST_MODEL_MLP;
@@ -695,19 +800,19 @@ Test(sdp, alignment_is_one_at_full_coverage_and_less_below, .timeout = 120)
     make_data(5, &train, &test);
     recorder *r = calloc(1, sizeof *r);
     st_train_config c = sdp_config(2, 1.0, 20);
-    c.align_every = 5;
+    c.sdp.align_every = 5;
     st_epoch_record f = train_recorded(&c, &train, &test, r);
     cr_assert_eq(f.align_measured, 4 * 2, "4 measurements of 2 workers");
     cr_assert_float_eq(f.align_mean, 1.0, 1e-5, "mean %.9f", f.align_mean);
     cr_assert_float_eq(f.align_min, 1.0, 1e-5, "min %.9f", f.align_min);
     c = sdp_config(4, 0.5, 20);
-    c.align_every = 10;
+    c.sdp.align_every = 10;
     f = train_recorded(&c, &train, &test, r);
     cr_assert_eq(f.align_measured, 2 * 4);
     cr_assert(f.align_mean > 0.0 && f.align_mean < 0.9999, "mean %.6f", f.align_mean);
     cr_assert_leq(f.align_min, f.align_mean);
     c = dp_config(2, 16, 10);
-    c.align_every = 5;
+    c.sdp.align_every = 5;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID, "alignment needs sdp");
     free(r);
     st_dataset_free(&train);
@@ -721,7 +826,7 @@ Test(sdp, alignment_is_one_at_full_coverage_and_less_below, .timeout = 120)
 Test(sdp, rebuilding_every_round_loses_nothing, .timeout = 120)
 {
     st_train_config cs = sdp_config(2, 1.0, 40), cd = cs;
-    cs.resample = 7;
+    cs.sdp.resample = 7;
     cd.strategy = ST_STRATEGY_DP;
     st_epoch_record fd, fs;
     assert_bitwise_same_run(&cd, &cs, &fd, &fs);
@@ -738,10 +843,10 @@ Test(sdp, resampled_masks_are_reproducible_and_take_effect, .timeout = 120)
              *b = calloc(1, sizeof *b), *late = calloc(1, sizeof *late);
     st_train_config c = sdp_config(4, 0.5, 40);
     train_recorded(&c, &train, &test, fixed);
-    c.resample = 10;
+    c.sdp.resample = 10;
     train_recorded(&c, &train, &test, a);
     train_recorded(&c, &train, &test, b);
-    c.resample = 1000;
+    c.sdp.resample = 1000;
     train_recorded(&c, &train, &test, late);
     cr_assert_eq(memcmp(a->losses, b->losses, a->steps * sizeof(float)), 0, "reproducible");
     cr_assert_eq(memcmp(fixed->losses, late->losses, fixed->steps * sizeof(float)), 0,
@@ -764,7 +869,7 @@ Test(sdp, resampled_masks_are_reproducible_and_take_effect, .timeout = 120)
 Test(sdp, backward_masking_at_full_coverage_is_bitwise_data_parallelism, .timeout = 120)
 {
     st_train_config cb = sdp_config(2, 1.0, 40), cd = cb;
-    cb.masking = ST_MASKING_BACKWARD;
+    cb.sdp.masking = ST_MASKING_BACKWARD;
     cd.strategy = ST_STRATEGY_DP;
     st_epoch_record fd, fb;
     assert_bitwise_same_run(&cd, &cb, &fd, &fb);
@@ -778,7 +883,7 @@ Test(sdp, backward_masking_learns_with_less_gradient_memory, .timeout = 120)
     make_data(11, &train, &test);
     recorder *r = calloc(1, sizeof *r), *d = calloc(1, sizeof *d);
     st_train_config cb = sdp_config(4, 0.5, 512), cd = cb;
-    cb.masking = ST_MASKING_BACKWARD;
+    cb.sdp.masking = ST_MASKING_BACKWARD;
     cd.strategy = ST_STRATEGY_DP;
     st_epoch_record fb = train_recorded(&cb, &train, &test, r);
     st_epoch_record fd = train_recorded(&cd, &train, &test, d);
@@ -786,7 +891,7 @@ Test(sdp, backward_masking_learns_with_less_gradient_memory, .timeout = 120)
                 fb.memory.peak[ST_MEM_GRADIENTS], fd.memory.peak[ST_MEM_GRADIENTS]);
     cr_assert_geq(fb.test_acc, SYNTH_MIN_ACCURACY);
     cr_assert_lt(fb.memory.peak[ST_MEM_GRADIENTS], fd.memory.peak[ST_MEM_GRADIENTS]);
-    cb.resample = 50;
+    cb.sdp.resample = 50;
     cb.steps = 120;
     st_epoch_record fr = train_recorded(&cb, &train, &test, r);
     cr_assert_eq(fr.step, 120);
@@ -802,7 +907,7 @@ static st_train_config ist_config(int workers, uint64_t local_steps, uint64_t st
 {
     st_train_config c = dp_config(workers, 32, steps);
     c.strategy = ST_STRATEGY_IST;
-    c.local_steps = local_steps;
+    c.ist.local_steps = local_steps;
     c.model.depth = 4;
     return c;
 }
@@ -857,13 +962,13 @@ Test(ist, bad_options_are_refused)
     st_train_config c = ist_config(2, 0, 10);
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
     c = dp_config(2, 16, 10);
-    c.ist_keep_state = 1;
+    c.ist.keep_state = 1;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID, "keep is an ist option");
     c = ist_config(2, 10, 10);
-    c.subnet = ST_SUBNET_NEURON;
+    c.sdp.subnet = ST_SUBNET_NEURON;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID, "ist of resmlp is block-level");
     c = ist_config(2, 10, 10);
-    c.ist_keep_state = 1;
+    c.ist.keep_state = 1;
     c.optim.kind = ST_OPT_SGD;
     c.optim.momentum = 0.0f;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID, "no state to keep");
@@ -875,7 +980,7 @@ static st_train_config neuron_sdp_config(st_model_kind kind, int workers, double
                                          uint64_t steps)
 {
     st_train_config c = sdp_config(workers, coverage, steps);
-    c.subnet = ST_SUBNET_NEURON;
+    c.sdp.subnet = ST_SUBNET_NEURON;
     c.neuron_group = 4;
     c.model.kind = kind;
     c.model.depth = 2;
@@ -898,9 +1003,9 @@ Test(bf16_train, gathered_weight_copies_change_nothing, .timeout = 180)
     st_train_config cfg[4];
     cfg[0] = dp_config(2, 16, 12);
     cfg[1] = sdp_config(4, 0.5, 12);
-    cfg[1].resample = 3;
+    cfg[1].sdp.resample = 3;
     cfg[2] = sdp_config(4, 0.5, 12);
-    cfg[2].masking = ST_MASKING_BACKWARD;
+    cfg[2].sdp.masking = ST_MASKING_BACKWARD;
     cfg[3] = neuron_sdp_config(ST_MODEL_MLP, 4, 0.5, 12);
     const char *what[] = { "dp", "sdp, redrawn", "sdp, backward masking", "sdp neurons, mlp" };
     for (int k = 0; k < 4; k++) {
@@ -924,7 +1029,7 @@ Test(bf16_train, gathered_weight_copies_change_nothing, .timeout = 180)
 static void assert_neuron_full_coverage_is_dp(st_model_kind kind, st_masking masking)
 {
     st_train_config cs = neuron_sdp_config(kind, 2, 1.0, 30), cd = cs;
-    cs.masking = masking;
+    cs.sdp.masking = masking;
     cd.strategy = ST_STRATEGY_DP;
     st_epoch_record fd, fs;
     assert_bitwise_same_run(&cd, &cs, &fd, &fs);
@@ -955,7 +1060,7 @@ Test(sdp_neuron, half_coverage_learns_with_less_memory, .timeout = 120)
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *d = calloc(1, sizeof *d);
     st_train_config cs = neuron_sdp_config(ST_MODEL_RESMLP, 4, 0.5, 512), cd = cs;
     cd.strategy = ST_STRATEGY_DP;
-    cs.resample = 100;
+    cs.sdp.resample = 100;
     st_epoch_record fa = train_recorded(&cs, &train, &test, a);
     st_epoch_record fb = train_recorded(&cs, &train, &test, b);
     st_epoch_record fd = train_recorded(&cd, &train, &test, d);
@@ -982,7 +1087,7 @@ Test(sdp_neuron, a_step_makes_no_heap_allocation, .timeout = 60)
     st_train_config c = neuron_sdp_config(ST_MODEL_RESMLP, 2, 0.5, 40);
     c.batch = 32;
     assert_steps_make_no_heap_call(&c, "sdp neuron forward (resmlp)");
-    c.masking = ST_MASKING_BACKWARD;
+    c.sdp.masking = ST_MASKING_BACKWARD;
     assert_steps_make_no_heap_call(&c, "sdp neuron backward (resmlp)");
     c = neuron_sdp_config(ST_MODEL_MLP, 2, 0.5, 40);
     c.batch = 32;
@@ -1040,7 +1145,7 @@ Test(sdp_neuron, every_parameter_is_trained, .timeout = 120)
     assert_every_parameter_trained(&c, "sdp neuron forward C=0.5 (resmlp)");
     c = neuron_sdp_config(ST_MODEL_MLP, 4, 0.5, 60);
     assert_every_parameter_trained(&c, "sdp neuron forward C=0.5 (mlp)");
-    c.masking = ST_MASKING_BACKWARD;
+    c.sdp.masking = ST_MASKING_BACKWARD;
     assert_every_parameter_trained(&c, "sdp neuron backward C=0.5 (mlp)");
     c = dp_config(2, 16, 30);
     assert_every_parameter_trained(&c, "data parallelism");
@@ -1086,7 +1191,7 @@ Test(ist_neuron, kept_state_with_one_worker_is_bitwise_momentum_sgd, .timeout = 
     ci.neuron_group = cs.neuron_group = 4;
     ci.optim.kind = cs.optim.kind = ST_OPT_SGD;
     ci.optim.lr = cs.optim.lr = 0.02f;
-    ci.ist_keep_state = 1;
+    ci.ist.keep_state = 1;
     cs.strategy = ST_STRATEGY_DP;
     st_epoch_record fi, fs;
     assert_bitwise_same_run(&cs, &ci, &fi, &fs);
@@ -1099,9 +1204,9 @@ Test(ist_neuron, kept_state_with_one_worker_is_bitwise_momentum_sgd, .timeout = 
     st_dataset train, test;
     make_data(5, &train, &test);
     recorder *reset = calloc(1, sizeof *reset), *kept = calloc(1, sizeof *kept);
-    ci.ist_keep_state = 0;
+    ci.ist.keep_state = 0;
     train_recorded(&ci, &train, &test, reset);
-    ci.ist_keep_state = 1;
+    ci.ist.keep_state = 1;
     train_recorded(&ci, &train, &test, kept);
     cr_assert_neq(memcmp(reset->losses, kept->losses, kept->steps * sizeof(float)), 0,
                   "resetting the momentum every round changes the run");
@@ -1208,7 +1313,7 @@ static st_train_config subnet_resnet_config(int workers, st_strategy strategy)
     c.optim.lr = 0.01f;
     c.steps = 24;
     c.strategy = strategy;
-    c.coverage = 0.5;
+    c.sdp.coverage = 0.5;
     return c;
 }
 
@@ -1216,7 +1321,7 @@ static st_train_config subnet_resnet_config(int workers, st_strategy strategy)
 Test(resnet, sdp_blocks_are_reproducible, .timeout = 180)
 {
     st_train_config c = subnet_resnet_config(4, ST_STRATEGY_SDP);
-    c.subnet = ST_SUBNET_BLOCK;
+    c.sdp.subnet = ST_SUBNET_BLOCK;
     check_resnet_reproducible(&c, "sdp block forward");
     /* the full model's recalibrated statistics change its evaluation,
      * never the training */
@@ -1232,9 +1337,9 @@ Test(resnet, sdp_blocks_are_reproducible, .timeout = 180)
     st_dataset_free(&train);
     st_dataset_free(&test);
     st_train_config redrawn = c;   /* running statistics meet at each rebuild */
-    redrawn.resample = 8;
+    redrawn.sdp.resample = 8;
     check_resnet_reproducible(&redrawn, "sdp block forward, masks redrawn every 8 steps");
-    c.masking = ST_MASKING_BACKWARD;
+    c.sdp.masking = ST_MASKING_BACKWARD;
     check_resnet_reproducible(&c, "sdp block backward");
 }
 
@@ -1243,10 +1348,10 @@ Test(resnet, sdp_blocks_are_reproducible, .timeout = 180)
 Test(resnet, sdp_channel_groups_are_reproducible, .timeout = 180)
 {
     st_train_config c = subnet_resnet_config(4, ST_STRATEGY_SDP);
-    c.subnet = ST_SUBNET_NEURON;
+    c.sdp.subnet = ST_SUBNET_NEURON;
     c.neuron_group = 4;
     check_resnet_reproducible(&c, "sdp neuron forward");
-    c.masking = ST_MASKING_BACKWARD;
+    c.sdp.masking = ST_MASKING_BACKWARD;
     check_resnet_reproducible(&c, "sdp neuron backward");
 }
 
@@ -1255,7 +1360,7 @@ Test(resnet, sdp_channel_groups_are_reproducible, .timeout = 180)
 Test(resnet, ist_blocks_are_reproducible, .timeout = 180)
 {
     st_train_config c = subnet_resnet_config(2, ST_STRATEGY_IST);
-    c.local_steps = 3;
+    c.ist.local_steps = 3;
     check_resnet_reproducible(&c, "ist blocks");
 }
 
@@ -1340,9 +1445,9 @@ Test(gpt, every_strategy_trains_every_parameter, .timeout = 240)
     for (size_t k = 0; k < sizeof v / sizeof *v; k++) {
         st_train_config c = gpt_train_config(2, 60);
         c.strategy = v[k].strategy;
-        c.subnet = v[k].subnet;
-        c.masking = v[k].masking;
-        c.local_steps = 10;
+        c.sdp.subnet = v[k].subnet;
+        c.sdp.masking = v[k].masking;
+        c.ist.local_steps = 10;
         params_out o = { 0 };
         st_train_callbacks cb = { .on_params = keep_params, .user = &o };
         st_epoch_record f;
@@ -1401,7 +1506,7 @@ Test(init, runs_start_from_the_given_weights, .timeout = 120)
     for (int k = 0; k < 3; k++) {
         st_train_config d = c;
         d.strategy = strategies[k];
-        d.masking = masking[k];
+        d.sdp.masking = masking[k];
         d.steps = 1;
         d.optim.lr = 1e-12f;
         d.seed = 99;   /* another seed: its initial values must not be used */
@@ -1536,7 +1641,7 @@ Test(scale, sdp_branches_are_scaled_by_workers_over_holders, .timeout = 120)
     st_dataset train, test;
     make_data(5, &train, &test);
     st_train_config c = sdp_config(4, 0.5, 20);
-    const int N = c.workers, k = (int)(c.coverage * N + 0.5);
+    const int N = c.workers, k = (int)(c.sdp.coverage * N + 0.5);
     st_trainer *t = make_trainer(&c, &train, &test);
     st_assignment a;
     cr_assert_eq(st_assignment_make(N, c.model.depth, k, c.seed, 0, &a), ST_OK);
@@ -1665,7 +1770,7 @@ Test(scale, ist_evaluation_scales_every_branch_by_one_over_n, .timeout = 120)
                            by_hand[1]);
         cr_assert_gt(fabs(by_hand[0] - by_hand[1]), 100 * HAND_SCALE_RTOL * by_hand[1],
                      "the scale shows");
-        cr_assert_eq(st_trainer_step(t, c.local_steps, NULL), ST_OK, "%s", st_last_error());
+        cr_assert_eq(st_trainer_step(t, c.ist.local_steps, NULL), ST_OK, "%s", st_last_error());
     }
     st_model_destroy(hand);
     st_arena_release(&arena);
@@ -1685,7 +1790,7 @@ Test(sdp, alignment_report_is_the_cosine_of_the_two_gradients, .timeout = 120)
     st_dataset train, test;
     make_data(5, &train, &test);
     st_train_config c = sdp_config(4, 0.5, 20);
-    c.align_every = 1;
+    c.sdp.align_every = 1;
     const int N = c.workers, B = c.batch;
     st_trainer *t = make_trainer(&c, &train, &test);
     uint32_t *order = malloc(train.count * sizeof *order);
@@ -1865,7 +1970,7 @@ Test(comm_counters, ist_communicates_once_a_round, .timeout = 120)
     char pu[32];
     one_pu_cpuset(pu, sizeof pu);
     c.cpuset = pu;
-    const uint64_t R = c.local_steps;
+    const uint64_t R = c.ist.local_steps;
     const size_t P = st_model_config_param_count(&c.model);
     st_trainer *t = make_trainer(&c, &train, &test);
     for (uint64_t step = 1; step <= 2 * R; step++) {

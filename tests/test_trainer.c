@@ -184,9 +184,9 @@ Test(trainer, sdp_with_resampled_masks_is_st_train_run, .timeout = 120)
 {
     st_train_config c = config(ST_STRATEGY_SDP, 2, 40);
     c.model.depth = 4;
-    c.coverage = 0.5;
-    c.resample = 6;
-    c.align_every = 5;
+    c.sdp.coverage = 0.5;
+    c.sdp.resample = 6;
+    c.sdp.align_every = 5;
     assert_trainer_is_the_run(&c, UNEVEN, 4, "sdp block forward C=0.5 resample 6, 2 workers");
 }
 
@@ -194,8 +194,8 @@ Test(trainer, sdp_backward_masking_is_st_train_run, .timeout = 120)
 {
     st_train_config c = config(ST_STRATEGY_SDP, 2, 40);
     c.model.depth = 4;
-    c.coverage = 0.5;
-    c.masking = ST_MASKING_BACKWARD;
+    c.sdp.coverage = 0.5;
+    c.sdp.masking = ST_MASKING_BACKWARD;
     assert_trainer_is_the_run(&c, ONE, 1, "sdp block backward C=0.5, 2 workers");
 }
 
@@ -204,8 +204,17 @@ Test(trainer, ist_rounds_end_where_st_train_run_ends_them, .timeout = 120)
     /* rounds of 5 steps, and one at each epoch end (16 steps an epoch) */
     st_train_config c = config(ST_STRATEGY_IST, 2, 40);
     c.model.depth = 4;
-    c.local_steps = 5;
+    c.ist.local_steps = 5;
     assert_trainer_is_the_run(&c, UNEVEN, 4, "ist R=5, 2 workers");
+}
+
+Test(trainer, localsgd_averages_where_st_train_run_averages, .timeout = 120)
+{
+    st_train_config c = config(ST_STRATEGY_DP, 2, 40);
+    cr_assert_eq(st_strategy_parse("localsgd", &c.strategy), ST_OK);
+    c.localsgd.local_steps = 5;
+    c.localsgd.keep_state = 1;
+    assert_trainer_is_the_run(&c, UNEVEN, 4, "localsgd R=5 kept state, 2 workers");
 }
 
 /* The bench's breakdown: its own gather and forward-backward on worker
@@ -224,8 +233,8 @@ Test(trainer, resnet_sdp_is_st_train_run, .timeout = 180)
     c.model.in_channels = 2;      /* make_data's 32 features as 2 x 4 x 4 images */
     c.model.in_height = 4;
     c.model.in_width = 4;
-    c.subnet = ST_SUBNET_BLOCK;
-    c.coverage = 0.5;
+    c.sdp.subnet = ST_SUBNET_BLOCK;
+    c.sdp.coverage = 0.5;
     c.bn_calibration = 4;
     assert_trainer_is_the_run(&c, UNEVEN, 4, "resnet sdp");
     st_dataset train, test;
@@ -357,7 +366,7 @@ Test(trainer, bad_configurations_and_calls_are_refused_with_a_message, .timeout 
     assert_refused(st_trainer_create(&c, &train, &test, &t), "st_train_run", "synth");
 
     c = config(ST_STRATEGY_SDP, 2, 10);
-    c.coverage = 0.5;
+    c.sdp.coverage = 0.5;
     cr_assert_eq(st_trainer_create(&c, &train, &test, &t), ST_OK, "%s", st_last_error());
     assert_refused(st_trainer_update(t, NULL), "dp", "an update alone under sdp");
     assert_refused(st_trainer_step(t, 11, NULL), "10", "more steps than the run has");
@@ -469,6 +478,6 @@ Test(trainer_heap, an_sdp_step_makes_no_heap_call, .timeout = 120)
     HEAPWATCH_SKIP_IF_OFF();
     st_train_config c = config(ST_STRATEGY_SDP, 2, 40);
     c.model.depth = 4;
-    c.coverage = 0.5;
+    c.sdp.coverage = 0.5;
     assert_steps_make_no_heap_call(&c, "sdp block forward C=0.5, 2 workers");
 }

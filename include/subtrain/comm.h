@@ -217,7 +217,9 @@ st_status st_comm_reduce_scatter(st_comm *c, int w);
 
 /* All-gather.  Every worker calls it once it has updated its shard's master
  * weights; on return w's parameter vector holds the master values of every
- * element w holds.  Internally waits for all workers. */
+ * element w holds.  Internally waits for all workers first, every owner
+ * then done reading the gradients: a worker's gradient vector may be its
+ * parameter vector (an average of the parameters themselves). */
 st_status st_comm_all_gather(st_comm *c, int w);
 
 /* A barrier over all workers (shared backend: spin on C11 atomics). */

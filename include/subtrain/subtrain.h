@@ -16,6 +16,7 @@
  *   subnet.h  subnetworks: units, coverage, assignments to workers
  *   synth.h   synthetic-label training: cuts, worker split, labels
  *   train.h   the training loop and metrics records
+ *   strategy.h  the strategies as a front end sees them: names, options
  *   trainer.h a training run as an object, stepped by the caller
  *   checkpoint.h  safetensors files, written atomically, read back checked
  * Not included here: quad.h, IST theory on quadratics (subtrain quad), a
@@ -41,6 +42,7 @@
 #include <subtrain/subnet.h>
 #include <subtrain/synth.h>
 #include <subtrain/train.h>
+#include <subtrain/strategy.h>
 #include <subtrain/trainer.h>
 #include <subtrain/checkpoint.h>
 

@@ -2,8 +2,8 @@
  * subtrain/train.h — the training loop, evaluation and metrics records.
  *
  * st_train_run() trains a model on a dataset with the configuration's
- * workers, under its strategy (dp, sdp, ist, synth), in this process and,
- * when MPI started it, over every rank.  Each worker is a pinned thread
+ * workers, under its strategy (dp, sdp, ist, synth, localsgd), in this
+ * process and, when MPI started it, over every rank.  Each worker is a pinned thread
  * that owns its arena, its model instance (primitives, workspace,
  * activations, parameters, gradients) and its optimizer state, all created
  * on that thread before the first step.  The loop reports through
@@ -29,6 +29,9 @@
 extern "C" {
 #endif
 
+/* A strategy is its number in the strategies' table (subtrain/strategy.h,
+ * st_strategy_info_of).  The first ones have enumerators; every one is
+ * found by its name with st_strategy_parse ("localsgd"). */
 typedef enum st_strategy {
     ST_STRATEGY_DP, ST_STRATEGY_SDP, ST_STRATEGY_IST, ST_STRATEGY_SYNTH
 } st_strategy;
@@ -44,45 +47,75 @@ st_status st_strategy_parse(const char *name, st_strategy *out);
  * step, the position in the epoch, the loss summed so far. */
 typedef struct st_checkpoint_plan {
     const char *dir;          /* NULL: no checkpoints (created if missing) */
-    uint64_t every;           /* after every this many steps (ist: at the
-                               * next round end); 0: not by steps */
+    uint64_t every;           /* after every this many steps (ist,
+                               * localsgd: at the next round end); 0: not
+                               * by steps */
     int every_epoch;          /* after each epoch's record */
     int keep;                 /* the newest K step files stay; 0: all */
     const st_st_meta *meta;   /* added to every file's metadata */
     int n_meta;
 } st_checkpoint_plan;
 
-typedef struct st_train_config {
-    st_strategy strategy;     /* dp: every worker trains the full model;
-                               * sdp: each worker trains its subnetwork;
-                               * ist: disjoint subnetworks, local steps;
-                               * synth: segments trained apart against
-                               * synthetic labels, then joined */
-    st_subnet_kind subnet;    /* sdp: units (block or neuron) */
-    int neuron_group;         /* neuron units: neurons per group, aligned so
-                               * compact matrices keep whole SIMD vectors
-                               * (default 16: one AVX-512 register) */
-    st_masking masking;       /* sdp: forward */
-    double coverage;          /* sdp: fraction of workers holding each unit */
-    uint64_t resample;        /* sdp: redraw the masks every R steps; 0: fixed */
-    int scale_branches;       /* sdp, forward masking: in training each block's
+/* sdp's options (--strategy sdp, doc/sdp.md). */
+typedef struct st_sdp_config {
+    st_subnet_kind subnet;    /* units: block or neuron (ist refuses neuron
+                               * on a model with blocks) */
+    st_masking masking;       /* forward (default) or backward */
+    double coverage;          /* fraction of workers holding each unit */
+    uint64_t resample;        /* redraw the masks every R steps; 0: fixed */
+    int scale_branches;       /* forward masking: in training each block's
                                * branch is scaled by 1 / coverage (N / k);
                                * evaluation runs the full model unscaled.
                                * -1 (default): on (measured on resmlp,
                                * doc/sdp.md), except for block units of models
                                * with batch norm (measured on resnet,
                                * doc/cnn.md) */
-    uint64_t local_steps;     /* ist: steps between two synchronisations (R) */
-    int ist_eval_scale;       /* ist of resmlp: scale each block's branch by
-                               * 1/N at evaluation (ResIST); default on */
-    int ist_train_scale;      /* ist: scale what reads a 1/N part (mlp: the
-                               * layers after a hidden layer; resmlp: the
-                               * branches) by N in training, like inverted
-                               * dropout.  -1: on for mlp, off for resmlp */
-    int ist_keep_state;       /* ist: the optimizer state of every parameter
+    uint64_t align_every;     /* every this many steps, measure each worker's
+                               * gradient alignment (0: never) */
+} st_sdp_config;
+
+/* ist's options (--strategy ist, doc/ist.md). */
+typedef struct st_ist_config {
+    uint64_t local_steps;     /* steps between two synchronisations (R) */
+    int eval_scale;           /* resmlp: scale each block's branch by 1/N at
+                               * evaluation (ResIST); default on */
+    int train_scale;          /* scale what reads a 1/N part (mlp: the layers
+                               * after a hidden layer; resmlp: the branches)
+                               * by N in training, like inverted dropout.
+                               * -1: on for mlp, off for resmlp */
+    int keep_state;           /* the optimizer state of every parameter
                                * survives rounds, averaged over its holders
                                * like the parameters; 0 (default): reset
                                * every round, as ResIST resets momentum */
+} st_ist_config;
+
+/* localsgd's options (--strategy localsgd, doc/localsgd.md). */
+typedef struct st_localsgd_config {
+    uint64_t local_steps;     /* steps between two averages (R), default 50 */
+    int keep_state;           /* 1: the optimizer state is averaged with the
+                               * parameters; 0 (default): zeroed at every
+                               * average */
+} st_localsgd_config;
+
+typedef struct st_train_config {
+    st_strategy strategy;     /* dp: every worker trains the full model;
+                               * sdp: each worker trains its subnetwork;
+                               * ist: disjoint subnetworks, local steps;
+                               * synth: segments trained apart against
+                               * synthetic labels, then joined; localsgd:
+                               * full replicas averaged every R steps.
+                               * Each strategy's options are its member
+                               * below; the others leave them
+                               * alone, and refuse those they must not
+                               * ignore (st_train_config_check) */
+    st_sdp_config sdp;
+    st_ist_config ist;
+    st_synth_config synth;    /* synth: segments, cuts, labels, recovery */
+    st_localsgd_config localsgd;
+    /* The subnetwork strategies' (sdp, ist) units and evaluation: */
+    int neuron_group;         /* neuron units: neurons per group, aligned so
+                               * compact matrices keep whole SIMD vectors
+                               * (default 16: one AVX-512 register) */
     int bn_calibration;       /* subnetworks evaluated as the full model (sdp
                                * with forward masking, ist): before each
                                * evaluation, the full model re-estimates its
@@ -90,8 +123,6 @@ typedef struct st_train_config {
                                * training batches (st_model_calibrate); 0: it
                                * uses the holders' averaged statistics.
                                * Default 50 (doc/cnn.md) */
-    uint64_t align_every;     /* sdp: every this many steps, measure each
-                               * worker's gradient alignment (0: never) */
     int workers;              /* worker threads; 0: one per physical core */
     const char *topology;     /* NULL: this machine (training binds for real) */
     const char *cpuset;       /* NULL: the process's; else OS PU list "0-3" */
@@ -108,13 +139,12 @@ typedef struct st_train_config {
      * to bf16 into a buffer, summed in fp32 by the owners; masters,
      * optimizer and all-gather fp32).  dp, sdp, synth, also over MPI
      * ranks (a rank's partial sum is rounded to bf16 again as it is sent);
-     * ist, which averages parameters, refuses BF16. */
+     * ist and localsgd, which average parameters, refuse BF16. */
     st_precision comm_precision;
     int bf16_emulated;        /* model.precision bf16 on a CPU without native
                                * bf16 (st_bf16_probe: EMULATED): 0 refuses
                                * with a message naming the ISA, 1 runs it
                                * with a warning that it is slow */
-    st_synth_config synth;    /* synth: segments, cuts, labels, recovery */
     st_model_config model;
     st_optim_config optim;
     st_schedule_kind schedule;
@@ -222,7 +252,7 @@ typedef struct st_epoch_record {
      * N distributed workers would send, 2 (N-1)/N x P x 4 bytes. */
     double comm_bytes_per_worker_step;
     double ring_bytes_per_worker_step;
-    /* ist: the same per round (one synchronisation every local_steps steps;
+    /* ist, localsgd: the same per round (one synchronisation every R steps;
      * comm_bytes_per_worker_step is this / local_steps); 0 otherwise */
     double comm_bytes_per_worker_round;
     /* Mean time of a step, over workers and the epoch's steps (ms):
@@ -274,8 +304,8 @@ typedef struct st_train_callbacks {
      * finishes the step it is in, the run evaluates and writes its final
      * record with `interrupted` set, and returns ST_OK.  The workers agree
      * on the step at a barrier per step (only when stop is given: a few
-     * microseconds, nothing numeric changes).  ist stops at the end of the
-     * round; synth does not stop early.  With checkpoint.dir set, the
+     * microseconds, nothing numeric changes).  ist and localsgd stop at
+     * the end of the round; synth does not stop early.  With checkpoint.dir set, the
      * state at the stop is written first (a step checkpoint).  NULL: no
      * graceful stop. */
     const volatile sig_atomic_t *stop;

@@ -106,21 +106,6 @@ static void normalize(st_dataset *train, st_dataset *test)
     st_dataset_normalize(train, test, NULL, NULL);
 }
 
-/* sdp: the coverage that runs, k = max(1, round(C x N)) of N workers
- * holding each unit, and the C asked for when k / N is not it (C = 0.3 of
- * 4 workers runs 1/4); just C when N is not known here. */
-static void print_coverage(double c, int workers)
-{
-    if (workers < 1) {
-        printf("coverage %g", c);
-        return;
-    }
-    const int k = st_subnet_holders_per_unit(workers, c);
-    printf("coverage %d/%d = %g", k, workers, (double)k / workers);
-    if (fabs((double)k / workers - c) > 1e-6)
-        printf(", requested %g", c);
-}
-
 /* workers: of the run, all ranks (0: not known). */
 static void print_plan(const st_cli_options *o, const st_dataset *train, const st_dataset *test,
                        int workers)
@@ -150,19 +135,9 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
         printf(", crop %u", train->augment.crop);
     if (train->augment.flip)
         printf(", flip");
-    printf(") | %s", st_strategy_name(t->strategy));
-    if (t->strategy == ST_STRATEGY_SDP) {
-        printf(" (%s, %s masking, ", st_subnet_kind_name(t->subnet), st_masking_name(t->masking));
-        print_coverage(t->coverage, workers);
-        printf(")");
-    }
-    if (t->strategy == ST_STRATEGY_IST)
-        printf(" (%llu local steps)", (unsigned long long)t->local_steps);
-    if (t->strategy == ST_STRATEGY_SYNTH)
-        printf(" (%d segments, %s labels scale %g noise %g, %d recovery epoch%s)",
-               t->synth.segments, st_synth_labels_name(t->synth.labels), t->synth.scale,
-               t->synth.noise, t->synth.recovery_epochs, t->synth.recovery_epochs == 1 ? "" : "s");
-    printf(", ");
+    char strategy[256];
+    st_strategy_describe(t, workers, strategy, sizeof strategy);
+    printf(") | %s, ", strategy);
     if (t->workers)
         printf("%d worker%s", t->workers, t->workers == 1 ? "" : "s");
     else
@@ -275,19 +250,16 @@ static int shown(uint8_t b)
     return (b >= 0x20 && b < 0x7f) || b == '\n' || b == '\t' ? b : '?';
 }
 
-/* --sample: the full model of the run, built for batch 1 on its own arena
- * with the trained parameters, continues the prompt.  It is the model the
- * run evaluated: ist evaluates with its blocks' branches scaled by
- * 1 / workers (--eval-branch-scale), so that scale is kept here too. */
-/* The branch scale the run evaluated with: ist's blocks' branches by
- * 1 / workers (--eval-branch-scale), else none (0). */
+/* The branch scale the run evaluated with (ist's blocks' branches by
+ * 1 / workers, --eval-branch-scale), else none (0). */
 static float eval_branch_scale(const st_cli_options *o, const st_epoch_record *final)
 {
-    return o->train.strategy == ST_STRATEGY_IST && o->train.ist_eval_scale && final->workers > 0
-               ? 1.0f / (float)final->workers
-               : 0.0f;
+    return st_strategy_eval_scale(&o->train, final->workers);
 }
 
+/* --sample: the full model of the run, built for batch 1 on its own arena
+ * with the trained parameters, continues the prompt.  It is the model the
+ * run evaluated, the branch scale included. */
 static int print_sample(const st_cli_options *o, const st_epoch_record *final,
                         const run_ui *ui)
 {

@@ -1,6 +1,8 @@
 /* cli/options.c — getopt_long parsing with strict value checks; the same
  * checks for the options of a configuration file (--config), and each
- * option's value printed back as the file would give it (--dump-config). */
+ * option's value printed back as the file would give it (--dump-config).
+ * The strategies' options are their descriptors (subtrain/strategy.h):
+ * their names, --help lines, value syntax and values come from there. */
 #include <getopt.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -19,17 +21,20 @@ enum {
     OPT_EPOCHS, OPT_STEPS, OPT_BATCH, OPT_OPTIMIZER, OPT_LR, OPT_MOMENTUM,
     OPT_WEIGHT_DECAY, OPT_SCHEDULE, OPT_WARMUP, OPT_SEED, OPT_METRICS, OPT_PROGRESS,
     OPT_STRATEGY, OPT_WORKERS, OPT_TOPOLOGY, OPT_CPUSET, OPT_OVERSUBSCRIBE,
-    OPT_TRAIN_SCALE, OPT_OPTIMIZER_STATE, OPT_SUBNET, OPT_MASKING, OPT_NEURON_GROUP, OPT_COVERAGE, OPT_RESAMPLE, OPT_BRANCH_SCALE, OPT_BN_CALIBRATION, OPT_REPORT,
-    OPT_LOCAL_STEPS, OPT_EVAL_BRANCH_SCALE,
-    OPT_SEGMENTS, OPT_CUTS, OPT_SYNTH_LABELS, OPT_SYNTH_SCALE, OPT_SYNTH_NOISE,
-    OPT_RECOVERY_EPOCHS, OPT_AUGMENT_CROP, OPT_AUGMENT_FLIP,
+    OPT_NEURON_GROUP, OPT_BN_CALIBRATION, OPT_REPORT,
+    OPT_AUGMENT_CROP, OPT_AUGMENT_FLIP,
     OPT_CONTEXT, OPT_HEADS, OPT_HOLDOUT, OPT_VAL_BYTES, OPT_EPOCH_WINDOWS,
     OPT_SAMPLE, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K, OPT_CHECKPOINT, OPT_INIT,
     OPT_CHECKPOINT_EVERY, OPT_KEEP, OPT_RESUME, OPT_USR1, OPT_THREADS, OPT_TEAM_SPANS,
     OPT_PRECISION, OPT_BF16_EMULATED, OPT_COMM_PRECISION, OPT_CONFIG, OPT_DUMP_CONFIG,
+    /* the strategies' options: OPT_STRATEGY_OPTION + their index in the
+     * table options() makes */
+    OPT_STRATEGY_OPTION = 1024,
 };
 
-static const struct option long_options[] = {
+/* The command's own options; the strategies' follow --report (the
+ * options' table, options()). */
+static const struct option own_options[] = {
     { "data", required_argument, NULL, OPT_DATA },
     { "augment-crop", required_argument, NULL, OPT_AUGMENT_CROP },
     { "augment-flip", no_argument, NULL, OPT_AUGMENT_FLIP },
@@ -75,24 +80,10 @@ static const struct option long_options[] = {
     { "threads-per-worker", required_argument, NULL, OPT_THREADS },
     { "team-spans-domains", no_argument, NULL, OPT_TEAM_SPANS },
     { "comm-precision", required_argument, NULL, OPT_COMM_PRECISION },
-    { "subnet", required_argument, NULL, OPT_SUBNET },
-    { "masking", required_argument, NULL, OPT_MASKING },
     { "neuron-group", required_argument, NULL, OPT_NEURON_GROUP },
-    { "coverage", required_argument, NULL, OPT_COVERAGE },
-    { "resample", required_argument, NULL, OPT_RESAMPLE },
-    { "branch-scale", required_argument, NULL, OPT_BRANCH_SCALE },
     { "bn-calibration", required_argument, NULL, OPT_BN_CALIBRATION },
     { "report", required_argument, NULL, OPT_REPORT },
-    { "local-steps", required_argument, NULL, OPT_LOCAL_STEPS },
-    { "eval-branch-scale", required_argument, NULL, OPT_EVAL_BRANCH_SCALE },
-    { "train-scale", required_argument, NULL, OPT_TRAIN_SCALE },
-    { "optimizer-state", required_argument, NULL, OPT_OPTIMIZER_STATE },
-    { "segments", required_argument, NULL, OPT_SEGMENTS },
-    { "cuts", required_argument, NULL, OPT_CUTS },
-    { "synth-labels", required_argument, NULL, OPT_SYNTH_LABELS },
-    { "synth-scale", required_argument, NULL, OPT_SYNTH_SCALE },
-    { "synth-noise", required_argument, NULL, OPT_SYNTH_NOISE },
-    { "recovery-epochs", required_argument, NULL, OPT_RECOVERY_EPOCHS },
+    /* the strategies' options here */
     { "quiet", no_argument, NULL, 'q' },
     { "config", required_argument, NULL, OPT_CONFIG },
     { "dump-config", no_argument, NULL, OPT_DUMP_CONFIG },
@@ -100,6 +91,98 @@ static const struct option long_options[] = {
     { "version", no_argument, NULL, 'V' },
     { NULL, 0, NULL, 0 },
 };
+#define N_OWN_OPTIONS ((int)(sizeof own_options / sizeof *own_options) - 1)
+
+/* Each name of the strategies' options once, with the first strategy's
+ * descriptor of it (strategies that share a name share its value's
+ * syntax: test_train's strategy/names_options_and_shared_syntax_agree). */
+#define MAX_STRATEGY_OPTIONS 64
+static const st_strategy_option *strategy_option[MAX_STRATEGY_OPTIONS];
+static int n_strategy_options;
+static struct option table[N_OWN_OPTIONS + MAX_STRATEGY_OPTIONS + 1];
+
+/* Strategy s's descriptor of option `name`, NULL if it has none. */
+static const st_strategy_option *descriptor_of(st_strategy s, const char *name)
+{
+    const st_strategy_info *info = st_strategy_info_of(s);
+    for (const st_strategy_option *d = info ? info->options : NULL; d && d->name; d++)
+        if (strcmp(d->name, name) == 0)
+            return d;
+    return NULL;
+}
+
+static void add_strategy_options(int *n)
+{
+    for (int s = 0; st_strategy_info_of((st_strategy)s); s++)
+        for (const st_strategy_option *d = st_strategy_info_of((st_strategy)s)->options;
+             d && d->name; d++) {
+            int k = 0;
+            while (k < n_strategy_options && strcmp(strategy_option[k]->name, d->name) != 0)
+                k++;
+            if (k < n_strategy_options || k == MAX_STRATEGY_OPTIONS)
+                continue;   /* (the cap is far above what the strategies have) */
+            strategy_option[n_strategy_options++] = d;
+            table[(*n)++] = (struct option){ d->name, required_argument, NULL,
+                                             OPT_STRATEGY_OPTION + k };
+        }
+}
+
+/* The options' table: the command's own, with the strategies' after
+ * --report.  Made at the first call. */
+static const struct option *options(void)
+{
+    if (table[0].name)
+        return table;
+    int n = 0;
+    for (const struct option *p = own_options; p->name; p++) {
+        table[n++] = *p;
+        if (p->val == OPT_REPORT)
+            add_strategy_options(&n);
+    }
+    return table;
+}
+
+/* An option's lines of --help: its text from column 25, after the
+ * option where it leaves room (three spaces at least), else below it;
+ * the text's lines joined by '\n'. */
+static void print_option(FILE *f, const char *head, const char *text)
+{
+    const size_t len = strlen(head), first = strcspn(text, "\n");
+    if (len < 25)
+        fprintf(f, "%-25s", head);
+    else if (len + 3 + first <= 80)
+        fprintf(f, "%s   ", head);
+    else
+        fprintf(f, "%s\n%25s", head, "");
+    for (const char *p = text; *p; p++)
+        if (*p == '\n')
+            fprintf(f, "\n%25s", "");
+        else
+            fputc(*p, f);
+    fputc('\n', f);
+}
+
+/* --strategy, every strategy's part of its text, then every strategy's
+ * options in the table's order (an option two strategies take shows under
+ * each, with what it does there). */
+static void print_strategies(FILE *f)
+{
+    char head[256] = "  --strategy ", text[4096] = "";
+    for (int s = 0; st_strategy_info_of((st_strategy)s); s++) {
+        const st_strategy_info *info = st_strategy_info_of((st_strategy)s);
+        snprintf(head + strlen(head), sizeof head - strlen(head), "%s%s", s ? "|" : "",
+                 info->name);
+        snprintf(text + strlen(text), sizeof text - strlen(text), "%s%s", s ? "\n" : "",
+                 info->help);
+    }
+    print_option(f, head, text);
+    for (int s = 0; st_strategy_info_of((st_strategy)s); s++)
+        for (const st_strategy_option *d = st_strategy_info_of((st_strategy)s)->options;
+             d && d->name; d++) {
+            snprintf(head, sizeof head, "  --%s %s", d->name, d->syntax);
+            print_option(f, head, d->help);
+        }
+}
 
 void st_cli_print_help(FILE *f)
 {
@@ -110,49 +193,11 @@ void st_cli_print_help(FILE *f)
 "Train a neural network on one CPU server with oneDNN; `subtrain topo --help`\n"
 "prints where the workers would run.\n"
 "\n"
-"Workers:\n"
-"  --strategy dp|sdp|ist|synth  dp: data parallelism, every worker trains the\n"
-"                         full model on its part of each global batch (default);\n"
-"                         sdp: each worker trains its subnetwork, each parameter\n"
-"                         averaged over the workers that hold it; ist: disjoint\n"
-"                         neuron (mlp) or block (resmlp: ResIST) subnetworks\n"
-"                         trained alone for --local-steps steps, then written\n"
-"                         back; synth: the mlp cut into segments\n"
-"                         trained apart by groups of workers against synthetic\n"
-"                         labels, then joined (default model: mlp --depth 5)\n"
-"  --segments S           synth: segments (default 2)\n"
-"  --cuts C1,C2,..        synth: cut after these linear layers, S-1 increasing\n"
-"                         numbers in [1, depth] (default: balanced by FLOPs)\n"
-"  --synth-labels gaussian|sign   synth: labels per class and cut, N(0, scale^2)\n"
-"                         or +-scale components (default gaussian)\n"
-"  --synth-scale X        synth: label scale (default 1)\n"
-"  --synth-noise X        synth: noise std added to a segment's input labels,\n"
-"                         relative to the scale (default 0.5)\n"
-"  --recovery-epochs E    synth: end-to-end data-parallel epochs of the joined\n"
-"                         network afterwards (default 0)\n"
-"  --local-steps R        ist: steps between synchronisations (default 50)\n"
-"  --eval-branch-scale none|inverse-workers   ist of resmlp: scale each block's\n"
-"                         branch by 1/N at evaluation (default inverse-workers, as\n"
-"                         ResIST)\n"
-"  --train-scale none|inverse-workers   ist: in training, scale what reads a 1/N\n"
-"                         part by N (default: inverse-workers for mlp, none for\n"
-"                         resmlp)\n"
-"  --optimizer-state reset|keep   ist: reset the optimizer state every round\n"
-"                         (default, as ResIST) or keep it, averaged over holders\n"
-"  --subnet block|neuron  sdp units: residual blocks of resmlp (default block), or\n"
-"                         groups of hidden neurons of every block's inner layer\n"
-"                         (resmlp) or of every hidden layer (mlp)\n"
+"Workers:\n", f);
+    print_strategies(f);
+    fputs(
 "  --neuron-group G       neurons per neuron unit (default 16; gpt: the head size,\n"
 "                         a multiple of which it must be)\n"
-"  --masking forward|backward   sdp: run only the held units (forward, default),\n"
-"                         or the full model with weight gradients for the held\n"
-"                         units only (backward)\n"
-"  --coverage C           sdp: each unit held by max(1, round(C x workers))\n"
-"                         workers, C in (0, 1] (default 0.5)\n"
-"  --resample R           sdp: redraw the masks every R steps (default 0: fixed)\n"
-"  --branch-scale none|inverse-coverage   sdp: scale each block's residual branch\n"
-"                         by 1/coverage in training (default inverse-coverage;\n"
-"                         none for the blocks of models with batch norm)\n"
 "  --bn-calibration N     sdp (forward masking), ist: before each evaluation the\n"
 "                         full model re-estimates its batch norm statistics on N\n"
 "                         training batches (default 50; 0: the subnetworks'\n"
@@ -225,8 +270,9 @@ void st_cli_print_help(FILE *f)
 "  --checkpoint DIR       write the trained weights to DIR/final.safetensors, and\n"
 "                         the whole training state to DIR/step-N.safetensors when\n"
 "                         a signal stops the run and as --checkpoint-every says\n"
-"  --checkpoint-every N|epoch   a step checkpoint every N steps (ist: at the next\n"
-"                         round end), or after every epoch (default: none)\n"
+"  --checkpoint-every N|epoch   a step checkpoint every N steps (a strategy with\n"
+"                         rounds: at the next round end), or after every epoch\n"
+"                         (default: none)\n"
 "  --keep K               keep the newest K step checkpoints (default 0: all)\n"
 "  --resume DIR|FILE      continue a run from its newest step checkpoint in DIR\n"
 "                         (or FILE), with the same options: bitwise the same run\n"
@@ -341,41 +387,6 @@ static st_status parse_precision(const char *s, void *o) { return st_precision_p
 static st_status parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
 static st_status parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
 static st_status parse_strategy(const char *s, void *o) { return st_strategy_parse(s, o); }
-static st_status parse_subnet(const char *s, void *o) { return st_subnet_kind_parse(s, o); }
-static st_status parse_masking(const char *s, void *o) { return st_masking_parse(s, o); }
-
-/* --cuts 2,4: increasing integers in [1, 1024] (digits only, as every
- * count), at most ST_SYNTH_MAX_SEGMENTS - 1 of them; *count gets how many. */
-static int parse_cuts(const char *s, int *cuts, int *count, char *err, size_t n)
-{
-    int k = 0;
-    memset(cuts, 0, sizeof(int) * (ST_SYNTH_MAX_SEGMENTS - 1));
-    for (const char *p = s;; k++) {
-        size_t len = strcspn(p, ",");
-        char part[8], msg[128];
-        unsigned long long v = 0;
-        if (k == ST_SYNTH_MAX_SEGMENTS - 1)
-            return st_cli_fail(err, n, "--cuts: at most %d cuts, got '%s'",
-                               ST_SYNTH_MAX_SEGMENTS - 1, ST_CLI_SHOW(s));
-        if (len < sizeof part) {
-            memcpy(part, p, len);
-            part[len] = '\0';
-        }
-        if (len >= sizeof part ||
-            st_cli_parse_count("--cuts", part, 1, 1024, &v, msg, sizeof msg) ||
-            (k > 0 && (int)v <= cuts[k - 1]))
-            return st_cli_fail(err, n, "--cuts: expected increasing layer numbers "
-                               "such as 2,4, got '%s'", ST_CLI_SHOW(s));
-        cuts[k] = (int)v;
-        if (p[len] == '\0')
-            break;
-        p += len + 1;
-    }
-    *count = k + 1;
-    return 0;
-}
-
-static st_status parse_synth_labels(const char *s, void *o) { return st_synth_labels_parse(s, o); }
 
 /* Copies s[0 .. len) into dst (ST_CLI_DATA_PATH_MAX bytes). */
 static int copy_part(const char *what, const char *s, size_t len, char *dst, char *err, size_t n)
@@ -462,37 +473,137 @@ static int parse_data(const char *what, const char *s, st_cli_data *d, char *err
 
 /* What was given explicitly, for the checks after parsing. */
 typedef struct seen {
-    int epochs, steps, model, depth, width, activation, cuts, context, heads, neuron_group;
-    const char *synth_option;   /* the first synth-only option given */
+    int epochs, steps, model, depth, width, activation, context, heads, neuron_group;
     const char *text_option;    /* the first text-only option given */
     const char *sample_option;  /* the last of --prompt, --temperature, --top-k */
+    /* the strategies' options given (options(): OPT_STRATEGY_OPTION + k),
+     * the last value of each and when it came: applied once the strategy
+     * is known (apply_strategy_options) */
+    const char *strategy_arg[MAX_STRATEGY_OPTIONS];
+    int strategy_seq[MAX_STRATEGY_OPTIONS], seq;
 } seen;
 
-static int apply_synth_option(int c, const char *arg, st_cli_options *o, seen *saw, char *err,
-                              size_t n)
+/* --cuts 2,4: at most d->most increasing integers in [lo, hi] (digits
+ * only, as every count). */
+static int parse_counts(const st_strategy_option *d, const char *s, st_option_value *v,
+                        char *err, size_t n)
 {
-    st_synth_config *s = &o->train.synth;
-    switch (c) {
-    case OPT_SEGMENTS:
-        saw->synth_option = "--segments";
-        return parse_int("--segments", arg, 2, ST_SYNTH_MAX_SEGMENTS, &s->segments, err, n);
-    case OPT_CUTS:
-        saw->synth_option = "--cuts";
-        return parse_cuts(arg, s->cuts, &saw->cuts, err, n);
-    case OPT_SYNTH_LABELS:
-        saw->synth_option = "--synth-labels";
-        return parse_choice("synth-labels", arg, parse_synth_labels, &s->labels, err, n);
-    case OPT_SYNTH_SCALE:
-        saw->synth_option = "--synth-scale";
-        return parse_float("--synth-scale", arg, '(', 0.0, 1000.0, ']', &s->scale, err, n);
-    case OPT_SYNTH_NOISE:
-        saw->synth_option = "--synth-noise";
-        return parse_float("--synth-noise", arg, '[', 0.0, 1000.0, ']', &s->noise, err, n);
-    case OPT_RECOVERY_EPOCHS:
-        saw->synth_option = "--recovery-epochs";
-        return parse_int("--recovery-epochs", arg, 0, 100000, &s->recovery_epochs, err, n);
+    int k = 0;
+    for (const char *p = s;; k++) {
+        size_t len = strcspn(p, ",");
+        char part[24], what[64], msg[128];
+        unsigned long long x = 0;
+        if (k == d->most || k == ST_OPTION_MAX_COUNTS)
+            return st_cli_fail(err, n, "--%s: at most %d %s, got '%s'", d->name, k, d->name,
+                               ST_CLI_SHOW(s));
+        if (len < sizeof part) {
+            memcpy(part, p, len);
+            part[len] = '\0';
+        }
+        snprintf(what, sizeof what, "--%s", d->name);
+        if (len >= sizeof part ||
+            st_cli_parse_count(what, part, d->lo, d->hi, &x, msg, sizeof msg) ||
+            (k > 0 && (int)x <= v->counts[k - 1]))
+            return st_cli_fail(err, n, "--%s: expected %s, got '%s'", d->name, d->expected,
+                               ST_CLI_SHOW(s));
+        v->counts[k] = (int)x;
+        if (p[len] == '\0')
+            break;
+        p += len + 1;
     }
-    return st_cli_fail(err, n, "internal: unhandled option %d", c);
+    v->n_counts = k + 1;
+    return 0;
+}
+
+/* A strategy option's value as typed, by its descriptor's syntax, with
+ * the messages of the command's own options. */
+static int parse_strategy_value(const st_strategy_option *d, const char *arg, st_option_value *v,
+                                char *err, size_t n)
+{
+    char what[64];
+    unsigned long long x;
+    memset(v, 0, sizeof *v);
+    snprintf(what, sizeof what, "--%s", d->name);
+    switch (d->kind) {
+    case ST_OPTION_COUNT:
+        if (st_cli_parse_count(what, arg, d->lo, d->hi, &x, err, n))
+            return -1;
+        v->count = x;
+        return 0;
+    case ST_OPTION_REAL:
+        return st_cli_parse_real(what, arg, d->lo_bracket, d->real_lo, d->real_hi,
+                                 d->hi_bracket, 1, &v->real, err, n);
+    case ST_OPTION_NAME: {
+        char allowed[256] = "";
+        for (int k = 0; d->names[k]; k++) {
+            if (strcmp(arg, d->names[k]) == 0) {
+                v->name = k;
+                return 0;
+            }
+            snprintf(allowed + strlen(allowed), sizeof allowed - strlen(allowed), "%s%s",
+                     k ? ", " : "", d->names[k]);
+        }
+        return st_cli_fail(err, n, "%s: unknown value '%s' (allowed: %s)", what, ST_CLI_SHOW(arg),
+                           allowed);
+    }
+    case ST_OPTION_COUNTS:
+        return parse_counts(d, arg, v, err, n);
+    }
+    return st_cli_fail(err, n, "internal: %s has no value syntax", what);
+}
+
+/* A strategy's option as given: its value checked now, kept until the
+ * strategy is known. */
+static int take_strategy_option(int k, const char *arg, seen *saw, char *err, size_t n)
+{
+    st_option_value v;
+    if (parse_strategy_value(strategy_option[k], arg, &v, err, n))
+        return -1;
+    saw->strategy_arg[k] = arg;
+    saw->strategy_seq[k] = ++saw->seq;
+    return 0;
+}
+
+/* "synth", "ist or localsgd": the strategies that take option `name`. */
+static void strategies_taking(const char *name, char *out, size_t size)
+{
+    int found = 0;
+    out[0] = '\0';
+    for (int s = 0; st_strategy_info_of((st_strategy)s); s++)
+        if (descriptor_of((st_strategy)s, name))
+            snprintf(out + strlen(out), size - strlen(out), "%s%s", found++ ? " or " : "",
+                     st_strategy_name((st_strategy)s));
+}
+
+/* The strategies' options given, into the chosen strategy's config; one
+ * it does not take goes to the first strategy that does (which keeps it
+ * unused), unless that strategy refuses it elsewhere (the last such option
+ * given is named). */
+static int apply_strategy_options(st_cli_options *o, const seen *saw, char *err, size_t n)
+{
+    int refused = -1;
+    for (int k = 0; k < n_strategy_options; k++) {
+        if (!saw->strategy_arg[k])
+            continue;
+        const st_strategy_option *d = descriptor_of(o->train.strategy, strategy_option[k]->name);
+        if (!d && strategy_option[k]->only) {
+            if (refused < 0 || saw->strategy_seq[k] > saw->strategy_seq[refused])
+                refused = k;
+            continue;
+        }
+        if (!d)
+            d = strategy_option[k];
+        st_option_value v;
+        if (parse_strategy_value(d, saw->strategy_arg[k], &v, err, n))
+            return -1;
+        d->set(&o->train, &v);
+    }
+    if (refused < 0)
+        return 0;
+    char which[256];
+    strategies_taking(strategy_option[refused]->name, which, sizeof which);
+    return st_cli_fail(err, n, "--%s applies to --strategy %s only",
+                       strategy_option[refused]->name, which);
 }
 
 /* One report of --report, or a comma-separated list of them (as
@@ -505,11 +616,11 @@ static int parse_report_one(const char *arg, st_cli_options *o, char *err, size_
         return 0;
     }
     if (strcmp(arg, "align") == 0) {
-        t->align_every = 50;
+        t->sdp.align_every = 50;
         return 0;
     }
     if (strncmp(arg, "align=", 6) == 0) {
-        return parse_u64("--report align=N", arg + 6, 1, 1000000000ull, &t->align_every, err,
+        return parse_u64("--report align=N", arg + 6, 1, 1000000000ull, &t->sdp.align_every, err,
                          n);
     }
     return st_cli_fail(err, n, "--report: unknown value '%s' (allowed: memory, align, align=N)",
@@ -655,50 +766,10 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_BF16_EMULATED: t->bf16_emulated = 1; return 0;
     case OPT_COMM_PRECISION:
         return parse_choice("comm-precision", arg, parse_precision, &t->comm_precision, err, n);
-    case OPT_SUBNET: return parse_choice("subnet", arg, parse_subnet, &t->subnet, err, n);
     case OPT_NEURON_GROUP:
         return parse_int("--neuron-group", arg, 1, 65536, &t->neuron_group, err, n);
     case OPT_BN_CALIBRATION:
         return parse_int("--bn-calibration", arg, 0, 100000, &t->bn_calibration, err, n);
-    case OPT_MASKING: return parse_choice("masking", arg, parse_masking, &t->masking, err, n);
-    case OPT_COVERAGE: {
-        float cov;
-        if (parse_float("--coverage", arg, '(', 0.0, 1.0, ']', &cov, err, n))
-            return -1;
-        t->coverage = cov;
-        return 0;
-    }
-    case OPT_RESAMPLE: return parse_u64("--resample", arg, 0, 1000000000ull, &t->resample, err, n);
-    case OPT_BRANCH_SCALE:
-        if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-coverage") == 0) {
-            t->scale_branches = strcmp(arg, "none") != 0;
-            return 0;
-        }
-        return st_cli_fail(err, n, "--branch-scale: unknown value '%s' (allowed: none, "
-                           "inverse-coverage)", ST_CLI_SHOW(arg));
-    case OPT_LOCAL_STEPS:
-        return parse_u64("--local-steps", arg, 1, 1000000000ull, &t->local_steps, err, n);
-    case OPT_TRAIN_SCALE:
-        if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-workers") == 0) {
-            t->ist_train_scale = strcmp(arg, "none") != 0;
-            return 0;
-        }
-        return st_cli_fail(err, n, "--train-scale: unknown value '%s' (allowed: none, "
-                           "inverse-workers)", ST_CLI_SHOW(arg));
-    case OPT_OPTIMIZER_STATE:
-        if (strcmp(arg, "reset") == 0 || strcmp(arg, "keep") == 0) {
-            t->ist_keep_state = strcmp(arg, "keep") == 0;
-            return 0;
-        }
-        return st_cli_fail(err, n, "--optimizer-state: unknown value '%s' (allowed: reset, "
-                           "keep)", ST_CLI_SHOW(arg));
-    case OPT_EVAL_BRANCH_SCALE:
-        if (strcmp(arg, "none") == 0 || strcmp(arg, "inverse-workers") == 0) {
-            t->ist_eval_scale = strcmp(arg, "none") != 0;
-            return 0;
-        }
-        return st_cli_fail(err, n, "--eval-branch-scale: unknown value '%s' (allowed: none, "
-                    "inverse-workers)", ST_CLI_SHOW(arg));
     case OPT_REPORT: return parse_report(arg, o, err, n);
     case 'q': o->quiet = 1; return 0;
     case OPT_CONFIG:
@@ -732,8 +803,8 @@ static int apply_one(int c, const char *arg, st_cli_options *o, seen *saw, int *
     if (c == OPT_PROMPT || c == OPT_TEMPERATURE || c == OPT_TOP_K)
         saw->sample_option = c == OPT_PROMPT ? "--prompt"
                            : c == OPT_TEMPERATURE ? "--temperature" : "--top-k";
-    if (c >= OPT_SEGMENTS && c <= OPT_RECOVERY_EPOCHS)
-        return apply_synth_option(c, arg, o, saw, err, n);
+    if (c >= OPT_STRATEGY_OPTION)
+        return take_strategy_option(c - OPT_STRATEGY_OPTION, arg, saw, err, n);
     return apply_option(c, arg, o, &saw->epochs, &saw->steps, err, n);
 }
 
@@ -745,7 +816,7 @@ typedef struct given {
 
 static const struct option *option_named(const char *key)
 {
-    for (const struct option *p = long_options; p->name; p++)
+    for (const struct option *p = options(); p->name; p++)
         if (strcmp(p->name, key) == 0)
             return p;
     return NULL;
@@ -833,7 +904,7 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     int n_cmd = 0;
     st_cli_getopt_start();
     for (;;) {
-        int c = st_cli_next_option(argc, argv, ":qhV", long_options, "subtrain", err, n);
+        int c = st_cli_next_option(argc, argv, ":qhV", options(), "subtrain", err, n);
         if (c == -1)
             break;
         if (c == ST_CLI_REJECTED) {
@@ -907,17 +978,14 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         return st_cli_fail(err, n, "--epochs and --steps cannot be used together: give one");
     if (saw.steps)
         o->train.epochs = 0;
-    if (saw.synth_option && o->train.strategy != ST_STRATEGY_SYNTH)
-        return st_cli_fail(err, n, "%s applies to --strategy synth only", saw.synth_option);
-    if (saw.cuts && saw.cuts != o->train.synth.segments - 1)
-        return st_cli_fail(err, n, "--cuts: %d cut%s for --segments %d (which needs %d)", saw.cuts,
-                    saw.cuts == 1 ? "" : "s", o->train.synth.segments,
-                    o->train.synth.segments - 1);
-    if (o->train.strategy == ST_STRATEGY_SYNTH) { /* the paper's 6-layer network */
+    if (apply_strategy_options(o, &saw, err, n))
+        return -1;
+    const st_strategy_info *strategy = st_strategy_info_of(o->train.strategy);
+    if (strategy->depth > 0) {   /* the model the strategy trains unless told */
         if (!saw.model)
-            o->train.model.kind = ST_MODEL_MLP;
+            o->train.model.kind = strategy->model;
         if (!saw.depth)
-            o->train.model.depth = 5;
+            o->train.model.depth = strategy->depth;
     }
     if (o->train.topology)
         return st_cli_fail(err, n, "--topology describes another machine and is for 'subtrain topo'; "
@@ -938,10 +1006,6 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         if (o->train.model.hidden)
             return st_cli_fail(err, n, "--hidden applies to resmlp only (a resnet's blocks are as "
                         "wide as their stage)");
-        if (o->train.strategy == ST_STRATEGY_SYNTH)
-            return st_cli_fail(err, n, "--model %s does not train with --strategy synth (its "
-                        "segments would cut batch-normalised residual blocks; see doc/cnn.md)",
-                        st_model_kind_name(o->train.model.kind));
     }
     const int gpt = o->train.model.kind == ST_MODEL_GPT;
     const int text = o->data_spec.kind == ST_CLI_DATA_TEXT;
@@ -969,26 +1033,17 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         if (o->train.model.width % o->train.model.heads)
             return st_cli_fail(err, n, "--heads %d does not divide --width %d", o->train.model.heads,
                         o->train.model.width);
-        if (o->train.strategy == ST_STRATEGY_SYNTH)
-            return st_cli_fail(err, n, "--model gpt does not train with --strategy synth (its cuts "
-                        "are between the layers of a plain MLP)");
         const int head = o->train.model.width / o->train.model.heads;
         if (!saw.neuron_group)   /* a unit is one head (and that many MLP neurons) */
             o->train.neuron_group = head;
-        if (o->train.strategy == ST_STRATEGY_SDP && o->train.subnet == ST_SUBNET_NEURON &&
-            o->train.neuron_group % head)
-            return st_cli_fail(err, n, "--neuron-group %d: gpt's neuron units are whole attention "
-                        "heads, so it must be a multiple of the head size %d (--width %d / "
-                        "--heads %d)", o->train.neuron_group, head, o->train.model.width,
-                        o->train.model.heads);
     }
     if (o->action == ST_CLI_EVAL && !o->init_path)
         return st_cli_fail(err, n, "eval needs --init FILE: the weights to evaluate");
     if (o->action == ST_CLI_EVAL && (o->checkpoint_dir || o->metrics_path))
         return st_cli_fail(err, n, "eval writes no %s", o->checkpoint_dir ? "checkpoint" : "metrics");
-    if (o->init_path && o->train.strategy == ST_STRATEGY_SYNTH)
-        return st_cli_fail(err, n, "--init does not apply to --strategy synth (its segments start from "
-                    "their own initial values)");
+    if (o->init_path && strategy->no_init)
+        return st_cli_fail(err, n, "--init does not apply to --strategy %s (%s)", strategy->name,
+                           strategy->no_init);
     if ((o->train.checkpoint.every || o->train.checkpoint.every_epoch || o->train.checkpoint.keep ||
          o->usr1_checkpoint) && !o->checkpoint_dir)
         return st_cli_fail(err, n, "%s needs --checkpoint DIR: where the checkpoints go",
@@ -1031,6 +1086,32 @@ static void flag_text(int on, char *v, size_t n)
     snprintf(v, n, "%s", on ? "true" : "false");
 }
 
+/* A strategy option's value, from the chosen strategy's config, else
+ * from the first strategy's that takes it (`first`): "" where that one's
+ * option applies to it only, or where it has no value of its own. */
+static void strategy_value(const st_strategy_option *first, const st_train_config *t, char *v,
+                           size_t n)
+{
+    const st_strategy_option *d = descriptor_of(t->strategy, first->name);
+    st_option_value x;
+    memset(&x, 0, sizeof x);
+    if (!d && first->only)
+        return;
+    if (!d)
+        d = first;
+    if (!d->get(t, &x))
+        return;
+    switch (d->kind) {
+    case ST_OPTION_COUNT: snprintf(v, n, "%llu", (unsigned long long)x.count); break;
+    case ST_OPTION_REAL: float_text((float)x.real, v, n); break;
+    case ST_OPTION_NAME: snprintf(v, n, "%s", d->names[x.name]); break;
+    case ST_OPTION_COUNTS:
+        for (int k = 0; k < x.n_counts; k++)
+            snprintf(v + strlen(v), n - strlen(v), "%s%d", k ? "," : "", x.counts[k]);
+        break;
+    }
+}
+
 /* The option's value as the command line would give it, or "" for its
  * default where that is not a value of its own (derived from other
  * options or from the data: --hidden, --warmup, --branch-scale, ...), for
@@ -1042,9 +1123,13 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
     const st_train_config *t = &o->train;
     const st_model_config *m = &t->model;
     const int gpt = m->kind == ST_MODEL_GPT, text = o->data_spec.kind == ST_CLI_DATA_TEXT;
-    const int synth = t->strategy == ST_STRATEGY_SYNTH, sample = o->sample > 0;
+    const int sample = o->sample > 0;
     static const char *const progress[] = { "auto", "bar", "plain", "none" };
     v[0] = '\0';
+    if (c >= OPT_STRATEGY_OPTION) {
+        strategy_value(strategy_option[c - OPT_STRATEGY_OPTION], t, v, n);
+        return;
+    }
     switch (c) {
     case OPT_DATA: snprintf(v, n, "%s", o->data); break;
     case OPT_AUGMENT_CROP: snprintf(v, n, "%u", o->augment.crop); break;
@@ -1109,45 +1194,16 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
         break;
     case OPT_TEAM_SPANS: flag_text(t->team_spans, v, n); break;
     case OPT_COMM_PRECISION: snprintf(v, n, "%s", st_precision_name(t->comm_precision)); break;
-    case OPT_SUBNET: snprintf(v, n, "%s", st_subnet_kind_name(t->subnet)); break;
-    case OPT_MASKING: snprintf(v, n, "%s", st_masking_name(t->masking)); break;
     case OPT_NEURON_GROUP: snprintf(v, n, "%d", t->neuron_group); break;
-    case OPT_COVERAGE: float_text((float)t->coverage, v, n); break;
-    case OPT_RESAMPLE: snprintf(v, n, "%llu", (unsigned long long)t->resample); break;
-    case OPT_BRANCH_SCALE:
-        if (t->scale_branches >= 0)
-            snprintf(v, n, "%s", t->scale_branches ? "inverse-coverage" : "none");
-        break;
     case OPT_BN_CALIBRATION: snprintf(v, n, "%d", t->bn_calibration); break;
     case OPT_REPORT:
-        if (o->report_memory && t->align_every)
-            snprintf(v, n, "memory,align=%llu", (unsigned long long)t->align_every);
+        if (o->report_memory && t->sdp.align_every)
+            snprintf(v, n, "memory,align=%llu", (unsigned long long)t->sdp.align_every);
         else if (o->report_memory)
             snprintf(v, n, "memory");
-        else if (t->align_every)
-            snprintf(v, n, "align=%llu", (unsigned long long)t->align_every);
+        else if (t->sdp.align_every)
+            snprintf(v, n, "align=%llu", (unsigned long long)t->sdp.align_every);
         break;
-    case OPT_LOCAL_STEPS: snprintf(v, n, "%llu", (unsigned long long)t->local_steps); break;
-    case OPT_EVAL_BRANCH_SCALE:
-        snprintf(v, n, "%s", t->ist_eval_scale ? "inverse-workers" : "none");
-        break;
-    case OPT_TRAIN_SCALE:
-        if (t->ist_train_scale >= 0)
-            snprintf(v, n, "%s", t->ist_train_scale ? "inverse-workers" : "none");
-        break;
-    case OPT_OPTIMIZER_STATE: snprintf(v, n, "%s", t->ist_keep_state ? "keep" : "reset"); break;
-    case OPT_SEGMENTS: if (synth) snprintf(v, n, "%d", t->synth.segments); break;
-    case OPT_CUTS:
-        for (int k = 0; synth && k + 1 < t->synth.segments && t->synth.cuts[k]; k++)
-            snprintf(v + strlen(v), n - strlen(v), "%s%d", k ? "," : "", t->synth.cuts[k]);
-        break;
-    case OPT_SYNTH_LABELS:
-        if (synth)
-            snprintf(v, n, "%s", st_synth_labels_name(t->synth.labels));
-        break;
-    case OPT_SYNTH_SCALE: if (synth) float_text(t->synth.scale, v, n); break;
-    case OPT_SYNTH_NOISE: if (synth) float_text(t->synth.noise, v, n); break;
-    case OPT_RECOVERY_EPOCHS: if (synth) snprintf(v, n, "%d", t->synth.recovery_epochs); break;
     case 'q': flag_text(o->quiet, v, n); break;
     }
 }
@@ -1156,7 +1212,7 @@ void st_cli_config_each(const st_cli_options *o,
                         void (*emit)(const char *key, const char *value, void *user), void *user)
 {
     char value[2 * ST_CLI_DATA_PATH_MAX], quoted[4 * ST_CLI_DATA_PATH_MAX + 8];
-    for (const struct option *p = long_options; p->name; p++) {
+    for (const struct option *p = options(); p->name; p++) {
         if (is_action(p->val))
             continue;
         option_value(p->val, o, value, sizeof value);

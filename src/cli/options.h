@@ -7,6 +7,7 @@
 #ifndef SUBTRAIN_CLI_OPTIONS_H
 #define SUBTRAIN_CLI_OPTIONS_H
 
+#include <subtrain/strategy.h>
 #include <subtrain/train.h>
 
 #include "cli/config_file.h"

@@ -445,8 +445,8 @@ st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_positi
     run_ckpt ck;
     float **held = NULL;
     int n_held = 0;
-    /* per worker: optimizer m and v, running statistics, ist's two kept
-     * state shards */
+    /* per worker: optimizer m and v, running statistics, and two
+     * tensors of the strategy's own (ist's kept state shards) */
     st_status s = ckpt_init(&ck, 5 * r->n_all + 16, r->cfg);
     for (int i = 0; s == ST_OK && i < plan->n_meta; i++)
         s = st_run_ckpt_meta(&ck, plan->meta[i].key, "%s", plan->meta[i].value);
@@ -479,7 +479,7 @@ st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_positi
 
 /* ------------------------------------------------------------ resuming */
 
-static st_status meta_u64(const run_shared *r, const char *key, uint64_t *out)
+st_status st_run_resume_meta_u64(const run_shared *r, const char *key, uint64_t *out)
 {
     const char *v = st_safetensors_meta(r->cfg->resume, key);
     char *end;
@@ -546,20 +546,16 @@ st_status st_run_resume_open(run_shared *r)
     rs->file = cfg->resume;
     rs->name = name;
     uint64_t epoch;
-    ST_TRY(meta_u64(r, "subtrain.epoch", &epoch));
-    ST_TRY(meta_u64(r, "subtrain.epoch_step", &rs->at.epoch_step));
-    ST_TRY(meta_u64(r, "subtrain.step", &rs->at.step));
+    ST_TRY(st_run_resume_meta_u64(r, "subtrain.epoch", &epoch));
+    ST_TRY(st_run_resume_meta_u64(r, "subtrain.epoch_step", &rs->at.epoch_step));
+    ST_TRY(st_run_resume_meta_u64(r, "subtrain.step", &rs->at.step));
     ST_TRY(meta_double(r, "subtrain.loss_sum", &rs->at.loss_sum));
-    ST_TRY(meta_u64(r, "subtrain.losses", &rs->at.losses));
+    ST_TRY(st_run_resume_meta_u64(r, "subtrain.losses", &rs->at.losses));
     ST_TRY(meta_double(r, "subtrain.train_time", &rs->at.train_time));
     if (epoch < 1 || epoch > 1000000)
         return st_fail(ST_ERR_FORMAT, "%s: epoch %llu in its metadata", name,
                        (unsigned long long)epoch);
     rs->at.epoch = (int)epoch;
-    if (st_safetensors_meta(cfg->resume, "subtrain.ist.rounds")) {
-        ST_TRY(meta_u64(r, "subtrain.ist.rounds", &rs->rounds));
-        ST_TRY(meta_u64(r, "subtrain.ist.round_step", &rs->round_step));
-    }
     rs->params = malloc((r->n_params ? r->n_params : 1) * sizeof *rs->params);
     if (!rs->params)
         return st_fail(ST_ERR_NOMEM, "out of memory for %zu parameters resuming %s",

@@ -13,15 +13,7 @@
 st_train_config st_train_config_default(void)
 {
     st_train_config c = {
-        .strategy = ST_STRATEGY_DP,
-        .subnet = ST_SUBNET_BLOCK,
-        .masking = ST_MASKING_FORWARD,
-        .coverage = 0.5,
-        .resample = 0,
-        .scale_branches = -1,
-        .local_steps = 50,
-        .ist_eval_scale = 1,
-        .ist_train_scale = -1,
+        .strategy = 0,   /* the table's first: data parallelism */
         .bn_calibration = 50,
         .neuron_group = 16,
         .workers = 1,
@@ -33,12 +25,12 @@ st_train_config st_train_config_default(void)
         .epochs = 5,
         .steps = 0,
         .seed = 1,
-        .synth = st_synth_config_default(),
     };
+    st_strategy_defaults_all(&c);
     return c;
 }
 
-/* "dp, sdp, ist, synth": the table's names. */
+/* "dp, sdp, ist, ...": the table's names. */
 static void strategy_names(char *out, size_t size)
 {
     size_t used = 0;
@@ -86,26 +78,10 @@ st_status st_train_config_check(const st_train_config *c)
     if (c->comm_precision != ST_PRECISION_FP32 && c->comm_precision != ST_PRECISION_BF16)
         return st_fail(ST_ERR_INVALID, "unknown --comm-precision %d (fp32 or bf16)",
                        (int)c->comm_precision);
-    /* ist's reduction averages parameters and optimizer state once a
-     * round, not gradients: bf16 there would round the masters themselves
-     * (a block's only holder's weights cut to 8 bits of mantissa every
-     * round) */
-    if (c->comm_precision == ST_PRECISION_BF16 && c->strategy == ST_STRATEGY_IST)
-        return st_fail(ST_ERR_INVALID, "--comm-precision bf16 rounds gradients; --strategy ist "
-                       "averages parameters in its rounds, which stay fp32 (use dp, sdp or "
-                       "synth, or --comm-precision fp32)");
-    /* Synth trains segments of the model alone (st_model_create_range),
-     * which cuts no model with layer groups, and batch norms come in
-     * ResNets (doc/cnn.md says why synth stops there). */
-    st_model_units units;   /* (a model that cannot be declared yet, such as a resnet
-                             * before its data's shape is known, is checked later) */
-    if (st_model_config_units(&c->model, &units) == ST_OK && units.state &&
-        c->strategy == ST_STRATEGY_SYNTH)
-        return st_fail(ST_ERR_INVALID, "--model %s (batch norm) does not train with --strategy "
-                       "synth", st_model_kind_name(c->model.kind));
-    if (c->init_params && c->strategy == ST_STRATEGY_SYNTH)
-        return st_fail(ST_ERR_INVALID, "--init does not apply to --strategy synth (its segments "
-                       "start from their own initial values)");
+    const st_strategy_info *info = st_strategy_info_of(c->strategy);
+    if (c->init_params && info->no_init)
+        return st_fail(ST_ERR_INVALID, "--init does not apply to --strategy %s (%s)", info->name,
+                       info->no_init);
     if (c->checkpoint.keep < 0)
         return st_fail(ST_ERR_INVALID, "--keep must be >= 0 (0: every checkpoint), got %d",
                        c->checkpoint.keep);

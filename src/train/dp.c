@@ -127,7 +127,11 @@ static st_status dp_full_params(run_shared *r, void *state, st_worker *w0, const
 }
 
 const st_strategy_ops st_dp_ops = {
-    .name = "dp",
+    .info = {
+        .name = "dp",
+        .help = "dp: data parallelism, every worker trains the full\n"
+                "model on its part of each global batch (default)",
+    },
     .check = dp_check,
     .prepare = dp_prepare,
     .init_worker = dp_init_worker,

@@ -52,18 +52,27 @@ typedef struct ist_run {
                                   * SGD: momentum) */
     int n_state;                 /* of them in use */
     ist_worker *workers;         /* n */
+    uint64_t resumed_rounds, resumed_round_step; /* of the checkpoint resumed */
 } ist_run;
 
 static st_status ist_check(const st_train_config *c)
 {
+    const st_ist_config *o = &c->ist;
     if (c->strategy != ST_STRATEGY_IST) {
-        if (c->ist_keep_state || c->ist_train_scale >= 0)
+        if (o->keep_state || o->train_scale >= 0)
             return st_fail(ST_ERR_INVALID, "--optimizer-state and --train-scale are options of "
                            "--strategy ist");
         return ST_OK;
     }
-    if (c->local_steps < 1)
+    if (o->local_steps < 1)
         return st_fail(ST_ERR_INVALID, "--local-steps must be >= 1");
+    /* the reduction averages parameters and optimizer state once a round,
+     * not gradients: bf16 there would round the masters themselves (a
+     * block's only holder's weights cut to 8 bits of mantissa every round) */
+    if (c->comm_precision == ST_PRECISION_BF16)
+        return st_fail(ST_ERR_INVALID, "--comm-precision bf16 rounds gradients; --strategy ist "
+                       "averages parameters in its rounds, which stay fp32 (use dp, sdp or "
+                       "synth, or --comm-precision fp32)");
     /* a model with layer groups has its groups partitioned (ResIST), one
      * without has its neurons (IST of an mlp) */
     st_model_units units;
@@ -72,21 +81,29 @@ static st_status ist_check(const st_train_config *c)
      * st_train_run */
     if (st_model_config_units(&c->model, &units) != ST_OK)
         return ST_OK;
-    if (units.groups > 0 && c->subnet == ST_SUBNET_NEURON)
+    /* sdp's --subnet neuron would ask for units ist does not train */
+    if (units.groups > 0 && c->sdp.subnet == ST_SUBNET_NEURON)
         return st_fail(ST_ERR_INVALID, "ist partitions the blocks of a model that has them "
                        "(ResIST: --model %s) and the neurons of one that has none (mlp); "
                        "--subnet neuron with %s is an sdp option",
                        st_model_kind_name(c->model.kind), st_model_kind_name(c->model.kind));
-    if (c->ist_keep_state && c->optim.kind == ST_OPT_SGD && c->optim.momentum == 0.0f)
+    if (o->keep_state && c->optim.kind == ST_OPT_SGD && c->optim.momentum == 0.0f)
         return st_fail(ST_ERR_INVALID, "--optimizer-state keep: SGD without momentum keeps no "
                        "state");
     return ST_OK;
 }
 
+/* Units: the blocks of a model that has them (ResIST), else the neurons
+ * (IST of an mlp). */
+static int neuron_units(const st_train_config *c)
+{
+    return st_subnets_neuron_units(c, ST_SUBNET_BLOCK, 1);
+}
+
 /* Every worker needs a unit of its own: one holder of each. */
 static st_status ist_layout(const st_train_config *c, int workers)
 {
-    return st_subnets_check_layout(c, workers, 1, st_subnets_neuron_units(c, 1));
+    return st_subnets_check_layout(c, workers, 1, neuron_units(c), 0.0);
 }
 
 /* The plan, the partition of round 0 (one holder per unit), the run's
@@ -100,9 +117,13 @@ static st_status ist_prepare(run_shared *r, void **state)
         return st_fail(ST_ERR_NOMEM, "out of memory for the subnetworks' state");
     *state = s;
     ST_TRY(st_run_make_plan(cfg, r->n_all, r->train, &r->plan));
-    ST_TRY(st_subnets_prepare(&s->sn, r, 1, st_subnets_neuron_units(cfg, 1), 0));
-    if (r->resume && r->resume->rounds)   /* the partition of the round resumed */
-        ST_TRY(st_subnets_draw(&s->sn, r, r->resume->rounds));
+    ST_TRY(st_subnets_prepare(&s->sn, r, 1, neuron_units(cfg), 0));
+    if (r->resume && st_safetensors_meta(r->resume->file, "subtrain.ist.rounds")) {
+        ST_TRY(st_run_resume_meta_u64(r, "subtrain.ist.rounds", &s->resumed_rounds));
+        ST_TRY(st_run_resume_meta_u64(r, "subtrain.ist.round_step", &s->resumed_round_step));
+    }
+    if (s->resumed_rounds)   /* the partition of the round resumed */
+        ST_TRY(st_subnets_draw(&s->sn, r, s->resumed_rounds));
     s->workers = aligned_alloc(64, sizeof(ist_worker) * (size_t)r->n);
     if (!s->workers)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d workers' rounds", r->n);
@@ -111,7 +132,7 @@ static st_status ist_prepare(run_shared *r, void **state)
     int n_unheld = st_subnets_unheld_ranges(&s->sn, r, unheld, ST_MAX_UNHELD_RANGES);
     ST_TRY(st_run_create_engine(r, ST_COMM_REDUCE, s->sn.unheld_possible, unheld, n_unheld,
                                 &r->comm));
-    if (cfg->ist_keep_state)
+    if (cfg->ist.keep_state)
         s->n_state = cfg->optim.kind == ST_OPT_ADAMW ? 2 : cfg->optim.momentum > 0.0f;
     for (int i = 0; i < s->n_state; i++)
         ST_TRY(st_run_create_engine(r, ST_COMM_REDUCE, s->sn.unheld_possible, unheld, n_unheld,
@@ -148,7 +169,7 @@ static st_status build_round(run_shared *r, ist_run *s, int wid, st_worker *w, i
     st_train_config mine;
     int *buf;
     /* default: scale what reads a 1/N part of the neurons, not blocks */
-    int scale = r->cfg->ist_train_scale < 0 ? s->sn.neuron_units : r->cfg->ist_train_scale;
+    int scale = r->cfg->ist.train_scale < 0 ? s->sn.neuron_units : r->cfg->ist.train_scale;
     ST_TRY(st_subnets_config(&s->sn, r, st_run_global(r, wid), scale, &mine, &buf));
     st_status st = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
     free(buf);
@@ -193,7 +214,7 @@ static st_status ist_init_worker(run_shared *r, void *state, int wid, st_worker 
     ST_TRY(build_round(r, s, wid, w, 0));
     if (wid == 0) {
         st_model_config full = r->cfg->model;
-        if (r->cfg->ist_eval_scale)
+        if (r->cfg->ist.eval_scale)
             full.subnet.scale = 1.0f / (float)r->n_all;
         ST_TRY(st_subnets_build_eval(&s->sn, r->cfg, &full, backend));
     }
@@ -230,7 +251,7 @@ static st_status ist_step(run_shared *r, void *state, st_worker *w, uint64_t i, 
 static st_status ist_round_end(run_shared *r, void *state, st_worker *w, uint64_t step, int last)
 {
     ist_run *s = state;
-    if (step % r->cfg->local_steps != 0 && !last)
+    if (step % r->cfg->ist.local_steps != 0 && !last)
         return ST_OK;
     const int wid = w->id;
     const uint64_t round = ++s->workers[wid].rounds;
@@ -261,7 +282,7 @@ static st_status ist_round_end(run_shared *r, void *state, st_worker *w, uint64_
  * the previous round's. */
 static int ist_whole_after(const run_shared *r, uint64_t step, int last)
 {
-    return last || step % r->cfg->local_steps == 0;
+    return last || step % r->cfg->ist.local_steps == 0;
 }
 
 /* At a round end the saved masters are the parameters (the loop saves the
@@ -298,8 +319,8 @@ static st_status ist_resume(run_shared *r, void *state, st_worker *w)
         snprintf(name, sizeof name, "train.ist.state%d.worker%d", i, st_run_global(r, wid));
         ST_TRY(st_run_resume_load(r, name, s->sn.saved[wid].state[i], shard.end - shard.begin));
     }
-    s->workers[wid].rounds = r->resume->rounds;
-    s->workers[wid].round_step = r->resume->round_step;
+    s->workers[wid].rounds = s->resumed_rounds;
+    s->workers[wid].round_step = s->resumed_round_step;
     return ST_OK;
 }
 
@@ -335,7 +356,7 @@ static st_comm_bytes ist_bytes(const run_shared *r, const void *state, int wid)
 static void ist_record(const run_shared *r, void *state, st_epoch_record *rec)
 {
     (void)state;
-    const double R = (double)r->cfg->local_steps;
+    const double R = (double)r->cfg->ist.local_steps;
     rec->comm_bytes_per_worker_step /= R;
     rec->comm_bytes_per_worker_round = rec->comm_bytes_per_worker_step * R;
 }
@@ -372,9 +393,111 @@ static void ist_release(run_shared *r, void *state)
     free(s);
 }
 
+static void ist_defaults(st_train_config *c)
+{
+    c->ist = (st_ist_config){ .local_steps = 50, .eval_scale = 1, .train_scale = -1,
+                              .keep_state = 0 };
+}
+
+static void ist_describe(const st_train_config *c, int workers, char *out, size_t n)
+{
+    (void)workers;
+    snprintf(out, n, " (%llu local steps)", (unsigned long long)c->ist.local_steps);
+}
+
+/* ResIST evaluates the full model with each block's branch scaled by 1/N,
+ * each block having been trained by 1 of N workers. */
+static float ist_eval_scale(const st_train_config *c, int workers)
+{
+    return c->ist.eval_scale && workers > 0 ? 1.0f / (float)workers : 0.0f;
+}
+
+/* ------------------------------------------------------------ options */
+
+static const char *const scale_names[] = { "none", "inverse-workers", NULL };
+static const char *const state_names[] = { "reset", "keep", NULL };
+
+static void set_local_steps(st_train_config *c, const st_option_value *v)
+{
+    c->ist.local_steps = v->count;
+}
+
+static int get_local_steps(const st_train_config *c, st_option_value *v)
+{
+    v->count = c->ist.local_steps;
+    return 1;
+}
+
+static void set_eval_scale(st_train_config *c, const st_option_value *v)
+{
+    c->ist.eval_scale = v->name;
+}
+
+static int get_eval_scale(const st_train_config *c, st_option_value *v)
+{
+    v->name = c->ist.eval_scale != 0;
+    return 1;
+}
+
+static void set_train_scale(st_train_config *c, const st_option_value *v)
+{
+    c->ist.train_scale = v->name;
+}
+
+/* the default depends on the model */
+static int get_train_scale(const st_train_config *c, st_option_value *v)
+{
+    v->name = c->ist.train_scale;
+    return c->ist.train_scale >= 0;
+}
+
+static void set_state(st_train_config *c, const st_option_value *v)
+{
+    c->ist.keep_state = v->name;
+}
+
+static int get_state(const st_train_config *c, st_option_value *v)
+{
+    v->name = c->ist.keep_state != 0;
+    return 1;
+}
+
+static const st_strategy_option ist_options[] = {
+    { .name = "local-steps", .syntax = "R",
+      .help = "ist: steps between synchronisations (default 50)",
+      .kind = ST_OPTION_COUNT, .lo = 1, .hi = 1000000000, .set = set_local_steps,
+      .get = get_local_steps },
+    { .name = "eval-branch-scale", .syntax = "none|inverse-workers",
+      .help = "ist of resmlp: scale each block's\n"
+              "branch by 1/N at evaluation (default inverse-workers, as\n"
+              "ResIST)",
+      .kind = ST_OPTION_NAME, .names = scale_names, .set = set_eval_scale,
+      .get = get_eval_scale },
+    { .name = "train-scale", .syntax = "none|inverse-workers",
+      .help = "ist: in training, scale what reads a 1/N\n"
+              "part by N (default: inverse-workers for mlp, none for\n"
+              "resmlp)",
+      .kind = ST_OPTION_NAME, .names = scale_names, .set = set_train_scale,
+      .get = get_train_scale },
+    { .name = "optimizer-state", .syntax = "reset|keep",
+      .help = "ist: reset the optimizer state every round\n"
+              "(default, as ResIST) or keep it, averaged over holders",
+      .kind = ST_OPTION_NAME, .names = state_names, .set = set_state, .get = get_state },
+    { .name = NULL },
+};
+
 const st_strategy_ops st_ist_ops = {
-    .name = "ist",
+    .info = {
+        .name = "ist",
+        .help = "ist: disjoint neuron (mlp) or block (resmlp: ResIST)\n"
+                "subnetworks trained alone for --local-steps steps,\n"
+                "then written back",
+        .options = ist_options,
+    },
+    .defaults = ist_defaults,
     .check = ist_check,
+    .describe = ist_describe,
+    .eval_scale = ist_eval_scale,
     .layout = ist_layout,
     .prepare = ist_prepare,
     .init_worker = ist_init_worker,

@@ -77,7 +77,6 @@ typedef struct run_resume {
     const st_safetensors *file;
     const char *name;                 /* for messages */
     run_position at;
-    uint64_t rounds, round_step;      /* ist: round ends so far, Adam's count */
     float *params;                    /* n_params, the full layout */
 } run_resume;
 
@@ -109,7 +108,6 @@ typedef struct run_shared {
     int rank, ranks, first, n_all;
     float *losses_mine, *losses_all;  /* ranks > 1: a step's losses (n, n_all) */
     double *eval_all;                 /* ranks > 1: each rank's test sums (2 x ranks) */
-    double *align_all;                /* ranks > 1: sdp's alignment sums (3 x ranks) */
     st_topology *topology;
     st_plan placement;
     st_comm *comm;                    /* the run's engine, created by the
@@ -285,6 +283,9 @@ st_status st_run_resume_model(run_shared *r, st_worker *w);
 /* Its optimizer vectors alone (a worker without an st_model: synth's
  * segments). */
 st_status st_run_resume_optimizer(run_shared *r, st_worker *w);
+/* A metadata entry of the file being resumed, a whole number (a
+ * strategy's own counters: ist's rounds). */
+st_status st_run_resume_meta_u64(const run_shared *r, const char *key, uint64_t *out);
 /* A tensor of the file being resumed into dst, checked: F32, `count`
  * elements. */
 st_status st_run_resume_load(const run_shared *r, const char *name, float *dst, size_t count);

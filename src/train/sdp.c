@@ -28,6 +28,7 @@ typedef struct sdp_run {
     run_attachment *att;         /* n: what each worker's gradient holds */
     double align_sum, align_min; /* worker 0, over the current epoch */
     int align_count;
+    double *align_all;           /* ranks > 1: every rank's sums (3 x ranks) */
 } sdp_run;
 
 /* The engine whose master shards hold the parameters and whose all-gather
@@ -43,29 +44,37 @@ static st_comm *masters(const run_shared *r, const sdp_run *s)
 static st_status sdp_check(const st_train_config *c)
 {
     if (c->strategy != ST_STRATEGY_SDP) {
-        if (c->align_every)
+        if (c->sdp.align_every)
             return st_fail(ST_ERR_INVALID, "the alignment report compares subnetwork gradients "
                            "with the full model's: it needs --strategy sdp");
         return ST_OK;
     }
-    if (!(c->coverage > 0.0 && c->coverage <= 1.0))
-        return st_fail(ST_ERR_INVALID, "coverage must be in (0, 1], got %g", c->coverage);
-    if (c->subnet != ST_SUBNET_BLOCK && c->subnet != ST_SUBNET_NEURON)
+    if (!(c->sdp.coverage > 0.0 && c->sdp.coverage <= 1.0))
+        return st_fail(ST_ERR_INVALID, "coverage must be in (0, 1], got %g", c->sdp.coverage);
+    if (c->sdp.subnet != ST_SUBNET_BLOCK && c->sdp.subnet != ST_SUBNET_NEURON)
         return st_fail(ST_ERR_INVALID, "unknown subnetwork unit %d (allowed: block, neuron)",
-                       (int)c->subnet);
+                       (int)c->sdp.subnet);
     st_model_units units;
     /* a model that cannot be declared yet (a resnet before its data's
      * shape is known: the CLI checks before loading) is checked again by
      * st_train_run */
     if (st_model_config_units(&c->model, &units) != ST_OK)
         return ST_OK;
-    if (c->subnet == ST_SUBNET_BLOCK && units.groups == 0)
+    /* (gpt: a neuron unit is a whole attention head and as many neurons of
+     * the MLP) */
+    const int head = c->model.kind == ST_MODEL_GPT && c->model.heads > 0
+                         ? c->model.width / c->model.heads : 0;
+    if (c->sdp.subnet == ST_SUBNET_NEURON && head > 0 && c->neuron_group % head)
+        return st_fail(ST_ERR_INVALID, "--neuron-group %d: gpt's neuron units are whole attention "
+                       "heads, so it must be a multiple of the head size %d (--width %d / "
+                       "--heads %d)", c->neuron_group, head, c->model.width, c->model.heads);
+    if (c->sdp.subnet == ST_SUBNET_BLOCK && units.groups == 0)
         return st_fail(ST_ERR_INVALID, "--subnet block trains subnetworks of residual blocks "
                        "(layer groups, as in resmlp); --model %s has none (use --subnet neuron)", st_model_kind_name(c->model.kind));
-    if (c->masking != ST_MASKING_FORWARD && c->masking != ST_MASKING_BACKWARD)
+    if (c->sdp.masking != ST_MASKING_FORWARD && c->sdp.masking != ST_MASKING_BACKWARD)
         return st_fail(ST_ERR_INVALID, "unknown masking %d (allowed: forward, backward)",
-                       (int)c->masking);
-    if (c->masking == ST_MASKING_BACKWARD && c->align_every)
+                       (int)c->sdp.masking);
+    if (c->sdp.masking == ST_MASKING_BACKWARD && c->sdp.align_every)
         return st_fail(ST_ERR_INVALID, "--report align measures forward-masked subnetworks; "
                        "a backward-masked gradient is the full gradient on its coordinates");
     return ST_OK;
@@ -74,8 +83,9 @@ static st_status sdp_check(const st_train_config *c)
 /* Every worker needs a unit: k = max(1, round(C x N)) holders of each. */
 static st_status sdp_layout(const st_train_config *c, int workers)
 {
-    return st_subnets_check_layout(c, workers, st_subnet_holders_per_unit(workers, c->coverage),
-                                   st_subnets_neuron_units(c, 0));
+    const st_sdp_config *o = &c->sdp;
+    return st_subnets_check_layout(c, workers, st_subnet_holders_per_unit(workers, o->coverage),
+                                   st_subnets_neuron_units(c, o->subnet, 0), o->coverage);
 }
 
 /* The plan, the assignment of round 0, the gradients' engine (reduce-only
@@ -89,15 +99,17 @@ static st_status sdp_prepare(run_shared *r, void **state)
         return st_fail(ST_ERR_NOMEM, "out of memory for the subnetworks' state");
     *state = s;
     ST_TRY(st_run_make_plan(cfg, r->n_all, r->train, &r->plan));
-    const int backward = cfg->masking == ST_MASKING_BACKWARD;
-    ST_TRY(st_subnets_prepare(&s->sn, r, st_subnet_holders_per_unit(r->n_all, cfg->coverage),
-                              st_subnets_neuron_units(cfg, 0), backward));
+    const int backward = cfg->sdp.masking == ST_MASKING_BACKWARD;
+    ST_TRY(st_subnets_prepare(&s->sn, r, st_subnet_holders_per_unit(r->n_all, cfg->sdp.coverage),
+                              st_subnets_neuron_units(cfg, cfg->sdp.subnet, 0), backward));
     /* resuming after step S: the masks of S's round ((S - 1) / R); a new
      * round due before step S + 1 is drawn by that step as ever */
-    if (r->resume && cfg->resample && r->resume->at.step > 0)
-        ST_TRY(st_subnets_draw(&s->sn, r, (r->resume->at.step - 1) / cfg->resample));
+    if (r->resume && cfg->sdp.resample && r->resume->at.step > 0)
+        ST_TRY(st_subnets_draw(&s->sn, r, (r->resume->at.step - 1) / cfg->sdp.resample));
     s->att = calloc((size_t)r->n, sizeof *s->att);
-    if (!s->att)
+    if (r->ranks > 1)
+        s->align_all = malloc(sizeof(double) * 3 * (size_t)r->ranks);
+    if (!s->att || (r->ranks > 1 && !s->align_all))
         return st_fail(ST_ERR_NOMEM, "out of memory for the subnetworks' state");
     st_range unheld[ST_MAX_UNHELD_RANGES];
     int n_unheld = st_subnets_unheld_ranges(&s->sn, r, unheld, ST_MAX_UNHELD_RANGES);
@@ -106,7 +118,7 @@ static st_status sdp_prepare(run_shared *r, void **state)
     if (backward)
         ST_TRY(st_run_create_engine(r, ST_COMM_GATHER, s->sn.unheld_possible, unheld, n_unheld,
                                     &s->params_comm));
-    return cfg->resample ? st_subnets_prepare_gather(&s->sn, r, 1) : ST_OK;
+    return cfg->sdp.resample ? st_subnets_prepare_gather(&s->sn, r, 1) : ST_OK;
 }
 
 /* cos(g, G) over the coordinates worker k holds: g its subnetwork gradient
@@ -134,7 +146,7 @@ static st_status measure_alignment(run_shared *r, void *ctx, st_worker *w0, uint
                                    uint64_t step)
 {
     sdp_run *s = ctx;
-    if (step % r->cfg->align_every != 0)
+    if (step % r->cfg->sdp.align_every != 0)
         return ST_OK;
     const int B = r->cfg->batch;
     st_model *full = s->sn.eval_model;
@@ -163,7 +175,7 @@ static st_status build_subnet(run_shared *r, sdp_run *s, st_worker *w, int rebui
     /* the default: scaled, except blocks of a model with batch norm,
      * whose accuracy the scale lowers (doc/sdp.md for resmlp, doc/cnn.md
      * for resnet, where it helps channel groups) */
-    const int scale = r->cfg->scale_branches >= 0 ? r->cfg->scale_branches
+    const int scale = r->cfg->sdp.scale_branches >= 0 ? r->cfg->sdp.scale_branches
                                                   : r->n_state == 0 || s->sn.neuron_units;
     ST_TRY(st_subnets_config(&s->sn, r, st_run_global(r, w->id), scale, &mine, &buf));
     st_status st = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
@@ -181,7 +193,7 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
     ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_optim_init_range(&w->optim, &r->cfg->optim, shard.begin, shard.end, &w->arena));
-    if (r->cfg->resample)
+    if (r->cfg->sdp.resample)
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
                                      &s->sn.saved[wid].master));
     ST_TRY(build_subnet(r, s, w, 0));
@@ -247,14 +259,14 @@ static st_status sdp_step(run_shared *r, void *state, st_worker *w, uint64_t i, 
                           float *loss, float *lr)
 {
     sdp_run *s = state;
-    const uint64_t done = step - 1, R = r->cfg->resample;
+    const uint64_t done = step - 1, R = r->cfg->sdp.resample;
     if (i == 0 && w->id == 0) {   /* the report covers an epoch */
         s->align_sum = 0.0;
         s->align_count = 0;
     }
     if (R && done > 0 && done % R == 0)
         ST_TRY(new_round(r, s, w, done / R));
-    run_sharded e = { r->comm, masters(r, s), r->cfg->align_every ? measure_alignment : NULL, s };
+    run_sharded e = { r->comm, masters(r, s), r->cfg->sdp.align_every ? measure_alignment : NULL, s };
     return st_run_sharded_step(r, &e, w, i, step, loss, lr);
 }
 
@@ -286,21 +298,21 @@ static st_comm_bytes sdp_bytes(const run_shared *r, const void *state, int wid)
 
 static void sdp_record(const run_shared *r, void *state, st_epoch_record *rec)
 {
-    const sdp_run *s = state;
+    sdp_run *s = state;
     rec->coverage_holders = s->sn.k;
-    rec->coverage = r->cfg->coverage;
+    rec->coverage = r->cfg->sdp.coverage;
     double sum = s->align_sum, least = s->align_min;
     int count = s->align_count;
-    if (r->ranks > 1 && r->align_all) {
+    if (r->ranks > 1 && s->align_all) {
         /* every rank's measurements, combined in rank order (as one
          * process adds its workers' in worker order); a failure here
          * leaves this rank's own, and shows at the next collective */
         double mine[3] = { sum, least, (double)count };
-        if (st_world_allgather(mine, sizeof mine, r->align_all) == ST_OK) {
+        if (st_world_allgather(mine, sizeof mine, s->align_all) == ST_OK) {
             sum = 0.0;
             count = 0;
             for (int k = 0; k < r->ranks; k++) {
-                const double *a = r->align_all + 3 * k;
+                const double *a = s->align_all + 3 * k;
                 if (a[2] > 0 && (count == 0 || a[1] < least))
                     least = a[1];
                 sum += a[0];
@@ -346,12 +358,155 @@ static void sdp_release(run_shared *r, void *state)
     st_subnets_release(&s->sn);
     st_comm_destroy(s->params_comm);
     free(s->att);
+    free(s->align_all);
     free(s);
 }
 
+static void sdp_defaults(st_train_config *c)
+{
+    c->sdp = (st_sdp_config){ .subnet = ST_SUBNET_BLOCK, .masking = ST_MASKING_FORWARD,
+                              .coverage = 0.5, .resample = 0, .scale_branches = -1,
+                              .align_every = 0 };
+}
+
+/* " (block, forward masking, coverage 1/2 = 0.5)": the coverage that
+ * runs, k = max(1, round(C x N)) of N workers holding each unit, and the
+ * C asked for when k / N is not it (C = 0.3 of 4 workers runs 1/4); just
+ * C when N is not known. */
+static void sdp_describe(const st_train_config *c, int workers, char *out, size_t n)
+{
+    const st_sdp_config *o = &c->sdp;
+    int len = snprintf(out, n, " (%s, %s masking, ", st_subnet_kind_name(o->subnet),
+                       st_masking_name(o->masking));
+    if (workers < 1) {
+        snprintf(out + len, n - (size_t)len, "coverage %g)", o->coverage);
+        return;
+    }
+    const int k = st_subnet_holders_per_unit(workers, o->coverage);
+    const double runs = (double)k / workers;
+    char requested[48] = "";
+    if (fabs(runs - o->coverage) > 1e-6)
+        snprintf(requested, sizeof requested, ", requested %g", o->coverage);
+    snprintf(out + len, n - (size_t)len, "coverage %d/%d = %g%s)", k, workers, runs, requested);
+}
+
+/* k = max(1, round(C x N)) holders per unit, so the coverage that runs is
+ * k / N; said when that is not the C asked for (C = 0.3 with 4 workers
+ * runs 1/4) rather than let the banner's C stand. */
+static int sdp_warning(const run_shared *r, char *msg, size_t n)
+{
+    const double C = r->cfg->sdp.coverage;
+    const int k = st_subnet_holders_per_unit(r->n_all, C);
+    if (fabs((double)k / r->n_all - C) <= 1e-6)
+        return 0;
+    snprintf(msg, n, "--coverage %g with %d workers: each unit is held by k = max(1, round(C x "
+             "N)) = %d worker%s, so the coverage is %d/%d = %g", C, r->n_all, k,
+             k == 1 ? "" : "s", k, r->n_all, (double)k / r->n_all);
+    return 1;
+}
+
+/* ------------------------------------------------------------ options */
+
+static const char *const subnet_names[] = { "block", "neuron", NULL };
+static const char *const masking_names[] = { "forward", "backward", NULL };
+static const char *const branch_scale_names[] = { "none", "inverse-coverage", NULL };
+
+static void set_subnet(st_train_config *c, const st_option_value *v)
+{
+    c->sdp.subnet = (st_subnet_kind)v->name;
+}
+
+static int get_subnet(const st_train_config *c, st_option_value *v)
+{
+    v->name = (int)c->sdp.subnet;
+    return 1;
+}
+
+static void set_masking(st_train_config *c, const st_option_value *v)
+{
+    c->sdp.masking = (st_masking)v->name;
+}
+
+static int get_masking(const st_train_config *c, st_option_value *v)
+{
+    v->name = (int)c->sdp.masking;
+    return 1;
+}
+
+static void set_coverage(st_train_config *c, const st_option_value *v)
+{
+    c->sdp.coverage = v->real;
+}
+
+static int get_coverage(const st_train_config *c, st_option_value *v)
+{
+    v->real = c->sdp.coverage;
+    return 1;
+}
+
+static void set_resample(st_train_config *c, const st_option_value *v)
+{
+    c->sdp.resample = v->count;
+}
+
+static int get_resample(const st_train_config *c, st_option_value *v)
+{
+    v->count = c->sdp.resample;
+    return 1;
+}
+
+static void set_branch_scale(st_train_config *c, const st_option_value *v)
+{
+    c->sdp.scale_branches = v->name;
+}
+
+/* the default depends on the model and the units */
+static int get_branch_scale(const st_train_config *c, st_option_value *v)
+{
+    v->name = c->sdp.scale_branches;
+    return c->sdp.scale_branches >= 0;
+}
+
+static const st_strategy_option sdp_options[] = {
+    { .name = "subnet", .syntax = "block|neuron",
+      .help = "sdp units: residual blocks of resmlp (default block), or\n"
+              "groups of hidden neurons of every block's inner layer\n"
+              "(resmlp) or of every hidden layer (mlp)",
+      .kind = ST_OPTION_NAME, .names = subnet_names, .set = set_subnet, .get = get_subnet },
+    { .name = "masking", .syntax = "forward|backward",
+      .help = "sdp: run only the held units (forward, default),\n"
+              "or the full model with weight gradients for the held\n"
+              "units only (backward)",
+      .kind = ST_OPTION_NAME, .names = masking_names, .set = set_masking, .get = get_masking },
+    { .name = "coverage", .syntax = "C",
+      .help = "sdp: each unit held by max(1, round(C x workers))\n"
+              "workers, C in (0, 1] (default 0.5)",
+      .kind = ST_OPTION_REAL, .lo_bracket = '(', .real_lo = 0.0, .real_hi = 1.0,
+      .hi_bracket = ']', .set = set_coverage, .get = get_coverage },
+    { .name = "resample", .syntax = "R",
+      .help = "sdp: redraw the masks every R steps (default 0: fixed)",
+      .kind = ST_OPTION_COUNT, .lo = 0, .hi = 1000000000, .set = set_resample,
+      .get = get_resample },
+    { .name = "branch-scale", .syntax = "none|inverse-coverage",
+      .help = "sdp: scale each block's residual branch\n"
+              "by 1/coverage in training (default inverse-coverage;\n"
+              "none for the blocks of models with batch norm)",
+      .kind = ST_OPTION_NAME, .names = branch_scale_names, .set = set_branch_scale,
+      .get = get_branch_scale },
+    { .name = NULL },
+};
+
 const st_strategy_ops st_sdp_ops = {
-    .name = "sdp",
+    .info = {
+        .name = "sdp",
+        .help = "sdp: each worker trains its subnetwork, each parameter\n"
+                "averaged over the workers that hold it",
+        .options = sdp_options,
+    },
+    .defaults = sdp_defaults,
     .check = sdp_check,
+    .describe = sdp_describe,
+    .warning = sdp_warning,
     .layout = sdp_layout,
     .prepare = sdp_prepare,
     .init_worker = sdp_init_worker,

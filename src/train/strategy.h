@@ -16,16 +16,19 @@
  *                 |
  *   config.c -> strategy.c              the table: one entry per st_strategy
  *                 |
- *     dp.c   sdp.c   ist.c   synth*.c   the strategies (synth: three files,
- *       |      \      /        |         synth_run.h)
- *       |     subnets.c      synth_plan.c    (units, assignments, saved shards;
- *       |      /                              cuts and worker split)
+ *   dp.c  localsgd.c  sdp.c  ist.c  synth*.c  the strategies (synth: three
+ *     |       |          \     /       |       files, synth_run.h)
+ *     |       |        subnets.c   synth_plan.c   (units, assignments, saved
+ *     |       |          /                         shards; cuts, worker split)
  *   run.c, records.c, worker.c          common run helpers: plan, engines,
  *                                       attach, the sharded step, evaluation,
  *                                       records; a worker's own state
  *
- * Adding a strategy: its enumerator (train.h) and name (train_enums.c),
- * one file defining its ops, one entry in strategy.c.
+ * Adding a strategy: one file defining st_NAME_ops (its options, their
+ * defaults and checks, its description line and its checkpoint state
+ * included), its name in strategy.c's table; a strategy with options of
+ * its own adds its member to st_train_config (train.h).  Nothing outside
+ * the table and the strategy's file names a strategy.
  *
  * A strategy supplies steps and phases, never a loop of its own: the loop
  * runs every phase (st_phase) with the same stop, checkpoint and record
@@ -36,6 +39,8 @@
  */
 #ifndef SUBTRAIN_TRAIN_STRATEGY_H
 #define SUBTRAIN_TRAIN_STRATEGY_H
+
+#include <subtrain/strategy.h>
 
 #include "train/run.h"
 
@@ -99,14 +104,30 @@ typedef struct st_phase {
 } st_phase;
 
 typedef struct st_strategy_ops {
-    const char *name;   /* as st_strategy_name and --strategy spell it */
+    st_strategy_info info;    /* name, help, options (subtrain/strategy.h) */
     const char *not_stepwise; /* why a trainer (trainer.h) cannot take it a
                                * step at a time; NULL: it can */
+
+    /* Optional: its options' defaults into c (st_train_config_default
+     * calls every strategy's). */
+    void (*defaults)(st_train_config *c);
 
     /* Every config, whatever its strategy (before anything, no thread):
      * refuses bad values of this strategy's options, and its options
      * given to another strategy.  Run in table order. */
     st_status (*check)(const st_train_config *c);
+
+    /* Optional: what follows the name in the banner, " (50 local steps)"
+     * (st_strategy_describe); workers: all ranks', 0 when not known. */
+    void (*describe)(const st_train_config *c, int workers, char *out, size_t n);
+
+    /* Optional: the branch scale its evaluation uses (st_strategy_eval_scale;
+     * NULL: none). */
+    float (*eval_scale)(const st_train_config *c, int workers);
+
+    /* Optional: before the first step, worker 0: a line the user should
+     * read about this run's options (its on_warning), into msg; 0: none. */
+    int (*warning)(const run_shared *r, char *msg, size_t n);
 
     /* Optional (NULL: any worker count): a config of this strategy (its
      * check passed), no data: refuses `workers` workers (every rank's)
@@ -202,12 +223,12 @@ typedef struct st_strategy_ops {
 
 /* strategy.c: the ops of strategy s, NULL if there is none. */
 const st_strategy_ops *st_strategy_ops_of(st_strategy s);
+/* strategy.c: every strategy's defaults into c. */
+void st_strategy_defaults_all(st_train_config *c);
 /* strategy.c: every strategy's check, in table order. */
 st_status st_strategy_check_all(const st_train_config *c);
 /* strategy.c: c's strategy's layout check for `workers` workers of every
  * rank (ST_OK when it has none). */
 st_status st_strategy_check_layout(const st_train_config *c, int workers);
-
-extern const st_strategy_ops st_dp_ops, st_sdp_ops, st_ist_ops, st_synth_ops;
 
 #endif /* SUBTRAIN_TRAIN_STRATEGY_H */

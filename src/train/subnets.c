@@ -25,9 +25,9 @@ static st_model_units units_of(const st_train_config *c)
     return u;
 }
 
-int st_subnets_neuron_units(const st_train_config *c, int without_groups)
+int st_subnets_neuron_units(const st_train_config *c, st_subnet_kind subnet, int without_groups)
 {
-    return c->subnet == ST_SUBNET_NEURON || (without_groups && units_of(c).groups == 0);
+    return subnet == ST_SUBNET_NEURON || (without_groups && units_of(c).groups == 0);
 }
 
 int st_subnets_unheld_possible(const st_train_config *c, int neuron_units, int backward)
@@ -73,7 +73,8 @@ static st_status narrowest_width_layer(const st_model_config *m, int unit_size, 
     return ST_OK;
 }
 
-st_status st_subnets_check_layout(const st_train_config *c, int workers, int k, int neuron_units)
+st_status st_subnets_check_layout(const st_train_config *c, int workers, int k, int neuron_units,
+                                  double coverage)
 {
     st_model_units u;
     /* a model that cannot be declared yet (a ResNet before its data's
@@ -81,11 +82,11 @@ st_status st_subnets_check_layout(const st_train_config *c, int workers, int k, 
      * or says why not */
     if (workers < 1 || k < 1 || st_model_config_units(&c->model, &u) != ST_OK)
         return ST_OK;
-    const int sdp = c->strategy == ST_STRATEGY_SDP, need = (workers + k - 1) / k;
+    const int sdp = coverage > 0.0, need = (workers + k - 1) / k;
     const char *ranks = st_world_size() > 1 ? " of all ranks" : "";
-    char coverage[32] = "";
+    char at[32] = "";
     if (sdp)
-        snprintf(coverage, sizeof coverage, " at --coverage %g", c->coverage);
+        snprintf(at, sizeof at, " at --coverage %g", coverage);
     char holders[80];
     if (sdp)
         snprintf(holders, sizeof holders, "k = max(1, round(C x N)) = %d holder%s", k,
@@ -101,7 +102,7 @@ st_status st_subnets_check_layout(const st_train_config *c, int workers, int k, 
         return st_fail(ST_ERR_INVALID, "--strategy %s%s: %s has %d block%s, and %d workers%s%s "
                        "need %d (each block has %s, and every worker needs one): %s",
                        st_strategy_name(c->strategy), sdp ? " --subnet block" : "", model, L,
-                       L == 1 ? "" : "s", workers, ranks, coverage, need, holders,
+                       L == 1 ? "" : "s", workers, ranks, at, need, holders,
                        sdp ? "raise --depth or --coverage, or lower --workers"
                            : "raise --depth or lower --workers");
     }
@@ -114,7 +115,7 @@ st_status st_subnets_check_layout(const st_train_config *c, int workers, int k, 
                    "%s, and every worker needs a group in every layer): %s",
                    st_strategy_name(c->strategy), sdp ? " --subnet neuron" : "", neurons,
                    neurons == 1 ? "" : "s", U, U == 1 ? "" : "s", c->neuron_group, workers, ranks,
-                   coverage, need, holders,
+                   at, need, holders,
                    sdp ? "lower --neuron-group, raise --coverage or lower --workers"
                        : "lower --neuron-group or --workers");
 }

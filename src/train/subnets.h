@@ -48,10 +48,10 @@ typedef struct subnets {
 } subnets;
 
 /* Units, as the model's layers declare them (st_model_config_units):
- * neuron groups of every width layer (--subnet neuron; or, when
+ * neuron groups of every width layer (subnet neuron; or, when
  * without_groups, a model that declares no layer groups: its only units
  * are neurons), else layer groups (resmlp's blocks). */
-int st_subnets_neuron_units(const st_train_config *c, int without_groups);
+int st_subnets_neuron_units(const st_train_config *c, st_subnet_kind subnet, int without_groups);
 /* Whether some element may be held by nobody: neuron units, forward
  * masked, of a model with a layer between two width layers (mlp's
  * hidden-to-hidden matrices).  The engines are told, and masters of such
@@ -61,9 +61,11 @@ int st_subnets_unheld_possible(const st_train_config *c, int neuron_units, int b
 /* The layout check of sdp and ist (their ops' layout): refuses `workers`
  * workers (every rank's) that k holders per unit leave without a unit (a
  * block, or a group of neurons in some width layer), in a line naming the
- * options.  From the config alone: a model that cannot be declared yet is
- * let through. */
-st_status st_subnets_check_layout(const st_train_config *c, int workers, int k, int neuron_units);
+ * options: sdp's --subnet and --coverage when coverage > 0 (its C, of
+ * which k came), one holder each otherwise.  From the config alone: a
+ * model that cannot be declared yet is let through. */
+st_status st_subnets_check_layout(const st_train_config *c, int workers, int k, int neuron_units,
+                                  double coverage);
 
 /* Before the parallel region, the layout checked: the flags, k holders
  * per unit, the assignment of round 0. */

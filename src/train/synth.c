@@ -73,25 +73,36 @@ static st_status synth_check(const st_train_config *c)
     if (c->strategy != ST_STRATEGY_SYNTH)
         return ST_OK;
     const st_synth_config *s = &c->synth;
-    if (c->model.kind != ST_MODEL_MLP)
+    const st_model_kind kind = c->model.kind;
+    if (kind == ST_MODEL_RESNET || kind == ST_MODEL_RESNET18)
+        return st_fail(ST_ERR_INVALID, "--model %s does not train with --strategy synth (its "
+                       "segments would cut batch-normalised residual blocks; see doc/cnn.md)",
+                       st_model_kind_name(kind));
+    if (kind == ST_MODEL_GPT)
+        return st_fail(ST_ERR_INVALID, "--model gpt does not train with --strategy synth (its "
+                       "cuts are between the layers of a plain MLP)");
+    if (kind != ST_MODEL_MLP)
         return st_fail(ST_ERR_INVALID, "synth cuts an mlp into segments; --model %s is not "
                        "supported (the default for --strategy synth is mlp --depth 5)",
-                       st_model_kind_name(c->model.kind));
+                       st_model_kind_name(kind));
     int layers = c->model.depth + 1;
     int most = layers < ST_SYNTH_MAX_SEGMENTS ? layers : ST_SYNTH_MAX_SEGMENTS;
     if (s->segments < 2 || s->segments > most)
         return st_fail(ST_ERR_INVALID, "--segments must be in [2, %d] for an mlp of depth %d "
                        "(%d linear layers), got %d", most, c->model.depth, layers, s->segments);
     if (s->cuts[0]) {
+        int given = 0;
+        while (given < ST_SYNTH_MAX_SEGMENTS - 1 && s->cuts[given])
+            given++;
+        if (given != s->segments - 1)
+            return st_fail(ST_ERR_INVALID, "--cuts: %d cut%s for --segments %d (which needs %d)",
+                           given, given == 1 ? "" : "s", s->segments, s->segments - 1);
         for (int i = 0; i < s->segments - 1; i++)
             if (s->cuts[i] < 1 || s->cuts[i] > c->model.depth ||
                 (i > 0 && s->cuts[i] <= s->cuts[i - 1]))
                 return st_fail(ST_ERR_INVALID, "--cuts must be %d increasing layer numbers in "
                                "[1, %d] (a cut after layer c), got %d as cut %d",
                                s->segments - 1, c->model.depth, s->cuts[i], i + 1);
-        if (s->segments - 1 < ST_SYNTH_MAX_SEGMENTS - 1 && s->cuts[s->segments - 1])
-            return st_fail(ST_ERR_INVALID, "--cuts gives more than the %d cut%s of --segments %d",
-                           s->segments - 1, s->segments == 2 ? "" : "s", s->segments);
     }
     if (s->labels != ST_SYNTH_GAUSSIAN && s->labels != ST_SYNTH_SIGN)
         return st_fail(ST_ERR_INVALID, "unknown synthetic labels %d (allowed: gaussian, sign)",
@@ -501,8 +512,139 @@ static st_status synth_resume(run_shared *r, void *state, st_worker *w)
     return ST_OK;
 }
 
+static void synth_defaults(st_train_config *c)
+{
+    c->synth = st_synth_config_default();
+}
+
+static void synth_describe(const st_train_config *c, int workers, char *out, size_t n)
+{
+    (void)workers;
+    const st_synth_config *s = &c->synth;
+    snprintf(out, n, " (%d segments, %s labels scale %g noise %g, %d recovery epoch%s)",
+             s->segments, st_synth_labels_name(s->labels), s->scale, s->noise,
+             s->recovery_epochs, s->recovery_epochs == 1 ? "" : "s");
+}
+
+/* ------------------------------------------------------------ options */
+
+static const char *const label_names[] = { "gaussian", "sign", NULL };
+
+static void set_segments(st_train_config *c, const st_option_value *v)
+{
+    c->synth.segments = (int)v->count;
+}
+
+static int get_segments(const st_train_config *c, st_option_value *v)
+{
+    v->count = (uint64_t)c->synth.segments;
+    return 1;
+}
+
+static void set_cuts(st_train_config *c, const st_option_value *v)
+{
+    memset(c->synth.cuts, 0, sizeof c->synth.cuts);
+    for (int k = 0; k < v->n_counts && k < ST_SYNTH_MAX_SEGMENTS - 1; k++)
+        c->synth.cuts[k] = v->counts[k];
+}
+
+/* none of its own: balanced by FLOPs */
+static int get_cuts(const st_train_config *c, st_option_value *v)
+{
+    const st_synth_config *s = &c->synth;
+    for (v->n_counts = 0; v->n_counts + 1 < s->segments && s->cuts[v->n_counts]; v->n_counts++)
+        v->counts[v->n_counts] = s->cuts[v->n_counts];
+    return v->n_counts > 0;
+}
+
+static void set_labels(st_train_config *c, const st_option_value *v)
+{
+    c->synth.labels = (st_synth_labels)v->name;
+}
+
+static int get_labels(const st_train_config *c, st_option_value *v)
+{
+    v->name = (int)c->synth.labels;
+    return 1;
+}
+
+static void set_scale(st_train_config *c, const st_option_value *v)
+{
+    c->synth.scale = (float)v->real;
+}
+
+static int get_scale(const st_train_config *c, st_option_value *v)
+{
+    v->real = c->synth.scale;
+    return 1;
+}
+
+static void set_noise(st_train_config *c, const st_option_value *v)
+{
+    c->synth.noise = (float)v->real;
+}
+
+static int get_noise(const st_train_config *c, st_option_value *v)
+{
+    v->real = c->synth.noise;
+    return 1;
+}
+
+static void set_recovery(st_train_config *c, const st_option_value *v)
+{
+    c->synth.recovery_epochs = (int)v->count;
+}
+
+static int get_recovery(const st_train_config *c, st_option_value *v)
+{
+    v->count = (uint64_t)c->synth.recovery_epochs;
+    return 1;
+}
+
+static const st_strategy_option synth_options[] = {
+    { .name = "segments", .syntax = "S", .help = "synth: segments (default 2)",
+      .kind = ST_OPTION_COUNT, .lo = 2, .hi = ST_SYNTH_MAX_SEGMENTS, .only = 1,
+      .set = set_segments, .get = get_segments },
+    { .name = "cuts", .syntax = "C1,C2,..",
+      .help = "synth: cut after these linear layers, S-1 increasing\n"
+              "numbers in [1, depth] (default: balanced by FLOPs)",
+      .kind = ST_OPTION_COUNTS, .lo = 1, .hi = 1024, .most = ST_SYNTH_MAX_SEGMENTS - 1,
+      .expected = "increasing layer numbers such as 2,4", .only = 1, .set = set_cuts,
+      .get = get_cuts },
+    { .name = "synth-labels", .syntax = "gaussian|sign",
+      .help = "synth: labels per class and cut, N(0, scale^2)\n"
+              "or +-scale components (default gaussian)",
+      .kind = ST_OPTION_NAME, .names = label_names, .only = 1, .set = set_labels,
+      .get = get_labels },
+    { .name = "synth-scale", .syntax = "X", .help = "synth: label scale (default 1)",
+      .kind = ST_OPTION_REAL, .lo_bracket = '(', .real_lo = 0.0, .real_hi = 1000.0,
+      .hi_bracket = ']', .only = 1, .set = set_scale, .get = get_scale },
+    { .name = "synth-noise", .syntax = "X",
+      .help = "synth: noise std added to a segment's input labels,\n"
+              "relative to the scale (default 0.5)",
+      .kind = ST_OPTION_REAL, .lo_bracket = '[', .real_lo = 0.0, .real_hi = 1000.0,
+      .hi_bracket = ']', .only = 1, .set = set_noise, .get = get_noise },
+    { .name = "recovery-epochs", .syntax = "E",
+      .help = "synth: end-to-end data-parallel epochs of the joined\n"
+              "network afterwards (default 0)",
+      .kind = ST_OPTION_COUNT, .lo = 0, .hi = 100000, .only = 1, .set = set_recovery,
+      .get = get_recovery },
+    { .name = NULL },
+};
+
 const st_strategy_ops st_synth_ops = {
-    .name = "synth",
+    .info = {
+        .name = "synth",
+        .help = "synth: the mlp cut into segments trained apart by\n"
+                "groups of workers against synthetic labels, then\n"
+                "joined (default model: mlp --depth 5)",
+        .options = synth_options,
+        .no_init = "its segments start from their own initial values",
+        .model = ST_MODEL_MLP,
+        .depth = 5,   /* the paper's network of 6 linear layers */
+    },
+    .defaults = synth_defaults,
+    .describe = synth_describe,
     .not_stepwise = "its segment epochs, where each group of workers takes its own number "
                     "of steps, are no sequence of steps of the run",
     .check = synth_check,

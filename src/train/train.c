@@ -89,8 +89,7 @@ static st_status prepare_ranks(run_shared *r)
     r->losses_mine = malloc(sizeof(float) * (size_t)r->n);
     r->losses_all = malloc(sizeof(float) * (size_t)r->n_all);
     r->eval_all = malloc(sizeof(double) * 2 * (size_t)r->ranks);
-    r->align_all = malloc(sizeof(double) * 3 * (size_t)r->ranks);
-    if (!r->losses_mine || !r->losses_all || !r->eval_all || !r->align_all)
+    if (!r->losses_mine || !r->losses_all || !r->eval_all)
         return st_fail(ST_ERR_NOMEM, "out of memory for the ranks");
     return ST_OK;
 }
@@ -176,7 +175,6 @@ void st_loop_release(run_shared *r)
     free(r->losses_mine);
     free(r->losses_all);
     free(r->eval_all);
-    free(r->align_all);
     st_plan_free(&r->placement);
     st_topology_destroy(r->topology);
 }
@@ -198,20 +196,9 @@ void st_loop_report_warnings(run_shared *r)
         return;
     if (r->placement.warning[0])
         cb->on_warning(r->placement.warning, cb->user);
-    /* sdp: k = max(1, round(C x N)) holders per unit, so the coverage
-     * that runs is k / N; say so when that is not the C asked for (C = 0.3
-     * with 4 workers runs 1/4) rather than let the banner's C stand */
-    const st_train_config *c = r->cfg;
-    if (c->strategy == ST_STRATEGY_SDP) {
-        const int k = st_subnet_holders_per_unit(r->n_all, c->coverage);
-        if (fabs((double)k / r->n_all - c->coverage) > 1e-6) {
-            char msg[200];
-            snprintf(msg, sizeof msg, "--coverage %g with %d workers: each unit is held by k = "
-                     "max(1, round(C x N)) = %d worker%s, so the coverage is %d/%d = %g", c->coverage,
-                     r->n_all, k, k == 1 ? "" : "s", k, r->n_all, (double)k / r->n_all);
-            cb->on_warning(msg, cb->user);
-        }
-    }
+    char line[200];   /* the strategy's: its options as they run */
+    if (r->ops->warning && r->ops->warning(r, line, sizeof line))
+        cb->on_warning(line, cb->user);
     const char *isa;
     if (r->cfg->model.precision == ST_PRECISION_BF16 && st_bf16_probe(&isa) == ST_BF16_EMULATED) {
         char msg[160];

@@ -189,7 +189,7 @@ st_status st_trainer_create(const st_train_config *cfg, const st_dataset *train,
     const st_strategy_ops *ops = st_strategy_ops_of(cfg->strategy);
     if (ops->not_stepwise)
         return st_fail(ST_ERR_INVALID, "a trainer cannot take --strategy %s a step at a time: "
-                       "%s; train it with st_train_run", ops->name, ops->not_stepwise);
+                       "%s; train it with st_train_run", ops->info.name, ops->not_stepwise);
     if (st_world_size() > 1)
         return st_fail(ST_ERR_INVALID, "a trainer runs in one process (this is one of %d MPI "
                        "ranks); train over ranks with st_train_run", st_world_size());
@@ -265,7 +265,7 @@ st_status st_trainer_update(st_trainer *t, float *lr)
     if (!t->r.ops->update)
         return st_fail(ST_ERR_INVALID, "st_trainer_update runs the optimizer half of a step of "
                        "--strategy dp; a step of %s is more than a gradient and an update",
-                       t->r.ops->name);
+                       t->r.ops->info.name);
     return take_steps(t, JOB_UPDATE, 1, NULL, lr);
 }
 

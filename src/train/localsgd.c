@@ -1,0 +1,340 @@
+/*
+ * train/localsgd.c — local SGD: every worker trains the full model on its
+ * own part of each global batch with its own optimizer, without
+ * communication, and every R steps (--local-steps) the parameters are
+ * averaged over all workers.  See doc/localsgd.md.
+ *
+ * The average is the reduction engine's reduce-scatter and all-gather
+ * applied to the parameters instead of the gradients, as ist averages its
+ * parameters: each owner's shard of the mean goes into its master shard,
+ * and the all-gather hands it to every replica.  A round also ends at
+ * every epoch end, so that evaluation sees one model.  The optimizer
+ * state is zeroed at every average (--optimizer-state reset, the default:
+ * Adam's bias correction restarts with it), or averaged like the
+ * parameters through engines of its own (keep: its step count runs on).
+ *
+ * With plain SGD and R = 1 this is data parallelism: the mean of the
+ * workers' updated parameters is the update by the mean gradient, up to
+ * the order of the float sums (tests/test_localsgd.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "train/strategy.h"
+
+/* What one worker keeps between its steps: its own line, written every
+ * step. */
+typedef struct lsgd_worker {
+    _Alignas(64) uint64_t round_step; /* optimizer steps since its state began */
+} lsgd_worker;
+
+typedef struct lsgd_run {
+    st_comm *state_comm[2];      /* keep: one engine per state vector (Adam: m
+                                  * and v; SGD: momentum) */
+    int n_state;                 /* of them in use */
+    lsgd_worker *workers;        /* n */
+    uint64_t resumed_round_step; /* of the checkpoint resumed */
+} lsgd_run;
+
+extern const st_strategy_ops st_localsgd_ops;
+
+static int chosen(const st_train_config *c)
+{
+    return st_strategy_ops_of(c->strategy) == &st_localsgd_ops;
+}
+
+static st_status localsgd_check(const st_train_config *c)
+{
+    const st_localsgd_config *o = &c->localsgd;
+    if (!chosen(c))
+        return ST_OK;
+    if (o->local_steps < 1)
+        return st_fail(ST_ERR_INVALID, "--local-steps must be >= 1");
+    /* the parameters themselves are averaged: bf16 would round them */
+    if (c->comm_precision == ST_PRECISION_BF16)
+        return st_fail(ST_ERR_INVALID, "--comm-precision bf16 rounds gradients; --strategy "
+                       "localsgd averages parameters, which stay fp32 (use dp, sdp or synth, or "
+                       "--comm-precision fp32)");
+    if (o->keep_state && c->optim.kind == ST_OPT_SGD && c->optim.momentum == 0.0f)
+        return st_fail(ST_ERR_INVALID, "--optimizer-state keep: SGD without momentum keeps no "
+                       "state");
+    return ST_OK;
+}
+
+/* The plan, the parameters' engine (reduce and gather) and, keeping the
+ * optimizer state, one engine per state vector. */
+static st_status localsgd_prepare(run_shared *r, void **state)
+{
+    const st_train_config *cfg = r->cfg;
+    lsgd_run *s = calloc(1, sizeof *s);
+    if (!s)
+        return st_fail(ST_ERR_NOMEM, "out of memory for local SGD's state");
+    *state = s;
+    ST_TRY(st_run_make_plan(cfg, r->n_all, r->train, &r->plan));
+    s->workers = aligned_alloc(64, sizeof(lsgd_worker) * (size_t)r->n);
+    if (!s->workers)
+        return st_fail(ST_ERR_NOMEM, "out of memory for %d workers' rounds", r->n);
+    memset(s->workers, 0, sizeof(lsgd_worker) * (size_t)r->n);
+    if (r->resume && st_safetensors_meta(r->resume->file, "subtrain.localsgd.round_step"))
+        ST_TRY(st_run_resume_meta_u64(r, "subtrain.localsgd.round_step", &s->resumed_round_step));
+    ST_TRY(st_run_create_engine(r, 0, 0, NULL, 0, &r->comm));
+    if (cfg->localsgd.keep_state)
+        s->n_state = cfg->optim.kind == ST_OPT_ADAMW ? 2 : cfg->optim.momentum > 0.0f;
+    for (int i = 0; i < s->n_state; i++)
+        ST_TRY(st_run_create_engine(r, 0, 0, NULL, 0, &s->state_comm[i]));
+    return ST_OK;
+}
+
+/* State vector i of w's optimizer (the full vector's). */
+static float *state_vector(st_worker *w, int i)
+{
+    return i == 0 ? w->optim.m : w->optim.v;
+}
+
+/* The full model and its optimizer over the whole vector; the engines
+ * read the parameters (and kept state vectors) as if they were gradients
+ * and gather the means back into them. */
+static st_status localsgd_init_worker(run_shared *r, void *state, int wid, st_worker *w,
+                                      const st_chunk_backend *backend)
+{
+    lsgd_run *s = state;
+    ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, backend));
+    const size_t P = st_model_param_count(w->model);
+    ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, P));
+    const st_range all = { 0, P };
+    float *p = st_model_params(w->model);
+    int n_copies;
+    const st_param_copy *copies = st_model_copies(w->model, &n_copies);
+    st_comm_set_param_copies(r->comm, wid, copies, n_copies);
+    ST_TRY(st_comm_attach(r->comm, wid, &w->arena, p, p, &all, 1));
+    for (int i = 0; i < s->n_state; i++) {
+        float *v = state_vector(w, i);
+        ST_TRY(st_comm_attach(s->state_comm[i], wid, &w->arena, v, v, &all, 1));
+    }
+    return ST_OK;
+}
+
+/* One local step: compute on the worker's part of the global batch, then
+ * its own optimizer over its replica; no communication. */
+static st_status localsgd_step(run_shared *r, void *state, st_worker *w, uint64_t i,
+                               uint64_t step, float *loss, float *lr)
+{
+    lsgd_run *s = state;
+    worker_slot *slot = &r->slots[w->id];
+    double t = st_run_now_s();
+    uint32_t first = (uint32_t)((i * (uint64_t)r->n_all + (uint64_t)st_run_global(r, w->id)) *
+                                (uint64_t)r->cfg->batch);
+    ST_TRY(st_worker_compute(w, r->train, w->order, first, loss));
+    double t1 = st_run_now_s();
+    slot->times.compute += t1 - t;
+    *lr = st_schedule_lr(&r->plan.schedule, step);
+    st_worker_update_own(w, ++s->workers[w->id].round_step, *lr);
+    slot->times.optimizer += st_run_now_s() - t1;
+    return ST_OK;
+}
+
+/* Every worker's vector v replaced by the mean over the workers: the
+ * owners' shards of the mean become the master shards, gathered back. */
+static st_status average(st_comm *c, int wid)
+{
+    ST_TRY(st_comm_reduce_scatter(c, wid));
+    const st_range shard = st_comm_shard(c, wid);
+    memcpy(st_comm_shard_params(c, wid), st_comm_shard_grads(c, wid),
+           (shard.end - shard.begin) * sizeof(float));
+    return st_comm_all_gather(c, wid);
+}
+
+/* The end of a round (every R steps and at the end of an epoch): the
+ * parameters averaged, the optimizer state averaged or zeroed. */
+static st_status localsgd_round_end(run_shared *r, void *state, st_worker *w, uint64_t step,
+                                    int last)
+{
+    lsgd_run *s = state;
+    if (step % r->cfg->localsgd.local_steps != 0 && !last)
+        return ST_OK;
+    const int wid = w->id;
+    double t = st_run_now_s();
+    ST_TRY(average(r->comm, wid));
+    if (st_comm_gathers_copies(r->comm, wid))
+        st_model_copies_written(w->model);
+    else
+        st_model_params_changed(w->model);
+    for (int i = 0; i < s->n_state; i++)
+        ST_TRY(average(s->state_comm[i], wid));
+    if (!r->cfg->localsgd.keep_state) {
+        st_optim_reset(&w->optim);
+        s->workers[wid].round_step = 0;
+    }
+    r->slots[wid].times.reduce += st_run_now_s() - t;
+    return ST_OK;
+}
+
+/* A checkpoint holds the state at a round end only: in a round the
+ * replicas differ. */
+static int localsgd_whole_after(const run_shared *r, uint64_t step, int last)
+{
+    return last || step % r->cfg->localsgd.local_steps == 0;
+}
+
+/* At a round end every replica is the model and every optimizer state the
+ * same (the loop saves them); Adam's step count (every worker's is
+ * equal). */
+static st_status localsgd_save(run_shared *r, void *state, run_ckpt *ck)
+{
+    (void)r;
+    lsgd_run *s = state;
+    return st_run_ckpt_meta(ck, "subtrain.localsgd.round_step", "%llu",
+                            (unsigned long long)s->workers[0].round_step);
+}
+
+static st_status localsgd_resume(run_shared *r, void *state, st_worker *w)
+{
+    lsgd_run *s = state;
+    ST_TRY(st_run_resume_model(r, w));
+    s->workers[w->id].round_step = s->resumed_round_step;
+    return ST_OK;
+}
+
+/* The replicas are the model after a round end (one ends every epoch). */
+static st_status localsgd_evaluate(run_shared *r, void *state, st_worker *w, double *loss,
+                                   double *acc)
+{
+    (void)state;
+    return st_run_evaluate_replicas(r, w, loss, acc);
+}
+
+/* Per round: the parameters' reduce-scatter and all-gather, and the kept
+ * state vectors'. */
+static st_comm_bytes localsgd_bytes(const run_shared *r, const void *state, int wid)
+{
+    const lsgd_run *s = state;
+    st_comm_bytes b = st_run_engine_bytes(r, wid);
+    for (int i = 0; i < s->n_state; i++) {
+        st_comm_bytes g = st_comm_bytes_per_step(s->state_comm[i], wid);
+        b.read += g.read;
+        b.written += g.written;
+        b.cross_domain_read += g.cross_domain_read;
+        b.gather_read += g.gather_read;
+        b.gather_written += g.gather_written;
+    }
+    return b;
+}
+
+/* The bytes are a round's, once every R steps. */
+static void localsgd_record(const run_shared *r, void *state, st_epoch_record *rec)
+{
+    (void)state;
+    const double R = (double)r->cfg->localsgd.local_steps;
+    rec->comm_bytes_per_worker_step /= R;
+    rec->comm_bytes_per_worker_round = rec->comm_bytes_per_worker_step * R;
+}
+
+/* Worker 0's replica (the model, after the run's last round end). */
+static st_status localsgd_full_params(run_shared *r, void *state, st_worker *w0,
+                                      const float **out, size_t *count)
+{
+    (void)r;
+    (void)state;
+    *count = st_model_param_count(w0->model);
+    *out = st_model_params(w0->model);
+    return ST_OK;
+}
+
+static void localsgd_abort(run_shared *r, void *state)
+{
+    (void)r;
+    lsgd_run *s = state;
+    for (int i = 0; i < s->n_state; i++)
+        st_comm_abort(s->state_comm[i]);
+}
+
+static void localsgd_release(run_shared *r, void *state)
+{
+    (void)r;
+    lsgd_run *s = state;
+    if (!s)
+        return;
+    for (int i = 0; i < 2; i++)
+        st_comm_destroy(s->state_comm[i]);
+    free(s->workers);
+    free(s);
+}
+
+/* ------------------------------------------------------------ options */
+
+static void localsgd_defaults(st_train_config *c)
+{
+    c->localsgd = (st_localsgd_config){ .local_steps = 50, .keep_state = 0 };
+}
+
+static void localsgd_describe(const st_train_config *c, int workers, char *out, size_t n)
+{
+    (void)workers;
+    snprintf(out, n, " (%llu local steps, optimizer state %s)",
+             (unsigned long long)c->localsgd.local_steps,
+             c->localsgd.keep_state ? "averaged" : "reset");
+}
+
+static const char *const state_names[] = { "reset", "keep", NULL };
+
+static void set_local_steps(st_train_config *c, const st_option_value *v)
+{
+    c->localsgd.local_steps = v->count;
+}
+
+static int get_local_steps(const st_train_config *c, st_option_value *v)
+{
+    v->count = c->localsgd.local_steps;
+    return 1;
+}
+
+static void set_state(st_train_config *c, const st_option_value *v)
+{
+    c->localsgd.keep_state = v->name;
+}
+
+static int get_state(const st_train_config *c, st_option_value *v)
+{
+    v->name = c->localsgd.keep_state != 0;
+    return 1;
+}
+
+static const st_strategy_option localsgd_options[] = {
+    { .name = "local-steps", .syntax = "R",
+      .help = "localsgd: steps between two averages (default 50)",
+      .kind = ST_OPTION_COUNT, .lo = 1, .hi = 1000000000, .set = set_local_steps,
+      .get = get_local_steps },
+    { .name = "optimizer-state", .syntax = "reset|keep",
+      .help = "localsgd: zero the optimizer state at\n"
+              "every average (default) or keep it, averaged too",
+      .kind = ST_OPTION_NAME, .names = state_names, .set = set_state, .get = get_state },
+    { .name = NULL },
+};
+
+const st_strategy_ops st_localsgd_ops = {
+    .info = {
+        .name = "localsgd",
+        .help = "localsgd: every worker trains the full model on its\n"
+                "own batches, and every --local-steps steps the\n"
+                "parameters are averaged over all workers (local SGD)",
+        .options = localsgd_options,
+    },
+    .defaults = localsgd_defaults,
+    .check = localsgd_check,
+    .describe = localsgd_describe,
+    .prepare = localsgd_prepare,
+    .init_worker = localsgd_init_worker,
+    .step = localsgd_step,
+    .round_end = localsgd_round_end,
+    .whole_after = localsgd_whole_after,
+    .save = localsgd_save,
+    .resume = localsgd_resume,
+    .evaluate = localsgd_evaluate,
+    .bytes = localsgd_bytes,
+    .record = localsgd_record,
+    .full_params = localsgd_full_params,
+    .abort = localsgd_abort,
+    .release = localsgd_release,
+};
