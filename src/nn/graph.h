@@ -201,21 +201,6 @@ st_status st_model_declare_resnet(st_model *m);  /* nn/models/resnet.c */
 st_status st_model_declare_resnet18(st_model *m);
 st_status st_model_declare_gpt(st_model *m);     /* nn/models/gpt.c */
 
-/* The gradient tensors a pre-norm MLP branch writes and reads: the
- * stream's dh (accumulated), the norm's dtmp, dn (width W), and da, dz
- * (width H, the branch's width layer or a widest scratch). */
-typedef struct st_mlp_grads {
-    int dh, dtmp, dn, da, dz;
-} st_mlp_grads;
-
-/* nn/models/mlp_branch.c: appends out = h + fc2(act(fc1(LN(h)))) to the
- * open group: a skip layer, the norm "<prefix>.<ln>", "<prefix>.fc1"
- * (W -> H, its outputs width layer u) and "<prefix>.fc2" (H -> W, stored
- * in-major, adding the skip, closing the group's branch).  Returns out,
- * ST_T_NONE when out of memory. */
-int st_graph_mlp_branch(st_model *m, const char *prefix, const char *ln, int h, int u,
-                        int64_t W, int64_t H, st_activation act, const st_mlp_grads *d);
-
 /* A new tensor of `cols` full columns (width: ST_W_FULL, ST_W_WIDEST or a
  * width layer), written by the open group if any; its id. */
 int st_graph_tensor(st_model *m, int64_t cols, int width);

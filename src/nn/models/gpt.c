@@ -29,7 +29,7 @@
  */
 #include <stdio.h>
 
-#include "nn/graph.h"
+#include "nn/mlp_branch.h"
 
 st_status st_model_declare_gpt(st_model *m)
 {

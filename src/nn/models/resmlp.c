@@ -18,7 +18,7 @@
  */
 #include <stdio.h>
 
-#include "nn/graph.h"
+#include "nn/mlp_branch.h"
 
 st_status st_model_declare_resmlp(st_model *m)
 {
