@@ -188,18 +188,34 @@ struct st_model {
 
 /* ------------------------------------------------------------ builders */
 
-/* A model kind: one file in src/nn/models/ plus an entry in model.c's
- * table.  `declare` appends the full model's tensors and layers. */
+/* A model kind: one file of src/nn/models/ defines its entry, model.c's
+ * table lists it.  The entry is everything the library and a front end
+ * (the command line) know of the kind: its name and what --help says of
+ * it, what it reads, the options it takes, their defaults, its checks,
+ * its banner words and its declaration. */
 typedef struct st_model_builder {
     st_model_kind kind;
+    const char *name;              /* --model NAME; a weights file's subtrain.model */
+    const char *help;              /* --help's words on it, NULL: none */
+    st_model_reads reads;
+    unsigned options;              /* the ST_MODEL_OPT_* it takes */
+    /* The defaults of the options not given (ST_MODEL_OPT_* bits of
+     * `given`) where they differ from st_model_config_default()'s, and
+     * fields they imply (gpt: in_dim, n_classes); NULL: none. */
+    void (*defaults)(st_model_config *c, unsigned given);
+    /* The options given that it refuses with words of its own, or sizes
+     * it cannot take, as usage errors naming the option; NULL: none.
+     * (An option it does not take is refused by model.c otherwise.) */
+    st_status (*check_options)(const st_model_config *c, unsigned given);
+    /* Checks of a whole configuration beyond the fields every model
+     * checks (st_model_config_check); NULL: none. */
+    st_status (*check)(const st_model_config *c);
+    /* The banner's words after "NAME depth D width W" (" hidden 256"),
+     * into out (n bytes); NULL: none. */
+    void (*describe)(const st_model_config *c, char *out, size_t n);
+    /* Appends the full model's tensors and layers. */
     st_model_declare_fn declare;
 } st_model_builder;
-
-st_status st_model_declare_mlp(st_model *m);     /* nn/models/mlp.c */
-st_status st_model_declare_resmlp(st_model *m);  /* nn/models/resmlp.c */
-st_status st_model_declare_resnet(st_model *m);  /* nn/models/resnet.c */
-st_status st_model_declare_resnet18(st_model *m);
-st_status st_model_declare_gpt(st_model *m);     /* nn/models/gpt.c */
 
 /* A new tensor of `cols` full columns (width: ST_W_FULL, ST_W_WIDEST or a
  * width layer), written by the open group if any; its id. */

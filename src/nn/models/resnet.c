@@ -199,12 +199,49 @@ static st_status declare(st_model *m, int stages, int blocks)
     return ok ? ST_OK : st_fail(ST_ERR_NOMEM, "out of memory declaring the resnet");
 }
 
-st_status st_model_declare_resnet(st_model *m)
+static st_status declare_resnet(st_model *m)
 {
     return declare(m, 3, st_model_get_config(m)->depth);
 }
 
-st_status st_model_declare_resnet18(st_model *m)
+static st_status declare_resnet18(st_model *m)
 {
     return declare(m, 4, 2);
 }
+
+/* A CIFAR ResNet-20-like default: 3 blocks per stage, 16 channels first;
+ * ResNets use ReLU unless asked otherwise. */
+static void defaults(st_model_config *c, unsigned given)
+{
+    if (!(given & ST_MODEL_OPT_DEPTH))
+        c->depth = 3;
+    if (!(given & ST_MODEL_OPT_WIDTH))
+        c->width = 16;
+    if (!(given & ST_MODEL_OPT_ACTIVATION))
+        c->activation = ST_ACT_RELU;
+}
+
+static st_status check_options(const st_model_config *c, unsigned given)
+{
+    (void)c;
+    if (given & ST_MODEL_OPT_HIDDEN)
+        return st_fail(ST_ERR_INVALID, "--hidden applies to resmlp only (a resnet's blocks are "
+                       "as wide as their stage)");
+    return ST_OK;
+}
+
+const st_model_builder st_model_resnet = {
+    .kind = ST_MODEL_RESNET, .name = "resnet",
+    .help = "resnet: pre-activation ResNet of 3 stages (CIFAR family), resnet18: 4 stages of 2 "
+            "blocks; both take image data (C x H x W)",
+    .reads = ST_MODEL_READS_IMAGES,
+    .options = ST_MODEL_OPT_DEPTH | ST_MODEL_OPT_WIDTH | ST_MODEL_OPT_ACTIVATION,
+    .defaults = defaults, .check_options = check_options, .declare = declare_resnet,
+};
+
+/* --depth is accepted and ignored: 2 blocks a stage */
+const st_model_builder st_model_resnet18 = {
+    .kind = ST_MODEL_RESNET18, .name = "resnet18", .reads = ST_MODEL_READS_IMAGES,
+    .options = ST_MODEL_OPT_WIDTH | ST_MODEL_OPT_ACTIVATION,
+    .defaults = defaults, .check_options = check_options, .declare = declare_resnet18,
+};
