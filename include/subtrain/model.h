@@ -19,6 +19,9 @@
  *             and 3 with stride 2 and a 1x1 projection shortcut
  *             -> BN -> act -> global average pool -> linear(4 width, classes)
  *   resnet18: the same with 4 stages of 2 blocks (width .. 8 width)
+ *   convnet:  image C x H x W -> depth stages { conv 3x3 -> BN -> act ->
+ *             max pool 2x2 stride 2 }, width, 2 width, 4 width, ...
+ *             channels -> global average pool -> linear(.., classes)
  *   gpt:      T byte tokens -> token + position embedding (width D)
  *             -> depth pre-norm blocks { h += proj(attn(qkv(LN(h))));
  *             h += fc2(act(fc1(LN(h)))) }, heads H, MLP hidden 4 D
@@ -48,6 +51,7 @@ typedef enum st_model_kind {
     ST_MODEL_RESNET,      /* CIFAR family: 3 stages of depth blocks, width w, 2w, 4w */
     ST_MODEL_RESNET18,    /* 4 stages of 2 blocks, width w .. 8w */
     ST_MODEL_GPT,         /* byte-level causal transformer language model */
+    ST_MODEL_CONVNET,     /* plain convolutional network: conv-BN-act-max pool stages */
 } st_model_kind;
 typedef enum st_activation { ST_ACT_RELU, ST_ACT_GELU } st_activation;
 

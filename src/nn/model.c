@@ -27,9 +27,10 @@
 /* The model kinds, in the order --help and messages list them: each entry
  * is defined by its file of src/nn/models/. */
 extern const st_model_builder st_model_mlp, st_model_resmlp, st_model_resnet, st_model_resnet18,
-    st_model_gpt;
+    st_model_gpt, st_model_convnet;
 static const st_model_builder *const model_kinds[] = {
     &st_model_mlp, &st_model_resmlp, &st_model_resnet, &st_model_resnet18, &st_model_gpt,
+    &st_model_convnet,
 };
 #define N_KINDS ((int)(sizeof model_kinds / sizeof model_kinds[0]))
 
