@@ -75,7 +75,8 @@ synth-s3|--model mlp --depth 5 --width 64 --workers 3 --batch 32 --strategy synt
 # run's length included (fashion: Fashion-MNIST, as the runs above; text:
 # a file of this tree, with QUICK=1 too)
 OWN_RUNS='resnet-dp-2|fashion|--model resnet --depth 1 --width 8 --workers 2 --batch 32 --steps 40
-resnet-sdp-neuron|fashion|--model resnet --depth 1 --width 8 --workers 2 --batch 32 --steps 40 --strategy sdp --subnet neuron
+resnet-sdp-neuron|fashion|--model resnet --depth 1 --width 8 --workers 2 --batch 32 --steps 40 --strategy sdp --subnet neuron --neuron-group 4
+resnet-sdp-neuron-bwd|fashion|--model resnet --depth 1 --width 8 --workers 2 --batch 32 --steps 40 --strategy sdp --subnet neuron --neuron-group 4 --masking backward
 gpt-dp-2|text|--model gpt --depth 1 --width 32 --heads 2 --context 32 --workers 2 --batch 16 --epochs 2 --epoch-windows 640
 gpt-sdp-block|text|--model gpt --depth 2 --width 32 --heads 2 --context 32 --workers 2 --batch 16 --epochs 2 --epoch-windows 640 --strategy sdp'
 TEXT="text:$top/doc/design.md"
