@@ -115,7 +115,7 @@ static const struct { unsigned bit; const char *option; } optional[] = {
     { ST_MODEL_OPT_HEADS, "--heads" },
 };
 
-/* "gpt" (or "gpt, vit"): the kinds that take an option. */
+/* "gpt" ("resmlp, gpt" for --hidden): the kinds that take an option. */
 static void kinds_taking(unsigned option, char *buf, size_t n)
 {
     size_t len = 0;
