@@ -10,10 +10,12 @@
 # built there once; later calls reuse the build).  Every epoch record's
 # train_loss, test_loss and test_acc and the final record's are compared
 # (a difference in the final peak memory or bytes moved is reported),
-# on the synthetic task and on Fashion-MNIST (skipped if not installed).
-# Prints one markdown table row per run and exits 1 on any difference.
+# on the synthetic task and on Fashion-MNIST (skipped if not installed),
+# then the runs with data of their own: a ResNet's on Fashion-MNIST, gpt's
+# on doc/design.md.  Prints one markdown table row per run and exits 1 on
+# any difference.
 #
-#   QUICK=1   only the synthetic task
+#   QUICK=1   only the synthetic task and the text file
 #   WORK=DIR  where builds and metrics go (default /tmp/subtrain-compare)
 #   EXTRA="--precision bf16"   options added to every run
 set -eu
@@ -69,6 +71,16 @@ ist-mlp-keep-sgd|--model mlp --depth 2 --width 128 --workers 2 --batch 32 --stra
 synth-s2|--model mlp --depth 5 --width 64 --workers 2 --batch 32 --strategy synth --segments 2 --recovery-epochs 1
 synth-s3|--model mlp --depth 5 --width 64 --workers 3 --batch 32 --strategy synth --segments 3 --recovery-epochs 1'
 
+# Runs whose model needs data of its own: name | data | options, the
+# run's length included (fashion: Fashion-MNIST, as the runs above; text:
+# a file of this tree, with QUICK=1 too)
+OWN_RUNS='resnet-dp-2|fashion|--model resnet --depth 1 --width 8 --workers 2 --batch 32 --steps 40
+resnet-sdp-neuron|fashion|--model resnet --depth 1 --width 8 --workers 2 --batch 32 --steps 40 --strategy sdp --subnet neuron --neuron-group 4
+resnet-sdp-neuron-bwd|fashion|--model resnet --depth 1 --width 8 --workers 2 --batch 32 --steps 40 --strategy sdp --subnet neuron --neuron-group 4 --masking backward
+gpt-dp-2|text|--model gpt --depth 1 --width 32 --heads 2 --context 32 --workers 2 --batch 16 --epochs 2 --epoch-windows 640
+gpt-sdp-block|text|--model gpt --depth 2 --width 32 --heads 2 --context 32 --workers 2 --batch 16 --epochs 2 --epoch-windows 640 --strategy sdp'
+TEXT="text:$top/doc/design.md"
+
 FASHION=${SUBTRAIN_DATA:-/usr/share/datasets/fashion-mnist}
 DATASETS="synthetic"
 if [ "${QUICK:-0}" != 1 ] && [ -d "$FASHION" ]; then
@@ -86,42 +98,57 @@ resources() {
     grep '"final":true' "$1" | sed -E 's/.*"peak_bytes_per_worker":([0-9]+),"comm_bytes_per_worker_step":([0-9]+).*/\1 \2/'
 }
 
+# compare SHORT NAME DATA OPTIONS...: runs both builds, prints the row
+compare() {
+    short=$1 name=$2 data=$3
+    shift 3
+    for which in old new; do
+        bin=$([ $which = old ] && echo "$OLD" || echo "$NEW")
+        out="$WORK/$short-$name-$which.jsonl"
+        rm -f "$out"
+        # synth's segment epochs come from --epochs as well
+        if ! "$bin" "$@" ${EXTRA:-} --data "$data" --seed 7 --oversubscribe --quiet \
+             --metrics "$out" >"$WORK/$short-$name-$which.log" 2>&1; then
+            echo "| $short | $name | $which build failed: $(tail -n 1 "$WORK/$short-$name-$which.log") |"
+            echo fail >>"$WORK/bad"
+            return
+        fi
+    done
+    fields "$WORK/$short-$name-old.jsonl" >"$WORK/a"
+    fields "$WORK/$short-$name-new.jsonl" >"$WORK/b"
+    set -- $(grep ' true ' "$WORK/a")
+    o_te=$5 o_tr=$4 o_acc=$6
+    set -- $(grep ' true ' "$WORK/b")
+    n_te=$5 n_tr=$4 n_acc=$6
+    recs=$(wc -l <"$WORK/a")
+    if cmp -s "$WORK/a" "$WORK/b"; then verdict="$recs equal"; else
+        verdict="**DIFFER**"
+        echo fail >>"$WORK/bad"
+    fi
+    set -- $(resources "$WORK/$short-$name-old.jsonl") $(resources "$WORK/$short-$name-new.jsonl")
+    [ "$1" = "$3" ] || verdict="$verdict; peak memory per worker $1 -> $3 B"
+    [ "$2" = "$4" ] || verdict="$verdict; bytes per worker and step $2 -> $4"
+    echo "| $short | $name | $o_te | $n_te | $o_tr | $n_tr | $o_acc | $n_acc | $verdict |"
+}
+
 echo "| data | run | final test_loss old | new | train_loss old | new | test_acc old | new | records |"
 echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-bad=0
 for data in $DATASETS; do
     short=$([ "$data" = synthetic ] && echo synthetic || echo fashion)
     # epochs: a short run on each data set (every run crosses epoch ends)
     if [ "$short" = synthetic ]; then len="--epochs 2"; else len="--epochs 1"; fi
     echo "$RUNS" | while IFS='|' read -r name opts; do
-        for which in old new; do
-            bin=$([ $which = old ] && echo "$OLD" || echo "$NEW")
-            out="$WORK/$short-$name-$which.jsonl"
-            rm -f "$out"
-            # synth's segment epochs come from --epochs as well
-            if ! "$bin" $opts ${EXTRA:-} --data "$data" $len --seed 7 --oversubscribe --quiet \
-                 --metrics "$out" >"$WORK/$short-$name-$which.log" 2>&1; then
-                echo "| $short | $name | $which build failed: $(tail -n 1 "$WORK/$short-$name-$which.log") |"
-                echo fail >>"$WORK/bad"
-                continue 2
-            fi
-        done
-        fields "$WORK/$short-$name-old.jsonl" >"$WORK/a"
-        fields "$WORK/$short-$name-new.jsonl" >"$WORK/b"
-        set -- $(grep ' true ' "$WORK/a") 
-        o_te=$5 o_tr=$4 o_acc=$6
-        set -- $(grep ' true ' "$WORK/b")
-        n_te=$5 n_tr=$4 n_acc=$6
-        recs=$(wc -l <"$WORK/a")
-        if cmp -s "$WORK/a" "$WORK/b"; then verdict="$recs equal"; else
-            verdict="**DIFFER**"
-            echo fail >>"$WORK/bad"
-        fi
-        set -- $(resources "$WORK/$short-$name-old.jsonl") $(resources "$WORK/$short-$name-new.jsonl")
-        [ "$1" = "$3" ] || verdict="$verdict; peak memory per worker $1 -> $3 B"
-        [ "$2" = "$4" ] || verdict="$verdict; bytes per worker and step $2 -> $4"
-        echo "| $short | $name | $o_te | $n_te | $o_tr | $n_tr | $o_acc | $n_acc | $verdict |"
+        # shellcheck disable=SC2086  # the options are words
+        compare "$short" "$name" "$data" $opts $len
     done
+done
+echo "$OWN_RUNS" | while IFS='|' read -r name kind opts; do
+    case $kind in
+    fashion) echo " $DATASETS " | grep -q " $FASHION " || continue; data=$FASHION ;;
+    text) data=$TEXT ;;
+    esac
+    # shellcheck disable=SC2086
+    compare "$kind" "$name" "$data" $opts
 done
 if [ -s "$WORK/bad" ]; then
     rm -f "$WORK/bad"

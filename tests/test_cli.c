@@ -441,6 +441,57 @@ Test(cli, idx_set_with_its_own_names_and_classes_trains_augmented, .timeout = 12
     st_test_rmdir(dir);
 }
 
+/* --model convnet on 8 x 8 images: it trains with dp (its weights saved
+ * and evaluated: with batch statistics re-estimated, so not the run's
+ * running statistics' numbers), with sdp of channel units under either
+ * masking and with ist; what it cannot do is said in one line. */
+Test(cli, convnet_trains_with_dp_sdp_and_ist, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], data[2 * ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    write_letters(dir);
+    snprintf(data, sizeof data, "--data 'idx:%s:tr-img,tr-lab,te-img,te-lab' --model convnet "
+             "--width 8 --batch 26", dir);
+    static const char *const runs[] = {
+        "dp", "--strategy sdp --subnet neuron --neuron-group 4",
+        "--strategy sdp --subnet neuron --masking backward --neuron-group 4",
+        "--strategy ist --local-steps 3 --neuron-group 4",
+    };
+    run_result *r = calloc(1, sizeof *r);
+    for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+        if (k == 0)
+            snprintf(args, sizeof args, "%s --steps 6 --workers 2 --oversubscribe --progress none "
+                     "--checkpoint '%s/ck'", data, dir);
+        else
+            snprintf(args, sizeof args, "%s --steps 6 --workers 2 --oversubscribe --progress none "
+                     "%s", data, runs[k]);
+        run(r, NULL, args);
+        cr_assert_eq(r->status, 0, "%s: %s", runs[k], r->err);
+        cr_assert(strstr(r->out, ": convnet depth 3 width 8 relu |"), "%s", r->out);
+        cr_assert(strstr(r->out, "final: test_acc "), "%s", r->out);
+    }
+    snprintf(args, sizeof args, "eval --init '%s/ck/final.safetensors' %s", dir, data);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, "final.safetensors: test_acc ") &&
+              strstr(r->out, "on 52 test samples"), "%s", r->out);
+    /* found once the images are loaded: exit 1 */
+    snprintf(args, sizeof args, "%s --steps 1 --depth 4", data);
+    expect_runtime_error(NULL, args, "--model convnet --depth 4: each stage halves the image, and "
+                         "8x8 images take at most 3 stages");
+    snprintf(args, sizeof args, "%s --steps 1 --strategy sdp --workers 2 --oversubscribe", data);
+    expect_runtime_error(NULL, args, "--model convnet has none (use --subnet neuron)");
+    expect_runtime_error(NULL, "--model convnet --data synthetic --steps 1",
+                         "--model convnet takes images (C x H x W data), not 784 features");
+    expect_usage_error("--model convnet --hidden 8",
+                       "--hidden applies to --model resmlp, gpt only");
+    expect_usage_error("--model convnet --heads 2", "--heads applies to --model gpt only");
+    expect_usage_error("--model convnet --depth 12 --width 64",
+                       "its last stage would have more than 65536 channels");
+    free(r);
+    st_test_rmdir(dir);
+}
+
 /* --model gpt on a text file: a short run reports bits per byte and
  * tokens/s (and the metrics record its "text" object); its options are
  * refused where they do not apply. */

@@ -278,6 +278,90 @@ Test(config, rejects_bad_configs)
     st_arena_release(&arena);
 }
 
+/* ------------------------------------------------------------ the table of kinds */
+
+/* Every kind's name parses back to it, and the lists a front end prints
+ * (--help's, a message's "allowed: ...") are the table's names in order. */
+Test(kinds, names_parse_back_and_lists_follow_the_table)
+{
+    const int n = st_model_kind_count();
+    cr_assert_geq(n, 5);
+    char all[256], want[256] = "", text[64];
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        const st_model_kind k = st_model_kind_at(i);
+        st_model_kind back = (st_model_kind)-1;
+        OK(st_model_kind_parse(st_model_kind_name(k), &back));
+        cr_expect_eq(back, k, "%s parses to %d, not %d", st_model_kind_name(k), (int)back,
+                     (int)k);
+        len += (size_t)snprintf(want + len, sizeof want - len, "%s%s", i ? "|" : "",
+                                st_model_kind_name(k));
+    }
+    cr_expect_eq(st_model_kind_list(all, sizeof all, "|", -1), strlen(want));
+    cr_expect_str_eq(all, want);
+    cr_expect_eq(strncmp(all, "mlp|resmlp|resnet|resnet18|gpt", 30), 0, "%s", all);
+    /* clipped like snprintf, the length still the whole list's */
+    char small[8];
+    cr_expect_eq(st_model_kind_list(small, sizeof small, "|", -1), strlen(want));
+    cr_expect_str_eq(small, "mlp|res");
+    st_model_kind_list(text, sizeof text, ", ", ST_MODEL_READS_TEXT);
+    cr_expect_str_eq(text, "gpt");
+    st_model_kind x;
+    cr_expect_eq(st_model_kind_parse("vgg", &x), ST_ERR_INVALID);
+    cr_expect(strstr(st_last_error(), all) == NULL, "a message lists names with ', '");
+    st_model_kind_list(all, sizeof all, ", ", -1);
+    cr_expect(strstr(st_last_error(), all), "%s does not list %s", st_last_error(), all);
+    cr_expect_str_eq(st_model_kind_name((st_model_kind)1000), "unknown");
+    cr_expect(!st_model_kind_takes(ST_MODEL_RESNET18, ST_MODEL_OPT_DEPTH));
+    cr_expect(st_model_kind_takes(ST_MODEL_RESNET, ST_MODEL_OPT_DEPTH));
+    cr_expect(st_model_kind_takes(ST_MODEL_GPT, ST_MODEL_OPT_CONTEXT | ST_MODEL_OPT_HEADS));
+    cr_expect(!st_model_kind_takes(ST_MODEL_RESMLP, ST_MODEL_OPT_CONTEXT));
+}
+
+/* A front end's configuration: each kind's defaults fill what was not
+ * given, its checks refuse what it does not take, and the banner says
+ * what it is. */
+Test(kinds, resolve_fills_defaults_and_refuses_what_a_kind_does_not_take)
+{
+    char words[128];
+    st_model_config c = st_model_config_default();
+    OK(st_model_config_resolve(&c, 0));
+    st_model_config_describe(&c, words, sizeof words);
+    cr_expect_str_eq(words, "resmlp depth 4 width 256 hidden 256");
+
+    c = st_model_config_default();
+    c.kind = ST_MODEL_RESNET;
+    c.width = 32;
+    OK(st_model_config_resolve(&c, ST_MODEL_OPT_WIDTH));
+    cr_expect_eq(c.depth, 3);
+    cr_expect_eq(c.width, 32, "a width given stays");
+    cr_expect_eq(c.activation, ST_ACT_RELU);
+
+    c = st_model_config_default();
+    c.kind = ST_MODEL_GPT;
+    OK(st_model_config_resolve(&c, 0));
+    cr_expect(c.context == 128 && c.heads == 4 && c.in_dim == 128 && c.n_classes == 256);
+    OK(st_model_config_check(&c));
+    st_model_config_describe(&c, words, sizeof words);
+    cr_expect_str_eq(words, "gpt depth 4 width 256 heads 4 context 128 hidden 1024");
+    c.heads = 3;
+    cr_expect_eq(st_model_config_resolve(&c, ST_MODEL_OPT_HEADS), ST_ERR_INVALID);
+    cr_expect_str_eq(st_last_error(), "--heads 3 does not divide --width 256");
+
+    c = mlp_config(2, 8, ST_ACT_GELU);
+    c.hidden = 4;
+    cr_expect_eq(st_model_config_resolve(&c, ST_MODEL_OPT_HIDDEN), ST_ERR_INVALID);
+    cr_expect_str_eq(st_last_error(), "--hidden applies to resmlp only (mlp layers are --width "
+                                      "wide)");
+    c = resmlp_config(2, 8, 0, ST_ACT_GELU);
+    cr_expect_eq(st_model_config_resolve(&c, ST_MODEL_OPT_HEADS), ST_ERR_INVALID);
+    cr_expect_str_eq(st_last_error(), "--heads applies to --model gpt only");
+    c.context = c.in_dim = 5;
+    c.heads = 2;
+    cr_expect_eq(st_model_config_check(&c), ST_ERR_INVALID);
+    cr_expect_str_eq(st_last_error(), "a context of 5 tokens is for the gpt model");
+}
+
 /* ------------------------------------------------------------ FLOPs */
 
 /* Matrix-multiply FLOPs of one step, 2 per multiply-add: a linear layer

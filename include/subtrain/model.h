@@ -19,6 +19,9 @@
  *             and 3 with stride 2 and a 1x1 projection shortcut
  *             -> BN -> act -> global average pool -> linear(4 width, classes)
  *   resnet18: the same with 4 stages of 2 blocks (width .. 8 width)
+ *   convnet:  image C x H x W -> depth stages { conv 3x3 -> BN -> act ->
+ *             max pool 2x2 stride 2 }, width, 2 width, 4 width, ...
+ *             channels -> global average pool -> linear(.., classes)
  *   gpt:      T byte tokens -> token + position embedding (width D)
  *             -> depth pre-norm blocks { h += proj(attn(qkv(LN(h))));
  *             h += fc2(act(fc1(LN(h)))) }, heads H, MLP hidden 4 D
@@ -48,8 +51,23 @@ typedef enum st_model_kind {
     ST_MODEL_RESNET,      /* CIFAR family: 3 stages of depth blocks, width w, 2w, 4w */
     ST_MODEL_RESNET18,    /* 4 stages of 2 blocks, width w .. 8w */
     ST_MODEL_GPT,         /* byte-level causal transformer language model */
+    ST_MODEL_CONVNET,     /* plain convolutional network: conv-BN-act-max pool stages */
 } st_model_kind;
 typedef enum st_activation { ST_ACT_RELU, ST_ACT_GELU } st_activation;
+
+/* What a model kind reads (st_model_kind_reads): vectors of features (any
+ * data but text; images flattened), images (C x H x W, NCHW), or text
+ * (byte ids: a sequence model). */
+typedef enum st_model_reads {
+    ST_MODEL_READS_FEATURES, ST_MODEL_READS_IMAGES, ST_MODEL_READS_TEXT
+} st_model_reads;
+
+/* The model options of a front end (the command line's --depth, ...): the
+ * bits of st_model_kind_takes and of st_model_config_resolve's `given`. */
+enum {
+    ST_MODEL_OPT_DEPTH = 1u, ST_MODEL_OPT_WIDTH = 2u, ST_MODEL_OPT_HIDDEN = 4u,
+    ST_MODEL_OPT_ACTIVATION = 8u, ST_MODEL_OPT_CONTEXT = 16u, ST_MODEL_OPT_HEADS = 32u,
+};
 
 /* Arithmetic of the matrix products (doc/precision.md).  BF16: linear
  * and convolution layers multiply bf16 copies of their weights and inputs
@@ -192,7 +210,38 @@ int st_model_config_chained_ranges(const st_model_config *cfg, st_range *out, in
 /* Parameters of a model with this configuration (no model is built). */
 size_t st_model_config_param_count(const st_model_config *cfg);
 
+/* The model kinds are one table (nn/model.c), each entry defined by its
+ * file of src/nn/models/: how many there are, and the i-th in the order
+ * --help and messages list them, i in [0, count). */
+int st_model_kind_count(void);
+st_model_kind st_model_kind_at(int i);
+/* "unknown" for a value no entry has. */
 const char *st_model_kind_name(st_model_kind kind);
+/* What --help says of the kind after the list of names ("resnet:
+ * pre-activation ResNet of 3 stages ..."); NULL when nothing. */
+const char *st_model_kind_help(st_model_kind kind);
+st_model_reads st_model_kind_reads(st_model_kind kind);
+/* Whether the kind takes a model option (ST_MODEL_OPT_*): --hidden,
+ * --context, --heads only some; --depth all but resnet18 (whose depth is
+ * fixed: a front end accepts and ignores it, as --width and --activation
+ * are accepted by every kind). */
+int st_model_kind_takes(st_model_kind kind, unsigned option);
+/* The names of the kinds that read `reads` (an st_model_reads; -1: every
+ * kind), in table order, joined by sep: "mlp|resmlp|resnet|resnet18|gpt".
+ * Like snprintf, returns the length the whole list needs. */
+size_t st_model_kind_list(char *buf, size_t n, const char *sep, int reads);
+/* A configuration as a front end gives it: the kind's defaults of the
+ * options not given (the ST_MODEL_OPT_* bits of `given`; resnet: --depth
+ * 3 --width 16 relu; gpt: --context 128 --heads 4, a byte id per token,
+ * 256 classes), then its checks of those given, in the front end's words:
+ * ST_ERR_INVALID with "--hidden applies to resmlp only (...)", "--context
+ * applies to --model gpt only", "--heads 3 does not divide --width 256". */
+st_status st_model_config_resolve(st_model_config *cfg, unsigned given);
+/* The model in a run's banner, its kind's words: "resmlp depth 4 width
+ * 256 hidden 256", "gpt depth 4 width 256 heads 4 context 128 hidden
+ * 1024".  Like snprintf, returns the length the whole text needs. */
+size_t st_model_config_describe(const st_model_config *cfg, char *buf, size_t n);
+
 const char *st_activation_name(st_activation act);
 const char *st_precision_name(st_precision p);
 st_status st_precision_parse(const char *name, st_precision *out);

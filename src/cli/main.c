@@ -112,13 +112,9 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
 {
     const st_train_config *t = &o->train;
     const st_model_config *m = &t->model;
-    printf("subtrain %s: %s depth %d width %d", PACKAGE_VERSION, st_model_kind_name(m->kind),
-           m->depth, m->width);
-    if (m->kind == ST_MODEL_RESMLP)
-        printf(" hidden %d", m->hidden ? m->hidden : m->width);
-    if (m->kind == ST_MODEL_GPT)
-        printf(" heads %d context %d hidden %d", m->heads, m->context,
-               m->hidden ? m->hidden : 4 * m->width);
+    char model[256];
+    st_model_config_describe(m, model, sizeof model);
+    printf("subtrain %s: %s", PACKAGE_VERSION, model);
     if (m->precision != ST_PRECISION_FP32)
         printf(" %s", st_precision_name(m->precision));
     printf(" %s | %s lr %g wd %g %s | batch %d, ", st_activation_name(m->activation),

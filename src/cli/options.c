@@ -184,6 +184,46 @@ static void print_strategies(FILE *f)
         }
 }
 
+/* One paragraph of --help's option text: from column 25, words moved to
+ * the next line past column 79. */
+static void print_wrapped(FILE *f, const char *text)
+{
+    const int indent = 25, last = 79;
+    int col = 0;
+    for (const char *p = text; *p;) {
+        const size_t len = strcspn(p, " ");
+        if (col > indent && col + 1 + (int)len > last) {
+            fputc('\n', f);
+            col = 0;
+        }
+        if (col == 0)
+            col = fprintf(f, "%*s", indent, "");
+        else
+            col += fprintf(f, " ");
+        col += fprintf(f, "%.*s", (int)len, p);
+        p += len;
+        p += strspn(p, " ");
+    }
+    fputc('\n', f);
+}
+
+/* --model: the names and what each kind says of itself, from the library's
+ * table of model kinds. */
+static void print_model_help(FILE *f)
+{
+    char names[256], text[2048];
+    st_model_kind_list(names, sizeof names, "|", -1);
+    fprintf(f, "  --model %s\n", names);
+    size_t len = (size_t)snprintf(text, sizeof text, "architecture (default %s)",
+                                  st_model_kind_name(st_model_config_default().kind));
+    for (int i = 0; i < st_model_kind_count() && len < sizeof text; i++) {
+        const char *help = st_model_kind_help(st_model_kind_at(i));
+        if (help)
+            len += (size_t)snprintf(text + len, sizeof text - len, "; %s", help);
+    }
+    print_wrapped(f, text);
+}
+
 void st_cli_print_help(FILE *f)
 {
     fputs(
@@ -234,13 +274,9 @@ void st_cli_print_help(FILE *f)
 "                         1048576; 0: all of them)\n"
 "  --epoch-windows N      text: training windows per epoch (default: the training\n"
 "                         bytes / context, about one pass)\n"
-"Model:\n"
-"  --model mlp|resmlp|resnet|resnet18|gpt\n"
-"                         architecture (default resmlp); resnet: pre-activation\n"
-"                         ResNet of 3 stages (CIFAR family), resnet18: 4 stages\n"
-"                         of 2 blocks; both take image data (C x H x W); gpt: a\n"
-"                         byte-level causal transformer of pre-norm blocks\n"
-"                         (attention, GELU MLP of 4 x width), text data\n"
+"Model:\n", f);
+    print_model_help(f);
+    fputs(
 "  --depth N              hidden layers (mlp), residual blocks (resmlp) or blocks\n"
 "                         per stage (resnet) (default 4; resnet 3)\n"
 "  --width N              hidden / residual width, channels of a resnet's first\n"
@@ -990,51 +1026,38 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     if (o->train.topology)
         return st_cli_fail(err, n, "--topology describes another machine and is for 'subtrain topo'; "
                     "training runs on this machine");
-    if (o->train.model.kind == ST_MODEL_MLP && o->train.model.hidden)
-        return st_cli_fail(err, n, "--hidden applies to resmlp only (mlp layers are --width wide)");
-    const int cnn = o->train.model.kind == ST_MODEL_RESNET ||
-                    o->train.model.kind == ST_MODEL_RESNET18;
-    if (cnn) {
-        /* a CIFAR ResNet-20-like default: 3 blocks per stage, 16 channels
-         * first; ResNets use ReLU unless asked otherwise */
-        if (!saw.depth)
-            o->train.model.depth = 3;
-        if (!saw.width)
-            o->train.model.width = 16;
-        if (!saw.activation)
-            o->train.model.activation = ST_ACT_RELU;
-        if (o->train.model.hidden)
-            return st_cli_fail(err, n, "--hidden applies to resmlp only (a resnet's blocks are as "
-                        "wide as their stage)");
-    }
-    const int gpt = o->train.model.kind == ST_MODEL_GPT;
+    /* what the model reads: a language model text, the others anything else */
+    st_model_config *mc = &o->train.model;
+    const char *model = st_model_kind_name(mc->kind);
     const int text = o->data_spec.kind == ST_CLI_DATA_TEXT;
-    if (gpt != text)
-        return st_cli_fail(err, n, gpt ? "--model gpt is a language model: it needs --data text:FILE"
-                                : "--data text:FILE is for --model gpt (a language model)");
+    const int reads_text = st_model_kind_reads(mc->kind) == ST_MODEL_READS_TEXT;
+    char lm[128];
+    st_model_kind_list(lm, sizeof lm, ", ", ST_MODEL_READS_TEXT);
+    if (reads_text != text)
+        return st_cli_fail(err, n, reads_text ? "--model %s is a language model: it needs --data "
+                                                "text:FILE"
+                                              : "--data text:FILE is for --model %s (a language "
+                                                "model)", reads_text ? model : lm);
     if (saw.text_option && !text)
         return st_cli_fail(err, n, "%s applies to --data text:FILE only", saw.text_option);
-    if (o->sample && !gpt)
-        return st_cli_fail(err, n, "--sample applies to --model gpt only");
+    if (o->sample && !reads_text)
+        return st_cli_fail(err, n, "--sample applies to --model %s only", lm);
     if (saw.sample_option && !o->sample)
         return st_cli_fail(err, n, "%s applies to --sample N only (N >= 1 bytes to generate)",
                     saw.sample_option);
-    if ((saw.context || saw.heads) && !gpt)
-        return st_cli_fail(err, n, "%s applies to --model gpt only", saw.context ? "--context"
-                                                                           : "--heads");
-    if (gpt) {
-        /* about 3M parameters: 4 blocks of width 256, 4 heads, 128 bytes */
-        if (!saw.context)
-            o->train.model.context = 128;
-        if (!saw.heads)
-            o->train.model.heads = 4;
-        o->train.model.in_dim = o->train.model.context;   /* a byte id per token */
-        o->train.model.n_classes = 256;
-        if (o->train.model.width % o->train.model.heads)
-            return st_cli_fail(err, n, "--heads %d does not divide --width %d", o->train.model.heads,
-                        o->train.model.width);
-        const int head = o->train.model.width / o->train.model.heads;
-        if (!saw.neuron_group)   /* a unit is one head (and that many MLP neurons) */
+    /* the kind's defaults of the options not given and its checks of those
+     * given: its entry in the library's table of models */
+    const unsigned opts = (saw.depth ? ST_MODEL_OPT_DEPTH : 0u) |
+                          (saw.width ? ST_MODEL_OPT_WIDTH : 0u) |
+                          (mc->hidden ? ST_MODEL_OPT_HIDDEN : 0u) |
+                          (saw.activation ? ST_MODEL_OPT_ACTIVATION : 0u) |
+                          (saw.context ? ST_MODEL_OPT_CONTEXT : 0u) |
+                          (saw.heads ? ST_MODEL_OPT_HEADS : 0u);
+    if (st_model_config_resolve(mc, opts) != ST_OK)
+        return st_cli_fail(err, n, "%s", st_last_error());
+    if (mc->heads > 0) {   /* attention: a unit is one head (and that many MLP neurons) */
+        const int head = mc->width / mc->heads;
+        if (!saw.neuron_group)
             o->train.neuron_group = head;
     }
     if (o->action == ST_CLI_EVAL && !o->init_path)
@@ -1116,14 +1139,13 @@ static void strategy_value(const st_strategy_option *first, const st_train_confi
  * default where that is not a value of its own (derived from other
  * options or from the data: --hidden, --warmup, --branch-scale, ...), for
  * nothing given (--metrics, --checkpoint, ...), or where the option does
- * not apply (--context without gpt, synth's options without synth):
- * giving them there is an error. */
+ * not apply (--context of a model that takes none, synth's options
+ * without synth): giving them there is an error. */
 static void option_value(int c, const st_cli_options *o, char *v, size_t n)
 {
     const st_train_config *t = &o->train;
     const st_model_config *m = &t->model;
-    const int gpt = m->kind == ST_MODEL_GPT, text = o->data_spec.kind == ST_CLI_DATA_TEXT;
-    const int sample = o->sample > 0;
+    const int text = o->data_spec.kind == ST_CLI_DATA_TEXT, sample = o->sample > 0;
     static const char *const progress[] = { "auto", "bar", "plain", "none" };
     v[0] = '\0';
     if (c >= OPT_STRATEGY_OPTION) {
@@ -1134,8 +1156,8 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
     case OPT_DATA: snprintf(v, n, "%s", o->data); break;
     case OPT_AUGMENT_CROP: snprintf(v, n, "%u", o->augment.crop); break;
     case OPT_AUGMENT_FLIP: flag_text(o->augment.flip, v, n); break;
-    case OPT_CONTEXT: if (gpt) snprintf(v, n, "%d", m->context); break;
-    case OPT_HEADS: if (gpt) snprintf(v, n, "%d", m->heads); break;
+    case OPT_CONTEXT: if (m->context) snprintf(v, n, "%d", m->context); break;
+    case OPT_HEADS: if (m->heads) snprintf(v, n, "%d", m->heads); break;
     case OPT_HOLDOUT: if (text) float_text(o->holdout, v, n); break;
     case OPT_VAL_BYTES: if (text) snprintf(v, n, "%llu", (unsigned long long)o->val_bytes); break;
     case OPT_EPOCH_WINDOWS:

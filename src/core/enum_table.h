@@ -6,10 +6,13 @@
  * printed, the names accepted and the names listed in an error message
  * cannot disagree:
  *
- *   static const st_enum_entry model_entries[] = {
- *       { "mlp", ST_MODEL_MLP }, { "resmlp", ST_MODEL_RESMLP },
+ *   static const st_enum_entry activation_entries[] = {
+ *       { "relu", ST_ACT_RELU }, { "gelu", ST_ACT_GELU },
  *   };
- *   static const st_enum_table model_table = ST_ENUM_TABLE("model", model_entries);
+ *   static const st_enum_table activations = ST_ENUM_TABLE("activation", activation_entries);
+ *
+ * (The model kinds' names are their entries' in nn/model.c's table, parsed
+ * through the same lookup.)
  *
  * A value's name is its first entry; later entries with the same value are
  * aliases: accepted by the parser, never printed or listed.

@@ -188,33 +188,34 @@ struct st_model {
 
 /* ------------------------------------------------------------ builders */
 
-/* A model kind: one file in src/nn/models/ plus an entry in model.c's
- * table.  `declare` appends the full model's tensors and layers. */
+/* A model kind: one file of src/nn/models/ defines its entry, model.c's
+ * table lists it.  The entry is everything the library and a front end
+ * (the command line) know of the kind: its name and what --help says of
+ * it, what it reads, the options it takes, their defaults, its checks,
+ * its banner words and its declaration. */
 typedef struct st_model_builder {
     st_model_kind kind;
+    const char *name;              /* --model NAME; a weights file's subtrain.model */
+    const char *help;              /* --help's words on it, NULL: none */
+    st_model_reads reads;
+    unsigned options;              /* the ST_MODEL_OPT_* it takes */
+    /* The defaults of the options not given (ST_MODEL_OPT_* bits of
+     * `given`) where they differ from st_model_config_default()'s, and
+     * fields they imply (gpt: in_dim, n_classes); NULL: none. */
+    void (*defaults)(st_model_config *c, unsigned given);
+    /* The options given that it refuses with words of its own, or sizes
+     * it cannot take, as usage errors naming the option; NULL: none.
+     * (An option it does not take is refused by model.c otherwise.) */
+    st_status (*check_options)(const st_model_config *c, unsigned given);
+    /* Checks of a whole configuration beyond the fields every model
+     * checks (st_model_config_check); NULL: none. */
+    st_status (*check)(const st_model_config *c);
+    /* The banner's words after "NAME depth D width W" (" hidden 256"),
+     * into out (n bytes); NULL: none. */
+    void (*describe)(const st_model_config *c, char *out, size_t n);
+    /* Appends the full model's tensors and layers. */
     st_model_declare_fn declare;
 } st_model_builder;
-
-st_status st_model_declare_mlp(st_model *m);     /* nn/models/mlp.c */
-st_status st_model_declare_resmlp(st_model *m);  /* nn/models/resmlp.c */
-st_status st_model_declare_resnet(st_model *m);  /* nn/models/resnet.c */
-st_status st_model_declare_resnet18(st_model *m);
-st_status st_model_declare_gpt(st_model *m);     /* nn/models/gpt.c */
-
-/* The gradient tensors a pre-norm MLP branch writes and reads: the
- * stream's dh (accumulated), the norm's dtmp, dn (width W), and da, dz
- * (width H, the branch's width layer or a widest scratch). */
-typedef struct st_mlp_grads {
-    int dh, dtmp, dn, da, dz;
-} st_mlp_grads;
-
-/* nn/models/mlp_branch.c: appends out = h + fc2(act(fc1(LN(h)))) to the
- * open group: a skip layer, the norm "<prefix>.<ln>", "<prefix>.fc1"
- * (W -> H, its outputs width layer u) and "<prefix>.fc2" (H -> W, stored
- * in-major, adding the skip, closing the group's branch).  Returns out,
- * ST_T_NONE when out of memory. */
-int st_graph_mlp_branch(st_model *m, const char *prefix, const char *ln, int h, int u,
-                        int64_t W, int64_t H, st_activation act, const st_mlp_grads *d);
 
 /* A new tensor of `cols` full columns (width: ST_W_FULL, ST_W_WIDEST or a
  * width layer), written by the open group if any; its id. */

@@ -18,26 +18,142 @@
 
 #include <subtrain/rng.h>
 
+#include "core/enum_table.h"
 #include "core/rng_streams.h"
 #include "nn/graph.h"
 
 /* ------------------------------------------------------------ model kinds */
 
-/* One entry per model kind: its builder lives in src/nn/models/. */
-static const st_model_builder model_kinds[] = {
-    { ST_MODEL_MLP, st_model_declare_mlp },
-    { ST_MODEL_RESMLP, st_model_declare_resmlp },
-    { ST_MODEL_RESNET, st_model_declare_resnet },
-    { ST_MODEL_RESNET18, st_model_declare_resnet18 },
-    { ST_MODEL_GPT, st_model_declare_gpt },
+/* The model kinds, in the order --help and messages list them: each entry
+ * is defined by its file of src/nn/models/. */
+extern const st_model_builder st_model_mlp, st_model_resmlp, st_model_resnet, st_model_resnet18,
+    st_model_gpt, st_model_convnet;
+static const st_model_builder *const model_kinds[] = {
+    &st_model_mlp, &st_model_resmlp, &st_model_resnet, &st_model_resnet18, &st_model_gpt,
+    &st_model_convnet,
 };
+#define N_KINDS ((int)(sizeof model_kinds / sizeof model_kinds[0]))
 
 static const st_model_builder *builder_of(st_model_kind kind)
 {
-    for (size_t i = 0; i < sizeof model_kinds / sizeof model_kinds[0]; i++)
-        if (model_kinds[i].kind == kind)
-            return &model_kinds[i];
+    for (int i = 0; i < N_KINDS; i++)
+        if (model_kinds[i]->kind == kind)
+            return model_kinds[i];
     return NULL;
+}
+
+int st_model_kind_count(void) { return N_KINDS; }
+
+st_model_kind st_model_kind_at(int i)
+{
+    return i >= 0 && i < N_KINDS ? model_kinds[i]->kind : (st_model_kind)-1;
+}
+
+const char *st_model_kind_name(st_model_kind kind)
+{
+    const st_model_builder *b = builder_of(kind);
+    return b ? b->name : "unknown";
+}
+
+const char *st_model_kind_help(st_model_kind kind)
+{
+    const st_model_builder *b = builder_of(kind);
+    return b ? b->help : NULL;
+}
+
+st_model_reads st_model_kind_reads(st_model_kind kind)
+{
+    const st_model_builder *b = builder_of(kind);
+    return b ? b->reads : ST_MODEL_READS_FEATURES;
+}
+
+int st_model_kind_takes(st_model_kind kind, unsigned option)
+{
+    const st_model_builder *b = builder_of(kind);
+    return b && (b->options & option) == option;
+}
+
+/* The names as an enum table: parsing and its message are every enum's
+ * (core/enum_table.h). */
+static st_enum_table kind_names(st_enum_entry *entries)
+{
+    for (int i = 0; i < N_KINDS; i++)
+        entries[i] = (st_enum_entry){ model_kinds[i]->name, (int)model_kinds[i]->kind };
+    return (st_enum_table){ "model", entries, (size_t)N_KINDS };
+}
+
+st_status st_model_kind_parse(const char *name, st_model_kind *out)
+{
+    st_enum_entry entries[N_KINDS];
+    const st_enum_table t = kind_names(entries);
+    int v;
+    ST_TRY(st_enum_parse(&t, name, &v));
+    *out = (st_model_kind)v;
+    return ST_OK;
+}
+
+size_t st_model_kind_list(char *buf, size_t n, const char *sep, int reads)
+{
+    size_t len = 0;
+    if (n > 0)
+        buf[0] = '\0';
+    for (int i = 0; i < N_KINDS; i++) {
+        if (reads >= 0 && model_kinds[i]->reads != (st_model_reads)reads)
+            continue;
+        const int k = snprintf(len < n ? buf + len : NULL, len < n ? n - len : 0, "%s%s",
+                               len ? sep : "", model_kinds[i]->name);
+        len += k > 0 ? (size_t)k : 0;
+    }
+    return len;
+}
+
+/* The options some kinds do not take, as a front end names them (every
+ * kind accepts --depth, --width and --activation). */
+static const struct { unsigned bit; const char *option; } optional[] = {
+    { ST_MODEL_OPT_HIDDEN, "--hidden" },
+    { ST_MODEL_OPT_CONTEXT, "--context" },
+    { ST_MODEL_OPT_HEADS, "--heads" },
+};
+
+/* "gpt" ("resmlp, gpt" for --hidden): the kinds that take an option. */
+static void kinds_taking(unsigned option, char *buf, size_t n)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < N_KINDS && len < n; i++)
+        if (model_kinds[i]->options & option)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s", len ? ", " : "",
+                                    model_kinds[i]->name);
+}
+
+st_status st_model_config_resolve(st_model_config *c, unsigned given)
+{
+    const st_model_builder *b = builder_of(c->kind);
+    if (!b)
+        return st_fail(ST_ERR_INVALID, "model: unknown kind %d", (int)c->kind);
+    if (b->defaults)
+        b->defaults(c, given);
+    if (b->check_options)
+        ST_TRY(b->check_options(c, given));
+    for (size_t k = 0; k < sizeof optional / sizeof optional[0]; k++)
+        if ((given & optional[k].bit) && !(b->options & optional[k].bit)) {
+            char names[128];
+            kinds_taking(optional[k].bit, names, sizeof names);
+            return st_fail(ST_ERR_INVALID, "%s applies to --model %s only", optional[k].option,
+                           names);
+        }
+    return ST_OK;
+}
+
+size_t st_model_config_describe(const st_model_config *c, char *buf, size_t n)
+{
+    const st_model_builder *b = builder_of(c->kind);
+    char own[128] = "";
+    if (b && b->describe)
+        b->describe(c, own, sizeof own);
+    const int k = snprintf(buf, n, "%s depth %d width %d%s", st_model_kind_name(c->kind),
+                           c->depth, c->width, own);
+    return k > 0 ? (size_t)k : 0;
 }
 
 /* ------------------------------------------------------------ config */
@@ -99,15 +215,27 @@ static st_status check_fields(const st_model_config *c)
 
 st_status st_model_config_check(const st_model_config *c)
 {
-    if (!builder_of(c->kind))
-        return st_fail(ST_ERR_INVALID, "model: unknown kind %d (allowed: mlp, resmlp, resnet, "
-                       "resnet18, gpt)", (int)c->kind);
+    const st_model_builder *b = builder_of(c->kind);
+    if (!b) {
+        char names[256];
+        st_model_kind_list(names, sizeof names, ", ", -1);
+        return st_fail(ST_ERR_INVALID, "model: unknown kind %d (allowed: %s)", (int)c->kind,
+                       names);
+    }
     ST_TRY(check_fields(c));
-    if ((c->kind == ST_MODEL_GPT) != (c->context > 0))
-        return st_fail(ST_ERR_INVALID, c->context ? "a context of %d tokens is for the gpt model"
-                                                  : "the gpt model needs a context (tokens "
-                                                    "per sample), got %d", c->context);
-    return check_subnet(c, builder_of(c->kind)->declare);
+    /* a sequence model is one that takes a context, and it needs one */
+    if (!(b->options & ST_MODEL_OPT_CONTEXT) && c->context > 0) {
+        char names[128];
+        kinds_taking(ST_MODEL_OPT_CONTEXT, names, sizeof names);
+        return st_fail(ST_ERR_INVALID, "a context of %d tokens is for the %s model", c->context,
+                       names);
+    }
+    if ((b->options & ST_MODEL_OPT_CONTEXT) && c->context < 1)
+        return st_fail(ST_ERR_INVALID, "the %s model needs a context (tokens per sample), got %d",
+                       b->name, c->context);
+    if (b->check)
+        ST_TRY(b->check(c));
+    return check_subnet(c, b->declare);
 }
 
 /* The subnetwork against the units the full model's layers declare. */
@@ -142,9 +270,10 @@ static st_status check_subnet(const st_model_config *c, st_model_declare_fn decl
                     "width layers and the kept groups of every layer");
     if (s == ST_OK && by_width && c->context && c->heads > 0 &&
         u->unit_size % (c->width / c->heads) != 0)
-        s = st_fail(ST_ERR_INVALID, "neuron units of gpt are whole attention heads: the neuron "
+        s = st_fail(ST_ERR_INVALID, "neuron units of %s are whole attention heads: the neuron "
                     "group %d is not a multiple of the head size %d (width %d / %d heads)",
-                    u->unit_size, c->width / c->heads, c->width, c->heads);
+                    st_model_kind_name(c->kind), u->unit_size, c->width / c->heads, c->width,
+                    c->heads);
     const int *g = u->width_kept;
     for (int l = 0; s == ST_OK && by_width && l < U; l++) {
         const int groups = (int)((m.keep[l].full + u->unit_size - 1) / u->unit_size);

@@ -1,17 +1,9 @@
-/* nn/model_enums.c — names of the model kinds and activations. */
+/* nn/model_enums.c — names of the activations and precisions (the model
+ * kinds' are their entries', nn/model.c). */
 #include <subtrain/model.h>
 
 #include "core/enum_table.h"
 #include "core/error.h"
-
-static const st_enum_entry model_kind_entries[] = {
-    { "mlp", ST_MODEL_MLP },
-    { "resmlp", ST_MODEL_RESMLP },
-    { "resnet", ST_MODEL_RESNET },
-    { "resnet18", ST_MODEL_RESNET18 },
-    { "gpt", ST_MODEL_GPT },
-};
-static const st_enum_table model_kinds = ST_ENUM_TABLE("model", model_kind_entries);
 
 static const st_enum_entry activation_entries[] = {
     { "relu", ST_ACT_RELU },
@@ -24,19 +16,6 @@ static const st_enum_entry precision_entries[] = {
     { "bf16", ST_PRECISION_BF16 },
 };
 static const st_enum_table precisions = ST_ENUM_TABLE("precision", precision_entries);
-
-const char *st_model_kind_name(st_model_kind kind)
-{
-    return st_enum_name(&model_kinds, (int)kind);
-}
-
-st_status st_model_kind_parse(const char *name, st_model_kind *out)
-{
-    int v;
-    ST_TRY(st_enum_parse(&model_kinds, name, &v));
-    *out = (st_model_kind)v;
-    return ST_OK;
-}
 
 const char *st_activation_name(st_activation act)
 {

@@ -41,10 +41,10 @@ int st_subnets_unheld_ranges(const subnets *s, const run_shared *r, st_range *ou
     return s->unheld_possible ? st_model_config_chained_ranges(&r->cfg->model, out, cap) : 0;
 }
 
-/* "--model resmlp --depth 4" (resnet18's depth is fixed) */
+/* "--model resmlp --depth 4" ("--model resnet18": a kind whose depth is fixed) */
 static void model_words(const st_model_config *m, char *out, size_t size)
 {
-    if (m->kind == ST_MODEL_RESNET18)
+    if (!st_model_kind_takes(m->kind, ST_MODEL_OPT_DEPTH))
         snprintf(out, size, "--model %s", st_model_kind_name(m->kind));
     else
         snprintf(out, size, "--model %s --depth %d", st_model_kind_name(m->kind), m->depth);

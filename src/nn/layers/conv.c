@@ -371,11 +371,21 @@ static int32_t *channel_columns(const st_neuron_sel *sel, int64_t K2)
     return ids;
 }
 
+/* Backward masking: the input unit whose kept channels' columns get a
+ * gradient, when the output unit does not decide (a convolution from one
+ * width layer to another keeps whole rows, as a linear layer does, so
+ * that every element has a holder). */
+static int grad_col_unit(const st_layer *l)
+{
+    return l->out_unit >= 0 ? ST_W_FULL : l->in_unit;
+}
+
 /* The weight (OC, IC KH KW) as a matrix whose rows are output channels
  * (a kept output channel: its row) and whose columns come kernel^2 per
  * input channel (a kept input channel: its kernel^2 columns).  Backward
- * masking: the same rows (output unit) and columns (input unit) are the
- * ones with a gradient; the weight stays whole and stored OIHW. */
+ * masking: the same rows (output unit), or columns (input unit, without
+ * an output unit), are the ones with a gradient; the weight stays whole
+ * and stored OIHW. */
 static st_status conv_layout(st_model *m, st_layer *l)
 {
     const int64_t K2 = (int64_t)l->kernel * l->kernel;
@@ -383,7 +393,7 @@ static st_status conv_layout(st_model *m, st_layer *l)
     const st_neuron_sel *in = st_graph_sel(m, l->in_unit, l->in, &tin);
     const st_neuron_sel *out = st_graph_sel(m, l->out_unit, l->out, &tout);
     const st_neuron_sel *grad_out = st_graph_grad_sel(m, l->out_unit);
-    const st_neuron_sel *grad_in = st_graph_grad_sel(m, l->in_unit);
+    const st_neuron_sel *grad_in = st_graph_grad_sel(m, grad_col_unit(l));
     if (in->ids && !m->layout_skip && !l->col_ids && !(l->col_ids = channel_columns(in, K2)))
         return st_fail(ST_ERR_NOMEM, "out of memory laying out %s", l->name);
     if (grad_in && grad_in->ids && !m->layout_skip && !l->grad_col_ids &&
@@ -477,7 +487,7 @@ static st_status conv_build(st_model *m, st_layer *l)
         l->gather_src[0] = io.dw;
         l->gather_src[1] = io.db;
         l->gather_rows = st_graph_grad_runs(m, l->out_unit, &l->n_gather_rows);
-        l->gather_cols = st_graph_grad_runs(m, l->in_unit, &l->n_gather_cols);
+        l->gather_cols = st_graph_grad_runs(m, grad_col_unit(l), &l->n_gather_cols);
     }
     return st_conv_build(&m->ctx, &l->u.conv, &sh, &io);
 }

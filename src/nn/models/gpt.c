@@ -29,9 +29,11 @@
  */
 #include <stdio.h>
 
-#include "nn/graph.h"
+#include "nn/mlp_branch.h"
 
-st_status st_model_declare_gpt(st_model *m)
+#define VOCAB 256   /* byte ids in, the next byte out */
+
+static st_status declare(st_model *m)
 {
     const st_model_config *c = &m->cfg;
     const int64_t D = c->width, F = c->hidden > 0 ? c->hidden : 4 * (int64_t)c->width;
@@ -93,3 +95,40 @@ st_status st_model_declare_gpt(st_model *m)
 oom:
     return st_fail(ST_ERR_NOMEM, "out of memory declaring the gpt model");
 }
+
+/* About 3M parameters: 4 blocks of width 256, 4 heads, 128 bytes. */
+static void defaults(st_model_config *c, unsigned given)
+{
+    if (!(given & ST_MODEL_OPT_CONTEXT))
+        c->context = 128;
+    if (!(given & ST_MODEL_OPT_HEADS))
+        c->heads = 4;
+    c->in_dim = c->context;   /* a byte id per token */
+    c->n_classes = VOCAB;
+}
+
+static st_status check_options(const st_model_config *c, unsigned given)
+{
+    (void)given;
+    if (c->width % c->heads)
+        return st_fail(ST_ERR_INVALID, "--heads %d does not divide --width %d", c->heads,
+                       c->width);
+    return ST_OK;
+}
+
+static void describe(const st_model_config *c, char *out, size_t n)
+{
+    snprintf(out, n, " heads %d context %d hidden %d", c->heads, c->context,
+             c->hidden ? c->hidden : 4 * c->width);
+}
+
+const st_model_builder st_model_gpt = {
+    .kind = ST_MODEL_GPT, .name = "gpt",
+    .help = "gpt: a byte-level causal transformer of pre-norm blocks (attention, GELU MLP of "
+            "4 x width), text data",
+    .reads = ST_MODEL_READS_TEXT,
+    .options = ST_MODEL_OPT_DEPTH | ST_MODEL_OPT_WIDTH | ST_MODEL_OPT_HIDDEN |
+               ST_MODEL_OPT_ACTIVATION | ST_MODEL_OPT_CONTEXT | ST_MODEL_OPT_HEADS,
+    .defaults = defaults, .check_options = check_options, .describe = describe,
+    .declare = declare,
+};

@@ -14,7 +14,7 @@
 
 #include "nn/graph.h"
 
-st_status st_model_declare_mlp(st_model *m)
+static st_status declare(st_model *m)
 {
     const st_model_config *c = &m->cfg;
     const int L = c->depth;
@@ -45,3 +45,18 @@ st_status st_model_declare_mlp(st_model *m)
     head->in_unit = L - 1;
     return ST_OK;
 }
+
+static st_status check_options(const st_model_config *c, unsigned given)
+{
+    (void)c;
+    if (given & ST_MODEL_OPT_HIDDEN)
+        return st_fail(ST_ERR_INVALID, "--hidden applies to resmlp only (mlp layers are --width "
+                       "wide)");
+    return ST_OK;
+}
+
+const st_model_builder st_model_mlp = {
+    .kind = ST_MODEL_MLP, .name = "mlp", .reads = ST_MODEL_READS_FEATURES,
+    .options = ST_MODEL_OPT_DEPTH | ST_MODEL_OPT_WIDTH | ST_MODEL_OPT_ACTIVATION,
+    .check_options = check_options, .declare = declare,
+};

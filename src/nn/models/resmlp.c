@@ -18,9 +18,9 @@
  */
 #include <stdio.h>
 
-#include "nn/graph.h"
+#include "nn/mlp_branch.h"
 
-st_status st_model_declare_resmlp(st_model *m)
+static st_status declare(st_model *m)
 {
     const st_model_config *c = &m->cfg;
     const int64_t W = c->width, H = c->hidden > 0 ? c->hidden : c->width;
@@ -52,3 +52,15 @@ st_status st_model_declare_resmlp(st_model *m)
 oom:
     return st_fail(ST_ERR_NOMEM, "out of memory declaring the resmlp");
 }
+
+static void describe(const st_model_config *c, char *out, size_t n)
+{
+    snprintf(out, n, " hidden %d", c->hidden ? c->hidden : c->width);
+}
+
+const st_model_builder st_model_resmlp = {
+    .kind = ST_MODEL_RESMLP, .name = "resmlp", .reads = ST_MODEL_READS_FEATURES,
+    .options = ST_MODEL_OPT_DEPTH | ST_MODEL_OPT_WIDTH | ST_MODEL_OPT_HIDDEN |
+               ST_MODEL_OPT_ACTIVATION,
+    .describe = describe, .declare = declare,
+};

@@ -26,7 +26,7 @@
  */
 #include <stdio.h>
 
-#include "nn/graph.h"
+#include "nn/conv_block.h"
 
 /* The gradients one stage's blocks share (full width: a subnetwork's
  * kept channels use a prefix). */
@@ -39,50 +39,6 @@ static int image(st_model *m, int64_t c, int64_t h, int64_t w, int unit, int *ok
     const int t = st_graph_image(m, c, h, w, unit);
     *ok = *ok && t >= 0;
     return t;
-}
-
-static st_layer *conv(st_model *m, const char *name, int x, int y, int dx, int dy, int64_t in,
-                      int64_t out, int kernel, int stride)
-{
-    st_layer *l = st_graph_add(m, &st_layer_conv, name, x, y, dx, dy);
-    if (l) {
-        l->in = in;
-        l->out = out;
-        l->kernel = kernel;
-        l->stride = stride;
-        l->pad = kernel / 2;
-    }
-    return l;
-}
-
-/* BN -> activation from x to y.  A ReLU is fused into the batch norm (the
- * primitive's fuse_norm_relu: one pass over the tensor fewer each way, and
- * no pre-activation tensor kept: faster, doc/benchmarks.md);
- * another activation is a layer of its own through mid. */
-static st_layer *bn_relu(st_model *m, const char *name, int x, int y, int dx, int dy, int mid,
-                         int dmid, int64_t c, int unit, int *ok)
-{
-    const st_activation act = st_model_get_config(m)->activation;
-    const int fuse = act == ST_ACT_RELU;
-    st_layer *n = st_graph_add(m, &st_layer_batchnorm, name, x, fuse ? y : mid, dx,
-                               fuse ? dy : dmid);
-    if (!n) {
-        *ok = 0;
-        return NULL;
-    }
-    n->in = n->out = c;
-    n->in_unit = n->out_unit = unit;
-    n->fuse_relu = fuse;
-    if (fuse)
-        return n;
-    st_layer *r = st_graph_add(m, &st_layer_activation, "act", mid, y, dmid, dy);
-    if (!r) {
-        *ok = 0;
-        return NULL;
-    }
-    r->in_unit = r->out_unit = unit;
-    r->activation = act;
-    return r;
 }
 
 /* One block from h (cin x H x W) to a new tensor (c x H/stride x W/stride):
@@ -106,7 +62,8 @@ static int block(st_model *m, int h, int64_t cin, int64_t c, int64_t H, int64_t 
         *ok = 0;
     const int a0 = image(m, cin, H, W, ST_W_FULL, ok), p = image(m, cin, H, W, ST_W_FULL, ok);
     snprintf(name, sizeof name, "%s.bn0", prefix);
-    bn_relu(m, name, h, p, a0_dx, pre->dp, a0, pre->da0, cin, ST_W_FULL, ok);
+    if (!st_graph_bn_act(m, name, h, p, a0_dx, pre->dp, a0, pre->da0, cin, ST_W_FULL))
+        *ok = 0;
     /* a projection forks the pre-activated input: its two paths' gradients
      * meet in dp (the branch's) += dq (the shortcut's) */
     if (proj && !st_graph_add(m, &st_layer_residual, "fork", p, p, pre->dp, pre->dq))
@@ -115,13 +72,14 @@ static int block(st_model *m, int h, int64_t cin, int64_t c, int64_t H, int64_t 
     const int r1 = image(m, c, Ho, Wo, unit, ok), c2 = image(m, c, Ho, Wo, ST_W_FULL, ok);
     const int out = image(m, c, Ho, Wo, ST_W_FULL, ok);
     snprintf(name, sizeof name, "%s.conv1", prefix);
-    st_layer *l = conv(m, name, p, c1, pre->dp, g->dc1, cin, c, 3, stride);
+    st_layer *l = st_graph_conv(m, name, p, c1, pre->dp, g->dc1, cin, c, 3, stride);
     if (l)
         l->out_unit = unit;
     snprintf(name, sizeof name, "%s.bn1", prefix);
-    bn_relu(m, name, c1, r1, g->dc1, g->dr1, b1, g->db1, c, unit, ok);
+    if (!st_graph_bn_act(m, name, c1, r1, g->dc1, g->dr1, b1, g->db1, c, unit))
+        *ok = 0;
     snprintf(name, sizeof name, "%s.conv2", prefix);
-    st_layer *l2 = conv(m, name, r1, c2, g->dr1, g->dh, c, c, 3, 1);
+    st_layer *l2 = st_graph_conv(m, name, r1, c2, g->dr1, g->dh, c, c, 3, 1);
     if (l2) {
         l2->in_unit = unit;
         /* the branch scale multiplies an identity block's branch */
@@ -131,7 +89,7 @@ static int block(st_model *m, int h, int64_t cin, int64_t c, int64_t H, int64_t 
     if (proj) {
         skip = image(m, c, Ho, Wo, ST_W_FULL, ok);
         snprintf(name, sizeof name, "%s.shortcut", prefix);
-        if (!conv(m, name, p, skip, pre->dq, g->dh, cin, c, 1, stride))
+        if (!st_graph_conv(m, name, p, skip, pre->dq, g->dh, cin, c, 1, stride))
             *ok = 0;
     }
     st_layer *j = st_graph_add(m, &st_layer_join, "join", skip, out, ST_T_NONE, g->dh);
@@ -165,7 +123,8 @@ static st_status declare(st_model *m, int stages, int blocks)
     H = cf->in_height;
     W = cf->in_width;
     int h = image(m, c, H, W, ST_W_FULL, &ok);
-    if (!ok || !conv(m, "stem", ST_T_INPUT, h, ST_T_NONE, g[0].dh, cf->in_channels, c, 3, 1))
+    if (!ok || !st_graph_conv(m, "stem", ST_T_INPUT, h, ST_T_NONE, g[0].dh, cf->in_channels, c, 3,
+                              1))
         return st_fail(ST_ERR_NOMEM, "out of memory declaring the resnet");
     int64_t cin = c;
     char prefix[32];
@@ -188,8 +147,9 @@ static st_status declare(st_model *m, int stages, int blocks)
     const int af = image(m, cin, H, W, ST_W_FULL, &ok), pf = image(m, cin, H, W, ST_W_FULL, &ok);
     const int pooled = st_graph_tensor(m, cin, ST_W_FULL), dpool = st_graph_tensor(m, cin, ST_W_FULL);
     ok = ok && pooled >= 0 && dpool >= 0;
-    if (ok)
-        bn_relu(m, "final_bn", h, pf, last->dh, last->dp, af, last->da0, cin, ST_W_FULL, &ok);
+    if (ok && !st_graph_bn_act(m, "final_bn", h, pf, last->dh, last->dp, af, last->da0, cin,
+                               ST_W_FULL))
+        ok = 0;
     st_layer *gap = ok ? st_graph_add(m, &st_layer_avgpool, "pool", pf, pooled, last->dp, dpool)
                        : NULL;
     if (gap)
@@ -199,12 +159,49 @@ static st_status declare(st_model *m, int stages, int blocks)
     return ok ? ST_OK : st_fail(ST_ERR_NOMEM, "out of memory declaring the resnet");
 }
 
-st_status st_model_declare_resnet(st_model *m)
+static st_status declare_resnet(st_model *m)
 {
     return declare(m, 3, st_model_get_config(m)->depth);
 }
 
-st_status st_model_declare_resnet18(st_model *m)
+static st_status declare_resnet18(st_model *m)
 {
     return declare(m, 4, 2);
 }
+
+/* A CIFAR ResNet-20-like default: 3 blocks per stage, 16 channels first;
+ * ResNets use ReLU unless asked otherwise. */
+static void defaults(st_model_config *c, unsigned given)
+{
+    if (!(given & ST_MODEL_OPT_DEPTH))
+        c->depth = 3;
+    if (!(given & ST_MODEL_OPT_WIDTH))
+        c->width = 16;
+    if (!(given & ST_MODEL_OPT_ACTIVATION))
+        c->activation = ST_ACT_RELU;
+}
+
+static st_status check_options(const st_model_config *c, unsigned given)
+{
+    (void)c;
+    if (given & ST_MODEL_OPT_HIDDEN)
+        return st_fail(ST_ERR_INVALID, "--hidden applies to resmlp only (a resnet's blocks are "
+                       "as wide as their stage)");
+    return ST_OK;
+}
+
+const st_model_builder st_model_resnet = {
+    .kind = ST_MODEL_RESNET, .name = "resnet",
+    .help = "resnet: pre-activation ResNet of 3 stages (CIFAR family), resnet18: 4 stages of 2 "
+            "blocks; both take image data (C x H x W)",
+    .reads = ST_MODEL_READS_IMAGES,
+    .options = ST_MODEL_OPT_DEPTH | ST_MODEL_OPT_WIDTH | ST_MODEL_OPT_ACTIVATION,
+    .defaults = defaults, .check_options = check_options, .declare = declare_resnet,
+};
+
+/* --depth is accepted and ignored: 2 blocks a stage */
+const st_model_builder st_model_resnet18 = {
+    .kind = ST_MODEL_RESNET18, .name = "resnet18", .reads = ST_MODEL_READS_IMAGES,
+    .options = ST_MODEL_OPT_WIDTH | ST_MODEL_OPT_ACTIVATION,
+    .defaults = defaults, .check_options = check_options, .declare = declare_resnet18,
+};

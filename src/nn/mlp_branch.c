@@ -1,7 +1,7 @@
 /*
- * nn/models/mlp_branch.c — the pre-norm MLP branch of a residual block,
- * shared by the builders whose blocks have one (resmlp's blocks, the
- * second half of a transformer block):
+ * nn/mlp_branch.c — the pre-norm MLP branch of a residual block, shared by
+ * the builders whose blocks have one (resmlp's blocks, the second half of
+ * a transformer block):
  *
  *   out = h + fc2(act(fc1(LN(h))))       fc1: W -> H, fc2: H -> W
  *
@@ -14,7 +14,7 @@
  */
 #include <stdio.h>
 
-#include "nn/graph.h"
+#include "nn/mlp_branch.h"
 
 int st_graph_mlp_branch(st_model *m, const char *prefix, const char *ln, int h, int u,
                         int64_t W, int64_t H, st_activation act, const st_mlp_grads *d)
