@@ -121,11 +121,11 @@ typedef struct enum_api {
 
 #define API(fn, what, allowed) { what, allowed, fn##_name_i, fn##_parse_i }
 static const enum_api enum_apis[] = {
-    API(st_model_kind, "model", "mlp, resmlp, resnet, resnet18, gpt"),
+    API(st_model_kind, "model", "mlp, resmlp, resnet, resnet18, gpt, convnet"),
     API(st_activation, "activation", "relu, gelu"),
     API(st_optimizer, "optimizer", "sgd, adamw"),
     API(st_schedule, "schedule", "constant, cosine"),
-    API(st_strategy, "strategy", "dp, sdp, ist, synth"),
+    API(st_strategy, "strategy", "dp, sdp, ist, synth, localsgd"),
     API(st_subnet_kind, "subnetwork unit", "block, neuron"),
     API(st_masking, "masking", "forward, backward"),
     API(st_synth_labels, "synthetic-label kind", "gaussian, sign"),

@@ -605,6 +605,29 @@ static int open_metrics(const st_cli_options *o, FILE **out)
     return EXIT_SUCCESS;
 }
 
+/* Workers, a --cpuset, teams or a layout this machine cannot give are bad
+ * usage (exit 2, as for `subtrain topo`), said before the data loads.  The
+ * ranks agree on the verdict, and each ends with the worst code: an abort
+ * would leave the exit status to whichever rank mpirun saw end first. */
+static int check_placement(const st_cli_options *o)
+{
+    const st_status placed = st_train_placement_check(&o->train);
+    int code = placed == ST_OK ? EXIT_SUCCESS
+                               : placed == ST_ERR_INVALID ? EXIT_USAGE : EXIT_FAILURE;
+    if (code != EXIT_SUCCESS)
+        runtime_error("placement");
+    const int n = st_world_size();
+    int *all = n > 1 ? malloc((size_t)n * sizeof *all) : NULL;
+    if (n > 1 && (!all || st_world_allgather(&code, sizeof code, all) != ST_OK)) {
+        free(all);
+        return -1;   /* no verdict: the caller aborts every rank */
+    }
+    for (int k = 0; k < n && all; k++)
+        code = all[k] > code ? all[k] : code;
+    free(all);
+    return code;
+}
+
 static int run_train_rank(st_cli_options *o);
 
 /* Training, as one process or as a rank of an MPI job (mpirun, srun:
@@ -626,9 +649,15 @@ static int run_train(st_cli_options *o)
         o->metrics_path = NULL;
         o->report_memory = 0;
     }
+    int agreed = 0;   /* every rank ends with this status by itself */
+    if (status == EXIT_SUCCESS) {
+        status = check_placement(o);
+        agreed = status > 0;
+        status = status < 0 ? EXIT_FAILURE : status;
+    }
     if (status == EXIT_SUCCESS)
         status = run_train_rank(o);
-    if (st_world_size() > 1 && status != EXIT_SUCCESS && status < 128)
+    if (!agreed && st_world_size() > 1 && status != EXIT_SUCCESS && status < 128)
         st_world_abort(status);   /* the failure is said; nobody waits for this rank */
     st_world_finalize();
     st_cli_resume_options_free(&ro);
@@ -641,13 +670,6 @@ static int run_train_rank(st_cli_options *o)
      * training (begin_training), with its exit status */
     usr1_checkpoints = o->usr1_checkpoint;
     install_stop_handlers();
-    /* Workers, a --cpuset or teams this machine cannot give are bad usage
-     * (exit 2, as for `subtrain topo`), and are said before the data loads. */
-    st_status placed = st_train_placement_check(&o->train);
-    if (placed != ST_OK) {
-        runtime_error("placement");
-        return placed == ST_ERR_INVALID ? EXIT_USAGE : EXIT_FAILURE;
-    }
     st_safetensors resume;
     memset(&resume, 0, sizeof resume);
     char resume_path[4096];

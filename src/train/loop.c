@@ -8,9 +8,11 @@
  * trainer handle (trainer.c) takes its steps one call at a time.
  */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
+#include <subtrain/comm.h>
 #include <subtrain/world.h>
 
 #include "core/error.h"
@@ -309,4 +311,42 @@ st_status st_loop_run_worker(run_shared *r, st_worker *w, const st_chunk_backend
         r->cb->on_params(params, count, r->cb->user);
     }
     return ST_OK;
+}
+
+/* ------------------------------------------------------------ failures and warnings */
+
+void st_loop_report_warnings(run_shared *r)
+{
+    const st_train_callbacks *cb = r->cb;
+    if (!cb || !cb->on_warning)
+        return;
+    if (r->placement.warning[0])
+        cb->on_warning(r->placement.warning, cb->user);
+    char line[200];   /* the strategy's: its options as they run */
+    if (r->ops->warning && r->ops->warning(r, line, sizeof line))
+        cb->on_warning(line, cb->user);
+    const char *isa;
+    if (r->cfg->model.precision == ST_PRECISION_BF16 && st_bf16_probe(&isa) == ST_BF16_EMULATED) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "bf16 runs emulated on ISA %s (no native bf16): about a "
+                 "third of fp32 speed", isa);
+        cb->on_warning(msg, cb->user);
+    }
+    for (int k = 0; k < r->n; k++)
+        if (r->slots[k].numa.warned) {
+            cb->on_warning(r->slots[k].numa.warning, cb->user);
+            break; /* the same refusal for every worker: once is enough */
+        }
+}
+
+void st_loop_record_failure(run_shared *r, st_status s)
+{
+    if (atomic_exchange(&r->failed, 1) == 0) {
+        r->error_status = s;
+        snprintf(r->error, sizeof r->error, "%s", st_last_error());
+    }
+    if (r->comm)
+        st_comm_abort(r->comm);
+    if (r->ops->abort)
+        r->ops->abort(r, r->strategy);
 }
