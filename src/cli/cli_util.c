@@ -95,20 +95,26 @@ const char *st_cli_show(const char *s, char *out)
     return out;
 }
 
-/* s on f as st_cli_show escapes it, whole. */
-static void put_escaped(FILE *f, const char *s)
+/* "CMD: S\n" on f, S escaped as st_cli_show escapes it, whole, in one
+ * write: the ranks of an MPI job share one stderr, and a rank ended between
+ * two writes would leave half a line in another's. */
+static void put_line(FILE *f, const char *cmd, const char *s)
 {
     const unsigned char *p = (const unsigned char *)s;
-    char chunk[1024];
-    size_t k = 0, used;
-    for (size_t i = 0; p[i]; i += used) {
-        if (k + 4 > sizeof chunk) {
-            fwrite(chunk, 1, k, f);
-            k = 0;
-        }
-        k += show_unit(p + i, chunk + k, &used);
-    }
-    fwrite(chunk, 1, k, f);
+    char small[4096];
+    const size_t need = strlen(cmd) + 3 + 4 * strlen(s);
+    char *line = need <= sizeof small ? small : malloc(need);
+    const size_t cap = line ? need : sizeof small;   /* out of memory: the start */
+    if (!line)
+        line = small;
+    size_t k = (size_t)snprintf(line, cap, "%s: ", cmd), used;
+    for (size_t i = 0; p[i] && k + 5 <= cap; i += used)
+        k += show_unit(p + i, line + k, &used);
+    line[k++] = '\n';
+    fwrite(line, 1, k, f);
+    fflush(f);
+    if (line != small)
+        free(line);
 }
 
 /* ------------------------------------------------------------ numbers */
@@ -230,9 +236,7 @@ void st_cli_error(const char *cmd, const char *fmt, ...)
             free(big);
     }
     va_end(again);
-    fprintf(stderr, "%s: ", cmd);
-    put_escaped(stderr, len < 0 ? fmt : msg);
-    fputc('\n', stderr);
+    put_line(stderr, cmd, len < 0 ? fmt : msg);
     if (msg != buf)
         free(msg);
 }

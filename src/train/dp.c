@@ -12,9 +12,10 @@
 #include "train/strategy.h"
 
 /* Every config: dp has no options of its own. */
-static st_status dp_check(const st_train_config *c)
+static st_status dp_check(const st_train_config *c, int chosen)
 {
     (void)c;
+    (void)chosen;
     return ST_OK;
 }
 

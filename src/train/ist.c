@@ -55,10 +55,10 @@ typedef struct ist_run {
     uint64_t resumed_rounds, resumed_round_step; /* of the checkpoint resumed */
 } ist_run;
 
-static st_status ist_check(const st_train_config *c)
+static st_status ist_check(const st_train_config *c, int chosen)
 {
     const st_ist_config *o = &c->ist;
-    if (c->strategy != ST_STRATEGY_IST) {
+    if (!chosen) {
         if (o->keep_state || o->train_scale >= 0)
             return st_fail(ST_ERR_INVALID, "--optimizer-state and --train-scale are options of "
                            "--strategy ist");
@@ -103,7 +103,7 @@ static int neuron_units(const st_train_config *c)
 /* Every worker needs a unit of its own: one holder of each. */
 static st_status ist_layout(const st_train_config *c, int workers)
 {
-    return st_subnets_check_layout(c, workers, 1, neuron_units(c), 0.0);
+    return st_subnets_check_layout(c, "ist", workers, 1, neuron_units(c), 0.0);
 }
 
 /* The plan, the partition of round 0 (one holder per unit), the run's

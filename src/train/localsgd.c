@@ -38,17 +38,10 @@ typedef struct lsgd_run {
     uint64_t resumed_round_step; /* of the checkpoint resumed */
 } lsgd_run;
 
-extern const st_strategy_ops st_localsgd_ops;
-
-static int chosen(const st_train_config *c)
-{
-    return st_strategy_ops_of(c->strategy) == &st_localsgd_ops;
-}
-
-static st_status localsgd_check(const st_train_config *c)
+static st_status localsgd_check(const st_train_config *c, int chosen)
 {
     const st_localsgd_config *o = &c->localsgd;
-    if (!chosen(c))
+    if (!chosen)
         return ST_OK;
     if (o->local_steps < 1)
         return st_fail(ST_ERR_INVALID, "--local-steps must be >= 1");

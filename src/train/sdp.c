@@ -41,9 +41,9 @@ static st_comm *masters(const run_shared *r, const sdp_run *s)
 /* What of subnetwork data parallelism exists so far: block-level units with
  * forward or backward masking, masks fixed or redrawn every R steps
  * (doc/status.md lists the rest). */
-static st_status sdp_check(const st_train_config *c)
+static st_status sdp_check(const st_train_config *c, int chosen)
 {
-    if (c->strategy != ST_STRATEGY_SDP) {
+    if (!chosen) {
         if (c->sdp.align_every)
             return st_fail(ST_ERR_INVALID, "the alignment report compares subnetwork gradients "
                            "with the full model's: it needs --strategy sdp");
@@ -84,7 +84,8 @@ static st_status sdp_check(const st_train_config *c)
 static st_status sdp_layout(const st_train_config *c, int workers)
 {
     const st_sdp_config *o = &c->sdp;
-    return st_subnets_check_layout(c, workers, st_subnet_holders_per_unit(workers, o->coverage),
+    return st_subnets_check_layout(c, "sdp", workers,
+                                   st_subnet_holders_per_unit(workers, o->coverage),
                                    st_subnets_neuron_units(c, o->subnet, 0), o->coverage);
 }
 

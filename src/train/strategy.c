@@ -61,7 +61,7 @@ void st_strategy_defaults_all(st_train_config *c)
 st_status st_strategy_check_all(const st_train_config *c)
 {
     for (int k = 0; k < N_STRATEGIES; k++)
-        ST_TRY(TABLE[k]->check(c));
+        ST_TRY(TABLE[k]->check(c, k == (int)c->strategy));
     return ST_OK;
 }
 

@@ -114,8 +114,9 @@ typedef struct st_strategy_ops {
 
     /* Every config, whatever its strategy (before anything, no thread):
      * refuses bad values of this strategy's options, and its options
-     * given to another strategy.  Run in table order. */
-    st_status (*check)(const st_train_config *c);
+     * given to another strategy (chosen: c's strategy is this one).  Run in
+     * table order. */
+    st_status (*check)(const st_train_config *c, int chosen);
 
     /* Optional: what follows the name in the banner, " (50 local steps)"
      * (st_strategy_describe); workers: all ranks', 0 when not known. */

@@ -73,8 +73,8 @@ static st_status narrowest_width_layer(const st_model_config *m, int unit_size, 
     return ST_OK;
 }
 
-st_status st_subnets_check_layout(const st_train_config *c, int workers, int k, int neuron_units,
-                                  double coverage)
+st_status st_subnets_check_layout(const st_train_config *c, const char *strategy, int workers,
+                                  int k, int neuron_units, double coverage)
 {
     st_model_units u;
     /* a model that cannot be declared yet (a ResNet before its data's
@@ -101,7 +101,7 @@ st_status st_subnets_check_layout(const st_train_config *c, int workers, int k, 
         model_words(&c->model, model, sizeof model);
         return st_fail(ST_ERR_INVALID, "--strategy %s%s: %s has %d block%s, and %d workers%s%s "
                        "need %d (each block has %s, and every worker needs one): %s",
-                       st_strategy_name(c->strategy), sdp ? " --subnet block" : "", model, L,
+                       strategy, sdp ? " --subnet block" : "", model, L,
                        L == 1 ? "" : "s", workers, ranks, at, need, holders,
                        sdp ? "raise --depth or --coverage, or lower --workers"
                            : "raise --depth or lower --workers");
@@ -113,7 +113,7 @@ st_status st_subnets_check_layout(const st_train_config *c, int workers, int k, 
     return st_fail(ST_ERR_INVALID, "--strategy %s%s: a width layer of %d neuron%s makes %d "
                    "group%s of --neuron-group %d, and %d workers%s%s need %d (each group has "
                    "%s, and every worker needs a group in every layer): %s",
-                   st_strategy_name(c->strategy), sdp ? " --subnet neuron" : "", neurons,
+                   strategy, sdp ? " --subnet neuron" : "", neurons,
                    neurons == 1 ? "" : "s", U, U == 1 ? "" : "s", c->neuron_group, workers, ranks,
                    at, need, holders,
                    sdp ? "lower --neuron-group, raise --coverage or lower --workers"

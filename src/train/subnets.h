@@ -61,11 +61,12 @@ int st_subnets_unheld_possible(const st_train_config *c, int neuron_units, int b
 /* The layout check of sdp and ist (their ops' layout): refuses `workers`
  * workers (every rank's) that k holders per unit leave without a unit (a
  * block, or a group of neurons in some width layer), in a line naming the
- * options: sdp's --subnet and --coverage when coverage > 0 (its C, of
- * which k came), one holder each otherwise.  From the config alone: a
- * model that cannot be declared yet is let through. */
-st_status st_subnets_check_layout(const st_train_config *c, int workers, int k, int neuron_units,
-                                  double coverage);
+ * strategy (as --strategy spells it) and the options: sdp's --subnet and
+ * --coverage when coverage > 0 (its C, of which k came), one holder each
+ * otherwise.  From the config alone: a model that cannot be declared yet
+ * is let through. */
+st_status st_subnets_check_layout(const st_train_config *c, const char *strategy, int workers,
+                                  int k, int neuron_units, double coverage);
 
 /* Before the parallel region, the layout checked: the flags, k holders
  * per unit, the assignment of round 0. */

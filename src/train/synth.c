@@ -68,9 +68,9 @@
 
 /* ------------------------------------------------------------ config */
 
-static st_status synth_check(const st_train_config *c)
+static st_status synth_check(const st_train_config *c, int chosen)
 {
-    if (c->strategy != ST_STRATEGY_SYNTH)
+    if (!chosen)
         return ST_OK;
     const st_synth_config *s = &c->synth;
     const st_model_kind kind = c->model.kind;
