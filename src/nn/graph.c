@@ -387,7 +387,21 @@ st_status st_graph_build(st_model *m)
 {
     const size_t R = (size_t)m->rows;
     prune_input_gradients(m);
-    ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_params, &m->params));
+    if (m->storage.params && m->storage.count != m->n_params)
+        return st_fail(ST_ERR_INVALID, "storage of %zu parameters for a model of %zu",
+                       m->storage.count, m->n_params);
+    if (m->storage.params) {
+        /* shared storage: the layers built below read (and their bf16
+         * copies live) where every instance over it does */
+        m->params = m->storage.params;
+        if (m->storage.bf16 && !(m->cfg.unfuse & ST_UNFUSE_WEIGHT_COPY)) {
+            m->ctx.copy_base = m->params;
+            m->ctx.copy_store = m->storage.bf16;
+            m->ctx.copy_n = m->n_params;
+        }
+    } else {
+        ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_params, &m->params));
+    }
     ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_GRADIENTS, m->n_grads, &m->grads));
     if (m->n_state) {
         ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_state, &m->state));

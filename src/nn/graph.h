@@ -139,6 +139,8 @@ struct st_model {
     /* Flat parameters and gradients (same layout), and their segments. */
     float *params, *grads;
     size_t n_params, n_grads;
+    st_model_storage storage;  /* params (and bf16 copies) not its own
+                            * (st_model_create_on); zero: its own */
     /* State that is not trained but kept (a batch norm's running
      * statistics): one flat vector, laid out by the same walk, each
      * piece with its initial value. */
