@@ -35,6 +35,10 @@ static const float SENTINEL = -777.0f;
  * (the bf16 tests set them, then put them back). */
 static st_comm_payload g_payload = ST_COMM_PAYLOAD_FP32;
 static st_comm_bf16_at g_bf16_at = ST_COMM_BF16_BUFFER;
+/* 1: shared parameters (comm.h): the workers of a domain attach one
+ * vector, every domain its own with the same initial values, and every
+ * worker holds everything (the shared tests set it for dp rigs). */
+static int g_shared = 0;
 
 /* An fp32 rounded to bf16 (nearest even) and widened back, computed here
  * independently of the engine. */
@@ -136,17 +140,25 @@ static inline void rig_init(rig *r, int n, size_t p, const int *domain_of, uint6
     r->p = p;
     r->domain_of = domain_of;
     st_comm_config cfg = { .n_workers = n, .n_params = p, .domain_of = domain_of, .roles = 0,
-                           .payload = g_payload, .bf16_at = g_bf16_at };
+                           .payload = g_payload, .bf16_at = g_bf16_at,
+                           .shared_params = g_shared };
     cr_assert_eq(st_comm_create(&cfg, &r->c), ST_OK, "create: %s", st_last_error());
-    rig_masks(r, seed, dp);
+    rig_masks(r, seed, dp || g_shared);
     st_rng rng = st_rng_seed(seed ^ 0x5eed);
     for (int w = 0; w < n; w++) {
         st_arena_init(&r->arena[w], "worker", NULL, 0);
         r->grads[w] = malloc(p * sizeof(float));
-        r->params[w] = malloc(p * sizeof(float));
+        /* shared: a domain's first worker makes its vector, with worker
+         * 0's values (every domain's copy starts the same) */
+        const int first = w == 0 || domain(r, w) != domain(r, w - 1);
+        r->params[w] = !g_shared || first ? malloc(p * sizeof(float)) : r->params[w - 1];
         for (size_t i = 0; i < p; i++) {
             r->grads[w][i] = NAN;
-            r->params[w][i] = r->mask[w][i] ? st_rng_normal(&rng) : SENTINEL;
+            float v = r->mask[w][i] ? st_rng_normal(&rng) : SENTINEL;
+            if (!g_shared || w == 0)
+                r->params[w][i] = v;
+            else if (first)
+                r->params[w][i] = r->params[0][i];
         }
         r->init[w] = malloc(p * sizeof(float));
         memcpy(r->init[w], r->params[w], p * sizeof(float));
@@ -159,7 +171,8 @@ static inline void rig_free(rig *r)
     for (int w = 0; w < r->n; w++) {
         st_arena_release(&r->arena[w]);
         free(r->grads[w]);
-        free(r->params[w]);
+        if (!g_shared || w == 0 || domain(r, w) != domain(r, w - 1))
+            free(r->params[w]);
         free(r->init[w]);
         free(r->mask[w]);
         free(r->held[w]);

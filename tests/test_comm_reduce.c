@@ -102,6 +102,53 @@ Test(comm_determinism, delays_changing_gradients, .timeout = 60)
     check_run(8, 3000, d, 330, 0, 12, 1);
 }
 
+/* ------------------------------------------------------------ shared parameters */
+
+/* One parameter vector a domain (comm.h, shared_params): the means, the
+ * masters and every domain's vector after each all-gather are those of
+ * the reference, bitwise, on one domain and over two and three, every
+ * size (shards empty, partial lines, several segments of copies). */
+Test(comm_shared, every_size_one_two_and_three_domains, .timeout = 120)
+{
+    static const int two[4] = { 0, 0, 1, 1 }, lone[3] = { 0, 1, 1 },
+                     three[8] = { 0, 0, 0, 1, 1, 2, 2, 2 };
+    g_shared = 1;
+    check_sizes(1, NULL, 900);
+    check_sizes(3, NULL, 910);
+    check_sizes(4, two, 920);
+    check_sizes(3, lone, 930);
+    check_sizes(8, three, 940);
+    g_shared = 0;
+}
+
+/* Changing gradients and updates with random delays before every
+ * collective, shared parameters over three domains: a worker that read
+ * its domain's vector before the domain's copiers were done, or an owner
+ * that updated its shard while another domain still copied it, shows as
+ * a vector element differing from its owner's master (bad_params) or a
+ * mean or master off the reference. */
+Test(comm_shared, delays_changing_gradients, .timeout = 120)
+{
+    static const int d[8] = { 0, 0, 0, 1, 1, 2, 2, 2 }, two[4] = { 0, 0, 1, 1 };
+    g_shared = 1;
+    check_run(8, 3000, d, 950, 1, 12, 1);
+    check_run(4, 20000, two, 960, 1, 12, 1);
+    check_run(4, 5000, NULL, 970, 1, 12, 1);
+    g_shared = 0;
+}
+
+/* bf16 payloads with shared parameters: the rounded gradients' sums. */
+Test(comm_shared, bf16_payloads, .timeout = 60)
+{
+    static const int two[4] = { 0, 0, 1, 1 };
+    g_shared = 1;
+    g_payload = ST_COMM_PAYLOAD_BF16;
+    check_config(4, 4099, two, 980, 1);
+    check_config(4, 4099, NULL, 990, 1);
+    g_payload = ST_COMM_PAYLOAD_FP32;
+    g_shared = 0;
+}
+
 /* ------------------------------------------------------------ bf16 payloads */
 
 /* Runs check_sizes-like configurations with bf16 payloads (rounded where

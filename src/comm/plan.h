@@ -116,6 +116,8 @@ typedef struct comm_slot {
     uint16_t *bf16;
     float *wide;
     int rs_mid_barrier, ag_mid_barrier;
+    int ag_exit_barrier;      /* shared parameters over several domains: wait
+                               * for the domain's copiers before returning */
     st_comm_bytes bytes;
 } comm_slot;
 
@@ -124,6 +126,7 @@ typedef struct comm_plan {
     st_comm_payload payload;  /* what the reduce-scatter reads (fp32, bf16) */
     st_comm_bf16_at bf16_at;  /* bf16: a buffer per worker, or rounded on read */
     int allow_unheld;         /* elements nobody holds are skipped */
+    int shared_params;        /* one parameter vector a domain (comm.h) */
     st_range *unheld_ranges;  /* where they may be (NULL: anywhere) */
     int n_unheld_ranges;
     int n_workers, n_domains;
@@ -154,6 +157,10 @@ st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *gr
  * every element held by someone, except where unheld ones are allowed. */
 st_status st_comm_plan_check_coverage(const comm_plan *pl);
 
+/* Phase 2, run by every worker (they all report the same pair), with
+ * shared parameters: one vector a domain, a different one for each. */
+st_status st_comm_plan_check_shared(const comm_plan *pl);
+
 /* Phase 2: the segments of w's shard, its master shard from each element's
  * first holder, and the tables of the two-level path. */
 st_status st_comm_plan_segments(comm_plan *pl, int w);
@@ -166,7 +173,9 @@ st_status st_comm_plan_tasks(comm_plan *pl, int w);
 st_status st_comm_plan_owner(comm_plan *pl, int w);
 
 /* Phase 4, last: whether w's collectives need their middle barrier (some
- * worker computes a partial; some worker copies from a copier). */
+ * worker computes a partial; some worker copies from a copier), and its
+ * all-gather a barrier of its domain at the end (shared parameters over
+ * several domains). */
 void st_comm_plan_finish(comm_plan *pl, int w);
 
 /* The step, before the reduce-scatter's entry barrier: with bf16 payloads

@@ -19,7 +19,10 @@
  * one that matters (see the comments at each wait).  A step costs 2
  * barriers on one NUMA domain, 4 when partials or local copies exist
  * (several domains, two holders of a remote shard's element in one of
- * them).  Nothing on the step's
+ * them).  Shared parameters (one vector a domain, comm.h) have no local
+ * copies: the all-gather copies remote shards into the domain's vector
+ * and ends at a barrier of the domain's workers, who read it next; on
+ * one domain it copies nothing.  Nothing on the step's
  * path allocates, creates or locks: the barrier is counters on their own
  * cache lines, and waiting is spinning (workers are pinned one per core).
  */
@@ -47,6 +50,8 @@ typedef struct shared_comm {
     st_spin_barrier barrier;           /* its members start 64-byte lines */
     comm_plan plan;
     shared_worker *workers;            /* n_workers */
+    st_spin_barrier *domain_barrier;   /* n_domains, each of its domain's workers
+                                        * (shared parameters over several domains) */
 } shared_comm;
 
 static shared_comm *shared_of(st_comm_backend *b)
@@ -73,6 +78,7 @@ static void shared_destroy(st_comm_backend *b)
         return;
     st_comm_plan_free(&sc->plan);
     free(sc->workers);
+    free(sc->domain_barrier);
     free(sc);
 }
 
@@ -89,7 +95,9 @@ static st_status shared_create(const st_comm_config *cfg, st_comm_backend **out)
     int n = cfg->n_workers;
     if (s == ST_OK) {
         sc->workers = aligned_alloc(64, (size_t)n * sizeof *sc->workers);
-        if (!sc->workers)
+        sc->domain_barrier = aligned_alloc(64, (size_t)sc->plan.n_domains *
+                                               sizeof *sc->domain_barrier);
+        if (!sc->workers || !sc->domain_barrier)
             s = st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine for %d "
                         "workers", n);
     }
@@ -102,6 +110,9 @@ static st_status shared_create(const st_comm_config *cfg, st_comm_backend **out)
         sc->workers[w].ready = 0;
     }
     st_spin_barrier_init(&sc->barrier, (unsigned)n);
+    for (int d = 0; d < sc->plan.n_domains; d++)
+        st_spin_barrier_init(&sc->domain_barrier[d],
+                             (unsigned)(sc->plan.domain_first[d + 1] - sc->plan.domain_first[d]));
     *out = (st_comm_backend *)sc;
     return ST_OK;
 }
@@ -162,6 +173,8 @@ static st_status shared_attach(st_comm_backend *b, int w, st_arena *arena, float
         return another_failed();
     s = st_comm_plan_check_coverage(pl);
     if (s == ST_OK)
+        s = st_comm_plan_check_shared(pl);
+    if (s == ST_OK)
         s = st_comm_plan_segments(pl, w);
     if (s != ST_OK) {
         st_spin_barrier_abort(&sc->barrier);
@@ -214,7 +227,10 @@ static st_status shared_reduce_scatter(st_comm_backend *b, int w)
      * write comes after that backward's. */
     st_comm_plan_convert(&sc->plan, w);
     /* every gradient vector is complete (and the previous all-gather,
-     * which read the master shards, is over everywhere) */
+     * which read the master shards, is over everywhere).  Shared
+     * parameters: every worker's backward, the step's last reader of its
+     * domain's vector, is done too, so from here on each owner may write
+     * its shard there (its update) until the all-gather's entry barrier */
     if (st_spin_barrier_wait(&sc->barrier))
         return another_failed();
     if (me->rs_mid_barrier) {
@@ -235,7 +251,9 @@ static st_status shared_all_gather(st_comm_backend *b, int w)
         return st_fail(ST_ERR_INVALID, "all-gather on a reduce-only engine");
     comm_slot *me = &sc->plan.slots[w];
     /* every master shard is updated (and every owner is done reading the
-     * gradients and partials) */
+     * gradients and partials).  Shared parameters on one domain: that is
+     * all a reader needs, since the owners wrote the vector itself: no
+     * copy follows and no other barrier */
     if (st_spin_barrier_wait(&sc->barrier))
         return another_failed();
     st_comm_run_ag(me->ag1, me->n_ag1);
@@ -244,6 +262,19 @@ static st_status shared_all_gather(st_comm_backend *b, int w)
         if (st_spin_barrier_wait(&sc->barrier))
             return another_failed();
         st_comm_run_ag(me->ag2, me->n_ag2);
+    }
+    if (me->ag_exit_barrier) {
+        /* Shared parameters: w's next forward reads the segments the other
+         * copiers of its domain are writing into the domain's vector, so it
+         * waits for them; only they write what its domain reads (a shard
+         * of its own domain was updated before the entry barrier, remote
+         * shards come in through this domain's copiers alone), so the
+         * domain's barrier suffices.  No copy can still be reading an
+         * owner's shard when the owner writes it next: the owner updates
+         * after the next reduce-scatter's entry barrier, which every
+         * copier reaches after this one. */
+        if (st_spin_barrier_wait(&sc->domain_barrier[me->domain]))
+            return another_failed();
     }
     return ST_OK;
 }
@@ -257,7 +288,10 @@ static st_status shared_barrier(st_comm_backend *b, int w)
 
 static void shared_abort(st_comm_backend *b)
 {
-    st_spin_barrier_abort(&shared_of(b)->barrier);
+    shared_comm *sc = shared_of(b);
+    st_spin_barrier_abort(&sc->barrier);
+    for (int d = 0; d < sc->plan.n_domains; d++)
+        st_spin_barrier_abort(&sc->domain_barrier[d]);
 }
 
 /* ------------------------------------------------------------ queries */
