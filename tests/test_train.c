@@ -579,10 +579,11 @@ static st_range shard_of(size_t P, int N, int w)
 }
 
 /* The record's communication, exactly: in one NUMA domain the owner of
- * shard S reads the N gradients of it and writes its mean, and the
- * all-gather reads and writes all P elements, so worker w moves
- * 4 ((N + 1) |S_w| + 2 P) bytes a step; the record has the busiest
- * worker's (the first shards are the largest). */
+ * shard S reads the N gradients of it and writes its mean, 4 (N + 1) |S_w|
+ * bytes a step, the workers reading the domain's weight copy that the
+ * owners update in place; with a replica per worker the all-gather also
+ * reads and writes all P elements, 4 ((N + 1) |S_w| + 2 P).  The record
+ * has the busiest worker's (the first shards are the largest). */
 Test(dp, records_carry_workers_memory_and_communication, .timeout = 60)
 {
     st_dataset train, test;
@@ -592,17 +593,25 @@ Test(dp, records_carry_workers_memory_and_communication, .timeout = 60)
     one_pu_cpuset(pu, sizeof pu);
     c.cpuset = pu;
     recorder *r = calloc(1, sizeof *r);
+    st_train_config cr = c;
+    cr.weights = ST_WEIGHTS_PRIVATE;
+    st_epoch_record fr = train_recorded(&cr, &train, &test, r);
     st_epoch_record f = train_recorded(&c, &train, &test, r);
     size_t P = st_model_config_param_count(&c.model);
     cr_assert_eq(f.workers, 2);
     cr_assert_float_eq(f.ring_bytes_per_worker_step, 2.0 * 1 / 2 * (double)P * 4, 1.0);
-    double busiest = 0.0;
+    double busiest = 0.0, busiest_replica = 0.0;
     for (int w = 0; w < 2; w++) {
         st_range s = shard_of(P, 2, w);
-        busiest = fmax(busiest, 4.0 * (3.0 * (double)(s.end - s.begin) + 2.0 * (double)P));
+        busiest = fmax(busiest, 4.0 * 3.0 * (double)(s.end - s.begin));
+        busiest_replica = fmax(busiest_replica,
+                               4.0 * (3.0 * (double)(s.end - s.begin) + 2.0 * (double)P));
     }
     cr_assert_eq(f.comm_bytes_per_worker_step, busiest, "%.0f bytes a step, %zu parameters "
                  "make %.0f", f.comm_bytes_per_worker_step, P, busiest);
+    cr_assert_eq(fr.comm_bytes_per_worker_step, busiest_replica, "a replica per worker: %.0f "
+                 "bytes a step, %zu parameters make %.0f", fr.comm_bytes_per_worker_step, P,
+                 busiest_replica);
     cr_assert_eq(f.comm_bytes_per_worker_round, 0.0, "no rounds in dp");
     cr_assert_gt(f.step_ms_compute, 0.0);
     cr_assert_gt(f.step_ms_reduce, 0.0);
@@ -746,8 +755,10 @@ Test(sdp, coverage_one_is_bitwise_data_parallelism, .timeout = 120)
 }
 
 /* Coverage 1/2 over 4 workers: every block is trained by 2 workers, each
- * worker runs 2 of 4 blocks; per-worker memory falls, the run learns, and
- * two runs are bitwise identical. */
+ * worker runs 2 of 4 blocks; per-worker memory falls below data
+ * parallelism with a replica per worker (dp's workers sharing one weight
+ * copy hold less weight memory still: test_weights.c), the run learns,
+ * and two runs are bitwise identical. */
 Test(sdp, half_coverage_learns_with_less_memory_and_is_deterministic, .timeout = 120)
 {
     st_dataset train, test;
@@ -755,6 +766,7 @@ Test(sdp, half_coverage_learns_with_less_memory_and_is_deterministic, .timeout =
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *d = calloc(1, sizeof *d);
     st_train_config cs = sdp_config(4, 0.5, 512), cd = cs;
     cd.strategy = ST_STRATEGY_DP;
+    cd.weights = ST_WEIGHTS_PRIVATE;
     st_epoch_record fa = train_recorded(&cs, &train, &test, a);
     st_epoch_record fb = train_recorded(&cs, &train, &test, b);
     st_epoch_record fd = train_recorded(&cd, &train, &test, d);
@@ -995,7 +1007,9 @@ static st_train_config neuron_sdp_config(st_model_kind kind, int workers, double
  * redrawn every 3 steps (a new model and attachment each round), backward
  * masking (a gather-only engine of its own) and neuron subnetworks of an
  * mlp (elements nobody holds); the engine's bytes say the copies were
- * written by it (2 bytes more a copied element). */
+ * written by it (2 bytes more a copied element).  A replica per worker
+ * each: shared weights (one copy per domain, whose owners write the
+ * copies with their update) are test_weights.c's. */
 Test(bf16_train, gathered_weight_copies_change_nothing, .timeout = 180)
 {
     if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
@@ -1011,6 +1025,7 @@ Test(bf16_train, gathered_weight_copies_change_nothing, .timeout = 180)
     for (int k = 0; k < 4; k++) {
         st_train_config a = cfg[k], b;
         a.model.precision = ST_PRECISION_BF16;
+        a.weights = ST_WEIGHTS_PRIVATE;
         b = a;
         b.model.unfuse = ST_UNFUSE_WEIGHT_COPY;
         st_epoch_record fa, fb;
@@ -1052,7 +1067,8 @@ Test(sdp_neuron, backward_full_coverage_is_bitwise_dp_resmlp, .timeout = 120)
 
 /* Half coverage over 4 workers: every group held by 2; the run learns
  * with less weight and activation memory per worker than data
- * parallelism, and is reproducible; redrawn masks too. */
+ * parallelism with a replica per worker, and is reproducible; redrawn
+ * masks too. */
 Test(sdp_neuron, half_coverage_learns_with_less_memory, .timeout = 120)
 {
     st_dataset train, test;
@@ -1060,6 +1076,7 @@ Test(sdp_neuron, half_coverage_learns_with_less_memory, .timeout = 120)
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *d = calloc(1, sizeof *d);
     st_train_config cs = neuron_sdp_config(ST_MODEL_RESMLP, 4, 0.5, 512), cd = cs;
     cd.strategy = ST_STRATEGY_DP;
+    cd.weights = ST_WEIGHTS_PRIVATE;
     cs.sdp.resample = 100;
     st_epoch_record fa = train_recorded(&cs, &train, &test, a);
     st_epoch_record fb = train_recorded(&cs, &train, &test, b);

@@ -227,7 +227,7 @@ static st_status run_phase(run_shared *r, st_worker *w, const st_phase *ph, int 
 
         ST_TRY(st_run_sync_state(r, w));
         ST_TRY(ph->evaluate(r, r->strategy, w, &rec.test_loss, &rec.test_acc));
-        slot->memory = w->arena.stats;
+        st_run_worker_memory(r, w, &slot->memory);
         slot->steps = n;
         if (r->comm)
             slot->bytes = ph->bytes(r, r->strategy, w->id);

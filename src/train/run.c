@@ -68,7 +68,11 @@ st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
                           /* ranks: each rank's workers, the ranks over MPI */
                           .backend = r->ranks > 1 ? ST_COMM_BACKEND_MPI
                                                   : ST_COMM_BACKEND_SHARED,
-                          .payload = st_run_comm_payload(r->cfg) };
+                          .payload = st_run_comm_payload(r->cfg),
+                          /* the engine that carries the masters writes the
+                           * domains' copies */
+                          .shared_params = r->shared_weights &&
+                                           (roles == 0 || (roles & ST_COMM_GATHER)) };
     st_status s = st_comm_create(&cc, out);
     free(domain_of);
     return s;
@@ -164,9 +168,15 @@ st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *
      * say which of its elements decay, not w's subnetwork's */
     st_range shard = st_comm_shard(e->grads, w->id);
     *lr = st_schedule_lr(&r->plan.schedule, step);
-    st_optim_update(&w->optim, st_comm_shard_params(e->masters, w->id),
-                    st_comm_shard_grads(e->grads, w->id), r->full_segs, r->n_full_segs,
-                    shard.begin, shard.end, step, *lr);
+    /* shared weights: the master shard is w's part of its domain's copy,
+     * which its domain reads as it is: the update writes the shard's bf16
+     * copies too (the all-gather brings other domains' shards) */
+    int n_copies = 0;
+    const st_param_copy *copies = r->shared_weights ? st_model_copies(w->model, &n_copies)
+                                                    : NULL;
+    st_optim_update_copies(&w->optim, st_comm_shard_params(e->masters, w->id),
+                           st_comm_shard_grads(e->grads, w->id), r->full_segs, r->n_full_segs,
+                           shard.begin, shard.end, step, *lr, copies, n_copies);
     t1 = st_run_now_s();
     slot->times.optimizer += t1 - t;
     t = t1;

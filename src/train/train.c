@@ -155,6 +155,12 @@ st_status st_loop_prepare(run_shared *r)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d worker slots", r->n);
     memset(r->slots, 0, sizeof(worker_slot) * (size_t)r->n);
     ST_TRY(st_run_resume_open(r));
+    /* one weight copy per NUMA domain where the strategy's workers can
+     * share it: one process (ranks over MPI keep a replica per worker),
+     * more than one worker (one alone has nothing to share) */
+    const int shared = r->ops->weights && r->ops->weights(cfg) == ST_WEIGHTS_SHARED &&
+                       cfg->weights == ST_WEIGHTS_SHARED && r->ranks == 1 && r->n > 1;
+    ST_TRY(st_run_weights_prepare(r, shared));
     ST_TRY(r->ops->prepare(r, &r->strategy));
     return st_run_resume_check_position(r);
 }
@@ -167,6 +173,7 @@ void st_loop_release(run_shared *r)
         r->ops->release(r, r->strategy);
     r->strategy = NULL;
     st_comm_destroy(r->comm);
+    st_run_weights_release(r);   /* before the slots: the backends' state */
     free(r->slots);
     free(r->memory);
     free(r->state_full);

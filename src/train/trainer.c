@@ -96,7 +96,7 @@ static st_status run_steps(st_trainer *t, st_worker *w, job_args *a)
         a->time = st_run_now_s() - t0;
     /* for st_trainer_metrics: what an epoch's end would leave in the slot */
     worker_slot *slot = &r->slots[w->id];
-    slot->memory = w->arena.stats;
+    st_run_worker_memory(r, w, &slot->memory);
     slot->steps = a->from + a->count;   /* the slot's times are of every step so far */
     if (r->comm)
         slot->bytes = r->ops->bytes(r, r->strategy, w->id);
@@ -118,7 +118,7 @@ static st_status run_job(st_trainer *t, int wid, job_args *a, const cpu_set_t *e
         ST_TRY(st_loop_init_worker(r, wid, &tw->w, &backend));
         if (pthread_getaffinity_np(pthread_self(), sizeof tw->cpus, &tw->cpus) != 0)
             return st_fail(ST_ERR_TOPOLOGY, "worker %d: cannot read back its binding", wid);
-        r->slots[wid].memory = tw->w.arena.stats;
+        st_run_worker_memory(r, &tw->w, &r->slots[wid].memory);
         return ST_OK;
     }
     /* a caller bound to the worker's PU already (bench_step) saves two

@@ -25,10 +25,20 @@ st_status st_worker_init_base(st_worker *w, int id, uint32_t n_train,
     return ST_OK;
 }
 
+/* The model of cfg, on w->storage when it is set. */
+static st_status create_model(st_worker *w, const st_train_config *cfg)
+{
+    if (w->storage.params)
+        return st_model_create_on(&cfg->model, cfg->batch, &w->arena, &w->storage, &w->model);
+    return st_model_create(&cfg->model, cfg->batch, &w->arena, &w->model);
+}
+
 st_status st_worker_build_model(st_worker *w, const st_train_config *cfg)
 {
     w->model_mark = st_arena_get_mark(&w->arena);
-    ST_TRY(st_model_create(&cfg->model, cfg->batch, &w->arena, &w->model));
+    ST_TRY(create_model(w, cfg));
+    if (w->storage.params)
+        return ST_OK;
     st_model_init_params(w->model, cfg->seed);
     if (cfg->init_params)   /* --init: a checkpoint's weights instead */
         ST_TRY(st_model_load_full_params(w->model, cfg->init_params));
@@ -43,7 +53,7 @@ st_status st_worker_rebuild_model(st_worker *w, const st_train_config *cfg)
     w->model = NULL;
     st_arena_rewind(&w->arena, &w->model_mark);
     w->model_mark = st_arena_get_mark(&w->arena);
-    return st_model_create(&cfg->model, cfg->batch, &w->arena, &w->model);
+    return create_model(w, cfg);
 }
 
 st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg, uint32_t n_train,

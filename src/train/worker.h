@@ -20,6 +20,9 @@ typedef struct st_worker {
     uint64_t epoch;       /* the epoch order was drawn for (st_epoch_order's):
                            * with the sample, it keys the augmentation */
     st_arena_mark model_mark; /* the arena before the model: a rebuild rewinds here */
+    st_model_storage storage; /* where its model's weights live when they are its
+                               * NUMA domain's copy (run.h, shared_weights.c); zero:
+                               * its model's own */
 } st_worker;
 
 /* Arena (chunks from `backend`, NULL: the C library), model instance and
@@ -31,7 +34,9 @@ st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg,
 /* The two halves of st_worker_init, for callers that allocate something
  * that must outlive a model rebuild (optimizer state, saved master values)
  * in between: the arena and the order buffer; then the model (which marks
- * the arena first). */
+ * the arena first), initialised from the seed or cfg->init_params, or, on
+ * w->storage when it is set, built over it and not initialised (its
+ * values are written once for every worker that reads them). */
 st_status st_worker_init_base(st_worker *w, int id, uint32_t n_train,
                               const st_chunk_backend *backend);
 st_status st_worker_build_model(st_worker *w, const st_train_config *cfg);
