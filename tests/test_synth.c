@@ -783,7 +783,7 @@ Test(train, segment_epochs_stop_and_checkpoint_at_their_ends, .timeout = 120)
 /* ------------------------------------------------------------ hot path */
 
 /* Counts heap calls of every thread between worker 0's step 3 and its
- * first epoch record (test_train.c explains the interposer; oneDNN's own
+ * first epoch record (test_train_hotpath.c explains the interposer; oneDNN's own
  * allocations inside dnnl_primitive_execute are counted apart).  Every
  * worker's steps count, not only worker 0's: the flag is one global atomic
  * (worker 0's callbacks arm and disarm it for everyone), the counters are
