@@ -365,6 +365,14 @@ void st_model_params_changed(st_model *m);
  * cross-entropy (over every row: a sequence model's tokens), the gradient vector is overwritten with dloss/dparams. */
 st_status st_model_forward_backward(st_model *m, float *loss);
 
+/* The same, telling ready(ctx, from) as the backward goes, after each
+ * layer that completes more of it, that the gradient vector's elements
+ * [from, st_model_grad_count) are final for this pass (nothing writes
+ * them again until the next one): from only decreases, and is 0 last.
+ * For a caller that reduces the gradients during the backward. */
+st_status st_model_forward_backward_ready(st_model *m, float *loss,
+                                          void (*ready)(void *ctx, size_t from), void *ctx);
+
 /* Batch statistics recalibration: a training forward on the batch in the
  * input (nothing else: no loss, no gradient), whose batch norms update
  * their running statistics with momentum 1 / (k + 1).  Called for k = 0,

@@ -781,13 +781,19 @@ void st_model_params_changed(st_model *m)
 
 st_status st_model_forward_backward(st_model *m, float *loss)
 {
+    return st_model_forward_backward_ready(m, loss, NULL, NULL);
+}
+
+st_status st_model_forward_backward_ready(st_model *m, float *loss,
+                                          void (*ready)(void *ctx, size_t from), void *ctx)
+{
     double sum;
     st_status s = st_graph_forward(m, ST_PHASE_TRAIN);
     m->ctx.copies_current = 0;   /* used: the next update writes them again */
     ST_TRY(s);
     ST_TRY(st_xent_forward(&m->ctx, &m->xent, m->labels, m->rows, 1, &sum, NULL));
     *loss = (float)(sum / (double)m->rows);
-    return st_graph_backward(m);
+    return st_graph_backward_ready(m, ready, ctx);
 }
 
 st_status st_model_calibrate(st_model *m, int k)
