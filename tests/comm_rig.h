@@ -39,6 +39,11 @@ static st_comm_bf16_at g_bf16_at = ST_COMM_BF16_BUFFER;
  * vector, every domain its own with the same initial values, and every
  * worker holds everything (the shared tests set it for dp rigs). */
 static int g_shared = 0;
+/* > 0: every worker writes its gradient in that many pieces from the top
+ * of the vector down, saying each final (st_comm_reduce_ready) as a
+ * backward does, with random delays between them; unwritten elements are
+ * NaN until then, so an owner that read one early would show it. */
+static int g_ready_pieces = 0;
 
 /* An fp32 rounded to bf16 (nearest even) and widened back, computed here
  * independently of the engine. */
@@ -213,6 +218,32 @@ static inline void spin(uint32_t iters)
         x = x + 1;
 }
 
+/* fill_grads as a backward writes them: NaN first, then g_ready_pieces
+ * pieces from the top down, each said final once written. */
+static inline st_status fill_grads_ready(rig *r, int w, uint64_t step, st_rng *dr)
+{
+    float *g = r->grads[w];
+    for (size_t i = 0; i < r->p; i++)
+        g[i] = NAN;
+    st_rng root = st_rng_seed(1000 + step);
+    st_rng gr = st_rng_split(&root, (uint64_t)w);
+    float *v = malloc(r->p * sizeof *v);
+    for (size_t i = 0; i < r->p; i++)
+        v[i] = st_rng_normal(&gr);
+    size_t top = r->p;
+    st_status s = ST_OK;
+    for (int k = g_ready_pieces; k >= 1 && s == ST_OK; k--) {
+        size_t from = k == 1 ? 0 : (size_t)st_rng_below(dr, (uint32_t)top + 1);
+        for (size_t i = from; i < top; i++)
+            g[i] = r->mask[w][i] ? v[i] : NAN;
+        s = st_comm_reduce_ready(r->c, w, from, NULL);
+        top = from;
+        spin(st_rng_below(dr, 20000));
+    }
+    free(v);
+    return s;
+}
+
 static inline int owner_of(const st_comm *c, int n, size_t i)
 {
     for (int v = 0; v < n; v++) {
@@ -252,8 +283,12 @@ static inline void run_rig(rig *r, int steps, int same_grads, int delays, run_ou
                 memcpy(o->init_master + sh.begin, mp, len * sizeof(float));
             st_rng dr = st_rng_seed(77 + (uint64_t)w * 1000003u + (uint64_t)steps);
             for (int t = 0; t < steps && s == ST_OK; t++) {
-                if (t == 0 || !same_grads)
+                if (g_ready_pieces)
+                    s = o->rs[w] = fill_grads_ready(r, w, (uint64_t)t, &dr);
+                else if (t == 0 || !same_grads)
                     fill_grads(r, w, (uint64_t)t);
+                if (s != ST_OK)
+                    break;
                 if (delays)
                     spin(st_rng_below(&dr, 200000));
                 s = o->rs[w] = st_comm_reduce_scatter(r->c, w);

@@ -231,6 +231,20 @@ float *st_comm_shard_params(st_comm *c, int w);
  * mean over its holders.  Internally waits for all workers. */
 st_status st_comm_reduce_scatter(st_comm *c, int w);
 
+/* Optional, during w's backward, before its reduce-scatter, as often as
+ * wanted with `from` not increasing: w's gradient elements [from, P) (full
+ * layout) are final for this step: w writes none of them before the
+ * step's all-gather.  w then reduces the means of its own shard's elements
+ * that every worker has said final (a call with the same `from` again only
+ * does that), so that the reduction runs during the backward pass and the
+ * reduce-scatter only finishes it; *done (may be NULL) is the part of w's
+ * shard whose means this call completed (empty: none), which w may update
+ * at once.  The same sums in the same order: the result is bitwise the
+ * same as without.  Never waits; with two levels (partials of NUMA
+ * domains), or on a backend that does not do it (MPI), it only remembers,
+ * and the reduce-scatter reduces all. */
+st_status st_comm_reduce_ready(st_comm *c, int w, size_t from, st_range *done);
+
 /* All-gather.  Every worker calls it once it has updated its shard's master
  * weights; on return w's parameter vector holds the master values of every
  * element w holds.  Internally waits for all workers first, every owner

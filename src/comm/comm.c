@@ -230,6 +230,16 @@ st_status st_comm_reduce_scatter(st_comm *c, int w)
     return c->ops->reduce_scatter(c->impl, w);
 }
 
+st_status st_comm_reduce_ready(st_comm *c, int w, size_t from, st_range *done)
+{
+    st_range none = { 0, 0 };
+    if (done)
+        *done = none;
+    ST_TRY(check_worker(c, w, "reduce-ready"));
+    return c->ops->reduce_ready ? c->ops->reduce_ready(c->impl, w, from, done ? done : &none)
+                                : ST_OK;
+}
+
 st_status st_comm_all_gather(st_comm *c, int w)
 {
     ST_TRY(check_worker(c, w, "all-gather"));

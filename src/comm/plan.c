@@ -250,14 +250,32 @@ static grad_src source_of(const comm_plan *pl, int v, size_t x)
     return (grad_src){ s->bf16 + at, SRC_BF16, sizeof(uint16_t) };
 }
 
-void st_comm_plan_convert(const comm_plan *pl, int w)
+void st_comm_plan_convert(const comm_plan *pl, int w, size_t lo, size_t hi)
 {
     const comm_slot *me = &pl->slots[w];
     if (!me->bf16)
         return;
-    for (int i = 0; i < me->n_held; i++)
-        st_bf16_round_n(me->bf16 + me->local[i], me->grads + me->local[i],
-                        me->held[i].end - me->held[i].begin);
+    for (int i = 0; i < me->n_held; i++) {
+        const size_t a = me->held[i].begin > lo ? me->held[i].begin : lo;
+        const size_t b = me->held[i].end < hi ? me->held[i].end : hi;
+        if (a < b) {
+            const size_t at = me->local[i] + (a - me->held[i].begin);
+            st_bf16_round_n(me->bf16 + at, me->grads + at, b - a);
+        }
+    }
+}
+
+void st_comm_plan_reduce_part(const comm_plan *pl, int w, size_t lo, size_t hi)
+{
+    comm_slot *me = &pl->slots[w];
+    for (size_t g = 0; g < me->n_rs2; g++) {
+        const comm_seg *seg = &me->segs[g];
+        const size_t a = seg->begin > lo ? seg->begin : lo;
+        const size_t b = seg->end < hi ? seg->end : hi;
+        if (a < b)
+            st_comm_run_rs_part(&me->rs2[g], me->ops2, a - seg->begin, b - seg->begin,
+                                me->scratch, me->wide);
+    }
 }
 
 st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *grads,
@@ -269,6 +287,9 @@ st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *gr
     me->grads = grads;
     me->params = params;
     me->n_held = n_held;
+    me->ready_from = pl->n_params;
+    me->done_from = pl->shard_begin[w + 1];
+    me->step = 0;
     memset(&me->bytes, 0, sizeof me->bytes);
     if (n_held > 0) {
         void *p;

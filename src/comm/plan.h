@@ -118,6 +118,12 @@ typedef struct comm_slot {
     int rs_mid_barrier, ag_mid_barrier;
     int ag_exit_barrier;      /* shared parameters over several domains: wait
                                * for the domain's copiers before returning */
+    /* the reduction during the backward (st_comm_reduce_ready), this step:
+     * w's gradient elements [ready_from, P) are said final (and converted,
+     * with bf16 buffers); its shard's means [done_from, shard end) are
+     * reduced.  Written by w alone. */
+    size_t ready_from, done_from;
+    uint64_t step;            /* steps reduced since attach */
     st_comm_bytes bytes;
 } comm_slot;
 
@@ -178,9 +184,13 @@ st_status st_comm_plan_owner(comm_plan *pl, int w);
  * several domains). */
 void st_comm_plan_finish(comm_plan *pl, int w);
 
-/* The step, before the reduce-scatter's entry barrier: with bf16 payloads
- * in buffers, w rounds its held gradient into its bf16 buffer (nothing
- * otherwise). */
-void st_comm_plan_convert(const comm_plan *pl, int w);
+/* With bf16 payloads in buffers, w rounds its held gradient's elements
+ * of [lo, hi) (full layout) into its bf16 buffer (nothing otherwise): in
+ * the step, before they are said final or at the reduce-scatter's entry. */
+void st_comm_plan_convert(const comm_plan *pl, int w, size_t lo, size_t hi);
+
+/* w's level-2 program (the owner's means) over the elements [lo, hi) of
+ * its shard alone: what st_comm_run_rs of all of it computes there. */
+void st_comm_plan_reduce_part(const comm_plan *pl, int w, size_t lo, size_t hi);
 
 #endif /* SUBTRAIN_COMM_PLAN_H */

@@ -15,6 +15,12 @@
  *                   middle barrier, only if some worker copies from a
  *                   copier's replica; phase 2 (those local copies).
  *
+ * During the backward (st_comm_reduce_ready), a worker says which tail
+ * of its gradient is final and, on one level, reduces the part of its
+ * shard that every worker has said: the reduce-scatter then only does
+ * the rest.  No barrier there: an atomic counter per worker says how far
+ * it is (shared_worker.said).
+ *
  * There is no exit barrier: the next collective's entry barrier is the
  * one that matters (see the comments at each wait).  A step costs 2
  * barriers on one NUMA domain, 4 when partials or local copies exist
@@ -40,10 +46,16 @@
 #include "core/error.h"
 
 /* Worker w's attach state, on its own 64-byte line: `attached` is written
- * by w's attach while the other workers attach too. */
+ * by w's attach while the other workers attach too; `said`, on a line of
+ * its own, by w during its backward while the owners read it. */
 typedef struct shared_worker {
     alignas(64) atomic_int attached;   /* w has called attach (a second call fails) */
     int ready;                         /* w's attach completed: its plan is valid */
+    /* What of its gradient w has said final (st_comm_reduce_ready): in
+     * step s (0-based since attach), elements [from, P) are said by the
+     * value s (P + 1) + P - from, so it only grows and a value of an
+     * earlier step never says anything of this one */
+    alignas(64) atomic_uint_least64_t said;
 } shared_worker;
 
 typedef struct shared_comm {
@@ -107,6 +119,7 @@ static st_status shared_create(const st_comm_config *cfg, st_comm_backend **out)
     }
     for (int w = 0; w < n; w++) {
         atomic_init(&sc->workers[w].attached, 0);
+        atomic_init(&sc->workers[w].said, 0);
         sc->workers[w].ready = 0;
     }
     st_spin_barrier_init(&sc->barrier, (unsigned)n);
@@ -147,6 +160,7 @@ static void shared_reset(st_comm_backend *b)
     st_comm_plan_forget(&sc->plan);
     for (int w = 0; w < sc->plan.n_workers; w++) {
         atomic_init(&sc->workers[w].attached, 0);
+        atomic_init(&sc->workers[w].said, 0);   /* the steps count from the next attach */
         sc->workers[w].ready = 0;
     }
 }
@@ -219,13 +233,14 @@ static st_status shared_reduce_scatter(st_comm_backend *b, int w)
     if (!(sc->plan.roles & ST_COMM_REDUCE))
         return st_fail(ST_ERR_INVALID, "reduce-scatter on a gather-only engine");
     comm_slot *me = &sc->plan.slots[w];
-    /* bf16 payloads in buffers: w rounds its own gradient into its buffer.
-     * Nobody reads that buffer now, for the reason w's gradient vector
-     * could be written: the readers of the previous reduce-scatter are
-     * done (the all-gather's entry barrier, or whatever the caller of a
-     * reduce-only engine waits at before its next backward), and this
-     * write comes after that backward's. */
-    st_comm_plan_convert(&sc->plan, w);
+    /* bf16 payloads in buffers: w rounds its own gradient into its buffer
+     * (what it has not said final yet: the rest is).  Nobody reads that
+     * part of the buffer now, for the reason w's gradient vector could be
+     * written: the readers of the previous reduce-scatter are done (the
+     * all-gather's entry barrier, or whatever the caller of a reduce-only
+     * engine waits at before its next backward), and this write comes
+     * after that backward's. */
+    st_comm_plan_convert(&sc->plan, w, 0, me->ready_from);
     /* every gradient vector is complete (and the previous all-gather,
      * which read the master shards, is over everywhere).  Shared
      * parameters: every worker's backward, the step's last reader of its
@@ -233,13 +248,73 @@ static st_status shared_reduce_scatter(st_comm_backend *b, int w)
      * its shard there (its update) until the all-gather's entry barrier */
     if (st_spin_barrier_wait(&sc->barrier))
         return another_failed();
+    const size_t sb = sc->plan.shard_begin[w], se = sc->plan.shard_begin[w + 1];
     if (me->rs_mid_barrier) {
         st_comm_run_rs(me->rs1, me->n_rs1, me->ops1, me->scratch, me->wide);
         /* every domain partial is complete */
         if (st_spin_barrier_wait(&sc->barrier))
             return another_failed();
+        st_comm_run_rs(me->rs2, me->n_rs2, me->ops2, me->scratch, me->wide);
+    } else if (me->done_from == se) {
+        st_comm_run_rs(me->rs2, me->n_rs2, me->ops2, me->scratch, me->wide);
+    } else {   /* the rest of what st_comm_reduce_ready began */
+        st_comm_plan_reduce_part(&sc->plan, w, sb, me->done_from);
     }
-    st_comm_run_rs(me->rs2, me->n_rs2, me->ops2, me->scratch, me->wide);
+    me->step++;
+    me->ready_from = sc->plan.n_params;
+    me->done_from = se;
+    return ST_OK;
+}
+
+/* The least `from` every worker has said of this step: the elements from
+ * there on are final in every gradient vector (acquire: what a worker
+ * wrote before saying so is visible here). */
+static size_t said_by_all(shared_comm *sc, uint64_t base)
+{
+    const size_t P = sc->plan.n_params;
+    size_t from = 0;
+    for (int v = 0; v < sc->plan.n_workers; v++) {
+        const uint64_t s = atomic_load_explicit(&sc->workers[v].said, memory_order_acquire);
+        const size_t f = s >= base ? P - (size_t)(s - base) : P;
+        from = f > from ? f : from;
+    }
+    return from;
+}
+
+static st_status shared_reduce_ready(st_comm_backend *b, int w, size_t from, st_range *done)
+{
+    shared_comm *sc = shared_of(b);
+    ST_TRY(step_check(sc, w, "reduce-ready"));
+    comm_plan *pl = &sc->plan;
+    comm_slot *me = &pl->slots[w];
+    if (!(pl->roles & ST_COMM_REDUCE))
+        return ST_OK;
+    const size_t P = pl->n_params;
+    const uint64_t base = me->step * ((uint64_t)P + 1);
+    if (from < me->ready_from) {
+        st_comm_plan_convert(pl, w, from, me->ready_from);
+        me->ready_from = from;
+        /* release: w's gradient (and bf16 payload) of [from, P) is written
+         * before anyone who reads this value reads them */
+        atomic_store_explicit(&sc->workers[w].said, base + (uint64_t)(P - from),
+                              memory_order_release);
+    }
+    /* Two levels: the partials have no arrival of their own; the
+     * reduce-scatter does it all, after its barriers. */
+    if (me->rs_mid_barrier)
+        return ST_OK;
+    /* Every holder's gradient of [lo, P) is final and stays so until the
+     * all-gather's entry barrier (no worker writes its gradient before its
+     * next backward); the owner alone writes its means.  From the top
+     * down, as the backward completes them. */
+    size_t lo = said_by_all(sc, base);
+    if (lo < pl->shard_begin[w])
+        lo = pl->shard_begin[w];
+    if (lo < me->done_from) {
+        st_comm_plan_reduce_part(pl, w, lo, me->done_from);
+        *done = (st_range){ lo, me->done_from };
+        me->done_from = lo;
+    }
     return ST_OK;
 }
 
@@ -332,6 +407,7 @@ const st_comm_backend_ops st_comm_shared_ops = {
     .shard_grads = shared_shard_grads,
     .shard_params = shared_shard_params,
     .reduce_scatter = shared_reduce_scatter,
+    .reduce_ready = shared_reduce_ready,
     .all_gather = shared_all_gather,
     .barrier = shared_barrier,
     .abort = shared_abort,
