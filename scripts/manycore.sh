@@ -59,7 +59,7 @@ for n in $WORKERS; do
         "$top/bench/bench_step" --config large --workers 2 --precision "$PRECISION" $quick \
             >"$OUT/step-1.txt" 2>&1 ||
             { echo "manycore: bench_step failed: $(tail -n 1 "$OUT/step-1.txt")" >&2; exit 1; }
-        set -- $(awk '$1 == 1 && $2 == "own" { print $3, $5, $10, $11 }' "$OUT/step-1.txt")
+        set -- $(awk '$1 == 1 && $2 == "own" { print $3, $5, $11, $12 }' "$OUT/step-1.txt")
         one_compute=$2
         echo "| 1 | $stream | $engine | $ratio | $1 | 1.00 | 1.00 | - | - | - | - | $3 | $4 |"
         continue
@@ -72,11 +72,11 @@ for n in $WORKERS; do
         set -- $(awk '$1 == 1 && $2 == "own" { print $5 }' "$OUT/step-$n.txt")
         one_compute=$1
     fi
-    # rows: workers weights samples/s vs-1 compute wait reduce optimizer exposed% MB/step MiB
+    # rows: workers weights samples/s vs-1 compute wait reduce optimizer overlap exposed% MB/step MiB
     # speed-ups over the 1-worker row of the same run (a same-run ratio)
-    set -- $(awk -v n="$n" '$1 == n && $2 == "shared" { sub("x", "", $4); print $3, $4, $9, $10, $11 }' "$OUT/step-$n.txt")
+    set -- $(awk -v n="$n" '$1 == n && $2 == "shared" { sub("x", "", $4); print $3, $4, $10, $11, $12 }' "$OUT/step-$n.txt")
     sps=$1 up=$2 exposed=$3 mb=$4 mib=$5
-    set -- $(awk -v n="$n" '$1 == n && $2 == "replicas" { sub("x", "", $4); print $3, $4, $9 }' "$OUT/step-$n.txt")
+    set -- $(awk -v n="$n" '$1 == n && $2 == "replicas" { sub("x", "", $4); print $3, $4, $10 }' "$OUT/step-$n.txt")
     rsps=$1 rup=$2 rexposed=$3
     awk -v n="$n" -v sps="$sps" -v up="$up" -v tc="$one_compute" -v mb="$mb" \
         -v bw="$stream" -v rsps="$rsps" -v rup="$rup" -v engine="$engine" -v ratio="$ratio" \

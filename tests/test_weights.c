@@ -265,6 +265,9 @@ Test(shared_weights, records_count_the_bytes_and_the_share, .timeout = 120)
     }
     cr_assert_eq(s.comm_bytes_per_worker_step, busy_s, "shared: %.0f bytes a step, want %.0f",
                  s.comm_bytes_per_worker_step, busy_s);
+    /* dp reduces during the backward (st_comm_reduce_ready), either way */
+    cr_assert_gt(s.step_ms_overlapped, 0.0, "no reduction during the backward");
+    cr_assert_gt(p.step_ms_overlapped, 0.0, "no reduction during the backward (replicas)");
     cr_assert_eq(p.comm_bytes_per_worker_step, busy_p, "replicas: %.0f bytes a step, want %.0f",
                  p.comm_bytes_per_worker_step, busy_p);
 }
@@ -275,4 +278,65 @@ Test(shared_weights, an_unknown_placement_is_refused)
     c.weights = (st_weights)7;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
     cr_assert_str_eq(st_last_error(), "unknown weights placement 7 (shared or private)");
+}
+
+/* A step reduces (and updates) during the backward what every worker's
+ * layers have completed (st_comm_reduce_ready); the trainer's update
+ * after the caller's own forward and backward of each worker reduces it
+ * all afterwards.  Same sums, same order: 2 workers, 20 steps, the same
+ * weights to the bit, in fp32 and bf16. */
+Test(shared_weights, reducing_during_the_backward_changes_no_bit, .timeout = 120)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        if (bf16 && st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+            break;
+        st_train_config c = dp_config(2, 32, 20);
+        c.schedule = ST_SCHED_CONSTANT;
+        if (bf16) {
+            c.model.precision = ST_PRECISION_BF16;
+            c.bf16_emulated = 1;
+        }
+        st_trainer *a, *b;
+        cr_assert_eq(st_trainer_create(&c, &train, &test, &a), ST_OK, "%s", st_last_error());
+        cr_assert_eq(st_trainer_create(&c, &train, &test, &b), ST_OK, "%s", st_last_error());
+        uint32_t *order = malloc(train.count * sizeof *order);
+        const uint64_t S = train.count / (uint32_t)(2 * c.batch);
+        for (uint64_t s = 1; s <= 20; s++) {
+            float la, lb, lr;
+            cr_assert_eq(st_trainer_step(a, 1, &la), ST_OK, "%s", st_last_error());
+            if ((s - 1) % S == 0)
+                st_epoch_order(c.seed, (s - 1) / S, order, train.count);
+            for (int k = 0; k < 2; k++) {   /* worker k's rows of global batch s - 1 */
+                st_model *m = st_trainer_model(b, k);
+                uint32_t first = (uint32_t)(((s - 1) % S) * 2 + (uint64_t)k) * (uint32_t)c.batch;
+                st_dataset_gather(&train, order + first, (size_t)c.batch, st_model_input(m),
+                                  st_model_labels(m));
+                cr_assert_eq(st_model_forward_backward(m, &lb), ST_OK, "%s", st_last_error());
+            }
+            cr_assert_eq(st_trainer_update(b, &lr), ST_OK, "%s", st_last_error());
+        }
+        size_t P = st_model_config_param_count(&c.model);
+        float *pa = malloc(P * sizeof *pa), *pb = malloc(P * sizeof *pb);
+        cr_assert_eq(st_trainer_params(a, pa, P), ST_OK);
+        cr_assert_eq(st_trainer_params(b, pb, P), ST_OK);
+        size_t differ = 0;
+        for (size_t i = 0; i < P; i++)
+            differ += memcmp(&pa[i], &pb[i], sizeof *pa) != 0;
+        cr_assert_eq(differ, 0, "%s: %zu of %zu weights differ", bf16 ? "bf16" : "fp32", differ,
+                     P);
+        st_epoch_record ra, rb;
+        cr_assert_eq(st_trainer_metrics(a, &ra), ST_OK);
+        cr_assert_eq(st_trainer_metrics(b, &rb), ST_OK);
+        cr_assert_gt(ra.step_ms_overlapped, 0.0, "the steps reduced nothing in the backward");
+        cr_assert_eq(rb.step_ms_overlapped, 0.0, "the updates alone reduced in a backward");
+        free(pa);
+        free(pb);
+        free(order);
+        st_trainer_destroy(a);
+        st_trainer_destroy(b);
+    }
+    st_dataset_free(&train);
+    st_dataset_free(&test);
 }

@@ -267,8 +267,11 @@ typedef struct st_epoch_record {
     double comm_bytes_per_worker_round;
     /* Mean time of a step, over workers and the epoch's steps (ms):
      * forward and backward; waiting for the slowest worker; reduce-scatter
-     * and all-gather; the optimizer on the worker's shard. */
+     * and all-gather; the optimizer on the worker's shard.  Overlapped: the
+     * reduction done during the backward pass (dp), in none of the four:
+     * the step is their sum and it. */
     double step_ms_compute, step_ms_wait, step_ms_reduce, step_ms_optimizer;
+    double step_ms_overlapped;
     /* Every worker's arena of this rank (n = workers_per_rank; with ranks,
      * rank 0 reports its own), valid during the callback only. */
     const st_mem_stats *worker_memory;

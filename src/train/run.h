@@ -42,6 +42,7 @@ typedef struct run_plan {
  * neighbours must not invalidate each other's lines. */
 typedef struct step_times {
     double compute, wait, reduce, optimizer;   /* seconds, summed over steps */
+    double overlapped;        /* reduction during the backward, not in compute */
 } step_times;
 
 typedef struct worker_slot {
@@ -235,6 +236,10 @@ typedef struct run_sharded {
     st_comm *grads, *masters;
     st_status (*at_barrier)(run_shared *r, void *ctx, st_worker *w0, uint64_t i, uint64_t step);
     void *ctx;
+    /* 1: w's gradient vector is in the full layout (data parallelism): the
+     * step reduces it during the backward as its layers complete it
+     * (st_comm_reduce_ready) */
+    int overlap;
 } run_sharded;
 
 st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,

@@ -216,6 +216,7 @@ static void report_divergence(run_shared *r)
     rec.train_loss = rec.test_loss = rec.test_acc = NAN;
     rec.samples_per_s = NAN;
     rec.step_ms_compute = rec.step_ms_wait = rec.step_ms_reduce = rec.step_ms_optimizer = NAN;
+    rec.step_ms_overlapped = NAN;
     rec.lr = r->at_lr;
     rec.wall_s = st_run_now_s() - r->t0;
     if (r->at_label)

@@ -97,8 +97,15 @@ void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *ord
 st_status st_worker_compute(st_worker *w, const st_dataset *d, const uint32_t *order,
                             uint32_t first, float *loss)
 {
+    return st_worker_compute_ready(w, d, order, first, loss, NULL, NULL);
+}
+
+st_status st_worker_compute_ready(st_worker *w, const st_dataset *d, const uint32_t *order,
+                                  uint32_t first, float *loss,
+                                  void (*ready)(void *ctx, size_t from), void *ctx)
+{
     st_worker_load_batch(w, d, order, first, st_model_batch(w->model));
-    return st_model_forward_backward(w->model, loss);
+    return st_model_forward_backward_ready(w->model, loss, ready, ctx);
 }
 
 st_status st_worker_train_step(st_worker *w, const st_dataset *d, const uint32_t *order,

@@ -63,6 +63,11 @@ void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *ord
  * forward, backward; the gradient vector is then complete. */
 st_status st_worker_compute(st_worker *w, const st_dataset *d, const uint32_t *order,
                             uint32_t first, float *loss);
+/* The same, telling ready(ctx, from) as the backward completes the
+ * gradient vector's tail [from, ...) (st_model_forward_backward_ready). */
+st_status st_worker_compute_ready(st_worker *w, const st_dataset *d, const uint32_t *order,
+                                  uint32_t first, float *loss,
+                                  void (*ready)(void *ctx, size_t from), void *ctx);
 
 /* One training step of a worker that updates alone, the hot path: compute,
  * then the optimizer over the whole vector with the schedule's rate for
