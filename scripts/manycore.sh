@@ -43,13 +43,17 @@ OVERLAP=${OVERLAP:-0.9}
 quick=""
 [ "${QUICK:-0}" = 1 ] && quick="--quick"
 for b in bench_reduce bench_step; do
-    [ -x "$top/bench/$b" ] || { echo "manycore: $top/bench/$b is not built (make bench)" >&2; exit 2; }
+    [ -x "$top/bench/$b" ] ||
+        { echo "manycore: $top/bench/$b is not built (make bench)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
 cores=$(nproc)
 echo "manycore: $cores CPUs here; workers $WORKERS; resmlp d8 w1024, batch 128 a worker, $PRECISION"
-printf '| workers | STREAM GB/s | engine GB/s | engine / STREAM | samples/s | measured eff. | predicted | predicted, overlapped | replicas: samples/s | replicas: eff. | exposed (shared) | exposed (replicas) | comm MB/step | peak MiB/worker |\n'
-printf '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
+printf '%s' '| workers | STREAM GB/s | engine GB/s | engine / STREAM | samples/s ' \
+    '| measured eff. | predicted | predicted, overlapped | replicas: samples/s ' \
+    '| replicas: eff. | exposed (shared) | exposed (replicas) | comm MB/step ' \
+    '| peak MiB/worker |'
+printf '\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n'
 core=
 one_compute=""
 for n in $WORKERS; do
@@ -58,9 +62,11 @@ for n in $WORKERS; do
     # shellcheck disable=SC2086  # the options are words
     "$top/bench/bench_reduce" --workers "$n" $over --sizes "$MIB" --payload fp32 $quick \
         >"$OUT/reduce-$n.txt" 2>&1 ||
-        { echo "manycore: bench_reduce --workers $n failed: $(tail -n 1 "$OUT/reduce-$n.txt")" >&2; exit 1; }
+        { echo "manycore: bench_reduce --workers $n failed:" \
+               "$(tail -n 1 "$OUT/reduce-$n.txt")" >&2; exit 1; }
     # the size's row: grads MiB payload sets bytes MiB step-ms reduce-GB/s STREAM-GB/s ratio ...
-    set -- $(awk -v m="$MIB" '$1 == m && $2 == "MiB" && $3 == "fp32" { print $8, $9, $10 }' "$OUT/reduce-$n.txt")
+    set -- $(awk -v m="$MIB" '$1 == m && $2 == "MiB" && $3 == "fp32" { print $8, $9, $10 }' \
+                 "$OUT/reduce-$n.txt")
     engine=$1 stream=$2 ratio=$3
     [ -n "$core" ] || core=$stream   # the first count's: one core's, with WORKERS from 1
     if [ "$n" -eq 1 ]; then
@@ -70,22 +76,26 @@ for n in $WORKERS; do
             { echo "manycore: bench_step failed: $(tail -n 1 "$OUT/step-1.txt")" >&2; exit 1; }
         set -- $(awk '$1 == 1 && $2 == "own" { print $3, $5, $11, $12 }' "$OUT/step-1.txt")
         one_compute=$2
-        echo "| 1 | $stream | $engine | $ratio | $1 | 1.00 | 1.00 | 1.00 | - | - | - | - | $3 | $4 |"
+        echo "| 1 | $stream | $engine | $ratio | $1 | 1.00 | 1.00 | 1.00 | - | - | - | - |" \
+             "$3 | $4 |"
         continue
     fi
     # shellcheck disable=SC2086
     "$top/bench/bench_step" --config large --workers "$n" --precision "$PRECISION" $quick \
         >"$OUT/step-$n.txt" 2>&1 ||
-        { echo "manycore: bench_step --workers $n failed: $(tail -n 1 "$OUT/step-$n.txt")" >&2; exit 1; }
+        { echo "manycore: bench_step --workers $n failed:" \
+               "$(tail -n 1 "$OUT/step-$n.txt")" >&2; exit 1; }
     if [ -z "$one_compute" ]; then   # WORKERS without 1: this run's 1-worker row
         set -- $(awk '$1 == 1 && $2 == "own" { print $5 }' "$OUT/step-$n.txt")
         one_compute=$1
     fi
-    # rows: workers weights samples/s vs-1 compute wait reduce optimizer overlap exposed% MB/step MiB
+    # rows: workers weights samples/s vs-1 compute wait reduce optimizer overlap exposed% MB MiB
     # speed-ups over the 1-worker row of the same run (a same-run ratio)
-    set -- $(awk -v n="$n" '$1 == n && $2 == "shared" { sub("x", "", $4); print $3, $4, $10, $11, $12 }' "$OUT/step-$n.txt")
+    set -- $(awk -v n="$n" '$1 == n && $2 == "shared" {
+                     sub("x", "", $4); print $3, $4, $10, $11, $12 }' "$OUT/step-$n.txt")
     sps=$1 up=$2 exposed=$3 mb=$4 mib=$5
-    set -- $(awk -v n="$n" '$1 == n && $2 == "replicas" { sub("x", "", $4); print $3, $4, $10 }' "$OUT/step-$n.txt")
+    set -- $(awk -v n="$n" '$1 == n && $2 == "replicas" {
+                     sub("x", "", $4); print $3, $4, $10 }' "$OUT/step-$n.txt")
     rsps=$1 rup=$2 rexposed=$3
     awk -v n="$n" -v sps="$sps" -v up="$up" -v tc="$one_compute" -v mb="$mb" \
         -v bw="$stream" -v rsps="$rsps" -v rup="$rup" -v engine="$engine" -v ratio="$ratio" \
