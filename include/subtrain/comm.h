@@ -13,7 +13,14 @@
  *   update          the owner applies the optimizer to its shard of the
  *                   master weights and of the optimizer state (ZeRO-1);
  *   all-gather      every worker copies the updated values of the elements
- *                   it holds into its own replica.
+ *                   it holds into its own replica; with shared parameters
+ *                   (st_comm_config.shared_params: one vector a NUMA
+ *                   domain, its owners' masters in it) each domain's vector
+ *                   gets the other domains' shards, and on one domain
+ *                   nothing is copied.
+ *
+ * The reduce-scatter may begin during the backward pass, as the workers
+ * say which of their gradient is final (st_comm_reduce_ready).
  *
  * Backends (st_comm_config.backend).  ST_COMM_BACKEND_MPI spans the ranks
  * of an MPI job (all of them, or a consecutive range): n_workers is then
