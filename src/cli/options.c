@@ -22,7 +22,7 @@ enum {
     OPT_WEIGHT_DECAY, OPT_SCHEDULE, OPT_WARMUP, OPT_SEED, OPT_METRICS, OPT_PROGRESS,
     OPT_STRATEGY, OPT_WORKERS, OPT_TOPOLOGY, OPT_CPUSET, OPT_OVERSUBSCRIBE,
     OPT_NEURON_GROUP, OPT_BN_CALIBRATION, OPT_REPORT,
-    OPT_AUGMENT_CROP, OPT_AUGMENT_FLIP,
+    OPT_AUGMENT_CROP, OPT_AUGMENT_FLIP, OPT_SPLIT,
     OPT_CONTEXT, OPT_HEADS, OPT_HOLDOUT, OPT_VAL_BYTES, OPT_EPOCH_WINDOWS,
     OPT_SAMPLE, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K, OPT_CHECKPOINT, OPT_INIT,
     OPT_CHECKPOINT_EVERY, OPT_KEEP, OPT_RESUME, OPT_USR1, OPT_THREADS, OPT_TEAM_SPANS,
@@ -38,6 +38,7 @@ static const struct option own_options[] = {
     { "data", required_argument, NULL, OPT_DATA },
     { "augment-crop", required_argument, NULL, OPT_AUGMENT_CROP },
     { "augment-flip", no_argument, NULL, OPT_AUGMENT_FLIP },
+    { "split", required_argument, NULL, OPT_SPLIT },
     { "context", required_argument, NULL, OPT_CONTEXT },
     { "heads", required_argument, NULL, OPT_HEADS },
     { "holdout", required_argument, NULL, OPT_HOLDOUT },
@@ -269,6 +270,11 @@ void st_cli_print_help(FILE *f)
 "  --augment-crop P       training images: pad P zero pixels on each side, crop\n"
 "                         back at a random offset (default 0: off)\n"
 "  --augment-flip         training images: mirror left-right with p = 0.5\n"
+"  --split iid|classes:K|dirichlet:ALPHA   the training set over the workers:\n"
+"                         one shuffle for all (default iid), K classes per\n"
+"                         worker, or a Dirichlet(ALPHA) label skew, dealt from\n"
+"                         --seed; each worker's batches come from its own split\n"
+"                         (doc/noniid.md)\n"
 "  --holdout F            text: the held-out fraction, the file's tail (default 0.1)\n"
 "  --val-bytes N          text: evaluate on the first N held-out bytes (default\n"
 "                         1048576; 0: all of them)\n"
@@ -699,6 +705,9 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         return 0;
     }
     case OPT_AUGMENT_FLIP: o->augment.flip = 1; return 0;
+    case OPT_SPLIT:   /* the library's line names --split and the value */
+        return st_split_parse(arg, &t->split) == ST_OK ? 0 : st_cli_fail(err, n, "%s",
+                                                                          st_last_error());
     case OPT_CONTEXT: return parse_int("--context", arg, 1, 4096, &t->model.context, err, n);
     case OPT_HEADS: return parse_int("--heads", arg, 1, 65536, &t->model.heads, err, n);
     case OPT_HOLDOUT:
@@ -1038,6 +1047,12 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
                                                 "text:FILE"
                                               : "--data text:FILE is for --model %s (a language "
                                                 "model)", reads_text ? model : lm);
+    if (text && o->train.split.kind != ST_SPLIT_IID) {
+        char split[64];
+        st_split_name(&o->train.split, split, sizeof split);
+        return st_cli_fail(err, n, "--split %s: text data has no classes to split by (it "
+                           "takes --split iid only)", split);
+    }
     if (saw.text_option && !text)
         return st_cli_fail(err, n, "%s applies to --data text:FILE only", saw.text_option);
     if (o->sample && !reads_text)
@@ -1156,6 +1171,7 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
     case OPT_DATA: snprintf(v, n, "%s", o->data); break;
     case OPT_AUGMENT_CROP: snprintf(v, n, "%u", o->augment.crop); break;
     case OPT_AUGMENT_FLIP: flag_text(o->augment.flip, v, n); break;
+    case OPT_SPLIT: st_split_name(&t->split, v, n); break;
     case OPT_CONTEXT: if (m->context) snprintf(v, n, "%d", m->context); break;
     case OPT_HEADS: if (m->heads) snprintf(v, n, "%d", m->heads); break;
     case OPT_HOLDOUT: if (text) float_text(o->holdout, v, n); break;
