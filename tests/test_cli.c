@@ -38,6 +38,13 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--workers 0", "--workers");
     expect_usage_error("--workers many", "--workers");
     expect_usage_error("--strategy pp", "allowed: dp, sdp, ist");
+    expect_usage_error("--split classes:0", "--split classes:0: K, the classes per worker, must "
+                       "be a whole number in [1, 256]");
+    expect_usage_error("--split classes:x", "--split classes:x: K");
+    expect_usage_error("--split dirichlet:-1", "--split dirichlet:-1: ALPHA, the Dirichlet "
+                       "concentration, must be a finite number > 0");
+    expect_usage_error("--split dirichlet:nan", "--split dirichlet:nan: ALPHA");
+    expect_usage_error("--split foo", "--split foo: expected iid, classes:K or dirichlet:ALPHA");
     expect_usage_error("--strategy ist --local-steps 0", "--local-steps");
     expect_usage_error("--strategy ist --optimizer-state forget", "allowed: reset, keep");
     expect_usage_error("--strategy ist --train-scale double", "allowed: none, inverse-workers");
@@ -1610,6 +1617,44 @@ Test(cli, config_file_errors_name_the_file_and_line)
                        "--config /nonexistent/run.conf: cannot read it");
     expect_usage_error("topo --config x.conf", "unknown option '--config'");
     expect_usage_error("quad --config x.conf", "unknown option '--config'");
+    st_test_rmdir(dir);
+}
+
+/* A split is refused where it cannot be dealt: text (before the data),
+ * synth, classes nobody holds once the data's classes are known (still a
+ * usage error); a split run names it in its banner and its first record
+ * holds the class histogram per worker. */
+Test(cli, splits_are_checked_named_and_recorded, .timeout = 60)
+{
+    expect_usage_error("--model gpt --data text:/nonexistent --split classes:2",
+                       "--split classes:2: text data has no classes to split by");
+    expect_usage_error("--data synthetic --strategy synth --split dirichlet:0.5",
+                       "--split dirichlet:0.5 does not apply to --strategy synth");
+    expect_usage_error("--data synthetic --workers 2 --split classes:4 --steps 1",
+                       "--split classes:4 with 2 workers holds 8 of the data's 10 classes: "
+                       "workers x K must be at least 10");
+    char dir[ST_TEST_PATH_MAX], m[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(m, dir, "m.jsonl");
+    snprintf(args, sizeof args, "--data synthetic --model mlp --depth 1 --width 16 --batch 32 "
+             "--steps 4 --workers 2 --oversubscribe --split classes:5 --progress plain "
+             "--metrics '%s'", m);
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, " 10 classes, split classes:5) | dp, 2 workers"), "%s", r->out);
+    char *s = slurp(m);
+    const char *first_end = strchr(s, '\n'), *split = strstr(s, "\"split\":{\"spec\":");
+    cr_assert(split && split < first_end, "%s", s);
+    /* the synthetic set's classes, as its teacher labels them, wholly to
+     * worker 0 (0..4) or 1 (5..9) */
+    const char *head = "\"split\":{\"spec\":\"classes:5\",\"classes\":10,\"histogram\":[[";
+    cr_assert(strncmp(split, head, strlen(head)) == 0, "%.200s", split);
+    cr_assert(strstr(split, ",0,0,0,0,0],[0,0,0,0,0,") && strstr(split, "]]}},\"epoch\":1,"),
+              "%.200s", split);
+    cr_assert_eq(count_of(s, "\"split\":{"), 1, "in the first record only: %s", s);
+    free(s);
+    free(r);
     st_test_rmdir(dir);
 }
 

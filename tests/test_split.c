@@ -166,6 +166,28 @@ Test(split, classes_two_gives_each_worker_exactly_its_two_classes)
     st_dataset_free(&test);
 }
 
+/* Fashion-MNIST's 60000 training images are 6000 of each class: over 5
+ * workers, classes:2 gives worker g classes 2g and 2g + 1, 6000 each. */
+Test(split, fashion_mnist_classes_two_over_five_workers, .timeout = 60)
+{
+    const char *dir = getenv("SUBTRAIN_DATA") ? getenv("SUBTRAIN_DATA") : ST_FASHION_MNIST_DIR;
+    st_dataset train, test;
+    if (st_fashion_mnist_load(dir, &train, &test) != ST_OK)
+        cr_skip_test("no Fashion-MNIST: %s", st_last_error());
+    st_split *s;
+    st_split_config c = spec("classes:2");
+    cr_assert_eq(st_split_make(&c, &train, 5, 1, 128, &s), ST_OK, "%s", st_last_error());
+    log_histogram("Fashion-MNIST classes:2", s);
+    assert_partition(s, &train);
+    for (int g = 0; g < 5; g++)
+        for (uint32_t k = 0; k < 10; k++)
+            cr_assert_eq(st_split_histogram(s)[g * 10 + k], k / 2 == (uint32_t)g ? 6000 : 0,
+                         "worker %d class %u", g, k);
+    st_split_destroy(s);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
 Test(split, classes_wrap_and_shared_classes_are_dealt_evenly)
 {
     st_dataset train, test;
