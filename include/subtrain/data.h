@@ -224,7 +224,8 @@ typedef struct st_split_config {
 } st_split_config;
 
 /* "iid", "classes:K" or "dirichlet:ALPHA" (ALPHA decimal, as 0.1 or 1e-2)
- * into *out; refused with a line naming --split and the text. */
+ * into *out; refused with the line "--split TEXT: why", TEXT's first 64
+ * bytes. */
 st_status st_split_parse(const char *text, st_split_config *out);
 /* The text st_split_parse reads back as c ("dirichlet:0.1"), at most n
  * bytes like snprintf. */
