@@ -226,6 +226,33 @@ Test(resume, options_that_may_change_leave_the_run_bitwise, .timeout = 60)
     st_test_rmdir(dir);
 }
 
+/* A split run resumed mid-epoch deals and orders its samples again from
+ * the seed: bitwise the run never stopped.  Another split is another run. */
+Test(resume, a_split_run_resumes_bitwise_and_refuses_another_split, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], opts[4 * ST_TEST_PATH_MAX], args[8 * ST_TEST_PATH_MAX],
+        a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    setup_run(dir, opts, sizeof opts, "--model mlp --depth 2 --width 32 --workers 2 "
+              "--oversubscribe --split dirichlet:0.5");
+    expect_trains(dir, "ck", opts, "--checkpoint-every 7");
+    snprintf(args, sizeof args, "--resume '%s/ck/step-00000007.safetensors'", dir);
+    expect_trains(dir, "resumed", opts, args);
+    snprintf(a, sizeof a, "%s/ck/final.safetensors", dir);
+    snprintf(b, sizeof b, "%s/resumed/final.safetensors", dir);
+    cr_assert(same_file(a, b), "resumed after step 7, the weights differ");
+    static const struct { const char *change, *needle; } other[] = {
+        { "--split classes:5", "its run had --split dirichlet:0.5, this one has --split "
+                               "classes:5: resume with the options of the run that wrote it" },
+        { "--split iid", "its run had --split dirichlet:0.5, this one has --split iid:" },
+        { "--split dirichlet:0.50001", "this one has --split dirichlet:0.50001:" },
+    };
+    for (size_t i = 0; i < sizeof other / sizeof *other; i++) {
+        snprintf(args, sizeof args, "%s %s --resume '%s/ck'", opts, other[i].change, dir);
+        expect_runtime_error(NULL, args, other[i].needle);
+    }
+    st_test_rmdir(dir);
+}
+
 /* sdp redraws its masks every --resample R steps.  A run resumed after a
  * step S inside a round (S not a multiple of R) must draw that round's
  * masks again, or its next steps train other subnetworks: from step 7 of

@@ -150,6 +150,11 @@ typedef struct st_train_config {
     st_schedule_kind schedule;
     uint64_t warmup_steps;    /* cosine schedule only; ST_WARMUP_AUTO: 5% of the run */
     int batch;                /* samples per step and worker */
+    st_split_config split;    /* how the training set is dealt to the
+                               * workers (data.h): iid (default) or a
+                               * non-iid split of the seed, which every
+                               * strategy's workers read their batches
+                               * from (synth refuses one) */
     int epochs;               /* used when steps == 0 */
     uint64_t steps;           /* total steps; 0: epochs x steps per epoch */
     uint64_t seed;            /* init, shuffles */

@@ -74,6 +74,7 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
     case OPT_DATA: snprintf(v, n, "%s", o->data); break;
     case OPT_AUGMENT_CROP: snprintf(v, n, "%u", o->augment.crop); break;
     case OPT_AUGMENT_FLIP: flag_text(o->augment.flip, v, n); break;
+    case OPT_SPLIT: st_split_name(&t->split, v, n); break;
     case OPT_CONTEXT: if (m->context) snprintf(v, n, "%d", m->context); break;
     case OPT_HEADS: if (m->heads) snprintf(v, n, "%d", m->heads); break;
     case OPT_HOLDOUT: if (text) float_text(o->holdout, v, n); break;

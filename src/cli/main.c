@@ -131,6 +131,11 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
         printf(", crop %u", train->augment.crop);
     if (train->augment.flip)
         printf(", flip");
+    if (t->split.kind != ST_SPLIT_IID) {
+        char split[64];
+        st_split_name(&t->split, split, sizeof split);
+        printf(", split %s", split);
+    }
     char strategy[256];
     st_strategy_describe(t, workers, strategy, sizeof strategy);
     printf(") | %s, ", strategy);
@@ -739,6 +744,12 @@ static int run_train_rank(st_cli_options *o)
      * takes the worker count from it */
     if (st_cli_provenance_make(o, &prov) != 0)
         goto out;
+    /* a split is dealt from the labels over the run's workers: known now,
+     * still a usage error */
+    if (st_cli_provenance_split(&prov, o, &train) != 0) {
+        status = EXIT_USAGE;
+        goto out;
+    }
     prog.provenance = &prov;
     int early;
     if (begin_training(&early) != ST_OK) {

@@ -10,6 +10,7 @@ static const struct option own_options[] = {
     { "data", required_argument, NULL, OPT_DATA },
     { "augment-crop", required_argument, NULL, OPT_AUGMENT_CROP },
     { "augment-flip", no_argument, NULL, OPT_AUGMENT_FLIP },
+    { "split", required_argument, NULL, OPT_SPLIT },
     { "context", required_argument, NULL, OPT_CONTEXT },
     { "heads", required_argument, NULL, OPT_HEADS },
     { "holdout", required_argument, NULL, OPT_HOLDOUT },

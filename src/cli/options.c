@@ -211,6 +211,9 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         return 0;
     }
     case OPT_AUGMENT_FLIP: o->augment.flip = 1; return 0;
+    case OPT_SPLIT:   /* the library's line names --split and the value */
+        return st_split_parse(arg, &t->split) == ST_OK ? 0 : st_cli_fail(err, n, "%s",
+                                                                          st_last_error());
     case OPT_CONTEXT: return parse_int("--context", arg, 1, 4096, &t->model.context, err, n);
     case OPT_HEADS: return parse_int("--heads", arg, 1, 65536, &t->model.heads, err, n);
     case OPT_HOLDOUT:
@@ -536,6 +539,12 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
                                                 "text:FILE"
                                               : "--data text:FILE is for --model %s (a language "
                                                 "model)", reads_text ? model : lm);
+    if (text && o->train.split.kind != ST_SPLIT_IID) {
+        char split[64];
+        st_split_name(&o->train.split, split, sizeof split);
+        return st_cli_fail(err, n, "--split %s: text data has no classes to split by (it "
+                           "takes --split iid only)", split);
+    }
     if (saw.text_option && !text)
         return st_cli_fail(err, n, "%s applies to --data text:FILE only", saw.text_option);
     if (o->sample && !reads_text)

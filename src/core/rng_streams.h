@@ -31,4 +31,9 @@
  * (train/synth.c). */
 #define ST_RNG_STREAM_SYNTH_NOISE 0x4015Eull
 
+/* Non-iid splits (data/split.c): below it, stream 0 deals the samples
+ * (each class's shuffle, a Dirichlet split's proportions), stream 1 the
+ * epochs' orders (per epoch, then worker, then pass over its split). */
+#define ST_RNG_STREAM_SPLIT 0x5B117ull
+
 #endif /* SUBTRAIN_CORE_RNG_STREAMS_H */

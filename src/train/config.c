@@ -59,6 +59,7 @@ st_status st_train_config_check(const st_train_config *c)
                        c->workers);
     if (c->batch < 1 || c->batch > 65536)
         return st_fail(ST_ERR_INVALID, "batch must be in [1, 65536], got %d", c->batch);
+    ST_TRY(st_split_config_check(&c->split));
     if (c->model.precision == ST_PRECISION_BF16) {
         const char *isa;
         switch (st_bf16_probe(&isa)) {

@@ -37,9 +37,14 @@ void st_loop_default_phase(const run_shared *r, st_phase *ph)
 
 void st_loop_epoch_order(run_shared *r, st_worker *w, uint64_t epoch)
 {
-    /* Every worker draws the same order from the seed: no sharing. */
+    /* Every worker draws the same order from the seed: no sharing.  With a
+     * split, batch i of worker g holds the next samples of g's own split. */
     w->epoch = epoch - 1;
-    st_epoch_order(r->cfg->seed, w->epoch, w->order, r->train->count);
+    if (r->split)
+        st_split_epoch_order(r->split, r->cfg->seed, w->epoch, (uint32_t)r->cfg->batch,
+                             w->split_scratch, w->order);
+    else
+        st_epoch_order(r->cfg->seed, w->epoch, w->order, r->train->count);
 }
 
 st_status st_loop_step(run_shared *r, const st_phase *ph, st_worker *w, uint64_t i,

@@ -107,6 +107,8 @@ typedef struct run_shared {
      * from its global index; one process: rank 0 of 1, first 0, n_all n. */
     int rank, ranks, first, n_all;
     float *losses_mine, *losses_all;  /* ranks > 1: a step's losses (n, n_all) */
+    st_split *split;                  /* the training set dealt to the n_all
+                                       * workers (cfg->split); NULL: iid */
     double *eval_all;                 /* ranks > 1: each rank's test sums (2 x ranks) */
     st_topology *topology;
     st_plan placement;

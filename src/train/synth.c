@@ -81,6 +81,15 @@ static st_status synth_check(const st_train_config *c, int chosen)
     if (kind == ST_MODEL_GPT)
         return st_fail(ST_ERR_INVALID, "--model gpt does not train with --strategy synth (its "
                        "cuts are between the layers of a plain MLP)");
+    /* Its groups train different layers on every sample, not the same
+     * model on different data: no worker's data is its own to skew. */
+    if (c->split.kind != ST_SPLIT_IID) {
+        char name[64];
+        st_split_name(&c->split, name, sizeof name);
+        return st_fail(ST_ERR_INVALID, "--split %s does not apply to --strategy synth (its "
+                       "segment groups train different layers on every sample, not one model "
+                       "on data of their own); use --split iid", name);
+    }
     if (kind != ST_MODEL_MLP)
         return st_fail(ST_ERR_INVALID, "synth cuts an mlp into segments; --model %s is not "
                        "supported (the default for --strategy synth is mlp --depth 5)",

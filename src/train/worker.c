@@ -63,6 +63,8 @@ void st_worker_destroy(st_worker *w)
 {
     st_model_destroy(w->model);
     w->model = NULL;
+    free(w->split_scratch);
+    w->split_scratch = NULL;
     st_arena_release(&w->arena);
 }
 

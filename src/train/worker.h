@@ -19,6 +19,8 @@ typedef struct st_worker {
     uint32_t *order;      /* this epoch's sample order (shared data, own copy) */
     uint64_t epoch;       /* the epoch order was drawn for (st_epoch_order's):
                            * with the sample, it keys the augmentation */
+    uint32_t *split_scratch; /* a non-iid split's permutations (st_split_largest
+                              * entries, malloc'd; NULL: iid) */
     st_arena_mark model_mark; /* the arena before the model: a rebuild rewinds here */
 } st_worker;
 
