@@ -170,6 +170,24 @@ Test(resume, refusals_say_the_options_as_the_user_types_them, .timeout = 60)
     st_test_rmdir(dir);
 }
 
+/* A checkpoint of an earlier subtrain lacks the options added since: at
+ * their defaults they are what its run had, and the resume goes on; set
+ * to anything else, they are a difference. */
+Test(resume, an_option_added_since_the_checkpoint_resumes_at_its_default, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], args[8 * ST_TEST_PATH_MAX];
+    setup_run(dir, base, sizeof base, "--model mlp --depth 2 --width 32");
+    expect_trains(dir, "ck", base, "--checkpoint-every 10");
+    rename_key(dir, "earlier.safetensors", "\"subtrain.option.split\"",
+               "\"subtrain.xption.split\"");
+    snprintf(args, sizeof args, "--resume '%s/earlier.safetensors'", dir);
+    expect_trains(dir, "resumed", base, args);
+    snprintf(args, sizeof args, "%s --split classes:10 --resume '%s/earlier.safetensors'", base,
+             dir);
+    expect_runtime_error(NULL, args, "its run had no --split, this one has --split classes:10:");
+    st_test_rmdir(dir);
+}
+
 /* Other pixels in the same counts are another run; the same content
  * elsewhere, gzipped, is the same run and resumes bitwise. */
 Test(resume, other_data_of_the_same_size_is_refused_moved_data_is_not, .timeout = 60)

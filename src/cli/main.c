@@ -633,7 +633,7 @@ static int check_placement(const st_cli_options *o)
     return code;
 }
 
-static int run_train_rank(st_cli_options *o);
+static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro);
 
 /* Training, as one process or as a rank of an MPI job (mpirun, srun:
  * st_world_init starts MPI when a launcher started us).  Rank 0 alone
@@ -661,7 +661,7 @@ static int run_train(st_cli_options *o)
         status = status < 0 ? EXIT_FAILURE : status;
     }
     if (status == EXIT_SUCCESS)
-        status = run_train_rank(o);
+        status = run_train_rank(o, &ro);
     if (!agreed && st_world_size() > 1 && status != EXIT_SUCCESS && status < 128)
         st_world_abort(status);   /* the failure is said; nobody waits for this rank */
     st_world_finalize();
@@ -669,7 +669,7 @@ static int run_train(st_cli_options *o)
     return status;
 }
 
-static int run_train_rank(st_cli_options *o)
+static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
 {
     /* from the start: a signal while the run starts ends it before
      * training (begin_training), with its exit status */
@@ -683,6 +683,8 @@ static int run_train_rank(st_cli_options *o)
             return EXIT_FAILURE;
         o->train.resume = &resume;
         o->train.resume_name = resume_path;
+        st_cli_resume_options_since(ro, &resume);
+        o->train.n_options = ro->n;
     }
     /* what made the step checkpoints, in their metadata */
     run_provenance pv;

@@ -79,6 +79,30 @@ int st_cli_resume_options_make(const st_cli_options *o, st_cli_resume_options *o
     return 0;
 }
 
+void st_cli_resume_options_since(st_cli_resume_options *r, const st_safetensors *file)
+{
+    char *argv[] = { "subtrain", NULL }, err[256];
+    st_cli_options d;
+    st_cli_resume_options defaults = { 0 };
+    if (st_cli_parse(1, argv, &d, err, sizeof err) != 0 ||
+        st_cli_resume_options_make(&d, &defaults) != 0)
+        return;   /* every option stays compared */
+    int kept = 0;
+    for (int i = 0; i < r->n; i++) {
+        char key[256];
+        snprintf(key, sizeof key, "subtrain.option.%s", r->list[i].key);
+        int absent_at_default = 0;
+        if (!st_safetensors_meta(file, key))
+            for (int j = 0; j < defaults.n; j++)
+                if (strcmp(defaults.list[j].key, r->list[i].key) == 0)
+                    absent_at_default = strcmp(defaults.list[j].value, r->list[i].value) == 0;
+        if (!absent_at_default)
+            r->list[kept++] = r->list[i];
+    }
+    r->n = kept;
+    st_cli_resume_options_free(&defaults);
+}
+
 void st_cli_resume_options_free(st_cli_resume_options *r)
 {
     free(r->list);
