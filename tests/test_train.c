@@ -162,13 +162,13 @@ Test(train, bad_configurations_are_refused)
     cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_ERR_INVALID);
     cr_assert(strstr(st_last_error(), "warmup"), "%s", st_last_error());
     /* the options a checkpoint records: unique keys, each with a value */
-    const st_st_meta twice[2] = { { "lr", "0.001" }, { "lr", "0.01" } };
+    const st_safetensors_meta_entry twice[2] = { { "lr", "0.001" }, { "lr", "0.01" } };
     c = small_config(ST_MODEL_MLP);
     c.options = twice;
     c.n_options = 2;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
     cr_assert(strstr(st_last_error(), "'lr' given twice"), "%s", st_last_error());
-    const st_st_meta no_value[1] = { { "lr", NULL } };
+    const st_safetensors_meta_entry no_value[1] = { { "lr", NULL } };
     c.options = no_value;
     c.n_options = 1;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);

@@ -400,9 +400,10 @@ static int write_final_weights(const st_cli_options *o, const st_epoch_record *f
     char scale[32];
     const float s = eval_branch_scale(o, final);
     snprintf(scale, sizeof scale, "%.9g", s > 0.0f ? (double)s : 1.0);
-    const st_st_meta meta[4] = { { "subtrain.config", pv.config }, { "subtrain.data", o->data },
-                                 { "onednn.version", pv.onednn },
-                                 { "subtrain.eval_branch_scale", scale } };
+    const st_safetensors_meta_entry meta[4] = { { "subtrain.config", pv.config },
+                                              { "subtrain.data", o->data },
+                                              { "onednn.version", pv.onednn },
+                                              { "subtrain.eval_branch_scale", scale } };
     st_model_config mc = *m;
     memset(&mc.subnet, 0, sizeof mc.subnet);
     if (st_checkpoint_write_weights(path, &mc, ui->params, meta, 4) != ST_OK)
@@ -682,9 +683,9 @@ static int run_train_rank(st_cli_options *o)
     /* what made the step checkpoints, in their metadata */
     run_provenance pv;
     describe_run(o, &pv);
-    const st_st_meta ckpt_meta[3] = { { "subtrain.config", pv.config },
-                                      { "subtrain.data", o->data },
-                                      { "onednn.version", pv.onednn } };
+    const st_safetensors_meta_entry ckpt_meta[3] = { { "subtrain.config", pv.config },
+                                                   { "subtrain.data", o->data },
+                                                   { "onednn.version", pv.onednn } };
     o->train.checkpoint.meta = ckpt_meta;
     o->train.checkpoint.n_meta = 3;
     FILE *metrics = NULL;
