@@ -38,7 +38,9 @@
 #include <subtrain/rng.h>
 #include <subtrain/status.h>
 
+#include "core/arena_impl.h"
 #include "nn/graph.h"
+#include "optim/optim_impl.h"
 
 /* ------------------------------------------------------------ tolerances */
 

@@ -14,6 +14,7 @@
 #include <subtrain/quad.h>
 #include <subtrain/subtrain.h>
 #include "config.h"
+#include "core/arena_impl.h"
 #include "core/bf16.h"
 #include "core/enum_table.h"
 #include "core/error.h"
@@ -283,6 +284,27 @@ Test(arena, blocks_are_aligned_zeroed_and_counted_by_kind)
     cr_assert_eq(cb.live_chunks, 0, "every chunk goes back to the backend");
     cr_assert_eq(a.stats.current_total, 0);
     cr_assert_eq(a.stats.peak_total, 128 + 10048 + 64, "peaks are history and stay");
+}
+
+/* The public API's arena: created, counted (st_arena_stats), and every
+ * chunk back to the backend when destroyed. */
+Test(arena, created_arena_counts_and_gives_every_chunk_back)
+{
+    counting_backend cb = { 0 };
+    st_chunk_backend be = { count_alloc, count_free, &cb };
+    st_arena *a = NULL;
+    cr_assert_eq(st_arena_create("worker 7", &be, 4096, &a), ST_OK);
+    void *p1, *p2;
+    cr_assert_eq(st_arena_alloc(a, ST_MEM_WEIGHTS, 100, &p1), ST_OK);
+    cr_assert_eq(st_arena_alloc(a, ST_MEM_WEIGHTS, 10000, &p2), ST_OK); /* > chunk */
+    const st_mem_stats s = st_arena_stats(a);
+    cr_assert_eq(s.current[ST_MEM_WEIGHTS], 128 + 10048);
+    cr_assert_eq(s.peak_total, 128 + 10048);
+    cr_assert_eq(cb.live_chunks, 2);
+    cr_assert_eq(s.reserved, cb.live_bytes);
+    st_arena_destroy(a);
+    cr_assert_eq(cb.live_chunks, 0, "every chunk goes back to the backend");
+    st_arena_destroy(NULL);
 }
 
 Test(arena, rewind_gives_back_and_keeps_peaks)

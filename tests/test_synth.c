@@ -22,6 +22,7 @@
 #include "gradcheck.h"
 
 #include <subtrain/subtrain.h>
+#include "core/arena_impl.h"
 #include "nn/dnnl_util.h"
 #include "nn/layers/mse.h"
 #include "nn/segment.h"

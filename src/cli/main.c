@@ -270,15 +270,15 @@ static int print_sample(const st_cli_options *o, const st_epoch_record *final,
     mc.subnet.scale = eval_branch_scale(o, final);
     const size_t n = (size_t)o->sample, plen = strlen(o->prompt);
     int status = EXIT_FAILURE;
-    st_arena arena;
-    st_arena_init(&arena, "sampling", NULL, 0);
+    st_arena *arena = NULL;
     st_model *m = NULL;
     uint8_t *text = malloc(n);
     if (!text) {
         fprintf(stderr, "subtrain: sampling: out of memory for %zu bytes\n", n);
         goto out;
     }
-    if (st_model_create(&mc, 1, &arena, &m) != ST_OK) {
+    if (st_arena_create("sampling", NULL, 0, &arena) != ST_OK ||
+        st_model_create(&mc, 1, arena, &m) != ST_OK) {
         runtime_error("sampling: building the model");
         goto out;
     }
@@ -306,7 +306,7 @@ static int print_sample(const st_cli_options *o, const st_epoch_record *final,
     status = EXIT_SUCCESS;
 out:
     st_model_destroy(m);
-    st_arena_release(&arena);
+    st_arena_destroy(arena);
     free(text);
     return status;
 }
@@ -424,13 +424,13 @@ static int run_eval(st_cli_options *o)
         return EXIT_FAILURE;
     float *params = NULL;
     st_model *m = NULL;
-    st_arena arena;
-    st_arena_init(&arena, "eval", NULL, 0);
+    st_arena *arena = NULL;
     st_model_config mc = o->train.model;
     memset(&mc.subnet, 0, sizeof mc.subnet);
     int status = load_init(o, &params, &mc.subnet.scale);
     const int B = o->train.batch;
-    if (status == EXIT_SUCCESS && st_model_create(&mc, B, &arena, &m) != ST_OK)
+    if (status == EXIT_SUCCESS && (st_arena_create("eval", NULL, 0, &arena) != ST_OK ||
+                                   st_model_create(&mc, B, arena, &m) != ST_OK))
         status = runtime_error("eval: building the model");
     double sum = 0.0;
     int64_t hits = 0;
@@ -462,7 +462,7 @@ static int run_eval(st_cli_options *o)
         printf("  on %u test samples\n", test.count);
     }
     st_model_destroy(m);
-    st_arena_release(&arena);
+    st_arena_destroy(arena);
     free(params);
     st_dataset_free(&train);
     st_dataset_free(&test);

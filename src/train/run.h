@@ -25,6 +25,7 @@
 #include <subtrain/subnet.h>
 #include <subtrain/topo.h>
 
+#include "topo/numa_impl.h"
 #include "train/worker.h"
 
 struct st_strategy_ops;
