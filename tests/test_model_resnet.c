@@ -392,4 +392,6 @@ Test(units, resnet_declares_identity_blocks)
     st_model_config v = c;
     v.in_channels = v.in_height = v.in_width = 0;
     cr_assert_eq(st_model_config_units(&v, &u), ST_ERR_INVALID, "a resnet needs images");
+    cr_assert_str_eq(st_last_error(), "--model resnet18 takes images (C x H x W data), not 784 "
+                                      "features");
 }

@@ -80,7 +80,8 @@ typedef struct st_tensor {
 
 /* The table's layers, and what their kinds provide: nn/graph_layer.h. */
 
-/* A model's declaration: appends its tensors and layers (models/). */
+/* A model's declaration: appends its tensors and layers (models/) for its
+ * configuration, m->cfg. */
 typedef st_status (*st_model_declare_fn)(st_model *m);
 
 /* Where a segment's elements come from in the full model, element by
@@ -213,7 +214,9 @@ typedef struct st_model_builder {
     /* The banner's words after "NAME depth D width W" (" hidden 256"),
      * into out (n bytes); NULL: none. */
     void (*describe)(const st_model_config *c, char *out, size_t n);
-    /* Appends the full model's tensors and layers. */
+    /* Appends the full model's tensors and layers.  A kind that reads
+     * images is declared only with an image shape (model.c refuses the
+     * rest in the kind's name). */
     st_model_declare_fn declare;
 } st_model_builder;
 

@@ -42,6 +42,18 @@ static const st_model_builder *builder_of(st_model_kind kind)
     return NULL;
 }
 
+/* A kind's declaration (its builder's), after what every kind that reads
+ * images needs: a model config with an image shape. */
+static st_status declare_kind(st_model *m)
+{
+    const st_model_config *c = &m->cfg;
+    const st_model_builder *b = builder_of(c->kind);
+    if (b->reads == ST_MODEL_READS_IMAGES && !c->in_channels)
+        return st_fail(ST_ERR_INVALID, "--model %s takes images (C x H x W data), not %d "
+                       "features", b->name, c->in_dim);
+    return b->declare(m);
+}
+
 int st_model_kind_count(void) { return N_KINDS; }
 
 st_model_kind st_model_kind_at(int i)
@@ -235,7 +247,7 @@ st_status st_model_config_check(const st_model_config *c)
                        b->name, c->context);
     if (b->check)
         ST_TRY(b->check(c));
-    return check_subnet(c, b->declare);
+    return check_subnet(c, declare_kind);
 }
 
 /* The subnetwork against the units the full model's layers declare. */
@@ -472,7 +484,7 @@ static st_status layout_with(st_model *m, const st_model_config *cfg, st_model_d
 static st_status layout_full(st_model *m, const st_model_config *cfg)
 {
     const st_model_builder *b = builder_of(cfg->kind);
-    return layout_with(m, cfg, b ? b->declare : NULL);
+    return layout_with(m, cfg, b ? declare_kind : NULL);
 }
 
 st_status st_model_init_full_range(const st_model_config *cfg, uint64_t seed, size_t begin,
@@ -569,7 +581,7 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
     *out = NULL;
     if (!declare) {
         ST_TRY(st_model_config_check(cfg));
-        declare = builder_of(cfg->kind)->declare;
+        declare = declare_kind;
     } else {
         ST_TRY(check_fields(cfg));
         ST_TRY(check_subnet(cfg, declare));

@@ -31,10 +31,7 @@ static int image(st_model *m, int64_t c, int64_t h, int64_t w, int unit, int *ok
 
 static st_status declare(st_model *m)
 {
-    const st_model_config *c = st_model_get_config(m);
-    if (!c->in_channels)
-        return st_fail(ST_ERR_INVALID, "--model %s takes images (C x H x W data), not %d "
-                       "features", st_model_kind_name(c->kind), c->in_dim);
+    const st_model_config *c = &m->cfg;
     int64_t cin = c->in_channels, H = c->in_height, W = c->in_width;
     int x = ST_T_INPUT, dx = ST_T_NONE, ok = 1;   /* nobody needs the input's gradient */
     const int fused = c->activation == ST_ACT_RELU;
