@@ -360,8 +360,9 @@ Test(safetensors, a_killed_writer_leaves_the_previous_file_whole, .timeout = 120
 
 static st_model_config gpt_cfg(int width)
 {
-    st_model_config c = { .kind = ST_MODEL_GPT, .depth = 2, .width = width, .heads = 2,
-                          .context = 8, .in_dim = 8, .n_classes = 256, .activation = ST_ACT_GELU };
+    st_model_config c = { .kind = st_model_kind_named("gpt"), .depth = 2, .width = width,
+                          .heads = 2, .context = 8, .in_dim = 8, .n_classes = 256,
+                          .activation = ST_ACT_GELU };
     return c;
 }
 
@@ -391,8 +392,8 @@ Test(weights, round_trip_and_refused_for_another_model)
     cr_assert_eq(st_checkpoint_read_weights(path, &wider, r), ST_ERR_FORMAT);
     cr_assert(strstr(st_last_error(), "embed.token") && strstr(st_last_error(), "another model"),
               "%s", st_last_error());
-    st_model_config res = { .kind = ST_MODEL_RESMLP, .depth = 2, .width = 16, .in_dim = 8,
-                            .n_classes = 4, .activation = ST_ACT_GELU };
+    st_model_config res = { .kind = st_model_kind_named("resmlp"), .depth = 2, .width = 16,
+                            .in_dim = 8, .n_classes = 4, .activation = ST_ACT_GELU };
     cr_assert_eq(st_checkpoint_read_weights(path, &res, r), ST_ERR_FORMAT);
     cr_assert(strstr(st_last_error(), "a gpt model, not of resmlp"), "%s", st_last_error());
     st_model_config deeper = gpt_cfg(16);

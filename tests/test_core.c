@@ -153,6 +153,29 @@ Test(enums, every_name_parses_back_to_its_value)
     }
 }
 
+/* A model kind is its place in the table of kinds: count, at, named and
+ * name agree; a name no kind has is -1, and leaves the last error alone. */
+Test(enums, model_kinds_are_places_in_the_table)
+{
+    const int n = st_model_kind_count();
+    cr_assert_geq(n, 6);
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(st_model_kind_at(i), i);
+        cr_assert_eq(st_model_kind_named(st_model_kind_name(i)), i, "%s",
+                     st_model_kind_name(i));
+    }
+    cr_assert_eq(st_model_kind_at(n), -1);
+    cr_assert_eq(st_model_kind_at(-1), -1);
+    cr_assert_str_eq(st_model_kind_name(n), "unknown");
+    cr_assert_str_eq(st_model_kind_name(st_model_kind_named("convnet")), "convnet");
+    cr_assert_str_eq(st_model_kind_name(st_model_config_default().kind), "resmlp");
+    st_fail(ST_ERR_IO, "the last error");
+    cr_assert_eq(st_model_kind_named("bogus"), -1);
+    cr_assert_eq(st_model_kind_named("MLP"), -1);
+    cr_assert_eq(st_model_kind_named(NULL), -1);
+    cr_assert_str_eq(st_last_error(), "the last error");
+}
+
 Test(enums, unknown_names_are_invalid_and_list_the_allowed_ones)
 {
     const char *bad[] = { "bogus", "", "MLP", "dp ", "cosine2" };

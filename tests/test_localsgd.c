@@ -36,7 +36,7 @@ static st_strategy localsgd(void)
 static st_train_config config(int workers, uint64_t steps)
 {
     st_train_config c = st_train_config_default();
-    c.model.kind = ST_MODEL_RESMLP;
+    c.model.kind = st_model_kind_named("resmlp");
     c.model.depth = 2;
     c.model.width = 32;
     c.model.in_dim = 32;

@@ -105,7 +105,7 @@ Test(split, minimises_the_largest_load_per_worker)
 static st_model_config mlp(int depth, int width, int in, int classes)
 {
     st_model_config m = st_model_config_default();
-    m.kind = ST_MODEL_MLP;
+    m.kind = st_model_kind_named("mlp");
     m.depth = depth;
     m.width = width;
     m.in_dim = in;
@@ -362,6 +362,21 @@ Test(segment, middle_segment_gradient_matches_finite_differences)
     gradcheck_segment(2, 3);
 }
 
+/* A segment is a run of an mlp's layers: another model is refused. */
+Test(segment, only_an_mlp_is_cut)
+{
+    st_model_config m = mlp(3, 8, 6, 4);
+    m.kind = st_model_kind_named("resmlp");
+    st_segment_config sc = { m, 1, 2 };
+    st_arena arena;
+    st_arena_init(&arena, "segment", NULL, 0);
+    st_segnet *s = NULL;
+    cr_assert_eq(st_segnet_create(&sc, 4, &arena, &s), ST_ERR_INVALID);
+    cr_assert_null(s);
+    cr_assert_str_eq(st_last_error(), "segments are cut from an mlp, not a resmlp");
+    st_arena_release(&arena);
+}
+
 Test(segment, last_segment_gradient_matches_finite_differences)
 {
     omp_set_num_threads(1);
@@ -615,8 +630,14 @@ Test(train, bad_configurations_are_refused)
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
     cr_assert(strstr(st_last_error(), "--segments"), "%s", st_last_error());
     c = synth_config(2, 2, 1);
-    c.model.kind = ST_MODEL_RESMLP;
+    c.model.kind = st_model_kind_named("resmlp");
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "synth cuts an mlp into segments; --model resmlp is not"),
+              "%s", st_last_error());
+    c.model.kind = st_model_kind_named("resnet18");
+    cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "--model resnet18 does not train with --strategy synth (its "
+                     "segments would cut batch-normalised"), "%s", st_last_error());
     c = synth_config(2, 3, 1);
     c.synth.cuts[0] = 2;
     c.synth.cuts[1] = 2;

@@ -67,14 +67,21 @@ static void assert_learns(st_model_kind kind)
     st_dataset_free(&test);
 }
 
-Test(train, mlp_learns_the_synthetic_task, .timeout = 120) { assert_learns(ST_MODEL_MLP); }
-Test(train, resmlp_learns_the_synthetic_task, .timeout = 120) { assert_learns(ST_MODEL_RESMLP); }
+Test(train, mlp_learns_the_synthetic_task, .timeout = 120)
+{
+    assert_learns(st_model_kind_named("mlp"));
+}
+
+Test(train, resmlp_learns_the_synthetic_task, .timeout = 120)
+{
+    assert_learns(st_model_kind_named("resmlp"));
+}
 
 Test(train, same_seed_gives_bitwise_identical_runs, .timeout = 120)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_RESMLP);
+    st_train_config c = small_config(st_model_kind_named("resmlp"));
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *d = calloc(1, sizeof *d);
     st_epoch_record fa = train_recorded(&c, &train, &test, a);
     st_epoch_record fb = train_recorded(&c, &train, &test, b);
@@ -98,7 +105,7 @@ Test(train, steps_option_runs_exactly_that_many_steps)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_MLP);
+    st_train_config c = small_config(st_model_kind_named("mlp"));
     c.steps = 300; /* 256 steps per epoch: one full epoch and a partial one */
     recorder *r = calloc(1, sizeof *r);
     st_epoch_record final = train_recorded(&c, &train, &test, r);
@@ -118,7 +125,7 @@ Test(train, records_carry_memory_and_throughput)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_RESMLP);
+    st_train_config c = small_config(st_model_kind_named("resmlp"));
     c.epochs = 1;
     recorder *r = calloc(1, sizeof *r);
     st_epoch_record final = train_recorded(&c, &train, &test, r);
@@ -145,25 +152,25 @@ Test(train, bad_configurations_are_refused)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_MLP);
+    st_train_config c = small_config(st_model_kind_named("mlp"));
     c.batch = 9000;
     cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_ERR_INVALID);
     cr_assert(strstr(st_last_error(), "larger than the training set"), "%s", st_last_error());
-    c = small_config(ST_MODEL_MLP);
+    c = small_config(st_model_kind_named("mlp"));
     c.model.in_dim = 33;
     cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_ERR_INVALID);
     cr_assert(strstr(st_last_error(), "inputs"), "%s", st_last_error());
-    c = small_config(ST_MODEL_MLP);
+    c = small_config(st_model_kind_named("mlp"));
     c.model.n_classes = 5;
     cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_ERR_INVALID);
-    c = small_config(ST_MODEL_MLP);
+    c = small_config(st_model_kind_named("mlp"));
     c.steps = 10;
     c.warmup_steps = 10;
     cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_ERR_INVALID);
     cr_assert(strstr(st_last_error(), "warmup"), "%s", st_last_error());
     /* the options a checkpoint records: unique keys, each with a value */
     const st_safetensors_meta_entry twice[2] = { { "lr", "0.001" }, { "lr", "0.01" } };
-    c = small_config(ST_MODEL_MLP);
+    c = small_config(st_model_kind_named("mlp"));
     c.options = twice;
     c.n_options = 2;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
@@ -289,7 +296,7 @@ Test(train, a_diverging_run_stops_with_a_numerical_error)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_MLP);
+    st_train_config c = small_config(st_model_kind_named("mlp"));
     c.optim.kind = ST_OPT_SGD;
     c.optim.lr = 100.0f;
     c.schedule = ST_SCHED_CONSTANT;
@@ -315,7 +322,7 @@ Test(train, a_training_step_makes_no_heap_allocation)
     HEAPWATCH_SKIP_IF_OFF();
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_RESMLP);
+    st_train_config c = small_config(st_model_kind_named("resmlp"));
     st_schedule sched = { ST_SCHED_WARMUP_COSINE, 1e-3f, 5, 100 };
     long own = -1, in_onednn = -1, execs = 0;
     st_status s = ST_OK;
@@ -452,7 +459,7 @@ Test(train, splits_of_two_shapes_are_described)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_MLP);
+    st_train_config c = small_config(st_model_kind_named("mlp"));
     test.dim = 28;   /* as if its samples were 1x4x7 */
     test.channels = 1;
     test.height = 4;
@@ -476,7 +483,7 @@ Test(train, splits_of_two_shapes_are_described)
 
 static st_train_config dp_config(int workers, int batch, uint64_t steps)
 {
-    st_train_config c = small_config(ST_MODEL_RESMLP);
+    st_train_config c = small_config(st_model_kind_named("resmlp"));
     c.workers = workers;
     c.batch = batch;
     c.steps = steps;
@@ -787,7 +794,7 @@ Test(sdp, unimplemented_variants_and_bad_coverage_are_refused)
     c.sdp.coverage = 0.0;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
     c = sdp_config(2, 0.5, 10);
-    c.model.kind = ST_MODEL_MLP;
+    c.model.kind = st_model_kind_named("mlp");
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
 }
 
@@ -1006,7 +1013,7 @@ Test(bf16_train, gathered_weight_copies_change_nothing, .timeout = 180)
     cfg[1].sdp.resample = 3;
     cfg[2] = sdp_config(4, 0.5, 12);
     cfg[2].sdp.masking = ST_MASKING_BACKWARD;
-    cfg[3] = neuron_sdp_config(ST_MODEL_MLP, 4, 0.5, 12);
+    cfg[3] = neuron_sdp_config(st_model_kind_named("mlp"), 4, 0.5, 12);
     const char *what[] = { "dp", "sdp, redrawn", "sdp, backward masking", "sdp neurons, mlp" };
     for (int k = 0; k < 4; k++) {
         st_train_config a = cfg[k], b;
@@ -1037,17 +1044,17 @@ static void assert_neuron_full_coverage_is_dp(st_model_kind kind, st_masking mas
 
 Test(sdp_neuron, forward_full_coverage_is_bitwise_dp_resmlp, .timeout = 120)
 {
-    assert_neuron_full_coverage_is_dp(ST_MODEL_RESMLP, ST_MASKING_FORWARD);
+    assert_neuron_full_coverage_is_dp(st_model_kind_named("resmlp"), ST_MASKING_FORWARD);
 }
 
 Test(sdp_neuron, forward_full_coverage_is_bitwise_dp_mlp, .timeout = 120)
 {
-    assert_neuron_full_coverage_is_dp(ST_MODEL_MLP, ST_MASKING_FORWARD);
+    assert_neuron_full_coverage_is_dp(st_model_kind_named("mlp"), ST_MASKING_FORWARD);
 }
 
 Test(sdp_neuron, backward_full_coverage_is_bitwise_dp_resmlp, .timeout = 120)
 {
-    assert_neuron_full_coverage_is_dp(ST_MODEL_RESMLP, ST_MASKING_BACKWARD);
+    assert_neuron_full_coverage_is_dp(st_model_kind_named("resmlp"), ST_MASKING_BACKWARD);
 }
 
 /* Half coverage over 4 workers: every group held by 2; the run learns
@@ -1058,7 +1065,7 @@ Test(sdp_neuron, half_coverage_learns_with_less_memory, .timeout = 120)
     st_dataset train, test;
     make_data(11, &train, &test);
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *d = calloc(1, sizeof *d);
-    st_train_config cs = neuron_sdp_config(ST_MODEL_RESMLP, 4, 0.5, 512), cd = cs;
+    st_train_config cs = neuron_sdp_config(st_model_kind_named("resmlp"), 4, 0.5, 512), cd = cs;
     cd.strategy = ST_STRATEGY_DP;
     cs.sdp.resample = 100;
     st_epoch_record fa = train_recorded(&cs, &train, &test, a);
@@ -1084,12 +1091,12 @@ Test(sdp_neuron, half_coverage_learns_with_less_memory, .timeout = 120)
 Test(sdp_neuron, a_step_makes_no_heap_allocation, .timeout = 60)
 {
     HEAPWATCH_SKIP_IF_OFF();
-    st_train_config c = neuron_sdp_config(ST_MODEL_RESMLP, 2, 0.5, 40);
+    st_train_config c = neuron_sdp_config(st_model_kind_named("resmlp"), 2, 0.5, 40);
     c.batch = 32;
     assert_steps_make_no_heap_call(&c, "sdp neuron forward (resmlp)");
     c.sdp.masking = ST_MASKING_BACKWARD;
     assert_steps_make_no_heap_call(&c, "sdp neuron backward (resmlp)");
-    c = neuron_sdp_config(ST_MODEL_MLP, 2, 0.5, 40);
+    c = neuron_sdp_config(st_model_kind_named("mlp"), 2, 0.5, 40);
     c.batch = 32;
     assert_steps_make_no_heap_call(&c, "sdp neuron forward (mlp, unheld weights)");
 }
@@ -1141,9 +1148,9 @@ Test(sdp_neuron, every_parameter_is_trained, .timeout = 120)
 {
     st_train_config c = sdp_config(4, 0.5, 60);
     assert_every_parameter_trained(&c, "sdp block forward C=0.5");
-    c = neuron_sdp_config(ST_MODEL_RESMLP, 4, 0.5, 60);
+    c = neuron_sdp_config(st_model_kind_named("resmlp"), 4, 0.5, 60);
     assert_every_parameter_trained(&c, "sdp neuron forward C=0.5 (resmlp)");
-    c = neuron_sdp_config(ST_MODEL_MLP, 4, 0.5, 60);
+    c = neuron_sdp_config(st_model_kind_named("mlp"), 4, 0.5, 60);
     assert_every_parameter_trained(&c, "sdp neuron forward C=0.5 (mlp)");
     c.sdp.masking = ST_MASKING_BACKWARD;
     assert_every_parameter_trained(&c, "sdp neuron backward C=0.5 (mlp)");
@@ -1155,7 +1162,7 @@ Test(sdp_neuron, too_few_groups_for_the_workers_is_refused)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = neuron_sdp_config(ST_MODEL_RESMLP, 4, 0.25, 10);
+    st_train_config c = neuron_sdp_config(st_model_kind_named("resmlp"), 4, 0.25, 10);
     c.neuron_group = 1024;   /* one group per layer, one holder: 3 workers without */
     st_epoch_record f;
     cr_assert_eq(st_train_run(&c, &train, &test, NULL, &f), ST_ERR_INVALID);
@@ -1169,7 +1176,7 @@ Test(sdp_neuron, too_few_groups_for_the_workers_is_refused)
 Test(ist_neuron, one_worker_mlp_is_bitwise_sgd, .timeout = 120)
 {
     st_train_config ci = ist_config(1, 7, 300), cs = ci;
-    ci.model.kind = cs.model.kind = ST_MODEL_MLP;
+    ci.model.kind = cs.model.kind = st_model_kind_named("mlp");
     ci.model.depth = cs.model.depth = 2;
     ci.neuron_group = cs.neuron_group = 4;
     ci.optim.kind = cs.optim.kind = ST_OPT_SGD;
@@ -1186,7 +1193,7 @@ Test(ist_neuron, one_worker_mlp_is_bitwise_sgd, .timeout = 120)
 Test(ist_neuron, kept_state_with_one_worker_is_bitwise_momentum_sgd, .timeout = 120)
 {
     st_train_config ci = ist_config(1, 7, 200), cs = ci;
-    ci.model.kind = cs.model.kind = ST_MODEL_MLP;
+    ci.model.kind = cs.model.kind = st_model_kind_named("mlp");
     ci.model.depth = cs.model.depth = 2;
     ci.neuron_group = cs.neuron_group = 4;
     ci.optim.kind = cs.optim.kind = ST_OPT_SGD;
@@ -1224,7 +1231,7 @@ Test(ist_neuron, two_workers_mlp_learn_reproducibly, .timeout = 120)
     make_data(11, &train, &test);
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
     st_train_config ci = ist_config(2, 10, 768);
-    ci.model.kind = ST_MODEL_MLP;
+    ci.model.kind = st_model_kind_named("mlp");
     ci.model.depth = 2;
     ci.neuron_group = 4;
     st_epoch_record fa = train_recorded(&ci, &train, &test, a);
@@ -1250,7 +1257,7 @@ Test(ist_neuron, two_workers_mlp_learn_reproducibly, .timeout = 120)
 static st_train_config resnet_train_config(int workers)
 {
     st_train_config c = st_train_config_default();
-    c.model.kind = ST_MODEL_RESNET;
+    c.model.kind = st_model_kind_named("resnet");
     c.model.depth = 1;
     c.model.width = 4;
     c.model.activation = ST_ACT_RELU;
@@ -1387,8 +1394,8 @@ static st_text gpt_text(size_t n)
 static st_train_config gpt_train_config(int workers, uint64_t steps)
 {
     st_train_config c = st_train_config_default();
-    c.model = (st_model_config){ .kind = ST_MODEL_GPT, .depth = 2, .width = 32, .heads = 2,
-                                 .context = 16, .in_dim = 16, .n_classes = 256,
+    c.model = (st_model_config){ .kind = st_model_kind_named("gpt"), .depth = 2, .width = 32,
+                                 .heads = 2, .context = 16, .in_dim = 16, .n_classes = 256,
                                  .activation = ST_ACT_GELU };
     c.workers = workers;
     c.batch = 8;
@@ -1677,7 +1684,7 @@ Test(scale, ist_mlp_training_scales_what_reads_a_part_by_n, .timeout = 120)
     st_dataset train, test;
     make_data(5, &train, &test);
     st_train_config c = ist_config(2, 10, 20);
-    c.model.kind = ST_MODEL_MLP;
+    c.model.kind = st_model_kind_named("mlp");
     c.model.depth = 2;
     c.neuron_group = 4;
     const int N = c.workers, L = c.model.depth, G = c.model.width / c.neuron_group;

@@ -189,13 +189,13 @@ struct st_model {
 
 /* ------------------------------------------------------------ builders */
 
-/* A model kind: one file of src/nn/models/ defines its entry, model.c's
- * table lists it.  The entry is everything the library and a front end
+/* A model kind: one file of src/nn/models/, NAME.c, defines its entry
+ * st_model_NAME, and its name in model.c's MODEL_KINDS lists it (its place
+ * there is its st_model_kind).  The entry is everything the library and a front end
  * (the command line) know of the kind: its name and what --help says of
  * it, what it reads, the options it takes, their defaults, its checks,
  * its banner words and its declaration. */
 typedef struct st_model_builder {
-    st_model_kind kind;
     const char *name;              /* --model NAME; a weights file's subtrain.model */
     const char *help;              /* --help's words on it, NULL: none */
     st_model_reads reads;

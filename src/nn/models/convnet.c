@@ -114,7 +114,7 @@ static st_status check(const st_model_config *c)
 }
 
 const st_model_builder st_model_convnet = {
-    .kind = ST_MODEL_CONVNET, .name = "convnet",
+    .name = "convnet",
     .help = "convnet: plain convolutional network, --depth stages of conv 3x3 -> batch norm "
             "-> activation -> 2x2 max pool, --width channels doubling each stage (default 3 "
             "stages from 32, relu), global average pool, linear head; image data",

@@ -188,7 +188,7 @@ static st_status check_options(const st_model_config *c, unsigned given)
 }
 
 const st_model_builder st_model_resnet = {
-    .kind = ST_MODEL_RESNET, .name = "resnet",
+    .name = "resnet",
     .help = "resnet: pre-activation ResNet of 3 stages (CIFAR family), resnet18: 4 stages of 2 "
             "blocks; both take image data (C x H x W)",
     .reads = ST_MODEL_READS_IMAGES,
@@ -198,7 +198,7 @@ const st_model_builder st_model_resnet = {
 
 /* --depth is accepted and ignored: 2 blocks a stage */
 const st_model_builder st_model_resnet18 = {
-    .kind = ST_MODEL_RESNET18, .name = "resnet18", .reads = ST_MODEL_READS_IMAGES,
+    .name = "resnet18", .reads = ST_MODEL_READS_IMAGES,
     .options = ST_MODEL_OPT_WIDTH | ST_MODEL_OPT_ACTIVATION,
     .defaults = defaults, .check_options = check_options, .declare = declare_resnet18,
 };
