@@ -142,10 +142,10 @@
  * (c) `subtrain --model resnet` on Fashion-MNIST: the default ResNet;
  * (d) `subtrain --model gpt` as issue 12 sizes it: T = 128, D = 256. */
 static const bench_config CONFIGS[] = {
-    { "large", ST_MODEL_RESMLP, 8, 1024, 256, 0, 0, 0, 0, 0, 0 },
-    { "small", ST_MODEL_RESMLP, 4, 256, 128, 0, 0, 0, 0, 0, 0 },
-    { "cnn", ST_MODEL_RESNET, 3, 16, 128, 1, 28, 28, 1, 0, 0 },
-    { "gpt", ST_MODEL_GPT, 4, 256, 16, 0, 0, 0, 0, 128, 4 },
+    { "large", "resmlp", 8, 1024, 256, 0, 0, 0, 0, 0, 0 },
+    { "small", "resmlp", 4, 256, 128, 0, 0, 0, 0, 0, 0 },
+    { "cnn", "resnet", 3, 16, 128, 1, 28, 28, 1, 0, 0 },
+    { "gpt", "gpt", 4, 256, 16, 0, 0, 0, 0, 128, 4 },
 };
 #define CONFIG_CNN 2
 #define CONFIG_GPT 3
@@ -284,7 +284,7 @@ static int run_scaling(const bench_options *o)
     /* The issue's measurement: resmlp d8 w1024 at batch 128 per worker
      * (the large config at its own batch with --config small). */
     bench_config bc = o->which == 1 ? CONFIGS[1]
-                                    : (bench_config){ "large", ST_MODEL_RESMLP, 8, 1024, 128,
+                                    : (bench_config){ "large", "resmlp", 8, 1024, 128,
                                                       0, 0, 0, 0, 0, 0 };
     int steps = o->quick ? 6 : (bc.width >= 1024 ? 30 : 300);
     int reps = o->quick ? 1 : 3;

@@ -32,7 +32,7 @@
 
 typedef struct bench_config {
     const char *name;   /* as given to --config */
-    st_model_kind model;
+    const char *model;  /* its --model name */
     int depth, width, batch;
     int in_channels, in_height, in_width;   /* images; 0: 784 features */
     int conv_ref;       /* 1: the convolution reference, 0: sgemm */

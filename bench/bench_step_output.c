@@ -104,13 +104,12 @@ static double gflops(double flops, double s)
 
 static void config_label(const bench_config *c, char *out, size_t size)
 {
-    if (c->model == ST_MODEL_RESMLP)   /* the lines of the resmlp configs as they were */
+    if (strcmp(c->model, "resmlp") == 0)   /* the lines of the resmlp configs as they were */
         snprintf(out, size, "%s d%d w%d", c->name, c->depth, c->width);
     else if (c->context)
         snprintf(out, size, "%s d%d w%d T%d", c->name, c->depth, c->width, c->context);
     else
-        snprintf(out, size, "%s %s d%d w%d", c->name, st_model_kind_name(c->model), c->depth,
-                 c->width);
+        snprintf(out, size, "%s %s d%d w%d", c->name, c->model, c->depth, c->width);
 }
 
 void print_header(const bench_options *o)
@@ -303,7 +302,7 @@ void write_json(FILE *f, const bench_result *r, const bench_options *o)
     unfuse_text(o->unfuse, unfused, sizeof unfused);
     fprintf(f, "{\"config\":\"%s\",\"precision\":\"%s\",\"unfuse\":\"%s\",\"model\":\"%s\","
             "\"depth\":%d,\"width\":%d,", c->name, r->bf16 ? "bf16" : "fp32", unfused,
-            st_model_kind_name(c->model), c->depth, c->width);
+            c->model, c->depth, c->width);
     if (r->bf16)
         fprintf(f, "\"bf16_reference\":\"%s\",\"bf16_ref_gflops\":%.3f,"
                 "\"bf16_ref_gflops_best\":%.3f,\"bf16_ref_impl\":\"%s\",\"ratio_bf16\":%.4f,",

@@ -111,7 +111,7 @@ int run_config(const bench_config *bc, const bench_options *o, int bf16, bench_r
     /* One data-parallel worker, a constant rate, and more steps than any
      * measurement takes (the plan needs a length). */
     st_train_config tc = st_train_config_default();
-    tc.model.kind = bc->model;
+    tc.model.kind = st_model_kind_named(bc->model);
     tc.model.depth = bc->depth;
     tc.model.width = bc->width;
     tc.model.hidden = 0; /* = width */

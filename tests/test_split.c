@@ -506,7 +506,7 @@ static st_train_config train_config(st_strategy strategy, int workers, const cha
 {
     st_train_config c = st_train_config_default();
     c.strategy = strategy;
-    c.model.kind = ST_MODEL_RESMLP;
+    c.model.kind = st_model_kind_named("resmlp");
     c.model.depth = 4;
     c.model.width = 32;
     c.model.in_dim = 16;
@@ -607,7 +607,7 @@ Test(split_train, synth_and_unsplittable_layouts_are_refused)
     st_dataset train, test;
     make_data(2048, 4, &train, &test);
     st_train_config c = train_config(ST_STRATEGY_SYNTH, 2, "classes:2");
-    c.model.kind = ST_MODEL_MLP;
+    c.model.kind = st_model_kind_named("mlp");
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
     cr_assert_str_eq(st_last_error(), "--split classes:2 does not apply to --strategy synth (its "
                      "segment groups train different layers on every sample, not one model on "

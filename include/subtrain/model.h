@@ -46,13 +46,11 @@
 extern "C" {
 #endif
 
-typedef enum st_model_kind {
-    ST_MODEL_MLP, ST_MODEL_RESMLP,
-    ST_MODEL_RESNET,      /* CIFAR family: 3 stages of depth blocks, width w, 2w, 4w */
-    ST_MODEL_RESNET18,    /* 4 stages of 2 blocks, width w .. 8w */
-    ST_MODEL_GPT,         /* byte-level causal transformer language model */
-    ST_MODEL_CONVNET,     /* plain convolutional network: conv-BN-act-max pool stages */
-} st_model_kind;
+/* A model kind: its place in the library's table of kinds (the order
+ * --help lists them in, from 0).  Programs name kinds by their names
+ * (st_model_kind_named, st_model_kind_parse): a kind the library adds
+ * needs nothing here. */
+typedef int st_model_kind;
 typedef enum st_activation { ST_ACT_RELU, ST_ACT_GELU } st_activation;
 
 /* What a model kind reads (st_model_kind_reads): vectors of features (any
@@ -212,9 +210,12 @@ size_t st_model_config_param_count(const st_model_config *cfg);
 
 /* The model kinds are one table (nn/model.c), each entry defined by its
  * file of src/nn/models/: how many there are, and the i-th in the order
- * --help and messages list them, i in [0, count). */
+ * --help and messages list them, i in [0, count) (-1 for another i). */
 int st_model_kind_count(void);
 st_model_kind st_model_kind_at(int i);
+/* The kind of that name ("mlp", "gpt", ...); -1 when none has it (no
+ * error is set: parsing a user's word is st_model_kind_parse's). */
+st_model_kind st_model_kind_named(const char *name);
 /* "unknown" for a value no entry has. */
 const char *st_model_kind_name(st_model_kind kind);
 /* What --help says of the kind after the list of names ("resnet:
@@ -260,7 +261,7 @@ st_bf16_support st_bf16_probe(const char **isa);
  * kernels run, after ONEDNN_MAX_CPU_ISA. */
 const char *st_cpu_isa_name(void);
 /* ST_OK, or ST_ERR_INVALID with "unknown model 'x' (allowed: mlp, resmlp,
- * resnet, resnet18, gpt)" and *out unchanged (see status.h). */
+ * ...)", every kind's name listed, and *out unchanged (see status.h). */
 st_status st_model_kind_parse(const char *name, st_model_kind *out);
 st_status st_activation_parse(const char *name, st_activation *out);
 

@@ -41,30 +41,25 @@ st_status st_optim_config_check(const st_optim_config *cfg);
 const char *st_optimizer_name(st_optimizer_kind kind);
 st_status st_optimizer_parse(const char *name, st_optimizer_kind *out);
 
-typedef struct st_optim {
-    st_optim_config cfg;
-    size_t base;      /* first parameter covered by the state */
-    size_t n;         /* parameters covered by the state */
-    float *m;         /* SGD momentum buffer or Adam first moment (n), or NULL */
-    float *v;         /* Adam second moment (n), or NULL */
-} st_optim;
-
-/* State for n parameters from the arena (counted as optimizer memory). */
-st_status st_optim_init(st_optim *opt, const st_optim_config *cfg, size_t n,
-                        st_arena *arena);
-
-/* State for parameters [begin, end) only: a shard owner's share. */
-st_status st_optim_init_range(st_optim *opt, const st_optim_config *cfg, size_t begin,
-                              size_t end, st_arena *arena);
+/* An optimizer and its state for parameters [begin, end) of a vector (0
+ * and n: all n; a shard owner: its share).  The state (moments, momentum)
+ * comes from the arena, counted as optimizer memory, and lives as long as
+ * the arena's blocks do; st_optim_destroy frees the rest. */
+typedef struct st_optim st_optim;
+st_status st_optim_create(const st_optim_config *cfg, size_t begin, size_t end,
+                          st_arena *arena, st_optim **out);
+/* NULL does nothing. */
+void st_optim_destroy(st_optim *opt);
 
 /* Zeroes the state (moments, momentum). */
 void st_optim_reset(st_optim *opt);
 
 /* One update of parameters [begin, end) (within the state's range) from
  * their gradients.  params and grads cover the state's range and are
- * indexed from opt->base: element i of the vector is params[i - base].  `t`
- * is the 1-based step number (Adam's bias correction), `lr` the rate for
- * this step (from a schedule).  segs covers the whole vector in order. */
+ * indexed from its start (st_optim_create's begin, here `base`): element
+ * i of the vector is params[i - base].  `t` is the 1-based step number
+ * (Adam's bias correction), `lr` the rate for this step (from a
+ * schedule).  segs covers the whole vector in order. */
 void st_optim_update(st_optim *opt, float *params, const float *grads,
                      const st_param_segment *segs, int n_segs,
                      size_t begin, size_t end, uint64_t t, float lr);

@@ -8,7 +8,7 @@
  *   rng.h     deterministic, splittable random numbers
  *   data.h    IDX files, synthetic data, shuffles, batches
  *   params.h  flat parameter layout
- *   model.h   model instances (mlp, resmlp, resnet, resnet18, gpt) on oneDNN
+ *   model.h   model instances of the library's kinds (mlp, resnet, gpt, ...) on oneDNN
  *   optim.h   SGD, AdamW, learning-rate schedules
  *   topo.h    topology, placement plan, binding, NUMA allocation (hwloc)
  *   comm.h    the reduction engine (reduce-scatter, all-gather)

@@ -52,7 +52,7 @@ typedef struct st_checkpoint_plan {
                                * by steps */
     int every_epoch;          /* after each epoch's record */
     int keep;                 /* the newest K step files stay; 0: all */
-    const st_st_meta *meta;   /* added to every file's metadata */
+    const st_safetensors_meta_entry *meta;   /* added to every file's metadata */
     int n_meta;
 } st_checkpoint_plan;
 
@@ -181,7 +181,7 @@ typedef struct st_train_config {
      * workers over all ranks, and the data (its sample counts and a
      * fingerprint of its content, st_dataset_fingerprint).  Keys unique,
      * valid while the run lasts; NULL with 0: no options compared. */
-    const st_st_meta *options;
+    const st_safetensors_meta_entry *options;
     int n_options;
 } st_train_config;
 

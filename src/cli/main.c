@@ -275,15 +275,15 @@ static int print_sample(const st_cli_options *o, const st_epoch_record *final,
     mc.subnet.scale = eval_branch_scale(o, final);
     const size_t n = (size_t)o->sample, plen = strlen(o->prompt);
     int status = EXIT_FAILURE;
-    st_arena arena;
-    st_arena_init(&arena, "sampling", NULL, 0);
+    st_arena *arena = NULL;
     st_model *m = NULL;
     uint8_t *text = malloc(n);
     if (!text) {
         fprintf(stderr, "subtrain: sampling: out of memory for %zu bytes\n", n);
         goto out;
     }
-    if (st_model_create(&mc, 1, &arena, &m) != ST_OK) {
+    if (st_arena_create("sampling", NULL, 0, &arena) != ST_OK ||
+        st_model_create(&mc, 1, arena, &m) != ST_OK) {
         runtime_error("sampling: building the model");
         goto out;
     }
@@ -311,7 +311,7 @@ static int print_sample(const st_cli_options *o, const st_epoch_record *final,
     status = EXIT_SUCCESS;
 out:
     st_model_destroy(m);
-    st_arena_release(&arena);
+    st_arena_destroy(arena);
     free(text);
     return status;
 }
@@ -405,9 +405,10 @@ static int write_final_weights(const st_cli_options *o, const st_epoch_record *f
     char scale[32];
     const float s = eval_branch_scale(o, final);
     snprintf(scale, sizeof scale, "%.9g", s > 0.0f ? (double)s : 1.0);
-    const st_st_meta meta[4] = { { "subtrain.config", pv.config }, { "subtrain.data", o->data },
-                                 { "onednn.version", pv.onednn },
-                                 { "subtrain.eval_branch_scale", scale } };
+    const st_safetensors_meta_entry meta[4] = { { "subtrain.config", pv.config },
+                                              { "subtrain.data", o->data },
+                                              { "onednn.version", pv.onednn },
+                                              { "subtrain.eval_branch_scale", scale } };
     st_model_config mc = *m;
     memset(&mc.subnet, 0, sizeof mc.subnet);
     if (st_checkpoint_write_weights(path, &mc, ui->params, meta, 4) != ST_OK)
@@ -428,13 +429,13 @@ static int run_eval(st_cli_options *o)
         return EXIT_FAILURE;
     float *params = NULL;
     st_model *m = NULL;
-    st_arena arena;
-    st_arena_init(&arena, "eval", NULL, 0);
+    st_arena *arena = NULL;
     st_model_config mc = o->train.model;
     memset(&mc.subnet, 0, sizeof mc.subnet);
     int status = load_init(o, &params, &mc.subnet.scale);
     const int B = o->train.batch;
-    if (status == EXIT_SUCCESS && st_model_create(&mc, B, &arena, &m) != ST_OK)
+    if (status == EXIT_SUCCESS && (st_arena_create("eval", NULL, 0, &arena) != ST_OK ||
+                                   st_model_create(&mc, B, arena, &m) != ST_OK))
         status = runtime_error("eval: building the model");
     double sum = 0.0;
     int64_t hits = 0;
@@ -466,7 +467,7 @@ static int run_eval(st_cli_options *o)
         printf("  on %u test samples\n", test.count);
     }
     st_model_destroy(m);
-    st_arena_release(&arena);
+    st_arena_destroy(arena);
     free(params);
     st_dataset_free(&train);
     st_dataset_free(&test);
@@ -689,9 +690,9 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
     /* what made the step checkpoints, in their metadata */
     run_provenance pv;
     describe_run(o, &pv);
-    const st_st_meta ckpt_meta[3] = { { "subtrain.config", pv.config },
-                                      { "subtrain.data", o->data },
-                                      { "onednn.version", pv.onednn } };
+    const st_safetensors_meta_entry ckpt_meta[3] = { { "subtrain.config", pv.config },
+                                                   { "subtrain.data", o->data },
+                                                   { "onednn.version", pv.onednn } };
     o->train.checkpoint.meta = ckpt_meta;
     o->train.checkpoint.n_meta = 3;
     FILE *metrics = NULL;

@@ -520,7 +520,7 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     const st_strategy_info *strategy = st_strategy_info_of(o->train.strategy);
     if (strategy->depth > 0) {   /* the model the strategy trains unless told */
         if (!saw.model)
-            o->train.model.kind = strategy->model;
+            o->train.model.kind = st_model_kind_named(strategy->model);
         if (!saw.depth)
             o->train.model.depth = strategy->depth;
     }

@@ -55,7 +55,7 @@ static void take(const char *key, const char *value, void *user)
         char *t = c->r->text + c->used;
         memcpy(t, key, k);
         memcpy(t + k, value, v);
-        c->r->list[c->r->n] = (st_st_meta){ t, t + k };
+        c->r->list[c->r->n] = (st_safetensors_meta_entry){ t, t + k };
     }
     c->r->n++;
     c->used += k + v;

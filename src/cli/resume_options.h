@@ -12,7 +12,7 @@
 #include "cli/options.h"
 
 typedef struct st_cli_resume_options {
-    st_st_meta *list;   /* n entries: an option's name, its value ("": default) */
+    st_safetensors_meta_entry *list;   /* n entries: an option's name, its value ("": default) */
     int n;
     char *text;         /* the keys and values, one malloc */
 } st_cli_resume_options;

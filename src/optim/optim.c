@@ -11,14 +11,14 @@
  * memory, limit AdamW (doc/benchmarks.md has the timings).
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
-
-#include <subtrain/optim.h>
 
 #include "core/bf16.h"
 #include "core/enum_table.h"
 #include "core/error.h"
 #include "core/simd.h"
+#include "optim/optim_impl.h"
 
 st_optim_config st_optim_config_default(void)
 {
@@ -88,6 +88,25 @@ st_status st_optim_init_range(st_optim *opt, const st_optim_config *cfg, size_t 
     if (cfg->kind == ST_OPT_ADAMW)
         ST_TRY(st_arena_alloc_floats(arena, ST_MEM_OPTIMIZER, n, &opt->v));
     return ST_OK;
+}
+
+st_status st_optim_create(const st_optim_config *cfg, size_t begin, size_t end,
+                          st_arena *arena, st_optim **out)
+{
+    *out = malloc(sizeof **out);
+    if (!*out)
+        return st_fail(ST_ERR_NOMEM, "out of memory creating an optimizer");
+    st_status s = st_optim_init_range(*out, cfg, begin, end, arena);
+    if (s != ST_OK) {
+        free(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+void st_optim_destroy(st_optim *opt)
+{
+    free(opt);
 }
 
 void st_optim_reset(st_optim *opt)

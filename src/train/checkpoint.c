@@ -80,7 +80,7 @@ st_status st_run_ckpt_tensor(run_ckpt *ck, const char *name, const float *data, 
 {
     if (ck->n == ck->cap)
         return st_fail(ST_ERR_INVALID, "a checkpoint of more than %d state tensors", ck->cap);
-    st_st_tensor *t = &ck->tensors[ck->n++];
+    st_safetensors_tensor *t = &ck->tensors[ck->n++];
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
     t->dtype = ST_DTYPE_F32;
@@ -125,7 +125,7 @@ st_status st_run_ckpt_meta(run_ckpt *ck, const char *key, const char *fmt, ...)
     va_end(ap);
     if (!v)
         return st_fail(ST_ERR_INVALID, "a checkpoint's metadata over %zu bytes", ck->text_cap);
-    ck->meta[ck->n_meta++] = (st_st_meta){ k, v };
+    ck->meta[ck->n_meta++] = (st_safetensors_meta_entry){ k, v };
     return ST_OK;
 }
 
@@ -302,7 +302,7 @@ static st_status add_position(run_ckpt *ck, const run_shared *r, const run_posit
  * workers' global indices. */
 static st_status add_workers(run_ckpt *ck, run_shared *r)
 {
-    char name[ST_ST_MAX_NAME];
+    char name[ST_SAFETENSORS_MAX_NAME];
     for (int k = 0; k < r->n; k++) {
         const st_optim *o = r->slots[k].optim;
         const int g = st_run_global(r, k);
@@ -382,7 +382,7 @@ static void tidy(const char *dir, int keep)
  * the averaged running statistics, it has already).  What it receives
  * lives in *held (n_held buffers) until the file is written. */
 typedef struct tensor_header {
-    char name[ST_ST_MAX_NAME];
+    char name[ST_SAFETENSORS_MAX_NAME];
     uint64_t count;
 } tensor_header;
 
@@ -506,7 +506,7 @@ static st_status meta_double(const run_shared *r, const char *key, double *out)
 
 st_status st_run_resume_load(const run_shared *r, const char *name, float *dst, size_t count)
 {
-    const st_st_tensor *t = st_safetensors_find(r->cfg->resume, name);
+    const st_safetensors_tensor *t = st_safetensors_find(r->cfg->resume, name);
     if (!t)
         return st_fail(ST_ERR_FORMAT, "%s: no tensor '%s': not a step checkpoint of this run",
                        r->cfg->resume_name, name);
@@ -600,7 +600,7 @@ void st_run_resume_close(run_shared *r)
 
 st_status st_run_resume_optimizer(run_shared *r, st_worker *w)
 {
-    char name[ST_ST_MAX_NAME];
+    char name[ST_SAFETENSORS_MAX_NAME];
     if (w->optim.m) {
         snprintf(name, sizeof name, "train.optimizer.m.worker%d", st_run_global(r, w->id));
         ST_TRY(st_run_resume_load(r, name, w->optim.m, w->optim.n));
@@ -614,7 +614,7 @@ st_status st_run_resume_optimizer(run_shared *r, st_worker *w)
 
 st_status st_run_resume_model(run_shared *r, st_worker *w)
 {
-    char name[ST_ST_MAX_NAME];
+    char name[ST_SAFETENSORS_MAX_NAME];
     ST_TRY(st_model_load_full_params(w->model, r->resume->params));
     ST_TRY(st_run_resume_optimizer(r, w));
     size_t count;

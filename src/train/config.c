@@ -93,7 +93,7 @@ st_status st_train_config_check(const st_train_config *c)
         return st_fail(ST_ERR_INVALID, "n_options %d: expected >= 0, with that many in "
                        "options", c->n_options);
     for (int i = 0; i < c->n_options; i++) {
-        const st_st_meta *o = &c->options[i];
+        const st_safetensors_meta_entry *o = &c->options[i];
         if (!o->key || !*o->key || strlen(o->key) > 200 || !o->value)
             return st_fail(ST_ERR_INVALID, "options[%d]: a key of 1 to 200 bytes and a value "
                            "(\"\": the default) are needed", i);

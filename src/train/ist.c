@@ -291,7 +291,7 @@ static int ist_whole_after(const run_shared *r, uint64_t step, int last)
 static st_status ist_save(run_shared *r, void *state, run_ckpt *ck)
 {
     ist_run *s = state;
-    char name[ST_ST_MAX_NAME];
+    char name[ST_SAFETENSORS_MAX_NAME];
     for (int i = 0; i < s->n_state; i++)
         for (int k = 0; k < r->n; k++) {
             st_range shard = st_comm_shard(r->comm, k);
@@ -314,7 +314,7 @@ static st_status ist_resume(run_shared *r, void *state, st_worker *w)
     ST_TRY(st_run_resume_model(r, w));
     st_range shard = st_comm_shard(r->comm, wid);
     st_run_resume_shard(r, r->comm, wid, s->sn.saved[wid].master);
-    char name[ST_ST_MAX_NAME];
+    char name[ST_SAFETENSORS_MAX_NAME];
     for (int i = 0; i < s->n_state; i++) {
         snprintf(name, sizeof name, "train.ist.state%d.worker%d", i, st_run_global(r, wid));
         ST_TRY(st_run_resume_load(r, name, s->sn.saved[wid].state[i], shard.end - shard.begin));

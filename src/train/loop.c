@@ -338,8 +338,8 @@ void st_loop_report_warnings(run_shared *r)
         cb->on_warning(msg, cb->user);
     }
     for (int k = 0; k < r->n; k++)
-        if (r->slots[k].numa.warned) {
-            cb->on_warning(r->slots[k].numa.warning, cb->user);
+        if (st_numa_warning(&r->slots[k].numa)) {
+            cb->on_warning(st_numa_warning(&r->slots[k].numa), cb->user);
             break; /* the same refusal for every worker: once is enough */
         }
 }

@@ -25,6 +25,7 @@
 #include <subtrain/subnet.h>
 #include <subtrain/topo.h>
 
+#include "topo/numa_impl.h"
 #include "train/worker.h"
 
 struct st_strategy_ops;
@@ -83,9 +84,9 @@ typedef struct run_resume {
 /* A checkpoint being written by worker 0: the tensors and metadata the
  * loop and the strategy add (checkpoint.c keeps the strings). */
 typedef struct run_ckpt {
-    st_st_tensor *tensors;
+    st_safetensors_tensor *tensors;
     int n, cap;
-    st_st_meta *meta;
+    st_safetensors_meta_entry *meta;
     int n_meta, cap_meta;
     char *text;                       /* the metadata values, one after another */
     size_t text_used, text_cap;

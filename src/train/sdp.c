@@ -60,17 +60,20 @@ static st_status sdp_check(const st_train_config *c, int chosen)
      * st_train_run */
     if (st_model_config_units(&c->model, &units) != ST_OK)
         return ST_OK;
-    /* (gpt: a neuron unit is a whole attention head and as many neurons of
-     * the MLP) */
-    const int head = c->model.kind == ST_MODEL_GPT && c->model.heads > 0
+    /* (a model with attention heads, gpt: a neuron unit is a whole head and
+     * as many neurons of the MLP) */
+    const st_model_kind kind = c->model.kind;
+    const int head = st_model_kind_takes(kind, ST_MODEL_OPT_HEADS) && c->model.heads > 0
                          ? c->model.width / c->model.heads : 0;
     if (c->sdp.subnet == ST_SUBNET_NEURON && head > 0 && c->neuron_group % head)
-        return st_fail(ST_ERR_INVALID, "--neuron-group %d: gpt's neuron units are whole attention "
+        return st_fail(ST_ERR_INVALID, "--neuron-group %d: %s's neuron units are whole attention "
                        "heads, so it must be a multiple of the head size %d (--width %d / "
-                       "--heads %d)", c->neuron_group, head, c->model.width, c->model.heads);
+                       "--heads %d)", c->neuron_group, st_model_kind_name(kind), head,
+                       c->model.width, c->model.heads);
     if (c->sdp.subnet == ST_SUBNET_BLOCK && units.groups == 0)
         return st_fail(ST_ERR_INVALID, "--subnet block trains subnetworks of residual blocks "
-                       "(layer groups, as in resmlp); --model %s has none (use --subnet neuron)", st_model_kind_name(c->model.kind));
+                       "(layer groups, as in resmlp); --model %s has none (use --subnet neuron)",
+                       st_model_kind_name(kind));
     if (c->sdp.masking != ST_MASKING_FORWARD && c->sdp.masking != ST_MASKING_BACKWARD)
         return st_fail(ST_ERR_INVALID, "unknown masking %d (allowed: forward, backward)",
                        (int)c->sdp.masking);

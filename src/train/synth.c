@@ -73,12 +73,12 @@ static st_status synth_check(const st_train_config *c, int chosen)
     if (!chosen)
         return ST_OK;
     const st_synth_config *s = &c->synth;
-    const st_model_kind kind = c->model.kind;
-    if (kind == ST_MODEL_RESNET || kind == ST_MODEL_RESNET18)
+    const char *model = st_model_kind_name(c->model.kind);
+    if (strcmp(model, "resnet") == 0 || strcmp(model, "resnet18") == 0)
         return st_fail(ST_ERR_INVALID, "--model %s does not train with --strategy synth (its "
                        "segments would cut batch-normalised residual blocks; see doc/cnn.md)",
-                       st_model_kind_name(kind));
-    if (kind == ST_MODEL_GPT)
+                       model);
+    if (strcmp(model, "gpt") == 0)
         return st_fail(ST_ERR_INVALID, "--model gpt does not train with --strategy synth (its "
                        "cuts are between the layers of a plain MLP)");
     /* Its groups train different layers on every sample, not the same
@@ -90,10 +90,9 @@ static st_status synth_check(const st_train_config *c, int chosen)
                        "segment groups train different layers on every sample, not one model "
                        "on data of their own); use --split iid", name);
     }
-    if (kind != ST_MODEL_MLP)
+    if (strcmp(model, "mlp") != 0)
         return st_fail(ST_ERR_INVALID, "synth cuts an mlp into segments; --model %s is not "
-                       "supported (the default for --strategy synth is mlp --depth 5)",
-                       st_model_kind_name(kind));
+                       "supported (the default for --strategy synth is mlp --depth 5)", model);
     int layers = c->model.depth + 1;
     int most = layers < ST_SYNTH_MAX_SEGMENTS ? layers : ST_SYNTH_MAX_SEGMENTS;
     if (s->segments < 2 || s->segments > most)
@@ -649,7 +648,7 @@ const st_strategy_ops st_synth_ops = {
                 "joined (default model: mlp --depth 5)",
         .options = synth_options,
         .no_init = "its segments start from their own initial values",
-        .model = ST_MODEL_MLP,
+        .model = "mlp",
         .depth = 5,   /* the paper's network of 6 linear layers */
     },
     .defaults = synth_defaults,

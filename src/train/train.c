@@ -187,7 +187,8 @@ st_status st_loop_init_worker(run_shared *r, int wid, st_worker *w, st_chunk_bac
     worker_slot *slot = &r->slots[wid];
     const st_placement *pl = &r->placement.workers[wid];
     ST_TRY(st_plan_bind_self(r->topology, &r->placement, wid));
-    *backend = st_numa_backend(&slot->numa, r->topology, pl->numa_os);
+    st_numa_ctx_init(&slot->numa, r->topology, pl->numa_os);
+    *backend = st_numa_backend(&slot->numa);
     ST_TRY(r->ops->init_worker(r, r->strategy, wid, w, backend));
     if (r->split) {   /* on the worker's thread, once: the epochs' orders allocate nothing */
         w->split_scratch = malloc((size_t)st_split_largest(r->split) * sizeof *w->split_scratch);

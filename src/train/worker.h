@@ -11,6 +11,9 @@
 
 #include <subtrain/train.h>
 
+#include "core/arena_impl.h"
+#include "optim/optim_impl.h"
+
 typedef struct st_worker {
     int id;
     st_arena arena;
