@@ -27,6 +27,7 @@ enum {
     OPT_SAMPLE, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K, OPT_CHECKPOINT, OPT_INIT,
     OPT_CHECKPOINT_EVERY, OPT_KEEP, OPT_RESUME, OPT_USR1, OPT_THREADS, OPT_TEAM_SPANS,
     OPT_PRECISION, OPT_BF16_EMULATED, OPT_COMM_PRECISION, OPT_CONFIG, OPT_DUMP_CONFIG,
+    OPT_FORMAT,
     /* the strategies' options: OPT_STRATEGY_OPTION + their index in the
      * table options() makes */
     OPT_STRATEGY_OPTION = 1024,
@@ -46,6 +47,8 @@ static const struct option own_options[] = {
     { "sample", required_argument, NULL, OPT_SAMPLE },
     { "checkpoint", required_argument, NULL, OPT_CHECKPOINT },
     { "init", required_argument, NULL, OPT_INIT },
+    { "format", required_argument, NULL, OPT_FORMAT },
+    { "output", required_argument, NULL, 'o' },
     { "checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY },
     { "keep", required_argument, NULL, OPT_KEEP },
     { "resume", required_argument, NULL, OPT_RESUME },
@@ -318,7 +321,14 @@ void st_cli_print_help(FILE *f)
 "                         optimizer: fine-tuning); with 'subtrain eval': the\n"
 "                         weights to evaluate on the test set\n"
 "  subtrain eval --init FILE [data and model options]\n"
-"                         evaluate saved weights on the test set\n"
+"                         evaluate saved weights on the test set (a batch norm's\n"
+"                         running statistics: the file's, else re-estimated on\n"
+"                         --bn-calibration training batches)\n"
+"  subtrain export --init FILE -o FILE [data and model options]\n"
+"                         the weights of FILE in PyTorch's layout, which\n"
+"                         python/subtrain_torch.py loads, or back (doc/interop.md)\n"
+"  --format torch|subtrain   export: the layout written (default torch)\n"
+"  -o, --output FILE      export: the file written\n"
 "Output:\n"
 "  --metrics FILE         JSON Lines: one record per epoch and a final one\n"
 "  --report memory        every worker's peak memory by kind at the end\n"
@@ -509,7 +519,7 @@ static int parse_data(const char *what, const char *s, st_cli_data *d, char *err
 
 /* What was given explicitly, for the checks after parsing. */
 typedef struct seen {
-    int epochs, steps, model, depth, width, activation, context, heads, neuron_group;
+    int epochs, steps, model, depth, width, activation, context, heads, neuron_group, format;
     const char *text_option;    /* the first text-only option given */
     const char *sample_option;  /* the last of --prompt, --temperature, --top-k */
     /* the strategies' options given (options(): OPT_STRATEGY_OPTION + k),
@@ -741,6 +751,17 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             return st_cli_fail(err, n, "--init: expected a safetensors file, got ''");
         o->init_path = arg;
         return 0;
+    case OPT_FORMAT:
+        if (strcmp(arg, "torch") != 0 && strcmp(arg, "subtrain") != 0)
+            return st_cli_fail(err, n, "--format: unknown value '%s' (allowed: torch, subtrain)",
+                               ST_CLI_SHOW(arg));
+        o->format = strcmp(arg, "torch") == 0 ? ST_CLI_FORMAT_TORCH : ST_CLI_FORMAT_SUBTRAIN;
+        return 0;
+    case 'o':
+        if (*arg == '\0')
+            return st_cli_fail(err, n, "--output: expected a file name, got ''");
+        o->output_path = arg;
+        return 0;
     case OPT_PROMPT: o->prompt = arg; return 0;
     case OPT_TEMPERATURE:
         return parse_float("--temperature", arg, '[', 0.0, 1000.0, ']', &o->temperature, err,
@@ -833,6 +854,7 @@ static int apply_one(int c, const char *arg, st_cli_options *o, seen *saw, int *
     saw->context |= c == OPT_CONTEXT;
     saw->heads |= c == OPT_HEADS;
     saw->neuron_group |= c == OPT_NEURON_GROUP;
+    saw->format |= c == OPT_FORMAT;
     if (c == OPT_HOLDOUT || c == OPT_VAL_BYTES || c == OPT_EPOCH_WINDOWS)
         saw->text_option = c == OPT_HOLDOUT ? "--holdout"
                          : c == OPT_VAL_BYTES ? "--val-bytes" : "--epoch-windows";
@@ -861,7 +883,8 @@ static const struct option *option_named(const char *key)
 /* The options that do something rather than configure the run. */
 static int is_action(int c)
 {
-    return c == 'h' || c == 'V' || c == OPT_CONFIG || c == OPT_DUMP_CONFIG;
+    return c == 'h' || c == 'V' || c == OPT_CONFIG || c == OPT_DUMP_CONFIG || c == OPT_FORMAT ||
+           c == 'o';
 }
 
 /* The configuration file's entries, each with the checks of its option on
@@ -925,6 +948,10 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         o->action = ST_CLI_EVAL;
         argc--;
         argv++;
+    } else if (argc > 1 && strcmp(argv[1], "export") == 0) {
+        o->action = ST_CLI_EXPORT;
+        argc--;
+        argv++;
     }
     seen saw = { 0 };
     /* The command line first read whole (getopt's checks: unknown options,
@@ -940,7 +967,7 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     int n_cmd = 0;
     st_cli_getopt_start();
     for (;;) {
-        int c = st_cli_next_option(argc, argv, ":qhV", options(), "subtrain", err, n);
+        int c = st_cli_next_option(argc, argv, ":qhVo:", options(), "subtrain", err, n);
         if (c == -1)
             break;
         if (c == ST_CLI_REJECTED) {
@@ -1064,6 +1091,17 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         return st_cli_fail(err, n, "eval needs --init FILE: the weights to evaluate");
     if (o->action == ST_CLI_EVAL && (o->checkpoint_dir || o->metrics_path))
         return st_cli_fail(err, n, "eval writes no %s", o->checkpoint_dir ? "checkpoint" : "metrics");
+    if (o->action != ST_CLI_EXPORT && (saw.format || o->output_path))
+        return st_cli_fail(err, n, "%s applies to subtrain export only",
+                           o->output_path ? "--output" : "--format");
+    if (o->action == ST_CLI_EXPORT && !o->init_path)
+        return st_cli_fail(err, n, "export needs --init FILE: the weights to convert");
+    if (o->action == ST_CLI_EXPORT && !o->output_path)
+        return st_cli_fail(err, n, "export needs -o FILE: the file to write");
+    if (o->action == ST_CLI_EXPORT && (o->checkpoint_dir || o->metrics_path || o->resume_path))
+        return st_cli_fail(err, n, "export takes weights with --init and writes -o FILE only, "
+                           "not %s", o->checkpoint_dir ? "--checkpoint"
+                                     : o->metrics_path ? "--metrics" : "--resume");
     if (o->init_path && strategy->no_init)
         return st_cli_fail(err, n, "--init does not apply to --strategy %s (%s)", strategy->name,
                            strategy->no_init);
