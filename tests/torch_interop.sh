@@ -56,7 +56,8 @@ else
     W=$(mktemp -d)
     trap 'rm -rf "$W"' EXIT
 fi
-# tiny data: synthetic features, 8 x 8 images, a text of some kilobytes
+# tiny data: 8 x 8 images (features for mlp and resmlp), a text of some
+# kilobytes
 mkdir "$W/img" && "$PY" "$HERE/torch_interop.py" idx "$W/img" ${TORCH_INTEROP_SIDE:-8} || exit 1
 awk 'BEGIN { for (i = 0; i < 400; i++) printf "line %d: the quick brown fox %d\n", i, i * 7 }' \
     >"$W/text.txt"
@@ -64,8 +65,8 @@ IMG="--data idx:$W/img:tr-img,tr-lab,te-img,te-lab"
 FAMILIES=${TORCH_INTEROP_FAMILIES:-mlp resmlp gpt resnet resnet18 convnet}
 opts() {   # the data and model options of a family
     case $1 in
-    mlp) echo "--data synthetic --model mlp --depth 2 --width 16 --activation relu" ;;
-    resmlp) echo "--data synthetic --model resmlp --depth 2 --width 16 --hidden 24" ;;
+    mlp) echo "$IMG --model mlp --depth 2 --width 16 --activation relu" ;;
+    resmlp) echo "$IMG --model resmlp --depth 2 --width 16 --hidden 24" ;;
     gpt) echo "--data text:$W/text.txt --model gpt --depth 2 --width 16 --heads 2 --context 8 --val-bytes 512" ;;
     resnet) echo "$IMG --model resnet --depth 1 --width 4" ;;
     resnet18) echo "$IMG --model resnet18 --width 4 --activation gelu" ;;
