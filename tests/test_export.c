@@ -110,13 +110,15 @@ Test(export, resmlp_layout_round_trip_and_eval, .timeout = 60)
     cr_assert_str_eq(st_safetensors_meta(&t, "subtrain.config"),
                      st_safetensors_meta(&s, "subtrain.config"));
     cr_assert_eq(s.n, t.n);
-    const st_st_tensor *fc2 = tensor(&s, "block1.fc2.weight"), *w = tensor(&t, "blocks.1.fc2.weight");
+    const st_st_tensor *fc2 = tensor(&s, "block1.fc2.weight");
+    const st_st_tensor *w = tensor(&t, "blocks.1.fc2.weight");
     cr_assert(fc2->ndims == 2 && fc2->shape[0] == 24 && fc2->shape[1] == 16);
     cr_assert(w->ndims == 2 && w->shape[0] == 16 && w->shape[1] == 24);
     for (int i = 0; i < 24; i++)
         for (int j = 0; j < 16; j++)
             cr_assert_eq(at(fc2, (size_t)i * 16 + j), at(w, (size_t)j * 24 + i));
-    const st_st_tensor *fc1 = tensor(&s, "block0.fc1.weight"), *v = tensor(&t, "blocks.0.fc1.weight");
+    const st_st_tensor *fc1 = tensor(&s, "block0.fc1.weight");
+    const st_st_tensor *v = tensor(&t, "blocks.0.fc1.weight");
     cr_assert(v->shape[0] == 24 && v->shape[1] == 16 && memcmp(fc1->data, v->data, v->bytes) == 0);
     const st_st_tensor *g = tensor(&s, "final_ln.gamma"), *n = tensor(&t, "norm.weight");
     cr_assert(n->ndims == 1 && memcmp(g->data, n->data, n->bytes) == 0);
@@ -182,7 +184,8 @@ Test(export, convnet_oihw_running_statistics_and_eval, .timeout = 60)
     st_safetensors s, t;
     read_file(src, &s);
     read_file(tor, &t);
-    const st_st_tensor *c = tensor(&s, "stage1.conv.weight"), *w = tensor(&t, "stages.1.conv.weight");
+    const st_st_tensor *c = tensor(&s, "stage1.conv.weight");
+    const st_st_tensor *w = tensor(&t, "stages.1.conv.weight");
     cr_assert(c->ndims == 2 && c->shape[0] == 8 && c->shape[1] == 36);
     cr_assert(w->ndims == 4 && w->shape[0] == 8 && w->shape[1] == 4 && w->shape[2] == 3 &&
               w->shape[3] == 3 && memcmp(c->data, w->data, w->bytes) == 0);
@@ -213,7 +216,8 @@ Test(export, convnet_oihw_running_statistics_and_eval, .timeout = 60)
     cr_assert_eq(r->status, 0, "%s", r->err);
     cr_assert_str_eq(strstr(r->out, ": test_acc"), a, "the file's statistics are not used");
 
-    snprintf(args, sizeof args, "export --format subtrain %s --init '%s' -o '%s'", model, tor, back);
+    snprintf(args, sizeof args, "export --format subtrain %s --init '%s' -o '%s'", model, tor,
+             back);
     run(r, NULL, args);
     cr_assert_eq(r->status, 0, "%s", r->err);
     cr_assert(strstr(r->out, "weights only, no running statistics"), "%s", r->out);

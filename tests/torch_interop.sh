@@ -37,12 +37,16 @@ PY=
 for p in ${PYTHON:-python3 /usr/bin/python3}; do
     if "$p" -c 'import torch' >/dev/null 2>&1; then PY=$p; break; fi
 done
-if [ -z "$PY" ]; then
-    echo "torch_interop: no python3 that imports torch (tried ${PYTHON:-python3 /usr/bin/python3}; Debian: apt-get install python3-torch)"
-    if [ "${SUBTRAIN_REQUIRE_TORCH:-0}" = 1 ]; then
-        echo "torch_interop: SUBTRAIN_REQUIRE_TORCH=1: failing"
-        exit 1
-    fi
+no_torch() {
+    echo "torch_interop: no python3 that imports torch (tried" \
+        "${PYTHON:-python3 /usr/bin/python3}; Debian: apt-get install python3-torch)"
+    [ "${SUBTRAIN_REQUIRE_TORCH:-0}" = 1 ] || return 77
+    echo "torch_interop: SUBTRAIN_REQUIRE_TORCH=1: failing"
+    return 1
+}
+if [ -z "$PY" ]; then   # one case, skipped or failed, for scripts/summary.sh
+    run "torch/python" no_torch
+    finish || exit 1
     exit 77
 fi
 [ -x "$PROBE" ] || { echo "torch_interop: no $PROBE (make check builds it)"; exit 1; }
@@ -67,7 +71,8 @@ opts() {   # the data and model options of a family
     case $1 in
     mlp) echo "$IMG --model mlp --depth 2 --width 16 --activation relu" ;;
     resmlp) echo "$IMG --model resmlp --depth 2 --width 16 --hidden 24" ;;
-    gpt) echo "--data text:$W/text.txt --model gpt --depth 2 --width 16 --heads 2 --context 8 --val-bytes 512" ;;
+    gpt) echo "--data text:$W/text.txt --model gpt --depth 2 --width 16 --heads 2 --context 8" \
+        "--val-bytes 512" ;;
     resnet) echo "$IMG --model resnet --depth 1 --width 4" ;;
     resnet18) echo "$IMG --model resnet18 --width 4 --activation gelu" ;;
     convnet) echo "$IMG --model convnet --depth 2 --width 4" ;;
