@@ -198,6 +198,13 @@ def compare(work, family):
     for k in ("eval", "train", "loss", "tuned", "grad", "stats"):
         if k in r and not r[k] <= BOUND:
             fails.append(f"{family}: {k} relative difference {r[k]:.3e} > {BOUND:g}")
+    # load() takes the torch layout only, and says so
+    try:
+        st.load(p("source"))
+        fails.append(f"{family}: subtrain_torch.load took a subtrain-layout file")
+    except ValueError as e:
+        if "not in the torch layout" not in str(e):
+            fails.append(f"{family}: subtrain_torch.load of a subtrain-layout file: {e}")
     for a, b, what in (("torch", "resaved", "subtrain -> torch -> torch"),
                        ("source", "back", "subtrain -> torch -> subtrain")):
         why = same_tensors(p(a), p(b), f"{family}: {what}")

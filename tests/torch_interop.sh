@@ -13,7 +13,8 @@
 #                  saved, read back by subtrain (--init): the same logits,
 #                  and `subtrain eval` and a training run start from it;
 #                  subtrain -> torch -> torch and -> subtrain are bitwise
-#                  (every tensor).
+#                  (every tensor); subtrain_torch.load refuses a subtrain-layout
+#                  file.
 #
 # Needs python3 with torch (Debian: python3-torch): without it the test is
 # skipped (exit 77), unless SUBTRAIN_REQUIRE_TORCH=1 (CI), where it fails.
