@@ -67,11 +67,14 @@ mkdir "$W/img" && "$PY" "$HERE/torch_interop.py" idx "$W/img" ${TORCH_INTEROP_SI
 awk 'BEGIN { for (i = 0; i < 400; i++) printf "line %d: the quick brown fox %d\n", i, i * 7 }' \
     >"$W/text.txt"
 IMG="--data idx:$W/img:tr-img,tr-lab,te-img,te-lab"
-FAMILIES=${TORCH_INTEROP_FAMILIES:-mlp resmlp gpt resnet resnet18 convnet}
+# (resmlp-ist: trained by ist, evaluated with its branch scale 1/2)
+FAMILIES=${TORCH_INTEROP_FAMILIES:-mlp resmlp resmlp-ist gpt resnet resnet18 convnet}
 opts() {   # the data and model options of a family
     case $1 in
     mlp) echo "$IMG --model mlp --depth 2 --width 16 --activation relu" ;;
     resmlp) echo "$IMG --model resmlp --depth 2 --width 16 --hidden 24" ;;
+    resmlp-ist) echo "$IMG --model resmlp --depth 2 --width 16 --strategy ist --workers 2" \
+        "--oversubscribe --local-steps 1" ;;
     gpt) echo "--data text:$W/text.txt --model gpt --depth 2 --width 16 --heads 2 --context 8" \
         "--val-bytes 512" ;;
     resnet) echo "$IMG --model resnet --depth 1 --width 4" ;;
