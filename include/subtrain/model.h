@@ -292,6 +292,14 @@ st_status st_model_init_full_range(const st_model_config *cfg, uint64_t seed, si
 st_status st_model_config_segments(const st_model_config *cfg, st_param_segment **out,
                                    int *count);
 
+/* The pieces of the full model's state (st_model_units.state floats: the
+ * batch norms' running statistics), in a malloc'd array the caller frees
+ * (NULL, 0 when it has none): each named "<layer>.running_mean" or
+ * "<layer>.running_var", offset and count in the full state vector (the
+ * layout of st_model_config_state_init), rows = count, cols = 1. */
+st_status st_model_config_state_segments(const st_model_config *cfg, st_param_segment **out,
+                                         int *count);
+
 const st_model_config *st_model_get_config(const st_model *m);
 int st_model_batch(const st_model *m);
 /* Rows of every tensor per sample: the context of a sequence model (a

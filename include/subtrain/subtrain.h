@@ -19,6 +19,7 @@
  *   strategy.h  the strategies as a front end sees them: names, options
  *   trainer.h a training run as an object, stepped by the caller
  *   checkpoint.h  safetensors files, written atomically, read back checked
+ *   torch_layout.h  a model's weights as PyTorch lays them out (doc/interop.md)
  * Not included here: quad.h, IST theory on quadratics (subtrain quad), a
  * separate study; layer_timing.h, single layers timed outside a model
  * (bench/bench_conv).  Include them by name.
@@ -45,5 +46,6 @@
 #include <subtrain/strategy.h>
 #include <subtrain/trainer.h>
 #include <subtrain/checkpoint.h>
+#include <subtrain/torch_layout.h>
 
 #endif /* SUBTRAIN_H */

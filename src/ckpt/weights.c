@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include <subtrain/checkpoint.h>
+#include <subtrain/torch_layout.h>
 #include <subtrain/version.h>
 
 #include "core/error.h"
@@ -95,6 +96,10 @@ st_status st_checkpoint_read_weights(const char *path, const st_model_config *cf
 st_status st_checkpoint_load_weights(const st_safetensors *f, const char *path,
                                      const st_model_config *cfg, float *params)
 {
+    int torch;
+    ST_TRY(st_torch_layout_detect(f, cfg, &torch));
+    if (torch)   /* PyTorch's names and shapes (doc/interop.md) */
+        return st_torch_load(f, path, cfg, params, NULL, NULL);
     st_param_segment *segs;
     int n;
     ST_TRY(st_model_config_segments(cfg, &segs, &n));

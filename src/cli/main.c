@@ -25,6 +25,7 @@
 #include <subtrain/subtrain.h>
 
 #include "cli/cli_util.h"
+#include "cli/export_cmd.h"
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/provenance.h"
@@ -333,11 +334,10 @@ static int load_data_for_model(st_cli_options *o, st_dataset *train, st_dataset 
     return EXIT_SUCCESS;
 }
 
-/* --init: the full model's parameters from a weights file, into *out
- * (malloc'd), checked against the model the options describe; and, when
- * scale is not NULL, the branch scale the run that wrote it evaluated
- * with (ist; 0: none). */
-static int load_init(const st_cli_options *o, float **out, float *scale)
+/* --init: the full model's parameters from a weights file (either
+ * layout: doc/interop.md), into *out (malloc'd), checked against the model
+ * the options describe. */
+static int load_init(const st_cli_options *o, float **out)
 {
     st_model_config mc = o->train.model;
     memset(&mc.subnet, 0, sizeof mc.subnet);
@@ -347,18 +347,9 @@ static int load_init(const st_cli_options *o, float **out, float *scale)
         fprintf(stderr, "subtrain: --init: out of memory for %zu parameters\n", n);
         return EXIT_FAILURE;
     }
-    st_safetensors f;
-    if (st_safetensors_read(o->init_path, &f) != ST_OK)
+    if (st_checkpoint_read_weights(o->init_path, &mc, *out) != ST_OK)
         return runtime_error("--init");
-    int status = EXIT_SUCCESS;
-    if (st_checkpoint_load_weights(&f, o->init_path, &mc, *out) != ST_OK)
-        status = runtime_error("--init");
-    const char *s = scale ? st_safetensors_meta(&f, "subtrain.eval_branch_scale") : NULL;
-    if (scale)
-        *scale = s && strtod(s, NULL) > 0.0 && strtod(s, NULL) < 1.0 ? (float)strtod(s, NULL)
-                                                                    : 0.0f;
-    st_safetensors_free(&f);
-    return status;
+    return EXIT_SUCCESS;
 }
 
 /* What made a checkpoint, for its metadata: the options in words, and
@@ -419,40 +410,30 @@ static int write_final_weights(const st_cli_options *o, const st_epoch_record *f
 }
 
 /* subtrain eval --init FILE: the weights on the test set, as the training
- * run's evaluation computes it (models with batch norm first re-estimate
- * their statistics on --bn-calibration training batches: the file holds
- * weights, not running statistics). */
+ * run's evaluation computes it (models with batch norm take the file's
+ * running statistics, else re-estimate them on --bn-calibration training
+ * batches: a subtrain weights file holds weights, not statistics). */
 static int run_eval(st_cli_options *o)
 {
     st_dataset train, test;
     if (load_data_for_model(o, &train, &test) != EXIT_SUCCESS)
         return EXIT_FAILURE;
-    float *params = NULL;
     st_model *m = NULL;
     st_arena *arena = NULL;
-    st_model_config mc = o->train.model;
-    memset(&mc.subnet, 0, sizeof mc.subnet);
-    int status = load_init(o, &params, &mc.subnet.scale);
     const int B = o->train.batch;
-    if (status == EXIT_SUCCESS && (st_arena_create("eval", NULL, 0, &arena) != ST_OK ||
-                                   st_model_create(&mc, B, arena, &m) != ST_OK))
+    st_cli_stats stats;
+    int batches;
+    st_safetensors f;
+    int status = EXIT_SUCCESS;
+    if (st_arena_create("eval", NULL, 0, &arena) != ST_OK)
         status = runtime_error("eval: building the model");
+    else if (st_safetensors_read(o->init_path, &f) == ST_OK) {
+        status = st_cli_init_model(o, &f, &train, arena, &m, &stats, &batches);
+        st_safetensors_free(&f);
+    } else
+        status = runtime_error("--init");
     double sum = 0.0;
     int64_t hits = 0;
-    if (status == EXIT_SUCCESS) {
-        memcpy(st_model_params(m), params, st_model_param_count(m) * sizeof *params);
-        size_t n_state;
-        st_model_state(m, &n_state);
-        for (int k = 0; n_state && k < o->train.bn_calibration &&
-                        (uint32_t)(k + 1) * (uint32_t)B <= train.count; k++) {
-            st_dataset_gather_rows(&train, (uint32_t)(k * B), B, B, st_model_input(m),
-                                   st_model_labels(m));
-            if (st_model_calibrate(m, k) != ST_OK) {
-                status = runtime_error("eval: calibration");
-                break;
-            }
-        }
-    }
     for (uint32_t first = 0; status == EXIT_SUCCESS && first < test.count; first += (uint32_t)B) {
         const int rows = test.count - first < (uint32_t)B ? (int)(test.count - first) : B;
         st_dataset_gather_rows(&test, first, rows, B, st_model_input(m), st_model_labels(m));
@@ -468,7 +449,19 @@ static int run_eval(st_cli_options *o)
     }
     st_model_destroy(m);
     st_arena_destroy(arena);
-    free(params);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    return status;
+}
+
+/* subtrain export: the data gives the model its input and classes, and
+ * the batches a batch norm's statistics are re-estimated on. */
+static int run_export(st_cli_options *o)
+{
+    st_dataset train, test;
+    if (load_data_for_model(o, &train, &test) != EXIT_SUCCESS)
+        return EXIT_FAILURE;
+    const int status = st_cli_export(o, &train);
     st_dataset_free(&train);
     st_dataset_free(&test);
     return status;
@@ -709,7 +702,7 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
     }
     float *init = NULL;
     if (o->init_path) {
-        if (load_init(o, &init, NULL) != EXIT_SUCCESS) {
+        if (load_init(o, &init) != EXIT_SUCCESS) {
             if (metrics)
                 fclose(metrics);
             free(init);
@@ -851,7 +844,9 @@ int main(int argc, char **argv)
             status = EXIT_FAILURE;
         }
     } else {
-        status = o.action == ST_CLI_EVAL ? run_eval(&o) : run_train(&o);
+        status = o.action == ST_CLI_EVAL     ? run_eval(&o)
+                 : o.action == ST_CLI_EXPORT ? run_export(&o)
+                                             : run_train(&o);
     }
     st_cli_options_free(&o);
     return status;

@@ -19,6 +19,8 @@ static const struct option own_options[] = {
     { "sample", required_argument, NULL, OPT_SAMPLE },
     { "checkpoint", required_argument, NULL, OPT_CHECKPOINT },
     { "init", required_argument, NULL, OPT_INIT },
+    { "format", required_argument, NULL, OPT_FORMAT },
+    { "output", required_argument, NULL, 'o' },
     { "checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY },
     { "keep", required_argument, NULL, OPT_KEEP },
     { "resume", required_argument, NULL, OPT_RESUME },
@@ -133,5 +135,6 @@ const struct option *st_cli_option_named(const char *key)
 
 int st_cli_option_is_action(int c)
 {
-    return c == 'h' || c == 'V' || c == OPT_CONFIG || c == OPT_DUMP_CONFIG;
+    return c == 'h' || c == 'V' || c == OPT_CONFIG || c == OPT_DUMP_CONFIG || c == OPT_FORMAT ||
+           c == 'o';
 }

@@ -89,7 +89,7 @@ static st_status parse_strategy(const char *s, void *o) { return st_strategy_par
 
 /* What was given explicitly, for the checks after parsing. */
 typedef struct seen {
-    int epochs, steps, model, depth, width, activation, context, heads, neuron_group;
+    int epochs, steps, model, depth, width, activation, context, heads, neuron_group, format;
     const char *text_option;    /* the first text-only option given */
     const char *sample_option;  /* the last of --prompt, --temperature, --top-k */
     /* the strategies' options given (st_cli_option_table(): OPT_STRATEGY_OPTION + k),
@@ -256,6 +256,17 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             return st_cli_fail(err, n, "--init: expected a safetensors file, got ''");
         o->init_path = arg;
         return 0;
+    case OPT_FORMAT:
+        if (strcmp(arg, "torch") != 0 && strcmp(arg, "subtrain") != 0)
+            return st_cli_fail(err, n, "--format: unknown value '%s' (allowed: torch, subtrain)",
+                               ST_CLI_SHOW(arg));
+        o->format = strcmp(arg, "torch") == 0 ? ST_CLI_FORMAT_TORCH : ST_CLI_FORMAT_SUBTRAIN;
+        return 0;
+    case 'o':
+        if (*arg == '\0')
+            return st_cli_fail(err, n, "--output: expected a file name, got ''");
+        o->output_path = arg;
+        return 0;
     case OPT_PROMPT: o->prompt = arg; return 0;
     case OPT_TEMPERATURE:
         return parse_float("--temperature", arg, '[', 0.0, 1000.0, ']', &o->temperature, err,
@@ -348,6 +359,7 @@ static int apply_one(int c, const char *arg, st_cli_options *o, seen *saw, int *
     saw->context |= c == OPT_CONTEXT;
     saw->heads |= c == OPT_HEADS;
     saw->neuron_group |= c == OPT_NEURON_GROUP;
+    saw->format |= c == OPT_FORMAT;
     if (c == OPT_HOLDOUT || c == OPT_VAL_BYTES || c == OPT_EPOCH_WINDOWS)
         saw->text_option = c == OPT_HOLDOUT ? "--holdout"
                          : c == OPT_VAL_BYTES ? "--val-bytes" : "--epoch-windows";
@@ -426,6 +438,10 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         o->action = ST_CLI_EVAL;
         argc--;
         argv++;
+    } else if (argc > 1 && strcmp(argv[1], "export") == 0) {
+        o->action = ST_CLI_EXPORT;
+        argc--;
+        argv++;
     }
     seen saw = { 0 };
     /* The command line first read whole (getopt's checks: unknown options,
@@ -441,7 +457,8 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     int n_cmd = 0;
     st_cli_getopt_start();
     for (;;) {
-        int c = st_cli_next_option(argc, argv, ":qhV", st_cli_option_table(), "subtrain", err, n);
+        int c = st_cli_next_option(argc, argv, ":qhVo:", st_cli_option_table(), "subtrain", err,
+                                      n);
         if (c == -1)
             break;
         if (c == ST_CLI_REJECTED) {
@@ -571,6 +588,17 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         return st_cli_fail(err, n, "eval needs --init FILE: the weights to evaluate");
     if (o->action == ST_CLI_EVAL && (o->checkpoint_dir || o->metrics_path))
         return st_cli_fail(err, n, "eval writes no %s", o->checkpoint_dir ? "checkpoint" : "metrics");
+    if (o->action != ST_CLI_EXPORT && (saw.format || o->output_path))
+        return st_cli_fail(err, n, "%s applies to subtrain export only",
+                           o->output_path ? "--output" : "--format");
+    if (o->action == ST_CLI_EXPORT && !o->init_path)
+        return st_cli_fail(err, n, "export needs --init FILE: the weights to convert");
+    if (o->action == ST_CLI_EXPORT && !o->output_path)
+        return st_cli_fail(err, n, "export needs -o FILE: the file to write");
+    if (o->action == ST_CLI_EXPORT && (o->checkpoint_dir || o->metrics_path || o->resume_path))
+        return st_cli_fail(err, n, "export takes weights with --init and writes -o FILE only, "
+                           "not %s", o->checkpoint_dir ? "--checkpoint"
+                                     : o->metrics_path ? "--metrics" : "--resume");
     if (o->init_path && strategy->no_init)
         return st_cli_fail(err, n, "--init does not apply to --strategy %s (%s)", strategy->name,
                            strategy->no_init);

@@ -542,6 +542,33 @@ st_status st_model_config_segments(const st_model_config *cfg, st_param_segment 
     return s;
 }
 
+st_status st_model_config_state_segments(const st_model_config *cfg, st_param_segment **out,
+                                         int *count)
+{
+    *out = NULL;
+    *count = 0;
+    ST_TRY(st_model_config_check(cfg));
+    st_model m;
+    st_status s = layout_full(&m, cfg);
+    if (s == ST_OK && m.n_state_segs) {
+        *out = calloc((size_t)m.n_state_segs, sizeof **out);
+        if (!*out)
+            s = st_fail(ST_ERR_NOMEM, "out of memory listing a model's state");
+        for (int i = 0; *out && i < m.n_state_segs; i++) {
+            st_param_segment *g = &(*out)[i];
+            memcpy(g->name, m.state_segs[i].name, sizeof g->name);
+            g->offset = m.state_full[i];
+            g->count = (size_t)m.state_sel[i].full;
+            g->rows = m.state_sel[i].full;
+            g->cols = 1;
+            g->grad_offset = ST_NO_GRAD;
+        }
+        *count = *out ? m.n_state_segs : 0;
+    }
+    destroy_layout(&m);
+    return s;
+}
+
 static void destroy_layout(st_model *m)
 {
     st_graph_free(m);
