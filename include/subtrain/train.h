@@ -149,7 +149,14 @@ typedef struct st_train_config {
     st_optim_config optim;
     st_schedule_kind schedule;
     uint64_t warmup_steps;    /* cosine schedule only; ST_WARMUP_AUTO: 5% of the run */
-    int batch;                /* samples per step and worker */
+    int batch;                /* samples per micro-batch and worker */
+    int accumulate;           /* micro-batches a step: their gradients' mean
+                               * is reduced and updated once, as one batch of
+                               * accumulate x batch would be (up to the
+                               * order of the fp32 sums; batch norm
+                               * normalises each micro-batch); 1 (default;
+                               * 0 too): none.  Steps, epochs, the schedule
+                               * and checkpoints count updates */
     int epochs;               /* used when steps == 0 */
     uint64_t steps;           /* total steps; 0: epochs x steps per epoch */
     uint64_t seed;            /* init, shuffles */
@@ -255,6 +262,13 @@ typedef struct st_epoch_record {
     /* ist, localsgd: the same per round (one synchronisation every R steps;
      * comm_bytes_per_worker_step is this / local_steps); 0 otherwise */
     double comm_bytes_per_worker_round;
+    /* The optimizer's state layout, and what the update of the worker that
+     * updates most reads and writes in a step: bytes, and bytes per
+     * parameter updated (st_optim_bytes_per_param, the bf16 weight copies
+     * it writes included); 0 before any update. */
+    st_moments optimizer_moments;
+    double optimizer_bytes_per_worker_step;
+    double optimizer_bytes_per_param;
     /* Mean time of a step, over workers and the epoch's steps (ms):
      * forward and backward; waiting for the slowest worker; reduce-scatter
      * and all-gather; the optimizer on the worker's shard. */

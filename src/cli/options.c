@@ -27,6 +27,7 @@ enum {
     OPT_SAMPLE, OPT_PROMPT, OPT_TEMPERATURE, OPT_TOP_K, OPT_CHECKPOINT, OPT_INIT,
     OPT_CHECKPOINT_EVERY, OPT_KEEP, OPT_RESUME, OPT_USR1, OPT_THREADS, OPT_TEAM_SPANS,
     OPT_PRECISION, OPT_BF16_EMULATED, OPT_COMM_PRECISION, OPT_CONFIG, OPT_DUMP_CONFIG,
+    OPT_ACCUMULATE, OPT_OPTIMIZER_MOMENTS,
     /* the strategies' options: OPT_STRATEGY_OPTION + their index in the
      * table options() makes */
     OPT_STRATEGY_OPTION = 1024,
@@ -63,10 +64,12 @@ static const struct option own_options[] = {
     { "epochs", required_argument, NULL, OPT_EPOCHS },
     { "steps", required_argument, NULL, OPT_STEPS },
     { "batch", required_argument, NULL, OPT_BATCH },
+    { "accumulate", required_argument, NULL, OPT_ACCUMULATE },
     { "optimizer", required_argument, NULL, OPT_OPTIMIZER },
     { "lr", required_argument, NULL, OPT_LR },
     { "momentum", required_argument, NULL, OPT_MOMENTUM },
     { "weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY },
+    { "optimizer-moments", required_argument, NULL, OPT_OPTIMIZER_MOMENTS },
     { "schedule", required_argument, NULL, OPT_SCHEDULE },
     { "warmup", required_argument, NULL, OPT_WARMUP },
     { "seed", required_argument, NULL, OPT_SEED },
@@ -294,10 +297,16 @@ void st_cli_print_help(FILE *f)
 "  --epochs N             passes over the training set (default 5)\n"
 "  --steps N              train for exactly N steps instead of whole epochs\n"
 "  --batch N              samples per step and worker (default 128)\n"
+"  --accumulate K         K micro-batches of --batch samples a step: their\n"
+"                         gradients add up before one reduction and one update\n"
+"                         (default 1; not synth; doc/cli.md)\n"
 "  --optimizer sgd|adamw  (default adamw)\n"
 "  --lr X                 peak learning rate (default 0.001)\n"
 "  --momentum X           SGD momentum (default 0.9)\n"
 "  --weight-decay X       decoupled for AdamW, L2 for SGD; matrices only (default 0.01)\n"
+"  --optimizer-moments fp32|bf16|bf16-sr   the optimizer's state (moments,\n"
+"                         momentum) in bf16, rounded to nearest or stochastically;\n"
+"                         weights fp32 (default fp32; doc/precision.md)\n"
 "  --schedule constant|cosine   learning-rate schedule (default cosine: linear\n"
 "                         warmup, then cosine decay to 0 at the last step)\n"
 "  --warmup N             warmup steps of the cosine schedule (default: 5% of the run)\n"
@@ -421,6 +430,7 @@ static st_status parse_model(const char *s, void *o) { return st_model_kind_pars
 static st_status parse_act(const char *s, void *o) { return st_activation_parse(s, o); }
 static st_status parse_precision(const char *s, void *o) { return st_precision_parse(s, o); }
 static st_status parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
+static st_status parse_moments(const char *s, void *o) { return st_moments_parse(s, o); }
 static st_status parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
 static st_status parse_strategy(const char *s, void *o) { return st_strategy_parse(s, o); }
 
@@ -758,6 +768,9 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         *saw_steps = 1;
         return parse_u64("--steps", arg, 1, 1000000000ull, &t->steps, err, n);
     case OPT_BATCH: return parse_int("--batch", arg, 1, 65536, &t->batch, err, n);
+    case OPT_ACCUMULATE: return parse_int("--accumulate", arg, 1, 65536, &t->accumulate, err, n);
+    case OPT_OPTIMIZER_MOMENTS:
+        return parse_choice("optimizer-moments", arg, parse_moments, &t->optim.moments, err, n);
     case OPT_OPTIMIZER: return parse_choice("optimizer", arg, parse_opt, &t->optim.kind, err, n);
     case OPT_LR: return parse_float("--lr", arg, '(', 0.0, 100.0, ']', &t->optim.lr, err, n);
     case OPT_MOMENTUM:
@@ -1189,6 +1202,8 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
     case OPT_EPOCHS: if (!t->steps) snprintf(v, n, "%d", t->epochs); break;
     case OPT_STEPS: if (t->steps) snprintf(v, n, "%llu", (unsigned long long)t->steps); break;
     case OPT_BATCH: snprintf(v, n, "%d", t->batch); break;
+    case OPT_ACCUMULATE: snprintf(v, n, "%d", t->accumulate); break;
+    case OPT_OPTIMIZER_MOMENTS: snprintf(v, n, "%s", st_moments_name(t->optim.moments)); break;
     case OPT_OPTIMIZER: snprintf(v, n, "%s", st_optimizer_name(t->optim.kind)); break;
     case OPT_LR: float_text(t->optim.lr, v, n); break;
     case OPT_MOMENTUM: float_text(t->optim.momentum, v, n); break;
