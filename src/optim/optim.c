@@ -182,8 +182,9 @@ static inline void store_h(float *restrict p, uint16_t *restrict h, size_t i, fl
     h[i] = (uint16_t)(st_bf16_rne_bits(u) >> 16);
 }
 
-/* The same, writing h[i] = bf16(p[i]) as well (h: a weight copy) */
-ST_VECTOR_CLONES
+/* The same, writing h[i] = bf16(p[i]) as well (h: a weight copy; 16-bit
+ * lanes: core/simd.h) */
+ST_VECTOR_CLONES_BW
 static void sgd_range_h(float *restrict p, const float *restrict g, float *restrict buf,
                         uint16_t *restrict h, size_t n, float lr, float momentum, float wd)
 {
@@ -235,7 +236,7 @@ static void adamw_range(float *restrict p, const float *restrict g, float *restr
  * a chunk updated and then rounded from L1: that is faster only while the
  * parameters fit in cache, and slower from memory, where one loop runs
  * the copy's stream alongside the other seven (doc/benchmarks.md). */
-ST_VECTOR_CLONES
+ST_VECTOR_CLONES_BW
 static void adamw_range_h(float *restrict p, const float *restrict g, float *restrict m,
                           float *restrict v, uint16_t *restrict h, size_t n,
                           const adam_step *a, int decay)

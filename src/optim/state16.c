@@ -7,10 +7,11 @@
  * Each loop is instantiated for rne or stochastic rounding and with or
  * without the copy (constant arguments of an always-inlined body), so
  * that no variant pays for another's work, and cloned for wider vector
- * units (core/simd.h).  Stochastic rounding draws 16 bits an element and
- * moment from a hash of the update's key and the element's index in the
- * vector: a function of seed, step and position, the same however the
- * vector is cut into shards.
+ * units with 16-bit lanes (core/simd.h, ST_VECTOR_CLONES_BW).  Stochastic
+ * rounding draws 16 bits an element and moment from a hash of the
+ * update's key and the element's index in the vector: a function of
+ * seed, step and position, the same however the vector is cut into
+ * shards.
  */
 #include <math.h>
 
@@ -94,7 +95,7 @@ sgd16_body(float *restrict p, const float *restrict g, uint16_t *restrict buf,
 
 /* The instances: (rne | sr) x (no copy | copy). */
 #define ADAMW16(NAME, SR, H)                                                                 \
-    ST_VECTOR_CLONES static void NAME(float *restrict p, const float *restrict g,            \
+    ST_VECTOR_CLONES_BW static void NAME(float *restrict p, const float *restrict g,            \
                                       uint16_t *restrict m, uint16_t *restrict v,            \
                                       uint16_t *restrict h, size_t n, const st_adam_step *a, \
                                       float shrink, uint32_t key, uint32_t first)            \
@@ -107,7 +108,7 @@ ADAMW16(adamw16_sr, 1, 0)
 ADAMW16(adamw16_sr_h, 1, 1)
 
 #define SGD16(NAME, SR, H)                                                                   \
-    ST_VECTOR_CLONES static void NAME(float *restrict p, const float *restrict g,            \
+    ST_VECTOR_CLONES_BW static void NAME(float *restrict p, const float *restrict g,            \
                                       uint16_t *restrict buf, uint16_t *restrict h,          \
                                       size_t n, float lr, float momentum, float wd,          \
                                       uint32_t key, uint32_t first)                          \
