@@ -138,8 +138,6 @@ typedef struct ref_ctx {
     conv_ref c16;    /* cnn in bf16: the same convolutions reading bf16 */
 } ref_ctx;
 
-/* oneDNN's name of an ISA ("avx512_core", ...). */
-const char *isa_name(dnnl_cpu_isa_t isa);
 /* count floats, 64-byte aligned (free()); NULL when out of memory. */
 float *alloc_floats(size_t count);
 /* A primitive's implementation ("brg:avx512_core", ...) into out. */

@@ -121,7 +121,7 @@ void print_header(const bench_options *o)
     printf("bench_step: one training step (gather, forward, backward, AdamW) vs dnnl_sgemm "
            "(resmlp, gpt) or oneDNN's convolutions (cnn)\n");
     printf("oneDNN %d.%d.%d, ISA %s, OpenMP threads %d, CPU %s (%d online), load average %.2f\n",
-           v->major, v->minor, v->patch, isa_name(dnnl_get_effective_cpu_isa()),
+           v->major, v->minor, v->patch, st_cpu_isa_name(),
            omp_get_max_threads(), cpu, omp_get_num_procs(), load_average());
     printf("timing: %d interleaved windows of each kind (step >= %.2f s, reference >= %.2f s), "
            "median window shown%s\n\n", o->windows, o->step_window_s, o->gemm_window_s,
@@ -330,7 +330,7 @@ void write_json(FILE *f, const bench_result *r, const bench_options *o)
             "\"step_ms_median\":%.4f,\"step_ms_best\":%.4f,\"step_ms_worst\":%.4f,"
             "\"samples_per_s\":%.2f,\"step_gflops\":%.3f,\"step_gflops_best\":%.3f,",
             c->batch, r->params, o->quick ? "true" : "false",
-            v->major, v->minor, v->patch, isa_name(dnnl_get_effective_cpu_isa()), r->flops,
+            v->major, v->minor, v->patch, st_cpu_isa_name(), r->flops,
             r->windows, (unsigned long long)r->steps_timed, r->step_s_med * 1e3,
             r->step_s_best * 1e3, r->step_s_worst * 1e3, c->batch / r->step_s_med, step_g,
             best_g);

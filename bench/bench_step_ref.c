@@ -16,23 +16,6 @@
 
 #include "bench_step.h"
 
-const char *isa_name(dnnl_cpu_isa_t isa)
-{
-    switch (isa) {
-    case dnnl_cpu_isa_sse41: return "sse41";
-    case dnnl_cpu_isa_avx: return "avx";
-    case dnnl_cpu_isa_avx2: return "avx2";
-    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
-    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
-    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
-    case dnnl_cpu_isa_avx512_core: return "avx512_core";
-    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
-    default: return "unknown";
-    }
-}
-
 /* ------------------------------------------------------------ sgemm */
 
 float *alloc_floats(size_t count)
@@ -112,7 +95,7 @@ int gemm16_init(gemm_ctx *g, char *impl, size_t size)
         dnnl_memory_destroy(b32);
     if (!ok)
         fprintf(stderr, "bench_step: oneDNN has no bf16 matmul here (ISA %s)\n",
-                isa_name(dnnl_get_effective_cpu_isa()));
+                st_cpu_isa_name());
     return ok ? 0 : -1;
 }
 
@@ -122,21 +105,6 @@ static int gemm16_call(const gemm_ctx *g)
                                 { DNNL_ARG_DST, g->c32 } };
     return dnnl_primitive_execute(g->mm16, g->stream, 3, args) == dnnl_success &&
            dnnl_stream_wait(g->stream) == dnnl_success ? 0 : -1;
-}
-
-static double gemm16_window(const gemm_ctx *g, double min_s)
-{
-    if (gemm16_call(g))
-        return -1.0;
-    uint64_t n = 0;
-    double t0 = now_s(), t;
-    do {
-        if (gemm16_call(g))
-            return -1.0;
-        n++;
-        t = now_s();
-    } while (t - t0 < min_s);
-    return (t - t0) / (double)n;
 }
 
 void gemm_free(gemm_ctx *g)
@@ -163,16 +131,17 @@ static int gemm_call(const gemm_ctx *g)
                       g->n) == dnnl_success ? 0 : -1;
 }
 
-/* Mean seconds per call over a window of at least min_s; -1 on failure.
- * One untimed call first: the step windows in between evict A, B and C. */
-static double gemm_window(const gemm_ctx *g, double min_s)
+/* Mean seconds per call (gemm_call, gemm16_call) over a window of at
+ * least min_s; -1 on failure.  One untimed call first: the step windows
+ * in between evict A, B and C. */
+static double gemm_window(int (*call)(const gemm_ctx *), const gemm_ctx *g, double min_s)
 {
-    if (gemm_call(g))
+    if (call(g))
         return -1.0;
     uint64_t n = 0;
     double t0 = now_s(), t;
     do {
-        if (gemm_call(g))
+        if (call(g))
             return -1.0;
         n++;
         t = now_s();
@@ -440,7 +409,7 @@ double ref_window(ref_ctx *ref, double min_s, double pass_s[3])
 {
     if (ref->conv)
         return conv_window(&ref->c, min_s, pass_s);
-    double t = gemm_window(&ref->g, min_s);
+    double t = gemm_window(gemm_call, &ref->g, min_s);
     if (t < 0.0)
         fprintf(stderr, "bench_step: dnnl_sgemm failed\n");
     return t;
@@ -453,5 +422,5 @@ double ref16_window(ref_ctx *ref, double min_s)
     double pass[3];
     if (ref->conv)
         return conv_window(&ref->c16, min_s, pass);
-    return gemm16_window(&ref->g, min_s);
+    return gemm_window(gemm16_call, &ref->g, min_s);
 }

@@ -123,17 +123,17 @@ int run_config(const bench_config *bc, const bench_options *o, int bf16, st_mome
     tc.model.in_dim = 784;
     tc.model.n_classes = 10;
     if (bc->in_channels) {
-        /* as `subtrain --model resnet` sets it for Fashion-MNIST (cli/main.c,
-         * cli/options.c): the images' shape, ReLU */
+        /* as `subtrain --model resnet` sets it for Fashion-MNIST: the
+         * images' shape (cli/main.c), ReLU (models/resnet.c's defaults) */
         tc.model.in_channels = bc->in_channels;
         tc.model.in_height = bc->in_height;
         tc.model.in_width = bc->in_width;
         tc.model.activation = ST_ACT_RELU;
     }
     if (bc->context) {
-        /* as `subtrain --model gpt --data text:FILE` sets it (cli/options.c):
-         * a byte id per token in, the next byte (256 classes) out, MLP
-         * hidden 4 D, GELU */
+        /* as `subtrain --model gpt --data text:FILE` sets it (models/gpt.c's
+         * defaults): a byte id per token in, the next byte (256 classes)
+         * out, MLP hidden 4 D, GELU */
         tc.model.context = bc->context;
         tc.model.heads = bc->heads;
         tc.model.in_dim = bc->context;

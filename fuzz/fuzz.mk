@@ -15,7 +15,8 @@
 HARNESSES := idx safetensors options cifar text
 OMP_SOURCES := src/train/train.c src/train/trainer.c
 SOURCES := $(filter-out $(OMP_SOURCES),$(filter %.c,$(LIB_SOURCES))) \
-	src/cli/options.c src/cli/config_file.c src/cli/cli_util.c
+	src/cli/options.c src/cli/option_table.c src/cli/option_values.c src/cli/config_file.c \
+	src/cli/cli_util.c
 OBJECTS := $(SOURCES:%.c=fuzz/obj/%.o)
 ARCHIVE := fuzz/libsubtrain-fuzz.a
 PROGRAMS := $(HARNESSES:%=fuzz/fuzz_%)

@@ -136,4 +136,19 @@ static inline void write_idx_file(const char *dir, const char *name, int rank,
     free(buf);
 }
 
+/* Two runs' records, one by one: every record's losses and accuracy (the
+ * text from "train_loss" to "samples_per_s", timings excluded) equal to the
+ * printed digit, and at least one record. */
+static inline void expect_same_records(const char *one, const char *two, const char *what)
+{
+    int n = 0;
+    for (const char *a = one, *b = two;
+         (a = strstr(a, "\"train_loss\"")) && (b = strstr(b, "\"train_loss\"")); a++, b++, n++) {
+        const size_t len = (size_t)(strstr(a, "\"samples_per_s\"") - a);
+        cr_assert(strncmp(a, b, len) == 0, "two %s runs differ: %.*s against %.*s", what,
+                  (int)len, a, (int)len, b);
+    }
+    cr_assert_geq(n, 1, "no records: %s", one);
+}
+
 #endif /* SUBTRAIN_TESTS_CLI_RUN_H */

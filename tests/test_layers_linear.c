@@ -24,58 +24,44 @@ static double linear_objective(void *arg)
     return dot_yr(c->y, c->R, (size_t)(c->B * c->out));
 }
 
+/* got (M x N) against the double product bias[n] + sum_k a[m, k] b[k, n]
+ * (bias NULL: none), the operands read through their strides (a
+ * transposed one swaps them); an entry's magnitude sums its terms'. */
+static void check_product(const char *what, const float *got, const float *bias, int64_t M,
+                          int64_t N, int64_t K, const float *a, int64_t am, int64_t ak,
+                          const float *b, int64_t bk, int64_t bn)
+{
+    double *ref = dalloc((size_t)(M * N)), *mag = dalloc((size_t)(M * N));
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = bias ? bias[n] : 0.0, sm = bias ? fabs(bias[n]) : 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                double t = (double)a[m * am + k * ak] * b[k * bk + n * bn];
+                s += t;
+                sm += fabs(t);
+            }
+            ref[m * N + n] = s;
+            mag[m * N + n] = sm;
+        }
+    compare_ref(what, got, ref, mag, (size_t)(M * N), REF_RTOL);
+    free(ref);
+    free(mag);
+}
+
 /* y (B, out) = x (B, in) w^T + b against a double matmul; dx = dy w,
  * dw = dy^T x, db = sum_b dy against double too. */
 static void linear_reference(const linear_case *c, const char *tag)
 {
     const int64_t B = c->B, I = c->in, O = c->out;
-    double *ref = dalloc((size_t)(B * O)), *mag = dalloc((size_t)(B * O));
     char what[64];
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t o = 0; o < O; o++) {
-            double s = c->b[o], m = fabs(c->b[o]);
-            for (int64_t i = 0; i < I; i++) {
-                s += (double)c->x[b * I + i] * c->w[o * I + i];
-                m += fabs((double)c->x[b * I + i] * c->w[o * I + i]);
-            }
-            ref[b * O + o] = s;
-            mag[b * O + o] = m;
-        }
     snprintf(what, sizeof what, "linear %s y", tag);
-    compare_ref(what, c->y, ref, mag, (size_t)(B * O), REF_RTOL);
-    free(ref);
-    free(mag);
-
-    ref = dalloc((size_t)(B * I));
-    mag = dalloc((size_t)(B * I));
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < I; i++)
-            for (int64_t o = 0; o < O; o++) {
-                double t = (double)c->dy[b * O + o] * c->w[o * I + i];
-                ref[b * I + i] += t;
-                mag[b * I + i] += fabs(t);
-            }
+    check_product(what, c->y, c->b, B, O, I, c->x, I, 1, c->w, 1, I);
     snprintf(what, sizeof what, "linear %s dx", tag);
-    compare_ref(what, c->dx, ref, mag, (size_t)(B * I), REF_RTOL);
-    free(ref);
-    free(mag);
-
-    ref = dalloc((size_t)(O * I));
-    mag = dalloc((size_t)(O * I));
-    for (int64_t o = 0; o < O; o++)
-        for (int64_t i = 0; i < I; i++)
-            for (int64_t b = 0; b < B; b++) {
-                double t = (double)c->dy[b * O + o] * c->x[b * I + i];
-                ref[o * I + i] += t;
-                mag[o * I + i] += fabs(t);
-            }
+    check_product(what, c->dx, NULL, B, I, O, c->dy, O, 1, c->w, I, 1);
     snprintf(what, sizeof what, "linear %s dw", tag);
-    compare_ref(what, c->dw, ref, mag, (size_t)(O * I), REF_RTOL);
-    free(ref);
-    free(mag);
+    check_product(what, c->dw, NULL, O, I, B, c->dy, 1, O, c->x, I, 1);
 
-    ref = dalloc((size_t)O);
-    mag = dalloc((size_t)O);
+    double *ref = dalloc((size_t)O), *mag = dalloc((size_t)O);
     for (int64_t o = 0; o < O; o++)
         for (int64_t b = 0; b < B; b++) {
             ref[o] += c->dy[b * O + o];

@@ -17,6 +17,7 @@
 /* Heap calls of the armed thread. */
 #define HEAPWATCH_PER_THREAD
 #include "heapwatch.h"
+#include "model_heapwatch.h"
 
 /* convnet d2 w4 on 2x6x6, 5 classes: stage 0 of 4 channels (6x6, pooled
  * to 3x3), stage 1 of 8 (3x3, pooled to 1x1).  GELU: a smooth objective
@@ -280,25 +281,8 @@ Test(subnetwork, convnet_steps_make_no_heap_call)
                                 convnet_neuron_config(1) };
     cfgs[1].subnet.scale = 2.0f;
     for (int k = 0; k < 3; k++) {
-        st_arena a;
-        st_arena_init(&a, "convnet heap", NULL, 0);
-        st_model *m = make_model(&cfgs[k], 8, &a);
-        st_model_init_params(m, 7);
-        st_rng r = st_rng_seed(8);
-        fill_rows(m, 0, 8, &r);
-        st_status st = ST_OK;
-        own_calls = dnnl_calls = executes = 0;
-        for (int round = 0; round < 4 && st == ST_OK; round++) {
-            float loss;
-            armed = round >= 1; /* the first round lets oneDNN set up its per-thread state */
-            st = st_model_forward_backward(m, &loss);
-            armed = 0;
-        }
-        cr_assert_eq(st, ST_OK, "%s", st_last_error());
-        cr_assert_gt(executes, 0, "the interposer saw the primitives run");
+        watch_model_steps(&cfgs[k], "convnet heap");
         cr_expect_eq(own_calls, 0, "convnet %d: subtrain called the heap %ld times in 3 steps", k,
                      own_calls);
-        st_model_destroy(m);
-        st_arena_release(&a);
     }
 }

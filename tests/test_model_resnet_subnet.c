@@ -10,6 +10,7 @@
 /* Heap calls of the armed thread. */
 #define HEAPWATCH_PER_THREAD
 #include "heapwatch.h"
+#include "model_heapwatch.h"
 
 /* ------------------------------------------------------------ resnet subnetworks */
 
@@ -190,27 +191,10 @@ Test(subnetwork, masked_resnet_forward_and_backward_make_no_heap_call)
     for (int k = 0; k < n; k++) {
         if (k < 3)
             cfgs[k].subnet.scale = 2.0f;
-        st_arena a;
-        st_arena_init(&a, "resnet heap", NULL, 0);
-        st_model *m = make_model(&cfgs[k], 8, &a);
-        st_model_init_params(m, 7);
-        st_rng r = st_rng_seed(8);
-        fill_rows(m, 0, 8, &r);
-        st_status st = ST_OK;
-        own_calls = dnnl_calls = executes = 0;
-        for (int round = 0; round < 4 && st == ST_OK; round++) {
-            float loss;
-            armed = round >= 1; /* the first round lets oneDNN set up its per-thread state */
-            st = st_model_forward_backward(m, &loss);
-            armed = 0;
-        }
-        cr_assert_eq(st, ST_OK, "%s", st_last_error());
-        cr_assert_gt(executes, 0, "the interposer saw the primitives run");
+        watch_model_steps(&cfgs[k], "resnet heap");
         cr_expect_eq(own_calls, 0, "masked resnet %d: subtrain called the heap %ld times in 3 "
                      "steps", k, own_calls);
         fprintf(stderr, "[heap] masked resnet %d, 3 steps: subtrain %ld heap calls; oneDNN %ld "
                 "in %ld executions\n", k, own_calls, dnnl_calls, executes);
-        st_model_destroy(m);
-        st_arena_release(&a);
     }
 }

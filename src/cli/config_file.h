@@ -1,7 +1,7 @@
 /*
  * cli/config_file.h — options kept in a file (--config FILE) and printed
  * as one (--dump-config): the text form, independent of which options
- * exist (options.c knows those).
+ * exist (option_table.c knows those).
  *
  * A configuration file holds one `key = value` per line, the key a long
  * option's name without its dashes; blank lines and lines whose first

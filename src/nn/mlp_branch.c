@@ -11,6 +11,8 @@
  * the group's branch (the branch scale multiplies it).  Backward, fc2
  * reads dh (the stream's gradient), fc1 writes dn, the norm dtmp, and the
  * skip layer adds dtmp into dh: dh is then h's gradient.
+ *
+ * The stacks of such blocks end with the same final norm and head.
  */
 #include <stdio.h>
 
@@ -44,4 +46,13 @@ int st_graph_mlp_branch(st_model *m, const char *prefix, const char *ln, int h, 
     l->residual = h;           /* out = h + branch, in fc2's epilogue */
     l->closes_group = 1;
     return out;
+}
+
+int st_graph_norm_head(st_model *m, int h, int64_t W, int n_classes, const st_mlp_grads *d)
+{
+    const int nf = st_graph_tensor(m, W, ST_W_FULL);
+    /* going backward the final norm writes dh: it starts the accumulation
+     * that every block's residual layer then adds to */
+    return nf >= 0 && st_graph_add(m, &st_layer_layernorm, "final_ln", h, nf, d->dh, d->dn) &&
+           st_graph_linear(m, "head", nf, ST_T_LOGITS, d->dn, ST_T_DLOGITS, W, n_classes);
 }

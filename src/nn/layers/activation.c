@@ -18,7 +18,7 @@
  *         0 or 1): an error of the order of 2^-9, the size of the
  *         rounding the products already apply to dy (the linear layer
  *         below reads dy in bf16 anyway).
- * Training stays within tolerance of fp32 (tests/test_cli: bf16).  What it
+ * Training stays within tolerance of fp32 (tests/test_cli_precision).  What it
  * buys: nobody reads the fp32 x after the forward, so in bf16 the graph
  * lets x's buffer be reused (st_graph_build's pool) and the activations
  * kept for the backward are 2 bytes per element instead of 4. */

@@ -54,7 +54,7 @@
  * nearly cancel against the sum), so dS is off by about as much as P,
  * what rounding dS for its products costs anyway (tests/test_layers_attention.c,
  * attention/bf16_*: y and dx within 0.3% rms of unrounded fp32 math;
- * tests/test_cli.c: a gpt run within 0.01% of fp32's loss).  oneDNN 2.6's
+ * tests/test_cli_precision.c: a gpt run within 0.01% of fp32's loss).  oneDNN 2.6's
  * softmax backward takes no bf16 P with an fp32 dP (unimplemented; only
  * all bf16, which would round dP before that cancellation), hence the
  * loop; it writes dS in bf16 over Pb, which the backward no longer needs

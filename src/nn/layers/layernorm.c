@@ -19,7 +19,7 @@
  * rounding of dy that the linear layer below applies anyway.  (Rounding
  * x itself would cost 2^-9 |x| / std in x_hat: large for a row whose mean
  * is far from 0 in units of its spread; centring first avoids that.)
- * Training stays within tolerance of fp32 (tests/test_cli: bf16); the
+ * Training stays within tolerance of fp32 (tests/test_cli_precision); the
  * gradients match the fp32 backward of xr (tests/test_layers_rowwise).  What it
  * buys: nobody reads the fp32 x after the forward, so in bf16 the graph
  * lets x's buffer be reused (st_graph_build's pool) and the activations

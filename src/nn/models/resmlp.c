@@ -42,11 +42,7 @@ static st_status declare(st_model *m)
         st_graph_group_end(m, h, out);
         h = out;
     }
-    const int nf = ok ? st_graph_tensor(m, W, ST_W_FULL) : -1;
-    /* going backward the final norm writes dh: it starts the accumulation
-     * that every block's residual layer then adds to */
-    ok = ok && nf >= 0 && st_graph_add(m, &st_layer_layernorm, "final_ln", h, nf, dh, dn);
-    ok = ok && st_graph_linear(m, "head", nf, ST_T_LOGITS, dn, ST_T_DLOGITS, W, c->n_classes);
+    ok = ok && st_graph_norm_head(m, h, W, c->n_classes, &d);
     if (ok)
         return ST_OK;
 oom:

@@ -1,0 +1,301 @@
+/*
+ * tests/test_cli_checkpoints.c — checkpoints from the command line: eval
+ * and --init of saved weights, signals that stop a run after its step,
+ * periodic checkpoints, resumes that are bitwise the run never stopped, and
+ * what a resume refuses.
+ */
+#include "cli_run.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <criterion/criterion.h>
+#include <subtrain/model.h>
+#include <signal.h>
+
+/* --checkpoint writes the trained weights; `subtrain eval --init` gives
+ * the run's final test numbers from them, to the printed digit; --init
+ * fine-tunes from them; another model's options are refused. */
+Test(cli, checkpoint_eval_and_init, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX], file[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    snprintf(file, sizeof file, "%s/ck/final.safetensors", dir);
+    const char *model = "--data synthetic --depth 2 --width 32 --batch 64";
+    snprintf(args, sizeof args, "%s --steps 60 --workers 2 --progress none --checkpoint '%s/ck'",
+             model, dir);
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    cr_assert(strstr(r->out, "weights: ") && strstr(r->out, "final.safetensors"), "%s", r->out);
+    const char *fin = strstr(r->out, "final: test_acc ");
+    cr_assert_not_null(fin, "%s", r->out);
+    char acc[16], loss[16];
+    cr_assert_eq(sscanf(fin, "final: test_acc %15s test_loss %15s", acc, loss), 2);
+    snprintf(args, sizeof args, "eval --init '%s' %s", file, model);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    char want[64];
+    snprintf(want, sizeof want, "test_acc %s  test_loss %s", acc, loss);
+    cr_assert(strstr(r->out, want), "expected '%s' in: %s", want, r->out);
+    snprintf(args, sizeof args, "--init '%s' %s --steps 10 --lr 0.0001 --progress none", file,
+             model);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    snprintf(args, sizeof args, "eval --init '%s' --data synthetic --depth 3 --width 32", file);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 1, "stderr: %s", r->err);
+    cr_assert(strstr(r->err, "block2.ln.gamma") && strstr(r->err, "another model") &&
+              count_lines(r->err) == 1, "%s", r->err);
+    snprintf(args, sizeof args, "eval --init '%s/missing.safetensors' --data synthetic", dir);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 1, "stderr: %s", r->err);
+    cr_assert(strstr(r->err, "missing.safetensors") && count_lines(r->err) == 1, "%s", r->err);
+    free(r);
+    st_test_rmdir(dir);
+    expect_usage_error("eval --data synthetic", "eval needs --init FILE");
+    expect_usage_error("eval --init x --checkpoint y --data synthetic", "eval writes no checkpoint");
+    expect_usage_error("--init x --strategy synth --data synthetic", "--init does not apply");
+}
+
+/* A signal during a run: every worker finishes its step, the final
+ * record says "interrupted", the weights are written, and the exit
+ * status is 128 + the signal.  The signal is sent once the first epoch
+ * record is in the metrics file (the run is training by then). */
+static void expect_graceful_stop(int sig, const char *strategy, int want)
+{
+    char dir[ST_TEST_PATH_MAX], metrics[ST_TEST_PATH_MAX], cmd[8 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(metrics, dir, "m.jsonl");
+    snprintf(cmd, sizeof cmd, "'%s' --data synthetic --depth 2 --width 32 --batch 64 "
+             "--steps 100000000 --workers 2 --strategy %s --local-steps 7 --progress none "
+             "--metrics '%s' --checkpoint '%s/ck' >'%s/out' 2>'%s/err' </dev/null & "
+             "pid=$!; i=0; while [ ! -s '%s' ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
+             "kill -%d $pid; wait $pid", getenv("SUBTRAIN_BIN"), strategy, metrics, dir, dir, dir,
+             metrics, sig);
+    int w = system(cmd);
+    cr_assert(WIFEXITED(w), "the shell was killed");
+    cr_assert_eq(WEXITSTATUS(w), want, "signal %d, %s: exit %d", sig, strategy, WEXITSTATUS(w));
+    char rec[1 << 16], path[2 * ST_TEST_PATH_MAX];
+    read_into(metrics, rec, sizeof rec);
+    const char *last = strstr(rec, "{\"interrupted\":true,");
+    cr_assert_not_null(last, "no interrupted record: %s", rec);
+    cr_assert(strstr(last, "\"final\":true"), "%s", last);
+    snprintf(path, sizeof path, "%s/ck/final.safetensors", dir);
+    size_t n = 0;   /* (test_ckpt reads such files; here: it is there, a header and data) */
+    unsigned char *b = st_test_read_file(path, &n);
+    cr_assert(b && n > 8, "no weights at %s", path);
+    uint64_t h = 0;
+    for (int k = 7; k >= 0; k--)
+        h = h << 8 | b[k];
+    cr_assert(h > 0 && 8 + h < n && b[8] == '{', "not a safetensors file: %s", path);
+    free(b);
+    st_test_rmdir(dir);
+}
+
+Test(cli, signals_stop_after_the_step_with_records_and_weights, .timeout = 180)
+{
+    expect_graceful_stop(SIGTERM, "dp", 143);
+    expect_graceful_stop(SIGINT, "sdp", 130);
+    expect_graceful_stop(SIGUSR1, "ist", 128 + SIGUSR1);
+}
+
+/* The shell command of a run of `opts` writing into dir/name (its
+ * checkpoint directory, metrics, stdout and stderr). */
+static void run_cmd(char *cmd, size_t len, const char *opts, const char *dir, const char *name,
+                    const char *extra)
+{
+    snprintf(cmd, len, "'%s' %s --progress none --checkpoint '%s/%s' --metrics '%s/%s.jsonl' "
+             "%s >'%s/%s.out' 2>'%s/%s.err' </dev/null", getenv("SUBTRAIN_BIN"), opts, dir,
+             name, dir, name, extra, dir, name, dir, name);
+}
+
+/* A run stopped by SIGTERM once its first epoch record is out, with
+ * --checkpoint, then resumed with --resume DIR, ends with the weights of
+ * the same run never stopped, byte for byte; the stopped run's step
+ * checkpoint and interrupted record are there. */
+static void expect_exact_resume(const char *opts)
+{
+    char dir[ST_TEST_PATH_MAX], cmd[8 * ST_TEST_PATH_MAX], a[2 * ST_TEST_PATH_MAX],
+        b[2 * ST_TEST_PATH_MAX], rest[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    run_cmd(cmd, sizeof cmd, opts, dir, "straight", "");
+    int w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0, "%s: the straight run failed", opts);
+    run_cmd(cmd, sizeof cmd, opts, dir, "stopped", "");
+    char bg[9 * ST_TEST_PATH_MAX];
+    snprintf(bg, sizeof bg, "%s & pid=$!; i=0; while [ ! -s '%s/stopped.jsonl' ] && [ $i -lt 600 ]; "
+             "do sleep 0.05; i=$((i+1)); done; kill -TERM $pid; wait $pid", cmd, dir);
+    w = system(bg);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 143, "%s: the stopped run exited %d (it must "
+              "still be training when its first record is out)", opts, WEXITSTATUS(w));
+    char rec[1 << 16];
+    snprintf(a, sizeof a, "%s/stopped.jsonl", dir);
+    read_into(a, rec, sizeof rec);
+    cr_assert(strstr(rec, "{\"interrupted\":true,"), "%s", rec);
+    snprintf(rest, sizeof rest, "--resume '%s/stopped'", dir);
+    run_cmd(cmd, sizeof cmd, opts, dir, "resumed", rest);
+    w = system(cmd);
+    snprintf(a, sizeof a, "%s/resumed.err", dir);
+    read_into(a, rec, sizeof rec);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0, "%s: the resumed run failed: %s", opts, rec);
+    snprintf(a, sizeof a, "%s/straight/final.safetensors", dir);
+    snprintf(b, sizeof b, "%s/resumed/final.safetensors", dir);
+    cr_assert(same_file(a, b), "%s: resumed weights differ from the straight run's", opts);
+    st_test_rmdir(dir);
+}
+
+Test(cli, stopped_runs_resume_bitwise, .timeout = 240)
+{
+    const char *base = "--data synthetic --model mlp --depth 2 --width 32 --batch 32 "
+                       "--epochs 10 --workers 2";
+    char opts[512];
+    snprintf(opts, sizeof opts, "%s --strategy dp", base);
+    expect_exact_resume(opts);
+    snprintf(opts, sizeof opts, "%s --strategy sdp --subnet neuron --resample 5", base);
+    expect_exact_resume(opts);
+    snprintf(opts, sizeof opts, "%s --strategy ist --local-steps 7 --optimizer-state keep", base);
+    expect_exact_resume(opts);
+    snprintf(opts, sizeof opts, "%s --strategy localsgd --local-steps 7 --optimizer-state keep",
+             base);
+    expect_exact_resume(opts);
+    /* synth stops at a segment epoch's end (or in its recovery epochs) */
+    expect_exact_resume("--data synthetic --strategy synth --depth 3 --width 32 --batch 32 "
+                        "--epochs 8 --recovery-epochs 2 --workers 2");
+}
+
+/* --checkpoint-every with --keep: the newest K step files stay;
+ * SIGUSR1 with --usr1 checkpoint writes one more and the run goes on to
+ * the end, its weights those of a run never signalled. */
+Test(cli, periodic_checkpoints_keep_the_newest, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], cmd[8 * ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    const char *opts = "--data synthetic --model mlp --depth 2 --width 32 --batch 32 "
+                       "--steps 300 --workers 2";
+    run_cmd(cmd, sizeof cmd, opts, dir, "kept", "--checkpoint-every 50 --keep 2");
+    int w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0);
+    static const char *const want[] = { "step-00000200.safetensors",
+                                        "step-00000250.safetensors" };
+    static const char *const gone[] = { "step-00000050.safetensors", "step-00000150.safetensors",
+                                        "step-00000300.safetensors" };
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/kept/%s", dir, want[i]);
+        cr_assert_eq(access(path, R_OK), 0, "%s is missing", path);
+        snprintf(path, sizeof path, "%s/kept/%s", dir, gone[i]);
+        cr_assert_neq(access(path, F_OK), 0, "%s should not be there", path);
+    }
+    snprintf(path, sizeof path, "%s/kept/%s", dir, gone[2]);
+    cr_assert_neq(access(path, F_OK), 0, "no step checkpoint after the last step");
+
+    const char *longer = "--data synthetic --model mlp --depth 2 --width 32 --batch 32 "
+                         "--epochs 16 --workers 2";
+    run_cmd(cmd, sizeof cmd, longer, dir, "plain", "");
+    w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0);
+    run_cmd(cmd, sizeof cmd, longer, dir, "usr1", "--usr1 checkpoint");
+    char bg[9 * ST_TEST_PATH_MAX];
+    snprintf(bg, sizeof bg, "%s & pid=$!; i=0; while [ ! -s '%s/usr1.jsonl' ] && [ $i -lt 600 ]; "
+             "do sleep 0.05; i=$((i+1)); done; kill -USR1 $pid; wait $pid; "
+             "ls '%s/usr1' | grep -q '^step-'", cmd, dir, dir);
+    w = system(bg);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0, "SIGUSR1 with --usr1 checkpoint: exit %d, or "
+              "no step checkpoint", WEXITSTATUS(w));
+    char a[2 * ST_TEST_PATH_MAX];
+    snprintf(a, sizeof a, "%s/plain/final.safetensors", dir);
+    snprintf(path, sizeof path, "%s/usr1/final.safetensors", dir);
+    cr_assert(same_file(a, path), "a checkpoint on SIGUSR1 changed the run");
+    st_test_rmdir(dir);
+}
+
+/* kill -9 of a run that writes a step checkpoint every 3 steps (keeping
+ * 2), at random moments after its first checkpoint (0-800 ms later, while
+ * it trains and writes): every time, --resume of its directory continues
+ * from the newest complete file to the end.  The atomic rename leaves no
+ * half-written step file to find. */
+Test(cli, killed_runs_resume_from_their_newest_checkpoint, .timeout = 300)
+{
+    char dir[ST_TEST_PATH_MAX], cmd[8 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    /* 1000 steps: about 2 s quiet, longer than the first checkpoint and
+     * the 800 ms that may follow it before the kill */
+    const char *opts = "--data synthetic --model mlp --depth 2 --width 64 --batch 32 "
+                       "--steps 1000 --workers 2 --progress none --quiet";
+    srand(7);
+    for (int k = 0; k < 6; k++) {
+        const int ms = rand() % 800;
+        snprintf(cmd, sizeof cmd, "rm -rf '%s/ck'; '%s' %s --checkpoint '%s/ck' "
+                 "--checkpoint-every 3 --keep 2 >/dev/null 2>&1 & pid=$!; i=0; "
+                 "while ! ls '%s/ck' 2>/dev/null | grep -q '^step-' && [ $i -lt 1200 ]; "
+                 "do sleep 0.05; i=$((i+1)); done; sleep 0.%03d; kill -9 $pid; "
+                 "wait $pid 2>/dev/null; "
+                 "'%s' %s --checkpoint '%s/ck' --resume '%s/ck' >'%s/out' 2>&1",
+                 dir, getenv("SUBTRAIN_BIN"), opts, dir, dir, ms, getenv("SUBTRAIN_BIN"), opts,
+                 dir, dir, dir);
+        int w = system(cmd);
+        cr_assert(WIFEXITED(w), "the shell was killed");
+        char out[4096], path[2 * ST_TEST_PATH_MAX];
+        snprintf(path, sizeof path, "%s/out", dir);
+        read_into(path, out, sizeof out);
+        cr_assert_eq(WEXITSTATUS(w), 0, "kill -9 %d ms after the first checkpoint, then "
+                     "--resume: %s", ms, out);
+        snprintf(path, sizeof path, "%s/ck/final.safetensors", dir);
+        cr_assert_eq(access(path, R_OK), 0, "no final weights after resuming");
+    }
+    st_test_rmdir(dir);
+}
+
+/* --resume refuses, in one line, what would not continue this run. */
+Test(cli, resume_refuses_another_run_or_a_bad_file, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], cmd[8 * ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX],
+        step[2 * ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    const char *opts = "--data synthetic --model mlp --depth 2 --width 32 --batch 32 "
+                       "--steps 120 --workers 2";
+    run_cmd(cmd, sizeof cmd, opts, dir, "ck", "--checkpoint-every 100");
+    int w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0);
+    snprintf(step, sizeof step, "%s/ck/step-00000100.safetensors", dir);
+    static const struct { const char *change, *needle; } other[] = {
+        { "--workers 1", "its run had 2 workers, this one has 1 (--workers 1)" },
+        { "--workers 2 --strategy ist", "its run had --strategy dp, this one has --strategy ist" },
+        { "--workers 2 --width 16", "its run had --width 32, this one has --width 16" },
+        { "--workers 2 --seed 7", "its run had --seed 1, this one has --seed 7" },
+        { "--workers 2 --lr 0.01", "its run had --lr 0.001, this one has --lr 0.01" },
+        { "--workers 2 --steps 200", "its run had --steps 120, this one has --steps 200" },
+    };
+    for (size_t i = 0; i < sizeof other / sizeof *other; i++) {
+        snprintf(args, sizeof args, "--data synthetic --model mlp --depth 2 --width 32 "
+                 "--batch 32 --steps 120 %s --resume '%s'", other[i].change, step);
+        expect_runtime_error(NULL, args, other[i].needle);
+    }
+    /* weights only, no checkpoint in the directory, a truncated file, a bad header */
+    snprintf(args, sizeof args, "%s --resume '%s/ck/final.safetensors'", opts, dir);
+    expect_runtime_error(NULL, args, "holds weights only");
+    snprintf(args, sizeof args, "%s --resume '%s'", opts, dir);
+    expect_runtime_error(NULL, args, "holds no step checkpoint");
+    size_t n = 0;
+    unsigned char *b = st_test_read_file(step, &n);
+    cr_assert(b && n > 1000);
+    snprintf(path, sizeof path, "%s/cut.safetensors", dir);
+    cr_assert_eq(st_test_write_file(path, b, n - 100), 0);
+    snprintf(args, sizeof args, "%s --resume '%s'", opts, path);
+    expect_runtime_error(NULL, args, "cut.safetensors");
+    b[9] = 'x';   /* the JSON header's first key */
+    snprintf(path, sizeof path, "%s/bad.safetensors", dir);
+    cr_assert_eq(st_test_write_file(path, b, n), 0);
+    snprintf(args, sizeof args, "%s --resume '%s'", opts, path);
+    expect_runtime_error(NULL, args, "bad.safetensors");
+    free(b);
+    st_test_rmdir(dir);
+    expect_usage_error("--data synthetic --keep 2", "--keep needs --checkpoint DIR");
+    expect_usage_error("--data synthetic --checkpoint x --checkpoint-every 0",
+                       "--checkpoint-every");
+    expect_usage_error("--data synthetic --usr1 later", "--usr1");
+    expect_usage_error("--data synthetic --init a --resume b", "--init and --resume");
+}

@@ -1,0 +1,265 @@
+/*
+ * tests/test_cli_precision.c — bf16 runs against fp32 runs: products (mlp,
+ * gpt attention, ResNet) and the reduction's communication, each
+ * deterministic and close to fp32; a CPU without bf16 named.
+ */
+#include "cli_run.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <criterion/criterion.h>
+#include <subtrain/model.h>
+#include <signal.h>
+
+/* The final record's value of "key": (a number). */
+static double final_value(const char *out, const char *key)
+{
+    const char *f = strstr(out, "\"final\":true");
+    cr_assert_not_null(f, "no final record: %s", out);
+    const char *v = strstr(f, key);
+    cr_assert_not_null(v, "%s not in the final record", key);
+    return strtod(v + strlen(key), NULL);
+}
+
+/* --precision bf16: trains to what fp32 trains (the products' rounding
+ * only), the same run twice is bitwise the same (every record), and a
+ * CPU without bf16 is told so in one line naming oneDNN's ISA, which
+ * ONEDNN_MAX_CPU_ISA lowers here: AVX2 has no bf16 matmul at all,
+ * AVX512_CORE only an emulated one, refused unless --bf16-emulated. */
+Test(cli, bf16_trains_like_fp32_deterministically_and_names_a_missing_isa, .timeout = 120)
+{
+    const st_bf16_support have = st_bf16_probe(NULL);
+    run_result *r = calloc(1, sizeof *r), *again = calloc(1, sizeof *again);
+    const char *base = "--data synthetic --model resmlp --depth 2 --width 128 --steps 60 "
+                       "--batch 64 --progress none --metrics /dev/stdout";
+    char opts[512];
+    if (have != ST_BF16_UNAVAILABLE) {
+        snprintf(opts, sizeof opts, "%s --precision bf16%s", base,
+                 have == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+        run(r, NULL, opts);
+        cr_assert_eq(r->status, 0, "%s", r->err);
+        run(again, NULL, opts);
+        expect_same_records(r->out, again->out, "bf16");
+        cr_assert(strstr(r->out, "\"precision\":\"bf16\""), "%s", r->out);
+        cr_assert(strstr(r->out, "bf16 gelu"), "the plan names the precision: %s", r->out);
+        run(again, NULL, base);
+        cr_assert_eq(again->status, 0, "%s", again->err);
+        cr_assert(strstr(again->out, "\"precision\":\"fp32\""), "%s", again->out);
+        const double t16 = final_value(r->out, "\"test_loss\":");
+        const double t32 = final_value(again->out, "\"test_loss\":");
+        cr_assert(fabs(t16 - t32) <= 0.02 * t32, "bf16 test loss %.6f, fp32 %.6f", t16, t32);
+        cr_assert(t16 != t32, "bf16 and fp32 ended bitwise equal (%.6f): bf16 not used?", t16);
+        /* The activations kept for the backward (the peak breakdown's
+         * "activations"), the default resmlp (depth 4, width 256, batch
+         * 128): bf16 keeps 2-byte copies only (linear layers, norms,
+         * activations), the fp32 tensors no backward reads share the
+         * workspace, so at most 0.55x fp32's. */
+        snprintf(opts, sizeof opts, "--data synthetic --steps 3 --progress none --metrics "
+                 "/dev/stdout --precision bf16%s", have == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+        run(r, NULL, opts);
+        cr_assert_eq(r->status, 0, "%s", r->err);
+        run(again, NULL, "--data synthetic --steps 3 --progress none --metrics /dev/stdout");
+        cr_assert_eq(again->status, 0, "%s", again->err);
+        const char *k16 = strstr(strstr(r->out, "\"final\":true"), "\"activations\":");
+        const char *k32 = strstr(strstr(again->out, "\"final\":true"), "\"activations\":");
+        cr_assert(k16 && k32, "no activations in the final records: %s", r->out);
+        const double a16 = strtod(k16 + 14, NULL), a32 = strtod(k32 + 14, NULL);
+        cr_assert(a32 > 0 && a16 <= 0.55 * a32, "activations: bf16 %.0f bytes, fp32 %.0f (%.3fx)",
+                  a16, a32, a16 / a32);
+    }
+    run(r, "ONEDNN_MAX_CPU_ISA=AVX2", "--data synthetic --steps 2 --precision bf16");
+    cr_assert_eq(r->status, 2, "%s", r->err);
+    cr_assert(count_lines(r->err) == 1 && strstr(r->err, "ISA avx2"), "%s", r->err);
+    if (have == ST_BF16_NATIVE) {   /* else AVX512_CORE may not lower anything */
+        run(r, "ONEDNN_MAX_CPU_ISA=AVX512_CORE", "--data synthetic --steps 2 --precision bf16");
+        cr_assert_eq(r->status, 2, "%s", r->err);
+        cr_assert(count_lines(r->err) == 1 && strstr(r->err, "avx512_core, without native "
+                                                     "bf16"), "%s", r->err);
+        run(r, "ONEDNN_MAX_CPU_ISA=AVX512_CORE", "--data synthetic --steps 2 --precision bf16 "
+            "--bf16-emulated --progress none");
+        cr_assert_eq(r->status, 0, "%s", r->err);
+        cr_assert(strstr(r->err, "warning: bf16 runs emulated on ISA avx512_core"), "%s",
+                  r->err);
+    }
+    expect_usage_error("--data synthetic --precision fp16", "--precision");
+    free(r);
+    free(again);
+}
+
+/* --comm-precision bf16: two workers reduce bf16-rounded gradients (fp32
+ * sums): the same run twice is bitwise the same (every record's losses
+ * and accuracy), it trains to within a few percent of fp32's test loss
+ * without being equal to it (the rounding is used), for dp and an sdp
+ * variant; the records and the plan say so; the bytes per step count the
+ * bf16 reads and the conversion; ist, a bad value: usage errors. */
+Test(cli, comm_bf16_is_deterministic_and_close_to_fp32, .timeout = 180)
+{
+    const char *variants[] = {
+        "--data synthetic --model resmlp --depth 2 --width 128 --steps 60 --batch 32 --workers 2",
+        "--data synthetic --model resmlp --depth 4 --width 64 --steps 60 --batch 16 --workers 4 "
+        "--strategy sdp --subnet block --masking backward",
+    };
+    run_result *r = calloc(1, sizeof *r), *again = calloc(1, sizeof *again);
+    run_result *f32 = calloc(1, sizeof *f32);
+    /* the records in a file of their own (a second opening of /dev/stdout
+     * would write over the summary, or the summary over them), appended
+     * to what the run printed */
+    char dir[ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+#define RUN_WITH_RECORDS(res, o)                                                               \
+    do {                                                                                       \
+        remove(path);                                                                          \
+        run(res, NULL, o);                                                                     \
+        size_t have = strlen((res)->out);                                                      \
+        read_into(path, (res)->out + have, sizeof (res)->out - have);                          \
+    } while (0)
+    for (size_t k = 0; k < sizeof variants / sizeof variants[0]; k++) {
+        char opts[3 * ST_TEST_PATH_MAX + 512];
+        snprintf(opts, sizeof opts, "%s --oversubscribe --progress none --metrics '%s' "
+                 "--comm-precision bf16", variants[k], path);
+        RUN_WITH_RECORDS(r, opts);
+        cr_assert_eq(r->status, 0, "%s: %s", opts, r->err);
+        RUN_WITH_RECORDS(again, opts);
+        cr_assert_eq(again->status, 0, "%s", again->err);
+        expect_same_records(r->out, again->out, "comm-bf16");
+        cr_assert(strstr(r->out, "\"comm_precision\":\"bf16\""), "%s", r->out);
+        cr_assert(strstr(r->out, ", comm bf16"), "the plan names it: %s", r->out);
+        snprintf(opts, sizeof opts, "%s --oversubscribe --progress none --metrics '%s'",
+                 variants[k], path);
+        RUN_WITH_RECORDS(f32, opts);
+        cr_assert_eq(f32->status, 0, "%s", f32->err);
+        cr_assert(strstr(f32->out, "\"comm_precision\":\"fp32\""), "%s", f32->out);
+        const double t16 = final_value(r->out, "\"test_loss\":");
+        const double t32 = final_value(f32->out, "\"test_loss\":");
+        cr_assert(fabs(t16 - t32) <= 0.03 * t32, "%s: comm bf16 test loss %.6f, fp32 %.6f",
+                  variants[k], t16, t32);
+        /* the records print 6 digits: compare the final train losses and
+         * the bytes too, one of them must show the rounding */
+        const double r16 = final_value(r->out, "\"train_loss\":");
+        const double r32 = final_value(f32->out, "\"train_loss\":");
+        cr_assert(t16 != t32 || r16 != r32, "%s: comm bf16 and fp32 ended equal (%.6f, %.6f): "
+                  "bf16 not used?", variants[k], t16, r16);
+        /* bytes: bf16 reads are 2 bytes, plus each worker's conversion
+         * pass (read 4, write 2 an element): more than fp32 in all, and
+         * strictly counted (not equal) */
+        const double b16 = final_value(r->out, "\"comm_bytes_per_worker_step\":");
+        const double b32 = final_value(f32->out, "\"comm_bytes_per_worker_step\":");
+        cr_assert(b16 != b32 && b16 > 0, "bytes %.0f vs fp32 %.0f", b16, b32);
+        cr_assert(strstr(r->out, "bf16 gradients: read at 2 bytes"), "%s", r->out);
+    }
+    expect_usage_error("--data synthetic --comm-precision fp16", "--comm-precision");
+    expect_usage_error("--data synthetic --workers 2 --strategy ist --comm-precision bf16",
+                       "--comm-precision bf16");
+#undef RUN_WITH_RECORDS
+    remove(path);
+    st_test_rmdir(dir);
+    free(r);
+    free(again);
+    free(f32);
+}
+
+/* --precision bf16 with --model gpt: attention's products in bf16 too.
+ * The same run twice is bitwise the same (every record's losses), it
+ * trains to what fp32 trains (the products' rounding only: within 2%,
+ * not equal), and the probabilities kept for the backward take half the
+ * bytes (the attention line of the memory breakdown). */
+Test(cli, bf16_gpt_attention_deterministic_close_to_fp32_half_the_memory, .timeout = 120)
+{
+    const st_bf16_support have = st_bf16_probe(NULL);
+    if (have == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    char dir[ST_TEST_PATH_MAX], path[ST_TEST_PATH_MAX], base[2 * ST_TEST_PATH_MAX];
+    char opts[3 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(path, dir, "words.txt");
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    static const char *const words[] = { "the", "word", "of", "a", "dictionary", "noun",
+                                         "verb", "to", "learn", "attention", "in", "and" };
+    uint32_t h = 5;
+    for (int i = 0; i < 6000; i++) {   /* a fixed pseudo-random text */
+        h = h * 1103515245u + 12345u;
+        fprintf(f, "%s%s", words[(h >> 16) % 12], (h >> 8) % 10 ? " " : ".\n");
+    }
+    fclose(f);
+    snprintf(base, sizeof base, "--model gpt --data 'text:%s' --depth 2 --width 32 --heads 2 "
+             "--context 32 --batch 8 --steps 150 --val-bytes 2048 --seed 2 --progress none "
+             "--metrics /dev/stdout", path);
+    run_result *r = calloc(1, sizeof *r), *again = calloc(1, sizeof *again);
+    cr_assert(r && again);
+    snprintf(opts, sizeof opts, "%s --precision bf16%s", base,
+             have == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+    run(r, NULL, opts);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    run(again, NULL, opts);
+    cr_assert_eq(again->status, 0, "%s", again->err);
+    expect_same_records(r->out, again->out, "bf16 gpt");
+    cr_assert(strstr(r->out, "\"precision\":\"bf16\""), "%s", r->out);
+    run(again, NULL, base);
+    cr_assert_eq(again->status, 0, "%s", again->err);
+    const double t16 = final_value(r->out, "\"test_loss\":");
+    const double t32 = final_value(again->out, "\"test_loss\":");
+    cr_assert(fabs(t16 - t32) <= 0.02 * t32, "bf16 gpt test loss %.6f, fp32 %.6f", t16, t32);
+    cr_assert(t16 != t32, "bf16 and fp32 gpt ended bitwise equal (%.6f): bf16 not used?", t16);
+    const double a16 = final_value(r->out, "\"attention\":");
+    const double a32 = final_value(again->out, "\"attention\":");
+    cr_assert(a32 > 0 && a16 == a32 / 2, "attention memory: bf16 %.0f bytes, fp32 %.0f", a16,
+              a32);
+    free(r);
+    free(again);
+    st_test_rmdir(dir);
+}
+
+/* --precision bf16 of a ResNet: its convolutions read bf16 copies of
+ * their inputs, weights and output gradients, and the block's BN -> ReLU
+ * outputs each conv reads share buffers (graph.c's assign_forward_only).
+ * The same run twice is bitwise the same (every record), and it trains
+ * to what fp32 trains, not to the same bits.  On Fashion-MNIST, where it
+ * is installed (the default data set; no synthetic images here). */
+Test(cli, resnet_bf16_deterministic_and_close_to_fp32, .timeout = 240)
+{
+    const st_bf16_support have = st_bf16_probe(NULL);
+    if (have == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 kernels on this CPU");
+    const char *data = getenv("SUBTRAIN_DATA") ? getenv("SUBTRAIN_DATA")
+                                               : "/usr/share/datasets/fashion-mnist";
+    char probe[ST_TEST_PATH_MAX + 64];
+    snprintf(probe, sizeof probe, "%s/train-images-idx3-ubyte.gz", data);
+    if (access(probe, R_OK) != 0)
+        cr_skip_test("no Fashion-MNIST at %s", data);
+    run_result *r = calloc(1, sizeof *r), *again = calloc(1, sizeof *again);
+    char base[512], opts[600];
+    snprintf(base, sizeof base, "--data '%s' --model resnet --depth 1 --steps 30 --batch 32 "
+             "--progress none --metrics /dev/stdout", data);
+    snprintf(opts, sizeof opts, "%s --precision bf16%s", base,
+             have == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+    run(r, NULL, opts);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    run(again, NULL, opts);
+    cr_assert_eq(again->status, 0, "%s", again->err);
+    expect_same_records(r->out, again->out, "bf16 resnet");
+    cr_assert(strstr(r->out, "\"precision\":\"bf16\""), "%s", r->out);
+    cr_assert(strstr(r->out, "resnet depth 1 width 16 bf16"), "the plan: %s", r->out);
+    run(again, NULL, base);
+    cr_assert_eq(again->status, 0, "%s", again->err);
+    const char *f16 = strstr(r->out, "\"final\":true"), *f32 = strstr(again->out, "\"final\":true");
+    cr_assert(f16 && f32, "%s\n%s", r->out, again->out);
+    const char *keys[3] = { "\"train_loss\":", "\"test_loss\":", "\"test_acc\":" };
+    int equal = 0;
+    for (int k = 0; k < 3; k++) {
+        const double v16 = strtod(strstr(f16, keys[k]) + strlen(keys[k]), NULL);
+        const double v32 = strtod(strstr(f32, keys[k]) + strlen(keys[k]), NULL);
+        fprintf(stderr, "[resnet] %s bf16 %.6f, fp32 %.6f\n", keys[k], v16, v32);
+        cr_assert(fabs(v16 - v32) <= 0.03 * fabs(v32), "%s bf16 %.6f, fp32 %.6f", keys[k], v16,
+                  v32);
+        equal += v16 == v32;
+    }
+    cr_assert_lt(equal, 3, "bf16 and fp32 resnet runs ended bitwise equal: bf16 not used?");
+    free(r);
+    free(again);
+}
