@@ -14,7 +14,8 @@
 #   *_split_*           a non-iid --split over 2 ranks against one process
 #                       (records, class histogram, weights: bitwise)
 #   resume_*            a step checkpoint of 2 ranks resumed by 2 ranks and
-#                       by one process; another option refused over ranks
+#                       by one process (a bf16 optimizer state with
+#                       micro-batches too); another option refused over ranks
 #   synth_*             synth over ranks against one process: a group
 #                       spanning ranks, recovery epochs, resume across
 #                       layouts
@@ -124,6 +125,8 @@ run "mpi/weights_sdp_2x1_bitwise_1x2" weights sdp --strategy sdp --coverage 0.5
 run "mpi/weights_ist_2x1_bitwise_1x2" weights ist --strategy ist --local-steps 4
 run "mpi/resume_dp_over_ranks_and_across_layouts" resume dp
 run "mpi/resume_ist_over_ranks_and_across_layouts" resume ist --strategy ist --local-steps 4
+run "mpi/resume_dp_bf16_state_accumulate_over_ranks_and_across_layouts" resume dpb \
+    --optimizer-moments bf16-sr --accumulate 2
 run "mpi/train_localsgd_2x1_equals_1x2" same lsgd --strategy localsgd --local-steps 4 \
     --optimizer-state keep
 run "mpi/weights_localsgd_2x1_bitwise_1x2" weights lsgd --strategy localsgd --local-steps 4

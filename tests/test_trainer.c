@@ -481,3 +481,20 @@ Test(trainer_heap, an_sdp_step_makes_no_heap_call, .timeout = 120)
     c.sdp.coverage = 0.5;
     assert_steps_make_no_heap_call(&c, "sdp block forward C=0.5, 2 workers");
 }
+
+/* --accumulate: the micro-batches' sum lives in the arena, made with the
+ * model; the steps add into it and call nothing else (a bf16 optimizer
+ * state neither). */
+Test(trainer_heap, an_accumulating_step_makes_no_heap_call, .timeout = 120)
+{
+    HEAPWATCH_SKIP_IF_OFF();
+    st_train_config c = config(ST_STRATEGY_DP, 1, 40);
+    c.batch = 8;
+    c.accumulate = 3;
+    c.optim.moments = ST_MOMENTS_BF16_SR;
+    assert_steps_make_no_heap_call(&c, "dp, 1 worker, 3 micro-batches, bf16-sr moments");
+    c = config(ST_STRATEGY_DP, 2, 40);
+    c.batch = 8;
+    c.accumulate = 2;
+    assert_steps_make_no_heap_call(&c, "dp, 2 workers, 2 micro-batches");
+}

@@ -27,7 +27,8 @@
 extern "C" {
 #endif
 
-typedef enum st_dtype { ST_DTYPE_F32, ST_DTYPE_U8, ST_DTYPE_U64 } st_dtype;
+/* BF16: the upper halves of F32 values (an optimizer's bf16 state). */
+typedef enum st_dtype { ST_DTYPE_F32, ST_DTYPE_U8, ST_DTYPE_U64, ST_DTYPE_BF16 } st_dtype;
 
 #define ST_SAFETENSORS_MAX_NAME 128
 #define ST_SAFETENSORS_MAX_DIMS 4
@@ -56,8 +57,8 @@ st_status st_safetensors_write(const char *path, const st_safetensors_tensor *te
 /* A file read whole and checked: a regular file (a FIFO or a device is
  * refused before anything is read), the header's length and JSON, every
  * entry's dtype, shape and offsets (within the data, covering it with no
- * hole or overlap, matching the shape), unique names, and every F32 value
- * finite (no NaN, no infinity).  A failure names the file and what is
+ * hole or overlap, matching the shape), unique names, and every F32 and
+ * BF16 value finite (no NaN, no infinity).  A failure names the file and what is
  * wrong (the tensor, for a value), in one line. */
 typedef struct st_safetensors {
     uint8_t *buf;                      /* the whole file */

@@ -26,12 +26,28 @@ extern "C" {
 
 typedef enum st_optimizer_kind { ST_OPT_SGD, ST_OPT_ADAMW } st_optimizer_kind;
 
+/* How the state vectors (AdamW's moments m and v, SGD's momentum buffer)
+ * are stored; the master weights stay fp32 in every layout.  A bf16
+ * state is computed in fp32 each update and stored rounded: to nearest
+ * even (BF16), or stochastically (BF16_SR: up or down with the
+ * probabilities that make the rounding unbiased, from a hash of the
+ * seed, the step and the element's index, so that a run is repeatable).
+ * Under rne, v's decay by beta2 = 0.999 is smaller than half a bf16 step
+ * and rounds away: v only grows (doc/precision.md). */
+typedef enum st_moments {
+    ST_MOMENTS_FP32,
+    ST_MOMENTS_BF16,
+    ST_MOMENTS_BF16_SR,
+} st_moments;
+
 typedef struct st_optim_config {
     st_optimizer_kind kind;
     float lr;             /* peak learning rate */
     float momentum;       /* SGD */
     float weight_decay;
     float beta1, beta2, eps;  /* AdamW */
+    st_moments moments;   /* the state's storage (default fp32) */
+    uint64_t seed;        /* stochastic rounding's (BF16_SR) */
 } st_optim_config;
 
 /* AdamW, lr 1e-3, weight decay 0.01, betas (0.9, 0.999), eps 1e-8;
@@ -40,6 +56,15 @@ st_optim_config st_optim_config_default(void);
 st_status st_optim_config_check(const st_optim_config *cfg);
 const char *st_optimizer_name(st_optimizer_kind kind);
 st_status st_optimizer_parse(const char *name, st_optimizer_kind *out);
+/* "fp32", "bf16", "bf16-sr". */
+const char *st_moments_name(st_moments m);
+st_status st_moments_parse(const char *name, st_moments *out);
+
+/* Bytes one update reads and writes per parameter: the gradient read,
+ * the fp32 master read and written, each state vector read and written
+ * (4 or 2 bytes each way), and 2 more where it writes a bf16 copy
+ * (`copy`): AdamW 28 (30) with fp32 moments, 20 (22) with bf16. */
+int st_optim_bytes_per_param(const st_optim_config *cfg, int copy);
 
 /* An optimizer and its state for parameters [begin, end) of a vector (0
  * and n: all n; a shard owner: its share).  The state (moments, momentum)

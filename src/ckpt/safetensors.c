@@ -26,7 +26,7 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[] = { [ST_DTYPE_F32] = { "F32", 4 }, [ST_DTYPE_U8] = { "U8", 1 },
-               [ST_DTYPE_U64] = { "U64", 8 } };
+               [ST_DTYPE_U64] = { "U64", 8 }, [ST_DTYPE_BF16] = { "BF16", 2 } };
 #define N_DTYPES ((int)(sizeof dtypes / sizeof *dtypes))
 
 /* ------------------------------------------------------------ writing */
@@ -560,20 +560,41 @@ static size_t first_not_finite(const unsigned char *p, size_t n)
     return n;
 }
 
-/* Every F32 value is finite: subtrain writes weights, optimizer moments
- * and running statistics of runs that were going well, and a NaN or an
- * infinity taken in would surface steps later as a loss that "diverged". */
+/* The same for bf16 values (an optimizer's bf16 state: small, one pass). */
+static size_t first_not_finite16(const unsigned char *p, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        uint16_t u;
+        memcpy(&u, p + 2 * k, 2);
+        if ((u & 0x7f80u) == 0x7f80u)
+            return k;
+    }
+    return n;
+}
+
+/* Every F32 and BF16 value is finite: subtrain writes weights, optimizer
+ * moments and running statistics of runs that were going well, and a NaN
+ * or an infinity taken in would surface steps later as a loss that
+ * "diverged". */
 static st_status check_finite(const char *path, const st_safetensors *f)
 {
     for (int i = 0; i < f->n; i++) {
         const st_safetensors_tensor *t = &f->tensors[i];
-        if (t->dtype != ST_DTYPE_F32)
+        if (t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_BF16)
             continue;
-        const size_t n = t->bytes / 4, k = first_not_finite(t->data, n);
+        const int half = t->dtype == ST_DTYPE_BF16;
+        const size_t n = t->bytes / (half ? 2 : 4);
+        const size_t k = half ? first_not_finite16(t->data, n) : first_not_finite(t->data, n);
         if (k == n)
             continue;
-        uint32_t u;
-        memcpy(&u, (const unsigned char *)t->data + 4 * k, 4);
+        uint32_t u = 0;
+        if (half) {
+            uint16_t h;
+            memcpy(&h, (const unsigned char *)t->data + 2 * k, 2);
+            u = (uint32_t)h << 16;
+        } else {
+            memcpy(&u, (const unsigned char *)t->data + 4 * k, 4);
+        }
         return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' holds %s at element %zu of %zu: "
                        "weights and training state must be finite", path, t->name,
                        u & 0x007fffffu ? "a NaN" : u >> 31 ? "-infinity" : "+infinity", k, n);

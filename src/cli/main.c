@@ -118,9 +118,14 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
     printf("subtrain %s: %s", PACKAGE_VERSION, model);
     if (m->precision != ST_PRECISION_FP32)
         printf(" %s", st_precision_name(m->precision));
-    printf(" %s | %s lr %g wd %g %s | batch %d, ", st_activation_name(m->activation),
+    printf(" %s | %s lr %g wd %g %s", st_activation_name(m->activation),
            st_optimizer_name(t->optim.kind), t->optim.lr, t->optim.weight_decay,
-           st_schedule_name(t->schedule), t->batch);
+           st_schedule_name(t->schedule));
+    if (t->optim.moments != ST_MOMENTS_FP32)
+        printf(", %s moments", st_moments_name(t->optim.moments));
+    printf(" | batch %d, ", t->batch);
+    if (t->accumulate > 1)
+        printf("%d micro-batches a step, ", t->accumulate);
     if (t->steps)
         printf("%llu steps", (unsigned long long)t->steps);
     else
@@ -190,6 +195,10 @@ static void print_summary(const st_epoch_record *r)
     printf("step (ms, mean over %d worker%s): compute %.2f  wait %.2f  reduce %.2f  optimizer %.2f\n",
            r->workers, r->workers == 1 ? "" : "s", r->step_ms_compute, r->step_ms_wait,
            r->step_ms_reduce, r->step_ms_optimizer);
+    if (r->optimizer_bytes_per_worker_step > 0.0)
+        printf("optimizer per worker and step: %.2f MB read and written (%.1f bytes a "
+               "parameter, %s moments)\n", r->optimizer_bytes_per_worker_step / 1e6,
+               r->optimizer_bytes_per_param, st_moments_name(r->optimizer_moments));
     if (r->workers > 1)
         printf("communication per worker and step: %.2f MB (data parallelism as a ring all-reduce "
                "would send %.2f MB)%s\n",

@@ -84,6 +84,7 @@ static st_status parse_model(const char *s, void *o) { return st_model_kind_pars
 static st_status parse_act(const char *s, void *o) { return st_activation_parse(s, o); }
 static st_status parse_precision(const char *s, void *o) { return st_precision_parse(s, o); }
 static st_status parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
+static st_status parse_moments(const char *s, void *o) { return st_moments_parse(s, o); }
 static st_status parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
 static st_status parse_strategy(const char *s, void *o) { return st_strategy_parse(s, o); }
 
@@ -284,6 +285,9 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         *saw_steps = 1;
         return parse_u64("--steps", arg, 1, 1000000000ull, &t->steps, err, n);
     case OPT_BATCH: return parse_int("--batch", arg, 1, 65536, &t->batch, err, n);
+    case OPT_ACCUMULATE: return parse_int("--accumulate", arg, 1, 65536, &t->accumulate, err, n);
+    case OPT_OPTIMIZER_MOMENTS:
+        return parse_choice("optimizer-moments", arg, parse_moments, &t->optim.moments, err, n);
     case OPT_OPTIMIZER: return parse_choice("optimizer", arg, parse_opt, &t->optim.kind, err, n);
     case OPT_LR: return parse_float("--lr", arg, '(', 0.0, 100.0, ']', &t->optim.lr, err, n);
     case OPT_MOMENTUM:

@@ -9,6 +9,8 @@
 #ifndef SUBTRAIN_OPTIM_IMPL_H
 #define SUBTRAIN_OPTIM_IMPL_H
 
+#include <stdint.h>
+
 #include <subtrain/optim.h>
 
 struct st_optim {
@@ -17,6 +19,11 @@ struct st_optim {
     size_t n;         /* parameters covered by the state */
     float *m;         /* SGD momentum buffer or Adam first moment (n), or NULL */
     float *v;         /* Adam second moment (n), or NULL */
+    uint16_t *m16;    /* the same in bf16 (moments BF16, BF16_SR: m and v are */
+    uint16_t *v16;    /* then NULL), or NULL */
+    /* The last update's parameters and the bytes it read and wrote
+     * (st_optim_bytes_per_param of each, copies included). */
+    size_t updated, update_bytes;
 };
 
 /* State for n parameters from the arena (counted as optimizer memory), in

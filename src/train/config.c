@@ -22,6 +22,7 @@ st_train_config st_train_config_default(void)
         .schedule = ST_SCHED_WARMUP_COSINE,
         .warmup_steps = ST_WARMUP_AUTO,
         .batch = 128,
+        .accumulate = 1,
         .epochs = 5,
         .steps = 0,
         .seed = 1,
@@ -60,6 +61,9 @@ st_status st_train_config_check(const st_train_config *c)
     if (c->batch < 1 || c->batch > 65536)
         return st_fail(ST_ERR_INVALID, "batch must be in [1, 65536], got %d", c->batch);
     ST_TRY(st_split_config_check(&c->split));
+    if (c->accumulate < 0 || c->accumulate > 65536)
+        return st_fail(ST_ERR_INVALID, "--accumulate must be in [1, 65536], got %d",
+                       c->accumulate);
     if (c->model.precision == ST_PRECISION_BF16) {
         const char *isa;
         switch (st_bf16_probe(&isa)) {

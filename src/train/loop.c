@@ -27,7 +27,7 @@ void st_loop_default_phase(const run_shared *r, st_phase *ph)
     ph->from = r->resume ? r->resume->at : (run_position){ .epoch = 1 };
     ph->run_epochs = r->plan.epochs;
     ph->run_steps = r->plan.total_steps;
-    ph->samples_per_step = (double)r->cfg->batch * r->n_all;
+    ph->samples_per_step = (double)st_run_step_rows(r->cfg) * r->n_all;
     ph->last = 1;
     ph->step = ops->step;
     ph->evaluate = ops->evaluate;
@@ -232,8 +232,7 @@ static st_status run_phase(run_shared *r, st_worker *w, const st_phase *ph, int 
 
         ST_TRY(st_run_sync_state(r, w));
         ST_TRY(ph->evaluate(r, r->strategy, w, &rec.test_loss, &rec.test_acc));
-        slot->memory = w->arena.stats;
-        slot->steps = n;
+        st_run_publish_worker(r, w, n);
         if (r->comm)
             slot->bytes = ph->bytes(r, r->strategy, w->id);
         ST_TRY(meet(r, ph, w));

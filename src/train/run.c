@@ -24,8 +24,12 @@
 st_status st_run_make_plan(const st_train_config *cfg, int workers, const st_dataset *train,
                            run_plan *p)
 {
-    uint64_t global_batch = (uint64_t)cfg->batch * (uint64_t)workers;
+    uint64_t global_batch = st_run_step_rows(cfg) * (uint64_t)workers;
     p->steps_per_epoch = train->count / global_batch;
+    if (p->steps_per_epoch == 0 && cfg->accumulate > 1)
+        return st_fail(ST_ERR_INVALID, "a global batch of %d worker%s x %d micro-batches x "
+                       "%d samples is larger than the training set (%u samples)", workers,
+                       workers == 1 ? "" : "s", cfg->accumulate, cfg->batch, train->count);
     if (p->steps_per_epoch == 0)
         return st_fail(ST_ERR_INVALID, "a global batch of %d workers x %d samples is larger than "
                        "the training set (%u samples)", workers, cfg->batch, train->count);
@@ -182,11 +186,10 @@ st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *
 st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
                               uint64_t step, float *loss, float *lr)
 {
-    const int B = r->cfg->batch;
     worker_slot *slot = &r->slots[w->id];
     double t = st_run_now_s(), t1;
     uint32_t first = (uint32_t)((i * (uint64_t)r->n_all + (uint64_t)st_run_global(r, w->id)) *
-                                (uint64_t)B);
+                                st_run_step_rows(r->cfg));
     ST_TRY(st_worker_compute(w, r->train, w->order, first, &slot->loss));
     t1 = st_run_now_s();
     slot->times.compute += t1 - t;

@@ -53,6 +53,7 @@ typedef struct worker_slot {
     uint64_t steps;                   /* the steps they are of */
     st_mem_stats memory;
     st_comm_bytes bytes;
+    size_t optim_bytes, optim_params; /* the last update's (st_optim) */
     st_numa_ctx numa;                 /* the arena backend's state */
     st_model *model;                  /* published by st_run_sync_state and
                                        * by a checkpoint */
@@ -169,6 +170,14 @@ static inline double st_run_now_s(void)
 static inline int st_run_global(const run_shared *r, int wid)
 {
     return r->first + wid;
+}
+
+/* A worker's samples a step: its micro-batches' (batch x accumulate).
+ * Worker g's step i reads rows [(i N + g) R, (i N + g + 1) R) of the
+ * epoch's order (R these rows, N the workers of all ranks). */
+static inline uint64_t st_run_step_rows(const st_train_config *c)
+{
+    return (uint64_t)c->batch * (uint64_t)(c->accumulate > 1 ? c->accumulate : 1);
 }
 
 /* A barrier over all workers (nothing to wait for with one). */
@@ -315,6 +324,18 @@ st_status st_run_ckpt_meta(run_ckpt *ck, const char *key, const char *fmt, ...)
  * over the workers; memory, communication); the phase's record hook
  * completes it. */
 void st_run_fill_record(run_shared *r, st_epoch_record *rec);
+
+/* Worker w's end of an epoch (or of a trainer's call): what its record
+ * reads of w besides the times (memory, steps taken, the last update's
+ * bytes; the engine's bytes are the caller's). */
+static inline void st_run_publish_worker(run_shared *r, const st_worker *w, uint64_t steps)
+{
+    worker_slot *slot = &r->slots[w->id];
+    slot->memory = w->arena.stats;
+    slot->steps = steps;
+    slot->optim_bytes = w->optim.update_bytes;
+    slot->optim_params = w->optim.updated;
+}
 
 /* Worker 0 after each step that ended: where the run has got to
  * (run_shared.at_*, for a diverged run's final record). */

@@ -51,6 +51,11 @@ static st_status sdp_check(const st_train_config *c, int chosen)
     }
     if (!(c->sdp.coverage > 0.0 && c->sdp.coverage <= 1.0))
         return st_fail(ST_ERR_INVALID, "coverage must be in (0, 1], got %g", c->sdp.coverage);
+    /* the report's full-model gradient is of one batch */
+    if (c->sdp.align_every && c->accumulate > 1)
+        return st_fail(ST_ERR_INVALID, "--report align compares gradients of one batch; "
+                       "--accumulate %d adds up micro-batches (drop one of the two)",
+                       c->accumulate);
     if (c->sdp.subnet != ST_SUBNET_BLOCK && c->sdp.subnet != ST_SUBNET_NEURON)
         return st_fail(ST_ERR_INVALID, "unknown subnetwork unit %d (allowed: block, neuron)",
                        (int)c->sdp.subnet);
@@ -196,7 +201,7 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
     sdp_run *s = state;
     ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
     st_range shard = st_comm_shard(r->comm, wid);
-    ST_TRY(st_optim_init_range(&w->optim, &r->cfg->optim, shard.begin, shard.end, &w->arena));
+    ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
     if (r->cfg->sdp.resample)
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
                                      &s->sn.saved[wid].master));

@@ -74,6 +74,10 @@ static st_status synth_check(const st_train_config *c, int chosen)
         return ST_OK;
     const st_synth_config *s = &c->synth;
     const char *model = st_model_kind_name(c->model.kind);
+    /* its segment groups step apart, on segment networks of their own */
+    if (c->accumulate > 1)
+        return st_fail(ST_ERR_INVALID, "--accumulate %d: --strategy synth trains its segments "
+                       "one batch a step (use --batch for larger steps)", c->accumulate);
     if (strcmp(model, "resnet") == 0 || strcmp(model, "resnet18") == 0)
         return st_fail(ST_ERR_INVALID, "--model %s does not train with --strategy synth (its "
                        "segments would cut batch-normalised residual blocks; see doc/cnn.md)",

@@ -25,6 +25,10 @@ typedef struct st_worker {
     uint32_t *split_scratch; /* a non-iid split's permutations (st_split_largest
                               * entries, malloc'd; NULL: iid) */
     st_arena_mark model_mark; /* the arena before the model: a rebuild rewinds here */
+    int accumulate;       /* micro-batches a step (cfg->accumulate; <= 1: one) */
+    float *grad_sum;      /* accumulate > 1: the sum of a step's first
+                           * micro-batches' gradients (the model's gradient
+                           * count, after the model in the arena) */
 } st_worker;
 
 /* Arena (chunks from `backend`, NULL: the C library), model instance and
@@ -60,7 +64,10 @@ void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *ord
                           uint32_t first, int rows);
 
 /* The compute half of a step: load samples order[first .. first + B),
- * forward, backward; the gradient vector is then complete. */
+ * forward, backward; the gradient vector is then complete.  With
+ * w->accumulate = K > 1, K micro-batches of B samples from order[first]
+ * on: the gradient vector holds the mean of their gradients and *loss
+ * the mean of their losses. */
 st_status st_worker_compute(st_worker *w, const st_dataset *d, const uint32_t *order,
                             uint32_t first, float *loss);
 
