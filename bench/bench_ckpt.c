@@ -94,7 +94,7 @@ int main(int argc, char **argv)
     char ck[4096], plain[4096];
     snprintf(ck, sizeof ck, "%s/bench_ckpt.safetensors", dir);
     snprintf(plain, sizeof plain, "%s/bench_ckpt.plain", dir);
-    st_st_tensor extra[4];
+    st_safetensors_tensor extra[4];
     memset(extra, 0, sizeof extra);
     const size_t half = n / 2;
     for (int k = 0; k < 4; k++) {   /* m.worker0, m.worker1, v.worker0, v.worker1 */

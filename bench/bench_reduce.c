@@ -119,7 +119,7 @@ typedef struct bench_shared {
     long stream_passes, steps;    /* per window, decided by worker 0 */
     double t_calib;
     size_result *res;
-    st_numa_ctx *numa;            /* n */
+    st_numa_ctx **numa;           /* n (NULL: unbound) */
     atomic_int failed;
 } bench_shared;
 
@@ -160,16 +160,18 @@ static void worker(bench_shared *s, int w)
     if (s->topo) {
         if (st_plan_bind_self(s->topo, &s->plan, w) != ST_OK)
             die(s, "binding", st_last_error());
-        backend = st_numa_backend(&s->numa[w], s->topo, s->plan.workers[w].numa_os);
+        if (st_numa_ctx_create(s->topo, s->plan.workers[w].numa_os, &s->numa[w]) != ST_OK)
+            die(s, "NUMA backend", st_last_error());
+        backend = st_numa_backend(s->numa[w]);
         bk = &backend;
     }
     /* STREAM arrays: this worker's part of each, on its node */
-    st_arena sa;
-    st_arena_init(&sa, "stream", bk, 0);
+    st_arena *sa;
     float *a, *b, *c;
-    if (st_arena_alloc_floats(&sa, ST_MEM_WORKSPACE, s->stream_n, &a) != ST_OK ||
-        st_arena_alloc_floats(&sa, ST_MEM_WORKSPACE, s->stream_n, &b) != ST_OK ||
-        st_arena_alloc_floats(&sa, ST_MEM_WORKSPACE, s->stream_n, &c) != ST_OK)
+    if (st_arena_create("stream", bk, 0, &sa) != ST_OK ||
+        st_arena_alloc_floats(sa, ST_MEM_WORKSPACE, s->stream_n, &a) != ST_OK ||
+        st_arena_alloc_floats(sa, ST_MEM_WORKSPACE, s->stream_n, &b) != ST_OK ||
+        st_arena_alloc_floats(sa, ST_MEM_WORKSPACE, s->stream_n, &c) != ST_OK)
         die(s, "STREAM arrays", st_last_error());
     for (size_t i = 0; i < s->stream_n; i++) {
         b[i] = (float)(i % 1000);
@@ -204,8 +206,9 @@ static void worker(bench_shared *s, int w)
                     die(s, "st_comm_create", st_last_error());
         }
         int k_sets = s->sets;
-        st_arena da;
-        st_arena_init(&da, "data", bk, 64 * MIB);
+        st_arena *da;
+        if (st_arena_create("data", bk, 64 * MIB, &da) != ST_OK)
+            die(s, "buffers", st_last_error());
         st_range all = { 0, p };
         /* --weights shared: a domain's first worker takes its vector, on
          * its node; the domain's workers attach that one */
@@ -216,9 +219,9 @@ static void worker(bench_shared *s, int w)
             die(s, "memory", "out of memory");
         for (int k = 0; k < k_sets; k++) {
             float *prm = NULL;
-            if (st_arena_alloc_floats(&da, ST_MEM_GRADIENTS, p, &g[k]) != ST_OK ||
+            if (st_arena_alloc_floats(da, ST_MEM_GRADIENTS, p, &g[k]) != ST_OK ||
                 ((!o->shared || first) &&
-                 st_arena_alloc_floats(&da, ST_MEM_WEIGHTS, p, &prm) != ST_OK))
+                 st_arena_alloc_floats(da, ST_MEM_WEIGHTS, p, &prm) != ST_OK))
                 die(s, "buffers", st_last_error());
             for (size_t i = 0; i < p; i++) {
                 g[k][i] = (float)((i + (size_t)w) % 97) * 0.01f;
@@ -227,13 +230,13 @@ static void worker(bench_shared *s, int w)
             }
             if (o->shared && first)
                 s->shared_prm[(size_t)k * (size_t)s->n_domains + (size_t)d] = prm;
-            if (!o->shared && st_comm_attach(s->comms[k], w, &da, g[k], prm, &all, 1) != ST_OK)
+            if (!o->shared && st_comm_attach(s->comms[k], w, da, g[k], prm, &all, 1) != ST_OK)
                 die(s, "st_comm_attach", st_last_error());
         }
         if (o->shared) {
 #pragma omp barrier
             for (int k = 0; k < k_sets; k++)
-                if (st_comm_attach(s->comms[k], w, &da, g[k],
+                if (st_comm_attach(s->comms[k], w, da, g[k],
                                    s->shared_prm[(size_t)k * (size_t)s->n_domains + (size_t)d],
                                    &all, 1) != ST_OK)
                     die(s, "st_comm_attach", st_last_error());
@@ -303,12 +306,12 @@ static void worker(bench_shared *s, int w)
             s->comms = NULL;
             s->shared_prm = NULL;
         }
-        st_arena_release(&da);
+        st_arena_destroy(da);
     }
     /* a[] is the STREAM output; reading one value keeps the adds alive */
     if (a[s->stream_n / 2] < -1.0f)
         fprintf(stderr, "?");
-    st_arena_release(&sa);
+    st_arena_destroy(sa);
 }
 
 /* ------------------------------------------------------------ main */
@@ -506,9 +509,9 @@ int main(int argc, char **argv)
             die(&s, "OpenMP", "could not start one thread per worker");
         worker(&s, omp_get_thread_num());
     }
-    for (int w = 0; w < s.n; w++)
-        if (s.numa[w].warned) {
-            printf("note: %s\n", s.numa[w].warning);
+    for (int w = 0; s.topo && w < s.n; w++)
+        if (st_numa_warning(s.numa[w])) {
+            printf("note: %s\n", st_numa_warning(s.numa[w]));
             break;
         }
 
@@ -552,6 +555,8 @@ int main(int argc, char **argv)
         st_topology_destroy(s.topo);
     }
     free(s.domain_of);
+    for (int w = 0; w < s.n; w++)
+        st_numa_ctx_destroy(s.numa[w]);
     free(s.numa);
     free(s.res);
     return EXIT_SUCCESS;

@@ -208,8 +208,9 @@ int main(int argc, char **argv)
     for (int k = 0; k < n_sizes; k++) {
         size_t p = (size_t)sizes[k] << 18;   /* floats */
         /* the MPI backend: this rank's one worker */
-        st_arena a_mpi;
-        st_arena_init(&a_mpi, "bench", NULL, 0);
+        st_arena *a_mpi;
+        if (st_arena_create("bench", NULL, 0, &a_mpi) != ST_OK)
+            die("out of memory");
         float *g = malloc(p * sizeof *g), *w = malloc(p * sizeof *w), *v = malloc(p * sizeof *v);
         if (!g || !w || !v)
             die("out of memory");
@@ -219,11 +220,12 @@ int main(int argc, char **argv)
                               .payload = payload };
         st_comm *cm = NULL;
         st_range all = { 0, p };
-        if (st_comm_create(&mc, &cm) != ST_OK || st_comm_attach(cm, 0, &a_mpi, g, w, &all, 1) != ST_OK)
+        if (st_comm_create(&mc, &cm) != ST_OK ||
+            st_comm_attach(cm, 0, a_mpi, g, w, &all, 1) != ST_OK)
             die("the MPI backend");
         /* the shared engine on rank 0: two threads, their own vectors */
         st_comm *cs = NULL;
-        st_arena a_sh[2];
+        st_arena *a_sh[2] = { NULL, NULL };
         float *gs[2] = { NULL, NULL }, *ws[2] = { NULL, NULL };
         if (rank == 0) {
             st_comm_config sc = { .n_workers = 2, .n_params = p, .payload = payload };
@@ -234,15 +236,14 @@ int main(int argc, char **argv)
             {
                 int t = omp_get_thread_num();
                 pin(t);
-                st_arena_init(&a_sh[t], "bench", NULL, 0);
                 gs[t] = malloc(p * sizeof(float));
                 ws[t] = malloc(p * sizeof(float));
-                if (!gs[t] || !ws[t])
+                if (st_arena_create("bench", NULL, 0, &a_sh[t]) != ST_OK || !gs[t] || !ws[t])
                     bad = 1;
                 else {
                     for (size_t i = 0; i < p; i++)   /* first touch by the worker */
                         gs[t][i] = ws[t][i] = (float)(i % 1000) * 1e-3f;
-                    bad = st_comm_attach(cs, t, &a_sh[t], gs[t], ws[t], &all, 1) != ST_OK;
+                    bad = st_comm_attach(cs, t, a_sh[t], gs[t], ws[t], &all, 1) != ST_OK;
                 }
             }
             if (bad)
@@ -267,11 +268,11 @@ int main(int argc, char **argv)
             printf("%8d %12.2f %12.2f %12.2f %10.2f %10.2f %10.2f\n", sizes[k], bytes / m * 1e-9,
                    bytes / s * 1e-9, bytes / a * 1e-9, s / m, a / m, wire * 1e-6);
         st_comm_destroy(cm);
-        st_arena_release(&a_mpi);
+        st_arena_destroy(a_mpi);
         if (rank == 0) {
             st_comm_destroy(cs);
             for (int t = 0; t < 2; t++) {
-                st_arena_release(&a_sh[t]);
+                st_arena_destroy(a_sh[t]);
                 free(gs[t]);
                 free(ws[t]);
             }

@@ -142,14 +142,15 @@
  * (c) `subtrain --model resnet` on Fashion-MNIST: the default ResNet;
  * (d) `subtrain --model gpt` as issue 12 sizes it: T = 128, D = 256. */
 static const bench_config CONFIGS[] = {
-    { "large", ST_MODEL_RESMLP, 8, 1024, 256, 0, 0, 0, 0, 0, 0 },
-    { "small", ST_MODEL_RESMLP, 4, 256, 128, 0, 0, 0, 0, 0, 0 },
-    { "cnn", ST_MODEL_RESNET, 3, 16, 128, 1, 28, 28, 1, 0, 0 },
-    { "gpt", ST_MODEL_GPT, 4, 256, 16, 0, 0, 0, 0, 128, 4 },
+    { "large", "resmlp", 8, 1024, 256, 0, 0, 0, 0, 0, 0 },
+    { "small", "resmlp", 4, 256, 128, 0, 0, 0, 0, 0, 0 },
+    { "cnn", "resnet", 3, 16, 128, 1, 28, 28, 1, 0, 0 },
+    { "gpt", "gpt", 4, 256, 16, 0, 0, 0, 0, 128, 4 },
 };
 #define CONFIG_CNN 2
 #define CONFIG_GPT 3
 #define N_CONFIGS ((int)(sizeof CONFIGS / sizeof CONFIGS[0]))
+#define N_MOMENTS 3   /* st_moments: fp32, bf16, bf16-sr */
 
 static int bind_like_worker_0(void)
 {
@@ -172,7 +173,7 @@ static int bind_like_worker_0(void)
 
 static int run_all(const bench_options *o, FILE *json)
 {
-    bench_result res[2 * N_CONFIGS];
+    bench_result res[2 * N_MOMENTS * N_CONFIGS];
     int n = 0;
     print_header(o);
     if (bind_like_worker_0() != EXIT_SUCCESS) /* after the header's count of online CPUs */
@@ -183,13 +184,17 @@ static int run_all(const bench_options *o, FILE *json)
         for (int bf16 = 0; bf16 < 2; bf16++) {
             if (!(bf16 ? o->bf16 : o->fp32))
                 continue;
-            int rc = run_config(&CONFIGS[i], o, bf16, &res[n]);
-            if (rc != EXIT_SUCCESS)
-                return rc;
-            print_row(&res[n]);
-            if (json)
-                write_json(json, &res[n], o);
-            n++;
+            for (int k = 0; k < N_MOMENTS; k++) {
+                if (!(o->moments & (1u << k)))
+                    continue;
+                int rc = run_config(&CONFIGS[i], o, bf16, (st_moments)k, &res[n]);
+                if (rc != EXIT_SUCCESS)
+                    return rc;
+                print_row(&res[n]);
+                if (json)
+                    write_json(json, &res[n], o);
+                n++;
+            }
         }
     }
     printf("\n");
@@ -295,7 +300,7 @@ static int run_scaling(const bench_options *o)
     /* The issue's measurement: resmlp d8 w1024 at batch 128 per worker
      * (the large config at its own batch with --config small). */
     bench_config bc = o->which == 1 ? CONFIGS[1]
-                                    : (bench_config){ "large", ST_MODEL_RESMLP, 8, 1024, 128,
+                                    : (bench_config){ "large", "resmlp", 8, 1024, 128,
                                                       0, 0, 0, 0, 0, 0 };
     int steps = o->quick ? 6 : (bc.width >= 1024 ? 30 : 300);
     int reps = o->quick ? 1 : 3;
@@ -329,12 +334,37 @@ static int run_scaling(const bench_options *o)
 
 /* ------------------------------------------------------------ options */
 
+/* "fp32,bf16-sr" or "all" into 1 << st_moments bits; 0 if it is not one. */
+static int parse_moments(const char *v, unsigned *bits)
+{
+    *bits = 0;
+    if (strcmp(v, "all") == 0) {
+        *bits = (1u << N_MOMENTS) - 1;
+        return 1;
+    }
+    char word[16];
+    while (*v) {
+        const size_t len = strcspn(v, ",");
+        st_moments m;
+        if (len == 0 || len >= sizeof word)
+            return 0;
+        memcpy(word, v, len);
+        word[len] = '\0';
+        if (st_moments_parse(word, &m) != ST_OK)
+            return 0;
+        *bits |= 1u << m;
+        v += len + (v[len] == ',');
+    }
+    return *bits != 0;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: bench_step [--config large|small|cnn|gpt|all] [--quick] [--seconds S]\n"
             "                  [--json FILE] [--workers N] [--precision fp32|bf16|both]\n"
             "                  [--unfuse bias,residual,weight-copy|both]\n"
+            "                  [--optimizer-moments fp32,bf16,bf16-sr|all]\n"
             "\n"
             "Times one training step of subtrain (st_trainer_step: gather, forward,\n"
             "backward, AdamW) on one thread and compares its GFLOP/s with dnnl_sgemm on\n"
@@ -366,12 +396,17 @@ static void usage(FILE *f)
             "                of their own instead of in the matmul, and (weight-copy, bf16)\n"
             "                convert the weights in each forward instead of in the update:\n"
             "                a comma list, to measure each fusion\n"
+            "  --optimizer-moments M   the optimizer's state of each row: a comma list of\n"
+            "                fp32 (default), bf16, bf16-sr, or all: a row per state, with\n"
+            "                the bytes a parameter the update reads and writes and its\n"
+            "                share of the step\n"
             "  --help        this text\n");
 }
 
 int main(int argc, char **argv)
 {
-    bench_options o = { .which = -1, .windows = 5, .warmup_steps = 3, .fp32 = 1 };
+    bench_options o = { .which = -1, .windows = 5, .warmup_steps = 3, .fp32 = 1,
+                        .moments = 1u << ST_MOMENTS_FP32 };
     double seconds = -1.0;
     for (int i = 1; i < argc; i++) {
         int missing = 0;
@@ -400,6 +435,10 @@ int main(int argc, char **argv)
             o.bf16 = strcmp(v, "bf16") == 0 || strcmp(v, "both") == 0;
             if (!o.fp32 && !o.bf16)
                 return usage_error("--precision must be fp32, bf16 or both, got '%s'", v);
+        } else if ((v = option_value(argc, argv, &i, "--optimizer-moments", &missing))) {
+            if (!parse_moments(v, &o.moments))
+                return usage_error("--optimizer-moments takes a comma list of fp32, bf16 and "
+                                   "bf16-sr (or all), got '%s'", v);
         } else if ((v = option_value(argc, argv, &i, "--unfuse", &missing))) {
             if (!parse_unfuse(v, &o.unfuse))
                 return usage_error("--unfuse takes a comma list of bias, residual and "

@@ -32,7 +32,7 @@
 
 typedef struct bench_config {
     const char *name;   /* as given to --config */
-    st_model_kind model;
+    const char *model;  /* its --model name */
     int depth, width, batch;
     int in_channels, in_height, in_width;   /* images; 0: 784 features */
     int conv_ref;       /* 1: the convolution reference, 0: sgemm */
@@ -50,6 +50,8 @@ typedef struct bench_options {
     int workers;            /* > 1: also measure data-parallel scaling */
     int fp32, bf16;         /* which precisions get a row (--precision) */
     unsigned unfuse;        /* ST_UNFUSE_* bits (--unfuse): fusions turned off */
+    unsigned moments;       /* 1 << st_moments: the optimizer states that get a row
+                             * (--optimizer-moments) */
 } bench_options;
 
 /* The parts of an attention layer's forward and backward, in the order
@@ -65,6 +67,8 @@ extern const char *const ATTN_PART_NAMES[A_PARTS];   /* bench_step_gpt.c */
 typedef struct bench_result {
     const bench_config *cfg;
     int bf16;                       /* the row's precision: linear layers in bf16 */
+    st_moments moments;             /* the row's optimizer state */
+    double optim_bytes_per_param;   /* what the update read and wrote (the record's) */
     double ref16_flops;             /* bf16: the bf16 matmul reference, per call */
     double ref16_s_med, ref16_s_best;
     char ref16_impl[32];
@@ -197,8 +201,10 @@ void attn_ref_free(attn_ref *a);
 
 /* "bench_step: what: st_last_error()" on stderr; EXIT_FAILURE. */
 int fail(const char *what);
-/* One configuration in one precision, measured into r; an exit status. */
-int run_config(const bench_config *bc, const bench_options *o, int bf16, bench_result *r);
+/* One configuration in one precision and optimizer state, measured into
+ * r; an exit status. */
+int run_config(const bench_config *bc, const bench_options *o, int bf16, st_moments moments,
+               bench_result *r);
 
 /* ------------------------------------------------------------ bench_step_output.c */
 

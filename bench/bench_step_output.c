@@ -104,13 +104,12 @@ static double gflops(double flops, double s)
 
 static void config_label(const bench_config *c, char *out, size_t size)
 {
-    if (c->model == ST_MODEL_RESMLP)   /* the lines of the resmlp configs as they were */
+    if (strcmp(c->model, "resmlp") == 0)   /* the lines of the resmlp configs as they were */
         snprintf(out, size, "%s d%d w%d", c->name, c->depth, c->width);
     else if (c->context)
         snprintf(out, size, "%s d%d w%d T%d", c->name, c->depth, c->width, c->context);
     else
-        snprintf(out, size, "%s %s d%d w%d", c->name, st_model_kind_name(c->model), c->depth,
-                 c->width);
+        snprintf(out, size, "%s %s d%d w%d", c->name, c->model, c->depth, c->width);
 }
 
 void print_header(const bench_options *o)
@@ -135,9 +134,9 @@ void print_header(const bench_options *o)
                "the update\n");
     if (o->unfuse)
         printf("\n");
-    printf("%-17s %4s %5s %8s %9s %10s %12s %6s %11s %6s %9s\n", "config", "prec", "batch",
-           "params", "step ms", "samples/s", "step GFLOP/s", "ref", "ref GFLOP/s", "ratio",
-           "vs sgemm");
+    printf("%-17s %4s %5s %8s %9s %10s %12s %6s %11s %6s %9s %7s %7s %6s\n", "config", "prec",
+           "batch", "params", "step ms", "samples/s", "step GFLOP/s", "ref", "ref GFLOP/s",
+           "ratio", "vs sgemm", "moments", "opt B/p", "opt %");
 }
 
 void print_row(const bench_result *r)
@@ -153,9 +152,12 @@ void print_row(const bench_result *r)
            r->bf16 ? (r->cfg->conv_ref ? "bf16cv" : "bf16mm") : r->ref_name, own_g,
            step_g / own_g);
     if (r->cfg->conv_ref)
-        printf(" %9s\n", "-");
+        printf(" %9s", "-");
     else
-        printf(" %9.3f\n", step_g / ref_g);
+        printf(" %9.3f", step_g / ref_g);
+    /* the optimizer: its state, bytes a parameter, share of the breakdown's step */
+    printf(" %7s %7.1f %5.1f%%\n", st_moments_name(r->moments), r->optim_bytes_per_param,
+           100.0 * r->optim_s / r->parts_s);
     fflush(stdout);
 }
 
@@ -264,11 +266,12 @@ void print_details(const bench_result *r)
                                    : r->ref_name;
     printf("%s: breakdown per step (one window, %.2f ms): gather %.2f ms (%.1f%%) | "
            "forward+backward %.2f ms (%.1f%%), %.1f GFLOP/s = %.3f of %s | "
-           "AdamW %.2f ms (%.1f%%), %.1f GB/s at 28 B/param\n", label, p * 1e3,
+           "AdamW (%s moments) %.2f ms (%.1f%%), %.1f GB/s at %.1f B/param\n", label, p * 1e3,
            r->gather_s * 1e3, 100.0 * r->gather_s / p, r->fb_s * 1e3, 100.0 * r->fb_s / p,
            gflops(r->flops, r->fb_s), gflops(r->flops, r->fb_s) / own_g, own_name,
-           r->optim_s * 1e3, 100.0 * r->optim_s / p,
-           28.0 * (double)r->params / r->optim_s * 1e-9);
+           st_moments_name(r->moments), r->optim_s * 1e3, 100.0 * r->optim_s / p,
+           r->optim_bytes_per_param * (double)r->params / r->optim_s * 1e-9,
+           r->optim_bytes_per_param);
     if (r->cfg->context)
         print_gpt(r, label);
 }
@@ -302,8 +305,10 @@ void write_json(FILE *f, const bench_result *r, const bench_options *o)
     char unfused[64];
     unfuse_text(o->unfuse, unfused, sizeof unfused);
     fprintf(f, "{\"config\":\"%s\",\"precision\":\"%s\",\"unfuse\":\"%s\",\"model\":\"%s\","
-            "\"depth\":%d,\"width\":%d,", c->name, r->bf16 ? "bf16" : "fp32", unfused,
-            st_model_kind_name(c->model), c->depth, c->width);
+            "\"depth\":%d,\"width\":%d,\"optimizer_moments\":\"%s\","
+            "\"optimizer_bytes_per_param\":%.2f,\"optimizer_share\":%.4f,", c->name,
+            r->bf16 ? "bf16" : "fp32", unfused, c->model, c->depth, c->width,
+            st_moments_name(r->moments), r->optim_bytes_per_param, r->optim_s / r->parts_s);
     if (r->bf16)
         fprintf(f, "\"bf16_reference\":\"%s\",\"bf16_ref_gflops\":%.3f,"
                 "\"bf16_ref_gflops_best\":%.3f,\"bf16_ref_impl\":\"%s\",\"ratio_bf16\":%.4f,",

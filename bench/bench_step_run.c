@@ -101,17 +101,19 @@ int fail(const char *what)
     return EXIT_FAILURE;
 }
 
-int run_config(const bench_config *bc, const bench_options *o, int bf16, bench_result *r)
+int run_config(const bench_config *bc, const bench_options *o, int bf16, st_moments moments,
+               bench_result *r)
 {
     memset(r, 0, sizeof *r);
     r->cfg = bc;
     r->windows = o->windows;
     r->bf16 = bf16;
+    r->moments = moments;
 
     /* One data-parallel worker, a constant rate, and more steps than any
      * measurement takes (the plan needs a length). */
     st_train_config tc = st_train_config_default();
-    tc.model.kind = bc->model;
+    tc.model.kind = st_model_kind_named(bc->model);
     tc.model.depth = bc->depth;
     tc.model.width = bc->width;
     tc.model.hidden = 0; /* = width */
@@ -139,6 +141,7 @@ int run_config(const bench_config *bc, const bench_options *o, int bf16, bench_r
         tc.model.activation = ST_ACT_GELU;
     }
     tc.batch = bc->batch;
+    tc.optim.moments = moments;
     tc.workers = 1;
     tc.schedule = ST_SCHED_CONSTANT;
     tc.steps = 1000000000;
@@ -344,6 +347,12 @@ int run_config(const bench_config *bc, const bench_options *o, int bf16, bench_r
         goto out;
     }
     r->last_loss = s.loss;
+    st_epoch_record rec;
+    if (st_trainer_metrics(t, &rec) != ST_OK) {
+        rc = fail(bc->name);
+        goto out;
+    }
+    r->optim_bytes_per_param = rec.optimizer_bytes_per_param;
 
 out:
     if (ref.conv) {

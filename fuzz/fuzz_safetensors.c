@@ -35,9 +35,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *begin = f.buf + 8 + header, *end = f.buf + f.size;
     size_t covered = 0;
     for (int i = 0; i < f.n; i++) {
-        const st_st_tensor *t = &f.tensors[i];
+        const st_safetensors_tensor *t = &f.tensors[i];
         FUZZ_CHECK(t->dtype >= ST_DTYPE_F32 && t->dtype <= ST_DTYPE_U64);
-        FUZZ_CHECK(t->ndims >= 0 && t->ndims <= ST_ST_MAX_DIMS);
+        FUZZ_CHECK(t->ndims >= 0 && t->ndims <= ST_SAFETENSORS_MAX_DIMS);
         FUZZ_CHECK(memchr(t->name, '\0', sizeof t->name) != NULL);
         /* the shape's size, without wrapping: the reader's promise */
         uint64_t elements = 1;

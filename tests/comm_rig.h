@@ -26,6 +26,8 @@
 #include <subtrain/comm.h>
 #include <subtrain/rng.h>
 
+#include "core/arena_impl.h"
+
 #define MAXW 8
 #define STEPS 3
 

@@ -127,6 +127,11 @@ forms() {
     expect "--metrics co" corpus.txt
     expect "--checkpoint c" cifar-10-batches-bin
     expect "train --stra" --strategy
+    expect "--split " classes: dirichlet: iid
+    # after a prefix whose value is a number, no directory
+    got=$(complete_line "$P --split classes:c" | tr '\n' ' ')
+    echo "subtrain --split classes:c: $got"
+    [ -z "$got" ] || { echo "  expected nothing: K is a number"; ok=1; }
     rm -rf cifar-10-batches-bin corpus.txt
     return $ok
 }

@@ -46,6 +46,7 @@
 #include <subtrain/rng.h>
 #include <subtrain/status.h>
 
+#include "core/arena_impl.h"
 #include "nn/layers.h"
 
 /* ------------------------------------------------------------ tolerances */

@@ -38,7 +38,9 @@
 #include <subtrain/rng.h>
 #include <subtrain/status.h>
 
+#include "core/arena_impl.h"
 #include "nn/graph.h"
+#include "optim/optim_impl.h"
 
 /* ------------------------------------------------------------ tolerances */
 
@@ -83,14 +85,14 @@ static const tol TOL_RELU = { 1e-3, 2e-4, 1e-2 };
  * width differs from its width, so a (W, H) / (H, W) mix-up shows. */
 static inline st_model_config mlp_config(int depth, int width, st_activation act)
 {
-    st_model_config c = { .kind = ST_MODEL_MLP, .depth = depth, .width = width, .hidden = 0,
-                          .activation = act, .in_dim = 12, .n_classes = 5 };
+    st_model_config c = { .kind = st_model_kind_named("mlp"), .depth = depth, .width = width,
+                          .hidden = 0, .activation = act, .in_dim = 12, .n_classes = 5 };
     return c;
 }
 
 static inline st_model_config resmlp_config(int depth, int width, int hidden, st_activation act)
 {
-    st_model_config c = { .kind = ST_MODEL_RESMLP, .depth = depth, .width = width,
+    st_model_config c = { .kind = st_model_kind_named("resmlp"), .depth = depth, .width = width,
                           .hidden = hidden, .activation = act, .in_dim = 12, .n_classes = 5 };
     return c;
 }
@@ -351,9 +353,9 @@ static inline void check_scale_one_is_plain(st_model_config c)
  * hidden 24 (not 4 x 16, so that a D / F mix-up shows). */
 static inline st_model_config gpt_config(int depth, int width, int heads, int context)
 {
-    st_model_config c = { .kind = ST_MODEL_GPT, .depth = depth, .width = width, .hidden = 24,
-                          .activation = ST_ACT_GELU, .in_dim = context, .n_classes = 13,
-                          .context = context, .heads = heads };
+    st_model_config c = { .kind = st_model_kind_named("gpt"), .depth = depth, .width = width,
+                          .hidden = 24, .activation = ST_ACT_GELU, .in_dim = context,
+                          .n_classes = 13, .context = context, .heads = heads };
     return c;
 }
 
@@ -366,11 +368,12 @@ static const int NEURON_GROUPS_MLP[] = { 0, 2, 3, 4, 1, 4 };
 
 static inline st_model_config neuron_config(st_model_kind kind, int grads_only)
 {
-    st_model_config c = kind == ST_MODEL_RESMLP ? resmlp_config(3, 16, 24, ST_ACT_GELU)
-                                                : mlp_config(3, 20, ST_ACT_GELU);
+    const int res = kind == st_model_kind_named("resmlp");
+    st_model_config c = res ? resmlp_config(3, 16, 24, ST_ACT_GELU)
+                            : mlp_config(3, 20, ST_ACT_GELU);
     c.subnet.unit_size = 4;
     c.subnet.width_count = NEURON_COUNT;
-    c.subnet.width_kept = kind == ST_MODEL_RESMLP ? NEURON_GROUPS_RES : NEURON_GROUPS_MLP;
+    c.subnet.width_kept = res ? NEURON_GROUPS_RES : NEURON_GROUPS_MLP;
     c.subnet.width_grads_only = grads_only;
     return c;
 }

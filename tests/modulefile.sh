@@ -2,7 +2,8 @@
 # Loads subtrain's modulefile with each module system found, Lmod and
 # Environment Modules, and uses what it puts on the paths: the program on
 # PATH, its manual page on MANPATH, the library through pkg-config and
-# LD_LIBRARY_PATH (an example built and run), then unloads it.
+# LD_LIBRARY_PATH (an example built and run), subtrain_torch.py on
+# PYTHONPATH, then unloads it.
 #
 #   tests/modulefile.sh MODULEPATH MODULE BINDIR EXAMPLES
 #
@@ -48,6 +49,9 @@ check() (
     page=
     IFS=:; for d in ${MANPATH:-}; do [ -f "$d/man1/subtrain.1" ] && page=$d/man1/subtrain.1; done; unset IFS
     [ -n "$page" ] || fail "no man1/subtrain.1 under MANPATH=${MANPATH:-}"
+    py=
+    IFS=:; for d in ${PYTHONPATH:-}; do [ -f "$d/subtrain_torch.py" ] && py=$d/subtrain_torch.py; done; unset IFS
+    [ -n "$py" ] || fail "no subtrain_torch.py under PYTHONPATH=${PYTHONPATH:-}"
     pv=$(${PKG_CONFIG:-pkg-config} --modversion subtrain) || fail "pkg-config does not find subtrain (PKG_CONFIG_PATH=${PKG_CONFIG_PATH:-})"
     [ "$pv" = "$version" ] || fail "pkg-config says version $pv"
     rm -rf "$work/$sys" && cp -r "$examples" "$work/$sys" && chmod -R u+w "$work/$sys" || exit 1
@@ -59,7 +63,7 @@ check() (
     if command -v subtrain >/dev/null 2>&1 && [ "$(command -v subtrain)" = "$bindir/subtrain" ]; then
         fail "subtrain is still on PATH after module unload"
     fi
-    echo "modulefile: $sys loads $module: $found, $v, $page, pkg-config $pv, the example built and ran; unloaded"
+    echo "modulefile: $sys loads $module: $found, $v, $page, $py, pkg-config $pv, the example built and ran; unloaded"
 )
 
 lmod=$(first_of "${LMOD_CMD:-}" /usr/share/lmod/lmod/libexec/lmod /usr/share/lmod/*/libexec/lmod)

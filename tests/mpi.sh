@@ -11,8 +11,11 @@
 #   train_*, weights_*  subtrain over 2 ranks against one process: dp,
 #                       sdp (blocks, neurons with backward masking), ist,
 #                       localsgd; records and final weights (bitwise)
+#   *_split_*           a non-iid --split over 2 ranks against one process
+#                       (records, class histogram, weights: bitwise)
 #   resume_*            a step checkpoint of 2 ranks resumed by 2 ranks and
-#                       by one process; another option refused over ranks
+#                       by one process (a bf16 optimizer state with
+#                       micro-batches too); another option refused over ranks
 #   synth_*             synth over ranks against one process: a group
 #                       spanning ranks, recovery epochs, resume across
 #                       layouts
@@ -122,11 +125,26 @@ run "mpi/weights_sdp_2x1_bitwise_1x2" weights sdp --strategy sdp --coverage 0.5
 run "mpi/weights_ist_2x1_bitwise_1x2" weights ist --strategy ist --local-steps 4
 run "mpi/resume_dp_over_ranks_and_across_layouts" resume dp
 run "mpi/resume_ist_over_ranks_and_across_layouts" resume ist --strategy ist --local-steps 4
+run "mpi/resume_dp_bf16_state_accumulate_over_ranks_and_across_layouts" resume dpb \
+    --optimizer-moments bf16-sr --accumulate 2
 run "mpi/train_localsgd_2x1_equals_1x2" same lsgd --strategy localsgd --local-steps 4 \
     --optimizer-state keep
 run "mpi/weights_localsgd_2x1_bitwise_1x2" weights lsgd --strategy localsgd --local-steps 4
 run "mpi/resume_localsgd_over_ranks_and_across_layouts" resume lsgd --strategy localsgd \
     --local-steps 4 --optimizer-state keep
+
+# a non-iid split over 2 ranks x 1 worker deals and reads as one process of
+# 2 workers: the same records, and the same class histogram per worker
+split_same() {
+    same "$@" || return 1
+    grep -o '"split":{[^}]*}' "$TMP/one.jsonl" >"$TMP/one.split"
+    grep -o '"split":{[^}]*}' "$TMP/two.jsonl" >"$TMP/two.split"
+    [ -s "$TMP/one.split" ] && diff "$TMP/one.split" "$TMP/two.split" && cat "$TMP/two.split"
+}
+run "mpi/train_dp_split_2x1_equals_1x2" split_same dps --split classes:5
+run "mpi/train_ist_split_2x1_equals_1x2" split_same ists --strategy ist --local-steps 4 \
+    --split dirichlet:0.3
+run "mpi/weights_dp_split_2x1_bitwise_1x2" weights dps --split dirichlet:0.3
 
 # every rank compares the checkpoint with its own options and data: a
 # resume over ranks with another option is refused in the user's words

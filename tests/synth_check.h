@@ -11,7 +11,7 @@
 static inline st_model_config mlp(int depth, int width, int in, int classes)
 {
     st_model_config m = st_model_config_default();
-    m.kind = ST_MODEL_MLP;
+    m.kind = st_model_kind_named("mlp");
     m.depth = depth;
     m.width = width;
     m.in_dim = in;

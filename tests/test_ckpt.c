@@ -61,12 +61,12 @@ Test(safetensors, the_writer_writes_the_format)
     const float w[6] = { 1, 2, 3, 4, 5, 6 };
     const uint8_t u[3] = { 7, 8, 9 };
     const uint64_t step = 12345678901ull;
-    st_st_tensor t[3] = {
+    st_safetensors_tensor t[3] = {
         { .name = "w", .dtype = ST_DTYPE_F32, .ndims = 2, .shape = { 2, 3 }, .data = w },
         { .name = "bytes", .dtype = ST_DTYPE_U8, .ndims = 1, .shape = { 3 }, .data = u },
         { .name = "step", .dtype = ST_DTYPE_U64, .ndims = 0, .data = &step },
     };
-    const st_st_meta meta[1] = { { "note", "a \"quoted\"\n value" } };
+    const st_safetensors_meta_entry meta[1] = { { "note", "a \"quoted\"\n value" } };
     cr_assert_eq(st_safetensors_write(path, t, 3, meta, 1), ST_OK, "%s", st_last_error());
     size_t n = 0;
     unsigned char *b = st_test_read_file(path, &n);
@@ -93,7 +93,7 @@ Test(safetensors, the_writer_writes_the_format)
     cr_assert_eq(st_safetensors_read(path, &f), ST_OK, "%s", st_last_error());
     cr_assert_eq(f.n, 3);
     cr_assert_str_eq(st_safetensors_meta(&f, "note"), "a \"quoted\"\n value");
-    const st_st_tensor *r = st_safetensors_find(&f, "w");
+    const st_safetensors_tensor *r = st_safetensors_find(&f, "w");
     cr_assert(r && r->ndims == 2 && r->shape[0] == 2 && r->shape[1] == 3 && r->bytes == 24);
     cr_assert_eq(memcmp(r->data, w, 24), 0);
     r = st_safetensors_find(&f, "step");
@@ -119,7 +119,8 @@ Test(safetensors, a_file_written_by_hand_reads_back)
     st_safetensors f;
     cr_assert_eq(st_safetensors_read(path, &f), ST_OK, "%s", st_last_error());
     cr_assert_eq(f.n, 2);
-    const st_st_tensor *a = st_safetensors_find(&f, "a"), *b = st_safetensors_find(&f, "b");
+    const st_safetensors_tensor *a = st_safetensors_find(&f, "a");
+    const st_safetensors_tensor *b = st_safetensors_find(&f, "b");
     cr_assert(a && b);
     float v[3];
     memcpy(v, a->data, 8);
@@ -203,7 +204,7 @@ Test(safetensors, a_file_without_tensors_reads_back)
 {
     char path[ST_TEST_PATH_MAX];
     st_test_path(path, tmpdir, "empty.safetensors");
-    const st_st_meta meta[1] = { { "subtrain.model", "mlp" } };
+    const st_safetensors_meta_entry meta[1] = { { "subtrain.model", "mlp" } };
     for (int n_meta = 0; n_meta <= 1; n_meta++) {
         cr_assert_eq(st_safetensors_write(path, NULL, 0, meta, n_meta), ST_OK);
         st_safetensors f;
@@ -225,7 +226,8 @@ Test(safetensors, truncated_files_are_refused)
     st_test_path(path, tmpdir, "good.safetensors");
     st_test_path(cut, tmpdir, "cut.safetensors");
     const float w[4] = { 1, 2, 3, 4 };
-    st_st_tensor t = { .name = "w", .dtype = ST_DTYPE_F32, .ndims = 1, .shape = { 4 }, .data = w };
+    st_safetensors_tensor t = { .name = "w", .dtype = ST_DTYPE_F32, .ndims = 1, .shape = { 4 },
+                                .data = w };
     cr_assert_eq(st_safetensors_write(path, &t, 1, NULL, 0), ST_OK);
     size_t n = 0;
     unsigned char *b = st_test_read_file(path, &n);
@@ -269,7 +271,7 @@ Test(safetensors, floats_that_are_not_finite_are_refused)
             w[i] = (float)i * 0.5f - 7.0f;
         if (c < sizeof cases / sizeof *cases)
             w[cases[c].at] = cases[c].v;
-        st_st_tensor t[3] = {
+        st_safetensors_tensor t[3] = {
             { .name = "bytes", .dtype = ST_DTYPE_U8, .ndims = 1, .shape = { 4 }, .data = u },
             { .name = "count", .dtype = ST_DTYPE_U64, .ndims = 0, .data = &big },
             { .name = "w", .dtype = ST_DTYPE_F32, .ndims = 2, .shape = { 100, 100 }, .data = w },
@@ -315,7 +317,8 @@ Test(safetensors, a_killed_writer_leaves_the_previous_file_whole, .timeout = 120
         for (size_t i = 0; i < n; i++)
             v[c][i] = (float)(c + 1) * (float)i;
     }
-    st_st_tensor t = { .name = "w", .dtype = ST_DTYPE_F32, .ndims = 1, .shape = { (int64_t)n } };
+    st_safetensors_tensor t = { .name = "w", .dtype = ST_DTYPE_F32, .ndims = 1,
+                                .shape = { (int64_t)n } };
     t.data = v[0];
     cr_assert_eq(st_safetensors_write(path, &t, 1, NULL, 0), ST_OK);
     srand(7);
@@ -339,7 +342,7 @@ Test(safetensors, a_killed_writer_leaves_the_previous_file_whole, .timeout = 120
         cr_assert(WIFSIGNALED(st), "the writer failed instead of being killed");
         st_safetensors f;
         cr_assert_eq(st_safetensors_read(path, &f), ST_OK, "kill %d: %s", k, st_last_error());
-        const st_st_tensor *r = st_safetensors_find(&f, "w");
+        const st_safetensors_tensor *r = st_safetensors_find(&f, "w");
         cr_assert(r && r->bytes == n * sizeof(float));
         const int which = memcmp(r->data, v[0], r->bytes) == 0   ? 0
                         : memcmp(r->data, v[1], r->bytes) == 0 ? 1 : -1;
@@ -357,8 +360,9 @@ Test(safetensors, a_killed_writer_leaves_the_previous_file_whole, .timeout = 120
 
 static st_model_config gpt_cfg(int width)
 {
-    st_model_config c = { .kind = ST_MODEL_GPT, .depth = 2, .width = width, .heads = 2,
-                          .context = 8, .in_dim = 8, .n_classes = 256, .activation = ST_ACT_GELU };
+    st_model_config c = { .kind = st_model_kind_named("gpt"), .depth = 2, .width = width,
+                          .heads = 2, .context = 8, .in_dim = 8, .n_classes = 256,
+                          .activation = ST_ACT_GELU };
     return c;
 }
 
@@ -371,7 +375,7 @@ Test(weights, round_trip_and_refused_for_another_model)
     float *p = malloc(n * sizeof *p), *q = calloc(n, sizeof *q);
     cr_assert(p && q);
     cr_assert_eq(st_model_init_full_range(&c, 3, 0, n, p), ST_OK);
-    const st_st_meta meta[1] = { { "subtrain.config", "width = 16" } };
+    const st_safetensors_meta_entry meta[1] = { { "subtrain.config", "width = 16" } };
     cr_assert_eq(st_checkpoint_write_weights(path, &c, p, meta, 1), ST_OK, "%s", st_last_error());
     cr_assert_eq(st_checkpoint_read_weights(path, &c, q), ST_OK, "%s", st_last_error());
     cr_assert_eq(memcmp(p, q, n * sizeof *p), 0);
@@ -380,7 +384,7 @@ Test(weights, round_trip_and_refused_for_another_model)
     cr_assert_str_eq(st_safetensors_meta(&f, "subtrain.model"), "gpt");
     cr_assert_str_eq(st_safetensors_meta(&f, "subtrain.config"), "width = 16");
     cr_assert(strstr(st_safetensors_meta(&f, "subtrain.in_major"), "block0.proj.weight"));
-    const st_st_tensor *t = st_safetensors_find(&f, "block1.qkv.weight");
+    const st_safetensors_tensor *t = st_safetensors_find(&f, "block1.qkv.weight");
     cr_assert(t && t->ndims == 2 && t->shape[0] == 48 && t->shape[1] == 16);
     st_safetensors_free(&f);
     st_model_config wider = gpt_cfg(32);
@@ -388,8 +392,8 @@ Test(weights, round_trip_and_refused_for_another_model)
     cr_assert_eq(st_checkpoint_read_weights(path, &wider, r), ST_ERR_FORMAT);
     cr_assert(strstr(st_last_error(), "embed.token") && strstr(st_last_error(), "another model"),
               "%s", st_last_error());
-    st_model_config res = { .kind = ST_MODEL_RESMLP, .depth = 2, .width = 16, .in_dim = 8,
-                            .n_classes = 4, .activation = ST_ACT_GELU };
+    st_model_config res = { .kind = st_model_kind_named("resmlp"), .depth = 2, .width = 16,
+                            .in_dim = 8, .n_classes = 4, .activation = ST_ACT_GELU };
     cr_assert_eq(st_checkpoint_read_weights(path, &res, r), ST_ERR_FORMAT);
     cr_assert(strstr(st_last_error(), "a gpt model, not of resmlp"), "%s", st_last_error());
     st_model_config deeper = gpt_cfg(16);
@@ -415,22 +419,23 @@ Test(weights, a_training_state_loads_as_weights)
     cr_assert(p && q);
     cr_assert_eq(st_model_init_full_range(&c, 5, 0, n, p), ST_OK);
     const float m[4] = { 1, 2, 3, 4 };
-    st_st_tensor extra[1] = { { .name = ST_CHECKPOINT_STATE_PREFIX "optimizer.m.worker0",
-                                .dtype = ST_DTYPE_F32, .ndims = 1, .shape = { 4 }, .data = m } };
+    st_safetensors_tensor extra[1] = {
+        { .name = ST_CHECKPOINT_STATE_PREFIX "optimizer.m.worker0", .dtype = ST_DTYPE_F32,
+          .ndims = 1, .shape = { 4 }, .data = m } };
     cr_assert_eq(st_checkpoint_write(path, &c, p, extra, 1, NULL, 0), ST_OK, "%s",
                  st_last_error());
     cr_assert_eq(st_checkpoint_read_weights(path, &c, q), ST_OK, "%s", st_last_error());
     cr_assert_eq(memcmp(p, q, n * sizeof *p), 0);
     st_safetensors f;
     cr_assert_eq(st_safetensors_read(path, &f), ST_OK);
-    const st_st_tensor *t = st_safetensors_find(&f, "train.optimizer.m.worker0");
+    const st_safetensors_tensor *t = st_safetensors_find(&f, "train.optimizer.m.worker0");
     cr_assert(t && t->bytes == sizeof m && memcmp(t->data, m, sizeof m) == 0);
     st_safetensors_free(&f);
     /* every weight, one of them as bytes: refused, named */
     st_param_segment *segs;
     int ns;
     cr_assert_eq(st_model_config_segments(&c, &segs, &ns), ST_OK);
-    st_st_tensor *all = calloc((size_t)ns, sizeof *all);
+    st_safetensors_tensor *all = calloc((size_t)ns, sizeof *all);
     cr_assert_not_null(all);
     for (int i = 0; i < ns; i++) {
         snprintf(all[i].name, sizeof all[i].name, "%s", segs[i].name);

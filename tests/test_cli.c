@@ -38,6 +38,13 @@ Test(cli, bad_values_name_the_option_and_what_is_allowed)
     expect_usage_error("--workers 0", "--workers");
     expect_usage_error("--workers many", "--workers");
     expect_usage_error("--strategy pp", "allowed: dp, sdp, ist");
+    expect_usage_error("--split classes:0", "--split classes:0: K, the classes per worker, must "
+                       "be a whole number in [1, 256]");
+    expect_usage_error("--split classes:x", "--split classes:x: K");
+    expect_usage_error("--split dirichlet:-1", "--split dirichlet:-1: ALPHA, the Dirichlet "
+                       "concentration, must be a finite number > 0");
+    expect_usage_error("--split dirichlet:nan", "--split dirichlet:nan: ALPHA");
+    expect_usage_error("--split foo", "--split foo: expected iid, classes:K or dirichlet:ALPHA");
     expect_usage_error("--strategy ist --local-steps 0", "--local-steps");
     expect_usage_error("--strategy ist --optimizer-state forget", "allowed: reset, keep");
     expect_usage_error("--strategy ist --train-scale double", "allowed: none, inverse-workers");

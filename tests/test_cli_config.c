@@ -223,6 +223,45 @@ Test(cli, config_file_errors_name_the_file_and_line)
     st_test_rmdir(dir);
 }
 
+/* A split is refused where it cannot be dealt: text (before the data),
+ * synth, classes nobody holds once the data's classes are known (still a
+ * usage error); a split run names it in its banner and its first record
+ * holds the class histogram per worker. */
+Test(cli, splits_are_checked_named_and_recorded, .timeout = 60)
+{
+    expect_usage_error("--model gpt --data text:/nonexistent --split classes:2",
+                       "--split classes:2: text data has no classes to split by");
+    expect_usage_error("--data synthetic --strategy synth --split dirichlet:0.5",
+                       "--split dirichlet:0.5 does not apply to --strategy synth");
+    expect_usage_error("--data synthetic --workers 2 --split classes:4 --steps 1",
+                       "--split classes:4 with 2 workers holds 8 of the data's 10 classes: "
+                       "workers x K must be at least 10");
+    char dir[ST_TEST_PATH_MAX], m[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(m, dir, "m.jsonl");
+    snprintf(args, sizeof args, "--data synthetic --model mlp --depth 1 --width 16 --batch 32 "
+             "--steps 4 --workers 2 --oversubscribe --split classes:5 --progress plain "
+             "--metrics '%s'", m);
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, " 10 classes, split classes:5) | dp, 2 workers"), "%s", r->out);
+    char *s = slurp(m);
+    const char *first_end = strchr(s, '\n'), *split = strstr(s, "\"split\":{\"spec\":");
+    cr_assert(split && split < first_end, "%s", s);
+    /* the synthetic set's classes, as its teacher labels them, wholly to
+     * worker 0 (0..4) or 1 (5..9) */
+    const char *head = "\"split\":{\"spec\":\"classes:5\",\"classes\":10,\"histogram\":[[";
+    cr_assert(strncmp(split, head, strlen(head)) == 0, "%.200s", split);
+    cr_assert(strstr(split, ",0,0,0,0,0],[0,0,0,0,0,") && strstr(split, "]]}},\"epoch\":1,"),
+              "%.200s", split);
+    cr_assert_eq(count_of(s, "\"split\":{"), 1, "in the first record only: %s", s);
+    free(s);
+    free(r);
+    st_test_rmdir(dir);
+}
+
+
 /* The first record of a run says what made it (its configuration, the
  * versions, the machine, each worker's PUs and NUMA node, the seed, the
  * start time); the records after it do not repeat it; a resumed run

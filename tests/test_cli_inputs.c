@@ -46,7 +46,7 @@ static void copy_with_value(const char *from, const char *to, const char *name, 
 {
     st_safetensors f;
     cr_assert_eq(st_safetensors_read(from, &f), ST_OK, "%s", st_last_error());
-    const st_st_tensor *t = st_safetensors_find(&f, name);
+    const st_safetensors_tensor *t = st_safetensors_find(&f, name);
     cr_assert_not_null(t, "%s has no tensor '%s'", from, name);
     cr_assert_gt(t->bytes, 4 * k);
     const size_t at = (size_t)((const uint8_t *)t->data - f.buf) + 4 * k;

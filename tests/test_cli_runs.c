@@ -429,3 +429,48 @@ Test(cli, synth_run_prints_segments_and_writes_metrics, .timeout = 120)
     free(r);
     st_test_rmdir(dir);
 }
+
+/* --accumulate and --optimizer-moments: the banner and the summary say
+ * them, a step is an update (an epoch of 16384 synthetic samples at 4
+ * micro-batches of 64 is 64 steps), the record carries the optimizer's
+ * state and bytes; bad values and the combinations that cannot work are
+ * usage errors in one line. */
+Test(cli, accumulate_and_optimizer_moments, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], metrics[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(metrics, dir, "m.jsonl");
+    snprintf(args, sizeof args, "--data synthetic --model resmlp --depth 2 --width 32 --epochs 1 "
+             "--batch 64 --accumulate 4 --optimizer-moments bf16-sr --progress none "
+             "--metrics '%s'", metrics);
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "stderr: %s", r->err);
+    cr_assert(strstr(r->out, "cosine, bf16-sr moments | batch 64, 4 micro-batches a step, "),
+              "%s", r->out);
+    cr_assert(strstr(r->out, "optimizer per worker and step: ") &&
+              strstr(r->out, "(20.0 bytes a parameter, bf16-sr moments)"), "%s", r->out);
+    char rec[16384];
+    read_into(metrics, rec, sizeof rec);
+    const char *last = strstr(rec, "\"final\":true");
+    cr_assert_not_null(last, "%s", rec);
+    cr_assert(strstr(rec, "\"epoch\":1,\"step\":64,\"final\":true"), "%s", rec);
+    cr_assert(strstr(last, "\"optimizer\":{\"moments\":\"bf16-sr\",\"bytes_per_param\":20.00,"),
+              "%s", last);
+    free(r);
+    st_test_rmdir(dir);
+    expect_usage_error("--data synthetic --accumulate 0",
+                       "--accumulate: expected an integer in [1, 65536], got '0'");
+    expect_usage_error("--data synthetic --optimizer-moments fp16",
+                       "--optimizer-moments: unknown value 'fp16' (allowed: fp32, bf16, bf16-sr)");
+    expect_usage_error("--data synthetic --strategy synth --accumulate 2",
+                       "--accumulate 2: --strategy synth trains its segments one batch a step");
+    expect_usage_error("--data synthetic --strategy sdp --workers 2 --report align "
+                       "--accumulate 2", "--report align compares gradients of one batch");
+    expect_usage_error("--data synthetic --strategy ist --workers 2 --optimizer-state keep "
+                       "--optimizer-moments bf16", "--optimizer-state keep averages the "
+                       "optimizer state over the workers in fp32");
+    expect_usage_error("--data synthetic --strategy localsgd --workers 2 --optimizer-state keep "
+                       "--optimizer-moments bf16-sr", "--optimizer-moments bf16-sr keeps it in "
+                       "bf16");
+}

@@ -250,6 +250,9 @@ Test(values, long_values_keep_their_ends_and_what_is_allowed)
         { "--report 'memory,%s'", "--report: unknown value '", "' (allowed: memory, align, "
                                                                "align=N)\n" },
         { "--usr1 '%s'", "--usr1: expected 'stop' or 'checkpoint', got '", "'\n" },
+        { "--split 'classes:%s'", "--split classes:START", ": K, the classes per worker, must "
+                                                           "be a whole number in [1, 256]\n" },
+        { "--split '%s'", "--split START", ": expected iid, classes:K or dirichlet:ALPHA\n" },
         { "--depth '%s'", "--depth: expected an integer in [1, 1024], got '", "'\n" },
         { "--lr '%s'", "--lr: expected a number in (0, 100], got '", "'\n" },
         { "--workers '%s'", "--workers: expected an integer in [1, 4096] or 'cores', got '",

@@ -14,6 +14,7 @@
 #include <subtrain/quad.h>
 #include <subtrain/subtrain.h>
 #include "config.h"
+#include "core/arena_impl.h"
 #include "core/bf16.h"
 #include "core/enum_table.h"
 #include "core/error.h"
@@ -152,6 +153,29 @@ Test(enums, every_name_parses_back_to_its_value)
     }
 }
 
+/* A model kind is its place in the table of kinds: count, at, named and
+ * name agree; a name no kind has is -1, and leaves the last error alone. */
+Test(enums, model_kinds_are_places_in_the_table)
+{
+    const int n = st_model_kind_count();
+    cr_assert_geq(n, 6);
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(st_model_kind_at(i), i);
+        cr_assert_eq(st_model_kind_named(st_model_kind_name(i)), i, "%s",
+                     st_model_kind_name(i));
+    }
+    cr_assert_eq(st_model_kind_at(n), -1);
+    cr_assert_eq(st_model_kind_at(-1), -1);
+    cr_assert_str_eq(st_model_kind_name(n), "unknown");
+    cr_assert_str_eq(st_model_kind_name(st_model_kind_named("convnet")), "convnet");
+    cr_assert_str_eq(st_model_kind_name(st_model_config_default().kind), "resmlp");
+    st_fail(ST_ERR_IO, "the last error");
+    cr_assert_eq(st_model_kind_named("bogus"), -1);
+    cr_assert_eq(st_model_kind_named("MLP"), -1);
+    cr_assert_eq(st_model_kind_named(NULL), -1);
+    cr_assert_str_eq(st_last_error(), "the last error");
+}
+
 Test(enums, unknown_names_are_invalid_and_list_the_allowed_ones)
 {
     const char *bad[] = { "bogus", "", "MLP", "dp ", "cosine2" };
@@ -283,6 +307,27 @@ Test(arena, blocks_are_aligned_zeroed_and_counted_by_kind)
     cr_assert_eq(cb.live_chunks, 0, "every chunk goes back to the backend");
     cr_assert_eq(a.stats.current_total, 0);
     cr_assert_eq(a.stats.peak_total, 128 + 10048 + 64, "peaks are history and stay");
+}
+
+/* The public API's arena: created, counted (st_arena_stats), and every
+ * chunk back to the backend when destroyed. */
+Test(arena, created_arena_counts_and_gives_every_chunk_back)
+{
+    counting_backend cb = { 0 };
+    st_chunk_backend be = { count_alloc, count_free, &cb };
+    st_arena *a = NULL;
+    cr_assert_eq(st_arena_create("worker 7", &be, 4096, &a), ST_OK);
+    void *p1, *p2;
+    cr_assert_eq(st_arena_alloc(a, ST_MEM_WEIGHTS, 100, &p1), ST_OK);
+    cr_assert_eq(st_arena_alloc(a, ST_MEM_WEIGHTS, 10000, &p2), ST_OK); /* > chunk */
+    const st_mem_stats s = st_arena_stats(a);
+    cr_assert_eq(s.current[ST_MEM_WEIGHTS], 128 + 10048);
+    cr_assert_eq(s.peak_total, 128 + 10048);
+    cr_assert_eq(cb.live_chunks, 2);
+    cr_assert_eq(s.reserved, cb.live_bytes);
+    st_arena_destroy(a);
+    cr_assert_eq(cb.live_chunks, 0, "every chunk goes back to the backend");
+    st_arena_destroy(NULL);
 }
 
 Test(arena, rewind_gives_back_and_keeps_peaks)

@@ -324,7 +324,7 @@ static st_epoch_record augmented_run(int crop, int flip, int workers)
     st_dataset_normalize_channels(&train, &test, NULL, NULL, 0);
     train.augment = (st_augment){ .crop = (uint32_t)crop, .flip = flip, .seed = 9 };
     st_train_config c = st_train_config_default();
-    c.model.kind = ST_MODEL_MLP;
+    c.model.kind = st_model_kind_named("mlp");
     c.model.depth = 1;
     c.model.width = 32;
     c.model.in_dim = 64;

@@ -36,7 +36,7 @@ static st_strategy localsgd(void)
 static st_train_config config(int workers, uint64_t steps)
 {
     st_train_config c = st_train_config_default();
-    c.model.kind = ST_MODEL_RESMLP;
+    c.model.kind = st_model_kind_named("resmlp");
     c.model.depth = 2;
     c.model.width = 32;
     c.model.in_dim = 32;
@@ -240,8 +240,8 @@ static void expect_state(const st_safetensors *f, int keep)
         { "train.optimizer.v.worker0", "train.optimizer.v.worker1" },
     };
     for (int k = 0; k < 2; k++) {
-        const st_st_tensor *a = st_safetensors_find(f, names[k][0]),
-                           *b = st_safetensors_find(f, names[k][1]);
+        const st_safetensors_tensor *a = st_safetensors_find(f, names[k][0]),
+                                    *b = st_safetensors_find(f, names[k][1]);
         cr_assert(a && b && a->bytes == b->bytes && a->bytes > 0, "%s", names[k][0]);
         cr_assert_eq(memcmp(a->data, b->data, a->bytes), 0, "keep %d: %s and %s differ", keep,
                      names[k][0], names[k][1]);

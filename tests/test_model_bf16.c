@@ -23,7 +23,8 @@ Test(bf16, shared_buffers_no_heap_call_same_seed_same_steps)
         cr_skip_test("oneDNN has no bf16 matmul on this CPU");
     omp_set_num_threads(1);
     st_model_config cfgs[3] = { resmlp_config(3, 16, 24, ST_ACT_GELU),
-                                neuron_config(ST_MODEL_RESMLP, 1), gpt_config(2, 8, 2, 6) };
+                                neuron_config(st_model_kind_named("resmlp"), 1),
+                                gpt_config(2, 8, 2, 6) };
     for (int k = 0; k < 3; k++) {
         cfgs[k].precision = ST_PRECISION_BF16;
         st_arena a[2];

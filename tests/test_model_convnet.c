@@ -25,7 +25,7 @@
  * pre-activations on the kink). */
 static st_model_config convnet_small(void)
 {
-    st_model_config c = resnet_config(ST_MODEL_CONVNET, 2, 4, 2, 6, 6);
+    st_model_config c = resnet_config(st_model_kind_named("convnet"), 2, 4, 2, 6, 6);
     c.activation = ST_ACT_GELU;
     return c;
 }
@@ -223,7 +223,7 @@ Test(weights, convnet_round_trip)
     OK(st_checkpoint_write_weights(path, &c, p, NULL, 0));
     OK(st_checkpoint_read_weights(path, &c, q));
     cr_assert_eq(memcmp(p, q, n * sizeof *p), 0);
-    st_model_config other = resnet_config(ST_MODEL_RESNET, 1, 4, 2, 6, 6);
+    st_model_config other = resnet_config(st_model_kind_named("resnet"), 1, 4, 2, 6, 6);
     float *r = malloc(st_model_config_param_count(&other) * sizeof *r);
     cr_assert_eq(st_checkpoint_read_weights(path, &other, r), ST_ERR_FORMAT);
     cr_assert(strstr(st_last_error(), "a convnet model, not of resnet"), "%s", st_last_error());
@@ -238,7 +238,7 @@ Test(weights, convnet_round_trip)
 Test(config, convnet_defaults_and_refusals)
 {
     st_model_config c = st_model_config_default();
-    c.kind = ST_MODEL_CONVNET;
+    c.kind = st_model_kind_named("convnet");
     OK(st_model_config_resolve(&c, 0));
     cr_expect(c.depth == 3 && c.width == 32 && c.activation == ST_ACT_RELU);
     c.hidden = 8;

@@ -49,7 +49,7 @@ static int expected_segments(const st_model_config *c, seg_spec *s)
     char name[40];
     size_t W = (size_t)c->width, H = (size_t)(c->hidden ? c->hidden : c->width);
     size_t I = (size_t)c->in_dim, K = (size_t)c->n_classes;
-    if (c->kind == ST_MODEL_MLP) {
+    if (c->kind == st_model_kind_named("mlp")) {
         for (int i = 0; i < c->depth; i++) {
             snprintf(name, sizeof name, "fc%d", i);
             spec_linear(s, &n, name, i == 0 ? I : W, W);
@@ -77,7 +77,7 @@ static size_t param_formula(const st_model_config *c)
 {
     size_t W = (size_t)c->width, H = (size_t)(c->hidden ? c->hidden : c->width);
     size_t I = (size_t)c->in_dim, K = (size_t)c->n_classes, L = (size_t)c->depth;
-    if (c->kind == ST_MODEL_MLP)
+    if (c->kind == st_model_kind_named("mlp"))
         return I * W + W + (L - 1) * (W * W + W) + W * K + K;
     return I * W + W + L * (2 * W + W * H + H + H * W + W) + 2 * W + W * K + K;
 }
@@ -312,10 +312,11 @@ Test(kinds, names_parse_back_and_lists_follow_the_table)
     st_model_kind_list(all, sizeof all, ", ", -1);
     cr_expect(strstr(st_last_error(), all), "%s does not list %s", st_last_error(), all);
     cr_expect_str_eq(st_model_kind_name((st_model_kind)1000), "unknown");
-    cr_expect(!st_model_kind_takes(ST_MODEL_RESNET18, ST_MODEL_OPT_DEPTH));
-    cr_expect(st_model_kind_takes(ST_MODEL_RESNET, ST_MODEL_OPT_DEPTH));
-    cr_expect(st_model_kind_takes(ST_MODEL_GPT, ST_MODEL_OPT_CONTEXT | ST_MODEL_OPT_HEADS));
-    cr_expect(!st_model_kind_takes(ST_MODEL_RESMLP, ST_MODEL_OPT_CONTEXT));
+    cr_expect(!st_model_kind_takes(st_model_kind_named("resnet18"), ST_MODEL_OPT_DEPTH));
+    cr_expect(st_model_kind_takes(st_model_kind_named("resnet"), ST_MODEL_OPT_DEPTH));
+    cr_expect(st_model_kind_takes(st_model_kind_named("gpt"),
+                                  ST_MODEL_OPT_CONTEXT | ST_MODEL_OPT_HEADS));
+    cr_expect(!st_model_kind_takes(st_model_kind_named("resmlp"), ST_MODEL_OPT_CONTEXT));
 }
 
 /* A front end's configuration: each kind's defaults fill what was not
@@ -330,7 +331,7 @@ Test(kinds, resolve_fills_defaults_and_refuses_what_a_kind_does_not_take)
     cr_expect_str_eq(words, "resmlp depth 4 width 256 hidden 256");
 
     c = st_model_config_default();
-    c.kind = ST_MODEL_RESNET;
+    c.kind = st_model_kind_named("resnet");
     c.width = 32;
     OK(st_model_config_resolve(&c, ST_MODEL_OPT_WIDTH));
     cr_expect_eq(c.depth, 3);
@@ -338,7 +339,7 @@ Test(kinds, resolve_fills_defaults_and_refuses_what_a_kind_does_not_take)
     cr_expect_eq(c.activation, ST_ACT_RELU);
 
     c = st_model_config_default();
-    c.kind = ST_MODEL_GPT;
+    c.kind = st_model_kind_named("gpt");
     OK(st_model_config_resolve(&c, 0));
     cr_expect(c.context == 128 && c.heads == 4 && c.in_dim == 128 && c.n_classes == 256);
     OK(st_model_config_check(&c));
@@ -371,7 +372,7 @@ static double flops_formula(const st_model_config *c, int batch)
 {
     double B = batch, W = c->width, H = c->hidden ? c->hidden : c->width;
     double I = c->in_dim, K = c->n_classes, L = c->depth;
-    if (c->kind == ST_MODEL_MLP)
+    if (c->kind == st_model_kind_named("mlp"))
         return 2 * B * (2 * I * W + 3 * (L - 1) * W * W + 3 * W * K);
     return 2 * B * (2 * I * W + L * (3 * W * H + 3 * H * W) + 3 * W * K);
 }
@@ -425,8 +426,8 @@ Test(layout, gradients_said_final_stay_final)
     omp_set_num_threads(1);
     st_model_config cfgs[5] = { mlp_config(3, 16, ST_ACT_RELU),
                                 resmlp_config(3, 16, 24, ST_ACT_GELU), gpt_config(2, 8, 2, 6),
-                                resnet_config(ST_MODEL_RESNET, 1, 4, 3, 8, 8),
-                                neuron_config(ST_MODEL_RESMLP, 1) };
+                                resnet_config(st_model_kind_named("resnet"), 1, 4, 3, 8, 8),
+                                neuron_config(st_model_kind_named("resmlp"), 1) };
     for (int k = 0; k < 5; k++) {
         st_arena a[2];
         st_model *m[2];

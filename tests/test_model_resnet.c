@@ -19,7 +19,7 @@
 Test(gradcheck, resnet_training_forward)
 {
     omp_set_num_threads(1);
-    st_model_config c = resnet_config(ST_MODEL_RESNET, 1, 4, 2, 6, 6);
+    st_model_config c = resnet_config(st_model_kind_named("resnet"), 1, 4, 2, 6, 6);
     c.activation = ST_ACT_GELU;
     objective_train = 1;
     st_arena a;
@@ -51,7 +51,7 @@ Test(gradcheck, resnet_training_forward)
 Test(state, subnetworks_state_sits_in_the_full_layout)
 {
     omp_set_num_threads(1);
-    st_model_config c = resnet_config(ST_MODEL_RESNET, 2, 4, 2, 6, 6);
+    st_model_config c = resnet_config(st_model_kind_named("resnet"), 2, 4, 2, 6, 6);
     st_model_units u;
     OK(st_model_config_units(&c, &u));
     cr_assert_gt(u.state, 0);
@@ -293,12 +293,12 @@ Test(layout, bf16_resnet_inputs_in_passing_are_not_read_by_the_backward)
 {
     if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
         cr_skip_test("oneDNN has no bf16 kernels on this CPU");
-    st_model_config c = resnet_config(ST_MODEL_RESNET, 2, 16, 3, 8, 8);
+    st_model_config c = resnet_config(st_model_kind_named("resnet"), 2, 16, 3, 8, 8);
     check_resnet_bf16_passing(c, "resnet d2 w16 relu");
     c.activation = ST_ACT_GELU;
     check_resnet_bf16_passing(c, "resnet d2 w16 gelu");
     /* a neuron subnetwork: compact widths, the branch scale */
-    st_model_config n = resnet_config(ST_MODEL_RESNET, 2, 16, 3, 8, 8);
+    st_model_config n = resnet_config(st_model_kind_named("resnet"), 2, 16, 3, 8, 8);
     n.activation = ST_ACT_GELU;
     const int wc[] = { 1, 1, 1, 2 }, wk[] = { 0, 0, 1, 0, 3 };
     n.subnet.unit_size = 16;
@@ -311,7 +311,7 @@ Test(layout, bf16_resnet_inputs_in_passing_are_not_read_by_the_backward)
 Test(layout, blocked_tensors_compute_what_plain_ones_do)
 {
     /* stages of 16, 32 and 64 channels: whole blocks of 16 (or 8) */
-    st_model_config c = resnet_config(ST_MODEL_RESNET, 2, 16, 3, 8, 8);
+    st_model_config c = resnet_config(st_model_kind_named("resnet"), 2, 16, 3, 8, 8);
     check_blocked_equals_plain(c, "resnet d2 w16");
     st_model_config n = c;
     /* width layers: the 2 blocks of stage 0 (16 channels), 1 of stage 1
@@ -346,7 +346,7 @@ Test(layout, blocked_tensors_compute_what_plain_ones_do)
 Test(state, calibration_replaces_the_running_statistics)
 {
     omp_set_num_threads(1);
-    st_model_config c = resnet_config(ST_MODEL_RESNET, 1, 4, 2, 6, 6);
+    st_model_config c = resnet_config(st_model_kind_named("resnet"), 1, 4, 2, 6, 6);
     st_arena a;
     st_arena_init(&a, "calibrate", NULL, 0);
     st_model *m1 = make_model(&c, 8, &a), *m2 = make_model(&c, 8, &a);
@@ -381,15 +381,17 @@ Test(state, calibration_replaces_the_running_statistics)
 Test(units, resnet_declares_identity_blocks)
 {
     st_model_units u;
-    st_model_config c = resnet_config(ST_MODEL_RESNET, 3, 8, 3, 32, 32);
+    st_model_config c = resnet_config(st_model_kind_named("resnet"), 3, 8, 3, 32, 32);
     OK(st_model_config_units(&c, &u));
     cr_assert_eq(u.groups, 3 + 2 + 2);
     cr_assert_eq(u.width_layers, 7);
     cr_assert_eq(u.width, 8);
-    c = resnet_config(ST_MODEL_RESNET18, 1, 8, 1, 28, 28);
+    c = resnet_config(st_model_kind_named("resnet18"), 1, 8, 1, 28, 28);
     OK(st_model_config_units(&c, &u));
     cr_assert_eq(u.groups, 2 + 1 + 1 + 1);
     st_model_config v = c;
     v.in_channels = v.in_height = v.in_width = 0;
     cr_assert_eq(st_model_config_units(&v, &u), ST_ERR_INVALID, "a resnet needs images");
+    cr_assert_str_eq(st_last_error(), "--model resnet18 takes images (C x H x W data), not 784 "
+                                      "features");
 }

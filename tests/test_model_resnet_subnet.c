@@ -24,7 +24,7 @@ static const int RESNET_KEPT[] = { 0, 1, 0, 2, 3, 1, 2, 5, 7 };
 
 static st_model_config resnet_small(void)
 {
-    st_model_config c = resnet_config(ST_MODEL_RESNET, 2, 4, 2, 6, 6);
+    st_model_config c = resnet_config(st_model_kind_named("resnet"), 2, 4, 2, 6, 6);
     c.activation = ST_ACT_GELU;
     return c;
 }
@@ -183,7 +183,7 @@ Test(subnetwork, masked_resnet_forward_and_backward_make_no_heap_call)
     omp_set_num_threads(1);
     const uint8_t keep[] = { 1, 0, 0, 1 };
     st_model_config cfgs[4] = { resnet_neuron_config(0), resnet_neuron_config(1), resnet_small(),
-                                resnet_config(ST_MODEL_RESNET, 1, 16, 3, 8, 8) };
+                                resnet_config(st_model_kind_named("resnet"), 1, 16, 3, 8, 8) };
     cfgs[2].subnet.group_grads = keep;
     /* and a bf16 resnet (its conversions, the buffer in passing) */
     cfgs[3].precision = ST_PRECISION_BF16;

@@ -188,8 +188,15 @@ static void check_neuron_places(st_model_kind kind)
     st_arena_release(&a);
 }
 
-Test(subnetwork, neurons_keep_their_full_values_and_places_resmlp) { check_neuron_places(ST_MODEL_RESMLP); }
-Test(subnetwork, neurons_keep_their_full_values_and_places_mlp) { check_neuron_places(ST_MODEL_MLP); }
+Test(subnetwork, neurons_keep_their_full_values_and_places_resmlp)
+{
+    check_neuron_places(st_model_kind_named("resmlp"));
+}
+
+Test(subnetwork, neurons_keep_their_full_values_and_places_mlp)
+{
+    check_neuron_places(st_model_kind_named("mlp"));
+}
 
 /* Is neuron j of neuron layer l kept by neuron_config? */
 static int neuron_kept(const st_model_config *c, int l, int j)
@@ -232,7 +239,8 @@ static void check_neuron_forward(st_model_kind kind)
     for (int l = 0; l < 3; l++) {
         char name[32];
         size_t count;
-        if (kind == ST_MODEL_RESMLP) {   /* fc2 stored (hidden, width): a row per neuron */
+        /* resmlp's fc2 is stored (hidden, width): a row per neuron */
+        if (kind == st_model_kind_named("resmlp")) {
             snprintf(name, sizeof name, "block%d.fc2.weight", l);
             float *w = segment_named(full, name, &count);
             for (int j = 0; j < 24; j++)
@@ -269,19 +277,26 @@ static void check_neuron_forward(st_model_kind kind)
     st_arena_release(&a);
 }
 
-Test(subnetwork, neuron_subnetwork_is_the_masked_full_model_resmlp) { check_neuron_forward(ST_MODEL_RESMLP); }
-Test(subnetwork, neuron_subnetwork_is_the_masked_full_model_mlp) { check_neuron_forward(ST_MODEL_MLP); }
+Test(subnetwork, neuron_subnetwork_is_the_masked_full_model_resmlp)
+{
+    check_neuron_forward(st_model_kind_named("resmlp"));
+}
+
+Test(subnetwork, neuron_subnetwork_is_the_masked_full_model_mlp)
+{
+    check_neuron_forward(st_model_kind_named("mlp"));
+}
 
 Test(gradcheck, resmlp_neuron_subnetwork)
 {
-    st_model_config c = neuron_config(ST_MODEL_RESMLP, 0);
+    st_model_config c = neuron_config(st_model_kind_named("resmlp"), 0);
     c.subnet.scale = 2.0f;
     gradcheck(&c, "resmlp neuron subnetwork (branch x2)", 41);
 }
 
 Test(gradcheck, mlp_neuron_subnetwork)
 {
-    st_model_config c = neuron_config(ST_MODEL_MLP, 0);
+    st_model_config c = neuron_config(st_model_kind_named("mlp"), 0);
     c.subnet.scale = 2.0f;
     gradcheck(&c, "mlp neuron subnetwork (inputs x2)", 43);
 }
@@ -325,12 +340,19 @@ static void check_neuron_backward(st_model_kind kind)
     st_arena_release(&a);
 }
 
-Test(subnetwork, neuron_backward_masking_resmlp) { check_neuron_backward(ST_MODEL_RESMLP); }
-Test(subnetwork, neuron_backward_masking_mlp) { check_neuron_backward(ST_MODEL_MLP); }
+Test(subnetwork, neuron_backward_masking_resmlp)
+{
+    check_neuron_backward(st_model_kind_named("resmlp"));
+}
+
+Test(subnetwork, neuron_backward_masking_mlp)
+{
+    check_neuron_backward(st_model_kind_named("mlp"));
+}
 
 Test(subnetwork, bad_neuron_selections_are_refused)
 {
-    st_model_config c = neuron_config(ST_MODEL_RESMLP, 0);
+    st_model_config c = neuron_config(st_model_kind_named("resmlp"), 0);
     cr_assert_eq(st_model_config_check(&c), ST_OK);
     cr_assert_eq(st_model_neuron_groups(&c, c.subnet.unit_size), 6);
     const int none[] = { 3, 0, 2 }, unsorted[] = { 0, 3, 2, 5, 1, 4 }, outside[] = { 0, 2, 6, 5, 1, 4 };
@@ -343,7 +365,7 @@ Test(subnetwork, bad_neuron_selections_are_refused)
     cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID);
     c.subnet.width_kept = NULL;
     cr_assert_eq(st_model_config_check(&c), ST_ERR_INVALID, "counts without groups");
-    c = neuron_config(ST_MODEL_RESMLP, 0);
+    c = neuron_config(st_model_kind_named("resmlp"), 0);
     const int ids[] = { 0, 1, 2 };
     c.subnet.groups = ids;
     c.subnet.n_groups = 3;

@@ -41,6 +41,8 @@
 #include <subtrain/rng.h>
 #include <subtrain/world.h>
 
+#include "core/arena_impl.h"
+
 static int rank, ranks, n_local, failed_here;
 static st_comm_payload payload = ST_COMM_PAYLOAD_FP32;   /* of both engines */
 static int count_of[64], first_of[65];   /* each rank's workers, and the first's global index */

@@ -10,6 +10,9 @@
 #include <subtrain/optim.h>
 #include <subtrain/rng.h>
 
+#include "core/arena_impl.h"
+#include "optim/optim_impl.h"
+
 enum { N = 300, STEPS = 20 };
 
 /* Two segments: a decayed "weight" [0, 200) and an undecayed "bias". */
@@ -69,15 +72,17 @@ static void check_against_reference(st_optim_config c)
     for (int i = 0; i < N; i++)
         ref[i] = p[i];
 
-    st_arena a;
-    st_arena_init(&a, "optim", NULL, 0);
-    st_optim o;
-    cr_assert_eq(st_optim_init(&o, &c, N, &a), ST_OK);
+    /* through the public API: an arena and an optimizer created */
+    st_arena *a;
+    cr_assert_eq(st_arena_create("optim", NULL, 0, &a), ST_OK);
+    st_optim *o;
+    cr_assert_eq(st_optim_create(&c, 0, N, a, &o), ST_OK);
     for (int t = 1; t <= STEPS; t++)
-        st_optim_update(&o, p, grads[t - 1], segs, 2, 0, N, (uint64_t)t, c.lr);
+        st_optim_update(o, p, grads[t - 1], segs, 2, 0, N, (uint64_t)t, c.lr);
     run_reference(&c, ref, grads);
     assert_close(p, ref, N);
-    st_arena_release(&a);
+    st_optim_destroy(o);
+    st_arena_destroy(a);
 }
 
 Test(optim, sgd_plain_matches_reference)
@@ -123,6 +128,25 @@ Test(optim, state_is_counted_as_optimizer_memory)
     cr_assert_eq(st_optim_init(&o, &c, 1000, &a), ST_OK);
     cr_assert_eq(a.stats.current[ST_MEM_OPTIMIZER], 0, "plain SGD keeps no state");
     st_arena_release(&a);
+}
+
+/* A created optimizer holds the state of its range only, from the arena;
+ * a refused configuration creates none. */
+Test(optim, created_optimizer_holds_its_range_in_the_arena)
+{
+    st_arena *a;
+    cr_assert_eq(st_arena_create("optim", NULL, 0, &a), ST_OK);
+    st_optim_config c = st_optim_config_default();
+    st_optim *o = NULL;
+    cr_assert_eq(st_optim_create(&c, 1000, 2000, a, &o), ST_OK);
+    cr_assert_eq(st_arena_stats(a).current[ST_MEM_OPTIMIZER], 2 * 4032, "m and v of 1000");
+    st_optim_destroy(o);
+    c.lr = -1.0f;
+    o = (st_optim *)1;   /* overwritten: NULL */
+    cr_assert_eq(st_optim_create(&c, 0, 10, a, &o), ST_ERR_INVALID);
+    cr_assert_null(o);
+    st_optim_destroy(NULL);
+    st_arena_destroy(a);
 }
 
 /* Updating the vector shard by shard (as shard owners will) is bitwise the

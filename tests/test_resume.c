@@ -170,6 +170,24 @@ Test(resume, refusals_say_the_options_as_the_user_types_them, .timeout = 60)
     st_test_rmdir(dir);
 }
 
+/* A checkpoint of an earlier subtrain lacks the options added since: at
+ * their defaults they are what its run had, and the resume goes on; set
+ * to anything else, they are a difference. */
+Test(resume, an_option_added_since_the_checkpoint_resumes_at_its_default, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], args[8 * ST_TEST_PATH_MAX];
+    setup_run(dir, base, sizeof base, "--model mlp --depth 2 --width 32");
+    expect_trains(dir, "ck", base, "--checkpoint-every 10");
+    rename_key(dir, "earlier.safetensors", "\"subtrain.option.split\"",
+               "\"subtrain.xption.split\"");
+    snprintf(args, sizeof args, "--resume '%s/earlier.safetensors'", dir);
+    expect_trains(dir, "resumed", base, args);
+    snprintf(args, sizeof args, "%s --split classes:10 --resume '%s/earlier.safetensors'", base,
+             dir);
+    expect_runtime_error(NULL, args, "its run had no --split, this one has --split classes:10:");
+    st_test_rmdir(dir);
+}
+
 /* Other pixels in the same counts are another run; the same content
  * elsewhere, gzipped, is the same run and resumes bitwise. */
 Test(resume, other_data_of_the_same_size_is_refused_moved_data_is_not, .timeout = 60)
@@ -226,6 +244,33 @@ Test(resume, options_that_may_change_leave_the_run_bitwise, .timeout = 60)
     st_test_rmdir(dir);
 }
 
+/* A split run resumed mid-epoch deals and orders its samples again from
+ * the seed: bitwise the run never stopped.  Another split is another run. */
+Test(resume, a_split_run_resumes_bitwise_and_refuses_another_split, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], opts[4 * ST_TEST_PATH_MAX], args[8 * ST_TEST_PATH_MAX],
+        a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    setup_run(dir, opts, sizeof opts, "--model mlp --depth 2 --width 32 --workers 2 "
+              "--oversubscribe --split dirichlet:0.5");
+    expect_trains(dir, "ck", opts, "--checkpoint-every 7");
+    snprintf(args, sizeof args, "--resume '%s/ck/step-00000007.safetensors'", dir);
+    expect_trains(dir, "resumed", opts, args);
+    snprintf(a, sizeof a, "%s/ck/final.safetensors", dir);
+    snprintf(b, sizeof b, "%s/resumed/final.safetensors", dir);
+    cr_assert(same_file(a, b), "resumed after step 7, the weights differ");
+    static const struct { const char *change, *needle; } other[] = {
+        { "--split classes:5", "its run had --split dirichlet:0.5, this one has --split "
+                               "classes:5: resume with the options of the run that wrote it" },
+        { "--split iid", "its run had --split dirichlet:0.5, this one has --split iid:" },
+        { "--split dirichlet:0.50001", "this one has --split dirichlet:0.50001:" },
+    };
+    for (size_t i = 0; i < sizeof other / sizeof *other; i++) {
+        snprintf(args, sizeof args, "%s %s --resume '%s/ck'", opts, other[i].change, dir);
+        expect_runtime_error(NULL, args, other[i].needle);
+    }
+    st_test_rmdir(dir);
+}
+
 /* sdp redraws its masks every --resample R steps.  A run resumed after a
  * step S inside a round (S not a multiple of R) must draw that round's
  * masks again, or its next steps train other subnetworks: from step 7 of
@@ -251,5 +296,99 @@ Test(resume, sdp_resumed_inside_a_mask_round_is_bitwise, .timeout = 60)
         snprintf(b, sizeof b, "%s/%s/final.safetensors", dir, resumed);
         cr_assert(same_file(a, b), "%s: resumed after step 7, the weights differ", runs[i]);
     }
+    st_test_rmdir(dir);
+}
+
+/* The optimizer's bf16 state (--optimizer-moments) in a step checkpoint:
+ * BF16 tensors holding the state's own bits, from which a resume
+ * continues bitwise: rne and stochastic rounding, AdamW and SGD's
+ * momentum, one worker and two (each its shard), micro-batches too. */
+Test(resume, a_bf16_optimizer_state_resumes_bitwise, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], runs[3][5 * ST_TEST_PATH_MAX],
+        extra[8 * ST_TEST_PATH_MAX], a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    setup_run(dir, base, sizeof base, "--model mlp --depth 2 --width 32");
+    snprintf(runs[0], sizeof runs[0], "%s --optimizer-moments bf16", base);
+    snprintf(runs[1], sizeof runs[1], "--data 'idx:%s/data' --batch 13 --steps 20 --model mlp "
+             "--depth 2 --width 32 --workers 2 --accumulate 2 --optimizer-moments bf16-sr", dir);
+    snprintf(runs[2], sizeof runs[2], "--data 'idx:%s/data' --batch 26 --steps 20 --model mlp "
+             "--depth 2 --width 32 --optimizer sgd --lr 0.05 --optimizer-moments bf16-sr", dir);
+    for (size_t i = 0; i < 3; i++) {
+        char ck[16], resumed[16];
+        snprintf(ck, sizeof ck, "ck%zu", i);
+        snprintf(resumed, sizeof resumed, "resumed%zu", i);
+        expect_trains(dir, ck, runs[i], "--checkpoint-every 7");
+        snprintf(a, sizeof a, "%s/%s/step-00000007.safetensors", dir, ck);
+        st_safetensors f;
+        cr_assert_eq(st_safetensors_read(a, &f), ST_OK, "%s", st_last_error());
+        const st_safetensors_tensor *m = st_safetensors_find(&f, "train.optimizer.m.worker0");
+        cr_assert(m && m->dtype == ST_DTYPE_BF16 && m->bytes == 2 * (size_t)m->shape[0],
+                  "%s: the first moment is stored as BF16", runs[i]);
+        cr_assert_str_eq(st_safetensors_meta(&f, "subtrain.run.optimizer-moments"),
+                         i == 0 ? "bf16" : "bf16-sr");
+        st_safetensors_free(&f);
+        snprintf(extra, sizeof extra, "--resume '%s'", a);
+        expect_trains(dir, resumed, runs[i], extra);
+        snprintf(a, sizeof a, "%s/%s/final.safetensors", dir, ck);
+        snprintf(b, sizeof b, "%s/%s/final.safetensors", dir, resumed);
+        cr_assert(same_file(a, b), "%s: resumed after step 7, the weights differ", runs[i]);
+    }
+    /* the state's layout is compared as an option: refused, not converted */
+    snprintf(extra, sizeof extra, "%s --optimizer-moments fp32 --resume '%s/ck0'", base, dir);
+    expect_runtime_error(NULL, extra, "its run had --optimizer-moments bf16, this one has "
+                         "--optimizer-moments fp32: resume with the options of the run that "
+                         "wrote it");
+    snprintf(extra, sizeof extra, "%s --accumulate 2 --resume '%s/ck0'", runs[0], dir);
+    expect_runtime_error(NULL, extra, "its run had --accumulate 1, this one has --accumulate 2");
+    st_test_rmdir(dir);
+}
+
+/* The library compares the state's layout itself (a program that gives
+ * no options, st_train_config.options): another layout is refused in one
+ * line, the same one resumes. */
+Test(resume, the_library_refuses_another_state_layout, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_synthetic_config sc = st_synthetic_defaults(3);
+    sc.train_count = 320;
+    sc.test_count = 64;
+    sc.dim = 16;
+    sc.n_classes = 4;
+    st_dataset train, test;
+    cr_assert_eq(st_synthetic_make(&sc, &train, &test), ST_OK);
+    st_train_config c = st_train_config_default();
+    c.model.kind = st_model_kind_named("mlp");
+    c.model.depth = 1;
+    c.model.width = 16;
+    c.model.in_dim = 16;
+    c.model.n_classes = 4;
+    c.batch = 32;
+    c.steps = 10;
+    c.epochs = 0;
+    c.optim.moments = ST_MOMENTS_BF16;
+    c.checkpoint.dir = dir;
+    c.checkpoint.every = 5;
+    cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_OK, "%s", st_last_error());
+    snprintf(path, sizeof path, "%s/step-00000005.safetensors", dir);
+    st_safetensors f;
+    cr_assert_eq(st_safetensors_read(path, &f), ST_OK, "%s", st_last_error());
+    c.checkpoint.dir = NULL;
+    c.resume = &f;
+    c.resume_name = "step-5";
+    static const struct { st_moments m; const char *needle; } other[] = {
+        { ST_MOMENTS_FP32, "step-5: its run kept the optimizer moments in bf16, this one in fp32" },
+        { ST_MOMENTS_BF16_SR, "its run kept the optimizer moments in bf16, this one in bf16-sr" },
+    };
+    for (size_t i = 0; i < 2; i++) {
+        c.optim.moments = other[i].m;
+        cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_ERR_INVALID);
+        cr_assert(strstr(st_last_error(), other[i].needle), "%s", st_last_error());
+    }
+    c.optim.moments = ST_MOMENTS_BF16;
+    cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_OK, "%s", st_last_error());
+    st_safetensors_free(&f);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
     st_test_rmdir(dir);
 }

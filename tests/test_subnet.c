@@ -14,6 +14,8 @@
 #include <subtrain/rng.h>
 #include <subtrain/subnet.h>
 
+#include "core/arena_impl.h"
+
 static void check_assignment(const st_assignment *a)
 {
     int lo = a->n_units, hi = 0;

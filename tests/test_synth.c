@@ -16,6 +16,7 @@
 #include "gradcheck.h"
 
 #include <subtrain/subtrain.h>
+#include "core/arena_impl.h"
 #include "nn/layers/mse.h"
 #include "nn/segment.h"
 #include "testutil.h"
@@ -354,6 +355,21 @@ Test(segment, last_segment_gradient_matches_finite_differences)
  * from its layers, and that count is the planner's formula (which needs
  * no segment built); its parameters are the full model's, from the right
  * place. */
+/* A segment is a run of an mlp's layers: another model is refused. */
+Test(segment, only_an_mlp_is_cut)
+{
+    st_model_config m = mlp(3, 8, 6, 4);
+    m.kind = st_model_kind_named("resmlp");
+    st_segment_config sc = { m, 1, 2 };
+    st_arena arena;
+    st_arena_init(&arena, "segment", NULL, 0);
+    st_segnet *s = NULL;
+    cr_assert_eq(st_segnet_create(&sc, 4, &arena, &s), ST_ERR_INVALID);
+    cr_assert_null(s);
+    cr_assert_str_eq(st_last_error(), "segments are cut from an mlp, not a resmlp");
+    st_arena_release(&arena);
+}
+
 Test(segment, is_a_run_of_the_model_layer_table)
 {
     st_arena a;

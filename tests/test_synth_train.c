@@ -194,8 +194,14 @@ Test(train, bad_configurations_are_refused)
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
     cr_assert(strstr(st_last_error(), "--segments"), "%s", st_last_error());
     c = synth_config(2, 2, 1);
-    c.model.kind = ST_MODEL_RESMLP;
+    c.model.kind = st_model_kind_named("resmlp");
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "synth cuts an mlp into segments; --model resmlp is not"),
+              "%s", st_last_error());
+    c.model.kind = st_model_kind_named("resnet18");
+    cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "--model resnet18 does not train with --strategy synth (its "
+                     "segments would cut batch-normalised"), "%s", st_last_error());
     c = synth_config(2, 3, 1);
     c.synth.cuts[0] = 2;
     c.synth.cuts[1] = 2;

@@ -16,6 +16,8 @@
 
 #include <subtrain/arena.h>
 
+#include "topo/numa_impl.h"
+
 /* ------------------------------------------------------------ binding env */
 
 Test(topology, binding_env_warning_names_the_variables)
@@ -124,12 +126,16 @@ static void run_worker(const st_topology *t, const st_plan *p, int w, worker_res
                     hwloc_bitmap_isequal(got, want_set);
     r->cpu = sched_getcpu();
 
-    st_numa_ctx ctx;
-    st_chunk_backend be = st_numa_backend(&ctx, t, pl->numa_os);
-    st_arena arena;
-    st_arena_init(&arena, "test worker", &be, ARENA_BYTES);
+    st_numa_ctx *ctx = NULL;
+    st_arena *arena = NULL;
     float *x = NULL;
-    r->alloc = st_arena_alloc_floats(&arena, ST_MEM_WEIGHTS, ARENA_BYTES / 8, &x);
+    r->alloc = st_numa_ctx_create(t, pl->numa_os, &ctx);
+    if (r->alloc == ST_OK) {
+        const st_chunk_backend be = st_numa_backend(ctx);
+        r->alloc = st_arena_create("test worker", &be, ARENA_BYTES, &arena);
+    }
+    if (r->alloc == ST_OK)
+        r->alloc = st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, ARENA_BYTES / 8, &x);
     if (r->alloc == ST_OK) {
         for (size_t i = 0; i < ARENA_BYTES / 8; i++)
             x[i] = (float)i;
@@ -148,9 +154,10 @@ static void run_worker(const st_topology *t, const st_plan *p, int w, worker_res
         }
         hwloc_bitmap_free(nodes);
     }
-    r->warned = ctx.warned;
-    snprintf(r->warning, sizeof r->warning, "%s", ctx.warning);
-    st_arena_release(&arena);
+    r->warned = ctx && st_numa_warning(ctx);
+    snprintf(r->warning, sizeof r->warning, "%s", r->warned ? st_numa_warning(ctx) : "");
+    st_arena_destroy(arena);
+    st_numa_ctx_destroy(ctx);
     hwloc_bitmap_free(got);
     hwloc_bitmap_free(want_set);
 }
@@ -286,20 +293,23 @@ Test(bind, openmp_binding_variables_do_not_narrow_the_plan)
 Test(bind, numa_backend_allocates_on_a_described_topology)
 {
     st_topology *t = load("synthetic:pack:2 numa:1 core:2 pu:1");
-    st_numa_ctx ctx;
-    st_chunk_backend be = st_numa_backend(&ctx, t, 1);
-    cr_assert_eq(ctx.topology, t);
-    cr_assert_eq(ctx.numa_os, 1);
-    st_arena arena;
-    st_arena_init(&arena, "described", &be, 1 << 16);
+    st_numa_ctx *ctx = NULL;
+    cr_assert_eq(st_numa_ctx_create(t, 1, &ctx), ST_OK);
+    cr_assert_eq(ctx->topology, t);
+    cr_assert_eq(ctx->numa_os, 1);
+    const st_chunk_backend be = st_numa_backend(ctx);
+    st_arena *arena = NULL;
+    cr_assert_eq(st_arena_create("described", &be, 1 << 16, &arena), ST_OK);
     for (int i = 0; i < 5; i++) {
         void *x = NULL;
-        cr_assert_eq(st_arena_alloc(&arena, ST_MEM_GRADIENTS, 100000, &x), ST_OK);
+        cr_assert_eq(st_arena_alloc(arena, ST_MEM_GRADIENTS, 100000, &x), ST_OK);
         memset(x, i, 100000);
     }
-    cr_assert_geq(arena.stats.reserved, 5 * 100000);
-    cr_assert_eq(ctx.warned, 0);
-    cr_assert_str_empty(ctx.warning);
-    st_arena_release(&arena);
+    cr_assert_geq(st_arena_stats(arena).reserved, 5 * 100000);
+    cr_assert_null(st_numa_warning(ctx));
+    cr_assert_eq(ctx->warned, 0);
+    cr_assert_str_empty(ctx->warning);
+    st_arena_destroy(arena);
+    st_numa_ctx_destroy(ctx);
     st_topology_destroy(t);
 }

@@ -31,14 +31,21 @@ static void assert_learns(st_model_kind kind)
     st_dataset_free(&test);
 }
 
-Test(train, mlp_learns_the_synthetic_task, .timeout = 120) { assert_learns(ST_MODEL_MLP); }
-Test(train, resmlp_learns_the_synthetic_task, .timeout = 120) { assert_learns(ST_MODEL_RESMLP); }
+Test(train, mlp_learns_the_synthetic_task, .timeout = 120)
+{
+    assert_learns(st_model_kind_named("mlp"));
+}
+
+Test(train, resmlp_learns_the_synthetic_task, .timeout = 120)
+{
+    assert_learns(st_model_kind_named("resmlp"));
+}
 
 Test(train, same_seed_gives_bitwise_identical_runs, .timeout = 120)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_RESMLP);
+    st_train_config c = small_config(st_model_kind_named("resmlp"));
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *d = calloc(1, sizeof *d);
     st_epoch_record fa = train_recorded(&c, &train, &test, a);
     st_epoch_record fb = train_recorded(&c, &train, &test, b);
@@ -62,7 +69,7 @@ Test(train, steps_option_runs_exactly_that_many_steps)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_MLP);
+    st_train_config c = small_config(st_model_kind_named("mlp"));
     c.steps = 300; /* 256 steps per epoch: one full epoch and a partial one */
     recorder *r = calloc(1, sizeof *r);
     st_epoch_record final = train_recorded(&c, &train, &test, r);
@@ -82,7 +89,7 @@ Test(train, records_carry_memory_and_throughput)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_RESMLP);
+    st_train_config c = small_config(st_model_kind_named("resmlp"));
     c.epochs = 1;
     recorder *r = calloc(1, sizeof *r);
     st_epoch_record final = train_recorded(&c, &train, &test, r);
@@ -109,30 +116,30 @@ Test(train, bad_configurations_are_refused)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_MLP);
+    st_train_config c = small_config(st_model_kind_named("mlp"));
     c.batch = 9000;
     cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_ERR_INVALID);
     cr_assert(strstr(st_last_error(), "larger than the training set"), "%s", st_last_error());
-    c = small_config(ST_MODEL_MLP);
+    c = small_config(st_model_kind_named("mlp"));
     c.model.in_dim = 33;
     cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_ERR_INVALID);
     cr_assert(strstr(st_last_error(), "inputs"), "%s", st_last_error());
-    c = small_config(ST_MODEL_MLP);
+    c = small_config(st_model_kind_named("mlp"));
     c.model.n_classes = 5;
     cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_ERR_INVALID);
-    c = small_config(ST_MODEL_MLP);
+    c = small_config(st_model_kind_named("mlp"));
     c.steps = 10;
     c.warmup_steps = 10;
     cr_assert_eq(st_train_run(&c, &train, &test, NULL, NULL), ST_ERR_INVALID);
     cr_assert(strstr(st_last_error(), "warmup"), "%s", st_last_error());
     /* the options a checkpoint records: unique keys, each with a value */
-    const st_st_meta twice[2] = { { "lr", "0.001" }, { "lr", "0.01" } };
-    c = small_config(ST_MODEL_MLP);
+    const st_safetensors_meta_entry twice[2] = { { "lr", "0.001" }, { "lr", "0.01" } };
+    c = small_config(st_model_kind_named("mlp"));
     c.options = twice;
     c.n_options = 2;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
     cr_assert(strstr(st_last_error(), "'lr' given twice"), "%s", st_last_error());
-    const st_st_meta no_value[1] = { { "lr", NULL } };
+    const st_safetensors_meta_entry no_value[1] = { { "lr", NULL } };
     c.options = no_value;
     c.n_options = 1;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
@@ -253,7 +260,7 @@ Test(train, a_diverging_run_stops_with_a_numerical_error)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_MLP);
+    st_train_config c = small_config(st_model_kind_named("mlp"));
     c.optim.kind = ST_OPT_SGD;
     c.optim.lr = 100.0f;
     c.schedule = ST_SCHED_CONSTANT;
@@ -364,7 +371,7 @@ Test(train, splits_of_two_shapes_are_described)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_MLP);
+    st_train_config c = small_config(st_model_kind_named("mlp"));
     test.dim = 28;   /* as if its samples were 1x4x7 */
     test.channels = 1;
     test.height = 4;

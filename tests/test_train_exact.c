@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 
 #include <subtrain/subtrain.h>
+#include "core/arena_impl.h"
 #include "train_check.h"
 
 /* ------------------------------------------------------------ exact mechanisms */
@@ -164,7 +165,7 @@ Test(scale, ist_mlp_training_scales_what_reads_a_part_by_n, .timeout = 120)
     st_dataset train, test;
     make_data(5, &train, &test);
     st_train_config c = ist_config(2, 10, 20);
-    c.model.kind = ST_MODEL_MLP;
+    c.model.kind = st_model_kind_named("mlp");
     c.model.depth = 2;
     c.neuron_group = 4;
     const int N = c.workers, L = c.model.depth, G = c.model.width / c.neuron_group;

@@ -34,7 +34,7 @@ Test(train, a_training_step_makes_no_heap_allocation)
     HEAPWATCH_SKIP_IF_OFF();
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = small_config(ST_MODEL_RESMLP);
+    st_train_config c = small_config(st_model_kind_named("resmlp"));
     st_schedule sched = { ST_SCHED_WARMUP_COSINE, 1e-3f, 5, 100 };
     long own = -1, in_onednn = -1, execs = 0;
     st_status s = ST_OK;
@@ -140,12 +140,12 @@ Test(dp, a_data_parallel_step_makes_no_heap_allocation, .timeout = 60)
 Test(sdp_neuron, a_step_makes_no_heap_allocation, .timeout = 60)
 {
     HEAPWATCH_SKIP_IF_OFF();
-    st_train_config c = neuron_sdp_config(ST_MODEL_RESMLP, 2, 0.5, 40);
+    st_train_config c = neuron_sdp_config(st_model_kind_named("resmlp"), 2, 0.5, 40);
     c.batch = 32;
     assert_steps_make_no_heap_call(&c, "sdp neuron forward (resmlp)");
     c.sdp.masking = ST_MASKING_BACKWARD;
     assert_steps_make_no_heap_call(&c, "sdp neuron backward (resmlp)");
-    c = neuron_sdp_config(ST_MODEL_MLP, 2, 0.5, 40);
+    c = neuron_sdp_config(st_model_kind_named("mlp"), 2, 0.5, 40);
     c.batch = 32;
     assert_steps_make_no_heap_call(&c, "sdp neuron forward (mlp, unheld weights)");
 }

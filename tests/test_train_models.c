@@ -22,7 +22,7 @@
 static st_train_config resnet_train_config(int workers)
 {
     st_train_config c = st_train_config_default();
-    c.model.kind = ST_MODEL_RESNET;
+    c.model.kind = st_model_kind_named("resnet");
     c.model.depth = 1;
     c.model.width = 4;
     c.model.activation = ST_ACT_RELU;

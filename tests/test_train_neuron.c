@@ -36,7 +36,7 @@ Test(bf16_train, gathered_weight_copies_change_nothing, .timeout = 180)
     cfg[1].sdp.resample = 3;
     cfg[2] = sdp_config(4, 0.5, 12);
     cfg[2].sdp.masking = ST_MASKING_BACKWARD;
-    cfg[3] = neuron_sdp_config(ST_MODEL_MLP, 4, 0.5, 12);
+    cfg[3] = neuron_sdp_config(st_model_kind_named("mlp"), 4, 0.5, 12);
     const char *what[] = { "dp", "sdp, redrawn", "sdp, backward masking", "sdp neurons, mlp" };
     for (int k = 0; k < 4; k++) {
         st_train_config a = cfg[k], b;
@@ -67,17 +67,17 @@ static void assert_neuron_full_coverage_is_dp(st_model_kind kind, st_masking mas
 
 Test(sdp_neuron, forward_full_coverage_is_bitwise_dp_resmlp, .timeout = 120)
 {
-    assert_neuron_full_coverage_is_dp(ST_MODEL_RESMLP, ST_MASKING_FORWARD);
+    assert_neuron_full_coverage_is_dp(st_model_kind_named("resmlp"), ST_MASKING_FORWARD);
 }
 
 Test(sdp_neuron, forward_full_coverage_is_bitwise_dp_mlp, .timeout = 120)
 {
-    assert_neuron_full_coverage_is_dp(ST_MODEL_MLP, ST_MASKING_FORWARD);
+    assert_neuron_full_coverage_is_dp(st_model_kind_named("mlp"), ST_MASKING_FORWARD);
 }
 
 Test(sdp_neuron, backward_full_coverage_is_bitwise_dp_resmlp, .timeout = 120)
 {
-    assert_neuron_full_coverage_is_dp(ST_MODEL_RESMLP, ST_MASKING_BACKWARD);
+    assert_neuron_full_coverage_is_dp(st_model_kind_named("resmlp"), ST_MASKING_BACKWARD);
 }
 
 /* Half coverage over 4 workers: every group held by 2; the run learns
@@ -89,7 +89,7 @@ Test(sdp_neuron, half_coverage_learns_with_less_memory, .timeout = 120)
     st_dataset train, test;
     make_data(11, &train, &test);
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *d = calloc(1, sizeof *d);
-    st_train_config cs = neuron_sdp_config(ST_MODEL_RESMLP, 4, 0.5, 512), cd = cs;
+    st_train_config cs = neuron_sdp_config(st_model_kind_named("resmlp"), 4, 0.5, 512), cd = cs;
     cd.strategy = ST_STRATEGY_DP;
     cd.weights = ST_WEIGHTS_PRIVATE;
     cs.sdp.resample = 100;
@@ -143,9 +143,9 @@ Test(sdp_neuron, every_parameter_is_trained, .timeout = 120)
 {
     st_train_config c = sdp_config(4, 0.5, 60);
     assert_every_parameter_trained(&c, "sdp block forward C=0.5");
-    c = neuron_sdp_config(ST_MODEL_RESMLP, 4, 0.5, 60);
+    c = neuron_sdp_config(st_model_kind_named("resmlp"), 4, 0.5, 60);
     assert_every_parameter_trained(&c, "sdp neuron forward C=0.5 (resmlp)");
-    c = neuron_sdp_config(ST_MODEL_MLP, 4, 0.5, 60);
+    c = neuron_sdp_config(st_model_kind_named("mlp"), 4, 0.5, 60);
     assert_every_parameter_trained(&c, "sdp neuron forward C=0.5 (mlp)");
     c.sdp.masking = ST_MASKING_BACKWARD;
     assert_every_parameter_trained(&c, "sdp neuron backward C=0.5 (mlp)");
@@ -157,7 +157,7 @@ Test(sdp_neuron, too_few_groups_for_the_workers_is_refused)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = neuron_sdp_config(ST_MODEL_RESMLP, 4, 0.25, 10);
+    st_train_config c = neuron_sdp_config(st_model_kind_named("resmlp"), 4, 0.25, 10);
     c.neuron_group = 1024;   /* one group per layer, one holder: 3 workers without */
     st_epoch_record f;
     cr_assert_eq(st_train_run(&c, &train, &test, NULL, &f), ST_ERR_INVALID);
@@ -171,7 +171,7 @@ Test(sdp_neuron, too_few_groups_for_the_workers_is_refused)
 Test(ist_neuron, one_worker_mlp_is_bitwise_sgd, .timeout = 120)
 {
     st_train_config ci = ist_config(1, 7, 300), cs = ci;
-    ci.model.kind = cs.model.kind = ST_MODEL_MLP;
+    ci.model.kind = cs.model.kind = st_model_kind_named("mlp");
     ci.model.depth = cs.model.depth = 2;
     ci.neuron_group = cs.neuron_group = 4;
     ci.optim.kind = cs.optim.kind = ST_OPT_SGD;
@@ -188,7 +188,7 @@ Test(ist_neuron, one_worker_mlp_is_bitwise_sgd, .timeout = 120)
 Test(ist_neuron, kept_state_with_one_worker_is_bitwise_momentum_sgd, .timeout = 120)
 {
     st_train_config ci = ist_config(1, 7, 200), cs = ci;
-    ci.model.kind = cs.model.kind = ST_MODEL_MLP;
+    ci.model.kind = cs.model.kind = st_model_kind_named("mlp");
     ci.model.depth = cs.model.depth = 2;
     ci.neuron_group = cs.neuron_group = 4;
     ci.optim.kind = cs.optim.kind = ST_OPT_SGD;
@@ -226,7 +226,7 @@ Test(ist_neuron, two_workers_mlp_learn_reproducibly, .timeout = 120)
     make_data(11, &train, &test);
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
     st_train_config ci = ist_config(2, 10, 768);
-    ci.model.kind = ST_MODEL_MLP;
+    ci.model.kind = st_model_kind_named("mlp");
     ci.model.depth = 2;
     ci.neuron_group = 4;
     st_epoch_record fa = train_recorded(&ci, &train, &test, a);

@@ -74,7 +74,7 @@ Test(sdp, unimplemented_variants_and_bad_coverage_are_refused)
     c.sdp.coverage = 0.0;
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
     c = sdp_config(2, 0.5, 10);
-    c.model.kind = ST_MODEL_MLP;
+    c.model.kind = st_model_kind_named("mlp");
     cr_assert_eq(st_train_config_check(&c), ST_ERR_INVALID);
 }
 

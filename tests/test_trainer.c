@@ -35,7 +35,7 @@ static st_train_config config(st_strategy strategy, int workers, uint64_t steps)
 {
     st_train_config c = st_train_config_default();
     c.strategy = strategy;
-    c.model.kind = ST_MODEL_RESMLP;
+    c.model.kind = st_model_kind_named("resmlp");
     c.model.depth = 2;
     c.model.width = 64;
     c.model.in_dim = 32;
@@ -226,7 +226,7 @@ Test(trainer, localsgd_averages_where_st_train_run_averages, .timeout = 120)
 Test(trainer, resnet_sdp_is_st_train_run, .timeout = 180)
 {
     st_train_config c = config(ST_STRATEGY_SDP, 4, 20);
-    c.model.kind = ST_MODEL_RESNET;
+    c.model.kind = st_model_kind_named("resnet");
     c.model.depth = 2;
     c.model.width = 8;
     c.model.activation = ST_ACT_RELU;
@@ -359,7 +359,7 @@ Test(trainer, bad_configurations_and_calls_are_refused_with_a_message, .timeout 
                    "a global batch larger than the data");
 
     c = config(ST_STRATEGY_SYNTH, 2, 0);
-    c.model.kind = ST_MODEL_MLP;
+    c.model.kind = st_model_kind_named("mlp");
     c.model.depth = 3;
     c.epochs = 1;
     assert_refused(st_trainer_create(&c, &train, &test, &t), "synth", "synth");
@@ -387,7 +387,7 @@ Test(trainer, a_failed_step_stops_the_trainer, .timeout = 120)
     st_dataset train, test;
     make_data(5, &train, &test);
     st_train_config c = config(ST_STRATEGY_DP, 2, 100);
-    c.model.kind = ST_MODEL_MLP;
+    c.model.kind = st_model_kind_named("mlp");
     c.optim.kind = ST_OPT_SGD;
     c.optim.lr = 100.0f;
     c.schedule = ST_SCHED_CONSTANT;
@@ -480,4 +480,21 @@ Test(trainer_heap, an_sdp_step_makes_no_heap_call, .timeout = 120)
     c.model.depth = 4;
     c.sdp.coverage = 0.5;
     assert_steps_make_no_heap_call(&c, "sdp block forward C=0.5, 2 workers");
+}
+
+/* --accumulate: the micro-batches' sum lives in the arena, made with the
+ * model; the steps add into it and call nothing else (a bf16 optimizer
+ * state neither). */
+Test(trainer_heap, an_accumulating_step_makes_no_heap_call, .timeout = 120)
+{
+    HEAPWATCH_SKIP_IF_OFF();
+    st_train_config c = config(ST_STRATEGY_DP, 1, 40);
+    c.batch = 8;
+    c.accumulate = 3;
+    c.optim.moments = ST_MOMENTS_BF16_SR;
+    assert_steps_make_no_heap_call(&c, "dp, 1 worker, 3 micro-batches, bf16-sr moments");
+    c = config(ST_STRATEGY_DP, 2, 40);
+    c.batch = 8;
+    c.accumulate = 2;
+    assert_steps_make_no_heap_call(&c, "dp, 2 workers, 2 micro-batches");
 }

@@ -50,7 +50,7 @@ static char g_pu[32];
 static st_train_config dp_config(int workers, int batch, uint64_t steps)
 {
     st_train_config c = st_train_config_default();
-    c.model.kind = ST_MODEL_RESMLP;
+    c.model.kind = st_model_kind_named("resmlp");
     c.model.depth = 2;
     c.model.width = 64;
     c.model.in_dim = 32;
@@ -167,7 +167,7 @@ Test(shared_weights, dp_is_bitwise_a_replica_per_worker, .timeout = 120)
     st_train_config c = dp_config(3, 16, 30);
     c.optim.kind = ST_OPT_SGD;
     c.optim.lr = 0.05f;
-    c.model.kind = ST_MODEL_MLP;
+    c.model.kind = st_model_kind_named("mlp");
     assert_shared_is_replicas("dp, 3 workers, mlp, sgd", c, &s, &p, NULL, NULL);
 }
 
@@ -211,7 +211,7 @@ Test(shared_weights, synth_recovery_is_bitwise_replicas, .timeout = 120)
 {
     st_train_config c = dp_config(2, 32, 0);
     c.strategy = ST_STRATEGY_SYNTH;
-    c.model.kind = ST_MODEL_MLP;
+    c.model.kind = st_model_kind_named("mlp");
     c.model.depth = 3;
     c.steps = 0;
     c.epochs = 1;
@@ -268,6 +268,14 @@ Test(shared_weights, records_count_the_bytes_and_the_share, .timeout = 120)
     /* dp reduces during the backward (st_comm_reduce_ready), either way */
     cr_assert_gt(s.step_ms_overlapped, 0.0, "no reduction during the backward");
     cr_assert_gt(p.step_ms_overlapped, 0.0, "no reduction during the backward (replicas)");
+    /* and updates there what it reduced: the step's update still counts
+     * its whole shard (AdamW, fp32: 28 bytes a parameter), whatever part
+     * of it ran during the backward */
+    const double upd = 28.0 * (double)shard_len(P, N, 0);
+    cr_assert_eq(s.optimizer_bytes_per_worker_step, upd, "the update moved %.0f bytes a step, "
+                 "its shard makes %.0f", s.optimizer_bytes_per_worker_step, upd);
+    cr_assert_eq(p.optimizer_bytes_per_worker_step, upd, "replicas: %.0f, want %.0f",
+                 p.optimizer_bytes_per_worker_step, upd);
     cr_assert_eq(p.comm_bytes_per_worker_step, busy_p, "replicas: %.0f bytes a step, want %.0f",
                  p.comm_bytes_per_worker_step, busy_p);
 }

@@ -53,7 +53,7 @@ static inline st_train_config small_config(st_model_kind kind)
 
 static inline st_train_config dp_config(int workers, int batch, uint64_t steps)
 {
-    st_train_config c = small_config(ST_MODEL_RESMLP);
+    st_train_config c = small_config(st_model_kind_named("resmlp"));
     c.workers = workers;
     c.batch = batch;
     c.steps = steps;
@@ -177,8 +177,8 @@ static inline st_text gpt_text(size_t n)
 static inline st_train_config gpt_train_config(int workers, uint64_t steps)
 {
     st_train_config c = st_train_config_default();
-    c.model = (st_model_config){ .kind = ST_MODEL_GPT, .depth = 2, .width = 32, .heads = 2,
-                                 .context = 16, .in_dim = 16, .n_classes = 256,
+    c.model = (st_model_config){ .kind = st_model_kind_named("gpt"), .depth = 2, .width = 32,
+                                 .heads = 2, .context = 16, .in_dim = 16, .n_classes = 256,
                                  .activation = ST_ACT_GELU };
     c.workers = workers;
     c.batch = 8;

@@ -56,15 +56,7 @@ typedef struct st_chunk_backend {
 } st_chunk_backend;
 
 typedef struct st_arena_chunk st_arena_chunk;
-
-typedef struct st_arena {
-    char owner[32];            /* e.g. "worker 3": used in error messages */
-    st_chunk_backend backend;
-    size_t chunk_bytes;        /* default size of a new chunk */
-    st_arena_chunk *head;      /* most recent chunk first */
-    st_arena_chunk *spare;     /* chunks a rewind emptied, kept for reuse */
-    st_mem_stats stats;
-} st_arena;
+typedef struct st_arena st_arena;
 
 /* A point to rewind to: everything allocated after it is given back. */
 typedef struct st_arena_mark {
@@ -73,9 +65,15 @@ typedef struct st_arena_mark {
     size_t current[ST_MEM_KIND_COUNT];
 } st_arena_mark;
 
-/* backend may be NULL (C library allocator); chunk_bytes 0 means 4 MiB. */
-void st_arena_init(st_arena *arena, const char *owner,
-                   const st_chunk_backend *backend, size_t chunk_bytes);
+/* A new arena, empty; owner names it in error messages ("worker 3").
+ * backend may be NULL (C library allocator); chunk_bytes 0 means 4 MiB. */
+st_status st_arena_create(const char *owner, const st_chunk_backend *backend,
+                          size_t chunk_bytes, st_arena **out);
+/* Gives every chunk back and frees the arena; NULL does nothing. */
+void st_arena_destroy(st_arena *arena);
+
+/* Its bytes: handed out now and at most, per kind, and reserved. */
+st_mem_stats st_arena_stats(const st_arena *arena);
 
 /* A 64-byte aligned block of `bytes`, counted under `kind`.  The content is
  * zero-filled by the calling thread (first touch). */

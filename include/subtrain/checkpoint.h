@@ -27,50 +27,51 @@
 extern "C" {
 #endif
 
-typedef enum st_dtype { ST_DTYPE_F32, ST_DTYPE_U8, ST_DTYPE_U64 } st_dtype;
+/* BF16: the upper halves of F32 values (an optimizer's bf16 state). */
+typedef enum st_dtype { ST_DTYPE_F32, ST_DTYPE_U8, ST_DTYPE_U64, ST_DTYPE_BF16 } st_dtype;
 
-#define ST_ST_MAX_NAME 128
-#define ST_ST_MAX_DIMS 4
+#define ST_SAFETENSORS_MAX_NAME 128
+#define ST_SAFETENSORS_MAX_DIMS 4
 /* Largest header accepted (the format's readers use 100 MB). */
-#define ST_ST_MAX_HEADER ((uint64_t)100 << 20)
+#define ST_SAFETENSORS_MAX_HEADER ((uint64_t)100 << 20)
 
-typedef struct st_st_tensor {
-    char name[ST_ST_MAX_NAME];
+typedef struct st_safetensors_tensor {
+    char name[ST_SAFETENSORS_MAX_NAME];
     st_dtype dtype;
-    int ndims;                       /* 0..ST_ST_MAX_DIMS (0: a scalar) */
-    int64_t shape[ST_ST_MAX_DIMS];
+    int ndims;                       /* 0..ST_SAFETENSORS_MAX_DIMS (0: a scalar) */
+    int64_t shape[ST_SAFETENSORS_MAX_DIMS];
     const void *data;                /* writing: the caller's; reading: in the file's buffer */
     size_t bytes;                    /* reading: elements x dtype size (writing: computed) */
-} st_st_tensor;
+} st_safetensors_tensor;
 
-typedef struct st_st_meta {
+typedef struct st_safetensors_meta_entry {
     const char *key, *value;
-} st_st_meta;
+} st_safetensors_meta_entry;
 
 /* Writes tensors[0..n) in that order and the metadata to `path`,
  * atomically (see above).  Names must be unique and non-empty, shapes
  * non-negative. */
-st_status st_safetensors_write(const char *path, const st_st_tensor *tensors, int n,
-                               const st_st_meta *meta, int n_meta);
+st_status st_safetensors_write(const char *path, const st_safetensors_tensor *tensors, int n,
+                               const st_safetensors_meta_entry *meta, int n_meta);
 
 /* A file read whole and checked: a regular file (a FIFO or a device is
  * refused before anything is read), the header's length and JSON, every
  * entry's dtype, shape and offsets (within the data, covering it with no
- * hole or overlap, matching the shape), unique names, and every F32 value
- * finite (no NaN, no infinity).  A failure names the file and what is
+ * hole or overlap, matching the shape), unique names, and every F32 and
+ * BF16 value finite (no NaN, no infinity).  A failure names the file and what is
  * wrong (the tensor, for a value), in one line. */
 typedef struct st_safetensors {
-    uint8_t *buf;                /* the whole file */
+    uint8_t *buf;                      /* the whole file */
     size_t size;
-    st_st_tensor *tensors;       /* in the header's order */
+    st_safetensors_tensor *tensors;    /* in the header's order */
     int n;
-    st_st_meta *meta;            /* keys and values point into meta_text */
+    st_safetensors_meta_entry *meta;   /* keys and values point into meta_text */
     int n_meta;
     char *meta_text;
 } st_safetensors;
 
 st_status st_safetensors_read(const char *path, st_safetensors *out);
-const st_st_tensor *st_safetensors_find(const st_safetensors *f, const char *name);
+const st_safetensors_tensor *st_safetensors_find(const st_safetensors *f, const char *name);
 /* NULL when the key is absent. */
 const char *st_safetensors_meta(const st_safetensors *f, const char *key);
 void st_safetensors_free(st_safetensors *f);
@@ -83,12 +84,13 @@ void st_safetensors_free(st_safetensors *f);
  * (in, out) are listed in the metadata key "subtrain.in_major"), plus
  * the caller's metadata and "subtrain.version", "subtrain.model". */
 st_status st_checkpoint_write_weights(const char *path, const st_model_config *cfg,
-                                      const float *params, const st_st_meta *meta, int n_meta);
+                                      const float *params, const st_safetensors_meta_entry *meta,
+                                      int n_meta);
 /* The same with more tensors after the weights: a training state's, named
  * under ST_CHECKPOINT_STATE_PREFIX (which weight readers skip). */
 st_status st_checkpoint_write(const char *path, const st_model_config *cfg, const float *params,
-                              const st_st_tensor *extra, int n_extra, const st_st_meta *meta,
-                              int n_meta);
+                              const st_safetensors_tensor *extra, int n_extra,
+                              const st_safetensors_meta_entry *meta, int n_meta);
 #define ST_CHECKPOINT_STATE_PREFIX "train."
 
 /* Reads a weights file into the full model's flat vector of cfg

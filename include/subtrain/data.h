@@ -200,6 +200,75 @@ void st_epoch_order(uint64_t seed, uint64_t epoch, uint32_t *order, uint32_t n);
 void st_dataset_gather(const st_dataset *d, const uint32_t *idx, size_t n,
                        float *x_out, int32_t *y_out);
 
+/* ----------------------------------------------------------------- splits */
+
+/* How a training set is dealt to the data-parallel workers of a run
+ * (doc/noniid.md).  IID: not at all: every worker reads its batches from
+ * one shuffle of the whole set an epoch (st_epoch_order).  The others give
+ * every worker a split of its own, from the labels: CLASSES, K classes per
+ * worker, worker g holding classes (g K + j) mod C for j < K and each
+ * class's samples dealt evenly among its holders; DIRICHLET, each class's
+ * samples dealt to the workers in proportions drawn from Dirichlet(ALPHA)
+ * (small ALPHA: a strong skew; large: near iid).  Text data has no
+ * classes and takes IID only; test sets stay whole. */
+typedef enum st_split_kind {
+    ST_SPLIT_IID, ST_SPLIT_CLASSES, ST_SPLIT_DIRICHLET
+} st_split_kind;
+
+#define ST_SPLIT_MAX_CLASSES 256   /* byte labels */
+
+typedef struct st_split_config {
+    st_split_kind kind;
+    uint32_t classes;   /* CLASSES: K per worker, in [1, ST_SPLIT_MAX_CLASSES] */
+    double alpha;       /* DIRICHLET: > 0 and finite */
+} st_split_config;
+
+/* "iid", "classes:K" or "dirichlet:ALPHA" (ALPHA decimal, as 0.1 or 1e-2)
+ * into *out; refused with the line "--split TEXT: why", TEXT's first 64
+ * bytes. */
+st_status st_split_parse(const char *text, st_split_config *out);
+/* The text st_split_parse reads back as c ("dirichlet:0.1"), at most n
+ * bytes like snprintf. */
+void st_split_name(const st_split_config *c, char *out, size_t n);
+/* c's values in range, no data needed. */
+st_status st_split_config_check(const st_split_config *c);
+
+/* A training set dealt to workers: each sample in one worker's split. */
+typedef struct st_split st_split;
+
+/* The split of c of `train` over `workers` workers, a pure function of
+ * (c, the labels, workers, seed, batch); *out NULL for IID (no split).
+ * The samples of each class are shuffled (seeded) before they are dealt.
+ * Every worker holds at least one batch of samples: a Dirichlet draw that
+ * leaves one with fewer is drawn again (the next draw of the seed's
+ * stream, up to 100 draws).  Refused (ST_ERR_INVALID, a line naming
+ * --split): text data; CLASSES with K above the data's classes or with
+ * workers x K below them (classes no worker holds); a worker left with
+ * fewer samples than a batch. */
+st_status st_split_make(const st_split_config *c, const st_dataset *train, int workers,
+                        uint64_t seed, uint32_t batch, st_split **out);
+void st_split_destroy(st_split *s);
+
+int st_split_workers(const st_split *s);
+uint32_t st_split_classes(const st_split *s);
+/* Worker g's samples (training set indices), *count of them. */
+const uint32_t *st_split_samples(const st_split *s, int g, uint32_t *count);
+/* The class histogram: worker g holds h[g x classes + c] samples of class
+ * c. */
+const uint32_t *st_split_histogram(const st_split *s);
+/* The most samples a worker holds: the scratch st_split_epoch_order needs. */
+uint32_t st_split_largest(const st_split *s);
+
+/* The order of one epoch over the whole training set, order[0..count),
+ * in which batch i of worker g, positions (i x workers + g) x batch ..
+ * + batch, holds the next samples of worker g's stream: its split
+ * shuffled from (seed, epoch, g), reshuffled for each further pass when
+ * the epoch needs more than the split holds.  Every position belongs to
+ * a worker, the last partial ones included.  scratch holds
+ * st_split_largest(s) entries.  Allocates nothing. */
+void st_split_epoch_order(const st_split *s, uint64_t seed, uint64_t epoch, uint32_t batch,
+                          uint32_t *scratch, uint32_t *order);
+
 /* ----------------------------------------------------------- augmentation */
 
 /* The training gather: st_dataset_gather, with d->augment applied to every

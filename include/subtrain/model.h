@@ -46,13 +46,11 @@
 extern "C" {
 #endif
 
-typedef enum st_model_kind {
-    ST_MODEL_MLP, ST_MODEL_RESMLP,
-    ST_MODEL_RESNET,      /* CIFAR family: 3 stages of depth blocks, width w, 2w, 4w */
-    ST_MODEL_RESNET18,    /* 4 stages of 2 blocks, width w .. 8w */
-    ST_MODEL_GPT,         /* byte-level causal transformer language model */
-    ST_MODEL_CONVNET,     /* plain convolutional network: conv-BN-act-max pool stages */
-} st_model_kind;
+/* A model kind: its place in the library's table of kinds (the order
+ * --help lists them in, from 0).  Programs name kinds by their names
+ * (st_model_kind_named, st_model_kind_parse): a kind the library adds
+ * needs nothing here. */
+typedef int st_model_kind;
 typedef enum st_activation { ST_ACT_RELU, ST_ACT_GELU } st_activation;
 
 /* What a model kind reads (st_model_kind_reads): vectors of features (any
@@ -212,9 +210,12 @@ size_t st_model_config_param_count(const st_model_config *cfg);
 
 /* The model kinds are one table (nn/model.c), each entry defined by its
  * file of src/nn/models/: how many there are, and the i-th in the order
- * --help and messages list them, i in [0, count). */
+ * --help and messages list them, i in [0, count) (-1 for another i). */
 int st_model_kind_count(void);
 st_model_kind st_model_kind_at(int i);
+/* The kind of that name ("mlp", "gpt", ...); -1 when none has it (no
+ * error is set: parsing a user's word is st_model_kind_parse's). */
+st_model_kind st_model_kind_named(const char *name);
 /* "unknown" for a value no entry has. */
 const char *st_model_kind_name(st_model_kind kind);
 /* What --help says of the kind after the list of names ("resnet:
@@ -260,7 +261,7 @@ st_bf16_support st_bf16_probe(const char **isa);
  * kernels run, after ONEDNN_MAX_CPU_ISA. */
 const char *st_cpu_isa_name(void);
 /* ST_OK, or ST_ERR_INVALID with "unknown model 'x' (allowed: mlp, resmlp,
- * resnet, resnet18, gpt)" and *out unchanged (see status.h). */
+ * ...)", every kind's name listed, and *out unchanged (see status.h). */
 st_status st_model_kind_parse(const char *name, st_model_kind *out);
 st_status st_activation_parse(const char *name, st_activation *out);
 
@@ -312,6 +313,14 @@ st_status st_model_init_full_range(const st_model_config *cfg, uint64_t seed, si
  * since its shard is in the full layout whatever its own subnetwork. */
 st_status st_model_config_segments(const st_model_config *cfg, st_param_segment **out,
                                    int *count);
+
+/* The pieces of the full model's state (st_model_units.state floats: the
+ * batch norms' running statistics), in a malloc'd array the caller frees
+ * (NULL, 0 when it has none): each named "<layer>.running_mean" or
+ * "<layer>.running_var", offset and count in the full state vector (the
+ * layout of st_model_config_state_init), rows = count, cols = 1. */
+st_status st_model_config_state_segments(const st_model_config *cfg, st_param_segment **out,
+                                         int *count);
 
 const st_model_config *st_model_get_config(const st_model *m);
 int st_model_batch(const st_model *m);

@@ -26,12 +26,28 @@ extern "C" {
 
 typedef enum st_optimizer_kind { ST_OPT_SGD, ST_OPT_ADAMW } st_optimizer_kind;
 
+/* How the state vectors (AdamW's moments m and v, SGD's momentum buffer)
+ * are stored; the master weights stay fp32 in every layout.  A bf16
+ * state is computed in fp32 each update and stored rounded: to nearest
+ * even (BF16), or stochastically (BF16_SR: up or down with the
+ * probabilities that make the rounding unbiased, from a hash of the
+ * seed, the step and the element's index, so that a run is repeatable).
+ * Under rne, v's decay by beta2 = 0.999 is smaller than half a bf16 step
+ * and rounds away: v only grows (doc/precision.md). */
+typedef enum st_moments {
+    ST_MOMENTS_FP32,
+    ST_MOMENTS_BF16,
+    ST_MOMENTS_BF16_SR,
+} st_moments;
+
 typedef struct st_optim_config {
     st_optimizer_kind kind;
     float lr;             /* peak learning rate */
     float momentum;       /* SGD */
     float weight_decay;
     float beta1, beta2, eps;  /* AdamW */
+    st_moments moments;   /* the state's storage (default fp32) */
+    uint64_t seed;        /* stochastic rounding's (BF16_SR) */
 } st_optim_config;
 
 /* AdamW, lr 1e-3, weight decay 0.01, betas (0.9, 0.999), eps 1e-8;
@@ -40,31 +56,35 @@ st_optim_config st_optim_config_default(void);
 st_status st_optim_config_check(const st_optim_config *cfg);
 const char *st_optimizer_name(st_optimizer_kind kind);
 st_status st_optimizer_parse(const char *name, st_optimizer_kind *out);
+/* "fp32", "bf16", "bf16-sr". */
+const char *st_moments_name(st_moments m);
+st_status st_moments_parse(const char *name, st_moments *out);
 
-typedef struct st_optim {
-    st_optim_config cfg;
-    size_t base;      /* first parameter covered by the state */
-    size_t n;         /* parameters covered by the state */
-    float *m;         /* SGD momentum buffer or Adam first moment (n), or NULL */
-    float *v;         /* Adam second moment (n), or NULL */
-} st_optim;
+/* Bytes one update reads and writes per parameter: the gradient read,
+ * the fp32 master read and written, each state vector read and written
+ * (4 or 2 bytes each way), and 2 more where it writes a bf16 copy
+ * (`copy`): AdamW 28 (30) with fp32 moments, 20 (22) with bf16. */
+int st_optim_bytes_per_param(const st_optim_config *cfg, int copy);
 
-/* State for n parameters from the arena (counted as optimizer memory). */
-st_status st_optim_init(st_optim *opt, const st_optim_config *cfg, size_t n,
-                        st_arena *arena);
-
-/* State for parameters [begin, end) only: a shard owner's share. */
-st_status st_optim_init_range(st_optim *opt, const st_optim_config *cfg, size_t begin,
-                              size_t end, st_arena *arena);
+/* An optimizer and its state for parameters [begin, end) of a vector (0
+ * and n: all n; a shard owner: its share).  The state (moments, momentum)
+ * comes from the arena, counted as optimizer memory, and lives as long as
+ * the arena's blocks do; st_optim_destroy frees the rest. */
+typedef struct st_optim st_optim;
+st_status st_optim_create(const st_optim_config *cfg, size_t begin, size_t end,
+                          st_arena *arena, st_optim **out);
+/* NULL does nothing. */
+void st_optim_destroy(st_optim *opt);
 
 /* Zeroes the state (moments, momentum). */
 void st_optim_reset(st_optim *opt);
 
 /* One update of parameters [begin, end) (within the state's range) from
  * their gradients.  params and grads cover the state's range and are
- * indexed from opt->base: element i of the vector is params[i - base].  `t`
- * is the 1-based step number (Adam's bias correction), `lr` the rate for
- * this step (from a schedule).  segs covers the whole vector in order. */
+ * indexed from its start (st_optim_create's begin, here `base`): element
+ * i of the vector is params[i - base].  `t` is the 1-based step number
+ * (Adam's bias correction), `lr` the rate for this step (from a
+ * schedule).  segs covers the whole vector in order. */
 void st_optim_update(st_optim *opt, float *params, const float *grads,
                      const st_param_segment *segs, int n_segs,
                      size_t begin, size_t end, uint64_t t, float lr);

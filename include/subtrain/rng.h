@@ -40,6 +40,13 @@ float st_rng_uniform(st_rng *rng);
 /* Standard normal (Box-Muller, computed in double). */
 float st_rng_normal(st_rng *rng);
 
+/* The natural logarithm of a Gamma(alpha, 1) draw, alpha > 0 (Marsaglia
+ * and Tsang's method, computed in double; alpha < 1 through Gamma(alpha +
+ * 1) U^(1/alpha)).  As a logarithm it stays finite where the draw itself
+ * underflows to 0 (alpha of 0.01 gives draws below 1e-300): normalised
+ * draws over k streams are a Dirichlet(alpha) sample. */
+double st_rng_gamma_log(st_rng *rng, double alpha);
+
 /* Fisher-Yates shuffle of a[0..n). */
 void st_rng_shuffle_u32(st_rng *rng, uint32_t *a, size_t n);
 

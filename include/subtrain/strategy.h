@@ -79,7 +79,7 @@ typedef struct st_strategy_info {
     const char *no_init;      /* NULL: it starts from --init's weights; else
                                * why it cannot ("its segments start from
                                * their own initial values") */
-    st_model_kind model;      /* the model it trains when none is named ... */
+    const char *model;        /* the model it trains when none is named ... */
     int depth;                /* ... and its depth, when none is given; 0: the
                                * library's default (st_model_config_default) */
 } st_strategy_info;

@@ -8,7 +8,7 @@
  *   rng.h     deterministic, splittable random numbers
  *   data.h    IDX files, synthetic data, shuffles, batches
  *   params.h  flat parameter layout
- *   model.h   model instances (mlp, resmlp, resnet, resnet18, gpt) on oneDNN
+ *   model.h   model instances of the library's kinds (mlp, resnet, gpt, ...) on oneDNN
  *   optim.h   SGD, AdamW, learning-rate schedules
  *   topo.h    topology, placement plan, binding, NUMA allocation (hwloc)
  *   comm.h    the reduction engine (reduce-scatter, all-gather)
@@ -19,6 +19,7 @@
  *   strategy.h  the strategies as a front end sees them: names, options
  *   trainer.h a training run as an object, stepped by the caller
  *   checkpoint.h  safetensors files, written atomically, read back checked
+ *   torch_layout.h  a model's weights as PyTorch lays them out (doc/interop.md)
  * Not included here: quad.h, IST theory on quadratics (subtrain quad), a
  * separate study; layer_timing.h, single layers timed outside a model
  * (bench/bench_conv).  Include them by name.
@@ -45,5 +46,6 @@
 #include <subtrain/strategy.h>
 #include <subtrain/trainer.h>
 #include <subtrain/checkpoint.h>
+#include <subtrain/torch_layout.h>
 
 #endif /* SUBTRAIN_H */

@@ -126,19 +126,20 @@ void st_plan_print(FILE *f, const st_topology *t, const st_plan *p);
  * topology.  Threads the caller starts afterwards (a team's) inherit it. */
 st_status st_plan_bind_self(const st_topology *t, const st_plan *p, int w);
 
-/* A chunk backend for st_arena that allocates on worker w's NUMA node
- * (hwloc_alloc_membind, strict binding).  When the OS refuses strict
+/* Chunks for st_arena on one NUMA node of t, numa_os (a worker's:
+ * hwloc_alloc_membind, strict binding).  When the OS refuses strict
  * binding the memory is allocated anyway (first touch by the worker then
- * decides its node) and *warned is set, once, so the caller can tell the
- * user.  ctx must live as long as the arena. */
-typedef struct st_numa_ctx {
-    const st_topology *topology;
-    int numa_os;              /* node to bind to */
-    int warned;               /* set when strict binding was refused */
-    char warning[160];
-} st_numa_ctx;
-
-st_chunk_backend st_numa_backend(st_numa_ctx *ctx, const st_topology *t, int numa_os);
+ * decides its node) and the context keeps a warning, once, for the caller
+ * to tell the user (st_numa_warning).  The context must outlive every
+ * arena that uses its backend. */
+typedef struct st_numa_ctx st_numa_ctx;
+st_status st_numa_ctx_create(const st_topology *t, int numa_os, st_numa_ctx **out);
+/* NULL does nothing. */
+void st_numa_ctx_destroy(st_numa_ctx *ctx);
+st_chunk_backend st_numa_backend(st_numa_ctx *ctx);
+/* Why strict binding was refused, and what was done instead; NULL while
+ * it never was. */
+const char *st_numa_warning(const st_numa_ctx *ctx);
 
 #ifdef __cplusplus
 }

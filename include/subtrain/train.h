@@ -60,7 +60,7 @@ typedef struct st_checkpoint_plan {
                                * by steps */
     int every_epoch;          /* after each epoch's record */
     int keep;                 /* the newest K step files stay; 0: all */
-    const st_st_meta *meta;   /* added to every file's metadata */
+    const st_safetensors_meta_entry *meta;   /* added to every file's metadata */
     int n_meta;
 } st_checkpoint_plan;
 
@@ -159,7 +159,19 @@ typedef struct st_train_config {
     st_optim_config optim;
     st_schedule_kind schedule;
     uint64_t warmup_steps;    /* cosine schedule only; ST_WARMUP_AUTO: 5% of the run */
-    int batch;                /* samples per step and worker */
+    int batch;                /* samples per micro-batch and worker */
+    int accumulate;           /* micro-batches a step: their gradients' mean
+                               * is reduced and updated once, as one batch of
+                               * accumulate x batch would be (up to the
+                               * order of the fp32 sums; batch norm
+                               * normalises each micro-batch); 1 (default;
+                               * 0 too): none.  Steps, epochs, the schedule
+                               * and checkpoints count updates */
+    st_split_config split;    /* how the training set is dealt to the
+                               * workers (data.h): iid (default) or a
+                               * non-iid split of the seed, which every
+                               * strategy's workers read their batches
+                               * from (synth refuses one) */
     int epochs;               /* used when steps == 0 */
     uint64_t steps;           /* total steps; 0: epochs x steps per epoch */
     uint64_t seed;            /* init, shuffles */
@@ -186,7 +198,7 @@ typedef struct st_train_config {
      * workers over all ranks, and the data (its sample counts and a
      * fingerprint of its content, st_dataset_fingerprint).  Keys unique,
      * valid while the run lasts; NULL with 0: no options compared. */
-    const st_st_meta *options;
+    const st_safetensors_meta_entry *options;
     int n_options;
 } st_train_config;
 
@@ -265,6 +277,13 @@ typedef struct st_epoch_record {
     /* ist, localsgd: the same per round (one synchronisation every R steps;
      * comm_bytes_per_worker_step is this / local_steps); 0 otherwise */
     double comm_bytes_per_worker_round;
+    /* The optimizer's state layout, and what the update of the worker that
+     * updates most reads and writes in a step: bytes, and bytes per
+     * parameter updated (st_optim_bytes_per_param, the bf16 weight copies
+     * it writes included); 0 before any update. */
+    st_moments optimizer_moments;
+    double optimizer_bytes_per_worker_step;
+    double optimizer_bytes_per_param;
     /* Mean time of a step, over workers and the epoch's steps (ms):
      * forward and backward; waiting for the slowest worker; reduce-scatter
      * and all-gather; the optimizer on the worker's shard.  Overlapped: the

@@ -26,7 +26,7 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[] = { [ST_DTYPE_F32] = { "F32", 4 }, [ST_DTYPE_U8] = { "U8", 1 },
-               [ST_DTYPE_U64] = { "U64", 8 } };
+               [ST_DTYPE_U64] = { "U64", 8 }, [ST_DTYPE_BF16] = { "BF16", 2 } };
 #define N_DTYPES ((int)(sizeof dtypes / sizeof *dtypes))
 
 /* ------------------------------------------------------------ writing */
@@ -82,7 +82,7 @@ static void put_string(sbuf *b, const char *s)
     puts_(b, "\"");
 }
 
-static size_t elements(const st_st_tensor *t)
+static size_t elements(const st_safetensors_tensor *t)
 {
     size_t n = 1;
     for (int d = 0; d < t->ndims; d++)
@@ -90,11 +90,11 @@ static size_t elements(const st_st_tensor *t)
     return n;
 }
 
-static st_status check_tensors(const char *path, const st_st_tensor *t, int n)
+static st_status check_tensors(const char *path, const st_safetensors_tensor *t, int n)
 {
     for (int i = 0; i < n; i++) {
         if (!t[i].name[0] || t[i].dtype < 0 || t[i].dtype >= N_DTYPES || t[i].ndims < 0 ||
-            t[i].ndims > ST_ST_MAX_DIMS || (!t[i].data && elements(&t[i])))
+            t[i].ndims > ST_SAFETENSORS_MAX_DIMS || (!t[i].data && elements(&t[i])))
             return st_fail(ST_ERR_INVALID, "%s: tensor %d ('%s') has no name, an unknown dtype, "
                            "a bad rank or no data", path, i, t[i].name);
         for (int d = 0; d < t[i].ndims; d++)
@@ -108,8 +108,8 @@ static st_status check_tensors(const char *path, const st_st_tensor *t, int n)
     return ST_OK;
 }
 
-static st_status header(const st_st_tensor *t, int n, const st_st_meta *meta, int n_meta,
-                        sbuf *b)
+static st_status header(const st_safetensors_tensor *t, int n,
+                        const st_safetensors_meta_entry *meta, int n_meta, sbuf *b)
 {
     char num[64];
     size_t at = 0;
@@ -172,8 +172,8 @@ static void dir_of(const char *path, char *dir, size_t n)
         snprintf(dir, n, "%.*s", (int)(slash - path), path);
 }
 
-st_status st_safetensors_write(const char *path, const st_st_tensor *tensors, int n,
-                               const st_st_meta *meta, int n_meta)
+st_status st_safetensors_write(const char *path, const st_safetensors_tensor *tensors, int n,
+                               const st_safetensors_meta_entry *meta, int n_meta)
 {
     if (!path || !*path || n < 0 || n_meta < 0)
         return st_fail(ST_ERR_INVALID, "safetensors: no file name");
@@ -334,7 +334,7 @@ static st_status int_array(parser *ps, uint64_t *v, int cap, int *n)
     return eat(ps, ']') ? ST_OK : perr(ps, "expected ']'");
 }
 
-static st_status tensor_entry(parser *ps, st_st_tensor *t, uint64_t off[2])
+static st_status tensor_entry(parser *ps, st_safetensors_tensor *t, uint64_t off[2])
 {
     int have_dtype = 0, have_shape = 0, have_off = 0;
     char key[32], val[16];
@@ -355,8 +355,8 @@ static st_status tensor_entry(parser *ps, st_st_tensor *t, uint64_t off[2])
             t->dtype = (st_dtype)d;
             have_dtype = 1;
         } else if (strcmp(key, "shape") == 0 && !have_shape) {
-            uint64_t v[ST_ST_MAX_DIMS];
-            ST_TRY(int_array(ps, v, ST_ST_MAX_DIMS, &t->ndims));
+            uint64_t v[ST_SAFETENSORS_MAX_DIMS];
+            ST_TRY(int_array(ps, v, ST_SAFETENSORS_MAX_DIMS, &t->ndims));
             for (int d = 0; d < t->ndims; d++) {
                 if (v[d] > (uint64_t)1 << 40)
                     return perr(ps, "a dimension too large");
@@ -396,7 +396,7 @@ static st_status meta_entry(parser *ps, st_safetensors *f)
     do {
         if (f->n_meta == n_cap) {
             n_cap = n_cap ? 2 * n_cap : 16;
-            st_st_meta *m = realloc(f->meta, (size_t)n_cap * sizeof *m);
+            st_safetensors_meta_entry *m = realloc(f->meta, (size_t)n_cap * sizeof *m);
             if (!m)
                 return st_fail(ST_ERR_NOMEM, "out of memory reading %s", ps->path);
             f->meta = m;
@@ -409,7 +409,7 @@ static st_status meta_entry(parser *ps, st_safetensors *f)
         char *v = f->meta_text + used;
         ST_TRY(string(ps, v, cap - used));
         used += strlen(v) + 1;
-        f->meta[f->n_meta++] = (st_st_meta){ k, v };
+        f->meta[f->n_meta++] = (st_safetensors_meta_entry){ k, v };
     } while (eat(ps, ','));
     return eat(ps, '}') ? ST_OK : perr(ps, "expected '}'");
 }
@@ -434,7 +434,7 @@ static st_status parse_header(parser *ps, st_safetensors *f, uint64_t data_bytes
         return perr(ps, "expected '{'");
     if (!eat(ps, '}')) {
         do {
-            char name[ST_ST_MAX_NAME];
+            char name[ST_SAFETENSORS_MAX_NAME];
             if ((s = string(ps, name, sizeof name)) != ST_OK)
                 break;
             if (!eat(ps, ':')) {
@@ -452,7 +452,7 @@ static st_status parse_header(parser *ps, st_safetensors *f, uint64_t data_bytes
             }
             if (f->n == cap) {
                 cap = cap ? 2 * cap : 64;
-                st_st_tensor *t = realloc(f->tensors, (size_t)cap * sizeof *t);
+                st_safetensors_tensor *t = realloc(f->tensors, (size_t)cap * sizeof *t);
                 span *sp = t ? realloc(spans, (size_t)cap * sizeof *sp) : NULL;
                 if (t)
                     f->tensors = t;
@@ -462,7 +462,7 @@ static st_status parse_header(parser *ps, st_safetensors *f, uint64_t data_bytes
                 }
                 spans = sp;
             }
-            st_st_tensor *t = &f->tensors[f->n];
+            st_safetensors_tensor *t = &f->tensors[f->n];
             memset(t, 0, sizeof *t);
             memcpy(t->name, name, sizeof t->name);
             uint64_t off[2];
@@ -560,20 +560,41 @@ static size_t first_not_finite(const unsigned char *p, size_t n)
     return n;
 }
 
-/* Every F32 value is finite: subtrain writes weights, optimizer moments
- * and running statistics of runs that were going well, and a NaN or an
- * infinity taken in would surface steps later as a loss that "diverged". */
+/* The same for bf16 values (an optimizer's bf16 state: small, one pass). */
+static size_t first_not_finite16(const unsigned char *p, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        uint16_t u;
+        memcpy(&u, p + 2 * k, 2);
+        if ((u & 0x7f80u) == 0x7f80u)
+            return k;
+    }
+    return n;
+}
+
+/* Every F32 and BF16 value is finite: subtrain writes weights, optimizer
+ * moments and running statistics of runs that were going well, and a NaN
+ * or an infinity taken in would surface steps later as a loss that
+ * "diverged". */
 static st_status check_finite(const char *path, const st_safetensors *f)
 {
     for (int i = 0; i < f->n; i++) {
-        const st_st_tensor *t = &f->tensors[i];
-        if (t->dtype != ST_DTYPE_F32)
+        const st_safetensors_tensor *t = &f->tensors[i];
+        if (t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_BF16)
             continue;
-        const size_t n = t->bytes / 4, k = first_not_finite(t->data, n);
+        const int half = t->dtype == ST_DTYPE_BF16;
+        const size_t n = t->bytes / (half ? 2 : 4);
+        const size_t k = half ? first_not_finite16(t->data, n) : first_not_finite(t->data, n);
         if (k == n)
             continue;
-        uint32_t u;
-        memcpy(&u, (const unsigned char *)t->data + 4 * k, 4);
+        uint32_t u = 0;
+        if (half) {
+            uint16_t h;
+            memcpy(&h, (const unsigned char *)t->data + 2 * k, 2);
+            u = (uint32_t)h << 16;
+        } else {
+            memcpy(&u, (const unsigned char *)t->data + 4 * k, 4);
+        }
         return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' holds %s at element %zu of %zu: "
                        "weights and training state must be finite", path, t->name,
                        u & 0x007fffffu ? "a NaN" : u >> 31 ? "-infinity" : "+infinity", k, n);
@@ -614,11 +635,11 @@ st_status st_safetensors_read(const char *path, st_safetensors *out)
     uint64_t n = 0;
     for (int k = 7; k >= 0; k--)
         n = n << 8 | buf[k];
-    if (n > ST_ST_MAX_HEADER || n > size - 8) {
+    if (n > ST_SAFETENSORS_MAX_HEADER || n > size - 8) {
         free(buf);
         return st_fail(ST_ERR_FORMAT, "%s: the header claims %llu bytes; the file has %zu after "
                        "the length (limit %llu)", path, (unsigned long long)n, size - 8,
-                       (unsigned long long)ST_ST_MAX_HEADER);
+                       (unsigned long long)ST_SAFETENSORS_MAX_HEADER);
     }
     out->buf = buf;
     out->size = size;
@@ -631,7 +652,7 @@ st_status st_safetensors_read(const char *path, st_safetensors *out)
     return s;
 }
 
-const st_st_tensor *st_safetensors_find(const st_safetensors *f, const char *name)
+const st_safetensors_tensor *st_safetensors_find(const st_safetensors *f, const char *name)
 {
     for (int i = 0; i < f->n; i++)
         if (strcmp(f->tensors[i].name, name) == 0)

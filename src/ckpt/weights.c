@@ -12,25 +12,27 @@
 #include <sys/stat.h>
 
 #include <subtrain/checkpoint.h>
+#include <subtrain/torch_layout.h>
 #include <subtrain/version.h>
 
 #include "core/error.h"
 
 st_status st_checkpoint_write_weights(const char *path, const st_model_config *cfg,
-                                      const float *params, const st_st_meta *meta, int n_meta)
+                                      const float *params, const st_safetensors_meta_entry *meta,
+                                      int n_meta)
 {
     return st_checkpoint_write(path, cfg, params, NULL, 0, meta, n_meta);
 }
 
 st_status st_checkpoint_write(const char *path, const st_model_config *cfg, const float *params,
-                              const st_st_tensor *extra, int n_extra, const st_st_meta *meta,
-                              int n_meta)
+                              const st_safetensors_tensor *extra, int n_extra,
+                              const st_safetensors_meta_entry *meta, int n_meta)
 {
     st_param_segment *segs;
     int n;
     ST_TRY(st_model_config_segments(cfg, &segs, &n));
-    st_st_tensor *t = calloc((size_t)n + (size_t)n_extra + 1, sizeof *t);
-    st_st_meta *m = calloc((size_t)n_meta + 3, sizeof *m);
+    st_safetensors_tensor *t = calloc((size_t)n + (size_t)n_extra + 1, sizeof *t);
+    st_safetensors_meta_entry *m = calloc((size_t)n_meta + 3, sizeof *m);
     /* the in-major matrices, by name: "a,b,c" */
     size_t cap = 1;
     for (int i = 0; i < n; i++)
@@ -65,9 +67,9 @@ st_status st_checkpoint_write(const char *path, const st_model_config *cfg, cons
         memcpy(t + n, extra, (size_t)n_extra * sizeof *t);
     if (n_meta)
         memcpy(m, meta, (size_t)n_meta * sizeof *m);
-    m[n_meta] = (st_st_meta){ "subtrain.version", SUBTRAIN_VERSION };
-    m[n_meta + 1] = (st_st_meta){ "subtrain.model", st_model_kind_name(cfg->kind) };
-    m[n_meta + 2] = (st_st_meta){ "subtrain.in_major", in_major };
+    m[n_meta] = (st_safetensors_meta_entry){ "subtrain.version", SUBTRAIN_VERSION };
+    m[n_meta + 1] = (st_safetensors_meta_entry){ "subtrain.model", st_model_kind_name(cfg->kind) };
+    m[n_meta + 2] = (st_safetensors_meta_entry){ "subtrain.in_major", in_major };
     st_status s = st_safetensors_write(path, t, n + n_extra, m, n_meta + 3);
     free(segs);
     free(t);
@@ -94,6 +96,10 @@ st_status st_checkpoint_read_weights(const char *path, const st_model_config *cf
 st_status st_checkpoint_load_weights(const st_safetensors *f, const char *path,
                                      const st_model_config *cfg, float *params)
 {
+    int torch;
+    ST_TRY(st_torch_layout_detect(f, cfg, &torch));
+    if (torch)   /* PyTorch's names and shapes (doc/interop.md) */
+        return st_torch_load(f, path, cfg, params, NULL, NULL);
     st_param_segment *segs;
     int n;
     ST_TRY(st_model_config_segments(cfg, &segs, &n));
@@ -104,7 +110,7 @@ st_status st_checkpoint_load_weights(const st_safetensors *f, const char *path,
                     st_model_kind_name(cfg->kind));
     int found = 0;
     for (int i = 0; s == ST_OK && i < n; i++) {
-        const st_st_tensor *t = st_safetensors_find(f, segs[i].name);
+        const st_safetensors_tensor *t = st_safetensors_find(f, segs[i].name);
         const long long rows = segs[i].rows, cols = segs[i].cols;
         char shape[64];
         if (cols == 1)

@@ -74,6 +74,7 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
     case OPT_DATA: snprintf(v, n, "%s", o->data); break;
     case OPT_AUGMENT_CROP: snprintf(v, n, "%u", o->augment.crop); break;
     case OPT_AUGMENT_FLIP: flag_text(o->augment.flip, v, n); break;
+    case OPT_SPLIT: st_split_name(&t->split, v, n); break;
     case OPT_CONTEXT: if (m->context) snprintf(v, n, "%d", m->context); break;
     case OPT_HEADS: if (m->heads) snprintf(v, n, "%d", m->heads); break;
     case OPT_HOLDOUT: if (text) float_text(o->holdout, v, n); break;
@@ -107,6 +108,8 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
     case OPT_EPOCHS: if (!t->steps) snprintf(v, n, "%d", t->epochs); break;
     case OPT_STEPS: if (t->steps) snprintf(v, n, "%llu", (unsigned long long)t->steps); break;
     case OPT_BATCH: snprintf(v, n, "%d", t->batch); break;
+    case OPT_ACCUMULATE: snprintf(v, n, "%d", t->accumulate); break;
+    case OPT_OPTIMIZER_MOMENTS: snprintf(v, n, "%s", st_moments_name(t->optim.moments)); break;
     case OPT_OPTIMIZER: snprintf(v, n, "%s", st_optimizer_name(t->optim.kind)); break;
     case OPT_LR: float_text(t->optim.lr, v, n); break;
     case OPT_MOMENTUM: float_text(t->optim.momentum, v, n); break;

@@ -25,6 +25,7 @@
 #include <subtrain/subtrain.h>
 
 #include "cli/cli_util.h"
+#include "cli/export_cmd.h"
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/provenance.h"
@@ -117,9 +118,14 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
     printf("subtrain %s: %s", PACKAGE_VERSION, model);
     if (m->precision != ST_PRECISION_FP32)
         printf(" %s", st_precision_name(m->precision));
-    printf(" %s | %s lr %g wd %g %s | batch %d, ", st_activation_name(m->activation),
+    printf(" %s | %s lr %g wd %g %s", st_activation_name(m->activation),
            st_optimizer_name(t->optim.kind), t->optim.lr, t->optim.weight_decay,
-           st_schedule_name(t->schedule), t->batch);
+           st_schedule_name(t->schedule));
+    if (t->optim.moments != ST_MOMENTS_FP32)
+        printf(", %s moments", st_moments_name(t->optim.moments));
+    printf(" | batch %d, ", t->batch);
+    if (t->accumulate > 1)
+        printf("%d micro-batches a step, ", t->accumulate);
     if (t->steps)
         printf("%llu steps", (unsigned long long)t->steps);
     else
@@ -131,6 +137,11 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
         printf(", crop %u", train->augment.crop);
     if (train->augment.flip)
         printf(", flip");
+    if (t->split.kind != ST_SPLIT_IID) {
+        char split[64];
+        st_split_name(&t->split, split, sizeof split);
+        printf(", split %s", split);
+    }
     char strategy[256];
     st_strategy_describe(t, workers, strategy, sizeof strategy);
     printf(") | %s, ", strategy);
@@ -187,6 +198,10 @@ static void print_summary(const st_epoch_record *r)
     if (r->step_ms_overlapped > 0.0)
         printf("  reduce during the backward %.2f", r->step_ms_overlapped);
     printf("\n");
+    if (r->optimizer_bytes_per_worker_step > 0.0)
+        printf("optimizer per worker and step: %.2f MB read and written (%.1f bytes a "
+               "parameter, %s moments)\n", r->optimizer_bytes_per_worker_step / 1e6,
+               r->optimizer_bytes_per_param, st_moments_name(r->optimizer_moments));
     if (r->workers > 1)
         printf("communication per worker and step: %.2f MB (data parallelism as a ring all-reduce "
                "would send %.2f MB)%s\n",
@@ -273,15 +288,15 @@ static int print_sample(const st_cli_options *o, const st_epoch_record *final,
     mc.subnet.scale = eval_branch_scale(o, final);
     const size_t n = (size_t)o->sample, plen = strlen(o->prompt);
     int status = EXIT_FAILURE;
-    st_arena arena;
-    st_arena_init(&arena, "sampling", NULL, 0);
+    st_arena *arena = NULL;
     st_model *m = NULL;
     uint8_t *text = malloc(n);
     if (!text) {
         fprintf(stderr, "subtrain: sampling: out of memory for %zu bytes\n", n);
         goto out;
     }
-    if (st_model_create(&mc, 1, &arena, &m) != ST_OK) {
+    if (st_arena_create("sampling", NULL, 0, &arena) != ST_OK ||
+        st_model_create(&mc, 1, arena, &m) != ST_OK) {
         runtime_error("sampling: building the model");
         goto out;
     }
@@ -309,7 +324,7 @@ static int print_sample(const st_cli_options *o, const st_epoch_record *final,
     status = EXIT_SUCCESS;
 out:
     st_model_destroy(m);
-    st_arena_release(&arena);
+    st_arena_destroy(arena);
     free(text);
     return status;
 }
@@ -331,11 +346,10 @@ static int load_data_for_model(st_cli_options *o, st_dataset *train, st_dataset 
     return EXIT_SUCCESS;
 }
 
-/* --init: the full model's parameters from a weights file, into *out
- * (malloc'd), checked against the model the options describe; and, when
- * scale is not NULL, the branch scale the run that wrote it evaluated
- * with (ist; 0: none). */
-static int load_init(const st_cli_options *o, float **out, float *scale)
+/* --init: the full model's parameters from a weights file (either
+ * layout: doc/interop.md), into *out (malloc'd), checked against the model
+ * the options describe. */
+static int load_init(const st_cli_options *o, float **out)
 {
     st_model_config mc = o->train.model;
     memset(&mc.subnet, 0, sizeof mc.subnet);
@@ -345,18 +359,9 @@ static int load_init(const st_cli_options *o, float **out, float *scale)
         fprintf(stderr, "subtrain: --init: out of memory for %zu parameters\n", n);
         return EXIT_FAILURE;
     }
-    st_safetensors f;
-    if (st_safetensors_read(o->init_path, &f) != ST_OK)
+    if (st_checkpoint_read_weights(o->init_path, &mc, *out) != ST_OK)
         return runtime_error("--init");
-    int status = EXIT_SUCCESS;
-    if (st_checkpoint_load_weights(&f, o->init_path, &mc, *out) != ST_OK)
-        status = runtime_error("--init");
-    const char *s = scale ? st_safetensors_meta(&f, "subtrain.eval_branch_scale") : NULL;
-    if (scale)
-        *scale = s && strtod(s, NULL) > 0.0 && strtod(s, NULL) < 1.0 ? (float)strtod(s, NULL)
-                                                                    : 0.0f;
-    st_safetensors_free(&f);
-    return status;
+    return EXIT_SUCCESS;
 }
 
 /* What made a checkpoint, for its metadata: the options in words, and
@@ -403,9 +408,10 @@ static int write_final_weights(const st_cli_options *o, const st_epoch_record *f
     char scale[32];
     const float s = eval_branch_scale(o, final);
     snprintf(scale, sizeof scale, "%.9g", s > 0.0f ? (double)s : 1.0);
-    const st_st_meta meta[4] = { { "subtrain.config", pv.config }, { "subtrain.data", o->data },
-                                 { "onednn.version", pv.onednn },
-                                 { "subtrain.eval_branch_scale", scale } };
+    const st_safetensors_meta_entry meta[4] = { { "subtrain.config", pv.config },
+                                              { "subtrain.data", o->data },
+                                              { "onednn.version", pv.onednn },
+                                              { "subtrain.eval_branch_scale", scale } };
     st_model_config mc = *m;
     memset(&mc.subnet, 0, sizeof mc.subnet);
     if (st_checkpoint_write_weights(path, &mc, ui->params, meta, 4) != ST_OK)
@@ -416,40 +422,30 @@ static int write_final_weights(const st_cli_options *o, const st_epoch_record *f
 }
 
 /* subtrain eval --init FILE: the weights on the test set, as the training
- * run's evaluation computes it (models with batch norm first re-estimate
- * their statistics on --bn-calibration training batches: the file holds
- * weights, not running statistics). */
+ * run's evaluation computes it (models with batch norm take the file's
+ * running statistics, else re-estimate them on --bn-calibration training
+ * batches: a subtrain weights file holds weights, not statistics). */
 static int run_eval(st_cli_options *o)
 {
     st_dataset train, test;
     if (load_data_for_model(o, &train, &test) != EXIT_SUCCESS)
         return EXIT_FAILURE;
-    float *params = NULL;
     st_model *m = NULL;
-    st_arena arena;
-    st_arena_init(&arena, "eval", NULL, 0);
-    st_model_config mc = o->train.model;
-    memset(&mc.subnet, 0, sizeof mc.subnet);
-    int status = load_init(o, &params, &mc.subnet.scale);
+    st_arena *arena = NULL;
     const int B = o->train.batch;
-    if (status == EXIT_SUCCESS && st_model_create(&mc, B, &arena, &m) != ST_OK)
+    st_cli_stats stats;
+    int batches;
+    st_safetensors f;
+    int status = EXIT_SUCCESS;
+    if (st_arena_create("eval", NULL, 0, &arena) != ST_OK)
         status = runtime_error("eval: building the model");
+    else if (st_safetensors_read(o->init_path, &f) == ST_OK) {
+        status = st_cli_init_model(o, &f, &train, arena, &m, &stats, &batches);
+        st_safetensors_free(&f);
+    } else
+        status = runtime_error("--init");
     double sum = 0.0;
     int64_t hits = 0;
-    if (status == EXIT_SUCCESS) {
-        memcpy(st_model_params(m), params, st_model_param_count(m) * sizeof *params);
-        size_t n_state;
-        st_model_state(m, &n_state);
-        for (int k = 0; n_state && k < o->train.bn_calibration &&
-                        (uint32_t)(k + 1) * (uint32_t)B <= train.count; k++) {
-            st_dataset_gather_rows(&train, (uint32_t)(k * B), B, B, st_model_input(m),
-                                   st_model_labels(m));
-            if (st_model_calibrate(m, k) != ST_OK) {
-                status = runtime_error("eval: calibration");
-                break;
-            }
-        }
-    }
     for (uint32_t first = 0; status == EXIT_SUCCESS && first < test.count; first += (uint32_t)B) {
         const int rows = test.count - first < (uint32_t)B ? (int)(test.count - first) : B;
         st_dataset_gather_rows(&test, first, rows, B, st_model_input(m), st_model_labels(m));
@@ -464,8 +460,20 @@ static int run_eval(st_cli_options *o)
         printf("  on %u test samples\n", test.count);
     }
     st_model_destroy(m);
-    st_arena_release(&arena);
-    free(params);
+    st_arena_destroy(arena);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    return status;
+}
+
+/* subtrain export: the data gives the model its input and classes, and
+ * the batches a batch norm's statistics are re-estimated on. */
+static int run_export(st_cli_options *o)
+{
+    st_dataset train, test;
+    if (load_data_for_model(o, &train, &test) != EXIT_SUCCESS)
+        return EXIT_FAILURE;
+    const int status = st_cli_export(o, &train);
     st_dataset_free(&train);
     st_dataset_free(&test);
     return status;
@@ -631,7 +639,7 @@ static int check_placement(const st_cli_options *o)
     return code;
 }
 
-static int run_train_rank(st_cli_options *o);
+static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro);
 
 /* Training, as one process or as a rank of an MPI job (mpirun, srun:
  * st_world_init starts MPI when a launcher started us).  Rank 0 alone
@@ -659,7 +667,7 @@ static int run_train(st_cli_options *o)
         status = status < 0 ? EXIT_FAILURE : status;
     }
     if (status == EXIT_SUCCESS)
-        status = run_train_rank(o);
+        status = run_train_rank(o, &ro);
     if (!agreed && st_world_size() > 1 && status != EXIT_SUCCESS && status < 128)
         st_world_abort(status);   /* the failure is said; nobody waits for this rank */
     st_world_finalize();
@@ -667,7 +675,7 @@ static int run_train(st_cli_options *o)
     return status;
 }
 
-static int run_train_rank(st_cli_options *o)
+static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
 {
     /* from the start: a signal while the run starts ends it before
      * training (begin_training), with its exit status */
@@ -681,13 +689,15 @@ static int run_train_rank(st_cli_options *o)
             return EXIT_FAILURE;
         o->train.resume = &resume;
         o->train.resume_name = resume_path;
+        st_cli_resume_options_since(ro, &resume);
+        o->train.n_options = ro->n;
     }
     /* what made the step checkpoints, in their metadata */
     run_provenance pv;
     describe_run(o, &pv);
-    const st_st_meta ckpt_meta[3] = { { "subtrain.config", pv.config },
-                                      { "subtrain.data", o->data },
-                                      { "onednn.version", pv.onednn } };
+    const st_safetensors_meta_entry ckpt_meta[3] = { { "subtrain.config", pv.config },
+                                                   { "subtrain.data", o->data },
+                                                   { "onednn.version", pv.onednn } };
     o->train.checkpoint.meta = ckpt_meta;
     o->train.checkpoint.n_meta = 3;
     FILE *metrics = NULL;
@@ -704,7 +714,7 @@ static int run_train_rank(st_cli_options *o)
     }
     float *init = NULL;
     if (o->init_path) {
-        if (load_init(o, &init, NULL) != EXIT_SUCCESS) {
+        if (load_init(o, &init) != EXIT_SUCCESS) {
             if (metrics)
                 fclose(metrics);
             free(init);
@@ -742,6 +752,12 @@ static int run_train_rank(st_cli_options *o)
      * takes the worker count from it */
     if (st_cli_provenance_make(o, &prov) != 0)
         goto out;
+    /* a split is dealt from the labels over the run's workers: known now,
+     * still a usage error */
+    if (st_cli_provenance_split(&prov, o, &train) != 0) {
+        status = EXIT_USAGE;
+        goto out;
+    }
     prog.provenance = &prov;
     int early;
     if (begin_training(&early) != ST_OK) {
@@ -840,7 +856,9 @@ int main(int argc, char **argv)
             status = EXIT_FAILURE;
         }
     } else {
-        status = o.action == ST_CLI_EVAL ? run_eval(&o) : run_train(&o);
+        status = o.action == ST_CLI_EVAL     ? run_eval(&o)
+                 : o.action == ST_CLI_EXPORT ? run_export(&o)
+                                             : run_train(&o);
     }
     st_cli_options_free(&o);
     return status;

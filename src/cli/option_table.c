@@ -10,6 +10,7 @@ static const struct option own_options[] = {
     { "data", required_argument, NULL, OPT_DATA },
     { "augment-crop", required_argument, NULL, OPT_AUGMENT_CROP },
     { "augment-flip", no_argument, NULL, OPT_AUGMENT_FLIP },
+    { "split", required_argument, NULL, OPT_SPLIT },
     { "context", required_argument, NULL, OPT_CONTEXT },
     { "heads", required_argument, NULL, OPT_HEADS },
     { "holdout", required_argument, NULL, OPT_HOLDOUT },
@@ -18,6 +19,8 @@ static const struct option own_options[] = {
     { "sample", required_argument, NULL, OPT_SAMPLE },
     { "checkpoint", required_argument, NULL, OPT_CHECKPOINT },
     { "init", required_argument, NULL, OPT_INIT },
+    { "format", required_argument, NULL, OPT_FORMAT },
+    { "output", required_argument, NULL, 'o' },
     { "checkpoint-every", required_argument, NULL, OPT_CHECKPOINT_EVERY },
     { "keep", required_argument, NULL, OPT_KEEP },
     { "resume", required_argument, NULL, OPT_RESUME },
@@ -35,10 +38,12 @@ static const struct option own_options[] = {
     { "epochs", required_argument, NULL, OPT_EPOCHS },
     { "steps", required_argument, NULL, OPT_STEPS },
     { "batch", required_argument, NULL, OPT_BATCH },
+    { "accumulate", required_argument, NULL, OPT_ACCUMULATE },
     { "optimizer", required_argument, NULL, OPT_OPTIMIZER },
     { "lr", required_argument, NULL, OPT_LR },
     { "momentum", required_argument, NULL, OPT_MOMENTUM },
     { "weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY },
+    { "optimizer-moments", required_argument, NULL, OPT_OPTIMIZER_MOMENTS },
     { "schedule", required_argument, NULL, OPT_SCHEDULE },
     { "warmup", required_argument, NULL, OPT_WARMUP },
     { "seed", required_argument, NULL, OPT_SEED },
@@ -132,5 +137,6 @@ const struct option *st_cli_option_named(const char *key)
 
 int st_cli_option_is_action(int c)
 {
-    return c == 'h' || c == 'V' || c == OPT_CONFIG || c == OPT_DUMP_CONFIG;
+    return c == 'h' || c == 'V' || c == OPT_CONFIG || c == OPT_DUMP_CONFIG || c == OPT_FORMAT ||
+           c == 'o';
 }

@@ -84,12 +84,13 @@ static st_status parse_model(const char *s, void *o) { return st_model_kind_pars
 static st_status parse_act(const char *s, void *o) { return st_activation_parse(s, o); }
 static st_status parse_precision(const char *s, void *o) { return st_precision_parse(s, o); }
 static st_status parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
+static st_status parse_moments(const char *s, void *o) { return st_moments_parse(s, o); }
 static st_status parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
 static st_status parse_strategy(const char *s, void *o) { return st_strategy_parse(s, o); }
 
 /* What was given explicitly, for the checks after parsing. */
 typedef struct seen {
-    int epochs, steps, model, depth, width, activation, context, heads, neuron_group;
+    int epochs, steps, model, depth, width, activation, context, heads, neuron_group, format;
     const char *text_option;    /* the first text-only option given */
     const char *sample_option;  /* the last of --prompt, --temperature, --top-k */
     /* the strategies' options given (st_cli_option_table(): OPT_STRATEGY_OPTION + k),
@@ -211,6 +212,16 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         return 0;
     }
     case OPT_AUGMENT_FLIP: o->augment.flip = 1; return 0;
+    case OPT_SPLIT: {
+        if (st_split_parse(arg, &t->split) == ST_OK)
+            return 0;
+        /* the library's line is "--split TEXT: why", TEXT's first 64 bytes
+         * as given: the value is shown as every message shows one */
+        const size_t shown = strlen(arg) < 64 ? strlen(arg) : 64;
+        const char *why = st_last_error();
+        why = strlen(why) > 10 + shown ? why + 10 + shown : why;
+        return st_cli_fail(err, n, "--split %s: %s", ST_CLI_SHOW(arg), why);
+    }
     case OPT_CONTEXT: return parse_int("--context", arg, 1, 4096, &t->model.context, err, n);
     case OPT_HEADS: return parse_int("--heads", arg, 1, 65536, &t->model.heads, err, n);
     case OPT_HOLDOUT:
@@ -253,6 +264,17 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
             return st_cli_fail(err, n, "--init: expected a safetensors file, got ''");
         o->init_path = arg;
         return 0;
+    case OPT_FORMAT:
+        if (strcmp(arg, "torch") != 0 && strcmp(arg, "subtrain") != 0)
+            return st_cli_fail(err, n, "--format: unknown value '%s' (allowed: torch, subtrain)",
+                               ST_CLI_SHOW(arg));
+        o->format = strcmp(arg, "torch") == 0 ? ST_CLI_FORMAT_TORCH : ST_CLI_FORMAT_SUBTRAIN;
+        return 0;
+    case 'o':
+        if (*arg == '\0')
+            return st_cli_fail(err, n, "--output: expected a file name, got ''");
+        o->output_path = arg;
+        return 0;
     case OPT_PROMPT: o->prompt = arg; return 0;
     case OPT_TEMPERATURE:
         return parse_float("--temperature", arg, '[', 0.0, 1000.0, ']', &o->temperature, err,
@@ -270,6 +292,9 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         *saw_steps = 1;
         return parse_u64("--steps", arg, 1, 1000000000ull, &t->steps, err, n);
     case OPT_BATCH: return parse_int("--batch", arg, 1, 65536, &t->batch, err, n);
+    case OPT_ACCUMULATE: return parse_int("--accumulate", arg, 1, 65536, &t->accumulate, err, n);
+    case OPT_OPTIMIZER_MOMENTS:
+        return parse_choice("optimizer-moments", arg, parse_moments, &t->optim.moments, err, n);
     case OPT_OPTIMIZER: return parse_choice("optimizer", arg, parse_opt, &t->optim.kind, err, n);
     case OPT_LR: return parse_float("--lr", arg, '(', 0.0, 100.0, ']', &t->optim.lr, err, n);
     case OPT_MOMENTUM:
@@ -345,6 +370,7 @@ static int apply_one(int c, const char *arg, st_cli_options *o, seen *saw, int *
     saw->context |= c == OPT_CONTEXT;
     saw->heads |= c == OPT_HEADS;
     saw->neuron_group |= c == OPT_NEURON_GROUP;
+    saw->format |= c == OPT_FORMAT;
     if (c == OPT_HOLDOUT || c == OPT_VAL_BYTES || c == OPT_EPOCH_WINDOWS)
         saw->text_option = c == OPT_HOLDOUT ? "--holdout"
                          : c == OPT_VAL_BYTES ? "--val-bytes" : "--epoch-windows";
@@ -423,6 +449,10 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         o->action = ST_CLI_EVAL;
         argc--;
         argv++;
+    } else if (argc > 1 && strcmp(argv[1], "export") == 0) {
+        o->action = ST_CLI_EXPORT;
+        argc--;
+        argv++;
     }
     seen saw = { 0 };
     /* The command line first read whole (getopt's checks: unknown options,
@@ -438,7 +468,8 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     int n_cmd = 0;
     st_cli_getopt_start();
     for (;;) {
-        int c = st_cli_next_option(argc, argv, ":qhV", st_cli_option_table(), "subtrain", err, n);
+        int c = st_cli_next_option(argc, argv, ":qhVo:", st_cli_option_table(), "subtrain", err,
+                                      n);
         if (c == -1)
             break;
         if (c == ST_CLI_REJECTED) {
@@ -517,7 +548,7 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     const st_strategy_info *strategy = st_strategy_info_of(o->train.strategy);
     if (strategy->depth > 0) {   /* the model the strategy trains unless told */
         if (!saw.model)
-            o->train.model.kind = strategy->model;
+            o->train.model.kind = st_model_kind_named(strategy->model);
         if (!saw.depth)
             o->train.model.depth = strategy->depth;
     }
@@ -536,6 +567,12 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
                                                 "text:FILE"
                                               : "--data text:FILE is for --model %s (a language "
                                                 "model)", reads_text ? model : lm);
+    if (text && o->train.split.kind != ST_SPLIT_IID) {
+        char split[64];
+        st_split_name(&o->train.split, split, sizeof split);
+        return st_cli_fail(err, n, "--split %s: text data has no classes to split by (it "
+                           "takes --split iid only)", split);
+    }
     if (saw.text_option && !text)
         return st_cli_fail(err, n, "%s applies to --data text:FILE only", saw.text_option);
     if (o->sample && !reads_text)
@@ -562,6 +599,17 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         return st_cli_fail(err, n, "eval needs --init FILE: the weights to evaluate");
     if (o->action == ST_CLI_EVAL && (o->checkpoint_dir || o->metrics_path))
         return st_cli_fail(err, n, "eval writes no %s", o->checkpoint_dir ? "checkpoint" : "metrics");
+    if (o->action != ST_CLI_EXPORT && (saw.format || o->output_path))
+        return st_cli_fail(err, n, "%s applies to subtrain export only",
+                           o->output_path ? "--output" : "--format");
+    if (o->action == ST_CLI_EXPORT && !o->init_path)
+        return st_cli_fail(err, n, "export needs --init FILE: the weights to convert");
+    if (o->action == ST_CLI_EXPORT && !o->output_path)
+        return st_cli_fail(err, n, "export needs -o FILE: the file to write");
+    if (o->action == ST_CLI_EXPORT && (o->checkpoint_dir || o->metrics_path || o->resume_path))
+        return st_cli_fail(err, n, "export takes weights with --init and writes -o FILE only, "
+                           "not %s", o->checkpoint_dir ? "--checkpoint"
+                                     : o->metrics_path ? "--metrics" : "--resume");
     if (o->init_path && strategy->no_init)
         return st_cli_fail(err, n, "--init does not apply to --strategy %s (%s)", strategy->name,
                            strategy->no_init);

@@ -16,7 +16,12 @@ typedef enum st_progress_mode {
     ST_PROGRESS_AUTO, ST_PROGRESS_BAR, ST_PROGRESS_PLAIN, ST_PROGRESS_NONE
 } st_progress_mode;
 
-typedef enum st_cli_action { ST_CLI_RUN, ST_CLI_EVAL, ST_CLI_HELP, ST_CLI_VERSION } st_cli_action;
+typedef enum st_cli_action {
+    ST_CLI_RUN, ST_CLI_EVAL, ST_CLI_EXPORT, ST_CLI_HELP, ST_CLI_VERSION
+} st_cli_action;
+
+/* subtrain export --format: the layout it writes (doc/interop.md). */
+typedef enum st_cli_format { ST_CLI_FORMAT_TORCH, ST_CLI_FORMAT_SUBTRAIN } st_cli_format;
 
 /* What --data names (doc/cli.md). */
 typedef enum st_cli_data_kind {
@@ -54,7 +59,10 @@ typedef struct st_cli_options {
     /* sampling after training (--model gpt) */
     uint64_t sample;           /* --sample: bytes to generate (0: none) */
     const char *checkpoint_dir; /* --checkpoint: the final weights go there */
-    const char *init_path;     /* --init: weights to start from (eval: to evaluate) */
+    const char *init_path;     /* --init: weights to start from (eval: to evaluate;
+                                * export: to convert) */
+    const char *output_path;   /* export -o: the file written */
+    st_cli_format format;      /* export --format */
     const char *resume_path;   /* --resume: a step checkpoint, or a directory of them */
     int usr1_checkpoint;       /* --usr1 checkpoint: SIGUSR1 checkpoints and goes on */
     int slurm_cpus;            /* --workers cores capped by SLURM_CPUS_PER_TASK (0: not) */

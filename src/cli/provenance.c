@@ -8,6 +8,7 @@
 
 #include <subtrain/subtrain.h>
 
+#include "cli/cli_util.h"
 #include "cli/config_file.h"
 #include "cli/provenance.h"
 #include "config.h"
@@ -73,6 +74,36 @@ int st_cli_provenance_make(const st_cli_options *o, st_cli_provenance *p)
     return 0;
 }
 
+int st_cli_provenance_split(st_cli_provenance *p, const st_cli_options *o,
+                            const st_dataset *train)
+{
+    st_split_name(&o->train.split, p->split_name, sizeof p->split_name);
+    if (st_split_make(&o->train.split, train, p->workers, o->train.seed,
+                      (uint32_t)o->train.batch, &p->split) != ST_OK) {
+        st_cli_error("subtrain", "%s", st_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+/* "split":{...}: the spec and each worker's samples of each class. */
+static void write_split(FILE *f, const st_cli_provenance *p)
+{
+    const st_split *s = p->split;
+    const uint32_t C = st_split_classes(s);
+    const uint32_t *h = st_split_histogram(s);
+    fputs(",\"split\":{\"spec\":", f);
+    st_cli_json_string(f, p->split_name);
+    fprintf(f, ",\"classes\":%lu,\"histogram\":[", (unsigned long)C);
+    for (int g = 0; g < st_split_workers(s); g++) {
+        fputs(g ? ",[" : "[", f);
+        for (uint32_t c = 0; c < C; c++)
+            fprintf(f, "%s%lu", c ? "," : "", (unsigned long)h[(size_t)g * C + c]);
+        fputc(']', f);
+    }
+    fputs("]}", f);
+}
+
 /* A team's OS PU numbers, runs of consecutive ones as ranges: "0-3,8". */
 static void write_pus(FILE *f, const st_plan *pl, int w)
 {
@@ -125,12 +156,17 @@ void st_cli_provenance_write(FILE *f, const st_cli_provenance *p, const st_epoch
         write_pus(f, pl, w);
         fprintf(f, ",\"numa\":%d}", pl->workers[w].numa_os);
     }
-    fprintf(f, "],\"seed\":%llu,\"start_time\":\"%s\"}", (unsigned long long)p->seed,
+    fprintf(f, "],\"seed\":%llu,\"start_time\":\"%s\"", (unsigned long long)p->seed,
             p->start_time);
+    if (p->split)
+        write_split(f, p);
+    fputc('}', f);
 }
 
 void st_cli_provenance_free(st_cli_provenance *p)
 {
     free(p->config);
     p->config = NULL;
+    st_split_destroy(p->split);
+    p->split = NULL;
 }

@@ -55,7 +55,7 @@ static void take(const char *key, const char *value, void *user)
         char *t = c->r->text + c->used;
         memcpy(t, key, k);
         memcpy(t + k, value, v);
-        c->r->list[c->r->n] = (st_st_meta){ t, t + k };
+        c->r->list[c->r->n] = (st_safetensors_meta_entry){ t, t + k };
     }
     c->r->n++;
     c->used += k + v;
@@ -77,6 +77,30 @@ int st_cli_resume_options_make(const st_cli_options *o, st_cli_resume_options *o
     c.used = 0;
     st_cli_config_each(o, take, &c);
     return 0;
+}
+
+void st_cli_resume_options_since(st_cli_resume_options *r, const st_safetensors *file)
+{
+    char *argv[] = { "subtrain", NULL }, err[256];
+    st_cli_options d;
+    st_cli_resume_options defaults = { 0 };
+    if (st_cli_parse(1, argv, &d, err, sizeof err) != 0 ||
+        st_cli_resume_options_make(&d, &defaults) != 0)
+        return;   /* every option stays compared */
+    int kept = 0;
+    for (int i = 0; i < r->n; i++) {
+        char key[256];
+        snprintf(key, sizeof key, "subtrain.option.%s", r->list[i].key);
+        int absent_at_default = 0;
+        if (!st_safetensors_meta(file, key))
+            for (int j = 0; j < defaults.n; j++)
+                if (strcmp(defaults.list[j].key, r->list[i].key) == 0)
+                    absent_at_default = strcmp(defaults.list[j].value, r->list[i].value) == 0;
+        if (!absent_at_default)
+            r->list[kept++] = r->list[i];
+    }
+    r->n = kept;
+    st_cli_resume_options_free(&defaults);
 }
 
 void st_cli_resume_options_free(st_cli_resume_options *r)

@@ -10,8 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <subtrain/arena.h>
-
+#include "core/arena_impl.h"
 #include "core/enum_table.h"
 #include "core/error.h"
 
@@ -65,6 +64,30 @@ void st_arena_init(st_arena *arena, const char *owner,
     else
         arena->backend = (st_chunk_backend){ libc_alloc, libc_free, NULL };
     arena->chunk_bytes = chunk_bytes ? chunk_bytes : ST_DEFAULT_CHUNK;
+}
+
+st_status st_arena_create(const char *owner, const st_chunk_backend *backend,
+                          size_t chunk_bytes, st_arena **out)
+{
+    *out = malloc(sizeof **out);
+    if (!*out)
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory creating an arena",
+                       owner ? owner : "arena");
+    st_arena_init(*out, owner, backend, chunk_bytes);
+    return ST_OK;
+}
+
+void st_arena_destroy(st_arena *arena)
+{
+    if (!arena)
+        return;
+    st_arena_release(arena);
+    free(arena);
+}
+
+st_mem_stats st_arena_stats(const st_arena *arena)
+{
+    return arena->stats;
 }
 
 static size_t align_up(size_t n)

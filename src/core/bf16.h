@@ -25,6 +25,18 @@ static inline uint32_t st_bf16_rne_bits(uint32_t x)
     return (x & 0x7fffffffu) > 0x7f800000u ? (x & 0xffff0000u) | 0x400000u : r;
 }
 
+/* The bits of fp32 x rounded to bf16 stochastically: away from zero with
+ * probability (the dropped lower half) / 2^16, from the 16 random bits in
+ * the lower half of r, so that the rounding is unbiased on average (a
+ * value whose small changes round to nothing under rne: an optimizer's
+ * slowly decaying moment).  A value with a zero lower half is kept; a
+ * NaN stays a (quiet) NaN. */
+static inline uint32_t st_bf16_sr_bits(uint32_t x, uint32_t r)
+{
+    uint32_t s = (x + (r & 0xffffu)) & 0xffff0000u;
+    return (x & 0x7fffffffu) > 0x7f800000u ? (x & 0xffff0000u) | 0x400000u : s;
+}
+
 static inline st_bf16 st_bf16_from_float(float f)
 {
     uint32_t u;

@@ -63,6 +63,31 @@ float st_rng_normal(st_rng *rng)
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+/* Uniform in (0, 1], 53 bits: a logarithm of it is finite. */
+static double open_unit(st_rng *rng)
+{
+    return ((double)(st_rng_u64(rng) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+}
+
+double st_rng_gamma_log(st_rng *rng, double alpha)
+{
+    /* below 1: Gamma(alpha) = Gamma(alpha + 1) U^(1/alpha), in logarithms */
+    const double boost = alpha < 1.0 ? log(open_unit(rng)) / alpha : 0.0;
+    const double a = alpha < 1.0 ? alpha + 1.0 : alpha;
+    const double d = a - 1.0 / 3.0, c = 1.0 / sqrt(9.0 * d);
+    for (;;) {
+        double x, v;
+        do {
+            x = sqrt(-2.0 * log(open_unit(rng))) * cos(6.283185307179586 * open_unit(rng));
+            v = 1.0 + c * x;
+        } while (v <= 0.0);
+        v = v * v * v;
+        const double u = open_unit(rng);
+        if (log(u) < 0.5 * x * x + d - d * v + d * log(v))
+            return log(d) + log(v) + boost;
+    }
+}
+
 void st_rng_shuffle_u32(st_rng *rng, uint32_t *a, size_t n)
 {
     for (size_t i = n; i > 1; i--) {

@@ -13,7 +13,8 @@
  * data/dataset.c), 0x5E7A7 (synthetic data sets, data/synthetic.c), 0xA551
  * (sdp/ist assignments, subnet/assignment.c), 0xA0C7 (augmentation,
  * data/augment.c), 0x5A3D (sampling text from a gpt model,
- * nn/generate.c).  A new one must differ from all of these.
+ * nn/generate.c), 0x057A7E (stochastic rounding of a bf16 optimizer
+ * state, optim/state16.c).  A new one must differ from all of these.
  */
 #ifndef SUBTRAIN_CORE_RNG_STREAMS_H
 #define SUBTRAIN_CORE_RNG_STREAMS_H
@@ -30,5 +31,10 @@
  * stream per segment, then per (epoch, position in the order)
  * (train/synth.c). */
 #define ST_RNG_STREAM_SYNTH_NOISE 0x4015Eull
+
+/* Non-iid splits (data/split.c): below it, stream 0 deals the samples
+ * (each class's shuffle, a Dirichlet split's proportions), stream 1 the
+ * epochs' orders (per epoch, then worker, then pass over its split). */
+#define ST_RNG_STREAM_SPLIT 0x5B117ull
 
 #endif /* SUBTRAIN_CORE_RNG_STREAMS_H */

@@ -19,8 +19,16 @@
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
     !defined(__SANITIZE_THREAD__)
 #define ST_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+/* For loops that convert between 32- and 16-bit lanes (bf16 values):
+ * AVX-512F alone has no 16-bit operations and no masked compares on
+ * 256-bit vectors, and GCC compiles such a loop's avx512f clone as 256-bit
+ * AVX2 code; x86-64-v4 (F, BW, DQ, VL) gives it 512-bit vectors and mask
+ * registers. */
+#define ST_VECTOR_CLONES_BW \
+    __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define ST_VECTOR_CLONES
+#define ST_VECTOR_CLONES_BW
 #endif
 
 #endif /* ST_CORE_SIMD_H */

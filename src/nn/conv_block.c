@@ -24,7 +24,7 @@ st_layer *st_graph_conv(st_model *m, const char *name, int x, int y, int dx, int
 st_layer *st_graph_bn_act(st_model *m, const char *name, int x, int y, int dx, int dy, int mid,
                           int dmid, int64_t c, int unit)
 {
-    const st_activation act = st_model_get_config(m)->activation;
+    const st_activation act = m->cfg.activation;
     const int fuse = act == ST_ACT_RELU;
     st_layer *n = st_graph_add(m, &st_layer_batchnorm, name, x, fuse ? y : mid, dx,
                                fuse ? dy : dmid);

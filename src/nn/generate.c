@@ -96,7 +96,7 @@ st_status st_model_generate(st_model *m, const uint8_t *prompt, size_t prompt_le
                             float temperature, int top_k, uint64_t seed, uint8_t *out)
 {
     const st_model_config *c = &m->cfg;
-    if (c->kind != ST_MODEL_GPT || c->n_classes != ST_VOCAB)
+    if (st_model_kind_reads(c->kind) != ST_MODEL_READS_TEXT || c->n_classes != ST_VOCAB)
         return st_fail(ST_ERR_INVALID, "generate: needs a byte-level gpt model (256 classes); "
                        "this is %s with %d classes", st_model_kind_name(c->kind), c->n_classes);
     if (m->batch != 1)

@@ -80,7 +80,8 @@ typedef struct st_tensor {
 
 /* The table's layers, and what their kinds provide: nn/graph_layer.h. */
 
-/* A model's declaration: appends its tensors and layers (models/). */
+/* A model's declaration: appends its tensors and layers (models/) for its
+ * configuration, m->cfg. */
 typedef st_status (*st_model_declare_fn)(st_model *m);
 
 /* Where a segment's elements come from in the full model, element by
@@ -193,13 +194,13 @@ struct st_model {
 
 /* ------------------------------------------------------------ builders */
 
-/* A model kind: one file of src/nn/models/ defines its entry, model.c's
- * table lists it.  The entry is everything the library and a front end
+/* A model kind: one file of src/nn/models/, NAME.c, defines its entry
+ * st_model_NAME, and its name in model.c's MODEL_KINDS lists it (its place
+ * there is its st_model_kind).  The entry is everything the library and a front end
  * (the command line) know of the kind: its name and what --help says of
  * it, what it reads, the options it takes, their defaults, its checks,
  * its banner words and its declaration. */
 typedef struct st_model_builder {
-    st_model_kind kind;
     const char *name;              /* --model NAME; a weights file's subtrain.model */
     const char *help;              /* --help's words on it, NULL: none */
     st_model_reads reads;
@@ -218,7 +219,9 @@ typedef struct st_model_builder {
     /* The banner's words after "NAME depth D width W" (" hidden 256"),
      * into out (n bytes); NULL: none. */
     void (*describe)(const st_model_config *c, char *out, size_t n);
-    /* Appends the full model's tensors and layers. */
+    /* Appends the full model's tensors and layers.  A kind that reads
+     * images is declared only with an image shape (model.c refuses the
+     * rest in the kind's name). */
     st_model_declare_fn declare;
 } st_model_builder;
 

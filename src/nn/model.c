@@ -24,29 +24,47 @@
 
 /* ------------------------------------------------------------ model kinds */
 
-/* The model kinds, in the order --help and messages list them: each entry
- * is defined by its file of src/nn/models/. */
-extern const st_model_builder st_model_mlp, st_model_resmlp, st_model_resnet, st_model_resnet18,
-    st_model_gpt, st_model_convnet;
-static const st_model_builder *const model_kinds[] = {
-    &st_model_mlp, &st_model_resmlp, &st_model_resnet, &st_model_resnet18, &st_model_gpt,
-    &st_model_convnet,
-};
+/* The model kinds, in the order --help and messages list them: each is
+ * the entry st_model_NAME that src/nn/models/NAME.c defines, and its
+ * place here is its st_model_kind. */
+#define MODEL_KINDS(X) X(mlp) X(resmlp) X(resnet) X(resnet18) X(gpt) X(convnet)
+
+#define DECLARE(name) extern const st_model_builder st_model_##name;
+MODEL_KINDS(DECLARE)
+#define ENTRY(name) &st_model_##name,
+static const st_model_builder *const model_kinds[] = { MODEL_KINDS(ENTRY) };
 #define N_KINDS ((int)(sizeof model_kinds / sizeof model_kinds[0]))
 
 static const st_model_builder *builder_of(st_model_kind kind)
 {
-    for (int i = 0; i < N_KINDS; i++)
-        if (model_kinds[i]->kind == kind)
-            return model_kinds[i];
-    return NULL;
+    return kind >= 0 && kind < N_KINDS ? model_kinds[kind] : NULL;
+}
+
+/* A kind's declaration (its builder's), after what every kind that reads
+ * images needs: a model config with an image shape. */
+static st_status declare_kind(st_model *m)
+{
+    const st_model_config *c = &m->cfg;
+    const st_model_builder *b = builder_of(c->kind);
+    if (b->reads == ST_MODEL_READS_IMAGES && !c->in_channels)
+        return st_fail(ST_ERR_INVALID, "--model %s takes images (C x H x W data), not %d "
+                       "features", b->name, c->in_dim);
+    return b->declare(m);
 }
 
 int st_model_kind_count(void) { return N_KINDS; }
 
 st_model_kind st_model_kind_at(int i)
 {
-    return i >= 0 && i < N_KINDS ? model_kinds[i]->kind : (st_model_kind)-1;
+    return i >= 0 && i < N_KINDS ? i : -1;
+}
+
+st_model_kind st_model_kind_named(const char *name)
+{
+    for (int i = 0; name && i < N_KINDS; i++)
+        if (strcmp(model_kinds[i]->name, name) == 0)
+            return i;
+    return -1;
 }
 
 const char *st_model_kind_name(st_model_kind kind)
@@ -78,7 +96,7 @@ int st_model_kind_takes(st_model_kind kind, unsigned option)
 static st_enum_table kind_names(st_enum_entry *entries)
 {
     for (int i = 0; i < N_KINDS; i++)
-        entries[i] = (st_enum_entry){ model_kinds[i]->name, (int)model_kinds[i]->kind };
+        entries[i] = (st_enum_entry){ model_kinds[i]->name, i };
     return (st_enum_table){ "model", entries, (size_t)N_KINDS };
 }
 
@@ -88,7 +106,7 @@ st_status st_model_kind_parse(const char *name, st_model_kind *out)
     const st_enum_table t = kind_names(entries);
     int v;
     ST_TRY(st_enum_parse(&t, name, &v));
-    *out = (st_model_kind)v;
+    *out = v;
     return ST_OK;
 }
 
@@ -161,7 +179,7 @@ size_t st_model_config_describe(const st_model_config *c, char *buf, size_t n)
 st_model_config st_model_config_default(void)
 {
     st_model_config c = {
-        .kind = ST_MODEL_RESMLP, .depth = 4, .width = 256, .hidden = 0,
+        .kind = st_model_kind_named("resmlp"), .depth = 4, .width = 256, .hidden = 0,
         .activation = ST_ACT_GELU, .in_dim = 784, .n_classes = 10,
     };
     return c;
@@ -235,7 +253,7 @@ st_status st_model_config_check(const st_model_config *c)
                        b->name, c->context);
     if (b->check)
         ST_TRY(b->check(c));
-    return check_subnet(c, b->declare);
+    return check_subnet(c, declare_kind);
 }
 
 /* The subnetwork against the units the full model's layers declare. */
@@ -472,7 +490,7 @@ static st_status layout_with(st_model *m, const st_model_config *cfg, st_model_d
 static st_status layout_full(st_model *m, const st_model_config *cfg)
 {
     const st_model_builder *b = builder_of(cfg->kind);
-    return layout_with(m, cfg, b ? b->declare : NULL);
+    return layout_with(m, cfg, b ? declare_kind : NULL);
 }
 
 st_status st_model_init_full_range(const st_model_config *cfg, uint64_t seed, size_t begin,
@@ -524,6 +542,33 @@ st_status st_model_config_segments(const st_model_config *cfg, st_param_segment 
     return s;
 }
 
+st_status st_model_config_state_segments(const st_model_config *cfg, st_param_segment **out,
+                                         int *count)
+{
+    *out = NULL;
+    *count = 0;
+    ST_TRY(st_model_config_check(cfg));
+    st_model m;
+    st_status s = layout_full(&m, cfg);
+    if (s == ST_OK && m.n_state_segs) {
+        *out = calloc((size_t)m.n_state_segs, sizeof **out);
+        if (!*out)
+            s = st_fail(ST_ERR_NOMEM, "out of memory listing a model's state");
+        for (int i = 0; *out && i < m.n_state_segs; i++) {
+            st_param_segment *g = &(*out)[i];
+            memcpy(g->name, m.state_segs[i].name, sizeof g->name);
+            g->offset = m.state_full[i];
+            g->count = (size_t)m.state_sel[i].full;
+            g->rows = m.state_sel[i].full;
+            g->cols = 1;
+            g->grad_offset = ST_NO_GRAD;
+        }
+        *count = *out ? m.n_state_segs : 0;
+    }
+    destroy_layout(&m);
+    return s;
+}
+
 static void destroy_layout(st_model *m)
 {
     st_graph_free(m);
@@ -570,7 +615,7 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
     *out = NULL;
     if (!declare) {
         ST_TRY(st_model_config_check(cfg));
-        declare = builder_of(cfg->kind)->declare;
+        declare = declare_kind;
     } else {
         ST_TRY(check_fields(cfg));
         ST_TRY(check_subnet(cfg, declare));

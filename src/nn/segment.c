@@ -15,6 +15,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "nn/graph.h"
 #include "nn/layers.h"
@@ -66,7 +67,7 @@ double st_segment_flops(const st_model_config *m, int first, int last, int batch
 static st_status check(const st_segment_config *c)
 {
     ST_TRY(st_model_config_check(&c->model));
-    if (c->model.kind != ST_MODEL_MLP)
+    if (strcmp(st_model_kind_name(c->model.kind), "mlp") != 0)
         return st_fail(ST_ERR_INVALID, "segments are cut from an mlp, not a %s",
                        st_model_kind_name(c->model.kind));
     if (c->first < 1 || c->last < c->first || c->last > c->model.depth + 1)

@@ -8,23 +8,25 @@
  * and is bound by memory bandwidth and by the divide and square root of
  * AdamW.  They are compiled also for AVX2 and AVX-512 (chosen at load
  * time, below) because at SSE2 width the divide and square root, not
- * memory, limit AdamW (doc/benchmarks.md has the timings).
+ * memory, limit AdamW (doc/benchmarks.md has the timings).  A bf16 state
+ * (st_moments) has its own loops, state16.c; this file dispatches.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
-
-#include <subtrain/optim.h>
 
 #include "core/bf16.h"
 #include "core/enum_table.h"
 #include "core/error.h"
 #include "core/simd.h"
+#include "optim/optim_impl.h"
+#include "optim/state16.h"
 
 st_optim_config st_optim_config_default(void)
 {
     st_optim_config c = {
         .kind = ST_OPT_ADAMW, .lr = 1e-3f, .momentum = 0.9f, .weight_decay = 0.01f,
-        .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+        .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .moments = ST_MOMENTS_FP32,
     };
     return c;
 }
@@ -44,6 +46,10 @@ st_status st_optim_config_check(const st_optim_config *c)
                        c->beta1, c->beta2);
     if (!(c->eps > 0.0f))
         return st_fail(ST_ERR_INVALID, "Adam epsilon must be > 0, got %g", c->eps);
+    if (c->moments != ST_MOMENTS_FP32 && c->moments != ST_MOMENTS_BF16 &&
+        c->moments != ST_MOMENTS_BF16_SR)
+        return st_fail(ST_ERR_INVALID, "unknown optimizer moments %d (allowed: fp32, bf16, "
+                       "bf16-sr)", (int)c->moments);
     return ST_OK;
 }
 
@@ -66,6 +72,38 @@ st_status st_optimizer_parse(const char *name, st_optimizer_kind *out)
     return ST_OK;
 }
 
+static const st_enum_entry moments_entries[] = {
+    { "fp32", ST_MOMENTS_FP32 },
+    { "bf16", ST_MOMENTS_BF16 },
+    { "bf16-sr", ST_MOMENTS_BF16_SR },
+};
+static const st_enum_table moments_table = ST_ENUM_TABLE("optimizer moments", moments_entries);
+
+const char *st_moments_name(st_moments m)
+{
+    return st_enum_name(&moments_table, (int)m);
+}
+
+st_status st_moments_parse(const char *name, st_moments *out)
+{
+    int v;
+    ST_TRY(st_enum_parse(&moments_table, name, &v));
+    *out = (st_moments)v;
+    return ST_OK;
+}
+
+/* State vectors: AdamW's m and v, SGD's momentum buffer (none without). */
+static int state_vectors(const st_optim_config *c)
+{
+    return c->kind == ST_OPT_ADAMW ? 2 : c->momentum > 0.0f;
+}
+
+int st_optim_bytes_per_param(const st_optim_config *c, int copy)
+{
+    const int state = c->moments == ST_MOMENTS_FP32 ? 4 : 2;
+    return 4 + 2 * 4 + state_vectors(c) * 2 * state + (copy ? 2 : 0);
+}
+
 st_status st_optim_init(st_optim *opt, const st_optim_config *cfg, size_t n, st_arena *arena)
 {
     return st_optim_init_range(opt, cfg, 0, n, arena);
@@ -82,12 +120,43 @@ st_status st_optim_init_range(st_optim *opt, const st_optim_config *cfg, size_t 
     opt->cfg = *cfg;
     opt->base = begin;
     opt->n = n;
-    int need_m = cfg->kind == ST_OPT_ADAMW || cfg->momentum > 0.0f;
-    if (need_m)
-        ST_TRY(st_arena_alloc_floats(arena, ST_MEM_OPTIMIZER, n, &opt->m));
-    if (cfg->kind == ST_OPT_ADAMW)
-        ST_TRY(st_arena_alloc_floats(arena, ST_MEM_OPTIMIZER, n, &opt->v));
+    const int vectors = state_vectors(cfg);
+    if (cfg->moments == ST_MOMENTS_FP32) {
+        if (vectors >= 1)
+            ST_TRY(st_arena_alloc_floats(arena, ST_MEM_OPTIMIZER, n, &opt->m));
+        if (vectors == 2)
+            ST_TRY(st_arena_alloc_floats(arena, ST_MEM_OPTIMIZER, n, &opt->v));
+        return ST_OK;
+    }
+    /* zeroed, as the fp32 vectors are: bf16 zero is zero bits */
+    void *m16 = NULL, *v16 = NULL;
+    if (vectors >= 1)
+        ST_TRY(st_arena_alloc(arena, ST_MEM_OPTIMIZER, n * sizeof(uint16_t), &m16));
+    if (vectors == 2)
+        ST_TRY(st_arena_alloc(arena, ST_MEM_OPTIMIZER, n * sizeof(uint16_t), &v16));
+    opt->m16 = m16;
+    opt->v16 = v16;
+    st_optim_reset(opt);
     return ST_OK;
+}
+
+st_status st_optim_create(const st_optim_config *cfg, size_t begin, size_t end,
+                          st_arena *arena, st_optim **out)
+{
+    *out = malloc(sizeof **out);
+    if (!*out)
+        return st_fail(ST_ERR_NOMEM, "out of memory creating an optimizer");
+    st_status s = st_optim_init_range(*out, cfg, begin, end, arena);
+    if (s != ST_OK) {
+        free(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+void st_optim_destroy(st_optim *opt)
+{
+    free(opt);
 }
 
 void st_optim_reset(st_optim *opt)
@@ -96,6 +165,10 @@ void st_optim_reset(st_optim *opt)
         memset(opt->m, 0, opt->n * sizeof *opt->m);
     if (opt->v)
         memset(opt->v, 0, opt->n * sizeof *opt->v);
+    if (opt->m16)
+        memset(opt->m16, 0, opt->n * sizeof *opt->m16);
+    if (opt->v16)
+        memset(opt->v16, 0, opt->n * sizeof *opt->v16);
 }
 
 /* The hot loops below are cloned for wider vector units (core/simd.h). */
@@ -128,8 +201,9 @@ static inline void store_h(float *restrict p, uint16_t *restrict h, size_t i, fl
     h[i] = (uint16_t)(st_bf16_rne_bits(u) >> 16);
 }
 
-/* The same, writing h[i] = bf16(p[i]) as well (h: a weight copy) */
-ST_VECTOR_CLONES
+/* The same, writing h[i] = bf16(p[i]) as well (h: a weight copy; 16-bit
+ * lanes: core/simd.h) */
+ST_VECTOR_CLONES_BW
 static void sgd_range_h(float *restrict p, const float *restrict g, float *restrict buf,
                         uint16_t *restrict h, size_t n, float lr, float momentum, float wd)
 {
@@ -150,10 +224,7 @@ static void sgd_range_h(float *restrict p, const float *restrict g, float *restr
     }
 }
 
-typedef struct adam_step {
-    float lr, wd, b1, b2, eps;
-    float c1, c2;   /* bias corrections 1/(1-b1^t), 1/(1-b2^t) */
-} adam_step;
+typedef st_adam_step adam_step;
 
 /* Element i's moments updated in place; returns its new value (shrink:
  * the decoupled weight decay's factor, 1 where the segment does not
@@ -184,7 +255,7 @@ static void adamw_range(float *restrict p, const float *restrict g, float *restr
  * a chunk updated and then rounded from L1: that is faster only while the
  * parameters fit in cache, and slower from memory, where one loop runs
  * the copy's stream alongside the other seven (doc/benchmarks.md). */
-ST_VECTOR_CLONES
+ST_VECTOR_CLONES_BW
 static void adamw_range_h(float *restrict p, const float *restrict g, float *restrict m,
                           float *restrict v, uint16_t *restrict h, size_t n,
                           const adam_step *a, int decay)
@@ -196,13 +267,23 @@ static void adamw_range_h(float *restrict p, const float *restrict g, float *res
 }
 
 /* Elements [lo, hi) of the vector (at: lo's place in the state), h: their
- * bf16 copy or NULL. */
+ * bf16 copy or NULL; rnd: a bf16 state's rounding. */
 static void update_piece(const st_optim *opt, float *params, const float *grads, size_t lo,
-                         size_t hi, uint16_t *h, const adam_step *a, float wd, int decay)
+                         size_t hi, uint16_t *h, const adam_step *a, float wd, int decay,
+                         st_state_rounding *rnd)
 {
     const st_optim_config *c = &opt->cfg;
     size_t n = hi - lo, at = lo - opt->base;
     float *m = opt->m ? opt->m + at : NULL;
+    if (opt->m16) {   /* a bf16 state (SGD without momentum has none) */
+        rnd->first = lo;
+        if (c->kind == ST_OPT_SGD)
+            st_sgd16(params + at, grads + at, opt->m16 + at, h, n, a->lr, c->momentum, wd, rnd);
+        else
+            st_adamw16(params + at, grads + at, opt->m16 + at, opt->v16 + at, h, n, a,
+                       decay ? 1.0f - a->lr * a->wd : 1.0f, rnd);
+        return;
+    }
     if (c->kind == ST_OPT_SGD) {
         if (h)
             sgd_range_h(params + at, grads + at, m, h, n, a->lr, c->momentum, wd);
@@ -235,6 +316,11 @@ void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
         begin = opt->base;
     if (end > opt->base + opt->n)
         end = opt->base + opt->n;
+    st_state_rounding rnd = { c->moments == ST_MOMENTS_BF16_SR, 0, 0 };
+    if (rnd.sr)
+        rnd.key = st_state_rounding_key(c->seed, t);
+    const size_t bytes = (size_t)st_optim_bytes_per_param(c, 0);
+    opt->updated = opt->update_bytes = 0;
     int k = 0;   /* the first copy that may still cover what comes */
     for (int s = 0; s < n_segs; s++) {
         size_t lo = segs[s].offset, hi = segs[s].offset + segs[s].count;
@@ -257,7 +343,9 @@ void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
             } else if (k < n_copies && copies[k].offset < hi) {
                 cut = copies[k].offset;
             }
-            update_piece(opt, params, grads, lo, cut, h, &a, wd, segs[s].decay);
+            update_piece(opt, params, grads, lo, cut, h, &a, wd, segs[s].decay, &rnd);
+            opt->updated += cut - lo;
+            opt->update_bytes += (cut - lo) * (bytes + (h ? sizeof *h : 0));
             lo = cut;
         }
     }

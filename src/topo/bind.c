@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "topo/topo_internal.h"
+#include "topo/numa_impl.h"
 
 /* How often to let the scheduler move us before concluding that the
  * thread does not run where its binding says. */
@@ -167,10 +168,34 @@ static void numa_free(void *ptr, size_t bytes, void *ctx)
     hwloc_free(c->topology->hw, ptr, bytes);
 }
 
-st_chunk_backend st_numa_backend(st_numa_ctx *ctx, const st_topology *t, int numa_os)
+void st_numa_ctx_init(st_numa_ctx *ctx, const st_topology *t, int numa_os)
 {
     memset(ctx, 0, sizeof *ctx);
     ctx->topology = t;
     ctx->numa_os = numa_os;
+}
+
+st_status st_numa_ctx_create(const st_topology *t, int numa_os, st_numa_ctx **out)
+{
+    *out = malloc(sizeof **out);
+    if (!*out)
+        return st_fail(ST_ERR_NOMEM, "NUMA node %d: out of memory creating its context",
+                       numa_os);
+    st_numa_ctx_init(*out, t, numa_os);
+    return ST_OK;
+}
+
+void st_numa_ctx_destroy(st_numa_ctx *ctx)
+{
+    free(ctx);
+}
+
+st_chunk_backend st_numa_backend(st_numa_ctx *ctx)
+{
     return (st_chunk_backend){ numa_alloc, numa_free, ctx };
+}
+
+const char *st_numa_warning(const st_numa_ctx *ctx)
+{
+    return ctx->warned ? ctx->warning : NULL;
 }

@@ -76,18 +76,30 @@ static void ckpt_free(run_ckpt *ck)
     free(ck->text);
 }
 
-st_status st_run_ckpt_tensor(run_ckpt *ck, const char *name, const float *data, size_t count)
+/* A vector of count F32 or BF16 values. */
+static st_status add_tensor(run_ckpt *ck, const char *name, st_dtype dtype, const void *data,
+                            size_t count)
 {
     if (ck->n == ck->cap)
         return st_fail(ST_ERR_INVALID, "a checkpoint of more than %d state tensors", ck->cap);
-    st_st_tensor *t = &ck->tensors[ck->n++];
+    st_safetensors_tensor *t = &ck->tensors[ck->n++];
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", name);
-    t->dtype = ST_DTYPE_F32;
+    t->dtype = dtype;
     t->ndims = 1;
     t->shape[0] = (int64_t)count;
     t->data = data;
     return ST_OK;
+}
+
+st_status st_run_ckpt_tensor(run_ckpt *ck, const char *name, const float *data, size_t count)
+{
+    return add_tensor(ck, name, ST_DTYPE_F32, data, count);
+}
+
+static size_t value_bytes(st_dtype dtype)
+{
+    return dtype == ST_DTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
 }
 
 /* Keys and values are copied into ck->text, which never moves: its
@@ -125,7 +137,7 @@ st_status st_run_ckpt_meta(run_ckpt *ck, const char *key, const char *fmt, ...)
     va_end(ap);
     if (!v)
         return st_fail(ST_ERR_INVALID, "a checkpoint's metadata over %zu bytes", ck->text_cap);
-    ck->meta[ck->n_meta++] = (st_st_meta){ k, v };
+    ck->meta[ck->n_meta++] = (st_safetensors_meta_entry){ k, v };
     return ST_OK;
 }
 
@@ -143,6 +155,8 @@ static st_status add_fingerprint(run_ckpt *ck, const run_shared *r)
     ST_TRY(st_run_ckpt_meta(ck, "subtrain.run.test-samples", "%u", r->test->count));
     ST_TRY(st_run_ckpt_meta(ck, "subtrain.run.train-data", "%016" PRIx64, r->data_print[0]));
     ST_TRY(st_run_ckpt_meta(ck, "subtrain.run.test-data", "%016" PRIx64, r->data_print[1]));
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.run.optimizer-moments", "%s",
+                            st_moments_name(r->cfg->optim.moments)));
     const st_train_config *c = r->cfg;
     for (int i = 0; i < c->n_options; i++) {
         char key[256];   /* keys are at most 200 bytes (st_train_config_check) */
@@ -274,6 +288,16 @@ static st_status check_fingerprint(const run_shared *r, const char *name)
                            "fingerprint %s, this one's %s): resume with the data of the run "
                            "that wrote it", name, set[k], was, now);
     }
+    /* The state's layout is refused, not converted, when it differs: a
+     * resume continues the stopped run bitwise, and a rounded or widened
+     * state would make another run (files without the key kept fp32). */
+    was = st_safetensors_meta(r->cfg->resume, "subtrain.run.optimizer-moments");
+    const char *moments = st_moments_name(r->cfg->optim.moments);
+    if (strcmp(was ? was : "fp32", moments) != 0)
+        return st_fail(ST_ERR_INVALID, "%s: its run kept the optimizer moments in %s, this one "
+                       "in %s (--optimizer-moments): resume with the options of the run that "
+                       "wrote it, or start from its weights with --init", name,
+                       was ? was : "fp32", moments);
     return ST_OK;
 }
 
@@ -302,17 +326,21 @@ static st_status add_position(run_ckpt *ck, const run_shared *r, const run_posit
  * workers' global indices. */
 static st_status add_workers(run_ckpt *ck, run_shared *r)
 {
-    char name[ST_ST_MAX_NAME];
+    char name[ST_SAFETENSORS_MAX_NAME];
     for (int k = 0; k < r->n; k++) {
         const st_optim *o = r->slots[k].optim;
         const int g = st_run_global(r, k);
-        if (o->m) {
+        /* a bf16 state as it is, BF16: a resume continues from its bits */
+        const void *m = o->m ? (const void *)o->m : (const void *)o->m16;
+        const void *v = o->v ? (const void *)o->v : (const void *)o->v16;
+        const st_dtype dtype = o->m16 ? ST_DTYPE_BF16 : ST_DTYPE_F32;
+        if (m) {
             snprintf(name, sizeof name, "train.optimizer.m.worker%d", g);
-            ST_TRY(st_run_ckpt_tensor(ck, name, o->m, o->n));
+            ST_TRY(add_tensor(ck, name, dtype, m, o->n));
         }
-        if (o->v) {
+        if (v) {
             snprintf(name, sizeof name, "train.optimizer.v.worker%d", g);
-            ST_TRY(st_run_ckpt_tensor(ck, name, o->v, o->n));
+            ST_TRY(add_tensor(ck, name, dtype, v, o->n));
         }
         size_t count = 0;
         const float *state = r->slots[k].model ? st_model_state(r->slots[k].model, &count)
@@ -382,8 +410,9 @@ static void tidy(const char *dir, int keep)
  * the averaged running statistics, it has already).  What it receives
  * lives in *held (n_held buffers) until the file is written. */
 typedef struct tensor_header {
-    char name[ST_ST_MAX_NAME];
+    char name[ST_SAFETENSORS_MAX_NAME];
     uint64_t count;
+    uint32_t dtype;
 } tensor_header;
 
 static int has_tensor(const run_ckpt *ck, const char *name)
@@ -394,7 +423,7 @@ static int has_tensor(const run_ckpt *ck, const char *name)
     return 0;
 }
 
-static st_status gather_tensors(const run_shared *r, run_ckpt *ck, float ***held, int *n_held)
+static st_status gather_tensors(const run_shared *r, run_ckpt *ck, void ***held, int *n_held)
 {
     if (r->rank != 0) {
         uint64_t n = (uint64_t)ck->n;
@@ -404,8 +433,9 @@ static st_status gather_tensors(const run_shared *r, run_ckpt *ck, float ***held
             memset(&h, 0, sizeof h);
             snprintf(h.name, sizeof h.name, "%s", ck->tensors[i].name);
             h.count = (uint64_t)ck->tensors[i].shape[0];
+            h.dtype = (uint32_t)ck->tensors[i].dtype;
             ST_TRY(st_world_send(&h, sizeof h, 0));
-            ST_TRY(st_world_send(ck->tensors[i].data, h.count * sizeof(float), 0));
+            ST_TRY(st_world_send(ck->tensors[i].data, h.count * value_bytes(h.dtype), 0));
         }
         return ST_OK;
     }
@@ -416,17 +446,19 @@ static st_status gather_tensors(const run_shared *r, run_ckpt *ck, float ***held
             tensor_header h;
             ST_TRY(st_world_recv(&h, sizeof h, from));
             h.name[sizeof h.name - 1] = '\0';
-            float **grown = realloc(*held, sizeof **held * (size_t)(*n_held + 1));
-            float *buf = grown ? malloc(h.count ? h.count * sizeof(float) : 1) : NULL;
+            const st_dtype dtype = h.dtype == ST_DTYPE_BF16 ? ST_DTYPE_BF16 : ST_DTYPE_F32;
+            const size_t bytes = h.count * value_bytes(dtype);
+            void **grown = realloc(*held, sizeof **held * (size_t)(*n_held + 1));
+            void *buf = grown ? malloc(bytes ? bytes : 1) : NULL;
             if (grown)
                 *held = grown;
             if (!buf)
                 return st_fail(ST_ERR_NOMEM, "out of memory for rank %d's checkpoint tensors",
                                from);
             (*held)[(*n_held)++] = buf;
-            ST_TRY(st_world_recv(buf, h.count * sizeof(float), from));
+            ST_TRY(st_world_recv(buf, bytes, from));
             if (!has_tensor(ck, h.name))
-                ST_TRY(st_run_ckpt_tensor(ck, h.name, buf, h.count));
+                ST_TRY(add_tensor(ck, h.name, dtype, buf, h.count));
         }
     }
     return ST_OK;
@@ -443,7 +475,7 @@ st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_positi
     const float *params;
     ST_TRY(r->ops->full_params(r, r->strategy, w0, &params, &count));
     run_ckpt ck;
-    float **held = NULL;
+    void **held = NULL;
     int n_held = 0;
     /* per worker: optimizer m and v, running statistics, and two
      * tensors of the strategy's own (ist's kept state shards) */
@@ -506,7 +538,7 @@ static st_status meta_double(const run_shared *r, const char *key, double *out)
 
 st_status st_run_resume_load(const run_shared *r, const char *name, float *dst, size_t count)
 {
-    const st_st_tensor *t = st_safetensors_find(r->cfg->resume, name);
+    const st_safetensors_tensor *t = st_safetensors_find(r->cfg->resume, name);
     if (!t)
         return st_fail(ST_ERR_FORMAT, "%s: no tensor '%s': not a step checkpoint of this run",
                        r->cfg->resume_name, name);
@@ -600,23 +632,42 @@ void st_run_resume_close(run_shared *r)
     r->resume = NULL;
 }
 
+/* A bf16 state vector of the file being resumed into dst, checked:
+ * BF16, count elements. */
+static st_status resume_load_bf16(const run_shared *r, const char *name, uint16_t *dst,
+                                  size_t count)
+{
+    const st_safetensors_tensor *t = st_safetensors_find(r->cfg->resume, name);
+    if (!t)
+        return st_fail(ST_ERR_FORMAT, "%s: no tensor '%s': not a step checkpoint of this run",
+                       r->cfg->resume_name, name);
+    if (t->dtype != ST_DTYPE_BF16 || t->bytes != count * sizeof *dst)
+        return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' is not BF16 of %zu elements, as this "
+                       "run holds it", r->cfg->resume_name, name, count);
+    memcpy(dst, t->data, count * sizeof *dst);
+    return ST_OK;
+}
+
 st_status st_run_resume_optimizer(run_shared *r, st_worker *w)
 {
-    char name[ST_ST_MAX_NAME];
-    if (w->optim.m) {
-        snprintf(name, sizeof name, "train.optimizer.m.worker%d", st_run_global(r, w->id));
-        ST_TRY(st_run_resume_load(r, name, w->optim.m, w->optim.n));
-    }
-    if (w->optim.v) {
-        snprintf(name, sizeof name, "train.optimizer.v.worker%d", st_run_global(r, w->id));
-        ST_TRY(st_run_resume_load(r, name, w->optim.v, w->optim.n));
+    char name[ST_SAFETENSORS_MAX_NAME];
+    static const char *const which[2] = { "m", "v" };
+    float *const f32[2] = { w->optim.m, w->optim.v };
+    uint16_t *const b16[2] = { w->optim.m16, w->optim.v16 };
+    for (int k = 0; k < 2; k++) {
+        snprintf(name, sizeof name, "train.optimizer.%s.worker%d", which[k],
+                 st_run_global(r, w->id));
+        if (f32[k])
+            ST_TRY(st_run_resume_load(r, name, f32[k], w->optim.n));
+        else if (b16[k])
+            ST_TRY(resume_load_bf16(r, name, b16[k], w->optim.n));
     }
     return ST_OK;
 }
 
 st_status st_run_resume_model(run_shared *r, st_worker *w)
 {
-    char name[ST_ST_MAX_NAME];
+    char name[ST_SAFETENSORS_MAX_NAME];
     if (r->shared_weights)   /* w's part of its domain's copy, then a barrier */
         ST_TRY(st_run_weights_load(r, w, r->resume->params));
     else

@@ -22,6 +22,7 @@ st_train_config st_train_config_default(void)
         .schedule = ST_SCHED_WARMUP_COSINE,
         .warmup_steps = ST_WARMUP_AUTO,
         .batch = 128,
+        .accumulate = 1,
         .epochs = 5,
         .steps = 0,
         .seed = 1,
@@ -59,6 +60,10 @@ st_status st_train_config_check(const st_train_config *c)
                        c->workers);
     if (c->batch < 1 || c->batch > 65536)
         return st_fail(ST_ERR_INVALID, "batch must be in [1, 65536], got %d", c->batch);
+    ST_TRY(st_split_config_check(&c->split));
+    if (c->accumulate < 0 || c->accumulate > 65536)
+        return st_fail(ST_ERR_INVALID, "--accumulate must be in [1, 65536], got %d",
+                       c->accumulate);
     if (c->model.precision == ST_PRECISION_BF16) {
         const char *isa;
         switch (st_bf16_probe(&isa)) {
@@ -95,7 +100,7 @@ st_status st_train_config_check(const st_train_config *c)
         return st_fail(ST_ERR_INVALID, "n_options %d: expected >= 0, with that many in "
                        "options", c->n_options);
     for (int i = 0; i < c->n_options; i++) {
-        const st_st_meta *o = &c->options[i];
+        const st_safetensors_meta_entry *o = &c->options[i];
         if (!o->key || !*o->key || strlen(o->key) > 200 || !o->value)
             return st_fail(ST_ERR_INVALID, "options[%d]: a key of 1 to 200 bytes and a value "
                            "(\"\": the default) are needed", i);

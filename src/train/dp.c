@@ -65,7 +65,7 @@ static st_status solo_step(run_shared *r, st_worker *w, uint64_t i, uint64_t ste
 {
     worker_slot *slot = &r->slots[0];
     double t = st_run_now_s();
-    uint32_t first = (uint32_t)(i * (uint64_t)r->cfg->batch);
+    uint32_t first = (uint32_t)(i * st_run_step_rows(r->cfg));
     ST_TRY(st_worker_compute(w, r->train, w->order, first, loss));
     double t1 = st_run_now_s();
     slot->times.compute += t1 - t;

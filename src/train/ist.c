@@ -90,6 +90,11 @@ static st_status ist_check(const st_train_config *c, int chosen)
     if (o->keep_state && c->optim.kind == ST_OPT_SGD && c->optim.momentum == 0.0f)
         return st_fail(ST_ERR_INVALID, "--optimizer-state keep: SGD without momentum keeps no "
                        "state");
+    if (o->keep_state && c->optim.moments != ST_MOMENTS_FP32)
+        return st_fail(ST_ERR_INVALID, "--optimizer-state keep averages the optimizer state "
+                       "over the workers in fp32; --optimizer-moments %s keeps it in bf16 (use "
+                       "--optimizer-state reset or --optimizer-moments fp32)",
+                       st_moments_name(c->optim.moments));
     return ST_OK;
 }
 
@@ -231,7 +236,7 @@ static st_status ist_step(run_shared *r, void *state, st_worker *w, uint64_t i, 
     ist_worker *me = &s->workers[w->id];
     double t = st_run_now_s();
     uint32_t first = (uint32_t)((i * (uint64_t)r->n_all + (uint64_t)st_run_global(r, w->id)) *
-                                (uint64_t)r->cfg->batch);
+                                st_run_step_rows(r->cfg));
     ST_TRY(st_worker_compute(w, r->train, w->order, first, loss));
     double t1 = st_run_now_s();
     slot->times.compute += t1 - t;
@@ -291,7 +296,7 @@ static int ist_whole_after(const run_shared *r, uint64_t step, int last)
 static st_status ist_save(run_shared *r, void *state, run_ckpt *ck)
 {
     ist_run *s = state;
-    char name[ST_ST_MAX_NAME];
+    char name[ST_SAFETENSORS_MAX_NAME];
     for (int i = 0; i < s->n_state; i++)
         for (int k = 0; k < r->n; k++) {
             st_range shard = st_comm_shard(r->comm, k);
@@ -314,7 +319,7 @@ static st_status ist_resume(run_shared *r, void *state, st_worker *w)
     ST_TRY(st_run_resume_model(r, w));
     st_range shard = st_comm_shard(r->comm, wid);
     st_run_resume_shard(r, r->comm, wid, s->sn.saved[wid].master);
-    char name[ST_ST_MAX_NAME];
+    char name[ST_SAFETENSORS_MAX_NAME];
     for (int i = 0; i < s->n_state; i++) {
         snprintf(name, sizeof name, "train.ist.state%d.worker%d", i, st_run_global(r, wid));
         ST_TRY(st_run_resume_load(r, name, s->sn.saved[wid].state[i], shard.end - shard.begin));

@@ -53,6 +53,11 @@ static st_status localsgd_check(const st_train_config *c, int chosen)
     if (o->keep_state && c->optim.kind == ST_OPT_SGD && c->optim.momentum == 0.0f)
         return st_fail(ST_ERR_INVALID, "--optimizer-state keep: SGD without momentum keeps no "
                        "state");
+    if (o->keep_state && c->optim.moments != ST_MOMENTS_FP32)
+        return st_fail(ST_ERR_INVALID, "--optimizer-state keep averages the optimizer state "
+                       "over the workers in fp32; --optimizer-moments %s keeps it in bf16 (use "
+                       "--optimizer-state reset or --optimizer-moments fp32)",
+                       st_moments_name(c->optim.moments));
     return ST_OK;
 }
 
@@ -118,7 +123,7 @@ static st_status localsgd_step(run_shared *r, void *state, st_worker *w, uint64_
     worker_slot *slot = &r->slots[w->id];
     double t = st_run_now_s();
     uint32_t first = (uint32_t)((i * (uint64_t)r->n_all + (uint64_t)st_run_global(r, w->id)) *
-                                (uint64_t)r->cfg->batch);
+                                st_run_step_rows(r->cfg));
     ST_TRY(st_worker_compute(w, r->train, w->order, first, loss));
     double t1 = st_run_now_s();
     slot->times.compute += t1 - t;

@@ -27,7 +27,7 @@ void st_loop_default_phase(const run_shared *r, st_phase *ph)
     ph->from = r->resume ? r->resume->at : (run_position){ .epoch = 1 };
     ph->run_epochs = r->plan.epochs;
     ph->run_steps = r->plan.total_steps;
-    ph->samples_per_step = (double)r->cfg->batch * r->n_all;
+    ph->samples_per_step = (double)st_run_step_rows(r->cfg) * r->n_all;
     ph->last = 1;
     ph->step = ops->step;
     ph->evaluate = ops->evaluate;
@@ -37,9 +37,14 @@ void st_loop_default_phase(const run_shared *r, st_phase *ph)
 
 void st_loop_epoch_order(run_shared *r, st_worker *w, uint64_t epoch)
 {
-    /* Every worker draws the same order from the seed: no sharing. */
+    /* Every worker draws the same order from the seed: no sharing.  With a
+     * split, batch i of worker g holds the next samples of g's own split. */
     w->epoch = epoch - 1;
-    st_epoch_order(r->cfg->seed, w->epoch, w->order, r->train->count);
+    if (r->split)
+        st_split_epoch_order(r->split, r->cfg->seed, w->epoch, (uint32_t)r->cfg->batch,
+                             w->split_scratch, w->order);
+    else
+        st_epoch_order(r->cfg->seed, w->epoch, w->order, r->train->count);
 }
 
 st_status st_loop_step(run_shared *r, const st_phase *ph, st_worker *w, uint64_t i,
@@ -227,8 +232,7 @@ static st_status run_phase(run_shared *r, st_worker *w, const st_phase *ph, int 
 
         ST_TRY(st_run_sync_state(r, w));
         ST_TRY(ph->evaluate(r, r->strategy, w, &rec.test_loss, &rec.test_acc));
-        st_run_worker_memory(r, w, &slot->memory);
-        slot->steps = n;
+        st_run_publish_worker(r, w, n);
         if (r->comm)
             slot->bytes = ph->bytes(r, r->strategy, w->id);
         ST_TRY(meet(r, ph, w));
@@ -333,8 +337,8 @@ void st_loop_report_warnings(run_shared *r)
         cb->on_warning(msg, cb->user);
     }
     for (int k = 0; k < r->n; k++)
-        if (r->slots[k].numa.warned) {
-            cb->on_warning(r->slots[k].numa.warning, cb->user);
+        if (st_numa_warning(&r->slots[k].numa)) {
+            cb->on_warning(st_numa_warning(&r->slots[k].numa), cb->user);
             break; /* the same refusal for every worker: once is enough */
         }
 }

@@ -14,13 +14,15 @@ st_status st_loop_check_data(const st_train_config *cfg, const st_dataset *train
                              const st_dataset *test);
 
 /* Before the parallel region, r->cfg, train, test and cb set, r->failed
- * initialised: topology, placement, the slots, then the strategy's
- * prepare (plan, engines, its state).  On failure, st_loop_release. */
+ * initialised: topology, placement, the split of the training set over
+ * the workers (cfg->split), the slots, then the strategy's prepare (plan,
+ * engines, its state).  On failure, st_loop_release. */
 st_status st_loop_prepare(run_shared *r);
 void st_loop_release(run_shared *r);
 
 /* Worker wid on its thread: binds it to its PU, *backend <- the chunk
- * backend of its NUMA node, then the strategy builds its worker. */
+ * backend of its NUMA node, then the strategy builds its worker; with a
+ * split, the scratch of its epoch orders. */
 st_status st_loop_init_worker(run_shared *r, int wid, st_worker *w, st_chunk_backend *backend);
 
 /* Worker 0, once every worker has built its memory: what the user should

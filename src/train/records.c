@@ -10,7 +10,7 @@
 void st_run_fill_record(run_shared *r, st_epoch_record *rec)
 {
     step_times sum = { 0, 0, 0, 0, 0 };
-    size_t worst = 0;
+    size_t worst = 0, optim = 0;
     double bytes = 0.0;
     for (int k = 0; k < r->n; k++) {
         const worker_slot *s = &r->slots[k];
@@ -27,6 +27,8 @@ void st_run_fill_record(run_shared *r, st_epoch_record *rec)
         double b = (double)(s->bytes.read + s->bytes.written);
         if (b > bytes)
             bytes = b;
+        if (s->optim_bytes > r->slots[optim].optim_bytes)
+            optim = (size_t)k;
     }
     rec->step_ms_compute = sum.compute * 1e3 / r->n;
     rec->step_ms_wait = sum.wait * 1e3 / r->n;
@@ -49,6 +51,11 @@ void st_run_fill_record(run_shared *r, st_epoch_record *rec)
     rec->comm_precision = r->cfg->comm_precision;
     rec->tokens_per_sample = r->cfg->model.context;
     rec->comm_bytes_per_worker_step = bytes;
+    const worker_slot *o = &r->slots[optim];
+    rec->optimizer_moments = r->cfg->optim.moments;
+    rec->optimizer_bytes_per_worker_step = (double)o->optim_bytes;
+    rec->optimizer_bytes_per_param =
+        o->optim_params ? (double)o->optim_bytes / (double)o->optim_params : 0.0;
     rec->comm_bytes_per_worker_round = 0.0;
     rec->ring_bytes_per_worker_step =
         r->n_all > 1 ? st_comm_ring_bytes(r->n_all, r->n_params) : 0.0;

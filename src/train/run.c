@@ -24,8 +24,12 @@
 st_status st_run_make_plan(const st_train_config *cfg, int workers, const st_dataset *train,
                            run_plan *p)
 {
-    uint64_t global_batch = (uint64_t)cfg->batch * (uint64_t)workers;
+    uint64_t global_batch = st_run_step_rows(cfg) * (uint64_t)workers;
     p->steps_per_epoch = train->count / global_batch;
+    if (p->steps_per_epoch == 0 && cfg->accumulate > 1)
+        return st_fail(ST_ERR_INVALID, "a global batch of %d worker%s x %d micro-batches x "
+                       "%d samples is larger than the training set (%u samples)", workers,
+                       workers == 1 ? "" : "s", cfg->accumulate, cfg->batch, train->count);
     if (p->steps_per_epoch == 0)
         return st_fail(ST_ERR_INVALID, "a global batch of %d workers x %d samples is larger than "
                        "the training set (%u samples)", workers, cfg->batch, train->count);
@@ -160,10 +164,17 @@ static void update_part(run_shared *r, const run_sharded *e, st_worker *w, uint6
                            lo, hi, step, lr, copies, n_copies);
 }
 
-/* From the barrier on; the shard's elements from `upto` on were updated
- * during the backward already. */
+/* What the updates during the backward did: the shard's elements from
+ * `upto` on, `updated` parameters and `bytes` moved (the optimizer counts
+ * its last call's, and a step's are all of them). */
+typedef struct parts_done {
+    size_t upto, updated, bytes;
+} parts_done;
+
+/* From the barrier on, the updates during the backward counted in. */
 static st_status sharded_update(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
-                                uint64_t step, double t, float *loss, float *lr, size_t upto)
+                                uint64_t step, double t, float *loss, float *lr,
+                                const parts_done *early)
 {
     worker_slot *slot = &r->slots[w->id];
     double t1;
@@ -184,7 +195,9 @@ static st_status sharded_update(run_shared *r, const run_sharded *e, st_worker *
     t = t1;
     const st_range shard = st_comm_shard(e->grads, w->id);
     *lr = st_schedule_lr(&r->plan.schedule, step);
-    update_part(r, e, w, step, *lr, shard.begin, upto);
+    update_part(r, e, w, step, *lr, shard.begin, early->upto);
+    w->optim.updated += early->updated;
+    w->optim.update_bytes += early->bytes;
     t1 = st_run_now_s();
     slot->times.optimizer += t1 - t;
     t = t1;
@@ -200,7 +213,8 @@ static st_status sharded_update(run_shared *r, const run_sharded *e, st_worker *
 st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
                                 uint64_t step, double t, float *loss, float *lr)
 {
-    return sharded_update(r, e, w, i, step, t, loss, lr, st_comm_shard(e->grads, w->id).end);
+    const parts_done none = { st_comm_shard(e->grads, w->id).end, 0, 0 };
+    return sharded_update(r, e, w, i, step, t, loss, lr, &none);
 }
 
 /* What the backward's ready calls need, what they did (the shard's
@@ -212,7 +226,7 @@ typedef struct overlap_ctx {
     st_worker *w;
     uint64_t step;
     float lr;
-    size_t updated_from;
+    parts_done done;
     double seconds;
     st_status status;
 } overlap_ctx;
@@ -234,7 +248,9 @@ static void reduce_ready(void *ctx, size_t from)
     o->status = st_comm_reduce_ready(o->e->grads, o->w->id, from, &done);
     if (o->status == ST_OK && done.end > done.begin) {
         update_part(o->r, o->e, o->w, o->step, o->lr, done.begin, done.end);
-        o->updated_from = done.begin;
+        o->done.upto = done.begin;
+        o->done.updated += o->w->optim.updated;
+        o->done.bytes += o->w->optim.update_bytes;
     }
     o->seconds += st_run_now_s() - t;
 }
@@ -242,20 +258,19 @@ static void reduce_ready(void *ctx, size_t from)
 st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
                               uint64_t step, float *loss, float *lr)
 {
-    const int B = r->cfg->batch;
     worker_slot *slot = &r->slots[w->id];
     double t = st_run_now_s(), t1;
     uint32_t first = (uint32_t)((i * (uint64_t)r->n_all + (uint64_t)st_run_global(r, w->id)) *
-                                (uint64_t)B);
+                                st_run_step_rows(r->cfg));
     overlap_ctx o = { r, e, w, step, st_schedule_lr(&r->plan.schedule, step),
-                      st_comm_shard(e->grads, w->id).end, 0.0, ST_OK };
+                      { st_comm_shard(e->grads, w->id).end, 0, 0 }, 0.0, ST_OK };
     ST_TRY(st_worker_compute_ready(w, r->train, w->order, first, &slot->loss,
                                    e->overlap ? reduce_ready : NULL, &o));
     ST_TRY(o.status);
     t1 = st_run_now_s();
     slot->times.compute += t1 - t - o.seconds;
     slot->times.overlapped += o.seconds;
-    return sharded_update(r, e, w, i, step, t1, loss, lr, o.updated_from);
+    return sharded_update(r, e, w, i, step, t1, loss, lr, &o.done);
 }
 
 st_comm_bytes st_run_engine_bytes(const run_shared *r, int w)

@@ -25,6 +25,7 @@
 #include <subtrain/subnet.h>
 #include <subtrain/topo.h>
 
+#include "topo/numa_impl.h"
 #include "train/worker.h"
 
 struct st_strategy_ops;
@@ -53,6 +54,7 @@ typedef struct worker_slot {
     uint64_t steps;                   /* the steps they are of */
     st_mem_stats memory;
     st_comm_bytes bytes;
+    size_t optim_bytes, optim_params; /* the last update's (st_optim) */
     st_numa_ctx numa;                 /* the arena backend's state */
     st_model *model;                  /* published by st_run_sync_state and
                                        * by a checkpoint */
@@ -84,9 +86,9 @@ typedef struct run_resume {
 /* A checkpoint being written by worker 0: the tensors and metadata the
  * loop and the strategy add (checkpoint.c keeps the strings). */
 typedef struct run_ckpt {
-    st_st_tensor *tensors;
+    st_safetensors_tensor *tensors;
     int n, cap;
-    st_st_meta *meta;
+    st_safetensors_meta_entry *meta;
     int n_meta, cap_meta;
     char *text;                       /* the metadata values, one after another */
     size_t text_used, text_cap;
@@ -117,6 +119,8 @@ typedef struct run_shared {
      * from its global index; one process: rank 0 of 1, first 0, n_all n. */
     int rank, ranks, first, n_all;
     float *losses_mine, *losses_all;  /* ranks > 1: a step's losses (n, n_all) */
+    st_split *split;                  /* the training set dealt to the n_all
+                                       * workers (cfg->split); NULL: iid */
     double *eval_all;                 /* ranks > 1: each rank's test sums (2 x ranks) */
     st_topology *topology;
     st_plan placement;
@@ -178,6 +182,14 @@ static inline double st_run_now_s(void)
 static inline int st_run_global(const run_shared *r, int wid)
 {
     return r->first + wid;
+}
+
+/* A worker's samples a step: its micro-batches' (batch x accumulate).
+ * Worker g's step i reads rows [(i N + g) R, (i N + g + 1) R) of the
+ * epoch's order (R these rows, N the workers of all ranks). */
+static inline uint64_t st_run_step_rows(const st_train_config *c)
+{
+    return (uint64_t)c->batch * (uint64_t)(c->accumulate > 1 ? c->accumulate : 1);
 }
 
 /* A barrier over all workers (nothing to wait for with one). */
@@ -357,6 +369,18 @@ st_status st_run_ckpt_meta(run_ckpt *ck, const char *key, const char *fmt, ...)
  * over the workers; memory, communication); the phase's record hook
  * completes it. */
 void st_run_fill_record(run_shared *r, st_epoch_record *rec);
+
+/* Worker w's end of an epoch (or of a trainer's call): what its record
+ * reads of w besides the times (memory, steps taken, the last update's
+ * bytes; the engine's bytes are the caller's). */
+static inline void st_run_publish_worker(run_shared *r, const st_worker *w, uint64_t steps)
+{
+    worker_slot *slot = &r->slots[w->id];
+    st_run_worker_memory(r, w, &slot->memory);
+    slot->steps = steps;
+    slot->optim_bytes = w->optim.update_bytes;
+    slot->optim_params = w->optim.updated;
+}
 
 /* Worker 0 after each step that ended: where the run has got to
  * (run_shared.at_*, for a diverged run's final record). */

@@ -51,6 +51,11 @@ static st_status sdp_check(const st_train_config *c, int chosen)
     }
     if (!(c->sdp.coverage > 0.0 && c->sdp.coverage <= 1.0))
         return st_fail(ST_ERR_INVALID, "coverage must be in (0, 1], got %g", c->sdp.coverage);
+    /* the report's full-model gradient is of one batch */
+    if (c->sdp.align_every && c->accumulate > 1)
+        return st_fail(ST_ERR_INVALID, "--report align compares gradients of one batch; "
+                       "--accumulate %d adds up micro-batches (drop one of the two)",
+                       c->accumulate);
     if (c->sdp.subnet != ST_SUBNET_BLOCK && c->sdp.subnet != ST_SUBNET_NEURON)
         return st_fail(ST_ERR_INVALID, "unknown subnetwork unit %d (allowed: block, neuron)",
                        (int)c->sdp.subnet);
@@ -60,17 +65,20 @@ static st_status sdp_check(const st_train_config *c, int chosen)
      * st_train_run */
     if (st_model_config_units(&c->model, &units) != ST_OK)
         return ST_OK;
-    /* (gpt: a neuron unit is a whole attention head and as many neurons of
-     * the MLP) */
-    const int head = c->model.kind == ST_MODEL_GPT && c->model.heads > 0
+    /* (a model with attention heads, gpt: a neuron unit is a whole head and
+     * as many neurons of the MLP) */
+    const st_model_kind kind = c->model.kind;
+    const int head = st_model_kind_takes(kind, ST_MODEL_OPT_HEADS) && c->model.heads > 0
                          ? c->model.width / c->model.heads : 0;
     if (c->sdp.subnet == ST_SUBNET_NEURON && head > 0 && c->neuron_group % head)
-        return st_fail(ST_ERR_INVALID, "--neuron-group %d: gpt's neuron units are whole attention "
+        return st_fail(ST_ERR_INVALID, "--neuron-group %d: %s's neuron units are whole attention "
                        "heads, so it must be a multiple of the head size %d (--width %d / "
-                       "--heads %d)", c->neuron_group, head, c->model.width, c->model.heads);
+                       "--heads %d)", c->neuron_group, st_model_kind_name(kind), head,
+                       c->model.width, c->model.heads);
     if (c->sdp.subnet == ST_SUBNET_BLOCK && units.groups == 0)
         return st_fail(ST_ERR_INVALID, "--subnet block trains subnetworks of residual blocks "
-                       "(layer groups, as in resmlp); --model %s has none (use --subnet neuron)", st_model_kind_name(c->model.kind));
+                       "(layer groups, as in resmlp); --model %s has none (use --subnet neuron)",
+                       st_model_kind_name(kind));
     if (c->sdp.masking != ST_MASKING_FORWARD && c->sdp.masking != ST_MASKING_BACKWARD)
         return st_fail(ST_ERR_INVALID, "unknown masking %d (allowed: forward, backward)",
                        (int)c->sdp.masking);
@@ -201,7 +209,7 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
     sdp_run *s = state;
     ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
     st_range shard = st_comm_shard(r->comm, wid);
-    ST_TRY(st_optim_init_range(&w->optim, &r->cfg->optim, shard.begin, shard.end, &w->arena));
+    ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
     if (r->cfg->sdp.resample)
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
                                      &s->sn.saved[wid].master));

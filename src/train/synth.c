@@ -73,18 +73,30 @@ static st_status synth_check(const st_train_config *c, int chosen)
     if (!chosen)
         return ST_OK;
     const st_synth_config *s = &c->synth;
-    const st_model_kind kind = c->model.kind;
-    if (kind == ST_MODEL_RESNET || kind == ST_MODEL_RESNET18)
+    const char *model = st_model_kind_name(c->model.kind);
+    /* its segment groups step apart, on segment networks of their own */
+    if (c->accumulate > 1)
+        return st_fail(ST_ERR_INVALID, "--accumulate %d: --strategy synth trains its segments "
+                       "one batch a step (use --batch for larger steps)", c->accumulate);
+    if (strcmp(model, "resnet") == 0 || strcmp(model, "resnet18") == 0)
         return st_fail(ST_ERR_INVALID, "--model %s does not train with --strategy synth (its "
                        "segments would cut batch-normalised residual blocks; see doc/cnn.md)",
-                       st_model_kind_name(kind));
-    if (kind == ST_MODEL_GPT)
+                       model);
+    if (strcmp(model, "gpt") == 0)
         return st_fail(ST_ERR_INVALID, "--model gpt does not train with --strategy synth (its "
                        "cuts are between the layers of a plain MLP)");
-    if (kind != ST_MODEL_MLP)
+    /* Its groups train different layers on every sample, not the same
+     * model on different data: no worker's data is its own to skew. */
+    if (c->split.kind != ST_SPLIT_IID) {
+        char name[64];
+        st_split_name(&c->split, name, sizeof name);
+        return st_fail(ST_ERR_INVALID, "--split %s does not apply to --strategy synth (its "
+                       "segment groups train different layers on every sample, not one model "
+                       "on data of their own); use --split iid", name);
+    }
+    if (strcmp(model, "mlp") != 0)
         return st_fail(ST_ERR_INVALID, "synth cuts an mlp into segments; --model %s is not "
-                       "supported (the default for --strategy synth is mlp --depth 5)",
-                       st_model_kind_name(kind));
+                       "supported (the default for --strategy synth is mlp --depth 5)", model);
     int layers = c->model.depth + 1;
     int most = layers < ST_SYNTH_MAX_SEGMENTS ? layers : ST_SYNTH_MAX_SEGMENTS;
     if (s->segments < 2 || s->segments > most)
@@ -651,7 +663,7 @@ const st_strategy_ops st_synth_ops = {
                 "joined (default model: mlp --depth 5)",
         .options = synth_options,
         .no_init = "its segments start from their own initial values",
-        .model = ST_MODEL_MLP,
+        .model = "mlp",
         .depth = 5,   /* the paper's network of 6 linear layers */
     },
     .defaults = synth_defaults,

@@ -136,6 +136,8 @@ st_status st_loop_prepare(run_shared *r)
     r->n = r->placement.n_workers;
     ST_TRY(prepare_ranks(r));
     ST_TRY(st_strategy_check_layout(cfg, r->n_all));
+    ST_TRY(st_split_make(&cfg->split, r->train, r->n_all, cfg->seed, (uint32_t)cfg->batch,
+                         &r->split));
     ST_TRY(st_model_config_segments(&cfg->model, &r->full_segs, &r->n_full_segs));
     r->n_params = st_model_config_param_count(&cfg->model);
     st_model_units units;
@@ -168,6 +170,7 @@ st_status st_loop_prepare(run_shared *r)
 void st_loop_release(run_shared *r)
 {
     free(r->full_segs);
+    st_split_destroy(r->split);
     st_run_resume_close(r);
     if (r->ops && r->ops->release)
         r->ops->release(r, r->strategy);
@@ -191,8 +194,14 @@ st_status st_loop_init_worker(run_shared *r, int wid, st_worker *w, st_chunk_bac
     worker_slot *slot = &r->slots[wid];
     const st_placement *pl = &r->placement.workers[wid];
     ST_TRY(st_plan_bind_self(r->topology, &r->placement, wid));
-    *backend = st_numa_backend(&slot->numa, r->topology, pl->numa_os);
+    st_numa_ctx_init(&slot->numa, r->topology, pl->numa_os);
+    *backend = st_numa_backend(&slot->numa);
     ST_TRY(r->ops->init_worker(r, r->strategy, wid, w, backend));
+    if (r->split) {   /* on the worker's thread, once: the epochs' orders allocate nothing */
+        w->split_scratch = malloc((size_t)st_split_largest(r->split) * sizeof *w->split_scratch);
+        if (!w->split_scratch)
+            return st_fail(ST_ERR_NOMEM, "worker %d: out of memory for its split's order", wid);
+    }
     return r->resume ? r->ops->resume(r, r->strategy, w) : ST_OK;
 }
 

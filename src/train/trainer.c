@@ -96,8 +96,7 @@ static st_status run_steps(st_trainer *t, st_worker *w, job_args *a)
         a->time = st_run_now_s() - t0;
     /* for st_trainer_metrics: what an epoch's end would leave in the slot */
     worker_slot *slot = &r->slots[w->id];
-    st_run_worker_memory(r, w, &slot->memory);
-    slot->steps = a->from + a->count;   /* the slot's times are of every step so far */
+    st_run_publish_worker(r, w, a->from + a->count);   /* times: of every step so far */
     if (r->comm)
         slot->bytes = r->ops->bytes(r, r->strategy, w->id);
     return ST_OK;
@@ -300,7 +299,8 @@ st_status st_trainer_metrics(const st_trainer *t, st_epoch_record *out)
     out->test_loss = t->test_loss;
     out->test_acc = t->test_acc;
     out->samples_per_s = t->train_time > 0.0
-                       ? (double)t->steps * r->cfg->batch * r->n / t->train_time : 0.0;
+                       ? (double)t->steps * (double)st_run_step_rows(r->cfg) * r->n /
+                             t->train_time : 0.0;
     out->wall_s = st_run_now_s() - r->t0;
     out->lr = t->last_lr;
     st_run_fill_record(r, out);

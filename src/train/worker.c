@@ -1,9 +1,11 @@
-/* train/worker.c — a worker's state, batch loading and evaluation. */
+/* train/worker.c — a worker's state, batch loading, gradient
+ * accumulation and evaluation. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "core/simd.h"
 #include "train/worker.h"
 
 st_status st_worker_init_base(st_worker *w, int id, uint32_t n_train,
@@ -33,10 +35,22 @@ static st_status create_model(st_worker *w, const st_train_config *cfg)
     return st_model_create(&cfg->model, cfg->batch, &w->arena, &w->model);
 }
 
+/* The model's companion in the arena: the accumulated gradients' sum. */
+static st_status alloc_grad_sum(st_worker *w, const st_train_config *cfg)
+{
+    w->accumulate = cfg->accumulate;
+    w->grad_sum = NULL;
+    if (cfg->accumulate <= 1)
+        return ST_OK;
+    return st_arena_alloc_floats(&w->arena, ST_MEM_GRADIENTS, st_model_grad_count(w->model),
+                                 &w->grad_sum);
+}
+
 st_status st_worker_build_model(st_worker *w, const st_train_config *cfg)
 {
     w->model_mark = st_arena_get_mark(&w->arena);
     ST_TRY(create_model(w, cfg));
+    ST_TRY(alloc_grad_sum(w, cfg));
     if (w->storage.params)
         return ST_OK;
     st_model_init_params(w->model, cfg->seed);
@@ -53,7 +67,8 @@ st_status st_worker_rebuild_model(st_worker *w, const st_train_config *cfg)
     w->model = NULL;
     st_arena_rewind(&w->arena, &w->model_mark);
     w->model_mark = st_arena_get_mark(&w->arena);
-    return create_model(w, cfg);
+    ST_TRY(create_model(w, cfg));
+    return alloc_grad_sum(w, cfg);
 }
 
 st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg, uint32_t n_train,
@@ -66,13 +81,17 @@ st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg, uint3
 st_status st_worker_init_optimizer(st_worker *w, const st_train_config *cfg, size_t begin,
                                    size_t end)
 {
-    return st_optim_init_range(&w->optim, &cfg->optim, begin, end, &w->arena);
+    st_optim_config oc = cfg->optim;
+    oc.seed = cfg->seed;   /* a bf16-sr state's rounding: the run's seed */
+    return st_optim_init_range(&w->optim, &oc, begin, end, &w->arena);
 }
 
 void st_worker_destroy(st_worker *w)
 {
     st_model_destroy(w->model);
     w->model = NULL;
+    free(w->split_scratch);
+    w->split_scratch = NULL;
     st_arena_release(&w->arena);
 }
 
@@ -94,6 +113,56 @@ void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *ord
     }
 }
 
+/* sum += g, over n */
+ST_VECTOR_CLONES
+static void add_into(float *restrict sum, const float *restrict g, size_t n)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++)
+        sum[i] += g[i];
+}
+
+/* g = (sum + g) * scale: the last micro-batch's gradient added, the mean */
+ST_VECTOR_CLONES
+static void add_and_scale(float *restrict g, const float *restrict sum, size_t n, float scale)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++)
+        g[i] = (sum[i] + g[i]) * scale;
+}
+
+/* K micro-batches: the first gradient copied, the next added, the last
+ * added and the sum scaled by 1/K in one pass, so that the gradient
+ * vector holds the mean where the reduction and the update read it. */
+static st_status compute_accumulated(st_worker *w, const st_dataset *d, const uint32_t *order,
+                                     uint32_t first, float *loss)
+{
+    st_model *m = w->model;
+    const int K = w->accumulate, B = st_model_batch(m);
+    const size_t n = st_model_grad_count(m);
+    float *g = st_model_grads(m);
+    double sum = 0.0;
+    for (int k = 0; k < K; k++) {
+        float l;
+        st_worker_load_batch(w, d, order, first + (uint32_t)k * (uint32_t)B, B);
+        ST_TRY(st_model_forward_backward(m, &l));
+        sum += l;
+        if (k + 1 == K) {
+            add_and_scale(g, w->grad_sum, n, 1.0f / (float)K);
+            break;
+        }
+        if (k == 0)
+            memcpy(w->grad_sum, g, n * sizeof *g);
+        else
+            add_into(w->grad_sum, g, n);
+        /* the weights stay until the update, and the forward just made
+         * their bf16 copies: the next micro-batch's need not convert */
+        st_model_copies_written(m);
+    }
+    *loss = (float)(sum / K);
+    return ST_OK;
+}
+
 st_status st_worker_compute(st_worker *w, const st_dataset *d, const uint32_t *order,
                             uint32_t first, float *loss)
 {
@@ -104,6 +173,8 @@ st_status st_worker_compute_ready(st_worker *w, const st_dataset *d, const uint3
                                   uint32_t first, float *loss,
                                   void (*ready)(void *ctx, size_t from), void *ctx)
 {
+    if (w->accumulate > 1)
+        return compute_accumulated(w, d, order, first, loss);
     st_worker_load_batch(w, d, order, first, st_model_batch(w->model));
     return st_model_forward_backward_ready(w->model, loss, ready, ctx);
 }

@@ -11,6 +11,9 @@
 
 #include <subtrain/train.h>
 
+#include "core/arena_impl.h"
+#include "optim/optim_impl.h"
+
 typedef struct st_worker {
     int id;
     st_arena arena;
@@ -19,7 +22,13 @@ typedef struct st_worker {
     uint32_t *order;      /* this epoch's sample order (shared data, own copy) */
     uint64_t epoch;       /* the epoch order was drawn for (st_epoch_order's):
                            * with the sample, it keys the augmentation */
+    uint32_t *split_scratch; /* a non-iid split's permutations (st_split_largest
+                              * entries, malloc'd; NULL: iid) */
     st_arena_mark model_mark; /* the arena before the model: a rebuild rewinds here */
+    int accumulate;       /* micro-batches a step (cfg->accumulate; <= 1: one) */
+    float *grad_sum;      /* accumulate > 1: the sum of a step's first
+                           * micro-batches' gradients (the model's gradient
+                           * count, after the model in the arena) */
     st_model_storage storage; /* where its model's weights live when they are its
                                * NUMA domain's copy (run.h, shared_weights.c); zero:
                                * its model's own */
@@ -60,11 +69,16 @@ void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *ord
                           uint32_t first, int rows);
 
 /* The compute half of a step: load samples order[first .. first + B),
- * forward, backward; the gradient vector is then complete. */
+ * forward, backward; the gradient vector is then complete.  With
+ * w->accumulate = K > 1, K micro-batches of B samples from order[first]
+ * on: the gradient vector holds the mean of their gradients and *loss
+ * the mean of their losses. */
 st_status st_worker_compute(st_worker *w, const st_dataset *d, const uint32_t *order,
                             uint32_t first, float *loss);
 /* The same, telling ready(ctx, from) as the backward completes the
- * gradient vector's tail [from, ...) (st_model_forward_backward_ready). */
+ * gradient vector's tail [from, ...) (st_model_forward_backward_ready);
+ * with micro-batches (accumulate > 1) it tells nothing: their sum is
+ * scaled after the last backward. */
 st_status st_worker_compute_ready(st_worker *w, const st_dataset *d, const uint32_t *order,
                                   uint32_t first, float *loss,
                                   void (*ready)(void *ctx, size_t from), void *ctx);

@@ -10,6 +10,7 @@
 #include <subtrain/layer_timing.h>
 #include <subtrain/rng.h>
 
+#include "core/arena_impl.h"
 #include "nn/layers.h"
 
 /* ------------------------------------------------------------ convolution */

@@ -31,10 +31,7 @@ static int image(st_model *m, int64_t c, int64_t h, int64_t w, int unit, int *ok
 
 static st_status declare(st_model *m)
 {
-    const st_model_config *c = st_model_get_config(m);
-    if (!c->in_channels)
-        return st_fail(ST_ERR_INVALID, "--model %s takes images (C x H x W data), not %d "
-                       "features", st_model_kind_name(c->kind), c->in_dim);
+    const st_model_config *c = &m->cfg;
     int64_t cin = c->in_channels, H = c->in_height, W = c->in_width;
     int x = ST_T_INPUT, dx = ST_T_NONE, ok = 1;   /* nobody needs the input's gradient */
     const int fused = c->activation == ST_ACT_RELU;
@@ -117,7 +114,7 @@ static st_status check(const st_model_config *c)
 }
 
 const st_model_builder st_model_convnet = {
-    .kind = ST_MODEL_CONVNET, .name = "convnet",
+    .name = "convnet",
     .help = "convnet: plain convolutional network, --depth stages of conv 3x3 -> batch norm "
             "-> activation -> 2x2 max pool, --width channels doubling each stage (default 3 "
             "stages from 32, relu), global average pool, linear head; image data",

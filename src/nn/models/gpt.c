@@ -121,7 +121,7 @@ static void describe(const st_model_config *c, char *out, size_t n)
 }
 
 const st_model_builder st_model_gpt = {
-    .kind = ST_MODEL_GPT, .name = "gpt",
+    .name = "gpt",
     .help = "gpt: a byte-level causal transformer of pre-norm blocks (attention, GELU MLP of "
             "4 x width), text data",
     .reads = ST_MODEL_READS_TEXT,

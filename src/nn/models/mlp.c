@@ -56,7 +56,7 @@ static st_status check_options(const st_model_config *c, unsigned given)
 }
 
 const st_model_builder st_model_mlp = {
-    .kind = ST_MODEL_MLP, .name = "mlp", .reads = ST_MODEL_READS_FEATURES,
+    .name = "mlp", .reads = ST_MODEL_READS_FEATURES,
     .options = ST_MODEL_OPT_DEPTH | ST_MODEL_OPT_WIDTH | ST_MODEL_OPT_ACTIVATION,
     .check_options = check_options, .declare = declare,
 };

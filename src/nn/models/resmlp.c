@@ -55,7 +55,7 @@ static void describe(const st_model_config *c, char *out, size_t n)
 }
 
 const st_model_builder st_model_resmlp = {
-    .kind = ST_MODEL_RESMLP, .name = "resmlp", .reads = ST_MODEL_READS_FEATURES,
+    .name = "resmlp", .reads = ST_MODEL_READS_FEATURES,
     .options = ST_MODEL_OPT_DEPTH | ST_MODEL_OPT_WIDTH | ST_MODEL_OPT_HIDDEN |
                ST_MODEL_OPT_ACTIVATION,
     .describe = describe, .declare = declare,

@@ -105,10 +105,7 @@ static int block(st_model *m, int h, int64_t cin, int64_t c, int64_t H, int64_t 
 
 static st_status declare(st_model *m, int stages, int blocks)
 {
-    const st_model_config *cf = st_model_get_config(m);
-    if (!cf->in_channels)
-        return st_fail(ST_ERR_INVALID, "--model %s takes images (C x H x W data), not %d "
-                       "features", st_model_kind_name(cf->kind), cf->in_dim);
+    const st_model_config *cf = &m->cfg;
     int64_t H = cf->in_height, W = cf->in_width, c = cf->width;
     int ok = 1, group = 0;
     stage_grads g[8];
@@ -161,7 +158,7 @@ static st_status declare(st_model *m, int stages, int blocks)
 
 static st_status declare_resnet(st_model *m)
 {
-    return declare(m, 3, st_model_get_config(m)->depth);
+    return declare(m, 3, m->cfg.depth);
 }
 
 static st_status declare_resnet18(st_model *m)
@@ -191,7 +188,7 @@ static st_status check_options(const st_model_config *c, unsigned given)
 }
 
 const st_model_builder st_model_resnet = {
-    .kind = ST_MODEL_RESNET, .name = "resnet",
+    .name = "resnet",
     .help = "resnet: pre-activation ResNet of 3 stages (CIFAR family), resnet18: 4 stages of 2 "
             "blocks; both take image data (C x H x W)",
     .reads = ST_MODEL_READS_IMAGES,
@@ -201,7 +198,7 @@ const st_model_builder st_model_resnet = {
 
 /* --depth is accepted and ignored: 2 blocks a stage */
 const st_model_builder st_model_resnet18 = {
-    .kind = ST_MODEL_RESNET18, .name = "resnet18", .reads = ST_MODEL_READS_IMAGES,
+    .name = "resnet18", .reads = ST_MODEL_READS_IMAGES,
     .options = ST_MODEL_OPT_WIDTH | ST_MODEL_OPT_ACTIVATION,
     .defaults = defaults, .check_options = check_options, .declare = declare_resnet18,
 };

@@ -1,0 +1,28 @@
+/*
+ * core/arena_impl.h — private: what an st_arena is, for the library's
+ * own structures that hold one (a worker's, a run's evaluation arena) and
+ * for the tests.
+ *
+ * The public header keeps st_arena opaque (st_arena_create); inside the
+ * library an arena is embedded and set up in place with st_arena_init.
+ */
+#ifndef SUBTRAIN_CORE_ARENA_IMPL_H
+#define SUBTRAIN_CORE_ARENA_IMPL_H
+
+#include <subtrain/arena.h>
+
+struct st_arena {
+    char owner[32];            /* e.g. "worker 3": used in error messages */
+    st_chunk_backend backend;
+    size_t chunk_bytes;        /* default size of a new chunk */
+    st_arena_chunk *head;      /* most recent chunk first */
+    st_arena_chunk *spare;     /* chunks a rewind emptied, kept for reuse */
+    st_mem_stats stats;
+};
+
+/* An empty arena in the caller's storage, as st_arena_create makes one;
+ * st_arena_release gives its chunks back. */
+void st_arena_init(st_arena *arena, const char *owner,
+                   const st_chunk_backend *backend, size_t chunk_bytes);
+
+#endif /* SUBTRAIN_CORE_ARENA_IMPL_H */

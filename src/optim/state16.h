@@ -1,0 +1,38 @@
+/*
+ * optim/state16.h — private: the update loops over a bf16 optimizer
+ * state (st_moments BF16 and BF16_SR), for optim.c's dispatch.
+ */
+#ifndef SUBTRAIN_OPTIM_STATE16_H
+#define SUBTRAIN_OPTIM_STATE16_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One AdamW update's constants. */
+typedef struct st_adam_step {
+    float lr, wd, b1, b2, eps;
+    float c1, c2;   /* bias corrections 1/(1-b1^t), 1/(1-b2^t) */
+} st_adam_step;
+
+/* How the state is rounded to bf16: to nearest even (sr 0), or
+ * stochastically from a hash of key and the element's index in the
+ * vector (first: the index of element 0 of the call's arrays). */
+typedef struct st_state_rounding {
+    int sr;
+    uint32_t key;
+    size_t first;
+} st_state_rounding;
+
+/* The key of update t of a state seeded `seed`. */
+uint32_t st_state_rounding_key(uint64_t seed, uint64_t t);
+
+/* p, g (n) fp32; m, v (n) bf16, read and written; h (n) the bf16 copy of
+ * p written, or NULL; shrink: the decoupled weight decay's factor. */
+void st_adamw16(float *p, const float *g, uint16_t *m, uint16_t *v, uint16_t *h, size_t n,
+                const st_adam_step *a, float shrink, const st_state_rounding *r);
+
+/* SGD with a bf16 momentum buffer buf (n); wd: L2 of this piece (0: none). */
+void st_sgd16(float *p, const float *g, uint16_t *buf, uint16_t *h, size_t n, float lr,
+              float momentum, float wd, const st_state_rounding *r);
+
+#endif /* SUBTRAIN_OPTIM_STATE16_H */
