@@ -14,8 +14,11 @@
  * st_comm_bytes_per_step() read + written: the engine's plan, every buffer
  * counted once per step where it is read or written (own buffers included,
  * cache-resident scratch not counted).  Data parallel on one NUMA domain
- * with N workers and P floats that is, per worker, read 2P x 4 (its shard
- * from N gradient vectors, the whole vector from the masters) and written
+ * with N workers and P floats that is, per worker, read P x 4 (its shard
+ * from N gradient vectors) and written P/N x 4 bytes with a parameter
+ * vector per domain (--weights shared, as training runs; the all-gather
+ * copies nothing then), and with a replica per worker (--weights private)
+ * read 2P x 4 (the whole vector from the masters too) and written
  * (P + P/N) x 4 bytes.  STREAM add a[i] = b[i] + c[i] counts 12 bytes per
  * element (two reads, one write), as STREAM does.  Neither counts the
  * write-allocate reads the hardware may add: the two figures use the same
@@ -84,6 +87,7 @@ typedef struct bench_options {
     double window_s;
     int payloads[3];              /* PAY_* in the order given */
     int n_payloads;
+    int shared;                   /* a parameter vector per NUMA domain (shared_params) */
 } bench_options;
 
 enum { PAY_FP32, PAY_BF16, PAY_BF16_READ };
@@ -108,6 +112,8 @@ typedef struct bench_shared {
     int *domain_of;
     int n_domains;
     st_comm **comms;              /* k per size */
+    float **shared_prm;           /* --weights shared: [k n_domains + d], set k's
+                                   * vector of domain d (its first worker's) */
     int sets;
     size_t stream_n;              /* floats per worker per STREAM array */
     long stream_passes, steps;    /* per window, decided by worker 0 */
@@ -185,9 +191,12 @@ static void worker(bench_shared *s, int w)
                 s->sets = 1;
             r->sets = s->sets;
             s->comms = calloc((size_t)s->sets, sizeof *s->comms);
-            if (!s->comms)
+            s->shared_prm = calloc((size_t)s->sets * (size_t)s->n_domains,
+                                   sizeof *s->shared_prm);
+            if (!s->comms || !s->shared_prm)
                 die(s, "memory", "out of memory");
-            st_comm_config cfg = { .n_workers = s->n, .n_params = p, .domain_of = s->domain_of, .roles = 0 };
+            st_comm_config cfg = { .n_workers = s->n, .n_params = p, .domain_of = s->domain_of,
+                                   .roles = 0, .shared_params = o->shared };
             if (r->payload != PAY_FP32) {
                 cfg.payload = ST_COMM_PAYLOAD_BF16;
                 cfg.bf16_at = r->payload == PAY_BF16 ? ST_COMM_BF16_BUFFER : ST_COMM_BF16_ON_READ;
@@ -201,18 +210,38 @@ static void worker(bench_shared *s, int w)
         if (st_arena_create("data", bk, 64 * MIB, &da) != ST_OK)
             die(s, "buffers", st_last_error());
         st_range all = { 0, p };
+        /* --weights shared: a domain's first worker takes its vector, on
+         * its node; the domain's workers attach that one */
+        const int d = s->domain_of[w];
+        const int first = w == 0 || s->domain_of[w - 1] != d;
+        float **g = malloc((size_t)k_sets * sizeof *g);
+        if (!g)
+            die(s, "memory", "out of memory");
         for (int k = 0; k < k_sets; k++) {
-            float *g, *prm;
-            if (st_arena_alloc_floats(da, ST_MEM_GRADIENTS, p, &g) != ST_OK ||
-                st_arena_alloc_floats(da, ST_MEM_WEIGHTS, p, &prm) != ST_OK)
+            float *prm = NULL;
+            if (st_arena_alloc_floats(da, ST_MEM_GRADIENTS, p, &g[k]) != ST_OK ||
+                ((!o->shared || first) &&
+                 st_arena_alloc_floats(da, ST_MEM_WEIGHTS, p, &prm) != ST_OK))
                 die(s, "buffers", st_last_error());
             for (size_t i = 0; i < p; i++) {
-                g[i] = (float)((i + (size_t)w) % 97) * 0.01f;
-                prm[i] = 1.0f;
+                g[k][i] = (float)((i + (size_t)w) % 97) * 0.01f;
+                if (prm)
+                    prm[i] = 1.0f;
             }
-            if (st_comm_attach(s->comms[k], w, da, g, prm, &all, 1) != ST_OK)
+            if (o->shared && first)
+                s->shared_prm[(size_t)k * (size_t)s->n_domains + (size_t)d] = prm;
+            if (!o->shared && st_comm_attach(s->comms[k], w, da, g[k], prm, &all, 1) != ST_OK)
                 die(s, "st_comm_attach", st_last_error());
         }
+        if (o->shared) {
+#pragma omp barrier
+            for (int k = 0; k < k_sets; k++)
+                if (st_comm_attach(s->comms[k], w, da, g[k],
+                                   s->shared_prm[(size_t)k * (size_t)s->n_domains + (size_t)d],
+                                   &all, 1) != ST_OK)
+                    die(s, "st_comm_attach", st_last_error());
+        }
+        free(g);
         /* warm-up, and the length of a window */
         double t0 = now_s();
         stream_add(a, b, c, s->stream_n);
@@ -273,7 +302,9 @@ static void worker(bench_shared *s, int w)
             for (int k = 0; k < k_sets; k++)
                 st_comm_destroy(s->comms[k]);
             free(s->comms);
+            free(s->shared_prm);
             s->comms = NULL;
+            s->shared_prm = NULL;
         }
         st_arena_destroy(da);
     }
@@ -289,7 +320,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: bench_reduce [--workers N] [--oversubscribe] [--sizes LIST] [--reps K]\n"
-            "                    [--payload LIST] [--quick]\n"
+            "                    [--payload LIST] [--weights shared|private] [--quick]\n"
             "\n"
             "Bandwidth of subtrain's reduction engine (reduce-scatter + all-gather, data\n"
             "parallel, nothing between them) against a STREAM add (a = b + c) on the same\n"
@@ -307,6 +338,9 @@ static void usage(FILE *f)
             "  --payload LIST    gradient payloads, comma-separated: fp32, bf16 (bf16\n"
             "                    buffers), bf16-read (rounded as read); one row each\n"
             "                    per size (default fp32,bf16,bf16-read)\n"
+            "  --weights W       shared (default): the workers of a NUMA domain attach one\n"
+            "                    parameter vector, as training does (the all-gather copies\n"
+            "                    between domains only); private: a replica per worker\n"
             "  --quick           3 short windows (numbers are rough)\n"
             "  --help            this text\n", MAX_REPS);
 }
@@ -361,7 +395,8 @@ static const char *fmt_mib(size_t bytes, char *buf, size_t n)
 int main(int argc, char **argv)
 {
     bench_options o = { .workers = 0, .sizes = { 1, 4, 16, 64, 256 }, .n_sizes = 5, .reps = 5,
-                        .payloads = { PAY_FP32, PAY_BF16, PAY_BF16_READ }, .n_payloads = 3 };
+                        .payloads = { PAY_FP32, PAY_BF16, PAY_BF16_READ }, .n_payloads = 3,
+                        .shared = 1 };
     int reps_given = 0;
     for (int i = 1; i < argc; i++) {
         int missing = 0;
@@ -387,6 +422,10 @@ int main(int argc, char **argv)
             if (parse_payloads(v, &o) != 0)
                 return usage_error("--payload must be a comma-separated list of distinct fp32, "
                                    "bf16, bf16-read, got '%s'", v);
+        } else if ((v = option_value(argc, argv, &i, "--weights", &missing))) {
+            if (strcmp(v, "shared") != 0 && strcmp(v, "private") != 0)
+                return usage_error("--weights must be shared or private, got '%s'", v);
+            o.shared = strcmp(v, "shared") == 0;
         } else if ((v = option_value(argc, argv, &i, "--reps", &missing))) {
             char *end;
             long n = strtol(v, &end, 10);
@@ -452,8 +491,10 @@ int main(int argc, char **argv)
     char b1[32], b2[32];
     printf("bench_reduce: reduce-scatter + all-gather (data parallel, no optimizer between) "
            "against a STREAM add\n");
-    printf("workers %d, %d NUMA domain%s, %s%s%s\n", s.n, s.n_domains, s.n_domains == 1 ? "" : "s",
-           placement, *why ? ": " : "", why);
+    printf("workers %d, %d NUMA domain%s, %s%s%s; %s\n", s.n, s.n_domains,
+           s.n_domains == 1 ? "" : "s", placement, *why ? ": " : "", why,
+           o.shared ? "weights: a vector per NUMA domain (shared)"
+                    : "weights: a replica per worker (private)");
     printf("bytes: reduce = sum over workers of st_comm_bytes_per_step read + written (the plan); "
            "STREAM = 12 bytes per element (2 reads, 1 write); write-allocate counted in neither\n");
     printf("no cache reuse: k rotating sets (grads, params, st_comm) with all workers' sets "

@@ -218,16 +218,18 @@ static int run_all(const bench_options *o, FILE *json)
 
 /* Data-parallel scaling: the whole trainer (st_train_run: pinned workers,
  * NUMA arenas, reduce-scatter, sharded AdamW, all-gather) on synthetic
- * data, once with 1 worker and once with N, each worker at batch B.  The
- * trainer's own samples/s counts training time only (no evaluation), over
- * all steps of the run; the median of `reps` runs is shown. */
+ * data, once with 1 worker and twice with N, each worker at batch B: the
+ * N workers reading a weight copy per NUMA domain (as training runs), and
+ * each its own replica (st_train_config.weights).  The trainer's own
+ * samples/s counts training time only (no evaluation), over all steps of
+ * the run; the median of `reps` runs is shown. */
 typedef struct scaling_result {
     double samples_per_s;
     st_epoch_record rec;
 } scaling_result;
 
 static int scaling_run(const bench_config *bc, int workers, int steps, int bf16,
-                       unsigned unfuse, scaling_result *out)
+                       unsigned unfuse, st_weights weights, scaling_result *out)
 {
     st_synthetic_config sc = st_synthetic_defaults(1);
     sc.train_count = (uint32_t)(steps * workers * bc->batch);
@@ -247,6 +249,7 @@ static int scaling_run(const bench_config *bc, int workers, int steps, int bf16,
     tc.schedule = ST_SCHED_CONSTANT;
     tc.model.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
     tc.model.unfuse = unfuse;
+    tc.weights = weights;
     st_status s = st_train_run(&tc, &train, &test, NULL, &out->rec);
     st_dataset_free(&train);
     st_dataset_free(&test);
@@ -264,23 +267,31 @@ static int cmp_scaling(const void *a, const void *b)
 }
 
 static int scaling_median(const bench_config *bc, int workers, int steps, int reps, int bf16,
-                          unsigned unfuse, scaling_result *med)
+                          unsigned unfuse, st_weights weights, scaling_result *med)
 {
     scaling_result r[MAX_WINDOWS];
     for (int i = 0; i < reps; i++)
-        if (scaling_run(bc, workers, steps, bf16, unfuse, &r[i]) != EXIT_SUCCESS)
+        if (scaling_run(bc, workers, steps, bf16, unfuse, weights, &r[i]) != EXIT_SUCCESS)
             return EXIT_FAILURE;
     qsort(r, (size_t)reps, sizeof *r, cmp_scaling);
     *med = r[reps / 2];
     return EXIT_SUCCESS;
 }
 
-static void print_scaling_row(int workers, const scaling_result *r, double base)
+/* overlapped: the reduction and update done during the backward;
+ * exposed: the step's time beyond compute and that (wait, reduce,
+ * optimizer), as a share of the step */
+static void print_scaling_row(int workers, const char *weights, const scaling_result *r,
+                              double base)
 {
     const st_epoch_record *e = &r->rec;
-    printf("%7d %12.0f %8.2fx %9.2f %7.2f %8.2f %9.2f %11.1f %11.1f\n", workers,
-           r->samples_per_s, r->samples_per_s / base, e->step_ms_compute, e->step_ms_wait,
-           e->step_ms_reduce, e->step_ms_optimizer, e->comm_bytes_per_worker_step / 1e6,
+    const double step = e->step_ms_compute + e->step_ms_wait + e->step_ms_reduce +
+                        e->step_ms_optimizer + e->step_ms_overlapped;
+    const double exposed = e->step_ms_wait + e->step_ms_reduce + e->step_ms_optimizer;
+    printf("%7d %-8s %12.0f %8.2fx %9.2f %7.2f %8.2f %9.2f %11.2f %8.1f%% %11.1f %11.1f\n",
+           workers, weights, r->samples_per_s, r->samples_per_s / base, e->step_ms_compute,
+           e->step_ms_wait, e->step_ms_reduce, e->step_ms_optimizer, e->step_ms_overlapped,
+           step > 0.0 ? 100.0 * exposed / step : 0.0, e->comm_bytes_per_worker_step / 1e6,
            (double)e->memory.peak_total / 1048576.0);
 }
 
@@ -293,19 +304,29 @@ static int run_scaling(const bench_options *o)
                                                       0, 0, 0, 0, 0, 0 };
     int steps = o->quick ? 6 : (bc.width >= 1024 ? 30 : 300);
     int reps = o->quick ? 1 : 3;
-    scaling_result one, many;
+    scaling_result one, many, replicas;
     /* bf16 when it is the only precision asked for (--precision bf16) */
     const int bf16 = o->bf16 && !o->fp32;
     printf("\ndata-parallel scaling: resmlp d%d w%d %s, batch %d per worker, %d steps, "
            "median of %d runs of st_train_run\n", bc.depth, bc.width, bf16 ? "bf16" : "fp32",
            bc.batch, steps, reps);
-    if (scaling_median(&bc, 1, steps, reps, bf16, o->unfuse, &one) != EXIT_SUCCESS ||
-        scaling_median(&bc, o->workers, steps, reps, bf16, o->unfuse, &many) != EXIT_SUCCESS)
+    /* the N workers' runs with a weight copy per NUMA domain (as training
+     * runs) and with a replica per worker, alternately: a same-run ratio */
+    if (scaling_median(&bc, 1, steps, reps, bf16, o->unfuse, ST_WEIGHTS_SHARED, &one) !=
+            EXIT_SUCCESS ||
+        scaling_median(&bc, o->workers, steps, reps, bf16, o->unfuse, ST_WEIGHTS_SHARED,
+                       &many) != EXIT_SUCCESS ||
+        scaling_median(&bc, o->workers, steps, reps, bf16, o->unfuse, ST_WEIGHTS_PRIVATE,
+                       &replicas) != EXIT_SUCCESS)
         return EXIT_FAILURE;
-    printf("workers    samples/s  vs 1 wk  compute ms  wait ms  reduce ms  optimizer ms"
-           "  comm MB/step  peak MiB/wk\n");
-    print_scaling_row(1, &one, one.samples_per_s);
-    print_scaling_row(o->workers, &many, one.samples_per_s);
+    printf("workers weights     samples/s  vs 1 wk  compute ms  wait ms  reduce ms  optimizer ms"
+           "  overlap ms  exposed  comm MB/step  peak MiB/wk\n");
+    print_scaling_row(1, "own", &one, one.samples_per_s);
+    print_scaling_row(o->workers, "shared", &many, one.samples_per_s);
+    print_scaling_row(o->workers, "replicas", &replicas, one.samples_per_s);
+    printf("weights: shared = a copy per NUMA domain, updated in place by the shard owners; "
+           "replicas = a replica per worker, filled by the all-gather; overlap = reduction and "
+           "update during the backward; exposed = (wait + reduce + optimizer) / step\n");
     printf("ring all-reduce among %d distributed workers would send %.1f MB per worker and step\n",
            o->workers, many.rec.ring_bytes_per_worker_step / 1e6);
     return EXIT_SUCCESS;
@@ -365,8 +386,10 @@ static void usage(FILE *f)
             "  --json FILE   also write one JSON object per configuration (JSON Lines)\n"
             "  --workers N   also run the whole trainer with 1 and N data-parallel workers\n"
             "                (resmlp d8 w1024, batch 128 per worker; with --config small the\n"
-            "                small model; not with --config cnn or gpt) and compare\n"
-            "                samples/s (in bf16 with --precision bf16; --unfuse applies)\n"
+            "                small model; not with --config cnn or gpt), N with a\n"
+            "                weight copy per NUMA domain and with a replica per worker, and\n"
+            "                compare samples/s (in bf16 with --precision bf16; --unfuse\n"
+            "                applies)\n"
             "  --precision P fp32 (default), bf16 (linear layers in bf16; reference:\n"
             "                oneDNN's bf16 matmul on the same shape, sgemm beside it) or both\n"
             "  --unfuse F    run the linear layers' bias add, skip add or both as passes\n"

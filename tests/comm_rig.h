@@ -37,6 +37,15 @@ static const float SENTINEL = -777.0f;
  * (the bf16 tests set them, then put them back). */
 static st_comm_payload g_payload = ST_COMM_PAYLOAD_FP32;
 static st_comm_bf16_at g_bf16_at = ST_COMM_BF16_BUFFER;
+/* 1: shared parameters (comm.h): the workers of a domain attach one
+ * vector, every domain its own with the same initial values, and every
+ * worker holds everything (the shared tests set it for dp rigs). */
+static int g_shared = 0;
+/* > 0: every worker writes its gradient in that many pieces from the top
+ * of the vector down, saying each final (st_comm_reduce_ready) as a
+ * backward does, with random delays between them; unwritten elements are
+ * NaN until then, so an owner that read one early would show it. */
+static int g_ready_pieces = 0;
 
 /* An fp32 rounded to bf16 (nearest even) and widened back, computed here
  * independently of the engine. */
@@ -138,17 +147,25 @@ static inline void rig_init(rig *r, int n, size_t p, const int *domain_of, uint6
     r->p = p;
     r->domain_of = domain_of;
     st_comm_config cfg = { .n_workers = n, .n_params = p, .domain_of = domain_of, .roles = 0,
-                           .payload = g_payload, .bf16_at = g_bf16_at };
+                           .payload = g_payload, .bf16_at = g_bf16_at,
+                           .shared_params = g_shared };
     cr_assert_eq(st_comm_create(&cfg, &r->c), ST_OK, "create: %s", st_last_error());
-    rig_masks(r, seed, dp);
+    rig_masks(r, seed, dp || g_shared);
     st_rng rng = st_rng_seed(seed ^ 0x5eed);
     for (int w = 0; w < n; w++) {
         st_arena_init(&r->arena[w], "worker", NULL, 0);
         r->grads[w] = malloc(p * sizeof(float));
-        r->params[w] = malloc(p * sizeof(float));
+        /* shared: a domain's first worker makes its vector, with worker
+         * 0's values (every domain's copy starts the same) */
+        const int first = w == 0 || domain(r, w) != domain(r, w - 1);
+        r->params[w] = !g_shared || first ? malloc(p * sizeof(float)) : r->params[w - 1];
         for (size_t i = 0; i < p; i++) {
             r->grads[w][i] = NAN;
-            r->params[w][i] = r->mask[w][i] ? st_rng_normal(&rng) : SENTINEL;
+            float v = r->mask[w][i] ? st_rng_normal(&rng) : SENTINEL;
+            if (!g_shared || w == 0)
+                r->params[w][i] = v;
+            else if (first)
+                r->params[w][i] = r->params[0][i];
         }
         r->init[w] = malloc(p * sizeof(float));
         memcpy(r->init[w], r->params[w], p * sizeof(float));
@@ -161,7 +178,8 @@ static inline void rig_free(rig *r)
     for (int w = 0; w < r->n; w++) {
         st_arena_release(&r->arena[w]);
         free(r->grads[w]);
-        free(r->params[w]);
+        if (!g_shared || w == 0 || domain(r, w) != domain(r, w - 1))
+            free(r->params[w]);
         free(r->init[w]);
         free(r->mask[w]);
         free(r->held[w]);
@@ -200,6 +218,32 @@ static inline void spin(uint32_t iters)
     volatile uint32_t x = 0;
     for (uint32_t i = 0; i < iters; i++)
         x = x + 1;
+}
+
+/* fill_grads as a backward writes them: NaN first, then g_ready_pieces
+ * pieces from the top down, each said final once written. */
+static inline st_status fill_grads_ready(rig *r, int w, uint64_t step, st_rng *dr)
+{
+    float *g = r->grads[w];
+    for (size_t i = 0; i < r->p; i++)
+        g[i] = NAN;
+    st_rng root = st_rng_seed(1000 + step);
+    st_rng gr = st_rng_split(&root, (uint64_t)w);
+    float *v = malloc(r->p * sizeof *v);
+    for (size_t i = 0; i < r->p; i++)
+        v[i] = st_rng_normal(&gr);
+    size_t top = r->p;
+    st_status s = ST_OK;
+    for (int k = g_ready_pieces; k >= 1 && s == ST_OK; k--) {
+        size_t from = k == 1 ? 0 : (size_t)st_rng_below(dr, (uint32_t)top + 1);
+        for (size_t i = from; i < top; i++)
+            g[i] = r->mask[w][i] ? v[i] : NAN;
+        s = st_comm_reduce_ready(r->c, w, from, NULL);
+        top = from;
+        spin(st_rng_below(dr, 20000));
+    }
+    free(v);
+    return s;
 }
 
 static inline int owner_of(const st_comm *c, int n, size_t i)
@@ -241,8 +285,12 @@ static inline void run_rig(rig *r, int steps, int same_grads, int delays, run_ou
                 memcpy(o->init_master + sh.begin, mp, len * sizeof(float));
             st_rng dr = st_rng_seed(77 + (uint64_t)w * 1000003u + (uint64_t)steps);
             for (int t = 0; t < steps && s == ST_OK; t++) {
-                if (t == 0 || !same_grads)
+                if (g_ready_pieces)
+                    s = o->rs[w] = fill_grads_ready(r, w, (uint64_t)t, &dr);
+                else if (t == 0 || !same_grads)
                     fill_grads(r, w, (uint64_t)t);
+                if (s != ST_OK)
+                    break;
                 if (delays)
                     spin(st_rng_below(&dr, 200000));
                 s = o->rs[w] = st_comm_reduce_scatter(r->c, w);

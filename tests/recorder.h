@@ -1,7 +1,7 @@
 /*
  * tests/recorder.h — training callbacks that record a run: every step's
- * loss and ETA, and the epoch records.  Header-only, every function static;
- * include it after <criterion/criterion.h> and <subtrain/subtrain.h>.
+ * loss and ETA, and the epoch records.  Header-only, every function
+ * static inline; include it after <criterion/criterion.h> and <subtrain/subtrain.h>.
  */
 #ifndef SUBTRAIN_TEST_RECORDER_H
 #define SUBTRAIN_TEST_RECORDER_H
@@ -25,7 +25,7 @@ typedef struct recorder {
 
 /* Also asserts that steps come in order, once each, with a rate and an
  * ETA that are finite and not negative. */
-static void on_step(const st_step_info *info, void *user)
+static inline void on_step(const st_step_info *info, void *user)
 {
     recorder *r = user;
     cr_assert_eq(info->step, r->steps + 1, "steps are reported in order, once each");
@@ -39,7 +39,7 @@ static void on_step(const st_step_info *info, void *user)
     r->steps++;
 }
 
-static void on_epoch(const st_epoch_record *rec, void *user)
+static inline void on_epoch(const st_epoch_record *rec, void *user)
 {
     recorder *r = user;
     if (r->n_records < ST_TEST_MAX_RECORDS)
@@ -47,8 +47,9 @@ static void on_epoch(const st_epoch_record *rec, void *user)
 }
 
 /* st_train_run with r recording (cleared first); the final record. */
-static st_epoch_record train_recorded(const st_train_config *c, const st_dataset *train,
-                                      const st_dataset *test, recorder *r)
+static inline st_epoch_record train_recorded(const st_train_config *c,
+                                             const st_dataset *train, const st_dataset *test,
+                                             recorder *r)
 {
     memset(r, 0, sizeof *r);
     st_train_callbacks cb = { .on_step = on_step, .on_epoch = on_epoch, .user = r };

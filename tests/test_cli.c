@@ -275,6 +275,38 @@ Test(cli, topologies_too_large_or_from_the_environment, .timeout = 60)
     free(r);
 }
 
+/* subtrain topo plans data parallelism as a run does: a weight copy per
+ * NUMA domain, who reads it, and the bytes a step.  A 2-socket node of 16
+ * workers, and 16 workers over 8 domains of 2 (two packages of four):
+ * the busiest worker's bytes a parameter, 4 + 4/16 + 16 (D - 1)/16 with
+ * copies (5.25, 11.25) against 12 + 4/16 + 8 (D - 1)/16 with replicas
+ * (12.75, 15.75); with --params 16777216 the 2-socket workers each read
+ * 4 P + 2 x 4 S and write 3 x 4 S bytes (S = P / 16). */
+Test(cli, topo_prints_the_weight_copies_and_the_bytes, .timeout = 60)
+{
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, "topo --topology 'synthetic:pack:2 numa:1 core:8 pu:2' --params 16777216");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, "weights: one copy per NUMA domain, 16777216 floats (64.00 MiB; a "
+                             "model in bf16 adds 32.00 MiB of bf16 copies), on the domain's "
+                             "node; 128.00 MiB in all for 16 workers (a replica per worker: "
+                             "1024.00 MiB)\n"), "%s", r->out);
+    cr_assert(strstr(r->out, "  domain 1: read by workers 8-15; its owners update [8388608, "
+                             "16777216) in it"), "%s", r->out);
+    cr_assert(strstr(r->out, "  workers 0-7: read 75497472 B (8388608 B across domains), "
+                             "written 12582912 B each\n"), "%s", r->out);
+    cr_assert(strstr(r->out, "  the busiest worker: 5.25 B a parameter and step (a replica per "
+                             "worker: 12.75; the gradients read once and the shard written once: "
+                             "4.25)\n"), "%s", r->out);
+    run(r, NULL, "topo --topology 'synthetic:pack:2 numa:4 core:16 pu:2' --workers 16");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, "weights: one copy per NUMA domain"), "%s", r->out);
+    cr_assert(strstr(r->out, "  domain 7: read by workers 14-15;"), "%s", r->out);
+    cr_assert(strstr(r->out, "  the busiest worker: 11.25 B a parameter and step (a replica "
+                             "per worker: 15.75;"), "%s", r->out);
+    free(r);
+}
+
 /* A message longer than the error buffer keeps its cause: the long path
  * is shortened in the middle, the advice at the end stays. */
 Test(cli, long_paths_keep_the_cause)

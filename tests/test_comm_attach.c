@@ -532,3 +532,73 @@ Test(comm, unheld_elements_only_where_allowed, .timeout = 30)
         st_comm_destroy(c);
     }
 }
+
+/* ------------------------------------------------------------ shared parameters */
+
+/* Attaches n workers of the given domains with shared parameters, worker
+ * w giving vector vec[w] of `vectors` (indices), holding `held` (n_held
+ * ranges, the same for all); each worker's status and message. */
+static void attach_shared(int n, const int *domain_of, const int *vec, const st_range *held,
+                          int n_held, st_status *got, char (*msg)[256])
+{
+    enum { P = 100 };
+    st_comm *c;
+    st_comm_config cfg = { .n_workers = n, .n_params = P, .domain_of = domain_of,
+                           .shared_params = 1 };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_OK, "%s", st_last_error());
+    st_arena arena[MAXW];
+    float *g[MAXW], *pr[MAXW];
+    for (int w = 0; w < n; w++) {
+        st_arena_init(&arena[w], "worker", NULL, 0);
+        g[w] = calloc(P, sizeof(float));
+        pr[w] = calloc(P, sizeof(float));
+    }
+#pragma omp parallel num_threads(n)
+    {
+        int w = omp_get_thread_num();
+        got[w] = st_comm_attach(c, w, &arena[w], g[w], pr[vec[w]], held, n_held);
+        snprintf(msg[w], 256, "%s", st_last_error());
+    }
+    for (int w = 0; w < n; w++) {
+        st_arena_release(&arena[w]);
+        free(g[w]);
+        free(pr[w]);
+    }
+    st_comm_destroy(c);
+}
+
+/* Shared parameters are a vector a domain held whole: two vectors in one
+ * domain, one vector for two domains, a vector not held whole, and a
+ * reduce-only engine are refused with a message naming them; one vector a
+ * domain, held whole as two adjacent ranges, attaches. */
+Test(comm_attach, shared_parameters_one_vector_a_domain, .timeout = 10)
+{
+    static const int two[4] = { 0, 0, 1, 1 };
+    static const st_range all[1] = { { 0, 100 } }, split[2] = { { 0, 40 }, { 40, 100 } },
+                          part[1] = { { 0, 99 } };
+    st_status got[4];
+    char msg[4][256];
+    static const int good[4] = { 0, 0, 2, 2 }, mixed[4] = { 0, 1, 2, 2 },
+                     same[4] = { 0, 0, 0, 0 };
+    attach_shared(4, two, good, split, 2, got, msg);
+    for (int w = 0; w < 4; w++)
+        cr_assert_eq(got[w], ST_OK, "worker %d: %s", w, msg[w]);
+    attach_shared(4, two, mixed, all, 1, got, msg);
+    for (int w = 0; w < 4; w++)
+        cr_assert(strstr(msg[w], "workers 0 and 1 of NUMA domain 0 attach different parameter "
+                                 "vectors"), "worker %d: %s", w, msg[w]);
+    attach_shared(4, two, same, all, 1, got, msg);
+    for (int w = 0; w < 4; w++)
+        cr_assert(strstr(msg[w], "NUMA domains 0 and 1 attach the same parameter vector"),
+                  "worker %d: %s", w, msg[w]);
+    attach_shared(4, two, good, part, 1, got, msg);
+    cr_assert_eq(got[0], ST_ERR_INVALID);
+    cr_assert(strstr(msg[0], "worker 0: shared parameters are one vector held whole, in the "
+                             "full layout: element 99 is not held there"), "%s", msg[0]);
+    st_comm *c = NULL;
+    st_comm_config cfg = { .n_workers = 2, .n_params = 100, .roles = ST_COMM_REDUCE,
+                           .shared_params = 1 };
+    cr_assert_eq(st_comm_create(&cfg, &c), ST_ERR_INVALID);
+    cr_assert_null(c);
+    cr_assert(strstr(st_last_error(), "a reduce-only engine has none"), "%s", st_last_error());
+}

@@ -99,6 +99,79 @@ Test(comm_bytes, data_parallel_three_domains)
     }
 }
 
+/* Shared parameters (one vector a domain), one domain: worker w reads the
+ * N gradients of its shard and writes its mean; the all-gather moves
+ * nothing, the owners having updated the domain's vector itself.  4 + 4 / N
+ * bytes a parameter: the gradients read once, the shard written once. */
+Test(comm_bytes, shared_parameters_single_domain)
+{
+    st_comm_bytes b[MAXW];
+    g_shared = 1;
+    dp_bytes(4, 4096, NULL, b);
+    for (int w = 0; w < 4; w++) {
+        cr_assert_eq(b[w].read, 4 * 1024 * 4, "worker %d read %zu", w, b[w].read);
+        cr_assert_eq(b[w].written, 1024 * 4, "worker %d wrote %zu", w, b[w].written);
+        cr_assert_eq(b[w].gather_read + b[w].gather_written + b[w].cross_domain_read, 0);
+    }
+    dp_bytes(3, 1000, NULL, b);
+    size_t shard[3] = { 336, 336, 328 };
+    for (int w = 0; w < 3; w++) {
+        cr_assert_eq(b[w].read, 3 * shard[w] * 4, "worker %d read %zu", w, b[w].read);
+        cr_assert_eq(b[w].written, shard[w] * 4);
+    }
+    g_shared = 0;
+}
+
+/* Shared parameters over two domains of two, P = 4096, S = 1024 floats (s
+ * = 4096 bytes).  Worker 0: its partial of remote shard 2 (2s read, s
+ * written), its own shard from g0, g1 and domain 1's partial (3s read, s
+ * across; s written); the all-gather: shard 2 from its owner's domain
+ * into domain 0's vector (s across, s written) and nothing else: shard 3
+ * is worker 1's to bring in, shards 0 and 1 are updated in place.  Read
+ * 6s, written 3s, across 2s, where a replica per worker reads 9s and
+ * writes 6s. */
+Test(comm_bytes, shared_parameters_two_domains)
+{
+    static const int d[4] = { 0, 0, 1, 1 };
+    st_comm_bytes b[MAXW];
+    g_shared = 1;
+    dp_bytes(4, 4096, d, b);
+    for (int w = 0; w < 4; w++) {
+        cr_assert_eq(b[w].read, 6 * 4096, "worker %d read %zu", w, b[w].read);
+        cr_assert_eq(b[w].written, 3 * 4096, "worker %d wrote %zu", w, b[w].written);
+        cr_assert_eq(b[w].cross_domain_read, 2 * 4096, "worker %d: %zu", w,
+                     b[w].cross_domain_read);
+        cr_assert_eq(b[w].gather_read, 4096);
+        cr_assert_eq(b[w].gather_written, 4096);
+    }
+    g_shared = 0;
+}
+
+/* Three domains {0,0,0,1,1,2,2,2}, P = 8192, s = 4096 bytes, shared
+ * parameters: as data_parallel_three_domains, less every local copy (the
+ * owners' shards of the domain and the copiers' segments for the others
+ * of their domain). */
+Test(comm_bytes, shared_parameters_three_domains)
+{
+    static const int d[8] = { 0, 0, 0, 1, 1, 2, 2, 2 };
+    static const size_t copies[8] = { 2, 2, 1, 3, 3, 2, 2, 1 };  /* = partials computed */
+    static const size_t m[8] = { 3, 3, 3, 2, 2, 3, 3, 3 };        /* domain size */
+    st_comm_bytes b[MAXW];
+    g_shared = 1;
+    dp_bytes(8, 8192, d, b);
+    const size_t s = 4096;
+    for (int w = 0; w < 8; w++) {
+        size_t read = copies[w] * m[w] * s + m[w] * s + 2 * s + copies[w] * s;
+        size_t written = copies[w] * s + s + copies[w] * s;
+        cr_assert_eq(b[w].cross_domain_read, (2 + copies[w]) * s, "worker %d: %zu", w,
+                     b[w].cross_domain_read);
+        cr_assert_eq(b[w].read, read, "worker %d read %zu, want %zu", w, b[w].read, read);
+        cr_assert_eq(b[w].written, written, "worker %d wrote %zu, want %zu", w, b[w].written,
+                     written);
+    }
+    g_shared = 0;
+}
+
 Test(comm_bytes, ring_formula)
 {
     cr_assert_float_eq(st_comm_ring_bytes(4, 1000), 6000.0, 1e-9);
@@ -338,4 +411,128 @@ Test(comm_shards, describe_is_the_plan_attach_builds)
         check_describe_is_the_engine(5, big_small, sizes[i]);
         check_describe_is_the_engine(2, NULL, sizes[i]);
     }
+}
+
+/* st_comm_describe_config's bytes against the engine's: for every worker
+ * the printed read, cross-domain read and written bytes are what attach
+ * counts (st_comm_bytes_per_step), with a weight copy per domain and with
+ * a replica per worker, fp32 and bf16 payloads; each domain's line is the
+ * sum of its workers'. */
+static void check_described_bytes(int n, const int *domain_of, size_t p, int shared,
+                                  st_comm_payload payload)
+{
+    FILE *f = tmpfile();
+    cr_assert_not_null(f);
+    st_comm_config cfg = { .n_workers = n, .n_params = p, .domain_of = domain_of,
+                           .payload = payload, .shared_params = shared };
+    st_comm_describe_config(f, &cfg);
+    rewind(f);
+    size_t rd[MAXW], cross[MAXW], wr[MAXW], dom_rd[MAXW] = { 0 }, dom_wr[MAXW] = { 0 };
+    int seen[MAXW] = { 0 }, domains = 0, weights = 0;
+    char line[8192];
+    while (fgets(line, sizeof line, f)) {
+        int a, b, off = 0;
+        size_t x, y, z;
+        weights += strncmp(line, "weights: one copy per NUMA domain", 33) == 0;
+        if (sscanf(line, "  workers %d-%d: read %zu B (%zu B across domains), written %zu B",
+                   &a, &b, &x, &y, &z) == 5 ||
+            (sscanf(line, "  worker %d: read %zu B (%zu B across domains), written %zu B%n", &a,
+                    &x, &y, &z, &off) == 4 && off > 0 && (b = a, 1))) {
+            for (int w = a; w <= b; w++) {
+                cr_assert(w >= 0 && w < n, "%s", line);
+                rd[w] = x;
+                cross[w] = y;
+                wr[w] = z;
+                seen[w]++;
+            }
+        } else if (sscanf(line, "  domain %d: read %zu B (%zu B across domains), written %zu B",
+                          &a, &x, &y, &z) == 4) {
+            cr_assert(a >= 0 && a < MAXW, "%s", line);
+            dom_rd[a] = x;
+            dom_wr[a] = z;
+            domains++;
+        }
+    }
+    fclose(f);
+    cr_assert_eq(weights, shared, "the weight copies are described with shared parameters");
+    st_comm_bytes b[MAXW];
+    int old = g_shared;
+    st_comm_payload old_payload = g_payload;
+    g_shared = shared;
+    g_payload = payload;
+    dp_bytes(n, p, domain_of, b);
+    g_shared = old;
+    g_payload = old_payload;
+    size_t sum_rd[MAXW] = { 0 }, sum_wr[MAXW] = { 0 };
+    for (int w = 0; w < n; w++) {
+        cr_assert_eq(seen[w], 1, "n=%d p=%zu: worker %d printed %d times", n, p, w, seen[w]);
+        cr_assert_eq(rd[w], b[w].read, "n=%d p=%zu shared=%d: worker %d reads %zu, the engine "
+                     "says %zu", n, p, shared, w, rd[w], b[w].read);
+        cr_assert_eq(cross[w], b[w].cross_domain_read, "n=%d p=%zu shared=%d: worker %d",
+                     n, p, shared, w);
+        cr_assert_eq(wr[w], b[w].written, "n=%d p=%zu shared=%d: worker %d writes %zu, the "
+                     "engine says %zu", n, p, shared, w, wr[w], b[w].written);
+        int d = domain_of ? domain_of[w] : 0;
+        sum_rd[d] += b[w].read;
+        sum_wr[d] += b[w].written;
+    }
+    for (int d = 0; d < domains; d++) {
+        cr_assert_eq(dom_rd[d], sum_rd[d], "domain %d", d);
+        cr_assert_eq(dom_wr[d], sum_wr[d], "domain %d", d);
+    }
+}
+
+Test(comm_shards, described_bytes_are_the_engines, .timeout = 60)
+{
+    static const int pairs[4] = { 0, 0, 1, 1 }, lone[3] = { 0, 1, 1 },
+                     three[8] = { 0, 0, 0, 1, 1, 2, 2, 2 }, big_small[5] = { 0, 0, 0, 0, 1 };
+    static const size_t sizes[] = { 100, 1000, 4096 + 48 };
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        for (int shared = 0; shared < 2; shared++)
+            for (int bf16 = 0; bf16 < 2; bf16++) {
+                st_comm_payload pay = bf16 ? ST_COMM_PAYLOAD_BF16 : ST_COMM_PAYLOAD_FP32;
+                check_described_bytes(4, pairs, sizes[i], shared, pay);
+                check_described_bytes(3, lone, sizes[i], shared, pay);
+                check_described_bytes(8, three, sizes[i], shared, pay);
+                check_described_bytes(5, big_small, sizes[i], shared, pay);
+                check_described_bytes(4, NULL, sizes[i], shared, pay);
+                check_described_bytes(1, NULL, sizes[i], shared, pay);
+            }
+}
+
+/* What `subtrain topo` prints of the weights for a 2-socket machine of 8
+ * workers: one copy per domain, each read by its four workers, and the
+ * bytes of the two-level plan beside the lower bound 4 + 4 / 8. */
+Test(comm_shards, describe_config_weights_text)
+{
+    static const int d[8] = { 0, 0, 0, 0, 1, 1, 1, 1 };
+    FILE *f = tmpfile();
+    cr_assert_not_null(f);
+    st_comm_config cfg = { .n_workers = 8, .n_params = 1 << 20, .domain_of = d,
+                           .shared_params = 1 };
+    st_comm_describe_config(f, &cfg);
+    long len = ftell(f);
+    char *text = calloc((size_t)len + 1, 1);
+    rewind(f);
+    cr_assert_eq(fread(text, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    cr_assert(strstr(text, "weights: one copy per NUMA domain, 1048576 floats (4.00 MiB; a model "
+                           "in bf16 adds 2.00 MiB of bf16 copies), on the domain's node; 8.00 MiB "
+                           "in all for 8 workers (a replica per worker: 32.00 MiB)\n"), "%s", text);
+    cr_assert(strstr(text, "  domain 0: read by workers 0-3; its owners update [0, 524288) in it, "
+                           "the rest comes from the other domains' copies (all-gather)\n"),
+              "%s", text);
+    cr_assert(strstr(text, "into the domain's weight copy: 2.00 MiB cross-domain per step"), "%s",
+              text);
+    /* per worker, s = 131072 x 4 bytes: its shard from its domain's 4
+     * gradients and the other domain's partial (5 s read, s across; s
+     * written), its domain's partial of a remote shard (4 s read, s
+     * written), that shard copied into the domain's vector (s read across,
+     * s written): 13 s = 6.5 bytes a parameter */
+    cr_assert(strstr(text, "  workers 0-3: read 5242880 B (1048576 B across domains), written "
+                           "1572864 B each\n"), "%s", text);
+    cr_assert(strstr(text, "  the busiest worker: 6.50 B a parameter and step (a replica per "
+                           "worker: 13.50; the gradients read once and the shard written once: "
+                           "4.50)\n"), "%s", text);
+    free(text);
 }

@@ -102,6 +102,142 @@ Test(comm_determinism, delays_changing_gradients, .timeout = 60)
     check_run(8, 3000, d, 330, 0, 12, 1);
 }
 
+/* ------------------------------------------------------------ shared parameters */
+
+/* One parameter vector a domain (comm.h, shared_params): the means, the
+ * masters and every domain's vector after each all-gather are those of
+ * the reference, bitwise, on one domain and over two and three, every
+ * size (shards empty, partial lines, several segments of copies). */
+Test(comm_shared, every_size_one_two_and_three_domains, .timeout = 120)
+{
+    static const int two[4] = { 0, 0, 1, 1 }, lone[3] = { 0, 1, 1 },
+                     three[8] = { 0, 0, 0, 1, 1, 2, 2, 2 };
+    g_shared = 1;
+    check_sizes(1, NULL, 900);
+    check_sizes(3, NULL, 910);
+    check_sizes(4, two, 920);
+    check_sizes(3, lone, 930);
+    check_sizes(8, three, 940);
+    g_shared = 0;
+}
+
+/* Changing gradients and updates with random delays before every
+ * collective, shared parameters over three domains: a worker that read
+ * its domain's vector before the domain's copiers were done, or an owner
+ * that updated its shard while another domain still copied it, shows as
+ * a vector element differing from its owner's master (bad_params) or a
+ * mean or master off the reference. */
+Test(comm_shared, delays_changing_gradients, .timeout = 120)
+{
+    static const int d[8] = { 0, 0, 0, 1, 1, 2, 2, 2 }, two[4] = { 0, 0, 1, 1 };
+    g_shared = 1;
+    check_run(8, 3000, d, 950, 1, 12, 1);
+    check_run(4, 20000, two, 960, 1, 12, 1);
+    check_run(4, 5000, NULL, 970, 1, 12, 1);
+    g_shared = 0;
+}
+
+/* bf16 payloads with shared parameters: the rounded gradients' sums. */
+Test(comm_shared, bf16_payloads, .timeout = 60)
+{
+    static const int two[4] = { 0, 0, 1, 1 };
+    g_shared = 1;
+    g_payload = ST_COMM_PAYLOAD_BF16;
+    check_config(4, 4099, two, 980, 1);
+    check_config(4, 4099, NULL, 990, 1);
+    g_payload = ST_COMM_PAYLOAD_FP32;
+    g_shared = 0;
+}
+
+/* ------------------------------------------------------------ during the backward */
+
+/* st_comm_reduce_ready: each worker writes its gradient from the top down
+ * in random pieces, saying each final, with random delays (the rest NaN
+ * until written); the owners reduce what every worker has said as they
+ * go, the reduce-scatter the rest.  Means, masters and replicas are the
+ * reference's, bitwise: one domain (reduced during the pieces) and two or
+ * three (the reduce-scatter does all), with replicas and with shared
+ * parameters, fp32 and both bf16 payloads, random holders too. */
+Test(comm_ready, pieces_said_final_reduce_to_the_same_bits, .timeout = 120)
+{
+    static const int two[4] = { 0, 0, 1, 1 }, three[8] = { 0, 0, 0, 1, 1, 2, 2, 2 };
+    g_ready_pieces = 5;
+    for (int shared = 0; shared < 2; shared++) {
+        g_shared = shared;
+        check_run(4, 5000, NULL, 1100 + (uint64_t)shared, 1, 6, 1);
+        check_run(3, 4099, NULL, 1110 + (uint64_t)shared, 1, 6, 1);
+        check_run(2, 17, NULL, 1120 + (uint64_t)shared, 1, 6, 1);
+        check_run(4, 5000, two, 1130 + (uint64_t)shared, 1, 6, 1);
+        check_run(8, 3000, three, 1140 + (uint64_t)shared, 1, 4, 1);
+    }
+    g_shared = 0;
+    check_run(4, 3000, NULL, 1150, 0, 6, 1);   /* random holders */
+    for (int at = 0; at < 2; at++) {
+        g_payload = ST_COMM_PAYLOAD_BF16;
+        g_bf16_at = at ? ST_COMM_BF16_ON_READ : ST_COMM_BF16_BUFFER;
+        check_run(4, 5000, NULL, 1160 + (uint64_t)at, 1, 6, 1);
+        check_run(4, 3000, two, 1170 + (uint64_t)at, 0, 4, 1);
+    }
+    g_payload = ST_COMM_PAYLOAD_FP32;
+    g_bf16_at = ST_COMM_BF16_BUFFER;
+    g_ready_pieces = 0;
+}
+
+/* Every worker says its whole gradient final, meets the others at a
+ * barrier and asks again: each owner's means are then complete before its
+ * reduce-scatter (the shard gradient, zero from attach, holds the means),
+ * and the reduce-scatter leaves them as they are. */
+Test(comm_ready, said_by_everyone_means_reduced_before_the_reduce_scatter, .timeout = 30)
+{
+    enum { N = 3, P = 1000 };
+    rig r;
+    rig_init(&r, N, P, NULL, 1200, 1);
+    float before[P], after[P];
+    st_status st[N][4];
+    st_range dn[N][2];   /* what each call completed */
+#pragma omp parallel num_threads(N)
+    {
+        int w = omp_get_thread_num();
+        st[w][0] = st_comm_attach(r.c, w, &r.arena[w], r.grads[w], r.params[w], r.held[w],
+                                  r.n_held[w]);
+        fill_grads(&r, w, 0);
+        st[w][1] = st_comm_reduce_ready(r.c, w, 0, &dn[w][0]);
+        st[w][2] = st_comm_barrier(r.c, w);
+        st[w][3] = st_comm_reduce_ready(r.c, w, 0, &dn[w][1]);
+        st_range sh = st_comm_shard(r.c, w);
+        memcpy(before + sh.begin, st_comm_shard_grads(r.c, w),
+               (sh.end - sh.begin) * sizeof(float));
+        if (st_comm_reduce_scatter(r.c, w) == ST_OK)
+            memcpy(after + sh.begin, st_comm_shard_grads(r.c, w),
+                   (sh.end - sh.begin) * sizeof(float));
+    }
+    for (int w = 0; w < N; w++) {
+        for (int k = 0; k < 4; k++)
+            cr_assert_eq(st[w][k], ST_OK, "worker %d call %d: %s", w, k, st_last_error());
+        /* the two calls completed the shard between them, the first its
+         * top (whatever the others had said), the second the rest */
+        st_range sh = st_comm_shard(r.c, w), *d = dn[w];
+        size_t top = d[0].end > d[0].begin ? d[0].begin : sh.end;
+        cr_assert(d[0].end == d[0].begin || d[0].end == sh.end, "worker %d: first call did "
+                  "[%zu, %zu) of [%zu, %zu)", w, d[0].begin, d[0].end, sh.begin, sh.end);
+        cr_assert(top == sh.begin ? d[1].end == d[1].begin
+                                  : d[1].begin == sh.begin && d[1].end == top,
+                  "worker %d: second call did [%zu, %zu), the first [%zu, %zu), of [%zu, %zu)",
+                  w, d[1].begin, d[1].end, d[0].begin, d[0].end, sh.begin, sh.end);
+    }
+    float *g[N];
+    for (int w = 0; w < N; w++)
+        g[w] = r.grads[w];
+    for (size_t i = 0; i < P; i++) {
+        double dm, am;
+        float want = ref_mean(&r, g, i, &dm, &am);
+        cr_assert(same_bits(before[i], want), "element %zu: %.9g before the reduce-scatter, "
+                  "the mean is %.9g", i, before[i], want);
+        cr_assert(same_bits(after[i], want), "element %zu: %.9g after", i, after[i]);
+    }
+    rig_free(&r);
+}
+
 /* ------------------------------------------------------------ bf16 payloads */
 
 /* Runs check_sizes-like configurations with bf16 payloads (rounded where

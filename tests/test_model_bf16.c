@@ -156,3 +156,90 @@ Test(bf16, update_written_weight_copies_change_nothing)
         }
     }
 }
+
+/* Two models over one storage (st_model_create_on): their parameters and
+ * bf16 weight copies are the storage's, listed at the same places; with
+ * the copies written (here by hand, as the update and the engine write
+ * them) they compute what a model of its own computes, bitwise, and a
+ * forward never converts a shared copy: parameters changed without
+ * st_model_params_changed still multiply the old copies, and after it the
+ * new ones.  Storage of another size is refused, naming both sizes. */
+Test(bf16, models_over_shared_storage)
+{
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    omp_set_num_threads(1);
+    st_model_config c = resmlp_config(3, 16, 24, ST_ACT_GELU);
+    c.precision = ST_PRECISION_BF16;
+    st_arena a[3];
+    for (int j = 0; j < 3; j++)
+        st_arena_init(&a[j], "storage", NULL, 0);
+    st_model *own = make_model(&c, 4, &a[2]);
+    st_model_init_params(own, 17);
+    const size_t P = st_model_param_count(own);
+    float *params = calloc(P, sizeof *params);
+    uint16_t *bf16 = calloc(P, sizeof *bf16);
+    memcpy(params, st_model_params(own), P * sizeof *params);
+    st_model_storage s = { params, bf16, P };
+    st_model *m[2];
+    for (int j = 0; j < 2; j++) {
+        OK(st_model_create_on(&c, 4, &a[j], &s, &m[j]));
+        cr_assert_eq(st_model_params(m[j]), params);
+    }
+    int n0, n1, n;
+    const st_param_copy *c0 = st_model_copies(m[0], &n0), *c1 = st_model_copies(m[1], &n1);
+    st_model_copies(own, &n);
+    cr_assert(n0 == n && n1 == n && n > 0, "%d, %d and %d copies", n0, n1, n);
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(c0[i].bf16, bf16 + c0[i].offset, "copy %d is not in the storage", i);
+        cr_assert_eq(c1[i].bf16, c0[i].bf16);
+    }
+    st_model_params_changed(m[0]);   /* converts the shared copies, once */
+    float loss[3];
+    for (int step = 0; step < 3; step++) {
+        st_model *each[3] = { m[0], m[1], own };
+        for (int j = 0; j < 3; j++) {
+            st_rng r = st_rng_seed(8 + (uint64_t)step);
+            fill_rows(each[j], 0, 4, &r);
+            OK(st_model_forward_backward(each[j], &loss[j]));
+        }
+        cr_assert(memcmp(&loss[0], &loss[2], sizeof *loss) == 0 &&
+                  memcmp(&loss[1], &loss[2], sizeof *loss) == 0,
+                  "step %d: %.9g and %.9g over the storage, %.9g alone", step, loss[0], loss[1],
+                  loss[2]);
+    }
+    /* new weights, copies not converted: the stale copies are what multiply */
+    for (size_t i = 0; i < P; i++) {
+        params[i] *= 0.5f;
+        st_model_params(own)[i] *= 0.5f;
+    }
+    st_model_params_changed(own);
+    st_rng r0 = st_rng_seed(30), r1 = st_rng_seed(30);
+    fill_rows(m[0], 0, 4, &r0);
+    fill_rows(own, 0, 4, &r1);
+    OK(st_model_forward_backward(m[0], &loss[0]));
+    OK(st_model_forward_backward(own, &loss[2]));
+    cr_assert_neq(loss[0], loss[2], "a forward converted the shared copies");
+    st_model_params_changed(m[1]);
+    r0 = st_rng_seed(30);
+    fill_rows(m[0], 0, 4, &r0);
+    OK(st_model_forward_backward(m[0], &loss[0]));
+    cr_assert_eq(memcmp(&loss[0], &loss[2], sizeof *loss), 0, "%.9g vs %.9g", loss[0], loss[2]);
+    st_model *bad = NULL;
+    st_model_storage wrong = { params, bf16, P - 1 };
+    st_arena b;
+    st_arena_init(&b, "wrong", NULL, 0);
+    cr_assert_eq(st_model_create_on(&c, 4, &b, &wrong, &bad), ST_ERR_INVALID);
+    cr_assert_null(bad);
+    char want[128];
+    snprintf(want, sizeof want, "storage of %zu parameters for a model of %zu", P - 1, P);
+    cr_assert_str_eq(st_last_error(), want);
+    st_arena_release(&b);
+    for (int j = 0; j < 2; j++)
+        st_model_destroy(m[j]);
+    st_model_destroy(own);
+    for (int j = 0; j < 3; j++)
+        st_arena_release(&a[j]);
+    free(params);
+    free(bf16);
+}

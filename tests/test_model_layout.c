@@ -396,3 +396,70 @@ Test(flops, match_formula)
     /* By hand, mlp d3 w20, B 8: 2*8*(2*12*20 + 3*2*400 + 3*100) = 16*3180 */
     cr_expect_eq(flops_formula(&cfgs[0], 8), 16.0 * 3180.0);
 }
+
+/* st_model_forward_backward_ready: each tail of the gradient vector it
+ * says is final is final (the pass ends with the same values there as
+ * when it was said), the tails only grow, the last one is the whole
+ * vector, and the gradients are bitwise those of st_model_forward_backward.
+ * An mlp, a resmlp, a gpt, a ResNet (convolutions, batch norms) and a
+ * backward-masked neuron subnetwork (a compact gradient vector). */
+typedef struct tail_seen {
+    const float *grads;
+    size_t n, last;
+    float *snap;          /* the gradient when each element was said final */
+    int calls, bad_order;
+} tail_seen;
+
+static void seen_tail(void *ctx, size_t from)
+{
+    tail_seen *t = ctx;
+    t->calls++;
+    t->bad_order += from >= t->last;
+    for (size_t i = from; i < t->last && i < t->n; i++)
+        t->snap[i] = t->grads[i];
+    if (from < t->last)
+        t->last = from;
+}
+
+Test(layout, gradients_said_final_stay_final)
+{
+    omp_set_num_threads(1);
+    st_model_config cfgs[5] = { mlp_config(3, 16, ST_ACT_RELU),
+                                resmlp_config(3, 16, 24, ST_ACT_GELU), gpt_config(2, 8, 2, 6),
+                                resnet_config(st_model_kind_named("resnet"), 1, 4, 3, 8, 8),
+                                neuron_config(st_model_kind_named("resmlp"), 1) };
+    for (int k = 0; k < 5; k++) {
+        st_arena a[2];
+        st_model *m[2];
+        for (int j = 0; j < 2; j++) {
+            st_arena_init(&a[j], "tails", NULL, 0);
+            m[j] = make_model(&cfgs[k], 4, &a[j]);
+            st_model_init_params(m[j], 3);
+        }
+        const size_t n = st_model_grad_count(m[0]);
+        tail_seen t = { st_model_grads(m[0]), n, n, calloc(n, sizeof(float)), 0, 0 };
+        float loss[2];
+        for (int j = 0; j < 2; j++) {
+            st_rng r = st_rng_seed(4);
+            fill_rows(m[j], 0, 4, &r);
+        }
+        OK(st_model_forward_backward_ready(m[0], &loss[0], seen_tail, &t));
+        OK(st_model_forward_backward(m[1], &loss[1]));
+        cr_assert_eq(t.last, 0, "config %d: the last tail said is [%zu, %zu)", k, t.last, n);
+        cr_assert_eq(t.bad_order, 0, "config %d: a tail that did not grow", k);
+        cr_assert_gt(t.calls, 1, "config %d: %d call(s): nothing during the backward", k,
+                     t.calls);
+        size_t changed = 0;
+        for (size_t i = 0; i < n; i++)
+            changed += memcmp(&t.snap[i], &st_model_grads(m[0])[i], sizeof(float)) != 0;
+        cr_assert_eq(changed, 0, "config %d: %zu gradient elements changed after they were "
+                     "said final", k, changed);
+        cr_assert_eq(memcmp(st_model_grads(m[0]), st_model_grads(m[1]), n * sizeof(float)), 0,
+                     "config %d: other gradients than st_model_forward_backward's", k);
+        free(t.snap);
+        for (int j = 0; j < 2; j++) {
+            st_model_destroy(m[j]);
+            st_arena_release(&a[j]);
+        }
+    }
+}

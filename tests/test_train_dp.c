@@ -81,10 +81,11 @@ Test(dp, same_seed_and_workers_give_bitwise_identical_runs, .timeout = 120)
 }
 
 /* The record's communication, exactly: in one NUMA domain the owner of
- * shard S reads the N gradients of it and writes its mean, and the
- * all-gather reads and writes all P elements, so worker w moves
- * 4 ((N + 1) |S_w| + 2 P) bytes a step; the record has the busiest
- * worker's (the first shards are the largest). */
+ * shard S reads the N gradients of it and writes its mean, 4 (N + 1) |S_w|
+ * bytes a step, the workers reading the domain's weight copy that the
+ * owners update in place; with a replica per worker the all-gather also
+ * reads and writes all P elements, 4 ((N + 1) |S_w| + 2 P).  The record
+ * has the busiest worker's (the first shards are the largest). */
 Test(dp, records_carry_workers_memory_and_communication, .timeout = 60)
 {
     st_dataset train, test;
@@ -94,17 +95,25 @@ Test(dp, records_carry_workers_memory_and_communication, .timeout = 60)
     one_pu_cpuset(pu, sizeof pu);
     c.cpuset = pu;
     recorder *r = calloc(1, sizeof *r);
+    st_train_config cr = c;
+    cr.weights = ST_WEIGHTS_PRIVATE;
+    st_epoch_record fr = train_recorded(&cr, &train, &test, r);
     st_epoch_record f = train_recorded(&c, &train, &test, r);
     size_t P = st_model_config_param_count(&c.model);
     cr_assert_eq(f.workers, 2);
     cr_assert_float_eq(f.ring_bytes_per_worker_step, 2.0 * 1 / 2 * (double)P * 4, 1.0);
-    double busiest = 0.0;
+    double busiest = 0.0, busiest_replica = 0.0;
     for (int w = 0; w < 2; w++) {
         st_range s = shard_of(P, 2, w);
-        busiest = fmax(busiest, 4.0 * (3.0 * (double)(s.end - s.begin) + 2.0 * (double)P));
+        busiest = fmax(busiest, 4.0 * 3.0 * (double)(s.end - s.begin));
+        busiest_replica = fmax(busiest_replica,
+                               4.0 * (3.0 * (double)(s.end - s.begin) + 2.0 * (double)P));
     }
     cr_assert_eq(f.comm_bytes_per_worker_step, busiest, "%.0f bytes a step, %zu parameters "
                  "make %.0f", f.comm_bytes_per_worker_step, P, busiest);
+    cr_assert_eq(fr.comm_bytes_per_worker_step, busiest_replica, "a replica per worker: %.0f "
+                 "bytes a step, %zu parameters make %.0f", fr.comm_bytes_per_worker_step, P,
+                 busiest_replica);
     cr_assert_eq(f.comm_bytes_per_worker_round, 0.0, "no rounds in dp");
     cr_assert_gt(f.step_ms_compute, 0.0);
     cr_assert_gt(f.step_ms_reduce, 0.0);

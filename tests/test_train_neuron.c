@@ -23,7 +23,9 @@
  * redrawn every 3 steps (a new model and attachment each round), backward
  * masking (a gather-only engine of its own) and neuron subnetworks of an
  * mlp (elements nobody holds); the engine's bytes say the copies were
- * written by it (2 bytes more a copied element). */
+ * written by it (2 bytes more a copied element).  A replica per worker
+ * each: shared weights (one copy per domain, whose owners write the
+ * copies with their update) are test_weights.c's. */
 Test(bf16_train, gathered_weight_copies_change_nothing, .timeout = 180)
 {
     if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
@@ -39,6 +41,7 @@ Test(bf16_train, gathered_weight_copies_change_nothing, .timeout = 180)
     for (int k = 0; k < 4; k++) {
         st_train_config a = cfg[k], b;
         a.model.precision = ST_PRECISION_BF16;
+        a.weights = ST_WEIGHTS_PRIVATE;
         b = a;
         b.model.unfuse = ST_UNFUSE_WEIGHT_COPY;
         st_epoch_record fa, fb;
@@ -79,7 +82,8 @@ Test(sdp_neuron, backward_full_coverage_is_bitwise_dp_resmlp, .timeout = 120)
 
 /* Half coverage over 4 workers: every group held by 2; the run learns
  * with less weight and activation memory per worker than data
- * parallelism, and is reproducible; redrawn masks too. */
+ * parallelism with a replica per worker, and is reproducible; redrawn
+ * masks too. */
 Test(sdp_neuron, half_coverage_learns_with_less_memory, .timeout = 120)
 {
     st_dataset train, test;
@@ -87,6 +91,7 @@ Test(sdp_neuron, half_coverage_learns_with_less_memory, .timeout = 120)
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *d = calloc(1, sizeof *d);
     st_train_config cs = neuron_sdp_config(st_model_kind_named("resmlp"), 4, 0.5, 512), cd = cs;
     cd.strategy = ST_STRATEGY_DP;
+    cd.weights = ST_WEIGHTS_PRIVATE;
     cs.sdp.resample = 100;
     st_epoch_record fa = train_recorded(&cs, &train, &test, a);
     st_epoch_record fb = train_recorded(&cs, &train, &test, b);

@@ -30,8 +30,10 @@ Test(sdp, coverage_one_is_bitwise_data_parallelism, .timeout = 120)
 }
 
 /* Coverage 1/2 over 4 workers: every block is trained by 2 workers, each
- * worker runs 2 of 4 blocks; per-worker memory falls, the run learns, and
- * two runs are bitwise identical. */
+ * worker runs 2 of 4 blocks; per-worker memory falls below data
+ * parallelism with a replica per worker (dp's workers sharing one weight
+ * copy hold less weight memory still: test_weights.c), the run learns,
+ * and two runs are bitwise identical. */
 Test(sdp, half_coverage_learns_with_less_memory_and_is_deterministic, .timeout = 120)
 {
     st_dataset train, test;
@@ -39,6 +41,7 @@ Test(sdp, half_coverage_learns_with_less_memory_and_is_deterministic, .timeout =
     recorder *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b), *d = calloc(1, sizeof *d);
     st_train_config cs = sdp_config(4, 0.5, 512), cd = cs;
     cd.strategy = ST_STRATEGY_DP;
+    cd.weights = ST_WEIGHTS_PRIVATE;
     st_epoch_record fa = train_recorded(&cs, &train, &test, a);
     st_epoch_record fb = train_recorded(&cs, &train, &test, b);
     st_epoch_record fd = train_recorded(&cd, &train, &test, d);

@@ -13,7 +13,14 @@
  *   update          the owner applies the optimizer to its shard of the
  *                   master weights and of the optimizer state (ZeRO-1);
  *   all-gather      every worker copies the updated values of the elements
- *                   it holds into its own replica.
+ *                   it holds into its own replica; with shared parameters
+ *                   (st_comm_config.shared_params: one vector a NUMA
+ *                   domain, its owners' masters in it) each domain's vector
+ *                   gets the other domains' shards, and on one domain
+ *                   nothing is copied.
+ *
+ * The reduce-scatter may begin during the backward pass, as the workers
+ * say which of their gradient is final (st_comm_reduce_ready).
  *
  * Backends (st_comm_config.backend).  ST_COMM_BACKEND_MPI spans the ranks
  * of an MPI job (all of them, or a consecutive range): n_workers is then
@@ -139,6 +146,18 @@ typedef struct st_comm_config {
      * it leaves the rank. */
     st_comm_payload payload;
     st_comm_bf16_at bf16_at;
+    /* 1 (shared backend, an engine with the gather role): the workers of
+     * each NUMA domain attach one parameter vector, in the full layout,
+     * each holding every element (data parallelism): one weight copy per
+     * domain, not a replica per worker.  Each owner's master shard is its
+     * slice of its own domain's vector, updated there in place; the
+     * all-gather copies each shard into the other domains' vectors only,
+     * one worker of a domain bringing in each segment, and returns once
+     * its domain's vector is whole (on one domain it copies nothing: it
+     * is the barrier after which every update is visible).  Every worker
+     * of a domain must attach the same vector, every domain its own.  The
+     * MPI backend refuses it (a replica per worker). */
+    int shared_params;
 } st_comm_config;
 
 #define ST_COMM_REDUCE 1
@@ -195,7 +214,11 @@ void st_comm_set_param_copies(st_comm *c, int w, const st_param_copy *copies, in
 
 /* 1 if every all-gather writes every element of the copies w registered
  * before its last attach (the caller may then mark its model's copies
- * current after each all-gather: st_model_copies_written), else 0. */
+ * current after each all-gather: st_model_copies_written), else 0.  With
+ * shared parameters: 1 if w registered copies (the same list as every
+ * worker of its domain, in the domain's vector): the all-gather writes the
+ * copies of every element another domain owns, and each owner writes
+ * those of its own shard with its update (st_optim_update_copies). */
 int st_comm_gathers_copies(const st_comm *c, int w);
 
 /* Forgets every attachment so that the workers can attach again with other
@@ -214,6 +237,20 @@ float *st_comm_shard_params(st_comm *c, int w);
  * complete; on return w's shard gradient holds, for every element, the
  * mean over its holders.  Internally waits for all workers. */
 st_status st_comm_reduce_scatter(st_comm *c, int w);
+
+/* Optional, during w's backward, before its reduce-scatter, as often as
+ * wanted with `from` not increasing: w's gradient elements [from, P) (full
+ * layout) are final for this step: w writes none of them before the
+ * step's all-gather.  w then reduces the means of its own shard's elements
+ * that every worker has said final (a call with the same `from` again only
+ * does that), so that the reduction runs during the backward pass and the
+ * reduce-scatter only finishes it; *done (may be NULL) is the part of w's
+ * shard whose means this call completed (empty: none), which w may update
+ * at once.  The same sums in the same order: the result is bitwise the
+ * same as without.  Never waits; with two levels (partials of NUMA
+ * domains), or on a backend that does not do it (MPI), it only remembers,
+ * and the reduce-scatter reduces all. */
+st_status st_comm_reduce_ready(st_comm *c, int w, size_t from, st_range *done);
 
 /* All-gather.  Every worker calls it once it has updated its shard's master
  * weights; on return w's parameter vector holds the master values of every
@@ -248,6 +285,13 @@ double st_comm_ring_bytes(int n_workers, size_t n_params);
  * data parallelism, one line per domain and level, for `subtrain topo` and
  * --verbose runs. */
 void st_comm_describe(FILE *f, int n_workers, const int *domain_of, size_t n_params);
+
+/* The same for the plan of `cfg` (the shared backend's: workers, domains,
+ * parameters, payload and shared_params; its other fields are ignored),
+ * and then, with shared parameters, the weight copies: one a domain, who
+ * brings each remote shard into it, and the bytes per worker and per
+ * domain and step. */
+void st_comm_describe_config(FILE *f, const st_comm_config *cfg);
 
 /* The same for `ranks` MPI ranks of `workers_per_rank` workers each
  * (ST_COMM_BACKEND_MPI): global numbering, rank shards, the exchange and

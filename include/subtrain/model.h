@@ -269,6 +269,28 @@ typedef struct st_model st_model;
 
 st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena,
                           st_model **out);
+
+/* Where a model's parameters live when they are not its own: a vector
+ * that several instances of one full-layout model read (one copy per
+ * NUMA domain for data-parallel workers, doc/reduction.md).  params holds
+ * count floats (the model's st_model_param_count); bf16, NULL or count
+ * values, holds the bf16 copies the products read (--precision bf16) at
+ * the parameters' own offsets, so that they are shared too. */
+typedef struct st_model_storage {
+    float *params;
+    uint16_t *bf16;
+    size_t count;
+} st_model_storage;
+
+/* st_model_create over `storage`: the parameters are storage->params (not
+ * initialised: the caller writes them, once for every instance).  With
+ * storage->bf16 (and a model that lists its weight copies: not with
+ * ST_UNFUSE_WEIGHT_COPY) the layers read their bf16 weights there and
+ * never convert them: whoever writes a parameter writes its copy too (an
+ * update with st_optim_update_copies, the engine's all-gather), and
+ * st_model_params_changed converts the copies at once. */
+st_status st_model_create_on(const st_model_config *cfg, int batch, st_arena *arena,
+                             const st_model_storage *storage, st_model **out);
 void st_model_destroy(st_model *m);
 
 /* Linear layers: weights and biases ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in));
@@ -343,12 +365,22 @@ const st_param_copy *st_model_copies(const st_model *m, int *count);
 void st_model_copies_written(st_model *m);
 /* Takes that promise back: whoever writes the parameters of a model that
  * an update just wrote (st_trainer_model's, between st_trainer_step
- * calls, say) calls this, and the next forward converts the weights. */
+ * calls, say) calls this, and the next forward converts the weights.  A
+ * model whose copies are in shared storage (st_model_create_on) converts
+ * them here instead, from the one thread that calls it. */
 void st_model_params_changed(st_model *m);
 
 /* One forward and backward pass over the whole batch: *loss is the mean
  * cross-entropy (over every row: a sequence model's tokens), the gradient vector is overwritten with dloss/dparams. */
 st_status st_model_forward_backward(st_model *m, float *loss);
+
+/* The same, telling ready(ctx, from) as the backward goes, after each
+ * layer that completes more of it, that the gradient vector's elements
+ * [from, st_model_grad_count) are final for this pass (nothing writes
+ * them again until the next one): from only decreases, and is 0 last.
+ * For a caller that reduces the gradients during the backward. */
+st_status st_model_forward_backward_ready(st_model *m, float *loss,
+                                          void (*ready)(void *ctx, size_t from), void *ctx);
 
 /* Batch statistics recalibration: a training forward on the batch in the
  * input (nothing else: no loss, no gradient), whose batch norms update

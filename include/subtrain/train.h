@@ -39,6 +39,14 @@ typedef enum st_strategy {
 const char *st_strategy_name(st_strategy s);
 st_status st_strategy_parse(const char *name, st_strategy *out);
 
+/* Where the workers of a data-parallel step read their weights
+ * (doc/reduction.md, "Weights"): SHARED, one copy per NUMA domain that
+ * the shard owners update in place, for the strategies whose workers all
+ * hold the full model (dp, sdp with backward masking, synth's recovery
+ * epochs; one process: ranks over MPI keep a replica per worker);
+ * PRIVATE, a replica per worker, which the all-gather fills. */
+typedef enum st_weights { ST_WEIGHTS_SHARED, ST_WEIGHTS_PRIVATE } st_weights;
+
 /* Checkpoints of a run's whole training state (doc/checkpoints.md): every
  * file DIR/step-NNNNNNNN.safetensors holds the full model's weights (as a
  * weights file: any safetensors reader, --init) and, as tensors under
@@ -141,6 +149,8 @@ typedef struct st_train_config {
      * ranks (a rank's partial sum is rounded to bf16 again as it is sent);
      * ist and localsgd, which average parameters, refuse BF16. */
     st_precision comm_precision;
+    st_weights weights;       /* SHARED (default) where the strategy can,
+                               * PRIVATE: a replica per worker regardless */
     int bf16_emulated;        /* model.precision bf16 on a CPU without native
                                * bf16 (st_bf16_probe: EMULATED): 0 refuses
                                * with a message naming the ISA, 1 runs it
@@ -276,8 +286,11 @@ typedef struct st_epoch_record {
     double optimizer_bytes_per_param;
     /* Mean time of a step, over workers and the epoch's steps (ms):
      * forward and backward; waiting for the slowest worker; reduce-scatter
-     * and all-gather; the optimizer on the worker's shard. */
+     * and all-gather; the optimizer on the worker's shard.  Overlapped: the
+     * reduction done during the backward pass (dp), in none of the four:
+     * the step is their sum and it. */
     double step_ms_compute, step_ms_wait, step_ms_reduce, step_ms_optimizer;
+    double step_ms_overlapped;
     /* Every worker's arena of this rank (n = workers_per_rank; with ranks,
      * rank 0 reports its own), valid during the callback only. */
     const st_mem_stats *worker_memory;

@@ -90,7 +90,10 @@ st_status st_trainer_params(st_trainer *t, float *out, size_t count);
  * the calling thread's OpenMP thread count (set it to 1 to time one
  * worker's core).  A caller that writes its parameters calls
  * st_model_params_changed (bf16: one worker's update writes the weights'
- * bf16 copies for the next forward). */
+ * bf16 copies for the next forward).  Where the workers share a weight
+ * copy per NUMA domain (dp, sdp with backward masking: st_train_config.
+ * weights), the models of a domain are built over one vector: writing one
+ * writes them all. */
 st_model *st_trainer_model(st_trainer *t, int w);
 
 /* The optimizer half of the next step alone, on the gradients the

@@ -192,9 +192,12 @@ static void print_summary(const st_epoch_record *r)
         printf("text: validation %.4f nats = %.4f bits per byte (train %.4f bpb), next-byte "
                "accuracy %.4f, %.0f tokens/s\n", r->test_loss, r->test_loss / M_LN2,
                r->train_loss / M_LN2, r->test_acc, r->samples_per_s * r->tokens_per_sample);
-    printf("step (ms, mean over %d worker%s): compute %.2f  wait %.2f  reduce %.2f  optimizer %.2f\n",
+    printf("step (ms, mean over %d worker%s): compute %.2f  wait %.2f  reduce %.2f  optimizer %.2f",
            r->workers, r->workers == 1 ? "" : "s", r->step_ms_compute, r->step_ms_wait,
            r->step_ms_reduce, r->step_ms_optimizer);
+    if (r->step_ms_overlapped > 0.0)
+        printf("  reduce during the backward %.2f", r->step_ms_overlapped);
+    printf("\n");
     if (r->optimizer_bytes_per_worker_step > 0.0)
         printf("optimizer per worker and step: %.2f MB read and written (%.1f bytes a "
                "parameter, %s moments)\n", r->optimizer_bytes_per_worker_step / 1e6,

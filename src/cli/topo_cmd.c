@@ -50,8 +50,10 @@ static void print_help(FILE *f)
 {
     fputs(
 "Usage: subtrain topo [OPTION]...\n"
-"Show where subtrain places its workers (NUMA domain, core, PU) and how their\n"
-"gradients are reduced, for this machine or a described one.  Binds nothing.\n"
+"Show where subtrain places its workers (NUMA domain, core, PU), how their\n"
+"gradients are reduced, where the weight copies are (one per NUMA domain) and\n"
+"the bytes each worker and domain moves a step, for this machine or a\n"
+"described one.  Binds nothing.\n"
 "\n"
 "  --topology SPEC   the machine: omitted or '' for this one;\n"
 "                    synthetic:DESC, hwloc's synthetic syntax, e.g.\n"
@@ -176,7 +178,10 @@ int st_cli_topo_main(int argc, char **argv)
             domain_of[w] = plan.workers[w].domain;
         st_plan_print(stdout, t, &plan);
         printf("\n");
-        st_comm_describe(stdout, plan.n_workers, domain_of, (size_t)o.params);
+        /* data parallelism as a run plans it: a weight copy per domain */
+        const st_comm_config cc = { .n_workers = plan.n_workers, .n_params = (size_t)o.params,
+                                    .domain_of = domain_of, .shared_params = 1 };
+        st_comm_describe_config(stdout, &cc);
         if (o.ranks > 1) {
             printf("\n");
             st_comm_describe_ranks(stdout, o.ranks, plan.n_workers, (size_t)o.params);

@@ -62,8 +62,10 @@ typedef struct st_comm_backend_ops {
     float *(*shard_grads)(st_comm_backend *b, int w);
     float *(*shard_params)(st_comm_backend *b, int w);
 
-    /* The hot path. */
+    /* The hot path.  reduce_ready is optional (NULL: nothing to do before
+     * the reduce-scatter, which then reduces everything). */
     st_status (*reduce_scatter)(st_comm_backend *b, int w);
+    st_status (*reduce_ready)(st_comm_backend *b, int w, size_t from, st_range *done);
     st_status (*all_gather)(st_comm_backend *b, int w);
     st_status (*barrier)(st_comm_backend *b, int w);
 

@@ -127,6 +127,9 @@ st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
     if (cfg->bf16_at != ST_COMM_BF16_BUFFER && cfg->bf16_at != ST_COMM_BF16_ON_READ)
         return st_fail(ST_ERR_INVALID, "unknown place of the bf16 rounding %d (buffer or on "
                        "read)", (int)cfg->bf16_at);
+    if (cfg->shared_params && cfg->roles == ST_COMM_REDUCE)
+        return st_fail(ST_ERR_INVALID, "shared parameters are the masters the all-gather "
+                       "writes: a reduce-only engine has none");
     st_comm *c = malloc(sizeof *c);
     if (!c)
         return st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine");
@@ -225,6 +228,16 @@ st_status st_comm_reduce_scatter(st_comm *c, int w)
 {
     ST_TRY(check_worker(c, w, "reduce-scatter"));
     return c->ops->reduce_scatter(c->impl, w);
+}
+
+st_status st_comm_reduce_ready(st_comm *c, int w, size_t from, st_range *done)
+{
+    st_range none = { 0, 0 };
+    if (done)
+        *done = none;
+    ST_TRY(check_worker(c, w, "reduce-ready"));
+    return c->ops->reduce_ready ? c->ops->reduce_ready(c->impl, w, from, done ? done : &none)
+                                : ST_OK;
 }
 
 st_status st_comm_all_gather(st_comm *c, int w)

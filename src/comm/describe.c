@@ -5,8 +5,11 @@
  * It reruns the plan's rules (the same shards, the same domain map, the
  * same least-loaded assignment over the same walk as plan.c) on a
  * configuration without workers, so what it prints is what attach would
- * build when every worker holds every element.
+ * build when every worker holds every element; st_comm_describe_config
+ * adds the weight copies (shared parameters) and what each worker and each
+ * domain read and write a step, counted by the plan's rules.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,29 +32,56 @@ static void print_workers(FILE *f, const char *what, int lo, int hi)
         fprintf(f, "%ss %d-%d", what, lo, hi - 1);
 }
 
-/* The data-parallel plan (everyone holds everything), as st_comm_attach
- * builds it: one segment per non-empty shard, the same assignments. */
-void st_comm_describe(FILE *f, int n_workers, const int *domain_of, size_t n_params)
+/* The data-parallel layout every description starts from: domains, their
+ * first workers and the shards (NULL tables: out of memory). */
+typedef struct dp_layout {
+    int n, D;
+    int *dom, *first;
+    size_t *sb;
+    size_t P;
+} dp_layout;
+
+static void layout_free(dp_layout *l)
 {
-    if (!f)
-        return;
+    free(l->dom);
+    free(l->first);
+    free(l->sb);
+}
+
+/* 0, or -1 after printing why there is no description. */
+static int layout_make(FILE *f, const st_comm_config *cfg, dp_layout *l)
+{
+    memset(l, 0, sizeof *l);
     int D;
-    if (st_comm_check_size(n_workers, n_params) != ST_OK ||
-        st_comm_map_domains(n_workers, domain_of, NULL, NULL, &D) != ST_OK) {
+    if (st_comm_check_size(cfg->n_workers, cfg->n_params) != ST_OK ||
+        st_comm_map_domains(cfg->n_workers, cfg->domain_of, NULL, NULL, &D) != ST_OK) {
         fprintf(f, "reduction: cannot describe: %s\n", st_last_error());
-        return;
+        return -1;
     }
-    int n = n_workers;
-    int *dom = malloc((size_t)n * sizeof *dom);
-    int *first = malloc(((size_t)D + 1) * sizeof *first);
-    size_t *sb = malloc(((size_t)n + 1) * sizeof *sb);
-    size_t *load = malloc(2 * (size_t)n * sizeof *load);
-    if (!dom || !first || !sb || !load) {
+    l->n = cfg->n_workers;
+    l->D = D;
+    l->P = cfg->n_params;
+    l->dom = malloc((size_t)l->n * sizeof *l->dom);
+    l->first = malloc(((size_t)D + 1) * sizeof *l->first);
+    l->sb = malloc(((size_t)l->n + 1) * sizeof *l->sb);
+    if (!l->dom || !l->first || !l->sb) {
         fprintf(f, "reduction: cannot describe: out of memory\n");
-        goto out;
+        layout_free(l);
+        return -1;
     }
-    st_comm_map_domains(n, domain_of, dom, first, &D);
-    st_comm_shards(n_params, n, sb);
+    st_comm_map_domains(l->n, cfg->domain_of, l->dom, l->first, &D);
+    st_comm_shards(l->P, l->n, l->sb);
+    return 0;
+}
+
+/* The reduction tree: the header, then per domain its shards, the
+ * partials of level 1, the owners' level 2 and the all-gather (shared:
+ * into the domain's weight copy). */
+static void describe_tree(FILE *f, const dp_layout *l, int shared, size_t *load)
+{
+    const int n = l->n, D = l->D;
+    const int *dom = l->dom, *first = l->first;
+    const size_t *sb = l->sb, n_params = l->P;
     size_t largest = 0;
     for (int w = 0; w < n; w++)
         if (sb[w + 1] - sb[w] > largest)
@@ -69,9 +99,11 @@ void st_comm_describe(FILE *f, int n_workers, const int *domain_of, size_t n_par
         print_workers(f, "shard", lo, hi);
         fprintf(f, " = [%zu, %zu) (%.2f MiB)", sb[lo], sb[hi], mib(own * sizeof(float)));
         if (D == 1) {
-            fprintf(f, "; each owner sums workers 0-%d in order and divides by %d; the "
-                    "all-gather copies every shard from its owner; no cross-domain reads\n",
-                    n - 1, n);
+            fprintf(f, "; each owner sums workers 0-%d in order and divides by %d; %s; no "
+                    "cross-domain reads\n", n - 1, n,
+                    shared ? "each owner updates its shard of the weight copy in place: the "
+                             "all-gather copies nothing"
+                           : "the all-gather copies every shard from its owner");
             continue;
         }
         fprintf(f, "\n");
@@ -113,15 +145,194 @@ void st_comm_describe(FILE *f, int n_workers, const int *domain_of, size_t n_par
             load_c[j] += len;
             fprintf(f, " s%d:w%d", s, lo + (int)j);
         }
-        fprintf(f, "%s: %.2f MiB cross-domain per step (single level: %.2f MiB)\n",
-                m > 1 ? ", the others copy from them locally" : "",
-                mib(remote * sizeof(float)), mib((size_t)m * remote * sizeof(float)));
+        if (shared)
+            fprintf(f, ", into the domain's weight copy: %.2f MiB cross-domain per step (a "
+                    "replica per worker, single level: %.2f MiB)\n", mib(remote * sizeof(float)),
+                    mib((size_t)m * remote * sizeof(float)));
+        else
+            fprintf(f, "%s: %.2f MiB cross-domain per step (single level: %.2f MiB)\n",
+                    m > 1 ? ", the others copy from them locally" : "",
+                    mib(remote * sizeof(float)), mib((size_t)m * remote * sizeof(float)));
     }
-out:
-    free(dom);
-    free(first);
-    free(sb);
+}
+
+/* The data-parallel plan (everyone holds everything), as st_comm_attach
+ * builds it: one segment per non-empty shard, the same assignments. */
+void st_comm_describe(FILE *f, int n_workers, const int *domain_of, size_t n_params)
+{
+    if (!f)
+        return;
+    const st_comm_config cfg = { .n_workers = n_workers, .n_params = n_params,
+                                 .domain_of = domain_of };
+    dp_layout l;
+    if (layout_make(f, &cfg, &l) != 0)
+        return;
+    size_t *load = malloc(2 * (size_t)l.n * sizeof *load);
+    if (load)
+        describe_tree(f, &l, 0, load);
+    else
+        fprintf(f, "reduction: cannot describe: out of memory\n");
     free(load);
+    layout_free(&l);
+}
+
+/* ------------------------------------------------------------ bytes */
+
+static void count_read(st_comm_bytes *b, size_t bytes, int cross)
+{
+    b->read += bytes;
+    if (cross)
+        b->cross_domain_read += bytes;
+}
+
+static void count_gather(st_comm_bytes *b, size_t n, int cross)
+{
+    count_read(b, n * sizeof(float), cross);
+    b->written += n * sizeof(float);
+    b->gather_read += n * sizeof(float);
+    b->gather_written += n * sizeof(float);
+}
+
+/* Worker w's bytes a step in the data-parallel plan, by the rules of
+ * plan.c (its accounting, element by element: what attach counts). */
+static st_comm_bytes dp_bytes(const dp_layout *l, const st_comm_config *cfg, int w, size_t *load)
+{
+    const int n = l->n, dw = l->dom[w], df = l->first[dw];
+    const size_t m = (size_t)(l->first[dw + 1] - df), P = l->P;
+    const int bf16 = cfg->payload == ST_COMM_PAYLOAD_BF16;
+    const int buffer = bf16 && cfg->bf16_at == ST_COMM_BF16_BUFFER;
+    const size_t elt = buffer ? sizeof(uint16_t) : sizeof(float);   /* a gradient read */
+    st_comm_bytes b = { 0, 0, 0, 0, 0 };
+    if (buffer) {   /* w's conversion of its whole gradient */
+        b.read += P * sizeof(float);
+        b.written += P * sizeof(uint16_t);
+    }
+    size_t *load_p = load, *load_c = load + m;
+    memset(load, 0, 2 * m * sizeof *load);
+    for (int s = 0; s < n; s++) {
+        const size_t len = l->sb[s + 1] - l->sb[s];
+        if (len == 0)
+            continue;
+        if (l->dom[s] == dw) {   /* the own domain's shard: from its owner */
+            if (!cfg->shared_params)
+                count_gather(&b, len, 0);
+            continue;
+        }
+        if (m >= 2) {            /* a partial of this domain's holders */
+            size_t j = st_comm_least_loaded(load_p, m);
+            load_p[j] += len;
+            if (df + (int)j == w) {
+                count_read(&b, m * len * elt, 0);
+                b.written += len * sizeof(float);
+            }
+        }
+        size_t c = st_comm_least_loaded(load_c, m);
+        load_c[c] += len;
+        if (df + (int)c == w)
+            count_gather(&b, len, 1);
+        else if (!cfg->shared_params)
+            count_gather(&b, len, 0);   /* from the domain's copier */
+    }
+    /* the owner: every domain's holders, own ones directly, others as a
+     * partial (fp32) or a lone gradient, then the mean written */
+    const size_t own = l->sb[w + 1] - l->sb[w];
+    for (int d = 0; own > 0 && d < l->D; d++) {
+        const size_t md = (size_t)(l->first[d + 1] - l->first[d]);
+        if (d == dw)
+            count_read(&b, md * own * elt, 0);
+        else
+            count_read(&b, own * (md >= 2 ? sizeof(float) : elt), 1);
+    }
+    b.written += own * sizeof(float);
+    return b;
+}
+
+/* The bytes of every worker, consecutive equal ones on one line, then
+ * each domain's sum, then the busiest worker's per parameter beside what a
+ * replica per worker moves. */
+static void describe_bytes(FILE *f, const dp_layout *l, const st_comm_config *cfg, size_t *load)
+{
+    st_comm_config replica = *cfg;
+    replica.shared_params = 0;
+    st_comm_bytes prev = { 0, 0, 0, 0, 0 };
+    double busiest = 0.0, busiest_replica = 0.0;
+    int from = 0;
+    fprintf(f, "bytes a step (reduce-scatter and all-gather, %s gradients, %s):\n",
+            cfg->payload == ST_COMM_PAYLOAD_BF16 ? "bf16" : "fp32",
+            cfg->shared_params ? "a weight copy per domain" : "a replica per worker");
+    for (int w = 0; w <= l->n; w++) {
+        st_comm_bytes b = prev;
+        if (w < l->n) {
+            b = dp_bytes(l, cfg, w, load);
+            const st_comm_bytes r = dp_bytes(l, &replica, w, load);
+            busiest = fmax(busiest, (double)(b.read + b.written));
+            busiest_replica = fmax(busiest_replica, (double)(r.read + r.written));
+        }
+        const int same = w > 0 && w < l->n && l->dom[w] == l->dom[w - 1] &&
+                         b.read == prev.read && b.written == prev.written &&
+                         b.cross_domain_read == prev.cross_domain_read;
+        if (w > 0 && !same) {
+            fprintf(f, "  ");
+            print_workers(f, "worker", from, w);
+            fprintf(f, ": read %zu B (%zu B across domains), written %zu B%s\n", prev.read,
+                    prev.cross_domain_read, prev.written, w - from > 1 ? " each" : "");
+            from = w;
+        }
+        prev = b;
+    }
+    for (int d = 0; d < l->D; d++) {
+        st_comm_bytes sum = { 0, 0, 0, 0, 0 };
+        for (int w = l->first[d]; w < l->first[d + 1]; w++) {
+            const st_comm_bytes b = dp_bytes(l, cfg, w, load);
+            sum.read += b.read;
+            sum.written += b.written;
+            sum.cross_domain_read += b.cross_domain_read;
+        }
+        fprintf(f, "  domain %d: read %zu B (%zu B across domains), written %zu B\n", d,
+                sum.read, sum.cross_domain_read, sum.written);
+    }
+    fprintf(f, "  the busiest worker: %.2f B a parameter and step (a replica per worker: %.2f; "
+            "the gradients read once and the shard written once: %.2f)\n",
+            busiest / (double)l->P, busiest_replica / (double)l->P,
+            (double)(cfg->payload == ST_COMM_PAYLOAD_BF16 ? 2 : 4) +
+                4.0 * (double)(l->sb[1] - l->sb[0]) / (double)l->P);
+}
+
+/* The weight copies: one per domain, who reads it, who writes what. */
+static void describe_weights(FILE *f, const dp_layout *l)
+{
+    fprintf(f, "weights: one copy per NUMA domain, %zu floats (%.2f MiB; a model in bf16 adds "
+            "%.2f MiB of bf16 copies), on the domain's node; %.2f MiB in all for %d worker%s "
+            "(a replica per worker: %.2f MiB)\n", l->P, mib(l->P * sizeof(float)),
+            mib(l->P * sizeof(uint16_t)), mib((size_t)l->D * l->P * sizeof(float)), l->n,
+            l->n == 1 ? "" : "s", mib((size_t)l->n * l->P * sizeof(float)));
+    for (int d = 0; d < l->D; d++) {
+        const int lo = l->first[d], hi = l->first[d + 1];
+        fprintf(f, "  domain %d: read by ", d);
+        print_workers(f, "worker", lo, hi);
+        fprintf(f, "; its owners update [%zu, %zu) in it%s\n", l->sb[lo], l->sb[hi],
+                l->D > 1 ? ", the rest comes from the other domains' copies (all-gather)" : "");
+    }
+}
+
+void st_comm_describe_config(FILE *f, const st_comm_config *cfg)
+{
+    if (!f || !cfg)
+        return;
+    dp_layout l;
+    if (layout_make(f, cfg, &l) != 0)
+        return;
+    size_t *load = malloc(2 * (size_t)l.n * sizeof *load);
+    if (!load) {
+        fprintf(f, "reduction: cannot describe: out of memory\n");
+    } else {
+        describe_tree(f, &l, cfg->shared_params, load);
+        if (cfg->shared_params)
+            describe_weights(f, &l);
+        describe_bytes(f, &l, cfg, load);
+    }
+    free(load);
+    layout_free(&l);
 }
 
 void st_comm_describe_ranks(FILE *f, int ranks, int workers_per_rank, size_t n_params)

@@ -191,42 +191,46 @@ static int fusable(const rs_op *op)
 void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, float *tmp,
                     float *wide)
 {
-    for (size_t t = 0; t < n_items; t++) {
-        const rs_item *it = &items[t];
-        const rs_op *first = ops + it->op_first, *last = first + it->n_ops;
-        for (size_t off = 0; off < it->n; off += ST_CHUNK) {
-            size_t n = min_size(ST_CHUNK, it->n - off);
-            for (const rs_op *op = first; op < last; op++) {
-                float *o = op->to_tmp ? tmp : it->out + off;
-                if (fusable(op)) {
-                    if (op->a_src == SRC_BF16)
-                        run_op_bf16(op, o, off, n, it->count);
-                    else
-                        run_op_rne(op, o, off, n, it->count);
-                    continue;
-                }
-                const float *a = op->a ? source(op->a, op->a_src, off, n, wide) : tmp;
-                const float *b = op->b ? source(op->b, op->b_src, off, n, wide + ST_CHUNK) : NULL;
-                switch (op->kind) {
-                case OP_COPY:
-                    if (op->divide)
-                        k_copy_div(o, a, n, it->count);
-                    else
-                        memcpy(o, a, n * sizeof *o);
-                    break;
-                case OP_SUM2:
-                    if (op->divide)
-                        k_sum2_div(o, a, b, n, it->count);
-                    else
-                        k_sum2(o, a, b, n);
-                    break;
-                default:
-                    if (op->divide)
-                        k_acc_div(o, a, n, it->count);
-                    else
-                        k_acc(o, a, n);
-                    break;
-                }
+    for (size_t t = 0; t < n_items; t++)
+        st_comm_run_rs_part(&items[t], ops, 0, items[t].n, tmp, wide);
+}
+
+void st_comm_run_rs_part(const rs_item *it, const rs_op *ops, size_t lo, size_t hi, float *tmp,
+                         float *wide)
+{
+    const rs_op *first = ops + it->op_first, *last = first + it->n_ops;
+    for (size_t off = lo; off < hi; off += ST_CHUNK) {
+        size_t n = min_size(ST_CHUNK, hi - off);
+        for (const rs_op *op = first; op < last; op++) {
+            float *o = op->to_tmp ? tmp : it->out + off;
+            if (fusable(op)) {
+                if (op->a_src == SRC_BF16)
+                    run_op_bf16(op, o, off, n, it->count);
+                else
+                    run_op_rne(op, o, off, n, it->count);
+                continue;
+            }
+            const float *a = op->a ? source(op->a, op->a_src, off, n, wide) : tmp;
+            const float *b = op->b ? source(op->b, op->b_src, off, n, wide + ST_CHUNK) : NULL;
+            switch (op->kind) {
+            case OP_COPY:
+                if (op->divide)
+                    k_copy_div(o, a, n, it->count);
+                else
+                    memcpy(o, a, n * sizeof *o);
+                break;
+            case OP_SUM2:
+                if (op->divide)
+                    k_sum2_div(o, a, b, n, it->count);
+                else
+                    k_sum2(o, a, b, n);
+                break;
+            default:
+                if (op->divide)
+                    k_acc_div(o, a, n, it->count);
+                else
+                    k_acc(o, a, n);
+                break;
             }
         }
     }

@@ -76,6 +76,12 @@ typedef struct ag_item {
 void st_comm_run_rs(const rs_item *items, size_t n_items, const rs_op *ops, float *tmp,
                     float *wide);
 
+/* Elements [lo, hi) of one rs item alone (0 <= lo <= hi <= it->n): the
+ * same operations on those elements as st_comm_run_rs (element-wise, so
+ * the same bits whatever the part). */
+void st_comm_run_rs_part(const rs_item *it, const rs_op *ops, size_t lo, size_t hi, float *tmp,
+                         float *wide);
+
 
 /* Runs n_items ag items: copies, and for an item with a bf16 copy the
  * rounding of each value (to nearest even, core/bf16.h) in the same pass. */

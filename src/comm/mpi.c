@@ -187,6 +187,9 @@ static st_status make_communicator(const st_comm_config *cfg, MPI_Comm world, MP
 static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
 {
     *out = NULL;
+    if (cfg->shared_params)
+        return st_fail(ST_ERR_INVALID, "reduction backend 'mpi' keeps a replica per worker: "
+                       "shared parameters are the shared backend's");
     MPI_Comm world = st_world_comm();
     if (world == MPI_COMM_NULL)
         return st_fail(ST_ERR_INVALID, "reduction backend 'mpi': MPI is not running (start the "

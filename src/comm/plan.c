@@ -155,6 +155,7 @@ st_status st_comm_plan_init(comm_plan *pl, const st_comm_config *cfg)
     pl->payload = cfg->payload;
     pl->bf16_at = cfg->bf16_at;
     pl->allow_unheld = cfg->allow_unheld;
+    pl->shared_params = cfg->shared_params;
     if (cfg->allow_unheld && cfg->unheld_ranges && cfg->n_unheld_ranges > 0) {
         pl->unheld_ranges = malloc((size_t)cfg->n_unheld_ranges * sizeof *pl->unheld_ranges);
         if (!pl->unheld_ranges)
@@ -249,14 +250,32 @@ static grad_src source_of(const comm_plan *pl, int v, size_t x)
     return (grad_src){ s->bf16 + at, SRC_BF16, sizeof(uint16_t) };
 }
 
-void st_comm_plan_convert(const comm_plan *pl, int w)
+void st_comm_plan_convert(const comm_plan *pl, int w, size_t lo, size_t hi)
 {
     const comm_slot *me = &pl->slots[w];
     if (!me->bf16)
         return;
-    for (int i = 0; i < me->n_held; i++)
-        st_bf16_round_n(me->bf16 + me->local[i], me->grads + me->local[i],
-                        me->held[i].end - me->held[i].begin);
+    for (int i = 0; i < me->n_held; i++) {
+        const size_t a = me->held[i].begin > lo ? me->held[i].begin : lo;
+        const size_t b = me->held[i].end < hi ? me->held[i].end : hi;
+        if (a < b) {
+            const size_t at = me->local[i] + (a - me->held[i].begin);
+            st_bf16_round_n(me->bf16 + at, me->grads + at, b - a);
+        }
+    }
+}
+
+void st_comm_plan_reduce_part(const comm_plan *pl, int w, size_t lo, size_t hi)
+{
+    comm_slot *me = &pl->slots[w];
+    for (size_t g = 0; g < me->n_rs2; g++) {
+        const comm_seg *seg = &me->segs[g];
+        const size_t a = seg->begin > lo ? seg->begin : lo;
+        const size_t b = seg->end < hi ? seg->end : hi;
+        if (a < b)
+            st_comm_run_rs_part(&me->rs2[g], me->ops2, a - seg->begin, b - seg->begin,
+                                me->scratch, me->wide);
+    }
 }
 
 st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *grads,
@@ -268,6 +287,9 @@ st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *gr
     me->grads = grads;
     me->params = params;
     me->n_held = n_held;
+    me->ready_from = pl->n_params;
+    me->done_from = pl->shard_begin[w + 1];
+    me->step = 0;
     memset(&me->bytes, 0, sizeof me->bytes);
     if (n_held > 0) {
         void *p;
@@ -301,8 +323,19 @@ st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *gr
             me->bytes.written += count * sizeof(uint16_t);
         }
     }
-    if (pl->roles & ST_COMM_GATHER)
+    if (pl->shared_params) {
+        /* the master is w's shard of its domain's vector: updated there,
+         * read from there by the workers of the domain */
+        size_t at = 0;
+        for (int i = 0; i < n_held && at == held[i].begin && me->local[i] == at; i++)
+            at = held[i].end;
+        if (at != pl->n_params)
+            return st_fail(ST_ERR_INVALID, "worker %d: shared parameters are one vector held "
+                           "whole, in the full layout: element %zu is not held there", w, at);
+        me->master = params + pl->shard_begin[w];
+    } else if (pl->roles & ST_COMM_GATHER) {
         ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, len, &me->master));
+    }
     if ((pl->roles & ST_COMM_REDUCE) && me->shard_out) {
         me->shard_grad = me->shard_out;   /* what no reduction writes keeps its value */
     } else if (pl->roles & ST_COMM_REDUCE) {
@@ -365,6 +398,26 @@ st_status st_comm_plan_check_coverage(const comm_plan *pl)
     }
     free(cur);
     return s;
+}
+
+st_status st_comm_plan_check_shared(const comm_plan *pl)
+{
+    if (!pl->shared_params)
+        return ST_OK;
+    for (int v = 0; v < pl->n_workers; v++) {
+        const int d = pl->domain_of[v], f = pl->domain_first[d];
+        if (pl->slots[v].params != pl->slots[f].params)
+            return st_fail(ST_ERR_INVALID, "workers %d and %d of NUMA domain %d attach different "
+                           "parameter vectors: shared parameters are one vector a domain", f, v,
+                           d);
+        if (v == f)
+            for (int e = 0; e < d; e++)
+                if (pl->slots[pl->domain_first[e]].params == pl->slots[v].params)
+                    return st_fail(ST_ERR_INVALID, "NUMA domains %d and %d attach the same "
+                                   "parameter vector: shared parameters are a vector a domain",
+                                   e, d);
+    }
+    return ST_OK;
 }
 
 static int cmp_size(const void *a, const void *b)
@@ -486,8 +539,8 @@ st_status st_comm_plan_segments(comm_plan *pl, int w)
     ST_TRY(s);
     me->n_segs = n_segs;
 
-    /* master shard <- first holder's parameters */
-    for (size_t i = 0; me->master && i < n_segs; i++) {
+    /* master shard <- first holder's parameters (shared: it is them) */
+    for (size_t i = 0; me->master && !pl->shared_params && i < n_segs; i++) {
         const comm_seg *g = &me->segs[i];
         const comm_slot *first = &pl->slots[me->holders[g->holder_first]];
         memcpy(me->master + (g->begin - sb), local_at(first, first->params, g->begin),
@@ -622,8 +675,9 @@ static void plan_tasks(comm_plan *pl, int w, size_t *load_p, size_t *load_c, int
                 holds |= so->holders[i] == w;
             const int gather = pl->roles & ST_COMM_GATHER, reduce = pl->roles & ST_COMM_REDUCE;
             if (local) {
-                /* own domain's shard: straight from the owner's master */
-                if (holds && gather) {
+                /* own domain's shard: straight from the owner's master
+                 * (shared: the owner updated it in the domain's vector) */
+                if (holds && gather && !pl->shared_params) {
                     if (fill) {
                         count_read(me, n, so->domain);
                         count_gather(me, n);
@@ -679,7 +733,7 @@ static void plan_tasks(comm_plan *pl, int w, size_t *load_p, size_t *load_c, int
                 }
                 push_ag(me, me->ag1, &k->ag1, fill, k, local_at(me, me->params, seg->begin),
                         so->master + (seg->begin - sb), n);
-            } else {
+            } else if (!pl->shared_params) {   /* shared: the copier's vector is w's */
                 if (fill) {
                     count_read(me, n, pl->slots[copier].domain);
                     count_gather(me, n);
@@ -732,7 +786,7 @@ st_status st_comm_plan_tasks(comm_plan *pl, int w)
     size_t want = 0;
     for (int i = 0; i < me->n_copies; i++)
         want += me->copies[i].count;
-    me->copies_gathered = me->n_copies > 0 && k.copied == want;
+    me->copies_gathered = me->n_copies > 0 && (pl->shared_params || k.copied == want);
     me->copies = NULL;   /* read by this attach only (comm.h) */
     me->n_copies = 0;
 out:
@@ -842,4 +896,5 @@ void st_comm_plan_finish(comm_plan *pl, int w)
         me->rs_mid_barrier |= pl->slots[v].n_rs1 > 0;
         me->ag_mid_barrier |= pl->slots[v].n_ag2 > 0;
     }
+    me->ag_exit_barrier = pl->shared_params && pl->n_domains > 1;
 }

@@ -116,6 +116,14 @@ typedef struct comm_slot {
     uint16_t *bf16;
     float *wide;
     int rs_mid_barrier, ag_mid_barrier;
+    int ag_exit_barrier;      /* shared parameters over several domains: wait
+                               * for the domain's copiers before returning */
+    /* the reduction during the backward (st_comm_reduce_ready), this step:
+     * w's gradient elements [ready_from, P) are said final (and converted,
+     * with bf16 buffers); its shard's means [done_from, shard end) are
+     * reduced.  Written by w alone. */
+    size_t ready_from, done_from;
+    uint64_t step;            /* steps reduced since attach */
     st_comm_bytes bytes;
 } comm_slot;
 
@@ -124,6 +132,7 @@ typedef struct comm_plan {
     st_comm_payload payload;  /* what the reduce-scatter reads (fp32, bf16) */
     st_comm_bf16_at bf16_at;  /* bf16: a buffer per worker, or rounded on read */
     int allow_unheld;         /* elements nobody holds are skipped */
+    int shared_params;        /* one parameter vector a domain (comm.h) */
     st_range *unheld_ranges;  /* where they may be (NULL: anywhere) */
     int n_unheld_ranges;
     int n_workers, n_domains;
@@ -154,6 +163,10 @@ st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *gr
  * every element held by someone, except where unheld ones are allowed. */
 st_status st_comm_plan_check_coverage(const comm_plan *pl);
 
+/* Phase 2, run by every worker (they all report the same pair), with
+ * shared parameters: one vector a domain, a different one for each. */
+st_status st_comm_plan_check_shared(const comm_plan *pl);
+
 /* Phase 2: the segments of w's shard, its master shard from each element's
  * first holder, and the tables of the two-level path. */
 st_status st_comm_plan_segments(comm_plan *pl, int w);
@@ -166,12 +179,18 @@ st_status st_comm_plan_tasks(comm_plan *pl, int w);
 st_status st_comm_plan_owner(comm_plan *pl, int w);
 
 /* Phase 4, last: whether w's collectives need their middle barrier (some
- * worker computes a partial; some worker copies from a copier). */
+ * worker computes a partial; some worker copies from a copier), and its
+ * all-gather a barrier of its domain at the end (shared parameters over
+ * several domains). */
 void st_comm_plan_finish(comm_plan *pl, int w);
 
-/* The step, before the reduce-scatter's entry barrier: with bf16 payloads
- * in buffers, w rounds its held gradient into its bf16 buffer (nothing
- * otherwise). */
-void st_comm_plan_convert(const comm_plan *pl, int w);
+/* With bf16 payloads in buffers, w rounds its held gradient's elements
+ * of [lo, hi) (full layout) into its bf16 buffer (nothing otherwise): in
+ * the step, before they are said final or at the reduce-scatter's entry. */
+void st_comm_plan_convert(const comm_plan *pl, int w, size_t lo, size_t hi);
+
+/* w's level-2 program (the owner's means) over the elements [lo, hi) of
+ * its shard alone: what st_comm_run_rs of all of it computes there. */
+void st_comm_plan_reduce_part(const comm_plan *pl, int w, size_t lo, size_t hi);
 
 #endif /* SUBTRAIN_COMM_PLAN_H */

@@ -15,11 +15,20 @@
  *                   middle barrier, only if some worker copies from a
  *                   copier's replica; phase 2 (those local copies).
  *
+ * During the backward (st_comm_reduce_ready), a worker says which tail
+ * of its gradient is final and, on one level, reduces the part of its
+ * shard that every worker has said: the reduce-scatter then only does
+ * the rest.  No barrier there: an atomic counter per worker says how far
+ * it is (shared_worker.said).
+ *
  * There is no exit barrier: the next collective's entry barrier is the
  * one that matters (see the comments at each wait).  A step costs 2
  * barriers on one NUMA domain, 4 when partials or local copies exist
  * (several domains, two holders of a remote shard's element in one of
- * them).  Nothing on the step's
+ * them).  Shared parameters (one vector a domain, comm.h) have no local
+ * copies: the all-gather copies remote shards into the domain's vector
+ * and ends at a barrier of the domain's workers, who read it next; on
+ * one domain it copies nothing.  Nothing on the step's
  * path allocates, creates or locks: the barrier is counters on their own
  * cache lines, and waiting is spinning (workers are pinned one per core).
  */
@@ -37,16 +46,24 @@
 #include "core/error.h"
 
 /* Worker w's attach state, on its own 64-byte line: `attached` is written
- * by w's attach while the other workers attach too. */
+ * by w's attach while the other workers attach too; `said`, on a line of
+ * its own, by w during its backward while the owners read it. */
 typedef struct shared_worker {
     alignas(64) atomic_int attached;   /* w has called attach (a second call fails) */
     int ready;                         /* w's attach completed: its plan is valid */
+    /* What of its gradient w has said final (st_comm_reduce_ready): in
+     * step s (0-based since attach), elements [from, P) are said by the
+     * value s (P + 1) + P - from, so it only grows and a value of an
+     * earlier step never says anything of this one */
+    alignas(64) atomic_uint_least64_t said;
 } shared_worker;
 
 typedef struct shared_comm {
     st_spin_barrier barrier;           /* its members start 64-byte lines */
     comm_plan plan;
     shared_worker *workers;            /* n_workers */
+    st_spin_barrier *domain_barrier;   /* n_domains, each of its domain's workers
+                                        * (shared parameters over several domains) */
 } shared_comm;
 
 static shared_comm *shared_of(st_comm_backend *b)
@@ -73,6 +90,7 @@ static void shared_destroy(st_comm_backend *b)
         return;
     st_comm_plan_free(&sc->plan);
     free(sc->workers);
+    free(sc->domain_barrier);
     free(sc);
 }
 
@@ -89,7 +107,9 @@ static st_status shared_create(const st_comm_config *cfg, st_comm_backend **out)
     int n = cfg->n_workers;
     if (s == ST_OK) {
         sc->workers = aligned_alloc(64, (size_t)n * sizeof *sc->workers);
-        if (!sc->workers)
+        sc->domain_barrier = aligned_alloc(64, (size_t)sc->plan.n_domains *
+                                               sizeof *sc->domain_barrier);
+        if (!sc->workers || !sc->domain_barrier)
             s = st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine for %d "
                         "workers", n);
     }
@@ -99,9 +119,13 @@ static st_status shared_create(const st_comm_config *cfg, st_comm_backend **out)
     }
     for (int w = 0; w < n; w++) {
         atomic_init(&sc->workers[w].attached, 0);
+        atomic_init(&sc->workers[w].said, 0);
         sc->workers[w].ready = 0;
     }
     st_spin_barrier_init(&sc->barrier, (unsigned)n);
+    for (int d = 0; d < sc->plan.n_domains; d++)
+        st_spin_barrier_init(&sc->domain_barrier[d],
+                             (unsigned)(sc->plan.domain_first[d + 1] - sc->plan.domain_first[d]));
     *out = (st_comm_backend *)sc;
     return ST_OK;
 }
@@ -136,6 +160,7 @@ static void shared_reset(st_comm_backend *b)
     st_comm_plan_forget(&sc->plan);
     for (int w = 0; w < sc->plan.n_workers; w++) {
         atomic_init(&sc->workers[w].attached, 0);
+        atomic_init(&sc->workers[w].said, 0);   /* the steps count from the next attach */
         sc->workers[w].ready = 0;
     }
 }
@@ -161,6 +186,8 @@ static st_status shared_attach(st_comm_backend *b, int w, st_arena *arena, float
     if (st_spin_barrier_wait(&sc->barrier))
         return another_failed();
     s = st_comm_plan_check_coverage(pl);
+    if (s == ST_OK)
+        s = st_comm_plan_check_shared(pl);
     if (s == ST_OK)
         s = st_comm_plan_segments(pl, w);
     if (s != ST_OK) {
@@ -206,24 +233,88 @@ static st_status shared_reduce_scatter(st_comm_backend *b, int w)
     if (!(sc->plan.roles & ST_COMM_REDUCE))
         return st_fail(ST_ERR_INVALID, "reduce-scatter on a gather-only engine");
     comm_slot *me = &sc->plan.slots[w];
-    /* bf16 payloads in buffers: w rounds its own gradient into its buffer.
-     * Nobody reads that buffer now, for the reason w's gradient vector
-     * could be written: the readers of the previous reduce-scatter are
-     * done (the all-gather's entry barrier, or whatever the caller of a
-     * reduce-only engine waits at before its next backward), and this
-     * write comes after that backward's. */
-    st_comm_plan_convert(&sc->plan, w);
+    /* bf16 payloads in buffers: w rounds its own gradient into its buffer
+     * (what it has not said final yet: the rest is).  Nobody reads that
+     * part of the buffer now, for the reason w's gradient vector could be
+     * written: the readers of the previous reduce-scatter are done (the
+     * all-gather's entry barrier, or whatever the caller of a reduce-only
+     * engine waits at before its next backward), and this write comes
+     * after that backward's. */
+    st_comm_plan_convert(&sc->plan, w, 0, me->ready_from);
     /* every gradient vector is complete (and the previous all-gather,
-     * which read the master shards, is over everywhere) */
+     * which read the master shards, is over everywhere).  Shared
+     * parameters: every worker's backward, the step's last reader of its
+     * domain's vector, is done too, so from here on each owner may write
+     * its shard there (its update) until the all-gather's entry barrier */
     if (st_spin_barrier_wait(&sc->barrier))
         return another_failed();
+    const size_t sb = sc->plan.shard_begin[w], se = sc->plan.shard_begin[w + 1];
     if (me->rs_mid_barrier) {
         st_comm_run_rs(me->rs1, me->n_rs1, me->ops1, me->scratch, me->wide);
         /* every domain partial is complete */
         if (st_spin_barrier_wait(&sc->barrier))
             return another_failed();
+        st_comm_run_rs(me->rs2, me->n_rs2, me->ops2, me->scratch, me->wide);
+    } else if (me->done_from == se) {
+        st_comm_run_rs(me->rs2, me->n_rs2, me->ops2, me->scratch, me->wide);
+    } else {   /* the rest of what st_comm_reduce_ready began */
+        st_comm_plan_reduce_part(&sc->plan, w, sb, me->done_from);
     }
-    st_comm_run_rs(me->rs2, me->n_rs2, me->ops2, me->scratch, me->wide);
+    me->step++;
+    me->ready_from = sc->plan.n_params;
+    me->done_from = se;
+    return ST_OK;
+}
+
+/* The least `from` every worker has said of this step: the elements from
+ * there on are final in every gradient vector (acquire: what a worker
+ * wrote before saying so is visible here). */
+static size_t said_by_all(shared_comm *sc, uint64_t base)
+{
+    const size_t P = sc->plan.n_params;
+    size_t from = 0;
+    for (int v = 0; v < sc->plan.n_workers; v++) {
+        const uint64_t s = atomic_load_explicit(&sc->workers[v].said, memory_order_acquire);
+        const size_t f = s >= base ? P - (size_t)(s - base) : P;
+        from = f > from ? f : from;
+    }
+    return from;
+}
+
+static st_status shared_reduce_ready(st_comm_backend *b, int w, size_t from, st_range *done)
+{
+    shared_comm *sc = shared_of(b);
+    ST_TRY(step_check(sc, w, "reduce-ready"));
+    comm_plan *pl = &sc->plan;
+    comm_slot *me = &pl->slots[w];
+    if (!(pl->roles & ST_COMM_REDUCE))
+        return ST_OK;
+    const size_t P = pl->n_params;
+    const uint64_t base = me->step * ((uint64_t)P + 1);
+    if (from < me->ready_from) {
+        st_comm_plan_convert(pl, w, from, me->ready_from);
+        me->ready_from = from;
+        /* release: w's gradient (and bf16 payload) of [from, P) is written
+         * before anyone who reads this value reads them */
+        atomic_store_explicit(&sc->workers[w].said, base + (uint64_t)(P - from),
+                              memory_order_release);
+    }
+    /* Two levels: the partials have no arrival of their own; the
+     * reduce-scatter does it all, after its barriers. */
+    if (me->rs_mid_barrier)
+        return ST_OK;
+    /* Every holder's gradient of [lo, P) is final and stays so until the
+     * all-gather's entry barrier (no worker writes its gradient before its
+     * next backward); the owner alone writes its means.  From the top
+     * down, as the backward completes them. */
+    size_t lo = said_by_all(sc, base);
+    if (lo < pl->shard_begin[w])
+        lo = pl->shard_begin[w];
+    if (lo < me->done_from) {
+        st_comm_plan_reduce_part(pl, w, lo, me->done_from);
+        *done = (st_range){ lo, me->done_from };
+        me->done_from = lo;
+    }
     return ST_OK;
 }
 
@@ -235,7 +326,9 @@ static st_status shared_all_gather(st_comm_backend *b, int w)
         return st_fail(ST_ERR_INVALID, "all-gather on a reduce-only engine");
     comm_slot *me = &sc->plan.slots[w];
     /* every master shard is updated (and every owner is done reading the
-     * gradients and partials) */
+     * gradients and partials).  Shared parameters on one domain: that is
+     * all a reader needs, since the owners wrote the vector itself: no
+     * copy follows and no other barrier */
     if (st_spin_barrier_wait(&sc->barrier))
         return another_failed();
     st_comm_run_ag(me->ag1, me->n_ag1);
@@ -244,6 +337,19 @@ static st_status shared_all_gather(st_comm_backend *b, int w)
         if (st_spin_barrier_wait(&sc->barrier))
             return another_failed();
         st_comm_run_ag(me->ag2, me->n_ag2);
+    }
+    if (me->ag_exit_barrier) {
+        /* Shared parameters: w's next forward reads the segments the other
+         * copiers of its domain are writing into the domain's vector, so it
+         * waits for them; only they write what its domain reads (a shard
+         * of its own domain was updated before the entry barrier, remote
+         * shards come in through this domain's copiers alone), so the
+         * domain's barrier suffices.  No copy can still be reading an
+         * owner's shard when the owner writes it next: the owner updates
+         * after the next reduce-scatter's entry barrier, which every
+         * copier reaches after this one. */
+        if (st_spin_barrier_wait(&sc->domain_barrier[me->domain]))
+            return another_failed();
     }
     return ST_OK;
 }
@@ -257,7 +363,10 @@ static st_status shared_barrier(st_comm_backend *b, int w)
 
 static void shared_abort(st_comm_backend *b)
 {
-    st_spin_barrier_abort(&shared_of(b)->barrier);
+    shared_comm *sc = shared_of(b);
+    st_spin_barrier_abort(&sc->barrier);
+    for (int d = 0; d < sc->plan.n_domains; d++)
+        st_spin_barrier_abort(&sc->domain_barrier[d]);
 }
 
 /* ------------------------------------------------------------ queries */
@@ -298,6 +407,7 @@ const st_comm_backend_ops st_comm_shared_ops = {
     .shard_grads = shared_shard_grads,
     .shard_params = shared_shard_params,
     .reduce_scatter = shared_reduce_scatter,
+    .reduce_ready = shared_reduce_ready,
     .all_gather = shared_all_gather,
     .barrier = shared_barrier,
     .abort = shared_abort,

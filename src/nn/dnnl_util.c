@@ -83,7 +83,8 @@ st_status st_nn_ctx_add_copy(st_nn_ctx *ctx, const float *src, st_bf16 *dst, siz
 {
     ST_TRY(grow((void **)&ctx->copies, &ctx->cap_copies, ctx->n_copies + 1,
                 sizeof *ctx->copies));
-    ctx->copies[ctx->n_copies] = (struct st_weight_copy){ src, dst, n, 0 };
+    ctx->copies[ctx->n_copies] = (struct st_weight_copy){ src, dst, n, 0,
+                                                          dst == st_nn_shared_copy(ctx, src, n) };
     *id = ctx->n_copies++;
     return ST_OK;
 }

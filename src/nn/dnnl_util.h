@@ -82,12 +82,19 @@ typedef struct st_nn_ctx {
         st_bf16 *dst;
         size_t n;
         int listed;              /* in the model's list of st_param_copy */
+        int shared;              /* dst is in shared storage: never converted here */
     } *copies;
     int n_copies, cap_copies;
     /* Set by the model when the update wrote every listed copy since the
      * last training forward (st_model_copies_written); the layers then skip
      * their conversions in that forward, which clears it. */
     int copies_current;
+    /* Shared storage of the weights' bf16 copies (st_model_create_on):
+     * the copy of params[i] is at copy_store[i], params being copy_base's
+     * copy_n floats.  NULL: each layer has its own. */
+    const float *copy_base;
+    st_bf16 *copy_store;
+    size_t copy_n;
 } st_nn_ctx;
 
 #define ST_NN_SLOTS 2
@@ -100,11 +107,21 @@ void st_nn_ctx_destroy(st_nn_ctx *ctx);
 /* Registers the bf16 copy dst of the n weights at src (made by the layer's
  * own reorder); *id is what st_nn_copy_fresh takes. */
 st_status st_nn_ctx_add_copy(st_nn_ctx *ctx, const float *src, st_bf16 *dst, size_t n, int *id);
+/* Where the bf16 copy of the n weights at src lives when the context's
+ * copies are in shared storage and src is among its parameters; NULL: the
+ * layer makes its own (from the arena). */
+static inline st_bf16 *st_nn_shared_copy(const st_nn_ctx *ctx, const float *src, size_t n)
+{
+    if (!ctx->copy_store || src < ctx->copy_base || src + n > ctx->copy_base + ctx->copy_n)
+        return NULL;
+    return ctx->copy_store + (src - ctx->copy_base);
+}
 /* Whether copy id holds the current weights already (written by the update
- * after the last training forward): the layer need not convert. */
+ * after the last training forward, or shared: kept current by whoever
+ * writes the weights): the layer need not convert. */
 static inline int st_nn_copy_fresh(const st_nn_ctx *ctx, int id)
 {
-    return ctx->copies_current && ctx->copies[id].listed;
+    return (ctx->copies_current || ctx->copies[id].shared) && ctx->copies[id].listed;
 }
 /* A read-only vector of at least n ones (from the arena, shared). */
 st_status st_nn_ctx_ones(st_nn_ctx *ctx, int64_t n, const float **out);

@@ -383,11 +383,68 @@ done:
     return s;
 }
 
+/* m->grads_final: for each layer i, the start of the longest tail of the
+ * gradient vector whose segments all belong to layers i, i + 1, ...: the
+ * backward runs the layers from the last, and a segment's gradient is
+ * written by its own layer's backward alone (a kind whose primitive
+ * computes more writes a scratch and copies its part out in that same
+ * backward), so after layer i that tail is final. */
+static st_status grads_final(st_model *m)
+{
+    void *p;
+    ST_TRY(st_arena_alloc(m->arena, ST_MEM_WORKSPACE,
+                          (size_t)(m->n_layers > 0 ? m->n_layers : 1) * sizeof(size_t), &p));
+    m->grads_final = p;
+    int *owner = malloc((size_t)(m->n_segs > 0 ? m->n_segs : 1) * sizeof *owner);
+    if (!owner)
+        return st_fail(ST_ERR_NOMEM, "out of memory laying out the gradients");
+    for (int s = 0; s < m->n_segs; s++)
+        owner[s] = -1;   /* no layer's: never final before the end */
+    for (int i = 0; i < m->n_layers; i++)
+        for (int k = 0; k < 2; k++)
+            if (!m->layers[i].dropped && m->layers[i].seg[k] != (size_t)-1)
+                owner[m->layers[i].seg[k]] = i;
+    for (int i = 0; i < m->n_layers; i++) {
+        /* walk the segments down from the end of the gradient vector */
+        size_t from = m->n_grads;
+        for (;;) {
+            int below = -1;
+            for (int s = 0; s < m->n_segs; s++) {
+                const st_param_segment *g = &m->segs[s];
+                if (g->grad_offset != ST_NO_GRAD && g->grad_offset < from &&
+                    (below < 0 || g->grad_offset > m->segs[below].grad_offset))
+                    below = s;
+            }
+            if (below < 0 || owner[below] < i ||
+                m->segs[below].grad_offset + m->segs[below].grad_count != from)
+                break;
+            from = m->segs[below].grad_offset;
+        }
+        m->grads_final[i] = from;
+    }
+    free(owner);
+    return ST_OK;
+}
+
 st_status st_graph_build(st_model *m)
 {
     const size_t R = (size_t)m->rows;
     prune_input_gradients(m);
-    ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_params, &m->params));
+    if (m->storage.params && m->storage.count != m->n_params)
+        return st_fail(ST_ERR_INVALID, "storage of %zu parameters for a model of %zu",
+                       m->storage.count, m->n_params);
+    if (m->storage.params) {
+        /* shared storage: the layers built below read (and their bf16
+         * copies live) where every instance over it does */
+        m->params = m->storage.params;
+        if (m->storage.bf16 && !(m->cfg.unfuse & ST_UNFUSE_WEIGHT_COPY)) {
+            m->ctx.copy_base = m->params;
+            m->ctx.copy_store = m->storage.bf16;
+            m->ctx.copy_n = m->n_params;
+        }
+    } else {
+        ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_params, &m->params));
+    }
     ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_GRADIENTS, m->n_grads, &m->grads));
     if (m->n_state) {
         ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_state, &m->state));
@@ -449,7 +506,7 @@ st_status st_graph_build(st_model *m)
         if (!l->dropped)
             ST_TRY(l->kind->build(m, l));
     }
-    return ST_OK;
+    return grads_final(m);
 }
 
 /* ------------------------------------------------------------ run */
@@ -466,11 +523,24 @@ st_status st_graph_forward(const st_model *m, st_phase phase)
 
 st_status st_graph_backward(const st_model *m)
 {
+    return st_graph_backward_ready(m, NULL, NULL);
+}
+
+st_status st_graph_backward_ready(const st_model *m, void (*ready)(void *ctx, size_t from),
+                                  void *ctx)
+{
+    size_t told = m->n_grads;
     for (int i = m->n_layers - 1; i >= 0; i--) {
         const st_layer *l = &m->layers[i];
         if (l->backward && l->kind->backward)
             ST_TRY(l->kind->backward(&m->ctx, l));
+        if (ready && m->grads_final[i] < told) {
+            told = m->grads_final[i];
+            ready(ctx, told);
+        }
     }
+    if (ready && told > 0)   /* what no layer's tail reached (no gradient, gaps) */
+        ready(ctx, 0);
     return ST_OK;
 }
 

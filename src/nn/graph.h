@@ -140,6 +140,8 @@ struct st_model {
     /* Flat parameters and gradients (same layout), and their segments. */
     float *params, *grads;
     size_t n_params, n_grads;
+    st_model_storage storage;  /* params (and bf16 copies) not its own
+                            * (st_model_create_on); zero: its own */
     /* State that is not trained but kept (a batch norm's running
      * statistics): one flat vector, laid out by the same walk, each
      * piece with its initial value. */
@@ -161,6 +163,9 @@ struct st_model {
     int64_t norm_scratch_cols;
     float *grad_scratch;   /* full weight gradients of backward-masked layers */
     size_t grad_scratch_floats;
+    size_t *grads_final;   /* n_layers: after layer i's backward (the layers run
+                            * from the last), the gradient elements from
+                            * grads_final[i] on are written for the pass */
     st_param_segment *segs;
     st_seg_map *maps;      /* n_segs, parallel to segs */
     /* bf16: the layers' weight copies that lie in params, by offset
@@ -332,6 +337,11 @@ st_status st_graph_layout(st_model *m);        /* segments */
 st_status st_graph_build(st_model *m);         /* memory and primitives */
 st_status st_graph_forward(const st_model *m, st_phase phase);
 st_status st_graph_backward(const st_model *m);
+/* The same, calling ready(ctx, from) after each layer whose backward makes
+ * more of the gradient vector final: elements [from, n_grads) (from only
+ * decreases; 0 after the last layer that writes gradients). */
+st_status st_graph_backward_ready(const st_model *m, void (*ready)(void *ctx, size_t from),
+                                  void *ctx);
 double st_graph_flops(const st_model *m);
 void st_graph_free(st_model *m);               /* what declare and layout malloc'd */
 

@@ -609,7 +609,8 @@ static st_status list_copies(st_model *m)
 }
 
 static st_status create(const st_model_config *cfg, st_model_declare_fn declare, int lo, int hi,
-                        int batch, st_arena *arena, st_model **out)
+                        int batch, st_arena *arena, const st_model_storage *storage,
+                        st_model **out)
 {
     *out = NULL;
     if (!declare) {
@@ -644,6 +645,13 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
     m->arena = arena;
     st_status s;
     ST_TRY_GOTO(s, st_graph_declare(m, declare), fail);
+    if (storage) {
+        if (!storage->params) {
+            s = st_fail(ST_ERR_INVALID, "st_model_create_on: storage without parameters");
+            goto fail;
+        }
+        m->storage = *storage;   /* checked against the layout by st_graph_build */
+    }
     if (hi >= 0) {
         if (m->n_groups > 0 || lo < 0 || hi < lo || hi >= m->n_layers) {
             s = st_fail(ST_ERR_INVALID, "layers %d .. %d of a model of %d layers%s", lo, hi,
@@ -683,13 +691,22 @@ fail:
 
 st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena, st_model **out)
 {
-    return create(cfg, NULL, 0, -1, batch, arena, out);
+    return create(cfg, NULL, 0, -1, batch, arena, NULL, out);
+}
+
+st_status st_model_create_on(const st_model_config *cfg, int batch, st_arena *arena,
+                             const st_model_storage *storage, st_model **out)
+{
+    *out = NULL;
+    if (!storage)
+        return st_fail(ST_ERR_INVALID, "st_model_create_on: no storage");
+    return create(cfg, NULL, 0, -1, batch, arena, storage, out);
 }
 
 st_status st_model_create_range(const st_model_config *cfg, int lo, int hi, int batch,
                                 st_arena *arena, st_model **out)
 {
-    return create(cfg, NULL, lo, hi, batch, arena, out);
+    return create(cfg, NULL, lo, hi, batch, arena, NULL, out);
 }
 
 st_status st_model_create_declared(const st_model_config *cfg, st_model_declare_fn declare,
@@ -697,7 +714,7 @@ st_status st_model_create_declared(const st_model_config *cfg, st_model_declare_
 {
     if (!declare)
         return st_fail(ST_ERR_INVALID, "a declared model needs its declaration");
-    return create(cfg, declare, 0, -1, batch, arena, out);
+    return create(cfg, declare, 0, -1, batch, arena, NULL, out);
 }
 
 int st_model_layer_index(const st_model_config *cfg, const st_layer_kind *kind, int n)
@@ -801,9 +818,19 @@ void st_model_copies_written(st_model *m)
 void st_model_params_changed(st_model *m)
 {
     m->ctx.copies_current = 0;
+    /* shared copies are never converted by a forward (several instances
+     * would write them at once): the caller's thread does it now */
+    for (int i = 0; i < m->n_copies && m->ctx.copy_store; i++)
+        st_bf16_round_n(m->copies[i].bf16, m->params + m->copies[i].offset, m->copies[i].count);
 }
 
 st_status st_model_forward_backward(st_model *m, float *loss)
+{
+    return st_model_forward_backward_ready(m, loss, NULL, NULL);
+}
+
+st_status st_model_forward_backward_ready(st_model *m, float *loss,
+                                          void (*ready)(void *ctx, size_t from), void *ctx)
 {
     double sum;
     st_status s = st_graph_forward(m, ST_PHASE_TRAIN);
@@ -811,7 +838,7 @@ st_status st_model_forward_backward(st_model *m, float *loss)
     ST_TRY(s);
     ST_TRY(st_xent_forward(&m->ctx, &m->xent, m->labels, m->rows, 1, &sum, NULL));
     *loss = (float)(sum / (double)m->rows);
-    return st_graph_backward(m);
+    return st_graph_backward_ready(m, ready, ctx);
 }
 
 st_status st_model_calibrate(st_model *m, int k)

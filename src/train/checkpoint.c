@@ -551,6 +551,8 @@ st_status st_run_resume_load(const run_shared *r, const char *name, float *dst, 
 
 void st_run_resume_shard(const run_shared *r, st_comm *c, int wid, float *dst)
 {
+    if (r->shared_weights)
+        return;
     const st_range shard = st_comm_shard(c, wid);
     memcpy(dst, r->resume->params + shard.begin, (shard.end - shard.begin) * sizeof *dst);
 }
@@ -666,7 +668,10 @@ st_status st_run_resume_optimizer(run_shared *r, st_worker *w)
 st_status st_run_resume_model(run_shared *r, st_worker *w)
 {
     char name[ST_SAFETENSORS_MAX_NAME];
-    ST_TRY(st_model_load_full_params(w->model, r->resume->params));
+    if (r->shared_weights)   /* w's part of its domain's copy, then a barrier */
+        ST_TRY(st_run_weights_load(r, w, r->resume->params));
+    else
+        ST_TRY(st_model_load_full_params(w->model, r->resume->params));
     ST_TRY(st_run_resume_optimizer(r, w));
     size_t count;
     float *state = st_model_state(w->model, &count);

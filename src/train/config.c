@@ -83,6 +83,9 @@ st_status st_train_config_check(const st_train_config *c)
     if (c->comm_precision != ST_PRECISION_FP32 && c->comm_precision != ST_PRECISION_BF16)
         return st_fail(ST_ERR_INVALID, "unknown --comm-precision %d (fp32 or bf16)",
                        (int)c->comm_precision);
+    if (c->weights != ST_WEIGHTS_SHARED && c->weights != ST_WEIGHTS_PRIVATE)
+        return st_fail(ST_ERR_INVALID, "unknown weights placement %d (shared or private)",
+                       (int)c->weights);
     const st_strategy_info *info = st_strategy_info_of(c->strategy);
     if (c->init_params && info->no_init)
         return st_fail(ST_ERR_INVALID, "--init does not apply to --strategy %s (%s)", info->name,

@@ -19,6 +19,14 @@ static st_status dp_check(const st_train_config *c, int chosen)
     return ST_OK;
 }
 
+/* Every worker holds the full model and writes its weights only as a
+ * shard owner: one copy per NUMA domain. */
+static st_weights dp_weights(const st_train_config *c)
+{
+    (void)c;
+    return ST_WEIGHTS_SHARED;
+}
+
 /* No state of its own: the run's engine (N > 1) is all it needs. */
 static st_status dp_prepare(run_shared *r, void **state)
 {
@@ -33,7 +41,8 @@ static st_status dp_init_worker(run_shared *r, void *state, int wid, st_worker *
                                 const st_chunk_backend *backend)
 {
     (void)state;
-    ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, backend));
+    ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
+    ST_TRY(st_run_build_model(r, w, r->cfg, backend));
     if (!r->comm)
         return st_worker_init_optimizer(w, r->cfg, 0, st_model_param_count(w->model));
     ST_TRY(st_run_attach_worker(r->comm, NULL, wid, w, NULL));
@@ -71,7 +80,7 @@ static st_status dp_step(run_shared *r, void *state, st_worker *w, uint64_t i, u
     (void)state;
     if (!r->comm)
         return solo_step(r, w, i, step, loss, lr);
-    run_sharded e = { r->comm, r->comm, NULL, NULL };
+    run_sharded e = { r->comm, r->comm, NULL, NULL, 1 };
     return st_run_sharded_step(r, &e, w, i, step, loss, lr);
 }
 
@@ -84,7 +93,7 @@ static st_status dp_update(run_shared *r, void *state, st_worker *w, uint64_t i,
     (void)state;
     double t = st_run_now_s();
     if (r->comm) {
-        run_sharded e = { r->comm, r->comm, NULL, NULL };
+        run_sharded e = { r->comm, r->comm, NULL, NULL, 0 };
         return st_run_sharded_update(r, &e, w, i, step, t, loss, lr);
     }
     solo_update(r, w, step, lr);
@@ -92,8 +101,8 @@ static st_status dp_update(run_shared *r, void *state, st_worker *w, uint64_t i,
     return ST_OK;
 }
 
-/* Resuming: the replica and optimizer shard, and the master shard (the
- * replica is its all-gather). */
+/* Resuming: the replica (or w's part of its domain's copy) and optimizer
+ * shard, and the master shard (the replica is its all-gather). */
 static st_status dp_resume(run_shared *r, void *state, st_worker *w)
 {
     (void)state;
@@ -116,7 +125,8 @@ static st_comm_bytes dp_bytes(const run_shared *r, const void *state, int wid)
     return st_run_engine_bytes(r, wid);
 }
 
-/* Worker 0's replica is the full model (after the all-gather). */
+/* Worker 0's replica (its domain's copy) is the full model (after the
+ * all-gather). */
 static st_status dp_full_params(run_shared *r, void *state, st_worker *w0, const float **out,
                                 size_t *count)
 {
@@ -134,6 +144,7 @@ const st_strategy_ops st_dp_ops = {
                 "model on its part of each global batch (default)",
     },
     .check = dp_check,
+    .weights = dp_weights,
     .prepare = dp_prepare,
     .init_worker = dp_init_worker,
     .step = dp_step,

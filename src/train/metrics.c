@@ -98,8 +98,10 @@ int st_metrics_write_members(FILE *f, const st_epoch_record *r)
                "\"bytes_per_worker_step\":%s},",
             st_moments_name(r->optimizer_moments), num(b[0], "%.2f", r->optimizer_bytes_per_param),
             num(b[1], "%.0f", r->optimizer_bytes_per_worker_step));
-    fprintf(f, "\"step_ms\":{\"compute\":%s,\"wait\":%s,\"reduce\":%s,\"optimizer\":%s}}\n",
+    fprintf(f, "\"step_ms\":{\"compute\":%s,\"wait\":%s,\"reduce\":%s,\"optimizer\":%s,"
+               "\"overlapped\":%s}}\n",
             num(b[0], "%.3f", r->step_ms_compute), num(b[1], "%.3f", r->step_ms_wait),
-            num(b[2], "%.3f", r->step_ms_reduce), num(b[3], "%.3f", r->step_ms_optimizer));
+            num(b[2], "%.3f", r->step_ms_reduce), num(b[3], "%.3f", r->step_ms_optimizer),
+            num(b[4], "%.3f", r->step_ms_overlapped));
     return fflush(f) == 0 && !ferror(f) ? 0 : -1;
 }

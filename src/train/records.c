@@ -9,7 +9,7 @@
 
 void st_run_fill_record(run_shared *r, st_epoch_record *rec)
 {
-    step_times sum = { 0, 0, 0, 0 };
+    step_times sum = { 0, 0, 0, 0, 0 };
     size_t worst = 0, optim = 0;
     double bytes = 0.0;
     for (int k = 0; k < r->n; k++) {
@@ -21,6 +21,7 @@ void st_run_fill_record(run_shared *r, st_epoch_record *rec)
         sum.wait += s->times.wait / steps;
         sum.reduce += s->times.reduce / steps;
         sum.optimizer += s->times.optimizer / steps;
+        sum.overlapped += s->times.overlapped / steps;
         if (s->memory.peak_total > r->slots[worst].memory.peak_total)
             worst = (size_t)k;
         double b = (double)(s->bytes.read + s->bytes.written);
@@ -33,6 +34,7 @@ void st_run_fill_record(run_shared *r, st_epoch_record *rec)
     rec->step_ms_wait = sum.wait * 1e3 / r->n;
     rec->step_ms_reduce = sum.reduce * 1e3 / r->n;
     rec->step_ms_optimizer = sum.optimizer * 1e3 / r->n;
+    rec->step_ms_overlapped = sum.overlapped * 1e3 / r->n;
     rec->memory = r->slots[worst].memory;
     for (int k = 0; k < r->n; k++)
         r->memory[k] = r->slots[k].memory;

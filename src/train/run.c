@@ -72,7 +72,11 @@ st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
                           /* ranks: each rank's workers, the ranks over MPI */
                           .backend = r->ranks > 1 ? ST_COMM_BACKEND_MPI
                                                   : ST_COMM_BACKEND_SHARED,
-                          .payload = st_run_comm_payload(r->cfg) };
+                          .payload = st_run_comm_payload(r->cfg),
+                          /* the engine that carries the masters writes the
+                           * domains' copies */
+                          .shared_params = r->shared_weights &&
+                                           (roles == 0 || (roles & ST_COMM_GATHER)) };
     st_status s = st_comm_create(&cc, out);
     free(domain_of);
     return s;
@@ -144,8 +148,33 @@ st_status st_run_mean_loss(run_shared *r, float *loss)
     return ST_OK;
 }
 
-st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
-                                uint64_t step, double t, float *loss, float *lr)
+/* The optimizer over elements [lo, hi) of w's shard (full layout: the
+ * full model's segments say which decay, not w's subnetwork's).  Shared
+ * weights: the master shard is w's part of its domain's copy, which its
+ * domain reads as it is, so the update writes the shard's bf16 copies too
+ * (the all-gather brings other domains' shards). */
+static void update_part(run_shared *r, const run_sharded *e, st_worker *w, uint64_t step,
+                        float lr, size_t lo, size_t hi)
+{
+    int n_copies = 0;
+    const st_param_copy *copies = r->shared_weights ? st_model_copies(w->model, &n_copies)
+                                                    : NULL;
+    st_optim_update_copies(&w->optim, st_comm_shard_params(e->masters, w->id),
+                           st_comm_shard_grads(e->grads, w->id), r->full_segs, r->n_full_segs,
+                           lo, hi, step, lr, copies, n_copies);
+}
+
+/* What the updates during the backward did: the shard's elements from
+ * `upto` on, `updated` parameters and `bytes` moved (the optimizer counts
+ * its last call's, and a step's are all of them). */
+typedef struct parts_done {
+    size_t upto, updated, bytes;
+} parts_done;
+
+/* From the barrier on, the updates during the backward counted in. */
+static st_status sharded_update(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
+                                uint64_t step, double t, float *loss, float *lr,
+                                const parts_done *early)
 {
     worker_slot *slot = &r->slots[w->id];
     double t1;
@@ -164,13 +193,11 @@ st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *
     t1 = st_run_now_s();
     slot->times.reduce += t1 - t;
     t = t1;
-    /* the shard is a range of the full layout: the full model's segments
-     * say which of its elements decay, not w's subnetwork's */
-    st_range shard = st_comm_shard(e->grads, w->id);
+    const st_range shard = st_comm_shard(e->grads, w->id);
     *lr = st_schedule_lr(&r->plan.schedule, step);
-    st_optim_update(&w->optim, st_comm_shard_params(e->masters, w->id),
-                    st_comm_shard_grads(e->grads, w->id), r->full_segs, r->n_full_segs,
-                    shard.begin, shard.end, step, *lr);
+    update_part(r, e, w, step, *lr, shard.begin, early->upto);
+    w->optim.updated += early->updated;
+    w->optim.update_bytes += early->bytes;
     t1 = st_run_now_s();
     slot->times.optimizer += t1 - t;
     t = t1;
@@ -183,6 +210,51 @@ st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *
     return ST_OK;
 }
 
+st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
+                                uint64_t step, double t, float *loss, float *lr)
+{
+    const parts_done none = { st_comm_shard(e->grads, w->id).end, 0, 0 };
+    return sharded_update(r, e, w, i, step, t, loss, lr, &none);
+}
+
+/* What the backward's ready calls need, what they did (the shard's
+ * elements from updated_from on are reduced and updated), the time they
+ * took and the first failure. */
+typedef struct overlap_ctx {
+    run_shared *r;
+    const run_sharded *e;
+    st_worker *w;
+    uint64_t step;
+    float lr;
+    parts_done done;
+    double seconds;
+    st_status status;
+} overlap_ctx;
+
+/* A tail of w's gradient is final: w says so, reduces what of its shard
+ * every worker has said (comm.h: st_comm_reduce_ready), and updates that
+ * part at once.  Its weights are read by nobody until the next forward:
+ * every worker has run the backward of the layers they belong to (a layer
+ * reads its own weights alone, in its forward and its backward), and with
+ * replicas they are the owner's master, which the all-gather reads after
+ * its entry barrier. */
+static void reduce_ready(void *ctx, size_t from)
+{
+    overlap_ctx *o = ctx;
+    if (o->status != ST_OK)
+        return;
+    const double t = st_run_now_s();
+    st_range done;
+    o->status = st_comm_reduce_ready(o->e->grads, o->w->id, from, &done);
+    if (o->status == ST_OK && done.end > done.begin) {
+        update_part(o->r, o->e, o->w, o->step, o->lr, done.begin, done.end);
+        o->done.upto = done.begin;
+        o->done.updated += o->w->optim.updated;
+        o->done.bytes += o->w->optim.update_bytes;
+    }
+    o->seconds += st_run_now_s() - t;
+}
+
 st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
                               uint64_t step, float *loss, float *lr)
 {
@@ -190,10 +262,15 @@ st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w,
     double t = st_run_now_s(), t1;
     uint32_t first = (uint32_t)((i * (uint64_t)r->n_all + (uint64_t)st_run_global(r, w->id)) *
                                 st_run_step_rows(r->cfg));
-    ST_TRY(st_worker_compute(w, r->train, w->order, first, &slot->loss));
+    overlap_ctx o = { r, e, w, step, st_schedule_lr(&r->plan.schedule, step),
+                      { st_comm_shard(e->grads, w->id).end, 0, 0 }, 0.0, ST_OK };
+    ST_TRY(st_worker_compute_ready(w, r->train, w->order, first, &slot->loss,
+                                   e->overlap ? reduce_ready : NULL, &o));
+    ST_TRY(o.status);
     t1 = st_run_now_s();
-    slot->times.compute += t1 - t;
-    return st_run_sharded_update(r, e, w, i, step, t1, loss, lr);
+    slot->times.compute += t1 - t - o.seconds;
+    slot->times.overlapped += o.seconds;
+    return sharded_update(r, e, w, i, step, t1, loss, lr, &o.done);
 }
 
 st_comm_bytes st_run_engine_bytes(const run_shared *r, int w)

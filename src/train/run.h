@@ -43,6 +43,7 @@ typedef struct run_plan {
  * neighbours must not invalidate each other's lines. */
 typedef struct step_times {
     double compute, wait, reduce, optimizer;   /* seconds, summed over steps */
+    double overlapped;        /* reduction during the backward, not in compute */
 } step_times;
 
 typedef struct worker_slot {
@@ -93,6 +94,15 @@ typedef struct run_ckpt {
     size_t text_used, text_cap;
 } run_ckpt;
 
+/* One NUMA domain's copy of the weights, when the run's workers share
+ * them (shared_weights.c): from an arena of its own, on the domain's node. */
+typedef struct run_domain {
+    st_arena arena;                   /* its chunks: its first worker's backend */
+    int arena_made;                   /* to release */
+    float *params;                    /* n_params, the full layout */
+    uint16_t *bf16;                   /* n_params bf16 copies, or NULL */
+} run_domain;
+
 /* Everything the workers of one run share.  Written before the parallel
  * region, or by one worker between two barriers. */
 typedef struct run_shared {
@@ -114,6 +124,8 @@ typedef struct run_shared {
     double *eval_all;                 /* ranks > 1: each rank's test sums (2 x ranks) */
     st_topology *topology;
     st_plan placement;
+    int shared_weights;               /* a weight copy per NUMA domain (shared_weights.c) */
+    run_domain *domains;              /* placement.n_domains, with shared weights */
     st_comm *comm;                    /* the run's engine, created by the
                                        * strategy's prepare (NULL: none, one
                                        * worker alone); also the barrier of
@@ -236,6 +248,10 @@ typedef struct run_sharded {
     st_comm *grads, *masters;
     st_status (*at_barrier)(run_shared *r, void *ctx, st_worker *w0, uint64_t i, uint64_t step);
     void *ctx;
+    /* 1: w's gradient vector is in the full layout (data parallelism): the
+     * step reduces it during the backward as its layers complete it
+     * (st_comm_reduce_ready) */
+    int overlap;
 } run_sharded;
 
 st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
@@ -278,6 +294,33 @@ st_status st_run_sync_state(run_shared *r, st_worker *w);
  * evaluation model); no-op without state. */
 void st_run_load_state(const run_shared *r, st_model *m);
 
+/* ------------------------------------------------------------ shared_weights.c */
+
+/* Before the strategy's prepare (which creates engines with it): whether
+ * the workers of each NUMA domain share one weight copy (the caller's
+ * verdict: the strategy's kind, one process, more than one worker). */
+st_status st_run_weights_prepare(run_shared *r, int shared);
+/* After the run, no thread: the domains' copies go. */
+void st_run_weights_release(run_shared *r);
+/* Every worker, with shared weights (else nothing): w->storage becomes its
+ * domain's copy (of cfg's full model: bf16 copies too in bf16), which the
+ * domain's first worker takes from its backend.  One barrier. */
+st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_config *cfg,
+                                 const st_chunk_backend *backend);
+/* Every worker, its model built: the values of the full vector `full`
+ * (NULL: the initial ones, st_run_initial_range) and their bf16 copies;
+ * with shared weights w writes its part of its domain's copy and the
+ * workers meet at a barrier; else w's own vector (nothing for NULL: the
+ * build initialised it). */
+st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full);
+/* The full model of cfg for worker w on the run's weights: storage,
+ * model, initial values. */
+st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config *cfg,
+                             const st_chunk_backend *backend);
+/* The memory of worker w for the records: its arena's, and with shared
+ * weights its share of its domain's copy (rounded up). */
+void st_run_worker_memory(const run_shared *r, const st_worker *w, st_mem_stats *out);
+
 /* ------------------------------------------------------------ checkpoint.c */
 
 /* Before the strategy's prepare (r->n, n_params and state_full known):
@@ -302,7 +345,9 @@ st_status st_run_resume_meta_u64(const run_shared *r, const char *key, uint64_t 
  * elements. */
 st_status st_run_resume_load(const run_shared *r, const char *name, float *dst, size_t count);
 /* Worker wid's shard of engine c, of the resumed full parameters, into
- * dst (a master shard, ist's saved master). */
+ * dst (a master shard, ist's saved master).  With shared weights a master
+ * shard is its domain's copy, which st_run_resume_model loads: then
+ * nothing. */
 void st_run_resume_shard(const run_shared *r, st_comm *c, int wid, float *dst);
 
 /* Worker 0, the others waiting between their steps with their models and
@@ -331,7 +376,7 @@ void st_run_fill_record(run_shared *r, st_epoch_record *rec);
 static inline void st_run_publish_worker(run_shared *r, const st_worker *w, uint64_t steps)
 {
     worker_slot *slot = &r->slots[w->id];
-    slot->memory = w->arena.stats;
+    st_run_worker_memory(r, w, &slot->memory);
     slot->steps = steps;
     slot->optim_bytes = w->optim.update_bytes;
     slot->optim_params = w->optim.updated;

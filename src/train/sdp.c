@@ -88,6 +88,14 @@ static st_status sdp_check(const st_train_config *c, int chosen)
     return ST_OK;
 }
 
+/* Backward masking: every worker holds the full model, whose weights it
+ * writes only as a shard owner: one copy per NUMA domain.  Forward
+ * masking: each worker's subnetwork is a compact vector of its own. */
+static st_weights sdp_weights(const st_train_config *c)
+{
+    return c->sdp.masking == ST_MASKING_BACKWARD ? ST_WEIGHTS_SHARED : ST_WEIGHTS_PRIVATE;
+}
+
 /* Every worker needs a unit: k = max(1, round(C x N)) holders of each. */
 static st_status sdp_layout(const st_train_config *c, int workers)
 {
@@ -205,7 +213,12 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
     if (r->cfg->sdp.resample)
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
                                      &s->sn.saved[wid].master));
+    /* shared weights (backward masking): the full models over the domain's
+     * copy, its initial values written once */
+    ST_TRY(st_run_weights_storage(r, w, r->cfg, backend));
     ST_TRY(build_subnet(r, s, w, 0));
+    if (r->shared_weights)
+        ST_TRY(st_run_weights_load(r, w, NULL));
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
     /* weights no subnetwork holds yet have their initial values too */
     if (s->sn.unheld_possible)
@@ -250,7 +263,10 @@ static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t rou
     }
     ST_TRY(st_comm_barrier(r->comm, wid)); /* the new assignment is there */
     ST_TRY(build_subnet(r, s, w, 1));
-    ST_TRY(st_subnets_load_saved(&s->sn, r, w, st_model_params(w->model), 0));
+    /* shared weights: the new model reads its domain's copy, which holds
+     * the current values already */
+    if (!r->shared_weights)
+        ST_TRY(st_subnets_load_saved(&s->sn, r, w, st_model_params(w->model), 0));
     st_run_load_state(r, w->model);
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
     /* the engine initialised the held elements (the same values): the
@@ -275,7 +291,8 @@ static st_status sdp_step(run_shared *r, void *state, st_worker *w, uint64_t i, 
     }
     if (R && done > 0 && done % R == 0)
         ST_TRY(new_round(r, s, w, done / R));
-    run_sharded e = { r->comm, masters(r, s), r->cfg->sdp.align_every ? measure_alignment : NULL, s };
+    run_sharded e = { r->comm, masters(r, s), r->cfg->sdp.align_every ? measure_alignment : NULL,
+                      s, 0 };
     return st_run_sharded_step(r, &e, w, i, step, loss, lr);
 }
 
@@ -517,6 +534,7 @@ const st_strategy_ops st_sdp_ops = {
     .describe = sdp_describe,
     .warning = sdp_warning,
     .layout = sdp_layout,
+    .weights = sdp_weights,
     .prepare = sdp_prepare,
     .init_worker = sdp_init_worker,
     .step = sdp_step,

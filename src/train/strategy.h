@@ -137,6 +137,14 @@ typedef struct st_strategy_ops {
      * resolved) and the loop's prepare: st_strategy_check_layout. */
     st_status (*layout)(const st_train_config *c, int workers);
 
+    /* Optional (NULL: ST_WEIGHTS_PRIVATE): what the workers of c's
+     * data-parallel steps read their weights from.  SHARED: every worker
+     * holds the full model in the full layout and writes its weights
+     * only as a shard owner through the engine (run.h, shared_weights.c: one
+     * copy per NUMA domain); PRIVATE: each its own (compact subnetworks,
+     * local steps between averages). */
+    st_weights (*weights)(const st_train_config *c);
+
     /* Before the parallel region, on the caller's thread; r->n, placement,
      * full_segs and slots are known.  Sets r->plan (the loop's epochs),
      * r->comm (the run's engine and barrier; NULL only with one worker

@@ -284,6 +284,16 @@ static double samples_per_epoch(const run_shared *r, const synth_run *sy)
     return least;
 }
 
+/* The recovery epochs' data parallelism: every worker holds the joined
+ * mlp, whose weights it writes only as a shard owner, one copy per NUMA
+ * domain.  (The segment epochs' groups train segment networks of their
+ * own, a replica per worker.) */
+static st_weights synth_weights(const st_train_config *c)
+{
+    (void)c;
+    return ST_WEIGHTS_SHARED;
+}
+
 /* Before the parallel region: the run's engine (that of the recovery
  * epochs, and the barrier of all workers), cuts, the split of the workers
  * into groups, each group's reduction engine; r->plan becomes the recovery
@@ -381,9 +391,10 @@ static st_status recovery_start(run_shared *r, synth_run *sy, st_worker *w,
 {
     const int wid = w->id;
     st_worker_destroy(w);
-    ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, backend));
-    memcpy(st_model_params(w->model), st_model_params(sy->joined),
-           st_model_param_count(w->model) * sizeof(float));
+    ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
+    ST_TRY(st_run_weights_storage(r, w, r->cfg, backend));
+    ST_TRY(st_worker_build_model(w, r->cfg));
+    ST_TRY(st_run_weights_load(r, w, st_model_params(sy->joined)));
     ST_TRY(st_run_attach_worker(r->comm, NULL, wid, w, NULL)); /* R n >= S >= 2: an engine */
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
@@ -455,7 +466,7 @@ static st_status synth_step(run_shared *r, void *state, st_worker *w, uint64_t i
                             float *loss, float *lr)
 {
     (void)state;
-    run_sharded e = { r->comm, r->comm, NULL, NULL };
+    run_sharded e = { r->comm, r->comm, NULL, NULL, 1 };
     return st_run_sharded_step(r, &e, w, i, step, loss, lr);
 }
 
@@ -657,6 +668,7 @@ const st_strategy_ops st_synth_ops = {
     },
     .defaults = synth_defaults,
     .describe = synth_describe,
+    .weights = synth_weights,
     .not_stepwise = "its segment epochs, where each group of workers takes its own number "
                     "of steps, are no sequence of steps of the run",
     .check = synth_check,

@@ -157,6 +157,12 @@ st_status st_loop_prepare(run_shared *r)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d worker slots", r->n);
     memset(r->slots, 0, sizeof(worker_slot) * (size_t)r->n);
     ST_TRY(st_run_resume_open(r));
+    /* one weight copy per NUMA domain where the strategy's workers can
+     * share it: one process (ranks over MPI keep a replica per worker),
+     * more than one worker (one alone has nothing to share) */
+    const int shared = r->ops->weights && r->ops->weights(cfg) == ST_WEIGHTS_SHARED &&
+                       cfg->weights == ST_WEIGHTS_SHARED && r->ranks == 1 && r->n > 1;
+    ST_TRY(st_run_weights_prepare(r, shared));
     ST_TRY(r->ops->prepare(r, &r->strategy));
     return st_run_resume_check_position(r);
 }
@@ -170,6 +176,7 @@ void st_loop_release(run_shared *r)
         r->ops->release(r, r->strategy);
     r->strategy = NULL;
     st_comm_destroy(r->comm);
+    st_run_weights_release(r);   /* before the slots: the backends' state */
     free(r->slots);
     free(r->memory);
     free(r->state_full);
@@ -218,6 +225,7 @@ static void report_divergence(run_shared *r)
     rec.train_loss = rec.test_loss = rec.test_acc = NAN;
     rec.samples_per_s = NAN;
     rec.step_ms_compute = rec.step_ms_wait = rec.step_ms_reduce = rec.step_ms_optimizer = NAN;
+    rec.step_ms_overlapped = NAN;
     rec.lr = r->at_lr;
     rec.wall_s = st_run_now_s() - r->t0;
     if (r->at_label)

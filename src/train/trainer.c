@@ -117,7 +117,7 @@ static st_status run_job(st_trainer *t, int wid, job_args *a, const cpu_set_t *e
         ST_TRY(st_loop_init_worker(r, wid, &tw->w, &backend));
         if (pthread_getaffinity_np(pthread_self(), sizeof tw->cpus, &tw->cpus) != 0)
             return st_fail(ST_ERR_TOPOLOGY, "worker %d: cannot read back its binding", wid);
-        r->slots[wid].memory = tw->w.arena.stats;
+        st_run_worker_memory(r, &tw->w, &r->slots[wid].memory);
         return ST_OK;
     }
     /* a caller bound to the worker's PU already (bench_step) saves two

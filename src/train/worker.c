@@ -27,6 +27,14 @@ st_status st_worker_init_base(st_worker *w, int id, uint32_t n_train,
     return ST_OK;
 }
 
+/* The model of cfg, on w->storage when it is set. */
+static st_status create_model(st_worker *w, const st_train_config *cfg)
+{
+    if (w->storage.params)
+        return st_model_create_on(&cfg->model, cfg->batch, &w->arena, &w->storage, &w->model);
+    return st_model_create(&cfg->model, cfg->batch, &w->arena, &w->model);
+}
+
 /* The model's companion in the arena: the accumulated gradients' sum. */
 static st_status alloc_grad_sum(st_worker *w, const st_train_config *cfg)
 {
@@ -41,8 +49,10 @@ static st_status alloc_grad_sum(st_worker *w, const st_train_config *cfg)
 st_status st_worker_build_model(st_worker *w, const st_train_config *cfg)
 {
     w->model_mark = st_arena_get_mark(&w->arena);
-    ST_TRY(st_model_create(&cfg->model, cfg->batch, &w->arena, &w->model));
+    ST_TRY(create_model(w, cfg));
     ST_TRY(alloc_grad_sum(w, cfg));
+    if (w->storage.params)
+        return ST_OK;
     st_model_init_params(w->model, cfg->seed);
     if (cfg->init_params)   /* --init: a checkpoint's weights instead */
         ST_TRY(st_model_load_full_params(w->model, cfg->init_params));
@@ -57,7 +67,7 @@ st_status st_worker_rebuild_model(st_worker *w, const st_train_config *cfg)
     w->model = NULL;
     st_arena_rewind(&w->arena, &w->model_mark);
     w->model_mark = st_arena_get_mark(&w->arena);
-    ST_TRY(st_model_create(&cfg->model, cfg->batch, &w->arena, &w->model));
+    ST_TRY(create_model(w, cfg));
     return alloc_grad_sum(w, cfg);
 }
 
@@ -156,10 +166,17 @@ static st_status compute_accumulated(st_worker *w, const st_dataset *d, const ui
 st_status st_worker_compute(st_worker *w, const st_dataset *d, const uint32_t *order,
                             uint32_t first, float *loss)
 {
+    return st_worker_compute_ready(w, d, order, first, loss, NULL, NULL);
+}
+
+st_status st_worker_compute_ready(st_worker *w, const st_dataset *d, const uint32_t *order,
+                                  uint32_t first, float *loss,
+                                  void (*ready)(void *ctx, size_t from), void *ctx)
+{
     if (w->accumulate > 1)
         return compute_accumulated(w, d, order, first, loss);
     st_worker_load_batch(w, d, order, first, st_model_batch(w->model));
-    return st_model_forward_backward(w->model, loss);
+    return st_model_forward_backward_ready(w->model, loss, ready, ctx);
 }
 
 st_status st_worker_train_step(st_worker *w, const st_dataset *d, const uint32_t *order,

@@ -29,6 +29,9 @@ typedef struct st_worker {
     float *grad_sum;      /* accumulate > 1: the sum of a step's first
                            * micro-batches' gradients (the model's gradient
                            * count, after the model in the arena) */
+    st_model_storage storage; /* where its model's weights live when they are its
+                               * NUMA domain's copy (run.h, shared_weights.c); zero:
+                               * its model's own */
 } st_worker;
 
 /* Arena (chunks from `backend`, NULL: the C library), model instance and
@@ -40,7 +43,9 @@ st_status st_worker_init(st_worker *w, int id, const st_train_config *cfg,
 /* The two halves of st_worker_init, for callers that allocate something
  * that must outlive a model rebuild (optimizer state, saved master values)
  * in between: the arena and the order buffer; then the model (which marks
- * the arena first). */
+ * the arena first), initialised from the seed or cfg->init_params, or, on
+ * w->storage when it is set, built over it and not initialised (its
+ * values are written once for every worker that reads them). */
 st_status st_worker_init_base(st_worker *w, int id, uint32_t n_train,
                               const st_chunk_backend *backend);
 st_status st_worker_build_model(st_worker *w, const st_train_config *cfg);
@@ -70,6 +75,13 @@ void st_worker_load_batch(st_worker *w, const st_dataset *d, const uint32_t *ord
  * the mean of their losses. */
 st_status st_worker_compute(st_worker *w, const st_dataset *d, const uint32_t *order,
                             uint32_t first, float *loss);
+/* The same, telling ready(ctx, from) as the backward completes the
+ * gradient vector's tail [from, ...) (st_model_forward_backward_ready);
+ * with micro-batches (accumulate > 1) it tells nothing: their sum is
+ * scaled after the last backward. */
+st_status st_worker_compute_ready(st_worker *w, const st_dataset *d, const uint32_t *order,
+                                  uint32_t first, float *loss,
+                                  void (*ready)(void *ctx, size_t from), void *ctx);
 
 /* One training step of a worker that updates alone, the hot path: compute,
  * then the optimizer over the whole vector with the schedule's rate for

@@ -276,8 +276,12 @@ static st_status build_conversions(st_nn_ctx *ctx, st_linear *l, const st_linear
 {
     const int64_t rows = l->in_major ? l->in : l->out, cols = l->in_major ? l->out : l->in;
     void *p;
-    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WEIGHTS, (size_t)(rows * cols) * sizeof(st_bf16), &p));
-    l->wb = p;
+    l->wb = st_nn_shared_copy(ctx, io->w, (size_t)(rows * cols));
+    if (!l->wb) {
+        ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WEIGHTS, (size_t)(rows * cols) * sizeof(st_bf16),
+                              &p));
+        l->wb = p;
+    }
     ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS,
                           (size_t)(l->batch * l->in) * sizeof(st_bf16), &p));
     l->xb = p;

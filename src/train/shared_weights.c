@@ -1,0 +1,164 @@
+/*
+ * train/shared_weights.c — the run's weights when its workers share them: one
+ * copy per NUMA domain (doc/reduction.md, "Weights").
+ *
+ * With shared weights (r->shared_weights, decided before the strategy's
+ * prepare from its ops' weights hook), the workers of a domain build their
+ * models over one vector of the full model's parameters, and one of bf16
+ * copies of its weights in bf16 (st_model_create_on), taken by the
+ * domain's first worker from an arena of the domain's own, whose chunks
+ * come from that worker's NUMA backend: they sit on the domain's node.
+ * The engine (st_comm_config.shared_params) makes each owner's master
+ * shard its slice of its domain's vector and copies shards between
+ * domains; nothing else writes the vector during training.
+ *
+ * Whatever writes the vector outside the engine (the initial values, a
+ * resumed checkpoint's, synth's joined network) is split over the
+ * domain's workers: worker k of a domain of m writes the k-th of m even
+ * parts, values and bf16 copies, and a barrier follows
+ * before anybody reads.  Nobody else writes those elements meanwhile, so
+ * the parts are written by one thread each.
+ *
+ * Memory: a worker's record counts its arena and its share of its
+ * domain's copy (the copy's bytes over the domain's workers), so that a
+ * domain of m workers shows one copy, not m replicas.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/bf16.h"
+#include "core/error.h"
+#include "train/run.h"
+
+st_status st_run_weights_prepare(run_shared *r, int shared)
+{
+    r->shared_weights = shared;
+    if (!shared)
+        return ST_OK;
+    r->domains = calloc((size_t)r->placement.n_domains, sizeof *r->domains);
+    if (!r->domains)
+        return st_fail(ST_ERR_NOMEM, "out of memory for the weights of %d NUMA domains",
+                       r->placement.n_domains);
+    return ST_OK;
+}
+
+void st_run_weights_release(run_shared *r)
+{
+    for (int d = 0; r->domains && d < r->placement.n_domains; d++)
+        if (r->domains[d].arena_made)
+            st_arena_release(&r->domains[d].arena);
+    free(r->domains);
+    r->domains = NULL;
+}
+
+/* Worker wid's domain, the domain's first worker and its size. */
+static int domain_of(const run_shared *r, int wid, int *first, int *m)
+{
+    const int d = r->placement.workers[wid].domain;
+    *first = r->placement.domain_first[d];
+    *m = r->placement.domain_first[d + 1] - *first;
+    return d;
+}
+
+/* The bf16 copies of the weights, shared too, unless the model makes its
+ * own in every forward (ST_UNFUSE_WEIGHT_COPY lists none). */
+static int shares_bf16(const st_train_config *cfg)
+{
+    return cfg->model.precision == ST_PRECISION_BF16 &&
+           !(cfg->model.unfuse & ST_UNFUSE_WEIGHT_COPY);
+}
+
+st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_config *cfg,
+                                  const st_chunk_backend *backend)
+{
+    if (!r->shared_weights)
+        return ST_OK;
+    int first, m;
+    const int d = domain_of(r, w->id, &first, &m);
+    run_domain *dom = &r->domains[d];
+    if (w->id == first && !dom->params) {
+        char owner[32];
+        snprintf(owner, sizeof owner, "domain %d", d);
+        st_arena_init(&dom->arena, owner, backend, 0);
+        dom->arena_made = 1;
+        ST_TRY(st_arena_alloc_floats(&dom->arena, ST_MEM_WEIGHTS, r->n_params, &dom->params));
+        if (shares_bf16(cfg)) {
+            void *p;
+            ST_TRY(st_arena_alloc(&dom->arena, ST_MEM_WEIGHTS, r->n_params * sizeof(uint16_t),
+                                  &p));
+            dom->bf16 = p;
+        }
+    }
+    /* every domain's copy exists (its first worker wrote the pointers) */
+    ST_TRY(st_run_sync(r, w->id));
+    w->storage = (st_model_storage){ dom->params, dom->bf16, r->n_params };
+    return ST_OK;
+}
+
+/* Where part k of n parts of a P-element vector begins: even parts, the
+ * first P mod n one element longer. */
+static size_t part_begin(size_t P, int n, int k)
+{
+    const size_t q = P / (size_t)n, rem = P % (size_t)n, kk = (size_t)k;
+    return kk * q + (kk < rem ? kk : rem);
+}
+
+st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full)
+{
+    if (!r->shared_weights) {
+        if (full)
+            memcpy(st_model_params(w->model), full,
+                   st_model_param_count(w->model) * sizeof(float));
+        return ST_OK;
+    }
+    int first, m;
+    domain_of(r, w->id, &first, &m);
+    const size_t part[2] = { part_begin(r->n_params, m, w->id - first),
+                             part_begin(r->n_params, m, w->id - first + 1) };
+    float *p = w->storage.params;
+    if (part[1] > part[0]) {
+        if (full)
+            memcpy(p + part[0], full + part[0], (part[1] - part[0]) * sizeof *p);
+        else
+            ST_TRY(st_run_initial_range(r->cfg, part[0], part[1], p + part[0]));
+    }
+    int n;
+    const st_param_copy *c = st_model_copies(w->model, &n);
+    for (int i = 0; w->storage.bf16 && i < n; i++) {
+        size_t lo = c[i].offset > part[0] ? c[i].offset : part[0];
+        size_t hi = c[i].offset + c[i].count < part[1] ? c[i].offset + c[i].count : part[1];
+        if (lo < hi)
+            st_bf16_round_n(c[i].bf16 + (lo - c[i].offset), p + lo, hi - lo);
+    }
+    /* every part is written before anybody reads the vector */
+    return st_run_sync(r, w->id);
+}
+
+st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config *cfg,
+                             const st_chunk_backend *backend)
+{
+    ST_TRY(st_run_weights_storage(r, w, cfg, backend));
+    ST_TRY(st_worker_build_model(w, cfg));
+    return r->shared_weights ? st_run_weights_load(r, w, NULL) : ST_OK;
+}
+
+void st_run_worker_memory(const run_shared *r, const st_worker *w, st_mem_stats *out)
+{
+    *out = w->arena.stats;
+    if (!r->shared_weights)
+        return;
+    int first, m;
+    const run_domain *dom = &r->domains[domain_of(r, w->id, &first, &m)];
+    if (!dom->arena_made)
+        return;
+    /* its share, rounded up: m shares hold at least the copy */
+    const st_mem_stats *s = &dom->arena.stats;
+    for (int k = 0; k < ST_MEM_KIND_COUNT; k++) {
+        out->current[k] += (s->current[k] + (size_t)m - 1) / (size_t)m;
+        out->peak[k] += (s->peak[k] + (size_t)m - 1) / (size_t)m;
+    }
+    out->current_total += (s->current_total + (size_t)m - 1) / (size_t)m;
+    out->peak_total += (s->peak_total + (size_t)m - 1) / (size_t)m;
+    out->reserved += (s->reserved + (size_t)m - 1) / (size_t)m;
+}
