@@ -208,7 +208,7 @@ int st_model_config_chained_ranges(const st_model_config *cfg, st_range *out, in
 /* Parameters of a model with this configuration (no model is built). */
 size_t st_model_config_param_count(const st_model_config *cfg);
 
-/* The model kinds are one table (nn/model.c), each entry defined by its
+/* The model kinds are one table (nn/model_kinds.c), each entry defined by its
  * file of src/nn/models/: how many there are, and the i-th in the order
  * --help and messages list them, i in [0, count) (-1 for another i). */
 int st_model_kind_count(void);
