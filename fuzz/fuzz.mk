@@ -12,7 +12,7 @@
 # training loop that include <omp.h> (Debian's clang has no OpenMP
 # without libomp-dev, and no harness reaches them).
 
-HARNESSES := idx safetensors options cifar text
+HARNESSES := idx safetensors options cifar text config
 OMP_SOURCES := src/train/train.c src/train/trainer.c
 SOURCES := $(filter-out $(OMP_SOURCES),$(filter %.c,$(LIB_SOURCES))) \
 	src/cli/options.c src/cli/option_table.c src/cli/option_values.c src/cli/config_file.c \

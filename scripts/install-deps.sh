@@ -7,7 +7,7 @@
 set -eu
 
 PACKAGES="build-essential autoconf automake libtool autoconf-archive pkg-config
-libdnnl-dev libhwloc-dev libcriterion-dev zlib1g-dev dataset-fashion-mnist
+libdnnl-dev libhwloc-dev libcriterion-dev zlib1g-dev libjansson-dev dataset-fashion-mnist
 libopenmpi-dev openmpi-bin gnuplot-nox groff-base"
 [ $# -eq 0 ] || PACKAGES="$*"
 

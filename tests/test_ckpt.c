@@ -119,6 +119,7 @@ Test(safetensors, a_file_written_by_hand_reads_back)
     st_safetensors f;
     cr_assert_eq(st_safetensors_read(path, &f), ST_OK, "%s", st_last_error());
     cr_assert_eq(f.n, 2);
+    cr_assert_str_eq(f.tensors[0].name, "b", "the header's order");
     const st_safetensors_tensor *a = st_safetensors_find(&f, "a");
     const st_safetensors_tensor *b = st_safetensors_find(&f, "b");
     cr_assert(a && b);
@@ -172,6 +173,14 @@ Test(safetensors, bad_headers_are_refused_naming_the_file)
     expect_refused("{\"__metadata__\":{\"k\":1}}", 0, "expected a string");
     expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[99999999999999999999],"
                    "\"data_offsets\":[0,4]}}", 4, "too large");
+    /* jansson reads the header: a key twice anywhere, an offset past
+     * 2^63 - 1 (no file is that large), a number that is not an integer */
+    expect_refused("{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0,
+                   "at byte 36: a key twice in one object near '\"k\"'");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+                   "\"data_offsets\":[0,9223372036854775808]}}", 4, "an integer too large");
+    expect_refused("{\"a\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]}}", 4,
+                   "bad safetensors header, tensor 'a': expected a non-negative integer");
 }
 
 /* Dimensions of up to 2^40 make a byte count that wraps, here to 0 bytes,

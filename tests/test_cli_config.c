@@ -191,8 +191,9 @@ Test(cli, dump_config_reads_back_as_itself)
 
 /* A bad line gets the message its option gets on the command line, after
  * FILE:LINE; a missing file, an unknown or repeated key, a line without
- * '=' and a metrics file without a run record are refused (exit 2, one
- * line); topo and quad take no --config. */
+ * '=', a metrics file without a run record, whose first line is not JSON
+ * or names a key twice are refused (exit 2, one line); topo and quad take
+ * no --config. */
 Test(cli, config_file_errors_name_the_file_and_line)
 {
     char dir[ST_TEST_PATH_MAX], conf[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
@@ -210,6 +211,9 @@ Test(cli, config_file_errors_name_the_file_and_line)
         { "strategy = dp\ncoverage = 1.5\n", "bad.conf:2: --coverage: expected a number" },
         { "{\"epoch\":1,\"final\":true}\n", "bad.conf:1: the first record has no \"run\"" },
         { "{\"run\":{\"config\":{\"depth\":\"0\"}}}\n", "bad.conf:1: --depth: expected an" },
+        { "{\"run\":{\"config\":{\"depth\":\"3\"}}\n", "bad.conf:1: not a JSON record" },
+        { "{\"run\":{\"config\":{\"depth\":\"3\",\"depth\":\"4\"}}}\n",
+          "bad.conf:1: a key twice in one object near '\"depth\"'" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         cr_assert_eq(st_test_write_file(conf, bad[i].text, strlen(bad[i].text)), 0);

@@ -362,6 +362,8 @@ Test(metrics, non_finite_numbers_are_null_and_every_line_parses)
     cr_assert_not(st_json_valid("{\"a\":1,}"));
     cr_assert_not(st_json_valid("{\"a\":01}"));
     cr_assert_not(st_json_valid("{\"a\":1}{"));
+    cr_assert_not(st_json_valid("{\"a\":1,\"a\":2}"));
+    cr_assert(st_json_valid("{\"seed\":18446744073709551615}"));
 }
 
 /* Datasets handed to the library whose splits differ in shape: the

@@ -2,10 +2,10 @@
  * ckpt/safetensors.c — the safetensors format: an atomic writer and a
  * reader that trusts nothing in the file (subtrain/checkpoint.h).
  *
- * The reader's JSON parser knows exactly the shape of a safetensors
- * header (an object of objects of strings and integer arrays, and one
- * object of strings), not JSON in general: anything else is an error
- * naming the byte where it went wrong.
+ * The reader parses the header with jansson and accepts exactly the
+ * shape of a safetensors header (an object of objects of strings and
+ * integer arrays, and one object of strings): anything else is an error
+ * naming the byte, or the member, where it went wrong.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -16,6 +16,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include <subtrain/checkpoint.h>
 
@@ -227,191 +229,156 @@ st_status st_safetensors_write(const char *path, const st_safetensors_tensor *te
 
 /* ------------------------------------------------------------ reading */
 
-typedef struct parser {
+/* The header is parsed by jansson (doc/building.md says why), then its
+ * tree is checked against the shape of a safetensors header: an object of
+ * tensor objects (dtype, shape, data_offsets) and one object of strings. */
+
+typedef struct reader {
     const char *path;
-    const char *p, *end, *start;
-} parser;
+    const char *where;   /* "tensor 'a'" or "__metadata__": names the member in a message */
+} reader;
 
-static st_status perr(const parser *ps, const char *what)
+static st_status perr(const reader *r, const char *what)
 {
-    return st_fail(ST_ERR_FORMAT, "%s: bad safetensors header at byte %zu: %s", ps->path,
-                   (size_t)(ps->p - ps->start) + 8, what);
+    return st_fail(ST_ERR_FORMAT, "%s: bad safetensors header, %s: %s", r->path, r->where, what);
 }
 
-static void ws(parser *ps)
+/* jansson's error in the project's words ("expected X" first), control
+ * bytes of the text it quotes replaced, so that it stays one line. */
+static st_status library_error(const char *path, const json_error_t *e)
 {
-    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' ||
-                               *ps->p == '\r'))
-        ps->p++;
-}
-
-static int eat(parser *ps, char c)
-{
-    ws(ps);
-    if (ps->p < ps->end && *ps->p == c) {
-        ps->p++;
-        return 1;
-    }
-    return 0;
-}
-
-/* A string into out (at most cap - 1 bytes, NUL-terminated). */
-static st_status string(parser *ps, char *out, size_t cap)
-{
-    if (!eat(ps, '"'))
-        return perr(ps, "expected a string");
-    size_t n = 0;
-    while (ps->p < ps->end && *ps->p != '"') {
-        unsigned c = (unsigned char)*ps->p++;
-        if (c < 0x20)
-            return perr(ps, "a control byte in a string");
-        if (c == '\\') {
-            if (ps->p >= ps->end)
-                return perr(ps, "an unterminated escape");
-            const char e = *ps->p++;
-            const char *simple = strchr("\"\\/bfnrt", e);
-            if (e && simple) {
-                static const char to[] = "\"\\/\b\f\n\r\t";
-                c = (unsigned char)to[simple - "\"\\/bfnrt"];
-            } else if (e == 'u') {
-                unsigned v = 0;
-                for (int k = 0; k < 4; k++) {
-                    if (ps->p >= ps->end)
-                        return perr(ps, "a short \\u escape");
-                    char h = *ps->p++;
-                    v = v * 16 + (unsigned)(h >= '0' && h <= '9' ? h - '0'
-                                            : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                                            : h >= 'A' && h <= 'F' ? h - 'A' + 10 : 99);
-                    if (v > 0xffff)
-                        return perr(ps, "a bad \\u escape");
-                }
-                if (v == 0 || v > 0x7f)
-                    return perr(ps, "a \\u escape outside ASCII");
-                c = v;
-            } else {
-                return perr(ps, "an unknown escape");
+    static const struct {
+        const char *library, *ours;
+    } phrases[] = { { "'[' or '{' expected", "expected '{'" },
+                    { "string or '}' expected", "expected a string or '}'" },
+                    { "'}' expected", "expected '}'" }, { "']' expected", "expected ']'" },
+                    { "':' expected", "expected ':'" } };
+    char text[JSON_ERROR_TEXT_LENGTH + 32];
+    snprintf(text, sizeof text, "%s", e->text);
+    switch (json_error_code(e)) {
+    case json_error_numeric_overflow:
+        snprintf(text, sizeof text, "an integer too large (subtrain reads up to 2^63 - 1)");
+        break;
+    case json_error_end_of_input_expected:
+        snprintf(text, sizeof text, "trailing bytes after the header's object");
+        break;
+    case json_error_duplicate_key:   /* the text ends with " near '<the key>'" */
+        snprintf(text, sizeof text, "a key twice in one object%s",
+                 strstr(e->text, " near ") ? strstr(e->text, " near ") : "");
+        break;
+    case json_error_out_of_memory:
+        return st_fail(ST_ERR_NOMEM, "out of memory reading %s", path);
+    default:
+        for (size_t k = 0; k < sizeof phrases / sizeof *phrases; k++) {
+            const size_t n = strlen(phrases[k].library);
+            if (strncmp(e->text, phrases[k].library, n) == 0) {
+                snprintf(text, sizeof text, "%s%s", phrases[k].ours, e->text + n);
+                break;
             }
         }
-        if (n + 1 >= cap)
-            return perr(ps, "a string too long");
-        out[n++] = (char)c;
     }
-    if (ps->p >= ps->end)
-        return perr(ps, "an unterminated string");
-    ps->p++;
-    out[n] = '\0';
+    for (char *c = text; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
+    return st_fail(ST_ERR_FORMAT, "%s: bad safetensors header at byte %d: %s", path,
+                   e->position + 8, text);
+}
+
+/* [a, b, ...] of at most cap integers >= 0 and <= max. */
+static st_status int_array(const reader *r, const json_t *a, uint64_t max, uint64_t *v, int cap,
+                           int *n)
+{
+    if (!json_is_array(a))
+        return perr(r, "expected an array");
+    if (json_array_size(a) > (size_t)cap)
+        return perr(r, "an array too long");
+    *n = (int)json_array_size(a);
+    for (int k = 0; k < *n; k++) {
+        const json_t *x = json_array_get(a, (size_t)k);
+        if (!json_is_integer(x) || json_integer_value(x) < 0)
+            return perr(r, "expected a non-negative integer");
+        v[k] = (uint64_t)json_integer_value(x);
+        if (v[k] > max)
+            return perr(r, max == UINT64_MAX ? "an integer too large" : "a dimension too large");
+    }
     return ST_OK;
 }
 
-static st_status integer(parser *ps, uint64_t *out)
-{
-    ws(ps);
-    if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9')
-        return perr(ps, "expected a non-negative integer");
-    uint64_t v = 0;
-    while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') {
-        if (v > (UINT64_MAX - 9) / 10)
-            return perr(ps, "an integer too large");
-        v = v * 10 + (uint64_t)(*ps->p++ - '0');
-    }
-    *out = v;
-    return ST_OK;
-}
-
-/* [a, b, ...] of at most cap integers. */
-static st_status int_array(parser *ps, uint64_t *v, int cap, int *n)
-{
-    if (!eat(ps, '['))
-        return perr(ps, "expected an array");
-    *n = 0;
-    if (eat(ps, ']'))
-        return ST_OK;
-    do {
-        if (*n >= cap)
-            return perr(ps, "an array too long");
-        ST_TRY(integer(ps, &v[(*n)++]));
-    } while (eat(ps, ','));
-    return eat(ps, ']') ? ST_OK : perr(ps, "expected ']'");
-}
-
-static st_status tensor_entry(parser *ps, st_safetensors_tensor *t, uint64_t off[2])
+static st_status tensor_entry(const reader *r, const json_t *obj, st_safetensors_tensor *t,
+                              uint64_t off[2])
 {
     int have_dtype = 0, have_shape = 0, have_off = 0;
-    char key[32], val[16];
-    if (!eat(ps, '{'))
-        return perr(ps, "expected a tensor's object");
-    do {
-        ST_TRY(string(ps, key, sizeof key));
-        if (!eat(ps, ':'))
-            return perr(ps, "expected ':'");
-        if (strcmp(key, "dtype") == 0 && !have_dtype) {
-            ST_TRY(string(ps, val, sizeof val));
+    if (!json_is_object(obj))
+        return perr(r, "expected a tensor's object");
+    const char *key;
+    const json_t *val;
+    json_object_foreach((json_t *)obj, key, val) {
+        if (strcmp(key, "dtype") == 0) {
+            if (!json_is_string(val))
+                return perr(r, "expected a string");
+            const char *name = json_string_value(val);
+            if (json_string_length(val) >= 16)
+                return perr(r, "a string too long");
             int d = 0;
-            while (d < N_DTYPES && strcmp(dtypes[d].name, val) != 0)
+            while (d < N_DTYPES && strcmp(dtypes[d].name, name) != 0)
                 d++;
             if (d == N_DTYPES)
                 return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has dtype %s (subtrain reads "
-                               "F32, U8, U64)", ps->path, t->name, val);
+                               "F32, U8, U64)", r->path, t->name, name);
             t->dtype = (st_dtype)d;
             have_dtype = 1;
-        } else if (strcmp(key, "shape") == 0 && !have_shape) {
+        } else if (strcmp(key, "shape") == 0) {
             uint64_t v[ST_SAFETENSORS_MAX_DIMS];
-            ST_TRY(int_array(ps, v, ST_SAFETENSORS_MAX_DIMS, &t->ndims));
-            for (int d = 0; d < t->ndims; d++) {
-                if (v[d] > (uint64_t)1 << 40)
-                    return perr(ps, "a dimension too large");
+            ST_TRY(int_array(r, val, (uint64_t)1 << 40, v, ST_SAFETENSORS_MAX_DIMS, &t->ndims));
+            for (int d = 0; d < t->ndims; d++)
                 t->shape[d] = (int64_t)v[d];
-            }
             have_shape = 1;
-        } else if (strcmp(key, "data_offsets") == 0 && !have_off) {
+        } else if (strcmp(key, "data_offsets") == 0) {
             int n;
-            ST_TRY(int_array(ps, off, 2, &n));
+            ST_TRY(int_array(r, val, UINT64_MAX, off, 2, &n));
             if (n != 2)
-                return perr(ps, "data_offsets needs two integers");
+                return perr(r, "data_offsets needs two integers");
             have_off = 1;
         } else {
-            return perr(ps, "an unknown or repeated key in a tensor's object");
+            return perr(r, "an unknown or repeated key in a tensor's object");
         }
-    } while (eat(ps, ','));
-    if (!eat(ps, '}'))
-        return perr(ps, "expected '}'");
+    }
     if (!have_dtype || !have_shape || !have_off)
         return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' lacks its dtype, shape or data_offsets",
-                       ps->path, t->name);
+                       r->path, t->name);
     return ST_OK;
 }
 
-static st_status meta_entry(parser *ps, st_safetensors *f)
+static st_status meta_entry(const reader *r, const json_t *obj, st_safetensors *f)
 {
-    if (!eat(ps, '{'))
-        return perr(ps, "expected the metadata object");
-    if (eat(ps, '}'))
+    if (!json_is_object(obj))
+        return perr(r, "expected the metadata object");
+    const size_t n = json_object_size(obj);
+    if (!n)
         return ST_OK;
-    /* keys and values are copied into one text buffer as they come */
-    size_t cap = (size_t)(ps->end - ps->p) + 1, used = 0;
-    int n_cap = 0;
+    /* keys and values are copied into one text buffer */
+    size_t cap = 0;
+    const char *key;
+    const json_t *val;
+    json_object_foreach((json_t *)obj, key, val) {
+        if (!json_is_string(val))
+            return perr(r, "expected a string");
+        cap += strlen(key) + json_string_length(val) + 2;
+    }
     f->meta_text = malloc(cap);
-    if (!f->meta_text)
-        return st_fail(ST_ERR_NOMEM, "out of memory reading %s", ps->path);
-    do {
-        if (f->n_meta == n_cap) {
-            n_cap = n_cap ? 2 * n_cap : 16;
-            st_safetensors_meta_entry *m = realloc(f->meta, (size_t)n_cap * sizeof *m);
-            if (!m)
-                return st_fail(ST_ERR_NOMEM, "out of memory reading %s", ps->path);
-            f->meta = m;
-        }
+    f->meta = malloc(n * sizeof *f->meta);
+    if (!f->meta_text || !f->meta)
+        return st_fail(ST_ERR_NOMEM, "out of memory reading %s", r->path);
+    size_t used = 0;
+    json_object_foreach((json_t *)obj, key, val) {
         char *k = f->meta_text + used;
-        ST_TRY(string(ps, k, cap - used));
-        used += strlen(k) + 1;
-        if (!eat(ps, ':'))
-            return perr(ps, "expected ':'");
+        used += (size_t)sprintf(k, "%s", key) + 1;
         char *v = f->meta_text + used;
-        ST_TRY(string(ps, v, cap - used));
-        used += strlen(v) + 1;
+        /* a value with \u0000 is refused by the parser: strlen is its length */
+        used += (size_t)sprintf(v, "%s", json_string_value(val)) + 1;
         f->meta[f->n_meta++] = (st_safetensors_meta_entry){ k, v };
-    } while (eat(ps, ','));
-    return eat(ps, '}') ? ST_OK : perr(ps, "expected '}'");
+    }
+    return ST_OK;
 }
 
 /* Offsets in the data region, pairs for the coverage check. */
@@ -425,113 +392,116 @@ static int by_begin(const void *a, const void *b)
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-static st_status parse_header(parser *ps, st_safetensors *f, uint64_t data_bytes)
+/* The tensors of the header's object, checked against data_bytes. */
+static st_status read_tensors(const char *path, const json_t *root, st_safetensors *f,
+                              const uint8_t *data, uint64_t data_bytes)
 {
-    int cap = 0;
-    span *spans = NULL;
-    st_status s = ST_OK;
-    if (!eat(ps, '{'))
-        return perr(ps, "expected '{'");
-    if (!eat(ps, '}')) {
-        do {
-            char name[ST_SAFETENSORS_MAX_NAME];
-            if ((s = string(ps, name, sizeof name)) != ST_OK)
-                break;
-            if (!eat(ps, ':')) {
-                s = perr(ps, "expected ':'");
-                break;
-            }
-            if (strcmp(name, "__metadata__") == 0) {
-                if (f->meta_text) {
-                    s = perr(ps, "__metadata__ twice");
-                    break;
-                }
-                if ((s = meta_entry(ps, f)) != ST_OK)
-                    break;
-                continue;
-            }
-            if (f->n == cap) {
-                cap = cap ? 2 * cap : 64;
-                st_safetensors_tensor *t = realloc(f->tensors, (size_t)cap * sizeof *t);
-                span *sp = t ? realloc(spans, (size_t)cap * sizeof *sp) : NULL;
-                if (t)
-                    f->tensors = t;
-                if (!sp) {
-                    s = st_fail(ST_ERR_NOMEM, "out of memory reading %s", ps->path);
-                    break;
-                }
-                spans = sp;
-            }
-            st_safetensors_tensor *t = &f->tensors[f->n];
-            memset(t, 0, sizeof *t);
-            memcpy(t->name, name, sizeof t->name);
-            uint64_t off[2];
-            if ((s = tensor_entry(ps, t, off)) != ST_OK)
-                break;
-            for (int j = 0; j < f->n; j++)
-                if (strcmp(f->tensors[j].name, name) == 0) {
-                    s = st_fail(ST_ERR_FORMAT, "%s: tensor '%s' twice", ps->path, name);
-                    break;
-                }
-            if (s != ST_OK)
-                break;
-            /* each dimension is <= 2^40, so four of them can wrap: the
-             * product saturates (a zero dimension still makes it 0) */
-            uint64_t want = dtypes[t->dtype].size;
-            for (int d = 0; d < t->ndims; d++) {
-                const uint64_t dim = (uint64_t)t->shape[d];
-                want = dim && want > UINT64_MAX / dim ? UINT64_MAX : want * dim;
-            }
-            if (want == UINT64_MAX) {
-                s = st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has a shape of 2^64 bytes or more",
-                            ps->path, name);
-                break;
-            }
-            if (off[0] > off[1] || off[1] > data_bytes || off[1] - off[0] != want) {
-                s = st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has data_offsets [%llu, %llu]: its "
-                            "%s shape needs %llu bytes of the %llu the file holds", ps->path,
-                            name, (unsigned long long)off[0], (unsigned long long)off[1],
-                            dtypes[t->dtype].name, (unsigned long long)want,
-                            (unsigned long long)data_bytes);
-                break;
-            }
-            t->bytes = (size_t)want;
-            spans[f->n] = (span){ off[0], off[1] };
-            f->n++;
-        } while (eat(ps, ','));
-        if (s == ST_OK && !eat(ps, '}'))
-            s = perr(ps, "expected '}'");
+    const size_t cap = json_object_size(root);
+    span *spans = malloc((cap ? cap : 1) * sizeof *spans);
+    f->tensors = malloc((cap ? cap : 1) * sizeof *f->tensors);
+    if (!spans || !f->tensors) {
+        free(spans);
+        return st_fail(ST_ERR_NOMEM, "out of memory reading %s", path);
     }
-    ws(ps);
-    if (s == ST_OK && ps->p != ps->end)
-        s = perr(ps, "trailing bytes after the header's object");
+    st_status s = ST_OK;
+    char where[ST_SAFETENSORS_MAX_NAME + 16];
+    const char *name;
+    const json_t *val;
+    json_object_foreach((json_t *)root, name, val) {
+        reader r = { path, where };
+        if (strcmp(name, "__metadata__") == 0) {
+            r.where = "__metadata__";
+            if ((s = meta_entry(&r, val, f)) != ST_OK)
+                break;
+            continue;
+        }
+        if (strlen(name) >= ST_SAFETENSORS_MAX_NAME) {
+            s = st_fail(ST_ERR_FORMAT, "%s: bad safetensors header: a tensor's name of %zu bytes "
+                        "(a string too long: the limit is %d)", path, strlen(name),
+                        ST_SAFETENSORS_MAX_NAME - 1);
+            break;
+        }
+        snprintf(where, sizeof where, "tensor '%s'", name);
+        st_safetensors_tensor *t = &f->tensors[f->n];
+        memset(t, 0, sizeof *t);
+        memcpy(t->name, name, strlen(name) + 1);
+        uint64_t off[2];
+        if ((s = tensor_entry(&r, val, t, off)) != ST_OK)
+            break;
+        /* each dimension is <= 2^40, so four of them can wrap: the
+         * product saturates (a zero dimension still makes it 0) */
+        uint64_t want = dtypes[t->dtype].size;
+        for (int d = 0; d < t->ndims; d++) {
+            const uint64_t dim = (uint64_t)t->shape[d];
+            want = dim && want > UINT64_MAX / dim ? UINT64_MAX : want * dim;
+        }
+        if (want == UINT64_MAX) {
+            s = st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has a shape of 2^64 bytes or more",
+                        path, name);
+            break;
+        }
+        if (off[0] > off[1] || off[1] > data_bytes || off[1] - off[0] != want) {
+            s = st_fail(ST_ERR_FORMAT, "%s: tensor '%s' has data_offsets [%llu, %llu]: its "
+                        "%s shape needs %llu bytes of the %llu the file holds", path,
+                        name, (unsigned long long)off[0], (unsigned long long)off[1],
+                        dtypes[t->dtype].name, (unsigned long long)want,
+                        (unsigned long long)data_bytes);
+            break;
+        }
+        t->bytes = (size_t)want;
+        spans[f->n] = (span){ off[0], off[1] };
+        f->n++;
+    }
     if (s == ST_OK) {
         /* the tensors cover the data exactly: sorted, each starts where
          * the previous ended, the last ends at the end */
         span *sorted = malloc((size_t)(f->n ? f->n : 1) * sizeof *sorted);
         if (!sorted) {
-            s = st_fail(ST_ERR_NOMEM, "out of memory reading %s", ps->path);
+            s = st_fail(ST_ERR_NOMEM, "out of memory reading %s", path);
         } else {
-            if (f->n)   /* no tensor: spans is NULL, which memcpy may not take */
+            if (f->n)
                 memcpy(sorted, spans, (size_t)f->n * sizeof *sorted);
             qsort(sorted, (size_t)f->n, sizeof *sorted, by_begin);
             uint64_t at = 0;
             for (int i = 0; i < f->n && s == ST_OK; i++) {
                 if (sorted[i].begin != at)
                     s = st_fail(ST_ERR_FORMAT, "%s: the tensors' data overlap or leave a hole "
-                                "at byte %llu of the data", ps->path, (unsigned long long)at);
+                                "at byte %llu of the data", path, (unsigned long long)at);
                 at = sorted[i].end;
             }
             if (s == ST_OK && at != data_bytes)
                 s = st_fail(ST_ERR_FORMAT, "%s: %llu bytes after the last tensor's data "
-                            "(truncated header or trailing data)", ps->path,
+                            "(truncated header or trailing data)", path,
                             (unsigned long long)(data_bytes - at));
             free(sorted);
         }
     }
     for (int i = 0; s == ST_OK && i < f->n; i++)
-        f->tensors[i].data = ps->end + spans[i].begin;
+        f->tensors[i].data = data + spans[i].begin;
     free(spans);
+    return s;
+}
+
+static st_status parse_header(const char *path, const char *text, size_t n, st_safetensors *f,
+                              uint64_t data_bytes)
+{
+    /* duplicate keys are refused: a tensor or __metadata__ given twice,
+     * a tensor's key twice, a metadata key twice */
+    json_error_t e;
+    json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &e);
+    if (!root)
+        return library_error(path, &e);
+    st_status s;
+    if (!json_is_object(root)) {
+        size_t at = 0;   /* the root's first byte */
+        while (at < n && strchr(" \t\n\r", text[at]))
+            at++;
+        s = st_fail(ST_ERR_FORMAT, "%s: bad safetensors header at byte %zu: expected '{'", path,
+                    at + 8);
+    } else {
+        s = read_tensors(path, root, f, (const uint8_t *)text + n, data_bytes);
+    }
+    json_decref(root);
     return s;
 }
 
@@ -643,8 +613,7 @@ st_status st_safetensors_read(const char *path, st_safetensors *out)
     }
     out->buf = buf;
     out->size = size;
-    parser ps = { path, (const char *)buf + 8, (const char *)buf + 8 + n, (const char *)buf + 8 };
-    st_status s = parse_header(&ps, out, size - 8 - n);
+    st_status s = parse_header(path, (const char *)buf + 8, (size_t)n, out, size - 8 - n);
     if (s == ST_OK)
         s = check_finite(path, out);
     if (s != ST_OK)

@@ -1,14 +1,17 @@
 /*
  * cli/config_file.c — reading a configuration file (or a metrics file's
  * "run" record) into key-value entries, and the quoting both directions
- * share.  The entries' strings live in the file's text, cut in place, for
- * as long as the options that point into them.
+ * share.  The entries' strings live in the file's text (cut in place, or
+ * for a metrics file copied back into it from jansson's parse), for as
+ * long as the options that point into them.
  */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "cli/cli_util.h"
 #include "cli/config_file.h"
@@ -201,194 +204,42 @@ static int parse_text(st_cli_config_file *cf, char *err, size_t n)
 
 /* ------------------------------------------------------------ a metrics file */
 
-static char *skip_ws(char *p)
-{
-    while (is_blank(*p))
-        p++;
-    return p;
-}
-
-/* A JSON string at *pp, unescaped in place (\uXXXX to UTF-8); its start,
- * or NULL when malformed. */
-static char *json_string(char **pp)
-{
-    char *p = skip_ws(*pp);
-    if (*p != '"')
-        return NULL;
-    char *start = ++p, *out = p;
-    for (;;) {
-        char c = *p++;
-        if (c == '\0')
-            return NULL;
-        if (c == '"')
-            break;
-        if (c != '\\') {
-            *out++ = c;
-            continue;
-        }
-        c = *p++;
-        switch (c) {
-        case '"': case '\\': case '/': *out++ = c; break;
-        case 'b': *out++ = '\b'; break;
-        case 'f': *out++ = '\f'; break;
-        case 'n': *out++ = '\n'; break;
-        case 'r': *out++ = '\r'; break;
-        case 't': *out++ = '\t'; break;
-        case 'u': {
-            unsigned u = 0;
-            for (int k = 0; k < 4; k++) {
-                int d = hex_digit(p[k]);
-                if (d < 0)
-                    return NULL;
-                u = u * 16 + (unsigned)d;
-            }
-            p += 4;
-            if (u == 0 || (u >= 0xd800 && u < 0xe000))   /* no NUL, no surrogates */
-                return NULL;
-            if (u < 0x80) {
-                *out++ = (char)u;
-            } else if (u < 0x800) {
-                *out++ = (char)(0xc0 | (u >> 6));
-                *out++ = (char)(0x80 | (u & 0x3f));
-            } else {
-                *out++ = (char)(0xe0 | (u >> 12));
-                *out++ = (char)(0x80 | ((u >> 6) & 0x3f));
-                *out++ = (char)(0x80 | (u & 0x3f));
-            }
-            break;
-        }
-        default:
-            return NULL;
-        }
-    }
-    *out = '\0';
-    *pp = p;
-    return start;
-}
-
-/* Past one JSON value of any kind (strings unescaped in place, which
- * nobody reads). */
-static int json_skip(char **pp)
-{
-    char *p = skip_ws(*pp);
-    if (*p == '"')
-        return json_string(pp) ? 0 : -1;
-    if (*p == '{' || *p == '[') {
-        const char close = *p == '{' ? '}' : ']';
-        p = skip_ws(p + 1);
-        if (*p == close) {
-            *pp = p + 1;
-            return 0;
-        }
-        for (;;) {
-            if (close == '}') {
-                if (!json_string(&p))
-                    return -1;
-                p = skip_ws(p);
-                if (*p++ != ':')
-                    return -1;
-            }
-            if (json_skip(&p))
-                return -1;
-            p = skip_ws(p);
-            if (*p == close) {
-                *pp = p + 1;
-                return 0;
-            }
-            if (*p++ != ',')
-                return -1;
-        }
-    }
-    /* a number, true, false, null */
-    char *start = p;
-    while (*p && !is_blank(*p) && *p != ',' && *p != '}' && *p != ']')
-        p++;
-    *pp = p;
-    return p > start ? 0 : -1;
-}
-
-/* Calls on_member for each member of the object at *pp (*pp then past
- * it); 0, or -1 when it is not one.  on_member returns 1 when it read the
- * value itself, 0 to skip it, -1 to stop. */
-static int json_object(char **pp, int (*on_member)(const char *key, char **pp, void *user),
-                       void *user)
-{
-    char *p = skip_ws(*pp);
-    if (*p++ != '{')
-        return -1;
-    p = skip_ws(p);
-    if (*p == '}') {
-        *pp = p + 1;
-        return 0;
-    }
-    for (;;) {
-        const char *key = json_string(&p);
-        if (!key)
-            return -1;
-        p = skip_ws(p);
-        if (*p++ != ':')
-            return -1;
-        int r = on_member(key, &p, user);
-        if (r < 0 || (r == 0 && json_skip(&p)))
-            return -1;
-        p = skip_ws(p);
-        if (*p == '}') {
-            *pp = p + 1;
-            return 0;
-        }
-        if (*p++ != ',')
-            return -1;
-    }
-}
-
 typedef struct metrics_read {
     st_cli_config_file *cf;
-    int cap, found_run, found_config;
+    int cap;
+    char *out;   /* where the next decoded string goes in cf->text */
     char *err;
     size_t n;
-    int failed;     /* err holds the message */
 } metrics_read;
 
-static int config_member(const char *key, char **pp, void *user)
+/* s copied to m->out (the line it was parsed from is no longer needed:
+ * decoded strings are never longer than their JSON text), its copy. */
+static char *keep(metrics_read *m, const char *s)
 {
-    metrics_read *m = user;
-    char *value = json_string(pp);
-    if (!value) {
-        m->failed = st_cli_fail(m->err, m->n, "%s:1: \"run\".\"config\".\"%s\": expected a string "
-                         "(the value as --dump-config prints it)", ST_CLI_SHOW(m->cf->path),
-                         ST_CLI_SHOW(key));
-        return -1;
-    }
-    if (*value == '"' && unquote(value) != 0) {
-        m->failed = st_cli_fail(m->err, m->n, "%s:1: %s: a quoted value ends at its closing '\"'",
-                         ST_CLI_SHOW(m->cf->path), ST_CLI_SHOW(key));
-        return -1;
-    }
-    if (add_entry(m->cf, m->cap, key, value, 1, m->err, m->n)) {
-        m->failed = 1;
-        return -1;
-    }
-    return 1;
+    char *at = m->out;
+    const size_t len = strlen(s) + 1;
+    memcpy(at, s, len);
+    m->out += len;
+    return at;
 }
 
-static int run_member(const char *key, char **pp, void *user)
+static int config_member(metrics_read *m, const char *key, const json_t *v)
 {
-    metrics_read *m = user;
-    if (strcmp(key, "config") != 0)
-        return 0;
-    m->found_config = 1;
-    return json_object(pp, config_member, m) ? -1 : 1;
+    if (!json_is_string(v))
+        return st_cli_fail(m->err, m->n, "%s:1: \"run\".\"config\".\"%s\": expected a string "
+                           "(the value as --dump-config prints it)", ST_CLI_SHOW(m->cf->path),
+                           ST_CLI_SHOW(key));
+    key = keep(m, key);
+    char *value = keep(m, json_string_value(v));
+    if (*value == '"' && unquote(value) != 0)
+        return st_cli_fail(m->err, m->n, "%s:1: %s: a quoted value ends at its closing '\"'",
+                           ST_CLI_SHOW(m->cf->path), ST_CLI_SHOW(key));
+    return add_entry(m->cf, m->cap, key, value, 1, m->err, m->n);
 }
 
-static int record_member(const char *key, char **pp, void *user)
-{
-    metrics_read *m = user;
-    if (strcmp(key, "run") != 0)
-        return 0;
-    m->found_run = 1;
-    return json_object(pp, run_member, m) ? -1 : 1;
-}
-
+/* The first line parsed by jansson: an object whose "run" holds "config",
+ * an object of strings.  Anything after the object on that line is not
+ * read, and the lines after it are other records. */
 static int parse_metrics(st_cli_config_file *cf, char *err, size_t n)
 {
     char *nl = strchr(cf->text, '\n');
@@ -401,18 +252,31 @@ static int parse_metrics(st_cli_config_file *cf, char *err, size_t n)
     if (!cf->entries)
         return st_cli_fail(err, n, "--config %s: out of memory", ST_CLI_SHOW(cf->path));
     cf->from_metrics = 1;
-    metrics_read m = { cf, cap, 0, 0, err, n, 0 };
-    char *p = cf->text;
-    if (json_object(&p, record_member, &m) != 0 && !m.failed)
-        return st_cli_fail(err, n, "%s:1: not a JSON record (a metrics file's first line is one)",
-                    ST_CLI_SHOW(cf->path));
-    if (m.failed)
-        return -1;
-    if (!m.found_run || !m.found_config)
-        return st_cli_fail(err, n, "%s:1: the first record has no \"run\":{\"config\":...} (the "
-                    "metrics of a subtrain older than its provenance records?)",
-                    ST_CLI_SHOW(cf->path));
-    return 0;
+    json_error_t e;
+    json_t *record = json_loads(cf->text, JSON_DISABLE_EOF_CHECK | JSON_REJECT_DUPLICATES, &e);
+    const json_t *run = json_object_get(record, "run");
+    const json_t *config = json_object_get(run, "config");
+    int r = 0;
+    if (!record && json_error_code(&e) == json_error_duplicate_key)   /* " near '<the key>'" */
+        r = st_cli_fail(err, n, "%s:1: a key twice in one object%s", ST_CLI_SHOW(cf->path),
+                        strstr(e.text, " near ") ? strstr(e.text, " near ") : "");
+    else if (!json_is_object(record) || (run && !json_is_object(run)) ||
+        (config && !json_is_object(config)))
+        r = st_cli_fail(err, n, "%s:1: not a JSON record (a metrics file's first line is one)",
+                        ST_CLI_SHOW(cf->path));
+    else if (!config)
+        r = st_cli_fail(err, n, "%s:1: the first record has no \"run\":{\"config\":...} (the "
+                        "metrics of a subtrain older than its provenance records?)",
+                        ST_CLI_SHOW(cf->path));
+    metrics_read m = { cf, cap, cf->text, err, n };
+    const char *key;
+    const json_t *v;
+    if (r == 0)
+        json_object_foreach((json_t *)config, key, v)
+            if ((r = config_member(&m, key, v)) != 0)
+                break;
+    json_decref(record);
+    return r;
 }
 
 int st_cli_config_read(const char *path, st_cli_config_file *cf, char *err, size_t n)
