@@ -171,11 +171,12 @@ static double final_test_loss(const char *opts)
     read_into(path, rec, sizeof rec);
     const char *last = strstr(rec, "\"final\":true");
     cr_assert_not_null(last, "%s", rec);
-    const char *v = strstr(last, "\"test_loss\":");
-    cr_assert_not_null(v);
-    cr_assert(strstr(last, "\"threads_per_worker\":"), "the layout is in the record");
+    const double v = st_json_number_at(rec, last, "test_loss");
+    cr_assert(!isnan(v), "a test_loss in the final record: %s", last);
+    cr_assert(!isnan(st_json_number_at(rec, last, "threads_per_worker")),
+              "the layout is in the record");
     st_test_rmdir(dir);
-    return strtod(v + strlen("\"test_loss\":"), NULL);
+    return v;
 }
 
 /* A worker of a team of 2 threads trains what 2 workers of one thread
@@ -207,9 +208,9 @@ static int workers_in_record(const char *path)
     char line[8192];
     int w = -1;
     while (f && fgets(line, sizeof line, f)) {
-        const char *p = strstr(line, "\"workers_per_rank\":");
-        if (p)
-            w = atoi(p + strlen("\"workers_per_rank\":"));
+        const double n = st_json_number_at(line, line, "workers_per_rank");
+        if (!isnan(n))
+            w = (int)n;
     }
     if (f)
         fclose(f);
