@@ -136,6 +136,29 @@ static inline void write_idx_file(const char *dir, const char *name, int rank,
     free(buf);
 }
 
+/* An IDX set of 8 x 8 images under the test's own names (tr-img, tr-lab,
+ * te-img, te-lab): n_train training and n_test test images, pixel i of
+ * the training bytes i * mul + i / 64, label k of image k mod classes;
+ * the test images are the first training ones. */
+static inline void write_idx_set(const char *dir, uint32_t n_train, uint32_t n_test,
+                                 int classes, unsigned mul)
+{
+    unsigned char *px = malloc((size_t)n_train * 64), *lab = malloc(n_train);
+    cr_assert(px && lab && n_test <= n_train);
+    for (size_t i = 0; i < (size_t)n_train * 64; i++)
+        px[i] = (unsigned char)(i * mul + i / 64);
+    for (uint32_t i = 0; i < n_train; i++)
+        lab[i] = (unsigned char)(i % (uint32_t)classes);
+    uint32_t di[3] = { n_train, 8, 8 }, dl[1] = { n_train }, ti[3] = { n_test, 8, 8 },
+             tl[1] = { n_test };
+    write_idx_file(dir, "tr-img", 3, di, px, (size_t)n_train * 64);
+    write_idx_file(dir, "tr-lab", 1, dl, lab, n_train);
+    write_idx_file(dir, "te-img", 3, ti, px, (size_t)n_test * 64);
+    write_idx_file(dir, "te-lab", 1, tl, lab, n_test);
+    free(px);
+    free(lab);
+}
+
 /* Two runs' records, one by one: every record's losses and accuracy (the
  * text from "train_loss" to "samples_per_s", timings excluded) equal to the
  * printed digit, and at least one record. */

@@ -19,16 +19,7 @@
  * class count), under names of the test's own. */
 static void write_letters(const char *dir)
 {
-    static unsigned char px[260 * 64], lab[260];
-    for (size_t i = 0; i < sizeof px; i++)
-        px[i] = (unsigned char)(i * 7 + i / 64);
-    for (int i = 0; i < 260; i++)
-        lab[i] = (unsigned char)(i % 26);
-    uint32_t di[3] = { 260, 8, 8 }, dl[1] = { 260 }, ti[3] = { 52, 8, 8 }, tl[1] = { 52 };
-    write_idx_file(dir, "tr-img", 3, di, px, sizeof px);
-    write_idx_file(dir, "tr-lab", 1, dl, lab, 260);
-    write_idx_file(dir, "te-img", 3, ti, px, 52 * 64);
-    write_idx_file(dir, "te-lab", 1, tl, lab, 52);
+    write_idx_set(dir, 260, 52, 26, 7);
 }
 
 Test(cli, idx_set_with_its_own_names_and_classes_trains_augmented, .timeout = 120)

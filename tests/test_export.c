@@ -39,6 +39,30 @@ static void train(const char *dir, const char *model)
     ok_run(args);
 }
 
+/* A model trained 2 steps in a new directory: its options, its weights
+ * (src), where their torch export goes (tor) and one more file (other).
+ * `convnet`: "--model convnet" and its options after the data, else the
+ * resmlp. */
+typedef struct trained_run {
+    char dir[ST_TEST_PATH_MAX], model[2 * ST_TEST_PATH_MAX];
+    char src[ST_TEST_PATH_MAX + 32], tor[ST_TEST_PATH_MAX + 32], other[ST_TEST_PATH_MAX + 32];
+} trained_run;
+
+static void trained(trained_run *r, const char *convnet, const char *other)
+{
+    cr_assert_eq(st_test_mkdtemp(r->dir), 0);
+    write_images(r->dir);
+    if (convnet)
+        snprintf(r->model, sizeof r->model, "--data 'idx:%s:tr-img,tr-lab,te-img,te-lab' %s",
+                 r->dir, convnet);
+    else
+        resmlp(r->model, sizeof r->model, r->dir);
+    train(r->dir, r->model);
+    snprintf(r->src, sizeof r->src, "%s/ck/final.safetensors", r->dir);
+    snprintf(r->tor, sizeof r->tor, "%s/torch.safetensors", r->dir);
+    snprintf(r->other, sizeof r->other, "%s/%s", r->dir, other);
+}
+
 static void read_file(const char *path, st_safetensors *f)
 {
     cr_assert_eq(st_safetensors_read(path, f), ST_OK, "%s: %s", path, st_last_error());
@@ -80,16 +104,10 @@ static void same_tensors(const char *a_path, const char *b_path)
  * subtrain gives the same file, and both evaluate alike. */
 Test(export, resmlp_layout_round_trip_and_eval, .timeout = 60)
 {
-    char dir[ST_TEST_PATH_MAX], args[6 * ST_TEST_PATH_MAX], src[ST_TEST_PATH_MAX + 32];
-    char tor[ST_TEST_PATH_MAX + 32], back[ST_TEST_PATH_MAX + 32];
-    char RESMLP[2 * ST_TEST_PATH_MAX];
-    cr_assert_eq(st_test_mkdtemp(dir), 0);
-    write_images(dir);
-    resmlp(RESMLP, sizeof RESMLP, dir);
-    train(dir, RESMLP);
-    snprintf(src, sizeof src, "%s/ck/final.safetensors", dir);
-    snprintf(tor, sizeof tor, "%s/torch.safetensors", dir);
-    snprintf(back, sizeof back, "%s/back.safetensors", dir);
+    trained_run e;
+    trained(&e, NULL, "back.safetensors");
+    char args[6 * ST_TEST_PATH_MAX];
+    const char *dir = e.dir, *RESMLP = e.model, *src = e.src, *tor = e.tor, *back = e.other;
     snprintf(args, sizeof args, "export %s --init '%s' -o '%s'", RESMLP, src, tor);
     run_result *r = calloc(1, sizeof *r);
     run(r, NULL, args);
@@ -145,16 +163,7 @@ Test(export, resmlp_layout_round_trip_and_eval, .timeout = 60)
 /* 8 x 8 images of 4 classes in dir: tr-img, tr-lab, te-img, te-lab. */
 static void write_images(const char *dir)
 {
-    static unsigned char px[64 * 64], lab[64];
-    for (size_t i = 0; i < sizeof px; i++)
-        px[i] = (unsigned char)(i * 13 + i / 64);
-    for (int i = 0; i < 64; i++)
-        lab[i] = (unsigned char)(i % 4);
-    uint32_t di[3] = { 64, 8, 8 }, dl[1] = { 64 }, ti[3] = { 32, 8, 8 }, tl[1] = { 32 };
-    write_idx_file(dir, "tr-img", 3, di, px, sizeof px);
-    write_idx_file(dir, "tr-lab", 1, dl, lab, 64);
-    write_idx_file(dir, "te-img", 3, ti, px, 32 * 64);
-    write_idx_file(dir, "te-lab", 1, tl, lab, 32);
+    write_idx_set(dir, 64, 32, 4, 13);
 }
 
 /* A convnet: weights OIHW, running statistics re-estimated on
@@ -164,16 +173,10 @@ static void write_images(const char *dir)
  * layout, the weights only. */
 Test(export, convnet_oihw_running_statistics_and_eval, .timeout = 60)
 {
-    char dir[ST_TEST_PATH_MAX], model[2 * ST_TEST_PATH_MAX], args[6 * ST_TEST_PATH_MAX];
-    char src[ST_TEST_PATH_MAX + 32], tor[ST_TEST_PATH_MAX + 32], back[ST_TEST_PATH_MAX + 32];
-    cr_assert_eq(st_test_mkdtemp(dir), 0);
-    write_images(dir);
-    snprintf(model, sizeof model, "--data 'idx:%s:tr-img,tr-lab,te-img,te-lab' --model convnet "
-             "--depth 2 --width 4", dir);
-    train(dir, model);
-    snprintf(src, sizeof src, "%s/ck/final.safetensors", dir);
-    snprintf(tor, sizeof tor, "%s/torch.safetensors", dir);
-    snprintf(back, sizeof back, "%s/back.safetensors", dir);
+    trained_run e;
+    trained(&e, "--model convnet --depth 2 --width 4", "back.safetensors");
+    char args[6 * ST_TEST_PATH_MAX];
+    const char *dir = e.dir, *model = e.model, *src = e.src, *tor = e.tor, *back = e.other;
     snprintf(args, sizeof args, "export %s --batch 16 --bn-calibration 3 --init '%s' -o '%s'",
              model, src, tor);
     run_result *r = calloc(1, sizeof *r);
@@ -294,16 +297,10 @@ static void edit(const char *from, const char *out, const char *drop, const char
  * from export, eval and training alike. */
 Test(export, another_models_file_is_refused, .timeout = 60)
 {
-    char dir[ST_TEST_PATH_MAX], args[6 * ST_TEST_PATH_MAX], src[ST_TEST_PATH_MAX + 32];
-    char tor[ST_TEST_PATH_MAX + 32], bad[ST_TEST_PATH_MAX + 32];
-    char RESMLP[2 * ST_TEST_PATH_MAX];
-    cr_assert_eq(st_test_mkdtemp(dir), 0);
-    write_images(dir);
-    resmlp(RESMLP, sizeof RESMLP, dir);
-    train(dir, RESMLP);
-    snprintf(src, sizeof src, "%s/ck/final.safetensors", dir);
-    snprintf(tor, sizeof tor, "%s/torch.safetensors", dir);
-    snprintf(bad, sizeof bad, "%s/bad.safetensors", dir);
+    trained_run e;
+    trained(&e, NULL, "bad.safetensors");
+    char args[6 * ST_TEST_PATH_MAX];
+    const char *dir = e.dir, *RESMLP = e.model, *src = e.src, *tor = e.tor, *bad = e.other;
     snprintf(args, sizeof args, "export %s --init '%s' -o '%s' -q", RESMLP, src, tor);
     ok_run(args);
     static const char *const cmds[] = { "export -o '%s/out.safetensors'", "eval",
@@ -336,16 +333,10 @@ Test(export, another_models_file_is_refused, .timeout = 60)
 
 Test(export, running_statistics_come_whole, .timeout = 60)
 {
-    char dir[ST_TEST_PATH_MAX], model[2 * ST_TEST_PATH_MAX], args[6 * ST_TEST_PATH_MAX];
-    char src[ST_TEST_PATH_MAX + 32], tor[ST_TEST_PATH_MAX + 32], bad[ST_TEST_PATH_MAX + 32];
-    cr_assert_eq(st_test_mkdtemp(dir), 0);
-    write_images(dir);
-    snprintf(model, sizeof model, "--data 'idx:%s:tr-img,tr-lab,te-img,te-lab' --model convnet "
-             "--depth 1 --width 4", dir);
-    train(dir, model);
-    snprintf(src, sizeof src, "%s/ck/final.safetensors", dir);
-    snprintf(tor, sizeof tor, "%s/torch.safetensors", dir);
-    snprintf(bad, sizeof bad, "%s/bad.safetensors", dir);
+    trained_run e;
+    trained(&e, "--model convnet --depth 1 --width 4", "bad.safetensors");
+    char args[6 * ST_TEST_PATH_MAX];
+    const char *dir = e.dir, *model = e.model, *src = e.src, *tor = e.tor, *bad = e.other;
     snprintf(args, sizeof args, "export %s --init '%s' -o '%s' -q", model, src, tor);
     ok_run(args);
     edit(tor, bad, "stages.0.bn.running_var", NULL, NULL);
