@@ -131,7 +131,8 @@ static void expect_exact_resume(const char *opts)
     char bg[9 * ST_TEST_PATH_MAX];
     snprintf(bg, sizeof bg, "%s & pid=$!; i=0; "
              "while ! grep -q '\"epoch\":' '%s/stopped.jsonl' 2>/dev/null && "
-             "[ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; kill -TERM $pid; wait $pid", cmd, dir);
+             "[ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; kill -TERM $pid; wait $pid",
+             cmd, dir);
     w = system(bg);
     cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 143, "%s: the stopped run exited %d (it must "
               "still be training when its first record is out)", opts, WEXITSTATUS(w));
