@@ -156,6 +156,8 @@ static void describe_tree(FILE *f, const dp_layout *l, int shared, size_t *load)
     }
 }
 
+static void describe(FILE *f, const st_comm_config *cfg, int bytes);
+
 /* The data-parallel plan (everyone holds everything), as st_comm_attach
  * builds it: one segment per non-empty shard, the same assignments. */
 void st_comm_describe(FILE *f, int n_workers, const int *domain_of, size_t n_params)
@@ -164,16 +166,7 @@ void st_comm_describe(FILE *f, int n_workers, const int *domain_of, size_t n_par
         return;
     const st_comm_config cfg = { .n_workers = n_workers, .n_params = n_params,
                                  .domain_of = domain_of };
-    dp_layout l;
-    if (layout_make(f, &cfg, &l) != 0)
-        return;
-    size_t *load = malloc(2 * (size_t)l.n * sizeof *load);
-    if (load)
-        describe_tree(f, &l, 0, load);
-    else
-        fprintf(f, "reduction: cannot describe: out of memory\n");
-    free(load);
-    layout_free(&l);
+    describe(f, &cfg, 0);
 }
 
 /* ------------------------------------------------------------ bytes */
@@ -315,10 +308,10 @@ static void describe_weights(FILE *f, const dp_layout *l)
     }
 }
 
-void st_comm_describe_config(FILE *f, const st_comm_config *cfg)
+/* cfg's plan: the tree, and with `bytes` its weight copies and each
+ * worker's and domain's bytes. */
+static void describe(FILE *f, const st_comm_config *cfg, int bytes)
 {
-    if (!f || !cfg)
-        return;
     dp_layout l;
     if (layout_make(f, cfg, &l) != 0)
         return;
@@ -327,12 +320,20 @@ void st_comm_describe_config(FILE *f, const st_comm_config *cfg)
         fprintf(f, "reduction: cannot describe: out of memory\n");
     } else {
         describe_tree(f, &l, cfg->shared_params, load);
-        if (cfg->shared_params)
+        if (bytes && cfg->shared_params)
             describe_weights(f, &l);
-        describe_bytes(f, &l, cfg, load);
+        if (bytes)
+            describe_bytes(f, &l, cfg, load);
     }
     free(load);
     layout_free(&l);
+}
+
+void st_comm_describe_config(FILE *f, const st_comm_config *cfg)
+{
+    if (!f || !cfg)
+        return;
+    describe(f, cfg, 1);
 }
 
 void st_comm_describe_ranks(FILE *f, int ranks, int workers_per_rank, size_t n_params)
