@@ -227,6 +227,10 @@ typedef struct st_split_config {
  * into *out; refused with the line "--split TEXT: why", TEXT's first 64
  * bytes. */
 st_status st_split_parse(const char *text, st_split_config *out);
+/* st_split_parse, and *why (when why is not NULL) the reason alone, a
+ * static string, or NULL when text is a split: for a caller that shows
+ * the value its own way. */
+st_status st_split_parse_why(const char *text, st_split_config *out, const char **why);
 /* The text st_split_parse reads back as c ("dirichlet:0.1"), at most n
  * bytes like snprintf. */
 void st_split_name(const st_split_config *c, char *out, size_t n);

@@ -213,13 +213,9 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     }
     case OPT_AUGMENT_FLIP: o->augment.flip = 1; return 0;
     case OPT_SPLIT: {
-        if (st_split_parse(arg, &t->split) == ST_OK)
+        const char *why;
+        if (st_split_parse_why(arg, &t->split, &why) == ST_OK)
             return 0;
-        /* the library's line is "--split TEXT: why", TEXT's first 64 bytes
-         * as given: the value is shown as every message shows one */
-        const size_t shown = strlen(arg) < 64 ? strlen(arg) : 64;
-        const char *why = st_last_error();
-        why = strlen(why) > 10 + shown ? why + 10 + shown : why;
         return st_cli_fail(err, n, "--split %s: %s", ST_CLI_SHOW(arg), why);
     }
     case OPT_CONTEXT: return parse_int("--context", arg, 1, 4096, &t->model.context, err, n);

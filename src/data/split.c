@@ -51,14 +51,16 @@ static int parse_decimal(const char *s, double *out)
     return *end == '\0' ? 0 : -1;
 }
 
-st_status st_split_parse(const char *text, st_split_config *out)
+#define SPLIT_TEXT_(x) #x
+#define SPLIT_TEXT(x) SPLIT_TEXT_(x)
+
+/* Why text is not a split, or NULL when it is one (then *out holds it). */
+static const char *split_reason(const char *text, st_split_config *out)
 {
-    if (!text || !out)
-        return st_fail(ST_ERR_INVALID, "st_split_parse: no text or no output");
     st_split_config c = { ST_SPLIT_IID, 0, 0.0 };
     if (strcmp(text, "iid") == 0) {
         *out = c;
-        return ST_OK;
+        return NULL;
     }
     if (strncmp(text, "classes:", 8) == 0) {
         const char *k = text + 8;
@@ -67,25 +69,41 @@ st_status st_split_parse(const char *text, st_split_config *out)
         if (ok)
             v = strtoul(k, NULL, 10);
         if (!ok || v < 1 || v > ST_SPLIT_MAX_CLASSES)
-            return st_fail(ST_ERR_INVALID, "--split %.64s: K, the classes per worker, must be "
-                           "a whole number in [1, %d]", text, ST_SPLIT_MAX_CLASSES);
+            return "K, the classes per worker, must be a whole number in [1, "
+                   SPLIT_TEXT(ST_SPLIT_MAX_CLASSES) "]";
         c.kind = ST_SPLIT_CLASSES;
         c.classes = (uint32_t)v;
         *out = c;
-        return ST_OK;
+        return NULL;
     }
     if (strncmp(text, "dirichlet:", 10) == 0) {
         double a;
         if (parse_decimal(text + 10, &a) != 0 || !isfinite(a) || !(a > 0.0))
-            return st_fail(ST_ERR_INVALID, "--split %.64s: ALPHA, the Dirichlet concentration, "
-                           "must be a finite number > 0 (0.1: a strong skew)", text);
+            return "ALPHA, the Dirichlet concentration, must be a finite number > 0 "
+                   "(0.1: a strong skew)";
         c.kind = ST_SPLIT_DIRICHLET;
         c.alpha = a;
         *out = c;
-        return ST_OK;
+        return NULL;
     }
-    return st_fail(ST_ERR_INVALID, "--split %.64s: expected iid, classes:K or dirichlet:ALPHA",
-                   text);
+    return "expected iid, classes:K or dirichlet:ALPHA";
+}
+
+st_status st_split_parse_why(const char *text, st_split_config *out, const char **why)
+{
+    if (!text || !out)
+        return st_fail(ST_ERR_INVALID, "st_split_parse: no text or no output");
+    const char *r = split_reason(text, out);
+    if (why)
+        *why = r;
+    if (r)
+        return st_fail(ST_ERR_INVALID, "--split %.64s: %s", text, r);
+    return ST_OK;
+}
+
+st_status st_split_parse(const char *text, st_split_config *out)
+{
+    return st_split_parse_why(text, out, NULL);
 }
 
 void st_split_name(const st_split_config *c, char *out, size_t n)
