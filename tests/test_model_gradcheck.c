@@ -1,7 +1,7 @@
 /*
  * tests/test_model_gradcheck.c — finite-difference gradient checks of the mlp,
- * resmlp and gpt models, the gpt's causality and generation, and padded
- * evaluation.
+ * resmlp, gpt and vit models, the gpt's causality and generation, the vit's
+ * lack of causality, and padded evaluation.
  *
  * The small models and the gradient check: tests/model_check.h.
  */
@@ -73,6 +73,55 @@ Test(gradcheck, gpt)
     omp_set_num_threads(1);
     st_model_config c = gpt_config(2, 16, 2, 6);
     gradcheck(&c, "gpt d2 w16 h2 T6", 107);
+}
+
+/* Every segment of the vision transformer: the patch map (through the
+ * patches it reads, 2 channels of 2 x 2 on a 4 x 6 image: 6 patches),
+ * the positions, the non-causal attention, the MLP, the final norm and
+ * the mean over tokens; then the class token and what reads it. */
+Test(gradcheck, vit_mean)
+{
+    omp_set_num_threads(1);
+    st_model_config c = vit_config(2, 2, 4, 6, 2, ST_POOL_MEAN);
+    gradcheck(&c, "vit d2 w16 h2 2x4x6 patch 2 mean", 109);
+}
+
+Test(gradcheck, vit_cls)
+{
+    omp_set_num_threads(1);
+    st_model_config c = vit_config(1, 1, 8, 8, 4, ST_POOL_CLS);
+    gradcheck(&c, "vit d1 w16 h2 1x8x8 patch 4 cls", 110);
+}
+
+/* Not causal: the class token, first of the tokens, sees the last patch
+ * (a causal mask would hide every patch from it); a pixel changed there
+ * moves that sample's logits only. */
+Test(model, vit_class_token_sees_every_patch)
+{
+    omp_set_num_threads(1);
+    st_model_config c = vit_config(1, 1, 8, 8, 4, ST_POOL_CLS);
+    st_arena arena;
+    st_arena_init(&arena, "test_model", NULL, 0);
+    st_model *m = make_model(&c, 2, &arena);
+    st_model_init_params(m, 5);
+    st_rng r = st_rng_seed(6);
+    fill_rows(m, 0, 2, &r);
+    double sum = 0.0;
+    int64_t hits = 0;
+    OK(st_model_evaluate(m, 2, &sum, &hits));
+    float before[2 * 5];
+    memcpy(before, st_model_logits(m), sizeof before);
+    st_model_input(m)[63] += 1.0f;   /* sample 0, the last pixel of the last patch */
+    OK(st_model_evaluate(m, 2, &sum, &hits));
+    const float *after = st_model_logits(m);
+    int moved = 0;
+    for (int k = 0; k < 5; k++) {
+        moved += after[k] != before[k];
+        cr_assert_eq(after[5 + k], before[5 + k], "sample 1's logit %d moved", k);
+    }
+    cr_assert(moved > 0, "the class token did not see the last patch");
+    st_model_destroy(m);
+    st_arena_release(&arena);
 }
 
 /* Causality: the logits of token t do not move when a later token does. */

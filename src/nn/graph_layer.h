@@ -144,8 +144,8 @@ struct st_layer {
         } embed;
         struct st_patches {       /* nn/layers/patch.c */
             int64_t batch, channels, height, width, patch, n_patches;
-            const float *x, *dy;
-            float *y, *dx;
+            const float *x;
+            float *y;
         } patches;
         struct st_tokens {        /* nn/layers/tokens.c */
             int64_t batch, in_rows, out_rows, width;

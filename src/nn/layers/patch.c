@@ -9,8 +9,8 @@
  *                                 of a conv weight (D, C, P, P) flattened
  *
  * So the linear map that follows, (D, C P P), is PyTorch's Conv2d(C, D, P,
- * stride P) reshaped.  The layer has no parameters; it is a copy each way
- * (its backward, the scatter back to dx, when something needs dx).
+ * stride P) reshaped.  The layer has no parameters and no backward: it
+ * reads the model's input, whose gradient nothing needs.
  */
 #include <string.h>
 
@@ -35,8 +35,11 @@ static st_status patch_build(st_model *m, st_layer *l)
     l->u.patches = (struct st_patches){
         .batch = m->batch, .channels = t->channels, .height = t->h, .width = t->w, .patch = P,
         .n_patches = (t->h / P) * (t->w / P), .x = st_graph_data(m, l->x),
-        .y = st_graph_data(m, l->y), .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
+        .y = st_graph_data(m, l->y),
     };
+    if (l->dx != ST_T_NONE)
+        return st_fail(ST_ERR_INVALID, "%s: reads the model's input and passes no gradient on",
+                       l->name);
     if (st_graph_cols(m, l->y) != t->channels * P * P ||
         st_graph_rows(m, l->y) != m->batch * l->u.patches.n_patches)
         return st_fail(ST_ERR_INVALID, "%s: writes a row of %lld per patch", l->name,
@@ -54,24 +57,6 @@ static st_status patch_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase
     return ST_OK;
 }
 
-/* Each input element is in exactly one patch: dx is a copy back. */
-static st_status patch_backward(const st_nn_ctx *ctx, const st_layer *l)
-{
-    const struct st_patches *p = &l->u.patches;
-    const int64_t K = p->channels * p->patch * p->patch;
-    for (int64_t r = 0; p->dx && r < p->batch * p->n_patches; r++)
-        for (int64_t k = 0; k < K; k++)
-            p->dx[source(p, r, k)] = p->dy[r * K + k];
-    return ST_OK;
-}
-
-/* The backward reads no forward tensor. */
-static unsigned patch_backward_reads(const st_model *m, const st_layer *l)
-{
-    return 0u;
-}
-
 const st_layer_kind st_layer_patches = {
     .name = "patches", .build = patch_build, .forward = patch_forward,
-    .backward = patch_backward, .backward_reads = patch_backward_reads,
 };
