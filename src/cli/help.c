@@ -99,8 +99,8 @@ void st_cli_print_help(FILE *f)
 "Workers:\n", f);
     print_strategies(f);
     fputs(
-"  --neuron-group G       neurons per neuron unit (default 16; gpt: the head size,\n"
-"                         a multiple of which it must be)\n"
+"  --neuron-group G       neurons per neuron unit (default 16; gpt, vit: the head\n"
+"                         size, a multiple of which it must be)\n"
 "  --bn-calibration N     sdp (forward masking), ist: before each evaluation the\n"
 "                         full model re-estimates its batch norm statistics on N\n"
 "                         training batches (default 50; 0: the subnetworks'\n"

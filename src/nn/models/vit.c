@@ -33,11 +33,14 @@ static st_status declare(st_model *m)
     const int cls = c->pool == ST_POOL_CLS;
     const int64_t T = N + cls;
     st_layer *l;
+    if (N < 1)
+        return st_fail(ST_ERR_INVALID, "vit: patches of %lld do not fit %d x %d images",
+                       (long long)P, c->in_height, c->in_width);
     /* a row per patch */
     st_graph_tokens(m, N);
     const int pt = st_graph_tensor(m, K, ST_W_FULL), e = st_graph_tensor(m, D, ST_W_FULL);
     const int de = st_graph_tensor(m, D, ST_W_FULL);
-    int ok = pt >= 0 && e >= 0 && de >= 0 && N >= 1;
+    int ok = pt >= 0 && e >= 0 && de >= 0;
     if (ok && (l = st_graph_add(m, &st_layer_patches, "patches", ST_T_INPUT, pt, ST_T_NONE,
                                 ST_T_NONE)))
         l->kernel = (int)P;
