@@ -356,7 +356,7 @@ Test(kinds, resolve_fills_defaults_and_refuses_what_a_kind_does_not_take)
                                       "wide)");
     c = resmlp_config(2, 8, 0, ST_ACT_GELU);
     cr_expect_eq(st_model_config_resolve(&c, ST_MODEL_OPT_HEADS), ST_ERR_INVALID);
-    cr_expect_str_eq(st_last_error(), "--heads applies to --model gpt only");
+    cr_expect_str_eq(st_last_error(), "--heads applies to --model gpt, vit only");
     c.context = c.in_dim = 5;
     c.heads = 2;
     cr_expect_eq(st_model_config_check(&c), ST_ERR_INVALID);
