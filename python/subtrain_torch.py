@@ -16,6 +16,7 @@ writes them.  Inputs:
     resnet, resnet18,
     convnet              (B, C, H, W) floats
     gpt                  (B, T) byte ids (T <= the context), logits (B, T, 256)
+    vit                  (B, C, H, W) floats (H, W: the model's image size)
 
 A file is safetensors (https://github.com/huggingface/safetensors), read
 and written here with the standard library and torch alone.  save() writes
@@ -34,7 +35,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-__all__ = ["MLP", "ResMLP", "GPT", "ResNet", "ConvNet", "build", "load", "save",
+__all__ = ["MLP", "ResMLP", "GPT", "ViT", "ResNet", "ConvNet", "build", "load", "save",
            "read_safetensors", "write_safetensors"]
 
 LAYERNORM_EPS = 1e-5   # nn/layers.h: ST_LAYERNORM_EPS
@@ -143,6 +144,7 @@ class _Config:
 
     KEYS = ("depth", "width", "hidden", "heads", "context", "in_features", "in_channels",
             "in_height", "in_width", "classes")
+    VIT_KEYS = ("patch", "pool")   # a ViT's only: its patch side, mean or cls
 
     def __init__(self, model, **kw):
         self.model = model
@@ -150,6 +152,10 @@ class _Config:
         self.branch_scale = float(kw.pop("branch_scale", 1.0))
         for k in self.KEYS:
             setattr(self, k, int(kw.pop(k, 0)))
+        self.patch = int(kw.pop("patch", 0))
+        self.pool = kw.pop("pool", "mean")
+        if self.pool not in ("mean", "cls"):
+            raise ValueError(f"unknown pool '{self.pool}' (subtrain has mean, cls)")
         if kw:
             raise TypeError(f"unknown model options: {', '.join(sorted(kw))}")
 
@@ -160,6 +166,9 @@ class _Config:
         m["subtrain.activation"] = self.activation
         for k in ("in_features", "in_channels", "in_height", "in_width", "classes"):
             m[f"subtrain.{k}"] = str(getattr(self, k))
+        if self.model == "vit":
+            m["subtrain.patch"] = str(self.patch)
+            m["subtrain.pool"] = self.pool
         return m
 
 
@@ -227,13 +236,14 @@ class ResMLP(nn.Module):
 
 
 class _Attention(nn.Module):
-    """Causal multi-head self-attention: qkv (per token q | k | v, each
-    head-major), softmax(Q K^T / sqrt(dh)) with -inf above the diagonal,
-    then proj (nn/layers/attention.c)."""
+    """Multi-head self-attention: qkv (per token q | k | v, each
+    head-major), softmax(Q K^T / sqrt(dh)), causal with -inf above the
+    diagonal, then proj (nn/layers/attention.c)."""
 
-    def __init__(self, width, heads):
+    def __init__(self, width, heads, causal=True):
         super().__init__()
         self.heads = heads
+        self.causal = causal
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
 
@@ -244,17 +254,19 @@ class _Attention(nn.Module):
         q, k, v = self.qkv(x).split(D, dim=-1)
         q, k, v = (t.reshape(B, T, H, dh).transpose(1, 2) for t in (q, k, v))
         s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(dh))
-        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
+        if self.causal:
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            s = s.masked_fill(mask, float("-inf"))
+        p = torch.softmax(s, dim=-1)
         y = (p @ v).transpose(1, 2).reshape(B, T, D)
         return self.proj(y)
 
 
 class _GPTBlock(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, causal=True):
         super().__init__()
         self.ln1 = nn.LayerNorm(c.width, eps=LAYERNORM_EPS)
-        self.attn = _Attention(c.width, c.heads)
+        self.attn = _Attention(c.width, c.heads, causal)
         self.ln2 = nn.LayerNorm(c.width, eps=LAYERNORM_EPS)
         self.mlp = _MLPBranch(c.width, c.hidden, c.activation)
         self.scale = c.branch_scale
@@ -290,6 +302,53 @@ class GPT(nn.Module):
         for b in self.blocks:
             h = b(h)
         return self.head(self.norm(h))
+
+
+class _Tokens(nn.Module):
+    """A ViT's class token (pool "cls") and learned positions
+    (nn/layers/tokens.c)."""
+
+    def __init__(self, width, tokens, cls):
+        super().__init__()
+        if cls:
+            self.cls_token = nn.Parameter(torch.zeros(1, width))
+        self.pos_emb = nn.Parameter(torch.zeros(tokens, width))
+
+    def forward(self, h):
+        if hasattr(self, "cls_token"):
+            h = torch.cat([self.cls_token.expand(h.shape[0], 1, -1), h], dim=1)
+        return h + self.pos_emb
+
+
+class ViT(nn.Module):
+    """Vision transformer (nn/models/vit.c): the image's P x P patches
+    through Conv2d(C, D, P, stride P), a class token first (pool "cls"),
+    learned positions, pre-norm blocks as GPT's without the causal mask,
+    LN, the class token or the tokens' mean, the head: (B, C, H, W) ->
+    (B, classes)."""
+
+    def __init__(self, config):
+        super().__init__()
+        c = self.config = config
+        P = c.patch
+        if P < 1 or c.in_height % P or c.in_width % P:
+            raise ValueError(f"patches of {P} do not tile {c.in_height} x {c.in_width} images")
+        tokens = (c.in_height // P) * (c.in_width // P) + (c.pool == "cls")
+        self.patch_embed = nn.Conv2d(c.in_channels, c.width, P, stride=P)
+        self.tokens = _Tokens(c.width, tokens, c.pool == "cls")
+        self.blocks = nn.ModuleList(_GPTBlock(c, causal=False) for _ in range(c.depth))
+        self.norm = nn.LayerNorm(c.width, eps=LAYERNORM_EPS)
+        self.head = nn.Linear(c.width, c.classes)
+
+    def forward(self, x):
+        c = self.config
+        if x.dim() == 2:
+            x = x.reshape(x.shape[0], c.in_channels, c.in_height, c.in_width)
+        h = self.tokens(self.patch_embed(x).flatten(2).transpose(1, 2))   # row-major patches
+        for b in self.blocks:
+            h = b(h)
+        h = self.norm(h)
+        return self.head(h[:, 0] if c.pool == "cls" else h.mean(dim=1))
 
 
 def _bn(channels):
@@ -390,7 +449,7 @@ class ConvNet(nn.Module):
 
 
 _FAMILIES = {"mlp": MLP, "resmlp": ResMLP, "gpt": GPT, "resnet": ResNet, "resnet18": ResNet,
-             "convnet": ConvNet}
+             "convnet": ConvNet, "vit": ViT}
 
 # What a file says of the weights' making, kept through load() and save().
 _PROVENANCE = ("subtrain.config", "subtrain.data", "onednn.version",
@@ -416,6 +475,12 @@ def _config_of(meta, path):
         if f"subtrain.{k}" not in meta:
             raise ValueError(f"{path}: no subtrain.{k} in its metadata")
         kw[k] = int(meta[f"subtrain.{k}"])
+    if meta.get("subtrain.model") == "vit":
+        for k in _Config.VIT_KEYS:
+            if f"subtrain.{k}" not in meta:
+                raise ValueError(f"{path}: no subtrain.{k} in its metadata")
+        kw["patch"] = int(meta["subtrain.patch"])
+        kw["pool"] = meta["subtrain.pool"]
     scale = float(meta.get("subtrain.eval_branch_scale", "1"))
     kw["branch_scale"] = scale if 0.0 < scale < 1.0 else 1.0
     return meta.get("subtrain.model"), meta.get("subtrain.activation", "gelu"), kw

@@ -359,6 +359,18 @@ static inline st_model_config gpt_config(int depth, int width, int heads, int co
     return c;
 }
 
+/* A small vision transformer on C x H x W images of 5 classes: 2 heads
+ * of 8, hidden 24 (not 4 x 16, so that a D / F mix-up shows). */
+static inline st_model_config vit_config(int depth, int c, int h, int w, int patch,
+                                         st_token_pool pool)
+{
+    st_model_config m = { .kind = st_model_kind_named("vit"), .depth = depth, .width = 16,
+                          .hidden = 24, .activation = ST_ACT_GELU, .in_dim = c * h * w,
+                          .in_channels = c, .in_height = h, .in_width = w, .n_classes = 5,
+                          .heads = 2, .patch = patch, .pool = pool };
+    return m;
+}
+
 /* resmlp d3, width 16, hidden 24 in groups of 4 (6 groups); mlp d3 width 20
  * in groups of 4 (5 groups).  Each layer keeps its own groups: scattered,
  * adjacent (to test merging) and the last one. */

@@ -90,10 +90,55 @@ Test(cli, convnet_trains_with_dp_sdp_and_ist, .timeout = 120)
     expect_runtime_error(NULL, "--model convnet --data synthetic --steps 1",
                          "--model convnet takes images (C x H x W data), not 784 features");
     expect_usage_error("--model convnet --hidden 8",
-                       "--hidden applies to --model resmlp, gpt only");
-    expect_usage_error("--model convnet --heads 2", "--heads applies to --model gpt only");
+                       "--hidden applies to --model resmlp, gpt, vit only");
+    expect_usage_error("--model convnet --heads 2", "--heads applies to --model gpt, vit only");
     expect_usage_error("--model convnet --depth 12 --width 64",
                        "its last stage would have more than 65536 channels");
+    free(r);
+    st_test_rmdir(dir);
+}
+
+/* --model vit on images: dp, sdp over blocks and over heads (forward and
+ * backward masking), ist and bf16 train, with a class token or the mean;
+ * its own options are refused where they do not apply, and patches that
+ * do not tile the images once those are loaded. */
+Test(cli, vit_trains_with_dp_sdp_ist_and_bf16, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], data[2 * ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    write_letters(dir);
+    snprintf(data, sizeof data, "--data 'idx:%s:tr-img,tr-lab,te-img,te-lab' --model vit "
+             "--depth 2 --width 16 --heads 2 --batch 26", dir);
+    const int bf16 = st_bf16_probe(NULL) == ST_BF16_NATIVE;
+    static const char *const runs[] = {
+        "--patch 4", "--patch 2 --pool cls --strategy sdp --subnet block",
+        "--patch 4 --strategy sdp --subnet neuron --masking forward",
+        "--patch 4 --pool cls --strategy sdp --subnet neuron --masking backward",
+        "--patch 4 --strategy ist --local-steps 3", "--patch 4 --pool cls --precision bf16",
+    };
+    run_result *r = calloc(1, sizeof *r);
+    for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+        if (strstr(runs[k], "bf16") && !bf16)
+            continue;
+        snprintf(args, sizeof args, "%s --steps 6 --workers 2 --oversubscribe --progress none "
+                 "%s", data, runs[k]);
+        run(r, NULL, args);
+        cr_assert_eq(r->status, 0, "%s: %s", runs[k], r->err);
+        cr_assert(strstr(r->out, ": vit depth 2 width 16 heads 2 patch "), "%s", r->out);
+        cr_assert(strstr(r->out, "final: test_acc "), "%s", r->out);
+    }
+    /* found once the images are loaded: exit 1 */
+    snprintf(args, sizeof args, "%s --steps 1 --patch 3", data);
+    expect_runtime_error(NULL, args, "--patch 3 does not divide the 8 x 8 images (a patch side "
+                         "must divide both)");
+    expect_runtime_error(NULL, "--model vit --data synthetic --steps 1",
+                         "--model vit takes images (C x H x W data), not 784 features");
+    expect_usage_error("--model resmlp --patch 4", "--patch applies to --model vit only");
+    expect_usage_error("--model convnet --pool cls", "--pool applies to --model vit only");
+    expect_usage_error("--model vit --pool max", "--pool: unknown value 'max' (allowed: mean, "
+                       "cls)");
+    expect_usage_error("--model vit --patch 0", "--patch");
+    expect_usage_error("--model vit --heads 3 --width 16", "--heads 3 does not divide --width 16");
     free(r);
     st_test_rmdir(dir);
 }

@@ -244,7 +244,7 @@ Test(values, long_values_keep_their_ends_and_what_is_allowed)
         { "--progress '%s'", "--progress: unknown value '", "' (allowed: auto, bar, plain, "
                                                              "none)\n" },
         { "--model '%s'", "--model: unknown value '", "' (allowed: mlp, resmlp, resnet, "
-                                                      "resnet18, gpt, convnet)\n" },
+                                                      "resnet18, gpt, convnet, vit)\n" },
         { "--strategy sdp --branch-scale '%s'", "--branch-scale: unknown value '",
           "' (allowed: none, inverse-coverage)\n" },
         { "--report 'memory,%s'", "--report: unknown value '", "' (allowed: memory, align, "

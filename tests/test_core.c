@@ -122,7 +122,7 @@ typedef struct enum_api {
 
 #define API(fn, what, allowed) { what, allowed, fn##_name_i, fn##_parse_i }
 static const enum_api enum_apis[] = {
-    API(st_model_kind, "model", "mlp, resmlp, resnet, resnet18, gpt, convnet"),
+    API(st_model_kind, "model", "mlp, resmlp, resnet, resnet18, gpt, convnet, vit"),
     API(st_activation, "activation", "relu, gelu"),
     API(st_optimizer, "optimizer", "sgd, adamw"),
     API(st_schedule, "schedule", "constant, cosine"),

@@ -373,6 +373,10 @@ Test(export, torch_names)
         { "resnet18", "final_bn.gamma", "norm.weight" },
         { "convnet", "stage1.bn.running_mean", "stages.1.bn.running_mean" },
         { "convnet", "head.weight", "head.weight" },
+        { "vit", "patch.weight", "patch_embed.weight" },
+        { "vit", "tokens.position", "tokens.pos_emb" },
+        { "vit", "block0.qkv.weight", "blocks.0.attn.qkv.weight" },
+        { "vit", "final_ln.gamma", "norm.weight" },
     };
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         c = st_model_config_default();

@@ -1,6 +1,6 @@
 /*
- * tests/test_layers_attention.c — gradient checks of the causal self-attention layer
- * (fp32 against a double reference, bf16 products), and its hot path.
+ * tests/test_layers_attention.c — gradient checks of the self-attention layer, causal
+ * and not (fp32 against a double reference, bf16 products), and its hot path.
  *
  * The pattern every test follows, and the helpers: tests/layer_check.h.
  */
@@ -24,16 +24,16 @@ typedef struct attn_case {
     env e;
     st_attention a;
     int64_t B, T, H, dh;
-    int bf16;
+    int bf16, noncausal;
     float *x, *y, *dx, *dy, *scratch;
     void *probs;
 } attn_case;
 
-static void attn_setup(attn_case *c, int64_t B, int64_t T, int64_t H, int64_t dh, int bf16,
-                       uint64_t seed)
+static void attn_setup_mask(attn_case *c, int64_t B, int64_t T, int64_t H, int64_t dh,
+                            int bf16, int noncausal, uint64_t seed)
 {
     env_init(&c->e, seed);
-    c->B = B, c->T = T, c->H = H, c->dh = dh, c->bf16 = bf16;
+    c->B = B, c->T = T, c->H = H, c->dh = dh, c->bf16 = bf16, c->noncausal = noncausal;
     const size_t X = (size_t)(B * T * 3 * H * dh), Y = (size_t)(B * T * H * dh);
     c->x = env_floats(&c->e, X);
     c->dx = env_floats(&c->e, X);
@@ -45,9 +45,16 @@ static void attn_setup(attn_case *c, int64_t B, int64_t T, int64_t H, int64_t dh
     fill_uniform(&c->e.rng, c->x, X, -1.5f, 1.5f);
     fill_uniform(&c->e.rng, c->dy, Y, -1, 1);
     const st_attention_io io = { .x = c->x, .y = c->y, .dx = c->dx, .dy = c->dy,
-                                 .probs = c->probs, .scratch = c->scratch, .bf16 = bf16 };
+                                 .probs = c->probs, .scratch = c->scratch, .bf16 = bf16,
+                                 .noncausal = noncausal };
     OK(st_attention_build(&c->e.ctx, &c->a, B, T, H, dh, &io));
     OK(st_nn_ctx_finalize(&c->e.ctx));
+}
+
+static void attn_setup(attn_case *c, int64_t B, int64_t T, int64_t H, int64_t dh, int bf16,
+                       uint64_t seed)
+{
+    attn_setup_mask(c, B, T, H, dh, bf16, 0, seed);
 }
 
 static double attn_objective(void *arg)
@@ -93,18 +100,19 @@ static void attn_reference(const attn_case *c, int round, const double *Pu, cons
             double *dS = r->dS + blk, *dSm = r->dSmag + blk;
             const double *pu = (Pu ? Pu : r->P) + blk;
             for (int64_t i = 0; i < T; i++) {   /* P: softmax over the keys j <= i */
+                const int64_t last = c->noncausal ? T - 1 : i;   /* or over all */
                 double mx = -INFINITY, sum = 0;
-                for (int64_t j = 0; j <= i; j++) {
+                for (int64_t j = 0; j <= last; j++) {
                     double s = 0;
                     for (int64_t d = 0; d < dh; d++)
                         s += XR(b, i, 0, h, d) * XR(b, j, 1, h, d);
                     P[i * T + j] = scale * s;
                     mx = fmax(mx, scale * s);
                 }
-                for (int64_t j = 0; j <= i; j++)
+                for (int64_t j = 0; j <= last; j++)
                     sum += P[i * T + j] = exp(P[i * T + j] - mx);
                 for (int64_t j = 0; j < T; j++)
-                    P[i * T + j] = j <= i ? P[i * T + j] / sum : 0.0;
+                    P[i * T + j] = j <= last ? P[i * T + j] / sum : 0.0;
             }
             for (int64_t i = 0; i < T; i++)
                 for (int64_t d = 0; d < dh; d++) {
@@ -187,11 +195,11 @@ static double rel_rms(const float *got, const double *ref, size_t n)
  * nearest: half an ulp, at most 2^-8 relative; the fp32 value is a few
  * fp32 ulps off the double one, so a near-tie may round the other way,
  * hence the fp32 bound on top); everything else is an fp32 sum. */
-static void check_attention(int64_t B, int64_t T, int64_t H, int64_t dh, int bf16,
-                            uint64_t seed)
+static void check_attention_mask(int64_t B, int64_t T, int64_t H, int64_t dh, int bf16,
+                                 int noncausal, uint64_t seed)
 {
     attn_case c;
-    attn_setup(&c, B, T, H, dh, bf16, seed);
+    attn_setup_mask(&c, B, T, H, dh, bf16, noncausal, seed);
     const int64_t Dk = H * dh;
     const size_t np = (size_t)(B * H * T * T), ny = (size_t)(B * T * Dk), nx = 3 * ny;
     char what[96];
@@ -211,14 +219,19 @@ static void check_attention(int64_t B, int64_t T, int64_t H, int64_t dh, int bf1
     float *got = malloc(np * sizeof *got);
     double *mag = dalloc(np);
     cr_assert(got);
-    int64_t above = 0;
+    int64_t above = 0, zero_above = 0;
     for (size_t p = 0; p < np; p++) {
         const int64_t i = (int64_t)(p / (size_t)T) % T, j = (int64_t)(p % (size_t)T);
         above += j > i && Pu[p] != 0.0;
+        zero_above += j > i && Pu[p] == 0.0;
         got[p] = (float)Pu[p];
         mag[p] = (round_rtol + 1e-5) * r.P[p] + 1e-7;   /* relative, with a floor for exp */
     }
-    cr_expect_eq(above, 0, "%s: %lld masked probabilities are not 0", tag, (long long)above);
+    if (noncausal)   /* no mask: every key has a probability */
+        cr_expect_eq(zero_above, 0, "%s: %lld probabilities above the diagonal are 0 without a "
+                     "mask", tag, (long long)zero_above);
+    else
+        cr_expect_eq(above, 0, "%s: %lld masked probabilities are not 0", tag, (long long)above);
     snprintf(what, sizeof what, "attention %s P", tag);
     compare_ref(what, got, r.P, mag, np, 1.0);
     snprintf(what, sizeof what, "attention %s y = P V", tag);
@@ -260,24 +273,55 @@ static void check_attention(int64_t B, int64_t T, int64_t H, int64_t dh, int bf1
     env_destroy(&c.e);
 }
 
-/* fp32: the reference (stage by stage, T not a multiple of anything, 2
- * samples, 2 heads) and central differences of L in every x. */
-Test(attention, fp32_reference_and_every_input_coordinate)
+static void check_attention(int64_t B, int64_t T, int64_t H, int64_t dh, int bf16,
+                            uint64_t seed)
 {
-    omp_set_num_threads(1);
-    check_attention(2, 7, 2, 4, 0, 41);
+    check_attention_mask(B, T, H, dh, bf16, 0, seed);
+}
+
+/* Central differences of L in every x (fp32), causal or not. */
+static void check_every_input(int noncausal, uint64_t seed)
+{
     attn_case c;
-    attn_setup(&c, 2, 7, 2, 4, 0, 43);
+    attn_setup_mask(&c, 2, 7, 2, 4, 0, noncausal, seed);
     OK(st_attention_forward(&c.e.ctx, &c.a));
     OK(st_attention_backward(&c.e.ctx, &c.a));
     const size_t nx = (size_t)(2 * 7 * 3 * 8);
     float *an = malloc(nx * sizeof *an);
     cr_assert(an);
     memcpy(an, c.dx, nx * sizeof *an);
-    check_param("attention fp32 dx", attn_objective, &c, c.x, an, nx, nx, TOL_ATTENTION,
-                &c.e.rng);
+    check_param(noncausal ? "attention fp32 non-causal dx" : "attention fp32 dx",
+                attn_objective, &c, c.x, an, nx, nx, TOL_ATTENTION, &c.e.rng);
     free(an);
     env_destroy(&c.e);
+}
+
+/* fp32: the reference (stage by stage, T not a multiple of anything, 2
+ * samples, 2 heads) and central differences of L in every x. */
+Test(attention, fp32_reference_and_every_input_coordinate)
+{
+    omp_set_num_threads(1);
+    check_attention(2, 7, 2, 4, 0, 41);
+    check_every_input(0, 43);
+}
+
+/* Not causal (a ViT's encoder): every key of the sample in the softmax,
+ * against the same reference without its mask, and central differences
+ * of L in every x. */
+Test(attention, noncausal_fp32_reference_and_every_input_coordinate)
+{
+    omp_set_num_threads(1);
+    check_attention_mask(2, 7, 2, 4, 0, 1, 51);
+    check_every_input(1, 53);
+}
+
+/* Not causal in bf16: the softmax backward loop over every key. */
+Test(attention, noncausal_bf16_products_of_rounded_operands)
+{
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    omp_set_num_threads(1);
+    check_attention_mask(2, 7, 2, 4, 1, 1, 57);
 }
 
 /* bf16: the products of rounded operands (x's copy through every stride

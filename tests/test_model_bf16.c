@@ -22,10 +22,10 @@ Test(bf16, shared_buffers_no_heap_call_same_seed_same_steps)
     if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
         cr_skip_test("oneDNN has no bf16 matmul on this CPU");
     omp_set_num_threads(1);
-    st_model_config cfgs[3] = { resmlp_config(3, 16, 24, ST_ACT_GELU),
+    st_model_config cfgs[4] = { resmlp_config(3, 16, 24, ST_ACT_GELU),
                                 neuron_config(st_model_kind_named("resmlp"), 1),
-                                gpt_config(2, 8, 2, 6) };
-    for (int k = 0; k < 3; k++) {
+                                gpt_config(2, 8, 2, 6), vit_config(2, 1, 8, 8, 4, ST_POOL_CLS) };
+    for (int k = 0; k < 4; k++) {
         cfgs[k].precision = ST_PRECISION_BF16;
         st_arena a[2];
         st_model *m[2];

@@ -243,7 +243,7 @@ Test(config, convnet_defaults_and_refusals)
     cr_expect(c.depth == 3 && c.width == 32 && c.activation == ST_ACT_RELU);
     c.hidden = 8;
     cr_expect_eq(st_model_config_resolve(&c, ST_MODEL_OPT_HIDDEN), ST_ERR_INVALID);
-    cr_expect_str_eq(st_last_error(), "--hidden applies to --model resmlp, gpt only");
+    cr_expect_str_eq(st_last_error(), "--hidden applies to --model resmlp, gpt, vit only");
 
     c = convnet_small();
     c.depth = 3;   /* 6 -> 3 -> 1 -> 0 */

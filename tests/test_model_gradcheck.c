@@ -1,7 +1,7 @@
 /*
  * tests/test_model_gradcheck.c — finite-difference gradient checks of the mlp,
- * resmlp and gpt models, the gpt's causality and generation, and padded
- * evaluation.
+ * resmlp, gpt and vit models, the gpt's causality and generation, the vit's
+ * lack of causality, and padded evaluation.
  *
  * The small models and the gradient check: tests/model_check.h.
  */
@@ -73,6 +73,115 @@ Test(gradcheck, gpt)
     omp_set_num_threads(1);
     st_model_config c = gpt_config(2, 16, 2, 6);
     gradcheck(&c, "gpt d2 w16 h2 T6", 107);
+}
+
+/* Every segment of the vision transformer: the patch map (through the
+ * patches it reads, 2 channels of 2 x 2 on a 4 x 6 image: 6 patches),
+ * the positions, the non-causal attention, the MLP, the final norm and
+ * the mean over tokens; then the class token and what reads it. */
+Test(gradcheck, vit_mean)
+{
+    omp_set_num_threads(1);
+    st_model_config c = vit_config(2, 2, 4, 6, 2, ST_POOL_MEAN);
+    gradcheck(&c, "vit d2 w16 h2 2x4x6 patch 2 mean", 109);
+}
+
+Test(gradcheck, vit_cls)
+{
+    omp_set_num_threads(1);
+    st_model_config c = vit_config(1, 1, 8, 8, 4, ST_POOL_CLS);
+    gradcheck(&c, "vit d1 w16 h2 1x8x8 patch 4 cls", 110);
+}
+
+/* The ViT's own layer kinds alone, with no block between them: the
+ * patches, their linear map, the positions and the mean pooling, then
+ * the head; every parameter against central differences.
+ * Each gradient below the pooling passes through the pooling's and the
+ * positions' backward. */
+static st_status declare_token_layers(st_model *m)
+{
+    const st_model_config *c = &m->cfg;
+    const int64_t P = c->patch, D = c->width, K = (int64_t)c->in_channels * P * P;
+    const int64_t N = (c->in_height / P) * (c->in_width / P), T = N + (c->pool == ST_POOL_CLS);
+    st_graph_tokens(m, N);
+    const int pt = st_graph_tensor(m, K, ST_W_FULL), e = st_graph_tensor(m, D, ST_W_FULL);
+    const int de = st_graph_tensor(m, D, ST_W_FULL);
+    st_graph_tokens(m, T);
+    const int h = st_graph_tensor(m, D, ST_W_FULL), dh = st_graph_tensor(m, D, ST_W_FULL);
+    st_graph_tokens(m, 0);
+    const int z = st_graph_tensor(m, D, ST_W_FULL), dz = st_graph_tensor(m, D, ST_W_FULL);
+    st_layer *l = st_graph_add(m, &st_layer_patches, "patches", ST_T_INPUT, pt, ST_T_NONE,
+                               ST_T_NONE);
+    cr_assert_not_null(l);
+    l->kernel = (int)P;
+    cr_assert_not_null(st_graph_linear(m, "patch", pt, e, ST_T_NONE, de, K, D));
+    const st_layer_kind *kinds[2] = { &st_layer_positions, &st_layer_token_pool };
+    const int io[2][4] = { { e, h, de, dh }, { h, z, dh, dz } };
+    for (int k = 0; k < 2; k++) {
+        l = st_graph_add(m, kinds[k], k ? "pool" : "tokens", io[k][0], io[k][1], io[k][2],
+                         io[k][3]);
+        cr_assert_not_null(l);
+        l->in = l->out = D;
+        l->tokens = T;
+        l->class_token = c->pool == ST_POOL_CLS;
+    }
+    cr_assert_not_null(st_graph_linear(m, "head", z, ST_T_LOGITS, dz, ST_T_DLOGITS, D,
+                                       c->n_classes));
+    return ST_OK;
+}
+
+static void check_token_layers(st_token_pool pool, const char *tag, uint64_t seed)
+{
+    omp_set_num_threads(1);
+    st_model_config c = vit_config(1, 2, 4, 6, 2, pool);
+    st_arena arena;
+    st_arena_init(&arena, "test_model", NULL, 0);
+    st_model *m = NULL;
+    OK(st_model_create_declared(&c, declare_token_layers, 8, &arena, &m));
+    st_rng r = st_rng_seed(seed);
+    st_model_init_params(m, seed);
+    fill_rows(m, 0, 8, &r);
+    check_model_grads(m, tag, seed + 1);
+    st_model_destroy(m);
+    st_arena_release(&arena);
+}
+
+/* (Mean pooling: with a class token and no attention, nothing reads the
+ * patches; gradcheck/vit_cls checks the class token.) */
+Test(gradcheck, vit_token_layers_alone)
+{
+    check_token_layers(ST_POOL_MEAN, "vit layers alone, 2x4x6 patch 2 mean", 111);
+}
+
+/* Not causal: the class token, first of the tokens, sees the last patch
+ * (a causal mask would hide every patch from it); a pixel changed there
+ * moves that sample's logits only. */
+Test(model, vit_class_token_sees_every_patch)
+{
+    omp_set_num_threads(1);
+    st_model_config c = vit_config(1, 1, 8, 8, 4, ST_POOL_CLS);
+    st_arena arena;
+    st_arena_init(&arena, "test_model", NULL, 0);
+    st_model *m = make_model(&c, 2, &arena);
+    st_model_init_params(m, 5);
+    st_rng r = st_rng_seed(6);
+    fill_rows(m, 0, 2, &r);
+    double sum = 0.0;
+    int64_t hits = 0;
+    OK(st_model_evaluate(m, 2, &sum, &hits));
+    float before[2 * 5];
+    memcpy(before, st_model_logits(m), sizeof before);
+    st_model_input(m)[63] += 1.0f;   /* sample 0, the last pixel of the last patch */
+    OK(st_model_evaluate(m, 2, &sum, &hits));
+    const float *after = st_model_logits(m);
+    int moved = 0;
+    for (int k = 0; k < 5; k++) {
+        moved += after[k] != before[k];
+        cr_assert_eq(after[5 + k], before[5 + k], "sample 1's logit %d moved", k);
+    }
+    cr_assert(moved > 0, "the class token did not see the last patch");
+    st_model_destroy(m);
+    st_arena_release(&arena);
 }
 
 /* Causality: the logits of token t do not move when a later token does. */

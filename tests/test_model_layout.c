@@ -356,7 +356,7 @@ Test(kinds, resolve_fills_defaults_and_refuses_what_a_kind_does_not_take)
                                       "wide)");
     c = resmlp_config(2, 8, 0, ST_ACT_GELU);
     cr_expect_eq(st_model_config_resolve(&c, ST_MODEL_OPT_HEADS), ST_ERR_INVALID);
-    cr_expect_str_eq(st_last_error(), "--heads applies to --model gpt only");
+    cr_expect_str_eq(st_last_error(), "--heads applies to --model gpt, vit only");
     c.context = c.in_dim = 5;
     c.heads = 2;
     cr_expect_eq(st_model_config_check(&c), ST_ERR_INVALID);
@@ -424,11 +424,12 @@ static void seen_tail(void *ctx, size_t from)
 Test(layout, gradients_said_final_stay_final)
 {
     omp_set_num_threads(1);
-    st_model_config cfgs[5] = { mlp_config(3, 16, ST_ACT_RELU),
+    st_model_config cfgs[6] = { mlp_config(3, 16, ST_ACT_RELU),
                                 resmlp_config(3, 16, 24, ST_ACT_GELU), gpt_config(2, 8, 2, 6),
                                 resnet_config(st_model_kind_named("resnet"), 1, 4, 3, 8, 8),
-                                neuron_config(st_model_kind_named("resmlp"), 1) };
-    for (int k = 0; k < 5; k++) {
+                                neuron_config(st_model_kind_named("resmlp"), 1),
+                                vit_config(2, 1, 8, 8, 4, ST_POOL_CLS) };
+    for (int k = 0; k < 6; k++) {
         st_arena a[2];
         st_model *m[2];
         for (int j = 0; j < 2; j++) {

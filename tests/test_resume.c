@@ -278,14 +278,18 @@ Test(resume, a_split_run_resumes_bitwise_and_refuses_another_split, .timeout = 6
  * multiple of R would hide it). */
 Test(resume, sdp_resumed_inside_a_mask_round_is_bitwise, .timeout = 60)
 {
-    char dir[ST_TEST_PATH_MAX], runs[2][4 * ST_TEST_PATH_MAX], extra[2 * ST_TEST_PATH_MAX],
+    char dir[ST_TEST_PATH_MAX], runs[3][4 * ST_TEST_PATH_MAX], extra[2 * ST_TEST_PATH_MAX],
         a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
     setup_run(dir, runs[0], sizeof runs[0], "--model mlp --depth 2 --width 32 --workers 2 "
               "--strategy sdp --subnet neuron --resample 5");
     snprintf(runs[1], sizeof runs[1], "--data 'idx:%s/data' --batch 26 --steps 20 --model resmlp "
              "--depth 4 --width 32 --workers 2 --strategy sdp --masking backward --resample 5",
              dir);
-    for (size_t i = 0; i < 2; i++) {
+    /* a ViT's heads as the units, a class token */
+    snprintf(runs[2], sizeof runs[2], "--data 'idx:%s/data' --batch 26 --steps 20 --model vit "
+             "--depth 2 --width 16 --heads 2 --patch 4 --pool cls --workers 2 --strategy sdp "
+             "--subnet neuron --resample 5", dir);
+    for (size_t i = 0; i < 3; i++) {
         char ck[16], resumed[16];
         snprintf(ck, sizeof ck, "ck%zu", i);
         snprintf(resumed, sizeof resumed, "resumed%zu", i);

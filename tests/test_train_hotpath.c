@@ -1,7 +1,7 @@
 /*
  * tests/test_train_hotpath.c — the hot path: a training step makes no heap
  * call of subtrain's own, on one worker, with data parallelism, neuron
- * subnetworks and a transformer.
+ * subnetworks, a transformer and a vision transformer.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -161,4 +161,27 @@ Test(gpt, a_step_makes_no_heap_allocation, .timeout = 60)
     st_dataset_free(&train);
     st_dataset_free(&test);
     free(t.bytes);
+}
+
+/* A vision transformer (32 features as 2 x 4 x 4 images, patches of 2, a
+ * class token): the patch, position and pooling loops and the non-causal
+ * attention, under sdp over heads. */
+Test(vit, a_step_makes_no_heap_allocation, .timeout = 60)
+{
+    HEAPWATCH_SKIP_IF_OFF();
+    st_train_config c = st_train_config_default();
+    c.model = (st_model_config){ .kind = st_model_kind_named("vit"), .depth = 2, .width = 16,
+                                 .heads = 2, .patch = 2, .pool = ST_POOL_CLS,
+                                 .activation = ST_ACT_GELU, .in_dim = 32, .in_channels = 2,
+                                 .in_height = 4, .in_width = 4, .n_classes = 4 };
+    c.workers = 2;
+    c.oversubscribe = 1;
+    c.batch = 16;
+    c.steps = 40;
+    c.epochs = 0;
+    c.neuron_group = 8;   /* one head */
+    assert_steps_make_no_heap_call(&c, "vit data parallelism");
+    c.strategy = ST_STRATEGY_SDP;
+    c.sdp.subnet = ST_SUBNET_NEURON;
+    assert_steps_make_no_heap_call(&c, "vit sdp over heads");
 }

@@ -68,7 +68,8 @@ awk 'BEGIN { for (i = 0; i < 400; i++) printf "line %d: the quick brown fox %d\n
     >"$W/text.txt"
 IMG="--data idx:$W/img:tr-img,tr-lab,te-img,te-lab"
 # (resmlp-ist: trained by ist, evaluated with its branch scale 1/2)
-FAMILIES=${TORCH_INTEROP_FAMILIES:-mlp resmlp resmlp-ist gpt resnet resnet18 convnet}
+# (vit-cls: a class token, 2 x 2 patches)
+FAMILIES=${TORCH_INTEROP_FAMILIES:-mlp resmlp resmlp-ist gpt resnet resnet18 convnet vit vit-cls}
 opts() {   # the data and model options of a family
     case $1 in
     mlp) echo "$IMG --model mlp --depth 2 --width 16 --activation relu" ;;
@@ -80,6 +81,8 @@ opts() {   # the data and model options of a family
     resnet) echo "$IMG --model resnet --depth 1 --width 4" ;;
     resnet18) echo "$IMG --model resnet18 --width 4 --activation gelu" ;;
     convnet) echo "$IMG --model convnet --depth 2 --width 4" ;;
+    vit) echo "$IMG --model vit --depth 2 --width 16 --heads 2 --hidden 24 --patch 4" ;;
+    vit-cls) echo "$IMG --model vit --depth 1 --width 16 --heads 2 --patch 2 --pool cls" ;;
     esac
 }
 say() {   # say WHAT COMMAND...: runs it, its output kept; on failure shown

@@ -63,6 +63,10 @@ static int config_of(const st_safetensors *f, const char *path, st_model_config 
     c->in_height = meta_int(f, "subtrain.in_height");
     c->in_width = meta_int(f, "subtrain.in_width");
     c->n_classes = meta_int(f, "subtrain.classes");
+    c->patch = meta_int(f, "subtrain.patch");
+    const char *pool = st_safetensors_meta(f, "subtrain.pool");
+    if (pool && st_token_pool_parse(pool, &c->pool) != ST_OK)
+        return fail(path);
     const char *scale = st_safetensors_meta(f, "subtrain.eval_branch_scale");
     const double s = scale ? strtod(scale, NULL) : 0.0;
     c->subnet.scale = s > 0.0 && s < 1.0 ? (float)s : 0.0f;

@@ -26,6 +26,11 @@
  *             -> depth pre-norm blocks { h += proj(attn(qkv(LN(h))));
  *             h += fc2(act(fc1(LN(h)))) }, heads H, MLP hidden 4 D
  *             -> LN -> linear(D, 256): the next byte at every position
+ *   vit:      image C x H x W -> its (H / P) (W / P) patches of P x P, each
+ *             flattened and mapped by linear(C P P, D), a class token
+ *             first (--pool cls) + position embedding
+ *             -> depth pre-norm blocks as gpt's, attention not causal
+ *             -> LN -> the class token or the tokens' mean -> linear(D, classes)
  * Sequence models (context > 0) run every tensor as (batch x context)
  * rows, one per token: in_dim is the context (one byte id per token),
  * the labels are context per sample (the next bytes) and the loss is the
@@ -65,7 +70,11 @@ typedef enum st_model_reads {
 enum {
     ST_MODEL_OPT_DEPTH = 1u, ST_MODEL_OPT_WIDTH = 2u, ST_MODEL_OPT_HIDDEN = 4u,
     ST_MODEL_OPT_ACTIVATION = 8u, ST_MODEL_OPT_CONTEXT = 16u, ST_MODEL_OPT_HEADS = 32u,
+    ST_MODEL_OPT_PATCH = 64u, ST_MODEL_OPT_POOL = 128u,
 };
+
+/* What a ViT's head reads: the mean of its tokens, or its class token. */
+typedef enum st_token_pool { ST_POOL_MEAN, ST_POOL_CLS } st_token_pool;
 
 /* Arithmetic of the matrix products (doc/precision.md).  BF16: linear
  * and convolution layers multiply bf16 copies of their weights and inputs
@@ -145,6 +154,10 @@ typedef struct st_model_config {
      * and attention heads (width = heads x head size). */
     int context;
     int heads;
+    /* Patch models (vit): the side P of its square patches (0: none) and
+     * what the head reads. */
+    int patch;
+    st_token_pool pool;
     st_model_subnet subnet; /* zero: the whole model */
     st_precision precision; /* of the products of linear, convolution and
                              * attention layers (FP32 default) */
@@ -246,6 +259,8 @@ size_t st_model_config_describe(const st_model_config *cfg, char *buf, size_t n)
 const char *st_activation_name(st_activation act);
 const char *st_precision_name(st_precision p);
 st_status st_precision_parse(const char *name, st_precision *out);
+const char *st_token_pool_name(st_token_pool p);
+st_status st_token_pool_parse(const char *name, st_token_pool *out);
 
 /* Whether this CPU runs bf16 products natively.  oneDNN's effective ISA
  * (which ONEDNN_MAX_CPU_ISA can lower): NATIVE with avx512_core_bf16 or

@@ -47,12 +47,15 @@ static const struct rule {
     { "resmlp", "block#.ln.*", "blocks.#.norm.*" },
     { "gpt", "embed.token", "tok_emb.weight" },
     { "gpt", "embed.position", "pos_emb.weight" },
-    { "gpt", "block#.qkv.*", "blocks.#.attn.qkv.*" },
-    { "gpt", "block#.proj.*", "blocks.#.attn.proj.*" },
-    { "gpt", "block#.fc1.*", "blocks.#.mlp.fc1.*" },
-    { "gpt", "block#.fc2.*", "blocks.#.mlp.fc2.*" },
-    { "resmlp gpt", "block#.*", "blocks.#.*" },
-    { "resmlp gpt", "final_ln.*", "norm.*" },
+    { "vit", "patch.*", "patch_embed.*" },
+    { "vit", "tokens.class", "tokens.cls_token" },
+    { "vit", "tokens.position", "tokens.pos_emb" },
+    { "gpt vit", "block#.qkv.*", "blocks.#.attn.qkv.*" },
+    { "gpt vit", "block#.proj.*", "blocks.#.attn.proj.*" },
+    { "gpt vit", "block#.fc1.*", "blocks.#.mlp.fc1.*" },
+    { "gpt vit", "block#.fc2.*", "blocks.#.mlp.fc2.*" },
+    { "resmlp gpt vit", "block#.*", "blocks.#.*" },
+    { "resmlp gpt vit", "final_ln.*", "norm.*" },
     { "resnet resnet18", "stage#.block#.*", "stages.#.#.*" },
     { "resnet resnet18", "final_bn.*", "norm.*" },
     { "convnet", "stage#.*", "stages.#.*" },
@@ -174,8 +177,10 @@ static st_status add_entry(plan *p, const st_model_config *cfg, const st_param_s
      * projection shortcuts (models/resnet.c, models/convnet.c) */
     const int conv = kind_in(cfg->kind, CONVS) && g->cols > 1 && ends_with(g->name, ".weight") &&
                      strcmp(g->name, "head.weight") != 0;
-    if (conv) {
-        const long long k = ends_with(g->name, ".shortcut.weight") ? 1 : 3;
+    /* a ViT's patch map: Conv2d(C, D, P, stride P)'s (D, C, P, P) */
+    const int patch = kind_in(cfg->kind, "vit") && strcmp(g->name, "patch.weight") == 0;
+    if (conv || patch) {
+        const long long k = patch ? cfg->patch : ends_with(g->name, ".shortcut.weight") ? 1 : 3;
         if (g->cols % (k * k))
             return st_fail(ST_ERR_INVALID, "torch layout: '%s' (%lld x %lld) is no %lldx%lld "
                            "convolution", g->name, g->rows, g->cols, k, k);
@@ -287,35 +292,52 @@ static int inner_width(const st_model_config *c)
 {
     if (kind_in(c->kind, "resmlp"))
         return c->hidden > 0 ? c->hidden : c->width;
-    if (kind_in(c->kind, "gpt"))
+    if (kind_in(c->kind, "gpt vit"))
         return c->hidden > 0 ? c->hidden : 4 * c->width;
     return 0;
 }
 
 /* The model's words in the metadata: key, value as an integer (or the
- * activation's name), and whether a file's value must be cfg's. */
-enum { N_MODEL_KEYS = 11 };
+ * activation's or pooling's name), whether a file's value must be cfg's,
+ * and whether the model has it (a ViT's patch and pooling: the others'
+ * files do not say them). */
+enum { N_MODEL_KEYS = 13 };
 typedef struct model_key {
     const char *key;
     int value;
     int checked;
+    int present;
 } model_key;
+
+/* The value of key k as the metadata writes it. */
+static void key_text(const model_key *k, char *out, size_t n)
+{
+    if (strcmp(k->key, "subtrain.activation") == 0)
+        snprintf(out, n, "%s", st_activation_name((st_activation)k->value));
+    else if (strcmp(k->key, "subtrain.pool") == 0)
+        snprintf(out, n, "%s", st_token_pool_name((st_token_pool)k->value));
+    else
+        snprintf(out, n, "%d", k->value);
+}
 
 static void model_keys(const st_model_config *c, model_key k[N_MODEL_KEYS])
 {
-    const int r18 = kind_in(c->kind, "resnet18");
+    const int r18 = kind_in(c->kind, "resnet18"), vit = kind_in(c->kind, "vit");
     const model_key all[N_MODEL_KEYS] = {
-        { "subtrain.depth", r18 ? 2 : c->depth, !r18 },   /* resnet18: 2 blocks a stage */
-        { "subtrain.width", c->width, 1 },
-        { "subtrain.hidden", inner_width(c), 1 },
-        { "subtrain.heads", c->heads, 1 },
-        { "subtrain.context", c->context, 1 },
-        { "subtrain.activation", (int)c->activation, 1 },
-        { "subtrain.in_features", c->in_dim, 1 },
-        { "subtrain.in_channels", c->in_channels, 1 },
-        { "subtrain.in_height", c->in_height, 0 },   /* the modules take any image size */
-        { "subtrain.in_width", c->in_width, 0 },
-        { "subtrain.classes", c->n_classes, 1 },
+        { "subtrain.depth", r18 ? 2 : c->depth, !r18, 1 },   /* resnet18: 2 blocks a stage */
+        { "subtrain.width", c->width, 1, 1 },
+        { "subtrain.hidden", inner_width(c), 1, 1 },
+        { "subtrain.heads", c->heads, 1, 1 },
+        { "subtrain.context", c->context, 1, 1 },
+        { "subtrain.activation", (int)c->activation, 1, 1 },
+        { "subtrain.in_features", c->in_dim, 1, 1 },
+        { "subtrain.in_channels", c->in_channels, 1, 1 },
+        /* the modules take any image size (a ViT's: with its positions' tokens) */
+        { "subtrain.in_height", c->in_height, 0, 1 },
+        { "subtrain.in_width", c->in_width, 0, 1 },
+        { "subtrain.classes", c->n_classes, 1, 1 },
+        { "subtrain.patch", c->patch, 1, vit },
+        { "subtrain.pool", (int)c->pool, 1, vit },
     };
     memcpy(k, all, sizeof all);
 }
@@ -330,13 +352,10 @@ static st_status check_meta(const st_safetensors *f, const char *path, const st_
     model_keys(c, k);
     for (int i = 0; i < N_MODEL_KEYS; i++) {
         const char *v = st_safetensors_meta(f, k[i].key);
-        if (!v || !k[i].checked)
+        if (!v || !k[i].checked || !k[i].present)
             continue;
-        const int act = strcmp(k[i].key, "subtrain.activation") == 0;
         char want[32];
-        snprintf(want, sizeof want, "%d", k[i].value);
-        if (act)
-            snprintf(want, sizeof want, "%s", st_activation_name((st_activation)k[i].value));
+        key_text(&k[i], want, sizeof want);
         if (strcmp(v, want) != 0)
             return st_fail(ST_ERR_FORMAT, "%s: its %s is %s, the model's %s: the weights of "
                            "another model", path, k[i].key, v, want);
@@ -391,11 +410,9 @@ st_status st_torch_write(const char *path, const st_model_config *cfg, const flo
         model_key keys[N_MODEL_KEYS];
         model_keys(cfg, keys);
         for (int i = 0; i < N_MODEL_KEYS; i++) {
-            if (strcmp(keys[i].key, "subtrain.activation") == 0)
-                snprintf(text[i], sizeof text[i], "%s",
-                         st_activation_name((st_activation)keys[i].value));
-            else
-                snprintf(text[i], sizeof text[i], "%d", keys[i].value);
+            if (!keys[i].present)
+                continue;
+            key_text(&keys[i], text[i], sizeof text[i]);
             m[k++] = (st_safetensors_meta_entry){ keys[i].key, text[i] };
         }
         s = st_safetensors_write(path, t, n, m, k);

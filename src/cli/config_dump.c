@@ -77,6 +77,11 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
     case OPT_SPLIT: st_split_name(&t->split, v, n); break;
     case OPT_CONTEXT: if (m->context) snprintf(v, n, "%d", m->context); break;
     case OPT_HEADS: if (m->heads) snprintf(v, n, "%d", m->heads); break;
+    case OPT_PATCH: if (m->patch) snprintf(v, n, "%d", m->patch); break;
+    case OPT_POOL:
+        if (st_model_kind_takes(m->kind, ST_MODEL_OPT_POOL))
+            snprintf(v, n, "%s", st_token_pool_name(m->pool));
+        break;
     case OPT_HOLDOUT: if (text) float_text(o->holdout, v, n); break;
     case OPT_VAL_BYTES: if (text) snprintf(v, n, "%llu", (unsigned long long)o->val_bytes); break;
     case OPT_EPOCH_WINDOWS:

@@ -99,8 +99,8 @@ void st_cli_print_help(FILE *f)
 "Workers:\n", f);
     print_strategies(f);
     fputs(
-"  --neuron-group G       neurons per neuron unit (default 16; gpt: the head size,\n"
-"                         a multiple of which it must be)\n"
+"  --neuron-group G       neurons per neuron unit (default 16; gpt, vit: the head\n"
+"                         size, a multiple of which it must be)\n"
 "  --bn-calibration N     sdp (forward masking), ist: before each evaluation the\n"
 "                         full model re-estimates its batch norm statistics on N\n"
 "                         training batches (default 50; 0: the subnetworks'\n"
@@ -157,7 +157,11 @@ void st_cli_print_help(FILE *f)
 "  --bf16-emulated        run bf16 on a CPU without native bf16 (slow; refused\n"
 "                         otherwise)\n"
 "  --context T            gpt: tokens (bytes) per sample (default 128)\n"
-"  --heads H              gpt: attention heads, dividing the width (default 4)\n"
+"  --heads H              gpt, vit: attention heads, dividing the width (default 4)\n"
+"  --patch P              vit: the side of its square patches, dividing the\n"
+"                         image's sides (default 4)\n"
+"  --pool mean|cls        vit: the head reads the tokens' mean or a class token\n"
+"                         (default mean)\n"
 "Training:\n"
 "  --epochs N             passes over the training set (default 5)\n"
 "  --steps N              train for exactly N steps instead of whole epochs\n"

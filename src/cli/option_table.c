@@ -13,6 +13,8 @@ static const struct option own_options[] = {
     { "split", required_argument, NULL, OPT_SPLIT },
     { "context", required_argument, NULL, OPT_CONTEXT },
     { "heads", required_argument, NULL, OPT_HEADS },
+    { "patch", required_argument, NULL, OPT_PATCH },
+    { "pool", required_argument, NULL, OPT_POOL },
     { "holdout", required_argument, NULL, OPT_HOLDOUT },
     { "val-bytes", required_argument, NULL, OPT_VAL_BYTES },
     { "epoch-windows", required_argument, NULL, OPT_EPOCH_WINDOWS },

@@ -83,6 +83,7 @@ static int parse_progress(const char *s, st_progress_mode *out, char *err, size_
 static st_status parse_model(const char *s, void *o) { return st_model_kind_parse(s, o); }
 static st_status parse_act(const char *s, void *o) { return st_activation_parse(s, o); }
 static st_status parse_precision(const char *s, void *o) { return st_precision_parse(s, o); }
+static st_status parse_pool(const char *s, void *o) { return st_token_pool_parse(s, o); }
 static st_status parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
 static st_status parse_moments(const char *s, void *o) { return st_moments_parse(s, o); }
 static st_status parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
@@ -90,7 +91,8 @@ static st_status parse_strategy(const char *s, void *o) { return st_strategy_par
 
 /* What was given explicitly, for the checks after parsing. */
 typedef struct seen {
-    int epochs, steps, model, depth, width, activation, context, heads, neuron_group, format;
+    int epochs, steps, model, depth, width, activation, context, heads, patch, pool;
+    int neuron_group, format;
     const char *text_option;    /* the first text-only option given */
     const char *sample_option;  /* the last of --prompt, --temperature, --top-k */
     /* the strategies' options given (st_cli_option_table(): OPT_STRATEGY_OPTION + k),
@@ -220,6 +222,8 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     }
     case OPT_CONTEXT: return parse_int("--context", arg, 1, 4096, &t->model.context, err, n);
     case OPT_HEADS: return parse_int("--heads", arg, 1, 65536, &t->model.heads, err, n);
+    case OPT_PATCH: return parse_int("--patch", arg, 1, 4096, &t->model.patch, err, n);
+    case OPT_POOL: return parse_choice("pool", arg, parse_pool, &t->model.pool, err, n);
     case OPT_HOLDOUT:
         if (parse_float("--holdout", arg, '(', 0.0, 1.0, ')', &o->holdout, err, n))
             return st_cli_fail(err, n, "--holdout: expected a fraction in (0, 1), got '%s'",
@@ -365,6 +369,8 @@ static int apply_one(int c, const char *arg, st_cli_options *o, seen *saw, int *
     saw->activation |= c == OPT_ACTIVATION;
     saw->context |= c == OPT_CONTEXT;
     saw->heads |= c == OPT_HEADS;
+    saw->patch |= c == OPT_PATCH;
+    saw->pool |= c == OPT_POOL;
     saw->neuron_group |= c == OPT_NEURON_GROUP;
     saw->format |= c == OPT_FORMAT;
     if (c == OPT_HOLDOUT || c == OPT_VAL_BYTES || c == OPT_EPOCH_WINDOWS)
@@ -583,7 +589,9 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
                           (mc->hidden ? ST_MODEL_OPT_HIDDEN : 0u) |
                           (saw.activation ? ST_MODEL_OPT_ACTIVATION : 0u) |
                           (saw.context ? ST_MODEL_OPT_CONTEXT : 0u) |
-                          (saw.heads ? ST_MODEL_OPT_HEADS : 0u);
+                          (saw.heads ? ST_MODEL_OPT_HEADS : 0u) |
+                          (saw.patch ? ST_MODEL_OPT_PATCH : 0u) |
+                          (saw.pool ? ST_MODEL_OPT_POOL : 0u);
     if (st_model_config_resolve(mc, opts) != ST_OK)
         return st_cli_fail(err, n, "%s", st_last_error());
     if (mc->heads > 0) {   /* attention: a unit is one head (and that many MLP neurons) */

@@ -29,6 +29,12 @@ const st_tensor *st_graph_tensor_info(const st_model *m, int tensor)
     return tensor < 0 ? NULL : &m->tensors[resolve(m, tensor)];
 }
 
+int64_t st_graph_rows(const st_model *m, int tensor)
+{
+    const st_tensor *t = &m->tensors[resolve(m, tensor)];
+    return t->tokens ? (int64_t)m->batch * t->tokens : m->rows;
+}
+
 int64_t st_graph_cols(const st_model *m, int tensor)
 {
     return tensor_width(m, &m->tensors[resolve(m, tensor)]);
@@ -139,6 +145,12 @@ static int64_t tensor_width(const st_model *m, const st_tensor *t)
                 n = m->keep[u].n;
     }
     return n * t->h * t->w * t->copies;
+}
+
+/* Floats of tensor t (resolved) in this instance: its rows times its width. */
+static size_t tensor_floats(const st_model *m, int t)
+{
+    return (size_t)st_graph_rows(m, t) * (size_t)tensor_width(m, &m->tensors[t]);
 }
 
 /* The last layer before i that writes tensor t (resolved), -1: none. */
@@ -341,7 +353,7 @@ static st_status assign_forward_only(st_model *m)
         }
     for (int i = 0; i < n; i++) {
         const int t = order[i];
-        const size_t need = (size_t)m->rows * (size_t)tensor_width(m, &m->tensors[t]);
+        const size_t need = tensor_floats(m, t);
         slot[t] = take_buffer(size, busy, &buffers, need, first[t], last[t]);
     }
     /* the gradients, largest first (then by id), so that the large ones
@@ -353,14 +365,14 @@ static st_status assign_forward_only(st_model *m)
             first[t] = 0;
             last[t] = 0;
             int j = n++;
-            const size_t w = (size_t)tensor_width(m, &m->tensors[t]);
-            for (; j > n_fwd && (size_t)tensor_width(m, &m->tensors[order[j - 1]]) < w; j--)
+            const size_t w = tensor_floats(m, t);
+            for (; j > n_fwd && tensor_floats(m, order[j - 1]) < w; j--)
                 order[j] = order[j - 1];
             order[j] = t;
         }
     for (int i = n_fwd; i < n; i++) {
         const int t = order[i];
-        const size_t need = (size_t)m->rows * (size_t)tensor_width(m, &m->tensors[t]);
+        const size_t need = tensor_floats(m, t);
         slot[t] = take_buffer(size, busy, &buffers, need, INT_MAX, INT_MAX);
     }
     float **buf = buffers ? malloc((size_t)buffers * sizeof *buf) : NULL;
@@ -428,7 +440,6 @@ static st_status grads_final(st_model *m)
 
 st_status st_graph_build(st_model *m)
 {
-    const size_t R = (size_t)m->rows;
     prune_input_gradients(m);
     if (m->storage.params && m->storage.count != m->n_params)
         return st_fail(ST_ERR_INVALID, "storage of %zu parameters for a model of %zu",
@@ -464,8 +475,7 @@ st_status st_graph_build(st_model *m)
             const int t = touched[k] >= 0 ? resolve(m, touched[k]) : ST_T_NONE;
             if (t < 0 || m->tensors[t].data)
                 continue;
-            ST_TRY(st_graph_alloc(m, R * (size_t)tensor_width(m, &m->tensors[t]),
-                                  &m->tensors[t].data));
+            ST_TRY(st_graph_alloc(m, tensor_floats(m, t), &m->tensors[t].data));
         }
     }
     /* A norm whose parameters get no gradient (backward masking) still has

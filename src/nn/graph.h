@@ -73,6 +73,8 @@ typedef struct st_tensor {
     int copies;            /* of its width: a row is `copies` runs of the
                             * width's kept units back to back (attention's
                             * Q, K and V: 3); 1 otherwise */
+    int64_t tokens;        /* rows per sample (a ViT's patches); 0: the
+                            * model's (m->rows / batch) */
     float *data;           /* (rows, copies x width) */
 } st_tensor;
 
@@ -127,6 +129,8 @@ struct st_model {
     int n_tensors, cap_tensors;
     int open_group;        /* while declaring: the group being declared */
     int open_section;      /* while declaring: the section layers join */
+    int64_t open_tokens;   /* while declaring: the rows per sample of new
+                            * tensors (st_graph_tokens; 0: the model's) */
     int n_groups;          /* layer groups of the full model */
     int n_width;           /* width layers of the full model */
 
@@ -238,6 +242,13 @@ int st_graph_tensor_widest_of(st_model *m, int64_t cols, int copies);
 /* The same for images of `channels` x h x w per sample (NCHW): a width
  * layer's units are then groups of channels, each h x w. */
 int st_graph_image(st_model *m, int64_t channels, int64_t h, int64_t w, int width);
+/* The tensors declared from now on have `tokens` rows per sample (0:
+ * the model's, a row per sample or per token of its context): a model
+ * whose inner tensors have a row per patch and whose logits a row per
+ * sample (the ViT) declares its token tensors after st_graph_tokens(T). */
+void st_graph_tokens(st_model *m, int64_t tokens);
+/* Rows of a tensor in this instance: batch x its tokens. */
+int64_t st_graph_rows(const st_model *m, int tensor);
 /* A tensor as declared (its alias resolved: a dropped group's output is
  * its input). */
 const st_tensor *st_graph_tensor_info(const st_model *m, int tensor);

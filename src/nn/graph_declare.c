@@ -33,10 +33,16 @@ int st_graph_image(st_model *m, int64_t channels, int64_t h, int64_t w, int widt
     m->tensors[m->n_tensors] = (st_tensor){
         .cols = channels * h * w, .channels = channels, .h = h, .w = w,
         .width_unit = width, .group = m->open_group, .alias = ST_T_NONE, .copies = 1,
+        .tokens = m->open_tokens,
     };
     if (width >= m->n_width)
         m->n_width = width + 1;
     return m->n_tensors++;
+}
+
+void st_graph_tokens(st_model *m, int64_t tokens)
+{
+    m->open_tokens = tokens;
 }
 
 int st_graph_tensor(st_model *m, int64_t cols, int width)

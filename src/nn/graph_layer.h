@@ -69,6 +69,9 @@ extern const st_layer_kind st_layer_avgpool;    /* nn/layers/pool.c: global aver
 extern const st_layer_kind st_layer_maxpool;    /* nn/layers/pool.c */
 extern const st_layer_kind st_layer_embedding;  /* nn/layers/embedding.c */
 extern const st_layer_kind st_layer_attention;  /* nn/layers/attention.c */
+extern const st_layer_kind st_layer_patches;    /* nn/layers/patch.c */
+extern const st_layer_kind st_layer_positions;  /* nn/layers/tokens.c */
+extern const st_layer_kind st_layer_token_pool; /* nn/layers/tokens.c */
 
 struct st_layer {
     const st_layer_kind *kind;
@@ -95,6 +98,10 @@ struct st_layer {
     /* attention */
     int heads;             /* of the full layer (its width layer's units are
                             * groups of whole heads) */
+    int noncausal;         /* 1: no causal mask (a ViT's encoder) */
+    /* patches (its side: kernel), positions, token pool */
+    int64_t tokens;        /* positions: rows a sample out; pool: in */
+    int class_token;       /* positions: prepends one; pool: reads it */
     /* activation */
     st_activation activation;
     int fuse_relu;         /* batch norm: y = relu(bn(x)), the ReLU fused in */
@@ -135,6 +142,17 @@ struct st_layer {
             const float *dy;
             float *dtok, *dpos;
         } embed;
+        struct st_patches {       /* nn/layers/patch.c */
+            int64_t batch, channels, height, width, patch, n_patches;
+            const float *x;
+            float *y;
+        } patches;
+        struct st_tokens {        /* nn/layers/tokens.c */
+            int64_t batch, in_rows, out_rows, width;
+            int class_token;
+            const float *x, *dy, *cls, *pos;
+            float *y, *dx, *dcls, *dpos;
+        } tokens;
         struct {           /* a kind that runs its own loop: its buffers */
             const float *x, *dy;
             float *y, *dx;

@@ -181,6 +181,8 @@ typedef struct st_attention_io {
     float *scratch;               /* st_attention_scratch_floats, shared with other
                                    * layers' passes (nothing in it outlives one) */
     int bf16;
+    int noncausal;                /* 1: every token attends to every token (a ViT's
+                                   * encoder); 0: to itself and those before it */
 } st_attention_io;
 
 typedef struct st_attention {
@@ -189,6 +191,7 @@ typedef struct st_attention {
     st_prim scores, softmax, context;           /* forward */
     st_prim d_v, d_probs, d_softmax, d_q, d_k;  /* backward (d_softmax: fp32 only) */
     int has_dx;
+    int noncausal;         /* st_attention_io.noncausal: no mask */
     float *S;              /* the scores the causal mask writes: in P's buffer (fp32),
                             * in the scratch (bf16) */
     /* bf16 (st_attention_io.bf16): xb is the layer's own copy of x (read

@@ -43,6 +43,13 @@ static st_status layout_with(st_model *m, const st_model_config *cfg, st_model_d
 static st_status layout_full(st_model *m, const st_model_config *cfg);
 static void destroy_layout(st_model *m);
 
+/* A model with attention heads: a sequence model, or a kind that takes
+ * --heads (the ViT, whose tokens are its patches). */
+static int attends(const st_model_config *c)
+{
+    return c->context || st_model_kind_takes(c->kind, ST_MODEL_OPT_HEADS);
+}
+
 /* The sizes and options, whoever declares the model. */
 static st_status check_fields(const st_model_config *c)
 {
@@ -74,7 +81,7 @@ static st_status check_fields(const st_model_config *c)
     if (c->context && c->in_dim != c->context)
         return st_fail(ST_ERR_INVALID, "a sequence model of context %d reads %d byte ids per "
                        "sample, not %d features", c->context, c->context, c->in_dim);
-    if (c->context && (c->heads < 1 || c->width % c->heads != 0))
+    if (attends(c) && (c->heads < 1 || c->width % c->heads != 0))
         return st_fail(ST_ERR_INVALID, "heads must be >= 1 and divide the width %d, got %d",
                        c->width, c->heads);
     return ST_OK;
@@ -135,7 +142,7 @@ static st_status check_subnet(const st_model_config *c, st_model_declare_fn decl
     if (s == ST_OK && by_width && (!u->width_count || !u->width_kept || u->unit_size < 1 || U == 0))
         s = st_fail(ST_ERR_INVALID, "neuron subnetworks need a group size >= 1, a model with "
                     "width layers and the kept groups of every layer");
-    if (s == ST_OK && by_width && c->context && c->heads > 0 &&
+    if (s == ST_OK && by_width && attends(c) && c->heads > 0 &&
         u->unit_size % (c->width / c->heads) != 0)
         s = st_fail(ST_ERR_INVALID, "neuron units of %s are whole attention heads: the neuron "
                     "group %d is not a multiple of the head size %d (width %d / %d heads)",

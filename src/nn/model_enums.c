@@ -1,4 +1,4 @@
-/* nn/model_enums.c — names of the activations and precisions (the model
+/* nn/model_enums.c — names of the activations, precisions and poolings (the model
  * kinds' are their entries', nn/model.c). */
 #include <subtrain/model.h>
 
@@ -16,6 +16,12 @@ static const st_enum_entry precision_entries[] = {
     { "bf16", ST_PRECISION_BF16 },
 };
 static const st_enum_table precisions = ST_ENUM_TABLE("precision", precision_entries);
+
+static const st_enum_entry pool_entries[] = {
+    { "mean", ST_POOL_MEAN },
+    { "cls", ST_POOL_CLS },
+};
+static const st_enum_table pools = ST_ENUM_TABLE("pool", pool_entries);
 
 const char *st_activation_name(st_activation act)
 {
@@ -40,5 +46,18 @@ st_status st_precision_parse(const char *name, st_precision *out)
     int v;
     ST_TRY(st_enum_parse(&precisions, name, &v));
     *out = (st_precision)v;
+    return ST_OK;
+}
+
+const char *st_token_pool_name(st_token_pool p)
+{
+    return st_enum_name(&pools, (int)p);
+}
+
+st_status st_token_pool_parse(const char *name, st_token_pool *out)
+{
+    int v;
+    ST_TRY(st_enum_parse(&pools, name, &v));
+    *out = (st_token_pool)v;
     return ST_OK;
 }

@@ -15,7 +15,7 @@
 /* The model kinds, in the order --help and messages list them: each is
  * the entry st_model_NAME that src/nn/models/NAME.c defines, and its
  * place here is its st_model_kind. */
-#define MODEL_KINDS(X) X(mlp) X(resmlp) X(resnet) X(resnet18) X(gpt) X(convnet)
+#define MODEL_KINDS(X) X(mlp) X(resmlp) X(resnet) X(resnet18) X(gpt) X(convnet) X(vit)
 
 #define DECLARE(name) extern const st_model_builder st_model_##name;
 MODEL_KINDS(DECLARE)
@@ -117,6 +117,8 @@ static const struct { unsigned bit; const char *option; } optional[] = {
     { ST_MODEL_OPT_HIDDEN, "--hidden" },
     { ST_MODEL_OPT_CONTEXT, "--context" },
     { ST_MODEL_OPT_HEADS, "--heads" },
+    { ST_MODEL_OPT_PATCH, "--patch" },
+    { ST_MODEL_OPT_POOL, "--pool" },
 };
 
 void st_model_kinds_taking(unsigned option, char *buf, size_t n)

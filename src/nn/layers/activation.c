@@ -103,7 +103,8 @@ st_status st_act_backward(const st_nn_ctx *ctx, const st_act *a)
 /* Elementwise over every float of a sample (an image's too). */
 static st_status act_build(st_model *m, st_layer *l)
 {
-    return st_act_build(&m->ctx, &l->u.act, l->activation, m->rows, st_graph_cols(m, l->y),
+    return st_act_build(&m->ctx, &l->u.act, l->activation, st_graph_rows(m, l->y),
+                        st_graph_cols(m, l->y),
                         st_graph_data(m, l->x), st_graph_data(m, l->y), st_graph_data(m, l->dx),
                         st_graph_data(m, l->dy),
                         m->cfg.precision == ST_PRECISION_BF16 && l->backward);

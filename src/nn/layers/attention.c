@@ -24,7 +24,9 @@
  * -inf above the diagonal (T^2 / 2 stores per head, no read): a binary
  * post-op would need a (1, 1, T, T) operand broadcast over batch and heads,
  * which oneDNN 2.6's matmul does not fuse.  Masked probabilities are then
- * exactly 0, and so are their gradients.
+ * exactly 0, and so are their gradients.  A non-causal layer (a ViT's
+ * encoder, st_attention_io.noncausal) has no mask: every token attends to
+ * every token of its sample, and the rest is the same.
  *
  * In bf16 (--precision bf16) the six products read bf16 operands and
  * accumulate and write fp32, as linear layers do (oneDNN 2.6 creates each
@@ -140,7 +142,7 @@ st_status st_attention_build(st_nn_ctx *ctx, st_attention *a, int64_t batch, int
     const int64_t B = batch, T = tokens, H = heads, dh = head_dim;
     *a = (st_attention){ .batch = B, .heads = H, .tokens = T, .head_dim = dh,
                          .scale = 1.0f / sqrtf((float)dh), .has_dx = io->dx != NULL,
-                         .bf16 = io->bf16 != 0 };
+                         .bf16 = io->bf16 != 0, .noncausal = io->noncausal != 0 };
     const int64_t Dk = H * dh, X = 3 * Dk;   /* a token's row of x */
     /* Views, (B, H, rows, cols), of the products' operands (dnnl_bf16 in
      * bf16) and of their fp32 outputs.  part: one of x's (and dx's) three
@@ -265,15 +267,15 @@ static void dsoftmax_row_bf16(st_bf16 *restrict p, const float *restrict dp, int
 }
 
 /* bf16: dS = P (dP - sum_j P dP) per row of every (T, T) block, P read
- * from pb and dS written over it, in bf16; fp32 math (header).  A row i
- * has keys j <= i only (P is exactly 0 beyond: so is dS). */
+ * from pb and dS written over it, in bf16; fp32 math (header).  A causal
+ * row i has keys j <= i only (P is exactly 0 beyond: so is dS). */
 static void softmax_backward_bf16(const st_attention *a)
 {
     const int64_t T = a->tokens;
     st_bf16 *p = a->pb;
     const float *dp = a->dp;
     for (int64_t r = 0; r < a->batch * a->heads * T; r++, p += T, dp += T) {
-        const int64_t n = r % T + 1;
+        const int64_t n = a->noncausal ? T : r % T + 1;
         float sum = 0.0f;
         for (int64_t j = 0; j < n; j++)
             sum += st_bf16_to_float(p[j]) * dp[j];
@@ -289,7 +291,8 @@ st_status st_attention_forward(const st_nn_ctx *ctx, const st_attention *a)
     if (a->bf16)
         ST_TRY(st_prim_run(ctx, &a->to_bf16_x));
     ST_TRY(st_prim_run(ctx, &a->scores));
-    causal_mask(a, a->S);
+    if (!a->noncausal)
+        causal_mask(a, a->S);
     ST_TRY(st_prim_run(ctx, &a->softmax));
     if (a->bf16)
         ST_TRY(st_prim_run(ctx, &a->to_bf16_p));
@@ -326,12 +329,18 @@ static int64_t kept_heads(const st_model *m, const st_layer *l)
     return st_graph_cols(m, l->y) / dh;
 }
 
+/* Tokens per sample: the rows of its input per sample. */
+static int64_t tokens(const st_model *m, const st_layer *l)
+{
+    return st_graph_rows(m, l->x) / m->batch;
+}
+
 /* The probabilities, kept for the backward (bf16: half the bytes). */
 static st_status attn_alloc(st_model *m, st_layer *l)
 {
     void *p;
     ST_TRY(st_arena_alloc(m->arena, ST_MEM_ATTENTION,
-                          st_attention_probs_bytes(m->batch, kept_heads(m, l), m->cfg.context,
+                          st_attention_probs_bytes(m->batch, kept_heads(m, l), tokens(m, l),
                                                    precision_bf16(m)), &p));
     l->saved[0] = p;
     return ST_OK;
@@ -342,12 +351,12 @@ static st_status attn_alloc(st_model *m, st_layer *l)
  * time, nothing kept from one to the next). */
 static size_t attn_scratch(const st_model *m, const st_layer *l)
 {
-    return st_attention_scratch_floats(m->batch, kept_heads(m, l), m->cfg.context);
+    return st_attention_scratch_floats(m->batch, kept_heads(m, l), tokens(m, l));
 }
 
 static st_status attn_build(st_model *m, st_layer *l)
 {
-    const int64_t B = m->batch, T = m->cfg.context, dh = l->out / l->heads;
+    const int64_t B = m->batch, T = tokens(m, l), dh = l->out / l->heads;
     const int64_t Dk = st_graph_cols(m, l->y);
     if (T < 1 || l->heads < 1 || l->out % l->heads != 0)
         return st_fail(ST_ERR_INVALID, "%s: attention needs a context and heads dividing the "
@@ -368,6 +377,7 @@ static st_status attn_build(st_model *m, st_layer *l)
         .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
         .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
         .probs = l->saved[0], .scratch = st_graph_grad_scratch(m), .bf16 = precision_bf16(m),
+        .noncausal = l->noncausal,
     };
     return st_attention_build(&m->ctx, &l->u.attn, B, T, Dk / dh, dh, &io);
 }

@@ -163,8 +163,9 @@ static st_status norm_layout(st_model *m, st_layer *l)
 /* Mean and variance per row, saved for the backward. */
 static st_status norm_alloc(st_model *m, st_layer *l)
 {
-    ST_TRY(st_graph_alloc(m, (size_t)m->rows, &l->saved[0]));
-    return st_graph_alloc(m, (size_t)m->rows, &l->saved[1]);
+    const size_t rows = (size_t)st_graph_rows(m, l->y);
+    ST_TRY(st_graph_alloc(m, rows, &l->saved[0]));
+    return st_graph_alloc(m, rows, &l->saved[1]);
 }
 
 static st_status norm_build(st_model *m, st_layer *l)
@@ -181,7 +182,7 @@ static st_status norm_build(st_model *m, st_layer *l)
         io.dgamma = st_graph_norm_scratch(m);
         io.dbeta = io.dgamma + l->out;
     }
-    return st_layernorm_build(&m->ctx, &l->u.norm, m->rows, l->out, &io);
+    return st_layernorm_build(&m->ctx, &l->u.norm, st_graph_rows(m, l->y), l->out, &io);
 }
 
 static st_status norm_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)

@@ -484,7 +484,7 @@ static st_status linear_build(st_model *m, st_layer *l)
     } else if (in->ids) {
         io.scale = c->subnet.scale;
     }
-    return st_linear_build(&m->ctx, &l->u.linear, m->rows, in->n, out->n, &io);
+    return st_linear_build(&m->ctx, &l->u.linear, st_graph_rows(m, l->y), in->n, out->n, &io);
 }
 
 static st_status linear_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)

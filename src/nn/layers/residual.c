@@ -44,7 +44,7 @@ st_status st_add_run(const st_nn_ctx *ctx, const st_add *r)
 static st_status residual_build(st_model *m, st_layer *l)
 {
     float *dx = st_graph_data(m, l->dx);
-    return st_add_build(&m->ctx, &l->u.add, m->rows, st_graph_cols(m, l->x), dx,
+    return st_add_build(&m->ctx, &l->u.add, st_graph_rows(m, l->x), st_graph_cols(m, l->x), dx,
                         st_graph_data(m, l->dy), dx);
 }
 
@@ -71,7 +71,8 @@ const st_layer_kind st_layer_residual = {
  * the branch's last layer and the shortcut to read the join's dy. */
 static st_status join_build(st_model *m, st_layer *l)
 {
-    return st_add_build(&m->ctx, &l->u.add, m->rows, st_graph_cols(m, l->y), st_graph_data(m, l->x),
+    return st_add_build(&m->ctx, &l->u.add, st_graph_rows(m, l->y), st_graph_cols(m, l->y),
+                        st_graph_data(m, l->x),
                         st_graph_data(m, l->residual), st_graph_data(m, l->y));
 }
 

@@ -12,14 +12,9 @@
  * that mixes a sample's rows.  Width D = H heads of D / H; F = hidden, 4 D
  * unless --hidden says otherwise.
  *
- * Units.  Block g is layer group g (sdp --subnet block: a dropped block is
- * the identity, both of its branches gone).  Its attention heads are
- * width layer 2g: qkv's output is that layer's neurons three times over
- * (Q, K and V rows of the weight, each head-major: `copies` = 3), attn
- * reads and writes them, and proj, stored (in, out), reads them, so a
- * head's Q, K, V rows and its rows of proj move together.  Its MLP
- * neurons are width layer 2g + 1, as in resmlp.  Groups of neurons must be
- * whole heads for the attention layer (attention.c checks).
+ * Units.  Block g is layer group g, its heads width layer 2g, its MLP
+ * neurons width layer 2g + 1 (nn/transformer_block.c, which it shares
+ * with the ViT).
  *
  * Memory (floats), B T = R rows, per block saved for the backward:
  *   n1, qkv, o, h', n2, a, z, out = R (3 D + 3 D + 2 F) + 4 R norm stats
@@ -29,7 +24,7 @@
  */
 #include <stdio.h>
 
-#include "nn/mlp_branch.h"
+#include "nn/transformer_block.h"
 
 #define VOCAB 256   /* byte ids in, the next byte out */
 
@@ -47,50 +42,14 @@ static st_status declare(st_model *m)
     ok = ok && st_graph_add(m, &st_layer_embedding, "embed", ST_T_INPUT, h0, ST_T_NONE, dh);
     if (ok)
         m->layers[m->n_layers - 1].out = D;
-    const st_mlp_grads d = { dh, dtmp, dn, da, dz };
+    const st_block_grads d = { { dh, dtmp, dn, da, dz }, dqkv, dout };
+    const st_block_shape shape = { D, F, c->heads, c->activation, 0 };
     int h = h0;
-    char name[32];
-    st_layer *l;
-    for (int g = 0; ok && g < c->depth; g++) {
-        const int ua = 2 * g, um = 2 * g + 1;   /* width layers: heads, MLP neurons */
-        st_graph_group_begin(m, g);
-        const int n1 = st_graph_tensor(m, D, ST_W_FULL), qkv = st_graph_tensor_copies(m, D, 3, ua);
-        const int o = st_graph_tensor(m, D, ua), h1 = st_graph_tensor(m, D, ST_W_FULL);
-        ok = n1 >= 0 && qkv >= 0 && o >= 0 && h1 >= 0;
-        /* attention branch: h1 = h + proj(attn(qkv(LN1(h)))) */
-        ok = ok && st_graph_add(m, &st_layer_residual, "skip", h, h, dh, dtmp);
-        snprintf(name, sizeof name, "block%d.ln1", g);
-        ok = ok && st_graph_add(m, &st_layer_layernorm, name, h, n1, dtmp, dn);
-        snprintf(name, sizeof name, "block%d.qkv", g);
-        if (!ok || !(l = st_graph_linear(m, name, n1, qkv, dn, dqkv, D, 3 * D)))
-            goto oom;
-        l->out_unit = ua;
-        l->copies = 3;
-        snprintf(name, sizeof name, "block%d.attn", g);
-        if (!(l = st_graph_add(m, &st_layer_attention, name, qkv, o, dqkv, dout)))
-            goto oom;
-        l->in_unit = l->out_unit = ua;
-        l->in = l->out = D;
-        l->heads = c->heads;
-        snprintf(name, sizeof name, "block%d.proj", g);
-        if (!(l = st_graph_linear(m, name, o, h1, dout, dh, D, D)))
-            goto oom;
-        l->in_unit = ua;
-        l->in_major = 1;
-        l->residual = h;
-        l->closes_group = 1;   /* a branch of the block: scaled with it */
-        /* MLP branch: out = h1 + fc2(gelu(fc1(LN2(h1)))) */
-        snprintf(name, sizeof name, "block%d", g);
-        const int out = st_graph_mlp_branch(m, name, "ln2", h1, um, D, F, c->activation, &d);
-        if (out < 0)
-            goto oom;
-        st_graph_group_end(m, h, out);
-        h = out;
-    }
-    ok = ok && st_graph_norm_head(m, h, D, c->n_classes, &d);
+    for (int g = 0; ok && g < c->depth; g++)
+        ok = (h = st_graph_transformer_block(m, g, h, &shape, &d)) >= 0;
+    ok = ok && st_graph_norm_head(m, h, D, c->n_classes, &d.mlp);
     if (ok)
         return ST_OK;
-oom:
     return st_fail(ST_ERR_NOMEM, "out of memory declaring the gpt model");
 }
 
