@@ -105,6 +105,25 @@ typedef struct st_localsgd_config {
                                * average */
 } st_localsgd_config;
 
+/* dp's options (--strategy dp): how its gradients are reduced
+ * (doc/reduction.md, "Compressed communication"). */
+typedef enum st_compress_kind {
+    ST_COMPRESS_NONE = 0,     /* every coordinate (default) */
+    ST_COMPRESS_RANDK,        /* random-k: each step a seeded subset of
+                               * a fraction `keep` of every shard's
+                               * coordinates, the same for all workers */
+} st_compress_kind;
+
+typedef struct st_dp_config {
+    st_compress_kind compress;
+    float keep;               /* randk: Q, the fraction kept, in (0, 1]; the
+                               * kept coordinates are scaled by (coordinates /
+                               * kept) of their shard (1 / Q) */
+    int error_feedback;       /* randk: each worker adds what it dropped to
+                               * its next gradient and sends the kept ones
+                               * unscaled (no longer unbiased) */
+} st_dp_config;
+
 typedef struct st_train_config {
     st_strategy strategy;     /* dp: every worker trains the full model;
                                * sdp: each worker trains its subnetwork;
@@ -116,6 +135,7 @@ typedef struct st_train_config {
                                * below; the others leave them
                                * alone, and refuse those they must not
                                * ignore (st_train_config_check) */
+    st_dp_config dp;
     st_sdp_config sdp;
     st_ist_config ist;
     st_synth_config synth;    /* synth: segments, cuts, labels, recovery */
