@@ -51,7 +51,8 @@ typedef struct st_option_value {
 typedef struct st_strategy_option {
     const char *name;         /* the long option without its dashes, and a
                                * configuration file's key: "local-steps" */
-    const char *syntax;       /* its value in --help: "R", "reset|keep" */
+    const char *syntax;       /* its value in --help: "R", "reset|keep"; a
+                               * FLAG's: "" */
     const char *help;         /* --help's text, lines of at most 55
                                * columns joined by '\n': "ist: steps
                                * between synchronisations (default 50)" */

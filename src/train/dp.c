@@ -24,6 +24,9 @@
 static st_status dp_check(const st_train_config *c, int chosen)
 {
     const st_dp_config *o = &c->dp;
+    if (!chosen && (o->compress != ST_COMPRESS_NONE || o->error_feedback))
+        return st_fail(ST_ERR_INVALID, "%s applies to --strategy dp only",
+                       o->compress != ST_COMPRESS_NONE ? "--compress" : "--error-feedback");
     if (!chosen)
         return ST_OK;
     if (o->compress == ST_COMPRESS_RANDK && !(o->keep > 0.0f && o->keep <= 1.0f))
@@ -260,7 +263,7 @@ static void set_compress(st_train_config *c, const st_option_value *v)
 static int get_compress(const st_train_config *c, st_option_value *v)
 {
     v->name = (int)c->dp.compress;
-    v->real = c->dp.keep;
+    v->real = c->dp.compress == ST_COMPRESS_RANDK ? c->dp.keep : 0.0;
     return 1;
 }
 
@@ -283,7 +286,7 @@ static const st_strategy_option dp_options[] = {
               "scaled by 1/Q (unbiased)",
       .kind = ST_OPTION_TEXT, .parse = parse_compress, .print = print_compress, .only = 1,
       .set = set_compress, .get = get_compress },
-    { .name = "error-feedback",
+    { .name = "error-feedback", .syntax = "",
       .help = "dp with --compress randk:Q: each worker adds\n"
               "what it dropped to its next gradient and sends\n"
               "the kept coordinates unscaled (biased)",
