@@ -131,7 +131,24 @@ Test(cli, compress_takes_randk_and_refuses_bad_values)
         "--oversubscribe --progress none");
     cr_assert_eq(r->status, 0, "%s", r->err);
     cr_assert(strstr(r->out, "| dp (randk 0.5), 2 workers"), "%s", r->out);
+    /* topo: each worker's bytes a step, by the plan (doc/reduction.md's
+     * table: P = 55050, two workers on one domain) */
+    run(r, NULL, "topo --topology 'synthetic:pack:1 numa:1 core:2 pu:1' --params 55050 "
+        "--compress randk:0.5");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, "\nrandom-k 0.5, bytes a step") &&
+              strstr(r->out, "\n  worker 0: read 440552 B (0 B across domains), written "
+                             "330420 B\n"), "%s", r->out);
+    run(r, NULL, "topo --topology 'synthetic:pack:2 numa:1 core:2 pu:1' --params 55050 "
+        "--compress randk:0.25 --error-feedback");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    /* two domains: the packed vectors' partials cross them */
+    const char *rk = strstr(r->out, "random-k 0.25 with error feedback");
+    cr_assert(rk && strstr(rk, "\n  worker 3: read ") && !strstr(rk, "(0 B across domains)"),
+              "%s", r->out);
     free(r);
+    expect_usage_error("topo --compress randk:0", "subtrain topo: --compress randk:0: Q");
+    expect_usage_error("topo --error-feedback", "subtrain topo: --error-feedback keeps");
     const char *q = "Q, the fraction of coordinates kept, must be a number in (0, 1]";
     expect_usage_error("--compress randk:0", "--compress randk:0: Q, the fraction");
     expect_usage_error("--compress randk:1.5", q);

@@ -369,6 +369,41 @@ Test(compress, error_feedback_resumed_is_bitwise, .timeout = 120)
     st_dataset_free(&te);
 }
 
+/* The records' bytes a step are the busiest worker's; `subtrain topo
+ * --compress` computes every worker's from the plans' rules alone
+ * (st_compress_plan_bytes): the two agree to the byte, for 2 and 3
+ * workers, three values of Q, with and without error feedback. */
+Test(compress, planned_bytes_are_the_recorded_ones, .timeout = 120)
+{
+    st_dataset tr, te;
+    make_data(&tr, &te);
+    const float keeps[] = { 1.0f, 0.5f, 0.25f };
+    for (int N = 2; N <= 3; N++)
+        for (int q = 0; q < 3; q++)
+            for (int ef = 0; ef < 2; ef++) {
+                st_train_config c = config(N, 4);
+                c.dp.compress = ST_COMPRESS_RANDK;
+                c.dp.keep = keeps[q];
+                c.dp.error_feedback = ef;
+                run_out *o = train(&c, &tr, &te);
+                st_comm_config cc = { .n_workers = N, .n_params = o->n, .shared_params = 1 };
+                double busiest = 0.0;
+                for (int w = 0; w < N; w++) {
+                    st_comm_bytes b;
+                    cr_assert_eq(st_compress_plan_bytes(&c.dp, &cc, w, &b), ST_OK, "%s",
+                                 st_last_error());
+                    busiest = fmax(busiest, (double)(b.read + b.written));
+                }
+                cr_assert_eq(o->final.comm_bytes_per_worker_step, busiest,
+                             "N %d, Q %g, error feedback %d: recorded %.0f, planned %.0f", N,
+                             (double)keeps[q], ef, o->final.comm_bytes_per_worker_step,
+                             busiest);
+                run_free(o);
+            }
+    st_dataset_free(&tr);
+    st_dataset_free(&te);
+}
+
 Test(compress, bad_options_are_refused)
 {
     st_train_config c = config(2, 10);

@@ -48,6 +48,51 @@ struct st_randk {
     st_rng root;                  /* the run's random-k stream */
 };
 
+/* At least the fraction Q of a shard of S, and at least one of a
+ * non-empty shard. */
+static size_t kept_of(float keep, size_t S)
+{
+    size_t kv = (size_t)ceil((double)keep * (double)S);
+    return kv > S ? S : kv < 1 && S ? 1 : kv;
+}
+
+/* L: the largest k rounded up to 16 floats (a cache line: the packed
+ * engine's shards are then [v L, (v + 1) L)), at least 16. */
+static size_t packed_width(size_t most)
+{
+    return most ? (most + 15) / 16 * 16 : 16;
+}
+
+/* The draw, the pack and the spread of worker w: `begin` the n + 1
+ * shard bounds, `kept` each shard's k. */
+static void add_pass_bytes(int n, const size_t *begin, const uint32_t *kept, size_t P, int ef,
+                           int w, st_comm_bytes *b)
+{
+    const size_t f = sizeof(float), u = sizeof(uint32_t);
+    size_t K = 0;
+    for (int v = 0; v < n; v++)
+        K += kept[v];
+    const size_t Kw = kept[w], Sw = begin[w + 1] - begin[w];
+    /* the draw */
+    b->written += Kw * u;
+    /* the pack: every shard's offsets, the kept gradients (error feedback:
+     * every gradient and residual element, the residual written back) */
+    b->read += K * u + (ef ? 2 * P * f : K * f);
+    b->written += K * f + (ef ? P * f : 0);
+    /* the spread: its offsets and means, its shard gradient */
+    b->read += Kw * (u + f);
+    b->written += Sw * f;
+}
+
+static void add_bytes(st_comm_bytes *b, const st_comm_bytes *p)
+{
+    b->read += p->read;
+    b->written += p->written;
+    b->cross_domain_read += p->cross_domain_read;
+    b->gather_read += p->gather_read;
+    b->gather_written += p->gather_written;
+}
+
 st_status st_randk_create(run_shared *r, st_randk **out)
 {
     const st_dp_config *o = &r->cfg->dp;
@@ -78,16 +123,12 @@ st_status st_randk_create(run_shared *r, st_randk **out)
                            "more than it indexes (2^32 - 1)", S);
         k->begin[v] = s.begin;
         k->begin[v + 1] = s.end;
-        /* at least the fraction Q, and at least one of a non-empty shard */
-        size_t kv = (size_t)ceil((double)o->keep * (double)S);
-        kv = kv > S ? S : kv < 1 && S ? 1 : kv;
+        const size_t kv = kept_of(o->keep, S);
         k->kept[v] = (uint32_t)kv;
         k->scale[v] = k->error_feedback || kv == 0 ? 1.0f : (float)((double)S / (double)kv);
         most = kv > most ? kv : most;
     }
-    k->L = (most + 15) / 16 * 16;
-    if (k->L == 0)
-        k->L = 16;
+    k->L = packed_width(most);
     k->index = malloc(sizeof *k->index * (size_t)n * k->L);
     if (!k->index)
         return st_fail(ST_ERR_NOMEM, "out of memory for random-k's index");
@@ -207,26 +248,73 @@ st_status st_randk_reduce(run_shared *r, void *ctx, st_worker *w, float **out)
 
 st_comm_bytes st_randk_bytes(const st_randk *k, const run_shared *r, int wid)
 {
-    const size_t f = sizeof(float), u = sizeof(uint32_t);
-    size_t K = 0;
-    for (int v = 0; v < k->n; v++)
-        K += k->kept[v];
-    const size_t Kw = k->kept[wid], Sw = k->begin[wid + 1] - k->begin[wid];
     st_comm_bytes b = st_comm_bytes_per_step(r->comm, wid);
     const st_comm_bytes p = st_comm_bytes_per_step(k->packed, wid);
-    b.read += p.read;
-    b.written += p.written;
-    b.cross_domain_read += p.cross_domain_read;
-    /* the draw */
-    b.written += Kw * u;
-    /* the pack: every shard's offsets, the kept gradients (error feedback:
-     * every gradient and residual element, the residual written back) */
-    b.read += K * u + (k->error_feedback ? 2 * k->P * f : K * f);
-    b.written += K * f + (k->error_feedback ? k->P * f : 0);
-    /* the spread: its offsets and means, its shard gradient */
-    b.read += Kw * (u + f);
-    b.written += Sw * f;
+    add_bytes(&b, &p);
+    add_pass_bytes(k->n, k->begin, k->kept, k->P, k->error_feedback, wid, &b);
     return b;
+}
+
+st_status st_compress_plan_bytes(const st_dp_config *c, const st_comm_config *cfg, int w,
+                                 st_comm_bytes *out)
+{
+    if (c->compress == ST_COMPRESS_NONE)
+        return st_comm_plan_bytes(cfg, w, out);
+    memset(out, 0, sizeof *out);
+    const int n = cfg->n_workers;
+    st_comm_config masters = *cfg;
+    masters.roles = ST_COMM_GATHER;
+    masters.backend = ST_COMM_BACKEND_SHARED;
+    st_comm *e = NULL;
+    ST_TRY(st_comm_create(&masters, &e));
+    size_t *begin = malloc(sizeof *begin * ((size_t)n + 1));
+    uint32_t *kept = malloc(sizeof *kept * (size_t)n);
+    st_status s = begin && kept ? ST_OK : st_fail(ST_ERR_NOMEM, "out of memory for the shards");
+    size_t most = 0;
+    for (int v = 0; s == ST_OK && v < n; v++) {
+        const st_range r = st_comm_shard(e, v);
+        begin[v] = r.begin;
+        begin[v + 1] = r.end;
+        kept[v] = (uint32_t)kept_of(c->keep, r.end - r.begin);
+        most = kept[v] > most ? kept[v] : most;
+    }
+    st_comm_destroy(e);
+    st_comm_config packed = *cfg;
+    packed.roles = ST_COMM_REDUCE;
+    packed.shared_params = 0;
+    packed.n_params = (size_t)n * packed_width(most);
+    st_comm_bytes g, p;
+    if (s == ST_OK)
+        s = st_comm_plan_bytes(&masters, w, &g);
+    if (s == ST_OK)
+        s = st_comm_plan_bytes(&packed, w, &p);
+    if (s == ST_OK) {
+        *out = g;
+        add_bytes(out, &p);
+        add_pass_bytes(n, begin, kept, cfg->n_params, c->error_feedback, w, out);
+    }
+    free(begin);
+    free(kept);
+    return s;
+}
+
+st_status st_compress_parse(const char *text, st_dp_config *out)
+{
+    if (strcmp(text, "none") == 0) {
+        out->compress = ST_COMPRESS_NONE;
+        return ST_OK;
+    }
+    if (strncmp(text, "randk:", 6) != 0)
+        return st_fail(ST_ERR_INVALID, "expected none or randk:Q (Q, the fraction of "
+                       "coordinates kept, in (0, 1], e.g. randk:0.25)");
+    char *end;
+    const double q = strtod(text + 6, &end);
+    if (end == text + 6 || *end != '\0' || !(q > 0.0 && q <= 1.0) || (float)q <= 0.0f)
+        return st_fail(ST_ERR_INVALID, "Q, the fraction of coordinates kept, must be a number "
+                       "in (0, 1]");
+    out->compress = ST_COMPRESS_RANDK;
+    out->keep = (float)q;
+    return ST_OK;
 }
 
 static void residual_name(const run_shared *r, int wid, char *out, size_t n)
@@ -251,16 +339,4 @@ st_status st_randk_resume(st_randk *k, run_shared *r, st_worker *w)
         return ST_OK;
     residual_name(r, w->id, name, sizeof name);
     return st_run_resume_load(r, name, k->w[w->id].residual, k->P);
-}
-
-int st_randk_parse(const char *text, float *keep, char *why, size_t n)
-{
-    char *end;
-    const double q = strtod(text, &end);
-    if (end == text || *end != '\0' || !(q > 0.0 && q <= 1.0) || (float)q <= 0.0f) {
-        snprintf(why, n, "Q, the fraction of coordinates kept, must be a number in (0, 1]");
-        return -1;
-    }
-    *keep = (float)q;
-    return 0;
 }

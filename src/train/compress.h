@@ -49,7 +49,4 @@ st_comm_bytes st_randk_bytes(const st_randk *k, const run_shared *r, int wid);
 st_status st_randk_save(st_randk *k, run_shared *r, run_ckpt *ck);
 st_status st_randk_resume(st_randk *k, run_shared *r, st_worker *w);
 
-/* The options' syntax (dp's option table). */
-int st_randk_parse(const char *text, float *keep, char *why, size_t n);
-
 #endif /* SUBTRAIN_TRAIN_COMPRESS_H */

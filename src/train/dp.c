@@ -219,23 +219,16 @@ static void dp_describe(const st_train_config *c, int workers, char *out, size_t
                  c->dp.error_feedback ? ", error feedback" : "");
 }
 
-/* none, or randk:Q */
+/* none, or randk:Q (st_compress_parse) */
 static int parse_compress(const char *text, st_option_value *v, char *why, size_t n)
 {
-    if (strcmp(text, "none") == 0) {
-        v->name = ST_COMPRESS_NONE;
-        return 0;
-    }
-    if (strncmp(text, "randk:", 6) != 0) {
-        snprintf(why, n, "expected none or randk:Q (Q, the fraction of coordinates kept, in "
-                 "(0, 1], e.g. randk:0.25)");
+    st_dp_config c = { .compress = ST_COMPRESS_NONE, .keep = 0.0f };
+    if (st_compress_parse(text, &c) != ST_OK) {
+        snprintf(why, n, "%s", st_last_error());
         return -1;
     }
-    float q;
-    if (st_randk_parse(text + 6, &q, why, n))
-        return -1;
-    v->name = ST_COMPRESS_RANDK;
-    v->real = q;
+    v->name = (int)c.compress;
+    v->real = c.keep;
     return 0;
 }
 
