@@ -114,6 +114,55 @@ Test(cli, localsgd_takes_its_options_and_refuses_others)
                        "--segments applies to --strategy synth only");
 }
 
+/* dp's --compress randk:Q and --error-feedback: read back by
+ * --dump-config (a configuration file's text), in the banner; bad values
+ * and other strategies refused in one line, exit 2. */
+Test(cli, compress_takes_randk_and_refuses_bad_values)
+{
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, "--data synthetic --compress randk:0.3 --error-feedback --dump-config");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, "\ncompress = randk:0.3\n") &&
+              strstr(r->out, "\nerror-feedback = true\n"), "%s", r->out);
+    run(r, NULL, "--data synthetic --dump-config");
+    cr_assert(strstr(r->out, "\ncompress = none\n") &&
+              strstr(r->out, "\nerror-feedback = false\n"), "%s", r->out);
+    run(r, NULL, "--data synthetic --steps 2 --workers 2 --batch 32 --compress randk:0.5 "
+        "--oversubscribe --progress none");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, "| dp (randk 0.5), 2 workers"), "%s", r->out);
+    /* topo: each worker's bytes a step, by the plan (doc/reduction.md's
+     * table: P = 55050, two workers on one domain) */
+    run(r, NULL, "topo --topology 'synthetic:pack:1 numa:1 core:2 pu:1' --params 55050 "
+        "--compress randk:0.5");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, "\nrandom-k 0.5, bytes a step") &&
+              strstr(r->out, "\n  worker 0: read 440552 B (0 B across domains), written "
+                             "330420 B\n"), "%s", r->out);
+    run(r, NULL, "topo --topology 'synthetic:pack:2 numa:1 core:2 pu:1' --params 55050 "
+        "--compress randk:0.25 --error-feedback");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    /* two domains: the packed vectors' partials cross them */
+    const char *rk = strstr(r->out, "random-k 0.25 with error feedback");
+    cr_assert(rk && strstr(rk, "\n  worker 3: read ") && !strstr(rk, "(0 B across domains)"),
+              "%s", r->out);
+    free(r);
+    expect_usage_error("topo --compress randk:0", "subtrain topo: --compress randk:0: Q");
+    expect_usage_error("topo --error-feedback", "subtrain topo: --error-feedback keeps");
+    const char *q = "Q, the fraction of coordinates kept, must be a number in (0, 1]";
+    expect_usage_error("--compress randk:0", "--compress randk:0: Q, the fraction");
+    expect_usage_error("--compress randk:1.5", q);
+    expect_usage_error("--compress randk:x", q);
+    expect_usage_error("--compress randk:-0.5", q);
+    expect_usage_error("--compress randk:", "--compress randk:: Q");
+    expect_usage_error("--compress topk:0.5", "--compress topk:0.5: expected none or randk:Q");
+    expect_usage_error("--compress randk:0.5 --strategy ist",
+                       "--compress applies to --strategy dp only");
+    expect_usage_error("--strategy localsgd --error-feedback",
+                       "--error-feedback applies to --strategy dp only");
+    expect_usage_error("--error-feedback", "--error-feedback keeps what --compress randk:Q drops");
+}
+
 /* A count that must be >= 1 states [1, ...] for every bad value, 0 among
  * them: the range printed for 'abc' is the one 0 is refused by. */
 Test(cli, the_stated_range_is_the_enforced_one)

@@ -271,7 +271,7 @@ Test(values, long_values_keep_their_ends_and_what_is_allowed)
                                                                "[OPTION]...)\n" },
         { "quad '%s'", "subtrain quad: unexpected argument '", "' (usage: subtrain quad "
                                                                "[OPTION]...)\n" },
-        { "quad --case '%s'", "subtrain quad: --case: expected all, 1, 2, 3, 4 or 5, got '",
+        { "quad --case '%s'", "subtrain quad: --case: expected all, 1, 2, 3, 4, 5 or 6, got '",
           "'\n" },
         { "quad --gamma '%s'", "subtrain quad: --gamma: expected a number in (0, 2), got '",
           "'\n" },

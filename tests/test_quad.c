@@ -600,6 +600,83 @@ Test(quad, case5_perm_sketches_are_unbiased_within_a_bernstein_bound)
     }
 }
 
+/* ------------------------------------------------------------ case 6 */
+
+/* One compression keeps exactly k coordinates, each scale times its
+ * value, the others 0; k = d keeps v scaled. */
+Test(quad, randk_keeps_k_coordinates_scaled)
+{
+    double v[10], out[10];
+    for (int j = 0; j < 10; j++)
+        v[j] = j + 1.0;
+    st_rng rng = st_rng_seed(5);
+    for (int k = 1; k <= 10; k++)
+        for (int t = 0; t < 50; t++) {
+            cr_assert_eq(st_quad_randk(10, k, 10.0 / k, &rng, v, out), ST_OK);
+            int kept = 0;
+            for (int j = 0; j < 10; j++) {
+                kept += out[j] != 0.0;
+                cr_assert(out[j] == 0.0 || out[j] == v[j] * (10.0 / k), "%g", out[j]);
+            }
+            cr_assert_eq(kept, k);
+        }
+    cr_assert_eq(st_quad_randk(10, 11, 1.0, &rng, v, out), ST_ERR_INVALID);
+    cr_assert_eq(st_quad_randk(10, 0, 1.0, &rng, v, out), ST_ERR_INVALID);
+}
+
+/* E[C(v)] = v: the mean of 10 x runs compressions of x0 (fixed seed)
+ * is within Bernstein's bound (probability 1 - 1e-6) of x0 for every
+ * coordinate, at Q = 1/4, 1/2, 1/3 (k not dividing d) and 1; the same
+ * draws without the d / k scale miss it by 1 - k / d, far outside. */
+Test(quad, case6_randk_is_unbiased_within_a_bernstein_bound, .timeout = 60)
+{
+    const double keeps[] = { 0.25, 0.5, 1.0 / 3.0, 1.0 };
+    for (size_t t = 0; t < sizeof keeps / sizeof *keeps; t++) {
+        st_quad_config c = resolved(0, 12, 1);
+        c.keep = keeps[t];
+        c.runs = 4000;
+        c.iters = 5;
+        st_quad_case6 r;
+        cr_assert_eq(st_quad_case_6(&c, &r), ST_OK, "%s", st_last_error());
+        cr_assert_eq(r.samples, 40000);
+        cr_log_info("keep %.3f (k = %d of %d): mean off by %.5f, bound %.5f, unscaled %.5f",
+                    c.keep, r.k, r.d, r.mean_dev, r.mean_bound, r.unscaled_dev);
+        cr_assert_leq(r.mean_dev, r.mean_bound, "keep %g: the mean is %g from x0 (relative), "
+                      "beyond the bound %g", c.keep, r.mean_dev, r.mean_bound);
+        if (r.k < r.d) {
+            cr_assert_gt(r.unscaled_dev, 4 * r.mean_bound, "keep %g", c.keep);
+            cr_assert_leq(fabs(r.unscaled_dev - (1.0 - (double)r.k / r.d)), r.mean_bound);
+        } else {
+            cr_assert_eq(r.mean_dev, 0.0);
+        }
+    }
+}
+
+/* On case 2's problem IST converges to x_inf, 0.38 from x*; random-k
+ * gradient descent reaches x* (a shared subset: every run, x* a fixed
+ * point of every draw; with error feedback too); with a subset per worker
+ * one run keeps a spread at x* but the mean of the runs is within
+ * Chebyshev's bound of gradient descent's iterate, itself at x*. */
+Test(quad, case6_randk_descent_reaches_x_star_where_ist_is_biased, .timeout = 60)
+{
+    st_quad_config c = resolved(0, 8, 1);
+    c.runs = 2000;
+    c.iters = 400;
+    st_quad_case6 r;
+    cr_assert_eq(st_quad_case_6(&c, &r), ST_OK, "%s", st_last_error());
+    cr_assert_gt(r.ist_bias, 0.1, "%g", r.ist_bias);
+    cr_assert_leq(r.shared_final, 1e-9 * r.err0, "%g of %g", r.shared_final, r.err0);
+    cr_assert_leq(r.ef_final, 1e-9 * r.err0, "%g of %g", r.ef_final, r.err0);
+    cr_assert_leq(r.gd_final, 1e-9 * r.err0, "%g", r.gd_final);
+    cr_assert_gt(r.indep_final, 10 * r.shared_final, "a subset per worker converged exactly?");
+    cr_assert_leq(r.indep_mean, r.gd_final + r.indep_bound, "%g > %g + %g", r.indep_mean,
+                  r.gd_final, r.indep_bound);
+    cr_assert_lt(r.indep_bound, r.ist_bias / 2, "%g", r.indep_bound);
+    c.keep = 0.0;
+    cr_assert_eq(st_quad_config_resolve(&c), ST_ERR_INVALID);
+    cr_assert(strstr(st_last_error(), "keep"), "%s", st_last_error());
+}
+
 /* ------------------------------------------------------------ determinism */
 
 Test(quad, results_are_a_function_of_the_seed)

@@ -60,6 +60,8 @@ Test(quad, command_rejects_bad_options_with_one_line)
         { "--gamma", "2" },
         { "--gamma", "abc" },
         { "--case", "7" },
+        { "--keep", "0" },
+        { "--keep", "1.5" },
         { "--iters", "-3" },
         { "--seed", "x" },
         { "--frobnicate" },
@@ -91,6 +93,9 @@ Test(quad, command_rejects_bad_options_with_one_line)
     const char *unwritable[] = { "--case", "4", "--csv", "/nonexistent-dir/q.csv", NULL };
     cr_assert_eq(run_cli(unwritable, out, sizeof out, err, sizeof err), 1);
     cr_assert(strstr(err, "cannot open"), "%s", err);
+    const char *six[] = { "--case", "6", "--runs", "20", "--iters", "50", NULL };
+    cr_assert_eq(run_cli(six, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(out, "Case 6: IST against random-k (k = 2 of d = 8"), "%s", out);
     const char *help[] = { "--help", NULL };
     cr_assert_eq(run_cli(help, out, sizeof out, err, sizeof err), 0);
     cr_assert(strstr(out, "Usage: subtrain quad"), "%s", out);

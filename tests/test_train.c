@@ -221,6 +221,17 @@ Test(strategy, option_values_round_trip)
                 in.counts[0] = (int)d->lo;
                 c.synth.segments = 2;   /* one count of synth's --cuts */
                 break;
+            case ST_OPTION_FLAG: in.name = 1; break;
+            case ST_OPTION_TEXT: {
+                /* its default's text read back by its own parser */
+                char text[128], why[192];
+                cr_assert_eq(d->get(&c, &out), 1, "--%s", d->name);
+                d->print(&out, text, sizeof text);
+                cr_assert_eq(d->parse(text, &in, why, sizeof why), 0, "--%s %s: %s", d->name,
+                             text, why);
+                memset(&out, 0, sizeof out);
+                break;
+            }
             }
             d->set(&c, &in);
             cr_assert_eq(d->get(&c, &out), 1, "--%s", d->name);

@@ -135,6 +135,19 @@ Test(dp, a_data_parallel_step_makes_no_heap_allocation, .timeout = 60)
     assert_steps_make_no_heap_call(&c, "data parallelism");
 }
 
+/* Random-k (--compress randk:Q): the draw, the pack, the packed
+ * engine's reduce-scatter and the spread; with error feedback too. */
+Test(dp, a_randk_step_makes_no_heap_allocation, .timeout = 60)
+{
+    HEAPWATCH_SKIP_IF_OFF();
+    st_train_config c = dp_config(2, 32, 40);
+    c.dp.compress = ST_COMPRESS_RANDK;
+    c.dp.keep = 0.25f;
+    assert_steps_make_no_heap_call(&c, "randk 0.25");
+    c.dp.error_feedback = 1;
+    assert_steps_make_no_heap_call(&c, "randk 0.25, error feedback");
+}
+
 /* The hot path of neuron subnetworks: compact models, compact attachment,
  * per-run weight-gradient products, skipped unheld weights. */
 Test(sdp_neuron, a_step_makes_no_heap_allocation, .timeout = 60)

@@ -217,6 +217,17 @@ Test(trainer, localsgd_averages_where_st_train_run_averages, .timeout = 120)
     assert_trainer_is_the_run(&c, UNEVEN, 4, "localsgd R=5 kept state, 2 workers");
 }
 
+/* dp with random-k and error feedback: the step's subset drawn from the
+ * step's number, the residuals kept between the caller's calls. */
+Test(trainer, randk_step_by_step_is_st_train_run, .timeout = 120)
+{
+    st_train_config c = config(ST_STRATEGY_DP, 2, 40);
+    c.dp.compress = ST_COMPRESS_RANDK;
+    c.dp.keep = 0.25f;
+    c.dp.error_feedback = 1;
+    assert_trainer_is_the_run(&c, UNEVEN, 4, "dp randk 0.25 error feedback, 2 workers");
+}
+
 /* The bench's breakdown: its own gather and forward-backward on worker
  * 0's model, then st_trainer_update, is a step. */
 /* A ResNet under block sdp: batch norms' running statistics meet at each
@@ -249,11 +260,11 @@ Test(trainer, resnet_sdp_is_st_train_run, .timeout = 180)
     st_dataset_free(&test);
 }
 
-Test(trainer, update_after_the_callers_forward_backward_is_a_step, .timeout = 120)
+static void expect_update_is_a_step(const st_train_config *cfg)
 {
     st_dataset train, test;
     make_data(5, &train, &test);
-    st_train_config c = config(ST_STRATEGY_DP, 1, 40);
+    const st_train_config c = *cfg;
     st_trainer *a, *b;
     cr_assert_eq(st_trainer_create(&c, &train, &test, &a), ST_OK, "%s", st_last_error());
     cr_assert_eq(st_trainer_create(&c, &train, &test, &b), ST_OK, "%s", st_last_error());
@@ -286,6 +297,15 @@ Test(trainer, update_after_the_callers_forward_backward_is_a_step, .timeout = 12
     st_trainer_destroy(b);
     st_dataset_free(&train);
     st_dataset_free(&test);
+}
+
+Test(trainer, update_after_the_callers_forward_backward_is_a_step, .timeout = 120)
+{
+    st_train_config c = config(ST_STRATEGY_DP, 1, 40);
+    expect_update_is_a_step(&c);
+    c.dp.compress = ST_COMPRESS_RANDK;   /* the update draws the step's subset */
+    c.dp.keep = 0.5f;
+    expect_update_is_a_step(&c);
 }
 
 Test(trainer, metrics_so_far_carry_memory_communication_and_times, .timeout = 120)

@@ -277,6 +277,13 @@ typedef struct st_comm_bytes {
 
 st_comm_bytes st_comm_bytes_per_step(const st_comm *c, int w);
 
+/* What st_comm_bytes_per_step of worker w will be for an engine of cfg
+ * (the shared backend's plan: workers, domains, parameters, roles,
+ * payload, bf16_at, shared_params) whose workers all hold every element,
+ * counted by the plan's rules without attaching anything (`subtrain
+ * topo`).  ST_ERR_INVALID for a configuration the engine refuses. */
+st_status st_comm_plan_bytes(const st_comm_config *cfg, int w, st_comm_bytes *out);
+
 /* What a ring all-reduce among N distributed workers sends per worker:
  * 2 (N - 1) / N x P x 4 bytes. */
 double st_comm_ring_bytes(int n_workers, size_t n_params);

@@ -112,6 +112,23 @@ st_status st_quad_ist_direction(const st_quad_problem *p, const st_quad_sketch *
 st_status st_quad_gd_step(const st_quad_problem *p, double gamma, const double *x,
                           double *x_next);
 
+/* Random-k, the compressed communication IST is compared with: out =
+ * scale * v on k of the d coordinates drawn uniformly without
+ * replacement from rng, 0 elsewhere.  With scale d / k, E[out] = v
+ * (unbiased; case 6 checks it). */
+st_status st_quad_randk(int d, int k, double scale, st_rng *rng, const double *v, double *out);
+
+/* One step of gradient descent with random-k compressed gradients:
+ *     x_next = x - eta (1/n) sum_i C_i(grad f_i(x) [+ e_i])
+ * C_i random-k of k coordinates; shared: one subset a step for all
+ * workers (the trainer's --compress randk), else each worker its own.
+ * e NULL: scale d / k (unbiased).  e (n, d): error feedback, scale 1 and
+ * e_i keeps what C_i dropped (biased).  scratch: 2 d doubles; x and
+ * x_next must not overlap. */
+st_status st_quad_randk_step(const st_quad_problem *p, int k, int shared, double eta,
+                             st_rng *rng, const double *x, double *e, double *x_next,
+                             double *scratch);
+
 /* The expected update over the permutation, exactly:
  *     E[x+] = x - gamma (A x - c),  A = E[(1/n) sum_i C_i L_i C_i],
  *                                   c = E[(1/n) sum_i C_i b_i],
@@ -157,12 +174,15 @@ typedef struct st_quad_config {
                       /* (0: derive from the other two, see resolve) */
     double gamma;     /* relative step in (0, 2), see st_quad_case_2/3 */
     int iters;        /* K */
-    int runs;         /* independent sketch sequences averaged in case 2 */
+    int runs;         /* independent sketch sequences averaged in case 2
+                       * (and case 6's runs; its mean takes 10 x runs
+                       * compressed vectors) */
+    double keep;      /* case 6: random-k's fraction of coordinates, (0, 1] */
     uint64_t seed;
 } st_quad_config;
 
-/* dim, workers, q 0 (resolved to 32, 8, 4), gamma 0.5, iters 500,
- * runs 10000, seed 1. */
+/* dim, workers, q 0 (resolved to 32, 8, 4), gamma 0.5, keep 0.25,
+ * iters 500, runs 10000, seed 1. */
 st_quad_config st_quad_defaults(void);
 
 /* Completes dim, workers and q (0: not given) so that dim = q workers —
@@ -246,6 +266,34 @@ typedef struct st_quad_case5 {
     double sum_err;      /* max |sum_i C_i - n I| over all draws: 0 */
 } st_quad_case5;
 st_status st_quad_case_5(const st_quad_config *c, st_quad_case5 *out);
+
+/* Case 6: IST against compressed communication, on case 2's problem (d =
+ * n, b_i != 0, heterogeneous L_i): random-k of k = ceil(keep d)
+ * coordinates scaled by d / k is unbiased (the mean of 10 x runs
+ * compressions of x0 within a Bernstein bound of x0, probability 1 -
+ * 1e-6; unscaled it is off by 1 - k/d), and gradient descent with it at
+ * step gamma k / (d lambda_max) converges to x* where IST converges to
+ * its biased point: a subset shared by the workers keeps x* a fixed point
+ * of every draw; independent subsets converge in expectation (the mean of
+ * the runs); error feedback (unscaled, residuals) converges too. */
+typedef struct st_quad_case6 {
+    int d, n, k, iters, runs;
+    double keep, gamma, step;
+    long samples;          /* compressions averaged */
+    double mean_dev;       /* max_j |mean_j / x0_j - 1| */
+    double mean_bound;     /* its Bernstein bound */
+    double unscaled_dev;   /* the same draws without the d / k scale */
+    double ist_bias;       /* ||x_inf - x*|| of case 2's IST */
+    double err0;           /* ||x0 - x*|| */
+    double shared_final;   /* one run, a subset shared by the workers: ||x^K - x*|| */
+    double ef_final;       /* the same with error feedback */
+    double indep_final;    /* one run, a subset per worker */
+    double indep_mean;     /* ||mean over the runs of x^K - x*|| */
+    double indep_bound;    /* Chebyshev bound of the mean's distance to E x^K, probability
+                            * 1 - 1e-3 */
+    double gd_final;       /* ||E x^K - x*||: gradient descent at the same step */
+} st_quad_case6;
+st_status st_quad_case_6(const st_quad_config *c, st_quad_case6 *out);
 
 /* ------------------------------------------------------------ trace / CSV */
 

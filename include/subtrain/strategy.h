@@ -31,6 +31,9 @@ typedef enum st_option_kind {
     ST_OPTION_NAME,     /* one of names */
     ST_OPTION_COUNTS,   /* at most `most` increasing whole numbers in
                          * [lo, hi], comma-separated ("2,4") */
+    ST_OPTION_TEXT,     /* a syntax of its own: `parse` reads it, `print`
+                         * writes it back */
+    ST_OPTION_FLAG,     /* no value: given or not (name 1 or 0) */
 } st_option_kind;
 
 #define ST_OPTION_MAX_COUNTS 16
@@ -39,7 +42,8 @@ typedef enum st_option_kind {
 typedef struct st_option_value {
     uint64_t count;                     /* COUNT */
     double real;                        /* REAL (a float's value) */
-    int name;                           /* NAME: its index in names */
+    int name;                           /* NAME: its index in names; FLAG:
+                                         * 1 given; TEXT: the parser's */
     int counts[ST_OPTION_MAX_COUNTS];   /* COUNTS: n_counts of them */
     int n_counts;
 } st_option_value;
@@ -47,7 +51,8 @@ typedef struct st_option_value {
 typedef struct st_strategy_option {
     const char *name;         /* the long option without its dashes, and a
                                * configuration file's key: "local-steps" */
-    const char *syntax;       /* its value in --help: "R", "reset|keep" */
+    const char *syntax;       /* its value in --help: "R", "reset|keep"; a
+                               * FLAG's: "" */
     const char *help;         /* --help's text, lines of at most 55
                                * columns joined by '\n': "ist: steps
                                * between synchronisations (default 50)" */
@@ -59,6 +64,10 @@ typedef struct st_strategy_option {
     int most;                 /* COUNTS: at most this many numbers */
     const char *expected;     /* COUNTS: what a malformed list is told
                                * ("increasing layer numbers such as 2,4") */
+    /* TEXT: the value into *v, 0; or -1 and why it is refused in `why`
+     * ("Q, the fraction kept, must be ..."); and *v as the value reads */
+    int (*parse)(const char *text, st_option_value *v, char *why, size_t n);
+    void (*print)(const st_option_value *v, char *out, size_t n);
     int only;                 /* 1: given with another strategy, refused
                                * ("--segments applies to --strategy synth
                                * only"); 0: kept in this strategy's member,

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <subtrain/arena.h>
 #include <subtrain/checkpoint.h>
+#include <subtrain/comm.h>
 #include <subtrain/data.h>
 #include <subtrain/model.h>
 #include <subtrain/optim.h>
@@ -105,6 +106,38 @@ typedef struct st_localsgd_config {
                                * average */
 } st_localsgd_config;
 
+/* dp's options (--strategy dp): how its gradients are reduced
+ * (doc/reduction.md, "Compressed communication"). */
+typedef enum st_compress_kind {
+    ST_COMPRESS_NONE = 0,     /* every coordinate (default) */
+    ST_COMPRESS_RANDK,        /* random-k: each step a seeded subset of
+                               * a fraction `keep` of every shard's
+                               * coordinates, the same for all workers */
+} st_compress_kind;
+
+typedef struct st_dp_config {
+    st_compress_kind compress;
+    float keep;               /* randk: Q, the fraction kept, in (0, 1]; the
+                               * kept coordinates are scaled by (coordinates /
+                               * kept) of their shard (1 / Q) */
+    int error_feedback;       /* randk: each worker adds what it dropped to
+                               * its next gradient and sends the kept ones
+                               * unscaled (no longer unbiased) */
+} st_dp_config;
+
+/* --compress's value, "none" or "randk:Q", into out's compress and keep;
+ * ST_ERR_INVALID saying why ("expected none or randk:Q ...", "Q, the
+ * fraction of coordinates kept, must be a number in (0, 1]"). */
+st_status st_compress_parse(const char *text, st_dp_config *out);
+
+/* What worker w of dp with c's compression reads and writes a step (the
+ * records' comm_bytes_per_worker_step), over the engine cfg describes
+ * (workers, domains, parameters, payload; shared_params 1 as training
+ * runs), by the plans' rules, without running anything (`subtrain
+ * topo --compress`).  c none: st_comm_plan_bytes(cfg). */
+st_status st_compress_plan_bytes(const st_dp_config *c, const st_comm_config *cfg, int w,
+                                 st_comm_bytes *out);
+
 typedef struct st_train_config {
     st_strategy strategy;     /* dp: every worker trains the full model;
                                * sdp: each worker trains its subnetwork;
@@ -116,6 +149,7 @@ typedef struct st_train_config {
                                * below; the others leave them
                                * alone, and refuse those they must not
                                * ignore (st_train_config_check) */
+    st_dp_config dp;
     st_sdp_config sdp;
     st_ist_config ist;
     st_synth_config synth;    /* synth: segments, cuts, labels, recovery */

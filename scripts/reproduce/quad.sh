@@ -1,5 +1,5 @@
 #!/bin/sh
-# scripts/reproduce/quad.sh — the five quadratic cases of doc/quad.md
+# scripts/reproduce/quad.sh — the six quadratic cases of doc/quad.md
 # (Shulgin & Richtárik's analysis of IST with one local step, checked
 # exactly on random quadratics by `subtrain quad`): each claim, then what
 # `subtrain quad --case N` measures.  Seconds.  -b BIN, and -s "SEEDS" to
@@ -32,4 +32,7 @@ The sketched direction is not always a descent direction: for L = [[1, 5], [5, 1
 TEXT
 case_ 5 <<'TEXT'
 Perm-q sketches are unbiased: E[C_i] = I, and sum_i C_i = n I for every draw. Expect the sum exact (0) for all draws, and the largest deviation of the sampled mean from I under a Bernstein bound at every number of draws, falling like 1/sqrt(S) (dev sqrt(S) flat).
+TEXT
+case_ 6 <<'TEXT'
+IST's theory compares it with compressed communication. Random-k (k = ceil(Q d) coordinates, scaled by d / k) is unbiased, and gradient descent with it converges to x* on case 2's problem, where IST converges to its biased point x_inf. Expect the mean of the compressed vectors within the Bernstein bound of the vector (and, unscaled, 1 - k/d off), the runs with a subset shared by the workers (with and without error feedback) at x* to rounding, and with a subset per worker the mean of the runs within the Chebyshev bound of x*, against ||x_inf - x*|| = 0.38 for IST.
 TEXT

@@ -46,6 +46,8 @@ static void strategy_value(const st_strategy_option *first, const st_train_confi
     case ST_OPTION_COUNT: snprintf(v, n, "%llu", (unsigned long long)x.count); break;
     case ST_OPTION_REAL: float_text((float)x.real, v, n); break;
     case ST_OPTION_NAME: snprintf(v, n, "%s", d->names[x.name]); break;
+    case ST_OPTION_TEXT: d->print(&x, v, n); break;
+    case ST_OPTION_FLAG: flag_text(x.name, v, n); break;
     case ST_OPTION_COUNTS:
         for (int k = 0; k < x.n_counts; k++)
             snprintf(v + strlen(v), n - strlen(v), "%s%d", k ? "," : "", x.counts[k]);

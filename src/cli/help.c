@@ -42,7 +42,8 @@ static void print_strategies(FILE *f)
     for (int s = 0; st_strategy_info_of((st_strategy)s); s++)
         for (const st_strategy_option *d = st_strategy_info_of((st_strategy)s)->options;
              d && d->name; d++) {
-            snprintf(head, sizeof head, "  --%s %s", d->name, d->syntax);
+            snprintf(head, sizeof head, "  --%s%s%s", d->name, d->syntax[0] ? " " : "",
+                     d->syntax);
             print_option(f, head, d->help);
         }
 }

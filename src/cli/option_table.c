@@ -99,8 +99,9 @@ static void add_strategy_options(int *n)
             if (k < n_strategy_options || k == MAX_STRATEGY_OPTIONS)
                 continue;   /* (the cap is far above what the strategies have) */
             strategy_option[n_strategy_options++] = d;
-            table[(*n)++] = (struct option){ d->name, required_argument, NULL,
-                                             OPT_STRATEGY_OPTION + k };
+            table[(*n)++] = (struct option){ d->name, d->kind == ST_OPTION_FLAG
+                                                          ? no_argument : required_argument,
+                                             NULL, OPT_STRATEGY_OPTION + k };
         }
 }
 

@@ -152,6 +152,15 @@ int st_cli_parse_strategy_value(const st_strategy_option *d, const char *arg,
     }
     case ST_OPTION_COUNTS:
         return parse_counts(d, arg, v, err, n);
+    case ST_OPTION_TEXT: {
+        char why[192];
+        if (d->parse(arg, v, why, sizeof why) == 0)
+            return 0;
+        return st_cli_fail(err, n, "%s %s: %s", what, ST_CLI_SHOW(arg), why);
+    }
+    case ST_OPTION_FLAG:
+        v->name = 1;
+        return 0;
     }
     return st_cli_fail(err, n, "internal: %s has no value syntax", what);
 }

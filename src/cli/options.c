@@ -109,7 +109,7 @@ static int take_strategy_option(int k, const char *arg, seen *saw, char *err, si
     st_option_value v;
     if (st_cli_parse_strategy_value(st_cli_strategy_option(k), arg, &v, err, n))
         return -1;
-    saw->strategy_arg[k] = arg;
+    saw->strategy_arg[k] = arg ? arg : "";   /* a flag's: given */
     saw->strategy_seq[k] = ++saw->seq;
     return 0;
 }

@@ -1,7 +1,7 @@
 /*
  * cli/quad_cmd.c — `subtrain quad`: one-step IST on quadratics.
  *
- * Runs the five exact checks of doc/quad.md (st_quad_case_1..5) and
+ * Runs the six checks of doc/quad.md (st_quad_case_1..6) and
  * prints one titled block of numbers per case; --csv also writes the
  * convergence trace (||x^k - x*|| for IST and gradient descent) that
  * scripts/plot_quad.gp draws.  The library does the work; this file parses,
@@ -21,10 +21,11 @@
 #include "cli/quad_cmd.h"
 
 #define EXIT_USAGE 2
-#define ALL_CASES 0x3e   /* bits 1..5 */
+#define ALL_CASES 0x7e   /* bits 1..6 */
+#define LAST_CASE 6
 
-enum { OPT_CASE = 256, OPT_DIM, OPT_WORKERS, OPT_Q, OPT_GAMMA, OPT_ITERS, OPT_RUNS, OPT_SEED,
-       OPT_CSV };
+enum { OPT_CASE = 256, OPT_DIM, OPT_WORKERS, OPT_Q, OPT_GAMMA, OPT_KEEP, OPT_ITERS, OPT_RUNS,
+       OPT_SEED, OPT_CSV };
 
 static const struct option long_options[] = {
     { "case", required_argument, NULL, OPT_CASE },
@@ -32,6 +33,7 @@ static const struct option long_options[] = {
     { "workers", required_argument, NULL, OPT_WORKERS },
     { "q", required_argument, NULL, OPT_Q },
     { "gamma", required_argument, NULL, OPT_GAMMA },
+    { "keep", required_argument, NULL, OPT_KEEP },
     { "iters", required_argument, NULL, OPT_ITERS },
     { "runs", required_argument, NULL, OPT_RUNS },
     { "seed", required_argument, NULL, OPT_SEED },
@@ -54,16 +56,20 @@ static void print_help(FILE *f)
 "One-step independent subnetwork training (IST) on quadratics,\n"
 "  x+ = x - gamma (1/n) sum_i C_i grad f_i(C_i x),  f_i(x) = 1/2 x'L_i x - b_i'x,\n"
 "with Perm-q sketches (d = q n; worker i holds q coordinates of a random\n"
-"permutation, C_i = n x their projector): five exact checks (doc/quad.md).\n"
+"permutation, C_i = n x their projector): five exact checks, and IST against\n"
+"compressed communication (random-k) (doc/quad.md).\n"
 "\n"
-"  --case all|1|2|3|4|5  which check to run (default all):\n"
+"  --case all|1|2|3|4|5|6  which check to run (default all):\n"
 "                    1 preconditioned Perm-1, b = 0, gamma = 1: x+ = 0;\n"
 "                    2 preconditioned Perm-1, b_i != 0: E x^k = (1-gamma)^k x0\n"
 "                      + (1 - (1-gamma)^k) x_inf, and x_inf != x*;\n"
 "                    3 b_i = 0, plain Perm-q: converges to x* exactly;\n"
 "                    4 L = [[1,5],[5,100]], n = 2, plain Perm-1: the sketched\n"
 "                      direction 2 diag(L) x is not always a descent direction;\n"
-"                    5 E[C_i] = I: mean of C_i over 10..10^5 draws\n"
+"                    5 E[C_i] = I: mean of C_i over 10..10^5 draws;\n"
+"                    6 random-k (Q d coordinates, scaled by d / k) on case\n"
+"                      2's problem: unbiased, and its gradient descent reaches\n"
+"                      x* where IST stops at x_inf\n"
 "  --dim D           dimension of cases 3 and 5 (default q x workers)\n"
 "  --workers N       workers n (default 8, or D / q); cases 1 and 2 use d = n\n"
 "  --q Q             coordinates per worker (default 4, or D / n); n q = D\n"
@@ -71,8 +77,10 @@ static void print_help(FILE *f)
 "                    preconditioned sketches (their expected Hessian is I),\n"
 "                    G / Lambda for plain ones (Lambda bounds every draw's\n"
 "                    Hessian), G / lambda_max for gradient descent\n"
-"  --iters K         iterations of cases 2 and 3 and of the trace (default 500)\n"
-"  --runs R          sketch sequences averaged in case 2 (default 10000)\n"
+"  --keep Q          random-k's fraction of coordinates in case 6, in (0, 1]\n"
+"                    (default 0.25)\n"
+"  --iters K         iterations of cases 2, 3 and 6 and of the trace (default 500)\n"
+"  --runs R          sketch sequences averaged in cases 2 and 6 (default 10000)\n"
 "  --seed S          seed of the problems, start points and sketches (default 1)\n"
 "  --csv FILE        write ||x^k - x*|| per iteration for IST and gradient\n"
 "                    descent (scripts/plot_quad.gp plots it)\n"
@@ -106,17 +114,26 @@ static int parse_gamma(const char *s, double *out)
     return -1;
 }
 
+static int parse_keep(const char *s, double *out)
+{
+    char err[512];
+    if (st_cli_parse_real("--keep", s, '(', 0.0, 1.0, ']', 0, out, err, sizeof err) == 0)
+        return 0;
+    cmd_error("%s", err);
+    return -1;
+}
+
 static int parse_case(const char *s, unsigned *out)
 {
     if (strcmp(s, "all") == 0) {
         *out = ALL_CASES;
         return 0;
     }
-    if (s[0] >= '1' && s[0] <= '5' && s[1] == '\0') {
+    if (s[0] >= '1' && s[0] <= '0' + LAST_CASE && s[1] == '\0') {
         *out = 1u << (s[0] - '0');
         return 0;
     }
-    cmd_error("--case: expected all, 1, 2, 3, 4 or 5, got '%s'", ST_CLI_SHOW(s));
+    cmd_error("--case: expected all, 1, 2, 3, 4, 5 or 6, got '%s'", ST_CLI_SHOW(s));
     return -1;
 }
 
@@ -130,6 +147,7 @@ static int apply_option(int c, const char *arg, void *ctx)
     case OPT_WORKERS: return parse_int("--workers", arg, 1, ST_QUAD_MAX_DIM, &o->cfg.workers);
     case OPT_Q: return parse_int("--q", arg, 1, ST_QUAD_MAX_DIM, &o->cfg.q);
     case OPT_GAMMA: return parse_gamma(arg, &o->cfg.gamma);
+    case OPT_KEEP: return parse_keep(arg, &o->cfg.keep);
     case OPT_ITERS: return parse_int("--iters", arg, 1, 10000000, &o->cfg.iters);
     case OPT_RUNS: return parse_int("--runs", arg, 2, 10000000, &o->cfg.runs);
     case OPT_SEED:
@@ -255,6 +273,25 @@ static void print_case5(const st_quad_case5 *r)
                r->max_dev[l] * sqrt((double)r->samples[l]));
 }
 
+static void print_case6(const st_quad_case6 *r)
+{
+    printf("Case 6: IST against random-k (k = %d of d = %d, scaled by d/k; n = %d)\n", r->k,
+           r->d, r->n);
+    row("mean of compressions / x0 - 1, max", "%.6f   (%ld draws; Bernstein 1e-6: %.6f)",
+        r->mean_dev, r->samples, r->mean_bound);
+    row("  the same unscaled", "%.6f   (1 - k/d = %.6f)", r->unscaled_dev,
+        1.0 - (double)r->k / r->d);
+    row("IST (case 2): ||x_inf - x*||", "%.6f", r->ist_bias);
+    printf("  random-k gradient descent, step %.6f, %d iterations, ||x0 - x*|| = %.6f:\n",
+           r->step, r->iters, r->err0);
+    row("  subset shared by the workers, ||x^K - x*||", "%.3e", r->shared_final);
+    row("  the same with error feedback", "%.3e", r->ef_final);
+    row("  a subset per worker, one run", "%.3e", r->indep_final);
+    row("  a subset per worker, mean of runs", "%.3e   (%d runs; Chebyshev 1e-3: %.3e)",
+        r->indep_mean, r->runs, r->indep_bound);
+    row("  gradient descent at the same step", "%.3e", r->gd_final);
+}
+
 /* ------------------------------------------------------------ running */
 
 /* Bad combinations are the user's to fix (exit 2); anything else that
@@ -276,6 +313,7 @@ static int run_case(int k, const st_quad_config *c)
     case 3: { st_quad_case3 r; if ((s = st_quad_case_3(c, &r)) == ST_OK) print_case3(&r); break; }
     case 4: { st_quad_case4 r; if ((s = st_quad_case_4(c, &r)) == ST_OK) print_case4(&r); break; }
     case 5: { st_quad_case5 r; if ((s = st_quad_case_5(c, &r)) == ST_OK) print_case5(&r); break; }
+    case 6: { st_quad_case6 r; if ((s = st_quad_case_6(c, &r)) == ST_OK) print_case6(&r); break; }
     }
     return s == ST_OK ? 0 : fail_status(s, what);
 }
@@ -327,7 +365,7 @@ int st_cli_quad_main(int argc, char **argv)
     printf("subtrain quad: n = %d workers, d = %d (Perm-%d), gamma %g, %d iterations, "
            "%d runs, seed %llu\n", c->workers, c->dim, c->q, c->gamma, c->iters, c->runs,
            (unsigned long long)c->seed);
-    for (int k = 1; k <= 5; k++) {
+    for (int k = 1; k <= LAST_CASE; k++) {
         if (!(o.cases & (1u << k)))
             continue;
         printf("\n");

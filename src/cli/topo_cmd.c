@@ -14,6 +14,7 @@
 
 #include <subtrain/comm.h>
 #include <subtrain/topo.h>
+#include <subtrain/train.h>
 
 #include "cli/cli_util.h"
 #include "cli/topo_cmd.h"
@@ -23,7 +24,7 @@
 #define MAX_PARAMS 1000000000000ull
 
 enum { OPT_TOPOLOGY = 256, OPT_WORKERS, OPT_OVERSUBSCRIBE, OPT_CPUSET, OPT_PARAMS,
-       OPT_THREADS, OPT_TEAM_SPANS, OPT_RANKS };
+       OPT_THREADS, OPT_TEAM_SPANS, OPT_RANKS, OPT_COMPRESS, OPT_ERROR_FEEDBACK };
 
 static const struct option long_options[] = {
     { "topology", required_argument, NULL, OPT_TOPOLOGY },
@@ -34,6 +35,8 @@ static const struct option long_options[] = {
     { "threads-per-worker", required_argument, NULL, OPT_THREADS },
     { "team-spans-domains", no_argument, NULL, OPT_TEAM_SPANS },
     { "ranks", required_argument, NULL, OPT_RANKS },
+    { "compress", required_argument, NULL, OPT_COMPRESS },
+    { "error-feedback", no_argument, NULL, OPT_ERROR_FEEDBACK },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
 };
@@ -43,6 +46,7 @@ typedef struct topo_options {
     st_plan_request req;
     unsigned long long params;
     int ranks;                   /* MPI ranks, each with this plan (1: one process) */
+    st_dp_config compress;       /* dp's --compress and --error-feedback */
     int help;
 } topo_options;
 
@@ -69,6 +73,10 @@ static void print_help(FILE *f)
 "                    node or socket): the hybrid plan and its traffic\n"
 "  --params N        parameter count used to illustrate the reduction\n"
 "                    (default 1000000)\n"
+"  --compress none|randk:Q   also the bytes of dp with --compress randk:Q\n"
+"                    (Q in (0, 1]): a shared random fraction Q of the\n"
+"                    gradient's coordinates reduced\n"
+"  --error-feedback  with --compress randk:Q: its error feedback's bytes\n"
 "  -h, --help        this text\n"
 "\n"
 "Workers are spread evenly over NUMA domains, one per core; SMT siblings are\n"
@@ -113,6 +121,13 @@ static int apply_option(int c, const char *arg, void *ctx)
             return -1;
         o->ranks = (int)v;
         return 0;
+    case OPT_COMPRESS:
+        if (st_compress_parse(arg, &o->compress) != ST_OK) {
+            cmd_error("--compress %s: %s", ST_CLI_SHOW(arg), st_last_error());
+            return -1;
+        }
+        return 0;
+    case OPT_ERROR_FEEDBACK: o->compress.error_feedback = 1; return 0;
     case 'h': o->help = 1; return 0;
     }
     cmd_error("internal: unhandled option %d", c);
@@ -125,7 +140,15 @@ static int parse(int argc, char **argv, topo_options *o)
     memset(o, 0, sizeof *o);
     o->params = DEFAULT_PARAMS;
     o->ranks = 1;
-    return st_cli_parse_args(argc, argv, ":h", long_options, CMD, apply_option, o);
+    o->compress.keep = 1.0f;
+    if (st_cli_parse_args(argc, argv, ":h", long_options, CMD, apply_option, o) != 0)
+        return -1;
+    if (!o->help && o->compress.error_feedback && o->compress.compress == ST_COMPRESS_NONE) {
+        cmd_error("--error-feedback keeps what --compress randk:Q drops; without --compress "
+                  "there is nothing dropped");
+        return -1;
+    }
+    return 0;
 }
 
 /* Bad specs, cpusets and worker counts are the user's to fix (exit 2); a
@@ -135,6 +158,39 @@ static int fail_status(st_status s, const char *what)
 {
     cmd_error("%s: %s", what, st_last_error());
     return s == ST_ERR_INVALID ? EXIT_USAGE : EXIT_FAILURE;
+}
+
+/* dp with --compress randk:Q on cfg's plan: every worker's bytes a step,
+ * consecutive equal ones on one line (the records' figure,
+ * doc/reduction.md "Compressed communication"). */
+static int describe_compressed(const topo_options *o, const st_comm_config *cfg)
+{
+    printf("\nrandom-k %g%s, bytes a step (the draw, the pack, the reduction of the kept "
+           "coordinates, the spread, the all-gather):\n", (double)o->compress.keep,
+           o->compress.error_feedback ? " with error feedback" : "");
+    st_comm_bytes prev = { 0, 0, 0, 0, 0 }, b = prev;
+    int from = 0;
+    for (int w = 0; w <= cfg->n_workers; w++) {
+        if (w < cfg->n_workers) {
+            st_status s = st_compress_plan_bytes(&o->compress, cfg, w, &b);
+            if (s != ST_OK)
+                return fail_status(s, "--compress");
+        }
+        if (w > 0 && (w == cfg->n_workers || b.read != prev.read ||
+                      b.written != prev.written ||
+                      b.cross_domain_read != prev.cross_domain_read ||
+                      cfg->domain_of[w] != cfg->domain_of[w - 1])) {
+            if (w - from > 1)
+                printf("  workers %d-%d: ", from, w - 1);
+            else
+                printf("  worker %d: ", from);
+            printf("read %zu B (%zu B across domains), written %zu B%s\n", prev.read,
+                   prev.cross_domain_read, prev.written, w - from > 1 ? " each" : "");
+            from = w;
+        }
+        prev = b;
+    }
+    return 0;
 }
 
 int st_cli_topo_main(int argc, char **argv)
@@ -182,6 +238,8 @@ int st_cli_topo_main(int argc, char **argv)
         const st_comm_config cc = { .n_workers = plan.n_workers, .n_params = (size_t)o.params,
                                     .domain_of = domain_of, .shared_params = 1 };
         st_comm_describe_config(stdout, &cc);
+        if (o.compress.compress != ST_COMPRESS_NONE)
+            rc = describe_compressed(&o, &cc);
         if (o.ranks > 1) {
             printf("\n");
             st_comm_describe_ranks(stdout, o.ranks, plan.n_workers, (size_t)o.params);

@@ -18,6 +18,7 @@
 #include <subtrain/status.h>
 
 #include "comm/plan.h"
+#include "core/error.h"
 
 static double mib(size_t bytes)
 {
@@ -48,14 +49,16 @@ static void layout_free(dp_layout *l)
     free(l->sb);
 }
 
-/* 0, or -1 after printing why there is no description. */
+/* 0, or -1 after printing why there is no description (f NULL: the
+ * message is st_last_error's). */
 static int layout_make(FILE *f, const st_comm_config *cfg, dp_layout *l)
 {
     memset(l, 0, sizeof *l);
     int D;
     if (st_comm_check_size(cfg->n_workers, cfg->n_params) != ST_OK ||
         st_comm_map_domains(cfg->n_workers, cfg->domain_of, NULL, NULL, &D) != ST_OK) {
-        fprintf(f, "reduction: cannot describe: %s\n", st_last_error());
+        if (f)
+            fprintf(f, "reduction: cannot describe: %s\n", st_last_error());
         return -1;
     }
     l->n = cfg->n_workers;
@@ -65,8 +68,11 @@ static int layout_make(FILE *f, const st_comm_config *cfg, dp_layout *l)
     l->first = malloc(((size_t)D + 1) * sizeof *l->first);
     l->sb = malloc(((size_t)l->n + 1) * sizeof *l->sb);
     if (!l->dom || !l->first || !l->sb) {
-        fprintf(f, "reduction: cannot describe: out of memory\n");
         layout_free(l);
+        if (f)
+            fprintf(f, "reduction: cannot describe: out of memory\n");
+        else
+            st_fail(ST_ERR_NOMEM, "out of memory for the plan's layout");
         return -1;
     }
     st_comm_map_domains(l->n, cfg->domain_of, l->dom, l->first, &D);
@@ -187,16 +193,19 @@ static void count_gather(st_comm_bytes *b, size_t n, int cross)
 }
 
 /* Worker w's bytes a step in the data-parallel plan, by the rules of
- * plan.c (its accounting, element by element: what attach counts). */
+ * plan.c (its accounting, element by element: what attach counts); an
+ * engine of one role counts that role's terms only. */
 static st_comm_bytes dp_bytes(const dp_layout *l, const st_comm_config *cfg, int w, size_t *load)
 {
+    const int reduce = cfg->roles == 0 || (cfg->roles & ST_COMM_REDUCE),
+              gather = cfg->roles == 0 || (cfg->roles & ST_COMM_GATHER);
     const int n = l->n, dw = l->dom[w], df = l->first[dw];
     const size_t m = (size_t)(l->first[dw + 1] - df), P = l->P;
     const int bf16 = cfg->payload == ST_COMM_PAYLOAD_BF16;
     const int buffer = bf16 && cfg->bf16_at == ST_COMM_BF16_BUFFER;
     const size_t elt = buffer ? sizeof(uint16_t) : sizeof(float);   /* a gradient read */
     st_comm_bytes b = { 0, 0, 0, 0, 0 };
-    if (buffer) {   /* w's conversion of its whole gradient */
+    if (buffer && reduce) {   /* w's conversion of its whole gradient */
         b.read += P * sizeof(float);
         b.written += P * sizeof(uint16_t);
     }
@@ -207,25 +216,29 @@ static st_comm_bytes dp_bytes(const dp_layout *l, const st_comm_config *cfg, int
         if (len == 0)
             continue;
         if (l->dom[s] == dw) {   /* the own domain's shard: from its owner */
-            if (!cfg->shared_params)
+            if (!cfg->shared_params && gather)
                 count_gather(&b, len, 0);
             continue;
         }
         if (m >= 2) {            /* a partial of this domain's holders */
             size_t j = st_comm_least_loaded(load_p, m);
             load_p[j] += len;
-            if (df + (int)j == w) {
+            if (df + (int)j == w && reduce) {
                 count_read(&b, m * len * elt, 0);
                 b.written += len * sizeof(float);
             }
         }
         size_t c = st_comm_least_loaded(load_c, m);
         load_c[c] += len;
+        if (!gather)
+            continue;
         if (df + (int)c == w)
             count_gather(&b, len, 1);
         else if (!cfg->shared_params)
             count_gather(&b, len, 0);   /* from the domain's copier */
     }
+    if (!reduce)
+        return b;
     /* the owner: every domain's holders, own ones directly, others as a
      * partial (fp32) or a lone gradient, then the mean written */
     const size_t own = l->sb[w + 1] - l->sb[w];
@@ -327,6 +340,24 @@ static void describe(FILE *f, const st_comm_config *cfg, int bytes)
     }
     free(load);
     layout_free(&l);
+}
+
+st_status st_comm_plan_bytes(const st_comm_config *cfg, int w, st_comm_bytes *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!cfg || w < 0 || w >= cfg->n_workers)
+        return st_fail(ST_ERR_INVALID, "st_comm_plan_bytes: worker %d of %d", w,
+                       cfg ? cfg->n_workers : 0);
+    dp_layout l;
+    if (layout_make(NULL, cfg, &l) != 0)
+        return ST_ERR_INVALID;
+    size_t *load = malloc(2 * (size_t)l.n * sizeof *load);
+    st_status s = load ? ST_OK : st_fail(ST_ERR_NOMEM, "out of memory for the plan's loads");
+    if (load)
+        *out = dp_bytes(&l, cfg, w, load);
+    free(load);
+    layout_free(&l);
+    return s;
 }
 
 void st_comm_describe_config(FILE *f, const st_comm_config *cfg)

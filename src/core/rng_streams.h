@@ -37,4 +37,9 @@
  * epochs' orders (per epoch, then worker, then pass over its split). */
 #define ST_RNG_STREAM_SPLIT 0x5B117ull
 
+/* Compressed communication (train/compress.c): below it, per step, then
+ * per shard, the coordinates that random-k keeps; quad's random-k
+ * (quad/cases.c) draws its own below the same name. */
+#define ST_RNG_STREAM_RANDK 0x7A9D4ull
+
 #endif /* SUBTRAIN_CORE_RNG_STREAMS_H */

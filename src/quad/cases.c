@@ -21,6 +21,8 @@ enum {
     STREAM_CASE2 = 102,    /* run r: split(STREAM_CASE2, r); the trace's IST is run 0 */
     STREAM_CASE3 = 103,    /* also the trace's b = 0 IST run */
     STREAM_CASE5 = 105,
+    STREAM_CASE6 = 106,    /* 0: the unbiasedness draws; 1: shared; 2: error
+                            * feedback; 3 + r: run r of independent subsets */
 };
 
 #define DEFAULT_WORKERS 8
@@ -30,6 +32,8 @@ enum {
 #define CASE3_REACH 1e-10    /* relative error that counts as "converged" */
 #define CASE4_DIRS 3600
 #define CASE5_DELTA 1e-6     /* Bernstein failure probability, all entries together */
+#define CASE6_DELTA 1e-6     /* the same for case 6's mean of compressed vectors */
+#define CASE6_DRAWS_PER_RUN 10
 #define MAX_ITERS 10000000
 #define MAX_RUNS 10000000
 
@@ -39,6 +43,7 @@ st_quad_config st_quad_defaults(void)
 {
     st_quad_config c = { 0 };
     c.gamma = 0.5;
+    c.keep = 0.25;
     c.iters = 500;
     c.runs = 10000;
     c.seed = 1;
@@ -103,6 +108,9 @@ st_status st_quad_config_resolve(st_quad_config *c)
         return st_fail(ST_ERR_INVALID,
                        "gamma must be in (0, 2) (a step relative to the curvature), got %g",
                        c->gamma);
+    if (!(c->keep > 0.0 && c->keep <= 1.0))
+        return st_fail(ST_ERR_INVALID, "keep (random-k's fraction of coordinates) must be in "
+                       "(0, 1], got %g", c->keep);
     if (c->iters < 1 || c->iters > MAX_ITERS)
         return st_fail(ST_ERR_INVALID, "iters must be in [1, %d], got %d", MAX_ITERS, c->iters);
     if (c->runs < 2 || c->runs > MAX_RUNS)
@@ -567,12 +575,17 @@ done:
  * variance n - 1, |X - 1| <= max(1, n - 1).  For the mean of S draws,
  * P(|mean - 1| >= t) <= 2 exp(-S t^2 / (2 var + 2 M t / 3)); a union bound
  * over the n d entries at total probability delta gives t below. */
-static double bernstein_bound(int n, int d, long S, double delta)
+static double bernstein(double scale, double entries, long S, double delta)
 {
-    double var = n - 1.0, M = fmax(1.0, n - 1.0);
-    double l = log(2.0 * n * d / delta);
+    double var = scale - 1.0, M = fmax(1.0, scale - 1.0);
+    double l = log(2.0 * entries / delta);
     double a = 2.0 * M * l / 3.0;
     return (a + sqrt(a * a + 8.0 * S * var * l)) / (2.0 * S);
+}
+
+static double bernstein_bound(int n, int d, long S, double delta)
+{
+    return bernstein(n, (double)n * d, S, delta);
 }
 
 st_status st_quad_case_5(const st_quad_config *c, st_quad_case5 *out)
@@ -618,6 +631,126 @@ st_status st_quad_case_5(const st_quad_config *c, st_quad_case5 *out)
 done:
     free(sum);
     st_quad_sketch_free(&s);
+    return st;
+}
+
+/* ------------------------------------------------------------ case 6 */
+
+/* The mean of S random-k compressions of x0 against x0: per coordinate
+ * X / v_j is d/k with probability k/d, else 0 (mean 1, variance d/k - 1),
+ * so case 5's Bernstein bound applies with d/k for n, over the d
+ * entries; the same draws unscaled have mean k/d, not 1. */
+static st_status case6_mean(const st_quad_config *c, int d, int k, const double *v,
+                            double *work, st_quad_case6 *out)
+{
+    double *sum = work, *y = work + d;
+    const double scale = (double)d / (double)k;
+    st_rng rng = case_stream(c->seed, STREAM_CASE6);
+    rng = st_rng_split(&rng, 0);
+    const long S = (long)c->runs * CASE6_DRAWS_PER_RUN;
+    memset(sum, 0, (size_t)d * sizeof *sum);
+    for (long t = 0; t < S; t++) {
+        ST_TRY(st_quad_randk(d, k, scale, &rng, v, y));
+        for (int j = 0; j < d; j++)
+            sum[j] += y[j];
+    }
+    out->samples = S;
+    for (int j = 0; j < d; j++) {
+        const double m = sum[j] / (double)S / v[j];
+        out->mean_dev = fmax(out->mean_dev, fabs(m - 1.0));
+        out->unscaled_dev = fmax(out->unscaled_dev, fabs(m / scale - 1.0));
+    }
+    out->mean_bound = bernstein(scale, d, S, CASE6_DELTA);
+    return ST_OK;
+}
+
+/* K steps of random-k gradient descent from x0: ||x^K - x*|| (x: x^K). */
+static st_status randk_run(const st_quad_problem *p, int k, int shared, double eta, int K,
+                           st_rng *rng, double *x, double *e, double *y, double *scratch)
+{
+    for (int t = 0; t < K; t++) {
+        ST_TRY(st_quad_randk_step(p, k, shared, eta, rng, x, e, y, scratch));
+        memcpy(x, y, (size_t)p->d * sizeof *x);
+    }
+    return ST_OK;
+}
+
+st_status st_quad_case_6(const st_quad_config *c, st_quad_case6 *out)
+{
+    memset(out, 0, sizeof *out);
+    ST_TRY(check_resolved(c));
+    const int n = c->workers, d = n, K = c->iters, R = c->runs;
+    int k = (int)ceil(c->keep * d);
+    k = k < 1 ? 1 : k > d ? d : k;
+    st_quad_problem *p;
+    ST_TRY(st_quad_problem_random(d, n, c->seed, 1, &p));
+    double *buf = calloc((size_t)d * (7 + (size_t)n), sizeof *buf);
+    st_status st = buf ? ST_OK : st_fail(ST_ERR_NOMEM, "case 6: no memory");
+    if (st != ST_OK)
+        goto done;
+    double *x0 = buf, *x = x0 + d, *y = x + d, *scratch = y + d, *mean = scratch + 2 * d,
+           *sq = mean + d, *e = sq + d;
+    start_point(c->seed, d, x0);
+    out->d = d;
+    out->n = n;
+    out->k = k;
+    out->keep = c->keep;
+    out->iters = K;
+    out->runs = R;
+    out->gamma = c->gamma;
+    ST_TRY_GOTO(st, case6_mean(c, d, k, x0, mean, out), done);
+
+    /* IST's bias (case 2's point) and the compressed runs' step: the
+     * expected iteration matrix of a shared subset is I - eta L, so eta =
+     * gamma k / (d lambda_max) keeps every draw's (d/k) P L P within 2 */
+    double lmax;
+    ST_TRY_GOTO(st, st_quad_lambda_max(d, p->L_mean, &lmax), done);
+    out->step = c->gamma * (double)k / ((double)d * lmax);
+    ST_TRY_GOTO(st, st_quad_biased_point(p, ST_QUAD_PRECONDITIONED, y), done);
+    out->ist_bias = dist2(d, y, p->x_star);
+    out->err0 = dist2(d, x0, p->x_star);
+
+    st_rng root = case_stream(c->seed, STREAM_CASE6);
+    st_rng rng = st_rng_split(&root, 1);
+    memcpy(x, x0, (size_t)d * sizeof *x);
+    ST_TRY_GOTO(st, randk_run(p, k, 1, out->step, K, &rng, x, NULL, y, scratch), done);
+    out->shared_final = dist2(d, x, p->x_star);
+    rng = st_rng_split(&root, 2);
+    memcpy(x, x0, (size_t)d * sizeof *x);
+    ST_TRY_GOTO(st, randk_run(p, k, 1, out->step, K, &rng, x, e, y, scratch), done);
+    out->ef_final = dist2(d, x, p->x_star);
+
+    /* independent subsets: x* is no fixed point of a draw (the workers'
+     * gradients there do not cancel once compressed apart), but E x^k is
+     * gradient descent's at the same step (affine steps, draws independent
+     * of x); the mean of R runs is within Chebyshev's bound of it */
+    memset(mean, 0, (size_t)d * sizeof *mean);
+    double sumsq = 0.0;
+    for (int r = 0; r < R; r++) {
+        rng = st_rng_split(&root, 3 + (uint64_t)r);
+        memcpy(x, x0, (size_t)d * sizeof *x);
+        ST_TRY_GOTO(st, randk_run(p, k, 0, out->step, K, &rng, x, NULL, y, scratch), done);
+        if (r == 0)
+            out->indep_final = dist2(d, x, p->x_star);
+        for (int j = 0; j < d; j++)
+            mean[j] += x[j];
+        sumsq += norm2(d, x) * norm2(d, x);
+    }
+    for (int j = 0; j < d; j++)
+        mean[j] /= (double)R;
+    const double mn = norm2(d, mean);
+    const double trcov = fmax(0.0, (sumsq - R * mn * mn) / (R - 1.0));
+    out->indep_bound = sqrt(trcov / (R * CASE2_DELTA));
+    out->indep_mean = dist2(d, mean, p->x_star);
+    memcpy(x, x0, (size_t)d * sizeof *x);
+    for (int t = 0; t < K; t++) {
+        ST_TRY_GOTO(st, st_quad_gd_step(p, out->step, x, y), done);
+        memcpy(x, y, (size_t)d * sizeof *x);
+    }
+    out->gd_final = dist2(d, x, p->x_star);
+done:
+    free(buf);
+    st_quad_problem_free(p);
     return st;
 }
 

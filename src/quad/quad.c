@@ -390,6 +390,66 @@ st_status st_quad_gd_step(const st_quad_problem *p, double gamma, const double *
     return ST_OK;
 }
 
+/* ------------------------------------------------------------ random-k */
+
+/* Selection sampling: coordinate j is kept with probability (still to
+ * keep) / (d - j), so exactly k are, each with probability k / d. */
+st_status st_quad_randk(int d, int k, double scale, st_rng *rng, const double *v, double *out)
+{
+    if (d < 1 || k < 1 || k > d)
+        return st_fail(ST_ERR_INVALID, "random-k: k must be in [1, d], got k = %d of d = %d",
+                       k, d);
+    int need = k;
+    for (int j = 0; j < d; j++) {
+        const double u = (double)(st_rng_u64(rng) >> 11) * 0x1p-53;
+        const int keep = u * (double)(d - j) < (double)need;
+        need -= keep;
+        out[j] = keep ? scale * v[j] : 0.0;
+    }
+    return ST_OK;
+}
+
+st_status st_quad_randk_step(const st_quad_problem *p, int k, int shared, double eta,
+                             st_rng *rng, const double *x, double *e, double *x_next,
+                             double *scratch)
+{
+    const int d = p->d, n = p->n;
+    if (x == x_next)
+        return st_fail(ST_ERR_INVALID, "random-k step: x and x_next must not overlap");
+    if (k < 1 || k > d)
+        return st_fail(ST_ERR_INVALID, "random-k: k must be in [1, d], got k = %d of d = %d",
+                       k, d);
+    /* the kept coordinates' pattern, once for all workers when shared:
+     * a mask of ones compressed with scale 1 */
+    double *a = scratch, *mask = scratch + d;
+    const double scale = e ? 1.0 : (double)d / (double)k;
+    for (int j = 0; j < d; j++)
+        x_next[j] = 0.0;
+    for (int i = 0; i < n; i++) {
+        if (i == 0 || !shared) {
+            for (int j = 0; j < d; j++)
+                a[j] = 1.0;
+            ST_TRY(st_quad_randk(d, k, 1.0, rng, a, mask));
+        }
+        /* a = grad f_i(x) (+ e_i) */
+        const double *L = p->L + (size_t)i * d * d, *b = p->b + (size_t)i * d;
+        for (int r = 0; r < d; r++) {
+            double g = -b[r];
+            for (int c = 0; c < d; c++)
+                g += L[(size_t)r * d + c] * x[c];
+            a[r] = e ? g + e[(size_t)i * d + r] : g;
+        }
+        for (int j = 0; j < d; j++) {
+            x_next[j] += scale * mask[j] * a[j];
+            if (e)
+                e[(size_t)i * d + j] = mask[j] != 0.0 ? 0.0 : a[j];
+        }
+    }
+    for (int j = 0; j < d; j++)
+        x_next[j] = x[j] - eta * x_next[j] / (double)n;
+    return ST_OK;
+}
+
 /* ------------------------------------------------------------ expectations */
 
 st_status st_quad_expected_system(const st_quad_problem *p, st_quad_sketch_kind kind,

@@ -7,15 +7,34 @@
  * keeping the optimizer state of its shard only (ZeRO-1).  One worker
  * alone has no engine: it computes and updates its own vector (the solo
  * step below, the hot path of a one-worker run).
+ *
+ * --compress randk:Q (compress.c): the gradients' reduce-scatter is
+ * replaced by random-k's (a packed engine of the kept coordinates), the
+ * run's engine carries the masters and the all-gather only; with any
+ * number of workers, one included.
  */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "core/error.h"
+#include "train/compress.h"
 #include "train/strategy.h"
 
-/* Every config: dp has no options of its own. */
 static st_status dp_check(const st_train_config *c, int chosen)
 {
-    (void)c;
-    (void)chosen;
+    const st_dp_config *o = &c->dp;
+    if (!chosen && (o->compress != ST_COMPRESS_NONE || o->error_feedback))
+        return st_fail(ST_ERR_INVALID, "%s applies to --strategy dp only",
+                       o->compress != ST_COMPRESS_NONE ? "--compress" : "--error-feedback");
+    if (!chosen)
+        return ST_OK;
+    if (o->compress == ST_COMPRESS_RANDK && !(o->keep > 0.0f && o->keep <= 1.0f))
+        return st_fail(ST_ERR_INVALID, "--compress randk: Q, the fraction of coordinates kept, "
+                       "must be a number in (0, 1]");
+    if (o->error_feedback && o->compress == ST_COMPRESS_NONE)
+        return st_fail(ST_ERR_INVALID, "--error-feedback keeps what --compress randk:Q drops; "
+                       "without --compress there is nothing dropped");
     return ST_OK;
 }
 
@@ -27,25 +46,48 @@ static st_weights dp_weights(const st_train_config *c)
     return ST_WEIGHTS_SHARED;
 }
 
-/* No state of its own: the run's engine (N > 1) is all it needs. */
+/* The run's engine (N > 1); compressed, the masters' engine and
+ * random-k's state (its own engine), whatever N. */
 static st_status dp_prepare(run_shared *r, void **state)
 {
     *state = NULL;
     ST_TRY(st_run_make_plan(r->cfg, r->n_all, r->train, &r->plan));
+    if (r->cfg->dp.compress == ST_COMPRESS_RANDK) {
+        ST_TRY(st_run_create_engine(r, ST_COMM_GATHER, 0, NULL, 0, &r->comm));
+        st_randk *k = NULL;
+        st_status s = st_randk_create(r, &k);
+        *state = k;
+        return s;
+    }
     if (r->n_all > 1)
         ST_TRY(st_run_create_engine(r, 0, 0, NULL, 0, &r->comm));
     return ST_OK;
 }
 
+/* Compressed: w's parameters (its domain's copy) on the masters' engine,
+ * which reads no gradient; random-k's buffers. */
+static st_status attach_compressed(run_shared *r, st_randk *k, st_worker *w)
+{
+    int n_copies;
+    const st_param_copy *copies = st_model_copies(w->model, &n_copies);
+    st_comm_set_param_copies(r->comm, w->id, copies, n_copies);
+    float *p = st_model_params(w->model);
+    const st_range all = { 0, st_model_param_count(w->model) };
+    ST_TRY(st_comm_attach(r->comm, w->id, &w->arena, p, p, &all, 1));
+    return st_randk_attach(k, r, w);
+}
+
 static st_status dp_init_worker(run_shared *r, void *state, int wid, st_worker *w,
                                 const st_chunk_backend *backend)
 {
-    (void)state;
     ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
     ST_TRY(st_run_build_model(r, w, r->cfg, backend));
     if (!r->comm)
         return st_worker_init_optimizer(w, r->cfg, 0, st_model_param_count(w->model));
-    ST_TRY(st_run_attach_worker(r->comm, NULL, wid, w, NULL));
+    if (state)
+        ST_TRY(attach_compressed(r, state, w));
+    else
+        ST_TRY(st_run_attach_worker(r->comm, NULL, wid, w, NULL));
     st_range shard = st_comm_shard(r->comm, wid);
     return st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end);
 }
@@ -77,10 +119,14 @@ static st_status solo_step(run_shared *r, st_worker *w, uint64_t i, uint64_t ste
 static st_status dp_step(run_shared *r, void *state, st_worker *w, uint64_t i, uint64_t step,
                          float *loss, float *lr)
 {
-    (void)state;
     if (!r->comm)
         return solo_step(r, w, i, step, loss, lr);
-    run_sharded e = { r->comm, r->comm, NULL, NULL, 1 };
+    if (state) {
+        st_randk_draw(state, w->id, step);
+        run_sharded e = { NULL, r->comm, NULL, state, 0, st_randk_reduce };
+        return st_run_sharded_step(r, &e, w, i, step, loss, lr);
+    }
+    run_sharded e = { r->comm, r->comm, NULL, NULL, 1, NULL };
     return st_run_sharded_step(r, &e, w, i, step, loss, lr);
 }
 
@@ -90,10 +136,14 @@ static st_status dp_step(run_shared *r, void *state, st_worker *w, uint64_t i, u
 static st_status dp_update(run_shared *r, void *state, st_worker *w, uint64_t i, uint64_t step,
                            float *loss, float *lr)
 {
-    (void)state;
     double t = st_run_now_s();
+    if (state) {
+        st_randk_draw(state, w->id, step);
+        run_sharded e = { NULL, r->comm, NULL, state, 0, st_randk_reduce };
+        return st_run_sharded_update(r, &e, w, i, step, t, loss, lr);
+    }
     if (r->comm) {
-        run_sharded e = { r->comm, r->comm, NULL, NULL, 0 };
+        run_sharded e = { r->comm, r->comm, NULL, NULL, 0, NULL };
         return st_run_sharded_update(r, &e, w, i, step, t, loss, lr);
     }
     solo_update(r, w, step, lr);
@@ -102,15 +152,21 @@ static st_status dp_update(run_shared *r, void *state, st_worker *w, uint64_t i,
 }
 
 /* Resuming: the replica (or w's part of its domain's copy) and optimizer
- * shard, and the master shard (the replica is its all-gather). */
+ * shard, and the master shard (the replica is its all-gather); error
+ * feedback's residual. */
 static st_status dp_resume(run_shared *r, void *state, st_worker *w)
 {
-    (void)state;
     ST_TRY(st_run_resume_model(r, w));
     if (!r->comm)
         return ST_OK;
     st_run_resume_shard(r, r->comm, w->id, st_comm_shard_params(r->comm, w->id));
-    return ST_OK;
+    return state ? st_randk_resume(state, r, w) : ST_OK;
+}
+
+/* Error feedback's residuals, every worker's. */
+static st_status dp_save(run_shared *r, void *state, run_ckpt *ck)
+{
+    return state ? st_randk_save(state, r, ck) : ST_OK;
 }
 
 static st_status dp_evaluate(run_shared *r, void *state, st_worker *w, double *loss, double *acc)
@@ -121,8 +177,7 @@ static st_status dp_evaluate(run_shared *r, void *state, st_worker *w, double *l
 
 static st_comm_bytes dp_bytes(const run_shared *r, const void *state, int wid)
 {
-    (void)state;
-    return st_run_engine_bytes(r, wid);
+    return state ? st_randk_bytes(state, r, wid) : st_run_engine_bytes(r, wid);
 }
 
 /* Worker 0's replica (its domain's copy) is the full model (after the
@@ -137,12 +192,110 @@ static st_status dp_full_params(run_shared *r, void *state, st_worker *w0, const
     return ST_OK;
 }
 
+static void dp_abort(run_shared *r, void *state)
+{
+    (void)r;
+    st_randk_abort(state);
+}
+
+static void dp_release(run_shared *r, void *state)
+{
+    (void)r;
+    st_randk_destroy(state);
+}
+
+/* ------------------------------------------------------------ options */
+
+static void dp_defaults(st_train_config *c)
+{
+    c->dp = (st_dp_config){ .compress = ST_COMPRESS_NONE, .keep = 1.0f, .error_feedback = 0 };
+}
+
+static void dp_describe(const st_train_config *c, int workers, char *out, size_t n)
+{
+    (void)workers;
+    if (c->dp.compress == ST_COMPRESS_RANDK)
+        snprintf(out, n, " (randk %g%s)", (double)c->dp.keep,
+                 c->dp.error_feedback ? ", error feedback" : "");
+}
+
+/* none, or randk:Q (st_compress_parse) */
+static int parse_compress(const char *text, st_option_value *v, char *why, size_t n)
+{
+    st_dp_config c = { .compress = ST_COMPRESS_NONE, .keep = 0.0f };
+    if (st_compress_parse(text, &c) != ST_OK) {
+        snprintf(why, n, "%s", st_last_error());
+        return -1;
+    }
+    v->name = (int)c.compress;
+    v->real = c.keep;
+    return 0;
+}
+
+/* The shortest of %.6g .. %.9g that reads back as the same float. */
+static void print_compress(const st_option_value *v, char *out, size_t n)
+{
+    if (v->name == ST_COMPRESS_NONE) {
+        snprintf(out, n, "none");
+        return;
+    }
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(out, n, "randk:%.*g", digits, v->real);
+        if ((float)strtod(out + 6, NULL) == (float)v->real)
+            return;
+    }
+}
+
+static void set_compress(st_train_config *c, const st_option_value *v)
+{
+    c->dp.compress = (st_compress_kind)v->name;
+    if (v->name == ST_COMPRESS_RANDK)
+        c->dp.keep = (float)v->real;
+}
+
+static int get_compress(const st_train_config *c, st_option_value *v)
+{
+    v->name = (int)c->dp.compress;
+    v->real = c->dp.compress == ST_COMPRESS_RANDK ? c->dp.keep : 0.0;
+    return 1;
+}
+
+static void set_error_feedback(st_train_config *c, const st_option_value *v)
+{
+    c->dp.error_feedback = v->name;
+}
+
+static int get_error_feedback(const st_train_config *c, st_option_value *v)
+{
+    v->name = c->dp.error_feedback != 0;
+    return 1;
+}
+
+static const st_strategy_option dp_options[] = {
+    { .name = "compress", .syntax = "none|randk:Q",
+      .help = "dp: the gradients' reduction: every coordinate\n"
+              "(none, default), or randk:Q, each step a random\n"
+              "fraction Q of them, the same for all workers,\n"
+              "scaled by 1/Q (unbiased)",
+      .kind = ST_OPTION_TEXT, .parse = parse_compress, .print = print_compress, .only = 1,
+      .set = set_compress, .get = get_compress },
+    { .name = "error-feedback", .syntax = "",
+      .help = "dp with --compress randk:Q: each worker adds\n"
+              "what it dropped to its next gradient and sends\n"
+              "the kept coordinates unscaled (biased)",
+      .kind = ST_OPTION_FLAG, .only = 1, .set = set_error_feedback, .get = get_error_feedback },
+    { .name = NULL },
+};
+
 const st_strategy_ops st_dp_ops = {
     .info = {
         .name = "dp",
         .help = "dp: data parallelism, every worker trains the full\n"
                 "model on its part of each global batch (default)",
+        .options = dp_options,
     },
+    .defaults = dp_defaults,
+    .describe = dp_describe,
     .check = dp_check,
     .weights = dp_weights,
     .prepare = dp_prepare,
@@ -153,4 +306,7 @@ const st_strategy_ops st_dp_ops = {
     .evaluate = dp_evaluate,
     .bytes = dp_bytes,
     .full_params = dp_full_params,
+    .save = dp_save,
+    .abort = dp_abort,
+    .release = dp_release,
 };

@@ -13,9 +13,13 @@
  * Adam's bias correction restarts with it), or averaged like the
  * parameters through engines of its own (keep: its step count runs on).
  *
- * With plain SGD and R = 1 this is data parallelism: the mean of the
- * workers' updated parameters is the update by the mean gradient, up to
- * the order of the float sums (tests/test_localsgd.c).
+ * With R = 1 and SGD that is linear in what is averaged (no momentum,
+ * or momentum kept), this is data parallelism: the mean of the workers'
+ * updated parameters (and momenta) is the update by the mean gradient.
+ * The run is then dp's (is_dp): the same sums in dp's order, so bitwise
+ * dp's run (tests/test_localsgd.c).  AdamW's update is not linear in the
+ * gradient, and momentum reset at every average is plain SGD's, not the
+ * configured momentum's: those keep the local path.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +41,21 @@ typedef struct lsgd_run {
     lsgd_worker *workers;        /* n */
     uint64_t resumed_round_step; /* of the checkpoint resumed */
 } lsgd_run;
+
+extern const st_strategy_ops st_dp_ops;
+
+/* One average a step of an update linear in (parameters, momentum,
+ * gradient): data parallelism, run as dp runs it. */
+static int is_dp(const st_train_config *c)
+{
+    return c->localsgd.local_steps == 1 && c->optim.kind == ST_OPT_SGD &&
+           (c->optim.momentum == 0.0f || c->localsgd.keep_state);
+}
+
+static st_weights localsgd_weights(const st_train_config *c)
+{
+    return is_dp(c) ? st_dp_ops.weights(c) : ST_WEIGHTS_PRIVATE;
+}
 
 static st_status localsgd_check(const st_train_config *c, int chosen)
 {
@@ -66,6 +85,8 @@ static st_status localsgd_check(const st_train_config *c, int chosen)
 static st_status localsgd_prepare(run_shared *r, void **state)
 {
     const st_train_config *cfg = r->cfg;
+    if (is_dp(cfg))
+        return st_dp_ops.prepare(r, state);
     lsgd_run *s = calloc(1, sizeof *s);
     if (!s)
         return st_fail(ST_ERR_NOMEM, "out of memory for local SGD's state");
@@ -97,6 +118,8 @@ static float *state_vector(st_worker *w, int i)
 static st_status localsgd_init_worker(run_shared *r, void *state, int wid, st_worker *w,
                                       const st_chunk_backend *backend)
 {
+    if (is_dp(r->cfg))
+        return st_dp_ops.init_worker(r, state, wid, w, backend);
     lsgd_run *s = state;
     ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, backend));
     const size_t P = st_model_param_count(w->model);
@@ -119,6 +142,8 @@ static st_status localsgd_init_worker(run_shared *r, void *state, int wid, st_wo
 static st_status localsgd_step(run_shared *r, void *state, st_worker *w, uint64_t i,
                                uint64_t step, float *loss, float *lr)
 {
+    if (is_dp(r->cfg))
+        return st_dp_ops.step(r, state, w, i, step, loss, lr);
     lsgd_run *s = state;
     worker_slot *slot = &r->slots[w->id];
     double t = st_run_now_s();
@@ -150,7 +175,7 @@ static st_status localsgd_round_end(run_shared *r, void *state, st_worker *w, ui
                                     int last)
 {
     lsgd_run *s = state;
-    if (step % r->cfg->localsgd.local_steps != 0 && !last)
+    if (is_dp(r->cfg) || (step % r->cfg->localsgd.local_steps != 0 && !last))
         return ST_OK;
     const int wid = w->id;
     double t = st_run_now_s();
@@ -181,7 +206,8 @@ static int localsgd_whole_after(const run_shared *r, uint64_t step, int last)
  * equal). */
 static st_status localsgd_save(run_shared *r, void *state, run_ckpt *ck)
 {
-    (void)r;
+    if (is_dp(r->cfg))
+        return st_dp_ops.save ? st_dp_ops.save(r, state, ck) : ST_OK;
     lsgd_run *s = state;
     return st_run_ckpt_meta(ck, "subtrain.localsgd.round_step", "%llu",
                             (unsigned long long)s->workers[0].round_step);
@@ -189,6 +215,8 @@ static st_status localsgd_save(run_shared *r, void *state, run_ckpt *ck)
 
 static st_status localsgd_resume(run_shared *r, void *state, st_worker *w)
 {
+    if (is_dp(r->cfg))
+        return st_dp_ops.resume(r, state, w);
     lsgd_run *s = state;
     ST_TRY(st_run_resume_model(r, w));
     s->workers[w->id].round_step = s->resumed_round_step;
@@ -207,6 +235,8 @@ static st_status localsgd_evaluate(run_shared *r, void *state, st_worker *w, dou
  * state vectors'. */
 static st_comm_bytes localsgd_bytes(const run_shared *r, const void *state, int wid)
 {
+    if (is_dp(r->cfg))
+        return st_dp_ops.bytes(r, state, wid);
     const lsgd_run *s = state;
     st_comm_bytes b = st_run_engine_bytes(r, wid);
     for (int i = 0; i < s->n_state; i++) {
@@ -242,7 +272,11 @@ static st_status localsgd_full_params(run_shared *r, void *state, st_worker *w0,
 
 static void localsgd_abort(run_shared *r, void *state)
 {
-    (void)r;
+    if (is_dp(r->cfg)) {
+        if (st_dp_ops.abort)
+            st_dp_ops.abort(r, state);
+        return;
+    }
     lsgd_run *s = state;
     for (int i = 0; i < s->n_state; i++)
         st_comm_abort(s->state_comm[i]);
@@ -250,7 +284,11 @@ static void localsgd_abort(run_shared *r, void *state)
 
 static void localsgd_release(run_shared *r, void *state)
 {
-    (void)r;
+    if (is_dp(r->cfg)) {
+        if (st_dp_ops.release)
+            st_dp_ops.release(r, state);
+        return;
+    }
     lsgd_run *s = state;
     if (!s)
         return;
@@ -321,6 +359,7 @@ const st_strategy_ops st_localsgd_ops = {
     },
     .defaults = localsgd_defaults,
     .check = localsgd_check,
+    .weights = localsgd_weights,
     .describe = localsgd_describe,
     .prepare = localsgd_prepare,
     .init_worker = localsgd_init_worker,

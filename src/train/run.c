@@ -54,8 +54,9 @@ st_comm_payload st_run_comm_payload(const st_train_config *cfg)
     return cfg->comm_precision == ST_PRECISION_BF16 ? ST_COMM_PAYLOAD_BF16 : ST_COMM_PAYLOAD_FP32;
 }
 
-st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
-                               const st_range *unheld, int n_unheld, st_comm **out)
+static st_status create_engine(const run_shared *r, size_t n_params, int roles, int params,
+                               int allow_unheld, const st_range *unheld, int n_unheld,
+                               st_comm **out)
 {
     int *domain_of = malloc(sizeof(int) * (size_t)r->n);
     if (!domain_of)
@@ -63,7 +64,7 @@ st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
     for (int k = 0; k < r->n; k++)
         domain_of[k] = r->placement.workers[k].domain;
     st_comm_config cc = { .n_workers = r->n,
-                          .n_params = r->n_params,
+                          .n_params = n_params,
                           .domain_of = domain_of,
                           .roles = roles,
                           .allow_unheld = allow_unheld,
@@ -75,11 +76,22 @@ st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
                           .payload = st_run_comm_payload(r->cfg),
                           /* the engine that carries the masters writes the
                            * domains' copies */
-                          .shared_params = r->shared_weights &&
+                          .shared_params = params && r->shared_weights &&
                                            (roles == 0 || (roles & ST_COMM_GATHER)) };
     st_status s = st_comm_create(&cc, out);
     free(domain_of);
     return s;
+}
+
+st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
+                               const st_range *unheld, int n_unheld, st_comm **out)
+{
+    return create_engine(r, r->n_params, roles, 1, allow_unheld, unheld, n_unheld, out);
+}
+
+st_status st_run_create_vector_engine(const run_shared *r, size_t n, int roles, st_comm **out)
+{
+    return create_engine(r, n, roles, 0, 0, NULL, 0, out);
 }
 
 /* ------------------------------------------------------------ attaching */
@@ -153,15 +165,14 @@ st_status st_run_mean_loss(run_shared *r, float *loss)
  * weights: the master shard is w's part of its domain's copy, which its
  * domain reads as it is, so the update writes the shard's bf16 copies too
  * (the all-gather brings other domains' shards). */
-static void update_part(run_shared *r, const run_sharded *e, st_worker *w, uint64_t step,
-                        float lr, size_t lo, size_t hi)
+static void update_part(run_shared *r, const run_sharded *e, st_worker *w, const float *grads,
+                        uint64_t step, float lr, size_t lo, size_t hi)
 {
     int n_copies = 0;
     const st_param_copy *copies = r->shared_weights ? st_model_copies(w->model, &n_copies)
                                                     : NULL;
-    st_optim_update_copies(&w->optim, st_comm_shard_params(e->masters, w->id),
-                           st_comm_shard_grads(e->grads, w->id), r->full_segs, r->n_full_segs,
-                           lo, hi, step, lr, copies, n_copies);
+    st_optim_update_copies(&w->optim, st_comm_shard_params(e->masters, w->id), grads,
+                           r->full_segs, r->n_full_segs, lo, hi, step, lr, copies, n_copies);
 }
 
 /* What the updates during the backward did: the shard's elements from
@@ -178,7 +189,7 @@ static st_status sharded_update(run_shared *r, const run_sharded *e, st_worker *
 {
     worker_slot *slot = &r->slots[w->id];
     double t1;
-    ST_TRY(st_comm_barrier(e->grads, w->id));
+    ST_TRY(st_comm_barrier(e->reduce ? e->masters : e->grads, w->id));
     t1 = st_run_now_s();
     slot->times.wait += t1 - t;
     t = t1;
@@ -189,13 +200,19 @@ static st_status sharded_update(run_shared *r, const run_sharded *e, st_worker *
         if (e->at_barrier)
             ST_TRY(e->at_barrier(r, e->ctx, w, i, step));
     }
-    ST_TRY(st_comm_reduce_scatter(e->grads, w->id));
+    float *grads;
+    if (e->reduce) {
+        ST_TRY(e->reduce(r, e->ctx, w, &grads));
+    } else {
+        ST_TRY(st_comm_reduce_scatter(e->grads, w->id));
+        grads = st_comm_shard_grads(e->grads, w->id);
+    }
     t1 = st_run_now_s();
     slot->times.reduce += t1 - t;
     t = t1;
-    const st_range shard = st_comm_shard(e->grads, w->id);
+    const st_range shard = st_comm_shard(e->masters, w->id);
     *lr = st_schedule_lr(&r->plan.schedule, step);
-    update_part(r, e, w, step, *lr, shard.begin, early->upto);
+    update_part(r, e, w, grads, step, *lr, shard.begin, early->upto);
     w->optim.updated += early->updated;
     w->optim.update_bytes += early->bytes;
     t1 = st_run_now_s();
@@ -213,7 +230,7 @@ static st_status sharded_update(run_shared *r, const run_sharded *e, st_worker *
 st_status st_run_sharded_update(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
                                 uint64_t step, double t, float *loss, float *lr)
 {
-    const parts_done none = { st_comm_shard(e->grads, w->id).end, 0, 0 };
+    const parts_done none = { st_comm_shard(e->masters, w->id).end, 0, 0 };
     return sharded_update(r, e, w, i, step, t, loss, lr, &none);
 }
 
@@ -247,7 +264,8 @@ static void reduce_ready(void *ctx, size_t from)
     st_range done;
     o->status = st_comm_reduce_ready(o->e->grads, o->w->id, from, &done);
     if (o->status == ST_OK && done.end > done.begin) {
-        update_part(o->r, o->e, o->w, o->step, o->lr, done.begin, done.end);
+        update_part(o->r, o->e, o->w, st_comm_shard_grads(o->e->grads, o->w->id), o->step,
+                    o->lr, done.begin, done.end);
         o->done.upto = done.begin;
         o->done.updated += o->w->optim.updated;
         o->done.bytes += o->w->optim.update_bytes;
@@ -263,7 +281,7 @@ st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w,
     uint32_t first = (uint32_t)((i * (uint64_t)r->n_all + (uint64_t)st_run_global(r, w->id)) *
                                 st_run_step_rows(r->cfg));
     overlap_ctx o = { r, e, w, step, st_schedule_lr(&r->plan.schedule, step),
-                      { st_comm_shard(e->grads, w->id).end, 0, 0 }, 0.0, ST_OK };
+                      { st_comm_shard(e->masters, w->id).end, 0, 0 }, 0.0, ST_OK };
     ST_TRY(st_worker_compute_ready(w, r->train, w->order, first, &slot->loss,
                                    e->overlap ? reduce_ready : NULL, &o));
     ST_TRY(o.status);

@@ -216,6 +216,10 @@ st_comm_payload st_run_comm_payload(const st_train_config *cfg);
 st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
                                const st_range *unheld, int n_unheld, st_comm **out);
 
+/* The same over a vector of n floats of the strategy's own, which every
+ * worker holds whole (not the parameters: no shared copy). */
+st_status st_run_create_vector_engine(const run_shared *r, size_t n, int roles, st_comm **out);
+
 /* The full-layout ranges of w's parameters (grads: of its gradient vector)
  * and where each starts in w's own vector, in w's arena (rewound with the
  * model). */
@@ -252,6 +256,11 @@ typedef struct run_sharded {
      * step reduces it during the backward as its layers complete it
      * (st_comm_reduce_ready) */
     int overlap;
+    /* NULL: `grads` reduce-scatters.  Else it replaces that (every worker,
+     * after the barrier): w's shard of `masters` gets its gradient, left
+     * in *out (indexed from the shard's begin); `grads` is then unused
+     * (compressed communication, compress.h) */
+    st_status (*reduce)(run_shared *r, void *ctx, st_worker *w, float **out);
 } run_sharded;
 
 st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,
