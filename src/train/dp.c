@@ -80,7 +80,7 @@ static st_status dp_step(run_shared *r, void *state, st_worker *w, uint64_t i, u
     (void)state;
     if (!r->comm)
         return solo_step(r, w, i, step, loss, lr);
-    run_sharded e = { r->comm, r->comm, NULL, NULL, 1 };
+    run_sharded e = { r->comm, r->comm, NULL, NULL, 1, NULL };
     return st_run_sharded_step(r, &e, w, i, step, loss, lr);
 }
 
@@ -93,7 +93,7 @@ static st_status dp_update(run_shared *r, void *state, st_worker *w, uint64_t i,
     (void)state;
     double t = st_run_now_s();
     if (r->comm) {
-        run_sharded e = { r->comm, r->comm, NULL, NULL, 0 };
+        run_sharded e = { r->comm, r->comm, NULL, NULL, 0, NULL };
         return st_run_sharded_update(r, &e, w, i, step, t, loss, lr);
     }
     solo_update(r, w, step, lr);

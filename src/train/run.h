@@ -229,6 +229,9 @@ typedef struct run_attachment {
     const st_range *ranges;
     const size_t *local;
     int n_ranges;
+    /* the ranges lie in the gradient vector in their full order (local
+     * grows with them): a tail of it is a tail of the full layout */
+    int in_order;
 } run_attachment;
 
 /* Registers w's vectors with the engines: `grads` reduces its gradients;
@@ -248,10 +251,13 @@ typedef struct run_sharded {
     st_comm *grads, *masters;
     st_status (*at_barrier)(run_shared *r, void *ctx, st_worker *w0, uint64_t i, uint64_t step);
     void *ctx;
-    /* 1: w's gradient vector is in the full layout (data parallelism): the
-     * step reduces it during the backward as its layers complete it
-     * (st_comm_reduce_ready) */
+    /* 1: the step reduces w's gradients during the backward as its layers
+     * complete them (st_comm_reduce_ready) */
     int overlap;
+    /* NULL: w's gradient vector is in the full layout; else where its
+     * elements are (a compact subnetwork's), the tails its backward makes
+     * final said of the full layout through it */
+    const run_attachment *att;
 } run_sharded;
 
 st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,

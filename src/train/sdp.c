@@ -292,7 +292,7 @@ static st_status sdp_step(run_shared *r, void *state, st_worker *w, uint64_t i, 
     if (R && done > 0 && done % R == 0)
         ST_TRY(new_round(r, s, w, done / R));
     run_sharded e = { r->comm, masters(r, s), r->cfg->sdp.align_every ? measure_alignment : NULL,
-                      s, 0 };
+                      s, 1, &s->att[w->id] };
     return st_run_sharded_step(r, &e, w, i, step, loss, lr);
 }
 
