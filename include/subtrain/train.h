@@ -46,6 +46,10 @@ st_status st_strategy_parse(const char *name, st_strategy *out);
  * epochs; one process: ranks over MPI keep a replica per worker);
  * PRIVATE, a replica per worker, which the all-gather fills. */
 typedef enum st_weights { ST_WEIGHTS_SHARED, ST_WEIGHTS_PRIVATE } st_weights;
+/* "shared", "private"; parse: ST_ERR_INVALID "unknown weights placement 'x'
+ * (allowed: shared, private)". */
+const char *st_weights_name(st_weights w);
+st_status st_weights_parse(const char *name, st_weights *out);
 
 /* Checkpoints of a run's whole training state (doc/checkpoints.md): every
  * file DIR/step-NNNNNNNN.safetensors holds the full model's weights (as a
@@ -216,6 +220,11 @@ st_train_config st_train_config_default(void);
  * 0) and, in an MPI job, MPI started (else st_train_placement_check
  * does it). */
 st_status st_train_config_check(const st_train_config *cfg);
+/* What the weights of c's strategy, with c's options, can be: SHARED
+ * where every worker of its data-parallel steps holds the full model,
+ * PRIVATE where a worker needs its own (ist, localsgd, sdp with forward
+ * masking).  A run uses SHARED only where both this and c->weights say so. */
+st_weights st_strategy_weights(const st_train_config *c);
 /* Where the run's workers would go, checked without running: the topology
  * loads, is this machine, the placement (--workers, --cpuset, teams) can
  * be made, and the strategy can spread that many workers (of every rank,
