@@ -155,6 +155,12 @@ typedef struct st_train_config {
     st_precision comm_precision;
     st_weights weights;       /* SHARED (default) where the strategy can,
                                * PRIVATE: a replica per worker regardless */
+    int reduce_after_backward; /* 1: no reduction during the backward
+                               * (st_comm_reduce_ready): the whole
+                               * reduce-scatter after it, as the same bits
+                               * later (tests and benchmarks compare the
+                               * two); 0 (default): during it where the
+                               * strategy reduces gradients */
     int bf16_emulated;        /* model.precision bf16 on a CPU without native
                                * bf16 (st_bf16_probe: EMULATED): 0 refuses
                                * with a message naming the ISA, 1 runs it

@@ -290,7 +290,8 @@ st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w,
                                 st_run_step_rows(r->cfg));
     overlap_ctx o = { r, e, w, step, st_schedule_lr(&r->plan.schedule, step),
                       { st_comm_shard(e->grads, w->id).end, 0, 0 }, 0.0, ST_OK };
-    const int overlap = e->overlap && (!e->att || e->att->in_order);
+    const int overlap = e->overlap && !r->cfg->reduce_after_backward &&
+                        (!e->att || e->att->in_order);
     ST_TRY(st_worker_compute_ready(w, r->train, w->order, first, &slot->loss,
                                    overlap ? reduce_ready : NULL, &o));
     ST_TRY(o.status);

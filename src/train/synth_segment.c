@@ -263,7 +263,8 @@ st_status st_synth_segment_step(run_shared *r, void *state, st_worker *w, uint64
         o.segs = st_segnet_segments(me->net, &o.n_segs);
         o.upto = st_comm_shard(G->comm, o.kl).end;
     }
-    ST_TRY(st_segnet_forward_backward_ready(me->net, &slot->loss, G->comm ? group_ready : NULL,
+    const int overlap = G->comm && !r->cfg->reduce_after_backward;
+    ST_TRY(st_segnet_forward_backward_ready(me->net, &slot->loss, overlap ? group_ready : NULL,
                                             &o));
     ST_TRY(o.status);
     const double t1 = st_run_now_s();
