@@ -246,7 +246,8 @@ st_status st_run_attach_worker(st_comm *grads, st_comm *params, int wid, st_work
  * gradients, `masters` holds the master shards and gathers them (the same
  * engine unless backward masking); at_barrier (may be NULL) is called by
  * worker 0 between the barrier and the reduction, every worker's gradient
- * complete and in place (sdp's alignment report). */
+ * complete and in place (sdp's alignment report); the masters are the
+ * step's, not updated yet, only in a step without overlap. */
 typedef struct run_sharded {
     st_comm *grads, *masters;
     st_status (*at_barrier)(run_shared *r, void *ctx, st_worker *w0, uint64_t i, uint64_t step);
