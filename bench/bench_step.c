@@ -219,8 +219,10 @@ static int run_all(const bench_options *o, FILE *json)
 /* Data-parallel scaling: the whole trainer (st_train_run: pinned workers,
  * NUMA arenas, reduce-scatter, sharded AdamW, all-gather) on synthetic
  * data, once with 1 worker and twice with N, each worker at batch B: the
- * N workers reading a weight copy per NUMA domain (as training runs), and
- * each its own replica (st_train_config.weights).  The trainer's own
+ * N workers reading a weight copy per NUMA domain (as training runs), the
+ * same with the whole reduction after the backward
+ * (st_train_config.reduce_after_backward), and each its own replica
+ * (st_train_config.weights).  The trainer's own
  * samples/s counts training time only (no evaluation), over all steps of
  * the run; the median of `reps` runs is shown. */
 typedef struct scaling_result {
@@ -229,7 +231,7 @@ typedef struct scaling_result {
 } scaling_result;
 
 static int scaling_run(const bench_config *bc, int workers, int steps, int bf16,
-                       unsigned unfuse, st_weights weights, scaling_result *out)
+                       unsigned unfuse, st_weights weights, int after, scaling_result *out)
 {
     st_synthetic_config sc = st_synthetic_defaults(1);
     sc.train_count = (uint32_t)(steps * workers * bc->batch);
@@ -250,6 +252,7 @@ static int scaling_run(const bench_config *bc, int workers, int steps, int bf16,
     tc.model.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
     tc.model.unfuse = unfuse;
     tc.weights = weights;
+    tc.reduce_after_backward = after;
     st_status s = st_train_run(&tc, &train, &test, NULL, &out->rec);
     st_dataset_free(&train);
     st_dataset_free(&test);
@@ -267,11 +270,12 @@ static int cmp_scaling(const void *a, const void *b)
 }
 
 static int scaling_median(const bench_config *bc, int workers, int steps, int reps, int bf16,
-                          unsigned unfuse, st_weights weights, scaling_result *med)
+                          unsigned unfuse, st_weights weights, int after, scaling_result *med)
 {
     scaling_result r[MAX_WINDOWS];
     for (int i = 0; i < reps; i++)
-        if (scaling_run(bc, workers, steps, bf16, unfuse, weights, &r[i]) != EXIT_SUCCESS)
+        if (scaling_run(bc, workers, steps, bf16, unfuse, weights, after, &r[i]) !=
+            EXIT_SUCCESS)
             return EXIT_FAILURE;
     qsort(r, (size_t)reps, sizeof *r, cmp_scaling);
     *med = r[reps / 2];
@@ -304,7 +308,7 @@ static int run_scaling(const bench_options *o)
                                                       0, 0, 0, 0, 0, 0 };
     int steps = o->quick ? 6 : (bc.width >= 1024 ? 30 : 300);
     int reps = o->quick ? 1 : 3;
-    scaling_result one, many, replicas;
+    scaling_result one, many, after, replicas;
     /* bf16 when it is the only precision asked for (--precision bf16) */
     const int bf16 = o->bf16 && !o->fp32;
     printf("\ndata-parallel scaling: resmlp d%d w%d %s, batch %d per worker, %d steps, "
@@ -312,21 +316,25 @@ static int run_scaling(const bench_options *o)
            bc.batch, steps, reps);
     /* the N workers' runs with a weight copy per NUMA domain (as training
      * runs) and with a replica per worker, alternately: a same-run ratio */
-    if (scaling_median(&bc, 1, steps, reps, bf16, o->unfuse, ST_WEIGHTS_SHARED, &one) !=
+    if (scaling_median(&bc, 1, steps, reps, bf16, o->unfuse, ST_WEIGHTS_SHARED, 0, &one) !=
             EXIT_SUCCESS ||
-        scaling_median(&bc, o->workers, steps, reps, bf16, o->unfuse, ST_WEIGHTS_SHARED,
+        scaling_median(&bc, o->workers, steps, reps, bf16, o->unfuse, ST_WEIGHTS_SHARED, 0,
                        &many) != EXIT_SUCCESS ||
-        scaling_median(&bc, o->workers, steps, reps, bf16, o->unfuse, ST_WEIGHTS_PRIVATE,
+        scaling_median(&bc, o->workers, steps, reps, bf16, o->unfuse, ST_WEIGHTS_SHARED, 1,
+                       &after) != EXIT_SUCCESS ||
+        scaling_median(&bc, o->workers, steps, reps, bf16, o->unfuse, ST_WEIGHTS_PRIVATE, 0,
                        &replicas) != EXIT_SUCCESS)
         return EXIT_FAILURE;
     printf("workers weights     samples/s  vs 1 wk  compute ms  wait ms  reduce ms  optimizer ms"
            "  overlap ms  exposed  comm MB/step  peak MiB/wk\n");
     print_scaling_row(1, "own", &one, one.samples_per_s);
     print_scaling_row(o->workers, "shared", &many, one.samples_per_s);
+    print_scaling_row(o->workers, "after", &after, one.samples_per_s);
     print_scaling_row(o->workers, "replicas", &replicas, one.samples_per_s);
     printf("weights: shared = a copy per NUMA domain, updated in place by the shard owners; "
-           "replicas = a replica per worker, filled by the all-gather; overlap = reduction and "
-           "update during the backward; exposed = (wait + reduce + optimizer) / step\n");
+           "after = the same, its reduction and update after the backward; replicas = a "
+           "replica per worker, filled by the all-gather; overlap = reduction and update "
+           "during the backward; exposed = (wait + reduce + optimizer) / step\n");
     printf("ring all-reduce among %d distributed workers would send %.1f MB per worker and step\n",
            o->workers, many.rec.ring_bytes_per_worker_step / 1e6);
     return EXIT_SUCCESS;
@@ -387,7 +395,8 @@ static void usage(FILE *f)
             "  --workers N   also run the whole trainer with 1 and N data-parallel workers\n"
             "                (resmlp d8 w1024, batch 128 per worker; with --config small the\n"
             "                small model; not with --config cnn or gpt), N with a\n"
-            "                weight copy per NUMA domain and with a replica per worker, and\n"
+            "                weight copy per NUMA domain (reducing during the backward, and\n"
+            "                after it) and with a replica per worker, and\n"
             "                compare samples/s (in bf16 with --precision bf16; --unfuse\n"
             "                applies)\n"
             "  --precision P fp32 (default), bf16 (linear layers in bf16; reference:\n"

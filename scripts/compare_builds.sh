@@ -52,6 +52,7 @@ NEW=$(binary_of "$2")
 RUNS='dp-1|--model resmlp --depth 4 --width 64 --workers 1 --batch 64
 dp-2|--model resmlp --depth 4 --width 64 --workers 2 --batch 32
 dp-2-mlp-sgd|--model mlp --depth 2 --width 128 --workers 2 --batch 32 --optimizer sgd --lr 0.05
+dp-2-accumulate-3|--model resmlp --depth 4 --width 64 --workers 2 --batch 16 --accumulate 3
 sdp-block-fwd|--model resmlp --depth 4 --width 64 --workers 4 --batch 16 --strategy sdp --subnet block --masking forward
 sdp-block-fwd-resample|--model resmlp --depth 4 --width 64 --workers 4 --batch 16 --strategy sdp --subnet block --masking forward --resample 20
 sdp-block-bwd|--model resmlp --depth 4 --width 64 --workers 4 --batch 16 --strategy sdp --subnet block --masking backward
@@ -69,7 +70,8 @@ ist-mlp-reset|--model mlp --depth 2 --width 128 --workers 2 --batch 32 --strateg
 ist-mlp-keep|--model mlp --depth 2 --width 128 --workers 2 --batch 32 --strategy ist --local-steps 10 --optimizer-state keep
 ist-mlp-keep-sgd|--model mlp --depth 2 --width 128 --workers 2 --batch 32 --strategy ist --local-steps 10 --optimizer-state keep --optimizer sgd --lr 0.05
 synth-s2|--model mlp --depth 5 --width 64 --workers 2 --batch 32 --strategy synth --segments 2 --recovery-epochs 1
-synth-s3|--model mlp --depth 5 --width 64 --workers 3 --batch 32 --strategy synth --segments 3 --recovery-epochs 1'
+synth-s3|--model mlp --depth 5 --width 64 --workers 3 --batch 32 --strategy synth --segments 3 --recovery-epochs 1
+synth-s2-groups-of-2|--model mlp --depth 5 --width 64 --workers 4 --batch 32 --strategy synth --segments 2 --recovery-epochs 1'
 
 # Runs whose model needs data of its own: name | data | options, the
 # run's length included (fashion: Fashion-MNIST, as the runs above; text:

@@ -21,8 +21,10 @@
 #   OVERLAP     the share of the reduce-scatter and update run during the
 #               backward pass (dp reduces and updates each part of its shard
 #               as the backward completes it: 0.9 measured at 2 workers
-#               here; default 0, the step without it); one domain only
-#               (with two levels the reduce-scatter does it all)
+#               here; default 0, the step without it); with two levels
+#               (D > 1) the domains' partials too, as their workers'
+#               backwards complete them (the same share assumed: not
+#               measured, this machine has one NUMA node)
 #   CORE_GBS    what one core streams alone, GB/s (a worker's own share of
 #               the reduction takes its core this long, overlapped or not)
 #   T           threads per worker (teams: one worker per T cores)
@@ -74,7 +76,6 @@ awk -v P="$P" -v B="$B" -v tc32="$TC_MS" -v prec="$PRECISION" -v sp="$BF16_SPEED
     }
     BEGIN {
     if (T == 1) te = 1
-    if (D > 1) ov = 0    # two levels: the partials wait for the reduce-scatter
     tc = tc32 * B / 32 / (prec == "bf16" ? sp : 1)     # one worker, one core
     printf "P %d, batch %d a worker, %s compute %.1f ms/step/worker%s, %d NUMA domain%s a node, STREAM %.0f GB/s/node, link %.1f GB/s, overlap %.2f, T %d (team efficiency %.2f)\n",
         P, B, prec, tc, prec == "bf16" ? sprintf(" (fp32 / %.1f)", sp) : "", D, D == 1 ? "" : "s",

@@ -116,10 +116,10 @@ static void run_cmd(char *cmd, size_t len, const char *opts, const char *dir, co
 }
 
 /* A run stopped by SIGTERM once its first epoch record is out, with
- * --checkpoint, then resumed with --resume DIR, ends with the weights of
- * the same run never stopped, byte for byte; the stopped run's step
- * checkpoint and interrupted record are there. */
-static void expect_exact_resume(const char *opts)
+ * --checkpoint, then resumed with --resume DIR (and `resume_opts`), ends
+ * with the weights of the same run never stopped, byte for byte; the
+ * stopped run's step checkpoint and interrupted record are there. */
+static void expect_resume_with(const char *opts, const char *resume_opts)
 {
     char dir[ST_TEST_PATH_MAX], cmd[8 * ST_TEST_PATH_MAX], a[2 * ST_TEST_PATH_MAX],
         b[2 * ST_TEST_PATH_MAX], rest[2 * ST_TEST_PATH_MAX];
@@ -140,7 +140,7 @@ static void expect_exact_resume(const char *opts)
     snprintf(a, sizeof a, "%s/stopped.jsonl", dir);
     read_into(a, rec, sizeof rec);
     cr_assert(strstr(rec, "{\"interrupted\":true,"), "%s", rec);
-    snprintf(rest, sizeof rest, "--resume '%s/stopped'", dir);
+    snprintf(rest, sizeof rest, "--resume '%s/stopped' %s", dir, resume_opts);
     run_cmd(cmd, sizeof cmd, opts, dir, "resumed", rest);
     w = system(cmd);
     snprintf(a, sizeof a, "%s/resumed.err", dir);
@@ -150,6 +150,11 @@ static void expect_exact_resume(const char *opts)
     snprintf(b, sizeof b, "%s/resumed/final.safetensors", dir);
     cr_assert(same_file(a, b), "%s: resumed weights differ from the straight run's", opts);
     st_test_rmdir(dir);
+}
+
+static void expect_exact_resume(const char *opts)
+{
+    expect_resume_with(opts, "");
 }
 
 Test(cli, stopped_runs_resume_bitwise, .timeout = 240)
@@ -169,6 +174,19 @@ Test(cli, stopped_runs_resume_bitwise, .timeout = 240)
     /* synth stops at a segment epoch's end (or in its recovery epochs) */
     expect_exact_resume("--data synthetic --strategy synth --depth 3 --width 32 --batch 32 "
                         "--epochs 8 --recovery-epochs 2 --workers 2");
+}
+
+/* --weights may change on a resume: where the weights lie is not what
+ * they are (a checkpoint holds the full model either way). */
+Test(cli, resumes_with_the_other_weights_placement, .timeout = 120)
+{
+    const char *base = "--data synthetic --model mlp --depth 2 --width 32 --batch 32 "
+                       "--epochs 10 --workers 2";
+    char opts[512];
+    snprintf(opts, sizeof opts, "%s --weights private", base);
+    expect_resume_with(opts, "--weights shared");
+    snprintf(opts, sizeof opts, "%s --weights shared", base);
+    expect_resume_with(opts, "--weights private");
 }
 
 /* --checkpoint-every with --keep: the newest K step files stay;

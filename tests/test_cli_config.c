@@ -54,7 +54,7 @@ static void expect_every_key(const char *dump)
         "epoch-windows", "checkpoint", "init", "resume", "keep", "checkpoint-every", "usr1",
         "precision", "bf16-emulated", "comm-precision", "threads-per-worker",
         "team-spans-domains", "segments", "cuts", "synth-labels", "synth-scale", "synth-noise",
-        "recovery-epochs", "train-scale", "optimizer-state", "neuron-group" };
+        "recovery-epochs", "train-scale", "optimizer-state", "neuron-group", "weights" };
     for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
         char line[64];
         snprintf(line, sizeof line, "\n%s =", keys[i]);
@@ -184,9 +184,37 @@ Test(cli, dump_config_reads_back_as_itself)
         "--dump-config");
     cr_assert(strstr(r->out, "\ncuts = 2,4\n") && strstr(r->out, "\ndepth = 5\n") &&
               strstr(r->out, "\ncontext =\n"), "%s", r->out);
+    /* --weights: what the run has (ist's are private whatever is given) */
+    static const char *const weights[][2] = {
+        { "--data synthetic --workers 2", "\nweights = shared\n" },
+        { "--data synthetic --workers 2 --weights private", "\nweights = private\n" },
+        { "--data synthetic --strategy ist --workers 2", "\nweights = private\n" },
+        { "--data synthetic --strategy sdp --masking backward", "\nweights = shared\n" },
+    };
+    for (size_t i = 0; i < sizeof weights / sizeof *weights; i++) {
+        snprintf(args, sizeof args, "%s --dump-config", weights[i][0]);
+        run(r, NULL, args);
+        cr_assert(r->status == 0 && strstr(r->out, weights[i][1]), "%s: %s", weights[i][0],
+                  r->out);
+    }
     free(r);
     free(again);
     st_test_rmdir(dir);
+}
+
+/* --weights shared where the strategy's workers need their own weights:
+ * a usage error naming the strategy as typed. */
+Test(cli, weights_shared_only_where_the_strategy_can)
+{
+    expect_usage_error("--data synthetic --strategy ist --weights shared",
+                       "--weights shared: --strategy ist keeps a private weight copy in each "
+                       "worker (give --weights private, or leave --weights out)");
+    expect_usage_error("--data synthetic --strategy localsgd --weights shared",
+                       "--weights shared: --strategy localsgd keeps");
+    expect_usage_error("--data synthetic --strategy sdp --weights shared",
+                       "--weights shared: --strategy sdp --masking forward keeps");
+    expect_usage_error("--data synthetic --weights both",
+                       "--weights: unknown value 'both' (allowed: shared, private)");
 }
 
 /* A bad line gets the message its option gets on the command line, after

@@ -155,8 +155,8 @@ Test(comm_shared, bf16_payloads, .timeout = 60)
  * in random pieces, saying each final, with random delays (the rest NaN
  * until written); the owners reduce what every worker has said as they
  * go, the reduce-scatter the rest.  Means, masters and replicas are the
- * reference's, bitwise: one domain (reduced during the pieces) and two or
- * three (the reduce-scatter does all), with replicas and with shared
+ * reference's, bitwise: one domain and two or three (each domain's
+ * partials summed during the pieces too), with replicas and with shared
  * parameters, fp32 and both bf16 payloads, random holders too. */
 Test(comm_ready, pieces_said_final_reduce_to_the_same_bits, .timeout = 120)
 {
@@ -183,27 +183,35 @@ Test(comm_ready, pieces_said_final_reduce_to_the_same_bits, .timeout = 120)
     g_ready_pieces = 0;
 }
 
-/* Every worker says its whole gradient final, meets the others at a
- * barrier and asks again: each owner's means are then complete before its
- * reduce-scatter (the shard gradient, zero from attach, holds the means),
- * and the reduce-scatter leaves them as they are. */
-Test(comm_ready, said_by_everyone_means_reduced_before_the_reduce_scatter, .timeout = 30)
+/* Every worker says its whole gradient final, then meets the others at a
+ * barrier and asks again, `asks` times: each owner's means are then
+ * complete before its reduce-scatter (the shard gradient, zero from
+ * attach, holds the means), and the reduce-scatter leaves them as they
+ * are.  The calls complete the shard from its top down, each a part
+ * adjacent to the last.  One level needs one ask (the owners read the
+ * gradients); two levels two (the partials, summed at the first, are
+ * read at the second). */
+static void check_said_by_everyone(int n, const int *domain_of, uint64_t seed, int asks)
 {
-    enum { N = 3, P = 1000 };
+    enum { P = 1000, CALLS = 3 };
     rig r;
-    rig_init(&r, N, P, NULL, 1200, 1);
+    rig_init(&r, n, P, domain_of, seed, 1);
     float before[P], after[P];
-    st_status st[N][4];
-    st_range dn[N][2];   /* what each call completed */
-#pragma omp parallel num_threads(N)
+    st_status st[MAXW][CALLS + 2];
+    st_range dn[MAXW][CALLS];   /* what each call completed */
+#pragma omp parallel num_threads(n)
     {
         int w = omp_get_thread_num();
-        st[w][0] = st_comm_attach(r.c, w, &r.arena[w], r.grads[w], r.params[w], r.held[w],
-                                  r.n_held[w]);
+        st_status *s = st[w];
+        s[0] = st_comm_attach(r.c, w, &r.arena[w], r.grads[w], r.params[w], r.held[w],
+                              r.n_held[w]);
         fill_grads(&r, w, 0);
-        st[w][1] = st_comm_reduce_ready(r.c, w, 0, &dn[w][0]);
-        st[w][2] = st_comm_barrier(r.c, w);
-        st[w][3] = st_comm_reduce_ready(r.c, w, 0, &dn[w][1]);
+        s[1] = st_comm_reduce_ready(r.c, w, 0, &dn[w][0]);
+        for (int k = 1; k <= asks; k++) {
+            s[k + 1] = st_comm_barrier(r.c, w);
+            if (s[k + 1] == ST_OK)
+                s[k + 1] = st_comm_reduce_ready(r.c, w, 0, &dn[w][k]);
+        }
         st_range sh = st_comm_shard(r.c, w);
         memcpy(before + sh.begin, st_comm_shard_grads(r.c, w),
                (sh.end - sh.begin) * sizeof(float));
@@ -211,31 +219,42 @@ Test(comm_ready, said_by_everyone_means_reduced_before_the_reduce_scatter, .time
             memcpy(after + sh.begin, st_comm_shard_grads(r.c, w),
                    (sh.end - sh.begin) * sizeof(float));
     }
-    for (int w = 0; w < N; w++) {
-        for (int k = 0; k < 4; k++)
-            cr_assert_eq(st[w][k], ST_OK, "worker %d call %d: %s", w, k, st_last_error());
-        /* the two calls completed the shard between them, the first its
-         * top (whatever the others had said), the second the rest */
-        st_range sh = st_comm_shard(r.c, w), *d = dn[w];
-        size_t top = d[0].end > d[0].begin ? d[0].begin : sh.end;
-        cr_assert(d[0].end == d[0].begin || d[0].end == sh.end, "worker %d: first call did "
-                  "[%zu, %zu) of [%zu, %zu)", w, d[0].begin, d[0].end, sh.begin, sh.end);
-        cr_assert(top == sh.begin ? d[1].end == d[1].begin
-                                  : d[1].begin == sh.begin && d[1].end == top,
-                  "worker %d: second call did [%zu, %zu), the first [%zu, %zu), of [%zu, %zu)",
-                  w, d[1].begin, d[1].end, d[0].begin, d[0].end, sh.begin, sh.end);
+    for (int w = 0; w < n; w++) {
+        for (int k = 0; k <= asks + 1; k++)
+            cr_assert_eq(st[w][k], ST_OK, "n=%d worker %d call %d: %s", n, w, k,
+                         st_last_error());
+        st_range sh = st_comm_shard(r.c, w);
+        size_t top = sh.end;
+        for (int k = 0; k <= asks; k++) {
+            const st_range *d = &dn[w][k];
+            cr_assert(d->end == d->begin || (d->end == top && d->begin < top),
+                      "n=%d worker %d: call %d did [%zu, %zu), the shard [%zu, %zu) was done "
+                      "from %zu", n, w, k, d->begin, d->end, sh.begin, sh.end, top);
+            if (d->end > d->begin)
+                top = d->begin;
+        }
+        cr_assert_eq(top, sh.begin, "n=%d worker %d: the calls left [%zu, %zu) of its shard "
+                     "to the reduce-scatter", n, w, sh.begin, top);
     }
-    float *g[N];
-    for (int w = 0; w < N; w++)
+    float *g[MAXW];
+    for (int w = 0; w < n; w++)
         g[w] = r.grads[w];
     for (size_t i = 0; i < P; i++) {
         double dm, am;
         float want = ref_mean(&r, g, i, &dm, &am);
-        cr_assert(same_bits(before[i], want), "element %zu: %.9g before the reduce-scatter, "
-                  "the mean is %.9g", i, before[i], want);
-        cr_assert(same_bits(after[i], want), "element %zu: %.9g after", i, after[i]);
+        cr_assert(same_bits(before[i], want), "n=%d element %zu: %.9g before the "
+                  "reduce-scatter, the mean is %.9g", n, i, before[i], want);
+        cr_assert(same_bits(after[i], want), "n=%d element %zu: %.9g after", n, i, after[i]);
     }
     rig_free(&r);
+}
+
+Test(comm_ready, said_by_everyone_means_reduced_before_the_reduce_scatter, .timeout = 30)
+{
+    static const int two[4] = { 0, 0, 1, 1 }, three[7] = { 0, 0, 0, 1, 2, 2, 2 };
+    check_said_by_everyone(3, NULL, 1200, 1);
+    check_said_by_everyone(4, two, 1210, 2);
+    check_said_by_everyone(7, three, 1220, 2);
 }
 
 /* ------------------------------------------------------------ bf16 payloads */

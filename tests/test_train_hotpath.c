@@ -1,7 +1,7 @@
 /*
  * tests/test_train_hotpath.c — the hot path: a training step makes no heap
  * call of subtrain's own, on one worker, with data parallelism, neuron
- * subnetworks, a transformer and a vision transformer.
+ * subnetworks, synth's segment groups, a transformer and a vision transformer.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -133,6 +133,9 @@ Test(dp, a_data_parallel_step_makes_no_heap_allocation, .timeout = 60)
     HEAPWATCH_SKIP_IF_OFF();
     st_train_config c = dp_config(2, 32, 40);
     assert_steps_make_no_heap_call(&c, "data parallelism");
+    /* the last micro-batch's mean taken per part during its backward */
+    c.accumulate = 2;
+    assert_steps_make_no_heap_call(&c, "data parallelism, 2 micro-batches");
 }
 
 /* Random-k (--compress randk:Q): the draw, the pack, the packed
@@ -161,6 +164,21 @@ Test(sdp_neuron, a_step_makes_no_heap_allocation, .timeout = 60)
     c = neuron_sdp_config(st_model_kind_named("mlp"), 2, 0.5, 40);
     c.batch = 32;
     assert_steps_make_no_heap_call(&c, "sdp neuron forward (mlp, unheld weights)");
+}
+
+/* synth's segment groups: each group's data parallelism over its segment
+ * network, reduced and updated during the backward. */
+Test(synth, a_segment_group_step_makes_no_heap_allocation, .timeout = 60)
+{
+    HEAPWATCH_SKIP_IF_OFF();
+    st_train_config c = dp_config(4, 32, 0);
+    c.strategy = ST_STRATEGY_SYNTH;
+    c.model.kind = st_model_kind_named("mlp");
+    c.model.depth = 3;
+    c.epochs = 1;
+    c.synth.segments = 2;
+    c.synth.recovery_epochs = 0;
+    assert_steps_make_no_heap_call(&c, "synth, segment groups of 2");
 }
 
 Test(gpt, a_step_makes_no_heap_allocation, .timeout = 60)

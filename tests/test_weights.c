@@ -110,21 +110,10 @@ static st_epoch_record run(const st_train_config *c, const st_dataset *train,
     return final;
 }
 
-/* cfg with shared weights (the default) and with a replica per worker:
- * every step's loss, every record's losses and accuracy, and the final
- * weights bitwise equal; the shared run's bytes and per-worker memory
- * are fewer.  *sh, *pr: the two final records; ms, mp (may be NULL): the
- * workers' memory in their last records. */
-static void assert_shared_is_replicas(const char *what, st_train_config cfg, st_epoch_record *sh,
-                                      st_epoch_record *pr, st_mem_stats *ms, st_mem_stats *mp)
+/* Two runs seen: every step's loss, every record's losses and accuracy,
+ * and the final weights bitwise equal. */
+static void assert_bitwise_runs(const char *what, const run_seen *a, const run_seen *b)
 {
-    st_dataset train, test;
-    make_data(5, &train, &test);
-    run_seen *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
-    cfg.weights = ST_WEIGHTS_SHARED;
-    *sh = run(&cfg, &train, &test, a);
-    cfg.weights = ST_WEIGHTS_PRIVATE;
-    *pr = run(&cfg, &train, &test, b);
     cr_assert_gt(a->rec.steps, 0, "%s", what);
     cr_assert_eq(a->rec.steps, b->rec.steps, "%s", what);
     cr_assert_eq(memcmp(a->rec.losses, b->rec.losses, a->rec.steps * sizeof(float)), 0,
@@ -145,6 +134,23 @@ static void assert_shared_is_replicas(const char *what, st_train_config cfg, st_
     for (size_t i = 0; i < a->count; i++)
         differ += memcmp(&a->params[i], &b->params[i], sizeof(float)) != 0;
     cr_assert_eq(differ, 0, "%s: %zu of %zu final weights differ", what, differ, a->count);
+}
+
+/* cfg with shared weights (the default) and with a replica per worker:
+ * bitwise the same runs (assert_bitwise_runs); the shared run's bytes and
+ * per-worker memory are fewer.  *sh, *pr: the two final records; ms, mp
+ * (may be NULL): the workers' memory in their last records. */
+static void assert_shared_is_replicas(const char *what, st_train_config cfg, st_epoch_record *sh,
+                                      st_epoch_record *pr, st_mem_stats *ms, st_mem_stats *mp)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    run_seen *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    cfg.weights = ST_WEIGHTS_SHARED;
+    *sh = run(&cfg, &train, &test, a);
+    cfg.weights = ST_WEIGHTS_PRIVATE;
+    *pr = run(&cfg, &train, &test, b);
+    assert_bitwise_runs(what, a, b);
     cr_assert_lt(sh->comm_bytes_per_worker_step, pr->comm_bytes_per_worker_step, "%s", what);
     cr_assert_lt(sh->memory.peak_total, pr->memory.peak_total, "%s", what);
     sh->worker_memory = pr->worker_memory = NULL;   /* gone with the runs */
@@ -347,4 +353,62 @@ Test(shared_weights, reducing_during_the_backward_changes_no_bit, .timeout = 120
     }
     st_dataset_free(&train);
     st_dataset_free(&test);
+}
+
+/* The reduction during the backward (st_comm_reduce_ready) against the
+ * whole reduce-scatter after it (reduce_after_backward): bitwise the same
+ * runs, for every strategy that reduces gradients a step, and the records
+ * say it ran (step_ms.overlapped) in the one and not the other. */
+static void assert_overlap_changes_no_bit(const char *what, st_train_config cfg)
+{
+    st_dataset train, test;
+    make_data(5, &train, &test);
+    run_seen *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+    cfg.reduce_after_backward = 0;
+    run(&cfg, &train, &test, a);
+    cfg.reduce_after_backward = 1;
+    run(&cfg, &train, &test, b);
+    assert_bitwise_runs(what, a, b);
+    double during = 0.0, after = 0.0;
+    for (int k = 0; k < a->rec.n_records; k++) {
+        during += a->rec.records[k].step_ms_overlapped;
+        after += b->rec.records[k].step_ms_overlapped;
+    }
+    cr_assert_gt(during, 0.0, "%s: nothing reduced during the backward", what);
+    cr_assert_eq(after, 0.0, "%s: reduce_after_backward reduced during it", what);
+    free(a->params);
+    free(b->params);
+    free(a);
+    free(b);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+}
+
+Test(overlap, every_strategy_reduces_during_the_backward_to_the_same_bits, .timeout = 120)
+{
+    st_train_config c = dp_config(2, 32, 20);
+    assert_overlap_changes_no_bit("dp, 2 workers", c);
+    c.accumulate = 3;
+    assert_overlap_changes_no_bit("dp, 3 micro-batches", c);
+    c = dp_config(4, 16, 12);
+    c.strategy = ST_STRATEGY_SDP;
+    c.model.depth = 4;
+    c.sdp.coverage = 0.5;
+    c.sdp.resample = 5;
+    assert_overlap_changes_no_bit("sdp, blocks, forward masking", c);
+    c.sdp.masking = ST_MASKING_BACKWARD;
+    assert_overlap_changes_no_bit("sdp, blocks, backward masking", c);
+    c.sdp.masking = ST_MASKING_FORWARD;
+    c.sdp.subnet = ST_SUBNET_NEURON;
+    c.model.kind = st_model_kind_named("mlp");
+    c.model.depth = 3;
+    assert_overlap_changes_no_bit("sdp, neurons of an mlp (compact, many ranges)", c);
+    c = dp_config(4, 32, 0);
+    c.strategy = ST_STRATEGY_SYNTH;
+    c.model.kind = st_model_kind_named("mlp");
+    c.model.depth = 3;
+    c.epochs = 1;
+    c.synth.segments = 2;
+    c.synth.recovery_epochs = 0;
+    assert_overlap_changes_no_bit("synth, segment groups of 2", c);
 }

@@ -247,9 +247,11 @@ st_status st_comm_reduce_scatter(st_comm *c, int w);
  * reduce-scatter only finishes it; *done (may be NULL) is the part of w's
  * shard whose means this call completed (empty: none), which w may update
  * at once.  The same sums in the same order: the result is bitwise the
- * same as without.  Never waits; with two levels (partials of NUMA
- * domains), or on a backend that does not do it (MPI), it only remembers,
- * and the reduce-scatter reduces all. */
+ * same as without.  Never waits.  With two levels (partials of NUMA
+ * domains) w also sums its partials over what its domain's workers have
+ * all said, and an owner reduces what every partial covers.  A backend
+ * that does not do it (MPI) only remembers, and the reduce-scatter
+ * reduces all. */
 st_status st_comm_reduce_ready(st_comm *c, int w, size_t from, st_range *done);
 
 /* All-gather.  Every worker calls it once it has updated its shard's master

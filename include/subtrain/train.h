@@ -47,6 +47,10 @@ st_status st_strategy_parse(const char *name, st_strategy *out);
  * epochs; one process: ranks over MPI keep a replica per worker);
  * PRIVATE, a replica per worker, which the all-gather fills. */
 typedef enum st_weights { ST_WEIGHTS_SHARED, ST_WEIGHTS_PRIVATE } st_weights;
+/* "shared", "private"; parse: ST_ERR_INVALID "unknown weights placement 'x'
+ * (allowed: shared, private)". */
+const char *st_weights_name(st_weights w);
+st_status st_weights_parse(const char *name, st_weights *out);
 
 /* Checkpoints of a run's whole training state (doc/checkpoints.md): every
  * file DIR/step-NNNNNNNN.safetensors holds the full model's weights (as a
@@ -185,6 +189,12 @@ typedef struct st_train_config {
     st_precision comm_precision;
     st_weights weights;       /* SHARED (default) where the strategy can,
                                * PRIVATE: a replica per worker regardless */
+    int reduce_after_backward; /* 1: no reduction during the backward
+                               * (st_comm_reduce_ready): the whole
+                               * reduce-scatter after it, as the same bits
+                               * later (tests and benchmarks compare the
+                               * two); 0 (default): during it where the
+                               * strategy reduces gradients */
     int bf16_emulated;        /* model.precision bf16 on a CPU without native
                                * bf16 (st_bf16_probe: EMULATED): 0 refuses
                                * with a message naming the ISA, 1 runs it
@@ -250,6 +260,11 @@ st_train_config st_train_config_default(void);
  * 0) and, in an MPI job, MPI started (else st_train_placement_check
  * does it). */
 st_status st_train_config_check(const st_train_config *cfg);
+/* What the weights of c's strategy, with c's options, can be: SHARED
+ * where every worker of its data-parallel steps holds the full model,
+ * PRIVATE where a worker needs its own (ist, localsgd, sdp with forward
+ * masking).  A run uses SHARED only where both this and c->weights say so. */
+st_weights st_strategy_weights(const st_train_config *c);
 /* Where the run's workers would go, checked without running: the topology
  * loads, is this machine, the placement (--workers, --cpuset, teams) can
  * be made, and the strategy can spread that many workers (of every rank,

@@ -144,6 +144,10 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
         break;
     case OPT_TEAM_SPANS: flag_text(t->team_spans, v, n); break;
     case OPT_COMM_PRECISION: snprintf(v, n, "%s", st_precision_name(t->comm_precision)); break;
+    case OPT_WEIGHTS:   /* what the run has: shared only where its strategy can */
+        snprintf(v, n, "%s", st_weights_name(st_strategy_weights(t) == ST_WEIGHTS_SHARED
+                                              ? t->weights : ST_WEIGHTS_PRIVATE));
+        break;
     case OPT_NEURON_GROUP: snprintf(v, n, "%d", t->neuron_group); break;
     case OPT_BN_CALIBRATION: snprintf(v, n, "%d", t->bn_calibration); break;
     case OPT_REPORT:

@@ -59,6 +59,7 @@ static const struct option own_options[] = {
     { "threads-per-worker", required_argument, NULL, OPT_THREADS },
     { "team-spans-domains", no_argument, NULL, OPT_TEAM_SPANS },
     { "comm-precision", required_argument, NULL, OPT_COMM_PRECISION },
+    { "weights", required_argument, NULL, OPT_WEIGHTS },
     { "neuron-group", required_argument, NULL, OPT_NEURON_GROUP },
     { "bn-calibration", required_argument, NULL, OPT_BN_CALIBRATION },
     { "report", required_argument, NULL, OPT_REPORT },

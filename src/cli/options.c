@@ -88,11 +88,13 @@ static st_status parse_opt(const char *s, void *o) { return st_optimizer_parse(s
 static st_status parse_moments(const char *s, void *o) { return st_moments_parse(s, o); }
 static st_status parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
 static st_status parse_strategy(const char *s, void *o) { return st_strategy_parse(s, o); }
+static st_status parse_weights(const char *s, void *o) { return st_weights_parse(s, o); }
 
 /* What was given explicitly, for the checks after parsing. */
 typedef struct seen {
     int epochs, steps, model, depth, width, activation, context, heads, patch, pool;
     int neuron_group, format;
+    int weights;                /* --weights given */
     const char *text_option;    /* the first text-only option given */
     const char *sample_option;  /* the last of --prompt, --temperature, --top-k */
     /* the strategies' options given (st_cli_option_table(): OPT_STRATEGY_OPTION + k),
@@ -339,6 +341,7 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_BF16_EMULATED: t->bf16_emulated = 1; return 0;
     case OPT_COMM_PRECISION:
         return parse_choice("comm-precision", arg, parse_precision, &t->comm_precision, err, n);
+    case OPT_WEIGHTS: return parse_choice("weights", arg, parse_weights, &t->weights, err, n);
     case OPT_NEURON_GROUP:
         return parse_int("--neuron-group", arg, 1, 65536, &t->neuron_group, err, n);
     case OPT_BN_CALIBRATION:
@@ -373,6 +376,7 @@ static int apply_one(int c, const char *arg, st_cli_options *o, seen *saw, int *
     saw->pool |= c == OPT_POOL;
     saw->neuron_group |= c == OPT_NEURON_GROUP;
     saw->format |= c == OPT_FORMAT;
+    saw->weights |= c == OPT_WEIGHTS;
     if (c == OPT_HOLDOUT || c == OPT_VAL_BYTES || c == OPT_EPOCH_WINDOWS)
         saw->text_option = c == OPT_HOLDOUT ? "--holdout"
                          : c == OPT_VAL_BYTES ? "--val-bytes" : "--epoch-windows";
@@ -547,6 +551,12 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         o->train.epochs = 0;
     if (apply_strategy_options(o, &saw, err, n))
         return -1;
+    if (saw.weights && o->train.weights == ST_WEIGHTS_SHARED &&
+        st_strategy_weights(&o->train) != ST_WEIGHTS_SHARED)
+        return st_cli_fail(err, n, "--weights shared: --strategy %s%s keeps a private weight "
+                           "copy in each worker (give --weights private, or leave --weights out)",
+                           st_strategy_name(o->train.strategy),
+                           o->train.strategy == ST_STRATEGY_SDP ? " --masking forward" : "");
     const st_strategy_info *strategy = st_strategy_info_of(o->train.strategy);
     if (strategy->depth > 0) {   /* the model the strategy trains unless told */
         if (!saw.model)

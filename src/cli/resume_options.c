@@ -15,6 +15,8 @@ static const char *const may_change[] = {
     "workers",           /* per rank: the library compares the workers of all ranks */
     "cpuset",            /* which cores run the workers, not what they compute */
     "oversubscribe",     /* allows more workers than cores, not other numbers */
+    "weights",           /* where the weights lie (a copy a domain or a replica a
+                          * worker), not what they are: the same bits either way */
     "checkpoint",        /* where checkpoints go */
     "checkpoint-every",  /* when they are written: writing one changes nothing */
     "keep",              /* how many of them stay */

@@ -278,6 +278,18 @@ void st_comm_plan_reduce_part(const comm_plan *pl, int w, size_t lo, size_t hi)
     }
 }
 
+void st_comm_plan_partials_part(const comm_plan *pl, int w, size_t lo, size_t hi)
+{
+    const comm_slot *me = &pl->slots[w];
+    for (size_t g = 0; g < me->n_rs1; g++) {
+        const size_t at = me->rs1_at[g], end = at + me->rs1[g].n;
+        const size_t a = at > lo ? at : lo;
+        const size_t b = end < hi ? end : hi;
+        if (a < b)
+            st_comm_run_rs_part(&me->rs1[g], me->ops1, a - at, b - at, me->scratch, me->wide);
+    }
+}
+
 st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *grads,
                                 float *params, const st_range *held, const size_t *local,
                                 int n_held)
@@ -289,6 +301,7 @@ st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *gr
     me->n_held = n_held;
     me->ready_from = pl->n_params;
     me->done_from = pl->shard_begin[w + 1];
+    me->partial_from = pl->n_params;
     me->step = 0;
     memset(&me->bytes, 0, sizeof me->bytes);
     if (n_held > 0) {
@@ -695,6 +708,7 @@ static void plan_tasks(comm_plan *pl, int w, size_t *load_p, size_t *load_c, int
                     if (fill) {
                         float *out = me->partials + k->partial;
                         me->rs1[k->rs1] = (rs_item){ out, n, k->ops1, h1 - h0 - 1, 1.0f };
+                        me->rs1_at[k->rs1] = seg->begin;
                         rs_op *op = me->ops1 + k->ops1;
                         grad_src a = source_of(pl, so->holders[h0], seg->begin);
                         grad_src b = source_of(pl, so->holders[h0 + 1], seg->begin);
@@ -761,6 +775,9 @@ st_status st_comm_plan_tasks(comm_plan *pl, int w)
         ST_TRY_GOTO(s, st_arena_alloc(me->arena, ST_MEM_WORKSPACE, k.rs1 * sizeof *me->rs1, &p),
                     out);
         me->rs1 = p;
+        ST_TRY_GOTO(s, st_arena_alloc(me->arena, ST_MEM_WORKSPACE, k.rs1 * sizeof *me->rs1_at,
+                                      &p), out);
+        me->rs1_at = p;
         ST_TRY_GOTO(s, st_arena_alloc(me->arena, ST_MEM_WORKSPACE, k.ops1 * sizeof *me->ops1, &p),
                     out);
         me->ops1 = p;

@@ -103,6 +103,7 @@ typedef struct comm_slot {
                                * (>= 2 holders there), set by its computer */
     /* the step's program */
     rs_item *rs1, *rs2;       /* level 1 (partials for remote owners), level 2 */
+    size_t *rs1_at;           /* where each level-1 item begins in the vector */
     size_t n_rs1, n_rs2;
     rs_op *ops1, *ops2;
     ag_item *ag1, *ag2;       /* all-gather phases 1 and 2 */
@@ -121,8 +122,9 @@ typedef struct comm_slot {
     /* the reduction during the backward (st_comm_reduce_ready), this step:
      * w's gradient elements [ready_from, P) are said final (and converted,
      * with bf16 buffers); its shard's means [done_from, shard end) are
-     * reduced.  Written by w alone. */
-    size_t ready_from, done_from;
+     * reduced; its level-1 partials are summed for [partial_from, P).
+     * Written by w alone. */
+    size_t ready_from, done_from, partial_from;
     uint64_t step;            /* steps reduced since attach */
     st_comm_bytes bytes;
 } comm_slot;
@@ -192,5 +194,9 @@ void st_comm_plan_convert(const comm_plan *pl, int w, size_t lo, size_t hi);
 /* w's level-2 program (the owner's means) over the elements [lo, hi) of
  * its shard alone: what st_comm_run_rs of all of it computes there. */
 void st_comm_plan_reduce_part(const comm_plan *pl, int w, size_t lo, size_t hi);
+
+/* w's level-1 items (its domain's partials of remote shards) over the
+ * elements [lo, hi) of the vector alone, as st_comm_plan_reduce_part. */
+void st_comm_plan_partials_part(const comm_plan *pl, int w, size_t lo, size_t hi);
 
 #endif /* SUBTRAIN_COMM_PLAN_H */

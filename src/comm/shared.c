@@ -16,10 +16,11 @@
  *                   copier's replica; phase 2 (those local copies).
  *
  * During the backward (st_comm_reduce_ready), a worker says which tail
- * of its gradient is final and, on one level, reduces the part of its
- * shard that every worker has said: the reduce-scatter then only does
- * the rest.  No barrier there: an atomic counter per worker says how far
- * it is (shared_worker.said).
+ * of its gradient is final, sums its partials over the part its domain's
+ * workers have all said, and reduces the part of its own shard that
+ * every worker has said and every partial covers: the reduce-scatter
+ * then only does the rest.  No barrier there: two atomic counters per
+ * worker say how far it is (shared_worker.said and .summed).
  *
  * There is no exit barrier: the next collective's entry barrier is the
  * one that matters (see the comments at each wait).  A step costs 2
@@ -56,6 +57,9 @@ typedef struct shared_worker {
      * value s (P + 1) + P - from, so it only grows and a value of an
      * earlier step never says anything of this one */
     alignas(64) atomic_uint_least64_t said;
+    /* Two levels: w's partials (level-1 items) are summed for [from, P),
+     * by the same value; written by w, read by the owners */
+    alignas(64) atomic_uint_least64_t summed;
 } shared_worker;
 
 typedef struct shared_comm {
@@ -120,6 +124,7 @@ static st_status shared_create(const st_comm_config *cfg, st_comm_backend **out)
     for (int w = 0; w < n; w++) {
         atomic_init(&sc->workers[w].attached, 0);
         atomic_init(&sc->workers[w].said, 0);
+        atomic_init(&sc->workers[w].summed, 0);
         sc->workers[w].ready = 0;
     }
     st_spin_barrier_init(&sc->barrier, (unsigned)n);
@@ -161,6 +166,7 @@ static void shared_reset(st_comm_backend *b)
     for (int w = 0; w < sc->plan.n_workers; w++) {
         atomic_init(&sc->workers[w].attached, 0);
         atomic_init(&sc->workers[w].said, 0);   /* the steps count from the next attach */
+        atomic_init(&sc->workers[w].summed, 0);
         sc->workers[w].ready = 0;
     }
 }
@@ -250,31 +256,39 @@ static st_status shared_reduce_scatter(st_comm_backend *b, int w)
         return another_failed();
     const size_t sb = sc->plan.shard_begin[w], se = sc->plan.shard_begin[w + 1];
     if (me->rs_mid_barrier) {
-        st_comm_run_rs(me->rs1, me->n_rs1, me->ops1, me->scratch, me->wide);
+        if (me->partial_from == sc->plan.n_params)
+            st_comm_run_rs(me->rs1, me->n_rs1, me->ops1, me->scratch, me->wide);
+        else   /* the rest of the partials st_comm_reduce_ready began */
+            st_comm_plan_partials_part(&sc->plan, w, 0, me->partial_from);
         /* every domain partial is complete */
         if (st_spin_barrier_wait(&sc->barrier))
             return another_failed();
-        st_comm_run_rs(me->rs2, me->n_rs2, me->ops2, me->scratch, me->wide);
-    } else if (me->done_from == se) {
+    }
+    if (me->done_from == se) {
         st_comm_run_rs(me->rs2, me->n_rs2, me->ops2, me->scratch, me->wide);
     } else {   /* the rest of what st_comm_reduce_ready began */
         st_comm_plan_reduce_part(&sc->plan, w, sb, me->done_from);
     }
     me->step++;
     me->ready_from = sc->plan.n_params;
+    me->partial_from = sc->plan.n_params;
     me->done_from = se;
     return ST_OK;
 }
 
-/* The least `from` every worker has said of this step: the elements from
- * there on are final in every gradient vector (acquire: what a worker
- * wrote before saying so is visible here). */
-static size_t said_by_all(shared_comm *sc, uint64_t base)
+/* The least `from` that every worker of [first, last) has published this
+ * step, in its `said` counter (summed 0) or its `summed` one: from there
+ * on, what they published is true of all of them (acquire: what a worker
+ * wrote before publishing is visible here). */
+static size_t published_by(const shared_comm *sc, int summed, int first, int last,
+                           uint64_t base)
 {
     const size_t P = sc->plan.n_params;
     size_t from = 0;
-    for (int v = 0; v < sc->plan.n_workers; v++) {
-        const uint64_t s = atomic_load_explicit(&sc->workers[v].said, memory_order_acquire);
+    for (int v = first; v < last; v++) {
+        const shared_worker *sw = &sc->workers[v];
+        const uint64_t s = atomic_load_explicit(summed ? &sw->summed : &sw->said,
+                                                memory_order_acquire);
         const size_t f = s >= base ? P - (size_t)(s - base) : P;
         from = f > from ? f : from;
     }
@@ -290,6 +304,7 @@ static st_status shared_reduce_ready(st_comm_backend *b, int w, size_t from, st_
     if (!(pl->roles & ST_COMM_REDUCE))
         return ST_OK;
     const size_t P = pl->n_params;
+    const int n = pl->n_workers;
     const uint64_t base = me->step * ((uint64_t)P + 1);
     if (from < me->ready_from) {
         st_comm_plan_convert(pl, w, from, me->ready_from);
@@ -299,15 +314,31 @@ static st_status shared_reduce_ready(st_comm_backend *b, int w, size_t from, st_
         atomic_store_explicit(&sc->workers[w].said, base + (uint64_t)(P - from),
                               memory_order_release);
     }
-    /* Two levels: the partials have no arrival of their own; the
-     * reduce-scatter does it all, after its barriers. */
-    if (me->rs_mid_barrier)
-        return ST_OK;
     /* Every holder's gradient of [lo, P) is final and stays so until the
      * all-gather's entry barrier (no worker writes its gradient before its
      * next backward); the owner alone writes its means.  From the top
      * down, as the backward completes them. */
-    size_t lo = said_by_all(sc, base);
+    size_t lo = published_by(sc, 0, 0, n, base);
+    if (me->rs_mid_barrier) {
+        /* Two levels: w's partials sum holders of its own domain alone, over
+         * what they have all said; the owners' programs read every domain's
+         * partials, so an owner reduces only what every worker has summed
+         * (a worker without partials publishes what its domain said).  A
+         * partial of this step is written after its computer's all-gather of
+         * the last, whose entry barrier every owner passed after reading the
+         * last step's partials. */
+        const int d = me->domain;
+        const size_t lo1 = published_by(sc, 0, pl->domain_first[d],
+                                        pl->domain_first[d + 1], base);
+        if (lo1 < me->partial_from) {
+            st_comm_plan_partials_part(pl, w, lo1, me->partial_from);
+            me->partial_from = lo1;
+            atomic_store_explicit(&sc->workers[w].summed, base + (uint64_t)(P - lo1),
+                                  memory_order_release);
+        }
+        const size_t lo2 = published_by(sc, 1, 0, n, base);
+        lo = lo2 > lo ? lo2 : lo;
+    }
     if (lo < pl->shard_begin[w])
         lo = pl->shard_begin[w];
     if (lo < me->done_from) {

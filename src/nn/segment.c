@@ -165,6 +165,12 @@ st_status st_segnet_forward(st_segnet *s)
 
 st_status st_segnet_forward_backward(st_segnet *s, float *loss)
 {
+    return st_segnet_forward_backward_ready(s, loss, NULL, NULL);
+}
+
+st_status st_segnet_forward_backward_ready(st_segnet *s, float *loss,
+                                           void (*ready)(void *ctx, size_t from), void *ctx)
+{
     double sum;
     ST_TRY(st_graph_forward(s->m, ST_PHASE_TRAIN));
     if (s->last_is_head)
@@ -172,7 +178,7 @@ st_status st_segnet_forward_backward(st_segnet *s, float *loss)
     else
         ST_TRY(st_mse_forward(&s->mse, s->batch, 1, &sum));
     *loss = (float)(sum / s->batch);
-    return st_graph_backward(s->m);
+    return st_graph_backward_ready(s->m, ready, ctx);
 }
 
 double st_segnet_step_flops(const st_segnet *s)

@@ -75,6 +75,10 @@ size_t st_segnet_full_offset(const st_segnet *s);
 /* Forward, loss (mean MSE or cross-entropy over the batch) and backward:
  * the gradient vector is overwritten with dloss/dparams. */
 st_status st_segnet_forward_backward(st_segnet *s, float *loss);
+/* The same, telling ready(ctx, from) as the backward completes the
+ * gradient vector's tail [from, ...) (st_model_forward_backward_ready). */
+st_status st_segnet_forward_backward_ready(st_segnet *s, float *loss,
+                                           void (*ready)(void *ctx, size_t from), void *ctx);
 /* Forward only: the output of the input's rows. */
 st_status st_segnet_forward(st_segnet *s);
 

@@ -123,10 +123,10 @@ static st_status dp_step(run_shared *r, void *state, st_worker *w, uint64_t i, u
         return solo_step(r, w, i, step, loss, lr);
     if (state) {
         st_randk_draw(state, w->id, step);
-        run_sharded e = { NULL, r->comm, NULL, state, 0, st_randk_reduce };
+        run_sharded e = { .masters = r->comm, .ctx = state, .reduce = st_randk_reduce };
         return st_run_sharded_step(r, &e, w, i, step, loss, lr);
     }
-    run_sharded e = { r->comm, r->comm, NULL, NULL, 1, NULL };
+    run_sharded e = { .grads = r->comm, .masters = r->comm, .overlap = 1 };
     return st_run_sharded_step(r, &e, w, i, step, loss, lr);
 }
 
@@ -139,11 +139,11 @@ static st_status dp_update(run_shared *r, void *state, st_worker *w, uint64_t i,
     double t = st_run_now_s();
     if (state) {
         st_randk_draw(state, w->id, step);
-        run_sharded e = { NULL, r->comm, NULL, state, 0, st_randk_reduce };
+        run_sharded e = { .masters = r->comm, .ctx = state, .reduce = st_randk_reduce };
         return st_run_sharded_update(r, &e, w, i, step, t, loss, lr);
     }
     if (r->comm) {
-        run_sharded e = { r->comm, r->comm, NULL, NULL, 0, NULL };
+        run_sharded e = { .grads = r->comm, .masters = r->comm };
         return st_run_sharded_update(r, &e, w, i, step, t, loss, lr);
     }
     solo_update(r, w, step, lr);

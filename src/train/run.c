@@ -125,8 +125,12 @@ st_status st_run_attach_worker(st_comm *grads_comm, st_comm *params_comm, int wi
     int n;
     ST_TRY(st_run_model_ranges(w, params_comm != NULL, &ranges, &local, &n));
     float *grads = st_model_grads(w->model), *params = st_model_params(w->model);
-    if (att)
-        *att = (run_attachment){ grads, ranges, local, n };
+    if (att) {
+        int in_order = 1;
+        for (int i = 1; i < n; i++)
+            in_order &= local[i] >= local[i - 1] + (ranges[i - 1].end - ranges[i - 1].begin);
+        *att = (run_attachment){ grads, ranges, local, n, in_order };
+    }
     /* bf16: the engine that gathers the parameters writes the weights' bf16
      * copies as it brings them in (st_run_sharded_update) */
     int n_copies;
@@ -255,6 +259,26 @@ typedef struct overlap_ctx {
  * reads its own weights alone, in its forward and its backward), and with
  * replicas they are the owner's master, which the all-gather reads after
  * its entry barrier. */
+/* A tail [from, ...) of a compact gradient vector as a tail of the full
+ * layout: the elements w holds from the full index returned on are those
+ * of that tail (the ranges in order; a binary search, nothing stored). */
+static size_t full_from(const run_attachment *a, size_t from)
+{
+    int lo = 0, hi = a->n_ranges;   /* the last range starting at or below from */
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (a->local[mid] <= from)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return 0;   /* every held element is in the tail */
+    const st_range *r = &a->ranges[lo - 1];
+    const size_t at = a->local[lo - 1];
+    return from - at < r->end - r->begin ? r->begin + (from - at) : r->end;
+}
+
 static void reduce_ready(void *ctx, size_t from)
 {
     overlap_ctx *o = ctx;
@@ -262,6 +286,8 @@ static void reduce_ready(void *ctx, size_t from)
         return;
     const double t = st_run_now_s();
     st_range done;
+    if (o->e->att)
+        from = full_from(o->e->att, from);
     o->status = st_comm_reduce_ready(o->e->grads, o->w->id, from, &done);
     if (o->status == ST_OK && done.end > done.begin) {
         update_part(o->r, o->e, o->w, st_comm_shard_grads(o->e->grads, o->w->id), o->step,
@@ -281,9 +307,12 @@ st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w,
     uint32_t first = (uint32_t)((i * (uint64_t)r->n_all + (uint64_t)st_run_global(r, w->id)) *
                                 st_run_step_rows(r->cfg));
     overlap_ctx o = { r, e, w, step, st_schedule_lr(&r->plan.schedule, step),
-                      { st_comm_shard(e->masters, w->id).end, 0, 0 }, 0.0, ST_OK };
+                      { st_comm_shard(e->grads ? e->grads : e->masters, w->id).end, 0, 0 },
+                      0.0, ST_OK };
+    const int overlap = e->overlap && !r->cfg->reduce_after_backward &&
+                        (!e->att || e->att->in_order);
     ST_TRY(st_worker_compute_ready(w, r->train, w->order, first, &slot->loss,
-                                   e->overlap ? reduce_ready : NULL, &o));
+                                   overlap ? reduce_ready : NULL, &o));
     ST_TRY(o.status);
     t1 = st_run_now_s();
     slot->times.compute += t1 - t - o.seconds;

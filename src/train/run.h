@@ -233,6 +233,9 @@ typedef struct run_attachment {
     const st_range *ranges;
     const size_t *local;
     int n_ranges;
+    /* the ranges lie in the gradient vector in their full order (local
+     * grows with them): a tail of it is a tail of the full layout */
+    int in_order;
 } run_attachment;
 
 /* Registers w's vectors with the engines: `grads` reduces its gradients;
@@ -247,15 +250,19 @@ st_status st_run_attach_worker(st_comm *grads, st_comm *params, int wid, st_work
  * gradients, `masters` holds the master shards and gathers them (the same
  * engine unless backward masking); at_barrier (may be NULL) is called by
  * worker 0 between the barrier and the reduction, every worker's gradient
- * complete and in place (sdp's alignment report). */
+ * complete and in place (sdp's alignment report); the masters are the
+ * step's, not updated yet, only in a step without overlap. */
 typedef struct run_sharded {
     st_comm *grads, *masters;
     st_status (*at_barrier)(run_shared *r, void *ctx, st_worker *w0, uint64_t i, uint64_t step);
     void *ctx;
-    /* 1: w's gradient vector is in the full layout (data parallelism): the
-     * step reduces it during the backward as its layers complete it
-     * (st_comm_reduce_ready) */
+    /* 1: the step reduces w's gradients during the backward as its layers
+     * complete them (st_comm_reduce_ready) */
     int overlap;
+    /* NULL: w's gradient vector is in the full layout; else where its
+     * elements are (a compact subnetwork's), the tails its backward makes
+     * final said of the full layout through it */
+    const run_attachment *att;
     /* NULL: `grads` reduce-scatters.  Else it replaces that (every worker,
      * after the barrier): w's shard of `masters` gets its gradient, left
      * in *out (indexed from the shard's begin); `grads` is then unused

@@ -291,8 +291,13 @@ static st_status sdp_step(run_shared *r, void *state, st_worker *w, uint64_t i, 
     }
     if (R && done > 0 && done % R == 0)
         ST_TRY(new_round(r, s, w, done / R));
-    run_sharded e = { r->comm, masters(r, s), r->cfg->sdp.align_every ? measure_alignment : NULL,
-                      s, 0, NULL };
+    /* a step the alignment report measures reads the masters before the
+     * update (measure_alignment): it reduces after the backward */
+    const uint64_t A = r->cfg->sdp.align_every;
+    const int measured = A && step % A == 0;
+    run_sharded e = { .grads = r->comm, .masters = masters(r, s),
+                      .at_barrier = A ? measure_alignment : NULL, .ctx = s,
+                      .overlap = !measured, .att = &s->att[w->id] };
     return st_run_sharded_step(r, &e, w, i, step, loss, lr);
 }
 

@@ -32,6 +32,12 @@ const st_strategy_info *st_strategy_info_of(st_strategy s)
     return ops ? &ops->info : NULL;
 }
 
+st_weights st_strategy_weights(const st_train_config *c)
+{
+    const st_strategy_ops *ops = st_strategy_ops_of(c->strategy);
+    return ops && ops->weights ? ops->weights(c) : ST_WEIGHTS_PRIVATE;
+}
+
 const char *st_strategy_name(st_strategy s)
 {
     const st_strategy_ops *ops = st_strategy_ops_of(s);

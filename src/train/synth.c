@@ -466,7 +466,7 @@ static st_status synth_step(run_shared *r, void *state, st_worker *w, uint64_t i
                             float *loss, float *lr)
 {
     (void)state;
-    run_sharded e = { r->comm, r->comm, NULL, NULL, 1, NULL };
+    run_sharded e = { .grads = r->comm, .masters = r->comm, .overlap = 1 };
     return st_run_sharded_step(r, &e, w, i, step, loss, lr);
 }
 

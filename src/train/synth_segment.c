@@ -160,12 +160,53 @@ static st_status local_update(run_shared *r, st_worker *w, synth_group *G, uint6
     return ST_OK;
 }
 
+/* The group's reduction during the backward (st_comm_reduce_ready): what
+ * the calls reduced and updated (the shard from `upto` on; the optimizer's
+ * counts of those calls), their time and first failure. */
+typedef struct group_overlap {
+    synth_group *G;
+    st_worker *w;
+    int kl;
+    const st_param_segment *segs;
+    int n_segs;
+    uint64_t step;
+    float lr;
+    size_t upto, updated, bytes;
+    double seconds;
+    st_status status;
+} group_overlap;
+
+/* A tail of w's segment gradient is final: say it, reduce what of the
+ * shard every member has said, update that part at once (the group's
+ * workers keep replicas: the all-gather brings the masters in after its
+ * entry barrier). */
+static void group_ready(void *ctx, size_t from)
+{
+    group_overlap *o = ctx;
+    if (o->status != ST_OK)
+        return;
+    const double t = st_run_now_s();
+    st_range done;
+    o->status = st_comm_reduce_ready(o->G->comm, o->kl, from, &done);
+    if (o->status == ST_OK && done.end > done.begin) {
+        st_optim_update(&o->w->optim, st_comm_shard_params(o->G->comm, o->kl),
+                        st_comm_shard_grads(o->G->comm, o->kl), o->segs, o->n_segs, done.begin,
+                        done.end, o->step, o->lr);
+        o->upto = done.begin;
+        o->updated += o->w->optim.updated;
+        o->bytes += o->w->optim.update_bytes;
+    }
+    o->seconds += st_run_now_s() - t;
+}
+
 /* The group's data parallelism for worker w, member k of its group G (kl
- * on this rank), t: when its compute ended.  *loss: the group's mean, for
+ * on this rank), t: when its compute ended; o: what the backward reduced
+ * and updated already.  *loss: the group's mean, for
  * k = 0 of a group within one rank; a group spanning ranks keeps each
  * member's loss for the epoch end instead (the join, synth_join.c). */
 static st_status group_update(run_shared *r, st_worker *w, synth_group *G, uint64_t i,
-                              uint64_t step, double t, float *loss, float *lr)
+                              uint64_t step, double t, float *loss, float *lr,
+                              const group_overlap *o)
 {
     synth_worker *me = &synth_of(r)->workers[w->id];
     worker_slot *slot = &r->slots[w->id];
@@ -193,8 +234,10 @@ static st_status group_update(run_shared *r, st_worker *w, synth_group *G, uint6
     st_range shard = st_comm_shard(G->comm, kl);
     *lr = st_schedule_lr(&G->schedule, step);
     st_optim_update(&w->optim, st_comm_shard_params(G->comm, kl),
-                    st_comm_shard_grads(G->comm, kl), segs, n_segs, shard.begin, shard.end, step,
+                    st_comm_shard_grads(G->comm, kl), segs, n_segs, shard.begin, o->upto, step,
                     *lr);
+    w->optim.updated += o->updated;
+    w->optim.update_bytes += o->bytes;
     t1 = st_run_now_s();
     slot->times.optimizer += t1 - t;
     t = t1;
@@ -214,10 +257,20 @@ st_status st_synth_segment_step(run_shared *r, void *state, st_worker *w, uint64
     double t = st_run_now_s();
     uint32_t first = (uint32_t)((i * (uint64_t)G->count + (uint64_t)k) * (uint64_t)r->cfg->batch);
     load_batch(r, me, G, w, first);
-    ST_TRY(st_segnet_forward_backward(me->net, &slot->loss));
+    group_overlap o = { G, w, w->id - G->local_first, NULL, 0, step,
+                        st_schedule_lr(&G->schedule, step), 0, 0, 0, 0.0, ST_OK };
+    if (G->comm) {
+        o.segs = st_segnet_segments(me->net, &o.n_segs);
+        o.upto = st_comm_shard(G->comm, o.kl).end;
+    }
+    const int overlap = G->comm && !r->cfg->reduce_after_backward;
+    ST_TRY(st_segnet_forward_backward_ready(me->net, &slot->loss, overlap ? group_ready : NULL,
+                                            &o));
+    ST_TRY(o.status);
     const double t1 = st_run_now_s();
-    slot->times.compute += t1 - t;
-    ST_TRY(G->comm ? group_update(r, w, G, i, step, t1, loss, lr)
+    slot->times.compute += t1 - t - o.seconds;
+    slot->times.overlapped += o.seconds;
+    ST_TRY(G->comm ? group_update(r, w, G, i, step, t1, loss, lr, &o)
                    : local_update(r, w, G, step, loss, lr));
     if (k == 0) {   /* the group's mean loss over the epoch */
         if (i == 0)

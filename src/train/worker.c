@@ -131,11 +131,38 @@ static void add_and_scale(float *restrict g, const float *restrict sum, size_t n
         g[i] = (sum[i] + g[i]) * scale;
 }
 
+/* The last micro-batch's backward, in parts: each tail its layers make
+ * final gets the sum added and the scale at once, then goes to the
+ * caller's ready (the reduction during the backward).  Element-wise: the
+ * same bits as one pass after the backward. */
+typedef struct last_batch {
+    float *g;
+    const float *sum;
+    float scale;
+    size_t upto;   /* [upto, n) holds the mean already */
+    void (*ready)(void *ctx, size_t from);
+    void *ctx;
+} last_batch;
+
+static void last_batch_ready(void *ctx, size_t from)
+{
+    last_batch *lb = ctx;
+    if (from < lb->upto) {
+        add_and_scale(lb->g + from, lb->sum + from, lb->upto - from, lb->scale);
+        lb->upto = from;
+    }
+    if (lb->ready)
+        lb->ready(lb->ctx, from);
+}
+
 /* K micro-batches: the first gradient copied, the next added, the last
  * added and the sum scaled by 1/K in one pass, so that the gradient
- * vector holds the mean where the reduction and the update read it. */
+ * vector holds the mean where the reduction and the update read it; with
+ * `ready`, that pass runs on each part of the last backward as it is
+ * final, which is then said ready. */
 static st_status compute_accumulated(st_worker *w, const st_dataset *d, const uint32_t *order,
-                                     uint32_t first, float *loss)
+                                     uint32_t first, float *loss,
+                                     void (*ready)(void *ctx, size_t from), void *ctx)
 {
     st_model *m = w->model;
     const int K = w->accumulate, B = st_model_batch(m);
@@ -145,12 +172,17 @@ static st_status compute_accumulated(st_worker *w, const st_dataset *d, const ui
     for (int k = 0; k < K; k++) {
         float l;
         st_worker_load_batch(w, d, order, first + (uint32_t)k * (uint32_t)B, B);
-        ST_TRY(st_model_forward_backward(m, &l));
-        sum += l;
         if (k + 1 == K) {
-            add_and_scale(g, w->grad_sum, n, 1.0f / (float)K);
+            last_batch lb = { g, w->grad_sum, 1.0f / (float)K, n, ready, ctx };
+            ST_TRY(st_model_forward_backward_ready(m, &l, ready ? last_batch_ready : NULL,
+                                                   &lb));
+            sum += l;
+            if (lb.upto > 0)
+                add_and_scale(g, w->grad_sum, lb.upto, lb.scale);
             break;
         }
+        ST_TRY(st_model_forward_backward(m, &l));
+        sum += l;
         if (k == 0)
             memcpy(w->grad_sum, g, n * sizeof *g);
         else
@@ -174,7 +206,7 @@ st_status st_worker_compute_ready(st_worker *w, const st_dataset *d, const uint3
                                   void (*ready)(void *ctx, size_t from), void *ctx)
 {
     if (w->accumulate > 1)
-        return compute_accumulated(w, d, order, first, loss);
+        return compute_accumulated(w, d, order, first, loss, ready, ctx);
     st_worker_load_batch(w, d, order, first, st_model_batch(w->model));
     return st_model_forward_backward_ready(w->model, loss, ready, ctx);
 }

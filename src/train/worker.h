@@ -77,8 +77,8 @@ st_status st_worker_compute(st_worker *w, const st_dataset *d, const uint32_t *o
                             uint32_t first, float *loss);
 /* The same, telling ready(ctx, from) as the backward completes the
  * gradient vector's tail [from, ...) (st_model_forward_backward_ready);
- * with micro-batches (accumulate > 1) it tells nothing: their sum is
- * scaled after the last backward. */
+ * with micro-batches (accumulate > 1), during the last one's backward,
+ * each tail once it holds the mean. */
 st_status st_worker_compute_ready(st_worker *w, const st_dataset *d, const uint32_t *order,
                                   uint32_t first, float *loss,
                                   void (*ready)(void *ctx, size_t from), void *ctx);
