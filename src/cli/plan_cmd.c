@@ -33,7 +33,7 @@
 #define EXIT_USAGE 2
 #define CMD "subtrain plan"
 #define MAX_ROWS 64
-#define MAX_NOTES 4
+#define MAX_NOTES 8
 
 /* What the plan varies; everything else is the run's options as given. */
 typedef struct plan_candidate {
@@ -356,11 +356,13 @@ static void add_notes(plan_row *row, const char *path)
         line[strcspn(line, "\r\n")] = '\0';
         for (char *p = line, *save = NULL, *t; nf < 6 && (t = strtok_r(p, ",", &save)); p = NULL)
             fields[nf++] = t;
-        if (nf < 6 || strcmp(fields[0], key) != 0)
+        if (nf < 6 || strcmp(fields[0], key) != 0 ||
+            strcmp(fields[1], st_model_kind_name(row->cfg.model.kind)) != 0)
             continue;
         snprintf(row->notes[row->n_notes++], sizeof row->notes[0],
-                 "%s: %s points at equal epochs on %s (%s seeds, %s), see %s", fields[0],
-                 fields[2], fields[1], fields[3], fields[4], fields[5]);
+                 "%s: %s points of test accuracy against data parallelism on %s (%s, "
+                 "%s seeds), see %s", fields[0],
+                 fields[2], fields[1], fields[4], fields[3], fields[5]);
     }
     fclose(f);
 }
@@ -453,13 +455,18 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, con
                     mib((double)r->mem.peak_total - budget),
                     st_mem_kind_name((st_mem_kind)r->over));
     }
+    /* each strategy's measured differences once: its rows share them */
     int any = 0;
-    for (int i = 0; i < n; i++)
-        for (int k = 0; k < rows[i].n_notes; k++) {
+    for (int i = 0; i < n; i++) {
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = rows[j].n_notes && strcmp(rows[j].notes[0], rows[i].notes[0]) == 0;
+        for (int k = 0; k < rows[i].n_notes && !seen; k++) {
             if (!any++)
-                fprintf(f, "measured accuracy (never predicted):\n");
-            fprintf(f, "  row %d: %s\n", i + 1, rows[i].notes[k]);
+                fprintf(f, "measured accuracy (never predicted; the table's own runs):\n");
+            fprintf(f, "  %s\n", rows[i].notes[k]);
         }
+    }
 }
 
 static json_t *row_json(const plan_row *r)
