@@ -123,6 +123,10 @@ double st_calibration_compute_rate(const st_calibration *c, int conv, int bf16, 
 
 /* ------------------------------------------------------------ measuring */
 
+/* Timed rounds of each rate, the first a warm-up: many short ones, so
+ * that on a shared machine some fall in a quiet moment. */
+#define ROUNDS 40
+
 static double now_s(void)
 {
     struct timespec t;
@@ -161,7 +165,7 @@ static double time_matmul(dnnl_engine_t eng, dnnl_stream_t stream, int64_t M, in
     dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, ma }, { DNNL_ARG_WEIGHTS, mb },
                                 { DNNL_ARG_DST, mc } };
     best = 1e30;
-    for (int round = 0; round < 6; round++) {
+    for (int round = 0; round < ROUNDS; round++) {
         const double t0 = now_s();
         for (int r = 0; r < reps; r++)
             if (dnnl_primitive_execute(prim, stream, 3, args) != dnnl_success) {
@@ -201,7 +205,7 @@ static double time_loop(int which, size_t n, int reps)
         y[i] = 1.0f;
         z[i] = 2.0f;
     }
-    for (int round = 0; round < 6; round++) {
+    for (int round = 0; round < ROUNDS; round++) {
         const double t0 = now_s();
         for (int r = 0; r < reps; r++) {
             const float s = 1.0f + 1e-7f * (float)r;
@@ -252,7 +256,7 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
             const double flop = 2.0 * (double)shape[s][0] * (double)shape[s][1] *
                                 (double)shape[s][2];
             const double sec = time_matmul(eng, stream, shape[s][0], shape[s][1], shape[s][2],
-                                           types[t], s ? 4 : 40);
+                                           types[t], s ? 1 : 10);
             out->matmul_gflops[t][s] = sec > 0.0 ? flop / sec / 1e9 : 0.0;
         }
     dnnl_stream_destroy(stream);
@@ -263,13 +267,13 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
         st_conv_timing ct;
         if (b && st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
             continue;
-        if (st_time_conv(&cs, 1, b, 5, &ct) == ST_OK && ct.layer_ms > 0.0)
+        if (st_time_conv(&cs, 1, b, 20, &ct) == ST_OK && ct.layer_ms > 0.0)
             out->conv_gflops[b] = 3.0 * 2.0 * (double)(cs.batch * cs.oc * 32 * 32) *
                                   (double)(cs.ic * cs.kh * cs.kw) / (ct.layer_ms * 1e-3) / 1e9;
     }
-    out->elementwise_gbps = time_loop(0, (size_t)1 << 18, 20) / 1e9;
-    out->reduce_gbps = time_loop(1, (size_t)1 << 20, 5) / 1e9;
-    out->stream_gbps = time_loop(2, (size_t)1 << 24, 2) / 1e9;
+    out->elementwise_gbps = time_loop(0, (size_t)1 << 18, 10) / 1e9;
+    out->reduce_gbps = time_loop(1, (size_t)1 << 20, 2) / 1e9;
+    out->stream_gbps = time_loop(2, (size_t)1 << 24, 1) / 1e9;
     return 0;
 }
 
