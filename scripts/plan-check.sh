@@ -42,20 +42,23 @@ configs() {
     l="--data synthetic --model resmlp --depth 4 --width 1024 --batch 256 --workers 1"
     echo "resmlp d4 w1024 b256, 1 worker, fp32|$l"
     echo "resmlp d4 w1024 b256, 1 worker, bf16|$l --precision bf16"
-    echo "gpt d2 w128 context 64, 1 worker, fp32|--model gpt --data text:$top/doc/design.md --depth 2 --width 128 --heads 4 --context 64 --batch 16 --val-bytes 4096 --workers 1"
+    g="--model gpt --data text:$top/doc/design.md --depth 2 --width 128 --heads 4"
+    echo "gpt d2 w128 context 64, 1 worker, fp32|$g --context 64 --batch 16 --val-bytes 4096"
     if [ -f "$fashion/train-images-idx3-ubyte.gz" ]; then
-        echo "resnet depth 1 b32, 1 worker, fp32|--model resnet --data $fashion --depth 1 --batch 32 --workers 1"
+        echo "resnet d1 b32, 1 worker, fp32|--model resnet --data $fashion --depth 1 --batch 32"
     fi
 }
 
-printf '| configuration | predicted samples/s | measured samples/s (best of %s) | predicted / measured |\n' "$RUNS"
+printf '| configuration | predicted samples/s | measured samples/s (best of %s) |' "$RUNS"
+printf ' predicted / measured |\n'
 printf '| --- | --- | --- | --- |\n'
 within=0
 rows=0
 configs | while IFS='|' read -r label opts; do
     # shellcheck disable=SC2086
     pred=$("$bin" plan --as-given --memory-per-worker 64G --calibration "$CAL" --json - $opts |
-           python3 -c 'import json,sys; r=json.load(sys.stdin)["rows"][0]; print(r["samples_per_s"] or 0)')
+           python3 -c 'import json,sys
+print(json.load(sys.stdin)["rows"][0]["samples_per_s"] or 0)')
     best=0
     k=0
     while [ "$k" -lt "$RUNS" ]; do

@@ -324,7 +324,8 @@ static void predict_row(plan_row *row, const st_calibration *cal)
         return;
     row->step_s = row->flops / (gflops * 1e9) + row->comm_bytes / (cal->reduce_gbps * 1e9) +
                   (opt_bytes + 3.0 * act) / (cal->elementwise_gbps * 1e9);
-    const double rows = (double)row->cfg.batch * (row->cfg.accumulate > 1 ? row->cfg.accumulate : 1);
+    const double rows = (double)row->cfg.batch *
+                        (row->cfg.accumulate > 1 ? row->cfg.accumulate : 1);
     row->samples_per_s = rows * row->workers / row->step_s;
 }
 
