@@ -240,7 +240,7 @@ Test(plan, rows_over_the_budget_name_their_largest_kind)
  * samples/s is workers x batch over its step time. */
 Test(plan, fitting_rows_are_ranked_by_predicted_samples_per_second)
 {
-    char dir[ST_TEST_PATH_MAX], cal[ST_TEST_PATH_MAX], args[5 * ST_TEST_PATH_MAX];
+    char dir[ST_TEST_PATH_MAX], cal[ST_TEST_PATH_MAX], args[6 * ST_TEST_PATH_MAX];
     char data[2 * ST_TEST_PATH_MAX];
     tiny_images(dir, data, sizeof data);
     st_test_path(cal, dir, "cal");
@@ -250,14 +250,16 @@ Test(plan, fitting_rows_are_ranked_by_predicted_samples_per_second)
                "matmul_bf16_small_gflops 40\nmatmul_bf16_large_gflops 40\nelementwise_gbps 5\n"
                "reduce_gbps 2\nstream_triad_gbps 5\n");
     fclose(f);
+    char json[ST_TEST_PATH_MAX];
+    st_test_path(json, dir, "plan.json");
     snprintf(args, sizeof args, "plan --memory-per-worker 1G --calibration '%s' --workers 2 "
-             "--oversubscribe %s --depth 2 --width 64 --batch 16 --json -", cal, data);
+             "--oversubscribe %s --depth 2 --width 64 --batch 16 --json '%s'", cal, data, json);
     run_result *r = calloc(1, sizeof *r);
     cr_assert_not_null(r);
     run(r, NULL, args);
     cr_assert_eq(r->status, 0, "%s", r->err);
     json_error_t e;
-    json_t *root = json_loads(r->out, 0, &e);
+    json_t *root = json_load_file(json, 0, &e);
     cr_assert_not_null(root, "%s", e.text);
     json_t *rows = json_object_get(root, "rows");
     cr_assert_gt(json_array_size(rows), 4);
