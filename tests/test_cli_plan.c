@@ -198,6 +198,13 @@ Test(plan, budgets_read_as_written)
         snprintf(want, sizeof want, "budget %.1f MiB a worker", cases[i].mib);
         cr_expect(strstr(r->out, want), "%s: expected '%s' in %s", args, want, r->out);
     }
+    /* a total is shared evenly by the row's workers */
+    char args[3 * ST_TEST_PATH_MAX];
+    snprintf(args, sizeof args, "plan --as-given --memory-total 3G --workers 2 --oversubscribe "
+             "%s --depth 2 --width 32 --batch 8", data);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
+    cr_expect(strstr(r->out, "budget 1536.0 MiB a worker"), "%s: %s", args, r->out);
     free(r);
     st_test_rmdir(dir);
 }
