@@ -425,7 +425,7 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, con
 {
     fprintf(f, "plan for %s: budget %.1f MiB a worker; time from %s\n", where, mib(budget),
             cal ? cal : "no calibration (--calibration FILE)");
-    fprintf(f, "%-8s %-20s %-9s %-4s %-5s %3s %3s %5s | %8s %8s %8s %8s %8s %8s %9s | %9s "
+    fprintf(f, "%-8s %-20s %-9s %-4s %-5s %5s %3s %5s | %8s %8s %8s %8s %8s %8s %9s | %9s "
                "%9s %10s | %s\n", "strategy", "parameters", "recompute", "prec", "mom",
             "N", "T", "ranks", "weights", "grads", "optim", "activ", "attent", "worksp",
             "total MiB", "MB/step", "step ms", "samples/s", "fits");
@@ -439,7 +439,7 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, con
             fprintf(f, " not possible: %s\n", r->refused);
             continue;
         }
-        fprintf(f, " %3d %3d %5d |", r->workers, r->threads, 1);
+        fprintf(f, " %5d %3d %5d |", r->workers, r->threads, 1);
         const int order[] = { ST_MEM_WEIGHTS, ST_MEM_GRADIENTS, ST_MEM_OPTIMIZER,
                               ST_MEM_ACTIVATIONS, ST_MEM_ATTENTION, ST_MEM_WORKSPACE };
         for (int k = 0; k < 6; k++)
