@@ -178,6 +178,20 @@ Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors)
     }
 }
 
+/* --help answers whatever else the line holds, as train's does, but a
+ * malformed option is still refused. */
+Test(plan, help_whatever_else_the_line_holds)
+{
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    run(r, NULL, "plan --model gpt --memory-per-worker 1G --help");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_expect(strstr(r->out, "Usage: subtrain plan"), "%s", r->out);
+    free(r);
+    expect_usage_error("plan --help --frobnicate", "unknown option '--frobnicate'");
+    expect_usage_error("calibrate --help --frobnicate", "--frobnicate");
+}
+
 /* The sizes as written: powers of 1024, fractions, the -iB forms. */
 Test(plan, budgets_read_as_written)
 {

@@ -554,20 +554,29 @@ int st_cli_plan_main(int argc, char **argv)
 {
     plan_options p;
     memset(&p, 0, sizeof p);
-    char **run_argv = calloc((size_t)argc + 1, sizeof *run_argv);
+    char **run_argv = calloc((size_t)argc + 2, sizeof *run_argv);
     if (!run_argv) {
         st_cli_error(CMD, "out of memory");
         return 1;
     }
     int run_argc, status = split_args(argc, argv, &p, run_argv, &run_argc);
-    if (status == 1) {
-        print_help(stdout);
-        free(run_argv);
-        return 0;
-    }
     st_cli_options o;
     char err[2048];
     memset(&o, 0, sizeof o);
+    if (status == 1) {
+        /* as train's --help: whatever else the line holds, but a malformed
+         * run option is still refused */
+        run_argv[run_argc++] = "--help";
+        run_argv[run_argc] = NULL;
+        status = st_cli_parse(run_argc, run_argv, &o, err, sizeof err) != 0 ? EXIT_USAGE : 0;
+        if (status)
+            st_cli_error(CMD, "%s", err);
+        else
+            print_help(stdout);
+        st_cli_options_free(&o);
+        free(run_argv);
+        return status;
+    }
     if (status == 0 && st_cli_parse(run_argc, run_argv, &o, err, sizeof err) != 0) {
         st_cli_error(CMD, "%s", err);
         status = EXIT_USAGE;
