@@ -456,6 +456,15 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, con
                     mib((double)r->mem.peak_total - budget),
                     st_mem_kind_name((st_mem_kind)r->over));
     }
+    int redraws = 0;
+    for (int i = 0; i < n; i++)
+        redraws |= rows[i].ok && (rows[i].c.strategy == ST_STRATEGY_IST ||
+                                  (rows[i].c.strategy == ST_STRATEGY_SDP &&
+                                   rows[i].cfg.sdp.resample > 0));
+    if (redraws)
+        fprintf(f, "ist and sdp --resample rows: the first subnetworks' layout; the run "
+                   "redraws them and its records\nreport each worker's peak over the draws "
+                   "(doc/planning.md)\n");
     /* each strategy's measured differences once: its rows share them */
     int any = 0;
     for (int i = 0; i < n; i++) {
