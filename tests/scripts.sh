@@ -12,6 +12,8 @@
 #             files and of a sweep's runs.csv; bad input
 #   primitive_times  groups, per-step division and the reference left out
 #             on a hand-written oneDNN verbose log; bad input
+#   plan_accuracy  scripts/plan-accuracy.sh makes doc/data/plan-accuracy.csv
+#             from doc/data's tables as committed (the plan reads it)
 set -u
 . "$(dirname "$0")/case.sh"
 srcdir=${srcdir:-.}
@@ -219,5 +221,14 @@ primitive_times() {
 }
 
 run "scripts/primitive_times" primitive_times
+
+# ------------------------------------------------------------------ plan-accuracy
+plan_accuracy() {
+    sh "$srcdir/scripts/plan-accuracy.sh" >"$TMP/plan-accuracy.csv" || return 1
+    diff "$srcdir/doc/data/plan-accuracy.csv" "$TMP/plan-accuracy.csv" ||
+        { echo "doc/data/plan-accuracy.csv is not what scripts/plan-accuracy.sh makes"; return 1; }
+    grep -qx 'sdp block C=0.5,resmlp,-0.84,3,SDP block C=0.5,doc/sdp.md' "$TMP/plan-accuracy.csv"
+}
+run "scripts/plan_accuracy" plan_accuracy
 
 finish

@@ -309,6 +309,50 @@ Test(arena, blocks_are_aligned_zeroed_and_counted_by_kind)
     cr_assert_eq(a.stats.peak_total, 128 + 10048 + 64, "peaks are history and stay");
 }
 
+/* Pages of this process in memory (/proc/self/statm's second field). */
+static long resident_pages(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long size = 0, resident = -1;
+    if (f && fscanf(f, "%ld %ld", &size, &resident) != 2)
+        resident = -1;
+    if (f)
+        fclose(f);
+    return resident;
+}
+
+/* A sizing arena (st_train_size's) counts every block as the default
+ * arena does, and 1 GiB of blocks costs no memory: nobody touches them. */
+Test(arena, sizing_arena_counts_alike_and_touches_nothing)
+{
+    st_chunk_backend sizing = st_sizing_backend();
+    st_arena a, b;
+    st_arena_init(&a, "sized", &sizing, 0);
+    st_arena_init(&b, "real", NULL, 0);
+    cr_assert(st_arena_is_sizing(&a));
+    cr_assert(!st_arena_is_sizing(&b));
+    const size_t sizes[] = { 100, 1, 10000, (size_t)5 << 20, 64 };
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        void *p, *q;
+        const st_mem_kind k = (st_mem_kind)(i % ST_MEM_KIND_COUNT);
+        cr_assert_eq(st_arena_alloc(&a, k, sizes[i], &p), ST_OK);
+        cr_assert_eq(st_arena_alloc(&b, k, sizes[i], &q), ST_OK);
+        cr_assert_eq((uintptr_t)p % 64, 0);
+    }
+    cr_assert_eq(memcmp(&a.stats, &b.stats, sizeof a.stats), 0, "the same accounting");
+    const size_t kept = b.stats.current[ST_MEM_ACTIVATIONS];
+    st_arena_release(&b);
+    const long before = resident_pages();
+    void *big;
+    cr_assert_eq(st_arena_alloc(&a, ST_MEM_ACTIVATIONS, (size_t)1 << 30, &big), ST_OK);
+    const long after = resident_pages();
+    cr_assert(before > 0 && after > 0);
+    cr_assert_lt((after - before) * 4096L, 64L << 20, "1 GiB of blocks took %ld pages",
+                 after - before);
+    cr_assert_eq(a.stats.current[ST_MEM_ACTIVATIONS] - kept, (size_t)1 << 30);
+    st_arena_release(&a);
+}
+
 /* The public API's arena: created, counted (st_arena_stats), and every
  * chunk back to the backend when destroyed. */
 Test(arena, created_arena_counts_and_gives_every_chunk_back)

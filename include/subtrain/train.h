@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <subtrain/arena.h>
+#include <subtrain/comm.h>
 #include <subtrain/checkpoint.h>
 #include <subtrain/comm.h>
 #include <subtrain/data.h>
@@ -407,6 +408,25 @@ typedef struct st_train_callbacks {
 st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
                        const st_dataset *test, const st_train_callbacks *cb,
                        st_epoch_record *final_out);
+
+/* A worker of a run as st_train_size lays it out. */
+typedef struct st_worker_size {
+    st_mem_stats memory;      /* its arena (and share of its domain's weight
+                               * copy) once built, as the records count it;
+                               * peak = current: nothing is freed while
+                               * building */
+    st_comm_bytes comm;       /* its engine's bytes a step, from the plan
+                               * (the records' comm_bytes_per_worker_step) */
+    double flops;             /* its model's forward and backward of one batch */
+} st_worker_size;
+
+/* Each worker of the run of cfg as it is built: the run's own code lays
+ * out every worker (strategy, model, optimizer state, engines, shared
+ * weights) over chunks of address space that nobody touches, binds
+ * nothing and takes no step.  cfg->topology may describe another
+ * machine.  *out: *n_workers entries (free() them). */
+st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
+                        const st_dataset *test, st_worker_size **out, int *n_workers);
 
 /* One JSON object on one line (JSON Lines) for a record. */
 int st_metrics_write(FILE *f, const st_epoch_record *rec);

@@ -94,8 +94,11 @@ void st_cli_print_help(FILE *f)
 "Usage: subtrain [train] [OPTION]...\n"
 "       subtrain topo [--topology SPEC] [--workers N] [--oversubscribe] [--cpuset LIST]\n"
 "       subtrain quad [--case all|1|2|3|4|5] [OPTION]...   (IST theory on quadratics)\n"
+"       subtrain plan --memory-per-worker SIZE [OPTION]...   (strategies that fit)\n"
+"       subtrain calibrate [-o FILE]   (this machine's rates, for plan)\n"
 "Train a neural network on one CPU server with oneDNN; `subtrain topo --help`\n"
-"prints where the workers would run.\n"
+"prints where the workers would run, `subtrain plan --help` which strategies\n"
+"fit a memory budget and how fast each would run.\n"
 "\n"
 "Workers:\n", f);
     print_strategies(f);

@@ -26,11 +26,14 @@
 
 #include "cli/cli_util.h"
 #include "cli/export_cmd.h"
+#include "cli/calibration.h"
 #include "cli/options.h"
+#include "cli/plan_cmd.h"
 #include "cli/progress.h"
 #include "cli/provenance.h"
 #include "cli/quad_cmd.h"
 #include "cli/resume_options.h"
+#include "cli/run_data.h"
 #include "cli/topo_cmd.h"
 #include "config.h"
 
@@ -53,58 +56,6 @@ static void print_version(void)
     printf("subtrain %s\n", st_version());
     printf("oneDNN %d.%d.%d (CPU runtime: OpenMP), hwloc API %u.%u.%u\n", v->major, v->minor,
            v->patch, h >> 16, (h >> 8) & 0xff, h & 0xff);
-}
-
-static st_status load_data(const st_cli_options *o, st_dataset *train, st_dataset *test)
-{
-    const st_cli_data *d = &o->data_spec;
-    switch (d->kind) {
-    case ST_CLI_DATA_SYNTHETIC: {
-        st_synthetic_config sc = st_synthetic_defaults(o->train.seed);
-        return st_synthetic_make(&sc, train, test);
-    }
-    case ST_CLI_DATA_CIFAR10:
-        return st_cifar10_load(d->dir, train, test);
-    case ST_CLI_DATA_CIFAR100:
-        return st_cifar100_load(d->dir, train, test);
-    case ST_CLI_DATA_IDX: {
-        st_idx_files f = { d->names[0], d->names[1], d->names[2], d->names[3] };
-        return st_idx_set_load(d->dir, d->has_names ? &f : NULL, train, test);
-    }
-    case ST_CLI_DATA_TEXT: {
-        st_text t;
-        st_status s = st_text_load(d->dir, o->holdout, &t);
-        if (s != ST_OK)
-            return s;
-        s = st_text_dataset(&t, o->train.model.context, o->train.seed,
-                                      (uint32_t)o->epoch_windows, (size_t)o->val_bytes, train,
-                                      test);
-        if (s == ST_OK && !o->quiet)
-            printf("text %s: %zu bytes, %zu for training, %zu held out (%zu evaluated); "
-                   "unigram baseline %.4f bits per byte\n", d->dir, t.count, t.train_count,
-                   t.count - t.train_count, test->n_bytes, st_text_unigram_bpb(&t));
-        st_text_free(&t);
-        return s;
-    }
-    case ST_CLI_DATA_FASHION:
-        break;
-    }
-    return st_fashion_mnist_load(d->dir, train, test);
-}
-
-/* Images of several channels are standardised per channel (CIFAR's red,
- * green and blue differ in mean and spread); everything else with one mean
- * and deviation over all features: Fashion-MNIST, IDX sets and the
- * synthetic task, as they always were. */
-static void normalize(st_dataset *train, st_dataset *test)
-{
-    if (train->bytes)   /* text: byte ids, not features */
-        return;
-    if (train->channels > 1 && train->height * train->width > 1) {
-        st_dataset_normalize_channels(train, test, NULL, NULL, 0);
-        return;
-    }
-    st_dataset_normalize(train, test, NULL, NULL);
 }
 
 /* workers: of the run, all ranks (0: not known). */
@@ -329,20 +280,10 @@ out:
     return status;
 }
 
-/* The data, and the model's input and classes from it; images keep their
- * shape (convolutional models need it; the others read a vector). */
 static int load_data_for_model(st_cli_options *o, st_dataset *train, st_dataset *test)
 {
-    if (load_data(o, train, test) != ST_OK)
+    if (st_cli_load_run_data(o, train, test) != ST_OK)
         return runtime_error("loading data");
-    normalize(train, test);
-    o->train.model.in_dim = (int)train->dim;
-    o->train.model.n_classes = (int)train->n_classes;
-    if (train->height * train->width > 1 && !train->bytes) {
-        o->train.model.in_channels = (int)train->channels;
-        o->train.model.in_height = (int)train->height;
-        o->train.model.in_width = (int)train->width;
-    }
     return EXIT_SUCCESS;
 }
 
@@ -834,6 +775,10 @@ int main(int argc, char **argv)
         return st_cli_topo_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "quad") == 0)
         return st_cli_quad_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "plan") == 0)
+        return st_cli_plan_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "calibrate") == 0)
+        return st_cli_calibrate_main(argc - 1, argv + 1);
     st_cli_options o;
     char err[2048];
     int status = EXIT_SUCCESS;

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/arena_impl.h"
 #include "core/enum_table.h"
@@ -52,6 +53,33 @@ static void libc_free(void *ptr, size_t bytes, void *ctx)
     (void)bytes;
     (void)ctx;
     free(ptr);
+}
+
+/* Address space only: pages are committed when first written, and the
+ * arena writes none (st_arena_alloc does not zero-fill for this backend),
+ * so the big buffers of a sizing run cost no memory. */
+static void *sizing_alloc(size_t bytes, void *ctx)
+{
+    (void)ctx;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void sizing_free(void *ptr, size_t bytes, void *ctx)
+{
+    (void)ctx;
+    munmap(ptr, bytes);
+}
+
+st_chunk_backend st_sizing_backend(void)
+{
+    return (st_chunk_backend){ sizing_alloc, sizing_free, NULL };
+}
+
+int st_arena_is_sizing(const st_arena *arena)
+{
+    return arena->backend.alloc == sizing_alloc;
 }
 
 void st_arena_init(st_arena *arena, const char *owner,
@@ -170,7 +198,8 @@ st_status st_arena_alloc(st_arena *arena, st_mem_kind kind, size_t bytes, void *
     st_arena_chunk *c = arena->head;
     char *p = chunk_data(c) + c->used;
     c->used += need;
-    memset(p, 0, need); /* first touch by the owner thread */
+    if (!st_arena_is_sizing(arena))
+        memset(p, 0, need); /* first touch by the owner thread */
     account(&arena->stats, kind, need);
     *out = p;
     return ST_OK;

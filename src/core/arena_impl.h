@@ -25,4 +25,13 @@ struct st_arena {
 void st_arena_init(st_arena *arena, const char *owner,
                    const st_chunk_backend *backend, size_t chunk_bytes);
 
+/* The backend of a sizing run (st_train_size): chunks of address space
+ * that nobody touches.  An arena over it accounts every block as any
+ * arena does, but does not zero-fill them, so laying out a worker's
+ * buffers with the run's own code costs no memory. */
+st_chunk_backend st_sizing_backend(void);
+/* Whether the arena's chunks come from st_sizing_backend: the code that
+ * fills a buffer at build time (initial weights) skips it there. */
+int st_arena_is_sizing(const st_arena *arena);
+
 #endif /* SUBTRAIN_CORE_ARENA_IMPL_H */

@@ -762,8 +762,9 @@ static int segment_ranges(const st_model *m, int i, int grads, st_range *ranges,
     for (int64_t a = 0; a < n_rows && n >= 0; a++) {
         size_t row = mp->full_offset + (size_t)(rows ? rows[a] : a) * (size_t)mp->full_cols;
         for (int64_t b = 0; b < n_cols && n >= 0;) {
-            int64_t c0 = cols ? cols[b] : b, len = 1;
-            while (b + len < n_cols && (cols ? cols[b + len] : b + len) == c0 + len)
+            /* without a column map the rest of the row is one run */
+            int64_t c0 = cols ? cols[b] : b, len = cols ? 1 : n_cols - b;
+            while (cols && b + len < n_cols && cols[b + len] == c0 + len)
                 len++;
             size_t full = row + (size_t)c0;
             if (n > 0 && *last_end == full && *last_pos == pos) { /* continues the last */

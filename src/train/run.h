@@ -156,6 +156,9 @@ typedef struct run_shared {
     run_resume *resume;               /* NULL: a new run (checkpoint.c) */
     uint64_t data_print[2];           /* the training and test sets' fingerprints,
                                        * with checkpoints or a resume (0: none) */
+    int sizing;                       /* st_train_size: the workers are laid out,
+                                       * not bound, on untouched memory, and
+                                       * never step */
     uint64_t fault_step;              /* SUBTRAIN_FAULT=RANK:STEP names this rank:
                                        * worker 0 fails at that step (tests of
                                        * failure handling; 0: never) */

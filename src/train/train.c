@@ -96,11 +96,11 @@ static st_status prepare_ranks(run_shared *r)
 
 /* The topology the run binds to and where its workers go: *topology is
  * set (to destroy) even when the plan fails. */
-static st_status place_workers(const st_train_config *cfg, st_topology **topology,
+static st_status place_workers(const st_train_config *cfg, int sizing, st_topology **topology,
                                st_plan *placement)
 {
     ST_TRY(st_topology_load(cfg->topology, topology));
-    if (!st_topology_is_this_machine(*topology))
+    if (!sizing && !st_topology_is_this_machine(*topology))
         return st_fail(ST_ERR_INVALID, "training runs on this machine, not on %s%s; use "
                        "'subtrain topo --topology ...' to plan for another machine",
                        st_topology_name(*topology), cfg->topology ? ""
@@ -117,7 +117,7 @@ st_status st_train_placement_check(const st_train_config *cfg)
     st_topology *topology = NULL;
     st_plan placement;
     memset(&placement, 0, sizeof placement);
-    st_status s = place_workers(cfg, &topology, &placement);
+    st_status s = place_workers(cfg, 0, &topology, &placement);
     /* the worker count resolved ("cores"), every rank with as many */
     if (s == ST_OK)
         s = st_strategy_check_layout(cfg, placement.n_workers * st_world_size());
@@ -132,7 +132,7 @@ st_status st_loop_prepare(run_shared *r)
     r->ops = st_strategy_ops_of(cfg->strategy);
     if (!r->ops)
         return st_fail(ST_ERR_INVALID, "unknown strategy %d", (int)cfg->strategy);
-    ST_TRY(place_workers(cfg, &r->topology, &r->placement));
+    ST_TRY(place_workers(cfg, r->sizing, &r->topology, &r->placement));
     r->n = r->placement.n_workers;
     ST_TRY(prepare_ranks(r));
     ST_TRY(st_strategy_check_layout(cfg, r->n_all));
@@ -193,6 +193,10 @@ st_status st_loop_init_worker(run_shared *r, int wid, st_worker *w, st_chunk_bac
 {
     worker_slot *slot = &r->slots[wid];
     const st_placement *pl = &r->placement.workers[wid];
+    if (r->sizing) {   /* perhaps another machine's placement: nothing to bind */
+        *backend = st_sizing_backend();
+        return r->ops->init_worker(r, r->strategy, wid, w, backend);
+    }
     ST_TRY(st_plan_bind_self(r->topology, &r->placement, wid));
     st_numa_ctx_init(&slot->numa, r->topology, pl->numa_os);
     *backend = st_numa_backend(&slot->numa);
@@ -299,6 +303,76 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
     }
     else if (final_out)
         *final_out = r.final;
+    st_loop_release(&r);
+    return s;
+}
+
+/* ------------------------------------------------------------ sizing */
+
+st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
+                        const st_dataset *test, st_worker_size **out, int *n_workers)
+{
+    *out = NULL;
+    *n_workers = 0;
+    ST_TRY(st_train_config_check(cfg));
+    ST_TRY(st_loop_check_data(cfg, train, test));
+    if (cfg->resume)
+        return st_fail(ST_ERR_INVALID, "a sizing run starts no training: it resumes nothing");
+    if (cfg->strategy == ST_STRATEGY_SYNTH)   /* its segments go at a phase's end */
+        return st_fail(ST_ERR_INVALID, "--strategy synth is not sized: its workers hold "
+                       "segments, then the joined network, and a sizing run lays out one "
+                       "layout a worker");
+    if (st_world_size() > 1)
+        return st_fail(ST_ERR_INVALID, "a sizing run lays out one process's workers (this is "
+                       "one of %d MPI ranks)", st_world_size());
+    run_shared r;
+    memset(&r, 0, sizeof r);
+    r.cfg = cfg;
+    r.train = train;
+    r.test = test;
+    r.sizing = 1;
+    atomic_init(&r.failed, 0);
+    st_status s = st_loop_prepare(&r);
+    st_worker_size *mem = s == ST_OK ? calloc((size_t)r.n, sizeof *mem) : NULL;
+    if (s == ST_OK && !mem)
+        s = st_fail(ST_ERR_NOMEM, "out of memory for %d workers' sizes", r.n);
+    if (s != ST_OK) {
+        st_loop_release(&r);
+        return s;
+    }
+    /* Every worker on a thread of its own, as in a run: the strategies'
+     * builds meet at barriers (the engines' plans, the shared weights). */
+#pragma omp parallel num_threads(r.n)
+    {
+        const int wid = omp_get_thread_num();
+        omp_set_num_threads(1);
+        st_worker w;
+        memset(&w, 0, sizeof w);
+        st_chunk_backend backend;
+        st_status ws = omp_get_num_threads() != r.n
+                     ? st_fail(ST_ERR_INVALID, "OpenMP gave %d threads for %d workers "
+                               "(is OMP_THREAD_LIMIT set?)", omp_get_num_threads(), r.n)
+                     : st_loop_init_worker(&r, wid, &w, &backend);
+        if (ws != ST_OK)
+            st_loop_record_failure(&r, ws);
+#pragma omp barrier
+        /* the domains' arenas are complete once every worker is built */
+        if (ws == ST_OK) {
+            st_run_worker_memory(&r, &w, &mem[wid].memory);
+            if (r.comm)
+                mem[wid].comm = r.ops->bytes(&r, r.strategy, wid);
+            mem[wid].flops = w.model ? st_model_step_flops(w.model) : 0.0;
+        }
+#pragma omp barrier
+        st_worker_destroy(&w);
+    }
+    if (atomic_load(&r.failed)) {
+        s = st_fail(r.error_status, "%s", r.error);
+        free(mem);
+    } else {
+        *out = mem;
+        *n_workers = r.n;
+    }
     st_loop_release(&r);
     return s;
 }

@@ -51,7 +51,8 @@ st_status st_worker_build_model(st_worker *w, const st_train_config *cfg)
     w->model_mark = st_arena_get_mark(&w->arena);
     ST_TRY(create_model(w, cfg));
     ST_TRY(alloc_grad_sum(w, cfg));
-    if (w->storage.params)
+    /* a sizing run's buffers stay untouched: it reads their sizes only */
+    if (w->storage.params || st_arena_is_sizing(&w->arena))
         return ST_OK;
     st_model_init_params(w->model, cfg->seed);
     if (cfg->init_params)   /* --init: a checkpoint's weights instead */

@@ -1,0 +1,82 @@
+#!/bin/sh
+# Predicted against measured: for each configuration below (all of which a
+# 2-core machine runs), `subtrain plan --as-given --calibration CAL` says
+# the samples/s it predicts, and the run of the same options says what it
+# measured (the best of RUNS runs: a busy neighbour only slows a run, as it
+# only slows a calibration's repetition).  Prints a markdown table and the
+# share of rows within 15%.
+#
+#   sh scripts/plan-check.sh [SUBTRAIN]     (default: ./subtrain)
+#
+#   CAL=FILE   a calibration to use (default: `subtrain calibrate` first)
+#   RUNS=N     runs of each configuration (default 2)
+#   STEPS=N    steps of each run (default 100)
+#   WORK=DIR   where the metrics go (default a temporary directory)
+set -eu
+bin=${1:-./subtrain}
+top=$(cd "$(dirname "$0")/.." && pwd)
+RUNS=${RUNS:-2}
+STEPS=${STEPS:-100}
+WORK=${WORK:-$(mktemp -d)}
+mkdir -p "$WORK"
+if [ -z "${CAL:-}" ]; then
+    CAL=$WORK/calibration
+    "$bin" calibrate -o "$CAL"
+fi
+fashion=${SUBTRAIN_DATA:-/usr/share/datasets/fashion-mnist}
+
+# label|options
+configs() {
+    r="--data synthetic --model resmlp --depth 4 --width 256 --batch 128"
+    echo "resmlp d4 w256, 1 worker, fp32|$r --workers 1"
+    echo "resmlp d4 w256, 1 worker, bf16|$r --workers 1 --precision bf16"
+    echo "resmlp d4 w256, 1 worker, bf16 moments|$r --workers 1 --optimizer-moments bf16"
+    echo "resmlp d4 w256, 2 workers dp, fp32|$r --workers 2"
+    echo "resmlp d4 w256, 2 workers dp, bf16|$r --workers 2 --precision bf16"
+    echo "resmlp d4 w256, 2 workers sdp C=0.5|$r --workers 2 --strategy sdp --coverage 0.5"
+    echo "resmlp d4 w256, 2 workers ist|$r --workers 2 --strategy ist"
+    echo "resmlp d4 w256, 2 workers localsgd|$r --workers 2 --strategy localsgd"
+    m="--data synthetic --model mlp --depth 3 --width 512 --batch 128"
+    echo "mlp d3 w512, 1 worker, fp32|$m --workers 1"
+    echo "mlp d3 w512, 2 workers dp, fp32|$m --workers 2"
+    l="--data synthetic --model resmlp --depth 4 --width 1024 --batch 256 --workers 1"
+    echo "resmlp d4 w1024 b256, 1 worker, fp32|$l"
+    echo "resmlp d4 w1024 b256, 1 worker, bf16|$l --precision bf16"
+    g="--model gpt --data text:$top/doc/design.md --depth 2 --width 128 --heads 4"
+    echo "gpt d2 w128 context 64, 1 worker, fp32|$g --context 64 --batch 16 --val-bytes 4096"
+    if [ -f "$fashion/train-images-idx3-ubyte.gz" ]; then
+        echo "resnet d1 b32, 1 worker, fp32|--model resnet --data $fashion --depth 1 --batch 32"
+    fi
+}
+
+printf '| configuration | predicted samples/s | measured samples/s (best of %s) |' "$RUNS"
+printf ' predicted / measured |\n'
+printf '| --- | --- | --- | --- |\n'
+within=0
+rows=0
+configs | while IFS='|' read -r label opts; do
+    # shellcheck disable=SC2086
+    pred=$("$bin" plan --as-given --memory-per-worker 64G --calibration "$CAL" --json - $opts |
+           python3 -c 'import json,sys
+print(json.load(sys.stdin)["rows"][0]["samples_per_s"] or 0)')
+    best=0
+    k=0
+    while [ "$k" -lt "$RUNS" ]; do
+        k=$((k + 1))
+        rm -f "$WORK/m.jsonl"
+        # shellcheck disable=SC2086
+        "$bin" $opts --steps "$STEPS" --progress none --quiet --metrics "$WORK/m.jsonl" >/dev/null
+        got=$(tail -n 1 "$WORK/m.jsonl" |
+              python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["samples_per_s"])')
+        best=$(python3 -c "print(max($best, $got))")
+    done
+    ratio=$(python3 -c "print('%.2f' % ($pred / $best))")
+    rows=$((rows + 1))
+    ok=$(python3 -c "print(1 if abs($pred / $best - 1) <= 0.15 else 0)")
+    within=$((within + ok))
+    printf '| %s | %.0f | %.0f | %s |\n' "$label" "$pred" "$best" "$ratio"
+    echo "$within $rows" > "$WORK/count"
+done
+read -r within rows < "$WORK/count"
+echo
+echo "within 15%: $within of $rows configurations (calibration: $CAL)"

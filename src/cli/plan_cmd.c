@@ -1,0 +1,664 @@
+/*
+ * cli/plan_cmd.c — `subtrain plan`: which strategies fit a memory budget
+ * per worker, on this machine or a described one, and how fast each would
+ * run, before training.
+ *
+ * A row's memory is not estimated: st_train_size builds every worker of
+ * the row's run with the run's own code over untouched address space and
+ * reads the arenas' accounting, so it is what the run's records report.
+ * Its time is predicted from a calibration file (calibration.h): the
+ * model's FLOPs at the measured matmul or convolution rate, the engine's
+ * bytes at the reduction's rate, the optimizer's and the kept
+ * activations' bytes at the element-wise rate.  Accuracy is never
+ * predicted: a row names measured differences (plan-accuracy.csv).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include <subtrain/subtrain.h>
+
+#include "cli/calibration.h"
+#include "cli/cli_util.h"
+#include "cli/options.h"
+#include "cli/plan_cmd.h"
+#include "cli/run_data.h"
+#include "config.h"
+
+#define EXIT_USAGE 2
+#define CMD "subtrain plan"
+#define MAX_ROWS 64
+#define MAX_NOTES 8
+
+/* What the plan varies; everything else is the run's options as given. */
+typedef struct plan_candidate {
+    st_strategy strategy;
+    double coverage;          /* sdp */
+    st_precision precision;
+    st_moments moments;
+} plan_candidate;
+
+typedef struct plan_row {
+    plan_candidate c;
+    st_train_config cfg;
+    int ok;                   /* sized; else why not in `refused` */
+    char refused[256];
+    int workers, threads;
+    st_mem_stats mem;         /* the worker with the largest total */
+    double comm_bytes;        /* the busiest worker's, read + written a step */
+    double flops;             /* that worker's model, a step */
+    int fits;
+    int over;                 /* the kind that overflows: the largest one (-1: fits) */
+    double step_s, samples_per_s;   /* NAN: no calibration */
+    char notes[MAX_NOTES][200];
+    int n_notes;
+} plan_row;
+
+typedef struct plan_options {
+    double per_worker, total;      /* bytes; 0: not given */
+    const char *strategies;        /* NULL: dp,sdp,ist,localsgd */
+    const char *calibration;
+    const char *accuracy;
+    const char *json;
+    const char *topology;          /* NULL: this machine */
+    int as_given;                  /* one row: the options as given */
+    int workers_given;             /* else one worker per core of the machine */
+    int help;
+} plan_options;
+
+static void print_help(FILE *f)
+{
+    fputs(
+"Usage: subtrain plan --memory-per-worker SIZE|--memory-total SIZE [OPTION]...\n"
+"                     [RUN OPTION]...\n"
+"Which strategies fit a memory budget per worker, what each holds and moves,\n"
+"and how fast each would run, for the run the other options describe (model,\n"
+"data, batch, workers, --topology), on this machine or a described one.\n"
+"Trains nothing; binds nothing; touches none of the workers' buffers.\n"
+"Without --workers, one worker per core of the machine.\n"
+"\n"
+"  --topology SPEC            the machine, as for 'subtrain topo': omitted for\n"
+"                             this one; synthetic:DESC (hwloc's synthetic\n"
+"                             syntax); xml:FILE (lstopo --of xml)\n"
+"  --memory-per-worker SIZE   budget of one worker: bytes, or with K, M, G, T\n"
+"                             (or KiB, MiB, GiB, TiB: the same, powers of 1024),\n"
+"                             e.g. 512M, 1G, 1.5GiB\n"
+"  --memory-total SIZE        budget of all workers together, shared evenly\n"
+"  --strategies LIST          candidates among dp, sdp, ist, localsgd, synth\n"
+"                             (default dp,sdp,ist,localsgd); sdp at coverage\n"
+"                             0.5 and 0.25; each in fp32 and bf16, with fp32\n"
+"                             and bf16 optimizer moments\n"
+"  --as-given                 one row: the run exactly as its options say\n"
+"  --calibration FILE         rates measured by 'subtrain calibrate' (this\n"
+"                             machine's or another's): predicted step time and\n"
+"                             samples/s; without it those columns are empty\n"
+"  --accuracy FILE            measured accuracy differences (default: the\n"
+"                             installed plan-accuracy.csv)\n"
+"  --json FILE                also write the table as JSON ('-': stdout only)\n"
+"  -h, --help                 this text\n"
+"\n"
+"Memory is what the run's records report per worker (its arena, and its\n"
+"share of a NUMA domain's weight copy), laid out by the run's own code.\n"
+"Rows that do not fit say which kind is the largest; the fitting rows come\n"
+"first, fastest first.  Accuracy is never predicted: a row names measured\n"
+"differences from the documentation's tables where there are some.\n"
+"Exit status: 0 success, 1 runtime failure, 2 bad usage.\n", f);
+}
+
+/* ------------------------------------------------------------ sizes */
+
+/* "512M", "1G", "1.5GiB", "4096": bytes (K, M, G, T and their -iB forms
+ * are powers of 1024; a bare number is bytes).  0, or -1. */
+int st_cli_parse_size(const char *s, double *out)
+{
+    char *end;
+    if (!s || !(*s >= '0' && *s <= '9'))
+        return -1;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || !isfinite(v) || v <= 0.0 || end == s)
+        return -1;
+    static const struct { const char *suffix; double scale; } units[] = {
+        { "", 1.0 }, { "B", 1.0 },
+        { "K", 1024.0 }, { "KiB", 1024.0 }, { "M", 1048576.0 }, { "MiB", 1048576.0 },
+        { "G", 1073741824.0 }, { "GiB", 1073741824.0 },
+        { "T", 1099511627776.0 }, { "TiB", 1099511627776.0 },
+    };
+    for (size_t i = 0; i < sizeof units / sizeof *units; i++)
+        if (strcmp(end, units[i].suffix) == 0) {
+            *out = v * units[i].scale;
+            return *out >= 1.0 ? 0 : -1;
+        }
+    return -1;
+}
+
+static double mib(double bytes)
+{
+    return bytes / 1048576.0;
+}
+
+/* ------------------------------------------------------------ the command line */
+
+/* Splits argv into the plan's own options (into p) and the run's (into
+ * run_argv, argv[0] first).  0, 2 (said why), or 1 (--help). */
+static int split_args(int argc, char **argv, plan_options *p, char **run_argv, int *run_argc)
+{
+    static const char *const own[] = { "--memory-per-worker", "--memory-total", "--strategies",
+                                       "--calibration", "--accuracy", "--json",
+                                       "--topology" };
+    *run_argc = 0;
+    run_argv[(*run_argc)++] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            p->help = 1;
+            continue;
+        }
+        if (strcmp(a, "--as-given") == 0) {
+            p->as_given = 1;
+            continue;
+        }
+        int k = -1;
+        const char *val = NULL;
+        for (int j = 0; j < (int)(sizeof own / sizeof *own); j++) {
+            size_t n = strlen(own[j]);
+            if (strncmp(a, own[j], n) == 0 && (a[n] == '\0' || a[n] == '=')) {
+                k = j;
+                val = a[n] == '=' ? a + n + 1 : NULL;
+            }
+        }
+        if (k < 0) {
+            if (strncmp(a, "--workers", 9) == 0 && (a[9] == '\0' || a[9] == '='))
+                p->workers_given = 1;
+            run_argv[(*run_argc)++] = argv[i];
+            continue;
+        }
+        if (!val) {
+            if (i + 1 >= argc) {
+                st_cli_error(CMD, "%s needs a value", own[k]);
+                return 2;
+            }
+            val = argv[++i];
+        }
+        if (k <= 1) {
+            double v;
+            if (st_cli_parse_size(val, &v) != 0) {
+                st_cli_error(CMD, "%s %s: expected a size such as 512M, 1G or 1.5GiB", own[k],
+                             ST_CLI_SHOW(val));
+                return 2;
+            }
+            *(k == 0 ? &p->per_worker : &p->total) = v;
+        } else if (k == 2) {
+            p->strategies = val;
+        } else if (k == 3) {
+            p->calibration = val;
+        } else if (k == 4) {
+            p->accuracy = val;
+        } else if (k == 5) {
+            p->json = val;
+        } else {
+            p->topology = val;
+        }
+    }
+    run_argv[*run_argc] = NULL;
+    if (p->help)
+        return 1;
+    if ((p->per_worker > 0.0) == (p->total > 0.0)) {
+        st_cli_error(CMD, "give one budget: --memory-per-worker SIZE or --memory-total SIZE");
+        return 2;
+    }
+    return 0;
+}
+
+/* The candidates of --strategies (or the options as given). */
+static int make_candidates(const plan_options *p, const st_train_config *base,
+                           plan_candidate *out, int *n)
+{
+    *n = 0;
+    if (p->as_given) {
+        out[(*n)++] = (plan_candidate){ base->strategy, base->sdp.coverage,
+                                        base->model.precision, base->optim.moments };
+        return 0;
+    }
+    char list[256];
+    snprintf(list, sizeof list, "%s", p->strategies ? p->strategies : "dp,sdp,ist,localsgd");
+    const st_precision precisions[] = { ST_PRECISION_FP32, ST_PRECISION_BF16 };
+    const st_moments moments[] = { ST_MOMENTS_FP32, ST_MOMENTS_BF16 };
+    char *save = NULL;
+    for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        st_strategy s;
+        if (st_strategy_parse(tok, &s) != ST_OK) {
+            st_cli_error(CMD, "--strategies %s: '%s' is no strategy (%s)",
+                         ST_CLI_SHOW(p->strategies), ST_CLI_SHOW(tok), st_last_error());
+            return 2;
+        }
+        const double cover[] = { 0.5, 0.25 };
+        const int n_cover = s == ST_STRATEGY_SDP ? 2 : 1;
+        for (int c = 0; c < n_cover; c++)
+            for (int pr = 0; pr < 2; pr++)
+                for (int mo = 0; mo < 2 && *n < MAX_ROWS; mo++)
+                    out[(*n)++] = (plan_candidate){ s, s == ST_STRATEGY_SDP ? cover[c]
+                                                                            : base->sdp.coverage,
+                                                    precisions[pr], moments[mo] };
+    }
+    if (*n == 0) {
+        st_cli_error(CMD, "--strategies %s: no strategy named", ST_CLI_SHOW(p->strategies));
+        return 2;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ a row */
+
+static void size_row(plan_row *row, const st_train_config *base, const st_dataset *train,
+                     const st_dataset *test)
+{
+    row->cfg = *base;
+    row->cfg.strategy = row->c.strategy;
+    row->cfg.sdp.coverage = row->c.coverage;
+    row->cfg.model.precision = row->c.precision;
+    row->cfg.optim.moments = row->c.moments;
+    row->step_s = row->samples_per_s = NAN;
+    row->over = -1;
+    st_worker_size *ws;
+    int n;
+    if (st_train_size(&row->cfg, train, test, &ws, &n) != ST_OK) {
+        snprintf(row->refused, sizeof row->refused, "%s", st_last_error());
+        return;
+    }
+    int worst = 0;
+    double bytes = 0.0;
+    for (int k = 0; k < n; k++) {
+        if (ws[k].memory.peak_total > ws[worst].memory.peak_total)
+            worst = k;
+        double b = (double)(ws[k].comm.read + ws[k].comm.written);
+        if (b > bytes)
+            bytes = b;
+    }
+    row->ok = 1;
+    row->workers = n;
+    row->threads = base->threads_per_worker > 1 ? base->threads_per_worker : 1;
+    row->mem = ws[worst].memory;
+    row->comm_bytes = bytes;
+    row->flops = ws[worst].flops;
+    free(ws);
+}
+
+static void judge_row(plan_row *row, double budget)
+{
+    if (!row->ok)
+        return;
+    row->fits = (double)row->mem.peak_total <= budget;
+    if (row->fits)
+        return;
+    row->over = 0;
+    for (int k = 1; k < ST_MEM_KIND_COUNT; k++)
+        if (row->mem.peak[k] > row->mem.peak[row->over])
+            row->over = k;
+}
+
+/* The row's step time from the calibration: the model's FLOPs at the
+ * rate of its products, the engine's bytes at the reduction's rate, the
+ * optimizer's state and parameters and the kept activations at the
+ * element-wise rate (calibration.h says what each rate measures). */
+static void predict_row(plan_row *row, const st_calibration *cal)
+{
+    if (!row->ok || !cal)
+        return;
+    const st_model_config *m = &row->cfg.model;
+    const int bf16 = m->precision == ST_PRECISION_BF16;
+    const int conv = st_model_kind_reads(m->kind) == ST_MODEL_READS_IMAGES;
+    const double gflops = st_calibration_compute_rate(cal, conv, bf16, m->width);
+    const double moment_bytes = row->cfg.optim.moments == ST_MOMENTS_FP32 ? 8.0 : 4.0;
+    const double opt = (double)row->mem.peak[ST_MEM_OPTIMIZER];
+    const double updated = opt / moment_bytes;
+    const double opt_bytes = 2.0 * opt + 12.0 * updated;
+    const double act = (double)(row->mem.peak[ST_MEM_ACTIVATIONS] +
+                                row->mem.peak[ST_MEM_ATTENTION]);
+    if (!(gflops > 0.0) || !(cal->elementwise_gbps > 0.0) || !(cal->reduce_gbps > 0.0))
+        return;
+    row->step_s = row->flops / (gflops * 1e9) + row->comm_bytes / (cal->reduce_gbps * 1e9) +
+                  (opt_bytes + 3.0 * act) / (cal->elementwise_gbps * 1e9);
+    const double rows = (double)row->cfg.batch *
+                        (row->cfg.accumulate > 1 ? row->cfg.accumulate : 1);
+    row->samples_per_s = rows * row->workers / row->step_s;
+}
+
+/* ------------------------------------------------------------ the accuracy side */
+
+/* The strategy's words in plan-accuracy.csv's "strategy" column. */
+static void row_key(const plan_row *row, char *out, size_t n)
+{
+    if (row->c.strategy == ST_STRATEGY_SDP)
+        snprintf(out, n, "sdp %s C=%g", st_subnet_kind_name(row->cfg.sdp.subnet),
+                 row->c.coverage);
+    else
+        snprintf(out, n, "%s", st_strategy_name(row->c.strategy));
+}
+
+/* plan-accuracy.csv: strategy,model,delta_points,seeds,config,doc (made
+ * by scripts/plan-accuracy.sh from doc/data's tables).  Lines that name
+ * the row's strategy become its notes. */
+static void add_notes(plan_row *row, const char *path)
+{
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f)
+        return;
+    char key[64], line[512];
+    row_key(row, key, sizeof key);
+    while (fgets(line, sizeof line, f) && row->n_notes < MAX_NOTES) {
+        char *fields[6];
+        int nf = 0;
+        line[strcspn(line, "\r\n")] = '\0';
+        for (char *p = line, *save = NULL, *t; nf < 6 && (t = strtok_r(p, ",", &save)); p = NULL)
+            fields[nf++] = t;
+        if (nf < 6 || strcmp(fields[0], key) != 0 ||
+            strcmp(fields[1], st_model_kind_name(row->cfg.model.kind)) != 0)
+            continue;
+        snprintf(row->notes[row->n_notes++], sizeof row->notes[0],
+                 "%s: %s points of test accuracy against data parallelism on %s (%s, "
+                 "%s seeds), see %s", fields[0],
+                 fields[2], fields[1], fields[4], fields[3], fields[5]);
+    }
+    fclose(f);
+}
+
+/* The installed file, else the source tree's (a build not installed). */
+static const char *default_accuracy(void)
+{
+    static const char *const paths[] = { ST_DOCDATA_DIR "/plan-accuracy.csv",
+                                         ST_SRCDIR "/doc/data/plan-accuracy.csv" };
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+        FILE *f = fopen(paths[i], "r");
+        if (f) {
+            fclose(f);
+            return paths[i];
+        }
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------ output */
+
+static int by_throughput(const void *a, const void *b)
+{
+    const plan_row *x = a, *y = b;
+    const int fx = x->ok && x->fits, fy = y->ok && y->fits;
+    if (fx != fy)
+        return fy - fx;
+    if (!fx)
+        return x->ok == y->ok ? 0 : y->ok - x->ok;
+    const double sx = isnan(x->samples_per_s) ? 0.0 : x->samples_per_s;
+    const double sy = isnan(y->samples_per_s) ? 0.0 : y->samples_per_s;
+    return (sx < sy) - (sx > sy);
+}
+
+static void row_params(const plan_row *r, char *out, size_t n)
+{
+    const st_train_config *c = &r->cfg;
+    switch (c->strategy) {
+    case ST_STRATEGY_SDP:
+        snprintf(out, n, "%s C=%g %s", st_subnet_kind_name(c->sdp.subnet), c->sdp.coverage,
+                 st_masking_name(c->sdp.masking));
+        break;
+    case ST_STRATEGY_IST:
+        snprintf(out, n, "R=%llu", (unsigned long long)c->ist.local_steps);
+        break;
+    case ST_STRATEGY_SYNTH:
+        snprintf(out, n, "segments=%d", c->synth.segments);
+        break;
+    default:
+        if (strcmp(st_strategy_name(c->strategy), "localsgd") == 0)
+            snprintf(out, n, "R=%llu", (unsigned long long)c->localsgd.local_steps);
+        else
+            snprintf(out, n, "-");
+    }
+}
+
+static void print_table(FILE *f, const plan_row *rows, int n, double budget, const char *where,
+                        const char *cal)
+{
+    fprintf(f, "plan for %s: budget %.1f MiB a worker; time from %s\n", where, mib(budget),
+            cal ? cal : "no calibration (--calibration FILE)");
+    fprintf(f, "%-8s %-20s %-9s %-4s %-5s %5s %3s %5s | %8s %8s %8s %8s %8s %8s %9s | %9s "
+               "%9s %10s | %s\n", "strategy", "parameters", "recompute", "prec", "mom",
+            "N", "T", "ranks", "weights", "grads", "optim", "activ", "attent", "worksp",
+            "total MiB", "MB/step", "step ms", "samples/s", "fits");
+    for (int i = 0; i < n; i++) {
+        const plan_row *r = &rows[i];
+        char params[64];
+        row_params(r, params, sizeof params);
+        fprintf(f, "%-8s %-20s %-9s %-4s %-5s", st_strategy_name(r->c.strategy), params, "none",
+                st_precision_name(r->c.precision), st_moments_name(r->c.moments));
+        if (!r->ok) {
+            fprintf(f, " not possible: %s\n", r->refused);
+            continue;
+        }
+        fprintf(f, " %5d %3d %5d |", r->workers, r->threads, 1);
+        const int order[] = { ST_MEM_WEIGHTS, ST_MEM_GRADIENTS, ST_MEM_OPTIMIZER,
+                              ST_MEM_ACTIVATIONS, ST_MEM_ATTENTION, ST_MEM_WORKSPACE };
+        for (int k = 0; k < 6; k++)
+            fprintf(f, " %8.2f", mib((double)r->mem.peak[order[k]]));
+        fprintf(f, " %9.2f | %9.3f", mib((double)r->mem.peak_total), r->comm_bytes / 1e6);
+        if (isnan(r->step_s))
+            fprintf(f, " %9s %10s", "-", "-");
+        else
+            fprintf(f, " %9.3f %10.0f", r->step_s * 1e3, r->samples_per_s);
+        if (r->fits)
+            fprintf(f, " | yes\n");
+        else
+            fprintf(f, " | no: over by %.1f MiB, largest %s\n",
+                    mib((double)r->mem.peak_total - budget),
+                    st_mem_kind_name((st_mem_kind)r->over));
+    }
+    int redraws = 0;
+    for (int i = 0; i < n; i++)
+        redraws |= rows[i].ok && (rows[i].c.strategy == ST_STRATEGY_IST ||
+                                  (rows[i].c.strategy == ST_STRATEGY_SDP &&
+                                   rows[i].cfg.sdp.resample > 0));
+    if (redraws)
+        fprintf(f, "ist and sdp --resample rows: the first subnetworks' layout; the run "
+                   "redraws them and its records\nreport each worker's peak over the draws "
+                   "(doc/planning.md)\n");
+    /* each strategy's measured differences once: its rows share them */
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = rows[j].n_notes && strcmp(rows[j].notes[0], rows[i].notes[0]) == 0;
+        for (int k = 0; k < rows[i].n_notes && !seen; k++) {
+            if (!any++)
+                fprintf(f, "measured accuracy (never predicted; the table's own runs):\n");
+            fprintf(f, "  %s\n", rows[i].notes[k]);
+        }
+    }
+}
+
+static json_t *row_json(const plan_row *r)
+{
+    char params[64];
+    row_params(r, params, sizeof params);
+    json_t *o = json_object();
+    json_object_set_new(o, "strategy", json_string(st_strategy_name(r->c.strategy)));
+    json_t *pj = json_object();
+    json_object_set_new(pj, "summary", json_string(params));
+    if (r->c.strategy == ST_STRATEGY_SDP) {
+        json_object_set_new(pj, "coverage", json_real(r->cfg.sdp.coverage));
+        json_object_set_new(pj, "units", json_string(st_subnet_kind_name(r->cfg.sdp.subnet)));
+        json_object_set_new(pj, "masking", json_string(st_masking_name(r->cfg.sdp.masking)));
+    }
+    if (r->c.strategy == ST_STRATEGY_IST)
+        json_object_set_new(pj, "local_steps", json_integer((json_int_t)r->cfg.ist.local_steps));
+    if (strcmp(st_strategy_name(r->c.strategy), "localsgd") == 0)
+        json_object_set_new(pj, "local_steps",
+                            json_integer((json_int_t)r->cfg.localsgd.local_steps));
+    if (r->c.strategy == ST_STRATEGY_SYNTH)
+        json_object_set_new(pj, "segments", json_integer(r->cfg.synth.segments));
+    json_object_set_new(pj, "recompute", json_string("none"));
+    json_object_set_new(o, "parameters", pj);
+    json_object_set_new(o, "precision", json_string(st_precision_name(r->c.precision)));
+    json_object_set_new(o, "moments", json_string(st_moments_name(r->c.moments)));
+    if (!r->ok) {
+        json_object_set_new(o, "possible", json_false());
+        json_object_set_new(o, "why", json_string(r->refused));
+        return o;
+    }
+    json_object_set_new(o, "possible", json_true());
+    json_object_set_new(o, "workers", json_integer(r->workers));
+    json_object_set_new(o, "threads_per_worker", json_integer(r->threads));
+    json_object_set_new(o, "ranks", json_integer(1));
+    json_t *mem = json_object();
+    for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
+        json_object_set_new(mem, st_mem_kind_name((st_mem_kind)k),
+                            json_integer((json_int_t)r->mem.peak[k]));
+    json_object_set_new(mem, "total", json_integer((json_int_t)r->mem.peak_total));
+    json_object_set_new(o, "memory_per_worker", mem);
+    json_object_set_new(o, "fits", json_boolean(r->fits));
+    json_object_set_new(o, "overflow", r->fits ? json_null()
+                        : json_string(st_mem_kind_name((st_mem_kind)r->over)));
+    json_object_set_new(o, "bytes_per_worker_step", json_real(r->comm_bytes));
+    json_object_set_new(o, "flops_per_worker_step", json_real(r->flops));
+    json_object_set_new(o, "step_s", isnan(r->step_s) ? json_null() : json_real(r->step_s));
+    json_object_set_new(o, "samples_per_s",
+                        isnan(r->samples_per_s) ? json_null() : json_real(r->samples_per_s));
+    json_t *notes = json_array();
+    for (int k = 0; k < r->n_notes; k++)
+        json_array_append_new(notes, json_string(r->notes[k]));
+    json_object_set_new(o, "accuracy", notes);
+    return o;
+}
+
+static int write_json(const char *path, const plan_row *rows, int n, double budget,
+                      const char *where, const char *cal)
+{
+    json_t *root = json_object();
+    json_object_set_new(root, "machine", json_string(where));
+    json_object_set_new(root, "budget_per_worker", json_real(budget));
+    json_object_set_new(root, "calibration", cal ? json_string(cal) : json_null());
+    json_t *arr = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(arr, row_json(&rows[i]));
+    json_object_set_new(root, "rows", arr);
+    const int to_stdout = strcmp(path, "-") == 0;
+    int rc = to_stdout ? json_dumpf(root, stdout, JSON_INDENT(1))
+                       : json_dump_file(root, path, JSON_INDENT(1));
+    if (to_stdout)
+        fputc('\n', stdout);
+    json_decref(root);
+    if (rc != 0) {
+        st_cli_error(CMD, "--json %s: cannot write it", ST_CLI_SHOW(path));
+        return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ main */
+
+int st_cli_plan_main(int argc, char **argv)
+{
+    plan_options p;
+    memset(&p, 0, sizeof p);
+    char **run_argv = calloc((size_t)argc + 2, sizeof *run_argv);
+    if (!run_argv) {
+        st_cli_error(CMD, "out of memory");
+        return 1;
+    }
+    int run_argc, status = split_args(argc, argv, &p, run_argv, &run_argc);
+    st_cli_options o;
+    char err[2048];
+    memset(&o, 0, sizeof o);
+    if (status == 1) {
+        /* as train's --help: whatever else the line holds, but a malformed
+         * run option is still refused */
+        run_argv[run_argc++] = "--help";
+        run_argv[run_argc] = NULL;
+        status = st_cli_parse(run_argc, run_argv, &o, err, sizeof err) != 0 ? EXIT_USAGE : 0;
+        if (status)
+            st_cli_error(CMD, "%s", err);
+        else
+            print_help(stdout);
+        st_cli_options_free(&o);
+        free(run_argv);
+        return status;
+    }
+    if (status == 0 && st_cli_parse(run_argc, run_argv, &o, err, sizeof err) != 0) {
+        st_cli_error(CMD, "%s", err);
+        status = EXIT_USAGE;
+    } else if (status == 0 && o.action != ST_CLI_RUN) {
+        st_cli_error(CMD, "plans a training run: --help, --version and the other commands "
+                          "are not for it");
+        status = EXIT_USAGE;
+    }
+    o.train.topology = p.topology;   /* the run's parser refuses it: training is here */
+    if (!p.workers_given)
+        o.train.workers = 0;         /* one per core, as --workers cores */
+    st_calibration cal;
+    const int have_cal = status == 0 && p.calibration;
+    if (have_cal && st_calibration_read(p.calibration, &cal, err, sizeof err) != 0) {
+        st_cli_error(CMD, "--calibration %s: %s", ST_CLI_SHOW(p.calibration), err);
+        status = EXIT_USAGE;
+    }
+    /* the machine first: a topology that does not load is a usage error */
+    st_topology *topo = NULL;
+    if (status == 0 && st_topology_load(o.train.topology, &topo) != ST_OK) {
+        st_cli_error(CMD, "--topology %s: %s", ST_CLI_SHOW(o.train.topology ? o.train.topology
+                                                                             : "(this machine)"),
+                     st_last_error());
+        status = EXIT_USAGE;
+    }
+    char where[256] = "";
+    if (topo)
+        snprintf(where, sizeof where, "%s", st_topology_name(topo));
+    st_topology_destroy(topo);
+    plan_candidate cand[MAX_ROWS];
+    int n = 0;
+    if (status == 0)
+        status = make_candidates(&p, &o.train, cand, &n);
+    st_dataset train, test;
+    memset(&train, 0, sizeof train);
+    memset(&test, 0, sizeof test);
+    o.quiet = 1;
+    if (status == 0 && st_cli_load_run_data(&o, &train, &test) != ST_OK) {
+        st_cli_error(CMD, "loading data: %s", st_last_error());
+        status = 1;
+    }
+    plan_row *rows = status == 0 ? calloc((size_t)n, sizeof *rows) : NULL;
+    if (status == 0 && !rows) {
+        st_cli_error(CMD, "out of memory");
+        status = 1;
+    }
+    const char *acc = p.accuracy ? p.accuracy : default_accuracy();
+    double budget = p.per_worker;
+    for (int i = 0; status == 0 && i < n; i++) {
+        rows[i].c = cand[i];
+        size_row(&rows[i], &o.train, &train, &test);
+        if (p.total > 0.0 && rows[i].ok)
+            budget = p.total / rows[i].workers;
+        judge_row(&rows[i], budget);
+        predict_row(&rows[i], have_cal ? &cal : NULL);
+        add_notes(&rows[i], acc);
+    }
+    if (status == 0 && p.as_given && !rows[0].ok) {
+        st_cli_error(CMD, "%s", rows[0].refused);
+        status = EXIT_USAGE;
+    }
+    if (status == 0) {
+        qsort(rows, (size_t)n, sizeof *rows, by_throughput);
+        const int json_only = p.json && strcmp(p.json, "-") == 0;
+        if (!json_only)
+            print_table(stdout, rows, n, budget, where, have_cal ? p.calibration : NULL);
+        if (p.json)
+            status = write_json(p.json, rows, n, budget, where, have_cal ? p.calibration : NULL);
+    }
+    free(rows);
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    st_cli_options_free(&o);
+    free(run_argv);
+    return status;
+}

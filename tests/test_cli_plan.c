@@ -1,0 +1,337 @@
+/*
+ * tests/test_cli_plan.c — `subtrain plan` and `subtrain calibrate` as a
+ * user runs them: the plan's memory equal to the byte to what a run of
+ * the same options reports, for every strategy it sizes, the four model
+ * families and both precisions; the budgets and their errors; the
+ * calibration file.
+ */
+#include "cli_run.h"
+
+#include <jansson.h>
+#include <unistd.h>
+
+#include <subtrain/model.h>
+
+/* The last record of a metrics file: its per-kind peaks and total. */
+static void record_memory(const char *path, json_int_t *kinds, int n_kinds, json_int_t *total)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no metrics file %s", path);
+    char line[16384], last[16384] = "";
+    while (fgets(line, sizeof line, f))
+        if (line[0] == '{')
+            strcpy(last, line);
+    fclose(f);
+    json_error_t e;
+    json_t *rec = json_loads(last, 0, &e);
+    cr_assert_not_null(rec, "the last record is not JSON: %s", e.text);
+    json_t *by = json_object_get(rec, "peak_bytes_by_kind");
+    for (int k = 0; k < n_kinds; k++)
+        kinds[k] = json_integer_value(json_object_get(by, st_mem_kind_name((st_mem_kind)k)));
+    *total = json_integer_value(json_object_get(rec, "peak_bytes"));
+    json_decref(rec);
+}
+
+/* The plan's one row (--as-given), from its JSON on stdout. */
+static json_t *plan_row(const run_result *r, const char *what)
+{
+    json_error_t e;
+    json_t *root = json_loads(r->out, 0, &e);
+    cr_assert_not_null(root, "%s: the plan's JSON does not parse (%s): %s", what, e.text, r->out);
+    json_t *row = json_incref(json_array_get(json_object_get(root, "rows"), 0));
+    json_decref(root);
+    cr_assert_not_null(row, "%s: no row", what);
+    return row;
+}
+
+/* A run of `opts` for two steps, then the plan of the same options: every
+ * kind and the total equal. */
+static void expect_plan_equals_run(const char *opts)
+{
+    static char args[15 * ST_TEST_PATH_MAX];
+    char dir[ST_TEST_PATH_MAX], metrics[ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(metrics, dir, "m.jsonl");
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    snprintf(args, sizeof args, "%s --steps 2 --progress none --metrics '%s'", opts, metrics);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "the run of %s failed: %s", opts, r->err);
+    json_int_t kinds[ST_MEM_KIND_COUNT], total;
+    record_memory(metrics, kinds, ST_MEM_KIND_COUNT, &total);
+    snprintf(args, sizeof args, "plan --as-given --memory-per-worker 1G --json - %s", opts);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "the plan of %s failed: %s", opts, r->err);
+    json_t *row = plan_row(r, opts);
+    json_t *mem = json_object_get(row, "memory_per_worker");
+    for (int k = 0; k < ST_MEM_KIND_COUNT; k++) {
+        const char *name = st_mem_kind_name((st_mem_kind)k);
+        cr_expect_eq(json_integer_value(json_object_get(mem, name)), kinds[k],
+                     "%s: %s: the plan says %lld bytes, the run %lld", opts, name,
+                     (long long)json_integer_value(json_object_get(mem, name)),
+                     (long long)kinds[k]);
+    }
+    cr_expect_eq(json_integer_value(json_object_get(mem, "total")), total,
+                 "%s: total: the plan says %lld bytes, the run %lld", opts,
+                 (long long)json_integer_value(json_object_get(mem, "total")), (long long)total);
+    json_decref(row);
+    free(r);
+    st_test_rmdir(dir);
+}
+
+/* 64 training and 16 test images of 8 x 8 in dir (cli_run.h), and the
+ * --data option that names them: data that loads in no time, so that a
+ * test's cost is its runs. */
+static void tiny_images(char *dir, char *opt, size_t n)
+{
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    write_idx_set(dir, 64, 16, 4, 3);
+    snprintf(opt, n, "--data 'idx:%s:tr-img,tr-lab,te-img,te-lab'", dir);
+}
+
+/* A small text for gpt, written once per test. */
+static void write_text(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    static const char *const words[] = { "the", "word", "of", "a", "noun", "verb", "to" };
+    uint32_t h = 7;
+    for (int i = 0; i < 3000; i++) {
+        h = h * 1103515245u + 12345u;
+        fprintf(f, "%s%s", words[(h >> 16) % 7], (h >> 8) % 10 ? " " : ".\n");
+    }
+    fclose(f);
+}
+
+/* Every strategy the plan sizes, on mlp, resmlp, resnet (8 x 8 images)
+ * and gpt, in fp32 and bf16, two workers: the units a strategy spreads
+ * need models of two blocks at least. */
+Test(plan, memory_equals_the_runs_for_every_strategy_model_and_precision, .timeout = 600)
+{
+    const st_bf16_support bf16 = st_bf16_probe(NULL);
+    char dir[ST_TEST_PATH_MAX], text[ST_TEST_PATH_MAX], data[2 * ST_TEST_PATH_MAX];
+    tiny_images(dir, data, sizeof data);
+    st_test_path(text, dir, "text.txt");
+    write_text(text);
+    char models[4][3 * ST_TEST_PATH_MAX];
+    snprintf(models[0], sizeof models[0], "--model mlp %s --depth 3 --width 32 --batch 8 "
+             "--subnet neuron", data);
+    snprintf(models[1], sizeof models[1], "--model resmlp %s --depth 2 --width 32 --batch 8",
+             data);
+    snprintf(models[2], sizeof models[2], "--model resnet %s --depth 2 --batch 8", data);
+    snprintf(models[3], sizeof models[3], "--model gpt --data 'text:%s' --depth 2 --width 16 "
+             "--heads 2 --context 8 --batch 4 --val-bytes 256", text);
+    static const char *const strategies[] = { "dp", "sdp", "ist", "localsgd" };
+    for (int p = 0; p < 2; p++) {
+        if (p == 1 && bf16 == ST_BF16_UNAVAILABLE)
+            continue;
+        for (int m = 0; m < 4; m++)
+            for (int s = 0; s < 4; s++) {
+                if (s == 2 && m == 3)
+                    continue;   /* ist refuses gpt (doc/ist.md) */
+                static char opts[13 * ST_TEST_PATH_MAX];
+                snprintf(opts, sizeof opts, "%s --workers 2 --oversubscribe --strategy %s "
+                         "--precision %s%s", models[m], strategies[s], p ? "bf16" : "fp32",
+                         p && bf16 == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+                expect_plan_equals_run(opts);
+            }
+    }
+    st_test_rmdir(dir);
+}
+
+/* Backward masking, accumulation and bf16 optimizer moments change what
+ * a worker holds: still the run's figures. */
+Test(plan, memory_equals_the_runs_with_masking_accumulation_and_moments, .timeout = 300)
+{
+    char dir[ST_TEST_PATH_MAX], data[2 * ST_TEST_PATH_MAX], opts[3 * ST_TEST_PATH_MAX];
+    tiny_images(dir, data, sizeof data);
+    snprintf(opts, sizeof opts, "%s --depth 3 --width 32 --batch 8 --workers 2 --oversubscribe "
+             "--strategy sdp --masking backward", data);
+    expect_plan_equals_run(opts);
+    snprintf(opts, sizeof opts, "%s --depth 2 --width 32 --batch 8 --workers 2 --oversubscribe "
+             "--accumulate 2 --optimizer-moments bf16", data);
+    expect_plan_equals_run(opts);
+    st_test_rmdir(dir);
+}
+
+Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors)
+{
+    const char *base = "--data synthetic --depth 2 --width 32 --batch 8";
+    char args[512];
+    const struct { const char *opts, *needle; } cases[] = {
+        { "", "give one budget" },
+        { "--memory-per-worker 1G --memory-total 2G", "give one budget" },
+        { "--memory-per-worker 12X", "--memory-per-worker 12X: expected a size" },
+        { "--memory-per-worker 0", "--memory-per-worker 0: expected a size" },
+        { "--memory-per-worker -1G", "--memory-per-worker -1G: expected a size" },
+        { "--memory-total 1.5Gi", "--memory-total 1.5Gi: expected a size" },
+        { "--memory-per-worker", "--memory-per-worker needs a value" },
+        { "--memory-per-worker 1G --topology synthetic:bogus:3", "--topology synthetic:bogus:3" },
+        { "--memory-per-worker 1G --topology xml:/nonexistent.xml", "--topology xml:" },
+        { "--memory-per-worker 1G --strategies dp,nope", "--strategies dp,nope: 'nope'" },
+        { "--memory-per-worker 1G --calibration /nonexistent", "--calibration /nonexistent" },
+        { "--memory-per-worker 1G --as-given --strategy synth --epochs 1", "synth is not sized" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(args, sizeof args, "plan %s %s", base, cases[i].opts);
+        expect_usage_error(args, cases[i].needle);
+    }
+}
+
+/* --help answers whatever else the line holds, as train's does, but a
+ * malformed option is still refused. */
+Test(plan, help_whatever_else_the_line_holds)
+{
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    run(r, NULL, "plan --model gpt --memory-per-worker 1G --help");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_expect(strstr(r->out, "Usage: subtrain plan"), "%s", r->out);
+    free(r);
+    expect_usage_error("plan --help --frobnicate", "unknown option '--frobnicate'");
+    expect_usage_error("calibrate --help --frobnicate", "--frobnicate");
+}
+
+/* The sizes as written: powers of 1024, fractions, the -iB forms. */
+Test(plan, budgets_read_as_written)
+{
+    const struct { const char *size; double mib; } cases[] = {
+        { "512M", 512.0 }, { "1G", 1024.0 }, { "1.5GiB", 1536.0 }, { "2048K", 2.0 },
+        { "1048576", 1.0 }, { "0.5T", 524288.0 },
+    };
+    char dir[ST_TEST_PATH_MAX], data[2 * ST_TEST_PATH_MAX];
+    tiny_images(dir, data, sizeof data);
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char args[3 * ST_TEST_PATH_MAX], want[64];
+        snprintf(args, sizeof args, "plan --as-given --memory-per-worker %s %s --depth 2 "
+                 "--width 32 --batch 8", cases[i].size, data);
+        run(r, NULL, args);
+        cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
+        snprintf(want, sizeof want, "budget %.1f MiB a worker", cases[i].mib);
+        cr_expect(strstr(r->out, want), "%s: expected '%s' in %s", args, want, r->out);
+    }
+    /* a total is shared evenly by the row's workers */
+    char args[3 * ST_TEST_PATH_MAX];
+    snprintf(args, sizeof args, "plan --as-given --memory-total 3G --workers 2 --oversubscribe "
+             "%s --depth 2 --width 32 --batch 8", data);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
+    cr_expect(strstr(r->out, "budget 1536.0 MiB a worker"), "%s: %s", args, r->out);
+    free(r);
+    st_test_rmdir(dir);
+}
+
+/* A budget below every row: none fits, each says its largest kind; the
+ * same in the JSON. */
+Test(plan, rows_over_the_budget_name_their_largest_kind)
+{
+    char dir[ST_TEST_PATH_MAX], data[2 * ST_TEST_PATH_MAX], args[3 * ST_TEST_PATH_MAX];
+    tiny_images(dir, data, sizeof data);
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    snprintf(args, sizeof args, "plan --memory-per-worker 1M --strategies dp --workers 2 "
+             "--oversubscribe %s --depth 2 --width 256 --batch 8 --json -", data);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    json_error_t e;
+    json_t *root = json_loads(r->out, 0, &e);
+    cr_assert_not_null(root, "%s", e.text);
+    json_t *rows = json_object_get(root, "rows");
+    cr_assert_eq(json_array_size(rows), 4, "dp in two precisions and two moment layouts");
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *row = json_array_get(rows, i), *mem = json_object_get(row, "memory_per_worker");
+        cr_expect(json_is_false(json_object_get(row, "fits")));
+        const char *over = json_string_value(json_object_get(row, "overflow"));
+        cr_assert_not_null(over);
+        const char *k;
+        json_t *v;
+        json_int_t big = json_integer_value(json_object_get(mem, over));
+        json_object_foreach(mem, k, v)
+            if (strcmp(k, "total") != 0)
+                cr_expect_geq(big, json_integer_value(v), "%s is larger than %s", k, over);
+    }
+    json_decref(root);
+    free(r);
+    st_test_rmdir(dir);
+}
+
+/* With a calibration, the fitting rows come fastest first, and a row's
+ * samples/s is workers x batch over its step time. */
+Test(plan, fitting_rows_are_ranked_by_predicted_samples_per_second)
+{
+    char dir[ST_TEST_PATH_MAX], cal[ST_TEST_PATH_MAX], args[6 * ST_TEST_PATH_MAX];
+    char data[2 * ST_TEST_PATH_MAX];
+    tiny_images(dir, data, sizeof data);
+    st_test_path(cal, dir, "cal");
+    FILE *f = fopen(cal, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "format 1\nmachine test\nmatmul_fp32_small_gflops 10\nmatmul_fp32_large_gflops 10\n"
+               "matmul_bf16_small_gflops 40\nmatmul_bf16_large_gflops 40\nelementwise_gbps 5\n"
+               "reduce_gbps 2\nstream_triad_gbps 5\n");
+    fclose(f);
+    char json[ST_TEST_PATH_MAX];
+    st_test_path(json, dir, "plan.json");
+    snprintf(args, sizeof args, "plan --memory-per-worker 1G --calibration '%s' --workers 2 "
+             "--oversubscribe %s --depth 2 --width 64 --batch 16 --json '%s'", cal, data, json);
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    json_error_t e;
+    json_t *root = json_load_file(json, 0, &e);
+    cr_assert_not_null(root, "%s", e.text);
+    json_t *rows = json_object_get(root, "rows");
+    cr_assert_gt(json_array_size(rows), 4);
+    double prev = 1e300;
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *row = json_array_get(rows, i);
+        if (!json_is_true(json_object_get(row, "possible")))
+            continue;
+        const double sps = json_real_value(json_object_get(row, "samples_per_s"));
+        const double step = json_real_value(json_object_get(row, "step_s"));
+        cr_expect_leq(sps, prev, "row %zu: %g samples/s after %g", i, sps, prev);
+        cr_expect_float_eq(sps, 2.0 * 16.0 / step, 1e-9 * sps);
+        prev = sps;
+    }
+    json_decref(root);
+    free(r);
+    st_test_rmdir(dir);
+}
+
+/* What calibrate writes, plan reads; a file with an unknown key or a bad
+ * rate is refused with its line. */
+Test(plan, calibrate_writes_what_plan_reads, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], cal[ST_TEST_PATH_MAX], bad[ST_TEST_PATH_MAX];
+    char data[2 * ST_TEST_PATH_MAX], args[5 * ST_TEST_PATH_MAX];
+    tiny_images(dir, data, sizeof data);
+    st_test_path(cal, dir, "cal");
+    st_test_path(bad, dir, "bad");
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    snprintf(args, sizeof args, "calibrate -o '%s'", cal);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    snprintf(args, sizeof args, "plan --as-given --memory-per-worker 1G --calibration '%s' "
+             "%s --depth 2 --width 32 --batch 8 --json -", cal, data);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    json_t *row = plan_row(r, "calibrated");
+    cr_expect_gt(json_real_value(json_object_get(row, "samples_per_s")), 0.0);
+    json_decref(row);
+    FILE *f = fopen(bad, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "format 1\nmatmul_fp32_small_gflops 10\nmatmul_fp33_large_gflops 10\n");
+    fclose(f);
+    snprintf(args, sizeof args, "plan --memory-per-worker 1G --calibration '%s' %s", bad, data);
+    expect_usage_error(args, "line 3: unknown key 'matmul_fp33_large_gflops'");
+    f = fopen(bad, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "format 1\nreduce_gbps fast\n");
+    fclose(f);
+    expect_usage_error(args, "line 2: reduce_gbps fast: expected a rate");
+    free(r);
+    st_test_rmdir(dir);
+}
