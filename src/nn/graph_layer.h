@@ -97,7 +97,9 @@ struct st_layer {
                             * groups of whole heads) */
     /* activation */
     st_activation activation;
-    int fuse_relu;         /* batch norm: y = relu(bn(x)), the ReLU fused in */
+    int fuse_relu;         /* batch norm: y = relu(bn(x)), the ReLU fused in;
+                            * linear: a ReLU post-op, and its activation layer
+                            * (in place on y) runs the backward only */
     /* convolution, pooling: square kernel, stride, symmetric padding */
     int kernel, stride, pad;
     int has_bias;          /* convolution */
