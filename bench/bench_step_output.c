@@ -98,7 +98,9 @@ void print_header(const bench_options *o)
            v->major, v->minor, v->patch, st_cpu_isa_name(),
            omp_get_max_threads(), cpu, omp_get_num_procs(), load_average());
     printf("timing: %d interleaved windows of each kind (step >= %.2f s, reference >= %.2f s), "
-           "median window shown%s\n\n", o->windows, o->step_window_s, o->gemm_window_s,
+           "median window shown, %s%s\n\n", o->windows, o->step_window_s, o->gemm_window_s,
+           bench_clock() == CLOCK_MONOTONIC ? "wall-clock time"
+                                            : "the thread's CPU time (BENCH_CLOCK=thread)",
            o->quick ? " [--quick: numbers are rough]" : "");
     if (o->unfuse & (ST_UNFUSE_BIAS | ST_UNFUSE_RESIDUAL))
         printf("unfused: the linear layers' %s added by a pass of its own after the matmul\n",
@@ -288,9 +290,10 @@ void write_json(FILE *f, const bench_result *r, const bench_options *o)
     char unfused[80];
     st_unfuse_describe(o->unfuse, unfused, sizeof unfused);
     fprintf(f, "{\"config\":\"%s\",\"precision\":\"%s\",\"unfuse\":\"%s\",\"model\":\"%s\","
-            "\"activation\":\"%s\",\"depth\":%d,\"width\":%d,\"optimizer_moments\":\"%s\","
+            "\"clock\":\"%s\",\"activation\":\"%s\",\"depth\":%d,\"width\":%d,\"optimizer_moments\":\"%s\","
             "\"optimizer_bytes_per_param\":%.2f,\"optimizer_share\":%.4f,", c->name,
-            r->bf16 ? "bf16" : "fp32", unfused, c->model, st_activation_name(r->activation),
+            r->bf16 ? "bf16" : "fp32", unfused, c->model,
+            bench_clock() == CLOCK_MONOTONIC ? "wall" : "thread", st_activation_name(r->activation),
             c->depth, c->width, st_moments_name(r->moments), r->optim_bytes_per_param,
             r->optim_s / r->parts_s);
     if (r->bf16)
