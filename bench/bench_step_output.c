@@ -290,7 +290,8 @@ void write_json(FILE *f, const bench_result *r, const bench_options *o)
     char unfused[80];
     st_unfuse_describe(o->unfuse, unfused, sizeof unfused);
     fprintf(f, "{\"config\":\"%s\",\"precision\":\"%s\",\"unfuse\":\"%s\",\"model\":\"%s\","
-            "\"clock\":\"%s\",\"activation\":\"%s\",\"depth\":%d,\"width\":%d,\"optimizer_moments\":\"%s\","
+            "\"clock\":\"%s\",\"activation\":\"%s\",\"depth\":%d,\"width\":%d,"
+            "\"optimizer_moments\":\"%s\","
             "\"optimizer_bytes_per_param\":%.2f,\"optimizer_share\":%.4f,", c->name,
             r->bf16 ? "bf16" : "fp32", unfused, c->model,
             bench_clock() == CLOCK_MONOTONIC ? "wall" : "thread", st_activation_name(r->activation),

@@ -1,7 +1,8 @@
 /*
  * bench/bench_util.h — what the benchmark programs share: a monotonic
- * clock (or the thread's CPU time), sorting doubles for medians, and "--name VALUE" / "--name=VALUE"
- * option parsing with one-line usage errors.  Header-only, every function
+ * clock (or the thread's CPU time), sorting doubles for medians, and
+ * "--name VALUE" / "--name=VALUE" option parsing with one-line usage
+ * errors.  Header-only, every function
  * static inline (a program of several files includes it in each); define
  * BENCH_NAME (the program's name) before including it.
  */
