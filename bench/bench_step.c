@@ -363,7 +363,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: bench_step [--config large|small|cnn|gpt|all] [--quick] [--seconds S]\n"
             "                  [--json FILE] [--workers N] [--precision fp32|bf16|both]\n"
-            "                  [--unfuse bias,residual,weight-copy,relu,bn-relu|both]\n"
+            "                  [--unfuse bias,residual,weight-copy,relu,bn-relu,\n"
+            "                            relu-backward|both]\n"
             "                  [--activation relu|gelu]\n"
             "                  [--optimizer-moments fp32,bf16,bf16-sr|all]\n"
             "\n"
@@ -397,7 +398,8 @@ static void usage(FILE *f)
             "                of their own instead of in the matmul, (weight-copy, bf16)\n"
             "                convert the weights in each forward instead of in the update,\n"
             "                (relu) a ReLU after a linear layer, (bn-relu) after a batch\n"
-            "                norm as an eltwise pass: a comma list, to measure each fusion\n"
+            "                norm as an eltwise pass, (relu-backward) the backward of a\n"
+            "                fused ReLU as a pass: a comma list, to measure each fusion\n"
             "  --activation A   relu or gelu in resmlp and gpt (default gelu; the step\n"
             "                rows only; cnn's ResNet is ReLU)\n"
             "  --optimizer-moments M   the optimizer's state of each row: a comma list of\n"
@@ -446,7 +448,8 @@ int main(int argc, char **argv)
         } else if ((v = option_value(argc, argv, &i, "--unfuse", &missing))) {
             if (!parse_unfuse(v, &o.unfuse))
                 return usage_error("--unfuse takes a comma list of bias, residual, "
-                                   "weight-copy, relu and bn-relu (or both), got '%s'", v);
+                                   "weight-copy, relu, bn-relu and relu-backward (or both), "
+                                   "got '%s'", v);
         } else if ((v = option_value(argc, argv, &i, "--activation", &missing))) {
             st_activation a;
             if (st_activation_parse(v, &a) != ST_OK)

@@ -112,6 +112,9 @@ void print_header(const bench_options *o)
     if (o->unfuse & ST_UNFUSE_RELU)
         printf("unfused: a ReLU after a linear layer is an eltwise pass of its own, not the "
                "matmul's post-op\n");
+    if (o->unfuse & ST_UNFUSE_RELU_BACKWARD)
+        printf("unfused: a fused ReLU's backward is an eltwise pass of its own, not a mask "
+               "post-op of the next layer's backward-data product\n");
     if (o->unfuse & ST_UNFUSE_BN_RELU)
         printf("unfused: a ReLU after a batch norm is an eltwise pass of its own, not the "
                "norm's fuse_norm_relu\n");

@@ -21,6 +21,15 @@ static int fused_relus(const st_model *m)
     return n;
 }
 
+/* Fused ReLUs whose backward the next linear layer runs (a mask post-op). */
+static int folded_relus(const st_model *m)
+{
+    int n = 0;
+    for (int i = 0; i < m->n_layers; i++)
+        n += m->layers[i].kind == &st_layer_activation && m->layers[i].u.act.mask;
+    return n;
+}
+
 /* Batch norms that run their ReLU (fuse_norm_relu). */
 static int bn_relus(const st_model *m)
 {
@@ -118,7 +127,8 @@ static int bf16_runs(void)
 /* A ReLU after a linear layer as the matmul's post-op (mlp's layers,
  * resmlp's and gpt's inner layers): max(0, y) computed in registers gives
  * the separate eltwise pass's values, and its backward from the output
- * the backward from the input. */
+ * (mlp) or as the mask post-op of the next layer's backward-data product
+ * (resmlp, gpt) the backward from the input. */
 Test(fusion, relu_post_op_is_bitwise_the_separate_relu)
 {
     omp_set_num_threads(1);
@@ -133,8 +143,31 @@ Test(fusion, relu_post_op_is_bitwise_the_separate_relu)
             c.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
             char tag[48];
             snprintf(tag, sizeof tag, "%s %s", names[k], bf16 ? "bf16" : "fp32");
-            /* the ReLU's forward (bf16: it keeps its copy either way) */
-            check_fusion(c, ST_UNFUSE_RELU, fused_relus, 1, tag);
+            /* the ReLU's forward (bf16: it keeps its copy either way); folded,
+             * the mask replaces the ReLU's forward (bf16: and its copy's two
+             * conversions), and its backward is gone */
+            check_fusion(c, ST_UNFUSE_RELU, fused_relus, k > 0 && bf16 ? 3 : 1, tag);
+        }
+}
+
+/* The fused ReLU's backward folded into fc2's backward-data product (a
+ * binary multiply by the mask y > 0) against its own eltwise backward
+ * (--unfuse relu-backward): the mask pass replaces the backward pass in
+ * fp32, and in bf16 also the kept copy's two conversions. */
+Test(fusion, relu_backward_mask_post_op_is_bitwise_the_separate_backward)
+{
+    omp_set_num_threads(1);
+    st_model_config gpt = gpt_config(2, 8, 2, 6);
+    gpt.activation = ST_ACT_RELU;
+    const st_model_config cfgs[2] = { resmlp_config(3, 16, 24, ST_ACT_RELU), gpt };
+    const char *names[2] = { "resmlp", "gpt" };
+    for (int bf16 = 0; bf16 <= bf16_runs(); bf16++)
+        for (int k = 0; k < 2; k++) {
+            st_model_config c = cfgs[k];
+            c.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+            char tag[48];
+            snprintf(tag, sizeof tag, "%s %s", names[k], bf16 ? "bf16" : "fp32");
+            check_fusion(c, ST_UNFUSE_RELU_BACKWARD, folded_relus, bf16 ? 2 : 0, tag);
         }
 }
 

@@ -93,10 +93,14 @@ enum {
                                * its own, not the matmul's post-op */
     ST_UNFUSE_BN_RELU = 16,   /* a ReLU after a batch norm: an eltwise pass of
                                * its own, not the norm's fuse_norm_relu */
+    ST_UNFUSE_RELU_BACKWARD = 32, /* a fused ReLU's backward (resmlp's, gpt's): an
+                               * eltwise pass of its own, not a mask post-op of
+                               * the next layer's backward-data product */
 };
 
 /* --unfuse's value: a comma list of the fusions' names, "bias",
- * "residual", "weight-copy", "relu", "bn-relu", or "none", into ST_UNFUSE_*
+ * "residual", "weight-copy", "relu", "bn-relu", "relu-backward", or "none",
+ * into ST_UNFUSE_*
  * bits; ST_ERR_INVALID with "unknown fusion 'x' (allowed: ...)". */
 st_status st_unfuse_parse(const char *list, unsigned *bits);
 /* The bits as that list ("relu,bn-relu"; "none" for 0), like snprintf. */

@@ -32,11 +32,16 @@ int st_graph_mlp_branch(st_model *m, const char *prefix, const char *ln, int h, 
     if (!ok || !(l = st_graph_linear_act(m, name, n, d->dn, d->da, d->dz, W, H, u, act)))
         return ST_T_NONE;
     const int z = l->y, out = st_graph_tensor(m, W, ST_W_FULL);
+    /* a fused ReLU's backward folds into fc2's backward-data product: fc2
+     * writes da (not dz) from dh, two other buffers */
+    const int fold = l->fuse_relu && !(m->cfg.unfuse & ST_UNFUSE_RELU_BACKWARD);
+    l->fold_relu = fold;
     if (out < 0)
         return ST_T_NONE;
     snprintf(name, sizeof name, "%s.fc2", prefix);
     if (!(l = st_graph_linear(m, name, z, out, d->dz, d->dh, H, W)))
         return ST_T_NONE;
+    l->fold_relu = fold;
     l->in_unit = u;
     l->in_major = 1;
     l->residual = h;           /* out = h + branch, in fc2's epilogue */

@@ -28,6 +28,7 @@ static const st_enum_entry unfuse_entries[] = {
     { "weight-copy", ST_UNFUSE_WEIGHT_COPY },
     { "relu", ST_UNFUSE_RELU },
     { "bn-relu", ST_UNFUSE_BN_RELU },
+    { "relu-backward", ST_UNFUSE_RELU_BACKWARD },
 };
 static const st_enum_table fusions = ST_ENUM_TABLE("fusion", unfuse_entries);
 

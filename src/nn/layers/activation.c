@@ -127,6 +127,41 @@ st_status st_act_build_fused_relu(st_nn_ctx *ctx, st_act *a, int64_t rows, int64
     return ST_OK;
 }
 
+/* mask = (y > 0) as 0 or 1 bytes: the next layer's backward-data product
+ * multiplies its dx by it, which is relu_use_dst_for_bwd's dx = dy * (y > 0
+ * ? 1 : 0) on the same values.  In bf16 the mask is from the fp32 y, where
+ * the unfolded layer reads bf16(y): they differ only where 0 < y < 2^-133
+ * (below bf16's smallest subnormal, rounded to 0). */
+st_status st_act_build_folded_relu(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
+                                   const float *y)
+{
+    memset(a, 0, sizeof *a);
+    a->fused = 1;
+    void *p;
+    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS, (size_t)(rows * cols), &p));
+    a->mask = p;
+    float *zero;   /* the compare's other operand, broadcast */
+    ST_TRY(st_arena_alloc_floats(ctx->arena, ST_MEM_WORKSPACE, 1, &zero));
+    zero[0] = 0.0f;
+    dnnl_memory_desc_t y_md, zero_md, mask_md;
+    st_md_matrix(&y_md, rows, cols);
+    st_md_matrix(&zero_md, 1, 1);
+    st_md_matrix(&mask_md, rows, cols);
+    mask_md.data_type = dnnl_u8;
+    dnnl_binary_desc_t d;
+    ST_DNNL(dnnl_binary_desc_init(&d, dnnl_binary_gt, &y_md, &zero_md, &mask_md),
+            "ReLU mask descriptor");
+    ST_TRY(st_prim_create(ctx, &a->make_mask, &d, NULL, "ReLU mask", NULL));
+    dnnl_memory_t my, mz, mm;
+    ST_TRY(st_mem_matrix(ctx, &my, rows, cols, y));
+    ST_TRY(st_mem_matrix(ctx, &mz, 1, 1, zero));
+    ST_TRY(st_mem_md(ctx, &mm, &mask_md, a->mask));
+    st_prim_arg(&a->make_mask, DNNL_ARG_SRC_0, my);
+    st_prim_arg(&a->make_mask, DNNL_ARG_SRC_1, mz);
+    st_prim_arg(&a->make_mask, DNNL_ARG_DST, mm);
+    return ST_OK;
+}
+
 st_status st_act_infer(const st_nn_ctx *ctx, const st_act *a)
 {
     return a->fused ? ST_OK : st_prim_run(ctx, &a->fwd);
@@ -134,6 +169,8 @@ st_status st_act_infer(const st_nn_ctx *ctx, const st_act *a)
 
 st_status st_act_forward(const st_nn_ctx *ctx, const st_act *a)
 {
+    if (a->mask)
+        return st_prim_run(ctx, &a->make_mask);
     if (a->bf16)   /* first: correct even were y to overwrite x */
         ST_TRY(st_prim_run(ctx, &a->keep));
     return a->fused ? ST_OK : st_prim_run(ctx, &a->fwd);
@@ -141,6 +178,8 @@ st_status st_act_forward(const st_nn_ctx *ctx, const st_act *a)
 
 st_status st_act_backward(const st_nn_ctx *ctx, const st_act *a)
 {
+    if (a->mask)   /* folded into the next layer's backward */
+        return ST_OK;
     if (a->bf16)
         ST_TRY(st_prim_run(ctx, &a->unkeep));
     return st_prim_run(ctx, &a->bwd);
@@ -152,6 +191,9 @@ st_status st_act_backward(const st_nn_ctx *ctx, const st_act *a)
 /* Elementwise over every float of a sample (an image's too). */
 static st_status act_build(st_model *m, st_layer *l)
 {
+    if (l->fold_relu && l->backward)
+        return st_act_build_folded_relu(&m->ctx, &l->u.act, m->rows, st_graph_cols(m, l->y),
+                                        st_graph_data(m, l->y));
     if (l->fuse_relu)
         return st_act_build_fused_relu(&m->ctx, &l->u.act, m->rows, st_graph_cols(m, l->y),
                                        st_graph_data(m, l->y), st_graph_data(m, l->dx),
@@ -178,6 +220,8 @@ static st_status act_backward(const st_nn_ctx *ctx, const st_layer *l)
  * its own copy only. */
 static unsigned act_backward_reads(const st_model *m, const st_layer *l)
 {
+    if (l->fold_relu)   /* its own mask */
+        return 0u;
     return m->cfg.precision == ST_PRECISION_BF16 ? 0u : l->fuse_relu ? ST_READS_Y : ST_READS_X;
 }
 

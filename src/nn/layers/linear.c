@@ -161,13 +161,25 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
     st_md_matrix(&dx_md, l->batch, l->in);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &dy_md, &w_md, NULL, &dx_md), "linear backward-data descriptor");
-    ST_TRY(st_prim_create_with_post_ops(ctx, &l->bwd_data, &d, l->scale, NULL, NULL,
-                                        "linear backward data"));
+    dnnl_memory_desc_t mask_md = dx_md;
+    mask_md.data_type = dnnl_u8;
+    if (io->dx_mask)
+        ST_TRY(st_prim_create_masked(ctx, &l->bwd_data, &d, l->scale, &mask_md,
+                                     "linear backward data with the ReLU's"));
+    else
+        ST_TRY(st_prim_create_with_post_ops(ctx, &l->bwd_data, &d, l->scale, NULL, NULL,
+                                            "linear backward data"));
 
     dnnl_memory_t dy, w, dx;
     ST_TRY(dy_operand(ctx, l, &dy, l->batch, l->out, l->out, 1, io->dy, 0));
     ST_TRY(operand(ctx, l, &w, l->out, l->in, rs, cs, io->w, l->wb));
     ST_TRY(st_mem_matrix(ctx, &dx, l->batch, l->in, io->dx));
+    if (io->dx_mask) {
+        dnnl_memory_t mask;
+        ST_TRY(st_mem_md(ctx, &mask, &mask_md, io->dx_mask));
+        st_prim_arg(&l->bwd_data, DNNL_ARG_ATTR_MULTIPLE_POST_OP(
+                        st_post_op_index(l->scale, NULL, 0)) | DNNL_ARG_SRC_1, mask);
+    }
     st_prim_arg(&l->bwd_data, DNNL_ARG_SRC, dy);
     st_prim_arg(&l->bwd_data, DNNL_ARG_WEIGHTS, w);
     st_prim_arg(&l->bwd_data, DNNL_ARG_DST, dx);
@@ -480,6 +492,11 @@ static st_status linear_build(st_model *m, st_layer *l)
         .bf16 = c->precision == ST_PRECISION_BF16, .unfuse = c->unfuse,
         .relu = l->fuse_relu,
     };
+    const st_layer *relu = l - 1;   /* folded: the activation declared before it */
+    if (l->fold_relu && relu->backward && io.dx) {
+        io.dx = st_graph_data(m, relu->dx);
+        io.dx_mask = relu->u.act.mask;
+    }
     io.dw_runs = st_graph_grad_runs(m, row_unit(l), &io.n_dw_runs);
     if (io.dw_runs && l->copies > 1) {
         io.dw_runs = l->copy_runs;
