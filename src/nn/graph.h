@@ -270,7 +270,9 @@ st_layer *st_graph_linear(st_model *m, const char *name, int x, int y, int dx, i
  * tensors a and z of width layer `unit` (the linear's out_unit; its
  * in_unit is the caller's to set) and the gradients da, dz.  A ReLU runs
  * in the matmul's epilogue (a post-op) writing z itself, with no tensor
- * a: the activation layer then computes only its backward, from z
+ * a: the activation layer then computes only its backward, from z, or
+ * (fold_relu, set by the caller on it and the linear layer after it)
+ * a mask that layer's backward-data product multiplies by
  * (nn/layers/activation.c).  Returns the activation layer (the linear is
  * the one before it; z is its y), NULL when out of memory. */
 st_layer *st_graph_linear_act(st_model *m, const char *name, int x, int dx, int da, int dz,

@@ -10,7 +10,9 @@
  * each one contiguous row.  fc2 adds the skip in its epilogue and closes
  * the group's branch (the branch scale multiplies it).  Backward, fc2
  * reads dh (the stream's gradient), fc1 writes dn, the norm dtmp, and the
- * skip layer adds dtmp into dh: dh is then h's gradient.
+ * skip layer adds dtmp into dh: dh is then h's gradient.  With a fused
+ * ReLU, fc2 writes da itself (its product times the ReLU's mask) and the
+ * activation runs no backward.
  *
  * The stacks of such blocks end with the same final norm and head.
  */

@@ -1,6 +1,7 @@
 /* nn/layers/activation.c — ReLU and GELU (erf form, as in the common frameworks)
  * on oneDNN eltwise primitives.  Backward reads the saved input x (a ReLU
- * fused into the linear layer before it: the output y, below).
+ * fused into the linear layer before it: the output y, or its backward is
+ * the next linear layer's, through a mask: below).
  *
  * In bf16 (--precision bf16) the input kept for the backward is a bf16
  * copy xb = bf16(x) (round to nearest even, a reorder before the forward's
