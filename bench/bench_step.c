@@ -371,7 +371,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: bench_step [--config large|small|cnn|gpt|all] [--quick] [--seconds S]\n"
             "                  [--json FILE] [--workers N] [--precision fp32|bf16|both]\n"
-            "                  [--unfuse bias,residual,weight-copy|both]\n"
+            "                  [--unfuse bias,residual,weight-copy,relu,bn-relu,\n"
+            "                            relu-backward|both]\n"
+            "                  [--activation relu|gelu]\n"
             "                  [--optimizer-moments fp32,bf16,bf16-sr|all]\n"
             "\n"
             "Times one training step of subtrain (st_trainer_step: gather, forward,\n"
@@ -402,9 +404,13 @@ static void usage(FILE *f)
             "  --precision P fp32 (default), bf16 (linear layers in bf16; reference:\n"
             "                oneDNN's bf16 matmul on the same shape, sgemm beside it) or both\n"
             "  --unfuse F    run the linear layers' bias add, skip add or both as passes\n"
-            "                of their own instead of in the matmul, and (weight-copy, bf16)\n"
-            "                convert the weights in each forward instead of in the update:\n"
-            "                a comma list, to measure each fusion\n"
+            "                of their own instead of in the matmul, (weight-copy, bf16)\n"
+            "                convert the weights in each forward instead of in the update,\n"
+            "                (relu) a ReLU after a linear layer, (bn-relu) after a batch\n"
+            "                norm as an eltwise pass, (relu-backward) the backward of a\n"
+            "                fused ReLU as a pass: a comma list, to measure each fusion\n"
+            "  --activation A   relu or gelu in resmlp and gpt (default gelu; the step\n"
+            "                rows only; cnn's ResNet is ReLU)\n"
             "  --optimizer-moments M   the optimizer's state of each row: a comma list of\n"
             "                fp32 (default), bf16, bf16-sr, or all: a row per state, with\n"
             "                the bytes a parameter the update reads and writes and its\n"
@@ -415,7 +421,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     bench_options o = { .which = -1, .windows = 5, .warmup_steps = 3, .fp32 = 1,
-                        .moments = 1u << ST_MOMENTS_FP32 };
+                        .moments = 1u << ST_MOMENTS_FP32, .activation = -1 };
     double seconds = -1.0;
     for (int i = 1; i < argc; i++) {
         int missing = 0;
@@ -450,8 +456,14 @@ int main(int argc, char **argv)
                                    "bf16-sr (or all), got '%s'", v);
         } else if ((v = option_value(argc, argv, &i, "--unfuse", &missing))) {
             if (!parse_unfuse(v, &o.unfuse))
-                return usage_error("--unfuse takes a comma list of bias, residual and "
-                                   "weight-copy (or both), got '%s'", v);
+                return usage_error("--unfuse takes a comma list of bias, residual, "
+                                   "weight-copy, relu, bn-relu and relu-backward (or both), "
+                                   "got '%s'", v);
+        } else if ((v = option_value(argc, argv, &i, "--activation", &missing))) {
+            st_activation a;
+            if (st_activation_parse(v, &a) != ST_OK)
+                return usage_error("--activation must be relu or gelu, got '%s'", v);
+            o.activation = (int)a;
         } else if ((v = option_value(argc, argv, &i, "--seconds", &missing))) {
             char *end;
             seconds = strtod(v, &end);

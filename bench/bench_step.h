@@ -50,6 +50,8 @@ typedef struct bench_options {
     int workers;            /* > 1: also measure data-parallel scaling */
     int fp32, bf16;         /* which precisions get a row (--precision) */
     unsigned unfuse;        /* ST_UNFUSE_* bits (--unfuse): fusions turned off */
+    int activation;         /* st_activation of resmlp and gpt (--activation); -1:
+                             * the configs' own (GELU) */
     unsigned moments;       /* 1 << st_moments: the optimizer states that get a row
                              * (--optimizer-moments) */
 } bench_options;
@@ -68,6 +70,7 @@ typedef struct bench_result {
     const bench_config *cfg;
     int bf16;                       /* the row's precision: linear layers in bf16 */
     st_moments moments;             /* the row's optimizer state */
+    st_activation activation;       /* the model's */
     double optim_bytes_per_param;   /* what the update read and wrote (the record's) */
     double ref16_flops;             /* bf16: the bf16 matmul reference, per call */
     double ref16_s_med, ref16_s_best;

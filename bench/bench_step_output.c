@@ -59,40 +59,15 @@ static double load_average(void)
     return l;
 }
 
-/* --unfuse's names, in ST_UNFUSE_* bit order */
-static const char *const unfuse_names[] = { "bias", "residual", "weight-copy" };
-
-/* "bias,weight-copy", or "none" */
-static void unfuse_text(unsigned bits, char *out, size_t n)
-{
-    out[0] = '\0';
-    for (unsigned k = 0; k < 3; k++)
-        if (bits & (1u << k))
-            snprintf(out + strlen(out), n - strlen(out), "%s%s", out[0] ? "," : "",
-                     unfuse_names[k]);
-    if (!out[0])
-        snprintf(out, n, "none");
-}
-
-/* "bias,residual,weight-copy" (or "both": bias and residual) into bits */
+/* --unfuse's value into ST_UNFUSE_* bits ("both": bias and residual); 0
+ * if it is not one. */
 int parse_unfuse(const char *v, unsigned *bits)
 {
-    *bits = 0;
     if (strcmp(v, "both") == 0) {
         *bits = ST_UNFUSE_BIAS | ST_UNFUSE_RESIDUAL;
         return 1;
     }
-    while (*v) {
-        size_t len = strcspn(v, ",");
-        unsigned k = 0;
-        while (k < 3 && !(strlen(unfuse_names[k]) == len && strncmp(v, unfuse_names[k], len) == 0))
-            k++;
-        if (k == 3)
-            return 0;
-        *bits |= 1u << k;
-        v += len + (v[len] == ',');
-    }
-    return *bits != 0;
+    return st_unfuse_parse(v, bits) == ST_OK && *bits != 0;
 }
 
 /* ------------------------------------------------------------ output */
@@ -123,7 +98,9 @@ void print_header(const bench_options *o)
            v->major, v->minor, v->patch, st_cpu_isa_name(),
            omp_get_max_threads(), cpu, omp_get_num_procs(), load_average());
     printf("timing: %d interleaved windows of each kind (step >= %.2f s, reference >= %.2f s), "
-           "median window shown%s\n\n", o->windows, o->step_window_s, o->gemm_window_s,
+           "median window shown, %s%s\n\n", o->windows, o->step_window_s, o->gemm_window_s,
+           bench_clock() == CLOCK_MONOTONIC ? "wall-clock time"
+                                            : "the thread's CPU time (BENCH_CLOCK=thread)",
            o->quick ? " [--quick: numbers are rough]" : "");
     if (o->unfuse & (ST_UNFUSE_BIAS | ST_UNFUSE_RESIDUAL))
         printf("unfused: the linear layers' %s added by a pass of its own after the matmul\n",
@@ -132,7 +109,18 @@ void print_header(const bench_options *o)
     if (o->unfuse & ST_UNFUSE_WEIGHT_COPY)
         printf("unfused: bf16 weight copies made by a reorder in each forward, not written by "
                "the update\n");
-    if (o->unfuse)
+    if (o->unfuse & ST_UNFUSE_RELU)
+        printf("unfused: a ReLU after a linear layer is an eltwise pass of its own, not the "
+               "matmul's post-op\n");
+    if (o->unfuse & ST_UNFUSE_RELU_BACKWARD)
+        printf("unfused: a fused ReLU's backward is an eltwise pass of its own, not a mask "
+               "post-op of the next layer's backward-data product\n");
+    if (o->unfuse & ST_UNFUSE_BN_RELU)
+        printf("unfused: a ReLU after a batch norm is an eltwise pass of its own, not the "
+               "norm's fuse_norm_relu\n");
+    if (o->activation >= 0)
+        printf("activation of resmlp and gpt: %s\n", st_activation_name(o->activation));
+    if (o->unfuse || o->activation >= 0)
         printf("\n");
     printf("%-17s %4s %5s %8s %9s %10s %12s %6s %11s %6s %9s %7s %7s %6s\n", "config", "prec",
            "batch", "params", "step ms", "samples/s", "step GFLOP/s", "ref", "ref GFLOP/s",
@@ -302,13 +290,16 @@ void write_json(FILE *f, const bench_result *r, const bench_options *o)
     double step_g = gflops(r->flops, r->step_s_med), ref_g = gflops(r->ref_flops, r->ref_s_med);
     double best_g = gflops(r->flops, r->step_s_best), ref_best_g = gflops(r->ref_flops,
                                                                           r->ref_s_best);
-    char unfused[64];
-    unfuse_text(o->unfuse, unfused, sizeof unfused);
+    char unfused[80];
+    st_unfuse_describe(o->unfuse, unfused, sizeof unfused);
     fprintf(f, "{\"config\":\"%s\",\"precision\":\"%s\",\"unfuse\":\"%s\",\"model\":\"%s\","
-            "\"depth\":%d,\"width\":%d,\"optimizer_moments\":\"%s\","
+            "\"clock\":\"%s\",\"activation\":\"%s\",\"depth\":%d,\"width\":%d,"
+            "\"optimizer_moments\":\"%s\","
             "\"optimizer_bytes_per_param\":%.2f,\"optimizer_share\":%.4f,", c->name,
-            r->bf16 ? "bf16" : "fp32", unfused, c->model, c->depth, c->width,
-            st_moments_name(r->moments), r->optim_bytes_per_param, r->optim_s / r->parts_s);
+            r->bf16 ? "bf16" : "fp32", unfused, c->model,
+            bench_clock() == CLOCK_MONOTONIC ? "wall" : "thread", st_activation_name(r->activation),
+            c->depth, c->width, st_moments_name(r->moments), r->optim_bytes_per_param,
+            r->optim_s / r->parts_s);
     if (r->bf16)
         fprintf(f, "\"bf16_reference\":\"%s\",\"bf16_ref_gflops\":%.3f,"
                 "\"bf16_ref_gflops_best\":%.3f,\"bf16_ref_impl\":\"%s\",\"ratio_bf16\":%.4f,",

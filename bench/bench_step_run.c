@@ -140,6 +140,9 @@ int run_config(const bench_config *bc, const bench_options *o, int bf16, st_mome
         tc.model.n_classes = 256;
         tc.model.activation = ST_ACT_GELU;
     }
+    if (o->activation >= 0 && !bc->in_channels)
+        tc.model.activation = (st_activation)o->activation;
+    r->activation = tc.model.activation;
     tc.batch = bc->batch;
     tc.optim.moments = moments;
     tc.workers = 1;

@@ -1,7 +1,8 @@
 /*
  * bench/bench_util.h — what the benchmark programs share: a monotonic
- * clock, sorting doubles for medians, and "--name VALUE" / "--name=VALUE"
- * option parsing with one-line usage errors.  Header-only, every function
+ * clock (or the thread's CPU time), sorting doubles for medians, and
+ * "--name VALUE" / "--name=VALUE" option parsing with one-line usage
+ * errors.  Header-only, every function
  * static inline (a program of several files includes it in each); define
  * BENCH_NAME (the program's name) before including it.
  */
@@ -9,15 +10,31 @@
 #define SUBTRAIN_BENCH_UTIL_H
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #define EXIT_USAGE 2
 
+/* BENCH_CLOCK=thread in the environment: the calling thread's CPU time
+ * (CLOCK_THREAD_CPUTIME_ID), the time it ran and not the time it waited
+ * for a core, for a machine whose cores other programs share; a timed
+ * part must then run on the calling thread (one thread: bench_step).
+ * Otherwise wall-clock time. */
+static inline clockid_t bench_clock(void)
+{
+    static int which = -1;
+    if (which < 0) {
+        const char *v = getenv("BENCH_CLOCK");
+        which = v && strcmp(v, "thread") == 0;
+    }
+    return which ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC;
+}
+
 static inline double now_s(void)
 {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(bench_clock(), &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 

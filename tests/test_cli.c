@@ -529,3 +529,38 @@ Test(cli, metrics_problems_are_said_early_and_with_the_reason, .timeout = 60)
     expect_runtime_error("timeout 30", args, "a FIFO with no reader");
     st_test_rmdir(dir);
 }
+
+/* --unfuse runs fusions as passes of their own: the ReLU of an mlp and
+ * the skip of a resmlp give bitwise the records of the fused run (in
+ * bf16 too), the value names every fusion, and a bad list is one line. */
+Test(cli, unfuse_keeps_the_records_and_refuses_unknown_fusions, .timeout = 60)
+{
+    const char *runs[] = {
+        "--data synthetic --model mlp --depth 2 --width 32 --activation relu --steps 12 "
+        "--batch 32 --quiet --metrics /dev/stdout",
+        "--data synthetic --model resmlp --depth 2 --width 32 --activation relu --steps 12 "
+        "--batch 32 --quiet --metrics /dev/stdout --precision bf16 --bf16-emulated",
+    };
+    run_result *r = calloc(1, sizeof *r), *u = calloc(1, sizeof *u);
+    for (int k = 0; k < 2; k++) {
+        if (k == 1 && st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+            break;
+        char args[512];
+        run(r, NULL, runs[k]);
+        cr_assert_eq(r->status, 0, "%s", r->err);
+        cr_assert(strstr(r->out, "\"unfuse\":\"none\""), "%s", r->out);
+        snprintf(args, sizeof args, "%s --unfuse relu,residual,bn-relu", runs[k]);
+        run(u, NULL, args);
+        cr_assert_eq(u->status, 0, "%s", u->err);
+        cr_assert(strstr(u->out, "\"unfuse\":\"residual,relu,bn-relu\""), "%s", u->out);
+        expect_same_records(r->out, u->out, k ? "resmlp bf16 fused and unfused"
+                                              : "mlp fused and unfused");
+    }
+    free(r);
+    free(u);
+    expect_usage_error("--data synthetic --unfuse gelu",
+                       "--unfuse: unknown fusion 'gelu' (allowed: none, bias, residual, "
+                       "weight-copy, relu, bn-relu, relu-backward)");
+    expect_usage_error("--data synthetic --unfuse relu,none",
+                       "--unfuse: 'none' cannot be listed with other fusions");
+}

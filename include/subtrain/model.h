@@ -85,18 +85,35 @@ typedef enum st_token_pool { ST_POOL_MEAN, ST_POOL_CLS } st_token_pool;
  * the scores, softmax and the loss stay fp32. */
 typedef enum st_precision { ST_PRECISION_FP32, ST_PRECISION_BF16 } st_precision;
 
-/* What a linear layer's matmul does in its own pass over y (fused, the
- * default) and st_model_config.unfuse can move into a pass of its own, so
- * that each fusion can be measured alone (bench_step --unfuse; the
- * numbers are in doc/precision.md).  Layers with a branch scale keep
- * their fusions. */
+/* What a layer does in its own pass over its output (fused, the default)
+ * and st_model_config.unfuse can move into a pass of its own, so that
+ * each fusion can be measured alone (bench_step --unfuse, subtrain
+ * --unfuse; the numbers are in doc/benchmarks.md).  Layers with a branch
+ * scale keep their bias and skip fusions.  Each fusion but the bias gives
+ * results bitwise those of its separate pass; the bias, the matmul's own
+ * argument, is rounded in oneDNN's order (equal to about 1 ulp). */
 enum {
     ST_UNFUSE_BIAS = 1,       /* y += b: a binary add after the product */
     ST_UNFUSE_RESIDUAL = 2,   /* y += the skip: a binary add after the product */
     ST_UNFUSE_WEIGHT_COPY = 4, /* bf16: the weights' copies made by a reorder in
                                 * each forward, not written by the update
                                 * (st_model_copies lists none) */
+    ST_UNFUSE_RELU = 8,       /* a ReLU after a linear layer: an eltwise pass of
+                               * its own, not the matmul's post-op */
+    ST_UNFUSE_BN_RELU = 16,   /* a ReLU after a batch norm: an eltwise pass of
+                               * its own, not the norm's fuse_norm_relu */
+    ST_UNFUSE_RELU_BACKWARD = 32, /* a fused ReLU's backward (resmlp's, gpt's): an
+                               * eltwise pass of its own, not a mask post-op of
+                               * the next layer's backward-data product */
 };
+
+/* --unfuse's value: a comma list of the fusions' names, "bias",
+ * "residual", "weight-copy", "relu", "bn-relu", "relu-backward", or "none",
+ * into ST_UNFUSE_*
+ * bits; ST_ERR_INVALID with "unknown fusion 'x' (allowed: ...)". */
+st_status st_unfuse_parse(const char *list, unsigned *bits);
+/* The bits as that list ("relu,bn-relu"; "none" for 0), like snprintf. */
+size_t st_unfuse_describe(unsigned bits, char *buf, size_t n);
 
 /* Which units an instance holds: a subnetwork of the model.  Units are
  * what the model's layers declare (st_model_config_units), whatever the

@@ -37,6 +37,7 @@ static const struct option own_options[] = {
     { "activation", required_argument, NULL, OPT_ACTIVATION },
     { "precision", required_argument, NULL, OPT_PRECISION },
     { "bf16-emulated", no_argument, NULL, OPT_BF16_EMULATED },
+    { "unfuse", required_argument, NULL, OPT_UNFUSE },
     { "epochs", required_argument, NULL, OPT_EPOCHS },
     { "steps", required_argument, NULL, OPT_STEPS },
     { "batch", required_argument, NULL, OPT_BATCH },

@@ -339,6 +339,10 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_TEAM_SPANS: t->team_spans = 1; return 0;
     case OPT_PRECISION: return parse_choice("precision", arg, parse_precision, &t->model.precision, err, n);
     case OPT_BF16_EMULATED: t->bf16_emulated = 1; return 0;
+    case OPT_UNFUSE:
+        if (st_unfuse_parse(arg, &t->model.unfuse) != ST_OK)
+            return st_cli_fail(err, n, "--unfuse: %s", st_last_error());
+        return 0;
     case OPT_COMM_PRECISION:
         return parse_choice("comm-precision", arg, parse_precision, &t->comm_precision, err, n);
     case OPT_WEIGHTS: return parse_choice("weights", arg, parse_weights, &t->weights, err, n);

@@ -21,11 +21,16 @@ st_layer *st_graph_conv(st_model *m, const char *name, int x, int y, int dx, int
 /* A ReLU is fused into the batch norm (the primitive's fuse_norm_relu: one
  * pass over the tensor fewer each way, and no pre-activation tensor kept:
  * faster, doc/benchmarks.md). */
+int st_graph_bn_fuses_relu(const st_model *m)
+{
+    return m->cfg.activation == ST_ACT_RELU && !(m->cfg.unfuse & ST_UNFUSE_BN_RELU);
+}
+
 st_layer *st_graph_bn_act(st_model *m, const char *name, int x, int y, int dx, int dy, int mid,
                           int dmid, int64_t c, int unit)
 {
     const st_activation act = m->cfg.activation;
-    const int fuse = act == ST_ACT_RELU;
+    const int fuse = st_graph_bn_fuses_relu(m);
     st_layer *n = st_graph_add(m, &st_layer_batchnorm, name, x, fuse ? y : mid, dx,
                                fuse ? dy : dmid);
     if (!n)

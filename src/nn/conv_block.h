@@ -13,9 +13,13 @@
 st_layer *st_graph_conv(st_model *m, const char *name, int x, int y, int dx, int dy, int64_t in,
                         int64_t out, int kernel, int stride);
 
+/* Whether st_graph_bn_act fuses the ReLU into the batch norm: a ReLU,
+ * not under --unfuse bn-relu. */
+int st_graph_bn_fuses_relu(const st_model *m);
 /* BN -> the config's activation from x to y over c channels (width layer
- * unit).  A ReLU is fused into the batch norm; another activation is a
- * layer of its own through mid (its gradient dmid), unused with ReLU.
+ * unit).  A ReLU is fused into the batch norm; another activation (or a
+ * ReLU under --unfuse bn-relu) is a layer of its own through mid (its
+ * gradient dmid), unused when fused.
  * Returns the last layer, NULL when out of memory. */
 st_layer *st_graph_bn_act(st_model *m, const char *name, int x, int y, int dx, int dy, int mid,
                           int dmid, int64_t c, int unit);

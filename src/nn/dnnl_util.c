@@ -199,14 +199,16 @@ st_status st_prim_create_pair(st_nn_ctx *ctx, st_prim *fwd, const void *fwd_desc
 
 /* A primitive with post-ops: the scale (an eltwise_linear; order matters:
  * it applies to the product, and its bias when the bias is the
- * primitive's own), then up to two binary adds. */
+ * primitive's own), then up to two binary adds, then a ReLU, then a binary
+ * multiply. */
 static st_status create_with_post_ops(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
                                       const_dnnl_primitive_desc_t hint, float scale,
                                       const dnnl_memory_desc_t *add0_md,
-                                      const dnnl_memory_desc_t *add1_md, const char *what,
+                                      const dnnl_memory_desc_t *add1_md, int relu,
+                                      const dnnl_memory_desc_t *mul_md, const char *what,
                                       dnnl_primitive_desc_t *pd_out)
 {
-    if (scale == 1.0f && !add0_md && !add1_md)
+    if (scale == 1.0f && !add0_md && !add1_md && !relu && !mul_md)
         return st_prim_create(ctx, p, op_desc, hint, what, pd_out);
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t ops = NULL;
@@ -219,6 +221,10 @@ static st_status create_with_post_ops(st_nn_ctx *ctx, st_prim *p, const void *op
         s = dnnl_post_ops_append_binary(ops, dnnl_binary_add, add0_md);
     if (s == dnnl_success && add1_md)
         s = dnnl_post_ops_append_binary(ops, dnnl_binary_add, add1_md);
+    if (s == dnnl_success && relu)
+        s = dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    if (s == dnnl_success && mul_md)
+        s = dnnl_post_ops_append_binary(ops, dnnl_binary_mul, mul_md);
     if (s == dnnl_success)
         s = dnnl_primitive_attr_set_post_ops(attr, ops);
     st_status st = s == dnnl_success ? prim_create(ctx, p, op_desc, hint, attr, what, pd_out)
@@ -234,14 +240,30 @@ st_status st_prim_create_with_post_ops(st_nn_ctx *ctx, st_prim *p, const void *o
                                        float scale, const dnnl_memory_desc_t *add0_md,
                                        const dnnl_memory_desc_t *add1_md, const char *what)
 {
-    return create_with_post_ops(ctx, p, op_desc, NULL, scale, add0_md, add1_md, what, NULL);
+    return create_with_post_ops(ctx, p, op_desc, NULL, scale, add0_md, add1_md, 0, NULL, what,
+                                NULL);
+}
+
+st_status st_prim_create_with_relu(st_nn_ctx *ctx, st_prim *p, const void *op_desc, float scale,
+                                   const dnnl_memory_desc_t *add0_md,
+                                   const dnnl_memory_desc_t *add1_md, const char *what)
+{
+    return create_with_post_ops(ctx, p, op_desc, NULL, scale, add0_md, add1_md, 1, NULL, what,
+                                NULL);
+}
+
+st_status st_prim_create_masked(st_nn_ctx *ctx, st_prim *p, const void *op_desc, float scale,
+                                const dnnl_memory_desc_t *mask_md, const char *what)
+{
+    return create_with_post_ops(ctx, p, op_desc, NULL, scale, NULL, NULL, 0, mask_md, what,
+                                NULL);
 }
 
 st_status st_prim_create_scaled(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
                                 const_dnnl_primitive_desc_t hint, float scale, const char *what,
                                 dnnl_primitive_desc_t *pd_out)
 {
-    return create_with_post_ops(ctx, p, op_desc, hint, scale, NULL, NULL, what, pd_out);
+    return create_with_post_ops(ctx, p, op_desc, hint, scale, NULL, NULL, 0, NULL, what, pd_out);
 }
 
 void st_prim_arg(st_prim *p, int arg, dnnl_memory_t mem)

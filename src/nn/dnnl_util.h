@@ -147,6 +147,16 @@ st_status st_prim_create_pair(st_nn_ctx *ctx, st_prim *fwd, const void *fwd_desc
 st_status st_prim_create_with_post_ops(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
                                        float scale, const dnnl_memory_desc_t *add0_md,
                                        const dnnl_memory_desc_t *add1_md, const char *what);
+/* The same, then dst = max(dst, 0) (an eltwise ReLU post-op, last: the
+ * binary adds keep their positions). */
+st_status st_prim_create_with_relu(st_nn_ctx *ctx, st_prim *p, const void *op_desc, float scale,
+                                   const dnnl_memory_desc_t *add0_md,
+                                   const dnnl_memory_desc_t *add1_md, const char *what);
+/* The same with dst = scale * dst, then dst *= mask (a binary multiply
+ * by a tensor of dst's shape; bind it at st_post_op_index(scale, NULL,
+ * 0)). */
+st_status st_prim_create_masked(st_nn_ctx *ctx, st_prim *p, const void *op_desc, float scale,
+                                const dnnl_memory_desc_t *mask_md, const char *what);
 /* st_prim_create with dst = scale * dst fused as an eltwise_linear
  * post-op (alpha = scale, beta = 0); scale 1: exactly st_prim_create. */
 st_status st_prim_create_scaled(st_nn_ctx *ctx, st_prim *p, const void *op_desc,

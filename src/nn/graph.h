@@ -120,6 +120,8 @@ struct st_model {
     int batch;
     int64_t rows;          /* of every tensor: batch (x context for a sequence model) */
     st_arena *arena;       /* NULL: layout only (no memory, no primitives) */
+    int range;             /* an instance of a range of the table's layers
+                            * (st_model_create_range): no fusion across layers */
     st_nn_ctx ctx;
 
     /* The table, in forward order, and its tensors. */
@@ -275,6 +277,17 @@ st_layer *st_graph_add(st_model *m, const st_layer_kind *kind, const char *name,
 /* A linear layer (in -> out features) between tensors x and y. */
 st_layer *st_graph_linear(st_model *m, const char *name, int x, int y, int dx, int dy,
                           int64_t in, int64_t out);
+/* A linear layer and its activation, x -> a -> z = act(a), with new
+ * tensors a and z of width layer `unit` (the linear's out_unit; its
+ * in_unit is the caller's to set) and the gradients da, dz.  A ReLU runs
+ * in the matmul's epilogue (a post-op) writing z itself, with no tensor
+ * a: the activation layer then computes only its backward, from z, or
+ * (fold_relu, set by the caller on it and the linear layer after it)
+ * a mask that layer's backward-data product multiplies by
+ * (nn/layers/activation.c).  Returns the activation layer (the linear is
+ * the one before it; z is its y), NULL when out of memory. */
+st_layer *st_graph_linear_act(st_model *m, const char *name, int x, int dx, int da, int dz,
+                              int64_t in, int64_t out, int unit, st_activation act);
 
 /* Layer group g: the layers declared until st_graph_group_end.  Its
  * output tensor is its input when a model does not hold it. */

@@ -104,7 +104,12 @@ struct st_layer {
     int class_token;       /* positions: prepends one; pool: reads it */
     /* activation */
     st_activation activation;
-    int fuse_relu;         /* batch norm: y = relu(bn(x)), the ReLU fused in */
+    int fuse_relu;         /* batch norm: y = relu(bn(x)), the ReLU fused in;
+                            * linear: a ReLU post-op, and its activation layer
+                            * (in place on y) runs the backward only */
+    int fold_relu;         /* a fused ReLU's activation layer and the linear
+                            * layer after it: the ReLU's backward is a post-op
+                            * of that layer's backward-data product */
     /* convolution, pooling: square kernel, stride, symmetric padding */
     int kernel, stride, pad;
     int has_bias;          /* convolution */

@@ -85,6 +85,10 @@ typedef struct st_linear_io {
                                         * outputs); w, x, y, dx, dy stay fp32 */
     unsigned unfuse;                   /* ST_UNFUSE_* (subtrain/model.h); only
                                         * without a scale */
+    int relu;                          /* y = max(0, ...): a ReLU post-op, after
+                                        * the adds (needs the bias fused) */
+    const uint8_t *dx_mask;            /* NULL, or (B, in): dx *= mask, a post-op
+                                        * (the folded backward of a ReLU before it) */
 } st_linear_io;
 
 st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t in,
@@ -105,6 +109,14 @@ typedef struct st_act {
     int bf16;
     st_prim keep, unkeep;
     st_bf16 *xb;
+    /* A ReLU its producer ran (a linear layer's post-op): no forward of
+     * its own; the backward reads y (bf16: y's kept copy) */
+    int fused;
+    /* Folded: its backward is the next linear layer's, which multiplies
+     * its input gradient by mask = (y > 0) (u8, the layer's own), written
+     * by `make_mask` in each training forward; it runs no backward. */
+    uint8_t *mask;
+    st_prim make_mask;
 } st_act;
 
 /* y = act(x), dx = act'(x) * dy, all (rows, cols).  bf16: the backward
@@ -112,6 +124,14 @@ typedef struct st_act {
 st_status st_act_build(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t rows,
                        int64_t cols, const float *x, float *y, float *dx,
                        const float *dy, int bf16);
+/* The backward of a ReLU fused into the layer that wrote y = max(0, x):
+ * dx = (y > 0) dy, which is (x > 0) dy; the forward only keeps y's bf16
+ * copy (bf16, the copy the backward reads). */
+st_status st_act_build_fused_relu(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
+                                  const float *y, float *dx, const float *dy, int bf16);
+/* The same, its backward folded into the next layer's (the mask above). */
+st_status st_act_build_folded_relu(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
+                                   const float *y);
 /* A training forward (bf16: keeps x's copy for the backward). */
 st_status st_act_forward(const st_nn_ctx *ctx, const st_act *a);
 /* An inference forward: y only, nothing kept. */

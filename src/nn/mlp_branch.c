@@ -10,7 +10,9 @@
  * each one contiguous row.  fc2 adds the skip in its epilogue and closes
  * the group's branch (the branch scale multiplies it).  Backward, fc2
  * reads dh (the stream's gradient), fc1 writes dn, the norm dtmp, and the
- * skip layer adds dtmp into dh: dh is then h's gradient.
+ * skip layer adds dtmp into dh: dh is then h's gradient.  With a fused
+ * ReLU, fc2 writes da itself (its product times the ReLU's mask) and the
+ * activation runs no backward.
  *
  * The stacks of such blocks end with the same final norm and head.
  */
@@ -21,26 +23,27 @@
 int st_graph_mlp_branch(st_model *m, const char *prefix, const char *ln, int h, int u,
                         int64_t W, int64_t H, st_activation act, const st_mlp_grads *d)
 {
-    const int n = st_graph_tensor(m, W, ST_W_FULL), a = st_graph_tensor(m, H, u);
-    const int z = st_graph_tensor(m, H, u), out = st_graph_tensor(m, W, ST_W_FULL);
+    const int n = st_graph_tensor(m, W, ST_W_FULL);
     char name[32];
     st_layer *l;
     /* pointers into the table are good until the next layer is added */
-    int ok = n >= 0 && a >= 0 && z >= 0 && out >= 0 &&
-             st_graph_add(m, &st_layer_residual, "skip", h, h, d->dh, d->dtmp);
+    int ok = n >= 0 && st_graph_add(m, &st_layer_residual, "skip", h, h, d->dh, d->dtmp);
     snprintf(name, sizeof name, "%s.%s", prefix, ln);
     ok = ok && st_graph_add(m, &st_layer_layernorm, name, h, n, d->dtmp, d->dn);
     snprintf(name, sizeof name, "%s.fc1", prefix);
-    if (!ok || !(l = st_graph_linear(m, name, n, a, d->dn, d->da, W, H)))
+    if (!ok || !(l = st_graph_linear_act(m, name, n, d->dn, d->da, d->dz, W, H, u, act)))
         return ST_T_NONE;
-    l->out_unit = u;
-    if (!(l = st_graph_add(m, &st_layer_activation, "act", a, z, d->da, d->dz)))
+    const int z = l->y, out = st_graph_tensor(m, W, ST_W_FULL);
+    /* a fused ReLU's backward folds into fc2's backward-data product: fc2
+     * writes da (not dz) from dh, two other buffers */
+    const int fold = l->fuse_relu && !(m->cfg.unfuse & ST_UNFUSE_RELU_BACKWARD);
+    l->fold_relu = fold;
+    if (out < 0)
         return ST_T_NONE;
-    l->in_unit = l->out_unit = u;
-    l->activation = act;
     snprintf(name, sizeof name, "%s.fc2", prefix);
     if (!(l = st_graph_linear(m, name, z, out, d->dz, d->dh, H, W)))
         return ST_T_NONE;
+    l->fold_relu = fold;
     l->in_unit = u;
     l->in_major = 1;
     l->residual = h;           /* out = h + branch, in fc2's epilogue */

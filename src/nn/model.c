@@ -499,6 +499,7 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
     m->batch = batch;
     m->rows = (int64_t)batch * (cfg->context ? cfg->context : 1);
     m->arena = arena;
+    m->range = hi >= 0;
     st_status s;
     ST_TRY_GOTO(s, st_graph_declare(m, declare), fail);
     if (storage) {

@@ -1,5 +1,8 @@
-/* nn/model_enums.c — names of the activations, precisions and poolings (the model
- * kinds' are their entries', nn/model.c). */
+/* nn/model_enums.c — names of the activations, precisions, poolings and
+ * fusions (the model kinds' are their entries', nn/model.c). */
+#include <stdio.h>
+#include <string.h>
+
 #include <subtrain/model.h>
 
 #include "core/enum_table.h"
@@ -22,6 +25,18 @@ static const st_enum_entry pool_entries[] = {
     { "cls", ST_POOL_CLS },
 };
 static const st_enum_table pools = ST_ENUM_TABLE("pool", pool_entries);
+
+/* In ST_UNFUSE_* bit order (st_unfuse_describe lists them so) */
+static const st_enum_entry unfuse_entries[] = {
+    { "none", 0 },
+    { "bias", ST_UNFUSE_BIAS },
+    { "residual", ST_UNFUSE_RESIDUAL },
+    { "weight-copy", ST_UNFUSE_WEIGHT_COPY },
+    { "relu", ST_UNFUSE_RELU },
+    { "bn-relu", ST_UNFUSE_BN_RELU },
+    { "relu-backward", ST_UNFUSE_RELU_BACKWARD },
+};
+static const st_enum_table fusions = ST_ENUM_TABLE("fusion", unfuse_entries);
 
 const char *st_activation_name(st_activation act)
 {
@@ -60,4 +75,46 @@ st_status st_token_pool_parse(const char *name, st_token_pool *out)
     ST_TRY(st_enum_parse(&pools, name, &v));
     *out = (st_token_pool)v;
     return ST_OK;
+}
+
+st_status st_unfuse_parse(const char *list, unsigned *out)
+{
+    unsigned bits = 0;
+    for (const char *p = list;; p++) {
+        const size_t len = strcspn(p, ",");
+        char name[32];
+        int v = -1;
+        if (len < sizeof name) {
+            memcpy(name, p, len);
+            name[len] = '\0';
+            ST_TRY(st_enum_parse(&fusions, name, &v));
+        } else {
+            char allowed[128];
+            st_enum_allowed(&fusions, allowed, sizeof allowed);
+            return st_fail(ST_ERR_INVALID, "unknown fusion '%.*s' (allowed: %s)", (int)len, p,
+                           allowed);
+        }
+        if (v == 0 && (p != list || p[len] != '\0'))
+            return st_fail(ST_ERR_INVALID, "'none' cannot be listed with other fusions");
+        bits |= (unsigned)v;
+        p += len;
+        if (*p == '\0')
+            break;
+    }
+    *out = bits;
+    return ST_OK;
+}
+
+size_t st_unfuse_describe(unsigned bits, char *buf, size_t n)
+{
+    size_t len = 0;
+    for (size_t i = 1; i < sizeof unfuse_entries / sizeof *unfuse_entries; i++)
+        if (bits & (unsigned)unfuse_entries[i].value) {
+            const int w = snprintf(buf + (len < n ? len : n), len < n ? n - len : 0, "%s%s",
+                                   len ? "," : "", unfuse_entries[i].name);
+            len += (size_t)w;
+        }
+    if (len == 0)
+        len = (size_t)snprintf(buf, n, "none");
+    return len;
 }

@@ -1,5 +1,7 @@
 /* nn/layers/activation.c — ReLU and GELU (erf form, as in the common frameworks)
- * on oneDNN eltwise primitives.  Backward reads the saved input x.
+ * on oneDNN eltwise primitives.  Backward reads the saved input x (a ReLU
+ * fused into the linear layer before it: the output y, or its backward is
+ * the next linear layer's, through a mask: below).
  *
  * In bf16 (--precision bf16) the input kept for the backward is a bf16
  * copy xb = bf16(x) (round to nearest even, a reorder before the forward's
@@ -78,20 +80,107 @@ st_status st_act_build(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t ro
     return ST_OK;
 }
 
+/* ReLU's derivative is a step at 0 and y = max(0, x) is positive exactly
+ * where x is, so oneDNN's use_dst_for_bwd variant, reading y, computes
+ * the same dx as the backward from x (both select dy or 0 * dy by a
+ * compare with 0).  In bf16 y's copy bf16(y) is positive where bf16(x)
+ * is (the same rounding of the same positive values), the sign the
+ * unfused layer's backward reads. */
+st_status st_act_build_fused_relu(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
+                                  const float *y, float *dx, const float *dy, int bf16)
+{
+    memset(a, 0, sizeof *a);
+    a->fused = 1;
+    if (!dx)
+        return ST_OK;
+    dnnl_memory_desc_t md;
+    st_md_matrix(&md, rows, cols);
+    dnnl_eltwise_desc_t fd, bd;
+    ST_DNNL(dnnl_eltwise_forward_desc_init(&fd, dnnl_forward_training,
+                                           dnnl_eltwise_relu_use_dst_for_bwd, &md, 0.f, 0.f),
+            "fused ReLU forward descriptor");
+    ST_DNNL(dnnl_eltwise_backward_desc_init(&bd, dnnl_eltwise_relu_use_dst_for_bwd, &md, &md,
+                                            0.f, 0.f), "fused ReLU backward descriptor");
+    /* the forward primitive is the backward's hint only: never run */
+    ST_TRY(st_prim_create_pair(ctx, &a->fwd, &fd, &a->bwd, &bd, "fused ReLU (unused)",
+                               "fused ReLU backward"));
+    dnnl_memory_t my, mdx, mdy;
+    ST_TRY(st_mem_matrix(ctx, &my, rows, cols, y));
+    ST_TRY(st_mem_matrix(ctx, &mdx, rows, cols, dx));
+    ST_TRY(st_mem_matrix(ctx, &mdy, rows, cols, dy));
+    dnnl_memory_t dst = my;
+    if (bf16) {
+        void *p;
+        dnnl_memory_t mb;
+        ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS,
+                              (size_t)(rows * cols) * sizeof(st_bf16), &p));
+        a->xb = p;
+        a->bf16 = 1;
+        ST_TRY(st_mem_strided_bf16(ctx, &mb, rows, cols, cols, 1, a->xb));
+        ST_TRY(st_mem_slot_md(ctx, &dst, &md, ST_SLOT_IN, 0,
+                              (size_t)(rows * cols) * sizeof(float)));
+        ST_TRY(st_prim_create_reorder(ctx, &a->keep, my, mb, "fused ReLU output to bf16"));
+        ST_TRY(st_prim_create_reorder(ctx, &a->unkeep, mb, dst, "fused ReLU output from bf16"));
+    }
+    st_prim_arg(&a->bwd, DNNL_ARG_DST, dst);
+    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_DST, mdy);
+    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_SRC, mdx);
+    return ST_OK;
+}
+
+/* mask = (y > 0) as 0 or 1 bytes: the next layer's backward-data product
+ * multiplies its dx by it, which is relu_use_dst_for_bwd's dx = dy * (y > 0
+ * ? 1 : 0) on the same values.  In bf16 the mask is from the fp32 y, where
+ * the unfolded layer reads bf16(y): they differ only where 0 < y < 2^-133
+ * (below bf16's smallest subnormal, rounded to 0). */
+st_status st_act_build_folded_relu(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
+                                   const float *y)
+{
+    memset(a, 0, sizeof *a);
+    a->fused = 1;
+    void *p;
+    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS, (size_t)(rows * cols), &p));
+    a->mask = p;
+    float *zero;   /* the compare's other operand, broadcast */
+    ST_TRY(st_arena_alloc_floats(ctx->arena, ST_MEM_WORKSPACE, 1, &zero));
+    zero[0] = 0.0f;
+    dnnl_memory_desc_t y_md, zero_md, mask_md;
+    st_md_matrix(&y_md, rows, cols);
+    st_md_matrix(&zero_md, 1, 1);
+    st_md_matrix(&mask_md, rows, cols);
+    mask_md.data_type = dnnl_u8;
+    dnnl_binary_desc_t d;
+    ST_DNNL(dnnl_binary_desc_init(&d, dnnl_binary_gt, &y_md, &zero_md, &mask_md),
+            "ReLU mask descriptor");
+    ST_TRY(st_prim_create(ctx, &a->make_mask, &d, NULL, "ReLU mask", NULL));
+    dnnl_memory_t my, mz, mm;
+    ST_TRY(st_mem_matrix(ctx, &my, rows, cols, y));
+    ST_TRY(st_mem_matrix(ctx, &mz, 1, 1, zero));
+    ST_TRY(st_mem_md(ctx, &mm, &mask_md, a->mask));
+    st_prim_arg(&a->make_mask, DNNL_ARG_SRC_0, my);
+    st_prim_arg(&a->make_mask, DNNL_ARG_SRC_1, mz);
+    st_prim_arg(&a->make_mask, DNNL_ARG_DST, mm);
+    return ST_OK;
+}
+
 st_status st_act_infer(const st_nn_ctx *ctx, const st_act *a)
 {
-    return st_prim_run(ctx, &a->fwd);
+    return a->fused ? ST_OK : st_prim_run(ctx, &a->fwd);
 }
 
 st_status st_act_forward(const st_nn_ctx *ctx, const st_act *a)
 {
+    if (a->mask)
+        return st_prim_run(ctx, &a->make_mask);
     if (a->bf16)   /* first: correct even were y to overwrite x */
         ST_TRY(st_prim_run(ctx, &a->keep));
-    return st_prim_run(ctx, &a->fwd);
+    return a->fused ? ST_OK : st_prim_run(ctx, &a->fwd);
 }
 
 st_status st_act_backward(const st_nn_ctx *ctx, const st_act *a)
 {
+    if (a->mask)   /* folded into the next layer's backward */
+        return ST_OK;
     if (a->bf16)
         ST_TRY(st_prim_run(ctx, &a->unkeep));
     return st_prim_run(ctx, &a->bwd);
@@ -103,6 +192,15 @@ st_status st_act_backward(const st_nn_ctx *ctx, const st_act *a)
 /* Elementwise over every float of a sample (an image's too). */
 static st_status act_build(st_model *m, st_layer *l)
 {
+    if (l->fold_relu && l->backward)
+        return st_act_build_folded_relu(&m->ctx, &l->u.act, st_graph_rows(m, l->y),
+                                        st_graph_cols(m, l->y), st_graph_data(m, l->y));
+    if (l->fuse_relu)
+        return st_act_build_fused_relu(&m->ctx, &l->u.act, st_graph_rows(m, l->y),
+                                       st_graph_cols(m, l->y), st_graph_data(m, l->y),
+                                       st_graph_data(m, l->dx),
+                                       st_graph_data(m, l->dy),
+                                       m->cfg.precision == ST_PRECISION_BF16 && l->backward);
     return st_act_build(&m->ctx, &l->u.act, l->activation, st_graph_rows(m, l->y),
                         st_graph_cols(m, l->y),
                         st_graph_data(m, l->x), st_graph_data(m, l->y), st_graph_data(m, l->dx),
@@ -121,10 +219,13 @@ static st_status act_backward(const st_nn_ctx *ctx, const st_layer *l)
     return st_act_backward(ctx, &l->u.act);
 }
 
-/* fp32: the backward reads x; bf16: its own copy of x only. */
+/* fp32: the backward reads x (a fused ReLU: y, the same tensor); bf16:
+ * its own copy only. */
 static unsigned act_backward_reads(const st_model *m, const st_layer *l)
 {
-    return m->cfg.precision == ST_PRECISION_BF16 ? 0u : ST_READS_X;
+    if (l->fold_relu)   /* its own mask */
+        return 0u;
+    return m->cfg.precision == ST_PRECISION_BF16 ? 0u : l->fuse_relu ? ST_READS_Y : ST_READS_X;
 }
 
 const st_layer_kind st_layer_activation = {

@@ -100,8 +100,12 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
     ST_DNNL(dnnl_matmul_desc_init(&d, &x_md, &wt_md, bias_after || l->unfused_bias ? NULL : &b_md,
                                   &y_md),
             "linear forward descriptor");
-    ST_TRY(st_prim_create_with_post_ops(ctx, &l->fwd, &d, l->scale, add0, add1,
-                                        "linear forward"));
+    if (io->relu)
+        ST_TRY(st_prim_create_with_relu(ctx, &l->fwd, &d, l->scale, add0, add1,
+                                        "linear forward with ReLU"));
+    else
+        ST_TRY(st_prim_create_with_post_ops(ctx, &l->fwd, &d, l->scale, add0, add1,
+                                            "linear forward"));
 
     dnnl_memory_t x, wt, b, y;
     ST_TRY(operand(ctx, l, &x, l->batch, l->in, l->in, 1, io->x, l->xb));
@@ -157,13 +161,25 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
     st_md_matrix(&dx_md, l->batch, l->in);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &dy_md, &w_md, NULL, &dx_md), "linear backward-data descriptor");
-    ST_TRY(st_prim_create_with_post_ops(ctx, &l->bwd_data, &d, l->scale, NULL, NULL,
-                                        "linear backward data"));
+    dnnl_memory_desc_t mask_md = dx_md;
+    mask_md.data_type = dnnl_u8;
+    if (io->dx_mask)
+        ST_TRY(st_prim_create_masked(ctx, &l->bwd_data, &d, l->scale, &mask_md,
+                                     "linear backward data with the ReLU's"));
+    else
+        ST_TRY(st_prim_create_with_post_ops(ctx, &l->bwd_data, &d, l->scale, NULL, NULL,
+                                            "linear backward data"));
 
     dnnl_memory_t dy, w, dx;
     ST_TRY(dy_operand(ctx, l, &dy, l->batch, l->out, l->out, 1, io->dy, 0));
     ST_TRY(operand(ctx, l, &w, l->out, l->in, rs, cs, io->w, l->wb));
     ST_TRY(st_mem_matrix(ctx, &dx, l->batch, l->in, io->dx));
+    if (io->dx_mask) {
+        dnnl_memory_t mask;
+        ST_TRY(st_mem_md(ctx, &mask, &mask_md, io->dx_mask));
+        st_prim_arg(&l->bwd_data, DNNL_ARG_ATTR_MULTIPLE_POST_OP(
+                        st_post_op_index(l->scale, NULL, 0)) | DNNL_ARG_SRC_1, mask);
+    }
     st_prim_arg(&l->bwd_data, DNNL_ARG_SRC, dy);
     st_prim_arg(&l->bwd_data, DNNL_ARG_WEIGHTS, w);
     st_prim_arg(&l->bwd_data, DNNL_ARG_DST, dx);
@@ -318,6 +334,8 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
     l->bf16 = io->bf16 != 0;
     l->unfused_bias = (io->unfuse & ST_UNFUSE_BIAS) && l->scale == 1.0f;
     l->unfused_residual = (io->unfuse & ST_UNFUSE_RESIDUAL) && l->scale == 1.0f && io->residual;
+    if (io->relu && (l->unfused_bias || l->unfused_residual))
+        return st_fail(ST_ERR_INVALID, "linear: a fused ReLU must follow the fused adds");
     if (l->bf16)
         ST_TRY(build_conversions(ctx, l, io));
     ST_TRY(build_forward(ctx, l, io));
@@ -472,7 +490,13 @@ static st_status linear_build(st_model *m, st_layer *l)
         .dw = st_graph_seg_grads(m, l->seg[0]), .db = st_graph_seg_grads(m, l->seg[1]),
         .in_major = l->in_major, .unscaled_bias = 1,
         .bf16 = c->precision == ST_PRECISION_BF16, .unfuse = c->unfuse,
+        .relu = l->fuse_relu,
     };
+    const st_layer *relu = l - 1;   /* folded: the activation declared before it */
+    if (l->fold_relu && relu->backward && io.dx) {
+        io.dx = st_graph_data(m, relu->dx);
+        io.dx_mask = relu->u.act.mask;
+    }
     io.dw_runs = st_graph_grad_runs(m, row_unit(l), &io.n_dw_runs);
     if (io.dw_runs && l->copies > 1) {
         io.dw_runs = l->copy_runs;
@@ -522,6 +546,37 @@ const st_layer_kind st_layer_linear = {
     .forward = linear_forward, .backward = linear_backward, .flops = linear_flops,
     .backward_reads = linear_backward_reads,
 };
+
+/* Whether a builder's linear layer and the ReLU after it run as one
+ * matmul (st_graph_linear_act): not under --unfuse relu or bias (the ReLU
+ * must follow the bias), nor in a range of layers (a segment may be cut
+ * between the two). */
+static int fuses_relu(const st_model *m, st_activation act)
+{
+    return act == ST_ACT_RELU && !m->range &&
+           !(m->cfg.unfuse & (ST_UNFUSE_RELU | ST_UNFUSE_BIAS));
+}
+
+st_layer *st_graph_linear_act(st_model *m, const char *name, int x, int dx, int da, int dz,
+                              int64_t in, int64_t out, int unit, st_activation act)
+{
+    const int fuse = fuses_relu(m, act);
+    const int a = fuse ? ST_T_NONE : st_graph_tensor(m, out, unit);
+    const int z = st_graph_tensor(m, out, unit);
+    st_layer *l = z >= 0 && (fuse || a >= 0)
+                  ? st_graph_linear(m, name, x, fuse ? z : a, dx, da, in, out) : NULL;
+    if (!l)
+        return NULL;
+    l->out_unit = unit;
+    l->fuse_relu = fuse;
+    st_layer *r = st_graph_add(m, &st_layer_activation, "act", fuse ? z : a, z, da, dz);
+    if (!r)
+        return NULL;
+    r->in_unit = r->out_unit = unit;
+    r->activation = act;
+    r->fuse_relu = fuse;
+    return r;
+}
 
 /* The kind's own declaring call, here so that the graph names no kind. */
 st_layer *st_graph_linear(st_model *m, const char *name, int x, int y, int dx, int dy,

@@ -34,7 +34,7 @@ static st_status declare(st_model *m)
     const st_model_config *c = &m->cfg;
     int64_t cin = c->in_channels, H = c->in_height, W = c->in_width;
     int x = ST_T_INPUT, dx = ST_T_NONE, ok = 1;   /* nobody needs the input's gradient */
-    const int fused = c->activation == ST_ACT_RELU;
+    const int fused = st_graph_bn_fuses_relu(m);
     char name[32];
     for (int s = 0; s < c->depth && ok; s++) {
         const int64_t cs = (int64_t)c->width << s;

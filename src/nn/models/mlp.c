@@ -24,19 +24,14 @@ static st_status declare(st_model *m)
     int64_t in = c->in_dim;
     char name[32];
     for (int i = 0; i < L; i++) {
-        const int a = st_graph_tensor(m, W, i), z = st_graph_tensor(m, W, i);
         snprintf(name, sizeof name, "fc%d", i);
         /* the first layer's input gradient is never needed */
-        st_layer *l = st_graph_linear(m, name, x, a, i == 0 ? ST_T_NONE : dz, da, in, W);
-        if (!l || a < 0 || z < 0)
+        st_layer *act = st_graph_linear_act(m, name, x, i == 0 ? ST_T_NONE : dz, da, dz, in, W,
+                                            i, c->activation);
+        if (!act)
             return st_fail(ST_ERR_NOMEM, "out of memory declaring the mlp");
-        l->in_unit = i == 0 ? ST_W_FULL : i - 1;
-        l->out_unit = i;
-        if (!(l = st_graph_add(m, &st_layer_activation, "act", a, z, da, dz)))
-            return st_fail(ST_ERR_NOMEM, "out of memory declaring the mlp");
-        l->in_unit = l->out_unit = i;
-        l->activation = c->activation;
-        x = z;
+        act[-1].in_unit = i == 0 ? ST_W_FULL : i - 1;
+        x = act->y;
         in = W;
     }
     st_layer *head = st_graph_linear(m, "head", x, ST_T_LOGITS, dz, ST_T_DLOGITS, in, c->n_classes);

@@ -1,0 +1,252 @@
+/*
+ * tests/test_fusion.c — each fusion against its separate pass
+ * (st_model_config.unfuse, --unfuse): the same steps give bitwise the same
+ * losses, gradients and weights, in fp32 and in bf16; the fused step runs
+ * one primitive fewer per fused activation, and calls the heap no more
+ * than the unfused one (never).  The bias is the exception: the matmul's
+ * bias argument and a separate add round differently (to 1 ulp).
+ */
+#define _GNU_SOURCE /* RTLD_NEXT, for heapwatch.h */
+#include "model_check.h"
+
+#define HEAPWATCH_PER_THREAD
+#include "heapwatch.h"
+
+/* Activation layers whose ReLU a linear layer runs as a post-op. */
+static int fused_relus(const st_model *m)
+{
+    int n = 0;
+    for (int i = 0; i < m->n_layers; i++)
+        n += m->layers[i].kind == &st_layer_activation && m->layers[i].u.act.fused;
+    return n;
+}
+
+/* Fused ReLUs whose backward the next linear layer runs (a mask post-op). */
+static int folded_relus(const st_model *m)
+{
+    int n = 0;
+    for (int i = 0; i < m->n_layers; i++)
+        n += m->layers[i].kind == &st_layer_activation && m->layers[i].u.act.mask;
+    return n;
+}
+
+/* Batch norms that run their ReLU (fuse_norm_relu). */
+static int bn_relus(const st_model *m)
+{
+    int n = 0;
+    for (int i = 0; i < m->n_layers; i++)
+        n += m->layers[i].kind == &st_layer_batchnorm && m->layers[i].u.bn.fuse_relu;
+    return n;
+}
+
+typedef struct run {
+    float loss[4];
+    long executes[4], heap[4];
+} run;
+
+/* 4 steps of forward, backward, AdamW (writing the bf16 weight copies
+ * where the model lists them) and an evaluation, from seed 21. */
+static void train(st_model *m, st_optim *o, run *r)
+{
+    st_rng g = st_rng_seed(21);
+    const int B = st_model_batch(m);
+    for (int step = 0; step < 4; step++) {
+        fill_rows(m, 0, B, &g);
+        own_calls = 0;
+        executes = 0;
+        armed = step >= 1;   /* the first lets oneDNN set up its thread */
+        st_status st = st_model_forward_backward(m, &r->loss[step]);
+        armed = 0;
+        cr_assert_eq(st, ST_OK, "%s", st_last_error());
+        r->executes[step] = executes;
+        r->heap[step] = own_calls;
+        int n, ns;
+        const st_param_copy *cp = st_model_copies(m, &n);
+        const st_param_segment *sg = st_model_segments(m, &ns);
+        st_optim_update_copies(o, st_model_params(m), st_model_grads(m), sg, ns, 0,
+                               st_model_param_count(m), (uint64_t)step + 1, 1e-2f, cp, n);
+        st_model_copies_written(m);
+        double sum = 0;
+        int64_t hits = 0;
+        OK(st_model_evaluate(m, B, &sum, &hits));
+    }
+}
+
+/* cfg fused (unfuse 0) and with `unfuse`: bitwise equal steps; the fused
+ * model has `fused(m)` > 0 fusions, the unfused none, and its steps run
+ * `fewer` primitives fewer per fusion (the separate layer's). */
+static void check_fusion(st_model_config cfg, unsigned unfuse, int (*fused)(const st_model *),
+                         int fewer, const char *tag)
+{
+    st_arena a[2];
+    st_model *m[2];
+    st_optim o[2];
+    run r[2];
+    int nf[2];
+    st_optim_config oc = st_optim_config_default();
+    for (int j = 0; j < 2; j++) {
+        st_model_config c = cfg;
+        c.unfuse = j ? unfuse : 0;
+        st_arena_init(&a[j], "fusion", NULL, 0);
+        m[j] = make_model(&c, 4, &a[j]);
+        st_model_init_params(m[j], 17);
+        OK(st_optim_init(&o[j], &oc, st_model_param_count(m[j]), &a[j]));
+        train(m[j], &o[j], &r[j]);
+        nf[j] = fused(m[j]);
+    }
+    cr_assert_gt(nf[0], 0, "%s: nothing fused", tag);
+    cr_assert_eq(nf[1], 0, "%s: %d fused under --unfuse", tag, nf[1]);
+    for (int step = 0; step < 4; step++)
+        cr_expect_eq(memcmp(&r[0].loss[step], &r[1].loss[step], sizeof(float)), 0,
+                     "%s: step %d's loss %.9g fused, %.9g unfused", tag, step + 1,
+                     r[0].loss[step], r[1].loss[step]);
+    cr_expect_eq(memcmp(st_model_grads(m[0]), st_model_grads(m[1]),
+                        m[0]->n_grads * sizeof(float)), 0, "%s: the gradients differ", tag);
+    cr_expect_eq(memcmp(st_model_params(m[0]), st_model_params(m[1]),
+                        st_model_param_count(m[0]) * sizeof(float)), 0,
+                 "%s: the weights differ after 4 steps", tag);
+    for (int step = 1; step < 4 && HEAPWATCH_ACTIVE; step++) {
+        cr_expect_eq(r[0].executes[step], r[1].executes[step] - fewer * nf[0],
+                     "%s: step %d ran %ld primitives fused, %ld unfused (%d fusions)", tag,
+                     step + 1, r[0].executes[step], r[1].executes[step], nf[0]);
+        for (int j = 0; j < 2; j++)
+            cr_expect_eq(r[j].heap[step], 0, "%s (%s): step %d called the heap %ld times",
+                         tag, j ? "unfused" : "fused", step + 1, r[j].heap[step]);
+    }
+    for (int j = 0; j < 2; j++) {
+        st_model_destroy(m[j]);
+        st_arena_release(&a[j]);
+    }
+}
+
+static int bf16_runs(void)
+{
+    return st_bf16_probe(NULL) != ST_BF16_UNAVAILABLE;
+}
+
+/* A ReLU after a linear layer as the matmul's post-op (mlp's layers,
+ * resmlp's and gpt's inner layers): max(0, y) computed in registers gives
+ * the separate eltwise pass's values, and its backward from the output
+ * (mlp) or as the mask post-op of the next layer's backward-data product
+ * (resmlp, gpt) the backward from the input. */
+Test(fusion, relu_post_op_is_bitwise_the_separate_relu)
+{
+    omp_set_num_threads(1);
+    st_model_config gpt = gpt_config(2, 8, 2, 6);
+    gpt.activation = ST_ACT_RELU;
+    const st_model_config cfgs[3] = { mlp_config(3, 20, ST_ACT_RELU),
+                                      resmlp_config(3, 16, 24, ST_ACT_RELU), gpt };
+    const char *names[3] = { "mlp", "resmlp", "gpt" };
+    for (int bf16 = 0; bf16 <= bf16_runs(); bf16++)
+        for (int k = 0; k < 3; k++) {
+            st_model_config c = cfgs[k];
+            c.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+            char tag[48];
+            snprintf(tag, sizeof tag, "%s %s", names[k], bf16 ? "bf16" : "fp32");
+            /* the ReLU's forward (bf16: it keeps its copy either way); folded,
+             * the mask replaces the ReLU's forward (bf16: and its copy's two
+             * conversions), and its backward is gone */
+            check_fusion(c, ST_UNFUSE_RELU, fused_relus, k > 0 && bf16 ? 3 : 1, tag);
+        }
+}
+
+/* The fused ReLU's backward folded into fc2's backward-data product (a
+ * binary multiply by the mask y > 0) against its own eltwise backward
+ * (--unfuse relu-backward): the mask pass replaces the backward pass in
+ * fp32, and in bf16 also the kept copy's two conversions. */
+Test(fusion, relu_backward_mask_post_op_is_bitwise_the_separate_backward)
+{
+    omp_set_num_threads(1);
+    st_model_config gpt = gpt_config(2, 8, 2, 6);
+    gpt.activation = ST_ACT_RELU;
+    const st_model_config cfgs[2] = { resmlp_config(3, 16, 24, ST_ACT_RELU), gpt };
+    const char *names[2] = { "resmlp", "gpt" };
+    for (int bf16 = 0; bf16 <= bf16_runs(); bf16++)
+        for (int k = 0; k < 2; k++) {
+            st_model_config c = cfgs[k];
+            c.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+            char tag[48];
+            snprintf(tag, sizeof tag, "%s %s", names[k], bf16 ? "bf16" : "fp32");
+            check_fusion(c, ST_UNFUSE_RELU_BACKWARD, folded_relus, bf16 ? 2 : 0, tag);
+        }
+}
+
+/* --unfuse bias runs the bias as an add after the product, so the ReLU
+ * after it cannot be the matmul's post-op either. */
+Test(fusion, an_unfused_bias_unfuses_the_relu)
+{
+    st_arena a;
+    st_model *m;
+    st_model_config c = mlp_config(2, 8, ST_ACT_RELU);
+    c.unfuse = ST_UNFUSE_BIAS;
+    st_arena_init(&a, "fusion", NULL, 0);
+    m = make_model(&c, 4, &a);
+    cr_expect_eq(fused_relus(m), 0);
+    st_model_destroy(m);
+    st_arena_release(&a);
+}
+
+/* A range of an mlp's layers (a segment of --strategy synth) may be cut
+ * between a product and its ReLU: it keeps them apart. */
+Test(fusion, a_range_of_layers_keeps_the_relu_apart)
+{
+    st_arena a;
+    st_model *m;
+    const st_model_config c = mlp_config(3, 8, ST_ACT_RELU);
+    st_arena_init(&a, "fusion", NULL, 0);
+    m = make_model(&c, 4, &a);
+    const int n = m->n_layers;
+    cr_expect_eq(fused_relus(m), 3);
+    st_model_destroy(m);
+    OK(st_model_create_range(&c, 1, n - 1, 4, &a, &m));
+    cr_expect_eq(fused_relus(m), 0);
+    st_model_destroy(m);
+    st_arena_release(&a);
+}
+
+/* A batch norm's ReLU (fuse_norm_relu) against a ReLU layer after it,
+ * in a ResNet and a plain convnet. */
+Test(fusion, bn_relu_is_bitwise_the_separate_relu)
+{
+    omp_set_num_threads(1);
+    const st_model_config cfgs[2] = {
+        resnet_config(st_model_kind_named("resnet"), 3, 4, 1, 8, 8),
+        resnet_config(st_model_kind_named("convnet"), 2, 4, 1, 8, 8),
+    };
+    const char *names[2] = { "resnet", "convnet" };
+    for (int bf16 = 0; bf16 <= bf16_runs(); bf16++)
+        for (int k = 0; k < 2; k++) {
+            st_model_config c = cfgs[k];
+            c.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+            char tag[48];
+            snprintf(tag, sizeof tag, "%s %s", names[k], bf16 ? "bf16" : "fp32");
+            /* the ReLU layer's forward and backward (bf16: and the
+             * conversions of its kept copy) */
+            check_fusion(c, ST_UNFUSE_BN_RELU, bn_relus, bf16 ? 4 : 2, tag);
+        }
+}
+
+/* Linear layers that add the skip as a binary post-op. */
+static int skips_fused(const st_model *m)
+{
+    int n = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        const st_layer *l = &m->layers[i];
+        n += l->kind == &st_layer_linear && l->residual >= 0 && !l->u.linear.unfused_residual;
+    }
+    return n;
+}
+
+/* The residual add as a binary post-op of a block's second matmul: the
+ * same correctly rounded fp32 sum as the add's own primitive.  (The bias
+ * is the matmul's bias argument, which oneDNN adds in its own order: an
+ * unfused bias matches it to rounding only, tests/test_layers_linear.) */
+Test(fusion, skip_post_op_is_bitwise_the_separate_add)
+{
+    omp_set_num_threads(1);
+    for (int bf16 = 0; bf16 <= bf16_runs(); bf16++) {
+        st_model_config c = resmlp_config(3, 16, 24, ST_ACT_GELU);
+        c.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+        check_fusion(c, ST_UNFUSE_RESIDUAL, skips_fused, 1, bf16 ? "resmlp bf16" : "resmlp fp32");
+    }
+}
