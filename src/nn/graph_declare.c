@@ -72,6 +72,9 @@ st_layer *st_graph_add(st_model *m, const st_layer_kind *kind, const char *name,
     l->kind = kind;
     snprintf(l->name, sizeof l->name, "%s", name ? name : kind->name);
     l->group = m->open_group;
+    /* a group's key is even, a declared block's odd: neighbours differ */
+    l->block = m->open_group >= 0 ? 2 * m->open_group
+             : m->open_block >= 0 ? 2 * m->open_block + 1 : -1;
     l->section = m->open_section;
     l->x = x;
     l->y = y;
@@ -94,6 +97,11 @@ void st_graph_group_begin(st_model *m, int g)
     m->open_group = g;
     if (g >= m->n_groups)
         m->n_groups = g + 1;
+}
+
+void st_graph_block(st_model *m, int b)
+{
+    m->open_block = b;
 }
 
 void st_graph_section(st_model *m, int s)
@@ -220,6 +228,7 @@ st_status st_graph_declare(st_model *m, st_model_declare_fn declare)
 {
     const st_model_config *c = &m->cfg;
     m->open_group = -1;
+    m->open_block = -1;
     /* the predeclared tensors (their memory is the model's, see model.c) */
     /* a sequence model's input: a row per token, its byte id */
     const int input = c->in_channels
@@ -375,4 +384,5 @@ void st_graph_free(st_model *m)
     free(m->run_first);
     free(m->run_count);
     free(m->group_ids);
+    st_recompute_free(m);
 }
