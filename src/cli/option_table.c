@@ -35,6 +35,7 @@ static const struct option own_options[] = {
     { "activation", required_argument, NULL, OPT_ACTIVATION },
     { "precision", required_argument, NULL, OPT_PRECISION },
     { "bf16-emulated", no_argument, NULL, OPT_BF16_EMULATED },
+    { "recompute", required_argument, NULL, OPT_RECOMPUTE },
     { "epochs", required_argument, NULL, OPT_EPOCHS },
     { "steps", required_argument, NULL, OPT_STEPS },
     { "batch", required_argument, NULL, OPT_BATCH },

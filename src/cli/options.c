@@ -83,6 +83,7 @@ static int parse_progress(const char *s, st_progress_mode *out, char *err, size_
 static st_status parse_model(const char *s, void *o) { return st_model_kind_parse(s, o); }
 static st_status parse_act(const char *s, void *o) { return st_activation_parse(s, o); }
 static st_status parse_precision(const char *s, void *o) { return st_precision_parse(s, o); }
+static st_status parse_recompute(const char *s, void *o) { return st_recompute_parse(s, o); }
 static st_status parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
 static st_status parse_moments(const char *s, void *o) { return st_moments_parse(s, o); }
 static st_status parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
@@ -337,6 +338,8 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_TEAM_SPANS: t->team_spans = 1; return 0;
     case OPT_PRECISION: return parse_choice("precision", arg, parse_precision, &t->model.precision, err, n);
     case OPT_BF16_EMULATED: t->bf16_emulated = 1; return 0;
+    case OPT_RECOMPUTE:
+        return parse_choice("recompute", arg, parse_recompute, &t->model.recompute, err, n);
     case OPT_COMM_PRECISION:
         return parse_choice("comm-precision", arg, parse_precision, &t->comm_precision, err, n);
     case OPT_NEURON_GROUP:
