@@ -18,10 +18,7 @@ static int64_t tensor_width(const st_model *m, const st_tensor *t);
 
 static int resolve(const st_model *m, int t)
 {
-    while (t >= 0 && m->tensors[t].group >= 0 && !m->group_held[m->tensors[t].group] &&
-           m->tensors[t].alias >= 0)
-        t = m->tensors[t].alias;
-    return t;
+    return st_graph_resolve(m, t);
 }
 
 const st_tensor *st_graph_tensor_info(const st_model *m, int tensor)

@@ -254,6 +254,9 @@ int st_graph_tensor_widest_of(st_model *m, int64_t cols, int copies);
 /* The same for images of `channels` x h x w per sample (NCHW): a width
  * layer's units are then groups of channels, each h x w. */
 int st_graph_image(st_model *m, int64_t channels, int64_t h, int64_t w, int width);
+/* The tensor t is (a dropped group's output is its input), ST_T_NONE for
+ * none. */
+int st_graph_resolve(const st_model *m, int t);
 /* A tensor as declared (its alias resolved: a dropped group's output is
  * its input). */
 const st_tensor *st_graph_tensor_info(const st_model *m, int tensor);

@@ -109,6 +109,14 @@ void st_graph_section(st_model *m, int s)
     m->open_section = s;
 }
 
+int st_graph_resolve(const st_model *m, int t)
+{
+    while (t >= 0 && m->tensors[t].group >= 0 && !m->group_held[m->tensors[t].group] &&
+           m->tensors[t].alias >= 0)
+        t = m->tensors[t].alias;
+    return t;
+}
+
 void st_graph_group_end(st_model *m, int in, int out)
 {
     /* the output stands for the input when the group is dropped */
@@ -384,5 +392,4 @@ void st_graph_free(st_model *m)
     free(m->run_first);
     free(m->run_count);
     free(m->group_ids);
-    st_recompute_free(m);
 }

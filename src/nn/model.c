@@ -425,6 +425,7 @@ st_status st_model_config_state_segments(const st_model_config *cfg, st_param_se
 
 static void destroy_layout(st_model *m)
 {
+    st_recompute_free(m);
     st_graph_free(m);
 }
 

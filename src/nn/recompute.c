@@ -30,8 +30,7 @@
 
 static int resolved(const st_model *m, int t)
 {
-    const st_tensor *info = st_graph_tensor_info(m, t);
-    return info ? (int)(info - m->tensors) : ST_T_NONE;
+    return st_graph_resolve(m, t);
 }
 
 /* The kept blocks as runs of layers, in order. */
