@@ -90,6 +90,9 @@ typedef struct st_linear_io {
 st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t in,
                           int64_t out, const st_linear_io *io);
 st_status st_linear_forward(const st_nn_ctx *ctx, const st_linear *l);
+/* The same again in the step whose forward converted the weights (a
+ * recomputed forward, bf16): without their conversion. */
+st_status st_linear_forward_again(const st_nn_ctx *ctx, const st_linear *l);
 st_status st_linear_backward(const st_nn_ctx *ctx, const st_linear *l);
 
 /* ------------------------------------------------------------ activation */
