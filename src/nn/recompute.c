@@ -28,11 +28,6 @@
 
 #include "nn/graph.h"
 
-static int resolved(const st_model *m, int t)
-{
-    return st_graph_resolve(m, t);
-}
-
 /* The kept blocks as runs of layers, in order. */
 static st_status find_blocks(st_model *m)
 {
@@ -79,11 +74,11 @@ static touches touches_of(const st_model *m, int t)
         const st_layer *l = &m->layers[i];
         if (l->dropped)
             continue;
-        if ((l->dx >= 0 && resolved(m, l->dx) == t) || (l->dy >= 0 && resolved(m, l->dy) == t))
+        /* t >= 0: a missing tensor (-1) resolves to -1 */
+        if (st_graph_resolve(m, l->dx) == t || st_graph_resolve(m, l->dy) == t)
             w.grad = 1;
-        const int x = l->x >= 0 && resolved(m, l->x) == t;
-        const int y = l->y >= 0 && resolved(m, l->y) == t;
-        const int r = l->residual >= 0 && resolved(m, l->residual) == t;
+        const int x = st_graph_resolve(m, l->x) == t, y = st_graph_resolve(m, l->y) == t;
+        const int r = st_graph_resolve(m, l->residual) == t;
         if (!x && !y && !r)
             continue;
         if (w.first < 0) {
@@ -110,7 +105,7 @@ static int output_tensor(const st_model *m)
 {
     for (int i = m->n_layers - 1; i >= 0; i--)
         if (!m->layers[i].dropped)
-            return m->layers[i].y >= 0 ? resolved(m, m->layers[i].y) : ST_T_NONE;
+            return m->layers[i].y >= 0 ? st_graph_resolve(m, m->layers[i].y) : ST_T_NONE;
     return ST_T_NONE;
 }
 
@@ -139,7 +134,7 @@ st_status st_recompute_plan(st_model *m)
     const int out = output_tensor(m);
     for (int t = 0; t < m->n_tensors; t++) {
         m->tensor_lane[t] = -1;
-        if (t < ST_T_FIRST_FREE || resolved(m, t) != t || t == out)
+        if (t < ST_T_FIRST_FREE || st_graph_resolve(m, t) != t || t == out)
             continue;
         const touches w = touches_of(m, t);
         if (w.first < 0 || !w.written || w.grad || w.lo < 0 || m->layer_block[w.first] != w.lo)
