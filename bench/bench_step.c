@@ -173,7 +173,7 @@ static int bind_like_worker_0(void)
 
 static int run_all(const bench_options *o, FILE *json)
 {
-    bench_result res[2 * N_MOMENTS * N_CONFIGS];
+    bench_result res[2 * N_MOMENTS * N_CONFIGS * 3];
     int n = 0;
     print_header(o);
     if (bind_like_worker_0() != EXIT_SUCCESS) /* after the header's count of online CPUs */
@@ -184,17 +184,19 @@ static int run_all(const bench_options *o, FILE *json)
         for (int bf16 = 0; bf16 < 2; bf16++) {
             if (!(bf16 ? o->bf16 : o->fp32))
                 continue;
-            for (int k = 0; k < N_MOMENTS; k++) {
-                if (!(o->moments & (1u << k)))
-                    continue;
-                int rc = run_config(&CONFIGS[i], o, bf16, (st_moments)k, &res[n]);
-                if (rc != EXIT_SUCCESS)
-                    return rc;
-                print_row(&res[n]);
-                if (json)
-                    write_json(json, &res[n], o);
-                n++;
-            }
+            for (int k = 0; k < N_MOMENTS; k++)
+                for (int rm = 0; rm < 3; rm++) {
+                    if (!(o->moments & (1u << k)) || !(o->recompute & (1u << rm)))
+                        continue;
+                    int rc = run_config(&CONFIGS[i], o, bf16, (st_moments)k, (st_recompute)rm,
+                                        &res[n]);
+                    if (rc != EXIT_SUCCESS)
+                        return rc;
+                    print_row(&res[n]);
+                    if (json)
+                        write_json(json, &res[n], o);
+                    n++;
+                }
         }
     }
     printf("\n");
@@ -342,6 +344,27 @@ static int run_scaling(const bench_options *o)
 
 /* ------------------------------------------------------------ options */
 
+/* "none,blocks" or "all" ... into 1 << st_recompute bits; 0 if it is not
+ * one.  "all" is a mode: every mode is "none,blocks,all". */
+static int parse_recompute(const char *v, unsigned *bits)
+{
+    *bits = 0;
+    char word[16];
+    while (*v) {
+        const size_t len = strcspn(v, ",");
+        st_recompute r;
+        if (len == 0 || len >= sizeof word)
+            return 0;
+        memcpy(word, v, len);
+        word[len] = '\0';
+        if (st_recompute_parse(word, &r) != ST_OK)
+            return 0;
+        *bits |= 1u << r;
+        v += len + (v[len] == ',');
+    }
+    return *bits != 0;
+}
+
 /* "fp32,bf16-sr" or "all" into 1 << st_moments bits; 0 if it is not one. */
 static int parse_moments(const char *v, unsigned *bits)
 {
@@ -375,6 +398,7 @@ static void usage(FILE *f)
             "                            relu-backward|both]\n"
             "                  [--activation relu|gelu]\n"
             "                  [--optimizer-moments fp32,bf16,bf16-sr|all]\n"
+            "                  [--recompute none,blocks,all]\n"
             "\n"
             "Times one training step of subtrain (st_trainer_step: gather, forward,\n"
             "backward, AdamW) on one thread and compares its GFLOP/s with dnnl_sgemm on\n"
@@ -415,13 +439,17 @@ static void usage(FILE *f)
             "                fp32 (default), bf16, bf16-sr, or all: a row per state, with\n"
             "                the bytes a parameter the update reads and writes and its\n"
             "                share of the step\n"
+            "  --recompute R activation recomputation of each row: a comma list of none\n"
+            "                (default), blocks, all; the row's act MiB is the worker's peak\n"
+            "                activation and attention bytes\n"
             "  --help        this text\n");
 }
 
 int main(int argc, char **argv)
 {
     bench_options o = { .which = -1, .windows = 5, .warmup_steps = 3, .fp32 = 1,
-                        .moments = 1u << ST_MOMENTS_FP32, .activation = -1 };
+                        .moments = 1u << ST_MOMENTS_FP32, .activation = -1,
+                        .recompute = 1u << ST_RECOMPUTE_NONE };
     double seconds = -1.0;
     for (int i = 1; i < argc; i++) {
         int missing = 0;
@@ -454,6 +482,10 @@ int main(int argc, char **argv)
             if (!parse_moments(v, &o.moments))
                 return usage_error("--optimizer-moments takes a comma list of fp32, bf16 and "
                                    "bf16-sr (or all), got '%s'", v);
+        } else if ((v = option_value(argc, argv, &i, "--recompute", &missing))) {
+            if (!parse_recompute(v, &o.recompute))
+                return usage_error("--recompute takes a comma list of none, blocks and all, "
+                                   "got '%s'", v);
         } else if ((v = option_value(argc, argv, &i, "--unfuse", &missing))) {
             if (!parse_unfuse(v, &o.unfuse))
                 return usage_error("--unfuse takes a comma list of bias, residual, "

@@ -54,6 +54,7 @@ typedef struct bench_options {
                              * the configs' own (GELU) */
     unsigned moments;       /* 1 << st_moments: the optimizer states that get a row
                              * (--optimizer-moments) */
+    unsigned recompute;     /* 1 << st_recompute: the modes that get a row (--recompute) */
 } bench_options;
 
 /* The parts of an attention layer's forward and backward, in the order
@@ -71,6 +72,8 @@ typedef struct bench_result {
     int bf16;                       /* the row's precision: linear layers in bf16 */
     st_moments moments;             /* the row's optimizer state */
     st_activation activation;       /* the model's */
+    st_recompute recompute;         /* the row's activation recomputation */
+    size_t act_bytes;               /* the worker's peak activations + attention bytes */
     double optim_bytes_per_param;   /* what the update read and wrote (the record's) */
     double ref16_flops;             /* bf16: the bf16 matmul reference, per call */
     double ref16_s_med, ref16_s_best;
@@ -207,7 +210,7 @@ int fail(const char *what);
 /* One configuration in one precision and optimizer state, measured into
  * r; an exit status. */
 int run_config(const bench_config *bc, const bench_options *o, int bf16, st_moments moments,
-               bench_result *r);
+               st_recompute recompute, bench_result *r);
 
 /* ------------------------------------------------------------ bench_step_output.c */
 

@@ -122,9 +122,10 @@ void print_header(const bench_options *o)
         printf("activation of resmlp and gpt: %s\n", st_activation_name(o->activation));
     if (o->unfuse || o->activation >= 0)
         printf("\n");
-    printf("%-17s %4s %5s %8s %9s %10s %12s %6s %11s %6s %9s %7s %7s %6s\n", "config", "prec",
-           "batch", "params", "step ms", "samples/s", "step GFLOP/s", "ref", "ref GFLOP/s",
-           "ratio", "vs sgemm", "moments", "opt B/p", "opt %");
+    printf("%-17s %4s %5s %8s %9s %10s %12s %6s %11s %6s %9s %7s %7s %6s %6s %8s\n", "config",
+           "prec", "batch", "params", "step ms", "samples/s", "step GFLOP/s", "ref",
+           "ref GFLOP/s", "ratio", "vs sgemm", "moments", "opt B/p", "opt %", "recomp",
+           "act MiB");
 }
 
 void print_row(const bench_result *r)
@@ -144,8 +145,9 @@ void print_row(const bench_result *r)
     else
         printf(" %9.3f", step_g / ref_g);
     /* the optimizer: its state, bytes a parameter, share of the breakdown's step */
-    printf(" %7s %7.1f %5.1f%%\n", st_moments_name(r->moments), r->optim_bytes_per_param,
-           100.0 * r->optim_s / r->parts_s);
+    printf(" %7s %7.1f %5.1f%% %6s %8.2f\n", st_moments_name(r->moments),
+           r->optim_bytes_per_param, 100.0 * r->optim_s / r->parts_s,
+           st_recompute_name(r->recompute), (double)r->act_bytes / 1048576.0);
     fflush(stdout);
 }
 
@@ -295,11 +297,12 @@ void write_json(FILE *f, const bench_result *r, const bench_options *o)
     fprintf(f, "{\"config\":\"%s\",\"precision\":\"%s\",\"unfuse\":\"%s\",\"model\":\"%s\","
             "\"clock\":\"%s\",\"activation\":\"%s\",\"depth\":%d,\"width\":%d,"
             "\"optimizer_moments\":\"%s\","
-            "\"optimizer_bytes_per_param\":%.2f,\"optimizer_share\":%.4f,", c->name,
+            "\"optimizer_bytes_per_param\":%.2f,\"optimizer_share\":%.4f,"
+            "\"recompute\":\"%s\",\"activation_bytes\":%zu,", c->name,
             r->bf16 ? "bf16" : "fp32", unfused, c->model,
             bench_clock() == CLOCK_MONOTONIC ? "wall" : "thread", st_activation_name(r->activation),
             c->depth, c->width, st_moments_name(r->moments), r->optim_bytes_per_param,
-            r->optim_s / r->parts_s);
+            r->optim_s / r->parts_s, st_recompute_name(r->recompute), r->act_bytes);
     if (r->bf16)
         fprintf(f, "\"bf16_reference\":\"%s\",\"bf16_ref_gflops\":%.3f,"
                 "\"bf16_ref_gflops_best\":%.3f,\"bf16_ref_impl\":\"%s\",\"ratio_bf16\":%.4f,",

@@ -102,13 +102,14 @@ int fail(const char *what)
 }
 
 int run_config(const bench_config *bc, const bench_options *o, int bf16, st_moments moments,
-               bench_result *r)
+               st_recompute recompute, bench_result *r)
 {
     memset(r, 0, sizeof *r);
     r->cfg = bc;
     r->windows = o->windows;
     r->bf16 = bf16;
     r->moments = moments;
+    r->recompute = recompute;
 
     /* One data-parallel worker, a constant rate, and more steps than any
      * measurement takes (the plan needs a length). */
@@ -119,6 +120,7 @@ int run_config(const bench_config *bc, const bench_options *o, int bf16, st_mome
     tc.model.hidden = 0; /* = width */
     tc.model.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
     tc.model.unfuse = o->unfuse;
+    tc.model.recompute = recompute;
     tc.bf16_emulated = 1;   /* the header names the ISA: an emulated row says so */
     tc.model.in_dim = 784;
     tc.model.n_classes = 10;
@@ -356,6 +358,7 @@ int run_config(const bench_config *bc, const bench_options *o, int bf16, st_mome
         goto out;
     }
     r->optim_bytes_per_param = rec.optimizer_bytes_per_param;
+    r->act_bytes = rec.memory.peak[ST_MEM_ACTIVATIONS] + rec.memory.peak[ST_MEM_ATTENTION];
 
 out:
     if (ref.conv) {

@@ -1,7 +1,8 @@
 /*
  * tests/test_train_hotpath.c — the hot path: a training step makes no heap
  * call of subtrain's own, on one worker, with data parallelism, neuron
- * subnetworks, synth's segment groups, a transformer and a vision transformer.
+ * subnetworks, synth's segment groups, a transformer and a vision transformer,
+ * and with activation recomputation.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -215,4 +216,31 @@ Test(vit, a_step_makes_no_heap_allocation, .timeout = 60)
     c.strategy = ST_STRATEGY_SDP;
     c.sdp.subnet = ST_SUBNET_NEURON;
     assert_steps_make_no_heap_call(&c, "vit sdp over heads");
+}
+
+/* With activation recomputation the backward runs blocks' forwards again
+ * with the forward's primitives, in storage laid out at build time: no
+ * heap call either, data parallelism and neuron subnetworks in both modes,
+ * gpt with its attention recomputed. */
+Test(recompute, a_step_makes_no_heap_allocation, .timeout = 120)
+{
+    HEAPWATCH_SKIP_IF_OFF();
+    for (int mode = ST_RECOMPUTE_BLOCKS; mode <= ST_RECOMPUTE_ALL; mode++) {
+        st_train_config c = dp_config(2, 32, 40);
+        c.model.recompute = (st_recompute)mode;
+        assert_steps_make_no_heap_call(&c, st_recompute_name(c.model.recompute));
+        c = neuron_sdp_config(st_model_kind_named("resmlp"), 2, 0.5, 40);
+        c.batch = 32;
+        c.model.recompute = (st_recompute)mode;
+        assert_steps_make_no_heap_call(&c, "sdp neuron forward, recompute");
+    }
+    st_text t = gpt_text(30000);
+    st_dataset train, test;
+    cr_assert_eq(st_text_dataset(&t, 16, 1, 0, 1024, &train, &test), ST_OK);
+    st_train_config c = gpt_train_config(2, 40);
+    c.model.recompute = ST_RECOMPUTE_BLOCKS;
+    assert_no_heap_call_on(&c, &train, &test, "gpt, recompute blocks");
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    free(t.bytes);
 }

@@ -85,6 +85,20 @@ typedef enum st_token_pool { ST_POOL_MEAN, ST_POOL_CLS } st_token_pool;
  * the scores, softmax and the loss stay fp32. */
 typedef enum st_precision { ST_PRECISION_FP32, ST_PRECISION_BF16 } st_precision;
 
+/* Activation recomputation (doc/memory.md): what the training forward
+ * keeps for the backward.  A block is a layer group (a residual block),
+ * or, in a model without groups, one hidden layer (its linear layer and
+ * activation).  NONE: everything.  BLOCKS: each block's input and the
+ * layers outside blocks; a block's own activations live in one block's
+ * storage, its forward runs again just before its backward.  ALL: the
+ * first block's input and the layers outside blocks; the block
+ * boundaries take turns in two buffers, and before block b's backward
+ * blocks 0..b run again from the first block's input (b + 1 block
+ * forwards).  The numbers are the same in every mode. */
+typedef enum st_recompute {
+    ST_RECOMPUTE_NONE, ST_RECOMPUTE_BLOCKS, ST_RECOMPUTE_ALL
+} st_recompute;
+
 /* What a layer does in its own pass over its output (fused, the default)
  * and st_model_config.unfuse can move into a pass of its own, so that
  * each fusion can be measured alone (bench_step --unfuse, subtrain
@@ -184,6 +198,7 @@ typedef struct st_model_config {
                              * convolution and batch norm reorders into its
                              * blocked layout and back (for comparison; 0, the
                              * default, keeps them blocked: doc/cnn.md) */
+    st_recompute recompute; /* what the forward keeps (NONE default) */
 } st_model_config;
 
 /* resmlp, depth 4, width 256, hidden = width, GELU, 784 inputs, 10 classes. */
@@ -278,6 +293,8 @@ const char *st_precision_name(st_precision p);
 st_status st_precision_parse(const char *name, st_precision *out);
 const char *st_token_pool_name(st_token_pool p);
 st_status st_token_pool_parse(const char *name, st_token_pool *out);
+const char *st_recompute_name(st_recompute r);
+st_status st_recompute_parse(const char *name, st_recompute *out);
 
 /* Whether this CPU runs bf16 products natively.  oneDNN's effective ISA
  * (which ONEDNN_MAX_CPU_ISA can lower): NATIVE with avx512_core_bf16 or

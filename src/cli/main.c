@@ -69,6 +69,8 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
     printf("subtrain %s: %s", PACKAGE_VERSION, model);
     if (m->precision != ST_PRECISION_FP32)
         printf(" %s", st_precision_name(m->precision));
+    if (m->recompute != ST_RECOMPUTE_NONE)
+        printf(" recompute %s", st_recompute_name(m->recompute));
     printf(" %s | %s lr %g wd %g %s", st_activation_name(m->activation),
            st_optimizer_name(t->optim.kind), t->optim.lr, t->optim.weight_decay,
            st_schedule_name(t->schedule));

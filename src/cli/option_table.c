@@ -38,6 +38,7 @@ static const struct option own_options[] = {
     { "precision", required_argument, NULL, OPT_PRECISION },
     { "bf16-emulated", no_argument, NULL, OPT_BF16_EMULATED },
     { "unfuse", required_argument, NULL, OPT_UNFUSE },
+    { "recompute", required_argument, NULL, OPT_RECOMPUTE },
     { "epochs", required_argument, NULL, OPT_EPOCHS },
     { "steps", required_argument, NULL, OPT_STEPS },
     { "batch", required_argument, NULL, OPT_BATCH },

@@ -24,6 +24,7 @@ enum {
     OPT_PRECISION, OPT_BF16_EMULATED, OPT_COMM_PRECISION, OPT_CONFIG, OPT_DUMP_CONFIG,
     OPT_FORMAT,
     OPT_ACCUMULATE, OPT_OPTIMIZER_MOMENTS, OPT_PATCH, OPT_POOL, OPT_WEIGHTS, OPT_UNFUSE,
+    OPT_RECOMPUTE,
     /* the strategies' options: OPT_STRATEGY_OPTION + their index in the
      * table st_cli_option_table() makes */
     OPT_STRATEGY_OPTION = 1024,

@@ -84,6 +84,7 @@ static st_status parse_model(const char *s, void *o) { return st_model_kind_pars
 static st_status parse_act(const char *s, void *o) { return st_activation_parse(s, o); }
 static st_status parse_precision(const char *s, void *o) { return st_precision_parse(s, o); }
 static st_status parse_pool(const char *s, void *o) { return st_token_pool_parse(s, o); }
+static st_status parse_recompute(const char *s, void *o) { return st_recompute_parse(s, o); }
 static st_status parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
 static st_status parse_moments(const char *s, void *o) { return st_moments_parse(s, o); }
 static st_status parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
@@ -343,6 +344,8 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         if (st_unfuse_parse(arg, &t->model.unfuse) != ST_OK)
             return st_cli_fail(err, n, "--unfuse: %s", st_last_error());
         return 0;
+    case OPT_RECOMPUTE:
+        return parse_choice("recompute", arg, parse_recompute, &t->model.recompute, err, n);
     case OPT_COMM_PRECISION:
         return parse_choice("comm-precision", arg, parse_precision, &t->comm_precision, err, n);
     case OPT_WEIGHTS: return parse_choice("weights", arg, parse_weights, &t->weights, err, n);

@@ -30,6 +30,7 @@ static const char *const may_change[] = {
     "prompt",            /* the same */
     "temperature",       /* the same */
     "top-k",             /* the same */
+    "recompute",         /* what the forward keeps: the same numbers in every mode */
 };
 
 static int may_change_on_resume(const char *key)

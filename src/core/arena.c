@@ -193,6 +193,22 @@ st_status st_arena_alloc(st_arena *arena, st_mem_kind kind, size_t bytes, void *
     if (bytes > SIZE_MAX / 2)
         return st_fail(ST_ERR_NOMEM, "%s: request of %zu bytes is absurd", arena->owner, bytes);
     size_t need = align_up(bytes ? bytes : 1);
+    st_arena_lanes *L = arena->lanes;
+    if (L && L->open >= 0 && st_arena_lane_kind(kind)) {
+        size_t *used = &L->used[(size_t)L->open * ST_MEM_KIND_COUNT + (size_t)kind];
+        char *base = L->base[L->region[L->open]][kind];
+        if (base) {
+            if (need > L->size[L->region[L->open]][kind] - *used)
+                return st_fail(ST_ERR_INVALID, "%s: lane %d of %s outgrows its region of %zu "
+                               "bytes", arena->owner, L->open, st_mem_kind_name(kind),
+                               L->size[L->region[L->open]][kind]);
+            *out = base + *used;
+            *used += need;
+            memset(*out, 0, need);
+            return ST_OK;
+        }
+        *used += need;   /* counting: the arena's own, below */
+    }
     if (!arena->head || arena->head->size - arena->head->used < need)
         ST_TRY(add_chunk(arena, need));
     st_arena_chunk *c = arena->head;

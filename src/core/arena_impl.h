@@ -11,6 +11,28 @@
 
 #include <subtrain/arena.h>
 
+/* Storage that takes turns (activation recomputation, nn/recompute.c):
+ * while a lane is open, the arena's activation and attention allocations
+ * are that lane's.  Lanes share a region per kind: each lane starts at
+ * its region's start, so lanes of one region overlap.  With no region
+ * yet (base NULL) the allocations are the arena's own and each lane's
+ * bytes are counted, which is how the regions are sized. */
+enum { ST_ARENA_REGIONS = 3 };
+typedef struct st_arena_lanes {
+    int open;                      /* the lane allocations go to; -1: none */
+    int n;                         /* lanes */
+    const int *region;             /* n: each lane's region */
+    size_t *used;                  /* n x ST_MEM_KIND_COUNT: bytes each lane took */
+    char *base[ST_ARENA_REGIONS][ST_MEM_KIND_COUNT];   /* NULL: counting */
+    size_t size[ST_ARENA_REGIONS][ST_MEM_KIND_COUNT];
+} st_arena_lanes;
+
+/* Whether allocations of `kind` go to an open lane. */
+static inline int st_arena_lane_kind(st_mem_kind kind)
+{
+    return kind == ST_MEM_ACTIVATIONS || kind == ST_MEM_ATTENTION;
+}
+
 struct st_arena {
     char owner[32];            /* e.g. "worker 3": used in error messages */
     st_chunk_backend backend;
@@ -18,6 +40,7 @@ struct st_arena {
     st_arena_chunk *head;      /* most recent chunk first */
     st_arena_chunk *spare;     /* chunks a rewind emptied, kept for reuse */
     st_mem_stats stats;
+    st_arena_lanes *lanes;     /* NULL: none (the arena's owner sets it) */
 };
 
 /* An empty arena in the caller's storage, as st_arena_create makes one;

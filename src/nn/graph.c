@@ -18,10 +18,7 @@ static int64_t tensor_width(const st_model *m, const st_tensor *t);
 
 static int resolve(const st_model *m, int t)
 {
-    while (t >= 0 && m->tensors[t].group >= 0 && !m->group_held[m->tensors[t].group] &&
-           m->tensors[t].alias >= 0)
-        t = m->tensors[t].alias;
-    return t;
+    return st_graph_resolve(m, t);
 }
 
 const st_tensor *st_graph_tensor_info(const st_model *m, int tensor)
@@ -247,7 +244,7 @@ static int forward_only(const st_model *m, int t, int *first, int *last)
             f = i;
         l = i;
     }
-    if (f < 0 || resolve(m, m->layers[end].y) == t)
+    if (f < 0 || resolve(m, m->layers[end].y) == t || !st_recompute_one_block(m, t))
         return 0;
     *first = f;
     *last = l;
@@ -358,8 +355,12 @@ static st_status assign_forward_only(st_model *m)
     }
     /* the gradients, largest first (then by id), so that the large ones
      * take the large buffers: busy[b] = INT_MAX once one has taken buffer
-     * b (the forward tenants' spans all end before) */
+     * b (the forward tenants' spans all end before).  With recomputation
+     * a block's forward runs again during the backward: the gradients
+     * take buffers of their own. */
     const int n_fwd = n;
+    for (int b = 0; b < buffers && m->n_blocks; b++)
+        busy[b] = INT_MAX;
     for (int t = 0; t < T; t++)
         if (backward_only(m, t)) {
             first[t] = 0;
@@ -438,9 +439,10 @@ static st_status grads_final(st_model *m)
     return ST_OK;
 }
 
-st_status st_graph_build(st_model *m)
+static st_status build(st_model *m)
 {
     prune_input_gradients(m);
+    ST_TRY(st_recompute_plan(m));
     if (m->storage.params && m->storage.count != m->n_params)
         return st_fail(ST_ERR_INVALID, "storage of %zu parameters for a model of %zu",
                        m->storage.count, m->n_params);
@@ -475,7 +477,9 @@ st_status st_graph_build(st_model *m)
             const int t = touched[k] >= 0 ? resolve(m, touched[k]) : ST_T_NONE;
             if (t < 0 || m->tensors[t].data)
                 continue;
+            st_recompute_open_tensor(m, t);
             ST_TRY(st_graph_alloc(m, tensor_floats(m, t), &m->tensors[t].data));
+            st_recompute_close(m);
         }
     }
     /* A norm whose parameters get no gradient (backward masking) still has
@@ -506,17 +510,28 @@ st_status st_graph_build(st_model *m)
     if (m->grad_scratch_floats)
         ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WORKSPACE, m->grad_scratch_floats,
                                      &m->grad_scratch));
+    /* a layer's own saved buffers are its block's (recomputation) */
     for (int i = 0; i < m->n_layers; i++) {
         st_layer *l = &m->layers[i];
+        st_recompute_open_layer(m, i);
         if (!l->dropped && l->kind->alloc)
             ST_TRY(l->kind->alloc(m, l));
     }
     for (int i = 0; i < m->n_layers; i++) {
         st_layer *l = &m->layers[i];
+        st_recompute_open_layer(m, i);
         if (!l->dropped)
             ST_TRY(l->kind->build(m, l));
     }
     return grads_final(m);
+}
+
+st_status st_graph_build(st_model *m)
+{
+    const st_status s = build(m);
+    st_recompute_close(m);
+    st_recompute_done(m);
+    return s;
 }
 
 /* ------------------------------------------------------------ run */
@@ -542,6 +557,7 @@ st_status st_graph_backward_ready(const st_model *m, void (*ready)(void *ctx, si
     size_t told = m->n_grads;
     for (int i = m->n_layers - 1; i >= 0; i--) {
         const st_layer *l = &m->layers[i];
+        ST_TRY(st_recompute_before(m, i));
         if (l->backward && l->kind->backward)
             ST_TRY(l->kind->backward(&m->ctx, l));
         if (ready && m->grads_final[i] < told) {

@@ -49,6 +49,7 @@
 #define SUBTRAIN_NN_GRAPH_H
 
 #include <subtrain/model.h>
+#include "core/arena_impl.h"
 #include "nn/graph_layer.h"
 
 /* ------------------------------------------------------------ tensors */
@@ -133,6 +134,7 @@ struct st_model {
     int open_section;      /* while declaring: the section layers join */
     int64_t open_tokens;   /* while declaring: the rows per sample of new
                             * tensors (st_graph_tokens; 0: the model's) */
+    int open_block;        /* while declaring: st_graph_block's block (-1: none) */
     int n_groups;          /* layer groups of the full model */
     int n_width;           /* width layers of the full model */
 
@@ -193,6 +195,20 @@ struct st_model {
     int *run_first, *run_count;
     int64_t widest;        /* widest kept width layer */
 
+    /* Recomputation (nn/recompute.c), cfg.recompute: the kept blocks as
+     * runs of layers, each layer's kept block (-1: none) and each
+     * tensor's lane (-1: its own storage), and the lanes the arena hands
+     * the blocks' activations from while the model is built. */
+    int n_blocks;
+    int *block_lo, *block_hi;
+    int *layer_block, *tensor_lane;
+    st_arena_lanes lanes;
+    int *lane_region;
+    size_t *lane_used;
+    int regions_known;     /* 1: region_size holds the regions to allocate;
+                            * 0: the lanes count (st_model_activation_layout) */
+    size_t region_size[ST_ARENA_REGIONS][ST_MEM_KIND_COUNT];
+
     int32_t *labels;       /* (B) */
     float *logp;           /* (B, classes) */
     st_xent xent;
@@ -251,6 +267,9 @@ int st_graph_image(st_model *m, int64_t channels, int64_t h, int64_t w, int widt
 void st_graph_tokens(st_model *m, int64_t tokens);
 /* Rows of a tensor in this instance: batch x its tokens. */
 int64_t st_graph_rows(const st_model *m, int tensor);
+/* The tensor t is (a dropped group's output is its input), ST_T_NONE for
+ * none. */
+int st_graph_resolve(const st_model *m, int t);
 /* A tensor as declared (its alias resolved: a dropped group's output is
  * its input). */
 const st_tensor *st_graph_tensor_info(const st_model *m, int tensor);
@@ -296,6 +315,11 @@ void st_graph_group_begin(st_model *m, int g);
  * every model starts in section 0): strategies that deal groups to
  * workers deal each section's evenly (st_model_config_sections). */
 void st_graph_section(st_model *m, int s);
+/* Outside layer groups: the layers declared from now on are
+ * recomputation block b (-1: none; cfg.recompute, nn/recompute.c), mlp's
+ * hidden layers, a ResNet's projection blocks.  A layer group is a block
+ * of its own. */
+void st_graph_block(st_model *m, int b);
 void st_graph_group_end(st_model *m, int in, int out);
 
 /* For layer kinds: untrained state named `name`, sel->full floats in the
@@ -368,5 +392,25 @@ st_status st_graph_backward_ready(const st_model *m, void (*ready)(void *ctx, si
                                   void *ctx);
 double st_graph_flops(const st_model *m);
 void st_graph_free(st_model *m);               /* what declare and layout malloc'd */
+
+/* nn/recompute.c: the recomputation plan of a model being built
+ * (cfg.recompute), the lanes its build allocates from, and the forward
+ * the backward runs again before a block's backward. */
+st_status st_recompute_plan(st_model *m);
+/* The lane of tensor t's storage (its block's, a boundary's, or none),
+ * of layer i's own buffers, opened for the allocations that follow;
+ * close: none. */
+void st_recompute_open_tensor(st_model *m, int t);
+void st_recompute_open_layer(st_model *m, int i);
+void st_recompute_close(st_model *m);
+/* The build is over: the arena hands out its own storage again. */
+void st_recompute_done(st_model *m);
+/* Whether tensor t (resolved) may share a bf16 forward-only buffer: its
+ * forward touches are all in one block (or none). */
+int st_recompute_one_block(const st_model *m, int t);
+/* Before layer i's backward: the forward its block's backward needs,
+ * when i is a kept block's last layer. */
+st_status st_recompute_before(const st_model *m, int i);
+void st_recompute_free(st_model *m);
 
 #endif /* SUBTRAIN_NN_GRAPH_H */

@@ -78,6 +78,9 @@ st_layer *st_graph_add(st_model *m, const st_layer_kind *kind, const char *name,
     l->kind = kind;
     snprintf(l->name, sizeof l->name, "%s", name ? name : kind->name);
     l->group = m->open_group;
+    /* a group's key is even, a declared block's odd: neighbours differ */
+    l->block = m->open_group >= 0 ? 2 * m->open_group
+             : m->open_block >= 0 ? 2 * m->open_block + 1 : -1;
     l->section = m->open_section;
     l->x = x;
     l->y = y;
@@ -102,9 +105,22 @@ void st_graph_group_begin(st_model *m, int g)
         m->n_groups = g + 1;
 }
 
+void st_graph_block(st_model *m, int b)
+{
+    m->open_block = b;
+}
+
 void st_graph_section(st_model *m, int s)
 {
     m->open_section = s;
+}
+
+int st_graph_resolve(const st_model *m, int t)
+{
+    while (t >= 0 && m->tensors[t].group >= 0 && !m->group_held[m->tensors[t].group] &&
+           m->tensors[t].alias >= 0)
+        t = m->tensors[t].alias;
+    return t;
 }
 
 void st_graph_group_end(st_model *m, int in, int out)
@@ -226,6 +242,7 @@ st_status st_graph_declare(st_model *m, st_model_declare_fn declare)
 {
     const st_model_config *c = &m->cfg;
     m->open_group = -1;
+    m->open_block = -1;
     /* the predeclared tensors (their memory is the model's, see model.c) */
     /* a sequence model's input: a row per token, its byte id */
     const int input = c->in_channels

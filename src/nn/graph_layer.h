@@ -16,7 +16,11 @@ typedef struct st_layer st_layer;
 /* Which forward: training (batch statistics, saved for the backward; a
  * batch norm updates its running statistics) or inference (evaluation:
  * running statistics, nothing updated).  Most kinds compute the same. */
-typedef enum st_phase { ST_PHASE_TRAIN, ST_PHASE_INFER } st_phase;
+/* RECOMPUTE: a training forward run again before the backward of its
+ * block (nn/recompute.c): the same batch statistics and saved buffers,
+ * nothing updated (a batch norm's running statistics are the first
+ * forward's). */
+typedef enum st_phase { ST_PHASE_TRAIN, ST_PHASE_INFER, ST_PHASE_RECOMPUTE } st_phase;
 /* What a layer kind provides.  Each kind is one file of src/nn/layers/
  * that defines one of these (their declarations follow); nothing else in
  * the graph knows the kinds. */
@@ -77,6 +81,9 @@ struct st_layer {
     const st_layer_kind *kind;
     char name[32];         /* its segments' prefix, in the full model */
     int group;             /* layer group (-1: held by every subnetwork) */
+    int block;             /* recomputation block: 2 x its group, or 2 x
+                            * what st_graph_block declares + 1 (-1: none,
+                            * never recomputed) */
     int section;           /* st_graph_section when declared (a ResNet's stage) */
     int x, y, dx, dy;      /* tensors: input, output and their gradients
                             * (dx ST_T_NONE: nobody needs dL/dx) */

@@ -94,6 +94,9 @@ typedef struct st_linear_io {
 st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t in,
                           int64_t out, const st_linear_io *io);
 st_status st_linear_forward(const st_nn_ctx *ctx, const st_linear *l);
+/* The same again in the step whose forward converted the weights (a
+ * recomputed forward, bf16): without their conversion. */
+st_status st_linear_forward_again(const st_nn_ctx *ctx, const st_linear *l);
 st_status st_linear_backward(const st_nn_ctx *ctx, const st_linear *l);
 
 /* ------------------------------------------------------------ activation */
@@ -426,8 +429,9 @@ typedef struct st_batchnorm {
 st_status st_batchnorm_build(st_nn_ctx *ctx, st_batchnorm *n, int64_t batch,
                              int64_t channels, int64_t height, int64_t width,
                              const st_batchnorm_io *io);
-/* training: batch statistics and the running update (needs N = B H W >= 2);
- * else the running statistics. */
+/* training 1: batch statistics and the running update (needs N = B H W >=
+ * 2); 2: the batch statistics only (a recomputed forward); 0: the running
+ * statistics. */
 st_status st_batchnorm_forward(const st_nn_ctx *ctx, const st_batchnorm *n, int training);
 st_status st_batchnorm_backward(const st_nn_ctx *ctx, const st_batchnorm *n);
 

@@ -22,6 +22,7 @@
 #include "core/rng_streams.h"
 #include "nn/graph.h"
 #include "nn/model_kinds.h"
+#include "nn/recompute.h"
 
 /* ------------------------------------------------------------ config */
 
@@ -65,6 +66,10 @@ static st_status check_fields(const st_model_config *c)
                        (int)c->precision);
     if (c->activation != ST_ACT_RELU && c->activation != ST_ACT_GELU)
         return st_fail(ST_ERR_INVALID, "unknown activation %d (allowed: relu, gelu)", (int)c->activation);
+    if (c->recompute != ST_RECOMPUTE_NONE && c->recompute != ST_RECOMPUTE_BLOCKS &&
+        c->recompute != ST_RECOMPUTE_ALL)
+        return st_fail(ST_ERR_INVALID, "unknown recompute mode %d (allowed: none, blocks, all)",
+                       (int)c->recompute);
     if (c->in_dim < 1 || c->in_dim > (1 << 24))
         return st_fail(ST_ERR_INVALID, "input dimension must be in [1, 2^24], got %d", c->in_dim);
     if (c->in_channels || c->in_height || c->in_width) {
@@ -427,6 +432,7 @@ st_status st_model_config_state_segments(const st_model_config *cfg, st_param_se
 
 static void destroy_layout(st_model *m)
 {
+    st_recompute_free(m);
     st_graph_free(m);
 }
 
@@ -464,9 +470,11 @@ static st_status list_copies(st_model *m)
     return ST_OK;
 }
 
-static st_status create(const st_model_config *cfg, st_model_declare_fn declare, int lo, int hi,
-                        int batch, st_arena *arena, const st_model_storage *storage,
-                        st_model **out)
+/* regions: the recomputation lanes' regions to allocate (NULL: the lanes
+ * count, as st_model_activation_layout builds). */
+static st_status create_with(const st_model_config *cfg, st_model_declare_fn declare, int lo,
+                             int hi, int batch, st_arena *arena, const st_model_storage *storage,
+                             const st_activation_layout *regions, st_model **out)
 {
     *out = NULL;
     if (!declare) {
@@ -500,6 +508,10 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
     m->rows = (int64_t)batch * (cfg->context ? cfg->context : 1);
     m->arena = arena;
     m->range = hi >= 0;
+    if (regions) {
+        m->regions_known = 1;
+        memcpy(m->region_size, regions->region, sizeof m->region_size);
+    }
     st_status s;
     ST_TRY_GOTO(s, st_graph_declare(m, declare), fail);
     if (storage) {
@@ -544,6 +556,57 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
 fail:
     st_model_destroy(m);
     return s;
+}
+
+/* Builds the model in a scratch arena with the lanes counting: what it
+ * took of each kind, less the lanes' bytes, plus the largest lane of
+ * each region. */
+static st_status measure(const st_model_config *cfg, st_model_declare_fn declare, int lo, int hi,
+                         int batch, st_activation_layout *out)
+{
+    memset(out, 0, sizeof *out);
+    st_arena scratch;
+    st_arena_init(&scratch, "activation layout", NULL, 0);
+    st_model *m = NULL;
+    st_status s = create_with(cfg, declare, lo, hi, batch, &scratch, NULL, NULL, &m);
+    if (s == ST_OK) {
+        const st_mem_stats st = st_arena_stats(&scratch);
+        for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
+            out->bytes[k] = st.current[k];
+        for (int lane = 0; m->n_blocks && lane < m->lanes.n; lane++)
+            for (int k = 0; k < ST_MEM_KIND_COUNT; k++) {
+                const size_t used = m->lane_used[(size_t)lane * ST_MEM_KIND_COUNT + (size_t)k];
+                size_t *region = &out->region[m->lane_region[lane]][k];
+                out->bytes[k] -= used;
+                if (used > *region)
+                    *region = used;
+            }
+        for (int r = 0; r < ST_ARENA_REGIONS; r++)
+            for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
+                out->bytes[k] += out->region[r][k];
+        out->blocks = m->n_blocks;
+    }
+    st_model_destroy(m);
+    st_arena_release(&scratch);
+    return s;
+}
+
+static st_status create(const st_model_config *cfg, st_model_declare_fn declare, int lo, int hi,
+                        int batch, st_arena *arena, const st_model_storage *storage,
+                        st_model **out)
+{
+    *out = NULL;
+    if (cfg->recompute == ST_RECOMPUTE_NONE || !arena)
+        return create_with(cfg, declare, lo, hi, batch, arena, storage, NULL, out);
+    st_activation_layout regions;
+    ST_TRY(measure(cfg, declare, lo, hi, batch, &regions));
+    return create_with(cfg, declare, lo, hi, batch, arena, storage, &regions, out);
+}
+
+st_status st_model_activation_layout(const st_model_config *cfg, int batch,
+                                     st_activation_layout *out)
+{
+    return measure(cfg, NULL, 0, -1, batch, out);
 }
 
 st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena, st_model **out)

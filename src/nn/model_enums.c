@@ -1,5 +1,5 @@
-/* nn/model_enums.c — names of the activations, precisions, poolings and
- * fusions (the model kinds' are their entries', nn/model.c). */
+/* nn/model_enums.c — names of the activations, precisions, poolings,
+ * fusions and recompute modes (the model kinds' are their entries', nn/model.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -37,6 +37,12 @@ static const st_enum_entry unfuse_entries[] = {
     { "relu-backward", ST_UNFUSE_RELU_BACKWARD },
 };
 static const st_enum_table fusions = ST_ENUM_TABLE("fusion", unfuse_entries);
+static const st_enum_entry recompute_entries[] = {
+    { "none", ST_RECOMPUTE_NONE },
+    { "blocks", ST_RECOMPUTE_BLOCKS },
+    { "all", ST_RECOMPUTE_ALL },
+};
+static const st_enum_table recomputes = ST_ENUM_TABLE("recompute", recompute_entries);
 
 const char *st_activation_name(st_activation act)
 {
@@ -117,4 +123,16 @@ size_t st_unfuse_describe(unsigned bits, char *buf, size_t n)
     if (len == 0)
         len = (size_t)snprintf(buf, n, "none");
     return len;
+}
+const char *st_recompute_name(st_recompute r)
+{
+    return st_enum_name(&recomputes, (int)r);
+}
+
+st_status st_recompute_parse(const char *name, st_recompute *out)
+{
+    int v;
+    ST_TRY(st_enum_parse(&recomputes, name, &v));
+    *out = (st_recompute)v;
+    return ST_OK;
 }

@@ -210,7 +210,7 @@ static st_status act_build(st_model *m, st_layer *l)
 
 static st_status act_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
-    return phase == ST_PHASE_TRAIN ? st_act_forward(ctx, &l->u.act)
+    return phase != ST_PHASE_INFER ? st_act_forward(ctx, &l->u.act)
                                    : st_act_infer(ctx, &l->u.act);
 }
 

@@ -208,7 +208,8 @@ st_status st_batchnorm_forward(const st_nn_ctx *ctx, const st_batchnorm *n, int 
                        "channel (batch %lld x %lld positions)", (long long)n->batch,
                        (long long)n->hw);
     ST_TRY(st_pass_run(ctx, &n->fwd_train));
-    update_running(n, ctx->bn_momentum > 0.0f ? ctx->bn_momentum : ST_BATCHNORM_MOMENTUM);
+    if (training == 1)
+        update_running(n, ctx->bn_momentum > 0.0f ? ctx->bn_momentum : ST_BATCHNORM_MOMENTUM);
     return ST_OK;
 }
 
@@ -304,7 +305,8 @@ static st_status bn_build(st_model *m, st_layer *l)
 
 static st_status bn_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
-    return st_batchnorm_forward(ctx, &l->u.bn, phase == ST_PHASE_TRAIN);
+    return st_batchnorm_forward(ctx, &l->u.bn, phase == ST_PHASE_TRAIN ? 1
+                                               : phase == ST_PHASE_RECOMPUTE ? 2 : 0);
 }
 
 static st_status bn_backward(const st_nn_ctx *ctx, const st_layer *l)

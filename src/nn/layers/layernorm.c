@@ -187,7 +187,7 @@ static st_status norm_build(st_model *m, st_layer *l)
 
 static st_status norm_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
-    return phase == ST_PHASE_TRAIN ? st_layernorm_forward(ctx, &l->u.norm)
+    return phase != ST_PHASE_INFER ? st_layernorm_forward(ctx, &l->u.norm)
                                    : st_layernorm_infer(ctx, &l->u.norm);
 }
 

@@ -346,10 +346,13 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
     return ST_OK;
 }
 
-st_status st_linear_forward(const st_nn_ctx *ctx, const st_linear *l)
+/* convert_w 0: wb holds the weights already (a recomputed forward: this
+ * step's training forward converted them, and nothing has written the
+ * weights since). */
+static st_status forward(const st_nn_ctx *ctx, const st_linear *l, int convert_w)
 {
     if (l->bf16) {
-        if (!st_nn_copy_fresh(ctx, l->w_copy))   /* else the update wrote wb */
+        if (convert_w && !st_nn_copy_fresh(ctx, l->w_copy))   /* else the update wrote wb */
             ST_TRY(st_prim_run(ctx, &l->to_bf16_w));
         ST_TRY(st_prim_run(ctx, &l->to_bf16_x));
     }
@@ -359,6 +362,16 @@ st_status st_linear_forward(const st_nn_ctx *ctx, const st_linear *l)
     if (l->unfused_residual)
         ST_TRY(st_prim_run(ctx, &l->add_residual));
     return ST_OK;
+}
+
+st_status st_linear_forward(const st_nn_ctx *ctx, const st_linear *l)
+{
+    return forward(ctx, l, 1);
+}
+
+st_status st_linear_forward_again(const st_nn_ctx *ctx, const st_linear *l)
+{
+    return forward(ctx, l, 0);
 }
 
 st_status st_linear_backward(const st_nn_ctx *ctx, const st_linear *l)
@@ -513,7 +526,8 @@ static st_status linear_build(st_model *m, st_layer *l)
 
 static st_status linear_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
-    return st_linear_forward(ctx, &l->u.linear);
+    return phase == ST_PHASE_RECOMPUTE ? st_linear_forward_again(ctx, &l->u.linear)
+                                       : st_linear_forward(ctx, &l->u.linear);
 }
 
 static st_status linear_backward(const st_nn_ctx *ctx, const st_layer *l)

@@ -4,7 +4,8 @@
  *   x (B, in) -> [fc_i -> act] x depth -> head -> logits (B, K)
  *
  * Hidden layer i's neurons are width layer i: its rows of fc_i, its
- * columns of fc_{i+1} (or the head).  No layer groups.
+ * columns of fc_{i+1} (or the head).  No layer groups; hidden layer i
+ * (fc_i and its activation) is recomputation block i.
  *
  * Memory (floats): saved a_i, z_i (B x W_i each, W_i the kept neurons of
  * layer i); shared da, dz (B x widest) used alternately going backward: a
@@ -24,6 +25,7 @@ static st_status declare(st_model *m)
     int64_t in = c->in_dim;
     char name[32];
     for (int i = 0; i < L; i++) {
+        st_graph_block(m, i);   /* recomputation: a hidden layer is a block */
         snprintf(name, sizeof name, "fc%d", i);
         /* the first layer's input gradient is never needed */
         st_layer *act = st_graph_linear_act(m, name, x, i == 0 ? ST_T_NONE : dz, da, dz, in, W,
@@ -34,6 +36,7 @@ static st_status declare(st_model *m)
         x = act->y;
         in = W;
     }
+    st_graph_block(m, -1);
     st_layer *head = st_graph_linear(m, "head", x, ST_T_LOGITS, dz, ST_T_DLOGITS, in, c->n_classes);
     if (!head || dz < 0 || da < 0)
         return st_fail(ST_ERR_NOMEM, "out of memory declaring the mlp");

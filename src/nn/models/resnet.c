@@ -131,8 +131,11 @@ static st_status declare(st_model *m, int stages, int blocks)
         for (int b = 0; b < blocks && ok; b++) {
             const int stride = s > 0 && b == 0 ? 2 : 1;
             snprintf(prefix, sizeof prefix, "stage%d.block%d", s, b);
+            /* a projection block is in no group: a recomputation block of its own */
+            st_graph_block(m, stride != 1 || cin != cs ? s : -1);
             h = block(m, h, cin, cs, H, W, stride, s ? &g[s - 1] : &g[0], &g[s], &group, prefix,
                       &ok);
+            st_graph_block(m, -1);
             if (stride == 2) {
                 H = (H - 1) / 2 + 1;
                 W = (W - 1) / 2 + 1;
