@@ -139,8 +139,8 @@ Test(plan, memory_equals_the_runs_for_every_strategy_model_and_precision, .timeo
     st_test_rmdir(dir);
 }
 
-/* Backward masking, accumulation and bf16 optimizer moments change what
- * a worker holds: still the run's figures. */
+/* Backward masking, accumulation, bf16 optimizer moments and
+ * recomputation change what a worker holds: still the run's figures. */
 Test(plan, memory_equals_the_runs_with_masking_accumulation_and_moments, .timeout = 300)
 {
     char dir[ST_TEST_PATH_MAX], data[2 * ST_TEST_PATH_MAX], opts[3 * ST_TEST_PATH_MAX];
@@ -150,6 +150,12 @@ Test(plan, memory_equals_the_runs_with_masking_accumulation_and_moments, .timeou
     expect_plan_equals_run(opts);
     snprintf(opts, sizeof opts, "%s --depth 2 --width 32 --batch 8 --workers 2 --oversubscribe "
              "--accumulate 2 --optimizer-moments bf16", data);
+    expect_plan_equals_run(opts);
+    snprintf(opts, sizeof opts, "%s --depth 3 --width 32 --batch 8 --workers 2 --oversubscribe "
+             "--recompute blocks", data);
+    expect_plan_equals_run(opts);
+    snprintf(opts, sizeof opts, "%s --model resnet --depth 2 --batch 8 --workers 2 "
+             "--oversubscribe --strategy sdp --recompute all", data);
     expect_plan_equals_run(opts);
     st_test_rmdir(dir);
 }
@@ -239,7 +245,8 @@ Test(plan, rows_over_the_budget_name_their_largest_kind)
     json_t *root = json_loads(r->out, 0, &e);
     cr_assert_not_null(root, "%s", e.text);
     json_t *rows = json_object_get(root, "rows");
-    cr_assert_eq(json_array_size(rows), 4, "dp in two precisions and two moment layouts");
+    cr_assert_eq(json_array_size(rows), 8, "dp in two precisions, two moment layouts, and "
+                 "without and with recomputation");
     for (size_t i = 0; i < json_array_size(rows); i++) {
         json_t *row = json_array_get(rows, i), *mem = json_object_get(row, "memory_per_worker");
         cr_expect(json_is_false(json_object_get(row, "fits")));

@@ -473,7 +473,8 @@ size_t st_model_full_param_count(const st_model *m);
 /* Matrix-multiply FLOPs of one forward_backward (2 per multiply-add): the
  * three products of each linear layer (two for the first, which needs no
  * input gradient).  The bias gradient, a B x out matrix-vector product, is
- * not counted: it is O(1/in) of the layer's work. */
+ * not counted: it is O(1/in) of the layer's work.  With recomputation,
+ * plus the forwards the backward runs again, each a third of its layer's. */
 double st_model_step_flops(const st_model *m);
 
 #ifdef __cplusplus

@@ -41,6 +41,7 @@ typedef struct plan_candidate {
     double coverage;          /* sdp */
     st_precision precision;
     st_moments moments;
+    st_recompute recompute;
 } plan_candidate;
 
 typedef struct plan_row {
@@ -222,13 +223,15 @@ static int make_candidates(const plan_options *p, const st_train_config *base,
     *n = 0;
     if (p->as_given) {
         out[(*n)++] = (plan_candidate){ base->strategy, base->sdp.coverage,
-                                        base->model.precision, base->optim.moments };
+                                        base->model.precision, base->optim.moments,
+                                        base->model.recompute };
         return 0;
     }
     char list[256];
     snprintf(list, sizeof list, "%s", p->strategies ? p->strategies : "dp,sdp,ist,localsgd");
     const st_precision precisions[] = { ST_PRECISION_FP32, ST_PRECISION_BF16 };
     const st_moments moments[] = { ST_MOMENTS_FP32, ST_MOMENTS_BF16 };
+    const st_recompute recomputes[] = { ST_RECOMPUTE_NONE, ST_RECOMPUTE_BLOCKS };
     char *save = NULL;
     for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         st_strategy s;
@@ -241,10 +244,11 @@ static int make_candidates(const plan_options *p, const st_train_config *base,
         const int n_cover = s == ST_STRATEGY_SDP ? 2 : 1;
         for (int c = 0; c < n_cover; c++)
             for (int pr = 0; pr < 2; pr++)
-                for (int mo = 0; mo < 2 && *n < MAX_ROWS; mo++)
-                    out[(*n)++] = (plan_candidate){ s, s == ST_STRATEGY_SDP ? cover[c]
-                                                                            : base->sdp.coverage,
-                                                    precisions[pr], moments[mo] };
+                for (int mo = 0; mo < 2; mo++)
+                    for (int rc = 0; rc < 2 && *n < MAX_ROWS; rc++)
+                        out[(*n)++] = (plan_candidate){
+                            s, s == ST_STRATEGY_SDP ? cover[c] : base->sdp.coverage,
+                            precisions[pr], moments[mo], recomputes[rc] };
     }
     if (*n == 0) {
         st_cli_error(CMD, "--strategies %s: no strategy named", ST_CLI_SHOW(p->strategies));
@@ -263,6 +267,7 @@ static void size_row(plan_row *row, const st_train_config *base, const st_datase
     row->cfg.sdp.coverage = row->c.coverage;
     row->cfg.model.precision = row->c.precision;
     row->cfg.optim.moments = row->c.moments;
+    row->cfg.model.recompute = row->c.recompute;
     row->step_s = row->samples_per_s = NAN;
     row->over = -1;
     st_worker_size *ws;
@@ -433,7 +438,8 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, con
         const plan_row *r = &rows[i];
         char params[64];
         row_params(r, params, sizeof params);
-        fprintf(f, "%-8s %-20s %-9s %-4s %-5s", st_strategy_name(r->c.strategy), params, "none",
+        fprintf(f, "%-8s %-20s %-9s %-4s %-5s", st_strategy_name(r->c.strategy), params,
+                st_recompute_name(r->c.recompute),
                 st_precision_name(r->c.precision), st_moments_name(r->c.moments));
         if (!r->ok) {
             fprintf(f, " not possible: %s\n", r->refused);
@@ -499,7 +505,7 @@ static json_t *row_json(const plan_row *r)
                             json_integer((json_int_t)r->cfg.localsgd.local_steps));
     if (r->c.strategy == ST_STRATEGY_SYNTH)
         json_object_set_new(pj, "segments", json_integer(r->cfg.synth.segments));
-    json_object_set_new(pj, "recompute", json_string("none"));
+    json_object_set_new(pj, "recompute", json_string(st_recompute_name(r->c.recompute)));
     json_object_set_new(o, "parameters", pj);
     json_object_set_new(o, "precision", json_string(st_precision_name(r->c.precision)));
     json_object_set_new(o, "moments", json_string(st_moments_name(r->c.moments)));

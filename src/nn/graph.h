@@ -411,6 +411,10 @@ int st_recompute_one_block(const st_model *m, int t);
 /* Before layer i's backward: the forward its block's backward needs,
  * when i is a kept block's last layer. */
 st_status st_recompute_before(const st_model *m, int i);
+/* The FLOPs a step's recomputed forwards add (the runs st_recompute_before
+ * makes), a layer's forward counted as a third of its step FLOPs: its
+ * forward, backward-data and backward-weights products are of one size. */
+double st_recompute_flops(const st_model *m);
 void st_recompute_free(st_model *m);
 
 #endif /* SUBTRAIN_NN_GRAPH_H */

@@ -876,5 +876,5 @@ int st_model_full_grad_ranges(const st_model *m, st_range *ranges, size_t *local
 
 double st_model_step_flops(const st_model *m)
 {
-    return st_graph_flops(m);
+    return st_graph_flops(m) + st_recompute_flops(m);
 }

@@ -213,6 +213,22 @@ st_status st_recompute_before(const st_model *m, int i)
     return ST_OK;
 }
 
+double st_recompute_flops(const st_model *m)
+{
+    double f = 0.0;
+    for (int k = 0; k < m->n_blocks; k++) {
+        if (!block_backward(m, k))
+            continue;
+        const int lo = m->cfg.recompute == ST_RECOMPUTE_ALL ? m->block_lo[0] : m->block_lo[k];
+        for (int j = lo; j <= m->block_hi[k]; j++) {
+            const st_layer *l = &m->layers[j];
+            if (!l->dropped && l->kind->forward && l->kind->flops)
+                f += l->kind->flops(l) / 3.0;
+        }
+    }
+    return f;
+}
+
 void st_recompute_free(st_model *m)
 {
     free(m->layer_block);
