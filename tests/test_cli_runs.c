@@ -511,3 +511,18 @@ Test(cli, accumulate_and_optimizer_moments, .timeout = 120)
                        "--optimizer-moments bf16-sr", "--optimizer-moments bf16-sr keeps it in "
                        "bf16");
 }
+
+/* A worker that fails once set up, before training, ends the run with
+ * its one line and exit 1 for every strategy: what its set-up built for
+ * the first phase (synth's segment, in the worker's arena) is dropped
+ * before the arena is, and the workers that did not fail leave too. */
+Test(cli, a_worker_failing_once_set_up_ends_the_run_with_one_line, .timeout = 120)
+{
+    static const char *const strategies[] = { "dp", "sdp", "ist", "localsgd", "synth" };
+    for (size_t k = 0; k < sizeof strategies / sizeof *strategies; k++) {
+        char args[160];
+        snprintf(args, sizeof args, "--data synthetic --depth 2 --width 32 --batch 16 "
+                 "--workers 2 --oversubscribe --epochs 1 --strategy %s", strategies[k]);
+        expect_runtime_error("SUBTRAIN_FAULT=0:init", args, "worker 1 fails once set up");
+    }
+}

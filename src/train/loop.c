@@ -295,12 +295,14 @@ st_status st_loop_run_worker(run_shared *r, st_worker *w, const st_chunk_backend
             if (k > 0)   /* a diverged run's record: not the previous phase's step */
                 st_run_note_step(r, ph.epochs_before + 1, ph.run_epochs, ph.steps_before, 0.0f);
         }
-        ST_TRY(st_run_sync(r, w->id));   /* every worker has begun it (every arena has
-                                          * its chunks) */
-        if (k == 0 && w->id == 0)
+        /* every worker has begun it (every arena has its chunks) */
+        st_status s = st_run_sync(r, w->id);
+        if (s == ST_OK && k == 0 && w->id == 0)
             st_loop_report_warnings(r);
-        st_status s = run_phase(r, w, &ph, &stopped);
-        if (ops->phase_end) {   /* also after a failure: what the phase built goes */
+        if (s == ST_OK)
+            s = run_phase(r, w, &ph, &stopped);
+        if (ops->phase_end) {   /* also after a failure, a worker's included: what the
+                                 * phase built goes before its arena does */
             st_status e = ops->phase_end(r, r->strategy, k, w);
             s = s != ST_OK ? s : e;
         }

@@ -162,6 +162,8 @@ typedef struct run_shared {
     uint64_t fault_step;              /* SUBTRAIN_FAULT=RANK:STEP names this rank:
                                        * worker 0 fails at that step (tests of
                                        * failure handling; 0: never) */
+    int fault_init;                   /* SUBTRAIN_FAULT=RANK:init names this rank:
+                                       * its last worker fails once set up */
     /* worker 0's last step that ended, as reported, and its phase's label
      * hook (strategy.h, st_phase; NULL: none): where a diverged run's
      * final record says it got to */

@@ -226,7 +226,8 @@ typedef struct st_strategy_ops {
     st_status (*phase_begin)(run_shared *r, void *state, int k, st_worker *w,
                              const st_chunk_backend *backend, st_phase *ph);
     /* Optional: every worker after phase k's epochs (also a stopped or a
-     * failed one: what the phase built goes). */
+     * failed one: what the phase built goes); phase 0's also when the
+     * worker fails after init_worker, before the phase begins. */
     st_status (*phase_end)(run_shared *r, void *state, int k, st_worker *w);
 } st_strategy_ops;
 

@@ -32,11 +32,27 @@ static st_status alloc_labels(st_worker *w, const st_train_config *cfg, int cut,
     return ST_OK;
 }
 
+static st_status init_worker(run_shared *r, synth_run *sy, int wid, st_worker *w,
+                             const st_chunk_backend *backend);
+
+/* A failure after the segment is built drops it: its memory is the
+ * worker's arena, which goes before the run's state does. */
 st_status st_synth_init_worker(run_shared *r, void *state, int wid, st_worker *w,
                                const st_chunk_backend *backend)
 {
-    const st_train_config *cfg = r->cfg;
     synth_run *sy = state;
+    st_status s = init_worker(r, sy, wid, w, backend);
+    if (s != ST_OK) {
+        st_segnet_destroy(sy->workers[wid].net);
+        sy->workers[wid].net = NULL;
+    }
+    return s;
+}
+
+static st_status init_worker(run_shared *r, synth_run *sy, int wid, st_worker *w,
+                             const st_chunk_backend *backend)
+{
+    const st_train_config *cfg = r->cfg;
     const int g = sy->group_of[wid];
     synth_group *G = &sy->groups[g];
     synth_worker *me = &sy->workers[wid];

@@ -69,8 +69,12 @@ static st_status prepare_ranks(run_shared *r)
     const char *fault = getenv("SUBTRAIN_FAULT");
     unsigned long long fstep = 0;
     int frank = -1;
+    char what[8] = "";
     if (fault && sscanf(fault, "%d:%llu", &frank, &fstep) == 2 && frank == r->rank)
         r->fault_step = fstep;
+    else if (fault && sscanf(fault, "%d:%7s", &frank, what) == 2 && frank == r->rank &&
+             strcmp(what, "init") == 0)
+        r->fault_init = 1;
     if (r->ranks == 1)
         return ST_OK;
     /* every rank must have the same workers: the engine checks it too, but
@@ -201,12 +205,22 @@ st_status st_loop_init_worker(run_shared *r, int wid, st_worker *w, st_chunk_bac
     st_numa_ctx_init(&slot->numa, r->topology, pl->numa_os);
     *backend = st_numa_backend(&slot->numa);
     ST_TRY(r->ops->init_worker(r, r->strategy, wid, w, backend));
+    st_status s = ST_OK;
     if (r->split) {   /* on the worker's thread, once: the epochs' orders allocate nothing */
         w->split_scratch = malloc((size_t)st_split_largest(r->split) * sizeof *w->split_scratch);
         if (!w->split_scratch)
-            return st_fail(ST_ERR_NOMEM, "worker %d: out of memory for its split's order", wid);
+            s = st_fail(ST_ERR_NOMEM, "worker %d: out of memory for its split's order", wid);
     }
-    return r->resume ? r->ops->resume(r, r->strategy, w) : ST_OK;
+    if (s == ST_OK && r->resume)
+        s = r->ops->resume(r, r->strategy, w);
+    if (s == ST_OK && r->fault_init && wid == r->n - 1)
+        s = st_fail(ST_ERR_INVALID, "the fault SUBTRAIN_FAULT asked for: rank %d's worker %d "
+                    "fails once set up", r->rank, wid);
+    /* the first phase never begins: what init_worker built for it goes
+     * before the worker's arena does (synth's segment) */
+    if (s != ST_OK && r->ops->phase_end)
+        (void)r->ops->phase_end(r, r->strategy, 0, w);
+    return s;
 }
 
 /* ------------------------------------------------------------ the run */
