@@ -14,6 +14,8 @@
 
 #include <subtrain/subtrain.h>
 
+#include "run_params.h"
+
 static void make_data(st_dataset *train, st_dataset *test)
 {
     st_synthetic_config sc = st_synthetic_defaults(5);
@@ -42,54 +44,11 @@ static st_train_config config(int workers, uint64_t steps)
     return c;
 }
 
-#define MAX_STEPS 128
-typedef struct run_out {
-    float losses[MAX_STEPS];
-    uint64_t steps;
-    st_epoch_record final;
-    float *params;
-    size_t n;
-} run_out;
-
-static void keep_params(const float *params, size_t count, void *user)
-{
-    run_out *o = user;
-    free(o->params);
-    o->params = malloc(count * sizeof *params);
-    cr_assert_not_null(o->params);
-    memcpy(o->params, params, count * sizeof *params);
-    o->n = count;
-}
-
-static void out_step(const st_step_info *info, void *user)
-{
-    run_out *o = user;
-    if (o->steps < MAX_STEPS)
-        o->losses[o->steps] = info->loss;
-    o->steps++;
-}
-
-static run_out *train(const st_train_config *c, const st_dataset *tr, const st_dataset *te)
-{
-    run_out *o = calloc(1, sizeof *o);
-    cr_assert_not_null(o);
-    st_train_callbacks cb = { .on_step = out_step, .user = o, .on_params = keep_params };
-    cr_assert_eq(st_train_run(c, tr, te, &cb, &o->final), ST_OK, "%s", st_last_error());
-    cr_assert_not_null(o->params);
-    return o;
-}
-
-static void run_free(run_out *o)
-{
-    free(o->params);
-    free(o);
-}
-
 static void expect_bitwise(const run_out *a, const run_out *b, const char *what)
 {
     cr_assert_eq(a->steps, b->steps, "%s", what);
-    cr_assert_eq(memcmp(a->losses, b->losses, sizeof(float) * (a->steps < MAX_STEPS
-                                                                ? a->steps : MAX_STEPS)), 0,
+    cr_assert_eq(memcmp(a->losses, b->losses, sizeof(float) * (a->steps < RUN_MAX_STEPS
+                                                                ? a->steps : RUN_MAX_STEPS)), 0,
                  "%s: the step losses differ", what);
     cr_assert_eq(a->n, b->n);
     size_t differ = 0;
@@ -118,12 +77,12 @@ Test(compress, randk_1_is_data_parallelism_bitwise, .timeout = 180)
         st_train_config dp = config(workers[k], 30), rk = dp;
         rk.dp.compress = ST_COMPRESS_RANDK;
         rk.dp.keep = 1.0f;
-        run_out *a = train(&dp, &tr, &te), *b = train(&rk, &tr, &te);
+        run_out *a = run_train(&dp, &tr, &te), *b = run_train(&rk, &tr, &te);
         char what[64];
         snprintf(what, sizeof what, "%d workers", workers[k]);
         expect_bitwise(a, b, what);
         rk.dp.error_feedback = 1;
-        run_out *c = train(&rk, &tr, &te);
+        run_out *c = run_train(&rk, &tr, &te);
         expect_bitwise(a, c, "error feedback");
         run_free(a);
         run_free(b);
@@ -136,7 +95,7 @@ Test(compress, randk_1_is_data_parallelism_bitwise, .timeout = 180)
     st_train_config rk = dp;
     rk.dp.compress = ST_COMPRESS_RANDK;
     rk.dp.keep = 1.0f;
-    run_out *a = train(&dp, &tr, &te), *b = train(&rk, &tr, &te);
+    run_out *a = run_train(&dp, &tr, &te), *b = run_train(&rk, &tr, &te);
     expect_bitwise(a, b, "momentum sgd");
     run_free(a);
     run_free(b);
@@ -147,8 +106,8 @@ Test(compress, randk_1_is_data_parallelism_bitwise, .timeout = 180)
         rk = dp;
         rk.dp.compress = ST_COMPRESS_RANDK;
         rk.dp.keep = 1.0f;
-        a = train(&dp, &tr, &te);
-        b = train(&rk, &tr, &te);
+        a = run_train(&dp, &tr, &te);
+        b = run_train(&rk, &tr, &te);
         expect_bitwise(a, b, "bf16");
         run_free(a);
         run_free(b);
@@ -190,7 +149,7 @@ static void expect_mask(int N, float Q)
     st_train_config rk = c;
     rk.dp.compress = ST_COMPRESS_RANDK;
     rk.dp.keep = Q;
-    run_out *dp = train(&c, &tr, &te), *r = train(&rk, &tr, &te);
+    run_out *dp = run_train(&c, &tr, &te), *r = run_train(&rk, &tr, &te);
     const size_t P = dp->n;
     run_out *p0 = calloc(1, sizeof *p0);   /* the start: the seed's initial values */
     cr_assert_not_null(p0);
@@ -261,7 +220,7 @@ Test(compress, randk_draws_a_new_subset_every_step, .timeout = 120)
     for (int t = 0; t <= T; t++) {
         st_train_config ct = c;
         ct.steps = (uint64_t)t + 1;
-        run_out *o = train(&ct, &tr, &te);
+        run_out *o = run_train(&ct, &tr, &te);
         if (!moves) {
             P = o->n;
             moves = calloc(P, sizeof *moves);
@@ -306,7 +265,7 @@ Test(compress, randk_runs_are_deterministic, .timeout = 120)
     c.dp.keep = 0.25f;
     for (int ef = 0; ef < 2; ef++) {
         c.dp.error_feedback = ef;
-        run_out *a = train(&c, &tr, &te), *b = train(&c, &tr, &te);
+        run_out *a = run_train(&c, &tr, &te), *b = run_train(&c, &tr, &te);
         expect_bitwise(a, b, ef ? "error feedback" : "randk");
         run_free(a);
         run_free(b);
@@ -314,7 +273,7 @@ Test(compress, randk_runs_are_deterministic, .timeout = 120)
     st_train_config d = c;
     d.dp.error_feedback = 0;
     c.dp.error_feedback = 1;
-    run_out *a = train(&c, &tr, &te), *b = train(&d, &tr, &te);
+    run_out *a = run_train(&c, &tr, &te), *b = run_train(&d, &tr, &te);
     cr_assert_neq(memcmp(a->params, b->params, a->n * sizeof(float)), 0,
                   "error feedback changed nothing");
     run_free(a);
@@ -335,11 +294,11 @@ Test(compress, error_feedback_resumed_is_bitwise, .timeout = 120)
     c.dp.compress = ST_COMPRESS_RANDK;
     c.dp.keep = 0.25f;
     c.dp.error_feedback = 1;
-    run_out *straight = train(&c, &tr, &te);
+    run_out *straight = run_train(&c, &tr, &te);
     st_train_config ck = c;
     ck.checkpoint.dir = dir;
     ck.checkpoint.every = 12;
-    run_out *with = train(&ck, &tr, &te);
+    run_out *with = run_train(&ck, &tr, &te);
     expect_bitwise(straight, with, "writing checkpoints");
     st_safetensors f;
     st_test_path(path, dir, "step-00000012.safetensors");
@@ -354,7 +313,7 @@ Test(compress, error_feedback_resumed_is_bitwise, .timeout = 120)
     st_train_config rs = c;
     rs.resume = &f;
     rs.resume_name = path;
-    run_out *resumed = train(&rs, &tr, &te);
+    run_out *resumed = run_train(&rs, &tr, &te);
     cr_assert_eq(resumed->steps, 30 - 12);
     cr_assert_eq(memcmp(straight->params, resumed->params, resumed->n * sizeof(float)), 0,
                  "resumed at step 12, the parameters differ");
@@ -385,7 +344,7 @@ Test(compress, planned_bytes_are_the_recorded_ones, .timeout = 120)
                 c.dp.compress = ST_COMPRESS_RANDK;
                 c.dp.keep = keeps[q];
                 c.dp.error_feedback = ef;
-                run_out *o = train(&c, &tr, &te);
+                run_out *o = run_train(&c, &tr, &te);
                 st_comm_config cc = { .n_workers = N, .n_params = o->n, .shared_params = 1 };
                 double busiest = 0.0;
                 for (int w = 0; w < N; w++) {

@@ -15,6 +15,8 @@
 
 #include <subtrain/subtrain.h>
 
+#include "run_params.h"
+
 static void make_data(st_dataset *train, st_dataset *test)
 {
     st_synthetic_config sc = st_synthetic_defaults(3);
@@ -51,52 +53,6 @@ static st_train_config config(int workers, uint64_t steps)
     c.workers = workers;
     c.oversubscribe = 1;
     return c;
-}
-
-/* The run's step losses, its final record and its final parameters (a
- * copy). */
-#define MAX_STEPS 256
-typedef struct run_out {
-    float losses[MAX_STEPS];
-    uint64_t steps;
-    st_epoch_record final;
-    float *params;
-    size_t n;
-} run_out;
-
-static void keep_params(const float *params, size_t count, void *user)
-{
-    run_out *o = user;
-    free(o->params);
-    o->params = malloc(count * sizeof *params);
-    cr_assert_not_null(o->params);
-    memcpy(o->params, params, count * sizeof *params);
-    o->n = count;
-}
-
-/* (a resumed run's steps start after its checkpoint's) */
-static void out_step(const st_step_info *info, void *user)
-{
-    run_out *o = user;
-    if (o->steps < MAX_STEPS)
-        o->losses[o->steps] = info->loss;
-    o->steps++;
-}
-
-static run_out *train(const st_train_config *c, const st_dataset *train, const st_dataset *test)
-{
-    run_out *o = calloc(1, sizeof *o);
-    cr_assert_not_null(o);
-    st_train_callbacks cb = { .on_step = out_step, .user = o, .on_params = keep_params };
-    cr_assert_eq(st_train_run(c, train, test, &cb, &o->final), ST_OK, "%s", st_last_error());
-    cr_assert_not_null(o->params);
-    return o;
-}
-
-static void run_free(run_out *o)
-{
-    free(o->params);
-    free(o);
 }
 
 /* The largest |a - b| over the parameters, relative to the largest |a|. */
@@ -151,7 +107,7 @@ static void expect_dp(st_train_config lsgd, st_train_config dp, int bitwise, con
 {
     st_dataset tr, te;
     make_data(&tr, &te);
-    run_out *a = train(&dp, &tr, &te), *b = train(&lsgd, &tr, &te);
+    run_out *a = run_train(&dp, &tr, &te), *b = run_train(&lsgd, &tr, &te);
     const double d = params_distance(a, b);
     cr_log_info("%s: parameters %.2e from data parallelism's", what, d);
     if (bitwise)
@@ -160,7 +116,7 @@ static void expect_dp(st_train_config lsgd, st_train_config dp, int bitwise, con
     cr_assert_leq(fabs(a->final.test_loss - b->final.test_loss), 1e-4, "%s: test loss %.6f, "
                   "dp's %.6f", what, b->final.test_loss, a->final.test_loss);
     lsgd.localsgd.local_steps = 5;   /* another algorithm: the bound tells them apart */
-    run_out *c = train(&lsgd, &tr, &te);
+    run_out *c = run_train(&lsgd, &tr, &te);
     const double far = params_distance(a, c);
     cr_log_info("%s, R = 5: %.2e", what, far);
     cr_assert_gt(far, 10 * SAME_AS_DP, "%s: R = 5 is data parallelism too?", what);
@@ -215,10 +171,10 @@ Test(localsgd, one_step_rounds_of_adamw_are_not_data_parallelism, .timeout = 120
     dp.optim = l.optim = st_optim_config_default();
     l.strategy = localsgd();
     l.localsgd.local_steps = 1;
-    run_out *a = train(&dp, &tr, &te);
+    run_out *a = run_train(&dp, &tr, &te);
     for (int keep = 0; keep < 2; keep++) {
         l.localsgd.keep_state = keep;
-        run_out *b = train(&l, &tr, &te);
+        run_out *b = run_train(&l, &tr, &te);
         const double d = params_distance(a, b);
         cr_log_info("adamw, keep %d: parameters %.2e from data parallelism's", keep, d);
         cr_assert_gt(d, 10 * SAME_AS_DP, "adamw, keep %d: %.3e from dp", keep, d);
@@ -242,7 +198,7 @@ Test(localsgd, bf16_one_step_rounds_are_data_parallelism, .timeout = 120)
     dp.bf16_emulated = l.bf16_emulated = 1;
     l.strategy = localsgd();
     l.localsgd.local_steps = 1;
-    run_out *a = train(&dp, &tr, &te), *b = train(&l, &tr, &te);
+    run_out *a = run_train(&dp, &tr, &te), *b = run_train(&l, &tr, &te);
     expect_bitwise(a, b, "bf16");
     run_free(a);
     run_free(b);
@@ -262,7 +218,7 @@ Test(localsgd, runs_are_deterministic, .timeout = 120)
     c.localsgd.local_steps = 4;
     for (int keep = 0; keep < 2; keep++) {
         c.localsgd.keep_state = keep;
-        run_out *a = train(&c, &tr, &te), *b = train(&c, &tr, &te);
+        run_out *a = run_train(&c, &tr, &te), *b = run_train(&c, &tr, &te);
         cr_assert_eq(a->steps, 70);
         cr_assert_eq(memcmp(a->losses, b->losses, 70 * sizeof(float)), 0, "keep %d", keep);
         cr_assert_eq(memcmp(a->params, b->params, a->n * sizeof(float)), 0, "keep %d", keep);
@@ -316,11 +272,11 @@ Test(localsgd, resumed_at_an_average_is_bitwise, .timeout = 180)
     for (int keep = 0; keep < 2; keep++) {
         c.localsgd.keep_state = keep;
         c.checkpoint.dir = NULL;
-        run_out *straight = train(&c, &tr, &te);
+        run_out *straight = run_train(&c, &tr, &te);
         st_train_config ck = c;
         ck.checkpoint.dir = dir;
         ck.checkpoint.every = 12;
-        run_out *with = train(&ck, &tr, &te);
+        run_out *with = run_train(&ck, &tr, &te);
         cr_assert_eq(memcmp(straight->params, with->params, with->n * sizeof(float)), 0,
                      "writing checkpoints changed the run");
         st_safetensors f;
@@ -332,7 +288,7 @@ Test(localsgd, resumed_at_an_average_is_bitwise, .timeout = 180)
         st_train_config rs = c;
         rs.resume = &f;
         rs.resume_name = path;
-        run_out *resumed = train(&rs, &tr, &te);
+        run_out *resumed = run_train(&rs, &tr, &te);
         cr_assert_eq(resumed->steps, 40 - 12);
         cr_assert_eq(memcmp(straight->params, resumed->params, resumed->n * sizeof(float)), 0,
                      "keep %d: resumed at step 12, the parameters differ", keep);
@@ -363,7 +319,7 @@ Test(localsgd, checkpoints_wait_for_a_round_end, .timeout = 120)
     c.localsgd.local_steps = 4;
     c.checkpoint.dir = dir;
     c.checkpoint.every = 10;
-    run_free(train(&c, &tr, &te));
+    run_free(run_train(&c, &tr, &te));
     cr_assert_eq(access(st_test_path(path, dir, "step-00000012.safetensors"), R_OK), 0);
     cr_assert_eq(access(st_test_path(path, dir, "step-00000020.safetensors"), R_OK), 0);
     cr_assert_neq(access(st_test_path(path, dir, "step-00000010.safetensors"), F_OK), 0);

@@ -13,6 +13,27 @@
 #include <subtrain/subtrain.h>
 #include "train_check.h"
 
+/* Runs c, *f its final record: every parameter of the full model moved
+ * from its initial value (variant k of a test's list, for the message). */
+static void expect_every_parameter_moves(const st_train_config *c, const st_dataset *train,
+                                         const st_dataset *test, size_t k, st_epoch_record *f)
+{
+    params_out o = { 0 };
+    st_train_callbacks cb = { .on_params = keep_params, .user = &o };
+    cr_assert_eq(st_train_run(c, train, test, &cb, f), ST_OK, "variant %zu: %s", k,
+                 st_last_error());
+    cr_assert_eq(o.n, st_model_config_param_count(&c->model));
+    float *init = malloc(o.n * sizeof *init);
+    cr_assert_not_null(init);
+    cr_assert_eq(st_model_init_full_range(&c->model, c->seed, 0, o.n, init), ST_OK);
+    size_t same = 0;
+    for (size_t i = 0; i < o.n; i++)
+        same += o.p[i] == init[i];
+    cr_assert_eq(same, 0, "variant %zu: %zu parameters never moved", k, same);
+    free(init);
+    free(o.p);
+}
+
 /* ------------------------------------------------------------ resnet */
 
 /* A ResNet (convolutions, batch norms: batch statistics each worker's
@@ -188,25 +209,13 @@ Test(gpt, every_strategy_trains_every_parameter, .timeout = 240)
         c.sdp.subnet = v[k].subnet;
         c.sdp.masking = v[k].masking;
         c.ist.local_steps = 10;
-        params_out o = { 0 };
-        st_train_callbacks cb = { .on_params = keep_params, .user = &o };
         st_epoch_record f;
-        cr_assert_eq(st_train_run(&c, &train, &test, &cb, &f), ST_OK, "variant %zu: %s", k,
-                     st_last_error());
-        cr_assert_eq(o.n, st_model_config_param_count(&c.model));
-        float *init = malloc(o.n * sizeof *init);
-        cr_assert_eq(st_model_init_full_range(&c.model, c.seed, 0, o.n, init), ST_OK);
-        size_t same = 0;
-        for (size_t i = 0; i < o.n; i++)
-            same += o.p[i] == init[i];
-        cr_assert_eq(same, 0, "variant %zu: %zu parameters never moved", k, same);
+        expect_every_parameter_moves(&c, &train, &test, k, &f);
         cr_assert_lt(f.test_loss / M_LN2, unigram, "variant %zu: %.3f bits per byte", k,
                      f.test_loss / M_LN2);
         st_epoch_record g;
         cr_assert_eq(st_train_run(&c, &train, &test, NULL, &g), ST_OK);
         cr_assert_eq(f.test_loss, g.test_loss, "variant %zu is reproducible", k);
-        free(init);
-        free(o.p);
     }
     st_dataset_free(&train);
     st_dataset_free(&test);
@@ -248,25 +257,13 @@ Test(vit, every_strategy_trains_every_parameter_reproducibly, .timeout = 240)
         c.sdp.subnet = v[k].subnet;
         c.sdp.masking = v[k].masking;
         c.ist.local_steps = 5;
-        params_out o = { 0 };
-        st_train_callbacks cb = { .on_params = keep_params, .user = &o };
         st_epoch_record f;
-        cr_assert_eq(st_train_run(&c, &train, &test, &cb, &f), ST_OK, "variant %zu: %s", k,
-                     st_last_error());
-        cr_assert_eq(o.n, st_model_config_param_count(&c.model));
-        float *init = malloc(o.n * sizeof *init);
-        cr_assert_eq(st_model_init_full_range(&c.model, c.seed, 0, o.n, init), ST_OK);
-        size_t same = 0;
-        for (size_t i = 0; i < o.n; i++)
-            same += o.p[i] == init[i];
-        cr_assert_eq(same, 0, "variant %zu: %zu parameters never moved", k, same);
+        expect_every_parameter_moves(&c, &train, &test, k, &f);
         cr_assert(isfinite(f.test_loss) && f.test_acc > 0.25, "variant %zu: test_acc %.3f", k,
                   f.test_acc);
         st_epoch_record g;
         cr_assert_eq(st_train_run(&c, &train, &test, NULL, &g), ST_OK);
         cr_assert_eq(f.test_loss, g.test_loss, "variant %zu is reproducible", k);
-        free(init);
-        free(o.p);
     }
     st_dataset_free(&train);
     st_dataset_free(&test);
