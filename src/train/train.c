@@ -251,6 +251,17 @@ static void report_divergence(run_shared *r)
     r->cb->on_epoch(&rec, r->cb->user);
 }
 
+
+/* Worker wid on its thread of the workers' region: that region must have
+ * a thread per worker (OpenMP may give fewer). */
+static st_status init_on_thread(run_shared *r, int wid, st_worker *w, st_chunk_backend *backend)
+{
+    if (omp_get_num_threads() != r->n)
+        return st_fail(ST_ERR_INVALID, "OpenMP gave %d threads for %d workers (is "
+                       "OMP_THREAD_LIMIT set?)", omp_get_num_threads(), r->n);
+    return st_loop_init_worker(r, wid, w, backend);
+}
+
 st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
                        const st_dataset *test, const st_train_callbacks *cb,
                        st_epoch_record *final_out)
@@ -291,10 +302,7 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
         st_worker w;
         memset(&w, 0, sizeof w);
         st_chunk_backend backend;
-        st_status ws = omp_get_num_threads() != r.n
-                     ? st_fail(ST_ERR_INVALID, "OpenMP gave %d threads for %d workers "
-                               "(is OMP_THREAD_LIMIT set?)", omp_get_num_threads(), r.n)
-                     : st_loop_init_worker(&r, wid, &w, &backend);
+        st_status ws = init_on_thread(&r, wid, &w, &backend);
         if (ws == ST_OK)
             ws = st_loop_run_worker(&r, &w, &backend);
         if (ws != ST_OK)
@@ -363,10 +371,7 @@ st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
         st_worker w;
         memset(&w, 0, sizeof w);
         st_chunk_backend backend;
-        st_status ws = omp_get_num_threads() != r.n
-                     ? st_fail(ST_ERR_INVALID, "OpenMP gave %d threads for %d workers "
-                               "(is OMP_THREAD_LIMIT set?)", omp_get_num_threads(), r.n)
-                     : st_loop_init_worker(&r, wid, &w, &backend);
+        st_status ws = init_on_thread(&r, wid, &w, &backend);
         if (ws != ST_OK)
             st_loop_record_failure(&r, ws);
 #pragma omp barrier

@@ -34,6 +34,27 @@ static dnnl_alg_kind_t eltwise_alg(st_activation kind)
     return kind == ST_ACT_GELU ? dnnl_eltwise_gelu_erf : dnnl_eltwise_relu;
 }
 
+
+/* What the backward reads of `from` (rows x cols fp32), kept as bf16 in
+ * the activations arena: `keep` writes the copy in the forward, `unkeep`
+ * widens it into *slot, fp32 scratch, before the backward (to, back: the
+ * reorders' names, kept by them: literals). */
+static st_status keep_bf16(st_nn_ctx *ctx, st_act *a, const dnnl_memory_desc_t *md,
+                           int64_t rows, int64_t cols, dnnl_memory_t from,
+                           dnnl_memory_t *slot, const char *to, const char *back)
+{
+    void *p;
+    dnnl_memory_t mb;
+    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS,
+                          (size_t)(rows * cols) * sizeof(st_bf16), &p));
+    a->xb = p;
+    a->bf16 = 1;
+    ST_TRY(st_mem_strided_bf16(ctx, &mb, rows, cols, cols, 1, a->xb));
+    ST_TRY(st_mem_slot_md(ctx, slot, md, ST_SLOT_IN, 0, (size_t)(rows * cols) * sizeof(float)));
+    ST_TRY(st_prim_create_reorder(ctx, &a->keep, from, mb, to));
+    return st_prim_create_reorder(ctx, &a->unkeep, mb, *slot, back);
+}
+
 /* y (rows, cols) = act(x); dx = act'(x) * dy */
 st_status st_act_build(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t rows,
                        int64_t cols, const float *x, float *y, float *dx, const float *dy,
@@ -59,20 +80,9 @@ st_status st_act_build(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t ro
         ST_TRY(st_mem_matrix(ctx, &mdx, rows, cols, dx));
         ST_TRY(st_mem_matrix(ctx, &mdy, rows, cols, dy));
         dnnl_memory_t src = mx;
-        if (bf16) {   /* the kept copy and the scratch the backward reads */
-            void *p;
-            dnnl_memory_t mb;
-            ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS,
-                                  (size_t)(rows * cols) * sizeof(st_bf16), &p));
-            a->xb = p;
-            a->bf16 = 1;
-            ST_TRY(st_mem_strided_bf16(ctx, &mb, rows, cols, cols, 1, a->xb));
-            ST_TRY(st_mem_slot_md(ctx, &src, &md, ST_SLOT_IN, 0,
-                                  (size_t)(rows * cols) * sizeof(float)));
-            ST_TRY(st_prim_create_reorder(ctx, &a->keep, mx, mb, "activation input to bf16"));
-            ST_TRY(st_prim_create_reorder(ctx, &a->unkeep, mb, src,
-                                          "activation input from bf16"));
-        }
+        if (bf16)
+            ST_TRY(keep_bf16(ctx, a, &md, rows, cols, mx, &src, "activation input to bf16",
+                             "activation input from bf16"));
         st_prim_arg(&a->bwd, DNNL_ARG_SRC, src);
         st_prim_arg(&a->bwd, DNNL_ARG_DIFF_DST, mdy);
         st_prim_arg(&a->bwd, DNNL_ARG_DIFF_SRC, mdx);
@@ -109,19 +119,9 @@ st_status st_act_build_fused_relu(st_nn_ctx *ctx, st_act *a, int64_t rows, int64
     ST_TRY(st_mem_matrix(ctx, &mdx, rows, cols, dx));
     ST_TRY(st_mem_matrix(ctx, &mdy, rows, cols, dy));
     dnnl_memory_t dst = my;
-    if (bf16) {
-        void *p;
-        dnnl_memory_t mb;
-        ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS,
-                              (size_t)(rows * cols) * sizeof(st_bf16), &p));
-        a->xb = p;
-        a->bf16 = 1;
-        ST_TRY(st_mem_strided_bf16(ctx, &mb, rows, cols, cols, 1, a->xb));
-        ST_TRY(st_mem_slot_md(ctx, &dst, &md, ST_SLOT_IN, 0,
-                              (size_t)(rows * cols) * sizeof(float)));
-        ST_TRY(st_prim_create_reorder(ctx, &a->keep, my, mb, "fused ReLU output to bf16"));
-        ST_TRY(st_prim_create_reorder(ctx, &a->unkeep, mb, dst, "fused ReLU output from bf16"));
-    }
+    if (bf16)
+        ST_TRY(keep_bf16(ctx, a, &md, rows, cols, my, &dst, "fused ReLU output to bf16",
+                             "fused ReLU output from bf16"));
     st_prim_arg(&a->bwd, DNNL_ARG_DST, dst);
     st_prim_arg(&a->bwd, DNNL_ARG_DIFF_DST, mdy);
     st_prim_arg(&a->bwd, DNNL_ARG_DIFF_SRC, mdx);
