@@ -204,7 +204,8 @@ st_status st_arena_alloc(st_arena *arena, st_mem_kind kind, size_t bytes, void *
                                L->size[L->region[L->open]][kind]);
             *out = base + *used;
             *used += need;
-            memset(*out, 0, need);
+            if (!st_arena_is_sizing(arena))
+                memset(*out, 0, need);
             return ST_OK;
         }
         *used += need;   /* counting: the arena's own, below */

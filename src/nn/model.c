@@ -565,8 +565,10 @@ static st_status measure(const st_model_config *cfg, st_model_declare_fn declare
                          int batch, st_activation_layout *out)
 {
     memset(out, 0, sizeof *out);
+    /* address space only: the layout is counted, never written */
     st_arena scratch;
-    st_arena_init(&scratch, "activation layout", NULL, 0);
+    const st_chunk_backend untouched = st_sizing_backend();
+    st_arena_init(&scratch, "activation layout", &untouched, 0);
     st_model *m = NULL;
     st_status s = create_with(cfg, declare, lo, hi, batch, &scratch, NULL, NULL, &m);
     if (s == ST_OK) {
