@@ -12,6 +12,8 @@
 #             files and of a sweep's runs.csv; bad input
 #   primitive_times  groups, per-step division and the reference left out
 #             on a hand-written oneDNN verbose log; bad input
+#   compare   scripts/lib/compare.awk's differences and verdicts against
+#             the seed spread on a hand-written runs.csv (acc, loss, peak)
 #   plan_accuracy  scripts/plan-accuracy.sh makes doc/data/plan-accuracy.csv
 #             from doc/data's tables as committed (the plan reads it)
 set -u
@@ -221,6 +223,41 @@ primitive_times() {
 }
 
 run "scripts/primitive_times" primitive_times
+
+# ------------------------------------------------------------------ compare
+cat >"$TMP/cmp.csv" <<'CSV'
+config,seed,test_acc,test_loss,train_loss,peak_mib,comm_mb_step,comm_mb_round,wall_s,samples_per_s,align_mean,align_min,exit,options
+"a",1,0.90,1.50,1,10,,,1,1,,,0,"x"
+"a",2,0.92,1.52,1,10,,,1,1,,,0,"x"
+"b, far",1,0.86,1.60,1,5,,,1,1,,,0,"x"
+"b, far",2,0.87,1.61,1,5,,,1,1,,,0,"x"
+"c",1,0.91,1.49,1,20,,,1,1,,,0,"x"
+"c",2,0.93,1.53,1,20,,,1,1,,,1,"x"
+CSV
+printf 'a | b, far\na | c\na | missing\n' >"$TMP/cmp.pairs"
+
+compare() {   # compare WHAT: the lines compare.awk prints
+    awk -v what="$1" -f "$srcdir/scripts/lib/csv.awk" -f "$srcdir/scripts/lib/compare.awk" \
+        "$TMP/cmp.pairs" "$TMP/cmp.csv"
+}
+
+compare_verdicts() {
+    # a: 0.91 +- 0.0141, b: 0.865 +- 0.00707: -4.50 points against a spread
+    # of 2.1; c's failed seed is left out: one seed, no spread
+    expect "acc far" "$(compare acc | sed -n 1p)" \
+        "- b, far against a: -4.50 points (sd 1.4 + 0.71 = 2.1 points): exceeds the seed spread" ||
+        return 1
+    expect "acc one seed" "$(compare acc | sed -n 2p | sed "s/.*): //")" "one seed: no spread" ||
+        return 1
+    expect "missing" "$(compare acc | sed -n 3p)" "- missing against a: not measured (missing)" ||
+        return 1
+    # loss: a 1.51 +- 0.0141, b 1.605 +- 0.00707: +0.095 nats, beyond 0.021
+    expect "loss" "$(compare loss | sed -n 1p)" \
+        "- b, far against a: +0.0950 (sd 0.014 + 0.0071 = 0.021): exceeds the seed spread" ||
+        return 1
+    expect "peak" "$(compare peak | sed -n 1p)" "- b, far against a: 5.0 / 10.0 MiB = 0.50x"
+}
+run "scripts/compare_verdicts" compare_verdicts
 
 # ------------------------------------------------------------------ plan-accuracy
 plan_accuracy() {

@@ -1,11 +1,12 @@
 # scripts/lib/compare.awk — differences between configurations of a
 # sweep's runs.csv, against the spread of the seeds (after csv.awk).
 #
-#   awk -v what=acc|align|peak -f csv.awk -f compare.awk PAIRS runs.csv
+#   awk -v what=acc|loss|align|peak -f csv.awk -f compare.awk PAIRS runs.csv
 #
 # PAIRS: one comparison a line, "LABEL A | LABEL B" (a spec's labels hold
 # no |).  Prints, for each,
-# B's mean minus A's (accuracy in points, alignment as a cosine) and
+# B's mean minus A's (accuracy in points, test loss in nats, alignment as
+# a cosine) and
 # whether it exceeds the seed spread: |difference| > sd(A) + sd(B), i.e.
 # the two mean ± sd intervals do not overlap (sample sd over the seeds
 # that finished); peak: B's mean peak MiB per worker over A's.  A pair
@@ -31,7 +32,8 @@ FNR == 1 {
     csv_split($0, h)
     for (i in h)
         col[h[i]] = i
-    c = what == "align" ? col["align_mean"] : what == "peak" ? col["peak_mib"] : col["test_acc"]
+    c = what == "align" ? col["align_mean"] : what == "peak" ? col["peak_mib"] : \
+        what == "loss" ? col["test_loss"] : col["test_acc"]
     next
 }
 
@@ -54,9 +56,9 @@ function sd(k,    m, v) {
 }
 
 END {
-    scale = what == "align" ? 1 : 100
-    unit = what == "align" ? "" : " points"
-    fmt = what == "align" ? "%+.3f" : "%+.2f"
+    scale = what == "acc" ? 100 : 1
+    unit = what == "acc" ? " points" : ""
+    fmt = what == "acc" ? "%+.2f" : what == "loss" ? "%+.4f" : "%+.3f"
     for (i = 1; i <= na; i++) {
         a = pa[i]
         b = pb[i]

@@ -1,15 +1,25 @@
 #!/bin/sh
-# scripts/reproduce/sdp-gpt.sh — SDP with several holders a unit on
-# the byte-level gpt (depth 4, width 256, 4 heads, context 128, GCIDE), 4 workers of batch 8, 600 steps and 1200 for the FLOP-matched rows; coverage 0.5 (two holders a block or head), masks redrawn
-# every 50 steps, blocks against heads against data parallelism at equal
-# steps and at about equal FLOPs, 3 seeds (5 runs a seed; about 25 minutes a seed on a quiet 2-core machine).
+# scripts/reproduce/sdp-gpt.sh — SDP with several holders a unit on the
+# byte-level gpt (depth 4, width 256, 4 heads, context 128, GCIDE), 4
+# workers of batch 8, 600 steps and 1200 for the FLOP-matched rows;
+# coverage 0.5 (two holders a block or head), masks redrawn every 50
+# steps, blocks against heads against data parallelism, 3 seeds (about 25
+# minutes a seed on a quiet 2-core machine).
 # Options: common.sh.
 . "$(cd "$(dirname "$0")" && pwd)/common.sh"
 
 claim <<'TEXT'
-Subnetwork data parallelism reaches the accuracy of data parallelism at lower memory per worker, and block units do better than neuron (head) units at the same coverage. Setting: the byte-level gpt (depth 4, width 256, 4 heads, context 128, GCIDE), 4 workers of batch 8, 600 steps and 1200 for the FLOP-matched rows; coverage 0.5, --resample 50. Compared on held-out loss (the test loss column; accuracy is the next byte's).
+Subnetwork data parallelism reaches the accuracy of data parallelism at lower memory per worker, and block units do better than neuron (head) units at the same coverage. Setting: the byte-level gpt (depth 4, width 256, 4 heads, context 128, GCIDE), 4 workers of batch 8, 600 steps and 1200 for the FLOP-matched rows; coverage 0.5, --resample 50. Compared on the held-out loss (nats a byte) and the next byte's accuracy.
 TEXT
 sweep sdp-gpt
+compare sdp-gpt loss <<'PAIRS'
+data parallel | SDP block forward C=0.5
+data parallel | SDP heads forward C=0.5
+SDP heads forward C=0.5 | SDP block forward C=0.5
+data parallel | SDP block forward C=0.5, 2x steps
+data parallel | SDP heads forward C=0.5, 2x steps
+SDP heads forward C=0.5, 2x steps | SDP block forward C=0.5, 2x steps
+PAIRS
 compare sdp-gpt acc <<'PAIRS'
 data parallel | SDP block forward C=0.5
 data parallel | SDP heads forward C=0.5

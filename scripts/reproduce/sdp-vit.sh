@@ -1,8 +1,10 @@
 #!/bin/sh
-# scripts/reproduce/sdp-vit.sh — SDP with several holders a unit on
-# the ViT (patch 7, width 128, depth 4, 4 heads, Fashion-MNIST), 4 workers of batch 32, 3 epochs and 6 for the FLOP-matched rows; coverage 0.5 (two holders a block or head), masks redrawn
-# every 50 steps, blocks against heads against data parallelism at equal
-# steps and at about equal FLOPs, 3 seeds (5 runs a seed; about 7 minutes a seed on a quiet 2-core machine).
+# scripts/reproduce/sdp-vit.sh — SDP with several holders a unit on the
+# ViT (patch 7, width 128, depth 4, 4 heads, Fashion-MNIST), 4 workers of
+# batch 32, 3 epochs and 6 for the FLOP-matched rows; coverage 0.5 (two
+# holders a block or head), masks redrawn every 50 steps, blocks against
+# heads against data parallelism, 3 seeds (about 7 minutes a seed on a
+# quiet 2-core machine).
 # Options: common.sh.
 . "$(cd "$(dirname "$0")" && pwd)/common.sh"
 
