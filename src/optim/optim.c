@@ -358,8 +358,8 @@ void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
     /* a piece's bytes: without a copy, with one (a carried master reads
      * and writes the fp32 vector and writes the copy) */
     const size_t bytes = (size_t)st_optim_bytes_per_param(c, 0);
-    const size_t bytes_h = (size_t)st_optim_bytes_per_param(c, opt->carry_master != 2) +
-                           (opt->carry_master == 1 ? sizeof(uint16_t) : 0);
+    const size_t bytes_h = !opt->carry_master ? (size_t)st_optim_bytes_per_param(c, 1)
+                           : bytes + (opt->carry_master == 1 ? sizeof(uint16_t) : 0);
     opt->updated = opt->update_bytes = 0;
     int k = 0;   /* the first copy that may still cover what comes */
     for (int s = 0; s < n_segs; s++) {
