@@ -11,7 +11,8 @@
  * rounding draws 16 bits an element and moment from a hash of the
  * update's key and the element's index in the vector: a function of
  * seed, step and position, the same however the vector is cut into
- * shards.
+ * shards.  A bf16 master (st_adamw_master16) is rounded the same way,
+ * from a key of its own.
  */
 #include <math.h>
 
