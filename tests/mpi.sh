@@ -10,12 +10,14 @@
 #                       (bitwise, every layout)
 #   train_*, weights_*  subtrain over 2 ranks against one process: dp,
 #                       sdp (blocks, neurons with backward masking), ist,
-#                       localsgd; records and final weights (bitwise)
+#                       localsgd, dp with a bf16 master; records and final
+#                       weights (bitwise)
 #   *_split_*           a non-iid --split over 2 ranks against one process
 #                       (records, class histogram, weights: bitwise)
 #   resume_*            a step checkpoint of 2 ranks resumed by 2 ranks and
 #                       by one process (a bf16 optimizer state with
-#                       micro-batches too); another option refused over ranks
+#                       micro-batches too, a bf16 master); another option
+#                       refused over ranks
 #   synth_*             synth over ranks against one process: a group
 #                       spanning ranks, recovery epochs, resume across
 #                       layouts
@@ -127,6 +129,15 @@ run "mpi/resume_dp_over_ranks_and_across_layouts" resume dp
 run "mpi/resume_ist_over_ranks_and_across_layouts" resume ist --strategy ist --local-steps 4
 run "mpi/resume_dp_bf16_state_accumulate_over_ranks_and_across_layouts" resume dpb \
     --optimizer-moments bf16-sr --accumulate 2
+# a bf16 master (--master-weights bf16-sr): carried in the fp32 masters
+# over ranks, the domain's copies alone in one process, the same bits;
+# skipped (77) where bf16 cannot run at all
+bf16_master() {
+    "$BIN" --data synthetic --steps 1 --quiet --precision bf16 --bf16-emulated || return 77
+    "$@" --precision bf16 --bf16-emulated --master-weights bf16-sr --optimizer-moments bf16-sr
+}
+run "mpi/weights_dp_bf16_master_2x1_bitwise_1x2" bf16_master weights dpm
+run "mpi/resume_dp_bf16_master_over_ranks_and_across_layouts" bf16_master resume dpm
 run "mpi/train_localsgd_2x1_equals_1x2" same lsgd --strategy localsgd --local-steps 4 \
     --optimizer-state keep
 run "mpi/weights_localsgd_2x1_bitwise_1x2" weights lsgd --strategy localsgd --local-steps 4

@@ -139,8 +139,8 @@ Test(plan, memory_equals_the_runs_for_every_strategy_model_and_precision, .timeo
     st_test_rmdir(dir);
 }
 
-/* Backward masking, accumulation, bf16 optimizer moments and
- * recomputation change what a worker holds: still the run's figures. */
+/* Backward masking, accumulation, bf16 optimizer moments, a bf16 master
+ * and recomputation change what a worker holds: still the run's figures. */
 Test(plan, memory_equals_the_runs_with_masking_accumulation_and_moments, .timeout = 300)
 {
     char dir[ST_TEST_PATH_MAX], data[2 * ST_TEST_PATH_MAX], opts[3 * ST_TEST_PATH_MAX];
@@ -154,6 +154,14 @@ Test(plan, memory_equals_the_runs_with_masking_accumulation_and_moments, .timeou
     snprintf(opts, sizeof opts, "%s --depth 3 --width 32 --batch 8 --workers 2 --oversubscribe "
              "--recompute blocks", data);
     expect_plan_equals_run(opts);
+    const st_bf16_support bf16 = st_bf16_probe(NULL);
+    if (bf16 != ST_BF16_UNAVAILABLE) {   /* a bf16 master: dp's copies */
+        snprintf(opts, sizeof opts, "%s --depth 2 --width 32 --batch 8 --workers 2 "
+                 "--oversubscribe --precision bf16%s --optimizer-moments bf16-sr "
+                 "--master-weights bf16-sr", data,
+                 bf16 == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+        expect_plan_equals_run(opts);
+    }
     snprintf(opts, sizeof opts, "%s --model resnet --depth 2 --batch 8 --workers 2 "
              "--oversubscribe --strategy sdp --recompute all", data);
     expect_plan_equals_run(opts);

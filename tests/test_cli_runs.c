@@ -512,6 +512,74 @@ Test(cli, accumulate_and_optimizer_moments, .timeout = 120)
                        "bf16");
 }
 
+/* The final line's accuracy and losses (up to the throughput). */
+static void final_losses(const char *out, char *buf, size_t n)
+{
+    const char *f = strstr(out, "final: ");
+    cr_assert_not_null(f, "%s", out);
+    const char *end = strstr(f, "train_loss ");
+    cr_assert_not_null(end, "%s", f);
+    end = strchr(end + strlen("train_loss "), ' ');
+    cr_assert_not_null(end, "%s", f);
+    snprintf(buf, n, "%.*s", (int)(end - f), f);
+}
+
+/* --master-weights bf16-sr: one worker and dp (shared and private
+ * weights) say the layout and its bytes, 16 a parameter with bf16 moments
+ * where the copies are the master (private weights' engine gathers fp32:
+ * 20); a seed repeats a run bitwise and the two placements agree; the
+ * combinations that cannot work are usage errors in one line. */
+Test(cli, master_weights_bf16_sr, .timeout = 120)
+{
+    static const char *const layouts[] = { "--workers 1", "--workers 2",
+                                           "--workers 2 --weights private" };
+    static const char *const bytes[] = { "(16.0 bytes a parameter, bf16-sr moments, bf16-sr "
+                                         "master)", "(16.1 bytes a parameter",
+                                         "(20.0 bytes a parameter" };
+    char args[1024], first[256], again[256], two[256] = "";
+    run_result *r = calloc(1, sizeof *r);
+    for (int k = 0; k < 3; k++) {
+        snprintf(args, sizeof args, "--data synthetic --model resmlp --depth 2 --width 32 "
+                 "--steps 20 --batch 32 --precision bf16 --bf16-emulated --optimizer-moments "
+                 "bf16-sr --master-weights bf16-sr --progress none --metrics /dev/stdout %s",
+                 layouts[k]);
+        run(r, NULL, args);
+        cr_assert_eq(r->status, 0, "%s: %s", layouts[k], r->err);
+        cr_assert(strstr(r->out, ", bf16-sr moments, bf16-sr master | batch 32"), "%s", r->out);
+        cr_assert(strstr(r->out, bytes[k]), "%s: %s", layouts[k], r->out);
+        cr_assert(strstr(r->out, "\"master\":\"bf16-sr\"}"), "%s", r->out);
+        final_losses(r->out, first, sizeof first);
+        run(r, NULL, args);
+        final_losses(r->out, again, sizeof again);
+        cr_assert_str_eq(first, again, "%s: the same seed, another run", layouts[k]);
+        if (k == 1)
+            snprintf(two, sizeof two, "%s", first);
+        if (k == 2)
+            cr_assert_str_eq(first, two, "private weights (the master carried in fp32) against "
+                             "shared ones (the copies alone)");
+    }
+    snprintf(args, sizeof args, "--data synthetic --model resmlp --depth 2 --width 32 "
+             "--steps 20 --batch 32 --precision bf16 --bf16-emulated --optimizer-moments "
+             "bf16-sr --progress none --workers 1");
+    run(r, NULL, args);
+    final_losses(r->out, again, sizeof again);
+    cr_assert_str_neq(first, again, "the fp32 master trains otherwise");
+    free(r);
+    expect_usage_error("--data synthetic --master-weights bf16",
+                       "--master-weights: unknown value 'bf16' (allowed: fp32, bf16-sr)");
+    expect_usage_error("--data synthetic --master-weights bf16-sr",
+                       "--master-weights bf16-sr keeps the master weights in the bf16 copies of "
+                       "--precision bf16; this run has --precision fp32");
+    expect_usage_error("--data synthetic --precision bf16 --bf16-emulated --master-weights "
+                       "bf16-sr --strategy sdp --workers 2", "--master-weights bf16-sr applies "
+                       "to --strategy dp only, not to --strategy sdp");
+    expect_usage_error("--data synthetic --precision bf16 --bf16-emulated --master-weights "
+                       "bf16-sr --optimizer sgd", "a bf16 master (--master-weights bf16-sr) is "
+                       "updated by AdamW only, not by --optimizer sgd");
+    expect_usage_error("--data synthetic --precision bf16 --bf16-emulated --master-weights "
+                       "bf16-sr --unfuse weight-copy", "--unfuse weight-copy does not make");
+}
+
 /* A worker that fails once set up, before training, ends the run with
  * its one line and exit 1 for every strategy: what its set-up built for
  * the first phase (synth's segment, in the worker's arena) is dropped

@@ -347,6 +347,45 @@ Test(resume, a_bf16_optimizer_state_resumes_bitwise, .timeout = 120)
     st_test_rmdir(dir);
 }
 
+/* A bf16 master (--master-weights bf16-sr) in a step checkpoint: the
+ * weights saved are the master's values, from which a resume continues
+ * bitwise: one worker and two (the copies the master), private weights
+ * (carried in fp32), bf16 and fp32 moments; another layout is refused. */
+Test(resume, a_bf16_master_resumes_bitwise, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], runs[3][5 * ST_TEST_PATH_MAX],
+        extra[8 * ST_TEST_PATH_MAX], a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    const st_bf16_support bf16 = st_bf16_probe(NULL);
+    if (bf16 == ST_BF16_UNAVAILABLE)
+        cr_skip_test("no bf16 matrix product here");
+    setup_run(dir, base, sizeof base, "--model mlp --depth 2 --width 32 --precision bf16 "
+              "--bf16-emulated --master-weights bf16-sr");
+    snprintf(runs[0], sizeof runs[0], "%s --optimizer-moments bf16-sr", base);
+    snprintf(runs[1], sizeof runs[1], "%s --workers 2 --optimizer-moments bf16", base);
+    snprintf(runs[2], sizeof runs[2], "%s --workers 2 --weights private", base);
+    for (size_t i = 0; i < 3; i++) {
+        char ck[16], resumed[16];
+        snprintf(ck, sizeof ck, "ck%zu", i);
+        snprintf(resumed, sizeof resumed, "resumed%zu", i);
+        expect_trains(dir, ck, runs[i], "--checkpoint-every 7");
+        snprintf(a, sizeof a, "%s/%s/step-00000007.safetensors", dir, ck);
+        st_safetensors f;
+        cr_assert_eq(st_safetensors_read(a, &f), ST_OK, "%s", st_last_error());
+        cr_assert_str_eq(st_safetensors_meta(&f, "subtrain.run.master-weights"), "bf16-sr");
+        st_safetensors_free(&f);
+        snprintf(extra, sizeof extra, "--resume '%s'", a);
+        expect_trains(dir, resumed, runs[i], extra);
+        snprintf(a, sizeof a, "%s/%s/final.safetensors", dir, ck);
+        snprintf(b, sizeof b, "%s/%s/final.safetensors", dir, resumed);
+        cr_assert(same_file(a, b), "%s: resumed after step 7, the weights differ", runs[i]);
+    }
+    snprintf(extra, sizeof extra, "%s --master-weights fp32 --resume '%s/ck0'", runs[0], dir);
+    expect_runtime_error(NULL, extra, "its run had --master-weights bf16-sr, this one has "
+                         "--master-weights fp32: resume with the options of the run that "
+                         "wrote it");
+    st_test_rmdir(dir);
+}
+
 /* The library compares the state's layout itself (a program that gives
  * no options, st_train_config.options): another layout is refused in one
  * line, the same one resumes. */

@@ -40,6 +40,17 @@ typedef enum st_moments {
     ST_MOMENTS_BF16_SR,
 } st_moments;
 
+/* Where AdamW keeps the master weights of the parameters that have a bf16
+ * copy: fp32 (the default), or in that copy (BF16_SR): the update widens
+ * it, computes in fp32 and stores the new weight rounded stochastically
+ * from a hash of the seed, the step and the element's index.  Rounded to
+ * nearest, an update below half a bf16 step would vanish (doc/precision.md).
+ * Parameters without a copy (biases, norms) keep an fp32 master. */
+typedef enum st_master {
+    ST_MASTER_FP32,
+    ST_MASTER_BF16_SR,
+} st_master;
+
 typedef struct st_optim_config {
     st_optimizer_kind kind;
     float lr;             /* peak learning rate */
@@ -48,6 +59,7 @@ typedef struct st_optim_config {
     float beta1, beta2, eps;  /* AdamW */
     st_moments moments;   /* the state's storage (default fp32) */
     uint64_t seed;        /* stochastic rounding's (BF16_SR) */
+    st_master master;     /* the master weights' storage (default fp32) */
 } st_optim_config;
 
 /* AdamW, lr 1e-3, weight decay 0.01, betas (0.9, 0.999), eps 1e-8;
@@ -59,11 +71,16 @@ st_status st_optimizer_parse(const char *name, st_optimizer_kind *out);
 /* "fp32", "bf16", "bf16-sr". */
 const char *st_moments_name(st_moments m);
 st_status st_moments_parse(const char *name, st_moments *out);
+/* "fp32", "bf16-sr". */
+const char *st_master_name(st_master m);
+st_status st_master_parse(const char *name, st_master *out);
 
 /* Bytes one update reads and writes per parameter: the gradient read,
  * the fp32 master read and written, each state vector read and written
  * (4 or 2 bytes each way), and 2 more where it writes a bf16 copy
- * (`copy`): AdamW 28 (30) with fp32 moments, 20 (22) with bf16. */
+ * (`copy`): AdamW 28 (30) with fp32 moments, 20 (22) with bf16.  With a
+ * bf16 master (ST_MASTER_BF16_SR) a parameter with a copy (`copy`) reads
+ * and writes the copy only: AdamW 24 with fp32 moments, 16 with bf16. */
 int st_optim_bytes_per_param(const st_optim_config *cfg, int copy);
 
 /* An optimizer and its state for parameters [begin, end) of a vector (0

@@ -332,6 +332,7 @@ typedef struct st_epoch_record {
      * parameter updated (st_optim_bytes_per_param, the bf16 weight copies
      * it writes included); 0 before any update. */
     st_moments optimizer_moments;
+    st_master optimizer_master;       /* the master weights' storage (st_master) */
     double optimizer_bytes_per_worker_step;
     double optimizer_bytes_per_param;
     /* Mean time of a step, over workers and the epoch's steps (ms):

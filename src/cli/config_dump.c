@@ -119,6 +119,7 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
     case OPT_BATCH: snprintf(v, n, "%d", t->batch); break;
     case OPT_ACCUMULATE: snprintf(v, n, "%d", t->accumulate); break;
     case OPT_OPTIMIZER_MOMENTS: snprintf(v, n, "%s", st_moments_name(t->optim.moments)); break;
+    case OPT_MASTER_WEIGHTS: snprintf(v, n, "%s", st_master_name(t->optim.master)); break;
     case OPT_OPTIMIZER: snprintf(v, n, "%s", st_optimizer_name(t->optim.kind)); break;
     case OPT_LR: float_text(t->optim.lr, v, n); break;
     case OPT_MOMENTUM: float_text(t->optim.momentum, v, n); break;

@@ -76,6 +76,8 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
            st_schedule_name(t->schedule));
     if (t->optim.moments != ST_MOMENTS_FP32)
         printf(", %s moments", st_moments_name(t->optim.moments));
+    if (t->optim.master != ST_MASTER_FP32)
+        printf(", %s master", st_master_name(t->optim.master));
     printf(" | batch %d, ", t->batch);
     if (t->accumulate > 1)
         printf("%d micro-batches a step, ", t->accumulate);
@@ -153,8 +155,9 @@ static void print_summary(const st_epoch_record *r)
     printf("\n");
     if (r->optimizer_bytes_per_worker_step > 0.0)
         printf("optimizer per worker and step: %.2f MB read and written (%.1f bytes a "
-               "parameter, %s moments)\n", r->optimizer_bytes_per_worker_step / 1e6,
-               r->optimizer_bytes_per_param, st_moments_name(r->optimizer_moments));
+               "parameter, %s moments%s)\n", r->optimizer_bytes_per_worker_step / 1e6,
+               r->optimizer_bytes_per_param, st_moments_name(r->optimizer_moments),
+               r->optimizer_master == ST_MASTER_BF16_SR ? ", bf16-sr master" : "");
     if (r->workers > 1)
         printf("communication per worker and step: %.2f MB (data parallelism as a ring all-reduce "
                "would send %.2f MB)%s\n",

@@ -48,6 +48,7 @@ static const struct option own_options[] = {
     { "momentum", required_argument, NULL, OPT_MOMENTUM },
     { "weight-decay", required_argument, NULL, OPT_WEIGHT_DECAY },
     { "optimizer-moments", required_argument, NULL, OPT_OPTIMIZER_MOMENTS },
+    { "master-weights", required_argument, NULL, OPT_MASTER_WEIGHTS },
     { "schedule", required_argument, NULL, OPT_SCHEDULE },
     { "warmup", required_argument, NULL, OPT_WARMUP },
     { "seed", required_argument, NULL, OPT_SEED },

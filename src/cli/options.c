@@ -87,6 +87,7 @@ static st_status parse_pool(const char *s, void *o) { return st_token_pool_parse
 static st_status parse_recompute(const char *s, void *o) { return st_recompute_parse(s, o); }
 static st_status parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
 static st_status parse_moments(const char *s, void *o) { return st_moments_parse(s, o); }
+static st_status parse_master(const char *s, void *o) { return st_master_parse(s, o); }
 static st_status parse_sched(const char *s, void *o) { return st_schedule_parse(s, o); }
 static st_status parse_strategy(const char *s, void *o) { return st_strategy_parse(s, o); }
 static st_status parse_weights(const char *s, void *o) { return st_weights_parse(s, o); }
@@ -298,6 +299,8 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_ACCUMULATE: return parse_int("--accumulate", arg, 1, 65536, &t->accumulate, err, n);
     case OPT_OPTIMIZER_MOMENTS:
         return parse_choice("optimizer-moments", arg, parse_moments, &t->optim.moments, err, n);
+    case OPT_MASTER_WEIGHTS:
+        return parse_choice("master-weights", arg, parse_master, &t->optim.master, err, n);
     case OPT_OPTIMIZER: return parse_choice("optimizer", arg, parse_opt, &t->optim.kind, err, n);
     case OPT_LR: return parse_float("--lr", arg, '(', 0.0, 100.0, ']', &t->optim.lr, err, n);
     case OPT_MOMENTUM:

@@ -322,7 +322,10 @@ static void predict_row(plan_row *row, const st_calibration *cal)
     const double moment_bytes = row->cfg.optim.moments == ST_MOMENTS_FP32 ? 8.0 : 4.0;
     const double opt = (double)row->mem.peak[ST_MEM_OPTIMIZER];
     const double updated = opt / moment_bytes;
-    const double opt_bytes = 2.0 * opt + 12.0 * updated;
+    /* the gradient read and the master read and written: a bf16 master's
+     * 2 + 2 (the matrices' copies; biases and norms are few) */
+    const double fixed = row->cfg.optim.master == ST_MASTER_BF16_SR ? 8.0 : 12.0;
+    const double opt_bytes = 2.0 * opt + fixed * updated;
     const double act = (double)(row->mem.peak[ST_MEM_ACTIVATIONS] +
                                 row->mem.peak[ST_MEM_ATTENTION]);
     if (!(gflops > 0.0) || !(cal->elementwise_gbps > 0.0) || !(cal->reduce_gbps > 0.0))

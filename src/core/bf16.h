@@ -57,4 +57,7 @@ static inline float st_bf16_to_float(st_bf16 h)
  * vectorised loop). */
 void st_bf16_round_n(uint16_t *restrict dst, const float *restrict src, size_t n);
 
+/* dst[i] = src[i] widened (exact), i < n. */
+void st_bf16_widen_n(float *restrict dst, const uint16_t *restrict src, size_t n);
+
 #endif /* ST_CORE_BF16_H */

@@ -14,7 +14,8 @@
  * (sdp/ist assignments, subnet/assignment.c), 0xA0C7 (augmentation,
  * data/augment.c), 0x5A3D (sampling text from a gpt model,
  * nn/generate.c), 0x057A7E (stochastic rounding of a bf16 optimizer
- * state, optim/state16.c).  A new one must differ from all of these.
+ * state, optim/state16.c), 0x3A57E4 (stochastic rounding of a bf16
+ * master, optim/state16.c).  A new one must differ from all of these.
  */
 #ifndef SUBTRAIN_CORE_RNG_STREAMS_H
 #define SUBTRAIN_CORE_RNG_STREAMS_H

@@ -50,6 +50,12 @@ st_status st_optim_config_check(const st_optim_config *c)
         c->moments != ST_MOMENTS_BF16_SR)
         return st_fail(ST_ERR_INVALID, "unknown optimizer moments %d (allowed: fp32, bf16, "
                        "bf16-sr)", (int)c->moments);
+    if (c->master != ST_MASTER_FP32 && c->master != ST_MASTER_BF16_SR)
+        return st_fail(ST_ERR_INVALID, "unknown master weights %d (allowed: fp32, bf16-sr)",
+                       (int)c->master);
+    if (c->master == ST_MASTER_BF16_SR && c->kind != ST_OPT_ADAMW)
+        return st_fail(ST_ERR_INVALID, "a bf16 master (--master-weights bf16-sr) is updated by "
+                       "AdamW only, not by --optimizer %s", st_optimizer_name(c->kind));
     return ST_OK;
 }
 
@@ -92,6 +98,25 @@ st_status st_moments_parse(const char *name, st_moments *out)
     return ST_OK;
 }
 
+static const st_enum_entry master_entries[] = {
+    { "fp32", ST_MASTER_FP32 },
+    { "bf16-sr", ST_MASTER_BF16_SR },
+};
+static const st_enum_table master_table = ST_ENUM_TABLE("master weights", master_entries);
+
+const char *st_master_name(st_master m)
+{
+    return st_enum_name(&master_table, (int)m);
+}
+
+st_status st_master_parse(const char *name, st_master *out)
+{
+    int v;
+    ST_TRY(st_enum_parse(&master_table, name, &v));
+    *out = (st_master)v;
+    return ST_OK;
+}
+
 /* State vectors: AdamW's m and v, SGD's momentum buffer (none without). */
 static int state_vectors(const st_optim_config *c)
 {
@@ -101,6 +126,8 @@ static int state_vectors(const st_optim_config *c)
 int st_optim_bytes_per_param(const st_optim_config *c, int copy)
 {
     const int state = c->moments == ST_MOMENTS_FP32 ? 4 : 2;
+    if (c->master == ST_MASTER_BF16_SR && copy)   /* the copy is the master */
+        return 4 + 2 * 2 + state_vectors(c) * 2 * state;
     return 4 + 2 * 4 + state_vectors(c) * 2 * state + (copy ? 2 : 0);
 }
 
@@ -275,6 +302,13 @@ static void update_piece(const st_optim *opt, float *params, const float *grads,
     const st_optim_config *c = &opt->cfg;
     size_t n = hi - lo, at = lo - opt->base;
     float *m = opt->m ? opt->m + at : NULL;
+    if (h && c->master == ST_MASTER_BF16_SR) {   /* AdamW (st_optim_config_check) */
+        rnd->first = lo;
+        st_adamw_master16(params + at, grads + at, m, opt->v ? opt->v + at : NULL,
+                          opt->m16 ? opt->m16 + at : NULL, opt->v16 ? opt->v16 + at : NULL, h,
+                          n, a, decay ? 1.0f - a->lr * a->wd : 1.0f, rnd, opt->carry_master);
+        return;
+    }
     if (opt->m16) {   /* a bf16 state (SGD without momentum has none) */
         rnd->first = lo;
         if (c->kind == ST_OPT_SGD)
@@ -316,10 +350,16 @@ void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
         begin = opt->base;
     if (end > opt->base + opt->n)
         end = opt->base + opt->n;
-    st_state_rounding rnd = { c->moments == ST_MOMENTS_BF16_SR, 0, 0 };
+    st_state_rounding rnd = { c->moments == ST_MOMENTS_BF16_SR, 0, 0, 0 };
     if (rnd.sr)
         rnd.key = st_state_rounding_key(c->seed, t);
+    if (c->master == ST_MASTER_BF16_SR)
+        rnd.master_key = st_master_rounding_key(c->seed, t);
+    /* a piece's bytes: without a copy, with one (a carried master reads
+     * and writes the fp32 vector and writes the copy) */
     const size_t bytes = (size_t)st_optim_bytes_per_param(c, 0);
+    const size_t bytes_h = !opt->carry_master ? (size_t)st_optim_bytes_per_param(c, 1)
+                           : bytes + (opt->carry_master == 1 ? sizeof(uint16_t) : 0);
     opt->updated = opt->update_bytes = 0;
     int k = 0;   /* the first copy that may still cover what comes */
     for (int s = 0; s < n_segs; s++) {
@@ -345,7 +385,7 @@ void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
             }
             update_piece(opt, params, grads, lo, cut, h, &a, wd, segs[s].decay, &rnd);
             opt->updated += cut - lo;
-            opt->update_bytes += (cut - lo) * (bytes + (h ? sizeof *h : 0));
+            opt->update_bytes += (cut - lo) * (h ? bytes_h : bytes);
             lo = cut;
         }
     }

@@ -21,6 +21,11 @@ struct st_optim {
     float *v;         /* Adam second moment (n), or NULL */
     uint16_t *m16;    /* the same in bf16 (moments BF16, BF16_SR: m and v are */
     uint16_t *v16;    /* then NULL), or NULL */
+    /* A bf16 master (cfg.master BF16_SR) carried in the fp32 vector too,
+     * for an engine that gathers fp32 masters (st_adamw_master16's carry:
+     * 1 the update writes the copy too, 2 the engine does): set by the
+     * strategy that attaches one; 0 where the copies are the master. */
+    int carry_master;
     /* The last update's parameters and the bytes it read and wrote
      * (st_optim_bytes_per_param of each, copies included). */
     size_t updated, update_bytes;

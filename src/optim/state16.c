@@ -11,7 +11,8 @@
  * rounding draws 16 bits an element and moment from a hash of the
  * update's key and the element's index in the vector: a function of
  * seed, step and position, the same however the vector is cut into
- * shards.
+ * shards.  A bf16 master (st_adamw_master16) is rounded the same way,
+ * from a key of its own.
  */
 #include <math.h>
 
@@ -21,13 +22,23 @@
 #include "core/simd.h"
 #include "optim/state16.h"
 
-/* Stochastic rounding of the optimizer state (rng_streams.h). */
+/* Stochastic rounding of the optimizer state and of a bf16 master
+ * (rng_streams.h). */
 #define STREAM_STATE_ROUNDING 0x057A7Eull
+#define STREAM_MASTER_ROUNDING 0x3A57E4ull
 
 uint32_t st_state_rounding_key(uint64_t seed, uint64_t t)
 {
     st_rng root = st_rng_seed(seed);
     st_rng mine = st_rng_split(&root, STREAM_STATE_ROUNDING);
+    st_rng step = st_rng_split(&mine, t);
+    return (uint32_t)st_rng_u64(&step);
+}
+
+uint32_t st_master_rounding_key(uint64_t seed, uint64_t t)
+{
+    st_rng root = st_rng_seed(seed);
+    st_rng mine = st_rng_split(&root, STREAM_MASTER_ROUNDING);
     st_rng step = st_rng_split(&mine, t);
     return (uint32_t)st_rng_u64(&step);
 }
@@ -93,6 +104,59 @@ sgd16_body(float *restrict p, const float *restrict g, uint16_t *restrict buf,
     }
 }
 
+/* AdamW with a bf16 master (state16.h): state 0 fp32, 1 bf16; sr: the
+ * state's rounding; carry: the master carried in p (2: h not written). */
+static inline __attribute__((always_inline)) void
+master16_body(float *restrict p, const float *restrict g, float *restrict m32,
+              float *restrict v32, uint16_t *restrict m, uint16_t *restrict v,
+              uint16_t *restrict h, size_t n, const st_adam_step *a, float shrink, int state,
+              int sr, int carry, uint32_t key, uint32_t mkey, uint32_t first)
+{
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) {
+        const float mo = state ? st_bf16_to_float(m[i]) : m32[i];
+        const float vo = state ? st_bf16_to_float(v[i]) : v32[i];
+        const float mi = a->b1 * mo + (1.0f - a->b1) * g[i];
+        const float vi = a->b2 * vo + (1.0f - a->b2) * g[i] * g[i];
+        if (state) {
+            const uint32_t r = sr ? mix32((first + (uint32_t)i) ^ key) : 0u;
+            m[i] = to16(mi, sr, r);
+            v[i] = to16(vi, sr, r >> 16);
+        } else {
+            m32[i] = mi;
+            v32[i] = vi;
+        }
+        const float w = st_bf16_to_float(carry ? to16(p[i], 0, 0u) : h[i]);
+        const float pi = w * shrink - a->lr * (mi * a->c1) / (sqrtf(vi * a->c2) + a->eps);
+        const uint16_t b = to16(pi, 1, mix32((first + (uint32_t)i) ^ mkey));
+        if (carry != 2)
+            h[i] = b;
+        if (carry)
+            p[i] = st_bf16_to_float(b);
+    }
+}
+
+#define MASTER16(NAME, STATE, SR, CARRY)                                                     \
+    ST_VECTOR_CLONES_BW static void NAME(float *restrict p, const float *restrict g,         \
+                                         float *restrict m32, float *restrict v32,           \
+                                         uint16_t *restrict m, uint16_t *restrict v,         \
+                                         uint16_t *restrict h, size_t n,                     \
+                                         const st_adam_step *a, float shrink, uint32_t key,  \
+                                         uint32_t mkey, uint32_t first)                      \
+    {                                                                                        \
+        master16_body(p, g, m32, v32, m, v, h, n, a, shrink, STATE, SR, CARRY, key, mkey,    \
+                      first);                                                                \
+    }
+MASTER16(master16_f32, 0, 0, 0)
+MASTER16(master16_rne, 1, 0, 0)
+MASTER16(master16_sr, 1, 1, 0)
+MASTER16(master16_f32_carry, 0, 0, 1)
+MASTER16(master16_rne_carry, 1, 0, 1)
+MASTER16(master16_sr_carry, 1, 1, 1)
+MASTER16(master16_f32_gathered, 0, 0, 2)
+MASTER16(master16_rne_gathered, 1, 0, 2)
+MASTER16(master16_sr_gathered, 1, 1, 2)
+
 /* The instances: (rne | sr) x (no copy | copy). */
 #define ADAMW16(NAME, SR, H)                                                                 \
     ST_VECTOR_CLONES_BW static void NAME(float *restrict p, const float *restrict g,            \
@@ -138,4 +202,23 @@ void st_sgd16(float *p, const float *g, uint16_t *buf, uint16_t *h, size_t n, fl
         (h ? sgd16_sr_h : sgd16_sr)(p, g, buf, h, n, lr, momentum, wd, r->key, first);
     else
         (h ? sgd16_rne_h : sgd16_rne)(p, g, buf, h, n, lr, momentum, wd, r->key, first);
+}
+
+typedef void master16_fn(float *restrict, const float *restrict, float *restrict,
+                         float *restrict, uint16_t *restrict, uint16_t *restrict,
+                         uint16_t *restrict, size_t, const st_adam_step *, float, uint32_t,
+                         uint32_t, uint32_t);
+
+void st_adamw_master16(float *p, const float *g, float *m, float *v, uint16_t *m16,
+                       uint16_t *v16, uint16_t *h, size_t n, const st_adam_step *a,
+                       float shrink, const st_state_rounding *r, int carry)
+{
+    static master16_fn *const fns[3][3] = {
+        { master16_f32, master16_rne, master16_sr },
+        { master16_f32_carry, master16_rne_carry, master16_sr_carry },
+        { master16_f32_gathered, master16_rne_gathered, master16_sr_gathered },
+    };
+    const int state = !m16 ? 0 : r->sr ? 2 : 1;
+    fns[carry][state](p, g, m, v, m16, v16, h, n, a, shrink, r->key, r->master_key,
+                      (uint32_t)r->first);
 }

@@ -21,10 +21,15 @@ typedef struct st_state_rounding {
     int sr;
     uint32_t key;
     size_t first;
+    uint32_t master_key;   /* a bf16 master's draw (st_master_rounding_key) */
 } st_state_rounding;
 
 /* The key of update t of a state seeded `seed`. */
 uint32_t st_state_rounding_key(uint64_t seed, uint64_t t);
+
+/* The key of update t of a bf16 master seeded `seed`: another stream than
+ * the state's, so that the master's draw is independent of the moments'. */
+uint32_t st_master_rounding_key(uint64_t seed, uint64_t t);
 
 /* p, g (n) fp32; m, v (n) bf16, read and written; h (n) the bf16 copy of
  * p written, or NULL; shrink: the decoupled weight decay's factor. */
@@ -34,5 +39,19 @@ void st_adamw16(float *p, const float *g, uint16_t *m, uint16_t *v, uint16_t *h,
 /* SGD with a bf16 momentum buffer buf (n); wd: L2 of this piece (0: none). */
 void st_sgd16(float *p, const float *g, uint16_t *buf, uint16_t *h, size_t n, float lr,
               float momentum, float wd, const st_state_rounding *r);
+
+/* AdamW with a bf16 master (ST_MASTER_BF16_SR) over n parameters that
+ * have a bf16 copy h: the master is read widened, the new weight computed
+ * in fp32 as adamw_one computes it and stored rounded stochastically (the
+ * hash of r->master_key and the element's index).  The state is m, v
+ * (fp32) or m16, v16 (bf16, rounded as r says): the other pair is NULL.
+ * carry 0: the master is h, p is neither read nor written.  carry 1: the
+ * master's value is carried in p for an engine that gathers fp32 masters:
+ * read as bf16(p) (to nearest: exact once p is on the bf16 grid), and the
+ * new weight written to p widened and to h; carry 2: to p only (the
+ * engine writes every copy). */
+void st_adamw_master16(float *p, const float *g, float *m, float *v, uint16_t *m16,
+                       uint16_t *v16, uint16_t *h, size_t n, const st_adam_step *a,
+                       float shrink, const st_state_rounding *r, int carry);
 
 #endif /* SUBTRAIN_OPTIM_STATE16_H */

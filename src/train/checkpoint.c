@@ -157,6 +157,9 @@ static st_status add_fingerprint(run_ckpt *ck, const run_shared *r)
     ST_TRY(st_run_ckpt_meta(ck, "subtrain.run.test-data", "%016" PRIx64, r->data_print[1]));
     ST_TRY(st_run_ckpt_meta(ck, "subtrain.run.optimizer-moments", "%s",
                             st_moments_name(r->cfg->optim.moments)));
+    if (r->cfg->optim.master != ST_MASTER_FP32)   /* files without the key: fp32 */
+        ST_TRY(st_run_ckpt_meta(ck, "subtrain.run.master-weights", "%s",
+                                st_master_name(r->cfg->optim.master)));
     const st_train_config *c = r->cfg;
     for (int i = 0; i < c->n_options; i++) {
         char key[256];   /* keys are at most 200 bytes (st_train_config_check) */
@@ -298,6 +301,13 @@ static st_status check_fingerprint(const run_shared *r, const char *name)
                        "in %s (--optimizer-moments): resume with the options of the run that "
                        "wrote it, or start from its weights with --init", name,
                        was ? was : "fp32", moments);
+    was = st_safetensors_meta(r->cfg->resume, "subtrain.run.master-weights");
+    const char *master = st_master_name(r->cfg->optim.master);
+    if (strcmp(was ? was : "fp32", master) != 0)
+        return st_fail(ST_ERR_INVALID, "%s: its run kept the master weights in %s, this one "
+                       "in %s (--master-weights): resume with the options of the run that "
+                       "wrote it, or start from its weights with --init", name,
+                       was ? was : "fp32", master);
     return ST_OK;
 }
 

@@ -41,6 +41,26 @@ static void strategy_names(char *out, size_t size)
                                  st_strategy_name((st_strategy)k));
 }
 
+/* A bf16 master lives in the weights' bf16 copies, which a bf16 model
+ * makes and dp's update writes (doc/precision.md); the other strategies
+ * move fp32 masters between their models. */
+static st_status master_check(const st_train_config *c)
+{
+    if (c->optim.master != ST_MASTER_BF16_SR)
+        return ST_OK;
+    if (c->model.precision != ST_PRECISION_BF16)
+        return st_fail(ST_ERR_INVALID, "--master-weights bf16-sr keeps the master weights in "
+                       "the bf16 copies of --precision bf16; this run has --precision %s",
+                       st_precision_name(c->model.precision));
+    if (c->model.unfuse & ST_UNFUSE_WEIGHT_COPY)
+        return st_fail(ST_ERR_INVALID, "--master-weights bf16-sr keeps the master weights in "
+                       "the update's bf16 copies, which --unfuse weight-copy does not make");
+    if (c->strategy != ST_STRATEGY_DP)
+        return st_fail(ST_ERR_INVALID, "--master-weights bf16-sr applies to --strategy dp "
+                       "only, not to --strategy %s", st_strategy_name(c->strategy));
+    return ST_OK;
+}
+
 st_status st_train_config_check(const st_train_config *c)
 {
     ST_TRY(st_model_config_check(&c->model));
@@ -80,6 +100,7 @@ st_status st_train_config_check(const st_train_config *c)
                            "product for ISA %s (use --precision fp32)", isa);
         }
     }
+    ST_TRY(master_check(c));
     if (c->comm_precision != ST_PRECISION_FP32 && c->comm_precision != ST_PRECISION_BF16)
         return st_fail(ST_ERR_INVALID, "unknown --comm-precision %d (fp32 or bf16)",
                        (int)c->comm_precision);

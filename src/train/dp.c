@@ -89,7 +89,9 @@ static st_status dp_init_worker(run_shared *r, void *state, int wid, st_worker *
     else
         ST_TRY(st_run_attach_worker(r->comm, NULL, wid, w, NULL));
     st_range shard = st_comm_shard(r->comm, wid);
-    return st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end);
+    ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
+    w->optim.carry_master = st_run_master_carried(r);
+    return ST_OK;
 }
 
 /* One worker alone, after its compute: the update of its own vector,
@@ -181,12 +183,12 @@ static st_comm_bytes dp_bytes(const run_shared *r, const void *state, int wid)
 }
 
 /* Worker 0's replica (its domain's copy) is the full model (after the
- * all-gather). */
+ * all-gather); a bf16 master in the copies widened into it. */
 static st_status dp_full_params(run_shared *r, void *state, st_worker *w0, const float **out,
                                 size_t *count)
 {
-    (void)r;
     (void)state;
+    st_run_master_widen(r, w0);
     *count = st_model_param_count(w0->model);
     *out = st_model_params(w0->model);
     return ST_OK;

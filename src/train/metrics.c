@@ -10,7 +10,7 @@
  * holders (k), workers (N), effective (k / N)}.  Every record has
  * "optimizer": {moments (the state's layout), bytes_per_param,
  * bytes_per_worker_step (what the busiest worker's update reads and
- * writes)}.  A number that is not finite is null. */
+ * writes), master (the master weights' layout)}.  A number that is not finite is null. */
 #include <math.h>
 
 #include <subtrain/train.h>
@@ -95,9 +95,10 @@ int st_metrics_write_members(FILE *f, const st_epoch_record *r)
         fprintf(f, "\"comm_bytes_per_worker_round\":%s,",
                 num(b[0], "%.0f", r->comm_bytes_per_worker_round));
     fprintf(f, "\"optimizer\":{\"moments\":\"%s\",\"bytes_per_param\":%s,"
-               "\"bytes_per_worker_step\":%s},",
+               "\"bytes_per_worker_step\":%s,\"master\":\"%s\"},",
             st_moments_name(r->optimizer_moments), num(b[0], "%.2f", r->optimizer_bytes_per_param),
-            num(b[1], "%.0f", r->optimizer_bytes_per_worker_step));
+            num(b[1], "%.0f", r->optimizer_bytes_per_worker_step),
+            st_master_name(r->optimizer_master));
     fprintf(f, "\"step_ms\":{\"compute\":%s,\"wait\":%s,\"reduce\":%s,\"optimizer\":%s,"
                "\"overlapped\":%s}}\n",
             num(b[0], "%.3f", r->step_ms_compute), num(b[1], "%.3f", r->step_ms_wait),

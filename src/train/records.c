@@ -53,6 +53,7 @@ void st_run_fill_record(run_shared *r, st_epoch_record *rec)
     rec->comm_bytes_per_worker_step = bytes;
     const worker_slot *o = &r->slots[optim];
     rec->optimizer_moments = r->cfg->optim.moments;
+    rec->optimizer_master = r->cfg->optim.master;
     rec->optimizer_bytes_per_worker_step = (double)o->optim_bytes;
     rec->optimizer_bytes_per_param =
         o->optim_params ? (double)o->optim_bytes / (double)o->optim_params : 0.0;

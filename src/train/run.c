@@ -168,13 +168,15 @@ st_status st_run_mean_loss(run_shared *r, float *loss)
  * full model's segments say which decay, not w's subnetwork's).  Shared
  * weights: the master shard is w's part of its domain's copy, which its
  * domain reads as it is, so the update writes the shard's bf16 copies too
- * (the all-gather brings other domains' shards). */
+ * (the all-gather brings other domains' shards); a bf16 master's copies
+ * too, where they say which elements it covers. */
 static void update_part(run_shared *r, const run_sharded *e, st_worker *w, const float *grads,
                         uint64_t step, float lr, size_t lo, size_t hi)
 {
     int n_copies = 0;
-    const st_param_copy *copies = r->shared_weights ? st_model_copies(w->model, &n_copies)
-                                                    : NULL;
+    const st_param_copy *copies = NULL;
+    if (r->shared_weights || r->cfg->optim.master == ST_MASTER_BF16_SR)
+        copies = st_model_copies(w->model, &n_copies);
     st_optim_update_copies(&w->optim, st_comm_shard_params(e->masters, w->id), grads,
                            r->full_segs, r->n_full_segs, lo, hi, step, lr, copies, n_copies);
 }

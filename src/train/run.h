@@ -334,6 +334,14 @@ st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_con
  * workers meet at a barrier; else w's own vector (nothing for NULL: the
  * build initialised it). */
 st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full);
+/* Whether a bf16 master (--master-weights bf16-sr) is carried in the fp32
+ * vector too: wherever an engine gathers fp32 masters into other vectors
+ * (all but shared weights in one domain of one rank): 1 the update writes
+ * its domain's copies, 2 the engine writes all (st_adamw_master16). */
+int st_run_master_carried(const run_shared *r);
+/* A bf16 master kept in the copies alone, widened into w's fp32 vector
+ * for its readers (checkpoints, the final parameters); nothing else. */
+void st_run_master_widen(const run_shared *r, st_worker *w);
 /* The full model of cfg for worker w on the run's weights: storage,
  * model, initial values. */
 st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config *cfg,

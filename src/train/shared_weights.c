@@ -19,6 +19,10 @@
  * before anybody reads.  Nobody else writes those elements meanwhile, so
  * the parts are written by one thread each.
  *
+ * A bf16 master (--master-weights bf16-sr) lives in the copies: the fp32
+ * vector's elements that have one are written from them only for its
+ * readers (st_run_master_widen), unless an engine gathers fp32 masters.
+ *
  * Memory: a worker's record counts its arena and its share of its
  * domain's copy (the copy's bytes over the domain's workers), so that a
  * domain of m workers shows one copy, not m replicas.
@@ -143,6 +147,24 @@ st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config 
     ST_TRY(st_run_weights_storage(r, w, cfg, backend));
     ST_TRY(st_worker_build_model(w, cfg));
     return r->shared_weights ? st_run_weights_load(r, w, NULL) : ST_OK;
+}
+
+int st_run_master_carried(const run_shared *r)
+{
+    if (!r->comm || (r->shared_weights && r->placement.n_domains == 1 && r->ranks == 1))
+        return 0;
+    return r->shared_weights ? 1 : 2;
+}
+
+void st_run_master_widen(const run_shared *r, st_worker *w)
+{
+    if (r->cfg->optim.master != ST_MASTER_BF16_SR || w->optim.carry_master)
+        return;
+    int n;
+    const st_param_copy *c = st_model_copies(w->model, &n);
+    float *p = st_model_params(w->model);
+    for (int i = 0; i < n; i++)
+        st_bf16_widen_n(p + c[i].offset, c[i].bf16, c[i].count);
 }
 
 void st_run_worker_memory(const run_shared *r, const st_worker *w, st_mem_stats *out)
