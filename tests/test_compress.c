@@ -331,7 +331,9 @@ Test(compress, error_feedback_resumed_is_bitwise, .timeout = 120)
 /* The records' bytes a step are the busiest worker's; `subtrain topo
  * --compress` computes every worker's from the plans' rules alone
  * (st_compress_plan_bytes): the two agree to the byte, for 2 and 3
- * workers, three values of Q, with and without error feedback. */
+ * workers, three values of Q, with and without error feedback.  The ring
+ * all-reduce a distributed run would need carries the kept coordinates
+ * only: K = sum of ceil(Q S_w), between Q P and Q P + N. */
 Test(compress, planned_bytes_are_the_recorded_ones, .timeout = 120)
 {
     st_dataset tr, te;
@@ -357,6 +359,12 @@ Test(compress, planned_bytes_are_the_recorded_ones, .timeout = 120)
                              "N %d, Q %g, error feedback %d: recorded %.0f, planned %.0f", N,
                              (double)keeps[q], ef, o->final.comm_bytes_per_worker_step,
                              busiest);
+                const double per = 2.0 * (N - 1) / N * sizeof(float);
+                const double K = o->final.ring_bytes_per_worker_step / per;
+                cr_assert(K == floor(K) && K >= keeps[q] * (double)o->n &&
+                          K <= keeps[q] * (double)o->n + N,
+                          "N %d, Q %g: the ring carries %.2f coordinates of %zu", N,
+                          (double)keeps[q], K, o->n);
                 run_free(o);
             }
     st_dataset_free(&tr);

@@ -132,7 +132,7 @@ static void print_segments(const st_epoch_record *r)
            r->recovery ? " (recovery epochs: the whole network's data parallelism)" : "");
 }
 
-static void print_summary(const st_epoch_record *r)
+static void print_summary(const st_epoch_record *r, int compressed)
 {
     const st_mem_stats *m = &r->memory;
     if (r->n_segments)
@@ -159,9 +159,10 @@ static void print_summary(const st_epoch_record *r)
                r->optimizer_bytes_per_param, st_moments_name(r->optimizer_moments),
                r->optimizer_master == ST_MASTER_BF16_SR ? ", bf16-sr master" : "");
     if (r->workers > 1)
-        printf("communication per worker and step: %.2f MB (data parallelism as a ring all-reduce "
-               "would send %.2f MB)%s\n",
-               r->comm_bytes_per_worker_step / 1e6, r->ring_bytes_per_worker_step / 1e6,
+        printf("communication per worker and step: %.2f MB (%s as a ring all-reduce "
+               "would send %.2f MB)%s\n", r->comm_bytes_per_worker_step / 1e6,
+               compressed ? "the kept coordinates" : "data parallelism",
+               r->ring_bytes_per_worker_step / 1e6,
                r->comm_precision == ST_PRECISION_BF16
                    ? "; bf16 gradients: read at 2 bytes, each worker's conversion pass included"
                    : "");
@@ -741,7 +742,7 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
         goto out;
     }
     if (!o->quiet)
-        print_summary(&final);
+        print_summary(&final, o->train.dp.compress != ST_COMPRESS_NONE);
     if (final.interrupted && !o->quiet)
         printf("interrupted by signal %d after step %llu\n", (int)stop_signal,
                (unsigned long long)final.step);

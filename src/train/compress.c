@@ -114,7 +114,7 @@ st_status st_randk_create(run_shared *r, st_randk **out)
     if (!k->begin || !k->kept || !k->scale || !k->w)
         return st_fail(ST_ERR_NOMEM, "out of memory for random-k's shards");
     memset(k->w, 0, sizeof *k->w * (size_t)n);
-    size_t most = 0;
+    size_t most = 0, kept_total = 0;
     for (int v = 0; v < n; v++) {
         const st_range s = st_comm_shard(r->comm, v);
         const size_t S = s.end - s.begin;
@@ -127,7 +127,9 @@ st_status st_randk_create(run_shared *r, st_randk **out)
         k->kept[v] = (uint32_t)kv;
         k->scale[v] = k->error_feedback || kv == 0 ? 1.0f : (float)((double)S / (double)kv);
         most = kv > most ? kv : most;
+        kept_total += kv;
     }
+    r->ring_params = kept_total;   /* a ring would all-reduce the kept ones only */
     k->L = packed_width(most);
     k->index = malloc(sizeof *k->index * (size_t)n * k->L);
     if (!k->index)

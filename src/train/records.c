@@ -59,5 +59,6 @@ void st_run_fill_record(run_shared *r, st_epoch_record *rec)
         o->optim_params ? (double)o->optim_bytes / (double)o->optim_params : 0.0;
     rec->comm_bytes_per_worker_round = 0.0;
     rec->ring_bytes_per_worker_step =
-        r->n_all > 1 ? st_comm_ring_bytes(r->n_all, r->n_params) : 0.0;
+        r->n_all > 1 ? st_comm_ring_bytes(r->n_all, r->ring_params ? r->ring_params
+                                                                   : r->n_params) : 0.0;
 }

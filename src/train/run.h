@@ -137,6 +137,9 @@ typedef struct run_shared {
     size_t n_params;                  /* of the full model (P), counted once:
                                        * the records need it at every epoch
                                        * end, where nothing may allocate */
+    size_t ring_params;               /* what a ring all-reduce would carry
+                                       * instead of P (random-k: the kept
+                                       * coordinates); 0: P */
     st_mem_stats *memory;             /* n: every worker's arena, for the record */
     /* Untrained state (batch norms' running statistics) in the full
      * model's layout: at each sync, the mean over the workers holding each
