@@ -34,6 +34,7 @@ configs() {
     echo "resmlp-neuron|$t4|$res --subnet neuron --strategies sdp"
     echo "resmlp-neuron-uneven|$t2|$res --workers 5 --subnet neuron --strategies sdp"
     echo "resmlp-backward|$t2|$res --masking backward --strategies sdp"
+    echo "resmlp-split|$t2|$res --split classes:2 --strategies dp,localsgd"
     echo "resnet-2dom|$t2|$cnn --strategies dp,sdp,ist"
     echo "resnet-uneven|$t2|$cnn --workers 3 --strategies dp,sdp"
     echo "gpt-4dom|$t4|$gpt"
