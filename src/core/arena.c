@@ -6,6 +6,7 @@
  * keeps a worker's memory in a few large chunks (one NUMA placement decision
  * per chunk) and gives exact accounting for the per-worker memory report.
  */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,26 +56,75 @@ static void libc_free(void *ptr, size_t bytes, void *ctx)
     free(ptr);
 }
 
+/* A sizing run's address space: one reservation that its workers' chunks
+ * are bumped off without a system call, given back in one piece. */
+struct st_sizing_space {
+    char *base;
+    size_t size;
+    atomic_size_t used;
+};
+
+#define ST_PAGE ((size_t)4096)
+
+st_status st_sizing_space_create(size_t bytes, st_sizing_space **out)
+{
+    *out = NULL;
+    st_sizing_space *sp = malloc(sizeof *sp);
+    if (!sp)
+        return st_fail(ST_ERR_NOMEM, "out of memory for a sizing run's address space");
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    sp->base = p == MAP_FAILED ? NULL : p;   /* none: every chunk is mapped alone */
+    sp->size = p == MAP_FAILED ? 0 : bytes;
+    atomic_init(&sp->used, 0);
+    *out = sp;
+    return ST_OK;
+}
+
+void st_sizing_space_destroy(st_sizing_space *sp)
+{
+    if (!sp)
+        return;
+    if (sp->base)
+        munmap(sp->base, sp->size);
+    free(sp);
+}
+
 /* Address space only: pages are committed when first written, and the
  * arena writes none (st_arena_alloc does not zero-fill for this backend),
- * so the big buffers of a sizing run cost no memory. */
+ * so the big buffers of a sizing run cost no memory.  From the space
+ * (ctx) while it has room, else a mapping of its own. */
 static void *sizing_alloc(size_t bytes, void *ctx)
 {
-    (void)ctx;
+    st_sizing_space *sp = ctx;
+    if (sp && sp->base && bytes <= sp->size) {
+        const size_t take = (bytes + ST_PAGE - 1) & ~(ST_PAGE - 1);
+        const size_t at = atomic_fetch_add(&sp->used, take);
+        if (at <= sp->size - bytes)
+            return sp->base + at;
+    }
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
+/* A chunk of the space goes with it (st_sizing_space_destroy). */
 static void sizing_free(void *ptr, size_t bytes, void *ctx)
 {
-    (void)ctx;
+    const st_sizing_space *sp = ctx;
+    if (sp && sp->base && (char *)ptr >= sp->base && (char *)ptr < sp->base + sp->size)
+        return;
     munmap(ptr, bytes);
 }
 
 st_chunk_backend st_sizing_backend(void)
 {
     return (st_chunk_backend){ sizing_alloc, sizing_free, NULL };
+}
+
+st_chunk_backend st_sizing_backend_in(st_sizing_space *space)
+{
+    return (st_chunk_backend){ sizing_alloc, sizing_free, space };
 }
 
 int st_arena_is_sizing(const st_arena *arena)
