@@ -6,6 +6,7 @@
  * keeps a worker's memory in a few large chunks (one NUMA placement decision
  * per chunk) and gives exact accounting for the per-worker memory report.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -62,6 +63,9 @@ struct st_sizing_space {
     char *base;
     size_t size;
     atomic_size_t used;
+    pthread_mutex_t lock;        /* for the memo's creation */
+    void *memo;                  /* st_sizing_space_memo */
+    void (*memo_free)(void *);
 };
 
 #define ST_PAGE ((size_t)4096)
@@ -77,6 +81,9 @@ st_status st_sizing_space_create(size_t bytes, st_sizing_space **out)
     sp->base = p == MAP_FAILED ? NULL : p;   /* none: every chunk is mapped alone */
     sp->size = p == MAP_FAILED ? 0 : bytes;
     atomic_init(&sp->used, 0);
+    pthread_mutex_init(&sp->lock, NULL);
+    sp->memo = NULL;
+    sp->memo_free = NULL;
     *out = sp;
     return ST_OK;
 }
@@ -85,9 +92,22 @@ void st_sizing_space_destroy(st_sizing_space *sp)
 {
     if (!sp)
         return;
+    if (sp->memo)
+        sp->memo_free(sp->memo);
+    pthread_mutex_destroy(&sp->lock);
     if (sp->base)
         munmap(sp->base, sp->size);
     free(sp);
+}
+
+void *st_sizing_space_memo(st_sizing_space *sp, void *(*make)(void), void (*drop)(void *))
+{
+    pthread_mutex_lock(&sp->lock);
+    if (!sp->memo && (sp->memo = make()) != NULL)
+        sp->memo_free = drop;
+    void *m = sp->memo;
+    pthread_mutex_unlock(&sp->lock);
+    return m;
 }
 
 /* Address space only: pages are committed when first written, and the
@@ -130,6 +150,11 @@ st_chunk_backend st_sizing_backend_in(st_sizing_space *space)
 int st_arena_is_sizing(const st_arena *arena)
 {
     return arena->backend.alloc == sizing_alloc;
+}
+
+st_sizing_space *st_arena_sizing_space(const st_arena *arena)
+{
+    return st_arena_is_sizing(arena) ? arena->backend.ctx : NULL;
 }
 
 void st_arena_init(st_arena *arena, const char *owner,

@@ -64,6 +64,13 @@ st_status st_sizing_space_create(size_t bytes, st_sizing_space **out);
 void st_sizing_space_destroy(st_sizing_space *space);
 /* st_sizing_backend over the space (NULL: st_sizing_backend). */
 st_chunk_backend st_sizing_backend_in(st_sizing_space *space);
+/* The space a sizing arena's chunks come from (NULL: none, or not a
+ * sizing arena). */
+st_sizing_space *st_arena_sizing_space(const st_arena *arena);
+/* What the run's code remembers over one sizing run (one kind of memo:
+ * the first caller's make() makes it, drop frees it with the space);
+ * NULL if make failed. */
+void *st_sizing_space_memo(st_sizing_space *space, void *(*make)(void), void (*drop)(void *));
 /* Whether the arena's chunks come from st_sizing_backend: the code that
  * fills a buffer at build time (initial weights) skips it there. */
 int st_arena_is_sizing(const st_arena *arena);

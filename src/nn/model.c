@@ -562,12 +562,14 @@ fail:
  * took of each kind, less the lanes' bytes, plus the largest lane of
  * each region. */
 static st_status measure(const st_model_config *cfg, st_model_declare_fn declare, int lo, int hi,
-                         int batch, st_activation_layout *out)
+                         int batch, const st_arena *arena, st_activation_layout *out)
 {
     memset(out, 0, sizeof *out);
-    /* address space only: the layout is counted, never written */
+    /* address space only: the layout is counted, never written (a sizing
+     * run's: in its space) */
     st_arena scratch;
-    const st_chunk_backend untouched = st_sizing_backend();
+    const st_chunk_backend untouched =
+        st_sizing_backend_in(arena ? st_arena_sizing_space(arena) : NULL);
     st_arena_init(&scratch, "activation layout", &untouched, 0);
     st_model *m = NULL;
     st_status s = create_with(cfg, declare, lo, hi, batch, &scratch, NULL, NULL, &m);
@@ -601,14 +603,14 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
     if (cfg->recompute == ST_RECOMPUTE_NONE || !arena)
         return create_with(cfg, declare, lo, hi, batch, arena, storage, NULL, out);
     st_activation_layout regions;
-    ST_TRY(measure(cfg, declare, lo, hi, batch, &regions));
+    ST_TRY(measure(cfg, declare, lo, hi, batch, arena, &regions));
     return create_with(cfg, declare, lo, hi, batch, arena, storage, &regions, out);
 }
 
 st_status st_model_activation_layout(const st_model_config *cfg, int batch,
                                      st_activation_layout *out)
 {
-    return measure(cfg, NULL, 0, -1, batch, out);
+    return measure(cfg, NULL, 0, -1, batch, NULL, out);
 }
 
 st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena, st_model **out)

@@ -1,0 +1,181 @@
+/* nn/pd_memo.c — a sizing run's primitive descriptors (nn/pd_memo.h). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/arena_impl.h"
+#include "nn/dnnl_util.h"
+#include "nn/pd_memo.h"
+
+typedef struct memo_entry {
+    unsigned char *key;
+    size_t len;
+    dnnl_primitive_desc_t pd;
+} memo_entry;
+
+/* A descriptor handed out (a forward's, the hint of its backward) and its
+ * entry. */
+typedef struct memo_given {
+    const void *pd;
+    int id;
+} memo_given;
+
+typedef struct pd_memo {
+    pthread_mutex_t lock;
+    memo_entry *e;
+    int n, cap;
+    memo_given *given;
+    int n_given, cap_given;
+} pd_memo;
+
+static void *memo_make(void)
+{
+    pd_memo *m = calloc(1, sizeof *m);
+    if (m)
+        pthread_mutex_init(&m->lock, NULL);
+    return m;
+}
+
+static void memo_drop(void *p)
+{
+    pd_memo *m = p;
+    for (int i = 0; i < m->n; i++) {
+        free(m->e[i].key);
+        dnnl_primitive_desc_destroy(m->e[i].pd);
+    }
+    free(m->e);
+    free(m->given);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+static pd_memo *memo_of(const st_arena *arena)
+{
+    st_sizing_space *sp = arena ? st_arena_sizing_space(arena) : NULL;
+    return sp ? st_sizing_space_memo(sp, memo_make, memo_drop) : NULL;
+}
+
+/* The bytes of an operation descriptor (plain data in oneDNN 2), by its
+ * kind; 0: a kind not listed, not memoised. */
+static size_t op_size(const void *op_desc)
+{
+    switch (*(const dnnl_primitive_kind_t *)op_desc) {
+    case dnnl_batch_normalization: return sizeof(dnnl_batch_normalization_desc_t);
+    case dnnl_binary: return sizeof(dnnl_binary_desc_t);
+    case dnnl_convolution: return sizeof(dnnl_convolution_desc_t);
+    case dnnl_eltwise: return sizeof(dnnl_eltwise_desc_t);
+    case dnnl_layer_normalization: return sizeof(dnnl_layer_normalization_desc_t);
+    case dnnl_logsoftmax: return sizeof(dnnl_logsoftmax_desc_t);
+    case dnnl_matmul: return sizeof(dnnl_matmul_desc_t);
+    case dnnl_pooling_v2: return sizeof(dnnl_pooling_v2_desc_t);
+    case dnnl_softmax: return sizeof(dnnl_softmax_desc_t);
+    default: return 0;
+    }
+}
+
+/* The entry of a hint handed out before; -1: none (not memoised). */
+static int hint_id(const pd_memo *m, const_dnnl_primitive_desc_t hint)
+{
+    for (int i = m->n_given - 1; i >= 0; i--)
+        if (m->given[i].pd == hint)
+            return m->given[i].id;
+    return -1;
+}
+
+static int find(const pd_memo *m, const unsigned char *key, size_t len)
+{
+    for (int i = 0; i < m->n; i++)
+        if (m->e[i].len == len && memcmp(m->e[i].key, key, len) == 0)
+            return i;
+    return -1;
+}
+
+/* The key: the operation's bytes, the variant's, the hint's entry. */
+static unsigned char *make_key(const void *op_desc, size_t op, const st_pd_variant *v, int hint,
+                               size_t *len)
+{
+    *len = op + sizeof *v + sizeof hint;
+    unsigned char *k = malloc(*len);
+    if (k) {
+        memcpy(k, op_desc, op);
+        memcpy(k + op, v, sizeof *v);
+        memcpy(k + op + sizeof *v, &hint, sizeof hint);
+    }
+    return k;
+}
+
+st_status st_pd_memo_create(const st_arena *arena, dnnl_primitive_desc_t *pd, const void *op_desc,
+                            const st_pd_variant *variant, const_dnnl_primitive_attr_t attr,
+                            dnnl_engine_t engine, const_dnnl_primitive_desc_t hint, int *id,
+                            const char *what)
+{
+    *id = -1;
+    pd_memo *m = memo_of(arena);
+    const size_t op = m ? op_size(op_desc) : 0;
+    if (!op) {
+        ST_DNNL(dnnl_primitive_desc_create(pd, op_desc, attr, engine, hint), what);
+        return ST_OK;
+    }
+    pthread_mutex_lock(&m->lock);
+    const int h = hint ? hint_id(m, hint) : -2;
+    size_t len = 0;
+    unsigned char *key = h != -1 ? make_key(op_desc, op, variant, h, &len) : NULL;
+    const int at = key ? find(m, key, len) : -1;
+    dnnl_status_t s = at >= 0 ? dnnl_primitive_desc_clone(pd, m->e[at].pd) : dnnl_success;
+    pthread_mutex_unlock(&m->lock);
+    if (at >= 0) {
+        free(key);
+        *id = at;
+        ST_DNNL(s, what);
+        return ST_OK;
+    }
+    /* created outside the lock: the searches of the threads overlap */
+    s = dnnl_primitive_desc_create(pd, op_desc, attr, engine, hint);
+    if (s != dnnl_success) {
+        free(key);
+        return st_dnnl_fail(s, what, __FILE__, __LINE__);
+    }
+    if (!key)
+        return ST_OK;
+    pthread_mutex_lock(&m->lock);
+    int again = find(m, key, len);   /* another thread's, made meanwhile */
+    if (again < 0 && m->n == m->cap) {
+        int cap = m->cap ? 2 * m->cap : 64;
+        memo_entry *e = realloc(m->e, (size_t)cap * sizeof *e);
+        if (e) {
+            m->e = e;
+            m->cap = cap;
+        }
+    }
+    dnnl_primitive_desc_t keep = NULL;
+    if (again < 0 && m->n < m->cap && dnnl_primitive_desc_clone(&keep, *pd) == dnnl_success) {
+        m->e[m->n] = (memo_entry){ key, len, keep };
+        again = m->n++;
+        key = NULL;
+    }
+    pthread_mutex_unlock(&m->lock);
+    free(key);
+    *id = again;
+    return ST_OK;
+}
+
+void st_pd_memo_given(const st_arena *arena, const_dnnl_primitive_desc_t pd, int id)
+{
+    /* also when not memoised (-1): a freed descriptor's address may be
+     * given again, and must not name the entry of the one before */
+    pd_memo *m = memo_of(arena);
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->lock);
+    if (m->n_given == m->cap_given) {
+        int cap = m->cap_given ? 2 * m->cap_given : 256;
+        memo_given *g = realloc(m->given, (size_t)cap * sizeof *g);
+        if (g) {
+            m->given = g;
+            m->cap_given = cap;
+        }
+    }
+    if (m->n_given < m->cap_given)
+        m->given[m->n_given++] = (memo_given){ pd, id };
+    pthread_mutex_unlock(&m->lock);
+}
