@@ -827,6 +827,10 @@ static int segment_ranges(const st_model *m, int i, int grads, st_range *ranges,
     int64_t n_rows = grads && mp->grad_rows ? mp->n_grad_rows : mp->n_rows;
     const int32_t *cols = grads && mp->grad_cols ? mp->grad_cols : mp->cols;
     int64_t n_cols = grads && mp->grad_cols ? mp->n_grad_cols : mp->n_cols;
+    if (!rows && !cols && n_cols == mp->full_cols) {   /* whole rows in order: one run */
+        n_cols *= n_rows;
+        n_rows = n_rows > 0;
+    }
     for (int64_t a = 0; a < n_rows && n >= 0; a++) {
         size_t row = mp->full_offset + (size_t)(rows ? rows[a] : a) * (size_t)mp->full_cols;
         for (int64_t b = 0; b < n_cols && n >= 0;) {
