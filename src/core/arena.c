@@ -63,9 +63,12 @@ struct st_sizing_space {
     char *base;
     size_t size;
     atomic_size_t used;
-    pthread_mutex_t lock;        /* for the memo's creation */
-    void *memo;                  /* st_sizing_space_memo */
-    void (*memo_free)(void *);
+    pthread_mutex_t lock;        /* for the memos' creation */
+    struct {                     /* st_sizing_space_memo's, by make */
+        void *(*make)(void);
+        void *memo;
+        void (*drop)(void *);
+    } memos[4];
 };
 
 #define ST_PAGE ((size_t)4096)
@@ -82,8 +85,7 @@ st_status st_sizing_space_create(size_t bytes, st_sizing_space **out)
     sp->size = p == MAP_FAILED ? 0 : bytes;
     atomic_init(&sp->used, 0);
     pthread_mutex_init(&sp->lock, NULL);
-    sp->memo = NULL;
-    sp->memo_free = NULL;
+    memset(sp->memos, 0, sizeof sp->memos);
     *out = sp;
     return ST_OK;
 }
@@ -92,8 +94,9 @@ void st_sizing_space_destroy(st_sizing_space *sp)
 {
     if (!sp)
         return;
-    if (sp->memo)
-        sp->memo_free(sp->memo);
+    for (size_t i = 0; i < sizeof sp->memos / sizeof *sp->memos; i++)
+        if (sp->memos[i].memo)
+            sp->memos[i].drop(sp->memos[i].memo);
     pthread_mutex_destroy(&sp->lock);
     if (sp->base)
         munmap(sp->base, sp->size);
@@ -102,10 +105,17 @@ void st_sizing_space_destroy(st_sizing_space *sp)
 
 void *st_sizing_space_memo(st_sizing_space *sp, void *(*make)(void), void (*drop)(void *))
 {
+    void *m = NULL;
     pthread_mutex_lock(&sp->lock);
-    if (!sp->memo && (sp->memo = make()) != NULL)
-        sp->memo_free = drop;
-    void *m = sp->memo;
+    for (size_t i = 0; i < sizeof sp->memos / sizeof *sp->memos; i++)
+        if (sp->memos[i].make == make || !sp->memos[i].make) {
+            if (!sp->memos[i].make && (sp->memos[i].memo = make()) != NULL) {
+                sp->memos[i].make = make;
+                sp->memos[i].drop = drop;
+            }
+            m = sp->memos[i].memo;
+            break;
+        }
     pthread_mutex_unlock(&sp->lock);
     return m;
 }

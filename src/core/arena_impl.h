@@ -67,9 +67,10 @@ st_chunk_backend st_sizing_backend_in(st_sizing_space *space);
 /* The space a sizing arena's chunks come from (NULL: none, or not a
  * sizing arena). */
 st_sizing_space *st_arena_sizing_space(const st_arena *arena);
-/* What the run's code remembers over one sizing run (one kind of memo:
- * the first caller's make() makes it, drop frees it with the space);
- * NULL if make failed. */
+/* What the run's code remembers over one sizing run: a memo of each
+ * kind (named by its make; four kinds at most) is made by the first
+ * caller's make() and freed by drop with the space.  NULL if make failed
+ * or there is no room for another kind. */
 void *st_sizing_space_memo(st_sizing_space *space, void *(*make)(void), void (*drop)(void *));
 /* Whether the arena's chunks come from st_sizing_backend: the code that
  * fills a buffer at build time (initial weights) skips it there. */

@@ -12,12 +12,14 @@
  * functions then only execute primitives, in one loop over the layers.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <subtrain/rng.h>
 
+#include "core/arena_impl.h"
 #include "core/enum_table.h"
 #include "core/rng_streams.h"
 #include "nn/graph.h"
@@ -595,6 +597,85 @@ static st_status measure(const st_model_config *cfg, st_model_declare_fn declare
     return s;
 }
 
+/* A sizing run's measurements (its space's memo): the layout of a model
+ * without subnetwork arrays is a function of its config, kind, layers and
+ * batch, which every worker of a dp or local SGD run shares. */
+typedef struct measured {
+    st_model_config cfg;
+    st_model_declare_fn declare;
+    int lo, hi, batch;
+} measured;
+
+typedef struct measure_memo {
+    pthread_mutex_t lock;
+    measured *key;
+    st_activation_layout *layout;
+    int n, cap;
+} measure_memo;
+
+static void *measure_memo_make(void)
+{
+    measure_memo *m = calloc(1, sizeof *m);
+    if (m)
+        pthread_mutex_init(&m->lock, NULL);
+    return m;
+}
+
+static void measure_memo_drop(void *p)
+{
+    measure_memo *m = p;
+    free(m->key);
+    free(m->layout);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+/* measure, once per key over a sizing arena's space: the first worker
+ * measures, the others wait for its answer. */
+static st_status measure_once(const st_model_config *cfg, st_model_declare_fn declare, int lo,
+                              int hi, int batch, const st_arena *arena, st_activation_layout *out)
+{
+    const st_model_subnet *sn = &cfg->subnet;
+    st_sizing_space *sp = arena ? st_arena_sizing_space(arena) : NULL;
+    measure_memo *m = sp && !sn->groups && !sn->group_grads && !sn->width_count &&
+                      !sn->width_kept
+                    ? st_sizing_space_memo(sp, measure_memo_make, measure_memo_drop) : NULL;
+    if (!m)
+        return measure(cfg, declare, lo, hi, batch, arena, out);
+    measured k;   /* over zeros: its bytes are compared */
+    memset(&k, 0, sizeof k);
+    k.cfg = *cfg;
+    k.declare = declare;
+    k.lo = lo;
+    k.hi = hi;
+    k.batch = batch;
+    pthread_mutex_lock(&m->lock);
+    for (int i = 0; i < m->n; i++)
+        if (memcmp(&m->key[i], &k, sizeof k) == 0) {
+            *out = m->layout[i];
+            pthread_mutex_unlock(&m->lock);
+            return ST_OK;
+        }
+    st_status s = measure(cfg, declare, lo, hi, batch, arena, out);
+    if (s == ST_OK && m->n == m->cap) {
+        const int cap = m->cap ? 2 * m->cap : 8;
+        measured *nk = realloc(m->key, (size_t)cap * sizeof *nk);
+        if (nk)
+            m->key = nk;
+        st_activation_layout *nl = nk ? realloc(m->layout, (size_t)cap * sizeof *nl) : NULL;
+        if (nl) {
+            m->layout = nl;
+            m->cap = cap;
+        }
+    }
+    if (s == ST_OK && m->n < m->cap) {
+        m->key[m->n] = k;
+        m->layout[m->n++] = *out;
+    }
+    pthread_mutex_unlock(&m->lock);
+    return s;
+}
+
 static st_status create(const st_model_config *cfg, st_model_declare_fn declare, int lo, int hi,
                         int batch, st_arena *arena, const st_model_storage *storage,
                         st_model **out)
@@ -603,7 +684,7 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
     if (cfg->recompute == ST_RECOMPUTE_NONE || !arena)
         return create_with(cfg, declare, lo, hi, batch, arena, storage, NULL, out);
     st_activation_layout regions;
-    ST_TRY(measure(cfg, declare, lo, hi, batch, arena, &regions));
+    ST_TRY(measure_once(cfg, declare, lo, hi, batch, arena, &regions));
     return create_with(cfg, declare, lo, hi, batch, arena, storage, &regions, out);
 }
 
