@@ -1,5 +1,6 @@
 /* nn/pd_memo.c — a sizing run's primitive descriptors (nn/pd_memo.h). */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,6 +9,7 @@
 #include "nn/pd_memo.h"
 
 typedef struct memo_entry {
+    uint64_t hash;   /* of the key: compared first */
     unsigned char *key;
     size_t len;
     dnnl_primitive_desc_t pd;
@@ -82,10 +84,24 @@ static int hint_id(const pd_memo *m, const_dnnl_primitive_desc_t hint)
     return -1;
 }
 
-static int find(const pd_memo *m, const unsigned char *key, size_t len)
+/* FNV-1a over 8-byte words (a key is some kilobytes of descriptors) */
+static uint64_t hash_of(const unsigned char *key, size_t len)
+{
+    uint64_t h = 1469598103934665603u, w;
+    size_t i = 0;
+    for (; i + sizeof w <= len; i += sizeof w) {
+        memcpy(&w, key + i, sizeof w);
+        h = (h ^ w) * 1099511628211u;
+    }
+    for (; i < len; i++)
+        h = (h ^ key[i]) * 1099511628211u;
+    return h;
+}
+
+static int find(const pd_memo *m, uint64_t hash, const unsigned char *key, size_t len)
 {
     for (int i = 0; i < m->n; i++)
-        if (m->e[i].len == len && memcmp(m->e[i].key, key, len) == 0)
+        if (m->e[i].hash == hash && m->e[i].len == len && memcmp(m->e[i].key, key, len) == 0)
             return i;
     return -1;
 }
@@ -118,19 +134,23 @@ st_status st_pd_memo_create(const st_arena *arena, dnnl_primitive_desc_t *pd, co
     }
     pthread_mutex_lock(&m->lock);
     const int h = hint ? hint_id(m, hint) : -2;
+    pthread_mutex_unlock(&m->lock);
     size_t len = 0;
     unsigned char *key = h != -1 ? make_key(op_desc, op, variant, h, &len) : NULL;
-    const int at = key ? find(m, key, len) : -1;
-    dnnl_status_t s = at >= 0 ? dnnl_primitive_desc_clone(pd, m->e[at].pd) : dnnl_success;
+    const uint64_t hash = key ? hash_of(key, len) : 0;
+    pthread_mutex_lock(&m->lock);
+    const int at = key ? find(m, hash, key, len) : -1;
+    /* an entry stays until the space goes: cloned outside the lock */
+    const_dnnl_primitive_desc_t first = at >= 0 ? m->e[at].pd : NULL;
     pthread_mutex_unlock(&m->lock);
     if (at >= 0) {
         free(key);
         *id = at;
-        ST_DNNL(s, what);
+        ST_DNNL(dnnl_primitive_desc_clone(pd, first), what);
         return ST_OK;
     }
     /* created outside the lock: the searches of the threads overlap */
-    s = dnnl_primitive_desc_create(pd, op_desc, attr, engine, hint);
+    dnnl_status_t s = dnnl_primitive_desc_create(pd, op_desc, attr, engine, hint);
     if (s != dnnl_success) {
         free(key);
         return st_dnnl_fail(s, what, __FILE__, __LINE__);
@@ -138,7 +158,7 @@ st_status st_pd_memo_create(const st_arena *arena, dnnl_primitive_desc_t *pd, co
     if (!key)
         return ST_OK;
     pthread_mutex_lock(&m->lock);
-    int again = find(m, key, len);   /* another thread's, made meanwhile */
+    int again = find(m, hash, key, len);   /* another thread's, made meanwhile */
     if (again < 0 && m->n == m->cap) {
         int cap = m->cap ? 2 * m->cap : 64;
         memo_entry *e = realloc(m->e, (size_t)cap * sizeof *e);
@@ -149,7 +169,7 @@ st_status st_pd_memo_create(const st_arena *arena, dnnl_primitive_desc_t *pd, co
     }
     dnnl_primitive_desc_t keep = NULL;
     if (again < 0 && m->n < m->cap && dnnl_primitive_desc_clone(&keep, *pd) == dnnl_success) {
-        m->e[m->n] = (memo_entry){ key, len, keep };
+        m->e[m->n] = (memo_entry){ hash, key, len, keep };
         again = m->n++;
         key = NULL;
     }
