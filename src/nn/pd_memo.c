@@ -84,18 +84,20 @@ static int hint_id(const pd_memo *m, const_dnnl_primitive_desc_t hint)
     return -1;
 }
 
-/* FNV-1a over 8-byte words (a key is some kilobytes of descriptors) */
+/* Four interleaved multiply-xor lanes over 8-byte words: a key is some
+ * kilobytes of descriptors. */
 static uint64_t hash_of(const unsigned char *key, size_t len)
 {
-    uint64_t h = 1469598103934665603u, w;
+    uint64_t h[4] = { 1, 2, 3, 4 }, w;
     size_t i = 0;
-    for (; i + sizeof w <= len; i += sizeof w) {
-        memcpy(&w, key + i, sizeof w);
-        h = (h ^ w) * 1099511628211u;
-    }
+    for (; i + 4 * sizeof w <= len; i += 4 * sizeof w)
+        for (int l = 0; l < 4; l++) {
+            memcpy(&w, key + i + (size_t)l * sizeof w, sizeof w);
+            h[l] = (h[l] ^ w) * 0x9e3779b97f4a7c15u;
+        }
     for (; i < len; i++)
-        h = (h ^ key[i]) * 1099511628211u;
-    return h;
+        h[0] = (h[0] ^ key[i]) * 0x9e3779b97f4a7c15u;
+    return (h[0] ^ (h[1] >> 7) ^ (h[2] << 11) ^ (h[3] >> 17)) + len;
 }
 
 static int find(const pd_memo *m, uint64_t hash, const unsigned char *key, size_t len)
@@ -106,18 +108,33 @@ static int find(const pd_memo *m, uint64_t hash, const unsigned char *key, size_
     return -1;
 }
 
-/* The key: the operation's bytes, the variant's, the hint's entry. */
-static unsigned char *make_key(const void *op_desc, size_t op, const st_pd_variant *v, int hint,
-                               size_t *len)
+enum { KEY_MAX = 16384 };
+
+static size_t put(unsigned char *k, size_t at, const void *p, size_t n)
 {
-    *len = op + sizeof *v + sizeof hint;
-    unsigned char *k = malloc(*len);
-    if (k) {
-        memcpy(k, op_desc, op);
-        memcpy(k + op, v, sizeof *v);
-        memcpy(k + op + sizeof *v, &hint, sizeof hint);
-    }
-    return k;
+    memcpy(k + at, p, n);
+    return at + n;
+}
+
+/* The key into k (KEY_MAX bytes), its length: the operation's bytes, the
+ * variant's (the memory descriptors it has only), the hint's entry; 0: too
+ * long. */
+static size_t make_key(unsigned char *k, const void *op_desc, size_t op, const st_pd_variant *v,
+                       int hint)
+{
+    if (op + sizeof *v + sizeof hint > KEY_MAX)
+        return 0;
+    const int flags[4] = { v->relu, v->has_add0, v->has_add1, v->has_mul };
+    size_t n = put(k, 0, op_desc, op);
+    n = put(k, n, &v->scale, sizeof v->scale);
+    n = put(k, n, flags, sizeof flags);
+    if (v->has_add0)
+        n = put(k, n, &v->add0, sizeof v->add0);
+    if (v->has_add1)
+        n = put(k, n, &v->add1, sizeof v->add1);
+    if (v->has_mul)
+        n = put(k, n, &v->mul, sizeof v->mul);
+    return put(k, n, &hint, sizeof hint);
 }
 
 st_status st_pd_memo_create(const st_arena *arena, dnnl_primitive_desc_t *pd, const void *op_desc,
@@ -135,28 +152,25 @@ st_status st_pd_memo_create(const st_arena *arena, dnnl_primitive_desc_t *pd, co
     pthread_mutex_lock(&m->lock);
     const int h = hint ? hint_id(m, hint) : -2;
     pthread_mutex_unlock(&m->lock);
-    size_t len = 0;
-    unsigned char *key = h != -1 ? make_key(op_desc, op, variant, h, &len) : NULL;
-    const uint64_t hash = key ? hash_of(key, len) : 0;
+    unsigned char key[KEY_MAX];
+    const size_t len = h != -1 ? make_key(key, op_desc, op, variant, h) : 0;
+    const uint64_t hash = len ? hash_of(key, len) : 0;
     pthread_mutex_lock(&m->lock);
-    const int at = key ? find(m, hash, key, len) : -1;
+    const int at = len ? find(m, hash, key, len) : -1;
     /* an entry stays until the space goes: cloned outside the lock */
     const_dnnl_primitive_desc_t first = at >= 0 ? m->e[at].pd : NULL;
     pthread_mutex_unlock(&m->lock);
     if (at >= 0) {
-        free(key);
         *id = at;
         ST_DNNL(dnnl_primitive_desc_clone(pd, first), what);
         return ST_OK;
     }
     /* created outside the lock: the searches of the threads overlap */
-    dnnl_status_t s = dnnl_primitive_desc_create(pd, op_desc, attr, engine, hint);
-    if (s != dnnl_success) {
-        free(key);
-        return st_dnnl_fail(s, what, __FILE__, __LINE__);
-    }
-    if (!key)
+    ST_DNNL(dnnl_primitive_desc_create(pd, op_desc, attr, engine, hint), what);
+    unsigned char *kept = len ? malloc(len) : NULL;
+    if (!kept)
         return ST_OK;
+    memcpy(kept, key, len);
     pthread_mutex_lock(&m->lock);
     int again = find(m, hash, key, len);   /* another thread's, made meanwhile */
     if (again < 0 && m->n == m->cap) {
@@ -169,12 +183,12 @@ st_status st_pd_memo_create(const st_arena *arena, dnnl_primitive_desc_t *pd, co
     }
     dnnl_primitive_desc_t keep = NULL;
     if (again < 0 && m->n < m->cap && dnnl_primitive_desc_clone(&keep, *pd) == dnnl_success) {
-        m->e[m->n] = (memo_entry){ hash, key, len, keep };
+        m->e[m->n] = (memo_entry){ hash, kept, len, keep };
         again = m->n++;
-        key = NULL;
+        kept = NULL;
     }
     pthread_mutex_unlock(&m->lock);
-    free(key);
+    free(kept);
     *id = again;
     return ST_OK;
 }
