@@ -189,8 +189,7 @@ st_status st_prim_create_reorder(st_nn_ctx *ctx, st_prim *p, dnnl_memory_t src,
     ST_DNNL(dnnl_memory_get_memory_desc(src, &src_md), what);
     ST_DNNL(dnnl_memory_get_memory_desc(dst, &dst_md), what);
     dnnl_primitive_desc_t pd;
-    ST_DNNL(dnnl_reorder_primitive_desc_create(&pd, src_md, ctx->engine, dst_md, ctx->engine,
-                                               ctx->attr), what);
+    ST_TRY(st_pd_memo_reorder(ctx->arena, &pd, src_md, dst_md, ctx->attr, ctx->engine, what));
     ST_TRY(prim_from_pd(ctx, p, pd, what, NULL));
     st_prim_arg(p, DNNL_ARG_FROM, src);
     st_prim_arg(p, DNNL_ARG_TO, dst);

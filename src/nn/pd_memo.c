@@ -116,16 +116,18 @@ static size_t put(unsigned char *k, size_t at, const void *p, size_t n)
     return at + n;
 }
 
-/* The key into k (KEY_MAX bytes), its length: the operation's bytes, the
- * variant's (the memory descriptors it has only), the hint's entry; 0: too
- * long. */
+/* The key into k (KEY_MAX bytes), its length: an operation's (form 0):
+ * its bytes, the variant's (the memory descriptors it has only), the
+ * hint's entry; 0: too long. */
 static size_t make_key(unsigned char *k, const void *op_desc, size_t op, const st_pd_variant *v,
                        int hint)
 {
-    if (op + sizeof *v + sizeof hint > KEY_MAX)
+    const int form = 0;
+    if (sizeof form + op + sizeof *v + sizeof hint > KEY_MAX)
         return 0;
     const int flags[4] = { v->relu, v->has_add0, v->has_add1, v->has_mul };
-    size_t n = put(k, 0, op_desc, op);
+    size_t n = put(k, 0, &form, sizeof form);
+    n = put(k, n, op_desc, op);
     n = put(k, n, &v->scale, sizeof v->scale);
     n = put(k, n, flags, sizeof flags);
     if (v->has_add0)
@@ -137,23 +139,29 @@ static size_t make_key(unsigned char *k, const void *op_desc, size_t op, const s
     return put(k, n, &hint, sizeof hint);
 }
 
-st_status st_pd_memo_create(const st_arena *arena, dnnl_primitive_desc_t *pd, const void *op_desc,
-                            const st_pd_variant *variant, const_dnnl_primitive_attr_t attr,
-                            dnnl_engine_t engine, const_dnnl_primitive_desc_t hint, int *id,
-                            const char *what)
+/* What to create on a miss: an operation's descriptor, or (op_desc NULL)
+ * a reorder's from src to dst. */
+typedef struct pd_request {
+    const void *op_desc;
+    const dnnl_memory_desc_t *src, *dst;
+    const_dnnl_primitive_attr_t attr;
+    dnnl_engine_t engine;
+    const_dnnl_primitive_desc_t hint;
+} pd_request;
+
+static dnnl_status_t create_pd(const pd_request *q, dnnl_primitive_desc_t *pd)
+{
+    if (q->op_desc)
+        return dnnl_primitive_desc_create(pd, q->op_desc, q->attr, q->engine, q->hint);
+    return dnnl_reorder_primitive_desc_create(pd, q->src, q->engine, q->dst, q->engine, q->attr);
+}
+
+/* *pd: a clone of key's entry, or created (and its clone kept); *id: the
+ * entry (-1: none). len 0: not memoised. */
+static st_status memo_get(pd_memo *m, const unsigned char *key, size_t len, const pd_request *q,
+                          dnnl_primitive_desc_t *pd, int *id, const char *what)
 {
     *id = -1;
-    pd_memo *m = memo_of(arena);
-    const size_t op = m ? op_size(op_desc) : 0;
-    if (!op) {
-        ST_DNNL(dnnl_primitive_desc_create(pd, op_desc, attr, engine, hint), what);
-        return ST_OK;
-    }
-    pthread_mutex_lock(&m->lock);
-    const int h = hint ? hint_id(m, hint) : -2;
-    pthread_mutex_unlock(&m->lock);
-    unsigned char key[KEY_MAX];
-    const size_t len = h != -1 ? make_key(key, op_desc, op, variant, h) : 0;
     const uint64_t hash = len ? hash_of(key, len) : 0;
     pthread_mutex_lock(&m->lock);
     const int at = len ? find(m, hash, key, len) : -1;
@@ -166,7 +174,7 @@ st_status st_pd_memo_create(const st_arena *arena, dnnl_primitive_desc_t *pd, co
         return ST_OK;
     }
     /* created outside the lock: the searches of the threads overlap */
-    ST_DNNL(dnnl_primitive_desc_create(pd, op_desc, attr, engine, hint), what);
+    ST_DNNL(create_pd(q, pd), what);
     unsigned char *kept = len ? malloc(len) : NULL;
     if (!kept)
         return ST_OK;
@@ -191,6 +199,47 @@ st_status st_pd_memo_create(const st_arena *arena, dnnl_primitive_desc_t *pd, co
     free(kept);
     *id = again;
     return ST_OK;
+}
+
+st_status st_pd_memo_create(const st_arena *arena, dnnl_primitive_desc_t *pd, const void *op_desc,
+                            const st_pd_variant *variant, const_dnnl_primitive_attr_t attr,
+                            dnnl_engine_t engine, const_dnnl_primitive_desc_t hint, int *id,
+                            const char *what)
+{
+    *id = -1;
+    const pd_request q = { op_desc, NULL, NULL, attr, engine, hint };
+    pd_memo *m = memo_of(arena);
+    const size_t op = m ? op_size(op_desc) : 0;
+    if (!op) {
+        ST_DNNL(create_pd(&q, pd), what);
+        return ST_OK;
+    }
+    pthread_mutex_lock(&m->lock);
+    const int h = hint ? hint_id(m, hint) : -2;
+    pthread_mutex_unlock(&m->lock);
+    unsigned char key[KEY_MAX];
+    const size_t len = h != -1 ? make_key(key, op_desc, op, variant, h) : 0;
+    return memo_get(m, key, len, &q, pd, id, what);
+}
+
+st_status st_pd_memo_reorder(const st_arena *arena, dnnl_primitive_desc_t *pd,
+                             const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst,
+                             const_dnnl_primitive_attr_t attr, dnnl_engine_t engine,
+                             const char *what)
+{
+    const pd_request q = { NULL, src, dst, attr, engine, NULL };
+    pd_memo *m = memo_of(arena);
+    if (!m) {
+        ST_DNNL(create_pd(&q, pd), what);
+        return ST_OK;
+    }
+    const int form = 1;   /* the key: the form, the two descriptors */
+    unsigned char key[sizeof form + 2 * sizeof *src];
+    size_t n = put(key, 0, &form, sizeof form);
+    n = put(key, n, src, sizeof *src);
+    n = put(key, n, dst, sizeof *dst);
+    int id;
+    return memo_get(m, key, n, &q, pd, &id, what);
 }
 
 void st_pd_memo_given(const st_arena *arena, const_dnnl_primitive_desc_t pd, int id)

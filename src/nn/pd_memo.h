@@ -6,8 +6,9 @@
  * alike; creating a oneDNN primitive descriptor (the search for an
  * implementation) is the most of such a build.  Over one sizing run, a
  * descriptor asked for again with the same operation, attributes and hint
- * is a clone of the first: the same implementation, memory formats and
- * scratchpad, as creating it again would give.
+ * (or a reorder between the same memory descriptors) is a clone of the
+ * first: the same implementation, memory formats and scratchpad, as
+ * creating it again would give.
  */
 #ifndef SUBTRAIN_NN_PD_MEMO_H
 #define SUBTRAIN_NN_PD_MEMO_H
@@ -33,6 +34,13 @@ st_status st_pd_memo_create(const st_arena *arena, dnnl_primitive_desc_t *pd, co
                             const st_pd_variant *variant, const_dnnl_primitive_attr_t attr,
                             dnnl_engine_t engine, const_dnnl_primitive_desc_t hint, int *id,
                             const char *what);
+
+/* *pd <- the reorder's descriptor from src to dst with attr: created, or
+ * over a sizing arena's space a clone of the first created. */
+st_status st_pd_memo_reorder(const st_arena *arena, dnnl_primitive_desc_t *pd,
+                             const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *dst,
+                             const_dnnl_primitive_attr_t attr, dnnl_engine_t engine,
+                             const char *what);
 
 /* pd, handed to the caller, is the descriptor of entry id (-1: none):
  * as a hint, it names that entry. */
