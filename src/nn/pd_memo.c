@@ -28,6 +28,7 @@ typedef struct pd_memo {
     int n, cap;
     memo_given *given;
     int n_given, cap_given;
+    int given_lost;   /* a descriptor went unrecorded: no hint is known */
 } pd_memo;
 
 static void *memo_make(void)
@@ -78,7 +79,7 @@ static size_t op_size(const void *op_desc)
 /* The entry of a hint handed out before; -1: none (not memoised). */
 static int hint_id(const pd_memo *m, const_dnnl_primitive_desc_t hint)
 {
-    for (int i = m->n_given - 1; i >= 0; i--)
+    for (int i = m->given_lost ? -1 : m->n_given - 1; i >= 0; i--)
         if (m->given[i].pd == hint)
             return m->given[i].id;
     return -1;
@@ -260,5 +261,7 @@ void st_pd_memo_given(const st_arena *arena, const_dnnl_primitive_desc_t pd, int
     }
     if (m->n_given < m->cap_given)
         m->given[m->n_given++] = (memo_given){ pd, id };
+    else   /* its address could name an older descriptor's entry */
+        m->given_lost = 1;
     pthread_mutex_unlock(&m->lock);
 }
