@@ -237,6 +237,38 @@ Test(plan, budgets_read_as_written)
     st_test_rmdir(dir);
 }
 
+/* With shared weights a worker holds its share of its domain's copy: of
+ * 5 workers over 2 NUMA domains (3 + 2) the busiest is one of the 2,
+ * holding what a worker of 4 (2 + 2) holds, more than one of 6 (3 + 3).
+ * Sizing one worker for all (worker 0, of the domain of 3) would say the
+ * latter. */
+Test(plan, uneven_domains_report_the_busiest_workers_share)
+{
+    const int workers[3] = { 4, 5, 6 };
+    json_int_t weights[3];
+    for (int i = 0; i < 3; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "plan --as-given --strategy dp --topology "
+                 "'synthetic:numa:2 core:4 pu:1' --workers %d --memory-per-worker 1G --data "
+                 "synthetic --model mlp --depth 2 --width 256 --batch 8 --json -", workers[i]);
+        run_result *r = calloc(1, sizeof *r);
+        cr_assert_not_null(r);
+        run(r, NULL, args);
+        cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
+        json_t *row = plan_row(r, args);
+        weights[i] = json_integer_value(json_object_get(json_object_get(row, "memory_per_worker"),
+                                                        "weights"));
+        json_decref(row);
+        free(r);
+    }
+    cr_expect_eq(weights[1], weights[0], "5 workers over 3 + 2: the plan says %lld bytes of "
+                 "weights, a worker of 2 + 2 holds %lld", (long long)weights[1],
+                 (long long)weights[0]);
+    cr_expect_gt(weights[1], weights[2], "5 workers over 3 + 2: the plan says %lld bytes of "
+                 "weights, no more than a worker of 3 + 3 (%lld)", (long long)weights[1],
+                 (long long)weights[2]);
+}
+
 /* A budget below every row: none fits, each says its largest kind; the
  * same in the JSON. */
 Test(plan, rows_over_the_budget_name_their_largest_kind)

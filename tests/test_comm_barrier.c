@@ -83,7 +83,7 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-Test(spin_barrier, many_rounds_more_threads_than_cores_lose_no_arrival, .timeout = 120)
+static void many_rounds(int blocking)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     int T = (int)(cpus < 2 ? 3 : cpus + 1);   /* more threads than cores */
@@ -91,7 +91,7 @@ Test(spin_barrier, many_rounds_more_threads_than_cores_lose_no_arrival, .timeout
     stress *s = aligned_alloc(64, sizeof *s);
     cr_assert_not_null(s);
     memset(s, 0, sizeof *s);
-    st_spin_barrier_init(&s->barrier, (unsigned)T);
+    st_spin_barrier_init(&s->barrier, (unsigned)T, blocking);
     s->threads = T;
     pthread_t tid[64];
     stress_arg args[64];
@@ -119,8 +119,8 @@ Test(spin_barrier, many_rounds_more_threads_than_cores_lose_no_arrival, .timeout
     for (int i = 0; i < T; i++)
         pthread_join(tid[i], NULL);
     long done = atomic_load(&s->done), arrivals = atomic_load(&s->arrivals);
-    cr_log_info("spin barrier: %d threads on %ld CPUs, %ld of %d rounds", T, cpus, done,
-                STRESS_ROUNDS);
+    cr_log_info("%s barrier: %d threads on %ld CPUs, %ld of %d rounds",
+                blocking ? "blocking" : "spin", T, cpus, done, STRESS_ROUNDS);
     cr_assert(!hung, "%d threads hung in round %ld of %d (%ld arrivals counted, the barrier "
               "waits for more): an arrival was lost", T, done + 1, STRESS_ROUNDS, arrivals);
     cr_assert_eq(done, STRESS_ROUNDS);
@@ -128,4 +128,15 @@ Test(spin_barrier, many_rounds_more_threads_than_cores_lose_no_arrival, .timeout
     cr_assert_eq(atomic_load(&s->early), 0, "a thread left a round before every thread arrived");
     cr_assert_eq(atomic_load(&s->late), 0, "a thread ran more than a round ahead");
     free(s);
+}
+
+Test(spin_barrier, many_rounds_more_threads_than_cores_lose_no_arrival, .timeout = 120)
+{
+    many_rounds(0);
+}
+
+/* The sizing run's engines: waiters sleep, the last arriver wakes them. */
+Test(spin_barrier, blocking_many_rounds_lose_no_arrival, .timeout = 120)
+{
+    many_rounds(1);
 }

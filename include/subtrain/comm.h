@@ -158,6 +158,11 @@ typedef struct st_comm_config {
      * of a domain must attach the same vector, every domain its own.  The
      * MPI backend refuses it (a replica per worker). */
     int shared_params;
+    /* 1 (shared backend): a worker waiting at a barrier sleeps until the
+     * last one arrives, instead of spinning: for many more workers than
+     * cores when no step is timed (a sizing run lays its workers out on
+     * threads that only meet).  0: spinning, the steps' barrier. */
+    int blocking;
 } st_comm_config;
 
 #define ST_COMM_REDUCE 1

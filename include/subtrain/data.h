@@ -168,6 +168,11 @@ st_synthetic_config st_synthetic_defaults(uint64_t seed);
 st_status st_synthetic_make(const st_synthetic_config *cfg,
                             st_dataset *train, st_dataset *test);
 
+/* The sets st_synthetic_make makes, their counts and shapes only: no
+ * samples (x and y NULL), for what reads no sample (a plan's sizing). */
+st_status st_synthetic_shapes(const st_synthetic_config *cfg,
+                              st_dataset *train, st_dataset *test);
+
 /* Standardises both sets with the training set's mean and standard
  * deviation over all features (one scalar each, as usual for MNIST-like
  * data); returns them for the record. */

@@ -632,7 +632,7 @@ int st_cli_plan_main(int argc, char **argv)
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
     o.quiet = 1;
-    if (status == 0 && st_cli_load_run_data(&o, &train, &test) != ST_OK) {
+    if (status == 0 && st_cli_load_run_shapes(&o, &train, &test) != ST_OK) {
         st_cli_error(CMD, "loading data: %s", st_last_error());
         status = 1;
     }

@@ -59,12 +59,9 @@ static void normalize(st_dataset *train, st_dataset *test)
     st_dataset_normalize(train, test, NULL, NULL);
 }
 
-st_status st_cli_load_run_data(st_cli_options *o, st_dataset *train, st_dataset *test)
+/* The model's input and classes (and image shape) from the data. */
+static void take_shape(st_cli_options *o, const st_dataset *train)
 {
-    st_status s = load_data(o, train, test);
-    if (s != ST_OK)
-        return s;
-    normalize(train, test);
     o->train.model.in_dim = (int)train->dim;
     o->train.model.n_classes = (int)train->n_classes;
     if (train->height * train->width > 1 && !train->bytes) {
@@ -72,5 +69,26 @@ st_status st_cli_load_run_data(st_cli_options *o, st_dataset *train, st_dataset 
         o->train.model.in_height = (int)train->height;
         o->train.model.in_width = (int)train->width;
     }
+}
+
+st_status st_cli_load_run_data(st_cli_options *o, st_dataset *train, st_dataset *test)
+{
+    st_status s = load_data(o, train, test);
+    if (s != ST_OK)
+        return s;
+    normalize(train, test);
+    take_shape(o, train);
     return ST_OK;
+}
+
+st_status st_cli_load_run_shapes(st_cli_options *o, st_dataset *train, st_dataset *test)
+{
+    /* a split reads the labels */
+    if (o->data_spec.kind != ST_CLI_DATA_SYNTHETIC || o->train.split.kind != ST_SPLIT_IID)
+        return st_cli_load_run_data(o, train, test);
+    st_synthetic_config sc = st_synthetic_defaults(o->train.seed);
+    st_status s = st_synthetic_shapes(&sc, train, test);
+    if (s == ST_OK)
+        take_shape(o, train);
+    return s;
 }

@@ -22,15 +22,26 @@
  * still progresses.  Workers pinned one per core never wait that long at
  * the reduction's own barriers, which follow one another within a step.
  *
+ * A blocking barrier (st_spin_barrier_init's blocking, a sizing run's
+ * engines: many more workers than cores, and no steps) does not spin: a
+ * waiter sleeps on the generation (a futex) and the last arriver wakes
+ * them.  The spinning barrier reads that flag on the line of n, which
+ * every arrival reads anyway.
+ *
  * After an abort the counters are left as they are: the barrier (and the
  * st_comm that owns it) can only be destroyed.
  */
 #ifndef SUBTRAIN_COMM_BARRIER_H
 #define SUBTRAIN_COMM_BARRIER_H
 
+#include <limits.h>
 #include <sched.h>
 #include <stdalign.h>
 #include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 
 /* Pause turns before a waiter starts yielding the CPU.  A test may lower
  * it (defined before this header is included) so that rounds with more
@@ -54,6 +65,7 @@ typedef struct st_spin_barrier {
     alignas(64) atomic_uint generation;
     alignas(64) atomic_int aborted;
     alignas(64) unsigned n;   /* participants, constant */
+    int blocking;             /* waiters sleep (futex) instead of spinning */
 } st_spin_barrier;
 
 static inline void st_cpu_relax(void)
@@ -65,17 +77,42 @@ static inline void st_cpu_relax(void)
 #endif
 }
 
-static inline void st_spin_barrier_init(st_spin_barrier *b, unsigned n)
+static inline void st_spin_barrier_init(st_spin_barrier *b, unsigned n, int blocking)
 {
     atomic_init(&b->arrived, 0u);
     atomic_init(&b->generation, 0u);
     atomic_init(&b->aborted, 0);
     b->n = n;
+    b->blocking = blocking;
+}
+
+/* The waiters sleeping on the generation, all of them. */
+static inline void st_barrier_wake(st_spin_barrier *b)
+{
+    syscall(SYS_futex, (unsigned *)&b->generation, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
 static inline void st_spin_barrier_abort(st_spin_barrier *b)
 {
     atomic_store_explicit(&b->aborted, 1, memory_order_release);
+    if (b->blocking)
+        st_barrier_wake(b);
+}
+
+/* A blocking barrier's waiter: sleeps while the generation is gen.  The
+ * timeout bounds the wait of one that read the abort flag just before an
+ * abort's wake-up (the futex word is the generation, which an abort
+ * leaves as it is). */
+static inline int st_barrier_sleep(st_spin_barrier *b, unsigned gen)
+{
+    const struct timespec limit = { 0, 20 * 1000 * 1000 };
+    while (atomic_load_explicit(&b->generation, memory_order_acquire) == gen) {
+        if (atomic_load_explicit(&b->aborted, memory_order_acquire))
+            return -1;
+        syscall(SYS_futex, (unsigned *)&b->generation, FUTEX_WAIT_PRIVATE, gen, &limit,
+                NULL, 0);
+    }
+    return 0;
 }
 
 static inline int st_spin_barrier_aborted(const st_spin_barrier *b)
@@ -94,8 +131,12 @@ static inline int st_spin_barrier_wait(st_spin_barrier *b)
         atomic_store_explicit(&b->arrived, 0u, memory_order_relaxed);
         ST_BARRIER_RELEASE_HOOK();
         atomic_store_explicit(&b->generation, gen + 1u, memory_order_release);
+        if (b->blocking)
+            st_barrier_wake(b);
         return 0;
     }
+    if (b->blocking)
+        return st_barrier_sleep(b, gen);
     unsigned spins = 0;
     while (atomic_load_explicit(&b->generation, memory_order_acquire) == gen) {
         if (atomic_load_explicit(&b->aborted, memory_order_relaxed))

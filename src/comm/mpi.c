@@ -279,7 +279,7 @@ static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
     memset(mc->workers, 0, sizeof *mc->workers * (size_t)mc->n);
     for (int w = 0; w < mc->n; w++)
         atomic_init(&mc->workers[w].attached, 0);
-    st_spin_barrier_init(&mc->barrier, (unsigned)mc->n);
+    st_spin_barrier_init(&mc->barrier, (unsigned)mc->n, 0);
     *out = (st_comm_backend *)mc;
     return ST_OK;
 fail:

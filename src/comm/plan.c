@@ -38,6 +38,7 @@
 #include <subtrain/comm.h>
 
 #include "comm/plan.h"
+#include "core/arena_impl.h"
 #include "core/bf16.h"
 #include "core/error.h"
 
@@ -552,8 +553,10 @@ st_status st_comm_plan_segments(comm_plan *pl, int w)
     ST_TRY(s);
     me->n_segs = n_segs;
 
-    /* master shard <- first holder's parameters (shared: it is them) */
-    for (size_t i = 0; me->master && !pl->shared_params && i < n_segs; i++) {
+    /* master shard <- first holder's parameters (shared: it is them); a
+     * sizing run's buffers stay untouched */
+    const int copy = me->master && !pl->shared_params && !st_arena_is_sizing(me->arena);
+    for (size_t i = 0; copy && i < n_segs; i++) {
         const comm_seg *g = &me->segs[i];
         const comm_slot *first = &pl->slots[me->holders[g->holder_first]];
         memcpy(me->master + (g->begin - sb), local_at(first, first->params, g->begin),

@@ -127,10 +127,11 @@ static st_status shared_create(const st_comm_config *cfg, st_comm_backend **out)
         atomic_init(&sc->workers[w].summed, 0);
         sc->workers[w].ready = 0;
     }
-    st_spin_barrier_init(&sc->barrier, (unsigned)n);
+    st_spin_barrier_init(&sc->barrier, (unsigned)n, cfg->blocking);
     for (int d = 0; d < sc->plan.n_domains; d++)
         st_spin_barrier_init(&sc->domain_barrier[d],
-                             (unsigned)(sc->plan.domain_first[d + 1] - sc->plan.domain_first[d]));
+                             (unsigned)(sc->plan.domain_first[d + 1] - sc->plan.domain_first[d]),
+                             cfg->blocking);
     *out = (st_comm_backend *)sc;
     return ST_OK;
 }

@@ -6,6 +6,8 @@
  * keeps a worker's memory in a few large chunks (one NUMA placement decision
  * per chunk) and gives exact accounting for the per-worker memory report.
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,20 +57,93 @@ static void libc_free(void *ptr, size_t bytes, void *ctx)
     free(ptr);
 }
 
+/* A sizing run's address space: one reservation that its workers' chunks
+ * are bumped off without a system call, given back in one piece. */
+struct st_sizing_space {
+    char *base;
+    size_t size;
+    atomic_size_t used;
+    pthread_mutex_t lock;        /* for the memos' creation */
+    struct {                     /* st_sizing_space_memo's, by make */
+        void *(*make)(void);
+        void *memo;
+        void (*drop)(void *);
+    } memos[4];
+};
+
+#define ST_PAGE ((size_t)4096)
+
+st_status st_sizing_space_create(size_t bytes, st_sizing_space **out)
+{
+    *out = NULL;
+    st_sizing_space *sp = malloc(sizeof *sp);
+    if (!sp)
+        return st_fail(ST_ERR_NOMEM, "out of memory for a sizing run's address space");
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    sp->base = p == MAP_FAILED ? NULL : p;   /* none: every chunk is mapped alone */
+    sp->size = p == MAP_FAILED ? 0 : bytes;
+    atomic_init(&sp->used, 0);
+    pthread_mutex_init(&sp->lock, NULL);
+    memset(sp->memos, 0, sizeof sp->memos);
+    *out = sp;
+    return ST_OK;
+}
+
+void st_sizing_space_destroy(st_sizing_space *sp)
+{
+    if (!sp)
+        return;
+    for (size_t i = 0; i < sizeof sp->memos / sizeof *sp->memos; i++)
+        if (sp->memos[i].memo)
+            sp->memos[i].drop(sp->memos[i].memo);
+    pthread_mutex_destroy(&sp->lock);
+    if (sp->base)
+        munmap(sp->base, sp->size);
+    free(sp);
+}
+
+void *st_sizing_space_memo(st_sizing_space *sp, void *(*make)(void), void (*drop)(void *))
+{
+    void *m = NULL;
+    pthread_mutex_lock(&sp->lock);
+    for (size_t i = 0; i < sizeof sp->memos / sizeof *sp->memos; i++)
+        if (sp->memos[i].make == make || !sp->memos[i].make) {
+            if (!sp->memos[i].make && (sp->memos[i].memo = make()) != NULL) {
+                sp->memos[i].make = make;
+                sp->memos[i].drop = drop;
+            }
+            m = sp->memos[i].memo;
+            break;
+        }
+    pthread_mutex_unlock(&sp->lock);
+    return m;
+}
+
 /* Address space only: pages are committed when first written, and the
  * arena writes none (st_arena_alloc does not zero-fill for this backend),
- * so the big buffers of a sizing run cost no memory. */
+ * so the big buffers of a sizing run cost no memory.  From the space
+ * (ctx) while it has room, else a mapping of its own. */
 static void *sizing_alloc(size_t bytes, void *ctx)
 {
-    (void)ctx;
+    st_sizing_space *sp = ctx;
+    if (sp && sp->base && bytes <= sp->size) {
+        const size_t take = (bytes + ST_PAGE - 1) & ~(ST_PAGE - 1);
+        const size_t at = atomic_fetch_add(&sp->used, take);
+        if (at <= sp->size - bytes)
+            return sp->base + at;
+    }
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
+/* A chunk of the space goes with it (st_sizing_space_destroy). */
 static void sizing_free(void *ptr, size_t bytes, void *ctx)
 {
-    (void)ctx;
+    const st_sizing_space *sp = ctx;
+    if (sp && sp->base && (char *)ptr >= sp->base && (char *)ptr < sp->base + sp->size)
+        return;
     munmap(ptr, bytes);
 }
 
@@ -77,9 +152,19 @@ st_chunk_backend st_sizing_backend(void)
     return (st_chunk_backend){ sizing_alloc, sizing_free, NULL };
 }
 
+st_chunk_backend st_sizing_backend_in(st_sizing_space *space)
+{
+    return (st_chunk_backend){ sizing_alloc, sizing_free, space };
+}
+
 int st_arena_is_sizing(const st_arena *arena)
 {
     return arena->backend.alloc == sizing_alloc;
+}
+
+st_sizing_space *st_arena_sizing_space(const st_arena *arena)
+{
+    return st_arena_is_sizing(arena) ? arena->backend.ctx : NULL;
 }
 
 void st_arena_init(st_arena *arena, const char *owner,

@@ -53,6 +53,25 @@ void st_arena_init(st_arena *arena, const char *owner,
  * arena does, but does not zero-fill them, so laying out a worker's
  * buffers with the run's own code costs no memory. */
 st_chunk_backend st_sizing_backend(void);
+
+/* The address space of one sizing run (st_train_size): its chunks come
+ * from one reservation of `bytes` (of address space, never committed
+ * unless written), a chunk beyond it from a mapping of its own, and a
+ * freed chunk of it is given back with the whole space.  Destroy it after
+ * every arena over it is released. */
+typedef struct st_sizing_space st_sizing_space;
+st_status st_sizing_space_create(size_t bytes, st_sizing_space **out);
+void st_sizing_space_destroy(st_sizing_space *space);
+/* st_sizing_backend over the space (NULL: st_sizing_backend). */
+st_chunk_backend st_sizing_backend_in(st_sizing_space *space);
+/* The space a sizing arena's chunks come from (NULL: none, or not a
+ * sizing arena). */
+st_sizing_space *st_arena_sizing_space(const st_arena *arena);
+/* What the run's code remembers over one sizing run: a memo of each
+ * kind (named by its make; four kinds at most) is made by the first
+ * caller's make() and freed by drop with the space.  NULL if make failed
+ * or there is no room for another kind. */
+void *st_sizing_space_memo(st_sizing_space *space, void *(*make)(void), void (*drop)(void *));
 /* Whether the arena's chunks come from st_sizing_backend: the code that
  * fills a buffer at build time (initial weights) skips it there. */
 int st_arena_is_sizing(const st_arena *arena);

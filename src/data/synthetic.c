@@ -199,6 +199,17 @@ static st_status teacher_init(teacher *t, const st_rng *synth, uint32_t dim,
     return s;
 }
 
+/* A set's count and shape, no samples. */
+static void shape(uint32_t count, uint32_t dim, uint32_t n_classes, st_dataset *out)
+{
+    out->count = count;
+    out->dim = dim;
+    out->n_classes = n_classes;
+    out->channels = dim;   // no image shape: dim x 1 x 1
+    out->height = 1;
+    out->width = 1;
+}
+
 /* count samples from stream `which` of synth, labelled by the teacher. */
 static st_status make_set(const teacher *t, const st_rng *synth, uint64_t which,
                           uint32_t count, st_dataset *out)
@@ -225,14 +236,9 @@ static st_status make_set(const teacher *t, const st_rng *synth, uint64_t which,
         y[i] = (uint8_t)argmax_biased(scores, t->bias, k);
     }
     free(scores);
-    out->count = count;
-    out->dim = t->dim;
-    out->n_classes = k;
+    shape(count, t->dim, k, out);
     out->x = x;
     out->y = y;
-    out->channels = t->dim;   // no image shape: dim x 1 x 1
-    out->height = 1;
-    out->width = 1;
     return ST_OK;
 }
 
@@ -275,4 +281,17 @@ st_status st_synthetic_make(const st_synthetic_config *cfg,
         st_dataset_free(train);
     teacher_free(&t);
     return s;
+}
+
+st_status st_synthetic_shapes(const st_synthetic_config *cfg, st_dataset *train,
+                              st_dataset *test)
+{
+    if (!cfg || !train || !test)
+        return st_fail(ST_ERR_INVALID, "st_synthetic_shapes: missing argument");
+    memset(train, 0, sizeof *train);
+    memset(test, 0, sizeof *test);
+    ST_TRY(check_config(cfg));
+    shape(cfg->train_count, cfg->dim, cfg->n_classes, train);
+    shape(cfg->test_count, cfg->dim, cfg->n_classes, test);
+    return ST_OK;
 }

@@ -2,7 +2,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/arena_impl.h"
 #include "nn/dnnl_util.h"
+#include "nn/pd_memo.h"
 
 static const char *dnnl_status_text(dnnl_status_t s)
 {
@@ -130,8 +132,11 @@ static st_status prim_from_pd(st_nn_ctx *ctx, st_prim *p, dnnl_primitive_desc_t 
 {
     const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     size_t sbytes = smd ? dnnl_memory_desc_get_size(smd) : 0;
-    dnnl_status_t s = dnnl_primitive_create(&p->prim, pd);
-    if (s == dnnl_success && sbytes > 0)
+    /* a model laid out in a sizing arena never runs: the descriptor says
+     * what it takes (its scratchpad), the primitive itself is not made */
+    const int runs = !(ctx->arena && st_arena_is_sizing(ctx->arena));
+    dnnl_status_t s = runs ? dnnl_primitive_create(&p->prim, pd) : dnnl_success;
+    if (s == dnnl_success && sbytes > 0 && runs)
         s = dnnl_memory_create(&p->scratchpad, smd, ctx->engine, DNNL_MEMORY_NONE);
     if (s != dnnl_success || !pd_out)
         dnnl_primitive_desc_destroy(pd);
@@ -148,17 +153,30 @@ static st_status prim_from_pd(st_nn_ctx *ctx, st_prim *p, dnnl_primitive_desc_t 
     return ST_OK;
 }
 
+/* attr is ctx->attr with what `variant` says (NULL: nothing more). */
 static st_status prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
                              const_dnnl_primitive_desc_t hint, const_dnnl_primitive_attr_t attr,
-                             const char *what, dnnl_primitive_desc_t *pd_out)
+                             const st_pd_variant *variant, const char *what,
+                             dnnl_primitive_desc_t *pd_out)
 {
     memset(p, 0, sizeof *p);
     p->what = what;
     ST_TRY(grow((void **)&ctx->prims, &ctx->cap_prims, ctx->n_prims + 1, sizeof *ctx->prims));
 
+    st_pd_variant plain;
+    if (!variant) {
+        memset(&plain, 0, sizeof plain);
+        plain.scale = 1.0f;
+        variant = &plain;
+    }
     dnnl_primitive_desc_t pd;
-    ST_DNNL(dnnl_primitive_desc_create(&pd, op_desc, attr, ctx->engine, hint), what);
-    return prim_from_pd(ctx, p, pd, what, pd_out);
+    int id;
+    ST_TRY(st_pd_memo_create(ctx->arena, &pd, op_desc, variant, attr, ctx->engine, hint, &id,
+                             what));
+    ST_TRY(prim_from_pd(ctx, p, pd, what, pd_out));
+    if (pd_out)
+        st_pd_memo_given(ctx->arena, *pd_out, id);
+    return ST_OK;
 }
 
 st_status st_prim_create_reorder(st_nn_ctx *ctx, st_prim *p, dnnl_memory_t src,
@@ -171,8 +189,7 @@ st_status st_prim_create_reorder(st_nn_ctx *ctx, st_prim *p, dnnl_memory_t src,
     ST_DNNL(dnnl_memory_get_memory_desc(src, &src_md), what);
     ST_DNNL(dnnl_memory_get_memory_desc(dst, &dst_md), what);
     dnnl_primitive_desc_t pd;
-    ST_DNNL(dnnl_reorder_primitive_desc_create(&pd, src_md, ctx->engine, dst_md, ctx->engine,
-                                               ctx->attr), what);
+    ST_TRY(st_pd_memo_reorder(ctx->arena, &pd, src_md, dst_md, ctx->attr, ctx->engine, what));
     ST_TRY(prim_from_pd(ctx, p, pd, what, NULL));
     st_prim_arg(p, DNNL_ARG_FROM, src);
     st_prim_arg(p, DNNL_ARG_TO, dst);
@@ -183,7 +200,7 @@ st_status st_prim_create(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
                          const_dnnl_primitive_desc_t hint, const char *what,
                          dnnl_primitive_desc_t *pd_out)
 {
-    return prim_create(ctx, p, op_desc, hint, ctx->attr, what, pd_out);
+    return prim_create(ctx, p, op_desc, hint, ctx->attr, NULL, what, pd_out);
 }
 
 st_status st_prim_create_pair(st_nn_ctx *ctx, st_prim *fwd, const void *fwd_desc,
@@ -210,6 +227,19 @@ static st_status create_with_post_ops(st_nn_ctx *ctx, st_prim *p, const void *op
 {
     if (scale == 1.0f && !add0_md && !add1_md && !relu && !mul_md)
         return st_prim_create(ctx, p, op_desc, hint, what, pd_out);
+    st_pd_variant v;   /* field by field over zeros: its bytes are a key */
+    memset(&v, 0, sizeof v);
+    v.scale = scale;
+    v.relu = relu;
+    v.has_add0 = add0_md != NULL;
+    v.has_add1 = add1_md != NULL;
+    v.has_mul = mul_md != NULL;
+    if (add0_md)
+        v.add0 = *add0_md;
+    if (add1_md)
+        v.add1 = *add1_md;
+    if (mul_md)
+        v.mul = *mul_md;
     dnnl_primitive_attr_t attr = NULL;
     dnnl_post_ops_t ops = NULL;
     dnnl_status_t s = dnnl_primitive_attr_clone(&attr, ctx->attr);
@@ -227,7 +257,7 @@ static st_status create_with_post_ops(st_nn_ctx *ctx, st_prim *p, const void *op
         s = dnnl_post_ops_append_binary(ops, dnnl_binary_mul, mul_md);
     if (s == dnnl_success)
         s = dnnl_primitive_attr_set_post_ops(attr, ops);
-    st_status st = s == dnnl_success ? prim_create(ctx, p, op_desc, hint, attr, what, pd_out)
+    st_status st = s == dnnl_success ? prim_create(ctx, p, op_desc, hint, attr, &v, what, pd_out)
                                      : st_dnnl_fail(s, what, __FILE__, __LINE__);
     if (ops)
         dnnl_post_ops_destroy(ops);

@@ -12,12 +12,14 @@
  * functions then only execute primitives, in one loop over the layers.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <subtrain/rng.h>
 
+#include "core/arena_impl.h"
 #include "core/enum_table.h"
 #include "core/rng_streams.h"
 #include "nn/graph.h"
@@ -562,12 +564,14 @@ fail:
  * took of each kind, less the lanes' bytes, plus the largest lane of
  * each region. */
 static st_status measure(const st_model_config *cfg, st_model_declare_fn declare, int lo, int hi,
-                         int batch, st_activation_layout *out)
+                         int batch, const st_arena *arena, st_activation_layout *out)
 {
     memset(out, 0, sizeof *out);
-    /* address space only: the layout is counted, never written */
+    /* address space only: the layout is counted, never written (a sizing
+     * run's: in its space) */
     st_arena scratch;
-    const st_chunk_backend untouched = st_sizing_backend();
+    const st_chunk_backend untouched =
+        st_sizing_backend_in(arena ? st_arena_sizing_space(arena) : NULL);
     st_arena_init(&scratch, "activation layout", &untouched, 0);
     st_model *m = NULL;
     st_status s = create_with(cfg, declare, lo, hi, batch, &scratch, NULL, NULL, &m);
@@ -593,6 +597,85 @@ static st_status measure(const st_model_config *cfg, st_model_declare_fn declare
     return s;
 }
 
+/* A sizing run's measurements (its space's memo): the layout of a model
+ * without subnetwork arrays is a function of its config, kind, layers and
+ * batch, which every worker of a dp or local SGD run shares. */
+typedef struct measured {
+    st_model_config cfg;
+    st_model_declare_fn declare;
+    int lo, hi, batch;
+} measured;
+
+typedef struct measure_memo {
+    pthread_mutex_t lock;
+    measured *key;
+    st_activation_layout *layout;
+    int n, cap;
+} measure_memo;
+
+static void *measure_memo_make(void)
+{
+    measure_memo *m = calloc(1, sizeof *m);
+    if (m)
+        pthread_mutex_init(&m->lock, NULL);
+    return m;
+}
+
+static void measure_memo_drop(void *p)
+{
+    measure_memo *m = p;
+    free(m->key);
+    free(m->layout);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+/* measure, once per key over a sizing arena's space: the first worker
+ * measures, the others wait for its answer. */
+static st_status measure_once(const st_model_config *cfg, st_model_declare_fn declare, int lo,
+                              int hi, int batch, const st_arena *arena, st_activation_layout *out)
+{
+    const st_model_subnet *sn = &cfg->subnet;
+    st_sizing_space *sp = arena ? st_arena_sizing_space(arena) : NULL;
+    measure_memo *m = sp && !sn->groups && !sn->group_grads && !sn->width_count &&
+                      !sn->width_kept
+                    ? st_sizing_space_memo(sp, measure_memo_make, measure_memo_drop) : NULL;
+    if (!m)
+        return measure(cfg, declare, lo, hi, batch, arena, out);
+    measured k;   /* over zeros: its bytes are compared */
+    memset(&k, 0, sizeof k);
+    k.cfg = *cfg;
+    k.declare = declare;
+    k.lo = lo;
+    k.hi = hi;
+    k.batch = batch;
+    pthread_mutex_lock(&m->lock);
+    for (int i = 0; i < m->n; i++)
+        if (memcmp(&m->key[i], &k, sizeof k) == 0) {
+            *out = m->layout[i];
+            pthread_mutex_unlock(&m->lock);
+            return ST_OK;
+        }
+    st_status s = measure(cfg, declare, lo, hi, batch, arena, out);
+    if (s == ST_OK && m->n == m->cap) {
+        const int cap = m->cap ? 2 * m->cap : 8;
+        measured *nk = realloc(m->key, (size_t)cap * sizeof *nk);
+        if (nk)
+            m->key = nk;
+        st_activation_layout *nl = nk ? realloc(m->layout, (size_t)cap * sizeof *nl) : NULL;
+        if (nl) {
+            m->layout = nl;
+            m->cap = cap;
+        }
+    }
+    if (s == ST_OK && m->n < m->cap) {
+        m->key[m->n] = k;
+        m->layout[m->n++] = *out;
+    }
+    pthread_mutex_unlock(&m->lock);
+    return s;
+}
+
 static st_status create(const st_model_config *cfg, st_model_declare_fn declare, int lo, int hi,
                         int batch, st_arena *arena, const st_model_storage *storage,
                         st_model **out)
@@ -601,14 +684,14 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
     if (cfg->recompute == ST_RECOMPUTE_NONE || !arena)
         return create_with(cfg, declare, lo, hi, batch, arena, storage, NULL, out);
     st_activation_layout regions;
-    ST_TRY(measure(cfg, declare, lo, hi, batch, &regions));
+    ST_TRY(measure_once(cfg, declare, lo, hi, batch, arena, &regions));
     return create_with(cfg, declare, lo, hi, batch, arena, storage, &regions, out);
 }
 
 st_status st_model_activation_layout(const st_model_config *cfg, int batch,
                                      st_activation_layout *out)
 {
-    return measure(cfg, NULL, 0, -1, batch, out);
+    return measure(cfg, NULL, 0, -1, batch, NULL, out);
 }
 
 st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena, st_model **out)
@@ -825,6 +908,10 @@ static int segment_ranges(const st_model *m, int i, int grads, st_range *ranges,
     int64_t n_rows = grads && mp->grad_rows ? mp->n_grad_rows : mp->n_rows;
     const int32_t *cols = grads && mp->grad_cols ? mp->grad_cols : mp->cols;
     int64_t n_cols = grads && mp->grad_cols ? mp->n_grad_cols : mp->n_cols;
+    if (!rows && !cols && n_cols == mp->full_cols) {   /* whole rows in order: one run */
+        n_cols *= n_rows;
+        n_rows = n_rows > 0;
+    }
     for (int64_t a = 0; a < n_rows && n >= 0; a++) {
         size_t row = mp->full_offset + (size_t)(rows ? rows[a] : a) * (size_t)mp->full_cols;
         for (int64_t b = 0; b < n_cols && n >= 0;) {

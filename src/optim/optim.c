@@ -155,7 +155,8 @@ st_status st_optim_init_range(st_optim *opt, const st_optim_config *cfg, size_t 
             ST_TRY(st_arena_alloc_floats(arena, ST_MEM_OPTIMIZER, n, &opt->v));
         return ST_OK;
     }
-    /* zeroed, as the fp32 vectors are: bf16 zero is zero bits */
+    /* zeroed by the arena, as the fp32 vectors are (bf16 zero is zero
+     * bits); a sizing run's arena writes nothing, and nor may we */
     void *m16 = NULL, *v16 = NULL;
     if (vectors >= 1)
         ST_TRY(st_arena_alloc(arena, ST_MEM_OPTIMIZER, n * sizeof(uint16_t), &m16));
@@ -163,7 +164,6 @@ st_status st_optim_init_range(st_optim *opt, const st_optim_config *cfg, size_t 
         ST_TRY(st_arena_alloc(arena, ST_MEM_OPTIMIZER, n * sizeof(uint16_t), &v16));
     opt->m16 = m16;
     opt->v16 = v16;
-    st_optim_reset(opt);
     return ST_OK;
 }
 

@@ -77,7 +77,10 @@ static st_status create_engine(const run_shared *r, size_t n_params, int roles, 
                           /* the engine that carries the masters writes the
                            * domains' copies */
                           .shared_params = params && r->shared_weights &&
-                                           (roles == 0 || (roles & ST_COMM_GATHER)) };
+                                           (roles == 0 || (roles & ST_COMM_GATHER)),
+                          /* a sizing run's workers only meet, on threads
+                           * that outnumber the cores */
+                          .blocking = r->sizing };
     st_status s = st_comm_create(&cc, out);
     free(domain_of);
     return s;

@@ -162,6 +162,8 @@ typedef struct run_shared {
     int sizing;                       /* st_train_size: the workers are laid out,
                                        * not bound, on untouched memory, and
                                        * never step */
+    st_sizing_space *sizing_space;    /* sizing: the address space they are
+                                       * laid out in */
     uint64_t fault_step;              /* SUBTRAIN_FAULT=RANK:STEP names this rank:
                                        * worker 0 fails at that step (tests of
                                        * failure handling; 0: never) */

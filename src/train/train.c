@@ -198,7 +198,7 @@ st_status st_loop_init_worker(run_shared *r, int wid, st_worker *w, st_chunk_bac
     worker_slot *slot = &r->slots[wid];
     const st_placement *pl = &r->placement.workers[wid];
     if (r->sizing) {   /* perhaps another machine's placement: nothing to bind */
-        *backend = st_sizing_backend();
+        *backend = st_sizing_backend_in(r->sizing_space);
         return r->ops->init_worker(r, r->strategy, wid, w, backend);
     }
     ST_TRY(st_plan_bind_self(r->topology, &r->placement, wid));
@@ -354,12 +354,15 @@ st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
     r.test = test;
     r.sizing = 1;
     atomic_init(&r.failed, 0);
+    /* address space, far more than any layout takes: 1 TiB */
+    ST_TRY(st_sizing_space_create((size_t)1 << 40, &r.sizing_space));
     st_status s = st_loop_prepare(&r);
     st_worker_size *mem = s == ST_OK ? calloc((size_t)r.n, sizeof *mem) : NULL;
     if (s == ST_OK && !mem)
         s = st_fail(ST_ERR_NOMEM, "out of memory for %d workers' sizes", r.n);
     if (s != ST_OK) {
         st_loop_release(&r);
+        st_sizing_space_destroy(r.sizing_space);
         return s;
     }
     /* Every worker on a thread of its own, as in a run: the strategies'
@@ -393,5 +396,6 @@ st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
         *n_workers = r.n;
     }
     st_loop_release(&r);
+    st_sizing_space_destroy(r.sizing_space);
     return s;
 }

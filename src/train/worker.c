@@ -21,9 +21,10 @@ st_status st_worker_init_base(st_worker *w, int id, uint32_t n_train,
     w->order = order;
     /* the stored order until the loop draws an epoch's: whatever reads it
      * before a first step (an evaluation's batch norm calibration, through
-     * the trainer) reads valid samples */
-    for (uint32_t i = 0; i < n_train; i++)
-        w->order[i] = i;
+     * the trainer) reads valid samples; a sizing run's stays untouched */
+    if (!st_arena_is_sizing(&w->arena))
+        for (uint32_t i = 0; i < n_train; i++)
+            w->order[i] = i;
     return ST_OK;
 }
 
