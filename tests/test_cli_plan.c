@@ -36,6 +36,8 @@ static void write_calibration(const char *path, double fp32, double bf16)
         fprintf(f, "%s_fwd_ns 0.5\n%s_bwd_ns 1\n", ops[o], ops[o]);
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
         fprintf(f, "elementwise_%s_gbps %g\n", sizes[i], 8.0 / (double)(i + 1));
+    fprintf(f, "update_adamw_fp32_ns 1\nupdate_adamw_bf16_ns 1\nupdate_sgd_fp32_ns 1\n"
+               "update_sgd_bf16_ns 1\n");
     fprintf(f, "reduce_gbps 2\nstream_triad_gbps 2\nstream_triad_all_gbps 3\n");
     fclose(f);
 }

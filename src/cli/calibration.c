@@ -37,7 +37,7 @@ typedef struct cal_key {
 } cal_key;
 
 #define N_KEYS (2 * ST_OPERANDS_COUNT * ST_CAL_DIMS * ST_CAL_DIMS * ST_CAL_DIMS + ST_CAL_PASSES + \
-                2 * (ST_OP_COUNT - 1) + 7)
+                2 * (ST_OP_COUNT - 1) + 4 + 7)
 static cal_key keys[N_KEYS];
 static const char *const pass_names[ST_CAL_PASSES] = { "16k", "256k", "4m", "64m" };
 static const char *const operand_names[ST_OPERANDS_COUNT] = { "nn", "nt", "tn" };
@@ -76,6 +76,9 @@ static void make_keys(void)
     for (int o = 1; o < ST_OP_COUNT; o++)
         for (int b = 0; b < 2; b++)
             KEY(op_ns, 2 * o + b, "%s_%s_ns", op_names[o], b ? "bwd" : "fwd");
+    for (int o = 0; o < 2; o++)
+        for (int b = 0; b < 2; b++)
+            KEY(update_ns, 2 * o + b, "update_%s_%s_ns", o ? "sgd" : "adamw", b ? "bf16" : "fp32");
     for (int i = 0; i < ST_CAL_PASSES; i++)
         KEY(elementwise_gbps, i, "elementwise_%s_gbps", pass_names[i]);
     KEY(reduce_gbps, 0, "reduce_gbps");
@@ -461,6 +464,44 @@ done:
     return best > 0.0 ? 3.0 * (double)n * sizeof(float) / best : 0.0;
 }
 
+/* ns a parameter of the library's update (st_optim_update) of optimizer
+ * kind with moments `moments` over n parameters, one segment. */
+static double time_update(st_optimizer_kind kind, st_moments moments, size_t n)
+{
+    st_optim_config cfg = st_optim_config_default();
+    cfg.kind = kind;
+    cfg.moments = moments;
+    st_arena *arena = NULL;
+    st_optim *opt = NULL;
+    float *p = aligned_alloc(64, n * sizeof *p), *g = aligned_alloc(64, n * sizeof *g);
+    double best = 0.0;
+    if (!p || !g || st_arena_create("calibrate", NULL, 0, &arena) != ST_OK ||
+        st_optim_create(&cfg, 0, n, arena, &opt) != ST_OK)
+        goto done;
+    for (size_t i = 0; i < n; i++) {
+        p[i] = 0.01f * (float)(i % 97);
+        g[i] = 1e-3f * (float)(i % 89) - 0.04f;
+    }
+    st_param_segment seg = { .name = "w", .offset = 0, .count = n, .decay = 1,
+                             .grad_offset = 0, .grad_count = n, .rows = (long long)n,
+                             .cols = 1 };
+    best = 1e30;
+    for (int round = 0; round < 12; round++) {
+        const double t0 = now_s();
+        st_optim_update(opt, p, g, &seg, 1, 0, n, (uint64_t)round + 1, 1e-3f);
+        const double t = now_s() - t0;
+        if (round > 0 && t < best)
+            best = t;
+    }
+    best = best / (double)n * 1e9;
+done:
+    st_optim_destroy(opt);
+    st_arena_destroy(arena);
+    free(p);
+    free(g);
+    return best;
+}
+
 /* STREAM's triad on every one of `threads` threads at once, each on its
  * own n-float arrays: the machine's total bytes a second (the best of
  * ROUNDS rounds that start together). */
@@ -557,6 +598,11 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
             out->conv_gflops[b] = 3.0 * 2.0 * (double)(cs.batch * cs.oc * 32 * 32) *
                                   (double)(cs.ic * cs.kh * cs.kw) / (ct.layer_ms * 1e-3) / 1e9;
     }
+    for (int o = 0; o < 2; o++)
+        for (int b = 0; b < 2; b++)
+            out->update_ns[o][b] = time_update(o ? ST_OPT_SGD : ST_OPT_ADAMW,
+                                               b ? ST_MOMENTS_BF16 : ST_MOMENTS_FP32,
+                                               (size_t)1 << 20);
     for (int i = 0; i < ST_CAL_PASSES; i++) {
         /* two vectors of the size: n floats each */
         const size_t floats = (size_t)(ST_CAL_PASS0 * pow(16.0, i)) / (2 * sizeof(float));
@@ -576,10 +622,11 @@ static void print_help(FILE *f)
     fputs(
 "Usage: subtrain calibrate [-o FILE]\n"
 "Measure this machine's rates on one thread (matmul GFLOP/s over a grid of\n"
-"shapes and convolution GFLOP/s, in fp32 and bf16; a primitive's call time;\n"
-"element-wise GB/s at four sizes, reduction and STREAM triad GB/s) and the\n"
-"triad on every CPU at once, and write them as a calibration file for\n"
-"'subtrain plan --calibration FILE'.\n"
+"shapes and operand layouts and convolution GFLOP/s, in fp32 and bf16; a\n"
+"primitive's call time; the element-wise operations' and the optimizer's\n"
+"time a value; element-wise GB/s at four sizes, reduction and STREAM triad\n"
+"GB/s) and the triad on every CPU at once, and write them as a calibration\n"
+"file for 'subtrain plan --calibration FILE'.\n"
 "\n"
 "  -o, --output FILE   write the file there (default: standard output)\n"
 "  -h, --help          this text\n"

@@ -23,6 +23,9 @@
  *                                  batchnorm: 32 x 16 x 32 x 32, blocked by
  *                                  channels, the ReLU fused), training
  *                                  forward and backward: ns a value
+ *   update_O_M_ns X                the library's optimizer O (adamw, sgd) with
+ *                                  moments M (fp32, bf16), over 1M parameters:
+ *                                  ns a parameter
  *   elementwise_S_gbps X           y = a x + y over vectors of S in all (16k,
  *                                  256k, 4m, 64m bytes): bytes read and
  *                                  written a second
@@ -62,6 +65,7 @@ typedef struct st_calibration {
     double conv_gflops[2];        /* [bf16] */
     double call_us;
     double op_ns[ST_OP_COUNT][2];   /* [st_cost_op][backward]: ns a value */
+    double update_ns[2][2];         /* [sgd][bf16 moments]: ns a parameter */
     double elementwise_gbps[ST_CAL_PASSES];
     double reduce_gbps, stream_gbps, stream_all_gbps;
 } st_calibration;

@@ -335,10 +335,10 @@ static double shared_rate(const st_calibration *cal, double r, double bytes, int
 /* Seconds of one worker's step at the calibration's rates: each product
  * at the rate the grid gives its own shape (a convolution at its product's
  * rate, scaled as the calibration's convolution ran against its product),
- * each element-wise pass at the rate of its size plus a primitive call
- * each, the optimizer's state and parameters as passes, the engine's
- * bytes at the reduction's rate; the memory-bound parts shared among the
- * machine's workers.  NAN when a rate it needs is not measured. */
+ * each element-wise pass at its operation's rate or its bytes' plus a
+ * primitive call each, the optimizer's update at the library's measured
+ * rate, the engine's bytes at the reduction's rate; the memory-bound parts
+ * shared among the machine's workers.  NAN when a rate it needs is not measured. */
 static double predict_step(const plan_row *row, const st_calibration *cal)
 {
     const int sharing = row->workers;
@@ -380,17 +380,21 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
         }
         }
     }
-    /* the update: parameters, gradients and the moments read, parameters
-     * and moments written (Adam's; SGD's momentum alike) */
-    const double moment_bytes = row->cfg.optim.moments == ST_MOMENTS_FP32 ? 8.0 : 4.0;
-    const double opt = (double)row->mem.peak[ST_MEM_OPTIMIZER];
-    const double opt_bytes = 2.0 * opt + 12.0 * opt / moment_bytes;
-    const double r_opt = shared_rate(cal, st_calibration_pass_rate(cal, opt_bytes), opt_bytes,
-                                     sharing);
+    /* the update of the parameters whose state the worker holds, at the
+     * library's measured rate, slowed as its bytes are when shared */
+    const st_optim_config *oc = &row->cfg.optim;
+    const int sgd = oc->kind == ST_OPT_SGD, bf16 = oc->moments != ST_MOMENTS_FP32;
+    const double params = (double)row->mem.peak[ST_MEM_OPTIMIZER] /
+                          ((sgd ? 1.0 : 2.0) * (bf16 ? 2.0 : 4.0));
+    const double opt_bytes = params * st_optim_bytes_per_param(oc, 0);
+    const double r_alone = st_calibration_pass_rate(cal, opt_bytes);
+    const double r_opt = shared_rate(cal, r_alone, opt_bytes, sharing);
     const double r_red = shared_rate(cal, cal->reduce_gbps, row->comm_bytes, sharing);
-    if (!(r_opt > 0.0) || !(r_red > 0.0))
+    const double update_ns = cal->update_ns[sgd][bf16];
+    if (!(r_opt > 0.0) || !(r_red > 0.0) || !(update_ns > 0.0))
         return NAN;
-    return t + opt_bytes / (r_opt * 1e9) + row->comm_bytes / (r_red * 1e9);
+    return t + params * update_ns * 1e-9 * (r_alone / r_opt) +
+           row->comm_bytes / (r_red * 1e9);
 }
 
 static void predict_row(plan_row *row, const st_calibration *cal)
