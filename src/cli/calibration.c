@@ -37,7 +37,7 @@ typedef struct cal_key {
 } cal_key;
 
 #define N_KEYS (2 * ST_OPERANDS_COUNT * ST_CAL_DIMS * ST_CAL_DIMS * ST_CAL_DIMS + ST_CAL_PASSES + \
-                2 * (ST_OP_COUNT - 1) + 4 + 7)
+                2 * (ST_OP_COUNT - 1) + 4 + 9)
 static cal_key keys[N_KEYS];
 static const char *const pass_names[ST_CAL_PASSES] = { "16k", "256k", "4m", "64m" };
 static const char *const operand_names[ST_OPERANDS_COUNT] = { "nn", "nt", "tn" };
@@ -72,6 +72,8 @@ static void make_keys(void)
                             operand_names[o], dim_of(i), dim_of(j), dim_of(l));
     KEY(conv_gflops, 0, "conv_fp32_gflops");
     KEY(conv_gflops, 1, "conv_bf16_gflops");
+    KEY(chain, 0, "chain_fp32");
+    KEY(chain, 1, "chain_bf16");
     KEY(call_us, 0, "call_us");
     for (int o = 1; o < ST_OP_COUNT; o++)
         for (int b = 0; b < 2; b++)
@@ -295,6 +297,104 @@ done:
     if (pd)
         dnnl_primitive_desc_destroy(pd);
     return best;
+}
+
+/* The chain calibrate times: CHAIN_LAYERS layers of CHAIN_ROWS x
+ * CHAIN_WIDTH -> CHAIN_WIDTH. */
+#define CHAIN_LAYERS 8
+#define CHAIN_ROWS 128
+#define CHAIN_WIDTH 256
+
+/* The best seconds of a chain of products as a network's linear layers
+ * run them: every layer's forward (x w^T: NT), then from the last layer
+ * to the first its backward-data (dy w: NN) and backward-weights (dy^T x:
+ * TN) products, each layer's operands its own; 0 when not made. */
+static double time_chain(dnnl_engine_t eng, dnnl_stream_t stream, dnnl_data_type_t dt)
+{
+    const int64_t B = CHAIN_ROWS, W = CHAIN_WIDTH;
+    /* [product]: M, K, N and which operand is transposed */
+    const int64_t shape[3][3] = { { B, W, W }, { B, W, W }, { W, B, W } };
+    const st_cost_operands ops[3] = { ST_OPERANDS_NT, ST_OPERANDS_NN, ST_OPERANDS_TN };
+    dnnl_primitive_desc_t pd[3] = { NULL };
+    dnnl_primitive_t prim[3] = { NULL };
+    dnnl_memory_t mem[CHAIN_LAYERS][3][3] = { { { NULL } } };
+    dnnl_exec_arg_t args[CHAIN_LAYERS][3][3];
+    double best = 0.0;
+    for (int p = 0; p < 3; p++) {
+        dnnl_dims_t ad = { shape[p][0], shape[p][1] }, bd = { shape[p][1], shape[p][2] };
+        dnnl_dims_t cd = { shape[p][0], shape[p][2] };
+        dnnl_memory_desc_t md[3];
+        dnnl_matmul_desc_t d;
+        if (dnnl_memory_desc_init_by_tag(&md[0], 2, ad, dt,
+                                         ops[p] == ST_OPERANDS_TN ? dnnl_ba : dnnl_ab) !=
+                dnnl_success ||
+            dnnl_memory_desc_init_by_tag(&md[1], 2, bd, dt,
+                                         ops[p] == ST_OPERANDS_NT ? dnnl_ba : dnnl_ab) !=
+                dnnl_success ||
+            dnnl_memory_desc_init_by_tag(&md[2], 2, cd, dnnl_f32, dnnl_ab) != dnnl_success ||
+            dnnl_matmul_desc_init(&d, &md[0], &md[1], NULL, &md[2]) != dnnl_success ||
+            dnnl_primitive_desc_create(&pd[p], &d, NULL, eng, NULL) != dnnl_success ||
+            dnnl_primitive_create(&prim[p], pd[p]) != dnnl_success)
+            goto done;
+        static const int arg_ids[3] = { DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST };
+        for (int l = 0; l < CHAIN_LAYERS; l++)
+            for (int j = 0; j < 3; j++) {
+                if (dnnl_memory_create(&mem[l][p][j], &md[j], eng, DNNL_MEMORY_ALLOCATE) !=
+                    dnnl_success)
+                    goto done;
+                void *h;
+                dnnl_memory_get_data_handle(mem[l][p][j], &h);
+                memset(h, 0, dnnl_memory_desc_get_size(&md[j]));
+                args[l][p][j] = (dnnl_exec_arg_t){ arg_ids[j], mem[l][p][j] };
+            }
+    }
+    best = 1e30;
+    for (int round = 0; round < ROUNDS; round++) {
+        const double t0 = now_s();
+        dnnl_status_t st = dnnl_success;
+        for (int l = 0; l < CHAIN_LAYERS && st == dnnl_success; l++)
+            st = dnnl_primitive_execute(prim[0], stream, 3, args[l][0]);
+        for (int l = CHAIN_LAYERS - 1; l >= 0 && st == dnnl_success; l--)
+            for (int p = 1; p < 3 && st == dnnl_success; p++)
+                st = dnnl_primitive_execute(prim[p], stream, 3, args[l][p]);
+        dnnl_stream_wait(stream);
+        if (st != dnnl_success) {
+            best = 0.0;
+            goto done;
+        }
+        const double t = now_s() - t0;
+        if (round > 0 && t < best)
+            best = t;
+    }
+done:
+    for (int l = 0; l < CHAIN_LAYERS; l++)
+        for (int p = 0; p < 3; p++)
+            for (int j = 0; j < 3; j++)
+                if (mem[l][p][j])
+                    dnnl_memory_destroy(mem[l][p][j]);
+    for (int p = 0; p < 3; p++) {
+        if (prim[p])
+            dnnl_primitive_destroy(prim[p]);
+        if (pd[p])
+            dnnl_primitive_desc_destroy(pd[p]);
+    }
+    return best;
+}
+
+/* The chain's time over the sum of its products' at the grid's rates. */
+static double chain_factor(const st_calibration *c, double sec, int bf16)
+{
+    const double B = CHAIN_ROWS, W = CHAIN_WIDTH, flop = 2.0 * B * W * W;
+    const double rate[3] = { st_calibration_matmul_rate(c, bf16, ST_OPERANDS_NT, B, W, W),
+                             st_calibration_matmul_rate(c, bf16, ST_OPERANDS_NN, B, W, W),
+                             st_calibration_matmul_rate(c, bf16, ST_OPERANDS_TN, W, W, B) };
+    double grid = 0.0;
+    for (int p = 0; p < 3; p++) {
+        if (!(rate[p] > 0.0))
+            return 0.0;
+        grid += CHAIN_LAYERS * flop / (rate[p] * 1e9);
+    }
+    return sec > 0.0 ? sec / grid : 0.0;
 }
 
 /* The best seconds of one execution of pd's primitive over zeroed
@@ -582,6 +682,8 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
                                                        (st_cost_operands)o, reps, 12, 1);
                         out->matmul_gflops[t][o][i][j][l] = sec > 0.0 ? flop / sec / 1e9 : 0.0;
                     }
+    for (int t = 0; t < 2; t++)
+        out->chain[t] = chain_factor(out, time_chain(eng, stream, types[t]), t);
     const double call = time_matmul(eng, stream, 1, 1, 1, dnnl_f32, ST_OPERANDS_NN, 200, ROUNDS, 0);
     out->call_us = call * 1e6;
     for (int o = 1; o < ST_OP_COUNT; o++)

@@ -333,12 +333,14 @@ static double shared_rate(const st_calibration *cal, double r, double bytes, int
 }
 
 /* Seconds of one worker's step at the calibration's rates: each product
- * at the rate the grid gives its own shape (a convolution at its product's
- * rate, scaled as the calibration's convolution ran against its product),
- * each element-wise pass at its operation's rate or its bytes' plus a
- * primitive call each, the optimizer's update at the library's measured
- * rate, the engine's bytes at the reduction's rate; the memory-bound parts
- * shared among the machine's workers.  NAN when a rate it needs is not measured. */
+ * at the rate the grid gives its own shape, slowed as the calibration's
+ * chain of layers' products was against the grid; a convolution at its
+ * product's rate, scaled as the calibration's convolution layer ran
+ * against its product; each element-wise pass at its operation's rate or
+ * its bytes' plus a primitive call each; the optimizer's update at the
+ * library's measured rate; the engine's bytes at the reduction's rate;
+ * the memory-bound parts shared among the machine's workers.  NAN when a
+ * rate it needs is not measured. */
 static double predict_step(const plan_row *row, const st_calibration *cal)
 {
     const int sharing = row->workers;
@@ -350,11 +352,15 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
         const st_step_cost *c = &row->costs[i];
         double r = 0.0;
         switch (c->kind) {
-        case ST_COST_MATMUL:
-            r = st_calibration_matmul_rate(cal, c->bf16, c->operands, (double)c->m,
-                                           (double)c->n, (double)c->k);
+        case ST_COST_MATMUL: {
+            /* slowed as a chain of layers' products ran against the grid */
+            const double chain = cal->chain[c->bf16 ? 1 : 0];
+            r = chain > 0.0 ? st_calibration_matmul_rate(cal, c->bf16, c->operands, (double)c->m,
+                                                         (double)c->n, (double)c->k) / chain
+                            : 0.0;
             t += r > 0.0 ? c->flops / (r * 1e9) : NAN;
             break;
+        }
         case ST_COST_CONV: {
             /* the calibration's layer: 32 x 32 x 32 pixels, 16 x 9 deep, 16 out */
             const double ref = st_calibration_matmul_rate(cal, c->bf16, ST_OPERANDS_NN, 32768.0,
