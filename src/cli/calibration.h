@@ -21,7 +21,8 @@
  *                                  layers of 128 x 256 -> 256: their forwards,
  *                                  then their backward-data and -weights
  *                                  products, each layer's operands its own),
- *                                  its time over what the grid's rates give it
+ *                                  its time over the same products' as the
+ *                                  grid runs them
  *   call_us X                      one execution of the smallest primitive
  *   OP_fwd_ns X, OP_bwd_ns X       oneDNN's primitive OP (relu, gelu, layernorm,
  *                                  softmax, logsoftmax: over 1024 x 256 floats;
@@ -68,7 +69,7 @@ typedef struct st_calibration {
     /* [bf16][st_cost_operands][m][n][k] */
     double matmul_gflops[2][ST_OPERANDS_COUNT][ST_CAL_DIMS][ST_CAL_DIMS][ST_CAL_DIMS];
     double conv_gflops[2];        /* [bf16] */
-    double chain[2];              /* [bf16]: a chain's time over the grid's */
+    double chain[2];              /* [bf16]: a chain's time over its products' alone */
     double call_us;
     double op_ns[ST_OP_COUNT][2];   /* [st_cost_op][backward]: ns a value */
     double update_ns[2][2];         /* [sgd][bf16 moments]: ns a parameter */
