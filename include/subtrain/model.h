@@ -500,6 +500,9 @@ typedef struct st_step_cost {
     st_cost_kind kind;
     int bf16;                 /* products with bf16 operands */
     st_cost_operands operands;  /* how a product reads them */
+    int heads;                /* attention's: every sample's and head's product
+                               * in one execution over strided views (m: all
+                               * their rows) */
     int64_t m, n, k;          /* matmul: its shape; conv: the product it
                                * amounts to (m: batch x output pixels, k:
                                * in channels x kernel, n: out channels) */

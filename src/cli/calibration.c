@@ -37,7 +37,7 @@ typedef struct cal_key {
 } cal_key;
 
 #define N_KEYS (2 * ST_OPERANDS_COUNT * ST_CAL_DIMS * ST_CAL_DIMS * ST_CAL_DIMS + ST_CAL_PASSES + \
-                2 * (ST_OP_COUNT - 1) + 4 + 9)
+                2 * (ST_OP_COUNT - 1) + 4 + 11)
 static cal_key keys[N_KEYS];
 static const char *const pass_names[ST_CAL_PASSES] = { "16k", "256k", "4m", "64m" };
 static const char *const operand_names[ST_OPERANDS_COUNT] = { "nn", "nt", "tn" };
@@ -74,6 +74,8 @@ static void make_keys(void)
     KEY(conv_gflops, 1, "conv_bf16_gflops");
     KEY(chain, 0, "chain_fp32");
     KEY(chain, 1, "chain_bf16");
+    KEY(attention, 0, "attention_fp32");
+    KEY(attention, 1, "attention_bf16");
     KEY(call_us, 0, "call_us");
     for (int o = 1; o < ST_OP_COUNT; o++)
         for (int b = 0; b < 2; b++)
@@ -398,6 +400,95 @@ done:
     return best;
 }
 
+/* The best seconds of one call of a matmul of the given views (each over
+ * memory of its own), over ROUNDS rounds of `reps` calls; 0 when not made. */
+static double time_views(dnnl_engine_t eng, dnnl_stream_t stream, const dnnl_memory_desc_t *a,
+                         const dnnl_memory_desc_t *b, const dnnl_memory_desc_t *c, int reps)
+{
+    dnnl_matmul_desc_t d;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    dnnl_memory_t mem[3] = { NULL };
+    const dnnl_memory_desc_t *mds[3] = { a, b, c };
+    double best = 0.0;
+    if (dnnl_matmul_desc_init(&d, a, b, NULL, c) != dnnl_success ||
+        dnnl_primitive_desc_create(&pd, &d, NULL, eng, NULL) != dnnl_success ||
+        dnnl_primitive_create(&prim, pd) != dnnl_success)
+        goto done;
+    for (int j = 0; j < 3; j++) {
+        if (dnnl_memory_create(&mem[j], mds[j], eng, DNNL_MEMORY_ALLOCATE) != dnnl_success)
+            goto done;
+        void *h;
+        dnnl_memory_get_data_handle(mem[j], &h);
+        memset(h, 0, dnnl_memory_desc_get_size(mds[j]));
+    }
+    dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, mem[0] }, { DNNL_ARG_WEIGHTS, mem[1] },
+                                { DNNL_ARG_DST, mem[2] } };
+    best = 1e30;
+    for (int round = 0; round < ROUNDS; round++) {
+        const double t0 = now_s();
+        for (int r = 0; r < reps; r++)
+            if (dnnl_primitive_execute(prim, stream, 3, args) != dnnl_success) {
+                best = 0.0;
+                goto done;
+            }
+        dnnl_stream_wait(stream);
+        const double t = (now_s() - t0) / reps;
+        if (round > 0 && t < best)
+            best = t;
+    }
+done:
+    for (int j = 0; j < 3; j++)
+        if (mem[j])
+            dnnl_memory_destroy(mem[j]);
+    if (prim)
+        dnnl_primitive_destroy(prim);
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return best;
+}
+
+/* A (B, H, rows, cols) view: a sample every bs values, a head every hs,
+ * a row every rs, a column every cs. */
+static void view4(dnnl_memory_desc_t *md, dnnl_data_type_t dt, int64_t B, int64_t H,
+                  int64_t rows, int64_t cols, int64_t bs, int64_t hs, int64_t rs, int64_t cs)
+{
+    dnnl_dims_t dims = { B, H, rows, cols }, strides = { bs, hs, rs, cs };
+    dnnl_memory_desc_init_by_strides(md, 4, dims, dt, strides);
+}
+
+/* Attention's scores (Q K^T) and context (P V) products as the layer runs
+ * them, over every sample and head at once through strided views of the
+ * (B, T, 3 W) projections, against the same products with the heads' rows
+ * stacked in plain matrices: their time over the plain ones'; 0 when not
+ * made. */
+static double time_attention(dnnl_engine_t eng, dnnl_stream_t stream, dnnl_data_type_t dt)
+{
+    const int64_t B = 8, H = 8, T = 128, dh = 64, W = H * dh, R = B * H * T;
+    dnnl_memory_desc_t q, kt, s, p, v, o;
+    view4(&q, dt, B, H, T, dh, T * 3 * W, dh, 3 * W, 1);
+    view4(&kt, dt, B, H, dh, T, T * 3 * W, dh, 1, 3 * W);
+    view4(&s, dnnl_f32, B, H, T, T, H * T * T, T * T, T, 1);
+    view4(&p, dt, B, H, T, T, H * T * T, T * T, T, 1);
+    view4(&v, dt, B, H, T, dh, T * 3 * W, dh, 3 * W, 1);
+    view4(&o, dnnl_f32, B, H, T, dh, T * W, dh, W, 1);
+    const double heads = time_views(eng, stream, &q, &kt, &s, 2) +
+                         time_views(eng, stream, &p, &v, &o, 2);
+    dnnl_memory_desc_t a1, b1, c1, a2, b2, c2;
+    dnnl_dims_t ad1 = { R, dh }, bd1 = { dh, T }, cd1 = { R, T };
+    dnnl_dims_t ad2 = { R, T }, bd2 = { T, dh }, cd2 = { R, dh };
+    dnnl_memory_desc_init_by_tag(&a1, 2, ad1, dt, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&b1, 2, bd1, dt, dnnl_ba);
+    dnnl_memory_desc_init_by_tag(&c1, 2, cd1, dnnl_f32, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&a2, 2, ad2, dt, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&b2, 2, bd2, dt, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&c2, 2, cd2, dnnl_f32, dnnl_ab);
+    const double stacked = time_views(eng, stream, &a1, &b1, &c1, 2) +
+                           time_views(eng, stream, &a2, &b2, &c2, 2);
+    return heads > 0.0 && stacked > 0.0 && heads < 1e29 && stacked < 1e29 ? heads / stacked
+                                                                          : 0.0;
+}
+
 /* The best seconds of one execution of pd's primitive over zeroed
  * memory for each of its arguments; 0 when it cannot be made. */
 static double time_pd(dnnl_engine_t eng, dnnl_stream_t stream, const_dnnl_primitive_desc_t pd,
@@ -685,6 +776,8 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
                     }
     for (int t = 0; t < 2; t++)
         out->chain[t] = time_chain(eng, stream, types[t]);
+    for (int t = 0; t < 2; t++)
+        out->attention[t] = time_attention(eng, stream, types[t]);
     const double call = time_matmul(eng, stream, 1, 1, 1, dnnl_f32, ST_OPERANDS_NN, 200, ROUNDS, 0);
     out->call_us = call * 1e6;
     for (int o = 1; o < ST_OP_COUNT; o++)

@@ -23,6 +23,11 @@
  *                                  products, each layer's operands its own),
  *                                  its time over the same products' as the
  *                                  grid runs them
+ *   attention_T X                  attention's two forward products over 8
+ *                                  samples x 8 heads (128 tokens, 64 a head)
+ *                                  as the layer runs them, strided views of
+ *                                  one buffer, over the same products with
+ *                                  the heads' rows stacked in plain matrices
  *   call_us X                      one execution of the smallest primitive
  *   OP_fwd_ns X, OP_bwd_ns X       oneDNN's primitive OP (relu, gelu, layernorm,
  *                                  softmax, logsoftmax: over 1024 x 256 floats;
@@ -70,6 +75,7 @@ typedef struct st_calibration {
     double matmul_gflops[2][ST_OPERANDS_COUNT][ST_CAL_DIMS][ST_CAL_DIMS][ST_CAL_DIMS];
     double conv_gflops[2];        /* [bf16] */
     double chain[2];              /* [bf16]: a chain's time over its products' alone */
+    double attention[2];          /* [bf16]: heads' strided products over stacked ones */
     double call_us;
     double op_ns[ST_OP_COUNT][2];   /* [st_cost_op][backward]: ns a value */
     double update_ns[2][2];         /* [sgd][bf16 moments]: ns a parameter */

@@ -17,7 +17,8 @@ void st_cost_add(st_cost_sink *s, st_step_cost c)
                              ? e->kind == c.kind && e->op == c.op && e->backward == c.backward &&
                                    e->bytes * c.calls == c.bytes * e->calls
                              : e->kind == c.kind && e->bf16 == c.bf16 &&
-                                   e->operands == c.operands && e->m == c.m && e->n == c.n &&
+                                   e->operands == c.operands && e->heads == c.heads &&
+                                   e->m == c.m && e->n == c.n &&
                                    e->k == c.k;
         if (same) {
             e->count += c.count;
@@ -39,6 +40,15 @@ void st_cost_matmul(st_cost_sink *s, int bf16, st_cost_operands operands, int64_
     st_cost_add(s, (st_step_cost){ .kind = ST_COST_MATMUL, .bf16 = bf16, .operands = operands,
                                    .m = m, .n = n, .k = k,
                                    .count = count, .calls = calls,
+                                   .flops = 2.0 * (double)m * (double)n * (double)k * count });
+}
+
+void st_cost_heads(st_cost_sink *s, int bf16, st_cost_operands operands, int64_t m, int64_t n,
+                   int64_t k, double count)
+{
+    st_cost_add(s, (st_step_cost){ .kind = ST_COST_MATMUL, .bf16 = bf16, .operands = operands,
+                                   .heads = 1, .m = m, .n = n, .k = k, .count = count,
+                                   .calls = count,
                                    .flops = 2.0 * (double)m * (double)n * (double)k * count });
 }
 

@@ -24,6 +24,9 @@ void st_cost_add(st_cost_sink *s, st_step_cost c);
  * `operands` says, in calls executions. */
 void st_cost_matmul(st_cost_sink *s, int bf16, st_cost_operands operands, int64_t m, int64_t n,
                     int64_t k, double count, double calls);
+/* The same for attention's products over every head at once (heads). */
+void st_cost_heads(st_cost_sink *s, int bf16, st_cost_operands operands, int64_t m, int64_t n,
+                   int64_t k, double count);
 /* An element-wise pass of op (a backward one: backward) over `elements`
  * values, `bytes` read and written, in calls executions. */
 void st_cost_pass(st_cost_sink *s, st_cost_op op, int backward, double elements, double bytes,

@@ -405,7 +405,7 @@ static double attn_flops(const st_layer *l)
 }
 
 /* attn_flops's batched products, each one execution over every sample
- * and head (rows stacked: B Hk T of them), and the softmax's passes over
+ * and head (priced as the product of their rows stacked, B Hk T), and the softmax's passes over
  * the (B Hk T T) probabilities (forward: read and write; backward: P, dP
  * read, dS written); in bf16 the copies of x, P and dy. */
 static void attn_costs(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s)
@@ -415,16 +415,16 @@ static void attn_costs(const st_model *m, const st_layer *l, int forward_only, s
     const int b = a->bf16;
     const int64_t rows = a->batch * a->heads * a->tokens, T = a->tokens, dh = a->head_dim;
     const double probs = (double)rows * (double)T, x = 3.0 * (double)(rows * dh);
-    st_cost_matmul(s, b, ST_OPERANDS_NT, rows, T, dh, 1.0, 1.0);    /* S = Q K^T */
-    st_cost_matmul(s, b, ST_OPERANDS_NN, rows, dh, T, 1.0, 1.0);    /* O = P V */
+    st_cost_heads(s, b, ST_OPERANDS_NT, rows, T, dh, 1.0);    /* S = Q K^T */
+    st_cost_heads(s, b, ST_OPERANDS_NN, rows, dh, T, 1.0);    /* O = P V */
     st_cost_pass(s, ST_OP_SOFTMAX, 0, probs, 8.0 * probs, 1.0);
     if (b)
         st_cost_move(s, 6.0 * (x + probs), 2.0);
     if (forward_only || !a->has_dx)
         return;
-    st_cost_matmul(s, b, ST_OPERANDS_NT, rows, T, dh, 1.0, 1.0);    /* dP = dO V^T */
-    st_cost_matmul(s, b, ST_OPERANDS_NN, rows, dh, T, 1.0, 1.0);    /* dQ = dS K */
-    st_cost_matmul(s, b, ST_OPERANDS_TN, rows, dh, T, 2.0, 2.0);    /* dV = P^T dO, dK */
+    st_cost_heads(s, b, ST_OPERANDS_NT, rows, T, dh, 1.0);    /* dP = dO V^T */
+    st_cost_heads(s, b, ST_OPERANDS_NN, rows, dh, T, 1.0);    /* dQ = dS K */
+    st_cost_heads(s, b, ST_OPERANDS_TN, rows, dh, T, 2.0);    /* dV = P^T dO, dK */
     st_cost_pass(s, ST_OP_SOFTMAX, 1, probs, 12.0 * probs, 1.0);
     if (b)
         st_cost_move(s, 6.0 * (double)(rows * dh), 1.0);
