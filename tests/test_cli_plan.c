@@ -23,7 +23,8 @@ static void write_calibration(const char *path, double fp32, double bf16)
     FILE *f = fopen(path, "w");
     cr_assert_not_null(f);
     fprintf(f, "format 2\nmachine test\nisa none\ncpus 2\ncall_us 1\nchain_fp32 1.2\n"
-               "chain_bf16 1.1\nattention_fp32 1.3\nattention_bf16 1.4\n");
+               "chain_bf16 1.1\nchain_all_fp32 1.1\nchain_all_bf16 1.2\nattention_fp32 1.3\n"
+               "attention_bf16 1.4\n");
     for (int t = 0; t < 2; t++)
         for (int o = 0; o < 3; o++)
             for (int i = 16; i <= 1024; i *= 4)

@@ -37,7 +37,7 @@ typedef struct cal_key {
 } cal_key;
 
 #define N_KEYS (2 * ST_OPERANDS_COUNT * ST_CAL_DIMS * ST_CAL_DIMS * ST_CAL_DIMS + ST_CAL_PASSES + \
-                2 * (ST_OP_COUNT - 1) + 4 + 11)
+                2 * (ST_OP_COUNT - 1) + 4 + 13)
 static cal_key keys[N_KEYS];
 static const char *const pass_names[ST_CAL_PASSES] = { "16k", "256k", "4m", "64m" };
 static const char *const operand_names[ST_OPERANDS_COUNT] = { "nn", "nt", "tn" };
@@ -74,6 +74,8 @@ static void make_keys(void)
     KEY(conv_gflops, 1, "conv_bf16_gflops");
     KEY(chain, 0, "chain_fp32");
     KEY(chain, 1, "chain_bf16");
+    KEY(chain_all, 0, "chain_all_fp32");
+    KEY(chain_all, 1, "chain_all_bf16");
     KEY(attention, 0, "attention_fp32");
     KEY(attention, 1, "attention_bf16");
     KEY(call_us, 0, "call_us");
@@ -312,8 +314,11 @@ done:
  * the first its backward-data, dy w: NN, and backward-weights, dy^T x: TN,
  * products; each layer's operands its own) than the same products run as
  * the grid runs them (one product's calls back to back over the same
- * operands), both the best of ROUNDS rounds; 0 when not made. */
-static double time_chain(dnnl_engine_t eng, dnnl_stream_t stream, dnnl_data_type_t dt)
+ * operands), both the best of ROUNDS rounds; 0 when not made.  *chain_s:
+ * the chain's best seconds.  Called by every thread of a team, each with
+ * its own engine, the rounds start together (a barrier each). */
+static double time_chain(dnnl_engine_t eng, dnnl_stream_t stream, dnnl_data_type_t dt,
+                         double *chain_s)
 {
     const int64_t B = CHAIN_ROWS, W = CHAIN_WIDTH;
     /* [product]: M, K, N and which operand is transposed */
@@ -353,38 +358,35 @@ static double time_chain(dnnl_engine_t eng, dnnl_stream_t stream, dnnl_data_type
             }
     }
     double alone[3] = { 1e30, 1e30, 1e30 };
+    dnnl_status_t st = dnnl_success;
+    /* every round runs, a failure or not: a team's threads meet at each */
     for (int p = 0; p < 3; p++)
         for (int round = 0; round < ROUNDS; round++) {
+#pragma omp barrier
             const double t0 = now_s();
-            dnnl_status_t st = dnnl_success;
             for (int l = 0; l < CHAIN_LAYERS && st == dnnl_success; l++)
                 st = dnnl_primitive_execute(prim[p], stream, 3, args[0][p]);
             dnnl_stream_wait(stream);
-            if (st != dnnl_success)
-                goto done;
             const double t = now_s() - t0;
             if (round > 0 && t < alone[p])
                 alone[p] = t;
         }
     best = 1e30;
     for (int round = 0; round < ROUNDS; round++) {
+#pragma omp barrier
         const double t0 = now_s();
-        dnnl_status_t st = dnnl_success;
         for (int l = 0; l < CHAIN_LAYERS && st == dnnl_success; l++)
             st = dnnl_primitive_execute(prim[0], stream, 3, args[l][0]);
         for (int l = CHAIN_LAYERS - 1; l >= 0 && st == dnnl_success; l--)
             for (int p = 1; p < 3 && st == dnnl_success; p++)
                 st = dnnl_primitive_execute(prim[p], stream, 3, args[l][p]);
         dnnl_stream_wait(stream);
-        if (st != dnnl_success) {
-            best = 0.0;
-            goto done;
-        }
         const double t = now_s() - t0;
         if (round > 0 && t < best)
             best = t;
     }
-    best /= alone[0] + alone[1] + alone[2];
+    *chain_s = st == dnnl_success ? best : 0.0;
+    best = st == dnnl_success ? best / (alone[0] + alone[1] + alone[2]) : 0.0;
 done:
     for (int l = 0; l < CHAIN_LAYERS; l++)
         for (int p = 0; p < 3; p++)
@@ -774,8 +776,30 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
                                                        (st_cost_operands)o, reps, 12, 1);
                         out->matmul_gflops[t][o][i][j][l] = sec > 0.0 ? flop / sec / 1e9 : 0.0;
                     }
-    for (int t = 0; t < 2; t++)
-        out->chain[t] = time_chain(eng, stream, types[t]);
+    for (int t = 0; t < 2; t++) {
+        double alone = 0.0, all = 0.0;
+        out->chain[t] = time_chain(eng, stream, types[t], &alone);
+        out->chain_all[t] = out->cpus > 1 ? 0.0 : 1.0;
+        if (!(out->chain[t] > 0.0) || out->cpus <= 1)
+            continue;
+        /* the same chain on every CPU at once, each thread its own */
+#pragma omp parallel num_threads((int)out->cpus) shared(all)
+        {
+            dnnl_engine_t e = NULL;
+            dnnl_stream_t es = NULL;
+            double mine = 0.0;
+            if (dnnl_engine_create(&e, dnnl_cpu, 0) == dnnl_success &&
+                dnnl_stream_create(&es, e, dnnl_stream_default_flags) == dnnl_success)
+                time_chain(e, es, types[t], &mine);
+#pragma omp critical
+            all = fmax(all, mine);
+            if (es)
+                dnnl_stream_destroy(es);
+            if (e)
+                dnnl_engine_destroy(e);
+        }
+        out->chain_all[t] = alone > 0.0 && all > 0.0 ? all / alone : 0.0;
+    }
     for (int t = 0; t < 2; t++)
         out->attention[t] = time_attention(eng, stream, types[t]);
     const double call = time_matmul(eng, stream, 1, 1, 1, dnnl_f32, ST_OPERANDS_NN, 200, ROUNDS, 0);

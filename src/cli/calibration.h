@@ -23,6 +23,9 @@
  *                                  products, each layer's operands its own),
  *                                  its time over the same products' as the
  *                                  grid runs them
+ *   chain_all_T X                  the same chain on every CPU at once (each
+ *                                  its own), the slowest's time over the chain
+ *                                  alone's
  *   attention_T X                  attention's two forward products over 8
  *                                  samples x 8 heads (128 tokens, 64 a head)
  *                                  as the layer runs them, strided views of
@@ -75,6 +78,7 @@ typedef struct st_calibration {
     double matmul_gflops[2][ST_OPERANDS_COUNT][ST_CAL_DIMS][ST_CAL_DIMS][ST_CAL_DIMS];
     double conv_gflops[2];        /* [bf16] */
     double chain[2];              /* [bf16]: a chain's time over its products' alone */
+    double chain_all[2];          /* [bf16]: the chain on every CPU at once over alone */
     double attention[2];          /* [bf16]: heads' strided products over stacked ones */
     double call_us;
     double op_ns[ST_OP_COUNT][2];   /* [st_cost_op][backward]: ns a value */

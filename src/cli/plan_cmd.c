@@ -354,9 +354,11 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
         switch (c->kind) {
         case ST_COST_MATMUL: {
             /* slowed as a chain of layers' products ran against the same
-             * alone, and attention's as its strided heads' against stacked */
-            const double chain = cal->chain[c->bf16 ? 1 : 0] *
-                                 (c->heads ? cal->attention[c->bf16 ? 1 : 0] : 1.0);
+             * alone (and with every CPU running one against one alone), and
+             * attention's as its strided heads' against stacked */
+            const int b = c->bf16 ? 1 : 0;
+            const double chain = cal->chain[b] * (c->heads ? cal->attention[b] : 1.0) *
+                                 (sharing > 1 ? cal->chain_all[b] : 1.0);
             r = chain > 0.0 ? st_calibration_matmul_rate(cal, c->bf16, c->operands, (double)c->m,
                                                          (double)c->n, (double)c->k) / chain
                             : 0.0;
