@@ -309,6 +309,10 @@ done:
 #define CHAIN_ROWS 128
 #define CHAIN_WIDTH 256
 
+/* Threads of a team timing the chain that could not set it up (zeroed
+ * before each timing). */
+static int chain_team_failed;
+
 /* How much longer a chain of products takes as a network's linear layers
  * run them (every layer's forward, x w^T: NT; then from the last layer to
  * the first its backward-data, dy w: NN, and backward-weights, dy^T x: TN,
@@ -329,6 +333,7 @@ static double time_chain(dnnl_engine_t eng, dnnl_stream_t stream, dnnl_data_type
     dnnl_memory_t mem[CHAIN_LAYERS][3][3] = { { { NULL } } };
     dnnl_exec_arg_t args[CHAIN_LAYERS][3][3];
     double best = 0.0;
+    int ok = 0;
     for (int p = 0; p < 3; p++) {
         dnnl_dims_t ad = { shape[p][0], shape[p][1] }, bd = { shape[p][1], shape[p][2] };
         dnnl_dims_t cd = { shape[p][0], shape[p][2] };
@@ -344,19 +349,30 @@ static double time_chain(dnnl_engine_t eng, dnnl_stream_t stream, dnnl_data_type
             dnnl_matmul_desc_init(&d, &md[0], &md[1], NULL, &md[2]) != dnnl_success ||
             dnnl_primitive_desc_create(&pd[p], &d, NULL, eng, NULL) != dnnl_success ||
             dnnl_primitive_create(&prim[p], pd[p]) != dnnl_success)
-            goto done;
+            goto ready;
         static const int arg_ids[3] = { DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST };
         for (int l = 0; l < CHAIN_LAYERS; l++)
             for (int j = 0; j < 3; j++) {
                 if (dnnl_memory_create(&mem[l][p][j], &md[j], eng, DNNL_MEMORY_ALLOCATE) !=
                     dnnl_success)
-                    goto done;
+                    goto ready;
                 void *h;
                 dnnl_memory_get_data_handle(mem[l][p][j], &h);
                 memset(h, 0, dnnl_memory_desc_get_size(&md[j]));
                 args[l][p][j] = (dnnl_exec_arg_t){ arg_ids[j], mem[l][p][j] };
             }
     }
+    ok = 1;
+ready:
+    /* a team goes on together or not at all: one thread's failure stops
+     * every thread before the rounds' barriers */
+    if (!ok) {
+#pragma omp atomic update
+        chain_team_failed++;
+    }
+#pragma omp barrier
+    if (chain_team_failed)
+        goto done;
     double alone[3] = { 1e30, 1e30, 1e30 };
     dnnl_status_t st = dnnl_success;
     /* every round runs, a failure or not: a team's threads meet at each */
@@ -778,19 +794,21 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
                     }
     for (int t = 0; t < 2; t++) {
         double alone = 0.0, all = 0.0;
+        chain_team_failed = 0;
         out->chain[t] = time_chain(eng, stream, types[t], &alone);
         out->chain_all[t] = out->cpus > 1 ? 0.0 : 1.0;
         if (!(out->chain[t] > 0.0) || out->cpus <= 1)
             continue;
         /* the same chain on every CPU at once, each thread its own */
+        chain_team_failed = 0;
 #pragma omp parallel num_threads((int)out->cpus) shared(all)
         {
             dnnl_engine_t e = NULL;
             dnnl_stream_t es = NULL;
             double mine = 0.0;
-            if (dnnl_engine_create(&e, dnnl_cpu, 0) == dnnl_success &&
-                dnnl_stream_create(&es, e, dnnl_stream_default_flags) == dnnl_success)
-                time_chain(e, es, types[t], &mine);
+            if (dnnl_engine_create(&e, dnnl_cpu, 0) == dnnl_success)
+                dnnl_stream_create(&es, e, dnnl_stream_default_flags);
+            time_chain(e, es, types[t], &mine);   /* fails with the team without them */
 #pragma omp critical
             all = fmax(all, mine);
             if (es)
