@@ -12,10 +12,14 @@
 #   RUNS=N     runs of each configuration (default 2)
 #   STEPS=N    steps of each run (default 100)
 #   WORK=DIR   where the metrics go (default a temporary directory)
+#   IDLE=S     before each run, wait up to S seconds (default 5) for a
+#              second in which the CPUs were at least 90% idle; the table
+#              gives the 1-minute load average when each row's runs ended
 set -eu
 bin=${1:-./subtrain}
 top=$(cd "$(dirname "$0")/.." && pwd)
 RUNS=${RUNS:-2}
+IDLE=${IDLE:-5}
 STEPS=${STEPS:-100}
 WORK=${WORK:-$(mktemp -d)}
 mkdir -p "$WORK"
@@ -43,15 +47,31 @@ configs() {
     echo "resmlp d4 w1024 b256, 1 worker, fp32|$l"
     echo "resmlp d4 w1024 b256, 1 worker, bf16|$l --precision bf16"
     g="--model gpt --data text:$top/doc/design.md --depth 2 --width 128 --heads 4"
-    echo "gpt d2 w128 context 64, 1 worker, fp32|$g --context 64 --batch 16 --val-bytes 4096"
+    g="$g --context 64 --batch 16 --val-bytes 4096 --workers 1"
+    echo "gpt d2 w128 context 64, 1 worker, fp32|$g"
     if [ -f "$fashion/train-images-idx3-ubyte.gz" ]; then
-        echo "resnet d1 b32, 1 worker, fp32|--model resnet --data $fashion --depth 1 --batch 32"
+        n="--model resnet --data $fashion --depth 1 --batch 32 --workers 1"
+        echo "resnet d1 b32, 1 worker, fp32|$n"
     fi
 }
 
+# waits for a quiet second: other jobs only slow a run down
+wait_idle() {
+    python3 -c 'import sys, time
+def stat():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return v[3] + v[4], sum(v)
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    a = stat(); time.sleep(1); b = stat()
+    if (b[0] - a[0]) >= 0.9 * (b[1] - a[1]):
+        break' "$IDLE"
+}
+
 printf '| configuration | predicted samples/s | measured samples/s (best of %s) |' "$RUNS"
-printf ' predicted / measured |\n'
-printf '| --- | --- | --- | --- |\n'
+printf ' predicted / measured | load |\n'
+printf '| --- | --- | --- | --- | --- |\n'
 within=0
 rows=0
 configs | while IFS='|' read -r label opts; do
@@ -64,6 +84,7 @@ print(json.load(sys.stdin)["rows"][0]["samples_per_s"] or 0)')
     while [ "$k" -lt "$RUNS" ]; do
         k=$((k + 1))
         rm -f "$WORK/m.jsonl"
+        wait_idle
         # shellcheck disable=SC2086
         "$bin" $opts --steps "$STEPS" --progress none --quiet --metrics "$WORK/m.jsonl" >/dev/null
         got=$(tail -n 1 "$WORK/m.jsonl" |
@@ -74,7 +95,8 @@ print(json.load(sys.stdin)["rows"][0]["samples_per_s"] or 0)')
     rows=$((rows + 1))
     ok=$(python3 -c "print(1 if abs($pred / $best - 1) <= 0.15 else 0)")
     within=$((within + ok))
-    printf '| %s | %.0f | %.0f | %s |\n' "$label" "$pred" "$best" "$ratio"
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    printf '| %s | %.0f | %.0f | %s | %s |\n' "$label" "$pred" "$best" "$ratio" "$load"
     echo "$within $rows" > "$WORK/count"
 done
 read -r within rows < "$WORK/count"

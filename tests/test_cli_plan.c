@@ -6,11 +6,43 @@
  * calibration file.
  */
 #include "cli_run.h"
+#include "model_check.h"
 
 #include <jansson.h>
 #include <unistd.h>
 
 #include <subtrain/model.h>
+
+/* A calibration file in format 2 (calibration.h): every matmul shape of
+ * type fp32 at `fp32` GFLOP/s, of bf16 at `bf16`, and the other rates. */
+static void write_calibration(const char *path, double fp32, double bf16)
+{
+    static const char *const ops[] = { "relu", "gelu", "layernorm", "softmax", "logsoftmax",
+                                       "batchnorm" };
+    static const char *const sizes[] = { "16k", "256k", "4m", "64m" };
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "format 2\nmachine test\nisa none\ncpus 2\ncall_us 1\nchain_fp32 1.2\n"
+               "chain_bf16 1.1\nchain_all_fp32 1.1\nchain_all_bf16 1.2\nattention_fp32 1.3\n"
+               "attention_bf16 1.4\n");
+    for (int t = 0; t < 2; t++)
+        for (int o = 0; o < 3; o++)
+            for (int i = 16; i <= 1024; i *= 4)
+                for (int j = 16; j <= 1024; j *= 4)
+                    for (int k = 16; k <= 1024; k *= 4)
+                        fprintf(f, "matmul_%s_%s_m%d_n%d_k%d_gflops %g\n", t ? "bf16" : "fp32",
+                                (const char *[]){ "nn", "nt", "tn" }[o], i, j, k,
+                                t ? bf16 : fp32);
+    fprintf(f, "conv_fp32_gflops %g\nconv_bf16_gflops %g\n", fp32, bf16);
+    for (size_t o = 0; o < sizeof ops / sizeof *ops; o++)
+        fprintf(f, "%s_fwd_ns 0.5\n%s_bwd_ns 1\n", ops[o], ops[o]);
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        fprintf(f, "elementwise_%s_gbps %g\n", sizes[i], 8.0 / (double)(i + 1));
+    fprintf(f, "update_adamw_fp32_ns 1\nupdate_adamw_bf16_ns 1\nupdate_sgd_fp32_ns 1\n"
+               "update_sgd_bf16_ns 1\n");
+    fprintf(f, "reduce_gbps 2\nstream_triad_gbps 2\nstream_triad_all_gbps 3\n");
+    fclose(f);
+}
 
 /* The last record of a metrics file: its per-kind peaks and total. */
 static void record_memory(const char *path, json_int_t *kinds, int n_kinds, json_int_t *total)
@@ -314,10 +346,8 @@ Test(plan, fitting_rows_are_ranked_by_predicted_samples_per_second)
     st_test_path(cal, dir, "cal");
     FILE *f = fopen(cal, "w");
     cr_assert_not_null(f);
-    fprintf(f, "format 1\nmachine test\nmatmul_fp32_small_gflops 10\nmatmul_fp32_large_gflops 10\n"
-               "matmul_bf16_small_gflops 40\nmatmul_bf16_large_gflops 40\nelementwise_gbps 5\n"
-               "reduce_gbps 2\nstream_triad_gbps 5\n");
     fclose(f);
+    write_calibration(cal, 10.0, 40.0);
     char json[ST_TEST_PATH_MAX];
     st_test_path(json, dir, "plan.json");
     snprintf(args, sizeof args, "plan --memory-per-worker 1G --calibration '%s' --workers 2 "
@@ -370,15 +400,136 @@ Test(plan, calibrate_writes_what_plan_reads, .timeout = 120)
     json_decref(row);
     FILE *f = fopen(bad, "w");
     cr_assert_not_null(f);
-    fprintf(f, "format 1\nmatmul_fp32_small_gflops 10\nmatmul_fp33_large_gflops 10\n");
+    fprintf(f, "format 2\nmatmul_fp32_nn_m16_n16_k16_gflops 10\n"
+               "matmul_fp32_nn_m16_n16_k32_gflops 1\n");
     fclose(f);
     snprintf(args, sizeof args, "plan --memory-per-worker 1G --calibration '%s' %s", bad, data);
-    expect_usage_error(args, "line 3: unknown key 'matmul_fp33_large_gflops'");
+    expect_usage_error(args, "line 3: unknown key 'matmul_fp32_nn_m16_n16_k32_gflops'");
     f = fopen(bad, "w");
     cr_assert_not_null(f);
-    fprintf(f, "format 1\nreduce_gbps fast\n");
+    fprintf(f, "format 2\nreduce_gbps fast\n");
     fclose(f);
     expect_usage_error(args, "line 2: reduce_gbps fast: expected a rate");
+    f = fopen(bad, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "# an older file\nformat 1\nmatmul_fp32_small_gflops 10\n");
+    fclose(f);
+    expect_usage_error(args, "line 2: format 1, an older calibration without the rates the "
+                             "prediction uses: run 'subtrain calibrate' again");
+    f = fopen(bad, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "format 3\n");
+    fclose(f);
+    expect_usage_error(args, "line 1: format '3', expected 2");
+    f = fopen(bad, "w");
+    cr_assert_not_null(f);
+    fprintf(f, "gelu_bwd_ns 1\n");
+    fclose(f);
+    expect_usage_error(args, "no 'format 2' line");
+    free(r);
+    st_test_rmdir(dir);
+}
+
+/* The step's work the plan prices, layer by layer: its products and
+ * convolutions add up to the model's FLOPs (st_model_step_flops) for the
+ * model families, in both precisions and recomputing blocks; every entry
+ * has work in it, and the list fits what a plan keeps of it. */
+Test(plan, step_costs_add_up_to_the_step_flops)
+{
+    omp_set_num_threads(1);
+    st_model_config cfgs[] = {
+        mlp_config(3, 20, ST_ACT_RELU), resmlp_config(2, 16, 24, ST_ACT_GELU),
+        gpt_config(2, 16, 2, 8),
+        resnet_config(st_model_kind_named("resnet"), 1, 16, 1, 8, 8),
+        resmlp_config(3, 16, 24, ST_ACT_GELU),
+    };
+    const int n_cfgs = (int)(sizeof cfgs / sizeof *cfgs);
+    for (int t = 0; t < 2 * n_cfgs; t++) {
+        st_model_config c = cfgs[t % n_cfgs];
+        c.precision = t >= n_cfgs ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+        if (t % n_cfgs == n_cfgs - 1)
+            c.recompute = ST_RECOMPUTE_BLOCKS;
+        if (c.precision == ST_PRECISION_BF16 && st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+            continue;
+        st_arena arena;
+        st_arena_init(&arena, "test_plan", NULL, 0);
+        st_model *m = make_model(&c, 8, &arena);
+        st_step_cost costs[ST_STEP_COSTS_MAX];
+        const int n = st_model_step_costs(m, costs, ST_STEP_COSTS_MAX);
+        cr_assert(n > 0 && n <= ST_STEP_COSTS_MAX, "%d entries", n);
+        double flops = 0.0;
+        int passes = 0;
+        for (int i = 0; i < n; i++) {
+            const st_step_cost *e = &costs[i];
+            if (e->kind == ST_COST_PASS) {
+                passes++;
+                cr_expect(e->bytes > 0.0 && e->calls > 0.0 && e->elements > 0.0,
+                          "entry %d: an empty pass", i);
+                continue;
+            }
+            cr_expect(e->flops > 0.0 && e->count > 0.0, "entry %d: an empty product", i);
+            if (e->kind == ST_COST_MATMUL)
+                cr_expect_eq(e->flops, 2.0 * (double)(e->m * e->n * e->k) * e->count,
+                             "entry %d: %g FLOPs for %g of %lld x %lld x %lld", i, e->flops,
+                             e->count, (long long)e->m, (long long)e->n, (long long)e->k);
+            flops += e->flops;
+        }
+        const double want = st_model_step_flops(m);
+        cr_expect(fabs(flops - want) <= 1e-12 * want, "%s %s%s: the costs' %.0f FLOPs, the "
+                  "step's %.0f", st_model_kind_name(c.kind), st_precision_name(c.precision),
+                  c.recompute ? " recompute" : "", flops, want);
+        cr_expect_gt(passes, 2, "%s: the loss's and the layers' passes",
+                     st_model_kind_name(c.kind));
+        st_model_destroy(m);
+        st_arena_release(&arena);
+    }
+}
+
+/* The step time as the rates say: a wider model takes longer; a bf16 row
+ * is priced at the bf16 rates (none measured: no time for it, while the
+ * fp32 row has one; faster bf16 products: a shorter bf16 step, the fp32
+ * row's the same). */
+Test(plan, predicted_step_follows_width_and_precision_rates, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], cal[ST_TEST_PATH_MAX], args[6 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(cal, dir, "cal");
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    const double bf16_rates[3] = { 0.0, 100.0, 400.0 };
+    double fp32[3][2], bf16[3][2];   /* [bf16 rate][width 256] */
+    for (int b = 0; b < 3; b++) {
+        write_calibration(cal, 50.0, bf16_rates[b]);
+        for (int wide = 0; wide < 2; wide++) {
+            snprintf(args, sizeof args, "plan --memory-per-worker 1G --calibration '%s' "
+                     "--strategies dp --data synthetic --model resmlp --depth 2 --width %d "
+                     "--batch 32 --workers 1 --json -", cal, wide ? 256 : 64);
+            run(r, NULL, args);
+            cr_assert_eq(r->status, 0, "%s", r->err);
+            json_error_t e;
+            json_t *root = json_loads(r->out, 0, &e);
+            cr_assert_not_null(root, "%s", e.text);
+            json_t *rows = json_object_get(root, "rows");
+            fp32[b][wide] = bf16[b][wide] = NAN;
+            for (size_t i = 0; i < json_array_size(rows); i++) {
+                json_t *row = json_array_get(rows, i);
+                json_t *s = json_object_get(row, "step_s");
+                const int is_bf16 = strcmp(json_string_value(json_object_get(row, "precision")),
+                                           "bf16") == 0;
+                if (is_bf16 && b == 0)
+                    cr_expect(json_is_null(s), "a bf16 row priced without bf16 rates");
+                if (json_is_real(s))
+                    *(is_bf16 ? &bf16[b][wide] : &fp32[b][wide]) = json_real_value(s);
+            }
+            json_decref(root);
+            cr_assert(fp32[b][wide] > 0.0, "no fp32 step time");
+        }
+        cr_expect_gt(fp32[b][1], 2.0 * fp32[b][0], "width 256 %g s, width 64 %g s",
+                     fp32[b][1], fp32[b][0]);
+        cr_expect_eq(fp32[b][1], fp32[0][1], "the fp32 row's time moved with the bf16 rates");
+    }
+    cr_expect_lt(bf16[2][1], bf16[1][1], "bf16 products at 4x the rate: %g s, not less than %g s",
+                 bf16[2][1], bf16[1][1]);
     free(r);
     st_test_rmdir(dir);
 }

@@ -477,6 +477,57 @@ size_t st_model_full_param_count(const st_model *m);
  * plus the forwards the backward runs again, each a third of its layer's. */
 double st_model_step_flops(const st_model *m);
 
+/* One kind of work of a training step (st_model_step_costs): `count`
+ * matrix products (m x k) x (k x n), each one primitive execution; or
+ * `count` convolutions of one layer's pass, `flops` in all; or an
+ * element-wise pass of operation `op` over `elements` values, `bytes`
+ * read and written, in `calls` primitive executions or loops. */
+typedef enum st_cost_kind { ST_COST_MATMUL, ST_COST_CONV, ST_COST_PASS } st_cost_kind;
+/* A pass's operation: MEMORY moves or adds values (its time is its
+ * bytes'); the others compute per value as the oneDNN primitive of that
+ * name does. */
+typedef enum st_cost_op {
+    ST_OP_MEMORY, ST_OP_RELU, ST_OP_GELU, ST_OP_LAYERNORM, ST_OP_SOFTMAX, ST_OP_LOGSOFTMAX,
+    ST_OP_BATCHNORM, ST_OP_COUNT
+} st_cost_op;
+/* How a product reads its operands: both as stored (row-major), B
+ * transposed (a weight stored (out, in) in a forward), A transposed (the
+ * weight gradient's dy^T x). */
+typedef enum st_cost_operands {
+    ST_OPERANDS_NN, ST_OPERANDS_NT, ST_OPERANDS_TN, ST_OPERANDS_COUNT
+} st_cost_operands;
+typedef struct st_step_cost {
+    st_cost_kind kind;
+    int bf16;                 /* products with bf16 operands */
+    st_cost_operands operands;  /* how a product reads them */
+    int heads;                /* attention's: every sample's and head's product
+                               * in one execution over strided views (m: all
+                               * their rows) */
+    int64_t m, n, k;          /* matmul: its shape; conv: the product it
+                               * amounts to (m: batch x output pixels, k:
+                               * in channels x kernel, n: out channels) */
+    double count;             /* products, or convolution passes */
+    double flops;             /* of all `count` (2 per multiply-add) */
+    st_cost_op op;            /* a pass's operation */
+    int backward;             /* a pass of the backward */
+    double elements;          /* a pass's values, all calls */
+    double bytes;             /* a pass's bytes read and written, all calls */
+    double calls;             /* primitive executions or loops */
+} st_step_cost;
+
+/* The work of one forward_backward, layer by layer, from the layers the
+ * model built: each linear layer's and attention's products with their
+ * own shapes, each convolution's passes, and the element-wise passes of
+ * every layer (activations, norms, residual adds, softmax, bf16 copies,
+ * bias gradients) and of the loss.  With recomputation, plus the forwards
+ * run again.  The products' and convolutions' flops sum to
+ * st_model_step_flops.  Writes up to cap entries; returns how many there
+ * are (call with cap 0 to count). */
+int st_model_step_costs(const st_model *m, st_step_cost *out, int cap);
+/* Room for the distinct entries of every model kind's step at its
+ * options' usual ranges (st_worker_size.costs). */
+#define ST_STEP_COSTS_MAX 96
+
 #ifdef __cplusplus
 }
 #endif

@@ -419,6 +419,8 @@ typedef struct st_worker_size {
     st_comm_bytes comm;       /* its engine's bytes a step, from the plan
                                * (the records' comm_bytes_per_worker_step) */
     double flops;             /* its model's forward and backward of one batch */
+    st_step_cost costs[ST_STEP_COSTS_MAX];   /* that step's work (st_model_step_costs) */
+    int n_costs;              /* how many; more than ST_STEP_COSTS_MAX: not all kept */
 } st_worker_size;
 
 /* Each worker of the run of cfg as it is built: the run's own code lays

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,24 +30,68 @@
 
 /* ------------------------------------------------------------ the file */
 
+/* Every rate's key and where it goes: the grid's names are made once. */
 typedef struct cal_key {
-    const char *name;
+    char name[40];
     size_t offset;
 } cal_key;
 
-#define AT(field) offsetof(st_calibration, field)
-static const cal_key keys[] = {
-    { "matmul_fp32_small_gflops", AT(matmul_gflops[0][0]) },
-    { "matmul_fp32_large_gflops", AT(matmul_gflops[0][1]) },
-    { "matmul_bf16_small_gflops", AT(matmul_gflops[1][0]) },
-    { "matmul_bf16_large_gflops", AT(matmul_gflops[1][1]) },
-    { "conv_fp32_gflops", AT(conv_gflops[0]) },
-    { "conv_bf16_gflops", AT(conv_gflops[1]) },
-    { "elementwise_gbps", AT(elementwise_gbps) },
-    { "reduce_gbps", AT(reduce_gbps) },
-    { "stream_triad_gbps", AT(stream_gbps) },
-};
-#define N_KEYS (sizeof keys / sizeof *keys)
+#define N_KEYS (2 * ST_OPERANDS_COUNT * ST_CAL_DIMS * ST_CAL_DIMS * ST_CAL_DIMS + ST_CAL_PASSES + \
+                2 * (ST_OP_COUNT - 1) + 4 + 13)
+static cal_key keys[N_KEYS];
+static const char *const pass_names[ST_CAL_PASSES] = { "16k", "256k", "4m", "64m" };
+static const char *const operand_names[ST_OPERANDS_COUNT] = { "nn", "nt", "tn" };
+static const char *const op_names[ST_OP_COUNT] = { NULL, "relu", "gelu", "layernorm", "softmax",
+                                                   "logsoftmax", "batchnorm" };
+
+static int dim_of(int i)
+{
+    return ST_CAL_DIM0 << (2 * i);
+}
+
+static void make_keys(void)
+{
+    if (keys[0].name[0])
+        return;
+    size_t k = 0;
+#define KEY(field, at, ...)                                                    \
+    do {                                                                       \
+        snprintf(keys[k].name, sizeof keys[k].name, __VA_ARGS__);              \
+        keys[k++].offset = offsetof(st_calibration, field) + (at) * sizeof(double); \
+    } while (0)
+    KEY(cpus, 0, "cpus");
+    for (int t = 0; t < 2; t++)
+        for (int o = 0; o < ST_OPERANDS_COUNT; o++)
+            for (int i = 0; i < ST_CAL_DIMS; i++)
+                for (int j = 0; j < ST_CAL_DIMS; j++)
+                    for (int l = 0; l < ST_CAL_DIMS; l++)
+                        KEY(matmul_gflops,
+                            (((t * ST_OPERANDS_COUNT + o) * ST_CAL_DIMS + i) * ST_CAL_DIMS + j) *
+                                    ST_CAL_DIMS + l,
+                            "matmul_%s_%s_m%d_n%d_k%d_gflops", t ? "bf16" : "fp32",
+                            operand_names[o], dim_of(i), dim_of(j), dim_of(l));
+    KEY(conv_gflops, 0, "conv_fp32_gflops");
+    KEY(conv_gflops, 1, "conv_bf16_gflops");
+    KEY(chain, 0, "chain_fp32");
+    KEY(chain, 1, "chain_bf16");
+    KEY(chain_all, 0, "chain_all_fp32");
+    KEY(chain_all, 1, "chain_all_bf16");
+    KEY(attention, 0, "attention_fp32");
+    KEY(attention, 1, "attention_bf16");
+    KEY(call_us, 0, "call_us");
+    for (int o = 1; o < ST_OP_COUNT; o++)
+        for (int b = 0; b < 2; b++)
+            KEY(op_ns, 2 * o + b, "%s_%s_ns", op_names[o], b ? "bwd" : "fwd");
+    for (int o = 0; o < 2; o++)
+        for (int b = 0; b < 2; b++)
+            KEY(update_ns, 2 * o + b, "update_%s_%s_ns", o ? "sgd" : "adamw", b ? "bf16" : "fp32");
+    for (int i = 0; i < ST_CAL_PASSES; i++)
+        KEY(elementwise_gbps, i, "elementwise_%s_gbps", pass_names[i]);
+    KEY(reduce_gbps, 0, "reduce_gbps");
+    KEY(stream_gbps, 0, "stream_triad_gbps");
+    KEY(stream_all_gbps, 0, "stream_triad_all_gbps");
+#undef KEY
+}
 
 static double *rate_of(st_calibration *c, size_t k)
 {
@@ -55,14 +100,16 @@ static double *rate_of(st_calibration *c, size_t k)
 
 void st_calibration_write(FILE *f, const st_calibration *c)
 {
+    make_keys();
     fprintf(f, "# subtrain calibration: one thread's rates (calibration.h, doc/planning.md)\n");
-    fprintf(f, "format 1\nmachine %s\nisa %s\n", c->machine, c->isa);
+    fprintf(f, "format 2\nmachine %s\nisa %s\n", c->machine, c->isa);
     for (size_t k = 0; k < N_KEYS; k++)
         fprintf(f, "%s %.4g\n", keys[k].name, *rate_of((st_calibration *)c, k));
 }
 
 int st_calibration_read(const char *path, st_calibration *out, char *err, size_t n)
 {
+    make_keys();
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "r");
     if (!f)
@@ -89,8 +136,12 @@ int st_calibration_read(const char *path, st_calibration *out, char *err, size_t
         }
         double v;
         if (strcmp(p, "format") == 0) {
-            if (strcmp(val, "1") != 0)
-                rc = st_cli_fail(err, n, "line %d: format '%s', expected 1", lineno,
+            if (strcmp(val, "1") == 0)
+                rc = st_cli_fail(err, n, "line %d: format 1, an older calibration without "
+                                 "the rates the prediction uses: run 'subtrain calibrate' "
+                                 "again", lineno);
+            else if (strcmp(val, "2") != 0)
+                rc = st_cli_fail(err, n, "line %d: format '%s', expected 2", lineno,
                                  ST_CLI_SHOW(val));
             format = 1;
             continue;
@@ -109,16 +160,57 @@ int st_calibration_read(const char *path, st_calibration *out, char *err, size_t
     if (rc == 0 && ferror(f))
         rc = st_cli_fail(err, n, "reading it failed");
     if (rc == 0 && !format)
-        rc = st_cli_fail(err, n, "no 'format 1' line: not a calibration file");
+        rc = st_cli_fail(err, n, "no 'format 2' line: not a calibration file");
     fclose(f);
     return rc;
 }
 
-double st_calibration_compute_rate(const st_calibration *c, int conv, int bf16, int width)
+/* Where x falls on the grid x0 * step^i (i < count): the cell's first
+ * index and the fraction into it, in log space, clamped at the edges. */
+static void grid_pos(double x, double x0, double step, int count, int *i, double *frac)
 {
-    if (conv)
-        return c->conv_gflops[bf16 ? 1 : 0];
-    return c->matmul_gflops[bf16 ? 1 : 0][width > 512];
+    double u = x > 0.0 ? log(x / x0) / log(step) : 0.0;
+    if (u < 0.0)
+        u = 0.0;
+    if (u > count - 1)
+        u = count - 1;
+    *i = (int)u < count - 1 ? (int)u : count - 2;
+    *frac = u - *i;
+}
+
+double st_calibration_matmul_rate(const st_calibration *c, int bf16, st_cost_operands ops,
+                                  double m, double n, double k)
+{
+    int i[3];
+    double f[3];
+    const double x[3] = { m, n, k };
+    for (int d = 0; d < 3; d++)
+        grid_pos(x[d], ST_CAL_DIM0, 4.0, ST_CAL_DIMS, &i[d], &f[d]);
+    double logr = 0.0;
+    for (int corner = 0; corner < 8; corner++) {
+        int at[3];
+        double w = 1.0;
+        for (int d = 0; d < 3; d++) {
+            const int up = (corner >> d) & 1;
+            at[d] = i[d] + up;
+            w *= up ? f[d] : 1.0 - f[d];
+        }
+        const double r = c->matmul_gflops[bf16 ? 1 : 0][ops][at[0]][at[1]][at[2]];
+        if (!(r > 0.0))
+            return 0.0;
+        logr += w * log(r);
+    }
+    return exp(logr);
+}
+
+double st_calibration_pass_rate(const st_calibration *c, double bytes)
+{
+    int i;
+    double f;
+    /* the measured loop moves 1.5 times its vectors' size */
+    grid_pos(bytes / 1.5, ST_CAL_PASS0, 16.0, ST_CAL_PASSES, &i, &f);
+    const double lo = c->elementwise_gbps[i], hi = c->elementwise_gbps[i + 1];
+    return lo > 0.0 && hi > 0.0 ? exp((1.0 - f) * log(lo) + f * log(hi)) : 0.0;
 }
 
 /* ------------------------------------------------------------ measuring */
@@ -134,36 +226,222 @@ static double now_s(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* The operands a product of the calibration cycles through: copies
+ * enough to fill COLD_BYTES, so that each call finds its operands out of
+ * the core's own caches, as a layer's product does in a step that touches
+ * more than they hold. */
+#define COLD_BYTES ((size_t)8 << 20)
+#define MAX_COPIES 64
+
 /* The best seconds of one call of a (M x K) x (K x N) matmul of data type
  * dt (the output fp32), over a few repetitions of `reps` calls; 0 when
- * oneDNN has no such matmul. */
+ * oneDNN has no such matmul.  cold: the calls cycle through copies of the
+ * operands (COLD_BYTES); else they reuse one set. */
 static double time_matmul(dnnl_engine_t eng, dnnl_stream_t stream, int64_t M, int64_t K,
-                          int64_t N, dnnl_data_type_t dt, int reps)
+                          int64_t N, dnnl_data_type_t dt, st_cost_operands ops, int reps,
+                          int rounds, int cold)
 {
     dnnl_dims_t ad = { M, K }, bd = { K, N }, cd = { M, N };
     dnnl_memory_desc_t a, b, c;
     dnnl_matmul_desc_t d;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_primitive_t prim = NULL;
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
+    dnnl_memory_t mem[MAX_COPIES][3] = { { NULL } };
+    dnnl_exec_arg_t args[MAX_COPIES][3];
+    int copies = 0;
     double best = 0.0;
-    if (dnnl_memory_desc_init_by_tag(&a, 2, ad, dt, dnnl_ab) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&b, 2, bd, dt, dnnl_ab) != dnnl_success ||
+    if (dnnl_memory_desc_init_by_tag(&a, 2, ad, dt, ops == ST_OPERANDS_TN ? dnnl_ba : dnnl_ab) !=
+            dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&b, 2, bd, dt, ops == ST_OPERANDS_NT ? dnnl_ba : dnnl_ab) !=
+            dnnl_success ||
         dnnl_memory_desc_init_by_tag(&c, 2, cd, dnnl_f32, dnnl_ab) != dnnl_success ||
         dnnl_matmul_desc_init(&d, &a, &b, NULL, &c) != dnnl_success ||
         dnnl_primitive_desc_create(&pd, &d, NULL, eng, NULL) != dnnl_success ||
-        dnnl_primitive_create(&prim, pd) != dnnl_success ||
-        dnnl_memory_create(&ma, &a, eng, DNNL_MEMORY_ALLOCATE) != dnnl_success ||
-        dnnl_memory_create(&mb, &b, eng, DNNL_MEMORY_ALLOCATE) != dnnl_success ||
-        dnnl_memory_create(&mc, &c, eng, DNNL_MEMORY_ALLOCATE) != dnnl_success)
+        dnnl_primitive_create(&prim, pd) != dnnl_success)
         goto done;
-    void *h;
-    dnnl_memory_get_data_handle(ma, &h);
-    memset(h, 0, dnnl_memory_desc_get_size(&a));
-    dnnl_memory_get_data_handle(mb, &h);
-    memset(h, 0, dnnl_memory_desc_get_size(&b));
-    dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, ma }, { DNNL_ARG_WEIGHTS, mb },
-                                { DNNL_ARG_DST, mc } };
+    const dnnl_memory_desc_t *mds[3] = { &a, &b, &c };
+    const size_t set = dnnl_memory_desc_get_size(&a) + dnnl_memory_desc_get_size(&b) +
+                       dnnl_memory_desc_get_size(&c);
+    const size_t want = cold ? (COLD_BYTES + set - 1) / set : 1;
+    for (copies = 0; copies < (int)(want < MAX_COPIES ? want : MAX_COPIES); copies++) {
+        for (int j = 0; j < 3; j++) {
+            if (dnnl_memory_create(&mem[copies][j], mds[j], eng, DNNL_MEMORY_ALLOCATE) !=
+                dnnl_success)
+                goto done;
+            void *h;
+            dnnl_memory_get_data_handle(mem[copies][j], &h);
+            memset(h, 0, dnnl_memory_desc_get_size(mds[j]));
+        }
+        args[copies][0] = (dnnl_exec_arg_t){ DNNL_ARG_SRC, mem[copies][0] };
+        args[copies][1] = (dnnl_exec_arg_t){ DNNL_ARG_WEIGHTS, mem[copies][1] };
+        args[copies][2] = (dnnl_exec_arg_t){ DNNL_ARG_DST, mem[copies][2] };
+    }
+    if (reps < copies)
+        reps = copies;
+    best = 1e30;
+    for (int round = 0; round < rounds; round++) {
+        const double t0 = now_s();
+        for (int r = 0; r < reps; r++)
+            if (dnnl_primitive_execute(prim, stream, 3, args[r % copies]) != dnnl_success) {
+                best = 0.0;
+                goto done;
+            }
+        dnnl_stream_wait(stream);
+        const double t = (now_s() - t0) / reps;
+        if (round > 0 && t < best)   /* round 0 warms up */
+            best = t;
+    }
+done:
+    for (int i = 0; i < MAX_COPIES; i++)
+        for (int j = 0; j < 3; j++)
+            if (mem[i][j])
+                dnnl_memory_destroy(mem[i][j]);
+    if (prim)
+        dnnl_primitive_destroy(prim);
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return best;
+}
+
+/* The chain calibrate times: CHAIN_LAYERS layers of CHAIN_ROWS x
+ * CHAIN_WIDTH -> CHAIN_WIDTH. */
+#define CHAIN_LAYERS 8
+#define CHAIN_ROWS 128
+#define CHAIN_WIDTH 256
+
+/* Threads of a team timing the chain that could not set it up (zeroed
+ * before each timing). */
+static int chain_team_failed;
+
+/* How much longer a chain of products takes as a network's linear layers
+ * run them (every layer's forward, x w^T: NT; then from the last layer to
+ * the first its backward-data, dy w: NN, and backward-weights, dy^T x: TN,
+ * products; each layer's operands its own) than the same products run as
+ * the grid runs them (one product's calls back to back over the same
+ * operands), both the best of ROUNDS rounds; 0 when not made.  *chain_s:
+ * the chain's best seconds.  Called by every thread of a team, each with
+ * its own engine, the rounds start together (a barrier each). */
+static double time_chain(dnnl_engine_t eng, dnnl_stream_t stream, dnnl_data_type_t dt,
+                         double *chain_s)
+{
+    const int64_t B = CHAIN_ROWS, W = CHAIN_WIDTH;
+    /* [product]: M, K, N and which operand is transposed */
+    const int64_t shape[3][3] = { { B, W, W }, { B, W, W }, { W, B, W } };
+    const st_cost_operands ops[3] = { ST_OPERANDS_NT, ST_OPERANDS_NN, ST_OPERANDS_TN };
+    dnnl_primitive_desc_t pd[3] = { NULL };
+    dnnl_primitive_t prim[3] = { NULL };
+    dnnl_memory_t mem[CHAIN_LAYERS][3][3] = { { { NULL } } };
+    dnnl_exec_arg_t args[CHAIN_LAYERS][3][3];
+    double best = 0.0;
+    int ok = 0;
+    for (int p = 0; p < 3; p++) {
+        dnnl_dims_t ad = { shape[p][0], shape[p][1] }, bd = { shape[p][1], shape[p][2] };
+        dnnl_dims_t cd = { shape[p][0], shape[p][2] };
+        dnnl_memory_desc_t md[3];
+        dnnl_matmul_desc_t d;
+        if (dnnl_memory_desc_init_by_tag(&md[0], 2, ad, dt,
+                                         ops[p] == ST_OPERANDS_TN ? dnnl_ba : dnnl_ab) !=
+                dnnl_success ||
+            dnnl_memory_desc_init_by_tag(&md[1], 2, bd, dt,
+                                         ops[p] == ST_OPERANDS_NT ? dnnl_ba : dnnl_ab) !=
+                dnnl_success ||
+            dnnl_memory_desc_init_by_tag(&md[2], 2, cd, dnnl_f32, dnnl_ab) != dnnl_success ||
+            dnnl_matmul_desc_init(&d, &md[0], &md[1], NULL, &md[2]) != dnnl_success ||
+            dnnl_primitive_desc_create(&pd[p], &d, NULL, eng, NULL) != dnnl_success ||
+            dnnl_primitive_create(&prim[p], pd[p]) != dnnl_success)
+            goto ready;
+        static const int arg_ids[3] = { DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST };
+        for (int l = 0; l < CHAIN_LAYERS; l++)
+            for (int j = 0; j < 3; j++) {
+                if (dnnl_memory_create(&mem[l][p][j], &md[j], eng, DNNL_MEMORY_ALLOCATE) !=
+                    dnnl_success)
+                    goto ready;
+                void *h;
+                dnnl_memory_get_data_handle(mem[l][p][j], &h);
+                memset(h, 0, dnnl_memory_desc_get_size(&md[j]));
+                args[l][p][j] = (dnnl_exec_arg_t){ arg_ids[j], mem[l][p][j] };
+            }
+    }
+    ok = 1;
+ready:
+    /* a team goes on together or not at all: one thread's failure stops
+     * every thread before the rounds' barriers */
+    if (!ok) {
+#pragma omp atomic update
+        chain_team_failed++;
+    }
+#pragma omp barrier
+    if (chain_team_failed)
+        goto done;
+    double alone[3] = { 1e30, 1e30, 1e30 };
+    dnnl_status_t st = dnnl_success;
+    /* every round runs, a failure or not: a team's threads meet at each */
+    for (int p = 0; p < 3; p++)
+        for (int round = 0; round < ROUNDS; round++) {
+#pragma omp barrier
+            const double t0 = now_s();
+            for (int l = 0; l < CHAIN_LAYERS && st == dnnl_success; l++)
+                st = dnnl_primitive_execute(prim[p], stream, 3, args[0][p]);
+            dnnl_stream_wait(stream);
+            const double t = now_s() - t0;
+            if (round > 0 && t < alone[p])
+                alone[p] = t;
+        }
+    best = 1e30;
+    for (int round = 0; round < ROUNDS; round++) {
+#pragma omp barrier
+        const double t0 = now_s();
+        for (int l = 0; l < CHAIN_LAYERS && st == dnnl_success; l++)
+            st = dnnl_primitive_execute(prim[0], stream, 3, args[l][0]);
+        for (int l = CHAIN_LAYERS - 1; l >= 0 && st == dnnl_success; l--)
+            for (int p = 1; p < 3 && st == dnnl_success; p++)
+                st = dnnl_primitive_execute(prim[p], stream, 3, args[l][p]);
+        dnnl_stream_wait(stream);
+        const double t = now_s() - t0;
+        if (round > 0 && t < best)
+            best = t;
+    }
+    *chain_s = st == dnnl_success ? best : 0.0;
+    best = st == dnnl_success ? best / (alone[0] + alone[1] + alone[2]) : 0.0;
+done:
+    for (int l = 0; l < CHAIN_LAYERS; l++)
+        for (int p = 0; p < 3; p++)
+            for (int j = 0; j < 3; j++)
+                if (mem[l][p][j])
+                    dnnl_memory_destroy(mem[l][p][j]);
+    for (int p = 0; p < 3; p++) {
+        if (prim[p])
+            dnnl_primitive_destroy(prim[p]);
+        if (pd[p])
+            dnnl_primitive_desc_destroy(pd[p]);
+    }
+    return best;
+}
+
+/* The best seconds of one call of a matmul of the given views (each over
+ * memory of its own), over ROUNDS rounds of `reps` calls; 0 when not made. */
+static double time_views(dnnl_engine_t eng, dnnl_stream_t stream, const dnnl_memory_desc_t *a,
+                         const dnnl_memory_desc_t *b, const dnnl_memory_desc_t *c, int reps)
+{
+    dnnl_matmul_desc_t d;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    dnnl_memory_t mem[3] = { NULL };
+    const dnnl_memory_desc_t *mds[3] = { a, b, c };
+    double best = 0.0;
+    if (dnnl_matmul_desc_init(&d, a, b, NULL, c) != dnnl_success ||
+        dnnl_primitive_desc_create(&pd, &d, NULL, eng, NULL) != dnnl_success ||
+        dnnl_primitive_create(&prim, pd) != dnnl_success)
+        goto done;
+    for (int j = 0; j < 3; j++) {
+        if (dnnl_memory_create(&mem[j], mds[j], eng, DNNL_MEMORY_ALLOCATE) != dnnl_success)
+            goto done;
+        void *h;
+        dnnl_memory_get_data_handle(mem[j], &h);
+        memset(h, 0, dnnl_memory_desc_get_size(mds[j]));
+    }
+    dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, mem[0] }, { DNNL_ARG_WEIGHTS, mem[1] },
+                                { DNNL_ARG_DST, mem[2] } };
     best = 1e30;
     for (int round = 0; round < ROUNDS; round++) {
         const double t0 = now_s();
@@ -174,18 +452,176 @@ static double time_matmul(dnnl_engine_t eng, dnnl_stream_t stream, int64_t M, in
             }
         dnnl_stream_wait(stream);
         const double t = (now_s() - t0) / reps;
-        if (round > 0 && t < best)   /* round 0 warms up */
+        if (round > 0 && t < best)
             best = t;
     }
 done:
-    dnnl_memory_destroy(ma);
-    dnnl_memory_destroy(mb);
-    dnnl_memory_destroy(mc);
+    for (int j = 0; j < 3; j++)
+        if (mem[j])
+            dnnl_memory_destroy(mem[j]);
     if (prim)
         dnnl_primitive_destroy(prim);
     if (pd)
         dnnl_primitive_desc_destroy(pd);
     return best;
+}
+
+/* A (B, H, rows, cols) view: a sample every bs values, a head every hs,
+ * a row every rs, a column every cs. */
+static void view4(dnnl_memory_desc_t *md, dnnl_data_type_t dt, int64_t B, int64_t H,
+                  int64_t rows, int64_t cols, int64_t bs, int64_t hs, int64_t rs, int64_t cs)
+{
+    dnnl_dims_t dims = { B, H, rows, cols }, strides = { bs, hs, rs, cs };
+    dnnl_memory_desc_init_by_strides(md, 4, dims, dt, strides);
+}
+
+/* Attention's scores (Q K^T) and context (P V) products as the layer runs
+ * them, over every sample and head at once through strided views of the
+ * (B, T, 3 W) projections, against the same products with the heads' rows
+ * stacked in plain matrices: their time over the plain ones'; 0 when not
+ * made. */
+static double time_attention(dnnl_engine_t eng, dnnl_stream_t stream, dnnl_data_type_t dt)
+{
+    const int64_t B = 8, H = 8, T = 128, dh = 64, W = H * dh, R = B * H * T;
+    dnnl_memory_desc_t q, kt, s, p, v, o;
+    view4(&q, dt, B, H, T, dh, T * 3 * W, dh, 3 * W, 1);
+    view4(&kt, dt, B, H, dh, T, T * 3 * W, dh, 1, 3 * W);
+    view4(&s, dnnl_f32, B, H, T, T, H * T * T, T * T, T, 1);
+    view4(&p, dt, B, H, T, T, H * T * T, T * T, T, 1);
+    view4(&v, dt, B, H, T, dh, T * 3 * W, dh, 3 * W, 1);
+    view4(&o, dnnl_f32, B, H, T, dh, T * W, dh, W, 1);
+    const double heads = time_views(eng, stream, &q, &kt, &s, 2) +
+                         time_views(eng, stream, &p, &v, &o, 2);
+    dnnl_memory_desc_t a1, b1, c1, a2, b2, c2;
+    dnnl_dims_t ad1 = { R, dh }, bd1 = { dh, T }, cd1 = { R, T };
+    dnnl_dims_t ad2 = { R, T }, bd2 = { T, dh }, cd2 = { R, dh };
+    dnnl_memory_desc_init_by_tag(&a1, 2, ad1, dt, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&b1, 2, bd1, dt, dnnl_ba);
+    dnnl_memory_desc_init_by_tag(&c1, 2, cd1, dnnl_f32, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&a2, 2, ad2, dt, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&b2, 2, bd2, dt, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&c2, 2, cd2, dnnl_f32, dnnl_ab);
+    const double stacked = time_views(eng, stream, &a1, &b1, &c1, 2) +
+                           time_views(eng, stream, &a2, &b2, &c2, 2);
+    return heads > 0.0 && stacked > 0.0 && heads < 1e29 && stacked < 1e29 ? heads / stacked
+                                                                          : 0.0;
+}
+
+/* The best seconds of one execution of pd's primitive over zeroed
+ * memory for each of its arguments; 0 when it cannot be made. */
+static double time_pd(dnnl_engine_t eng, dnnl_stream_t stream, const_dnnl_primitive_desc_t pd,
+                      int reps)
+{
+    static const int wanted[] = { DNNL_ARG_SRC, DNNL_ARG_DST, DNNL_ARG_DIFF_SRC,
+                                  DNNL_ARG_DIFF_DST, DNNL_ARG_MEAN, DNNL_ARG_VARIANCE,
+                                  DNNL_ARG_WORKSPACE, DNNL_ARG_SCALE, DNNL_ARG_SHIFT,
+                                  DNNL_ARG_DIFF_SCALE, DNNL_ARG_DIFF_SHIFT };
+    enum { N_ARGS = sizeof wanted / sizeof *wanted };
+    dnnl_exec_arg_t args[N_ARGS];
+    int n = 0;
+    dnnl_primitive_t prim = NULL;
+    double best = 0.0;
+    for (int i = 0; i < N_ARGS; i++) {
+        const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md,
+                                                                     wanted[i]);
+        if (!md || md->ndims == 0)
+            continue;
+        dnnl_memory_t mem;
+        if (dnnl_memory_create(&mem, md, eng, DNNL_MEMORY_ALLOCATE) != dnnl_success)
+            goto done;
+        void *h;
+        dnnl_memory_get_data_handle(mem, &h);
+        memset(h, 0, dnnl_memory_desc_get_size(md));
+        args[n++] = (dnnl_exec_arg_t){ wanted[i], mem };
+    }
+    if (dnnl_primitive_create(&prim, pd) != dnnl_success)
+        goto done;
+    best = 1e30;
+    for (int round = 0; round < ROUNDS; round++) {
+        const double t0 = now_s();
+        for (int r = 0; r < reps; r++)
+            if (dnnl_primitive_execute(prim, stream, n, args) != dnnl_success) {
+                best = 0.0;
+                goto done;
+            }
+        dnnl_stream_wait(stream);
+        const double t = (now_s() - t0) / reps;
+        if (round > 0 && t < best)
+            best = t;
+    }
+done:
+    for (int i = 0; i < n; i++)
+        dnnl_memory_destroy(args[i].memory);
+    if (prim)
+        dnnl_primitive_destroy(prim);
+    return best;
+}
+
+/* ns a value of operation op's training forward and backward (oneDNN's
+ * primitive, as the layers run it) into ns[0], ns[1]; 0: not made. */
+static void time_op(dnnl_engine_t eng, dnnl_stream_t stream, st_cost_op op, double ns[2])
+{
+    const int image = op == ST_OP_BATCHNORM;
+    dnnl_dims_t mat = { 1024, 256 }, img = { 32, 16, 32, 32 }, stat = { 1024 };
+    dnnl_memory_desc_t md, sd;
+    /* a batch norm's images blocked by channels, as the layer lays them
+     * out (16 a block with AVX-512, else 8) */
+    const dnnl_format_tag_t blocked = strstr(st_cpu_isa_name(), "avx512") ? dnnl_aBcd16b
+                                                                           : dnnl_aBcd8b;
+    dnnl_memory_desc_init_by_tag(&md, image ? 4 : 2, image ? img : mat, dnnl_f32,
+                                 image ? blocked : dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&sd, 1, stat, dnnl_f32, dnnl_a);
+    const double values = 1024.0 * 256.0 * (image ? 2.0 : 1.0);
+    const unsigned flags = dnnl_use_scale | dnnl_use_shift;
+    const dnnl_alg_kind_t alg = op == ST_OP_GELU ? dnnl_eltwise_gelu_erf : dnnl_eltwise_relu;
+    union {
+        dnnl_eltwise_desc_t e;
+        dnnl_layer_normalization_desc_t l;
+        dnnl_softmax_desc_t s;
+        dnnl_logsoftmax_desc_t ls;
+        dnnl_batch_normalization_desc_t b;
+    } fd, bd;
+    dnnl_status_t f = dnnl_unimplemented, b = dnnl_unimplemented;
+    switch (op) {
+    case ST_OP_RELU:
+    case ST_OP_GELU:
+        f = dnnl_eltwise_forward_desc_init(&fd.e, dnnl_forward_training, alg, &md, 0.f, 0.f);
+        b = dnnl_eltwise_backward_desc_init(&bd.e, alg, &md, &md, 0.f, 0.f);
+        break;
+    case ST_OP_LAYERNORM:
+        f = dnnl_layer_normalization_forward_desc_init(&fd.l, dnnl_forward_training, &md, &sd,
+                                                       1e-5f, flags);
+        b = dnnl_layer_normalization_backward_desc_init(&bd.l, dnnl_backward, &md, &md, &sd,
+                                                        1e-5f, flags);
+        break;
+    case ST_OP_SOFTMAX:
+        f = dnnl_softmax_forward_desc_init(&fd.s, dnnl_forward_training, &md, 1);
+        b = dnnl_softmax_backward_desc_init(&bd.s, &md, &md, 1);
+        break;
+    case ST_OP_LOGSOFTMAX:
+        f = dnnl_logsoftmax_forward_desc_init(&fd.ls, dnnl_forward_training, &md, 1);
+        b = dnnl_logsoftmax_backward_desc_init(&bd.ls, &md, &md, 1);
+        break;
+    case ST_OP_BATCHNORM:
+        /* with the ReLU fused, as a network's batch norms run */
+        f = dnnl_batch_normalization_forward_desc_init(&fd.b, dnnl_forward_training, &md, 1e-5f,
+                                                       flags | dnnl_fuse_norm_relu);
+        b = dnnl_batch_normalization_backward_desc_init(&bd.b, dnnl_backward, &md, &md, 1e-5f,
+                                                        flags | dnnl_fuse_norm_relu);
+        break;
+    default:
+        break;
+    }
+    ns[0] = ns[1] = 0.0;
+    dnnl_primitive_desc_t fpd = NULL, bpd = NULL;
+    if (f != dnnl_success || dnnl_primitive_desc_create(&fpd, &fd, NULL, eng, NULL) != dnnl_success)
+        return;
+    ns[0] = time_pd(eng, stream, fpd, 4) / values * 1e9;
+    if (b == dnnl_success && dnnl_primitive_desc_create(&bpd, &bd, NULL, eng, fpd) == dnnl_success)
+        ns[1] = time_pd(eng, stream, bpd, 4) / values * 1e9;
+    if (bpd)
+        dnnl_primitive_desc_destroy(bpd);
+    dnnl_primitive_desc_destroy(fpd);
 }
 
 /* Best bytes a second of one of three loops over n floats: 0 the
@@ -209,15 +645,20 @@ static double time_loop(int which, size_t n, int reps)
         const double t0 = now_s();
         for (int r = 0; r < reps; r++) {
             const float s = 1.0f + 1e-7f * (float)r;
-            if (which == 0)
+            /* vectorised whatever the compiler knows of n (simd) */
+            if (which == 0) {
+#pragma omp simd
                 for (size_t i = 0; i < n; i++)
                     y[i] = s * x[i] + y[i];
-            else if (which == 1)
+            } else if (which == 1) {
+#pragma omp simd
                 for (size_t i = 0; i < n; i++)
                     z[i] = (x[i] + y[i]) * 0.5f;
-            else
+            } else {
+#pragma omp simd
                 for (size_t i = 0; i < n; i++)
                     x[i] = y[i] + s * z[i];
+            }
         }
         const double t = (now_s() - t0) / reps;
         if (round > 0 && t < best)
@@ -233,6 +674,93 @@ done:
     return best > 0.0 ? 3.0 * (double)n * sizeof(float) / best : 0.0;
 }
 
+/* ns a parameter of the library's update (st_optim_update) of optimizer
+ * kind with moments `moments` over n parameters, one segment. */
+static double time_update(st_optimizer_kind kind, st_moments moments, size_t n)
+{
+    st_optim_config cfg = st_optim_config_default();
+    cfg.kind = kind;
+    cfg.moments = moments;
+    st_arena *arena = NULL;
+    st_optim *opt = NULL;
+    float *p = aligned_alloc(64, n * sizeof *p), *g = aligned_alloc(64, n * sizeof *g);
+    double best = 0.0;
+    if (!p || !g || st_arena_create("calibrate", NULL, 0, &arena) != ST_OK ||
+        st_optim_create(&cfg, 0, n, arena, &opt) != ST_OK)
+        goto done;
+    for (size_t i = 0; i < n; i++) {
+        p[i] = 0.01f * (float)(i % 97);
+        g[i] = 1e-3f * (float)(i % 89) - 0.04f;
+    }
+    st_param_segment seg = { .name = "w", .offset = 0, .count = n, .decay = 1,
+                             .grad_offset = 0, .grad_count = n, .rows = (long long)n,
+                             .cols = 1 };
+    best = 1e30;
+    for (int round = 0; round < 12; round++) {
+        const double t0 = now_s();
+        st_optim_update(opt, p, g, &seg, 1, 0, n, (uint64_t)round + 1, 1e-3f);
+        const double t = now_s() - t0;
+        if (round > 0 && t < best)
+            best = t;
+    }
+    best = best / (double)n * 1e9;
+done:
+    st_optim_destroy(opt);
+    st_arena_destroy(arena);
+    free(p);
+    free(g);
+    return best;
+}
+
+/* STREAM's triad on every one of `threads` threads at once, each on its
+ * own n-float arrays: the machine's total bytes a second (the best of
+ * ROUNDS rounds that start together). */
+static double time_triad_all(int threads, size_t n)
+{
+    double best = 1e30;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) shared(best, failed)
+    {
+        float *a = aligned_alloc(64, n * sizeof *a), *b = aligned_alloc(64, n * sizeof *b);
+        float *c = aligned_alloc(64, n * sizeof *c);
+        if (!a || !b || !c) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                a[i] = 0.0f;
+                b[i] = 1.0f;
+                c[i] = 2.0f;
+            }
+        }
+        for (int round = 0; round < ROUNDS; round++) {
+            double t0 = 0.0;
+#pragma omp barrier
+#pragma omp master
+            t0 = now_s();
+            if (a && b && c) {
+                const float s = 1.0f + 1e-7f * (float)round;
+#pragma omp simd
+                for (size_t i = 0; i < n; i++)
+                    a[i] = b[i] + s * c[i];
+            }
+#pragma omp barrier
+#pragma omp master
+            {
+                const double t = now_s() - t0;
+                if (round > 0 && t < best)
+                    best = t;
+            }
+        }
+        if (a && a[n / 2] == -1.0f)   /* a value out of the loop: it is not optimised away */
+            best *= 1.0;
+        free(a);
+        free(b);
+        free(c);
+    }
+    return failed ? 0.0 : 3.0 * (double)threads * (double)n * sizeof(float) / best;
+}
+
 int st_calibration_measure(st_calibration *out, char *err, size_t n)
 {
     memset(out, 0, sizeof *out);
@@ -241,6 +769,7 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     snprintf(out->machine, sizeof out->machine, "%s, %ld CPUs online", host, cpus);
     snprintf(out->isa, sizeof out->isa, "%s", st_cpu_isa_name());
+    out->cpus = (double)(cpus > 0 ? cpus : 1);
     dnnl_engine_t eng;
     dnnl_stream_t stream;
     if (dnnl_engine_create(&eng, dnnl_cpu, 0) != dnnl_success)
@@ -249,16 +778,52 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
         dnnl_engine_destroy(eng);
         return st_cli_fail(err, n, "oneDNN: cannot create a stream");
     }
-    const int64_t shape[2][3] = { { 128, 256, 256 }, { 256, 1024, 1024 } };
     const dnnl_data_type_t types[2] = { dnnl_f32, dnnl_bf16 };
     for (int t = 0; t < 2; t++)
-        for (int s = 0; s < 2; s++) {
-            const double flop = 2.0 * (double)shape[s][0] * (double)shape[s][1] *
-                                (double)shape[s][2];
-            const double sec = time_matmul(eng, stream, shape[s][0], shape[s][1], shape[s][2],
-                                           types[t], s ? 1 : 10);
-            out->matmul_gflops[t][s] = sec > 0.0 ? flop / sec / 1e9 : 0.0;
+        for (int o = 0; o < ST_OPERANDS_COUNT; o++)
+            for (int i = 0; i < ST_CAL_DIMS; i++)
+                for (int j = 0; j < ST_CAL_DIMS; j++)
+                    for (int l = 0; l < ST_CAL_DIMS; l++) {
+                        const int64_t M = dim_of(i), N = dim_of(j), K = dim_of(l);
+                        const double flop = 2.0 * (double)M * (double)N * (double)K;
+                        /* calls enough for some 0.2 ms a round: a clock's tick is small */
+                        const int reps = flop < 4e5 ? 200 : flop < 4e7 ? (int)(8e7 / flop) : 1;
+                        const double sec = time_matmul(eng, stream, M, K, N, types[t],
+                                                       (st_cost_operands)o, reps, 12, 1);
+                        out->matmul_gflops[t][o][i][j][l] = sec > 0.0 ? flop / sec / 1e9 : 0.0;
+                    }
+    for (int t = 0; t < 2; t++) {
+        double alone = 0.0, all = 0.0;
+        chain_team_failed = 0;
+        out->chain[t] = time_chain(eng, stream, types[t], &alone);
+        out->chain_all[t] = out->cpus > 1 ? 0.0 : 1.0;
+        if (!(out->chain[t] > 0.0) || out->cpus <= 1)
+            continue;
+        /* the same chain on every CPU at once, each thread its own */
+        chain_team_failed = 0;
+#pragma omp parallel num_threads((int)out->cpus) shared(all)
+        {
+            dnnl_engine_t e = NULL;
+            dnnl_stream_t es = NULL;
+            double mine = 0.0;
+            if (dnnl_engine_create(&e, dnnl_cpu, 0) == dnnl_success)
+                dnnl_stream_create(&es, e, dnnl_stream_default_flags);
+            time_chain(e, es, types[t], &mine);   /* fails with the team without them */
+#pragma omp critical
+            all = fmax(all, mine);
+            if (es)
+                dnnl_stream_destroy(es);
+            if (e)
+                dnnl_engine_destroy(e);
         }
+        out->chain_all[t] = alone > 0.0 && all > 0.0 ? all / alone : 0.0;
+    }
+    for (int t = 0; t < 2; t++)
+        out->attention[t] = time_attention(eng, stream, types[t]);
+    const double call = time_matmul(eng, stream, 1, 1, 1, dnnl_f32, ST_OPERANDS_NN, 200, ROUNDS, 0);
+    out->call_us = call * 1e6;
+    for (int o = 1; o < ST_OP_COUNT; o++)
+        time_op(eng, stream, (st_cost_op)o, out->op_ns[o]);
     dnnl_stream_destroy(stream);
     dnnl_engine_destroy(eng);
     const st_conv_shape cs = { .batch = 32, .ic = 16, .ih = 32, .iw = 32, .oc = 16,
@@ -271,9 +836,20 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
             out->conv_gflops[b] = 3.0 * 2.0 * (double)(cs.batch * cs.oc * 32 * 32) *
                                   (double)(cs.ic * cs.kh * cs.kw) / (ct.layer_ms * 1e-3) / 1e9;
     }
-    out->elementwise_gbps = time_loop(0, (size_t)1 << 18, 10) / 1e9;
+    for (int o = 0; o < 2; o++)
+        for (int b = 0; b < 2; b++)
+            out->update_ns[o][b] = time_update(o ? ST_OPT_SGD : ST_OPT_ADAMW,
+                                               b ? ST_MOMENTS_BF16 : ST_MOMENTS_FP32,
+                                               (size_t)1 << 20);
+    for (int i = 0; i < ST_CAL_PASSES; i++) {
+        /* two vectors of the size: n floats each */
+        const size_t floats = (size_t)(ST_CAL_PASS0 * pow(16.0, i)) / (2 * sizeof(float));
+        const int reps = (int)(((size_t)1 << 22) / floats) + 1;
+        out->elementwise_gbps[i] = time_loop(0, floats, reps) / 1e9;
+    }
     out->reduce_gbps = time_loop(1, (size_t)1 << 20, 2) / 1e9;
     out->stream_gbps = time_loop(2, (size_t)1 << 24, 1) / 1e9;
+    out->stream_all_gbps = time_triad_all((int)out->cpus, (size_t)1 << 24) / 1e9;
     return 0;
 }
 
@@ -283,9 +859,13 @@ static void print_help(FILE *f)
 {
     fputs(
 "Usage: subtrain calibrate [-o FILE]\n"
-"Measure this machine's rates on one thread (matmul and convolution GFLOP/s\n"
-"in fp32 and bf16, element-wise, reduction and STREAM triad GB/s) and write\n"
-"them as a calibration file for 'subtrain plan --calibration FILE'.\n"
+"Measure this machine's rates on one thread (matmul GFLOP/s over a grid of\n"
+"shapes and operand layouts, a chain of layers' products against the grid,\n"
+"and convolution GFLOP/s, in fp32 and bf16; a primitive's call time; the\n"
+"element-wise operations' and the optimizer's time a value; element-wise\n"
+"GB/s at four sizes, reduction and STREAM triad GB/s) and the triad on every\n"
+"CPU at once, and write them as a calibration file for\n"
+"'subtrain plan --calibration FILE'.\n"
 "\n"
 "  -o, --output FILE   write the file there (default: standard output)\n"
 "  -h, --help          this text\n"

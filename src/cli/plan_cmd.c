@@ -7,10 +7,11 @@
  * the row's run with the run's own code over untouched address space and
  * reads the arenas' accounting, so it is what the run's records report.
  * Its time is predicted from a calibration file (calibration.h): the
- * model's FLOPs at the measured matmul or convolution rate, the engine's
- * bytes at the reduction's rate, the optimizer's and the kept
- * activations' bytes at the element-wise rate.  Accuracy is never
- * predicted: a row names measured differences (plan-accuracy.csv).
+ * worker's step, layer by layer (st_model_step_costs), each product at the
+ * rate measured for its shape, each element-wise pass at its operation's
+ * and its size's rates, the engine's bytes at the reduction's rate
+ * (predict_step).  Accuracy is never predicted: a row names measured
+ * differences (plan-accuracy.csv).
  */
 #include <errno.h>
 #include <math.h>
@@ -53,6 +54,8 @@ typedef struct plan_row {
     st_mem_stats mem;         /* the worker with the largest total */
     double comm_bytes;        /* the busiest worker's, read + written a step */
     double flops;             /* that worker's model, a step */
+    st_step_cost costs[ST_STEP_COSTS_MAX];   /* and its work, layer by layer */
+    int n_costs;
     int fits;
     int over;                 /* the kind that overflows: the largest one (-1: fits) */
     double step_s, samples_per_s;   /* NAN: no calibration */
@@ -291,6 +294,8 @@ static void size_row(plan_row *row, const st_train_config *base, const st_datase
     row->mem = ws[worst].memory;
     row->comm_bytes = bytes;
     row->flops = ws[worst].flops;
+    row->n_costs = ws[worst].n_costs;
+    memcpy(row->costs, ws[worst].costs, sizeof row->costs);
     free(ws);
 }
 
@@ -307,31 +312,109 @@ static void judge_row(plan_row *row, double budget)
             row->over = k;
 }
 
-/* The row's step time from the calibration: the model's FLOPs at the
- * rate of its products, the engine's bytes at the reduction's rate, the
- * optimizer's state and parameters and the kept activations at the
- * element-wise rate (calibration.h says what each rate measures). */
+/* A worker's rate (GB/s) of a memory-bound pass over `bytes` when
+ * `sharing` workers run such passes at once, from its rate alone, r.  The
+ * single thread's rates say which part of a pass's time is spent beyond
+ * the caches at a size (from none at the smallest size measured to all at
+ * the largest); that part, at the size of all the workers' passes
+ * together, runs at a worker's share of the machine's total. */
+static double shared_rate(const st_calibration *cal, double r, double bytes, int sharing)
+{
+    const double cache = cal->elementwise_gbps[0];
+    const double dram = cal->elementwise_gbps[ST_CAL_PASSES - 1];
+    if (sharing <= 1 || !(cache > dram) || !(dram > 0.0) || !(cal->stream_all_gbps > 0.0))
+        return r;
+    const double all = st_calibration_pass_rate(cal, bytes * sharing);
+    double beyond = (cache / all - 1.0) / (cache / dram - 1.0);
+    beyond = beyond < 0.0 ? 0.0 : beyond > 1.0 ? 1.0 : beyond;
+    const double share = fmin(dram, cal->stream_all_gbps / sharing);
+    const double per_byte = (1.0 - beyond) / cache + beyond / share;
+    return fmin(r, 1.0 / per_byte);
+}
+
+/* Seconds of one worker's step at the calibration's rates: each product
+ * at the rate the grid gives its own shape, slowed as the calibration's
+ * chain of layers' products was against the grid; a convolution at its
+ * product's rate, scaled as the calibration's convolution layer ran
+ * against its product; each element-wise pass at its operation's rate or
+ * its bytes' plus a primitive call each; the optimizer's update at the
+ * library's measured rate; the engine's bytes at the reduction's rate;
+ * the memory-bound parts shared among the machine's workers.  NAN when a
+ * rate it needs is not measured. */
+static double predict_step(const plan_row *row, const st_calibration *cal)
+{
+    const int sharing = row->workers;
+    const double call_s = cal->call_us * 1e-6;
+    double t = 0.0;
+    if (row->n_costs > ST_STEP_COSTS_MAX)
+        return NAN;
+    for (int i = 0; i < row->n_costs; i++) {
+        const st_step_cost *c = &row->costs[i];
+        double r = 0.0;
+        switch (c->kind) {
+        case ST_COST_MATMUL: {
+            /* slowed as a chain of layers' products ran against the same
+             * alone (and with every CPU running one against one alone), and
+             * attention's as its strided heads' against stacked */
+            const int b = c->bf16 ? 1 : 0;
+            const double chain = cal->chain[b] * (c->heads ? cal->attention[b] : 1.0) *
+                                 (sharing > 1 ? cal->chain_all[b] : 1.0);
+            r = chain > 0.0 ? st_calibration_matmul_rate(cal, c->bf16, c->operands, (double)c->m,
+                                                         (double)c->n, (double)c->k) / chain
+                            : 0.0;
+            t += r > 0.0 ? c->flops / (r * 1e9) : NAN;
+            break;
+        }
+        case ST_COST_CONV: {
+            /* the calibration's layer: 32 x 32 x 32 pixels, 16 x 9 deep, 16 out */
+            const double ref = st_calibration_matmul_rate(cal, c->bf16, ST_OPERANDS_NN, 32768.0,
+                                                          16.0, 144.0);
+            r = st_calibration_matmul_rate(cal, c->bf16, ST_OPERANDS_NN, (double)c->m,
+                                           (double)c->n, (double)c->k) *
+                (ref > 0.0 ? cal->conv_gflops[c->bf16 ? 1 : 0] / ref : 0.0);
+            t += r > 0.0 ? c->flops / (r * 1e9) : NAN;
+            break;
+        }
+        case ST_COST_PASS: {
+            /* its operation's time a value, or its bytes' at the rate of
+             * their size, whichever is longer */
+            const double ns = c->op == ST_OP_MEMORY ? 0.0 : cal->op_ns[c->op][c->backward];
+            r = shared_rate(cal, st_calibration_pass_rate(cal, c->bytes / c->calls),
+                            c->bytes / c->calls, sharing);
+            if (c->op != ST_OP_MEMORY && !(ns > 0.0))
+                r = 0.0;
+            t += r > 0.0 ? fmax(c->elements * ns * 1e-9, c->bytes / (r * 1e9)) +
+                               c->calls * call_s
+                         : NAN;
+            break;
+        }
+        }
+    }
+    /* the update of the parameters whose state the worker holds, at the
+     * library's measured rate, slowed as its bytes are when shared */
+    const st_optim_config *oc = &row->cfg.optim;
+    const int sgd = oc->kind == ST_OPT_SGD, bf16 = oc->moments != ST_MOMENTS_FP32;
+    const double params = (double)row->mem.peak[ST_MEM_OPTIMIZER] /
+                          ((sgd ? 1.0 : 2.0) * (bf16 ? 2.0 : 4.0));
+    const double opt_bytes = params * st_optim_bytes_per_param(oc, 0);
+    const double r_alone = st_calibration_pass_rate(cal, opt_bytes);
+    const double r_opt = shared_rate(cal, r_alone, opt_bytes, sharing);
+    const double r_red = shared_rate(cal, cal->reduce_gbps, row->comm_bytes, sharing);
+    const double update_ns = cal->update_ns[sgd][bf16];
+    if (!(r_opt > 0.0) || !(r_red > 0.0) || !(update_ns > 0.0))
+        return NAN;
+    return t + params * update_ns * 1e-9 * (r_alone / r_opt) +
+           row->comm_bytes / (r_red * 1e9);
+}
+
 static void predict_row(plan_row *row, const st_calibration *cal)
 {
     if (!row->ok || !cal)
         return;
-    const st_model_config *m = &row->cfg.model;
-    const int bf16 = m->precision == ST_PRECISION_BF16;
-    const int conv = st_model_kind_reads(m->kind) == ST_MODEL_READS_IMAGES;
-    const double gflops = st_calibration_compute_rate(cal, conv, bf16, m->width);
-    const double moment_bytes = row->cfg.optim.moments == ST_MOMENTS_FP32 ? 8.0 : 4.0;
-    const double opt = (double)row->mem.peak[ST_MEM_OPTIMIZER];
-    const double updated = opt / moment_bytes;
-    /* the gradient read and the master read and written: a bf16 master's
-     * 2 + 2 (the matrices' copies; biases and norms are few) */
-    const double fixed = row->cfg.optim.master == ST_MASTER_BF16_SR ? 8.0 : 12.0;
-    const double opt_bytes = 2.0 * opt + fixed * updated;
-    const double act = (double)(row->mem.peak[ST_MEM_ACTIVATIONS] +
-                                row->mem.peak[ST_MEM_ATTENTION]);
-    if (!(gflops > 0.0) || !(cal->elementwise_gbps > 0.0) || !(cal->reduce_gbps > 0.0))
+    const double step = predict_step(row, cal);
+    if (!(step > 0.0))
         return;
-    row->step_s = row->flops / (gflops * 1e9) + row->comm_bytes / (cal->reduce_gbps * 1e9) +
-                  (opt_bytes + 3.0 * act) / (cal->elementwise_gbps * 1e9);
+    row->step_s = step;
     const double rows = (double)row->cfg.batch *
                         (row->cfg.accumulate > 1 ? row->cfg.accumulate : 1);
     row->samples_per_s = rows * row->workers / row->step_s;

@@ -415,6 +415,10 @@ st_status st_recompute_before(const st_model *m, int i);
  * makes), a layer's forward counted as a third of its step FLOPs: its
  * forward, backward-data and backward-weights products are of one size. */
 double st_recompute_flops(const st_model *m);
+/* The forwards run again, as st_cost_layer's forward-only costs. */
+void st_recompute_costs(const st_model *m, st_cost_sink *s);
+/* A layer's costs into s (nn/costs.c). */
+void st_cost_layer(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s);
 void st_recompute_free(st_model *m);
 
 #endif /* SUBTRAIN_NN_GRAPH_H */

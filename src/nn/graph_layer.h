@@ -13,6 +13,29 @@
 typedef struct st_model st_model;
 typedef struct st_layer st_layer;
 
+/* Where st_model_step_costs collects a step's work (nn/costs.c). */
+typedef struct st_cost_sink {
+    st_step_cost *out;
+    int cap, n;
+} st_cost_sink;
+/* Adds c, merged into an entry of the same kind, precision and shape. */
+void st_cost_add(st_cost_sink *s, st_step_cost c);
+/* A product of count (m x k) x (k x n) matrices, operands read as
+ * `operands` says, in calls executions. */
+void st_cost_matmul(st_cost_sink *s, int bf16, st_cost_operands operands, int64_t m, int64_t n,
+                    int64_t k, double count, double calls);
+/* The same for attention's products over every head at once (heads). */
+void st_cost_heads(st_cost_sink *s, int bf16, st_cost_operands operands, int64_t m, int64_t n,
+                   int64_t k, double count);
+/* An element-wise pass of op (a backward one: backward) over `elements`
+ * values, `bytes` read and written, in calls executions. */
+void st_cost_pass(st_cost_sink *s, st_cost_op op, int backward, double elements, double bytes,
+                  double calls);
+/* Bytes of tensor t (0: ST_T_NONE), fp32. */
+double st_cost_tensor_bytes(const st_model *m, int t);
+/* A pass that moves `bytes` (read and written): a copy, an add, a conversion. */
+void st_cost_move(st_cost_sink *s, double bytes, double calls);
+
 /* Which forward: training (batch statistics, saved for the backward; a
  * batch norm updates its running statistics) or inference (evaluation:
  * running statistics, nothing updated).  Most kinds compute the same. */
@@ -37,6 +60,11 @@ typedef struct st_layer_kind {
     /* Matrix-multiply FLOPs of its forward and backward (2 per
      * multiply-add), NULL: none worth counting. */
     double (*flops)(const st_layer *l);
+    /* Its products or convolutions and its own element-wise passes
+     * (st_model_step_costs), of the forward only (a recomputed forward)
+     * or of forward and backward; NULL: none, its passes are counted from
+     * its tensors (st_cost_tensor_passes). */
+    void (*costs)(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s);
     /* 1: its inputs' gradient is its output's (a join), so it passes the
      * question "is this gradient needed" on to what produced its inputs. */
     int transparent;

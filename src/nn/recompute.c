@@ -229,6 +229,20 @@ double st_recompute_flops(const st_model *m)
     return f;
 }
 
+void st_recompute_costs(const st_model *m, st_cost_sink *s)
+{
+    for (int k = 0; k < m->n_blocks; k++) {
+        if (!block_backward(m, k))
+            continue;
+        const int lo = m->cfg.recompute == ST_RECOMPUTE_ALL ? m->block_lo[0] : m->block_lo[k];
+        for (int j = lo; j <= m->block_hi[k]; j++) {
+            const st_layer *l = &m->layers[j];
+            if (!l->dropped && l->kind->forward)
+                st_cost_layer(m, l, 1, s);
+        }
+    }
+}
+
 void st_recompute_free(st_model *m)
 {
     free(m->layer_block);

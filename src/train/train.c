@@ -384,6 +384,8 @@ st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
             if (r.comm)
                 mem[wid].comm = r.ops->bytes(&r, r.strategy, wid);
             mem[wid].flops = w.model ? st_model_step_flops(w.model) : 0.0;
+            mem[wid].n_costs = w.model ? st_model_step_costs(w.model, mem[wid].costs,
+                                                             ST_STEP_COSTS_MAX) : 0;
         }
 #pragma omp barrier
         st_worker_destroy(&w);

@@ -219,6 +219,30 @@ static st_status act_backward(const st_nn_ctx *ctx, const st_layer *l)
     return st_act_backward(ctx, &l->u.act);
 }
 
+/* Its passes: the activation's forward and backward (a fused ReLU: the
+ * backward only; a folded one: the mask only), in bf16 the input's copy
+ * kept (4 bytes read, 2 written) and restored (2 read, 4 written). */
+static void act_costs(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s)
+{
+    const st_act *a = &l->u.act;
+    const double y = st_cost_tensor_bytes(m, l->y), n = y / 4.0;
+    const st_cost_op op = l->activation == ST_ACT_GELU && !l->fuse_relu && !l->fold_relu
+                              ? ST_OP_GELU : ST_OP_RELU;
+    if (a->mask) {
+        st_cost_move(s, 1.25 * y, 1.0);
+        return;
+    }
+    if (a->bf16)
+        st_cost_move(s, 1.5 * y, 1.0);
+    if (!a->fused)
+        st_cost_pass(s, op, 0, n, 2.0 * y, 1.0);
+    if (forward_only || !l->backward)
+        return;
+    if (a->bf16)
+        st_cost_move(s, 1.5 * y, 1.0);
+    st_cost_pass(s, op, 1, n, 3.0 * y, 1.0);
+}
+
 /* fp32: the backward reads x (a fused ReLU: y, the same tensor); bf16:
  * its own copy only. */
 static unsigned act_backward_reads(const st_model *m, const st_layer *l)
@@ -230,5 +254,6 @@ static unsigned act_backward_reads(const st_model *m, const st_layer *l)
 
 const st_layer_kind st_layer_activation = {
     .name = "activation", .build = act_build, .forward = act_forward, .backward = act_backward,
+    .costs = act_costs,
     .backward_reads = act_backward_reads,
 };

@@ -404,6 +404,32 @@ static double attn_flops(const st_layer *l)
     return one * (a->has_dx ? 6.0 : 2.0);
 }
 
+/* attn_flops's batched products, each one execution over every sample
+ * and head (priced as the product of their rows stacked, B Hk T), and the softmax's passes over
+ * the (B Hk T T) probabilities (forward: read and write; backward: P, dP
+ * read, dS written); in bf16 the copies of x, P and dy. */
+static void attn_costs(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s)
+{
+    (void)m;
+    const st_attention *a = &l->u.attn;
+    const int b = a->bf16;
+    const int64_t rows = a->batch * a->heads * a->tokens, T = a->tokens, dh = a->head_dim;
+    const double probs = (double)rows * (double)T, x = 3.0 * (double)(rows * dh);
+    st_cost_heads(s, b, ST_OPERANDS_NT, rows, T, dh, 1.0);    /* S = Q K^T */
+    st_cost_heads(s, b, ST_OPERANDS_NN, rows, dh, T, 1.0);    /* O = P V */
+    st_cost_pass(s, ST_OP_SOFTMAX, 0, probs, 8.0 * probs, 1.0);
+    if (b)
+        st_cost_move(s, 6.0 * (x + probs), 2.0);
+    if (forward_only || !a->has_dx)
+        return;
+    st_cost_heads(s, b, ST_OPERANDS_NT, rows, T, dh, 1.0);    /* dP = dO V^T */
+    st_cost_heads(s, b, ST_OPERANDS_NN, rows, dh, T, 1.0);    /* dQ = dS K */
+    st_cost_heads(s, b, ST_OPERANDS_TN, rows, dh, T, 2.0);    /* dV = P^T dO, dK */
+    st_cost_pass(s, ST_OP_SOFTMAX, 1, probs, 12.0 * probs, 1.0);
+    if (b)
+        st_cost_move(s, 6.0 * (double)(rows * dh), 1.0);
+}
+
 /* fp32: the backward reads Q, K, V in x (and P, its own); bf16: x's
  * copy xb and Pb only.  Never y. */
 static unsigned attn_backward_reads(const st_model *m, const st_layer *l)
@@ -414,5 +440,6 @@ static unsigned attn_backward_reads(const st_model *m, const st_layer *l)
 const st_layer_kind st_layer_attention = {
     .name = "attention", .alloc = attn_alloc, .build = attn_build,
     .forward = attn_forward, .backward = attn_backward, .flops = attn_flops,
+    .costs = attn_costs,
     .grad_scratch = attn_scratch, .backward_reads = attn_backward_reads,
 };

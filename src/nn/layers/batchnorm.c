@@ -327,8 +327,19 @@ static unsigned bn_backward_reads(const st_model *m, const st_layer *l)
     return ST_READS_X;
 }
 
+/* Its forward (x read, y written) and backward (x, dy read, dx written)
+ * as oneDNN's primitives of the kind. */
+static void bn_costs(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s)
+{
+    const double y = st_cost_tensor_bytes(m, l->y);
+    st_cost_pass(s, ST_OP_BATCHNORM, 0, y / 4.0, 2.0 * y, 1.0);
+    if (!forward_only && l->backward)
+        st_cost_pass(s, ST_OP_BATCHNORM, 1, y / 4.0, 3.0 * y, 1.0);
+}
+
 const st_layer_kind st_layer_batchnorm = {
     .name = "batchnorm", .layout = bn_layout, .alloc = bn_alloc, .build = bn_build,
     .forward = bn_forward, .backward = bn_backward, .norm = 1,
+    .costs = bn_costs,
     .backward_reads = bn_backward_reads,
 };

@@ -513,6 +513,33 @@ static st_status conv_backward(const st_nn_ctx *ctx, const st_layer *l)
 }
 
 /* What is computed: under backward masking too, the whole weight pass. */
+/* Its passes (forward, backward data, backward weights) as convolutions
+ * of its shape, as the product they amount to (im2col: batch x pixels
+ * rows, ic kh kw deep, oc columns); the bias gradient a pass over dy; in bf16 the copies of
+ * x and dy (4 bytes read, 2 written an element). */
+static void conv_costs(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s)
+{
+    (void)m;
+    const st_conv *c = &l->u.conv;
+    const double passes = forward_only ? 1.0 : 1.0 + (c->has_dx ? 1.0 : 0.0) +
+                                               (c->has_dw ? 1.0 : 0.0);
+    st_cost_add(s, (st_step_cost){ .kind = ST_COST_CONV, .bf16 = c->bf16,
+                                   .m = c->s.batch * c->oh * c->ow, .n = c->s.oc,
+                                   .k = c->s.ic * c->s.kh * c->s.kw,
+                                   .count = passes, .calls = passes,
+                                   .flops = passes * st_conv_pass_flops(&c->s) });
+    const double x = (double)(c->s.batch * c->s.ic * c->s.ih * c->s.iw);
+    const double y = (double)(c->s.batch * c->s.oc * c->oh * c->ow);
+    if (c->bf16)
+        st_cost_move(s, 6.0 * x, 1.0);
+    if (forward_only)
+        return;
+    if (c->has_bias)
+        st_cost_move(s, 4.0 * y, 1.0);
+    if (c->bf16)
+        st_cost_move(s, 6.0 * y, 1.0);
+}
+
 static double conv_layer_flops(const st_layer *l)
 {
     return st_conv_flops(&l->u.conv);
@@ -529,6 +556,7 @@ static unsigned conv_backward_reads(const st_model *m, const st_layer *l)
 
 const st_layer_kind st_layer_conv = {
     .name = "conv", .layout = conv_layout, .build = conv_build, .forward = conv_forward,
-    .backward = conv_backward, .flops = conv_layer_flops, .grad_scratch = conv_grad_scratch,
+    .backward = conv_backward, .flops = conv_layer_flops,
+    .costs = conv_costs, .grad_scratch = conv_grad_scratch,
     .backward_reads = conv_backward_reads,
 };

@@ -203,8 +203,19 @@ static unsigned norm_backward_reads(const st_model *m, const st_layer *l)
     return m->cfg.precision == ST_PRECISION_BF16 ? 0u : ST_READS_X;
 }
 
+/* Its forward (x read, y written) and backward (x, dy read, dx written)
+ * as oneDNN's primitives of the kind. */
+static void norm_costs(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s)
+{
+    const double y = st_cost_tensor_bytes(m, l->y);
+    st_cost_pass(s, ST_OP_LAYERNORM, 0, y / 4.0, 2.0 * y, 1.0);
+    if (!forward_only && l->backward)
+        st_cost_pass(s, ST_OP_LAYERNORM, 1, y / 4.0, 3.0 * y, 1.0);
+}
+
 const st_layer_kind st_layer_layernorm = {
     .name = "layernorm", .layout = norm_layout, .alloc = norm_alloc, .build = norm_build,
     .forward = norm_forward, .backward = norm_backward, .norm = 1,
+    .costs = norm_costs,
     .backward_reads = norm_backward_reads,
 };

@@ -547,6 +547,41 @@ static double linear_flops(const st_layer *layer)
     return one * (1.0 + (l->has_dx ? 1.0 : 0.0)) + (l->has_dw ? one * (double)l->dw_rows / rows : 0.0);
 }
 
+/* The products of linear_flops with their shapes; the bias gradient (a
+ * pass over dy) and in bf16 the copies of x, w and dy (4 bytes read, 2
+ * written an element).  Weight rows are `in` or `out` as stored. */
+static void linear_costs(const st_model *m, const st_layer *layer, int forward_only,
+                         st_cost_sink *s)
+{
+    (void)m;
+    const st_linear *l = &layer->u.linear;
+    const int b = l->bf16;
+    /* w stored (out, in): the forward reads it transposed, the backward
+     * data product as stored; (in, out): the other way round */
+    const st_cost_operands fwd = l->in_major ? ST_OPERANDS_NN : ST_OPERANDS_NT;
+    const st_cost_operands bwd = l->in_major ? ST_OPERANDS_NT : ST_OPERANDS_NN;
+    st_cost_matmul(s, b, fwd, l->batch, l->out, l->in, 1.0, 1.0);
+    if (b)
+        st_cost_move(s, 6.0 * (double)(l->batch * l->in + l->in * l->out), 2.0);
+    if (forward_only)
+        return;
+    if (l->has_dx)
+        st_cost_matmul(s, b, bwd, l->batch, l->in, l->out, 1.0, 1.0);
+    if (l->has_dw && l->n_runs > 0) {
+        const int64_t other = l->in_major ? l->out : l->in;
+        st_step_cost c = { .kind = ST_COST_MATMUL, .bf16 = b, .operands = ST_OPERANDS_TN,
+                           .m = l->dw_rows / l->n_runs,
+                           .n = other, .k = l->batch, .count = (double)l->n_runs,
+                           .calls = (double)l->n_runs };
+        c.flops = 2.0 * (double)l->dw_rows * (double)other * (double)l->batch;
+        st_cost_add(s, c);
+    }
+    if (l->n_bias > 0)
+        st_cost_move(s, 4.0 * (double)(l->batch * l->out), (double)l->n_bias);
+    if (b)
+        st_cost_move(s, 6.0 * (double)(l->batch * l->out), 1.0);
+}
+
 /* fp32: the backward-weights product reads x; bf16: its copy xb (and dy,
  * w's copy), so not x.  Neither reads y or the residual (the skip's
  * gradient is dy itself). */
@@ -558,6 +593,7 @@ static unsigned linear_backward_reads(const st_model *m, const st_layer *l)
 const st_layer_kind st_layer_linear = {
     .name = "linear", .layout = linear_layout, .build = linear_build,
     .forward = linear_forward, .backward = linear_backward, .flops = linear_flops,
+    .costs = linear_costs,
     .backward_reads = linear_backward_reads,
 };
 
