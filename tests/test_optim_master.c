@@ -17,27 +17,7 @@
 #include "core/arena_impl.h"
 #include "core/bf16.h"
 #include "optim/optim_impl.h"
-
-enum { N = 300 };
-
-static const st_param_segment segs[2] = {
-    { .name = "w", .offset = 0, .count = 200, .decay = 1 },
-    { .name = "b", .offset = 200, .count = 100, .decay = 0 },
-};
-
-static void random_fill(float *x, size_t n, uint64_t stream, float scale)
-{
-    st_rng r = st_rng_seed(stream);
-    for (size_t i = 0; i < n; i++)
-        x[i] = scale * st_rng_normal(&r);
-}
-
-static uint32_t bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
+#include "optim_vectors.h"
 
 static float widen(uint16_t h)
 {

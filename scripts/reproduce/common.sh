@@ -58,3 +58,14 @@ compare() {
         "$OUT/$1.pairs" "$OUT/$1/runs.csv"
     echo
 }
+
+# holders NAME WHAT MORE: the pairs of an SDP table with several holders a
+# unit (sdp-gpt, sdp-vit): blocks and heads against data parallelism and
+# against each other, at equal length and with MORE (", 2x steps")
+holders() {
+    for more in "" "$3"; do
+        echo "data parallel | SDP block forward C=0.5$more"
+        echo "data parallel | SDP heads forward C=0.5$more"
+        echo "SDP heads forward C=0.5$more | SDP block forward C=0.5$more"
+    done | compare "$1" "$2"
+}

@@ -12,22 +12,8 @@ claim <<'TEXT'
 Subnetwork data parallelism reaches the accuracy of data parallelism at lower memory per worker, and block units do better than neuron (head) units at the same coverage. Setting: the byte-level gpt (depth 4, width 256, 4 heads, context 128, GCIDE), 4 workers of batch 8, 600 steps and 1200 for the FLOP-matched rows; coverage 0.5, --resample 50. Compared on the held-out loss (nats a byte) and the next byte's accuracy.
 TEXT
 sweep sdp-gpt
-compare sdp-gpt loss <<'PAIRS'
-data parallel | SDP block forward C=0.5
-data parallel | SDP heads forward C=0.5
-SDP heads forward C=0.5 | SDP block forward C=0.5
-data parallel | SDP block forward C=0.5, 2x steps
-data parallel | SDP heads forward C=0.5, 2x steps
-SDP heads forward C=0.5, 2x steps | SDP block forward C=0.5, 2x steps
-PAIRS
-compare sdp-gpt acc <<'PAIRS'
-data parallel | SDP block forward C=0.5
-data parallel | SDP heads forward C=0.5
-SDP heads forward C=0.5 | SDP block forward C=0.5
-data parallel | SDP block forward C=0.5, 2x steps
-data parallel | SDP heads forward C=0.5, 2x steps
-SDP heads forward C=0.5, 2x steps | SDP block forward C=0.5, 2x steps
-PAIRS
+holders sdp-gpt loss ", 2x steps"
+holders sdp-gpt acc ", 2x steps"
 compare sdp-gpt peak <<'PAIRS'
 data parallel | SDP block forward C=0.5
 data parallel | SDP heads forward C=0.5
