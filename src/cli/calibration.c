@@ -233,6 +233,41 @@ static double now_s(void)
 #define COLD_BYTES ((size_t)8 << 20)
 #define MAX_COPIES 64
 
+/* Memory of md, zero-filled (timed kernels must not read NaNs or
+ * denormals); 0, or -1. */
+static int zeroed_memory(const dnnl_memory_desc_t *md, dnnl_engine_t eng, dnnl_memory_t *out)
+{
+    if (dnnl_memory_create(out, md, eng, DNNL_MEMORY_ALLOCATE) != dnnl_success) {
+        *out = NULL;
+        return -1;
+    }
+    void *h;
+    dnnl_memory_get_data_handle(*out, &h);
+    memset(h, 0, dnnl_memory_desc_get_size(md));
+    return 0;
+}
+
+/* The best seconds of one execution of prim over `rounds` rounds of
+ * `reps` calls, call r taking the (r mod sets)-th set of n_args arguments;
+ * round 0 warms up.  0 when an execution fails. */
+static double best_call_s(dnnl_primitive_t prim, dnnl_stream_t stream, int rounds, int reps,
+                          int sets, int n_args, const dnnl_exec_arg_t *args)
+{
+    double best = 1e30;
+    for (int round = 0; round < rounds; round++) {
+        const double t0 = now_s();
+        for (int r = 0; r < reps; r++)
+            if (dnnl_primitive_execute(prim, stream, n_args, args + (r % sets) * n_args) !=
+                dnnl_success)
+                return 0.0;
+        dnnl_stream_wait(stream);
+        const double t = (now_s() - t0) / reps;
+        if (round > 0 && t < best)
+            best = t;
+    }
+    return best;
+}
+
 /* The best seconds of one call of a (M x K) x (K x N) matmul of data type
  * dt (the output fp32), over a few repetitions of `reps` calls; 0 when
  * oneDNN has no such matmul.  cold: the calls cycle through copies of the
@@ -264,33 +299,14 @@ static double time_matmul(dnnl_engine_t eng, dnnl_stream_t stream, int64_t M, in
                        dnnl_memory_desc_get_size(&c);
     const size_t want = cold ? (COLD_BYTES + set - 1) / set : 1;
     for (copies = 0; copies < (int)(want < MAX_COPIES ? want : MAX_COPIES); copies++) {
-        for (int j = 0; j < 3; j++) {
-            if (dnnl_memory_create(&mem[copies][j], mds[j], eng, DNNL_MEMORY_ALLOCATE) !=
-                dnnl_success)
+        for (int j = 0; j < 3; j++)
+            if (zeroed_memory(mds[j], eng, &mem[copies][j]) != 0)
                 goto done;
-            void *h;
-            dnnl_memory_get_data_handle(mem[copies][j], &h);
-            memset(h, 0, dnnl_memory_desc_get_size(mds[j]));
-        }
         args[copies][0] = (dnnl_exec_arg_t){ DNNL_ARG_SRC, mem[copies][0] };
         args[copies][1] = (dnnl_exec_arg_t){ DNNL_ARG_WEIGHTS, mem[copies][1] };
         args[copies][2] = (dnnl_exec_arg_t){ DNNL_ARG_DST, mem[copies][2] };
     }
-    if (reps < copies)
-        reps = copies;
-    best = 1e30;
-    for (int round = 0; round < rounds; round++) {
-        const double t0 = now_s();
-        for (int r = 0; r < reps; r++)
-            if (dnnl_primitive_execute(prim, stream, 3, args[r % copies]) != dnnl_success) {
-                best = 0.0;
-                goto done;
-            }
-        dnnl_stream_wait(stream);
-        const double t = (now_s() - t0) / reps;
-        if (round > 0 && t < best)   /* round 0 warms up */
-            best = t;
-    }
+    best = best_call_s(prim, stream, rounds, reps < copies ? copies : reps, copies, 3, args[0]);
 done:
     for (int i = 0; i < MAX_COPIES; i++)
         for (int j = 0; j < 3; j++)
@@ -433,28 +449,12 @@ static double time_views(dnnl_engine_t eng, dnnl_stream_t stream, const dnnl_mem
         dnnl_primitive_desc_create(&pd, &d, NULL, eng, NULL) != dnnl_success ||
         dnnl_primitive_create(&prim, pd) != dnnl_success)
         goto done;
-    for (int j = 0; j < 3; j++) {
-        if (dnnl_memory_create(&mem[j], mds[j], eng, DNNL_MEMORY_ALLOCATE) != dnnl_success)
+    for (int j = 0; j < 3; j++)
+        if (zeroed_memory(mds[j], eng, &mem[j]) != 0)
             goto done;
-        void *h;
-        dnnl_memory_get_data_handle(mem[j], &h);
-        memset(h, 0, dnnl_memory_desc_get_size(mds[j]));
-    }
-    dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, mem[0] }, { DNNL_ARG_WEIGHTS, mem[1] },
-                                { DNNL_ARG_DST, mem[2] } };
-    best = 1e30;
-    for (int round = 0; round < ROUNDS; round++) {
-        const double t0 = now_s();
-        for (int r = 0; r < reps; r++)
-            if (dnnl_primitive_execute(prim, stream, 3, args) != dnnl_success) {
-                best = 0.0;
-                goto done;
-            }
-        dnnl_stream_wait(stream);
-        const double t = (now_s() - t0) / reps;
-        if (round > 0 && t < best)
-            best = t;
-    }
+    const dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, mem[0] }, { DNNL_ARG_WEIGHTS, mem[1] },
+                                      { DNNL_ARG_DST, mem[2] } };
+    best = best_call_s(prim, stream, ROUNDS, reps, 1, 3, args);
 done:
     for (int j = 0; j < 3; j++)
         if (mem[j])
@@ -527,28 +527,13 @@ static double time_pd(dnnl_engine_t eng, dnnl_stream_t stream, const_dnnl_primit
         if (!md || md->ndims == 0)
             continue;
         dnnl_memory_t mem;
-        if (dnnl_memory_create(&mem, md, eng, DNNL_MEMORY_ALLOCATE) != dnnl_success)
+        if (zeroed_memory(md, eng, &mem) != 0)
             goto done;
-        void *h;
-        dnnl_memory_get_data_handle(mem, &h);
-        memset(h, 0, dnnl_memory_desc_get_size(md));
         args[n++] = (dnnl_exec_arg_t){ wanted[i], mem };
     }
     if (dnnl_primitive_create(&prim, pd) != dnnl_success)
         goto done;
-    best = 1e30;
-    for (int round = 0; round < ROUNDS; round++) {
-        const double t0 = now_s();
-        for (int r = 0; r < reps; r++)
-            if (dnnl_primitive_execute(prim, stream, n, args) != dnnl_success) {
-                best = 0.0;
-                goto done;
-            }
-        dnnl_stream_wait(stream);
-        const double t = (now_s() - t0) / reps;
-        if (round > 0 && t < best)
-            best = t;
-    }
+    best = best_call_s(prim, stream, ROUNDS, reps, 1, n, args);
 done:
     for (int i = 0; i < n; i++)
         dnnl_memory_destroy(args[i].memory);
