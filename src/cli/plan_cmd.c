@@ -346,7 +346,8 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
     const int sharing = row->workers;
     const double call_s = cal->call_us * 1e-6;
     double t = 0.0;
-    if (row->n_costs > ST_STEP_COSTS_MAX)
+    /* none: no model step to price (synth's segments) */
+    if (row->n_costs < 1 || row->n_costs > ST_STEP_COSTS_MAX)
         return NAN;
     for (int i = 0; i < row->n_costs; i++) {
         const st_step_cost *c = &row->costs[i];
