@@ -290,6 +290,52 @@ Test(plan, synth_memory_equals_the_runs_in_either_phase, .timeout = 300)
     st_test_rmdir(dir);
 }
 
+/* Runs that draw new subnetworks (sdp --resample, ist's rounds) build
+ * each draw's on their arenas, and a later draw can need more than the
+ * first (the engines' plans, the units a worker holds): the plan lays out
+ * every draw the run makes, and equals the records after several, on
+ * every model family, both masking kinds, ist's rounds at epoch ends and
+ * its kept optimizer state. */
+Test(plan, memory_equals_the_runs_over_every_redraw, .timeout = 300)
+{
+    const st_bf16_support bf16 = st_bf16_probe(NULL);
+    char dir[ST_TEST_PATH_MAX], text[ST_TEST_PATH_MAX], data[2 * ST_TEST_PATH_MAX];
+    tiny_images(dir, data, sizeof data);
+    st_test_path(text, dir, "text.txt");
+    write_text(text);
+    const struct { const char *opts, *length; int bf16; } cases[] = {
+        { "--model mlp --depth 3 --width 32 --batch 8 --workers 3 --strategy sdp --subnet neuron "
+          "--neuron-group 4 --resample 2", "--steps 7", 0 },
+        { "--model resnet --depth 2 --batch 8 --workers 3 --strategy sdp --resample 1",
+          "--steps 4", 0 },
+        { "--model gpt --depth 2 --width 16 --heads 2 --context 8 --batch 4 --val-bytes 256 "
+          "--workers 2 --strategy sdp --subnet neuron --neuron-group 8 --resample 1", "--steps 4",
+          0 },
+        { "--model resmlp --depth 5 --width 32 --batch 8 --workers 3 --strategy sdp "
+          "--masking backward --resample 1", "--steps 4", 0 },
+        { "--model resmlp --depth 4 --width 32 --batch 8 --workers 3 --strategy ist "
+          "--local-steps 1", "--steps 4", 0 },
+        { "--model mlp --depth 3 --width 32 --batch 8 --workers 2 --strategy ist "
+          "--neuron-group 4 --local-steps 3", "--epochs 2", 0 },
+        { "--model mlp --depth 3 --width 32 --batch 8 --workers 3 --strategy ist "
+          "--neuron-group 4 --local-steps 2 --optimizer-state keep --precision bf16", "--steps 6",
+          1 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        if (cases[i].bf16 && bf16 == ST_BF16_UNAVAILABLE)
+            continue;
+        char opts[4 * ST_TEST_PATH_MAX], where[2 * ST_TEST_PATH_MAX];
+        if (strstr(cases[i].opts, "gpt"))
+            snprintf(where, sizeof where, "--data 'text:%s'", text);
+        else
+            snprintf(where, sizeof where, "%s", data);
+        snprintf(opts, sizeof opts, "%s %s --oversubscribe%s", cases[i].opts, where,
+                 cases[i].bf16 && bf16 == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+        expect_plan_equals_run_of(opts, cases[i].length, NULL);
+    }
+    st_test_rmdir(dir);
+}
+
 Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors)
 {
     const char *base = "--data synthetic --depth 2 --width 32 --batch 8";

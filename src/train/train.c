@@ -338,8 +338,9 @@ enum { SIZING_PHASES = 4 };
 /* Worker w of a sizing run, built (init_worker), each phase in turn as the
  * loop begins and ends it: the step of its first layout (its engine's
  * bytes, its model's work) into *out; its memory in phase k into
- * held[k]; worker 0 keeps each phase's largest total in worst[k], as the
- * phase's records take their worker.  *phases: how many it laid out. */
+ * held[k], over every later draw of its subnetworks (size_draws); worker
+ * 0 keeps each phase's largest total in worst[k], as the phase's records
+ * take their worker.  *phases: how many it laid out. */
 static st_status size_phases(run_shared *r, st_worker *w, const st_chunk_backend *backend,
                              st_worker_size *out, st_mem_stats *held, size_t *worst,
                              int *phases)
@@ -366,6 +367,8 @@ static st_status size_phases(run_shared *r, st_worker *w, const st_chunk_backend
             out->flops = w->model ? st_model_step_flops(w->model) : 0.0;
             out->n_costs = w->model ? st_model_step_costs(w->model, out->costs,
                                                           ST_STEP_COSTS_MAX) : 0;
+            if (ops->size_draws)
+                s = ops->size_draws(r, r->strategy, w);
         }
         if (s == ST_OK) {
             st_run_worker_memory(r, w, &held[k]);
