@@ -281,6 +281,8 @@ static st_status ist_round_end(run_shared *r, void *state, st_worker *w, uint64_
         ST_TRY(st_subnets_draw(&s->sn, r, round));
     }
     ST_TRY(st_comm_barrier(r->comm, wid)); /* the new partition is there */
+    if (s->sn.repeat)   /* a sizing run laid it out before */
+        return ST_OK;
     st_status st = build_round(r, s, wid, w, 1);
     slot->times.reduce += st_run_now_s() - t;
     return st;

@@ -265,6 +265,8 @@ static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t rou
         ST_TRY(st_subnets_draw(&s->sn, r, round));
     }
     ST_TRY(st_comm_barrier(r->comm, wid)); /* the new assignment is there */
+    if (s->sn.repeat)   /* a sizing run laid it out before */
+        return ST_OK;
     ST_TRY(build_subnet(r, s, w, 1));
     /* shared weights: the new model reads its domain's copy, which holds
      * the current values already */
