@@ -432,8 +432,9 @@ typedef struct st_worker_size {
  * weights), every later subnetwork the run draws as it trains cfg's
  * epochs or steps (sdp --resample, ist's rounds), and each phase of a run
  * of phases (synth: its segments, then the joined network), over chunks
- * of address space that nobody touches, binds nothing and takes no step.  cfg->topology may describe another
- * machine.  *out: *n_workers entries (free() them). */
+ * of address space that nobody touches, binds nothing and takes no
+ * step.  cfg->topology may describe another machine.  *out: *n_workers
+ * entries (free() them). */
 st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
                         const st_dataset *test, st_worker_size **out, int *n_workers);
 
