@@ -64,6 +64,32 @@ static void record_memory(const char *path, json_int_t *kinds, int n_kinds, json
     json_decref(rec);
 }
 
+/* A synth run's metrics: its final record reports the memory of phase
+ * `phase` ("segments" or "recovery": the last record of it), not the
+ * other's, which differs. */
+static void expect_final_memory_of_phase(const char *path, const char *phase)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "no metrics file %s", path);
+    char line[16384];
+    json_int_t final = -1, same = -1, other = -1;
+    while (fgets(line, sizeof line, f)) {
+        json_t *rec = json_loads(line, 0, NULL);
+        const char *ph = json_string_value(json_object_get(json_object_get(rec, "synth"),
+                                                           "phase"));
+        const json_int_t total = json_integer_value(json_object_get(rec, "peak_bytes"));
+        if (ph && json_is_true(json_object_get(rec, "final")))
+            final = total;
+        else if (ph)
+            *(strcmp(ph, phase) == 0 ? &same : &other) = total;
+        json_decref(rec);
+    }
+    fclose(f);
+    cr_expect(final == same && same != other && other > 0, "%s: the final record's %lld bytes "
+              "are not the %s phase's %lld alone (the other phase's: %lld)", path,
+              (long long)final, phase, (long long)same, (long long)other);
+}
+
 /* The plan's one row (--as-given), from its JSON on stdout. */
 static json_t *plan_row(const run_result *r, const char *what)
 {
@@ -76,9 +102,12 @@ static json_t *plan_row(const run_result *r, const char *what)
     return row;
 }
 
-/* A run of `opts` for two steps, then the plan of the same options: every
- * kind and the total equal. */
-static void expect_plan_equals_run(const char *opts)
+/* A run of `opts` for `length` (--steps N, --epochs N), then the plan of
+ * the same options: every kind and the total equal.  synth_phase: the
+ * synth phase whose memory the run's final record reports (NULL: not a
+ * synth run with recovery epochs). */
+static void expect_plan_equals_run_of(const char *opts, const char *length,
+                                      const char *synth_phase)
 {
     static char args[15 * ST_TEST_PATH_MAX];
     char dir[ST_TEST_PATH_MAX], metrics[ST_TEST_PATH_MAX];
@@ -86,12 +115,15 @@ static void expect_plan_equals_run(const char *opts)
     st_test_path(metrics, dir, "m.jsonl");
     run_result *r = calloc(1, sizeof *r);
     cr_assert_not_null(r);
-    snprintf(args, sizeof args, "%s --steps 2 --progress none --metrics '%s'", opts, metrics);
+    snprintf(args, sizeof args, "%s %s --progress none --metrics '%s'", opts, length, metrics);
     run(r, NULL, args);
     cr_assert_eq(r->status, 0, "the run of %s failed: %s", opts, r->err);
     json_int_t kinds[ST_MEM_KIND_COUNT], total;
     record_memory(metrics, kinds, ST_MEM_KIND_COUNT, &total);
-    snprintf(args, sizeof args, "plan --as-given --memory-per-worker 1G --json - %s", opts);
+    if (synth_phase)
+        expect_final_memory_of_phase(metrics, synth_phase);
+    snprintf(args, sizeof args, "plan --as-given --memory-per-worker 1G --json - %s %s", opts,
+             length);
     run(r, NULL, args);
     cr_assert_eq(r->status, 0, "the plan of %s failed: %s", opts, r->err);
     json_t *row = plan_row(r, opts);
@@ -109,6 +141,12 @@ static void expect_plan_equals_run(const char *opts)
     json_decref(row);
     free(r);
     st_test_rmdir(dir);
+}
+
+/* The same, a run of two steps. */
+static void expect_plan_equals_run(const char *opts)
+{
+    expect_plan_equals_run_of(opts, "--steps 2", NULL);
 }
 
 /* 64 training and 16 test images of 8 x 8 in dir (cli_run.h), and the
@@ -137,7 +175,9 @@ static void write_text(const char *path)
 
 /* Every strategy the plan sizes, on mlp, resmlp, resnet (8 x 8 images)
  * and gpt, in fp32 and bf16, two workers: the units a strategy spreads
- * need models of two blocks at least. */
+ * need models of two blocks at least.  synth (mlp alone) trains whole
+ * epochs: its segment epoch, then a recovery epoch of the joined network,
+ * which holds the more here. */
 Test(plan, memory_equals_the_runs_for_every_strategy_model_and_precision, .timeout = 600)
 {
     const st_bf16_support bf16 = st_bf16_probe(NULL);
@@ -153,19 +193,25 @@ Test(plan, memory_equals_the_runs_for_every_strategy_model_and_precision, .timeo
     snprintf(models[2], sizeof models[2], "--model resnet %s --depth 2 --batch 8", data);
     snprintf(models[3], sizeof models[3], "--model gpt --data 'text:%s' --depth 2 --width 16 "
              "--heads 2 --context 8 --batch 4 --val-bytes 256", text);
-    static const char *const strategies[] = { "dp", "sdp", "ist", "localsgd" };
+    static const char *const strategies[] = { "dp", "sdp", "ist", "localsgd", "synth" };
     for (int p = 0; p < 2; p++) {
         if (p == 1 && bf16 == ST_BF16_UNAVAILABLE)
             continue;
         for (int m = 0; m < 4; m++)
-            for (int s = 0; s < 4; s++) {
+            for (int s = 0; s < 5; s++) {
                 if (s == 2 && m == 3)
                     continue;   /* ist refuses gpt (doc/ist.md) */
+                if (s == 4 && m > 0)
+                    continue;   /* synth cuts an mlp (doc/synth.md) */
                 static char opts[13 * ST_TEST_PATH_MAX];
                 snprintf(opts, sizeof opts, "%s --workers 2 --oversubscribe --strategy %s "
-                         "--precision %s%s", models[m], strategies[s], p ? "bf16" : "fp32",
-                         p && bf16 == ST_BF16_EMULATED ? " --bf16-emulated" : "");
-                expect_plan_equals_run(opts);
+                         "--precision %s%s%s", models[m], strategies[s], p ? "bf16" : "fp32",
+                         p && bf16 == ST_BF16_EMULATED ? " --bf16-emulated" : "",
+                         s == 4 ? " --recovery-epochs 1" : "");
+                if (s == 4)
+                    expect_plan_equals_run_of(opts, "--epochs 1", "recovery");
+                else
+                    expect_plan_equals_run(opts);
             }
     }
     st_test_rmdir(dir);
@@ -200,6 +246,96 @@ Test(plan, memory_equals_the_runs_with_masking_accumulation_and_moments, .timeou
     st_test_rmdir(dir);
 }
 
+/* synth's workers hold their segments, then (--recovery-epochs) the
+ * joined network on fresh arenas: the plan reports the phase the run's
+ * final record reports, the one whose busiest worker holds the more (the
+ * segments here: three workers, the first layer's segment trained by
+ * two), a run without recovery epochs its segments; groups of one and of
+ * more workers, three segments, both precisions.  Its segments' steps
+ * are not priced: no step time, even with a calibration. */
+Test(plan, synth_memory_equals_the_runs_in_either_phase, .timeout = 300)
+{
+    const st_bf16_support bf16 = st_bf16_probe(NULL);
+    char dir[ST_TEST_PATH_MAX], data[2 * ST_TEST_PATH_MAX], opts[4 * ST_TEST_PATH_MAX];
+    tiny_images(dir, data, sizeof data);
+    char cal[ST_TEST_PATH_MAX], args[6 * ST_TEST_PATH_MAX];
+    st_test_path(cal, dir, "cal");
+    write_calibration(cal, 10.0, 40.0);
+    snprintf(args, sizeof args, "plan --as-given --memory-per-worker 1G --calibration '%s' "
+             "--json - %s --strategy synth --depth 2 --width 16 --batch 8 --workers 2 "
+             "--oversubscribe --epochs 1", cal, data);
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
+    json_t *row = plan_row(r, args);
+    cr_expect(json_is_null(json_object_get(row, "step_s")), "synth: a step time priced: %s",
+              r->out);
+    cr_expect_gt(json_integer_value(json_object_get(json_object_get(row, "memory_per_worker"),
+                                                    "total")), 0);
+    json_decref(row);
+    free(r);
+    snprintf(opts, sizeof opts, "%s --strategy synth --depth 2 --width 16 --batch 2 --cuts 1 "
+             "--workers 3 --oversubscribe --recovery-epochs 1", data);
+    expect_plan_equals_run_of(opts, "--epochs 1", "segments");
+    snprintf(opts, sizeof opts, "%s --strategy synth --depth 3 --width 32 --batch 8 "
+             "--segments 3 --workers 4 --oversubscribe", data);
+    expect_plan_equals_run_of(opts, "--epochs 1", NULL);
+    if (bf16 != ST_BF16_UNAVAILABLE) {
+        snprintf(opts, sizeof opts, "%s --strategy synth --depth 3 --width 32 --batch 8 "
+                 "--workers 4 --oversubscribe --recovery-epochs 1 --precision bf16%s", data,
+                 bf16 == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+        expect_plan_equals_run_of(opts, "--epochs 1", "recovery");
+    }
+    st_test_rmdir(dir);
+}
+
+/* Runs that draw new subnetworks (sdp --resample, ist's rounds) build
+ * each draw's on their arenas, and a later draw can need more than the
+ * first (the engines' plans, the units a worker holds): the plan lays out
+ * every draw the run makes, and equals the records after several, on
+ * every model family, both masking kinds, ist's rounds at epoch ends and
+ * its kept optimizer state. */
+Test(plan, memory_equals_the_runs_over_every_redraw, .timeout = 300)
+{
+    const st_bf16_support bf16 = st_bf16_probe(NULL);
+    char dir[ST_TEST_PATH_MAX], text[ST_TEST_PATH_MAX], data[2 * ST_TEST_PATH_MAX];
+    tiny_images(dir, data, sizeof data);
+    st_test_path(text, dir, "text.txt");
+    write_text(text);
+    const struct { const char *opts, *length; int bf16; } cases[] = {
+        { "--model mlp --depth 3 --width 32 --batch 8 --workers 3 --strategy sdp --subnet neuron "
+          "--neuron-group 4 --resample 2", "--steps 7", 0 },
+        { "--model resnet --depth 2 --batch 8 --workers 3 --strategy sdp --resample 1",
+          "--steps 4", 0 },
+        { "--model gpt --depth 2 --width 16 --heads 2 --context 8 --batch 4 --val-bytes 256 "
+          "--workers 2 --strategy sdp --subnet neuron --neuron-group 8 --resample 1", "--steps 4",
+          0 },
+        { "--model resmlp --depth 5 --width 32 --batch 8 --workers 3 --strategy sdp "
+          "--masking backward --resample 1", "--steps 4", 0 },
+        { "--model resmlp --depth 4 --width 32 --batch 8 --workers 3 --strategy ist "
+          "--local-steps 1", "--steps 4", 0 },
+        { "--model mlp --depth 3 --width 32 --batch 8 --workers 2 --strategy ist "
+          "--neuron-group 4 --local-steps 3", "--epochs 2", 0 },
+        { "--model mlp --depth 3 --width 32 --batch 8 --workers 3 --strategy ist "
+          "--neuron-group 4 --local-steps 2 --optimizer-state keep --precision bf16", "--steps 6",
+          1 },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        if (cases[i].bf16 && bf16 == ST_BF16_UNAVAILABLE)
+            continue;
+        char opts[4 * ST_TEST_PATH_MAX], where[2 * ST_TEST_PATH_MAX];
+        if (strstr(cases[i].opts, "gpt"))
+            snprintf(where, sizeof where, "--data 'text:%s'", text);
+        else
+            snprintf(where, sizeof where, "%s", data);
+        snprintf(opts, sizeof opts, "%s %s --oversubscribe%s", cases[i].opts, where,
+                 cases[i].bf16 && bf16 == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+        expect_plan_equals_run_of(opts, cases[i].length, NULL);
+    }
+    st_test_rmdir(dir);
+}
+
 Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors)
 {
     const char *base = "--data synthetic --depth 2 --width 32 --batch 8";
@@ -216,7 +352,6 @@ Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors)
         { "--memory-per-worker 1G --topology xml:/nonexistent.xml", "--topology xml:" },
         { "--memory-per-worker 1G --strategies dp,nope", "--strategies dp,nope: 'nope'" },
         { "--memory-per-worker 1G --calibration /nonexistent", "--calibration /nonexistent" },
-        { "--memory-per-worker 1G --as-given --strategy synth --epochs 1", "synth is not sized" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         snprintf(args, sizeof args, "plan %s %s", base, cases[i].opts);

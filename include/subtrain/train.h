@@ -413,21 +413,28 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
 /* A worker of a run as st_train_size lays it out. */
 typedef struct st_worker_size {
     st_mem_stats memory;      /* its arena (and share of its domain's weight
-                               * copy) once built, as the records count it;
-                               * peak = current: nothing is freed while
-                               * building */
+                               * copy) as the run's final record counts it:
+                               * the peaks over every subnetwork the run
+                               * draws (sdp --resample, ist); a strategy of
+                               * phases (synth), those of the phase the
+                               * record reports */
+    /* Its first step (the first subnetworks drawn, the first phase): */
     st_comm_bytes comm;       /* its engine's bytes a step, from the plan
                                * (the records' comm_bytes_per_worker_step) */
-    double flops;             /* its model's forward and backward of one batch */
+    double flops;             /* its model's forward and backward of one batch
+                               * (0, and no costs: no model, synth's segments) */
     st_step_cost costs[ST_STEP_COSTS_MAX];   /* that step's work (st_model_step_costs) */
     int n_costs;              /* how many; more than ST_STEP_COSTS_MAX: not all kept */
 } st_worker_size;
 
 /* Each worker of the run of cfg as it is built: the run's own code lays
  * out every worker (strategy, model, optimizer state, engines, shared
- * weights) over chunks of address space that nobody touches, binds
- * nothing and takes no step.  cfg->topology may describe another
- * machine.  *out: *n_workers entries (free() them). */
+ * weights), every later subnetwork the run draws as it trains cfg's
+ * epochs or steps (sdp --resample, ist's rounds), and each phase of a run
+ * of phases (synth: its segments, then the joined network), over chunks
+ * of address space that nobody touches, binds nothing and takes no
+ * step.  cfg->topology may describe another machine.  *out: *n_workers
+ * entries (free() them). */
 st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
                         const st_dataset *test, st_worker_size **out, int *n_workers);
 

@@ -107,7 +107,9 @@ static void print_help(FILE *f)
 "  -h, --help                 this text\n"
 "\n"
 "Memory is what the run's records report per worker (its arena, and its\n"
-"share of a NUMA domain's weight copy), laid out by the run's own code.\n"
+"share of a NUMA domain's weight copy), laid out by the run's own code: over\n"
+"every subnetwork the run draws (sdp --resample, ist), and for synth the phase\n"
+"its records report.\n"
 "Rows that do not fit say which kind is the largest; the fitting rows come\n"
 "first, fastest first.  Accuracy is never predicted: a row names measured\n"
 "differences from the documentation's tables where there are some.\n"
@@ -346,7 +348,8 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
     const int sharing = row->workers;
     const double call_s = cal->call_us * 1e-6;
     double t = 0.0;
-    if (row->n_costs > ST_STEP_COSTS_MAX)
+    /* none: no model step to price (synth's segments) */
+    if (row->n_costs < 1 || row->n_costs > ST_STEP_COSTS_MAX)
         return NAN;
     for (int i = 0; i < row->n_costs; i++) {
         const st_step_cost *c = &row->costs[i];
@@ -548,14 +551,20 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, con
                     mib((double)r->mem.peak_total - budget),
                     st_mem_kind_name((st_mem_kind)r->over));
     }
-    int redraws = 0;
-    for (int i = 0; i < n; i++)
+    int redraws = 0, synth = 0;
+    for (int i = 0; i < n; i++) {
         redraws |= rows[i].ok && (rows[i].c.strategy == ST_STRATEGY_IST ||
                                   (rows[i].c.strategy == ST_STRATEGY_SDP &&
                                    rows[i].cfg.sdp.resample > 0));
+        synth |= rows[i].ok && rows[i].c.strategy == ST_STRATEGY_SYNTH;
+    }
     if (redraws)
-        fprintf(f, "ist and sdp --resample rows: the first subnetworks' layout; the run "
-                   "redraws them and its records\nreport each worker's peak over the draws "
+        fprintf(f, "ist and sdp --resample rows: memory over every subnetwork drawn in the "
+                   "run's --epochs or --steps;\nMB/step and step time: the first draw's "
+                   "(doc/planning.md)\n");
+    if (synth)
+        fprintf(f, "synth rows: the segments' memory or the joined network's (--recovery-epochs), "
+                   "whichever\nthe run's records report; MB/step: the segments'; no step time "
                    "(doc/planning.md)\n");
     /* each strategy's measured differences once: its rows share them */
     int any = 0;

@@ -179,12 +179,13 @@ static st_status build_round(run_shared *r, ist_run *s, int wid, st_worker *w, i
     st_status st = rebuild ? st_worker_rebuild_model(w, &mine) : st_worker_build_model(w, &mine);
     free(buf);
     ST_TRY(st);
-    if (rebuild) {
+    const int moves = rebuild && !r->sizing;   /* a sizing run moves no values */
+    if (moves) {
         ST_TRY(st_subnets_load_saved(&s->sn, r, w, st_model_params(w->model), 0));
         st_run_load_state(r, w->model);
     }
     ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, st_model_param_count(w->model)));
-    if (rebuild)   /* kept state: what the holders of each parameter left */
+    if (moves)   /* kept state: what the holders of each parameter left */
         for (int i = 0; i < s->n_state; i++)
             ST_TRY(st_subnets_load_saved(&s->sn, r, w, state_vector(w, i), 1 + i));
     /* read from the owners' shards, written into the compact vectors */
@@ -252,7 +253,8 @@ static st_status ist_step(run_shared *r, void *state, st_worker *w, uint64_t i, 
 
 /* The end of a round (every R steps and at the end of an epoch):
  * parameters averaged over their holders (disjoint blocks: copied; shared
- * layers: averaged), a new partition, new subnetworks. */
+ * layers: averaged), a new partition, new subnetworks.  A sizing run
+ * draws and rebuilds alike, averaging nothing. */
 static st_status ist_round_end(run_shared *r, void *state, st_worker *w, uint64_t step, int last)
 {
     ist_run *s = state;
@@ -264,10 +266,12 @@ static st_status ist_round_end(run_shared *r, void *state, st_worker *w, uint64_
     double t = st_run_now_s();
     /* into the saved masters (and states) directly: what someone held is
      * replaced by its mean over the holders, the rest keeps its value */
-    ST_TRY(st_comm_reduce_scatter(r->comm, wid)); /* waits for every worker */
-    for (int i = 0; i < s->n_state; i++)   /* the kept state: the same average */
-        ST_TRY(st_comm_reduce_scatter(s->state_comm[i], wid));
-    ST_TRY(st_run_sync_state(r, w));       /* and the running statistics */
+    if (!r->sizing) {
+        ST_TRY(st_comm_reduce_scatter(r->comm, wid)); /* waits for every worker */
+        for (int i = 0; i < s->n_state; i++)   /* the kept state: the same average */
+            ST_TRY(st_comm_reduce_scatter(s->state_comm[i], wid));
+        ST_TRY(st_run_sync_state(r, w));       /* and the running statistics */
+    }
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every saved master written, engine idle */
     if (wid == 0) {
         ST_TRY(st_subnets_gather_saved(&s->sn, r, r->comm));   /* over ranks */
@@ -277,9 +281,25 @@ static st_status ist_round_end(run_shared *r, void *state, st_worker *w, uint64_
         ST_TRY(st_subnets_draw(&s->sn, r, round));
     }
     ST_TRY(st_comm_barrier(r->comm, wid)); /* the new partition is there */
+    if (s->sn.repeat)   /* a sizing run laid it out before */
+        return ST_OK;
     st_status st = build_round(r, s, wid, w, 1);
     slot->times.reduce += st_run_now_s() - t;
     return st;
+}
+
+/* A sizing run: the round ends of the run's steps (the loop's `last`: an
+ * epoch's last step, or the run's), each drawing and building the next
+ * round. */
+static st_status ist_size_draws(run_shared *r, void *state, st_worker *w)
+{
+    const run_plan *p = &r->plan;
+    for (uint64_t step = 1; step <= p->total_steps; step++) {
+        const uint64_t i = (step - 1) % p->steps_per_epoch;
+        ST_TRY(ist_round_end(r, state, w, step,
+                             i + 1 == p->steps_per_epoch || step == p->total_steps));
+    }
+    return ST_OK;
 }
 
 /* A checkpoint holds ist's state at a round end only: mid-round, every
@@ -508,6 +528,7 @@ const st_strategy_ops st_ist_ops = {
     .init_worker = ist_init_worker,
     .step = ist_step,
     .round_end = ist_round_end,
+    .size_draws = ist_size_draws,
     .evaluate = ist_evaluate,
     .bytes = ist_bytes,
     .record = ist_record,

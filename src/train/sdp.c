@@ -243,16 +243,19 @@ static st_status sdp_resume(run_shared *r, void *state, st_worker *w)
 /* Round `round` of subnetworks (--resample): every worker saves its master
  * shard, worker 0 draws the new assignment, every worker rebuilds its
  * subnetwork, loads the current values of what it now holds and attaches
- * again.  The optimizer state stays: shards do not move. */
+ * again.  The optimizer state stays: shards do not move.  A sizing run
+ * draws and rebuilds alike, moving no values. */
 static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t round)
 {
-    const int wid = w->id;
+    const int wid = w->id, moves = !r->sizing;
     float *saved = s->sn.saved[wid].master;
     st_range shard = st_comm_shard(r->comm, wid);
-    ST_TRY(st_run_sync_state(r, w));       /* the running statistics meet */
+    if (moves)
+        ST_TRY(st_run_sync_state(r, w));   /* the running statistics meet */
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every all-gather is done */
-    memcpy(saved, st_comm_shard_params(masters(r, s), wid),
-           (shard.end - shard.begin) * sizeof(float));
+    if (moves)
+        memcpy(saved, st_comm_shard_params(masters(r, s), wid),
+               (shard.end - shard.begin) * sizeof(float));
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every master saved, the engines idle */
     if (wid == 0) {
         ST_TRY(st_subnets_gather_saved(&s->sn, r, r->comm));   /* over ranks */
@@ -262,18 +265,31 @@ static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t rou
         ST_TRY(st_subnets_draw(&s->sn, r, round));
     }
     ST_TRY(st_comm_barrier(r->comm, wid)); /* the new assignment is there */
+    if (s->sn.repeat)   /* a sizing run laid it out before */
+        return ST_OK;
     ST_TRY(build_subnet(r, s, w, 1));
     /* shared weights: the new model reads its domain's copy, which holds
      * the current values already */
-    if (!r->shared_weights)
+    if (moves && !r->shared_weights)
         ST_TRY(st_subnets_load_saved(&s->sn, r, w, st_model_params(w->model), 0));
-    st_run_load_state(r, w->model);
+    if (moves)
+        st_run_load_state(r, w->model);
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
     /* the engine initialised the held elements (the same values): the
      * others, nobody's in this round, keep theirs */
-    if (s->sn.unheld_possible)
+    if (moves && s->sn.unheld_possible)
         memcpy(st_comm_shard_params(masters(r, s), wid), saved,
                (shard.end - shard.begin) * sizeof(float));
+    return ST_OK;
+}
+
+/* A sizing run: the rounds the run draws, before steps R + 1, 2 R + 1, ...
+ * of its r->plan.total_steps (sdp_step). */
+static st_status sdp_size_draws(run_shared *r, void *state, st_worker *w)
+{
+    const uint64_t R = r->cfg->sdp.resample;
+    for (uint64_t done = R; R && done < r->plan.total_steps; done += R)
+        ST_TRY(new_round(r, state, w, done / R));
     return ST_OK;
 }
 
@@ -543,6 +559,7 @@ const st_strategy_ops st_sdp_ops = {
     .prepare = sdp_prepare,
     .init_worker = sdp_init_worker,
     .step = sdp_step,
+    .size_draws = sdp_size_draws,
     .evaluate = sdp_evaluate,
     .bytes = sdp_bytes,
     .record = sdp_record,

@@ -111,7 +111,7 @@ static size_t part_begin(size_t P, int n, int k)
 st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full)
 {
     if (!r->shared_weights) {
-        if (full)
+        if (full && !r->sizing)   /* the layout is all a sizing run reads */
             memcpy(st_model_params(w->model), full,
                    st_model_param_count(w->model) * sizeof(float));
         return ST_OK;

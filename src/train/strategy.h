@@ -166,6 +166,13 @@ typedef struct st_strategy_ops {
      * round ends every R steps and at the end of an epoch). */
     st_status (*round_end)(run_shared *r, void *state, st_worker *w, uint64_t step, int last);
 
+    /* Optional: a sizing run (r->sizing, st_train_size), every worker once
+     * built: every later layout the run builds as it trains r->plan
+     * (sdp's --resample rounds, ist's rounds), in the run's order and with
+     * the run's code, moving no values, so that the arena's peaks are the
+     * run's over all of them. */
+    st_status (*size_draws)(run_shared *r, void *state, st_worker *w);
+
     /* Optional: the optimizer half of a step alone, on the gradients the
      * models hold now (the trainer's st_trainer_update; dp only). */
     st_status (*update)(run_shared *r, void *state, st_worker *w, uint64_t i, uint64_t step,

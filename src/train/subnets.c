@@ -164,6 +164,11 @@ void st_subnets_release(subnets *s)
     for (int i = 0; i < s->n_gathered; i++)
         free(s->gathered[i]);
     s->n_gathered = 0;
+    free(s->laid);
+    free(s->laid_hash);
+    s->laid = NULL;
+    s->laid_hash = NULL;
+    s->n_laid = s->cap_laid = 0;
 }
 
 st_status st_subnets_prepare_gather(subnets *s, const run_shared *r, int kinds)
@@ -201,9 +206,46 @@ st_status st_subnets_draw(subnets *s, const run_shared *r, uint64_t round)
      * st_assignment_make_layered); blocks: each section's (a ResNet's
      * stage's) */
     if (s->neuron_units || s->n_sections > 1)
-        return st_assignment_make_sections(r->n_all, s->n_sections, s->sections, s->k, r->cfg->seed,
-                                           round, &s->assign);
-    return st_assignment_make(r->n_all, s->layers, s->k, r->cfg->seed, round, &s->assign);
+        ST_TRY(st_assignment_make_sections(r->n_all, s->n_sections, s->sections, s->k,
+                                           r->cfg->seed, round, &s->assign));
+    else
+        ST_TRY(st_assignment_make(r->n_all, s->layers, s->k, r->cfg->seed, round, &s->assign));
+    s->repeat = r->sizing && st_subnets_laid_before(s);
+    return ST_OK;
+}
+
+/* What a sizing run remembers of the assignments it laid out: at most
+ * this many, of this many bytes in all. */
+enum { LAID_MOST = 4096 };
+#define LAID_BYTES ((size_t)64 << 20)
+
+int st_subnets_laid_before(subnets *s)
+{
+    const size_t size = (size_t)s->assign.n_workers * (size_t)s->assign.n_units;
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a */
+    for (size_t i = 0; i < size; i++)
+        h = (h ^ s->assign.held[i]) * 1099511628211ull;
+    for (int i = 0; i < s->n_laid; i++)
+        if (s->laid_hash[i] == h && memcmp(s->laid + (size_t)i * size, s->assign.held, size) == 0)
+            return 1;
+    if (s->n_laid == s->cap_laid) {   /* room for more, within the bounds */
+        const size_t most = LAID_BYTES / size < LAID_MOST ? LAID_BYTES / size : LAID_MOST;
+        const int cap = s->cap_laid ? 2 * s->cap_laid : 16;
+        if ((size_t)cap > most)
+            return 0;
+        uint8_t *laid = realloc(s->laid, (size_t)cap * size);
+        if (laid)
+            s->laid = laid;
+        uint64_t *hash = realloc(s->laid_hash, (size_t)cap * sizeof *hash);
+        if (hash)
+            s->laid_hash = hash;
+        if (!laid || !hash)
+            return 0;   /* not remembered: laid out again if drawn again */
+        s->cap_laid = cap;
+    }
+    memcpy(s->laid + (size_t)s->n_laid * size, s->assign.held, size);
+    s->laid_hash[s->n_laid++] = h;
+    return 0;
 }
 
 /* Worker w's subnetwork in the current assignment.  Blocks: the blocks it

@@ -45,6 +45,13 @@ typedef struct subnets {
     int n_gathered;
     st_arena eval_arena;     /* worker 0's full model for evaluation */
     st_model *eval_model;
+    /* A sizing run: the assignments laid out so far (each n_all x units
+     * bytes of assign.held, with a hash), and whether the current one is
+     * one of them (st_subnets_laid_before). */
+    uint8_t *laid;
+    uint64_t *laid_hash;
+    int n_laid, cap_laid;
+    int repeat;
 } subnets;
 
 /* Units, as the model's layers declare them (st_model_config_units):
@@ -80,8 +87,14 @@ void st_subnets_release(subnets *s);
 #define ST_MAX_UNHELD_RANGES 1024
 int st_subnets_unheld_ranges(const subnets *s, const run_shared *r, st_range *out, int cap);
 
-/* s->assign <- the assignment of `round`. */
+/* s->assign <- the assignment of `round`; a sizing run's also sets
+ * s->repeat (st_subnets_laid_before). */
 st_status st_subnets_draw(subnets *s, const run_shared *r, uint64_t round);
+/* A sizing run: whether the current assignment was laid out before, so
+ * that laying it out again would repeat every worker's layout, and its
+ * arena's peaks with it; else it is remembered (up to a bound of
+ * assignments and bytes, beyond which every draw counts as new). */
+int st_subnets_laid_before(subnets *s);
 
 /* Worker wid's model config in the current assignment; *buf holds its
  * lists until the model is built (the caller frees it). */

@@ -257,7 +257,9 @@ static st_status make_engines(run_shared *r, synth_run *sy)
             domain_of[k] = r->placement.workers[G->local_first + k].domain;
         st_comm_config cc = { .n_workers = G->local_count, .n_params = G->n_params,
                               .domain_of = domain_of,
-                              .payload = st_run_comm_payload(r->cfg) };
+                              .payload = st_run_comm_payload(r->cfg),
+                              /* a sizing run's workers only meet (run.c) */
+                              .blocking = r->sizing };
         if (spans_ranks(G)) {
             cc.backend = ST_COMM_BACKEND_MPI;
             cc.rank_first = G->rank_first;

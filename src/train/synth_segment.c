@@ -27,7 +27,8 @@ static st_status alloc_labels(st_worker *w, const st_train_config *cfg, int cut,
     const int K = cfg->model.n_classes, W = cfg->model.width;
     float *p;
     ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WORKSPACE, (size_t)K * (size_t)W, &p));
-    st_synth_make_labels(cfg->synth.labels, cfg->synth.scale, cfg->seed, cut, K, W, p);
+    if (!st_arena_is_sizing(&w->arena))   /* a sizing run's buffers stay untouched */
+        st_synth_make_labels(cfg->synth.labels, cfg->synth.scale, cfg->seed, cut, K, W, p);
     *out = p;
     return ST_OK;
 }
@@ -60,7 +61,8 @@ static st_status init_worker(run_shared *r, synth_run *sy, int wid, st_worker *w
     st_segment_config sc = { .model = cfg->model, .first = G->layer_first,
                              .last = G->layer_last };
     ST_TRY(st_segnet_create(&sc, cfg->batch, &w->arena, &me->net));
-    st_segnet_init_params(me->net, cfg->seed);
+    if (!r->sizing)
+        st_segnet_init_params(me->net, cfg->seed);
     if (g > 0)
         ST_TRY(alloc_labels(w, cfg, g, &me->labels_in));
     if (g < sy->segments - 1)

@@ -331,6 +331,66 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
 
 /* ------------------------------------------------------------ sizing */
 
+/* The phases a sizing run lays out (synth: the segments, then the joined
+ * network). */
+enum { SIZING_PHASES = 4 };
+
+/* Worker w of a sizing run, built (init_worker), each phase in turn as the
+ * loop begins and ends it: the step of its first layout (its engine's
+ * bytes, its model's work) into *out; its memory in phase k into
+ * held[k], over every later draw of its subnetworks (size_draws); worker
+ * 0 keeps each phase's largest total in worst[k], as the phase's records
+ * take their worker.  *phases: how many it laid out. */
+static st_status size_phases(run_shared *r, st_worker *w, const st_chunk_backend *backend,
+                             st_worker_size *out, st_mem_stats *held, size_t *worst,
+                             int *phases)
+{
+    const st_strategy_ops *ops = r->ops;
+    st_status s = ST_OK;
+    int last = 0;
+    *phases = 0;
+    for (int k = 0; s == ST_OK && !last; k++) {
+        if (k == SIZING_PHASES)
+            return st_fail(ST_ERR_INVALID, "a sizing run lays out %d phases at most",
+                           SIZING_PHASES);
+        st_phase ph;
+        st_loop_default_phase(r, &ph);
+        if (ops->phase_begin)
+            s = ops->phase_begin(r, r->strategy, k, w, backend, &ph);
+        last = ph.last;
+        /* every worker has begun it: the domains' arenas are complete */
+        if (s == ST_OK)
+            s = st_run_sync(r, w->id);
+        if (s == ST_OK && k == 0) {
+            if (r->comm)
+                out->comm = ph.bytes(r, r->strategy, w->id);
+            out->flops = w->model ? st_model_step_flops(w->model) : 0.0;
+            out->n_costs = w->model ? st_model_step_costs(w->model, out->costs,
+                                                          ST_STEP_COSTS_MAX) : 0;
+            if (ops->size_draws)
+                s = ops->size_draws(r, r->strategy, w);
+        }
+        if (s == ST_OK) {
+            st_run_worker_memory(r, w, &held[k]);
+            r->slots[w->id].memory = held[k];
+            s = st_run_sync(r, w->id);
+        }
+        if (s == ST_OK && w->id == 0) {
+            worst[k] = 0;
+            for (int v = 0; v < r->n; v++)
+                if (r->slots[v].memory.peak_total > worst[k])
+                    worst[k] = r->slots[v].memory.peak_total;
+        }
+        if (ops->phase_end) {   /* what the phase built goes before its arena does */
+            st_status e = ops->phase_end(r, r->strategy, k, w);
+            s = s != ST_OK ? s : e;
+        }
+        if (s == ST_OK)
+            *phases = k + 1;
+    }
+    return s;
+}
+
 st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
                         const st_dataset *test, st_worker_size **out, int *n_workers)
 {
@@ -340,10 +400,6 @@ st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
     ST_TRY(st_loop_check_data(cfg, train, test));
     if (cfg->resume)
         return st_fail(ST_ERR_INVALID, "a sizing run starts no training: it resumes nothing");
-    if (cfg->strategy == ST_STRATEGY_SYNTH)   /* its segments go at a phase's end */
-        return st_fail(ST_ERR_INVALID, "--strategy synth is not sized: its workers hold "
-                       "segments, then the joined network, and a sizing run lays out one "
-                       "layout a worker");
     if (st_world_size() > 1)
         return st_fail(ST_ERR_INVALID, "a sizing run lays out one process's workers (this is "
                        "one of %d MPI ranks)", st_world_size());
@@ -358,9 +414,14 @@ st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
     ST_TRY(st_sizing_space_create((size_t)1 << 40, &r.sizing_space));
     st_status s = st_loop_prepare(&r);
     st_worker_size *mem = s == ST_OK ? calloc((size_t)r.n, sizeof *mem) : NULL;
-    if (s == ST_OK && !mem)
+    st_mem_stats *held = s == ST_OK ? calloc((size_t)r.n * SIZING_PHASES, sizeof *held) : NULL;
+    size_t worst[SIZING_PHASES] = { 0 };
+    int phases = 0;
+    if (s == ST_OK && (!mem || !held))
         s = st_fail(ST_ERR_NOMEM, "out of memory for %d workers' sizes", r.n);
     if (s != ST_OK) {
+        free(mem);
+        free(held);
         st_loop_release(&r);
         st_sizing_space_destroy(r.sizing_space);
         return s;
@@ -375,18 +436,14 @@ st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
         memset(&w, 0, sizeof w);
         st_chunk_backend backend;
         st_status ws = init_on_thread(&r, wid, &w, &backend);
+        int mine = 0;
+        if (ws == ST_OK)
+            ws = size_phases(&r, &w, &backend, &mem[wid], held + (size_t)wid * SIZING_PHASES,
+                             worst, &mine);
         if (ws != ST_OK)
             st_loop_record_failure(&r, ws);
-#pragma omp barrier
-        /* the domains' arenas are complete once every worker is built */
-        if (ws == ST_OK) {
-            st_run_worker_memory(&r, &w, &mem[wid].memory);
-            if (r.comm)
-                mem[wid].comm = r.ops->bytes(&r, r.strategy, wid);
-            mem[wid].flops = w.model ? st_model_step_flops(w.model) : 0.0;
-            mem[wid].n_costs = w.model ? st_model_step_costs(w.model, mem[wid].costs,
-                                                             ST_STEP_COSTS_MAX) : 0;
-        }
+        if (wid == 0)
+            phases = mine;
 #pragma omp barrier
         st_worker_destroy(&w);
     }
@@ -394,9 +451,19 @@ st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
         s = st_fail(r.error_status, "%s", r.error);
         free(mem);
     } else {
+        /* the run's final record reports the phase whose busiest worker
+         * holds the most, a tie to the later phase (st_synth_recovery_label):
+         * every worker's figures of that phase */
+        int k = 0;
+        for (int j = 1; j < phases; j++)
+            if (worst[j] >= worst[k])
+                k = j;
+        for (int v = 0; v < r.n; v++)
+            mem[v].memory = held[(size_t)v * SIZING_PHASES + k];
         *out = mem;
         *n_workers = r.n;
     }
+    free(held);
     st_loop_release(&r);
     st_sizing_space_destroy(r.sizing_space);
     return s;
