@@ -270,6 +270,23 @@ static void account(st_mem_stats *s, st_mem_kind kind, size_t bytes)
         s->peak_total = s->current_total;
 }
 
+static void log_add(st_arena_log *log, char *p, size_t bytes, st_mem_kind kind)
+{
+    if (log->failed)
+        return;
+    if (log->n == log->cap) {
+        const int cap = log->cap ? 2 * log->cap : 64;
+        st_arena_logged *e = realloc(log->e, (size_t)cap * sizeof *e);
+        if (!e) {
+            log->failed = 1;
+            return;
+        }
+        log->e = e;
+        log->cap = cap;
+    }
+    log->e[log->n++] = (st_arena_logged){ p, bytes, kind };
+}
+
 st_status st_arena_alloc(st_arena *arena, st_mem_kind kind, size_t bytes, void **out)
 {
     *out = NULL;
@@ -304,7 +321,25 @@ st_status st_arena_alloc(st_arena *arena, st_mem_kind kind, size_t bytes, void *
         memset(p, 0, need); /* first touch by the owner thread */
     account(&arena->stats, kind, need);
     *out = p;
+    if (arena->log)
+        log_add(arena->log, p, need, kind);
     return ST_OK;
+}
+
+st_status st_arena_replay(st_arena *arena, const st_arena_log *log, char **out)
+{
+    for (int i = 0; i < log->n; i++) {
+        void *p;
+        ST_TRY(st_arena_alloc(arena, log->e[i].kind, log->e[i].bytes, &p));
+        out[i] = p;
+    }
+    return ST_OK;
+}
+
+void st_arena_log_free(st_arena_log *log)
+{
+    free(log->e);
+    memset(log, 0, sizeof *log);
 }
 
 st_status st_arena_alloc_floats(st_arena *arena, st_mem_kind kind, size_t count, float **out)
