@@ -244,7 +244,13 @@ static st_status add_chunk(st_arena *arena, size_t need)
         return st_fail(ST_ERR_NOMEM, "%s: out of memory allocating a %zu-byte chunk "
                        "(%zu bytes already reserved)", arena->owner,
                        header + usable, arena->stats.reserved);
-    st_arena_chunk *c = base;
+    /* a sizing chunk's header is kept apart, so that its space stays
+     * untouched (its bytes are reserved all the same) */
+    st_arena_chunk *c = st_arena_is_sizing(arena) ? malloc(sizeof *c) : base;
+    if (!c) {
+        arena->backend.free(base, header + usable, arena->backend.ctx);
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory for a chunk's header", arena->owner);
+    }
     c->next = arena->head;
     c->size = usable;
     c->used = 0;
@@ -257,7 +263,7 @@ static st_status add_chunk(st_arena *arena, size_t need)
 
 static char *chunk_data(st_arena_chunk *c)
 {
-    return (char *)c + align_up(sizeof(st_arena_chunk));
+    return (char *)c->base + align_up(sizeof(st_arena_chunk));
 }
 
 static void account(st_mem_stats *s, st_mem_kind kind, size_t bytes)
@@ -365,8 +371,12 @@ static void free_chunks(st_arena *arena, st_arena_chunk *c)
 {
     while (c) {
         st_arena_chunk *next = c->next;
-        arena->stats.reserved -= c->base_bytes;
-        arena->backend.free(c->base, c->base_bytes, arena->backend.ctx);
+        void *base = c->base;
+        const size_t bytes = c->base_bytes;
+        arena->stats.reserved -= bytes;
+        if ((void *)c != base)   /* a sizing chunk's header */
+            free(c);
+        arena->backend.free(base, bytes, arena->backend.ctx);
         c = next;
     }
 }
