@@ -13,6 +13,7 @@
  * shell: the prototype's tables, with its own buffers (parameters,
  * gradients, state, tensors, weight copies) at the same places in its own
  * blocks and storage.  A shell is laid out, never run.
+ * SUBTRAIN_SIZING=build-all in the environment builds every model.
  */
 #ifndef SUBTRAIN_NN_MODEL_MEMO_H
 #define SUBTRAIN_NN_MODEL_MEMO_H
