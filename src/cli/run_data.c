@@ -83,11 +83,15 @@ st_status st_cli_load_run_data(st_cli_options *o, st_dataset *train, st_dataset 
 
 st_status st_cli_load_run_shapes(st_cli_options *o, st_dataset *train, st_dataset *test)
 {
-    /* a split reads the labels */
-    if (o->data_spec.kind != ST_CLI_DATA_SYNTHETIC || o->train.split.kind != ST_SPLIT_IID)
-        return st_cli_load_run_data(o, train, test);
-    st_synthetic_config sc = st_synthetic_defaults(o->train.seed);
-    st_status s = st_synthetic_shapes(&sc, train, test);
+    /* a split reads the labels; nothing reads the samples' values, which
+     * are not normalised */
+    st_status s;
+    if (o->data_spec.kind != ST_CLI_DATA_SYNTHETIC || o->train.split.kind != ST_SPLIT_IID) {
+        s = load_data(o, train, test);
+    } else {
+        st_synthetic_config sc = st_synthetic_defaults(o->train.seed);
+        s = st_synthetic_shapes(&sc, train, test);
+    }
     if (s == ST_OK)
         take_shape(o, train);
     return s;
