@@ -436,6 +436,74 @@ Test(plan, uneven_domains_report_the_busiest_workers_share)
                  (long long)weights[2]);
 }
 
+/* The plan of `opts` as JSON, with `env` before the program (NULL: none). */
+static char *plan_json(const char *dir, const char *env, const char *opts)
+{
+    char path[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    st_test_path(path, dir, env ? "all.json" : "classes.json");
+    snprintf(args, sizeof args, "plan --memory-per-worker 1G --json '%s' %s", path, opts);
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    run(r, env, args);
+    cr_assert_eq(r->status, 0, "%s%s: %s", env ? env : "", args, r->err);
+    free(r);
+    size_t len;
+    unsigned char *data = st_test_read_file(path, &len);
+    cr_assert_not_null(data, "%s: no JSON written", args);
+    char *text = malloc(len + 1);
+    cr_assert_not_null(text);
+    memcpy(text, data, len);
+    text[len] = '\0';
+    free(data);
+    return text;
+}
+
+/* A sizing run builds one model per class of alike builds and lays the
+ * others out as its shells (nn/model_memo.h): every figure of the plan is
+ * the one building every worker's model gives (SUBTRAIN_SIZING=build-all),
+ * over uneven NUMA domains (5 workers over 3 + 2; 6 over 4 domains), with
+ * the strategies' subnetwork draws (blocks, neurons, backward masking),
+ * ResNet's batch norm state and gpt's attention: where a run on this
+ * machine cannot show it. */
+Test(plan, class_builds_give_every_workers_figures, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], text[ST_TEST_PATH_MAX], gpt[3 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(text, dir, "text.txt");
+    write_text(text);
+    snprintf(gpt, sizeof gpt, "--model gpt --data 'text:%s' --depth 2 --width 16 --heads 2 "
+             "--context 8 --batch 4 --val-bytes 256 --strategies dp,sdp,localsgd", text);
+    const char *t2 = "synthetic:numa:2 core:4 pu:1", *t4 = "synthetic:pack:2 numa:2 core:2 pu:1";
+    const char *res = "--data synthetic --model resmlp --depth 3 --width 64 --batch 8";
+    const struct { const char *topology; int workers; const char *opts, *more; } cases[] = {
+        { t2, 5, res, "" },
+        { t4, 6, res, "" },
+        { t2, 5, res, "--subnet neuron --strategies sdp,ist" },
+        { t4, 6, res, "--masking backward --strategies sdp" },
+        { t2, 5, "--data synthetic --model resnet --batch 8", "--strategies dp,sdp,ist" },
+        { t4, 6, gpt, "" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char opts[4 * ST_TEST_PATH_MAX];
+        snprintf(opts, sizeof opts, "--topology '%s' --workers %d %s %s", cases[i].topology,
+                 cases[i].workers, cases[i].opts, cases[i].more);
+        char *classes = plan_json(dir, NULL, opts);
+        char *all = plan_json(dir, "SUBTRAIN_SIZING=build-all", opts);
+        size_t at = 0, line = 1;
+        while (classes[at] && classes[at] == all[at])
+            line += classes[at++] == '\n';
+        size_t from = at;
+        while (from > 0 && classes[from - 1] != '\n')
+            from--;
+        cr_expect(classes[at] == '\0' && all[at] == '\0', "%s: line %zu of the plan's JSON "
+                  "is '%.60s' with one build per class, '%.60s' with every worker's", opts, line,
+                  classes + from, all + from);
+        free(classes);
+        free(all);
+    }
+    st_test_rmdir(dir);
+}
+
 /* A budget below every row: none fits, each says its largest kind; the
  * same in the JSON. */
 Test(plan, rows_over_the_budget_name_their_largest_kind)

@@ -456,6 +456,63 @@ Test(idxset, corrupt_file_is_named)
     expect_dataset_empty(&test);
 }
 
+/* Without the samples' values (what a plan reads): the same counts, shapes,
+ * class counts and labels as the full load, x NULL; a damaged file is
+ * refused with the same message. */
+Test(idxset, labels_only_load_is_the_full_load_without_values)
+{
+    write_set(&letters, 50, 30, 25, 26, 28, 28);
+    st_dataset a, at, b, bt;
+    cr_assert_eq(st_idx_set_load(tmpdir, &letters, &a, &at), ST_OK, "%s", st_last_error());
+    cr_assert_eq(st_idx_set_load_labels(tmpdir, &letters, &b, &bt), ST_OK, "%s",
+                 st_last_error());
+    const st_dataset *full[2] = { &a, &at }, *lab[2] = { &b, &bt };
+    for (int k = 0; k < 2; k++) {
+        cr_expect_null(lab[k]->x, "set %d: the labels-only load made values", k);
+        cr_assert_not_null(lab[k]->y);
+        cr_expect(lab[k]->count == full[k]->count && lab[k]->dim == full[k]->dim &&
+                  lab[k]->n_classes == full[k]->n_classes &&
+                  lab[k]->channels == full[k]->channels &&
+                  lab[k]->height == full[k]->height && lab[k]->width == full[k]->width,
+                  "set %d: %u samples of %u (%ux%ux%u), %u classes against the full load's "
+                  "%u of %u (%ux%ux%u), %u", k, lab[k]->count, lab[k]->dim, lab[k]->channels,
+                  lab[k]->height, lab[k]->width, lab[k]->n_classes, full[k]->count,
+                  full[k]->dim, full[k]->channels, full[k]->height, full[k]->width,
+                  full[k]->n_classes);
+        cr_expect_eq(memcmp(lab[k]->y, full[k]->y, full[k]->count), 0, "set %d: labels", k);
+    }
+    st_dataset_free(&a);
+    st_dataset_free(&at);
+    st_dataset_free(&b);
+    st_dataset_free(&bt);
+    char path[ST_TEST_PATH_MAX], want[1024];
+    write_raw(path, letters.test_images, "garbage!", 8, 0);
+    cr_assert_eq(st_idx_set_load(tmpdir, &letters, &a, &at), ST_ERR_FORMAT);
+    snprintf(want, sizeof want, "%s", st_last_error());
+    cr_assert_eq(st_idx_set_load_labels(tmpdir, &letters, &b, &bt), ST_ERR_FORMAT);
+    cr_expect_str_eq(st_last_error(), want);
+    expect_dataset_empty(&b);
+    expect_dataset_empty(&bt);
+}
+
+Test(fashion, labels_only_load_is_the_full_load_without_values)
+{
+    write_fake_fashion(12, 7);
+    st_dataset a, at, b, bt;
+    cr_assert_eq(st_fashion_mnist_load(tmpdir, &a, &at), ST_OK, "%s", st_last_error());
+    cr_assert_eq(st_fashion_mnist_load_labels(tmpdir, &b, &bt), ST_OK, "%s", st_last_error());
+    cr_expect_null(b.x);
+    cr_expect_null(bt.x);
+    cr_expect(b.count == 12 && bt.count == 7 && b.dim == 784 && b.n_classes == 10 &&
+              b.channels == 1 && b.height == 28 && b.width == 28);
+    cr_expect_eq(memcmp(b.y, a.y, 12), 0);
+    cr_expect_eq(memcmp(bt.y, at.y, 7), 0);
+    st_dataset_free(&a);
+    st_dataset_free(&at);
+    st_dataset_free(&b);
+    st_dataset_free(&bt);
+}
+
 Test(idxset, rank_two_vectors_have_no_image_shape)
 {
     char ip[ST_TEST_PATH_MAX], lp[ST_TEST_PATH_MAX];

@@ -105,6 +105,9 @@ st_status st_dataset_load_idx(const char *images_path, const char *labels_path,
  * 10 classes.  When the directory or files are missing the message says how
  * to install the package or to use --data synthetic. */
 st_status st_fashion_mnist_load(const char *dir, st_dataset *train, st_dataset *test);
+/* The same files, checks and errors, for what reads the sets' shapes and
+ * labels only (a plan): no sample's values, x NULL. */
+st_status st_fashion_mnist_load_labels(const char *dir, st_dataset *train, st_dataset *test);
 
 /* The four files of an IDX image set, relative to its directory; each is
  * found as NAME.gz or NAME.  A NULL member: Fashion-MNIST's name. */
@@ -122,6 +125,9 @@ typedef struct st_idx_files {
  * have the same shape.  files may be NULL (Fashion-MNIST's names). */
 st_status st_idx_set_load(const char *dir, const st_idx_files *files,
                           st_dataset *train, st_dataset *test);
+/* The same files, checks and errors, without the samples' values (x NULL). */
+st_status st_idx_set_load_labels(const char *dir, const st_idx_files *files,
+                                 st_dataset *train, st_dataset *test);
 
 /* ------------------------------------------------------------------ CIFAR */
 

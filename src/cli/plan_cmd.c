@@ -715,7 +715,6 @@ int st_cli_plan_main(int argc, char **argv)
     char where[256] = "";
     if (topo)
         snprintf(where, sizeof where, "%s", st_topology_name(topo));
-    st_topology_destroy(topo);
     plan_candidate cand[MAX_ROWS];
     int n = 0;
     if (status == 0)
@@ -744,6 +743,9 @@ int st_cli_plan_main(int argc, char **argv)
         predict_row(&rows[i], have_cal ? &cal : NULL);
         add_notes(&rows[i], acc);
     }
+    /* destroyed after the rows: while one topology is open, hwloc keeps
+     * its plugins loaded, which each row's load would load again */
+    st_topology_destroy(topo);
     if (status == 0 && p.as_given && !rows[0].ok) {
         st_cli_error(CMD, "%s", rows[0].refused);
         status = EXIT_USAGE;

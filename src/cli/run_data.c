@@ -7,7 +7,10 @@
 
 #include "cli/run_data.h"
 
-static st_status load_data(const st_cli_options *o, st_dataset *train, st_dataset *test)
+/* values = 0: an IDX set's samples (Fashion-MNIST's included) without
+ * their values, x NULL (the other kinds have theirs). */
+static st_status load_data(const st_cli_options *o, int values, st_dataset *train,
+                           st_dataset *test)
 {
     const st_cli_data *d = &o->data_spec;
     switch (d->kind) {
@@ -21,7 +24,8 @@ static st_status load_data(const st_cli_options *o, st_dataset *train, st_datase
         return st_cifar100_load(d->dir, train, test);
     case ST_CLI_DATA_IDX: {
         st_idx_files f = { d->names[0], d->names[1], d->names[2], d->names[3] };
-        return st_idx_set_load(d->dir, d->has_names ? &f : NULL, train, test);
+        return (values ? st_idx_set_load : st_idx_set_load_labels)(
+            d->dir, d->has_names ? &f : NULL, train, test);
     }
     case ST_CLI_DATA_TEXT: {
         st_text t;
@@ -41,7 +45,7 @@ static st_status load_data(const st_cli_options *o, st_dataset *train, st_datase
     case ST_CLI_DATA_FASHION:
         break;
     }
-    return st_fashion_mnist_load(d->dir, train, test);
+    return (values ? st_fashion_mnist_load : st_fashion_mnist_load_labels)(d->dir, train, test);
 }
 
 /* Images of several channels are standardised per channel (CIFAR's red,
@@ -73,7 +77,7 @@ static void take_shape(st_cli_options *o, const st_dataset *train)
 
 st_status st_cli_load_run_data(st_cli_options *o, st_dataset *train, st_dataset *test)
 {
-    st_status s = load_data(o, train, test);
+    st_status s = load_data(o, 1, train, test);
     if (s != ST_OK)
         return s;
     normalize(train, test);
@@ -83,11 +87,15 @@ st_status st_cli_load_run_data(st_cli_options *o, st_dataset *train, st_dataset 
 
 st_status st_cli_load_run_shapes(st_cli_options *o, st_dataset *train, st_dataset *test)
 {
-    /* a split reads the labels */
-    if (o->data_spec.kind != ST_CLI_DATA_SYNTHETIC || o->train.split.kind != ST_SPLIT_IID)
-        return st_cli_load_run_data(o, train, test);
-    st_synthetic_config sc = st_synthetic_defaults(o->train.seed);
-    st_status s = st_synthetic_shapes(&sc, train, test);
+    /* a split reads the labels; nothing reads the samples' values, which
+     * are not normalised, nor made from an IDX set's bytes */
+    st_status s;
+    if (o->data_spec.kind != ST_CLI_DATA_SYNTHETIC || o->train.split.kind != ST_SPLIT_IID) {
+        s = load_data(o, 0, train, test);
+    } else {
+        st_synthetic_config sc = st_synthetic_defaults(o->train.seed);
+        s = st_synthetic_shapes(&sc, train, test);
+    }
     if (s == ST_OK)
         take_shape(o, train);
     return s;

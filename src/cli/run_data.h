@@ -14,7 +14,8 @@ st_status st_cli_load_run_data(st_cli_options *o, st_dataset *train, st_dataset 
 
 /* st_cli_load_run_data for what reads the data's shapes only (a plan):
  * synthetic data without --split draws no sample (x and y NULL); other
- * data is loaded. */
+ * data is loaded, not normalised, an IDX set's (Fashion-MNIST's) without
+ * its values (x NULL): nothing reads them. */
 st_status st_cli_load_run_shapes(st_cli_options *o, st_dataset *train, st_dataset *test);
 
 #endif /* SUBTRAIN_CLI_RUN_DATA_H */

@@ -244,7 +244,13 @@ static st_status add_chunk(st_arena *arena, size_t need)
         return st_fail(ST_ERR_NOMEM, "%s: out of memory allocating a %zu-byte chunk "
                        "(%zu bytes already reserved)", arena->owner,
                        header + usable, arena->stats.reserved);
-    st_arena_chunk *c = base;
+    /* a sizing chunk's header is kept apart, so that its space stays
+     * untouched (its bytes are reserved all the same) */
+    st_arena_chunk *c = st_arena_is_sizing(arena) ? malloc(sizeof *c) : base;
+    if (!c) {
+        arena->backend.free(base, header + usable, arena->backend.ctx);
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory for a chunk's header", arena->owner);
+    }
     c->next = arena->head;
     c->size = usable;
     c->used = 0;
@@ -257,7 +263,7 @@ static st_status add_chunk(st_arena *arena, size_t need)
 
 static char *chunk_data(st_arena_chunk *c)
 {
-    return (char *)c + align_up(sizeof(st_arena_chunk));
+    return (char *)c->base + align_up(sizeof(st_arena_chunk));
 }
 
 static void account(st_mem_stats *s, st_mem_kind kind, size_t bytes)
@@ -268,6 +274,23 @@ static void account(st_mem_stats *s, st_mem_kind kind, size_t bytes)
         s->peak[kind] = s->current[kind];
     if (s->current_total > s->peak_total)
         s->peak_total = s->current_total;
+}
+
+static void log_add(st_arena_log *log, char *p, size_t bytes, st_mem_kind kind)
+{
+    if (log->failed)
+        return;
+    if (log->n == log->cap) {
+        const int cap = log->cap ? 2 * log->cap : 64;
+        st_arena_logged *e = realloc(log->e, (size_t)cap * sizeof *e);
+        if (!e) {
+            log->failed = 1;
+            return;
+        }
+        log->e = e;
+        log->cap = cap;
+    }
+    log->e[log->n++] = (st_arena_logged){ p, bytes, kind };
 }
 
 st_status st_arena_alloc(st_arena *arena, st_mem_kind kind, size_t bytes, void **out)
@@ -304,7 +327,25 @@ st_status st_arena_alloc(st_arena *arena, st_mem_kind kind, size_t bytes, void *
         memset(p, 0, need); /* first touch by the owner thread */
     account(&arena->stats, kind, need);
     *out = p;
+    if (arena->log)
+        log_add(arena->log, p, need, kind);
     return ST_OK;
+}
+
+st_status st_arena_replay(st_arena *arena, const st_arena_log *log, char **out)
+{
+    for (int i = 0; i < log->n; i++) {
+        void *p;
+        ST_TRY(st_arena_alloc(arena, log->e[i].kind, log->e[i].bytes, &p));
+        out[i] = p;
+    }
+    return ST_OK;
+}
+
+void st_arena_log_free(st_arena_log *log)
+{
+    free(log->e);
+    memset(log, 0, sizeof *log);
 }
 
 st_status st_arena_alloc_floats(st_arena *arena, st_mem_kind kind, size_t count, float **out)
@@ -330,8 +371,12 @@ static void free_chunks(st_arena *arena, st_arena_chunk *c)
 {
     while (c) {
         st_arena_chunk *next = c->next;
-        arena->stats.reserved -= c->base_bytes;
-        arena->backend.free(c->base, c->base_bytes, arena->backend.ctx);
+        void *base = c->base;
+        const size_t bytes = c->base_bytes;
+        arena->stats.reserved -= bytes;
+        if ((void *)c != base)   /* a sizing chunk's header */
+            free(c);
+        arena->backend.free(base, bytes, arena->backend.ctx);
         c = next;
     }
 }

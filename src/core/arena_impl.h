@@ -33,6 +33,21 @@ static inline int st_arena_lane_kind(st_mem_kind kind)
     return kind == ST_MEM_ACTIVATIONS || kind == ST_MEM_ATTENTION;
 }
 
+/* The blocks an arena handed out from its chunks (an open lane's region
+ * aside), in order: what one build took (nn/model_memo.c), to replay
+ * into another arena with st_arena_replay. */
+typedef struct st_arena_logged {
+    char *p;
+    size_t bytes;              /* as accounted: rounded up to the alignment */
+    st_mem_kind kind;
+} st_arena_logged;
+
+typedef struct st_arena_log {
+    st_arena_logged *e;
+    int n, cap;
+    int failed;                /* out of memory recording: the log is incomplete */
+} st_arena_log;
+
 struct st_arena {
     char owner[32];            /* e.g. "worker 3": used in error messages */
     st_chunk_backend backend;
@@ -41,12 +56,20 @@ struct st_arena {
     st_arena_chunk *spare;     /* chunks a rewind emptied, kept for reuse */
     st_mem_stats stats;
     st_arena_lanes *lanes;     /* NULL: none (the arena's owner sets it) */
+    st_arena_log *log;         /* NULL: none (the arena's owner sets it) */
 };
 
 /* An empty arena in the caller's storage, as st_arena_create makes one;
  * st_arena_release gives its chunks back. */
 void st_arena_init(st_arena *arena, const char *owner,
                    const st_chunk_backend *backend, size_t chunk_bytes);
+
+/* The blocks of `log`, asked of `arena` in the same order, kinds and
+ * sizes: its accounting changes as the logged calls would have changed
+ * it.  out[i]: the block of log entry i. */
+st_status st_arena_replay(st_arena *arena, const st_arena_log *log, char **out);
+/* Frees what the log holds (not its blocks: they are its arena's). */
+void st_arena_log_free(st_arena_log *log);
 
 /* The backend of a sizing run (st_train_size): chunks of address space
  * that nobody touches.  An arena over it accounts every block as any

@@ -57,10 +57,11 @@ static st_status check_labels(const char *images_path, const st_idx_array *img,
     return ST_OK;
 }
 
-/* Moves the checked arrays into a dataset: pixels to floats in [0, 1], the
- * label bytes taken over as they are. */
+/* Moves the checked arrays into a dataset: pixels to floats in [0, 1]
+ * (values = 0: none, x NULL), the label bytes taken over as they are. */
 static st_status build_dataset(const char *images_path, const st_idx_array *img,
-                               st_idx_array *lab, uint32_t n_classes, st_dataset *out)
+                               st_idx_array *lab, uint32_t n_classes, int values,
+                               st_dataset *out)
 {
     uint32_t count = img->dims[0];
     size_t dim = img->count / count;   // <= ST_IDX_MAX_BYTES, fits uint32_t
@@ -68,11 +69,11 @@ static st_status build_dataset(const char *images_path, const st_idx_array *img,
         return st_fail(ST_ERR_NOMEM, "%s: %zu pixels do not fit in memory as floats",
                        images_path, img->count);
     // x is (count, dim)
-    float *x = malloc(img->count * sizeof(float));
-    if (!x)
+    float *x = values ? malloc(img->count * sizeof(float)) : NULL;
+    if (values && !x)
         return st_fail(ST_ERR_NOMEM, "%s: out of memory allocating %zu floats",
                        images_path, img->count);
-    for (size_t i = 0; i < img->count; i++)
+    for (size_t i = 0; x && i < img->count; i++)
         x[i] = (float)img->data[i] * (1.0f / 255.0f);
 
     out->count = count;
@@ -98,7 +99,7 @@ static st_status build_dataset(const char *images_path, const st_idx_array *img,
 }
 
 static st_status load_idx(const char *images_path, const char *labels_path,
-                          uint32_t n_classes, const char *hint, st_dataset *out)
+                          uint32_t n_classes, const char *hint, int values, st_dataset *out)
 {
     if (!out)
         return st_fail(ST_ERR_INVALID, "st_dataset_load_idx: no output dataset");
@@ -119,7 +120,7 @@ static st_status load_idx(const char *images_path, const char *labels_path,
     if (s == ST_OK)
         s = check_labels(images_path, &img, labels_path, &lab, n_classes, hint);
     if (s == ST_OK)
-        s = build_dataset(images_path, &img, &lab, n_classes, out);
+        s = build_dataset(images_path, &img, &lab, n_classes, values, out);
     st_idx_free(&img);
     st_idx_free(&lab);
     return s;
@@ -128,7 +129,7 @@ static st_status load_idx(const char *images_path, const char *labels_path,
 st_status st_dataset_load_idx(const char *images_path, const char *labels_path,
                               uint32_t n_classes, st_dataset *out)
 {
-    return load_idx(images_path, labels_path, n_classes, "", out);
+    return load_idx(images_path, labels_path, n_classes, "", 1, out);
 }
 
 /* -------------------------------------------------------- Fashion-MNIST */
@@ -197,7 +198,7 @@ static st_status find_file(const char *dir, const char *name, int fashion, char 
 }
 
 static st_status load_split(const char *dir, const char *images, const char *labels,
-                            int fashion, uint32_t n_classes, st_dataset *out)
+                            int fashion, uint32_t n_classes, int values, st_dataset *out)
 {
     /* a Fashion-MNIST directory is Fashion-MNIST's 10 classes: a label
      * beyond them is a damaged file, or another set read the wrong way */
@@ -206,15 +207,17 @@ static st_status load_split(const char *dir, const char *images, const char *lab
     char img_path[4096], lab_path[4096];
     ST_TRY(find_file(dir, images, fashion, img_path, sizeof img_path));
     ST_TRY(find_file(dir, labels, fashion, lab_path, sizeof lab_path));
-    return load_idx(img_path, lab_path, n_classes, fashion ? fashion_hint : "", out);
+    return load_idx(img_path, lab_path, n_classes, fashion ? fashion_hint : "", values, out);
 }
 
 /* Both splits; the test images must have the training images' shape. */
 static st_status load_pair(const char *dir, const st_idx_files *f, int fashion,
-                           uint32_t n_classes, st_dataset *train, st_dataset *test)
+                           uint32_t n_classes, int values, st_dataset *train, st_dataset *test)
 {
-    ST_TRY(load_split(dir, f->train_images, f->train_labels, fashion, n_classes, train));
-    st_status s = load_split(dir, f->test_images, f->test_labels, fashion, n_classes, test);
+    ST_TRY(load_split(dir, f->train_images, f->train_labels, fashion, n_classes, values,
+                      train));
+    st_status s = load_split(dir, f->test_images, f->test_labels, fashion, n_classes, values,
+                             test);
     if (s == ST_OK && (train->channels != test->channels || train->height != test->height ||
                        train->width != test->width))
         s = st_fail(ST_ERR_FORMAT, "%s/%s: test samples are %lux%lux%lu but the training "
@@ -231,7 +234,7 @@ static st_status load_pair(const char *dir, const st_idx_files *f, int fashion,
 }
 
 /* dir may be NULL for ST_FASHION_MNIST_DIR. */
-st_status st_fashion_mnist_load(const char *dir, st_dataset *train, st_dataset *test)
+static st_status fashion_load(const char *dir, int values, st_dataset *train, st_dataset *test)
 {
     if (!train || !test)
         return st_fail(ST_ERR_INVALID, "st_fashion_mnist_load: no output dataset");
@@ -239,7 +242,17 @@ st_status st_fashion_mnist_load(const char *dir, st_dataset *train, st_dataset *
     memset(test, 0, sizeof *test);
     if (!dir)
         dir = ST_FASHION_MNIST_DIR;
-    return load_pair(dir, &fashion_files, 1, FASHION_MNIST_CLASSES, train, test);
+    return load_pair(dir, &fashion_files, 1, FASHION_MNIST_CLASSES, values, train, test);
+}
+
+st_status st_fashion_mnist_load(const char *dir, st_dataset *train, st_dataset *test)
+{
+    return fashion_load(dir, 1, train, test);
+}
+
+st_status st_fashion_mnist_load_labels(const char *dir, st_dataset *train, st_dataset *test)
+{
+    return fashion_load(dir, 0, train, test);
 }
 
 /* ------------------------------------------------------- other IDX sets */
@@ -254,8 +267,8 @@ static uint32_t labels_used(const st_dataset *d)
     return top;
 }
 
-st_status st_idx_set_load(const char *dir, const st_idx_files *files, st_dataset *train,
-                          st_dataset *test)
+static st_status idx_set_load(const char *dir, const st_idx_files *files, int values,
+                              st_dataset *train, st_dataset *test)
 {
     if (!train || !test)
         return st_fail(ST_ERR_INVALID, "st_idx_set_load: no output dataset");
@@ -271,10 +284,22 @@ st_status st_idx_set_load(const char *dir, const st_idx_files *files, st_dataset
         f.test_labels = files->test_labels ? files->test_labels : f.test_labels;
     }
     /* Byte labels: any value is a class; the count is what the labels use. */
-    ST_TRY(load_pair(dir, &f, 0, 256, train, test));
+    ST_TRY(load_pair(dir, &f, 0, 256, values, train, test));
     uint32_t a = labels_used(train), b = labels_used(test);
     train->n_classes = test->n_classes = a > b ? a : b;
     return ST_OK;
+}
+
+st_status st_idx_set_load(const char *dir, const st_idx_files *files, st_dataset *train,
+                          st_dataset *test)
+{
+    return idx_set_load(dir, files, 1, train, test);
+}
+
+st_status st_idx_set_load_labels(const char *dir, const st_idx_files *files,
+                                 st_dataset *train, st_dataset *test)
+{
+    return idx_set_load(dir, files, 0, train, test);
 }
 
 /* --------------------------------------------------------- normalisation */

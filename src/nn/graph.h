@@ -212,6 +212,10 @@ struct st_model {
     int32_t *labels;       /* (B) */
     float *logp;           /* (B, classes) */
     st_xent xent;
+
+    /* A sizing run's shell (nn/model_memo.h): the prototype whose tables
+     * it reads; its buffers are its own.  NULL: a model built. */
+    const st_model *proto;
 };
 
 /* ------------------------------------------------------------ builders */

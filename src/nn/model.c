@@ -24,6 +24,7 @@
 #include "core/rng_streams.h"
 #include "nn/graph.h"
 #include "nn/model_kinds.h"
+#include "nn/model_memo.h"
 #include "nn/recompute.h"
 
 /* ------------------------------------------------------------ config */
@@ -676,9 +677,9 @@ static st_status measure_once(const st_model_config *cfg, st_model_declare_fn de
     return s;
 }
 
-static st_status create(const st_model_config *cfg, st_model_declare_fn declare, int lo, int hi,
-                        int batch, st_arena *arena, const st_model_storage *storage,
-                        st_model **out)
+static st_status build(const st_model_config *cfg, st_model_declare_fn declare, int lo, int hi,
+                       int batch, st_arena *arena, const st_model_storage *storage,
+                       st_model **out)
 {
     *out = NULL;
     if (cfg->recompute == ST_RECOMPUTE_NONE || !arena)
@@ -686,6 +687,13 @@ static st_status create(const st_model_config *cfg, st_model_declare_fn declare,
     st_activation_layout regions;
     ST_TRY(measure_once(cfg, declare, lo, hi, batch, arena, &regions));
     return create_with(cfg, declare, lo, hi, batch, arena, storage, &regions, out);
+}
+
+static st_status create(const st_model_config *cfg, st_model_declare_fn declare, int lo, int hi,
+                        int batch, st_arena *arena, const st_model_storage *storage,
+                        st_model **out)
+{
+    return st_model_memo_build(build, cfg, declare, lo, hi, batch, arena, storage, out);
 }
 
 st_status st_model_activation_layout(const st_model_config *cfg, int batch,
@@ -738,6 +746,10 @@ void st_model_destroy(st_model *m)
 {
     if (!m)
         return;
+    if (m->proto) {
+        st_model_memo_free_shell(m);
+        return;
+    }
     free(m->copies);
     if (m->arena)
         st_nn_ctx_destroy(&m->ctx);
