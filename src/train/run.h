@@ -126,6 +126,7 @@ typedef struct run_shared {
     st_plan placement;
     int shared_weights;               /* a weight copy per NUMA domain (shared_weights.c) */
     run_domain *domains;              /* placement.n_domains, with shared weights */
+    float *widened;                   /* st_run_master_full's, or NULL */
     st_comm *comm;                    /* the run's engine, created by the
                                        * strategy's prepare (NULL: none, one
                                        * worker alone); also the barrier of
@@ -344,9 +345,11 @@ st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full);
  * (all but shared weights in one domain of one rank): 1 the update writes
  * its domain's copies, 2 the engine writes all (st_adamw_master16). */
 int st_run_master_carried(const run_shared *r);
-/* A bf16 master kept in the copies alone, widened into w's fp32 vector
- * for its readers (checkpoints, the final parameters); nothing else. */
-void st_run_master_widen(const run_shared *r, st_worker *w);
+/* w's full vector for its readers (checkpoints, the final parameters):
+ * its own; with a bf16 master in the copies alone, r->widened, made from
+ * it and the copies, until st_run_master_full_done. */
+st_status st_run_master_full(run_shared *r, st_worker *w, const float **out);
+void st_run_master_full_done(run_shared *r);
 /* The full model of cfg for worker w on the run's weights: storage,
  * model, initial values. */
 st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config *cfg,
