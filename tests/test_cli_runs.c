@@ -580,6 +580,49 @@ Test(cli, master_weights_bf16_sr, .timeout = 120)
                        "bf16-sr --unfuse weight-copy", "--unfuse weight-copy does not make");
 }
 
+/* The peak weights bytes a worker of `args` (with --metrics /dev/stdout)
+ * reports in its final record. */
+static double weights_bytes(run_result *r, const char *args)
+{
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
+    const char *last = strstr(r->out, "\"final\":true");
+    cr_assert_not_null(last, "%s", r->out);
+    const double v = st_json_number_at(r->out, last, "weights");
+    cr_assert(!isnan(v), "weights bytes in the final record: %s", last);
+    return v;
+}
+
+/* A bf16 master in the copies alone (one worker, shared weights in one
+ * domain) leaves the fp32 vector without memory under the matrices: the
+ * weights fall by 4 bytes a matrix parameter against the fp32 master,
+ * less the pages that a matrix shares with a bias (two at most each).
+ * The mlp: 784 -> 64 -> 64 -> 10 on the synthetic data, three matrices. */
+Test(cli, a_bf16_master_holds_no_fp32_matrices, .timeout = 60)
+{
+    const double matrices = 784 * 64 + 64 * 64 + 64 * 10, page = 4096;
+    static const char *const layouts[] = { "--workers 1", "--workers 2 --oversubscribe" };
+    char args[512];
+    run_result *r = calloc(1, sizeof *r);
+    for (int k = 0; k < 2; k++) {
+        double w[2];
+        for (int sr = 0; sr < 2; sr++) {
+            snprintf(args, sizeof args, "--data synthetic --model mlp --depth 2 --width 64 "
+                     "--steps 2 --batch 16 --precision bf16 --bf16-emulated --master-weights %s "
+                     "--progress none --metrics /dev/stdout %s", sr ? "bf16-sr" : "fp32",
+                     layouts[k]);
+            w[sr] = weights_bytes(r, args);
+        }
+        /* a domain's vector: each of its workers counts its share */
+        const double fell = (w[0] - w[1]) * (k + 1);
+        cr_assert(fell <= 4 * matrices + k && fell >= 4 * matrices - 7 * page,
+                  "%s: weights %.0f bytes with the fp32 master, %.0f with bf16-sr: %.0f fewer "
+                  "a domain, want 4 x %.0f less at most 7 pages", layouts[k], w[0], w[1], fell,
+                  matrices);
+    }
+    free(r);
+}
+
 /* A worker that fails once set up, before training, ends the run with
  * its one line and exit 1 for every strategy: what its set-up built for
  * the first phase (synth's segment, in the worker's arena) is dropped
