@@ -325,6 +325,7 @@ struct st_arena_sparse {
     size_t bytes;                   /* mapped address space */
     size_t count;                   /* floats */
     size_t counted;
+    int committed;
     st_mem_kind kind;
 };
 
@@ -355,20 +356,22 @@ st_status st_arena_reserve_floats(st_arena *arena, size_t count, float **out)
     return ST_OK;
 }
 
-/* Pages [lo, hi) of v readable and written, counted. */
+/* Pages [lo, hi) of v readable and written; counted up to the vector's
+ * end (64-byte aligned, as st_arena_alloc would hand it out). */
 static st_status commit_pages(st_arena *arena, struct st_arena_sparse *v, size_t lo, size_t hi)
 {
     if (lo >= hi)
         return ST_OK;
     char *p = v->base + lo * ST_PAGE;
-    const size_t bytes = (hi - lo) * ST_PAGE;
+    const size_t bytes = (hi - lo) * ST_PAGE, end = align_up(v->count * sizeof(float));
     if (mprotect(p, bytes, PROT_READ | PROT_WRITE) != 0)
         return st_fail(ST_ERR_NOMEM, "%s: out of memory committing %zu bytes", arena->owner,
                        bytes);
+    const size_t counted = (hi * ST_PAGE < end ? hi * ST_PAGE : end) - lo * ST_PAGE;
     if (!st_arena_is_sizing(arena))
-        memset(p, 0, bytes);
-    v->counted += bytes;
-    account(&arena->stats, v->kind, bytes);
+        memset(p, 0, counted);
+    v->counted += counted;
+    account(&arena->stats, v->kind, counted);
     return ST_OK;
 }
 
@@ -378,10 +381,11 @@ st_status st_arena_commit_floats(st_arena *arena, st_mem_kind kind, float *vec,
     struct st_arena_sparse *v = arena->sparse;
     while (v && v->base != (char *)vec)
         v = v->next;
-    if (!v || v->counted)
+    if (!v || v->committed)
         return st_fail(ST_ERR_INVALID, "%s: committing a vector not reserved, or twice",
                        arena->owner);
     v->kind = kind;
+    v->committed = 1;
     /* the kept elements run from `from` to the next skipped range; a page
      * they share with the one before is committed once */
     const size_t P = v->bytes / ST_PAGE;
