@@ -154,30 +154,40 @@ static size_t part_begin(size_t P, int n, int k)
     return kk * q + (kk < rem ? kk : rem);
 }
 
-/* Values v of elements [lo, hi) into w's vector and their bf16 copies; a
- * bf16 master's into the copies only. */
-static void write_values(st_worker *w, const float *v, size_t lo, size_t hi)
+/* Elements [lo, hi) of a bf16 master's vector: the values of `full` (NULL:
+ * the initial ones), rounded into the copies where there is one. */
+static st_status load_master(const run_shared *r, st_worker *w, const float *full, size_t lo,
+                             size_t hi)
 {
-    float *p = st_model_params(w->model);
+    float *made = NULL;
+    if (!full) {
+        made = malloc((hi - lo) * sizeof *made);
+        if (!made)
+            return st_fail(ST_ERR_NOMEM, "out of memory for %zu initial weights", hi - lo);
+        st_status s = st_run_initial_range(r->cfg, lo, hi, made);
+        if (s != ST_OK) {
+            free(made);
+            return s;
+        }
+    }
+    const float *v = made ? made : full + lo;   /* v[i - lo]: element i's value */
+    float *p = w->storage.params;
     int n;
     const st_param_copy *c = st_model_copies(w->model, &n);
-    const int master = w->storage.copies_master;
     size_t at = lo;   /* written below `at`; the copies are sorted and disjoint */
     for (int i = 0; i <= n && at < hi; i++) {
         const size_t c_lo = i < n ? c[i].offset : hi, c_hi = i < n ? c_lo + c[i].count : hi;
-        const size_t a = c_lo > at ? (c_lo < hi ? c_lo : hi) : at;
-        const size_t b = c_hi < hi ? c_hi : hi;
-        if (a > at)   /* before the copy: fp32 only */
-            memcpy(p + at, v + (at - lo), (a - at) * sizeof *p);
-        if (i < n && a < b) {
-            if (!master)
-                memcpy(p + a, v + (a - lo), (b - a) * sizeof *p);
-            if (master || w->storage.bf16)
-                st_bf16_round_n(c[i].bf16 + (a - c_lo), v + (a - lo), b - a);
-        }
-        if (b > at)
-            at = b;
+        const size_t from = c_lo > at ? (c_lo < hi ? c_lo : hi) : at;
+        const size_t to = c_hi < hi ? c_hi : hi;
+        if (from > at)   /* no copy: fp32 */
+            memcpy(p + at, v + (at - lo), (from - at) * sizeof *p);
+        if (i < n && from < to)
+            st_bf16_round_n(c[i].bf16 + (from - c_lo), v + (from - lo), to - from);
+        if (to > at)
+            at = to;
     }
+    free(made);
+    return ST_OK;
 }
 
 st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full)
@@ -193,25 +203,24 @@ st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full)
         domain_of(r, w->id, &first, &m);
     const size_t part[2] = { part_begin(r->n_params, m, w->id - first),
                              part_begin(r->n_params, m, w->id - first + 1) };
+    float *p = w->storage.params;
     if (r->sizing)   /* the layout is all a sizing run reads */
         return r->shared_weights ? st_run_sync(r, w->id) : ST_OK;
-    if (part[1] > part[0]) {
-        const float *v = full ? full + part[0] : NULL;
-        float *made = NULL;
-        if (!v) {
-            made = malloc((part[1] - part[0]) * sizeof *made);
-            if (!made)
-                return st_fail(ST_ERR_NOMEM, "out of memory for %zu initial weights",
-                               part[1] - part[0]);
-            st_status s = st_run_initial_range(r->cfg, part[0], part[1], made);
-            if (s != ST_OK) {
-                free(made);
-                return s;
-            }
-            v = made;
+    if (part[1] > part[0] && w->storage.copies_master) {
+        ST_TRY(load_master(r, w, full, part[0], part[1]));
+    } else if (part[1] > part[0]) {
+        if (full)
+            memcpy(p + part[0], full + part[0], (part[1] - part[0]) * sizeof *p);
+        else
+            ST_TRY(st_run_initial_range(r->cfg, part[0], part[1], p + part[0]));
+        int n;
+        const st_param_copy *c = st_model_copies(w->model, &n);
+        for (int i = 0; w->storage.bf16 && i < n; i++) {
+            size_t lo = c[i].offset > part[0] ? c[i].offset : part[0];
+            size_t hi = c[i].offset + c[i].count < part[1] ? c[i].offset + c[i].count : part[1];
+            if (lo < hi)
+                st_bf16_round_n(c[i].bf16 + (lo - c[i].offset), p + lo, hi - lo);
         }
-        write_values(w, v, part[0], part[1]);
-        free(made);
     }
     /* every part is written before anybody reads the vector */
     return r->shared_weights ? st_run_sync(r, w->id) : ST_OK;
