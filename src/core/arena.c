@@ -317,14 +317,12 @@ st_status st_arena_alloc_floats(st_arena *arena, st_mem_kind kind, size_t count,
     return s;
 }
 
-/* A reserved vector (st_arena_reserve_floats): its mapping and what its
- * committed pages count. */
+/* A reserved vector (st_arena_reserve_floats): its mapping. */
 struct st_arena_sparse {
     struct st_arena_sparse *next;   /* older */
     char *base;
     size_t bytes;                   /* mapped address space */
     size_t count;                   /* floats */
-    size_t counted;
     int committed;
     st_mem_kind kind;
 };
@@ -370,7 +368,6 @@ static st_status commit_pages(st_arena *arena, struct st_arena_sparse *v, size_t
     const size_t counted = (hi * ST_PAGE < end ? hi * ST_PAGE : end) - lo * ST_PAGE;
     if (!st_arena_is_sizing(arena))
         memset(p, 0, counted);
-    v->counted += counted;
     account(&arena->stats, v->kind, counted);
     return ST_OK;
 }

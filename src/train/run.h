@@ -329,16 +329,19 @@ void st_run_load_state(const run_shared *r, st_model *m);
 st_status st_run_weights_prepare(run_shared *r, int shared);
 /* After the run, no thread: the domains' copies go. */
 void st_run_weights_release(run_shared *r);
-/* Every worker, with shared weights (else nothing): w->storage becomes its
- * domain's copy (of cfg's full model: bf16 copies too in bf16), which the
- * domain's first worker takes from its backend.  One barrier. */
+/* Every worker, with shared weights: w->storage becomes its domain's copy
+ * (of cfg's full model: bf16 copies too in bf16), which the domain's first
+ * worker takes from its backend.  One barrier.  One worker alone with a
+ * bf16 master in the copies: w->storage is a vector of its own, its matrix
+ * elements without memory.  Else nothing. */
 st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_config *cfg,
                                  const st_chunk_backend *backend);
 /* Every worker, its model built: the values of the full vector `full`
- * (NULL: the initial ones, st_run_initial_range) and their bf16 copies;
- * with shared weights w writes its part of its domain's copy and the
- * workers meet at a barrier; else w's own vector (nothing for NULL: the
- * build initialised it). */
+ * (NULL: the initial ones, st_run_initial_range) and their bf16 copies
+ * (a bf16 master's: the copies only); with shared weights w writes its
+ * part of its domain's copy and the workers meet at a barrier; else w's
+ * own vector (nothing for NULL, unless a bf16 master's: the build
+ * initialised it). */
 st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full);
 /* Whether a bf16 master (--master-weights bf16-sr) is carried in the fp32
  * vector too: wherever an engine gathers fp32 masters into other vectors
