@@ -240,9 +240,16 @@ st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config 
                                                          : ST_OK;
 }
 
+int st_run_copies_master_gathered(const run_shared *r)
+{
+    return r->cfg->optim.master == ST_MASTER_BF16_SR && shares_bf16(r->cfg) &&
+           !r->shared_weights && r->ranks == 1;
+}
+
 int st_run_master_carried(const run_shared *r)
 {
-    if (!r->comm || (r->shared_weights && r->placement.n_domains == 1 && r->ranks == 1))
+    if (!r->comm || (r->shared_weights && r->placement.n_domains == 1 && r->ranks == 1) ||
+        st_run_copies_master_gathered(r))
         return 0;
     return r->shared_weights ? 1 : 2;
 }
