@@ -526,16 +526,16 @@ static void final_losses(const char *out, char *buf, size_t n)
 
 /* --master-weights bf16-sr: one worker and dp (shared and private
  * weights) say the layout and its bytes, 16 a parameter with bf16 moments
- * where the copies are the master (private weights' engine gathers fp32:
- * 20); a seed repeats a run bitwise and the two placements agree; the
- * combinations that cannot work are usage errors in one line. */
+ * (private weights: the engine gathers the copies as bf16); a seed repeats
+ * a run bitwise and the two placements agree; the combinations that
+ * cannot work are usage errors in one line. */
 Test(cli, master_weights_bf16_sr, .timeout = 120)
 {
     static const char *const layouts[] = { "--workers 1", "--workers 2",
                                            "--workers 2 --weights private" };
     static const char *const bytes[] = { "(16.0 bytes a parameter, bf16-sr moments, bf16-sr "
                                          "master)", "(16.1 bytes a parameter",
-                                         "(20.0 bytes a parameter" };
+                                         "(16.1 bytes a parameter" };
     char args[1024], first[256], again[256], two[256] = "";
     run_result *r = calloc(1, sizeof *r);
     for (int k = 0; k < 3; k++) {
@@ -555,7 +555,7 @@ Test(cli, master_weights_bf16_sr, .timeout = 120)
         if (k == 1)
             snprintf(two, sizeof two, "%s", first);
         if (k == 2)
-            cr_assert_str_eq(first, two, "private weights (the master carried in fp32) against "
+            cr_assert_str_eq(first, two, "private weights (the copies gathered as bf16) against "
                              "shared ones (the copies alone)");
     }
     snprintf(args, sizeof args, "--data synthetic --model resmlp --depth 2 --width 32 "
@@ -578,6 +578,52 @@ Test(cli, master_weights_bf16_sr, .timeout = 120)
                        "updated by AdamW only, not by --optimizer sgd");
     expect_usage_error("--data synthetic --precision bf16 --bf16-emulated --master-weights "
                        "bf16-sr --unfuse weight-copy", "--unfuse weight-copy does not make");
+}
+
+/* The peak weights bytes a worker of `args` (with --metrics /dev/stdout)
+ * reports in its final record. */
+static double weights_bytes(run_result *r, const char *args)
+{
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
+    const char *last = strstr(r->out, "\"final\":true");
+    cr_assert_not_null(last, "%s", r->out);
+    const double v = st_json_number_at(r->out, last, "weights");
+    cr_assert(!isnan(v), "weights bytes in the final record: %s", last);
+    return v;
+}
+
+/* A bf16 master in the copies (one worker, shared weights in one domain,
+ * private replicas in one process) leaves the fp32 vector without memory
+ * under the matrices: the weights fall by 4 bytes a matrix parameter
+ * against the fp32 master, less the pages that a matrix shares with a
+ * bias (two at most each).  The mlp: 784 -> 64 -> 64 -> 10 on the
+ * synthetic data, three matrices. */
+Test(cli, a_bf16_master_holds_no_fp32_matrices, .timeout = 60)
+{
+    const double matrices = 784 * 64 + 64 * 64 + 64 * 10, page = 4096;
+    static const char *const layouts[] = { "--workers 1", "--workers 2 --oversubscribe",
+                                           "--workers 2 --oversubscribe --weights private" };
+    static const int sharing[] = { 1, 2, 1 };   /* workers over one vector */
+    char args[512];
+    run_result *r = calloc(1, sizeof *r);
+    for (int k = 0; k < 3; k++) {
+        double w[2];
+        for (int sr = 0; sr < 2; sr++) {
+            snprintf(args, sizeof args, "--data synthetic --model mlp --depth 2 --width 64 "
+                     "--steps 2 --batch 16 --precision bf16 --bf16-emulated --master-weights %s "
+                     "--progress none --metrics /dev/stdout %s", sr ? "bf16-sr" : "fp32",
+                     layouts[k]);
+            w[sr] = weights_bytes(r, args);
+        }
+        /* a domain's vector: each of its workers counts its share */
+        const double fell = (w[0] - w[1]) * sharing[k];
+        cr_assert(fell <= 4 * matrices + sharing[k] && fell >= 4 * matrices - 7 * page,
+                  "%s: weights %.0f bytes with the fp32 master, %.0f with bf16-sr: %.0f fewer "
+                  "a domain, want 4 x %.0f less at most 7 pages", layouts[k], w[0], w[1], fell,
+                  matrices);
+    }
+    free(r);
 }
 
 /* A worker that fails once set up, before training, ends the run with

@@ -4,6 +4,7 @@
  * its hash of bytes, the bf16 rounding of gradient payloads.
  */
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -616,4 +617,50 @@ Test(rng, hash_of_bytes_sees_every_bit_and_length)
     /* a zero tail is not the shorter buffer */
     unsigned char zeros[12] = { 0 };
     cr_assert_neq(st_hash_bytes(zeros, 9, 0), st_hash_bytes(zeros, 10, 0));
+}
+
+/* A reserved vector holds memory in the pages that hold an element outside
+ * the skipped ranges, counted up to its end; a rewind drops it. 5000
+ * floats skipping [1100, 4000): page 2 (elements 2048 .. 3071) only. */
+Test(arena, a_sparse_vector_holds_the_pages_of_its_kept_elements)
+{
+    st_arena a;
+    st_arena_init(&a, "w", NULL, 0);
+    float *keep;
+    cr_assert_eq(st_arena_alloc_floats(&a, ST_MEM_WEIGHTS, 16, &keep), ST_OK);
+    st_arena_mark m = st_arena_get_mark(&a);
+    float *v;
+    cr_assert_eq(st_arena_reserve_floats(&a, 5000, &v), ST_OK);
+    cr_assert_eq(a.stats.current[ST_MEM_WEIGHTS], 64, "a reservation counts nothing");
+    const size_t skip[2] = { 1100, 4000 };
+    cr_assert_eq(st_arena_commit_floats(&a, ST_MEM_WEIGHTS, v, skip, 1), ST_OK);
+    /* pages 0, 1, 3 and page 4 up to 20032 bytes (20000 aligned to 64) */
+    cr_assert_eq(a.stats.current[ST_MEM_WEIGHTS], 64 + 3 * 4096 + (20032 - 4 * 4096));
+    for (size_t i = 0; i < 5000; i++)
+        if (i < skip[0] || i >= skip[1]) {
+            cr_assert_eq(v[i], 0.0f, "element %zu", i);
+            v[i] = 1.0f;
+        }
+    cr_assert_neq(st_arena_commit_floats(&a, ST_MEM_WEIGHTS, v, skip, 1), ST_OK,
+                  "committed twice");
+    st_arena_rewind(&a, &m);
+    cr_assert_eq(a.stats.current[ST_MEM_WEIGHTS], 64);
+    cr_assert_eq(a.stats.current_total, 64);
+    cr_assert_neq(st_arena_commit_floats(&a, ST_MEM_WEIGHTS, v, skip, 1), ST_OK,
+                  "the rewind dropped it");
+    st_arena_release(&a);
+}
+
+/* Its skipped pages are no memory at all: touching one faults. */
+Test(arena, a_sparse_vector_has_no_memory_under_a_skipped_page, .signal = SIGSEGV)
+{
+    st_arena a;
+    st_arena_init(&a, "w", NULL, 0);
+    float *v;
+    cr_assert_eq(st_arena_reserve_floats(&a, 5000, &v), ST_OK);
+    const size_t skip[2] = { 1100, 4000 };
+    cr_assert_eq(st_arena_commit_floats(&a, ST_MEM_WEIGHTS, v, skip, 1), ST_OK);
+    volatile float *x = v + 2500;
+    *x = 1.0f;
+    st_arena_release(&a);
 }

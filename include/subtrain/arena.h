@@ -63,6 +63,7 @@ typedef struct st_arena_mark {
     st_arena_chunk *chunk;
     size_t used;
     size_t current[ST_MEM_KIND_COUNT];
+    void *sparse;                      /* the newest sparse vector then */
 } st_arena_mark;
 
 /* A new arena, empty; owner names it in error messages ("worker 3").

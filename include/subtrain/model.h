@@ -324,11 +324,16 @@ st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena
  * NUMA domain for data-parallel workers, doc/reduction.md).  params holds
  * count floats (the model's st_model_param_count); bf16, NULL or count
  * values, holds the bf16 copies the products read (--precision bf16) at
- * the parameters' own offsets, so that they are shared too. */
+ * the parameters' own offsets, so that they are shared too.
+ * copies_master 1: the bf16 copies the model lists (st_model_copies) are
+ * the weights they copy (a bf16 master): the layers never convert them,
+ * and nothing reads or writes params under them (the caller may leave
+ * that memory out). */
 typedef struct st_model_storage {
     float *params;
     uint16_t *bf16;
     size_t count;
+    int copies_master;
 } st_model_storage;
 
 /* st_model_create over `storage`: the parameters are storage->params (not

@@ -252,7 +252,9 @@ void st_comm_run_ag(const ag_item *items, size_t n_items)
 {
     for (size_t t = 0; t < n_items; t++) {
         const ag_item *it = &items[t];
-        if (it->half)
+        if (!it->dst)
+            memcpy(it->half, it->src, it->n * sizeof *it->half);
+        else if (it->half)
             k_copy_h(it->dst, it->half, it->src, it->n);
         else
             memcpy(it->dst, it->src, it->n * sizeof(float));

@@ -67,7 +67,8 @@ typedef struct ag_item {
     const float *src;
     size_t n;
     uint16_t *half;   /* NULL, or where dst's bf16 copy is: half[i] = bf16(src[i]) */
-} ag_item;
+} ag_item;             /* dst NULL: src holds n bf16 values (a bf16 master's), copied
+                        * into half */
 
 /* Runs n_items rs items; their ops are ops[item.op_first ..].  tmp: the
  * scratch chunk (ST_CHUNK floats), used only by ops with to_tmp or a NULL

@@ -157,6 +157,7 @@ st_status st_comm_plan_init(comm_plan *pl, const st_comm_config *cfg)
     pl->bf16_at = cfg->bf16_at;
     pl->allow_unheld = cfg->allow_unheld;
     pl->shared_params = cfg->shared_params;
+    pl->copies_master = cfg->copies_master && !cfg->shared_params;
     if (cfg->allow_unheld && cfg->unheld_ranges && cfg->n_unheld_ranges > 0) {
         pl->unheld_ranges = malloc((size_t)cfg->n_unheld_ranges * sizeof *pl->unheld_ranges);
         if (!pl->unheld_ranges)
@@ -559,8 +560,18 @@ st_status st_comm_plan_segments(comm_plan *pl, int w)
     for (size_t i = 0; copy && i < n_segs; i++) {
         const comm_seg *g = &me->segs[i];
         const comm_slot *first = &pl->slots[me->holders[g->holder_first]];
-        memcpy(me->master + (g->begin - sb), local_at(first, first->params, g->begin),
-               (g->end - g->begin) * sizeof(float));
+        const int nc = pl->copies_master ? first->n_own_copies : 0;
+        size_t at = g->begin;   /* a bf16 master's copied elements are not read */
+        for (int c = 0; c <= nc && at < g->end; c++) {
+            const st_param_copy *cp = c < nc ? &first->own_copies[c] : NULL;
+            const size_t lo = cp ? cp->offset : g->end, hi = cp ? lo + cp->count : g->end;
+            const size_t to = lo < g->end ? (lo > at ? lo : at) : g->end;
+            if (to > at)
+                memcpy(me->master + (at - sb), local_at(first, first->params, at),
+                       (to - at) * sizeof(float));
+            if (hi > at)
+                at = hi;
+        }
     }
     if (pl->n_domains > 1) {
         void *p;
@@ -623,13 +634,17 @@ typedef struct plan_count {
 } plan_count;
 
 /* Appends the all-gather item dst[0..n) = src[0..n) to list at *at (only
- * counts when !fill), cut where w's bf16 weight copies begin and end: each
- * piece is inside one copy (and writes its bf16 too) or outside all of
- * them.  The copies are sorted and disjoint (st_model_copies); a list that
- * is not leaves some copied element unwritten, and then the plan does not
- * claim the copies (st_comm_plan_tasks). */
-static void push_ag(comm_slot *me, ag_item *list, size_t *at, int fill, plan_count *k,
-                    float *dst, const float *src, size_t n)
+ * counts when !fill; fill also accounts the bytes, src in src_domain), cut
+ * where w's bf16 weight copies begin and end: each piece is inside one
+ * copy (and writes its bf16 too) or outside all of them.  The copies are
+ * sorted and disjoint (st_model_copies); a list that is not leaves some
+ * copied element unwritten, and then the plan does not claim the copies
+ * (st_comm_plan_tasks).  With copies_master a piece inside a copy is
+ * brought in as bf16 from `from`'s copy (the owner's, or the copier's),
+ * nothing where `from` is w. */
+static void push_ag(const comm_plan *pl, comm_slot *me, ag_item *list, size_t *at, int fill,
+                    plan_count *k, float *dst, const float *src, size_t n,
+                    const comm_slot *from, int src_domain)
 {
     const size_t off = (size_t)(dst - me->params);
     int c = 0;
@@ -639,23 +654,40 @@ static void push_ag(comm_slot *me, ag_item *list, size_t *at, int fill, plan_cou
         const size_t x = off + pos;
         size_t len = n - pos;
         uint16_t *half = NULL;
+        const uint16_t *src16 = NULL;
         if (c < me->n_copies && me->copies[c].offset <= x) {   /* inside copy c */
             const st_param_copy *cp = &me->copies[c];
             const size_t end = cp->offset + cp->count;
-            if (end - x <= len) {
+            if (end - x <= len)
                 len = end - x;
-                c++;
-            }
             half = cp->bf16 + (x - cp->offset);
-            if (fill) {
+            if (pl->copies_master)   /* the same list on every worker */
+                src16 = from->own_copies[c].bf16 + (x - cp->offset);
+            if (end - x == len)
+                c++;
+            if (fill)
                 k->copied += len;
+            if (fill && !(src16 && from == me)) {
                 me->bytes.written += len * sizeof(uint16_t);
                 me->bytes.gather_written += len * sizeof(uint16_t);
             }
         } else if (c < me->n_copies && me->copies[c].offset - x < len) {
             len = me->copies[c].offset - x;   /* up to the next copy */
         }
-        if (fill)
+        if (src16 && from == me) {   /* w's own copy: its update wrote it */
+            pos += len;
+            continue;
+        }
+        if (fill && src16) {
+            count_read_bytes(me, len * sizeof(uint16_t), src_domain);
+            me->bytes.gather_read += len * sizeof(uint16_t);
+        } else if (fill) {
+            count_read(me, len, src_domain);
+            count_gather(me, len);
+        }
+        if (fill && src16)
+            list[*at] = (ag_item){ NULL, (const float *)(const void *)src16, len, half };
+        else if (fill)
             list[*at] = (ag_item){ dst + pos, src + pos, len, half };
         (*at)++;
         pos += len;
@@ -693,14 +725,10 @@ static void plan_tasks(comm_plan *pl, int w, size_t *load_p, size_t *load_c, int
             if (local) {
                 /* own domain's shard: straight from the owner's master
                  * (shared: the owner updated it in the domain's vector) */
-                if (holds && gather && !pl->shared_params) {
-                    if (fill) {
-                        count_read(me, n, so->domain);
-                        count_gather(me, n);
-                    }
-                    push_ag(me, me->ag1, &k->ag1, fill, k, local_at(me, me->params, seg->begin),
-                            so->master + (seg->begin - sb), n);
-                }
+                if (holds && gather && !pl->shared_params)
+                    push_ag(pl, me, me->ag1, &k->ag1, fill, k,
+                            local_at(me, me->params, seg->begin),
+                            so->master + (seg->begin - sb), n, so, so->domain);
                 continue;
             }
             if (h1 - h0 >= 2 && reduce) {
@@ -744,26 +772,38 @@ static void plan_tasks(comm_plan *pl, int w, size_t *load_p, size_t *load_c, int
             if (!holds || !gather)
                 continue;
             if (copier == w) {
-                if (fill) {
-                    count_read(me, n, so->domain);
-                    count_gather(me, n);
-                }
-                push_ag(me, me->ag1, &k->ag1, fill, k, local_at(me, me->params, seg->begin),
-                        so->master + (seg->begin - sb), n);
+                push_ag(pl, me, me->ag1, &k->ag1, fill, k, local_at(me, me->params, seg->begin),
+                        so->master + (seg->begin - sb), n, so, so->domain);
             } else if (!pl->shared_params) {   /* shared: the copier's vector is w's */
-                if (fill) {
-                    count_read(me, n, pl->slots[copier].domain);
-                    count_gather(me, n);
-                }
-                push_ag(me, me->ag2, &k->ag2, fill, k, local_at(me, me->params, seg->begin),
-                        local_at(&pl->slots[copier], pl->slots[copier].params, seg->begin), n);
+                const comm_slot *cs = &pl->slots[copier];
+                push_ag(pl, me, me->ag2, &k->ag2, fill, k, local_at(me, me->params, seg->begin),
+                        local_at(cs, cs->params, seg->begin), n, cs, cs->domain);
             }
         }
     }
 }
 
+/* copies_master: every worker lists the copies w lists (push_ag reads
+ * theirs by w's index). */
+static st_status check_copies_alike(const comm_plan *pl, int w)
+{
+    const comm_slot *me = &pl->slots[w];
+    for (int s = 0; pl->copies_master && s < pl->n_workers; s++) {
+        const comm_slot *o = &pl->slots[s];
+        int same = o->n_own_copies == me->n_copies;
+        for (int c = 0; same && c < me->n_copies; c++)
+            same = o->own_copies[c].offset == me->copies[c].offset &&
+                   o->own_copies[c].count == me->copies[c].count;
+        if (!same)
+            return st_fail(ST_ERR_INVALID, "workers %d and %d list different bf16 copies: they "
+                           "cannot hold a bf16 master", w, s);
+    }
+    return ST_OK;
+}
+
 st_status st_comm_plan_tasks(comm_plan *pl, int w)
 {
+    ST_TRY(check_copies_alike(pl, w));
     comm_slot *me = &pl->slots[w];
     int dw = me->domain;
     size_t m = (size_t)(pl->domain_first[dw + 1] - pl->domain_first[dw]);

@@ -94,6 +94,9 @@ typedef struct comm_slot {
                                * attach (st_comm_set_param_copies; a reset
                                * forgets them) */
     int n_copies;
+    const st_param_copy *own_copies;  /* the same list, kept for the other
+                               * workers' attach (copies_master) */
+    int n_own_copies;
     int copies_gathered;      /* the all-gather writes every copied element */
     /* the owner's segments (read by everyone after the second barrier) */
     comm_seg *segs;
@@ -135,6 +138,7 @@ typedef struct comm_plan {
     st_comm_bf16_at bf16_at;  /* bf16: a buffer per worker, or rounded on read */
     int allow_unheld;         /* elements nobody holds are skipped */
     int shared_params;        /* one parameter vector a domain (comm.h) */
+    int copies_master;        /* the listed bf16 copies are the master (comm.h) */
     st_range *unheld_ranges;  /* where they may be (NULL: anywhere) */
     int n_unheld_ranges;
     int n_workers, n_domains;

@@ -153,6 +153,8 @@ static void shared_set_param_copies(st_comm_backend *b, int w, const st_param_co
             n = 0;
     me->copies = n > 0 ? copies : NULL;
     me->n_copies = n > 0 ? n : 0;
+    me->own_copies = me->copies;
+    me->n_own_copies = me->n_copies;
 }
 
 static int shared_gathers_copies(const st_comm_backend *b, int w)

@@ -358,12 +358,110 @@ st_status st_arena_alloc_floats(st_arena *arena, st_mem_kind kind, size_t count,
     return s;
 }
 
+/* A reserved vector (st_arena_reserve_floats): its mapping. */
+struct st_arena_sparse {
+    struct st_arena_sparse *next;   /* older */
+    char *base;
+    size_t bytes;                   /* mapped address space */
+    size_t count;                   /* floats */
+    int committed;
+    st_mem_kind kind;
+};
+
+st_status st_arena_reserve_floats(st_arena *arena, size_t count, float **out)
+{
+    *out = NULL;
+    if (count > (SIZE_MAX / 2) / sizeof(float))
+        return st_fail(ST_ERR_NOMEM, "%s: %zu floats overflow size_t", arena->owner, count);
+    struct st_arena_sparse *v = calloc(1, sizeof *v);
+    if (!v)
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory reserving %zu floats", arena->owner,
+                       count);
+    v->bytes = (count * sizeof(float) + ST_PAGE - 1) & ~(ST_PAGE - 1);
+    if (!v->bytes)
+        v->bytes = ST_PAGE;
+    void *p = mmap(NULL, v->bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+        free(v);
+        return st_fail(ST_ERR_NOMEM, "%s: no address space for %zu floats", arena->owner,
+                       count);
+    }
+    v->base = p;
+    v->count = count;
+    v->next = arena->sparse;
+    arena->sparse = v;
+    *out = p;
+    return ST_OK;
+}
+
+/* Pages [lo, hi) of v readable and written; counted up to the vector's
+ * end (64-byte aligned, as st_arena_alloc would hand it out). */
+static st_status commit_pages(st_arena *arena, struct st_arena_sparse *v, size_t lo, size_t hi)
+{
+    if (lo >= hi)
+        return ST_OK;
+    char *p = v->base + lo * ST_PAGE;
+    const size_t bytes = (hi - lo) * ST_PAGE, end = align_up(v->count * sizeof(float));
+    if (mprotect(p, bytes, PROT_READ | PROT_WRITE) != 0)
+        return st_fail(ST_ERR_NOMEM, "%s: out of memory committing %zu bytes", arena->owner,
+                       bytes);
+    const size_t counted = (hi * ST_PAGE < end ? hi * ST_PAGE : end) - lo * ST_PAGE;
+    if (!st_arena_is_sizing(arena))
+        memset(p, 0, counted);
+    account(&arena->stats, v->kind, counted);
+    return ST_OK;
+}
+
+st_status st_arena_commit_floats(st_arena *arena, st_mem_kind kind, float *vec,
+                                 const size_t *skip, int n)
+{
+    struct st_arena_sparse *v = arena->sparse;
+    while (v && v->base != (char *)vec)
+        v = v->next;
+    if (!v || v->committed)
+        return st_fail(ST_ERR_INVALID, "%s: committing a vector not reserved, or twice",
+                       arena->owner);
+    v->kind = kind;
+    v->committed = 1;
+    /* the kept elements run from `from` to the next skipped range; a page
+     * they share with the one before is committed once */
+    const size_t P = v->bytes / ST_PAGE;
+    size_t from = 0, done = 0;   /* elements; pages committed below `done` */
+    for (int k = 0; k <= n; k++) {
+        const size_t to = k < n ? skip[2 * k] : v->count;
+        if (to > from) {
+            size_t lo = from * sizeof(float) / ST_PAGE;
+            const size_t hi = ((to * sizeof(float) + ST_PAGE - 1) / ST_PAGE);
+            lo = lo > done ? lo : done;
+            ST_TRY(commit_pages(arena, v, lo, hi < P ? hi : P));
+            done = hi > done ? hi : done;
+        }
+        if (k < n)
+            from = skip[2 * k + 1];
+    }
+    return ST_OK;
+}
+
+/* Unmaps the reserved vectors newer than `keep`, their bytes uncounted
+ * (a rewind then sets the counts from its mark). */
+static void drop_sparse(st_arena *arena, const struct st_arena_sparse *keep)
+{
+    while (arena->sparse && arena->sparse != keep) {
+        struct st_arena_sparse *v = arena->sparse;
+        arena->sparse = v->next;
+        munmap(v->base, v->bytes);
+        free(v);
+    }
+}
+
 st_arena_mark st_arena_get_mark(const st_arena *arena)
 {
     st_arena_mark m;
     m.chunk = arena->head;
     m.used = arena->head ? arena->head->used : 0;
     memcpy(m.current, arena->stats.current, sizeof m.current);
+    m.sparse = arena->sparse;
     return m;
 }
 
@@ -383,6 +481,7 @@ static void free_chunks(st_arena *arena, st_arena_chunk *c)
 
 void st_arena_rewind(st_arena *arena, const st_arena_mark *mark)
 {
+    drop_sparse(arena, mark->sparse);
     while (arena->head && arena->head != mark->chunk) {
         st_arena_chunk *c = arena->head;
         arena->head = c->next;

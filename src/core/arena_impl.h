@@ -57,7 +57,19 @@ struct st_arena {
     st_mem_stats stats;
     st_arena_lanes *lanes;     /* NULL: none (the arena's owner sets it) */
     st_arena_log *log;         /* NULL: none (the arena's owner sets it) */
+    struct st_arena_sparse *sparse;   /* st_arena_reserve_floats', newest first */
 };
+
+/* A vector of `count` floats of which some pages never hold memory: its
+ * address space now (nothing readable, nothing counted), its memory from
+ * st_arena_commit_floats.  A rewind or release unmaps it. */
+st_status st_arena_reserve_floats(st_arena *arena, size_t count, float **out);
+/* Memory for the pages of v (reserved above) that hold an element outside
+ * the n ranges [skip[2k], skip[2k + 1]) (increasing, disjoint), counted
+ * under kind and zero-filled by the calling thread (first touch; a sizing
+ * arena's stay untouched).  The other pages stay unmapped. */
+st_status st_arena_commit_floats(st_arena *arena, st_mem_kind kind, float *v,
+                                 const size_t *skip, int n);
 
 /* An empty arena in the caller's storage, as st_arena_create makes one;
  * st_arena_release gives its chunks back. */

@@ -462,6 +462,7 @@ static st_status list_copies(st_model *m)
         if (c->src < m->params || c->src + c->n > m->params + m->n_params)
             continue;   /* not a parameter (none today): its layer converts */
         c->listed = 1;
+        c->shared |= m->storage.copies_master;   /* the weights: never converted */
         m->copies[m->n_copies++] = (st_param_copy){ (size_t)(c->src - m->params), c->n,
                                                     c->dst };
     }
@@ -837,7 +838,7 @@ void st_model_params_changed(st_model *m)
     m->ctx.copies_current = 0;
     /* shared copies are never converted by a forward (several instances
      * would write them at once): the caller's thread does it now */
-    for (int i = 0; i < m->n_copies && m->ctx.copy_store; i++)
+    for (int i = 0; i < m->n_copies && m->ctx.copy_store && !m->storage.copies_master; i++)
         st_bf16_round_n(m->copies[i].bf16, m->params + m->copies[i].offset, m->copies[i].count);
 }
 

@@ -507,6 +507,7 @@ st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_positi
     if (s == ST_OK && root)
         s = st_checkpoint_write(path, &mc, params, ck.tensors, ck.n, ck.meta, ck.n_meta);
     ckpt_free(&ck);
+    st_run_master_full_done(r);
     for (int i = 0; i < n_held; i++)
         free(held[i]);
     free(held);
@@ -678,7 +679,9 @@ st_status st_run_resume_optimizer(run_shared *r, st_worker *w)
 st_status st_run_resume_model(run_shared *r, st_worker *w)
 {
     char name[ST_SAFETENSORS_MAX_NAME];
-    if (r->shared_weights)   /* w's part of its domain's copy, then a barrier */
+    /* w's part of its domain's copy, then a barrier; a bf16 master's
+     * values into the copies */
+    if (r->shared_weights || w->storage.copies_master)
         ST_TRY(st_run_weights_load(r, w, r->resume->params));
     else
         ST_TRY(st_model_load_full_params(w->model, r->resume->params));

@@ -183,15 +183,13 @@ static st_comm_bytes dp_bytes(const run_shared *r, const void *state, int wid)
 }
 
 /* Worker 0's replica (its domain's copy) is the full model (after the
- * all-gather); a bf16 master in the copies widened into it. */
+ * all-gather), a bf16 master in the copies widened. */
 static st_status dp_full_params(run_shared *r, void *state, st_worker *w0, const float **out,
                                 size_t *count)
 {
     (void)state;
-    st_run_master_widen(r, w0);
     *count = st_model_param_count(w0->model);
-    *out = st_model_params(w0->model);
-    return ST_OK;
+    return st_run_master_full(r, w0, out);
 }
 
 static void dp_abort(run_shared *r, void *state)

@@ -315,6 +315,7 @@ st_status st_loop_run_worker(run_shared *r, st_worker *w, const st_chunk_backend
         const float *params;
         ST_TRY(ops->full_params(r, r->strategy, w, &params, &count));
         r->cb->on_params(params, count, r->cb->user);
+        st_run_master_full_done(r);
     }
     return ST_OK;
 }

@@ -126,6 +126,7 @@ typedef struct run_shared {
     st_plan placement;
     int shared_weights;               /* a weight copy per NUMA domain (shared_weights.c) */
     run_domain *domains;              /* placement.n_domains, with shared weights */
+    float *widened;                   /* st_run_master_full's, or NULL */
     st_comm *comm;                    /* the run's engine, created by the
                                        * strategy's prepare (NULL: none, one
                                        * worker alone); also the barrier of
@@ -328,25 +329,33 @@ void st_run_load_state(const run_shared *r, st_model *m);
 st_status st_run_weights_prepare(run_shared *r, int shared);
 /* After the run, no thread: the domains' copies go. */
 void st_run_weights_release(run_shared *r);
-/* Every worker, with shared weights (else nothing): w->storage becomes its
- * domain's copy (of cfg's full model: bf16 copies too in bf16), which the
- * domain's first worker takes from its backend.  One barrier. */
+/* Every worker, with shared weights: w->storage becomes its domain's copy
+ * (of cfg's full model: bf16 copies too in bf16), which the domain's first
+ * worker takes from its backend.  One barrier.  One worker alone with a
+ * bf16 master in the copies: w->storage is a vector of its own, its matrix
+ * elements without memory.  Else nothing. */
 st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_config *cfg,
                                  const st_chunk_backend *backend);
 /* Every worker, its model built: the values of the full vector `full`
- * (NULL: the initial ones, st_run_initial_range) and their bf16 copies;
- * with shared weights w writes its part of its domain's copy and the
- * workers meet at a barrier; else w's own vector (nothing for NULL: the
- * build initialised it). */
+ * (NULL: the initial ones, st_run_initial_range) and their bf16 copies
+ * (a bf16 master's: the copies only); with shared weights w writes its
+ * part of its domain's copy and the workers meet at a barrier; else w's
+ * own vector (nothing for NULL, unless a bf16 master's: the build
+ * initialised it). */
 st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full);
 /* Whether a bf16 master (--master-weights bf16-sr) is carried in the fp32
  * vector too: wherever an engine gathers fp32 masters into other vectors
  * (all but shared weights in one domain of one rank): 1 the update writes
  * its domain's copies, 2 the engine writes all (st_adamw_master16). */
 int st_run_master_carried(const run_shared *r);
-/* A bf16 master kept in the copies alone, widened into w's fp32 vector
- * for its readers (checkpoints, the final parameters); nothing else. */
-void st_run_master_widen(const run_shared *r, st_worker *w);
+/* Whether the run's engine gathers a bf16 master as bf16 (private
+ * replicas in one process: st_comm_config.copies_master). */
+int st_run_copies_master_gathered(const run_shared *r);
+/* w's full vector for its readers (checkpoints, the final parameters):
+ * its own; with a bf16 master in the copies alone, r->widened, made from
+ * it and the copies, until st_run_master_full_done. */
+st_status st_run_master_full(run_shared *r, st_worker *w, const float **out);
+void st_run_master_full_done(run_shared *r);
 /* The full model of cfg for worker w on the run's weights: storage,
  * model, initial values. */
 st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config *cfg,

@@ -19,9 +19,10 @@
  * before anybody reads.  Nobody else writes those elements meanwhile, so
  * the parts are written by one thread each.
  *
- * A bf16 master (--master-weights bf16-sr) lives in the copies: the fp32
- * vector's elements that have one are written from them only for its
- * readers (st_run_master_widen), unless an engine gathers fp32 masters.
+ * A bf16 master (--master-weights bf16-sr) lives in the copies unless an
+ * engine gathers fp32 masters: the fp32 vector then has no memory under
+ * them (st_arena_reserve_floats), and its readers get a widened vector
+ * (st_run_master_full).
  *
  * Memory: a worker's record counts its arena and its share of its
  * domain's copy (the copy's bytes over the domain's workers), so that a
@@ -73,11 +74,27 @@ static int shares_bf16(const st_train_config *cfg)
            !(cfg->model.unfuse & ST_UNFUSE_WEIGHT_COPY);
 }
 
+/* A bf16 master kept in the copies alone (st_run_master_carried 0): the
+ * fp32 vector's elements under them are never read or written, so their
+ * pages are left out (st_arena_reserve_floats). */
+static int copies_master(const run_shared *r)
+{
+    return r->cfg->optim.master == ST_MASTER_BF16_SR && shares_bf16(r->cfg) &&
+           st_run_master_carried(r) == 0;
+}
+
 st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_config *cfg,
                                   const st_chunk_backend *backend)
 {
-    if (!r->shared_weights)
+    const int sparse = copies_master(r);
+    if (!r->shared_weights) {   /* one worker alone: its own vector */
+        float *p;
+        if (!sparse)
+            return ST_OK;
+        ST_TRY(st_arena_reserve_floats(&w->arena, r->n_params, &p));
+        w->storage = (st_model_storage){ p, NULL, r->n_params, 1 };
         return ST_OK;
+    }
     int first, m;
     const int d = domain_of(r, w->id, &first, &m);
     run_domain *dom = &r->domains[d];
@@ -86,7 +103,11 @@ st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_con
         snprintf(owner, sizeof owner, "domain %d", d);
         st_arena_init(&dom->arena, owner, backend, 0);
         dom->arena_made = 1;
-        ST_TRY(st_arena_alloc_floats(&dom->arena, ST_MEM_WEIGHTS, r->n_params, &dom->params));
+        if (sparse)
+            ST_TRY(st_arena_reserve_floats(&dom->arena, r->n_params, &dom->params));
+        else
+            ST_TRY(st_arena_alloc_floats(&dom->arena, ST_MEM_WEIGHTS, r->n_params,
+                                         &dom->params));
         if (shares_bf16(cfg)) {
             void *p;
             ST_TRY(st_arena_alloc(&dom->arena, ST_MEM_WEIGHTS, r->n_params * sizeof(uint16_t),
@@ -96,8 +117,33 @@ st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_con
     }
     /* every domain's copy exists (its first worker wrote the pointers) */
     ST_TRY(st_run_sync(r, w->id));
-    w->storage = (st_model_storage){ dom->params, dom->bf16, r->n_params };
+    w->storage = (st_model_storage){ dom->params, dom->bf16, r->n_params, sparse };
     return ST_OK;
+}
+
+/* The worker that made w's sparse vector, its model built: the vector's
+ * memory outside the copies its model lists. */
+static st_status commit_sparse(run_shared *r, st_worker *w)
+{
+    int first = w->id, m = 1;
+    st_arena *a = &w->arena;
+    if (r->shared_weights) {
+        a = &r->domains[domain_of(r, w->id, &first, &m)].arena;
+        if (w->id != first)
+            return ST_OK;
+    }
+    int n;
+    const st_param_copy *c = st_model_copies(w->model, &n);
+    size_t *skip = malloc((size_t)(n > 0 ? 2 * n : 1) * sizeof *skip);
+    if (!skip)
+        return st_fail(ST_ERR_NOMEM, "out of memory listing the weight copies");
+    for (int i = 0; i < n; i++) {
+        skip[2 * i] = c[i].offset;
+        skip[2 * i + 1] = c[i].offset + c[i].count;
+    }
+    st_status s = st_arena_commit_floats(a, ST_MEM_WEIGHTS, w->storage.params, skip, n);
+    free(skip);
+    return s;
 }
 
 /* Where part k of n parts of a P-element vector begins: even parts, the
@@ -108,37 +154,76 @@ static size_t part_begin(size_t P, int n, int k)
     return kk * q + (kk < rem ? kk : rem);
 }
 
+/* Elements [lo, hi) of a bf16 master's vector: the values of `full` (NULL:
+ * the initial ones), rounded into the copies where there is one. */
+static st_status load_master(const run_shared *r, st_worker *w, const float *full, size_t lo,
+                             size_t hi)
+{
+    float *made = NULL;
+    if (!full) {
+        made = malloc((hi - lo) * sizeof *made);
+        if (!made)
+            return st_fail(ST_ERR_NOMEM, "out of memory for %zu initial weights", hi - lo);
+        st_status s = st_run_initial_range(r->cfg, lo, hi, made);
+        if (s != ST_OK) {
+            free(made);
+            return s;
+        }
+    }
+    const float *v = made ? made : full + lo;   /* v[i - lo]: element i's value */
+    float *p = w->storage.params;
+    int n;
+    const st_param_copy *c = st_model_copies(w->model, &n);
+    size_t at = lo;   /* written below `at`; the copies are sorted and disjoint */
+    for (int i = 0; i <= n && at < hi; i++) {
+        const size_t c_lo = i < n ? c[i].offset : hi, c_hi = i < n ? c_lo + c[i].count : hi;
+        const size_t from = c_lo > at ? (c_lo < hi ? c_lo : hi) : at;
+        const size_t to = c_hi < hi ? c_hi : hi;
+        if (from > at)   /* no copy: fp32 */
+            memcpy(p + at, v + (at - lo), (from - at) * sizeof *p);
+        if (i < n && from < to)
+            st_bf16_round_n(c[i].bf16 + (from - c_lo), v + (from - lo), to - from);
+        if (to > at)
+            at = to;
+    }
+    free(made);
+    return ST_OK;
+}
+
 st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full)
 {
-    if (!r->shared_weights) {
+    if (!r->shared_weights && !w->storage.copies_master) {
         if (full && !r->sizing)   /* the layout is all a sizing run reads */
             memcpy(st_model_params(w->model), full,
                    st_model_param_count(w->model) * sizeof(float));
         return ST_OK;
     }
-    int first, m;
-    domain_of(r, w->id, &first, &m);
+    int first = w->id, m = 1;
+    if (r->shared_weights)
+        domain_of(r, w->id, &first, &m);
     const size_t part[2] = { part_begin(r->n_params, m, w->id - first),
                              part_begin(r->n_params, m, w->id - first + 1) };
     float *p = w->storage.params;
     if (r->sizing)   /* the layout is all a sizing run reads */
-        return st_run_sync(r, w->id);
-    if (part[1] > part[0]) {
+        return r->shared_weights ? st_run_sync(r, w->id) : ST_OK;
+    if (part[1] > part[0] && w->storage.copies_master) {
+        ST_TRY(load_master(r, w, full, part[0], part[1]));
+    } else if (part[1] > part[0]) {
         if (full)
             memcpy(p + part[0], full + part[0], (part[1] - part[0]) * sizeof *p);
         else
             ST_TRY(st_run_initial_range(r->cfg, part[0], part[1], p + part[0]));
-    }
-    int n;
-    const st_param_copy *c = st_model_copies(w->model, &n);
-    for (int i = 0; w->storage.bf16 && i < n; i++) {
-        size_t lo = c[i].offset > part[0] ? c[i].offset : part[0];
-        size_t hi = c[i].offset + c[i].count < part[1] ? c[i].offset + c[i].count : part[1];
-        if (lo < hi)
-            st_bf16_round_n(c[i].bf16 + (lo - c[i].offset), p + lo, hi - lo);
+        int n;
+        const st_param_copy *c = st_model_copies(w->model, &n);
+        for (int i = 0; w->storage.bf16 && i < n; i++) {
+            size_t lo = c[i].offset > part[0] ? c[i].offset : part[0];
+            size_t hi = c[i].offset + c[i].count < part[1] ? c[i].offset + c[i].count : part[1];
+            if (lo < hi)
+                st_bf16_round_n(c[i].bf16 + (lo - c[i].offset), p + lo, hi - lo);
+        }
     }
     /* every part is written before anybody reads the vector */
-    return st_run_sync(r, w->id);
+    return r->shared_weights ? st_run_sync(r, w->id) : ST_OK;
 }
 
 st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config *cfg,
@@ -146,25 +231,55 @@ st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config 
 {
     ST_TRY(st_run_weights_storage(r, w, cfg, backend));
     ST_TRY(st_worker_build_model(w, cfg));
-    return r->shared_weights ? st_run_weights_load(r, w, NULL) : ST_OK;
+    if (w->storage.copies_master) {
+        ST_TRY(commit_sparse(r, w));
+        if (r->shared_weights)   /* committed before anybody writes it */
+            ST_TRY(st_run_sync(r, w->id));
+    }
+    return r->shared_weights || w->storage.copies_master ? st_run_weights_load(r, w, NULL)
+                                                         : ST_OK;
+}
+
+int st_run_copies_master_gathered(const run_shared *r)
+{
+    return r->cfg->optim.master == ST_MASTER_BF16_SR && shares_bf16(r->cfg) &&
+           !r->shared_weights && r->ranks == 1;
 }
 
 int st_run_master_carried(const run_shared *r)
 {
-    if (!r->comm || (r->shared_weights && r->placement.n_domains == 1 && r->ranks == 1))
+    if (!r->comm || (r->shared_weights && r->placement.n_domains == 1 && r->ranks == 1) ||
+        st_run_copies_master_gathered(r))
         return 0;
     return r->shared_weights ? 1 : 2;
 }
 
-void st_run_master_widen(const run_shared *r, st_worker *w)
+st_status st_run_master_full(run_shared *r, st_worker *w, const float **out)
 {
-    if (r->cfg->optim.master != ST_MASTER_BF16_SR || w->optim.carry_master)
-        return;
+    *out = st_model_params(w->model);
+    if (!w->storage.copies_master)
+        return ST_OK;
+    const size_t P = r->n_params;
+    if (!r->widened && !(r->widened = malloc((P ? P : 1) * sizeof *r->widened)))
+        return st_fail(ST_ERR_NOMEM, "out of memory widening %zu weights", P);
     int n;
     const st_param_copy *c = st_model_copies(w->model, &n);
-    float *p = st_model_params(w->model);
-    for (int i = 0; i < n; i++)
-        st_bf16_widen_n(p + c[i].offset, c[i].bf16, c[i].count);
+    size_t at = 0;
+    for (int i = 0; i <= n; i++) {
+        const size_t lo = i < n ? c[i].offset : P;
+        memcpy(r->widened + at, *out + at, (lo - at) * sizeof *r->widened);
+        if (i < n)
+            st_bf16_widen_n(r->widened + lo, c[i].bf16, c[i].count);
+        at = i < n ? lo + c[i].count : P;
+    }
+    *out = r->widened;
+    return ST_OK;
+}
+
+void st_run_master_full_done(run_shared *r)
+{
+    free(r->widened);
+    r->widened = NULL;
 }
 
 void st_run_worker_memory(const run_shared *r, const st_worker *w, st_mem_stats *out)

@@ -174,6 +174,7 @@ st_status st_loop_prepare(run_shared *r)
 void st_loop_release(run_shared *r)
 {
     free(r->full_segs);
+    st_run_master_full_done(r);
     st_split_destroy(r->split);
     st_run_resume_close(r);
     if (r->ops && r->ops->release)

@@ -331,6 +331,7 @@ st_status st_trainer_params(st_trainer *t, float *out, size_t count)
     if (count != have)
         return st_fail(ST_ERR_INVALID, "the model has %zu parameters, not %zu", have, count);
     memcpy(out, p, count * sizeof *out);
+    st_run_master_full_done(&t->r);
     return ST_OK;
 }
 
