@@ -466,8 +466,8 @@ static char *plan_json(const char *dir, const char *env, const char *opts)
  * the one building every worker's model gives (SUBTRAIN_SIZING=build-all),
  * over uneven NUMA domains (5 workers over 3 + 2; 6 over 4 domains), with
  * the strategies' subnetwork draws (blocks, neurons, backward masking),
- * ResNet's batch norm state and gpt's attention: where a run on this
- * machine cannot show it. */
+ * ResNet's batch norm state, gpt's attention and synth's two phases:
+ * where a run on this machine cannot show it. */
 Test(plan, class_builds_give_every_workers_figures, .timeout = 120)
 {
     char dir[ST_TEST_PATH_MAX], text[ST_TEST_PATH_MAX], gpt[3 * ST_TEST_PATH_MAX];
@@ -478,6 +478,7 @@ Test(plan, class_builds_give_every_workers_figures, .timeout = 120)
              "--context 8 --batch 4 --val-bytes 256 --strategies dp,sdp,localsgd", text);
     const char *t2 = "synthetic:numa:2 core:4 pu:1", *t4 = "synthetic:pack:2 numa:2 core:2 pu:1";
     const char *res = "--data synthetic --model resmlp --depth 3 --width 64 --batch 8";
+    const char *syn = "--data synthetic --model mlp --strategy synth --strategies synth";
     const struct { const char *topology; int workers; const char *opts, *more; } cases[] = {
         { t2, 5, res, "" },
         { t4, 6, res, "" },
@@ -485,6 +486,10 @@ Test(plan, class_builds_give_every_workers_figures, .timeout = 120)
         { t4, 6, res, "--masking backward --strategies sdp" },
         { t2, 5, "--data synthetic --model resnet --batch 8", "--strategies dp,sdp,ist" },
         { t4, 6, gpt, "" },
+        /* synth: the segments' layer ranges (their phase reported), then
+         * the joined network (reported with private weights) */
+        { t2, 5, syn, "--depth 2 --width 16 --batch 2 --cuts 1 --recovery-epochs 1" },
+        { t4, 6, syn, "--depth 3 --width 32 --batch 8 --recovery-epochs 1 --weights private" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char opts[4 * ST_TEST_PATH_MAX];

@@ -380,7 +380,10 @@ st_status st_model_memo_build(st_model_build_fn build, const st_model_config *cf
     *out = NULL;
     st_sizing_space *sp = arena ? st_arena_sizing_space(arena) : NULL;
     model_memo *mm = sp ? st_sizing_space_memo(sp, memo_make, memo_drop) : NULL;
-    if (!mm || mm->off || arena->lanes || arena->log)
+    /* a range of layers (hi >= 0) is finished by its caller, who adds its
+     * loss and workspace through the model's context: a shell's context is
+     * its prototype's (arena, primitives), so such a model is built */
+    if (!mm || mm->off || arena->lanes || arena->log || hi >= 0)
         return build(cfg, declare, lo, hi, batch, arena, storage, out);
     memo_key k;
     make_key(&k, cfg, declare, lo, hi, batch, storage);

@@ -12,7 +12,9 @@
  * accounting is what a build would have left, and the new model is a
  * shell: the prototype's tables, with its own buffers (parameters,
  * gradients, state, tensors, weight copies) at the same places in its own
- * blocks and storage.  A shell is laid out, never run.
+ * blocks and storage.  A shell is laid out, never run, nor built on: a
+ * model of a range of layers, which its caller finishes through the
+ * model's context, is always built.
  * SUBTRAIN_SIZING=build-all in the environment builds every model.
  */
 #ifndef SUBTRAIN_NN_MODEL_MEMO_H
