@@ -200,6 +200,18 @@ Test(plan, memory_equals_the_runs_with_masking_accumulation_and_moments, .timeou
     st_test_rmdir(dir);
 }
 
+/* A team worker's primitives run T threads, and oneDNN sizes their
+ * scratchpads for them: the plan lays a team out with T threads too. */
+Test(plan, memory_equals_the_runs_for_a_team_worker, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], data[2 * ST_TEST_PATH_MAX], opts[3 * ST_TEST_PATH_MAX];
+    tiny_images(dir, data, sizeof data);
+    snprintf(opts, sizeof opts, "%s --depth 2 --width 256 --batch 8 --workers 1 "
+             "--threads-per-worker 2 --oversubscribe", data);
+    expect_plan_equals_run(opts);
+    st_test_rmdir(dir);
+}
+
 Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors)
 {
     const char *base = "--data synthetic --depth 2 --width 32 --batch 8";

@@ -366,11 +366,14 @@ st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
         return s;
     }
     /* Every worker on a thread of its own, as in a run: the strategies'
-     * builds meet at barriers (the engines' plans, the shared weights). */
+     * builds meet at barriers (the engines' plans, the shared weights).
+     * A team's nthreads-var is T, as in a run: oneDNN sizes a primitive's
+     * scratchpad for the threads that will run it. */
+    const int team = r.placement.threads_per_worker > 1 ? r.placement.threads_per_worker : 1;
 #pragma omp parallel num_threads(r.n)
     {
         const int wid = omp_get_thread_num();
-        omp_set_num_threads(1);
+        omp_set_num_threads(team);
         st_worker w;
         memset(&w, 0, sizeof w);
         st_chunk_backend backend;
