@@ -545,3 +545,96 @@ Test(plan, predicted_step_follows_width_and_precision_rates, .timeout = 60)
     free(r);
     st_test_rmdir(dir);
 }
+
+/* The plan's JSON rows for `args` (run here). */
+static json_t *plan_rows(const char *args)
+{
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
+    json_error_t e;
+    json_t *root = json_loads(r->out, 0, &e);
+    cr_assert_not_null(root, "%s: %s", args, e.text);
+    free(r);
+    json_t *rows = json_incref(json_object_get(root, "rows"));
+    json_decref(root);
+    return rows;
+}
+
+/* Without --workers or --threads-per-worker, every team size T = 1, 2, 4,
+ * ... that divides the cores of each NUMA domain, cores / T workers each;
+ * with either option, the options' alone. */
+Test(plan, team_candidates_divide_the_domains_cores)
+{
+    const struct { const char *topo, *opts; int teams[4], workers[4]; } cases[] = {
+        { "numa:2 core:4 pu:1", "", { 1, 2, 4, 0 }, { 8, 4, 2, 0 } },
+        { "numa:2 core:6 pu:2", "", { 1, 2, 0, 0 }, { 12, 6, 0, 0 } },
+        { "numa:1 core:3 pu:1", "", { 1, 0, 0, 0 }, { 3, 0, 0, 0 } },
+        { "numa:2 core:4 pu:1", "--threads-per-worker 2", { 2, 0, 0, 0 }, { 4, 0, 0, 0 } },
+        { "numa:2 core:4 pu:1", "--workers 2", { 1, 0, 0, 0 }, { 2, 0, 0, 0 } },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "plan --strategies dp --topology 'synthetic:%s' %s "
+                 "--memory-per-worker 1G --data synthetic --depth 2 --width 32 --batch 8 "
+                 "--json -", cases[i].topo, cases[i].opts);
+        json_t *rows = plan_rows(args);
+        int seen[4] = { 0 };
+        for (size_t k = 0; k < json_array_size(rows); k++) {
+            json_t *row = json_array_get(rows, k);
+            const int t = (int)json_integer_value(json_object_get(row, "threads_per_worker"));
+            const int w = (int)json_integer_value(json_object_get(row, "workers"));
+            int j = 0;
+            while (j < 4 && cases[i].teams[j] != t)
+                j++;
+            cr_assert(j < 4 && t > 0, "%s: a row of %d threads a worker", args, t);
+            cr_expect_eq(w, cases[i].workers[j], "%s: %d workers of %d threads, not %d", args,
+                         w, t, cases[i].workers[j]);
+            seen[j]++;
+        }
+        for (int j = 0; j < 4 && cases[i].teams[j]; j++)
+            cr_expect_eq(seen[j], 8, "%s: %d rows of %d threads a worker, not dp's 8", args,
+                         seen[j], cases[i].teams[j]);
+        json_decref(rows);
+    }
+}
+
+/* A team's step is priced at the calibration's team speedups: faster than
+ * one thread's when they say 2, slower when they say 0.5, and not at all
+ * when the calibration measured no team of that size. */
+Test(plan, a_team_is_priced_at_its_calibrated_speedup, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], cal[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(cal, dir, "cal");
+    double step[3][2];   /* [no team rates, speedup 2, speedup 0.5][T = 1, 2] */
+    for (int c = 0; c < 3; c++) {
+        write_calibration(cal, 50.0, 100.0);
+        if (c > 0) {
+            FILE *f = fopen(cal, "a");
+            cr_assert_not_null(f);
+            const double s = c == 1 ? 2.0 : 0.5;
+            for (int d = 16; d <= 1024; d *= 4)
+                fprintf(f, "team_2_matmul_fp32_d%d %g\nteam_2_matmul_bf16_d%d %g\n", d, s, d, s);
+            fprintf(f, "team_2_relu_fwd %g\nteam_2_call_us 1\n", s);
+            fclose(f);
+        }
+        for (int t = 0; t < 2; t++) {
+            snprintf(args, sizeof args, "plan --as-given --memory-per-worker 1G --calibration "
+                     "'%s' --data synthetic --model resmlp --depth 2 --width 256 --batch 64 "
+                     "--workers 1 --threads-per-worker %d --json -", cal, t + 1);
+            json_t *rows = plan_rows(args);
+            json_t *s = json_object_get(json_array_get(rows, 0), "step_s");
+            step[c][t] = json_is_real(s) ? json_real_value(s) : NAN;
+            json_decref(rows);
+        }
+    }
+    cr_expect(step[0][0] > 0.0 && isnan(step[0][1]), "without team rates: one thread %g s, a "
+              "team %g s (none expected)", step[0][0], step[0][1]);
+    cr_expect_lt(step[1][1], step[1][0], "team speedup 2: %g s, one thread %g s", step[1][1],
+                 step[1][0]);
+    cr_expect_gt(step[2][1], step[2][0], "team speedup 0.5: %g s, one thread %g s", step[2][1],
+                 step[2][0]);
+    st_test_rmdir(dir);
+}

@@ -37,7 +37,7 @@ typedef struct cal_key {
 } cal_key;
 
 #define N_KEYS (2 * ST_OPERANDS_COUNT * ST_CAL_DIMS * ST_CAL_DIMS * ST_CAL_DIMS + ST_CAL_PASSES + \
-                2 * (ST_OP_COUNT - 1) + 4 + 13)
+                2 * (ST_OP_COUNT - 1) + 4 + 13 + ST_CAL_TEAMS * (2 * ST_CAL_DIMS + 2))
 static cal_key keys[N_KEYS];
 static const char *const pass_names[ST_CAL_PASSES] = { "16k", "256k", "4m", "64m" };
 static const char *const operand_names[ST_OPERANDS_COUNT] = { "nn", "nt", "tn" };
@@ -90,6 +90,14 @@ static void make_keys(void)
     KEY(reduce_gbps, 0, "reduce_gbps");
     KEY(stream_gbps, 0, "stream_triad_gbps");
     KEY(stream_all_gbps, 0, "stream_triad_all_gbps");
+    for (int i = 0; i < ST_CAL_TEAMS; i++) {
+        for (int t = 0; t < 2; t++)
+            for (int d = 0; d < ST_CAL_DIMS; d++)
+                KEY(team_matmul, (i * 2 + t) * ST_CAL_DIMS + d, "team_%d_matmul_%s_d%d",
+                    2 << i, t ? "bf16" : "fp32", dim_of(d));
+        KEY(team_pass, i, "team_%d_relu_fwd", 2 << i);
+        KEY(team_call_us, i, "team_%d_call_us", 2 << i);
+    }
 #undef KEY
 }
 
@@ -210,6 +218,28 @@ double st_calibration_pass_rate(const st_calibration *c, double bytes)
     /* the measured loop moves 1.5 times its vectors' size */
     grid_pos(bytes / 1.5, ST_CAL_PASS0, 16.0, ST_CAL_PASSES, &i, &f);
     const double lo = c->elementwise_gbps[i], hi = c->elementwise_gbps[i + 1];
+    return lo > 0.0 && hi > 0.0 ? exp((1.0 - f) * log(lo) + f * log(hi)) : 0.0;
+}
+
+int st_calibration_team(int threads)
+{
+    for (int i = 0; i < ST_CAL_TEAMS; i++)
+        if (threads == 2 << i)
+            return i;
+    return -1;
+}
+
+double st_calibration_team_matmul(const st_calibration *c, int team, int bf16, double flops)
+{
+    if (team < 0 || team >= ST_CAL_TEAMS)
+        return 0.0;
+    int i;
+    double f;
+    /* a cube of side D: 2 D^3 FLOPs, the sides 4 times apart */
+    const double d0 = (double)ST_CAL_DIM0;
+    grid_pos(flops / 2.0, d0 * d0 * d0, 64.0, ST_CAL_DIMS, &i, &f);
+    const double lo = c->team_matmul[team][bf16 ? 1 : 0][i];
+    const double hi = c->team_matmul[team][bf16 ? 1 : 0][i + 1];
     return lo > 0.0 && hi > 0.0 ? exp((1.0 - f) * log(lo) + f * log(hi)) : 0.0;
 }
 
@@ -746,6 +776,54 @@ static double time_triad_all(int threads, size_t n)
     return failed ? 0.0 : 3.0 * (double)threads * (double)n * sizeof(float) / best;
 }
 
+/* Teams up to the CPUs: each cube's product, the relu forward and the
+ * smallest call on T threads against one, the primitives made and run
+ * with the calling thread's nthreads-var at T, as a team worker's are. */
+static void measure_teams_here(dnnl_engine_t eng, dnnl_stream_t stream, st_calibration *out)
+{
+    const dnnl_data_type_t types[2] = { dnnl_f32, dnnl_bf16 };
+    double one[2][ST_CAL_DIMS], relu1[2];
+    for (int i = -1; i < ST_CAL_TEAMS && (i < 0 || (2 << i) <= (int)out->cpus); i++) {
+        omp_set_num_threads(i < 0 ? 1 : 2 << i);
+        for (int t = 0; t < 2; t++)
+            for (int d = 0; d < ST_CAL_DIMS; d++) {
+                const int64_t D = dim_of(d);
+                const double flop = 2.0 * (double)(D * D * D);
+                const int reps = flop < 4e5 ? 200 : flop < 4e7 ? (int)(8e7 / flop) : 1;
+                const double s = time_matmul(eng, stream, D, D, D, types[t], ST_OPERANDS_NN,
+                                             reps, 12, 1);
+                if (i < 0)
+                    one[t][d] = s;
+                else
+                    out->team_matmul[i][t][d] = s > 0.0 && one[t][d] > 0.0 ? one[t][d] / s
+                                                                           : 0.0;
+            }
+        double ns[2];
+        time_op(eng, stream, ST_OP_RELU, ns);
+        if (i < 0) {
+            relu1[0] = ns[0];
+            relu1[1] = ns[1];
+            continue;
+        }
+        out->team_pass[i] = ns[0] > 0.0 && relu1[0] > 0.0 ? relu1[0] / ns[0] : 0.0;
+        out->team_call_us[i] = time_matmul(eng, stream, 1, 1, 1, dnnl_f32, ST_OPERANDS_NN, 200,
+                                           ROUNDS, 0) * 1e6;
+    }
+    omp_set_num_threads(1);
+}
+
+/* The same inside a workers' region, as a run's team opens its
+ * primitives' regions: nested, one level down. */
+static void measure_teams(dnnl_engine_t eng, dnnl_stream_t stream, st_calibration *out)
+{
+    const int levels = omp_get_max_active_levels();
+    if (levels < 2)
+        omp_set_max_active_levels(2);
+#pragma omp parallel num_threads(1)
+    measure_teams_here(eng, stream, out);
+    omp_set_max_active_levels(levels);
+}
+
 int st_calibration_measure(st_calibration *out, char *err, size_t n)
 {
     memset(out, 0, sizeof *out);
@@ -809,6 +887,7 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
     out->call_us = call * 1e6;
     for (int o = 1; o < ST_OP_COUNT; o++)
         time_op(eng, stream, (st_cost_op)o, out->op_ns[o]);
+    measure_teams(eng, stream, out);
     dnnl_stream_destroy(stream);
     dnnl_engine_destroy(eng);
     const st_conv_shape cs = { .batch = 32, .ic = 16, .ih = 32, .iw = 32, .oc = 16,

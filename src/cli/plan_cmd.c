@@ -35,6 +35,7 @@
 #define CMD "subtrain plan"
 #define MAX_ROWS 64
 #define MAX_NOTES 8
+#define MAX_TEAMS 16
 
 /* What the plan varies; everything else is the run's options as given. */
 typedef struct plan_candidate {
@@ -43,6 +44,7 @@ typedef struct plan_candidate {
     st_precision precision;
     st_moments moments;
     st_recompute recompute;
+    int threads;              /* a worker's team (1: one core) */
 } plan_candidate;
 
 typedef struct plan_row {
@@ -72,6 +74,8 @@ typedef struct plan_options {
     const char *topology;          /* NULL: this machine */
     int as_given;                  /* one row: the options as given */
     int workers_given;             /* else one worker per core of the machine */
+    int threads_given;             /* else teams of every size that divides the
+                                    * domains' cores */
     int help;
 } plan_options;
 
@@ -179,6 +183,8 @@ static int split_args(int argc, char **argv, plan_options *p, char **run_argv, i
         if (k < 0) {
             if (strncmp(a, "--workers", 9) == 0 && (a[9] == '\0' || a[9] == '='))
                 p->workers_given = 1;
+            if (strncmp(a, "--threads-per-worker", 20) == 0 && (a[20] == '\0' || a[20] == '='))
+                p->threads_given = 1;
             run_argv[(*run_argc)++] = argv[i];
             continue;
         }
@@ -219,17 +225,78 @@ static int split_args(int argc, char **argv, plan_options *p, char **run_argv, i
     return 0;
 }
 
-/* The candidates of --strategies (or the options as given). */
-static int make_candidates(const plan_options *p, const st_train_config *base,
-                           plan_candidate *out, int *n)
+static int strategy_candidates(const plan_options *p, const st_train_config *base,
+                               plan_candidate *out, int *n);
+
+/* The team sizes the plan tries: the one the options give (--workers or
+ * --threads-per-worker, or --as-given), else 1, 2, 4, ... while T divides
+ * the cores of every NUMA domain the run's workers would use. */
+static int team_sizes(const plan_options *p, const st_train_config *base,
+                      const st_topology *topo, int *out)
 {
+    out[0] = base->threads_per_worker > 1 ? base->threads_per_worker : 1;
+    if (p->as_given || p->workers_given || p->threads_given)
+        return 1;
+    st_plan pl;
+    memset(&pl, 0, sizeof pl);
+    st_plan_request req = { .workers = 0, .cpuset = base->cpuset,
+                            .core_limit = base->core_limit };
+    int n = 1;
+    if (st_plan_make(topo, &req, &pl) == ST_OK && pl.n_domains > 0) {
+        int fewest = pl.n_workers;
+        for (int d = 0; d < pl.n_domains; d++) {
+            const int cores = pl.domain_first[d + 1] - pl.domain_first[d];
+            fewest = cores < fewest ? cores : fewest;
+        }
+        for (int t = 2; t <= fewest && n < MAX_TEAMS; t *= 2) {
+            int divides = 1;
+            for (int d = 0; d < pl.n_domains; d++)
+                divides &= (pl.domain_first[d + 1] - pl.domain_first[d]) % t == 0;
+            if (divides)
+                out[n++] = t;
+        }
+    }
+    st_plan_free(&pl);
+    return n;
+}
+
+/* The candidates of --strategies (or the options as given), each with
+ * every team size: *out (to free), *n of them. */
+static int make_candidates(const plan_options *p, const st_train_config *base,
+                           const int *teams, int n_teams, plan_candidate **out, int *n)
+{
+    plan_candidate one[MAX_ROWS];
+    int n_one = 0;
+    *out = NULL;
     *n = 0;
     if (p->as_given) {
-        out[(*n)++] = (plan_candidate){ base->strategy, base->sdp.coverage,
-                                        base->model.precision, base->optim.moments,
-                                        base->model.recompute };
-        return 0;
+        one[n_one++] = (plan_candidate){ base->strategy, base->sdp.coverage,
+                                         base->model.precision, base->optim.moments,
+                                         base->model.recompute, 1 };
+    } else {
+        const int status = strategy_candidates(p, base, one, &n_one);
+        if (status)
+            return status;
     }
+    *out = calloc((size_t)(n_one * n_teams), sizeof **out);
+    if (!*out) {
+        st_cli_error(CMD, "out of memory");
+        return 1;
+    }
+    for (int t = 0; t < n_teams; t++)
+        for (int i = 0; i < n_one; i++) {
+            plan_candidate c = one[i];
+            c.threads = teams[t];
+            (*out)[(*n)++] = c;
+        }
+    return 0;
+}
+
+/* The strategies' candidates of --strategies. */
+static int strategy_candidates(const plan_options *p, const st_train_config *base,
+                               plan_candidate *out, int *n)
+{
+    *n = 0;
     char list[256];
     snprintf(list, sizeof list, "%s", p->strategies ? p->strategies : "dp,sdp,ist,localsgd");
     const st_precision precisions[] = { ST_PRECISION_FP32, ST_PRECISION_BF16 };
@@ -251,7 +318,7 @@ static int make_candidates(const plan_options *p, const st_train_config *base,
                     for (int rc = 0; rc < 2 && *n < MAX_ROWS; rc++)
                         out[(*n)++] = (plan_candidate){
                             s, s == ST_STRATEGY_SDP ? cover[c] : base->sdp.coverage,
-                            precisions[pr], moments[mo], recomputes[rc] };
+                            precisions[pr], moments[mo], recomputes[rc], 1 };
     }
     if (*n == 0) {
         st_cli_error(CMD, "--strategies %s: no strategy named", ST_CLI_SHOW(p->strategies));
@@ -271,6 +338,7 @@ static void size_row(plan_row *row, const st_train_config *base, const st_datase
     row->cfg.model.precision = row->c.precision;
     row->cfg.optim.moments = row->c.moments;
     row->cfg.model.recompute = row->c.recompute;
+    row->cfg.threads_per_worker = row->c.threads;
     row->step_s = row->samples_per_s = NAN;
     row->over = -1;
     st_worker_size *ws;
@@ -290,7 +358,7 @@ static void size_row(plan_row *row, const st_train_config *base, const st_datase
     }
     row->ok = 1;
     row->workers = n;
-    row->threads = base->threads_per_worker > 1 ? base->threads_per_worker : 1;
+    row->threads = row->c.threads;
     row->mem = ws[worst].memory;
     row->comm_bytes = bytes;
     row->flops = ws[worst].flops;
@@ -344,9 +412,18 @@ static double shared_rate(const st_calibration *cal, double r, double bytes, int
 static double predict_step(const plan_row *row, const st_calibration *cal)
 {
     const int sharing = row->workers;
-    const double call_s = cal->call_us * 1e-6;
+    /* a team's primitives run on its T threads: its products, convolutions
+     * and operations at the calibrated team's speedup, each call at the
+     * team's call time; its moves, update and reduction are the worker's
+     * own loops, on its first thread */
+    const int team = row->threads > 1 ? st_calibration_team(row->threads) : -1;
+    if (row->threads > 1 && team < 0)
+        return NAN;
+    const double op_speedup = team < 0 ? 1.0 : cal->team_pass[team];
+    const double call_s = (team < 0 ? cal->call_us : cal->team_call_us[team]) * 1e-6;
+    const double move_call_s = cal->call_us * 1e-6;
     double t = 0.0;
-    if (row->n_costs > ST_STEP_COSTS_MAX)
+    if (row->n_costs > ST_STEP_COSTS_MAX || !(op_speedup > 0.0))
         return NAN;
     for (int i = 0; i < row->n_costs; i++) {
         const st_step_cost *c = &row->costs[i];
@@ -362,6 +439,8 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
             r = chain > 0.0 ? st_calibration_matmul_rate(cal, c->bf16, c->operands, (double)c->m,
                                                          (double)c->n, (double)c->k) / chain
                             : 0.0;
+            if (team >= 0)
+                r *= st_calibration_team_matmul(cal, team, c->bf16, c->flops / c->count);
             t += r > 0.0 ? c->flops / (r * 1e9) : NAN;
             break;
         }
@@ -372,6 +451,8 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
             r = st_calibration_matmul_rate(cal, c->bf16, ST_OPERANDS_NN, (double)c->m,
                                            (double)c->n, (double)c->k) *
                 (ref > 0.0 ? cal->conv_gflops[c->bf16 ? 1 : 0] / ref : 0.0);
+            if (team >= 0)
+                r *= st_calibration_team_matmul(cal, team, c->bf16, c->flops / c->count);
             t += r > 0.0 ? c->flops / (r * 1e9) : NAN;
             break;
         }
@@ -383,8 +464,9 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
                             c->bytes / c->calls, sharing);
             if (c->op != ST_OP_MEMORY && !(ns > 0.0))
                 r = 0.0;
-            t += r > 0.0 ? fmax(c->elements * ns * 1e-9, c->bytes / (r * 1e9)) +
-                               c->calls * call_s
+            const double speedup = c->op == ST_OP_MEMORY ? 1.0 : op_speedup;
+            t += r > 0.0 ? fmax(c->elements * ns * 1e-9, c->bytes / (r * 1e9)) / speedup +
+                               c->calls * (c->op == ST_OP_MEMORY ? move_call_s : call_s)
                          : NAN;
             break;
         }
@@ -706,11 +788,12 @@ int st_cli_plan_main(int argc, char **argv)
     char where[256] = "";
     if (topo)
         snprintf(where, sizeof where, "%s", st_topology_name(topo));
-    st_topology_destroy(topo);
-    plan_candidate cand[MAX_ROWS];
-    int n = 0;
+    plan_candidate *cand = NULL;
+    int n = 0, teams[MAX_TEAMS];
     if (status == 0)
-        status = make_candidates(&p, &o.train, cand, &n);
+        status = make_candidates(&p, &o.train, teams, team_sizes(&p, &o.train, topo, teams),
+                                 &cand, &n);
+    st_topology_destroy(topo);
     st_dataset train, test;
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
@@ -748,6 +831,7 @@ int st_cli_plan_main(int argc, char **argv)
             status = write_json(p.json, rows, n, budget, where, have_cal ? p.calibration : NULL);
     }
     free(rows);
+    free(cand);
     st_dataset_free(&train);
     st_dataset_free(&test);
     st_cli_options_free(&o);
