@@ -47,13 +47,21 @@ typedef struct plan_candidate {
     int threads;              /* a worker's team (1: one core) */
 } plan_candidate;
 
+/* One rank's busiest worker: what that rank's records report. */
+typedef struct rank_size {
+    st_mem_stats mem;
+    double comm_bytes;
+} rank_size;
+
 typedef struct plan_row {
     plan_candidate c;
     st_train_config cfg;
     int ok;                   /* sized; else why not in `refused` */
     char refused[256];
-    int workers, threads;
-    st_mem_stats mem;         /* the worker with the largest total */
+    int workers, threads;     /* workers of each rank, threads of each worker */
+    int ranks;                /* MPI ranks, each with `workers` */
+    rank_size *rank;          /* ranks > 1: each rank's (else NULL) */
+    st_mem_stats mem;         /* the worker with the largest total (of every rank) */
     double comm_bytes;        /* the busiest worker's, read + written a step */
     double flops;             /* that worker's model, a step */
     st_step_cost costs[ST_STEP_COSTS_MAX];   /* and its work, layer by layer */
@@ -76,6 +84,7 @@ typedef struct plan_options {
     int workers_given;             /* else one worker per core of the machine */
     int threads_given;             /* else teams of every size that divides the
                                     * domains' cores */
+    int ranks;                     /* MPI ranks, each on a machine like topology */
     int help;
 } plan_options;
 
@@ -158,7 +167,7 @@ static int split_args(int argc, char **argv, plan_options *p, char **run_argv, i
 {
     static const char *const own[] = { "--memory-per-worker", "--memory-total", "--strategies",
                                        "--calibration", "--accuracy", "--json",
-                                       "--topology" };
+                                       "--topology", "--ranks" };
     *run_argc = 0;
     run_argv[(*run_argc)++] = argv[0];
     for (int i = 1; i < argc; i++) {
@@ -211,8 +220,13 @@ static int split_args(int argc, char **argv, plan_options *p, char **run_argv, i
             p->accuracy = val;
         } else if (k == 5) {
             p->json = val;
-        } else {
+        } else if (k == 6) {
             p->topology = val;
+        } else {
+            unsigned long long v;
+            if (st_cli_count_arg(CMD, own[k], val, 1, 65535, &v) != 0)
+                return 2;
+            p->ranks = (int)v;
         }
     }
     run_argv[*run_argc] = NULL;
@@ -228,14 +242,18 @@ static int split_args(int argc, char **argv, plan_options *p, char **run_argv, i
 static int strategy_candidates(const plan_options *p, const st_train_config *base,
                                plan_candidate *out, int *n);
 
-/* The team sizes the plan tries: the one the options give (--workers or
- * --threads-per-worker, or --as-given), else 1, 2, 4, ... while T divides
- * the cores of every NUMA domain the run's workers would use. */
+/* The team sizes the plan tries, into out: the one the options give
+ * (--workers or --threads-per-worker, or --as-given), else 1, 2, 4, ...
+ * while T divides the cores of every NUMA domain the run's workers would
+ * use (one worker per core).  Their count, or -1 (said why): a
+ * --threads-per-worker that does not divide them without --workers, for
+ * cores / T workers would leave cores idle. */
 static int team_sizes(const plan_options *p, const st_train_config *base,
                       const st_topology *topo, int *out)
 {
-    out[0] = base->threads_per_worker > 1 ? base->threads_per_worker : 1;
-    if (p->as_given || p->workers_given || p->threads_given)
+    const int given = base->threads_per_worker > 1 ? base->threads_per_worker : 1;
+    out[0] = given;
+    if (p->workers_given)
         return 1;
     st_plan pl;
     memset(&pl, 0, sizeof pl);
@@ -243,12 +261,21 @@ static int team_sizes(const plan_options *p, const st_train_config *base,
                             .core_limit = base->core_limit };
     int n = 1;
     if (st_plan_make(topo, &req, &pl) == ST_OK && pl.n_domains > 0) {
-        int fewest = pl.n_workers;
+        int fewest = pl.n_workers, odd = -1;
         for (int d = 0; d < pl.n_domains; d++) {
             const int cores = pl.domain_first[d + 1] - pl.domain_first[d];
             fewest = cores < fewest ? cores : fewest;
+            if (cores % given != 0 && odd < 0)
+                odd = cores;
         }
-        for (int t = 2; t <= fewest && n < MAX_TEAMS; t *= 2) {
+        if (p->threads_given && odd >= 0) {
+            st_cli_error(CMD, "--threads-per-worker %d: does not divide the %d cores of a NUMA "
+                         "domain of %s; give --workers N to plan teams that leave cores idle",
+                         given, odd, st_topology_name(topo));
+            n = -1;
+        }
+        for (int t = 2; !p->as_given && !p->threads_given && t <= fewest && n < MAX_TEAMS;
+             t *= 2) {
             int divides = 1;
             for (int d = 0; d < pl.n_domains; d++)
                 divides &= (pl.domain_first[d + 1] - pl.domain_first[d]) % t == 0;
@@ -329,8 +356,8 @@ static int strategy_candidates(const plan_options *p, const st_train_config *bas
 
 /* ------------------------------------------------------------ a row */
 
-static void size_row(plan_row *row, const st_train_config *base, const st_dataset *train,
-                     const st_dataset *test)
+static void size_row(plan_row *row, const st_train_config *base, int ranks,
+                     const st_dataset *train, const st_dataset *test)
 {
     row->cfg = *base;
     row->cfg.strategy = row->c.strategy;
@@ -343,21 +370,33 @@ static void size_row(plan_row *row, const st_train_config *base, const st_datase
     row->over = -1;
     st_worker_size *ws;
     int n;
-    if (st_train_size(&row->cfg, train, test, &ws, &n) != ST_OK) {
+    if (st_train_size_ranks(&row->cfg, ranks, train, test, &ws, &n) != ST_OK) {
         snprintf(row->refused, sizeof row->refused, "%s", st_last_error());
         return;
     }
     int worst = 0;
     double bytes = 0.0;
+    row->rank = ranks > 1 ? calloc((size_t)ranks, sizeof *row->rank) : NULL;
+    if (ranks > 1 && !row->rank) {
+        snprintf(row->refused, sizeof row->refused, "out of memory");
+        free(ws);
+        return;
+    }
     for (int k = 0; k < n; k++) {
         if (ws[k].memory.peak_total > ws[worst].memory.peak_total)
             worst = k;
         double b = (double)(ws[k].comm.read + ws[k].comm.written);
         if (b > bytes)
             bytes = b;
+        rank_size *rk = row->rank ? &row->rank[k / (n / ranks)] : NULL;
+        if (rk && ws[k].memory.peak_total > rk->mem.peak_total)
+            rk->mem = ws[k].memory;
+        if (rk && b > rk->comm_bytes)
+            rk->comm_bytes = b;
     }
     row->ok = 1;
-    row->workers = n;
+    row->workers = n / ranks;
+    row->ranks = ranks;
     row->threads = row->c.threads;
     row->mem = ws[worst].memory;
     row->comm_bytes = bytes;
@@ -491,7 +530,8 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
 
 static void predict_row(plan_row *row, const st_calibration *cal)
 {
-    if (!row->ok || !cal)
+    /* ranks: the calibration has no rate for the network between them */
+    if (!row->ok || !cal || row->ranks > 1)
         return;
     const double step = predict_step(row, cal);
     if (!(step > 0.0))
@@ -499,7 +539,7 @@ static void predict_row(plan_row *row, const st_calibration *cal)
     row->step_s = step;
     const double rows = (double)row->cfg.batch *
                         (row->cfg.accumulate > 1 ? row->cfg.accumulate : 1);
-    row->samples_per_s = rows * row->workers / row->step_s;
+    row->samples_per_s = rows * row->workers * row->ranks / row->step_s;
 }
 
 /* ------------------------------------------------------------ the accuracy side */
@@ -613,7 +653,7 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, con
             fprintf(f, " not possible: %s\n", r->refused);
             continue;
         }
-        fprintf(f, " %5d %3d %5d |", r->workers, r->threads, 1);
+        fprintf(f, " %5d %3d %5d |", r->workers, r->threads, r->ranks);
         const int order[] = { ST_MEM_WEIGHTS, ST_MEM_GRADIENTS, ST_MEM_OPTIMIZER,
                               ST_MEM_ACTIVATIONS, ST_MEM_ATTENTION, ST_MEM_WORKSPACE };
         for (int k = 0; k < 6; k++)
@@ -653,6 +693,17 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, con
     }
 }
 
+/* A worker's memory by kind, in bytes, and its total. */
+static json_t *memory_json(const st_mem_stats *m)
+{
+    json_t *mem = json_object();
+    for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
+        json_object_set_new(mem, st_mem_kind_name((st_mem_kind)k),
+                            json_integer((json_int_t)m->peak[k]));
+    json_object_set_new(mem, "total", json_integer((json_int_t)m->peak_total));
+    return mem;
+}
+
 static json_t *row_json(const plan_row *r)
 {
     char params[64];
@@ -683,21 +734,30 @@ static json_t *row_json(const plan_row *r)
         return o;
     }
     json_object_set_new(o, "possible", json_true());
-    json_object_set_new(o, "workers", json_integer(r->workers));
+    json_object_set_new(o, "workers", json_integer(r->workers * r->ranks));
+    json_object_set_new(o, "workers_per_rank", json_integer(r->workers));
     json_object_set_new(o, "threads_per_worker", json_integer(r->threads));
-    json_object_set_new(o, "ranks", json_integer(1));
-    json_t *mem = json_object();
-    for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
-        json_object_set_new(mem, st_mem_kind_name((st_mem_kind)k),
-                            json_integer((json_int_t)r->mem.peak[k]));
-    json_object_set_new(mem, "total", json_integer((json_int_t)r->mem.peak_total));
-    json_object_set_new(o, "memory_per_worker", mem);
+    json_object_set_new(o, "ranks", json_integer(r->ranks));
+    json_object_set_new(o, "memory_per_worker", memory_json(&r->mem));
     json_object_set_new(o, "fits", json_boolean(r->fits));
     json_object_set_new(o, "overflow", r->fits ? json_null()
                         : json_string(st_mem_kind_name((st_mem_kind)r->over)));
     json_object_set_new(o, "bytes_per_worker_step", json_real(r->comm_bytes));
+    if (r->rank) {   /* what each rank's records report: its own busiest worker */
+        json_t *ranks = json_array();
+        for (int k = 0; k < r->ranks; k++) {
+            json_t *rk = json_object();
+            json_object_set_new(rk, "memory_per_worker", memory_json(&r->rank[k].mem));
+            json_object_set_new(rk, "bytes_per_worker_step", json_real(r->rank[k].comm_bytes));
+            json_array_append_new(ranks, rk);
+        }
+        json_object_set_new(o, "per_rank", ranks);
+    }
     json_object_set_new(o, "flops_per_worker_step", json_real(r->flops));
     json_object_set_new(o, "step_s", isnan(r->step_s) ? json_null() : json_real(r->step_s));
+    if (r->ranks > 1)
+        json_object_set_new(o, "time_not_predicted",
+                            json_string("the calibration measures no network between ranks"));
     json_object_set_new(o, "samples_per_s",
                         isnan(r->samples_per_s) ? json_null() : json_real(r->samples_per_s));
     json_t *notes = json_array();
@@ -737,6 +797,7 @@ int st_cli_plan_main(int argc, char **argv)
 {
     plan_options p;
     memset(&p, 0, sizeof p);
+    p.ranks = 1;
     char **run_argv = calloc((size_t)argc + 2, sizeof *run_argv);
     if (!run_argv) {
         st_cli_error(CMD, "out of memory");
@@ -790,9 +851,11 @@ int st_cli_plan_main(int argc, char **argv)
         snprintf(where, sizeof where, "%s", st_topology_name(topo));
     plan_candidate *cand = NULL;
     int n = 0, teams[MAX_TEAMS];
+    const int n_teams = status == 0 ? team_sizes(&p, &o.train, topo, teams) : 0;
+    if (status == 0 && n_teams < 0)
+        status = EXIT_USAGE;
     if (status == 0)
-        status = make_candidates(&p, &o.train, teams, team_sizes(&p, &o.train, topo, teams),
-                                 &cand, &n);
+        status = make_candidates(&p, &o.train, teams, n_teams, &cand, &n);
     st_topology_destroy(topo);
     st_dataset train, test;
     memset(&train, 0, sizeof train);
@@ -811,9 +874,9 @@ int st_cli_plan_main(int argc, char **argv)
     double budget = p.per_worker;
     for (int i = 0; status == 0 && i < n; i++) {
         rows[i].c = cand[i];
-        size_row(&rows[i], &o.train, &train, &test);
+        size_row(&rows[i], &o.train, p.ranks, &train, &test);
         if (p.total > 0.0 && rows[i].ok)
-            budget = p.total / rows[i].workers;
+            budget = p.total / (rows[i].workers * rows[i].ranks);
         judge_row(&rows[i], budget);
         predict_row(&rows[i], have_cal ? &cal : NULL);
         add_notes(&rows[i], acc);
@@ -830,6 +893,8 @@ int st_cli_plan_main(int argc, char **argv)
         if (p.json)
             status = write_json(p.json, rows, n, budget, where, have_cal ? p.calibration : NULL);
     }
+    for (int i = 0; rows && i < n; i++)
+        free(rows[i].rank);
     free(rows);
     free(cand);
     st_dataset_free(&train);

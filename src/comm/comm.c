@@ -30,6 +30,7 @@
 
 #include "comm/backend.h"
 #include "comm/plan.h"
+#include "comm/sizing_world.h"
 #include "core/enum_table.h"
 #include "core/error.h"
 
@@ -111,7 +112,10 @@ static st_status backend_ops(st_comm_backend_kind kind, const st_comm_backend_op
 
 /* ------------------------------------------------------------ create */
 
-st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
+/* An engine of cfg's backend, or (world) the MPI backend's layout for
+ * rank `rank` of a described job. */
+static st_status create_engine(const st_comm_config *cfg, st_comm_world *world, int rank,
+                               st_comm **out)
 {
     *out = NULL;
     if (!cfg)
@@ -134,13 +138,36 @@ st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
     if (!c)
         return st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine");
     *c = (st_comm){ ops, NULL, cfg->backend, cfg->n_workers, cfg->n_params };
-    st_status s = ops->create(cfg, &c->impl);
+    st_status s;
+#ifdef HAVE_MPI
+    s = world ? st_comm_mpi_create_sizing(cfg, world, rank, &c->impl) : ops->create(cfg, &c->impl);
+#else
+    (void)rank;
+    s = world ? st_fail(ST_ERR_INVALID, "sizing ranks needs the MPI backend") :
+                ops->create(cfg, &c->impl);
+#endif
     if (s != ST_OK) {
         free(c);
         return s;
     }
     *out = c;
     return ST_OK;
+}
+
+st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
+{
+    return create_engine(cfg, NULL, 0, out);
+}
+
+st_status st_comm_create_sizing(const st_comm_config *cfg, st_comm_world *w, int rank,
+                                st_comm **out)
+{
+    *out = NULL;
+    if (!cfg || cfg->backend != ST_COMM_BACKEND_MPI || !w || rank < 0 ||
+        rank >= st_comm_world_size(w))
+        return st_fail(ST_ERR_INVALID, "st_comm_create_sizing: the MPI backend of a rank of "
+                       "the described job");
+    return create_engine(cfg, w, rank, out);
 }
 
 void st_comm_destroy(st_comm *c)

@@ -29,6 +29,7 @@
 #include <subtrain/topo.h>
 #include <subtrain/world.h>
 
+#include "comm/sizing_world.h"
 #include "core/error.h"
 #include "train/loop.h"
 #include "train/strategy.h"
@@ -61,8 +62,10 @@ st_status st_loop_check_data(const st_train_config *cfg, const st_dataset *train
  * buffers of the loop's own collectives. */
 static st_status prepare_ranks(run_shared *r)
 {
-    r->rank = st_world_rank();
-    r->ranks = st_world_size();
+    if (!r->sizing) {   /* a sizing run's ranks are described (st_train_size_ranks) */
+        r->rank = st_world_rank();
+        r->ranks = st_world_size();
+    }
     r->first = r->rank * r->n;
     r->n_all = r->ranks * r->n;
     /* fault injection, for the tests of failure handling (doc/reliability.md) */
@@ -78,12 +81,12 @@ static st_status prepare_ranks(run_shared *r)
     if (r->ranks == 1)
         return ST_OK;
     /* every rank must have the same workers: the engine checks it too, but
-     * here the message names the layout */
-    int *all = malloc(sizeof *all * (size_t)r->ranks);
-    if (!all)
+     * here the message names the layout (described ranks have cfg's) */
+    int *all = r->sizing ? NULL : malloc(sizeof *all * (size_t)r->ranks);
+    if (!all && !r->sizing)
         return st_fail(ST_ERR_NOMEM, "out of memory for the ranks");
-    st_status s = st_world_allgather(&r->n, sizeof r->n, all);
-    for (int k = 0; k < r->ranks && s == ST_OK; k++)
+    st_status s = r->sizing ? ST_OK : st_world_allgather(&r->n, sizeof r->n, all);
+    for (int k = 0; k < r->ranks && s == ST_OK && all; k++)
         if (all[k] != r->n)
             s = st_fail(ST_ERR_INVALID, "rank %d plans %d workers and rank %d plans %d: every "
                         "rank needs the same number (give each the same CPUs, or --workers N)",
@@ -331,8 +334,62 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
 
 /* ------------------------------------------------------------ sizing */
 
-st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
-                        const st_dataset *test, st_worker_size **out, int *n_workers)
+/* The layouts of `ranks` described ranks (ranks > 1: each rank's
+ * engines over the described job, comm/sizing_world.h), rank k's run in
+ * r[k], every worker of every rank on a thread of its own. */
+static st_status size_ranks(run_shared *r, int ranks, st_worker_size *mem)
+{
+    const int n = r[0].n, all = ranks * n;
+    /* A team's nthreads-var is T, as in a run: oneDNN sizes a primitive's
+     * scratchpad for the threads that will run it. */
+    const int team = r[0].placement.threads_per_worker > 1 ? r[0].placement.threads_per_worker
+                                                           : 1;
+    atomic_int short_team;
+    atomic_init(&short_team, 0);
+    /* As in a run, the strategies' builds meet at barriers (the engines'
+     * plans, the shared weights; over the described ranks, their gathers). */
+#pragma omp parallel num_threads(all)
+    {
+        const int k = omp_get_thread_num() / n, wid = omp_get_thread_num() % n;
+        run_shared *rk = &r[k];
+        omp_set_num_threads(team);
+        st_worker w;
+        memset(&w, 0, sizeof w);
+        st_chunk_backend backend;
+        st_status ws = ST_OK;
+        if (omp_get_num_threads() != all)
+            atomic_store(&short_team, omp_get_num_threads());
+        else
+            ws = st_loop_init_worker(rk, wid, &w, &backend);
+        if (ws != ST_OK) {
+            st_loop_record_failure(rk, ws);
+            st_comm_world_abort(rk->sizing_world);   /* the other ranks stop gathering */
+        }
+#pragma omp barrier
+        /* the domains' arenas are complete once every worker is built */
+        st_worker_size *m = &mem[k * n + wid];
+        if (ws == ST_OK && !atomic_load(&short_team)) {
+            st_run_worker_memory(rk, &w, &m->memory);
+            if (rk->comm)
+                m->comm = rk->ops->bytes(rk, rk->strategy, wid);
+            m->flops = w.model ? st_model_step_flops(w.model) : 0.0;
+            m->n_costs = w.model ? st_model_step_costs(w.model, m->costs, ST_STEP_COSTS_MAX)
+                                 : 0;
+        }
+#pragma omp barrier
+        st_worker_destroy(&w);
+    }
+    if (atomic_load(&short_team))
+        return st_fail(ST_ERR_INVALID, "OpenMP gave %d threads for %d workers (is "
+                       "OMP_THREAD_LIMIT set?)", atomic_load(&short_team), all);
+    for (int k = 0; k < ranks; k++)
+        if (atomic_load(&r[k].failed))
+            return st_fail(r[k].error_status, "%s", r[k].error);
+    return ST_OK;
+}
+
+st_status st_train_size_ranks(const st_train_config *cfg, int ranks, const st_dataset *train,
+                              const st_dataset *test, st_worker_size **out, int *n_workers)
 {
     *out = NULL;
     *n_workers = 0;
@@ -347,60 +404,55 @@ st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
     if (st_world_size() > 1)
         return st_fail(ST_ERR_INVALID, "a sizing run lays out one process's workers (this is "
                        "one of %d MPI ranks)", st_world_size());
-    run_shared r;
-    memset(&r, 0, sizeof r);
-    r.cfg = cfg;
-    r.train = train;
-    r.test = test;
-    r.sizing = 1;
-    atomic_init(&r.failed, 0);
+    if (ranks < 1 || ranks > 65535)   /* as many as `subtrain topo --ranks` describes */
+        return st_fail(ST_ERR_INVALID, "a sizing run of %d ranks: expected 1 to 65535", ranks);
+    if (ranks > 1 && !st_world_has_mpi())
+        return st_fail(ST_ERR_INVALID, "sizing %d MPI ranks needs the MPI reduction backend, "
+                       "which this library was built without (configure --with-mpi)", ranks);
+    run_shared *r = calloc((size_t)ranks, sizeof *r);
+    st_sizing_space *space = NULL;
+    st_comm_world *world = NULL;
+    if (!r)
+        return st_fail(ST_ERR_NOMEM, "out of memory for %d ranks' layouts", ranks);
     /* address space, far more than any layout takes: 1 TiB */
-    ST_TRY(st_sizing_space_create((size_t)1 << 40, &r.sizing_space));
-    st_status s = st_loop_prepare(&r);
-    st_worker_size *mem = s == ST_OK ? calloc((size_t)r.n, sizeof *mem) : NULL;
+    st_status s = st_sizing_space_create((size_t)1 << 40, &space);
+    if (s == ST_OK && ranks > 1)
+        s = st_comm_world_create(ranks, &world);
+    int prepared = 0;
+    for (int k = 0; k < ranks && s == ST_OK; k++, prepared++) {
+        r[k].cfg = cfg;
+        r[k].train = train;
+        r[k].test = test;
+        r[k].sizing = 1;
+        r[k].rank = k;
+        r[k].ranks = ranks;
+        r[k].sizing_world = world;
+        r[k].sizing_space = space;
+        atomic_init(&r[k].failed, 0);
+        s = st_loop_prepare(&r[k]);
+    }
+    const int all = s == ST_OK ? ranks * r[0].n : 0;
+    st_worker_size *mem = s == ST_OK ? calloc((size_t)all, sizeof *mem) : NULL;
     if (s == ST_OK && !mem)
-        s = st_fail(ST_ERR_NOMEM, "out of memory for %d workers' sizes", r.n);
-    if (s != ST_OK) {
-        st_loop_release(&r);
-        st_sizing_space_destroy(r.sizing_space);
-        return s;
-    }
-    /* Every worker on a thread of its own, as in a run: the strategies'
-     * builds meet at barriers (the engines' plans, the shared weights).
-     * A team's nthreads-var is T, as in a run: oneDNN sizes a primitive's
-     * scratchpad for the threads that will run it. */
-    const int team = r.placement.threads_per_worker > 1 ? r.placement.threads_per_worker : 1;
-#pragma omp parallel num_threads(r.n)
-    {
-        const int wid = omp_get_thread_num();
-        omp_set_num_threads(team);
-        st_worker w;
-        memset(&w, 0, sizeof w);
-        st_chunk_backend backend;
-        st_status ws = init_on_thread(&r, wid, &w, &backend);
-        if (ws != ST_OK)
-            st_loop_record_failure(&r, ws);
-#pragma omp barrier
-        /* the domains' arenas are complete once every worker is built */
-        if (ws == ST_OK) {
-            st_run_worker_memory(&r, &w, &mem[wid].memory);
-            if (r.comm)
-                mem[wid].comm = r.ops->bytes(&r, r.strategy, wid);
-            mem[wid].flops = w.model ? st_model_step_flops(w.model) : 0.0;
-            mem[wid].n_costs = w.model ? st_model_step_costs(w.model, mem[wid].costs,
-                                                             ST_STEP_COSTS_MAX) : 0;
-        }
-#pragma omp barrier
-        st_worker_destroy(&w);
-    }
-    if (atomic_load(&r.failed)) {
-        s = st_fail(r.error_status, "%s", r.error);
-        free(mem);
-    } else {
+        s = st_fail(ST_ERR_NOMEM, "out of memory for %d workers' sizes", all);
+    if (s == ST_OK)
+        s = size_ranks(r, ranks, mem);
+    if (s == ST_OK) {
         *out = mem;
-        *n_workers = r.n;
+        *n_workers = all;
+    } else {
+        free(mem);
     }
-    st_loop_release(&r);
-    st_sizing_space_destroy(r.sizing_space);
+    for (int k = 0; k < prepared; k++)
+        st_loop_release(&r[k]);
+    st_comm_world_destroy(world);
+    st_sizing_space_destroy(space);
+    free(r);
     return s;
+}
+
+st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
+                        const st_dataset *test, st_worker_size **out, int *n_workers)
+{
+    return st_train_size_ranks(cfg, 1, train, test, out, n_workers);
 }
