@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <subtrain/model.h>
+#include <subtrain/world.h>
 
 /* A calibration file in format 2 (calibration.h): every matmul shape of
  * type fp32 at `fp32` GFLOP/s, of bf16 at `bf16`, and the other rates. */
@@ -229,6 +230,13 @@ Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors)
         { "--memory-per-worker 1G --strategies dp,nope", "--strategies dp,nope: 'nope'" },
         { "--memory-per-worker 1G --calibration /nonexistent", "--calibration /nonexistent" },
         { "--memory-per-worker 1G --as-given --strategy synth --epochs 1", "synth is not sized" },
+        { "--memory-per-worker 1G --ranks 0", "--ranks: expected an integer in [1, 65535], got '0'" },
+        { "--memory-per-worker 1G --ranks x", "--ranks: expected an integer in [1, 65535], got 'x'" },
+        { "--memory-per-worker 1G --ranks 65536", "--ranks: expected an integer in [1, 65535]" },
+        { "--memory-per-worker 1G --ranks", "--ranks needs a value" },
+        { "--memory-per-worker 1G --topology 'synthetic:numa:2 core:4 pu:1' "
+          "--threads-per-worker 3", "--threads-per-worker 3: does not divide the 4 cores of a "
+          "NUMA domain of synthetic:numa:2 core:4 pu:1; give --workers N" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         snprintf(args, sizeof args, "plan %s %s", base, cases[i].opts);
@@ -636,5 +644,53 @@ Test(plan, a_team_is_priced_at_its_calibrated_speedup, .timeout = 60)
                  step[1][0]);
     cr_expect_gt(step[2][1], step[2][0], "team speedup 0.5: %g s, one thread %g s", step[2][1],
                  step[2][0]);
+    st_test_rmdir(dir);
+}
+
+/* --ranks N: N described ranks of the workers the options give, each
+ * rank's busiest worker (what its records report) and the busiest of all
+ * in the row; no predicted time, even with a calibration (none measures
+ * the network between ranks).  The layouts against a real mpirun's are
+ * tests/mpi.sh's plan_ranks_* cases. */
+Test(plan, ranks_rows_give_every_ranks_busiest_worker_and_no_time, .timeout = 60)
+{
+    if (!st_world_has_mpi())
+        cr_skip_test("built without MPI: --ranks sizes the MPI backend's layout");
+    char dir[ST_TEST_PATH_MAX], cal[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(cal, dir, "cal");
+    write_calibration(cal, 50.0, 100.0);
+    snprintf(args, sizeof args, "plan --ranks 3 --memory-per-worker 1G --calibration '%s' "
+             "--strategies dp --data synthetic --depth 2 --width 64 --batch 8 --workers 2 "
+             "--oversubscribe --json -", cal);
+    json_t *rows = plan_rows(args);
+    cr_assert_gt(json_array_size(rows), 0);
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *row = json_array_get(rows, i);
+        cr_assert(json_is_true(json_object_get(row, "possible")), "row %zu: %s", i,
+                  json_string_value(json_object_get(row, "why")));
+        cr_expect_eq(json_integer_value(json_object_get(row, "ranks")), 3);
+        cr_expect_eq(json_integer_value(json_object_get(row, "workers_per_rank")), 2);
+        cr_expect_eq(json_integer_value(json_object_get(row, "workers")), 6);
+        cr_expect(json_is_null(json_object_get(row, "step_s")), "row %zu: a time", i);
+        cr_expect(json_is_string(json_object_get(row, "time_not_predicted")));
+        json_t *per = json_object_get(row, "per_rank");
+        cr_assert_eq(json_array_size(per), 3);
+        json_int_t most = 0;
+        double bytes = 0.0;
+        for (size_t k = 0; k < 3; k++) {
+            json_t *rk = json_array_get(per, k);
+            const json_int_t t = json_integer_value(
+                json_object_get(json_object_get(rk, "memory_per_worker"), "total"));
+            cr_expect_gt(t, 0);
+            most = t > most ? t : most;
+            const double b = json_real_value(json_object_get(rk, "bytes_per_worker_step"));
+            bytes = b > bytes ? b : bytes;
+        }
+        cr_expect_eq(json_integer_value(json_object_get(json_object_get(row, "memory_per_worker"),
+                                                        "total")), most);
+        cr_expect_eq(json_real_value(json_object_get(row, "bytes_per_worker_step")), bytes);
+    }
+    json_decref(rows);
     st_test_rmdir(dir);
 }
