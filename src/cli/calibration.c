@@ -109,7 +109,8 @@ static double *rate_of(st_calibration *c, size_t k)
 void st_calibration_write(FILE *f, const st_calibration *c)
 {
     make_keys();
-    fprintf(f, "# subtrain calibration: one thread's rates (calibration.h, doc/planning.md)\n");
+    fprintf(f, "# subtrain calibration: one thread's rates and teams' speedups (calibration.h, "
+               "doc/planning.md)\n");
     fprintf(f, "format 2\nmachine %s\nisa %s\n", c->machine, c->isa);
     for (size_t k = 0; k < N_KEYS; k++)
         fprintf(f, "%s %.4g\n", keys[k].name, *rate_of((st_calibration *)c, k));
@@ -927,9 +928,10 @@ static void print_help(FILE *f)
 "shapes and operand layouts, a chain of layers' products against the grid,\n"
 "and convolution GFLOP/s, in fp32 and bf16; a primitive's call time; the\n"
 "element-wise operations' and the optimizer's time a value; element-wise\n"
-"GB/s at four sizes, reduction and STREAM triad GB/s) and the triad on every\n"
-"CPU at once, and write them as a calibration file for\n"
-"'subtrain plan --calibration FILE'.\n"
+"GB/s at four sizes, reduction and STREAM triad GB/s), the triad on every\n"
+"CPU at once, and a team's speedups (products, the relu forward, a call, on\n"
+"T = 2, 4, ... threads up to the CPUs), and write them as a calibration file\n"
+"for 'subtrain plan --calibration FILE'.\n"
 "\n"
 "  -o, --output FILE   write the file there (default: standard output)\n"
 "  -h, --help          this text\n"
