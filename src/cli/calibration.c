@@ -575,10 +575,11 @@ done:
 
 /* ns a value of operation op's training forward and backward (oneDNN's
  * primitive, as the layers run it) into ns[0], ns[1]; 0: not made. */
-static void time_op(dnnl_engine_t eng, dnnl_stream_t stream, st_cost_op op, double ns[2])
+static void time_op_rows(dnnl_engine_t eng, dnnl_stream_t stream, st_cost_op op, int64_t rows,
+                         double ns[2])
 {
     const int image = op == ST_OP_BATCHNORM;
-    dnnl_dims_t mat = { 1024, 256 }, img = { 32, 16, 32, 32 }, stat = { 1024 };
+    dnnl_dims_t mat = { rows, 256 }, img = { 32, 16, 32, 32 }, stat = { rows };
     dnnl_memory_desc_t md, sd;
     /* a batch norm's images blocked by channels, as the layer lays them
      * out (16 a block with AVX-512, else 8) */
@@ -587,7 +588,7 @@ static void time_op(dnnl_engine_t eng, dnnl_stream_t stream, st_cost_op op, doub
     dnnl_memory_desc_init_by_tag(&md, image ? 4 : 2, image ? img : mat, dnnl_f32,
                                  image ? blocked : dnnl_ab);
     dnnl_memory_desc_init_by_tag(&sd, 1, stat, dnnl_f32, dnnl_a);
-    const double values = 1024.0 * 256.0 * (image ? 2.0 : 1.0);
+    const double values = image ? 2.0 * 1024.0 * 256.0 : (double)rows * 256.0;
     const unsigned flags = dnnl_use_scale | dnnl_use_shift;
     const dnnl_alg_kind_t alg = op == ST_OP_GELU ? dnnl_eltwise_gelu_erf : dnnl_eltwise_relu;
     union {
@@ -638,6 +639,11 @@ static void time_op(dnnl_engine_t eng, dnnl_stream_t stream, st_cost_op op, doub
     if (bpd)
         dnnl_primitive_desc_destroy(bpd);
     dnnl_primitive_desc_destroy(fpd);
+}
+
+static void time_op(dnnl_engine_t eng, dnnl_stream_t stream, st_cost_op op, double ns[2])
+{
+    time_op_rows(eng, stream, op, 1024, ns);
 }
 
 /* Best bytes a second of one of three loops over n floats: 0 the
@@ -783,7 +789,7 @@ static double time_triad_all(int threads, size_t n)
 static void measure_teams_here(dnnl_engine_t eng, dnnl_stream_t stream, st_calibration *out)
 {
     const dnnl_data_type_t types[2] = { dnnl_f32, dnnl_bf16 };
-    double one[2][ST_CAL_DIMS], relu1[2];
+    double one[2][ST_CAL_DIMS], relu1[2], small1[2];
     for (int i = -1; i < ST_CAL_TEAMS && (i < 0 || (2 << i) <= (int)out->cpus); i++) {
         omp_set_num_threads(i < 0 ? 1 : 2 << i);
         for (int t = 0; t < 2; t++)
@@ -799,16 +805,23 @@ static void measure_teams_here(dnnl_engine_t eng, dnnl_stream_t stream, st_calib
                     out->team_matmul[i][t][d] = s > 0.0 && one[t][d] > 0.0 ? one[t][d] / s
                                                                            : 0.0;
             }
-        double ns[2];
+        double ns[2], small[2];
         time_op(eng, stream, ST_OP_RELU, ns);
+        time_op_rows(eng, stream, ST_OP_RELU, 64, small);   /* 16k values */
         if (i < 0) {
             relu1[0] = ns[0];
             relu1[1] = ns[1];
+            small1[0] = small[0];
+            small1[1] = small[1];
             continue;
         }
+        const int T = 2 << i;
         out->team_pass[i] = ns[0] > 0.0 && relu1[0] > 0.0 ? relu1[0] / ns[0] : 0.0;
-        out->team_call_us[i] = time_matmul(eng, stream, 1, 1, 1, dnnl_f32, ST_OPERANDS_NN, 200,
-                                           ROUNDS, 0) * 1e6;
+        /* what a call costs the team beyond its share of the work: a
+         * small pass's time on T threads over one thread's over T */
+        out->team_call_us[i] = small[0] > 0.0 && small1[0] > 0.0
+                                   ? fmax(0.0, (small[0] - small1[0] / T) * 64.0 * 256.0 * 1e-3)
+                                   : 0.0;
     }
     omp_set_num_threads(1);
 }

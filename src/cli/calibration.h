@@ -54,8 +54,10 @@
  *                                  the CPUs; 0: not measured), one thread's
  *                                  time over the team's
  *   team_T_relu_fwd X              the same of the relu forward (1024 x 256)
- *   team_T_call_us X               one execution of the smallest primitive on
- *                                  T threads
+ *   team_T_call_us X               what a primitive's call costs a team of T
+ *                                  beyond its share of the work: the relu
+ *                                  forward over 16k values on T threads less
+ *                                  one thread's time over T
  *
  * Every rate but the triad on every CPU and the teams' is one thread's (a
  * worker's), the machine otherwise idle.  Rates a key does not give are 0: rows that need them

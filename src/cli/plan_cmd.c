@@ -55,6 +55,7 @@ typedef struct rank_size {
 
 typedef struct plan_row {
     plan_candidate c;
+    int order;                /* the candidate's place: ties keep it */
     st_train_config cfg;
     int ok;                   /* sized; else why not in `refused` */
     char refused[256];
@@ -464,7 +465,7 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
     if (row->threads > 1 && team < 0)
         return NAN;
     const double op_speedup = team < 0 ? 1.0 : cal->team_pass[team];
-    const double call_s = (team < 0 ? cal->call_us : cal->team_call_us[team]) * 1e-6;
+    const double call_s = (cal->call_us + (team < 0 ? 0.0 : cal->team_call_us[team])) * 1e-6;
     const double move_call_s = cal->call_us * 1e-6;
     double t = 0.0;
     if (row->n_costs > ST_STEP_COSTS_MAX || !(op_speedup > 0.0))
@@ -609,11 +610,13 @@ static int by_throughput(const void *a, const void *b)
     const int fx = x->ok && x->fits, fy = y->ok && y->fits;
     if (fx != fy)
         return fy - fx;
-    if (!fx)
-        return x->ok == y->ok ? 0 : y->ok - x->ok;
-    const double sx = isnan(x->samples_per_s) ? 0.0 : x->samples_per_s;
-    const double sy = isnan(y->samples_per_s) ? 0.0 : y->samples_per_s;
-    return (sx < sy) - (sx > sy);
+    if (!fx && x->ok != y->ok)
+        return y->ok - x->ok;
+    const double sx = isnan(x->samples_per_s) || !fx ? 0.0 : x->samples_per_s;
+    const double sy = isnan(y->samples_per_s) || !fy ? 0.0 : y->samples_per_s;
+    if (sx != sy)
+        return (sx < sy) - (sx > sy);
+    return (x->order > y->order) - (x->order < y->order);
 }
 
 static void row_params(const plan_row *r, char *out, size_t n)
@@ -675,6 +678,10 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, con
                     mib((double)r->mem.peak_total - budget),
                     st_mem_kind_name((st_mem_kind)r->over));
     }
+    if (n > 0 && rows[0].ranks > 1)
+        fprintf(f, "rows of %d MPI ranks: N workers a rank, memory the busiest worker of all "
+                   "ranks; no predicted time\n(no calibration measures the network between "
+                   "ranks: doc/planning.md)\n", rows[0].ranks);
     int redraws = 0;
     for (int i = 0; i < n; i++)
         redraws |= rows[i].ok && (rows[i].c.strategy == ST_STRATEGY_IST ||
@@ -879,6 +886,7 @@ int st_cli_plan_main(int argc, char **argv)
     double budget = p.per_worker;
     for (int i = 0; status == 0 && i < n; i++) {
         rows[i].c = cand[i];
+        rows[i].order = i;
         size_row(&rows[i], &o.train, p.ranks, &train, &test);
         if (p.total > 0.0 && rows[i].ok)
             budget = p.total / (rows[i].workers * rows[i].ranks);
