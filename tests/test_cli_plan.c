@@ -230,8 +230,10 @@ Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors)
         { "--memory-per-worker 1G --strategies dp,nope", "--strategies dp,nope: 'nope'" },
         { "--memory-per-worker 1G --calibration /nonexistent", "--calibration /nonexistent" },
         { "--memory-per-worker 1G --as-given --strategy synth --epochs 1", "synth is not sized" },
-        { "--memory-per-worker 1G --ranks 0", "--ranks: expected an integer in [1, 65535], got '0'" },
-        { "--memory-per-worker 1G --ranks x", "--ranks: expected an integer in [1, 65535], got 'x'" },
+        { "--memory-per-worker 1G --ranks 0",
+          "--ranks: expected an integer in [1, 65535], got '0'" },
+        { "--memory-per-worker 1G --ranks x",
+          "--ranks: expected an integer in [1, 65535], got 'x'" },
         { "--memory-per-worker 1G --ranks 65536", "--ranks: expected an integer in [1, 65535]" },
         { "--memory-per-worker 1G --ranks", "--ranks needs a value" },
         { "--memory-per-worker 1G --topology 'synthetic:numa:2 core:4 pu:1' "

@@ -17,6 +17,7 @@
  *   shared.c    the shared-buffer backend: attach, collectives, barrier
  *   mpi.c       the MPI backend: ranks x workers, hierarchical (with MPI)
  *   world.c     the ranks of the run: MPI's start and the loop's collectives
+ *   sizing_world.c  a described job's ranks in one process (sizing runs)
  *   plan.h/.c   shards, domains, segments, work lists, byte accounting
  *   kernels.h/.c  the work items and the sum / divide / copy loops
  *   barrier.h   the spin barrier on C11 atomics
@@ -138,13 +139,15 @@ static st_status create_engine(const st_comm_config *cfg, st_comm_world *world, 
     if (!c)
         return st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine");
     *c = (st_comm){ ops, NULL, cfg->backend, cfg->n_workers, cfg->n_params };
-    st_status s;
+    /* a described job's engine is the MPI backend's, which backend_ops
+     * has found built in */
 #ifdef HAVE_MPI
-    s = world ? st_comm_mpi_create_sizing(cfg, world, rank, &c->impl) : ops->create(cfg, &c->impl);
+    st_status s = world ? st_comm_mpi_create_sizing(cfg, world, rank, &c->impl)
+                        : ops->create(cfg, &c->impl);
 #else
+    (void)world;
     (void)rank;
-    s = world ? st_fail(ST_ERR_INVALID, "sizing ranks needs the MPI backend") :
-                ops->create(cfg, &c->impl);
+    st_status s = ops->create(cfg, &c->impl);
 #endif
     if (s != ST_OK) {
         free(c);
