@@ -67,6 +67,7 @@ typedef struct plan_row {
     double flops;             /* that worker's model, a step */
     st_step_cost costs[ST_STEP_COSTS_MAX];   /* and its work, layer by layer */
     int n_costs;
+    double budget;            /* a worker's (a total is shared by the row's workers) */
     int fits;
     int over;                 /* the kind that overflows: the largest one (-1: fits) */
     double step_s, samples_per_s;   /* NAN: no calibration */
@@ -414,6 +415,7 @@ static void size_row(plan_row *row, const st_train_config *base, int ranks,
 
 static void judge_row(plan_row *row, double budget)
 {
+    row->budget = budget;
     if (!row->ok)
         return;
     row->fits = (double)row->mem.peak_total <= budget;
@@ -641,11 +643,20 @@ static void row_params(const plan_row *r, char *out, size_t n)
     }
 }
 
-static void print_table(FILE *f, const plan_row *rows, int n, double budget, const char *where,
-                        const char *cal)
+static void print_table(FILE *f, const plan_row *rows, int n, double budget, double total,
+                        const char *where, const char *cal)
 {
-    fprintf(f, "plan for %s: budget %.1f MiB a worker; time from %s\n", where, mib(budget),
-            cal ? cal : "no calibration (--calibration FILE)");
+    /* a total shared by rows of different worker counts: each row's share */
+    int same = 1;
+    for (int i = 1; i < n; i++)
+        same &= rows[i].budget == rows[0].budget;
+    if (same)
+        fprintf(f, "plan for %s: budget %.1f MiB a worker; time from %s\n", where, mib(budget),
+                cal ? cal : "no calibration (--calibration FILE)");
+    else
+        fprintf(f, "plan for %s: budget %.1f MiB in all, shared evenly by each row's workers; "
+                   "time from %s\n", where, mib(total),
+                cal ? cal : "no calibration (--calibration FILE)");
     fprintf(f, "%-8s %-20s %-9s %-4s %-5s %5s %3s %5s | %8s %8s %8s %8s %8s %8s %9s | %9s "
                "%9s %10s | %s\n", "strategy", "parameters", "recompute", "prec", "mom",
             "N", "T", "ranks", "weights", "grads", "optim", "activ", "attent", "worksp",
@@ -675,7 +686,7 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, con
             fprintf(f, " | yes\n");
         else
             fprintf(f, " | no: over by %.1f MiB, largest %s\n",
-                    mib((double)r->mem.peak_total - budget),
+                    mib((double)r->mem.peak_total - r->budget),
                     st_mem_kind_name((st_mem_kind)r->over));
     }
     if (n > 0 && rows[0].ranks > 1)
@@ -751,6 +762,7 @@ static json_t *row_json(const plan_row *r)
     json_object_set_new(o, "threads_per_worker", json_integer(r->threads));
     json_object_set_new(o, "ranks", json_integer(r->ranks));
     json_object_set_new(o, "memory_per_worker", memory_json(&r->mem));
+    json_object_set_new(o, "budget_per_worker", json_real(r->budget));
     json_object_set_new(o, "fits", json_boolean(r->fits));
     json_object_set_new(o, "overflow", r->fits ? json_null()
                         : json_string(st_mem_kind_name((st_mem_kind)r->over)));
@@ -902,7 +914,8 @@ int st_cli_plan_main(int argc, char **argv)
         qsort(rows, (size_t)n, sizeof *rows, by_throughput);
         const int json_only = p.json && strcmp(p.json, "-") == 0;
         if (!json_only)
-            print_table(stdout, rows, n, budget, where, have_cal ? p.calibration : NULL);
+            print_table(stdout, rows, n, budget, p.total, where,
+                        have_cal ? p.calibration : NULL);
         if (p.json)
             status = write_json(p.json, rows, n, budget, where, have_cal ? p.calibration : NULL);
     }
