@@ -797,8 +797,9 @@ static void measure_teams_here(dnnl_engine_t eng, dnnl_stream_t stream, st_calib
                 const int64_t D = dim_of(d);
                 const double flop = 2.0 * (double)(D * D * D);
                 const int reps = flop < 4e5 ? 200 : flop < 4e7 ? (int)(8e7 / flop) : 1;
+                /* all the rounds: a team is slowed by any neighbour on its cores */
                 const double s = time_matmul(eng, stream, D, D, D, types[t], ST_OPERANDS_NN,
-                                             reps, 12, 1);
+                                             reps, ROUNDS, 1);
                 if (i < 0)
                     one[t][d] = s;
                 else

@@ -466,11 +466,21 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
     const int team = row->threads > 1 ? st_calibration_team(row->threads) : -1;
     if (row->threads > 1 && team < 0)
         return NAN;
-    const double op_speedup = team < 0 ? 1.0 : cal->team_pass[team];
-    const double call_s = (cal->call_us + (team < 0 ? 0.0 : cal->team_call_us[team])) * 1e-6;
+    /* an operation's work on the team: the calibrated relu's speedup with
+     * its call's cost to the team taken out (that is each call's, below) */
+    const double region_s = team < 0 ? 0.0 : cal->team_call_us[team] * 1e-6;
+    const double relu1 = cal->op_ns[ST_OP_RELU][0] * 1024.0 * 256.0 * 1e-9;
+    const double relu_team = team < 0 || !(cal->team_pass[team] > 0.0)
+                                 ? 0.0 : relu1 / cal->team_pass[team];
+    const double op_speedup = team < 0 ? 1.0
+                              : relu_team > region_s ? fmin(row->threads, relu1 /
+                                                                         (relu_team - region_s))
+                                                     : row->threads;
+    const double call_s = cal->call_us * 1e-6 + region_s;
     const double move_call_s = cal->call_us * 1e-6;
     double t = 0.0;
-    if (row->n_costs > ST_STEP_COSTS_MAX || !(op_speedup > 0.0))
+    if (row->n_costs > ST_STEP_COSTS_MAX || !(op_speedup > 0.0) ||
+        (team >= 0 && !(relu_team > 0.0)))
         return NAN;
     for (int i = 0; i < row->n_costs; i++) {
         const st_step_cost *c = &row->costs[i];
