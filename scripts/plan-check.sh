@@ -12,6 +12,7 @@
 #   RUNS=N     runs of each configuration (default 2)
 #   STEPS=N    steps of each run (default 100)
 #   WORK=DIR   where the metrics go (default a temporary directory)
+#   ONLY=TEXT  only the configurations whose label contains TEXT
 #   IDLE=S     before each run, wait up to S seconds (default 5) for a
 #              second in which the CPUs were at least 90% idle; the table
 #              gives the 1-minute load average when each row's runs ended
@@ -46,6 +47,9 @@ configs() {
     l="--data synthetic --model resmlp --depth 4 --width 1024 --batch 256 --workers 1"
     echo "resmlp d4 w1024 b256, 1 worker, fp32|$l"
     echo "resmlp d4 w1024 b256, 1 worker, bf16|$l --precision bf16"
+    echo "resmlp d4 w1024 b256, 1 worker x 2 threads, fp32|$l --threads-per-worker 2"
+    echo "resmlp d4 w1024 b256, 1 worker x 2 threads, bf16|$l --threads-per-worker 2 --precision bf16"
+    echo "resmlp d4 w256, 1 worker x 2 threads, fp32|$r --workers 1 --threads-per-worker 2"
     g="--model gpt --data text:$top/doc/design.md --depth 2 --width 128 --heads 4"
     g="$g --context 64 --batch 16 --val-bytes 4096 --workers 1"
     echo "gpt d2 w128 context 64, 1 worker, fp32|$g"
@@ -74,7 +78,7 @@ printf ' predicted / measured | load |\n'
 printf '| --- | --- | --- | --- | --- |\n'
 within=0
 rows=0
-configs | while IFS='|' read -r label opts; do
+configs | grep -F -- "${ONLY:-}" | while IFS='|' read -r label opts; do
     # shellcheck disable=SC2086
     pred=$("$bin" plan --as-given --memory-per-worker 64G --calibration "$CAL" --json - $opts |
            python3 -c 'import json,sys

@@ -27,6 +27,9 @@
 #   *_comm_bf16_*       --comm-precision bf16 over ranks: 2 x 1 equals one
 #                       process of 2 (dp, sdp), 2 x 2 close to 1 x 4 (no
 #                       process rounds per rank: test_mpi checks that)
+#   plan_ranks_*        `subtrain plan --ranks 2` against the records of the
+#                       2 ranks' run: rank 0's memory by kind and bytes a
+#                       worker-step, to the byte
 set -u
 . "$(dirname "$0")/case.sh"
 MPIRUN=${MPIRUN:-mpirun}
@@ -225,6 +228,43 @@ run "mpi/train_dp_comm_bf16_2x1_equals_1x2" same dpb --comm-precision bf16
 run "mpi/train_sdp_comm_bf16_2x1_equals_1x2" same sdpb --strategy sdp --coverage 0.5 \
     --comm-precision bf16
 run "mpi/train_comm_bf16_2x2_close_to_1x4" close --comm-precision bf16
+
+# plan_ranks OPTIONS...: `subtrain plan --ranks 2 --as-given` lays out the
+# two ranks without MPI; rank 0's row (its busiest worker, as rank 0's
+# records report it) equals the records of `mpirun -np 2` to the byte:
+# every kind, the total and the bytes a worker-step (a round's for ist and
+# localsgd, as the plan gives them)
+plan_ranks() {
+    command -v python3 >/dev/null || { echo "no python3 to read the JSON"; return 77; }
+    P="--data synthetic --width 64 --batch 8 --workers 2 --oversubscribe $*"
+    rm -f "$TMP/pr.jsonl"
+    # shellcheck disable=SC2086
+    mpi -np 2 "$BIN" $P --steps 2 --quiet --progress none --metrics "$TMP/pr.jsonl" &&
+    "$BIN" plan --ranks 2 --as-given --memory-per-worker 1G --json - $P >"$TMP/plan.json" ||
+        return 1
+    python3 - "$TMP/pr.jsonl" "$TMP/plan.json" <<'PY'
+import json, sys
+rec = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+row = json.load(open(sys.argv[2]))["rows"][0]
+mine = row["per_rank"][0]
+want = dict(rec["peak_bytes_by_kind"], total=rec["peak_bytes"])
+bytes_run = rec.get("comm_bytes_per_worker_round") or rec["comm_bytes_per_worker_step"]
+bad = [k for k in want if mine["memory_per_worker"][k] != want[k]]
+for k in want:
+    print("%-12s plan %10d run %10d" % (k, mine["memory_per_worker"][k], want[k]))
+print("bytes        plan %10d run %10d" % (mine["bytes_per_worker_step"], bytes_run))
+top = row["memory_per_worker"]["total"]
+most = max(r["memory_per_worker"]["total"] for r in row["per_rank"])
+sys.exit(1 if bad or mine["bytes_per_worker_step"] != bytes_run or top != most
+         or row["ranks"] != 2 or row["step_s"] is not None else 0)
+PY
+}
+run "mpi/plan_ranks_dp_equals_the_runs_records" plan_ranks --depth 2
+run "mpi/plan_ranks_sdp_neuron_backward_equals_the_runs_records" plan_ranks --depth 3 \
+    --strategy sdp --subnet neuron --masking backward
+run "mpi/plan_ranks_ist_equals_the_runs_records" plan_ranks --depth 4 --strategy ist
+run "mpi/plan_ranks_localsgd_equals_the_runs_records" plan_ranks --depth 2 --strategy localsgd
+run "mpi/plan_ranks_comm_bf16_equals_the_runs_records" plan_ranks --depth 2 --comm-precision bf16
 
 # SIGTERM to one rank stops both at the same step, with a final record
 signal() {

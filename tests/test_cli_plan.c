@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <subtrain/model.h>
+#include <subtrain/world.h>
 
 /* A calibration file in format 2 (calibration.h): every matmul shape of
  * type fp32 at `fp32` GFLOP/s, of bf16 at `bf16`, and the other rates. */
@@ -339,6 +340,18 @@ Test(plan, memory_equals_the_runs_over_every_redraw, .timeout = 300)
     st_test_rmdir(dir);
 }
 
+/* A team worker's primitives run T threads, and oneDNN sizes their
+ * scratchpads for them: the plan lays a team out with T threads too. */
+Test(plan, memory_equals_the_runs_for_a_team_worker, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], data[2 * ST_TEST_PATH_MAX], opts[3 * ST_TEST_PATH_MAX];
+    tiny_images(dir, data, sizeof data);
+    snprintf(opts, sizeof opts, "%s --depth 2 --width 256 --batch 8 --workers 1 "
+             "--threads-per-worker 2 --oversubscribe", data);
+    expect_plan_equals_run(opts);
+    st_test_rmdir(dir);
+}
+
 Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors)
 {
     const char *base = "--data synthetic --depth 2 --width 32 --batch 8";
@@ -355,6 +368,15 @@ Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors)
         { "--memory-per-worker 1G --topology xml:/nonexistent.xml", "--topology xml:" },
         { "--memory-per-worker 1G --strategies dp,nope", "--strategies dp,nope: 'nope'" },
         { "--memory-per-worker 1G --calibration /nonexistent", "--calibration /nonexistent" },
+        { "--memory-per-worker 1G --ranks 0",
+          "--ranks: expected an integer in [1, 65535], got '0'" },
+        { "--memory-per-worker 1G --ranks x",
+          "--ranks: expected an integer in [1, 65535], got 'x'" },
+        { "--memory-per-worker 1G --ranks 65536", "--ranks: expected an integer in [1, 65535]" },
+        { "--memory-per-worker 1G --ranks", "--ranks needs a value" },
+        { "--memory-per-worker 1G --topology 'synthetic:numa:2 core:4 pu:1' "
+          "--threads-per-worker 3", "--threads-per-worker 3: does not divide the 4 cores of a "
+          "NUMA domain of synthetic:numa:2 core:4 pu:1; give --workers N" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         snprintf(args, sizeof args, "plan %s %s", base, cases[i].opts);
@@ -742,5 +764,146 @@ Test(plan, predicted_step_follows_width_and_precision_rates, .timeout = 60)
     cr_expect_lt(bf16[2][1], bf16[1][1], "bf16 products at 4x the rate: %g s, not less than %g s",
                  bf16[2][1], bf16[1][1]);
     free(r);
+    st_test_rmdir(dir);
+}
+
+/* The plan's JSON rows for `args` (run here). */
+static json_t *plan_rows(const char *args)
+{
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
+    json_error_t e;
+    json_t *root = json_loads(r->out, 0, &e);
+    cr_assert_not_null(root, "%s: %s", args, e.text);
+    free(r);
+    json_t *rows = json_incref(json_object_get(root, "rows"));
+    json_decref(root);
+    return rows;
+}
+
+/* Without --workers or --threads-per-worker, every team size T = 1, 2, 4,
+ * ... that divides the cores of each NUMA domain, cores / T workers each;
+ * with either option, the options' alone. */
+Test(plan, team_candidates_divide_the_domains_cores)
+{
+    const struct { const char *topo, *opts; int teams[4], workers[4]; } cases[] = {
+        { "numa:2 core:4 pu:1", "", { 1, 2, 4, 0 }, { 8, 4, 2, 0 } },
+        { "numa:2 core:6 pu:2", "", { 1, 2, 0, 0 }, { 12, 6, 0, 0 } },
+        { "numa:1 core:3 pu:1", "", { 1, 0, 0, 0 }, { 3, 0, 0, 0 } },
+        { "numa:2 core:4 pu:1", "--threads-per-worker 2", { 2, 0, 0, 0 }, { 4, 0, 0, 0 } },
+        { "numa:2 core:4 pu:1", "--workers 2", { 1, 0, 0, 0 }, { 2, 0, 0, 0 } },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "plan --strategies dp --topology 'synthetic:%s' %s "
+                 "--memory-per-worker 1G --data synthetic --depth 2 --width 32 --batch 8 "
+                 "--json -", cases[i].topo, cases[i].opts);
+        json_t *rows = plan_rows(args);
+        int seen[4] = { 0 };
+        for (size_t k = 0; k < json_array_size(rows); k++) {
+            json_t *row = json_array_get(rows, k);
+            const int t = (int)json_integer_value(json_object_get(row, "threads_per_worker"));
+            const int w = (int)json_integer_value(json_object_get(row, "workers"));
+            int j = 0;
+            while (j < 4 && cases[i].teams[j] != t)
+                j++;
+            cr_assert(j < 4 && t > 0, "%s: a row of %d threads a worker", args, t);
+            cr_expect_eq(w, cases[i].workers[j], "%s: %d workers of %d threads, not %d", args,
+                         w, t, cases[i].workers[j]);
+            seen[j]++;
+        }
+        for (int j = 0; j < 4 && cases[i].teams[j]; j++)
+            cr_expect_eq(seen[j], 8, "%s: %d rows of %d threads a worker, not dp's 8", args,
+                         seen[j], cases[i].teams[j]);
+        json_decref(rows);
+    }
+}
+
+/* A team's step is priced at the calibration's team speedups: faster than
+ * one thread's when they say 2, slower when they say 0.5, and not at all
+ * when the calibration measured no team of that size. */
+Test(plan, a_team_is_priced_at_its_calibrated_speedup, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], cal[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(cal, dir, "cal");
+    double step[3][2];   /* [no team rates, speedup 2, speedup 0.5][T = 1, 2] */
+    for (int c = 0; c < 3; c++) {
+        write_calibration(cal, 50.0, 100.0);
+        if (c > 0) {
+            FILE *f = fopen(cal, "a");
+            cr_assert_not_null(f);
+            const double s = c == 1 ? 2.0 : 0.5;
+            for (int d = 16; d <= 1024; d *= 4)
+                fprintf(f, "team_2_matmul_fp32_d%d %g\nteam_2_matmul_bf16_d%d %g\n", d, s, d, s);
+            fprintf(f, "team_2_relu_fwd %g\nteam_2_call_us 1\n", s);
+            fclose(f);
+        }
+        for (int t = 0; t < 2; t++) {
+            snprintf(args, sizeof args, "plan --as-given --memory-per-worker 1G --calibration "
+                     "'%s' --data synthetic --model resmlp --depth 2 --width 256 --batch 64 "
+                     "--workers 1 --threads-per-worker %d --json -", cal, t + 1);
+            json_t *rows = plan_rows(args);
+            json_t *s = json_object_get(json_array_get(rows, 0), "step_s");
+            step[c][t] = json_is_real(s) ? json_real_value(s) : NAN;
+            json_decref(rows);
+        }
+    }
+    cr_expect(step[0][0] > 0.0 && isnan(step[0][1]), "without team rates: one thread %g s, a "
+              "team %g s (none expected)", step[0][0], step[0][1]);
+    cr_expect_lt(step[1][1], step[1][0], "team speedup 2: %g s, one thread %g s", step[1][1],
+                 step[1][0]);
+    cr_expect_gt(step[2][1], step[2][0], "team speedup 0.5: %g s, one thread %g s", step[2][1],
+                 step[2][0]);
+    st_test_rmdir(dir);
+}
+
+/* --ranks N: N described ranks of the workers the options give, each
+ * rank's busiest worker (what its records report) and the busiest of all
+ * in the row; no predicted time, even with a calibration (none measures
+ * the network between ranks).  The layouts against a real mpirun's are
+ * tests/mpi.sh's plan_ranks_* cases. */
+Test(plan, ranks_rows_give_every_ranks_busiest_worker_and_no_time, .timeout = 60)
+{
+    if (!st_world_has_mpi())
+        cr_skip_test("built without MPI: --ranks sizes the MPI backend's layout");
+    char dir[ST_TEST_PATH_MAX], cal[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(cal, dir, "cal");
+    write_calibration(cal, 50.0, 100.0);
+    snprintf(args, sizeof args, "plan --ranks 3 --memory-per-worker 1G --calibration '%s' "
+             "--strategies dp --data synthetic --depth 2 --width 64 --batch 8 --workers 2 "
+             "--oversubscribe --json -", cal);
+    json_t *rows = plan_rows(args);
+    cr_assert_gt(json_array_size(rows), 0);
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *row = json_array_get(rows, i);
+        cr_assert(json_is_true(json_object_get(row, "possible")), "row %zu: %s", i,
+                  json_string_value(json_object_get(row, "why")));
+        cr_expect_eq(json_integer_value(json_object_get(row, "ranks")), 3);
+        cr_expect_eq(json_integer_value(json_object_get(row, "workers_per_rank")), 2);
+        cr_expect_eq(json_integer_value(json_object_get(row, "workers")), 6);
+        cr_expect(json_is_null(json_object_get(row, "step_s")), "row %zu: a time", i);
+        cr_expect(json_is_string(json_object_get(row, "time_not_predicted")));
+        json_t *per = json_object_get(row, "per_rank");
+        cr_assert_eq(json_array_size(per), 3);
+        json_int_t most = 0;
+        double bytes = 0.0;
+        for (size_t k = 0; k < 3; k++) {
+            json_t *rk = json_array_get(per, k);
+            const json_int_t t = json_integer_value(
+                json_object_get(json_object_get(rk, "memory_per_worker"), "total"));
+            cr_expect_gt(t, 0);
+            most = t > most ? t : most;
+            const double b = json_real_value(json_object_get(rk, "bytes_per_worker_step"));
+            bytes = b > bytes ? b : bytes;
+        }
+        cr_expect_eq(json_integer_value(json_object_get(json_object_get(row, "memory_per_worker"),
+                                                        "total")), most);
+        cr_expect_eq(json_real_value(json_object_get(row, "bytes_per_worker_step")), bytes);
+    }
+    json_decref(rows);
     st_test_rmdir(dir);
 }

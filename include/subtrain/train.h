@@ -437,6 +437,14 @@ typedef struct st_worker_size {
  * entries (free() them). */
 st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
                         const st_dataset *test, st_worker_size **out, int *n_workers);
+/* The same for an MPI job of `ranks` ranks (as mpirun -np RANKS), each on
+ * a machine like cfg->topology with the workers cfg places there, laid
+ * out in this process without MPI: each rank's engines plan the exchange
+ * between the ranks as a real rank's do.  *out: every rank's workers,
+ * rank by rank (ranks x workers entries).  ranks > 1 needs the library's
+ * MPI backend; 1 is st_train_size. */
+st_status st_train_size_ranks(const st_train_config *cfg, int ranks, const st_dataset *train,
+                              const st_dataset *test, st_worker_size **out, int *n_workers);
 
 /* One JSON object on one line (JSON Lines) for a record. */
 int st_metrics_write(FILE *f, const st_epoch_record *rec);

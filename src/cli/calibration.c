@@ -37,7 +37,7 @@ typedef struct cal_key {
 } cal_key;
 
 #define N_KEYS (2 * ST_OPERANDS_COUNT * ST_CAL_DIMS * ST_CAL_DIMS * ST_CAL_DIMS + ST_CAL_PASSES + \
-                2 * (ST_OP_COUNT - 1) + 4 + 13)
+                2 * (ST_OP_COUNT - 1) + 4 + 13 + ST_CAL_TEAMS * (2 * ST_CAL_DIMS + 2))
 static cal_key keys[N_KEYS];
 static const char *const pass_names[ST_CAL_PASSES] = { "16k", "256k", "4m", "64m" };
 static const char *const operand_names[ST_OPERANDS_COUNT] = { "nn", "nt", "tn" };
@@ -90,6 +90,14 @@ static void make_keys(void)
     KEY(reduce_gbps, 0, "reduce_gbps");
     KEY(stream_gbps, 0, "stream_triad_gbps");
     KEY(stream_all_gbps, 0, "stream_triad_all_gbps");
+    for (int i = 0; i < ST_CAL_TEAMS; i++) {
+        for (int t = 0; t < 2; t++)
+            for (int d = 0; d < ST_CAL_DIMS; d++)
+                KEY(team_matmul, (i * 2 + t) * ST_CAL_DIMS + d, "team_%d_matmul_%s_d%d",
+                    2 << i, t ? "bf16" : "fp32", dim_of(d));
+        KEY(team_pass, i, "team_%d_relu_fwd", 2 << i);
+        KEY(team_call_us, i, "team_%d_call_us", 2 << i);
+    }
 #undef KEY
 }
 
@@ -101,7 +109,8 @@ static double *rate_of(st_calibration *c, size_t k)
 void st_calibration_write(FILE *f, const st_calibration *c)
 {
     make_keys();
-    fprintf(f, "# subtrain calibration: one thread's rates (calibration.h, doc/planning.md)\n");
+    fprintf(f, "# subtrain calibration: one thread's rates and teams' speedups (calibration.h, "
+               "doc/planning.md)\n");
     fprintf(f, "format 2\nmachine %s\nisa %s\n", c->machine, c->isa);
     for (size_t k = 0; k < N_KEYS; k++)
         fprintf(f, "%s %.4g\n", keys[k].name, *rate_of((st_calibration *)c, k));
@@ -210,6 +219,28 @@ double st_calibration_pass_rate(const st_calibration *c, double bytes)
     /* the measured loop moves 1.5 times its vectors' size */
     grid_pos(bytes / 1.5, ST_CAL_PASS0, 16.0, ST_CAL_PASSES, &i, &f);
     const double lo = c->elementwise_gbps[i], hi = c->elementwise_gbps[i + 1];
+    return lo > 0.0 && hi > 0.0 ? exp((1.0 - f) * log(lo) + f * log(hi)) : 0.0;
+}
+
+int st_calibration_team(int threads)
+{
+    for (int i = 0; i < ST_CAL_TEAMS; i++)
+        if (threads == 2 << i)
+            return i;
+    return -1;
+}
+
+double st_calibration_team_matmul(const st_calibration *c, int team, int bf16, double flops)
+{
+    if (team < 0 || team >= ST_CAL_TEAMS)
+        return 0.0;
+    int i;
+    double f;
+    /* a cube of side D: 2 D^3 FLOPs, the sides 4 times apart */
+    const double d0 = (double)ST_CAL_DIM0;
+    grid_pos(flops / 2.0, d0 * d0 * d0, 64.0, ST_CAL_DIMS, &i, &f);
+    const double lo = c->team_matmul[team][bf16 ? 1 : 0][i];
+    const double hi = c->team_matmul[team][bf16 ? 1 : 0][i + 1];
     return lo > 0.0 && hi > 0.0 ? exp((1.0 - f) * log(lo) + f * log(hi)) : 0.0;
 }
 
@@ -544,10 +575,11 @@ done:
 
 /* ns a value of operation op's training forward and backward (oneDNN's
  * primitive, as the layers run it) into ns[0], ns[1]; 0: not made. */
-static void time_op(dnnl_engine_t eng, dnnl_stream_t stream, st_cost_op op, double ns[2])
+static void time_op_rows(dnnl_engine_t eng, dnnl_stream_t stream, st_cost_op op, int64_t rows,
+                         double ns[2])
 {
     const int image = op == ST_OP_BATCHNORM;
-    dnnl_dims_t mat = { 1024, 256 }, img = { 32, 16, 32, 32 }, stat = { 1024 };
+    dnnl_dims_t mat = { rows, 256 }, img = { 32, 16, 32, 32 }, stat = { rows };
     dnnl_memory_desc_t md, sd;
     /* a batch norm's images blocked by channels, as the layer lays them
      * out (16 a block with AVX-512, else 8) */
@@ -556,7 +588,7 @@ static void time_op(dnnl_engine_t eng, dnnl_stream_t stream, st_cost_op op, doub
     dnnl_memory_desc_init_by_tag(&md, image ? 4 : 2, image ? img : mat, dnnl_f32,
                                  image ? blocked : dnnl_ab);
     dnnl_memory_desc_init_by_tag(&sd, 1, stat, dnnl_f32, dnnl_a);
-    const double values = 1024.0 * 256.0 * (image ? 2.0 : 1.0);
+    const double values = image ? 2.0 * 1024.0 * 256.0 : (double)rows * 256.0;
     const unsigned flags = dnnl_use_scale | dnnl_use_shift;
     const dnnl_alg_kind_t alg = op == ST_OP_GELU ? dnnl_eltwise_gelu_erf : dnnl_eltwise_relu;
     union {
@@ -607,6 +639,11 @@ static void time_op(dnnl_engine_t eng, dnnl_stream_t stream, st_cost_op op, doub
     if (bpd)
         dnnl_primitive_desc_destroy(bpd);
     dnnl_primitive_desc_destroy(fpd);
+}
+
+static void time_op(dnnl_engine_t eng, dnnl_stream_t stream, st_cost_op op, double ns[2])
+{
+    time_op_rows(eng, stream, op, 1024, ns);
 }
 
 /* Best bytes a second of one of three loops over n floats: 0 the
@@ -746,6 +783,62 @@ static double time_triad_all(int threads, size_t n)
     return failed ? 0.0 : 3.0 * (double)threads * (double)n * sizeof(float) / best;
 }
 
+/* Teams up to the CPUs: each cube's product, the relu forward and the
+ * smallest call on T threads against one, the primitives made and run
+ * with the calling thread's nthreads-var at T, as a team worker's are. */
+static void measure_teams_here(dnnl_engine_t eng, dnnl_stream_t stream, st_calibration *out)
+{
+    const dnnl_data_type_t types[2] = { dnnl_f32, dnnl_bf16 };
+    double one[2][ST_CAL_DIMS], relu1[2], small1[2];
+    for (int i = -1; i < ST_CAL_TEAMS && (i < 0 || (2 << i) <= (int)out->cpus); i++) {
+        omp_set_num_threads(i < 0 ? 1 : 2 << i);
+        for (int t = 0; t < 2; t++)
+            for (int d = 0; d < ST_CAL_DIMS; d++) {
+                const int64_t D = dim_of(d);
+                const double flop = 2.0 * (double)(D * D * D);
+                const int reps = flop < 4e5 ? 200 : flop < 4e7 ? (int)(8e7 / flop) : 1;
+                /* all the rounds: a team is slowed by any neighbour on its cores */
+                const double s = time_matmul(eng, stream, D, D, D, types[t], ST_OPERANDS_NN,
+                                             reps, ROUNDS, 1);
+                if (i < 0)
+                    one[t][d] = s;
+                else
+                    out->team_matmul[i][t][d] = s > 0.0 && one[t][d] > 0.0 ? one[t][d] / s
+                                                                           : 0.0;
+            }
+        double ns[2], small[2];
+        time_op(eng, stream, ST_OP_RELU, ns);
+        time_op_rows(eng, stream, ST_OP_RELU, 64, small);   /* 16k values */
+        if (i < 0) {
+            relu1[0] = ns[0];
+            relu1[1] = ns[1];
+            small1[0] = small[0];
+            small1[1] = small[1];
+            continue;
+        }
+        const int T = 2 << i;
+        out->team_pass[i] = ns[0] > 0.0 && relu1[0] > 0.0 ? relu1[0] / ns[0] : 0.0;
+        /* what a call costs the team beyond its share of the work: a
+         * small pass's time on T threads over one thread's over T */
+        out->team_call_us[i] = small[0] > 0.0 && small1[0] > 0.0
+                                   ? fmax(0.0, (small[0] - small1[0] / T) * 64.0 * 256.0 * 1e-3)
+                                   : 0.0;
+    }
+    omp_set_num_threads(1);
+}
+
+/* The same inside a workers' region, as a run's team opens its
+ * primitives' regions: nested, one level down. */
+static void measure_teams(dnnl_engine_t eng, dnnl_stream_t stream, st_calibration *out)
+{
+    const int levels = omp_get_max_active_levels();
+    if (levels < 2)
+        omp_set_max_active_levels(2);
+#pragma omp parallel num_threads(1)
+    measure_teams_here(eng, stream, out);
+    omp_set_max_active_levels(levels);
+}
+
 int st_calibration_measure(st_calibration *out, char *err, size_t n)
 {
     memset(out, 0, sizeof *out);
@@ -809,6 +902,7 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
     out->call_us = call * 1e6;
     for (int o = 1; o < ST_OP_COUNT; o++)
         time_op(eng, stream, (st_cost_op)o, out->op_ns[o]);
+    measure_teams(eng, stream, out);
     dnnl_stream_destroy(stream);
     dnnl_engine_destroy(eng);
     const st_conv_shape cs = { .batch = 32, .ic = 16, .ih = 32, .iw = 32, .oc = 16,
@@ -848,9 +942,10 @@ static void print_help(FILE *f)
 "shapes and operand layouts, a chain of layers' products against the grid,\n"
 "and convolution GFLOP/s, in fp32 and bf16; a primitive's call time; the\n"
 "element-wise operations' and the optimizer's time a value; element-wise\n"
-"GB/s at four sizes, reduction and STREAM triad GB/s) and the triad on every\n"
-"CPU at once, and write them as a calibration file for\n"
-"'subtrain plan --calibration FILE'.\n"
+"GB/s at four sizes, reduction and STREAM triad GB/s), the triad on every\n"
+"CPU at once, and a team's speedups (products, the relu forward, a call, on\n"
+"T = 2, 4, ... threads up to the CPUs), and write them as a calibration file\n"
+"for 'subtrain plan --calibration FILE'.\n"
 "\n"
 "  -o, --output FILE   write the file there (default: standard output)\n"
 "  -h, --help          this text\n"

@@ -48,9 +48,19 @@
  *   stream_triad_gbps X            STREAM's triad a = b + s c over 64 MiB arrays
  *   stream_triad_all_gbps X        the same on every CPU at once: the machine's
  *                                  total
+ *   team_T_matmul_P_dD X           a team's speedup: a D x D x D matmul (NN,
+ *                                  inputs of type P, D each 16, 64, 256,
+ *                                  1024) on T threads (T 2, 4, ... 256, up to
+ *                                  the CPUs; 0: not measured), one thread's
+ *                                  time over the team's
+ *   team_T_relu_fwd X              the same of the relu forward (1024 x 256)
+ *   team_T_call_us X               what a primitive's call costs a team of T
+ *                                  beyond its share of the work: the relu
+ *                                  forward over 16k values on T threads less
+ *                                  one thread's time over T
  *
- * Every rate but the last is one thread's (a worker's), the machine
- * otherwise idle.  Rates a key does not give are 0: rows that need them
+ * Every rate but the triad on every CPU and the teams' is one thread's (a
+ * worker's), the machine otherwise idle.  Rates a key does not give are 0: rows that need them
  * get no predicted time.  Unknown keys and malformed values are refused
  * with their line; so is a format 1 file (its rates are too few for the
  * prediction: calibrate again).
@@ -69,6 +79,8 @@
 /* The element-wise sizes: ST_CAL_PASS0 x 16^i bytes, i < ST_CAL_PASSES. */
 #define ST_CAL_PASSES 4
 #define ST_CAL_PASS0 16384.0
+/* Teams of T = 2^(i + 1) threads, i < ST_CAL_TEAMS. */
+#define ST_CAL_TEAMS 8
 
 typedef struct st_calibration {
     char machine[160];
@@ -85,6 +97,10 @@ typedef struct st_calibration {
     double update_ns[2][2];         /* [sgd][bf16 moments]: ns a parameter */
     double elementwise_gbps[ST_CAL_PASSES];
     double reduce_gbps, stream_gbps, stream_all_gbps;
+    /* [team]: a team's speedup over one thread (0: not measured) */
+    double team_matmul[ST_CAL_TEAMS][2][ST_CAL_DIMS];   /* [bf16][D] */
+    double team_pass[ST_CAL_TEAMS];
+    double team_call_us[ST_CAL_TEAMS];
 } st_calibration;
 
 /* 0, or -1 with a message ("line 3: ...") in err. */
@@ -100,6 +116,12 @@ double st_calibration_matmul_rate(const st_calibration *c, int bf16, st_cost_ope
 /* GB/s of an element-wise pass over `bytes` (read and written), between
  * the measured sizes in log space; 0 when not measured. */
 double st_calibration_pass_rate(const st_calibration *c, double bytes);
+/* The index of a team of T threads among the calibrated ones; -1 when T
+ * is not one of them. */
+int st_calibration_team(int threads);
+/* A team's speedup on one product of `flops`, between the measured cubes'
+ * FLOPs in log space (clamped at their edges); 0 when not measured. */
+double st_calibration_team_matmul(const st_calibration *c, int team, int bf16, double flops);
 
 /* `subtrain calibrate`. */
 int st_cli_calibrate_main(int argc, char **argv);

@@ -35,6 +35,7 @@
 #define CMD "subtrain plan"
 #define MAX_ROWS 64
 #define MAX_NOTES 8
+#define MAX_TEAMS 16
 
 /* What the plan varies; everything else is the run's options as given. */
 typedef struct plan_candidate {
@@ -43,19 +44,30 @@ typedef struct plan_candidate {
     st_precision precision;
     st_moments moments;
     st_recompute recompute;
+    int threads;              /* a worker's team (1: one core) */
 } plan_candidate;
+
+/* One rank's busiest worker: what that rank's records report. */
+typedef struct rank_size {
+    st_mem_stats mem;
+    double comm_bytes;
+} rank_size;
 
 typedef struct plan_row {
     plan_candidate c;
+    int order;                /* the candidate's place: ties keep it */
     st_train_config cfg;
     int ok;                   /* sized; else why not in `refused` */
     char refused[256];
-    int workers, threads;
-    st_mem_stats mem;         /* the worker with the largest total */
+    int workers, threads;     /* workers of each rank, threads of each worker */
+    int ranks;                /* MPI ranks, each with `workers` */
+    rank_size *rank;          /* ranks > 1: each rank's (else NULL) */
+    st_mem_stats mem;         /* the worker with the largest total (of every rank) */
     double comm_bytes;        /* the busiest worker's, read + written a step */
     double flops;             /* that worker's model, a step */
     st_step_cost costs[ST_STEP_COSTS_MAX];   /* and its work, layer by layer */
     int n_costs;
+    double budget;            /* a worker's (a total is shared by the row's workers) */
     int fits;
     int over;                 /* the kind that overflows: the largest one (-1: fits) */
     double step_s, samples_per_s;   /* NAN: no calibration */
@@ -72,6 +84,9 @@ typedef struct plan_options {
     const char *topology;          /* NULL: this machine */
     int as_given;                  /* one row: the options as given */
     int workers_given;             /* else one worker per core of the machine */
+    int threads_given;             /* else teams of every size that divides the
+                                    * domains' cores */
+    int ranks;                     /* MPI ranks, each on a machine like topology */
     int help;
 } plan_options;
 
@@ -84,11 +99,16 @@ static void print_help(FILE *f)
 "and how fast each would run, for the run the other options describe (model,\n"
 "data, batch, workers, --topology), on this machine or a described one.\n"
 "Trains nothing; binds nothing; touches none of the workers' buffers.\n"
-"Without --workers, one worker per core of the machine.\n"
+"Without --workers or --threads-per-worker, every team size T = 1, 2, 4, ...\n"
+"that divides the cores of each NUMA domain, with cores / T workers.\n"
 "\n"
 "  --topology SPEC            the machine, as for 'subtrain topo': omitted for\n"
 "                             this one; synthetic:DESC (hwloc's synthetic\n"
 "                             syntax); xml:FILE (lstopo --of xml)\n"
+"  --ranks R                  an MPI job of R ranks (1 to 65535, as mpirun -np R\n"
+"                             on R machines like --topology), each with the\n"
+"                             workers the plan gives it; laid out here without\n"
+"                             MPI; no predicted time (no network rate)\n"
 "  --memory-per-worker SIZE   budget of one worker: bytes, or with K, M, G, T\n"
 "                             (or KiB, MiB, GiB, TiB: the same, powers of 1024),\n"
 "                             e.g. 512M, 1G, 1.5GiB\n"
@@ -156,7 +176,7 @@ static int split_args(int argc, char **argv, plan_options *p, char **run_argv, i
 {
     static const char *const own[] = { "--memory-per-worker", "--memory-total", "--strategies",
                                        "--calibration", "--accuracy", "--json",
-                                       "--topology" };
+                                       "--topology", "--ranks" };
     *run_argc = 0;
     run_argv[(*run_argc)++] = argv[0];
     for (int i = 1; i < argc; i++) {
@@ -181,6 +201,8 @@ static int split_args(int argc, char **argv, plan_options *p, char **run_argv, i
         if (k < 0) {
             if (strncmp(a, "--workers", 9) == 0 && (a[9] == '\0' || a[9] == '='))
                 p->workers_given = 1;
+            if (strncmp(a, "--threads-per-worker", 20) == 0 && (a[20] == '\0' || a[20] == '='))
+                p->threads_given = 1;
             run_argv[(*run_argc)++] = argv[i];
             continue;
         }
@@ -207,8 +229,13 @@ static int split_args(int argc, char **argv, plan_options *p, char **run_argv, i
             p->accuracy = val;
         } else if (k == 5) {
             p->json = val;
-        } else {
+        } else if (k == 6) {
             p->topology = val;
+        } else {
+            unsigned long long v;
+            if (st_cli_count_arg(CMD, own[k], val, 1, 65535, &v) != 0)
+                return 2;
+            p->ranks = (int)v;
         }
     }
     run_argv[*run_argc] = NULL;
@@ -221,17 +248,91 @@ static int split_args(int argc, char **argv, plan_options *p, char **run_argv, i
     return 0;
 }
 
-/* The candidates of --strategies (or the options as given). */
-static int make_candidates(const plan_options *p, const st_train_config *base,
-                           plan_candidate *out, int *n)
+static int strategy_candidates(const plan_options *p, const st_train_config *base,
+                               plan_candidate *out, int *n);
+
+/* The team sizes the plan tries, into out: the one the options give
+ * (--workers or --threads-per-worker, or --as-given), else 1, 2, 4, ...
+ * while T divides the cores of every NUMA domain the run's workers would
+ * use (one worker per core).  Their count, or -1 (said why): a
+ * --threads-per-worker that does not divide them without --workers, for
+ * cores / T workers would leave cores idle. */
+static int team_sizes(const plan_options *p, const st_train_config *base,
+                      const st_topology *topo, int *out)
 {
+    const int given = base->threads_per_worker > 1 ? base->threads_per_worker : 1;
+    out[0] = given;
+    if (p->workers_given)
+        return 1;
+    st_plan pl;
+    memset(&pl, 0, sizeof pl);
+    st_plan_request req = { .workers = 0, .cpuset = base->cpuset,
+                            .core_limit = base->core_limit };
+    int n = 1;
+    if (st_plan_make(topo, &req, &pl) == ST_OK && pl.n_domains > 0) {
+        int fewest = pl.n_workers, odd = -1;
+        for (int d = 0; d < pl.n_domains; d++) {
+            const int cores = pl.domain_first[d + 1] - pl.domain_first[d];
+            fewest = cores < fewest ? cores : fewest;
+            if (cores % given != 0 && odd < 0)
+                odd = cores;
+        }
+        if (p->threads_given && odd >= 0) {
+            st_cli_error(CMD, "--threads-per-worker %d: does not divide the %d cores of a NUMA "
+                         "domain of %s; give --workers N to plan teams that leave cores idle",
+                         given, odd, st_topology_name(topo));
+            n = -1;
+        }
+        for (int t = 2; !p->as_given && !p->threads_given && t <= fewest && n < MAX_TEAMS;
+             t *= 2) {
+            int divides = 1;
+            for (int d = 0; d < pl.n_domains; d++)
+                divides &= (pl.domain_first[d + 1] - pl.domain_first[d]) % t == 0;
+            if (divides)
+                out[n++] = t;
+        }
+    }
+    st_plan_free(&pl);
+    return n;
+}
+
+/* The candidates of --strategies (or the options as given), each with
+ * every team size: *out (to free), *n of them. */
+static int make_candidates(const plan_options *p, const st_train_config *base,
+                           const int *teams, int n_teams, plan_candidate **out, int *n)
+{
+    plan_candidate one[MAX_ROWS];
+    int n_one = 0;
+    *out = NULL;
     *n = 0;
     if (p->as_given) {
-        out[(*n)++] = (plan_candidate){ base->strategy, base->sdp.coverage,
-                                        base->model.precision, base->optim.moments,
-                                        base->model.recompute };
-        return 0;
+        one[n_one++] = (plan_candidate){ base->strategy, base->sdp.coverage,
+                                         base->model.precision, base->optim.moments,
+                                         base->model.recompute, 1 };
+    } else {
+        const int status = strategy_candidates(p, base, one, &n_one);
+        if (status)
+            return status;
     }
+    *out = calloc((size_t)(n_one * n_teams), sizeof **out);
+    if (!*out) {
+        st_cli_error(CMD, "out of memory");
+        return 1;
+    }
+    for (int t = 0; t < n_teams; t++)
+        for (int i = 0; i < n_one; i++) {
+            plan_candidate c = one[i];
+            c.threads = teams[t];
+            (*out)[(*n)++] = c;
+        }
+    return 0;
+}
+
+/* The strategies' candidates of --strategies. */
+static int strategy_candidates(const plan_options *p, const st_train_config *base,
+                               plan_candidate *out, int *n)
+{
+    *n = 0;
     char list[256];
     snprintf(list, sizeof list, "%s", p->strategies ? p->strategies : "dp,sdp,ist,localsgd");
     const st_precision precisions[] = { ST_PRECISION_FP32, ST_PRECISION_BF16 };
@@ -253,7 +354,7 @@ static int make_candidates(const plan_options *p, const st_train_config *base,
                     for (int rc = 0; rc < 2 && *n < MAX_ROWS; rc++)
                         out[(*n)++] = (plan_candidate){
                             s, s == ST_STRATEGY_SDP ? cover[c] : base->sdp.coverage,
-                            precisions[pr], moments[mo], recomputes[rc] };
+                            precisions[pr], moments[mo], recomputes[rc], 1 };
     }
     if (*n == 0) {
         st_cli_error(CMD, "--strategies %s: no strategy named", ST_CLI_SHOW(p->strategies));
@@ -264,8 +365,8 @@ static int make_candidates(const plan_options *p, const st_train_config *base,
 
 /* ------------------------------------------------------------ a row */
 
-static void size_row(plan_row *row, const st_train_config *base, const st_dataset *train,
-                     const st_dataset *test)
+static void size_row(plan_row *row, const st_train_config *base, int ranks,
+                     const st_dataset *train, const st_dataset *test)
 {
     row->cfg = *base;
     row->cfg.strategy = row->c.strategy;
@@ -273,26 +374,39 @@ static void size_row(plan_row *row, const st_train_config *base, const st_datase
     row->cfg.model.precision = row->c.precision;
     row->cfg.optim.moments = row->c.moments;
     row->cfg.model.recompute = row->c.recompute;
+    row->cfg.threads_per_worker = row->c.threads;
     row->step_s = row->samples_per_s = NAN;
     row->over = -1;
     st_worker_size *ws;
     int n;
-    if (st_train_size(&row->cfg, train, test, &ws, &n) != ST_OK) {
+    if (st_train_size_ranks(&row->cfg, ranks, train, test, &ws, &n) != ST_OK) {
         snprintf(row->refused, sizeof row->refused, "%s", st_last_error());
         return;
     }
     int worst = 0;
     double bytes = 0.0;
+    row->rank = ranks > 1 ? calloc((size_t)ranks, sizeof *row->rank) : NULL;
+    if (ranks > 1 && !row->rank) {
+        snprintf(row->refused, sizeof row->refused, "out of memory");
+        free(ws);
+        return;
+    }
     for (int k = 0; k < n; k++) {
         if (ws[k].memory.peak_total > ws[worst].memory.peak_total)
             worst = k;
         double b = (double)(ws[k].comm.read + ws[k].comm.written);
         if (b > bytes)
             bytes = b;
+        rank_size *rk = row->rank ? &row->rank[k / (n / ranks)] : NULL;
+        if (rk && ws[k].memory.peak_total > rk->mem.peak_total)
+            rk->mem = ws[k].memory;
+        if (rk && b > rk->comm_bytes)
+            rk->comm_bytes = b;
     }
     row->ok = 1;
-    row->workers = n;
-    row->threads = base->threads_per_worker > 1 ? base->threads_per_worker : 1;
+    row->workers = n / ranks;
+    row->ranks = ranks;
+    row->threads = row->c.threads;
     row->mem = ws[worst].memory;
     row->comm_bytes = bytes;
     row->flops = ws[worst].flops;
@@ -303,6 +417,7 @@ static void size_row(plan_row *row, const st_train_config *base, const st_datase
 
 static void judge_row(plan_row *row, double budget)
 {
+    row->budget = budget;
     if (!row->ok)
         return;
     row->fits = (double)row->mem.peak_total <= budget;
@@ -346,10 +461,29 @@ static double shared_rate(const st_calibration *cal, double r, double bytes, int
 static double predict_step(const plan_row *row, const st_calibration *cal)
 {
     const int sharing = row->workers;
-    const double call_s = cal->call_us * 1e-6;
+    /* a team's primitives run on its T threads: its products, convolutions
+     * and operations at the calibrated team's speedup, each call at the
+     * team's call time; its moves, update and reduction are the worker's
+     * own loops, on its first thread */
+    const int team = row->threads > 1 ? st_calibration_team(row->threads) : -1;
+    if (row->threads > 1 && team < 0)
+        return NAN;
+    /* an operation's work on the team: the calibrated relu's speedup with
+     * its call's cost to the team taken out (that is each call's, below) */
+    const double region_s = team < 0 ? 0.0 : cal->team_call_us[team] * 1e-6;
+    const double relu1 = cal->op_ns[ST_OP_RELU][0] * 1024.0 * 256.0 * 1e-9;
+    const double relu_team = team < 0 || !(cal->team_pass[team] > 0.0)
+                                 ? 0.0 : relu1 / cal->team_pass[team];
+    const double op_speedup = team < 0 ? 1.0
+                              : relu_team > region_s ? fmin(row->threads, relu1 /
+                                                                         (relu_team - region_s))
+                                                     : row->threads;
+    const double call_s = cal->call_us * 1e-6 + region_s;
+    const double move_call_s = cal->call_us * 1e-6;
     double t = 0.0;
     /* none: no model step to price (synth's segments) */
-    if (row->n_costs < 1 || row->n_costs > ST_STEP_COSTS_MAX)
+    if (row->n_costs < 1 || row->n_costs > ST_STEP_COSTS_MAX || !(op_speedup > 0.0) ||
+        (team >= 0 && !(relu_team > 0.0)))
         return NAN;
     for (int i = 0; i < row->n_costs; i++) {
         const st_step_cost *c = &row->costs[i];
@@ -365,6 +499,8 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
             r = chain > 0.0 ? st_calibration_matmul_rate(cal, c->bf16, c->operands, (double)c->m,
                                                          (double)c->n, (double)c->k) / chain
                             : 0.0;
+            if (team >= 0)
+                r *= st_calibration_team_matmul(cal, team, c->bf16, c->flops / c->count);
             t += r > 0.0 ? c->flops / (r * 1e9) : NAN;
             break;
         }
@@ -375,6 +511,8 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
             r = st_calibration_matmul_rate(cal, c->bf16, ST_OPERANDS_NN, (double)c->m,
                                            (double)c->n, (double)c->k) *
                 (ref > 0.0 ? cal->conv_gflops[c->bf16 ? 1 : 0] / ref : 0.0);
+            if (team >= 0)
+                r *= st_calibration_team_matmul(cal, team, c->bf16, c->flops / c->count);
             t += r > 0.0 ? c->flops / (r * 1e9) : NAN;
             break;
         }
@@ -386,8 +524,9 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
                             c->bytes / c->calls, sharing);
             if (c->op != ST_OP_MEMORY && !(ns > 0.0))
                 r = 0.0;
-            t += r > 0.0 ? fmax(c->elements * ns * 1e-9, c->bytes / (r * 1e9)) +
-                               c->calls * call_s
+            const double speedup = c->op == ST_OP_MEMORY ? 1.0 : op_speedup;
+            t += r > 0.0 ? fmax(c->elements * ns * 1e-9, c->bytes / (r * 1e9)) / speedup +
+                               c->calls * (c->op == ST_OP_MEMORY ? move_call_s : call_s)
                          : NAN;
             break;
         }
@@ -412,7 +551,8 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
 
 static void predict_row(plan_row *row, const st_calibration *cal)
 {
-    if (!row->ok || !cal)
+    /* ranks: the calibration has no rate for the network between them */
+    if (!row->ok || !cal || row->ranks > 1)
         return;
     const double step = predict_step(row, cal);
     if (!(step > 0.0))
@@ -420,7 +560,7 @@ static void predict_row(plan_row *row, const st_calibration *cal)
     row->step_s = step;
     const double rows = (double)row->cfg.batch *
                         (row->cfg.accumulate > 1 ? row->cfg.accumulate : 1);
-    row->samples_per_s = rows * row->workers / row->step_s;
+    row->samples_per_s = rows * row->workers * row->ranks / row->step_s;
 }
 
 /* ------------------------------------------------------------ the accuracy side */
@@ -485,11 +625,13 @@ static int by_throughput(const void *a, const void *b)
     const int fx = x->ok && x->fits, fy = y->ok && y->fits;
     if (fx != fy)
         return fy - fx;
-    if (!fx)
-        return x->ok == y->ok ? 0 : y->ok - x->ok;
-    const double sx = isnan(x->samples_per_s) ? 0.0 : x->samples_per_s;
-    const double sy = isnan(y->samples_per_s) ? 0.0 : y->samples_per_s;
-    return (sx < sy) - (sx > sy);
+    if (!fx && x->ok != y->ok)
+        return y->ok - x->ok;
+    const double sx = isnan(x->samples_per_s) || !fx ? 0.0 : x->samples_per_s;
+    const double sy = isnan(y->samples_per_s) || !fy ? 0.0 : y->samples_per_s;
+    if (sx != sy)
+        return (sx < sy) - (sx > sy);
+    return (x->order > y->order) - (x->order < y->order);
 }
 
 static void row_params(const plan_row *r, char *out, size_t n)
@@ -514,11 +656,20 @@ static void row_params(const plan_row *r, char *out, size_t n)
     }
 }
 
-static void print_table(FILE *f, const plan_row *rows, int n, double budget, const char *where,
-                        const char *cal)
+static void print_table(FILE *f, const plan_row *rows, int n, double budget, double total,
+                        const char *where, const char *cal)
 {
-    fprintf(f, "plan for %s: budget %.1f MiB a worker; time from %s\n", where, mib(budget),
-            cal ? cal : "no calibration (--calibration FILE)");
+    /* a total shared by rows of different worker counts: each row's share */
+    int same = 1;
+    for (int i = 1; i < n; i++)
+        same &= rows[i].budget == rows[0].budget;
+    if (same)
+        fprintf(f, "plan for %s: budget %.1f MiB a worker; time from %s\n", where, mib(budget),
+                cal ? cal : "no calibration (--calibration FILE)");
+    else
+        fprintf(f, "plan for %s: budget %.1f MiB in all, shared evenly by each row's workers; "
+                   "time from %s\n", where, mib(total),
+                cal ? cal : "no calibration (--calibration FILE)");
     fprintf(f, "%-8s %-20s %-9s %-4s %-5s %5s %3s %5s | %8s %8s %8s %8s %8s %8s %9s | %9s "
                "%9s %10s | %s\n", "strategy", "parameters", "recompute", "prec", "mom",
             "N", "T", "ranks", "weights", "grads", "optim", "activ", "attent", "worksp",
@@ -534,7 +685,7 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, con
             fprintf(f, " not possible: %s\n", r->refused);
             continue;
         }
-        fprintf(f, " %5d %3d %5d |", r->workers, r->threads, 1);
+        fprintf(f, " %5d %3d %5d |", r->workers, r->threads, r->ranks);
         const int order[] = { ST_MEM_WEIGHTS, ST_MEM_GRADIENTS, ST_MEM_OPTIMIZER,
                               ST_MEM_ACTIVATIONS, ST_MEM_ATTENTION, ST_MEM_WORKSPACE };
         for (int k = 0; k < 6; k++)
@@ -548,9 +699,13 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, con
             fprintf(f, " | yes\n");
         else
             fprintf(f, " | no: over by %.1f MiB, largest %s\n",
-                    mib((double)r->mem.peak_total - budget),
+                    mib((double)r->mem.peak_total - r->budget),
                     st_mem_kind_name((st_mem_kind)r->over));
     }
+    if (n > 0 && rows[0].ranks > 1)
+        fprintf(f, "rows of %d MPI ranks: N workers a rank, memory the busiest worker of all "
+                   "ranks; no predicted time\n(no calibration measures the network between "
+                   "ranks: doc/planning.md)\n", rows[0].ranks);
     int redraws = 0, synth = 0;
     for (int i = 0; i < n; i++) {
         redraws |= rows[i].ok && (rows[i].c.strategy == ST_STRATEGY_IST ||
@@ -578,6 +733,17 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, con
             fprintf(f, "  %s\n", rows[i].notes[k]);
         }
     }
+}
+
+/* A worker's memory by kind, in bytes, and its total. */
+static json_t *memory_json(const st_mem_stats *m)
+{
+    json_t *mem = json_object();
+    for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
+        json_object_set_new(mem, st_mem_kind_name((st_mem_kind)k),
+                            json_integer((json_int_t)m->peak[k]));
+    json_object_set_new(mem, "total", json_integer((json_int_t)m->peak_total));
+    return mem;
 }
 
 static json_t *row_json(const plan_row *r)
@@ -610,21 +776,31 @@ static json_t *row_json(const plan_row *r)
         return o;
     }
     json_object_set_new(o, "possible", json_true());
-    json_object_set_new(o, "workers", json_integer(r->workers));
+    json_object_set_new(o, "workers", json_integer(r->workers * r->ranks));
+    json_object_set_new(o, "workers_per_rank", json_integer(r->workers));
     json_object_set_new(o, "threads_per_worker", json_integer(r->threads));
-    json_object_set_new(o, "ranks", json_integer(1));
-    json_t *mem = json_object();
-    for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
-        json_object_set_new(mem, st_mem_kind_name((st_mem_kind)k),
-                            json_integer((json_int_t)r->mem.peak[k]));
-    json_object_set_new(mem, "total", json_integer((json_int_t)r->mem.peak_total));
-    json_object_set_new(o, "memory_per_worker", mem);
+    json_object_set_new(o, "ranks", json_integer(r->ranks));
+    json_object_set_new(o, "memory_per_worker", memory_json(&r->mem));
+    json_object_set_new(o, "budget_per_worker", json_real(r->budget));
     json_object_set_new(o, "fits", json_boolean(r->fits));
     json_object_set_new(o, "overflow", r->fits ? json_null()
                         : json_string(st_mem_kind_name((st_mem_kind)r->over)));
     json_object_set_new(o, "bytes_per_worker_step", json_real(r->comm_bytes));
+    if (r->rank) {   /* what each rank's records report: its own busiest worker */
+        json_t *ranks = json_array();
+        for (int k = 0; k < r->ranks; k++) {
+            json_t *rk = json_object();
+            json_object_set_new(rk, "memory_per_worker", memory_json(&r->rank[k].mem));
+            json_object_set_new(rk, "bytes_per_worker_step", json_real(r->rank[k].comm_bytes));
+            json_array_append_new(ranks, rk);
+        }
+        json_object_set_new(o, "per_rank", ranks);
+    }
     json_object_set_new(o, "flops_per_worker_step", json_real(r->flops));
     json_object_set_new(o, "step_s", isnan(r->step_s) ? json_null() : json_real(r->step_s));
+    if (r->ranks > 1)
+        json_object_set_new(o, "time_not_predicted",
+                            json_string("the calibration measures no network between ranks"));
     json_object_set_new(o, "samples_per_s",
                         isnan(r->samples_per_s) ? json_null() : json_real(r->samples_per_s));
     json_t *notes = json_array();
@@ -664,6 +840,7 @@ int st_cli_plan_main(int argc, char **argv)
 {
     plan_options p;
     memset(&p, 0, sizeof p);
+    p.ranks = 1;
     char **run_argv = calloc((size_t)argc + 2, sizeof *run_argv);
     if (!run_argv) {
         st_cli_error(CMD, "out of memory");
@@ -715,10 +892,13 @@ int st_cli_plan_main(int argc, char **argv)
     char where[256] = "";
     if (topo)
         snprintf(where, sizeof where, "%s", st_topology_name(topo));
-    plan_candidate cand[MAX_ROWS];
-    int n = 0;
+    plan_candidate *cand = NULL;
+    int n = 0, teams[MAX_TEAMS];
+    const int n_teams = status == 0 ? team_sizes(&p, &o.train, topo, teams) : 0;
+    if (status == 0 && n_teams < 0)
+        status = EXIT_USAGE;
     if (status == 0)
-        status = make_candidates(&p, &o.train, cand, &n);
+        status = make_candidates(&p, &o.train, teams, n_teams, &cand, &n);
     st_dataset train, test;
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
@@ -736,9 +916,10 @@ int st_cli_plan_main(int argc, char **argv)
     double budget = p.per_worker;
     for (int i = 0; status == 0 && i < n; i++) {
         rows[i].c = cand[i];
-        size_row(&rows[i], &o.train, &train, &test);
+        rows[i].order = i;
+        size_row(&rows[i], &o.train, p.ranks, &train, &test);
         if (p.total > 0.0 && rows[i].ok)
-            budget = p.total / rows[i].workers;
+            budget = p.total / (rows[i].workers * rows[i].ranks);
         judge_row(&rows[i], budget);
         predict_row(&rows[i], have_cal ? &cal : NULL);
         add_notes(&rows[i], acc);
@@ -754,11 +935,15 @@ int st_cli_plan_main(int argc, char **argv)
         qsort(rows, (size_t)n, sizeof *rows, by_throughput);
         const int json_only = p.json && strcmp(p.json, "-") == 0;
         if (!json_only)
-            print_table(stdout, rows, n, budget, where, have_cal ? p.calibration : NULL);
+            print_table(stdout, rows, n, budget, p.total, where,
+                        have_cal ? p.calibration : NULL);
         if (p.json)
             status = write_json(p.json, rows, n, budget, where, have_cal ? p.calibration : NULL);
     }
+    for (int i = 0; rows && i < n; i++)
+        free(rows[i].rank);
     free(rows);
+    free(cand);
     st_dataset_free(&train);
     st_dataset_free(&test);
     st_cli_options_free(&o);

@@ -82,6 +82,11 @@ typedef struct st_comm_backend_ops {
 extern const st_comm_backend_ops st_comm_shared_ops;   /* shared.c */
 #ifdef HAVE_MPI
 extern const st_comm_backend_ops st_comm_mpi_ops;      /* mpi.c */
+/* The MPI backend of rank `rank` of a described job (comm/sizing_world.h):
+ * its layout without MPI, for a sizing run.  mpi.c. */
+struct st_comm_world;
+st_status st_comm_mpi_create_sizing(const st_comm_config *cfg, struct st_comm_world *world,
+                                    int rank, st_comm_backend **out);
 #endif
 
 #endif /* SUBTRAIN_COMM_BACKEND_H */

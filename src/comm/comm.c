@@ -17,6 +17,7 @@
  *   shared.c    the shared-buffer backend: attach, collectives, barrier
  *   mpi.c       the MPI backend: ranks x workers, hierarchical (with MPI)
  *   world.c     the ranks of the run: MPI's start and the loop's collectives
+ *   sizing_world.c  a described job's ranks in one process (sizing runs)
  *   plan.h/.c   shards, domains, segments, work lists, byte accounting
  *   kernels.h/.c  the work items and the sum / divide / copy loops
  *   barrier.h   the spin barrier on C11 atomics
@@ -30,6 +31,7 @@
 
 #include "comm/backend.h"
 #include "comm/plan.h"
+#include "comm/sizing_world.h"
 #include "core/enum_table.h"
 #include "core/error.h"
 
@@ -111,7 +113,10 @@ static st_status backend_ops(st_comm_backend_kind kind, const st_comm_backend_op
 
 /* ------------------------------------------------------------ create */
 
-st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
+/* An engine of cfg's backend, or (world) the MPI backend's layout for
+ * rank `rank` of a described job. */
+static st_status create_engine(const st_comm_config *cfg, st_comm_world *world, int rank,
+                               st_comm **out)
 {
     *out = NULL;
     if (!cfg)
@@ -134,13 +139,38 @@ st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
     if (!c)
         return st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine");
     *c = (st_comm){ ops, NULL, cfg->backend, cfg->n_workers, cfg->n_params };
+    /* a described job's engine is the MPI backend's, which backend_ops
+     * has found built in */
+#ifdef HAVE_MPI
+    st_status s = world ? st_comm_mpi_create_sizing(cfg, world, rank, &c->impl)
+                        : ops->create(cfg, &c->impl);
+#else
+    (void)world;
+    (void)rank;
     st_status s = ops->create(cfg, &c->impl);
+#endif
     if (s != ST_OK) {
         free(c);
         return s;
     }
     *out = c;
     return ST_OK;
+}
+
+st_status st_comm_create(const st_comm_config *cfg, st_comm **out)
+{
+    return create_engine(cfg, NULL, 0, out);
+}
+
+st_status st_comm_create_sizing(const st_comm_config *cfg, st_comm_world *w, int rank,
+                                st_comm **out)
+{
+    *out = NULL;
+    if (!cfg || cfg->backend != ST_COMM_BACKEND_MPI || !w || rank < 0 ||
+        rank >= st_comm_world_size(w))
+        return st_fail(ST_ERR_INVALID, "st_comm_create_sizing: the MPI backend of a rank of "
+                       "the described job");
+    return create_engine(cfg, w, rank, out);
 }
 
 void st_comm_destroy(st_comm *c)

@@ -84,6 +84,7 @@
 #include "comm/backend.h"
 #include "comm/mpi_engine.h"
 #include "comm/plan.h"
+#include "comm/sizing_world.h"
 #include "core/bf16.h"
 #include "core/error.h"
 
@@ -184,14 +185,17 @@ static st_status make_communicator(const st_comm_config *cfg, MPI_Comm world, MP
     return ST_OK;
 }
 
-static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
+/* The engine over MPI's world, or (sized) rank `sized_rank` of a
+ * described job, whose ranks all run cfg's workers. */
+static st_status create_in(const st_comm_config *cfg, st_comm_world *sized, int sized_rank,
+                           st_comm_backend **out)
 {
     *out = NULL;
     if (cfg->shared_params)
         return st_fail(ST_ERR_INVALID, "reduction backend 'mpi' keeps a replica per worker: "
                        "shared parameters are the shared backend's");
-    MPI_Comm world = st_world_comm();
-    if (world == MPI_COMM_NULL)
+    MPI_Comm world = sized ? MPI_COMM_NULL : st_world_comm();
+    if (!sized && world == MPI_COMM_NULL)
         return st_fail(ST_ERR_INVALID, "reduction backend 'mpi': MPI is not running (start the "
                        "program with mpirun or srun)");
     mpi_comm *mc = aligned_alloc(64, sizeof *mc);
@@ -202,12 +206,18 @@ static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
     st_status s = ST_OK;
     /* its own communicator: the engines of a run (gradients, masters) and
      * the loop's own collectives never match each other's messages */
-    s = make_communicator(cfg, world, &mc->comm);
-    if (s != ST_OK)
-        goto fail;
-    MPI_Comm_set_errhandler(mc->comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(mc->comm, &mc->rank);
-    MPI_Comm_size(mc->comm, &mc->size);
+    if (sized) {
+        mc->world = sized;
+        mc->rank = sized_rank;
+        mc->size = st_comm_world_size(sized);
+    } else {
+        s = make_communicator(cfg, world, &mc->comm);
+        if (s != ST_OK)
+            goto fail;
+        MPI_Comm_set_errhandler(mc->comm, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(mc->comm, &mc->rank);
+        MPI_Comm_size(mc->comm, &mc->size);
+    }
     mc->n = cfg->n_workers;
     mc->P = cfg->n_params;
     mc->roles = cfg->roles ? cfg->roles : (ST_COMM_REDUCE | ST_COMM_GATHER);
@@ -221,6 +231,9 @@ static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
     int rc = MPI_SUCCESS;
     if (!all || !mc->first)
         s = st_fail(ST_ERR_NOMEM, "out of memory creating the MPI reduction engine");
+    else if (sized)   /* every described rank runs the same workers */
+        for (int r = 0; r < mc->size; r++)
+            memcpy(all + 2 * r, mine, sizeof mine);
     else if ((rc = MPI_Allgather(mine, 2, MPI_UNSIGNED_LONG_LONG, all, 2,
                                  MPI_UNSIGNED_LONG_LONG, mc->comm)) != MPI_SUCCESS)
         s = st_world_fail(rc, "creating the MPI reduction engine");
@@ -279,12 +292,23 @@ static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
     memset(mc->workers, 0, sizeof *mc->workers * (size_t)mc->n);
     for (int w = 0; w < mc->n; w++)
         atomic_init(&mc->workers[w].attached, 0);
-    st_spin_barrier_init(&mc->barrier, (unsigned)mc->n, 0);
+    st_spin_barrier_init(&mc->barrier, (unsigned)mc->n, cfg->blocking);
     *out = (st_comm_backend *)mc;
     return ST_OK;
 fail:
     mpi_destroy((st_comm_backend *)mc);
     return s;
+}
+
+static st_status mpi_create(const st_comm_config *cfg, st_comm_backend **out)
+{
+    return create_in(cfg, NULL, 0, out);
+}
+
+st_status st_comm_mpi_create_sizing(const st_comm_config *cfg, struct st_comm_world *world,
+                                    int rank, st_comm_backend **out)
+{
+    return create_in(cfg, world, rank, out);
 }
 
 static void mpi_set_shard_output(st_comm_backend *b, int w, float *out)
@@ -444,7 +468,8 @@ static st_status mpi_attach(st_comm_backend *b, int w, st_arena *arena, float *g
     }
     /* 2: the exchange's layout and buffers exist */
     WAIT(mc);
-    if (mc->roles & ST_COMM_GATHER)
+    /* a sizing run's buffers stay untouched, and its ranks exchange nothing */
+    if ((mc->roles & ST_COMM_GATHER) && !mc->world)
         ST_TRY(init_masters(mc, w));
     s = st_mpi_step_lists(mc, w);
     if (s != ST_OK)

@@ -88,6 +88,8 @@ typedef struct mpi_comm {
                                * as send and recv (same offsets, in elements) */
     size_t mpi_bytes;         /* what this rank receives per step */
     int plan_failed;          /* worker 0's planning failed (its message is its own) */
+    struct st_comm_world *world;   /* a sizing run's described job (comm/sizing_world.h):
+                                    * gathers there, no MPI, no step; else NULL */
 } mpi_comm;
 
 /* A growable list (attach only: the step's lists are copied into the

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "comm/mpi_engine.h"
+#include "comm/sizing_world.h"
 #include "core/error.h"
 
 void *st_mpi_list_push(list *l)
@@ -277,7 +278,18 @@ st_status st_mpi_plan_exchange(mpi_comm *mc, st_arena *arena)
         if (!all_n || !counts)
             s = st_mpi_no_memory();
     }
-    if (s == ST_OK) {
+    size_t *got = s == ST_OK && mc->world ? malloc(sizeof *got * (size_t)R) : NULL;
+    if (s == ST_OK && mc->world && !got)
+        s = st_mpi_no_memory();
+    if (s == ST_OK && mc->world) {   /* a described job's ranks, in this process */
+        void *p = NULL;
+        s = st_comm_world_allgatherv(mc->world, me, mine.v, mine.n * sizeof(prof_seg), &p, got);
+        all = p;
+        for (int r = 0; r < R && s == ST_OK; r++)
+            all_n[r] = got[r] / sizeof(prof_seg);
+    }
+    free(got);
+    if (s == ST_OK && !mc->world) {
         int rc = MPI_Allgather(&my_n, 1, MPI_UNSIGNED_LONG_LONG, all_n, 1,
                                MPI_UNSIGNED_LONG_LONG, mc->comm);
         if (rc != MPI_SUCCESS)
@@ -289,7 +301,7 @@ st_status st_mpi_plan_exchange(mpi_comm *mc, st_arena *arena)
             s = st_fail(ST_ERR_INVALID, "the ranks' holdings have too many pieces to exchange");
         total += all_n[r];
     }
-    if (s == ST_OK) {
+    if (s == ST_OK && !mc->world) {
         displs = counts + R;
         for (int r = 0, at = 0; r < R; r++) {
             counts[r] = (int)(4 * all_n[r]);
@@ -300,7 +312,7 @@ st_status st_mpi_plan_exchange(mpi_comm *mc, st_arena *arena)
         if (!all)
             s = st_mpi_no_memory();
     }
-    if (s == ST_OK) {
+    if (s == ST_OK && !mc->world) {
         int rc = MPI_Allgatherv(mine.v ? mine.v : (void *)all, (int)(4 * my_n), MPI_UINT64_T, all,
                                 counts, displs, MPI_UINT64_T, mc->comm);
         if (rc != MPI_SUCCESS)

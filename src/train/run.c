@@ -18,6 +18,7 @@
 
 #include <subtrain/world.h>
 
+#include "comm/sizing_world.h"
 #include "core/error.h"
 #include "train/run.h"
 
@@ -84,7 +85,9 @@ static st_status create_engine(const run_shared *r, size_t n_params, int roles, 
                           /* a sizing run's workers only meet, on threads
                            * that outnumber the cores */
                           .blocking = r->sizing };
-    st_status s = st_comm_create(&cc, out);
+    st_status s = r->sizing_world && r->ranks > 1
+                      ? st_comm_create_sizing(&cc, r->sizing_world, r->rank, out)
+                      : st_comm_create(&cc, out);
     free(domain_of);
     return s;
 }

@@ -165,6 +165,9 @@ typedef struct run_shared {
                                        * never step */
     st_sizing_space *sizing_space;    /* sizing: the address space they are
                                        * laid out in */
+    struct st_comm_world *sizing_world;   /* sizing ranks > 1: the described job
+                                       * whose rank `rank` this is (its engines'
+                                       * gathers; comm/sizing_world.h) */
     uint64_t fault_step;              /* SUBTRAIN_FAULT=RANK:STEP names this rank:
                                        * worker 0 fails at that step (tests of
                                        * failure handling; 0: never) */

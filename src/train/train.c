@@ -29,6 +29,7 @@
 #include <subtrain/topo.h>
 #include <subtrain/world.h>
 
+#include "comm/sizing_world.h"
 #include "core/error.h"
 #include "train/loop.h"
 #include "train/strategy.h"
@@ -61,8 +62,10 @@ st_status st_loop_check_data(const st_train_config *cfg, const st_dataset *train
  * buffers of the loop's own collectives. */
 static st_status prepare_ranks(run_shared *r)
 {
-    r->rank = st_world_rank();
-    r->ranks = st_world_size();
+    if (!r->sizing) {   /* a sizing run's ranks are described (st_train_size_ranks) */
+        r->rank = st_world_rank();
+        r->ranks = st_world_size();
+    }
     r->first = r->rank * r->n;
     r->n_all = r->ranks * r->n;
     /* fault injection, for the tests of failure handling (doc/reliability.md) */
@@ -78,12 +81,12 @@ static st_status prepare_ranks(run_shared *r)
     if (r->ranks == 1)
         return ST_OK;
     /* every rank must have the same workers: the engine checks it too, but
-     * here the message names the layout */
-    int *all = malloc(sizeof *all * (size_t)r->ranks);
-    if (!all)
+     * here the message names the layout (described ranks have cfg's) */
+    int *all = r->sizing ? NULL : malloc(sizeof *all * (size_t)r->ranks);
+    if (!all && !r->sizing)
         return st_fail(ST_ERR_NOMEM, "out of memory for the ranks");
-    st_status s = st_world_allgather(&r->n, sizeof r->n, all);
-    for (int k = 0; k < r->ranks && s == ST_OK; k++)
+    st_status s = r->sizing ? ST_OK : st_world_allgather(&r->n, sizeof r->n, all);
+    for (int k = 0; k < r->ranks && s == ST_OK && all; k++)
         if (all[k] != r->n)
             s = st_fail(ST_ERR_INVALID, "rank %d plans %d workers and rank %d plans %d: every "
                         "rank needs the same number (give each the same CPUs, or --workers N)",
@@ -392,8 +395,84 @@ static st_status size_phases(run_shared *r, st_worker *w, const st_chunk_backend
     return s;
 }
 
-st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
-                        const st_dataset *test, st_worker_size **out, int *n_workers)
+/* The layouts of `ranks` described ranks (ranks > 1: each rank's
+ * engines over the described job, comm/sizing_world.h), rank k's run in
+ * r[k], every worker of every rank on a thread of its own. */
+static st_status size_ranks(run_shared *r, int ranks, st_worker_size *mem)
+{
+    /* each worker's memory in each phase, and each rank's phases' busiest */
+    const size_t n_held = (size_t)ranks * (size_t)r[0].n * SIZING_PHASES;
+    st_mem_stats *held = calloc(n_held, sizeof *held);
+    size_t *worst = calloc((size_t)ranks * SIZING_PHASES, sizeof *worst);
+    int *phases = calloc((size_t)ranks, sizeof *phases);
+    if (!held || !worst || !phases) {
+        free(held);
+        free(worst);
+        free(phases);
+        return st_fail(ST_ERR_NOMEM, "out of memory for %d ranks' phases", ranks);
+    }
+    const int n = r[0].n, all = ranks * n;
+    /* A team's nthreads-var is T, as in a run: oneDNN sizes a primitive's
+     * scratchpad for the threads that will run it. */
+    const int team = r[0].placement.threads_per_worker > 1 ? r[0].placement.threads_per_worker
+                                                           : 1;
+    atomic_int short_team;
+    atomic_init(&short_team, 0);
+    /* As in a run, the strategies' builds meet at barriers (the engines'
+     * plans, the shared weights; over the described ranks, their gathers). */
+#pragma omp parallel num_threads(all)
+    {
+        const int k = omp_get_thread_num() / n, wid = omp_get_thread_num() % n;
+        run_shared *rk = &r[k];
+        omp_set_num_threads(team);
+        st_worker w;
+        memset(&w, 0, sizeof w);
+        st_chunk_backend backend;
+        st_status ws = ST_OK;
+        if (omp_get_num_threads() != all)
+            atomic_store(&short_team, omp_get_num_threads());
+        else
+            ws = st_loop_init_worker(rk, wid, &w, &backend);
+        int mine = 0;
+        if (ws == ST_OK && omp_get_num_threads() == all)
+            ws = size_phases(rk, &w, &backend, &mem[k * n + wid],
+                             held + ((size_t)k * n + wid) * SIZING_PHASES,
+                             worst + (size_t)k * SIZING_PHASES, &mine);
+        if (ws != ST_OK) {
+            st_loop_record_failure(rk, ws);
+            st_comm_world_abort(rk->sizing_world);   /* the other ranks stop gathering */
+        }
+        if (wid == 0)
+            phases[k] = mine;
+#pragma omp barrier
+        st_worker_destroy(&w);
+    }
+    /* a rank's final record reports the phase whose busiest worker holds
+     * the most, a tie to the later phase (st_synth_recovery_label): every
+     * worker's figures of that phase */
+    for (int k = 0; k < ranks; k++) {
+        const size_t *wk = worst + (size_t)k * SIZING_PHASES;
+        int best = 0;
+        for (int j = 1; j < phases[k]; j++)
+            if (wk[j] >= wk[best])
+                best = j;
+        for (int v = 0; v < n; v++)
+            mem[k * n + v].memory = held[((size_t)k * n + v) * SIZING_PHASES + best];
+    }
+    free(held);
+    free(worst);
+    free(phases);
+    if (atomic_load(&short_team))
+        return st_fail(ST_ERR_INVALID, "OpenMP gave %d threads for %d workers (is "
+                       "OMP_THREAD_LIMIT set?)", atomic_load(&short_team), all);
+    for (int k = 0; k < ranks; k++)
+        if (atomic_load(&r[k].failed))
+            return st_fail(r[k].error_status, "%s", r[k].error);
+    return ST_OK;
+}
+
+st_status st_train_size_ranks(const st_train_config *cfg, int ranks, const st_dataset *train,
+                              const st_dataset *test, st_worker_size **out, int *n_workers)
 {
     *out = NULL;
     *n_workers = 0;
@@ -404,68 +483,55 @@ st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
     if (st_world_size() > 1)
         return st_fail(ST_ERR_INVALID, "a sizing run lays out one process's workers (this is "
                        "one of %d MPI ranks)", st_world_size());
-    run_shared r;
-    memset(&r, 0, sizeof r);
-    r.cfg = cfg;
-    r.train = train;
-    r.test = test;
-    r.sizing = 1;
-    atomic_init(&r.failed, 0);
+    if (ranks < 1 || ranks > 65535)   /* as many as `subtrain topo --ranks` describes */
+        return st_fail(ST_ERR_INVALID, "a sizing run of %d ranks: expected 1 to 65535", ranks);
+    if (ranks > 1 && !st_world_has_mpi())
+        return st_fail(ST_ERR_INVALID, "sizing %d MPI ranks needs the MPI reduction backend, "
+                       "which this library was built without (configure --with-mpi)", ranks);
+    run_shared *r = calloc((size_t)ranks, sizeof *r);
+    st_sizing_space *space = NULL;
+    st_comm_world *world = NULL;
+    if (!r)
+        return st_fail(ST_ERR_NOMEM, "out of memory for %d ranks' layouts", ranks);
     /* address space, far more than any layout takes: 1 TiB */
-    ST_TRY(st_sizing_space_create((size_t)1 << 40, &r.sizing_space));
-    st_status s = st_loop_prepare(&r);
-    st_worker_size *mem = s == ST_OK ? calloc((size_t)r.n, sizeof *mem) : NULL;
-    st_mem_stats *held = s == ST_OK ? calloc((size_t)r.n * SIZING_PHASES, sizeof *held) : NULL;
-    size_t worst[SIZING_PHASES] = { 0 };
-    int phases = 0;
-    if (s == ST_OK && (!mem || !held))
-        s = st_fail(ST_ERR_NOMEM, "out of memory for %d workers' sizes", r.n);
-    if (s != ST_OK) {
-        free(mem);
-        free(held);
-        st_loop_release(&r);
-        st_sizing_space_destroy(r.sizing_space);
-        return s;
+    st_status s = st_sizing_space_create((size_t)1 << 40, &space);
+    if (s == ST_OK && ranks > 1)
+        s = st_comm_world_create(ranks, &world);
+    int prepared = 0;
+    for (int k = 0; k < ranks && s == ST_OK; k++, prepared++) {
+        r[k].cfg = cfg;
+        r[k].train = train;
+        r[k].test = test;
+        r[k].sizing = 1;
+        r[k].rank = k;
+        r[k].ranks = ranks;
+        r[k].sizing_world = world;
+        r[k].sizing_space = space;
+        atomic_init(&r[k].failed, 0);
+        s = st_loop_prepare(&r[k]);
     }
-    /* Every worker on a thread of its own, as in a run: the strategies'
-     * builds meet at barriers (the engines' plans, the shared weights). */
-#pragma omp parallel num_threads(r.n)
-    {
-        const int wid = omp_get_thread_num();
-        omp_set_num_threads(1);
-        st_worker w;
-        memset(&w, 0, sizeof w);
-        st_chunk_backend backend;
-        st_status ws = init_on_thread(&r, wid, &w, &backend);
-        int mine = 0;
-        if (ws == ST_OK)
-            ws = size_phases(&r, &w, &backend, &mem[wid], held + (size_t)wid * SIZING_PHASES,
-                             worst, &mine);
-        if (ws != ST_OK)
-            st_loop_record_failure(&r, ws);
-        if (wid == 0)
-            phases = mine;
-#pragma omp barrier
-        st_worker_destroy(&w);
-    }
-    if (atomic_load(&r.failed)) {
-        s = st_fail(r.error_status, "%s", r.error);
-        free(mem);
-    } else {
-        /* the run's final record reports the phase whose busiest worker
-         * holds the most, a tie to the later phase (st_synth_recovery_label):
-         * every worker's figures of that phase */
-        int k = 0;
-        for (int j = 1; j < phases; j++)
-            if (worst[j] >= worst[k])
-                k = j;
-        for (int v = 0; v < r.n; v++)
-            mem[v].memory = held[(size_t)v * SIZING_PHASES + k];
+    const int all = s == ST_OK ? ranks * r[0].n : 0;
+    st_worker_size *mem = s == ST_OK ? calloc((size_t)all, sizeof *mem) : NULL;
+    if (s == ST_OK && !mem)
+        s = st_fail(ST_ERR_NOMEM, "out of memory for %d workers' sizes", all);
+    if (s == ST_OK)
+        s = size_ranks(r, ranks, mem);
+    if (s == ST_OK) {
         *out = mem;
-        *n_workers = r.n;
+        *n_workers = all;
+    } else {
+        free(mem);
     }
-    free(held);
-    st_loop_release(&r);
-    st_sizing_space_destroy(r.sizing_space);
+    for (int k = 0; k < prepared; k++)
+        st_loop_release(&r[k]);
+    st_comm_world_destroy(world);
+    st_sizing_space_destroy(space);
+    free(r);
     return s;
+}
+
+st_status st_train_size(const st_train_config *cfg, const st_dataset *train,
+                        const st_dataset *test, st_worker_size **out, int *n_workers)
+{
+    return st_train_size_ranks(cfg, 1, train, test, out, n_workers);
 }
