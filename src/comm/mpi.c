@@ -559,7 +559,11 @@ static st_status mpi_barrier(st_comm_backend *b, int w)
 {
     mpi_comm *mc = mpi_of(b);
     WAIT(mc);
-    if (w == 0) {
+    if (w == 0 && mc->world) {   /* a described job: its ranks are threads here */
+        st_status s = st_comm_world_barrier(mc->world);
+        if (s != ST_OK)
+            return fail_all(mc, s);
+    } else if (w == 0) {
         int rc = MPI_Barrier(mc->comm);
         if (rc != MPI_SUCCESS)
             return fail_all(mc, st_world_fail(rc, "waiting for the other ranks"));

@@ -59,6 +59,13 @@ void st_comm_world_abort(st_comm_world *w)
         st_spin_barrier_abort(&w->barrier);
 }
 
+st_status st_comm_world_barrier(st_comm_world *w)
+{
+    if (st_spin_barrier_wait(&w->barrier))
+        return st_fail(ST_ERR_INVALID, "another rank failed");
+    return ST_OK;
+}
+
 st_status st_comm_world_allgatherv(st_comm_world *w, int rank, const void *mine, size_t bytes,
                                    void **all, size_t *counts)
 {

@@ -24,6 +24,10 @@ int st_comm_world_size(const st_comm_world *w);
  * rank failed"): a worker that fails stops the other ranks too. */
 void st_comm_world_abort(st_comm_world *w);
 
+/* Called by one thread of each rank (its local worker 0): every rank has
+ * come (MPI_Barrier's part in a sizing run's phases). */
+st_status st_comm_world_barrier(st_comm_world *w);
+
 /* Called by one thread of each rank (its local worker 0), every rank the
  * same gathers in the same order, as MPI's collectives: *all (malloc'd,
  * the caller frees it) <- every rank's `mine` in rank order, counts[r]
