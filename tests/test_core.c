@@ -652,8 +652,16 @@ Test(arena, a_sparse_vector_holds_the_pages_of_its_kept_elements)
 }
 
 /* Its skipped pages are no memory at all: touching one faults. */
-Test(arena, a_sparse_vector_has_no_memory_under_a_skipped_page, .signal = SIGSEGV)
+/* AddressSanitizer's handler reports a fault and exits 1: no SIGSEGV to see */
+#if defined(__SANITIZE_ADDRESS__)
+#define SPARSE_FAULT 0
+#else
+#define SPARSE_FAULT SIGSEGV
+#endif
+Test(arena, a_sparse_vector_has_no_memory_under_a_skipped_page, .signal = SPARSE_FAULT)
 {
+    if (SPARSE_FAULT == 0)
+        cr_skip_test("a fault under AddressSanitizer is its report, not SIGSEGV");
     st_arena a;
     st_arena_init(&a, "w", NULL, 0);
     float *v;
