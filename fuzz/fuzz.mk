@@ -9,10 +9,13 @@
 # are compiled again with the fuzzer's coverage and the sanitizers into
 # fuzz/obj/, archived as fuzz/libsubtrain-fuzz.a, from which a harness
 # links only the members it reaches.  Left out: the two sources of the
-# training loop that include <omp.h> (Debian's clang has no OpenMP
-# without libomp-dev, and no harness reaches them).
+# training loop that use OpenMP's parallel regions (Debian's clang has no
+# OpenMP without libomp-dev, and no harness reaches them).  The model's
+# sizing memo asks the OpenMP runtime its thread count: the harnesses
+# link GCC's runtime, which oneDNN loads anyway (FUZZ_OMP_LIBS).
 
 HARNESSES := idx safetensors options cifar text config
+FUZZ_OMP_LIBS := -l:libgomp.so.1
 OMP_SOURCES := src/train/train.c src/train/trainer.c
 SOURCES := $(filter-out $(OMP_SOURCES),$(filter %.c,$(LIB_SOURCES))) \
 	src/cli/options.c src/cli/option_table.c src/cli/option_values.c src/cli/config_file.c \
@@ -49,7 +52,7 @@ $(ARCHIVE): $(OBJECTS)
 
 fuzz/fuzz_%: fuzz/obj/fuzz/fuzz_%.o $(ARCHIVE)
 	$(say) FUZZLD $@
-	$(Q)$(FUZZ_CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $^ $(FUZZ_LIBS)
+	$(Q)$(FUZZ_CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $^ $(FUZZ_LIBS) $(FUZZ_OMP_LIBS)
 
 .SECONDARY:
 .PHONY: all
