@@ -1,7 +1,7 @@
 #!/bin/sh
 # doc/data/plan-accuracy.csv from the documentation's measured tables
 # (doc/data/sdp.csv, sdp-variants.csv, resist.csv, ist-mlp.csv,
-# synth.csv, sdp-vit.csv, sdp-resnet.csv): for every configuration of a
+# synth.csv, sdp-vit.csv, sdp-resnet.csv, sdp-gpt.csv): for every configuration of a
 # subnetwork strategy, its mean test accuracy over its seeds minus that of
 # the same table's data-parallel rows (the first configuration whose name
 # says "data parallel"), in points.  `subtrain plan` names these beside the
@@ -15,7 +15,7 @@
 set -eu
 top=$(cd "$(dirname "$0")/.." && pwd)
 echo "strategy,model,delta_points,seeds,config,doc"
-for t in sdp:sdp sdp-variants:sdp resist:ist ist-mlp:ist synth:synth sdp-vit:vit sdp-resnet:cnn; do
+for t in sdp:sdp sdp-variants:sdp resist:ist ist-mlp:ist synth:synth sdp-vit:vit sdp-resnet:cnn sdp-gpt:transformer; do
     csv=${t%%:*}
     doc=${t#*:}
     awk -v doc="doc/$doc.md" -f "$top/scripts/lib/csv.awk" \
