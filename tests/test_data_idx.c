@@ -12,6 +12,29 @@ TestSuite(idx, .init = setup, .fini = teardown);
 
 /* ------------------------------------------------------------ IDX: valid */
 
+/* st_idx_read_shape gives st_idx_read's verdict: the same status and
+ * message, and on success the same header, without the payload. */
+static void expect_shape_as_read(const char *path)
+{
+    st_idx_array a, h;
+    st_clear_error();
+    st_status want = st_idx_read(path, &a);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", st_last_error());
+    memset(&h, 0xAB, sizeof h);
+    st_clear_error();
+    st_status got = st_idx_read_shape(path, &h);
+    cr_assert_eq(got, want, "%s: the shape read says %s, the read %s (%s / %s)", path,
+                 st_status_name(got), st_status_name(want), st_last_error(), msg);
+    cr_assert_str_eq(st_last_error(), msg, "%s: the two reads' messages", path);
+    cr_assert_null(h.data, "%s: the shape read holds a payload", path);
+    cr_assert(h.rank == a.rank && h.count == a.count, "%s: rank %d, %zu bytes against %d, %zu",
+              path, h.rank, h.count, a.rank, a.count);
+    for (int i = 0; i < a.rank; i++)
+        cr_assert_eq(h.dims[i], a.dims[i], "%s: dimension %d", path, i);
+    st_idx_free(&a);
+}
+
 static void round_trip(int gz, size_t rows, size_t cols, size_t count)
 {
     uint32_t dims[3] = { (uint32_t)count, (uint32_t)rows, (uint32_t)cols };
@@ -31,6 +54,7 @@ static void round_trip(int gz, size_t rows, size_t cols, size_t count)
     st_idx_free(&a);
     cr_assert_null(a.data);
     cr_assert_eq(a.count, 0);
+    expect_shape_as_read(path);
     free(payload);
 }
 
@@ -183,8 +207,10 @@ Test(idx, truncated_payload)
     unsigned char *p = pixels(40, 1);
     write_idx(path, "short", 2, dims, p, 30, 0);
     expect_idx_fail(path, ST_ERR_FORMAT, "declares 10 x 4 = 40 bytes but holds only 30");
+    expect_shape_as_read(path);
     write_idx(path, "short.gz", 2, dims, p, 30, 1);
     expect_idx_fail(path, ST_ERR_FORMAT, "holds only 30");
+    expect_shape_as_read(path);
     free(p);
 }
 
@@ -195,8 +221,10 @@ Test(idx, trailing_bytes)
     unsigned char *p = pixels(41, 1);
     write_idx(path, "long", 2, dims, p, 41, 0);
     expect_idx_fail(path, ST_ERR_FORMAT, "1 trailing bytes");
+    expect_shape_as_read(path);
     write_idx(path, "long.gz", 2, dims, p, 41, 1);
     expect_idx_fail(path, ST_ERR_FORMAT, "trailing");
+    expect_shape_as_read(path);
     free(p);
 }
 
@@ -225,11 +253,13 @@ Test(idx, gzip_trailing_garbage_and_concatenated_members)
     cr_assert_eq(a.count, 400);
     cr_assert_eq(memcmp(a.data, p, 400), 0, "the members' bytes in order");
     st_idx_free(&a);
+    expect_shape_as_read(path);   /* the last member records 250 bytes: read through */
     /* one member and 100 bytes of garbage: refused like the plain file */
     for (size_t i = 0; i < 100; i++)
         cat[l1 + i] = (unsigned char)(i * 37 + 5);
     write_raw(path, "garbage.gz", cat, l1 + 100, 0);
     expect_idx_fail(path, ST_ERR_FORMAT, "100 trailing bytes after the gzip stream");
+    expect_shape_as_read(path);
     /* a whole file and garbage, one byte of it */
     unsigned char *whole = st_test_read_file(write_idx(g1, "whole.gz", 2, dims, p, 400, 1),
                                              &glen);
@@ -239,6 +269,7 @@ Test(idx, gzip_trailing_garbage_and_concatenated_members)
     more[glen] = 0;
     write_raw(path, "garbage1.gz", more, glen + 1, 0);
     expect_idx_fail(path, ST_ERR_FORMAT, "1 trailing bytes after the gzip stream");
+    expect_shape_as_read(path);
     /* the plain reader's wording for the same 100 bytes */
     memcpy(cat, head, hlen);
     memset(cat + hlen, 0x55, 100);
@@ -298,6 +329,11 @@ Test(idx, crc_mismatch)
     char path[ST_TEST_PATH_MAX];
     write_raw(path, "crc.gz", bytes, len, 0);
     expect_idx_fail(path, ST_ERR_FORMAT, "gzip stream is corrupt");
+    /* the shape read decompresses nothing: a stream of the recorded
+     * length is taken as it is (the run's read reports the damage) */
+    st_idx_array h;
+    cr_assert_eq(st_idx_read_shape(path, &h), ST_OK, "%s", st_last_error());
+    cr_assert(h.count == 64 * 28 * 28 && h.data == NULL);
     free(bytes);
 }
 
@@ -308,10 +344,12 @@ Test(idx, truncated_gzip)
     char path[ST_TEST_PATH_MAX];
     write_raw(path, "half.gz", bytes, len / 2, 0);
     expect_idx_fail(path, ST_ERR_FORMAT, "gzip stream is truncated");
+    expect_shape_as_read(path);
     /* All the data but not the trailer: the payload is complete, the
      * stream is not. */
     write_raw(path, "no-trailer.gz", bytes, len - 4, 0);
     expect_idx_fail(path, ST_ERR_FORMAT, "gzip stream is truncated");
+    expect_shape_as_read(path);
     /* Inside the gzip header itself. */
     write_raw(path, "stub.gz", bytes, 6, 0);
     expect_idx_fail(path, ST_ERR_FORMAT, "truncated");

@@ -43,6 +43,12 @@ typedef struct st_idx_array {
  * error), and gzip integrity.  On failure *out is left empty and the message
  * names the file and the problem. */
 st_status st_idx_read(const char *path, st_idx_array *out);
+/* The header of `path` only (data NULL): the same checks of it, and of the
+ * file's length against the declared payload, taken from its size (plain)
+ * or the length gzip records at its end, so that nothing is decompressed;
+ * a file whose length differs is read through for st_idx_read's message.
+ * For what needs a set's shapes and not its values (a plan). */
+st_status st_idx_read_shape(const char *path, st_idx_array *out);
 void st_idx_free(st_idx_array *a);
 
 /* --------------------------------------------------------------- dataset */

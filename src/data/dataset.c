@@ -112,7 +112,8 @@ static st_status load_idx(const char *images_path, const char *labels_path,
 
     st_idx_array img, lab;
     memset(&lab, 0, sizeof lab);
-    st_status s = st_idx_read(images_path, &img);
+    /* values = 0: the images' shape is all that is read */
+    st_status s = values ? st_idx_read(images_path, &img) : st_idx_read_shape(images_path, &img);
     if (s == ST_OK)
         s = check_images(images_path, &img);
     if (s == ST_OK)

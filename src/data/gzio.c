@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/file.h"
@@ -111,6 +112,26 @@ int st_gz_compressed(const st_gz *g)
 unsigned long long st_gz_file_bytes(const st_gz *g)
 {
     return g->file_bytes;
+}
+
+st_status st_gz_recorded_length(const st_gz *g, const char *path, unsigned long *length,
+                                int *ok)
+{
+    *length = 0;
+    *ok = 0;
+    if (!g->gzip || g->file_bytes < 18)   /* a member's header and trailer */
+        return ST_OK;
+    unsigned char b[4];
+    /* pread: the stream's position and buffer stay as they are */
+    ssize_t got = pread(fileno(g->f), b, sizeof b, (off_t)(g->file_bytes - sizeof b));
+    if (got < 0)
+        return st_fail(ST_ERR_IO, "%s: cannot read its end: %s", path, strerror(errno));
+    if (got != (ssize_t)sizeof b)
+        return ST_OK;
+    *length = (unsigned long)b[0] | (unsigned long)b[1] << 8 | (unsigned long)b[2] << 16 |
+              (unsigned long)b[3] << 24;
+    *ok = 1;
+    return ST_OK;
 }
 
 /* After the end of a member: another member starts, or the file ends, or

@@ -27,6 +27,11 @@ st_status st_gz_read_upto(st_gz *g, const char *path, void *buf, size_t len, siz
  * when it was opened, in bytes. */
 int st_gz_compressed(const st_gz *g);
 unsigned long long st_gz_file_bytes(const st_gz *g);
+/* A gzip file's last four bytes: the length (modulo 2^32) its last member
+ * records for its data (ISIZE), read without decompressing; 0 in *ok when
+ * the file is too short to have them or is not gzip. */
+st_status st_gz_recorded_length(const st_gz *g, const char *path, unsigned long *length,
+                                int *ok);
 void st_gz_close(st_gz *g);
 
 #endif /* SUBTRAIN_DATA_GZIO_H */

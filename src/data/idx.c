@@ -116,6 +116,14 @@ static st_status read_header(st_gz *gz, const char *path, st_idx_array *a)
     return ST_OK;
 }
 
+static st_status short_payload(const char *path, const st_idx_array *a, size_t have)
+{
+    char dims[128];
+    format_dims(a, dims, sizeof dims);
+    return st_fail(ST_ERR_FORMAT, "%s: declares %s = %zu bytes but holds only %zu", path, dims,
+                   a->count, have);
+}
+
 /* The payload, a->count bytes, into a fresh a->data.  The buffer starts at
  * min(count, 1 MiB) and doubles only when it is full, so memory follows
  * what the file really holds. */
@@ -149,14 +157,25 @@ static st_status read_payload(st_gz *gz, const char *path, st_idx_array *a)
     }
 
     if (have < a->count) {
-        char dims[128];
-        format_dims(a, dims, sizeof dims);
         free(buf);
-        return st_fail(ST_ERR_FORMAT, "%s: declares %s = %zu bytes but holds only %zu",
-                       path, dims, a->count, have);
+        return short_payload(path, a, have);
     }
     a->data = buf;
     return ST_OK;
+}
+
+/* The payload read through a small buffer and dropped: what read_payload
+ * checks, without holding it. */
+static st_status read_through(st_gz *gz, const char *path, const st_idx_array *a)
+{
+    unsigned char buf[64 << 10];
+    size_t have = 0, got;
+    do {
+        size_t want = a->count - have < sizeof buf ? a->count - have : sizeof buf;
+        ST_TRY(st_gz_read_upto(gz, path, buf, want, &got));
+        have += got;
+    } while (got > 0 && have < a->count);
+    return have < a->count ? short_payload(path, a, have) : ST_OK;
 }
 
 /* After the payload the file must end.  Reading on also makes zlib check
@@ -204,6 +223,51 @@ st_status st_idx_read(const char *path, st_idx_array *out)
     }
     *out = a;
     return ST_OK;
+}
+
+/* Whether the file is as long as its header says, from its size (plain)
+ * or gzip's recorded length, without reading the payload.  A gzip file of
+ * several members records its last one's only: it is read through. */
+static st_status length_matches(st_gz *gz, const char *path, const st_idx_array *a,
+                                int *yes)
+{
+    const unsigned long long total = 4ull + 4ull * (unsigned)a->rank + a->count;
+    *yes = 0;
+    if (!st_gz_compressed(gz)) {
+        *yes = st_gz_file_bytes(gz) == total;
+        return ST_OK;
+    }
+    unsigned long recorded;
+    int ok;
+    ST_TRY(st_gz_recorded_length(gz, path, &recorded, &ok));
+    *yes = ok && recorded == (unsigned long)(total & 0xffffffffull);
+    return ST_OK;
+}
+
+st_status st_idx_read_shape(const char *path, st_idx_array *out)
+{
+    if (!out)
+        return st_fail(ST_ERR_INVALID, "st_idx_read_shape: no output array");
+    memset(out, 0, sizeof *out);
+    if (!path)
+        return st_fail(ST_ERR_INVALID, "st_idx_read_shape: no path");
+    st_gz *gz;
+    ST_TRY(st_gz_open(path, IDX_GZ_BUFFER, &gz));
+    st_idx_array a;
+    memset(&a, 0, sizeof a);
+    int matches = 0;
+    st_status s = read_header(gz, path, &a);
+    if (s == ST_OK)
+        s = length_matches(gz, path, &a, &matches);
+    /* a length that differs is read through, for st_idx_read's message */
+    if (s == ST_OK && !matches)
+        s = read_through(gz, path, &a);
+    if (s == ST_OK && !matches)
+        s = expect_end(gz, path, a.count);
+    st_gz_close(gz);
+    if (s == ST_OK)
+        *out = a;
+    return s;
 }
 
 void st_idx_free(st_idx_array *a)

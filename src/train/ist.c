@@ -209,8 +209,10 @@ static st_status ist_init_worker(run_shared *r, void *state, int wid, st_worker 
     ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
                                  &saved->master));
     /* what no subnetwork of the first round holds (mlp: off-diagonal
-     * blocks) starts, and stays until someone holds it, at its initial value */
-    ST_TRY(st_run_initial_range(r->cfg, shard.begin, shard.end, saved->master));
+     * blocks) starts, and stays until someone holds it, at its initial
+     * value; the layout is all a sizing run reads */
+    if (!r->sizing)
+        ST_TRY(st_run_initial_range(r->cfg, shard.begin, shard.end, saved->master));
     st_comm_set_shard_output(r->comm, wid, saved->master);
     for (int i = 0; i < s->n_state; i++) {
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_OPTIMIZER, shard.end - shard.begin,

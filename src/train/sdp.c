@@ -220,8 +220,9 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
     if (r->shared_weights)
         ST_TRY(st_run_weights_load(r, w, NULL));
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
-    /* weights no subnetwork holds yet have their initial values too */
-    if (s->sn.unheld_possible)
+    /* weights no subnetwork holds yet have their initial values too (the
+     * layout is all a sizing run reads) */
+    if (s->sn.unheld_possible && !r->sizing)
         ST_TRY(st_run_initial_range(r->cfg, shard.begin, shard.end,
                                     st_comm_shard_params(masters(r, s), wid)));
     if (wid == 0 && !s->sn.backward)
