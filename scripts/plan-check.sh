@@ -10,7 +10,10 @@
 #
 #   CAL=FILE   a calibration to use (default: `subtrain calibrate` first)
 #   RUNS=N     runs of each configuration (default 2)
-#   STEPS=N    steps of each run (default 100)
+#   STEPS=N    steps of each run at least (default 100)
+#   MIN_S=S    and as many more as the predicted step time says make S
+#              seconds (default 1): a run of a tenth of a second measures
+#              the CPUs waking from the idle wait as much as the step
 #   WORK=DIR   where the metrics go (default a temporary directory)
 #   ONLY=TEXT  only the configurations whose label contains TEXT
 #   IDLE=S     before each run, wait up to S seconds (default 5) for a
@@ -22,6 +25,7 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 RUNS=${RUNS:-2}
 IDLE=${IDLE:-5}
 STEPS=${STEPS:-100}
+MIN_S=${MIN_S:-1}
 WORK=${WORK:-$(mktemp -d)}
 mkdir -p "$WORK"
 if [ -z "${CAL:-}" ]; then
@@ -80,9 +84,13 @@ within=0
 rows=0
 configs | grep -F -- "${ONLY:-}" | while IFS='|' read -r label opts; do
     # shellcheck disable=SC2086
-    pred=$("$bin" plan --as-given --memory-per-worker 64G --calibration "$CAL" --json - $opts |
-           python3 -c 'import json,sys
-print(json.load(sys.stdin)["rows"][0]["samples_per_s"] or 0)')
+    set -- $("$bin" plan --as-given --memory-per-worker 64G --calibration "$CAL" --json - $opts |
+             python3 -c 'import json,math,sys
+r = json.load(sys.stdin)["rows"][0]
+s = r["step_s"] or 0
+print(r["samples_per_s"] or 0, max('"$STEPS"', math.ceil('"$MIN_S"' / s) if s > 0 else 0))')
+    pred=$1
+    steps=$2
     best=0
     k=0
     while [ "$k" -lt "$RUNS" ]; do
@@ -90,7 +98,7 @@ print(json.load(sys.stdin)["rows"][0]["samples_per_s"] or 0)')
         rm -f "$WORK/m.jsonl"
         wait_idle
         # shellcheck disable=SC2086
-        "$bin" $opts --steps "$STEPS" --progress none --quiet --metrics "$WORK/m.jsonl" >/dev/null
+        "$bin" $opts --steps "$steps" --progress none --quiet --metrics "$WORK/m.jsonl" >/dev/null
         got=$(tail -n 1 "$WORK/m.jsonl" |
               python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["samples_per_s"])')
         best=$(python3 -c "print(max($best, $got))")

@@ -767,6 +767,62 @@ Test(plan, predicted_step_follows_width_and_precision_rates, .timeout = 60)
     st_test_rmdir(dir);
 }
 
+/* The plan's fp32 step time of resmlp depth 2 at `width`, 1 worker, under
+ * the calibration at cal; its step's FLOPs into *flops. */
+static double fp32_step_s(const char *cal, int width, double *flops)
+{
+    char args[4 * ST_TEST_PATH_MAX];
+    snprintf(args, sizeof args, "plan --memory-per-worker 1G --calibration '%s' "
+             "--strategies dp --precision fp32 --data synthetic --model resmlp --depth 2 "
+             "--width %d --batch 32 --workers 1 --json -", cal, width);
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    json_error_t e;
+    json_t *root = json_loads(r->out, 0, &e);
+    cr_assert_not_null(root, "%s", e.text);
+    double s = NAN;
+    json_t *rows = json_object_get(root, "rows");
+    for (size_t i = 0; i < json_array_size(rows); i++) {
+        json_t *row = json_array_get(rows, i);
+        if (strcmp(json_string_value(json_object_get(row, "moments")), "fp32") == 0 &&
+            json_is_real(json_object_get(row, "step_s"))) {
+            s = json_real_value(json_object_get(row, "step_s"));
+            *flops = json_number_value(json_object_get(row, "flops_per_worker_step"));
+        }
+    }
+    json_decref(root);
+    free(r);
+    cr_assert(s > 0.0, "no fp32 step time at width %d", width);
+    return s;
+}
+
+/* chain_wide_T slows products as large as its layers' (1024 x 1024) by
+ * its factor instead of chain_T's, and leaves those of chain_T's layers
+ * (256 x 256) and smaller as they were: width 1024's products at 50
+ * GFLOP/s take (2.4 - 1.2) / 50e9 s a FLOP longer, but for the stem's
+ * 784 x 1024 (0.9 of the way in the log) and the head's small ones. */
+Test(plan, a_wide_chain_slows_wide_products_only, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], cal[ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(cal, dir, "cal");
+    write_calibration(cal, 50.0, 100.0);
+    double f64, f1024, flops;
+    const double narrow = fp32_step_s(cal, 64, &f64), wide = fp32_step_s(cal, 1024, &flops);
+    FILE *f = fopen(cal, "a");
+    cr_assert_not_null(f);
+    fprintf(f, "chain_wide_fp32 2.4\n");
+    fclose(f);
+    cr_expect_eq(fp32_step_s(cal, 64, &f64), narrow, "width 64 moved with the wide chain");
+    const double longer = fp32_step_s(cal, 1024, &f1024) - wide;
+    const double all = flops * (2.4 - 1.2) / 50e9;
+    cr_expect(longer > 0.8 * all && longer <= all * (1.0 + 1e-9),
+              "width 1024: %g s longer, expected 0.8 to 1 of %g s", longer, all);
+    st_test_rmdir(dir);
+}
+
 /* The plan's JSON rows for `args` (run here). */
 static json_t *plan_rows(const char *args)
 {

@@ -74,6 +74,8 @@ static void make_keys(void)
     KEY(conv_gflops, 1, "conv_bf16_gflops");
     KEY(chain, 0, "chain_fp32");
     KEY(chain, 1, "chain_bf16");
+    KEY(chain_wide, 0, "chain_wide_fp32");
+    KEY(chain_wide, 1, "chain_wide_bf16");
     KEY(chain_all, 0, "chain_all_fp32");
     KEY(chain_all, 1, "chain_all_bf16");
     KEY(attention, 0, "attention_fp32");
@@ -350,11 +352,14 @@ done:
     return best;
 }
 
-/* The chain calibrate times: CHAIN_LAYERS layers of CHAIN_ROWS x
- * CHAIN_WIDTH -> CHAIN_WIDTH. */
+/* The chains calibrate times: CHAIN_LAYERS layers of CHAIN_ROWS x
+ * width -> width, width CHAIN_WIDTH and CHAIN_WIDE (whose operands no
+ * longer stay in a core's caches from one layer to the next). */
 #define CHAIN_LAYERS 8
 #define CHAIN_ROWS 128
 #define CHAIN_WIDTH 256
+#define CHAIN_WIDE 1024
+#define CHAIN_WIDE_ROUNDS 8
 
 /* Threads of a team timing the chain that could not set it up (zeroed
  * before each timing). */
@@ -365,13 +370,13 @@ static int chain_team_failed;
  * the first its backward-data, dy w: NN, and backward-weights, dy^T x: TN,
  * products; each layer's operands its own) than the same products run as
  * the grid runs them (one product's calls back to back over the same
- * operands), both the best of ROUNDS rounds; 0 when not made.  *chain_s:
+ * operands), both the best of `rounds` rounds; 0 when not made.  *chain_s:
  * the chain's best seconds.  Called by every thread of a team, each with
  * its own engine, the rounds start together (a barrier each). */
 static double time_chain(dnnl_engine_t eng, dnnl_stream_t stream, dnnl_data_type_t dt,
-                         double *chain_s)
+                         int64_t width, int rounds, double *chain_s)
 {
-    const int64_t B = CHAIN_ROWS, W = CHAIN_WIDTH;
+    const int64_t B = CHAIN_ROWS, W = width;
     /* [product]: M, K, N and which operand is transposed */
     const int64_t shape[3][3] = { { B, W, W }, { B, W, W }, { W, B, W } };
     const st_cost_operands ops[3] = { ST_OPERANDS_NT, ST_OPERANDS_NN, ST_OPERANDS_TN };
@@ -424,7 +429,7 @@ ready:
     dnnl_status_t st = dnnl_success;
     /* every round runs, a failure or not: a team's threads meet at each */
     for (int p = 0; p < 3; p++)
-        for (int round = 0; round < ROUNDS; round++) {
+        for (int round = 0; round < rounds; round++) {
 #pragma omp barrier
             const double t0 = now_s();
             for (int l = 0; l < CHAIN_LAYERS && st == dnnl_success; l++)
@@ -435,7 +440,7 @@ ready:
                 alone[p] = t;
         }
     best = 1e30;
-    for (int round = 0; round < ROUNDS; round++) {
+    for (int round = 0; round < rounds; round++) {
 #pragma omp barrier
         const double t0 = now_s();
         for (int l = 0; l < CHAIN_LAYERS && st == dnnl_success; l++)
@@ -873,7 +878,12 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
     for (int t = 0; t < 2; t++) {
         double alone = 0.0, all = 0.0;
         chain_team_failed = 0;
-        out->chain[t] = time_chain(eng, stream, types[t], &alone);
+        out->chain[t] = time_chain(eng, stream, types[t], CHAIN_WIDTH, ROUNDS, &alone);
+        double wide_s;
+        out->chain_wide[t] = out->chain[t] > 0.0
+                                 ? time_chain(eng, stream, types[t], CHAIN_WIDE,
+                                              CHAIN_WIDE_ROUNDS, &wide_s)
+                                 : 0.0;
         out->chain_all[t] = out->cpus > 1 ? 0.0 : 1.0;
         if (!(out->chain[t] > 0.0) || out->cpus <= 1)
             continue;
@@ -886,7 +896,8 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
             double mine = 0.0;
             if (dnnl_engine_create(&e, dnnl_cpu, 0) == dnnl_success)
                 dnnl_stream_create(&es, e, dnnl_stream_default_flags);
-            time_chain(e, es, types[t], &mine);   /* fails with the team without them */
+            /* fails with the team without them */
+            time_chain(e, es, types[t], CHAIN_WIDTH, ROUNDS, &mine);
 #pragma omp critical
             all = fmax(all, mine);
             if (es)

@@ -23,6 +23,9 @@
  *                                  products, each layer's operands its own),
  *                                  its time over the same products' as the
  *                                  grid runs them
+ *   chain_wide_T X                 the same of 8 layers of 128 x 1024 -> 1024,
+ *                                  whose operands leave a core's caches (0:
+ *                                  not measured: chain_T serves every width)
  *   chain_all_T X                  the same chain on every CPU at once (each
  *                                  its own), the slowest's time over the chain
  *                                  alone's
@@ -90,6 +93,7 @@ typedef struct st_calibration {
     double matmul_gflops[2][ST_OPERANDS_COUNT][ST_CAL_DIMS][ST_CAL_DIMS][ST_CAL_DIMS];
     double conv_gflops[2];        /* [bf16] */
     double chain[2];              /* [bf16]: a chain's time over its products' alone */
+    double chain_wide[2];         /* [bf16]: the same of the wide chain (0: none) */
     double chain_all[2];          /* [bf16]: the chain on every CPU at once over alone */
     double attention[2];          /* [bf16]: heads' strided products over stacked ones */
     double call_us;

@@ -449,6 +449,21 @@ static double shared_rate(const st_calibration *cal, double r, double bytes, int
     return fmin(r, 1.0 / per_byte);
 }
 
+/* How much a chain of layers slows a product of c's size: the narrow
+ * chain's factor up to its operands (256 x 256), the wide chain's from
+ * its (1024 x 1024), between them as the log of the largest operand's
+ * elements says; the narrow one alone where the wide was not measured. */
+static double chain_at(const st_calibration *cal, int b, const st_step_cost *c)
+{
+    if (!(cal->chain_wide[b] > 0.0))
+        return cal->chain[b];
+    const double m = (double)c->m, n = (double)c->n, k = (double)c->k;
+    const double largest = fmax(fmax(m * k, k * n), m * n);
+    double x = log(largest / (256.0 * 256.0)) / log(16.0);
+    x = x < 0.0 ? 0.0 : x > 1.0 ? 1.0 : x;
+    return exp((1.0 - x) * log(cal->chain[b]) + x * log(cal->chain_wide[b]));
+}
+
 /* Seconds of one worker's step at the calibration's rates: each product
  * at the rate the grid gives its own shape, slowed as the calibration's
  * chain of layers' products was against the grid; a convolution at its
@@ -494,7 +509,8 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
              * alone (and with every CPU running one against one alone), and
              * attention's as its strided heads' against stacked */
             const int b = c->bf16 ? 1 : 0;
-            const double chain = cal->chain[b] * (c->heads ? cal->attention[b] : 1.0) *
+            const double chain = chain_at(cal, b, c) *
+                                 (c->heads ? cal->attention[b] : 1.0) *
                                  (sharing > 1 ? cal->chain_all[b] : 1.0);
             r = chain > 0.0 ? st_calibration_matmul_rate(cal, c->bf16, c->operands, (double)c->m,
                                                          (double)c->n, (double)c->k) / chain
@@ -533,19 +549,22 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
         }
     }
     /* the update of the parameters whose state the worker holds, at the
-     * library's measured rate, slowed as its bytes are when shared */
+     * library's measured rate (over 1M parameters), slowed as its bytes
+     * are at their size against that size's, and when shared */
     const st_optim_config *oc = &row->cfg.optim;
     const int sgd = oc->kind == ST_OPT_SGD, bf16 = oc->moments != ST_MOMENTS_FP32;
     const double params = (double)row->mem.peak[ST_MEM_OPTIMIZER] /
                           ((sgd ? 1.0 : 2.0) * (bf16 ? 2.0 : 4.0));
     const double opt_bytes = params * st_optim_bytes_per_param(oc, 0);
     const double r_alone = st_calibration_pass_rate(cal, opt_bytes);
+    const double r_cal = st_calibration_pass_rate(cal, (double)(1u << 20) *
+                                                            st_optim_bytes_per_param(oc, 0));
     const double r_opt = shared_rate(cal, r_alone, opt_bytes, sharing);
     const double r_red = shared_rate(cal, cal->reduce_gbps, row->comm_bytes, sharing);
     const double update_ns = cal->update_ns[sgd][bf16];
-    if (!(r_opt > 0.0) || !(r_red > 0.0) || !(update_ns > 0.0))
+    if (!(r_opt > 0.0) || !(r_cal > 0.0) || !(r_red > 0.0) || !(update_ns > 0.0))
         return NAN;
-    return t + params * update_ns * 1e-9 * (r_alone / r_opt) +
+    return t + params * update_ns * 1e-9 * (r_cal / r_opt) +
            row->comm_bytes / (r_red * 1e9);
 }
 
