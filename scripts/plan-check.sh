@@ -16,6 +16,10 @@
 #              the CPUs waking from the idle wait as much as the step
 #   WORK=DIR   where the metrics go (default a temporary directory)
 #   ONLY=TEXT  only the configurations whose label contains TEXT
+#   MPIRUN=M   the MPI launcher (default mpirun, if the program has MPI):
+#              the calibration is then taken by 2 ranks (the network keys)
+#              and rows of 2 ranks of 1 worker run as `M -np 2 SUBTRAIN ...`,
+#              planned with --ranks 2
 #   IDLE=S     before each run, wait up to S seconds (default 5) for a
 #              second in which the CPUs were at least 90% idle; the table
 #              gives the 1-minute load average when each row's runs ended
@@ -28,13 +32,26 @@ STEPS=${STEPS:-100}
 MIN_S=${MIN_S:-1}
 WORK=${WORK:-$(mktemp -d)}
 mkdir -p "$WORK"
+MPIRUN=${MPIRUN:-mpirun}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpi=0
+# a build without MPI refuses to plan ranks
+if command -v "$MPIRUN" >/dev/null &&
+    "$bin" plan --ranks 2 --as-given --memory-per-worker 1G --data synthetic --model mlp \
+        --depth 1 --width 16 --batch 1 --workers 1 >/dev/null 2>&1; then
+    mpi=1
+fi
 if [ -z "${CAL:-}" ]; then
     CAL=$WORK/calibration
-    "$bin" calibrate -o "$CAL"
+    if [ "$mpi" = 1 ]; then
+        "$MPIRUN" --oversubscribe -np 2 "$bin" calibrate -o "$CAL"
+    else
+        "$bin" calibrate -o "$CAL"
+    fi
 fi
 fashion=${SUBTRAIN_DATA:-/usr/share/datasets/fashion-mnist}
 
-# label|options
+# label|options|ranks (1 if not given)
 configs() {
     r="--data synthetic --model resmlp --depth 4 --width 256 --batch 128"
     echo "resmlp d4 w256, 1 worker, fp32|$r --workers 1"
@@ -54,6 +71,11 @@ configs() {
     echo "resmlp d4 w1024 b256, 1 worker x 2 threads, fp32|$l --threads-per-worker 2"
     echo "resmlp d4 w1024 b256, 1 worker x 2 threads, bf16|$l --threads-per-worker 2 --precision bf16"
     echo "resmlp d4 w256, 1 worker x 2 threads, fp32|$r --workers 1 --threads-per-worker 2"
+    if [ "$mpi" = 1 ]; then
+        echo "resmlp d4 w256, 2 ranks x 1 worker dp, fp32|$r --workers 1|2"
+        echo "resmlp d4 w256, 2 ranks x 1 worker dp, bf16|$r --workers 1 --precision bf16|2"
+        echo "resmlp d4 w256, 2 ranks x 1 worker sdp C=0.5|$r --workers 1 --strategy sdp --coverage 0.5|2"
+    fi
     g="--model gpt --data text:$top/doc/design.md --depth 2 --width 128 --heads 4"
     g="$g --context 64 --batch 16 --val-bytes 4096 --workers 1"
     echo "gpt d2 w128 context 64, 1 worker, fp32|$g"
@@ -82,9 +104,13 @@ printf ' predicted / measured | load |\n'
 printf '| --- | --- | --- | --- | --- |\n'
 within=0
 rows=0
-configs | grep -F -- "${ONLY:-}" | while IFS='|' read -r label opts; do
+configs | grep -F -- "${ONLY:-}" | while IFS='|' read -r label opts ranks; do
+    ranks=${ranks:-1}
+    launch=
+    [ "$ranks" -gt 1 ] && launch="$MPIRUN --oversubscribe -np $ranks"
     # shellcheck disable=SC2086
-    set -- $("$bin" plan --as-given --memory-per-worker 64G --calibration "$CAL" --json - $opts |
+    set -- $("$bin" plan --as-given --ranks "$ranks" --memory-per-worker 64G --calibration "$CAL" \
+                 --json - $opts |
              python3 -c 'import json,math,sys
 r = json.load(sys.stdin)["rows"][0]
 s = r["step_s"] or 0
@@ -98,7 +124,9 @@ print(r["samples_per_s"] or 0, max('"$STEPS"', math.ceil('"$MIN_S"' / s) if s > 
         rm -f "$WORK/m.jsonl"
         wait_idle
         # shellcheck disable=SC2086
-        "$bin" $opts --steps "$steps" --progress none --quiet --metrics "$WORK/m.jsonl" >/dev/null
+        # mpirun would read the configurations' lines: stdin is not its
+        $launch "$bin" $opts --steps "$steps" --progress none --quiet --metrics "$WORK/m.jsonl" \
+            >/dev/null </dev/null
         got=$(tail -n 1 "$WORK/m.jsonl" |
               python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["samples_per_s"])')
         best=$(python3 -c "print(max($best, $got))")

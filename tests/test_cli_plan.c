@@ -921,7 +921,8 @@ Test(plan, a_team_is_priced_at_its_calibrated_speedup, .timeout = 60)
  * in the row; no predicted time, even with a calibration (none measures
  * the network between ranks).  The layouts against a real mpirun's are
  * tests/mpi.sh's plan_ranks_* cases. */
-Test(plan, ranks_rows_give_every_ranks_busiest_worker_and_no_time, .timeout = 60)
+Test(plan, ranks_rows_give_every_ranks_busiest_worker_and_no_time_without_a_network,
+     .timeout = 60)
 {
     if (!st_world_has_mpi())
         cr_skip_test("built without MPI: --ranks sizes the MPI backend's layout");
@@ -959,7 +960,57 @@ Test(plan, ranks_rows_give_every_ranks_busiest_worker_and_no_time, .timeout = 60
         cr_expect_eq(json_integer_value(json_object_get(json_object_get(row, "memory_per_worker"),
                                                         "total")), most);
         cr_expect_eq(json_real_value(json_object_get(row, "bytes_per_worker_step")), bytes);
+        cr_expect_gt(json_real_value(json_object_get(row, "bytes_from_other_ranks_per_step")),
+                     0.0, "row %zu: nothing from the other ranks", i);
     }
     json_decref(rows);
+    st_test_rmdir(dir);
+}
+
+/* The step time of the first row of `args` (ranks > 1), and its bytes
+ * from the other ranks. */
+static double ranks_step_s(const char *args, double *from_others)
+{
+    json_t *rows = plan_rows(args);
+    json_t *row = json_array_get(rows, 0);
+    cr_assert_not_null(row);
+    json_t *s = json_object_get(row, "step_s");
+    cr_assert(json_is_real(s), "no step time: %s",
+              json_string_value(json_object_get(row, "time_not_predicted")));
+    cr_expect_null(json_object_get(row, "time_not_predicted"));
+    const double t = json_real_value(s);
+    *from_others = json_real_value(json_object_get(row, "bytes_from_other_ranks_per_step"));
+    json_decref(rows);
+    return t;
+}
+
+/* With the network keys, a row of ranks adds its worker 0's exchange to
+ * the step: the bytes from the other ranks at network_gbps and two
+ * exchanges' network_us (the reduce-scatter's and the all-gather's). */
+Test(plan, ranks_rows_add_the_exchange_at_the_calibrated_network, .timeout = 60)
+{
+    if (!st_world_has_mpi())
+        cr_skip_test("built without MPI: --ranks sizes the MPI backend's layout");
+    char dir[ST_TEST_PATH_MAX], cal[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(cal, dir, "cal");
+    snprintf(args, sizeof args, "plan --ranks 2 --as-given --memory-per-worker 1G "
+             "--calibration '%s' --data synthetic --depth 2 --width 64 --batch 8 --workers 1 "
+             "--json -", cal);
+    double t[2], bytes[2];
+    for (int k = 0; k < 2; k++) {
+        write_calibration(cal, 50.0, 100.0);
+        FILE *f = fopen(cal, "a");
+        cr_assert_not_null(f);
+        fprintf(f, "network_ranks 2\nnetwork_gbps %d\nnetwork_us %d\n", k ? 2 : 1,
+                k ? 50 : 100);
+        fclose(f);
+        t[k] = ranks_step_s(args, &bytes[k]);
+    }
+    cr_assert_gt(bytes[0], 0.0);
+    cr_expect_eq(bytes[0], bytes[1]);
+    const double want = bytes[0] / 2e9 + 2.0 * 50e-6;
+    cr_expect(fabs((t[0] - t[1]) - want) <= 1e-9 * t[0],
+              "the slower network's step is %g s longer, expected %g s", t[0] - t[1], want);
     st_test_rmdir(dir);
 }

@@ -37,7 +37,7 @@ typedef struct cal_key {
 } cal_key;
 
 #define N_KEYS (2 * ST_OPERANDS_COUNT * ST_CAL_DIMS * ST_CAL_DIMS * ST_CAL_DIMS + ST_CAL_PASSES + \
-                2 * (ST_OP_COUNT - 1) + 4 + 13 + ST_CAL_TEAMS * (2 * ST_CAL_DIMS + 2))
+                2 * (ST_OP_COUNT - 1) + 4 + 18 + ST_CAL_TEAMS * (2 * ST_CAL_DIMS + 2))
 static cal_key keys[N_KEYS];
 static const char *const pass_names[ST_CAL_PASSES] = { "16k", "256k", "4m", "64m" };
 static const char *const operand_names[ST_OPERANDS_COUNT] = { "nn", "nt", "tn" };
@@ -56,6 +56,8 @@ static void make_keys(void)
     size_t k = 0;
 #define KEY(field, at, ...)                                                    \
     do {                                                                       \
+        if (k == N_KEYS)   /* N_KEYS counts fewer than listed here */          \
+            abort();                                                           \
         snprintf(keys[k].name, sizeof keys[k].name, __VA_ARGS__);              \
         keys[k++].offset = offsetof(st_calibration, field) + (at) * sizeof(double); \
     } while (0)
@@ -92,6 +94,9 @@ static void make_keys(void)
     KEY(reduce_gbps, 0, "reduce_gbps");
     KEY(stream_gbps, 0, "stream_triad_gbps");
     KEY(stream_all_gbps, 0, "stream_triad_all_gbps");
+    KEY(network_ranks, 0, "network_ranks");
+    KEY(network_gbps, 0, "network_gbps");
+    KEY(network_us, 0, "network_us");
     for (int i = 0; i < ST_CAL_TEAMS; i++) {
         for (int t = 0; t < 2; t++)
             for (int d = 0; d < ST_CAL_DIMS; d++)
@@ -101,6 +106,8 @@ static void make_keys(void)
         KEY(team_call_us, i, "team_%d_call_us", 2 << i);
     }
 #undef KEY
+    if (k != N_KEYS)   /* N_KEYS counts more than listed: a key would read "" */
+        abort();
 }
 
 static double *rate_of(st_calibration *c, size_t k)
@@ -114,8 +121,11 @@ void st_calibration_write(FILE *f, const st_calibration *c)
     fprintf(f, "# subtrain calibration: one thread's rates and teams' speedups (calibration.h, "
                "doc/planning.md)\n");
     fprintf(f, "format 2\nmachine %s\nisa %s\n", c->machine, c->isa);
+    const size_t net = offsetof(st_calibration, network_ranks);
     for (size_t k = 0; k < N_KEYS; k++)
-        fprintf(f, "%s %.4g\n", keys[k].name, *rate_of((st_calibration *)c, k));
+        if (c->network_ranks > 0.0 || keys[k].offset < net ||
+            keys[k].offset > offsetof(st_calibration, network_us))   /* one process: none */
+            fprintf(f, "%s %.4g\n", keys[k].name, *rate_of((st_calibration *)c, k));
 }
 
 int st_calibration_read(const char *path, st_calibration *out, char *err, size_t n)
@@ -943,6 +953,25 @@ int st_calibration_measure(st_calibration *out, char *err, size_t n)
     return 0;
 }
 
+/* Between the ranks of an MPI job (every rank calls it): the exchange's
+ * rate at 4 MiB a peer and its time at 8 bytes.  Nothing with one. */
+static int measure_network(st_calibration *out, char *err, size_t n)
+{
+    const int R = st_world_size();
+    if (R < 2)
+        return 0;
+    double big, small;
+    const size_t bytes = (size_t)4 << 20;
+    if (st_world_time_exchange(bytes, 10, &big) != ST_OK ||
+        st_world_time_exchange(8, ROUNDS, &small) != ST_OK)
+        return st_cli_fail(err, n, "timing the exchange between the ranks: %s",
+                           st_last_error());
+    out->network_ranks = R;
+    out->network_gbps = big > 0.0 ? (double)(R - 1) * (double)bytes / big / 1e9 : 0.0;
+    out->network_us = small * 1e6;
+    return 0;
+}
+
 /* ------------------------------------------------------------ the command */
 
 static void print_help(FILE *f)
@@ -956,7 +985,10 @@ static void print_help(FILE *f)
 "GB/s at four sizes, reduction and STREAM triad GB/s), the triad on every\n"
 "CPU at once, and a team's speedups (products, the relu forward, a call, on\n"
 "T = 2, 4, ... threads up to the CPUs), and write them as a calibration file\n"
-"for 'subtrain plan --calibration FILE'.\n"
+"for 'subtrain plan --calibration FILE'.  Started by an MPI launcher\n"
+"('mpirun -np R subtrain calibrate'), rank 0 measures all that while the\n"
+"others wait, then every rank times the exchange between the ranks (the\n"
+"network keys, for plans of --ranks R); rank 0 writes the file.\n"
 "\n"
 "  -o, --output FILE   write the file there (default: standard output)\n"
 "  -h, --help          this text\n"
@@ -993,20 +1025,37 @@ int st_cli_calibrate_main(int argc, char **argv)
         print_help(stdout);
         return 0;
     }
-    FILE *f = o.output ? fopen(o.output, "w") : stdout;
-    if (!f) {
+    if (st_world_init(NULL, NULL) != ST_OK) {
+        st_cli_error(CMD, "starting MPI: %s", st_last_error());
+        return 1;
+    }
+    const int root = st_world_rank() == 0;
+    FILE *f = !root ? NULL : o.output ? fopen(o.output, "w") : stdout;
+    if (root && !f) {
         st_cli_error(CMD, "--output %s: cannot create it: %s", ST_CLI_SHOW(o.output),
                      strerror(errno));
+        st_world_abort(1);
         return 1;
     }
     omp_set_num_threads(1);
     st_calibration c;
+    memset(&c, 0, sizeof c);
     char err[512];
-    int rc = st_calibration_measure(&c, err, sizeof err);
-    if (rc != 0)
+    /* one machine's rates, rank 0's, while the others sleep */
+    int rc = root ? st_calibration_measure(&c, err, sizeof err) : 0;
+    if (rc == 0 && st_world_wait_for_root() != ST_OK)
+        rc = st_cli_fail(err, sizeof err, "%s", st_last_error());
+    if (rc == 0)
+        rc = measure_network(&c, err, sizeof err);
+    if (rc != 0) {
         st_cli_error(CMD, "%s", err);
-    else
+        st_world_abort(1);   /* no rank waits for the one that failed */
+    } else if (root) {
         st_calibration_write(f, &c);
+    }
+    st_world_finalize();
+    if (!f)
+        return rc == 0 ? 0 : 1;
     if (f != stdout && fclose(f) != 0 && rc == 0) {
         st_cli_error(CMD, "--output %s: writing it failed", ST_CLI_SHOW(o.output));
         rc = -1;

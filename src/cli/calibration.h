@@ -67,6 +67,14 @@
  * get no predicted time.  Unknown keys and malformed values are refused
  * with their line; so is a format 1 file (its rates are too few for the
  * prediction: calibrate again).
+ *   network_ranks R                `mpirun -np R subtrain calibrate`: the ranks
+ *                                  that measured the two rates below (left
+ *                                  out by a calibration of one process)
+ *   network_gbps X                 bytes a rank receives a second while every
+ *                                  rank sends each other rank 4 MiB and
+ *                                  receives as much, the messages posted at
+ *                                  once (the MPI backend's exchange)
+ *   network_us X                   the same exchange of 8 bytes: its time
  */
 #ifndef SUBTRAIN_CLI_CALIBRATION_H
 #define SUBTRAIN_CLI_CALIBRATION_H
@@ -105,6 +113,8 @@ typedef struct st_calibration {
     double team_matmul[ST_CAL_TEAMS][2][ST_CAL_DIMS];   /* [bf16][D] */
     double team_pass[ST_CAL_TEAMS];
     double team_call_us[ST_CAL_TEAMS];
+    /* between MPI ranks (0: calibrated without them) */
+    double network_ranks, network_gbps, network_us;
 } st_calibration;
 
 /* 0, or -1 with a message ("line 3: ...") in err. */

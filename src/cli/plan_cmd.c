@@ -64,6 +64,8 @@ typedef struct plan_row {
     rank_size *rank;          /* ranks > 1: each rank's (else NULL) */
     st_mem_stats mem;         /* the worker with the largest total (of every rank) */
     double comm_bytes;        /* the busiest worker's, read + written a step */
+    double local_bytes;       /* ranks > 1: the largest of them in this machine */
+    double mpi_bytes;         /* and from other ranks (a rank's, its worker 0's) */
     double flops;             /* that worker's model, a step */
     st_step_cost costs[ST_STEP_COSTS_MAX];   /* and its work, layer by layer */
     int n_costs;
@@ -108,7 +110,8 @@ static void print_help(FILE *f)
 "  --ranks R                  an MPI job of R ranks (1 to 65535, as mpirun -np R\n"
 "                             on R machines like --topology), each with the\n"
 "                             workers the plan gives it; laid out here without\n"
-"                             MPI; no predicted time (no network rate)\n"
+"                             MPI; time from a calibration's network rate\n"
+"                             ('mpirun -np 2 subtrain calibrate')\n"
 "  --memory-per-worker SIZE   budget of one worker: bytes, or with K, M, G, T\n"
 "                             (or KiB, MiB, GiB, TiB: the same, powers of 1024),\n"
 "                             e.g. 512M, 1G, 1.5GiB\n"
@@ -397,6 +400,11 @@ static void size_row(plan_row *row, const st_train_config *base, int ranks,
         double b = (double)(ws[k].comm.read + ws[k].comm.written);
         if (b > bytes)
             bytes = b;
+        /* over ranks, what the MPI backend counts as read from another
+         * node is what its worker 0 receives from the other ranks */
+        const double mpi = ranks > 1 ? (double)ws[k].comm.cross_domain_read : 0.0;
+        row->local_bytes = fmax(row->local_bytes, b - mpi);
+        row->mpi_bytes = fmax(row->mpi_bytes, mpi);
         rank_size *rk = row->rank ? &row->rank[k / (n / ranks)] : NULL;
         if (rk && ws[k].memory.peak_total > rk->mem.peak_total)
             rk->mem = ws[k].memory;
@@ -560,18 +568,25 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
     const double r_cal = st_calibration_pass_rate(cal, (double)(1u << 20) *
                                                             st_optim_bytes_per_param(oc, 0));
     const double r_opt = shared_rate(cal, r_alone, opt_bytes, sharing);
-    const double r_red = shared_rate(cal, cal->reduce_gbps, row->comm_bytes, sharing);
+    const double local = row->ranks > 1 ? row->local_bytes : row->comm_bytes;
+    const double r_red = shared_rate(cal, cal->reduce_gbps, local, sharing);
     const double update_ns = cal->update_ns[sgd][bf16];
     if (!(r_opt > 0.0) || !(r_cal > 0.0) || !(r_red > 0.0) || !(update_ns > 0.0))
         return NAN;
-    return t + params * update_ns * 1e-9 * (r_cal / r_opt) +
-           row->comm_bytes / (r_red * 1e9);
+    /* ranks: worker 0's exchange with the others, the reduce-scatter's
+     * and the all-gather's, while the rank's workers wait for it */
+    double net = 0.0;
+    if (row->ranks > 1) {
+        if (!(cal->network_gbps > 0.0) || !(cal->network_us > 0.0))
+            return NAN;
+        net = row->mpi_bytes / (cal->network_gbps * 1e9) + 2.0 * cal->network_us * 1e-6;
+    }
+    return t + params * update_ns * 1e-9 * (r_cal / r_opt) + local / (r_red * 1e9) + net;
 }
 
 static void predict_row(plan_row *row, const st_calibration *cal)
 {
-    /* ranks: the calibration has no rate for the network between them */
-    if (!row->ok || !cal || row->ranks > 1)
+    if (!row->ok || !cal)
         return;
     const double step = predict_step(row, cal);
     if (!(step > 0.0))
@@ -721,10 +736,16 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, dou
                     mib((double)r->mem.peak_total - r->budget),
                     st_mem_kind_name((st_mem_kind)r->over));
     }
+    int timed = 0;
+    for (int i = 0; i < n; i++)
+        timed |= !isnan(rows[i].step_s);
     if (n > 0 && rows[0].ranks > 1)
         fprintf(f, "rows of %d MPI ranks: N workers a rank, memory the busiest worker of all "
-                   "ranks; no predicted time\n(no calibration measures the network between "
-                   "ranks: doc/planning.md)\n", rows[0].ranks);
+                   "ranks; %s\n", rows[0].ranks,
+                timed ? "time with the exchange between ranks at the calibration's network "
+                        "rate"
+                      : "no predicted time without a calibration of the network between "
+                        "ranks\n(mpirun -np 2 subtrain calibrate: doc/planning.md)");
     int redraws = 0, synth = 0;
     for (int i = 0; i < n; i++) {
         redraws |= rows[i].ok && (rows[i].c.strategy == ST_STRATEGY_IST ||
@@ -815,11 +836,13 @@ static json_t *row_json(const plan_row *r)
         }
         json_object_set_new(o, "per_rank", ranks);
     }
+    if (r->ranks > 1)
+        json_object_set_new(o, "bytes_from_other_ranks_per_step", json_real(r->mpi_bytes));
     json_object_set_new(o, "flops_per_worker_step", json_real(r->flops));
     json_object_set_new(o, "step_s", isnan(r->step_s) ? json_null() : json_real(r->step_s));
-    if (r->ranks > 1)
+    if (r->ranks > 1 && isnan(r->step_s))
         json_object_set_new(o, "time_not_predicted",
-                            json_string("the calibration measures no network between ranks"));
+                            json_string("no calibration of the network between ranks"));
     json_object_set_new(o, "samples_per_s",
                         isnan(r->samples_per_s) ? json_null() : json_real(r->samples_per_s));
     json_t *notes = json_array();

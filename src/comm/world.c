@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <subtrain/world.h>
@@ -222,6 +223,85 @@ st_status st_world_barrier(void)
     return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "waiting for the ranks");
 }
 
+/* The ranks other than 0 look for rank 0's word this often: sleeping, not
+ * polling in MPI, so that they leave the CPUs to what rank 0 measures. */
+#define WORLD_WAIT_NS 1000000L
+
+st_status st_world_wait_for_root(void)
+{
+    if (world_size == 1)
+        return ST_OK;
+    char word = 0;
+    if (world_rank == 0) {
+        for (int r = 1; r < world_size; r++) {
+            int rc = MPI_Send(&word, 1, MPI_BYTE, r, 1, world_comm);
+            if (rc != MPI_SUCCESS)
+                return st_world_fail(rc, "telling the ranks to go on");
+        }
+        return ST_OK;
+    }
+    MPI_Request req;
+    int rc = MPI_Irecv(&word, 1, MPI_BYTE, 0, 1, world_comm, &req);
+    int done = 0;
+    const struct timespec pause = { 0, WORLD_WAIT_NS };
+    while (rc == MPI_SUCCESS && !done) {
+        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (rc == MPI_SUCCESS && !done)
+            nanosleep(&pause, NULL);
+    }
+    return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "waiting for rank 0");
+}
+
+st_status st_world_time_exchange(size_t bytes, int rounds, double *seconds)
+{
+    *seconds = 0.0;
+    if (world_size == 1)
+        return ST_OK;
+    if (bytes < 1 || bytes > (size_t)0x7fffffff || rounds < 1)
+        return st_fail(ST_ERR_INVALID, "st_world_time_exchange: %zu bytes, %d rounds", bytes,
+                       rounds);
+    const int peers = world_size - 1;
+    char *out = calloc(1, bytes), *in = calloc((size_t)peers, bytes);
+    MPI_Request *req = malloc(2 * (size_t)peers * sizeof *req);
+    if (!out || !in || !req) {
+        free(out);
+        free(in);
+        free(req);
+        return st_fail(ST_ERR_NOMEM, "out of memory timing the ranks' exchange");
+    }
+    double best = 1e30;
+    int rc = MPI_SUCCESS;
+    for (int round = 0; round <= rounds && rc == MPI_SUCCESS; round++) {   /* 0 warms up */
+        rc = MPI_Barrier(world_comm);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int n = 0;
+        for (int k = 1; k <= peers && rc == MPI_SUCCESS; k++) {
+            const int from = (world_rank + world_size - k) % world_size;
+            rc = MPI_Irecv(in + (size_t)(k - 1) * bytes, (int)bytes, MPI_BYTE, from, 2,
+                           world_comm, &req[n++]);
+        }
+        for (int k = 1; k <= peers && rc == MPI_SUCCESS; k++)
+            rc = MPI_Isend(out, (int)bytes, MPI_BYTE, (world_rank + k) % world_size, 2,
+                           world_comm, &req[n++]);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double t = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (rc == MPI_SUCCESS)   /* a round lasts until its slowest rank is done */
+            rc = MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, world_comm);
+        if (rc == MPI_SUCCESS && round > 0 && t < best)
+            best = t;
+    }
+    free(out);
+    free(in);
+    free(req);
+    if (rc != MPI_SUCCESS)
+        return st_world_fail(rc, "timing the ranks' exchange");
+    *seconds = best;
+    return ST_OK;
+}
+
 #define WORLD_PIECE ((size_t)1 << 30)   /* bytes per message: an int count */
 
 st_status st_world_send(const void *buf, size_t bytes, int to)
@@ -315,6 +395,19 @@ st_status st_world_bcast(void *buf, size_t bytes, int root)
 
 st_status st_world_barrier(void)
 {
+    return ST_OK;
+}
+
+st_status st_world_wait_for_root(void)
+{
+    return ST_OK;
+}
+
+st_status st_world_time_exchange(size_t bytes, int rounds, double *seconds)
+{
+    (void)bytes;
+    (void)rounds;
+    *seconds = 0.0;
     return ST_OK;
 }
 
