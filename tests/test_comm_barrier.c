@@ -140,3 +140,36 @@ Test(spin_barrier, blocking_many_rounds_lose_no_arrival, .timeout = 120)
 {
     many_rounds(1);
 }
+
+/* An abort lets out every waiter of a blocking barrier, which sleep with
+ * no timeout: threads wait for one that never arrives, the abort comes
+ * once they sleep, and each returns -1 (a waiter missing the wake-up
+ * sleeps on, and the test's time limit fails it). */
+#define ABORT_WAITERS 8
+
+static void *abort_waiter(void *p)
+{
+    st_spin_barrier *b = p;
+    return (void *)(long)st_spin_barrier_wait(b);
+}
+
+Test(spin_barrier, blocking_waiters_leave_on_an_abort, .timeout = 20)
+{
+    st_spin_barrier *b = aligned_alloc(64, sizeof *b);
+    cr_assert_not_null(b);
+    st_spin_barrier_init(b, ABORT_WAITERS + 1, 1);
+    pthread_t tid[ABORT_WAITERS];
+    for (int i = 0; i < ABORT_WAITERS; i++)
+        cr_assert_eq(pthread_create(&tid[i], NULL, abort_waiter, b), 0);
+    while (atomic_load(&b->arrived) < ABORT_WAITERS)
+        sched_yield();
+    const struct timespec settle = { 0, 50 * 1000 * 1000 };   /* into their sleep */
+    nanosleep(&settle, NULL);
+    st_spin_barrier_abort(b);
+    for (int i = 0; i < ABORT_WAITERS; i++) {
+        void *rc;
+        pthread_join(tid[i], &rc);
+        cr_expect_eq((long)rc, -1, "waiter %d left with %ld", i, (long)rc);
+    }
+    free(b);
+}

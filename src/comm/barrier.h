@@ -24,9 +24,11 @@
  *
  * A blocking barrier (st_spin_barrier_init's blocking, a sizing run's
  * engines: many more workers than cores, and no steps) does not spin: a
- * waiter sleeps on the generation (a futex) and the last arriver wakes
- * them.  The spinning barrier reads that flag on the line of n, which
- * every arrival reads anyway.
+ * waiter sleeps on a wake word (a futex) that the last arriver, after the
+ * generation, and an abort both advance, so that neither can slip in
+ * between a waiter's look and its sleep, and no waiter needs a timeout to
+ * notice an abort.  The spinning barrier reads that flag on the line of
+ * n, which every arrival reads anyway.
  *
  * After an abort the counters are left as they are: the barrier (and the
  * st_comm that owns it) can only be destroyed.
@@ -64,6 +66,7 @@ typedef struct st_spin_barrier {
     alignas(64) atomic_uint arrived;
     alignas(64) atomic_uint generation;
     alignas(64) atomic_int aborted;
+    alignas(64) atomic_uint wake;   /* blocking: advanced by each release and abort */
     alignas(64) unsigned n;   /* participants, constant */
     int blocking;             /* waiters sleep (futex) instead of spinning */
 } st_spin_barrier;
@@ -82,14 +85,16 @@ static inline void st_spin_barrier_init(st_spin_barrier *b, unsigned n, int bloc
     atomic_init(&b->arrived, 0u);
     atomic_init(&b->generation, 0u);
     atomic_init(&b->aborted, 0);
+    atomic_init(&b->wake, 0u);
     b->n = n;
     b->blocking = blocking;
 }
 
-/* The waiters sleeping on the generation, all of them. */
+/* The wake word advanced, then every waiter sleeping on it woken. */
 static inline void st_barrier_wake(st_spin_barrier *b)
 {
-    syscall(SYS_futex, (unsigned *)&b->generation, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    atomic_fetch_add_explicit(&b->wake, 1u, memory_order_seq_cst);
+    syscall(SYS_futex, (unsigned *)&b->wake, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
 static inline void st_spin_barrier_abort(st_spin_barrier *b)
@@ -100,19 +105,19 @@ static inline void st_spin_barrier_abort(st_spin_barrier *b)
 }
 
 /* A blocking barrier's waiter: sleeps while the generation is gen.  The
- * timeout bounds the wait of one that read the abort flag just before an
- * abort's wake-up (the futex word is the generation, which an abort
- * leaves as it is). */
+ * wake word is read before the generation and the abort flag: a release
+ * or an abort after that look changes the word, and the sleep on its old
+ * value returns at once. */
 static inline int st_barrier_sleep(st_spin_barrier *b, unsigned gen)
 {
-    const struct timespec limit = { 0, 20 * 1000 * 1000 };
-    while (atomic_load_explicit(&b->generation, memory_order_acquire) == gen) {
-        if (atomic_load_explicit(&b->aborted, memory_order_acquire))
+    for (;;) {
+        const unsigned w = atomic_load_explicit(&b->wake, memory_order_seq_cst);
+        if (atomic_load_explicit(&b->generation, memory_order_seq_cst) != gen)
+            return 0;
+        if (atomic_load_explicit(&b->aborted, memory_order_seq_cst))
             return -1;
-        syscall(SYS_futex, (unsigned *)&b->generation, FUTEX_WAIT_PRIVATE, gen, &limit,
-                NULL, 0);
+        syscall(SYS_futex, (unsigned *)&b->wake, FUTEX_WAIT_PRIVATE, w, NULL, NULL, 0);
     }
-    return 0;
 }
 
 static inline int st_spin_barrier_aborted(const st_spin_barrier *b)
