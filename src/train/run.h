@@ -395,6 +395,10 @@ st_status st_run_resume_load(const run_shared *r, const char *name, float *dst, 
  * shard is its domain's copy, which st_run_resume_model loads: then
  * nothing. */
 void st_run_resume_shard(const run_shared *r, st_comm *c, int wid, float *dst);
+/* dp: w's master shard of engine c, as st_run_resume_shard; a bf16
+ * master in the copies alone has no element under them there (its
+ * copies are loaded by st_run_resume_model). */
+void st_run_resume_master(const run_shared *r, st_comm *c, st_worker *w);
 
 /* Worker 0, the others waiting between their steps with their models and
  * optimizers published in their slots: writes DIR/step-NNNNNNNN.safetensors

@@ -243,7 +243,7 @@ st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config 
 int st_run_copies_master_gathered(const run_shared *r)
 {
     return r->cfg->optim.master == ST_MASTER_BF16_SR && shares_bf16(r->cfg) &&
-           !r->shared_weights && r->ranks == 1;
+           !r->shared_weights;
 }
 
 int st_run_master_carried(const run_shared *r)
