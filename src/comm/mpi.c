@@ -67,6 +67,18 @@
  * scatter then sends nothing in place (every partial is converted); the
  * all-gather moves fp32 masters as before.
  *
+ * A bf16 master (st_comm_config.copies_master): the copies the workers
+ * list hold the master of their elements, and each owner's update writes
+ * its own replica's.  The all-gather brings a copied element in as bf16:
+ * the owner copies its copies' values into the slots of the ranks that
+ * hold them, each region laid out as its fp32 elements then its copied
+ * ones (2 bytes each; one message a peer, in 2-byte units), and every
+ * worker copies them into its copies; within the rank, from the local
+ * owner's copies (its own: nothing).  Nothing is then in place.  The
+ * master shards have no memory under the copies, and the first
+ * exchange fills only the elements outside them (the copies start from
+ * the same initial values on every worker).
+ *
  * Buffers: the send and receive buffers are worker 0's (its arena, its
  * node); the masters and shard gradients are each owner's.  A rank whose
  * workers span NUMA domains still reduces in one level inside the rank:

@@ -20,9 +20,9 @@
  * the parts are written by one thread each.
  *
  * A bf16 master (--master-weights bf16-sr) lives in the copies unless an
- * engine gathers fp32 masters: the fp32 vector then has no memory under
- * them (st_arena_reserve_floats), and its readers get a widened vector
- * (st_run_master_full).
+ * engine gathers fp32 masters (shared weights over several domains): the
+ * fp32 vector then has no memory under them (st_arena_reserve_floats),
+ * and its readers get a widened vector (st_run_master_full).
  *
  * Memory: a worker's record counts its arena and its share of its
  * domain's copy (the copy's bytes over the domain's workers), so that a
