@@ -7,7 +7,8 @@
 #                       (2 ranks x 1 and x 2 workers, 3 ranks x 1, ranks
 #                       of 1, 3 and 2 workers; an engine over some ranks);
 #                       bf16 payloads against the per-rank rounded sum
-#                       (bitwise, every layout)
+#                       (bitwise, every layout); a bf16 master's copies
+#                       gathered as bf16 against the shared engine's
 #   train_*, weights_*  subtrain over 2 ranks against one process: dp,
 #                       sdp (blocks, neurons with backward masking), ist,
 #                       localsgd, dp with a bf16 master; records and final
