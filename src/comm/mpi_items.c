@@ -237,12 +237,12 @@ static st_status build_ag_out(const mpi_comm *mc, int w, list *items)
                 ag_item *it = st_mpi_list_push(items);
                 if (!it)
                     return st_mpi_no_memory();
+                const uint16_t *copy = c < 0 ? NULL
+                                             : o->copies[c].bf16 + (x - o->copies[c].offset);
                 if (c < 0)
                     *it = (ag_item){ f, o->master + (x - b0), e - x, NULL };
                 else
-                    *it = (ag_item){ NULL, (const float *)(const void *)(o->copies[c].bf16 +
-                                                                         (x - o->copies[c].offset)),
-                                     e - x, h };
+                    *it = (ag_item){ NULL, (const float *)(const void *)copy, e - x, h };
                 x = e;
             }
         }
