@@ -7,11 +7,13 @@
 #                       (2 ranks x 1 and x 2 workers, 3 ranks x 1, ranks
 #                       of 1, 3 and 2 workers; an engine over some ranks);
 #                       bf16 payloads against the per-rank rounded sum
-#                       (bitwise, every layout)
+#                       (bitwise, every layout); a bf16 master's copies
+#                       gathered as bf16 against the shared engine's
 #   train_*, weights_*  subtrain over 2 ranks against one process: dp,
 #                       sdp (blocks, neurons with backward masking), ist,
 #                       localsgd, dp with a bf16 master; records and final
-#                       weights (bitwise)
+#                       weights (bitwise); a bf16 master's memory (no fp32
+#                       under the matrices) and bytes a parameter
 #   *_split_*           a non-iid --split over 2 ranks against one process
 #                       (records, class histogram, weights: bitwise)
 #   resume_*            a step checkpoint of 2 ranks resumed by 2 ranks and
@@ -134,15 +136,46 @@ run "mpi/resume_dp_over_ranks_and_across_layouts" resume dp
 run "mpi/resume_ist_over_ranks_and_across_layouts" resume ist --strategy ist --local-steps 4
 run "mpi/resume_dp_bf16_state_accumulate_over_ranks_and_across_layouts" resume dpb \
     --optimizer-moments bf16-sr --accumulate 2
-# a bf16 master (--master-weights bf16-sr): carried in the fp32 masters
-# over ranks, the domain's copies alone in one process, the same bits;
-# skipped (77) where bf16 cannot run at all
-bf16_master() {
+# a bf16 master (--master-weights bf16-sr): the replicas' copies over
+# ranks (the all-gather moves them as bf16), the domain's copies in one
+# process, the same bits; skipped (77) where bf16 cannot run at all
+bf16_runs() {
     "$BIN" --data synthetic --steps 1 --quiet --precision bf16 --bf16-emulated || return 77
+}
+bf16_master() {
+    bf16_runs || return 77
     "$@" --precision bf16 --bf16-emulated --master-weights bf16-sr --optimizer-moments bf16-sr
 }
 run "mpi/weights_dp_bf16_master_2x1_bitwise_1x2" bf16_master weights dpm
 run "mpi/resume_dp_bf16_master_over_ranks_and_across_layouts" bf16_master resume dpm
+# ... and no fp32 under the matrices: against the fp32 master, rank 0's
+# weights fall by 4 bytes a matrix element of its replica and of its
+# master shard (the mlp 784 -> 64 -> 64 -> 10; the first of two shards,
+# st_comm_shards' 16-float blocks, lies in the first matrix), less the
+# pages a matrix shares with a bias; the update moves 16 bytes a parameter
+bf16_master_memory() {
+    bf16_runs || return 77
+    command -v python3 >/dev/null || { echo "no python3 to read the JSON"; return 77; }
+    for m in fp32 bf16-sr; do
+        mpi -np 2 "$BIN" --data synthetic --model mlp --depth 2 --width 64 --steps 2 \
+            --batch 16 --quiet --workers 1 --precision bf16 --bf16-emulated \
+            --optimizer-moments bf16 --master-weights $m --metrics "$TMP/$m.jsonl" || return 1
+    done
+    python3 - "$TMP/fp32.jsonl" "$TMP/bf16-sr.jsonl" <<'PY'
+import json, math, sys
+f, b = (json.loads(open(a).read().strip().splitlines()[-1]) for a in sys.argv[1:])
+matrices, page = 784 * 64 + 64 * 64 + 64 * 10, 4096
+shard = math.ceil(math.ceil((matrices + 64 + 64 + 10) / 16) / 2) * 16
+want = 4 * (matrices + shard)
+fell = f["peak_bytes_by_kind"]["weights"] - b["peak_bytes_by_kind"]["weights"]
+bpp = b["optimizer"]["bytes_per_param"]
+print("weights %d bytes with the fp32 master, %d with bf16-sr: %d fewer, want %d less at most "
+      "3 pages; the update: %s bytes a parameter, want 16.0"
+      % (f["peak_bytes_by_kind"]["weights"], b["peak_bytes_by_kind"]["weights"], fell, want, bpp))
+sys.exit(0 if want - 3 * page <= fell <= want and bpp == 16.0 else 1)
+PY
+}
+run "mpi/a_bf16_master_over_ranks_holds_no_fp32_matrices" bf16_master_memory
 run "mpi/train_localsgd_2x1_equals_1x2" same lsgd --strategy localsgd --local-steps 4 \
     --optimizer-state keep
 run "mpi/weights_localsgd_2x1_bitwise_1x2" weights lsgd --strategy localsgd --local-steps 4
@@ -271,6 +304,13 @@ run "mpi/plan_ranks_sdp_neuron_backward_equals_the_runs_records" plan_ranks --de
 run "mpi/plan_ranks_ist_equals_the_runs_records" plan_ranks --depth 4 --strategy ist
 run "mpi/plan_ranks_localsgd_equals_the_runs_records" plan_ranks --depth 2 --strategy localsgd
 run "mpi/plan_ranks_comm_bf16_equals_the_runs_records" plan_ranks --depth 2 --comm-precision bf16
+bf16_plan_ranks() {
+    bf16_runs || return 77
+    plan_ranks "$@"
+}
+run "mpi/plan_ranks_bf16_master_equals_the_runs_records" bf16_plan_ranks --depth 2 \
+    --precision bf16 --bf16-emulated --master-weights bf16-sr --optimizer-moments bf16
+
 # masks redrawn before step 2: the plan lays out that draw too (its
 # bytes are the first draw's, the record's the last one's)
 run "mpi/plan_ranks_sdp_redrawn_memory_equals_the_runs_records" plan_ranks memory-only \

@@ -20,6 +20,8 @@
  * (--comm-precision bf16) against the shared engine's bf16, bitwise; with
  * any workers a rank, bf16 payloads against the per-rank rounded sum the
  * backend documents, computed in the test, bitwise.
+ * With a bf16 master (st_comm_config.copies_master), data parallel, the
+ * replicas' copies and fp32 elements against the shared engine's, bitwise.
  * Then: three rounds of reset and attach with new holdings (IST, SDP),
  * a reduce-only engine paired with a gather-only one (backward masking),
  * an engine over the ranks 1 .. R-1 alone (synth's groups: rank 0 takes
@@ -448,6 +450,170 @@ static void compare_bf16_partials(const char *name, size_t p, uint64_t seed, int
         printf("    (%llu of the partials sent were exact ties)\n", all_ties);
 }
 
+/* bf16 bits of f (nearest, ties to even), and back (exact). */
+static uint16_t to_bf16(float f)
+{
+    f = bf16_rne(f);
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)(u >> 16);
+}
+
+static float of_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* One engine's run with a bf16 master (st_comm_config.copies_master),
+ * data parallel: every worker lists the copies `cp` (n, its own bf16
+ * arrays), all starting from the same values; `steps` steps of
+ * reduce-scatter, owner update (outside the copies: master -= 0.5 x mean;
+ * inside: its own copy, the same in fp32 and rounded to bf16), all-gather.
+ * Records every replica of the last step: fp32 outside the copies, the
+ * copies widened inside.  The fp32 vector's elements under the copies
+ * hold a NaN that nothing may change, and nobody touches a master shard
+ * there (it has no memory). */
+static int run_copies(st_comm *c, size_t p, int first, int count, int steps,
+                      const st_param_copy *cp, int n, result *out)
+{
+    int bad = 0;
+    const uint32_t poison = 0x7fc0deadu;
+#pragma omp parallel num_threads(count) reduction(| : bad)
+    {
+        int w = omp_get_thread_num(), g = first + w;
+        st_arena arena;
+        st_arena_init(&arena, "test", NULL, 0);
+        float *grads = calloc(p + 1, sizeof *grads), *params = calloc(p + 1, sizeof *params);
+        uint16_t *h = calloc(p + 1, sizeof *h);
+        st_param_copy *mine = calloc((size_t)n + 1, sizeof *mine);
+        layout all;
+        layout_make(&all, 1, p, 0, 1, 0);
+        fill(&all, 0, 0xffff, params);   /* the same initial values everywhere */
+        for (int k = 0; k < n; k++) {
+            mine[k] = (st_param_copy){ cp[k].offset, cp[k].count, h + cp[k].offset };
+            for (size_t x = cp[k].offset; x < cp[k].offset + cp[k].count; x++) {
+                h[x] = to_bf16(params[x]);
+                memcpy(&params[x], &poison, sizeof poison);
+            }
+        }
+        const st_range whole = { 0, p };
+        st_comm_set_param_copies(c, w, mine, n);
+        st_status s = st_comm_attach(c, w, &arena, grads, params, &whole, 1);
+        for (int t = 0; t < steps && s == ST_OK; t++) {
+            st_rng root = st_rng_seed(7000 + (uint64_t)t);
+            st_rng r = st_rng_split(&root, (uint64_t)g);
+            for (size_t i = 0; i < p; i++)
+                grads[i] = st_rng_normal(&r);
+            s = st_comm_reduce_scatter(c, w);
+            if (s != ST_OK)
+                break;
+            const st_range sh = st_comm_shard(c, w);
+            float *sg = st_comm_shard_grads(c, w), *m = st_comm_shard_params(c, w);
+            int k = 0;
+            for (size_t x = sh.begin; x < sh.end; x++) {
+                while (k < n && cp[k].offset + cp[k].count <= x)
+                    k++;
+                if (k < n && cp[k].offset <= x)
+                    h[x] = to_bf16(of_bf16(h[x]) - 0.5f * sg[x - sh.begin]);
+                else
+                    m[x - sh.begin] -= 0.5f * sg[x - sh.begin];
+            }
+            s = st_comm_all_gather(c, w);
+        }
+        if (s == ST_OK) {
+            int k = 0;
+            for (size_t x = 0; x < p; x++) {
+                while (k < n && cp[k].offset + cp[k].count <= x)
+                    k++;
+                const int in = k < n && cp[k].offset <= x;
+                uint32_t u;
+                memcpy(&u, &params[x], sizeof u);
+                if (in && u != poison && !bad) {
+                    fprintf(stderr, "rank %d worker %d: element %zu under a copy was written\n",
+                            rank, g, x);
+                    bad = 1;
+                }
+                out->ag[g][x] = in ? of_bf16(h[x]) : params[x];
+            }
+        }
+        if (s == ST_OK)
+            s = st_comm_barrier(c, w);
+        if (s != ST_OK) {
+            fprintf(stderr, "rank %d worker %d: %s\n", rank, w, st_last_error());
+            st_comm_abort(c);
+            bad = 1;
+        }
+        st_arena_release(&arena);
+        layout_free(&all);
+        free(grads);
+        free(params);
+        free(h);
+        free(mine);
+    }
+    return bad;
+}
+
+/* A bf16 master over ranks against the shared engine's over as many
+ * workers in one process (one domain a rank), bitwise: the copies' values
+ * come as bf16 from their owners, the other elements as fp32.  Copies:
+ * random runs, so that regions mix the two kinds, some a few elements
+ * long, and shards begin and end inside them. */
+static void compare_copies_master(const char *name, size_t p, uint64_t seed)
+{
+    const int N = first_of[ranks], first = first_of[rank];
+    int ok = 1;
+    st_param_copy cp[64];
+    int n = 0;
+    st_rng rng = st_rng_seed(seed);
+    for (size_t x = st_rng_below(&rng, 40); x < p && n < 64;) {
+        size_t len = 1 + st_rng_below(&rng, (uint32_t)(p / 8));
+        len = len < p - x ? len : p - x;
+        cp[n++] = (st_param_copy){ x, len, NULL };
+        x += len + 1 + st_rng_below(&rng, 60);
+    }
+    int *domain_of = malloc(sizeof *domain_of * (size_t)N);
+    for (int r = 0; r < ranks; r++)
+        for (int g = first_of[r]; g < first_of[r + 1]; g++)
+            domain_of[g] = r;
+    st_comm_config mc = { .n_workers = n_local, .n_params = p, .backend = ST_COMM_BACKEND_MPI,
+                          .copies_master = 1 };
+    st_comm_config sc = { .n_workers = N, .n_params = p, .domain_of = domain_of,
+                          .copies_master = 1 };
+    st_comm *m = NULL, *ref = NULL;
+    result got, want;
+    result_init(&got, N, p);
+    result_init(&want, N, p);
+    if (st_comm_create(&mc, &m) != ST_OK || st_comm_create(&sc, &ref) != ST_OK) {
+        fprintf(stderr, "rank %d: %s\n", rank, st_last_error());
+        ok = 0;
+    }
+    if (ok && run_copies(m, p, first, n_local, 3, cp, n, &got))
+        ok = 0;
+    if (ok && run_copies(ref, p, 0, N, 3, cp, n, &want))
+        ok = 0;
+    for (int g = first; g < first + n_local && ok; g++)
+        for (size_t i = 0; i < p && ok; i++)
+            if (memcmp(&got.ag[g][i], &want.ag[g][i], sizeof(float)) != 0) {
+                fprintf(stderr, "rank %d %s: worker %d element %zu replica %.9g, reference "
+                        "%.9g\n", rank, name, g, i, got.ag[g][i], want.ag[g][i]);
+                ok = 0;
+            }
+    /* the copies move as bf16: less than the fp32 replica's 4 bytes */
+    st_comm_bytes b = st_comm_bytes_per_step(m, 0);
+    if (ok && rank == 0)
+        printf("    (worker 0 of rank 0: %zu bytes a step, %zu of them from other ranks)\n",
+               (size_t)b.read + b.written, (size_t)b.cross_domain_read);
+    st_comm_destroy(m);
+    st_comm_destroy(ref);
+    result_free(&got, N);
+    result_free(&want, N);
+    free(domain_of);
+    verdict(name, ok);
+}
+
 /* Ranks that describe different engines are refused on every rank. */
 static void refused(void)
 {
@@ -523,6 +689,8 @@ int main(int argc, char **argv)
      * each rank's partial rounded once more, bitwise as documented */
     compare_bf16_partials("bf16 payloads: rank partials rounded, data parallel", 10007, 31, 1);
     compare_bf16_partials("bf16 payloads: rank partials rounded, subnetworks", 20011, 32, 0);
+    compare_copies_master("bf16 master: copies gathered as bf16", 10007, 41);
+    compare_copies_master("bf16 master: tiny vector (empty shards)", 37, 42);
     if (ranks > 1)
         refused();
     if (rank == 0)

@@ -158,14 +158,16 @@ typedef struct st_comm_config {
      * of a domain must attach the same vector, every domain its own.  The
      * MPI backend refuses it (a replica per worker). */
     int shared_params;
-    /* 1 (shared backend, private parameters, an engine with the gather
-     * role): the bf16 copies every worker lists (st_comm_set_param_copies,
-     * the same offsets for all) are the master of their elements (a bf16
+    /* 1 (private parameters, an engine with the gather role; shared and
+     * MPI backends): the bf16 copies every worker lists
+     * (st_comm_set_param_copies, the same offsets for all, over vectors
+     * in the full layout) are the master of their elements (a bf16
      * master): each owner's update writes its own copies, and the
      * all-gather brings a copied element in as bf16, from the owner's (or
-     * the copier's) copy into the worker's, without its fp32 value; the
-     * master shards' elements under a copy are neither initialised nor
-     * read, nor are the attached vectors' there. */
+     * the copier's) copy into the worker's, without its fp32 value (over
+     * MPI: 2 bytes an element between ranks); the master shards have no
+     * memory under a copy, and the attached vectors' elements there are
+     * neither read nor written. */
     int copies_master;
     /* 1 (shared backend): a worker waiting at a barrier sleeps until the
      * last one arrives, instead of spinning: for many more workers than

@@ -67,6 +67,18 @@
  * scatter then sends nothing in place (every partial is converted); the
  * all-gather moves fp32 masters as before.
  *
+ * A bf16 master (st_comm_config.copies_master): the copies the workers
+ * list hold the master of their elements, and each owner's update writes
+ * its own replica's.  The all-gather brings a copied element in as bf16:
+ * the owner copies its copies' values into the slots of the ranks that
+ * hold them, each region laid out as its fp32 elements then its copied
+ * ones (2 bytes each; one message a peer, in 2-byte units), and every
+ * worker copies them into its copies; within the rank, from the local
+ * owner's copies (its own: nothing).  Nothing is then in place.  The
+ * master shards have no memory under the copies, and the first
+ * exchange fills only the elements outside them (the copies start from
+ * the same initial values on every worker).
+ *
  * Buffers: the send and receive buffers are worker 0's (its arena, its
  * node); the masters and shard gradients are each owner's.  A rank whose
  * workers span NUMA domains still reduces in one level inside the rank:
@@ -107,9 +119,16 @@ static st_status another_failed(void)
 
 static void forget_exchange(mpi_comm *mc)
 {
-    if (mc->prof)
-        for (int r = 0; r < mc->size; r++)
+    for (int r = 0; r < mc->size; r++) {
+        if (mc->prof)
             free(mc->prof[r]);
+        if (mc->f_off) {
+            free(mc->f_off[r]);
+            mc->f_off[r] = NULL;
+        }
+    }
+    mc->copies = NULL;
+    mc->n_copies = 0;
     memset(mc->n_prof, 0, sizeof *mc->n_prof * (size_t)mc->size);
     if (mc->prof)
         memset(mc->prof, 0, sizeof *mc->prof * (size_t)mc->size);
@@ -130,6 +149,8 @@ static void mpi_destroy(st_comm_backend *b)
         MPI_Comm_free(&mc->comm);
     free(mc->prof);
     free(mc->n_prof);
+    free(mc->f_off);
+    free(mc->send_f);
     free(mc->send_off);
     free(mc->rs_out);
     free(mc->ag_src);
@@ -223,6 +244,7 @@ static st_status create_in(const st_comm_config *cfg, st_comm_world *sized, int 
     mc->roles = cfg->roles ? cfg->roles : (ST_COMM_REDUCE | ST_COMM_GATHER);
     mc->allow_unheld = cfg->allow_unheld;
     mc->bf16 = cfg->payload == ST_COMM_PAYLOAD_BF16;
+    mc->copies_master = cfg->copies_master && (mc->roles & ST_COMM_GATHER);
     /* every rank must describe the same vector: one bad rank would
      * otherwise make the others wait in an exchange that never matches */
     unsigned long long mine[2] = { (unsigned long long)mc->n, (unsigned long long)mc->P };
@@ -268,6 +290,8 @@ static st_status create_in(const st_comm_config *cfg, st_comm_world *sized, int 
     mc->ag_dst = calloc((size_t)R, sizeof *mc->ag_dst);
     mc->rs_direct = calloc(3 * (size_t)R, sizeof *mc->rs_direct);
     mc->reqs = calloc(2 * (size_t)R, sizeof *mc->reqs);
+    mc->f_off = calloc((size_t)R, sizeof *mc->f_off);
+    mc->send_f = calloc(2 * (size_t)R, sizeof *mc->send_f);
     const int unheld = cfg->allow_unheld && cfg->unheld_ranges && cfg->n_unheld_ranges > 0;
     if (unheld) {
         const size_t bytes = sizeof *mc->unheld * (size_t)cfg->n_unheld_ranges;
@@ -279,6 +303,7 @@ static st_status create_in(const st_comm_config *cfg, st_comm_world *sized, int 
     }
     if (!mc->shard_begin || !mc->workers || !mc->prof || !mc->n_prof || !mc->send_off ||
         !mc->rs_out || !mc->ag_src || !mc->ag_dst || !mc->rs_direct || !mc->reqs ||
+        !mc->f_off || !mc->send_f ||
         (unheld && !mc->unheld)) {
         s = st_fail(ST_ERR_NOMEM, "out of memory creating the MPI reduction engine");
         goto fail;
@@ -288,6 +313,7 @@ static st_status create_in(const st_comm_config *cfg, st_comm_world *sized, int 
     mc->recv_len = mc->send_off + 3 * R;
     mc->ag_src_direct = mc->rs_direct + R;
     mc->ag_dst_direct = mc->rs_direct + 2 * R;
+    mc->recv_f = mc->send_f + R;
     st_comm_shards(mc->P, mc->N, mc->shard_begin);
     memset(mc->workers, 0, sizeof *mc->workers * (size_t)mc->n);
     for (int w = 0; w < mc->n; w++)
@@ -329,6 +355,26 @@ static void mpi_reset(st_comm_backend *b)
     }
 }
 
+/* A bf16 master's (copies_master): kept for w's attach, which leaves them
+ * out of its master shard and cuts its all-gather items at their edges; a
+ * list that is not sorted and disjoint is not taken.  Else unused (the
+ * all-gather writes fp32 replicas, and the model converts them). */
+static void mpi_set_param_copies(st_comm_backend *b, int w, const st_param_copy *copies, int n)
+{
+    mpi_worker *me = &mpi_of(b)->workers[w];
+    for (int i = 1; i < n; i++)
+        if (copies[i].offset < copies[i - 1].offset + copies[i - 1].count)
+            n = 0;
+    me->copies = n > 0 ? copies : NULL;
+    me->n_copies = n > 0 ? n : 0;
+}
+
+static int mpi_gathers_copies(const st_comm_backend *b, int w)
+{
+    const mpi_comm *mc = mpi_of_const(b);
+    return mc->copies_master && mc->workers[w].ready && mc->workers[w].n_copies > 0;
+}
+
 /* ------------------------------------------------------------ attach */
 
 /* The rank's exchange, by local worker 0 between two barriers of its
@@ -344,6 +390,9 @@ static st_status exchange(mpi_comm *mc, int rs, int direct)
     /* the step's reduce-scatter with bf16 payloads: the 2-byte buffers
      * (MPI_UINT16_T: bf16 is only bits to MPI; nothing sums in flight) */
     const int half = mc->bf16 && rs && direct;
+    /* the step's all-gather of a bf16 master: each region's fp32 part,
+     * then its bf16 part, counted in 2-byte units */
+    const int mixed = mc->copies_master && !rs && direct;
     int n = 0, rc = MPI_SUCCESS;
     for (int r = 0; r < mc->size && rc == MPI_SUCCESS; r++) {
         size_t len = rs ? mc->recv_len[r] : mc->send_len[r];
@@ -352,6 +401,11 @@ static st_status exchange(mpi_comm *mc, int rs, int direct)
         if (half) {
             rc = MPI_Irecv(mc->recv16 + mc->recv_off[r], (int)len, MPI_UINT16_T, r, rs,
                            mc->comm, &mc->reqs[n++]);
+            continue;
+        }
+        if (mixed) {
+            rc = MPI_Irecv(mc->send + mc->send_off[r], (int)(len + mc->send_f[r]), MPI_UINT16_T,
+                           r, rs, mc->comm, &mc->reqs[n++]);
             continue;
         }
         float *in = rs ? mc->recv + mc->recv_off[r]
@@ -365,6 +419,11 @@ static st_status exchange(mpi_comm *mc, int rs, int direct)
         if (half) {
             rc = MPI_Isend(mc->send16 + mc->send_off[r], (int)len, MPI_UINT16_T, r, rs,
                            mc->comm, &mc->reqs[n++]);
+            continue;
+        }
+        if (mixed) {
+            rc = MPI_Isend(mc->recv + mc->recv_off[r], (int)(len + mc->recv_f[r]), MPI_UINT16_T,
+                           r, rs, mc->comm, &mc->reqs[n++]);
             continue;
         }
         const float *out = rs ? (direct ? mc->rs_out[r] : mc->send + mc->send_off[r])
@@ -449,8 +508,10 @@ static st_status mpi_attach(st_comm_backend *b, int w, st_arena *arena, float *g
         s = st_arena_alloc_floats(arena, ST_MEM_WORKSPACE, 2 * ST_CHUNK, &me->wide);
     int g = mc->first[mc->rank] + w;
     size_t len = mc->shard_begin[g + 1] - mc->shard_begin[g];
-    if (s == ST_OK && (mc->roles & ST_COMM_GATHER))
-        s = st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, len, &me->master);
+    if (s == ST_OK && (mc->roles & ST_COMM_GATHER))   /* a bf16 master's: not under copies */
+        s = st_comm_alloc_master(arena, mc->shard_begin[g], len,
+                                 mc->copies_master ? me->copies : NULL,
+                                 mc->copies_master ? me->n_copies : 0, &me->master);
     if (s == ST_OK && (mc->roles & ST_COMM_REDUCE)) {
         if (me->shard_out)
             me->shard_grad = me->shard_out;   /* what no reduction writes keeps its value */
@@ -609,6 +670,8 @@ const st_comm_backend_ops st_comm_mpi_ops = {
     .destroy = mpi_destroy,
     .attach = mpi_attach,
     .set_shard_output = mpi_set_shard_output,
+    .set_param_copies = mpi_set_param_copies,
+    .gathers_copies = mpi_gathers_copies,
     .reset = mpi_reset,
     .shard = mpi_shard,
     .shard_grads = mpi_shard_grads,

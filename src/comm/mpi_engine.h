@@ -45,6 +45,8 @@ typedef struct mpi_worker {
     size_t *local;
     int n_held;
     float *master, *shard_grad, *shard_out;
+    const st_param_copy *copies;   /* its model's bf16 copies (copies_master) */
+    int n_copies;
     st_arena *arena;
     /* the step's program (in the arena) */
     rs_item *pack, *own;
@@ -84,6 +86,16 @@ typedef struct mpi_comm {
     MPI_Request *reqs;        /* 2 per peer */
     float *send, *recv;
     int bf16;                 /* bf16 gradient payloads between ranks */
+    /* A bf16 master in the copies (st_comm_config.copies_master): the
+     * all-gather moves a region's elements outside the copies as fp32,
+     * then those inside as bf16 (the owner's copy), in the same buffer:
+     * f_off[r][j] of rank r's segment j counts the fp32 elements before it
+     * in its region; send_f and recv_f are the regions' fp32 counts. */
+    int copies_master;
+    const st_param_copy *copies;   /* worker 0's list (every worker's alike) */
+    int n_copies;
+    size_t **f_off;
+    size_t *send_f, *recv_f;
     uint16_t *send16, *recv16; /* bf16: the reduce-scatter's payloads, laid out
                                * as send and recv (same offsets, in elements) */
     size_t mpi_bytes;         /* what this rank receives per step */
@@ -111,6 +123,12 @@ int st_mpi_rank_of_element(const mpi_comm *mc, uint64_t x);
  * vector, v being x's one local holder (*who = v); NULL if no local
  * worker holds x. */
 float *st_mpi_sole_holder_at(const mpi_comm *mc, uint64_t x, int params, int *who);
+/* copies_master: the end of the run from x (below end) whose elements are
+ * all in one copy (*copy its index) or all outside the copies (*copy
+ * -1); else end, *copy -1. */
+uint64_t st_mpi_copy_run(const mpi_comm *mc, uint64_t x, uint64_t end, int *copy);
+/* copies_master: the elements of [a, b) inside a copy; else 0. */
+uint64_t st_mpi_copied_in(const mpi_comm *mc, uint64_t a, uint64_t b);
 /* Worker 0, between the barriers of attach: every rank's profile, the
  * layout of the exchange and its buffers (from arena). */
 st_status st_mpi_plan_exchange(mpi_comm *mc, st_arena *arena);

@@ -67,6 +67,23 @@ static st_status push_sum(list *items, list *ops, float *out, size_t len, void *
     return ST_OK;
 }
 
+/* An rs item out[0..n) = src[0..n) over elements [x, x + n), less the
+ * pieces inside a bf16 master's copies (copies_master: the initial masters
+ * hold no value there). */
+static st_status push_outside_copies(const mpi_comm *mc, list *items, list *ops, float *out,
+                                     uint64_t x, size_t n, void *src, uint8_t kind, float count)
+{
+    for (uint64_t y = x; y < x + n;) {
+        int c;
+        const uint64_t e = st_mpi_copy_run(mc, y, x + n, &c);
+        void *at = (float *)src + (y - x);
+        if (c < 0)
+            ST_TRY(push_sum(items, ops, out + (y - x), e - y, &at, &kind, 1, 0, count));
+        y = e;
+    }
+    return ST_OK;
+}
+
 /* Worker w's share of the rank's partials: the local profile's segments
  * in exchange order, split evenly over the rank's workers by element
  * count.  first_only: the first local holder's value alone (the masters'
@@ -112,7 +129,9 @@ st_status st_mpi_build_pack(const mpi_comm *mc, int w, int first_only, list *ite
                 srcs[k++] = src;
             }
         }
-        s = push_sum(items, ops, out, b - a, srcs, kinds, k, 0, 1.0f);
+        s = first_only ? push_outside_copies(mc, items, ops, out, x, b - a, srcs[0], kinds[0],
+                                             1.0f)
+                       : push_sum(items, ops, out, b - a, srcs, kinds, k, 0, 1.0f);
     }
     free(kinds);
     free(srcs);
@@ -164,9 +183,12 @@ st_status st_mpi_build_own(const mpi_comm *mc, int w, int first_only, float *out
                 next = q->begin;
             }
         }
-        if (k)
-            s = push_sum(items, ops, out + (pos - b0), next - pos, srcs, kinds,
-                         first_only ? 1 : k, !first_only, (float)count);
+        if (k && first_only)
+            s = push_outside_copies(mc, items, ops, out + (pos - b0), pos, next - pos, srcs[0],
+                                    kinds[0], (float)count);
+        else if (k)
+            s = push_sum(items, ops, out + (pos - b0), next - pos, srcs, kinds, k, 1,
+                         (float)count);
         pos = next;
     }
     free(kinds);
@@ -175,24 +197,54 @@ st_status st_mpi_build_own(const mpi_comm *mc, int w, int first_only, float *out
     return s;
 }
 
-/* Owner w's master values into the receive buffer's slots of every other
- * rank that holds them: what the all-gather's exchange sends back. */
+/* Segment j of rank r's profile, q, in its region `base` of the exchange
+ * buffer, whose fp32 part has n_f elements: where element x's slot is, as
+ * an fp32 (*f) or, inside a bf16 master's copy, a bf16 (*h), and the end
+ * of x's run of one kind (below end; *copy as st_mpi_copy_run's). */
+static uint64_t slot_of(const mpi_comm *mc, int r, size_t j, float *base, size_t n_f,
+                        uint64_t x, uint64_t end, float **f, uint16_t **h, int *copy)
+{
+    const prof_seg *q = &mc->prof[r][j];
+    const uint64_t e = st_mpi_copy_run(mc, x, end, copy);
+    const uint64_t in = st_mpi_copied_in(mc, q->begin, x);
+    const size_t f0 = mc->copies_master ? mc->f_off[r][j] : q->off;
+    *f = base + f0 + (x - q->begin - in);
+    *h = (uint16_t *)(void *)(base + n_f) + (q->off - f0) + in;
+    return e;
+}
+
+/* Owner w's master values (a bf16 master: its copies' values) into the
+ * receive buffer's slots of every other rank that holds them: what the
+ * all-gather's exchange sends back. */
 static st_status build_ag_out(const mpi_comm *mc, int w, list *items)
 {
     const int me = mc->rank, g = mc->first[me] + w;
     const uint64_t b0 = mc->shard_begin[g], b1 = mc->shard_begin[g + 1];
+    const mpi_worker *o = &mc->workers[w];
     for (int r = 0; r < mc->size; r++) {
         if (r == me || mc->ag_src_direct[r])   /* direct: sent from the master itself */
             continue;
+        float *base = mc->recv + mc->recv_off[r];
         for (size_t j = 0; j < mc->n_prof[r]; j++) {
             const prof_seg *q = &mc->prof[r][j];
             if (q->end <= b0 || q->begin >= b1)
                 continue;    /* segments never straddle a shard boundary */
-            ag_item *it = st_mpi_list_push(items);
-            if (!it)
-                return st_mpi_no_memory();
-            *it = (ag_item){ mc->recv + mc->recv_off[r] + q->off,
-                             mc->workers[w].master + (q->begin - b0), q->end - q->begin, NULL };
+            for (uint64_t x = q->begin; x < q->end;) {
+                float *f;
+                uint16_t *h;
+                int c;
+                const uint64_t e = slot_of(mc, r, j, base, mc->recv_f[r], x, q->end, &f, &h, &c);
+                ag_item *it = st_mpi_list_push(items);
+                if (!it)
+                    return st_mpi_no_memory();
+                const uint16_t *copy = c < 0 ? NULL
+                                             : o->copies[c].bf16 + (x - o->copies[c].offset);
+                if (c < 0)
+                    *it = (ag_item){ f, o->master + (x - b0), e - x, NULL };
+                else
+                    *it = (ag_item){ NULL, (const float *)(const void *)copy, e - x, h };
+                x = e;
+            }
         }
     }
     return ST_OK;
@@ -219,20 +271,41 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
                 pos = stop;
                 continue;
             }
-            const float *src;
+            /* a bf16 master's copies come as bf16: from the local owner's
+             * copy (w's own: its update wrote it), or from the exchange;
+             * else the fp32 replica, which the model converts */
+            int o = -1, g = mc->first[me];
             if (d == me) {
-                int o = mc->first[me], g = o;
                 while (mc->shard_begin[g + 1] <= pos)
                     g++;
-                src = mc->workers[g - o].master + (pos - mc->shard_begin[g]);
-            } else {
-                src = mc->send + mc->send_off[d] + q->off + (pos - q->begin);
+                o = g - mc->first[me];
             }
-            ag_item *it = st_mpi_list_push(items);
-            if (!it)
-                return st_mpi_no_memory();
-            *it = (ag_item){ v->params + v->local[i] + (pos - v->held[i].begin), src, stop - pos,
-                             NULL };   /* no bf16 copies over MPI (no set_param_copies) */
+            for (uint64_t x = pos; x < stop;) {
+                float *f = NULL;
+                uint16_t *h = NULL;
+                int c;
+                const uint64_t e = d == me ? st_mpi_copy_run(mc, x, stop, &c)
+                                           : slot_of(mc, me, j, mc->send + mc->send_off[d],
+                                                     mc->send_f[d], x, stop, &f, &h, &c);
+                if (d == me && c < 0)
+                    f = mc->workers[o].master + (x - mc->shard_begin[g]);
+                else if (d == me)
+                    h = mc->workers[o].copies[c].bf16 + (x - mc->copies[c].offset);
+                if (c >= 0 && o == w) {
+                    x = e;
+                    continue;
+                }
+                ag_item *it = st_mpi_list_push(items);
+                if (!it)
+                    return st_mpi_no_memory();
+                if (c < 0)
+                    *it = (ag_item){ v->params + v->local[i] + (x - v->held[i].begin), f, e - x,
+                                     NULL };
+                else
+                    *it = (ag_item){ NULL, (const float *)(const void *)h, e - x,
+                                     v->copies[c].bf16 + (x - v->copies[c].offset) };
+                x = e;
+            }
             pos = stop;
         }
     }
@@ -302,12 +375,13 @@ st_status st_mpi_step_lists(mpi_comm *mc, int w)
         by->read += it[t].n * item_sources_bytes(&it[t], own_ops.v);
         by->written += it[t].n * sizeof(float);
     }
+    /* an ag item moves fp32, or (no dst) a bf16 master's copy */
     const ag_item *ai = ag_out.v;
     for (size_t t = 0; s == ST_OK && t < ag_out.n; t++)
-        by->gather_read += ai[t].n * sizeof(float);
+        by->gather_read += ai[t].n * (ai[t].dst ? sizeof(float) : sizeof(uint16_t));
     ai = ag_in.v;
     for (size_t t = 0; s == ST_OK && t < ag_in.n; t++)
-        by->gather_read += ai[t].n * sizeof(float);
+        by->gather_read += ai[t].n * (ai[t].dst ? sizeof(float) : sizeof(uint16_t));
     by->gather_written = by->gather_read;
     by->read += by->gather_read;
     by->written += by->gather_written;

@@ -112,6 +112,85 @@ static st_status local_profile(const mpi_comm *mc, list *out)
     return s;
 }
 
+/* The first copy that ends after x. */
+static int copy_at(const mpi_comm *mc, uint64_t x)
+{
+    int lo = 0, hi = mc->n_copies;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (mc->copies[mid].offset + mc->copies[mid].count <= x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+uint64_t st_mpi_copy_run(const mpi_comm *mc, uint64_t x, uint64_t end, int *copy)
+{
+    *copy = -1;
+    const int c = mc->copies_master ? copy_at(mc, x) : mc->n_copies;
+    if (c == mc->n_copies)
+        return end;
+    const st_param_copy *cp = &mc->copies[c];
+    if (cp->offset > x)
+        return cp->offset < end ? cp->offset : end;
+    *copy = c;
+    return cp->offset + cp->count < end ? cp->offset + cp->count : end;
+}
+
+uint64_t st_mpi_copied_in(const mpi_comm *mc, uint64_t a, uint64_t b)
+{
+    uint64_t n = 0;
+    for (int c = mc->copies_master ? copy_at(mc, a) : mc->n_copies;
+         c < mc->n_copies && mc->copies[c].offset < b; c++) {
+        const uint64_t lo = mc->copies[c].offset, hi = lo + mc->copies[c].count;
+        n += (hi < b ? hi : b) - (lo > a ? lo : a);
+    }
+    return n;
+}
+
+/* copies_master: every worker of every rank lists the same copies (the
+ * all-gather's layout and its items index them alike) over a vector in
+ * the full layout; worker 0's list becomes the engine's. */
+static st_status check_copies(mpi_comm *mc)
+{
+    const mpi_worker *w0 = &mc->workers[0];
+    for (int w = 0; w < mc->n; w++) {
+        const mpi_worker *v = &mc->workers[w];
+        int same = v->n_copies == w0->n_copies;
+        for (int c = 0; same && c < v->n_copies; c++)
+            same = v->copies[c].offset == w0->copies[c].offset &&
+                   v->copies[c].count == w0->copies[c].count;
+        if (!same)
+            return st_fail(ST_ERR_INVALID, "workers 0 and %d list different bf16 copies: they "
+                           "cannot hold a bf16 master", w);
+        for (int i = 0; i < v->n_held; i++)
+            if (v->local[i] != v->held[i].begin)
+                return st_fail(ST_ERR_INVALID, "worker %d: a bf16 master in the copies needs "
+                               "the full layout", w);
+    }
+    mc->copies = w0->copies;
+    mc->n_copies = w0->n_copies;
+    if (mc->world)   /* a described job's ranks run one model */
+        return ST_OK;
+    uint64_t mine[2] = { (uint64_t)mc->n_copies, 14695981039346656037ull };
+    for (int c = 0; c < mc->n_copies; c++)   /* FNV-1a over offsets and counts */
+        mine[1] = ((mine[1] ^ mc->copies[c].offset) * 1099511628211ull ^ mc->copies[c].count) *
+                  1099511628211ull;
+    uint64_t *all = malloc(sizeof mine * (size_t)mc->size);
+    if (!all)
+        return st_mpi_no_memory();
+    int rc = MPI_Allgather(mine, 2, MPI_UINT64_T, all, 2, MPI_UINT64_T, mc->comm);
+    st_status s = rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "gathering the ranks' copies");
+    for (int r = 0; r < mc->size && s == ST_OK; r++)
+        if (all[2 * r] != mine[0] || all[2 * r + 1] != mine[1])
+            s = st_fail(ST_ERR_INVALID, "ranks %d and %d list different bf16 copies: they "
+                        "cannot hold a bf16 master", r, mc->rank);
+    free(all);
+    return s;
+}
+
 /* The end of the allowed-unheld range containing pos, or pos if none. */
 static uint64_t unheld_allowed_until(const mpi_comm *mc, uint64_t pos)
 {
@@ -250,12 +329,12 @@ static void find_direct(mpi_comm *mc)
         float *a = r == mc->rank || mc->bf16 ? NULL : direct_region(mc, r, 0);
         mc->rs_direct[r] = a != NULL && (mc->roles & ST_COMM_REDUCE);
         mc->rs_out[r] = mc->rs_direct[r] ? a : mc->send + mc->send_off[r];
-        const float *m = r == mc->rank || !(mc->roles & ST_COMM_GATHER) ? NULL
-                                                                          : direct_masters(mc, r);
+        /* a bf16 master's region is packed: its fp32 part, then its bf16 */
+        const int gather = (mc->roles & ST_COMM_GATHER) && !mc->copies_master;
+        const float *m = r == mc->rank || !gather ? NULL : direct_masters(mc, r);
         mc->ag_src_direct[r] = m != NULL;
         mc->ag_src[r] = m ? m : mc->recv + mc->recv_off[r];
-        float *b = r == mc->rank || !(mc->roles & ST_COMM_GATHER) ? NULL
-                                                                  : direct_region(mc, r, 1);
+        float *b = r == mc->rank || !gather ? NULL : direct_region(mc, r, 1);
         mc->ag_dst_direct[r] = b != NULL;
         mc->ag_dst[r] = b ? b : mc->send + mc->send_off[r];
     }
@@ -268,7 +347,9 @@ st_status st_mpi_plan_exchange(mpi_comm *mc, st_arena *arena)
 {
     const int R = mc->size, me = mc->rank;
     list mine = { NULL, 0, 0, sizeof(prof_seg) };
-    st_status s = local_profile(mc, &mine);
+    st_status s = mc->copies_master ? check_copies(mc) : ST_OK;
+    if (s == ST_OK)
+        s = local_profile(mc, &mine);
     unsigned long long my_n = mine.n, *all_n = NULL;
     int *counts = NULL, *displs = NULL;
     uint64_t *all = NULL;
@@ -320,7 +401,8 @@ st_status st_mpi_plan_exchange(mpi_comm *mc, st_arena *arena)
     }
     /* each rank's profile, with the offset of each segment in its region
      * for the rank that owns it (a running count per destination) */
-    size_t *run = s == ST_OK ? calloc((size_t)R, sizeof *run) : NULL;
+    size_t *run = s == ST_OK ? calloc(2 * (size_t)R, sizeof *run) : NULL;
+    size_t *run_f = run ? run + R : NULL;   /* the fp32 elements' (copies_master) */
     if (s == ST_OK && !run)
         s = st_mpi_no_memory();
     for (int r = 0, at = 0; r < R && s == ST_OK; r++) {
@@ -333,25 +415,39 @@ st_status st_mpi_plan_exchange(mpi_comm *mc, st_arena *arena)
         memcpy(mc->prof[r], all + at, sizeof(prof_seg) * n);
         mc->n_prof[r] = n;
         at += (int)(4 * n);
-        memset(run, 0, sizeof *run * (size_t)R);
+        if (mc->copies_master && !(mc->f_off[r] = malloc(sizeof(size_t) * (n ? n : 1)))) {
+            s = st_mpi_no_memory();
+            break;
+        }
+        memset(run, 0, sizeof *run * 2 * (size_t)R);
         for (size_t j = 0; j < n; j++) {
             prof_seg *p = &mc->prof[r][j];
             int d = st_mpi_rank_of_element(mc, p->begin);
             p->off = run[d];
             run[d] += p->end - p->begin;
+            if (mc->copies_master) {
+                mc->f_off[r][j] = run_f[d];
+                run_f[d] += p->end - p->begin - st_mpi_copied_in(mc, p->begin, p->end);
+            }
         }
         if (r == me)
-            for (int d = 0; d < R; d++)
+            for (int d = 0; d < R; d++) {
                 mc->send_len[d] = d == me ? 0 : run[d];
+                mc->send_f[d] = d == me ? 0 : run_f[d];
+            }
         mc->recv_len[r] = run[me];
+        mc->recv_f[r] = run_f[me];
     }
     if (s == ST_OK)
         s = check_coverage(mc);
     size_t n_send = 0, n_recv = 0;
+    /* a bf16 master's all-gather counts its messages in 2-byte units */
+    const size_t unit = mc->copies_master ? 2 : 1;
     for (int r = 0; r < R && s == ST_OK; r++) {
         mc->send_off[r] = n_send;
         mc->recv_off[r] = n_recv;
-        if (mc->send_len[r] > (size_t)INT_MAX || mc->recv_len[r] > (size_t)INT_MAX ||
+        if (unit * mc->send_len[r] > (size_t)INT_MAX ||
+            unit * mc->recv_len[r] > (size_t)INT_MAX ||
             n_send + mc->send_len[r] > (size_t)INT_MAX ||
             n_recv + mc->recv_len[r] > (size_t)INT_MAX)
             s = st_fail(ST_ERR_INVALID, "more than %d floats to exchange with one rank: use more "
@@ -378,7 +474,10 @@ st_status st_mpi_plan_exchange(mpi_comm *mc, st_arena *arena)
         for (int r = 0; r < R; r++)
             if (r != me)
                 in += (mc->roles & ST_COMM_REDUCE ? mc->recv_len[r] * rs_size : 0) +
-                      (mc->roles & ST_COMM_GATHER ? mc->send_len[r] * sizeof(float) : 0);
+                      (!(mc->roles & ST_COMM_GATHER) ? 0
+                       : !mc->copies_master ? mc->send_len[r] * sizeof(float)
+                       : mc->send_f[r] * sizeof(float) +
+                             (mc->send_len[r] - mc->send_f[r]) * sizeof(uint16_t));
         mc->mpi_bytes = in;
     }
     free(run);

@@ -292,6 +292,33 @@ void st_comm_plan_partials_part(const comm_plan *pl, int w, size_t lo, size_t hi
     }
 }
 
+st_status st_comm_alloc_master(st_arena *arena, size_t begin, size_t len,
+                               const st_param_copy *copies, int n, float **out)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        k += copies[i].offset < begin + len && copies[i].offset + copies[i].count > begin;
+    if (!k)
+        return st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, len, out);
+    size_t *skip = malloc(2 * (size_t)k * sizeof *skip);
+    if (!skip)
+        return st_fail(ST_ERR_NOMEM, "out of memory listing the weight copies");
+    k = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t lo = copies[i].offset, hi = lo + copies[i].count;
+        if (lo >= begin + len || hi <= begin)
+            continue;
+        skip[2 * k] = (lo > begin ? lo : begin) - begin;
+        skip[2 * k + 1] = (hi < begin + len ? hi : begin + len) - begin;
+        k++;
+    }
+    st_status s = st_arena_reserve_floats(arena, len, out);
+    if (s == ST_OK)
+        s = st_arena_commit_floats(arena, ST_MEM_WEIGHTS, *out, skip, k);
+    free(skip);
+    return s;
+}
+
 st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *grads,
                                 float *params, const st_range *held, const size_t *local,
                                 int n_held)
@@ -349,7 +376,11 @@ st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *gr
                            "whole, in the full layout: element %zu is not held there", w, at);
         me->master = params + pl->shard_begin[w];
     } else if (pl->roles & ST_COMM_GATHER) {
-        ST_TRY(st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, len, &me->master));
+        /* a bf16 master's shard: no memory under the copies (its update
+         * and all-gather read the owner's copies there) */
+        ST_TRY(st_comm_alloc_master(arena, pl->shard_begin[w], len,
+                                    pl->copies_master ? me->copies : NULL,
+                                    pl->copies_master ? me->n_copies : 0, &me->master));
     }
     if ((pl->roles & ST_COMM_REDUCE) && me->shard_out) {
         me->shard_grad = me->shard_out;   /* what no reduction writes keeps its value */

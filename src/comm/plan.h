@@ -155,6 +155,13 @@ typedef struct comm_plan {
 st_status st_comm_plan_init(comm_plan *pl, const st_comm_config *cfg);
 void st_comm_plan_free(comm_plan *pl);
 
+/* A master shard of len elements, [begin, begin + len) of the vector, in
+ * arena (weights).  copies (n, sorted and disjoint, full layout): a bf16
+ * master's, whose elements the shard never holds: their pages are left
+ * out (st_arena_reserve_floats); NULL: the whole shard. */
+st_status st_comm_alloc_master(st_arena *arena, size_t begin, size_t len,
+                               const st_param_copy *copies, int n, float **out);
+
 /* Forgets every registration and work list (st_comm_reset); keeps each
  * slot's domain and shard output. */
 void st_comm_plan_forget(comm_plan *pl);

@@ -568,6 +568,28 @@ void st_run_resume_shard(const run_shared *r, st_comm *c, int wid, float *dst)
     memcpy(dst, r->resume->params + shard.begin, (shard.end - shard.begin) * sizeof *dst);
 }
 
+void st_run_resume_master(const run_shared *r, st_comm *c, st_worker *w)
+{
+    if (r->shared_weights)
+        return;
+    float *dst = st_comm_shard_params(c, w->id);
+    if (!w->storage.copies_master) {
+        st_run_resume_shard(r, c, w->id, dst);
+        return;
+    }
+    const st_range shard = st_comm_shard(c, w->id);
+    int n;
+    const st_param_copy *cp = st_model_copies(w->model, &n);
+    size_t at = shard.begin;   /* the copies are sorted and disjoint */
+    for (int i = 0; i <= n && at < shard.end; i++) {
+        const size_t lo = i < n ? cp[i].offset : shard.end, hi = i < n ? lo + cp[i].count : lo;
+        const size_t to = lo < shard.end ? lo : shard.end;
+        if (to > at)
+            memcpy(dst + (at - shard.begin), r->resume->params + at, (to - at) * sizeof *dst);
+        at = hi > at ? hi : at;
+    }
+}
+
 st_status st_run_resume_open(run_shared *r)
 {
     const st_train_config *cfg = r->cfg;

@@ -161,7 +161,7 @@ static st_status dp_resume(run_shared *r, void *state, st_worker *w)
     ST_TRY(st_run_resume_model(r, w));
     if (!r->comm)
         return ST_OK;
-    st_run_resume_shard(r, r->comm, w->id, st_comm_shard_params(r->comm, w->id));
+    st_run_resume_master(r, r->comm, w);
     return state ? st_randk_resume(state, r, w) : ST_OK;
 }
 

@@ -348,11 +348,11 @@ st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_con
 st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full);
 /* Whether a bf16 master (--master-weights bf16-sr) is carried in the fp32
  * vector too: wherever an engine gathers fp32 masters into other vectors
- * (all but shared weights in one domain of one rank): 1 the update writes
- * its domain's copies, 2 the engine writes all (st_adamw_master16). */
+ * (shared weights over several domains): 1 the update writes its
+ * domain's copies, 2 the engine writes all (st_adamw_master16). */
 int st_run_master_carried(const run_shared *r);
 /* Whether the run's engine gathers a bf16 master as bf16 (private
- * replicas in one process: st_comm_config.copies_master). */
+ * replicas, in one process or over MPI ranks: st_comm_config.copies_master). */
 int st_run_copies_master_gathered(const run_shared *r);
 /* w's full vector for its readers (checkpoints, the final parameters):
  * its own; with a bf16 master in the copies alone, r->widened, made from
@@ -395,6 +395,10 @@ st_status st_run_resume_load(const run_shared *r, const char *name, float *dst, 
  * shard is its domain's copy, which st_run_resume_model loads: then
  * nothing. */
 void st_run_resume_shard(const run_shared *r, st_comm *c, int wid, float *dst);
+/* dp: w's master shard of engine c, as st_run_resume_shard; a bf16
+ * master in the copies alone has no element under them there (its
+ * copies are loaded by st_run_resume_model). */
+void st_run_resume_master(const run_shared *r, st_comm *c, st_worker *w);
 
 /* Worker 0, the others waiting between their steps with their models and
  * optimizers published in their slots: writes DIR/step-NNNNNNNN.safetensors

@@ -20,9 +20,9 @@
  * the parts are written by one thread each.
  *
  * A bf16 master (--master-weights bf16-sr) lives in the copies unless an
- * engine gathers fp32 masters: the fp32 vector then has no memory under
- * them (st_arena_reserve_floats), and its readers get a widened vector
- * (st_run_master_full).
+ * engine gathers fp32 masters (shared weights over several domains): the
+ * fp32 vector then has no memory under them (st_arena_reserve_floats),
+ * and its readers get a widened vector (st_run_master_full).
  *
  * Memory: a worker's record counts its arena and its share of its
  * domain's copy (the copy's bytes over the domain's workers), so that a
@@ -243,7 +243,7 @@ st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config 
 int st_run_copies_master_gathered(const run_shared *r)
 {
     return r->cfg->optim.master == ST_MASTER_BF16_SR && shares_bf16(r->cfg) &&
-           !r->shared_weights && r->ranks == 1;
+           !r->shared_weights;
 }
 
 int st_run_master_carried(const run_shared *r)
