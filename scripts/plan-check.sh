@@ -17,9 +17,10 @@
 #   WORK=DIR   where the metrics go (default a temporary directory)
 #   ONLY=TEXT  only the configurations whose label contains TEXT
 #   MPIRUN=M   the MPI launcher (default mpirun, if the program has MPI):
-#              the calibration is then taken by 2 ranks (the network keys)
-#              and rows of 2 ranks of 1 worker run as `M -np 2 SUBTRAIN ...`,
-#              planned with --ranks 2
+#              the calibration then gets the network keys of 2 ranks
+#              (`M -np 2 SUBTRAIN calibrate --network CAL`) and rows of 2
+#              ranks of 1 worker run as `M -np 2 SUBTRAIN ...`, planned
+#              with --ranks 2
 #   IDLE=S     before each run, wait up to S seconds (default 5) for a
 #              second in which the CPUs were at least 90% idle; the table
 #              gives the 1-minute load average when each row's runs ended
@@ -43,10 +44,9 @@ if command -v "$MPIRUN" >/dev/null &&
 fi
 if [ -z "${CAL:-}" ]; then
     CAL=$WORK/calibration
+    "$bin" calibrate -o "$CAL"
     if [ "$mpi" = 1 ]; then
-        "$MPIRUN" --oversubscribe -np 2 "$bin" calibrate -o "$CAL"
-    else
-        "$bin" calibrate -o "$CAL"
+        "$MPIRUN" --oversubscribe -np 2 "$bin" calibrate --network "$CAL" </dev/null
     fi
 fi
 fashion=${SUBTRAIN_DATA:-/usr/share/datasets/fashion-mnist}

@@ -29,8 +29,9 @@
 #   *_comm_bf16_*       --comm-precision bf16 over ranks: 2 x 1 equals one
 #                       process of 2 (dp, sdp), 2 x 2 close to 1 x 4 (no
 #                       process rounds per rank: test_mpi checks that)
-#   calibrate_network   `mpirun -np 2 subtrain calibrate` writes the network
-#                       rates, and a plan of ranks under them has a time
+#   calibrate_network   `mpirun -np 2 subtrain calibrate --network FILE` adds
+#                       the network rates, and a plan of ranks under them
+#                       has a time
 #   plan_ranks_*        `subtrain plan --ranks 2` against the records of the
 #                       2 ranks' run: rank 0's memory by kind and bytes a
 #                       worker-step, to the byte
@@ -316,20 +317,26 @@ run "mpi/plan_ranks_bf16_master_equals_the_runs_records" bf16_plan_ranks --depth
 run "mpi/plan_ranks_sdp_redrawn_memory_equals_the_runs_records" plan_ranks memory-only \
     --depth 3 --strategy sdp --resample 1
 
-# `mpirun -np 2 subtrain calibrate`: rank 0 writes one file, with the
-# rates between the ranks, and a plan of 2 ranks under it has a time
+# `mpirun -np 2 subtrain calibrate --network FILE` puts the rates between
+# the ranks into this machine's calibration FILE (the rest as it was), and
+# a plan of 2 ranks under it has a time; the launcher without --network,
+# or --network without the launcher, is refused
 calibrate_network() {
-    rm -f "$TMP/net.cal"
-    mpi -np 2 "$BIN" calibrate -o "$TMP/net.cal" || return 1
-    grep -c '^format 2$' "$TMP/net.cal" | grep -qx 1 || { echo "not one file's lines"; return 1; }
+    "$BIN" calibrate -o "$TMP/net.cal" && cp "$TMP/net.cal" "$TMP/machine.cal" &&
+    mpi -np 2 "$BIN" calibrate --network "$TMP/net.cal" || return 1
     grep '^network_' "$TMP/net.cal"
+    grep -v '^network_' "$TMP/net.cal" | diff "$TMP/machine.cal" - ||
+        { echo "the machine's rates changed"; return 1; }
     grep -qx 'network_ranks 2' "$TMP/net.cal" &&
     awk '$1 == "network_gbps" && $2 > 0 { g = 1 } $1 == "network_us" && $2 > 0 { u = 1 }
          END { exit !(g && u) }' "$TMP/net.cal" || { echo "no network rates"; return 1; }
     "$BIN" plan --ranks 2 --as-given --memory-per-worker 1G --calibration "$TMP/net.cal" \
         --data synthetic --width 64 --batch 8 --workers 1 >"$TMP/net.plan" || return 1
-    cat "$TMP/net.plan"
-    grep -q "time with the exchange between ranks" "$TMP/net.plan"
+    grep -q "time with the exchange between ranks" "$TMP/net.plan" ||
+        { cat "$TMP/net.plan"; return 1; }
+    mpi -np 2 "$BIN" calibrate -o "$TMP/no.cal" 2>"$TMP/net.err" </dev/null
+    grep -q "^subtrain calibrate: under an MPI launcher of 2 ranks" "$TMP/net.err" &&
+        [ ! -s "$TMP/no.cal" ] || { cat "$TMP/net.err"; return 1; }
 }
 run "mpi/calibrate_measures_the_network_and_plans_time_ranks" calibrate_network
 

@@ -72,10 +72,6 @@ st_status st_world_allgather_range(float *v, size_t begin, size_t end);
 /* buf on every rank <- buf of rank `root`. */
 st_status st_world_bcast(void *buf, size_t bytes, int root);
 st_status st_world_barrier(void);
-/* Ranks other than 0 wait until rank 0 calls it too, sleeping between
- * looks rather than polling in MPI: what rank 0 measures meanwhile on the
- * same machine keeps its CPUs. */
-st_status st_world_wait_for_root(void);
 /* The exchange of the MPI backend's step, timed: every rank sends `bytes`
  * to every other rank and receives as much from each, all messages posted
  * at once; *seconds is the best of `rounds` rounds (after one to warm up)

@@ -978,6 +978,7 @@ static void print_help(FILE *f)
 {
     fputs(
 "Usage: subtrain calibrate [-o FILE]\n"
+"       mpirun -np R subtrain calibrate --network FILE\n"
 "Measure this machine's rates on one thread (matmul GFLOP/s over a grid of\n"
 "shapes and operand layouts, a chain of layers' products against the grid,\n"
 "and convolution GFLOP/s, in fp32 and bf16; a primitive's call time; the\n"
@@ -985,12 +986,13 @@ static void print_help(FILE *f)
 "GB/s at four sizes, reduction and STREAM triad GB/s), the triad on every\n"
 "CPU at once, and a team's speedups (products, the relu forward, a call, on\n"
 "T = 2, 4, ... threads up to the CPUs), and write them as a calibration file\n"
-"for 'subtrain plan --calibration FILE'.  Started by an MPI launcher\n"
-"('mpirun -np R subtrain calibrate'), rank 0 measures all that while the\n"
-"others wait, then every rank times the exchange between the ranks (the\n"
-"network keys, for plans of --ranks R); rank 0 writes the file.\n"
+"for 'subtrain plan --calibration FILE'.\n"
 "\n"
 "  -o, --output FILE   write the file there (default: standard output)\n"
+"  --network FILE      under an MPI launcher ('mpirun -np R subtrain calibrate\n"
+"                      --network FILE'): time the exchange between the ranks\n"
+"                      and put its rates into FILE, this machine's calibration,\n"
+"                      for plans of --ranks\n"
 "  -h, --help          this text\n"
 "\n"
 "Exit status: 0 success, 1 runtime failure, 2 bad usage.\n", f);
@@ -998,6 +1000,7 @@ static void print_help(FILE *f)
 
 typedef struct cal_options {
     const char *output;
+    const char *network;
     int help;
 } cal_options;
 
@@ -1008,6 +1011,78 @@ static int apply(int c, const char *arg, void *ctx)
         o->help = 1;
     else if (c == 'o')
         o->output = arg;
+    else if (c == 'n')
+        o->network = arg;
+    return 0;
+}
+
+/* This machine's rates into `output` (NULL: stdout): 0, or 1. */
+static int calibrate_machine(const char *output)
+{
+    FILE *f = output ? fopen(output, "w") : stdout;
+    if (!f) {
+        st_cli_error(CMD, "--output %s: cannot create it: %s", ST_CLI_SHOW(output),
+                     strerror(errno));
+        return 1;
+    }
+    omp_set_num_threads(1);
+    st_calibration c;
+    char err[512];
+    int rc = st_calibration_measure(&c, err, sizeof err);
+    if (rc != 0)
+        st_cli_error(CMD, "%s", err);
+    else
+        st_calibration_write(f, &c);
+    if (f != stdout && fclose(f) != 0 && rc == 0) {
+        st_cli_error(CMD, "--output %s: writing it failed", ST_CLI_SHOW(output));
+        rc = -1;
+    }
+    return rc == 0 ? 0 : 1;
+}
+
+/* --network FILE: every rank times the exchange; rank 0 puts the rates
+ * into FILE, a calibration of this machine, and writes it back whole
+ * (through a temporary file and a rename: a failure leaves FILE as it
+ * was).  0, 1 (a failure at run time) or 2 (FILE is no calibration). */
+static int calibrate_network(const char *path)
+{
+    const int root = st_world_rank() == 0;
+    st_calibration c;
+    char err[512];
+    int bad = root && st_calibration_read(path, &c, err, sizeof err) != 0;
+    if (st_world_bcast(&bad, sizeof bad, 0) != ST_OK)
+        return 1;
+    if (bad) {
+        if (root)
+            st_cli_error(CMD, "--network %s: %s", ST_CLI_SHOW(path), err);
+        return 2;
+    }
+    st_calibration net;
+    memset(&net, 0, sizeof net);
+    if (measure_network(&net, err, sizeof err) != 0) {
+        st_cli_error(CMD, "%s", err);
+        return 1;
+    }
+    if (!root)
+        return 0;
+    c.network_ranks = net.network_ranks;
+    c.network_gbps = net.network_gbps;
+    c.network_us = net.network_us;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        st_cli_error(CMD, "--network %s: cannot create %s: %s", ST_CLI_SHOW(path),
+                     ST_CLI_SHOW(tmp), strerror(errno));
+        return 1;
+    }
+    st_calibration_write(f, &c);
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        st_cli_error(CMD, "--network %s: writing it failed: %s", ST_CLI_SHOW(path),
+                     strerror(errno));
+        remove(tmp);
+        return 1;
+    }
     return 0;
 }
 
@@ -1015,6 +1090,7 @@ int st_cli_calibrate_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         { "output", required_argument, NULL, 'o' },
+        { "network", required_argument, NULL, 'n' },
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
@@ -1025,40 +1101,35 @@ int st_cli_calibrate_main(int argc, char **argv)
         print_help(stdout);
         return 0;
     }
+    if (o.network && o.output) {
+        st_cli_error(CMD, "--network %s updates that file: --output %s does not go with it",
+                     ST_CLI_SHOW(o.network), ST_CLI_SHOW(o.output));
+        return 2;
+    }
     if (st_world_init(NULL, NULL) != ST_OK) {
         st_cli_error(CMD, "starting MPI: %s", st_last_error());
         return 1;
     }
-    const int root = st_world_rank() == 0;
-    FILE *f = !root ? NULL : o.output ? fopen(o.output, "w") : stdout;
-    if (root && !f) {
-        st_cli_error(CMD, "--output %s: cannot create it: %s", ST_CLI_SHOW(o.output),
-                     strerror(errno));
-        st_world_abort(1);
-        return 1;
-    }
-    omp_set_num_threads(1);
-    st_calibration c;
-    memset(&c, 0, sizeof c);
-    char err[512];
-    /* one machine's rates, rank 0's, while the others sleep */
-    int rc = root ? st_calibration_measure(&c, err, sizeof err) : 0;
-    if (rc == 0 && st_world_wait_for_root() != ST_OK)
-        rc = st_cli_fail(err, sizeof err, "%s", st_last_error());
-    if (rc == 0)
-        rc = measure_network(&c, err, sizeof err);
-    if (rc != 0) {
-        st_cli_error(CMD, "%s", err);
-        st_world_abort(1);   /* no rank waits for the one that failed */
-    } else if (root) {
-        st_calibration_write(f, &c);
+    const int ranks = st_world_size();
+    int rc;
+    if (o.network && ranks < 2) {
+        st_cli_error(CMD, "--network %s times the exchange between MPI ranks: start it with "
+                     "'mpirun -np 2 subtrain calibrate --network FILE' (or more ranks)",
+                     ST_CLI_SHOW(o.network));
+        rc = 2;
+    } else if (o.network) {
+        rc = calibrate_network(o.network);
+    } else if (ranks > 1) {
+        /* a launcher binds the ranks, and they share the machine: its
+         * rates are one process's, the network's are --network's */
+        if (st_world_rank() == 0)
+            st_cli_error(CMD, "under an MPI launcher of %d ranks calibrate times the exchange "
+                         "between them: give --network FILE, FILE this machine's calibration "
+                         "('subtrain calibrate -o FILE', without the launcher)", ranks);
+        rc = 2;
+    } else {
+        rc = calibrate_machine(o.output);
     }
     st_world_finalize();
-    if (!f)
-        return rc == 0 ? 0 : 1;
-    if (f != stdout && fclose(f) != 0 && rc == 0) {
-        st_cli_error(CMD, "--output %s: writing it failed", ST_CLI_SHOW(o.output));
-        rc = -1;
-    }
-    return rc == 0 ? 0 : 1;
+    return rc;
 }

@@ -67,7 +67,7 @@
  * get no predicted time.  Unknown keys and malformed values are refused
  * with their line; so is a format 1 file (its rates are too few for the
  * prediction: calibrate again).
- *   network_ranks R                `mpirun -np R subtrain calibrate`: the ranks
+ *   network_ranks R                `mpirun -np R subtrain calibrate --network`:
  *                                  that measured the two rates below (left
  *                                  out by a calibration of one process)
  *   network_gbps X                 bytes a rank receives a second while every

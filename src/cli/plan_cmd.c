@@ -111,7 +111,7 @@ static void print_help(FILE *f)
 "                             on R machines like --topology), each with the\n"
 "                             workers the plan gives it; laid out here without\n"
 "                             MPI; time from a calibration's network rate\n"
-"                             ('mpirun -np 2 subtrain calibrate')\n"
+"                             ('mpirun -np 2 subtrain calibrate --network')\n"
 "  --memory-per-worker SIZE   budget of one worker: bytes, or with K, M, G, T\n"
 "                             (or KiB, MiB, GiB, TiB: the same, powers of 1024),\n"
 "                             e.g. 512M, 1G, 1.5GiB\n"
@@ -745,7 +745,7 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, dou
                 timed ? "time with the exchange between ranks at the calibration's network "
                         "rate"
                       : "no predicted time without a calibration of the network between "
-                        "ranks\n(mpirun -np 2 subtrain calibrate: doc/planning.md)");
+                        "ranks\n(mpirun -np 2 subtrain calibrate --network FILE: doc/planning.md)");
     int redraws = 0, synth = 0;
     for (int i = 0; i < n; i++) {
         redraws |= rows[i].ok && (rows[i].c.strategy == ST_STRATEGY_IST ||

@@ -223,35 +223,6 @@ st_status st_world_barrier(void)
     return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "waiting for the ranks");
 }
 
-/* The ranks other than 0 look for rank 0's word this often: sleeping, not
- * polling in MPI, so that they leave the CPUs to what rank 0 measures. */
-#define WORLD_WAIT_NS 1000000L
-
-st_status st_world_wait_for_root(void)
-{
-    if (world_size == 1)
-        return ST_OK;
-    char word = 0;
-    if (world_rank == 0) {
-        for (int r = 1; r < world_size; r++) {
-            int rc = MPI_Send(&word, 1, MPI_BYTE, r, 1, world_comm);
-            if (rc != MPI_SUCCESS)
-                return st_world_fail(rc, "telling the ranks to go on");
-        }
-        return ST_OK;
-    }
-    MPI_Request req;
-    int rc = MPI_Irecv(&word, 1, MPI_BYTE, 0, 1, world_comm, &req);
-    int done = 0;
-    const struct timespec pause = { 0, WORLD_WAIT_NS };
-    while (rc == MPI_SUCCESS && !done) {
-        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (rc == MPI_SUCCESS && !done)
-            nanosleep(&pause, NULL);
-    }
-    return rc == MPI_SUCCESS ? ST_OK : st_world_fail(rc, "waiting for rank 0");
-}
-
 st_status st_world_time_exchange(size_t bytes, int rounds, double *seconds)
 {
     *seconds = 0.0;
@@ -394,11 +365,6 @@ st_status st_world_bcast(void *buf, size_t bytes, int root)
 }
 
 st_status st_world_barrier(void)
-{
-    return ST_OK;
-}
-
-st_status st_world_wait_for_root(void)
 {
     return ST_OK;
 }
