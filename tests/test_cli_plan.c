@@ -916,10 +916,46 @@ Test(plan, a_team_is_priced_at_its_calibrated_speedup, .timeout = 60)
     st_test_rmdir(dir);
 }
 
+/* A team of 3 threads (a domain of 6 cores divided) is priced between the
+ * calibrated teams of 2 and 4, their rates interpolated in log2 T: here
+ * speedups of 2 and 3 at the same call cost, so its step lies strictly
+ * between theirs. */
+Test(plan, a_team_between_calibrated_sizes_is_priced_between_them, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], cal[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(cal, dir, "cal");
+    write_calibration(cal, 50.0, 100.0);
+    FILE *f = fopen(cal, "a");
+    cr_assert_not_null(f);
+    for (int t = 2; t <= 4; t += 2) {
+        const double s = t == 2 ? 2.0 : 3.0;
+        for (int d = 16; d <= 1024; d *= 4)
+            fprintf(f, "team_%d_matmul_fp32_d%d %g\nteam_%d_matmul_bf16_d%d %g\n", t, d, s, t,
+                    d, s);
+        fprintf(f, "team_%d_relu_fwd %g\nteam_%d_call_us 1\n", t, s, t);
+    }
+    fclose(f);
+    double step[3];   /* T = 2, 3, 4 */
+    for (int t = 0; t < 3; t++) {
+        snprintf(args, sizeof args, "plan --as-given --memory-per-worker 1G --calibration '%s' "
+                 "--topology 'synthetic:pack:1 numa:1 core:12 pu:1' --data synthetic "
+                 "--model resmlp --depth 2 --width 256 --batch 64 --workers 1 "
+                 "--threads-per-worker %d --json -", cal, t + 2);
+        json_t *rows = plan_rows(args);
+        json_t *s = json_object_get(json_array_get(rows, 0), "step_s");
+        step[t] = json_is_real(s) ? json_real_value(s) : NAN;
+        json_decref(rows);
+    }
+    cr_expect(step[2] < step[1] && step[1] < step[0], "teams of 2, 3, 4: %g, %g, %g s a step",
+              step[0], step[1], step[2]);
+    st_test_rmdir(dir);
+}
+
 /* --ranks N: N described ranks of the workers the options give, each
  * rank's busiest worker (what its records report) and the busiest of all
- * in the row; no predicted time, even with a calibration (none measures
- * the network between ranks).  The layouts against a real mpirun's are
+ * in the row; no predicted time under a calibration without the network
+ * keys.  The layouts against a real mpirun's are
  * tests/mpi.sh's plan_ranks_* cases. */
 Test(plan, ranks_rows_give_every_ranks_busiest_worker_and_no_time_without_a_network,
      .timeout = 60)

@@ -234,18 +234,28 @@ double st_calibration_pass_rate(const st_calibration *c, double bytes)
     return lo > 0.0 && hi > 0.0 ? exp((1.0 - f) * log(lo) + f * log(hi)) : 0.0;
 }
 
-int st_calibration_team(int threads)
+st_team_rates st_calibration_team_rates(const st_calibration *c, int threads)
 {
-    for (int i = 0; i < ST_CAL_TEAMS; i++)
-        if (threads == 2 << i)
-            return i;
-    return -1;
+    st_team_rates r = { 0.0, 0.0, 0, 0, 0.0 };
+    if (threads < 2 || threads > 2 << (ST_CAL_TEAMS - 1))
+        return r;
+    const double x = log2((double)threads) - 1.0;   /* index 0: a team of 2 */
+    const int lo = (int)floor(x);
+    const int hi = x > (double)lo ? lo + 1 : lo;
+    const double at = x - (double)lo;
+    if (!(c->team_pass[lo] > 0.0) || !(c->team_pass[hi] > 0.0))
+        return r;
+    r.pass = exp((1.0 - at) * log(c->team_pass[lo]) + at * log(c->team_pass[hi]));
+    r.call_us = (1.0 - at) * c->team_call_us[lo] + at * c->team_call_us[hi];
+    r.lo = lo;
+    r.hi = hi;
+    r.at = at;
+    return r;
 }
 
-double st_calibration_team_matmul(const st_calibration *c, int team, int bf16, double flops)
+/* One calibrated team's speedup on a product of `flops`. */
+static double team_matmul_at(const st_calibration *c, int team, int bf16, double flops)
 {
-    if (team < 0 || team >= ST_CAL_TEAMS)
-        return 0.0;
     int i;
     double f;
     /* a cube of side D: 2 D^3 FLOPs, the sides 4 times apart */
@@ -254,6 +264,16 @@ double st_calibration_team_matmul(const st_calibration *c, int team, int bf16, d
     const double lo = c->team_matmul[team][bf16 ? 1 : 0][i];
     const double hi = c->team_matmul[team][bf16 ? 1 : 0][i + 1];
     return lo > 0.0 && hi > 0.0 ? exp((1.0 - f) * log(lo) + f * log(hi)) : 0.0;
+}
+
+double st_calibration_team_matmul(const st_calibration *c, const st_team_rates *team, int bf16,
+                                  double flops)
+{
+    if (!(team->pass > 0.0))
+        return 0.0;
+    const double lo = team_matmul_at(c, team->lo, bf16, flops);
+    const double hi = team_matmul_at(c, team->hi, bf16, flops);
+    return lo > 0.0 && hi > 0.0 ? exp((1.0 - team->at) * log(lo) + team->at * log(hi)) : 0.0;
 }
 
 /* ------------------------------------------------------------ measuring */

@@ -130,12 +130,22 @@ double st_calibration_matmul_rate(const st_calibration *c, int bf16, st_cost_ope
 /* GB/s of an element-wise pass over `bytes` (read and written), between
  * the measured sizes in log space; 0 when not measured. */
 double st_calibration_pass_rate(const st_calibration *c, double bytes);
-/* The index of a team of T threads among the calibrated ones; -1 when T
- * is not one of them. */
-int st_calibration_team(int threads);
-/* A team's speedup on one product of `flops`, between the measured cubes'
- * FLOPs in log space (clamped at their edges); 0 when not measured. */
-double st_calibration_team_matmul(const st_calibration *c, int team, int bf16, double flops);
+/* A team of T threads' rates: those of the calibrated team of T, or of a
+ * T between two calibrated sizes (3, 6, 12, ...: a domain's cores divided)
+ * the two interpolated as log2 T is between theirs, speedups in log space
+ * and the call's cost linearly.  0 in every field when T is beyond the
+ * calibrated sizes or a rate it needs was not measured. */
+typedef struct st_team_rates {
+    double pass;          /* the relu forward's speedup */
+    double call_us;       /* a call's cost to the team */
+    int lo, hi;           /* the calibrated teams it comes from */
+    double at;            /* its place between them: 0 at lo, 1 at hi */
+} st_team_rates;
+st_team_rates st_calibration_team_rates(const st_calibration *c, int threads);
+/* That team's speedup on one product of `flops`, between the measured
+ * cubes' FLOPs in log space (clamped at their edges); 0 when not measured. */
+double st_calibration_team_matmul(const st_calibration *c, const st_team_rates *team, int bf16,
+                                  double flops);
 
 /* `subtrain calibrate`. */
 int st_cli_calibrate_main(int argc, char **argv);

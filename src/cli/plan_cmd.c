@@ -488,16 +488,17 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
      * and operations at the calibrated team's speedup, each call at the
      * team's call time; its moves, update and reduction are the worker's
      * own loops, on its first thread */
-    const int team = row->threads > 1 ? st_calibration_team(row->threads) : -1;
-    if (row->threads > 1 && team < 0)
+    const int team = row->threads > 1;
+    const st_team_rates tr = team ? st_calibration_team_rates(cal, row->threads)
+                                  : (st_team_rates){ 0.0, 0.0, 0, 0, 0.0 };
+    if (team && !(tr.pass > 0.0))
         return NAN;
     /* an operation's work on the team: the calibrated relu's speedup with
      * its call's cost to the team taken out (that is each call's, below) */
-    const double region_s = team < 0 ? 0.0 : cal->team_call_us[team] * 1e-6;
+    const double region_s = tr.call_us * 1e-6;
     const double relu1 = cal->op_ns[ST_OP_RELU][0] * 1024.0 * 256.0 * 1e-9;
-    const double relu_team = team < 0 || !(cal->team_pass[team] > 0.0)
-                                 ? 0.0 : relu1 / cal->team_pass[team];
-    const double op_speedup = team < 0 ? 1.0
+    const double relu_team = team ? relu1 / tr.pass : 0.0;
+    const double op_speedup = !team ? 1.0
                               : relu_team > region_s ? fmin(row->threads, relu1 /
                                                                          (relu_team - region_s))
                                                      : row->threads;
@@ -506,7 +507,7 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
     double t = 0.0;
     /* none: no model step to price (synth's segments) */
     if (row->n_costs < 1 || row->n_costs > ST_STEP_COSTS_MAX || !(op_speedup > 0.0) ||
-        (team >= 0 && !(relu_team > 0.0)))
+        (team && !(relu_team > 0.0)))
         return NAN;
     for (int i = 0; i < row->n_costs; i++) {
         const st_step_cost *c = &row->costs[i];
@@ -523,8 +524,8 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
             r = chain > 0.0 ? st_calibration_matmul_rate(cal, c->bf16, c->operands, (double)c->m,
                                                          (double)c->n, (double)c->k) / chain
                             : 0.0;
-            if (team >= 0)
-                r *= st_calibration_team_matmul(cal, team, c->bf16, c->flops / c->count);
+            if (team)
+                r *= st_calibration_team_matmul(cal, &tr, c->bf16, c->flops / c->count);
             t += r > 0.0 ? c->flops / (r * 1e9) : NAN;
             break;
         }
@@ -535,8 +536,8 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
             r = st_calibration_matmul_rate(cal, c->bf16, ST_OPERANDS_NN, (double)c->m,
                                            (double)c->n, (double)c->k) *
                 (ref > 0.0 ? cal->conv_gflops[c->bf16 ? 1 : 0] / ref : 0.0);
-            if (team >= 0)
-                r *= st_calibration_team_matmul(cal, team, c->bf16, c->flops / c->count);
+            if (team)
+                r *= st_calibration_team_matmul(cal, &tr, c->bf16, c->flops / c->count);
             t += r > 0.0 ? c->flops / (r * 1e9) : NAN;
             break;
         }
