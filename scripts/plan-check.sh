@@ -51,7 +51,8 @@ if [ -z "${CAL:-}" ]; then
 fi
 fashion=${SUBTRAIN_DATA:-/usr/share/datasets/fashion-mnist}
 
-# label|options|ranks (1 if not given)
+# label|options|ranks (1 if not given)|epochs (synth trains whole epochs:
+# those instead of the steps)
 configs() {
     r="--data synthetic --model resmlp --depth 4 --width 256 --batch 128"
     echo "resmlp d4 w256, 1 worker, fp32|$r --workers 1"
@@ -65,6 +66,7 @@ configs() {
     m="--data synthetic --model mlp --depth 3 --width 512 --batch 128"
     echo "mlp d3 w512, 1 worker, fp32|$m --workers 1"
     echo "mlp d3 w512, 2 workers dp, fp32|$m --workers 2"
+    echo "mlp d3 w512, 2 workers synth S=2, fp32|$m --workers 2 --strategy synth|1|4"
     l="--data synthetic --model resmlp --depth 4 --width 1024 --batch 256 --workers 1"
     echo "resmlp d4 w1024 b256, 1 worker, fp32|$l"
     echo "resmlp d4 w1024 b256, 1 worker, bf16|$l --precision bf16"
@@ -104,7 +106,7 @@ printf ' predicted / measured | load |\n'
 printf '| --- | --- | --- | --- | --- |\n'
 within=0
 rows=0
-configs | grep -F -- "${ONLY:-}" | while IFS='|' read -r label opts ranks; do
+configs | grep -F -- "${ONLY:-}" | while IFS='|' read -r label opts ranks epochs; do
     ranks=${ranks:-1}
     launch=
     [ "$ranks" -gt 1 ] && launch="$MPIRUN --oversubscribe -np $ranks"
@@ -116,7 +118,8 @@ r = json.load(sys.stdin)["rows"][0]
 s = r["step_s"] or 0
 print(r["samples_per_s"] or 0, max('"$STEPS"', math.ceil('"$MIN_S"' / s) if s > 0 else 0))')
     pred=$1
-    steps=$2
+    length="--steps $2"
+    [ -n "${epochs:-}" ] && length="--epochs $epochs"
     best=0
     k=0
     while [ "$k" -lt "$RUNS" ]; do
@@ -125,7 +128,7 @@ print(r["samples_per_s"] or 0, max('"$STEPS"', math.ceil('"$MIN_S"' / s) if s > 
         wait_idle
         # shellcheck disable=SC2086
         # mpirun would read the configurations' lines: stdin is not its
-        $launch "$bin" $opts --steps "$steps" --progress none --quiet --metrics "$WORK/m.jsonl" \
+        $launch "$bin" $opts $length --progress none --quiet --metrics "$WORK/m.jsonl" \
             >/dev/null </dev/null
         got=$(tail -n 1 "$WORK/m.jsonl" |
               python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["samples_per_s"])')

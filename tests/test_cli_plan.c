@@ -255,8 +255,10 @@ Test(plan, memory_equals_the_runs_with_masking_accumulation_and_moments, .timeou
  * final record reports, the one whose busiest worker holds the more (the
  * segments here: three workers, the first layer's segment trained by
  * two), a run without recovery epochs its segments; groups of one and of
- * more workers, three segments, both precisions.  Its segments' steps
- * are not priced: no step time, even with a calibration. */
+ * more workers, three segments, both precisions.  Under a calibration
+ * its time is a segment step's (the busiest worker's), and its samples a
+ * second count each sample once, through every segment: batch x workers
+ * / segments a step. */
 Test(plan, synth_memory_equals_the_runs_in_either_phase, .timeout = 300)
 {
     const st_bf16_support bf16 = st_bf16_probe(NULL);
@@ -273,8 +275,14 @@ Test(plan, synth_memory_equals_the_runs_in_either_phase, .timeout = 300)
     run(r, NULL, args);
     cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
     json_t *row = plan_row(r, args);
-    cr_expect(json_is_null(json_object_get(row, "step_s")), "synth: a step time priced: %s",
+    json_t *step = json_object_get(row, "step_s");
+    cr_assert(json_is_real(step) && json_real_value(step) > 0.0, "synth: no step time: %s",
               r->out);
+    cr_expect_gt(json_number_value(json_object_get(row, "flops_per_worker_step")), 0.0);
+    const double per_s = json_real_value(json_object_get(row, "samples_per_s"));
+    const double want = 8.0 * 2.0 / 2.0 / json_real_value(step);
+    cr_expect(fabs(per_s - want) <= 1e-9 * want, "synth: %g samples/s, expected %g", per_s,
+              want);
     cr_expect_gt(json_integer_value(json_object_get(json_object_get(row, "memory_per_worker"),
                                                     "total")), 0);
     json_decref(row);

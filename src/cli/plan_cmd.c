@@ -505,7 +505,7 @@ static double predict_step(const plan_row *row, const st_calibration *cal)
     const double call_s = cal->call_us * 1e-6 + region_s;
     const double move_call_s = cal->call_us * 1e-6;
     double t = 0.0;
-    /* none: no model step to price (synth's segments) */
+    /* none: no step to price */
     if (row->n_costs < 1 || row->n_costs > ST_STEP_COSTS_MAX || !(op_speedup > 0.0) ||
         (team && !(relu_team > 0.0)))
         return NAN;
@@ -595,7 +595,10 @@ static void predict_row(plan_row *row, const st_calibration *cal)
     row->step_s = step;
     const double rows = (double)row->cfg.batch *
                         (row->cfg.accumulate > 1 ? row->cfg.accumulate : 1);
-    row->samples_per_s = rows * row->workers * row->ranks / row->step_s;
+    /* synth: a sample goes through every segment, each on its own workers */
+    const double through = row->c.strategy == ST_STRATEGY_SYNTH && row->cfg.synth.segments > 1
+                               ? (double)row->cfg.synth.segments : 1.0;
+    row->samples_per_s = rows * row->workers * row->ranks / through / row->step_s;
 }
 
 /* ------------------------------------------------------------ the accuracy side */
@@ -760,8 +763,8 @@ static void print_table(FILE *f, const plan_row *rows, int n, double budget, dou
                    "(doc/planning.md)\n");
     if (synth)
         fprintf(f, "synth rows: the segments' memory or the joined network's (--recovery-epochs), "
-                   "whichever\nthe run's records report; MB/step: the segments'; no step time "
-                   "(doc/planning.md)\n");
+                   "whichever\nthe run's records report; MB/step and time: the segment epochs', "
+                   "samples/s through every segment (doc/planning.md)\n");
     /* each strategy's measured differences once: its rows share them */
     int any = 0;
     for (int i = 0; i < n; i++) {

@@ -71,6 +71,9 @@ size_t st_segnet_param_count(const st_segnet *s);
 const st_param_segment *st_segnet_segments(const st_segnet *s, int *count);
 /* Where its parameters start in the full mlp's flat vector. */
 size_t st_segnet_full_offset(const st_segnet *s);
+/* One forward_backward's work: st_model_step_costs of its layers, and
+ * its loss's passes. */
+int st_segnet_step_costs(const st_segnet *s, st_step_cost *out, int cap);
 
 /* Forward, loss (mean MSE or cross-entropy over the batch) and backward:
  * the gradient vector is overwritten with dloss/dparams. */

@@ -101,6 +101,12 @@ typedef struct st_phase {
      * hook: the epochs' records, the final record, a diverged run's final
      * record (worker 0, or no thread after the run). */
     void (*label)(const run_shared *r, void *state, st_epoch_record *rec);
+    /* Optional (NULL: w->model's): a sizing run's account of a step's work
+     * of worker wid in the phase, where its network is not w->model
+     * (synth's segments): its FLOPs into *flops, its costs into out (at
+     * most cap, st_model_step_costs's), how many returned. */
+    int (*work)(const run_shared *r, const void *state, int wid, double *flops,
+                st_step_cost *out, int cap);
 } st_phase;
 
 typedef struct st_strategy_ops {

@@ -443,6 +443,7 @@ static st_status synth_phase_begin(run_shared *r, void *state, int k, st_worker 
     ph->step = st_synth_segment_step;
     ph->evaluate = st_synth_join_evaluate;
     ph->bytes = st_synth_segment_bytes;
+    ph->work = st_synth_segment_work;
     ph->record = st_synth_segment_record;
     ph->sync = st_synth_sync;
     ph->estimate = st_synth_segment_estimate;

@@ -160,6 +160,16 @@ st_comm_bytes st_synth_segment_bytes(const run_shared *r, const void *state, int
     return G->comm ? st_comm_bytes_per_step(G->comm, wid - G->first) : none;
 }
 
+int st_synth_segment_work(const run_shared *r, const void *state, int wid, double *flops,
+                          st_step_cost *out, int cap)
+{
+    (void)r;
+    const synth_run *sy = state;
+    const st_segnet *net = sy->workers[wid].net;
+    *flops = net ? st_segnet_step_flops(net) : 0.0;
+    return net ? st_segnet_step_costs(net, out, cap) : 0;
+}
+
 /* Worker 0 after each of its steps.  Throughput and the time left by the
  * slowest group's progress f: samples through the whole network so far
  * are f x the segment epochs' samples, and the segment epochs end after

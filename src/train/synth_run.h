@@ -121,6 +121,8 @@ st_status st_synth_sync(run_shared *r, void *state, st_worker *w);
 st_status st_synth_join_evaluate(run_shared *r, void *state, st_worker *w, double *loss,
                                  double *acc);
 st_comm_bytes st_synth_segment_bytes(const run_shared *r, const void *state, int wid);
+int st_synth_segment_work(const run_shared *r, const void *state, int wid, double *flops,
+                          st_step_cost *out, int cap);
 void st_synth_segment_record(const run_shared *r, void *state, st_epoch_record *rec);
 void st_synth_segment_estimate(const run_shared *r, void *state, double train_time,
                                st_step_info *info);

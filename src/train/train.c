@@ -368,9 +368,14 @@ static st_status size_phases(run_shared *r, st_worker *w, const st_chunk_backend
         if (s == ST_OK && k == 0) {
             if (r->comm)
                 out->comm = ph.bytes(r, r->strategy, w->id);
-            out->flops = w->model ? st_model_step_flops(w->model) : 0.0;
-            out->n_costs = w->model ? st_model_step_costs(w->model, out->costs,
-                                                          ST_STEP_COSTS_MAX) : 0;
+            if (ph.work) {
+                out->n_costs = ph.work(r, r->strategy, w->id, &out->flops, out->costs,
+                                       ST_STEP_COSTS_MAX);
+            } else {
+                out->flops = w->model ? st_model_step_flops(w->model) : 0.0;
+                out->n_costs = w->model ? st_model_step_costs(w->model, out->costs,
+                                                              ST_STEP_COSTS_MAX) : 0;
+            }
             if (ops->size_draws)
                 s = ops->size_draws(r, r->strategy, w);
         }
