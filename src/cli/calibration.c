@@ -824,7 +824,7 @@ static double time_triad_all(int threads, size_t n)
 static void measure_teams_here(dnnl_engine_t eng, dnnl_stream_t stream, st_calibration *out)
 {
     const dnnl_data_type_t types[2] = { dnnl_f32, dnnl_bf16 };
-    double one[2][ST_CAL_DIMS], relu1[2], small1[2];
+    double one[2][ST_CAL_DIMS] = { { 0.0 } }, relu1[2] = { 0.0 }, small1[2] = { 0.0 };
     for (int i = -1; i < ST_CAL_TEAMS && (i < 0 || (2 << i) <= (int)out->cpus); i++) {
         omp_set_num_threads(i < 0 ? 1 : 2 << i);
         for (int t = 0; t < 2; t++)

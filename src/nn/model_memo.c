@@ -298,7 +298,7 @@ static st_status make_shell(const memo_class *c, st_arena *arena,
     st_status s = blocks && m ? st_arena_replay(arena, &c->log, blocks)
                               : st_fail(ST_ERR_NOMEM, "out of memory creating a model");
     if (s == ST_OK) {
-        static const st_model_storage none = { NULL, NULL, 0 };
+        static const st_model_storage none = { NULL, NULL, 0, 0 };
         rebase r = { c, blocks, storage ? storage : &none, 0 };
         m->storage = storage ? *storage : none;
         place(&r, m);
@@ -398,7 +398,7 @@ st_status st_model_memo_build(st_model_build_fn build, const st_model_config *cf
         st_status s = build(cfg, declare, lo, hi, batch, &c->arena, storage, &c->proto);
         c->arena.log = NULL;
         if (s == ST_OK)
-            c->storage = storage ? *storage : (st_model_storage){ NULL, NULL, 0 };
+            c->storage = storage ? *storage : (st_model_storage){ NULL, NULL, 0, 0 };
         pthread_mutex_lock(&mm->lock);
         c->state = s == ST_OK && complete_class(c, cfg) == 0 ? 1 : -1;
         pthread_cond_broadcast(&mm->built);
