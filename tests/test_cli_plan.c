@@ -775,35 +775,38 @@ Test(plan, predicted_step_follows_width_and_precision_rates, .timeout = 60)
     st_test_rmdir(dir);
 }
 
-/* The plan's fp32 step time of resmlp depth 2 at `width`, 1 worker, under
+/* The plan's JSON rows for `args` (run here). */
+static json_t *plan_rows(const char *args)
+{
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
+    json_error_t e;
+    json_t *root = json_loads(r->out, 0, &e);
+    cr_assert_not_null(root, "%s: %s", args, e.text);
+    free(r);
+    json_t *rows = json_incref(json_object_get(root, "rows"));
+    json_decref(root);
+    return rows;
+}
+
+/* The plan's step time of resmlp depth 2 at `width`, 1 worker, fp32, under
  * the calibration at cal; its step's FLOPs into *flops. */
 static double fp32_step_s(const char *cal, int width, double *flops)
 {
     char args[4 * ST_TEST_PATH_MAX];
-    snprintf(args, sizeof args, "plan --memory-per-worker 1G --calibration '%s' "
-             "--strategies dp --precision fp32 --data synthetic --model resmlp --depth 2 "
-             "--width %d --batch 32 --workers 1 --json -", cal, width);
-    run_result *r = calloc(1, sizeof *r);
-    cr_assert_not_null(r);
-    run(r, NULL, args);
-    cr_assert_eq(r->status, 0, "%s", r->err);
-    json_error_t e;
-    json_t *root = json_loads(r->out, 0, &e);
-    cr_assert_not_null(root, "%s", e.text);
-    double s = NAN;
-    json_t *rows = json_object_get(root, "rows");
-    for (size_t i = 0; i < json_array_size(rows); i++) {
-        json_t *row = json_array_get(rows, i);
-        if (strcmp(json_string_value(json_object_get(row, "moments")), "fp32") == 0 &&
-            json_is_real(json_object_get(row, "step_s"))) {
-            s = json_real_value(json_object_get(row, "step_s"));
-            *flops = json_number_value(json_object_get(row, "flops_per_worker_step"));
-        }
-    }
-    json_decref(root);
-    free(r);
-    cr_assert(s > 0.0, "no fp32 step time at width %d", width);
-    return s;
+    snprintf(args, sizeof args, "plan --as-given --memory-per-worker 1G --calibration '%s' "
+             "--data synthetic --model resmlp --depth 2 --width %d --batch 32 --workers 1 "
+             "--json -", cal, width);
+    json_t *rows = plan_rows(args);
+    json_t *row = json_array_get(rows, 0);
+    json_t *s = json_object_get(row, "step_s");
+    cr_assert(json_is_real(s), "no fp32 step time at width %d", width);
+    const double t = json_real_value(s);
+    *flops = json_number_value(json_object_get(row, "flops_per_worker_step"));
+    json_decref(rows);
+    return t;
 }
 
 /* chain_wide_T slows products as large as its layers' (1024 x 1024) by
@@ -829,22 +832,6 @@ Test(plan, a_wide_chain_slows_wide_products_only, .timeout = 60)
     cr_expect(longer > 0.8 * all && longer <= all * (1.0 + 1e-9),
               "width 1024: %g s longer, expected 0.8 to 1 of %g s", longer, all);
     st_test_rmdir(dir);
-}
-
-/* The plan's JSON rows for `args` (run here). */
-static json_t *plan_rows(const char *args)
-{
-    run_result *r = calloc(1, sizeof *r);
-    cr_assert_not_null(r);
-    run(r, NULL, args);
-    cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
-    json_error_t e;
-    json_t *root = json_loads(r->out, 0, &e);
-    cr_assert_not_null(root, "%s: %s", args, e.text);
-    free(r);
-    json_t *rows = json_incref(json_object_get(root, "rows"));
-    json_decref(root);
-    return rows;
 }
 
 /* Without --workers or --threads-per-worker, every team size T = 1, 2, 4,

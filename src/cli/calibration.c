@@ -121,10 +121,8 @@ void st_calibration_write(FILE *f, const st_calibration *c)
     fprintf(f, "# subtrain calibration: one thread's rates and teams' speedups (calibration.h, "
                "doc/planning.md)\n");
     fprintf(f, "format 2\nmachine %s\nisa %s\n", c->machine, c->isa);
-    const size_t net = offsetof(st_calibration, network_ranks);
-    for (size_t k = 0; k < N_KEYS; k++)
-        if (c->network_ranks > 0.0 || keys[k].offset < net ||
-            keys[k].offset > offsetof(st_calibration, network_us))   /* one process: none */
+    for (size_t k = 0; k < N_KEYS; k++)   /* one process's: no network keys */
+        if (c->network_ranks > 0.0 || strncmp(keys[k].name, "network_", 8) != 0)
             fprintf(f, "%s %.4g\n", keys[k].name, *rate_of((st_calibration *)c, k));
 }
 

@@ -197,34 +197,6 @@ static st_status expect_end(st_gz *gz, const char *path, size_t payload)
     return ST_OK;
 }
 
-st_status st_idx_read(const char *path, st_idx_array *out)
-{
-    if (!out)
-        return st_fail(ST_ERR_INVALID, "st_idx_read: no output array");
-    memset(out, 0, sizeof *out);
-    if (!path)
-        return st_fail(ST_ERR_INVALID, "st_idx_read: no path");
-
-    st_gz *gz;
-    ST_TRY(st_gz_open(path, IDX_GZ_BUFFER, &gz));
-
-    st_idx_array a;
-    memset(&a, 0, sizeof a);
-    st_status s = read_header(gz, path, &a);
-    if (s == ST_OK)
-        s = read_payload(gz, path, &a);
-    if (s == ST_OK)
-        s = expect_end(gz, path, a.count);
-    st_gz_close(gz);   // read-only: every stream problem was reported above
-
-    if (s != ST_OK) {
-        free(a.data);
-        return s;
-    }
-    *out = a;
-    return ST_OK;
-}
-
 /* Whether the file is as long as its header says, from its size (plain)
  * or gzip's recorded length, without reading the payload.  A gzip file of
  * several members records its last one's only: it is read through. */
@@ -244,30 +216,48 @@ static st_status length_matches(st_gz *gz, const char *path, const st_idx_array 
     return ST_OK;
 }
 
-st_status st_idx_read_shape(const char *path, st_idx_array *out)
+/* st_idx_read (values) or st_idx_read_shape: the header, then the payload
+ * held, or only its length checked (read through, for the same message,
+ * when the length differs), then the end of the file. */
+static st_status read_idx(const char *path, int values, const char *who, st_idx_array *out)
 {
     if (!out)
-        return st_fail(ST_ERR_INVALID, "st_idx_read_shape: no output array");
+        return st_fail(ST_ERR_INVALID, "%s: no output array", who);
     memset(out, 0, sizeof *out);
     if (!path)
-        return st_fail(ST_ERR_INVALID, "st_idx_read_shape: no path");
+        return st_fail(ST_ERR_INVALID, "%s: no path", who);
+
     st_gz *gz;
     ST_TRY(st_gz_open(path, IDX_GZ_BUFFER, &gz));
+
     st_idx_array a;
     memset(&a, 0, sizeof a);
-    int matches = 0;
+    int known = 0;   /* the payload's length checked without reading it */
     st_status s = read_header(gz, path, &a);
-    if (s == ST_OK)
-        s = length_matches(gz, path, &a, &matches);
-    /* a length that differs is read through, for st_idx_read's message */
-    if (s == ST_OK && !matches)
+    if (s == ST_OK && values)
+        s = read_payload(gz, path, &a);
+    else if (s == ST_OK && (s = length_matches(gz, path, &a, &known)) == ST_OK && !known)
         s = read_through(gz, path, &a);
-    if (s == ST_OK && !matches)
+    if (s == ST_OK && !known)
         s = expect_end(gz, path, a.count);
-    st_gz_close(gz);
-    if (s == ST_OK)
-        *out = a;
-    return s;
+    st_gz_close(gz);   // read-only: every stream problem was reported above
+
+    if (s != ST_OK) {
+        free(a.data);
+        return s;
+    }
+    *out = a;
+    return ST_OK;
+}
+
+st_status st_idx_read(const char *path, st_idx_array *out)
+{
+    return read_idx(path, 1, "st_idx_read", out);
+}
+
+st_status st_idx_read_shape(const char *path, st_idx_array *out)
+{
+    return read_idx(path, 0, "st_idx_read_shape", out);
 }
 
 void st_idx_free(st_idx_array *a)

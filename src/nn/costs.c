@@ -66,6 +66,12 @@ void st_cost_move(st_cost_sink *s, double bytes, double calls)
     st_cost_pass(s, ST_OP_MEMORY, 0, bytes / 4.0, bytes, calls);
 }
 
+void st_cost_xent(st_cost_sink *s, double logits)
+{
+    st_cost_pass(s, ST_OP_LOGSOFTMAX, 0, logits, 8.0 * logits, 1.0);
+    st_cost_pass(s, ST_OP_LOGSOFTMAX, 1, logits, 12.0 * logits, 1.0);
+}
+
 double st_cost_tensor_bytes(const st_model *m, int t)
 {
     return t == ST_T_NONE ? 0.0
@@ -88,13 +94,9 @@ void st_cost_layer(const st_model *m, const st_layer *l, int forward_only, st_co
 int st_model_step_costs(const st_model *m, st_step_cost *out, int cap)
 {
     st_cost_sink s = { out, cap, 0 };
-    /* the batch gathered into the input; the loss's softmax forward and
-     * its gradient (logits read, log-probabilities written and read,
-     * dlogits written) */
-    const double logits = (double)(m->xent.batch * m->xent.classes);
+    /* the batch gathered into the input; the loss */
     st_cost_move(&s, 2.0 * st_cost_tensor_bytes(m, ST_T_INPUT), 1.0);
-    st_cost_pass(&s, ST_OP_LOGSOFTMAX, 0, logits, 8.0 * logits, 1.0);
-    st_cost_pass(&s, ST_OP_LOGSOFTMAX, 1, logits, 12.0 * logits, 1.0);
+    st_cost_xent(&s, (double)(m->xent.batch * m->xent.classes));
     for (int i = 0; i < m->n_layers; i++)
         if (!m->layers[i].dropped)
             st_cost_layer(m, &m->layers[i], 0, &s);

@@ -35,6 +35,10 @@ void st_cost_pass(st_cost_sink *s, st_cost_op op, int backward, double elements,
 double st_cost_tensor_bytes(const st_model *m, int t);
 /* A pass that moves `bytes` (read and written): a copy, an add, a conversion. */
 void st_cost_move(st_cost_sink *s, double bytes, double calls);
+/* The cross-entropy loss over `logits` values: the log-softmax forward
+ * (logits read, log-probabilities written) and its gradient (those read,
+ * dlogits written). */
+void st_cost_xent(st_cost_sink *s, double logits);
 
 /* Which forward: training (batch statistics, saved for the backward; a
  * batch norm updates its running statistics) or inference (evaluation:

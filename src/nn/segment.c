@@ -191,11 +191,9 @@ int st_segnet_step_costs(const st_segnet *s, st_step_cost *out, int cap)
     st_cost_sink sink = { out, cap, 0 };
     sink.n = st_model_step_costs(s->m, out, cap);
     const double y = (double)s->batch * (double)s->out_dim;
-    if (s->last_is_head) {   /* as the model's loss: logits read, log-probabilities, dlogits */
-        st_cost_pass(&sink, ST_OP_LOGSOFTMAX, 0, y, 8.0 * y, 1.0);
-        st_cost_pass(&sink, ST_OP_LOGSOFTMAX, 1, y, 12.0 * y, 1.0);
-    } else {                 /* MSE: y and t read, dy written */
+    if (s->last_is_head)
+        st_cost_xent(&sink, y);
+    else                     /* MSE: y and t read, dy written */
         st_cost_move(&sink, 12.0 * y, 1.0);
-    }
     return sink.n;
 }
