@@ -192,6 +192,12 @@ typedef struct st_model_config {
     st_model_subnet subnet; /* zero: the whole model */
     st_precision precision; /* of the products of linear, convolution and
                              * attention layers (FP32 default) */
+    st_precision activations; /* with precision BF16: of the tensors between
+                             * layers.  FP32 (default): layers write fp32 and
+                             * each product converts what it reads.  BF16:
+                             * layers write bf16 where their consumers read it,
+                             * norms and softmax keep fp32 statistics inside
+                             * (doc/precision.md) */
     unsigned unfuse;        /* ST_UNFUSE_* bits: fusions turned off, for
                              * measuring them (0: every fusion, the default) */
     int plain_tensors;      /* 1: image tensors stay NCHW between layers, each

@@ -69,6 +69,8 @@ static void print_plan(const st_cli_options *o, const st_dataset *train, const s
     printf("subtrain %s: %s", PACKAGE_VERSION, model);
     if (m->precision != ST_PRECISION_FP32)
         printf(" %s", st_precision_name(m->precision));
+    if (m->activations != ST_PRECISION_FP32)
+        printf(" activations %s", st_precision_name(m->activations));
     if (m->recompute != ST_RECOMPUTE_NONE)
         printf(" recompute %s", st_recompute_name(m->recompute));
     printf(" %s | %s lr %g wd %g %s", st_activation_name(m->activation),

@@ -39,6 +39,7 @@ static const struct option own_options[] = {
     { "bf16-emulated", no_argument, NULL, OPT_BF16_EMULATED },
     { "unfuse", required_argument, NULL, OPT_UNFUSE },
     { "recompute", required_argument, NULL, OPT_RECOMPUTE },
+    { "activation-precision", required_argument, NULL, OPT_ACTIVATION_PRECISION },
     { "epochs", required_argument, NULL, OPT_EPOCHS },
     { "steps", required_argument, NULL, OPT_STEPS },
     { "batch", required_argument, NULL, OPT_BATCH },

@@ -351,6 +351,9 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
         return parse_choice("recompute", arg, parse_recompute, &t->model.recompute, err, n);
     case OPT_COMM_PRECISION:
         return parse_choice("comm-precision", arg, parse_precision, &t->comm_precision, err, n);
+    case OPT_ACTIVATION_PRECISION:
+        return parse_choice("activation-precision", arg, parse_precision, &t->model.activations,
+                            err, n);
     case OPT_WEIGHTS: return parse_choice("weights", arg, parse_weights, &t->weights, err, n);
     case OPT_NEURON_GROUP:
         return parse_int("--neuron-group", arg, 1, 65536, &t->neuron_group, err, n);

@@ -67,6 +67,12 @@ static st_status check_fields(const st_model_config *c)
     if (c->precision != ST_PRECISION_FP32 && c->precision != ST_PRECISION_BF16)
         return st_fail(ST_ERR_INVALID, "unknown precision %d (allowed: fp32, bf16)",
                        (int)c->precision);
+    if (c->activations != ST_PRECISION_FP32 && c->activations != ST_PRECISION_BF16)
+        return st_fail(ST_ERR_INVALID, "unknown activation precision %d (allowed: fp32, bf16)",
+                       (int)c->activations);
+    if (c->activations == ST_PRECISION_BF16 && c->precision != ST_PRECISION_BF16)
+        return st_fail(ST_ERR_INVALID, "--activation-precision bf16 needs --precision bf16 "
+                       "(the products that read the bf16 activations)");
     if (c->activation != ST_ACT_RELU && c->activation != ST_ACT_GELU)
         return st_fail(ST_ERR_INVALID, "unknown activation %d (allowed: relu, gelu)", (int)c->activation);
     if (c->recompute != ST_RECOMPUTE_NONE && c->recompute != ST_RECOMPUTE_BLOCKS &&
