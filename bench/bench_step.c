@@ -398,7 +398,7 @@ static void usage(FILE *f)
             "                            relu-backward|both]\n"
             "                  [--activation relu|gelu]\n"
             "                  [--optimizer-moments fp32,bf16,bf16-sr|all]\n"
-            "                  [--recompute none,blocks,all]\n"
+            "                  [--recompute none,blocks,all] [--activation-precision fp32|bf16]\n"
             "\n"
             "Times one training step of subtrain (st_trainer_step: gather, forward,\n"
             "backward, AdamW) on one thread and compares its GFLOP/s with dnnl_sgemm on\n"
@@ -433,6 +433,8 @@ static void usage(FILE *f)
             "                (relu) a ReLU after a linear layer, (bn-relu) after a batch\n"
             "                norm as an eltwise pass, (relu-backward) the backward of a\n"
             "                fused ReLU as a pass: a comma list, to measure each fusion\n"
+            "  --activation-precision P   the bf16 rows' tensors between layers: fp32\n"
+            "                (default) or bf16 (subtrain --activation-precision)\n"
             "  --activation A   relu or gelu in resmlp and gpt (default gelu; the step\n"
             "                rows only; cnn's ResNet is ReLU)\n"
             "  --optimizer-moments M   the optimizer's state of each row: a comma list of\n"
@@ -491,6 +493,9 @@ int main(int argc, char **argv)
                 return usage_error("--unfuse takes a comma list of bias, residual, "
                                    "weight-copy, relu, bn-relu and relu-backward (or both), "
                                    "got '%s'", v);
+        } else if ((v = option_value(argc, argv, &i, "--activation-precision", &missing))) {
+            if (st_precision_parse(v, &o.activations) != ST_OK)
+                return usage_error("--activation-precision must be fp32 or bf16, got '%s'", v);
         } else if ((v = option_value(argc, argv, &i, "--activation", &missing))) {
             st_activation a;
             if (st_activation_parse(v, &a) != ST_OK)

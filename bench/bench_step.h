@@ -50,6 +50,8 @@ typedef struct bench_options {
     int workers;            /* > 1: also measure data-parallel scaling */
     int fp32, bf16;         /* which precisions get a row (--precision) */
     unsigned unfuse;        /* ST_UNFUSE_* bits (--unfuse): fusions turned off */
+    st_precision activations; /* of the bf16 rows' tensors between layers
+                             * (--activation-precision) */
     int activation;         /* st_activation of resmlp and gpt (--activation); -1:
                              * the configs' own (GELU) */
     unsigned moments;       /* 1 << st_moments: the optimizer states that get a row

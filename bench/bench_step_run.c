@@ -120,6 +120,7 @@ int run_config(const bench_config *bc, const bench_options *o, int bf16, st_mome
     tc.model.hidden = 0; /* = width */
     tc.model.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
     tc.model.unfuse = o->unfuse;
+    tc.model.activations = bf16 ? o->activations : ST_PRECISION_FP32;
     tc.model.recompute = recompute;
     tc.bf16_emulated = 1;   /* the header names the ISA: an emulated row says so */
     tc.model.in_dim = 784;
