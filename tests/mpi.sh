@@ -35,6 +35,9 @@
 #   plan_ranks_*        `subtrain plan --ranks 2` against the records of the
 #                       2 ranks' run: rank 0's memory by kind and bytes a
 #                       worker-step, to the byte
+#   wire_bytes_*        the bytes the ranks hand to MPI in a step (counted
+#                       through PMPI) against the plan's bytes between ranks:
+#                       fp32, bf16 gradients, a bf16 master
 set -u
 . "$(dirname "$0")/case.sh"
 MPIRUN=${MPIRUN:-mpirun}
@@ -311,6 +314,46 @@ bf16_plan_ranks() {
 }
 run "mpi/plan_ranks_bf16_master_equals_the_runs_records" bf16_plan_ranks --depth 2 \
     --precision bf16 --bf16-emulated --master-weights bf16-sr --optimizer-moments bf16
+
+# wire OPTIONS...: the bytes each rank asks MPI to receive in a step,
+# counted at the MPI calls (tests/mpi_wire.c, preloaded into the ranks; a
+# 4-step run less a 2-step one, so setup and the end cancel), equal the
+# most a rank receives by the plan (bytes_from_other_ranks_per_step, the
+# part of the records' comm bytes that crosses ranks): an exchange that
+# moved other payloads than the ones counted would fail here
+wire() {
+    command -v python3 >/dev/null || { echo "no python3 to read the JSON"; return 77; }
+    lib=$(pwd)/tests/.libs/libmpiwire.so
+    [ -f "$lib" ] || { echo "no $lib (built without shared libraries)"; return 77; }
+    P="--data synthetic --model mlp --depth 2 --width 64 --batch 16 --workers 1 $*"
+    for s in 2 4; do
+        rm -f "$TMP/wire.$s".*
+        # shellcheck disable=SC2086
+        mpi -np 2 -x LD_PRELOAD="$lib" -x MPI_WIRE_OUT="$TMP/wire.$s" \
+            "$BIN" $P --steps $s --quiet --progress none || return 1
+    done
+    # shellcheck disable=SC2086
+    "$BIN" plan --ranks 2 --as-given --memory-per-worker 1G --json - $P --steps 2 \
+        >"$TMP/wire.json" || return 1
+    python3 - "$TMP" <<'PY'
+import json, sys
+t = sys.argv[1]
+def recv(s, r):
+    return int(open("%s/wire.%d.%d" % (t, s, r)).read().split()[1])
+step = [(recv(4, r) - recv(2, r)) / 2 for r in (0, 1)]
+plan = json.load(open(t + "/wire.json"))["rows"][0]["bytes_from_other_ranks_per_step"]
+print("received a step: rank 0 %d, rank 1 %d bytes; the plan: %d at most" % (*step, plan))
+sys.exit(0 if max(step) == plan else 1)
+PY
+}
+run "mpi/wire_bytes_of_dp_equal_the_plans" wire
+run "mpi/wire_bytes_of_dp_comm_bf16_equal_the_plans" wire --comm-precision bf16
+bf16_wire() {
+    bf16_runs || return 77
+    wire "$@" --precision bf16 --bf16-emulated
+}
+run "mpi/wire_bytes_of_a_bf16_master_equal_the_plans" bf16_wire --master-weights bf16-sr \
+    --optimizer-moments bf16
 
 # masks redrawn before step 2: the plan lays out that draw too (its
 # bytes are the first draw's, the record's the last one's)
