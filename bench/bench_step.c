@@ -232,30 +232,22 @@ typedef struct scaling_result {
     st_epoch_record rec;
 } scaling_result;
 
-static int scaling_run(const bench_config *bc, int workers, int steps, int bf16,
-                       unsigned unfuse, st_weights weights, int after, scaling_result *out)
+static int scaling_run(const bench_config *bc, const bench_options *o, int bf16, int workers,
+                       int steps, st_weights weights, int after, scaling_result *out)
 {
-    st_synthetic_config sc = st_synthetic_defaults(1);
-    sc.train_count = (uint32_t)(steps * workers * bc->batch);
-    sc.test_count = 64;
-    st_dataset train, test;
-    if (st_synthetic_make(&sc, &train, &test) != ST_OK)
-        return fail("synthetic data");
-    st_dataset_normalize(&train, &test, NULL, NULL);
     st_train_config tc = st_train_config_default();
-    tc.model.depth = bc->depth;
-    tc.model.width = bc->width;
-    tc.model.in_dim = (int)train.dim;
-    tc.model.n_classes = (int)train.n_classes;
-    tc.batch = bc->batch;
+    bench_train_config(bc, o, bf16, &tc);
     tc.workers = workers;
     tc.steps = (uint64_t)steps;
-    tc.schedule = ST_SCHED_CONSTANT;
-    tc.model.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
-    tc.model.unfuse = unfuse;
     tc.weights = weights;
     tc.reduce_after_backward = after;
-    st_status s = st_train_run(&tc, &train, &test, NULL, &out->rec);
+    st_dataset train, test;
+    if (bench_data(bc, 1, (uint32_t)(steps * workers * bc->batch), &train, &test) !=
+        EXIT_SUCCESS)
+        return EXIT_FAILURE;
+    st_status s = st_train_config_check(&tc);
+    if (s == ST_OK)
+        s = st_train_run(&tc, &train, &test, NULL, &out->rec);
     st_dataset_free(&train);
     st_dataset_free(&test);
     if (s != ST_OK)
@@ -271,13 +263,13 @@ static int cmp_scaling(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int scaling_median(const bench_config *bc, int workers, int steps, int reps, int bf16,
-                          unsigned unfuse, st_weights weights, int after, scaling_result *med)
+static int scaling_median(const bench_config *bc, const bench_options *o, int bf16, int workers,
+                          int steps, int reps, st_weights weights, int after,
+                          scaling_result *med)
 {
     scaling_result r[MAX_WINDOWS];
     for (int i = 0; i < reps; i++)
-        if (scaling_run(bc, workers, steps, bf16, unfuse, weights, after, &r[i]) !=
-            EXIT_SUCCESS)
+        if (scaling_run(bc, o, bf16, workers, steps, weights, after, &r[i]) != EXIT_SUCCESS)
             return EXIT_FAILURE;
     qsort(r, (size_t)reps, sizeof *r, cmp_scaling);
     *med = r[reps / 2];
@@ -301,30 +293,41 @@ static void print_scaling_row(int workers, const char *weights, const scaling_re
            (double)e->memory.peak_total / 1048576.0);
 }
 
-static int run_scaling(const bench_options *o)
+static void scaling_json(FILE *f, const bench_config *bc, int bf16, int workers,
+                         const char *weights, const scaling_result *r, double base)
 {
-    /* The issue's measurement: resmlp d8 w1024 at batch 128 per worker
-     * (the large config at its own batch with --config small). */
-    bench_config bc = o->which == 1 ? CONFIGS[1]
-                                    : (bench_config){ "large", "resmlp", 8, 1024, 128,
-                                                      0, 0, 0, 0, 0, 0 };
-    int steps = o->quick ? 6 : (bc.width >= 1024 ? 30 : 300);
+    const st_epoch_record *e = &r->rec;
+    fprintf(f, "{\"scaling\":\"%s\",\"precision\":\"%s\",\"batch\":%d,\"workers\":%d,"
+            "\"weights\":\"%s\",\"samples_per_s\":%.1f,\"tokens_per_s\":%.1f,"
+            "\"vs_one_worker\":%.4f,\"compute_ms\":%.3f,\"wait_ms\":%.3f,\"reduce_ms\":%.3f,"
+            "\"optimizer_ms\":%.3f,\"overlapped_ms\":%.3f,\"comm_bytes_per_worker_step\":%.0f,"
+            "\"peak_bytes_per_worker\":%zu}\n",
+            bc->name, bf16 ? "bf16" : "fp32", bc->batch, workers, weights, r->samples_per_s,
+            r->samples_per_s * (bc->context ? bc->context : 0), r->samples_per_s / base,
+            e->step_ms_compute, e->step_ms_wait, e->step_ms_reduce, e->step_ms_optimizer,
+            e->step_ms_overlapped, e->comm_bytes_per_worker_step, e->memory.peak_total);
+}
+
+/* 1 and N workers of one config in one precision, the rows alternating
+ * kinds as scaling_median runs them. */
+static int scaling_of(const bench_config *bc, const bench_options *o, int bf16, FILE *json)
+{
+    /* about as long a run for each config: the small steps are short */
+    int steps = o->quick ? 6 : (bc->width >= 1024 || bc->in_channels || bc->context ? 30 : 300);
     int reps = o->quick ? 1 : 3;
     scaling_result one, many, after, replicas;
-    /* bf16 when it is the only precision asked for (--precision bf16) */
-    const int bf16 = o->bf16 && !o->fp32;
-    printf("\ndata-parallel scaling: resmlp d%d w%d %s, batch %d per worker, %d steps, "
-           "median of %d runs of st_train_run\n", bc.depth, bc.width, bf16 ? "bf16" : "fp32",
-           bc.batch, steps, reps);
+    printf("\ndata-parallel scaling: %s %s d%d w%d %s, batch %d per worker, %d steps, "
+           "median of %d runs of st_train_run\n", bc->name, bc->model, bc->depth, bc->width,
+           bf16 ? "bf16" : "fp32", bc->batch, steps, reps);
     /* the N workers' runs with a weight copy per NUMA domain (as training
      * runs) and with a replica per worker, alternately: a same-run ratio */
-    if (scaling_median(&bc, 1, steps, reps, bf16, o->unfuse, ST_WEIGHTS_SHARED, 0, &one) !=
+    if (scaling_median(bc, o, bf16, 1, steps, reps, ST_WEIGHTS_SHARED, 0, &one) !=
             EXIT_SUCCESS ||
-        scaling_median(&bc, o->workers, steps, reps, bf16, o->unfuse, ST_WEIGHTS_SHARED, 0,
-                       &many) != EXIT_SUCCESS ||
-        scaling_median(&bc, o->workers, steps, reps, bf16, o->unfuse, ST_WEIGHTS_SHARED, 1,
-                       &after) != EXIT_SUCCESS ||
-        scaling_median(&bc, o->workers, steps, reps, bf16, o->unfuse, ST_WEIGHTS_PRIVATE, 0,
+        scaling_median(bc, o, bf16, o->workers, steps, reps, ST_WEIGHTS_SHARED, 0, &many) !=
+            EXIT_SUCCESS ||
+        scaling_median(bc, o, bf16, o->workers, steps, reps, ST_WEIGHTS_SHARED, 1, &after) !=
+            EXIT_SUCCESS ||
+        scaling_median(bc, o, bf16, o->workers, steps, reps, ST_WEIGHTS_PRIVATE, 0,
                        &replicas) != EXIT_SUCCESS)
         return EXIT_FAILURE;
     printf("workers weights     samples/s  vs 1 wk  compute ms  wait ms  reduce ms  optimizer ms"
@@ -333,12 +336,37 @@ static int run_scaling(const bench_options *o)
     print_scaling_row(o->workers, "shared", &many, one.samples_per_s);
     print_scaling_row(o->workers, "after", &after, one.samples_per_s);
     print_scaling_row(o->workers, "replicas", &replicas, one.samples_per_s);
+    if (bc->context)
+        printf("tokens/s = samples/s x %d\n", bc->context);
+    if (json) {
+        scaling_json(json, bc, bf16, 1, "own", &one, one.samples_per_s);
+        scaling_json(json, bc, bf16, o->workers, "shared", &many, one.samples_per_s);
+        scaling_json(json, bc, bf16, o->workers, "after", &after, one.samples_per_s);
+        scaling_json(json, bc, bf16, o->workers, "replicas", &replicas, one.samples_per_s);
+    }
+    printf("ring all-reduce among %d distributed workers would send %.1f MB per worker and step\n",
+           o->workers, many.rec.ring_bytes_per_worker_step / 1e6);
+    return EXIT_SUCCESS;
+}
+
+/* --workers N: the whole trainer with 1 and N data-parallel workers, for
+ * each config and precision asked; the large resmlp at batch 128 per
+ * worker (the many-core measurement's shape), the others at their own. */
+static int run_scaling(const bench_options *o, FILE *json)
+{
+    const bench_config large128 = { "large", "resmlp", 8, 1024, 128, 0, 0, 0, 0, 0, 0 };
+    for (int i = 0; i < N_CONFIGS; i++) {
+        if (o->which >= 0 && o->which != i)
+            continue;
+        const bench_config *bc = i == 0 ? &large128 : &CONFIGS[i];
+        for (int bf16 = 0; bf16 < 2; bf16++)
+            if ((bf16 ? o->bf16 : o->fp32) && scaling_of(bc, o, bf16, json) != EXIT_SUCCESS)
+                return EXIT_FAILURE;
+    }
     printf("weights: shared = a copy per NUMA domain, updated in place by the shard owners; "
            "after = the same, its reduction and update after the backward; replicas = a "
            "replica per worker, filled by the all-gather; overlap = reduction and update "
            "during the backward; exposed = (wait + reduce + optimizer) / step\n");
-    printf("ring all-reduce among %d distributed workers would send %.1f MB per worker and step\n",
-           o->workers, many.rec.ring_bytes_per_worker_step / 1e6);
     return EXIT_SUCCESS;
 }
 
@@ -419,12 +447,11 @@ static void usage(FILE *f)
             "                (default 2; --quick: 0.3)\n"
             "  --json FILE   also write one JSON object per configuration (JSON Lines)\n"
             "  --workers N   also run the whole trainer with 1 and N data-parallel workers\n"
-            "                (resmlp d8 w1024, batch 128 per worker; with --config small the\n"
-            "                small model; not with --config cnn or gpt), N with a\n"
-            "                weight copy per NUMA domain (reducing during the backward, and\n"
-            "                after it) and with a replica per worker, and\n"
-            "                compare samples/s (in bf16 with --precision bf16; --unfuse\n"
-            "                applies)\n"
+            "                for each config (large at batch 128 per worker) and precision\n"
+            "                asked, N with a weight copy per NUMA domain (reducing during\n"
+            "                the backward, and after it) and with a replica per worker, and\n"
+            "                compare samples/s (--unfuse and --activation-precision apply;\n"
+            "                --json gets a line per row)\n"
             "  --precision P fp32 (default), bf16 (linear layers in bf16; reference:\n"
             "                oneDNN's bf16 matmul on the same shape, sgemm beside it) or both\n"
             "  --unfuse F    run the linear layers' bias add, skip add or both as passes\n"
@@ -523,9 +550,6 @@ int main(int argc, char **argv)
         }
     }
 
-    if (o.workers > 1 && (o.which == CONFIG_CNN || o.which == CONFIG_GPT))
-        return usage_error("--workers measures resmlp scaling; not with --config %s",
-                           CONFIGS[o.which].name);
     if (o.quick) {
         o.windows = 3;
         o.warmup_steps = 1;
@@ -554,7 +578,7 @@ int main(int argc, char **argv)
     int rc = run_all(&o, json);
 
     if (rc == EXIT_SUCCESS && o.workers > 1)
-        rc = run_scaling(&o);
+        rc = run_scaling(&o, json);
 
     if (json && fclose(json) != 0) {
         fprintf(stderr, "bench_step: cannot write %s: %s\n", o.json_path, strerror(errno));

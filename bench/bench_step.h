@@ -211,6 +211,15 @@ void attn_ref_free(attn_ref *a);
 int fail(const char *what);
 /* One configuration in one precision and optimizer state, measured into
  * r; an exit status. */
+/* The configuration's trainer options (model, batch, precision, the
+ * options' fusions and activation precision; one worker, a constant
+ * rate); the caller sets the rest. */
+void bench_train_config(const bench_config *bc, const bench_options *o, int bf16,
+                        st_train_config *tc);
+/* count training samples of the config's data (gpt: windows of generated
+ * text), as the trainer reads them; EXIT_FAILURE with a message. */
+int bench_data(const bench_config *bc, uint64_t seed, uint32_t count, st_dataset *train,
+               st_dataset *test);
 int run_config(const bench_config *bc, const bench_options *o, int bf16, st_moments moments,
                st_recompute recompute, bench_result *r);
 

@@ -101,6 +101,77 @@ int fail(const char *what)
     return EXIT_FAILURE;
 }
 
+/* The configuration's model as the trainer builds it for `subtrain`
+ * with the same options, at the config's batch, a constant rate. */
+void bench_train_config(const bench_config *bc, const bench_options *o, int bf16,
+                        st_train_config *tc)
+{
+    tc->model.kind = st_model_kind_named(bc->model);
+    tc->model.depth = bc->depth;
+    tc->model.width = bc->width;
+    tc->model.hidden = 0; /* = width */
+    tc->model.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+    tc->model.unfuse = o->unfuse;
+    tc->model.activations = bf16 ? o->activations : ST_PRECISION_FP32;
+    tc->bf16_emulated = 1;   /* the header names the ISA: an emulated row says so */
+    tc->model.in_dim = 784;
+    tc->model.n_classes = 10;
+    if (bc->in_channels) {
+        /* as `subtrain --model resnet` sets it for Fashion-MNIST: the
+         * images' shape (cli/main.c), ReLU (models/resnet.c's defaults) */
+        tc->model.in_channels = bc->in_channels;
+        tc->model.in_height = bc->in_height;
+        tc->model.in_width = bc->in_width;
+        tc->model.activation = ST_ACT_RELU;
+    }
+    if (bc->context) {
+        /* as `subtrain --model gpt --data text:FILE` sets it (models/gpt.c's
+         * defaults): a byte id per token in, the next byte (256 classes)
+         * out, MLP hidden 4 D, GELU */
+        tc->model.context = bc->context;
+        tc->model.heads = bc->heads;
+        tc->model.in_dim = bc->context;
+        tc->model.n_classes = 256;
+        tc->model.activation = ST_ACT_GELU;
+    }
+    if (o->activation >= 0 && !bc->in_channels)
+        tc->model.activation = (st_activation)o->activation;
+    tc->batch = bc->batch;
+    tc->schedule = ST_SCHED_CONSTANT;
+}
+
+/* count samples of the config's data: synthetic features (images of the
+ * cnn's shape), or for gpt windows of 4 MiB of generated text. */
+int bench_data(const bench_config *bc, uint64_t seed, uint32_t count, st_dataset *train,
+               st_dataset *test)
+{
+    if (bc->context) {
+        st_text text;
+        if (make_text((size_t)4 << 20, seed, &text)) {
+            fprintf(stderr, "bench_step: out of memory for the text\n");
+            return EXIT_FAILURE;
+        }
+        st_status ts = st_text_dataset(&text, bc->context, seed, count, 0, train, test);
+        st_text_free(&text);
+        if (ts != ST_OK)
+            return fail("text data");
+    } else {
+        st_synthetic_config sc = st_synthetic_defaults(seed);
+        sc.train_count = count;
+        sc.test_count = 1;
+        if (st_synthetic_make(&sc, train, test) != ST_OK)
+            return fail("synthetic data");
+        st_dataset_normalize(train, test, NULL, NULL);
+    }
+    if (bc->in_channels) {
+        /* the same 784 features, read as 1 x 28 x 28 images */
+        train->channels = test->channels = (uint32_t)bc->in_channels;
+        train->height = test->height = (uint32_t)bc->in_height;
+        train->width = test->width = (uint32_t)bc->in_width;
+    }
+    return EXIT_SUCCESS;
+}
+
 int run_config(const bench_config *bc, const bench_options *o, int bf16, st_moments moments,
                st_recompute recompute, bench_result *r)
 {
@@ -114,42 +185,11 @@ int run_config(const bench_config *bc, const bench_options *o, int bf16, st_mome
     /* One data-parallel worker, a constant rate, and more steps than any
      * measurement takes (the plan needs a length). */
     st_train_config tc = st_train_config_default();
-    tc.model.kind = st_model_kind_named(bc->model);
-    tc.model.depth = bc->depth;
-    tc.model.width = bc->width;
-    tc.model.hidden = 0; /* = width */
-    tc.model.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
-    tc.model.unfuse = o->unfuse;
-    tc.model.activations = bf16 ? o->activations : ST_PRECISION_FP32;
+    bench_train_config(bc, o, bf16, &tc);
     tc.model.recompute = recompute;
-    tc.bf16_emulated = 1;   /* the header names the ISA: an emulated row says so */
-    tc.model.in_dim = 784;
-    tc.model.n_classes = 10;
-    if (bc->in_channels) {
-        /* as `subtrain --model resnet` sets it for Fashion-MNIST: the
-         * images' shape (cli/main.c), ReLU (models/resnet.c's defaults) */
-        tc.model.in_channels = bc->in_channels;
-        tc.model.in_height = bc->in_height;
-        tc.model.in_width = bc->in_width;
-        tc.model.activation = ST_ACT_RELU;
-    }
-    if (bc->context) {
-        /* as `subtrain --model gpt --data text:FILE` sets it (models/gpt.c's
-         * defaults): a byte id per token in, the next byte (256 classes)
-         * out, MLP hidden 4 D, GELU */
-        tc.model.context = bc->context;
-        tc.model.heads = bc->heads;
-        tc.model.in_dim = bc->context;
-        tc.model.n_classes = 256;
-        tc.model.activation = ST_ACT_GELU;
-    }
-    if (o->activation >= 0 && !bc->in_channels)
-        tc.model.activation = (st_activation)o->activation;
     r->activation = tc.model.activation;
-    tc.batch = bc->batch;
     tc.optim.moments = moments;
     tc.workers = 1;
-    tc.schedule = ST_SCHED_CONSTANT;
     tc.steps = 1000000000;
     if (st_train_config_check(&tc) != ST_OK)
         return fail(bc->name);
@@ -157,34 +197,10 @@ int run_config(const bench_config *bc, const bench_options *o, int bf16, st_mome
     /* A few batches of data are enough: the step's cost does not depend on
      * which samples it sees, and a small set keeps start-up short.  Eight
      * batches rather than one so that successive steps gather different
-     * rows in a shuffled order, as the trainer's do.  gpt: 4 MiB of
-     * generated text, an epoch of 8 batches of windows drawn from it. */
+     * rows in a shuffled order, as the trainer's do. */
     st_dataset train, test;
-    if (bc->context) {
-        st_text text;
-        if (make_text((size_t)4 << 20, tc.seed, &text)) {
-            fprintf(stderr, "bench_step: out of memory for the text\n");
-            return EXIT_FAILURE;
-        }
-        st_status ts = st_text_dataset(&text, bc->context, tc.seed, 8u * (uint32_t)bc->batch,
-                                       0, &train, &test);
-        st_text_free(&text);
-        if (ts != ST_OK)
-            return fail("text data");
-    } else {
-        st_synthetic_config sc = st_synthetic_defaults(tc.seed);
-        sc.train_count = 8u * (uint32_t)bc->batch;
-        sc.test_count = 1;
-        if (st_synthetic_make(&sc, &train, &test) != ST_OK)
-            return fail("synthetic data");
-        st_dataset_normalize(&train, &test, NULL, NULL);
-    }
-    if (bc->in_channels) {
-        /* the same 784 features, read as 1 x 28 x 28 images */
-        train.channels = test.channels = (uint32_t)bc->in_channels;
-        train.height = test.height = (uint32_t)bc->in_height;
-        train.width = test.width = (uint32_t)bc->in_width;
-    }
+    if (bench_data(bc, tc.seed, 8u * (uint32_t)bc->batch, &train, &test) != EXIT_SUCCESS)
+        return EXIT_FAILURE;
 
     int rc = EXIT_SUCCESS;
     st_trainer *t = NULL;
