@@ -388,11 +388,14 @@ signal() {
     "$MPIRUN" -np 2 "$BIN" --data synthetic --steps 100000 --quiet --workers 1 \
         --metrics "$TMP/sig.jsonl" 2>"$TMP/err" &
     mp=$!
-    for i in 1 2 3 4 5 6 7 8 9 10; do
-        [ -s "$TMP/sig.jsonl" ] || [ "$(pgrep -P $mp | wc -l)" -lt 2 ] || break
+    # the signal goes to a rank that trains: its first record is out (on a
+    # loaded machine the ranks' start-up can take many seconds)
+    i=0
+    while [ ! -s "$TMP/sig.jsonl" ] && [ $i -lt 120 ]; do
         sleep 1
+        i=$((i + 1))
     done
-    sleep 2
+    sleep 1
     victim=$(pgrep -P $mp | tail -n 1)
     [ -n "$victim" ] || { echo "no rank found"; kill $mp; return 1; }
     kill -TERM "$victim"
