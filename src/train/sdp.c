@@ -38,6 +38,18 @@ static st_comm *masters(const run_shared *r, const sdp_run *s)
     return s->params_comm ? s->params_comm : r->comm;
 }
 
+/* A bf16 master in private replicas' copies (one worker, --weights
+ * private, MPI ranks) cannot be saved and reloaded through a new round's
+ * fp32 shards (new_round); `private`: the run's weights are. */
+static st_status master_resample_check(const st_train_config *c, int private)
+{
+    if (c->optim.master != ST_MASTER_BF16_SR || !c->sdp.resample || !private)
+        return ST_OK;
+    return st_fail(ST_ERR_INVALID, "--master-weights bf16-sr with --strategy sdp --resample "
+                   "%llu needs the workers to share their weights: one process, --weights "
+                   "shared, more than one worker", (unsigned long long)c->sdp.resample);
+}
+
 /* What of subnetwork data parallelism exists so far: block-level units with
  * forward or backward masking, masks fixed or redrawn every R steps
  * (doc/status.md lists the rest). */
@@ -85,7 +97,9 @@ static st_status sdp_check(const st_train_config *c, int chosen)
     if (c->sdp.masking == ST_MASKING_BACKWARD && c->sdp.align_every)
         return st_fail(ST_ERR_INVALID, "--report align measures forward-masked subnetworks; "
                        "a backward-masked gradient is the full gradient on its coordinates");
-    return ST_OK;
+    /* (what is known before the run: its ranks are once it starts) */
+    return master_resample_check(c, c->weights == ST_WEIGHTS_PRIVATE || c->workers == 1 ||
+                                        st_world_size() > 1);
 }
 
 /* Backward masking: every worker holds the full model, whose weights it
@@ -130,6 +144,7 @@ static st_status sdp_prepare(run_shared *r, void **state)
         return st_fail(ST_ERR_NOMEM, "out of memory for the subnetworks' state");
     st_range unheld[ST_MAX_UNHELD_RANGES];
     int n_unheld = st_subnets_unheld_ranges(&s->sn, r, unheld, ST_MAX_UNHELD_RANGES);
+    ST_TRY(master_resample_check(cfg, !r->shared_weights));
     ST_TRY(st_run_create_engine(r, backward ? ST_COMM_REDUCE : 0, s->sn.unheld_possible, unheld,
                                 n_unheld, &r->comm));
     if (backward)
@@ -210,19 +225,23 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
     ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
-    if (r->cfg->sdp.resample)
+    /* (a bf16 master in the domain's copies saves none: new_round) */
+    if (r->cfg->sdp.resample && !(r->cfg->optim.master == ST_MASTER_BF16_SR &&
+                                  st_run_master_carried(r) == 0))
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
                                      &s->sn.saved[wid].master));
     /* shared weights (backward masking): the full models over the domain's
-     * copy, its initial values written once */
+     * copy, its initial values written once; a bf16 master (backward
+     * masking too) in the copies, as dp's */
     ST_TRY(st_run_weights_storage(r, w, r->cfg, backend));
     ST_TRY(build_subnet(r, s, w, 0));
-    if (r->shared_weights)
-        ST_TRY(st_run_weights_load(r, w, NULL));
+    ST_TRY(st_run_weights_built(r, w));
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
+    w->optim.carry_master = st_run_master_carried(r);
     /* weights no subnetwork holds yet have their initial values too (the
-     * layout is all a sizing run reads) */
-    if (s->sn.unheld_possible && !r->sizing)
+     * layout is all a sizing run reads); a bf16 master's are in the
+     * copies already, and its master shard has no memory under them */
+    if (s->sn.unheld_possible && !r->sizing && !w->storage.copies_master)
         ST_TRY(st_run_initial_range(r->cfg, shard.begin, shard.end,
                                     st_comm_shard_params(masters(r, s), wid)));
     if (wid == 0 && !s->sn.backward)
@@ -236,8 +255,7 @@ static st_status sdp_resume(run_shared *r, void *state, st_worker *w)
 {
     sdp_run *s = state;
     ST_TRY(st_run_resume_model(r, w));
-    /* (both engines shard the same full layout alike) */
-    st_run_resume_shard(r, r->comm, w->id, st_comm_shard_params(masters(r, s), w->id));
+    st_run_resume_master(r, masters(r, s), w);
     return ST_OK;
 }
 
@@ -248,13 +266,15 @@ static st_status sdp_resume(run_shared *r, void *state, st_worker *w)
  * draws and rebuilds alike, moving no values. */
 static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t round)
 {
-    const int wid = w->id, moves = !r->sizing;
+    /* a bf16 master in the domain's copies (backward masking, shared
+     * weights) stays there through the rebuild: no shard is saved */
+    const int wid = w->id, moves = !r->sizing, saves = moves && !w->storage.copies_master;
     float *saved = s->sn.saved[wid].master;
     st_range shard = st_comm_shard(r->comm, wid);
     if (moves)
         ST_TRY(st_run_sync_state(r, w));   /* the running statistics meet */
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every all-gather is done */
-    if (moves)
+    if (saves)
         memcpy(saved, st_comm_shard_params(masters(r, s), wid),
                (shard.end - shard.begin) * sizeof(float));
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every master saved, the engines idle */
@@ -271,14 +291,14 @@ static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t rou
     ST_TRY(build_subnet(r, s, w, 1));
     /* shared weights: the new model reads its domain's copy, which holds
      * the current values already */
-    if (moves && !r->shared_weights)
+    if (saves && !r->shared_weights)
         ST_TRY(st_subnets_load_saved(&s->sn, r, w, st_model_params(w->model), 0));
     if (moves)
         st_run_load_state(r, w->model);
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
     /* the engine initialised the held elements (the same values): the
      * others, nobody's in this round, keep theirs */
-    if (moves && s->sn.unheld_possible)
+    if (saves && s->sn.unheld_possible)
         memcpy(st_comm_shard_params(masters(r, s), wid), saved,
                (shard.end - shard.begin) * sizeof(float));
     return ST_OK;
@@ -374,18 +394,19 @@ static void sdp_record(const run_shared *r, void *state, st_epoch_record *rec)
 }
 
 /* Forward masking: the full model loaded from the masters (what the last
- * evaluation loaded); backward masking: worker 0's replica. */
+ * evaluation loaded); backward masking: worker 0's replica (a bf16
+ * master's widened, st_run_master_full). */
 static st_status sdp_full_params(run_shared *r, void *state, st_worker *w0, const float **out,
                                  size_t *count)
 {
     sdp_run *s = state;
-    st_model *m = w0->model;
-    if (!s->sn.backward) {
-        ST_TRY(st_subnets_load_full(&s->sn, r, masters(r, s), 0));
-        m = s->sn.eval_model;
+    if (s->sn.backward) {   /* a bf16 master in the copies widened */
+        *count = st_model_param_count(w0->model);
+        return st_run_master_full(r, w0, out);
     }
-    *count = st_model_param_count(m);
-    *out = st_model_params(m);
+    ST_TRY(st_subnets_load_full(&s->sn, r, masters(r, s), 0));
+    *count = st_model_param_count(s->sn.eval_model);
+    *out = st_model_params(s->sn.eval_model);
     return ST_OK;
 }
 

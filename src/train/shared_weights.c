@@ -231,6 +231,11 @@ st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config 
 {
     ST_TRY(st_run_weights_storage(r, w, cfg, backend));
     ST_TRY(st_worker_build_model(w, cfg));
+    return st_run_weights_built(r, w);
+}
+
+st_status st_run_weights_built(run_shared *r, st_worker *w)
+{
     if (w->storage.copies_master) {
         ST_TRY(commit_sparse(r, w));
         if (r->shared_weights)   /* committed before anybody writes it */
