@@ -525,7 +525,8 @@ static void final_losses(const char *out, char *buf, size_t n)
 }
 
 /* --master-weights bf16-sr: one worker, dp and sdp with backward masking
- * (shared and private weights; sdp with masks redrawn too) say the layout
+ * (shared and private weights; sdp with masks redrawn too), localsgd
+ * (replicas averaged every 5 steps) say the layout
  * and its bytes, 16 a parameter with bf16 moments (private weights: the
  * engine gathers the copies as bf16); a seed repeats a run bitwise and the
  * two placements agree; the combinations that cannot work are usage
@@ -536,14 +537,16 @@ Test(cli, master_weights_bf16_sr, .timeout = 180)
         "--workers 1", "--workers 2", "--workers 2 --weights private",
         "--workers 2 --strategy sdp --masking backward",
         "--workers 2 --strategy sdp --masking backward --weights private",
-        "--workers 2 --strategy sdp --masking backward --resample 5" };
+        "--workers 2 --strategy sdp --masking backward --resample 5",
+        "--workers 2 --strategy localsgd --local-steps 5" };
     static const char *const bytes[] = { "(16.0 bytes a parameter, bf16-sr moments, bf16-sr "
                                          "master)", "(16.1 bytes a parameter",
                                          "(16.1 bytes a parameter", "(16.1 bytes a parameter",
-                                         "(16.1 bytes a parameter", "(16.1 bytes a parameter" };
+                                         "(16.1 bytes a parameter", "(16.1 bytes a parameter",
+                                         "(16.0 bytes a parameter" };
     char args[1024], first[256], again[256], two[256] = "";
     run_result *r = calloc(1, sizeof *r);
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < 7; k++) {
         snprintf(args, sizeof args, "--data synthetic --model resmlp --depth 2 --width 32 "
                  "--steps 20 --batch 32 --precision bf16 --bf16-emulated --optimizer-moments "
                  "bf16-sr --master-weights bf16-sr --progress none --metrics /dev/stdout %s",
@@ -577,12 +580,16 @@ Test(cli, master_weights_bf16_sr, .timeout = 180)
                        "--precision bf16; this run has --precision fp32");
     expect_usage_error("--data synthetic --precision bf16 --bf16-emulated --master-weights "
                        "bf16-sr --strategy sdp --workers 2", "--master-weights bf16-sr applies "
-                       "to --strategy dp and to --strategy sdp --masking backward, not to "
+                       "to --strategy dp, localsgd and sdp --masking backward, not to "
                        "--strategy sdp --masking forward");
     expect_usage_error("--data synthetic --precision bf16 --bf16-emulated --master-weights "
-                       "bf16-sr --strategy localsgd --workers 2", "--master-weights bf16-sr "
-                       "applies to --strategy dp and to --strategy sdp --masking backward, not to "
-                       "--strategy localsgd");
+                       "bf16-sr --strategy ist --workers 2", "--master-weights bf16-sr "
+                       "applies to --strategy dp, localsgd and sdp --masking backward, not to "
+                       "--strategy ist");
+    expect_usage_error("--data synthetic --precision bf16 --bf16-emulated --master-weights "
+                       "bf16-sr --strategy synth --workers 2", "--master-weights bf16-sr "
+                       "applies to --strategy dp, localsgd and sdp --masking backward, not to "
+                       "--strategy synth");
     expect_usage_error("--data synthetic --precision bf16 --bf16-emulated --master-weights "
                        "bf16-sr --strategy sdp --masking backward --resample 4 --workers 2 "
                        "--weights private", "--master-weights bf16-sr with --strategy sdp "
@@ -609,8 +616,9 @@ static double weights_bytes(run_result *r, const char *args)
 }
 
 /* A bf16 master in the copies (one worker, shared weights in one domain,
- * private replicas in one process; dp, and sdp with backward masking,
- * whose parameters' engine holds the masters) leaves the fp32 vector without memory
+ * private replicas in one process; dp, sdp with backward masking, whose
+ * parameters' engine holds the masters, and localsgd's replicas) leaves
+ * the fp32 vector without memory
  * under the matrices: the weights fall by 4 bytes a matrix parameter
  * against the fp32 master, less the pages that a matrix shares with a
  * bias (two at most each).  Private replicas' master shards too: 4 bytes
@@ -622,18 +630,19 @@ Test(cli, a_bf16_master_holds_no_fp32_matrices, .timeout = 60)
     /* two shards (st_comm_shards: 16-float blocks): the first, [0, half),
      * inside the first matrix; the second holds the other matrix elements */
     const double params = matrices + 64 + 64 + 10, half = ceil(ceil(params / 16) / 2) * 16;
-    const double shard_lo[] = { 0, 0, matrices - half, 0, matrices - half },
-                 shard_hi[] = { 0, 0, half, 0, half };
+    const double shard_lo[] = { 0, 0, matrices - half, 0, matrices - half, matrices - half },
+                 shard_hi[] = { 0, 0, half, 0, half, half };
     static const char *const layouts[] = {
         "--workers 1", "--workers 2 --oversubscribe",
         "--workers 2 --oversubscribe --weights private",
         "--workers 2 --oversubscribe --strategy sdp --masking backward --subnet neuron",
         "--workers 2 --oversubscribe --strategy sdp --masking backward --subnet neuron "
-        "--weights private" };
-    static const int sharing[] = { 1, 2, 1, 2, 1 };   /* workers over one vector */
+        "--weights private",
+        "--workers 2 --oversubscribe --strategy localsgd --local-steps 1" };
+    static const int sharing[] = { 1, 2, 1, 2, 1, 1 };   /* workers over one vector */
     char args[512];
     run_result *r = calloc(1, sizeof *r);
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < 6; k++) {
         double w[2];
         for (int sr = 0; sr < 2; sr++) {
             snprintf(args, sizeof args, "--data synthetic --model mlp --depth 2 --width 64 "

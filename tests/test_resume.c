@@ -352,10 +352,11 @@ Test(resume, a_bf16_optimizer_state_resumes_bitwise, .timeout = 120)
  * bitwise: one worker and two (the copies the master), private weights
  * (the copies gathered as bf16), bf16 and fp32 moments; sdp with backward
  * masking, shared weights with masks redrawn across the checkpoint and
- * private ones; another layout is refused. */
+ * private ones; localsgd at a round's end (the averages rounded); another
+ * layout is refused. */
 Test(resume, a_bf16_master_resumes_bitwise, .timeout = 180)
 {
-    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], runs[5][5 * ST_TEST_PATH_MAX],
+    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], runs[6][5 * ST_TEST_PATH_MAX],
         extra[8 * ST_TEST_PATH_MAX], a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
     const st_bf16_support bf16 = st_bf16_probe(NULL);
     if (bf16 == ST_BF16_UNAVAILABLE)
@@ -369,7 +370,9 @@ Test(resume, a_bf16_master_resumes_bitwise, .timeout = 180)
              "--subnet neuron --resample 5 --optimizer-moments bf16-sr", base);
     snprintf(runs[4], sizeof runs[4], "%s --workers 2 --strategy sdp --masking backward "
              "--subnet neuron --weights private", base);
-    for (size_t i = 0; i < 5; i++) {
+    snprintf(runs[5], sizeof runs[5], "%s --workers 2 --strategy localsgd --local-steps 7 "
+             "--optimizer-moments bf16-sr", base);
+    for (size_t i = 0; i < 6; i++) {
         char ck[16], resumed[16];
         snprintf(ck, sizeof ck, "ck%zu", i);
         snprintf(resumed, sizeof resumed, "resumed%zu", i);

@@ -259,6 +259,22 @@ int st_run_master_carried(const run_shared *r)
     return r->shared_weights ? 1 : 2;
 }
 
+void st_run_master_widen(const st_worker *w, float *dst)
+{
+    const float *p = st_model_params(w->model);
+    const size_t P = st_model_param_count(w->model);
+    int n;
+    const st_param_copy *c = st_model_copies(w->model, &n);
+    size_t at = 0;
+    for (int i = 0; i <= n; i++) {
+        const size_t lo = i < n ? c[i].offset : P;
+        memcpy(dst + at, p + at, (lo - at) * sizeof *dst);
+        if (i < n)
+            st_bf16_widen_n(dst + lo, c[i].bf16, c[i].count);
+        at = i < n ? lo + c[i].count : P;
+    }
+}
+
 st_status st_run_master_full(run_shared *r, st_worker *w, const float **out)
 {
     *out = st_model_params(w->model);
@@ -267,16 +283,7 @@ st_status st_run_master_full(run_shared *r, st_worker *w, const float **out)
     const size_t P = r->n_params;
     if (!r->widened && !(r->widened = malloc((P ? P : 1) * sizeof *r->widened)))
         return st_fail(ST_ERR_NOMEM, "out of memory widening %zu weights", P);
-    int n;
-    const st_param_copy *c = st_model_copies(w->model, &n);
-    size_t at = 0;
-    for (int i = 0; i <= n; i++) {
-        const size_t lo = i < n ? c[i].offset : P;
-        memcpy(r->widened + at, *out + at, (lo - at) * sizeof *r->widened);
-        if (i < n)
-            st_bf16_widen_n(r->widened + lo, c[i].bf16, c[i].count);
-        at = i < n ? lo + c[i].count : P;
-    }
+    st_run_master_widen(w, r->widened);
     *out = r->widened;
     return ST_OK;
 }
