@@ -630,19 +630,25 @@ Test(cli, a_bf16_master_holds_no_fp32_matrices, .timeout = 60)
     /* two shards (st_comm_shards: 16-float blocks): the first, [0, half),
      * inside the first matrix; the second holds the other matrix elements */
     const double params = matrices + 64 + 64 + 10, half = ceil(ceil(params / 16) / 2) * 16;
-    const double shard_lo[] = { 0, 0, matrices - half, 0, matrices - half, matrices - half },
-                 shard_hi[] = { 0, 0, half, 0, half, half };
+    /* sdp's new rounds with the fp32 master save each worker's whole
+     * shard, counted by both sharers here: twice half; a bf16 master
+     * saves none */
+    const double shard_lo[] = { 0, 0, matrices - half, 0, matrices - half, matrices - half,
+                                2 * half },
+                 shard_hi[] = { 0, 0, half, 0, half, half, 2 * half };
     static const char *const layouts[] = {
         "--workers 1", "--workers 2 --oversubscribe",
         "--workers 2 --oversubscribe --weights private",
         "--workers 2 --oversubscribe --strategy sdp --masking backward --subnet neuron",
         "--workers 2 --oversubscribe --strategy sdp --masking backward --subnet neuron "
         "--weights private",
-        "--workers 2 --oversubscribe --strategy localsgd --local-steps 1" };
-    static const int sharing[] = { 1, 2, 1, 2, 1, 1 };   /* workers over one vector */
+        "--workers 2 --oversubscribe --strategy localsgd --local-steps 1",
+        "--workers 2 --oversubscribe --strategy sdp --masking backward --subnet neuron "
+        "--resample 1" };
+    static const int sharing[] = { 1, 2, 1, 2, 1, 1, 2 };   /* workers over one vector */
     char args[512];
     run_result *r = calloc(1, sizeof *r);
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < 7; k++) {
         double w[2];
         for (int sr = 0; sr < 2; sr++) {
             snprintf(args, sizeof args, "--data synthetic --model mlp --depth 2 --width 64 "
