@@ -351,8 +351,8 @@ Test(resume, a_bf16_optimizer_state_resumes_bitwise, .timeout = 120)
  * weights saved are the master's values, from which a resume continues
  * bitwise: one worker and two (the copies the master), private weights
  * (the copies gathered as bf16), bf16 and fp32 moments; sdp with backward
- * masking, shared weights with masks redrawn across the checkpoint and
- * private ones; localsgd at a round's end (the averages rounded); another
+ * masking, shared and private weights with masks redrawn across the
+ * checkpoint; localsgd at a round's end (the averages rounded); another
  * layout is refused. */
 Test(resume, a_bf16_master_resumes_bitwise, .timeout = 180)
 {
@@ -369,7 +369,7 @@ Test(resume, a_bf16_master_resumes_bitwise, .timeout = 180)
     snprintf(runs[3], sizeof runs[3], "%s --workers 2 --strategy sdp --masking backward "
              "--subnet neuron --resample 5 --optimizer-moments bf16-sr", base);
     snprintf(runs[4], sizeof runs[4], "%s --workers 2 --strategy sdp --masking backward "
-             "--subnet neuron --weights private", base);
+             "--subnet neuron --weights private --resample 5", base);
     snprintf(runs[5], sizeof runs[5], "%s --workers 2 --strategy localsgd --local-steps 7 "
              "--optimizer-moments bf16-sr", base);
     for (size_t i = 0; i < 6; i++) {

@@ -201,7 +201,7 @@ static st_status average_master(const run_shared *r, st_worker *w, uint64_t step
 {
     st_comm *c = r->comm;
     const int wid = w->id;
-    st_run_master_widen(w, st_model_grads(w->model));
+    st_run_master_widen(w, 0, st_model_param_count(w->model), st_model_grads(w->model));
     ST_TRY(st_comm_reduce_scatter(c, wid));
     const st_range shard = st_comm_shard(c, wid);
     const float *mean = st_comm_shard_grads(c, wid);   /* mean[i - shard.begin] */

@@ -358,9 +358,9 @@ int st_run_copies_master_gathered(const run_shared *r);
  * its own; with a bf16 master in the copies alone, r->widened, made from
  * it and the copies, until st_run_master_full_done. */
 st_status st_run_master_full(run_shared *r, st_worker *w, const float **out);
-/* That vector written into dst (the full model's count of floats): the
- * fp32 elements copied, the copies widened (exact). */
-void st_run_master_widen(const st_worker *w, float *dst);
+/* Elements [begin, end) of that vector written into dst (dst[0]: element
+ * begin): the fp32 elements copied, the copies widened (exact). */
+void st_run_master_widen(const st_worker *w, size_t begin, size_t end, float *dst);
 void st_run_master_full_done(run_shared *r);
 /* The full model of cfg for worker w on the run's weights: storage,
  * model, initial values. */

@@ -16,6 +16,7 @@
 
 #include <subtrain/world.h>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "train/strategy.h"
 #include "train/subnets.h"
@@ -36,18 +37,6 @@ typedef struct sdp_run {
 static st_comm *masters(const run_shared *r, const sdp_run *s)
 {
     return s->params_comm ? s->params_comm : r->comm;
-}
-
-/* A bf16 master in private replicas' copies (one worker, --weights
- * private, MPI ranks) cannot be saved and reloaded through a new round's
- * fp32 shards (new_round); `private`: the run's weights are. */
-static st_status master_resample_check(const st_train_config *c, int private)
-{
-    if (c->optim.master != ST_MASTER_BF16_SR || !c->sdp.resample || !private)
-        return ST_OK;
-    return st_fail(ST_ERR_INVALID, "--master-weights bf16-sr with --strategy sdp --resample "
-                   "%llu needs the workers to share their weights: one process, --weights "
-                   "shared, more than one worker", (unsigned long long)c->sdp.resample);
 }
 
 /* What of subnetwork data parallelism exists so far: block-level units with
@@ -97,9 +86,7 @@ static st_status sdp_check(const st_train_config *c, int chosen)
     if (c->sdp.masking == ST_MASKING_BACKWARD && c->sdp.align_every)
         return st_fail(ST_ERR_INVALID, "--report align measures forward-masked subnetworks; "
                        "a backward-masked gradient is the full gradient on its coordinates");
-    /* (what is known before the run: its ranks are once it starts) */
-    return master_resample_check(c, c->weights == ST_WEIGHTS_PRIVATE || c->workers == 1 ||
-                                        st_world_size() > 1);
+    return ST_OK;
 }
 
 /* Backward masking: every worker holds the full model, whose weights it
@@ -144,7 +131,6 @@ static st_status sdp_prepare(run_shared *r, void **state)
         return st_fail(ST_ERR_NOMEM, "out of memory for the subnetworks' state");
     st_range unheld[ST_MAX_UNHELD_RANGES];
     int n_unheld = st_subnets_unheld_ranges(&s->sn, r, unheld, ST_MAX_UNHELD_RANGES);
-    ST_TRY(master_resample_check(cfg, !r->shared_weights));
     ST_TRY(st_run_create_engine(r, backward ? ST_COMM_REDUCE : 0, s->sn.unheld_possible, unheld,
                                 n_unheld, &r->comm));
     if (backward)
@@ -227,7 +213,7 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
     ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
     /* (a bf16 master in the domain's copies saves none: new_round) */
     if (r->cfg->sdp.resample && !(r->cfg->optim.master == ST_MASTER_BF16_SR &&
-                                  st_run_master_carried(r) == 0))
+                                  st_run_master_carried(r) == 0 && r->shared_weights))
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
                                      &s->sn.saved[wid].master));
     /* shared weights (backward masking): the full models over the domain's
@@ -259,6 +245,33 @@ static st_status sdp_resume(run_shared *r, void *state, st_worker *w)
     return ST_OK;
 }
 
+/* A private replica's new copies (backward masking, a bf16 master): the
+ * saved shards' values, rounded (exact: they are on the bf16 grid); over
+ * ranks from the gathered full vector. */
+static void load_saved_copies(const sdp_run *s, const run_shared *r, st_worker *w)
+{
+    int n;
+    const st_param_copy *c = st_model_copies(w->model, &n);
+    int k = 0;   /* both sorted: walk the shards along the copies */
+    for (int i = 0; i < n; i++) {
+        size_t pos = c[i].offset;
+        const size_t end = c[i].offset + c[i].count;
+        if (s->sn.n_gathered)   /* over ranks */
+            st_bf16_round_n(c[i].bf16, s->sn.gathered[0] + pos, end - pos);
+        while (!s->sn.n_gathered && pos < end) {
+            const st_range sh = st_comm_shard(r->comm, k);
+            if (sh.end <= pos) {
+                k++;
+                continue;
+            }
+            const size_t hi = end < sh.end ? end : sh.end;
+            st_bf16_round_n(c[i].bf16 + (pos - c[i].offset),
+                            s->sn.saved[k].master + (pos - sh.begin), hi - pos);
+            pos = hi;
+        }
+    }
+}
+
 /* Round `round` of subnetworks (--resample): every worker saves its master
  * shard, worker 0 draws the new assignment, every worker rebuilds its
  * subnetwork, loads the current values of what it now holds and attaches
@@ -266,15 +279,21 @@ static st_status sdp_resume(run_shared *r, void *state, st_worker *w)
  * draws and rebuilds alike, moving no values. */
 static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t round)
 {
-    /* a bf16 master in the domain's copies (backward masking, shared
-     * weights) stays there through the rebuild: no shard is saved */
-    const int wid = w->id, moves = !r->sizing, saves = moves && !w->storage.copies_master;
+    /* A bf16 master in the copies (backward masking): a domain's copies
+     * keep it through the rebuild, nothing is saved; a private replica's
+     * are rebuilt with its model, so its shard is saved widened from
+     * them and the new copies get the saved values (load_saved_copies),
+     * its fp32 elements staying in its vector. */
+    const int wid = w->id, moves = !r->sizing, copies = w->storage.copies_master;
+    const int saves = moves && !(copies && r->shared_weights);
     float *saved = s->sn.saved[wid].master;
     st_range shard = st_comm_shard(r->comm, wid);
     if (moves)
         ST_TRY(st_run_sync_state(r, w));   /* the running statistics meet */
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every all-gather is done */
-    if (saves)
+    if (saves && copies)
+        st_run_master_widen(w, shard.begin, shard.end, saved);
+    else if (saves)
         memcpy(saved, st_comm_shard_params(masters(r, s), wid),
                (shard.end - shard.begin) * sizeof(float));
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every master saved, the engines idle */
@@ -291,14 +310,17 @@ static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t rou
     ST_TRY(build_subnet(r, s, w, 1));
     /* shared weights: the new model reads its domain's copy, which holds
      * the current values already */
-    if (saves && !r->shared_weights)
+    if (saves && copies)
+        load_saved_copies(s, r, w);
+    else if (saves && !r->shared_weights)
         ST_TRY(st_subnets_load_saved(&s->sn, r, w, st_model_params(w->model), 0));
     if (moves)
         st_run_load_state(r, w->model);
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
     /* the engine initialised the held elements (the same values): the
-     * others, nobody's in this round, keep theirs */
-    if (saves && s->sn.unheld_possible)
+     * others, nobody's in this round, keep theirs (a bf16 master's
+     * parameters' engine holds every element) */
+    if (saves && !copies && s->sn.unheld_possible)
         memcpy(st_comm_shard_params(masters(r, s), wid), saved,
                (shard.end - shard.begin) * sizeof(float));
     return ST_OK;

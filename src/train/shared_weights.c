@@ -259,19 +259,20 @@ int st_run_master_carried(const run_shared *r)
     return r->shared_weights ? 1 : 2;
 }
 
-void st_run_master_widen(const st_worker *w, float *dst)
+void st_run_master_widen(const st_worker *w, size_t begin, size_t end, float *dst)
 {
     const float *p = st_model_params(w->model);
-    const size_t P = st_model_param_count(w->model);
     int n;
     const st_param_copy *c = st_model_copies(w->model, &n);
-    size_t at = 0;
-    for (int i = 0; i <= n; i++) {
-        const size_t lo = i < n ? c[i].offset : P;
-        memcpy(dst + at, p + at, (lo - at) * sizeof *dst);
-        if (i < n)
-            st_bf16_widen_n(dst + lo, c[i].bf16, c[i].count);
-        at = i < n ? lo + c[i].count : P;
+    size_t at = begin;   /* dst[i - begin]: element i; the copies are sorted and disjoint */
+    for (int i = 0; i <= n && at < end; i++) {
+        const size_t lo = i < n ? c[i].offset : end, hi = i < n ? lo + c[i].count : end;
+        const size_t to = lo < end ? (lo > at ? lo : at) : end;
+        memcpy(dst + (at - begin), p + at, (to - at) * sizeof *dst);
+        const size_t stop = hi < end ? hi : end;
+        if (i < n && stop > to)
+            st_bf16_widen_n(dst + (to - begin), c[i].bf16 + (to - lo), stop - to);
+        at = stop > at ? stop : at;
     }
 }
 
@@ -283,7 +284,7 @@ st_status st_run_master_full(run_shared *r, st_worker *w, const float **out)
     const size_t P = r->n_params;
     if (!r->widened && !(r->widened = malloc((P ? P : 1) * sizeof *r->widened)))
         return st_fail(ST_ERR_NOMEM, "out of memory widening %zu weights", P);
-    st_run_master_widen(w, r->widened);
+    st_run_master_widen(w, 0, P, r->widened);
     *out = r->widened;
     return ST_OK;
 }
