@@ -150,7 +150,7 @@ bf16_master() {
 }
 run "mpi/weights_dp_bf16_master_2x1_bitwise_1x2" bf16_master weights dpm
 run "mpi/weights_sdp_backward_bf16_master_2x1_bitwise_1x2" bf16_master weights sdpm \
-    --strategy sdp --coverage 0.5 --masking backward
+    --strategy sdp --coverage 0.5 --masking backward --resample 10
 run "mpi/weights_localsgd_bf16_master_2x1_bitwise_1x2" bf16_master weights lsgdm \
     --strategy localsgd --local-steps 4
 run "mpi/resume_dp_bf16_master_over_ranks_and_across_layouts" bf16_master resume dpm
