@@ -11,7 +11,8 @@
 #                       gathered as bf16 against the shared engine's
 #   train_*, weights_*  subtrain over 2 ranks against one process: dp,
 #                       sdp (blocks, neurons with backward masking), ist,
-#                       localsgd, dp with a bf16 master; records and final
+#                       localsgd, dp, sdp (backward masking) and localsgd
+#                       with a bf16 master; records and final
 #                       weights (bitwise); a bf16 master's memory (no fp32
 #                       under the matrices) and bytes a parameter
 #   *_split_*           a non-iid --split over 2 ranks against one process
@@ -151,6 +152,10 @@ bf16_master() {
     "$@" --precision bf16 --bf16-emulated --master-weights bf16-sr --optimizer-moments bf16-sr
 }
 run "mpi/weights_dp_bf16_master_2x1_bitwise_1x2" bf16_master weights dpm
+run "mpi/weights_sdp_backward_bf16_master_2x1_bitwise_1x2" bf16_master weights sdpm \
+    --strategy sdp --coverage 0.5 --masking backward --resample 10
+run "mpi/weights_localsgd_bf16_master_2x1_bitwise_1x2" bf16_master weights lsgdm \
+    --strategy localsgd --local-steps 4
 run "mpi/resume_dp_bf16_master_over_ranks_and_across_layouts" bf16_master resume dpm
 # ... and no fp32 under the matrices: against the fp32 master, rank 0's
 # weights fall by 4 bytes a matrix element of its replica and of its

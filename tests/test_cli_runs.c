@@ -524,21 +524,31 @@ static void final_losses(const char *out, char *buf, size_t n)
     snprintf(buf, n, "%.*s", (int)(end - f), f);
 }
 
-/* --master-weights bf16-sr: one worker and dp (shared and private
- * weights) say the layout and its bytes, 16 a parameter with bf16 moments
- * (private weights: the engine gathers the copies as bf16); a seed repeats
- * a run bitwise and the two placements agree; the combinations that
- * cannot work are usage errors in one line. */
-Test(cli, master_weights_bf16_sr, .timeout = 120)
+/* --master-weights bf16-sr: one worker, dp and sdp with backward masking
+ * (shared and private weights; sdp with masks redrawn too: the private
+ * replicas' copies saved and reloaded, the domain's kept), localsgd
+ * (replicas averaged every 5 steps) say the layout
+ * and its bytes, 16 a parameter with bf16 moments (private weights: the
+ * engine gathers the copies as bf16); a seed repeats a run bitwise and the
+ * two placements agree; the combinations that cannot work are usage
+ * errors in one line. */
+Test(cli, master_weights_bf16_sr, .timeout = 180)
 {
-    static const char *const layouts[] = { "--workers 1", "--workers 2",
-                                           "--workers 2 --weights private" };
+    static const char *const layouts[] = {
+        "--workers 1", "--workers 2", "--workers 2 --weights private",
+        "--workers 2 --strategy sdp --masking backward",
+        "--workers 2 --strategy sdp --masking backward --weights private",
+        "--workers 2 --strategy sdp --masking backward --resample 5",
+        "--workers 2 --strategy sdp --masking backward --resample 5 --weights private",
+        "--workers 2 --strategy localsgd --local-steps 5" };
     static const char *const bytes[] = { "(16.0 bytes a parameter, bf16-sr moments, bf16-sr "
                                          "master)", "(16.1 bytes a parameter",
-                                         "(16.1 bytes a parameter" };
+                                         "(16.1 bytes a parameter", "(16.1 bytes a parameter",
+                                         "(16.1 bytes a parameter", "(16.1 bytes a parameter",
+                                         "(16.1 bytes a parameter", "(16.0 bytes a parameter" };
     char args[1024], first[256], again[256], two[256] = "";
     run_result *r = calloc(1, sizeof *r);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 8; k++) {
         snprintf(args, sizeof args, "--data synthetic --model resmlp --depth 2 --width 32 "
                  "--steps 20 --batch 32 --precision bf16 --bf16-emulated --optimizer-moments "
                  "bf16-sr --master-weights bf16-sr --progress none --metrics /dev/stdout %s",
@@ -552,11 +562,11 @@ Test(cli, master_weights_bf16_sr, .timeout = 120)
         run(r, NULL, args);
         final_losses(r->out, again, sizeof again);
         cr_assert_str_eq(first, again, "%s: the same seed, another run", layouts[k]);
-        if (k == 1)
+        if (k == 1 || k == 3 || k == 5)
             snprintf(two, sizeof two, "%s", first);
-        if (k == 2)
-            cr_assert_str_eq(first, two, "private weights (the copies gathered as bf16) against "
-                             "shared ones (the copies alone)");
+        if (k == 2 || k == 4 || k == 6)
+            cr_assert_str_eq(first, two, "%s (the copies gathered as bf16) against shared "
+                             "weights (the copies alone)", layouts[k]);
     }
     snprintf(args, sizeof args, "--data synthetic --model resmlp --depth 2 --width 32 "
              "--steps 20 --batch 32 --precision bf16 --bf16-emulated --optimizer-moments "
@@ -572,7 +582,16 @@ Test(cli, master_weights_bf16_sr, .timeout = 120)
                        "--precision bf16; this run has --precision fp32");
     expect_usage_error("--data synthetic --precision bf16 --bf16-emulated --master-weights "
                        "bf16-sr --strategy sdp --workers 2", "--master-weights bf16-sr applies "
-                       "to --strategy dp only, not to --strategy sdp");
+                       "to --strategy dp, localsgd and sdp --masking backward, not to "
+                       "--strategy sdp --masking forward");
+    expect_usage_error("--data synthetic --precision bf16 --bf16-emulated --master-weights "
+                       "bf16-sr --strategy ist --workers 2", "--master-weights bf16-sr "
+                       "applies to --strategy dp, localsgd and sdp --masking backward, not to "
+                       "--strategy ist");
+    expect_usage_error("--data synthetic --precision bf16 --bf16-emulated --master-weights "
+                       "bf16-sr --strategy synth --workers 2", "--master-weights bf16-sr "
+                       "applies to --strategy dp, localsgd and sdp --masking backward, not to "
+                       "--strategy synth");
     expect_usage_error("--data synthetic --precision bf16 --bf16-emulated --master-weights "
                        "bf16-sr --optimizer sgd", "a bf16 master (--master-weights bf16-sr) is "
                        "updated by AdamW only, not by --optimizer sgd");
@@ -594,7 +613,9 @@ static double weights_bytes(run_result *r, const char *args)
 }
 
 /* A bf16 master in the copies (one worker, shared weights in one domain,
- * private replicas in one process) leaves the fp32 vector without memory
+ * private replicas in one process; dp, sdp with backward masking, whose
+ * parameters' engine holds the masters, and localsgd's replicas) leaves
+ * the fp32 vector without memory
  * under the matrices: the weights fall by 4 bytes a matrix parameter
  * against the fp32 master, less the pages that a matrix shares with a
  * bias (two at most each).  Private replicas' master shards too: 4 bytes
@@ -606,13 +627,25 @@ Test(cli, a_bf16_master_holds_no_fp32_matrices, .timeout = 60)
     /* two shards (st_comm_shards: 16-float blocks): the first, [0, half),
      * inside the first matrix; the second holds the other matrix elements */
     const double params = matrices + 64 + 64 + 10, half = ceil(ceil(params / 16) / 2) * 16;
-    const double shard_lo[] = { 0, 0, matrices - half }, shard_hi[] = { 0, 0, half };
-    static const char *const layouts[] = { "--workers 1", "--workers 2 --oversubscribe",
-                                           "--workers 2 --oversubscribe --weights private" };
-    static const int sharing[] = { 1, 2, 1 };   /* workers over one vector */
+    /* sdp's new rounds with the fp32 master save each worker's whole
+     * shard, counted by both sharers here: twice half; a bf16 master
+     * saves none */
+    const double shard_lo[] = { 0, 0, matrices - half, 0, matrices - half, matrices - half,
+                                2 * half },
+                 shard_hi[] = { 0, 0, half, 0, half, half, 2 * half };
+    static const char *const layouts[] = {
+        "--workers 1", "--workers 2 --oversubscribe",
+        "--workers 2 --oversubscribe --weights private",
+        "--workers 2 --oversubscribe --strategy sdp --masking backward --subnet neuron",
+        "--workers 2 --oversubscribe --strategy sdp --masking backward --subnet neuron "
+        "--weights private",
+        "--workers 2 --oversubscribe --strategy localsgd --local-steps 1",
+        "--workers 2 --oversubscribe --strategy sdp --masking backward --subnet neuron "
+        "--resample 1" };
+    static const int sharing[] = { 1, 2, 1, 2, 1, 1, 2 };   /* workers over one vector */
     char args[512];
     run_result *r = calloc(1, sizeof *r);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 7; k++) {
         double w[2];
         for (int sr = 0; sr < 2; sr++) {
             snprintf(args, sizeof args, "--data synthetic --model mlp --depth 2 --width 64 "

@@ -7,6 +7,7 @@
  * update moves.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <criterion/criterion.h>
@@ -17,6 +18,7 @@
 #include "core/arena_impl.h"
 #include "core/bf16.h"
 #include "optim/optim_impl.h"
+#include "optim/state16.h"
 #include "optim_vectors.h"
 
 static float widen(uint16_t h)
@@ -301,4 +303,75 @@ Test(master, names_round_trip_and_bad_values_are_refused)
     c.kind = ST_OPT_ADAMW;
     c.master = (st_master)7;
     cr_assert_neq(st_optim_config_check(&c), ST_OK);
+}
+
+/* Local SGD's draws (doc/precision.md): a replica's update keyed by the
+ * run's step and the worker, the split of the step's stream by the
+ * worker, so that workers draw apart; the average of the replicas rounded
+ * stochastically with a key of its own (stream 0x3A57A7 split by the
+ * step) and the element's index, whatever the pieces it is cut into, and
+ * unbiased where rounding to nearest is not. */
+Test(master, local_sgd_draws_its_own_keys_and_rounds_averages_stochastically)
+{
+    enum { M = 4096 };
+    st_rng root = st_rng_seed(11), mine = st_rng_split(&root, 0x3A57E4ull);
+    st_rng step = st_rng_split(&mine, 9), own = st_rng_split(&step, 1);
+    cr_assert_eq(st_master_replica_key(11, 9, 1), (uint32_t)st_rng_u64(&own));
+    cr_assert_neq(st_master_replica_key(11, 9, 0), st_master_replica_key(11, 9, 1));
+    cr_assert_neq(st_master_replica_key(11, 9, 0), master_key(11, 9));
+    root = st_rng_seed(11);
+    mine = st_rng_split(&root, 0x3A57A7ull);
+    step = st_rng_split(&mine, 9);
+    const uint32_t key = (uint32_t)st_rng_u64(&step);
+    cr_assert_eq(st_master_average_key(11, 9), key);
+    cr_assert_neq(key, master_key(11, 9));
+
+    /* a worker's update draws its own key: the same state and gradient
+     * give other roundings on worker 2 than on worker 1 */
+    static float p[M], g[M];
+    static uint16_t h[3][M];
+    const st_param_segment seg = { .name = "w", .offset = 0, .count = M, .decay = 0 };
+    st_optim_config c = config(ST_MOMENTS_FP32);
+    st_arena a;
+    st_arena_init(&a, "optim", NULL, 0);
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < M; i++) {
+            h[k][i] = nearest_bf16(1.0f + (float)i / M);
+            g[i] = 0.5f - (float)(i % 7) / 7.0f;
+        }
+        const st_param_copy copy = { 0, M, h[k] };
+        st_optim o;
+        cr_assert_eq(st_optim_init(&o, &c, M, &a), ST_OK);
+        o.master_worker = k == 2 ? 2 : 1;
+        o.master_step = 9;
+        st_optim_update_copies(&o, p, g, &seg, 1, 0, M, 1, 1e-3f, &copy, 1);
+    }
+    int apart = 0;
+    for (int i = 0; i < M; i++) {
+        cr_assert_eq(h[0][i], h[1][i], "element %d: worker 1 twice, %#x and %#x", i, h[0][i],
+                     h[1][i]);
+        cr_assert_leq(abs((int)h[2][i] - (int)h[0][i]), 1, "element %d: a bf16 step apart", i);
+        apart += h[2][i] != h[0][i];
+    }
+    cr_assert_gt(apart, M / 20, "workers 1 and 2 round alike (%d of %d apart)", apart, M);
+
+    /* the average's rounding: the documented draw, in pieces as whole */
+    static float x[M];
+    static uint16_t whole[M], cut[M];
+    double mean = 0.0;
+    for (int i = 0; i < M; i++)
+        x[i] = 1.0f + 0.3f * 0x1p-7f;   /* 0.3 of a bf16 step above 1 */
+    st_master_round_sr(whole, x, M, key, 100);
+    st_master_round_sr(cut, x, 1000, key, 100);
+    st_master_round_sr(cut + 1000, x + 1000, M - 1000, key, 1100);
+    for (int i = 0; i < M; i++) {
+        const uint16_t want = stochastic_bf16(x[i], lowbias32((uint32_t)(100 + i) ^ key));
+        cr_assert_eq(whole[i], want, "element %d: %#x, want %#x", i, whole[i], want);
+        cr_assert_eq(cut[i], whole[i], "element %d: cut %#x, whole %#x", i, cut[i], whole[i]);
+        mean += widen(whole[i]) / M;
+    }
+    /* each rounding errs by at most a bf16 step (2^-7 above 1) */
+    cr_assert_lt(fabs(mean - x[0]), 4.0 * 0x1p-7 / sqrt((double)M),
+                 "mean of the rounded averages %.9g, the average %.9g", mean, x[0]);
+    st_arena_release(&a);
 }

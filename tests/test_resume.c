@@ -350,10 +350,13 @@ Test(resume, a_bf16_optimizer_state_resumes_bitwise, .timeout = 120)
 /* A bf16 master (--master-weights bf16-sr) in a step checkpoint: the
  * weights saved are the master's values, from which a resume continues
  * bitwise: one worker and two (the copies the master), private weights
- * (carried in fp32), bf16 and fp32 moments; another layout is refused. */
-Test(resume, a_bf16_master_resumes_bitwise, .timeout = 120)
+ * (the copies gathered as bf16), bf16 and fp32 moments; sdp with backward
+ * masking, shared and private weights with masks redrawn across the
+ * checkpoint; localsgd at a round's end (the averages rounded); another
+ * layout is refused. */
+Test(resume, a_bf16_master_resumes_bitwise, .timeout = 180)
 {
-    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], runs[3][5 * ST_TEST_PATH_MAX],
+    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], runs[6][5 * ST_TEST_PATH_MAX],
         extra[8 * ST_TEST_PATH_MAX], a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
     const st_bf16_support bf16 = st_bf16_probe(NULL);
     if (bf16 == ST_BF16_UNAVAILABLE)
@@ -363,7 +366,13 @@ Test(resume, a_bf16_master_resumes_bitwise, .timeout = 120)
     snprintf(runs[0], sizeof runs[0], "%s --optimizer-moments bf16-sr", base);
     snprintf(runs[1], sizeof runs[1], "%s --workers 2 --optimizer-moments bf16", base);
     snprintf(runs[2], sizeof runs[2], "%s --workers 2 --weights private", base);
-    for (size_t i = 0; i < 3; i++) {
+    snprintf(runs[3], sizeof runs[3], "%s --workers 2 --strategy sdp --masking backward "
+             "--subnet neuron --resample 5 --optimizer-moments bf16-sr", base);
+    snprintf(runs[4], sizeof runs[4], "%s --workers 2 --strategy sdp --masking backward "
+             "--subnet neuron --weights private --resample 5", base);
+    snprintf(runs[5], sizeof runs[5], "%s --workers 2 --strategy localsgd --local-steps 7 "
+             "--optimizer-moments bf16-sr", base);
+    for (size_t i = 0; i < 6; i++) {
         char ck[16], resumed[16];
         snprintf(ck, sizeof ck, "ck%zu", i);
         snprintf(resumed, sizeof resumed, "resumed%zu", i);

@@ -354,7 +354,10 @@ void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
     if (rnd.sr)
         rnd.key = st_state_rounding_key(c->seed, t);
     if (c->master == ST_MASTER_BF16_SR)
-        rnd.master_key = st_master_rounding_key(c->seed, t);
+        rnd.master_key = opt->master_worker
+                             ? st_master_replica_key(c->seed, opt->master_step,
+                                                     (uint64_t)(opt->master_worker - 1))
+                             : st_master_rounding_key(c->seed, t);
     /* a piece's bytes: without a copy, with one (a carried master reads
      * and writes the fp32 vector and writes the copy) */
     const size_t bytes = (size_t)st_optim_bytes_per_param(c, 0);

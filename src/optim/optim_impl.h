@@ -26,6 +26,13 @@ struct st_optim {
      * 1 the update writes the copy too, 2 the engine does): set by the
      * strategy that attaches one; 0 where the copies are the master. */
     int carry_master;
+    /* A bf16 master every worker updates in its own replica (local SGD):
+     * master_worker = the worker + 1, and the draw of the next update is
+     * keyed by the run's step master_step and the worker
+     * (st_master_replica_key), both set by the strategy before it; 0: by
+     * the update's t alone (st_master_rounding_key). */
+    int master_worker;
+    uint64_t master_step;
     /* The last update's parameters and the bytes it read and wrote
      * (st_optim_bytes_per_param of each, copies included). */
     size_t updated, update_bytes;

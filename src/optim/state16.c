@@ -26,6 +26,7 @@
  * (rng_streams.h). */
 #define STREAM_STATE_ROUNDING 0x057A7Eull
 #define STREAM_MASTER_ROUNDING 0x3A57E4ull
+#define STREAM_MASTER_AVERAGE 0x3A57A7ull
 
 uint32_t st_state_rounding_key(uint64_t seed, uint64_t t)
 {
@@ -39,6 +40,23 @@ uint32_t st_master_rounding_key(uint64_t seed, uint64_t t)
 {
     st_rng root = st_rng_seed(seed);
     st_rng mine = st_rng_split(&root, STREAM_MASTER_ROUNDING);
+    st_rng step = st_rng_split(&mine, t);
+    return (uint32_t)st_rng_u64(&step);
+}
+
+uint32_t st_master_replica_key(uint64_t seed, uint64_t t, uint64_t worker)
+{
+    st_rng root = st_rng_seed(seed);
+    st_rng mine = st_rng_split(&root, STREAM_MASTER_ROUNDING);
+    st_rng step = st_rng_split(&mine, t);
+    st_rng own = st_rng_split(&step, worker);
+    return (uint32_t)st_rng_u64(&own);
+}
+
+uint32_t st_master_average_key(uint64_t seed, uint64_t t)
+{
+    st_rng root = st_rng_seed(seed);
+    st_rng mine = st_rng_split(&root, STREAM_MASTER_AVERAGE);
     st_rng step = st_rng_split(&mine, t);
     return (uint32_t)st_rng_u64(&step);
 }
@@ -221,4 +239,12 @@ void st_adamw_master16(float *p, const float *g, float *m, float *v, uint16_t *m
     const int state = !m16 ? 0 : r->sr ? 2 : 1;
     fns[carry][state](p, g, m, v, m16, v16, h, n, a, shrink, r->key, r->master_key,
                       (uint32_t)r->first);
+}
+
+void st_master_round_sr(uint16_t *h, const float *x, size_t n, uint32_t key, size_t first)
+{
+    const uint32_t f = (uint32_t)first;
+#pragma omp simd
+    for (size_t i = 0; i < n; i++)
+        h[i] = to16(x[i], 1, mix32((f + (uint32_t)i) ^ key));
 }

@@ -31,6 +31,19 @@ uint32_t st_state_rounding_key(uint64_t seed, uint64_t t);
  * the state's, so that the master's draw is independent of the moments'. */
 uint32_t st_master_rounding_key(uint64_t seed, uint64_t t);
 
+/* The key of update t of worker `worker`'s own replica of a bf16 master
+ * (local SGD: every worker updates every element, each its own draw); t
+ * the run's step. */
+uint32_t st_master_replica_key(uint64_t seed, uint64_t t, uint64_t worker);
+
+/* The key of the average of bf16 masters after the run's step t (local
+ * SGD's round end): a stream of its own. */
+uint32_t st_master_average_key(uint64_t seed, uint64_t t);
+
+/* h[i] = x[i] rounded to bf16 stochastically, 16 bits of the hash of key
+ * and the element's index first + i: the update's draw. */
+void st_master_round_sr(uint16_t *h, const float *x, size_t n, uint32_t key, size_t first);
+
 /* p, g (n) fp32; m, v (n) bf16, read and written; h (n) the bf16 copy of
  * p written, or NULL; shrink: the decoupled weight decay's factor. */
 void st_adamw16(float *p, const float *g, uint16_t *m, uint16_t *v, uint16_t *h, size_t n,

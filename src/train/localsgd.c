@@ -13,6 +13,15 @@
  * Adam's bias correction restarts with it), or averaged like the
  * parameters through engines of its own (keep: its step count runs on).
  *
+ * A bf16 master (--master-weights bf16-sr) lives in each replica's bf16
+ * copies, as one dp worker's (the fp32 vector has no memory under them):
+ * each worker's update rounds its own draw (st_master_replica_key: the
+ * run's step and the worker).  The average reads each replica widened
+ * into its gradient vector (free between two steps) and rounds the mean
+ * stochastically from a stream of its own (st_master_average_key: the
+ * run's step and the element), the owner into its replica's copies, which
+ * the engine gathers as bf16 (st_comm_config.copies_master).
+ *
  * With R = 1 and SGD that is linear in what is averaged (no momentum,
  * or momentum kept), this is data parallelism: the mean of the workers'
  * updated parameters (and momenta) is the update by the mean gradient.
@@ -26,6 +35,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "optim/state16.h"
 #include "train/strategy.h"
 
 /* What one worker keeps between its steps: its own line, written every
@@ -121,15 +131,27 @@ static st_status localsgd_init_worker(run_shared *r, void *state, int wid, st_wo
     if (is_dp(r->cfg))
         return st_dp_ops.init_worker(r, state, wid, w, backend);
     lsgd_run *s = state;
-    ST_TRY(st_worker_init(w, wid, r->cfg, r->train->count, backend));
+    ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
+    ST_TRY(st_run_build_model(r, w, r->cfg, backend));   /* a bf16 master's storage */
     const size_t P = st_model_param_count(w->model);
     ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, P));
     const st_range all = { 0, P };
     float *p = st_model_params(w->model);
+    /* a bf16 master's replica is averaged from its gradient vector,
+     * which holds it widened then */
+    float *read = p;
+    if (w->storage.copies_master) {
+        if (st_model_grad_count(w->model) != P)
+            return st_fail(ST_ERR_INVALID, "localsgd with a bf16 master: the model's gradient "
+                           "vector (%zu) is not its parameters' (%zu)",
+                           st_model_grad_count(w->model), P);
+        read = st_model_grads(w->model);
+        w->optim.master_worker = st_run_global(r, wid) + 1;
+    }
     int n_copies;
     const st_param_copy *copies = st_model_copies(w->model, &n_copies);
     st_comm_set_param_copies(r->comm, wid, copies, n_copies);
-    ST_TRY(st_comm_attach(r->comm, wid, &w->arena, p, p, &all, 1));
+    ST_TRY(st_comm_attach(r->comm, wid, &w->arena, read, p, &all, 1));
     for (int i = 0; i < s->n_state; i++) {
         float *v = state_vector(w, i);
         ST_TRY(st_comm_attach(s->state_comm[i], wid, &w->arena, v, v, &all, 1));
@@ -153,6 +175,7 @@ static st_status localsgd_step(run_shared *r, void *state, st_worker *w, uint64_
     double t1 = st_run_now_s();
     slot->times.compute += t1 - t;
     *lr = st_schedule_lr(&r->plan.schedule, step);
+    w->optim.master_step = step;   /* a bf16 master's draw (master_worker) */
     st_worker_update_own(w, ++s->workers[w->id].round_step, *lr);
     slot->times.optimizer += st_run_now_s() - t1;
     return ST_OK;
@@ -169,6 +192,39 @@ static st_status average(st_comm *c, int wid)
     return st_comm_all_gather(c, wid);
 }
 
+/* The same for a bf16 master's replicas after the run's step `step`: each
+ * widened into its gradient vector (attached as what is reduced), the
+ * owner's shard of the mean rounded stochastically into its replica's
+ * copies (the elements outside them into its master shard, fp32), and
+ * the all-gather brings the copies in as bf16. */
+static st_status average_master(const run_shared *r, st_worker *w, uint64_t step)
+{
+    st_comm *c = r->comm;
+    const int wid = w->id;
+    st_run_master_widen(w, 0, st_model_param_count(w->model), st_model_grads(w->model));
+    ST_TRY(st_comm_reduce_scatter(c, wid));
+    const st_range shard = st_comm_shard(c, wid);
+    const float *mean = st_comm_shard_grads(c, wid);   /* mean[i - shard.begin] */
+    float *master = st_comm_shard_params(c, wid);
+    const uint32_t key = st_master_average_key(r->cfg->seed, step);
+    int n;
+    const st_param_copy *cp = st_model_copies(w->model, &n);
+    size_t at = shard.begin;   /* the copies are sorted and disjoint */
+    for (int i = 0; i <= n && at < shard.end; i++) {
+        const size_t lo = i < n ? cp[i].offset : shard.end, hi = i < n ? lo + cp[i].count : lo;
+        const size_t to = lo < shard.end ? (lo > at ? lo : at) : shard.end;
+        if (to > at)   /* no copy: fp32 */
+            memcpy(master + (at - shard.begin), mean + (at - shard.begin),
+                   (to - at) * sizeof *master);
+        const size_t end = hi < shard.end ? hi : shard.end;
+        if (i < n && end > to)
+            st_master_round_sr(cp[i].bf16 + (to - lo), mean + (to - shard.begin), end - to, key,
+                               to);
+        at = end > at ? end : at;
+    }
+    return st_comm_all_gather(c, wid);
+}
+
 /* The end of a round (every R steps and at the end of an epoch): the
  * parameters averaged, the optimizer state averaged or zeroed. */
 static st_status localsgd_round_end(run_shared *r, void *state, st_worker *w, uint64_t step,
@@ -179,7 +235,10 @@ static st_status localsgd_round_end(run_shared *r, void *state, st_worker *w, ui
         return ST_OK;
     const int wid = w->id;
     double t = st_run_now_s();
-    ST_TRY(average(r->comm, wid));
+    if (w->storage.copies_master)
+        ST_TRY(average_master(r, w, step));
+    else
+        ST_TRY(average(r->comm, wid));
     if (st_comm_gathers_copies(r->comm, wid))
         st_model_copies_written(w->model);
     else
@@ -259,15 +318,14 @@ static void localsgd_record(const run_shared *r, void *state, st_epoch_record *r
     rec->comm_bytes_per_worker_round = rec->comm_bytes_per_worker_step * R;
 }
 
-/* Worker 0's replica (the model, after the run's last round end). */
+/* Worker 0's replica (the model, after the run's last round end), a
+ * bf16 master's widened. */
 static st_status localsgd_full_params(run_shared *r, void *state, st_worker *w0,
                                       const float **out, size_t *count)
 {
-    (void)r;
     (void)state;
     *count = st_model_param_count(w0->model);
-    *out = st_model_params(w0->model);
-    return ST_OK;
+    return st_run_master_full(r, w0, out);
 }
 
 static void localsgd_abort(run_shared *r, void *state)

@@ -358,11 +358,19 @@ int st_run_copies_master_gathered(const run_shared *r);
  * its own; with a bf16 master in the copies alone, r->widened, made from
  * it and the copies, until st_run_master_full_done. */
 st_status st_run_master_full(run_shared *r, st_worker *w, const float **out);
+/* Elements [begin, end) of that vector written into dst (dst[0]: element
+ * begin): the fp32 elements copied, the copies widened (exact). */
+void st_run_master_widen(const st_worker *w, size_t begin, size_t end, float *dst);
 void st_run_master_full_done(run_shared *r);
 /* The full model of cfg for worker w on the run's weights: storage,
  * model, initial values. */
 st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config *cfg,
                              const st_chunk_backend *backend);
+/* Its last part, for a strategy that builds w's model itself on
+ * st_run_weights_storage's storage (a full model's layout): a sparse
+ * vector's memory committed, then the initial values loaded where
+ * st_run_weights_load writes them. */
+st_status st_run_weights_built(run_shared *r, st_worker *w);
 /* The memory of worker w for the records: its arena's, and with shared
  * weights its share of its domain's copy (rounded up). */
 void st_run_worker_memory(const run_shared *r, const st_worker *w, st_mem_stats *out);

@@ -16,6 +16,7 @@
 
 #include <subtrain/world.h>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "train/strategy.h"
 #include "train/subnets.h"
@@ -210,19 +211,23 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
     ST_TRY(st_worker_init_base(w, wid, r->train->count, backend));
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
-    if (r->cfg->sdp.resample)
+    /* (a bf16 master in the domain's copies saves none: new_round) */
+    if (r->cfg->sdp.resample && !(r->cfg->optim.master == ST_MASTER_BF16_SR &&
+                                  st_run_master_carried(r) == 0 && r->shared_weights))
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
                                      &s->sn.saved[wid].master));
     /* shared weights (backward masking): the full models over the domain's
-     * copy, its initial values written once */
+     * copy, its initial values written once; a bf16 master (backward
+     * masking too) in the copies, as dp's */
     ST_TRY(st_run_weights_storage(r, w, r->cfg, backend));
     ST_TRY(build_subnet(r, s, w, 0));
-    if (r->shared_weights)
-        ST_TRY(st_run_weights_load(r, w, NULL));
+    ST_TRY(st_run_weights_built(r, w));
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
+    w->optim.carry_master = st_run_master_carried(r);
     /* weights no subnetwork holds yet have their initial values too (the
-     * layout is all a sizing run reads) */
-    if (s->sn.unheld_possible && !r->sizing)
+     * layout is all a sizing run reads); a bf16 master's are in the
+     * copies already, and its master shard has no memory under them */
+    if (s->sn.unheld_possible && !r->sizing && !w->storage.copies_master)
         ST_TRY(st_run_initial_range(r->cfg, shard.begin, shard.end,
                                     st_comm_shard_params(masters(r, s), wid)));
     if (wid == 0 && !s->sn.backward)
@@ -236,9 +241,35 @@ static st_status sdp_resume(run_shared *r, void *state, st_worker *w)
 {
     sdp_run *s = state;
     ST_TRY(st_run_resume_model(r, w));
-    /* (both engines shard the same full layout alike) */
-    st_run_resume_shard(r, r->comm, w->id, st_comm_shard_params(masters(r, s), w->id));
+    st_run_resume_master(r, masters(r, s), w);
     return ST_OK;
+}
+
+/* A private replica's new copies (backward masking, a bf16 master): the
+ * saved shards' values, rounded (exact: they are on the bf16 grid); over
+ * ranks from the gathered full vector. */
+static void load_saved_copies(const sdp_run *s, const run_shared *r, st_worker *w)
+{
+    int n;
+    const st_param_copy *c = st_model_copies(w->model, &n);
+    int k = 0;   /* both sorted: walk the shards along the copies */
+    for (int i = 0; i < n; i++) {
+        size_t pos = c[i].offset;
+        const size_t end = c[i].offset + c[i].count;
+        if (s->sn.n_gathered)   /* over ranks */
+            st_bf16_round_n(c[i].bf16, s->sn.gathered[0] + pos, end - pos);
+        while (!s->sn.n_gathered && pos < end) {
+            const st_range sh = st_comm_shard(r->comm, k);
+            if (sh.end <= pos) {
+                k++;
+                continue;
+            }
+            const size_t hi = end < sh.end ? end : sh.end;
+            st_bf16_round_n(c[i].bf16 + (pos - c[i].offset),
+                            s->sn.saved[k].master + (pos - sh.begin), hi - pos);
+            pos = hi;
+        }
+    }
 }
 
 /* Round `round` of subnetworks (--resample): every worker saves its master
@@ -248,13 +279,21 @@ static st_status sdp_resume(run_shared *r, void *state, st_worker *w)
  * draws and rebuilds alike, moving no values. */
 static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t round)
 {
-    const int wid = w->id, moves = !r->sizing;
+    /* A bf16 master in the copies (backward masking): a domain's copies
+     * keep it through the rebuild, nothing is saved; a private replica's
+     * are rebuilt with its model, so its shard is saved widened from
+     * them and the new copies get the saved values (load_saved_copies),
+     * its fp32 elements staying in its vector. */
+    const int wid = w->id, moves = !r->sizing, copies = w->storage.copies_master;
+    const int saves = moves && !(copies && r->shared_weights);
     float *saved = s->sn.saved[wid].master;
     st_range shard = st_comm_shard(r->comm, wid);
     if (moves)
         ST_TRY(st_run_sync_state(r, w));   /* the running statistics meet */
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every all-gather is done */
-    if (moves)
+    if (saves && copies)
+        st_run_master_widen(w, shard.begin, shard.end, saved);
+    else if (saves)
         memcpy(saved, st_comm_shard_params(masters(r, s), wid),
                (shard.end - shard.begin) * sizeof(float));
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every master saved, the engines idle */
@@ -271,14 +310,17 @@ static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t rou
     ST_TRY(build_subnet(r, s, w, 1));
     /* shared weights: the new model reads its domain's copy, which holds
      * the current values already */
-    if (moves && !r->shared_weights)
+    if (saves && copies)
+        load_saved_copies(s, r, w);
+    else if (saves && !r->shared_weights)
         ST_TRY(st_subnets_load_saved(&s->sn, r, w, st_model_params(w->model), 0));
     if (moves)
         st_run_load_state(r, w->model);
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
     /* the engine initialised the held elements (the same values): the
-     * others, nobody's in this round, keep theirs */
-    if (moves && s->sn.unheld_possible)
+     * others, nobody's in this round, keep theirs (a bf16 master's
+     * parameters' engine holds every element) */
+    if (saves && !copies && s->sn.unheld_possible)
         memcpy(st_comm_shard_params(masters(r, s), wid), saved,
                (shard.end - shard.begin) * sizeof(float));
     return ST_OK;
@@ -374,18 +416,19 @@ static void sdp_record(const run_shared *r, void *state, st_epoch_record *rec)
 }
 
 /* Forward masking: the full model loaded from the masters (what the last
- * evaluation loaded); backward masking: worker 0's replica. */
+ * evaluation loaded); backward masking: worker 0's replica (a bf16
+ * master's widened, st_run_master_full). */
 static st_status sdp_full_params(run_shared *r, void *state, st_worker *w0, const float **out,
                                  size_t *count)
 {
     sdp_run *s = state;
-    st_model *m = w0->model;
-    if (!s->sn.backward) {
-        ST_TRY(st_subnets_load_full(&s->sn, r, masters(r, s), 0));
-        m = s->sn.eval_model;
+    if (s->sn.backward) {   /* a bf16 master in the copies widened */
+        *count = st_model_param_count(w0->model);
+        return st_run_master_full(r, w0, out);
     }
-    *count = st_model_param_count(m);
-    *out = st_model_params(m);
+    ST_TRY(st_subnets_load_full(&s->sn, r, masters(r, s), 0));
+    *count = st_model_param_count(s->sn.eval_model);
+    *out = st_model_params(s->sn.eval_model);
     return ST_OK;
 }
 

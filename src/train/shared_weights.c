@@ -231,6 +231,11 @@ st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config 
 {
     ST_TRY(st_run_weights_storage(r, w, cfg, backend));
     ST_TRY(st_worker_build_model(w, cfg));
+    return st_run_weights_built(r, w);
+}
+
+st_status st_run_weights_built(run_shared *r, st_worker *w)
+{
     if (w->storage.copies_master) {
         ST_TRY(commit_sparse(r, w));
         if (r->shared_weights)   /* committed before anybody writes it */
@@ -254,6 +259,23 @@ int st_run_master_carried(const run_shared *r)
     return r->shared_weights ? 1 : 2;
 }
 
+void st_run_master_widen(const st_worker *w, size_t begin, size_t end, float *dst)
+{
+    const float *p = st_model_params(w->model);
+    int n;
+    const st_param_copy *c = st_model_copies(w->model, &n);
+    size_t at = begin;   /* dst[i - begin]: element i; the copies are sorted and disjoint */
+    for (int i = 0; i <= n && at < end; i++) {
+        const size_t lo = i < n ? c[i].offset : end, hi = i < n ? lo + c[i].count : end;
+        const size_t to = lo < end ? (lo > at ? lo : at) : end;
+        memcpy(dst + (at - begin), p + at, (to - at) * sizeof *dst);
+        const size_t stop = hi < end ? hi : end;
+        if (i < n && stop > to)
+            st_bf16_widen_n(dst + (to - begin), c[i].bf16 + (to - lo), stop - to);
+        at = stop > at ? stop : at;
+    }
+}
+
 st_status st_run_master_full(run_shared *r, st_worker *w, const float **out)
 {
     *out = st_model_params(w->model);
@@ -262,16 +284,7 @@ st_status st_run_master_full(run_shared *r, st_worker *w, const float **out)
     const size_t P = r->n_params;
     if (!r->widened && !(r->widened = malloc((P ? P : 1) * sizeof *r->widened)))
         return st_fail(ST_ERR_NOMEM, "out of memory widening %zu weights", P);
-    int n;
-    const st_param_copy *c = st_model_copies(w->model, &n);
-    size_t at = 0;
-    for (int i = 0; i <= n; i++) {
-        const size_t lo = i < n ? c[i].offset : P;
-        memcpy(r->widened + at, *out + at, (lo - at) * sizeof *r->widened);
-        if (i < n)
-            st_bf16_widen_n(r->widened + lo, c[i].bf16, c[i].count);
-        at = i < n ? lo + c[i].count : P;
-    }
+    st_run_master_widen(w, 0, P, r->widened);
     *out = r->widened;
     return ST_OK;
 }
