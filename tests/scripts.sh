@@ -216,6 +216,13 @@ primitive_times() {
     # without -s the reference is counted, in totals (no -n, no -p)
     expect "with the reference" "$(sh "$PRIM" "$TMP/verbose.log" | tail -n 1 | awk '{ print $1 }')" \
         "17.000" || return 1
+    # -c: the classes after the groups; the two matmul groups are one class
+    out=$(sh "$PRIM" -s -p softmax -c "$TMP/verbose.log") || return 1
+    echo "$out" | grep -q '^ *3\.000 *1\.5 *2\.0000 *75\.0%  products$' ||
+        { echo "products class: $out"; return 1; }
+    echo "$out" | grep -q '^ *0\.500 *1\.0 *0\.5000 *12\.5%  softmax_v2$' ||
+        { echo "softmax class: $out"; return 1; }
+    expect "rows with -c" "$(echo "$out" | wc -l | tr -d ' ')" 11 || return 1
     sh "$PRIM" -n two "$TMP/verbose.log" 2>/dev/null; expect "bad -n" $? 2 || return 1
     sh "$PRIM" -p nothing-like-it "$TMP/verbose.log" 2>/dev/null; expect "no match" $? 1 || return 1
     sh "$PRIM" "$TMP/missing.log" 2>/dev/null; expect "missing log" $? 2 || return 1

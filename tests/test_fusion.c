@@ -126,9 +126,9 @@ static int bf16_runs(void)
 
 /* A ReLU after a linear layer as the matmul's post-op (mlp's layers,
  * resmlp's and gpt's inner layers): max(0, y) computed in registers gives
- * the separate eltwise pass's values, and its backward from the output
- * (mlp) or as the mask post-op of the next layer's backward-data product
- * (resmlp, gpt) the backward from the input. */
+ * the separate eltwise pass's values, and its backward as the mask
+ * post-op of the next layer's backward-data product the backward from
+ * the input. */
 Test(fusion, relu_post_op_is_bitwise_the_separate_relu)
 {
     omp_set_num_threads(1);
@@ -146,11 +146,12 @@ Test(fusion, relu_post_op_is_bitwise_the_separate_relu)
             /* the ReLU's forward (bf16: it keeps its copy either way); folded,
              * the mask replaces the ReLU's forward (bf16: and its copy's two
              * conversions), and its backward is gone */
-            check_fusion(c, ST_UNFUSE_RELU, fused_relus, k > 0 && bf16 ? 3 : 1, tag);
+            check_fusion(c, ST_UNFUSE_RELU, fused_relus, bf16 ? 3 : 1, tag);
         }
 }
 
-/* The fused ReLU's backward folded into fc2's backward-data product (a
+/* The fused ReLU's backward folded into the next layer's backward-data
+ * product (resmlp's and gpt's fc2, an mlp's next hidden layer or head; a
  * binary multiply by the mask y > 0) against its own eltwise backward
  * (--unfuse relu-backward): the mask pass replaces the backward pass in
  * fp32, and in bf16 also the kept copy's two conversions. */
@@ -159,15 +160,39 @@ Test(fusion, relu_backward_mask_post_op_is_bitwise_the_separate_backward)
     omp_set_num_threads(1);
     st_model_config gpt = gpt_config(2, 8, 2, 6);
     gpt.activation = ST_ACT_RELU;
-    const st_model_config cfgs[2] = { resmlp_config(3, 16, 24, ST_ACT_RELU), gpt };
-    const char *names[2] = { "resmlp", "gpt" };
+    const st_model_config cfgs[3] = { resmlp_config(3, 16, 24, ST_ACT_RELU), gpt,
+                                      mlp_config(3, 20, ST_ACT_RELU) };
+    const char *names[3] = { "resmlp", "gpt", "mlp" };
     for (int bf16 = 0; bf16 <= bf16_runs(); bf16++)
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++) {
             st_model_config c = cfgs[k];
             c.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
             char tag[48];
             snprintf(tag, sizeof tag, "%s %s", names[k], bf16 ? "bf16" : "fp32");
             check_fusion(c, ST_UNFUSE_RELU_BACKWARD, folded_relus, bf16 ? 2 : 0, tag);
+        }
+}
+
+/* Every hidden layer of an mlp folds its ReLU's backward into the next
+ * layer's product; under --recompute none does (the next block's
+ * recomputed forward reuses the memory of the mask, nn/models/mlp.c), a
+ * resmlp's blocks still do (fc1 and fc2 are one block). */
+Test(fusion, an_mlp_folds_every_relu_backward_but_under_recompute)
+{
+    omp_set_num_threads(1);
+    for (int mode = 0; mode < 3; mode++)
+        for (int k = 0; k < 2; k++) {
+            st_model_config c = k ? resmlp_config(3, 16, 24, ST_ACT_RELU)
+                                  : mlp_config(3, 20, ST_ACT_RELU);
+            c.recompute = (st_recompute)mode;
+            st_arena a;
+            st_arena_init(&a, "fusion", NULL, 0);
+            st_model *m = make_model(&c, 4, &a);
+            cr_expect_eq(folded_relus(m), k || mode == ST_RECOMPUTE_NONE ? 3 : 0,
+                         "%s, recompute %s: %d folded", k ? "resmlp" : "mlp",
+                         st_recompute_name(c.recompute), folded_relus(m));
+            st_model_destroy(m);
+            st_arena_release(&a);
         }
 }
 

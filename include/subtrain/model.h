@@ -116,9 +116,10 @@ enum {
                                * its own, not the matmul's post-op */
     ST_UNFUSE_BN_RELU = 16,   /* a ReLU after a batch norm: an eltwise pass of
                                * its own, not the norm's fuse_norm_relu */
-    ST_UNFUSE_RELU_BACKWARD = 32, /* a fused ReLU's backward (resmlp's, gpt's): an
-                               * eltwise pass of its own, not a mask post-op of
-                               * the next layer's backward-data product */
+    ST_UNFUSE_RELU_BACKWARD = 32, /* a fused ReLU's backward (an mlp's but under
+                               * recompute, resmlp's, gpt's): an eltwise pass of
+                               * its own, not a mask post-op of the next layer's
+                               * backward-data product */
 };
 
 /* --unfuse's value: a comma list of the fusions' names, "bias",

@@ -311,6 +311,9 @@ st_layer *st_graph_linear(st_model *m, const char *name, int x, int y, int dx, i
  * the one before it; z is its y), NULL when out of memory. */
 st_layer *st_graph_linear_act(st_model *m, const char *name, int x, int dx, int da, int dz,
                               int64_t in, int64_t out, int unit, st_activation act);
+/* Whether st_graph_linear_act runs activation `act` as its matmul's
+ * post-op in model m (its activation layer's fuse_relu). */
+int st_graph_fuses_relu(const st_model *m, st_activation act);
 
 /* Layer group g: the layers declared until st_graph_group_end.  Its
  * output tensor is its input when a model does not hold it. */

@@ -597,11 +597,9 @@ const st_layer_kind st_layer_linear = {
     .backward_reads = linear_backward_reads,
 };
 
-/* Whether a builder's linear layer and the ReLU after it run as one
- * matmul (st_graph_linear_act): not under --unfuse relu or bias (the ReLU
- * must follow the bias), nor in a range of layers (a segment may be cut
- * between the two). */
-static int fuses_relu(const st_model *m, st_activation act)
+/* Not under --unfuse relu or bias (the ReLU must follow the bias), nor in
+ * a range of layers (a segment may be cut between the two). */
+int st_graph_fuses_relu(const st_model *m, st_activation act)
 {
     return act == ST_ACT_RELU && !m->range &&
            !(m->cfg.unfuse & (ST_UNFUSE_RELU | ST_UNFUSE_BIAS));
@@ -610,7 +608,7 @@ static int fuses_relu(const st_model *m, st_activation act)
 st_layer *st_graph_linear_act(st_model *m, const char *name, int x, int dx, int da, int dz,
                               int64_t in, int64_t out, int unit, st_activation act)
 {
-    const int fuse = fuses_relu(m, act);
+    const int fuse = st_graph_fuses_relu(m, act);
     const int a = fuse ? ST_T_NONE : st_graph_tensor(m, out, unit);
     const int z = st_graph_tensor(m, out, unit);
     st_layer *l = z >= 0 && (fuse || a >= 0)
