@@ -352,7 +352,8 @@ st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full);
  * domain's copies, 2 the engine writes all (st_adamw_master16). */
 int st_run_master_carried(const run_shared *r);
 /* Whether the run's engine gathers a bf16 master as bf16 (private
- * replicas, in one process or over MPI ranks: st_comm_config.copies_master). */
+ * replicas, in one process or over MPI ranks; shared weights, each
+ * domain's copies: st_comm_config.copies_master). */
 int st_run_copies_master_gathered(const run_shared *r);
 /* w's full vector for its readers (checkpoints, the final parameters):
  * its own; with a bf16 master in the copies alone, r->widened, made from

@@ -19,10 +19,11 @@
  * before anybody reads.  Nobody else writes those elements meanwhile, so
  * the parts are written by one thread each.
  *
- * A bf16 master (--master-weights bf16-sr) lives in the copies unless an
- * engine gathers fp32 masters (shared weights over several domains): the
- * fp32 vector then has no memory under them (st_arena_reserve_floats),
- * and its readers get a widened vector (st_run_master_full).
+ * A bf16 master (--master-weights bf16-sr) lives in the copies, each
+ * domain's (the engine copies an owner's into the other domains' as
+ * bf16): the fp32 vector has no memory under them
+ * (st_arena_reserve_floats), and its readers get a widened vector
+ * (st_run_master_full).
  *
  * Memory: a worker's record counts its arena and its share of its
  * domain's copy (the copy's bytes over the domain's workers), so that a
@@ -247,8 +248,7 @@ st_status st_run_weights_built(run_shared *r, st_worker *w)
 
 int st_run_copies_master_gathered(const run_shared *r)
 {
-    return r->cfg->optim.master == ST_MASTER_BF16_SR && shares_bf16(r->cfg) &&
-           !r->shared_weights;
+    return r->cfg->optim.master == ST_MASTER_BF16_SR && shares_bf16(r->cfg);
 }
 
 int st_run_master_carried(const run_shared *r)
