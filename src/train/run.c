@@ -81,7 +81,7 @@ static st_status create_engine(const run_shared *r, size_t n_params, int roles, 
                                            (roles == 0 || (roles & ST_COMM_GATHER)),
                           /* a bf16 master in the replicas' or the
                            * domains' copies */
-                          .copies_master = params && st_run_copies_master_gathered(r),
+                          .copies_master = params && st_run_copies_master(r),
                           /* a sizing run's workers only meet, on threads
                            * that outnumber the cores */
                           .blocking = r->sizing };
