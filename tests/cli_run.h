@@ -104,6 +104,17 @@ static inline void expect_runtime_error(const char *env, const char *args, const
     free(r);
 }
 
+/* The environment (for run()'s `env`) of a run over two NUMA domains of
+ * one core each, on a machine of one domain and two PUs or more: hwloc's
+ * synthetic topology taken for this system (HWLOC_THISSYSTEM=1), so the
+ * run places, pins and plans its workers as on a 2-socket node (PUs 0
+ * and 1; memory on a node that is not there is bound loosely or not at
+ * all, with a warning). */
+static inline const char *two_domains_env(void)
+{
+    return "HWLOC_THISSYSTEM=1 HWLOC_SYNTHETIC='pack:1 numa:2 core:1 pu:1'";
+}
+
 /* Whether two files hold the same bytes. */
 static inline int same_file(const char *a, const char *b)
 {

@@ -104,10 +104,11 @@ static json_t *plan_row(const run_result *r, const char *what)
 }
 
 /* A run of `opts` for `length` (--steps N, --epochs N), then the plan of
- * the same options: every kind and the total equal.  synth_phase: the
- * synth phase whose memory the run's final record reports (NULL: not a
- * synth run with recovery epochs). */
-static void expect_plan_equals_run_of(const char *opts, const char *length,
+ * the same options, both with `env` before the program (NULL: none):
+ * every kind and the total equal.  synth_phase: the synth phase whose
+ * memory the run's final record reports (NULL: not a synth run with
+ * recovery epochs). */
+static void expect_plan_equals_run_in(const char *env, const char *opts, const char *length,
                                       const char *synth_phase)
 {
     static char args[15 * ST_TEST_PATH_MAX];
@@ -117,7 +118,7 @@ static void expect_plan_equals_run_of(const char *opts, const char *length,
     run_result *r = calloc(1, sizeof *r);
     cr_assert_not_null(r);
     snprintf(args, sizeof args, "%s %s --progress none --metrics '%s'", opts, length, metrics);
-    run(r, NULL, args);
+    run(r, env, args);
     cr_assert_eq(r->status, 0, "the run of %s failed: %s", opts, r->err);
     json_int_t kinds[ST_MEM_KIND_COUNT], total;
     record_memory(metrics, kinds, ST_MEM_KIND_COUNT, &total);
@@ -125,7 +126,7 @@ static void expect_plan_equals_run_of(const char *opts, const char *length,
         expect_final_memory_of_phase(metrics, synth_phase);
     snprintf(args, sizeof args, "plan --as-given --memory-per-worker 1G --json - %s %s", opts,
              length);
-    run(r, NULL, args);
+    run(r, env, args);
     cr_assert_eq(r->status, 0, "the plan of %s failed: %s", opts, r->err);
     json_t *row = plan_row(r, opts);
     json_t *mem = json_object_get(row, "memory_per_worker");
@@ -142,6 +143,12 @@ static void expect_plan_equals_run_of(const char *opts, const char *length,
     json_decref(row);
     free(r);
     st_test_rmdir(dir);
+}
+
+static void expect_plan_equals_run_of(const char *opts, const char *length,
+                                      const char *synth_phase)
+{
+    expect_plan_equals_run_in(NULL, opts, length, synth_phase);
 }
 
 /* The same, a run of two steps. */
@@ -248,6 +255,14 @@ Test(plan, memory_equals_the_runs_with_masking_accumulation_and_moments, .timeou
                  "--precision bf16%s --optimizer-moments bf16-sr --master-weights bf16-sr", data,
                  layouts[n], bf16 == ST_BF16_EMULATED ? " --bf16-emulated" : "");
         expect_plan_equals_run(opts);
+    }
+    /* over two domains, a worker each: each domain's copies hold the
+     * master, its vector none under them (dp; sdp's rounds save none) */
+    for (int n = 0; n < 4 && bf16 != ST_BF16_UNAVAILABLE; n += 3) {
+        snprintf(opts, sizeof opts, "%s --depth 2 --width 32 --batch 8 %s --precision bf16%s "
+                 "--optimizer-moments bf16-sr --master-weights bf16-sr", data, layouts[n],
+                 bf16 == ST_BF16_EMULATED ? " --bf16-emulated" : "");
+        expect_plan_equals_run_in(two_domains_env(), opts, "--steps 2", NULL);
     }
     snprintf(opts, sizeof opts, "%s --model resnet --depth 2 --batch 8 --workers 2 "
              "--oversubscribe --strategy sdp --recompute all", data);

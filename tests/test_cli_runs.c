@@ -599,11 +599,45 @@ Test(cli, master_weights_bf16_sr, .timeout = 180)
                        "bf16-sr --unfuse weight-copy", "--unfuse weight-copy does not make");
 }
 
-/* The peak weights bytes a worker of `args` (with --metrics /dev/stdout)
- * reports in its final record. */
-static double weights_bytes(run_result *r, const char *args)
+/* A bf16 master with shared weights over two NUMA domains, a worker
+ * each (dp; sdp with backward masking, masks redrawn): the copies of each
+ * domain hold it, and an update moves 16 bytes a parameter with bf16
+ * moments (16.1 with the biases' 20), as on one domain; a seed repeats
+ * the run bitwise; the fp32 master counts 22 (its update writes the
+ * copies too). */
+Test(cli, a_bf16_master_over_two_domains_moves_16_bytes_a_parameter, .timeout = 120)
 {
-    run(r, NULL, args);
+    static const char *const layouts[] = {
+        "--workers 2", "--workers 2 --strategy sdp --masking backward --resample 5" };
+    char args[1024], first[256], again[256];
+    run_result *r = calloc(1, sizeof *r);
+    for (int k = 0; k < 2; k++) {
+        for (int sr = 0; sr < 2; sr++) {
+            snprintf(args, sizeof args, "--data synthetic --model resmlp --depth 2 --width 32 "
+                     "--steps 20 --batch 32 --precision bf16 --bf16-emulated "
+                     "--optimizer-moments bf16-sr --master-weights %s --progress none "
+                     "--metrics /dev/stdout %s", sr ? "bf16-sr" : "fp32", layouts[k]);
+            run(r, two_domains_env(), args);
+            cr_assert_eq(r->status, 0, "%s: %s", layouts[k], r->err);
+            cr_assert(strstr(r->out, "\"numa\":2},\"placement\""), "%s: not over two "
+                      "domains: %s", layouts[k], r->out);
+            cr_assert(strstr(r->out, sr ? "(16.1 bytes a parameter" : "(22.0 bytes a parameter"),
+                      "%s, %s master: %s", layouts[k], sr ? "bf16-sr" : "fp32", r->out);
+        }
+        cr_assert(strstr(r->out, "\"master\":\"bf16-sr\"}"), "%s", r->out);
+        final_losses(r->out, first, sizeof first);
+        run(r, two_domains_env(), args);
+        final_losses(r->out, again, sizeof again);
+        cr_assert_str_eq(first, again, "%s: the same seed, another run", layouts[k]);
+    }
+    free(r);
+}
+
+/* The peak weights bytes a worker of `args` (with --metrics /dev/stdout;
+ * `env` before the program, NULL: none) reports in its final record. */
+static double weights_bytes(run_result *r, const char *env, const char *args)
+{
+    run(r, env, args);
     cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
     const char *last = strstr(r->out, "\"final\":true");
     cr_assert_not_null(last, "%s", r->out);
@@ -612,16 +646,16 @@ static double weights_bytes(run_result *r, const char *args)
     return v;
 }
 
-/* A bf16 master in the copies (one worker, shared weights in one domain,
- * private replicas in one process; dp, sdp with backward masking, whose
- * parameters' engine holds the masters, and localsgd's replicas) leaves
- * the fp32 vector without memory
+/* A bf16 master in the copies (one worker, shared weights in one domain
+ * and over two, private replicas in one process; dp, sdp with backward
+ * masking, whose parameters' engine holds the masters, and localsgd's
+ * replicas) leaves the fp32 vector without memory
  * under the matrices: the weights fall by 4 bytes a matrix parameter
  * against the fp32 master, less the pages that a matrix shares with a
  * bias (two at most each).  Private replicas' master shards too: 4 bytes
  * a matrix parameter of the shard.  The mlp: 784 -> 64 -> 64 -> 10 on the
  * synthetic data, three matrices. */
-Test(cli, a_bf16_master_holds_no_fp32_matrices, .timeout = 60)
+Test(cli, a_bf16_master_holds_no_fp32_matrices, .timeout = 120)
 {
     const double matrices = 784 * 64 + 64 * 64 + 64 * 10, page = 4096;
     /* two shards (st_comm_shards: 16-float blocks): the first, [0, half),
@@ -631,8 +665,8 @@ Test(cli, a_bf16_master_holds_no_fp32_matrices, .timeout = 60)
      * shard, counted by both sharers here: twice half; a bf16 master
      * saves none */
     const double shard_lo[] = { 0, 0, matrices - half, 0, matrices - half, matrices - half,
-                                2 * half },
-                 shard_hi[] = { 0, 0, half, 0, half, half, 2 * half };
+                                2 * half, 0, 0, matrices - half },
+                 shard_hi[] = { 0, 0, half, 0, half, half, 2 * half, 0, 0, half };
     static const char *const layouts[] = {
         "--workers 1", "--workers 2 --oversubscribe",
         "--workers 2 --oversubscribe --weights private",
@@ -641,18 +675,28 @@ Test(cli, a_bf16_master_holds_no_fp32_matrices, .timeout = 60)
         "--weights private",
         "--workers 2 --oversubscribe --strategy localsgd --local-steps 1",
         "--workers 2 --oversubscribe --strategy sdp --masking backward --subnet neuron "
-        "--resample 1" };
-    static const int sharing[] = { 1, 2, 1, 2, 1, 1, 2 };   /* workers over one vector */
+        "--resample 1",
+        /* two domains of one worker, a vector each: the owner's domain's
+         * copies hold its shard's master, the other's a copy of them */
+        "--workers 2", "--workers 2 --strategy sdp --masking backward --subnet neuron",
+        /* fp32: each worker saves its shard at a new round (the busiest
+         * counted), a bf16 master none */
+        "--workers 2 --strategy sdp --masking backward --subnet neuron --resample 1" };
+    static const int sharing[] = { 1, 2, 1, 2, 1, 1, 2, 1, 1, 1 };   /* workers a vector */
     char args[512];
     run_result *r = calloc(1, sizeof *r);
-    for (int k = 0; k < 7; k++) {
+    for (int k = 0; k < 10; k++) {
         double w[2];
+        const char *env = k >= 7 ? two_domains_env() : NULL;
         for (int sr = 0; sr < 2; sr++) {
             snprintf(args, sizeof args, "--data synthetic --model mlp --depth 2 --width 64 "
                      "--steps 2 --batch 16 --precision bf16 --bf16-emulated --master-weights %s "
                      "--progress none --metrics /dev/stdout %s", sr ? "bf16-sr" : "fp32",
                      layouts[k]);
-            w[sr] = weights_bytes(r, args);
+            w[sr] = weights_bytes(r, env, args);
+            if (env)
+                cr_assert(strstr(r->out, "\"numa\":2},\"placement\""), "%s: not over two "
+                          "domains: %s", layouts[k], r->out);
         }
         /* a domain's vector: each of its workers counts its share */
         const double fell = (w[0] - w[1]) * sharing[k];

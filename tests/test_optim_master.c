@@ -148,61 +148,45 @@ Test(master, update_is_fp32_adamw_rounded_with_the_documented_draw)
     }
 }
 
-/* The master carried in the fp32 vector (an engine that gathers fp32
- * masters) and cut into shards: the same bits as the copies alone. */
-Test(master, carried_and_sharded_updates_equal_the_copy_alone)
+/* The master cut into shards, each updated by its owner (the engine's
+ * layout): the same bits as the copies updated whole, and the fp32
+ * vector under the copies neither read nor written (NaN stays NaN). */
+Test(master, sharded_updates_equal_the_copy_alone)
 {
-    float ref[N], carried[N], g[N];
-    uint16_t h_ref[N], h_carry[N], h_gathered[N];
-    st_param_copy c_ref[3], c_carry[3], c_gathered[3];
+    float ref[N], sharded[N], g[N];
+    uint16_t h_ref[N], h_shard[N];
+    st_param_copy c_ref[3], c_shard[3];
     copies_of(h_ref, c_ref);
-    copies_of(h_carry, c_carry);
-    copies_of(h_gathered, c_gathered);
+    copies_of(h_shard, c_shard);
     random_fill(ref, N, 5, 1.0f);
-    memcpy(carried, ref, sizeof ref);   /* off the bf16 grid: read rounded to nearest */
-    for (int i = 0; i < N; i++)
-        h_ref[i] = h_carry[i] = h_gathered[i] = nearest_bf16(ref[i]);
-    float gathered[N];
-    memcpy(gathered, ref, sizeof ref);
+    for (int i = 0; i < N; i++) {
+        h_ref[i] = h_shard[i] = nearest_bf16(ref[i]);
+        sharded[i] = covered(i) ? NAN : ref[i];
+    }
     st_optim_config c = config(ST_MOMENTS_BF16_SR);
     st_arena a;
     st_arena_init(&a, "optim", NULL, 0);
-    st_optim whole, shard1[3], shard2[3];
+    st_optim whole, shard[3];
     const size_t cuts[] = { 0, 77, 201, N };
     cr_assert_eq(st_optim_init(&whole, &c, N, &a), ST_OK);
-    for (int s = 0; s < 3; s++) {
-        cr_assert_eq(st_optim_init_range(&shard1[s], &c, cuts[s], cuts[s + 1], &a), ST_OK);
-        cr_assert_eq(st_optim_init_range(&shard2[s], &c, cuts[s], cuts[s + 1], &a), ST_OK);
-        shard1[s].carry_master = 1;
-        shard2[s].carry_master = 2;
-    }
+    for (int s = 0; s < 3; s++)
+        cr_assert_eq(st_optim_init_range(&shard[s], &c, cuts[s], cuts[s + 1], &a), ST_OK);
     for (int t = 1; t <= 4; t++) {
         random_fill(g, N, 60 + (uint64_t)t, 1.0f);
         st_optim_update_copies(&whole, ref, g, segs, 2, 0, N, (uint64_t)t, 1e-2f, c_ref, 3);
-        for (int s = 0; s < 3; s++) {
-            st_optim_update_copies(&shard1[s], carried + cuts[s], g + cuts[s], segs, 2, cuts[s],
-                                   cuts[s + 1], (uint64_t)t, 1e-2f, c_carry, 3);
-            st_optim_update_copies(&shard2[s], gathered + cuts[s], g + cuts[s], segs, 2,
-                                   cuts[s], cuts[s + 1], (uint64_t)t, 1e-2f, c_gathered, 3);
-        }
+        for (int s = 0; s < 3; s++)
+            st_optim_update_copies(&shard[s], sharded + cuts[s], g + cuts[s], segs, 2, cuts[s],
+                                   cuts[s + 1], (uint64_t)t, 1e-2f, c_shard, 3);
     }
     for (int i = 0; i < N; i++) {
         if (!covered(i)) {
-            cr_assert_eq(bits(carried[i]), bits(ref[i]), "element %d (fp32 master)", i);
-            cr_assert_eq(bits(gathered[i]), bits(ref[i]), "element %d (fp32 master)", i);
+            cr_assert_eq(bits(sharded[i]), bits(ref[i]), "element %d (fp32 master)", i);
             continue;
         }
-        cr_assert_eq(h_carry[i], h_ref[i], "element %d: carried %#x, alone %#x", i, h_carry[i],
+        cr_assert_eq(h_shard[i], h_ref[i], "element %d: sharded %#x, whole %#x", i, h_shard[i],
                      h_ref[i]);
-        cr_assert_eq(bits(carried[i]), bits(widen(h_ref[i])), "element %d: the fp32 vector "
-                     "holds the master widened", i);
-        cr_assert_eq(bits(gathered[i]), bits(widen(h_ref[i])), "element %d (gathered)", i);
+        cr_assert(isnan(sharded[i]), "element %d: the fp32 vector was written", i);
     }
-    /* carry 2 leaves the copies to the engine: still the initial values */
-    float init[N];
-    random_fill(init, N, 5, 1.0f);
-    for (int i = 0; i < N; i++)
-        cr_assert_eq(h_gathered[i], nearest_bf16(init[i]), "element %d: copy written", i);
     st_arena_release(&a);
 }
 
@@ -281,12 +265,6 @@ Test(master, bytes_per_parameter)
     cr_assert_eq(o.updated, N);
     cr_assert_eq(o.update_bytes, 190 * 16 + 110 * 20, "190 covered, 110 not: %zu",
                  o.update_bytes);
-    o.carry_master = 1;   /* the fp32 vector and the copy */
-    st_optim_update_copies(&o, p, g, segs, 2, 0, N, 2, 1e-3f, copies, 3);
-    cr_assert_eq(o.update_bytes, 190 * 22 + 110 * 20);
-    o.carry_master = 2;   /* the fp32 vector only */
-    st_optim_update_copies(&o, p, g, segs, 2, 0, N, 3, 1e-3f, copies, 3);
-    cr_assert_eq(o.update_bytes, 300 * 20);
     st_arena_release(&a);
 }
 

@@ -15,14 +15,17 @@
 #include <criterion/criterion.h>
 #include <subtrain/subtrain.h>
 
+/* The environment of the runs train() starts (NULL: none). */
+static const char *g_env = NULL;
+
 /* `opts` with --checkpoint dir/name and what follows, quiet, its exit
  * status; stderr into dir/name.err. */
 static int train(const char *dir, const char *name, const char *opts, const char *extra)
 {
     char cmd[8 * ST_TEST_PATH_MAX];
-    snprintf(cmd, sizeof cmd, "'%s' %s --quiet --progress none --checkpoint '%s/%s' %s "
-             ">/dev/null 2>'%s/%s.err' </dev/null", getenv("SUBTRAIN_BIN"), opts, dir, name,
-             extra, dir, name);
+    snprintf(cmd, sizeof cmd, "%s '%s' %s --quiet --progress none --checkpoint '%s/%s' %s "
+             ">/dev/null 2>'%s/%s.err' </dev/null", g_env ? g_env : "", getenv("SUBTRAIN_BIN"),
+             opts, dir, name, extra, dir, name);
     int w = system(cmd);
     return WIFEXITED(w) ? WEXITSTATUS(w) : -1;
 }
@@ -392,6 +395,54 @@ Test(resume, a_bf16_master_resumes_bitwise, .timeout = 180)
     expect_runtime_error(NULL, extra, "its run had --master-weights bf16-sr, this one has "
                          "--master-weights fp32: resume with the options of the run that "
                          "wrote it");
+    st_test_rmdir(dir);
+}
+
+/* A bf16 master with shared weights over two NUMA domains (a worker
+ * each, each domain's copies holding the master): a resume from a step
+ * checkpoint continues bitwise, dp and sdp with backward masking (masks
+ * redrawn across the checkpoint); and the weights are those of the same
+ * run on one domain, bit for bit: one worker a domain sums the gradients
+ * in the same order, the updates draw by seed, step and element, and the
+ * all-gather copies the owners' copies as they are. */
+Test(resume, a_bf16_master_over_two_domains_resumes_bitwise, .timeout = 180)
+{
+    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], runs[2][5 * ST_TEST_PATH_MAX],
+        extra[8 * ST_TEST_PATH_MAX], a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    const st_bf16_support bf16 = st_bf16_probe(NULL);
+    if (bf16 == ST_BF16_UNAVAILABLE)
+        cr_skip_test("no bf16 matrix product here");
+    setup_run(dir, base, sizeof base, "--model mlp --depth 2 --width 32 --precision bf16 "
+              "--bf16-emulated --master-weights bf16-sr --workers 2 --optimizer-moments "
+              "bf16-sr");
+    snprintf(runs[0], sizeof runs[0], "%s", base);
+    snprintf(runs[1], sizeof runs[1], "%s --strategy sdp --masking backward --subnet neuron "
+             "--resample 5", base);
+    for (size_t i = 0; i < 2; i++) {
+        char ck[16], resumed[16], one[16];
+        snprintf(ck, sizeof ck, "ck%zu", i);
+        snprintf(resumed, sizeof resumed, "resumed%zu", i);
+        snprintf(one, sizeof one, "one%zu", i);
+        g_env = two_domains_env();
+        expect_trains(dir, ck, runs[i], "--checkpoint-every 7 --metrics /dev/stderr");
+        snprintf(a, sizeof a, "%s/%s.err", dir, ck);
+        char err[16384];
+        read_into(a, err, sizeof err);
+        cr_assert(strstr(err, "\"numa\":2},\"placement\""), "%s: not over two domains: %s",
+                  runs[i], err);
+        snprintf(a, sizeof a, "%s/%s/step-00000007.safetensors", dir, ck);
+        snprintf(extra, sizeof extra, "--resume '%s'", a);
+        expect_trains(dir, resumed, runs[i], extra);
+        g_env = NULL;
+        expect_trains(dir, one, runs[i], "");
+        snprintf(a, sizeof a, "%s/%s/final.safetensors", dir, ck);
+        snprintf(b, sizeof b, "%s/%s/final.safetensors", dir, resumed);
+        cr_assert(same_file(a, b), "%s: resumed after step 7 over two domains, the weights "
+                  "differ", runs[i]);
+        snprintf(b, sizeof b, "%s/%s/final.safetensors", dir, one);
+        cr_assert(same_tensors(a, b), "%s: over two domains and on one, the weights differ",
+                  runs[i]);
+    }
     st_test_rmdir(dir);
 }
 

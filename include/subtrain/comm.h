@@ -158,16 +158,18 @@ typedef struct st_comm_config {
      * of a domain must attach the same vector, every domain its own.  The
      * MPI backend refuses it (a replica per worker). */
     int shared_params;
-    /* 1 (private parameters, an engine with the gather role; shared and
-     * MPI backends): the bf16 copies every worker lists
-     * (st_comm_set_param_copies, the same offsets for all, over vectors
-     * in the full layout) are the master of their elements (a bf16
-     * master): each owner's update writes its own copies, and the
-     * all-gather brings a copied element in as bf16, from the owner's (or
-     * the copier's) copy into the worker's, without its fp32 value (over
-     * MPI: 2 bytes an element between ranks); the master shards have no
-     * memory under a copy, and the attached vectors' elements there are
-     * neither read nor written. */
+    /* 1 (an engine with the gather role; shared and MPI backends): the
+     * bf16 copies every worker lists (st_comm_set_param_copies, the same
+     * offsets for all, over vectors in the full layout) are the master of
+     * their elements (a bf16 master): each owner's update writes its own
+     * copies, and the all-gather brings a copied element in as bf16, from
+     * the owner's (or the copier's) copy into the worker's, without its
+     * fp32 value (over MPI: 2 bytes an element between ranks); the master
+     * shards have no memory under a copy, and the attached vectors'
+     * elements there are neither read nor written.  With shared_params
+     * the copies are the domain's: the owner's update writes its domain's,
+     * and each other domain's copier copies them, bit for bit, into its
+     * own. */
     int copies_master;
     /* 1 (shared backend): a worker waiting at a barrier sleeps until the
      * last one arrives, instead of spinning: for many more workers than

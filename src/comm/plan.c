@@ -157,7 +157,7 @@ st_status st_comm_plan_init(comm_plan *pl, const st_comm_config *cfg)
     pl->bf16_at = cfg->bf16_at;
     pl->allow_unheld = cfg->allow_unheld;
     pl->shared_params = cfg->shared_params;
-    pl->copies_master = cfg->copies_master && !cfg->shared_params;
+    pl->copies_master = cfg->copies_master;
     if (cfg->allow_unheld && cfg->unheld_ranges && cfg->n_unheld_ranges > 0) {
         pl->unheld_ranges = malloc((size_t)cfg->n_unheld_ranges * sizeof *pl->unheld_ranges);
         if (!pl->unheld_ranges)

@@ -304,9 +304,9 @@ static void update_piece(const st_optim *opt, float *params, const float *grads,
     float *m = opt->m ? opt->m + at : NULL;
     if (h && c->master == ST_MASTER_BF16_SR) {   /* AdamW (st_optim_config_check) */
         rnd->first = lo;
-        st_adamw_master16(params + at, grads + at, m, opt->v ? opt->v + at : NULL,
+        st_adamw_master16(grads + at, m, opt->v ? opt->v + at : NULL,
                           opt->m16 ? opt->m16 + at : NULL, opt->v16 ? opt->v16 + at : NULL, h,
-                          n, a, decay ? 1.0f - a->lr * a->wd : 1.0f, rnd, opt->carry_master);
+                          n, a, decay ? 1.0f - a->lr * a->wd : 1.0f, rnd);
         return;
     }
     if (opt->m16) {   /* a bf16 state (SGD without momentum has none) */
@@ -358,11 +358,9 @@ void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
                              ? st_master_replica_key(c->seed, opt->master_step,
                                                      (uint64_t)(opt->master_worker - 1))
                              : st_master_rounding_key(c->seed, t);
-    /* a piece's bytes: without a copy, with one (a carried master reads
-     * and writes the fp32 vector and writes the copy) */
+    /* a piece's bytes: without a copy, with one */
     const size_t bytes = (size_t)st_optim_bytes_per_param(c, 0);
-    const size_t bytes_h = !opt->carry_master ? (size_t)st_optim_bytes_per_param(c, 1)
-                           : bytes + (opt->carry_master == 1 ? sizeof(uint16_t) : 0);
+    const size_t bytes_h = (size_t)st_optim_bytes_per_param(c, 1);
     opt->updated = opt->update_bytes = 0;
     int k = 0;   /* the first copy that may still cover what comes */
     for (int s = 0; s < n_segs; s++) {

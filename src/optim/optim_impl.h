@@ -21,11 +21,6 @@ struct st_optim {
     float *v;         /* Adam second moment (n), or NULL */
     uint16_t *m16;    /* the same in bf16 (moments BF16, BF16_SR: m and v are */
     uint16_t *v16;    /* then NULL), or NULL */
-    /* A bf16 master (cfg.master BF16_SR) carried in the fp32 vector too,
-     * for an engine that gathers fp32 masters (st_adamw_master16's carry:
-     * 1 the update writes the copy too, 2 the engine does): set by the
-     * strategy that attaches one; 0 where the copies are the master. */
-    int carry_master;
     /* A bf16 master every worker updates in its own replica (local SGD):
      * master_worker = the worker + 1, and the draw of the next update is
      * keyed by the run's step master_step and the worker

@@ -123,12 +123,12 @@ sgd16_body(float *restrict p, const float *restrict g, uint16_t *restrict buf,
 }
 
 /* AdamW with a bf16 master (state16.h): state 0 fp32, 1 bf16; sr: the
- * state's rounding; carry: the master carried in p (2: h not written). */
+ * state's rounding. */
 static inline __attribute__((always_inline)) void
-master16_body(float *restrict p, const float *restrict g, float *restrict m32,
-              float *restrict v32, uint16_t *restrict m, uint16_t *restrict v,
-              uint16_t *restrict h, size_t n, const st_adam_step *a, float shrink, int state,
-              int sr, int carry, uint32_t key, uint32_t mkey, uint32_t first)
+master16_body(const float *restrict g, float *restrict m32, float *restrict v32,
+              uint16_t *restrict m, uint16_t *restrict v, uint16_t *restrict h, size_t n,
+              const st_adam_step *a, float shrink, int state, int sr, uint32_t key,
+              uint32_t mkey, uint32_t first)
 {
 #pragma omp simd
     for (size_t i = 0; i < n; i++) {
@@ -144,36 +144,24 @@ master16_body(float *restrict p, const float *restrict g, float *restrict m32,
             m32[i] = mi;
             v32[i] = vi;
         }
-        const float w = st_bf16_to_float(carry ? to16(p[i], 0, 0u) : h[i]);
+        const float w = st_bf16_to_float(h[i]);
         const float pi = w * shrink - a->lr * (mi * a->c1) / (sqrtf(vi * a->c2) + a->eps);
-        const uint16_t b = to16(pi, 1, mix32((first + (uint32_t)i) ^ mkey));
-        if (carry != 2)
-            h[i] = b;
-        if (carry)
-            p[i] = st_bf16_to_float(b);
+        h[i] = to16(pi, 1, mix32((first + (uint32_t)i) ^ mkey));
     }
 }
 
-#define MASTER16(NAME, STATE, SR, CARRY)                                                     \
-    ST_VECTOR_CLONES_BW static void NAME(float *restrict p, const float *restrict g,         \
-                                         float *restrict m32, float *restrict v32,           \
-                                         uint16_t *restrict m, uint16_t *restrict v,         \
-                                         uint16_t *restrict h, size_t n,                     \
-                                         const st_adam_step *a, float shrink, uint32_t key,  \
-                                         uint32_t mkey, uint32_t first)                      \
+#define MASTER16(NAME, STATE, SR)                                                            \
+    ST_VECTOR_CLONES_BW static void NAME(const float *restrict g, float *restrict m32,       \
+                                         float *restrict v32, uint16_t *restrict m,          \
+                                         uint16_t *restrict v, uint16_t *restrict h,         \
+                                         size_t n, const st_adam_step *a, float shrink,      \
+                                         uint32_t key, uint32_t mkey, uint32_t first)        \
     {                                                                                        \
-        master16_body(p, g, m32, v32, m, v, h, n, a, shrink, STATE, SR, CARRY, key, mkey,    \
-                      first);                                                                \
+        master16_body(g, m32, v32, m, v, h, n, a, shrink, STATE, SR, key, mkey, first);      \
     }
-MASTER16(master16_f32, 0, 0, 0)
-MASTER16(master16_rne, 1, 0, 0)
-MASTER16(master16_sr, 1, 1, 0)
-MASTER16(master16_f32_carry, 0, 0, 1)
-MASTER16(master16_rne_carry, 1, 0, 1)
-MASTER16(master16_sr_carry, 1, 1, 1)
-MASTER16(master16_f32_gathered, 0, 0, 2)
-MASTER16(master16_rne_gathered, 1, 0, 2)
-MASTER16(master16_sr_gathered, 1, 1, 2)
+MASTER16(master16_f32, 0, 0)
+MASTER16(master16_rne, 1, 0)
+MASTER16(master16_sr, 1, 1)
 
 /* The instances: (rne | sr) x (no copy | copy). */
 #define ADAMW16(NAME, SR, H)                                                                 \
@@ -222,23 +210,17 @@ void st_sgd16(float *p, const float *g, uint16_t *buf, uint16_t *h, size_t n, fl
         (h ? sgd16_rne_h : sgd16_rne)(p, g, buf, h, n, lr, momentum, wd, r->key, first);
 }
 
-typedef void master16_fn(float *restrict, const float *restrict, float *restrict,
-                         float *restrict, uint16_t *restrict, uint16_t *restrict,
-                         uint16_t *restrict, size_t, const st_adam_step *, float, uint32_t,
-                         uint32_t, uint32_t);
+typedef void master16_fn(const float *restrict, float *restrict, float *restrict,
+                         uint16_t *restrict, uint16_t *restrict, uint16_t *restrict, size_t,
+                         const st_adam_step *, float, uint32_t, uint32_t, uint32_t);
 
-void st_adamw_master16(float *p, const float *g, float *m, float *v, uint16_t *m16,
-                       uint16_t *v16, uint16_t *h, size_t n, const st_adam_step *a,
-                       float shrink, const st_state_rounding *r, int carry)
+void st_adamw_master16(const float *g, float *m, float *v, uint16_t *m16, uint16_t *v16,
+                       uint16_t *h, size_t n, const st_adam_step *a, float shrink,
+                       const st_state_rounding *r)
 {
-    static master16_fn *const fns[3][3] = {
-        { master16_f32, master16_rne, master16_sr },
-        { master16_f32_carry, master16_rne_carry, master16_sr_carry },
-        { master16_f32_gathered, master16_rne_gathered, master16_sr_gathered },
-    };
+    static master16_fn *const fns[3] = { master16_f32, master16_rne, master16_sr };
     const int state = !m16 ? 0 : r->sr ? 2 : 1;
-    fns[carry][state](p, g, m, v, m16, v16, h, n, a, shrink, r->key, r->master_key,
-                      (uint32_t)r->first);
+    fns[state](g, m, v, m16, v16, h, n, a, shrink, r->key, r->master_key, (uint32_t)r->first);
 }
 
 void st_master_round_sr(uint16_t *h, const float *x, size_t n, uint32_t key, size_t first)

@@ -54,17 +54,13 @@ void st_sgd16(float *p, const float *g, uint16_t *buf, uint16_t *h, size_t n, fl
               float momentum, float wd, const st_state_rounding *r);
 
 /* AdamW with a bf16 master (ST_MASTER_BF16_SR) over n parameters that
- * have a bf16 copy h: the master is read widened, the new weight computed
- * in fp32 as adamw_one computes it and stored rounded stochastically (the
- * hash of r->master_key and the element's index).  The state is m, v
- * (fp32) or m16, v16 (bf16, rounded as r says): the other pair is NULL.
- * carry 0: the master is h, p is neither read nor written.  carry 1: the
- * master's value is carried in p for an engine that gathers fp32 masters:
- * read as bf16(p) (to nearest: exact once p is on the bf16 grid), and the
- * new weight written to p widened and to h; carry 2: to p only (the
- * engine writes every copy). */
-void st_adamw_master16(float *p, const float *g, float *m, float *v, uint16_t *m16,
-                       uint16_t *v16, uint16_t *h, size_t n, const st_adam_step *a,
-                       float shrink, const st_state_rounding *r, int carry);
+ * have a bf16 copy h, the master: read widened, the new weight computed
+ * in fp32 as adamw_one computes it and stored in h rounded stochastically
+ * (the hash of r->master_key and the element's index); no fp32 weight
+ * is read or written.  The state is m, v (fp32) or m16, v16 (bf16,
+ * rounded as r says): the other pair is NULL. */
+void st_adamw_master16(const float *g, float *m, float *v, uint16_t *m16, uint16_t *v16,
+                       uint16_t *h, size_t n, const st_adam_step *a, float shrink,
+                       const st_state_rounding *r);
 
 #endif /* SUBTRAIN_OPTIM_STATE16_H */

@@ -89,9 +89,7 @@ static st_status dp_init_worker(run_shared *r, void *state, int wid, st_worker *
     else
         ST_TRY(st_run_attach_worker(r->comm, NULL, wid, w, NULL));
     st_range shard = st_comm_shard(r->comm, wid);
-    ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
-    w->optim.carry_master = st_run_master_carried(r);
-    return ST_OK;
+    return st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end);
 }
 
 /* One worker alone, after its compute: the update of its own vector,

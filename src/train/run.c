@@ -79,9 +79,9 @@ static st_status create_engine(const run_shared *r, size_t n_params, int roles, 
                            * domains' copies */
                           .shared_params = params && r->shared_weights &&
                                            (roles == 0 || (roles & ST_COMM_GATHER)),
-                          /* a bf16 master in private replicas' copies
-                           * (st_run_master_carried) */
-                          .copies_master = params && st_run_copies_master_gathered(r),
+                          /* a bf16 master in the replicas' or the
+                           * domains' copies */
+                          .copies_master = params && st_run_copies_master(r),
                           /* a sizing run's workers only meet, on threads
                            * that outnumber the cores */
                           .blocking = r->sizing };

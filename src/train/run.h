@@ -346,14 +346,11 @@ st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_con
  * own vector (nothing for NULL, unless a bf16 master's: the build
  * initialised it). */
 st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full);
-/* Whether a bf16 master (--master-weights bf16-sr) is carried in the fp32
- * vector too: wherever an engine gathers fp32 masters into other vectors
- * (shared weights over several domains): 1 the update writes its
- * domain's copies, 2 the engine writes all (st_adamw_master16). */
-int st_run_master_carried(const run_shared *r);
-/* Whether the run's engine gathers a bf16 master as bf16 (private
- * replicas, in one process or over MPI ranks: st_comm_config.copies_master). */
-int st_run_copies_master_gathered(const run_shared *r);
+/* Whether the run has a bf16 master (--master-weights bf16-sr) in the
+ * weights' bf16 copies: one worker's, each NUMA domain's with shared
+ * weights, each replica's with private ones; its engine gathers them as
+ * bf16 (st_comm_config.copies_master). */
+int st_run_copies_master(const run_shared *r);
 /* w's full vector for its readers (checkpoints, the final parameters):
  * its own; with a bf16 master in the copies alone, r->widened, made from
  * it and the copies, until st_run_master_full_done. */

@@ -212,8 +212,7 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
     st_range shard = st_comm_shard(r->comm, wid);
     ST_TRY(st_worker_init_optimizer(w, r->cfg, shard.begin, shard.end));
     /* (a bf16 master in the domain's copies saves none: new_round) */
-    if (r->cfg->sdp.resample && !(r->cfg->optim.master == ST_MASTER_BF16_SR &&
-                                  st_run_master_carried(r) == 0 && r->shared_weights))
+    if (r->cfg->sdp.resample && !(st_run_copies_master(r) && r->shared_weights))
         ST_TRY(st_arena_alloc_floats(&w->arena, ST_MEM_WEIGHTS, shard.end - shard.begin,
                                      &s->sn.saved[wid].master));
     /* shared weights (backward masking): the full models over the domain's
@@ -223,7 +222,6 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
     ST_TRY(build_subnet(r, s, w, 0));
     ST_TRY(st_run_weights_built(r, w));
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
-    w->optim.carry_master = st_run_master_carried(r);
     /* weights no subnetwork holds yet have their initial values too (the
      * layout is all a sizing run reads); a bf16 master's are in the
      * copies already, and its master shard has no memory under them */

@@ -19,10 +19,11 @@
  * before anybody reads.  Nobody else writes those elements meanwhile, so
  * the parts are written by one thread each.
  *
- * A bf16 master (--master-weights bf16-sr) lives in the copies unless an
- * engine gathers fp32 masters (shared weights over several domains): the
- * fp32 vector then has no memory under them (st_arena_reserve_floats),
- * and its readers get a widened vector (st_run_master_full).
+ * A bf16 master (--master-weights bf16-sr) lives in the copies, each
+ * domain's (the engine copies an owner's into the other domains' as
+ * bf16): the fp32 vector has no memory under them
+ * (st_arena_reserve_floats), and its readers get a widened vector
+ * (st_run_master_full).
  *
  * Memory: a worker's record counts its arena and its share of its
  * domain's copy (the copy's bytes over the domain's workers), so that a
@@ -74,19 +75,18 @@ static int shares_bf16(const st_train_config *cfg)
            !(cfg->model.unfuse & ST_UNFUSE_WEIGHT_COPY);
 }
 
-/* A bf16 master kept in the copies alone (st_run_master_carried 0): the
- * fp32 vector's elements under them are never read or written, so their
- * pages are left out (st_arena_reserve_floats). */
-static int copies_master(const run_shared *r)
+/* A bf16 master, kept in the copies alone: the fp32 vector's elements
+ * under them are never read or written, so their pages are left out
+ * (st_arena_reserve_floats). */
+int st_run_copies_master(const run_shared *r)
 {
-    return r->cfg->optim.master == ST_MASTER_BF16_SR && shares_bf16(r->cfg) &&
-           st_run_master_carried(r) == 0;
+    return r->cfg->optim.master == ST_MASTER_BF16_SR && shares_bf16(r->cfg);
 }
 
 st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_config *cfg,
                                   const st_chunk_backend *backend)
 {
-    const int sparse = copies_master(r);
+    const int sparse = st_run_copies_master(r);
     if (!r->shared_weights) {   /* one worker alone: its own vector */
         float *p;
         if (!sparse)
@@ -243,20 +243,6 @@ st_status st_run_weights_built(run_shared *r, st_worker *w)
     }
     return r->shared_weights || w->storage.copies_master ? st_run_weights_load(r, w, NULL)
                                                          : ST_OK;
-}
-
-int st_run_copies_master_gathered(const run_shared *r)
-{
-    return r->cfg->optim.master == ST_MASTER_BF16_SR && shares_bf16(r->cfg) &&
-           !r->shared_weights;
-}
-
-int st_run_master_carried(const run_shared *r)
-{
-    if (!r->comm || (r->shared_weights && r->placement.n_domains == 1 && r->ranks == 1) ||
-        st_run_copies_master_gathered(r))
-        return 0;
-    return r->shared_weights ? 1 : 2;
 }
 
 void st_run_master_widen(const st_worker *w, size_t begin, size_t end, float *dst)
