@@ -75,7 +75,8 @@ void st_cost_xent(st_cost_sink *s, double logits)
 double st_cost_tensor_bytes(const st_model *m, int t)
 {
     return t == ST_T_NONE ? 0.0
-                          : 4.0 * (double)st_graph_rows(m, t) * (double)st_graph_cols(m, t);
+                          : (st_graph_is_half(m, t) ? 2.0 : 4.0) * (double)st_graph_rows(m, t) *
+                                (double)st_graph_cols(m, t);
 }
 
 void st_cost_layer(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s)

@@ -50,6 +50,16 @@ float *st_graph_data(const st_model *m, int tensor)
     return tensor < 0 ? NULL : m->tensors[resolve(m, tensor)].data;
 }
 
+int st_graph_is_half(const st_model *m, int tensor)
+{
+    return tensor >= 0 && m->tensors[resolve(m, tensor)].half;
+}
+
+st_bf16 *st_graph_data_bf16(const st_model *m, int tensor)
+{
+    return st_graph_is_half(m, tensor) ? (st_bf16 *)m->tensors[resolve(m, tensor)].data : NULL;
+}
+
 int64_t st_graph_width(const st_model *m, int width)
 {
     return width == ST_W_WIDEST ? m->widest : m->keep[width].n;
@@ -144,10 +154,12 @@ static int64_t tensor_width(const st_model *m, const st_tensor *t)
     return n * t->h * t->w * t->copies;
 }
 
-/* Floats of tensor t (resolved) in this instance: its rows times its width. */
+/* Floats of tensor t (resolved) in this instance: its rows times its
+ * width, or half as many (rounded up) for a tensor stored as bf16. */
 static size_t tensor_floats(const st_model *m, int t)
 {
-    return (size_t)st_graph_rows(m, t) * (size_t)tensor_width(m, &m->tensors[t]);
+    const size_t n = (size_t)st_graph_rows(m, t) * (size_t)tensor_width(m, &m->tensors[t]);
+    return m->tensors[t].half ? (n + 1) / 2 : n;
 }
 
 /* The last layer before i that writes tensor t (resolved), -1: none. */
@@ -193,6 +205,72 @@ static void prune_input_gradients(st_model *m)
         for (int k = 0; k < 2 && l->kind->layout && !l->backward; k++)
             l->backward = l->seg[k] != (size_t)-1 && m->segs[l->seg[k]].grad_offset != ST_NO_GRAD;
     }
+}
+
+/* ------------------------------------------------------------ bf16: tensors stored as bf16 */
+
+static unsigned bf16_io(const st_model *m, const st_layer *l)
+{
+    return l->kind->bf16_io ? l->kind->bf16_io(m, l) : 0u;
+}
+
+/* Whether tensor t (resolved) may be stored as bf16 as far as each layer
+ * touching it on its own says (graph.h, st_graph_half), TIED aside. */
+static int half_candidate(const st_model *m, int t)
+{
+    if (t < ST_T_FIRST_FREE || resolve(m, t) != t || m->tensors[t].data)
+        return 0;
+    int first = 1, written = 0, end = -1;
+    for (int i = 0; i < m->n_layers; i++) {
+        const st_layer *L = &m->layers[i];
+        const int x = L->x >= 0 && resolve(m, L->x) == t;
+        const int y = L->y >= 0 && resolve(m, L->y) == t;
+        const int other = (L->residual >= 0 && resolve(m, L->residual) == t) ||
+                          (L->dx >= 0 && resolve(m, L->dx) == t) ||
+                          (L->dy >= 0 && resolve(m, L->dy) == t);
+        if (L->dropped) {
+            if (m->range && (x || y || other))   /* a layer outside the range touches it */
+                return 0;
+            continue;
+        }
+        end = i;
+        if (!x && !y && !other)
+            continue;
+        const unsigned io = bf16_io(m, L);
+        if (other || (x && !(io & ST_BF16_X)) || (y && !(io & ST_BF16_Y)))
+            return 0;
+        if (first && (x || !y))   /* read before this instance writes it */
+            return 0;
+        first = 0;
+        written |= y;
+    }
+    return written && end >= 0 && resolve(m, m->layers[end].y) != t;
+}
+
+st_status st_graph_half(st_model *m)
+{
+    for (int t = 0; t < m->n_tensors; t++)
+        m->tensors[t].half = 0;
+    if (m->cfg.precision != ST_PRECISION_BF16)
+        return ST_OK;
+    for (int t = 0; t < m->n_tensors; t++)
+        m->tensors[t].half = half_candidate(m, t);
+    /* a TIED layer's x and y: both bf16 or neither; unmarking one may
+     * unmark another's, so until nothing changes */
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = 0; i < m->n_layers; i++) {
+            const st_layer *L = &m->layers[i];
+            if (L->dropped || L->x < 0 || L->y < 0 || !(bf16_io(m, L) & ST_BF16_TIED))
+                continue;
+            st_tensor *x = &m->tensors[resolve(m, L->x)], *y = &m->tensors[resolve(m, L->y)];
+            if (x->half != y->half) {
+                x->half = y->half = 0;
+                changed = 1;
+            }
+        }
+    }
+    return ST_OK;
 }
 
 /* ------------------------------------------------------------ bf16: forward-only tensors */
@@ -442,6 +520,7 @@ static st_status grads_final(st_model *m)
 static st_status build(st_model *m)
 {
     prune_input_gradients(m);
+    ST_TRY(st_graph_half(m));
     ST_TRY(st_recompute_plan(m));
     if (m->storage.params && m->storage.count != m->n_params)
         return st_fail(ST_ERR_INVALID, "storage of %zu parameters for a model of %zu",

@@ -76,6 +76,9 @@ typedef struct st_tensor {
                             * Q, K and V: 3); 1 otherwise */
     int64_t tokens;        /* rows per sample (a ViT's patches); 0: the
                             * model's (m->rows / batch) */
+    int half;              /* stored as bf16, 2 bytes an element (st_graph_half
+                            * decides it when the model is built): data then
+                            * points at st_bf16 values (st_graph_data_bf16) */
     float *data;           /* (rows, copies x width) */
 } st_tensor;
 
@@ -343,6 +346,11 @@ float *st_graph_state(const st_model *m, size_t offset);
 st_status st_graph_add_segment(st_model *m, const char *name, int decay, st_seg_map map,
                                size_t *index);
 float *st_graph_data(const st_model *m, int tensor);
+/* A tensor stored as bf16 (st_tensor.half): its values; NULL for a tensor
+ * stored as fp32 (or ST_T_NONE).  Valid once st_graph_half has run. */
+st_bf16 *st_graph_data_bf16(const st_model *m, int tensor);
+/* Whether tensor t is stored as bf16 (0 for ST_T_NONE). */
+int st_graph_is_half(const st_model *m, int tensor);
 int64_t st_graph_width(const st_model *m, int width);
 /* A width layer's kept neurons (all of them for ST_W_FULL of n features). */
 const st_neuron_sel *st_graph_sel(const st_model *m, int width, int64_t n, st_neuron_sel *tmp);
@@ -390,6 +398,17 @@ st_status st_graph_declare(st_model *m, st_model_declare_fn declare);
                                                /* the builder, then units */
 st_status st_graph_layout(st_model *m);        /* segments */
 st_status st_graph_build(st_model *m);         /* memory and primitives */
+/* Part of st_graph_build, before any memory: marks st_tensor.half, in
+ * bf16 (--precision bf16) only, on each tensor that every layer touching
+ * it can take as bf16 (st_layer_kind.bf16_io): written by layers that can
+ * write it as bf16 (ST_BF16_Y) and read as x only, by layers that can
+ * read it as bf16 (ST_BF16_X); never a data gradient, a residual, the
+ * model's predeclared tensors, a tensor read before this instance writes
+ * it (a range's input) or the output of the last layer (the loss, or the
+ * next range, reads it), nor, in a range, a tensor a layer outside it
+ * touches; a layer with ST_BF16_TIED takes x and y both as bf16 or
+ * neither.  fp32: nothing is marked. */
+st_status st_graph_half(st_model *m);
 st_status st_graph_forward(const st_model *m, st_phase phase);
 st_status st_graph_backward(const st_model *m);
 /* The same, calling ready(ctx, from) after each layer whose backward makes

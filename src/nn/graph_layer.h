@@ -31,7 +31,7 @@ void st_cost_heads(st_cost_sink *s, int bf16, st_cost_operands operands, int64_t
  * values, `bytes` read and written, in calls executions. */
 void st_cost_pass(st_cost_sink *s, st_cost_op op, int backward, double elements, double bytes,
                   double calls);
-/* Bytes of tensor t (0: ST_T_NONE), fp32. */
+/* Bytes of tensor t (0: ST_T_NONE): 4 an element, 2 stored as bf16. */
 double st_cost_tensor_bytes(const st_model *m, int t);
 /* A pass that moves `bytes` (read and written): a copy, an add, a conversion. */
 void st_cost_move(st_cost_sink *s, double bytes, double calls);
@@ -88,11 +88,25 @@ typedef struct st_layer_kind {
      * its first use to its last, and shares a buffer with others that do
      * not overlap it (st_graph_build). */
     unsigned (*backward_reads)(const st_model *m, const st_layer *l);
+    /* Which of its tensors it can take stored as bf16 in this instance
+     * (ST_BF16_*; asked in bf16 only, after the graph has decided which
+     * layers run a backward, l->backward), NULL: none.  The graph stores a
+     * tensor as bf16 only where every layer touching it says it can
+     * (st_graph_half); a kind's build then finds the answer in
+     * st_graph_is_half / st_graph_data_bf16 and must handle either. */
+    unsigned (*bf16_io)(const st_model *m, const st_layer *l);
 } st_layer_kind;
 
 /* st_layer_kind.backward_reads: its backward reads x, y, the residual. */
 enum { ST_READS_X = 1u, ST_READS_Y = 2u, ST_READS_RESIDUAL = 4u,
        ST_READS_ALL = ST_READS_X | ST_READS_Y | ST_READS_RESIDUAL };
+
+/* st_layer_kind.bf16_io: it can read x stored as bf16 (forward and
+ * backward: where its backward reads x, ST_READS_X, it reads those bf16
+ * values), write y as bf16, and (TIED) only both or neither (an eltwise
+ * primitive runs on one data type).  Its gradients dx, dy and a residual
+ * stay fp32 whatever it says. */
+enum { ST_BF16_X = 1u, ST_BF16_Y = 2u, ST_BF16_TIED = 4u };
 
 extern const st_layer_kind st_layer_linear;     /* nn/layers/linear.c */
 extern const st_layer_kind st_layer_activation; /* nn/layers/activation.c */
