@@ -132,6 +132,30 @@ Test(resume, another_precision_is_refused_naming_both_values, .timeout = 60)
     st_test_rmdir(dir);
 }
 
+/* --activation-precision changes the numbers (each product's output is
+ * rounded once): a resume with another value is refused, in both
+ * directions, naming both values. */
+Test(resume, another_activation_precision_is_refused, .timeout = 60)
+{
+    const st_bf16_support bf16 = st_bf16_probe(NULL);
+    if (bf16 == ST_BF16_UNAVAILABLE)
+        cr_skip_test("no bf16 matrix product here");
+    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], args[8 * ST_TEST_PATH_MAX];
+    setup_run(dir, base, sizeof base, "--model mlp --depth 2 --width 32 --precision bf16 "
+              "--bf16-emulated");
+    expect_trains(dir, "ck", base, "--checkpoint-every 10");
+    expect_trains(dir, "ckb", base, "--activation-precision bf16 --checkpoint-every 10");
+    snprintf(args, sizeof args, "%s --activation-precision bf16 --resume '%s/ck'", base, dir);
+    expect_runtime_error(NULL, args, "/ck/step-00000010.safetensors: its run had "
+                         "--activation-precision fp32, this one has --activation-precision "
+                         "bf16: resume with the options of the run that wrote it");
+    snprintf(args, sizeof args, "%s --resume '%s/ckb'", base, dir);
+    expect_runtime_error(NULL, args, "/ckb/step-00000010.safetensors: its run had "
+                         "--activation-precision bf16, this one has --activation-precision "
+                         "fp32");
+    st_test_rmdir(dir);
+}
+
 /* Refusals name the option as typed, a default as "default", a key on
  * one side only as "no --KEY", and the workers of every rank. */
 Test(resume, refusals_say_the_options_as_the_user_types_them, .timeout = 60)

@@ -244,3 +244,31 @@ Test(recompute, a_step_makes_no_heap_allocation, .timeout = 120)
     st_dataset_free(&test);
     free(t.bytes);
 }
+
+/* --activation-precision bf16: tensors stored as bf16 and the bf16
+ * activation passes add no heap call: resmlp (GELU) with data
+ * parallelism, with recomputation, and a gpt. */
+Test(bf16_activations, a_step_makes_no_heap_allocation, .timeout = 120)
+{
+    HEAPWATCH_SKIP_IF_OFF();
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    st_train_config c = dp_config(2, 32, 40);
+    c.model.precision = ST_PRECISION_BF16;
+    c.model.activations = ST_PRECISION_BF16;
+    c.bf16_emulated = 1;
+    assert_steps_make_no_heap_call(&c, "resmlp, bf16 activations");
+    c.model.recompute = ST_RECOMPUTE_BLOCKS;
+    assert_steps_make_no_heap_call(&c, "resmlp, bf16 activations, recompute blocks");
+    st_text t = gpt_text(30000);
+    st_dataset train, test;
+    cr_assert_eq(st_text_dataset(&t, 16, 1, 0, 1024, &train, &test), ST_OK);
+    c = gpt_train_config(2, 40);
+    c.model.precision = ST_PRECISION_BF16;
+    c.model.activations = ST_PRECISION_BF16;
+    c.bf16_emulated = 1;
+    assert_no_heap_call_on(&c, &train, &test, "gpt, bf16 activations");
+    st_dataset_free(&train);
+    st_dataset_free(&test);
+    free(t.bytes);
+}

@@ -53,6 +53,9 @@ typedef struct st_linear {
     st_prim to_bf16_x;     /* x -> xb, before each forward */
     st_prim to_bf16_dy;    /* dy -> dyb, before each backward */
     st_bf16 *wb, *xb;
+    /* st_linear_io.xb, .yb given: x is read where it lies (xb is it, no
+     * to_bf16_x), y is written as bf16 */
+    int x_half, y_half;
     /* st_linear_io.unfuse: the bias and the skip added by passes of their
      * own after fwd (for measuring the fusions; NULL handles: fused) */
     st_prim add_bias, add_residual;
@@ -89,6 +92,12 @@ typedef struct st_linear_io {
                                         * the adds (needs the bias fused) */
     const uint8_t *dx_mask;            /* NULL, or (B, in): dx *= mask, a post-op
                                         * (the folded backward of a ReLU before it) */
+    /* bf16 only: x stored as bf16 (the model's tensor, st_tensor.half):
+     * the products read it as it is, in place of x's copy; NULL: x (fp32).
+     * yb: y written as bf16 (rounded once, after the bias and the ReLU),
+     * in place of y; not with a residual or unfused passes. */
+    const st_bf16 *xb;
+    st_bf16 *yb;
 } st_linear_io;
 
 st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t in,
@@ -120,6 +129,12 @@ typedef struct st_act {
      * by `make_mask` in each training forward; it runs no backward. */
     uint8_t *mask;
     st_prim make_mask;
+    /* Built by the _half variants below (--activation-precision bf16): x
+     * and y are bf16 tensors; the backward reads x itself (xb is x, no
+     * keep), widened by `unkeep` as above. */
+    int x_half;
+    st_prim bwd_hint;      /* st_act_build_half: the fp32 forward the backward
+                            * was created from (never run) */
 } st_act;
 
 /* y = act(x), dx = act'(x) * dy, all (rows, cols).  bf16: the backward
@@ -135,6 +150,18 @@ st_status st_act_build_fused_relu(st_nn_ctx *ctx, st_act *a, int64_t rows, int64
 /* The same, its backward folded into the next layer's (the mask above). */
 st_status st_act_build_folded_relu(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
                                    const float *y);
+/* The same three over bf16 tensors (x and y both stored as bf16,
+ * --activation-precision bf16): the forward is oneDNN's bf16 eltwise
+ * (fp32 math inside, y rounded once), the backward the fp32 primitive on
+ * x widened into the slot, as above; a fused ReLU's y and a folded one's
+ * mask read the bf16 y. */
+st_status st_act_build_half(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t rows,
+                            int64_t cols, const st_bf16 *x, st_bf16 *y, float *dx,
+                            const float *dy);
+st_status st_act_build_fused_relu_half(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
+                                       const st_bf16 *y, float *dx, const float *dy);
+st_status st_act_build_folded_relu_half(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
+                                        const st_bf16 *y);
 /* A training forward (bf16: keeps x's copy for the backward). */
 st_status st_act_forward(const st_nn_ctx *ctx, const st_act *a);
 /* An inference forward: y only, nothing kept. */
@@ -206,6 +233,11 @@ typedef struct st_attention_io {
     int bf16;
     int noncausal;                /* 1: every token attends to every token (a ViT's
                                    * encoder); 0: to itself and those before it */
+    /* bf16 only: x stored as bf16 (the model's tensor): Q, K, V are read
+     * from it, in place of x's copy; NULL: x.  yb: y (P V) written as
+     * bf16, in place of y. */
+    const st_bf16 *xb;
+    st_bf16 *yb;
 } st_attention_io;
 
 typedef struct st_attention {
@@ -228,6 +260,7 @@ typedef struct st_attention {
     st_prim to_bf16_dy;    /* dy -> dyb, before each backward */
     st_bf16 *xb, *pb;
     const float *dp;
+    int x_half;            /* st_attention_io.xb given: xb is x, no to_bf16_x */
 } st_attention;
 
 /* P's bytes (B H T^2 floats, or bf16 values) and the scratch's floats

@@ -163,6 +163,122 @@ st_status st_act_build_folded_relu(st_nn_ctx *ctx, st_act *a, int64_t rows, int6
     return ST_OK;
 }
 
+/* --activation-precision bf16: x is kept by being a bf16 tensor itself;
+ * the backward widens it into the slot (a->xb is x). */
+static st_status unkeep_half(st_nn_ctx *ctx, st_act *a, const dnnl_memory_desc_t *md,
+                             int64_t rows, int64_t cols, const st_bf16 *x, dnnl_memory_t *slot,
+                             const char *back)
+{
+    dnnl_memory_t mb;
+    a->xb = (st_bf16 *)x;
+    a->bf16 = 1;
+    a->x_half = 1;
+    ST_TRY(st_mem_strided_bf16(ctx, &mb, rows, cols, cols, 1, a->xb));
+    ST_TRY(st_mem_slot_md(ctx, slot, md, ST_SLOT_IN, 0, (size_t)(rows * cols) * sizeof(float)));
+    return st_prim_create_reorder(ctx, &a->unkeep, mb, *slot, back);
+}
+
+/* y = act(x) on bf16 x and y; dx = act'(fp32(x)) dy in fp32 (the backward
+ * of st_act_build on its kept copy, the same numbers from the same bf16 x) */
+st_status st_act_build_half(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t rows,
+                            int64_t cols, const st_bf16 *x, st_bf16 *y, float *dx,
+                            const float *dy)
+{
+    memset(a, 0, sizeof *a);
+    dnnl_memory_desc_t md, md16;
+    st_md_matrix(&md, rows, cols);
+    st_md_strided_bf16(&md16, rows, cols, cols, 1);
+    dnnl_eltwise_desc_t fd, bd;
+    ST_DNNL(dnnl_eltwise_forward_desc_init(&fd, dnnl_forward_inference, eltwise_alg(kind),
+                                           &md16, 0.f, 0.f), "bf16 activation forward descriptor");
+    ST_TRY(st_prim_create(ctx, &a->fwd, &fd, NULL, "activation forward (bf16)", NULL));
+    dnnl_memory_t mx, my;
+    ST_TRY(st_mem_strided_bf16(ctx, &mx, rows, cols, cols, 1, x));
+    ST_TRY(st_mem_strided_bf16(ctx, &my, rows, cols, cols, 1, y));
+    st_prim_arg(&a->fwd, DNNL_ARG_SRC, mx);
+    st_prim_arg(&a->fwd, DNNL_ARG_DST, my);
+    if (!dx)
+        return ST_OK;
+    /* the fp32 backward, its forward a hint only (never run) */
+    dnnl_eltwise_desc_t hd;
+    ST_DNNL(dnnl_eltwise_forward_desc_init(&hd, dnnl_forward_training, eltwise_alg(kind),
+                                           &md, 0.f, 0.f), "activation forward descriptor");
+    ST_DNNL(dnnl_eltwise_backward_desc_init(&bd, eltwise_alg(kind), &md, &md, 0.f, 0.f),
+            "activation backward descriptor");
+    ST_TRY(st_prim_create_pair(ctx, &a->bwd_hint, &hd, &a->bwd, &bd, "activation forward (unused)",
+                               "activation backward"));
+    dnnl_memory_t src, mdx, mdy;
+    ST_TRY(unkeep_half(ctx, a, &md, rows, cols, x, &src, "bf16 activation input to fp32"));
+    ST_TRY(st_mem_matrix(ctx, &mdx, rows, cols, dx));
+    ST_TRY(st_mem_matrix(ctx, &mdy, rows, cols, dy));
+    st_prim_arg(&a->bwd, DNNL_ARG_SRC, src);
+    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_DST, mdy);
+    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_SRC, mdx);
+    return ST_OK;
+}
+
+/* The linear layer before wrote y = bf16(max(0, ...)); its backward
+ * reads that y as st_act_build_fused_relu reads its copy. */
+st_status st_act_build_fused_relu_half(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
+                                       const st_bf16 *y, float *dx, const float *dy)
+{
+    memset(a, 0, sizeof *a);
+    a->fused = 1;
+    if (!dx)
+        return ST_OK;
+    dnnl_memory_desc_t md;
+    st_md_matrix(&md, rows, cols);
+    dnnl_eltwise_desc_t fd, bd;
+    ST_DNNL(dnnl_eltwise_forward_desc_init(&fd, dnnl_forward_training,
+                                           dnnl_eltwise_relu_use_dst_for_bwd, &md, 0.f, 0.f),
+            "fused ReLU forward descriptor");
+    ST_DNNL(dnnl_eltwise_backward_desc_init(&bd, dnnl_eltwise_relu_use_dst_for_bwd, &md, &md,
+                                            0.f, 0.f), "fused ReLU backward descriptor");
+    ST_TRY(st_prim_create_pair(ctx, &a->fwd, &fd, &a->bwd, &bd, "fused ReLU (unused)",
+                               "fused ReLU backward"));
+    dnnl_memory_t dst, mdx, mdy;
+    ST_TRY(unkeep_half(ctx, a, &md, rows, cols, y, &dst, "bf16 fused ReLU output to fp32"));
+    ST_TRY(st_mem_matrix(ctx, &mdx, rows, cols, dx));
+    ST_TRY(st_mem_matrix(ctx, &mdy, rows, cols, dy));
+    st_prim_arg(&a->bwd, DNNL_ARG_DST, dst);
+    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_DST, mdy);
+    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_SRC, mdx);
+    return ST_OK;
+}
+
+/* mask = (y > 0) from the bf16 y (the sign of the value the next layer's
+ * product reads). */
+st_status st_act_build_folded_relu_half(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
+                                        const st_bf16 *y)
+{
+    memset(a, 0, sizeof *a);
+    a->fused = 1;
+    a->x_half = 1;
+    void *p;
+    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS, (size_t)(rows * cols), &p));
+    a->mask = p;
+    float *zero;   /* the compare's other operand, broadcast: bf16 0 (its first half) */
+    ST_TRY(st_arena_alloc_floats(ctx->arena, ST_MEM_WORKSPACE, 1, &zero));
+    zero[0] = 0.0f;
+    dnnl_memory_desc_t y_md, zero_md, mask_md;
+    st_md_strided_bf16(&y_md, rows, cols, cols, 1);
+    st_md_strided_bf16(&zero_md, 1, 1, 1, 1);
+    st_md_matrix(&mask_md, rows, cols);
+    mask_md.data_type = dnnl_u8;
+    dnnl_binary_desc_t d;
+    ST_DNNL(dnnl_binary_desc_init(&d, dnnl_binary_gt, &y_md, &zero_md, &mask_md),
+            "bf16 ReLU mask descriptor");
+    ST_TRY(st_prim_create(ctx, &a->make_mask, &d, NULL, "ReLU mask (bf16)", NULL));
+    dnnl_memory_t my, mz, mm;
+    ST_TRY(st_mem_strided_bf16(ctx, &my, rows, cols, cols, 1, y));
+    ST_TRY(st_mem_strided_bf16(ctx, &mz, 1, 1, 1, 1, (const st_bf16 *)zero));
+    ST_TRY(st_mem_md(ctx, &mm, &mask_md, a->mask));
+    st_prim_arg(&a->make_mask, DNNL_ARG_SRC_0, my);
+    st_prim_arg(&a->make_mask, DNNL_ARG_SRC_1, mz);
+    st_prim_arg(&a->make_mask, DNNL_ARG_DST, mm);
+    return ST_OK;
+}
+
 st_status st_act_infer(const st_nn_ctx *ctx, const st_act *a)
 {
     return a->fused ? ST_OK : st_prim_run(ctx, &a->fwd);
@@ -172,7 +288,7 @@ st_status st_act_forward(const st_nn_ctx *ctx, const st_act *a)
 {
     if (a->mask)
         return st_prim_run(ctx, &a->make_mask);
-    if (a->bf16)   /* first: correct even were y to overwrite x */
+    if (a->bf16 && !a->x_half)   /* first: correct even were y to overwrite x */
         ST_TRY(st_prim_run(ctx, &a->keep));
     return a->fused ? ST_OK : st_prim_run(ctx, &a->fwd);
 }
@@ -192,6 +308,20 @@ st_status st_act_backward(const st_nn_ctx *ctx, const st_act *a)
 /* Elementwise over every float of a sample (an image's too). */
 static st_status act_build(st_model *m, st_layer *l)
 {
+    const int64_t rows = st_graph_rows(m, l->y), cols = st_graph_cols(m, l->y);
+    st_bf16 *yb = st_graph_data_bf16(m, l->y);
+    if (yb) {   /* x too (ST_BF16_TIED): --activation-precision bf16 */
+        if (l->fold_relu && l->backward)
+            return st_act_build_folded_relu_half(&m->ctx, &l->u.act, rows, cols, yb);
+        if (l->fuse_relu)
+            return st_act_build_fused_relu_half(&m->ctx, &l->u.act, rows, cols, yb,
+                                                l->backward ? st_graph_data(m, l->dx) : NULL,
+                                                st_graph_data(m, l->dy));
+        return st_act_build_half(&m->ctx, &l->u.act, l->activation, rows, cols,
+                                 st_graph_data_bf16(m, l->x), yb,
+                                 l->backward ? st_graph_data(m, l->dx) : NULL,
+                                 st_graph_data(m, l->dy));
+    }
     if (l->fold_relu && l->backward)
         return st_act_build_folded_relu(&m->ctx, &l->u.act, st_graph_rows(m, l->y),
                                         st_graph_cols(m, l->y), st_graph_data(m, l->y));
@@ -232,14 +362,14 @@ static void act_costs(const st_model *m, const st_layer *l, int forward_only, st
         st_cost_move(s, 1.25 * y, 1.0);
         return;
     }
-    if (a->bf16)
+    if (a->bf16 && !a->x_half)
         st_cost_move(s, 1.5 * y, 1.0);
     if (!a->fused)
         st_cost_pass(s, op, 0, n, 2.0 * y, 1.0);
     if (forward_only || !l->backward)
         return;
-    if (a->bf16)
-        st_cost_move(s, 1.5 * y, 1.0);
+    if (a->bf16)   /* bf16 x widened: 2 bytes read, 4 written an element */
+        st_cost_move(s, a->x_half ? 3.0 * y : 1.5 * y, 1.0);
     st_cost_pass(s, op, 1, n, 3.0 * y, 1.0);
 }
 
@@ -249,11 +379,23 @@ static unsigned act_backward_reads(const st_model *m, const st_layer *l)
 {
     if (l->fold_relu)   /* its own mask */
         return 0u;
-    return m->cfg.precision == ST_PRECISION_BF16 ? 0u : l->fuse_relu ? ST_READS_Y : ST_READS_X;
+    if (m->cfg.precision == ST_PRECISION_BF16 && !st_graph_is_half(m, l->x))
+        return 0u;
+    return l->fuse_relu ? ST_READS_Y : ST_READS_X;   /* bf16 x: its kept copy is x */
+}
+
+/* --activation-precision bf16: x and y bf16 together (one eltwise on
+ * bf16); the graph marks them so where what reads y can take it (a
+ * product: the next linear layer), and what writes x can write it. */
+static unsigned act_bf16_io(const st_model *m, const st_layer *l)
+{
+    (void)l;
+    return m->cfg.activations == ST_PRECISION_BF16 ? ST_BF16_X | ST_BF16_Y | ST_BF16_TIED
+                                                   : 0u;
 }
 
 const st_layer_kind st_layer_activation = {
     .name = "activation", .build = act_build, .forward = act_forward, .backward = act_backward,
     .costs = act_costs,
-    .backward_reads = act_backward_reads,
+    .backward_reads = act_backward_reads, .bf16_io = act_bf16_io,
 };

@@ -117,14 +117,18 @@ static st_status build_conversions(st_nn_ctx *ctx, st_attention *a, const st_att
                                    const dnnl_memory_desc_t *y_md, dnnl_memory_t *dyb)
 {
     const int64_t BT = a->batch * a->tokens, Dk = a->heads * a->head_dim, X = 3 * Dk;
-    void *p;
-    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS, (size_t)(BT * X) * sizeof(st_bf16),
-                          &p));
-    a->xb = p;
-    dnnl_memory_t x32, x16;
-    ST_TRY(st_mem_matrix(ctx, &x32, BT, X, io->x));
-    ST_TRY(st_mem_strided_bf16(ctx, &x16, BT, X, X, 1, a->xb));
-    ST_TRY(st_prim_create_reorder(ctx, &a->to_bf16_x, x32, x16, "attention input to bf16"));
+    if (a->x_half) {   /* x is bf16 already: Q, K, V are read from it */
+        a->xb = (st_bf16 *)io->xb;
+    } else {
+        void *p;
+        ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS,
+                              (size_t)(BT * X) * sizeof(st_bf16), &p));
+        a->xb = p;
+        dnnl_memory_t x32, x16;
+        ST_TRY(st_mem_matrix(ctx, &x32, BT, X, io->x));
+        ST_TRY(st_mem_strided_bf16(ctx, &x16, BT, X, X, 1, a->xb));
+        ST_TRY(st_prim_create_reorder(ctx, &a->to_bf16_x, x32, x16, "attention input to bf16"));
+    }
     if (!a->has_dx)
         return ST_OK;
     const size_t bytes = (size_t)(BT * Dk) * sizeof(st_bf16);
@@ -142,7 +146,10 @@ st_status st_attention_build(st_nn_ctx *ctx, st_attention *a, int64_t batch, int
     const int64_t B = batch, T = tokens, H = heads, dh = head_dim;
     *a = (st_attention){ .batch = B, .heads = H, .tokens = T, .head_dim = dh,
                          .scale = 1.0f / sqrtf((float)dh), .has_dx = io->dx != NULL,
-                         .bf16 = io->bf16 != 0, .noncausal = io->noncausal != 0 };
+                         .bf16 = io->bf16 != 0, .noncausal = io->noncausal != 0,
+                         .x_half = io->bf16 && io->xb };
+    if (io->yb && !io->bf16)
+        return st_fail(ST_ERR_INVALID, "attention: a bf16 output needs bf16 products");
     const int64_t Dk = H * dh, X = 3 * Dk;   /* a token's row of x */
     /* Views, (B, H, rows, cols), of the products' operands (dnnl_bf16 in
      * bf16) and of their fp32 outputs.  part: one of x's (and dx's) three
@@ -175,7 +182,10 @@ st_status st_attention_build(st_nn_ctx *ctx, st_attention *a, int64_t batch, int
     ST_TRY(st_mem_md(ctx, &v_t, &part_t_md, xo + 2 * Dk * es));
     ST_TRY(st_mem_md(ctx, &P, &p_md, io->probs));
     ST_TRY(st_mem_md(ctx, &P_t, &p_t_md, io->probs));
-    ST_TRY(st_mem_md(ctx, &y, &y32_md, io->y));
+    if (io->yb)   /* P V rounded once as it is written */
+        ST_TRY(st_mem_md(ctx, &y, &y_md, io->yb));
+    else
+        ST_TRY(st_mem_md(ctx, &y, &y32_md, io->y));
     /* the scores: in P's buffer, where the softmax turns them into P in
      * place; in bf16 in the scratch (fp32), P too, then rounded into Pb */
     a->S = a->bf16 ? io->scratch : io->probs;
@@ -288,7 +298,7 @@ static void softmax_backward_bf16(const st_attention *a)
 
 st_status st_attention_forward(const st_nn_ctx *ctx, const st_attention *a)
 {
-    if (a->bf16)
+    if (a->bf16 && !a->x_half)
         ST_TRY(st_prim_run(ctx, &a->to_bf16_x));
     ST_TRY(st_prim_run(ctx, &a->scores));
     if (!a->noncausal)
@@ -378,6 +388,7 @@ static st_status attn_build(st_model *m, st_layer *l)
         .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
         .probs = l->saved[0], .scratch = st_graph_grad_scratch(m), .bf16 = precision_bf16(m),
         .noncausal = l->noncausal,
+        .xb = st_graph_data_bf16(m, l->x), .yb = st_graph_data_bf16(m, l->y),
     };
     return st_attention_build(&m->ctx, &l->u.attn, B, T, Dk / dh, dh, &io);
 }
@@ -418,8 +429,8 @@ static void attn_costs(const st_model *m, const st_layer *l, int forward_only, s
     st_cost_heads(s, b, ST_OPERANDS_NT, rows, T, dh, 1.0);    /* S = Q K^T */
     st_cost_heads(s, b, ST_OPERANDS_NN, rows, dh, T, 1.0);    /* O = P V */
     st_cost_pass(s, ST_OP_SOFTMAX, 0, probs, 8.0 * probs, 1.0);
-    if (b)
-        st_cost_move(s, 6.0 * (x + probs), 2.0);
+    if (b)   /* x's copy (none where x is stored as bf16) and P's */
+        st_cost_move(s, 6.0 * ((a->x_half ? 0.0 : x) + probs), a->x_half ? 1.0 : 2.0);
     if (forward_only || !a->has_dx)
         return;
     st_cost_heads(s, b, ST_OPERANDS_NT, rows, T, dh, 1.0);    /* dP = dO V^T */
@@ -431,10 +442,22 @@ static void attn_costs(const st_model *m, const st_layer *l, int forward_only, s
 }
 
 /* fp32: the backward reads Q, K, V in x (and P, its own); bf16: x's
- * copy xb and Pb only.  Never y. */
+ * copy xb and Pb only (x itself where it is stored as bf16: xb is x).
+ * Never y. */
 static unsigned attn_backward_reads(const st_model *m, const st_layer *l)
 {
-    return m->cfg.precision == ST_PRECISION_BF16 ? 0u : ST_READS_X;
+    return m->cfg.precision != ST_PRECISION_BF16 || st_graph_is_half(m, l->x) ? ST_READS_X
+                                                                             : 0u;
+}
+
+/* bf16: its products read x through a bf16 copy (x stored as bf16 is
+ * that operand), and what reads y is the output projection's product,
+ * which rounds it to bf16 anyway: both may be bf16 at no change. */
+static unsigned attn_bf16_io(const st_model *m, const st_layer *l)
+{
+    (void)m;
+    (void)l;
+    return ST_BF16_X | ST_BF16_Y;
 }
 
 const st_layer_kind st_layer_attention = {
@@ -442,4 +465,5 @@ const st_layer_kind st_layer_attention = {
     .forward = attn_forward, .backward = attn_backward, .flops = attn_flops,
     .costs = attn_costs,
     .grad_scratch = attn_scratch, .backward_reads = attn_backward_reads,
+    .bf16_io = attn_bf16_io,
 };

@@ -86,7 +86,10 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
     operand_md(l, &x_md, l->batch, l->in, l->in, 1);
     operand_md(l, &wt_md, l->in, l->out, rs, cs);
     st_md_matrix(&b_md, 1, l->out);
-    st_md_matrix(&y_md, l->batch, l->out);
+    if (l->y_half)
+        st_md_strided_bf16(&y_md, l->batch, l->out, l->out, 1);
+    else
+        st_md_matrix(&y_md, l->batch, l->out);
     /* an unscaled bias is added after the scale, as a post-op; unfused
      * (measuring the fusions) the bias and the skip are passes of their own */
     const int bias_after = !l->scale_bias;
@@ -111,7 +114,10 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
     ST_TRY(operand(ctx, l, &x, l->batch, l->in, l->in, 1, io->x, l->xb));
     ST_TRY(operand(ctx, l, &wt, l->in, l->out, rs, cs, io->w, l->wb));
     ST_TRY(st_mem_matrix(ctx, &b, 1, l->out, io->b));
-    ST_TRY(st_mem_matrix(ctx, &y, l->batch, l->out, io->y));
+    if (l->y_half)
+        ST_TRY(st_mem_strided_bf16(ctx, &y, l->batch, l->out, l->out, 1, io->yb));
+    else
+        ST_TRY(st_mem_matrix(ctx, &y, l->batch, l->out, io->y));
     int next = 0;   /* the binary adds, in the order they were appended */
     if (bias_after)
         st_prim_arg(&l->fwd, DNNL_ARG_ATTR_MULTIPLE_POST_OP(st_post_op_index(l->scale, add0, next++)) |
@@ -298,17 +304,21 @@ static st_status build_conversions(st_nn_ctx *ctx, st_linear *l, const st_linear
                               &p));
         l->wb = p;
     }
-    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS,
-                          (size_t)(l->batch * l->in) * sizeof(st_bf16), &p));
-    l->xb = p;
     dnnl_memory_t w32, w16, x32, x16;
     ST_TRY(st_mem_matrix(ctx, &w32, rows, cols, io->w));
     ST_TRY(st_mem_strided_bf16(ctx, &w16, rows, cols, cols, 1, l->wb));
     ST_TRY(st_prim_create_reorder(ctx, &l->to_bf16_w, w32, w16, "linear weights to bf16"));
     ST_TRY(st_nn_ctx_add_copy(ctx, io->w, l->wb, (size_t)(rows * cols), &l->w_copy));
-    ST_TRY(st_mem_matrix(ctx, &x32, l->batch, l->in, io->x));
-    ST_TRY(st_mem_strided_bf16(ctx, &x16, l->batch, l->in, l->in, 1, l->xb));
-    ST_TRY(st_prim_create_reorder(ctx, &l->to_bf16_x, x32, x16, "linear input to bf16"));
+    if (l->x_half) {   /* x is bf16 already: the products read it, nothing to copy */
+        l->xb = (st_bf16 *)io->xb;
+    } else {
+        ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_ACTIVATIONS,
+                              (size_t)(l->batch * l->in) * sizeof(st_bf16), &p));
+        l->xb = p;
+        ST_TRY(st_mem_matrix(ctx, &x32, l->batch, l->in, io->x));
+        ST_TRY(st_mem_strided_bf16(ctx, &x16, l->batch, l->in, l->in, 1, l->xb));
+        ST_TRY(st_prim_create_reorder(ctx, &l->to_bf16_x, x32, x16, "linear input to bf16"));
+    }
     if (l->has_dx || l->has_dw) {
         dnnl_memory_t dy32, dy16;
         ST_TRY(st_mem_matrix(ctx, &dy32, l->batch, l->out, io->dy));
@@ -336,6 +346,11 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
     l->unfused_residual = (io->unfuse & ST_UNFUSE_RESIDUAL) && l->scale == 1.0f && io->residual;
     if (io->relu && (l->unfused_bias || l->unfused_residual))
         return st_fail(ST_ERR_INVALID, "linear: a fused ReLU must follow the fused adds");
+    l->x_half = l->bf16 && io->xb;
+    l->y_half = l->bf16 && io->yb;
+    if (l->y_half && (io->residual || l->unfused_bias))
+        return st_fail(ST_ERR_INVALID, "linear: a bf16 output takes no residual nor unfused "
+                       "bias");
     if (l->bf16)
         ST_TRY(build_conversions(ctx, l, io));
     ST_TRY(build_forward(ctx, l, io));
@@ -354,7 +369,8 @@ static st_status forward(const st_nn_ctx *ctx, const st_linear *l, int convert_w
     if (l->bf16) {
         if (convert_w && !st_nn_copy_fresh(ctx, l->w_copy))   /* else the update wrote wb */
             ST_TRY(st_prim_run(ctx, &l->to_bf16_w));
-        ST_TRY(st_prim_run(ctx, &l->to_bf16_x));
+        if (!l->x_half)
+            ST_TRY(st_prim_run(ctx, &l->to_bf16_x));
     }
     ST_TRY(st_prim_run(ctx, &l->fwd));
     if (l->unfused_bias)
@@ -504,6 +520,7 @@ static st_status linear_build(st_model *m, st_layer *l)
         .in_major = l->in_major, .unscaled_bias = 1,
         .bf16 = c->precision == ST_PRECISION_BF16, .unfuse = c->unfuse,
         .relu = l->fuse_relu,
+        .xb = st_graph_data_bf16(m, l->x), .yb = st_graph_data_bf16(m, l->y),
     };
     const st_layer *relu = l - 1;   /* folded: the activation declared before it */
     if (l->fold_relu && relu->backward && io.dx) {
@@ -561,8 +578,9 @@ static void linear_costs(const st_model *m, const st_layer *layer, int forward_o
     const st_cost_operands fwd = l->in_major ? ST_OPERANDS_NN : ST_OPERANDS_NT;
     const st_cost_operands bwd = l->in_major ? ST_OPERANDS_NT : ST_OPERANDS_NN;
     st_cost_matmul(s, b, fwd, l->batch, l->out, l->in, 1.0, 1.0);
-    if (b)
-        st_cost_move(s, 6.0 * (double)(l->batch * l->in + l->in * l->out), 2.0);
+    if (b)   /* x's copy: none where x is stored as bf16 */
+        st_cost_move(s, 6.0 * (double)((l->x_half ? 0 : l->batch * l->in) + l->in * l->out),
+                     l->x_half ? 1.0 : 2.0);
     if (forward_only)
         return;
     if (l->has_dx)
@@ -583,18 +601,29 @@ static void linear_costs(const st_model *m, const st_layer *layer, int forward_o
 }
 
 /* fp32: the backward-weights product reads x; bf16: its copy xb (and dy,
- * w's copy), so not x.  Neither reads y or the residual (the skip's
- * gradient is dy itself). */
+ * w's copy), so not x, unless x is stored as bf16 (then xb is x).
+ * Neither reads y or the residual (the skip's gradient is dy itself). */
 static unsigned linear_backward_reads(const st_model *m, const st_layer *l)
 {
-    return m->cfg.precision == ST_PRECISION_BF16 ? 0u : ST_READS_X;
+    return m->cfg.precision != ST_PRECISION_BF16 || st_graph_is_half(m, l->x) ? ST_READS_X
+                                                                             : 0u;
+}
+
+/* bf16: its products read x through a bf16 copy, so x stored as bf16 is
+ * the same operand (rounded to nearest even where it was written, as the
+ * copy would be).  It writes y as bf16 unless a residual is added (the
+ * stream stays fp32) or the bias is a pass of its own over y. */
+static unsigned linear_bf16_io(const st_model *m, const st_layer *l)
+{
+    const int unfused = (m->cfg.unfuse & ST_UNFUSE_BIAS) != 0;
+    return ST_BF16_X | (l->residual < 0 && !unfused ? ST_BF16_Y : 0u);
 }
 
 const st_layer_kind st_layer_linear = {
     .name = "linear", .layout = linear_layout, .build = linear_build,
     .forward = linear_forward, .backward = linear_backward, .flops = linear_flops,
     .costs = linear_costs,
-    .backward_reads = linear_backward_reads,
+    .backward_reads = linear_backward_reads, .bf16_io = linear_bf16_io,
 };
 
 /* Whether a builder's linear layer and the ReLU after it run as one
