@@ -69,6 +69,163 @@ Test(bf16, shared_buffers_no_heap_call_same_seed_same_steps)
     }
 }
 
+/* --activation-precision bf16 on CNNs: the tensors between convolutions,
+ * batch norms (ReLU fused) and max pools, and their data gradients, are
+ * stored bf16 in the blocked layout, so that no reorder runs between those
+ * layers: a layer's passes run exactly the reorders of the same model with
+ * fp32 activations less one per bf16 tensor it reads (a convolution's x,
+ * dy), and a batch norm or a max pool over bf16 runs none.  A ResNet's
+ * skip stream (what a join writes and a batch norm reads at a block's
+ * start) stays fp32.  Activations and workspace take less memory; the
+ * loss is within 2% of the fp32 activations' and the gradients point the
+ * same way; two models of one seed give bitwise the same steps, with an
+ * evaluation between them, and a step makes no heap call of subtrain's. */
+static int cnn_reorders(const st_layer *l)
+{
+    if (l->kind == &st_layer_conv)
+        return st_pass_reorders(&l->u.conv.fwd) + st_pass_reorders(&l->u.conv.bwd_data) +
+               st_pass_reorders(&l->u.conv.bwd_weights);
+    if (l->kind == &st_layer_batchnorm)
+        return st_pass_reorders(&l->u.bn.fwd_train) + st_pass_reorders(&l->u.bn.fwd_infer) +
+               st_pass_reorders(&l->u.bn.bwd);
+    if (l->kind == &st_layer_maxpool || l->kind == &st_layer_avgpool)
+        return st_pass_reorders(&l->u.pool.fwd) + st_pass_reorders(&l->u.pool.bwd);
+    return 0;
+}
+
+/* Whether each of x, y, dx, dy that the layer has is stored bf16 (want 1)
+ * or fp32 (want 0). */
+static void expect_halves(const st_model *m, const st_layer *l, int want, const char *what)
+{
+    const int t[4] = { l->x, l->y, l->dx, l->dy };
+    const char *name[4] = { "x", "y", "dx", "dy" };
+    for (int k = 0; k < 4; k++)
+        if (t[k] >= 0 && t[k] != ST_T_INPUT)
+            cr_expect_eq(st_graph_is_half(m, t[k]), want, "%s: %s's %s %s", what, l->name,
+                         name[k], want ? "is fp32" : "is bf16");
+}
+
+static void check_cnn_bf16_activations(st_model_config c, const char *what)
+{
+    c.precision = ST_PRECISION_BF16;
+    st_model_config f = c;   /* bf16 products, fp32 activations: the reference */
+    c.activations = ST_PRECISION_BF16;
+    const st_model_config *cfgs[3] = { &c, &c, &f };
+    st_arena a[3];
+    st_model *m[3];
+    for (int j = 0; j < 3; j++) {
+        st_arena_init(&a[j], "bf16 activations", NULL, 0);
+        m[j] = make_model(cfgs[j], 4, &a[j]);
+        st_model_init_params(m[j], 21);
+    }
+    const int resnet = c.kind == st_model_kind_named("resnet");
+    int halves = 0, bns = 0;
+    for (int i = 0; i < m[0]->n_layers; i++) {
+        const st_layer *l = &m[0]->layers[i], *r = &m[2]->layers[i];
+        if (l->dropped)
+            continue;
+        /* what a ResNet keeps fp32: the stream and what its batch norms
+         * at a block's start (bn0, final_bn) read and write */
+        const int stream = resnet && (strstr(l->name, "bn0") || !strcmp(l->name, "final_bn"));
+        if (l->kind == &st_layer_batchnorm) {
+            bns += !stream;
+            expect_halves(m[0], l, !stream, what);
+        }
+        if (l->kind == &st_layer_maxpool)
+            expect_halves(m[0], l, 1, what);
+        if (l->kind == &st_layer_conv && (!resnet || strstr(l->name, "conv1")))
+            cr_expect(st_graph_is_half(m[0], l->y) && st_graph_is_half(m[0], l->dy),
+                      "%s: %s writes fp32", what, l->name);
+        if (l->kind == &st_layer_conv && strstr(l->name, "conv2"))
+            cr_expect(st_graph_is_half(m[0], l->x) && st_graph_is_half(m[0], l->dx),
+                      "%s: %s reads fp32", what, l->name);
+        /* the reorders: those of fp32 activations less one per bf16 input
+         * of a convolution (x forward, dy backward), none left in a batch
+         * norm or max pool over bf16 */
+        if (l->kind == &st_layer_conv) {
+            const int saved = st_graph_is_half(m[0], l->x) + st_graph_is_half(m[0], l->dy);
+            cr_expect_eq(cnn_reorders(l), cnn_reorders(r) - saved,
+                         "%s: %s runs %d reorders, %d with fp32 activations, %d saved", what,
+                         l->name, cnn_reorders(l), cnn_reorders(r), saved);
+        }
+        if ((l->kind == &st_layer_batchnorm || l->kind == &st_layer_maxpool) &&
+            st_graph_is_half(m[0], l->x))
+            cr_expect_eq(cnn_reorders(l), 0, "%s: %s reorders bf16", what, l->name);
+    }
+    for (int t = ST_T_FIRST_FREE; t < m[0]->n_tensors; t++)
+        halves += m[0]->tensors[t].data && st_graph_is_half(m[0], t);
+    cr_expect_gt(bns, 0, "%s: no batch norm over bf16", what);
+    const st_mem_stats s0 = st_arena_stats(&a[0]), s2 = st_arena_stats(&a[2]);
+    const size_t mem0 = s0.peak[ST_MEM_ACTIVATIONS] + s0.peak[ST_MEM_WORKSPACE];
+    const size_t mem2 = s2.peak[ST_MEM_ACTIVATIONS] + s2.peak[ST_MEM_WORKSPACE];
+    cr_expect_lt(mem0, mem2, "%s: activations and workspace %zu bytes, fp32 activations' %zu",
+                 what, mem0, mem2);
+    /* close to the reference: the loss, and the gradients' direction */
+    float first[3];
+    for (int j = 0; j < 3; j++) {
+        st_rng r = st_rng_seed(22);
+        fill_rows(m[j], 0, 4, &r);
+        OK(st_model_forward_backward(m[j], &first[j]));
+    }
+    const size_t G = m[0]->n_grads;
+    double dot = 0, n0 = 0, n2 = 0;
+    for (size_t i = 0; i < G; i++) {
+        const double g0 = st_model_grads(m[0])[i], g2 = st_model_grads(m[2])[i];
+        dot += g0 * g2;
+        n0 += g0 * g0;
+        n2 += g2 * g2;
+    }
+    const double cosine = dot / sqrt(n0 * n2);
+    fprintf(stderr, "[bf16 activations] %s: %d tensors bf16, activations + workspace %.1f KiB "
+            "(fp32 activations %.1f KiB), loss %.6f (fp32 activations %.6f), gradient cosine "
+            "%.6f\n", what, halves, (double)mem0 / 1024.0, (double)mem2 / 1024.0, first[0],
+            first[2], cosine);
+    cr_expect(fabsf(first[0] - first[2]) <= 2e-2f * fabsf(first[2]),
+              "%s: loss %g, fp32 activations %g", what, first[0], first[2]);
+    cr_expect(first[0] != first[2], "%s: the loss of fp32 activations: nothing bf16?", what);
+    cr_expect_gt(cosine, 0.99, "%s: gradients far from fp32 activations' (cosine %g)", what,
+                 cosine);
+    /* the same seed: bitwise the same steps, with no heap call */
+    float loss[2][3];
+    for (int j = 0; j < 2; j++) {
+        st_rng r = st_rng_seed(23);
+        for (int step = 0; step < 3; step++) {
+            fill_rows(m[j], 0, 4, &r);
+            own_calls = 0;
+            armed = step >= 1;   /* the first lets oneDNN set up its thread */
+            st_status st = st_model_forward_backward(m[j], &loss[j][step]);
+            armed = 0;
+            cr_assert_eq(st, ST_OK, "%s", st_last_error());
+            if (HEAPWATCH_ACTIVE && step >= 1)
+                cr_expect_eq(own_calls, 0, "%s: a step called the heap %ld times", what,
+                             own_calls);
+            double sum = 0;
+            int64_t hits = 0;
+            OK(st_model_evaluate(m[j], 4, &sum, &hits));
+        }
+    }
+    cr_assert_eq(memcmp(loss[0], loss[1], sizeof loss[0]), 0,
+                 "%s: the same seed gave other losses", what);
+    cr_assert_eq(memcmp(st_model_grads(m[0]), st_model_grads(m[1]), G * sizeof(float)), 0,
+                 "%s: the same seed gave other gradients", what);
+    for (int j = 0; j < 3; j++) {
+        st_model_destroy(m[j]);
+        st_arena_release(&a[j]);
+    }
+}
+
+Test(bf16, cnn_activations_stay_bf16_between_layers)
+{
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 kernels on this CPU");
+    omp_set_num_threads(1);
+    /* stages of 16, 32 and 64 channels on 8 x 8 images: whole blocks */
+    check_cnn_bf16_activations(resnet_config(st_model_kind_named("resnet"), 2, 16, 3, 8, 8),
+                               "resnet d2 w16");
+    st_model_config cv = resnet_config(st_model_kind_named("convnet"), 2, 16, 3, 8, 8);
+    check_cnn_bf16_activations(cv, "convnet d2 w16");
+}
+
 /* The update writes the bf16 weight copies (st_optim_update_copies), and
  * the forward after it skips their conversion (st_model_copies_written):
  * 4 steps with an evaluation between each, bitwise the same losses and

@@ -272,3 +272,24 @@ Test(bf16_activations, a_step_makes_no_heap_allocation, .timeout = 120)
     st_dataset_free(&test);
     free(t.bytes);
 }
+
+/* --activation-precision bf16 on CNNs: the bf16 blocked tensors and
+ * gradients between convolutions, batch norms and pools add no heap call,
+ * a ResNet and a convnet under data parallelism (2 x 4 x 4 images). */
+Test(bf16_activations, a_cnn_step_makes_no_heap_allocation, .timeout = 120)
+{
+    HEAPWATCH_SKIP_IF_OFF();
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 kernels on this CPU");
+    const char *kinds[2] = { "resnet", "convnet" };
+    for (int k = 0; k < 2; k++) {
+        st_train_config c = dp_config(2, 16, 40);
+        c.model = (st_model_config){ .kind = st_model_kind_named(kinds[k]), .depth = 2,
+                                     .width = 16, .activation = ST_ACT_RELU, .in_dim = 32,
+                                     .in_channels = 2, .in_height = 4, .in_width = 4,
+                                     .n_classes = 4, .precision = ST_PRECISION_BF16,
+                                     .activations = ST_PRECISION_BF16 };
+        c.bf16_emulated = 1;
+        assert_steps_make_no_heap_call(&c, kinds[k]);
+    }
+}

@@ -453,12 +453,23 @@ st_status st_view_init(st_nn_ctx *ctx, st_view *v, int ndims, const int64_t *dim
                        dnnl_format_tag_t tag, const void *data, st_mem_kind kind,
                        st_slot slot, const char *reorder_in, const char *reorder_out)
 {
+    return st_view_init_as(ctx, v, ndims, dims, tag, 0, data, kind, slot, reorder_in,
+                           reorder_out);
+}
+
+st_status st_view_init_as(st_nn_ctx *ctx, st_view *v, int ndims, const int64_t *dims,
+                          dnnl_format_tag_t tag, int bf16, const void *data, st_mem_kind kind,
+                          st_slot slot, const char *reorder_in, const char *reorder_out)
+{
     memset(v, 0, sizeof *v);
     v->kind = kind;
     v->slot = slot;
     v->reorder_in = reorder_in;
     v->reorder_out = reorder_out;
-    st_md_tag(&v->plain_md, ndims, dims, tag);
+    if (bf16)
+        st_md_tag_bf16(&v->plain_md, ndims, dims, tag);
+    else
+        st_md_tag(&v->plain_md, ndims, dims, tag);
     return data ? st_mem_md(ctx, &v->plain, &v->plain_md, data) : ST_OK;
 }
 

@@ -287,6 +287,13 @@ typedef struct st_view {
 st_status st_view_init(st_nn_ctx *ctx, st_view *v, int ndims, const int64_t *dims,
                        dnnl_format_tag_t tag, const void *data, st_mem_kind kind,
                        st_slot slot, const char *reorder_in, const char *reorder_out);
+/* The same over a caller's buffer of bf16 values when bf16 is set (a
+ * tensor the graph stores as bf16, st_tensor.half): a primitive that
+ * asks for bf16 in this layout reads or writes it as it is; the copies
+ * and reorders for other layouts or types convert. */
+st_status st_view_init_as(st_nn_ctx *ctx, st_view *v, int ndims, const int64_t *dims,
+                          dnnl_format_tag_t tag, int bf16, const void *data, st_mem_kind kind,
+                          st_slot slot, const char *reorder_in, const char *reorder_out);
 /* Binds argument `arg` of p's primitive, read in layout md: the plain
  * buffer, or a blocked copy filled by a reorder before p.  With `shared`,
  * a copy in that layout made for an earlier pass is read as it is, without

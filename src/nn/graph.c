@@ -220,30 +220,37 @@ static int half_candidate(const st_model *m, int t)
 {
     if (t < ST_T_FIRST_FREE || resolve(m, t) != t || m->tensors[t].data)
         return 0;
-    int first = 1, written = 0, end = -1;
+    int first = 1, written = 0, grad = 0, end = -1;
     for (int i = 0; i < m->n_layers; i++) {
         const st_layer *L = &m->layers[i];
         const int x = L->x >= 0 && resolve(m, L->x) == t;
         const int y = L->y >= 0 && resolve(m, L->y) == t;
-        const int other = (L->residual >= 0 && resolve(m, L->residual) == t) ||
-                          (L->dx >= 0 && resolve(m, L->dx) == t) ||
-                          (L->dy >= 0 && resolve(m, L->dy) == t);
+        const int r = L->residual >= 0 && resolve(m, L->residual) == t;
+        const int dx = L->dx >= 0 && resolve(m, L->dx) == t;
+        const int dy = L->dy >= 0 && resolve(m, L->dy) == t;
         if (L->dropped) {
-            if (m->range && (x || y || other))   /* a layer outside the range touches it */
+            if (m->range && (x || y || r || dx || dy))   /* a layer outside the range touches it */
                 return 0;
             continue;
         }
         end = i;
-        if (!x && !y && !other)
+        if (!x && !y && !r && !dx && !dy)
             continue;
         const unsigned io = bf16_io(m, L);
-        if (other || (x && !(io & ST_BF16_X)) || (y && !(io & ST_BF16_Y)))
+        if (r || (x && !(io & ST_BF16_X)) || (y && !(io & ST_BF16_Y)) ||
+            (dx && !(io & ST_BF16_DX)) || (dy && !(io & ST_BF16_DY)))
             return 0;
+        /* a data gradient: written by each backward before it is read */
+        grad |= dx || dy;
+        if (dx || dy)
+            continue;
         if (first && (x || !y))   /* read before this instance writes it */
             return 0;
         first = 0;
         written |= y;
     }
+    if (grad)   /* never also a value; not the last layer's dy (the loss writes it) */
+        return first && end >= 0 && (m->layers[end].dy < 0 || resolve(m, m->layers[end].dy) != t);
     return written && end >= 0 && resolve(m, m->layers[end].y) != t;
 }
 
@@ -255,19 +262,28 @@ st_status st_graph_half(st_model *m)
         return ST_OK;
     for (int t = 0; t < m->n_tensors; t++)
         m->tensors[t].half = half_candidate(m, t);
-    /* a TIED layer's x and y: both bf16 or neither; unmarking one may
-     * unmark another's, so until nothing changes */
+    /* a TIED layer's x and y: both bf16 or neither (with TIED_GRADS, its
+     * dx and dy too); unmarking one may unmark another's, so until nothing
+     * changes */
     for (int changed = 1; changed;) {
         changed = 0;
         for (int i = 0; i < m->n_layers; i++) {
             const st_layer *L = &m->layers[i];
-            if (L->dropped || L->x < 0 || L->y < 0 || !(bf16_io(m, L) & ST_BF16_TIED))
+            const unsigned io = L->dropped ? 0u : bf16_io(m, L);
+            if (!(io & ST_BF16_TIED) || L->x < 0 || L->y < 0)
                 continue;
-            st_tensor *x = &m->tensors[resolve(m, L->x)], *y = &m->tensors[resolve(m, L->y)];
-            if (x->half != y->half) {
-                x->half = y->half = 0;
-                changed = 1;
-            }
+            const int tied[4] = { L->x, L->y, io & ST_BF16_TIED_GRADS ? L->dx : ST_T_NONE,
+                                  io & ST_BF16_TIED_GRADS ? L->dy : ST_T_NONE };
+            int all = 1, any = 0;
+            for (int k = 0; k < 4; k++)
+                if (tied[k] >= 0) {
+                    all &= m->tensors[resolve(m, tied[k])].half;
+                    any |= m->tensors[resolve(m, tied[k])].half;
+                }
+            for (int k = 0; k < 4 && any && !all; k++)
+                if (tied[k] >= 0)
+                    m->tensors[resolve(m, tied[k])].half = 0;
+            changed |= any && !all;
         }
     }
     return ST_OK;

@@ -402,12 +402,15 @@ st_status st_graph_build(st_model *m);         /* memory and primitives */
  * bf16 (--precision bf16) only, on each tensor that every layer touching
  * it can take as bf16 (st_layer_kind.bf16_io): written by layers that can
  * write it as bf16 (ST_BF16_Y) and read as x only, by layers that can
- * read it as bf16 (ST_BF16_X); never a data gradient, a residual, the
+ * read it as bf16 (ST_BF16_X); a data gradient only where every layer
+ * touching it says ST_BF16_DX / ST_BF16_DY (and not the last layer's
+ * dy); never a residual, the
  * model's predeclared tensors, a tensor read before this instance writes
  * it (a range's input) or the output of the last layer (the loss, or the
  * next range, reads it), nor, in a range, a tensor a layer outside it
  * touches; a layer with ST_BF16_TIED takes x and y both as bf16 or
- * neither.  fp32: nothing is marked. */
+ * neither (ST_BF16_TIED_GRADS: dx and dy with them).  fp32: nothing is
+ * marked. */
 st_status st_graph_half(st_model *m);
 st_status st_graph_forward(const st_model *m, st_phase phase);
 st_status st_graph_backward(const st_model *m);

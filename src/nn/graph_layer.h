@@ -104,9 +104,14 @@ enum { ST_READS_X = 1u, ST_READS_Y = 2u, ST_READS_RESIDUAL = 4u,
 /* st_layer_kind.bf16_io: it can read x stored as bf16 (forward and
  * backward: where its backward reads x, ST_READS_X, it reads those bf16
  * values), write y as bf16, and (TIED) only both or neither (an eltwise
- * primitive runs on one data type).  Its gradients dx, dy and a residual
- * stay fp32 whatever it says. */
-enum { ST_BF16_X = 1u, ST_BF16_Y = 2u, ST_BF16_TIED = 4u };
+ * primitive runs on one data type).  DX, DY: it can write its input
+ * gradient, read its output gradient, stored as bf16 (a data gradient
+ * touched only by layers that say so: convolution, batch norm and pooling
+ * between each other); TIED_GRADS with TIED: dx and dy tied to x and y
+ * too (oneDNN's batch norm and pooling: one data type, gradients
+ * included).  A residual stays fp32 whatever it says. */
+enum { ST_BF16_X = 1u, ST_BF16_Y = 2u, ST_BF16_TIED = 4u, ST_BF16_DX = 8u, ST_BF16_DY = 16u,
+       ST_BF16_TIED_GRADS = 32u };
 
 extern const st_layer_kind st_layer_linear;     /* nn/layers/linear.c */
 extern const st_layer_kind st_layer_activation; /* nn/layers/activation.c */

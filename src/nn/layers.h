@@ -331,6 +331,11 @@ typedef struct st_conv_io {
     int bf16;                   /* the three passes read bf16 copies of x, w and dy
                                  * (fp32 accumulation, fp32 y, dx, dw, db); the
                                  * caller's buffers stay fp32 */
+    /* With bf16: the caller's x, y, dx, dy buffers that hold bf16 values
+     * (tensors the graph stores as bf16, --activation-precision bf16): read
+     * as they are, or written in bf16 by the pass itself (no reorder when
+     * their layout is the primitive's).  y and dx only without a scale. */
+    int half_x, half_y, half_dx, half_dy;
 } st_conv_io;
 
 typedef struct st_conv {
@@ -400,12 +405,15 @@ typedef struct st_pool_io {
     const float *x; float *y;
     float *dx; const float *dy;  /* dx NULL: forward only */
     dnnl_format_tag_t x_tag, y_tag; /* of x and dx, y and dy (see st_conv_io) */
+    /* Buffers holding bf16 values (see st_conv_io): the primitives run in
+     * x's data type, and reorders convert the others' */
+    int half_x, half_y, half_dx, half_dy;
 } st_pool_io;
 
 typedef struct st_pool {
     int64_t batch, channels, ih, iw, oh, ow, kernel_h, kernel_w, stride, pad;
     int has_dx;
-    st_prim fwd, bwd;
+    st_pass fwd, bwd;
     void *workspace;             /* max pooling, from the arena */
 } st_pool;
 
@@ -443,6 +451,10 @@ typedef struct st_batchnorm_io {
     int fuse_relu;                        /* y = relu(bn(x)), and the backward through both */
     dnnl_format_tag_t tag;                /* of x, y, dx, dy: 0 or dnnl_nchw, or
                                            * st_blocked_tag() (see st_conv_io) */
+    int half;                             /* x, y, dx, dy hold bf16 values (see
+                                           * st_conv_io): the primitives run in bf16,
+                                           * statistics, gamma, beta and their
+                                           * gradients staying fp32 */
     st_layout layout;                     /* PLAIN: the primitives on the NCHW buffers;
                                            * BLOCKED: on nChw16c (nChw8c without AVX-512)
                                            * copies, reorders around them; DEFAULT: the

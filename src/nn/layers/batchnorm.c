@@ -20,6 +20,11 @@
  * ReLU pays on it, not on the plain kernel (bench/bench_conv times both,
  * doc/benchmarks.md).
  *
+ * bf16 activations (st_batchnorm_io.half): x, y, dx and dy are bf16 (oneDNN
+ * 2.6's batch norm takes one data type for data and gradients:
+ * "bnorm_jit:avx512_core_bf16"); the statistics, gamma, beta and their
+ * gradients stay fp32, and so does the kernel's arithmetic.
+ *
  * Backward masking: oneDNN's backward computes dgamma and dbeta of every
  * channel (its data-only variant is not implemented with a scale and
  * shift), so a norm whose parameters get no gradient (a block without
@@ -73,16 +78,24 @@ st_status st_batchnorm_build(st_nn_ctx *ctx, st_batchnorm *n, int64_t batch,
     const int64_t dims[4] = { batch, channels, height, width };
     const dnnl_format_tag_t tag = io->tag ? io->tag : dnnl_nchw;
     st_view x, y, dx, dy;
-    ST_TRY(st_view_init(ctx, &x, 4, dims, tag, io->x, ST_MEM_ACTIVATIONS, ST_SLOT_KEEP,
-                        "batch norm reorder x", NULL));
-    ST_TRY(st_view_init(ctx, &y, 4, dims, tag, io->y, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
-                        NULL, "batch norm reorder y"));
-    ST_TRY(st_view_init(ctx, &dx, 4, dims, tag, io->dx, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
-                        NULL, "batch norm reorder dx"));
-    ST_TRY(st_view_init(ctx, &dy, 4, dims, tag, io->dy, ST_MEM_ACTIVATIONS, ST_SLOT_IN,
-                        "batch norm reorder dy", NULL));
+    const int h = io->half != 0;
+    ST_TRY(st_view_init_as(ctx, &x, 4, dims, tag, h, io->x, ST_MEM_ACTIVATIONS, ST_SLOT_KEEP,
+                           "batch norm reorder x", NULL));
+    ST_TRY(st_view_init_as(ctx, &y, 4, dims, tag, h, io->y, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
+                           NULL, "batch norm reorder y"));
+    ST_TRY(st_view_init_as(ctx, &dx, 4, dims, tag, h, io->dx, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
+                           NULL, "batch norm reorder dx"));
+    ST_TRY(st_view_init_as(ctx, &dy, 4, dims, tag, h, io->dy, ST_MEM_ACTIVATIONS, ST_SLOT_IN,
+                           "batch norm reorder dy", NULL));
+    /* bf16 data: oneDNN 2.6's batch norm reads and writes one data type,
+     * its gradients too, and keeps mean, variance, scale and shift fp32 */
     dnnl_memory_desc_t data_md, c_md;
-    st_md_tag(&data_md, 4, dims, n->layout == ST_LAYOUT_BLOCKED ? st_blocked_tag() : dnnl_nchw);
+    const dnnl_format_tag_t run_tag =
+        n->layout == ST_LAYOUT_BLOCKED ? st_blocked_tag() : dnnl_nchw;
+    if (h)
+        st_md_tag_bf16(&data_md, 4, dims, run_tag);
+    else
+        st_md_tag(&data_md, 4, dims, run_tag);
     st_md_vector(&c_md, channels);
     const unsigned flags = dnnl_use_scale | dnnl_use_shift |
                            (n->fuse_relu ? (unsigned)dnnl_fuse_norm_relu : 0u);
@@ -281,6 +294,7 @@ static st_status bn_build(st_model *m, st_layer *l)
         .dx = st_graph_data(m, l->dx), .dy = l->backward ? st_graph_data(m, l->dy) : NULL,
         .dgamma = st_graph_seg_grads(m, l->seg[0]), .dbeta = st_graph_seg_grads(m, l->seg[1]),
         .tag = st_graph_tag(m, l->x, c), .fuse_relu = l->fuse_relu,
+        .half = st_graph_is_half(m, l->x),   /* tied: y, dx, dy alike (bn_bf16_io) */
     };
     const st_neuron_sel *grad = st_graph_grad_sel(m, l->out_unit);
     if (io.dy && io.dgamma && grad && grad->ids) {
@@ -300,6 +314,10 @@ static st_status bn_build(st_model *m, st_layer *l)
     }
     if (!io.running_mean || !io.running_var)
         return st_fail(ST_ERR_INVALID, "%s: running statistics not laid out", l->name);
+    if (st_graph_is_half(m, l->y) != io.half || (io.dx && st_graph_is_half(m, l->dx) != io.half) ||
+        (io.dy && st_graph_is_half(m, l->dy) != io.half))
+        return st_fail(ST_ERR_INVALID, "%s: x, y and their gradients not of one data type",
+                       l->name);
     return st_batchnorm_build(&m->ctx, &l->u.bn, m->batch, c, x->h, x->w, &io);
 }
 
@@ -327,6 +345,17 @@ static unsigned bn_backward_reads(const st_model *m, const st_layer *l)
     return ST_READS_X;
 }
 
+/* bf16 activations: x, y and the gradients dx, dy all bf16 or all fp32
+ * (one data type for the primitive, st_batchnorm_io.half). */
+static unsigned bn_bf16_io(const st_model *m, const st_layer *l)
+{
+    (void)l;
+    return m->cfg.activations == ST_PRECISION_BF16 ? ST_BF16_X | ST_BF16_Y | ST_BF16_DX |
+                                                         ST_BF16_DY | ST_BF16_TIED |
+                                                         ST_BF16_TIED_GRADS
+                                                   : 0u;
+}
+
 /* Its forward (x read, y written) and backward (x, dy read, dx written)
  * as oneDNN's primitives of the kind. */
 static void bn_costs(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s)
@@ -341,5 +370,5 @@ const st_layer_kind st_layer_batchnorm = {
     .name = "batchnorm", .layout = bn_layout, .alloc = bn_alloc, .build = bn_build,
     .forward = bn_forward, .backward = bn_backward, .norm = 1,
     .costs = bn_costs,
-    .backward_reads = bn_backward_reads,
+    .backward_reads = bn_backward_reads, .bf16_io = bn_bf16_io,
 };

@@ -50,6 +50,13 @@
  * copy lives in the shared slot (ST_SLOT_IN) within one backward.  Masters,
  * optimizer, batch norm, pooling and the loss stay fp32.
  *
+ * bf16 activations (st_conv_io.half_*, --activation-precision bf16): a
+ * caller's x or dy that already holds bf16 in the blocked layout the pass
+ * chose is read as it is (no copy, no reorder; backward-weights reads x
+ * itself), and a y or dx stored bf16 is written in bf16 by the pass (its
+ * descriptor asks for bf16): between convolutions, batch norms and pools
+ * that all store bf16 nothing is converted.
+ *
  * Branch scale (st_conv_io.scale, 0 or 1: none): y = scale conv(x) [+ b,
  * scaled too unless unscaled_bias].  The forward takes it as an
  * eltwise_linear post-op (alpha = scale, beta = 0) while y is in registers
@@ -137,6 +144,12 @@ static st_status check_shape(const st_conv_shape *s, const st_conv_io *io)
         (io->dw && io->b && !io->db))
         return st_fail(ST_ERR_INVALID, "conv: missing buffer (x, y and w are needed; dy with "
                        "dx or dw; db with dw and a bias)");
+    /* a scale or an unscaled bias is a loop over fp32 y and dx */
+    const int scaled = io->scale != 0.0f && io->scale != 1.0f;
+    if ((io->half_x || io->half_y || io->half_dx || io->half_dy) && !io->bf16)
+        return st_fail(ST_ERR_INVALID, "conv: bf16 buffers need the bf16 passes");
+    if ((io->half_y || io->half_dx) && scaled)
+        return st_fail(ST_ERR_INVALID, "conv: a scaled convolution writes fp32 y and dx");
     return ST_OK;
 }
 
@@ -176,16 +189,18 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
      * parameters, counted with them as linear.c counts its wb; fp32's
      * blocked copy stays where it was (workspace). */
     const st_mem_kind w_kind = c->bf16 ? ST_MEM_WEIGHTS : ST_MEM_WORKSPACE;
-    ST_TRY(st_view_init(ctx, &x, 4, xd, xt, io->x, ST_MEM_ACTIVATIONS, ST_SLOT_KEEP,
-                        c->bf16 ? "conv input to bf16" : "conv reorder x", NULL));
-    ST_TRY(st_view_init(ctx, &y, 4, yd, yt, io->y, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
-                        NULL, "conv reorder y"));
+    ST_TRY(st_view_init_as(ctx, &x, 4, xd, xt, io->half_x, io->x, ST_MEM_ACTIVATIONS,
+                           ST_SLOT_KEEP, c->bf16 ? "conv input to bf16" : "conv reorder x",
+                           NULL));
+    ST_TRY(st_view_init_as(ctx, &y, 4, yd, yt, io->half_y, io->y, ST_MEM_ACTIVATIONS,
+                           ST_SLOT_OUT, NULL, "conv reorder y"));
     ST_TRY(st_view_init(ctx, &w, 4, wd, dnnl_oihw, io->w, w_kind, ST_SLOT_KEEP,
                         c->bf16 ? "conv weights to bf16" : "conv reorder w", NULL));
-    ST_TRY(st_view_init(ctx, &dx, 4, xd, xt, io->dx, ST_MEM_ACTIVATIONS, ST_SLOT_OUT,
-                        NULL, "conv reorder dx"));
-    ST_TRY(st_view_init(ctx, &dy, 4, yd, yt, io->dy, ST_MEM_ACTIVATIONS, ST_SLOT_IN,
-                        c->bf16 ? "conv output gradient to bf16" : "conv reorder dy", NULL));
+    ST_TRY(st_view_init_as(ctx, &dx, 4, xd, xt, io->half_dx, io->dx, ST_MEM_ACTIVATIONS,
+                           ST_SLOT_OUT, NULL, "conv reorder dx"));
+    ST_TRY(st_view_init_as(ctx, &dy, 4, yd, yt, io->half_dy, io->dy, ST_MEM_ACTIVATIONS,
+                           ST_SLOT_IN,
+                           c->bf16 ? "conv output gradient to bf16" : "conv reorder dy", NULL));
     ST_TRY(st_view_init(ctx, &dw, 4, wd, dnnl_oihw, io->dw, ST_MEM_WORKSPACE, ST_SLOT_KEEP,
                         NULL, "conv reorder dw"));
 
@@ -194,12 +209,14 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
      * f32: the views see a data type other than the caller's and make
      * bf16 copies with reorders that round (to nearest even), at build
      * time, as they make the blocked copies.  In fp32, x_md = dx_md,
-     * y_md = dy_md, w_md = dw_md: the descriptors of before bf16. */
+     * y_md = dy_md, w_md = dw_md: the descriptors of before bf16.  A y or
+     * dx stored as bf16 is written in bf16 by the pass itself (oneDNN's
+     * bf16 kernels take a bf16 dst and diff_src). */
     const int blocked = c->layout == ST_LAYOUT_BLOCKED;
     dnnl_memory_desc_t x_md, dx_md, y_md, dy_md, w_md, dw_md, b_md;
     pass_md(&x_md, xd, xt, blocked, c->bf16);
-    pass_md(&dx_md, xd, xt, blocked, 0);
-    pass_md(&y_md, yd, yt, blocked, 0);
+    pass_md(&dx_md, xd, xt, blocked, io->half_dx);
+    pass_md(&y_md, yd, yt, blocked, io->half_y);
     pass_md(&dy_md, yd, yt, blocked, c->bf16);
     pass_md(&w_md, wd, dnnl_oihw, blocked, c->bf16);
     pass_md(&dw_md, wd, dnnl_oihw, blocked, 0);
@@ -221,7 +238,7 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
     dnnl_primitive_desc_t fpd;
     st_status s = st_prim_create_scaled(ctx, &c->fwd.prim, &fd, NULL, c->scale, "conv forward",
                                         &fpd);
-    if (s != ST_OK && c->scale != 1.0f) {
+    if (s != ST_OK && c->scale != 1.0f && !io->half_y) {
         c->scale_loop = 1;
         s = st_prim_create(ctx, &c->fwd.prim, &fd, NULL, "conv forward", &fpd);
     }
@@ -470,6 +487,8 @@ static st_status conv_build(st_model *m, st_layer *l)
         .db = l->has_bias ? st_graph_seg_grads(m, l->seg[1]) : NULL,
         .x_tag = st_graph_tag(m, l->x, sh.ic), .y_tag = st_graph_tag(m, l->y, sh.oc),
         .bf16 = cf->precision == ST_PRECISION_BF16,
+        .half_x = st_graph_is_half(m, l->x), .half_y = st_graph_is_half(m, l->y),
+        .half_dx = st_graph_is_half(m, l->dx), .half_dy = st_graph_is_half(m, l->dy),
     };
     if (l->closes_group) {
         io.scale = cf->subnet.scale;
@@ -519,7 +538,6 @@ static st_status conv_backward(const st_nn_ctx *ctx, const st_layer *l)
  * x and dy (4 bytes read, 2 written an element). */
 static void conv_costs(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s)
 {
-    (void)m;
     const st_conv *c = &l->u.conv;
     const double passes = forward_only ? 1.0 : 1.0 + (c->has_dx ? 1.0 : 0.0) +
                                                (c->has_dw ? 1.0 : 0.0);
@@ -530,13 +548,13 @@ static void conv_costs(const st_model *m, const st_layer *l, int forward_only, s
                                    .flops = passes * st_conv_pass_flops(&c->s) });
     const double x = (double)(c->s.batch * c->s.ic * c->s.ih * c->s.iw);
     const double y = (double)(c->s.batch * c->s.oc * c->oh * c->ow);
-    if (c->bf16)
+    if (c->bf16 && !st_graph_is_half(m, l->x))
         st_cost_move(s, 6.0 * x, 1.0);
     if (forward_only)
         return;
     if (c->has_bias)
-        st_cost_move(s, 4.0 * y, 1.0);
-    if (c->bf16)
+        st_cost_move(s, (st_graph_is_half(m, l->dy) ? 2.0 : 4.0) * y, 1.0);
+    if (c->bf16 && !st_graph_is_half(m, l->dy))
         st_cost_move(s, 6.0 * y, 1.0);
 }
 
@@ -547,16 +565,35 @@ static double conv_layer_flops(const st_layer *l)
 
 /* fp32: the backward-weights pass reads x (or the forward's blocked copy
  * of it); bf16: only the forward's bf16 copy of x (the build makes sure of
- * it), so not x.  Neither reads y or a residual. */
+ * it), so not x, unless x is stored as bf16: then x is that copy.
+ * Neither reads y or a residual. */
 static unsigned conv_backward_reads(const st_model *m, const st_layer *l)
 {
-    (void)l;
-    return m->cfg.precision == ST_PRECISION_BF16 ? 0u : ST_READS_X;
+    return m->cfg.precision != ST_PRECISION_BF16 || st_graph_is_half(m, l->x) ? ST_READS_X
+                                                                               : 0u;
+}
+
+/* The scale conv_build gives it (1: none). */
+static float conv_scale(const st_model *m, const st_layer *l)
+{
+    st_neuron_sel t;
+    const float sc = m->cfg.subnet.scale;
+    const int scaled = l->closes_group || st_graph_sel(m, l->in_unit, l->in, &t)->ids;
+    return scaled && sc != 0.0f ? sc : 1.0f;
+}
+
+/* bf16 activations: x and dy are read as bf16 anyway; y and dx are
+ * written in bf16 by the passes unless a loop scales them (fp32). */
+static unsigned conv_bf16_io(const st_model *m, const st_layer *l)
+{
+    if (m->cfg.activations != ST_PRECISION_BF16)
+        return 0u;
+    return ST_BF16_X | ST_BF16_DY | (conv_scale(m, l) == 1.0f ? ST_BF16_Y | ST_BF16_DX : 0u);
 }
 
 const st_layer_kind st_layer_conv = {
     .name = "conv", .layout = conv_layout, .build = conv_build, .forward = conv_forward,
     .backward = conv_backward, .flops = conv_layer_flops,
     .costs = conv_costs, .grad_scratch = conv_grad_scratch,
-    .backward_reads = conv_backward_reads,
+    .backward_reads = conv_backward_reads, .bf16_io = conv_bf16_io,
 };

@@ -9,6 +9,10 @@
  * whose window is the whole H x W plane: y (B, C, 1, 1) is the (B, C)
  * matrix a linear layer reads, and the backward spreads dy / (H W) over
  * the plane.
+ *
+ * bf16 activations (st_pool_io.half_*): the primitives run in x's data
+ * type; a y, dx or dy of the other is converted by a reorder around the
+ * pass (a global average pool's (B, C) output when the head reads fp32).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,15 +22,33 @@
 #include "nn/layers.h"
 
 /* Forward and (with dx) backward pooling over x (B, C, IH, IW) -> y (B, C,
- * OH, OW), max or average. */
+ * OH, OW), max or average.  The primitives run in x's data type (oneDNN
+ * 2.6's pooling reads and writes one): a y, dx or dy of the other type is
+ * converted by a reorder around the pass (st_view). */
 static st_status pool_build(st_nn_ctx *ctx, st_pool *p, dnnl_alg_kind_t alg,
                             const st_pool_io *io, const char *fwd_what, const char *bwd_what)
 {
     const int64_t xd[4] = { p->batch, p->channels, p->ih, p->iw };
     const int64_t yd[4] = { p->batch, p->channels, p->oh, p->ow };
+    const dnnl_format_tag_t xt = io->x_tag ? io->x_tag : dnnl_nchw;
+    const dnnl_format_tag_t yt = io->y_tag ? io->y_tag : dnnl_nchw;
     dnnl_memory_desc_t x_md, y_md;
-    st_md_tag(&x_md, 4, xd, io->x_tag ? io->x_tag : dnnl_nchw);
-    st_md_tag(&y_md, 4, yd, io->y_tag ? io->y_tag : dnnl_nchw);
+    if (io->half_x) {
+        st_md_tag_bf16(&x_md, 4, xd, xt);
+        st_md_tag_bf16(&y_md, 4, yd, yt);
+    } else {
+        st_md_tag(&x_md, 4, xd, xt);
+        st_md_tag(&y_md, 4, yd, yt);
+    }
+    st_view xv, yv, dxv, dyv;
+    ST_TRY(st_view_init_as(ctx, &xv, 4, xd, xt, io->half_x, io->x, ST_MEM_ACTIVATIONS,
+                           ST_SLOT_KEEP, "pool reorder x", NULL));
+    ST_TRY(st_view_init_as(ctx, &yv, 4, yd, yt, io->half_y, io->y, ST_MEM_ACTIVATIONS,
+                           ST_SLOT_OUT, NULL, "pool reorder y"));
+    ST_TRY(st_view_init_as(ctx, &dxv, 4, xd, xt, io->half_dx, io->dx, ST_MEM_ACTIVATIONS,
+                           ST_SLOT_OUT, NULL, "pool reorder dx"));
+    ST_TRY(st_view_init_as(ctx, &dyv, 4, yd, yt, io->half_dy, io->dy, ST_MEM_ACTIVATIONS,
+                           ST_SLOT_IN, "pool reorder dy", NULL));
     const dnnl_dims_t strides = { p->stride, p->stride };
     const dnnl_dims_t kernel = { p->kernel_h, p->kernel_w };
     const dnnl_dims_t dilation = { 0, 0 };
@@ -40,10 +62,10 @@ static st_status pool_build(st_nn_ctx *ctx, st_pool *p, dnnl_alg_kind_t alg,
                                               dilation, pad_l, pad_r),
             fwd_what);
     dnnl_primitive_desc_t fpd;
-    ST_TRY(st_prim_create(ctx, &p->fwd, &fd, NULL, fwd_what, &fpd));
+    ST_TRY(st_prim_create(ctx, &p->fwd.prim, &fd, NULL, fwd_what, &fpd));
 
     st_status s = ST_OK;
-    dnnl_memory_t x, y, ws = NULL;
+    dnnl_memory_t ws = NULL;
     const dnnl_memory_desc_t *ws_md = dnnl_primitive_desc_query_md(fpd, dnnl_query_workspace_md, 0);
     size_t ws_bytes = ws_md ? dnnl_memory_desc_get_size(ws_md) : 0;
     if (ws_bytes > 0) {
@@ -52,32 +74,23 @@ static st_status pool_build(st_nn_ctx *ctx, st_pool *p, dnnl_alg_kind_t alg,
             s = st_mem_md(ctx, &ws, ws_md, p->workspace);
     }
     if (s == ST_OK)
-        s = st_mem_md(ctx, &x, &x_md, io->x);
+        s = st_view_input(ctx, &p->fwd, &xv, DNNL_ARG_SRC, &x_md, 0);
     if (s == ST_OK)
-        s = st_mem_md(ctx, &y, &y_md, io->y);
-    if (s == ST_OK) {
-        st_prim_arg(&p->fwd, DNNL_ARG_SRC, x);
-        st_prim_arg(&p->fwd, DNNL_ARG_DST, y);
-        if (ws)
-            st_prim_arg(&p->fwd, DNNL_ARG_WORKSPACE, ws);
-    }
+        s = st_view_output(ctx, &p->fwd, &yv, DNNL_ARG_DST, &y_md);
+    if (s == ST_OK && ws)
+        st_prim_arg(&p->fwd.prim, DNNL_ARG_WORKSPACE, ws);
     if (s == ST_OK && p->has_dx) {
         dnnl_pooling_v2_desc_t bd;
         dnnl_status_t ds = dnnl_pooling_v2_backward_desc_init(&bd, alg, &x_md, &y_md, strides,
                                                               kernel, dilation, pad_l, pad_r);
-        s = ds == dnnl_success ? st_prim_create(ctx, &p->bwd, &bd, fpd, bwd_what, NULL)
+        s = ds == dnnl_success ? st_prim_create(ctx, &p->bwd.prim, &bd, fpd, bwd_what, NULL)
                                : st_dnnl_fail(ds, bwd_what, __FILE__, __LINE__);
-        dnnl_memory_t dx, dy;
         if (s == ST_OK)
-            s = st_mem_md(ctx, &dx, &x_md, io->dx);
+            s = st_view_input(ctx, &p->bwd, &dyv, DNNL_ARG_DIFF_DST, &y_md, 0);
         if (s == ST_OK)
-            s = st_mem_md(ctx, &dy, &y_md, io->dy);
-        if (s == ST_OK) {
-            st_prim_arg(&p->bwd, DNNL_ARG_DIFF_DST, dy);
-            st_prim_arg(&p->bwd, DNNL_ARG_DIFF_SRC, dx);
-            if (ws)
-                st_prim_arg(&p->bwd, DNNL_ARG_WORKSPACE, ws);
-        }
+            s = st_view_output(ctx, &p->bwd, &dxv, DNNL_ARG_DIFF_SRC, &x_md);
+        if (s == ST_OK && ws)
+            st_prim_arg(&p->bwd.prim, DNNL_ARG_WORKSPACE, ws);
     }
     dnnl_primitive_desc_destroy(fpd);
     return s;
@@ -143,16 +156,25 @@ st_status st_global_avgpool_build(st_nn_ctx *ctx, st_pool *p, int64_t batch,
 
 st_status st_pool_forward(const st_nn_ctx *ctx, const st_pool *p)
 {
-    return st_prim_run(ctx, &p->fwd);
+    return st_pass_run(ctx, &p->fwd);
 }
 
 st_status st_pool_backward(const st_nn_ctx *ctx, const st_pool *p)
 {
-    return p->has_dx ? st_prim_run(ctx, &p->bwd) : ST_OK;
+    return p->has_dx ? st_pass_run(ctx, &p->bwd) : ST_OK;
 }
 
 /* ------------------------------------------------------------ layer kinds */
 
+
+/* Which of its buffers the graph stores as bf16. */
+static void pool_halves(const st_model *m, const st_layer *l, st_pool_io *io)
+{
+    io->half_x = st_graph_is_half(m, l->x);
+    io->half_y = st_graph_is_half(m, l->y);
+    io->half_dx = st_graph_is_half(m, l->dx);
+    io->half_dy = st_graph_is_half(m, l->dy);
+}
 
 static st_status avgpool_build(st_model *m, st_layer *l)
 {
@@ -165,6 +187,7 @@ static st_status avgpool_build(st_model *m, st_layer *l)
     st_pool_io io = { .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
                       .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
                       .x_tag = tag, .y_tag = tag };
+    pool_halves(m, l, &io);
     return st_global_avgpool_build(&m->ctx, &l->u.pool, m->batch, c, x->h, x->w, &io);
 }
 
@@ -176,6 +199,7 @@ static st_status maxpool_build(st_model *m, st_layer *l)
     st_pool_io io = { .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
                       .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
                       .x_tag = st_graph_tag(m, l->x, c), .y_tag = st_graph_tag(m, l->y, c) };
+    pool_halves(m, l, &io);
     return st_maxpool_build(&m->ctx, &l->u.pool, m->batch, c, x->h, x->w, l->kernel,
                             l->stride, l->pad, &io);
 }
@@ -199,12 +223,35 @@ static unsigned pool_backward_reads(const st_model *m, const st_layer *l)
     return 0u;
 }
 
+/* bf16 activations.  Max pooling between convolutions and batch norms:
+ * all four bf16 or none (no reorder inside a stage).  The global average
+ * pool ends the image part: its (B, C) output and gradient may be of
+ * another type than its input, a reorder of C values a sample. */
+static unsigned maxpool_bf16_io(const st_model *m, const st_layer *l)
+{
+    (void)l;
+    return m->cfg.activations == ST_PRECISION_BF16 ? ST_BF16_X | ST_BF16_Y | ST_BF16_DX |
+                                                         ST_BF16_DY | ST_BF16_TIED |
+                                                         ST_BF16_TIED_GRADS
+                                                   : 0u;
+}
+
+static unsigned avgpool_bf16_io(const st_model *m, const st_layer *l)
+{
+    (void)l;
+    return m->cfg.activations == ST_PRECISION_BF16 ? ST_BF16_X | ST_BF16_Y | ST_BF16_DX |
+                                                         ST_BF16_DY
+                                                   : 0u;
+}
+
 const st_layer_kind st_layer_avgpool = {
     .name = "avgpool", .build = avgpool_build, .forward = pool_forward,
     .backward = pool_backward, .backward_reads = pool_backward_reads,
+    .bf16_io = avgpool_bf16_io,
 };
 
 const st_layer_kind st_layer_maxpool = {
     .name = "maxpool", .build = maxpool_build, .forward = pool_forward,
     .backward = pool_backward, .backward_reads = pool_backward_reads,
+    .bf16_io = maxpool_bf16_io,
 };
