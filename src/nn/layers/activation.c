@@ -178,6 +178,22 @@ static st_status unkeep_half(st_nn_ctx *ctx, st_act *a, const dnnl_memory_desc_t
     return st_prim_create_reorder(ctx, &a->unkeep, mb, *slot, back);
 }
 
+/* The fp32 backward's arguments: the kept bf16 tensor widened into the slot
+ * as its kept_arg (x for an activation, y for a fused ReLU), dx and dy. */
+static st_status bind_backward_half(st_nn_ctx *ctx, st_act *a, const dnnl_memory_desc_t *md,
+                                    int64_t rows, int64_t cols, const st_bf16 *kept,
+                                    int kept_arg, float *dx, const float *dy, const char *back)
+{
+    dnnl_memory_t mk, mdx, mdy;
+    ST_TRY(unkeep_half(ctx, a, md, rows, cols, kept, &mk, back));
+    ST_TRY(st_mem_matrix(ctx, &mdx, rows, cols, dx));
+    ST_TRY(st_mem_matrix(ctx, &mdy, rows, cols, dy));
+    st_prim_arg(&a->bwd, kept_arg, mk);
+    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_DST, mdy);
+    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_SRC, mdx);
+    return ST_OK;
+}
+
 /* y = act(x) on bf16 x and y; dx = act'(fp32(x)) dy in fp32 (the backward
  * of st_act_build on its kept copy, the same numbers from the same bf16 x) */
 st_status st_act_build_half(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t rows,
@@ -207,14 +223,8 @@ st_status st_act_build_half(st_nn_ctx *ctx, st_act *a, st_activation kind, int64
             "activation backward descriptor");
     ST_TRY(st_prim_create_pair(ctx, &a->bwd_hint, &hd, &a->bwd, &bd, "activation forward (unused)",
                                "activation backward"));
-    dnnl_memory_t src, mdx, mdy;
-    ST_TRY(unkeep_half(ctx, a, &md, rows, cols, x, &src, "bf16 activation input to fp32"));
-    ST_TRY(st_mem_matrix(ctx, &mdx, rows, cols, dx));
-    ST_TRY(st_mem_matrix(ctx, &mdy, rows, cols, dy));
-    st_prim_arg(&a->bwd, DNNL_ARG_SRC, src);
-    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_DST, mdy);
-    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_SRC, mdx);
-    return ST_OK;
+    return bind_backward_half(ctx, a, &md, rows, cols, x, DNNL_ARG_SRC, dx, dy,
+                              "bf16 activation input to fp32");
 }
 
 /* The linear layer before wrote y = bf16(max(0, ...)); its backward
@@ -236,14 +246,8 @@ st_status st_act_build_fused_relu_half(st_nn_ctx *ctx, st_act *a, int64_t rows, 
                                             0.f, 0.f), "fused ReLU backward descriptor");
     ST_TRY(st_prim_create_pair(ctx, &a->fwd, &fd, &a->bwd, &bd, "fused ReLU (unused)",
                                "fused ReLU backward"));
-    dnnl_memory_t dst, mdx, mdy;
-    ST_TRY(unkeep_half(ctx, a, &md, rows, cols, y, &dst, "bf16 fused ReLU output to fp32"));
-    ST_TRY(st_mem_matrix(ctx, &mdx, rows, cols, dx));
-    ST_TRY(st_mem_matrix(ctx, &mdy, rows, cols, dy));
-    st_prim_arg(&a->bwd, DNNL_ARG_DST, dst);
-    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_DST, mdy);
-    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_SRC, mdx);
-    return ST_OK;
+    return bind_backward_half(ctx, a, &md, rows, cols, y, DNNL_ARG_DST, dx, dy,
+                              "bf16 fused ReLU output to fp32");
 }
 
 /* mask = (y > 0) from the bf16 y (the sign of the value the next layer's
