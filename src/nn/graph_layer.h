@@ -111,7 +111,10 @@ enum { ST_READS_X = 1u, ST_READS_Y = 2u, ST_READS_RESIDUAL = 4u,
  * too (oneDNN's batch norm and pooling: one data type, gradients
  * included).  A residual stays fp32 whatever it says. */
 enum { ST_BF16_X = 1u, ST_BF16_Y = 2u, ST_BF16_TIED = 4u, ST_BF16_DX = 8u, ST_BF16_DY = 16u,
-       ST_BF16_TIED_GRADS = 32u };
+       ST_BF16_TIED_GRADS = 32u,
+       /* x, y, dx and dy all bf16 or all fp32 (batch norm, max pooling) */
+       ST_BF16_ALL_TIED = ST_BF16_X | ST_BF16_Y | ST_BF16_DX | ST_BF16_DY | ST_BF16_TIED |
+                          ST_BF16_TIED_GRADS };
 
 extern const st_layer_kind st_layer_linear;     /* nn/layers/linear.c */
 extern const st_layer_kind st_layer_activation; /* nn/layers/activation.c */

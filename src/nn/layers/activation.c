@@ -90,6 +90,22 @@ st_status st_act_build(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t ro
     return ST_OK;
 }
 
+/* The fused ReLU's backward from its output (md: its rows x cols); the
+ * forward primitive is the backward's hint only: never run. */
+static st_status fused_relu_backward(st_nn_ctx *ctx, st_act *a, dnnl_memory_desc_t *md,
+                                     int64_t rows, int64_t cols)
+{
+    st_md_matrix(md, rows, cols);
+    dnnl_eltwise_desc_t fd, bd;
+    ST_DNNL(dnnl_eltwise_forward_desc_init(&fd, dnnl_forward_training,
+                                           dnnl_eltwise_relu_use_dst_for_bwd, md, 0.f, 0.f),
+            "fused ReLU forward descriptor");
+    ST_DNNL(dnnl_eltwise_backward_desc_init(&bd, dnnl_eltwise_relu_use_dst_for_bwd, md, md,
+                                            0.f, 0.f), "fused ReLU backward descriptor");
+    return st_prim_create_pair(ctx, &a->fwd, &fd, &a->bwd, &bd, "fused ReLU (unused)",
+                               "fused ReLU backward");
+}
+
 /* ReLU's derivative is a step at 0 and y = max(0, x) is positive exactly
  * where x is, so oneDNN's use_dst_for_bwd variant, reading y, computes
  * the same dx as the backward from x (both select dy or 0 * dy by a
@@ -104,16 +120,7 @@ st_status st_act_build_fused_relu(st_nn_ctx *ctx, st_act *a, int64_t rows, int64
     if (!dx)
         return ST_OK;
     dnnl_memory_desc_t md;
-    st_md_matrix(&md, rows, cols);
-    dnnl_eltwise_desc_t fd, bd;
-    ST_DNNL(dnnl_eltwise_forward_desc_init(&fd, dnnl_forward_training,
-                                           dnnl_eltwise_relu_use_dst_for_bwd, &md, 0.f, 0.f),
-            "fused ReLU forward descriptor");
-    ST_DNNL(dnnl_eltwise_backward_desc_init(&bd, dnnl_eltwise_relu_use_dst_for_bwd, &md, &md,
-                                            0.f, 0.f), "fused ReLU backward descriptor");
-    /* the forward primitive is the backward's hint only: never run */
-    ST_TRY(st_prim_create_pair(ctx, &a->fwd, &fd, &a->bwd, &bd, "fused ReLU (unused)",
-                               "fused ReLU backward"));
+    ST_TRY(fused_relu_backward(ctx, a, &md, rows, cols));
     dnnl_memory_t my, mdx, mdy;
     ST_TRY(st_mem_matrix(ctx, &my, rows, cols, y));
     ST_TRY(st_mem_matrix(ctx, &mdx, rows, cols, dx));
@@ -237,15 +244,7 @@ st_status st_act_build_fused_relu_half(st_nn_ctx *ctx, st_act *a, int64_t rows, 
     if (!dx)
         return ST_OK;
     dnnl_memory_desc_t md;
-    st_md_matrix(&md, rows, cols);
-    dnnl_eltwise_desc_t fd, bd;
-    ST_DNNL(dnnl_eltwise_forward_desc_init(&fd, dnnl_forward_training,
-                                           dnnl_eltwise_relu_use_dst_for_bwd, &md, 0.f, 0.f),
-            "fused ReLU forward descriptor");
-    ST_DNNL(dnnl_eltwise_backward_desc_init(&bd, dnnl_eltwise_relu_use_dst_for_bwd, &md, &md,
-                                            0.f, 0.f), "fused ReLU backward descriptor");
-    ST_TRY(st_prim_create_pair(ctx, &a->fwd, &fd, &a->bwd, &bd, "fused ReLU (unused)",
-                               "fused ReLU backward"));
+    ST_TRY(fused_relu_backward(ctx, a, &md, rows, cols));
     return bind_backward_half(ctx, a, &md, rows, cols, y, DNNL_ARG_DST, dx, dy,
                               "bf16 fused ReLU output to fp32");
 }

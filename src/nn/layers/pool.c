@@ -230,10 +230,7 @@ static unsigned pool_backward_reads(const st_model *m, const st_layer *l)
 static unsigned maxpool_bf16_io(const st_model *m, const st_layer *l)
 {
     (void)l;
-    return m->cfg.activations == ST_PRECISION_BF16 ? ST_BF16_X | ST_BF16_Y | ST_BF16_DX |
-                                                         ST_BF16_DY | ST_BF16_TIED |
-                                                         ST_BF16_TIED_GRADS
-                                                   : 0u;
+    return m->cfg.activations == ST_PRECISION_BF16 ? ST_BF16_ALL_TIED : 0u;
 }
 
 static unsigned avgpool_bf16_io(const st_model *m, const st_layer *l)
