@@ -427,6 +427,7 @@ static void usage(FILE *f)
             "                  [--activation relu|gelu]\n"
             "                  [--optimizer-moments fp32,bf16,bf16-sr|all]\n"
             "                  [--recompute none,blocks,all] [--activation-precision fp32|bf16]\n"
+            "                  [--tensor-layout auto|blocked|nhwc]\n"
             "\n"
             "Times one training step of subtrain (st_trainer_step: gather, forward,\n"
             "backward, AdamW) on one thread and compares its GFLOP/s with dnnl_sgemm on\n"
@@ -462,6 +463,10 @@ static void usage(FILE *f)
             "                fused ReLU as a pass: a comma list, to measure each fusion\n"
             "  --activation-precision P   the bf16 rows' tensors between layers: fp32\n"
             "                (default) or bf16 (subtrain --activation-precision)\n"
+            "  --tensor-layout L   cnn's image tensors between layers: auto (default:\n"
+            "                channels last where oneDNN's convolution takes it in the\n"
+            "                row's precision, as on AMX in bf16; else blocked), blocked\n"
+            "                (nChw16c) or nhwc\n"
             "  --activation A   relu or gelu in resmlp and gpt (default gelu; the step\n"
             "                rows only; cnn's ResNet is ReLU)\n"
             "  --optimizer-moments M   the optimizer's state of each row: a comma list of\n"
@@ -523,6 +528,9 @@ int main(int argc, char **argv)
         } else if ((v = option_value(argc, argv, &i, "--activation-precision", &missing))) {
             if (st_precision_parse(v, &o.activations) != ST_OK)
                 return usage_error("--activation-precision must be fp32 or bf16, got '%s'", v);
+        } else if ((v = option_value(argc, argv, &i, "--tensor-layout", &missing))) {
+            if (st_tensor_layout_parse(v, &o.layout) != ST_OK)
+                return usage_error("--tensor-layout must be auto, blocked or nhwc, got '%s'", v);
         } else if ((v = option_value(argc, argv, &i, "--activation", &missing))) {
             st_activation a;
             if (st_activation_parse(v, &a) != ST_OK)

@@ -52,6 +52,7 @@ typedef struct bench_options {
     unsigned unfuse;        /* ST_UNFUSE_* bits (--unfuse): fusions turned off */
     st_precision activations; /* of the bf16 rows' tensors between layers
                              * (--activation-precision) */
+    st_tensor_layout layout; /* cnn's image tensors (--tensor-layout) */
     int activation;         /* st_activation of resmlp and gpt (--activation); -1:
                              * the configs' own (GELU) */
     unsigned moments;       /* 1 << st_moments: the optimizer states that get a row

@@ -122,6 +122,10 @@ void print_header(const bench_options *o)
         printf("activation of resmlp and gpt: %s\n", st_activation_name(o->activation));
     if (o->activations == ST_PRECISION_BF16)
         printf("bf16 rows: the tensors between layers in bf16 (--activation-precision bf16)\n");
+    printf("cnn's image tensors: fp32 %s, bf16 %s (--tensor-layout %s)\n",
+           st_tensor_layout_name(st_tensor_layout_resolve(o->layout, ST_PRECISION_FP32)),
+           st_tensor_layout_name(st_tensor_layout_resolve(o->layout, ST_PRECISION_BF16)),
+           st_tensor_layout_name(o->layout));
     if (o->unfuse || o->activation >= 0 || o->activations == ST_PRECISION_BF16)
         printf("\n");
     printf("%-17s %4s %5s %8s %9s %10s %12s %6s %11s %6s %9s %7s %7s %6s %6s %8s\n", "config",
@@ -300,13 +304,16 @@ void write_json(FILE *f, const bench_result *r, const bench_options *o)
             "\"clock\":\"%s\",\"activation\":\"%s\",\"depth\":%d,\"width\":%d,"
             "\"optimizer_moments\":\"%s\","
             "\"optimizer_bytes_per_param\":%.2f,\"optimizer_share\":%.4f,"
-            "\"recompute\":\"%s\",\"activation_bytes\":%zu,\"activation_precision\":\"%s\",",
+            "\"recompute\":\"%s\",\"activation_bytes\":%zu,\"activation_precision\":\"%s\","
+            "\"tensor_layout\":\"%s\",",
             c->name,
             r->bf16 ? "bf16" : "fp32", unfused, c->model,
             bench_clock() == CLOCK_MONOTONIC ? "wall" : "thread", st_activation_name(r->activation),
             c->depth, c->width, st_moments_name(r->moments), r->optim_bytes_per_param,
             r->optim_s / r->parts_s, st_recompute_name(r->recompute), r->act_bytes,
-            st_precision_name(r->bf16 ? o->activations : ST_PRECISION_FP32));
+            st_precision_name(r->bf16 ? o->activations : ST_PRECISION_FP32),
+            st_tensor_layout_name(st_tensor_layout_resolve(
+                o->layout, r->bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32)));
     if (r->bf16)
         fprintf(f, "\"bf16_reference\":\"%s\",\"bf16_ref_gflops\":%.3f,"
                 "\"bf16_ref_gflops_best\":%.3f,\"bf16_ref_impl\":\"%s\",\"ratio_bf16\":%.4f,",

@@ -113,6 +113,7 @@ void bench_train_config(const bench_config *bc, const bench_options *o, int bf16
     tc->model.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
     tc->model.unfuse = o->unfuse;
     tc->model.activations = bf16 ? o->activations : ST_PRECISION_FP32;
+    tc->model.tensor_layout = o->layout;
     tc->bf16_emulated = 1;   /* the header names the ISA: an emulated row says so */
     tc->model.in_dim = 784;
     tc->model.n_classes = 10;

@@ -521,6 +521,69 @@ Test(conv, branch_scale_with_scaled_and_unscaled_bias)
     env_destroy(&e);
 }
 
+/* NCHW <-> NHWC of n samples of c channels over hw positions. */
+static void to_nhwc(float *out, const float *in, int64_t n, int64_t c, int64_t hw)
+{
+    for (int64_t s = 0; s < n; s++)
+        for (int64_t o = 0; o < c; o++)
+            for (int64_t i = 0; i < hw; i++)
+                out[(s * hw + i) * c + o] = in[(s * c + o) * hw + i];
+}
+
+/* Channels-last tensors (a model's layout where AMX's bf16 convolutions
+ * take it): with a branch scale and an unscaled bias, which a loop of the
+ * layer's own adds in the output's layout, y and dx are the plain
+ * layout's transposed, dw and db the plain layout's. */
+Test(conv, channels_last_with_an_unscaled_bias)
+{
+    omp_set_num_threads(1);
+    env e;
+    env_init(&e, 173);
+    const st_conv_shape s = { 2, 16, 5, 5, 32, 3, 3, 1, 1 };
+    const int64_t hw = 25;
+    const size_t nx = 2 * 16 * 25, ny = 2 * 32 * 25, nw = 32 * 16 * 9;
+    float *x = env_floats(&e, nx), *dy = env_floats(&e, ny), *w = env_floats(&e, nw);
+    float *b = env_floats(&e, 32), *xt = env_floats(&e, nx), *dyt = env_floats(&e, ny);
+    fill_uniform(&e.rng, x, nx, -1, 1);
+    fill_uniform(&e.rng, dy, ny, -1, 1);
+    fill_uniform(&e.rng, w, nw, -0.3f, 0.3f);
+    fill_uniform(&e.rng, b, 32, -1, 1);
+    to_nhwc(xt, x, 2, 16, hw);
+    to_nhwc(dyt, dy, 2, 32, hw);
+    st_conv c[2];
+    float *y[2], *dx[2], *dw[2], *db[2];
+    for (int k = 0; k < 2; k++) {
+        y[k] = env_floats(&e, ny);
+        dx[k] = env_floats(&e, nx);
+        dw[k] = env_floats(&e, nw);
+        db[k] = env_floats(&e, 32);
+        st_conv_io io = { .x = k ? xt : x, .y = y[k], .w = w, .b = b, .dx = dx[k],
+                          .dy = k ? dyt : dy, .dw = dw[k], .db = db[k], .scale = 2.0f,
+                          .unscaled_bias = 1, .layout = ST_LAYOUT_BLOCKED,
+                          .x_tag = k ? dnnl_nhwc : 0, .y_tag = k ? dnnl_nhwc : 0 };
+        OK(st_conv_build(&e.ctx, &c[k], &s, &io));
+    }
+    OK(st_nn_ctx_finalize(&e.ctx));
+    for (int k = 0; k < 2; k++) {
+        OK(st_conv_forward(&e.ctx, &c[k]));
+        OK(st_conv_backward(&e.ctx, &c[k]));
+    }
+    float *want_y = env_floats(&e, ny), *want_dx = env_floats(&e, nx);
+    to_nhwc(want_y, y[0], 2, 32, hw);
+    to_nhwc(want_dx, dx[0], 2, 16, hw);
+    const float *got[4] = { y[1], dx[1], dw[1], db[1] };
+    const float *want[4] = { want_y, want_dx, dw[0], db[0] };
+    const size_t n[4] = { ny, nx, nw, 32 };
+    const char *name[4] = { "y", "dx", "dw", "db" };
+    for (int t = 0; t < 4; t++) {
+        double worst = 0.0;
+        for (size_t i = 0; i < n[t]; i++)
+            worst = fmax(worst, fabs(got[t][i] - want[t][i]) / (1.0 + fabs(want[t][i])));
+        cr_expect_lt(worst, 1e-5, "channels last %s: max rel diff %g", name[t], worst);
+    }
+    env_destroy(&e);
+}
+
 Test(conv, flops_and_reference_timing)
 {
     omp_set_num_threads(1);

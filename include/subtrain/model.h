@@ -85,6 +85,15 @@ typedef enum st_token_pool { ST_POOL_MEAN, ST_POOL_CLS } st_token_pool;
  * the scores, softmax and the loss stay fp32. */
 typedef enum st_precision { ST_PRECISION_FP32, ST_PRECISION_BF16 } st_precision;
 
+/* The layout of image tensors between layers (doc/cnn.md).  AUTO: the one
+ * oneDNN's convolution picks on this CPU for the model's precision, channels
+ * last (nhwc) where it picks that (AMX's bf16 kernels), else BLOCKED. */
+typedef enum st_tensor_layout {
+    ST_TENSOR_LAYOUT_AUTO = 0,
+    ST_TENSOR_LAYOUT_BLOCKED, /* nChw16c with AVX-512, nChw8c below */
+    ST_TENSOR_LAYOUT_NHWC,    /* channels last */
+} st_tensor_layout;
+
 /* Activation recomputation (doc/memory.md): what the training forward
  * keeps for the backward.  A block is a layer group (a residual block),
  * or, in a model without groups, one hidden layer (its linear layer and
@@ -205,6 +214,8 @@ typedef struct st_model_config {
                              * convolution and batch norm reorders into its
                              * blocked layout and back (for comparison; 0, the
                              * default, keeps them blocked: doc/cnn.md) */
+    st_tensor_layout tensor_layout; /* without plain_tensors: AUTO (default),
+                             * BLOCKED or NHWC */
     st_recompute recompute; /* what the forward keeps (NONE default) */
 } st_model_config;
 
@@ -298,6 +309,12 @@ size_t st_model_config_describe(const st_model_config *cfg, char *buf, size_t n)
 const char *st_activation_name(st_activation act);
 const char *st_precision_name(st_precision p);
 st_status st_precision_parse(const char *name, st_precision *out);
+/* "auto", "blocked", "nhwc". */
+const char *st_tensor_layout_name(st_tensor_layout l);
+st_status st_tensor_layout_parse(const char *name, st_tensor_layout *out);
+/* AUTO resolved for a model of precision p on this CPU (BLOCKED or NHWC);
+ * another layout as it is. */
+st_tensor_layout st_tensor_layout_resolve(st_tensor_layout l, st_precision p);
 const char *st_token_pool_name(st_token_pool p);
 st_status st_token_pool_parse(const char *name, st_token_pool *out);
 const char *st_recompute_name(st_recompute r);

@@ -1,4 +1,5 @@
 /* nn/dnnl_util.c — engine, stream, primitive and memory bookkeeping. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -360,6 +361,52 @@ dnnl_format_tag_t st_blocked_tag(void)
 int64_t st_blocked_channels(void)
 {
     return has_avx512() ? 16 : 8;
+}
+
+/* Asked once per precision of a 3x3 convolution on 16 channels: the
+ * layout depends on the ISA oneDNN dispatches to, not on the shape. */
+static int conv_nhwc[2];
+static pthread_once_t conv_once[2] = { PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT };
+
+static void ask_conv(int bf16)
+{
+    dnnl_engine_t engine = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_convolution_desc_t cd;
+    dnnl_memory_desc_t x, w, y, nhwc;
+    const dnnl_dims_t xd = { 32, 16, 14, 14 }, wd = { 16, 16, 3, 3 }, one = { 1, 1 };
+    const dnnl_data_type_t t = bf16 ? dnnl_bf16 : dnnl_f32;
+    dnnl_memory_desc_init_by_tag(&x, 4, xd, t, dnnl_format_tag_any);
+    dnnl_memory_desc_init_by_tag(&w, 4, wd, t, dnnl_format_tag_any);
+    dnnl_memory_desc_init_by_tag(&y, 4, xd, dnnl_f32, dnnl_format_tag_any);
+    dnnl_memory_desc_init_by_tag(&nhwc, 4, xd, t, dnnl_nhwc);
+    if (dnnl_engine_create(&engine, dnnl_cpu, 0) == dnnl_success &&
+        dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct,
+                                           &x, &w, NULL, &y, one, one, one) == dnnl_success &&
+        dnnl_primitive_desc_create(&pd, &cd, NULL, engine, NULL) == dnnl_success)
+        conv_nhwc[bf16] =
+            dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0), &nhwc);
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    if (engine)
+        dnnl_engine_destroy(engine);
+}
+
+static void ask_conv_fp32(void)
+{
+    ask_conv(0);
+}
+
+static void ask_conv_bf16(void)
+{
+    ask_conv(1);
+}
+
+int st_conv_takes_nhwc(int bf16)
+{
+    bf16 = bf16 != 0;
+    pthread_once(&conv_once[bf16], bf16 ? ask_conv_bf16 : ask_conv_fp32);
+    return conv_nhwc[bf16];
 }
 
 st_status st_mem_md(st_nn_ctx *ctx, dnnl_memory_t *out, const dnnl_memory_desc_t *md,

@@ -227,6 +227,10 @@ void st_md_tag_bf16(dnnl_memory_desc_t *md, int ndims, const int64_t *dims,
  * run on: nChw16c with AVX-512, nChw8c below; its channel block. */
 dnnl_format_tag_t st_blocked_tag(void);
 int64_t st_blocked_channels(void);
+/* Whether oneDNN's convolution, left to choose, takes its activations
+ * channels last (nhwc) in this precision on this CPU: AMX's bf16 kernels
+ * do, the AVX-512 ones take nChw16c.  Asked once a process. */
+int st_conv_takes_nhwc(int bf16);
 
 /* ------------------------------------------------------------ layouts */
 

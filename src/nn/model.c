@@ -75,6 +75,10 @@ static st_status check_fields(const st_model_config *c)
                        "(the products that read the bf16 activations)");
     if (c->activation != ST_ACT_RELU && c->activation != ST_ACT_GELU)
         return st_fail(ST_ERR_INVALID, "unknown activation %d (allowed: relu, gelu)", (int)c->activation);
+    if (c->tensor_layout != ST_TENSOR_LAYOUT_AUTO && c->tensor_layout != ST_TENSOR_LAYOUT_BLOCKED &&
+        c->tensor_layout != ST_TENSOR_LAYOUT_NHWC)
+        return st_fail(ST_ERR_INVALID, "unknown tensor layout %d (allowed: auto, blocked, nhwc)",
+                       (int)c->tensor_layout);
     if (c->recompute != ST_RECOMPUTE_NONE && c->recompute != ST_RECOMPUTE_BLOCKS &&
         c->recompute != ST_RECOMPUTE_ALL)
         return st_fail(ST_ERR_INVALID, "unknown recompute mode %d (allowed: none, blocks, all)",

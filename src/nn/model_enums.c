@@ -1,4 +1,4 @@
-/* nn/model_enums.c — names of the activations, precisions, poolings,
+/* nn/model_enums.c — names of the activations, precisions, tensor layouts, poolings,
  * fusions and recompute modes (the model kinds' are their entries', nn/model.c). */
 #include <stdio.h>
 #include <string.h>
@@ -7,6 +7,7 @@
 
 #include "core/enum_table.h"
 #include "core/error.h"
+#include "nn/dnnl_util.h"
 
 static const st_enum_entry activation_entries[] = {
     { "relu", ST_ACT_RELU },
@@ -19,6 +20,13 @@ static const st_enum_entry precision_entries[] = {
     { "bf16", ST_PRECISION_BF16 },
 };
 static const st_enum_table precisions = ST_ENUM_TABLE("precision", precision_entries);
+
+static const st_enum_entry layout_entries[] = {
+    { "auto", ST_TENSOR_LAYOUT_AUTO },
+    { "blocked", ST_TENSOR_LAYOUT_BLOCKED },
+    { "nhwc", ST_TENSOR_LAYOUT_NHWC },
+};
+static const st_enum_table layouts = ST_ENUM_TABLE("tensor layout", layout_entries);
 
 static const st_enum_entry pool_entries[] = {
     { "mean", ST_POOL_MEAN },
@@ -68,6 +76,27 @@ st_status st_precision_parse(const char *name, st_precision *out)
     ST_TRY(st_enum_parse(&precisions, name, &v));
     *out = (st_precision)v;
     return ST_OK;
+}
+
+const char *st_tensor_layout_name(st_tensor_layout l)
+{
+    return st_enum_name(&layouts, (int)l);
+}
+
+st_status st_tensor_layout_parse(const char *name, st_tensor_layout *out)
+{
+    int v;
+    ST_TRY(st_enum_parse(&layouts, name, &v));
+    *out = (st_tensor_layout)v;
+    return ST_OK;
+}
+
+st_tensor_layout st_tensor_layout_resolve(st_tensor_layout l, st_precision p)
+{
+    if (l != ST_TENSOR_LAYOUT_AUTO)
+        return l;
+    return st_conv_takes_nhwc(p == ST_PRECISION_BF16) ? ST_TENSOR_LAYOUT_NHWC
+                                                      : ST_TENSOR_LAYOUT_BLOCKED;
 }
 
 const char *st_token_pool_name(st_token_pool p)

@@ -14,7 +14,8 @@
  * biased one the normalisation uses.
  *
  * Layouts: oneDNN 2.6 has only a generic kernel ("ncsp_bnorm:any") for
- * plain NCHW, and JIT kernels ("bnorm_jit:avx512_core") for nChw16c; the
+ * plain NCHW, and JIT kernels ("bnorm_jit:avx512_core") for nChw16c and
+ * for nhwc (a model's tensors where its convolutions take nhwc); the
  * blocked path reorders x (and dy) into blocked copies and y (and dx)
  * back.  BLOCKED is the default, the faster with its reorders; fusing the
  * ReLU pays on it, not on the plain kernel (bench/bench_conv times both,
@@ -90,8 +91,9 @@ st_status st_batchnorm_build(st_nn_ctx *ctx, st_batchnorm *n, int64_t batch,
     /* bf16 data: oneDNN 2.6's batch norm reads and writes one data type,
      * its gradients too, and keeps mean, variance, scale and shift fp32 */
     dnnl_memory_desc_t data_md, c_md;
-    const dnnl_format_tag_t run_tag =
-        n->layout == ST_LAYOUT_BLOCKED ? st_blocked_tag() : dnnl_nchw;
+    const dnnl_format_tag_t run_tag = n->layout != ST_LAYOUT_BLOCKED ? dnnl_nchw
+                                      : tag == dnnl_nhwc               ? dnnl_nhwc
+                                                                       : st_blocked_tag();
     if (h)
         st_md_tag_bf16(&data_md, 4, dims, run_tag);
     else

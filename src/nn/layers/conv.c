@@ -184,7 +184,8 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
     st_view x, y, w, dx, dy, dw;
     const dnnl_format_tag_t xt = io->x_tag ? io->x_tag : dnnl_nchw;
     const dnnl_format_tag_t yt = io->y_tag ? io->y_tag : dnnl_nchw;
-    c->y_block = yt == dnnl_nchw ? 1 : st_blocked_channels();
+    /* channels last is one block of all the channels */
+    c->y_block = yt == dnnl_nchw ? 1 : yt == dnnl_nhwc ? shape->oc : st_blocked_channels();
     /* In bf16 the weights' copy is a rounded second instance of the
      * parameters, counted with them as linear.c counts its wb; fp32's
      * blocked copy stays where it was (workspace). */
@@ -326,9 +327,10 @@ static void scale_floats(float *v, size_t n, float scale)
 }
 
 /* y = scale y (when the primitive did not) + b (an unscaled bias), per
- * channel over the output in its layout: NCHW (a block of 1 channel) or
+ * channel over the output in its layout: NCHW (a block of 1 channel),
  * nChw16c, where channel o of position i sits at
- * (o / 16) HW 16 + i 16 + o % 16 within a sample. */
+ * (o / 16) HW 16 + i 16 + o % 16 within a sample, or NHWC (one block of
+ * all C channels: i C + o). */
 static void finish_output(const st_conv *c)
 {
     const float scale = c->scale_loop ? c->scale : 1.0f;
