@@ -264,3 +264,45 @@ Test(cli, resnet_bf16_deterministic_and_close_to_fp32, .timeout = 240)
     free(r);
     free(again);
 }
+
+/* --tensor-layout: a ResNet on 8 x 8 images with channels-last tensors
+ * trains to what the blocked layout does (summation order only), bf16
+ * too; --dump-config carries a forced layout; a bad one is a usage error. */
+Test(cli, tensor_layouts_train_alike, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], opts[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    write_idx_set(dir, 64, 16, 4, 5);
+    run_result *r = calloc(1, sizeof *r), *b = calloc(1, sizeof *b);
+    const int precisions = st_bf16_probe(NULL) == ST_BF16_NATIVE ? 2 : 1;
+    for (int p = 0; p < precisions; p++) {
+        const char *prec = p ? "bf16" : "fp32";
+        for (int k = 0; k < 2; k++) {
+            snprintf(opts, sizeof opts, "--data 'idx:%s:tr-img,tr-lab,te-img,te-lab' --model "
+                     "resnet --depth 1 --width 16 --batch 8 --steps 6 --seed 5 --progress none "
+                     "--metrics /dev/stdout --precision %s --tensor-layout %s", dir, prec,
+                     k ? "nhwc" : "blocked");
+            run(k ? r : b, NULL, opts);
+            cr_assert_eq((k ? r : b)->status, 0, "%s: %s", opts, (k ? r : b)->err);
+        }
+        const char *fb = strstr(b->out, "\"final\":true"), *fn = strstr(r->out, "\"final\":true");
+        cr_assert(fb && fn, "%s\n%s", b->out, r->out);
+        const char *keys[2] = { "train_loss", "test_loss" };
+        for (int k = 0; k < 2; k++) {
+            const double vb = st_json_number_at(b->out, fb, keys[k]);
+            const double vn = st_json_number_at(r->out, fn, keys[k]);
+            fprintf(stderr, "[layout] %s %s blocked %.7f, nhwc %.7f\n", prec, keys[k], vb, vn);
+            cr_assert(fabs(vb - vn) <= (p ? 1e-2 : 1e-4) * fabs(vb), "%s %s: blocked %.7f, nhwc %.7f",
+                      prec, keys[k], vb, vn);
+        }
+    }
+    run(r, NULL, "--model resnet --tensor-layout nhwc --dump-config");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, "tensor-layout = nhwc\n"), "%s", r->out);
+    run(r, NULL, "--model resnet --dump-config");
+    cr_assert(strstr(r->out, "tensor-layout = auto\n"), "auto is the default: %s", r->out);
+    free(r);
+    free(b);
+    st_test_rmdir(dir);
+    expect_usage_error("--tensor-layout sideways", "--tensor-layout");
+}

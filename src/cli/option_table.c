@@ -40,6 +40,7 @@ static const struct option own_options[] = {
     { "unfuse", required_argument, NULL, OPT_UNFUSE },
     { "recompute", required_argument, NULL, OPT_RECOMPUTE },
     { "activation-precision", required_argument, NULL, OPT_ACTIVATION_PRECISION },
+    { "tensor-layout", required_argument, NULL, OPT_TENSOR_LAYOUT },
     { "epochs", required_argument, NULL, OPT_EPOCHS },
     { "steps", required_argument, NULL, OPT_STEPS },
     { "batch", required_argument, NULL, OPT_BATCH },

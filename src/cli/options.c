@@ -83,6 +83,7 @@ static int parse_progress(const char *s, st_progress_mode *out, char *err, size_
 static st_status parse_model(const char *s, void *o) { return st_model_kind_parse(s, o); }
 static st_status parse_act(const char *s, void *o) { return st_activation_parse(s, o); }
 static st_status parse_precision(const char *s, void *o) { return st_precision_parse(s, o); }
+static st_status parse_layout(const char *s, void *o) { return st_tensor_layout_parse(s, o); }
 static st_status parse_pool(const char *s, void *o) { return st_token_pool_parse(s, o); }
 static st_status parse_recompute(const char *s, void *o) { return st_recompute_parse(s, o); }
 static st_status parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
@@ -354,6 +355,8 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_ACTIVATION_PRECISION:
         return parse_choice("activation-precision", arg, parse_precision, &t->model.activations,
                             err, n);
+    case OPT_TENSOR_LAYOUT:
+        return parse_choice("tensor-layout", arg, parse_layout, &t->model.tensor_layout, err, n);
     case OPT_WEIGHTS: return parse_choice("weights", arg, parse_weights, &t->weights, err, n);
     case OPT_NEURON_GROUP:
         return parse_int("--neuron-group", arg, 1, 65536, &t->neuron_group, err, n);
