@@ -267,16 +267,17 @@ Test(cli, resnet_bf16_deterministic_and_close_to_fp32, .timeout = 240)
 
 /* --tensor-layout: a ResNet on 8 x 8 images with channels-last tensors
  * trains to what the blocked layout does (summation order only), bf16
- * too; --dump-config carries a forced layout; a bad one is a usage error. */
+ * too, with bf16 tensors between its layers as well; --dump-config
+ * carries the layout; a bad one is a usage error. */
 Test(cli, tensor_layouts_train_alike, .timeout = 120)
 {
     char dir[ST_TEST_PATH_MAX], opts[4 * ST_TEST_PATH_MAX];
     cr_assert_eq(st_test_mkdtemp(dir), 0);
     write_idx_set(dir, 64, 16, 4, 5);
     run_result *r = calloc(1, sizeof *r), *b = calloc(1, sizeof *b);
-    const int precisions = st_bf16_probe(NULL) == ST_BF16_NATIVE ? 2 : 1;
+    const int precisions = st_bf16_probe(NULL) == ST_BF16_NATIVE ? 3 : 1;
     for (int p = 0; p < precisions; p++) {
-        const char *prec = p ? "bf16" : "fp32";
+        const char *prec = p == 2 ? "bf16 --activation-precision bf16" : p ? "bf16" : "fp32";
         for (int k = 0; k < 2; k++) {
             snprintf(opts, sizeof opts, "--data 'idx:%s:tr-img,tr-lab,te-img,te-lab' --model "
                      "resnet --depth 1 --width 16 --batch 8 --steps 6 --seed 5 --progress none "
