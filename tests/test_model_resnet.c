@@ -349,10 +349,9 @@ Test(layout, blocked_tensors_compute_what_plain_ones_do)
     check_layouts(ST_TENSOR_LAYOUT_BLOCKED);
 }
 
-/* Channels last: batch norms, max pools, skips and the convolutions'
- * own loops (an unscaled bias, a loop-applied scale) index it right; the
- * convolutions take it as it is where oneDNN's kernels do (AMX, bf16),
- * else through reorders. */
+/* Channels last: batch norms, max pools and skips take it as it is; the
+ * convolutions too where oneDNN's kernels do (AMX, bf16), else through
+ * reorders (the conv layer's own bias loop on it: test_layers_conv). */
 Test(layout, channels_last_tensors_compute_what_plain_ones_do)
 {
     check_layouts(ST_TENSOR_LAYOUT_NHWC);
