@@ -81,6 +81,7 @@ typedef struct bench_result {
     double ref16_flops;             /* bf16: the bf16 matmul reference, per call */
     double ref16_s_med, ref16_s_best;
     char ref16_impl[32];
+    double wgrad16_s[3];            /* bf16 matmul configs: wgrad16_windows */
     size_t params;
     double flops;                   /* per step */
     int windows;
@@ -114,6 +115,11 @@ typedef struct gemm_ctx {
     dnnl_stream_t stream;
     dnnl_primitive_t mm16;
     dnnl_memory_t a16, b16, c32;
+    /* the weight-gradient product of that layer, dB (k, n) = A^T dC in
+     * bf16: A^T read from A as it lies (as the layers do), or from a
+     * contiguous copy, and the transposition that would make the copy */
+    dnnl_primitive_t wg_read, wg_copy, wg_transpose;
+    dnnl_memory_t at16, dc16, db32;
 } gemm_ctx;
 
 /* A convolution shape of a model and its FLOPs summed over the model's
@@ -155,6 +161,10 @@ void conv_impl_name(const_dnnl_primitive_desc_t pd, char *out, size_t size);
 int gemm_init(gemm_ctx *g, int64_t m, int64_t n, int64_t k);
 /* The bf16 matmul on g's shape, its implementation in impl; -1: none. */
 int gemm16_init(gemm_ctx *g, char *impl, size_t size);
+/* Seconds a call of the weight-gradient product reading A transposed
+ * (out[0]), from a contiguous copy (out[1]), and of the copy (out[2]),
+ * each over a window of min_s; -1 where that is missing. */
+void wgrad16_windows(const gemm_ctx *g, double min_s, double out[3]);
 void gemm_free(gemm_ctx *g);
 /* One pass of a convolution shape at batch, 2 FLOPs per multiply-add. */
 double conv_pass_flops(const conv_shape *c, int64_t batch);

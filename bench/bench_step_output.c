@@ -247,6 +247,15 @@ void print_details(const bench_result *r)
                "%.1f; the same shape\n", label, r->cfg->conv_ref ? "convolution" : "matmul",
                gflops(r->ref16_flops, r->ref16_s_med), gflops(r->ref16_flops, r->ref16_s_best),
                r->ref16_impl, r->cfg->conv_ref ? "fp32 convolution" : "sgemm", ref_g);
+    if (r->wgrad16_s[0] > 0.0 && r->wgrad16_s[1] > 0.0) {
+        const double f = r->ref16_flops;   /* the same m n k */
+        printf("%s bf16: its weight-gradient product %lldx%lldx%lld (A^T dC) %.1f GFLOP/s "
+               "reading A transposed, %.1f from a contiguous copy (%s); the copy %.3f ms, "
+               "%.2f of the product\n", label, (long long)r->gemm_k, (long long)r->gemm_n,
+               (long long)r->gemm_m, gflops(f, r->wgrad16_s[0]), gflops(f, r->wgrad16_s[1]),
+               r->wgrad16_s[1] < r->wgrad16_s[0] ? "faster" : "not faster",
+               r->wgrad16_s[2] * 1e3, r->wgrad16_s[2] / r->wgrad16_s[1]);
+    }
     printf("%s%s: %s %s; %llu steps in %d windows, step %.2f..%.2f ms; "
            "best windows: step %.1f, %s %.1f GFLOP/s, ratio %.3f\n", label,
            r->bf16 ? " bf16" : "", r->ref_name,
@@ -314,6 +323,10 @@ void write_json(FILE *f, const bench_result *r, const bench_options *o)
             st_precision_name(r->bf16 ? o->activations : ST_PRECISION_FP32),
             st_tensor_layout_name(st_tensor_layout_resolve(
                 o->layout, r->bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32)));
+    if (r->wgrad16_s[0] > 0.0 && r->wgrad16_s[1] > 0.0)
+        fprintf(f, "\"wgrad_transposed_gflops\":%.3f,\"wgrad_contiguous_gflops\":%.3f,"
+                "\"wgrad_copy_ms\":%.4f,", gflops(r->ref16_flops, r->wgrad16_s[0]),
+                gflops(r->ref16_flops, r->wgrad16_s[1]), r->wgrad16_s[2] * 1e3);
     if (r->bf16)
         fprintf(f, "\"bf16_reference\":\"%s\",\"bf16_ref_gflops\":%.3f,"
                 "\"bf16_ref_gflops_best\":%.3f,\"bf16_ref_impl\":\"%s\",\"ratio_bf16\":%.4f,",

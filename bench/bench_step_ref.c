@@ -42,6 +42,52 @@ int gemm_init(gemm_ctx *g, int64_t m, int64_t n, int64_t k)
     return 0;
 }
 
+static dnnl_primitive_t make_prim(const_dnnl_op_desc_t d, dnnl_engine_t engine)
+{
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t p = NULL;
+    if (dnnl_primitive_desc_create(&pd, d, NULL, engine, NULL) == dnnl_success)
+        dnnl_primitive_create(&p, pd);
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return p;
+}
+
+/* The weight-gradient product of the reference's layer (A^T: k x m, read
+ * from A's memory as "ba" or from a contiguous "ab" copy; dC: the bf16 B
+ * reused as an m x n matrix when the shapes allow, else its own) and the
+ * reorder that makes the copy.  Missing pieces stay NULL: the row then
+ * prints no such line. */
+static void wgrad16_init(gemm_ctx *g)
+{
+    const dnnl_dims_t at = { g->k, g->m }, dc = { g->m, g->n }, db = { g->k, g->n };
+    dnnl_memory_desc_t read_md, copy_md, dc_md, db_md;
+    dnnl_matmul_desc_t d;
+    dnnl_memory_desc_init_by_tag(&read_md, 2, at, dnnl_bf16, dnnl_ba);
+    dnnl_memory_desc_init_by_tag(&copy_md, 2, at, dnnl_bf16, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&dc_md, 2, dc, dnnl_bf16, dnnl_ab);
+    dnnl_memory_desc_init_by_tag(&db_md, 2, db, dnnl_f32, dnnl_ab);
+    if (dnnl_memory_create(&g->at16, &copy_md, g->engine, DNNL_MEMORY_ALLOCATE) != dnnl_success ||
+        dnnl_memory_create(&g->dc16, &dc_md, g->engine, DNNL_MEMORY_ALLOCATE) != dnnl_success ||
+        dnnl_memory_create(&g->db32, &db_md, g->engine, DNNL_MEMORY_ALLOCATE) != dnnl_success)
+        return;
+    /* dC: bf16 ones and halves, values a product of them cannot overflow */
+    void *h = NULL;
+    if (dnnl_memory_get_data_handle(g->dc16, &h) == dnnl_success && h)
+        for (int64_t i = 0; i < g->m * g->n; i++)
+            ((uint16_t *)h)[i] = i % 3 ? 0x3f80 : 0x3f00;
+    if (dnnl_matmul_desc_init(&d, &read_md, &dc_md, NULL, &db_md) == dnnl_success)
+        g->wg_read = make_prim(&d, g->engine);
+    if (dnnl_matmul_desc_init(&d, &copy_md, &dc_md, NULL, &db_md) == dnnl_success)
+        g->wg_copy = make_prim(&d, g->engine);
+    dnnl_primitive_desc_t rpd = NULL;
+    if (dnnl_reorder_primitive_desc_create(&rpd, &read_md, g->engine, &copy_md, g->engine,
+                                           NULL) == dnnl_success)
+        dnnl_primitive_create(&g->wg_transpose, rpd);
+    if (rpd)
+        dnnl_primitive_desc_destroy(rpd);
+}
+
 /* The bf16 matmul on the same shape, A and B converted from the fp32
  * values by reorders; the implementation's name in impl. */
 int gemm16_init(gemm_ctx *g, char *impl, size_t size)
@@ -96,6 +142,8 @@ int gemm16_init(gemm_ctx *g, char *impl, size_t size)
     if (!ok)
         fprintf(stderr, "bench_step: oneDNN has no bf16 matmul here (ISA %s)\n",
                 st_cpu_isa_name());
+    if (ok)
+        wgrad16_init(g);
     return ok ? 0 : -1;
 }
 
@@ -107,12 +155,50 @@ static int gemm16_call(const gemm_ctx *g)
            dnnl_stream_wait(g->stream) == dnnl_success ? 0 : -1;
 }
 
+static double gemm_window(int (*call)(const gemm_ctx *), const gemm_ctx *g, double min_s);
+
+static int wg_exec(const gemm_ctx *g, dnnl_primitive_t p, dnnl_memory_t src)
+{
+    dnnl_exec_arg_t args[3] = { { DNNL_ARG_SRC, src }, { DNNL_ARG_WEIGHTS, g->dc16 },
+                                { DNNL_ARG_DST, g->db32 } };
+    return dnnl_primitive_execute(p, g->stream, 3, args) == dnnl_success &&
+           dnnl_stream_wait(g->stream) == dnnl_success ? 0 : -1;
+}
+
+static int wg_read_call(const gemm_ctx *g)
+{
+    return wg_exec(g, g->wg_read, g->a16);
+}
+
+static int wg_copy_call(const gemm_ctx *g)
+{
+    return wg_exec(g, g->wg_copy, g->at16);
+}
+
+static int wg_transpose_call(const gemm_ctx *g)
+{
+    dnnl_exec_arg_t args[2] = { { DNNL_ARG_FROM, g->a16 }, { DNNL_ARG_TO, g->at16 } };
+    return dnnl_primitive_execute(g->wg_transpose, g->stream, 2, args) == dnnl_success &&
+           dnnl_stream_wait(g->stream) == dnnl_success ? 0 : -1;
+}
+
+void wgrad16_windows(const gemm_ctx *g, double min_s, double out[3])
+{
+    out[0] = g->wg_read ? gemm_window(wg_read_call, g, min_s) : -1.0;
+    out[2] = g->wg_transpose ? gemm_window(wg_transpose_call, g, min_s) : -1.0;
+    out[1] = g->wg_copy && out[2] >= 0.0 ? gemm_window(wg_copy_call, g, min_s) : -1.0;
+}
+
 void gemm_free(gemm_ctx *g)
 {
     if (g->mm16)
         dnnl_primitive_destroy(g->mm16);
-    dnnl_memory_t mems[3] = { g->a16, g->b16, g->c32 };
+    dnnl_primitive_t prims[3] = { g->wg_read, g->wg_copy, g->wg_transpose };
     for (int i = 0; i < 3; i++)
+        if (prims[i])
+            dnnl_primitive_destroy(prims[i]);
+    dnnl_memory_t mems[6] = { g->a16, g->b16, g->c32, g->at16, g->dc16, g->db32 };
+    for (int i = 0; i < 6; i++)
         if (mems[i])
             dnnl_memory_destroy(mems[i]);
     if (g->stream)
