@@ -275,7 +275,8 @@ Test(bf16_activations, a_step_makes_no_heap_allocation, .timeout = 120)
 
 /* --activation-precision bf16 on CNNs: the bf16 blocked tensors and
  * gradients between convolutions, batch norms and pools add no heap call,
- * a ResNet and a convnet under data parallelism (2 x 4 x 4 images). */
+ * a ResNet and a convnet under data parallelism (2 x 4 x 4 images), and
+ * with the tensors channels last (AMX's layout) the same. */
 Test(bf16_activations, a_cnn_step_makes_no_heap_allocation, .timeout = 120)
 {
     HEAPWATCH_SKIP_IF_OFF();
@@ -290,6 +291,8 @@ Test(bf16_activations, a_cnn_step_makes_no_heap_allocation, .timeout = 120)
                                      .n_classes = 4, .precision = ST_PRECISION_BF16,
                                      .activations = ST_PRECISION_BF16 };
         c.bf16_emulated = 1;
+        assert_steps_make_no_heap_call(&c, kinds[k]);
+        c.model.tensor_layout = ST_TENSOR_LAYOUT_NHWC;
         assert_steps_make_no_heap_call(&c, kinds[k]);
     }
 }
