@@ -126,8 +126,7 @@ void print_header(const bench_options *o)
            st_tensor_layout_name(st_tensor_layout_resolve(o->layout, ST_PRECISION_FP32)),
            st_tensor_layout_name(st_tensor_layout_resolve(o->layout, ST_PRECISION_BF16)),
            st_tensor_layout_name(o->layout));
-    if (o->unfuse || o->activation >= 0 || o->activations == ST_PRECISION_BF16)
-        printf("\n");
+    printf("\n");
     printf("%-17s %4s %5s %8s %9s %10s %12s %6s %11s %6s %9s %7s %7s %6s %6s %8s\n", "config",
            "prec", "batch", "params", "step ms", "samples/s", "step GFLOP/s", "ref",
            "ref GFLOP/s", "ratio", "vs sgemm", "moments", "opt B/p", "opt %", "recomp",

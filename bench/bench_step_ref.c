@@ -54,10 +54,9 @@ static dnnl_primitive_t make_prim(const_dnnl_op_desc_t d, dnnl_engine_t engine)
 }
 
 /* The weight-gradient product of the reference's layer (A^T: k x m, read
- * from A's memory as "ba" or from a contiguous "ab" copy; dC: the bf16 B
- * reused as an m x n matrix when the shapes allow, else its own) and the
- * reorder that makes the copy.  Missing pieces stay NULL: the row then
- * prints no such line. */
+ * from A's memory as "ba" or from a contiguous "ab" copy; dC: an m x n
+ * bf16 matrix of its own) and the reorder that makes the copy.  Missing
+ * pieces stay NULL: the row then prints no such line. */
 static void wgrad16_init(gemm_ctx *g)
 {
     const dnnl_dims_t at = { g->k, g->m }, dc = { g->m, g->n }, db = { g->k, g->n };
@@ -186,6 +185,7 @@ void wgrad16_windows(const gemm_ctx *g, double min_s, double out[3])
 {
     out[0] = g->wg_read ? gemm_window(wg_read_call, g, min_s) : -1.0;
     out[2] = g->wg_transpose ? gemm_window(wg_transpose_call, g, min_s) : -1.0;
+    /* after the copy's window: it filled the copy the product reads */
     out[1] = g->wg_copy && out[2] >= 0.0 ? gemm_window(wg_copy_call, g, min_s) : -1.0;
 }
 

@@ -37,17 +37,13 @@ int64_t st_graph_cols(const st_model *m, int tensor)
     return tensor_width(m, &m->tensors[resolve(m, tensor)]);
 }
 
-st_tensor_layout st_graph_tensor_layout(const st_model *m)
-{
-    return st_tensor_layout_resolve(m->cfg.tensor_layout, m->cfg.precision);
-}
-
 dnnl_format_tag_t st_graph_tag(const st_model *m, int tensor, int64_t channels)
 {
     const st_tensor *t = st_graph_tensor_info(m, tensor);
     if (!t || resolve(m, tensor) == ST_T_INPUT || t->h * t->w == 1 || m->cfg.plain_tensors)
         return dnnl_nchw;
-    if (st_graph_tensor_layout(m) == ST_TENSOR_LAYOUT_NHWC)
+    if (st_tensor_layout_resolve(m->cfg.tensor_layout, m->cfg.precision) ==
+        ST_TENSOR_LAYOUT_NHWC)
         return dnnl_nhwc;
     return channels % st_blocked_channels() == 0 ? st_blocked_tag() : dnnl_nchw;
 }

@@ -290,12 +290,9 @@ const st_tensor *st_graph_tensor_info(const st_model *m, int tensor);
  * touches a tensor sees the same layout, and elementwise kinds
  * (activations, skips), which do not care, stay consistent.  Blocked and
  * plain take the same memory when the channels are whole blocks.  Where
- * the model's layout is NHWC (st_graph_tensor_layout) every image tensor
- * but the input is channels last, whatever its channels. */
+ * the model's layout resolves to NHWC (st_tensor_layout_resolve) every
+ * image tensor but the input is channels last, whatever its channels. */
 dnnl_format_tag_t st_graph_tag(const st_model *m, int tensor, int64_t channels);
-/* The model's layout for image tensors: its configuration's, AUTO
- * resolved by what the convolutions take here (st_conv_takes_nhwc). */
-st_tensor_layout st_graph_tensor_layout(const st_model *m);
 /* Floats per sample of a tensor in this instance: its full width, or its
  * width layer's kept units times the elements of one channel. */
 int64_t st_graph_cols(const st_model *m, int tensor);
