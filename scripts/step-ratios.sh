@@ -11,6 +11,8 @@
 #   SECONDS_=2      bench_step --seconds
 #   PU=1            the PU both run on (taskset -c)
 #   NEW_EXTRA="--activation-precision bf16"   options of the new build only
+#   OLD_EXTRA="..."  options of the old build only
+#   CONFIG=all      bench_step --config (a subset: gpt, large, small or cnn)
 #   OUT=DIR         the JSON lines (default /tmp/step-ratios)
 set -eu
 [ $# -eq 2 ] || { echo "usage: step-ratios.sh OLD_BENCH_STEP NEW_BENCH_STEP" >&2; exit 2; }
@@ -25,9 +27,9 @@ rm -f "$OUT"/old.*.jsonl "$OUT"/new.*.jsonl
 r=1
 while [ "$r" -le "$ROUNDS" ]; do
     for which in old new; do
-        if [ "$which" = old ]; then bin=$1; extra=; else bin=$2; extra=${NEW_EXTRA:-}; fi
+        if [ "$which" = old ]; then bin=$1; extra=${OLD_EXTRA:-}; else bin=$2; extra=${NEW_EXTRA:-}; fi
         # shellcheck disable=SC2086
-        BENCH_CLOCK=thread taskset -c "$PU" "$bin" --config all --precision both \
+        BENCH_CLOCK=thread taskset -c "$PU" "$bin" --config "${CONFIG:-all}" --precision both \
             --seconds "${SECONDS_:-2}" --json "$OUT/$which.$r.jsonl" $extra >"$OUT/$which.$r.log"
     done
     r=$((r + 1))

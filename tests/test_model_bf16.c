@@ -403,15 +403,18 @@ Test(bf16, models_over_shared_storage)
 
 /* Half tensors of m: how many, and whether each lies between layers that
  * take bf16 (written by a linear layer, attention or an activation, read
- * as x by those only) and none is touched by a layer norm or as a residual
- * or a gradient. */
-static int count_half(const st_model *m)
+ * as x by those only) and none is touched by a layer norm or as a
+ * residual; a gradient only between a linear layer and an activation of
+ * its own (*grads: how many gradients, none also a value). */
+static int count_half(const st_model *m, int *grads)
 {
     int n = 0;
+    *grads = 0;
     for (int t = 0; t < m->n_tensors; t++) {
         if (!m->tensors[t].half)
             continue;
         n++;
+        int value = 0, grad = 0;
         for (int i = 0; i < m->n_layers; i++) {
             const st_layer *l = &m->layers[i];
             if (l->dropped)
@@ -421,9 +424,17 @@ static int count_half(const st_model *m)
                               !strcmp(k, "activation");
             cr_assert(!((l->x == t || l->y == t) && !takes), "tensor %d is bf16 and %s (%s) "
                       "touches it", t, l->name, k);
-            cr_assert(l->residual != t && l->dx != t && l->dy != t,
-                      "tensor %d is bf16 and %s reads it as a residual or gradient", t, l->name);
+            cr_assert(l->residual != t, "tensor %d is bf16 and %s reads it as a residual", t,
+                      l->name);
+            const int g = l->dx == t || l->dy == t;
+            cr_assert(!g || !strcmp(k, "linear") ||
+                      (!strcmp(k, "activation") && !l->fuse_relu && !l->fold_relu),
+                      "tensor %d is a bf16 gradient and %s (%s) touches it", t, l->name, k);
+            value |= l->x == t || l->y == t;
+            grad |= g;
         }
+        cr_assert(!(value && grad), "tensor %d is bf16 as a value and a gradient", t);
+        *grads += grad;
     }
     return n;
 }
@@ -481,9 +492,25 @@ Test(bf16, activations_stored_as_bf16)
             m[j] = make_model(&c, 4, &a[j]);
             st_model_init_params(m[j], 11);
         }
-        const int base = count_half(m[0]), half = count_half(m[1]);
+        int base_grads, grads;
+        const int base = count_half(m[0], &base_grads), half = count_half(m[1], &grads);
         cr_assert_eq(base, plain_half[k], "config %d: %d tensors in bf16 without the option, "
                      "not %d", k, base, plain_half[k]);
+        cr_assert_eq(base_grads, 0, "config %d: %d gradients in bf16 without the option", k,
+                     base_grads);
+        /* with it, each GELU's dx and dy (none around a ReLU fused into its
+         * product and folded into the next) */
+        int gelus = 0;
+        for (int i = 0; i < m[1]->n_layers; i++) {
+            const st_layer *l = &m[1]->layers[i];
+            if (strcmp(l->kind->name, "activation") || l->fuse_relu || l->fold_relu)
+                continue;
+            gelus++;
+            cr_assert(st_graph_is_half(m[1], l->dx) && st_graph_is_half(m[1], l->dy),
+                      "config %d: %s's gradients are not bf16", k, l->name);
+        }
+        cr_assert_eq(grads > 0, gelus > 0, "config %d: %d gradients in bf16 around %d GELUs",
+                     k, grads, gelus);
         cr_assert_gt(half, base, "config %d: --activation-precision bf16 stores no more "
                      "tensors as bf16 (%d)", k, half);
         const st_mem_stats s0 = st_arena_stats(&a[0]), s1 = st_arena_stats(&a[1]);

@@ -56,6 +56,10 @@ typedef struct st_linear {
     /* st_linear_io.xb, .yb given: x is read where it lies (xb is it, no
      * to_bf16_x), y is written as bf16 */
     int x_half, y_half;
+    /* st_linear_io.dyb, .dxb given: dy is read where it lies (no to_bf16_dy;
+     * the bias gradient sums it in bf16), dx is written as bf16 */
+    int dy_half, dx_half;
+    const st_bf16 *dyb;
     /* st_linear_io.unfuse: the bias and the skip added by passes of their
      * own after fwd (for measuring the fusions; NULL handles: fused) */
     st_prim add_bias, add_residual;
@@ -85,7 +89,8 @@ typedef struct st_linear_io {
     const st_row_run *dw_runs;
     int n_dw_runs;
     int bf16;                          /* products in bf16 (fp32 accumulation and
-                                        * outputs); w, x, y, dx, dy stay fp32 */
+                                        * outputs); w, x, y, dx, dy stay fp32
+                                        * unless given as bf16 below */
     unsigned unfuse;                   /* ST_UNFUSE_* (subtrain/model.h); only
                                         * without a scale */
     int relu;                          /* y = max(0, ...): a ReLU post-op, after
@@ -98,6 +103,11 @@ typedef struct st_linear_io {
      * in place of y; not with a residual or unfused passes. */
     const st_bf16 *xb;
     st_bf16 *yb;
+    /* bf16 only: dy stored as bf16, read in place of dy's copy; dx written
+     * as bf16 in place of dx (not with a mask post-op: the mask's layer
+     * reads fp32).  NULL: fp32. */
+    const st_bf16 *dyb;
+    st_bf16 *dxb;
 } st_linear_io;
 
 st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t in,
@@ -133,6 +143,7 @@ typedef struct st_act {
      * and y are bf16 tensors; the backward reads x itself (xb is x, no
      * keep), widened by `unkeep` as above. */
     int x_half;
+    int grads_half;        /* st_act_build_half_grads: no unkeep, bf16 backward */
     st_prim bwd_hint;      /* st_act_build_half: the fp32 forward the backward
                             * was created from (never run) */
 } st_act;
@@ -158,6 +169,11 @@ st_status st_act_build_folded_relu(st_nn_ctx *ctx, st_act *a, int64_t rows, int6
 st_status st_act_build_half(st_nn_ctx *ctx, st_act *a, st_activation kind, int64_t rows,
                             int64_t cols, const st_bf16 *x, st_bf16 *y, float *dx,
                             const float *dy);
+/* The same with dx and dy bf16 tensors too: the backward is oneDNN's bf16
+ * eltwise on x as it lies (fp32 math inside, dx rounded once). */
+st_status st_act_build_half_grads(st_nn_ctx *ctx, st_act *a, st_activation kind,
+                                  int64_t rows, int64_t cols, const st_bf16 *x, st_bf16 *y,
+                                  st_bf16 *dx, const st_bf16 *dy);
 st_status st_act_build_fused_relu_half(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
                                        const st_bf16 *y, float *dx, const float *dy);
 st_status st_act_build_folded_relu_half(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,

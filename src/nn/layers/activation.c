@@ -23,7 +23,12 @@
  * Training stays within tolerance of fp32 (tests/test_cli_precision).  What it
  * buys: nobody reads the fp32 x after the forward, so in bf16 the graph
  * lets x's buffer be reused (st_graph_build's pool) and the activations
- * kept for the backward are 2 bytes per element instead of 4. */
+ * kept for the backward are 2 bytes per element instead of 4.
+ *
+ * With --activation-precision bf16 an activation of its own (not fused
+ * nor folded into a product) takes x, y, dx and dy as bf16 tensors: its
+ * backward is the bf16 eltwise on x as it lies, and the products on both
+ * sides read and write the bf16 gradients without a conversion. */
 #include <stdio.h>
 
 #include "nn/graph.h"
@@ -234,6 +239,40 @@ st_status st_act_build_half(st_nn_ctx *ctx, st_act *a, st_activation kind, int64
                               "bf16 activation input to fp32");
 }
 
+/* dx = act'(x) dy on bf16 x, dy and dx: one bf16 eltwise backward, nothing
+ * widened.  Against st_act_build_half, dy arrives rounded to bf16 (its
+ * producer, a product, rounds it once) and dx is rounded once more before
+ * the next product, which read it rounded anyway. */
+st_status st_act_build_half_grads(st_nn_ctx *ctx, st_act *a, st_activation kind,
+                                  int64_t rows, int64_t cols, const st_bf16 *x, st_bf16 *y,
+                                  st_bf16 *dx, const st_bf16 *dy)
+{
+    memset(a, 0, sizeof *a);
+    a->x_half = 1;
+    a->grads_half = 1;
+    a->xb = (st_bf16 *)x;
+    dnnl_memory_desc_t md16;
+    st_md_strided_bf16(&md16, rows, cols, cols, 1);
+    dnnl_eltwise_desc_t fd, bd;
+    ST_DNNL(dnnl_eltwise_forward_desc_init(&fd, dnnl_forward_training, eltwise_alg(kind),
+                                           &md16, 0.f, 0.f), "bf16 activation forward descriptor");
+    ST_DNNL(dnnl_eltwise_backward_desc_init(&bd, eltwise_alg(kind), &md16, &md16, 0.f, 0.f),
+            "bf16 activation backward descriptor");
+    ST_TRY(st_prim_create_pair(ctx, &a->fwd, &fd, &a->bwd, &bd, "activation forward (bf16)",
+                               "activation backward (bf16)"));
+    dnnl_memory_t mx, my, mdx, mdy;
+    ST_TRY(st_mem_strided_bf16(ctx, &mx, rows, cols, cols, 1, x));
+    ST_TRY(st_mem_strided_bf16(ctx, &my, rows, cols, cols, 1, y));
+    ST_TRY(st_mem_strided_bf16(ctx, &mdx, rows, cols, cols, 1, dx));
+    ST_TRY(st_mem_strided_bf16(ctx, &mdy, rows, cols, cols, 1, dy));
+    st_prim_arg(&a->fwd, DNNL_ARG_SRC, mx);
+    st_prim_arg(&a->fwd, DNNL_ARG_DST, my);
+    st_prim_arg(&a->bwd, DNNL_ARG_SRC, mx);
+    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_DST, mdy);
+    st_prim_arg(&a->bwd, DNNL_ARG_DIFF_SRC, mdx);
+    return ST_OK;
+}
+
 /* The linear layer before wrote y = bf16(max(0, ...)); its backward
  * reads that y as st_act_build_fused_relu reads its copy. */
 st_status st_act_build_fused_relu_half(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
@@ -300,7 +339,7 @@ st_status st_act_backward(const st_nn_ctx *ctx, const st_act *a)
 {
     if (a->mask)   /* folded into the next layer's backward */
         return ST_OK;
-    if (a->bf16)
+    if (a->bf16 && !a->grads_half)
         ST_TRY(st_prim_run(ctx, &a->unkeep));
     return st_prim_run(ctx, &a->bwd);
 }
@@ -320,6 +359,11 @@ static st_status act_build(st_model *m, st_layer *l)
             return st_act_build_fused_relu_half(&m->ctx, &l->u.act, rows, cols, yb,
                                                 l->backward ? st_graph_data(m, l->dx) : NULL,
                                                 st_graph_data(m, l->dy));
+        if (l->backward && st_graph_is_half(m, l->dx))   /* dy too (ST_BF16_TIED_GRADS) */
+            return st_act_build_half_grads(&m->ctx, &l->u.act, l->activation, rows, cols,
+                                           st_graph_data_bf16(m, l->x), yb,
+                                           st_graph_data_bf16(m, l->dx),
+                                           st_graph_data_bf16(m, l->dy));
         return st_act_build_half(&m->ctx, &l->u.act, l->activation, rows, cols,
                                  st_graph_data_bf16(m, l->x), yb,
                                  l->backward ? st_graph_data(m, l->dx) : NULL,
@@ -354,26 +398,30 @@ static st_status act_backward(const st_nn_ctx *ctx, const st_layer *l)
 
 /* Its passes: the activation's forward and backward (a fused ReLU: the
  * backward only; a folded one: the mask only), in bf16 the input's copy
- * kept (4 bytes read, 2 written) and restored (2 read, 4 written). */
+ * kept (4 bytes read, 2 written an element) and restored (2 read, 4
+ * written); x, y, dx and dy at their stored widths. */
 static void act_costs(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s)
 {
     const st_act *a = &l->u.act;
-    const double y = st_cost_tensor_bytes(m, l->y), n = y / 4.0;
+    const double n = (double)st_graph_rows(m, l->y) * (double)st_graph_cols(m, l->y);
+    const double v = a->x_half ? 2.0 : 4.0;   /* x's and y's bytes an element */
+    const double g = a->grads_half ? 2.0 : 4.0;
     const st_cost_op op = l->activation == ST_ACT_GELU && !l->fuse_relu && !l->fold_relu
                               ? ST_OP_GELU : ST_OP_RELU;
     if (a->mask) {
-        st_cost_move(s, 1.25 * y, 1.0);
+        st_cost_move(s, (v + 1.0) * n, 1.0);
         return;
     }
     if (a->bf16 && !a->x_half)
-        st_cost_move(s, 1.5 * y, 1.0);
+        st_cost_move(s, 6.0 * n, 1.0);
     if (!a->fused)
-        st_cost_pass(s, op, 0, n, 2.0 * y, 1.0);
+        st_cost_pass(s, op, 0, n, 2.0 * v * n, 1.0);
     if (forward_only || !l->backward)
         return;
-    if (a->bf16)   /* bf16 x widened: 2 bytes read, 4 written an element */
-        st_cost_move(s, a->x_half ? 3.0 * y : 1.5 * y, 1.0);
-    st_cost_pass(s, op, 1, n, 3.0 * y, 1.0);
+    if (a->bf16 && !a->grads_half)   /* bf16 x widened into fp32 scratch */
+        st_cost_move(s, 6.0 * n, 1.0);
+    /* reads x (or y) and dy, writes dx: fp32 x unless all are bf16 */
+    st_cost_pass(s, op, 1, n, (a->grads_half ? 2.0 : 4.0) * n + 2.0 * g * n, 1.0);
 }
 
 /* fp32: the backward reads x (a fused ReLU: y, the same tensor); bf16:
@@ -392,9 +440,13 @@ static unsigned act_backward_reads(const st_model *m, const st_layer *l)
  * product: the next linear layer), and what writes x can write it. */
 static unsigned act_bf16_io(const st_model *m, const st_layer *l)
 {
-    (void)l;
-    return m->cfg.activations == ST_PRECISION_BF16 ? ST_BF16_X | ST_BF16_Y | ST_BF16_TIED
-                                                   : 0u;
+    if (m->cfg.activations != ST_PRECISION_BF16)
+        return 0u;
+    /* an activation of its own (not fused nor folded into a product) takes
+     * dy and writes dx as bf16 with x: its bf16 backward reads nothing else */
+    const unsigned grads = l->fuse_relu || l->fold_relu
+                               ? 0u : ST_BF16_DX | ST_BF16_DY | ST_BF16_TIED_GRADS;
+    return ST_BF16_X | ST_BF16_Y | ST_BF16_TIED | grads;
 }
 
 const st_layer_kind st_layer_activation = {

@@ -18,7 +18,10 @@
  * once per forward from the fp32 parameters (the masters every strategy
  * updates and reduces), x once per forward into a copy the weight product
  * reads again, dy once per backward into a shared buffer.  The bias and
- * its gradient, the residual add and the scale stay fp32.
+ * its gradient, the residual add and the scale stay fp32.  With bf16
+ * activations x, y, dx and dy may be bf16 tensors themselves (the graph
+ * decides, st_graph_half): the products then read and write them as they
+ * lie, and the bias gradient sums the bf16 dy with fp32 accumulation.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +71,8 @@ static st_status dy_operand(st_nn_ctx *ctx, const st_linear *l, dnnl_memory_t *m
 {
     if (!l->bf16)
         return st_mem_strided(ctx, m, rows, cols, rs, cs, dy + at);
+    if (l->dy_half)
+        return st_mem_strided_bf16(ctx, m, rows, cols, rs, cs, l->dyb + at);
     return st_mem_slot_bf16(ctx, m, rows, cols, rs, cs, ST_SLOT_IN,
                             (size_t)at * sizeof(st_bf16),
                             (size_t)(l->batch * l->out) * sizeof(st_bf16));
@@ -164,7 +169,10 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
     dnnl_memory_desc_t dy_md, w_md, dx_md;
     operand_md(l, &dy_md, l->batch, l->out, l->out, 1);
     operand_md(l, &w_md, l->out, l->in, rs, cs);
-    st_md_matrix(&dx_md, l->batch, l->in);
+    if (l->dx_half)
+        st_md_strided_bf16(&dx_md, l->batch, l->in, l->in, 1);
+    else
+        st_md_matrix(&dx_md, l->batch, l->in);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &dy_md, &w_md, NULL, &dx_md), "linear backward-data descriptor");
     dnnl_memory_desc_t mask_md = dx_md;
@@ -179,7 +187,10 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
     dnnl_memory_t dy, w, dx;
     ST_TRY(dy_operand(ctx, l, &dy, l->batch, l->out, l->out, 1, io->dy, 0));
     ST_TRY(operand(ctx, l, &w, l->out, l->in, rs, cs, io->w, l->wb));
-    ST_TRY(st_mem_matrix(ctx, &dx, l->batch, l->in, io->dx));
+    if (l->dx_half)
+        ST_TRY(st_mem_strided_bf16(ctx, &dx, l->batch, l->in, l->in, 1, io->dxb));
+    else
+        ST_TRY(st_mem_matrix(ctx, &dx, l->batch, l->in, io->dx));
     if (io->dx_mask) {
         dnnl_memory_t mask;
         ST_TRY(st_mem_md(ctx, &mask, &mask_md, io->dx_mask));
@@ -234,10 +245,18 @@ static st_status build_backward_bias(st_nn_ctx *ctx, st_linear *l, st_prim *p,
                                      const st_linear_io *io, int64_t o0, int64_t n, float *db)
 {
     const float *ones;
+    const st_bf16 *ones16 = NULL;
     ST_TRY(st_nn_ctx_ones(ctx, l->batch, &ones));
+    if (l->dy_half)   /* a bf16 dy is summed by a bf16 product (fp32 accumulation) */
+        ST_TRY(st_nn_ctx_ones_bf16(ctx, l->batch, &ones16));
     dnnl_memory_desc_t ones_md, dy_md, db_md;
-    st_md_matrix(&ones_md, 1, l->batch);
-    st_md_strided(&dy_md, l->batch, n, l->out, 1);
+    if (l->dy_half) {
+        st_md_strided_bf16(&ones_md, 1, l->batch, l->batch, 1);
+        st_md_strided_bf16(&dy_md, l->batch, n, l->out, 1);
+    } else {
+        st_md_matrix(&ones_md, 1, l->batch);
+        st_md_strided(&dy_md, l->batch, n, l->out, 1);
+    }
     st_md_matrix(&db_md, 1, n);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &ones_md, &dy_md, NULL, &db_md),
@@ -246,8 +265,13 @@ static st_status build_backward_bias(st_nn_ctx *ctx, st_linear *l, st_prim *p,
                                         "linear backward bias"));
 
     dnnl_memory_t mones, dy, dbm;
-    ST_TRY(st_mem_matrix(ctx, &mones, 1, l->batch, ones));
-    ST_TRY(st_mem_strided(ctx, &dy, l->batch, n, l->out, 1, io->dy + o0));
+    if (l->dy_half) {
+        ST_TRY(st_mem_strided_bf16(ctx, &mones, 1, l->batch, l->batch, 1, ones16));
+        ST_TRY(st_mem_strided_bf16(ctx, &dy, l->batch, n, l->out, 1, l->dyb + o0));
+    } else {
+        ST_TRY(st_mem_matrix(ctx, &mones, 1, l->batch, ones));
+        ST_TRY(st_mem_strided(ctx, &dy, l->batch, n, l->out, 1, io->dy + o0));
+    }
     ST_TRY(st_mem_matrix(ctx, &dbm, 1, n, db));
     st_prim_arg(p, DNNL_ARG_SRC, mones);
     st_prim_arg(p, DNNL_ARG_WEIGHTS, dy);
@@ -319,7 +343,7 @@ static st_status build_conversions(st_nn_ctx *ctx, st_linear *l, const st_linear
         ST_TRY(st_mem_strided_bf16(ctx, &x16, l->batch, l->in, l->in, 1, l->xb));
         ST_TRY(st_prim_create_reorder(ctx, &l->to_bf16_x, x32, x16, "linear input to bf16"));
     }
-    if (l->has_dx || l->has_dw) {
+    if ((l->has_dx || l->has_dw) && !l->dy_half) {
         dnnl_memory_t dy32, dy16;
         ST_TRY(st_mem_matrix(ctx, &dy32, l->batch, l->out, io->dy));
         ST_TRY(dy_operand(ctx, l, &dy16, l->batch, l->out, l->out, 1, io->dy, 0));
@@ -351,6 +375,11 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
     if (l->y_half && (io->residual || l->unfused_bias))
         return st_fail(ST_ERR_INVALID, "linear: a bf16 output takes no residual nor unfused "
                        "bias");
+    l->dy_half = l->bf16 && io->dyb && (l->has_dx || l->has_dw);
+    l->dyb = l->dy_half ? io->dyb : NULL;
+    l->dx_half = l->bf16 && io->dxb && l->has_dx;
+    if (l->dx_half && io->dx_mask)
+        return st_fail(ST_ERR_INVALID, "linear: a bf16 input gradient takes no mask");
     if (l->bf16)
         ST_TRY(build_conversions(ctx, l, io));
     ST_TRY(build_forward(ctx, l, io));
@@ -392,7 +421,7 @@ st_status st_linear_forward_again(const st_nn_ctx *ctx, const st_linear *l)
 
 st_status st_linear_backward(const st_nn_ctx *ctx, const st_linear *l)
 {
-    if (l->bf16 && (l->has_dx || l->has_dw))
+    if (l->bf16 && (l->has_dx || l->has_dw) && !l->dy_half)
         ST_TRY(st_prim_run(ctx, &l->to_bf16_dy));
     if (l->has_dx)
         ST_TRY(st_prim_run(ctx, &l->bwd_data));
@@ -521,10 +550,12 @@ static st_status linear_build(st_model *m, st_layer *l)
         .bf16 = c->precision == ST_PRECISION_BF16, .unfuse = c->unfuse,
         .relu = l->fuse_relu,
         .xb = st_graph_data_bf16(m, l->x), .yb = st_graph_data_bf16(m, l->y),
+        .dyb = st_graph_data_bf16(m, l->dy), .dxb = st_graph_data_bf16(m, l->dx),
     };
     const st_layer *relu = l - 1;   /* folded: the activation declared before it */
     if (l->fold_relu && relu->backward && io.dx) {
         io.dx = st_graph_data(m, relu->dx);
+        io.dxb = st_graph_data_bf16(m, relu->dx);
         io.dx_mask = relu->u.act.mask;
     }
     io.dw_runs = st_graph_grad_runs(m, row_unit(l), &io.n_dw_runs);
@@ -566,7 +597,8 @@ static double linear_flops(const st_layer *layer)
 
 /* The products of linear_flops with their shapes; the bias gradient (a
  * pass over dy) and in bf16 the copies of x, w and dy (4 bytes read, 2
- * written an element).  Weight rows are `in` or `out` as stored. */
+ * written an element; none of a tensor stored as bf16).  Weight rows are
+ * `in` or `out` as stored. */
 static void linear_costs(const st_model *m, const st_layer *layer, int forward_only,
                          st_cost_sink *s)
 {
@@ -595,8 +627,9 @@ static void linear_costs(const st_model *m, const st_layer *layer, int forward_o
         st_cost_add(s, c);
     }
     if (l->n_bias > 0)
-        st_cost_move(s, 4.0 * (double)(l->batch * l->out), (double)l->n_bias);
-    if (b)
+        st_cost_move(s, (l->dy_half ? 2.0 : 4.0) * (double)(l->batch * l->out),
+                     (double)l->n_bias);
+    if (b && !l->dy_half)   /* dy's copy */
         st_cost_move(s, 6.0 * (double)(l->batch * l->out), 1.0);
 }
 
@@ -612,11 +645,15 @@ static unsigned linear_backward_reads(const st_model *m, const st_layer *l)
 /* bf16: its products read x through a bf16 copy, so x stored as bf16 is
  * the same operand (rounded to nearest even where it was written, as the
  * copy would be).  It writes y as bf16 unless a residual is added (the
- * stream stays fp32) or the bias is a pass of its own over y. */
+ * stream stays fp32) or the bias is a pass of its own over y.  With bf16
+ * activations dy is read as bf16 anyway (its copy), and dx may be written
+ * as bf16: the layer before then reads it without a conversion. */
 static unsigned linear_bf16_io(const st_model *m, const st_layer *l)
 {
     const int unfused = (m->cfg.unfuse & ST_UNFUSE_BIAS) != 0;
-    return ST_BF16_X | (l->residual < 0 && !unfused ? ST_BF16_Y : 0u);
+    const unsigned grads = m->cfg.activations == ST_PRECISION_BF16 ? ST_BF16_DX | ST_BF16_DY
+                                                                   : 0u;
+    return ST_BF16_X | (l->residual < 0 && !unfused ? ST_BF16_Y : 0u) | grads;
 }
 
 const st_layer_kind st_layer_linear = {
