@@ -133,6 +133,13 @@ static void check_cnn_bf16_activations(st_model_config c, const char *what)
         }
         if (l->kind == &st_layer_maxpool)
             expect_halves(m[0], l, 1, what);
+        /* the global pool runs in its input's type, all four alike: no
+         * reorder of its own (a ResNet's head converts y once) */
+        if (l->kind == &st_layer_avgpool) {
+            expect_halves(m[0], l, !resnet, what);
+            cr_expect_eq(cnn_reorders(l), 0, "%s: %s runs %d reorders", what, l->name,
+                         cnn_reorders(l));
+        }
         if (l->kind == &st_layer_conv && (!resnet || strstr(l->name, "conv1")))
             cr_expect(st_graph_is_half(m[0], l->y) && st_graph_is_half(m[0], l->dy),
                       "%s: %s writes fp32", what, l->name);

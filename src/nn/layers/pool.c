@@ -223,32 +223,26 @@ static unsigned pool_backward_reads(const st_model *m, const st_layer *l)
     return 0u;
 }
 
-/* bf16 activations.  Max pooling between convolutions and batch norms:
- * all four bf16 or none (no reorder inside a stage).  The global average
- * pool ends the image part: its (B, C) output and gradient may be of
- * another type than its input, a reorder of C values a sample. */
-static unsigned maxpool_bf16_io(const st_model *m, const st_layer *l)
+/* bf16 activations: all four bf16 or none, as the primitives run in x's
+ * type.  Max pooling lies between convolutions and batch norms (no
+ * reorder inside a stage).  The global average pool ends the image part:
+ * after a bf16 stage its (B, C) output and gradient are bf16 too (the
+ * head's product reads y and writes dy as bf16); after an fp32 one
+ * (a ResNet's final batch norm) the head converts y once. */
+static unsigned pool_bf16_io(const st_model *m, const st_layer *l)
 {
     (void)l;
     return m->cfg.activations == ST_PRECISION_BF16 ? ST_BF16_ALL_TIED : 0u;
 }
 
-static unsigned avgpool_bf16_io(const st_model *m, const st_layer *l)
-{
-    (void)l;
-    return m->cfg.activations == ST_PRECISION_BF16 ? ST_BF16_X | ST_BF16_Y | ST_BF16_DX |
-                                                         ST_BF16_DY
-                                                   : 0u;
-}
-
 const st_layer_kind st_layer_avgpool = {
     .name = "avgpool", .build = avgpool_build, .forward = pool_forward,
     .backward = pool_backward, .backward_reads = pool_backward_reads,
-    .bf16_io = avgpool_bf16_io,
+    .bf16_io = pool_bf16_io,
 };
 
 const st_layer_kind st_layer_maxpool = {
     .name = "maxpool", .build = maxpool_build, .forward = pool_forward,
     .backward = pool_backward, .backward_reads = pool_backward_reads,
-    .bf16_io = maxpool_bf16_io,
+    .bf16_io = pool_bf16_io,
 };
