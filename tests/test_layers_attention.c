@@ -337,6 +337,52 @@ Test(attention, bf16_products_of_rounded_operands)
     check_attention(3, 33, 3, 16, 1, 47);
 }
 
+/* bf16 data gradients as tensors (--activation-precision bf16): given dy
+ * as bf16 and writing dQ, dK, dV as bf16, the layer computes what it does
+ * from an fp32 dy, rounded once: its products read dy's copy, rounded to
+ * nearest even as dy itself is here, and write dx rounded the same way. */
+static void check_bf16_gradients(int64_t B, int64_t T, int64_t H, int64_t dh, uint64_t seed)
+{
+    attn_case c;
+    attn_setup(&c, B, T, H, dh, 1, seed);
+    OK(st_attention_forward(&c.e.ctx, &c.a));
+    OK(st_attention_backward(&c.e.ctx, &c.a));
+    const size_t ny = (size_t)(B * T * H * dh), nx = 3 * ny;
+
+    env e;
+    env_init(&e, seed);
+    st_bf16 *dyb = (st_bf16 *)env_floats(&e, (ny + 1) / 2);
+    st_bf16 *dxb = (st_bf16 *)env_floats(&e, (nx + 1) / 2);
+    float *y = env_floats(&e, ny), *scratch = env_floats(&e, st_attention_scratch_floats(B, H, T));
+    void *probs;
+    OK(st_arena_alloc(&e.arena, ST_MEM_ATTENTION, st_attention_probs_bytes(B, H, T, 1), &probs));
+    for (size_t i = 0; i < ny; i++)
+        dyb[i] = st_bf16_from_float(c.dy[i]);
+    const st_attention_io io = { .x = c.x, .y = y, .dx = c.dx, .dy = c.dy, .probs = probs,
+                                 .scratch = scratch, .bf16 = 1, .dyb = dyb, .dxb = dxb };
+    st_attention a;
+    OK(st_attention_build(&e.ctx, &a, B, T, H, dh, &io));
+    OK(st_nn_ctx_finalize(&e.ctx));
+    cr_assert(a.dy_half && a.dx_half, "the layer took fp32 gradients");
+    OK(st_attention_forward(&e.ctx, &a));
+    OK(st_attention_backward(&e.ctx, &a));
+    size_t off = 0;
+    for (size_t i = 0; i < nx; i++)
+        off += dxb[i] != st_bf16_from_float(c.dx[i]);
+    cr_expect_eq(off, 0, "%zu of %zu bf16 dx values are not the fp32 ones rounded", off, nx);
+    env_destroy(&e);
+    env_destroy(&c.e);
+}
+
+Test(attention, bf16_gradients_are_the_fp32_ones_rounded)
+{
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    omp_set_num_threads(1);
+    check_bf16_gradients(2, 7, 2, 4, 61);
+    check_bf16_gradients(3, 33, 3, 16, 67);
+}
+
 /* ------------------------------------------------------------ hot path */
 
 /* Counts heap calls on the armed thread (heapwatch.h interposes the malloc

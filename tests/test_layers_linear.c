@@ -180,7 +180,8 @@ Test(linear, without_dx)
  * The reference rounds its operands alike, so the tolerance stays fp32's,
  * and it also checks that the rounding happened: the largest difference
  * from the unrounded products is far above it. */
-static void check_linear_variant(int in_major, int unscaled_bias, int runs, int bf16)
+static void check_linear_variant_grads(int in_major, int unscaled_bias, int runs, int bf16,
+                                       int half_grads)
 {
     env e;
     env_init(&e, 31 + (uint64_t)(4 * in_major + 2 * unscaled_bias + runs));
@@ -201,10 +202,32 @@ static void check_linear_variant(int in_major, int unscaled_bias, int runs, int 
                         .w = w, .b = b, .dw = dw, .db = db, .in_major = in_major,
                         .unscaled_bias = unscaled_bias, .dw_runs = runs ? kept : NULL,
                         .n_dw_runs = runs ? 2 : 0, .bf16 = bf16 };
+    /* bf16 gradient tensors: dy given rounded, dx written rounded (the sums
+     * below then read dy rounded, the bias gradient too) */
+    st_bf16 *dyb = NULL, *dxb = NULL;
+    if (half_grads) {
+        dyb = (st_bf16 *)env_floats(&e, (B * O + 1) / 2);
+        dxb = (st_bf16 *)env_floats(&e, (B * I + 1) / 2);
+        for (int64_t i = 0; i < B * O; i++) {
+            dyb[i] = st_bf16_from_float(dy[i]);
+            dy[i] = st_bf16_to_float(dyb[i]);
+        }
+        io.dyb = dyb;
+        io.dxb = dxb;
+    }
     OK(st_linear_build(&e.ctx, &l, B, I, O, &io));
+    cr_assert_eq(l.dy_half && l.dx_half, half_grads, "the layer took %s gradients",
+                 half_grads ? "fp32" : "bf16");
     OK(st_nn_ctx_finalize(&e.ctx));
     OK(st_linear_forward(&e.ctx, &l));
+    if (half_grads)   /* what the layer must not read: the fp32 dy */
+        for (int64_t i = 0; i < B * O; i++)
+            dy[i] = NAN;
     OK(st_linear_backward(&e.ctx, &l));
+    if (half_grads)
+        for (int64_t i = 0; i < B * O; i++)
+            dy[i] = st_bf16_to_float(dyb[i]);
+    const double dx_rtol = half_grads ? 1.0 / 256 : 0.0;   /* dx rounded once */
 #define W(o, i) ((double)bf16_round(w[in_major ? (i) * O + (o) : (o) * I + (i)], bf16))
 #define X(r, i) ((double)bf16_round(x[(r) * I + (i)], bf16))
 #define DY(r, o) ((double)bf16_round(dy[(r) * O + (o)], bf16))
@@ -229,7 +252,9 @@ static void check_linear_variant(int in_major, int unscaled_bias, int runs, int 
             double t = 0;
             for (int64_t o = 0; o < O; o++)
                 t += DY(r, o) * W(o, i);
-            cr_expect(fabs(dx[r * I + i] - scale * t) <= 1e-5 * (1 + fabs(t)));
+            const double got = half_grads ? st_bf16_to_float(dxb[r * I + i]) : dx[r * I + i];
+            cr_expect(fabs(got - scale * t) <= dx_rtol * fabs(scale * t) + 1e-5 * (1 + fabs(t)),
+                      "dx[%lld,%lld] = %g, want %g", (long long)r, (long long)i, got, scale * t);
         }
 #undef W
     /* dw: the kept storage rows, back to back */
@@ -262,6 +287,11 @@ static void check_linear_variant(int in_major, int unscaled_bias, int runs, int 
         k++;
     }
     env_destroy(&e);
+}
+
+static void check_linear_variant(int in_major, int unscaled_bias, int runs, int bf16)
+{
+    check_linear_variant_grads(in_major, unscaled_bias, runs, bf16, 0);
 }
 
 Test(linear, storage_scale_bias_and_row_runs)
@@ -330,6 +360,20 @@ Test(linear, bf16_products_of_rounded_operands)
         for (int unscaled = 0; unscaled < 2; unscaled++)
             for (int runs = 0; runs < 2; runs++)
                 check_linear_variant(in_major, unscaled, runs, 1);
+}
+
+/* The same with the data gradients as bf16 tensors (--activation-precision
+ * bf16): dy read where it lies, never its fp32 values (NaN here), the
+ * bias gradient its sum, dx written rounded once. */
+Test(linear, bf16_gradient_tensors)
+{
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    omp_set_num_threads(1);
+    for (int in_major = 0; in_major < 2; in_major++)
+        for (int unscaled = 0; unscaled < 2; unscaled++)
+            for (int runs = 0; runs < 2; runs++)
+                check_linear_variant_grads(in_major, unscaled, runs, 1, 1);
 }
 
 /* ------------------------------------------------------------ add */

@@ -412,7 +412,7 @@ Test(bf16, models_over_shared_storage)
  * take bf16 (written by a linear layer, attention or an activation, read
  * as x by those only) and none is touched by a layer norm or as a
  * residual; a gradient only between a linear layer and an activation of
- * its own (*grads: how many gradients, none also a value). */
+ * its own or attention (*grads: how many gradients, none also a value). */
 static int count_half(const st_model *m, int *grads)
 {
     int n = 0;
@@ -434,7 +434,7 @@ static int count_half(const st_model *m, int *grads)
             cr_assert(l->residual != t, "tensor %d is bf16 and %s reads it as a residual", t,
                       l->name);
             const int g = l->dx == t || l->dy == t;
-            cr_assert(!g || !strcmp(k, "linear") ||
+            cr_assert(!g || !strcmp(k, "linear") || !strcmp(k, "attention") ||
                       (!strcmp(k, "activation") && !l->fuse_relu && !l->fold_relu),
                       "tensor %d is a bf16 gradient and %s (%s) touches it", t, l->name, k);
             value |= l->x == t || l->y == t;
@@ -505,11 +505,14 @@ Test(bf16, activations_stored_as_bf16)
                      "not %d", k, base, plain_half[k]);
         cr_assert_eq(base_grads, 0, "config %d: %d gradients in bf16 without the option", k,
                      base_grads);
-        /* with it, each GELU's dx and dy (none around a ReLU fused into its
-         * product and folded into the next) */
+        /* with it, each GELU's and attention's dx and dy (none around a ReLU
+         * fused into its product and folded into the next) */
         int gelus = 0;
         for (int i = 0; i < m[1]->n_layers; i++) {
             const st_layer *l = &m[1]->layers[i];
+            if (!strcmp(l->kind->name, "attention"))
+                cr_assert(st_graph_is_half(m[1], l->dx) && st_graph_is_half(m[1], l->dy),
+                          "config %d: %s's gradients are not bf16", k, l->name);
             if (strcmp(l->kind->name, "activation") || l->fuse_relu || l->fold_relu)
                 continue;
             gelus++;

@@ -254,6 +254,10 @@ typedef struct st_attention_io {
      * bf16, in place of y. */
     const st_bf16 *xb;
     st_bf16 *yb;
+    /* bf16 only: dy stored as bf16, read in place of dy's copy; dx (dQ, dK,
+     * dV) written as bf16 in place of dx.  NULL: fp32. */
+    const st_bf16 *dyb;
+    st_bf16 *dxb;
 } st_attention_io;
 
 typedef struct st_attention {
@@ -277,6 +281,8 @@ typedef struct st_attention {
     st_bf16 *xb, *pb;
     const float *dp;
     int x_half;            /* st_attention_io.xb given: xb is x, no to_bf16_x */
+    int dy_half, dx_half;  /* st_attention_io.dyb, .dxb given: no to_bf16_dy; dQ,
+                            * dK, dV written as bf16 */
 } st_attention;
 
 /* P's bytes (B H T^2 floats, or bf16 values) and the scratch's floats

@@ -131,6 +131,8 @@ static st_status build_conversions(st_nn_ctx *ctx, st_attention *a, const st_att
     }
     if (!a->has_dx)
         return ST_OK;
+    if (a->dy_half)   /* dy is bf16 already: read where it lies */
+        return st_mem_md(ctx, dyb, y_md, io->dyb);
     const size_t bytes = (size_t)(BT * Dk) * sizeof(st_bf16);
     dnnl_memory_t dy32, dy16;
     ST_TRY(st_mem_matrix(ctx, &dy32, BT, Dk, io->dy));
@@ -148,7 +150,9 @@ st_status st_attention_build(st_nn_ctx *ctx, st_attention *a, int64_t batch, int
                          .scale = 1.0f / sqrtf((float)dh), .has_dx = io->dx != NULL,
                          .bf16 = io->bf16 != 0, .noncausal = io->noncausal != 0,
                          .x_half = io->bf16 && io->xb };
-    if (io->yb && !io->bf16)
+    a->dy_half = a->bf16 && a->has_dx && io->dyb;
+    a->dx_half = a->bf16 && a->has_dx && io->dxb;
+    if ((io->yb || io->dyb || io->dxb) && !io->bf16)
         return st_fail(ST_ERR_INVALID, "attention: a bf16 output needs bf16 products");
     const int64_t Dk = H * dh, X = 3 * Dk;   /* a token's row of x */
     /* Views, (B, H, rows, cols), of the products' operands (dnnl_bf16 in
@@ -233,15 +237,18 @@ st_status st_attention_build(st_nn_ctx *ctx, st_attention *a, int64_t batch, int
 
     /* backward: dP in the scratch; dS there too, in place (fp32), or in
      * bf16 over Pb (the loop) */
-    const char *dxo = (const char *)io->dx;
+    /* dx's parts: fp32, or bf16 rounded once as the products write them */
+    const char *dxo = a->dx_half ? (const char *)io->dxb : (const char *)io->dx;
+    const dnnl_memory_desc_t *dpart_md = a->dx_half ? &part_md : &part32_md;
+    const size_t des = a->dx_half ? sizeof(st_bf16) : sizeof(float);
     dnnl_memory_t dy, dq, dk, dv, dP, dS, dS_t;
     if (a->bf16)
         dy = mdyb;
     else
         ST_TRY(st_mem_md(ctx, &dy, &y_md, io->dy));
-    ST_TRY(st_mem_md(ctx, &dq, &part32_md, dxo));
-    ST_TRY(st_mem_md(ctx, &dk, &part32_md, dxo + Dk * sizeof(float)));
-    ST_TRY(st_mem_md(ctx, &dv, &part32_md, dxo + 2 * Dk * sizeof(float)));
+    ST_TRY(st_mem_md(ctx, &dq, dpart_md, dxo));
+    ST_TRY(st_mem_md(ctx, &dk, dpart_md, dxo + Dk * des));
+    ST_TRY(st_mem_md(ctx, &dv, dpart_md, dxo + 2 * Dk * des));
     ST_TRY(st_mem_md(ctx, &dP, &p32_md, io->scratch));
     if (a->bf16) {
         dS = P;
@@ -313,7 +320,7 @@ st_status st_attention_backward(const st_nn_ctx *ctx, const st_attention *a)
 {
     if (!a->has_dx)
         return ST_OK;
-    if (a->bf16)
+    if (a->bf16 && !a->dy_half)
         ST_TRY(st_prim_run(ctx, &a->to_bf16_dy));
     ST_TRY(st_prim_run(ctx, &a->d_v));
     ST_TRY(st_prim_run(ctx, &a->d_probs));
@@ -389,6 +396,7 @@ static st_status attn_build(st_model *m, st_layer *l)
         .probs = l->saved[0], .scratch = st_graph_grad_scratch(m), .bf16 = precision_bf16(m),
         .noncausal = l->noncausal,
         .xb = st_graph_data_bf16(m, l->x), .yb = st_graph_data_bf16(m, l->y),
+        .dyb = st_graph_data_bf16(m, l->dy), .dxb = st_graph_data_bf16(m, l->dx),
     };
     return st_attention_build(&m->ctx, &l->u.attn, B, T, Dk / dh, dh, &io);
 }
@@ -437,7 +445,7 @@ static void attn_costs(const st_model *m, const st_layer *l, int forward_only, s
     st_cost_heads(s, b, ST_OPERANDS_NN, rows, dh, T, 1.0);    /* dQ = dS K */
     st_cost_heads(s, b, ST_OPERANDS_TN, rows, dh, T, 2.0);    /* dV = P^T dO, dK */
     st_cost_pass(s, ST_OP_SOFTMAX, 1, probs, 12.0 * probs, 1.0);
-    if (b)
+    if (b && !a->dy_half)   /* dy's copy */
         st_cost_move(s, 6.0 * (double)(rows * dh), 1.0);
 }
 
@@ -452,12 +460,16 @@ static unsigned attn_backward_reads(const st_model *m, const st_layer *l)
 
 /* bf16: its products read x through a bf16 copy (x stored as bf16 is
  * that operand), and what reads y is the output projection's product,
- * which rounds it to bf16 anyway: both may be bf16 at no change. */
+ * which rounds it to bf16 anyway: both may be bf16 at no change.  With
+ * bf16 activations dy is read as bf16 (its copy) and dx may be written
+ * as bf16: the projection's products read it rounded anyway, its bias
+ * gradient then sums the rounded values. */
 static unsigned attn_bf16_io(const st_model *m, const st_layer *l)
 {
-    (void)m;
     (void)l;
-    return ST_BF16_X | ST_BF16_Y;
+    const unsigned grads = m->cfg.activations == ST_PRECISION_BF16 ? ST_BF16_DX | ST_BF16_DY
+                                                                   : 0u;
+    return ST_BF16_X | ST_BF16_Y | grads;
 }
 
 const st_layer_kind st_layer_attention = {
