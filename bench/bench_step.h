@@ -81,7 +81,7 @@ typedef struct bench_result {
     double ref16_flops;             /* bf16: the bf16 matmul reference, per call */
     double ref16_s_med, ref16_s_best;
     char ref16_impl[32];
-    double wgrad16_s[3];            /* bf16 matmul configs: wgrad16_windows */
+    double wgrad16_s[4];            /* bf16 matmul configs: wgrad16_windows */
     size_t params;
     double flops;                   /* per step */
     int windows;
@@ -164,7 +164,10 @@ int gemm16_init(gemm_ctx *g, char *impl, size_t size);
 /* Seconds a call of the weight-gradient product reading A transposed
  * (out[0]), from a contiguous copy (out[1]), and of the copy (out[2]),
  * each over a window of min_s; -1 where that is missing. */
-void wgrad16_windows(const gemm_ctx *g, double min_s, double out[3]);
+/* out: seconds of the transposed read, the copy's product and the copy;
+ * out[3] the fraction of the outputs whose bits differ between the two
+ * reads (-1 where a piece is missing) */
+void wgrad16_windows(const gemm_ctx *g, double min_s, double out[4]);
 void gemm_free(gemm_ctx *g);
 /* One pass of a convolution shape at batch, 2 FLOPs per multiply-add. */
 double conv_pass_flops(const conv_shape *c, int64_t batch);

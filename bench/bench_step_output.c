@@ -250,10 +250,12 @@ void print_details(const bench_result *r)
         const double f = r->ref16_flops;   /* the same m n k */
         printf("%s bf16: its weight-gradient product %lldx%lldx%lld (A^T dC) %.1f GFLOP/s "
                "reading A transposed, %.1f from a contiguous copy (%s); the copy %.3f ms, "
-               "%.2f of the product\n", label, (long long)r->gemm_k, (long long)r->gemm_n,
-               (long long)r->gemm_m, gflops(f, r->wgrad16_s[0]), gflops(f, r->wgrad16_s[1]),
+               "%.2f of the product; %.1f%% of the outputs differ in bits (-100: not compared)\n", label,
+               (long long)r->gemm_k, (long long)r->gemm_n, (long long)r->gemm_m,
+               gflops(f, r->wgrad16_s[0]), gflops(f, r->wgrad16_s[1]),
                r->wgrad16_s[1] < r->wgrad16_s[0] ? "faster" : "not faster",
-               r->wgrad16_s[2] * 1e3, r->wgrad16_s[2] / r->wgrad16_s[1]);
+               r->wgrad16_s[2] * 1e3, r->wgrad16_s[2] / r->wgrad16_s[1],
+               100.0 * r->wgrad16_s[3]);
     }
     printf("%s%s: %s %s; %llu steps in %d windows, step %.2f..%.2f ms; "
            "best windows: step %.1f, %s %.1f GFLOP/s, ratio %.3f\n", label,
@@ -324,8 +326,9 @@ void write_json(FILE *f, const bench_result *r, const bench_options *o)
                 o->layout, r->bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32)));
     if (r->wgrad16_s[0] > 0.0 && r->wgrad16_s[1] > 0.0)
         fprintf(f, "\"wgrad_transposed_gflops\":%.3f,\"wgrad_contiguous_gflops\":%.3f,"
-                "\"wgrad_copy_ms\":%.4f,", gflops(r->ref16_flops, r->wgrad16_s[0]),
-                gflops(r->ref16_flops, r->wgrad16_s[1]), r->wgrad16_s[2] * 1e3);
+                "\"wgrad_copy_ms\":%.4f,\"wgrad_differ\":%.4f,",
+                gflops(r->ref16_flops, r->wgrad16_s[0]), gflops(r->ref16_flops, r->wgrad16_s[1]),
+                r->wgrad16_s[2] * 1e3, r->wgrad16_s[3]);
     if (r->bf16)
         fprintf(f, "\"bf16_reference\":\"%s\",\"bf16_ref_gflops\":%.3f,"
                 "\"bf16_ref_gflops_best\":%.3f,\"bf16_ref_impl\":\"%s\",\"ratio_bf16\":%.4f,",

@@ -181,12 +181,35 @@ static int wg_transpose_call(const gemm_ctx *g)
            dnnl_stream_wait(g->stream) == dnnl_success ? 0 : -1;
 }
 
-void wgrad16_windows(const gemm_ctx *g, double min_s, double out[3])
+/* Whether the two reads sum alike: a layer may copy only by a fixed rule
+ * if they do not (timing both at run time would change its bits). */
+static double wgrad16_differ(const gemm_ctx *g)
+{
+    const size_t n = (size_t)(g->k * g->n);
+    void *db = NULL;
+    float *first = malloc(n * sizeof *first);
+    double frac = -1.0;
+    if (first && dnnl_memory_get_data_handle(g->db32, &db) == dnnl_success && db &&
+        wg_read_call(g) == 0) {
+        memcpy(first, db, n * sizeof *first);
+        if (wg_copy_call(g) == 0) {
+            size_t differ = 0;
+            for (size_t i = 0; i < n; i++)
+                differ += memcmp(&first[i], (const float *)db + i, sizeof *first) != 0;
+            frac = (double)differ / (double)n;
+        }
+    }
+    free(first);
+    return frac;
+}
+
+void wgrad16_windows(const gemm_ctx *g, double min_s, double out[4])
 {
     out[0] = g->wg_read ? gemm_window(wg_read_call, g, min_s) : -1.0;
     out[2] = g->wg_transpose ? gemm_window(wg_transpose_call, g, min_s) : -1.0;
     /* after the copy's window: it filled the copy the product reads */
     out[1] = g->wg_copy && out[2] >= 0.0 ? gemm_window(wg_copy_call, g, min_s) : -1.0;
+    out[3] = out[0] >= 0.0 && out[1] >= 0.0 ? wgrad16_differ(g) : -1.0;
 }
 
 void gemm_free(gemm_ctx *g)

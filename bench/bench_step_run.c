@@ -355,7 +355,7 @@ int run_config(const bench_config *bc, const bench_options *o, int bf16, st_mome
     r->step_s_worst = step_t[o->windows - 1];
     r->ref_s_med = median(gemm_t, o->windows);
     r->ref_s_best = gemm_t[0];
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         r->wgrad16_s[i] = -1.0;
     if (bf16 && !bc->conv_ref)
         wgrad16_windows(&ref.g, o->gemm_window_s, r->wgrad16_s);
