@@ -104,20 +104,6 @@ st_status st_nn_ctx_ones(st_nn_ctx *ctx, int64_t n, const float **out)
     return ST_OK;
 }
 
-st_status st_nn_ctx_ones_bf16(st_nn_ctx *ctx, int64_t n, const st_bf16 **out)
-{
-    if (n > ctx->n_ones16) {
-        void *p;
-        ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WORKSPACE, (size_t)n * sizeof(st_bf16), &p));
-        ctx->ones16 = p;
-        for (int64_t i = 0; i < n; i++)
-            ctx->ones16[i] = st_bf16_from_float(1.0f);
-        ctx->n_ones16 = n;
-    }
-    *out = ctx->ones16;
-    return ST_OK;
-}
-
 void st_nn_ctx_destroy(st_nn_ctx *ctx)
 {
     for (int i = 0; i < ctx->n_prims; i++) {

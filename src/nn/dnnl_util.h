@@ -52,8 +52,6 @@ typedef struct st_nn_ctx {
     size_t scratchpad_bytes;     /* largest scratchpad requested so far */
     void *scratchpad;            /* shared workspace, after finalize */
     float *ones;                 /* n_ones ones, for batch sums */
-    st_bf16 *ones16;             /* n_ones16 bf16 ones, for sums over bf16 tensors */
-    int64_t n_ones16;
     float bn_momentum;           /* of the running statistics' update in the next
                                   * training forward; 0: ST_BATCHNORM_MOMENTUM
                                   * (st_model_calibrate sets 1 / (k + 1)) */
@@ -127,8 +125,6 @@ static inline int st_nn_copy_fresh(const st_nn_ctx *ctx, int id)
 }
 /* A read-only vector of at least n ones (from the arena, shared). */
 st_status st_nn_ctx_ones(st_nn_ctx *ctx, int64_t n, const float **out);
-/* The same in bf16 (1.0 is exact in bf16). */
-st_status st_nn_ctx_ones_bf16(st_nn_ctx *ctx, int64_t n, const st_bf16 **out);
 
 /* Creates the primitive for `op_desc` (any oneDNN *_desc_t); `hint` is the
  * forward primitive descriptor for backward ones, else NULL.  If pd_out is

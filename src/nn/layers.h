@@ -39,6 +39,10 @@ typedef struct st_linear {
     st_prim *bwd_weights;  /* n_runs: dw[run] = dy^T x restricted to the run */
     st_prim *bwd_bias;     /* n_bias: db = sum over the batch of dy */
     int n_runs, n_bias;
+    /* dy_half: the bias gradients are column sums of the bf16 dy, a loop
+     * of its own (n_bias of them; bwd_bias unused) */
+    struct st_linear_colsum { int64_t o0, n; float *db; } *colsums;
+    float bias_scale;      /* of the bias gradient: 1 for an unscaled bias */
     int64_t dw_rows;       /* storage rows with a weight gradient */
     /* bf16 (st_linear_io.bf16): the three products read bf16 copies of
      * w, x and dy, made by these reorders (round to nearest even), and

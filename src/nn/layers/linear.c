@@ -28,6 +28,7 @@
 
 #include <stdio.h>
 
+#include "core/simd.h"
 #include "nn/graph.h"
 #include "nn/layers.h"
 
@@ -245,18 +246,10 @@ static st_status build_backward_bias(st_nn_ctx *ctx, st_linear *l, st_prim *p,
                                      const st_linear_io *io, int64_t o0, int64_t n, float *db)
 {
     const float *ones;
-    const st_bf16 *ones16 = NULL;
     ST_TRY(st_nn_ctx_ones(ctx, l->batch, &ones));
-    if (l->dy_half)   /* a bf16 dy is summed by a bf16 product (fp32 accumulation) */
-        ST_TRY(st_nn_ctx_ones_bf16(ctx, l->batch, &ones16));
     dnnl_memory_desc_t ones_md, dy_md, db_md;
-    if (l->dy_half) {
-        st_md_strided_bf16(&ones_md, 1, l->batch, l->batch, 1);
-        st_md_strided_bf16(&dy_md, l->batch, n, l->out, 1);
-    } else {
-        st_md_matrix(&ones_md, 1, l->batch);
-        st_md_strided(&dy_md, l->batch, n, l->out, 1);
-    }
+    st_md_matrix(&ones_md, 1, l->batch);
+    st_md_strided(&dy_md, l->batch, n, l->out, 1);
     st_md_matrix(&db_md, 1, n);
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &ones_md, &dy_md, NULL, &db_md),
@@ -265,18 +258,34 @@ static st_status build_backward_bias(st_nn_ctx *ctx, st_linear *l, st_prim *p,
                                         "linear backward bias"));
 
     dnnl_memory_t mones, dy, dbm;
-    if (l->dy_half) {
-        ST_TRY(st_mem_strided_bf16(ctx, &mones, 1, l->batch, l->batch, 1, ones16));
-        ST_TRY(st_mem_strided_bf16(ctx, &dy, l->batch, n, l->out, 1, l->dyb + o0));
-    } else {
-        ST_TRY(st_mem_matrix(ctx, &mones, 1, l->batch, ones));
-        ST_TRY(st_mem_strided(ctx, &dy, l->batch, n, l->out, 1, io->dy + o0));
-    }
+    ST_TRY(st_mem_matrix(ctx, &mones, 1, l->batch, ones));
+    ST_TRY(st_mem_strided(ctx, &dy, l->batch, n, l->out, 1, io->dy + o0));
     ST_TRY(st_mem_matrix(ctx, &dbm, 1, n, db));
     st_prim_arg(p, DNNL_ARG_SRC, mones);
     st_prim_arg(p, DNNL_ARG_WEIGHTS, dy);
     st_prim_arg(p, DNNL_ARG_DST, dbm);
     return ST_OK;
+}
+
+/* db (n) = scale * the sum over the rows of dy[:, 0:n] (bf16, row stride
+ * ld), accumulated in fp32 row after row: one pass over dy.  Not the
+ * ones product above in bf16: oneDNN 2.6's bf16 matmul is slow on a
+ * single row (doc/precision.md), and AMX kernels tile 16 rows. */
+ST_VECTOR_CLONES_BW
+static void colsum_bf16(float *restrict db, const st_bf16 *restrict dy, int64_t rows,
+                        int64_t n, int64_t ld, float scale)
+{
+    for (int64_t c = 0; c < n; c++)
+        db[c] = 0.0f;
+    for (int64_t r = 0; r < rows; r++) {
+        const st_bf16 *row = dy + r * ld;
+#pragma omp simd
+        for (int64_t c = 0; c < n; c++)
+            db[c] += st_bf16_to_float(row[c]);
+    }
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++)
+        db[c] *= scale;
 }
 
 /* The weight and bias gradients: one product per run of kept rows (their
@@ -300,17 +309,28 @@ static st_status build_backward_params(st_nn_ctx *ctx, st_linear *l, const st_li
     memset(p, 0, (size_t)(l->n_runs + l->n_bias) * sizeof(st_prim));
     l->bwd_weights = p;
     l->bwd_bias = l->bwd_weights + l->n_runs;
+    l->bias_scale = l->scale_bias ? l->scale : 1.0f;
+    if (l->dy_half) {
+        ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WORKSPACE,
+                              (size_t)l->n_bias * sizeof *l->colsums, &p));
+        l->colsums = p;
+    }
     int64_t done = 0;
     for (int i = 0; i < l->n_runs; i++) {
         ST_TRY(build_backward_weights(ctx, l, &l->bwd_weights[i], io, runs[i].begin,
                                       runs[i].count, io->dw + done * cols));
-        if (!l->in_major)
+        if (!l->in_major && l->dy_half)
+            l->colsums[i] = (struct st_linear_colsum){ runs[i].begin, runs[i].count,
+                                                       io->db + done };
+        else if (!l->in_major)
             ST_TRY(build_backward_bias(ctx, l, &l->bwd_bias[i], io, runs[i].begin,
                                        runs[i].count, io->db + done));
         done += runs[i].count;
     }
     l->dw_rows = done;
-    if (l->in_major)
+    if (l->in_major && l->dy_half)
+        l->colsums[0] = (struct st_linear_colsum){ 0, l->out, io->db };
+    else if (l->in_major)
         ST_TRY(build_backward_bias(ctx, l, &l->bwd_bias[0], io, 0, l->out, io->db));
     return ST_OK;
 }
@@ -429,8 +449,13 @@ st_status st_linear_backward(const st_nn_ctx *ctx, const st_linear *l)
         return ST_OK;
     for (int i = 0; i < l->n_runs; i++)
         ST_TRY(st_prim_run(ctx, &l->bwd_weights[i]));
-    for (int i = 0; i < l->n_bias; i++)
-        ST_TRY(st_prim_run(ctx, &l->bwd_bias[i]));
+    for (int i = 0; i < l->n_bias; i++) {
+        if (l->dy_half)
+            colsum_bf16(l->colsums[i].db, l->dyb + l->colsums[i].o0, l->batch, l->colsums[i].n,
+                        l->out, l->bias_scale);
+        else
+            ST_TRY(st_prim_run(ctx, &l->bwd_bias[i]));
+    }
     return ST_OK;
 }
 
