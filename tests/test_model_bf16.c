@@ -411,8 +411,8 @@ Test(bf16, models_over_shared_storage)
 /* Half tensors of m: how many, and whether each lies between layers that
  * take bf16 (written by a linear layer, attention or an activation, read
  * as x by those only) and none is touched by a layer norm or as a
- * residual; a gradient only between a linear layer and an activation of
- * its own or attention (*grads: how many gradients, none also a value). */
+ * residual; a gradient only between linear layers, GELU and attention
+ * (*grads: how many gradients, none also a value). */
 static int count_half(const st_model *m, int *grads)
 {
     int n = 0;
@@ -435,7 +435,7 @@ static int count_half(const st_model *m, int *grads)
                       l->name);
             const int g = l->dx == t || l->dy == t;
             cr_assert(!g || !strcmp(k, "linear") || !strcmp(k, "attention") ||
-                      (!strcmp(k, "activation") && !l->fuse_relu && !l->fold_relu),
+                      (!strcmp(k, "activation") && l->activation == ST_ACT_GELU),
                       "tensor %d is a bf16 gradient and %s (%s) touches it", t, l->name, k);
             value |= l->x == t || l->y == t;
             grad |= g;
@@ -505,7 +505,7 @@ Test(bf16, activations_stored_as_bf16)
                      "not %d", k, base, plain_half[k]);
         cr_assert_eq(base_grads, 0, "config %d: %d gradients in bf16 without the option", k,
                      base_grads);
-        /* with it, each GELU's and attention's dx and dy (none around a ReLU
+        /* with it, each GELU's and attention's dx and dy (none around a ReLU,
          * fused into its product and folded into the next) */
         int gelus = 0;
         for (int i = 0; i < m[1]->n_layers; i++) {
@@ -513,7 +513,7 @@ Test(bf16, activations_stored_as_bf16)
             if (!strcmp(l->kind->name, "attention"))
                 cr_assert(st_graph_is_half(m[1], l->dx) && st_graph_is_half(m[1], l->dy),
                           "config %d: %s's gradients are not bf16", k, l->name);
-            if (strcmp(l->kind->name, "activation") || l->fuse_relu || l->fold_relu)
+            if (strcmp(l->kind->name, "activation") || l->activation != ST_ACT_GELU)
                 continue;
             gelus++;
             cr_assert(st_graph_is_half(m[1], l->dx) && st_graph_is_half(m[1], l->dy),

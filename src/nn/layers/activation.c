@@ -359,7 +359,7 @@ static st_status act_build(st_model *m, st_layer *l)
             return st_act_build_fused_relu_half(&m->ctx, &l->u.act, rows, cols, yb,
                                                 l->backward ? st_graph_data(m, l->dx) : NULL,
                                                 st_graph_data(m, l->dy));
-        if (l->backward && st_graph_is_half(m, l->dx))   /* dy too (ST_BF16_TIED_GRADS) */
+        if (l->backward && st_graph_is_half(m, l->dx))   /* dy too (TIED_GRADS) */
             return st_act_build_half_grads(&m->ctx, &l->u.act, l->activation, rows, cols,
                                            st_graph_data_bf16(m, l->x), yb,
                                            st_graph_data_bf16(m, l->dx),
@@ -404,7 +404,7 @@ static void act_costs(const st_model *m, const st_layer *l, int forward_only, st
 {
     const st_act *a = &l->u.act;
     const double n = (double)st_graph_rows(m, l->y) * (double)st_graph_cols(m, l->y);
-    const double v = a->x_half ? 2.0 : 4.0;   /* x's and y's bytes an element */
+    const double v = st_graph_is_half(m, l->y) ? 2.0 : 4.0;   /* x's and y's bytes */
     const double g = a->grads_half ? 2.0 : 4.0;
     const st_cost_op op = l->activation == ST_ACT_GELU && !l->fuse_relu && !l->fold_relu
                               ? ST_OP_GELU : ST_OP_RELU;
@@ -442,10 +442,11 @@ static unsigned act_bf16_io(const st_model *m, const st_layer *l)
 {
     if (m->cfg.activations != ST_PRECISION_BF16)
         return 0u;
-    /* an activation of its own (not fused nor folded into a product) takes
-     * dy and writes dx as bf16 with x: its bf16 backward reads nothing else */
-    const unsigned grads = l->fuse_relu || l->fold_relu
-                               ? 0u : ST_BF16_DX | ST_BF16_DY | ST_BF16_TIED_GRADS;
+    /* GELU (not a ReLU: fused and folded ones keep fp32 gradients, and
+     * --unfuse relu must compute what they do) takes dy and writes dx as
+     * bf16 with x and y: one data type for its bf16 backward */
+    const unsigned grads = l->activation == ST_ACT_GELU && !l->fuse_relu && !l->fold_relu
+                               ? ST_BF16_DX | ST_BF16_DY | ST_BF16_TIED_GRADS : 0u;
     return ST_BF16_X | ST_BF16_Y | ST_BF16_TIED | grads;
 }
 
