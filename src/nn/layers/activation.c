@@ -25,10 +25,10 @@
  * lets x's buffer be reused (st_graph_build's pool) and the activations
  * kept for the backward are 2 bytes per element instead of 4.
  *
- * With --activation-precision bf16 an activation of its own (not fused
- * nor folded into a product) takes x, y, dx and dy as bf16 tensors: its
- * backward is the bf16 eltwise on x as it lies, and the products on both
- * sides read and write the bf16 gradients without a conversion. */
+ * With --activation-precision bf16 GELU takes x, y, dx and dy as bf16
+ * tensors: its backward is the bf16 eltwise on x as it lies, and the
+ * products on both sides read and write the bf16 gradients without a
+ * conversion (a ReLU keeps fp32 gradients: act_bf16_io). */
 #include <stdio.h>
 
 #include "nn/graph.h"
