@@ -244,13 +244,15 @@ Test(plan, memory_equals_the_runs_with_masking_accumulation_and_moments, .timeou
     /* a bf16 master: dp's copies, the fp32 vector without the matrices (a
      * domain's, a worker's own, private replicas gathered as bf16); sdp's
      * with backward masking (masks redrawn: shared weights save no shard,
-     * private ones theirs); localsgd's */
+     * private ones theirs); localsgd's; forward-masked subnetworks' bf16
+     * master shards (masks redrawn: the shards saved widened) */
     static const char *const layouts[] = {
         "--workers 2", "--workers 1", "--workers 2 --weights private",
         "--workers 2 --strategy sdp --masking backward --resample 2",
         "--workers 2 --strategy sdp --masking backward --weights private --resample 2",
-        "--workers 2 --strategy localsgd --local-steps 2" };
-    for (int n = 0; n < 6 && bf16 != ST_BF16_UNAVAILABLE; n++) {
+        "--workers 2 --strategy localsgd --local-steps 2",
+        "--workers 2 --strategy sdp --resample 2" };
+    for (int n = 0; n < 7 && bf16 != ST_BF16_UNAVAILABLE; n++) {
         snprintf(opts, sizeof opts, "%s --depth 2 --width 32 --batch 8 %s --oversubscribe "
                  "--precision bf16%s --optimizer-moments bf16-sr --master-weights bf16-sr", data,
                  layouts[n], bf16 == ST_BF16_EMULATED ? " --bf16-emulated" : "");

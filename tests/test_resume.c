@@ -422,6 +422,37 @@ Test(resume, a_bf16_master_resumes_bitwise, .timeout = 180)
     st_test_rmdir(dir);
 }
 
+/* Forward-masked subnetworks with a bf16 master (sdp's default masking:
+ * the engine's bf16 master shards): a resume from a step checkpoint
+ * continues bitwise, masks redrawn across it (neuron units, elements
+ * nobody holds in some rounds) and fixed. */
+Test(resume, a_bf16_master_of_forward_masked_subnetworks_resumes_bitwise, .timeout = 180)
+{
+    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], runs[2][5 * ST_TEST_PATH_MAX],
+        extra[8 * ST_TEST_PATH_MAX], a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    const st_bf16_support bf16 = st_bf16_probe(NULL);
+    if (bf16 == ST_BF16_UNAVAILABLE)
+        cr_skip_test("no bf16 matrix product here");
+    setup_run(dir, base, sizeof base, "--model mlp --depth 2 --width 32 --precision bf16 "
+              "--bf16-emulated --master-weights bf16-sr --strategy sdp --subnet neuron");
+    snprintf(runs[0], sizeof runs[0], "%s --workers 2 --resample 5 --optimizer-moments "
+             "bf16-sr", base);
+    snprintf(runs[1], sizeof runs[1], "%s --workers 3 --oversubscribe --coverage 0.67", base);
+    for (size_t i = 0; i < 2; i++) {
+        char ck[16], resumed[16];
+        snprintf(ck, sizeof ck, "ck%zu", i);
+        snprintf(resumed, sizeof resumed, "resumed%zu", i);
+        expect_trains(dir, ck, runs[i], "--checkpoint-every 7");
+        snprintf(a, sizeof a, "%s/%s/step-00000007.safetensors", dir, ck);
+        snprintf(extra, sizeof extra, "--resume '%s'", a);
+        expect_trains(dir, resumed, runs[i], extra);
+        snprintf(a, sizeof a, "%s/%s/final.safetensors", dir, ck);
+        snprintf(b, sizeof b, "%s/%s/final.safetensors", dir, resumed);
+        cr_assert(same_file(a, b), "%s: resumed after step 7, the weights differ", runs[i]);
+    }
+    st_test_rmdir(dir);
+}
+
 /* A bf16 master with shared weights over two NUMA domains (a worker
  * each, each domain's copies holding the master): a resume from a step
  * checkpoint continues bitwise, dp and sdp with backward masking (masks

@@ -167,6 +167,26 @@ Test(sdp_neuron, a_step_makes_no_heap_allocation, .timeout = 60)
     assert_steps_make_no_heap_call(&c, "sdp neuron forward (mlp, unheld weights)");
 }
 
+/* Forward-masked subnetworks with a bf16 master: the updates write the
+ * owners' bf16 master shards, the all-gather brings them into the compact
+ * copies, evaluation widens them: no heap call either (neurons of an mlp,
+ * with unheld weights; resmlp's blocks). */
+Test(sdp_neuron, a_bf16_master_step_makes_no_heap_allocation, .timeout = 60)
+{
+    HEAPWATCH_SKIP_IF_OFF();
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    st_train_config c = neuron_sdp_config(st_model_kind_named("mlp"), 2, 0.5, 40);
+    c.batch = 32;
+    c.model.precision = ST_PRECISION_BF16;
+    c.bf16_emulated = 1;
+    c.optim.master = ST_MASTER_BF16_SR;
+    assert_steps_make_no_heap_call(&c, "sdp neuron forward, bf16 master (mlp, unheld weights)");
+    c.model.kind = st_model_kind_named("resmlp");
+    c.sdp.subnet = ST_SUBNET_BLOCK;
+    assert_steps_make_no_heap_call(&c, "sdp block forward, bf16 master (resmlp)");
+}
+
 /* synth's segment groups: each group's data parallelism over its segment
  * network, reduced and updated during the backward. */
 Test(synth, a_segment_group_step_makes_no_heap_allocation, .timeout = 60)

@@ -171,6 +171,20 @@ typedef struct st_comm_config {
      * and each other domain's copier copies them, bit for bit, into its
      * own. */
     int copies_master;
+    /* Ranges of the full layout (sorted, disjoint; copied), for an engine
+     * with the gather role whose workers attach compact vectors with copies
+     * of their own layouts (subnetworks, which copies_master cannot serve:
+     * it needs the same list everywhere): the elements there have a bf16
+     * master.  Each owner keeps its shard's in a bf16 shard of its own
+     * (st_comm_shard_params16, indexed from the shard's begin), which the
+     * update writes; its fp32 master shard has no memory under them, and
+     * the all-gather brings them from the bf16 shard into the holders'
+     * copies, leaving the holders' fp32 elements there unwritten.  Every
+     * copied element a worker holds must lie in these ranges, and every
+     * element there it holds in one of its copies.  The shared backend on
+     * one NUMA domain alone; not with copies_master.  NULL: none. */
+    const st_range *bf16_master;
+    int n_bf16_master;
     /* 1 (shared backend): a worker waiting at a barrier sleeps until the
      * last one arrives, instead of spinning: for many more workers than
      * cores when no step is timed (a sizing run lays its workers out on
@@ -250,6 +264,10 @@ void st_comm_reset(st_comm *c);
 st_range st_comm_shard(const st_comm *c, int w);
 float *st_comm_shard_grads(st_comm *c, int w);
 float *st_comm_shard_params(st_comm *c, int w);
+/* w's bf16 master shard (st_comm_config.bf16_master), indexed from its
+ * shard's begin, only the elements inside those ranges meaningful; NULL
+ * without one, or where w's shard meets none of them. */
+uint16_t *st_comm_shard_params16(st_comm *c, int w);
 
 /* Reduce-scatter.  Every worker calls it once its gradient vector is
  * complete; on return w's shard gradient holds, for every element, the

@@ -61,6 +61,8 @@ typedef struct st_comm_backend_ops {
     st_range (*shard)(const st_comm_backend *b, int w);
     float *(*shard_grads)(st_comm_backend *b, int w);
     float *(*shard_params)(st_comm_backend *b, int w);
+    /* Optional (NULL: no bf16 master shards). */
+    uint16_t *(*shard_params16)(st_comm_backend *b, int w);
 
     /* The hot path.  reduce_ready is optional (NULL: nothing to do before
      * the reduce-scatter, which then reduces everything). */

@@ -135,6 +135,22 @@ static st_status create_engine(const st_comm_config *cfg, st_comm_world *world, 
     if (cfg->shared_params && cfg->roles == ST_COMM_REDUCE)
         return st_fail(ST_ERR_INVALID, "shared parameters are the masters the all-gather "
                        "writes: a reduce-only engine has none");
+    /* (its all-gather reads an owner's bf16 shard in one domain only) */
+    if (cfg->n_bf16_master > 0 &&
+        (cfg->backend != ST_COMM_BACKEND_SHARED || n_domains > 1 || cfg->copies_master ||
+         cfg->shared_params || !cfg->bf16_master || !(cfg->roles == 0 ||
+                                                     (cfg->roles & ST_COMM_GATHER))))
+        return st_fail(ST_ERR_INVALID, "bf16 master shards need the shared backend on one NUMA "
+                       "domain, an engine that gathers, and neither shared parameters nor "
+                       "copies_master (this one: %s backend, %d domains)",
+                       st_comm_backend_name(cfg->backend), n_domains);
+    for (int i = 0; i < cfg->n_bf16_master; i++)
+        if (cfg->bf16_master[i].begin >= cfg->bf16_master[i].end ||
+            cfg->bf16_master[i].end > cfg->n_params ||
+            (i > 0 && cfg->bf16_master[i].begin < cfg->bf16_master[i - 1].end))
+            return st_fail(ST_ERR_INVALID, "bf16 master range %d [%zu, %zu) is empty, out of "
+                           "the vector or out of order", i, cfg->bf16_master[i].begin,
+                           cfg->bf16_master[i].end);
     st_comm *c = malloc(sizeof *c);
     if (!c)
         return st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine");
@@ -304,6 +320,12 @@ float *st_comm_shard_grads(st_comm *c, int w)
 float *st_comm_shard_params(st_comm *c, int w)
 {
     return valid_worker(c, w) ? c->ops->shard_params(c->impl, w) : NULL;
+}
+
+uint16_t *st_comm_shard_params16(st_comm *c, int w)
+{
+    return valid_worker(c, w) && c->ops->shard_params16 ? c->ops->shard_params16(c->impl, w)
+                                                        : NULL;
 }
 
 st_comm_bytes st_comm_bytes_per_step(const st_comm *c, int w)

@@ -158,6 +158,14 @@ st_status st_comm_plan_init(comm_plan *pl, const st_comm_config *cfg)
     pl->allow_unheld = cfg->allow_unheld;
     pl->shared_params = cfg->shared_params;
     pl->copies_master = cfg->copies_master;
+    if (cfg->n_bf16_master > 0) {
+        pl->bf16_master = malloc((size_t)cfg->n_bf16_master * sizeof *pl->bf16_master);
+        if (!pl->bf16_master)
+            return st_fail(ST_ERR_NOMEM, "out of memory creating the reduction engine");
+        memcpy(pl->bf16_master, cfg->bf16_master,
+               (size_t)cfg->n_bf16_master * sizeof *pl->bf16_master);
+        pl->n_bf16_master = cfg->n_bf16_master;
+    }
     if (cfg->allow_unheld && cfg->unheld_ranges && cfg->n_unheld_ranges > 0) {
         pl->unheld_ranges = malloc((size_t)cfg->n_unheld_ranges * sizeof *pl->unheld_ranges);
         if (!pl->unheld_ranges)
@@ -188,6 +196,7 @@ st_status st_comm_plan_init(comm_plan *pl, const st_comm_config *cfg)
 void st_comm_plan_free(comm_plan *pl)
 {
     free(pl->unheld_ranges);
+    free(pl->bf16_master);
     free(pl->domain_of);
     free(pl->domain_first);
     free(pl->shard_begin);
@@ -319,6 +328,59 @@ st_status st_comm_alloc_master(st_arena *arena, size_t begin, size_t len,
     return s;
 }
 
+/* The first of pl's bf16 master ranges that ends after x (n if none). */
+static int bf16_range_after(const comm_plan *pl, size_t x)
+{
+    int lo = 0, hi = pl->n_bf16_master;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (pl->bf16_master[mid].end <= x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Where [x, x + n) lies against the bf16 master ranges: 1 inside one, 0
+ * outside all, -1 across a border. */
+static int bf16_inside(const comm_plan *pl, size_t x, size_t n)
+{
+    const int i = bf16_range_after(pl, x);
+    if (i == pl->n_bf16_master || pl->bf16_master[i].begin >= x + n)
+        return 0;
+    return pl->bf16_master[i].begin <= x && pl->bf16_master[i].end >= x + n ? 1 : -1;
+}
+
+/* bf16 master shards: the fp32 shard without memory under the ranges,
+ * and the bf16 shard (its whole length, where it meets a range). */
+static st_status alloc_master16(const comm_plan *pl, comm_slot *me, st_arena *arena,
+                                size_t begin, size_t len)
+{
+    int n = 0;
+    for (int i = bf16_range_after(pl, begin);
+         i < pl->n_bf16_master && pl->bf16_master[i].begin < begin + len; i++)
+        n++;
+    me->master16 = NULL;
+    if (!n)
+        return st_arena_alloc_floats(arena, ST_MEM_WEIGHTS, len, &me->master);
+    st_param_copy *as_copies = malloc((size_t)n * sizeof *as_copies);
+    if (!as_copies)
+        return st_fail(ST_ERR_NOMEM, "out of memory listing the bf16 master ranges");
+    const int first = bf16_range_after(pl, begin);
+    for (int i = 0; i < n; i++) {
+        const st_range *r = &pl->bf16_master[first + i];
+        as_copies[i] = (st_param_copy){ .offset = r->begin, .count = r->end - r->begin };
+    }
+    st_status s = st_comm_alloc_master(arena, begin, len, as_copies, n, &me->master);
+    free(as_copies);
+    ST_TRY(s);
+    void *p;
+    ST_TRY(st_arena_alloc(arena, ST_MEM_WEIGHTS, len * sizeof(uint16_t), &p));
+    me->master16 = p;
+    return ST_OK;
+}
+
 st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *grads,
                                 float *params, const st_range *held, const size_t *local,
                                 int n_held)
@@ -375,6 +437,8 @@ st_status st_comm_plan_register(comm_plan *pl, int w, st_arena *arena, float *gr
             return st_fail(ST_ERR_INVALID, "worker %d: shared parameters are one vector held "
                            "whole, in the full layout: element %zu is not held there", w, at);
         me->master = params + pl->shard_begin[w];
+    } else if ((pl->roles & ST_COMM_GATHER) && pl->n_bf16_master) {
+        ST_TRY(alloc_master16(pl, me, arena, pl->shard_begin[w], len));
     } else if (pl->roles & ST_COMM_GATHER) {
         /* a bf16 master's shard: no memory under the copies (its update
          * and all-gather read the owner's copies there) */
@@ -588,7 +652,25 @@ st_status st_comm_plan_segments(comm_plan *pl, int w)
     /* master shard <- first holder's parameters (shared: it is them); a
      * sizing run's buffers stay untouched */
     const int copy = me->master && !pl->shared_params && !st_arena_is_sizing(me->arena);
-    for (size_t i = 0; copy && i < n_segs; i++) {
+    for (size_t i = 0; copy && me->master16 && i < n_segs; i++) {
+        /* bf16 master shards: the first holder's values rounded there */
+        const comm_seg *g = &me->segs[i];
+        const comm_slot *first = &pl->slots[me->holders[g->holder_first]];
+        for (size_t at = g->begin; at < g->end;) {
+            const int r = bf16_range_after(pl, at);
+            const size_t lo = r < pl->n_bf16_master ? pl->bf16_master[r].begin : g->end;
+            const size_t hi = r < pl->n_bf16_master ? pl->bf16_master[r].end : g->end;
+            const size_t to = lo > at ? (lo < g->end ? lo : g->end) : (hi < g->end ? hi : g->end);
+            if (lo > at)
+                memcpy(me->master + (at - sb), local_at(first, first->params, at),
+                       (to - at) * sizeof(float));
+            else
+                st_bf16_round_n(me->master16 + (at - sb), local_at(first, first->params, at),
+                                to - at);
+            at = to;
+        }
+    }
+    for (size_t i = 0; copy && !me->master16 && i < n_segs; i++) {
         const comm_seg *g = &me->segs[i];
         const comm_slot *first = &pl->slots[me->holders[g->holder_first]];
         const int nc = pl->copies_master ? first->n_own_copies : 0;
@@ -662,6 +744,9 @@ static void count_read(comm_slot *me, size_t n, int src_domain)
 typedef struct plan_count {
     size_t rs1, ops1, partial, ag1, ag2;
     size_t copied;            /* elements of w's bf16 copies its items write */
+    size_t misfit16;          /* bf16 master shards: 1 + the first element w
+                               * holds in a copy outside the ranges, or
+                               * outside a copy inside them; 0: none */
 } plan_count;
 
 /* Appends the all-gather item dst[0..n) = src[0..n) to list at *at (only
@@ -672,10 +757,11 @@ typedef struct plan_count {
  * copied element unwritten, and then the plan does not claim the copies
  * (st_comm_plan_tasks).  With copies_master a piece inside a copy is
  * brought in as bf16 from `from`'s copy (the owner's, or the copier's),
- * nothing where `from` is w. */
+ * nothing where `from` is w; with bf16 master shards from the owner's
+ * (m16: its element at dst[0], whose full index is `full`), w's too. */
 static void push_ag(const comm_plan *pl, comm_slot *me, ag_item *list, size_t *at, int fill,
                     plan_count *k, float *dst, const float *src, size_t n,
-                    const comm_slot *from, int src_domain)
+                    const comm_slot *from, int src_domain, size_t full, const uint16_t *m16)
 {
     const size_t off = (size_t)(dst - me->params);
     int c = 0;
@@ -694,18 +780,23 @@ static void push_ag(const comm_plan *pl, comm_slot *me, ag_item *list, size_t *a
             half = cp->bf16 + (x - cp->offset);
             if (pl->copies_master)   /* the same list on every worker */
                 src16 = from->own_copies[c].bf16 + (x - cp->offset);
+            else if (m16)   /* the owner's bf16 master shard */
+                src16 = m16 + pos;
             if (end - x == len)
                 c++;
             if (fill)
                 k->copied += len;
-            if (fill && !(src16 && from == me)) {
+            if (fill && !(pl->copies_master && from == me)) {
                 me->bytes.written += len * sizeof(uint16_t);
                 me->bytes.gather_written += len * sizeof(uint16_t);
             }
         } else if (c < me->n_copies && me->copies[c].offset - x < len) {
             len = me->copies[c].offset - x;   /* up to the next copy */
         }
-        if (src16 && from == me) {   /* w's own copy: its update wrote it */
+        if (fill && pl->n_bf16_master && !k->misfit16 &&
+            bf16_inside(pl, full + pos, len) != (half && src16 ? 1 : 0))
+            k->misfit16 = 1 + full + pos;
+        if (pl->copies_master && src16 && from == me) {   /* w's own copy: its update wrote it */
             pos += len;
             continue;
         }
@@ -759,7 +850,8 @@ static void plan_tasks(comm_plan *pl, int w, size_t *load_p, size_t *load_c, int
                 if (holds && gather && !pl->shared_params)
                     push_ag(pl, me, me->ag1, &k->ag1, fill, k,
                             local_at(me, me->params, seg->begin),
-                            so->master + (seg->begin - sb), n, so, so->domain);
+                            so->master + (seg->begin - sb), n, so, so->domain, seg->begin,
+                            so->master16 ? so->master16 + (seg->begin - sb) : NULL);
                 continue;
             }
             if (h1 - h0 >= 2 && reduce) {
@@ -804,11 +896,13 @@ static void plan_tasks(comm_plan *pl, int w, size_t *load_p, size_t *load_c, int
                 continue;
             if (copier == w) {
                 push_ag(pl, me, me->ag1, &k->ag1, fill, k, local_at(me, me->params, seg->begin),
-                        so->master + (seg->begin - sb), n, so, so->domain);
+                        so->master + (seg->begin - sb), n, so, so->domain, seg->begin,
+                        so->master16 ? so->master16 + (seg->begin - sb) : NULL);
             } else if (!pl->shared_params) {   /* shared: the copier's vector is w's */
                 const comm_slot *cs = &pl->slots[copier];
                 push_ag(pl, me, me->ag2, &k->ag2, fill, k, local_at(me, me->params, seg->begin),
-                        local_at(cs, cs->params, seg->begin), n, cs, cs->domain);
+                        local_at(cs, cs->params, seg->begin), n, cs, cs->domain, seg->begin,
+                        NULL);
             }
         }
     }
@@ -869,6 +963,13 @@ st_status st_comm_plan_tasks(comm_plan *pl, int w)
         me->ag2 = p;
     }
     plan_tasks(pl, w, load, load + m, 1, &k);
+    if (k.misfit16) {
+        s = st_fail(ST_ERR_INVALID, "worker %d holds element %zu %s its bf16 copies, but %s "
+                    "the bf16 master ranges", w, k.misfit16 - 1,
+                    bf16_inside(pl, k.misfit16 - 1, 1) ? "outside" : "inside",
+                    bf16_inside(pl, k.misfit16 - 1, 1) ? "inside" : "outside");
+        goto out;
+    }
     me->n_rs1 = k.rs1;
     me->n_ag1 = k.ag1;
     me->n_ag2 = k.ag2;

@@ -88,6 +88,8 @@ typedef struct comm_slot {
     size_t *local;            /* held[i] starts at grads/params + local[i] */
     int n_held;
     float *master, *shard_grad;
+    uint16_t *master16;       /* the bf16 master shard (comm_plan.bf16_master),
+                               * indexed from the shard's begin, or NULL */
     float *shard_out;         /* the caller's buffer for shard_grad, or NULL
                                * (st_comm_set_shard_output; survives a reset) */
     const st_param_copy *copies;  /* bf16 copies of ranges of params, read by the
@@ -139,6 +141,8 @@ typedef struct comm_plan {
     int allow_unheld;         /* elements nobody holds are skipped */
     int shared_params;        /* one parameter vector a domain (comm.h) */
     int copies_master;        /* the listed bf16 copies are the master (comm.h) */
+    st_range *bf16_master;    /* ranges with bf16 master shards (comm.h) */
+    int n_bf16_master;
     st_range *unheld_ranges;  /* where they may be (NULL: anywhere) */
     int n_unheld_ranges;
     int n_workers, n_domains;

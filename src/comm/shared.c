@@ -422,6 +422,11 @@ static float *shared_shard_params(st_comm_backend *b, int w)
     return shared_of(b)->plan.slots[w].master;
 }
 
+static uint16_t *shared_shard_params16(st_comm_backend *b, int w)
+{
+    return shared_of(b)->plan.slots[w].master16;
+}
+
 static st_comm_bytes shared_bytes_per_step(const st_comm_backend *b, int w)
 {
     const shared_comm *sc = shared_of_const(b);
@@ -440,6 +445,7 @@ const st_comm_backend_ops st_comm_shared_ops = {
     .shard = shared_shard,
     .shard_grads = shared_shard_grads,
     .shard_params = shared_shard_params,
+    .shard_params16 = shared_shard_params16,
     .reduce_scatter = shared_reduce_scatter,
     .reduce_ready = shared_reduce_ready,
     .all_gather = shared_all_gather,

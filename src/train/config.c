@@ -43,9 +43,9 @@ static void strategy_names(char *out, size_t size)
 
 /* A bf16 master lives in the weights' bf16 copies, which a bf16 model
  * makes and the update writes (doc/precision.md): dp's, localsgd's and
- * sdp's with backward masking, whose workers all hold the full model;
- * the other strategies move fp32 masters between models of other
- * layouts (compact subnetworks, segments). */
+ * sdp's (forward-masked subnetworks: in bf16 master shards of the full
+ * layout); ist and synth move fp32 masters between models of other
+ * layouts (saved masters, segments). */
 static st_status master_check(const st_train_config *c)
 {
     if (c->optim.master != ST_MASTER_BF16_SR)
@@ -57,15 +57,10 @@ static st_status master_check(const st_train_config *c)
     if (c->model.unfuse & ST_UNFUSE_WEIGHT_COPY)
         return st_fail(ST_ERR_INVALID, "--master-weights bf16-sr keeps the master weights in "
                        "the update's bf16 copies, which --unfuse weight-copy does not make");
-    if (c->strategy == ST_STRATEGY_SDP && c->sdp.masking != ST_MASKING_BACKWARD)
-        return st_fail(ST_ERR_INVALID, "--master-weights bf16-sr applies to --strategy dp, "
-                       "localsgd and sdp --masking backward, not to --strategy sdp --masking %s",
-                       st_masking_name(c->sdp.masking));
     if (c->strategy != ST_STRATEGY_DP && c->strategy != ST_STRATEGY_SDP &&
         strcmp(st_strategy_name(c->strategy), "localsgd") != 0)   /* (no enumerator) */
         return st_fail(ST_ERR_INVALID, "--master-weights bf16-sr applies to --strategy dp, "
-                       "localsgd and sdp --masking backward, not to --strategy %s",
-                       st_strategy_name(c->strategy));
+                       "localsgd and sdp, not to --strategy %s", st_strategy_name(c->strategy));
     return ST_OK;
 }
 

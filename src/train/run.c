@@ -57,7 +57,7 @@ st_comm_payload st_run_comm_payload(const st_train_config *cfg)
 
 static st_status create_engine(const run_shared *r, size_t n_params, int roles, int params,
                                int allow_unheld, const st_range *unheld, int n_unheld,
-                               st_comm **out)
+                               const st_range *m16, int n_m16, st_comm **out)
 {
     int *domain_of = malloc(sizeof(int) * (size_t)r->n);
     if (!domain_of)
@@ -81,7 +81,9 @@ static st_status create_engine(const run_shared *r, size_t n_params, int roles, 
                                            (roles == 0 || (roles & ST_COMM_GATHER)),
                           /* a bf16 master in the replicas' or the
                            * domains' copies */
-                          .copies_master = params && st_run_copies_master(r),
+                          .copies_master = params && st_run_copies_master(r) && !n_m16,
+                          .bf16_master = m16,
+                          .n_bf16_master = n_m16,
                           /* a sizing run's workers only meet, on threads
                            * that outnumber the cores */
                           .blocking = r->sizing };
@@ -95,12 +97,21 @@ static st_status create_engine(const run_shared *r, size_t n_params, int roles, 
 st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
                                const st_range *unheld, int n_unheld, st_comm **out)
 {
-    return create_engine(r, r->n_params, roles, 1, allow_unheld, unheld, n_unheld, out);
+    return create_engine(r, r->n_params, roles, 1, allow_unheld, unheld, n_unheld, NULL, 0,
+                         out);
+}
+
+st_status st_run_create_engine16(const run_shared *r, int roles, int allow_unheld,
+                                 const st_range *unheld, int n_unheld, const st_range *m16,
+                                 int n_m16, st_comm **out)
+{
+    return create_engine(r, r->n_params, roles, 1, allow_unheld, unheld, n_unheld, m16, n_m16,
+                         out);
 }
 
 st_status st_run_create_vector_engine(const run_shared *r, size_t n, int roles, st_comm **out)
 {
-    return create_engine(r, n, roles, 0, 0, NULL, 0, out);
+    return create_engine(r, n, roles, 0, 0, NULL, 0, NULL, 0, out);
 }
 
 /* ------------------------------------------------------------ attaching */
@@ -182,9 +193,9 @@ st_status st_run_mean_loss(run_shared *r, float *loss)
 static void update_part(run_shared *r, const run_sharded *e, st_worker *w, const float *grads,
                         uint64_t step, float lr, size_t lo, size_t hi)
 {
-    int n_copies = 0;
-    const st_param_copy *copies = NULL;
-    if (r->shared_weights || r->cfg->optim.master == ST_MASTER_BF16_SR)
+    int n_copies = e->n_copies;
+    const st_param_copy *copies = e->copies;
+    if (!e->own_copies && (r->shared_weights || r->cfg->optim.master == ST_MASTER_BF16_SR))
         copies = st_model_copies(w->model, &n_copies);
     st_optim_update_copies(&w->optim, st_comm_shard_params(e->masters, w->id), grads,
                            r->full_segs, r->n_full_segs, lo, hi, step, lr, copies, n_copies);

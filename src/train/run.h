@@ -230,6 +230,13 @@ st_comm_payload st_run_comm_payload(const st_train_config *cfg);
 st_status st_run_create_engine(const run_shared *r, int roles, int allow_unheld,
                                const st_range *unheld, int n_unheld, st_comm **out);
 
+/* The same for compact subnetworks with a bf16 master (sdp with forward
+ * masking): the elements of `m16` (the full model's weight copies, sorted)
+ * have bf16 master shards (st_comm_config.bf16_master), not copies_master. */
+st_status st_run_create_engine16(const run_shared *r, int roles, int allow_unheld,
+                                 const st_range *unheld, int n_unheld, const st_range *m16,
+                                 int n_m16, st_comm **out);
+
 /* The same over a vector of n floats of the strategy's own, which every
  * worker holds whole (not the parameters: no shared copy). */
 st_status st_run_create_vector_engine(const run_shared *r, size_t n, int roles, st_comm **out);
@@ -282,6 +289,11 @@ typedef struct run_sharded {
      * in *out (indexed from the shard's begin); `grads` is then unused
      * (compressed communication, compress.h) */
     st_status (*reduce)(run_shared *r, void *ctx, st_worker *w, float **out);
+    /* own_copies 1: the update writes `copies` (full layout, over w's shard:
+     * its bf16 master shard, st_comm_shard_params16), not the model's */
+    int own_copies;
+    const st_param_copy *copies;
+    int n_copies;
 } run_sharded;
 
 st_status st_run_sharded_step(run_shared *r, const run_sharded *e, st_worker *w, uint64_t i,

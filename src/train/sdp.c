@@ -30,6 +30,11 @@ typedef struct sdp_run {
     double align_sum, align_min; /* worker 0, over the current epoch */
     int align_count;
     double *align_all;           /* ranks > 1: every rank's sums (3 x ranks) */
+    /* forward masking with a bf16 master: each worker's update writes its
+     * bf16 master shard through these (the full model's copies over its
+     * shard, st_comm_shard_params16), rebuilt after each attach */
+    st_param_copy **master_copies;   /* n */
+    int *n_master_copies;
 } sdp_run;
 
 /* The engine whose master shards hold the parameters and whose all-gather
@@ -131,8 +136,26 @@ static st_status sdp_prepare(run_shared *r, void **state)
         return st_fail(ST_ERR_NOMEM, "out of memory for the subnetworks' state");
     st_range unheld[ST_MAX_UNHELD_RANGES];
     int n_unheld = st_subnets_unheld_ranges(&s->sn, r, unheld, ST_MAX_UNHELD_RANGES);
-    ST_TRY(st_run_create_engine(r, backward ? ST_COMM_REDUCE : 0, s->sn.unheld_possible, unheld,
-                                n_unheld, &r->comm));
+    if (!backward && st_run_copies_master(r)) {
+        /* compact subnetworks list copies of their own layouts: the masters
+         * are the engine's bf16 shards, which one domain's workers read */
+        if (r->ranks > 1 || r->placement.n_domains > 1)
+            return st_fail(ST_ERR_INVALID, "--master-weights bf16-sr with --strategy sdp "
+                           "--masking forward runs in one process on one NUMA domain; this "
+                           "run has %d rank%s and %d domain%s", r->ranks,
+                           r->ranks == 1 ? "" : "s", r->placement.n_domains,
+                           r->placement.n_domains == 1 ? "" : "s");
+        s->master_copies = calloc((size_t)r->n, sizeof *s->master_copies);
+        s->n_master_copies = calloc((size_t)r->n, sizeof *s->n_master_copies);
+        if (!s->master_copies || !s->n_master_copies)
+            return st_fail(ST_ERR_NOMEM, "out of memory for the subnetworks' state");
+        ST_TRY(st_subnets_master16(&s->sn, r));
+        ST_TRY(st_run_create_engine16(r, 0, s->sn.unheld_possible, unheld, n_unheld,
+                                      s->sn.m16, s->sn.n_m16, &r->comm));
+    } else {
+        ST_TRY(st_run_create_engine(r, backward ? ST_COMM_REDUCE : 0, s->sn.unheld_possible,
+                                    unheld, n_unheld, &r->comm));
+    }
     if (backward)
         ST_TRY(st_run_create_engine(r, ST_COMM_GATHER, s->sn.unheld_possible, unheld, n_unheld,
                                     &s->params_comm));
@@ -201,6 +224,51 @@ static st_status build_subnet(run_shared *r, sdp_run *s, st_worker *w, int rebui
     return st;
 }
 
+/* Forward masking with a bf16 master, after w attached: the full model's
+ * copies over w's shard, pointing into its bf16 master shard (which the
+ * attach took from w's arena), for its update. */
+static st_status attach_master_copies(run_shared *r, sdp_run *s, st_worker *w)
+{
+    if (!s->master_copies)
+        return ST_OK;
+    const st_range sh = st_comm_shard(r->comm, w->id);
+    uint16_t *h = st_comm_shard_params16(r->comm, w->id);
+    int n = 0;
+    for (int i = 0; h && i < s->sn.n_m16; i++)
+        n += s->sn.m16[i].begin < sh.end && s->sn.m16[i].end > sh.begin;
+    s->master_copies[w->id] = NULL;
+    s->n_master_copies[w->id] = 0;
+    if (!n)
+        return ST_OK;
+    void *p;
+    ST_TRY(st_arena_alloc(&w->arena, ST_MEM_WORKSPACE, (size_t)n * sizeof(st_param_copy), &p));
+    st_param_copy *c = p;
+    n = 0;
+    for (int i = 0; i < s->sn.n_m16; i++) {
+        const size_t lo = s->sn.m16[i].begin > sh.begin ? s->sn.m16[i].begin : sh.begin;
+        const size_t hi = s->sn.m16[i].end < sh.end ? s->sn.m16[i].end : sh.end;
+        if (lo < hi)
+            c[n++] = (st_param_copy){ .offset = lo, .count = hi - lo,
+                                      .bf16 = h + (lo - sh.begin) };
+    }
+    s->master_copies[w->id] = c;
+    s->n_master_copies[w->id] = n;
+    return ST_OK;
+}
+
+/* Forward masking with a bf16 master: w's master shard from the shard's
+ * values (initial, saved, resumed), rounded into its bf16 shard; else
+ * copied into its fp32 shard. */
+static void store_shard(const run_shared *r, sdp_run *s, int wid, const float *values)
+{
+    if (s->master_copies)
+        st_subnets_shard_store(&s->sn, r->comm, wid, values);
+    else
+        memcpy(st_comm_shard_params(masters(r, s), wid), values,
+               (st_comm_shard(r->comm, wid).end - st_comm_shard(r->comm, wid).begin) *
+                   sizeof(float));
+}
+
 /* A subnetwork worker: state that outlives rounds first (order, optimizer
  * state of its shard, the saved master), then its first subnetwork;
  * worker 0 also builds the full model that forward masking evaluates. */
@@ -218,16 +286,26 @@ static st_status sdp_init_worker(run_shared *r, void *state, int wid, st_worker 
     /* shared weights (backward masking): the full models over the domain's
      * copy, its initial values written once; a bf16 master (backward
      * masking too) in the copies, as dp's */
-    ST_TRY(st_run_weights_storage(r, w, r->cfg, backend));
+    if (!s->master_copies)   /* (compact subnetworks keep their own vectors) */
+        ST_TRY(st_run_weights_storage(r, w, r->cfg, backend));
     ST_TRY(build_subnet(r, s, w, 0));
     ST_TRY(st_run_weights_built(r, w));
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
+    ST_TRY(attach_master_copies(r, s, w));
     /* weights no subnetwork holds yet have their initial values too (the
      * layout is all a sizing run reads); a bf16 master's are in the
      * copies already, and its master shard has no memory under them */
-    if (s->sn.unheld_possible && !r->sizing && !w->storage.copies_master)
-        ST_TRY(st_run_initial_range(r->cfg, shard.begin, shard.end,
-                                    st_comm_shard_params(masters(r, s), wid)));
+    if (s->sn.unheld_possible && !r->sizing && !w->storage.copies_master) {
+        float *v = malloc((shard.end - shard.begin + 1) * sizeof *v);
+        if (!v)
+            return st_fail(ST_ERR_NOMEM, "out of memory for %zu initial weights",
+                           shard.end - shard.begin);
+        st_status st = st_run_initial_range(r->cfg, shard.begin, shard.end, v);
+        if (st == ST_OK)
+            store_shard(r, s, wid, v);
+        free(v);
+        ST_TRY(st);
+    }
     if (wid == 0 && !s->sn.backward)
         ST_TRY(st_subnets_build_eval(&s->sn, r->cfg, &r->cfg->model, backend));
     return ST_OK;
@@ -239,7 +317,11 @@ static st_status sdp_resume(run_shared *r, void *state, st_worker *w)
 {
     sdp_run *s = state;
     ST_TRY(st_run_resume_model(r, w));
-    st_run_resume_master(r, masters(r, s), w);
+    if (s->master_copies)   /* (the saved weights are on the bf16 grid there) */
+        st_subnets_shard_store(&s->sn, r->comm, w->id,
+                               r->resume->params + st_comm_shard(r->comm, w->id).begin);
+    else
+        st_run_resume_master(r, masters(r, s), w);
     return ST_OK;
 }
 
@@ -291,6 +373,8 @@ static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t rou
     ST_TRY(st_comm_barrier(r->comm, wid)); /* every all-gather is done */
     if (saves && copies)
         st_run_master_widen(w, shard.begin, shard.end, saved);
+    else if (saves && s->master_copies)   /* bf16 master shards, widened */
+        st_subnets_shard_widen(&s->sn, r->comm, wid, saved);
     else if (saves)
         memcpy(saved, st_comm_shard_params(masters(r, s), wid),
                (shard.end - shard.begin) * sizeof(float));
@@ -315,12 +399,12 @@ static st_status new_round(run_shared *r, sdp_run *s, st_worker *w, uint64_t rou
     if (moves)
         st_run_load_state(r, w->model);
     ST_TRY(st_run_attach_worker(r->comm, s->params_comm, wid, w, &s->att[wid]));
+    ST_TRY(attach_master_copies(r, s, w));
     /* the engine initialised the held elements (the same values): the
      * others, nobody's in this round, keep theirs (a bf16 master's
      * parameters' engine holds every element) */
     if (saves && !copies && s->sn.unheld_possible)
-        memcpy(st_comm_shard_params(masters(r, s), wid), saved,
-               (shard.end - shard.begin) * sizeof(float));
+        store_shard(r, s, wid, saved);
     return ST_OK;
 }
 
@@ -354,7 +438,10 @@ static st_status sdp_step(run_shared *r, void *state, st_worker *w, uint64_t i, 
     const int measured = A && step % A == 0;
     run_sharded e = { .grads = r->comm, .masters = masters(r, s),
                       .at_barrier = A ? measure_alignment : NULL, .ctx = s,
-                      .overlap = !measured, .att = &s->att[w->id] };
+                      .overlap = !measured, .att = &s->att[w->id],
+                      .own_copies = s->master_copies != NULL,
+                      .copies = s->master_copies ? s->master_copies[w->id] : NULL,
+                      .n_copies = s->master_copies ? s->n_master_copies[w->id] : 0 };
     return st_run_sharded_step(r, &e, w, i, step, loss, lr);
 }
 
@@ -448,6 +535,8 @@ static void sdp_release(run_shared *r, void *state)
     st_comm_destroy(s->params_comm);
     free(s->att);
     free(s->align_all);
+    free(s->master_copies);
+    free(s->n_master_copies);
     free(s);
 }
 

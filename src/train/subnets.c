@@ -11,6 +11,8 @@
 
 #include <subtrain/world.h>
 
+#include "core/arena_impl.h"
+#include "core/bf16.h"
 #include "core/error.h"
 #include "train/subnets.h"
 
@@ -164,6 +166,9 @@ void st_subnets_release(subnets *s)
     for (int i = 0; i < s->n_gathered; i++)
         free(s->gathered[i]);
     s->n_gathered = 0;
+    free(s->m16);
+    s->m16 = NULL;
+    s->n_m16 = 0;
     free(s->laid);
     free(s->laid_hash);
     s->laid = NULL;
@@ -353,13 +358,87 @@ st_status st_subnets_build_eval(subnets *s, const st_train_config *cfg,
     return st_model_create(model, cfg->batch, &s->eval_arena, &s->eval_model);
 }
 
+st_status st_subnets_master16(subnets *s, const run_shared *r)
+{
+    /* address space only, as a sizing run's (no primitive, nothing
+     * written), outside a sizing run's space: its memos of models are the
+     * workers' */
+    st_arena scratch;
+    const st_chunk_backend untouched = st_sizing_backend();
+    st_arena_init(&scratch, "weight copies' layout", &untouched, 0);
+    st_model *m = NULL;
+    st_status st = st_model_create(&r->cfg->model, r->cfg->batch, &scratch, &m);
+    int n = 0;
+    const st_param_copy *c = st == ST_OK ? st_model_copies(m, &n) : NULL;
+    if (st == ST_OK && n > 0 && !(s->m16 = malloc((size_t)n * sizeof *s->m16)))
+        st = st_fail(ST_ERR_NOMEM, "out of memory listing the weight copies");
+    for (int i = 0; st == ST_OK && i < n; i++)
+        s->m16[i] = (st_range){ c[i].offset, c[i].offset + c[i].count };
+    if (st == ST_OK)
+        s->n_m16 = n;
+    st_model_destroy(m);
+    st_arena_release(&scratch);
+    return st;
+}
+
+/* The piece of [at, end) from `at` on that lies all inside one of s->m16
+ * (sorted) or outside all of them: its end, and *inside which. */
+static size_t m16_piece(const subnets *s, size_t at, size_t end, int *inside)
+{
+    size_t lo = 0, hi = (size_t)s->n_m16;   /* the first range that ends after at */
+    while (lo < hi) {
+        const size_t mid = lo + (hi - lo) / 2;
+        if (s->m16[mid].end <= at)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    const st_range *r = lo < (size_t)s->n_m16 ? &s->m16[lo] : NULL;
+    *inside = r && r->begin <= at;
+    const size_t to = !r ? end : *inside ? r->end : r->begin;
+    return to < end ? to : end;
+}
+
+void st_subnets_shard_widen(const subnets *s, st_comm *masters, int k, float *dst)
+{
+    const st_range sh = st_comm_shard(masters, k);
+    const float *p = st_comm_shard_params(masters, k);
+    const uint16_t *h = st_comm_shard_params16(masters, k);
+    int inside;
+    for (size_t at = sh.begin, to; at < sh.end; at = to) {
+        to = m16_piece(s, at, sh.end, &inside);
+        if (inside)
+            st_bf16_widen_n(dst + (at - sh.begin), h + (at - sh.begin), to - at);
+        else
+            memcpy(dst + (at - sh.begin), p + (at - sh.begin), (to - at) * sizeof *dst);
+    }
+}
+
+void st_subnets_shard_store(const subnets *s, st_comm *masters, int k, const float *src)
+{
+    const st_range sh = st_comm_shard(masters, k);
+    float *p = st_comm_shard_params(masters, k);
+    uint16_t *h = st_comm_shard_params16(masters, k);
+    int inside;
+    for (size_t at = sh.begin, to; at < sh.end; at = to) {
+        to = m16_piece(s, at, sh.end, &inside);
+        if (inside)
+            st_bf16_round_n(h + (at - sh.begin), src + (at - sh.begin), to - at);
+        else
+            memcpy(p + (at - sh.begin), src + (at - sh.begin), (to - at) * sizeof *p);
+    }
+}
+
 st_status st_subnets_load_full(subnets *s, const run_shared *r, st_comm *masters, int from_saved)
 {
     float *p = st_model_params(s->eval_model);
     for (int k = 0; k < r->n; k++) {
         st_range sh = st_comm_shard(masters, k);
         const float *src = from_saved ? s->saved[k].master : st_comm_shard_params(masters, k);
-        memcpy(p + sh.begin, src, (sh.end - sh.begin) * sizeof *p);
+        if (s->n_m16 && !from_saved)   /* a bf16 master widened */
+            st_subnets_shard_widen(s, masters, k, p + sh.begin);
+        else
+            memcpy(p + sh.begin, src, (sh.end - sh.begin) * sizeof *p);
     }
     if (r->ranks == 1)
         return ST_OK;

@@ -52,6 +52,11 @@ typedef struct subnets {
     uint64_t *laid_hash;
     int n_laid, cap_laid;
     int repeat;
+    /* A bf16 master of forward-masked subnetworks: the full model's weight
+     * copies, whose masters are the engine's bf16 master shards
+     * (st_comm_shard_params16); NULL, 0: none. */
+    st_range *m16;
+    int n_m16;
 } subnets;
 
 /* Units, as the model's layers declare them (st_model_config_units):
@@ -116,6 +121,16 @@ st_status st_subnets_build_eval(subnets *s, const st_train_config *cfg,
  * shards (after an all-gather, the current values), or from the saved
  * masters (from_saved: ist keeps its averaged parameters there). */
 st_status st_subnets_load_full(subnets *s, const run_shared *r, st_comm *masters, int from_saved);
+/* A bf16 master of compact subnetworks: s->m16 <- the full model's weight
+ * copies (the model laid out in address space alone, never written). */
+st_status st_subnets_master16(subnets *s, const run_shared *r);
+/* Owner k's master shard of `masters` as fp32, into dst (the shard's
+ * length): the fp32 elements copied, those of s->m16 widened from the
+ * bf16 shard (exact). */
+void st_subnets_shard_widen(const subnets *s, st_comm *masters, int k, float *dst);
+/* The reverse, src the shard's values: those of s->m16 rounded to the
+ * nearest bf16 (exact for values on the grid: saved or resumed masters). */
+void st_subnets_shard_store(const subnets *s, st_comm *masters, int k, const float *src);
 /* Over ranks: room for `kinds` gathered vectors (prepare; no-op with one
  * process), and, by worker 0 of every rank after every worker saved its
  * shards (a round end), every rank's saved shards into them. */
