@@ -356,10 +356,8 @@ Test(linear, bf16_products_of_rounded_operands)
     if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
         cr_skip_test("oneDNN has no bf16 matmul on this CPU");
     omp_set_num_threads(1);
-    for (int in_major = 0; in_major < 2; in_major++)
-        for (int unscaled = 0; unscaled < 2; unscaled++)
-            for (int runs = 0; runs < 2; runs++)
-                check_linear_variant(in_major, unscaled, runs, 1);
+    for (int v = 0; v < 8; v++)   /* in_major, unscaled bias, row runs */
+        check_linear_variant(v >> 2, (v >> 1) & 1, v & 1, 1);
 }
 
 /* The same with the data gradients as bf16 tensors (--activation-precision
@@ -370,10 +368,8 @@ Test(linear, bf16_gradient_tensors)
     if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
         cr_skip_test("oneDNN has no bf16 matmul on this CPU");
     omp_set_num_threads(1);
-    for (int in_major = 0; in_major < 2; in_major++)
-        for (int unscaled = 0; unscaled < 2; unscaled++)
-            for (int runs = 0; runs < 2; runs++)
-                check_linear_variant_grads(in_major, unscaled, runs, 1, 1);
+    for (int v = 0; v < 8; v++)
+        check_linear_variant_grads(v >> 2, (v >> 1) & 1, v & 1, 1, 1);
 }
 
 /* ------------------------------------------------------------ add */

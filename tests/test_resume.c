@@ -298,6 +298,23 @@ Test(resume, a_split_run_resumes_bitwise_and_refuses_another_split, .timeout = 6
     st_test_rmdir(dir);
 }
 
+/* `run` with a checkpoint at step 7 (as ck<i> under dir), resumed from it
+ * (as resumed<i>): the final weights must be bitwise those of the run
+ * that never stopped. */
+static void expect_resumes_at_step_7(const char *dir, size_t i, const char *run)
+{
+    char ck[16], resumed[16], extra[3 * ST_TEST_PATH_MAX], a[2 * ST_TEST_PATH_MAX],
+        b[2 * ST_TEST_PATH_MAX];
+    snprintf(ck, sizeof ck, "ck%zu", i);
+    snprintf(resumed, sizeof resumed, "resumed%zu", i);
+    expect_trains(dir, ck, run, "--checkpoint-every 7");
+    snprintf(extra, sizeof extra, "--resume '%s/%s/step-00000007.safetensors'", dir, ck);
+    expect_trains(dir, resumed, run, extra);
+    snprintf(a, sizeof a, "%s/%s/final.safetensors", dir, ck);
+    snprintf(b, sizeof b, "%s/%s/final.safetensors", dir, resumed);
+    cr_assert(same_file(a, b), "%s: resumed after step 7, the weights differ", run);
+}
+
 /* sdp redraws its masks every --resample R steps.  A run resumed after a
  * step S inside a round (S not a multiple of R) must draw that round's
  * masks again, or its next steps train other subnetworks: from step 7 of
@@ -305,8 +322,7 @@ Test(resume, a_split_run_resumes_bitwise_and_refuses_another_split, .timeout = 6
  * multiple of R would hide it). */
 Test(resume, sdp_resumed_inside_a_mask_round_is_bitwise, .timeout = 60)
 {
-    char dir[ST_TEST_PATH_MAX], runs[3][4 * ST_TEST_PATH_MAX], extra[2 * ST_TEST_PATH_MAX],
-        a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    char dir[ST_TEST_PATH_MAX], runs[3][4 * ST_TEST_PATH_MAX];
     setup_run(dir, runs[0], sizeof runs[0], "--model mlp --depth 2 --width 32 --workers 2 "
               "--strategy sdp --subnet neuron --resample 5");
     snprintf(runs[1], sizeof runs[1], "--data 'idx:%s/data' --batch 26 --steps 20 --model resmlp "
@@ -316,17 +332,8 @@ Test(resume, sdp_resumed_inside_a_mask_round_is_bitwise, .timeout = 60)
     snprintf(runs[2], sizeof runs[2], "--data 'idx:%s/data' --batch 26 --steps 20 --model vit "
              "--depth 2 --width 16 --heads 2 --patch 4 --pool cls --workers 2 --strategy sdp "
              "--subnet neuron --resample 5", dir);
-    for (size_t i = 0; i < 3; i++) {
-        char ck[16], resumed[16];
-        snprintf(ck, sizeof ck, "ck%zu", i);
-        snprintf(resumed, sizeof resumed, "resumed%zu", i);
-        expect_trains(dir, ck, runs[i], "--checkpoint-every 7");
-        snprintf(extra, sizeof extra, "--resume '%s/%s/step-00000007.safetensors'", dir, ck);
-        expect_trains(dir, resumed, runs[i], extra);
-        snprintf(a, sizeof a, "%s/%s/final.safetensors", dir, ck);
-        snprintf(b, sizeof b, "%s/%s/final.safetensors", dir, resumed);
-        cr_assert(same_file(a, b), "%s: resumed after step 7, the weights differ", runs[i]);
-    }
+    for (size_t i = 0; i < 3; i++)
+        expect_resumes_at_step_7(dir, i, runs[i]);
     st_test_rmdir(dir);
 }
 
@@ -428,8 +435,7 @@ Test(resume, a_bf16_master_resumes_bitwise, .timeout = 180)
  * nobody holds in some rounds) and fixed. */
 Test(resume, a_bf16_master_of_forward_masked_subnetworks_resumes_bitwise, .timeout = 180)
 {
-    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], runs[2][5 * ST_TEST_PATH_MAX],
-        extra[8 * ST_TEST_PATH_MAX], a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], runs[2][5 * ST_TEST_PATH_MAX];
     const st_bf16_support bf16 = st_bf16_probe(NULL);
     if (bf16 == ST_BF16_UNAVAILABLE)
         cr_skip_test("no bf16 matrix product here");
@@ -438,18 +444,8 @@ Test(resume, a_bf16_master_of_forward_masked_subnetworks_resumes_bitwise, .timeo
     snprintf(runs[0], sizeof runs[0], "%s --workers 2 --resample 5 --optimizer-moments "
              "bf16-sr", base);
     snprintf(runs[1], sizeof runs[1], "%s --workers 3 --oversubscribe --coverage 0.67", base);
-    for (size_t i = 0; i < 2; i++) {
-        char ck[16], resumed[16];
-        snprintf(ck, sizeof ck, "ck%zu", i);
-        snprintf(resumed, sizeof resumed, "resumed%zu", i);
-        expect_trains(dir, ck, runs[i], "--checkpoint-every 7");
-        snprintf(a, sizeof a, "%s/%s/step-00000007.safetensors", dir, ck);
-        snprintf(extra, sizeof extra, "--resume '%s'", a);
-        expect_trains(dir, resumed, runs[i], extra);
-        snprintf(a, sizeof a, "%s/%s/final.safetensors", dir, ck);
-        snprintf(b, sizeof b, "%s/%s/final.safetensors", dir, resumed);
-        cr_assert(same_file(a, b), "%s: resumed after step 7, the weights differ", runs[i]);
-    }
+    for (size_t i = 0; i < 2; i++)
+        expect_resumes_at_step_7(dir, i, runs[i]);
     st_test_rmdir(dir);
 }
 
