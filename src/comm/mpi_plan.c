@@ -16,6 +16,7 @@
 #include "comm/mpi_engine.h"
 #include "comm/sizing_world.h"
 #include "core/error.h"
+#include "core/ranges.h"
 
 void *st_mpi_list_push(list *l)
 {
@@ -252,14 +253,7 @@ float *st_mpi_sole_holder_at(const mpi_comm *mc, uint64_t x, int params, int *wh
 {
     for (int v = 0; v < mc->n; v++) {
         const mpi_worker *wv = &mc->workers[v];
-        int lo = 0, hi = wv->n_held;
-        while (lo < hi) {
-            int mid = (lo + hi) / 2;
-            if (wv->held[mid].end <= x)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
+        const int lo = st_ranges_after(wv->held, wv->n_held, (size_t)x);
         if (lo < wv->n_held && wv->held[lo].begin <= x) {
             *who = v;
             return (params ? wv->params : wv->grads) + wv->local[lo] + (x - wv->held[lo].begin);

@@ -41,6 +41,7 @@
 #include "core/arena_impl.h"
 #include "core/bf16.h"
 #include "core/error.h"
+#include "core/ranges.h"
 
 /* ------------------------------------------------------------ layout */
 
@@ -331,15 +332,7 @@ st_status st_comm_alloc_master(st_arena *arena, size_t begin, size_t len,
 /* The first of pl's bf16 master ranges that ends after x (n if none). */
 static int bf16_range_after(const comm_plan *pl, size_t x)
 {
-    int lo = 0, hi = pl->n_bf16_master;
-    while (lo < hi) {
-        const int mid = lo + (hi - lo) / 2;
-        if (pl->bf16_master[mid].end <= x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    return st_ranges_after(pl->bf16_master, pl->n_bf16_master, x);
 }
 
 /* Where [x, x + n) lies against the bf16 master ranges: 1 inside one, 0
@@ -656,18 +649,15 @@ st_status st_comm_plan_segments(comm_plan *pl, int w)
         /* bf16 master shards: the first holder's values rounded there */
         const comm_seg *g = &me->segs[i];
         const comm_slot *first = &pl->slots[me->holders[g->holder_first]];
-        for (size_t at = g->begin; at < g->end;) {
-            const int r = bf16_range_after(pl, at);
-            const size_t lo = r < pl->n_bf16_master ? pl->bf16_master[r].begin : g->end;
-            const size_t hi = r < pl->n_bf16_master ? pl->bf16_master[r].end : g->end;
-            const size_t to = lo > at ? (lo < g->end ? lo : g->end) : (hi < g->end ? hi : g->end);
-            if (lo > at)
-                memcpy(me->master + (at - sb), local_at(first, first->params, at),
-                       (to - at) * sizeof(float));
-            else
+        int inside;
+        for (size_t at = g->begin, to; at < g->end; at = to) {
+            to = st_ranges_piece(pl->bf16_master, pl->n_bf16_master, at, g->end, &inside);
+            if (inside)
                 st_bf16_round_n(me->master16 + (at - sb), local_at(first, first->params, at),
                                 to - at);
-            at = to;
+            else
+                memcpy(me->master + (at - sb), local_at(first, first->params, at),
+                       (to - at) * sizeof(float));
         }
     }
     for (size_t i = 0; copy && !me->master16 && i < n_segs; i++) {

@@ -42,7 +42,6 @@ typedef struct st_linear {
     /* dy_half: the bias gradients are column sums of the bf16 dy, a loop
      * of its own (n_bias of them; bwd_bias unused) */
     struct st_linear_colsum { int64_t o0, n; float *db; } *colsums;
-    float bias_scale;      /* of the bias gradient: 1 for an unscaled bias */
     int64_t dw_rows;       /* storage rows with a weight gradient */
     /* bf16 (st_linear_io.bf16): the three products read bf16 copies of
      * w, x and dy, made by these reorders (round to nearest even), and
@@ -147,7 +146,6 @@ typedef struct st_act {
      * and y are bf16 tensors; the backward reads x itself (xb is x, no
      * keep), widened by `unkeep` as above. */
     int x_half;
-    int grads_half;        /* st_act_build_half_grads: no unkeep, bf16 backward */
     st_prim bwd_hint;      /* st_act_build_half: the fp32 forward the backward
                             * was created from (never run) */
 } st_act;

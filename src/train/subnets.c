@@ -14,6 +14,7 @@
 #include "core/arena_impl.h"
 #include "core/bf16.h"
 #include "core/error.h"
+#include "core/ranges.h"
 #include "train/subnets.h"
 
 
@@ -381,24 +382,6 @@ st_status st_subnets_master16(subnets *s, const run_shared *r)
     return st;
 }
 
-/* The piece of [at, end) from `at` on that lies all inside one of s->m16
- * (sorted) or outside all of them: its end, and *inside which. */
-static size_t m16_piece(const subnets *s, size_t at, size_t end, int *inside)
-{
-    size_t lo = 0, hi = (size_t)s->n_m16;   /* the first range that ends after at */
-    while (lo < hi) {
-        const size_t mid = lo + (hi - lo) / 2;
-        if (s->m16[mid].end <= at)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    const st_range *r = lo < (size_t)s->n_m16 ? &s->m16[lo] : NULL;
-    *inside = r && r->begin <= at;
-    const size_t to = !r ? end : *inside ? r->end : r->begin;
-    return to < end ? to : end;
-}
-
 void st_subnets_shard_widen(const subnets *s, st_comm *masters, int k, float *dst)
 {
     const st_range sh = st_comm_shard(masters, k);
@@ -406,7 +389,7 @@ void st_subnets_shard_widen(const subnets *s, st_comm *masters, int k, float *ds
     const uint16_t *h = st_comm_shard_params16(masters, k);
     int inside;
     for (size_t at = sh.begin, to; at < sh.end; at = to) {
-        to = m16_piece(s, at, sh.end, &inside);
+        to = st_ranges_piece(s->m16, s->n_m16, at, sh.end, &inside);
         if (inside)
             st_bf16_widen_n(dst + (at - sh.begin), h + (at - sh.begin), to - at);
         else
@@ -421,7 +404,7 @@ void st_subnets_shard_store(const subnets *s, st_comm *masters, int k, const flo
     uint16_t *h = st_comm_shard_params16(masters, k);
     int inside;
     for (size_t at = sh.begin, to; at < sh.end; at = to) {
-        to = m16_piece(s, at, sh.end, &inside);
+        to = st_ranges_piece(s->m16, s->n_m16, at, sh.end, &inside);
         if (inside)
             st_bf16_round_n(h + (at - sh.begin), src + (at - sh.begin), to - at);
         else

@@ -249,7 +249,6 @@ st_status st_act_build_half_grads(st_nn_ctx *ctx, st_act *a, st_activation kind,
 {
     memset(a, 0, sizeof *a);
     a->x_half = 1;
-    a->grads_half = 1;
     a->xb = (st_bf16 *)x;
     dnnl_memory_desc_t md16;
     st_md_strided_bf16(&md16, rows, cols, cols, 1);
@@ -339,7 +338,7 @@ st_status st_act_backward(const st_nn_ctx *ctx, const st_act *a)
 {
     if (a->mask)   /* folded into the next layer's backward */
         return ST_OK;
-    if (a->bf16 && !a->grads_half)
+    if (a->bf16)   /* (not with bf16 gradients: the backward reads x as it lies) */
         ST_TRY(st_prim_run(ctx, &a->unkeep));
     return st_prim_run(ctx, &a->bwd);
 }
@@ -405,7 +404,7 @@ static void act_costs(const st_model *m, const st_layer *l, int forward_only, st
     const st_act *a = &l->u.act;
     const double n = (double)st_graph_rows(m, l->y) * (double)st_graph_cols(m, l->y);
     const double v = st_graph_is_half(m, l->y) ? 2.0 : 4.0;   /* x's and y's bytes */
-    const double g = a->grads_half ? 2.0 : 4.0;
+    const double g = st_graph_is_half(m, l->dx) ? 2.0 : 4.0;   /* dx's, dy's, x's read */
     const st_cost_op op = l->activation == ST_ACT_GELU && !l->fuse_relu && !l->fold_relu
                               ? ST_OP_GELU : ST_OP_RELU;
     if (a->mask) {
@@ -418,10 +417,10 @@ static void act_costs(const st_model *m, const st_layer *l, int forward_only, st
         st_cost_pass(s, op, 0, n, 2.0 * v * n, 1.0);
     if (forward_only || !l->backward)
         return;
-    if (a->bf16 && !a->grads_half)   /* bf16 x widened into fp32 scratch */
+    if (a->bf16)   /* bf16 x widened into fp32 scratch */
         st_cost_move(s, 6.0 * n, 1.0);
-    /* reads x (or y) and dy, writes dx: fp32 x unless all are bf16 */
-    st_cost_pass(s, op, 1, n, (a->grads_half ? 2.0 : 4.0) * n + 2.0 * g * n, 1.0);
+    /* reads x (or y) and dy, writes dx: x fp32 (widened) unless all are bf16 */
+    st_cost_pass(s, op, 1, n, 3.0 * g * n, 1.0);
 }
 
 /* fp32: the backward reads x (a fused ReLU: y, the same tensor); bf16:

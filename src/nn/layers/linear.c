@@ -309,7 +309,6 @@ static st_status build_backward_params(st_nn_ctx *ctx, st_linear *l, const st_li
     memset(p, 0, (size_t)(l->n_runs + l->n_bias) * sizeof(st_prim));
     l->bwd_weights = p;
     l->bwd_bias = l->bwd_weights + l->n_runs;
-    l->bias_scale = l->scale_bias ? l->scale : 1.0f;
     if (l->dy_half) {
         ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WORKSPACE,
                               (size_t)l->n_bias * sizeof *l->colsums, &p));
@@ -452,7 +451,7 @@ st_status st_linear_backward(const st_nn_ctx *ctx, const st_linear *l)
     for (int i = 0; i < l->n_bias; i++) {
         if (l->dy_half)
             colsum_bf16(l->colsums[i].db, l->dyb + l->colsums[i].o0, l->batch, l->colsums[i].n,
-                        l->out, l->bias_scale);
+                        l->out, l->scale_bias ? l->scale : 1.0f);
         else
             ST_TRY(st_prim_run(ctx, &l->bwd_bias[i]));
     }
