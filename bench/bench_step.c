@@ -423,7 +423,7 @@ static void usage(FILE *f)
             "usage: bench_step [--config large|small|cnn|gpt|all] [--quick] [--seconds S]\n"
             "                  [--json FILE] [--workers N] [--precision fp32|bf16|both]\n"
             "                  [--unfuse bias,residual,weight-copy,relu,bn-relu,\n"
-            "                            relu-backward|both]\n"
+            "                            relu-backward,gelu-backward|both]\n"
             "                  [--activation relu|gelu]\n"
             "                  [--optimizer-moments fp32,bf16,bf16-sr|all]\n"
             "                  [--recompute none,blocks,all] [--activation-precision fp32|bf16]\n"
@@ -460,7 +460,9 @@ static void usage(FILE *f)
             "                convert the weights in each forward instead of in the update,\n"
             "                (relu) a ReLU after a linear layer, (bn-relu) after a batch\n"
             "                norm as an eltwise pass, (relu-backward) the backward of a\n"
-            "                fused ReLU as a pass: a comma list, to measure each fusion\n"
+            "                fused ReLU as a pass, (gelu-backward, bf16 activations) a\n"
+            "                GELU's backward as a pass, not a multiply in the next\n"
+            "                product: a comma list, to measure each fusion\n"
             "  --activation-precision P   the bf16 rows' tensors between layers: fp32\n"
             "                (default) or bf16 (subtrain --activation-precision)\n"
             "  --tensor-layout L   cnn's image tensors between layers: auto (default:\n"
@@ -523,7 +525,8 @@ int main(int argc, char **argv)
         } else if ((v = option_value(argc, argv, &i, "--unfuse", &missing))) {
             if (!parse_unfuse(v, &o.unfuse))
                 return usage_error("--unfuse takes a comma list of bias, residual, "
-                                   "weight-copy, relu, bn-relu and relu-backward (or both), "
+                                   "weight-copy, relu, bn-relu, relu-backward and gelu-backward "
+                                   "(or both), "
                                    "got '%s'", v);
         } else if ((v = option_value(argc, argv, &i, "--activation-precision", &missing))) {
             if (st_precision_parse(v, &o.activations) != ST_OK)

@@ -115,6 +115,9 @@ void print_header(const bench_options *o)
     if (o->unfuse & ST_UNFUSE_RELU_BACKWARD)
         printf("unfused: a fused ReLU's backward is an eltwise pass of its own, not a mask "
                "post-op of the next layer's backward-data product\n");
+    if (o->unfuse & ST_UNFUSE_GELU_BACKWARD)
+        printf("unfused: a bf16 GELU's backward is oneDNN's eltwise pass, not a multiply by "
+               "gelu'(x) in the next layer's backward-data product\n");
     if (o->unfuse & ST_UNFUSE_BN_RELU)
         printf("unfused: a ReLU after a batch norm is an eltwise pass of its own, not the "
                "norm's fuse_norm_relu\n");

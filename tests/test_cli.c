@@ -560,7 +560,7 @@ Test(cli, unfuse_keeps_the_records_and_refuses_unknown_fusions, .timeout = 60)
     free(u);
     expect_usage_error("--data synthetic --unfuse gelu",
                        "--unfuse: unknown fusion 'gelu' (allowed: none, bias, residual, "
-                       "weight-copy, relu, bn-relu, relu-backward)");
+                       "weight-copy, relu, bn-relu, relu-backward, gelu-backward)");
     expect_usage_error("--data synthetic --unfuse relu,none",
                        "--unfuse: 'none' cannot be listed with other fusions");
 }

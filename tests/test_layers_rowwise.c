@@ -7,6 +7,10 @@
  */
 #include "layer_check.h"
 
+#include <subtrain/model.h>
+
+#include "nn/gelu.h"
+
 /* ------------------------------------------------------------ tolerances */
 
 /* GELU: smooth, |gelu'''| <= 0.8, so the truncation error of a central
@@ -377,6 +381,93 @@ Test(activation, bf16_backward_reads_the_kept_rounded_input)
     check_act_bf16(ST_ACT_GELU, 7, 33, 61);
     check_act_bf16(ST_ACT_RELU, 7, 33, 62);
     check_act_bf16(ST_ACT_GELU, 64, 257, 63);
+}
+
+/* How many bf16 values lie between a and b (0: the same; +0 and -0 are 1
+ * apart). */
+static int bf16_ulps(st_bf16 a, st_bf16 b)
+{
+    const int ia = a & 0x8000 ? -(a & 0x7fff) - 1 : a, ib = b & 0x8000 ? -(b & 0x7fff) - 1 : b;
+    return abs(ia - ib);
+}
+
+/* The folded GELU's pass (nn/gelu.h) on every bf16 value in [-16, 16]
+ * and a few beyond: y and y' within bf16's rounding (half an ulp, 2^-8
+ * relative) of the exact functions, plus A&S's erf error (1.5e-7
+ * absolute, times |x| in y); st_gelu_bf16's y bitwise the same; and
+ * within one ulp of what oneDNN's bf16 gelu_erf forward and backward (dy
+ * = 1) give where both are accurate, on a CPU that runs bf16. */
+Test(activation, folded_gelu_pass_is_gelu_and_its_derivative)
+{
+    omp_set_num_threads(1);
+    const size_t cap = 70000;
+    st_bf16 *x = malloc(cap * sizeof *x), *xd = malloc(cap * sizeof *xd);
+    st_bf16 *y = malloc(cap * sizeof *y), *y2 = malloc(cap * sizeof *y2);
+    cr_assert(x && xd && y && y2);
+    size_t n = 0;
+    for (uint32_t b = 0; b < 0x10000u; b++) {
+        const float v = st_bf16_to_float((st_bf16)b);
+        if (isfinite(v) && fabsf(v) <= 16.0f)
+            x[n++] = (st_bf16)b;
+    }
+    const float far[] = { -1e30f, -200.0f, -87.5f, -40.0f, 40.0f, 1e30f };
+    for (size_t k = 0; k < sizeof far / sizeof *far; k++)
+        x[n++] = st_bf16_from_float(far[k]);
+    memcpy(xd, x, n * sizeof *x);
+    st_gelu_deriv_bf16(y, xd, n);
+    st_gelu_bf16(y2, x, n);
+    cr_assert(memcmp(y, y2, n * sizeof *y) == 0, "st_gelu_bf16's y differs from the folded pass's");
+    double worst_y = 0, worst_d = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double v = st_bf16_to_float(x[i]);
+        const double Y = gelu_ref(v), D = gelu_grad_ref(v);
+        const double gy = st_bf16_to_float(y[i]), gd = st_bf16_to_float(xd[i]);
+        const double ey = fabs(gy - Y) / (ldexp(fabs(Y), -8) + 1.5e-7 * fabs(v) + 1e-37);
+        const double ed = fabs(gd - D) / (ldexp(fabs(D), -8) + 1e-6);
+        cr_expect(ey <= 1.0 && ed <= 1.0, "gelu(%.9g): y %.9g (exact %.9g), y' %.9g (exact %.9g)",
+                  v, gy, Y, gd, D);
+        worst_y = ey > worst_y ? ey : worst_y;
+        worst_d = ed > worst_d ? ed : worst_d;
+    }
+    if (st_bf16_probe(NULL) == ST_BF16_NATIVE) {
+        env e;
+        env_init(&e, 64);
+        st_bf16 *ox = malloc(n * sizeof *ox), *oy = malloc(n * sizeof *oy);
+        st_bf16 *odx = malloc(n * sizeof *odx), *ones = malloc(n * sizeof *ones);
+        cr_assert(ox && oy && odx && ones);
+        memcpy(ox, x, n * sizeof *x);
+        for (size_t i = 0; i < n; i++)
+            ones[i] = st_bf16_from_float(1.0f);
+        st_act a;
+        OK(st_act_build_half_grads(&e.ctx, &a, ST_ACT_GELU, 1, (int64_t)n, ox, oy, odx, ones));
+        OK(st_nn_ctx_finalize(&e.ctx));
+        OK(st_act_forward(&e.ctx, &a));
+        OK(st_act_backward(&e.ctx, &a));
+        size_t same_y = 0, same_d = 0, normal = 0;
+        for (size_t i = 0; i < n; i++) {
+            /* oneDNN flushes subnormals, and below -4 its 1 + erf(x / sqrt 2)
+             * cancels (y off the exact by 1% at -4.7, where ours is within
+             * the bound above) */
+            const float v = st_bf16_to_float(x[i]);
+            if (fabsf(v) < 0x1p-125f || v < -4.0f)
+                continue;
+            normal++;
+            same_y += y[i] == oy[i];
+            same_d += xd[i] == odx[i];
+            cr_expect(bf16_ulps(y[i], oy[i]) <= 1 && bf16_ulps(xd[i], odx[i]) <= 1,
+                      "gelu(%.9g): y %.9g y' %.9g, oneDNN's %.9g %.9g",
+                      (double)st_bf16_to_float(x[i]), (double)st_bf16_to_float(y[i]),
+                      (double)st_bf16_to_float(xd[i]), (double)st_bf16_to_float(oy[i]),
+                      (double)st_bf16_to_float(odx[i]));
+        }
+        fprintf(stderr, "[folded gelu] %zu normal values: bitwise oneDNN's y %.4f, y' %.4f\n",
+                normal, (double)same_y / (double)normal, (double)same_d / (double)normal);
+        free(ox), free(oy), free(odx), free(ones);
+        env_destroy(&e);
+    }
+    fprintf(stderr, "[folded gelu] worst error over its bound: y %.3f, y' %.3f\n", worst_y,
+            worst_d);
+    free(x), free(xd), free(y), free(y2);
 }
 
 /* bf16 layer norm: the forward is fp32's (y, mean, var bitwise); the

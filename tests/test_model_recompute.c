@@ -112,7 +112,8 @@ static void trace_free(trace *t)
     free(t->state);
 }
 
-/* Every model above, fp32 and bf16, with BLOCKS and ALL: bitwise the
+/* Every model above, fp32, bf16 and bf16 with bf16 activations (its
+ * GELUs folded into the next product), with BLOCKS and ALL: bitwise the
  * losses, gradients, running statistics, evaluations and updated
  * parameters of the model that keeps its activations, and no heap call of
  * subtrain's in a step (so no primitive is created: the recomputed
@@ -120,11 +121,12 @@ static void trace_free(trace *t)
 Test(recompute, same_bits_as_keeping_every_activation)
 {
     omp_set_num_threads(1);
-    const int precisions = st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE ? 1 : 2;
+    const int precisions = st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE ? 1 : 3;
     for (int k = 0; k < N_CONFIGS; k++)
         for (int p = 0; p < precisions; p++) {
             st_model_config c = config(k);
             c.precision = p ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+            c.activations = p == 2 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
             trace keep;
             run_steps(&c, &keep);
             for (int mode = ST_RECOMPUTE_BLOCKS; mode <= ST_RECOMPUTE_ALL; mode++) {
@@ -133,8 +135,9 @@ Test(recompute, same_bits_as_keeping_every_activation)
                 run_steps(&c, &t);
                 const char *what = st_recompute_name(c.recompute);
                 cr_assert_eq(memcmp(keep.loss, t.loss, sizeof t.loss), 0,
-                             "config %d %s, recompute %s: other losses (%.9g against %.9g at the "
-                             "last step)", k, st_precision_name(c.precision), what,
+                             "config %d %s%s, recompute %s: other losses (%.9g against %.9g at "
+                             "the last step)", k, st_precision_name(c.precision),
+                             p == 2 ? " (bf16 activations)" : "", what,
                              (double)t.loss[STEPS - 1], (double)keep.loss[STEPS - 1]);
                 cr_assert_eq(t.n_grads, keep.n_grads);
                 cr_assert_eq(memcmp(keep.grads, t.grads, t.n_grads * sizeof(float)), 0,

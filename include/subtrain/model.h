@@ -112,9 +112,10 @@ typedef enum st_recompute {
  * and st_model_config.unfuse can move into a pass of its own, so that
  * each fusion can be measured alone (bench_step --unfuse, subtrain
  * --unfuse; the numbers are in doc/benchmarks.md).  Layers with a branch
- * scale keep their bias and skip fusions.  Each fusion but the bias gives
- * results bitwise those of its separate pass; the bias, the matmul's own
- * argument, is rounded in oneDNN's order (equal to about 1 ulp). */
+ * scale keep their bias and skip fusions.  Each fusion but the bias and
+ * the GELU backward gives results bitwise those of its separate pass; the
+ * bias, the matmul's own argument, is rounded in oneDNN's order (equal to
+ * about 1 ulp), the GELU backward below. */
 enum {
     ST_UNFUSE_BIAS = 1,       /* y += b: a binary add after the product */
     ST_UNFUSE_RESIDUAL = 2,   /* y += the skip: a binary add after the product */
@@ -129,10 +130,16 @@ enum {
                                * recompute, resmlp's, gpt's): an eltwise pass of
                                * its own, not a mask post-op of the next layer's
                                * backward-data product */
+    ST_UNFUSE_GELU_BACKWARD = 64, /* --activation-precision bf16: a GELU's
+                               * backward (resmlp's, gpt's, vit's) as oneDNN's
+                               * bf16 eltwise pass, not a multiply by gelu'(x)
+                               * in the next layer's backward-data product;
+                               * not bitwise: the fold rounds once, not twice */
 };
 
 /* --unfuse's value: a comma list of the fusions' names, "bias",
- * "residual", "weight-copy", "relu", "bn-relu", "relu-backward", or "none",
+ * "residual", "weight-copy", "relu", "bn-relu", "relu-backward",
+ * "gelu-backward", or "none",
  * into ST_UNFUSE_*
  * bits; ST_ERR_INVALID with "unknown fusion 'x' (allowed: ...)". */
 st_status st_unfuse_parse(const char *list, unsigned *bits);

@@ -171,6 +171,9 @@ struct st_layer {
     int fold_relu;         /* a fused ReLU's activation layer and the linear
                             * layer after it: the ReLU's backward is a post-op
                             * of that layer's backward-data product */
+    int fold_gelu;         /* the same for a GELU whose x, y and gradients are
+                            * bf16 (if st_graph_half makes them so): a multiply
+                            * by gelu'(x), which its forward writes over x */
     /* convolution, pooling: square kernel, stride, symmetric padding */
     int kernel, stride, pad;
     int has_bias;          /* convolution */

@@ -100,6 +100,9 @@ typedef struct st_linear_io {
                                         * the adds (needs the bias fused) */
     const uint8_t *dx_mask;            /* NULL, or (B, in): dx *= mask, a post-op
                                         * (the folded backward of a ReLU before it) */
+    const st_bf16 *dx_deriv;           /* NULL, or (B, in): dx *= it, a post-op
+                                        * (the folded backward of a GELU before
+                                        * it: its derivative); dx bf16 (dxb) */
     /* bf16 only: x stored as bf16 (the model's tensor, st_tensor.half):
      * the products read it as it is, in place of x's copy; NULL: x (fp32).
      * yb: y written as bf16 (rounded once, after the bias and the ReLU),
@@ -148,6 +151,12 @@ typedef struct st_act {
     int x_half;
     st_prim bwd_hint;      /* st_act_build_half: the fp32 forward the backward
                             * was created from (never run) */
+    /* A folded GELU (st_act_build_folded_gelu): each training forward
+     * writes y and, over x, deriv = gelu'(x), which the next linear
+     * layer's backward-data product multiplies its input gradient by; it
+     * runs no backward and no oneDNN primitive. */
+    st_bf16 *deriv, *y;
+    int64_t n;
 } st_act;
 
 /* y = act(x), dx = act'(x) * dy, all (rows, cols).  bf16: the backward
@@ -178,6 +187,12 @@ st_status st_act_build_half_grads(st_nn_ctx *ctx, st_act *a, st_activation kind,
                                   st_bf16 *dx, const st_bf16 *dy);
 st_status st_act_build_fused_relu_half(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
                                        const st_bf16 *y, float *dx, const float *dy);
+/* GELU over bf16 x and y whose backward the next linear layer runs: the
+ * forward writes y = gelu(x) and gelu'(x) over x (nn/gelu.h), the next
+ * layer's backward-data product writes dx = gelu'(x) * (its product)
+ * rounded once to bf16, where the unfolded layer rounds its product to
+ * bf16 dy and then act'(x) dy again. */
+void st_act_build_folded_gelu(st_act *a, int64_t rows, int64_t cols, st_bf16 *x, st_bf16 *y);
 st_status st_act_build_folded_relu_half(st_nn_ctx *ctx, st_act *a, int64_t rows, int64_t cols,
                                         const st_bf16 *y);
 /* A training forward (bf16: keeps x's copy for the backward). */

@@ -12,7 +12,8 @@
  * reads dh (the stream's gradient), fc1 writes dn, the norm dtmp, and the
  * skip layer adds dtmp into dh: dh is then h's gradient.  With a fused
  * ReLU, fc2 writes da itself (its product times the ReLU's mask) and the
- * activation runs no backward.
+ * activation runs no backward; so with a GELU on bf16 tensors (its
+ * product times gelu'(a), nn/gelu.h).
  *
  * The stacks of such blocks end with the same final norm and head.
  */
@@ -38,12 +39,18 @@ int st_graph_mlp_branch(st_model *m, const char *prefix, const char *ln, int h, 
      * writes da (not dz) from dh, two other buffers */
     const int fold = l->fuse_relu && !(m->cfg.unfuse & ST_UNFUSE_RELU_BACKWARD);
     l->fold_relu = fold;
+    /* a GELU on bf16 tensors and gradients: fc2 writes da = gelu'(a) times
+     * its product, the derivative the activation's forward wrote over a */
+    const int fold_gelu = act == ST_ACT_GELU && m->cfg.activations == ST_PRECISION_BF16 &&
+                          !(m->cfg.unfuse & ST_UNFUSE_GELU_BACKWARD);
+    l->fold_gelu = fold_gelu;
     if (out < 0)
         return ST_T_NONE;
     snprintf(name, sizeof name, "%s.fc2", prefix);
     if (!(l = st_graph_linear(m, name, z, out, d->dz, d->dh, H, W)))
         return ST_T_NONE;
     l->fold_relu = fold;
+    l->fold_gelu = fold_gelu;
     l->in_unit = u;
     l->in_major = 1;
     l->residual = h;           /* out = h + branch, in fc2's epilogue */

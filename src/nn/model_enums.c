@@ -43,6 +43,7 @@ static const st_enum_entry unfuse_entries[] = {
     { "relu", ST_UNFUSE_RELU },
     { "bn-relu", ST_UNFUSE_BN_RELU },
     { "relu-backward", ST_UNFUSE_RELU_BACKWARD },
+    { "gelu-backward", ST_UNFUSE_GELU_BACKWARD },
 };
 static const st_enum_table fusions = ST_ENUM_TABLE("fusion", unfuse_entries);
 static const st_enum_entry recompute_entries[] = {

@@ -31,6 +31,7 @@
  * conversion (a ReLU keeps fp32 gradients: act_bf16_io). */
 #include <stdio.h>
 
+#include "nn/gelu.h"
 #include "nn/graph.h"
 #include "nn/layers.h"
 
@@ -320,13 +321,31 @@ st_status st_act_build_folded_relu_half(st_nn_ctx *ctx, st_act *a, int64_t rows,
     return ST_OK;
 }
 
+void st_act_build_folded_gelu(st_act *a, int64_t rows, int64_t cols, st_bf16 *x, st_bf16 *y)
+{
+    memset(a, 0, sizeof *a);
+    a->x_half = 1;
+    a->xb = x;
+    a->deriv = x;
+    a->y = y;
+    a->n = rows * cols;
+}
+
 st_status st_act_infer(const st_nn_ctx *ctx, const st_act *a)
 {
+    if (a->deriv) {   /* x is x here: an inference forward's product just wrote it */
+        st_gelu_bf16(a->y, a->deriv, (size_t)a->n);
+        return ST_OK;
+    }
     return a->fused ? ST_OK : st_prim_run(ctx, &a->fwd);
 }
 
 st_status st_act_forward(const st_nn_ctx *ctx, const st_act *a)
 {
+    if (a->deriv) {
+        st_gelu_deriv_bf16(a->y, a->deriv, (size_t)a->n);
+        return ST_OK;
+    }
     if (a->mask)
         return st_prim_run(ctx, &a->make_mask);
     if (a->bf16 && !a->x_half)   /* first: correct even were y to overwrite x */
@@ -336,7 +355,7 @@ st_status st_act_forward(const st_nn_ctx *ctx, const st_act *a)
 
 st_status st_act_backward(const st_nn_ctx *ctx, const st_act *a)
 {
-    if (a->mask)   /* folded into the next layer's backward */
+    if (a->mask || a->deriv)   /* folded into the next layer's backward */
         return ST_OK;
     if (a->bf16)   /* (not with bf16 gradients: the backward reads x as it lies) */
         ST_TRY(st_prim_run(ctx, &a->unkeep));
@@ -358,6 +377,10 @@ static st_status act_build(st_model *m, st_layer *l)
             return st_act_build_fused_relu_half(&m->ctx, &l->u.act, rows, cols, yb,
                                                 l->backward ? st_graph_data(m, l->dx) : NULL,
                                                 st_graph_data(m, l->dy));
+        if (l->fold_gelu && l->backward && st_graph_is_half(m, l->dx)) {
+            st_act_build_folded_gelu(&l->u.act, rows, cols, st_graph_data_bf16(m, l->x), yb);
+            return ST_OK;
+        }
         if (l->backward && st_graph_is_half(m, l->dx))   /* dy too (TIED_GRADS) */
             return st_act_build_half_grads(&m->ctx, &l->u.act, l->activation, rows, cols,
                                            st_graph_data_bf16(m, l->x), yb,
@@ -396,7 +419,8 @@ static st_status act_backward(const st_nn_ctx *ctx, const st_layer *l)
 }
 
 /* Its passes: the activation's forward and backward (a fused ReLU: the
- * backward only; a folded one: the mask only), in bf16 the input's copy
+ * backward only; a folded one: the mask only; a folded GELU: its one
+ * pass), in bf16 the input's copy
  * kept (4 bytes read, 2 written an element) and restored (2 read, 4
  * written); x, y, dx and dy at their stored widths. */
 static void act_costs(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s)
@@ -409,6 +433,13 @@ static void act_costs(const st_model *m, const st_layer *l, int forward_only, st
                               ? ST_OP_GELU : ST_OP_RELU;
     if (a->mask) {
         st_cost_move(s, (v + 1.0) * n, 1.0);
+        return;
+    }
+    if (a->deriv) {   /* training: x read, y and act'(x) written, a backward's math */
+        if (forward_only)
+            st_cost_pass(s, ST_OP_GELU, 0, n, 4.0 * n, 1.0);
+        else
+            st_cost_pass(s, ST_OP_GELU, 1, n, 6.0 * n, 1.0);
         return;
     }
     if (a->bf16 && !a->x_half)

@@ -177,8 +177,11 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
     dnnl_matmul_desc_t d;
     ST_DNNL(dnnl_matmul_desc_init(&d, &dy_md, &w_md, NULL, &dx_md), "linear backward-data descriptor");
     dnnl_memory_desc_t mask_md = dx_md;
-    mask_md.data_type = dnnl_u8;
-    if (io->dx_mask)
+    mask_md.data_type = io->dx_deriv ? dnnl_bf16 : dnnl_u8;
+    if (io->dx_deriv)
+        ST_TRY(st_prim_create_masked(ctx, &l->bwd_data, &d, l->scale, &mask_md,
+                                     "linear backward data with the GELU's"));
+    else if (io->dx_mask)
         ST_TRY(st_prim_create_masked(ctx, &l->bwd_data, &d, l->scale, &mask_md,
                                      "linear backward data with the ReLU's"));
     else
@@ -192,9 +195,10 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
         ST_TRY(st_mem_strided_bf16(ctx, &dx, l->batch, l->in, l->in, 1, io->dxb));
     else
         ST_TRY(st_mem_matrix(ctx, &dx, l->batch, l->in, io->dx));
-    if (io->dx_mask) {
+    if (io->dx_mask || io->dx_deriv) {
         dnnl_memory_t mask;
-        ST_TRY(st_mem_md(ctx, &mask, &mask_md, io->dx_mask));
+        ST_TRY(st_mem_md(ctx, &mask, &mask_md,
+                         io->dx_deriv ? (void *)io->dx_deriv : (void *)io->dx_mask));
         st_prim_arg(&l->bwd_data, DNNL_ARG_ATTR_MULTIPLE_POST_OP(
                         st_post_op_index(l->scale, NULL, 0)) | DNNL_ARG_SRC_1, mask);
     }
@@ -399,6 +403,8 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
     l->dx_half = l->bf16 && io->dxb && l->has_dx;
     if (l->dx_half && io->dx_mask)
         return st_fail(ST_ERR_INVALID, "linear: a bf16 input gradient takes no mask");
+    if (io->dx_deriv && !l->dx_half)
+        return st_fail(ST_ERR_INVALID, "linear: a GELU's derivative takes a bf16 input gradient");
     if (l->bf16)
         ST_TRY(build_conversions(ctx, l, io));
     ST_TRY(build_forward(ctx, l, io));
@@ -581,6 +587,10 @@ static st_status linear_build(st_model *m, st_layer *l)
         io.dx = st_graph_data(m, relu->dx);
         io.dxb = st_graph_data_bf16(m, relu->dx);
         io.dx_mask = relu->u.act.mask;
+    }
+    if (l->fold_gelu && relu->u.act.deriv) {   /* the GELU folded (nn/layers/activation.c) */
+        io.dxb = st_graph_data_bf16(m, relu->dx);
+        io.dx_deriv = relu->u.act.deriv;
     }
     io.dw_runs = st_graph_grad_runs(m, row_unit(l), &io.n_dw_runs);
     if (io.dw_runs && l->copies > 1) {
