@@ -19,7 +19,10 @@
  * under --recompute: layer i's mask is a saved buffer of block i, and
  * block i + 1's recomputed forward, run before the product that reads
  * the mask, reuses block i's memory (every block's lane starts at the
- * same place, nn/recompute.c).
+ * same place, nn/recompute.c).  A bf16 GELU does not fold here (resmlp's
+ * and gpt's do, nn/mlp_branch.c): its fold is not bitwise its pass, and
+ * since it could not fold under --recompute either, recomputing would
+ * change the numbers.
  */
 #include <stdio.h>
 
