@@ -560,6 +560,96 @@ Test(layernorm, bf16_backward_reads_the_kept_centred_input)
     check_layernorm_bf16(16, 64, 1000.0f, 73);   /* far from 0: centring matters */
 }
 
+/* --activation-precision bf16: the layer norm writes y as bf16 in a pass
+ * of its own with the statistics and the centred copy.  Against oneDNN's
+ * fp32 forward: the mean and variance within fp32 summation error, y
+ * within bf16's rounding of fp32 y (plus fp32's of x - mean, which a
+ * row far from 0 shows); the backward (the same primitive,
+ * on the pass's statistics and copy) within 1e-3 rms of the bf16 layer's
+ * that keeps fp32 y.  Inference writes the same y and statistics. */
+static void check_layernorm_bf16_y(int64_t B, int64_t C, float offset, uint64_t seed)
+{
+    env e;
+    env_init(&e, seed);
+    const size_t n = (size_t)(B * C);
+    float *x = env_floats(&e, n), *xh = env_floats(&e, n), *y = env_floats(&e, n);
+    float *dx = env_floats(&e, n), *dxh = env_floats(&e, n), *dy = env_floats(&e, n);
+    float *mean = env_floats(&e, (size_t)B), *var = env_floats(&e, (size_t)B);
+    float *meanh = env_floats(&e, (size_t)B), *varh = env_floats(&e, (size_t)B);
+    float *gamma = env_floats(&e, (size_t)C), *beta = env_floats(&e, (size_t)C);
+    float *dg = env_floats(&e, (size_t)C), *db = env_floats(&e, (size_t)C);
+    float *dgh = env_floats(&e, (size_t)C), *dbh = env_floats(&e, (size_t)C);
+    st_bf16 *yh = malloc(n * sizeof *yh), *yi = malloc(n * sizeof *yi);
+    cr_assert(yh && yi);
+    for (int64_t b = 0; b < B; b++) {
+        const float off = offset * (b % 2 ? 1.0f : -1.0f) + 0.5f * st_rng_uniform(&e.rng);
+        fill_uniform(&e.rng, x + b * C, (size_t)C, -1.5f, 1.5f);
+        for (int64_t j = 0; j < C; j++)
+            x[b * C + j] += off;
+    }
+    fill_uniform(&e.rng, dy, n, -1.0f, 1.0f);
+    fill_uniform(&e.rng, gamma, (size_t)C, 0.5f, 1.5f);
+    fill_uniform(&e.rng, beta, (size_t)C, -0.5f, 0.5f);
+    memcpy(xh, x, n * sizeof *x);
+    st_layernorm ln, lnh;
+    st_layernorm_io io = { .x = x, .y = y, .mean = mean, .var = var, .gamma = gamma,
+                           .beta = beta, .dx = dx, .dy = dy, .dgamma = dg, .dbeta = db,
+                           .bf16 = 1 };
+    st_layernorm_io ioh = io;
+    ioh.x = xh, ioh.y = NULL, ioh.yb = yh, ioh.mean = meanh, ioh.var = varh, ioh.dx = dxh;
+    ioh.dgamma = dgh, ioh.dbeta = dbh;
+    OK(st_layernorm_build(&e.ctx, &ln, B, C, &io));
+    OK(st_layernorm_build(&e.ctx, &lnh, B, C, &ioh));
+    OK(st_nn_ctx_finalize(&e.ctx));
+    OK(st_layernorm_forward(&e.ctx, &ln));
+    OK(st_layernorm_forward(&e.ctx, &lnh));
+    for (int64_t b = 0; b < B; b++) {
+        const float m = mean[b], v = var[b];
+        cr_expect(fabsf(meanh[b] - m) <= 1e-6f * (fabsf(m) + 1.5f) &&
+                  fabsf(varh[b] - v) <= 1e-5f * v,
+                  "row %lld: mean %.9g var %.9g, oneDNN's %.9g %.9g", (long long)b,
+                  (double)meanh[b], (double)varh[b], (double)m, (double)v);
+    }
+    /* bf16's rounding of y, and fp32's of x - mean (x ~ |mean|) scaled */
+    int off_by_more = 0;
+    size_t same = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int64_t b = (int64_t)i / C;
+        const double scale = 1.5 / sqrt(var[b] + ST_LAYERNORM_EPS);
+        const double err = fabs((double)st_bf16_to_float(yh[i]) - y[i]);
+        off_by_more += err > ldexp(fabs(y[i]), -8) + 4.0 * ldexp(fabs(mean[b]) + 1.5, -24) * scale;
+        same += yh[i] == st_bf16_from_float(y[i]);
+    }
+    cr_expect_eq(off_by_more, 0, "%d of y off fp32 y by more than bf16's rounding and x - "
+                 "mean's (offset %g)", off_by_more, offset);
+    /* inference: the same pass without the copy */
+    float m0 = meanh[0];
+    meanh[0] = -1.0f;
+    OK(st_layernorm_infer(&e.ctx, &lnh));
+    memcpy(yi, yh, n * sizeof *yh);
+    cr_expect(meanh[0] == m0, "inference's mean %g, training's %g", (double)meanh[0], (double)m0);
+    poison(x, n);
+    poison(xh, n);
+    OK(st_layernorm_backward(&e.ctx, &ln));
+    OK(st_layernorm_backward(&e.ctx, &lnh));
+    const double rx = rms_rel(dxh, dx, n), rg = rms_rel(dgh, dg, (size_t)C);
+    fprintf(stderr, "bf16-y layer norm %lldx%lld offset %g: y bitwise bf16(fp32 y) %.4f, dx "
+            "%.2e, dgamma %.2e rms off the fp32-y layer's\n", (long long)B, (long long)C,
+            offset, (double)same / (double)n, rx, rg);
+    cr_expect(rx < 1e-3 && rg < 1e-3, "dx %g, dgamma %g rms off the fp32-y layer's", rx, rg);
+    free(yh);
+    free(yi);
+    env_destroy(&e);
+}
+
+Test(layernorm, bf16_y_written_by_its_own_pass)
+{
+    omp_set_num_threads(1);
+    check_layernorm_bf16_y(6, 13, 2.0f, 74);
+    check_layernorm_bf16_y(64, 256, 0.0f, 75);
+    check_layernorm_bf16_y(16, 64, 1000.0f, 76);
+}
+
 /* ------------------------------------------------------------ ReLU on activations */
 
 /* The activation layer reads a (B, C, H, W) tensor as the (B, C H W)

@@ -409,8 +409,8 @@ Test(bf16, models_over_shared_storage)
 }
 
 /* Half tensors of m: how many, and whether each lies between layers that
- * take bf16 (written by a linear layer, attention or an activation, read
- * as x by those only) and none is touched by a layer norm or as a
+ * take bf16 (written by a linear layer, attention, an activation or a
+ * layer norm, read as x by all but the layer norm) and none is read as a
  * residual; a gradient only between linear layers, GELU and attention
  * (*grads: how many gradients, none also a value). */
 static int count_half(const st_model *m, int *grads)
@@ -429,8 +429,9 @@ static int count_half(const st_model *m, int *grads)
             const char *k = l->kind->name;
             const int takes = !strcmp(k, "linear") || !strcmp(k, "attention") ||
                               !strcmp(k, "activation");
-            cr_assert(!((l->x == t || l->y == t) && !takes), "tensor %d is bf16 and %s (%s) "
-                      "touches it", t, l->name, k);
+            const int writes = takes || !strcmp(k, "layernorm");   /* its y, not its x */
+            cr_assert(!((l->x == t && !takes) || (l->y == t && !writes)), "tensor %d is bf16 "
+                      "and %s (%s) touches it", t, l->name, k);
             cr_assert(l->residual != t, "tensor %d is bf16 and %s reads it as a residual", t,
                       l->name);
             const int g = l->dx == t || l->dy == t;
@@ -513,6 +514,14 @@ Test(bf16, activations_stored_as_bf16)
             if (!strcmp(l->kind->name, "attention"))
                 cr_assert(st_graph_is_half(m[1], l->dx) && st_graph_is_half(m[1], l->dy),
                           "config %d: %s's gradients are not bf16", k, l->name);
+            /* a layer norm writes the product after it a bf16 y, from the
+             * fp32 stream */
+            if (!strcmp(l->kind->name, "layernorm"))
+                cr_assert(st_graph_is_half(m[1], l->y) && !st_graph_is_half(m[1], l->x) &&
+                          !st_graph_is_half(m[0], l->y),
+                          "config %d: %s's y is %s, its x %s", k, l->name,
+                          st_graph_is_half(m[1], l->y) ? "bf16" : "fp32",
+                          st_graph_is_half(m[1], l->x) ? "bf16" : "fp32");
             if (strcmp(l->kind->name, "activation") || l->activation != ST_ACT_GELU)
                 continue;
             gelus++;

@@ -213,14 +213,22 @@ typedef struct st_layernorm {
      * fp32.  So x itself is not read after the forward (layernorm.c). */
     int bf16;
     int64_t rows, cols;
-    const float *x, *mean;
+    const float *x;
+    float *mean;
     dnnl_memory_t xs_mem;  /* the fp32 scratch in the slot (its handle is
                             * attached by st_nn_ctx_finalize) */
     st_bf16 *xb;
+    /* --activation-precision bf16: y is a bf16 tensor, written by a pass of
+     * subtrain's own (layernorm.c) with the statistics and xb, not by the
+     * forward primitive (oneDNN 2.6's takes one data type) */
+    st_bf16 *yb;
+    const float *gamma, *beta;
+    float *var;
 } st_layernorm;
 
 typedef struct st_layernorm_io {
     const float *x; float *y;          /* (B, C) */
+    st_bf16 *yb;                       /* or y as bf16, in place of y */
     float *mean, *var;                 /* (B) saved for backward */
     const float *gamma, *beta;         /* (C) */
     float *dx; const float *dy;        /* (B, C) */

@@ -24,6 +24,7 @@
  * buys: nobody reads the fp32 x after the forward, so in bf16 the graph
  * lets x's buffer be reused (st_graph_build's pool) and the activations
  * kept for the backward are 2 bytes per element instead of 4. */
+#include <math.h>
 #include <stdio.h>
 
 #include "core/simd.h"
@@ -46,6 +47,45 @@ static void uncentre_from_bf16(float *restrict xs, const st_bf16 *restrict xb, i
 #pragma omp simd
     for (int64_t c = 0; c < n; c++)
         xs[c] = mu + st_bf16_to_float(xb[c]);
+}
+
+/* Rows [0, rows) of x (rows, n): their mean and (biased) variance, y =
+ * bf16((x - mean) / sqrt(var + eps) * gamma + beta) and, where xb is not
+ * NULL, xb = bf16(x - mean): one pass that reads x once from memory (a
+ * row's three loops run on it in L1) and writes 4 bytes an element, where
+ * the fp32 primitive, the centred copy and the next product's conversion
+ * move 20.  The sums are the vector loop's, in fp32. */
+ST_VECTOR_CLONES_BW
+static void norm_rows_bf16(st_bf16 *restrict y, st_bf16 *restrict xb, float *restrict mean,
+                           float *restrict var, const float *restrict x,
+                           const float *restrict gamma, const float *restrict beta,
+                           int64_t rows, int64_t n)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t c = 0; c < n; c++)
+            s += xr[c];
+        const float mu = s / (float)n;
+        float q = 0.0f;
+#pragma omp simd reduction(+ : q)
+        for (int64_t c = 0; c < n; c++)
+            q += (xr[c] - mu) * (xr[c] - mu);
+        const float v = q / (float)n, rstd = 1.0f / sqrtf(v + ST_LAYERNORM_EPS);
+        mean[r] = mu;
+        var[r] = v;
+        st_bf16 *yr = y + r * n;
+#pragma omp simd
+        for (int64_t c = 0; c < n; c++)
+            yr[c] = st_bf16_from_float((xr[c] - mu) * rstd * gamma[c] + beta[c]);
+        if (xb) {
+            st_bf16 *br = xb + r * n;
+#pragma omp simd
+            for (int64_t c = 0; c < n; c++)
+                br[c] = st_bf16_from_float(xr[c] - mu);
+        }
+    }
 }
 
 /* y (B, C) = (x - mean) / sqrt(var + eps) * gamma + beta, mean/var (B) */
@@ -77,15 +117,20 @@ st_status st_layernorm_build(st_nn_ctx *ctx, st_layernorm *n, int64_t rows, int6
                               (size_t)(rows * cols) * sizeof(st_bf16), &p));
         n->xb = p;
         n->bf16 = 1;
-        n->rows = rows;
-        n->cols = cols;
-        n->x = io->x;
-        n->mean = io->mean;
         ST_TRY(st_mem_slot_md(ctx, &n->xs_mem, &data_md, ST_SLOT_IN, 0,
                               (size_t)(rows * cols) * sizeof(float)));
         src = n->xs_mem;
     }
-    ST_TRY(st_mem_matrix(ctx, &y, rows, cols, io->y));
+    n->yb = io->yb;
+    n->rows = rows;
+    n->cols = cols;
+    n->x = io->x;
+    n->mean = io->mean;
+    n->var = io->var;
+    n->gamma = io->gamma;
+    n->beta = io->beta;
+    if (!n->yb)
+        ST_TRY(st_mem_matrix(ctx, &y, rows, cols, io->y));
     ST_TRY(st_mem_vector(ctx, &mean, rows, io->mean));
     ST_TRY(st_mem_vector(ctx, &var, rows, io->var));
     ST_TRY(st_mem_vector(ctx, &gamma, cols, io->gamma));
@@ -95,12 +140,14 @@ st_status st_layernorm_build(st_nn_ctx *ctx, st_layernorm *n, int64_t rows, int6
     ST_TRY(st_mem_vector(ctx, &dgamma, cols, io->dgamma));
     ST_TRY(st_mem_vector(ctx, &dbeta, cols, io->dbeta));
 
-    st_prim_arg(&n->fwd, DNNL_ARG_SRC, x);
-    st_prim_arg(&n->fwd, DNNL_ARG_DST, y);
-    st_prim_arg(&n->fwd, DNNL_ARG_MEAN, mean);
-    st_prim_arg(&n->fwd, DNNL_ARG_VARIANCE, var);
-    st_prim_arg(&n->fwd, DNNL_ARG_SCALE, gamma);
-    st_prim_arg(&n->fwd, DNNL_ARG_SHIFT, beta);
+    if (!n->yb) {   /* else the forward primitive is the backward's hint, never run */
+        st_prim_arg(&n->fwd, DNNL_ARG_SRC, x);
+        st_prim_arg(&n->fwd, DNNL_ARG_DST, y);
+        st_prim_arg(&n->fwd, DNNL_ARG_MEAN, mean);
+        st_prim_arg(&n->fwd, DNNL_ARG_VARIANCE, var);
+        st_prim_arg(&n->fwd, DNNL_ARG_SCALE, gamma);
+        st_prim_arg(&n->fwd, DNNL_ARG_SHIFT, beta);
+    }
 
     st_prim_arg(&n->bwd, DNNL_ARG_SRC, src);
     st_prim_arg(&n->bwd, DNNL_ARG_MEAN, mean);
@@ -118,11 +165,21 @@ st_status st_layernorm_build(st_nn_ctx *ctx, st_layernorm *n, int64_t rows, int6
 
 st_status st_layernorm_infer(const st_nn_ctx *ctx, const st_layernorm *n)
 {
+    if (n->yb) {
+        norm_rows_bf16(n->yb, NULL, n->mean, n->var, n->x, n->gamma, n->beta,
+                       n->rows, n->cols);
+        return ST_OK;
+    }
     return st_prim_run(ctx, &n->fwd);
 }
 
 st_status st_layernorm_forward(const st_nn_ctx *ctx, const st_layernorm *n)
 {
+    if (n->yb) {
+        norm_rows_bf16(n->yb, n->xb, n->mean, n->var, n->x, n->gamma, n->beta,
+                       n->rows, n->cols);
+        return ST_OK;
+    }
     ST_TRY(st_prim_run(ctx, &n->fwd));
     if (!n->bf16)
         return ST_OK;
@@ -172,6 +229,7 @@ static st_status norm_build(st_model *m, st_layer *l)
 {
     st_layernorm_io io = {
         .x = st_graph_data(m, l->x), .y = st_graph_data(m, l->y),
+        .yb = st_graph_data_bf16(m, l->y),
         .mean = l->saved[0], .var = l->saved[1],
         .gamma = st_graph_seg_params(m, l->seg[0]), .beta = st_graph_seg_params(m, l->seg[1]),
         .dx = st_graph_data(m, l->dx), .dy = st_graph_data(m, l->dy),
@@ -204,18 +262,33 @@ static unsigned norm_backward_reads(const st_model *m, const st_layer *l)
 }
 
 /* Its forward (x read, y written) and backward (x, dy read, dx written)
- * as oneDNN's primitives of the kind. */
+ * as oneDNN's primitives of the kind; a bf16 y: the forward's own pass
+ * (x read, y and the centred copy written, 2 bytes each). */
 static void norm_costs(const st_model *m, const st_layer *l, int forward_only, st_cost_sink *s)
 {
-    const double y = st_cost_tensor_bytes(m, l->y);
-    st_cost_pass(s, ST_OP_LAYERNORM, 0, y / 4.0, 2.0 * y, 1.0);
+    const double e = (double)st_graph_rows(m, l->y) * (double)l->out;
+    const double y = 4.0 * e;   /* the fp32 x's bytes, and the backward's tensors' */
+    if (st_graph_is_half(m, l->y))
+        st_cost_pass(s, ST_OP_LAYERNORM, 0, e, (forward_only || !l->backward ? 6.0 : 8.0) * e,
+                     1.0);
+    else
+        st_cost_pass(s, ST_OP_LAYERNORM, 0, e, 2.0 * y, 1.0);
     if (!forward_only && l->backward)
         st_cost_pass(s, ST_OP_LAYERNORM, 1, y / 4.0, 3.0 * y, 1.0);
+}
+
+/* --activation-precision bf16: y as bf16 (its readers are products,
+ * which round it anyway); x, the residual stream, and the gradients stay
+ * fp32 (its statistics are fp32 sums over x). */
+static unsigned norm_bf16_io(const st_model *m, const st_layer *l)
+{
+    (void)l;
+    return m->cfg.activations == ST_PRECISION_BF16 ? ST_BF16_Y : 0u;
 }
 
 const st_layer_kind st_layer_layernorm = {
     .name = "layernorm", .layout = norm_layout, .alloc = norm_alloc, .build = norm_build,
     .forward = norm_forward, .backward = norm_backward, .norm = 1,
     .costs = norm_costs,
-    .backward_reads = norm_backward_reads,
+    .backward_reads = norm_backward_reads, .bf16_io = norm_bf16_io,
 };
