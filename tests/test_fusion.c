@@ -84,25 +84,48 @@ static void train(st_model *m, st_optim *o, run *r)
 /* cfg fused (unfuse 0) and with `unfuse`: bitwise equal steps; the fused
  * model has `fused(m)` > 0 fusions, the unfused none, and its steps run
  * `fewer` primitives fewer per fusion (the separate layer's). */
-static void check_fusion(st_model_config cfg, unsigned unfuse, int (*fused)(const st_model *),
-                         int fewer, const char *tag)
-{
+/* Models 0 (cfg) and 1 (cfg with `unfuse`), each trained by train() from
+ * the same weights; nf: fused(m) of each. */
+typedef struct pair {
     st_arena a[2];
     st_model *m[2];
     st_optim o[2];
     run r[2];
     int nf[2];
+} pair;
+
+static void train_pair(pair *p, st_model_config cfg, unsigned unfuse,
+                       int (*fused)(const st_model *))
+{
     st_optim_config oc = st_optim_config_default();
     for (int j = 0; j < 2; j++) {
         st_model_config c = cfg;
         c.unfuse = j ? unfuse : 0;
-        st_arena_init(&a[j], "fusion", NULL, 0);
-        m[j] = make_model(&c, 4, &a[j]);
-        st_model_init_params(m[j], 17);
-        OK(st_optim_init(&o[j], &oc, st_model_param_count(m[j]), &a[j]));
-        train(m[j], &o[j], &r[j]);
-        nf[j] = fused(m[j]);
+        st_arena_init(&p->a[j], "fusion", NULL, 0);
+        p->m[j] = make_model(&c, 4, &p->a[j]);
+        st_model_init_params(p->m[j], 17);
+        OK(st_optim_init(&p->o[j], &oc, st_model_param_count(p->m[j]), &p->a[j]));
+        train(p->m[j], &p->o[j], &p->r[j]);
+        p->nf[j] = fused(p->m[j]);
     }
+}
+
+static void release_pair(pair *p)
+{
+    for (int j = 0; j < 2; j++) {
+        st_model_destroy(p->m[j]);
+        st_arena_release(&p->a[j]);
+    }
+}
+
+static void check_fusion(st_model_config cfg, unsigned unfuse, int (*fused)(const st_model *),
+                         int fewer, const char *tag)
+{
+    pair p;
+    train_pair(&p, cfg, unfuse, fused);
+    st_model **m = p.m;
+    run *r = p.r;
+    const int *nf = p.nf;
     cr_assert_gt(nf[0], 0, "%s: nothing fused", tag);
     cr_assert_eq(nf[1], 0, "%s: %d fused under --unfuse", tag, nf[1]);
     for (int step = 0; step < 4; step++)
@@ -122,10 +145,7 @@ static void check_fusion(st_model_config cfg, unsigned unfuse, int (*fused)(cons
             cr_expect_eq(r[j].heap[step], 0, "%s (%s): step %d called the heap %ld times",
                          tag, j ? "unfused" : "fused", step + 1, r[j].heap[step]);
     }
-    for (int j = 0; j < 2; j++) {
-        st_model_destroy(m[j]);
-        st_arena_release(&a[j]);
-    }
+    release_pair(&p);
 }
 
 static int bf16_runs(void)
@@ -200,24 +220,14 @@ Test(fusion, gelu_backward_folded_into_the_next_product)
                                       gpt_config(2, 8, 2, 6) };
     const char *names[2] = { "resmlp", "gpt" };
     for (int k = 0; k < 2; k++) {
-        st_arena a[2];
-        st_model *m[2];
-        st_optim o[2];
-        run r[2];
-        int nf[2];
-        st_optim_config oc = st_optim_config_default();
-        for (int j = 0; j < 2; j++) {
-            st_model_config c = cfgs[k];
-            c.precision = ST_PRECISION_BF16;
-            c.activations = ST_PRECISION_BF16;
-            c.unfuse = j ? ST_UNFUSE_GELU_BACKWARD : 0;
-            st_arena_init(&a[j], "fusion", NULL, 0);
-            m[j] = make_model(&c, 4, &a[j]);
-            st_model_init_params(m[j], 17);
-            OK(st_optim_init(&o[j], &oc, st_model_param_count(m[j]), &a[j]));
-            train(m[j], &o[j], &r[j]);
-            nf[j] = folded_gelus(m[j]);
-        }
+        st_model_config c = cfgs[k];
+        c.precision = ST_PRECISION_BF16;
+        c.activations = ST_PRECISION_BF16;
+        pair p;
+        train_pair(&p, c, ST_UNFUSE_GELU_BACKWARD, folded_gelus);
+        st_model **m = p.m;
+        run *r = p.r;
+        const int *nf = p.nf;
         cr_expect_eq(nf[0], cfgs[k].depth, "%s: %d GELUs folded", names[k], nf[0]);
         cr_expect_eq(nf[1], 0, "%s: %d folded under --unfuse", names[k], nf[1]);
         for (int step = 0; step < 4; step++)
@@ -248,10 +258,7 @@ Test(fusion, gelu_backward_folded_into_the_next_product)
                 cr_expect_eq(r[j].heap[step], 0, "%s: step %d called the heap %ld times",
                              names[k], step + 1, r[j].heap[step]);
         }
-        for (int j = 0; j < 2; j++) {
-            st_model_destroy(m[j]);
-            st_arena_release(&a[j]);
-        }
+        release_pair(&p);
     }
 }
 

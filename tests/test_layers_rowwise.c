@@ -470,6 +470,22 @@ Test(activation, folded_gelu_pass_is_gelu_and_its_derivative)
     free(x), free(xd), free(y), free(y2);
 }
 
+/* A layer norm's x (B, C): rows of U(-1.5, 1.5) shifted by about
+ * +-offset, alternately; dy, gamma and beta around their usual sizes. */
+static void fill_layernorm_inputs(st_rng *r, float *x, float *dy, float *gamma, float *beta,
+                                  int64_t B, int64_t C, float offset)
+{
+    for (int64_t b = 0; b < B; b++) {
+        const float off = offset * (b % 2 ? 1.0f : -1.0f) + 0.5f * st_rng_uniform(r);
+        fill_uniform(r, x + b * C, (size_t)C, -1.5f, 1.5f);
+        for (int64_t j = 0; j < C; j++)
+            x[b * C + j] += off;
+    }
+    fill_uniform(r, dy, (size_t)(B * C), -1.0f, 1.0f);
+    fill_uniform(r, gamma, (size_t)C, 0.5f, 1.5f);
+    fill_uniform(r, beta, (size_t)C, -0.5f, 0.5f);
+}
+
 /* bf16 layer norm: the forward is fp32's (y, mean, var bitwise); the
  * backward reads the kept centred copy only (x poisoned after the
  * forward) and gives what the fp32 backward gives on
@@ -492,15 +508,7 @@ static void check_layernorm_bf16(int64_t B, int64_t C, float offset, uint64_t se
     float *dg = env_floats(&e, (size_t)C), *db = env_floats(&e, (size_t)C);
     float *dg32 = env_floats(&e, (size_t)C), *db32 = env_floats(&e, (size_t)C);
     float *dgr = env_floats(&e, (size_t)C), *dbr = env_floats(&e, (size_t)C);
-    for (int64_t b = 0; b < B; b++) {
-        const float off = offset * (b % 2 ? 1.0f : -1.0f) + 0.5f * st_rng_uniform(&e.rng);
-        fill_uniform(&e.rng, x + b * C, (size_t)C, -1.5f, 1.5f);
-        for (int64_t j = 0; j < C; j++)
-            x[b * C + j] += off;
-    }
-    fill_uniform(&e.rng, dy, n, -1.0f, 1.0f);
-    fill_uniform(&e.rng, gamma, (size_t)C, 0.5f, 1.5f);
-    fill_uniform(&e.rng, beta, (size_t)C, -0.5f, 0.5f);
+    fill_layernorm_inputs(&e.rng, x, dy, gamma, beta, B, C, offset);
     memcpy(x32, x, n * sizeof *x);
     st_layernorm ln, ln32, lnr;
     st_layernorm_io io = { .x = x, .y = y, .mean = mean, .var = var, .gamma = gamma,
@@ -581,15 +589,7 @@ static void check_layernorm_bf16_y(int64_t B, int64_t C, float offset, uint64_t 
     float *dgh = env_floats(&e, (size_t)C), *dbh = env_floats(&e, (size_t)C);
     st_bf16 *yh = malloc(n * sizeof *yh), *yi = malloc(n * sizeof *yi);
     cr_assert(yh && yi);
-    for (int64_t b = 0; b < B; b++) {
-        const float off = offset * (b % 2 ? 1.0f : -1.0f) + 0.5f * st_rng_uniform(&e.rng);
-        fill_uniform(&e.rng, x + b * C, (size_t)C, -1.5f, 1.5f);
-        for (int64_t j = 0; j < C; j++)
-            x[b * C + j] += off;
-    }
-    fill_uniform(&e.rng, dy, n, -1.0f, 1.0f);
-    fill_uniform(&e.rng, gamma, (size_t)C, 0.5f, 1.5f);
-    fill_uniform(&e.rng, beta, (size_t)C, -0.5f, 0.5f);
+    fill_layernorm_inputs(&e.rng, x, dy, gamma, beta, B, C, offset);
     memcpy(xh, x, n * sizeof *x);
     st_layernorm ln, lnh;
     st_layernorm_io io = { .x = x, .y = y, .mean = mean, .var = var, .gamma = gamma,
