@@ -42,13 +42,6 @@ static inline float exp_nonpositive(float v)
     return p * scale;
 }
 
-static inline uint16_t to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return (uint16_t)(st_bf16_rne_bits(u) >> 16);
-}
-
 /* Phi(x) and, in *e, exp(-x^2 / 2). */
 static inline float normal_cdf(float x, float *e)
 {
@@ -78,8 +71,8 @@ void st_gelu_deriv_bf16(st_bf16 *restrict y, st_bf16 *xd, size_t n)
         const float x = st_bf16_to_float(xd[i]);
         float e;
         const float cdf = normal_cdf(x, &e);
-        y[i] = to_bf16(x * cdf);
-        xd[i] = to_bf16(cdf + x * (e * 0.398942280f));
+        y[i] = st_bf16_from_float(x * cdf);
+        xd[i] = st_bf16_from_float(cdf + x * (e * 0.398942280f));
     }
 }
 
@@ -90,6 +83,6 @@ void st_gelu_bf16(st_bf16 *restrict y, const st_bf16 *restrict x, size_t n)
     for (size_t i = 0; i < n; i++) {
         const float v = st_bf16_to_float(x[i]);
         float e;
-        y[i] = to_bf16(v * normal_cdf(v, &e));
+        y[i] = st_bf16_from_float(v * normal_cdf(v, &e));
     }
 }

@@ -324,8 +324,6 @@ st_status st_act_build_folded_relu_half(st_nn_ctx *ctx, st_act *a, int64_t rows,
 void st_act_build_folded_gelu(st_act *a, int64_t rows, int64_t cols, st_bf16 *x, st_bf16 *y)
 {
     memset(a, 0, sizeof *a);
-    a->x_half = 1;
-    a->xb = x;
     a->deriv = x;
     a->y = y;
     a->n = rows * cols;

@@ -178,12 +178,10 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
     ST_DNNL(dnnl_matmul_desc_init(&d, &dy_md, &w_md, NULL, &dx_md), "linear backward-data descriptor");
     dnnl_memory_desc_t mask_md = dx_md;
     mask_md.data_type = io->dx_deriv ? dnnl_bf16 : dnnl_u8;
-    if (io->dx_deriv)
+    if (io->dx_mask || io->dx_deriv)
         ST_TRY(st_prim_create_masked(ctx, &l->bwd_data, &d, l->scale, &mask_md,
-                                     "linear backward data with the GELU's"));
-    else if (io->dx_mask)
-        ST_TRY(st_prim_create_masked(ctx, &l->bwd_data, &d, l->scale, &mask_md,
-                                     "linear backward data with the ReLU's"));
+                                     io->dx_deriv ? "linear backward data with the GELU's"
+                                                  : "linear backward data with the ReLU's"));
     else
         ST_TRY(st_prim_create_with_post_ops(ctx, &l->bwd_data, &d, l->scale, NULL, NULL,
                                             "linear backward data"));
