@@ -20,7 +20,7 @@
 
 typedef struct run_result {
     int status;           /* exit status, or -1 if killed by a signal */
-    char out[16384];
+    char out[32768];      /* --help's whole text */
     char err[4096];
 } run_result;
 

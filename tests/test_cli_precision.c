@@ -307,3 +307,48 @@ Test(cli, tensor_layouts_train_alike, .timeout = 120)
     st_test_rmdir(dir);
     expect_usage_error("--tensor-layout sideways", "--tensor-layout");
 }
+
+/* --weight-layout blocked: the linear layers' products read blocked
+ * copies of the weights, packed by the update with one worker and
+ * converted by the layers with two; either trains to what plain copies
+ * give (the same kernels, up to where they find the packed weights);
+ * --dump-config carries the layout; a bad one, one without --precision
+ * bf16 and one with a bf16 master are usage errors. */
+Test(cli, weight_layouts_train_alike, .timeout = 120)
+{
+    if (st_bf16_probe(NULL) != ST_BF16_NATIVE)
+        cr_skip_test("no native bf16 here");
+    run_result *r = calloc(1, sizeof *r), *b = calloc(1, sizeof *b);
+    char opts[512];
+    for (int w = 1; w <= 2; w++) {
+        for (int k = 0; k < 2; k++) {
+            snprintf(opts, sizeof opts, "--data synthetic --model resmlp --depth 2 --width 80 "
+                     "--batch 16 --steps 12 --seed 5 --progress none --metrics /dev/stdout "
+                     "--precision bf16 --workers %d --oversubscribe --weight-layout %s", w,
+                     k ? "blocked" : "plain");
+            run(k ? r : b, NULL, opts);
+            cr_assert_eq((k ? r : b)->status, 0, "%s: %s", opts, (k ? r : b)->err);
+        }
+        const char *fp = strstr(b->out, "\"final\":true"), *fb = strstr(r->out, "\"final\":true");
+        cr_assert(fp && fb, "%s\n%s", b->out, r->out);
+        const char *keys[2] = { "train_loss", "test_loss" };
+        for (int k = 0; k < 2; k++) {
+            const double vp = st_json_number_at(b->out, fp, keys[k]);
+            const double vb = st_json_number_at(r->out, fb, keys[k]);
+            cr_assert(fabs(vp - vb) <= 1e-4 * fabs(vp), "%d workers, %s: plain %.7f, "
+                      "blocked %.7f", w, keys[k], vp, vb);
+        }
+    }
+    run(r, NULL, "--precision bf16 --weight-layout blocked --dump-config");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, "weight-layout = blocked\n"), "%s", r->out);
+    run(r, NULL, "--precision bf16 --dump-config");
+    cr_assert(strstr(r->out, "weight-layout = plain\n"), "plain is the default: %s", r->out);
+    free(r);
+    free(b);
+    expect_usage_error("--weight-layout packed", "--weight-layout");
+    expect_usage_error("--data synthetic --weight-layout blocked",
+                       "--weight-layout blocked needs --precision bf16");
+    expect_usage_error("--data synthetic --precision bf16 --weight-layout blocked "
+                       "--master-weights bf16-sr", "which --weight-layout blocked does not make");
+}

@@ -239,6 +239,133 @@ Test(bf16, cnn_activations_stay_bf16_between_layers)
  * parameters as a model that converts its weights in every forward
  * (ST_UNFUSE_WEIGHT_COPY).  Every linear weight is listed: the copies add
  * up to the decayed matrices of a resmlp. */
+/* One update of m's parameters by its own optimizer, writing whichever
+ * copies the model lists (as st_worker_update_own does). */
+static void update_own(st_model *m, st_optim *o, int step)
+{
+    int n, nb, ns;
+    const st_param_copy *cp = st_model_copies(m, &n);
+    const st_param_blocked *bp = st_model_blocked_copies(m, &nb);
+    const st_param_segment *sg = st_model_segments(m, &ns);
+    st_optim_update_blocked(o, st_model_params(m), st_model_grads(m), sg, ns, 0,
+                            st_model_param_count(m), (uint64_t)step + 1, 1e-2f, cp, n, bp, nb);
+    st_model_copies_written(m);
+    st_model_blocked_written(m);
+}
+
+/* --weight-layout blocked: the forward and backward-data products read
+ * copies in the blocked layouts they picked.  Three models train 4 steps
+ * with an evaluation after each: plain copies (0), blocked copies that
+ * the layers convert in every forward (1, ST_UNFUSE_WEIGHT_COPY: oneDNN's
+ * reorders), and blocked copies the update packs (2).  1 and 2 give
+ * bitwise the same losses and parameters (the packing is the reorder);
+ * 0 and 2 the same losses within 1e-4 (the products' kernels are the same
+ * up to where they find their packed weights).  Every matrix of the
+ * resmlp is listed once, with two copies where the layer has an input
+ * gradient, and none of it among the plain copies. */
+Test(bf16, blocked_weight_copies_written_by_the_update)
+{
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    omp_set_num_threads(1);
+    /* widths past one 64-column block and not a multiple of it: padding */
+    st_model_config cfgs[3] = { resmlp_config(3, 72, 80, ST_ACT_GELU), gpt_config(2, 8, 2, 6),
+                                resmlp_config(2, 24, 16, ST_ACT_RELU) };
+    cfgs[2].kind = st_model_kind_named("mlp");
+    for (int k = 0; k < 3; k++) {
+        st_arena a[3];
+        st_model *m[3];
+        st_optim o[3];
+        float loss[3][4];
+        st_optim_config oc = st_optim_config_default();
+        for (int j = 0; j < 3; j++) {
+            st_model_config c = cfgs[k];
+            c.precision = ST_PRECISION_BF16;
+            c.weight_layout = j ? ST_WEIGHT_LAYOUT_BLOCKED : ST_WEIGHT_LAYOUT_PLAIN;
+            c.unfuse = j == 1 ? ST_UNFUSE_WEIGHT_COPY : 0;
+            st_arena_init(&a[j], "blocked copies", NULL, 0);
+            m[j] = make_model(&c, 4, &a[j]);
+            st_model_init_params(m[j], 13);
+            OK(st_optim_init(&o[j], &oc, st_model_param_count(m[j]), &a[j]));
+        }
+        int n_plain, n_blocked, n_segs, two = 0;
+        st_model_copies(m[2], &n_plain);
+        const st_param_blocked *b = st_model_blocked_copies(m[2], &n_blocked);
+        const st_param_segment *segs = st_model_segments(m[2], &n_segs);
+        cr_assert_eq(n_plain, 0, "config %d: blocked, yet plain copies are listed", k);
+        cr_assert_gt(n_blocked, 0, "config %d: no blocked copy listed", k);
+        size_t listed = 0, matrices = 0;
+        int moved = 0;   /* some element away from its row-major place */
+        for (int i = 0; i < n_blocked; i++) {
+            listed += (size_t)(b[i].rows * b[i].cols);
+            two += b[i].n == 2;
+            for (int c = 0; c < b[i].n; c++)
+                for (int64_t r = 0; r < b[i].rows; r++)
+                    for (int64_t q = 0; q < b[i].cols; q++)
+                        moved |= b[i].copy[c].row_at[r] + b[i].copy[c].col_at[q] != r * b[i].cols + q;
+        }
+        for (int i = 0; i < n_segs; i++)
+            matrices += segs[i].decay ? segs[i].count : 0;
+        if (k != 1)   /* (a gpt's embeddings decay and have no copy) */
+            cr_assert_eq(listed, matrices, "config %d: %zu weights in blocked copies, %zu in "
+                         "matrices", k, listed, matrices);
+        cr_assert_gt(two, 0, "config %d: no layer has a backward-data copy", k);
+        if (st_bf16_probe(NULL) == ST_BF16_NATIVE)
+            cr_assert(moved, "config %d: every copy is in the row-major order", k);
+        int n_unfused;
+        st_model_blocked_copies(m[1], &n_unfused);
+        cr_assert_eq(n_unfused, 0, "config %d: unfused, yet blocked copies are listed", k);
+        for (int j = 0; j < 3; j++) {
+            st_rng r = st_rng_seed(6);
+            for (int step = 0; step < 4; step++) {
+                fill_rows(m[j], 0, 4, &r);
+                OK(st_model_forward_backward(m[j], &loss[j][step]));
+                update_own(m[j], &o[j], step);
+                double sum = 0;
+                int64_t hits = 0;
+                OK(st_model_evaluate(m[j], 4, &sum, &hits));
+            }
+        }
+        cr_assert_eq(memcmp(loss[1], loss[2], sizeof loss[1]), 0,
+                     "config %d: losses differ with the update packing the copies (step 4: "
+                     "%.9g vs %.9g)", k, loss[1][3], loss[2][3]);
+        cr_assert_eq(memcmp(st_model_params(m[1]), st_model_params(m[2]),
+                            st_model_param_count(m[1]) * sizeof(float)), 0,
+                     "config %d: parameters differ with the update packing the copies", k);
+        for (int step = 0; step < 4; step++)
+            cr_assert_float_eq(loss[2][step], loss[0][step], 1e-4f * fabsf(loss[0][step]),
+                               "config %d step %d: blocked %.9g, plain %.9g", k, step,
+                               loss[2][step], loss[0][step]);
+        /* the parameters written by another writer after an update that
+         * packed the copies (an all-gather: st_model_copies_written; by
+         * hand: st_model_params_changed): the next forward converts */
+        for (int w = 0; w < 2; w++) {
+            float after[3];
+            for (int j = 1; j < 3; j++) {
+                update_own(m[j], &o[j], 4 + w);
+                float *p = st_model_params(m[j]);
+                for (size_t i = 0; i < st_model_param_count(m[j]); i++)
+                    p[i] *= 0.5f;
+                if (w)
+                    st_model_params_changed(m[j]);
+                else
+                    st_model_copies_written(m[j]);
+                st_rng r = st_rng_seed(7);
+                fill_rows(m[j], 0, 4, &r);
+                OK(st_model_forward_backward(m[j], &after[j]));
+            }
+            cr_assert_eq(memcmp(&after[1], &after[2], sizeof after[1]), 0,
+                         "config %d: a forward after %s used stale blocked copies (%.9g vs "
+                         "%.9g)", k, w ? "st_model_params_changed" : "st_model_copies_written",
+                         after[2], after[1]);
+        }
+        for (int j = 0; j < 3; j++) {
+            st_model_destroy(m[j]);
+            st_arena_release(&a[j]);
+        }
+    }
+}
+
 Test(bf16, update_written_weight_copies_change_nothing)
 {
     if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)

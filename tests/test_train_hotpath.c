@@ -293,6 +293,24 @@ Test(bf16_activations, a_step_makes_no_heap_allocation, .timeout = 120)
     free(t.bytes);
 }
 
+/* --weight-layout blocked: the update packing the blocked weight copies
+ * (one worker, its own vector) and the layers' reorders into them (two
+ * workers: the engine's update writes no blocked copy) add no heap call. */
+Test(bf16_weights, a_blocked_step_makes_no_heap_allocation, .timeout = 120)
+{
+    HEAPWATCH_SKIP_IF_OFF();
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    for (int w = 1; w <= 2; w++) {
+        st_train_config c = dp_config(w, 32, 40);
+        c.model.precision = ST_PRECISION_BF16;
+        c.model.weight_layout = ST_WEIGHT_LAYOUT_BLOCKED;
+        c.bf16_emulated = 1;
+        assert_steps_make_no_heap_call(&c, w == 1 ? "resmlp, blocked weights, 1 worker"
+                                                  : "resmlp, blocked weights, 2 workers");
+    }
+}
+
 /* --activation-precision bf16 on CNNs: the bf16 blocked tensors and
  * gradients between convolutions, batch norms and pools add no heap call,
  * a ResNet and a convnet under data parallelism (2 x 4 x 4 images), and

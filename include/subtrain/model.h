@@ -94,6 +94,17 @@ typedef enum st_tensor_layout {
     ST_TENSOR_LAYOUT_NHWC,    /* channels last */
 } st_tensor_layout;
 
+/* How a bf16 linear layer's products read its weights (doc/precision.md).
+ * PLAIN: one bf16 copy in the parameters' order, read through strides
+ * (the kernel packs it on each call).  BLOCKED: two copies, each in the
+ * blocked layout its product's kernel takes (queried with
+ * format_tag_any from the forward and backward-data primitives), written
+ * by a worker's own update or else converted by the layer. */
+typedef enum st_weight_layout {
+    ST_WEIGHT_LAYOUT_PLAIN = 0,
+    ST_WEIGHT_LAYOUT_BLOCKED,
+} st_weight_layout;
+
 /* Activation recomputation (doc/memory.md): what the training forward
  * keeps for the backward.  A block is a layer group (a residual block),
  * or, in a model without groups, one hidden layer (its linear layer and
@@ -223,6 +234,8 @@ typedef struct st_model_config {
                              * default, keeps them blocked: doc/cnn.md) */
     st_tensor_layout tensor_layout; /* without plain_tensors: AUTO (default),
                              * BLOCKED or NHWC */
+    st_weight_layout weight_layout; /* with precision BF16: PLAIN (default) or
+                             * BLOCKED */
     st_recompute recompute; /* what the forward keeps (NONE default) */
 } st_model_config;
 
@@ -322,6 +335,9 @@ st_status st_tensor_layout_parse(const char *name, st_tensor_layout *out);
 /* AUTO resolved for a model of precision p on this CPU (BLOCKED or NHWC);
  * another layout as it is. */
 st_tensor_layout st_tensor_layout_resolve(st_tensor_layout l, st_precision p);
+/* "plain", "blocked". */
+const char *st_weight_layout_name(st_weight_layout l);
+st_status st_weight_layout_parse(const char *name, st_weight_layout *out);
 const char *st_token_pool_name(st_token_pool p);
 st_status st_token_pool_parse(const char *name, st_token_pool *out);
 const char *st_recompute_name(st_recompute r);
@@ -448,6 +464,14 @@ const st_param_segment *st_model_segments(const st_model *m, int *count);
  * and the layers convert as before. */
 const st_param_copy *st_model_copies(const st_model *m, int *count);
 void st_model_copies_written(st_model *m);
+/* --weight-layout blocked: the weights' blocked bf16 copies, increasing
+ * and disjoint (none of them in st_model_copies), for
+ * st_optim_update_blocked.  Only an owner updating its own vector writes
+ * them, and then calls st_model_blocked_written; after any other writer of
+ * the parameters (st_model_copies_written, st_model_params_changed) the
+ * layers convert them in the next forward. */
+const st_param_blocked *st_model_blocked_copies(const st_model *m, int *count);
+void st_model_blocked_written(st_model *m);
 /* Takes that promise back: whoever writes the parameters of a model that
  * an update just wrote (st_trainer_model's, between st_trainer_step
  * calls, say) calls this, and the next forward converts the weights.  A

@@ -77,8 +77,9 @@ st_status st_master_parse(const char *name, st_master *out);
 
 /* Bytes one update reads and writes per parameter: the gradient read,
  * the fp32 master read and written, each state vector read and written
- * (4 or 2 bytes each way), and 2 more where it writes a bf16 copy
- * (`copy`): AdamW 28 (30) with fp32 moments, 20 (22) with bf16.  With a
+ * (4 or 2 bytes each way), and 2 more for each bf16 copy it writes
+ * (`copy`: 0, 1, or 2 blocked copies): AdamW 28 (30, 32) with fp32
+ * moments, 20 (22, 24) with bf16.  With a
  * bf16 master (ST_MASTER_BF16_SR) a parameter with a copy (`copy`) reads
  * and writes the copy only: AdamW 24 with fp32 moments, 16 with bf16. */
 int st_optim_bytes_per_param(const st_optim_config *cfg, int copy);
@@ -114,6 +115,15 @@ void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
                             const st_param_segment *segs, int n_segs, size_t begin,
                             size_t end, uint64_t t, float lr, const st_param_copy *copies,
                             int n_copies);
+/* The same, also writing the blocked copies of the weight matrices that
+ * `blocked` cover (n_blocked, increasing, disjoint from each other and
+ * from `copies`): the new values of a few thousand parameters at a time,
+ * then their roundings into each copy's blocked layout while they are
+ * still in cache. */
+void st_optim_update_blocked(st_optim *opt, float *params, const float *grads,
+                             const st_param_segment *segs, int n_segs, size_t begin,
+                             size_t end, uint64_t t, float lr, const st_param_copy *copies,
+                             int n_copies, const st_param_blocked *blocked, int n_blocked);
 
 /* ------------------------------------------------------------ schedules */
 

@@ -48,6 +48,23 @@ typedef struct st_param_copy {
     uint16_t *bf16;     /* count values (bf16 bits) */
 } st_param_copy;
 
+/* The bf16 copies of a weight matrix in the blocked layouts its products'
+ * kernels read (--weight-layout blocked: one for the forward, one for the
+ * backward-data product).  The matrix is params [offset, offset + rows *
+ * cols), row-major; its element (r, c) lies at bf16[row_at[r] + col_at[c]]
+ * of each copy (a blocked layout's offset is a sum of one term per dim).
+ * The update can write them from the new values (st_optim_update_blocked). */
+#define ST_BLOCKED_COPIES 2
+typedef struct st_param_blocked {
+    size_t offset;
+    int64_t rows, cols;
+    int n;              /* copies: 1 or 2 */
+    struct st_blocked_copy {
+        uint16_t *bf16;
+        const int64_t *row_at, *col_at;
+    } copy[ST_BLOCKED_COPIES];
+} st_param_blocked;
+
 #ifdef __cplusplus
 }
 #endif

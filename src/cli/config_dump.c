@@ -119,6 +119,10 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
             snprintf(v, n, "%s", st_precision_name(m->activations));
         break;
     case OPT_TENSOR_LAYOUT: snprintf(v, n, "%s", st_tensor_layout_name(m->tensor_layout)); break;
+    case OPT_WEIGHT_LAYOUT:
+        if (m->precision == ST_PRECISION_BF16)
+            snprintf(v, n, "%s", st_weight_layout_name(m->weight_layout));
+        break;
     case OPT_EPOCHS: if (!t->steps) snprintf(v, n, "%d", t->epochs); break;
     case OPT_STEPS: if (t->steps) snprintf(v, n, "%llu", (unsigned long long)t->steps); break;
     case OPT_BATCH: snprintf(v, n, "%d", t->batch); break;

@@ -41,6 +41,7 @@ static const struct option own_options[] = {
     { "recompute", required_argument, NULL, OPT_RECOMPUTE },
     { "activation-precision", required_argument, NULL, OPT_ACTIVATION_PRECISION },
     { "tensor-layout", required_argument, NULL, OPT_TENSOR_LAYOUT },
+    { "weight-layout", required_argument, NULL, OPT_WEIGHT_LAYOUT },
     { "epochs", required_argument, NULL, OPT_EPOCHS },
     { "steps", required_argument, NULL, OPT_STEPS },
     { "batch", required_argument, NULL, OPT_BATCH },

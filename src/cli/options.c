@@ -84,6 +84,10 @@ static st_status parse_model(const char *s, void *o) { return st_model_kind_pars
 static st_status parse_act(const char *s, void *o) { return st_activation_parse(s, o); }
 static st_status parse_precision(const char *s, void *o) { return st_precision_parse(s, o); }
 static st_status parse_layout(const char *s, void *o) { return st_tensor_layout_parse(s, o); }
+static st_status parse_weight_layout(const char *s, void *o)
+{
+    return st_weight_layout_parse(s, o);
+}
 static st_status parse_pool(const char *s, void *o) { return st_token_pool_parse(s, o); }
 static st_status parse_recompute(const char *s, void *o) { return st_recompute_parse(s, o); }
 static st_status parse_opt(const char *s, void *o) { return st_optimizer_parse(s, o); }
@@ -357,6 +361,9 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
                             err, n);
     case OPT_TENSOR_LAYOUT:
         return parse_choice("tensor-layout", arg, parse_layout, &t->model.tensor_layout, err, n);
+    case OPT_WEIGHT_LAYOUT:
+        return parse_choice("weight-layout", arg, parse_weight_layout, &t->model.weight_layout,
+                            err, n);
     case OPT_WEIGHTS: return parse_choice("weights", arg, parse_weights, &t->weights, err, n);
     case OPT_NEURON_GROUP:
         return parse_int("--neuron-group", arg, 1, 65536, &t->neuron_group, err, n);

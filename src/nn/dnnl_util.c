@@ -86,9 +86,62 @@ st_status st_nn_ctx_add_copy(st_nn_ctx *ctx, const float *src, st_bf16 *dst, siz
 {
     ST_TRY(grow((void **)&ctx->copies, &ctx->cap_copies, ctx->n_copies + 1,
                 sizeof *ctx->copies));
-    ctx->copies[ctx->n_copies] = (struct st_weight_copy){ src, dst, n, 0,
-                                                          dst == st_nn_shared_copy(ctx, src, n) };
+    ctx->copies[ctx->n_copies] = (struct st_weight_copy){
+        .src = src, .dst = dst, .n = n, .shared = dst == st_nn_shared_copy(ctx, src, n) };
     *id = ctx->n_copies++;
+    return ST_OK;
+}
+
+/* Offsets of indices 0..n-1 along dim d of the blocked md: an element's
+ * offset in a blocked layout is a sum of one term per dim (its outer block
+ * times the dim's stride, plus its digits in the inner blocks). */
+static void dim_offsets(const dnnl_memory_desc_t *md, int d, int64_t n, int64_t *at)
+{
+    const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+    int64_t block = 1;
+    for (int k = 0; k < b->inner_nblks; k++)
+        if (b->inner_idxs[k] == d)
+            block *= b->inner_blks[k];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t off = (i / block) * b->strides[d], stride = 1, below = 1;
+        for (int k = b->inner_nblks - 1; k >= 0; k--) {   /* innermost first */
+            if (b->inner_idxs[k] == d) {
+                off += (i / below % b->inner_blks[k]) * stride;
+                below *= b->inner_blks[k];
+            }
+            stride *= b->inner_blks[k];
+        }
+        at[i] = off;
+    }
+}
+
+st_status st_nn_ctx_add_blocked_copy(st_nn_ctx *ctx, const float *src, st_bf16 *dst,
+                                     int64_t rows, int64_t cols, const dnnl_memory_desc_t *md,
+                                     int row_dim, int *id)
+{
+    if (md->ndims != 2 || md->format_kind != dnnl_blocked || md->data_type != dnnl_bf16 ||
+        md->dims[row_dim] != rows || md->dims[1 - row_dim] != cols)
+        return st_fail(ST_ERR_INVALID, "a blocked weight copy of %lld x %lld: the product's "
+                       "weights are not a 2-d bf16 blocked matrix of that shape",
+                       (long long)rows, (long long)cols);
+    int64_t *row_at = malloc((size_t)(rows + cols) * sizeof *row_at);
+    if (!row_at)
+        return st_fail(ST_ERR_NOMEM, "out of memory for a blocked weight copy's offsets");
+    dim_offsets(md, row_dim, rows, row_at);
+    dim_offsets(md, 1 - row_dim, cols, row_at + rows);
+    for (int64_t r = 0; r < rows; r++)
+        row_at[r] += md->offset0;
+    st_status s = st_nn_ctx_add_copy(ctx, src, dst, (size_t)(rows * cols), id);
+    if (s != ST_OK) {
+        free(row_at);
+        return s;
+    }
+    struct st_weight_copy *c = &ctx->copies[*id];
+    c->row_at = row_at;
+    c->col_at = row_at + rows;
+    c->rows = rows;
+    c->cols = cols;
+    c->shared = 0;
     return ST_OK;
 }
 
@@ -106,6 +159,8 @@ st_status st_nn_ctx_ones(st_nn_ctx *ctx, int64_t n, const float **out)
 
 void st_nn_ctx_destroy(st_nn_ctx *ctx)
 {
+    for (int i = 0; i < ctx->n_copies; i++)
+        free(ctx->copies[i].row_at);   /* col_at lies in the same block */
     for (int i = 0; i < ctx->n_prims; i++) {
         dnnl_primitive_destroy(ctx->prims[i]->prim);
         if (ctx->prims[i]->scratchpad)
@@ -288,6 +343,16 @@ st_status st_prim_create_masked(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
 {
     return create_with_post_ops(ctx, p, op_desc, NULL, scale, NULL, NULL, 0, mask_md, what,
                                 NULL);
+}
+
+st_status st_prim_create_fused(st_nn_ctx *ctx, st_prim *p, const void *op_desc, float scale,
+                               const dnnl_memory_desc_t *add0_md,
+                               const dnnl_memory_desc_t *add1_md, int relu,
+                               const dnnl_memory_desc_t *mask_md, const char *what,
+                               dnnl_primitive_desc_t *pd_out)
+{
+    return create_with_post_ops(ctx, p, op_desc, NULL, scale, add0_md, add1_md, relu, mask_md,
+                                what, pd_out);
 }
 
 st_status st_prim_create_scaled(st_nn_ctx *ctx, st_prim *p, const void *op_desc,

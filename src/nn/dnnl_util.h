@@ -83,12 +83,20 @@ typedef struct st_nn_ctx {
         size_t n;
         int listed;              /* in the model's list of st_param_copy */
         int shared;              /* dst is in shared storage: never converted here */
+        /* NULL: dst is in src's order.  Else dst is in a product's blocked
+         * layout (--weight-layout blocked): src is a row-major (rows, cols)
+         * matrix whose element (r, c) lies at dst[row_at[r] + col_at[c]]. */
+        int64_t *row_at, *col_at;
+        int64_t rows, cols;
     } *copies;
     int n_copies, cap_copies;
     /* Set by the model when the update wrote every listed copy since the
      * last training forward (st_model_copies_written); the layers then skip
      * their conversions in that forward, which clears it. */
     int copies_current;
+    /* The same for the blocked copies, which only a worker's own update
+     * writes (st_model_blocked_written). */
+    int blocked_current;
     /* Shared storage of the weights' bf16 copies (st_model_create_on):
      * the copy of params[i] is at copy_store[i], params being copy_base's
      * copy_n floats.  NULL: each layer has its own. */
@@ -121,8 +129,17 @@ static inline st_bf16 *st_nn_shared_copy(const st_nn_ctx *ctx, const float *src,
  * writes the weights): the layer need not convert. */
 static inline int st_nn_copy_fresh(const st_nn_ctx *ctx, int id)
 {
-    return (ctx->copies_current || ctx->copies[id].shared) && ctx->copies[id].listed;
+    const struct st_weight_copy *c = &ctx->copies[id];
+    if (!c->listed)
+        return 0;
+    return c->row_at ? ctx->blocked_current : ctx->copies_current || c->shared;
 }
+/* Registers dst, the bf16 copy of the row-major (rows, cols) weights at
+ * src in the blocked layout md (the product's weights, whose dim row_dim
+ * the rows index, the other the columns). */
+st_status st_nn_ctx_add_blocked_copy(st_nn_ctx *ctx, const float *src, st_bf16 *dst,
+                                     int64_t rows, int64_t cols, const dnnl_memory_desc_t *md,
+                                     int row_dim, int *id);
 /* A read-only vector of at least n ones (from the arena, shared). */
 st_status st_nn_ctx_ones(st_nn_ctx *ctx, int64_t n, const float **out);
 
@@ -157,6 +174,14 @@ st_status st_prim_create_with_relu(st_nn_ctx *ctx, st_prim *p, const void *op_de
  * 0)). */
 st_status st_prim_create_masked(st_nn_ctx *ctx, st_prim *p, const void *op_desc, float scale,
                                 const dnnl_memory_desc_t *mask_md, const char *what);
+/* Any of the three above (relu, mask_md: the ReLU and the multiply), and
+ * its primitive descriptor (the caller destroys it): what a layer asks
+ * for the layouts the primitive picked for format_tag_any operands. */
+st_status st_prim_create_fused(st_nn_ctx *ctx, st_prim *p, const void *op_desc, float scale,
+                               const dnnl_memory_desc_t *add0_md,
+                               const dnnl_memory_desc_t *add1_md, int relu,
+                               const dnnl_memory_desc_t *mask_md, const char *what,
+                               dnnl_primitive_desc_t *pd_out);
 /* st_prim_create with dst = scale * dst fused as an eltwise_linear
  * post-op (alpha = scale, beta = 0); scale 1: exactly st_prim_create. */
 st_status st_prim_create_scaled(st_nn_ctx *ctx, st_prim *p, const void *op_desc,

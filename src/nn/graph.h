@@ -183,6 +183,10 @@ struct st_model {
      * (st_model_copies; none with ST_UNFUSE_WEIGHT_COPY) */
     st_param_copy *copies;
     int n_copies;
+    /* --weight-layout blocked: the blocked copies, by offset
+     * (st_model_blocked_copies; none with ST_UNFUSE_WEIGHT_COPY) */
+    st_param_blocked *blocked;
+    int n_blocked;
     int n_segs, cap_segs;
     size_t full_at;        /* while laying out: the next segment's full offset */
     uint64_t full_seg;     /*                   and full index */

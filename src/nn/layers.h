@@ -56,6 +56,14 @@ typedef struct st_linear {
     st_prim to_bf16_x;     /* x -> xb, before each forward */
     st_prim to_bf16_dy;    /* dy -> dyb, before each backward */
     st_bf16 *wb, *xb;
+    /* st_linear_io.blocked_weights: no wb; the forward and backward-data
+     * products read copies of w in the blocked layouts they picked
+     * (format_tag_any), wf and wd, made by these reorders before a forward
+     * unless the update wrote them (copies w_copy and wd_copy) */
+    int blocked;
+    st_prim to_wf, to_wd;
+    st_bf16 *wf, *wd;
+    int wd_copy;
     /* st_linear_io.xb, .yb given: x is read where it lies (xb is it, no
      * to_bf16_x), y is written as bf16 */
     int x_half, y_half;
@@ -96,6 +104,9 @@ typedef struct st_linear_io {
                                         * unless given as bf16 below */
     unsigned unfuse;                   /* ST_UNFUSE_* (subtrain/model.h); only
                                         * without a scale */
+    int blocked_weights;               /* bf16: the products read w through
+                                        * copies in their kernels' blocked
+                                        * layouts (--weight-layout blocked) */
     int relu;                          /* y = max(0, ...): a ReLU post-op, after
                                         * the adds (needs the bias fused) */
     const uint8_t *dx_mask;            /* NULL, or (B, in): dx *= mask, a post-op

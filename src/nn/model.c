@@ -73,6 +73,12 @@ static st_status check_fields(const st_model_config *c)
     if (c->activations == ST_PRECISION_BF16 && c->precision != ST_PRECISION_BF16)
         return st_fail(ST_ERR_INVALID, "--activation-precision bf16 needs --precision bf16 "
                        "(the products that read the bf16 activations)");
+    if (c->weight_layout != ST_WEIGHT_LAYOUT_PLAIN && c->weight_layout != ST_WEIGHT_LAYOUT_BLOCKED)
+        return st_fail(ST_ERR_INVALID, "unknown weight layout %d (allowed: plain, blocked)",
+                       (int)c->weight_layout);
+    if (c->weight_layout == ST_WEIGHT_LAYOUT_BLOCKED && c->precision != ST_PRECISION_BF16)
+        return st_fail(ST_ERR_INVALID, "--weight-layout blocked needs --precision bf16 (the "
+                       "blocked copies are bf16; fp32 products read the weights as they lie)");
     if (c->activation != ST_ACT_RELU && c->activation != ST_ACT_GELU)
         return st_fail(ST_ERR_INVALID, "unknown activation %d (allowed: relu, gelu)", (int)c->activation);
     if (c->tensor_layout != ST_TENSOR_LAYOUT_AUTO && c->tensor_layout != ST_TENSOR_LAYOUT_BLOCKED &&
@@ -459,19 +465,50 @@ static int by_offset(const void *a, const void *b)
     return (x->offset > y->offset) - (x->offset < y->offset);
 }
 
-/* The context's weight copies that lie in params, as st_param_copy. */
+static int blocked_by_offset(const void *a, const void *b)
+{
+    const st_param_blocked *x = a, *y = b;
+    return (x->offset > y->offset) - (x->offset < y->offset);
+}
+
+/* A blocked copy into the model's list: beside the other copy of the same
+ * weights, or as a new entry. */
+static st_status list_blocked(st_model *m, const struct st_weight_copy *c)
+{
+    const size_t at = (size_t)(c->src - m->params);
+    st_param_blocked *b = NULL;
+    for (int i = 0; i < m->n_blocked && !b; i++)
+        if (m->blocked[i].offset == at)
+            b = &m->blocked[i];
+    if (!b) {
+        b = &m->blocked[m->n_blocked++];
+        *b = (st_param_blocked){ .offset = at, .rows = c->rows, .cols = c->cols };
+    }
+    if (b->rows != c->rows || b->cols != c->cols || b->n == ST_BLOCKED_COPIES)
+        return st_fail(ST_ERR_INVALID, "blocked weight copies at parameter %zu disagree", at);
+    b->copy[b->n++] = (struct st_blocked_copy){ c->dst, c->row_at, c->col_at };
+    return ST_OK;
+}
+
+/* The context's weight copies that lie in params, as st_param_copy and
+ * st_param_blocked. */
 static st_status list_copies(st_model *m)
 {
     if (m->cfg.unfuse & ST_UNFUSE_WEIGHT_COPY || m->ctx.n_copies == 0)
         return ST_OK;
     m->copies = calloc((size_t)m->ctx.n_copies, sizeof *m->copies);
-    if (!m->copies)
+    m->blocked = calloc((size_t)m->ctx.n_copies, sizeof *m->blocked);
+    if (!m->copies || !m->blocked)
         return st_fail(ST_ERR_NOMEM, "out of memory listing the weight copies");
     for (int i = 0; i < m->ctx.n_copies; i++) {
         struct st_weight_copy *c = &m->ctx.copies[i];
         if (c->src < m->params || c->src + c->n > m->params + m->n_params)
             continue;   /* not a parameter (none today): its layer converts */
         c->listed = 1;
+        if (c->row_at) {
+            ST_TRY(list_blocked(m, c));
+            continue;
+        }
         c->shared |= m->storage.copies_master;   /* the weights: never converted */
         m->copies[m->n_copies++] = (st_param_copy){ (size_t)(c->src - m->params), c->n,
                                                     c->dst };
@@ -481,6 +518,12 @@ static st_status list_copies(st_model *m)
         if (m->copies[i].offset < m->copies[i - 1].offset + m->copies[i - 1].count)
             return st_fail(ST_ERR_INVALID, "two weight copies overlap at parameter %zu",
                            m->copies[i].offset);
+    qsort(m->blocked, (size_t)m->n_blocked, sizeof *m->blocked, blocked_by_offset);
+    for (int i = 1; i < m->n_blocked; i++)
+        if (m->blocked[i].offset < m->blocked[i - 1].offset +
+                                       (size_t)(m->blocked[i - 1].rows * m->blocked[i - 1].cols))
+            return st_fail(ST_ERR_INVALID, "two blocked weight copies overlap at parameter %zu",
+                           m->blocked[i].offset);
     return ST_OK;
 }
 
@@ -762,6 +805,7 @@ void st_model_destroy(st_model *m)
         return;
     }
     free(m->copies);
+    free(m->blocked);
     if (m->arena)
         st_nn_ctx_destroy(&m->ctx);
     destroy_layout(m);
@@ -841,11 +885,24 @@ const st_param_copy *st_model_copies(const st_model *m, int *count)
 void st_model_copies_written(st_model *m)
 {
     m->ctx.copies_current = m->n_copies > 0;
+    m->ctx.blocked_current = 0;   /* the parameters changed, these copies did not */
+}
+
+const st_param_blocked *st_model_blocked_copies(const st_model *m, int *count)
+{
+    *count = m->n_blocked;
+    return m->blocked;
+}
+
+void st_model_blocked_written(st_model *m)
+{
+    m->ctx.blocked_current = m->n_blocked > 0;
 }
 
 void st_model_params_changed(st_model *m)
 {
     m->ctx.copies_current = 0;
+    m->ctx.blocked_current = 0;
     /* shared copies are never converted by a forward (several instances
      * would write them at once): the caller's thread does it now */
     for (int i = 0; i < m->n_copies && m->ctx.copy_store && !m->storage.copies_master; i++)
@@ -863,6 +920,7 @@ st_status st_model_forward_backward_ready(st_model *m, float *loss,
     double sum;
     st_status s = st_graph_forward(m, ST_PHASE_TRAIN);
     m->ctx.copies_current = 0;   /* used: the next update writes them again */
+    m->ctx.blocked_current = 0;
     ST_TRY(s);
     ST_TRY(st_xent_forward(&m->ctx, &m->xent, m->labels, m->rows, 1, &sum, NULL));
     *loss = (float)(sum / (double)m->rows);

@@ -28,6 +28,12 @@ static const st_enum_entry layout_entries[] = {
 };
 static const st_enum_table layouts = ST_ENUM_TABLE("tensor layout", layout_entries);
 
+static const st_enum_entry weight_layout_entries[] = {
+    { "plain", ST_WEIGHT_LAYOUT_PLAIN },
+    { "blocked", ST_WEIGHT_LAYOUT_BLOCKED },
+};
+static const st_enum_table weight_layouts = ST_ENUM_TABLE("weight layout", weight_layout_entries);
+
 static const st_enum_entry pool_entries[] = {
     { "mean", ST_POOL_MEAN },
     { "cls", ST_POOL_CLS },
@@ -89,6 +95,19 @@ st_status st_tensor_layout_parse(const char *name, st_tensor_layout *out)
     int v;
     ST_TRY(st_enum_parse(&layouts, name, &v));
     *out = (st_tensor_layout)v;
+    return ST_OK;
+}
+
+const char *st_weight_layout_name(st_weight_layout l)
+{
+    return st_enum_name(&weight_layouts, (int)l);
+}
+
+st_status st_weight_layout_parse(const char *name, st_weight_layout *out)
+{
+    int v;
+    ST_TRY(st_enum_parse(&weight_layouts, name, &v));
+    *out = (st_weight_layout)v;
     return ST_OK;
 }
 

@@ -204,6 +204,11 @@ static void place(rebase *r, st_model *m)
         m->copies[i] = p->copies[i];
         m->copies[i].bf16 = moved(r, p->copies[i].bf16);
     }
+    for (int i = 0; i < p->n_blocked; i++) {
+        m->blocked[i] = p->blocked[i];
+        for (int k = 0; k < p->blocked[i].n; k++)
+            m->blocked[i].copy[k].bf16 = moved(r, p->blocked[i].copy[k].bf16);
+    }
     for (int g = 0; g < ST_ARENA_REGIONS; g++)
         for (int k = 0; k < ST_MEM_KIND_COUNT; k++)
             m->lanes.base[g][k] = moved(r, p->lanes.base[g][k]);
@@ -222,7 +227,8 @@ static st_model *shell_of(const memo_class *c, st_arena *arena)
     m->arena = arena;
     m->tensors = malloc((size_t)(p->n_tensors > 0 ? p->n_tensors : 1) * sizeof *m->tensors);
     m->copies = p->n_copies ? malloc((size_t)p->n_copies * sizeof *m->copies) : NULL;
-    if (!m->tensors || (p->n_copies && !m->copies)) {
+    m->blocked = p->n_blocked ? malloc((size_t)p->n_blocked * sizeof *m->blocked) : NULL;
+    if (!m->tensors || (p->n_copies && !m->copies) || (p->n_blocked && !m->blocked)) {
         st_model_memo_free_shell(m);
         return NULL;
     }
@@ -314,6 +320,7 @@ void st_model_memo_free_shell(st_model *m)
 {
     free(m->tensors);
     free(m->copies);
+    free(m->blocked);
     free(m);
 }
 

@@ -128,7 +128,7 @@ int st_optim_bytes_per_param(const st_optim_config *c, int copy)
     const int state = c->moments == ST_MOMENTS_FP32 ? 4 : 2;
     if (c->master == ST_MASTER_BF16_SR && copy)   /* the copy is the master */
         return 4 + 2 * 2 + state_vectors(c) * 2 * state;
-    return 4 + 2 * 4 + state_vectors(c) * 2 * state + (copy ? 2 : 0);
+    return 4 + 2 * 4 + state_vectors(c) * 2 * state + 2 * copy;
 }
 
 st_status st_optim_init(st_optim *opt, const st_optim_config *cfg, size_t n, st_arena *arena)
@@ -330,17 +330,87 @@ static void update_piece(const st_optim *opt, float *params, const float *grads,
     }
 }
 
+/* dst[at[c]] = v[c] for c < n: a row of a blocked copy (the offsets of
+ * its columns, from its row's start). */
+static void scatter_row(uint16_t *restrict dst, const int64_t *restrict at,
+                        const uint16_t *restrict v, size_t n)
+{
+    for (size_t c = 0; c < n; c++)
+        dst[at[c]] = v[c];
+}
+
+ST_VECTOR_CLONES
+static void round_row(uint16_t *restrict h, const float *restrict v, size_t n)
+{
+#pragma omp simd
+    for (size_t c = 0; c < n; c++) {
+        uint32_t u;
+        memcpy(&u, &v[c], sizeof u);
+        h[c] = (uint16_t)(st_bf16_rne_bits(u) >> 16);
+    }
+}
+
+/* Elements [lo, hi) of b's matrix (v: lo's new value) into its blocked
+ * copies, rounded as store_h rounds, a row's piece at a time. */
+#define PACK_ROW 1024
+static void pack_blocked(const st_param_blocked *b, const float *v, size_t lo, size_t hi)
+{
+    uint16_t h[PACK_ROW];
+    const size_t cols = (size_t)b->cols;
+    for (size_t i = lo - b->offset, end = hi - b->offset; i < end;) {
+        const size_t r = i / cols, c = i % cols;
+        size_t n = cols - c < end - i ? cols - c : end - i;
+        if (n > PACK_ROW)
+            n = PACK_ROW;
+        round_row(h, v, n);
+        for (int k = 0; k < b->n; k++)
+            scatter_row(b->copy[k].bf16 + b->copy[k].row_at[r], b->copy[k].col_at + c, h, n);
+        v += n;
+        i += n;
+    }
+}
+
+/* Elements [lo, hi) inside b: updated, then packed into its copies, in
+ * chunks small enough that the packing reads the new values from cache. */
+#define PACK_CHUNK 8192
+static void update_blocked(const st_optim *opt, float *params, const float *grads, size_t lo,
+                           size_t hi, const st_param_blocked *b, const adam_step *a, float wd,
+                           int decay, st_state_rounding *rnd)
+{
+    for (size_t x = lo; x < hi;) {
+        const size_t y = hi - x > PACK_CHUNK ? x + PACK_CHUNK : hi;
+        update_piece(opt, params, grads, x, y, NULL, a, wd, decay, rnd);
+        pack_blocked(b, params + (x - opt->base), x, y);
+        x = y;
+    }
+}
+
 void st_optim_update(st_optim *opt, float *params, const float *grads,
                      const st_param_segment *segs, int n_segs,
                      size_t begin, size_t end, uint64_t t, float lr)
 {
-    st_optim_update_copies(opt, params, grads, segs, n_segs, begin, end, t, lr, NULL, 0);
+    st_optim_update_blocked(opt, params, grads, segs, n_segs, begin, end, t, lr, NULL, 0, NULL,
+                            0);
 }
 
 void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
                             const st_param_segment *segs, int n_segs, size_t begin,
                             size_t end, uint64_t t, float lr, const st_param_copy *copies,
                             int n_copies)
+{
+    st_optim_update_blocked(opt, params, grads, segs, n_segs, begin, end, t, lr, copies,
+                            n_copies, NULL, 0);
+}
+
+static size_t blocked_end(const st_param_blocked *b)
+{
+    return b->offset + (size_t)(b->rows * b->cols);
+}
+
+void st_optim_update_blocked(st_optim *opt, float *params, const float *grads,
+                             const st_param_segment *segs, int n_segs, size_t begin,
+                             size_t end, uint64_t t, float lr, const st_param_copy *copies,
+                             int n_copies, const st_param_blocked *blocked, int n_blocked)
 {
     const st_optim_config *c = &opt->cfg;
     adam_step a = { lr, c->weight_decay, c->beta1, c->beta2, c->eps,
@@ -363,6 +433,7 @@ void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
     const size_t bytes_h = (size_t)st_optim_bytes_per_param(c, 1);
     opt->updated = opt->update_bytes = 0;
     int k = 0;   /* the first copy that may still cover what comes */
+    int j = 0;   /* the same among the blocked copies */
     for (int s = 0; s < n_segs; s++) {
         size_t lo = segs[s].offset, hi = segs[s].offset + segs[s].count;
         if (lo < begin) lo = begin;
@@ -375,6 +446,8 @@ void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
         while (lo < hi) {
             while (k < n_copies && copies[k].offset + copies[k].count <= lo)
                 k++;
+            while (j < n_blocked && blocked_end(&blocked[j]) <= lo)
+                j++;
             size_t cut = hi;
             uint16_t *h = NULL;
             if (k < n_copies && copies[k].offset <= lo) {
@@ -384,9 +457,22 @@ void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
             } else if (k < n_copies && copies[k].offset < hi) {
                 cut = copies[k].offset;
             }
-            update_piece(opt, params, grads, lo, cut, h, &a, wd, segs[s].decay, &rnd);
+            const st_param_blocked *b = NULL;
+            if (j < n_blocked && blocked[j].offset <= lo) {
+                b = &blocked[j];
+                cut = blocked_end(b) < cut ? blocked_end(b) : cut;
+            } else if (j < n_blocked && blocked[j].offset < cut) {
+                cut = blocked[j].offset;
+            }
+            if (b)
+                update_blocked(opt, params, grads, lo, cut, b, &a, wd, segs[s].decay, &rnd);
+            else
+                update_piece(opt, params, grads, lo, cut, h, &a, wd, segs[s].decay, &rnd);
             opt->updated += cut - lo;
-            opt->update_bytes += (cut - lo) * (h ? bytes_h : bytes);
+            opt->update_bytes +=
+                (cut - lo) * (b   ? (size_t)st_optim_bytes_per_param(c, b->n)
+                              : h ? bytes_h
+                                  : bytes);
             lo = cut;
         }
     }

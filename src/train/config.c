@@ -57,6 +57,10 @@ static st_status master_check(const st_train_config *c)
     if (c->model.unfuse & ST_UNFUSE_WEIGHT_COPY)
         return st_fail(ST_ERR_INVALID, "--master-weights bf16-sr keeps the master weights in "
                        "the update's bf16 copies, which --unfuse weight-copy does not make");
+    if (c->model.weight_layout == ST_WEIGHT_LAYOUT_BLOCKED)
+        return st_fail(ST_ERR_INVALID, "--master-weights bf16-sr keeps the master weights in "
+                       "bf16 copies in the parameters' order, which --weight-layout blocked "
+                       "does not make (use --weight-layout plain)");
     if (c->strategy != ST_STRATEGY_DP && c->strategy != ST_STRATEGY_SDP &&
         strcmp(st_strategy_name(c->strategy), "localsgd") != 0)   /* (no enumerator) */
         return st_fail(ST_ERR_INVALID, "--master-weights bf16-sr applies to --strategy dp, "

@@ -226,12 +226,15 @@ st_status st_worker_train_step(st_worker *w, const st_dataset *d, const uint32_t
 void st_worker_update_own(st_worker *w, uint64_t step, float lr)
 {
     st_model *m = w->model;
-    int n_segs, n_copies;
+    int n_segs, n_copies, n_blocked;
     const st_param_segment *segs = st_model_segments(m, &n_segs);
     const st_param_copy *copies = st_model_copies(m, &n_copies);
-    st_optim_update_copies(&w->optim, st_model_params(m), st_model_grads(m), segs, n_segs, 0,
-                           st_model_param_count(m), step, lr, copies, n_copies);
+    const st_param_blocked *blocked = st_model_blocked_copies(m, &n_blocked);
+    st_optim_update_blocked(&w->optim, st_model_params(m), st_model_grads(m), segs, n_segs, 0,
+                            st_model_param_count(m), step, lr, copies, n_copies, blocked,
+                            n_blocked);
     st_model_copies_written(m);
+    st_model_blocked_written(m);
 }
 
 st_status st_worker_evaluate(st_worker *w, const st_dataset *d, double *loss, double *acc)

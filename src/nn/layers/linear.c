@@ -79,6 +79,45 @@ static st_status dy_operand(st_nn_ctx *ctx, const st_linear *l, dnnl_memory_t *m
                             (size_t)(l->batch * l->out) * sizeof(st_bf16));
 }
 
+/* --weight-layout blocked: the copy of w that product pd reads, in the
+ * layout it picked for its (k, n) weights (w read as that matrix through
+ * strides rs, cs; the storage's rows index dim row_dim), its memory
+ * object, and the reorder that fills it from the fp32 weights. */
+static st_status blocked_copy(st_nn_ctx *ctx, const st_linear *l, const_dnnl_primitive_desc_t pd,
+                              const float *w, int64_t k, int64_t n, int64_t rs, int64_t cs,
+                              int row_dim, st_prim *to, st_bf16 **copy, int *id,
+                              dnnl_memory_t *mem, const char *what)
+{
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    if (!md)
+        return st_fail(ST_ERR_INVALID, "%s: the product names no weights layout", what);
+    const size_t bytes = dnnl_memory_desc_get_size(md);
+    void *p;
+    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WEIGHTS, bytes, &p));
+    if (!st_arena_is_sizing(ctx->arena))
+        memset(p, 0, bytes);   /* the blocks' padding, which no writer touches */
+    *copy = p;
+    dnnl_memory_t w32;
+    ST_TRY(st_mem_strided(ctx, &w32, k, n, rs, cs, w));
+    ST_TRY(st_mem_md(ctx, mem, md, p));
+    ST_TRY(st_prim_create_reorder(ctx, to, w32, *mem, what));
+    const int64_t rows = l->in_major ? l->in : l->out, cols = l->in_major ? l->out : l->in;
+    return st_nn_ctx_add_blocked_copy(ctx, w, *copy, rows, cols, md, row_dim, id);
+}
+
+/* The weights operand of a product reading w as (k, n): bf16 in the
+ * layout the kernel picks (format_tag_any) with blocked copies, else w or
+ * its copy through strides. */
+static void weights_md(const st_linear *l, dnnl_memory_desc_t *md, int64_t k, int64_t n,
+                       int64_t rs, int64_t cs)
+{
+    const int64_t dims[2] = { k, n };
+    if (l->blocked)
+        st_md_tag_bf16(md, 2, dims, dnnl_format_tag_any);
+    else
+        operand_md(l, md, k, n, rs, cs);
+}
+
 /* y (B, out) = [residual (B, out) +] scale (x (B, in) . w^T (in, out) + b (1, out))
  * or, with an unscaled bias, [residual +] scale x . w^T + b
  * The residual of a skip connection is added by the matmul itself (a binary
@@ -90,7 +129,7 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
     wt_strides(l, &rs, &cs);
     dnnl_memory_desc_t x_md, wt_md, b_md, y_md;
     operand_md(l, &x_md, l->batch, l->in, l->in, 1);
-    operand_md(l, &wt_md, l->in, l->out, rs, cs);
+    weights_md(l, &wt_md, l->in, l->out, rs, cs);
     st_md_matrix(&b_md, 1, l->out);
     if (l->y_half)
         st_md_strided_bf16(&y_md, l->batch, l->out, l->out, 1);
@@ -109,16 +148,22 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
     ST_DNNL(dnnl_matmul_desc_init(&d, &x_md, &wt_md, bias_after || l->unfused_bias ? NULL : &b_md,
                                   &y_md),
             "linear forward descriptor");
-    if (io->relu)
-        ST_TRY(st_prim_create_with_relu(ctx, &l->fwd, &d, l->scale, add0, add1,
-                                        "linear forward with ReLU"));
-    else
-        ST_TRY(st_prim_create_with_post_ops(ctx, &l->fwd, &d, l->scale, add0, add1,
-                                            "linear forward"));
+    dnnl_primitive_desc_t pd = NULL;
+    ST_TRY(st_prim_create_fused(ctx, &l->fwd, &d, l->scale, add0, add1, io->relu, NULL,
+                                io->relu ? "linear forward with ReLU" : "linear forward",
+                                l->blocked ? &pd : NULL));
 
     dnnl_memory_t x, wt, b, y;
-    ST_TRY(operand(ctx, l, &x, l->batch, l->in, l->in, 1, io->x, l->xb));
-    ST_TRY(operand(ctx, l, &wt, l->in, l->out, rs, cs, io->w, l->wb));
+    st_status s = operand(ctx, l, &x, l->batch, l->in, l->in, 1, io->x, l->xb);
+    if (s == ST_OK && l->blocked)
+        s = blocked_copy(ctx, l, pd, io->w, l->in, l->out, rs, cs, l->in_major ? 0 : 1,
+                         &l->to_wf, &l->wf, &l->w_copy, &wt,
+                         "linear weights to the forward's blocked bf16");
+    else if (s == ST_OK)
+        s = operand(ctx, l, &wt, l->in, l->out, rs, cs, io->w, l->wb);
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    ST_TRY(s);
     ST_TRY(st_mem_matrix(ctx, &b, 1, l->out, io->b));
     if (l->y_half)
         ST_TRY(st_mem_strided_bf16(ctx, &y, l->batch, l->out, l->out, 1, io->yb));
@@ -169,7 +214,7 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
     w_strides(l, &rs, &cs);
     dnnl_memory_desc_t dy_md, w_md, dx_md;
     operand_md(l, &dy_md, l->batch, l->out, l->out, 1);
-    operand_md(l, &w_md, l->out, l->in, rs, cs);
+    weights_md(l, &w_md, l->out, l->in, rs, cs);
     if (l->dx_half)
         st_md_strided_bf16(&dx_md, l->batch, l->in, l->in, 1);
     else
@@ -178,17 +223,26 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
     ST_DNNL(dnnl_matmul_desc_init(&d, &dy_md, &w_md, NULL, &dx_md), "linear backward-data descriptor");
     dnnl_memory_desc_t mask_md = dx_md;
     mask_md.data_type = io->dx_deriv ? dnnl_bf16 : dnnl_u8;
-    if (io->dx_mask || io->dx_deriv)
-        ST_TRY(st_prim_create_masked(ctx, &l->bwd_data, &d, l->scale, &mask_md,
-                                     io->dx_deriv ? "linear backward data with the GELU's"
-                                                  : "linear backward data with the ReLU's"));
-    else
-        ST_TRY(st_prim_create_with_post_ops(ctx, &l->bwd_data, &d, l->scale, NULL, NULL,
-                                            "linear backward data"));
+    const int masked = io->dx_mask || io->dx_deriv;
+    dnnl_primitive_desc_t pd = NULL;
+    ST_TRY(st_prim_create_fused(ctx, &l->bwd_data, &d, l->scale, NULL, NULL, 0,
+                                masked ? &mask_md : NULL,
+                                io->dx_deriv ? "linear backward data with the GELU's"
+                                : io->dx_mask ? "linear backward data with the ReLU's"
+                                              : "linear backward data",
+                                l->blocked ? &pd : NULL));
 
     dnnl_memory_t dy, w, dx;
-    ST_TRY(dy_operand(ctx, l, &dy, l->batch, l->out, l->out, 1, io->dy, 0));
-    ST_TRY(operand(ctx, l, &w, l->out, l->in, rs, cs, io->w, l->wb));
+    st_status s = dy_operand(ctx, l, &dy, l->batch, l->out, l->out, 1, io->dy, 0);
+    if (s == ST_OK && l->blocked)
+        s = blocked_copy(ctx, l, pd, io->w, l->out, l->in, rs, cs, l->in_major ? 1 : 0,
+                         &l->to_wd, &l->wd, &l->wd_copy, &w,
+                         "linear weights to the backward data's blocked bf16");
+    else if (s == ST_OK)
+        s = operand(ctx, l, &w, l->out, l->in, rs, cs, io->w, l->wb);
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    ST_TRY(s);
     if (l->dx_half)
         ST_TRY(st_mem_strided_bf16(ctx, &dx, l->batch, l->in, l->in, 1, io->dxb));
     else
@@ -343,17 +397,19 @@ static st_status build_conversions(st_nn_ctx *ctx, st_linear *l, const st_linear
 {
     const int64_t rows = l->in_major ? l->in : l->out, cols = l->in_major ? l->out : l->in;
     void *p;
-    l->wb = st_nn_shared_copy(ctx, io->w, (size_t)(rows * cols));
-    if (!l->wb) {
-        ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WEIGHTS, (size_t)(rows * cols) * sizeof(st_bf16),
-                              &p));
-        l->wb = p;
-    }
     dnnl_memory_t w32, w16, x32, x16;
-    ST_TRY(st_mem_matrix(ctx, &w32, rows, cols, io->w));
-    ST_TRY(st_mem_strided_bf16(ctx, &w16, rows, cols, cols, 1, l->wb));
-    ST_TRY(st_prim_create_reorder(ctx, &l->to_bf16_w, w32, w16, "linear weights to bf16"));
-    ST_TRY(st_nn_ctx_add_copy(ctx, io->w, l->wb, (size_t)(rows * cols), &l->w_copy));
+    if (!l->blocked) {   /* else the products' own copies (blocked_copy) */
+        l->wb = st_nn_shared_copy(ctx, io->w, (size_t)(rows * cols));
+        if (!l->wb) {
+            ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WEIGHTS,
+                                  (size_t)(rows * cols) * sizeof(st_bf16), &p));
+            l->wb = p;
+        }
+        ST_TRY(st_mem_matrix(ctx, &w32, rows, cols, io->w));
+        ST_TRY(st_mem_strided_bf16(ctx, &w16, rows, cols, cols, 1, l->wb));
+        ST_TRY(st_prim_create_reorder(ctx, &l->to_bf16_w, w32, w16, "linear weights to bf16"));
+        ST_TRY(st_nn_ctx_add_copy(ctx, io->w, l->wb, (size_t)(rows * cols), &l->w_copy));
+    }
     if (l->x_half) {   /* x is bf16 already: the products read it, nothing to copy */
         l->xb = (st_bf16 *)io->xb;
     } else {
@@ -387,6 +443,7 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
     l->has_dx = io->dx != NULL;
     l->has_dw = io->dw != NULL;
     l->bf16 = io->bf16 != 0;
+    l->blocked = l->bf16 && io->blocked_weights;
     l->unfused_bias = (io->unfuse & ST_UNFUSE_BIAS) && l->scale == 1.0f;
     l->unfused_residual = (io->unfuse & ST_UNFUSE_RESIDUAL) && l->scale == 1.0f && io->residual;
     if (io->relu && (l->unfused_bias || l->unfused_residual))
@@ -419,8 +476,12 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
 static st_status forward(const st_nn_ctx *ctx, const st_linear *l, int convert_w)
 {
     if (l->bf16) {
-        if (convert_w && !st_nn_copy_fresh(ctx, l->w_copy))   /* else the update wrote wb */
-            ST_TRY(st_prim_run(ctx, &l->to_bf16_w));
+        /* unless the update wrote the copies */
+        if (convert_w && !st_nn_copy_fresh(ctx, l->w_copy)) {
+            ST_TRY(st_prim_run(ctx, l->blocked ? &l->to_wf : &l->to_bf16_w));
+            if (l->wd)
+                ST_TRY(st_prim_run(ctx, &l->to_wd));
+        }
         if (!l->x_half)
             ST_TRY(st_prim_run(ctx, &l->to_bf16_x));
     }
@@ -576,6 +637,7 @@ static st_status linear_build(st_model *m, st_layer *l)
         .dw = st_graph_seg_grads(m, l->seg[0]), .db = st_graph_seg_grads(m, l->seg[1]),
         .in_major = l->in_major, .unscaled_bias = 1,
         .bf16 = c->precision == ST_PRECISION_BF16, .unfuse = c->unfuse,
+        .blocked_weights = c->weight_layout == ST_WEIGHT_LAYOUT_BLOCKED,
         .relu = l->fuse_relu,
         .xb = st_graph_data_bf16(m, l->x), .yb = st_graph_data_bf16(m, l->y),
         .dyb = st_graph_data_bf16(m, l->dy), .dxb = st_graph_data_bf16(m, l->dx),
