@@ -427,7 +427,7 @@ static void usage(FILE *f)
             "                  [--activation relu|gelu]\n"
             "                  [--optimizer-moments fp32,bf16,bf16-sr|all]\n"
             "                  [--recompute none,blocks,all] [--activation-precision fp32|bf16]\n"
-            "                  [--tensor-layout auto|blocked|nhwc]\n"
+            "                  [--tensor-layout auto|blocked|nhwc] [--weight-layout plain|blocked]\n"
             "\n"
             "Times one training step of subtrain (st_trainer_step: gather, forward,\n"
             "backward, AdamW) on one thread and compares its GFLOP/s with dnnl_sgemm on\n"
@@ -465,6 +465,8 @@ static void usage(FILE *f)
             "                product: a comma list, to measure each fusion\n"
             "  --activation-precision P   the bf16 rows' tensors between layers: fp32\n"
             "                (default) or bf16 (subtrain --activation-precision)\n"
+            "  --weight-layout W   the bf16 rows' linear weight copies: plain (default)\n"
+            "                or blocked (subtrain --weight-layout)\n"
             "  --tensor-layout L   cnn's image tensors between layers: auto (default:\n"
             "                channels last where oneDNN's convolution takes it in the\n"
             "                row's precision, as on AMX in bf16; else blocked), blocked\n"
@@ -531,6 +533,9 @@ int main(int argc, char **argv)
         } else if ((v = option_value(argc, argv, &i, "--activation-precision", &missing))) {
             if (st_precision_parse(v, &o.activations) != ST_OK)
                 return usage_error("--activation-precision must be fp32 or bf16, got '%s'", v);
+        } else if ((v = option_value(argc, argv, &i, "--weight-layout", &missing))) {
+            if (st_weight_layout_parse(v, &o.weights) != ST_OK)
+                return usage_error("--weight-layout must be plain or blocked, got '%s'", v);
         } else if ((v = option_value(argc, argv, &i, "--tensor-layout", &missing))) {
             if (st_tensor_layout_parse(v, &o.layout) != ST_OK)
                 return usage_error("--tensor-layout must be auto, blocked or nhwc, got '%s'", v);

@@ -53,6 +53,8 @@ typedef struct bench_options {
     st_precision activations; /* of the bf16 rows' tensors between layers
                              * (--activation-precision) */
     st_tensor_layout layout; /* cnn's image tensors (--tensor-layout) */
+    st_weight_layout weights; /* the bf16 rows' linear weight copies
+                             * (--weight-layout) */
     int activation;         /* st_activation of resmlp and gpt (--activation); -1:
                              * the configs' own (GELU) */
     unsigned moments;       /* 1 << st_moments: the optimizer states that get a row

@@ -125,6 +125,9 @@ void print_header(const bench_options *o)
         printf("activation of resmlp and gpt: %s\n", st_activation_name(o->activation));
     if (o->activations == ST_PRECISION_BF16)
         printf("bf16 rows: the tensors between layers in bf16 (--activation-precision bf16)\n");
+    if (o->weights == ST_WEIGHT_LAYOUT_BLOCKED)
+        printf("bf16 rows: linear weights in the products' blocked layouts (--weight-layout "
+               "blocked)\n");
     printf("cnn's image tensors: fp32 %s, bf16 %s (--tensor-layout %s)\n",
            st_tensor_layout_name(st_tensor_layout_resolve(o->layout, ST_PRECISION_FP32)),
            st_tensor_layout_name(st_tensor_layout_resolve(o->layout, ST_PRECISION_BF16)),
@@ -318,7 +321,7 @@ void write_json(FILE *f, const bench_result *r, const bench_options *o)
             "\"optimizer_moments\":\"%s\","
             "\"optimizer_bytes_per_param\":%.2f,\"optimizer_share\":%.4f,"
             "\"recompute\":\"%s\",\"activation_bytes\":%zu,\"activation_precision\":\"%s\","
-            "\"tensor_layout\":\"%s\",",
+            "\"tensor_layout\":\"%s\",\"weight_layout\":\"%s\",",
             c->name,
             r->bf16 ? "bf16" : "fp32", unfused, c->model,
             bench_clock() == CLOCK_MONOTONIC ? "wall" : "thread", st_activation_name(r->activation),
@@ -326,7 +329,8 @@ void write_json(FILE *f, const bench_result *r, const bench_options *o)
             r->optim_s / r->parts_s, st_recompute_name(r->recompute), r->act_bytes,
             st_precision_name(r->bf16 ? o->activations : ST_PRECISION_FP32),
             st_tensor_layout_name(st_tensor_layout_resolve(
-                o->layout, r->bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32)));
+                o->layout, r->bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32)),
+            st_weight_layout_name(r->bf16 ? o->weights : ST_WEIGHT_LAYOUT_PLAIN));
     if (r->wgrad16_s[0] > 0.0 && r->wgrad16_s[1] > 0.0)
         fprintf(f, "\"wgrad_transposed_gflops\":%.3f,\"wgrad_contiguous_gflops\":%.3f,"
                 "\"wgrad_copy_ms\":%.4f,\"wgrad_differ\":%.4f,",

@@ -114,6 +114,7 @@ void bench_train_config(const bench_config *bc, const bench_options *o, int bf16
     tc->model.unfuse = o->unfuse;
     tc->model.activations = bf16 ? o->activations : ST_PRECISION_FP32;
     tc->model.tensor_layout = o->layout;
+    tc->model.weight_layout = bf16 ? o->weights : ST_WEIGHT_LAYOUT_PLAIN;
     tc->bf16_emulated = 1;   /* the header names the ISA: an emulated row says so */
     tc->model.in_dim = 784;
     tc->model.n_classes = 10;

@@ -486,7 +486,8 @@ static st_status list_blocked(st_model *m, const struct st_weight_copy *c)
     }
     if (b->rows != c->rows || b->cols != c->cols || b->n == ST_BLOCKED_COPIES)
         return st_fail(ST_ERR_INVALID, "blocked weight copies at parameter %zu disagree", at);
-    b->copy[b->n++] = (struct st_blocked_copy){ c->dst, c->row_at, c->col_at };
+    b->copy[b->n] = (struct st_blocked_copy){ c->dst, c->row_at, c->col_at, 0, 1 };
+    st_blocked_pattern(&b->copy[b->n++], c->rows, c->cols);
     return ST_OK;
 }
 
