@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/simd.h"
 #include "optim/optim_impl.h"
+#include "optim/blocked.h"
 #include "optim/state16.h"
 
 st_optim_config st_optim_config_default(void)
@@ -330,139 +331,15 @@ static void update_piece(const st_optim *opt, float *params, const float *grads,
     }
 }
 
-/* ------------------------------------------------ blocked weight copies
- *
- * The layouts oneDNN's bf16 matmul kernels take (BA16a64b2a and its kin)
- * keep the two elements of a 32-bit VNNI pair side by side: two rows of
- * the weight matrix (ST_PAIR_ROWS) or two columns (ST_PAIR_COLS), the
- * other axis 2 apart.  The packing writes a pair with one 32-bit store,
- * and runs of them contiguously, instead of one scattered 16-bit store an
- * element. */
-
-static inline uint16_t rne16(float v)
-{
-    uint32_t u;
-    memcpy(&u, &v, sizeof u);
-    return (uint16_t)(st_bf16_rne_bits(u) >> 16);
-}
-
-static inline uint32_t pair32(float lo, float hi)
-{
-    return (uint32_t)rne16(lo) | (uint32_t)rne16(hi) << 16;
-}
-
-/* a 32-bit view of the bf16 copies (typed access through another type) */
-typedef uint32_t __attribute__((may_alias)) u32_alias;
-
-static int pattern_holds(const int64_t *pair_at, int64_t pairs_n, const int64_t *run_at,
-                         int64_t run_n, int64_t run)
-{
-    for (int64_t i = 0; i + 1 < pairs_n; i += 2)
-        if (pair_at[i + 1] != pair_at[i] + 1 || pair_at[i] % 2)
-            return 0;
-    for (int64_t i = 0; i < run_n; i++)
-        if (i % run ? run_at[i] != run_at[i - 1] + 2 : run_at[i] % 2 != 0)
-            return 0;
-    return 1;
-}
-
-void st_blocked_pattern(struct st_blocked_copy *c, int64_t rows, int64_t cols)
-{
-    c->pair = 0;
-    c->run = 1;
-    for (int kind = ST_PAIR_ROWS; kind <= ST_PAIR_COLS; kind++) {
-        const int64_t *pair_at = kind == ST_PAIR_ROWS ? c->row_at : c->col_at;
-        const int64_t *run_at = kind == ST_PAIR_ROWS ? c->col_at : c->row_at;
-        const int64_t pair_n = kind == ST_PAIR_ROWS ? rows : cols;
-        const int64_t run_n = kind == ST_PAIR_ROWS ? cols : rows;
-        int64_t run = 1;   /* the first run's length */
-        while (run < run_n && run_at[run] == run_at[run - 1] + 2)
-            run++;
-        if (run > 1 && pattern_holds(pair_at, pair_n, run_at, run_n, run)) {
-            c->pair = kind;
-            c->run = run;
-            return;
-        }
-    }
-}
-
-/* d[j] = the pair (a[j], b[j]) rounded, j < n: two rows' run */
-ST_VECTOR_CLONES_BW
-static void pair_rows(u32_alias *restrict d, const float *restrict a, const float *restrict b,
-                      int64_t n)
-{
-#pragma omp simd
-    for (int64_t j = 0; j < n; j++)
-        d[j] = pair32(a[j], b[j]);
-}
-
-/* h[q] = the pair (a[2q], a[2q + 1]) rounded, q < n: a row's column pairs */
-ST_VECTOR_CLONES_BW
-static void pair_cols(uint32_t *restrict h, const float *restrict a, int64_t n)
-{
-#pragma omp simd
-    for (int64_t q = 0; q < n; q++)
-        h[q] = pair32(a[2 * q], a[2 * q + 1]);
-}
-
-/* Rows [r0, r1) (whole) of the matrix at v (cols a row) into copy c. */
-#define PACK_PAIRS 512
-static void pack_rows(const struct st_blocked_copy *c, const float *v, int64_t r0, int64_t r1,
-                      int64_t cols)
-{
-    int64_t r = r0;
-    if (c->pair == ST_PAIR_ROWS) {   /* rows r, r + 1: interleaved, a run at a time */
-        for (; r + 1 < r1 && r % 2 == 0; r += 2) {
-            const float *a = v + (r - r0) * cols;
-            for (int64_t q = 0; q < cols; q += c->run)
-                pair_rows((u32_alias *)(c->bf16 + c->row_at[r] + c->col_at[q]), a + q,
-                          a + cols + q, cols - q < c->run ? cols - q : c->run);
-        }
-    } else if (c->pair == ST_PAIR_COLS && cols % 2 == 0) {
-        /* a row's pairs rounded together, then each to its place */
-        uint32_t h[PACK_PAIRS];
-        for (; r < r1; r++) {
-            const float *a = v + (r - r0) * cols;
-            for (int64_t q0 = 0; q0 < cols; q0 += 2 * PACK_PAIRS) {
-                const int64_t n = (cols - q0) / 2 < PACK_PAIRS ? (cols - q0) / 2 : PACK_PAIRS;
-                pair_cols(h, a + q0, n);
-                uint16_t *row = c->bf16 + c->row_at[r];
-                for (int64_t q = 0; q < n; q++)
-                    *(u32_alias *)(row + c->col_at[q0 + 2 * q]) = h[q];
-            }
-        }
-    }
-    for (; r < r1; r++)   /* what the pattern leaves: an element at a time */
-        for (int64_t q = 0; q < cols; q++)
-            c->bf16[c->row_at[r] + c->col_at[q]] = rne16(v[(r - r0) * cols + q]);
-}
-
-/* Elements [lo, hi) of b's matrix (v: lo's new value) into its blocked
- * copies, rounded as store_h rounds. */
-static void pack_blocked(const st_param_blocked *b, const float *v, size_t lo, size_t hi)
-{
-    const int64_t cols = b->cols;
-    int64_t i = (int64_t)(lo - b->offset), end = (int64_t)(hi - b->offset);
-    if (i % cols == 0 && (end % cols == 0)) {
-        for (int k = 0; k < b->n; k++)
-            pack_rows(&b->copy[k], v, i / cols, end / cols, cols);
-        return;
-    }
-    for (; i < end; i++, v++)   /* a piece of a row: an element at a time */
-        for (int k = 0; k < b->n; k++)
-            b->copy[k].bf16[b->copy[k].row_at[i / cols] + b->copy[k].col_at[i % cols]] =
-                rne16(*v);
-}
-
-/* Elements [lo, hi) inside b: updated, then packed into its copies, whole
- * pairs of rows at a time, so that the packing reads the new values from
- * cache. */
+/* Elements [lo, hi) inside b: updated, then packed into its copies,
+ * ST_PACK_ROWS whole rows at a time (at least), so that the packing reads
+ * the new values from cache. */
 #define PACK_CHUNK 8192
 static void update_blocked(const st_optim *opt, float *params, const float *grads, size_t lo,
                            size_t hi, const st_param_blocked *b, const adam_step *a, float wd,
                            int decay, st_state_rounding *rnd)
 {
-    size_t slab = 2 * (size_t)b->cols;   /* whole row pairs */
+    size_t slab = ST_PACK_ROWS * (size_t)b->cols;   /* whole blocks of rows */
     if (slab < PACK_CHUNK)
         slab *= PACK_CHUNK / slab;
     for (size_t x = lo; x < hi;) {
@@ -470,7 +347,7 @@ static void update_blocked(const st_optim *opt, float *params, const float *grad
         if (y > hi)
             y = hi;
         update_piece(opt, params, grads, x, y, NULL, a, wd, decay, rnd);
-        pack_blocked(b, params + (x - opt->base), x, y);
+        st_blocked_pack(b, params + (x - opt->base), x, y);
         x = y;
     }
 }
