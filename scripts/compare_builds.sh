@@ -18,6 +18,9 @@
 #   QUICK=1   only the synthetic task and the text file
 #   WORK=DIR  where builds and metrics go (default /tmp/subtrain-compare)
 #   EXTRA="--precision bf16"   options added to every run
+#   OLD_EXTRA=..., NEW_EXTRA=...  options added to one build's runs only:
+#             the same binary twice compares two settings of an option
+#             (NEW_EXTRA="--weight-layout blocked")
 set -eu
 [ $# -eq 2 ] || { echo "usage: compare_builds.sh OLD NEW (binary or git revision)" >&2; exit 2; }
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -106,10 +109,12 @@ compare() {
     shift 3
     for which in old new; do
         bin=$([ $which = old ] && echo "$OLD" || echo "$NEW")
+        own=$([ $which = old ] && echo "${OLD_EXTRA:-}" || echo "${NEW_EXTRA:-}")
         out="$WORK/$short-$name-$which.jsonl"
         rm -f "$out"
         # synth's segment epochs come from --epochs as well
-        if ! "$bin" "$@" ${EXTRA:-} --data "$data" --seed 7 --oversubscribe --quiet \
+        # shellcheck disable=SC2086
+        if ! "$bin" "$@" ${EXTRA:-} $own --data "$data" --seed 7 --oversubscribe --quiet \
              --metrics "$out" >"$WORK/$short-$name-$which.log" 2>&1; then
             echo "| $short | $name | $which build failed: $(tail -n 1 "$WORK/$short-$name-$which.log") |"
             echo fail >>"$WORK/bad"
