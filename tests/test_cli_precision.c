@@ -309,17 +309,24 @@ Test(cli, tensor_layouts_train_alike, .timeout = 120)
 }
 
 /* --weight-layout blocked: the linear layers' products read blocked
- * copies of the weights, packed by the update with one worker and
- * converted by the layers with two; either trains to what plain copies
- * give (the same kernels, up to where they find the packed weights);
- * --dump-config carries the layout; a bad one, one without --precision
- * bf16 and one with a bf16 master are usage errors. */
+ * copies of the weights, packed by the update with one worker and by
+ * the layers with two; either trains to what plain copies give (the same
+ * kernels, up to where they find the packed weights), and bitwise to
+ * what the layers' own packing gives (--unfuse weight-copy); --dump-config
+ * carries the layout; a bad one, one without --precision bf16 and one
+ * with a bf16 master are usage errors. */
 Test(cli, weight_layouts_train_alike, .timeout = 120)
 {
     if (st_bf16_probe(NULL) != ST_BF16_NATIVE)
         cr_skip_test("no native bf16 here");
     run_result *r = calloc(1, sizeof *r), *b = calloc(1, sizeof *b);
     char opts[512];
+    run_result *u = calloc(1, sizeof *u);
+    snprintf(opts, sizeof opts, "--data synthetic --model resmlp --depth 2 --width 80 --batch 16 "
+             "--steps 12 --seed 5 --progress none --metrics /dev/stdout --precision bf16 "
+             "--weight-layout blocked --unfuse weight-copy");
+    run(u, NULL, opts);
+    cr_assert_eq(u->status, 0, "%s: %s", opts, u->err);
     for (int w = 1; w <= 2; w++) {
         for (int k = 0; k < 2; k++) {
             snprintf(opts, sizeof opts, "--data synthetic --model resmlp --depth 2 --width 80 "
@@ -337,8 +344,15 @@ Test(cli, weight_layouts_train_alike, .timeout = 120)
             const double vb = st_json_number_at(r->out, fb, keys[k]);
             cr_assert(fabs(vp - vb) <= 1e-4 * fabs(vp), "%d workers, %s: plain %.7f, "
                       "blocked %.7f", w, keys[k], vp, vb);
+            if (w == 1) {
+                const double vu = st_json_number_at(u->out, strstr(u->out, "\"final\":true"),
+                                                    keys[k]);
+                cr_assert(vb == vu, "%s: packed by the update %.9g, by the layers %.9g",
+                          keys[k], vb, vu);
+            }
         }
     }
+    free(u);
     run(r, NULL, "--precision bf16 --weight-layout blocked --dump-config");
     cr_assert_eq(r->status, 0, "%s", r->err);
     cr_assert(strstr(r->out, "weight-layout = blocked\n"), "%s", r->out);

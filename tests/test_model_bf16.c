@@ -7,6 +7,8 @@
 #define _GNU_SOURCE /* RTLD_NEXT, for heapwatch.h */
 #include "model_check.h"
 
+#include "core/blocked.h"
+
 /* Heap calls of the armed thread. */
 #define HEAPWATCH_PER_THREAD
 #include "heapwatch.h"
@@ -233,12 +235,6 @@ Test(bf16, cnn_activations_stay_bf16_between_layers)
     check_cnn_bf16_activations(cv, "convnet d2 w16");
 }
 
-/* The update writes the bf16 weight copies (st_optim_update_copies), and
- * the forward after it skips their conversion (st_model_copies_written):
- * 4 steps with an evaluation between each, bitwise the same losses and
- * parameters as a model that converts its weights in every forward
- * (ST_UNFUSE_WEIGHT_COPY).  Every linear weight is listed: the copies add
- * up to the decayed matrices of a resmlp. */
 /* One update of m's parameters by its own optimizer, writing whichever
  * copies the model lists (as st_worker_update_own does). */
 static void update_own(st_model *m, st_optim *o, int step)
@@ -251,6 +247,22 @@ static void update_own(st_model *m, st_optim *o, int step)
                             st_model_param_count(m), (uint64_t)step + 1, 1e-2f, cp, n, bp, nb);
     st_model_copies_written(m);
     st_model_blocked_written(m);
+}
+
+/* 4 steps of m on rows seeded alike, each updated by update_own and
+ * followed by an evaluation (whose forward reads the copies the update
+ * wrote); their losses in loss. */
+static void train_four(st_model *m, st_optim *o, float loss[4])
+{
+    st_rng r = st_rng_seed(6);
+    for (int step = 0; step < 4; step++) {
+        fill_rows(m, 0, 4, &r);
+        OK(st_model_forward_backward(m, &loss[step]));
+        update_own(m, o, step);
+        double sum = 0;
+        int64_t hits = 0;
+        OK(st_model_evaluate(m, 4, &sum, &hits));
+    }
 }
 
 /* --weight-layout blocked: the forward and backward-data products read
@@ -315,17 +327,8 @@ Test(bf16, blocked_weight_copies_written_by_the_update)
         int n_unfused;
         st_model_blocked_copies(m[1], &n_unfused);
         cr_assert_eq(n_unfused, 0, "config %d: unfused, yet blocked copies are listed", k);
-        for (int j = 0; j < 3; j++) {
-            st_rng r = st_rng_seed(6);
-            for (int step = 0; step < 4; step++) {
-                fill_rows(m[j], 0, 4, &r);
-                OK(st_model_forward_backward(m[j], &loss[j][step]));
-                update_own(m[j], &o[j], step);
-                double sum = 0;
-                int64_t hits = 0;
-                OK(st_model_evaluate(m[j], 4, &sum, &hits));
-            }
-        }
+        for (int j = 0; j < 3; j++)
+            train_four(m[j], &o[j], loss[j]);
         cr_assert_eq(memcmp(loss[1], loss[2], sizeof loss[1]), 0,
                      "config %d: losses differ with the update packing the copies (step 4: "
                      "%.9g vs %.9g)", k, loss[1][3], loss[2][3]);
@@ -336,13 +339,43 @@ Test(bf16, blocked_weight_copies_written_by_the_update)
             cr_assert_float_eq(loss[2][step], loss[0][step], 1e-4f * fabsf(loss[0][step]),
                                "config %d step %d: blocked %.9g, plain %.9g", k, step,
                                loss[2][step], loss[0][step]);
+        /* the forward after an update that packed the copies reads them,
+         * not the matrices: halved behind the model's back, they change
+         * nothing; restored and announced, the same loss again */
+        float read[2];
+        for (int j = 1; j < 3; j++)
+            update_own(m[j], &o[j], 4);
+        const size_t np = st_model_param_count(m[2]);
+        float *p2 = st_model_params(m[2]), *kept = malloc(np * sizeof *kept);
+        cr_assert_not_null(kept);
+        memcpy(kept, p2, np * sizeof *kept);
+        for (int h = 0; h < 2; h++) {
+            for (int i = 0; h == 0 && i < n_blocked; i++)
+                for (int64_t e = 0; e < b[i].rows * b[i].cols; e++)
+                    p2[b[i].offset + (size_t)e] *= 0.5f;
+            if (h) {
+                memcpy(p2, kept, np * sizeof *kept);
+                st_model_params_changed(m[2]);
+            }
+            st_rng r = st_rng_seed(8);
+            fill_rows(m[2], 0, 4, &r);
+            OK(st_model_forward_backward(m[2], &read[h]));
+        }
+        free(kept);
+        st_rng r8 = st_rng_seed(8);   /* m[1]'s gradients as m[2]'s last */
+        fill_rows(m[1], 0, 4, &r8);
+        float unused;
+        OK(st_model_forward_backward(m[1], &unused));
+        cr_assert_eq(memcmp(&read[0], &read[1], sizeof read[0]), 0,
+                     "config %d: the forward after the update did not read the packed copies "
+                     "(%.9g vs %.9g)", k, read[0], read[1]);
         /* the parameters written by another writer after an update that
          * packed the copies (an all-gather: st_model_copies_written; by
          * hand: st_model_params_changed): the next forward converts */
         for (int w = 0; w < 2; w++) {
             float after[3];
             for (int j = 1; j < 3; j++) {
-                update_own(m[j], &o[j], 4 + w);
+                update_own(m[j], &o[j], 5 + w);
                 float *p = st_model_params(m[j]);
                 for (size_t i = 0; i < st_model_param_count(m[j]); i++)
                     p[i] *= 0.5f;
@@ -366,6 +399,113 @@ Test(bf16, blocked_weight_copies_written_by_the_update)
     }
 }
 
+/* A matrix of rows x cols (row-major, values with ties to even and
+ * exponents over 64 binades) packed into the layout a bf16 matmul picks
+ * for its (k, n) weights, by st_blocked_pack in random pieces (whole
+ * slabs, mid-row cuts) and by st_blocked_pack_rows, each bitwise what
+ * oneDNN's reorder from the strided fp32 view makes.  rows index dim
+ * row_dim of the weights.  Returns the copy's pattern (ST_PAIR_*). */
+static int check_packing(int64_t k, int64_t n, int row_dim, st_rng *r)
+{
+    st_arena a;
+    st_nn_ctx ctx;
+    st_arena_init(&a, "packing", NULL, 0);
+    OK(st_nn_ctx_init(&ctx, &a));
+    dnnl_memory_desc_t x_md, w_md, y_md;
+    const int64_t xd[2] = { 16, k }, wd[2] = { k, n }, yd[2] = { 16, n };
+    st_md_tag_bf16(&x_md, 2, xd, dnnl_ab);
+    st_md_tag_bf16(&w_md, 2, wd, dnnl_format_tag_any);
+    st_md_tag(&y_md, 2, yd, dnnl_ab);
+    dnnl_matmul_desc_t d;
+    cr_assert_eq(dnnl_matmul_desc_init(&d, &x_md, &w_md, NULL, &y_md), dnnl_success);
+    st_prim mm;
+    dnnl_primitive_desc_t pd;
+    OK(st_prim_create(&ctx, &mm, &d, NULL, "packing's product", &pd));
+    const dnnl_memory_desc_t md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    dnnl_primitive_desc_destroy(pd);
+    const int64_t rows = wd[row_dim], cols = wd[1 - row_dim];
+    const size_t bytes = dnnl_memory_desc_get_size(&md);
+    void *ref, *got[2];
+    OK(st_arena_alloc(&a, ST_MEM_WEIGHTS, bytes, &ref));
+    OK(st_arena_alloc(&a, ST_MEM_WEIGHTS, bytes, &got[0]));
+    OK(st_arena_alloc(&a, ST_MEM_WEIGHTS, bytes, &got[1]));
+    float *w;
+    OK(st_arena_alloc_floats(&a, ST_MEM_WEIGHTS, (size_t)(rows * cols), &w));
+    for (int64_t i = 0; i < rows * cols; i++) {
+        uint32_t u = (uint32_t)st_rng_u64(r);
+        u = (u & 0x807fffffu) | (0x3c000000u + (uint32_t)(st_rng_u64(r) % 64) * 0x800000u);
+        if (st_rng_u64(r) % 4 == 0)
+            u = (u & 0xffff0000u) | 0x8000u;   /* halfway: ties to even */
+        memcpy(&w[i], &u, sizeof u);
+    }
+    dnnl_memory_t f32, blk;
+    OK(st_mem_strided(&ctx, &f32, k, n, row_dim == 0 ? cols : 1, row_dim == 0 ? 1 : cols, w));
+    OK(st_mem_md(&ctx, &blk, &md, ref));
+    st_prim reorder;
+    OK(st_prim_create_reorder(&ctx, &reorder, f32, blk, "packing's reference"));
+    OK(st_prim_run(&ctx, &reorder));
+    int id;
+    OK(st_nn_ctx_add_blocked_copy(&ctx, w, got[0], rows, cols, &md, row_dim, &id));
+    struct st_blocked_copy c = ctx.copies[id].blk;
+    st_param_blocked b = { .offset = 1000, .rows = rows, .cols = cols, .n = 1, .copy = { c } };
+    for (size_t x = 0, all = (size_t)(rows * cols); x < all;) {
+        size_t y = x + 1 + st_rng_u64(r) % (size_t)(3 * cols + 5);
+        if (st_rng_u64(r) % 2)   /* to a slab's end */
+            y = (x / (size_t)cols + 1 + st_rng_u64(r) % (2 * ST_PACK_ROWS)) * (size_t)cols;
+        y = y < all ? y : all;
+        st_blocked_pack(&b, w + x, b.offset + x, b.offset + y);
+        x = y;
+    }
+    c.bf16 = got[1];
+    st_blocked_pack_rows(&c, w, 0, rows, cols);
+    for (int j = 0; j < 2; j++)
+        cr_assert_eq(memcmp(got[j], ref, bytes), 0, "%lld x %lld, rows along dim %d: %s differs "
+                     "from oneDNN's reorder", (long long)k, (long long)n, row_dim,
+                     j ? "st_blocked_pack_rows" : "st_blocked_pack in pieces");
+    st_nn_ctx_destroy(&ctx);
+    st_arena_release(&a);
+    return c.pair;
+}
+
+/* The packing into blocked copies against oneDNN's reorder, over shapes
+ * odd and even, inside one block and over several, wider than a packing
+ * chunk (530, 1030), both orientations; with native bf16 the layouts of
+ * even shapes take the paired fast paths, rows and columns both. */
+Test(bf16, blocked_packing_is_onednns_reorder, .timeout = 120)
+{
+    if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    omp_set_num_threads(1);
+    const int64_t dims[] = { 1, 2, 3, 7, 16, 17, 33, 64, 65, 80, 129, 530, 1030 };
+    const int nd = (int)(sizeof dims / sizeof *dims);
+    st_rng r = st_rng_seed(3);
+    int paired[3] = { 0 };
+    for (int i = 0; i < nd; i++)
+        for (int j = 0; j < nd; j++)
+            for (int row_dim = 0; row_dim < 2; row_dim++) {
+                if (dims[i] * dims[j] > 300000)
+                    continue;   /* 1030 x 530 and up: the same paths as 530 x 530 */
+                const int pair = check_packing(dims[i], dims[j], row_dim, &r);
+                if (dims[i] % 2 == 0 && dims[j] % 2 == 0 && dims[i] >= 16 && dims[j] >= 16) {
+                    paired[pair]++;
+                    if (st_bf16_probe(NULL) == ST_BF16_NATIVE)
+                        cr_assert_neq(pair, 0, "%lld x %lld, rows along dim %d: packed an "
+                                      "element at a time", (long long)dims[i],
+                                      (long long)dims[j], row_dim);
+                }
+            }
+    if (st_bf16_probe(NULL) == ST_BF16_NATIVE)
+        cr_assert(paired[ST_PAIR_ROWS] > 0 && paired[ST_PAIR_COLS] > 0,
+                  "paired rows %d times, columns %d", paired[ST_PAIR_ROWS],
+                  paired[ST_PAIR_COLS]);
+}
+
+/* The update writes the bf16 weight copies (st_optim_update_copies), and
+ * the forward after it skips their conversion (st_model_copies_written):
+ * 4 steps with an evaluation between each, bitwise the same losses and
+ * parameters as a model that converts its weights in every forward
+ * (ST_UNFUSE_WEIGHT_COPY).  Every linear weight is listed: the copies add
+ * up to the decayed matrices of a resmlp. */
 Test(bf16, update_written_weight_copies_change_nothing)
 {
     if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
@@ -402,23 +542,8 @@ Test(bf16, update_written_weight_copies_change_nothing)
             cr_assert_eq(listed, matrices, "resmlp: %zu weights in copies, %zu in matrices",
                          listed, matrices);
         }
-        for (int j = 0; j < 2; j++) {
-            st_rng r = st_rng_seed(6);
-            for (int step = 0; step < 4; step++) {
-                fill_rows(m[j], 0, 4, &r);
-                OK(st_model_forward_backward(m[j], &loss[j][step]));
-                int n, ns;
-                const st_param_copy *cp = st_model_copies(m[j], &n);
-                const st_param_segment *sg = st_model_segments(m[j], &ns);
-                st_optim_update_copies(&o[j], st_model_params(m[j]), st_model_grads(m[j]), sg,
-                                       ns, 0, st_model_param_count(m[j]),
-                                       (uint64_t)step + 1, 1e-2f, cp, n);
-                st_model_copies_written(m[j]);
-                double sum = 0;
-                int64_t hits = 0;
-                OK(st_model_evaluate(m[j], 4, &sum, &hits));
-            }
-        }
+        for (int j = 0; j < 2; j++)
+            train_four(m[j], &o[j], loss[j]);
         cr_assert_eq(memcmp(loss[0], loss[1], sizeof loss[0]), 0,
                      "config %d: losses differ with the update writing the copies (step 4: "
                      "%.9g vs %.9g)", k, loss[0][3], loss[1][3]);

@@ -215,6 +215,31 @@ Test(resume, an_option_added_since_the_checkpoint_resumes_at_its_default, .timeo
     st_test_rmdir(dir);
 }
 
+/* The same for a bf16 run's options that only bf16 uses: a bf16
+ * checkpoint of a subtrain without --weight-layout (or without
+ * --activation-precision) resumes at their defaults. */
+Test(resume, a_bf16_option_added_since_resumes_at_its_default, .timeout = 60)
+{
+    const st_bf16_support bf16 = st_bf16_probe(NULL);
+    if (bf16 == ST_BF16_UNAVAILABLE)
+        cr_skip_test("oneDNN has no bf16 matmul on this CPU");
+    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], args[8 * ST_TEST_PATH_MAX];
+    setup_run(dir, base, sizeof base, bf16 == ST_BF16_EMULATED
+                                          ? "--model mlp --depth 2 --width 32 --precision bf16 "
+                                            "--bf16-emulated"
+                                          : "--model mlp --depth 2 --width 32 --precision bf16");
+    expect_trains(dir, "ck", base, "--checkpoint-every 10");
+    rename_key(dir, "earlier.safetensors", "\"subtrain.option.weight-layout\"",
+               "\"subtrain.xption.weight-layout\"");
+    snprintf(args, sizeof args, "--resume '%s/earlier.safetensors'", dir);
+    expect_trains(dir, "resumed", base, args);
+    rename_key(dir, "earlier2.safetensors", "\"subtrain.option.activation-precision\"",
+               "\"subtrain.xption.activation-precision\"");
+    snprintf(args, sizeof args, "--resume '%s/earlier2.safetensors'", dir);
+    expect_trains(dir, "resumed2", base, args);
+    st_test_rmdir(dir);
+}
+
 /* Other pixels in the same counts are another run; the same content
  * elsewhere, gzipped, is the same run and resumes bitwise. */
 Test(resume, other_data_of_the_same_size_is_refused_moved_data_is_not, .timeout = 60)

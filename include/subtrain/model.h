@@ -472,6 +472,10 @@ void st_model_copies_written(st_model *m);
  * layers convert them in the next forward. */
 const st_param_blocked *st_model_blocked_copies(const st_model *m, int *count);
 void st_model_blocked_written(st_model *m);
+/* Every copy, plain or blocked, still holds the weights: nothing wrote
+ * them since the training forward that made or read the copies (the
+ * micro-batches of one step, --accumulate). */
+void st_model_copies_current(st_model *m);
 /* Takes that promise back: whoever writes the parameters of a model that
  * an update just wrote (st_trainer_model's, between st_trainer_step
  * calls, say) calls this, and the next forward converts the weights.  A

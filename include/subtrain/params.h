@@ -63,7 +63,7 @@ typedef struct st_param_blocked {
     struct st_blocked_copy {
         uint16_t *bf16;
         const int64_t *row_at, *col_at;
-        /* What the packing may count on (st_blocked_pattern): ST_PAIR_ROWS,
+        /* What the packing may count on (set with the offsets): ST_PAIR_ROWS,
          * rows r and r + 1 (r even) side by side and each row's columns 2
          * apart in aligned runs of `run`; ST_PAIR_COLS, the same with rows
          * and columns swapped; 0, neither (one element at a time). */
@@ -71,9 +71,6 @@ typedef struct st_param_blocked {
         int64_t run;
     } copy[ST_BLOCKED_COPIES];
 } st_param_blocked;
-
-/* Sets c's pair and run from its offsets (a rows x cols matrix). */
-void st_blocked_pattern(struct st_blocked_copy *c, int64_t rows, int64_t cols);
 
 #ifdef __cplusplus
 }

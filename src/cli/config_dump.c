@@ -114,15 +114,11 @@ static void option_value(int c, const st_cli_options *o, char *v, size_t n)
     case OPT_BF16_EMULATED: flag_text(t->bf16_emulated, v, n); break;
     case OPT_UNFUSE: st_unfuse_describe(m->unfuse, v, n); break;
     case OPT_RECOMPUTE: snprintf(v, n, "%s", st_recompute_name(m->recompute)); break;
-    case OPT_ACTIVATION_PRECISION:
-        if (m->precision == ST_PRECISION_BF16)
-            snprintf(v, n, "%s", st_precision_name(m->activations));
-        break;
+    /* written in fp32 too, where they can only be their defaults: the
+     * default a resume assumes for a file without them is an fp32 run's */
+    case OPT_ACTIVATION_PRECISION: snprintf(v, n, "%s", st_precision_name(m->activations)); break;
     case OPT_TENSOR_LAYOUT: snprintf(v, n, "%s", st_tensor_layout_name(m->tensor_layout)); break;
-    case OPT_WEIGHT_LAYOUT:
-        if (m->precision == ST_PRECISION_BF16)
-            snprintf(v, n, "%s", st_weight_layout_name(m->weight_layout));
-        break;
+    case OPT_WEIGHT_LAYOUT: snprintf(v, n, "%s", st_weight_layout_name(m->weight_layout)); break;
     case OPT_EPOCHS: if (!t->steps) snprintf(v, n, "%d", t->epochs); break;
     case OPT_STEPS: if (t->steps) snprintf(v, n, "%llu", (unsigned long long)t->steps); break;
     case OPT_BATCH: snprintf(v, n, "%d", t->batch); break;

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/arena_impl.h"
+#include "core/blocked.h"
 #include "nn/dnnl_util.h"
 #include "nn/pd_memo.h"
 
@@ -137,8 +138,8 @@ st_status st_nn_ctx_add_blocked_copy(st_nn_ctx *ctx, const float *src, st_bf16 *
         return s;
     }
     struct st_weight_copy *c = &ctx->copies[*id];
-    c->row_at = row_at;
-    c->col_at = row_at + rows;
+    c->blk = (struct st_blocked_copy){ .bf16 = dst, .row_at = row_at, .col_at = row_at + rows };
+    st_blocked_pattern(&c->blk, rows, cols);
     c->rows = rows;
     c->cols = cols;
     c->shared = 0;
@@ -160,7 +161,7 @@ st_status st_nn_ctx_ones(st_nn_ctx *ctx, int64_t n, const float **out)
 void st_nn_ctx_destroy(st_nn_ctx *ctx)
 {
     for (int i = 0; i < ctx->n_copies; i++)
-        free(ctx->copies[i].row_at);   /* col_at lies in the same block */
+        free((int64_t *)ctx->copies[i].blk.row_at);   /* col_at lies in the same block */
     for (int i = 0; i < ctx->n_prims; i++) {
         dnnl_primitive_destroy(ctx->prims[i]->prim);
         if (ctx->prims[i]->scratchpad)

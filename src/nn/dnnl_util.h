@@ -18,6 +18,8 @@
 #include <string.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include <subtrain/params.h>
+
 #include <subtrain/arena.h>
 #include "core/bf16.h"
 #include "core/error.h"
@@ -83,10 +85,11 @@ typedef struct st_nn_ctx {
         size_t n;
         int listed;              /* in the model's list of st_param_copy */
         int shared;              /* dst is in shared storage: never converted here */
-        /* NULL: dst is in src's order.  Else dst is in a product's blocked
-         * layout (--weight-layout blocked): src is a row-major (rows, cols)
-         * matrix whose element (r, c) lies at dst[row_at[r] + col_at[c]]. */
-        int64_t *row_at, *col_at;
+        /* blk.row_at NULL: dst is in src's order.  Else dst (blk.bf16) is
+         * in a product's blocked layout (--weight-layout blocked): src is
+         * a row-major (rows, cols) matrix whose element (r, c) lies at
+         * dst[blk.row_at[r] + blk.col_at[c]]. */
+        struct st_blocked_copy blk;
         int64_t rows, cols;
     } *copies;
     int n_copies, cap_copies;
@@ -132,7 +135,7 @@ static inline int st_nn_copy_fresh(const st_nn_ctx *ctx, int id)
     const struct st_weight_copy *c = &ctx->copies[id];
     if (!c->listed)
         return 0;
-    return c->row_at ? ctx->blocked_current : ctx->copies_current || c->shared;
+    return c->blk.row_at ? ctx->blocked_current : ctx->copies_current || c->shared;
 }
 /* Registers dst, the bf16 copy of the row-major (rows, cols) weights at
  * src in the blocked layout md (the product's weights, whose dim row_dim

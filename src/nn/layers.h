@@ -58,10 +58,9 @@ typedef struct st_linear {
     st_bf16 *wb, *xb;
     /* st_linear_io.blocked_weights: no wb; the forward and backward-data
      * products read copies of w in the blocked layouts they picked
-     * (format_tag_any), wf and wd, made by these reorders before a forward
-     * unless the update wrote them (copies w_copy and wd_copy) */
+     * (format_tag_any), wf and wd (the context's copies w_copy and
+     * wd_copy), packed before a forward unless the update wrote them */
     int blocked;
-    st_prim to_wf, to_wd;
     st_bf16 *wf, *wd;
     int wd_copy;
     /* st_linear_io.xb, .yb given: x is read where it lies (xb is it, no
@@ -133,6 +132,9 @@ st_status st_linear_forward(const st_nn_ctx *ctx, const st_linear *l);
 /* The same again in the step whose forward converted the weights (a
  * recomputed forward, bf16): without their conversion. */
 st_status st_linear_forward_again(const st_nn_ctx *ctx, const st_linear *l);
+/* The forward of an inference pass: as st_linear_forward, but a blocked
+ * copy only the backward reads is not brought up to date. */
+st_status st_linear_forward_infer(const st_nn_ctx *ctx, const st_linear *l);
 st_status st_linear_backward(const st_nn_ctx *ctx, const st_linear *l);
 
 /* ------------------------------------------------------------ activation */

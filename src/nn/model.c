@@ -486,8 +486,7 @@ static st_status list_blocked(st_model *m, const struct st_weight_copy *c)
     }
     if (b->rows != c->rows || b->cols != c->cols || b->n == ST_BLOCKED_COPIES)
         return st_fail(ST_ERR_INVALID, "blocked weight copies at parameter %zu disagree", at);
-    b->copy[b->n] = (struct st_blocked_copy){ c->dst, c->row_at, c->col_at, 0, 1 };
-    st_blocked_pattern(&b->copy[b->n++], c->rows, c->cols);
+    b->copy[b->n++] = c->blk;
     return ST_OK;
 }
 
@@ -506,7 +505,7 @@ static st_status list_copies(st_model *m)
         if (c->src < m->params || c->src + c->n > m->params + m->n_params)
             continue;   /* not a parameter (none today): its layer converts */
         c->listed = 1;
-        if (c->row_at) {
+        if (c->blk.row_at) {
             ST_TRY(list_blocked(m, c));
             continue;
         }
@@ -897,6 +896,12 @@ const st_param_blocked *st_model_blocked_copies(const st_model *m, int *count)
 
 void st_model_blocked_written(st_model *m)
 {
+    m->ctx.blocked_current = m->n_blocked > 0;
+}
+
+void st_model_copies_current(st_model *m)
+{
+    m->ctx.copies_current = m->n_copies > 0;
     m->ctx.blocked_current = m->n_blocked > 0;
 }
 

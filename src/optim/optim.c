@@ -16,11 +16,11 @@
 #include <string.h>
 
 #include "core/bf16.h"
+#include "core/blocked.h"
 #include "core/enum_table.h"
 #include "core/error.h"
 #include "core/simd.h"
 #include "optim/optim_impl.h"
-#include "optim/blocked.h"
 #include "optim/state16.h"
 
 st_optim_config st_optim_config_default(void)

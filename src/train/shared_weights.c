@@ -68,11 +68,13 @@ static int domain_of(const run_shared *r, int wid, int *first, int *m)
 }
 
 /* The bf16 copies of the weights, shared too, unless the model makes its
- * own in every forward (ST_UNFUSE_WEIGHT_COPY lists none). */
+ * own in every forward (ST_UNFUSE_WEIGHT_COPY lists none) or keeps them
+ * blocked (each worker its own). */
 static int shares_bf16(const st_train_config *cfg)
 {
     return cfg->model.precision == ST_PRECISION_BF16 &&
-           !(cfg->model.unfuse & ST_UNFUSE_WEIGHT_COPY);
+           !(cfg->model.unfuse & ST_UNFUSE_WEIGHT_COPY) &&
+           cfg->model.weight_layout != ST_WEIGHT_LAYOUT_BLOCKED;
 }
 
 /* A bf16 master, kept in the copies alone: the fp32 vector's elements

@@ -191,7 +191,7 @@ static st_status compute_accumulated(st_worker *w, const st_dataset *d, const ui
             add_into(w->grad_sum, g, n);
         /* the weights stay until the update, and the forward just made
          * their bf16 copies: the next micro-batch's need not convert */
-        st_model_copies_written(m);
+        st_model_copies_current(m);
     }
     *loss = (float)(sum / K);
     return ST_OK;

@@ -28,6 +28,7 @@
 
 #include <stdio.h>
 
+#include "core/blocked.h"
 #include "core/simd.h"
 #include "nn/graph.h"
 #include "nn/layers.h"
@@ -80,34 +81,42 @@ static st_status dy_operand(st_nn_ctx *ctx, const st_linear *l, dnnl_memory_t *m
 }
 
 /* --weight-layout blocked: the copy of w that product pd reads, in the
- * layout it picked for its (k, n) weights (w read as that matrix through
- * strides rs, cs; the storage's rows index dim row_dim), its memory
- * object, and the reorder that fills it from the fp32 weights. */
+ * layout it picked for its weights (the storage's rows index its dim
+ * row_dim), and its memory object.  The arena's zeros fill the blocks'
+ * padding, which no writer touches. */
 static st_status blocked_copy(st_nn_ctx *ctx, const st_linear *l, const_dnnl_primitive_desc_t pd,
-                              const float *w, int64_t k, int64_t n, int64_t rs, int64_t cs,
-                              int row_dim, st_prim *to, st_bf16 **copy, int *id,
-                              dnnl_memory_t *mem, const char *what)
+                              const float *w, int row_dim, st_bf16 **copy, int *id,
+                              dnnl_memory_t *mem)
 {
     const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     if (!md)
-        return st_fail(ST_ERR_INVALID, "%s: the product names no weights layout", what);
-    const size_t bytes = dnnl_memory_desc_get_size(md);
+        return st_fail(ST_ERR_INVALID, "linear: a product names no weights layout");
     void *p;
-    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WEIGHTS, bytes, &p));
-    if (!st_arena_is_sizing(ctx->arena))
-        memset(p, 0, bytes);   /* the blocks' padding, which no writer touches */
+    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WEIGHTS, dnnl_memory_desc_get_size(md), &p));
     *copy = p;
-    dnnl_memory_t w32;
-    ST_TRY(st_mem_strided(ctx, &w32, k, n, rs, cs, w));
     ST_TRY(st_mem_md(ctx, mem, md, p));
-    ST_TRY(st_prim_create_reorder(ctx, to, w32, *mem, what));
     const int64_t rows = l->in_major ? l->in : l->out, cols = l->in_major ? l->out : l->in;
     return st_nn_ctx_add_blocked_copy(ctx, w, *copy, rows, cols, md, row_dim, id);
 }
 
-/* The weights operand of a product reading w as (k, n): bf16 in the
- * layout the kernel picks (format_tag_any) with blocked copies, else w or
- * its copy through strides. */
+/* The weights operand of product pd (destroyed here, NULL without blocked
+ * copies), reading w as (k, n): its blocked copy (blocked_copy's
+ * arguments), else w or its plain copy through strides. */
+static st_status weights_operand(st_nn_ctx *ctx, const st_linear *l,
+                                 dnnl_primitive_desc_t pd, const float *w, int64_t k, int64_t n,
+                                 int64_t rs, int64_t cs, int row_dim, st_bf16 **copy, int *id,
+                                 dnnl_memory_t *mem)
+{
+    st_status s = l->blocked ? blocked_copy(ctx, l, pd, w, row_dim, copy, id, mem)
+                             : operand(ctx, l, mem, k, n, rs, cs, w, l->wb);
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return s;
+}
+
+/* The weights md of a product reading w as (k, n): bf16 in the layout the
+ * kernel picks (format_tag_any) with blocked copies, else w or its copy
+ * through strides. */
 static void weights_md(const st_linear *l, dnnl_memory_desc_t *md, int64_t k, int64_t n,
                        int64_t rs, int64_t cs)
 {
@@ -154,16 +163,9 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
                                 l->blocked ? &pd : NULL));
 
     dnnl_memory_t x, wt, b, y;
-    st_status s = operand(ctx, l, &x, l->batch, l->in, l->in, 1, io->x, l->xb);
-    if (s == ST_OK && l->blocked)
-        s = blocked_copy(ctx, l, pd, io->w, l->in, l->out, rs, cs, l->in_major ? 0 : 1,
-                         &l->to_wf, &l->wf, &l->w_copy, &wt,
-                         "linear weights to the forward's blocked bf16");
-    else if (s == ST_OK)
-        s = operand(ctx, l, &wt, l->in, l->out, rs, cs, io->w, l->wb);
-    if (pd)
-        dnnl_primitive_desc_destroy(pd);
-    ST_TRY(s);
+    ST_TRY(weights_operand(ctx, l, pd, io->w, l->in, l->out, rs, cs, l->in_major ? 0 : 1,
+                           &l->wf, &l->w_copy, &wt));
+    ST_TRY(operand(ctx, l, &x, l->batch, l->in, l->in, 1, io->x, l->xb));
     ST_TRY(st_mem_matrix(ctx, &b, 1, l->out, io->b));
     if (l->y_half)
         ST_TRY(st_mem_strided_bf16(ctx, &y, l->batch, l->out, l->out, 1, io->yb));
@@ -233,16 +235,9 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
                                 l->blocked ? &pd : NULL));
 
     dnnl_memory_t dy, w, dx;
-    st_status s = dy_operand(ctx, l, &dy, l->batch, l->out, l->out, 1, io->dy, 0);
-    if (s == ST_OK && l->blocked)
-        s = blocked_copy(ctx, l, pd, io->w, l->out, l->in, rs, cs, l->in_major ? 1 : 0,
-                         &l->to_wd, &l->wd, &l->wd_copy, &w,
-                         "linear weights to the backward data's blocked bf16");
-    else if (s == ST_OK)
-        s = operand(ctx, l, &w, l->out, l->in, rs, cs, io->w, l->wb);
-    if (pd)
-        dnnl_primitive_desc_destroy(pd);
-    ST_TRY(s);
+    ST_TRY(weights_operand(ctx, l, pd, io->w, l->out, l->in, rs, cs, l->in_major ? 1 : 0,
+                           &l->wd, &l->wd_copy, &w));
+    ST_TRY(dy_operand(ctx, l, &dy, l->batch, l->out, l->out, 1, io->dy, 0));
     if (l->dx_half)
         ST_TRY(st_mem_strided_bf16(ctx, &dx, l->batch, l->in, l->in, 1, io->dxb));
     else
@@ -470,17 +465,28 @@ st_status st_linear_build(st_nn_ctx *ctx, st_linear *l, int64_t batch, int64_t i
     return ST_OK;
 }
 
+/* The blocked copy id, packed from the weights (core/blocked.c: bitwise
+ * oneDNN's reorder into the layout, at a fraction of its time). */
+static void pack_copy(const st_nn_ctx *ctx, int id)
+{
+    const struct st_weight_copy *c = &ctx->copies[id];
+    st_blocked_pack_rows(&c->blk, c->src, 0, c->rows, c->cols);
+}
+
 /* convert_w 0: wb holds the weights already (a recomputed forward: this
  * step's training forward converted them, and nothing has written the
- * weights since). */
+ * weights since); 1: converted unless the update wrote the copies;
+ * 2 (inference): the same, a blocked backward-data copy left as it is. */
 static st_status forward(const st_nn_ctx *ctx, const st_linear *l, int convert_w)
 {
     if (l->bf16) {
-        /* unless the update wrote the copies */
         if (convert_w && !st_nn_copy_fresh(ctx, l->w_copy)) {
-            ST_TRY(st_prim_run(ctx, l->blocked ? &l->to_wf : &l->to_bf16_w));
-            if (l->wd)
-                ST_TRY(st_prim_run(ctx, &l->to_wd));
+            if (!l->blocked)
+                ST_TRY(st_prim_run(ctx, &l->to_bf16_w));
+            else
+                pack_copy(ctx, l->w_copy);
+            if (l->wd && convert_w == 1)
+                pack_copy(ctx, l->wd_copy);
         }
         if (!l->x_half)
             ST_TRY(st_prim_run(ctx, &l->to_bf16_x));
@@ -501,6 +507,11 @@ st_status st_linear_forward(const st_nn_ctx *ctx, const st_linear *l)
 st_status st_linear_forward_again(const st_nn_ctx *ctx, const st_linear *l)
 {
     return forward(ctx, l, 0);
+}
+
+st_status st_linear_forward_infer(const st_nn_ctx *ctx, const st_linear *l)
+{
+    return forward(ctx, l, 2);
 }
 
 st_status st_linear_backward(const st_nn_ctx *ctx, const st_linear *l)
@@ -669,7 +680,8 @@ static st_status linear_build(st_model *m, st_layer *l)
 static st_status linear_forward(const st_nn_ctx *ctx, const st_layer *l, st_phase phase)
 {
     return phase == ST_PHASE_RECOMPUTE ? st_linear_forward_again(ctx, &l->u.linear)
-                                       : st_linear_forward(ctx, &l->u.linear);
+           : phase == ST_PHASE_INFER       ? st_linear_forward_infer(ctx, &l->u.linear)
+                                           : st_linear_forward(ctx, &l->u.linear);
 }
 
 static st_status linear_backward(const st_nn_ctx *ctx, const st_layer *l)

@@ -1,6 +1,6 @@
 /*
- * optim/blocked.c — the update's writes into the weights' blocked bf16
- * copies (optim/blocked.h).
+ * core/blocked.c — fp32 weights into their blocked bf16 copies
+ * (core/blocked.h): what the update and a layer's conversion write.
  *
  * The layouts oneDNN's bf16 matmul kernels take (BA16a64b2a and its kin)
  * keep the two elements of a 32-bit VNNI pair side by side: two rows of
@@ -15,7 +15,7 @@
 
 #include "core/bf16.h"
 #include "core/simd.h"
-#include "optim/blocked.h"
+#include "core/blocked.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -197,6 +197,22 @@ static void pack_rows(const struct st_blocked_copy *c, const float *v, int64_t r
             c->bf16[c->row_at[r] + c->col_at[q]] = rne16(v[(r - r0) * cols + q]);
 }
 
+/* The streaming stores before whatever reads the copies next, on any
+ * thread (the primitives' own threads included). */
+static void stores_done(void)
+{
+#ifdef HAVE_AVX512_TRANSPOSE
+    _mm_sfence();
+#endif
+}
+
+void st_blocked_pack_rows(const struct st_blocked_copy *c, const float *v, int64_t r0,
+                          int64_t r1, int64_t cols)
+{
+    pack_rows(c, v, r0, r1, cols);
+    stores_done();
+}
+
 void st_blocked_pack(const st_param_blocked *b, const float *v, size_t lo, size_t hi)
 {
     const int64_t cols = b->cols;
@@ -204,11 +220,7 @@ void st_blocked_pack(const st_param_blocked *b, const float *v, size_t lo, size_
     if (i % cols == 0 && end % cols == 0) {
         for (int k = 0; k < b->n; k++)
             pack_rows(&b->copy[k], v, i / cols, end / cols, cols);
-#ifdef HAVE_AVX512_TRANSPOSE
-        /* the streaming stores before whatever reads the copies next, on
-         * any thread (the primitives' own threads included) */
-        _mm_sfence();
-#endif
+        stores_done();
         return;
     }
     for (; i < end; i++, v++)   /* a piece of a row: an element at a time */
