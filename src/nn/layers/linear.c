@@ -716,9 +716,10 @@ static void linear_costs(const st_model *m, const st_layer *layer, int forward_o
     const st_cost_operands fwd = l->in_major ? ST_OPERANDS_NN : ST_OPERANDS_NT;
     const st_cost_operands bwd = l->in_major ? ST_OPERANDS_NT : ST_OPERANDS_NN;
     st_cost_matmul(s, b, fwd, l->batch, l->out, l->in, 1.0, 1.0);
-    if (b)   /* x's copy: none where x is stored as bf16 */
-        st_cost_move(s, 6.0 * (double)((l->x_half ? 0 : l->batch * l->in) + l->in * l->out),
-                     l->x_half ? 1.0 : 2.0);
+    if (b)   /* x's copy: none where x is stored as bf16; w's: two blocked ones */
+        st_cost_move(s, 6.0 * (double)((l->x_half ? 0 : l->batch * l->in) +
+                                       l->in * l->out * (l->wd ? 2 : 1)),
+                     (l->x_half ? 1.0 : 2.0) + (l->wd ? 1.0 : 0.0));
     if (forward_only)
         return;
     if (l->has_dx)
