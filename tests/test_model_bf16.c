@@ -268,13 +268,15 @@ static void train_four(st_model *m, st_optim *o, float loss[4])
 /* --weight-layout blocked: the forward and backward-data products read
  * copies in the blocked layouts they picked.  Three models train 4 steps
  * with an evaluation after each: plain copies (0), blocked copies that
- * the layers convert in every forward (1, ST_UNFUSE_WEIGHT_COPY: oneDNN's
- * reorders), and blocked copies the update packs (2).  1 and 2 give
- * bitwise the same losses and parameters (the packing is the reorder);
- * 0 and 2 the same losses within 1e-4 (the products' kernels are the same
- * up to where they find their packed weights).  Every matrix of the
- * resmlp is listed once, with two copies where the layer has an input
- * gradient, and none of it among the plain copies. */
+ * the layers pack in every forward (1, ST_UNFUSE_WEIGHT_COPY), and
+ * blocked copies the update packs, 16 rows at a time (2).  1 and 2 give
+ * bitwise the same losses and parameters; 0 and 2 the same losses within
+ * 1e-4 (the products' kernels are the same up to where they find their
+ * packed weights).  Every matrix of the resmlp is listed once, with two
+ * copies where the layer has an input gradient, and none of it among the
+ * plain copies.  The forward after the update reads the packed copies,
+ * and after another writer packs them again.  (The packing against
+ * oneDNN's reorder: blocked_packing_is_onednns_reorder.) */
 Test(bf16, blocked_weight_copies_written_by_the_update)
 {
     if (st_bf16_probe(NULL) == ST_BF16_UNAVAILABLE)
