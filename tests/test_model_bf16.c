@@ -245,8 +245,7 @@ static void update_own(st_model *m, st_optim *o, int step)
     const st_param_segment *sg = st_model_segments(m, &ns);
     st_optim_update_blocked(o, st_model_params(m), st_model_grads(m), sg, ns, 0,
                             st_model_param_count(m), (uint64_t)step + 1, 1e-2f, cp, n, bp, nb);
-    st_model_copies_written(m);
-    st_model_blocked_written(m);
+    st_model_copies_current(m);
 }
 
 /* 4 steps of m on rows seeded alike, each updated by update_own and

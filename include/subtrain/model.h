@@ -467,14 +467,14 @@ void st_model_copies_written(st_model *m);
 /* --weight-layout blocked: the weights' blocked bf16 copies, increasing
  * and disjoint (none of them in st_model_copies), for
  * st_optim_update_blocked.  Only an owner updating its own vector writes
- * them, and then calls st_model_blocked_written; after any other writer of
+ * them, and then calls st_model_copies_current; after any other writer of
  * the parameters (st_model_copies_written, st_model_params_changed) the
- * layers convert them in the next forward. */
+ * layers pack them in the next forward. */
 const st_param_blocked *st_model_blocked_copies(const st_model *m, int *count);
-void st_model_blocked_written(st_model *m);
-/* Every copy, plain or blocked, still holds the weights: nothing wrote
- * them since the training forward that made or read the copies (the
- * micro-batches of one step, --accumulate). */
+/* Every copy, plain or blocked, holds the weights: the caller's update
+ * wrote them all (st_optim_update_blocked), or nothing wrote the weights
+ * since the training forward that made the copies (the micro-batches of
+ * one step, --accumulate). */
 void st_model_copies_current(st_model *m);
 /* Takes that promise back: whoever writes the parameters of a model that
  * an update just wrote (st_trainer_model's, between st_trainer_step

@@ -11,7 +11,6 @@
  * 64-byte line of the copy.  A copy of any other layout is written an
  * element at a time.
  */
-#include <string.h>
 
 #include "core/bf16.h"
 #include "core/simd.h"
@@ -22,16 +21,9 @@
 #define HAVE_AVX512_TRANSPOSE 1
 #endif
 
-static inline uint16_t rne16(float v)
-{
-    uint32_t u;
-    memcpy(&u, &v, sizeof u);
-    return (uint16_t)(st_bf16_rne_bits(u) >> 16);
-}
-
 static inline uint32_t pair32(float lo, float hi)
 {
-    return (uint32_t)rne16(lo) | (uint32_t)rne16(hi) << 16;
+    return (uint32_t)st_bf16_from_float(lo) | (uint32_t)st_bf16_from_float(hi) << 16;
 }
 
 /* a 32-bit view of the bf16 copies (typed access through another type) */
@@ -194,7 +186,7 @@ static void pack_rows(const struct st_blocked_copy *c, const float *v, int64_t r
     }
     for (; r < r1; r++)   /* what the pattern leaves: an element at a time */
         for (int64_t q = 0; q < cols; q++)
-            c->bf16[c->row_at[r] + c->col_at[q]] = rne16(v[(r - r0) * cols + q]);
+            c->bf16[c->row_at[r] + c->col_at[q]] = st_bf16_from_float(v[(r - r0) * cols + q]);
 }
 
 /* The streaming stores before whatever reads the copies next, on any
@@ -226,5 +218,5 @@ void st_blocked_pack(const st_param_blocked *b, const float *v, size_t lo, size_
     for (; i < end; i++, v++)   /* a piece of a row: an element at a time */
         for (int k = 0; k < b->n; k++)
             b->copy[k].bf16[b->copy[k].row_at[i / cols] + b->copy[k].col_at[i % cols]] =
-                rne16(*v);
+                st_bf16_from_float(*v);
 }

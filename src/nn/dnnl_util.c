@@ -142,7 +142,6 @@ st_status st_nn_ctx_add_blocked_copy(st_nn_ctx *ctx, const float *src, st_bf16 *
     st_blocked_pattern(&c->blk, rows, cols);
     c->rows = rows;
     c->cols = cols;
-    c->shared = 0;
     return ST_OK;
 }
 

@@ -18,9 +18,8 @@
 #include <string.h>
 #include <oneapi/dnnl/dnnl.h>
 
-#include <subtrain/params.h>
-
 #include <subtrain/arena.h>
+#include <subtrain/params.h>
 #include "core/bf16.h"
 #include "core/error.h"
 
@@ -98,7 +97,7 @@ typedef struct st_nn_ctx {
      * their conversions in that forward, which clears it. */
     int copies_current;
     /* The same for the blocked copies, which only a worker's own update
-     * writes (st_model_blocked_written). */
+     * writes (st_model_copies_current). */
     int blocked_current;
     /* Shared storage of the weights' bf16 copies (st_model_create_on):
      * the copy of params[i] is at copy_store[i], params being copy_base's

@@ -58,10 +58,9 @@ typedef struct st_linear {
     st_bf16 *wb, *xb;
     /* st_linear_io.blocked_weights: no wb; the forward and backward-data
      * products read copies of w in the blocked layouts they picked
-     * (format_tag_any), wf and wd (the context's copies w_copy and
-     * wd_copy), packed before a forward unless the update wrote them */
+     * (format_tag_any), the context's copies w_copy and (with dx) wd_copy,
+     * packed before a forward unless the update wrote them */
     int blocked;
-    st_bf16 *wf, *wd;
     int wd_copy;
     /* st_linear_io.xb, .yb given: x is read where it lies (xb is it, no
      * to_bf16_x), y is written as bf16 */

@@ -459,16 +459,11 @@ static void destroy_layout(st_model *m)
 
 /* A whole model (hi < 0), or only its layers lo .. hi with no loss and no
  * workspace yet (st_model_create_range). */
+/* st_param_copy and st_param_blocked alike: both begin with their offset */
 static int by_offset(const void *a, const void *b)
 {
-    const st_param_copy *x = a, *y = b;
-    return (x->offset > y->offset) - (x->offset < y->offset);
-}
-
-static int blocked_by_offset(const void *a, const void *b)
-{
-    const st_param_blocked *x = a, *y = b;
-    return (x->offset > y->offset) - (x->offset < y->offset);
+    const size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return (x > y) - (x < y);
 }
 
 /* A blocked copy into the model's list: beside the other copy of the same
@@ -518,7 +513,7 @@ static st_status list_copies(st_model *m)
         if (m->copies[i].offset < m->copies[i - 1].offset + m->copies[i - 1].count)
             return st_fail(ST_ERR_INVALID, "two weight copies overlap at parameter %zu",
                            m->copies[i].offset);
-    qsort(m->blocked, (size_t)m->n_blocked, sizeof *m->blocked, blocked_by_offset);
+    qsort(m->blocked, (size_t)m->n_blocked, sizeof *m->blocked, by_offset);
     for (int i = 1; i < m->n_blocked; i++)
         if (m->blocked[i].offset < m->blocked[i - 1].offset +
                                        (size_t)(m->blocked[i - 1].rows * m->blocked[i - 1].cols))
@@ -892,11 +887,6 @@ const st_param_blocked *st_model_blocked_copies(const st_model *m, int *count)
 {
     *count = m->n_blocked;
     return m->blocked;
-}
-
-void st_model_blocked_written(st_model *m)
-{
-    m->ctx.blocked_current = m->n_blocked > 0;
 }
 
 void st_model_copies_current(st_model *m)

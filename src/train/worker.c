@@ -233,8 +233,7 @@ void st_worker_update_own(st_worker *w, uint64_t step, float lr)
     st_optim_update_blocked(&w->optim, st_model_params(m), st_model_grads(m), segs, n_segs, 0,
                             st_model_param_count(m), step, lr, copies, n_copies, blocked,
                             n_blocked);
-    st_model_copies_written(m);
-    st_model_blocked_written(m);
+    st_model_copies_current(m);
 }
 
 st_status st_worker_evaluate(st_worker *w, const st_dataset *d, double *loss, double *acc)

@@ -85,18 +85,16 @@ static st_status dy_operand(st_nn_ctx *ctx, const st_linear *l, dnnl_memory_t *m
  * row_dim), and its memory object.  The arena's zeros fill the blocks'
  * padding, which no writer touches. */
 static st_status blocked_copy(st_nn_ctx *ctx, const st_linear *l, const_dnnl_primitive_desc_t pd,
-                              const float *w, int row_dim, st_bf16 **copy, int *id,
-                              dnnl_memory_t *mem)
+                              const float *w, int row_dim, int *id, dnnl_memory_t *mem)
 {
     const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     if (!md)
         return st_fail(ST_ERR_INVALID, "linear: a product names no weights layout");
     void *p;
     ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WEIGHTS, dnnl_memory_desc_get_size(md), &p));
-    *copy = p;
     ST_TRY(st_mem_md(ctx, mem, md, p));
     const int64_t rows = l->in_major ? l->in : l->out, cols = l->in_major ? l->out : l->in;
-    return st_nn_ctx_add_blocked_copy(ctx, w, *copy, rows, cols, md, row_dim, id);
+    return st_nn_ctx_add_blocked_copy(ctx, w, p, rows, cols, md, row_dim, id);
 }
 
 /* The weights operand of product pd (destroyed here, NULL without blocked
@@ -104,10 +102,9 @@ static st_status blocked_copy(st_nn_ctx *ctx, const st_linear *l, const_dnnl_pri
  * arguments), else w or its plain copy through strides. */
 static st_status weights_operand(st_nn_ctx *ctx, const st_linear *l,
                                  dnnl_primitive_desc_t pd, const float *w, int64_t k, int64_t n,
-                                 int64_t rs, int64_t cs, int row_dim, st_bf16 **copy, int *id,
-                                 dnnl_memory_t *mem)
+                                 int64_t rs, int64_t cs, int row_dim, int *id, dnnl_memory_t *mem)
 {
-    st_status s = l->blocked ? blocked_copy(ctx, l, pd, w, row_dim, copy, id, mem)
+    st_status s = l->blocked ? blocked_copy(ctx, l, pd, w, row_dim, id, mem)
                              : operand(ctx, l, mem, k, n, rs, cs, w, l->wb);
     if (pd)
         dnnl_primitive_desc_destroy(pd);
@@ -164,7 +161,7 @@ static st_status build_forward(st_nn_ctx *ctx, st_linear *l, const st_linear_io 
 
     dnnl_memory_t x, wt, b, y;
     ST_TRY(weights_operand(ctx, l, pd, io->w, l->in, l->out, rs, cs, l->in_major ? 0 : 1,
-                           &l->wf, &l->w_copy, &wt));
+                           &l->w_copy, &wt));
     ST_TRY(operand(ctx, l, &x, l->batch, l->in, l->in, 1, io->x, l->xb));
     ST_TRY(st_mem_matrix(ctx, &b, 1, l->out, io->b));
     if (l->y_half)
@@ -236,7 +233,7 @@ static st_status build_backward_data(st_nn_ctx *ctx, st_linear *l, const st_line
 
     dnnl_memory_t dy, w, dx;
     ST_TRY(weights_operand(ctx, l, pd, io->w, l->out, l->in, rs, cs, l->in_major ? 1 : 0,
-                           &l->wd, &l->wd_copy, &w));
+                           &l->wd_copy, &w));
     ST_TRY(dy_operand(ctx, l, &dy, l->batch, l->out, l->out, 1, io->dy, 0));
     if (l->dx_half)
         ST_TRY(st_mem_strided_bf16(ctx, &dx, l->batch, l->in, l->in, 1, io->dxb));
@@ -485,7 +482,7 @@ static st_status forward(const st_nn_ctx *ctx, const st_linear *l, int convert_w
                 ST_TRY(st_prim_run(ctx, &l->to_bf16_w));
             else
                 pack_copy(ctx, l->w_copy);
-            if (l->wd && convert_w == 1)
+            if (l->blocked && l->has_dx && convert_w == 1)
                 pack_copy(ctx, l->wd_copy);
         }
         if (!l->x_half)
@@ -716,10 +713,11 @@ static void linear_costs(const st_model *m, const st_layer *layer, int forward_o
     const st_cost_operands fwd = l->in_major ? ST_OPERANDS_NN : ST_OPERANDS_NT;
     const st_cost_operands bwd = l->in_major ? ST_OPERANDS_NT : ST_OPERANDS_NN;
     st_cost_matmul(s, b, fwd, l->batch, l->out, l->in, 1.0, 1.0);
+    const int wd_copy = l->blocked && l->has_dx;
     if (b)   /* x's copy: none where x is stored as bf16; w's: two blocked ones */
         st_cost_move(s, 6.0 * (double)((l->x_half ? 0 : l->batch * l->in) +
-                                       l->in * l->out * (l->wd ? 2 : 1)),
-                     (l->x_half ? 1.0 : 2.0) + (l->wd ? 1.0 : 0.0));
+                                       l->in * l->out * (wd_copy ? 2 : 1)),
+                     (l->x_half ? 1.0 : 2.0) + (wd_copy ? 1.0 : 0.0));
     if (forward_only)
         return;
     if (l->has_dx)
