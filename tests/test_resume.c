@@ -72,6 +72,20 @@ static unsigned char *find(unsigned char *b, size_t n, const char *what, size_t 
 /* A copy of dir/ck/step-00000010.safetensors as dir/name with the
  * metadata key `from` renamed `to` (as long): the file another subtrain
  * would have written. */
+/* The first `from` in file `path` replaced by `to`, of the same length. */
+static void replace_in(const char *path, const char *from, const char *to)
+{
+    size_t n = 0;
+    unsigned char *b = st_test_read_file(path, &n);
+    cr_assert_not_null(b);
+    unsigned char *at = find(b, n, from, strlen(from));
+    cr_assert_not_null(at, "%s: no %s", path, from);
+    cr_assert_eq(strlen(to), strlen(from));
+    memcpy(at, to, strlen(to));
+    cr_assert_eq(st_test_write_file(path, b, n), 0);
+    free(b);
+}
+
 static void rename_key(const char *dir, const char *name, const char *from, const char *to)
 {
     char path[2 * ST_TEST_PATH_MAX];
@@ -212,6 +226,35 @@ Test(resume, an_option_added_since_the_checkpoint_resumes_at_its_default, .timeo
     snprintf(args, sizeof args, "%s --split classes:10 --resume '%s/earlier.safetensors'", base,
              dir);
     expect_runtime_error(NULL, args, "its run had no --split, this one has --split classes:10:");
+    st_test_rmdir(dir);
+}
+
+/* An fp32 checkpoint of a subtrain that recorded --activation-precision
+ * and --weight-layout as "" (the default, unspelled) in fp32 runs resumes
+ * where they are at their defaults, bitwise, and not where they are not. */
+Test(resume, an_option_recorded_empty_resumes_at_its_default, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], base[4 * ST_TEST_PATH_MAX], args[8 * ST_TEST_PATH_MAX];
+    setup_run(dir, base, sizeof base, "--model mlp --depth 2 --width 32");
+    expect_trains(dir, "ck", base, "--checkpoint-every 10");
+    rename_key(dir, "earlier.safetensors", "\"subtrain.option.activation-precision\":\"fp32\"",
+               "\"subtrain.option.activation-precision\":\"\"    ");
+    char from[2 * ST_TEST_PATH_MAX];
+    snprintf(from, sizeof from, "%s/earlier.safetensors", dir);
+    replace_in(from, "\"subtrain.option.weight-layout\":\"plain\"",
+               "\"subtrain.option.weight-layout\":\"\"     ");
+    snprintf(args, sizeof args, "--resume '%s'", from);
+    expect_trains(dir, "resumed", base, args);
+    char a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    snprintf(a, sizeof a, "%s/ck/final.safetensors", dir);
+    snprintf(b, sizeof b, "%s/resumed/final.safetensors", dir);
+    cr_assert(same_tensors(a, b), "the resume differs from the run never stopped");
+    if (st_bf16_probe(NULL) == ST_BF16_NATIVE) {   /* "" is the default, nothing else */
+        snprintf(args, sizeof args, "%s --precision bf16 --activation-precision bf16 "
+                 "--resume '%s'", base, from);
+        expect_runtime_error(NULL, args,
+                             "its run had --precision fp32, this one has --precision bf16:");
+    }
     st_test_rmdir(dir);
 }
 

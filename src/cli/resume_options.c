@@ -94,12 +94,14 @@ void st_cli_resume_options_since(st_cli_resume_options *r, const st_safetensors 
     for (int i = 0; i < r->n; i++) {
         char key[256];
         snprintf(key, sizeof key, "subtrain.option.%s", r->list[i].key);
-        int absent_at_default = 0;
-        if (!st_safetensors_meta(file, key))
-            for (int j = 0; j < defaults.n; j++)
-                if (strcmp(defaults.list[j].key, r->list[i].key) == 0)
-                    absent_at_default = strcmp(defaults.list[j].value, r->list[i].value) == 0;
-        if (!absent_at_default)
+        const char *was = st_safetensors_meta(file, key);
+        int at_default = 0;
+        for (int j = 0; j < defaults.n; j++)
+            if (strcmp(defaults.list[j].key, r->list[i].key) == 0)
+                at_default = strcmp(defaults.list[j].value, r->list[i].value) == 0;
+        if (at_default && was && !*was)   /* an earlier version's "" (default): as it wrote */
+            r->list[i].value = "";
+        if (!at_default || was)
             r->list[kept++] = r->list[i];
     }
     r->n = kept;

@@ -23,7 +23,9 @@ int st_cli_resume_options_make(const st_cli_options *o, st_cli_resume_options *o
 /* Leaves out of r the options that `file`, the checkpoint being resumed,
  * does not record and that have their default value here: an option
  * added by a later version is absent from an earlier one's checkpoints,
- * whose runs had what is now its default. */
+ * whose runs had what is now its default.  An option at its default that
+ * the file records as "" (an earlier version's word for a default it did
+ * not spell out) is compared as "". */
 void st_cli_resume_options_since(st_cli_resume_options *r, const st_safetensors *file);
 void st_cli_resume_options_free(st_cli_resume_options *r);
 
