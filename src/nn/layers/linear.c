@@ -713,11 +713,13 @@ static void linear_costs(const st_model *m, const st_layer *layer, int forward_o
     const st_cost_operands fwd = l->in_major ? ST_OPERANDS_NN : ST_OPERANDS_NT;
     const st_cost_operands bwd = l->in_major ? ST_OPERANDS_NT : ST_OPERANDS_NN;
     st_cost_matmul(s, b, fwd, l->batch, l->out, l->in, 1.0, 1.0);
-    const int wd_copy = l->blocked && l->has_dx;
-    if (b)   /* x's copy: none where x is stored as bf16; w's: two blocked ones */
+    /* w's copies: one, or two blocked ones; none in a recomputed forward
+     * (forward_only), which reads those its step's forward made */
+    const int w_copies = forward_only ? 0 : l->blocked && l->has_dx ? 2 : 1;
+    if (b && (w_copies || !l->x_half))   /* x's copy: none where x is stored as bf16 */
         st_cost_move(s, 6.0 * (double)((l->x_half ? 0 : l->batch * l->in) +
-                                       l->in * l->out * (wd_copy ? 2 : 1)),
-                     (l->x_half ? 1.0 : 2.0) + (wd_copy ? 1.0 : 0.0));
+                                       l->in * l->out * w_copies),
+                     (l->x_half ? 0.0 : 1.0) + w_copies);
     if (forward_only)
         return;
     if (l->has_dx)
