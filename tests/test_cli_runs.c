@@ -87,6 +87,10 @@ Test(cli, convnet_trains_with_dp_sdp_and_ist, .timeout = 120)
                          "8x8 images take at most 3 stages");
     snprintf(args, sizeof args, "%s --steps 1 --strategy sdp --workers 2 --oversubscribe", data);
     expect_runtime_error(NULL, args, "--model convnet has none (use --subnet neuron)");
+    /* its units are channels, and said so */
+    snprintf(args, sizeof args, "%s --steps 1 --strategy ist --workers 2 --oversubscribe", data);
+    expect_usage_error(args, "--strategy ist: a width layer of 8 channels makes 1 group of "
+                       "--neuron-group 16, and 2 workers need 2");
     expect_runtime_error(NULL, "--model convnet --data synthetic --steps 1",
                          "--model convnet takes images (C x H x W data), not 784 features");
     expect_usage_error("--model convnet --hidden 8",

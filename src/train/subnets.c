@@ -113,11 +113,15 @@ st_status st_subnets_check_layout(const st_train_config *c, const char *strategy
     ST_TRY(narrowest_width_layer(&c->model, c->neuron_group, &U, &neurons));
     if (U < 1 || (long)U * k >= workers)
         return ST_OK;
-    return st_fail(ST_ERR_INVALID, "--strategy %s%s: a width layer of %d neuron%s makes %d "
+    /* an image model without patches is convolutional: its units are channels */
+    const int channels = st_model_kind_reads(c->model.kind) == ST_MODEL_READS_IMAGES &&
+                         !st_model_kind_takes(c->model.kind, ST_MODEL_OPT_PATCH);
+    return st_fail(ST_ERR_INVALID, "--strategy %s%s: a width layer of %d %s%s makes %d "
                    "group%s of --neuron-group %d, and %d workers%s%s need %d (each group has "
                    "%s, and every worker needs a group in every layer): %s",
                    strategy, sdp ? " --subnet neuron" : "", neurons,
-                   neurons == 1 ? "" : "s", U, U == 1 ? "" : "s", c->neuron_group, workers, ranks,
+                   channels ? "channel" : "neuron", neurons == 1 ? "" : "s", U, U == 1 ? "" : "s",
+                   c->neuron_group, workers, ranks,
                    at, need, holders,
                    sdp ? "lower --neuron-group, raise --coverage or lower --workers"
                        : "lower --neuron-group or --workers");
