@@ -86,6 +86,10 @@ static void expect_graceful_stop(int sig, const char *strategy, int want)
     const char *last = strstr(rec, "{\"interrupted\":true,");
     cr_assert_not_null(last, "no interrupted record: %s", rec);
     cr_assert(strstr(last, "\"final\":true"), "%s", last);
+    /* the epoch the signal cut short has no record of its own: every
+     * other record ends an epoch (128 steps of 2 x 64 samples) */
+    for (const char *at = rec; (at = strstr(at, "\"step\":")) && at < last; at++)
+        cr_assert_eq(strtoull(at + 7, NULL, 10) % 128, 0, "a record of a cut epoch: %.80s", at);
     snprintf(path, sizeof path, "%s/ck/final.safetensors", dir);
     size_t n = 0;   /* (test_ckpt reads such files; here: it is there, a header and data) */
     unsigned char *b = st_test_read_file(path, &n);

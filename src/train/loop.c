@@ -249,7 +249,9 @@ static st_status run_phase(run_shared *r, st_worker *w, const st_phase *ph, int 
                 ph->record(r, r->strategy, &rec);
             if (ph->label)
                 ph->label(r, r->strategy, &rec);
-            if (r->cb && r->cb->on_epoch)
+            /* an epoch a signal cut short has one record: the final,
+             * interrupted one below, with these numbers */
+            if (r->cb && r->cb->on_epoch && !(*stopped && !complete))
                 r->cb->on_epoch(&rec, r->cb->user);
         }
         if (ph->apart) {
