@@ -326,3 +326,29 @@ Test(cli, resume_refuses_another_run_or_a_bad_file, .timeout = 120)
     expect_usage_error("--data synthetic --usr1 later", "--usr1");
     expect_usage_error("--data synthetic --init a --resume b", "--init and --resume");
 }
+
+/* A run that diverges writes no step checkpoint of its state once that
+ * is not finite: the last finite one stays, --keep 1 keeps it, and a
+ * resume reads it (and diverges again, as the same run would). */
+Test(cli, a_diverging_run_keeps_its_last_finite_checkpoint, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    static const char opts[] = "--data synthetic --model mlp --depth 2 --width 32 --batch 16 "
+                               "--steps 30 --lr 10 --weight-decay 10 -q";
+    snprintf(args, sizeof args, "%s --checkpoint '%s/ck' --checkpoint-every 1 --keep 1", opts,
+             dir);
+    expect_runtime_error(NULL, args, "holds +infinity (element 0): training diverged; try a "
+                         "smaller --lr (no step checkpoint written for it)");
+    char path[2 * ST_TEST_PATH_MAX];
+    snprintf(path, sizeof path, "%s/ck/step-00000006.safetensors", dir);
+    cr_assert_eq(access(path, R_OK), 0, "the last finite checkpoint, step 6, is gone");
+    run_result *r = calloc(1, sizeof *r);
+    snprintf(args, sizeof args, "%s --resume '%s/ck'", opts, dir);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 1, "%s", r->err);
+    cr_assert(strstr(r->err, "training diverged") && !strstr(r->err, "must be finite"),
+              "the resume did not read the checkpoint: %s", r->err);
+    free(r);
+    st_test_rmdir(dir);
+}

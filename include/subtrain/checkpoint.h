@@ -76,6 +76,13 @@ const st_safetensors_tensor *st_safetensors_find(const st_safetensors *f, const 
 const char *st_safetensors_meta(const st_safetensors *f, const char *key);
 void st_safetensors_free(st_safetensors *f);
 
+/* The first of tensors[0..n) holding an F32 or BF16 value that is a NaN
+ * or an infinity: its index, the value's element in *at and what it is
+ * in *what ("a NaN", "+infinity", "-infinity"); n when every value is
+ * finite.  What the reader refuses, for a writer to check first. */
+int st_safetensors_first_not_finite(const st_safetensors_tensor *tensors, int n, size_t *at,
+                                    const char **what);
+
 /* ------------------------------------------------------------ weights */
 
 /* The full model of cfg's parameters (a flat vector in its layout) as a

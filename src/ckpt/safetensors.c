@@ -542,20 +542,18 @@ static size_t first_not_finite16(const unsigned char *p, size_t n)
     return n;
 }
 
-/* Every F32 and BF16 value is finite: subtrain writes weights, optimizer
- * moments and running statistics of runs that were going well, and a NaN
- * or an infinity taken in would surface steps later as a loss that
- * "diverged". */
-static st_status check_finite(const char *path, const st_safetensors *f)
+int st_safetensors_first_not_finite(const st_safetensors_tensor *tensors, int n, size_t *at,
+                                    const char **what)
 {
-    for (int i = 0; i < f->n; i++) {
-        const st_safetensors_tensor *t = &f->tensors[i];
+    for (int i = 0; i < n; i++) {
+        const st_safetensors_tensor *t = &tensors[i];
         if (t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_BF16)
             continue;
         const int half = t->dtype == ST_DTYPE_BF16;
-        const size_t n = t->bytes / (half ? 2 : 4);
-        const size_t k = half ? first_not_finite16(t->data, n) : first_not_finite(t->data, n);
-        if (k == n)
+        const size_t count = elements(t);
+        const size_t k = half ? first_not_finite16(t->data, count)
+                              : first_not_finite(t->data, count);
+        if (k == count)
             continue;
         uint32_t u = 0;
         if (half) {
@@ -565,11 +563,27 @@ static st_status check_finite(const char *path, const st_safetensors *f)
         } else {
             memcpy(&u, (const unsigned char *)t->data + 4 * k, 4);
         }
-        return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' holds %s at element %zu of %zu: "
-                       "weights and training state must be finite", path, t->name,
-                       u & 0x007fffffu ? "a NaN" : u >> 31 ? "-infinity" : "+infinity", k, n);
+        *at = k;
+        *what = u & 0x007fffffu ? "a NaN" : u >> 31 ? "-infinity" : "+infinity";
+        return i;
     }
-    return ST_OK;
+    return n;
+}
+
+/* Every F32 and BF16 value is finite: subtrain writes weights, optimizer
+ * moments and running statistics of runs that were going well, and a NaN
+ * or an infinity taken in would surface steps later as a loss that
+ * "diverged". */
+static st_status check_finite(const char *path, const st_safetensors *f)
+{
+    size_t k;
+    const char *what;
+    const int i = st_safetensors_first_not_finite(f->tensors, f->n, &k, &what);
+    if (i == f->n)
+        return ST_OK;
+    return st_fail(ST_ERR_FORMAT, "%s: tensor '%s' holds %s at element %zu of %zu: "
+                   "weights and training state must be finite", path, f->tensors[i].name, what,
+                   k, elements(&f->tensors[i]));
 }
 
 st_status st_safetensors_read(const char *path, st_safetensors *out)

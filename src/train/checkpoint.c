@@ -474,6 +474,34 @@ static st_status gather_tensors(const run_shared *r, run_ckpt *ck, void ***held,
     return ST_OK;
 }
 
+/* The step's weights and state are finite, or the run diverged: a file
+ * holding a NaN or an infinity is one no resume takes (the reader refuses
+ * it), and with --keep it would have pushed out the last good one. */
+static st_status state_finite(const run_ckpt *ck, const float *params, size_t count,
+                              uint64_t step)
+{
+    st_safetensors_tensor weights = { .name = "weights", .dtype = ST_DTYPE_F32, .ndims = 1,
+                                      .shape = { (int64_t)count }, .data = params };
+    const st_safetensors_tensor *t = &weights;
+    size_t k;
+    const char *what;
+    int i = st_safetensors_first_not_finite(&weights, 1, &k, &what);
+    if (i == 1) {
+        i = st_safetensors_first_not_finite(ck->tensors, ck->n, &k, &what);
+        if (i == ck->n)
+            return ST_OK;
+        t = &ck->tensors[i];
+    }
+    char where[ST_SAFETENSORS_MAX_NAME + 32];
+    if (t == &weights)
+        snprintf(where, sizeof where, "the weights hold %s", what);
+    else
+        snprintf(where, sizeof where, "'%s' holds %s", t->name, what);
+    return st_fail(ST_ERR_NUMERIC, "after step %llu %s (element %zu): training diverged; try "
+                   "a smaller --lr (no step checkpoint written for it)",
+                   (unsigned long long)step, where, k);
+}
+
 st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_position *at,
                                   uint64_t step)
 {
@@ -504,6 +532,8 @@ st_status st_run_checkpoint_write(run_shared *r, st_worker *w0, const run_positi
     snprintf(path, sizeof path, "%s/step-%08" PRIu64 ".safetensors", plan->dir, step);
     st_model_config mc = r->cfg->model;
     memset(&mc.subnet, 0, sizeof mc.subnet);
+    if (s == ST_OK && root)
+        s = state_finite(&ck, params, count, step);
     if (s == ST_OK && root)
         s = st_checkpoint_write(path, &mc, params, ck.tensors, ck.n, ck.meta, ck.n_meta);
     ckpt_free(&ck);
