@@ -352,3 +352,16 @@ Test(cli, a_diverging_run_keeps_its_last_finite_checkpoint, .timeout = 60)
     free(r);
     st_test_rmdir(dir);
 }
+
+/* A --checkpoint the run cannot write in is said before the data loads,
+ * not when the trained weights are due (here: 400 steps later). */
+Test(cli, an_unwritable_checkpoint_directory_is_said_at_once, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    snprintf(path, sizeof path, "%s/afile", dir);
+    cr_assert_eq(st_test_write_file(path, "x", 1), 0);
+    snprintf(args, sizeof args, "--data /nonexistent/data --steps 400 -q --checkpoint '%s'", path);
+    expect_runtime_error(NULL, args, "afile: cannot write in it: Not a directory");
+    st_test_rmdir(dir);
+}

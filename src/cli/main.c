@@ -565,6 +565,32 @@ static int open_metrics(const st_cli_options *o, FILE **out)
     return EXIT_SUCCESS;
 }
 
+/* --checkpoint DIR, before the data loads: made if missing, and a file
+ * created in it and removed, so that a directory the run cannot write in
+ * (a file, a read-only one) is said at once, not when the trained weights
+ * are due. */
+static int probe_checkpoint_dir(const char *dir)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        const int e = errno;
+        st_cli_error("subtrain", "--checkpoint %s: cannot create it: %s", ST_CLI_SHOW(dir),
+                     strerror(e));
+        return EXIT_FAILURE;
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.subtrain-probe.%ld", dir, (long)getpid());
+    const int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        const int e = errno;
+        st_cli_error("subtrain", "--checkpoint %s: cannot write in it: %s", ST_CLI_SHOW(dir),
+                     strerror(e));
+        return EXIT_FAILURE;
+    }
+    close(fd);
+    unlink(path);
+    return EXIT_SUCCESS;
+}
+
 /* Workers, a --cpuset, teams or a layout this machine cannot give are bad
  * usage (exit 2, as for `subtrain topo`), said before the data loads.  The
  * ranks agree on the verdict, and each ends with the worst code: an abort
@@ -650,6 +676,11 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
     o->train.checkpoint.meta = ckpt_meta;
     o->train.checkpoint.n_meta = 3;
     FILE *metrics = NULL;
+    if (o->checkpoint_dir && st_world_rank() == 0 &&   /* rank 0 writes the files */
+        probe_checkpoint_dir(o->checkpoint_dir) != EXIT_SUCCESS) {
+        st_safetensors_free(&resume);
+        return EXIT_FAILURE;
+    }
     if (o->metrics_path && open_metrics(o, &metrics) != EXIT_SUCCESS) {
         st_safetensors_free(&resume);
         return EXIT_FAILURE;
