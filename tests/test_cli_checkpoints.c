@@ -365,3 +365,20 @@ Test(cli, an_unwritable_checkpoint_directory_is_said_at_once, .timeout = 60)
     expect_runtime_error(NULL, args, "afile: cannot write in it: Not a directory");
     st_test_rmdir(dir);
 }
+
+/* The weights file is written beside its name and renamed over it: a
+ * FIFO (or a device, a link) there is refused, and left as it was. */
+Test(cli, weights_are_not_renamed_over_a_fifo, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    snprintf(path, sizeof path, "%s/final.safetensors", dir);
+    cr_assert_eq(mkfifo(path, 0644), 0);
+    snprintf(args, sizeof args, "--data synthetic --model mlp --depth 1 --width 16 --steps 2 -q "
+             "--checkpoint '%s'", dir);
+    expect_runtime_error(NULL, args, "final.safetensors: not a regular file (a FIFO): a "
+                         "safetensors file is written beside it and renamed over it");
+    struct stat sb;
+    cr_assert(lstat(path, &sb) == 0 && S_ISFIFO(sb.st_mode), "the FIFO was replaced");
+    st_test_rmdir(dir);
+}

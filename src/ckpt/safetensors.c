@@ -179,6 +179,14 @@ st_status st_safetensors_write(const char *path, const st_safetensors_tensor *te
 {
     if (!path || !*path || n < 0 || n_meta < 0)
         return st_fail(ST_ERR_INVALID, "safetensors: no file name");
+    /* the file is renamed into place: over a device, a FIFO or a link
+     * that would replace the node itself, not write to it */
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+        return st_fail(ST_ERR_INVALID, "%s: not a regular file (%s): a safetensors file is "
+                       "written beside it and renamed over it; name a file", path,
+                       S_ISLNK(sb.st_mode) ? "a symbolic link" : S_ISDIR(sb.st_mode) ? "a directory"
+                       : S_ISFIFO(sb.st_mode) ? "a FIFO" : "a device or socket");
     ST_TRY(check_tensors(path, tensors, n));
     sbuf b = { 0 };
     st_status s = header(tensors, n, meta, n_meta, &b);
