@@ -382,7 +382,7 @@ Test(plan, memory_equals_the_runs_for_a_team_worker, .timeout = 120)
     st_test_rmdir(dir);
 }
 
-Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors)
+Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors, .timeout = 60)
 {
     const char *base = "--data synthetic --depth 2 --width 32 --batch 8";
     char args[512];
@@ -398,6 +398,13 @@ Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors)
         { "--memory-per-worker 1G --topology xml:/nonexistent.xml", "--topology xml:" },
         { "--memory-per-worker 1G --strategies dp,nope", "--strategies dp,nope: 'nope'" },
         { "--memory-per-worker 1G --calibration /nonexistent", "--calibration /nonexistent" },
+        /* read at once, or refused: a device or a FIFO is never read */
+        { "--memory-per-worker 1G --calibration /dev/zero",
+          "--calibration /dev/zero: not a regular file (a character device)" },
+        { "--memory-per-worker 1G --accuracy /dev/zero",
+          "--accuracy /dev/zero: not a regular file (a character device)" },
+        { "--memory-per-worker 1G --accuracy /nonexistent",
+          "--accuracy /nonexistent: cannot open it: No such file or directory" },
         { "--memory-per-worker 1G --ranks 0",
           "--ranks: expected an integer in [1, 65535], got '0'" },
         { "--memory-per-worker 1G --ranks x",

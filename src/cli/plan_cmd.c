@@ -29,6 +29,7 @@
 #include "cli/options.h"
 #include "cli/plan_cmd.h"
 #include "cli/run_data.h"
+#include "core/file.h"
 #include "config.h"
 
 #define EXIT_USAGE 2
@@ -618,8 +619,8 @@ static void row_key(const plan_row *row, char *out, size_t n)
  * the row's strategy become its notes. */
 static void add_notes(plan_row *row, const char *path)
 {
-    FILE *f = path ? fopen(path, "r") : NULL;
-    if (!f)
+    FILE *f;
+    if (!path || st_file_open_read(path, &f) != ST_OK)
         return;
     char key[64], line[512];
     row_key(row, key, sizeof key);
@@ -959,6 +960,15 @@ int st_cli_plan_main(int argc, char **argv)
         status = 1;
     }
     const char *acc = p.accuracy ? p.accuracy : default_accuracy();
+    FILE *af;   /* a file named by --accuracy is one the plan can read */
+    if (status == 0 && p.accuracy && st_file_open_read(p.accuracy, &af) != ST_OK) {
+        const char *why = strstr(st_last_error(), "not a regular file");
+        st_cli_error(CMD, "--accuracy %s: %s%s", ST_CLI_SHOW(p.accuracy),
+                     errno || !why ? "cannot open it: " : "", errno || !why ? strerror(errno) : why);
+        status = EXIT_USAGE;
+    } else if (status == 0 && p.accuracy) {
+        fclose(af);
+    }
     double budget = p.per_worker;
     for (int i = 0; status == 0 && i < n; i++) {
         rows[i].c = cand[i];
