@@ -527,6 +527,24 @@ Test(cli, metrics_problems_are_said_early_and_with_the_reason, .timeout = 60)
     cr_assert_eq(mkfifo(fifo, 0600), 0);
     snprintf(args, sizeof args, "--data synthetic --steps 2 --metrics '%s'", fifo);
     expect_runtime_error("timeout 30", args, "a FIFO with no reader");
+    /* a run that fails before training leaves an earlier run's records;
+     * one that trains replaces them */
+    char path[ST_TEST_PATH_MAX], text[4096];
+    st_test_path(path, dir, "m.jsonl");
+    static const char earlier[] = "{\"earlier\":1}\n{\"earlier\":2, \"and\": \"longer\"}\n";
+    cr_assert_eq(st_test_write_file(path, earlier, strlen(earlier)), 0);
+    snprintf(args, sizeof args, "--data /nonexistent/fmnist --metrics '%s'", path);
+    expect_runtime_error(NULL, args, "Fashion-MNIST not found in /nonexistent/fmnist");
+    read_into(path, text, sizeof text);
+    cr_assert_str_eq(text, earlier, "the failed run changed the metrics file");
+    snprintf(args, sizeof args, "--data synthetic --model mlp --depth 1 --width 16 --steps 2 -q "
+             "--metrics '%s'", path);
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    read_into(path, text, sizeof text);
+    cr_assert(strncmp(text, "{\"run\":", 7) == 0 && !strstr(text, "earlier"), "%.200s", text);
+    free(r);
     st_test_rmdir(dir);
 }
 

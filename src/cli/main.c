@@ -536,12 +536,14 @@ static int open_resume(const st_cli_options *o, char *path, size_t len, st_safet
  * regular file is probed with a byte written and taken back, which finds
  * a full disk or quota (a device such as /dev/full takes no probe: its
  * first record's write reports it, with the reason).  A resumed run
- * appends to the stopped run's records. */
+ * appends to the stopped run's records; a new run empties the file when
+ * training starts (start_metrics), so that a run that fails before keeps
+ * what the file held. */
 static int open_metrics(const st_cli_options *o, FILE **out)
 {
     const char *path = o->metrics_path;
     int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC |
-                        (o->resume_path ? O_APPEND : O_TRUNC), 0666);
+                        (o->resume_path ? O_APPEND : 0), 0666);
     int err = fd < 0 ? errno : 0;
     struct stat sb;
     if (!err && fstat(fd, &sb) != 0)
@@ -560,6 +562,22 @@ static int open_metrics(const st_cli_options *o, FILE **out)
             close(fd);
         st_cli_error("subtrain", "cannot write the metrics file '%s': %s", ST_CLI_SHOW(path),
                      err == ENXIO && fd < 0 ? "a FIFO with no reader" : strerror(err));
+        return EXIT_FAILURE;
+    }
+    return EXIT_SUCCESS;
+}
+
+/* A new run's metrics file, emptied as training starts (a device or a
+ * FIFO takes no truncation). */
+static int start_metrics(const st_cli_options *o, FILE *metrics)
+{
+    struct stat sb;
+    if (!metrics || o->resume_path || fstat(fileno(metrics), &sb) != 0 || !S_ISREG(sb.st_mode))
+        return EXIT_SUCCESS;
+    if (ftruncate(fileno(metrics), 0) != 0 || fseek(metrics, 0, SEEK_SET) != 0) {
+        const int e = errno;
+        st_cli_error("subtrain", "cannot write the metrics file '%s': %s",
+                     ST_CLI_SHOW(o->metrics_path), strerror(e));
         return EXIT_FAILURE;
     }
     return EXIT_SUCCESS;
@@ -748,6 +766,8 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
         status = 128 + early;
         goto out;
     }
+    if (start_metrics(o, metrics) != EXIT_SUCCESS)
+        goto out;
     int tty = isatty(STDERR_FILENO);
     st_progress_mode mode = o->quiet ? ST_PROGRESS_NONE : o->progress;
     prog.bar = mode == ST_PROGRESS_BAR || (mode == ST_PROGRESS_AUTO && tty);
