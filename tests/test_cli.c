@@ -582,3 +582,37 @@ Test(cli, unfuse_keeps_the_records_and_refuses_unknown_fusions, .timeout = 60)
     expect_usage_error("--data synthetic --unfuse relu,none",
                        "--unfuse: 'none' cannot be listed with other fusions");
 }
+
+/* --metrics naming a file the run reads is refused before it is opened
+ * (opened, it would be emptied before it is read); a metrics file next
+ * to checkpoints or data is not such a file. */
+Test(cli, metrics_over_an_input_is_refused, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], text[ST_TEST_PATH_MAX], ck[ST_TEST_PATH_MAX],
+        w[2 * ST_TEST_PATH_MAX], args[6 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(text, dir, "corpus.txt");
+    static const char words[] = "the quick brown fox jumps over the lazy dog, again and again\n";
+    cr_assert_eq(st_test_write_file(text, words, strlen(words)), 0);
+    snprintf(args, sizeof args, "--model gpt --data 'text:%s' --metrics '%s'", text, text);
+    expect_usage_error(args, "corpus.txt is the text --data reads: name another metrics file");
+    st_test_path(ck, dir, "ck");
+    snprintf(args, sizeof args, "--data synthetic --model mlp --depth 1 --width 16 --steps 2 -q "
+             "--checkpoint '%s' --checkpoint-every 1 --metrics '%s/m.jsonl'", ck, ck);
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "a metrics file among the checkpoints: %s", r->err);
+    snprintf(w, sizeof w, "%s/final.safetensors", ck);
+    snprintf(args, sizeof args, "--data synthetic --model mlp --depth 1 --width 16 --steps 2 "
+             "--init '%s' --metrics '%s'", w, w);
+    expect_usage_error(args, "final.safetensors is the weights --init reads");
+    snprintf(args, sizeof args, "--data synthetic --model mlp --depth 1 --width 16 --steps 2 "
+             "--resume '%s' --metrics '%s/step-00000001.safetensors'", ck, ck);
+    expect_usage_error(args, "is a checkpoint in the directory --resume reads");
+    snprintf(args, sizeof args, "%s -q --init '%s'", "--data synthetic --model mlp --depth 1 "
+             "--width 16 --steps 2", w);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "the weights were damaged: %s", r->err);
+    free(r);
+    st_test_rmdir(dir);
+}

@@ -456,6 +456,55 @@ void st_cli_options_free(st_cli_options *o)
     st_cli_config_free(&o->config);
 }
 
+static int same_file(const char *a, const struct stat *b)
+{
+    struct stat sa;
+    return a && stat(a, &sa) == 0 && sa.st_dev == b->st_dev && sa.st_ino == b->st_ino;
+}
+
+static int ends_with(const char *s, const char *tail)
+{
+    const size_t a = strlen(s), b = strlen(tail);
+    return a >= b && strcmp(s + a - b, tail) == 0;
+}
+
+/* --metrics naming a file the run reads (--config, --init, --resume's
+ * checkpoint, the data) would destroy it: opened for writing, it is
+ * emptied before it is read.  An existing file in the data's directory
+ * is taken for data unless it is JSON Lines (.jsonl), one in --resume's
+ * for a checkpoint if it is a .safetensors file. */
+static int metrics_reads_input(const st_cli_options *o, char *err, size_t n)
+{
+    struct stat m, d;
+    if (stat(o->metrics_path, &m) != 0)
+        return 0;   /* a new file reads nothing */
+    const char *what = same_file(o->config_path, &m)   ? "the file --config reads"
+                       : same_file(o->init_path, &m)   ? "the weights --init reads"
+                       : same_file(o->resume_path, &m) ? "the checkpoint --resume reads"
+                       : o->data_spec.kind == ST_CLI_DATA_TEXT && same_file(o->data_spec.dir, &m)
+                           ? "the text --data reads"
+                           : NULL;
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", o->metrics_path);
+    char *slash = strrchr(parent, '/');
+    if (slash)
+        slash == parent ? (void)(parent[1] = '\0') : (void)(*slash = '\0');
+    else
+        snprintf(parent, sizeof parent, ".");
+    if (!what && stat(parent, &d) == 0 && S_ISREG(m.st_mode)) {
+        if (o->data_spec.kind != ST_CLI_DATA_SYNTHETIC && o->data_spec.kind != ST_CLI_DATA_TEXT &&
+            same_file(o->data_spec.dir, &d) && !ends_with(o->metrics_path, ".jsonl"))
+            what = "a file in the directory --data reads";
+        else if (same_file(o->resume_path, &d) && ends_with(o->metrics_path, ".safetensors"))
+            what = "a checkpoint in the directory --resume reads";
+    }
+    if (!what)
+        return 0;
+    return st_cli_fail(err, n, "--metrics %s is %s: name another metrics file (this run "
+                       "would overwrite it)", ST_CLI_SHOW(o->metrics_path), what) != 0;
+}
+
+
 int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
 {
     memset(o, 0, sizeof *o);
@@ -560,14 +609,8 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
     }
     if (!data_given && st_cli_parse_data("SUBTRAIN_DATA", o->data, &o->data_spec, err, n))
         return -1;
-    if (o->config_path && o->metrics_path) {
-        struct stat a, b;
-        if (stat(o->config_path, &a) == 0 && stat(o->metrics_path, &b) == 0 &&
-            a.st_dev == b.st_dev && a.st_ino == b.st_ino)
-            return st_cli_fail(err, n, "--metrics %s is the file --config reads: name another "
-                               "metrics file (this run would overwrite the record it repeats)",
-                               ST_CLI_SHOW(o->metrics_path));
-    }
+    if (o->metrics_path && metrics_reads_input(o, err, n))
+        return -1;
     if (saw.epochs && saw.steps)
         return st_cli_fail(err, n, "--epochs and --steps cannot be used together: give one");
     if (saw.steps)
