@@ -93,7 +93,7 @@ void st_cli_print_help(FILE *f)
     fputs(
 "Usage: subtrain [train] [OPTION]...\n"
 "       subtrain topo [--topology SPEC] [--workers N] [--oversubscribe] [--cpuset LIST]\n"
-"       subtrain quad [--case all|1|2|3|4|5] [OPTION]...   (IST theory on quadratics)\n"
+"       subtrain quad [--case all|1|2|3|4|5|6] [OPTION]... (IST theory on quadratics)\n"
 "       subtrain plan --memory-per-worker SIZE [OPTION]...   (strategies that fit)\n"
 "       subtrain calibrate [-o FILE]   (this machine's rates, for plan)\n"
 "Train a neural network on one CPU server with oneDNN; `subtrain topo --help`\n"
