@@ -132,11 +132,9 @@ int st_calibration_read(const char *path, st_calibration *out, char *err, size_t
     make_keys();
     memset(out, 0, sizeof *out);
     FILE *f;
-    if (st_file_open_read(path, &f) != ST_OK) {   /* a FIFO or a device is refused */
-        const char *why = strstr(st_last_error(), "not a regular file");
-        return errno || !why ? st_cli_fail(err, n, "cannot open it: %s", strerror(errno))
-                             : st_cli_fail(err, n, "%s", why);
-    }
+    char why[256];
+    if (st_file_open_read(path, &f) != ST_OK)   /* a FIFO or a device is refused */
+        return st_cli_fail(err, n, "%s", st_cli_open_failure(why, sizeof why));
     char line[512];
     int lineno = 0, format = 0, rc = 0;
     while (rc == 0 && fgets(line, sizeof line, f)) {

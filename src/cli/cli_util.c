@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli/cli_util.h"
+#include "core/error.h"
 
 /* ------------------------------------------------------------ showing text */
 
@@ -304,4 +305,15 @@ int st_cli_fail(char *err, size_t n, const char *fmt, ...)
     vsnprintf(err, n, fmt, ap);
     va_end(ap);
     return -1;
+}
+
+const char *st_cli_open_failure(char *buf, size_t n)
+{
+    const int e = errno;   /* 0: the file was there, not a regular one */
+    const char *why = strstr(st_last_error(), "not a regular file");
+    if (e || !why)
+        snprintf(buf, n, "cannot open it: %s", strerror(e));
+    else
+        snprintf(buf, n, "%s", why);
+    return buf;
 }

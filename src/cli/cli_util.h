@@ -77,6 +77,10 @@ __attribute__((format(printf, 3, 4)))
 #endif
 int st_cli_fail(char *err, size_t n, const char *fmt, ...);
 
+/* Why st_file_open_read (core/file.h) just refused a file, without its
+ * path: "cannot open it: REASON", or "not a regular file (a FIFO)". */
+const char *st_cli_open_failure(char *buf, size_t n);
+
 /* Prints "cmd: message" as one line on stderr, its control bytes and
  * invalid UTF-8 escaped as st_cli_show escapes them (a path or a value in
  * the message cannot break the line): every failure of the commands. */

@@ -333,18 +333,25 @@ static void describe_run(const st_cli_options *o, run_provenance *pv)
     snprintf(pv->onednn, sizeof pv->onednn, "%d.%d.%d", v->major, v->minor, v->patch);
 }
 
+/* --checkpoint DIR, made if missing. */
+static int make_checkpoint_dir(const char *dir)
+{
+    if (mkdir(dir, 0755) == 0 || errno == EEXIST)
+        return EXIT_SUCCESS;
+    const int e = errno;
+    st_cli_error("subtrain", "--checkpoint %s: cannot create it: %s", ST_CLI_SHOW(dir),
+                 strerror(e));
+    return EXIT_FAILURE;
+}
+
 /* --checkpoint DIR: the trained weights as DIR/final.safetensors, with
  * what made them in the metadata. */
 static int write_final_weights(const st_cli_options *o, const st_epoch_record *final,
                                const run_ui *ui)
 {
     char path[4096];
-    if (mkdir(o->checkpoint_dir, 0755) != 0 && errno != EEXIST) {
-        const int e = errno;
-        st_cli_error("subtrain", "--checkpoint %s: cannot create it: %s",
-                     ST_CLI_SHOW(o->checkpoint_dir), strerror(e));
+    if (make_checkpoint_dir(o->checkpoint_dir) != EXIT_SUCCESS)
         return EXIT_FAILURE;
-    }
     if (!ui->params) {
         fprintf(stderr, "subtrain: --checkpoint: the run handed over no parameters\n");
         return EXIT_FAILURE;
@@ -589,12 +596,8 @@ static int start_metrics(const st_cli_options *o, FILE *metrics)
  * are due. */
 static int probe_checkpoint_dir(const char *dir)
 {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        const int e = errno;
-        st_cli_error("subtrain", "--checkpoint %s: cannot create it: %s", ST_CLI_SHOW(dir),
-                     strerror(e));
+    if (make_checkpoint_dir(dir) != EXIT_SUCCESS)
         return EXIT_FAILURE;
-    }
     char path[4200];
     snprintf(path, sizeof path, "%s/.subtrain-probe.%ld", dir, (long)getpid());
     const int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

@@ -4,6 +4,7 @@
  * back (--dump-config), config_dump.c.  The strategies' options are their
  * descriptors (subtrain/strategy.h): their names, value syntax and values
  * come from there. */
+#include <libgen.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -486,12 +487,7 @@ static int metrics_reads_input(const st_cli_options *o, char *err, size_t n)
                            : NULL;
     char parent[4096];
     snprintf(parent, sizeof parent, "%s", o->metrics_path);
-    char *slash = strrchr(parent, '/');
-    if (slash)
-        slash == parent ? (void)(parent[1] = '\0') : (void)(*slash = '\0');
-    else
-        snprintf(parent, sizeof parent, ".");
-    if (!what && stat(parent, &d) == 0 && S_ISREG(m.st_mode)) {
+    if (!what && stat(dirname(parent), &d) == 0 && S_ISREG(m.st_mode)) {
         if (o->data_spec.kind != ST_CLI_DATA_SYNTHETIC && o->data_spec.kind != ST_CLI_DATA_TEXT &&
             same_file(o->data_spec.dir, &d) && !ends_with(o->metrics_path, ".jsonl"))
             what = "a file in the directory --data reads";
@@ -503,7 +499,6 @@ static int metrics_reads_input(const st_cli_options *o, char *err, size_t n)
     return st_cli_fail(err, n, "--metrics %s is %s: name another metrics file (this run "
                        "would overwrite it)", ST_CLI_SHOW(o->metrics_path), what) != 0;
 }
-
 
 int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
 {

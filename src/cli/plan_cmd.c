@@ -962,9 +962,9 @@ int st_cli_plan_main(int argc, char **argv)
     const char *acc = p.accuracy ? p.accuracy : default_accuracy();
     FILE *af;   /* a file named by --accuracy is one the plan can read */
     if (status == 0 && p.accuracy && st_file_open_read(p.accuracy, &af) != ST_OK) {
-        const char *why = strstr(st_last_error(), "not a regular file");
-        st_cli_error(CMD, "--accuracy %s: %s%s", ST_CLI_SHOW(p.accuracy),
-                     errno || !why ? "cannot open it: " : "", errno || !why ? strerror(errno) : why);
+        char why[256];
+        st_cli_error(CMD, "--accuracy %s: %s", ST_CLI_SHOW(p.accuracy),
+                     st_cli_open_failure(why, sizeof why));
         status = EXIT_USAGE;
     } else if (status == 0 && p.accuracy) {
         fclose(af);
