@@ -309,8 +309,9 @@ Test(cli, tensor_layouts_train_alike, .timeout = 120)
 }
 
 /* --weight-layout blocked: the linear layers' products read blocked
- * copies of the weights, packed by the update with one worker and by
- * the layers with two; either trains to what plain copies give (the same
+ * copies of the weights, packed by the update (one worker's own; the
+ * shard owners' into their domain's with two); either trains to what
+ * plain copies give (the same
  * kernels, up to where they find the packed weights), and bitwise to
  * what the layers' own packing gives (--unfuse weight-copy); --dump-config
  * carries the layout; a bad one, one without --precision bf16 and one
@@ -365,4 +366,75 @@ Test(cli, weight_layouts_train_alike, .timeout = 120)
                        "--weight-layout blocked needs --precision bf16");
     expect_usage_error("--data synthetic --precision bf16 --weight-layout blocked "
                        "--master-weights bf16-sr", "which --weight-layout blocked does not make");
+}
+
+/* --weight-layout blocked with workers sharing their domain's weights:
+ * one set of blocked copies a domain, which the shard owners' updates
+ * write (shard edges inside rows), the initial and resumed loads write in
+ * parts, and each domain packs the shards the all-gather brought from the
+ * others.  Every run's weights are bitwise those of the layers packing
+ * their own copies in every forward (--unfuse weight-copy), over one and
+ * two domains, sdp with backward masking and redrawn masks, and a resume;
+ * a worker's weight memory is its share of one copy. */
+Test(cli, shared_blocked_copies_are_packed_by_their_writers, .timeout = 240)
+{
+    if (st_bf16_probe(NULL) != ST_BF16_NATIVE)
+        cr_skip_test("no native bf16 here");
+    run_result *r = calloc(1, sizeof *r);
+    char dir[ST_TEST_PATH_MAX], opts[3 * ST_TEST_PATH_MAX + 512];
+    char a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX], env[256];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    const char *base = "--data synthetic --model resmlp --depth 2 --width 80 --batch 16 "
+                       "--steps 12 --seed 5 --progress none -q --precision bf16 "
+                       "--weight-layout blocked --oversubscribe";
+    const struct {
+        int two_domains;
+        const char *opts;
+    } runs[] = {
+        { 0, "--workers 2" },
+        { 0, "--workers 3" },   /* shard edges inside rows */
+        { 0, "--workers 2 --strategy sdp --masking backward --resample 4" },
+        { 1, "--workers 2" },   /* one worker a domain */
+        { 1, "--workers 5" },
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        snprintf(env, sizeof env, "%s", runs[k].two_domains ? two_domains_env() : "");
+        for (int unfused = 0; unfused < 2; unfused++) {
+            snprintf(opts, sizeof opts, "%s %s --checkpoint '%s/%c'%s", base, runs[k].opts, dir,
+                     "ab"[unfused], unfused ? " --unfuse weight-copy" : "");
+            run(r, env, opts);
+            cr_assert_eq(r->status, 0, "%s: %s", opts, r->err);
+        }
+        snprintf(a, sizeof a, "%s/a/final.safetensors", dir);
+        snprintf(b, sizeof b, "%s/b/final.safetensors", dir);
+        cr_assert(same_file(a, b), "%s%s: the shared copies train otherwise than the layers' "
+                  "own", env, runs[k].opts);
+    }
+    /* a resume from a step checkpoint, bitwise the run it resumes */
+    snprintf(opts, sizeof opts, "%s --workers 2 --checkpoint '%s/c' --checkpoint-every 6", base,
+             dir);
+    run(r, NULL, opts);
+    cr_assert_eq(r->status, 0, "%s: %s", opts, r->err);
+    snprintf(opts, sizeof opts, "%s --workers 2 --checkpoint '%s/d' "
+             "--resume '%s/c/step-00000006.safetensors'", base, dir, dir);
+    run(r, NULL, opts);
+    cr_assert_eq(r->status, 0, "%s: %s", opts, r->err);
+    snprintf(a, sizeof a, "%s/c/final.safetensors", dir);
+    snprintf(b, sizeof b, "%s/d/final.safetensors", dir);
+    cr_assert(same_file(a, b), "a resumed run with shared blocked copies differs");
+    /* memory: n workers of one domain hold a share of one worker's weights */
+    double one = 0.0;
+    for (int n = 1; n <= 4; n *= 2) {
+        snprintf(opts, sizeof opts, "%s --workers %d --steps 2 --metrics /dev/stdout", base, n);
+        run(r, NULL, opts);
+        cr_assert_eq(r->status, 0, "%s: %s", opts, r->err);
+        const double weights = final_value(r->out, "\"weights\":");
+        if (n == 1)
+            one = weights;
+        else
+            cr_assert(weights <= ceil(one / n), "%d workers hold %.0f bytes of weights each, "
+                      "one alone %.0f", n, weights, one);
+    }
+    free(r);
+    st_test_rmdir(dir);
 }

@@ -597,7 +597,7 @@ Test(bf16, models_over_shared_storage)
     float *params = calloc(P, sizeof *params);
     uint16_t *bf16 = calloc(P, sizeof *bf16);
     memcpy(params, st_model_params(own), P * sizeof *params);
-    st_model_storage s = { params, bf16, P, 0 };
+    st_model_storage s = { params, bf16, P, 0, NULL };
     st_model *m[2];
     for (int j = 0; j < 2; j++) {
         OK(st_model_create_on(&c, 4, &a[j], &s, &m[j]));
@@ -643,7 +643,7 @@ Test(bf16, models_over_shared_storage)
     OK(st_model_forward_backward(m[0], &loss[0]));
     cr_assert_eq(memcmp(&loss[0], &loss[2], sizeof *loss), 0, "%.9g vs %.9g", loss[0], loss[2]);
     st_model *bad = NULL;
-    st_model_storage wrong = { params, bf16, P - 1, 0 };
+    st_model_storage wrong = { params, bf16, P - 1, 0, NULL };
     st_arena b;
     st_arena_init(&b, "wrong", NULL, 0);
     cr_assert_eq(st_model_create_on(&c, 4, &b, &wrong, &bad), ST_ERR_INVALID);

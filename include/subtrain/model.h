@@ -375,13 +375,26 @@ st_status st_model_create(const st_model_config *cfg, int batch, st_arena *arena
  * copies_master 1: the bf16 copies the model lists (st_model_copies) are
  * the weights they copy (a bf16 master): the layers never convert them,
  * and nothing reads or writes params under them (the caller may leave
- * that memory out). */
+ * that memory out).
+ * blocked, NULL or a store (st_blocked_store_create): --weight-layout
+ * blocked's copies (st_model_blocked_copies) live there, one set for every
+ * model over this storage, and the layers never pack them: whoever writes
+ * a parameter packs it into them too (an update with
+ * st_optim_update_blocked), and st_model_params_changed packs them all. */
+typedef struct st_blocked_store st_blocked_store;
 typedef struct st_model_storage {
     float *params;
     uint16_t *bf16;
     size_t count;
     int copies_master;
+    st_blocked_store *blocked;
 } st_model_storage;
+
+/* A store of blocked weight copies whose memory comes from arena (taken
+ * while models are built; the arena outlives the store).  Models built at
+ * once from several threads may share it. */
+st_status st_blocked_store_create(st_arena *arena, st_blocked_store **out);
+void st_blocked_store_destroy(st_blocked_store *s);
 
 /* st_model_create over `storage`: the parameters are storage->params (not
  * initialised: the caller writes them, once for every instance).  With
@@ -469,7 +482,8 @@ void st_model_copies_written(st_model *m);
  * st_optim_update_blocked.  Only an owner updating its own vector writes
  * them, and then calls st_model_copies_current; after any other writer of
  * the parameters (st_model_copies_written, st_model_params_changed) the
- * layers pack them in the next forward. */
+ * layers pack them in the next forward.  Copies in a store
+ * (st_model_storage.blocked) are the writers' to keep current, always. */
 const st_param_blocked *st_model_blocked_copies(const st_model *m, int *count);
 /* Every copy, plain or blocked, holds the weights: the caller's update
  * wrote them all (st_optim_update_blocked), or nothing wrote the weights

@@ -105,6 +105,11 @@ typedef struct st_nn_ctx {
     const float *copy_base;
     st_bf16 *copy_store;
     size_t copy_n;
+    /* Shared storage of the blocked copies (st_model_storage.blocked) of
+     * the weights among params, params_n floats; NULL: the arena's. */
+    struct st_blocked_store *blocked_store;
+    const float *params;
+    size_t params_n;
 } st_nn_ctx;
 
 #define ST_NN_SLOTS 2
@@ -134,7 +139,7 @@ static inline int st_nn_copy_fresh(const st_nn_ctx *ctx, int id)
     const struct st_weight_copy *c = &ctx->copies[id];
     if (!c->listed)
         return 0;
-    return c->blk.row_at ? ctx->blocked_current : ctx->copies_current || c->shared;
+    return c->blk.row_at ? ctx->blocked_current || c->shared : ctx->copies_current || c->shared;
 }
 /* Registers dst, the bf16 copy of the row-major (rows, cols) weights at
  * src in the blocked layout md (the product's weights, whose dim row_dim

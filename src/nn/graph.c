@@ -553,6 +553,11 @@ static st_status build(st_model *m)
             m->ctx.copy_store = m->storage.bf16;
             m->ctx.copy_n = m->n_params;
         }
+        if (m->storage.blocked && !(m->cfg.unfuse & ST_UNFUSE_WEIGHT_COPY)) {
+            m->ctx.blocked_store = m->storage.blocked;
+            m->ctx.params = m->params;
+            m->ctx.params_n = m->n_params;
+        }
     } else {
         ST_TRY(st_arena_alloc_floats(m->arena, ST_MEM_WEIGHTS, m->n_params, &m->params));
     }

@@ -20,6 +20,7 @@
 #include <subtrain/rng.h>
 
 #include "core/arena_impl.h"
+#include "core/blocked.h"
 #include "core/enum_table.h"
 #include "core/rng_streams.h"
 #include "nn/graph.h"
@@ -903,6 +904,11 @@ void st_model_params_changed(st_model *m)
      * would write them at once): the caller's thread does it now */
     for (int i = 0; i < m->n_copies && m->ctx.copy_store && !m->storage.copies_master; i++)
         st_bf16_round_n(m->copies[i].bf16, m->params + m->copies[i].offset, m->copies[i].count);
+    for (int i = 0; i < m->n_blocked && m->ctx.blocked_store; i++) {
+        const st_param_blocked *b = &m->blocked[i];
+        st_blocked_pack(b, m->params + b->offset, b->offset,
+                        b->offset + (size_t)(b->rows * b->cols));
+    }
 }
 
 st_status st_model_forward_backward(st_model *m, float *loss)

@@ -18,6 +18,7 @@
 
 #include "core/arena_impl.h"
 #include "core/error.h"
+#include "nn/blocked_store.h"
 #include "nn/model_memo.h"
 
 /* What a build follows from, besides the subnetwork's lists (compared by
@@ -26,7 +27,7 @@ typedef struct memo_key {
     st_model_config cfg;             /* the subnetwork's list pointers NULL */
     st_model_declare_fn declare;
     int lo, hi, batch, threads;
-    int params, bf16;                /* storage given, with bf16 copies */
+    int params, bf16, blocked;       /* storage given, with bf16 copies, a blocked store */
     size_t count;                    /* the storage's parameters */
     int lists;                       /* bits: groups, group_grads, width_count, width_kept */
 } memo_key;
@@ -111,6 +112,7 @@ static void make_key(memo_key *k, const st_model_config *cfg, st_model_declare_f
     k->threads = omp_get_max_threads();
     k->params = storage && storage->params;
     k->bf16 = storage && storage->bf16;
+    k->blocked = storage && storage->blocked;
     k->count = storage ? storage->count : 0;
 }
 
@@ -168,6 +170,9 @@ static void *moved(rebase *r, const void *p)
         return (char *)r->storage->params + (q - (const char *)ps->params);
     if (ps->bf16 && q >= (const char *)ps->bf16 && q < (const char *)(ps->bf16 + ps->count))
         return (char *)r->storage->bf16 + (q - (const char *)ps->bf16);
+    void *b = st_blocked_store_moved(ps->blocked, r->storage->blocked, q);
+    if (b)
+        return b;
     int lo = 0, hi = c->log.n - 1;
     while (lo <= hi) {
         const int mid = (lo + hi) / 2;
@@ -304,11 +309,16 @@ static st_status make_shell(const memo_class *c, st_arena *arena,
     st_status s = blocks && m ? st_arena_replay(arena, &c->log, blocks)
                               : st_fail(ST_ERR_NOMEM, "out of memory creating a model");
     if (s == ST_OK) {
-        static const st_model_storage none = { NULL, NULL, 0, 0 };
+        static const st_model_storage none = { NULL, NULL, 0, 0, NULL };
         rebase r = { c, blocks, storage ? storage : &none, 0 };
         m->storage = storage ? *storage : none;
         place(&r, m);
-        *out = m;
+        if (!r.lost) {
+            *out = m;
+        } else {
+            st_model_memo_free_shell(m);
+            s = st_fail(ST_ERR_NOMEM, "out of memory placing a model's blocked weight copies");
+        }
     } else if (m) {
         st_model_memo_free_shell(m);
     }
@@ -405,7 +415,7 @@ st_status st_model_memo_build(st_model_build_fn build, const st_model_config *cf
         st_status s = build(cfg, declare, lo, hi, batch, &c->arena, storage, &c->proto);
         c->arena.log = NULL;
         if (s == ST_OK)
-            c->storage = storage ? *storage : (st_model_storage){ NULL, NULL, 0, 0 };
+            c->storage = storage ? *storage : (st_model_storage){ NULL, NULL, 0, 0, NULL };
         pthread_mutex_lock(&mm->lock);
         c->state = s == ST_OK && complete_class(c, cfg) == 0 ? 1 : -1;
         pthread_cond_broadcast(&mm->built);

@@ -193,12 +193,16 @@ st_status st_run_mean_loss(run_shared *r, float *loss)
 static void update_part(run_shared *r, const run_sharded *e, st_worker *w, const float *grads,
                         uint64_t step, float lr, size_t lo, size_t hi)
 {
-    int n_copies = e->n_copies;
+    int n_copies = e->n_copies, n_blocked = 0;
     const st_param_copy *copies = e->copies;
+    const st_param_blocked *blocked = NULL;
     if (!e->own_copies && (r->shared_weights || r->cfg->optim.master == ST_MASTER_BF16_SR))
         copies = st_model_copies(w->model, &n_copies);
-    st_optim_update_copies(&w->optim, st_comm_shard_params(e->masters, w->id), grads,
-                           r->full_segs, r->n_full_segs, lo, hi, step, lr, copies, n_copies);
+    if (w->storage.blocked)   /* the domain's, which no forward packs */
+        blocked = st_model_blocked_copies(w->model, &n_blocked);
+    st_optim_update_blocked(&w->optim, st_comm_shard_params(e->masters, w->id), grads,
+                            r->full_segs, r->n_full_segs, lo, hi, step, lr, copies, n_copies,
+                            blocked, n_blocked);
 }
 
 /* What the updates during the backward did: the shard's elements from
@@ -249,6 +253,7 @@ static st_status sharded_update(run_shared *r, const run_sharded *e, st_worker *
      * (a new round of subnetworks builds a new model) */
     if (st_comm_gathers_copies(e->masters, w->id))
         st_model_copies_written(w->model);
+    ST_TRY(st_run_pack_gathered(r, e->masters, w));
     slot->times.reduce += st_run_now_s() - t;
     return ST_OK;
 }

@@ -101,6 +101,7 @@ typedef struct run_domain {
     int arena_made;                   /* to release */
     float *params;                    /* n_params, the full layout */
     uint16_t *bf16;                   /* n_params bf16 copies, or NULL */
+    st_blocked_store *blocked;        /* --weight-layout blocked's copies, or NULL */
 } run_domain;
 
 /* Everything the workers of one run share.  Written before the parallel
@@ -345,7 +346,8 @@ st_status st_run_weights_prepare(run_shared *r, int shared);
 /* After the run, no thread: the domains' copies go. */
 void st_run_weights_release(run_shared *r);
 /* Every worker, with shared weights: w->storage becomes its domain's copy
- * (of cfg's full model: bf16 copies too in bf16), which the domain's first
+ * (of cfg's full model: bf16 copies too in bf16, plain or in a store of
+ * blocked ones), which the domain's first
  * worker takes from its backend.  One barrier.  One worker alone with a
  * bf16 master in the copies: w->storage is a vector of its own, its matrix
  * elements without memory.  Else nothing. */
@@ -358,6 +360,17 @@ st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_con
  * own vector (nothing for NULL, unless a bf16 master's: the build
  * initialised it). */
 st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full);
+/* Elements [lo, hi) of w's parameters into the blocked copies its model
+ * lists (partial rows an element at a time: another thread may write the
+ * rest of a row).  With shared weights, what writes the domain's copy
+ * packs its part here. */
+void st_run_pack_blocked(const st_worker *w, size_t lo, size_t hi);
+/* Every worker, after an all-gather into shared weights: the shards it
+ * brought from other domains packed into the domain's blocked copies
+ * (each domain's updates packed its own), dealt round the domain's
+ * workers, then a barrier of the engine.  No-op without a store of
+ * blocked copies or on one domain. */
+st_status st_run_pack_gathered(run_shared *r, st_comm *masters, st_worker *w);
 /* Whether the run has a bf16 master (--master-weights bf16-sr) in the
  * weights' bf16 copies: one worker's, each NUMA domain's with shared
  * weights, each replica's with private ones; its engine gathers them as

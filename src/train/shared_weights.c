@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "core/bf16.h"
+#include "core/blocked.h"
 #include "core/error.h"
 #include "train/run.h"
 
@@ -51,9 +52,11 @@ st_status st_run_weights_prepare(run_shared *r, int shared)
 
 void st_run_weights_release(run_shared *r)
 {
-    for (int d = 0; r->domains && d < r->placement.n_domains; d++)
+    for (int d = 0; r->domains && d < r->placement.n_domains; d++) {
+        st_blocked_store_destroy(r->domains[d].blocked);
         if (r->domains[d].arena_made)
             st_arena_release(&r->domains[d].arena);
+    }
     free(r->domains);
     r->domains = NULL;
 }
@@ -77,6 +80,15 @@ static int shares_bf16(const st_train_config *cfg)
            cfg->model.weight_layout != ST_WEIGHT_LAYOUT_BLOCKED;
 }
 
+/* The blocked copies (--weight-layout blocked), shared too, unless the
+ * model packs its own in every forward (ST_UNFUSE_WEIGHT_COPY). */
+static int shares_blocked(const st_train_config *cfg)
+{
+    return cfg->model.precision == ST_PRECISION_BF16 &&
+           !(cfg->model.unfuse & ST_UNFUSE_WEIGHT_COPY) &&
+           cfg->model.weight_layout == ST_WEIGHT_LAYOUT_BLOCKED;
+}
+
 /* A bf16 master, kept in the copies alone: the fp32 vector's elements
  * under them are never read or written, so their pages are left out
  * (st_arena_reserve_floats). */
@@ -94,7 +106,7 @@ st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_con
         if (!sparse)
             return ST_OK;
         ST_TRY(st_arena_reserve_floats(&w->arena, r->n_params, &p));
-        w->storage = (st_model_storage){ p, NULL, r->n_params, 1 };
+        w->storage = (st_model_storage){ p, NULL, r->n_params, 1, NULL };
         return ST_OK;
     }
     int first, m;
@@ -116,10 +128,12 @@ st_status st_run_weights_storage(run_shared *r, st_worker *w, const st_train_con
                                   &p));
             dom->bf16 = p;
         }
+        if (shares_blocked(cfg))
+            ST_TRY(st_blocked_store_create(&dom->arena, &dom->blocked));
     }
     /* every domain's copy exists (its first worker wrote the pointers) */
     ST_TRY(st_run_sync(r, w->id));
-    w->storage = (st_model_storage){ dom->params, dom->bf16, r->n_params, sparse };
+    w->storage = (st_model_storage){ dom->params, dom->bf16, r->n_params, sparse, dom->blocked };
     return ST_OK;
 }
 
@@ -223,9 +237,43 @@ st_status st_run_weights_load(run_shared *r, st_worker *w, const float *full)
             if (lo < hi)
                 st_bf16_round_n(c[i].bf16 + (lo - c[i].offset), p + lo, hi - lo);
         }
+        if (w->storage.blocked)
+            st_run_pack_blocked(w, part[0], part[1]);
     }
     /* every part is written before anybody reads the vector */
     return r->shared_weights ? st_run_sync(r, w->id) : ST_OK;
+}
+
+void st_run_pack_blocked(const st_worker *w, size_t lo, size_t hi)
+{
+    int n;
+    const st_param_blocked *b = st_model_blocked_copies(w->model, &n);
+    const float *p = st_model_params(w->model);
+    for (int i = 0; i < n && b[i].offset < hi; i++) {
+        const size_t end = b[i].offset + (size_t)(b[i].rows * b[i].cols);
+        const size_t from = b[i].offset > lo ? b[i].offset : lo, to = end < hi ? end : hi;
+        if (from < to)
+            st_blocked_pack(&b[i], p + from, from, to);
+    }
+}
+
+st_status st_run_pack_gathered(run_shared *r, st_comm *masters, st_worker *w)
+{
+    if (!w->storage.blocked || r->placement.n_domains < 2)
+        return ST_OK;
+    int first, m;
+    const int d = domain_of(r, w->id, &first, &m);
+    /* the other domains' shards, dealt round the domain's workers */
+    for (int j = 0, k = 0; j < r->n; j++) {
+        if (r->placement.workers[j].domain == d)
+            continue;
+        if (k++ % m == w->id - first) {
+            const st_range sh = st_comm_shard(masters, j);
+            st_run_pack_blocked(w, sh.begin, sh.end);
+        }
+    }
+    /* every copy whole before any forward reads it */
+    return st_comm_barrier(masters, w->id);
 }
 
 st_status st_run_build_model(run_shared *r, st_worker *w, const st_train_config *cfg,

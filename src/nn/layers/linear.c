@@ -30,6 +30,7 @@
 
 #include "core/blocked.h"
 #include "core/simd.h"
+#include "nn/blocked_store.h"
 #include "nn/graph.h"
 #include "nn/layers.h"
 
@@ -91,10 +92,19 @@ static st_status blocked_copy(st_nn_ctx *ctx, const st_linear *l, const_dnnl_pri
     if (!md)
         return st_fail(ST_ERR_INVALID, "linear: a product names no weights layout");
     void *p;
-    ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WEIGHTS, dnnl_memory_desc_get_size(md), &p));
-    ST_TRY(st_mem_md(ctx, mem, md, p));
     const int64_t rows = l->in_major ? l->in : l->out, cols = l->in_major ? l->out : l->in;
-    return st_nn_ctx_add_blocked_copy(ctx, w, p, rows, cols, md, row_dim, id);
+    const int in_store = ctx->blocked_store && w >= ctx->params &&
+                         w + rows * cols <= ctx->params + ctx->params_n;
+    if (in_store)
+        ST_TRY(st_blocked_store_take(ctx->blocked_store, (size_t)(w - ctx->params), row_dim, md,
+                                     &p));
+    else
+        ST_TRY(st_arena_alloc(ctx->arena, ST_MEM_WEIGHTS, dnnl_memory_desc_get_size(md), &p));
+    ST_TRY(st_mem_md(ctx, mem, md, p));
+    ST_TRY(st_nn_ctx_add_blocked_copy(ctx, w, p, rows, cols, md, row_dim, id));
+    /* the store's: its writers keep it current, this layer never packs it */
+    ctx->copies[*id].shared = in_store;
+    return ST_OK;
 }
 
 /* The weights operand of product pd (destroyed here, NULL without blocked
