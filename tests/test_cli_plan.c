@@ -525,8 +525,9 @@ static char *plan_json(const char *dir, const char *env, const char *opts)
  * the one building every worker's model gives (SUBTRAIN_SIZING=build-all),
  * over uneven NUMA domains (5 workers over 3 + 2; 6 over 4 domains), with
  * the strategies' subnetwork draws (blocks, neurons, backward masking),
- * ResNet's batch norm state, gpt's attention and synth's two phases:
- * where a run on this machine cannot show it. */
+ * the domains' blocked weight copies, ResNet's batch norm state, gpt's
+ * attention and synth's two phases: where a run on this machine cannot
+ * show it. */
 Test(plan, class_builds_give_every_workers_figures, .timeout = 120)
 {
     char dir[ST_TEST_PATH_MAX], text[ST_TEST_PATH_MAX], gpt[3 * ST_TEST_PATH_MAX];
@@ -543,6 +544,8 @@ Test(plan, class_builds_give_every_workers_figures, .timeout = 120)
         { t4, 6, res, "" },
         { t2, 5, res, "--subnet neuron --strategies sdp,ist" },
         { t4, 6, res, "--masking backward --strategies sdp" },
+        /* a domain's blocked weight copies, in a store of its own */
+        { t2, 5, res, "--precision bf16 --weight-layout blocked --strategies dp" },
         { t2, 5, "--data synthetic --model resnet --batch 8", "--strategies dp,sdp,ist" },
         { t4, 6, gpt, "" },
         /* synth: the segments' layer ranges (their phase reported), then
