@@ -704,6 +704,40 @@ Test(plan, calibrate_writes_what_plan_reads, .timeout = 240)
     st_test_rmdir(dir);
 }
 
+/* calibrate -o FILE writes FILE at the end, through a rename: stopped
+ * while it measures, an earlier calibration is there as it was and a new
+ * name is not created; a directory is said at once. */
+Test(plan, an_interrupted_calibration_keeps_the_earlier_file, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], cal[ST_TEST_PATH_MAX], fresh[ST_TEST_PATH_MAX];
+    char args[3 * ST_TEST_PATH_MAX], got[64] = "";
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(cal, dir, "cal");
+    st_test_path(fresh, dir, "fresh");
+    FILE *f = fopen(cal, "w");
+    cr_assert_not_null(f);
+    fputs("format 2\n# earlier\n", f);
+    fclose(f);
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    snprintf(args, sizeof args, "calibrate -o '%s'", cal);
+    run(r, "timeout -s TERM 2", args);
+    cr_assert_neq(r->status, 0, "calibrate finished within 2 s: the test needs it stopped");
+    f = fopen(cal, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(got, 1, sizeof got - 1, f);
+    fclose(f);
+    got[n] = '\0';
+    cr_assert_str_eq(got, "format 2\n# earlier\n", "the earlier calibration became '%s'", got);
+    snprintf(args, sizeof args, "calibrate -o '%s'", fresh);
+    run(r, "timeout -s TERM 2", args);
+    cr_assert_neq(access(fresh, F_OK), 0, "a stopped calibration left %s", fresh);
+    snprintf(args, sizeof args, "calibrate -o '%s'", dir);
+    expect_runtime_error(NULL, args, "cannot create it: Is a directory");
+    free(r);
+    st_test_rmdir(dir);
+}
+
 /* The step's work the plan prices, layer by layer: its products and
  * convolutions add up to the model's FLOPs (st_model_step_flops) for the
  * model families, in both precisions and recomputing blocks; every entry

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1036,34 +1037,70 @@ static int apply(int c, const char *arg, void *ctx)
     return 0;
 }
 
-/* This machine's rates into `output` (NULL: stdout): 0, or 1. */
+/* c into path, whole or not at all: through a temporary file beside it
+ * and a rename, so that a failed write leaves an earlier calibration as
+ * it was; a FIFO or a device (nothing can be renamed over it) is written
+ * in place.  0, or 1 said with `option`. */
+static int write_calibration(const char *option, const char *path, const st_calibration *c)
+{
+    struct stat sb;
+    const int in_place = lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode);
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(in_place ? path : tmp, "w");
+    if (!f) {
+        st_cli_error(CMD, "%s %s: cannot create %s: %s", option, ST_CLI_SHOW(path),
+                     ST_CLI_SHOW(in_place ? path : tmp), strerror(errno));
+        return 1;
+    }
+    st_calibration_write(f, c);
+    const int failed = ferror(f) != 0;
+    if (fclose(f) != 0 || failed || (!in_place && rename(tmp, path) != 0)) {
+        st_cli_error(CMD, "%s %s: writing it failed: %s", option, ST_CLI_SHOW(path),
+                     strerror(errno));
+        if (!in_place)
+            remove(tmp);
+        return 1;
+    }
+    return 0;
+}
+
+/* This machine's rates into `output` (NULL: stdout): 0, or 1.  output is
+ * probed before the measuring (opened to append, nothing written: a
+ * mistyped directory is said at once, not after a minute) and written at
+ * the end by write_calibration: an interrupted calibration leaves an
+ * earlier file as it was. */
 static int calibrate_machine(const char *output)
 {
-    FILE *f = output ? fopen(output, "w") : stdout;
-    if (!f) {
-        st_cli_error(CMD, "--output %s: cannot create it: %s", ST_CLI_SHOW(output),
-                     strerror(errno));
-        return 1;
+    if (output) {
+        const int existed = access(output, F_OK) == 0;
+        FILE *probe = fopen(output, "a");
+        if (!probe) {
+            st_cli_error(CMD, "--output %s: cannot create it: %s", ST_CLI_SHOW(output),
+                         strerror(errno));
+            return 1;
+        }
+        fclose(probe);
+        if (!existed)   /* no empty file left by an interrupted calibration */
+            remove(output);
     }
     omp_set_num_threads(1);
     st_calibration c;
     char err[512];
-    int rc = st_calibration_measure(&c, err, sizeof err);
-    if (rc != 0)
+    if (st_calibration_measure(&c, err, sizeof err) != 0) {
         st_cli_error(CMD, "%s", err);
-    else
-        st_calibration_write(f, &c);
-    if (f != stdout && fclose(f) != 0 && rc == 0) {
-        st_cli_error(CMD, "--output %s: writing it failed", ST_CLI_SHOW(output));
-        rc = -1;
+        return 1;
     }
-    return rc == 0 ? 0 : 1;
+    if (output)
+        return write_calibration("--output", output, &c);
+    st_calibration_write(stdout, &c);
+    return 0;
 }
 
 /* --network FILE: every rank times the exchange; rank 0 puts the rates
  * into FILE, a calibration of this machine, and writes it back whole
- * (through a temporary file and a rename: a failure leaves FILE as it
- * was).  0, 1 (a failure at run time) or 2 (FILE is no calibration). */
+ * (write_calibration).  0, 1 (a failure at run time) or 2 (FILE is no
+ * calibration). */
 static int calibrate_network(const char *path)
 {
     const int root = st_world_rank() == 0;
@@ -1088,22 +1125,7 @@ static int calibrate_network(const char *path)
     c.network_ranks = net.network_ranks;
     c.network_gbps = net.network_gbps;
     c.network_us = net.network_us;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        st_cli_error(CMD, "--network %s: cannot create %s: %s", ST_CLI_SHOW(path),
-                     ST_CLI_SHOW(tmp), strerror(errno));
-        return 1;
-    }
-    st_calibration_write(f, &c);
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
-        st_cli_error(CMD, "--network %s: writing it failed: %s", ST_CLI_SHOW(path),
-                     strerror(errno));
-        remove(tmp);
-        return 1;
-    }
-    return 0;
+    return write_calibration("--network", path, &c);
 }
 
 int st_cli_calibrate_main(int argc, char **argv)
