@@ -109,6 +109,43 @@ Test(cli, signals_stop_after_the_step_with_records_and_weights, .timeout = 180)
     expect_graceful_stop(SIGUSR1, "ist", 128 + SIGUSR1);
 }
 
+/* --sample after training: a stop signal while it draws ends the run at
+ * once with the signal's status (its records and final weights are
+ * written before the sample, which is all that is left).  Sent once the
+ * final record is out, into a sample far longer than the test's wait. */
+Test(cli, a_signal_stops_the_sample_at_once, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], text[ST_TEST_PATH_MAX], metrics[ST_TEST_PATH_MAX];
+    char cmd[10 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    static const char *const words[] = { "the ", "cat ", "sat ", "on ", "a ", "mat.\n" };
+    char corpus[8192];
+    size_t len = 0;
+    for (unsigned i = 0; len + 8 < sizeof corpus; i = i * 5 + 3)
+        len += (size_t)snprintf(corpus + len, sizeof corpus - len, "%s", words[i % 6]);
+    cr_assert_eq(st_test_write_file(st_test_path(text, dir, "corpus.txt"), corpus, len), 0);
+    st_test_path(metrics, dir, "m.jsonl");
+    snprintf(cmd, sizeof cmd, "'%s' --model gpt --data 'text:%s' --depth 1 --width 16 "
+             "--heads 2 --context 64 --batch 4 --steps 5 --val-bytes 256 --progress none "
+             "--sample 1000000 --metrics '%s' --checkpoint '%s/ck' >'%s/out' 2>'%s/err' "
+             "</dev/null & pid=$!; i=0; while ! grep -q '\"final\":true' '%s' 2>/dev/null && "
+             "[ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; sleep 0.5; kill -TERM $pid; "
+             "i=0; while kill -0 $pid 2>/dev/null && [ $i -lt 200 ]; do sleep 0.05; "
+             "i=$((i+1)); done; kill -KILL $pid 2>/dev/null; wait $pid",
+             getenv("SUBTRAIN_BIN"), text, metrics, dir, dir, dir, metrics);
+    int w = system(cmd);
+    cr_assert(WIFEXITED(w), "the shell was killed");
+    cr_assert_eq(WEXITSTATUS(w), 143, "SIGTERM while sampling: exit %d (137: it sampled on "
+                 "for 10 s)", WEXITSTATUS(w));
+    char err[4096], path[2 * ST_TEST_PATH_MAX];
+    snprintf(path, sizeof path, "%s/err", dir);
+    read_into(path, err, sizeof err);
+    cr_assert(strstr(err, "subtrain: stopping the sample\n"), "%s", err);
+    snprintf(path, sizeof path, "%s/ck/final.safetensors", dir);
+    cr_assert_eq(access(path, F_OK), 0, "no final weights before the sample");
+    st_test_rmdir(dir);
+}
+
 /* The shell command of a run of `opts` writing into dir/name (its
  * checkpoint directory, metrics, stdout and stderr). */
 static void run_cmd(char *cmd, size_t len, const char *opts, const char *dir, const char *name,

@@ -444,6 +444,9 @@ static int run_export(st_cli_options *o)
 static volatile sig_atomic_t stop_signal;
 static volatile sig_atomic_t checkpoint_signal;   /* --usr1 checkpoint: SIGUSR1 */
 static volatile sig_atomic_t training;            /* 0: the run is starting, no bar drawn */
+static volatile sig_atomic_t sampling;            /* --sample: after training, its output
+                                                   * and records written */
+static volatile sig_atomic_t stops_seen;          /* stop signals caught */
 static int usr1_checkpoints;                      /* set before the handlers */
 
 /* A line of the handler; the newline before it ends a progress bar's
@@ -464,6 +467,12 @@ static void on_signal(int sig)
         say(saving, sizeof saving - 1);
         return;
     }
+    static const char sample[] = "\nsubtrain: stopping the sample\n";
+    stops_seen = stops_seen + 1;
+    if (sampling) {   /* nothing left to finish or save */
+        say(sample, sizeof sample - 1);
+        _exit(128 + sig);
+    }
     static const char again[] = "\nsubtrain: interrupted again: stopping now\n";
     static const char first[] = "\nsubtrain: stopping after the current step (interrupt again "
                                 "to stop at once)\n";
@@ -480,6 +489,24 @@ static void on_signal(int sig)
         else
             say(early, sizeof early - 1);
     }
+}
+
+/* Whether --sample draws: `sampling` set with the stop signals held, so
+ * that one comes before it (no sample: one after the stop that ended
+ * training, or any when training ran to its end) or during it (the
+ * handler ends the run), never unseen between. */
+static int begin_sampling(int interrupted)
+{
+    sigset_t stops, old;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGINT);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &stops, &old);
+    sampling = 1;
+    const int draw = stops_seen <= (interrupted ? 1 : 0);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return draw;
 }
 
 /* SA_RESTART: a read or an open that a signal interrupts goes on (the
@@ -799,22 +826,34 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
     }
     if (!o->quiet)
         print_summary(&final, o->train.dp.compress != ST_COMPRESS_NONE);
+    /* a signal after the last step (in the final evaluation) found
+     * training whole: its records and weights are written, the sample is
+     * not drawn, and the run exits as the signal would have */
+    const int late = !final.interrupted && stop_signal;
     if (final.interrupted && !o->quiet)
         printf("interrupted by signal %d after step %llu\n", (int)stop_signal,
                (unsigned long long)final.step);
-    /* over ranks, rank 0 samples and writes the final weights (every rank
+    else if (late && !o->quiet)
+        printf("interrupted by signal %d after training%s\n", (int)stop_signal,
+               o->sample ? ": no sample" : "");
+    /* over ranks, rank 0 writes the final weights and samples (every rank
      * took part in gathering them: ui_on_params) */
     const int root = st_world_rank() == 0;
-    if (root && o->sample && print_sample(o, &final, &ui) != EXIT_SUCCESS)
-        goto out;
     if (root && o->checkpoint_dir && write_final_weights(o, &final, &ui) != EXIT_SUCCESS)
         goto out;
+    if (root && o->sample) {
+        /* a signal from here on ends the run at once: what it printed is
+         * out, its records and weights are written */
+        fflush(stdout);
+        if (begin_sampling(final.interrupted) && print_sample(o, &final, &ui) != EXIT_SUCCESS)
+            goto out;
+    }
 
     if (prog.metrics_failed)   /* said when it happened, with the reason */
         goto out;
     /* a run stopped by a signal exits as the signal would have, after
      * finishing its step, its records and its checkpoint */
-    status = final.interrupted ? 128 + (int)stop_signal : EXIT_SUCCESS;
+    status = final.interrupted || stop_signal ? 128 + (int)stop_signal : EXIT_SUCCESS;
 out:
     if (prog.metrics && fclose(prog.metrics) != 0 && status == EXIT_SUCCESS) {
         const int e = errno;
