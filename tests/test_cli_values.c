@@ -363,3 +363,34 @@ Test(values, control_bytes_and_bad_utf8_are_escaped)
     st_test_rmdir(dir);
     free(r);
 }
+
+/* An option where a value belongs (`--metrics --quiet`) was a forgotten
+ * value: refused, naming both, in every command (a file named --quiet
+ * was written, or the next option was lost); the --NAME=VALUE form still
+ * gives any value, and a negative number is a value. */
+Test(values, an_option_is_not_taken_as_a_value)
+{
+    const struct { const char *args, *needle; } bad[] = {
+        { "--data synthetic --metrics --quiet", "option '--metrics' needs a value, and "
+                                                "'--quiet' is an option (write "
+                                                "--metrics=--quiet for that value" },
+        { "--data synthetic --metrics -q", "option '--metrics' needs a value, and '-q' is an "
+                                           "option" },
+        { "--data synthetic --checkpoint --steps 5", "option '--checkpoint' needs a value, "
+                                                     "and '--steps' is an option" },
+        { "topo --topology --workers 2", "option '--topology' needs a value, and '--workers' "
+                                         "is an option" },
+        { "quad --csv --case 1", "option '--csv' needs a value, and '--case' is an option" },
+        { "plan --memory-per-worker 1G --json --workers 2", "--json needs a value, and "
+                                                            "'--workers' is an option" },
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
+        expect_usage_error(bad[k].args, bad[k].needle);
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, "--data synthetic --metrics=--quiet --dump-config");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, "metrics = --quiet\n"), "%s", r->out);
+    free(r);
+    expect_usage_error("--data synthetic --lr -1", "--lr: expected a number in (0, 100], got "
+                                                   "'-1'");
+}

@@ -262,11 +262,38 @@ void st_cli_getopt_start(void)
     opterr = 0; /* our own one-line messages */
 }
 
+/* Whether word names one of the options: "--NAME" or "--NAME=..." of
+ * the long ones, "-X" of the short ones (a negative number is none). */
+static int names_option(const char *shortopts, const struct option *longopts, const char *word)
+{
+    if (word[0] == '-' && word[1] && word[1] != '-' && word[1] != ':' && !word[2])
+        return strchr(shortopts, word[1]) != NULL;
+    if (strncmp(word, "--", 2) != 0)
+        return 0;
+    const size_t len = strcspn(word + 2, "=");
+    for (const struct option *o = longopts; o && o->name; o++)
+        if (strlen(o->name) == len && strncmp(o->name, word + 2, len) == 0)
+            return 1;
+    return 0;
+}
+
 int st_cli_next_option(int argc, char **argv, const char *shortopts,
                        const struct option *longopts, const char *cmd, char *err, size_t n)
 {
     int prev = optind ? optind : 1; /* optind 0 asks glibc for a reset: argv[1] is next */
     int c = getopt_long(argc, argv, shortopts, longopts, NULL);
+    /* a value taken from the next word that is one of the options
+     * (`--metrics --quiet`): the value was forgotten, not meant; the
+     * --NAME=VALUE form still gives any value */
+    if (c != '?' && c != ':' && optarg && optind >= 2 && optarg == argv[optind - 1] &&
+        names_option(shortopts, longopts, optarg)) {
+        const char *opt = argv[optind - 2];
+        snprintf(err, n, "option '%s' needs a value, and '%s' is an option (write %s%s%s for "
+                 "that value; see %s --help)", ST_CLI_SHOW(opt), ST_CLI_SHOW(optarg),
+                 ST_CLI_SHOW(opt), strncmp(opt, "--", 2) == 0 ? "=" : "", ST_CLI_SHOW(optarg),
+                 cmd);
+        return ST_CLI_REJECTED;
+    }
     if (c != '?' && c != ':')
         return c;
     st_cli_getopt_message(c, optopt, prev < argc ? argv[prev] : "", cmd, err, n);

@@ -215,6 +215,13 @@ static int split_args(int argc, char **argv, plan_options *p, char **run_argv, i
                 st_cli_error(CMD, "%s needs a value", own[k]);
                 return 2;
             }
+            /* an option where the value belongs: the value was forgotten */
+            if (strncmp(argv[i + 1], "--", 2) == 0) {
+                st_cli_error(CMD, "%s needs a value, and '%s' is an option (write %s=%s for "
+                             "that value)", own[k], ST_CLI_SHOW(argv[i + 1]), own[k],
+                             ST_CLI_SHOW(argv[i + 1]));
+                return 2;
+            }
             val = argv[++i];
         }
         if (k <= 1) {
