@@ -220,8 +220,8 @@ Test(cli, weights_shared_only_where_the_strategy_can)
 /* A bad line gets the message its option gets on the command line, after
  * FILE:LINE; a missing file, an unknown or repeated key, a line without
  * '=', a metrics file without a run record, whose first line is not JSON
- * or names a key twice are refused (exit 2, one line); topo and quad take
- * no --config. */
+ * or names a key twice are refused (exit 2, one line), and so is a second
+ * --config; topo and quad take no --config. */
 Test(cli, config_file_errors_name_the_file_and_line)
 {
     char dir[ST_TEST_PATH_MAX], conf[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
@@ -250,6 +250,11 @@ Test(cli, config_file_errors_name_the_file_and_line)
     }
     expect_usage_error("--config /nonexistent/run.conf",
                        "--config /nonexistent/run.conf: cannot read it");
+    /* a second file would replace the first's options without a word */
+    cr_assert_eq(st_test_write_file(conf, "depth = 3\n", 10), 0);
+    snprintf(args, sizeof args, "--data synthetic --config '%s' --config '%s' --dump-config",
+             conf, conf);
+    expect_usage_error(args, "--config given twice (");
     expect_usage_error("topo --config x.conf", "unknown option '--config'");
     expect_usage_error("quad --config x.conf", "unknown option '--config'");
     st_test_rmdir(dir);

@@ -375,6 +375,11 @@ static int apply_option(int c, const char *arg, st_cli_options *o, int *saw_epoc
     case OPT_CONFIG:
         if (*arg == '\0')
             return st_cli_fail(err, n, "--config: expected a file name, got ''");
+        /* the second file's options would silently replace the first's */
+        if (o->config_path)
+            return st_cli_fail(err, n, "--config given twice ('%s', then '%s'): a run reads "
+                               "one configuration file", ST_CLI_SHOW(o->config_path),
+                               ST_CLI_SHOW(arg));
         o->config_path = arg;
         return 0;
     case OPT_DUMP_CONFIG: o->dump_config = 1; return 0;
