@@ -109,6 +109,47 @@ Test(cli, signals_stop_after_the_step_with_records_and_weights, .timeout = 180)
     expect_graceful_stop(SIGUSR1, "ist", 128 + SIGUSR1);
 }
 
+/* --checkpoint DIR holding step checkpoints is their run's: a new run
+ * there (which would overwrite same-numbered files, and with --keep
+ * delete the others) and a run resumed from elsewhere are refused before
+ * the data loads (exit 2), leaving the files as they were; a run resumed
+ * from DIR goes on there. */
+Test(cli, a_checkpoint_directory_of_another_run_is_refused, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX], step[2 * ST_TEST_PATH_MAX];
+    char copy[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    const char *base = "--data synthetic --depth 2 --width 32 --batch 32 --steps 12 "
+                       "--checkpoint-every 6 --progress none -q";
+    run_result *r = calloc(1, sizeof *r);
+    snprintf(args, sizeof args, "%s --checkpoint '%s/a'", base, dir);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    snprintf(step, sizeof step, "%s/a/step-00000006.safetensors", dir);
+    size_t n0 = 0, n1 = 0;
+    unsigned char *before = st_test_read_file(step, &n0);
+    cr_assert_not_null(before);
+    snprintf(args, sizeof args, "%s --seed 9 --keep 1 --checkpoint '%s/a'", base, dir);
+    expect_usage_error(args, "holds another run's step checkpoints "
+                             "(step-00000006.safetensors, ...): continue it with --resume");
+    snprintf(copy, sizeof copy, "%s/b", dir);
+    cr_assert_eq(mkdir(copy, 0700), 0);
+    snprintf(copy, sizeof copy, "%s/b/step-00000006.safetensors", dir);
+    cr_assert_eq(st_test_write_file(copy, (const char *)before, n0), 0);
+    snprintf(args, sizeof args, "%s --checkpoint '%s/a' --resume '%s/b'", base, dir, dir);
+    expect_usage_error(args, "holds another run's step checkpoints");
+    unsigned char *after = st_test_read_file(step, &n1);
+    cr_assert(after && n1 == n0 && memcmp(before, after, n0) == 0,
+              "a refused run changed %s", step);
+    snprintf(args, sizeof args, "%s --checkpoint '%s/a' --resume '%s'", base, dir, step);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "resumed from its own directory: %s", r->err);
+    free(before);
+    free(after);
+    free(r);
+    st_test_rmdir(dir);
+}
+
 /* --sample after training: a stop signal while it draws ends the run at
  * once with the signal's status (its records and final weights are
  * written before the sample, which is all that is left).  Sent once the

@@ -8,8 +8,10 @@
  * started, before training.  Every failure is one line on stderr that says
  * what went wrong.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -639,6 +641,46 @@ static int probe_checkpoint_dir(const char *dir)
     return EXIT_SUCCESS;
 }
 
+/* --checkpoint DIR holding step checkpoints is a run's: a new run there
+ * would write over its same-numbered files, and --keep would count and
+ * delete them.  Only a run resumed from a file in DIR goes on writing
+ * there (resumed: the file resumed, else NULL).  0, or EXIT_USAGE said. */
+static int check_checkpoint_owner(const char *dir, const char *resumed)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;   /* the probe made it: empty */
+    char first[64] = "";
+    long long lowest = -1;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        const long long step = st_checkpoint_step_of(e->d_name);
+        char name[64];
+        snprintf(name, sizeof name, "step-%08lld.safetensors", step);
+        if (step >= 0 && strcmp(name, e->d_name) == 0 && (lowest < 0 || step < lowest)) {
+            lowest = step;
+            snprintf(first, sizeof first, "%s", name);
+        }
+    }
+    closedir(d);
+    if (lowest < 0)
+        return 0;
+    if (resumed) {
+        char *copy = strdup(resumed), *here = realpath(dir, NULL), *there = NULL;
+        if (copy)
+            there = realpath(dirname(copy), NULL);
+        const int same = here && there && strcmp(here, there) == 0;
+        free(copy);
+        free(here);
+        free(there);
+        if (same)
+            return 0;
+    }
+    st_cli_error("subtrain", "--checkpoint %s holds another run's step checkpoints (%s, ...): "
+                 "continue it with --resume %s, or name another directory", ST_CLI_SHOW(dir),
+                 first, ST_CLI_SHOW(dir));
+    return EXIT_USAGE;
+}
+
 /* Workers, a --cpuset, teams or a layout this machine cannot give are bad
  * usage (exit 2, as for `subtrain topo`), said before the data loads.  The
  * ranks agree on the verdict, and each ends with the worst code: an abort
@@ -724,10 +766,14 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
     o->train.checkpoint.meta = ckpt_meta;
     o->train.checkpoint.n_meta = 3;
     FILE *metrics = NULL;
-    if (o->checkpoint_dir && st_world_rank() == 0 &&   /* rank 0 writes the files */
-        probe_checkpoint_dir(o->checkpoint_dir) != EXIT_SUCCESS) {
-        st_safetensors_free(&resume);
-        return EXIT_FAILURE;
+    if (o->checkpoint_dir && st_world_rank() == 0) {   /* rank 0 writes the files */
+        int bad = probe_checkpoint_dir(o->checkpoint_dir);
+        if (!bad)
+            bad = check_checkpoint_owner(o->checkpoint_dir, o->resume_path ? resume_path : NULL);
+        if (bad) {
+            st_safetensors_free(&resume);
+            return bad;
+        }
     }
     if (o->metrics_path && open_metrics(o, &metrics) != EXIT_SUCCESS) {
         st_safetensors_free(&resume);
