@@ -113,7 +113,7 @@ Test(cli, signals_stop_after_the_step_with_records_and_weights, .timeout = 180)
  * there (which would overwrite same-numbered files, and with --keep
  * delete the others) and a run resumed from elsewhere are refused before
  * the data loads (exit 2), leaving the files as they were; a run resumed
- * from DIR goes on there. */
+ * from DIR goes on there.  The checkpoint notes are on standard output. */
 Test(cli, a_checkpoint_directory_of_another_run_is_refused, .timeout = 60)
 {
     char dir[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX], step[2 * ST_TEST_PATH_MAX];
@@ -122,9 +122,16 @@ Test(cli, a_checkpoint_directory_of_another_run_is_refused, .timeout = 60)
     const char *base = "--data synthetic --depth 2 --width 32 --batch 32 --steps 12 "
                        "--checkpoint-every 6 --progress none -q";
     run_result *r = calloc(1, sizeof *r);
-    snprintf(args, sizeof args, "%s --checkpoint '%s/a'", base, dir);
+    /* (without -q: the checkpoint notes go to standard output, so that
+     * standard error holds a failure's one line alone) */
+    snprintf(args, sizeof args, "%s --checkpoint '%s/a' --progress none", base, dir);
+    char *loud = strstr(args, " -q");
+    cr_assert_not_null(loud);
+    memcpy(loud, "   ", 3);
     run(r, NULL, args);
     cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert_str_eq(r->err, "", "a run's checkpoint notes on standard error");
+    cr_assert(strstr(r->out, "checkpoint: ") && strstr(r->out, "(step 6)\n"), "%s", r->out);
     snprintf(step, sizeof step, "%s/a/step-00000006.safetensors", dir);
     size_t n0 = 0, n1 = 0;
     unsigned char *before = st_test_read_file(step, &n0);

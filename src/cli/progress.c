@@ -154,5 +154,8 @@ void st_progress_on_note(const char *message, void *user)
     if (p->quiet)
         return;
     clear_bar(p);
-    st_cli_error("subtrain", "%s", message);
+    /* standard output, as the epoch lines: a failing run's standard error
+     * is its one error line */
+    printf("%s\n", message);
+    fflush(stdout);
 }

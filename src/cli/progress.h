@@ -30,7 +30,8 @@ typedef struct st_progress {
 void st_progress_on_step(const st_step_info *info, void *user);
 void st_progress_on_epoch(const st_epoch_record *rec, void *user);
 void st_progress_on_warning(const char *message, void *user);
-/* Something done that the user should see (a checkpoint written). */
+/* Something done that the user should see (a checkpoint written), on
+ * standard output; nothing under --quiet. */
 void st_progress_on_note(const char *message, void *user);
 
 #endif /* SUBTRAIN_CLI_PROGRESS_H */
