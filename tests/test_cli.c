@@ -508,9 +508,9 @@ Test(cli, unwritable_metrics_file_is_a_runtime_error)
 }
 
 /* --metrics is opened before the data loads (a bad path is named before a
- * missing dataset), a failed write says why (/dev/full: no space), and a
- * FIFO nobody reads is refused instead of blocking the run (the timeout
- * guards against the hang). */
+ * missing dataset), a failed write says why (/dev/full: no space) and
+ * leaves whole records only, and a FIFO nobody reads is refused instead
+ * of blocking the run (the timeout guards against the hang). */
 Test(cli, metrics_problems_are_said_early_and_with_the_reason, .timeout = 60)
 {
     expect_runtime_error(NULL, "--data /nonexistent/fmnist --metrics /nonexistent/dir/m.jsonl",
@@ -544,6 +544,15 @@ Test(cli, metrics_problems_are_said_early_and_with_the_reason, .timeout = 60)
     cr_assert_eq(r->status, 0, "%s", r->err);
     read_into(path, text, sizeof text);
     cr_assert(strncmp(text, "{\"run\":", 7) == 0 && !strstr(text, "earlier"), "%.200s", text);
+    /* a write cut short (a file size limit, as a full disk cuts it) is
+     * taken back: the file holds whole records only */
+    snprintf(args, sizeof args, "--data synthetic --model mlp --depth 1 --width 16 --epochs 40 "
+             "-q --metrics '%s'", path);
+    expect_runtime_error("trap '' XFSZ; ulimit -f 16;", args, "writing the metrics file");
+    static char all[1 << 16];
+    read_into(path, all, sizeof all);
+    cr_assert(strlen(all) > 0 && strlen(all) < 16 * 1024, "%zu bytes", strlen(all));
+    expect_json_lines(all);
     free(r);
     st_test_rmdir(dir);
 }

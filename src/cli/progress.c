@@ -2,8 +2,11 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli/cli_util.h"
 #include "cli/progress.h"
@@ -97,13 +100,57 @@ static int write_record(st_progress *p, const st_epoch_record *rec)
     return st_metrics_write_members(p->metrics, rec);
 }
 
+/* The record whole or not at all: formatted in memory, then written with
+ * write(2); a write cut short (a full disk, a file size limit) is taken
+ * back by cutting a regular file to where the record began, so that each
+ * line of the file is a whole record.  0, or -1 with errno. */
+static int put_record(st_progress *p, const st_epoch_record *rec)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&buf, &len);
+    if (!mem)
+        return -1;
+    FILE *file = p->metrics;
+    p->metrics = mem;
+    const int formatted = write_record(p, rec) == 0;
+    p->metrics = file;
+    if (fclose(mem) != 0 || !formatted) {
+        free(buf);
+        errno = ENOMEM;
+        return -1;
+    }
+    const int fd = fileno(file);
+    struct stat sb;
+    const off_t at = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) ? sb.st_size : -1;
+    size_t done = 0;
+    int e = 0;
+    while (done < len) {
+        const ssize_t w = write(fd, buf + done, len - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            e = w < 0 ? errno : EIO;
+            break;
+        }
+        done += (size_t)w;
+    }
+    free(buf);
+    if (done == len)
+        return 0;
+    if (at >= 0 && ftruncate(fd, at) == 0)
+        lseek(fd, at, SEEK_SET);
+    errno = e;
+    return -1;
+}
+
 void st_progress_on_epoch(const st_epoch_record *rec, void *user)
 {
     st_progress *p = user;
     clear_bar(p);
     if (p->metrics && !p->metrics_failed) {
         errno = 0;
-        if (write_record(p, rec) != 0) {
+        if (put_record(p, rec) != 0) {
             p->metrics_failed = 1;
             const int e = errno ? errno : EIO;
             st_cli_error("subtrain", "writing the metrics file '%s' failed: %s",
