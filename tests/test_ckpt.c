@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <subtrain/subtrain.h>
 
@@ -71,10 +72,19 @@ Test(safetensors, the_writer_writes_the_format)
     size_t n = 0;
     unsigned char *b = st_test_read_file(path, &n);
     cr_assert_not_null(b);
-    const char *json = "{\"__metadata__\":{\"note\":\"a \\\"quoted\\\"\\u000a value\"},"
-                       "\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
-                       "\"bytes\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[24,27]},"
-                       "\"step\":{\"dtype\":\"U64\",\"shape\":[],\"data_offsets\":[27,35]}}";
+    /* the data's CRC-32 last in the metadata (zlib's, of the 35 bytes) */
+    unsigned char data[35];
+    memcpy(data, w, 24);
+    memcpy(data + 24, u, 3);
+    memcpy(data + 27, &step, 8);
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"__metadata__\":{\"note\":\"a \\\"quoted\\\"\\u000a value\","
+             "\"subtrain.crc32\":\"%08lx\"},"
+             "\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
+             "\"bytes\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[24,27]},"
+             "\"step\":{\"dtype\":\"U64\",\"shape\":[],\"data_offsets\":[27,35]}}",
+             (unsigned long)crc32(0L, data, 35));
     size_t h = 0;
     for (int k = 7; k >= 0; k--)
         h = h << 8 | b[k];
@@ -205,6 +215,42 @@ Test(safetensors, a_shape_whose_size_wraps_is_refused)
     st_safetensors_free(&f);
 }
 
+/* A flipped bit in the data (a finite value still, which nothing else
+ * would catch) is found by the CRC-32 the writer records; a file without
+ * one (another writer's) reads as it is; the key is the writer's own. */
+Test(safetensors, a_flipped_bit_is_found_by_the_checksum)
+{
+    char path[ST_TEST_PATH_MAX];
+    st_test_path(path, tmpdir, "crc.safetensors");
+    const float w[4] = { 1, 2, 3, 4 };
+    st_safetensors_tensor t = { .name = "w", .dtype = ST_DTYPE_F32, .ndims = 1, .shape = { 4 },
+                                .data = w };
+    cr_assert_eq(st_safetensors_write(path, &t, 1, NULL, 0), ST_OK, "%s", st_last_error());
+    size_t n = 0;
+    unsigned char *b = st_test_read_file(path, &n);
+    cr_assert_not_null(b);
+    b[n - 16] ^= 1;   /* the lowest mantissa bit of w[0]: 1 + 2^-23 */
+    cr_assert_eq(st_test_write_file(path, (const char *)b, n), 0);
+    st_safetensors f;
+    cr_assert_eq(st_safetensors_read(path, &f), ST_ERR_FORMAT);
+    cr_assert(strstr(st_last_error(), "crc.safetensors: the data's CRC-32 is ") &&
+              strstr(st_last_error(), "the file is damaged"), "%s", st_last_error());
+    /* without the key: what the file holds, the flipped bit too */
+    size_t at = 0;
+    while (at + 16 <= n && memcmp(b + at, "\"subtrain.crc32\"", 16) != 0)
+        at++;
+    cr_assert_lt(at + 16, n, "no CRC-32 in the header");
+    memcpy(b + at, "\"subtrain.xrc32\"", 16);
+    cr_assert_eq(st_test_write_file(path, (const char *)b, n), 0);
+    cr_assert_eq(st_safetensors_read(path, &f), ST_OK, "%s", st_last_error());
+    const st_safetensors_tensor *r = st_safetensors_find(&f, "w");
+    cr_assert(r && ((const float *)r->data)[0] != 1.0f);
+    st_safetensors_free(&f);
+    free(b);
+    const st_safetensors_meta_entry mine[1] = { { "subtrain.crc32", "00000000" } };
+    cr_assert_eq(st_safetensors_write(path, &t, 1, mine, 1), ST_ERR_INVALID);
+}
+
 /* Found by fuzz/fuzz_safetensors.c on its first input: a file with no
  * tensor (metadata only, or nothing, as the writer writes them) passed a
  * NULL array to memcpy, undefined behaviour that the sanitizer build
@@ -219,7 +265,7 @@ Test(safetensors, a_file_without_tensors_reads_back)
         st_safetensors f;
         cr_assert_eq(st_safetensors_read(path, &f), ST_OK, "%s", st_last_error());
         cr_assert_eq(f.n, 0);
-        cr_assert_eq(f.n_meta, n_meta);
+        cr_assert_eq(f.n_meta, n_meta + 1, "the caller's metadata and the CRC-32");
         cr_assert_null(st_safetensors_find(&f, "w"));
         if (n_meta)
             cr_assert_str_eq(st_safetensors_meta(&f, "subtrain.model"), "mlp");

@@ -48,17 +48,23 @@ typedef struct st_safetensors_meta_entry {
     const char *key, *value;
 } st_safetensors_meta_entry;
 
+/* The metadata key of the data's CRC-32 (zlib's, 8 lowercase hex
+ * digits), which the writer adds and the reader checks where present. */
+#define ST_SAFETENSORS_CRC_KEY "subtrain.crc32"
+
 /* Writes tensors[0..n) in that order and the metadata to `path`,
- * atomically (see above).  Names must be unique and non-empty, shapes
- * non-negative. */
+ * atomically (see above), with the data's CRC-32 (ST_SAFETENSORS_CRC_KEY,
+ * a key the caller's metadata may not hold).  Names must be unique and
+ * non-empty, shapes non-negative. */
 st_status st_safetensors_write(const char *path, const st_safetensors_tensor *tensors, int n,
                                const st_safetensors_meta_entry *meta, int n_meta);
 
 /* A file read whole and checked: a regular file (a FIFO or a device is
  * refused before anything is read), the header's length and JSON, every
  * entry's dtype, shape and offsets (within the data, covering it with no
- * hole or overlap, matching the shape), unique names, and every F32 and
- * BF16 value finite (no NaN, no infinity).  A failure names the file and what is
+ * hole or overlap, matching the shape), unique names, the data's CRC-32
+ * where the metadata records one, and every F32 and BF16 value finite
+ * (no NaN, no infinity).  A failure names the file and what is
  * wrong (the tensor, for a value), in one line. */
 typedef struct st_safetensors {
     uint8_t *buf;                      /* the whole file */

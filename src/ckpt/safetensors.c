@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include <zlib.h>
 
 #include <subtrain/checkpoint.h>
 
@@ -188,8 +189,26 @@ st_status st_safetensors_write(const char *path, const st_safetensors_tensor *te
                        S_ISLNK(sb.st_mode) ? "a symbolic link" : S_ISDIR(sb.st_mode) ? "a directory"
                        : S_ISFIFO(sb.st_mode) ? "a FIFO" : "a device or socket");
     ST_TRY(check_tensors(path, tensors, n));
+    for (int k = 0; k < n_meta; k++)
+        if (meta[k].key && strcmp(meta[k].key, ST_SAFETENSORS_CRC_KEY) == 0)
+            return st_fail(ST_ERR_INVALID, "%s: the metadata key '%s' is the writer's own",
+                           path, ST_SAFETENSORS_CRC_KEY);
+    /* the data's CRC-32, which the reader checks: a flipped bit would
+     * otherwise be a finite value like any other */
+    uLong crc = crc32_z(0L, Z_NULL, 0);
+    for (int i = 0; i < n; i++)
+        crc = crc32_z(crc, tensors[i].data, elements(&tensors[i]) * dtypes[tensors[i].dtype].size);
+    char crc_text[16];
+    snprintf(crc_text, sizeof crc_text, "%08lx", (unsigned long)crc);
+    st_safetensors_meta_entry *all = malloc((size_t)(n_meta + 1) * sizeof *all);
+    if (!all)
+        return st_fail(ST_ERR_NOMEM, "out of memory writing a safetensors header");
+    if (n_meta)
+        memcpy(all, meta, (size_t)n_meta * sizeof *all);
+    all[n_meta] = (st_safetensors_meta_entry){ ST_SAFETENSORS_CRC_KEY, crc_text };
     sbuf b = { 0 };
-    st_status s = header(tensors, n, meta, n_meta, &b);
+    st_status s = header(tensors, n, all, n_meta + 1, &b);
+    free(all);
     if (s != ST_OK) {
         free(b.p);
         return s;
@@ -594,6 +613,28 @@ static st_status check_finite(const char *path, const st_safetensors *f)
                    k, elements(&f->tensors[i]));
 }
 
+/* The data against the CRC-32 the writer recorded (a file without one,
+ * another writer's, is taken as it is). */
+static st_status check_crc(const char *path, const st_safetensors *f, const uint8_t *data,
+                           size_t n)
+{
+    const char *want = st_safetensors_meta(f, ST_SAFETENSORS_CRC_KEY);
+    if (!want)
+        return ST_OK;
+    char *end;
+    errno = 0;
+    const unsigned long w = strtoul(want, &end, 16);
+    if (strlen(want) != 8 || *end || errno)
+        return st_fail(ST_ERR_FORMAT, "%s: the metadata's %s is '%s', not 8 hex digits", path,
+                       ST_SAFETENSORS_CRC_KEY, want);
+    uLong crc = crc32_z(0L, Z_NULL, 0);
+    crc = crc32_z(crc, data, n);
+    if ((unsigned long)crc != w)
+        return st_fail(ST_ERR_FORMAT, "%s: the data's CRC-32 is %08lx, the header records %s: "
+                       "the file is damaged", path, (unsigned long)crc, want);
+    return ST_OK;
+}
+
 st_status st_safetensors_read(const char *path, st_safetensors *out)
 {
     memset(out, 0, sizeof *out);
@@ -636,6 +677,8 @@ st_status st_safetensors_read(const char *path, st_safetensors *out)
     out->buf = buf;
     out->size = size;
     st_status s = parse_header(path, (const char *)buf + 8, (size_t)n, out, size - 8 - n);
+    if (s == ST_OK)
+        s = check_crc(path, out, buf + 8 + n, size - 8 - n);
     if (s == ST_OK)
         s = check_finite(path, out);
     if (s != ST_OK)
