@@ -30,6 +30,7 @@ import math
 import os
 import struct
 import sys
+import zlib
 
 import torch
 from torch import nn
@@ -48,6 +49,7 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
            "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32,
            "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 _NAMES = {v: k for k, v in _DTYPES.items()}
+CRC_KEY = "subtrain.crc32"   # subtrain/checkpoint.h: ST_SAFETENSORS_CRC_KEY
 
 
 def read_safetensors(path):
@@ -87,18 +89,22 @@ def read_safetensors(path):
         tensors[name] = t.reshape(shape)
     if at != len(data):
         raise ValueError(f"{path}: {len(data) - at} bytes after the last tensor's data")
+    want = meta.get(CRC_KEY)
+    if want is not None and f"{zlib.crc32(data):08x}" != want:
+        raise ValueError(f"{path}: the data's CRC-32 is {zlib.crc32(data):08x}, the header "
+                         f"records {want}: the file is damaged")
     order = list(header)   # the header's order, not the data's
     return {k: tensors[k] for k in order}, dict(meta)
 
 
 def write_safetensors(path, tensors, metadata=None):
     """Writes a dict of tensors (in its order) and string metadata,
-    atomically: a temporary file in the same directory, renamed."""
+    atomically: a temporary file in the same directory, renamed.  The
+    metadata gets the data's CRC-32 (CRC_KEY), as subtrain's writer adds
+    it; one carried over from a file read is replaced."""
     if sys.byteorder != "little":
         raise RuntimeError("safetensors data is little-endian; this machine is not")
-    header = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    header = {"__metadata__": {str(k): str(v) for k, v in (metadata or {}).items()}}
     blobs = []
     at = 0
     for name, t in tensors.items():
@@ -111,6 +117,10 @@ def write_safetensors(path, tensors, metadata=None):
                         "data_offsets": [at, at + len(b)]}
         blobs.append(b)
         at += len(b)
+    crc = 0
+    for b in blobs:
+        crc = zlib.crc32(b, crc)
+    header["__metadata__"][CRC_KEY] = f"{crc:08x}"
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     text += b" " * (-len(text) % 8)   # the data 8-byte aligned
     tmp = f"{path}.tmp.{os.getpid()}"

@@ -205,6 +205,18 @@ def compare(work, family):
     except ValueError as e:
         if "not in the torch layout" not in str(e):
             fails.append(f"{family}: subtrain_torch.load of a subtrain-layout file: {e}")
+    # a flipped bit in the data (subtrain's file) is found by the CRC-32
+    with open(p("torch"), "rb") as f:
+        damaged = bytearray(f.read())
+    damaged[-1] ^= 1
+    with open(p("damaged"), "wb") as f:
+        f.write(damaged)
+    try:
+        st.read_safetensors(p("damaged"))
+        fails.append(f"{family}: read_safetensors took a file with a flipped bit")
+    except ValueError as e:
+        if "the file is damaged" not in str(e):
+            fails.append(f"{family}: read_safetensors of a damaged file: {e}")
     for a, b, what in (("torch", "resaved", "subtrain -> torch -> torch"),
                        ("source", "back", "subtrain -> torch -> subtrain")):
         why = same_tensors(p(a), p(b), f"{family}: {what}")
