@@ -40,7 +40,8 @@
 /* ------------------------------------------------------------ helpers */
 
 /* A copy of the safetensors file `from` at `to` with element k of tensor
- * `name` set to v (the offset read with the library's reader). */
+ * `name` set to v (the offset read with the library's reader), its
+ * CRC-32 made to match: a file a writer wrote so, not a damaged one. */
 static void copy_with_value(const char *from, const char *to, const char *name, size_t k,
                             float v)
 {
@@ -54,6 +55,17 @@ static void copy_with_value(const char *from, const char *to, const char *name, 
     unsigned char *b = st_test_read_file(from, &n);
     cr_assert(b && n == f.size);
     memcpy(b + at, &v, 4);
+    static const char key[] = "\"" ST_SAFETENSORS_CRC_KEY "\":\"";
+    uint64_t h = 0;   /* the header's length, then the header */
+    for (int i = 7; i >= 0; i--)
+        h = h << 8 | b[i];
+    size_t c = 8;
+    while (c + sizeof key - 1 < 8 + h && memcmp(b + c, key, sizeof key - 1) != 0)
+        c++;
+    cr_assert_lt(c + sizeof key - 1, 8 + h, "%s records no CRC-32", from);
+    char crc[9];
+    snprintf(crc, sizeof crc, "%08lx", (unsigned long)crc32(0L, b + 8 + h, (uInt)(n - 8 - h)));
+    memcpy(b + c + sizeof key - 1, crc, 8);
     cr_assert_eq(st_test_write_file(to, b, n), 0);
     free(b);
     st_safetensors_free(&f);

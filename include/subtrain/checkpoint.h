@@ -53,9 +53,9 @@ typedef struct st_safetensors_meta_entry {
 #define ST_SAFETENSORS_CRC_KEY "subtrain.crc32"
 
 /* Writes tensors[0..n) in that order and the metadata to `path`,
- * atomically (see above), with the data's CRC-32 (ST_SAFETENSORS_CRC_KEY,
- * a key the caller's metadata may not hold).  Names must be unique and
- * non-empty, shapes non-negative. */
+ * atomically (see above), with the data's CRC-32 (ST_SAFETENSORS_CRC_KEY;
+ * one in the caller's metadata, a file's it read, is replaced).  Names
+ * must be unique and non-empty, shapes non-negative. */
 st_status st_safetensors_write(const char *path, const st_safetensors_tensor *tensors, int n,
                                const st_safetensors_meta_entry *meta, int n_meta);
 

@@ -189,10 +189,6 @@ st_status st_safetensors_write(const char *path, const st_safetensors_tensor *te
                        S_ISLNK(sb.st_mode) ? "a symbolic link" : S_ISDIR(sb.st_mode) ? "a directory"
                        : S_ISFIFO(sb.st_mode) ? "a FIFO" : "a device or socket");
     ST_TRY(check_tensors(path, tensors, n));
-    for (int k = 0; k < n_meta; k++)
-        if (meta[k].key && strcmp(meta[k].key, ST_SAFETENSORS_CRC_KEY) == 0)
-            return st_fail(ST_ERR_INVALID, "%s: the metadata key '%s' is the writer's own",
-                           path, ST_SAFETENSORS_CRC_KEY);
     /* the data's CRC-32, which the reader checks: a flipped bit would
      * otherwise be a finite value like any other */
     uLong crc = crc32_z(0L, Z_NULL, 0);
@@ -203,11 +199,13 @@ st_status st_safetensors_write(const char *path, const st_safetensors_tensor *te
     st_safetensors_meta_entry *all = malloc((size_t)(n_meta + 1) * sizeof *all);
     if (!all)
         return st_fail(ST_ERR_NOMEM, "out of memory writing a safetensors header");
-    if (n_meta)
-        memcpy(all, meta, (size_t)n_meta * sizeof *all);
-    all[n_meta] = (st_safetensors_meta_entry){ ST_SAFETENSORS_CRC_KEY, crc_text };
+    int n_all = 0;   /* the caller's, less a CRC-32 of a file it read */
+    for (int k = 0; k < n_meta; k++)
+        if (!meta[k].key || strcmp(meta[k].key, ST_SAFETENSORS_CRC_KEY) != 0)
+            all[n_all++] = meta[k];
+    all[n_all++] = (st_safetensors_meta_entry){ ST_SAFETENSORS_CRC_KEY, crc_text };
     sbuf b = { 0 };
-    st_status s = header(tensors, n, all, n_meta + 1, &b);
+    st_status s = header(tensors, n, all, n_all, &b);
     free(all);
     if (s != ST_OK) {
         free(b.p);
