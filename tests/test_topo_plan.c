@@ -364,13 +364,17 @@ Test(plan, restricted_cpuset)
     expect_counts(&p, 1, (const int[]){ 4 });
     expect_available(&p, 4, 4);
     st_plan_free(&p);
+    make(t, 0, 0, "4-", &p);   /* N and above: the same PUs */
+    expect(&p, 4, second);
+    expect_available(&p, 4, 4);
+    st_plan_free(&p);
 
     make_fails(t, 7, 0, "0-5", ST_ERR_INVALID, "7 workers but only 6 PUs");
     make_fails(t, 0, 0, "0-8", ST_ERR_INVALID, "PU 8 is not in the topology");
     make_fails(t, 0, 0, "3,9-10", ST_ERR_INVALID, "PUs 9-10 are not in");
     make_fails(t, 0, 0, "", ST_ERR_INVALID, "names no PU");
     make_fails(t, 0, 0, "abc", ST_ERR_INVALID, "'abc'");
-    make_fails(t, 0, 0, "2-", ST_ERR_INVALID, "not in the topology");
+    make_fails(t, 0, 0, "9-", ST_ERR_INVALID, "cpuset '9-': PUs 9- are not in the topology");
     /* digits only: hwloc's own parser takes -1 (printed as "PU  is not in the
      * topology") and wraps 2^32 + 1 to PU 1 */
     make_fails(t, 0, 0, "-1", ST_ERR_INVALID, "expected a list of OS PU indices");

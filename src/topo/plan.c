@@ -171,8 +171,9 @@ static st_status parse_cpuset(hwloc_topology_t hw, const char *list, hwloc_bitma
         hi = lo;
         if (ok && *p == '-') {
             p++;
-            if (*p == ',' || *p == '\0')
-                hi = UINT64_MAX;   /* "N-", hwloc's open range: past any topology */
+            if (*p == ',' || *p == '\0')   /* "N-": N and above, up to the last PU */
+                hi = last >= 0 && lo <= (unsigned long long)last ? (unsigned long long)last
+                                                                 : UINT64_MAX;
             else
                 ok = read_index(&p, &hi);
         }
