@@ -115,6 +115,18 @@ static inline const char *two_domains_env(void)
     return "HWLOC_THISSYSTEM=1 HWLOC_SYNTHETIC='pack:1 numa:2 core:1 pu:1'";
 }
 
+/* dir/corpus.txt, about 8 KiB of "the cat sat on a mat." in a fixed
+ * order, for a tiny gpt run (--data text:PATH); its path into path. */
+static inline void write_cat_corpus(char *path, const char *dir)
+{
+    static const char *const words[] = { "the ", "cat ", "sat ", "on ", "a ", "mat.\n" };
+    char corpus[8192];
+    size_t len = 0;
+    for (unsigned i = 0; len + 8 < sizeof corpus; i = i * 5 + 3)
+        len += (size_t)snprintf(corpus + len, sizeof corpus - len, "%s", words[i % 6]);
+    cr_assert_eq(st_test_write_file(st_test_path(path, dir, "corpus.txt"), corpus, len), 0);
+}
+
 /* Whether two files hold the same bytes. */
 static inline int same_file(const char *a, const char *b)
 {

@@ -166,12 +166,7 @@ Test(cli, a_signal_stops_the_sample_at_once, .timeout = 120)
     char dir[ST_TEST_PATH_MAX], text[ST_TEST_PATH_MAX], metrics[ST_TEST_PATH_MAX];
     char cmd[10 * ST_TEST_PATH_MAX];
     cr_assert_eq(st_test_mkdtemp(dir), 0);
-    static const char *const words[] = { "the ", "cat ", "sat ", "on ", "a ", "mat.\n" };
-    char corpus[8192];
-    size_t len = 0;
-    for (unsigned i = 0; len + 8 < sizeof corpus; i = i * 5 + 3)
-        len += (size_t)snprintf(corpus + len, sizeof corpus - len, "%s", words[i % 6]);
-    cr_assert_eq(st_test_write_file(st_test_path(text, dir, "corpus.txt"), corpus, len), 0);
+    write_cat_corpus(text, dir);
     st_test_path(metrics, dir, "m.jsonl");
     snprintf(cmd, sizeof cmd, "'%s' --model gpt --data 'text:%s' --depth 1 --width 16 "
              "--heads 2 --context 64 --batch 4 --steps 5 --val-bytes 256 --progress none "

@@ -380,12 +380,7 @@ Test(cli, gpt_run_prints_a_sample, .timeout = 60)
 {
     char dir[ST_TEST_PATH_MAX], text[ST_TEST_PATH_MAX], args[2 * ST_TEST_PATH_MAX];
     cr_assert_eq(st_test_mkdtemp(dir), 0);
-    static const char *const words[] = { "the ", "cat ", "sat ", "on ", "a ", "mat.\n" };
-    char corpus[8192];
-    size_t len = 0;
-    for (unsigned i = 0; len + 8 < sizeof corpus; i = i * 5 + 3)
-        len += (size_t)snprintf(corpus + len, sizeof corpus - len, "%s", words[i % 6]);
-    cr_assert_eq(st_test_write_file(st_test_path(text, dir, "corpus.txt"), corpus, len), 0);
+    write_cat_corpus(text, dir);
     const char *tiny = "--depth 1 --width 16 --heads 2 --context 16 --batch 4 --steps 5 "
                        "--val-bytes 256 --progress none";
     run_result *r = calloc(1, sizeof *r);

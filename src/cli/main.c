@@ -493,18 +493,26 @@ static void on_signal(int sig)
     }
 }
 
+/* The stop signals held (pending until the caller restores *old), so that
+ * a switch of the run's phase is seen by the handler wholly or not at all. */
+static void hold_stops(sigset_t *old)
+{
+    sigset_t stops;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGINT);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &stops, old);
+}
+
 /* Whether --sample draws: `sampling` set with the stop signals held, so
  * that one comes before it (no sample: one after the stop that ended
  * training, or any when training ran to its end) or during it (the
  * handler ends the run), never unseen between. */
 static int begin_sampling(int interrupted)
 {
-    sigset_t stops, old;
-    sigemptyset(&stops);
-    sigaddset(&stops, SIGINT);
-    sigaddset(&stops, SIGTERM);
-    sigaddset(&stops, SIGUSR1);
-    pthread_sigmask(SIG_BLOCK, &stops, &old);
+    sigset_t old;
+    hold_stops(&old);
     sampling = 1;
     const int draw = stops_seen <= (interrupted ? 1 : 0);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -533,12 +541,8 @@ static void install_stop_handlers(void)
  * stopped the start, 0 if none. */
 static st_status begin_training(int *sig)
 {
-    sigset_t stops, old;
-    sigemptyset(&stops);
-    sigaddset(&stops, SIGINT);
-    sigaddset(&stops, SIGTERM);
-    sigaddset(&stops, SIGUSR1);
-    pthread_sigmask(SIG_BLOCK, &stops, &old);
+    sigset_t old;
+    hold_stops(&old);
     training = 1;
     *sig = stop_signal;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
