@@ -209,6 +209,15 @@ Test(cli, bad_cpusets_are_usage_errors_everywhere)
         snprintf(args, sizeof args, "topo --cpuset %s", c[k].value);
         expect_usage_error(args, c[k].needle);
     }
+    /* "N-": the topology's PUs from N, not the gaps in their indices */
+    run_result *r = calloc(1, sizeof *r);
+    run(r, NULL, "topo --topology 'synthetic:pack:1 core:4 pu:1(indexes=0,1,4,5)' --cpuset 1-");
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    cr_assert(strstr(r->out, "3 workers on 1 NUMA domain") && strstr(r->out, "2 / 4") &&
+              strstr(r->out, "3 / 5"), "%s", r->out);
+    free(r);
+    expect_usage_error("topo --topology 'synthetic:pack:1 core:4 pu:1(indexes=0,1,4,5)' "
+                       "--cpuset 2,1-", "cpuset '2,1-': PU 2 is not in the topology");
 }
 
 /* A layout the strategy cannot spread over its units (too few blocks or

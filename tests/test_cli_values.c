@@ -364,10 +364,11 @@ Test(values, control_bytes_and_bad_utf8_are_escaped)
     free(r);
 }
 
-/* An option where a value belongs (`--metrics --quiet`) was a forgotten
- * value: refused, naming both, in every command (a file named --quiet
- * was written, or the next option was lost); the --NAME=VALUE form still
- * gives any value, and a negative number is a value. */
+/* An option where a value belongs (`--metrics --quiet`, an abbreviation,
+ * a bundle of short options, `--`) was a forgotten value: refused, naming
+ * both, in every command (a file named --quiet was written, or the next
+ * option was lost); the --NAME=VALUE form still gives any value, and a
+ * negative number is a value. */
 Test(values, an_option_is_not_taken_as_a_value)
 {
     const struct { const char *args, *needle; } bad[] = {
@@ -383,6 +384,12 @@ Test(values, an_option_is_not_taken_as_a_value)
         { "quad --csv --case 1", "option '--csv' needs a value, and '--case' is an option" },
         { "plan --memory-per-worker 1G --json --workers 2", "--json needs a value, and "
                                                             "'--workers' is an option" },
+        { "plan --memory-per-worker 1G --json -q", "--json needs a value, and '-q' is an "
+                                                   "option" },
+        /* as getopt reads them: an abbreviation, a bundle, the end of the options */
+        { "--data synthetic --metrics --quie", "and '--quie' is an option" },
+        { "--data synthetic --metrics -qV", "and '-qV' is an option" },
+        { "export --data synthetic --init x -o --", "and '--' is an option" },
     };
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
         expect_usage_error(bad[k].args, bad[k].needle);

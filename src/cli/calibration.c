@@ -8,6 +8,7 @@
  * machine's rate.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <omp.h>
 #include <stddef.h>
@@ -1037,69 +1038,108 @@ static int apply(int c, const char *arg, void *ctx)
     return 0;
 }
 
-/* c into path, whole or not at all: through a temporary file beside it
- * and a rename, so that a failed write leaves an earlier calibration as
- * it was; a FIFO or a device (nothing can be renamed over it) is written
- * in place.  0, or 1 said with `option`. */
-static int write_calibration(const char *option, const char *path, const st_calibration *c)
-{
-    struct stat sb;
-    const int in_place = lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode);
+/* Where a calibration goes: a regular file or a new name, written at the
+ * end through PATH.tmp.PID beside it and a rename, so that a failed or
+ * interrupted calibration leaves an earlier file as it was; anything
+ * else (a FIFO, a device, a symbolic link) opened at once and written in
+ * place, as nothing can be renamed over it. */
+typedef struct cal_output {
+    const char *option, *path;
     char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(in_place ? path : tmp, "w");
-    if (!f) {
-        st_cli_error(CMD, "%s %s: cannot create %s: %s", option, ST_CLI_SHOW(path),
-                     ST_CLI_SHOW(in_place ? path : tmp), strerror(errno));
+    FILE *in_place;
+} cal_output;
+
+/* Before the measuring: what the write at the end needs, tried now (the
+ * temporary name created and removed; the file opened for writing,
+ * nothing written), so that a bad name is said at once, not after a
+ * minute.  0, or 1 said with the option. */
+static int open_output(cal_output *o, const char *option, const char *path)
+{
+    o->option = option;
+    o->path = path;
+    o->in_place = NULL;
+    struct stat sb;
+    const int exists = lstat(path, &sb) == 0;
+    if (exists && !S_ISREG(sb.st_mode)) {
+        if (!(o->in_place = fopen(path, "w"))) {
+            st_cli_error(CMD, "%s %s: cannot open it: %s", option, ST_CLI_SHOW(path),
+                         strerror(errno));
+            return 1;
+        }
+        return 0;
+    }
+    snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%ld", path, (long)getpid());
+    const int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        st_cli_error(CMD, "%s %s: cannot create %s beside it: %s", option, ST_CLI_SHOW(path),
+                     ST_CLI_SHOW(o->tmp), strerror(errno));
         return 1;
     }
-    st_calibration_write(f, c);
-    const int failed = ferror(f) != 0;
-    if (fclose(f) != 0 || failed || (!in_place && rename(tmp, path) != 0)) {
-        st_cli_error(CMD, "%s %s: writing it failed: %s", option, ST_CLI_SHOW(path),
+    close(fd);
+    unlink(o->tmp);
+    if (exists && access(path, W_OK) != 0) {
+        st_cli_error(CMD, "%s %s: cannot write it: %s", option, ST_CLI_SHOW(path),
                      strerror(errno));
-        if (!in_place)
-            remove(tmp);
         return 1;
     }
     return 0;
 }
 
-/* This machine's rates into `output` (NULL: stdout): 0, or 1.  output is
- * probed before the measuring (opened to append, nothing written: a
- * mistyped directory is said at once, not after a minute) and written at
- * the end by write_calibration: an interrupted calibration leaves an
- * earlier file as it was. */
+/* c into the output opened by open_output.  0, or 1 said. */
+static int write_output(cal_output *o, const st_calibration *c)
+{
+    FILE *f = o->in_place ? o->in_place : fopen(o->tmp, "w");
+    if (!f) {
+        st_cli_error(CMD, "%s %s: cannot create %s: %s", o->option, ST_CLI_SHOW(o->path),
+                     ST_CLI_SHOW(o->tmp), strerror(errno));
+        return 1;
+    }
+    o->in_place = NULL;
+    st_calibration_write(f, c);
+    const int failed = ferror(f) != 0;
+    const int placed = fclose(f) == 0 && !failed;
+    if (!placed || (*o->tmp && rename(o->tmp, o->path) != 0)) {
+        st_cli_error(CMD, "%s %s: writing it failed: %s", o->option, ST_CLI_SHOW(o->path),
+                     strerror(errno));
+        if (*o->tmp)
+            remove(o->tmp);
+        return 1;
+    }
+    return 0;
+}
+
+/* An output opened but not written (the measuring failed). */
+static void close_output(cal_output *o)
+{
+    if (o->in_place)
+        fclose(o->in_place);
+    o->in_place = NULL;
+}
+
+/* This machine's rates into `output` (NULL: stdout): 0, or 1. */
 static int calibrate_machine(const char *output)
 {
-    if (output) {
-        const int existed = access(output, F_OK) == 0;
-        FILE *probe = fopen(output, "a");
-        if (!probe) {
-            st_cli_error(CMD, "--output %s: cannot create it: %s", ST_CLI_SHOW(output),
-                         strerror(errno));
-            return 1;
-        }
-        fclose(probe);
-        if (!existed)   /* no empty file left by an interrupted calibration */
-            remove(output);
-    }
+    cal_output out;
+    if (output && open_output(&out, "--output", output) != 0)
+        return 1;
     omp_set_num_threads(1);
     st_calibration c;
     char err[512];
     if (st_calibration_measure(&c, err, sizeof err) != 0) {
         st_cli_error(CMD, "%s", err);
+        if (output)
+            close_output(&out);
         return 1;
     }
     if (output)
-        return write_calibration("--output", output, &c);
+        return write_output(&out, &c);
     st_calibration_write(stdout, &c);
     return 0;
 }
 
 /* --network FILE: every rank times the exchange; rank 0 puts the rates
  * into FILE, a calibration of this machine, and writes it back whole
- * (write_calibration).  0, 1 (a failure at run time) or 2 (FILE is no
+ * (write_output).  0, 1 (a failure at run time) or 2 (FILE is no
  * calibration). */
 static int calibrate_network(const char *path)
 {
@@ -1125,7 +1165,8 @@ static int calibrate_network(const char *path)
     c.network_ranks = net.network_ranks;
     c.network_gbps = net.network_gbps;
     c.network_us = net.network_us;
-    return write_calibration("--network", path, &c);
+    cal_output out;
+    return open_output(&out, "--network", path) != 0 ? 1 : write_output(&out, &c);
 }
 
 int st_cli_calibrate_main(int argc, char **argv)

@@ -262,17 +262,25 @@ void st_cli_getopt_start(void)
     opterr = 0; /* our own one-line messages */
 }
 
-/* Whether word names one of the options: "--NAME" or "--NAME=..." of
- * the long ones, "-X" of the short ones (a negative number is none). */
+/* Whether word reads as options, as getopt_long would take it: "--"
+ * (their end), "--NAME" or "--NAME=..." where NAME begins a long option's
+ * name (getopt takes abbreviations), or "-XY..." of short options only
+ * (a bundle; a negative number is none). */
 static int names_option(const char *shortopts, const struct option *longopts, const char *word)
 {
-    if (word[0] == '-' && word[1] && word[1] != '-' && word[1] != ':' && !word[2])
-        return strchr(shortopts, word[1]) != NULL;
+    if (word[0] == '-' && word[1] && word[1] != '-') {
+        for (const char *c = word + 1; *c; c++)
+            if (*c == ':' || !strchr(shortopts, *c))
+                return 0;
+        return 1;
+    }
     if (strncmp(word, "--", 2) != 0)
         return 0;
     const size_t len = strcspn(word + 2, "=");
+    if (len == 0)
+        return word[2] == '\0';
     for (const struct option *o = longopts; o && o->name; o++)
-        if (strlen(o->name) == len && strncmp(o->name, word + 2, len) == 0)
+        if (strlen(o->name) >= len && strncmp(o->name, word + 2, len) == 0)
             return 1;
     return 0;
 }

@@ -215,8 +215,11 @@ static int split_args(int argc, char **argv, plan_options *p, char **run_argv, i
                 st_cli_error(CMD, "%s needs a value", own[k]);
                 return 2;
             }
-            /* an option where the value belongs: the value was forgotten */
-            if (strncmp(argv[i + 1], "--", 2) == 0) {
+            /* an option where the value belongs (--json -q): the value was
+             * forgotten; none of these values begins with a dash and a letter */
+            const char *next = argv[i + 1];
+            if (next[0] == '-' && (next[1] == '-' || (next[1] >= 'a' && next[1] <= 'z') ||
+                                   (next[1] >= 'A' && next[1] <= 'Z'))) {
                 st_cli_error(CMD, "%s needs a value, and '%s' is an option (write %s=%s for "
                              "that value)", own[k], ST_CLI_SHOW(argv[i + 1]), own[k],
                              ST_CLI_SHOW(argv[i + 1]));

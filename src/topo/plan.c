@@ -169,9 +169,11 @@ static st_status parse_cpuset(hwloc_topology_t hw, const char *list, hwloc_bitma
         unsigned long long lo, hi;
         int ok = read_index(&p, &lo);
         hi = lo;
+        int open_range = 0;
         if (ok && *p == '-') {
             p++;
-            if (*p == ',' || *p == '\0')   /* "N-": N and above, up to the last PU */
+            open_range = *p == ',' || *p == '\0';
+            if (open_range)   /* "N-": N and above, up to the last PU */
                 hi = last >= 0 && lo <= (unsigned long long)last ? (unsigned long long)last
                                                                  : UINT64_MAX;
             else
@@ -183,9 +185,15 @@ static st_status parse_cpuset(hwloc_topology_t hw, const char *list, hwloc_bitma
         if (hi < lo)
             return st_fail(ST_ERR_INVALID, "cpuset '%s': the range %llu-%llu runs backwards",
                            list, lo, hi);
-        if (last >= 0 && lo <= (unsigned long long)last)
+        if (last >= 0 && lo <= (unsigned long long)last && !open_range)
             hwloc_bitmap_set_range(out, (unsigned)lo,
                                    hi < (unsigned long long)last ? (int)hi : last);
+        /* "N-" names the topology's PUs from N, not the gaps between their
+         * indices (offline CPUs) */
+        if (open_range && last >= 0 && lo <= (unsigned long long)last)
+            for (int pu = (int)lo; pu <= last; pu++)
+                if (hwloc_bitmap_isset(all, (unsigned)pu))
+                    hwloc_bitmap_set(out, (unsigned)pu);
         if ((last < 0 || hi > (unsigned long long)last) && !*beyond) {
             /* the part past the last PU, its digits as given: "8", "8-12", "8-" */
             const int len = (int)(p - item);
