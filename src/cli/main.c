@@ -8,7 +8,6 @@
  * started, before training.  Every failure is one line on stderr that says
  * what went wrong.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -651,23 +650,9 @@ static int probe_checkpoint_dir(const char *dir)
  * there (resumed: the file resumed, else NULL).  0, or EXIT_USAGE said. */
 static int check_checkpoint_owner(const char *dir, const char *resumed)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return 0;   /* the probe made it: empty */
-    char first[64] = "";
-    long long lowest = -1;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        const long long step = st_checkpoint_step_of(e->d_name);
-        char name[64];
-        snprintf(name, sizeof name, "step-%08lld.safetensors", step);
-        if (step >= 0 && strcmp(name, e->d_name) == 0 && (lowest < 0 || step < lowest)) {
-            lowest = step;
-            snprintf(first, sizeof first, "%s", name);
-        }
-    }
-    closedir(d);
-    if (lowest < 0)
-        return 0;
+    char newest[4200];
+    if (st_checkpoint_latest(dir, newest, sizeof newest) != ST_OK)
+        return 0;   /* no step checkpoint there */
     if (resumed) {
         char *copy = strdup(resumed), *here = realpath(dir, NULL), *there = NULL;
         if (copy)
@@ -679,9 +664,10 @@ static int check_checkpoint_owner(const char *dir, const char *resumed)
         if (same)
             return 0;
     }
+    const char *slash = strrchr(newest, '/');
     st_cli_error("subtrain", "--checkpoint %s holds another run's step checkpoints (%s, ...): "
                  "continue it with --resume %s, or name another directory", ST_CLI_SHOW(dir),
-                 first, ST_CLI_SHOW(dir));
+                 slash ? slash + 1 : newest, ST_CLI_SHOW(dir));
     return EXIT_USAGE;
 }
 
