@@ -27,6 +27,9 @@
 #   failing_rank, sigterm: failure and signals
 #   impossible_layout   a layout the ranks' workers cannot have: exit 2
 #                       before the data loads
+#   blocked_*           --weight-layout blocked over 2 ranks: the replicas'
+#                       copies packed by the all-gather, bitwise the
+#                       layers' own packing, and counted in its bytes
 #   *_comm_bf16_*       --comm-precision bf16 over ranks: 2 x 1 equals one
 #                       process of 2 (dp, sdp), 2 x 2 close to 1 x 4 (no
 #                       process rounds per rank: test_mpi checks that)
@@ -141,6 +144,29 @@ run "mpi/resume_dp_over_ranks_and_across_layouts" resume dp
 run "mpi/resume_ist_over_ranks_and_across_layouts" resume ist --strategy ist --local-steps 4
 run "mpi/resume_dp_bf16_state_accumulate_over_ranks_and_across_layouts" resume dpb \
     --optimizer-moments bf16-sr --accumulate 2
+# blocked NAME OPTIONS...: --weight-layout blocked over 2 ranks, whose
+# replicas' blocked copies the all-gather packs as it writes them, trains
+# bitwise as the layers' own packing in every forward (--unfuse
+# weight-copy), and the all-gather's bytes count the packing
+blocked() {
+    shift
+    "$BIN" --data synthetic --steps 1 --quiet --precision bf16 --bf16-emulated || return 77
+    rm -rf "$TMP/ckp" "$TMP/cku"
+    set -- --precision bf16 --bf16-emulated --weight-layout blocked --model resmlp --depth 2 "$@"
+    mpi -np 2 "$BIN" $COMMON "$@" --checkpoint "$TMP/ckp" --metrics "$TMP/p.jsonl" &&
+    mpi -np 2 "$BIN" $COMMON "$@" --unfuse weight-copy --checkpoint "$TMP/cku" \
+        --metrics "$TMP/u.jsonl" || return 1
+    data "$TMP/ckp/final.safetensors" >"$TMP/wp"
+    data "$TMP/cku/final.safetensors" >"$TMP/wu"
+    [ -s "$TMP/wp" ] && cmp "$TMP/wp" "$TMP/wu" || return 1
+    p=$(sed -n 's/.*"comm_bytes_per_worker_step":\([0-9]*\).*/\1/p' "$TMP/p.jsonl" | tail -n 1)
+    u=$(sed -n 's/.*"comm_bytes_per_worker_step":\([0-9]*\).*/\1/p' "$TMP/u.jsonl" | tail -n 1)
+    echo "weights equal; the all-gather moves $p bytes a worker and step, $u without packing"
+    [ -n "$p" ] && [ -n "$u" ] && [ "$p" -gt "$u" ]
+}
+run "mpi/blocked_copies_packed_by_the_all_gather_2x1" blocked bl --workers 1
+run "mpi/blocked_copies_packed_by_the_all_gather_2x2_sdp_forward" blocked bl --workers 2 \
+    --oversubscribe --strategy sdp --masking forward --resample 10
 # a bf16 master (--master-weights bf16-sr): the replicas' copies over
 # ranks (the all-gather moves them as bf16), the domain's copies in one
 # process, the same bits; skipped (77) where bf16 cannot run at all

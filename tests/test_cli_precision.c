@@ -438,3 +438,50 @@ Test(cli, shared_blocked_copies_are_packed_by_their_writers, .timeout = 240)
     free(r);
     st_test_rmdir(dir);
 }
+
+/* A replica's blocked copies (--weights private, sdp with forward
+ * masking, localsgd's averages) are packed by the all-gather as it writes
+ * the replica: bitwise the run whose layers pack their own in every
+ * forward, and the all-gather's bytes count the packing. */
+Test(cli, replica_blocked_copies_are_packed_by_the_all_gather, .timeout = 240)
+{
+    if (st_bf16_probe(NULL) != ST_BF16_NATIVE)
+        cr_skip_test("no native bf16 here");
+    run_result *r = calloc(1, sizeof *r);
+    char dir[ST_TEST_PATH_MAX], opts[3 * ST_TEST_PATH_MAX + 512];
+    char a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX], env[256];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    const char *base = "--data synthetic --model resmlp --depth 2 --width 80 --batch 16 "
+                       "--steps 12 --seed 5 --progress none -q --precision bf16 "
+                       "--weight-layout blocked --oversubscribe --metrics /dev/stdout";
+    const struct {
+        int two_domains;
+        const char *opts;
+    } runs[] = {
+        { 0, "--workers 2 --weights private" },
+        { 0, "--workers 3 --weights private" },   /* shard edges inside rows */
+        { 1, "--workers 3 --weights private" },   /* a copier's replica read */
+        { 0, "--workers 3 --strategy sdp --masking forward --resample 4" },
+        { 0, "--workers 2 --strategy localsgd --local-steps 3" },
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        snprintf(env, sizeof env, "%s", runs[k].two_domains ? two_domains_env() : "");
+        double bytes[2];
+        for (int unfused = 0; unfused < 2; unfused++) {
+            snprintf(opts, sizeof opts, "%s %s --checkpoint '%s/%c%zu'%s", base, runs[k].opts,
+                     dir, "ab"[unfused], k, unfused ? " --unfuse weight-copy" : "");
+            run(r, env, opts);
+            cr_assert_eq(r->status, 0, "%s: %s", opts, r->err);
+            bytes[unfused] = final_value(r->out, "\"comm_bytes_per_worker_step\":");
+        }
+        snprintf(a, sizeof a, "%s/a%zu/final.safetensors", dir, k);
+        snprintf(b, sizeof b, "%s/b%zu/final.safetensors", dir, k);
+        cr_assert(same_file(a, b), "%s%s: the all-gather's packing trains otherwise than the "
+                  "layers' own", env, runs[k].opts);
+        cr_assert_gt(bytes[0], bytes[1], "%s%s: the all-gather moves %.0f bytes a worker and "
+                     "step, as many as without its packing (%.0f)", env, runs[k].opts, bytes[0],
+                     bytes[1]);
+    }
+    free(r);
+    st_test_rmdir(dir);
+}

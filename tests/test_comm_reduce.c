@@ -2,11 +2,13 @@
  * tests/test_comm_reduce.c — the reduction engine's collectives: results
  * against a sequential reference for one to eight workers in one domain or
  * several, all-gather into replicas, determinism under artificial delays,
- * bf16 payloads, abort, and the bf16 weight copies the all-gather writes.
+ * bf16 payloads, abort, the bf16 weight copies the all-gather writes and
+ * the blocked ones it packs.
  *
  * The rig, one run and the reference check: tests/comm_rig.h.
  */
 #include "comm_rig.h"
+#include "core/blocked.h"
 
 /* ------------------------------------------------------------ reduction */
 
@@ -663,4 +665,227 @@ Test(comm_copies, only_held_sorted_copies_are_claimed, .timeout = 60)
         free(half[w]);
     }
     rig_free(&r);
+}
+
+/* ------------------------------------------------------------ blocked copies */
+
+/* Random matrices of worker w's vector, sorted and disjoint, some small
+ * and some of several packing slabs, with gaps between them, where keep
+ * says an element may be in one (NULL: any).  Copy 0 of each is in the
+ * matrix's own order at half + offset; every other matrix has a copy 1,
+ * transposed, at half2 + offset.  small: only small ones. */
+static int random_blocked(st_rng *rng, size_t p, const unsigned char *keep, int small,
+                          uint16_t *half, uint16_t *half2, st_param_blocked *out, int max)
+{
+    int n = 0;
+    size_t i = st_rng_below(rng, 5);
+    while (i < p && n < max) {
+        const int big = !small && st_rng_below(rng, 20) == 0;
+        int64_t rows = big ? 20 + st_rng_below(rng, 21) : 1 + st_rng_below(rng, small ? 4 : 9);
+        int64_t cols = big ? 300 + st_rng_below(rng, 101) : 1 + st_rng_below(rng, small ? 12 : 40);
+        size_t len = (size_t)(rows * cols), ok = 0;
+        while (ok < len && i + ok < p && (!keep || keep[i + ok]))
+            ok++;
+        if (ok == len) {
+            int64_t *at = malloc((size_t)(2 * (rows + cols)) * sizeof *at);
+            st_param_blocked *b = &out[n++];
+            *b = (st_param_blocked){ .offset = i, .rows = rows, .cols = cols, .n = 1 };
+            for (int64_t r = 0; r < rows; r++) {
+                at[r] = (int64_t)i + r * cols;
+                at[rows + cols + r] = (int64_t)i + r;
+            }
+            for (int64_t c = 0; c < cols; c++) {
+                at[rows + c] = c;
+                at[2 * rows + cols + c] = c * rows;
+            }
+            b->copy[0] = (struct st_blocked_copy){ half, at, at + rows, 0, 0 };
+            st_blocked_pattern(&b->copy[0], rows, cols);
+            if (n % 2 == 0) {
+                b->copy[1] = (struct st_blocked_copy){ half2, at + rows + cols,
+                                                       at + 2 * rows + cols, 0, 0 };
+                st_blocked_pattern(&b->copy[1], rows, cols);
+                b->n = 2;
+            }
+            i += len;
+        } else {
+            i += ok + 1;
+        }
+        i += st_rng_below(rng, 31);
+    }
+    return n;
+}
+
+static void free_blocked(st_param_blocked *b, int n)
+{
+    for (int i = 0; i < n; i++)
+        free((int64_t *)b[i].copy[0].row_at);
+    free(b);
+}
+
+/* Workers attach with the blocked copies of blocked[w] (n_blocked[w]),
+ * run `steps` steps, and after every all-gather compare each copy's
+ * elements with the bf16 rounding of w's parameters.  got_claims[w]: what
+ * st_comm_gathers_blocked said; wrong[w]: elements of claimed copies not
+ * equal to it, or guards written outside the copies. */
+static void run_blocked(rig *r, int steps, st_param_blocked *const *blocked,
+                        const int *n_blocked, uint16_t *const *half, uint16_t *const *half2,
+                        int *got_claims, long *wrong)
+{
+#pragma omp parallel num_threads(r->n)
+    {
+        int w = omp_get_thread_num();
+        st_comm_set_param_blocked(r->c, w, blocked[w], n_blocked[w]);
+        st_status s = st_comm_attach(r->c, w, &r->arena[w], r->grads[w], r->params[w],
+                                     r->held[w], r->n_held[w]);
+        got_claims[w] = s == ST_OK && st_comm_gathers_blocked(r->c, w);
+        st_range sh = st_comm_shard(r->c, w);
+        float *mp = st_comm_shard_params(r->c, w), *sg = st_comm_shard_grads(r->c, w);
+        unsigned char *in = calloc(2 * r->p, 1);
+        for (int k = 0; k < n_blocked[w]; k++) {
+            const st_param_blocked *b = &blocked[w][k];
+            memset(in + b->offset, 1, (size_t)(b->rows * b->cols));
+            if (b->n == 2)
+                memset(in + r->p + b->offset, 1, (size_t)(b->rows * b->cols));
+        }
+        for (int t = 0; t < steps && s == ST_OK; t++) {
+            fill_grads(r, w, (uint64_t)t);
+            s = st_comm_reduce_scatter(r->c, w);
+            for (size_t j = 0; s == ST_OK && j < sh.end - sh.begin; j++)
+                mp[j] = mp[j] - 0.37f * sg[j];
+            if (s == ST_OK)
+                s = st_comm_all_gather(r->c, w);
+            if (s != ST_OK)
+                break;
+            for (size_t i = 0; i < r->p; i++) {
+                wrong[w] += !in[i] && half[w][i] != COPY_GUARD;
+                wrong[w] += !in[r->p + i] && half2[w][i] != COPY_GUARD;
+            }
+            for (int k = 0; got_claims[w] && k < n_blocked[w]; k++) {
+                const st_param_blocked *b = &blocked[w][k];
+                for (int64_t e = 0; e < b->rows * b->cols; e++)
+                    for (int c = 0; c < b->n; c++) {
+                        const struct st_blocked_copy *cp = &b->copy[c];
+                        wrong[w] += cp->bf16[cp->row_at[e / b->cols] + cp->col_at[e % b->cols]] !=
+                                    bf16_bits(r->params[w][b->offset + (size_t)e]);
+                    }
+            }
+        }
+        free(in);
+        if (s != ST_OK)
+            wrong[w] += 1000000;
+    }
+}
+
+/* Replicas, one domain and two (phase 2 copies from a copier's replica):
+ * every worker's all-gather packs every element of its blocked copies,
+ * cut wherever shards and segments end (inside rows too), as the bf16
+ * rounding of the value it gathers, and writes nothing else of them. */
+Test(comm_blocked, the_all_gather_packs_the_blocked_copies, .timeout = 60)
+{
+    static const int two[] = { 0, 0, 1, 1, 1 };
+    const int *doms[] = { NULL, two };
+    const int ns[] = { 3, 5 };
+    for (int k = 0; k < 2; k++) {
+        rig r;
+        rig_init(&r, ns[k], 50021, doms[k], 21 + (uint64_t)k, 1);
+        st_param_blocked *blocked[MAXW];
+        uint16_t *half[MAXW], *half2[MAXW];
+        int n_blocked[MAXW], claims[MAXW];
+        long wrong[MAXW] = { 0 };
+        st_rng rng = st_rng_seed(77 + (uint64_t)k);
+        for (int w = 0; w < r.n; w++) {
+            half[w] = guarded_half(r.p);
+            half2[w] = guarded_half(r.p);
+            blocked[w] = malloc(r.p * sizeof **blocked);
+            n_blocked[w] = random_blocked(&rng, r.p, NULL, 0, half[w], half2[w], blocked[w],
+                                          (int)r.p);
+            cr_assert_gt(n_blocked[w], 10);
+        }
+        run_blocked(&r, 3, blocked, n_blocked, half, half2, claims, wrong);
+        for (int w = 0; w < r.n; w++) {
+            cr_assert(claims[w], "%d workers: worker %d: the blocked copies not claimed", r.n, w);
+            cr_assert_eq(wrong[w], 0, "%d workers: worker %d: %ld packed elements wrong or "
+                         "guards written", r.n, w, wrong[w]);
+            free_blocked(blocked[w], n_blocked[w]);
+            free(half[w]);
+            free(half2[w]);
+        }
+        rig_free(&r);
+    }
+}
+
+/* Subnetworks (random holdings): copies inside w's held elements are
+ * claimed and packed; a matrix with one element w does not hold is not
+ * claimed (the model packs, as before); a list out of order is not
+ * taken; shared parameters claim none (their domain's copies are the
+ * updates' to pack). */
+Test(comm_blocked, only_held_sorted_replica_copies_are_claimed, .timeout = 60)
+{
+    rig r;
+    rig_init(&r, 4, 6007, NULL, 9, 0);
+    st_param_blocked *blocked[MAXW];
+    uint16_t *half[MAXW], *half2[MAXW];
+    int n_blocked[MAXW], claims[MAXW];
+    long wrong[MAXW] = { 0 };
+    st_rng rng = st_rng_seed(321);
+    for (int w = 0; w < r.n; w++) {
+        half[w] = guarded_half(r.p);
+        half2[w] = guarded_half(r.p);
+        blocked[w] = malloc(r.p * sizeof **blocked);
+        n_blocked[w] = random_blocked(&rng, r.p, w == 1 ? NULL : r.mask[w], 1, half[w],
+                                      half2[w], blocked[w], (int)r.p);
+        cr_assert_gt(n_blocked[w], 3);
+    }
+    /* worker 1's matrices ignore its holdings; worker 2's first two swapped */
+    size_t unheld = 0;
+    for (int k = 0; k < n_blocked[1]; k++)
+        for (size_t e = 0; e < (size_t)(blocked[1][k].rows * blocked[1][k].cols); e++)
+            unheld += !r.mask[1][blocked[1][k].offset + e];
+    cr_assert_gt(unheld, 0);
+    st_param_blocked t = blocked[2][0];
+    blocked[2][0] = blocked[2][1];
+    blocked[2][1] = t;
+    run_blocked(&r, 2, blocked, n_blocked, half, half2, claims, wrong);
+    cr_assert(claims[0] && claims[3], "held copies not claimed: %d %d", claims[0], claims[3]);
+    cr_assert(!claims[1], "a copy over an element worker 1 does not hold was claimed");
+    cr_assert(!claims[2], "copies out of order were claimed");
+    for (int w = 0; w < r.n; w++)
+        if (w != 1)   /* 1's unclaimed copies were packed where it holds */
+            cr_assert_eq(wrong[w], 0, "worker %d: %ld packed elements wrong or guards written",
+                         w, wrong[w]);
+    for (size_t i = 0; i < r.p; i++)
+        cr_assert(half[2][i] == COPY_GUARD && half2[2][i] == COPY_GUARD,
+                  "worker 2's refused copies were written");
+    for (int w = 0; w < r.n; w++) {
+        free_blocked(blocked[w], n_blocked[w]);
+        free(half[w]);
+        free(half2[w]);
+    }
+    rig_free(&r);
+
+    /* shared parameters over two domains (whose copiers bring the other
+     * domain's shards in): the domain's vector, never claimed or packed */
+    static const int two[] = { 0, 0, 1, 1 };
+    g_shared = 1;
+    rig_init(&r, 4, 6007, two, 10, 1);
+    for (int w = 0; w < r.n; w++) {
+        half[w] = guarded_half(r.p);
+        half2[w] = guarded_half(r.p);
+        blocked[w] = malloc(r.p * sizeof **blocked);
+        n_blocked[w] = random_blocked(&rng, r.p, NULL, 1, half[w], half2[w], blocked[w],
+                                      (int)r.p);
+    }
+    memset(wrong, 0, sizeof wrong);
+    run_blocked(&r, 2, blocked, n_blocked, half, half2, claims, wrong);
+    for (int w = 0; w < r.n; w++) {
+        cr_assert(!claims[w], "worker %d: a shared vector's copies claimed", w);
+        for (size_t i = 0; i < r.p; i++)
+            cr_assert(half[w][i] == COPY_GUARD && half2[w][i] == COPY_GUARD,
+                      "worker %d: a shared vector's copies written by the all-gather", w);
+        free_blocked(blocked[w], n_blocked[w]);
+        free(half[w]);
+        free(half2[w]);
+    }
+    rig_free(&r);
+    g_shared = 0;
 }

@@ -253,6 +253,18 @@ void st_comm_set_param_copies(st_comm *c, int w, const st_param_copy *copies, in
  * those of its own shard with its update (st_optim_update_copies). */
 int st_comm_gathers_copies(const st_comm *c, int w);
 
+/* The same for w's blocked bf16 copies (st_param_blocked, --weight-layout
+ * blocked) of ranges of the replica it attaches (not shared parameters,
+ * whose domain's copies the updates pack): the all-gather packs each
+ * element into them, from the slab of the replica it has just copied, and
+ * the model need not pack its weights before its next forward
+ * (st_model_blocked_written).  Sorted and disjoint, apart from the bf16
+ * copies; else not taken.  Both backends. */
+void st_comm_set_param_blocked(st_comm *c, int w, const st_param_blocked *blocked, int n);
+/* 1 if every all-gather packs every element of the blocked copies w
+ * registered before its last attach, else 0. */
+int st_comm_gathers_blocked(const st_comm *c, int w);
+
 /* Forgets every attachment so that the workers can attach again with other
  * holdings (a new round of subnetworks); the shards stay where they are.
  * The workers' buffers were in their arenas: the caller rewinds those.

@@ -479,12 +479,16 @@ const st_param_copy *st_model_copies(const st_model *m, int *count);
 void st_model_copies_written(st_model *m);
 /* --weight-layout blocked: the weights' blocked bf16 copies, increasing
  * and disjoint (none of them in st_model_copies), for
- * st_optim_update_blocked.  Only an owner updating its own vector writes
- * them, and then calls st_model_copies_current; after any other writer of
- * the parameters (st_model_copies_written, st_model_params_changed) the
- * layers pack them in the next forward.  Copies in a store
- * (st_model_storage.blocked) are the writers' to keep current, always. */
+ * st_optim_update_blocked.  An owner updating its own vector writes them,
+ * and then calls st_model_copies_current; an engine's all-gather that
+ * packs them as it writes the parameters (st_comm_set_param_blocked)
+ * calls st_model_blocked_written after st_model_copies_written.  After
+ * any other writer of the parameters (st_model_copies_written alone,
+ * st_model_params_changed) the layers pack them in the next forward.
+ * Copies in a store (st_model_storage.blocked) are the writers' to keep
+ * current, always. */
 const st_param_blocked *st_model_blocked_copies(const st_model *m, int *count);
+void st_model_blocked_written(st_model *m);
 /* Every copy, plain or blocked, holds the weights: the caller's update
  * wrote them all (st_optim_update_blocked), or nothing wrote the weights
  * since the training forward that made the copies (the micro-batches of

@@ -55,6 +55,10 @@ typedef struct st_comm_backend_ops {
     /* Optional (NULL: the all-gather writes no bf16 copies). */
     void (*set_param_copies)(st_comm_backend *b, int w, const st_param_copy *copies, int n);
     int (*gathers_copies)(const st_comm_backend *b, int w);
+    /* Optional (NULL: the all-gather packs no blocked copies). */
+    void (*set_param_blocked)(st_comm_backend *b, int w, const st_param_blocked *blocked,
+                              int n);
+    int (*gathers_blocked)(const st_comm_backend *b, int w);
     void (*reset)(st_comm_backend *b);
 
     /* w's shard (range, averaged gradient, master weights). */

@@ -220,6 +220,18 @@ int st_comm_gathers_copies(const st_comm *c, int w)
            c->ops->gathers_copies(c->impl, w);
 }
 
+void st_comm_set_param_blocked(st_comm *c, int w, const st_param_blocked *blocked, int n)
+{
+    if (c && w >= 0 && w < c->n_workers && c->ops->set_param_blocked)
+        c->ops->set_param_blocked(c->impl, w, blocked, n);
+}
+
+int st_comm_gathers_blocked(const st_comm *c, int w)
+{
+    return c && w >= 0 && w < c->n_workers && c->ops->gathers_blocked &&
+           c->ops->gathers_blocked(c->impl, w);
+}
+
 void st_comm_reset(st_comm *c)
 {
     if (c)

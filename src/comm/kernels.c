@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "comm/kernels.h"
+#include "core/blocked.h"
 #include "core/bf16.h"
 #include "core/simd.h"
 
@@ -248,11 +249,26 @@ static void k_copy_h(float *restrict o, uint16_t *restrict h, const float *restr
     }
 }
 
+static void copy_packed(const ag_item *it)
+{
+    for (size_t x = 0; x < it->n;) {
+        size_t y = st_blocked_slab_end(it->blk, it->at + x) - it->at;
+        if (y > it->n)
+            y = it->n;
+        if (it->dst != it->src)   /* else packed where it was received */
+            memcpy(it->dst + x, it->src + x, (y - x) * sizeof(float));
+        st_blocked_pack(it->blk, it->dst + x, it->at + x, it->at + y);
+        x = y;
+    }
+}
+
 void st_comm_run_ag(const ag_item *items, size_t n_items)
 {
     for (size_t t = 0; t < n_items; t++) {
         const ag_item *it = &items[t];
-        if (!it->dst)
+        if (it->blk)
+            copy_packed(it);
+        else if (!it->dst)
             memcpy(it->half, it->src, it->n * sizeof *it->half);
         else if (it->half)
             k_copy_h(it->dst, it->half, it->src, it->n);

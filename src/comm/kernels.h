@@ -14,7 +14,8 @@
  *              and level 2 (the owner's shard gradient) are both rs items.
  *   ag items   "copy n floats from src to dst" (and, where dst has a bf16
  *              copy that the model's products read, write their bf16
- *              rounding there too): all-gather phase 1 (from an owner's
+ *              rounding there too, or pack them into its blocked copies
+ *              from the slab just copied): all-gather phase 1 (from an owner's
  *              master shard) and phase 2 (from a copier's replica in the
  *              same domain).
  *
@@ -38,6 +39,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include <subtrain/params.h>
 
 #define ST_CHUNK 2048           /* floats per pass of the summing loops (8 KiB) */
 
@@ -67,6 +70,11 @@ typedef struct ag_item {
     const float *src;
     size_t n;
     uint16_t *half;   /* NULL, or where dst's bf16 copy is: half[i] = bf16(src[i]) */
+    /* NULL, or the blocked copies dst lies in (its elements at, at + 1,
+     * ... of the vector), packed from dst as it is written (src == dst:
+     * packed alone, what the exchange received in place) */
+    const st_param_blocked *blk;
+    size_t at;
 } ag_item;             /* dst NULL: src holds n bf16 values (a bf16 master's), copied
                         * into half */
 
@@ -85,7 +93,9 @@ void st_comm_run_rs_part(const rs_item *it, const rs_op *ops, size_t lo, size_t 
 
 
 /* Runs n_items ag items: copies, and for an item with a bf16 copy the
- * rounding of each value (to nearest even, core/bf16.h) in the same pass. */
+ * rounding of each value (to nearest even, core/bf16.h) in the same pass;
+ * an item in blocked copies is copied and packed a slab at a time, the
+ * packing reading the slab from cache. */
 void st_comm_run_ag(const ag_item *items, size_t n_items);
 
 #endif /* SUBTRAIN_COMM_KERNELS_H */

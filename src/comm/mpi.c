@@ -375,6 +375,26 @@ static int mpi_gathers_copies(const st_comm_backend *b, int w)
     return mc->copies_master && mc->workers[w].ready && mc->workers[w].n_copies > 0;
 }
 
+/* Kept for w's attach, which cuts its replica's items at their edges (a
+ * list that is not sorted and disjoint is not taken). */
+static void mpi_set_param_blocked(st_comm_backend *b, int w, const st_param_blocked *blocked,
+                                  int n)
+{
+    mpi_worker *me = &mpi_of(b)->workers[w];
+    for (int i = 1; i < n; i++)
+        if (blocked[i].offset < blocked[i - 1].offset +
+                                    (size_t)(blocked[i - 1].rows * blocked[i - 1].cols))
+            n = 0;
+    me->blocked = n > 0 ? blocked : NULL;
+    me->n_blocked = n > 0 ? n : 0;
+}
+
+static int mpi_gathers_blocked(const st_comm_backend *b, int w)
+{
+    const mpi_worker *me = &mpi_of_const(b)->workers[w];
+    return me->ready && me->blocked_gathered;
+}
+
 /* ------------------------------------------------------------ attach */
 
 /* The rank's exchange, by local worker 0 between two barriers of its
@@ -672,6 +692,8 @@ const st_comm_backend_ops st_comm_mpi_ops = {
     .set_shard_output = mpi_set_shard_output,
     .set_param_copies = mpi_set_param_copies,
     .gathers_copies = mpi_gathers_copies,
+    .set_param_blocked = mpi_set_param_blocked,
+    .gathers_blocked = mpi_gathers_blocked,
     .reset = mpi_reset,
     .shard = mpi_shard,
     .shard_grads = mpi_shard_grads,

@@ -47,6 +47,10 @@ typedef struct mpi_worker {
     float *master, *shard_grad, *shard_out;
     const st_param_copy *copies;   /* its model's bf16 copies (copies_master) */
     int n_copies;
+    const st_param_blocked *blocked;   /* its replica's blocked copies, packed
+                                        * by its all-gather items */
+    int n_blocked;
+    int blocked_gathered;          /* every element of them, each step */
     st_arena *arena;
     /* the step's program (in the arena) */
     rs_item *pack, *own;

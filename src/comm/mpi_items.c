@@ -240,9 +240,9 @@ static st_status build_ag_out(const mpi_comm *mc, int w, list *items)
                 const uint16_t *copy = c < 0 ? NULL
                                              : o->copies[c].bf16 + (x - o->copies[c].offset);
                 if (c < 0)
-                    *it = (ag_item){ f, o->master + (x - b0), e - x, NULL };
+                    *it = (ag_item){ f, o->master + (x - b0), e - x, NULL, NULL, 0 };
                 else
-                    *it = (ag_item){ NULL, (const float *)(const void *)copy, e - x, h };
+                    *it = (ag_item){ NULL, (const float *)(const void *)copy, e - x, h, NULL, 0 };
                 x = e;
             }
         }
@@ -250,8 +250,30 @@ static st_status build_ag_out(const mpi_comm *mc, int w, list *items)
     return ST_OK;
 }
 
+/* Where an fp32 item into w's replica from local element at (below
+ * at + len) ends: at an edge of w's blocked copies, which *blk says
+ * whether it lies in (NULL: outside all of them). */
+static size_t blocked_cut(const mpi_worker *v, size_t at, size_t len,
+                          const st_param_blocked **blk)
+{
+    *blk = NULL;
+    for (int b = 0; b < v->n_blocked; b++) {
+        const st_param_blocked *p = &v->blocked[b];
+        const size_t end = p->offset + (size_t)(p->rows * p->cols);
+        if (end <= at)
+            continue;
+        if (p->offset <= at) {
+            *blk = p;
+            return end - at < len ? end - at : len;
+        }
+        return p->offset - at < len ? p->offset - at : len;
+    }
+    return len;
+}
+
 /* Worker w's replica: each held piece from the local owner's master (its
- * own rank shard) or from the slot the all-gather's exchange filled. */
+ * own rank shard) or from the slot the all-gather's exchange filled; an
+ * fp32 piece in its blocked copies packs them. */
 static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
 {
     const int me = mc->rank;
@@ -267,7 +289,19 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
             const prof_seg *q = &p[j];
             uint64_t stop = q->end < end ? q->end : end;
             int d = st_mpi_rank_of_element(mc, pos);
-            if (d != me && mc->ag_dst_direct[d]) {   /* received in place */
+            if (d != me && mc->ag_dst_direct[d]) {   /* received in place: packed there */
+                for (uint64_t x = pos; x < stop;) {
+                    const size_t at = v->local[i] + (x - v->held[i].begin);
+                    const st_param_blocked *blk;
+                    const uint64_t e = x + blocked_cut(v, at, stop - x, &blk);
+                    if (blk) {
+                        ag_item *it = st_mpi_list_push(items);
+                        if (!it)
+                            return st_mpi_no_memory();
+                        *it = (ag_item){ v->params + at, v->params + at, e - x, NULL, blk, at };
+                    }
+                    x = e;
+                }
                 pos = stop;
                 continue;
             }
@@ -284,9 +318,13 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
                 float *f = NULL;
                 uint16_t *h = NULL;
                 int c;
-                const uint64_t e = d == me ? st_mpi_copy_run(mc, x, stop, &c)
-                                           : slot_of(mc, me, j, mc->send + mc->send_off[d],
-                                                     mc->send_f[d], x, stop, &f, &h, &c);
+                uint64_t e = d == me ? st_mpi_copy_run(mc, x, stop, &c)
+                                     : slot_of(mc, me, j, mc->send + mc->send_off[d],
+                                               mc->send_f[d], x, stop, &f, &h, &c);
+                const size_t at = v->local[i] + (x - v->held[i].begin);
+                const st_param_blocked *blk = NULL;
+                if (c < 0)
+                    e = x + blocked_cut(v, at, e - x, &blk);
                 if (d == me && c < 0)
                     f = mc->workers[o].master + (x - mc->shard_begin[g]);
                 else if (d == me)
@@ -299,11 +337,11 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
                 if (!it)
                     return st_mpi_no_memory();
                 if (c < 0)
-                    *it = (ag_item){ v->params + v->local[i] + (x - v->held[i].begin), f, e - x,
-                                     NULL };
+                    *it = (ag_item){ v->params + at, f, e - x, NULL, blk, at };
                 else
                     *it = (ag_item){ NULL, (const float *)(const void *)h, e - x,
-                                     v->copies[c].bf16 + (x - v->copies[c].offset) };
+                                     v->copies[c].bf16 + (x - v->copies[c].offset), NULL,
+                                     0 };
                 x = e;
             }
             pos = stop;
@@ -379,10 +417,23 @@ st_status st_mpi_step_lists(mpi_comm *mc, int w)
     const ag_item *ai = ag_out.v;
     for (size_t t = 0; s == ST_OK && t < ag_out.n; t++)
         by->gather_read += ai[t].n * (ai[t].dst ? sizeof(float) : sizeof(uint16_t));
-    ai = ag_in.v;
-    for (size_t t = 0; s == ST_OK && t < ag_in.n; t++)
-        by->gather_read += ai[t].n * (ai[t].dst ? sizeof(float) : sizeof(uint16_t));
     by->gather_written = by->gather_read;
+    ai = ag_in.v;
+    size_t packed = 0, want = 0;
+    for (size_t t = 0; s == ST_OK && t < ag_in.n; t++) {
+        const size_t moved = ai[t].n * (ai[t].dst ? sizeof(float) : sizeof(uint16_t));
+        by->gather_read += moved;
+        by->gather_written += ai[t].dst == ai[t].src ? 0 : moved;   /* else packed alone */
+        if (ai[t].blk) {
+            packed += ai[t].n;
+            by->gather_written += ai[t].n * sizeof(uint16_t) * (size_t)ai[t].blk->n;
+        }
+    }
+    /* the blocked copies are the model's to pack unless every element of
+     * them comes with an item (one received in place with a packing one) */
+    for (int b = 0; b < me->n_blocked; b++)
+        want += (size_t)(me->blocked[b].rows * me->blocked[b].cols);
+    me->blocked_gathered = s == ST_OK && me->n_blocked > 0 && packed == want;
     by->read += by->gather_read;
     by->written += by->gather_written;
     if (w == 0) {

@@ -731,9 +731,15 @@ static void count_read(comm_slot *me, size_t n, int src_domain)
     count_read_bytes(me, n * sizeof(float), src_domain);
 }
 
+static size_t blocked_end(const st_param_blocked *b)
+{
+    return b->offset + (size_t)(b->rows * b->cols);
+}
+
 typedef struct plan_count {
     size_t rs1, ops1, partial, ag1, ag2;
     size_t copied;            /* elements of w's bf16 copies its items write */
+    size_t packed;            /* elements of w's blocked copies its items pack */
     size_t misfit16;          /* bf16 master shards: 1 + the first element w
                                * holds in a copy outside the ranges, or
                                * outside a copy inside them; 0: none */
@@ -748,13 +754,15 @@ typedef struct plan_count {
  * (st_comm_plan_tasks).  With copies_master a piece inside a copy is
  * brought in as bf16 from `from`'s copy (the owner's, or the copier's),
  * nothing where `from` is w; with bf16 master shards from the owner's
- * (m16: its element at dst[0], whose full index is `full`), w's too. */
+ * (m16: its element at dst[0], whose full index is `full`), w's too.
+ * Cut also where w's blocked copies begin and end (sorted, disjoint, and
+ * apart from the bf16 copies): a piece inside one packs it as it copies. */
 static void push_ag(const comm_plan *pl, comm_slot *me, ag_item *list, size_t *at, int fill,
                     plan_count *k, float *dst, const float *src, size_t n,
                     const comm_slot *from, int src_domain, size_t full, const uint16_t *m16)
 {
     const size_t off = (size_t)(dst - me->params);
-    int c = 0;
+    int c = 0, b = 0;
     while (c < me->n_copies && me->copies[c].offset + me->copies[c].count <= off)
         c++;
     for (size_t pos = 0; pos < n;) {
@@ -762,6 +770,16 @@ static void push_ag(const comm_plan *pl, comm_slot *me, ag_item *list, size_t *a
         size_t len = n - pos;
         uint16_t *half = NULL;
         const uint16_t *src16 = NULL;
+        const st_param_blocked *blk = NULL;
+        while (b < me->n_blocked && blocked_end(&me->blocked[b]) <= x)
+            b++;
+        if (b < me->n_blocked && me->blocked[b].offset <= x) {   /* inside blocked copy b */
+            blk = &me->blocked[b];
+            if (blocked_end(blk) - x < len)
+                len = blocked_end(blk) - x;
+        } else if (b < me->n_blocked && me->blocked[b].offset - x < len) {
+            len = me->blocked[b].offset - x;
+        }
         if (c < me->n_copies && me->copies[c].offset <= x) {   /* inside copy c */
             const st_param_copy *cp = &me->copies[c];
             const size_t end = cp->offset + cp->count;
@@ -797,10 +815,17 @@ static void push_ag(const comm_plan *pl, comm_slot *me, ag_item *list, size_t *a
             count_read(me, len, src_domain);
             count_gather(me, len);
         }
+        if (fill && blk && !half && !src16 && !pl->shared_params) {
+            k->packed += len;
+            me->bytes.written += len * sizeof(uint16_t) * (size_t)blk->n;
+            me->bytes.gather_written += len * sizeof(uint16_t) * (size_t)blk->n;
+        } else {
+            blk = NULL;
+        }
         if (fill && src16)
-            list[*at] = (ag_item){ NULL, (const float *)(const void *)src16, len, half };
+            list[*at] = (ag_item){ NULL, (const float *)(const void *)src16, len, half, NULL, 0 };
         else if (fill)
-            list[*at] = (ag_item){ dst + pos, src + pos, len, half };
+            list[*at] = (ag_item){ dst + pos, src + pos, len, half, blk, x };
         (*at)++;
         pos += len;
     }
@@ -971,6 +996,14 @@ st_status st_comm_plan_tasks(comm_plan *pl, int w)
     me->copies_gathered = me->n_copies > 0 && (pl->shared_params || k.copied == want);
     me->copies = NULL;   /* read by this attach only (comm.h) */
     me->n_copies = 0;
+    /* and the blocked copies unless every element of them is packed; a
+     * shared vector's are its domain's, which the updates pack */
+    want = 0;
+    for (int i = 0; i < me->n_blocked; i++)
+        want += (size_t)(me->blocked[i].rows * me->blocked[i].cols);
+    me->blocked_gathered = me->n_blocked > 0 && !pl->shared_params && k.packed == want;
+    me->blocked = NULL;
+    me->n_blocked = 0;
 out:
     free(load);
     return s;

@@ -100,6 +100,11 @@ typedef struct comm_slot {
                                * workers' attach (copies_master) */
     int n_own_copies;
     int copies_gathered;      /* the all-gather writes every copied element */
+    const st_param_blocked *blocked;  /* blocked bf16 copies of ranges of a
+                               * replica's params, sorted and disjoint,
+                               * read by the attach (st_comm_set_param_blocked) */
+    int n_blocked;
+    int blocked_gathered;     /* the all-gather packs every element of them */
     /* the owner's segments (read by everyone after the second barrier) */
     comm_seg *segs;
     size_t n_segs;

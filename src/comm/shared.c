@@ -162,6 +162,24 @@ static int shared_gathers_copies(const st_comm_backend *b, int w)
     return shared_of_const(b)->plan.slots[w].copies_gathered;
 }
 
+/* Kept for w's attach like the bf16 copies, and taken alike. */
+static void shared_set_param_blocked(st_comm_backend *b, int w, const st_param_blocked *blocked,
+                                     int n)
+{
+    comm_slot *me = &shared_of(b)->plan.slots[w];
+    for (int i = 1; i < n; i++)
+        if (blocked[i].offset < blocked[i - 1].offset +
+                                    (size_t)(blocked[i - 1].rows * blocked[i - 1].cols))
+            n = 0;
+    me->blocked = n > 0 ? blocked : NULL;
+    me->n_blocked = n > 0 ? n : 0;
+}
+
+static int shared_gathers_blocked(const st_comm_backend *b, int w)
+{
+    return shared_of_const(b)->plan.slots[w].blocked_gathered;
+}
+
 static void shared_reset(st_comm_backend *b)
 {
     shared_comm *sc = shared_of(b);
@@ -441,6 +459,8 @@ const st_comm_backend_ops st_comm_shared_ops = {
     .set_shard_output = shared_set_shard_output,
     .set_param_copies = shared_set_param_copies,
     .gathers_copies = shared_gathers_copies,
+    .set_param_blocked = shared_set_param_blocked,
+    .gathers_blocked = shared_gathers_blocked,
     .reset = shared_reset,
     .shard = shared_shard,
     .shard_grads = shared_shard_grads,

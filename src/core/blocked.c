@@ -205,18 +205,41 @@ void st_blocked_pack_rows(const struct st_blocked_copy *c, const float *v, int64
     stores_done();
 }
 
+/* Elements [i, end) of row i / cols alone (a piece of one row): an
+ * element at a time into every copy. */
+static void pack_piece(const st_param_blocked *b, const float *v, int64_t i, int64_t end)
+{
+    const int64_t cols = b->cols;
+    for (; i < end; i++, v++)
+        for (int k = 0; k < b->n; k++)
+            b->copy[k].bf16[b->copy[k].row_at[i / cols] + b->copy[k].col_at[i % cols]] =
+                st_bf16_from_float(*v);
+}
+
 void st_blocked_pack(const st_param_blocked *b, const float *v, size_t lo, size_t hi)
 {
     const int64_t cols = b->cols;
     int64_t i = (int64_t)(lo - b->offset), end = (int64_t)(hi - b->offset);
-    if (i % cols == 0 && end % cols == 0) {
-        for (int k = 0; k < b->n; k++)
-            pack_rows(&b->copy[k], v, i / cols, end / cols, cols);
-        stores_done();
+    /* a head and a tail inside rows an element at a time (another thread
+     * may write the rest of those rows), the whole rows between in blocks */
+    const int64_t r0 = (i + cols - 1) / cols, r1 = end / cols;
+    if (r0 >= r1) {
+        pack_piece(b, v, i, end);
         return;
     }
-    for (; i < end; i++, v++)   /* a piece of a row: an element at a time */
-        for (int k = 0; k < b->n; k++)
-            b->copy[k].bf16[b->copy[k].row_at[i / cols] + b->copy[k].col_at[i % cols]] =
-                st_bf16_from_float(*v);
+    pack_piece(b, v, i, r0 * cols);
+    for (int k = 0; k < b->n; k++)
+        pack_rows(&b->copy[k], v + (r0 * cols - i), r0, r1, cols);
+    pack_piece(b, v + (r1 * cols - i), r1 * cols, end);
+    stores_done();
+}
+
+size_t st_blocked_slab_end(const st_param_blocked *b, size_t x)
+{
+    size_t slab = ST_PACK_ROWS * (size_t)b->cols;   /* whole blocks of rows */
+    if (slab < ST_PACK_CHUNK)
+        slab *= ST_PACK_CHUNK / slab;
+    const size_t y = b->offset + ((x - b->offset) / slab + 1) * slab;
+    const size_t end = b->offset + (size_t)(b->rows * b->cols);
+    return y < end ? y : end;
 }

@@ -890,6 +890,11 @@ const st_param_blocked *st_model_blocked_copies(const st_model *m, int *count)
     return m->blocked;
 }
 
+void st_model_blocked_written(st_model *m)
+{
+    m->ctx.blocked_current = m->n_blocked > 0;
+}
+
 void st_model_copies_current(st_model *m)
 {
     m->ctx.copies_current = m->n_copies > 0;

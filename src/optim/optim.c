@@ -331,19 +331,15 @@ static void update_piece(const st_optim *opt, float *params, const float *grads,
     }
 }
 
-/* Elements [lo, hi) inside b: updated, then packed into its copies,
- * ST_PACK_ROWS whole rows at a time (at least), so that the packing reads
- * the new values from cache. */
-#define PACK_CHUNK 8192
+/* Elements [lo, hi) inside b: updated, then packed into its copies a slab
+ * at a time (st_blocked_slab_end), so that the packing reads the new
+ * values from cache. */
 static void update_blocked(const st_optim *opt, float *params, const float *grads, size_t lo,
                            size_t hi, const st_param_blocked *b, const adam_step *a, float wd,
                            int decay, st_state_rounding *rnd)
 {
-    size_t slab = ST_PACK_ROWS * (size_t)b->cols;   /* whole blocks of rows */
-    if (slab < PACK_CHUNK)
-        slab *= PACK_CHUNK / slab;
     for (size_t x = lo; x < hi;) {
-        size_t y = b->offset + ((x - b->offset) / slab + 1) * slab;   /* the next slab's start */
+        size_t y = st_blocked_slab_end(b, x);
         if (y > hi)
             y = hi;
         update_piece(opt, params, grads, x, y, NULL, a, wd, decay, rnd);

@@ -151,6 +151,11 @@ static st_status localsgd_init_worker(run_shared *r, void *state, int wid, st_wo
     int n_copies;
     const st_param_copy *copies = st_model_copies(w->model, &n_copies);
     st_comm_set_param_copies(r->comm, wid, copies, n_copies);
+    if (!w->storage.blocked) {   /* a replica's: the average packs them */
+        int n_blocked;
+        const st_param_blocked *blocked = st_model_blocked_copies(w->model, &n_blocked);
+        st_comm_set_param_blocked(r->comm, wid, blocked, n_blocked);
+    }
     ST_TRY(st_comm_attach(r->comm, wid, &w->arena, read, p, &all, 1));
     for (int i = 0; i < s->n_state; i++) {
         float *v = state_vector(w, i);
@@ -243,6 +248,8 @@ static st_status localsgd_round_end(run_shared *r, void *state, st_worker *w, ui
         st_model_copies_written(w->model);
     else
         st_model_params_changed(w->model);
+    if (st_comm_gathers_blocked(r->comm, wid))
+        st_model_blocked_written(w->model);
     for (int i = 0; i < s->n_state; i++)
         ST_TRY(average(s->state_comm[i], wid));
     if (!r->cfg->localsgd.keep_state) {

@@ -156,6 +156,14 @@ st_status st_run_attach_worker(st_comm *grads_comm, st_comm *params_comm, int wi
     int n_copies;
     const st_param_copy *copies = st_model_copies(w->model, &n_copies);
     st_comm_set_param_copies(params_comm ? params_comm : grads_comm, wid, copies, n_copies);
+    /* --weight-layout blocked: a replica's copies are packed by the engine
+     * as it gathers them, a domain's store by the owners' updates */
+    if (!w->storage.blocked) {
+        int n_blocked;
+        const st_param_blocked *blocked = st_model_blocked_copies(w->model, &n_blocked);
+        st_comm_set_param_blocked(params_comm ? params_comm : grads_comm, wid, blocked,
+                                  n_blocked);
+    }
     if (!params_comm)
         return st_comm_attach_compact(grads_comm, wid, &w->arena, grads, params, ranges, local, n);
     ST_TRY(st_comm_attach_compact(grads_comm, wid, &w->arena, grads, grads, ranges, local, n));
@@ -253,6 +261,8 @@ static st_status sharded_update(run_shared *r, const run_sharded *e, st_worker *
      * (a new round of subnetworks builds a new model) */
     if (st_comm_gathers_copies(e->masters, w->id))
         st_model_copies_written(w->model);
+    if (st_comm_gathers_blocked(e->masters, w->id))
+        st_model_blocked_written(w->model);
     ST_TRY(st_run_pack_gathered(r, e->masters, w));
     slot->times.reduce += st_run_now_s() - t;
     return ST_OK;
