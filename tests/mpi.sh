@@ -27,9 +27,10 @@
 #   failing_rank, sigterm: failure and signals
 #   impossible_layout   a layout the ranks' workers cannot have: exit 2
 #                       before the data loads
-#   blocked_*           --weight-layout blocked over 2 ranks: the replicas'
-#                       copies packed by the all-gather, bitwise the
-#                       layers' own packing, and counted in its bytes
+#   bf16_copies_*, blocked_*  bf16 over 2 ranks: the replicas' weight
+#                       copies written (plain) or packed (--weight-layout
+#                       blocked) by the all-gather, bitwise the layers'
+#                       own, and counted in its bytes
 #   *_comm_bf16_*       --comm-precision bf16 over ranks: 2 x 1 equals one
 #                       process of 2 (dp, sdp), 2 x 2 close to 1 x 4 (no
 #                       process rounds per rank: test_mpi checks that)
@@ -144,15 +145,16 @@ run "mpi/resume_dp_over_ranks_and_across_layouts" resume dp
 run "mpi/resume_ist_over_ranks_and_across_layouts" resume ist --strategy ist --local-steps 4
 run "mpi/resume_dp_bf16_state_accumulate_over_ranks_and_across_layouts" resume dpb \
     --optimizer-moments bf16-sr --accumulate 2
-# blocked NAME OPTIONS...: --weight-layout blocked over 2 ranks, whose
-# replicas' blocked copies the all-gather packs as it writes them, trains
-# bitwise as the layers' own packing in every forward (--unfuse
-# weight-copy), and the all-gather's bytes count the packing
-blocked() {
+# gathered NAME OPTIONS...: bf16 over 2 ranks, whose replicas' weight
+# copies (plain, or blocked with --weight-layout blocked) the all-gather
+# writes as it writes the replicas, trains bitwise as the layers' own
+# conversion in every forward (--unfuse weight-copy), and the all-gather's
+# bytes count the copies
+gathered() {
     shift
     "$BIN" --data synthetic --steps 1 --quiet --precision bf16 --bf16-emulated || return 77
     rm -rf "$TMP/ckp" "$TMP/cku"
-    set -- --precision bf16 --bf16-emulated --weight-layout blocked --model resmlp --depth 2 "$@"
+    set -- --precision bf16 --bf16-emulated --model resmlp --depth 2 "$@"
     mpi -np 2 "$BIN" $COMMON "$@" --checkpoint "$TMP/ckp" --metrics "$TMP/p.jsonl" &&
     mpi -np 2 "$BIN" $COMMON "$@" --unfuse weight-copy --checkpoint "$TMP/cku" \
         --metrics "$TMP/u.jsonl" || return 1
@@ -161,12 +163,15 @@ blocked() {
     [ -s "$TMP/wp" ] && cmp "$TMP/wp" "$TMP/wu" || return 1
     p=$(sed -n 's/.*"comm_bytes_per_worker_step":\([0-9]*\).*/\1/p' "$TMP/p.jsonl" | tail -n 1)
     u=$(sed -n 's/.*"comm_bytes_per_worker_step":\([0-9]*\).*/\1/p' "$TMP/u.jsonl" | tail -n 1)
-    echo "weights equal; the all-gather moves $p bytes a worker and step, $u without packing"
+    echo "weights equal; the all-gather moves $p bytes a worker and step, $u without the copies"
     [ -n "$p" ] && [ -n "$u" ] && [ "$p" -gt "$u" ]
 }
-run "mpi/blocked_copies_packed_by_the_all_gather_2x1" blocked bl --workers 1
-run "mpi/blocked_copies_packed_by_the_all_gather_2x2_sdp_forward" blocked bl --workers 2 \
-    --oversubscribe --strategy sdp --masking forward --resample 10
+run "mpi/bf16_copies_written_by_the_all_gather_2x1" gathered bf --workers 1
+run "mpi/bf16_copies_written_by_the_all_gather_2x2" gathered bf --workers 2 --oversubscribe
+run "mpi/blocked_copies_packed_by_the_all_gather_2x1" gathered bl --workers 1 \
+    --weight-layout blocked
+run "mpi/blocked_copies_packed_by_the_all_gather_2x2_sdp_forward" gathered bl --workers 2 \
+    --weight-layout blocked --oversubscribe --strategy sdp --masking forward --resample 10
 # a bf16 master (--master-weights bf16-sr): the replicas' copies over
 # ranks (the all-gather moves them as bf16), the domain's copies in one
 # process, the same bits; skipped (77) where bf16 cannot run at all
@@ -345,6 +350,11 @@ bf16_plan_ranks() {
 }
 run "mpi/plan_ranks_bf16_master_equals_the_runs_records" bf16_plan_ranks --depth 2 \
     --precision bf16 --bf16-emulated --master-weights bf16-sr --optimizer-moments bf16
+# the replicas' bf16 copies, plain and blocked, written by the all-gather
+run "mpi/plan_ranks_bf16_equals_the_runs_records" bf16_plan_ranks --depth 2 \
+    --precision bf16 --bf16-emulated
+run "mpi/plan_ranks_bf16_blocked_equals_the_runs_records" bf16_plan_ranks --depth 2 \
+    --precision bf16 --bf16-emulated --weight-layout blocked
 
 # wire OPTIONS...: the bytes each rank asks MPI to receive in a step,
 # counted at the MPI calls (tests/mpi_wire.c, preloaded into the ranks; a

@@ -268,6 +268,8 @@ void st_comm_run_ag(const ag_item *items, size_t n_items)
         const ag_item *it = &items[t];
         if (it->blk)
             copy_packed(it);
+        else if (it->dst == it->src)   /* received in place: its bf16 copy alone */
+            st_bf16_round_n(it->half, it->src, it->n);
         else if (!it->dst)
             memcpy(it->half, it->src, it->n * sizeof *it->half);
         else if (it->half)

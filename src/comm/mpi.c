@@ -355,10 +355,10 @@ static void mpi_reset(st_comm_backend *b)
     }
 }
 
-/* A bf16 master's (copies_master): kept for w's attach, which leaves them
- * out of its master shard and cuts its all-gather items at their edges; a
- * list that is not sorted and disjoint is not taken.  Else unused (the
- * all-gather writes fp32 replicas, and the model converts them). */
+/* Kept for w's attach.  A bf16 master's (copies_master): left out of its
+ * master shard, and its all-gather items cut at their edges; else its
+ * replica's items are cut at their edges and write them as they copy.  A
+ * list that is not sorted and disjoint is not taken. */
 static void mpi_set_param_copies(st_comm_backend *b, int w, const st_param_copy *copies, int n)
 {
     mpi_worker *me = &mpi_of(b)->workers[w];
@@ -372,7 +372,8 @@ static void mpi_set_param_copies(st_comm_backend *b, int w, const st_param_copy 
 static int mpi_gathers_copies(const st_comm_backend *b, int w)
 {
     const mpi_comm *mc = mpi_of_const(b);
-    return mc->copies_master && mc->workers[w].ready && mc->workers[w].n_copies > 0;
+    const mpi_worker *me = &mc->workers[w];
+    return me->ready && (mc->copies_master ? me->n_copies > 0 : me->copies_gathered);
 }
 
 /* Kept for w's attach, which cuts its replica's items at their edges (a

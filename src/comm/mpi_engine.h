@@ -45,8 +45,11 @@ typedef struct mpi_worker {
     size_t *local;
     int n_held;
     float *master, *shard_grad, *shard_out;
-    const st_param_copy *copies;   /* its model's bf16 copies (copies_master) */
+    const st_param_copy *copies;   /* its model's bf16 copies: a bf16 master's,
+                                    * or written by its all-gather items */
     int n_copies;
+    int copies_gathered;           /* every element of them, each step (not a
+                                    * bf16 master's) */
     const st_param_blocked *blocked;   /* its replica's blocked copies, packed
                                         * by its all-gather items */
     int n_blocked;

@@ -251,12 +251,26 @@ static st_status build_ag_out(const mpi_comm *mc, int w, list *items)
 }
 
 /* Where an fp32 item into w's replica from local element at (below
- * at + len) ends: at an edge of w's blocked copies, which *blk says
- * whether it lies in (NULL: outside all of them). */
-static size_t blocked_cut(const mpi_worker *v, size_t at, size_t len,
-                          const st_param_blocked **blk)
+ * at + len) ends: at an edge of w's bf16 copies (none with a bf16
+ * master, whose copies come as bf16) or of its blocked copies.  *half:
+ * where element at's bf16 copy is; *blk: the blocked copies it lies in;
+ * NULL: none. */
+static size_t replica_cut(const mpi_comm *mc, const mpi_worker *v, size_t at, size_t len,
+                          uint16_t **half, const st_param_blocked **blk)
 {
+    *half = NULL;
     *blk = NULL;
+    for (int c = 0; !mc->copies_master && c < v->n_copies; c++) {
+        const st_param_copy *p = &v->copies[c];
+        if (p->offset + p->count <= at)
+            continue;
+        if (p->offset <= at) {
+            *half = p->bf16 + (at - p->offset);
+            return p->offset + p->count - at < len ? p->offset + p->count - at : len;
+        }
+        len = p->offset - at < len ? p->offset - at : len;
+        break;
+    }
     for (int b = 0; b < v->n_blocked; b++) {
         const st_param_blocked *p = &v->blocked[b];
         const size_t end = p->offset + (size_t)(p->rows * p->cols);
@@ -289,16 +303,17 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
             const prof_seg *q = &p[j];
             uint64_t stop = q->end < end ? q->end : end;
             int d = st_mpi_rank_of_element(mc, pos);
-            if (d != me && mc->ag_dst_direct[d]) {   /* received in place: packed there */
+            if (d != me && mc->ag_dst_direct[d]) {   /* received in place: copies made there */
                 for (uint64_t x = pos; x < stop;) {
                     const size_t at = v->local[i] + (x - v->held[i].begin);
+                    uint16_t *half;
                     const st_param_blocked *blk;
-                    const uint64_t e = x + blocked_cut(v, at, stop - x, &blk);
-                    if (blk) {
+                    const uint64_t e = x + replica_cut(mc, v, at, stop - x, &half, &blk);
+                    if (half || blk) {
                         ag_item *it = st_mpi_list_push(items);
                         if (!it)
                             return st_mpi_no_memory();
-                        *it = (ag_item){ v->params + at, v->params + at, e - x, NULL, blk, at };
+                        *it = (ag_item){ v->params + at, v->params + at, e - x, half, blk, at };
                     }
                     x = e;
                 }
@@ -322,9 +337,10 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
                                      : slot_of(mc, me, j, mc->send + mc->send_off[d],
                                                mc->send_f[d], x, stop, &f, &h, &c);
                 const size_t at = v->local[i] + (x - v->held[i].begin);
+                uint16_t *half = NULL;
                 const st_param_blocked *blk = NULL;
                 if (c < 0)
-                    e = x + blocked_cut(v, at, e - x, &blk);
+                    e = x + replica_cut(mc, v, at, e - x, &half, &blk);
                 if (d == me && c < 0)
                     f = mc->workers[o].master + (x - mc->shard_begin[g]);
                 else if (d == me)
@@ -337,7 +353,7 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
                 if (!it)
                     return st_mpi_no_memory();
                 if (c < 0)
-                    *it = (ag_item){ v->params + at, f, e - x, NULL, blk, at };
+                    *it = (ag_item){ v->params + at, f, e - x, half, blk, at };
                 else
                     *it = (ag_item){ NULL, (const float *)(const void *)h, e - x,
                                      v->copies[c].bf16 + (x - v->copies[c].offset), NULL,
@@ -419,18 +435,28 @@ st_status st_mpi_step_lists(mpi_comm *mc, int w)
         by->gather_read += ai[t].n * (ai[t].dst ? sizeof(float) : sizeof(uint16_t));
     by->gather_written = by->gather_read;
     ai = ag_in.v;
-    size_t packed = 0, want = 0;
+    size_t copied = 0, packed = 0, want = 0;
     for (size_t t = 0; s == ST_OK && t < ag_in.n; t++) {
         const size_t moved = ai[t].n * (ai[t].dst ? sizeof(float) : sizeof(uint16_t));
         by->gather_read += moved;
-        by->gather_written += ai[t].dst == ai[t].src ? 0 : moved;   /* else packed alone */
+        by->gather_written += ai[t].dst == ai[t].src ? 0 : moved;   /* else copies alone */
+        if (ai[t].dst && ai[t].half) {
+            copied += ai[t].n;
+            by->gather_written += ai[t].n * sizeof(uint16_t);
+        }
         if (ai[t].blk) {
             packed += ai[t].n;
             by->gather_written += ai[t].n * sizeof(uint16_t) * (size_t)ai[t].blk->n;
         }
     }
-    /* the blocked copies are the model's to pack unless every element of
-     * them comes with an item (one received in place with a packing one) */
+    /* a replica's copies are the model's to make unless every element of
+     * them comes with an item (one received in place with an item of its
+     * own); a bf16 master's come as bf16 */
+    for (int c = 0; !mc->copies_master && c < me->n_copies; c++)
+        want += me->copies[c].count;
+    me->copies_gathered = s == ST_OK && !mc->copies_master && me->n_copies > 0 &&
+                          copied == want;
+    want = 0;
     for (int b = 0; b < me->n_blocked; b++)
         want += (size_t)(me->blocked[b].rows * me->blocked[b].cols);
     me->blocked_gathered = s == ST_OK && me->n_blocked > 0 && packed == want;
