@@ -255,8 +255,7 @@ static void copy_packed(const ag_item *it)
         size_t y = st_blocked_slab_end(it->blk, it->at + x) - it->at;
         if (y > it->n)
             y = it->n;
-        if (it->dst != it->src)   /* else packed where it was received */
-            memcpy(it->dst + x, it->src + x, (y - x) * sizeof(float));
+        memcpy(it->dst + x, it->src + x, (y - x) * sizeof(float));
         st_blocked_pack(it->blk, it->dst + x, it->at + x, it->at + y);
         x = y;
     }
@@ -268,8 +267,6 @@ void st_comm_run_ag(const ag_item *items, size_t n_items)
         const ag_item *it = &items[t];
         if (it->blk)
             copy_packed(it);
-        else if (it->dst == it->src)   /* received in place: its bf16 copy alone */
-            st_bf16_round_n(it->half, it->src, it->n);
         else if (!it->dst)
             memcpy(it->half, it->src, it->n * sizeof *it->half);
         else if (it->half)

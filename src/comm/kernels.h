@@ -71,9 +71,7 @@ typedef struct ag_item {
     size_t n;
     uint16_t *half;   /* NULL, or where dst's bf16 copy is: half[i] = bf16(src[i]) */
     /* NULL, or the blocked copies dst lies in (its elements at, at + 1,
-     * ... of the vector), packed from dst as it is written.  src == dst:
-     * what the exchange received in place, its bf16 copy or blocked
-     * copies made alone. */
+     * ... of the vector), packed from dst as it is written */
     const st_param_blocked *blk;
     size_t at;
 } ag_item;             /* dst NULL: src holds n bf16 values (a bf16 master's), copied

@@ -250,17 +250,66 @@ static st_status build_ag_out(const mpi_comm *mc, int w, list *items)
     return ST_OK;
 }
 
+/* Which of w's weight copies its replica's items write as they copy:
+ * bit 1, its bf16 copies (not a bf16 master's, which come as bf16); bit
+ * 2, its blocked copies.  Not a kind that a part the exchange receives in
+ * place reaches: converting there would be the layer's own pass over the
+ * weights, earlier and farther from the product that reads the copy. */
+enum { FUSE_COPIES = 1, FUSE_BLOCKED = 2 };
+
+/* Whether local elements [at, at + n) of w meet one of its bf16 copies,
+ * one of its blocked copies. */
+static int meets_copies(const mpi_worker *v, size_t at, size_t n)
+{
+    for (int c = 0; c < v->n_copies; c++)
+        if (v->copies[c].offset < at + n && v->copies[c].offset + v->copies[c].count > at)
+            return 1;
+    return 0;
+}
+
+static int meets_blocked(const mpi_worker *v, size_t at, size_t n)
+{
+    for (int b = 0; b < v->n_blocked; b++) {
+        const st_param_blocked *p = &v->blocked[b];
+        if (p->offset < at + n && p->offset + (size_t)(p->rows * p->cols) > at)
+            return 1;
+    }
+    return 0;
+}
+
+static int fused_copies(const mpi_comm *mc, int w)
+{
+    const int me = mc->rank;
+    const mpi_worker *v = &mc->workers[w];
+    int fuse = (mc->copies_master || v->n_copies == 0 ? 0 : FUSE_COPIES) |
+               (v->n_blocked == 0 ? 0 : FUSE_BLOCKED);
+    for (int i = 0; i < v->n_held && fuse; i++)
+        for (uint64_t x = v->held[i].begin; x < v->held[i].end;) {
+            const int d = st_mpi_rank_of_element(mc, x);
+            uint64_t e = mc->shard_begin[mc->first[d + 1]];   /* rank d's elements end */
+            e = e < v->held[i].end ? e : v->held[i].end;
+            const size_t at = v->local[i] + (x - v->held[i].begin);
+            if (d != me && mc->ag_dst_direct[d]) {
+                if (meets_copies(v, at, e - x))
+                    fuse &= ~FUSE_COPIES;
+                if (meets_blocked(v, at, e - x))
+                    fuse &= ~FUSE_BLOCKED;
+            }
+            x = e;
+        }
+    return fuse;
+}
+
 /* Where an fp32 item into w's replica from local element at (below
- * at + len) ends: at an edge of w's bf16 copies (none with a bf16
- * master, whose copies come as bf16) or of its blocked copies.  *half:
- * where element at's bf16 copy is; *blk: the blocked copies it lies in;
- * NULL: none. */
-static size_t replica_cut(const mpi_comm *mc, const mpi_worker *v, size_t at, size_t len,
+ * at + len) ends: at an edge of the copies `fuse` names.  *half: where
+ * element at's bf16 copy is; *blk: the blocked copies it lies in; NULL:
+ * none. */
+static size_t replica_cut(const mpi_worker *v, int fuse, size_t at, size_t len,
                           uint16_t **half, const st_param_blocked **blk)
 {
     *half = NULL;
     *blk = NULL;
-    for (int c = 0; !mc->copies_master && c < v->n_copies; c++) {
+    for (int c = 0; (fuse & FUSE_COPIES) && c < v->n_copies; c++) {
         const st_param_copy *p = &v->copies[c];
         if (p->offset + p->count <= at)
             continue;
@@ -271,7 +320,7 @@ static size_t replica_cut(const mpi_comm *mc, const mpi_worker *v, size_t at, si
         len = p->offset - at < len ? p->offset - at : len;
         break;
     }
-    for (int b = 0; b < v->n_blocked; b++) {
+    for (int b = 0; (fuse & FUSE_BLOCKED) && b < v->n_blocked; b++) {
         const st_param_blocked *p = &v->blocked[b];
         const size_t end = p->offset + (size_t)(p->rows * p->cols);
         if (end <= at)
@@ -292,6 +341,7 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
 {
     const int me = mc->rank;
     const mpi_worker *v = &mc->workers[w];
+    const int fuse = fused_copies(mc, w);
     const prof_seg *p = mc->prof[me];
     size_t j = 0;
     for (int i = 0; i < v->n_held; i++) {
@@ -303,20 +353,7 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
             const prof_seg *q = &p[j];
             uint64_t stop = q->end < end ? q->end : end;
             int d = st_mpi_rank_of_element(mc, pos);
-            if (d != me && mc->ag_dst_direct[d]) {   /* received in place: copies made there */
-                for (uint64_t x = pos; x < stop;) {
-                    const size_t at = v->local[i] + (x - v->held[i].begin);
-                    uint16_t *half;
-                    const st_param_blocked *blk;
-                    const uint64_t e = x + replica_cut(mc, v, at, stop - x, &half, &blk);
-                    if (half || blk) {
-                        ag_item *it = st_mpi_list_push(items);
-                        if (!it)
-                            return st_mpi_no_memory();
-                        *it = (ag_item){ v->params + at, v->params + at, e - x, half, blk, at };
-                    }
-                    x = e;
-                }
+            if (d != me && mc->ag_dst_direct[d]) {   /* received in place */
                 pos = stop;
                 continue;
             }
@@ -340,7 +377,7 @@ static st_status build_ag_in(const mpi_comm *mc, int w, list *items)
                 uint16_t *half = NULL;
                 const st_param_blocked *blk = NULL;
                 if (c < 0)
-                    e = x + replica_cut(mc, v, at, e - x, &half, &blk);
+                    e = x + replica_cut(v, fuse, at, e - x, &half, &blk);
                 if (d == me && c < 0)
                     f = mc->workers[o].master + (x - mc->shard_begin[g]);
                 else if (d == me)
@@ -439,7 +476,7 @@ st_status st_mpi_step_lists(mpi_comm *mc, int w)
     for (size_t t = 0; s == ST_OK && t < ag_in.n; t++) {
         const size_t moved = ai[t].n * (ai[t].dst ? sizeof(float) : sizeof(uint16_t));
         by->gather_read += moved;
-        by->gather_written += ai[t].dst == ai[t].src ? 0 : moved;   /* else copies alone */
+        by->gather_written += moved;
         if (ai[t].dst && ai[t].half) {
             copied += ai[t].n;
             by->gather_written += ai[t].n * sizeof(uint16_t);
@@ -450,8 +487,8 @@ st_status st_mpi_step_lists(mpi_comm *mc, int w)
         }
     }
     /* a replica's copies are the model's to make unless every element of
-     * them comes with an item (one received in place with an item of its
-     * own); a bf16 master's come as bf16 */
+     * them comes with an item (fused_copies); a bf16 master's come as
+     * bf16 */
     for (int c = 0; !mc->copies_master && c < me->n_copies; c++)
         want += me->copies[c].count;
     me->copies_gathered = s == ST_OK && !mc->copies_master && me->n_copies > 0 &&
