@@ -336,7 +336,8 @@ Test(values, control_bytes_and_bad_utf8_are_escaped)
     expect_line(r, NULL, "topo --topology \"$(printf 'synthetic:pack:2\\rx')\"", 2,
                 "'pack:2\\rx'");
     expect_line(r, NULL, "quad --csv \"$(printf '/nonexistent/\\033[31mq.csv')\" --case 4", 1,
-                "subtrain quad: cannot open /nonexistent/\\x1b[31mq.csv for writing");
+                "subtrain quad: --csv /nonexistent/\\x1b[31mq.csv: cannot create "
+                "/nonexistent/\\x1b[31mq.csv.tmp.");
     /* paths in run-time messages, the library's and the command's */
     expect_line(r, NULL, "--data \"$(printf '/nonexistent/a\\rb')\"", 1,
                 "not found in /nonexistent/a\\rb (missing");

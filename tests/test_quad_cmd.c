@@ -1,6 +1,8 @@
 /*
  * tests/test_quad_cmd.c — the quad command's answers to bad options (one
- * line on stderr, exit 2; exit 1 for a file it cannot write) and to --help.
+ * line on stderr, exit 2; exit 1 for a file it cannot write), to --help,
+ * and where its --csv file goes (through a link, into a FIFO, and not at
+ * all when the run fails).
  *
  * Links src/cli/quad_cmd.c in to call st_cli_quad_main directly.
  */
@@ -9,7 +11,9 @@
 #endif
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -92,11 +96,83 @@ Test(quad, command_rejects_bad_options_with_one_line)
     }
     const char *unwritable[] = { "--case", "4", "--csv", "/nonexistent-dir/q.csv", NULL };
     cr_assert_eq(run_cli(unwritable, out, sizeof out, err, sizeof err), 1);
-    cr_assert(strstr(err, "cannot open"), "%s", err);
+    cr_assert(strstr(err, "--csv /nonexistent-dir/q.csv: cannot create"), "%s", err);
     const char *six[] = { "--case", "6", "--runs", "20", "--iters", "50", NULL };
     cr_assert_eq(run_cli(six, out, sizeof out, err, sizeof err), 0, "%s", err);
     cr_assert(strstr(out, "Case 6: IST against random-k (k = 2 of d = 8"), "%s", out);
     const char *help[] = { "--help", NULL };
     cr_assert_eq(run_cli(help, out, sizeof out, err, sizeof err), 0);
     cr_assert(strstr(out, "Usage: subtrain quad"), "%s", out);
+}
+
+static void put(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void first_line(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    if (!fgets(buf, (int)n, f))
+        buf[0] = '\0';
+    fclose(f);
+}
+
+/* --csv through a symbolic link replaces the link's target and keeps the
+ * link; a FIFO gets the whole trace from one open; a run stopped before
+ * the trace leaves an earlier file as it was and no temporary file beside
+ * it. */
+Test(quad_cmd, the_csv_file_is_written_whole_or_not_at_all, .timeout = 60)
+{
+    char dir[] = "/tmp/st-quad-XXXXXX", real[64], link_[64], fifo[64], line[256];
+    char out[4096], err[1024];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(real, sizeof real, "%s/real.csv", dir);
+    snprintf(link_, sizeof link_, "%s/link.csv", dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    put(real, "earlier\n");
+    cr_assert_eq(symlink("real.csv", link_), 0);
+    const char *via_link[] = { "--case", "4", "--iters", "20", "--csv", link_, NULL };
+    cr_assert_eq(run_cli(via_link, out, sizeof out, err, sizeof err), 0, "%s", err);
+    struct stat sb;
+    cr_assert(lstat(link_, &sb) == 0 && S_ISLNK(sb.st_mode), "the link was replaced");
+    first_line(real, line, sizeof line);
+    cr_assert_str_eq(line, "iter,ist,ist_mean,gd,ist_b0,gd_b0\n", "the target holds '%s'", line);
+
+    /* a run stopped before its end leaves the earlier file */
+    put(real, "earlier\n");
+    const char *bin = getenv("SUBTRAIN_BIN");
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "timeout -s TERM 1 '%s' quad --case 2 --runs 10000000 --csv %s "
+             ">/dev/null", bin ? bin : "./subtrain", real);
+    cr_assert_neq(system(cmd), 0, "quad finished within 1 s: the test needs it stopped");
+    first_line(real, line, sizeof line);
+    cr_assert_str_eq(line, "earlier\n", "a stopped run left '%s'", line);
+    char listing[128];
+    snprintf(listing, sizeof listing, "ls %s | grep -c tmp", dir);
+    FILE *p = popen(listing, "r");
+    cr_assert_not_null(p);
+    int tmps = -1;
+    cr_assert_eq(fscanf(p, "%d", &tmps), 1);
+    pclose(p);
+    cr_assert_eq(tmps, 0, "temporary files left beside the CSV file");
+
+    /* a FIFO: one reader gets every line */
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    char reader[160], got[64];
+    snprintf(reader, sizeof reader, "cat %s | wc -l", fifo);
+    p = popen(reader, "r");
+    cr_assert_not_null(p);
+    const char *into_fifo[] = { "--case", "4", "--iters", "20", "--csv", fifo, NULL };
+    cr_assert_eq(run_cli(into_fifo, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert_not_null(fgets(got, sizeof got, p));
+    pclose(p);
+    cr_assert_eq(atoi(got), 22, "the FIFO's reader got %s lines, not the header and 21 rows", got);
+    char rm[96];
+    snprintf(rm, sizeof rm, "rm -rf %s", dir);
+    cr_assert_eq(system(rm), 0);
 }

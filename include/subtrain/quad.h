@@ -314,6 +314,8 @@ void st_quad_trace_free(st_quad_trace *t);
 
 /* Writes the trace as CSV: a header line, then one row per iteration. */
 st_status st_quad_write_csv(const char *path, const st_quad_trace *t);
+/* The same into an open stream (the caller checks ferror and closes it). */
+void st_quad_print_csv(FILE *f, const st_quad_trace *t);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,6 @@
  * machine's rate.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <omp.h>
 #include <stddef.h>
@@ -16,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,6 +25,7 @@
 
 #include "cli/calibration.h"
 #include "cli/cli_util.h"
+#include "cli/out_file.h"
 #include "core/file.h"
 
 #define CMD "subtrain calibrate"
@@ -1038,89 +1037,22 @@ static int apply(int c, const char *arg, void *ctx)
     return 0;
 }
 
-/* Where a calibration goes: a regular file or a new name, written at the
- * end through PATH.tmp.PID beside it and a rename, so that a failed or
- * interrupted calibration leaves an earlier file as it was; anything
- * else (a FIFO, a device, a symbolic link) opened at once and written in
- * place, as nothing can be renamed over it. */
-typedef struct cal_output {
-    const char *option, *path;
-    char tmp[4096];
-    FILE *in_place;
-} cal_output;
-
-/* Before the measuring: what the write at the end needs, tried now (the
- * temporary name created and removed; the file opened for writing,
- * nothing written), so that a bad name is said at once, not after a
- * minute.  0, or 1 said with the option. */
-static int open_output(cal_output *o, const char *option, const char *path)
+/* c into the output opened by st_cli_out_open.  0, or 1 said. */
+static int write_output(st_cli_out *o, const st_calibration *c)
 {
-    o->option = option;
-    o->path = path;
-    o->in_place = NULL;
-    struct stat sb;
-    const int exists = lstat(path, &sb) == 0;
-    if (exists && !S_ISREG(sb.st_mode)) {
-        if (!(o->in_place = fopen(path, "w"))) {
-            st_cli_error(CMD, "%s %s: cannot open it: %s", option, ST_CLI_SHOW(path),
-                         strerror(errno));
-            return 1;
-        }
-        return 0;
-    }
-    snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%ld", path, (long)getpid());
-    const int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        st_cli_error(CMD, "%s %s: cannot create %s beside it: %s", option, ST_CLI_SHOW(path),
-                     ST_CLI_SHOW(o->tmp), strerror(errno));
+    FILE *f = st_cli_out_begin(o);
+    if (!f)
         return 1;
-    }
-    close(fd);
-    unlink(o->tmp);
-    if (exists && access(path, W_OK) != 0) {
-        st_cli_error(CMD, "%s %s: cannot write it: %s", option, ST_CLI_SHOW(path),
-                     strerror(errno));
-        return 1;
-    }
-    return 0;
-}
-
-/* c into the output opened by open_output.  0, or 1 said. */
-static int write_output(cal_output *o, const st_calibration *c)
-{
-    FILE *f = o->in_place ? o->in_place : fopen(o->tmp, "w");
-    if (!f) {
-        st_cli_error(CMD, "%s %s: cannot create %s: %s", o->option, ST_CLI_SHOW(o->path),
-                     ST_CLI_SHOW(o->tmp), strerror(errno));
-        return 1;
-    }
-    o->in_place = NULL;
     st_calibration_write(f, c);
-    const int failed = ferror(f) != 0;
-    const int placed = fclose(f) == 0 && !failed;
-    if (!placed || (*o->tmp && rename(o->tmp, o->path) != 0)) {
-        st_cli_error(CMD, "%s %s: writing it failed: %s", o->option, ST_CLI_SHOW(o->path),
-                     strerror(errno));
-        if (*o->tmp)
-            remove(o->tmp);
-        return 1;
-    }
-    return 0;
-}
-
-/* An output opened but not written (the measuring failed). */
-static void close_output(cal_output *o)
-{
-    if (o->in_place)
-        fclose(o->in_place);
-    o->in_place = NULL;
+    return st_cli_out_commit(o, f);
 }
 
 /* This machine's rates into `output` (NULL: stdout): 0, or 1. */
 static int calibrate_machine(const char *output)
 {
-    cal_output out;
-    if (output && open_output(&out, "--output", output) != 0)
+    /* said before the minute of measuring, not after */
+    st_cli_out out;
+    if (output && st_cli_out_open(&out, CMD, "--output", output) != 0)
         return 1;
     omp_set_num_threads(1);
     st_calibration c;
@@ -1128,7 +1060,7 @@ static int calibrate_machine(const char *output)
     if (st_calibration_measure(&c, err, sizeof err) != 0) {
         st_cli_error(CMD, "%s", err);
         if (output)
-            close_output(&out);
+            st_cli_out_abandon(&out);
         return 1;
     }
     if (output)
@@ -1165,8 +1097,8 @@ static int calibrate_network(const char *path)
     c.network_ranks = net.network_ranks;
     c.network_gbps = net.network_gbps;
     c.network_us = net.network_us;
-    cal_output out;
-    return open_output(&out, "--network", path) != 0 ? 1 : write_output(&out, &c);
+    st_cli_out out;
+    return st_cli_out_open(&out, CMD, "--network", path) != 0 ? 1 : write_output(&out, &c);
 }
 
 int st_cli_calibrate_main(int argc, char **argv)

@@ -18,6 +18,7 @@
 #include <subtrain/quad.h>
 
 #include "cli/cli_util.h"
+#include "cli/out_file.h"
 #include "cli/quad_cmd.h"
 
 #define EXIT_USAGE 2
@@ -318,14 +319,23 @@ static int run_case(int k, const st_quad_config *c)
     return s == ST_OK ? 0 : fail_status(s, what);
 }
 
-static int write_trace(const st_quad_config *c, const char *path)
+/* The trace into the output opened by st_cli_out_open (path: the user's
+ * name for it). */
+static int write_trace(const st_quad_config *c, st_cli_out *out, const char *path)
 {
     st_quad_trace t;
     st_status s = st_quad_trace_run(c, &t);
-    if (s != ST_OK)
+    if (s != ST_OK) {
+        st_cli_out_abandon(out);
         return fail_status(s, "trace");
-    s = st_quad_write_csv(path, &t);
-    if (s == ST_OK) {
+    }
+    FILE *f = st_cli_out_begin(out);
+    int rc = EXIT_FAILURE;
+    if (f) {
+        st_quad_print_csv(f, &t);
+        rc = st_cli_out_commit(out, f) == 0 ? 0 : EXIT_FAILURE;
+    }
+    if (rc == 0) {
         int K = t.iters;
         printf("Trace written to %s: ||x^k - x*|| for k = 0..%d\n", path, K);
         printf("  case 2's problem at k = %d: IST one run %.3e, IST exact mean %.3e, GD %.3e\n",
@@ -333,13 +343,7 @@ static int write_trace(const st_quad_config *c, const char *path)
         printf("  case 3's problem at k = %d: IST %.3e, GD %.3e\n", K, t.ist_b0[K], t.gd_b0[K]);
     }
     st_quad_trace_free(&t);
-    /* An unwritable file is a runtime failure even though the status says
-     * I/O: the options were fine. */
-    if (s != ST_OK) {
-        cmd_error("%s", st_last_error());
-        return EXIT_FAILURE;
-    }
-    return 0;
+    return rc;
 }
 
 int st_cli_quad_main(int argc, char **argv)
@@ -352,16 +356,10 @@ int st_cli_quad_main(int argc, char **argv)
         return EXIT_SUCCESS;
     }
     const st_quad_config *c = &o.cfg;
-    /* Find an unwritable CSV path before the cases run, not after. */
-    if (o.csv) {
-        FILE *f = fopen(o.csv, "a");
-        if (!f) {
-            const int e = errno;
-            cmd_error("cannot open %s for writing: %s", ST_CLI_SHOW(o.csv), strerror(e));
-            return EXIT_FAILURE;
-        }
-        fclose(f);
-    }
+    /* an unwritable CSV path said before the cases run, not after */
+    st_cli_out out;
+    if (o.csv && st_cli_out_open(&out, CMD, "--csv", o.csv) != 0)
+        return EXIT_FAILURE;
     printf("subtrain quad: n = %d workers, d = %d (Perm-%d), gamma %g, %d iterations, "
            "%d runs, seed %llu\n", c->workers, c->dim, c->q, c->gamma, c->iters, c->runs,
            (unsigned long long)c->seed);
@@ -371,12 +369,15 @@ int st_cli_quad_main(int argc, char **argv)
         printf("\n");
         fflush(stdout);
         int rc = run_case(k, c);
-        if (rc != 0)
+        if (rc != 0) {
+            if (o.csv)
+                st_cli_out_abandon(&out);
             return rc;
+        }
     }
     if (o.csv) {
         printf("\n");
-        int rc = write_trace(c, o.csv);
+        int rc = write_trace(c, &out, o.csv);
         if (rc != 0)
             return rc;
     }

@@ -851,15 +851,20 @@ fail:
     return st;
 }
 
+void st_quad_print_csv(FILE *f, const st_quad_trace *t)
+{
+    fputs("iter,ist,ist_mean,gd,ist_b0,gd_b0\n", f);
+    for (int k = 0; k <= t->iters; k++)
+        fprintf(f, "%d,%.17g,%.17g,%.17g,%.17g,%.17g\n", k, t->ist[k], t->ist_mean[k], t->gd[k],
+                t->ist_b0[k], t->gd_b0[k]);
+}
+
 st_status st_quad_write_csv(const char *path, const st_quad_trace *t)
 {
     FILE *f = fopen(path, "w");
     if (!f)
         return st_fail(ST_ERR_IO, "cannot open %s for writing: %s", path, strerror(errno));
-    fputs("iter,ist,ist_mean,gd,ist_b0,gd_b0\n", f);
-    for (int k = 0; k <= t->iters; k++)
-        fprintf(f, "%d,%.17g,%.17g,%.17g,%.17g,%.17g\n", k, t->ist[k], t->ist_mean[k], t->gd[k],
-                t->ist_b0[k], t->gd_b0[k]);
+    st_quad_print_csv(f, t);
     int bad = ferror(f);
     if (fclose(f) != 0 || bad)
         return st_fail(ST_ERR_IO, "writing %s failed: %s", path, strerror(errno));

@@ -1,0 +1,92 @@
+/*
+ * cli/out_file.c — a file a command writes at its end (out_file.h).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/cli_util.h"
+#include "cli/out_file.h"
+
+/* Written in place, opened now: anything that is not a regular file, a
+ * new name or a link to a regular file. */
+static int open_in_place(st_cli_out *o)
+{
+    o->tmp[0] = '\0';
+    if (!(o->in_place = fopen(o->path, "w"))) {
+        st_cli_error(o->cmd, "%s %s: cannot open it: %s", o->option, ST_CLI_SHOW(o->path),
+                     strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
+int st_cli_out_open(st_cli_out *o, const char *cmd, const char *option, const char *path)
+{
+    o->cmd = cmd;
+    o->option = option;
+    o->path = path;
+    o->in_place = NULL;
+    struct stat sb, tb;
+    const int exists = lstat(path, &sb) == 0;
+    if (exists && S_ISLNK(sb.st_mode)) {
+        /* the link's target is replaced, the link kept */
+        if (stat(path, &tb) != 0 || !S_ISREG(tb.st_mode) || !realpath(path, o->target))
+            return open_in_place(o);
+    } else if (exists && !S_ISREG(sb.st_mode)) {
+        return open_in_place(o);
+    } else if ((size_t)snprintf(o->target, sizeof o->target, "%s", path) >= sizeof o->target) {
+        st_cli_error(o->cmd, "%s %s: the name is too long", option, ST_CLI_SHOW(path));
+        return 1;
+    }
+    snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%ld", o->target, (long)getpid());
+    const int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        st_cli_error(o->cmd, "%s %s: cannot create %s beside it: %s", option, ST_CLI_SHOW(path),
+                     ST_CLI_SHOW(o->tmp), strerror(errno));
+        return 1;
+    }
+    close(fd);
+    unlink(o->tmp);
+    if (exists && access(o->target, W_OK) != 0) {
+        st_cli_error(o->cmd, "%s %s: cannot write it: %s", option, ST_CLI_SHOW(path),
+                     strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
+FILE *st_cli_out_begin(st_cli_out *o)
+{
+    FILE *f = o->in_place ? o->in_place : fopen(o->tmp, "w");
+    if (!f)
+        st_cli_error(o->cmd, "%s %s: cannot create %s: %s", o->option, ST_CLI_SHOW(o->path),
+                     ST_CLI_SHOW(o->tmp), strerror(errno));
+    o->in_place = NULL;
+    return f;
+}
+
+int st_cli_out_commit(st_cli_out *o, FILE *f)
+{
+    const int failed = ferror(f) != 0;
+    const int placed = fclose(f) == 0 && !failed;
+    if (!placed || (*o->tmp && rename(o->tmp, o->target) != 0)) {
+        st_cli_error(o->cmd, "%s %s: writing it failed: %s", o->option, ST_CLI_SHOW(o->path),
+                     strerror(errno));
+        if (*o->tmp)
+            remove(o->tmp);
+        return 1;
+    }
+    return 0;
+}
+
+void st_cli_out_abandon(st_cli_out *o)
+{
+    if (o->in_place)
+        fclose(o->in_place);
+    o->in_place = NULL;
+}
