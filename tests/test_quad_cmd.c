@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <criterion/criterion.h>
@@ -123,9 +124,10 @@ static void first_line(const char *path, char *buf, size_t n)
 }
 
 /* --csv through a symbolic link replaces the link's target and keeps the
- * link; a FIFO gets the whole trace from one open; a run stopped before
- * the trace leaves an earlier file as it was and no temporary file beside
- * it. */
+ * link; a run stopped before the trace leaves an earlier file as it was
+ * and no temporary file beside it; the file's permission bits stay;
+ * --csv /dev/stdout with stdout in a file keeps the report; a FIFO gets
+ * the whole trace from one open. */
 Test(quad_cmd, the_csv_file_is_written_whole_or_not_at_all, .timeout = 60)
 {
     char dir[] = "/tmp/st-quad-XXXXXX", real[64], link_[64], fifo[64], line[256];
@@ -149,7 +151,9 @@ Test(quad_cmd, the_csv_file_is_written_whole_or_not_at_all, .timeout = 60)
     char cmd[512];
     snprintf(cmd, sizeof cmd, "timeout -s TERM 1 '%s' quad --case 2 --runs 10000000 --csv %s "
              ">/dev/null", bin ? bin : "./subtrain", real);
-    cr_assert_neq(system(cmd), 0, "quad finished within 1 s: the test needs it stopped");
+    const int w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 124, "quad was not stopped by timeout(1): "
+              "status %d", w);
     first_line(real, line, sizeof line);
     cr_assert_str_eq(line, "earlier\n", "a stopped run left '%s'", line);
     char listing[128];
@@ -160,6 +164,19 @@ Test(quad_cmd, the_csv_file_is_written_whole_or_not_at_all, .timeout = 60)
     cr_assert_eq(fscanf(p, "%d", &tmps), 1);
     pclose(p);
     cr_assert_eq(tmps, 0, "temporary files left beside the CSV file");
+
+    /* the file's permission bits stay; a file stdout already writes
+     * (--csv /dev/stdout) gets the trace through stdout, after the report */
+    cr_assert_eq(chmod(real, 0600), 0);
+    const char *again[] = { "--case", "4", "--iters", "20", "--csv", real, NULL };
+    cr_assert_eq(run_cli(again, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(stat(real, &sb) == 0 && (sb.st_mode & 0777) == 0600, "mode %o",
+              (unsigned)(sb.st_mode & 0777));
+    const char *to_stdout[] = { "--case", "4", "--iters", "20", "--csv", "/dev/stdout", NULL };
+    cr_assert_eq(run_cli(to_stdout, out, sizeof out, err, sizeof err), 0, "%s", err);
+    const char *csv = strstr(out, "iter,ist,ist_mean,gd,ist_b0,gd_b0\n");
+    cr_assert(strstr(out, "Case 4:") && csv && strstr(csv, "\n20,") &&
+              strstr(csv, "Trace written to /dev/stdout"), "%s", out);
 
     /* a FIFO: one reader gets every line */
     cr_assert_eq(mkfifo(fifo, 0600), 0);

@@ -25,26 +25,59 @@ static int open_in_place(st_cli_out *o)
     return 0;
 }
 
+/* The standard stream that sb's file is already open as (--csv
+ * /dev/stdout with stdout sent to a file), or NULL: renaming over that
+ * file would lose what the command prints into it. */
+static FILE *standard_stream(const struct stat *sb)
+{
+    struct stat fb;
+    if (fstat(STDOUT_FILENO, &fb) == 0 && fb.st_dev == sb->st_dev && fb.st_ino == sb->st_ino)
+        return stdout;
+    if (fstat(STDERR_FILENO, &fb) == 0 && fb.st_dev == sb->st_dev && fb.st_ino == sb->st_ino)
+        return stderr;
+    return NULL;
+}
+
 int st_cli_out_open(st_cli_out *o, const char *cmd, const char *option, const char *path)
 {
     o->cmd = cmd;
     o->option = option;
     o->path = path;
     o->in_place = NULL;
+    o->stream = NULL;
+    o->mode = 0644;
     struct stat sb, tb;
     const int exists = lstat(path, &sb) == 0;
+    if (exists && stat(path, &tb) == 0 && (o->stream = standard_stream(&tb))) {
+        o->tmp[0] = '\0';
+        return 0;
+    }
     if (exists && S_ISLNK(sb.st_mode)) {
         /* the link's target is replaced, the link kept */
         if (stat(path, &tb) != 0 || !S_ISREG(tb.st_mode) || !realpath(path, o->target))
             return open_in_place(o);
+        o->mode = tb.st_mode & 07777;
     } else if (exists && !S_ISREG(sb.st_mode)) {
         return open_in_place(o);
     } else if ((size_t)snprintf(o->target, sizeof o->target, "%s", path) >= sizeof o->target) {
         st_cli_error(o->cmd, "%s %s: the name is too long", option, ST_CLI_SHOW(path));
         return 1;
+    } else if (exists) {
+        o->mode = sb.st_mode & 07777;
+    }
+    if (exists && access(o->target, W_OK) != 0) {
+        st_cli_error(o->cmd, "%s %s: cannot write it: %s", option, ST_CLI_SHOW(path),
+                     strerror(errno));
+        return 1;
     }
     snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%ld", o->target, (long)getpid());
-    const int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    const int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && exists) {
+        /* a file it may write in a directory it may not: written in place
+         * at the end, as nothing can be put beside it */
+        o->tmp[0] = '\0';
+        return 0;
+    }
     if (fd < 0) {
         st_cli_error(o->cmd, "%s %s: cannot create %s beside it: %s", option, ST_CLI_SHOW(path),
                      ST_CLI_SHOW(o->tmp), strerror(errno));
@@ -52,31 +85,48 @@ int st_cli_out_open(st_cli_out *o, const char *cmd, const char *option, const ch
     }
     close(fd);
     unlink(o->tmp);
-    if (exists && access(o->target, W_OK) != 0) {
-        st_cli_error(o->cmd, "%s %s: cannot write it: %s", option, ST_CLI_SHOW(path),
-                     strerror(errno));
-        return 1;
-    }
     return 0;
 }
 
 FILE *st_cli_out_begin(st_cli_out *o)
 {
-    FILE *f = o->in_place ? o->in_place : fopen(o->tmp, "w");
-    if (!f)
-        st_cli_error(o->cmd, "%s %s: cannot create %s: %s", o->option, ST_CLI_SHOW(o->path),
-                     ST_CLI_SHOW(o->tmp), strerror(errno));
+    if (o->stream)
+        return o->stream;
+    FILE *f = o->in_place;
     o->in_place = NULL;
-    return f;
+    if (f)
+        return f;
+    if (!*o->tmp) {   /* in place, at the end */
+        if (!(f = fopen(o->target, "w")))
+            st_cli_error(o->cmd, "%s %s: cannot open it: %s", o->option, ST_CLI_SHOW(o->path),
+                         strerror(errno));
+        return f;
+    }
+    /* a new file, not one planted under the name since the open */
+    const int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, o->mode);
+    if (fd >= 0 && fchmod(fd, o->mode) == 0 && (f = fdopen(fd, "w")))
+        return f;
+    st_cli_error(o->cmd, "%s %s: cannot create %s: %s", o->option, ST_CLI_SHOW(o->path),
+                 ST_CLI_SHOW(o->tmp), strerror(errno));
+    if (fd >= 0) {
+        close(fd);
+        unlink(o->tmp);
+    }
+    return NULL;
 }
 
 int st_cli_out_commit(st_cli_out *o, FILE *f)
 {
     const int failed = ferror(f) != 0;
-    const int placed = fclose(f) == 0 && !failed;
+    int placed;
+    if (f == o->stream)
+        placed = fflush(f) == 0 && !failed;
+    else
+        placed = fclose(f) == 0 && !failed;
+    const int e = errno ? errno : EIO;
     if (!placed || (*o->tmp && rename(o->tmp, o->target) != 0)) {
         st_cli_error(o->cmd, "%s %s: writing it failed: %s", o->option, ST_CLI_SHOW(o->path),
-                     strerror(errno));
+                     strerror(placed ? errno : e));
         if (*o->tmp)
             remove(o->tmp);
         return 1;

@@ -3,12 +3,16 @@
  * calibration, quad's trace), the one way every such command does it.
  *
  * A regular file, a new name or a symbolic link to a regular file is
- * written through TARGET.tmp.PID beside the file itself (a link's target)
- * and renamed over it, so that a failed or interrupted command leaves an
- * earlier file as it was and a link stays a link.  Anything else (a FIFO,
- * a device, a link to one, a dangling link) is opened once, before the
- * work, and written in place: nothing can be renamed over it, and opening
- * a FIFO twice would give its reader an end of file after the first.
+ * written through TARGET.tmp.PID beside the file itself (a link's target),
+ * with the file's permission bits, and renamed over it, so that a failed
+ * or interrupted command leaves an earlier file as it was and a link stays
+ * a link (a hard link keeps the earlier contents).  Written in place
+ * instead: a file the command's stdout or stderr already writes (--csv
+ * /dev/stdout), through that stream; an existing file whose directory
+ * takes no new name, at the end; anything else (a FIFO, a device, a link
+ * to one, a dangling link), opened once before the work, as nothing can
+ * be renamed over it and opening a FIFO twice would give its reader an end
+ * of file after the first.
  *
  *   st_cli_out o;
  *   if (st_cli_out_open(&o, "calibrate", "--output", path) != 0) return 1;
@@ -26,7 +30,9 @@ typedef struct st_cli_out {
     const char *cmd, *option, *path;   /* for messages: the user's words */
     char target[PATH_MAX];             /* the file renamed over (path, or a link's target) */
     char tmp[PATH_MAX + 32];           /* "" when written in place */
-    FILE *in_place;
+    FILE *in_place;                    /* opened before the work */
+    FILE *stream;                      /* stdout or stderr, or NULL */
+    unsigned mode;                     /* the new file's permission bits */
 } st_cli_out;
 
 /* Before the work: what the write at the end needs, tried now (the

@@ -152,7 +152,12 @@ static void pack_rows(const struct st_blocked_copy *c, const float *v, int64_t r
 {
     int64_t r = r0;
     if (c->pair == ST_PAIR_ROWS) {   /* rows r, r + 1: interleaved, a run at a time */
-        for (; r + 1 < r1 && r % 2 == 0; r += 2) {
+        if (r % 2 && r < r1) {   /* an odd first row, its pair's other half not ours */
+            for (int64_t q = 0; q < cols; q++)
+                c->bf16[c->row_at[r] + c->col_at[q]] = st_bf16_from_float(v[q]);
+            r++;
+        }
+        for (; r + 1 < r1; r += 2) {
             const float *a = v + (r - r0) * cols;
             for (int64_t q = 0; q < cols; q += c->run)
                 pair_rows((u32_alias *)(c->bf16 + c->row_at[r] + c->col_at[q]), a + q,
