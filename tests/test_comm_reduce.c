@@ -672,10 +672,14 @@ Test(comm_copies, only_held_sorted_copies_are_claimed, .timeout = 60)
 /* Random matrices of worker w's vector, sorted and disjoint, some small
  * and some of several packing slabs, with gaps between them, where keep
  * says an element may be in one (NULL: any).  Copy 0 of each is in the
- * matrix's own order at half + offset; every other matrix has a copy 1,
- * transposed, at half2 + offset.  small: only small ones. */
+ * matrix's own order at half + offset; every other matrix has a copy 1 at
+ * half2 + offset, in a kernel's paired layout where a dim is even (rows
+ * r, r + 1 side by side, or columns c, c + 1: the packing's paired
+ * paths), else transposed.  small: only small ones.  paired: incremented
+ * for each copy the packing takes as paired. */
 static int random_blocked(st_rng *rng, size_t p, const unsigned char *keep, int small,
-                          uint16_t *half, uint16_t *half2, st_param_blocked *out, int max)
+                          uint16_t *half, uint16_t *half2, st_param_blocked *out, int max,
+                          int *paired)
 {
     int n = 0;
     size_t i = st_rng_below(rng, 5);
@@ -690,13 +694,19 @@ static int random_blocked(st_rng *rng, size_t p, const unsigned char *keep, int 
             int64_t *at = malloc((size_t)(2 * (rows + cols)) * sizeof *at);
             st_param_blocked *b = &out[n++];
             *b = (st_param_blocked){ .offset = i, .rows = rows, .cols = cols, .n = 1 };
+            const int pair_rows = rows % 2 == 0 && (cols % 2 || st_rng_below(rng, 2));
+            const int pair_cols = !pair_rows && cols % 2 == 0;
             for (int64_t r = 0; r < rows; r++) {
                 at[r] = (int64_t)i + r * cols;
-                at[rows + cols + r] = (int64_t)i + r;
+                at[rows + cols + r] = (int64_t)i + (pair_rows   ? r / 2 * 2 * cols + r % 2
+                                                    : pair_cols ? 2 * r
+                                                                : r);
             }
             for (int64_t c = 0; c < cols; c++) {
                 at[rows + c] = c;
-                at[2 * rows + cols + c] = c * rows;
+                at[2 * rows + cols + c] = pair_rows   ? 2 * c
+                                          : pair_cols ? c / 2 * 2 * rows + c % 2
+                                                      : c * rows;
             }
             b->copy[0] = (struct st_blocked_copy){ half, at, at + rows, 0, 0 };
             st_blocked_pattern(&b->copy[0], rows, cols);
@@ -704,6 +714,7 @@ static int random_blocked(st_rng *rng, size_t p, const unsigned char *keep, int 
                 b->copy[1] = (struct st_blocked_copy){ half2, at + rows + cols,
                                                        at + 2 * rows + cols, 0, 0 };
                 st_blocked_pattern(&b->copy[1], rows, cols);
+                *paired += b->copy[1].pair != 0;
                 b->n = 2;
             }
             i += len;
@@ -792,15 +803,17 @@ Test(comm_blocked, the_all_gather_packs_the_blocked_copies, .timeout = 60)
         uint16_t *half[MAXW], *half2[MAXW];
         int n_blocked[MAXW], claims[MAXW];
         long wrong[MAXW] = { 0 };
+        int paired = 0;
         st_rng rng = st_rng_seed(77 + (uint64_t)k);
         for (int w = 0; w < r.n; w++) {
             half[w] = guarded_half(r.p);
             half2[w] = guarded_half(r.p);
             blocked[w] = malloc(r.p * sizeof **blocked);
             n_blocked[w] = random_blocked(&rng, r.p, NULL, 0, half[w], half2[w], blocked[w],
-                                          (int)r.p);
+                                          (int)r.p, &paired);
             cr_assert_gt(n_blocked[w], 10);
         }
+        cr_assert_gt(paired, 10, "%d copies in a paired layout", paired);
         run_blocked(&r, 3, blocked, n_blocked, half, half2, claims, wrong);
         for (int w = 0; w < r.n; w++) {
             cr_assert(claims[w], "%d workers: worker %d: the blocked copies not claimed", r.n, w);
@@ -827,13 +840,14 @@ Test(comm_blocked, only_held_sorted_replica_copies_are_claimed, .timeout = 60)
     uint16_t *half[MAXW], *half2[MAXW];
     int n_blocked[MAXW], claims[MAXW];
     long wrong[MAXW] = { 0 };
+    int paired = 0;
     st_rng rng = st_rng_seed(321);
     for (int w = 0; w < r.n; w++) {
         half[w] = guarded_half(r.p);
         half2[w] = guarded_half(r.p);
         blocked[w] = malloc(r.p * sizeof **blocked);
         n_blocked[w] = random_blocked(&rng, r.p, w == 1 ? NULL : r.mask[w], 1, half[w],
-                                      half2[w], blocked[w], (int)r.p);
+                                      half2[w], blocked[w], (int)r.p, &paired);
         cr_assert_gt(n_blocked[w], 3);
     }
     /* worker 1's matrices ignore its holdings; worker 2's first two swapped */
@@ -873,7 +887,7 @@ Test(comm_blocked, only_held_sorted_replica_copies_are_claimed, .timeout = 60)
         half2[w] = guarded_half(r.p);
         blocked[w] = malloc(r.p * sizeof **blocked);
         n_blocked[w] = random_blocked(&rng, r.p, NULL, 1, half[w], half2[w], blocked[w],
-                                      (int)r.p);
+                                      (int)r.p, &paired);
     }
     memset(wrong, 0, sizeof wrong);
     run_blocked(&r, 2, blocked, n_blocked, half, half2, claims, wrong);

@@ -36,6 +36,16 @@
 #include <subtrain/params.h>
 #include <subtrain/status.h>
 
+/* How many of the n blocked copies a backend takes: all when they are
+ * sorted and disjoint, as its items' cuts need, else none. */
+static inline int st_comm_blocked_taken(const st_param_blocked *b, int n)
+{
+    for (int i = 1; i < n; i++)
+        if (b[i].offset < b[i - 1].offset + (size_t)(b[i - 1].rows * b[i - 1].cols))
+            return 0;
+    return n > 0 ? n : 0;
+}
+
 /* A backend's own state.  Never defined: each backend converts the pointer
  * to its own structure (a distinct type, so that it cannot be mixed up
  * with the public st_comm). */

@@ -382,12 +382,8 @@ static void mpi_set_param_blocked(st_comm_backend *b, int w, const st_param_bloc
                                   int n)
 {
     mpi_worker *me = &mpi_of(b)->workers[w];
-    for (int i = 1; i < n; i++)
-        if (blocked[i].offset < blocked[i - 1].offset +
-                                    (size_t)(blocked[i - 1].rows * blocked[i - 1].cols))
-            n = 0;
-    me->blocked = n > 0 ? blocked : NULL;
-    me->n_blocked = n > 0 ? n : 0;
+    me->n_blocked = st_comm_blocked_taken(blocked, n);
+    me->blocked = me->n_blocked ? blocked : NULL;
 }
 
 static int mpi_gathers_blocked(const st_comm_backend *b, int w)

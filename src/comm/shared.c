@@ -167,12 +167,8 @@ static void shared_set_param_blocked(st_comm_backend *b, int w, const st_param_b
                                      int n)
 {
     comm_slot *me = &shared_of(b)->plan.slots[w];
-    for (int i = 1; i < n; i++)
-        if (blocked[i].offset < blocked[i - 1].offset +
-                                    (size_t)(blocked[i - 1].rows * blocked[i - 1].cols))
-            n = 0;
-    me->blocked = n > 0 ? blocked : NULL;
-    me->n_blocked = n > 0 ? n : 0;
+    me->n_blocked = st_comm_blocked_taken(blocked, n);
+    me->blocked = me->n_blocked ? blocked : NULL;
 }
 
 static int shared_gathers_blocked(const st_comm_backend *b, int w)
