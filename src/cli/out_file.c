@@ -48,13 +48,14 @@ int st_cli_out_open(st_cli_out *o, const char *cmd, const char *option, const ch
     o->mode = 0644;
     struct stat sb, tb;
     const int exists = lstat(path, &sb) == 0;
-    if (exists && stat(path, &tb) == 0 && (o->stream = standard_stream(&tb))) {
+    const int resolves = exists && stat(path, &tb) == 0;   /* tb: what a link names */
+    if (resolves && (o->stream = standard_stream(&tb))) {
         o->tmp[0] = '\0';
         return 0;
     }
     if (exists && S_ISLNK(sb.st_mode)) {
         /* the link's target is replaced, the link kept */
-        if (stat(path, &tb) != 0 || !S_ISREG(tb.st_mode) || !realpath(path, o->target))
+        if (!resolves || !S_ISREG(tb.st_mode) || !realpath(path, o->target))
             return open_in_place(o);
         o->mode = tb.st_mode & 07777;
     } else if (exists && !S_ISREG(sb.st_mode)) {

@@ -36,12 +36,14 @@
 #include <subtrain/params.h>
 #include <subtrain/status.h>
 
+#include "core/blocked.h"
+
 /* How many of the n blocked copies a backend takes: all when they are
  * sorted and disjoint, as its items' cuts need, else none. */
 static inline int st_comm_blocked_taken(const st_param_blocked *b, int n)
 {
     for (int i = 1; i < n; i++)
-        if (b[i].offset < b[i - 1].offset + (size_t)(b[i - 1].rows * b[i - 1].cols))
+        if (b[i].offset < st_blocked_end(&b[i - 1]))
             return 0;
     return n > 0 ? n : 0;
 }

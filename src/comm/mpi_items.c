@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "comm/mpi_engine.h"
+#include "core/blocked.h"
 #include "core/error.h"
 
 /* l's elements copied into the arena (*out NULL for an empty list). */
@@ -271,7 +272,7 @@ static int meets_blocked(const mpi_worker *v, size_t at, size_t n)
 {
     for (int b = 0; b < v->n_blocked; b++) {
         const st_param_blocked *p = &v->blocked[b];
-        if (p->offset < at + n && p->offset + (size_t)(p->rows * p->cols) > at)
+        if (p->offset < at + n && st_blocked_end(p) > at)
             return 1;
     }
     return 0;
@@ -322,7 +323,7 @@ static size_t replica_cut(const mpi_worker *v, int fuse, size_t at, size_t len,
     }
     for (int b = 0; (fuse & FUSE_BLOCKED) && b < v->n_blocked; b++) {
         const st_param_blocked *p = &v->blocked[b];
-        const size_t end = p->offset + (size_t)(p->rows * p->cols);
+        const size_t end = st_blocked_end(p);
         if (end <= at)
             continue;
         if (p->offset <= at) {

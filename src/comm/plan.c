@@ -40,6 +40,7 @@
 #include "comm/plan.h"
 #include "core/arena_impl.h"
 #include "core/bf16.h"
+#include "core/blocked.h"
 #include "core/error.h"
 #include "core/ranges.h"
 
@@ -731,11 +732,6 @@ static void count_read(comm_slot *me, size_t n, int src_domain)
     count_read_bytes(me, n * sizeof(float), src_domain);
 }
 
-static size_t blocked_end(const st_param_blocked *b)
-{
-    return b->offset + (size_t)(b->rows * b->cols);
-}
-
 typedef struct plan_count {
     size_t rs1, ops1, partial, ag1, ag2;
     size_t copied;            /* elements of w's bf16 copies its items write */
@@ -771,12 +767,12 @@ static void push_ag(const comm_plan *pl, comm_slot *me, ag_item *list, size_t *a
         uint16_t *half = NULL;
         const uint16_t *src16 = NULL;
         const st_param_blocked *blk = NULL;
-        while (b < me->n_blocked && blocked_end(&me->blocked[b]) <= x)
+        while (b < me->n_blocked && st_blocked_end(&me->blocked[b]) <= x)
             b++;
         if (b < me->n_blocked && me->blocked[b].offset <= x) {   /* inside blocked copy b */
             blk = &me->blocked[b];
-            if (blocked_end(blk) - x < len)
-                len = blocked_end(blk) - x;
+            if (st_blocked_end(blk) - x < len)
+                len = st_blocked_end(blk) - x;
         } else if (b < me->n_blocked && me->blocked[b].offset - x < len) {
             len = me->blocked[b].offset - x;
         }

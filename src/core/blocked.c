@@ -245,6 +245,5 @@ size_t st_blocked_slab_end(const st_param_blocked *b, size_t x)
     if (slab < ST_PACK_CHUNK)
         slab *= ST_PACK_CHUNK / slab;
     const size_t y = b->offset + ((x - b->offset) / slab + 1) * slab;
-    const size_t end = b->offset + (size_t)(b->rows * b->cols);
-    return y < end ? y : end;
+    return y < st_blocked_end(b) ? y : st_blocked_end(b);
 }

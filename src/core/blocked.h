@@ -18,6 +18,12 @@
  * small enough that the packing reads them from cache. */
 #define ST_PACK_CHUNK 8192
 
+/* The parameter index after b's matrix. */
+static inline size_t st_blocked_end(const st_param_blocked *b)
+{
+    return b->offset + (size_t)(b->rows * b->cols);
+}
+
 /* Sets c's pair and run from its offsets (a rows x cols matrix): what
  * the packing may count on. */
 void st_blocked_pattern(struct st_blocked_copy *c, int64_t rows, int64_t cols);

@@ -365,11 +365,6 @@ void st_optim_update_copies(st_optim *opt, float *params, const float *grads,
                             n_copies, NULL, 0);
 }
 
-static size_t blocked_end(const st_param_blocked *b)
-{
-    return b->offset + (size_t)(b->rows * b->cols);
-}
-
 void st_optim_update_blocked(st_optim *opt, float *params, const float *grads,
                              const st_param_segment *segs, int n_segs, size_t begin,
                              size_t end, uint64_t t, float lr, const st_param_copy *copies,
@@ -409,7 +404,7 @@ void st_optim_update_blocked(st_optim *opt, float *params, const float *grads,
         while (lo < hi) {
             while (k < n_copies && copies[k].offset + copies[k].count <= lo)
                 k++;
-            while (j < n_blocked && blocked_end(&blocked[j]) <= lo)
+            while (j < n_blocked && st_blocked_end(&blocked[j]) <= lo)
                 j++;
             size_t cut = hi;
             uint16_t *h = NULL;
@@ -423,7 +418,7 @@ void st_optim_update_blocked(st_optim *opt, float *params, const float *grads,
             const st_param_blocked *b = NULL;
             if (j < n_blocked && blocked[j].offset <= lo) {
                 b = &blocked[j];
-                cut = blocked_end(b) < cut ? blocked_end(b) : cut;
+                cut = st_blocked_end(b) < cut ? st_blocked_end(b) : cut;
             } else if (j < n_blocked && blocked[j].offset < cut) {
                 cut = blocked[j].offset;
             }

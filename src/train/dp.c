@@ -68,14 +68,7 @@ static st_status dp_prepare(run_shared *r, void **state)
  * which reads no gradient; random-k's buffers. */
 static st_status attach_compressed(run_shared *r, st_randk *k, st_worker *w)
 {
-    int n_copies;
-    const st_param_copy *copies = st_model_copies(w->model, &n_copies);
-    st_comm_set_param_copies(r->comm, w->id, copies, n_copies);
-    if (!w->storage.blocked) {   /* a replica's: the engine packs them (run.c) */
-        int n_blocked;
-        const st_param_blocked *blocked = st_model_blocked_copies(w->model, &n_blocked);
-        st_comm_set_param_blocked(r->comm, w->id, blocked, n_blocked);
-    }
+    st_run_set_copies(r->comm, w->id, w);
     float *p = st_model_params(w->model);
     const st_range all = { 0, st_model_param_count(w->model) };
     ST_TRY(st_comm_attach(r->comm, w->id, &w->arena, p, p, &all, 1));

@@ -148,14 +148,7 @@ static st_status localsgd_init_worker(run_shared *r, void *state, int wid, st_wo
         read = st_model_grads(w->model);
         w->optim.master_worker = st_run_global(r, wid) + 1;
     }
-    int n_copies;
-    const st_param_copy *copies = st_model_copies(w->model, &n_copies);
-    st_comm_set_param_copies(r->comm, wid, copies, n_copies);
-    if (!w->storage.blocked) {   /* a replica's: the average packs them */
-        int n_blocked;
-        const st_param_blocked *blocked = st_model_blocked_copies(w->model, &n_blocked);
-        st_comm_set_param_blocked(r->comm, wid, blocked, n_blocked);
-    }
+    st_run_set_copies(r->comm, wid, w);
     ST_TRY(st_comm_attach(r->comm, wid, &w->arena, read, p, &all, 1));
     for (int i = 0; i < s->n_state; i++) {
         float *v = state_vector(w, i);

@@ -130,6 +130,22 @@ st_status st_run_model_ranges(st_worker *w, int grads, st_range **ranges, size_t
     return ST_OK;
 }
 
+void st_run_set_copies(st_comm *c, int wid, const st_worker *w)
+{
+    /* bf16: the engine that gathers the parameters writes the weights' bf16
+     * copies as it brings them in (st_run_sharded_update) */
+    int n_copies;
+    const st_param_copy *copies = st_model_copies(w->model, &n_copies);
+    st_comm_set_param_copies(c, wid, copies, n_copies);
+    /* --weight-layout blocked: a replica's copies are packed by the engine
+     * as it gathers them, a domain's store by the owners' updates */
+    if (!w->storage.blocked) {
+        int n_blocked;
+        const st_param_blocked *blocked = st_model_blocked_copies(w->model, &n_blocked);
+        st_comm_set_param_blocked(c, wid, blocked, n_blocked);
+    }
+}
+
 /* Which elements of the full vector w holds, and where they sit in its
  * own.  Backward masking has two engines, because there a worker
  * contributes gradients for its blocks only but needs every parameter for
@@ -151,19 +167,7 @@ st_status st_run_attach_worker(st_comm *grads_comm, st_comm *params_comm, int wi
             in_order &= local[i] >= local[i - 1] + (ranges[i - 1].end - ranges[i - 1].begin);
         *att = (run_attachment){ grads, ranges, local, n, in_order };
     }
-    /* bf16: the engine that gathers the parameters writes the weights' bf16
-     * copies as it brings them in (st_run_sharded_update) */
-    int n_copies;
-    const st_param_copy *copies = st_model_copies(w->model, &n_copies);
-    st_comm_set_param_copies(params_comm ? params_comm : grads_comm, wid, copies, n_copies);
-    /* --weight-layout blocked: a replica's copies are packed by the engine
-     * as it gathers them, a domain's store by the owners' updates */
-    if (!w->storage.blocked) {
-        int n_blocked;
-        const st_param_blocked *blocked = st_model_blocked_copies(w->model, &n_blocked);
-        st_comm_set_param_blocked(params_comm ? params_comm : grads_comm, wid, blocked,
-                                  n_blocked);
-    }
+    st_run_set_copies(params_comm ? params_comm : grads_comm, wid, w);
     if (!params_comm)
         return st_comm_attach_compact(grads_comm, wid, &w->arena, grads, params, ranges, local, n);
     ST_TRY(st_comm_attach_compact(grads_comm, wid, &w->arena, grads, grads, ranges, local, n));

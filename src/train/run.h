@@ -260,6 +260,11 @@ typedef struct run_attachment {
     int in_order;
 } run_attachment;
 
+/* Before w attaches to engine c: its model's weight copies, which the
+ * all-gather then writes as it writes the parameters (plain bf16 ones;
+ * blocked ones unless w reads its domain's store, which the updates
+ * pack). */
+void st_run_set_copies(st_comm *c, int wid, const st_worker *w);
 /* Registers w's vectors with the engines: `grads` reduces its gradients;
  * `params` (NULL: the same engine) holds every parameter and carries the
  * masters and the all-gather (backward masking).  *att (may be NULL): what

@@ -250,7 +250,7 @@ void st_run_pack_blocked(const st_worker *w, size_t lo, size_t hi)
     const st_param_blocked *b = st_model_blocked_copies(w->model, &n);
     const float *p = st_model_params(w->model);
     for (int i = 0; i < n && b[i].offset < hi; i++) {
-        const size_t end = b[i].offset + (size_t)(b[i].rows * b[i].cols);
+        const size_t end = st_blocked_end(&b[i]);
         const size_t from = b[i].offset > lo ? b[i].offset : lo, to = end < hi ? end : hi;
         if (from < to)
             st_blocked_pack(&b[i], p + from, from, to);
