@@ -439,6 +439,55 @@ Test(cli, shared_blocked_copies_are_packed_by_their_writers, .timeout = 240)
     st_test_rmdir(dir);
 }
 
+/* A worker that updates a model of its own outside dp (an ist
+ * subnetwork, a synth segment trained by one worker) writes its weight
+ * copies in its update, and a synth group's all-gather writes its
+ * members': bitwise the run whose layers convert their own in every
+ * forward (--unfuse weight-copy), with the update's or the all-gather's
+ * bytes counting the copies. */
+Test(cli, own_updates_write_the_weight_copies, .timeout = 240)
+{
+    if (st_bf16_probe(NULL) != ST_BF16_NATIVE)
+        cr_skip_test("no native bf16 here");
+    run_result *r = calloc(1, sizeof *r);
+    char dir[ST_TEST_PATH_MAX], opts[3 * ST_TEST_PATH_MAX + 512];
+    char a[2 * ST_TEST_PATH_MAX], b[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    const char *base = "--data synthetic --width 80 --batch 16 --seed 5 --progress none -q "
+                       "--precision bf16 --oversubscribe --metrics /dev/stdout";
+    const char *optimizer = "\"bytes_per_param\":", *gather = "\"comm_bytes_per_worker_step\":";
+    const struct {
+        const char *opts, *key;
+    } runs[] = {
+        { "--model resmlp --depth 2 --steps 12 --workers 2 --strategy ist --local-steps 3",
+          optimizer },
+        { "--model resmlp --depth 2 --steps 12 --workers 2 --strategy ist --local-steps 3 "
+          "--weight-layout blocked", optimizer },
+        { "--model mlp --depth 3 --epochs 1 --workers 2 --strategy synth", optimizer },
+        { "--model mlp --depth 3 --epochs 1 --workers 3 --strategy synth", gather },
+        { "--model mlp --depth 3 --epochs 1 --workers 3 --strategy synth --weight-layout blocked",
+          gather },
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        double bytes[2];
+        for (int unfused = 0; unfused < 2; unfused++) {
+            snprintf(opts, sizeof opts, "%s %s --checkpoint '%s/%c%zu'%s", base, runs[k].opts,
+                     dir, "ab"[unfused], k, unfused ? " --unfuse weight-copy" : "");
+            run(r, NULL, opts);
+            cr_assert_eq(r->status, 0, "%s: %s", opts, r->err);
+            bytes[unfused] = final_value(r->out, runs[k].key);
+        }
+        snprintf(a, sizeof a, "%s/a%zu/final.safetensors", dir, k);
+        snprintf(b, sizeof b, "%s/b%zu/final.safetensors", dir, k);
+        cr_assert(same_file(a, b), "%s: the copies written by the update or the all-gather "
+                  "train otherwise than the layers' own", runs[k].opts);
+        cr_assert_gt(bytes[0], bytes[1], "%s: %s%.2f, as without the copies (%.2f)",
+                     runs[k].opts, runs[k].key, bytes[0], bytes[1]);
+    }
+    free(r);
+    st_test_rmdir(dir);
+}
+
 /* A replica's blocked copies (--weights private, sdp with forward
  * masking, localsgd's averages) are packed by the all-gather as it writes
  * the replica: bitwise the run whose layers pack their own in every

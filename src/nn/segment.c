@@ -148,6 +148,7 @@ float *st_segnet_target(st_segnet *s) { return s->target; }
 int32_t *st_segnet_labels(st_segnet *s) { return s->labels; }
 const float *st_segnet_output(const st_segnet *s) { return s->output; }
 float *st_segnet_params(st_segnet *s) { return s->m->params; }
+st_model *st_segnet_model(st_segnet *s) { return s->m; }
 float *st_segnet_grads(st_segnet *s) { return s->m->grads; }
 size_t st_segnet_param_count(const st_segnet *s) { return s->m->n_params; }
 size_t st_segnet_full_offset(const st_segnet *s) { return s->m->maps[0].full_offset; }

@@ -66,6 +66,7 @@ int32_t *st_segnet_labels(st_segnet *s);     /* (B): classes; NULL unless the la
 const float *st_segnet_output(const st_segnet *s); /* (B, out) after a pass */
 
 float *st_segnet_params(st_segnet *s);
+st_model *st_segnet_model(st_segnet *s);    /* its layers: weight copies, their state */
 float *st_segnet_grads(st_segnet *s);
 size_t st_segnet_param_count(const st_segnet *s);
 const st_param_segment *st_segnet_segments(const st_segnet *s, int *count);

@@ -184,7 +184,13 @@ static st_status build_round(run_shared *r, ist_run *s, int wid, st_worker *w, i
         ST_TRY(st_subnets_load_saved(&s->sn, r, w, st_model_params(w->model), 0));
         st_run_load_state(r, w->model);
     }
+    /* the record reads the last update's counts, which a new state clears */
+    const size_t updated = w->optim.updated, update_bytes = w->optim.update_bytes;
     ST_TRY(st_worker_init_optimizer(w, r->cfg, 0, st_model_param_count(w->model)));
+    if (rebuild) {
+        w->optim.updated = updated;
+        w->optim.update_bytes = update_bytes;
+    }
     if (moves)   /* kept state: what the holders of each parameter left */
         for (int i = 0; i < s->n_state; i++)
             ST_TRY(st_subnets_load_saved(&s->sn, r, w, state_vector(w, i), 1 + i));
@@ -243,12 +249,12 @@ static st_status ist_step(run_shared *r, void *state, st_worker *w, uint64_t i, 
     ST_TRY(st_worker_compute(w, r->train, w->order, first, loss));
     double t1 = st_run_now_s();
     slot->times.compute += t1 - t;
-    int n_segs;
-    const st_param_segment *segs = st_model_segments(w->model, &n_segs);
     *lr = st_schedule_lr(&r->plan.schedule, step);
     me->round_step++; /* Adam's bias correction restarts with a reset state */
-    st_optim_update(&w->optim, st_model_params(w->model), st_model_grads(w->model), segs, n_segs,
-                    0, st_model_param_count(w->model), me->round_step, *lr);
+    /* the subnetwork is the worker's own: its update writes the bf16 and
+     * blocked copies the next forward reads (a round end rebuilds the
+     * model, whose new copies its first forward makes) */
+    st_worker_update_own(w, me->round_step, *lr);
     slot->times.optimizer += st_run_now_s() - t1;
     return ST_OK;
 }

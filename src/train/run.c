@@ -130,20 +130,30 @@ st_status st_run_model_ranges(st_worker *w, int grads, st_range **ranges, size_t
     return ST_OK;
 }
 
-void st_run_set_copies(st_comm *c, int wid, const st_worker *w)
+static void set_copies(st_comm *c, int wid, const st_model *m, int store)
 {
     /* bf16: the engine that gathers the parameters writes the weights' bf16
      * copies as it brings them in (st_run_sharded_update) */
     int n_copies;
-    const st_param_copy *copies = st_model_copies(w->model, &n_copies);
+    const st_param_copy *copies = st_model_copies(m, &n_copies);
     st_comm_set_param_copies(c, wid, copies, n_copies);
     /* --weight-layout blocked: a replica's copies are packed by the engine
      * as it gathers them, a domain's store by the owners' updates */
-    if (!w->storage.blocked) {
+    if (!store) {
         int n_blocked;
-        const st_param_blocked *blocked = st_model_blocked_copies(w->model, &n_blocked);
+        const st_param_blocked *blocked = st_model_blocked_copies(m, &n_blocked);
         st_comm_set_param_blocked(c, wid, blocked, n_blocked);
     }
+}
+
+void st_run_set_copies(st_comm *c, int wid, const st_worker *w)
+{
+    set_copies(c, wid, w->model, w->storage.blocked != NULL);
+}
+
+void st_run_set_model_copies(st_comm *c, int wid, const st_model *m)
+{
+    set_copies(c, wid, m, 0);
 }
 
 /* Which elements of the full vector w holds, and where they sit in its

@@ -265,6 +265,8 @@ typedef struct run_attachment {
  * blocked ones unless w reads its domain's store, which the updates
  * pack). */
 void st_run_set_copies(st_comm *c, int wid, const st_worker *w);
+/* The same for a model that reads no domain store (synth's segments). */
+void st_run_set_model_copies(st_comm *c, int wid, const st_model *m);
 /* Registers w's vectors with the engines: `grads` reduces its gradients;
  * `params` (NULL: the same engine) holds every parameter and carries the
  * masters and the all-gather (backward masking).  *att (may be NULL): what

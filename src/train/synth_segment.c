@@ -84,6 +84,7 @@ static st_status init_worker(run_shared *r, synth_run *sy, int wid, st_worker *w
     if (G->comm) {
         st_range all = { 0, P };
         int k = wid - G->local_first;
+        st_run_set_model_copies(G->comm, k, st_segnet_model(me->net));
         ST_TRY(st_comm_attach(G->comm, k, &w->arena, st_segnet_grads(me->net),
                               st_segnet_params(me->net), &all, 1));
         st_range shard = st_comm_shard(G->comm, k);
@@ -172,8 +173,16 @@ static st_status local_update(run_shared *r, st_worker *w, synth_group *G, uint6
     const st_param_segment *segs = st_segnet_segments(me->net, &n_segs);
     *loss = slot->loss;
     *lr = st_schedule_lr(&G->schedule, step);
-    st_optim_update(&w->optim, st_segnet_params(me->net), st_segnet_grads(me->net), segs,
-                    n_segs, 0, st_segnet_param_count(me->net), step, *lr);
+    /* the segment is the worker's own: its update writes the weight
+     * copies the next forward reads */
+    st_model *m = st_segnet_model(me->net);
+    int n_copies, n_blocked;
+    const st_param_copy *copies = st_model_copies(m, &n_copies);
+    const st_param_blocked *blocked = st_model_blocked_copies(m, &n_blocked);
+    st_optim_update_blocked(&w->optim, st_segnet_params(me->net), st_segnet_grads(me->net),
+                            segs, n_segs, 0, st_segnet_param_count(me->net), step, *lr, copies,
+                            n_copies, blocked, n_blocked);
+    st_model_copies_current(m);
     slot->times.optimizer += st_run_now_s() - t;
     return ST_OK;
 }
@@ -260,6 +269,12 @@ static st_status group_update(run_shared *r, st_worker *w, synth_group *G, uint6
     slot->times.optimizer += t1 - t;
     t = t1;
     ST_TRY(st_comm_all_gather(G->comm, kl));
+    /* nothing writes the segment's parameters before its next forward */
+    st_model *net = st_segnet_model(me->net);
+    if (st_comm_gathers_copies(G->comm, kl))
+        st_model_copies_written(net);
+    if (st_comm_gathers_blocked(G->comm, kl))
+        st_model_blocked_written(net);
     slot->times.reduce += st_run_now_s() - t;
     return ST_OK;
 }
