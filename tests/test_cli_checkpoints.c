@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 
 #include <criterion/criterion.h>
+#include <subtrain/checkpoint.h>
 #include <subtrain/model.h>
 #include <signal.h>
 
@@ -405,6 +406,67 @@ Test(cli, resume_refuses_another_run_or_a_bad_file, .timeout = 120)
                        "--checkpoint-every");
     expect_usage_error("--data synthetic --usr1 later", "--usr1");
     expect_usage_error("--data synthetic --init a --resume b", "--init and --resume");
+}
+
+/* A copy of the step checkpoint `from` at `to` with metadata entry `key`
+ * set to `value` (the writer records the new CRC, as a tool editing the
+ * file would). */
+static void rewrite_meta(const char *from, const char *to, const char *key, const char *value)
+{
+    st_safetensors f;
+    cr_assert_eq(st_safetensors_read(from, &f), ST_OK);
+    int found = 0;
+    for (int i = 0; i < f.n_meta; i++)
+        if (strcmp(f.meta[i].key, key) == 0) {
+            f.meta[i].value = value;
+            found = 1;
+        }
+    cr_assert(found, "no %s in %s", key, from);
+    cr_assert_eq(st_safetensors_write(to, f.tensors, f.n, f.meta, f.n_meta), ST_OK);
+    st_safetensors_free(&f);
+}
+
+/* The position's numbers and a strategy's counters in a step
+ * checkpoint's metadata are checked: a time below zero, a sum that is
+ * not finite, a count of rounds or steps beyond the steps taken are
+ * refused in one line naming the entry, and the file unchanged resumes. */
+Test(cli, resume_refuses_metadata_out_of_range, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], cmd[8 * ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX],
+        step[2 * ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    const char *opts = "--data synthetic --model mlp --depth 2 --width 32 --batch 32 "
+                       "--steps 20 --workers 2 --strategy ist --local-steps 5";
+    run_cmd(cmd, sizeof cmd, opts, dir, "ck", "--checkpoint-every 10");
+    int w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0);
+    snprintf(step, sizeof step, "%s/ck/step-00000010.safetensors", dir);
+    static const struct { const char *key, *value, *needle; } bad[] = {
+        { "subtrain.train_time", "-1", "'subtrain.train_time' is -1 in its metadata, not a "
+          "finite number of 0 or more" },
+        { "subtrain.loss_sum", "nan", "'subtrain.loss_sum' is nan in its metadata, not a "
+          "finite number" },
+        { "subtrain.loss_sum", "inf", "'subtrain.loss_sum' is inf" },
+        { "subtrain.ist.rounds", "11", "'subtrain.ist.rounds' is 11 in its metadata, more "
+          "than the 10 steps its run had taken" },
+        { "subtrain.ist.round_step", "18446744073709551615", "'subtrain.ist.round_step' is "
+          "18446744073709551615" },
+        { "subtrain.ist.rounds", "2", NULL },   /* as written: resumes */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(path, sizeof path, "%s/edited%zu.safetensors", dir, i);
+        rewrite_meta(step, path, bad[i].key, bad[i].value);
+        snprintf(args, sizeof args, "%s --resume '%s'", opts, path);
+        if (bad[i].needle) {
+            expect_runtime_error(NULL, args, bad[i].needle);
+            continue;
+        }
+        run_result *r = calloc(1, sizeof *r);
+        run(r, NULL, args);
+        cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
+        free(r);
+    }
+    st_test_rmdir(dir);
 }
 
 /* A run that diverges writes no step checkpoint of its state once that

@@ -33,6 +33,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -565,7 +566,19 @@ st_status st_run_resume_meta_u64(const run_shared *r, const char *key, uint64_t 
     return ST_OK;
 }
 
-static st_status meta_double(const run_shared *r, const char *key, double *out)
+st_status st_run_resume_meta_steps(const run_shared *r, const char *key, uint64_t *out)
+{
+    ST_TRY(st_run_resume_meta_u64(r, key, out));
+    const uint64_t steps = r->resume->at.step;
+    if (*out > steps)
+        return st_fail(ST_ERR_FORMAT, "%s: '%s' is %llu in its metadata, more than the %llu "
+                       "steps its run had taken", r->resume->name, key,
+                       (unsigned long long)*out, (unsigned long long)steps);
+    return ST_OK;
+}
+
+/* A sum or a time: a finite number, not below zero unless `signed_`. */
+static st_status meta_double(const run_shared *r, const char *key, int signed_, double *out)
 {
     const char *v = st_safetensors_meta(r->cfg->resume, key);
     char *end;
@@ -573,6 +586,9 @@ static st_status meta_double(const run_shared *r, const char *key, double *out)
     if (!v || end == v || *end)
         return st_fail(ST_ERR_FORMAT, "%s: no valid '%s' in its metadata: not a step checkpoint",
                        r->cfg->resume_name, key);
+    if (!isfinite(x) || (!signed_ && x < 0.0))
+        return st_fail(ST_ERR_FORMAT, "%s: '%s' is %s in its metadata, not a finite number%s",
+                       r->cfg->resume_name, key, v, signed_ ? "" : " of 0 or more");
     *out = x;
     return ST_OK;
 }
@@ -646,9 +662,9 @@ st_status st_run_resume_open(run_shared *r)
     ST_TRY(st_run_resume_meta_u64(r, "subtrain.epoch", &epoch));
     ST_TRY(st_run_resume_meta_u64(r, "subtrain.epoch_step", &rs->at.epoch_step));
     ST_TRY(st_run_resume_meta_u64(r, "subtrain.step", &rs->at.step));
-    ST_TRY(meta_double(r, "subtrain.loss_sum", &rs->at.loss_sum));
+    ST_TRY(meta_double(r, "subtrain.loss_sum", 1, &rs->at.loss_sum));
     ST_TRY(st_run_resume_meta_u64(r, "subtrain.losses", &rs->at.losses));
-    ST_TRY(meta_double(r, "subtrain.train_time", &rs->at.train_time));
+    ST_TRY(meta_double(r, "subtrain.train_time", 0, &rs->at.train_time));
     if (epoch < 1 || epoch > 1000000)
         return st_fail(ST_ERR_FORMAT, "%s: epoch %llu in its metadata", name,
                        (unsigned long long)epoch);

@@ -124,8 +124,8 @@ static st_status ist_prepare(run_shared *r, void **state)
     ST_TRY(st_run_make_plan(cfg, r->n_all, r->train, &r->plan));
     ST_TRY(st_subnets_prepare(&s->sn, r, 1, neuron_units(cfg), 0));
     if (r->resume && st_safetensors_meta(r->resume->file, "subtrain.ist.rounds")) {
-        ST_TRY(st_run_resume_meta_u64(r, "subtrain.ist.rounds", &s->resumed_rounds));
-        ST_TRY(st_run_resume_meta_u64(r, "subtrain.ist.round_step", &s->resumed_round_step));
+        ST_TRY(st_run_resume_meta_steps(r, "subtrain.ist.rounds", &s->resumed_rounds));
+        ST_TRY(st_run_resume_meta_steps(r, "subtrain.ist.round_step", &s->resumed_round_step));
     }
     if (s->resumed_rounds)   /* the partition of the round resumed */
         ST_TRY(st_subnets_draw(&s->sn, r, s->resumed_rounds));

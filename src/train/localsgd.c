@@ -107,7 +107,8 @@ static st_status localsgd_prepare(run_shared *r, void **state)
         return st_fail(ST_ERR_NOMEM, "out of memory for %d workers' rounds", r->n);
     memset(s->workers, 0, sizeof(lsgd_worker) * (size_t)r->n);
     if (r->resume && st_safetensors_meta(r->resume->file, "subtrain.localsgd.round_step"))
-        ST_TRY(st_run_resume_meta_u64(r, "subtrain.localsgd.round_step", &s->resumed_round_step));
+        ST_TRY(st_run_resume_meta_steps(r, "subtrain.localsgd.round_step",
+                                        &s->resumed_round_step));
     ST_TRY(st_run_create_engine(r, 0, 0, NULL, 0, &r->comm));
     if (cfg->localsgd.keep_state)
         s->n_state = cfg->optim.kind == ST_OPT_ADAMW ? 2 : cfg->optim.momentum > 0.0f;

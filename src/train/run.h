@@ -424,6 +424,9 @@ st_status st_run_resume_optimizer(run_shared *r, st_worker *w);
 /* A metadata entry of the file being resumed, a whole number (a
  * strategy's own counters: ist's rounds). */
 st_status st_run_resume_meta_u64(const run_shared *r, const char *key, uint64_t *out);
+/* The same, a count of steps: at most the steps the file's run had taken
+ * (a strategy's counters of rounds and of steps since its state began). */
+st_status st_run_resume_meta_steps(const run_shared *r, const char *key, uint64_t *out);
 /* A tensor of the file being resumed into dst, checked: F32, `count`
  * elements. */
 st_status st_run_resume_load(const run_shared *r, const char *name, float *dst, size_t count);
