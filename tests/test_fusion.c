@@ -340,13 +340,15 @@ Test(fusion, bn_relu_is_bitwise_the_separate_relu)
         }
 }
 
-/* Linear layers that add the skip as a binary post-op. */
+/* Linear layers and convolutions that add the skip as a binary post-op. */
 static int skips_fused(const st_model *m)
 {
     int n = 0;
     for (int i = 0; i < m->n_layers; i++) {
         const st_layer *l = &m->layers[i];
-        n += l->kind == &st_layer_linear && l->residual >= 0 && !l->u.linear.unfused_residual;
+        n += l->residual >= 0 &&
+             ((l->kind == &st_layer_linear && !l->u.linear.unfused_residual) ||
+              (l->kind == &st_layer_conv && !l->u.conv.residual_pass));
     }
     return n;
 }
@@ -362,5 +364,25 @@ Test(fusion, skip_post_op_is_bitwise_the_separate_add)
         st_model_config c = resmlp_config(3, 16, 24, ST_ACT_GELU);
         c.precision = bf16 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
         check_fusion(c, ST_UNFUSE_RESIDUAL, skips_fused, 1, bf16 ? "resmlp bf16" : "resmlp fp32");
+    }
+}
+
+/* A ResNet's identity block: its second convolution adds the skip as a
+ * binary post-op where the kernel takes one (a separate add otherwise,
+ * as unfused), in fp32, bf16 and with bf16 activations, and scaled as a
+ * subnetwork's branch is. */
+Test(fusion, a_resnet_skip_post_op_is_bitwise_the_separate_add)
+{
+    omp_set_num_threads(1);
+    for (int k = 0; k < 2 + 2 * bf16_runs(); k++) {
+        st_model_config c = resnet_config(st_model_kind_named("resnet"), 2, 16, 1, 8, 8);
+        c.precision = k >= 2 ? ST_PRECISION_BF16 : ST_PRECISION_FP32;
+        if (k == 3)
+            c.activations = ST_PRECISION_BF16;
+        if (k == 1)
+            c.subnet.scale = 0.5f;
+        static const char *const tag[4] = { "resnet fp32", "resnet fp32 scaled", "resnet bf16",
+                                            "resnet bf16 activations" };
+        check_fusion(c, ST_UNFUSE_RESIDUAL, skips_fused, 1, tag[k]);
     }
 }

@@ -1,5 +1,6 @@
 /* nn/dnnl_util.c — engine, stream, primitive and memory bookkeeping. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -270,6 +271,34 @@ st_status st_prim_create_pair(st_nn_ctx *ctx, st_prim *fwd, const void *fwd_desc
     return s;
 }
 
+/* The context's attributes with the post-ops below, into *out (the
+ * caller destroys it). */
+static dnnl_status_t post_ops_attr(const st_nn_ctx *ctx, float scale,
+                                   const dnnl_memory_desc_t *add0_md,
+                                   const dnnl_memory_desc_t *add1_md, int relu,
+                                   const dnnl_memory_desc_t *mul_md, dnnl_primitive_attr_t *out)
+{
+    dnnl_post_ops_t ops = NULL;
+    dnnl_status_t s = dnnl_primitive_attr_clone(out, ctx->attr);
+    if (s == dnnl_success)
+        s = dnnl_post_ops_create(&ops);
+    if (s == dnnl_success && scale != 1.0f)
+        s = dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_linear, scale, 0.0f);
+    if (s == dnnl_success && add0_md)
+        s = dnnl_post_ops_append_binary(ops, dnnl_binary_add, add0_md);
+    if (s == dnnl_success && add1_md)
+        s = dnnl_post_ops_append_binary(ops, dnnl_binary_add, add1_md);
+    if (s == dnnl_success && relu)
+        s = dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    if (s == dnnl_success && mul_md)
+        s = dnnl_post_ops_append_binary(ops, dnnl_binary_mul, mul_md);
+    if (s == dnnl_success)
+        s = dnnl_primitive_attr_set_post_ops(*out, ops);
+    if (ops)
+        dnnl_post_ops_destroy(ops);
+    return s;
+}
+
 /* A primitive with post-ops: the scale (an eltwise_linear; order matters:
  * it applies to the product, and its bias when the bias is the
  * primitive's own), then up to two binary adds, then a ReLU, then a binary
@@ -297,29 +326,36 @@ static st_status create_with_post_ops(st_nn_ctx *ctx, st_prim *p, const void *op
     if (mul_md)
         v.mul = *mul_md;
     dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t ops = NULL;
-    dnnl_status_t s = dnnl_primitive_attr_clone(&attr, ctx->attr);
-    if (s == dnnl_success)
-        s = dnnl_post_ops_create(&ops);
-    if (s == dnnl_success && scale != 1.0f)
-        s = dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_linear, scale, 0.0f);
-    if (s == dnnl_success && add0_md)
-        s = dnnl_post_ops_append_binary(ops, dnnl_binary_add, add0_md);
-    if (s == dnnl_success && add1_md)
-        s = dnnl_post_ops_append_binary(ops, dnnl_binary_add, add1_md);
-    if (s == dnnl_success && relu)
-        s = dnnl_post_ops_append_eltwise(ops, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
-    if (s == dnnl_success && mul_md)
-        s = dnnl_post_ops_append_binary(ops, dnnl_binary_mul, mul_md);
-    if (s == dnnl_success)
-        s = dnnl_primitive_attr_set_post_ops(attr, ops);
+    dnnl_status_t s = post_ops_attr(ctx, scale, add0_md, add1_md, relu, mul_md, &attr);
     st_status st = s == dnnl_success ? prim_create(ctx, p, op_desc, hint, attr, &v, what, pd_out)
                                      : st_dnnl_fail(s, what, __FILE__, __LINE__);
-    if (ops)
-        dnnl_post_ops_destroy(ops);
     if (attr)
         dnnl_primitive_attr_destroy(attr);
     return st;
+}
+
+st_status st_prim_impl(st_nn_ctx *ctx, const void *op_desc, float scale,
+                       const dnnl_memory_desc_t *add0_md, char *name, size_t n,
+                       dnnl_memory_desc_t *dst_md)
+{
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    const char *impl = NULL;
+    dnnl_status_t s = post_ops_attr(ctx, scale, add0_md, NULL, 0, NULL, &attr);
+    if (s == dnnl_success)
+        s = dnnl_primitive_desc_create(&pd, op_desc, attr, ctx->engine, NULL);
+    if (s == dnnl_success)
+        s = dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+    if (s == dnnl_success) {
+        snprintf(name, n, "%s", impl);
+        *dst_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    }
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    return s == dnnl_success ? ST_OK : st_dnnl_fail(s, "probing an implementation", __FILE__,
+                                                     __LINE__);
 }
 
 st_status st_prim_create_with_post_ops(st_nn_ctx *ctx, st_prim *p, const void *op_desc,

@@ -194,6 +194,13 @@ st_status st_prim_create_fused(st_nn_ctx *ctx, st_prim *p, const void *op_desc, 
 st_status st_prim_create_scaled(st_nn_ctx *ctx, st_prim *p, const void *op_desc,
                                 const_dnnl_primitive_desc_t hint, float scale, const char *what,
                                 dnnl_primitive_desc_t *pd_out);
+/* The implementation oneDNN picks for op_desc with the scale and a binary
+ * add (add0_md, NULL: none) as post-ops, its name (the verbose log's) into
+ * name, and its dst layout: made and dropped, for a caller that fuses a
+ * post-op only where it keeps the kernel. */
+st_status st_prim_impl(st_nn_ctx *ctx, const void *op_desc, float scale,
+                       const dnnl_memory_desc_t *add0_md, char *name, size_t n,
+                       dnnl_memory_desc_t *dst_md);
 /* Position of binary add j (0 or 1) among the post-ops above. */
 static inline int st_post_op_index(float scale, const dnnl_memory_desc_t *add0_md, int j)
 {

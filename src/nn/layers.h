@@ -395,6 +395,11 @@ typedef struct st_conv_io {
      * as they are, or written in bf16 by the pass itself (no reorder when
      * their layout is the primitive's).  y and dx only without a scale. */
     int half_x, half_y, half_dx, half_dy;
+    /* y += residual (B, OC, OH, OW), fp32 in y's layout (a skip): a binary
+     * post-op of the forward where the kernel takes one, else a pass of
+     * its own after it (unfuse_residual: always) */
+    const float *residual;
+    int unfuse_residual;
 } st_conv_io;
 
 typedef struct st_conv {
@@ -410,7 +415,9 @@ typedef struct st_conv {
                                  * post-op: a loop scales y */
     float *y, *dx, *dw, *db;    /* the plain buffers the scale loops touch */
     const float *b;             /* an unscaled bias, added by a loop after the scale */
-    st_pass fwd;                /* y = conv(x, w) + b */
+    st_pass fwd;                /* y = conv(x, w) + b [+ residual, fused] */
+    int residual_pass;          /* add_residual runs after fwd */
+    st_prim add_residual;       /* y += residual, in place */
     st_pass bwd_data;           /* dx = conv^T(dy, w) */
     st_pass bwd_weights;        /* dw = corr(x, dy), db = sum of dy */
 } st_conv;

@@ -150,6 +150,8 @@ static st_status check_shape(const st_conv_shape *s, const st_conv_io *io)
         return st_fail(ST_ERR_INVALID, "conv: bf16 buffers need the bf16 passes");
     if ((io->half_y || io->half_dx) && scaled)
         return st_fail(ST_ERR_INVALID, "conv: a scaled convolution writes fp32 y and dx");
+    if (io->residual && io->half_y)
+        return st_fail(ST_ERR_INVALID, "conv: a residual is added to an fp32 y");
     return ST_OK;
 }
 
@@ -235,15 +237,62 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
                                                strides, pad_l, pad_r),
             "conv forward descriptor");
     /* The scale as the forward's eltwise_linear post-op, applied while y
-     * is in registers; a kernel that refuses it gets a loop instead. */
+     * is in registers; a kernel that refuses it gets a loop instead.  The
+     * residual as a binary add after it, where the kernel that takes it is
+     * the one without it writing y's layout: else a pass of its own (the
+     * same sum, scale conv + residual, rounded once either way). */
+    dnnl_memory_desc_t res_md;
+    st_md_tag(&res_md, 4, yd, yt);
+    int fuse_res = io->residual && !io->unfuse_residual && !c->b;
+    if (fuse_res) {
+        char plain[128], fused[128];
+        dnnl_memory_desc_t dst_plain, dst_fused;
+        fuse_res = st_prim_impl(ctx, &fd, c->scale, NULL, plain, sizeof plain, &dst_plain) ==
+                       ST_OK &&
+                   st_prim_impl(ctx, &fd, c->scale, &res_md, fused, sizeof fused, &dst_fused) ==
+                       ST_OK &&
+                   strcmp(plain, fused) == 0 && dnnl_memory_desc_equal(&dst_fused, &res_md);
+    }
     dnnl_primitive_desc_t fpd;
-    st_status s = st_prim_create_scaled(ctx, &c->fwd.prim, &fd, NULL, c->scale, "conv forward",
-                                        &fpd);
+    st_status s = st_prim_create_fused(ctx, &c->fwd.prim, &fd, c->scale,
+                                       fuse_res ? &res_md : NULL, NULL, 0, NULL,
+                                       fuse_res ? "conv forward with residual" : "conv forward",
+                                       &fpd);
     if (s != ST_OK && c->scale != 1.0f && !io->half_y) {
         c->scale_loop = 1;
+        fuse_res = 0;
         s = st_prim_create(ctx, &c->fwd.prim, &fd, NULL, "conv forward", &fpd);
     }
     ST_TRY(s);
+    if (io->residual) {
+        dnnl_memory_t res;
+        s = st_mem_md(ctx, &res, &res_md, io->residual);
+        if (s == ST_OK && fuse_res)
+            st_prim_arg(&c->fwd.prim, DNNL_ARG_ATTR_MULTIPLE_POST_OP(
+                                          st_post_op_index(c->scale, &res_md, 0)) |
+                                          DNNL_ARG_SRC_1, res);
+        if (s == ST_OK && !fuse_res) {   /* y += residual, in place, y's layout */
+            dnnl_memory_t ym;
+            dnnl_binary_desc_t bd;
+            s = st_mem_md(ctx, &ym, &res_md, io->y);
+            if (s == ST_OK && dnnl_binary_desc_init(&bd, dnnl_binary_add, &res_md, &res_md,
+                                                    &res_md) != dnnl_success)
+                s = st_fail(ST_ERR_INVALID, "conv residual add descriptor");
+            if (s == ST_OK)
+                s = st_prim_create(ctx, &c->add_residual, &bd, NULL,
+                                   "conv residual add (unfused)", NULL);
+            if (s == ST_OK) {
+                st_prim_arg(&c->add_residual, DNNL_ARG_SRC_0, ym);
+                st_prim_arg(&c->add_residual, DNNL_ARG_SRC_1, res);
+                st_prim_arg(&c->add_residual, DNNL_ARG_DST, ym);
+                c->residual_pass = 1;
+            }
+        }
+        if (s != ST_OK) {
+            dnnl_primitive_desc_destroy(fpd);
+            return s;
+        }
+    }
     dnnl_memory_t b = NULL, db = NULL;
     if (fwd_bias)
         s = st_mem_vector(ctx, &b, shape->oc, io->b);
@@ -351,6 +400,8 @@ st_status st_conv_forward(const st_nn_ctx *ctx, const st_conv *c)
     ST_TRY(st_pass_run(ctx, &c->fwd));
     if (c->scale_loop || c->b)
         finish_output(c);
+    if (c->residual_pass)
+        ST_TRY(st_prim_run(ctx, &c->add_residual));
     return ST_OK;
 }
 
@@ -491,6 +542,8 @@ static st_status conv_build(st_model *m, st_layer *l)
         .bf16 = cf->precision == ST_PRECISION_BF16,
         .half_x = st_graph_is_half(m, l->x), .half_y = st_graph_is_half(m, l->y),
         .half_dx = st_graph_is_half(m, l->dx), .half_dy = st_graph_is_half(m, l->dy),
+        .residual = st_graph_data(m, l->residual),
+        .unfuse_residual = (cf->unfuse & ST_UNFUSE_RESIDUAL) != 0,
     };
     if (l->closes_group) {
         io.scale = cf->subnet.scale;

@@ -18,7 +18,9 @@
  * batch norm's, and the second convolution's input channels).
  *
  * Buffers per stage s (c channels, H x W): the saved activations of each
- * block (a0, p, c1, b1, r1, c2, out: 7 c H W floats, + the shortcut's s),
+ * block (a0, p, c1, b1, r1, out: 6 c H W floats; a projection block also
+ * c2 and the shortcut's s, which a join adds: an identity block's conv2
+ * adds its skip as it writes out),
  * and gradients shared by the stage's blocks: dh (the stream's), dtmp,
  * da0, dp, dc1, db1, dr1 (and dq at a projection).  dh is written by the
  * layer after the stage and by the next stage's projection block, and
@@ -69,7 +71,10 @@ static int block(st_model *m, int h, int64_t cin, int64_t c, int64_t H, int64_t 
     if (proj && !st_graph_add(m, &st_layer_residual, "fork", p, p, pre->dp, pre->dq))
         *ok = 0;
     const int c1 = image(m, c, Ho, Wo, unit, ok), b1 = image(m, c, Ho, Wo, unit, ok);
-    const int r1 = image(m, c, Ho, Wo, unit, ok), c2 = image(m, c, Ho, Wo, ST_W_FULL, ok);
+    const int r1 = image(m, c, Ho, Wo, unit, ok);
+    /* an identity block's conv2 adds the skip as it writes the stream; a
+     * projection's shortcut runs after it, so a join adds the two */
+    const int c2 = proj ? image(m, c, Ho, Wo, ST_W_FULL, ok) : ST_T_NONE;
     const int out = image(m, c, Ho, Wo, ST_W_FULL, ok);
     snprintf(name, sizeof name, "%s.conv1", prefix);
     st_layer *l = st_graph_conv(m, name, p, c1, pre->dp, g->dc1, cin, c, 3, stride);
@@ -79,23 +84,25 @@ static int block(st_model *m, int h, int64_t cin, int64_t c, int64_t H, int64_t 
     if (!st_graph_bn_act(m, name, c1, r1, g->dc1, g->dr1, b1, g->db1, c, unit))
         *ok = 0;
     snprintf(name, sizeof name, "%s.conv2", prefix);
-    st_layer *l2 = st_graph_conv(m, name, r1, c2, g->dr1, g->dh, c, c, 3, 1);
+    st_layer *l2 = st_graph_conv(m, name, r1, proj ? c2 : out, g->dr1, g->dh, c, c, 3, 1);
     if (l2) {
         l2->in_unit = unit;
         /* the branch scale multiplies an identity block's branch */
         l2->closes_group = !proj;
+        if (!proj)
+            l2->residual = h;
     }
-    int skip = h;
     if (proj) {
-        skip = image(m, c, Ho, Wo, ST_W_FULL, ok);
+        const int skip = image(m, c, Ho, Wo, ST_W_FULL, ok);
         snprintf(name, sizeof name, "%s.shortcut", prefix);
         if (!st_graph_conv(m, name, p, skip, pre->dq, g->dh, cin, c, 1, stride))
             *ok = 0;
+        st_layer *j = st_graph_add(m, &st_layer_join, "join", skip, out, ST_T_NONE, g->dh);
+        if (j)
+            j->residual = c2;
+        *ok = *ok && j;
     }
-    st_layer *j = st_graph_add(m, &st_layer_join, "join", skip, out, ST_T_NONE, g->dh);
-    if (j)
-        j->residual = c2;
-    *ok = *ok && l && l2 && j;
+    *ok = *ok && l && l2;
     if (!proj) {
         st_graph_group_end(m, h, out);
         (*group)++;
