@@ -240,7 +240,7 @@ st_status st_conv_build(st_nn_ctx *ctx, st_conv *c, const st_conv_shape *shape,
      * is in registers; a kernel that refuses it gets a loop instead.  The
      * residual as a binary add after it, where the kernel that takes it is
      * the one without it writing y's layout: else a pass of its own (the
-     * same sum, scale conv + residual, rounded once either way). */
+     * same fp32 operations either way: the scaled sum, then + residual). */
     dnnl_memory_desc_t res_md;
     st_md_tag(&res_md, 4, yd, yt);
     int fuse_res = io->residual && !io->unfuse_residual && !c->b;
