@@ -319,9 +319,8 @@ static int run_case(int k, const st_quad_config *c)
     return s == ST_OK ? 0 : fail_status(s, what);
 }
 
-/* The trace into the output opened by st_cli_out_open (path: the user's
- * name for it). */
-static int write_trace(const st_quad_config *c, st_cli_out *out, const char *path)
+/* The trace into the output opened by st_cli_out_open. */
+static int write_trace(const st_quad_config *c, st_cli_out *out)
 {
     st_quad_trace t;
     st_status s = st_quad_trace_run(c, &t);
@@ -337,7 +336,7 @@ static int write_trace(const st_quad_config *c, st_cli_out *out, const char *pat
     }
     if (rc == 0) {
         int K = t.iters;
-        printf("Trace written to %s: ||x^k - x*|| for k = 0..%d\n", path, K);
+        printf("Trace written to %s: ||x^k - x*|| for k = 0..%d\n", out->path, K);
         printf("  case 2's problem at k = %d: IST one run %.3e, IST exact mean %.3e, GD %.3e\n",
                K, t.ist[K], t.ist_mean[K], t.gd[K]);
         printf("  case 3's problem at k = %d: IST %.3e, GD %.3e\n", K, t.ist_b0[K], t.gd_b0[K]);
@@ -377,7 +376,7 @@ int st_cli_quad_main(int argc, char **argv)
     }
     if (o.csv) {
         printf("\n");
-        int rc = write_trace(c, &out, o.csv);
+        int rc = write_trace(c, &out);
         if (rc != 0)
             return rc;
     }

@@ -419,6 +419,9 @@ st_status st_graph_build(st_model *m);         /* memory and primitives */
  * marked. */
 st_status st_graph_half(st_model *m);
 st_status st_graph_forward(const st_model *m, st_phase phase);
+/* The training forward of a step (nn/model.c): its weight copies are then
+ * stale until the update or the all-gather writes them again. */
+st_status st_model_train_forward(st_model *m);
 st_status st_graph_backward(const st_model *m);
 /* The same, calling ready(ctx, from) after each layer whose backward makes
  * more of the gradient vector final: elements [from, n_grads) (from only

@@ -516,8 +516,7 @@ static st_status list_copies(st_model *m)
                            m->copies[i].offset);
     qsort(m->blocked, (size_t)m->n_blocked, sizeof *m->blocked, by_offset);
     for (int i = 1; i < m->n_blocked; i++)
-        if (m->blocked[i].offset < m->blocked[i - 1].offset +
-                                       (size_t)(m->blocked[i - 1].rows * m->blocked[i - 1].cols))
+        if (m->blocked[i].offset < st_blocked_end(&m->blocked[i - 1]))
             return st_fail(ST_ERR_INVALID, "two blocked weight copies overlap at parameter %zu",
                            m->blocked[i].offset);
     return ST_OK;
@@ -911,8 +910,7 @@ void st_model_params_changed(st_model *m)
         st_bf16_round_n(m->copies[i].bf16, m->params + m->copies[i].offset, m->copies[i].count);
     for (int i = 0; i < m->n_blocked && m->ctx.blocked_store; i++) {
         const st_param_blocked *b = &m->blocked[i];
-        st_blocked_pack(b, m->params + b->offset, b->offset,
-                        b->offset + (size_t)(b->rows * b->cols));
+        st_blocked_pack(b, m->params + b->offset, b->offset, st_blocked_end(b));
     }
 }
 
@@ -921,14 +919,19 @@ st_status st_model_forward_backward(st_model *m, float *loss)
     return st_model_forward_backward_ready(m, loss, NULL, NULL);
 }
 
+st_status st_model_train_forward(st_model *m)
+{
+    st_status s = st_graph_forward(m, ST_PHASE_TRAIN);
+    m->ctx.copies_current = 0;   /* used: the next update writes them again */
+    m->ctx.blocked_current = 0;
+    return s;
+}
+
 st_status st_model_forward_backward_ready(st_model *m, float *loss,
                                           void (*ready)(void *ctx, size_t from), void *ctx)
 {
     double sum;
-    st_status s = st_graph_forward(m, ST_PHASE_TRAIN);
-    m->ctx.copies_current = 0;   /* used: the next update writes them again */
-    m->ctx.blocked_current = 0;
-    ST_TRY(s);
+    ST_TRY(st_model_train_forward(m));
     ST_TRY(st_xent_forward(&m->ctx, &m->xent, m->labels, m->rows, 1, &sum, NULL));
     *loss = (float)(sum / (double)m->rows);
     return st_graph_backward_ready(m, ready, ctx);

@@ -173,10 +173,7 @@ st_status st_segnet_forward_backward_ready(st_segnet *s, float *loss,
                                            void (*ready)(void *ctx, size_t from), void *ctx)
 {
     double sum;
-    st_status st = st_graph_forward(s->m, ST_PHASE_TRAIN);
-    s->m->ctx.copies_current = 0;   /* used: the next update writes them again */
-    s->m->ctx.blocked_current = 0;
-    ST_TRY(st);
+    ST_TRY(st_model_train_forward(s->m));
     if (s->last_is_head)
         ST_TRY(st_xent_forward(&s->m->ctx, &s->xent, s->labels, s->batch, 1, &sum, NULL));
     else

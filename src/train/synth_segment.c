@@ -169,20 +169,11 @@ static st_status local_update(run_shared *r, st_worker *w, synth_group *G, uint6
     if (atomic_load_explicit(&r->failed, memory_order_relaxed))
         return st_fail(ST_ERR_INVALID, "another worker failed");
     double t = st_run_now_s();
-    int n_segs;
-    const st_param_segment *segs = st_segnet_segments(me->net, &n_segs);
     *loss = slot->loss;
     *lr = st_schedule_lr(&G->schedule, step);
     /* the segment is the worker's own: its update writes the weight
      * copies the next forward reads */
-    st_model *m = st_segnet_model(me->net);
-    int n_copies, n_blocked;
-    const st_param_copy *copies = st_model_copies(m, &n_copies);
-    const st_param_blocked *blocked = st_model_blocked_copies(m, &n_blocked);
-    st_optim_update_blocked(&w->optim, st_segnet_params(me->net), st_segnet_grads(me->net),
-                            segs, n_segs, 0, st_segnet_param_count(me->net), step, *lr, copies,
-                            n_copies, blocked, n_blocked);
-    st_model_copies_current(m);
+    st_worker_update_model(w, st_segnet_model(me->net), step, *lr);
     slot->times.optimizer += st_run_now_s() - t;
     return ST_OK;
 }

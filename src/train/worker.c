@@ -225,7 +225,11 @@ st_status st_worker_train_step(st_worker *w, const st_dataset *d, const uint32_t
 
 void st_worker_update_own(st_worker *w, uint64_t step, float lr)
 {
-    st_model *m = w->model;
+    st_worker_update_model(w, w->model, step, lr);
+}
+
+void st_worker_update_model(st_worker *w, st_model *m, uint64_t step, float lr)
+{
     int n_segs, n_copies, n_blocked;
     const st_param_segment *segs = st_model_segments(m, &n_segs);
     const st_param_copy *copies = st_model_copies(m, &n_copies);

@@ -96,6 +96,8 @@ st_status st_worker_train_step(st_worker *w, const st_dataset *d, const uint32_t
  * make.  Only for a worker whose vector nothing else writes between this
  * and its next forward (one worker alone: no engine, no write-back). */
 void st_worker_update_own(st_worker *w, uint64_t step, float lr);
+/* The same over m, a model of w's other than w->model (synth's segment). */
+void st_worker_update_model(st_worker *w, st_model *m, uint64_t step, float lr);
 
 /* Mean loss and accuracy of the worker's current parameters on `d`. */
 st_status st_worker_evaluate(st_worker *w, const st_dataset *d, double *loss,
