@@ -546,6 +546,21 @@ Test(cli, metrics_problems_are_said_early_and_with_the_reason, .timeout = 60)
     expect_runtime_error(NULL, args, "Fashion-MNIST not found in /nonexistent/fmnist");
     read_into(path, text, sizeof text);
     cr_assert_str_eq(text, earlier, "the failed run changed the metrics file");
+    /* and creates none: a new name, or a dangling link's target */
+    char fresh[ST_TEST_PATH_MAX], link_[ST_TEST_PATH_MAX], target[ST_TEST_PATH_MAX];
+    st_test_path(fresh, dir, "new.jsonl");
+    st_test_path(link_, dir, "link.jsonl");
+    st_test_path(target, dir, "target.jsonl");
+    cr_assert_eq(symlink("target.jsonl", link_), 0);
+    const char *never[] = { fresh, link_ };
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "--data /nonexistent/fmnist --metrics '%s'", never[k]);
+        expect_runtime_error(NULL, args, "Fashion-MNIST not found in /nonexistent/fmnist");
+    }
+    cr_assert_neq(access(fresh, F_OK), 0, "a run that failed before training made %s", fresh);
+    cr_assert_neq(access(target, F_OK), 0, "a run that failed before training made %s", target);
+    struct stat sb;
+    cr_assert(lstat(link_, &sb) == 0 && S_ISLNK(sb.st_mode), "the link is gone");
     snprintf(args, sizeof args, "--data synthetic --model mlp --depth 1 --width 16 --steps 2 -q "
              "--metrics '%s'", path);
     run_result *r = calloc(1, sizeof *r);

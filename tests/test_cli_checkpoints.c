@@ -524,3 +524,84 @@ Test(cli, weights_are_not_renamed_over_a_fifo, .timeout = 60)
     cr_assert(lstat(path, &sb) == 0 && S_ISFIFO(sb.st_mode), "the FIFO was replaced");
     st_test_rmdir(dir);
 }
+
+/* The shell lines that wait (up to 20 s) for $pid to stop itself
+ * (SUBTRAIN_FAULT=stop:final.safetensors: the final weights are in their
+ * temporary file), then send it `sigs` and let it go on, and wait for it. */
+#define STOPPED_THEN(sigs)                                                                    \
+    "i=0; while [ \"$(cut -d' ' -f3 /proc/$pid/stat)\" != T ] && [ $i -lt 400 ]; do "         \
+    "sleep 0.05; i=$((i+1)); done; kill " sigs " $pid; kill -CONT $pid; wait $pid"
+
+/* Names in dir holding ".tmp." (a writer's temporary files). */
+static int tmps_in(const char *dir)
+{
+    char cmd[2 * ST_TEST_PATH_MAX];
+    snprintf(cmd, sizeof cmd, "ls -a '%s' | grep -c '[.]tmp[.]'", dir);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    int n = -1;
+    cr_assert_eq(fscanf(p, "%d", &n), 1);
+    pclose(p);
+    return n;
+}
+
+/* Signals while the final weights are written: one after the last step
+ * lets the write finish, says so and exits as the signal would have; a
+ * second SIGINT (after a SIGTERM that stopped training) ends the run at
+ * once and takes the temporary file with it; a writer killed there
+ * (SIGKILL) leaves its temporary file, which the next write of the same
+ * name removes. */
+Test(cli, a_signal_while_the_final_weights_are_written, .timeout = 180)
+{
+    char dir[ST_TEST_PATH_MAX], cmd[8 * ST_TEST_PATH_MAX], path[2 * ST_TEST_PATH_MAX];
+    char out[1 << 14], err[1 << 14];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    const char *bin = getenv("SUBTRAIN_BIN");
+    const char *opts = "--data synthetic --model mlp --depth 2 --width 32 --batch 32 "
+                       "--progress none";
+    snprintf(cmd, sizeof cmd, "SUBTRAIN_FAULT=stop:final.safetensors '%s' %s --steps 20 "
+             "--checkpoint '%s/late' >'%s/late.out' 2>'%s/late.err' </dev/null & pid=$!; "
+             STOPPED_THEN("-TERM"), bin, opts, dir, dir, dir);
+    int w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 143, "a late SIGTERM: exit %d", w);
+    snprintf(path, sizeof path, "%s/late.out", dir);
+    read_into(path, out, sizeof out);
+    snprintf(path, sizeof path, "%s/late.err", dir);
+    read_into(path, err, sizeof err);
+    cr_assert(strstr(out, "interrupted by signal 15 after training\n"), "%s", out);
+    cr_assert(strstr(err, "subtrain: training is done: finishing its evaluation"), "%s", err);
+    snprintf(path, sizeof path, "%s/late/final.safetensors", dir);
+    cr_assert_eq(access(path, F_OK), 0, "no final weights");
+    snprintf(path, sizeof path, "%s/late", dir);
+    cr_assert_eq(tmps_in(path), 0, "a temporary file left");
+
+    snprintf(cmd, sizeof cmd, "SUBTRAIN_FAULT=stop:final.safetensors '%s' %s --epochs 40 "
+             "--checkpoint '%s/again' --metrics '%s/again.jsonl' >'%s/again.out' "
+             "2>'%s/again.err' </dev/null & pid=$!; i=0; while ! grep -q '\"epoch\":' "
+             "'%s/again.jsonl' 2>/dev/null && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); "
+             "done; kill -TERM $pid; " STOPPED_THEN("-INT"), bin, opts, dir, dir, dir, dir, dir);
+    w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 130, "a second SIGINT: exit %d (it must still "
+              "be training at its first record)", w);
+    snprintf(path, sizeof path, "%s/again.err", dir);
+    read_into(path, err, sizeof err);
+    cr_assert(strstr(err, "subtrain: interrupted again: stopping now"), "%s", err);
+    snprintf(path, sizeof path, "%s/again/final.safetensors", dir);
+    cr_assert_neq(access(path, F_OK), 0, "final weights from a run stopped at once");
+    snprintf(path, sizeof path, "%s/again", dir);
+    cr_assert_eq(tmps_in(path), 0, "the temporary file was left");
+
+    snprintf(cmd, sizeof cmd, "SUBTRAIN_FAULT=stop:final.safetensors '%s' %s --steps 20 "
+             "--checkpoint '%s/killed' >/dev/null 2>&1 </dev/null & pid=$!; "
+             STOPPED_THEN("-KILL"), bin, opts, dir);
+    w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 137, "SIGKILL: exit %d", w);
+    snprintf(path, sizeof path, "%s/killed", dir);
+    cr_assert_eq(tmps_in(path), 1, "a killed writer left no temporary file to clear");
+    snprintf(cmd, sizeof cmd, "'%s' %s --steps 20 --checkpoint '%s/killed' >/dev/null 2>&1 "
+             "</dev/null", bin, opts, dir);
+    w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0, "the next run: exit %d", w);
+    cr_assert_eq(tmps_in(path), 0, "the dead writer's temporary file is still there");
+    st_test_rmdir(dir);
+}

@@ -1,8 +1,9 @@
 /*
  * tests/test_quad_cmd.c — the quad command's answers to bad options (one
  * line on stderr, exit 2; exit 1 for a file it cannot write), to --help,
- * and where its --csv file goes (through a link, into a FIFO, and not at
- * all when the run fails).
+ * where its --csv file goes (through a link, a dangling one too, into a
+ * FIFO, and not at all when the run fails or is stopped, even while it
+ * writes), and its progress line.
  *
  * Links src/cli/quad_cmd.c in to call st_cli_quad_main directly.
  */
@@ -10,6 +11,7 @@
 #define _POSIX_C_SOURCE 200809L
 #endif
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +74,7 @@ Test(quad, command_rejects_bad_options_with_one_line)
         { "--frobnicate" },
         { "--help=1" },
         { "--csv" },
+        { "--progress", "sometimes" },
         { "surplus" },
     };
     static char out[1 << 16], err[4096];
@@ -189,6 +192,74 @@ Test(quad_cmd, the_csv_file_is_written_whole_or_not_at_all, .timeout = 60)
     cr_assert_not_null(fgets(got, sizeof got, p));
     pclose(p);
     cr_assert_eq(atoi(got), 22, "the FIFO's reader got %s lines, not the header and 21 rows", got);
+    char rm[96];
+    snprintf(rm, sizeof rm, "rm -rf %s", dir);
+    cr_assert_eq(system(rm), 0);
+}
+
+/* The number of names in dir holding "tmp" (temporary files left). */
+static int tmps_in(const char *dir)
+{
+    char listing[128];
+    snprintf(listing, sizeof listing, "ls %s | grep -c tmp", dir);
+    FILE *p = popen(listing, "r");
+    cr_assert_not_null(p);
+    int n = -1;
+    cr_assert_eq(fscanf(p, "%d", &n), 1);
+    pclose(p);
+    return n;
+}
+
+/* A dangling link's target is created at the end, as a new name would
+ * be, never by a run that is stopped before it; a signal that comes while
+ * the file is written ends the command once it is renamed into place
+ * (SUBTRAIN_FAULT=stop:NAME stops the process there); --progress bar
+ * draws on stderr and changes nothing that stdout says. */
+Test(quad_cmd, a_dangling_link_and_a_signal_in_the_write_leave_whole_files, .timeout = 60)
+{
+    char dir[] = "/tmp/st-quad-XXXXXX", target[64], link_[64], line[256];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(target, sizeof target, "%s/target.csv", dir);
+    snprintf(link_, sizeof link_, "%s/link.csv", dir);
+    cr_assert_eq(symlink("target.csv", link_), 0);
+    const char *bin = getenv("SUBTRAIN_BIN") ? getenv("SUBTRAIN_BIN") : "./subtrain";
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "timeout -s TERM 1 '%s' quad --case 2 --runs 10000000 --csv %s "
+             ">/dev/null", bin, link_);
+    int w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 124, "quad was not stopped: status %d", w);
+    cr_assert_neq(access(target, F_OK), 0, "a stopped run created the link's target");
+    cr_assert_eq(tmps_in(dir), 0, "temporary files left");
+
+    /* stopped (SIGSTOP) with the trace in its temporary file: SIGTERM
+     * then, and the run ends by it with the trace whole at the target */
+    snprintf(cmd, sizeof cmd, "SUBTRAIN_FAULT=stop:target.csv '%s' quad --case 4 --iters 20 "
+             "--csv %s >/dev/null & pid=$!; i=0; while [ \"$(cut -d' ' -f3 /proc/$pid/stat)\" "
+             "!= T ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; kill -TERM $pid; "
+             "kill -CONT $pid; wait $pid", bin, link_);
+    w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 128 + SIGTERM, "status %d, not SIGTERM's", w);
+    struct stat sb;
+    cr_assert(lstat(link_, &sb) == 0 && S_ISLNK(sb.st_mode), "the link was replaced");
+    FILE *f = fopen(target, "r");
+    cr_assert_not_null(f, "no trace at the link's target");
+    int rows = 0;
+    while (fgets(line, sizeof line, f))
+        rows++;
+    fclose(f);
+    cr_assert_eq(rows, 22, "%d lines, not the header and 21 rows", rows);
+    cr_assert_eq(tmps_in(dir), 0, "temporary files left");
+
+    static char out[1 << 16], out_bar[1 << 16], err[4096];
+    const char *none[] = { "--case", "6", "--runs", "300", "--iters", "50", "--progress", "none",
+                           NULL };
+    const char *bar[] = { "--case", "6", "--runs", "300", "--iters", "50", "--progress", "bar",
+                          NULL };
+    cr_assert_eq(run_cli(none, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert_str_empty(err);
+    cr_assert_eq(run_cli(bar, out_bar, sizeof out_bar, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(err, "case 6: 300/300 runs (100%)"), "%s", err);
+    cr_assert_str_eq(out_bar, out);
     char rm[96];
     snprintf(rm, sizeof rm, "rm -rf %s", dir);
     cr_assert_eq(system(rm), 0);

@@ -14,6 +14,8 @@
  * Writes are atomic: a temporary file in the same directory, written,
  * fsync'ed, renamed over the target, and the directory fsync'ed, so a
  * crash at any moment leaves either the old file or the new one, whole.
+ * A write removes what writers of the same name that were killed
+ * mid-write left beside it.
  */
 #ifndef SUBTRAIN_CHECKPOINT_H
 #define SUBTRAIN_CHECKPOINT_H
@@ -58,6 +60,17 @@ typedef struct st_safetensors_meta_entry {
  * must be unique and non-empty, shapes non-negative. */
 st_status st_safetensors_write(const char *path, const st_safetensors_tensor *tensors, int n,
                                const st_safetensors_meta_entry *meta, int n_meta);
+
+/* The temporary name st_safetensors_write writes `path` through in this
+ * process, "PATH.tmp.PID": a signal handler that ends the process
+ * mid-write can unlink it.  0, or -1 when it does not fit in len. */
+int st_safetensors_tmp_name(const char *path, char *buf, size_t len);
+
+/* Whether a directory entry's name is a temporary file of a writer that
+ * is gone: "NAME.safetensors.tmp.PID" (`target`: NAME.safetensors, or
+ * NULL for any such NAME) with PID neither this process nor a live one.
+ * A live PID may be another run writing into the same directory. */
+int st_safetensors_dead_tmp(const char *name, const char *target);
 
 /* A file read whole and checked: a regular file (a FIFO or a device is
  * refused before anything is read), the header's length and JSON, every

@@ -179,6 +179,12 @@ typedef struct st_quad_config {
                        * compressed vectors) */
     double keep;      /* case 6: random-k's fraction of coordinates, (0, 1] */
     uint64_t seed;
+    /* Optional, for a progress display: called in cases 2 and 6 after each
+     * run (and every 4096 of case 6's compressed vectors) with the count
+     * done of the loop's total, the loop named by `what` ("runs",
+     * "vectors").  It changes no result.  NULL: not called. */
+    void (*progress)(int case_no, const char *what, long done, long total, void *user);
+    void *progress_user;
 } st_quad_config;
 
 /* dim, workers, q 0 (resolved to 32, 8, 4), gamma 0.5, keep 0.25,

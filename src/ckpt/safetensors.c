@@ -9,7 +9,9 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,6 +177,45 @@ static void dir_of(const char *path, char *dir, size_t n)
         snprintf(dir, n, "%.*s", (int)(slash - path), path);
 }
 
+int st_safetensors_tmp_name(const char *path, char *buf, size_t len)
+{
+    const int w = snprintf(buf, len, "%s.tmp.%ld", path, (long)getpid());
+    return w >= 0 && (size_t)w < len ? 0 : -1;
+}
+
+int st_safetensors_dead_tmp(const char *name, const char *target)
+{
+    static const char ext[] = ".safetensors", mark[] = ".tmp.";
+    const char *t = strstr(name, ".safetensors.tmp.");
+    if (!t || (target && (strncmp(name, target, (size_t)(t - name) + sizeof ext - 1) != 0 ||
+                          target[(t - name) + sizeof ext - 1] != '\0')))
+        return 0;
+    const char *digits = t + sizeof ext - 1 + sizeof mark - 1;
+    char *end;
+    errno = 0;
+    const long pid = strtol(digits, &end, 10);
+    if (end == digits || *end || errno || pid <= 0 || pid == (long)getpid())
+        return 0;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* After a write of path: what writers of the same name killed mid-write
+ * left beside it goes. */
+static void remove_dead_tmps(const char *path, const char *dir)
+{
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char stale[PATH_MAX];
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (st_safetensors_dead_tmp(e->d_name, base) &&
+            (size_t)snprintf(stale, sizeof stale, "%s/%s", dir, e->d_name) < sizeof stale)
+            unlink(stale);
+    closedir(d);
+}
+
 st_status st_safetensors_write(const char *path, const st_safetensors_tensor *tensors, int n,
                                const st_safetensors_meta_entry *meta, int n_meta)
 {
@@ -212,7 +253,7 @@ st_status st_safetensors_write(const char *path, const st_safetensors_tensor *te
         return s;
     }
     char tmp[PATH_MAX], dir[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
+    if (st_safetensors_tmp_name(path, tmp, sizeof tmp) != 0) {
         free(b.p);
         return st_fail(ST_ERR_INVALID, "%s: the name is too long", path);
     }
@@ -235,6 +276,7 @@ st_status st_safetensors_write(const char *path, const st_safetensors_tensor *te
         unlink(tmp);
         return st_fail(ST_ERR_IO, "%s: cannot write: %s", tmp, strerror(e));
     }
+    st_file_fault_stop(path);
     if (close(fd) != 0 || rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
@@ -249,6 +291,7 @@ st_status st_safetensors_write(const char *path, const st_safetensors_tensor *te
         if (r != 0)
             return st_fail(ST_ERR_IO, "%s: cannot sync its directory: %s", path, strerror(errno));
     }
+    remove_dead_tmps(path, dir);
     return ST_OK;
 }
 

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,8 +191,31 @@ typedef struct run_ui {
     int params_nomem;     /* the copy could not be allocated */
 } run_ui;
 
+/* Graceful stop: the first SIGINT, SIGTERM or SIGUSR1 asks the run to
+ * finish its step (st_train_callbacks.stop); a second SIGINT ends the
+ * process at once, taking the final weights' temporary file with it if
+ * they are being written.  One that comes while the run starts (reading
+ * the checkpoint, the data, the weights) ends it once that reading is
+ * done, before training: there is no step to finish and nothing to save.
+ * One after the last step lets the final evaluation, records and weights
+ * finish.  Only async-signal-safe calls here. */
+static volatile sig_atomic_t stop_signal;
+static volatile sig_atomic_t checkpoint_signal;   /* --usr1 checkpoint: SIGUSR1 */
+static volatile sig_atomic_t training;            /* 0: the run is starting, no bar drawn;
+                                                   * 1: training; 2: its last step taken */
+static volatile sig_atomic_t sampling;            /* --sample: after training, its output
+                                                   * and records written */
+static volatile sig_atomic_t ended;               /* records and weights written, the exit
+                                                   * status decided */
+static volatile sig_atomic_t stops_seen;          /* stop signals caught */
+static volatile sig_atomic_t writing;             /* writing_tmp may exist */
+static char writing_tmp[4200];                    /* the final weights' temporary file */
+static int usr1_checkpoints;                      /* set before the handlers */
+
 static void ui_on_step(const st_step_info *info, void *user)
 {
+    if (info->step >= info->total_steps)
+        training = 2;   /* what a stop now waits for: the evaluation and writes */
     st_progress_on_step(info, ((run_ui *)user)->prog);
 }
 
@@ -371,7 +395,12 @@ static int write_final_weights(const st_cli_options *o, const st_epoch_record *f
                                               { "subtrain.eval_branch_scale", scale } };
     st_model_config mc = *m;
     memset(&mc.subnet, 0, sizeof mc.subnet);
-    if (st_checkpoint_write_weights(path, &mc, ui->params, meta, 4) != ST_OK)
+    /* the name whole before the handler may read it */
+    writing = st_safetensors_tmp_name(path, writing_tmp, sizeof writing_tmp) == 0;
+    atomic_signal_fence(memory_order_seq_cst);
+    const st_status written = st_checkpoint_write_weights(path, &mc, ui->params, meta, 4);
+    writing = 0;
+    if (written != ST_OK)
         return runtime_error("--checkpoint");
     if (!o->quiet)
         printf("weights: %s\n", path);
@@ -436,20 +465,6 @@ static int run_export(st_cli_options *o)
     return status;
 }
 
-/* Graceful stop: the first SIGINT, SIGTERM or SIGUSR1 asks the run to
- * finish its step (st_train_callbacks.stop); a second SIGINT ends the
- * process at once.  One that comes while the run starts (reading the
- * checkpoint, the data, the weights) ends it once that reading is done,
- * before training: there is no step to finish and nothing to save.  Only
- * async-signal-safe calls here. */
-static volatile sig_atomic_t stop_signal;
-static volatile sig_atomic_t checkpoint_signal;   /* --usr1 checkpoint: SIGUSR1 */
-static volatile sig_atomic_t training;            /* 0: the run is starting, no bar drawn */
-static volatile sig_atomic_t sampling;            /* --sample: after training, its output
-                                                   * and records written */
-static volatile sig_atomic_t stops_seen;          /* stop signals caught */
-static int usr1_checkpoints;                      /* set before the handlers */
-
 /* A line of the handler; the newline before it ends a progress bar's
  * line, which only training draws. */
 static void say(const char *line, size_t len)
@@ -469,9 +484,14 @@ static void on_signal(int sig)
         return;
     }
     static const char sample[] = "\nsubtrain: stopping the sample\n";
+    static const char end[] = "subtrain: stopping: the run's records and weights are "
+                              "written\n";
     stops_seen = stops_seen + 1;
-    if (sampling) {   /* nothing left to finish or save */
-        say(sample, sizeof sample - 1);
+    if (sampling || ended) {   /* nothing left to finish or save */
+        if (sampling)
+            say(sample, sizeof sample - 1);
+        else
+            say(end, sizeof end - 1);
         _exit(128 + sig);
     }
     static const char again[] = "\nsubtrain: interrupted again: stopping now\n";
@@ -479,13 +499,20 @@ static void on_signal(int sig)
                                 "to stop at once)\n";
     static const char early[] = "subtrain: stopping before training starts (interrupt again "
                                 "to stop at once)\n";
+    static const char done[] = "\nsubtrain: training is done: finishing its evaluation, "
+                               "records and weights (interrupt again to stop at once, without "
+                               "them)\n";
     if (stop_signal && sig == SIGINT) {
+        if (writing)
+            unlink(writing_tmp);
         say(again, sizeof again - 1);
         _exit(128 + SIGINT);
     }
     if (!stop_signal) {
         stop_signal = sig;
-        if (training)
+        if (training == 2)
+            say(done, sizeof done - 1);
+        else if (training)
             say(first, sizeof first - 1);
         else
             say(early, sizeof early - 1);
@@ -504,18 +531,24 @@ static void hold_stops(sigset_t *old)
     pthread_sigmask(SIG_BLOCK, &stops, old);
 }
 
-/* Whether --sample draws: `sampling` set with the stop signals held, so
- * that one comes before it (no sample: one after the stop that ended
- * training, or any when training ran to its end) or during it (the
- * handler ends the run), never unseen between. */
-static int begin_sampling(int interrupted)
+/* The run's end, once its records and weights are written: the signal
+ * that stopped it (0: none), and whether --sample draws (*draw).
+ * `sampling` (with a sample) or `ended` set with the stop signals held, so
+ * that a signal comes before (it is the run's: no sample after the stop
+ * that ended training, or after any when training ran to its end) or
+ * after (the handler ends the process at once), never unseen between. */
+static int end_run(int interrupted, int sample, int *draw)
 {
     sigset_t old;
     hold_stops(&old);
-    sampling = 1;
-    const int draw = stops_seen <= (interrupted ? 1 : 0);
+    if (sample)
+        sampling = 1;
+    else
+        ended = 1;
+    const int sig = stop_signal;
+    *draw = sample && stops_seen <= (interrupted ? 1 : 0);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    return draw;
+    return sig;
 }
 
 /* SA_RESTART: a read or an open that a signal interrupts goes on (the
@@ -577,12 +610,25 @@ static int open_resume(const st_cli_options *o, char *path, size_t len, st_safet
  * first record's write reports it, with the reason).  A resumed run
  * appends to the stopped run's records; a new run empties the file when
  * training starts (start_metrics), so that a run that fails before keeps
- * what the file held. */
-static int open_metrics(const st_cli_options *o, FILE **out)
+ * what the file held, and one it created (through a dangling link too)
+ * is removed then (drop_unstarted_metrics): created[] names it, "" if
+ * the file was there. */
+static int open_metrics(const st_cli_options *o, FILE **out, char *created, size_t len)
 {
     const char *path = o->metrics_path;
-    int fd = open(path, O_WRONLY | O_CREAT | O_NONBLOCK | O_CLOEXEC |
-                        (o->resume_path ? O_APPEND : 0), 0666);
+    const int flags = O_WRONLY | O_NONBLOCK | O_CLOEXEC | (o->resume_path ? O_APPEND : 0);
+    created[0] = '\0';
+    int fd = open(path, flags);
+    if (fd < 0 && errno == ENOENT) {
+        /* O_EXCL refuses a dangling link (EEXIST): created through it */
+        fd = open(path, flags | O_CREAT | O_EXCL, 0666);
+        if (fd < 0 && errno == EEXIST)
+            fd = open(path, flags | O_CREAT, 0666);
+        char *real = fd >= 0 ? realpath(path, NULL) : NULL;
+        if (real && strlen(real) < len)
+            strcpy(created, real);
+        free(real);
+    }
     int err = fd < 0 ? errno : 0;
     struct stat sb;
     if (!err && fstat(fd, &sb) != 0)
@@ -599,6 +645,8 @@ static int open_metrics(const st_cli_options *o, FILE **out)
     if (err) {
         if (fd >= 0)
             close(fd);
+        if (created[0])
+            unlink(created);
         st_cli_error("subtrain", "cannot write the metrics file '%s': %s", ST_CLI_SHOW(path),
                      err == ENXIO && fd < 0 ? "a FIFO with no reader" : strerror(err));
         return EXIT_FAILURE;
@@ -606,10 +654,21 @@ static int open_metrics(const st_cli_options *o, FILE **out)
     return EXIT_SUCCESS;
 }
 
-/* A new run's metrics file, emptied as training starts (a device or a
- * FIFO takes no truncation). */
-static int start_metrics(const st_cli_options *o, FILE *metrics)
+/* A metrics file open_metrics created, removed when the run ends before
+ * training starts: a failed start leaves no file that says nothing. */
+static void drop_unstarted_metrics(char *created)
 {
+    if (created[0])
+        unlink(created);
+    created[0] = '\0';
+}
+
+/* A new run's metrics file, emptied as training starts (a device or a
+ * FIFO takes no truncation); from then on the file is the run's, kept
+ * (created[] cleared). */
+static int start_metrics(const st_cli_options *o, FILE *metrics, char *created)
+{
+    created[0] = '\0';
     struct stat sb;
     if (!metrics || o->resume_path || fstat(fileno(metrics), &sb) != 0 || !S_ISREG(sb.st_mode))
         return EXIT_SUCCESS;
@@ -765,7 +824,10 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
             return bad;
         }
     }
-    if (o->metrics_path && open_metrics(o, &metrics) != EXIT_SUCCESS) {
+    char metrics_created[4096];
+    metrics_created[0] = '\0';
+    if (o->metrics_path &&
+        open_metrics(o, &metrics, metrics_created, sizeof metrics_created) != EXIT_SUCCESS) {
         st_safetensors_free(&resume);
         return EXIT_FAILURE;
     }
@@ -773,6 +835,7 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
     if (load_data_for_model(o, &train, &test) != EXIT_SUCCESS) {
         if (metrics)
             fclose(metrics);
+        drop_unstarted_metrics(metrics_created);
         st_safetensors_free(&resume);
         return EXIT_FAILURE;
     }
@@ -781,6 +844,7 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
         if (load_init(o, &init) != EXIT_SUCCESS) {
             if (metrics)
                 fclose(metrics);
+            drop_unstarted_metrics(metrics_created);
             free(init);
             st_dataset_free(&train);
             st_dataset_free(&test);
@@ -832,7 +896,7 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
         status = 128 + early;
         goto out;
     }
-    if (start_metrics(o, metrics) != EXIT_SUCCESS)
+    if (start_metrics(o, metrics, metrics_created) != EXIT_SUCCESS)
         goto out;
     int tty = isatty(STDERR_FILENO);
     st_progress_mode mode = o->quiet ? ST_PROGRESS_NONE : o->progress;
@@ -862,34 +926,33 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
     }
     if (!o->quiet)
         print_summary(&final, o->train.dp.compress != ST_COMPRESS_NONE);
-    /* a signal after the last step (in the final evaluation) found
-     * training whole: its records and weights are written, the sample is
-     * not drawn, and the run exits as the signal would have */
-    const int late = !final.interrupted && stop_signal;
     if (final.interrupted && !o->quiet)
         printf("interrupted by signal %d after step %llu\n", (int)stop_signal,
                (unsigned long long)final.step);
-    else if (late && !o->quiet)
-        printf("interrupted by signal %d after training%s\n", (int)stop_signal,
-               o->sample ? ": no sample" : "");
     /* over ranks, rank 0 writes the final weights and samples (every rank
      * took part in gathering them: ui_on_params) */
     const int root = st_world_rank() == 0;
+    fflush(stdout);   /* out before a second interrupt may end the write */
     if (root && o->checkpoint_dir && write_final_weights(o, &final, &ui) != EXIT_SUCCESS)
         goto out;
-    if (root && o->sample) {
-        /* a signal from here on ends the run at once: what it printed is
-         * out, its records and weights are written */
-        fflush(stdout);
-        if (begin_sampling(final.interrupted) && print_sample(o, &final, &ui) != EXIT_SUCCESS)
-            goto out;
-    }
+    /* a signal after the last step (in the final evaluation or the
+     * weights' write) found training whole: its records and weights are
+     * written, the sample is not drawn, and the run exits as the signal
+     * would have; one from here on ends the run at once */
+    fflush(stdout);
+    int draw;
+    const int sig = end_run(final.interrupted, root && o->sample, &draw);
+    if (sig && !final.interrupted && !o->quiet)
+        printf("interrupted by signal %d after training%s\n", sig,
+               o->sample ? ": no sample" : "");
+    if (draw && print_sample(o, &final, &ui) != EXIT_SUCCESS)
+        goto out;
 
     if (prog.metrics_failed)   /* said when it happened, with the reason */
         goto out;
     /* a run stopped by a signal exits as the signal would have, after
      * finishing its step, its records and its checkpoint */
-    status = final.interrupted || stop_signal ? 128 + (int)stop_signal : EXIT_SUCCESS;
+    status = sig ? 128 + sig : EXIT_SUCCESS;
 out:
     if (prog.metrics && fclose(prog.metrics) != 0 && status == EXIT_SUCCESS) {
         const int e = errno;
@@ -897,6 +960,7 @@ out:
                      ST_CLI_SHOW(o->metrics_path), strerror(e));
         status = EXIT_FAILURE;
     }
+    drop_unstarted_metrics(metrics_created);
     st_cli_provenance_free(&prov);
     free(ui.params);
     free(init);

@@ -3,6 +3,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,9 +12,72 @@
 
 #include "cli/cli_util.h"
 #include "cli/out_file.h"
+#include "core/file.h"
+
+/* The signals held while the temporary file exists (out_file.h). */
+static const int held_signals[6] = { SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGALRM };
+static volatile sig_atomic_t caught;   /* the first that came, 0 if none */
+
+static void catch_held(int sig)
+{
+    if (!caught)
+        caught = sig;
+}
+
+/* A handler, not a blocked mask: a signal sent to the process may go to
+ * any of its threads (oneDNN's), and only a handler is the process's. */
+static void hold_signals(st_cli_out *o)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = catch_held;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    caught = 0;
+    for (int k = 0; k < 6; k++)
+        sigaction(held_signals[k], &sa, &o->held[k]);
+}
+
+/* The actions back, and a signal that came meanwhile taken as it would
+ * have been. */
+static void release_signals(st_cli_out *o)
+{
+    for (int k = 0; k < 6; k++)
+        sigaction(held_signals[k], &o->held[k], NULL);
+    if (caught)
+        raise(caught);
+}
+
+/* What a dangling link names, through a chain of links: the file a write
+ * through it creates.  0, or -1 when it is not that (a loop, a name too
+ * long, a link changed meanwhile). */
+static int dangling_target(const char *path, char *out, size_t len)
+{
+    char cur[PATH_MAX], dest[PATH_MAX];
+    if ((size_t)snprintf(cur, sizeof cur, "%s", path) >= sizeof cur)
+        return -1;
+    for (int hops = 0; hops < 40; hops++) {
+        const ssize_t n = readlink(cur, dest, sizeof dest - 1);
+        if (n < 0)
+            return -1;
+        dest[n] = '\0';
+        const char *slash = strrchr(cur, '/');
+        int w = dest[0] == '/' || !slash
+              ? snprintf(out, len, "%s", dest)
+              : snprintf(out, len, "%.*s/%s", (int)(slash - cur), cur, dest);
+        if (w < 0 || (size_t)w >= len)
+            return -1;
+        struct stat sb;
+        if (lstat(out, &sb) != 0)
+            return errno == ENOENT ? 0 : -1;
+        if (!S_ISLNK(sb.st_mode) || (size_t)snprintf(cur, sizeof cur, "%s", out) >= sizeof cur)
+            return -1;
+    }
+    return -1;
+}
 
 /* Written in place, opened now: anything that is not a regular file, a
- * new name or a link to a regular file. */
+ * new name or a link to a regular file or to no file. */
 static int open_in_place(st_cli_out *o)
 {
     o->tmp[0] = '\0';
@@ -53,9 +117,15 @@ int st_cli_out_open(st_cli_out *o, const char *cmd, const char *option, const ch
         o->tmp[0] = '\0';
         return 0;
     }
-    if (exists && S_ISLNK(sb.st_mode)) {
+    int is_new = !exists;
+    if (exists && S_ISLNK(sb.st_mode) && !resolves) {
+        /* a dangling link: its target is created, the link kept */
+        if (dangling_target(path, o->target, sizeof o->target) != 0)
+            return open_in_place(o);
+        is_new = 1;
+    } else if (exists && S_ISLNK(sb.st_mode)) {
         /* the link's target is replaced, the link kept */
-        if (!resolves || !S_ISREG(tb.st_mode) || !realpath(path, o->target))
+        if (!S_ISREG(tb.st_mode) || !realpath(path, o->target))
             return open_in_place(o);
         o->mode = tb.st_mode & 07777;
     } else if (exists && !S_ISREG(sb.st_mode)) {
@@ -66,14 +136,14 @@ int st_cli_out_open(st_cli_out *o, const char *cmd, const char *option, const ch
     } else if (exists) {
         o->mode = sb.st_mode & 07777;
     }
-    if (exists && access(o->target, W_OK) != 0) {
+    if (!is_new && access(o->target, W_OK) != 0) {
         st_cli_error(o->cmd, "%s %s: cannot write it: %s", option, ST_CLI_SHOW(path),
                      strerror(errno));
         return 1;
     }
     snprintf(o->tmp, sizeof o->tmp, "%s.tmp.%ld", o->target, (long)getpid());
     const int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0 && exists) {
+    if (fd < 0 && !is_new) {
         /* a file it may write in a directory it may not: written in place
          * at the end, as nothing can be put beside it */
         o->tmp[0] = '\0';
@@ -104,6 +174,7 @@ FILE *st_cli_out_begin(st_cli_out *o)
         return f;
     }
     /* a new file, not one planted under the name since the open */
+    hold_signals(o);
     const int fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, o->mode);
     if (fd >= 0 && fchmod(fd, o->mode) == 0 && (f = fdopen(fd, "w")))
         return f;
@@ -113,6 +184,7 @@ FILE *st_cli_out_begin(st_cli_out *o)
         close(fd);
         unlink(o->tmp);
     }
+    release_signals(o);
     return NULL;
 }
 
@@ -125,13 +197,20 @@ int st_cli_out_commit(st_cli_out *o, FILE *f)
     else
         placed = fclose(f) == 0 && !failed;
     const int e = errno ? errno : EIO;
+    const int held = f != o->stream && *o->tmp;   /* hold_signals ran */
+    if (placed && held)
+        st_file_fault_stop(o->target);
     if (!placed || (*o->tmp && rename(o->tmp, o->target) != 0)) {
         st_cli_error(o->cmd, "%s %s: writing it failed: %s", o->option, ST_CLI_SHOW(o->path),
                      strerror(placed ? errno : e));
         if (*o->tmp)
             remove(o->tmp);
+        if (held)
+            release_signals(o);
         return 1;
     }
+    if (held)
+        release_signals(o);
     return 0;
 }
 

@@ -2,17 +2,20 @@
  * cli/out_file.h — private: a file that a command writes at its end (a
  * calibration, quad's trace), the one way every such command does it.
  *
- * A regular file, a new name or a symbolic link to a regular file is
- * written through TARGET.tmp.PID beside the file itself (a link's target),
- * with the file's permission bits, and renamed over it, so that a failed
- * or interrupted command leaves an earlier file as it was and a link stays
- * a link (a hard link keeps the earlier contents).  Written in place
- * instead: a file the command's stdout or stderr already writes (--csv
- * /dev/stdout), through that stream; an existing file whose directory
- * takes no new name, at the end; anything else (a FIFO, a device, a link
- * to one, a dangling link), opened once before the work, as nothing can
- * be renamed over it and opening a FIFO twice would give its reader an end
- * of file after the first.
+ * A regular file, a new name or a symbolic link to a regular file or to
+ * no file (a dangling link) is written through TARGET.tmp.PID beside the
+ * file itself (a link's target), with the file's permission bits, and
+ * renamed over it, so that a failed or interrupted command leaves an
+ * earlier file as it was, creates none, and a link stays a link (a hard
+ * link keeps the earlier contents).  While the temporary file exists, a
+ * signal that would end the command (SIGINT, SIGTERM, SIGHUP, SIGUSR1,
+ * SIGUSR2, SIGALRM) is held until it is renamed or removed, then ends the
+ * command as it would have.  Written in place instead: a file the
+ * command's stdout or stderr already writes (--csv /dev/stdout), through
+ * that stream; an existing file whose directory takes no new name, at the
+ * end; anything else (a FIFO, a device, a link to one), opened once
+ * before the work, as nothing can be renamed over it and opening a FIFO
+ * twice would give its reader an end of file after the first.
  *
  *   st_cli_out o;
  *   if (st_cli_out_open(&o, "calibrate", "--output", path) != 0) return 1;
@@ -24,6 +27,7 @@
 #define SUBTRAIN_CLI_OUT_FILE_H
 
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 
 typedef struct st_cli_out {
@@ -33,6 +37,8 @@ typedef struct st_cli_out {
     FILE *in_place;                    /* opened before the work */
     FILE *stream;                      /* stdout or stderr, or NULL */
     unsigned mode;                     /* the new file's permission bits */
+    struct sigaction held[6];          /* while the temporary file exists: the
+                                        * actions it replaced */
 } st_cli_out;
 
 /* Before the work: what the write at the end needs, tried now (the

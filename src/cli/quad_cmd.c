@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <subtrain/quad.h>
 
@@ -26,7 +28,7 @@
 #define LAST_CASE 6
 
 enum { OPT_CASE = 256, OPT_DIM, OPT_WORKERS, OPT_Q, OPT_GAMMA, OPT_KEEP, OPT_ITERS, OPT_RUNS,
-       OPT_SEED, OPT_CSV };
+       OPT_SEED, OPT_CSV, OPT_PROGRESS };
 
 static const struct option long_options[] = {
     { "case", required_argument, NULL, OPT_CASE },
@@ -39,6 +41,7 @@ static const struct option long_options[] = {
     { "runs", required_argument, NULL, OPT_RUNS },
     { "seed", required_argument, NULL, OPT_SEED },
     { "csv", required_argument, NULL, OPT_CSV },
+    { "progress", required_argument, NULL, OPT_PROGRESS },
     { "help", no_argument, NULL, 'h' },
     { NULL, 0, NULL, 0 },
 };
@@ -47,6 +50,7 @@ typedef struct quad_options {
     st_quad_config cfg;
     unsigned cases;      /* bit k: run case k */
     const char *csv;     /* NULL: no CSV */
+    int bar;             /* --progress: -1 auto, 0 none, 1 bar */
     int help;
 } quad_options;
 
@@ -85,6 +89,9 @@ static void print_help(FILE *f)
 "  --seed S          seed of the problems, start points and sketches (default 1)\n"
 "  --csv FILE        write ||x^k - x*|| per iteration for IST and gradient\n"
 "                    descent (scripts/plot_quad.gp plots it)\n"
+"  --progress auto|bar|none  a live line on stderr with the runs of cases 2\n"
+"                    and 6 done and the time left (auto: bar when stderr\n"
+"                    is a terminal)\n"
 "  -h, --help        this text\n"
 "\n"
 "Random problems: L_i = G_i G_i'/d + I/2 (G_i standard normal), b_i standard\n"
@@ -163,6 +170,13 @@ static int apply_option(int c, const char *arg, void *ctx)
         }
         o->csv = arg;
         return 0;
+    case OPT_PROGRESS:
+        if (strcmp(arg, "auto") == 0 || strcmp(arg, "bar") == 0 || strcmp(arg, "none") == 0) {
+            o->bar = arg[0] == 'a' ? -1 : arg[0] == 'b';
+            return 0;
+        }
+        cmd_error("--progress: expected auto, bar or none, got '%s'", ST_CLI_SHOW(arg));
+        return -1;
     case 'h': o->help = 1; return 0;
     }
     cmd_error("internal: unhandled option %d", c);
@@ -175,6 +189,7 @@ static int parse(int argc, char **argv, quad_options *o)
     memset(o, 0, sizeof *o);
     o->cfg = st_quad_defaults();
     o->cases = ALL_CASES;
+    o->bar = -1;
     if (st_cli_parse_args(argc, argv, ":h", long_options, CMD, apply_option, o))
         return -1;
     if (o->help)
@@ -303,20 +318,89 @@ static int fail_status(st_status s, const char *what)
     return s == ST_ERR_INVALID ? EXIT_USAGE : EXIT_FAILURE;
 }
 
+/* --progress bar: the loop's line on stderr, redrawn at most every 0.2 s. */
+typedef struct bar_state {
+    double start, last;   /* of the loop drawn, seconds */
+    const char *what;
+    int case_no, visible;
+} bar_state;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void draw_bar(int case_no, const char *what, long done, long total, void *user)
+{
+    bar_state *b = user;
+    const double t = now_s();
+    if (b->case_no != case_no || b->what != what) {   /* a new loop */
+        b->case_no = case_no;
+        b->what = what;
+        b->start = t;
+        b->last = 0.0;
+    }
+    if (t - b->last < 0.2 && done != total)
+        return;
+    b->last = t;
+    const double rate = (double)done / fmax(t - b->start, 1e-9);
+    const long left = (long)((double)(total - done) / rate + 0.5);
+    char eta[32];
+    if (left >= 3600)
+        snprintf(eta, sizeof eta, "%ld:%02ld:%02ld", left / 3600, left / 60 % 60, left % 60);
+    else
+        snprintf(eta, sizeof eta, "%ld:%02ld", left / 60, left % 60);
+    fprintf(stderr, "\r\033[Kcase %d: %ld/%ld %s (%.0f%%)  ETA %s", case_no, done, total, what,
+            100.0 * (double)done / (double)total, eta);
+    fflush(stderr);
+    b->visible = 1;
+}
+
+/* Before a case's results: the bar's line emptied (b: NULL without one). */
+static void clear_bar(bar_state *b)
+{
+    if (b && b->visible)
+        fputs("\r\033[K", stderr);
+    if (b)
+        memset(b, 0, sizeof *b);
+}
+
 static int run_case(int k, const st_quad_config *c)
 {
+    union {
+        st_quad_case1 c1;
+        st_quad_case2 c2;
+        st_quad_case3 c3;
+        st_quad_case4 c4;
+        st_quad_case5 c5;
+        st_quad_case6 c6;
+    } r;
     st_status s = ST_OK;
-    char what[16];
-    snprintf(what, sizeof what, "case %d", k);
     switch (k) {
-    case 1: { st_quad_case1 r; if ((s = st_quad_case_1(c, &r)) == ST_OK) print_case1(&r); break; }
-    case 2: { st_quad_case2 r; if ((s = st_quad_case_2(c, &r)) == ST_OK) print_case2(&r); break; }
-    case 3: { st_quad_case3 r; if ((s = st_quad_case_3(c, &r)) == ST_OK) print_case3(&r); break; }
-    case 4: { st_quad_case4 r; if ((s = st_quad_case_4(c, &r)) == ST_OK) print_case4(&r); break; }
-    case 5: { st_quad_case5 r; if ((s = st_quad_case_5(c, &r)) == ST_OK) print_case5(&r); break; }
-    case 6: { st_quad_case6 r; if ((s = st_quad_case_6(c, &r)) == ST_OK) print_case6(&r); break; }
+    case 1: s = st_quad_case_1(c, &r.c1); break;
+    case 2: s = st_quad_case_2(c, &r.c2); break;
+    case 3: s = st_quad_case_3(c, &r.c3); break;
+    case 4: s = st_quad_case_4(c, &r.c4); break;
+    case 5: s = st_quad_case_5(c, &r.c5); break;
+    case 6: s = st_quad_case_6(c, &r.c6); break;
     }
-    return s == ST_OK ? 0 : fail_status(s, what);
+    clear_bar(c->progress_user);
+    if (s != ST_OK) {
+        char what[16];
+        snprintf(what, sizeof what, "case %d", k);
+        return fail_status(s, what);
+    }
+    switch (k) {
+    case 1: print_case1(&r.c1); break;
+    case 2: print_case2(&r.c2); break;
+    case 3: print_case3(&r.c3); break;
+    case 4: print_case4(&r.c4); break;
+    case 5: print_case5(&r.c5); break;
+    case 6: print_case6(&r.c6); break;
+    }
+    return 0;
 }
 
 /* The trace into the output opened by st_cli_out_open. */
@@ -353,6 +437,12 @@ int st_cli_quad_main(int argc, char **argv)
     if (o.help) {
         print_help(stdout);
         return EXIT_SUCCESS;
+    }
+    bar_state bar;
+    memset(&bar, 0, sizeof bar);
+    if (o.bar == 1 || (o.bar == -1 && isatty(STDERR_FILENO))) {
+        o.cfg.progress = draw_bar;
+        o.cfg.progress_user = &bar;
     }
     const st_quad_config *c = &o.cfg;
     /* an unwritable CSV path said before the cases run, not after */

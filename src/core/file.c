@@ -2,6 +2,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -53,4 +55,12 @@ st_status st_file_open_read(const char *path, FILE **out)
     }
     *out = f;
     return ST_OK;
+}
+
+void st_file_fault_stop(const char *path)
+{
+    const char *fault = getenv("SUBTRAIN_FAULT"), *slash = strrchr(path, '/');
+    const char *name = slash ? slash + 1 : path;
+    if (fault && strncmp(fault, "stop:", 5) == 0 && strcmp(fault + 5, name) == 0)
+        raise(SIGSTOP);
 }

@@ -1,6 +1,7 @@
 /*
  * core/file.h — private: opening a file that subtrain reads (weights,
- * checkpoints, data, configuration), the one way every reader does it.
+ * checkpoints, data, configuration), the one way every reader does it;
+ * and a fault for the tests of its writers.
  */
 #ifndef SUBTRAIN_CORE_FILE_H
 #define SUBTRAIN_CORE_FILE_H
@@ -16,5 +17,11 @@
  * ST_ERR_IO, "PATH: cannot open: REASON" with errno left as open(2) set
  * it, or "PATH: not a regular file (a FIFO)" with errno 0. */
 st_status st_file_open_read(const char *path, FILE **out);
+
+/* SUBTRAIN_FAULT=stop:NAME, for the tests of signals and kills mid-write
+ * (doc/reliability.md): a writer calls this with the file it is about to
+ * rename into place, and the process stops itself (SIGSTOP) when that
+ * file's name is NAME. */
+void st_file_fault_stop(const char *path);
 
 #endif /* SUBTRAIN_CORE_FILE_H */

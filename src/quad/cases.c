@@ -341,6 +341,14 @@ static st_status case2_alloc(int d, int K, case2_buffers *b)
     return ST_OK;
 }
 
+/* The caller's progress display, if any (st_quad_config.progress). */
+static void progress(const st_quad_config *c, int case_no, const char *what, long done,
+                     long total)
+{
+    if (c->progress)
+        c->progress(case_no, what, done, total, c->progress_user);
+}
+
 /* The Monte Carlo part: R runs of K steps from x0; sum (K+1, d) and
  * sumsq (K+1) collect sum_r x^k and sum_r ||x^k||^2; tail gets run 0's
  * average of x^k over k in [K/2, K). */
@@ -369,6 +377,7 @@ static st_status case2_runs(const st_quad_problem *p, const st_quad_config *c,
                 for (int j = 0; j < d; j++)
                     b->tail[j] += b->x[j] / (K - K / 2);
         }
+        progress(c, 2, "runs", r + 1L, c->runs);
     }
     return ST_OK;
 }
@@ -653,6 +662,8 @@ static st_status case6_mean(const st_quad_config *c, int d, int k, const double 
         ST_TRY(st_quad_randk(d, k, scale, &rng, v, y));
         for (int j = 0; j < d; j++)
             sum[j] += y[j];
+        if ((t + 1) % 4096 == 0 || t + 1 == S)
+            progress(c, 6, "vectors", t + 1, S);
     }
     out->samples = S;
     for (int j = 0; j < d; j++) {
@@ -735,6 +746,7 @@ st_status st_quad_case_6(const st_quad_config *c, st_quad_case6 *out)
         for (int j = 0; j < d; j++)
             mean[j] += x[j];
         sumsq += norm2(d, x) * norm2(d, x);
+        progress(c, 6, "runs", r + 1L, R);
     }
     for (int j = 0; j < d; j++)
         mean[j] /= (double)R;

@@ -34,7 +34,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -376,7 +375,6 @@ static void tidy(const char *dir, int keep)
     DIR *d = opendir(dir);
     if (!d)
         return;
-    static const char mark[] = ".safetensors.tmp.";
     long long *steps = NULL;
     size_t n = 0, cap = 0;
     int listed = 1;   /* every step file is in steps (else nothing is pruned) */
@@ -395,12 +393,8 @@ static void tidy(const char *dir, int keep)
             if (listed)
                 steps[n++] = step;
         }
-        const char *t = strstr(e->d_name, mark);
-        if (step >= 0 || strncmp(e->d_name, "step-", 5) != 0 || !t)
-            continue;
-        char *end;
-        long pid = strtol(t + sizeof mark - 1, &end, 10);
-        if (*end || pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+        if (step >= 0 || strncmp(e->d_name, "step-", 5) != 0 ||
+            !st_safetensors_dead_tmp(e->d_name, NULL))
             continue;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         unlink(path);
