@@ -397,6 +397,9 @@ Test(plan, bad_budgets_topologies_and_calibrations_are_one_line_usage_errors, .t
         { "--memory-per-worker 1G --topology synthetic:bogus:3", "--topology synthetic:bogus:3" },
         { "--memory-per-worker 1G --topology xml:/nonexistent.xml", "--topology xml:" },
         { "--memory-per-worker 1G --strategies dp,nope", "--strategies dp,nope: 'nope'" },
+        { "--memory-per-worker 1G --strategies dp,,sdp",
+          "--strategies dp,,sdp: an empty name in the list" },
+        { "--memory-per-worker 1G --json ''", "--json: expected a file name, got ''" },
         { "--memory-per-worker 1G --calibration /nonexistent", "--calibration /nonexistent" },
         /* read at once, or refused: a device or a FIFO is never read */
         { "--memory-per-worker 1G --calibration /dev/zero",
@@ -648,6 +651,22 @@ Test(plan, fitting_rows_are_ranked_by_predicted_samples_per_second)
     json_decref(root);
     free(r);
     st_test_rmdir(dir);
+}
+
+/* --json FILE that cannot be written is said before the plan (nothing
+ * printed), with the reason, and exit 1. */
+Test(plan, an_unwritable_json_file_is_said_before_the_plan, .timeout = 60)
+{
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    run(r, NULL, "plan --memory-per-worker 1G --data synthetic --depth 2 --width 32 "
+                 "--json /nonexistent-dir/plan.json");
+    cr_assert_eq(r->status, 1, "%s", r->err);
+    cr_assert(strstr(r->err, "subtrain plan: --json /nonexistent-dir/plan.json: cannot create") &&
+              strstr(r->err, "No such file or directory") && count_lines(r->err) == 1,
+              "%s", r->err);
+    cr_assert_str_empty(r->out, "planned before saying it: %s", r->out);
+    free(r);
 }
 
 /* What calibrate writes, plan reads; a file with an unknown key or a bad

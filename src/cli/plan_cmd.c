@@ -26,6 +26,7 @@
 
 #include "cli/calibration.h"
 #include "cli/cli_util.h"
+#include "cli/out_file.h"
 #include "cli/options.h"
 #include "cli/plan_cmd.h"
 #include "cli/run_data.h"
@@ -242,6 +243,10 @@ static int split_args(int argc, char **argv, plan_options *p, char **run_argv, i
         } else if (k == 4) {
             p->accuracy = val;
         } else if (k == 5) {
+            if (!*val) {
+                st_cli_error(CMD, "--json: expected a file name, got ''");
+                return 2;
+            }
             p->json = val;
         } else if (k == 6) {
             p->topology = val;
@@ -352,6 +357,12 @@ static int strategy_candidates(const plan_options *p, const st_train_config *bas
     const st_precision precisions[] = { ST_PRECISION_FP32, ST_PRECISION_BF16 };
     const st_moments moments[] = { ST_MOMENTS_FP32, ST_MOMENTS_BF16 };
     const st_recompute recomputes[] = { ST_RECOMPUTE_NONE, ST_RECOMPUTE_BLOCKS };
+    const size_t len = strlen(list);
+    if (len == 0 || list[0] == ',' || list[len - 1] == ',' || strstr(list, ",,")) {
+        st_cli_error(CMD, "--strategies %s: an empty name in the list",
+                     ST_CLI_SHOW(p->strategies));
+        return 2;
+    }
     char *save = NULL;
     for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         st_strategy s;
@@ -867,8 +878,10 @@ static json_t *row_json(const plan_row *r)
     return o;
 }
 
-static int write_json(const char *path, const plan_row *rows, int n, double budget,
-                      const char *where, const char *cal)
+/* The table as JSON on stdout (path "-"), or into out (opened by
+ * st_cli_out_open before the plan).  0, or 1 said. */
+static int write_json(const char *path, st_cli_out *out, const plan_row *rows, int n,
+                      double budget, const char *where, const char *cal)
 {
     json_t *root = json_object();
     json_object_set_new(root, "machine", json_string(where));
@@ -878,17 +891,22 @@ static int write_json(const char *path, const plan_row *rows, int n, double budg
     for (int i = 0; i < n; i++)
         json_array_append_new(arr, row_json(&rows[i]));
     json_object_set_new(root, "rows", arr);
-    const int to_stdout = strcmp(path, "-") == 0;
-    int rc = to_stdout ? json_dumpf(root, stdout, JSON_INDENT(1))
-                       : json_dump_file(root, path, JSON_INDENT(1));
-    if (to_stdout)
-        fputc('\n', stdout);
-    json_decref(root);
-    if (rc != 0) {
-        st_cli_error(CMD, "--json %s: cannot write it", ST_CLI_SHOW(path));
-        return 1;
+    int rc;
+    if (strcmp(path, "-") == 0) {
+        rc = json_dumpf(root, stdout, JSON_INDENT(1)) != 0 || fputc('\n', stdout) == EOF;
+        if (rc)
+            st_cli_error(CMD, "--json -: writing stdout failed");
+    } else {
+        FILE *f = st_cli_out_begin(out);
+        rc = !f;
+        if (f) {
+            json_dumpf(root, f, JSON_INDENT(1));   /* its errors: the stream's, said by commit */
+            fputc('\n', f);
+            rc = st_cli_out_commit(out, f);
+        }
     }
-    return 0;
+    json_decref(root);
+    return rc ? 1 : 0;
 }
 
 /* ------------------------------------------------------------ main */
@@ -956,6 +974,12 @@ int st_cli_plan_main(int argc, char **argv)
         status = EXIT_USAGE;
     if (status == 0)
         status = make_candidates(&p, &o.train, teams, n_teams, &cand, &n);
+    /* an unwritable --json FILE said before the plan, not after it */
+    st_cli_out out;
+    const int json_file = p.json && strcmp(p.json, "-") != 0;
+    if (status == 0 && json_file && st_cli_out_open(&out, CMD, "--json", p.json) != 0)
+        status = 1;
+    const int out_open = status == 0 && json_file;
     st_dataset train, test;
     memset(&train, 0, sizeof train);
     memset(&test, 0, sizeof test);
@@ -1004,7 +1028,10 @@ int st_cli_plan_main(int argc, char **argv)
             print_table(stdout, rows, n, budget, p.total, where,
                         have_cal ? p.calibration : NULL);
         if (p.json)
-            status = write_json(p.json, rows, n, budget, where, have_cal ? p.calibration : NULL);
+            status = write_json(p.json, &out, rows, n, budget, where,
+                                have_cal ? p.calibration : NULL);
+    } else if (out_open) {
+        st_cli_out_abandon(&out);
     }
     for (int i = 0; rows && i < n; i++)
         free(rows[i].rank);
