@@ -145,7 +145,8 @@ Test(cli, dump_config_reads_back_as_itself)
     char dir[ST_TEST_PATH_MAX], conf[ST_TEST_PATH_MAX], args[4 * ST_TEST_PATH_MAX];
     cr_assert_eq(st_test_mkdtemp(dir), 0);
     st_test_path(conf, dir, "c.conf");
-    static const char gpt[] = "# a gpt with a sample\nmodel = gpt\n  data = text:/no/corpus.txt\n"
+    static const char gpt[] = "\xef\xbb\xbf# a gpt with a sample (after a byte order mark)\n"
+                              "model = gpt\n  data = text:/no/corpus.txt\n"
                               "sample = 20\nprompt = \"<p>\\n\\\"x\\\" # kept\"\n"
                               "temperature = 0.35\n\nworkers = cores\n";
     cr_assert_eq(st_test_write_file(conf, gpt, strlen(gpt)), 0);

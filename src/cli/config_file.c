@@ -165,6 +165,8 @@ static int parse_text(st_cli_config_file *cf, char *err, size_t n)
     if (!cf->entries)
         return st_cli_fail(err, n, "--config %s: out of memory", ST_CLI_SHOW(cf->path));
     char *line = cf->text;
+    if (strncmp(line, "\xef\xbb\xbf", 3) == 0)
+        line += 3;   /* a UTF-8 byte order mark, as some editors write one */
     for (int no = 1; line; no++) {
         char *next = strchr(line, '\n');
         if (next)
