@@ -24,7 +24,8 @@
 #   synth_*             synth over ranks against one process: a group
 #                       spanning ranks, recovery epochs, resume across
 #                       layouts
-#   failing_rank, sigterm: failure and signals
+#   failing_rank, sigterm_*: failure and signals (one rank stopped; every
+#                       rank stopped while rank 0 writes the final weights)
 #   impossible_layout   a layout the ranks' workers cannot have: exit 2
 #                       before the data loads
 #   bf16_copies_*, blocked_*  bf16 over 2 ranks: the replicas' weight
@@ -471,6 +472,35 @@ signal() {
     [ "$rc" -ne 0 ] && tail -n 1 "$TMP/sig.jsonl" | grep -q '"interrupted":true,.*"final":true'
 }
 run "mpi/sigterm_to_one_rank_stops_all" signal
+
+# SIGTERM to every rank (as scancel sends it) while rank 0 writes its final
+# weights, 5 s slow there by SUBTRAIN_FAULT: the other rank waits for the
+# write rather than ending the job under it (mpirun kills the rest of a job
+# a rank left, within 2 s); the weights are whole, no temporary file is
+# left, and the ranks exit as the signal would have
+late_signal() {
+    rm -rf "$TMP/lw"
+    "$MPIRUN" -np 2 -x SUBTRAIN_FAULT=slow:final.safetensors "$BIN" --data synthetic \
+        --steps 20 --quiet --checkpoint "$TMP/lw" 2>"$TMP/lw.err" &
+    mp=$!
+    i=0
+    while ! ls "$TMP/lw" 2>/dev/null | grep -q '[.]tmp[.]' && [ $i -lt 600 ]; do
+        sleep 0.2
+        i=$((i + 1))
+    done
+    ranks=$(pgrep -P $mp)
+    [ -n "$ranks" ] || { echo "no rank found"; kill $mp; return 1; }
+    kill -TERM $ranks
+    ( sleep 120; kill -KILL $mp 2>/dev/null ) &   # a hang fails the case
+    dog=$!
+    wait $mp
+    rc=$?
+    kill $dog 2>/dev/null
+    echo "exit $rc: $(ls "$TMP/lw" | tr '\n' ' ')"
+    [ "$rc" -ne 0 ] && [ -s "$TMP/lw/final.safetensors" ] &&
+        ! ls "$TMP/lw" | grep -q '[.]tmp[.]' && grep -q 'training is done' "$TMP/lw.err"
+}
+run "mpi/sigterm_to_every_rank_while_rank_0_writes_keeps_the_weights" late_signal
 
 # synth R N OPTIONS...: R ranks x N workers give the records (segment
 # losses included) and final weights of one process of R N workers

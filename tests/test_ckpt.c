@@ -419,6 +419,44 @@ Test(safetensors, a_killed_writer_leaves_the_previous_file_whole, .timeout = 120
     free(v[1]);
 }
 
+/* What writers killed mid-write left: a write of NAME removes the
+ * NAME.tmp.PID of a process that is gone, whatever NAME's extension, and
+ * keeps a live process's, another name's and a name that is not a PID. */
+Test(safetensors, a_write_removes_what_dead_writers_of_its_name_left)
+{
+    pid_t child = fork();
+    cr_assert_neq(child, -1);
+    if (child == 0)
+        _exit(0);
+    cr_assert_eq(waitpid(child, NULL, 0), child);   /* a PID that is gone */
+    char path[ST_TEST_PATH_MAX], name[96], file[ST_TEST_PATH_MAX];
+    st_test_path(path, tmpdir, "out.bin");
+    const long dead = (long)child, live = (long)getppid();
+    const struct { const char *fmt; long pid; int removed; } left[] = {
+        { "out.bin.tmp.%ld", dead, 1 },
+        { "out.bin.tmp.%ld", live, 0 },
+        { "out.bin2.tmp.%ld", dead, 0 },
+        { "out.bin.tmp.%ldx", dead, 0 },
+        { "out.bin.tmp.+%ld", dead, 0 },
+        { "other.safetensors.tmp.%ld", dead, 0 },
+    };
+    for (size_t k = 0; k < sizeof left / sizeof *left; k++) {
+        snprintf(name, sizeof name, left[k].fmt, left[k].pid);
+        write_raw(st_test_path(file, tmpdir, name), "x", 1);
+    }
+    snprintf(name, sizeof name, "other.safetensors.tmp.%ld", dead);
+    cr_assert(st_safetensors_dead_tmp(name, NULL), "%s: any .safetensors name", name);
+    const float w[2] = { 1, 2 };
+    st_safetensors_tensor t = { .name = "w", .dtype = ST_DTYPE_F32, .ndims = 1, .shape = { 2 },
+                                .data = w };
+    cr_assert_eq(st_safetensors_write(path, &t, 1, NULL, 0), ST_OK, "%s", st_last_error());
+    for (size_t k = 0; k < sizeof left / sizeof *left; k++) {
+        snprintf(name, sizeof name, left[k].fmt, left[k].pid);
+        const int gone = access(st_test_path(file, tmpdir, name), F_OK) != 0;
+        cr_assert_eq(gone, left[k].removed, "%s: %s", name, gone ? "removed" : "kept");
+    }
+}
+
 /* ------------------------------------------------------------ weights */
 
 static st_model_config gpt_cfg(int width)

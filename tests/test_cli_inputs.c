@@ -266,15 +266,17 @@ static void write_gzip_text(const char *path, int members)
 }
 
 /* One run of the program (argv) with its output in dir/out and dir/err;
- * SIGTERM is sent while it has `data` open, that is while it loads its
- * data: the process is stopped (SIGSTOP), its open files read, and only
- * if the data file is among them the signal is sent before it goes on
- * (SIGCONT), so the signal arrives inside the loading whatever the
- * machine's speed.  Returns the exit status, or -1 when the run got past
- * its loading before it was caught (the caller tries again). */
-static int term_while_loading(char *const argv[], const char *dir, const char *data)
+ * the signals sigs[0..n) are sent while it has `data` open, that is while
+ * it loads its data: the process is stopped (SIGSTOP), its open files
+ * read, and only if the data file is among them a signal is sent before
+ * it goes on (SIGCONT), so each arrives inside the loading whatever the
+ * machine's speed; the next only once the handler has said its line for
+ * the last.  Returns the exit status, or -1 when the run got past its
+ * loading before every signal was sent (the caller tries again). */
+static int signals_while_loading(char *const argv[], const char *dir, const char *data,
+                                 const int *sigs, int n)
 {
-    char out[ST_TEST_PATH_MAX], err[ST_TEST_PATH_MAX];
+    char out[ST_TEST_PATH_MAX], err[ST_TEST_PATH_MAX], said[4096];
     st_test_path(out, dir, "out");
     st_test_path(err, dir, "err");
     pid_t pid = fork();
@@ -295,18 +297,21 @@ static int term_while_loading(char *const argv[], const char *dir, const char *d
         if (waitpid(pid, &st, WUNTRACED) != pid)
             break;
         if (!WIFSTOPPED(st))   /* it ended first */
-            return -1;
-        sent = has_open(pid, data);
-        if (sent)
-            kill(pid, SIGTERM);
+            break;
+        read_into(err, said, sizeof said);
+        if (has_open(pid, data) && count_lines(said) == sent)
+            kill(pid, sigs[sent++]);
         kill(pid, SIGCONT);
-        if (sent)
+        if (sent == n)
             break;
         usleep(200);
     }
-    cr_assert_eq(waitpid(pid, &st, 0), pid);
-    if (!sent)
+    if (sent < n) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
         return -1;
+    }
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
     cr_assert(WIFEXITED(st), "the run was killed by signal %d", WTERMSIG(st));
     return WEXITSTATUS(st);
 }
@@ -314,7 +319,8 @@ static int term_while_loading(char *const argv[], const char *dir, const char *d
 /* SIGTERM while the data loads ends the run once that is read, without
  * training: exit 143 and one line on stderr (no "Interrupted system
  * call": the handlers restart what they interrupt), no banner, no step,
- * no record. */
+ * no metrics file; a second SIGINT ends it at once, removing the metrics
+ * file it made too. */
 Test(inputs, a_signal_while_the_data_loads_ends_the_run_before_training, .timeout = 240)
 {
     char dir[ST_TEST_PATH_MAX], data[ST_TEST_PATH_MAX], real[PATH_MAX],
@@ -330,8 +336,9 @@ Test(inputs, a_signal_while_the_data_loads_ends_the_run_before_training, .timeou
                      "--val-bytes", "1000", "--progress", "none", "--metrics", metrics, NULL };
     cr_assert(argv[0] && *argv[0], "SUBTRAIN_BIN is not set");
     int status = -1;
+    const int term[] = { SIGTERM }, twice[] = { SIGINT, SIGINT };
     for (int tries = 0; status < 0 && tries < 5; tries++)
-        status = term_while_loading(argv, dir, real);
+        status = signals_while_loading(argv, dir, real, term, 1);
     cr_assert_neq(status, -1, "five runs loaded their data before they could be stopped");
     st_test_path(data, dir, "err");
     read_into(data, text, sizeof text);
@@ -341,8 +348,17 @@ Test(inputs, a_signal_while_the_data_loads_ends_the_run_before_training, .timeou
     st_test_path(data, dir, "out");
     read_into(data, text, sizeof text);
     cr_assert(!strstr(text, "| data ") && !strstr(text, "final:"), "it trained: %s", text);
-    read_into(metrics, text, sizeof text);
-    cr_assert_str_empty(text, "a record: %s", text);
+    /* the metrics file it made is gone, also after a second SIGINT */
+    cr_assert_neq(access(metrics, F_OK), 0, "a run stopped before training left %s", metrics);
+    status = -1;
+    for (int tries = 0; status < 0 && tries < 5; tries++)
+        status = signals_while_loading(argv, dir, real, twice, 2);
+    cr_assert_neq(status, -1, "five runs loaded their data before they took two signals");
+    st_test_path(data, dir, "err");
+    read_into(data, text, sizeof text);
+    cr_assert(status == 128 + SIGINT && strstr(text, "subtrain: interrupted again"), "exit %d: "
+              "%s", status, text);
+    cr_assert_neq(access(metrics, F_OK), 0, "a run stopped at once left %s", metrics);
     st_test_rmdir(dir);
 }
 

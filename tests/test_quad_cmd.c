@@ -250,6 +250,14 @@ Test(quad_cmd, a_dangling_link_and_a_signal_in_the_write_leave_whole_files, .tim
     cr_assert_eq(rows, 22, "%d lines, not the header and 21 rows", rows);
     cr_assert_eq(tmps_in(dir), 0, "temporary files left");
 
+    /* past a file size limit the write fails, the temporary file goes,
+     * then SIGXFSZ ends the command as it would have */
+    snprintf(cmd, sizeof cmd, "ulimit -f 8; '%s' quad --case 4 --iters 2000 --csv %s/big.csv "
+             ">/dev/null 2>&1", bin, dir);
+    w = system(cmd);
+    cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 128 + SIGXFSZ, "status %d, not SIGXFSZ's", w);
+    cr_assert_eq(tmps_in(dir), 0, "a temporary file left past the size limit");
+
     static char out[1 << 16], out_bar[1 << 16], err[4096];
     const char *none[] = { "--case", "6", "--runs", "300", "--iters", "50", "--progress", "none",
                            NULL };

@@ -67,9 +67,10 @@ st_status st_safetensors_write(const char *path, const st_safetensors_tensor *te
 int st_safetensors_tmp_name(const char *path, char *buf, size_t len);
 
 /* Whether a directory entry's name is a temporary file of a writer that
- * is gone: "NAME.safetensors.tmp.PID" (`target`: NAME.safetensors, or
- * NULL for any such NAME) with PID neither this process nor a live one.
- * A live PID may be another run writing into the same directory. */
+ * is gone: "TARGET.tmp.PID" (`target`: the file's name; NULL: any name
+ * ending in .safetensors) with PID neither this process nor a live one on
+ * this machine.  A live PID may be another run writing into the same
+ * directory; a writer on another machine sharing it looks gone. */
 int st_safetensors_dead_tmp(const char *name, const char *target);
 
 /* A file read whole and checked: a regular file (a FIFO or a device is

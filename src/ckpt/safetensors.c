@@ -185,12 +185,21 @@ int st_safetensors_tmp_name(const char *path, char *buf, size_t len)
 
 int st_safetensors_dead_tmp(const char *name, const char *target)
 {
-    static const char ext[] = ".safetensors", mark[] = ".tmp.";
-    const char *t = strstr(name, ".safetensors.tmp.");
-    if (!t || (target && (strncmp(name, target, (size_t)(t - name) + sizeof ext - 1) != 0 ||
-                          target[(t - name) + sizeof ext - 1] != '\0')))
+    static const char mark[] = ".tmp.", any[] = ".safetensors.tmp.";
+    const char *digits;
+    if (target) {
+        const size_t n = strlen(target);
+        if (strncmp(name, target, n) != 0 || strncmp(name + n, mark, sizeof mark - 1) != 0)
+            return 0;
+        digits = name + n + sizeof mark - 1;
+    } else {
+        const char *t = strstr(name, any);
+        if (!t)
+            return 0;
+        digits = t + sizeof any - 1;
+    }
+    if (*digits < '0' || *digits > '9')
         return 0;
-    const char *digits = t + sizeof ext - 1 + sizeof mark - 1;
     char *end;
     errno = 0;
     const long pid = strtol(digits, &end, 10);
@@ -276,7 +285,7 @@ st_status st_safetensors_write(const char *path, const st_safetensors_tensor *te
         unlink(tmp);
         return st_fail(ST_ERR_IO, "%s: cannot write: %s", tmp, strerror(e));
     }
-    st_file_fault_stop(path);
+    st_file_fault_in_write(path);
     if (close(fd) != 0 || rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);

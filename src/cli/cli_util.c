@@ -1,11 +1,14 @@
 /* cli/cli_util.c — shared pieces of the option parsers. */
 #include <errno.h>
+#include <limits.h>
 #include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/cli_util.h"
 #include "core/error.h"
@@ -351,4 +354,29 @@ const char *st_cli_open_failure(char *buf, size_t n)
     else
         snprintf(buf, n, "%s", why);
     return buf;
+}
+
+int st_cli_dangling_target(const char *path, char *out, size_t len)
+{
+    char cur[PATH_MAX], dest[PATH_MAX];
+    if ((size_t)snprintf(cur, sizeof cur, "%s", path) >= sizeof cur)
+        return -1;
+    for (int hops = 0; hops < 40; hops++) {
+        const ssize_t n = readlink(cur, dest, sizeof dest - 1);
+        if (n < 0)
+            return -1;
+        dest[n] = '\0';
+        const char *slash = strrchr(cur, '/');
+        int w = dest[0] == '/' || !slash
+              ? snprintf(out, len, "%s", dest)
+              : snprintf(out, len, "%.*s/%s", (int)(slash - cur), cur, dest);
+        if (w < 0 || (size_t)w >= len)
+            return -1;
+        struct stat sb;
+        if (lstat(out, &sb) != 0)
+            return errno == ENOENT ? 0 : -1;
+        if (!S_ISLNK(sb.st_mode) || (size_t)snprintf(cur, sizeof cur, "%s", out) >= sizeof cur)
+            return -1;
+    }
+    return -1;
 }

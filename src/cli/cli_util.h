@@ -93,4 +93,9 @@ void st_cli_error(const char *cmd, const char *fmt, ...);
 int st_cli_count_arg(const char *cmd, const char *what, const char *s, unsigned long long lo,
                      unsigned long long hi, unsigned long long *out);
 
+/* What the dangling symbolic link `path` names, through a chain of
+ * links, into out: the file a write through it creates.  0, or -1 when
+ * it is not that (a loop, a name too long, a link changed meanwhile). */
+int st_cli_dangling_target(const char *path, char *out, size_t len);
+
 #endif /* SUBTRAIN_CLI_UTIL_H */

@@ -193,29 +193,46 @@ typedef struct run_ui {
 
 /* Graceful stop: the first SIGINT, SIGTERM or SIGUSR1 asks the run to
  * finish its step (st_train_callbacks.stop); a second SIGINT ends the
- * process at once, taking the final weights' temporary file with it if
- * they are being written.  One that comes while the run starts (reading
- * the checkpoint, the data, the weights) ends it once that reading is
- * done, before training: there is no step to finish and nothing to save.
- * One after the last step lets the final evaluation, records and weights
- * finish.  Only async-signal-safe calls here. */
-static volatile sig_atomic_t stop_signal;
+ * process at once, taking with it the final weights' temporary file if
+ * they are being written, and before training the metrics file the run
+ * created.  One that comes while the run starts (reading the checkpoint,
+ * the data, the weights) ends it once that reading is done, before
+ * training: there is no step to finish and nothing to save.  One after
+ * the last step lets the final evaluation, records and weights finish.
+ *
+ * The handler runs in whichever thread the signal finds (the workers',
+ * oneDNN's, MPI's), maybe while the main thread switches the run's phase.
+ * They meet through sequentially consistent atomics, each writing its
+ * side before it reads the other's (the handler: the signal, then the
+ * phase; the main thread: the phase, then the signal), so that at least
+ * one of them sees the other: no signal goes unseen at a switch.  Only
+ * async-signal-safe calls and lock-free atomics in the handler. */
+enum run_phase {
+    PHASE_STARTING,   /* no bar drawn yet */
+    PHASE_TRAINING,
+    PHASE_TRAINED,    /* the last step taken: the evaluation and the writes left */
+    PHASE_SAMPLING,   /* records and weights written; --sample draws */
+    PHASE_ENDED,      /* records and weights written, the exit status decided */
+};
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the signal handler's atomics must be lock-free");
+static atomic_int phase;                          /* enum run_phase */
+static atomic_int raised;                         /* the first stop signal, 0 if none */
+static atomic_int stops_seen;                     /* stop signals caught */
+static volatile sig_atomic_t stop_signal;         /* raised, as the library polls it */
 static volatile sig_atomic_t checkpoint_signal;   /* --usr1 checkpoint: SIGUSR1 */
-static volatile sig_atomic_t training;            /* 0: the run is starting, no bar drawn;
-                                                   * 1: training; 2: its last step taken */
-static volatile sig_atomic_t sampling;            /* --sample: after training, its output
-                                                   * and records written */
-static volatile sig_atomic_t ended;               /* records and weights written, the exit
-                                                   * status decided */
-static volatile sig_atomic_t stops_seen;          /* stop signals caught */
-static volatile sig_atomic_t writing;             /* writing_tmp may exist */
+static atomic_int writing;                        /* writing_tmp may exist */
 static char writing_tmp[4200];                    /* the final weights' temporary file */
+static atomic_int created;                        /* metrics_created is the run's to remove */
+static char metrics_created[4096];                /* a metrics file the run created */
+static dev_t created_dev;                         /* and its identity, */
+static ino_t created_ino;                         /* checked before it is removed */
 static int usr1_checkpoints;                      /* set before the handlers */
 
 static void ui_on_step(const st_step_info *info, void *user)
 {
+    int training = PHASE_TRAINING;   /* what a stop now waits for: the evaluation and writes */
     if (info->step >= info->total_steps)
-        training = 2;   /* what a stop now waits for: the evaluation and writes */
+        atomic_compare_exchange_strong(&phase, &training, PHASE_TRAINED);
     st_progress_on_step(info, ((run_ui *)user)->prog);
 }
 
@@ -396,10 +413,10 @@ static int write_final_weights(const st_cli_options *o, const st_epoch_record *f
     st_model_config mc = *m;
     memset(&mc.subnet, 0, sizeof mc.subnet);
     /* the name whole before the handler may read it */
-    writing = st_safetensors_tmp_name(path, writing_tmp, sizeof writing_tmp) == 0;
-    atomic_signal_fence(memory_order_seq_cst);
+    /* the name written once, whole before the handler may read it */
+    atomic_store(&writing, st_safetensors_tmp_name(path, writing_tmp, sizeof writing_tmp) == 0);
     const st_status written = st_checkpoint_write_weights(path, &mc, ui->params, meta, 4);
-    writing = 0;
+    atomic_store(&writing, 0);
     if (written != ST_OK)
         return runtime_error("--checkpoint");
     if (!o->quiet)
@@ -469,7 +486,7 @@ static int run_export(st_cli_options *o)
  * line, which only training draws. */
 static void say(const char *line, size_t len)
 {
-    const size_t skip = !training && line[0] == '\n';
+    const size_t skip = atomic_load(&phase) == PHASE_STARTING && line[0] == '\n';
     ssize_t w = write(STDERR_FILENO, line + skip, len - skip);
     (void)w;
 }
@@ -486,74 +503,61 @@ static void on_signal(int sig)
     static const char sample[] = "\nsubtrain: stopping the sample\n";
     static const char end[] = "subtrain: stopping: the run's records and weights are "
                               "written\n";
-    stops_seen = stops_seen + 1;
-    if (sampling || ended) {   /* nothing left to finish or save */
-        if (sampling)
-            say(sample, sizeof sample - 1);
-        else
-            say(end, sizeof end - 1);
-        _exit(128 + sig);
-    }
     static const char again[] = "\nsubtrain: interrupted again: stopping now\n";
     static const char first[] = "\nsubtrain: stopping after the current step (interrupt again "
                                 "to stop at once)\n";
     static const char early[] = "subtrain: stopping before training starts (interrupt again "
                                 "to stop at once)\n";
     static const char done[] = "\nsubtrain: training is done: finishing its evaluation, "
-                               "records and weights (interrupt again to stop at once, without "
-                               "them)\n";
-    if (stop_signal && sig == SIGINT) {
-        if (writing)
+                               "records and weights (interrupt again to stop at once)\n";
+    atomic_fetch_add(&stops_seen, 1);
+    int none = 0;
+    const int is_first = atomic_compare_exchange_strong(&raised, &none, sig);
+    if (is_first)
+        stop_signal = sig;
+    const int ph = atomic_load(&phase);
+    if (ph >= PHASE_SAMPLING) {   /* nothing left to finish or save */
+        if (ph == PHASE_SAMPLING)
+            say(sample, sizeof sample - 1);
+        else
+            say(end, sizeof end - 1);
+        _exit(128 + sig);
+    }
+    if (!is_first && sig == SIGINT) {
+        if (atomic_load(&writing))
             unlink(writing_tmp);
+        if (atomic_load(&created))
+            unlink(metrics_created);
         say(again, sizeof again - 1);
         _exit(128 + SIGINT);
     }
-    if (!stop_signal) {
-        stop_signal = sig;
-        if (training == 2)
-            say(done, sizeof done - 1);
-        else if (training)
-            say(first, sizeof first - 1);
-        else
-            say(early, sizeof early - 1);
-    }
-}
-
-/* The stop signals held (pending until the caller restores *old), so that
- * a switch of the run's phase is seen by the handler wholly or not at all. */
-static void hold_stops(sigset_t *old)
-{
-    sigset_t stops;
-    sigemptyset(&stops);
-    sigaddset(&stops, SIGINT);
-    sigaddset(&stops, SIGTERM);
-    sigaddset(&stops, SIGUSR1);
-    pthread_sigmask(SIG_BLOCK, &stops, old);
+    if (is_first && ph == PHASE_TRAINED)
+        say(done, sizeof done - 1);
+    else if (is_first && ph == PHASE_TRAINING)
+        say(first, sizeof first - 1);
+    else if (is_first)
+        say(early, sizeof early - 1);
 }
 
 /* The run's end, once its records and weights are written: the signal
- * that stopped it (0: none), and whether --sample draws (*draw).
- * `sampling` (with a sample) or `ended` set with the stop signals held, so
- * that a signal comes before (it is the run's: no sample after the stop
- * that ended training, or after any when training ran to its end) or
- * after (the handler ends the process at once), never unseen between. */
+ * that stopped it (0: none), and whether --sample draws (*draw).  The
+ * phase first, then the signals (see on_signal): a signal the handler
+ * took for the run's (no sample after the stop that ended training, or
+ * after any when training ran to its end) is seen here, one it did not
+ * ends the process at once. */
 static int end_run(int interrupted, int sample, int *draw)
 {
-    sigset_t old;
-    hold_stops(&old);
-    if (sample)
-        sampling = 1;
-    else
-        ended = 1;
-    const int sig = stop_signal;
-    *draw = sample && stops_seen <= (interrupted ? 1 : 0);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    atomic_store(&phase, sample ? PHASE_SAMPLING : PHASE_ENDED);
+    const int sig = atomic_load(&raised);
+    *draw = sample && atomic_load(&stops_seen) <= (interrupted ? 1 : 0);
     return sig;
 }
 
 /* SA_RESTART: a read or an open that a signal interrupts goes on (the
  * stop is taken between steps, or once the start-up's reading is done)
- * rather than failing with EINTR. */
+ * rather than failing with EINTR.  SIGXFSZ ignored: a write past a file
+ * size limit fails (EFBIG) and is said, its temporary file removed,
+ * rather than ending the run. */
 static void install_stop_handlers(void)
 {
     struct sigaction sa;
@@ -564,20 +568,18 @@ static void install_stop_handlers(void)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+    signal(SIGXFSZ, SIG_IGN);
 }
 
-/* The switch from starting to training, the stop signals held while it is
- * made: a signal comes before it (the run ends without training) or after
- * it (the run stops after a step), never between.  Over ranks, each learns
- * whether any was stopped, so that all end alike.  *sig: the signal that
- * stopped the start, 0 if none. */
+/* The switch from starting to training: the phase first, then the signal
+ * (see on_signal), so that a signal comes before it (the run ends without
+ * training) or after it (the run stops after a step), never unseen
+ * between.  Over ranks, each learns whether any was stopped, so that all
+ * end alike.  *sig: the signal that stopped the start, 0 if none. */
 static st_status begin_training(int *sig)
 {
-    sigset_t old;
-    hold_stops(&old);
-    training = 1;
-    *sig = stop_signal;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    atomic_store(&phase, PHASE_TRAINING);
+    *sig = atomic_load(&raised);
     return st_world_max_ints(sig, 1);
 }
 
@@ -602,6 +604,17 @@ static int open_resume(const st_cli_options *o, char *path, size_t len, st_safet
     return EXIT_SUCCESS;
 }
 
+/* A metrics file open_metrics created, removed when the run ends before
+ * training starts (a failed start leaves no file that says nothing), if
+ * it is still the file created and empty. */
+static void drop_unstarted_metrics(void)
+{
+    struct stat sb;
+    if (atomic_exchange(&created, 0) && lstat(metrics_created, &sb) == 0 &&
+        sb.st_dev == created_dev && sb.st_ino == created_ino && sb.st_size == 0)
+        unlink(metrics_created);
+}
+
 /* --metrics FILE, opened before the data loads so that a bad path is
  * said at once, not after it.  Opened non-blocking: a FIFO nobody reads
  * fails (ENXIO) instead of hanging the run; the writes block as usual.  A
@@ -610,26 +623,34 @@ static int open_resume(const st_cli_options *o, char *path, size_t len, st_safet
  * first record's write reports it, with the reason).  A resumed run
  * appends to the stopped run's records; a new run empties the file when
  * training starts (start_metrics), so that a run that fails before keeps
- * what the file held, and one it created (through a dangling link too)
- * is removed then (drop_unstarted_metrics): created[] names it, "" if
- * the file was there. */
-static int open_metrics(const st_cli_options *o, FILE **out, char *created, size_t len)
+ * what the file held.  A new name, or a dangling link's target, is
+ * created with O_EXCL, so that the file is surely this run's: removed if
+ * the run ends before training (drop_unstarted_metrics, or the handler). */
+static int open_metrics(const st_cli_options *o, FILE **out)
 {
     const char *path = o->metrics_path;
     const int flags = O_WRONLY | O_NONBLOCK | O_CLOEXEC | (o->resume_path ? O_APPEND : 0);
-    created[0] = '\0';
-    int fd = open(path, flags);
-    if (fd < 0 && errno == ENOENT) {
-        /* O_EXCL refuses a dangling link (EEXIST): created through it */
-        fd = open(path, flags | O_CREAT | O_EXCL, 0666);
-        if (fd < 0 && errno == EEXIST)
-            fd = open(path, flags | O_CREAT, 0666);
-        char *real = fd >= 0 ? realpath(path, NULL) : NULL;
-        if (real && strlen(real) < len)
-            strcpy(created, real);
-        free(real);
+    struct stat lb, tb;
+    int fd = -1, made = 0, fail = 0, is_new = 0;
+    const int listed = lstat(path, &lb) == 0;
+    if (!listed && errno == ENOENT)
+        is_new = (size_t)snprintf(metrics_created, sizeof metrics_created, "%s", path) <
+                 sizeof metrics_created;
+    else if (listed && S_ISLNK(lb.st_mode) && stat(path, &tb) != 0 && errno == ENOENT)
+        is_new = st_cli_dangling_target(path, metrics_created, sizeof metrics_created) == 0;
+    if (is_new) {
+        fd = open(metrics_created, flags | O_CREAT | O_EXCL, 0666);
+        made = fd >= 0;
+        fail = fd < 0 && errno != EEXIST ? errno : 0;   /* EEXIST: made meanwhile, opened */
     }
-    int err = fd < 0 ? errno : 0;
+    if (made && fstat(fd, &tb) == 0) {
+        created_dev = tb.st_dev;
+        created_ino = tb.st_ino;
+        atomic_store(&created, 1);
+    }
+    if (fd < 0 && !fail)
+        fd = open(path, flags | O_CREAT, 0666);
+    int err = fail ? fail : fd < 0 ? errno : 0;
     struct stat sb;
     if (!err && fstat(fd, &sb) != 0)
         err = errno;
@@ -645,8 +666,7 @@ static int open_metrics(const st_cli_options *o, FILE **out, char *created, size
     if (err) {
         if (fd >= 0)
             close(fd);
-        if (created[0])
-            unlink(created);
+        drop_unstarted_metrics();
         st_cli_error("subtrain", "cannot write the metrics file '%s': %s", ST_CLI_SHOW(path),
                      err == ENXIO && fd < 0 ? "a FIFO with no reader" : strerror(err));
         return EXIT_FAILURE;
@@ -654,21 +674,11 @@ static int open_metrics(const st_cli_options *o, FILE **out, char *created, size
     return EXIT_SUCCESS;
 }
 
-/* A metrics file open_metrics created, removed when the run ends before
- * training starts: a failed start leaves no file that says nothing. */
-static void drop_unstarted_metrics(char *created)
-{
-    if (created[0])
-        unlink(created);
-    created[0] = '\0';
-}
-
 /* A new run's metrics file, emptied as training starts (a device or a
- * FIFO takes no truncation); from then on the file is the run's, kept
- * (created[] cleared). */
-static int start_metrics(const st_cli_options *o, FILE *metrics, char *created)
+ * FIFO takes no truncation); from then on the file is the run's, kept. */
+static int start_metrics(const st_cli_options *o, FILE *metrics)
 {
-    created[0] = '\0';
+    atomic_store(&created, 0);
     struct stat sb;
     if (!metrics || o->resume_path || fstat(fileno(metrics), &sb) != 0 || !S_ISREG(sb.st_mode))
         return EXIT_SUCCESS;
@@ -824,10 +834,7 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
             return bad;
         }
     }
-    char metrics_created[4096];
-    metrics_created[0] = '\0';
-    if (o->metrics_path &&
-        open_metrics(o, &metrics, metrics_created, sizeof metrics_created) != EXIT_SUCCESS) {
+    if (o->metrics_path && open_metrics(o, &metrics) != EXIT_SUCCESS) {
         st_safetensors_free(&resume);
         return EXIT_FAILURE;
     }
@@ -835,7 +842,7 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
     if (load_data_for_model(o, &train, &test) != EXIT_SUCCESS) {
         if (metrics)
             fclose(metrics);
-        drop_unstarted_metrics(metrics_created);
+        drop_unstarted_metrics();
         st_safetensors_free(&resume);
         return EXIT_FAILURE;
     }
@@ -844,7 +851,7 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
         if (load_init(o, &init) != EXIT_SUCCESS) {
             if (metrics)
                 fclose(metrics);
-            drop_unstarted_metrics(metrics_created);
+            drop_unstarted_metrics();
             free(init);
             st_dataset_free(&train);
             st_dataset_free(&test);
@@ -896,7 +903,7 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
         status = 128 + early;
         goto out;
     }
-    if (start_metrics(o, metrics, metrics_created) != EXIT_SUCCESS)
+    if (start_metrics(o, metrics) != EXIT_SUCCESS)
         goto out;
     int tty = isatty(STDERR_FILENO);
     st_progress_mode mode = o->quiet ? ST_PROGRESS_NONE : o->progress;
@@ -933,7 +940,14 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
      * took part in gathering them: ui_on_params) */
     const int root = st_world_rank() == 0;
     fflush(stdout);   /* out before a second interrupt may end the write */
-    if (root && o->checkpoint_dir && write_final_weights(o, &final, &ui) != EXIT_SUCCESS)
+    int unwritten = root && o->checkpoint_dir && write_final_weights(o, &final, &ui) != 0;
+    /* every rank after rank 0's write: one that ended at a signal before
+     * (end_run) would end the job, and the write with it */
+    if (st_world_max_ints(&unwritten, 1) != ST_OK) {
+        runtime_error("finishing");
+        goto out;
+    }
+    if (unwritten)   /* said by rank 0 */
         goto out;
     /* a signal after the last step (in the final evaluation or the
      * weights' write) found training whole: its records and weights are
@@ -960,7 +974,7 @@ out:
                      ST_CLI_SHOW(o->metrics_path), strerror(e));
         status = EXIT_FAILURE;
     }
-    drop_unstarted_metrics(metrics_created);
+    drop_unstarted_metrics();
     st_cli_provenance_free(&prov);
     free(ui.params);
     free(init);

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,13 +16,21 @@
 #include "core/file.h"
 
 /* The signals held while the temporary file exists (out_file.h). */
-static const int held_signals[6] = { SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGALRM };
-static volatile sig_atomic_t caught;   /* the first that came, 0 if none */
+static const int held_signals[8] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM,
+                                     SIGXFSZ };
+static atomic_int caught;     /* the first that came, 0 if none */
+static atomic_int released;   /* the actions are back */
 
+/* The handler may run in another thread while release_signals runs: each
+ * side writes its own flag before it reads the other's (sequentially
+ * consistent), so that one of them raises the signal again.  A SIGXFSZ
+ * caught lets the write fail (EFBIG) and the file be removed first. */
 static void catch_held(int sig)
 {
-    if (!caught)
-        caught = sig;
+    int none = 0;
+    atomic_compare_exchange_strong(&caught, &none, sig);
+    if (atomic_load(&released))
+        raise(sig);
 }
 
 /* A handler, not a blocked mask: a signal sent to the process may go to
@@ -33,8 +42,9 @@ static void hold_signals(st_cli_out *o)
     sa.sa_handler = catch_held;
     sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
-    caught = 0;
-    for (int k = 0; k < 6; k++)
+    atomic_store(&caught, 0);
+    atomic_store(&released, 0);
+    for (int k = 0; k < 8; k++)
         sigaction(held_signals[k], &sa, &o->held[k]);
 }
 
@@ -42,38 +52,12 @@ static void hold_signals(st_cli_out *o)
  * have been. */
 static void release_signals(st_cli_out *o)
 {
-    for (int k = 0; k < 6; k++)
+    for (int k = 0; k < 8; k++)
         sigaction(held_signals[k], &o->held[k], NULL);
-    if (caught)
-        raise(caught);
-}
-
-/* What a dangling link names, through a chain of links: the file a write
- * through it creates.  0, or -1 when it is not that (a loop, a name too
- * long, a link changed meanwhile). */
-static int dangling_target(const char *path, char *out, size_t len)
-{
-    char cur[PATH_MAX], dest[PATH_MAX];
-    if ((size_t)snprintf(cur, sizeof cur, "%s", path) >= sizeof cur)
-        return -1;
-    for (int hops = 0; hops < 40; hops++) {
-        const ssize_t n = readlink(cur, dest, sizeof dest - 1);
-        if (n < 0)
-            return -1;
-        dest[n] = '\0';
-        const char *slash = strrchr(cur, '/');
-        int w = dest[0] == '/' || !slash
-              ? snprintf(out, len, "%s", dest)
-              : snprintf(out, len, "%.*s/%s", (int)(slash - cur), cur, dest);
-        if (w < 0 || (size_t)w >= len)
-            return -1;
-        struct stat sb;
-        if (lstat(out, &sb) != 0)
-            return errno == ENOENT ? 0 : -1;
-        if (!S_ISLNK(sb.st_mode) || (size_t)snprintf(cur, sizeof cur, "%s", out) >= sizeof cur)
-            return -1;
-    }
-    return -1;
+    atomic_store(&released, 1);
+    const int sig = atomic_load(&caught);
+    if (sig)
+        raise(sig);
 }
 
 /* Written in place, opened now: anything that is not a regular file, a
@@ -117,12 +101,12 @@ int st_cli_out_open(st_cli_out *o, const char *cmd, const char *option, const ch
         o->tmp[0] = '\0';
         return 0;
     }
-    int is_new = !exists;
+    int is_new = !exists, dangling = 0;
     if (exists && S_ISLNK(sb.st_mode) && !resolves) {
         /* a dangling link: its target is created, the link kept */
-        if (dangling_target(path, o->target, sizeof o->target) != 0)
+        if (st_cli_dangling_target(path, o->target, sizeof o->target) != 0)
             return open_in_place(o);
-        is_new = 1;
+        is_new = dangling = 1;
     } else if (exists && S_ISLNK(sb.st_mode)) {
         /* the link's target is replaced, the link kept */
         if (!S_ISREG(tb.st_mode) || !realpath(path, o->target))
@@ -148,6 +132,11 @@ int st_cli_out_open(st_cli_out *o, const char *cmd, const char *option, const ch
          * at the end, as nothing can be put beside it */
         o->tmp[0] = '\0';
         return 0;
+    }
+    if (fd < 0 && dangling) {
+        st_cli_error(o->cmd, "%s %s: cannot create the link's target %s: %s", option,
+                     ST_CLI_SHOW(path), ST_CLI_SHOW(o->target), strerror(errno));
+        return 1;
     }
     if (fd < 0) {
         st_cli_error(o->cmd, "%s %s: cannot create %s beside it: %s", option, ST_CLI_SHOW(path),
@@ -199,7 +188,7 @@ int st_cli_out_commit(st_cli_out *o, FILE *f)
     const int e = errno ? errno : EIO;
     const int held = f != o->stream && *o->tmp;   /* hold_signals ran */
     if (placed && held)
-        st_file_fault_stop(o->target);
+        st_file_fault_in_write(o->target);
     if (!placed || (*o->tmp && rename(o->tmp, o->target) != 0)) {
         st_cli_error(o->cmd, "%s %s: writing it failed: %s", o->option, ST_CLI_SHOW(o->path),
                      strerror(placed ? errno : e));

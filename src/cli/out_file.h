@@ -8,9 +8,10 @@
  * renamed over it, so that a failed or interrupted command leaves an
  * earlier file as it was, creates none, and a link stays a link (a hard
  * link keeps the earlier contents).  While the temporary file exists, a
- * signal that would end the command (SIGINT, SIGTERM, SIGHUP, SIGUSR1,
- * SIGUSR2, SIGALRM) is held until it is renamed or removed, then ends the
- * command as it would have.  Written in place instead: a file the
+ * signal that would end the command (SIGINT, SIGTERM, SIGHUP, SIGQUIT,
+ * SIGUSR1, SIGUSR2, SIGALRM, and SIGXFSZ, whose write then fails) is held
+ * until the file is renamed or removed, then ends the command as it would
+ * have.  Written in place instead: a file the
  * command's stdout or stderr already writes (--csv /dev/stdout), through
  * that stream; an existing file whose directory takes no new name, at the
  * end; anything else (a FIFO, a device, a link to one), opened once
@@ -37,7 +38,7 @@ typedef struct st_cli_out {
     FILE *in_place;                    /* opened before the work */
     FILE *stream;                      /* stdout or stderr, or NULL */
     unsigned mode;                     /* the new file's permission bits */
-    struct sigaction held[6];          /* while the temporary file exists: the
+    struct sigaction held[8];          /* while the temporary file exists: the
                                         * actions it replaced */
 } st_cli_out;
 

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,10 +58,15 @@ st_status st_file_open_read(const char *path, FILE **out)
     return ST_OK;
 }
 
-void st_file_fault_stop(const char *path)
+void st_file_fault_in_write(const char *path)
 {
     const char *fault = getenv("SUBTRAIN_FAULT"), *slash = strrchr(path, '/');
     const char *name = slash ? slash + 1 : path;
     if (fault && strncmp(fault, "stop:", 5) == 0 && strcmp(fault + 5, name) == 0)
         raise(SIGSTOP);
+    if (fault && strncmp(fault, "slow:", 5) == 0 && strcmp(fault + 5, name) == 0) {
+        struct timespec left = { 5, 0 };
+        while (nanosleep(&left, &left) != 0 && errno == EINTR)
+            continue;   /* a signal's handler ran: the write goes on */
+    }
 }

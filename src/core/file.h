@@ -18,10 +18,10 @@
  * it, or "PATH: not a regular file (a FIFO)" with errno 0. */
 st_status st_file_open_read(const char *path, FILE **out);
 
-/* SUBTRAIN_FAULT=stop:NAME, for the tests of signals and kills mid-write
- * (doc/reliability.md): a writer calls this with the file it is about to
- * rename into place, and the process stops itself (SIGSTOP) when that
- * file's name is NAME. */
-void st_file_fault_stop(const char *path);
+/* SUBTRAIN_FAULT=stop:NAME or slow:NAME, for the tests of signals and
+ * kills mid-write (doc/reliability.md): a writer calls this with the file
+ * it is about to rename into place, and when that file's name is NAME the
+ * process stops itself (SIGSTOP), or sleeps 5 s, a slow disk's write. */
+void st_file_fault_in_write(const char *path);
 
 #endif /* SUBTRAIN_CORE_FILE_H */
