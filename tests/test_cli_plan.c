@@ -669,6 +669,53 @@ Test(plan, an_unwritable_json_file_is_said_before_the_plan, .timeout = 60)
     free(r);
 }
 
+/* An output naming a file the command reads is refused before anything
+ * is written (exit 2), and the file is left as it was: plan --json over
+ * its text data, its --config, its --calibration; export -o over its
+ * --config or its --init weights. */
+Test(plan, an_output_over_an_input_is_refused, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], text[ST_TEST_PATH_MAX], conf[ST_TEST_PATH_MAX],
+        cal[ST_TEST_PATH_MAX], args[6 * ST_TEST_PATH_MAX], before[4096], after[4096];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    st_test_path(text, dir, "d.txt");
+    st_test_path(conf, dir, "run.conf");
+    st_test_path(cal, dir, "c.cal");
+    static const char words[] = "the quick brown fox jumps over the lazy dog, and again. ";
+    FILE *f = fopen(text, "w");
+    cr_assert_not_null(f);
+    for (int k = 0; k < 40; k++)
+        fputs(words, f);
+    fclose(f);
+    cr_assert_eq(st_test_write_file(conf, "steps = 2\n", 10), 0);
+    write_calibration(cal, 10.0, 40.0);
+    run_result *r = calloc(1, sizeof *r);
+    cr_assert_not_null(r);
+    const struct { const char *opts, *file, *needle; } cases[] = {
+        { "plan --memory-per-worker 1G --model gpt --depth 1 --width 16 --heads 2 --context 8 "
+          "--data text:%s --json %s", text, "is the text --data reads" },
+        { "plan --memory-per-worker 1G --data synthetic --config %s --json %s", conf,
+          "is the file --config reads" },
+        { "plan --memory-per-worker 1G --data synthetic --calibration %s --json %s", cal,
+          "is the file --calibration reads" },
+        { "export --init /nonexistent.safetensors --data synthetic --config %s -o %s", conf,
+          "is the file --config reads" },
+        { "export --data synthetic --init %s -o %s", cal, "is the weights --init reads" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        read_into(cases[i].file, before, sizeof before);
+        snprintf(args, sizeof args, cases[i].opts, cases[i].file, cases[i].file);
+        run(r, NULL, args);
+        cr_assert_eq(r->status, 2, "%s: exit %d: %s", args, r->status, r->err);
+        cr_assert(strstr(r->err, cases[i].needle) && count_lines(r->err) == 1, "%s: %s", args,
+                  r->err);
+        read_into(cases[i].file, after, sizeof after);
+        cr_assert_str_eq(after, before, "%s changed %s", args, cases[i].file);
+    }
+    free(r);
+    st_test_rmdir(dir);
+}
+
 /* What calibrate writes, plan reads; a file with an unknown key or a bad
  * rate is refused with its line.  calibrate times fixed windows on a shared
  * machine (about 45 s at a load average of 5), hence the longer limit. */

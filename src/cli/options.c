@@ -474,6 +474,19 @@ static int ends_with(const char *s, const char *tail)
     return a >= b && strcmp(s + a - b, tail) == 0;
 }
 
+const char *st_cli_input_named(const st_cli_options *o, const char *path)
+{
+    struct stat m;
+    if (!path || stat(path, &m) != 0)
+        return NULL;   /* a new file reads nothing */
+    return same_file(o->config_path, &m)   ? "the file --config reads"
+           : same_file(o->init_path, &m)   ? "the weights --init reads"
+           : same_file(o->resume_path, &m) ? "the checkpoint --resume reads"
+           : o->data_spec.kind == ST_CLI_DATA_TEXT && same_file(o->data_spec.dir, &m)
+               ? "the text --data reads"
+               : NULL;
+}
+
 /* --metrics naming a file the run reads (--config, --init, --resume's
  * checkpoint, the data) would destroy it: opened for writing, it is
  * emptied before it is read.  An existing file in the data's directory
@@ -484,12 +497,7 @@ static int metrics_reads_input(const st_cli_options *o, char *err, size_t n)
     struct stat m, d;
     if (stat(o->metrics_path, &m) != 0)
         return 0;   /* a new file reads nothing */
-    const char *what = same_file(o->config_path, &m)   ? "the file --config reads"
-                       : same_file(o->init_path, &m)   ? "the weights --init reads"
-                       : same_file(o->resume_path, &m) ? "the checkpoint --resume reads"
-                       : o->data_spec.kind == ST_CLI_DATA_TEXT && same_file(o->data_spec.dir, &m)
-                           ? "the text --data reads"
-                           : NULL;
+    const char *what = st_cli_input_named(o, o->metrics_path);
     char parent[4096];
     snprintf(parent, sizeof parent, "%s", o->metrics_path);
     if (!what && stat(dirname(parent), &d) == 0 && S_ISREG(m.st_mode)) {
@@ -686,6 +694,10 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t n)
         return st_cli_fail(err, n, "export needs --init FILE: the weights to convert");
     if (o->action == ST_CLI_EXPORT && !o->output_path)
         return st_cli_fail(err, n, "export needs -o FILE: the file to write");
+    const char *read = o->action == ST_CLI_EXPORT ? st_cli_input_named(o, o->output_path) : NULL;
+    if (read)
+        return st_cli_fail(err, n, "-o %s is %s: name another output file (the export would "
+                           "overwrite it)", ST_CLI_SHOW(o->output_path), read);
     if (o->action == ST_CLI_EXPORT && (o->checkpoint_dir || o->metrics_path || o->resume_path))
         return st_cli_fail(err, n, "export takes weights with --init and writes -o FILE only, "
                            "not %s", o->checkpoint_dir ? "--checkpoint"

@@ -78,6 +78,11 @@ typedef struct st_cli_options {
  * With --config FILE the file's options are applied first, then the
  * command line's, whatever their order: the command line wins. */
 int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t err_len);
+/* Which input of the run's options the existing file `path` is ("the
+ * file --config reads", "the weights --init reads", "the checkpoint
+ * --resume reads", "the text --data reads"), or NULL: an output that names
+ * one would destroy it. */
+const char *st_cli_input_named(const st_cli_options *o, const char *path);
 /* What st_cli_parse allocated (the configuration file). */
 void st_cli_options_free(st_cli_options *o);
 

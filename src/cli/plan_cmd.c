@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <jansson.h>
@@ -974,9 +975,27 @@ int st_cli_plan_main(int argc, char **argv)
         status = EXIT_USAGE;
     if (status == 0)
         status = make_candidates(&p, &o.train, teams, n_teams, &cand, &n);
-    /* an unwritable --json FILE said before the plan, not after it */
+    /* an unwritable --json FILE said before the plan, not after it; one
+     * the plan reads refused */
     st_cli_out out;
     const int json_file = p.json && strcmp(p.json, "-") != 0;
+    const char *read = NULL;
+    if (status == 0 && json_file) {
+        struct stat js, in;
+        read = st_cli_input_named(&o, p.json);
+        if (!read && stat(p.json, &js) == 0) {
+            const char *const ins[2] = { p.calibration, p.accuracy };
+            for (int k = 0; k < 2 && !read; k++)
+                if (ins[k] && stat(ins[k], &in) == 0 && in.st_dev == js.st_dev &&
+                    in.st_ino == js.st_ino)
+                    read = k == 0 ? "the file --calibration reads" : "the file --accuracy reads";
+        }
+    }
+    if (read) {
+        st_cli_error(CMD, "--json %s is %s: name another file (the plan would overwrite it)",
+                     ST_CLI_SHOW(p.json), read);
+        status = EXIT_USAGE;
+    }
     if (status == 0 && json_file && st_cli_out_open(&out, CMD, "--json", p.json) != 0)
         status = 1;
     const int out_open = status == 0 && json_file;
