@@ -546,6 +546,12 @@ Test(cli, metrics_problems_are_said_early_and_with_the_reason, .timeout = 60)
     expect_runtime_error(NULL, args, "Fashion-MNIST not found in /nonexistent/fmnist");
     read_into(path, text, sizeof text);
     cr_assert_str_eq(text, earlier, "the failed run changed the metrics file");
+    /* also one that fails while it builds its workers, before a record */
+    snprintf(args, sizeof args, "--data synthetic --model convnet "
+             "--steps 1 -q --metrics '%s'", path);
+    expect_runtime_error(NULL, args, "training: --model convnet takes images");
+    read_into(path, text, sizeof text);
+    cr_assert_str_eq(text, earlier, "a run that failed before its first record changed it");
     /* and creates none: a new name, or a dangling link's target */
     char fresh[ST_TEST_PATH_MAX], link_[ST_TEST_PATH_MAX], target[ST_TEST_PATH_MAX];
     st_test_path(fresh, dir, "new.jsonl");
@@ -556,6 +562,9 @@ Test(cli, metrics_problems_are_said_early_and_with_the_reason, .timeout = 60)
     for (int k = 0; k < 2; k++) {
         snprintf(args, sizeof args, "--data /nonexistent/fmnist --metrics '%s'", never[k]);
         expect_runtime_error(NULL, args, "Fashion-MNIST not found in /nonexistent/fmnist");
+        snprintf(args, sizeof args, "--data synthetic --model convnet "
+                 "--steps 1 -q --metrics '%s'", never[k]);
+        expect_runtime_error(NULL, args, "training: --model convnet takes images");
     }
     cr_assert_neq(access(fresh, F_OK), 0, "a run that failed before training made %s", fresh);
     cr_assert_neq(access(target, F_OK), 0, "a run that failed before training made %s", target);

@@ -395,7 +395,9 @@ static int write_final_weights(const st_cli_options *o, const st_epoch_record *f
     if (make_checkpoint_dir(o->checkpoint_dir) != EXIT_SUCCESS)
         return EXIT_FAILURE;
     if (!ui->params) {
-        fprintf(stderr, "subtrain: --checkpoint: the run handed over no parameters\n");
+        fprintf(stderr, "subtrain: --checkpoint: %s\n", ui->params_nomem
+                ? "out of memory copying the trained parameters"
+                : "the run handed over no parameters");
         return EXIT_FAILURE;
     }
     snprintf(path, sizeof path, "%s/final.safetensors", o->checkpoint_dir);
@@ -526,7 +528,7 @@ static void on_signal(int sig)
     if (!is_first && sig == SIGINT) {
         if (atomic_load(&writing))
             unlink(writing_tmp);
-        if (atomic_load(&created))
+        if (ph == PHASE_STARTING && atomic_load(&created))
             unlink(metrics_created);
         say(again, sizeof again - 1);
         _exit(128 + SIGINT);
@@ -605,7 +607,7 @@ static int open_resume(const st_cli_options *o, char *path, size_t len, st_safet
 }
 
 /* A metrics file open_metrics created, removed when the run ends before
- * training starts (a failed start leaves no file that says nothing), if
+ * its first record (a failed start leaves no file that says nothing), if
  * it is still the file created and empty. */
 static void drop_unstarted_metrics(void)
 {
@@ -621,11 +623,12 @@ static void drop_unstarted_metrics(void)
  * regular file is probed with a byte written and taken back, which finds
  * a full disk or quota (a device such as /dev/full takes no probe: its
  * first record's write reports it, with the reason).  A resumed run
- * appends to the stopped run's records; a new run empties the file when
- * training starts (start_metrics), so that a run that fails before keeps
+ * appends to the stopped run's records; a new run empties the file with
+ * its first record (start_metrics), so that a run that fails before keeps
  * what the file held.  A new name, or a dangling link's target, is
  * created with O_EXCL, so that the file is surely this run's: removed if
- * the run ends before training (drop_unstarted_metrics, or the handler). */
+ * the run ends before its first record (drop_unstarted_metrics, or the
+ * handler before training). */
 static int open_metrics(const st_cli_options *o, FILE **out)
 {
     const char *path = o->metrics_path;
@@ -674,21 +677,14 @@ static int open_metrics(const st_cli_options *o, FILE **out)
     return EXIT_SUCCESS;
 }
 
-/* A new run's metrics file, emptied as training starts (a device or a
- * FIFO takes no truncation); from then on the file is the run's, kept. */
-static int start_metrics(const st_cli_options *o, FILE *metrics)
+/* A new run's metrics file: a regular file is emptied by the first
+ * record (a device or a FIFO takes no truncation), so that a run that
+ * fails before it (building its workers) keeps what the file held. */
+static void start_metrics(const st_cli_options *o, FILE *metrics, st_progress *prog)
 {
-    atomic_store(&created, 0);
     struct stat sb;
-    if (!metrics || o->resume_path || fstat(fileno(metrics), &sb) != 0 || !S_ISREG(sb.st_mode))
-        return EXIT_SUCCESS;
-    if (ftruncate(fileno(metrics), 0) != 0 || fseek(metrics, 0, SEEK_SET) != 0) {
-        const int e = errno;
-        st_cli_error("subtrain", "cannot write the metrics file '%s': %s",
-                     ST_CLI_SHOW(o->metrics_path), strerror(e));
-        return EXIT_FAILURE;
-    }
-    return EXIT_SUCCESS;
+    prog->metrics_replace = metrics && !o->resume_path && fstat(fileno(metrics), &sb) == 0 &&
+                            S_ISREG(sb.st_mode);
 }
 
 /* --checkpoint DIR, before the data loads: made if missing, and a file
@@ -903,8 +899,7 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
         status = 128 + early;
         goto out;
     }
-    if (start_metrics(o, metrics) != EXIT_SUCCESS)
-        goto out;
+    start_metrics(o, metrics, &prog);
     int tty = isatty(STDERR_FILENO);
     st_progress_mode mode = o->quiet ? ST_PROGRESS_NONE : o->progress;
     prog.bar = mode == ST_PROGRESS_BAR || (mode == ST_PROGRESS_AUTO && tty);

@@ -121,6 +121,11 @@ static int put_record(st_progress *p, const st_epoch_record *rec)
         return -1;
     }
     const int fd = fileno(file);
+    if (p->metrics_replace && (ftruncate(fd, 0) != 0 || lseek(fd, 0, SEEK_SET) != 0)) {
+        free(buf);
+        return -1;
+    }
+    p->metrics_replace = 0;
     struct stat sb;
     const off_t at = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) ? sb.st_size : -1;
     size_t done = 0;

@@ -18,6 +18,8 @@ typedef struct st_progress {
     const char *metrics_path;
     int metrics_failed;  /* a write failed: said at once, with the reason; the run
                           * goes on and exits 1 */
+    int metrics_replace; /* the file's earlier contents go with the first record:
+                          * a run that fails before it leaves them */
     int quiet;           /* no warnings either */
     int report_memory;   /* print every worker's memory with the final record */
     /* what made the run: written as "run" with the first record (NULL:
