@@ -158,6 +158,45 @@ Test(cli, a_checkpoint_directory_of_another_run_is_refused, .timeout = 60)
     st_test_rmdir(dir);
 }
 
+/* eval and export of a subtrain-layout file refuse another --activation
+ * or --heads than its run's (the tensors' shapes are the same, the
+ * function is not): one line naming the value to give, exit 1. */
+Test(cli, eval_refuses_another_activation_or_heads, .timeout = 120)
+{
+    char dir[ST_TEST_PATH_MAX], text[ST_TEST_PATH_MAX], args[6 * ST_TEST_PATH_MAX];
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    write_cat_corpus(text, dir);
+    const char *mlp = "--data synthetic --model mlp --depth 2 --width 32";
+    char gpt[2 * ST_TEST_PATH_MAX];
+    snprintf(gpt, sizeof gpt, "--model gpt --data 'text:%s' --depth 1 --width 16 --heads 2 "
+             "--context 16 --batch 4 --val-bytes 256", text);
+    run_result *r = calloc(1, sizeof *r);
+    snprintf(args, sizeof args, "%s --steps 2 -q --checkpoint '%s/m'", mlp, dir);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    snprintf(args, sizeof args, "%s --steps 2 -q --checkpoint '%s/g'", gpt, dir);
+    run(r, NULL, args);
+    cr_assert_eq(r->status, 0, "%s", r->err);
+    const struct { const char *cmd, *model, *ck, *extra, *needle; } cases[] = {
+        { "eval", mlp, "m", "--activation relu", "its run had --activation gelu, the model relu" },
+        { "eval", gpt, "g", "--heads 4", "its run had --heads 2, the model 4: give --heads 2" },
+        { "export", mlp, "m", "--activation relu -o /dev/null/x", "--activation gelu" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(args, sizeof args, "%s --init '%s/%s/final.safetensors' %s %s", cases[i].cmd,
+                 dir, cases[i].ck, cases[i].model, cases[i].extra);
+        run(r, NULL, args);
+        cr_assert(r->status == 1 && strstr(r->err, cases[i].needle) && count_lines(r->err) == 1,
+                  "%s: exit %d: %s", args, r->status, r->err);
+        snprintf(args, sizeof args, "eval --init '%s/%s/final.safetensors' %s", dir,
+                 cases[i].ck, cases[i].model);
+        run(r, NULL, args);
+        cr_assert_eq(r->status, 0, "%s: %s", args, r->err);
+    }
+    free(r);
+    st_test_rmdir(dir);
+}
+
 /* --sample after training: a stop signal while it draws ends the run at
  * once with the signal's status (its records and final weights are
  * written before the sample, which is all that is left).  Sent once the

@@ -50,6 +50,50 @@ static int full_state(const st_model *m, size_t n, float *out)
     return EXIT_SUCCESS;
 }
 
+/* The value of `key` in a subtrain.config entry ("model = mlp; depth =
+ * 2; ...; activation = gelu; ..."), into out; 0, or -1 if absent. */
+static int config_value(const char *config, const char *key, char *out, size_t n)
+{
+    const size_t k = strlen(key);
+    for (const char *p = config; p && *p; p = strchr(p, ';'), p = p ? p + 1 : NULL) {
+        while (*p == ' ')
+            p++;
+        if (strncmp(p, key, k) != 0 || strncmp(p + k, " = ", 3) != 0)
+            continue;
+        const char *v = p + k + 3, *end = strchr(v, ';');
+        const size_t len = end ? (size_t)(end - v) : strlen(v);
+        snprintf(out, n, "%.*s", (int)len, v);
+        return 0;
+    }
+    return -1;
+}
+
+/* A subtrain-layout file names no activation or heads in its tensors (the
+ * shapes are the same): the run's configuration in its metadata does,
+ * and another value would compute another function of the same weights. */
+static int check_config(const st_safetensors *f, const char *path, const st_model_config *mc)
+{
+    const char *config = st_safetensors_meta(f, "subtrain.config");
+    char v[64], want[64];
+    const char *kind = st_model_kind_name(mc->kind);
+    const int attention = strcmp(kind, "gpt") == 0 || strcmp(kind, "vit") == 0;
+    if (config && config_value(config, "activation", v, sizeof v) == 0 &&
+        strcmp(v, st_activation_name(mc->activation)) != 0) {
+        st_cli_error("subtrain", "--init: %s: its run had --activation %s, the model %s: give "
+                     "--activation %s", ST_CLI_SHOW(path), ST_CLI_SHOW(v),
+                     st_activation_name(mc->activation), ST_CLI_SHOW(v));
+        return EXIT_FAILURE;
+    }
+    snprintf(want, sizeof want, "%d", mc->heads);
+    if (config && attention && config_value(config, "heads", v, sizeof v) == 0 &&
+        strcmp(v, want) != 0) {
+        st_cli_error("subtrain", "--init: %s: its run had --heads %s, the model %s: give --heads "
+                     "%s", ST_CLI_SHOW(path), ST_CLI_SHOW(v), want, ST_CLI_SHOW(v));
+        return EXIT_FAILURE;
+    }
+    return EXIT_SUCCESS;
+}
+
 int st_cli_init_model(const st_cli_options *o, const st_safetensors *f, const st_dataset *train,
                       st_arena *arena, st_model **out, st_cli_stats *stats, int *batches)
 {
@@ -73,6 +117,8 @@ int st_cli_init_model(const st_cli_options *o, const st_safetensors *f, const st
         st_cli_error("subtrain", "--init: out of memory for %zu parameters", n);
         status = EXIT_FAILURE;
     }
+    if (status == EXIT_SUCCESS && !torch)
+        status = check_config(f, o->init_path, &mc);
     /* the file first: a refusal of its weights comes before the model's */
     if (status == EXIT_SUCCESS &&
         (torch ? st_torch_load(f, o->init_path, &mc, params, state, &has_state)
