@@ -237,6 +237,24 @@ Test(cli, team_workers_match_single_thread_workers, .timeout = 120)
     expect_usage_error("--data synthetic --threads-per-worker 0", "--threads-per-worker");
 }
 
+/* A team is the size asked or the run fails: OMP_DYNAMIC=true gives the
+ * run bitwise its records (the runtime may not shrink the team), and
+ * OMP_THREAD_LIMIT=1, which must, is one line naming it. */
+Test(cli, a_team_is_the_size_asked_or_refused, .timeout = 120)
+{
+    const char *opts = "--data synthetic --model mlp --depth 1 --width 64 --batch 8 --steps 3 "
+                       "--workers 1 --threads-per-worker 2 --oversubscribe";
+    const double base = final_test_loss(opts);
+    char env_opts[512];
+    snprintf(env_opts, sizeof env_opts, "%s", opts);
+    setenv("OMP_DYNAMIC", "true", 1);
+    const double dynamic = final_test_loss(env_opts);
+    unsetenv("OMP_DYNAMIC");
+    cr_assert(dynamic == base, "OMP_DYNAMIC=true: test_loss %.9g, not %.9g", dynamic, base);
+    expect_runtime_error("OMP_THREAD_LIMIT=1", opts, "a team of 1 threads, not 2 (is "
+                         "OMP_THREAD_LIMIT set?)");
+}
+
 /* --workers cores under SLURM: one worker per core of the cpuset, at most
  * SLURM_CPUS_PER_TASK of them (per team of --threads-per-worker), so a
  * task the site did not bind does not spread over the node, and a count

@@ -257,12 +257,23 @@ static void report_divergence(run_shared *r)
 
 
 /* Worker wid on its thread of the workers' region: that region must have
- * a thread per worker (OpenMP may give fewer). */
-static st_status init_on_thread(run_shared *r, int wid, st_worker *w, st_chunk_backend *backend)
+ * a thread per worker, and a worker's team `team` threads (OpenMP may give
+ * fewer: a team that shrank would sum in another order, silently). */
+static st_status init_on_thread(run_shared *r, int wid, int team, st_worker *w,
+                                st_chunk_backend *backend)
 {
     if (omp_get_num_threads() != r->n)
         return st_fail(ST_ERR_INVALID, "OpenMP gave %d threads for %d workers (is "
                        "OMP_THREAD_LIMIT set?)", omp_get_num_threads(), r->n);
+    int got = team;
+    if (team > 1) {
+#pragma omp parallel num_threads(team)
+#pragma omp single
+        got = omp_get_num_threads();
+    }
+    if (got != team)
+        return st_fail(ST_ERR_INVALID, "OpenMP gave worker %d a team of %d threads, not %d (is "
+                       "OMP_THREAD_LIMIT set?)", r->first + wid, got, team);
     return st_loop_init_worker(r, wid, w, backend);
 }
 
@@ -291,9 +302,10 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
      * must be on; the team's threads inherit the worker's binding (its T
      * PUs) when the runtime creates them.  Restored after the run. */
     const int team = r.placement.threads_per_worker > 1 ? r.placement.threads_per_worker : 1;
-    const int levels = omp_get_max_active_levels();
+    const int levels = omp_get_max_active_levels(), dynamic = omp_get_dynamic();
     if (team > 1 && levels < 2)
         omp_set_max_active_levels(2);
+    omp_set_dynamic(0);   /* OMP_DYNAMIC=true: teams of the size asked, or the run fails */
     /* One persistent region for the whole run, one thread per worker.
      * The thread's CPU binding is restored at the end: with one worker the
      * only thread is the caller's, and the pool's threads outlive us. */
@@ -306,7 +318,7 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
         st_worker w;
         memset(&w, 0, sizeof w);
         st_chunk_backend backend;
-        st_status ws = init_on_thread(&r, wid, &w, &backend);
+        st_status ws = init_on_thread(&r, wid, team, &w, &backend);
         if (ws == ST_OK)
             ws = st_loop_run_worker(&r, &w, &backend);
         if (ws != ST_OK)
@@ -322,6 +334,7 @@ st_status st_train_run(const st_train_config *cfg, const st_dataset *train,
     }
     if (team > 1 && levels < 2)
         omp_set_max_active_levels(levels);
+    omp_set_dynamic(dynamic);
     if (atomic_load(&r.failed)) {
         if (r.error_status == ST_ERR_NUMERIC)
             report_divergence(&r);
