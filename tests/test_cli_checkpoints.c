@@ -544,6 +544,16 @@ Test(cli, an_unwritable_checkpoint_directory_is_said_at_once, .timeout = 60)
     cr_assert_eq(st_test_write_file(path, "x", 1), 0);
     snprintf(args, sizeof args, "--data /nonexistent/data --steps 400 -q --checkpoint '%s'", path);
     expect_runtime_error(NULL, args, "afile: cannot write in it: Not a directory");
+    /* a directory the run made goes again if it fails before it writes
+     * a file in it: at the data, and while it builds its workers */
+    snprintf(path, sizeof path, "%s/made", dir);
+    snprintf(args, sizeof args, "--data /nonexistent/data --steps 2 -q --checkpoint '%s'", path);
+    expect_runtime_error(NULL, args, "Fashion-MNIST not found");
+    cr_assert_neq(access(path, F_OK), 0, "a failed run left %s", path);
+    snprintf(args, sizeof args, "--data synthetic --model convnet --steps 2 -q --checkpoint '%s'",
+             path);
+    expect_runtime_error(NULL, args, "--model convnet takes images");
+    cr_assert_neq(access(path, F_OK), 0, "a failed run left %s", path);
     st_test_rmdir(dir);
 }
 

@@ -376,14 +376,28 @@ static void describe_run(const st_cli_options *o, run_provenance *pv)
 }
 
 /* --checkpoint DIR, made if missing. */
+static int checkpoint_dir_made;   /* by this run: removed again if it ends empty */
+
 static int make_checkpoint_dir(const char *dir)
 {
-    if (mkdir(dir, 0755) == 0 || errno == EEXIST)
+    if (mkdir(dir, 0755) == 0) {
+        checkpoint_dir_made = 1;
+        return EXIT_SUCCESS;
+    }
+    if (errno == EEXIST)
         return EXIT_SUCCESS;
     const int e = errno;
     st_cli_error("subtrain", "--checkpoint %s: cannot create it: %s", ST_CLI_SHOW(dir),
                  strerror(e));
     return EXIT_FAILURE;
+}
+
+/* A --checkpoint directory the run made and left empty (it failed before
+ * it wrote a file) goes: rmdir removes none that holds anything. */
+static void drop_empty_checkpoint_dir(const st_cli_options *o)
+{
+    if (checkpoint_dir_made && o->checkpoint_dir)
+        rmdir(o->checkpoint_dir);
 }
 
 /* --checkpoint DIR: the trained weights as DIR/final.safetensors, with
@@ -826,11 +840,13 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
         if (!bad)
             bad = check_checkpoint_owner(o->checkpoint_dir, o->resume_path ? resume_path : NULL);
         if (bad) {
+            drop_empty_checkpoint_dir(o);
             st_safetensors_free(&resume);
             return bad;
         }
     }
     if (o->metrics_path && open_metrics(o, &metrics) != EXIT_SUCCESS) {
+        drop_empty_checkpoint_dir(o);
         st_safetensors_free(&resume);
         return EXIT_FAILURE;
     }
@@ -839,6 +855,7 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
         if (metrics)
             fclose(metrics);
         drop_unstarted_metrics();
+        drop_empty_checkpoint_dir(o);
         st_safetensors_free(&resume);
         return EXIT_FAILURE;
     }
@@ -848,6 +865,7 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
             if (metrics)
                 fclose(metrics);
             drop_unstarted_metrics();
+            drop_empty_checkpoint_dir(o);
             free(init);
             st_dataset_free(&train);
             st_dataset_free(&test);
@@ -970,6 +988,7 @@ out:
         status = EXIT_FAILURE;
     }
     drop_unstarted_metrics();
+    drop_empty_checkpoint_dir(o);
     st_cli_provenance_free(&prov);
     free(ui.params);
     free(init);
