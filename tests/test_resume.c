@@ -336,6 +336,33 @@ Test(resume, options_that_may_change_leave_the_run_bitwise, .timeout = 60)
     st_test_rmdir(dir);
 }
 
+/* A resume on another oneDNN ISA than the checkpoint's (ONEDNN_MAX_CPU_ISA,
+ * or another machine) is warned of: its kernels sum in another order.  On
+ * the same ISA, no warning. */
+Test(resume, another_isa_is_warned_of, .timeout = 60)
+{
+    char dir[ST_TEST_PATH_MAX], opts[4 * ST_TEST_PATH_MAX], cmd[10 * ST_TEST_PATH_MAX],
+        path[2 * ST_TEST_PATH_MAX], err[4096];
+    setup_run(dir, opts, sizeof opts, "--model mlp --depth 1 --width 32");
+    expect_trains(dir, "ck", opts, "--checkpoint-every 7");
+    static const char *const env[2] = { "", "ONEDNN_MAX_CPU_ISA=SSE41" };
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s '%s' %s --progress none --resume "
+                 "'%s/ck/step-00000007.safetensors' --checkpoint '%s/r%d' >/dev/null "
+                 "2>'%s/r.err' </dev/null", env[k], getenv("SUBTRAIN_BIN"), opts, dir, dir, k,
+                 dir);
+        const int w = system(cmd);
+        snprintf(path, sizeof path, "%s/r.err", dir);
+        read_into(path, err, sizeof err);
+        cr_assert(WIFEXITED(w) && WEXITSTATUS(w) == 0, "%s: %s", env[k], err);
+        const char *warned = strstr(err, "subtrain: warning: the checkpoint resumed was written "
+                                         "on oneDNN ISA ");
+        cr_assert(k ? warned && strstr(err, "this run has sse41") : !warned, "%s: %s", env[k],
+                  err);
+    }
+    st_test_rmdir(dir);
+}
+
 /* A split run resumed mid-epoch deals and orders its samples again from
  * the seed: bitwise the run never stopped.  Another split is another run. */
 Test(resume, a_split_run_resumes_bitwise_and_refuses_another_split, .timeout = 60)

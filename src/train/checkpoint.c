@@ -329,6 +329,9 @@ static st_status add_position(run_ckpt *ck, const run_shared *r, const run_posit
     ST_TRY(st_run_ckpt_meta(ck, "subtrain.loss_sum", "%a", at->loss_sum));
     ST_TRY(st_run_ckpt_meta(ck, "subtrain.losses", "%" PRIu64, at->losses));
     ST_TRY(st_run_ckpt_meta(ck, "subtrain.train_time", "%a", at->train_time));
+    /* a resume on another ISA is warned of (st_loop_report_warnings): its
+     * kernels sum in another order */
+    ST_TRY(st_run_ckpt_meta(ck, "subtrain.onednn_isa", "%s", st_cpu_isa_name()));
     return add_fingerprint(ck, r);
 }
 

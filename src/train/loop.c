@@ -341,6 +341,15 @@ void st_loop_report_warnings(run_shared *r)
                  "third of fp32 speed", isa);
         cb->on_warning(msg, cb->user);
     }
+    const char *was = r->cfg->resume ? st_safetensors_meta(r->cfg->resume, "subtrain.onednn_isa")
+                                     : NULL;
+    if (was && strcmp(was, st_cpu_isa_name()) != 0) {
+        char msg[320];
+        snprintf(msg, sizeof msg, "the checkpoint resumed was written on oneDNN ISA %.64s, this "
+                 "run has %s: its kernels sum in another order, so the rest is not bitwise the "
+                 "run never stopped", was, st_cpu_isa_name());
+        cb->on_warning(msg, cb->user);
+    }
     for (int k = 0; k < r->n; k++)
         if (st_numa_warning(&r->slots[k].numa)) {
             cb->on_warning(st_numa_warning(&r->slots[k].numa), cb->user);
