@@ -145,15 +145,22 @@ static void print_help(FILE *f)
 /* ------------------------------------------------------------ sizes */
 
 /* "512M", "1G", "1.5GiB", "4096": bytes (K, M, G, T and their -iB forms
- * are powers of 1024; a bare number is bytes).  0, or -1. */
+ * are powers of 1024; a bare number is bytes), a decimal number (no sign,
+ * exponent or hex) of at most 1 EiB.  0, or -1. */
 int st_cli_parse_size(const char *s, double *out)
 {
-    char *end;
     if (!s || !(*s >= '0' && *s <= '9'))
         return -1;
+    const char *p = s;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    if (*p == '.')
+        for (p++; *p >= '0' && *p <= '9'; p++)
+            continue;
+    char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || !isfinite(v) || v <= 0.0 || end == s)
+    if (errno || !isfinite(v) || v <= 0.0 || end != p)
         return -1;
     static const struct { const char *suffix; double scale; } units[] = {
         { "", 1.0 }, { "B", 1.0 },
@@ -164,7 +171,7 @@ int st_cli_parse_size(const char *s, double *out)
     for (size_t i = 0; i < sizeof units / sizeof *units; i++)
         if (strcmp(end, units[i].suffix) == 0) {
             *out = v * units[i].scale;
-            return *out >= 1.0 ? 0 : -1;
+            return *out >= 1.0 && *out <= 1152921504606846976.0 ? 0 : -1;   /* 2^60 */
         }
     return -1;
 }
