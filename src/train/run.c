@@ -32,8 +32,9 @@ st_status st_run_make_plan(const st_train_config *cfg, int workers, const st_dat
                        "%d samples is larger than the training set (%u samples)", workers,
                        workers == 1 ? "" : "s", cfg->accumulate, cfg->batch, train->count);
     if (p->steps_per_epoch == 0)
-        return st_fail(ST_ERR_INVALID, "a global batch of %d workers x %d samples is larger than "
-                       "the training set (%u samples)", workers, cfg->batch, train->count);
+        return st_fail(ST_ERR_INVALID, "a global batch of %d worker%s x %d samples is larger "
+                       "than the training set (%u samples)", workers, workers == 1 ? "" : "s",
+                       cfg->batch, train->count);
     p->total_steps = cfg->steps ? cfg->steps : (uint64_t)cfg->epochs * p->steps_per_epoch;
     p->epochs = (int)((p->total_steps + p->steps_per_epoch - 1) / p->steps_per_epoch);
     uint64_t warmup = cfg->warmup_steps == ST_WARMUP_AUTO ? p->total_steps / 20 : cfg->warmup_steps;

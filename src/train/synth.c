@@ -141,9 +141,9 @@ static st_status group_plan(const st_train_config *cfg, const st_dataset *train,
     uint64_t global_batch = (uint64_t)cfg->batch * (uint64_t)G->count;
     G->steps_per_epoch = train->count / global_batch;
     if (G->steps_per_epoch == 0)
-        return st_fail(ST_ERR_INVALID, "segment %d's global batch of %d workers x %d samples is "
-                       "larger than the training set (%u samples)", G->index + 1, G->count,
-                       cfg->batch, train->count);
+        return st_fail(ST_ERR_INVALID, "segment %d's global batch of %d worker%s x %d samples "
+                       "is larger than the training set (%u samples)", G->index + 1, G->count,
+                       G->count == 1 ? "" : "s", cfg->batch, train->count);
     uint64_t total = (uint64_t)cfg->epochs * G->steps_per_epoch;
     uint64_t warmup = cfg->warmup_steps == ST_WARMUP_AUTO ? total / 20 : cfg->warmup_steps;
     if (cfg->schedule == ST_SCHED_WARMUP_COSINE && warmup >= total)
