@@ -81,12 +81,12 @@ Test(cli, convnet_trains_with_dp_sdp_and_ist, .timeout = 120)
     cr_assert_eq(r->status, 0, "%s", r->err);
     cr_assert(strstr(r->out, "final.safetensors: test_acc ") &&
               strstr(r->out, "on 52 test samples"), "%s", r->out);
-    /* found once the images are loaded: exit 1 */
+    /* found once the images are loaded, still usage errors (exit 2) */
     snprintf(args, sizeof args, "%s --steps 1 --depth 4", data);
-    expect_runtime_error(NULL, args, "--model convnet --depth 4: each stage halves the image, and "
-                         "8x8 images take at most 3 stages");
+    expect_usage_error(args, "--model convnet --depth 4: each stage halves the image, and "
+                       "8x8 images take at most 3 stages");
     snprintf(args, sizeof args, "%s --steps 1 --strategy sdp --workers 2 --oversubscribe", data);
-    expect_runtime_error(NULL, args, "--model convnet has none (use --subnet neuron)");
+    expect_usage_error(args, "--model convnet has none (use --subnet neuron)");
     /* its units are channels, and said so */
     snprintf(args, sizeof args, "%s --steps 1 --strategy ist --workers 2 --oversubscribe", data);
     expect_usage_error(args, "--strategy ist: a width layer of 8 channels makes 1 group of "

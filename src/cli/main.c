@@ -890,8 +890,14 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
         status = EXIT_USAGE;
         goto out;
     }
-    /* a ResNet's units are declared by its images' shape: its layout is
-     * checked again now that the data gave it, still a usage error */
+    /* an image model's units are declared by its images' shape: its
+     * options and layout are checked again now that the data gave it,
+     * still usage errors */
+    if (st_train_config_check(&o->train) != ST_OK) {
+        st_cli_error("subtrain", "%s", st_last_error());
+        status = EXIT_USAGE;
+        goto out;
+    }
     if (st_train_placement_check(&o->train) != ST_OK) {
         st_cli_error("subtrain", "placement: %s", st_last_error());
         status = EXIT_USAGE;
