@@ -398,3 +398,28 @@ Test(export, torch_names)
     }
     cr_assert_eq(st_torch_name(&c, "stage9.conv.weight", out, sizeof out), ST_ERR_INVALID);
 }
+
+/* A model of features reads in_features: a torch-layout mlp exported from
+ * a run of synthetic data (784 features, no channels) evaluates on
+ * Fashion-MNIST's 784 pixels of one channel; an image model's channels
+ * are still checked (convnet_oihw_running_statistics_and_eval). */
+Test(export, an_mlp_file_does_not_hold_its_data_channels, .timeout = 60)
+{
+    const char *data = getenv("SUBTRAIN_DATA") ? getenv("SUBTRAIN_DATA")
+                                               : "/usr/share/datasets/fashion-mnist";
+    char probe[ST_TEST_PATH_MAX + 64], dir[ST_TEST_PATH_MAX], args[6 * ST_TEST_PATH_MAX];
+    snprintf(probe, sizeof probe, "%s/train-images-idx3-ubyte.gz", data);
+    if (access(probe, R_OK) != 0)
+        cr_skip_test("no Fashion-MNIST at %s", data);
+    cr_assert_eq(st_test_mkdtemp(dir), 0);
+    const char *mlp = "--model mlp --depth 2 --width 16";
+    char model[128];
+    snprintf(model, sizeof model, "--data synthetic %s", mlp);
+    train(dir, model);
+    snprintf(args, sizeof args, "export --data synthetic %s --init '%s/ck/final.safetensors' -o "
+             "'%s/t.safetensors' -q", mlp, dir, dir);
+    ok_run(args);
+    snprintf(args, sizeof args, "eval --data '%s' %s --init '%s/t.safetensors'", data, mlp, dir);
+    ok_run(args);
+    st_test_rmdir(dir);
+}

@@ -323,6 +323,9 @@ static void key_text(const model_key *k, char *out, size_t n)
 static void model_keys(const st_model_config *c, model_key k[N_MODEL_KEYS])
 {
     const int r18 = kind_in(c->kind, "resnet18"), vit = kind_in(c->kind, "vit");
+    /* a model of features (mlp, resmlp) reads in_features; its data's
+     * channels, if any, change nothing */
+    const int images = kind_in(c->kind, "resnet resnet18 convnet vit");
     const model_key all[N_MODEL_KEYS] = {
         { "subtrain.depth", r18 ? 2 : c->depth, !r18, 1 },   /* resnet18: 2 blocks a stage */
         { "subtrain.width", c->width, 1, 1 },
@@ -331,7 +334,7 @@ static void model_keys(const st_model_config *c, model_key k[N_MODEL_KEYS])
         { "subtrain.context", c->context, 1, 1 },
         { "subtrain.activation", (int)c->activation, 1, 1 },
         { "subtrain.in_features", c->in_dim, 1, 1 },
-        { "subtrain.in_channels", c->in_channels, 1, 1 },
+        { "subtrain.in_channels", c->in_channels, images, 1 },
         /* the modules take any image size (a ViT's: with its positions' tokens) */
         { "subtrain.in_height", c->in_height, 0, 1 },
         { "subtrain.in_width", c->in_width, 0, 1 },
