@@ -40,6 +40,12 @@ typedef struct dp_layout {
     int *dom, *first;
     size_t *sb;
     size_t P;
+    /* domain `assigned`'s holders of each other domain's shard s: the one
+     * that sums its partial (part[s]) and the one that copies it in
+     * (copy[s]), as indices in the domain (-1: none); the same for every
+     * worker of the domain, so computed once per domain, not per worker */
+    int assigned;
+    int *part, *copy;
 } dp_layout;
 
 static void layout_free(dp_layout *l)
@@ -47,6 +53,8 @@ static void layout_free(dp_layout *l)
     free(l->dom);
     free(l->first);
     free(l->sb);
+    free(l->part);
+    free(l->copy);
 }
 
 /* 0, or -1 after printing why there is no description (f NULL: the
@@ -67,7 +75,10 @@ static int layout_make(FILE *f, const st_comm_config *cfg, dp_layout *l)
     l->dom = malloc((size_t)l->n * sizeof *l->dom);
     l->first = malloc(((size_t)D + 1) * sizeof *l->first);
     l->sb = malloc(((size_t)l->n + 1) * sizeof *l->sb);
-    if (!l->dom || !l->first || !l->sb) {
+    l->part = malloc((size_t)l->n * sizeof *l->part);
+    l->copy = malloc((size_t)l->n * sizeof *l->copy);
+    l->assigned = -1;
+    if (!l->dom || !l->first || !l->sb || !l->part || !l->copy) {
         layout_free(l);
         if (f)
             fprintf(f, "reduction: cannot describe: out of memory\n");
@@ -195,7 +206,34 @@ static void count_gather(st_comm_bytes *b, size_t n, int cross)
 /* Worker w's bytes a step in the data-parallel plan, by the rules of
  * plan.c (its accounting, element by element: what attach counts); an
  * engine of one role counts that role's terms only. */
-static st_comm_bytes dp_bytes(const dp_layout *l, const st_comm_config *cfg, int w, size_t *load)
+/* Domain d's holders for the other domains' shards (dp_layout.part and
+ * copy), by the least loaded holder in shard order, as st_comm_attach
+ * assigns them. */
+static void assign_holders(dp_layout *l, int d, size_t *load)
+{
+    if (l->assigned == d)
+        return;
+    const size_t m = (size_t)(l->first[d + 1] - l->first[d]);
+    size_t *load_p = load, *load_c = load + m;
+    memset(load, 0, 2 * m * sizeof *load);
+    for (int s = 0; s < l->n; s++) {
+        const size_t len = l->sb[s + 1] - l->sb[s];
+        l->part[s] = l->copy[s] = -1;
+        if (len == 0 || l->dom[s] == d)
+            continue;
+        if (m >= 2) {   /* a partial of this domain's holders */
+            const size_t j = st_comm_least_loaded(load_p, m);
+            load_p[j] += len;
+            l->part[s] = (int)j;
+        }
+        const size_t c = st_comm_least_loaded(load_c, m);
+        load_c[c] += len;
+        l->copy[s] = (int)c;
+    }
+    l->assigned = d;
+}
+
+static st_comm_bytes dp_bytes(dp_layout *l, const st_comm_config *cfg, int w, size_t *load)
 {
     const int reduce = cfg->roles == 0 || (cfg->roles & ST_COMM_REDUCE),
               gather = cfg->roles == 0 || (cfg->roles & ST_COMM_GATHER);
@@ -209,8 +247,7 @@ static st_comm_bytes dp_bytes(const dp_layout *l, const st_comm_config *cfg, int
         b.read += P * sizeof(float);
         b.written += P * sizeof(uint16_t);
     }
-    size_t *load_p = load, *load_c = load + m;
-    memset(load, 0, 2 * m * sizeof *load);
+    assign_holders(l, dw, load);
     for (int s = 0; s < n; s++) {
         const size_t len = l->sb[s + 1] - l->sb[s];
         if (len == 0)
@@ -220,19 +257,13 @@ static st_comm_bytes dp_bytes(const dp_layout *l, const st_comm_config *cfg, int
                 count_gather(&b, len, 0);
             continue;
         }
-        if (m >= 2) {            /* a partial of this domain's holders */
-            size_t j = st_comm_least_loaded(load_p, m);
-            load_p[j] += len;
-            if (df + (int)j == w && reduce) {
-                count_read(&b, m * len * elt, 0);
-                b.written += len * sizeof(float);
-            }
+        if (l->part[s] >= 0 && df + l->part[s] == w && reduce) {   /* its partial */
+            count_read(&b, m * len * elt, 0);
+            b.written += len * sizeof(float);
         }
-        size_t c = st_comm_least_loaded(load_c, m);
-        load_c[c] += len;
         if (!gather)
             continue;
-        if (df + (int)c == w)
+        if (df + l->copy[s] == w)
             count_gather(&b, len, 1);
         else if (!cfg->shared_params)
             count_gather(&b, len, 0);   /* from the domain's copier */
@@ -256,7 +287,7 @@ static st_comm_bytes dp_bytes(const dp_layout *l, const st_comm_config *cfg, int
 /* The bytes of every worker, consecutive equal ones on one line, then
  * each domain's sum, then the busiest worker's per parameter beside what a
  * replica per worker moves. */
-static void describe_bytes(FILE *f, const dp_layout *l, const st_comm_config *cfg, size_t *load)
+static void describe_bytes(FILE *f, dp_layout *l, const st_comm_config *cfg, size_t *load)
 {
     st_comm_config replica = *cfg;
     replica.shared_params = 0;
