@@ -131,10 +131,10 @@ Test(cli, vit_trains_with_dp_sdp_ist_and_bf16, .timeout = 120)
         cr_assert(strstr(r->out, ": vit depth 2 width 16 heads 2 patch "), "%s", r->out);
         cr_assert(strstr(r->out, "final: test_acc "), "%s", r->out);
     }
-    /* found once the images are loaded: exit 1 */
+    /* found once the images are loaded, still a usage error (exit 2) */
     snprintf(args, sizeof args, "%s --steps 1 --patch 3", data);
-    expect_runtime_error(NULL, args, "--patch 3 does not divide the 8 x 8 images (a patch side "
-                         "must divide both)");
+    expect_usage_error(args, "--patch 3 does not divide the 8 x 8 images (a patch side "
+                       "must divide both)");
     expect_runtime_error(NULL, "--model vit --data synthetic --steps 1",
                          "--model vit takes images (C x H x W data), not 784 features");
     expect_usage_error("--model resmlp --patch 4", "--patch applies to --model vit only");
