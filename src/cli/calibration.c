@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.h>
@@ -283,12 +282,6 @@ double st_calibration_team_matmul(const st_calibration *c, const st_team_rates *
  * that on a shared machine some fall in a quiet moment. */
 #define ROUNDS 40
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* The operands a product of the calibration cycles through: copies
  * enough to fill COLD_BYTES, so that each call finds its operands out of
@@ -319,13 +312,13 @@ static double best_call_s(dnnl_primitive_t prim, dnnl_stream_t stream, int round
 {
     double best = 1e30;
     for (int round = 0; round < rounds; round++) {
-        const double t0 = now_s();
+        const double t0 = st_cli_now_s();
         for (int r = 0; r < reps; r++)
             if (dnnl_primitive_execute(prim, stream, n_args, args + (r % sets) * n_args) !=
                 dnnl_success)
                 return 0.0;
         dnnl_stream_wait(stream);
-        const double t = (now_s() - t0) / reps;
+        const double t = (st_cli_now_s() - t0) / reps;
         if (round > 0 && t < best)
             best = t;
     }
@@ -462,25 +455,25 @@ ready:
     for (int p = 0; p < 3; p++)
         for (int round = 0; round < rounds; round++) {
 #pragma omp barrier
-            const double t0 = now_s();
+            const double t0 = st_cli_now_s();
             for (int l = 0; l < CHAIN_LAYERS && st == dnnl_success; l++)
                 st = dnnl_primitive_execute(prim[p], stream, 3, args[0][p]);
             dnnl_stream_wait(stream);
-            const double t = now_s() - t0;
+            const double t = st_cli_now_s() - t0;
             if (round > 0 && t < alone[p])
                 alone[p] = t;
         }
     best = 1e30;
     for (int round = 0; round < rounds; round++) {
 #pragma omp barrier
-        const double t0 = now_s();
+        const double t0 = st_cli_now_s();
         for (int l = 0; l < CHAIN_LAYERS && st == dnnl_success; l++)
             st = dnnl_primitive_execute(prim[0], stream, 3, args[l][0]);
         for (int l = CHAIN_LAYERS - 1; l >= 0 && st == dnnl_success; l--)
             for (int p = 1; p < 3 && st == dnnl_success; p++)
                 st = dnnl_primitive_execute(prim[p], stream, 3, args[l][p]);
         dnnl_stream_wait(stream);
-        const double t = now_s() - t0;
+        const double t = st_cli_now_s() - t0;
         if (round > 0 && t < best)
             best = t;
     }
@@ -700,7 +693,7 @@ static double time_loop(int which, size_t n, int reps)
         z[i] = 2.0f;
     }
     for (int round = 0; round < ROUNDS; round++) {
-        const double t0 = now_s();
+        const double t0 = st_cli_now_s();
         for (int r = 0; r < reps; r++) {
             const float s = 1.0f + 1e-7f * (float)r;
             /* vectorised whatever the compiler knows of n (simd) */
@@ -718,7 +711,7 @@ static double time_loop(int which, size_t n, int reps)
                     x[i] = y[i] + s * z[i];
             }
         }
-        const double t = (now_s() - t0) / reps;
+        const double t = (st_cli_now_s() - t0) / reps;
         if (round > 0 && t < best)
             best = t;
     }
@@ -755,9 +748,9 @@ static double time_update(st_optimizer_kind kind, st_moments moments, size_t n)
                              .cols = 1 };
     best = 1e30;
     for (int round = 0; round < 12; round++) {
-        const double t0 = now_s();
+        const double t0 = st_cli_now_s();
         st_optim_update(opt, p, g, &seg, 1, 0, n, (uint64_t)round + 1, 1e-3f);
-        const double t = now_s() - t0;
+        const double t = st_cli_now_s() - t0;
         if (round > 0 && t < best)
             best = t;
     }
@@ -795,7 +788,7 @@ static double time_triad_all(int threads, size_t n)
             double t0 = 0.0;
 #pragma omp barrier
 #pragma omp master
-            t0 = now_s();
+            t0 = st_cli_now_s();
             if (a && b && c) {
                 const float s = 1.0f + 1e-7f * (float)round;
 #pragma omp simd
@@ -805,7 +798,7 @@ static double time_triad_all(int threads, size_t n)
 #pragma omp barrier
 #pragma omp master
             {
-                const double t = now_s() - t0;
+                const double t = st_cli_now_s() - t0;
                 if (round > 0 && t < best)
                     best = t;
             }

@@ -93,6 +93,12 @@ void st_cli_error(const char *cmd, const char *fmt, ...);
 int st_cli_count_arg(const char *cmd, const char *what, const char *s, unsigned long long lo,
                      unsigned long long hi, unsigned long long *out);
 
+/* Seconds on the monotonic clock: the progress lines' and calibration's
+ * timer. */
+double st_cli_now_s(void);
+/* s seconds as M:SS, or H:MM:SS from an hour on (an ETA). */
+void st_cli_format_duration(char *buf, size_t n, double s);
+
 /* What the dangling symbolic link `path` names, through a chain of
  * links, into out: the file a write through it creates.  0, or -1 when
  * it is not that (a loop, a name too long, a link changed meanwhile). */

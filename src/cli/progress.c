@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cli/cli_util.h"
@@ -14,21 +13,6 @@
 
 #define BAR_WIDTH 24
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void format_duration(char *buf, size_t n, double s)
-{
-    long t = (long)(s + 0.5);
-    if (t >= 3600)
-        snprintf(buf, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
-    else
-        snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
-}
 
 static void clear_bar(st_progress *p)
 {
@@ -43,7 +27,7 @@ void st_progress_on_step(const st_step_info *info, void *user)
     st_progress *p = user;
     if (!p->bar)
         return;
-    double t = now_s();
+    double t = st_cli_now_s();
     if (t - p->last_draw < 0.1 && info->step != info->total_steps)
         return;
     p->last_draw = t;
@@ -52,7 +36,7 @@ void st_progress_on_step(const st_step_info *info, void *user)
     for (int i = 0; i < BAR_WIDTH; i++)
         bar[i] = i < filled ? '=' : (i == filled ? '>' : ' ');
     bar[BAR_WIDTH] = '\0';
-    format_duration(eta, sizeof eta, info->eta_s);
+    st_cli_format_duration(eta, sizeof eta, info->eta_s);
     fprintf(stderr, "\r\033[Kepoch %d/%d [%s] step %llu/%llu  loss %.4f  %.0f samples/s  ETA %s",
             info->epoch, info->epochs, bar, (unsigned long long)info->step,
             (unsigned long long)info->total_steps, info->loss, info->samples_per_s, eta);

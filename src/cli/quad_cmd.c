@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <subtrain/quad.h>
@@ -325,17 +324,10 @@ typedef struct bar_state {
     int case_no, visible;
 } bar_state;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void draw_bar(int case_no, const char *what, long done, long total, void *user)
 {
     bar_state *b = user;
-    const double t = now_s();
+    const double t = st_cli_now_s();
     if (b->case_no != case_no || b->what != what) {   /* a new loop */
         b->case_no = case_no;
         b->what = what;
@@ -346,12 +338,8 @@ static void draw_bar(int case_no, const char *what, long done, long total, void 
         return;
     b->last = t;
     const double rate = (double)done / fmax(t - b->start, 1e-9);
-    const long left = (long)((double)(total - done) / rate + 0.5);
     char eta[32];
-    if (left >= 3600)
-        snprintf(eta, sizeof eta, "%ld:%02ld:%02ld", left / 3600, left / 60 % 60, left % 60);
-    else
-        snprintf(eta, sizeof eta, "%ld:%02ld", left / 60, left % 60);
+    st_cli_format_duration(eta, sizeof eta, (double)(total - done) / rate);
     fprintf(stderr, "\r\033[Kcase %d: %ld/%ld %s (%.0f%%)  ETA %s", case_no, done, total, what,
             100.0 * (double)done / (double)total, eta);
     fflush(stderr);
