@@ -126,6 +126,19 @@ static void first_line(const char *path, char *buf, size_t n)
     fclose(f);
 }
 
+/* The number of names in dir holding "tmp" (temporary files left). */
+static int tmps_in(const char *dir)
+{
+    char listing[128];
+    snprintf(listing, sizeof listing, "ls %s | grep -c tmp", dir);
+    FILE *p = popen(listing, "r");
+    cr_assert_not_null(p);
+    int n = -1;
+    cr_assert_eq(fscanf(p, "%d", &n), 1);
+    pclose(p);
+    return n;
+}
+
 /* --csv through a symbolic link replaces the link's target and keeps the
  * link; a run stopped before the trace leaves an earlier file as it was
  * and no temporary file beside it; the file's permission bits stay;
@@ -159,14 +172,7 @@ Test(quad_cmd, the_csv_file_is_written_whole_or_not_at_all, .timeout = 60)
               "status %d", w);
     first_line(real, line, sizeof line);
     cr_assert_str_eq(line, "earlier\n", "a stopped run left '%s'", line);
-    char listing[128];
-    snprintf(listing, sizeof listing, "ls %s | grep -c tmp", dir);
-    FILE *p = popen(listing, "r");
-    cr_assert_not_null(p);
-    int tmps = -1;
-    cr_assert_eq(fscanf(p, "%d", &tmps), 1);
-    pclose(p);
-    cr_assert_eq(tmps, 0, "temporary files left beside the CSV file");
+    cr_assert_eq(tmps_in(dir), 0, "temporary files left beside the CSV file");
 
     /* the file's permission bits stay; a file stdout already writes
      * (--csv /dev/stdout) gets the trace through stdout, after the report */
@@ -185,7 +191,7 @@ Test(quad_cmd, the_csv_file_is_written_whole_or_not_at_all, .timeout = 60)
     cr_assert_eq(mkfifo(fifo, 0600), 0);
     char reader[160], got[64];
     snprintf(reader, sizeof reader, "cat %s | wc -l", fifo);
-    p = popen(reader, "r");
+    FILE *p = popen(reader, "r");
     cr_assert_not_null(p);
     const char *into_fifo[] = { "--case", "4", "--iters", "20", "--csv", fifo, NULL };
     cr_assert_eq(run_cli(into_fifo, out, sizeof out, err, sizeof err), 0, "%s", err);
@@ -195,19 +201,6 @@ Test(quad_cmd, the_csv_file_is_written_whole_or_not_at_all, .timeout = 60)
     char rm[96];
     snprintf(rm, sizeof rm, "rm -rf %s", dir);
     cr_assert_eq(system(rm), 0);
-}
-
-/* The number of names in dir holding "tmp" (temporary files left). */
-static int tmps_in(const char *dir)
-{
-    char listing[128];
-    snprintf(listing, sizeof listing, "ls %s | grep -c tmp", dir);
-    FILE *p = popen(listing, "r");
-    cr_assert_not_null(p);
-    int n = -1;
-    cr_assert_eq(fscanf(p, "%d", &n), 1);
-    pclose(p);
-    return n;
 }
 
 /* A dangling link's target is created at the end, as a new name would

@@ -12,7 +12,6 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <math.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -428,7 +427,6 @@ static int write_final_weights(const st_cli_options *o, const st_epoch_record *f
                                               { "subtrain.eval_branch_scale", scale } };
     st_model_config mc = *m;
     memset(&mc.subnet, 0, sizeof mc.subnet);
-    /* the name whole before the handler may read it */
     /* the name written once, whole before the handler may read it */
     atomic_store(&writing, st_safetensors_tmp_name(path, writing_tmp, sizeof writing_tmp) == 0);
     const st_status written = st_checkpoint_write_weights(path, &mc, ui->params, meta, 4);
@@ -629,6 +627,16 @@ static void drop_unstarted_metrics(void)
     if (atomic_exchange(&created, 0) && lstat(metrics_created, &sb) == 0 &&
         sb.st_dev == created_dev && sb.st_ino == created_ino && sb.st_size == 0)
         unlink(metrics_created);
+}
+
+/* A run that ends before its first record: its metrics file closed, and
+ * a metrics file or checkpoint directory it made, still empty, removed. */
+static void drop_unstarted_outputs(const st_cli_options *o, FILE *metrics)
+{
+    if (metrics)
+        fclose(metrics);
+    drop_unstarted_metrics();
+    drop_empty_checkpoint_dir(o);
 }
 
 /* --metrics FILE, opened before the data loads so that a bad path is
@@ -840,32 +848,26 @@ static int run_train_rank(st_cli_options *o, st_cli_resume_options *ro)
         if (!bad)
             bad = check_checkpoint_owner(o->checkpoint_dir, o->resume_path ? resume_path : NULL);
         if (bad) {
-            drop_empty_checkpoint_dir(o);
+            drop_unstarted_outputs(o, NULL);
             st_safetensors_free(&resume);
             return bad;
         }
     }
     if (o->metrics_path && open_metrics(o, &metrics) != EXIT_SUCCESS) {
-        drop_empty_checkpoint_dir(o);
+        drop_unstarted_outputs(o, NULL);
         st_safetensors_free(&resume);
         return EXIT_FAILURE;
     }
     st_dataset train, test;
     if (load_data_for_model(o, &train, &test) != EXIT_SUCCESS) {
-        if (metrics)
-            fclose(metrics);
-        drop_unstarted_metrics();
-        drop_empty_checkpoint_dir(o);
+        drop_unstarted_outputs(o, metrics);
         st_safetensors_free(&resume);
         return EXIT_FAILURE;
     }
     float *init = NULL;
     if (o->init_path) {
         if (load_init(o, &init) != EXIT_SUCCESS) {
-            if (metrics)
-                fclose(metrics);
-            drop_unstarted_metrics();
-            drop_empty_checkpoint_dir(o);
+            drop_unstarted_outputs(o, metrics);
             free(init);
             st_dataset_free(&train);
             st_dataset_free(&test);
@@ -993,8 +995,7 @@ out:
                      ST_CLI_SHOW(o->metrics_path), strerror(e));
         status = EXIT_FAILURE;
     }
-    drop_unstarted_metrics();
-    drop_empty_checkpoint_dir(o);
+    drop_unstarted_outputs(o, NULL);   /* closed above */
     st_cli_provenance_free(&prov);
     free(ui.params);
     free(init);

@@ -474,6 +474,12 @@ static int ends_with(const char *s, const char *tail)
     return a >= b && strcmp(s + a - b, tail) == 0;
 }
 
+int st_cli_same_file(const char *a, const char *b)
+{
+    struct stat sb;
+    return b && stat(b, &sb) == 0 && same_file(a, &sb);
+}
+
 const char *st_cli_input_named(const st_cli_options *o, const char *path)
 {
     struct stat m;

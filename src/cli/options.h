@@ -83,6 +83,8 @@ int st_cli_parse(int argc, char **argv, st_cli_options *o, char *err, size_t err
  * --resume reads", "the text --data reads"), or NULL: an output that names
  * one would destroy it. */
 const char *st_cli_input_named(const st_cli_options *o, const char *path);
+/* Whether paths a and b (either may be NULL) name one existing file. */
+int st_cli_same_file(const char *a, const char *b);
 /* What st_cli_parse allocated (the configuration file). */
 void st_cli_options_free(st_cli_options *o);
 

@@ -186,21 +186,19 @@ int st_cli_out_commit(st_cli_out *o, FILE *f)
     else
         placed = fclose(f) == 0 && !failed;
     const int e = errno ? errno : EIO;
-    const int held = f != o->stream && *o->tmp;   /* hold_signals ran */
+    const int held = *o->tmp != '\0';   /* a temporary file: hold_signals ran */
     if (placed && held)
         st_file_fault_in_write(o->target);
-    if (!placed || (*o->tmp && rename(o->tmp, o->target) != 0)) {
+    const int ok = placed && (!held || rename(o->tmp, o->target) == 0);
+    if (!ok) {
         st_cli_error(o->cmd, "%s %s: writing it failed: %s", o->option, ST_CLI_SHOW(o->path),
                      strerror(placed ? errno : e));
-        if (*o->tmp)
-            remove(o->tmp);
         if (held)
-            release_signals(o);
-        return 1;
+            remove(o->tmp);
     }
     if (held)
         release_signals(o);
-    return 0;
+    return ok ? 0 : 1;
 }
 
 void st_cli_out_abandon(st_cli_out *o)

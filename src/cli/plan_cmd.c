@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include <jansson.h>
@@ -986,18 +985,11 @@ int st_cli_plan_main(int argc, char **argv)
      * the plan reads refused */
     st_cli_out out;
     const int json_file = p.json && strcmp(p.json, "-") != 0;
-    const char *read = NULL;
-    if (status == 0 && json_file) {
-        struct stat js, in;
-        read = st_cli_input_named(&o, p.json);
-        if (!read && stat(p.json, &js) == 0) {
-            const char *const ins[2] = { p.calibration, p.accuracy };
-            for (int k = 0; k < 2 && !read; k++)
-                if (ins[k] && stat(ins[k], &in) == 0 && in.st_dev == js.st_dev &&
-                    in.st_ino == js.st_ino)
-                    read = k == 0 ? "the file --calibration reads" : "the file --accuracy reads";
-        }
-    }
+    const char *read = status == 0 && json_file ? st_cli_input_named(&o, p.json) : NULL;
+    if (status == 0 && json_file && !read && st_cli_same_file(p.calibration, p.json))
+        read = "the file --calibration reads";
+    if (status == 0 && json_file && !read && st_cli_same_file(p.accuracy, p.json))
+        read = "the file --accuracy reads";
     if (read) {
         st_cli_error(CMD, "--json %s is %s: name another file (the plan would overwrite it)",
                      ST_CLI_SHOW(p.json), read);
